@@ -1,0 +1,128 @@
+//! PicoMQ metadata log.
+//!
+//! The stream registry (name → id, content type, TTL/expiry, closed, created) and the segment
+//! catalog ("segment X holds stream S offsets a..b at bytes p..q"). It is written per stream
+//! lifecycle event and per sealed segment, **never per append**.
+//!
+//! The store runs on its own plain thread (rusqlite's `Connection` is blocking and must never
+//! run on a glommio executor). Callers talk to it through [`MetaStore`], a cheap `Clone + Send`
+//! handle that sends commands over a crossbeam channel; every call returns a
+//! `futures_channel::oneshot::Receiver` so an async caller on any executor can await the
+//! answer without blocking its thread. The thread group-commits: it drains every command that
+//! is waiting, applies them all in one SQLite transaction, then answers them in order.
+
+use std::path::PathBuf;
+
+/// A stream's configuration as stored in the registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// The user's content type, verbatim (parameters included).
+    pub content_type: String,
+    /// Sliding idle expiry in seconds, if set.
+    pub ttl_sec: Option<u64>,
+    /// Absolute expiry instant in Unix milliseconds, if set.
+    pub expires_at_ms: Option<i64>,
+    /// Closed streams accept no more appends; permanent for the name.
+    pub closed: bool,
+}
+
+/// One registry row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamRow {
+    /// Internal id, allocated by the store, never reused (also after a delete).
+    pub id: u64,
+    /// The stream name (the request path, e.g. `/streams/orders`).
+    pub name: String,
+    pub config: StreamConfig,
+    pub created_ms: i64,
+}
+
+/// The answer to [`MetaStore::create_stream`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateOutcome {
+    /// The row now registered under the name: the new one, or the one that already existed.
+    pub row: StreamRow,
+    /// `true` when this call inserted the row, `false` when the name was already registered.
+    pub created: bool,
+}
+
+/// A contiguous run of one stream's frames inside a segment object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentRun {
+    pub first_offset: u64,
+    /// One past the last offset in the run.
+    pub next_offset: u64,
+    /// Byte range of the run's frames inside the segment object.
+    pub byte_start: u64,
+    pub byte_end: u64,
+}
+
+/// What one segment holds of one stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentStreamEntry {
+    pub stream_id: u64,
+    /// Runs sorted by offset, non-overlapping.
+    pub runs: Vec<SegmentRun>,
+    /// Timestamp of the stream's last record in this segment (keeps timestamps monotonic
+    /// across restarts).
+    pub last_timestamp_ms: i64,
+    /// The segment holds the stream's close marker.
+    pub closed: bool,
+}
+
+/// A sealed segment committed to the catalog after its object was stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentRecord {
+    /// Object key in the data bucket, e.g. `segments/0001732890000000-00-0000000000000003.seg`.
+    pub key: String,
+    pub size_bytes: u64,
+    pub created_ms: i64,
+    pub streams: Vec<SegmentStreamEntry>,
+}
+
+/// Everything a node needs at startup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Live (not deleted) streams, any order.
+    pub streams: Vec<StreamRow>,
+    /// Committed segments in commit order; entries of deleted streams may be present.
+    pub segments: Vec<SegmentRecord>,
+}
+
+/// Where the metadata log lives (`--meta-url`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetaUrl {
+    /// `sqlite::memory:` or `sqlite://:memory:`.
+    SqliteMemory,
+    /// `sqlite:<path>` or `sqlite://<path>`; the parent directory is created.
+    SqliteFile(PathBuf),
+    /// `postgres://…` or `postgresql://…` (the cluster work implements it).
+    Postgres(String),
+}
+
+/// Errors of the metadata store.
+#[derive(Debug)]
+pub enum MetaError {
+    /// `--meta-url` could not be understood; the message says what is expected.
+    BadUrl(String),
+    /// The backend is not available in this build or configuration.
+    Unsupported(String),
+    /// SQLite (or the filesystem) failed; the message carries the cause.
+    Storage(String),
+    /// The metadata thread is gone (shutting down or crashed).
+    Closed,
+}
+
+impl std::fmt::Display for MetaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetaError::BadUrl(m) | MetaError::Unsupported(m) => f.write_str(m),
+            MetaError::Storage(m) => write!(f, "metadata store: {m}"),
+            MetaError::Closed => f.write_str("metadata store is shut down"),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+pub type Reply<T> = futures_channel::oneshot::Receiver<Result<T, MetaError>>;

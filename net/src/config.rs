@@ -1,0 +1,79 @@
+//! The server's configuration, filled by `pico serve` from flags, `PICO_*` variables and defaults.
+
+use std::path::PathBuf;
+
+/// When an append is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// After the local WAL's `fdatasync` (group-committed).
+    Local,
+    /// As soon as the owning core accepted it: nothing survives a crash. Benchmarks and tests only.
+    Memory,
+}
+
+/// The protocol a listener speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Pico,
+    DurableStreams,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Protocol listener, e.g. `127.0.0.1:4437`.
+    pub listen: String,
+    /// What `listen` speaks.
+    pub protocol: Protocol,
+    /// Admin listener (`/health`, `/ready`); `None` with `--no-admin`.
+    pub admin_listen: Option<String>,
+    /// `--meta-url`, e.g. `sqlite:./data/meta.db`.
+    pub meta_url: String,
+    /// `--storage`, e.g. `-2@file://./objects`.
+    pub storage: String,
+    /// Directory of the per-core write-ahead logs.
+    pub wal_dir: PathBuf,
+    /// Executors to run; 0 = one per available CPU.
+    pub cores: usize,
+    pub durability: Durability,
+    /// Long-poll wait before answering 204.
+    pub long_poll_timeout_ms: u64,
+    /// SSE connection cap before the server ends the response.
+    pub sse_max_duration_ms: u64,
+    /// Default read budget per response (bytes).
+    pub max_chunk_size: usize,
+    /// Largest accepted request body (bytes); larger → 413.
+    pub max_body_size: usize,
+    /// A segment seals at this size (bytes).
+    pub segment_size: usize,
+    /// ... or at this age (ms) once it holds data.
+    pub segment_max_age_ms: u64,
+    /// Listen backlog.
+    pub backlog: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:4437".into(),
+            protocol: Protocol::Pico,
+            admin_listen: Some("127.0.0.1:9090".into()),
+            meta_url: "sqlite:./data/meta.db".into(),
+            storage: "-2@file://./objects".into(),
+            wal_dir: PathBuf::from("./data/wal"),
+            cores: 0,
+            durability: Durability::Local,
+            long_poll_timeout_ms: 25_000,
+            sse_max_duration_ms: 55_000,
+            max_chunk_size: 64 * 1024,
+            max_body_size: 8 * 1024 * 1024,
+            segment_size: 8 * 1024 * 1024,
+            segment_max_age_ms: 2_000,
+            backlog: 1024,
+        }
+    }
+}
+
+/// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
+pub fn run(_config: ServerConfig) -> Result<(), String> {
+    Err("server not built yet".into())
+}

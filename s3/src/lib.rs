@@ -1,0 +1,58 @@
+//! PicoMQ object storage.
+//!
+//! Sealed segments are stored as objects in a bucket: an S3-compatible store (`s3://`) or a
+//! directory (`file://`). All object I/O runs on one dedicated **upload thread** with its own
+//! small tokio current-thread runtime; glommio cores never block on it. Callers use
+//! [`ObjectStore`], a cheap `Clone + Send` handle that sends requests over crossbeam and
+//! returns `futures_channel::oneshot::Receiver`s that any executor can await.
+
+use bytes::Bytes;
+
+/// A parsed bucket URI: `<bucket id>@<scheme>://<path>[?k=v&...]` (the reference syntax,
+/// e.g. `-2@file://./objects`, `-2@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:3900&pathStyle=true`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StorageUri {
+    /// Signed 16-bit bucket id (the part before `@`).
+    pub bucket_id: i16,
+    pub location: StorageLocation,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageLocation {
+    /// Root directory of a `file://` bucket (relative paths are relative to the working dir).
+    File(std::path::PathBuf),
+    /// `s3://BUCKET?...`: query parameters kept as given, in order.
+    S3 { bucket: String, params: Vec<(String, String)> },
+    /// `mem://NAME`: in-memory, tests only.
+    Memory(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum StoreError {
+    /// The URI could not be understood; the message says what is expected.
+    BadUri(String),
+    /// The key does not exist.
+    NotFound(String),
+    /// The backend failed; the message carries the cause.
+    Io(String),
+    /// The upload thread is gone.
+    Closed,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::BadUri(m) => f.write_str(m),
+            StoreError::NotFound(k) => write!(f, "object {k} not found"),
+            StoreError::Io(m) => write!(f, "object store: {m}"),
+            StoreError::Closed => f.write_str("object store is shut down"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type Reply<T> = futures_channel::oneshot::Receiver<Result<T, StoreError>>;
+
+#[doc(hidden)]
+pub fn _unused(_: Bytes) {}
