@@ -1,1 +1,24 @@
+//! PicoMQ client library: the stream operations of the Pico protocol over HTTP (reqwest),
+//! the binary batch codecs, and a typed error. Used by the `pico` CLI and the tests.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), pico_client::ClientError> {
+//! use pico_client::{Client, ClientConfig};
+//! let client = Client::new(ClientConfig::new("http://127.0.0.1:4437"))?;
+//! client.create("/streams/orders", Some("text/plain"), None).await?;
+//! let ack = client.append_binary_batch("/streams/orders", &["a".into(), "b".into()]).await?;
+//! let page = client.read("/streams/orders", ack.start).await?;
+//! assert_eq!(page.records.len(), 2);
+//! # Ok(())
+//! # }
+//! ```
 
+mod client;
+pub mod codec;
+mod error;
+
+pub use client::{
+    AppendAck, Client, ClientConfig, Protocol, ReadPage, StreamInfo, DEFAULT_CONTENT_TYPE,
+};
+pub use codec::{CodecError, NewRecord, Record};
+pub use error::{kind_for_status, ApiError, ClientError, ErrorKind};

@@ -1,0 +1,295 @@
+//! The client's error type and the status → kind mapping of the reference client (cli.md §5.3).
+
+use std::error::Error as _;
+use std::fmt;
+
+use reqwest::header::HeaderMap;
+
+/// What went wrong, coarsely, so callers can branch without parsing messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: the request was malformed or asked for something impossible.
+    BadRequest,
+    /// 403: a producer with a newer epoch exists.
+    StaleEpoch,
+    /// 404: no such stream.
+    NotFound,
+    /// 409 on a closed stream.
+    Closed,
+    /// 409 for other conflicts, 412 failed `Pico-Match-Seq`.
+    Conflict,
+    /// 410: the position was trimmed away.
+    OffsetGone,
+    /// Any other HTTP error status.
+    Other,
+    /// The request did not get an HTTP answer (connect, timeout, reset, ...).
+    Transport,
+    /// An HTTP answer that does not follow the protocol (missing header, bad body).
+    InvalidResponse,
+    /// The operation is not available (e.g. not implemented for the chosen protocol).
+    Unsupported,
+    /// A bad argument detected before anything was sent (e.g. an unparsable endpoint).
+    InvalidArgument,
+}
+
+/// An error status answered by the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub status: u16,
+    /// The `error` field of the JSON body (e.g. `not_found`), or a stand-in derived from the
+    /// status when the body has none (HEAD and some 404s have empty bodies).
+    pub code: String,
+    /// The `message` field of the JSON body; may be empty.
+    pub message: String,
+    /// The stream's tail when the server reported it (`next_seq` / `Pico-Next-Seq`).
+    pub next: Option<u64>,
+}
+
+impl ApiError {
+    /// Builds the error from a non-2xx response's status, headers and body.
+    pub fn from_response(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
+        let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+        let field = |name: &str| json.as_ref().and_then(|j| j.get(name));
+        let code = field("error").and_then(|v| v.as_str()).map(str::to_owned);
+        let mut message = field("message")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_owned();
+        if json.is_none() {
+            // 503s from the router carry their reason in `X-Error`; other non-JSON bodies are
+            // shown as text so proxies' error pages are not lost.
+            message = header_str(headers, "x-error")
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    String::from_utf8_lossy(body)
+                        .trim()
+                        .chars()
+                        .take(200)
+                        .collect()
+                });
+        }
+        let next = field("next_seq")
+            .and_then(|v| v.as_u64())
+            .or_else(|| header_str(headers, "pico-next-seq").and_then(|v| v.parse().ok()));
+        let closed = header_str(headers, "pico-closed")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            || header_str(headers, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let kind = kind_for_status(status, code.as_deref(), closed);
+        ApiError {
+            kind,
+            status,
+            code: code.unwrap_or_else(|| default_code(kind, status)),
+            message,
+            next,
+        }
+    }
+}
+
+/// The reference client's mapping (cli.md §5.3).
+pub fn kind_for_status(status: u16, code: Option<&str>, closed_header: bool) -> ErrorKind {
+    match status {
+        400 => ErrorKind::BadRequest,
+        403 => ErrorKind::StaleEpoch,
+        404 => ErrorKind::NotFound,
+        409 if closed_header || code == Some("closed") => ErrorKind::Closed,
+        409 | 412 => ErrorKind::Conflict,
+        410 => ErrorKind::OffsetGone,
+        _ => ErrorKind::Other,
+    }
+}
+
+fn default_code(kind: ErrorKind, status: u16) -> String {
+    match kind {
+        ErrorKind::BadRequest => "bad_request".into(),
+        ErrorKind::StaleEpoch => "fenced".into(),
+        ErrorKind::NotFound => "not_found".into(),
+        ErrorKind::Closed => "closed".into(),
+        ErrorKind::Conflict if status == 412 => "match_failed".into(),
+        ErrorKind::Conflict => "conflict".into(),
+        ErrorKind::OffsetGone => "offset_gone".into(),
+        _ => format!("http_{status}"),
+    }
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+impl fmt::Display for ApiError {
+    /// `<code> (<status>): <message> [next=<n>]`, the reference client's form.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.code, self.status)?;
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        if let Some(next) = self.next {
+            write!(f, " [next={next}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every error the client returns.
+#[derive(Debug)]
+pub enum ClientError {
+    /// The server answered with an error status.
+    Api(ApiError),
+    /// No HTTP answer: the message includes the whole cause chain.
+    Transport(String),
+    /// The answer does not follow the protocol.
+    InvalidResponse(String),
+    Unsupported(String),
+    InvalidArgument(String),
+}
+
+impl ClientError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::Api(e) => e.kind,
+            ClientError::Transport(_) => ErrorKind::Transport,
+            ClientError::InvalidResponse(_) => ErrorKind::InvalidResponse,
+            ClientError::Unsupported(_) => ErrorKind::Unsupported,
+            ClientError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+        }
+    }
+
+    /// The HTTP status, for errors the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api(e) => Some(e.status),
+            _ => None,
+        }
+    }
+
+    /// Worth retrying with the same request: the reference's rule (transport error, 429, 5xx).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Transport(_) => true,
+            ClientError::Api(e) => e.status == 429 || e.status >= 500,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Api(e) => e.fmt(f),
+            ClientError::Transport(m) => write!(f, "transport error: {m}"),
+            ClientError::InvalidResponse(m) => write!(f, "invalid response: {m}"),
+            ClientError::Unsupported(m) | ClientError::InvalidArgument(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<ApiError> for ClientError {
+    fn from(e: ApiError) -> ClientError {
+        ClientError::Api(e)
+    }
+}
+
+impl From<reqwest::Error> for ClientError {
+    /// reqwest's own message is only the outermost layer ("error sending request for url");
+    /// the useful part ("Connection refused") is deeper in the source chain.
+    fn from(e: reqwest::Error) -> ClientError {
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = cause.source();
+        }
+        ClientError::Transport(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::{HeaderMap, HeaderValue};
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn status_mapping_follows_the_reference() {
+        assert_eq!(kind_for_status(400, None, false), ErrorKind::BadRequest);
+        assert_eq!(
+            kind_for_status(403, Some("fenced"), false),
+            ErrorKind::StaleEpoch
+        );
+        assert_eq!(kind_for_status(404, None, false), ErrorKind::NotFound);
+        assert_eq!(
+            kind_for_status(409, Some("closed"), false),
+            ErrorKind::Closed
+        );
+        assert_eq!(
+            kind_for_status(409, Some("conflict"), true),
+            ErrorKind::Closed
+        );
+        assert_eq!(
+            kind_for_status(409, Some("sequence_gap"), false),
+            ErrorKind::Conflict
+        );
+        assert_eq!(
+            kind_for_status(412, Some("match_failed"), false),
+            ErrorKind::Conflict
+        );
+        assert_eq!(kind_for_status(410, None, false), ErrorKind::OffsetGone);
+        assert_eq!(kind_for_status(413, None, false), ErrorKind::Other);
+        assert_eq!(kind_for_status(500, None, false), ErrorKind::Other);
+    }
+
+    #[test]
+    fn json_error_is_displayed_like_the_reference() {
+        let body = br#"{"error":"closed","message":"stream is closed","next_seq":12}"#;
+        let err = ApiError::from_response(409, &headers(&[("pico-closed", "true")]), body);
+        assert_eq!(err.kind, ErrorKind::Closed);
+        assert_eq!(err.next, Some(12));
+        assert_eq!(err.to_string(), "closed (409): stream is closed [next=12]");
+    }
+
+    #[test]
+    fn next_comes_from_the_header_when_the_body_lacks_it() {
+        let body =
+            br#"{"error":"match_failed","message":"match failed: expected tail 1, actual 3"}"#;
+        let err = ApiError::from_response(412, &headers(&[("pico-next-seq", "3")]), body);
+        assert_eq!(err.kind, ErrorKind::Conflict);
+        assert_eq!(
+            err.to_string(),
+            "match_failed (412): match failed: expected tail 1, actual 3 [next=3]"
+        );
+    }
+
+    #[test]
+    fn empty_bodies_get_a_code_from_the_status() {
+        let err = ApiError::from_response(404, &HeaderMap::new(), b"");
+        assert_eq!(err.to_string(), "not_found (404)");
+        let err = ApiError::from_response(503, &headers(&[("x-error", "lookup failed")]), b"");
+        assert_eq!(err.kind, ErrorKind::Other);
+        assert_eq!(err.to_string(), "http_503 (503): lookup failed");
+        assert!(ClientError::Api(err).is_retryable());
+    }
+
+    #[test]
+    fn json_without_message_has_no_colon() {
+        let err = ApiError::from_response(400, &HeaderMap::new(), br#"{"error":"bad_request"}"#);
+        assert_eq!(err.to_string(), "bad_request (400)");
+    }
+}
