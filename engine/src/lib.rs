@@ -1,1 +1,48 @@
+//! The PicoMQ storage engine: the stream state machine, record frames, one shard per core
+//! with its write-ahead log and group commit, sealed segments handed to the object store, and
+//! recovery.
 
+pub mod api;
+pub mod error;
+pub mod frame;
+pub mod limits;
+pub mod node;
+mod notify;
+mod shard;
+pub mod state;
+
+use std::path::PathBuf;
+
+pub use api::{
+    AppendAck, Op, ReadBatch, ReadFrom, ReadRequest, RecordInput, RecordView, Reply, StreamInfo,
+    StreamSummary,
+};
+pub use error::EngineError;
+pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
+pub use state::StreamConfig;
+
+/// The engine's settings (a subset of `pico serve`'s flags).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub cores: usize,
+    /// Directory of the WAL files (`<epoch>-<core>-<counter>.wal`).
+    pub wal_dir: PathBuf,
+    /// `--durability memory`: acknowledge without writing a WAL.
+    pub memory_only: bool,
+    /// A segment seals at this many bytes...
+    pub segment_size: usize,
+    /// ...or once its first frame is this old.
+    pub segment_max_age_ms: u64,
+    /// Uploaded segments kept in memory per core for reads.
+    pub segment_cache_bytes: usize,
+    /// Names this run's WAL files and segments; raised above any name already used.
+    pub node_epoch_ms: u64,
+}
+
+/// Wall-clock Unix milliseconds: the one clock of record timestamps and expiry.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

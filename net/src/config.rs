@@ -73,7 +73,3 @@ impl Default for ServerConfig {
     }
 }
 
-/// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
-pub fn run(_config: ServerConfig) -> Result<(), String> {
-    Err("server not built yet".into())
-}

@@ -1,5 +1,12 @@
 //! PicoMQ network layer: one HTTP/1.1 reactor per core, the Pico protocol, the admin listener.
 
+pub mod admin;
+pub mod codec;
 pub mod config;
+pub mod http1;
+pub mod pico;
+pub mod server;
+pub mod time;
 
-pub use config::{run, Durability, Protocol, ServerConfig};
+pub use config::{Durability, Protocol, ServerConfig};
+pub use server::run;

@@ -1,0 +1,110 @@
+//! What the protocol layers ask of the engine and what they get back.
+
+use bytes::Bytes;
+
+use crate::frame::RecordHeader;
+use crate::state::StreamConfig;
+
+/// One record of an append, as decoded by a protocol layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordInput {
+    pub headers: Vec<RecordHeader>,
+    pub body: Bytes,
+}
+
+/// Where a read starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    Offset(u64),
+    /// The durable tail at the time of the read (`seq=now`).
+    Tail,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub from: ReadFrom,
+    /// At most this many records (≥ 1).
+    pub max_records: usize,
+    /// Stop once this many frame bytes were returned (at least one record is always returned).
+    pub max_bytes: usize,
+    /// Long-poll: when nothing is readable at `from`, wait up to this long for new data.
+    pub wait_ms: Option<u64>,
+}
+
+/// An operation on one stream, executed by its owning core.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Create { config: StreamConfig, closed: bool, first_record: Option<RecordInput> },
+    Append { records: Vec<RecordInput>, close: bool, match_offset: Option<u64> },
+    Read(ReadRequest),
+    Head,
+    Delete,
+}
+
+/// A stream's externally visible state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    pub content_type: String,
+    pub ttl_sec: Option<u64>,
+    pub expires_at_ms: Option<i64>,
+    pub start_offset: u64,
+    /// The durable tail: the offset the next record will get once everything is durable.
+    pub next_offset: u64,
+    pub closed: bool,
+}
+
+/// The acknowledgement of a durable append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendAck {
+    /// First offset appended; `None` when no record was appended (close-only).
+    pub start_offset: Option<u64>,
+    pub next_offset: u64,
+    pub timestamp_ms: Option<i64>,
+    /// The stream is closed after this request.
+    pub closed: bool,
+}
+
+/// One record as read back; `headers` is the raw headers block (see `frame`), `body` a slice of
+/// the stored frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordView {
+    pub offset: u64,
+    pub timestamp_ms: i64,
+    pub headers: Bytes,
+    pub body: Bytes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadBatch {
+    /// The resolved start position.
+    pub from: u64,
+    pub records: Vec<RecordView>,
+    /// Position to resume from.
+    pub next_offset: u64,
+    /// The durable tail when the read was answered.
+    pub tail: u64,
+    /// The stream is closed and this read reached its end.
+    pub closed: bool,
+}
+
+impl ReadBatch {
+    pub fn up_to_date(&self) -> bool {
+        self.next_offset >= self.tail
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Created { created: bool, info: StreamInfo, first: Option<AppendAck> },
+    Appended(AppendAck),
+    Read(ReadBatch),
+    Head(StreamInfo),
+    Deleted,
+}
+
+/// One line of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamSummary {
+    pub name: String,
+    pub info: StreamInfo,
+}

@@ -1,0 +1,55 @@
+//! Typed engine errors. The protocol layers map every variant to a status code in one
+//! exhaustive `match` each (no catch-all arm).
+
+/// Why an operation on a stream failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// No such stream (never created, deleted, or expired).
+    NotFound,
+    /// A create found the name registered with another configuration.
+    ConfigMismatch { message: String, next_offset: u64 },
+    /// The stream is closed: no more records.
+    Closed { next_offset: u64 },
+    /// A conditional append (`match_seq`) did not match the tail.
+    MatchFailed { expected: u64, actual: u64 },
+    /// A read asked for a position past the tail.
+    OffsetBeyondTail { requested: u64, tail: u64 },
+    /// A read asked for a position below the first readable record.
+    OffsetGone { requested: u64, start: u64 },
+    /// A named limit was hit; try again after the given seconds.
+    Overloaded { limit: &'static str, retry_after_sec: u64 },
+    /// The request itself is invalid (the message says why).
+    Invalid(String),
+    /// The data could not be made durable; the append is not acknowledged.
+    Durability(String),
+    /// The metadata log or object store failed.
+    Storage(String),
+    /// The node is shutting down.
+    ShuttingDown,
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::NotFound => f.write_str("no such stream"),
+            EngineError::ConfigMismatch { message, .. } => f.write_str(message),
+            EngineError::Closed { .. } => f.write_str("stream is closed"),
+            EngineError::MatchFailed { expected, actual } => {
+                write!(f, "match failed: expected tail {expected}, actual {actual}")
+            }
+            EngineError::OffsetBeyondTail { requested, tail } => {
+                write!(f, "offset {requested} is past the tail {tail}")
+            }
+            EngineError::OffsetGone { requested, start } => {
+                write!(f, "offset {requested} is below the first readable offset {start}")
+            }
+            EngineError::Overloaded { limit, .. } => write!(f, "overloaded: {limit}"),
+            EngineError::Invalid(message) => f.write_str(message),
+            EngineError::Durability(message) => write!(f, "append not durable: {message}"),
+            EngineError::Storage(message) => write!(f, "storage: {message}"),
+            EngineError::ShuttingDown => f.write_str("the node is shutting down"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}

@@ -1,0 +1,23 @@
+//! Every limit of the engine in one place. A limit hit is an explicit error to the client
+//! (`413`, `429` with `Retry-After`), never an unbounded queue.
+
+/// Bytes of appends accepted by one core but not yet durable; past it appends get `429`.
+pub const IN_FLIGHT_BYTES_PER_CORE_MAX: usize = 64 * 1024 * 1024;
+/// Long-poll and SSE waiters parked on one stream; past it reads get `429`.
+pub const WAITERS_PER_STREAM_MAX: usize = 10_000;
+/// Requests queued from other cores to one core; past it the caller gets `429`.
+pub const CROSS_CORE_QUEUE_MAX: usize = 4096;
+/// Records accepted in one append request.
+pub const RECORDS_PER_APPEND_MAX: usize = 100_000;
+/// Stream names longer than this are refused with `400`.
+pub const STREAM_NAME_LEN_MAX: usize = 1024;
+/// Records returned by one read whatever its byte budget.
+pub const RECORDS_PER_READ_MAX: usize = 100_000;
+/// Largest explicit read byte budget (`bytes=`); larger values are clamped.
+pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// `Retry-After` sent with `429`.
+pub const OVERLOADED_RETRY_AFTER_SEC: u64 = 1;
+/// Streams returned by one listing call.
+pub const LIST_LIMIT_MAX: usize = 10_000;
+/// Default streams per listing call.
+pub const LIST_LIMIT_DEFAULT: usize = 1000;

@@ -1,0 +1,393 @@
+//! Booting a node (recovery, then one shard per core) and routing operations to the core that
+//! owns each stream.
+//!
+//! Ownership: `owner = fnv1a64(name) % cores`, a stable hash, so a name maps to the same core
+//! across restarts with the same core count (and recovery redistributes when the count
+//! changes). A request parsed on core A for a stream of core B crosses over a bounded channel
+//! to B's inbox; its body `Bytes` move, they are not copied; the reply comes back on a oneshot.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use futures_channel::{mpsc, oneshot};
+use futures_lite::StreamExt;
+use pico_meta::{MetaStore, MetaUrl, SegmentRecord, SegmentRun, SegmentStreamEntry, Snapshot};
+use pico_s3::{ObjectStore, StorageUri};
+
+use crate::api::{Op, Reply, StreamSummary};
+use crate::error::EngineError;
+use crate::frame::{self, FRAME_KIND_CLOSE};
+use crate::limits;
+use crate::shard::{self, Shard, StreamSeed};
+use crate::state::StreamConfig;
+use crate::{now_ms, EngineConfig};
+
+/// FNV-1a, 64 bit: stable across builds and platforms (unlike `DefaultHasher`).
+pub fn stream_hash(name: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+pub fn owner_core(name: &str, cores: usize) -> usize {
+    (stream_hash(name) % cores as u64) as usize
+}
+
+enum Message {
+    Op { name: String, op: Op, reply: oneshot::Sender<Result<Reply, EngineError>> },
+    List {
+        prefix: String,
+        start_after: String,
+        limit: usize,
+        reply: oneshot::Sender<Vec<StreamSummary>>,
+    },
+}
+
+/// Everything one core needs to start its shard; `Send`, handed to the core's thread.
+pub struct CoreSeed {
+    core: usize,
+    config: EngineConfig,
+    meta: MetaStore,
+    store: ObjectStore,
+    streams: Vec<StreamSeed>,
+    inbox: mpsc::Receiver<Message>,
+    peers: Vec<mpsc::Sender<Message>>,
+}
+
+/// The result of [`boot`]: one seed per core plus the shared handles.
+pub struct Boot {
+    pub seeds: Vec<CoreSeed>,
+    pub meta: MetaStore,
+    pub store: ObjectStore,
+    /// Facts worth a startup log line.
+    pub report: Vec<String>,
+}
+
+/// Opens the metadata log and the object store, recovers every WAL file left by a previous
+/// run (whatever its core count), and splits the streams across `config.cores` cores.
+/// Runs on the main thread before any executor starts.
+pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<Boot, String> {
+    let url = MetaUrl::parse(meta_url).map_err(|e| e.to_string())?;
+    let (meta, mut snapshot) = MetaStore::open(&url).map_err(|e| e.to_string())?;
+    let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
+    let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&config.wal_dir)
+        .map_err(|e| format!("cannot create WAL directory {}: {e}", config.wal_dir.display()))?;
+    let mut report = Vec::new();
+    let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report)?;
+    config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
+    let cores = config.cores.max(1);
+    let mut per_core: Vec<Vec<StreamSeed>> = (0..cores).map(|_| Vec::new()).collect();
+    for seed in stream_seeds(&snapshot) {
+        per_core[owner_core(&seed.name, cores)].push(seed);
+    }
+    report.push(format!(
+        "recovered {} streams and {} segments",
+        snapshot.streams.len(),
+        snapshot.segments.len()
+    ));
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..cores).map(|_| mpsc::channel(limits::CROSS_CORE_QUEUE_MAX)).unzip();
+    let seeds = receivers
+        .into_iter()
+        .zip(per_core)
+        .enumerate()
+        .map(|(core, (inbox, streams))| CoreSeed {
+            core,
+            config: config.clone(),
+            meta: meta.clone(),
+            store: store.clone(),
+            streams,
+            inbox,
+            peers: senders.clone(),
+        })
+        .collect();
+    Ok(Boot { seeds, meta, store, report })
+}
+
+struct Recovered {
+    max_epoch_ms: u64,
+}
+
+/// Turns every WAL file into a committed segment: its valid prefix (frames up to the first
+/// bad CRC: a torn tail holds only unacknowledged data) is stored as an object and indexed in
+/// the catalog, then the file is removed. Idempotent: a crash midway redoes the same keys.
+fn recover_wal_files(
+    config: &EngineConfig,
+    meta: &MetaStore,
+    store: &ObjectStore,
+    snapshot: &mut Snapshot,
+    report: &mut Vec<String>,
+) -> Result<Recovered, String> {
+    let mut max_epoch_ms = snapshot
+        .segments
+        .iter()
+        .filter_map(|s| epoch_of(s.key.trim_start_matches("segments/")))
+        .max()
+        .unwrap_or(0);
+    let mut files: Vec<_> = std::fs::read_dir(&config.wal_dir)
+        .map_err(|e| format!("cannot list WAL directory {}: {e}", config.wal_dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+        .collect();
+    files.sort();
+    for path in files {
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        max_epoch_ms = max_epoch_ms.max(epoch_of(&stem).unwrap_or(0));
+        let data = std::fs::read(&path).map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
+        let valid = frame::valid_prefix_len(&data);
+        if valid > 0 {
+            let bytes = bytes::Bytes::copy_from_slice(&data[..valid]);
+            let record = index_segment(format!("segments/{stem}.seg"), &bytes);
+            wait(store.put(&record.key, bytes))?;
+            wait(meta.commit_segment(record.clone()))?;
+            report.push(format!("recovered WAL file {} ({valid} bytes)", path.display()));
+            snapshot.segments.retain(|s| s.key != record.key);
+            snapshot.segments.push(record);
+        }
+        std::fs::remove_file(&path).map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))?;
+    }
+    Ok(Recovered { max_epoch_ms })
+}
+
+fn epoch_of(stem: &str) -> Option<u64> {
+    stem.split('-').next()?.parse().ok()
+}
+
+fn wait<T, E: std::fmt::Display>(
+    reply: oneshot::Receiver<Result<T, E>>,
+) -> Result<T, String> {
+    futures_lite::future::block_on(reply)
+        .map_err(|_| "storage thread stopped during recovery".to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Builds a segment's catalog entry from its frames.
+pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord {
+    let mut entries: std::collections::BTreeMap<u64, SegmentStreamEntry> = Default::default();
+    let mut pos = 0;
+    while let Ok((frame, len)) = frame::decode_frame(bytes, pos) {
+        let entry = entries.entry(frame.stream_id).or_insert_with(|| SegmentStreamEntry {
+            stream_id: frame.stream_id,
+            runs: Vec::new(),
+            last_timestamp_ms: 0,
+            closed: false,
+        });
+        entry.last_timestamp_ms = entry.last_timestamp_ms.max(frame.timestamp_ms);
+        if frame.kind == FRAME_KIND_CLOSE {
+            entry.closed = true;
+        } else {
+            let (start, end) = (pos as u64, (pos + len) as u64);
+            match entry.runs.last_mut() {
+                Some(run) if run.byte_end == start && run.next_offset == frame.offset => {
+                    run.next_offset += 1;
+                    run.byte_end = end;
+                }
+                _ => entry.runs.push(SegmentRun {
+                    first_offset: frame.offset,
+                    next_offset: frame.offset + 1,
+                    byte_start: start,
+                    byte_end: end,
+                }),
+            }
+        }
+        pos += len;
+    }
+    SegmentRecord {
+        key,
+        size_bytes: pos as u64,
+        created_ms: now_ms(),
+        streams: entries.into_values().collect(),
+    }
+}
+
+/// Rebuilds every live stream's tail, timestamps, close flag and chunk list from the catalog.
+fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
+    let mut by_id: HashMap<u64, StreamSeed> = snapshot
+        .streams
+        .iter()
+        .map(|row| {
+            let seed = StreamSeed {
+                name: row.name.clone(),
+                id: row.id,
+                config: StreamConfig {
+                    content_type: row.config.content_type.clone(),
+                    ttl_sec: row.config.ttl_sec,
+                    expires_at_ms: row.config.expires_at_ms,
+                },
+                created_ms: row.created_ms,
+                closed: row.config.closed,
+                next_offset: 0,
+                last_timestamp_ms: 0,
+                runs: Vec::new(),
+            };
+            (row.id, seed)
+        })
+        .collect();
+    for segment in &snapshot.segments {
+        let key: Arc<str> = Arc::from(segment.key.as_str());
+        for entry in &segment.streams {
+            let Some(seed) = by_id.get_mut(&entry.stream_id) else { continue };
+            seed.closed |= entry.closed;
+            seed.last_timestamp_ms = seed.last_timestamp_ms.max(entry.last_timestamp_ms);
+            for run in &entry.runs {
+                seed.next_offset = seed.next_offset.max(run.next_offset);
+                seed.runs.push((key.clone(), *run));
+            }
+        }
+    }
+    by_id
+        .into_values()
+        .map(|mut seed| {
+            seed.runs.sort_by_key(|(_, run)| run.first_offset);
+            seed
+        })
+        .collect()
+}
+
+/// A core's handle on the engine: runs operations on the stream's owning core.
+pub struct CoreHandle {
+    core: usize,
+    cores: usize,
+    shard: Rc<Shard>,
+    peers: RefCell<Vec<mpsc::Sender<Message>>>,
+}
+
+impl CoreHandle {
+    /// Starts this core's shard and its inbox. Call on the core's executor.
+    pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, String> {
+        let CoreSeed { core, config, meta, store, streams, inbox, peers } = seed;
+        let cores = peers.len();
+        let shard = Shard::start(core, config, meta, store, streams).await?;
+        shard::set_current(&shard);
+        let inbox_shard = shard.clone();
+        // Messages from other threads wake this task: a latency-sensitive queue makes glommio
+        // poll for those wakes promptly instead of after its throughput slice.
+        let queue = glommio::executor().create_task_queue(
+            glommio::Shares::default(),
+            glommio::Latency::Matters(std::time::Duration::from_millis(1)),
+            "pico-inbox",
+        );
+        glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
+            .map_err(|e| format!("cannot start core {core} inbox: {e}"))?
+            .detach();
+        Ok(Rc::new(CoreHandle { core, cores, shard, peers: RefCell::new(peers) }))
+    }
+
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    /// Runs `op` on the stream's owning core (here, or across a channel).
+    pub async fn call(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
+        let owner = owner_core(name, self.cores);
+        if owner == self.core {
+            return self.shard.execute(name, op).await;
+        }
+        let (reply, rx) = oneshot::channel();
+        self.send(owner, Message::Op { name: name.to_string(), op, reply })?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Streams whose names start with `prefix` and sort after `start_after`, from every core,
+    /// in name order; the flag says whether more exist past `limit`.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> Result<(Vec<StreamSummary>, bool), EngineError> {
+        let mut all = self.shard.list(prefix, start_after, limit + 1);
+        for core in (0..self.cores).filter(|&c| c != self.core) {
+            let (reply, rx) = oneshot::channel();
+            self.send(
+                core,
+                Message::List {
+                    prefix: prefix.to_string(),
+                    start_after: start_after.to_string(),
+                    limit: limit + 1,
+                    reply,
+                },
+            )?;
+            all.extend(rx.await.map_err(|_| EngineError::ShuttingDown)?);
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        let more = all.len() > limit;
+        all.truncate(limit);
+        Ok((all, more))
+    }
+
+    fn send(&self, core: usize, message: Message) -> Result<(), EngineError> {
+        let mut peers = self.peers.borrow_mut();
+        peers[core].try_send(message).map_err(|e| {
+            if e.is_full() {
+                EngineError::Overloaded {
+                    limit: "cross-core queue",
+                    retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+                }
+            } else {
+                EngineError::ShuttingDown
+            }
+        })
+    }
+}
+
+async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {
+    while let Some(message) = inbox.next().await {
+        match message {
+            Message::Op { name, op, reply } => {
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    let result = shard.execute(&name, op).await;
+                    let _ = reply.send(result);
+                })
+                .detach();
+            }
+            Message::List { prefix, start_after, limit, reply } => {
+                let _ = reply.send(shard.list(&prefix, &start_after, limit));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_is_stable() {
+        // Persisted behaviour: changing the hash moves streams between cores.
+        assert_eq!(stream_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(stream_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(owner_core("/streams/orders", 1), 0);
+    }
+
+    #[test]
+    fn index_rebuilds_runs_and_close() {
+        let mut buf = Vec::new();
+        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 1, 0, 10, &[], b"a");
+        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 1, 1, 11, &[], b"b");
+        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 2, 0, 12, &[], b"c");
+        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 1, 2, 13, &[], b"d");
+        frame::encode_frame(&mut buf, FRAME_KIND_CLOSE, 1, 3, 13, &[], b"");
+        let bytes = bytes::Bytes::from(buf);
+        let record = index_segment("segments/x.seg".into(), &bytes);
+        assert_eq!(record.streams.len(), 2);
+        let one = &record.streams[0];
+        assert_eq!(one.runs.len(), 2);
+        assert_eq!((one.runs[0].first_offset, one.runs[0].next_offset), (0, 2));
+        assert_eq!((one.runs[1].first_offset, one.runs[1].next_offset), (2, 3));
+        assert!(one.closed);
+        assert_eq!(one.last_timestamp_ms, 13);
+        assert!(!record.streams[1].closed);
+    }
+}

@@ -1,0 +1,1051 @@
+//! One core's slice of the engine: the streams it owns, their waiters, its segment builder
+//! and its write-ahead log.
+//!
+//! Write path: an append is checked by the pure state machine, framed once into the active
+//! segment buffer, and parked on a pending-ack queue. The commit loop writes everything that
+//! arrived since the last round to the segment's WAL file with one DMA write and one
+//! `fdatasync` (group commit), then releases the acks in order and wakes the readers waiting
+//! on those streams. A segment that is full (or old) is sealed: its bytes go to the object
+//! store through the upload thread, its index to the metadata log, and only then is its WAL
+//! file removed.
+//!
+//! Everything here runs on one executor: `RefCell`s are never held across an `.await`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use glommio::io::DmaFile;
+use pico_meta::{MetaStore, SegmentRecord, SegmentRun, SegmentStreamEntry, StreamConfig as MetaConfig};
+use pico_s3::ObjectStore;
+
+use crate::api::{
+    AppendAck, Op, ReadBatch, ReadFrom, ReadRequest, RecordInput, RecordView, Reply, StreamInfo,
+    StreamSummary,
+};
+use crate::error::EngineError;
+use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::limits;
+use crate::notify::LocalNotify;
+use crate::state::{AppendCommand, AppendOutcome, StreamConfig, StreamState};
+use crate::{now_ms, EngineConfig};
+
+/// A merged chunk stops growing at this size so a read never scans far inside one.
+const CHUNK_BYTES_MAX: u64 = 256 * 1024;
+/// Extra room in an active segment buffer past `segment_size`: a rotation can be late by the
+/// requests that arrive before the next WAL file is ready.
+const SEGMENT_SLACK_BYTES: usize = 1024 * 1024;
+
+/// Where one stream's records `first_offset..next_offset` lie: bytes `byte_start..byte_end`
+/// of local segment `segment`.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    first_offset: u64,
+    next_offset: u64,
+    segment: u64,
+    byte_start: u64,
+    byte_end: u64,
+}
+
+struct Stream {
+    state: StreamState,
+    /// Sorted by offset, contiguous.
+    chunks: Vec<Chunk>,
+    /// Readers parked until the durable tail moves.
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+/// A recovered stream handed to its core at startup.
+#[derive(Clone, Debug)]
+pub struct StreamSeed {
+    pub name: String,
+    pub id: u64,
+    pub config: StreamConfig,
+    pub created_ms: i64,
+    pub closed: bool,
+    pub next_offset: u64,
+    pub last_timestamp_ms: i64,
+    /// `(segment key, run)` sorted by offset.
+    pub runs: Vec<(std::sync::Arc<str>, SegmentRun)>,
+}
+
+/// Per-stream index of a segment being built.
+#[derive(Default)]
+struct IndexEntry {
+    runs: Vec<SegmentRun>,
+    last_timestamp_ms: i64,
+    closed: bool,
+}
+
+/// A segment whose frames are still being written to its WAL file.
+struct OpenSegment {
+    no: u64,
+    key: String,
+    buf: Vec<u8>,
+    /// Bytes of `buf` known to be on disk.
+    durable_len: usize,
+    wal: Option<Rc<DmaFile>>,
+    wal_path: Option<PathBuf>,
+    opened: Instant,
+    index: BTreeMap<u64, IndexEntry>,
+}
+
+enum SegmentData {
+    /// Still an [`OpenSegment`] in the log.
+    Open,
+    /// Sealed and held in memory (uploaded or not yet).
+    Memory(Bytes),
+    /// Only in the object store.
+    Remote,
+    /// Being fetched from the object store; these readers wait for it.
+    Loading(Vec<oneshot::Sender<Result<Bytes, EngineError>>>),
+}
+
+struct SegmentSlot {
+    key: Rc<str>,
+    data: SegmentData,
+    uploaded: bool,
+}
+
+struct PendingAck {
+    segment: u64,
+    end: usize,
+    name: Rc<str>,
+    stream_id: u64,
+    next_offset: u64,
+    closed: bool,
+    body_bytes: usize,
+    reply: oneshot::Sender<Result<(), EngineError>>,
+}
+
+pub(crate) struct Shard {
+    core: usize,
+    config: EngineConfig,
+    meta: MetaStore,
+    store: ObjectStore,
+    streams: RefCell<BTreeMap<Rc<str>, Stream>>,
+    /// Open segments, oldest first; the last one is active (takes new frames).
+    log: RefCell<VecDeque<OpenSegment>>,
+    segments: RefCell<HashMap<u64, SegmentSlot>>,
+    /// Uploaded segments held in memory, oldest first, for the cache budget.
+    cached: RefCell<VecDeque<(u64, usize)>>,
+    cached_bytes: Cell<usize>,
+    pending: RefCell<VecDeque<PendingAck>>,
+    in_flight_bytes: Cell<usize>,
+    next_segment_no: Cell<u64>,
+    segment_counter: Cell<u64>,
+    /// A WAL file created ahead of time so a rotation never waits for the filesystem.
+    spare_wal: RefCell<Option<(Rc<DmaFile>, PathBuf, u64)>>,
+    commit_wanted: LocalNotify,
+    failed: RefCell<Option<String>>,
+}
+
+fn info_of(state: &StreamState) -> StreamInfo {
+    StreamInfo {
+        content_type: state.config.content_type.clone(),
+        ttl_sec: state.config.ttl_sec,
+        expires_at_ms: state.config.expires_at_ms,
+        start_offset: state.start_offset,
+        next_offset: state.durable_offset,
+        closed: state.closed_durable,
+    }
+}
+
+impl Shard {
+    pub(crate) async fn start(
+        core: usize,
+        config: EngineConfig,
+        meta: MetaStore,
+        store: ObjectStore,
+        seeds: Vec<StreamSeed>,
+    ) -> Result<Rc<Shard>, String> {
+        let shard = Rc::new(Shard {
+            core,
+            config,
+            meta,
+            store,
+            streams: RefCell::new(BTreeMap::new()),
+            log: RefCell::new(VecDeque::new()),
+            segments: RefCell::new(HashMap::new()),
+            cached: RefCell::new(VecDeque::new()),
+            cached_bytes: Cell::new(0),
+            pending: RefCell::new(VecDeque::new()),
+            in_flight_bytes: Cell::new(0),
+            next_segment_no: Cell::new(0),
+            segment_counter: Cell::new(0),
+            spare_wal: RefCell::new(None),
+            commit_wanted: LocalNotify::default(),
+            failed: RefCell::new(None),
+        });
+        shard.load_seeds(seeds);
+        let first = shard.create_wal_file().await?;
+        shard.open_segment(first);
+        let commit = shard.clone();
+        glommio::spawn_local(async move { commit.commit_loop().await }).detach();
+        let ager = shard.clone();
+        glommio::spawn_local(async move { ager.age_loop().await }).detach();
+        Ok(shard)
+    }
+
+    fn load_seeds(&self, seeds: Vec<StreamSeed>) {
+        let mut keys: HashMap<std::sync::Arc<str>, u64> = HashMap::new();
+        let mut streams = self.streams.borrow_mut();
+        let mut segments = self.segments.borrow_mut();
+        for seed in seeds {
+            let mut state = StreamState::new(seed.id, seed.config, seed.closed, seed.created_ms);
+            state.created_ms = seed.created_ms;
+            state.next_offset = seed.next_offset;
+            state.durable_offset = seed.next_offset;
+            state.last_timestamp_ms = seed.last_timestamp_ms;
+            state.touch(now_ms());
+            let mut chunks = Vec::with_capacity(seed.runs.len());
+            for (key, run) in seed.runs {
+                let no = *keys.entry(key.clone()).or_insert_with(|| {
+                    let no = self.next_segment_no.get();
+                    self.next_segment_no.set(no + 1);
+                    segments.insert(
+                        no,
+                        SegmentSlot { key: Rc::from(&*key), data: SegmentData::Remote, uploaded: true },
+                    );
+                    no
+                });
+                chunks.push(Chunk {
+                    first_offset: run.first_offset,
+                    next_offset: run.next_offset,
+                    segment: no,
+                    byte_start: run.byte_start,
+                    byte_end: run.byte_end,
+                });
+            }
+            if let Some(first) = chunks.first() {
+                state.start_offset = first.first_offset;
+            }
+            streams.insert(Rc::from(seed.name.as_str()), Stream { state, chunks, waiters: Vec::new() });
+        }
+    }
+
+    // ---------------------------------------------------------------- operations
+
+    pub(crate) async fn execute(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
+        if let Some(message) = self.failed.borrow().clone() {
+            return Err(EngineError::Durability(message));
+        }
+        match op {
+            Op::Create { config, closed, first_record } => {
+                self.create(name, config, closed, first_record).await
+            }
+            Op::Append { records, close, match_offset } => {
+                self.append(name, records, close, match_offset).await.map(Reply::Appended)
+            }
+            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
+            Op::Head => self.head(name).await.map(Reply::Head),
+            Op::Delete => self.delete(name).await.map(|()| Reply::Deleted),
+        }
+    }
+
+    /// Looks a stream up, deleting it first if it expired (lazy expiry).
+    async fn live_stream_id(&self, name: &str, touch: bool) -> Result<u64, EngineError> {
+        let now = now_ms();
+        let (id, expired) = {
+            let mut streams = self.streams.borrow_mut();
+            let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+            let expired = stream.state.is_expired(now);
+            if touch && !expired {
+                stream.state.touch(now);
+            }
+            (stream.state.id, expired)
+        };
+        if expired {
+            self.remove_stream(name, id).await?;
+            return Err(EngineError::NotFound);
+        }
+        Ok(id)
+    }
+
+    async fn create(
+        self: &Rc<Self>,
+        name: &str,
+        config: StreamConfig,
+        closed: bool,
+        first_record: Option<RecordInput>,
+    ) -> Result<Reply, EngineError> {
+        if self.live_stream_id(name, false).await.is_ok() {
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            stream.state.check_recreate(&config, closed)?;
+            return Ok(Reply::Created { created: false, info: info_of(&stream.state), first: None });
+        }
+        let meta_config = MetaConfig {
+            content_type: config.content_type.clone(),
+            ttl_sec: config.ttl_sec,
+            expires_at_ms: config.expires_at_ms,
+            // A body given with a closing create is appended first, then the close.
+            closed: closed && first_record.is_none(),
+        };
+        let outcome = self
+            .meta
+            .create_stream(name, meta_config, now_ms())
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let row = outcome.row;
+        let created = {
+            let mut streams = self.streams.borrow_mut();
+            if let Some(existing) = streams.get(name) {
+                // Another create of the same name on this core won the race.
+                existing.state.check_recreate(&config, closed)?;
+                false
+            } else {
+                let row_config = StreamConfig {
+                    content_type: row.config.content_type.clone(),
+                    ttl_sec: row.config.ttl_sec,
+                    expires_at_ms: row.config.expires_at_ms,
+                };
+                let state = StreamState::new(row.id, row_config, row.config.closed, row.created_ms);
+                if !outcome.created {
+                    state.check_recreate(&config, closed)?;
+                }
+                streams.insert(Rc::from(name), Stream { state, chunks: Vec::new(), waiters: Vec::new() });
+                outcome.created
+            }
+        };
+        let mut first = None;
+        if created {
+            if let Some(record) = first_record {
+                first = Some(self.append(name, vec![record], closed, None).await?);
+            }
+        }
+        let streams = self.streams.borrow();
+        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        Ok(Reply::Created { created, info: info_of(&stream.state), first })
+    }
+
+    async fn append(
+        self: &Rc<Self>,
+        name: &str,
+        records: Vec<RecordInput>,
+        close: bool,
+        match_offset: Option<u64>,
+    ) -> Result<AppendAck, EngineError> {
+        if records.len() > limits::RECORDS_PER_APPEND_MAX {
+            return Err(EngineError::Invalid(format!(
+                "at most {} records per append",
+                limits::RECORDS_PER_APPEND_MAX
+            )));
+        }
+        let body_bytes: usize = records.iter().map(|r| r.body.len()).sum();
+        if self.in_flight_bytes.get() + body_bytes > limits::IN_FLIGHT_BYTES_PER_CORE_MAX
+            && self.in_flight_bytes.get() > 0
+        {
+            return Err(EngineError::Overloaded {
+                limit: "in-flight bytes per core",
+                retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+            });
+        }
+        self.live_stream_id(name, false).await?;
+        let now = now_ms();
+        let (ack_rx, ack) = {
+            let mut streams = self.streams.borrow_mut();
+            let key = streams.get_key_value(name).ok_or(EngineError::NotFound)?.0.clone();
+            let stream = streams.get_mut(&key).expect("looked up above");
+            let command = AppendCommand { records: records.len() as u64, close, match_offset };
+            let outcome = stream.state.apply_append(command, now)?;
+            let (ack, newly_closed) = match outcome {
+                AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, closed } => (
+                    AppendAck {
+                        start_offset: Some(start_offset),
+                        next_offset,
+                        timestamp_ms: Some(timestamp_ms),
+                        closed,
+                    },
+                    closed,
+                ),
+                AppendOutcome::Closed { next_offset, newly } => {
+                    let ack = AppendAck { start_offset: None, next_offset, timestamp_ms: None, closed: true };
+                    if !newly {
+                        // Already closed: nothing to write; answer once the close is durable.
+                        drop(streams);
+                        return self.after_durable(name, ack).await;
+                    }
+                    (ack, true)
+                }
+            };
+            let rx = self.write_frames(&key, stream, &records, &ack, newly_closed, body_bytes);
+            (rx, ack)
+        };
+        self.commit_wanted.notify();
+        match ack_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(EngineError::ShuttingDown),
+        }
+        if ack.closed {
+            if let Ok(id) = self.live_stream_id(name, false).await {
+                // Durable already through the WAL close frame; the registry follows for listings.
+                drop(self.meta.close_stream(id));
+            }
+        }
+        Ok(ack)
+    }
+
+    /// Answers a request that wrote nothing once everything before it is durable.
+    async fn after_durable(self: &Rc<Self>, name: &str, ack: AppendAck) -> Result<AppendAck, EngineError> {
+        loop {
+            let rx = {
+                let mut streams = self.streams.borrow_mut();
+                let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+                if stream.state.durable_offset >= stream.state.next_offset && stream.state.closed_durable {
+                    return Ok(ack);
+                }
+                let (tx, rx) = oneshot::channel();
+                stream.waiters.push(tx);
+                rx
+            };
+            let _ = rx.await;
+        }
+    }
+
+    /// Frames the records into the active segment and queues their acknowledgement.
+    fn write_frames(
+        &self,
+        name: &Rc<str>,
+        stream: &mut Stream,
+        records: &[RecordInput],
+        ack: &AppendAck,
+        close: bool,
+        body_bytes: usize,
+    ) -> oneshot::Receiver<Result<(), EngineError>> {
+        let needed: usize = records
+            .iter()
+            .map(|r| frame::record_frame_len(&r.headers, r.body.len()))
+            .sum::<usize>()
+            + if close { frame::FRAME_HEADER_LEN } else { 0 };
+        self.maybe_rotate(needed);
+        let mut log = self.log.borrow_mut();
+        let segment = log.back_mut().expect("an active segment always exists");
+        let id = stream.state.id;
+        let byte_start = segment.buf.len() as u64;
+        let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
+        let first_offset = ack.start_offset.unwrap_or(ack.next_offset);
+        for (i, record) in records.iter().enumerate() {
+            frame::encode_frame(
+                &mut segment.buf,
+                FRAME_KIND_RECORD,
+                id,
+                first_offset + i as u64,
+                timestamp,
+                &record.headers,
+                &record.body,
+            );
+        }
+        if close {
+            frame::encode_frame(&mut segment.buf, FRAME_KIND_CLOSE, id, ack.next_offset, timestamp, &[], &[]);
+        }
+        let byte_end = segment.buf.len() as u64;
+        let entry = segment.index.entry(id).or_default();
+        entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
+        entry.closed |= close;
+        if !records.is_empty() {
+            let run = SegmentRun { first_offset, next_offset: ack.next_offset, byte_start, byte_end };
+            match entry.runs.last_mut() {
+                Some(last) if last.byte_end == byte_start && last.next_offset == first_offset => {
+                    last.next_offset = run.next_offset;
+                    last.byte_end = run.byte_end;
+                }
+                _ => entry.runs.push(run),
+            }
+            let chunk = Chunk {
+                first_offset,
+                next_offset: ack.next_offset,
+                segment: segment.no,
+                byte_start,
+                byte_end,
+            };
+            match stream.chunks.last_mut() {
+                Some(last)
+                    if last.segment == chunk.segment
+                        && last.byte_end == byte_start
+                        && last.next_offset == first_offset
+                        && last.byte_end - last.byte_start < CHUNK_BYTES_MAX =>
+                {
+                    last.next_offset = chunk.next_offset;
+                    last.byte_end = chunk.byte_end;
+                }
+                _ => stream.chunks.push(chunk),
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        self.in_flight_bytes.set(self.in_flight_bytes.get() + body_bytes);
+        self.pending.borrow_mut().push_back(PendingAck {
+            segment: segment.no,
+            end: segment.buf.len(),
+            name: name.clone(),
+            stream_id: id,
+            next_offset: ack.next_offset,
+            closed: close,
+            body_bytes,
+            reply: tx,
+        });
+        rx
+    }
+
+    async fn read(self: &Rc<Self>, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
+        let deadline = request.wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+        let mut from = match request.from {
+            ReadFrom::Offset(offset) => offset,
+            ReadFrom::Tail => {
+                self.live_stream_id(name, false).await?;
+                let streams = self.streams.borrow();
+                streams.get(name).ok_or(EngineError::NotFound)?.state.durable_offset
+            }
+        };
+        loop {
+            self.live_stream_id(name, true).await?;
+            let batch = self.read_once(name, from, &request).await?;
+            let Some(deadline) = deadline else { return Ok(batch) };
+            if !batch.records.is_empty() || batch.closed || from < batch.tail {
+                return Ok(batch);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(batch);
+            }
+            let rx = {
+                let mut streams = self.streams.borrow_mut();
+                let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+                stream.waiters.retain(|w| !w.is_canceled());
+                if stream.waiters.len() >= limits::WAITERS_PER_STREAM_MAX {
+                    return Err(EngineError::Overloaded {
+                        limit: "waiters per stream",
+                        retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+                    });
+                }
+                let (tx, rx) = oneshot::channel();
+                stream.waiters.push(tx);
+                rx
+            };
+            let woken = futures_lite::future::or(async { rx.await.is_ok() }, async {
+                glommio::timer::sleep(deadline - now).await;
+                false
+            })
+            .await;
+            if !woken {
+                self.live_stream_id(name, false).await?;
+                let batch = self.read_once(name, from, &request).await?;
+                return Ok(batch);
+            }
+            from = batch.next_offset;
+        }
+    }
+
+    /// One pass over the stored chunks from `from`, bounded by the request's budgets.
+    async fn read_once(&self, name: &str, from: u64, request: &ReadRequest) -> Result<ReadBatch, EngineError> {
+        let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
+        let max_bytes = request.max_bytes.max(1);
+        let (chunks, tail, closed_durable) = {
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            stream.state.check_read(from)?;
+            let tail = stream.state.durable_offset;
+            let first = stream.chunks.partition_point(|c| c.next_offset <= from);
+            let mut picked = Vec::new();
+            let mut bytes = 0u64;
+            for chunk in &stream.chunks[first..] {
+                if chunk.first_offset >= tail || bytes >= max_bytes as u64 {
+                    break;
+                }
+                bytes += chunk.byte_end - chunk.byte_start;
+                picked.push(*chunk);
+            }
+            (picked, tail, stream.state.closed_durable)
+        };
+        let mut records = Vec::new();
+        let mut bytes = 0usize;
+        let mut next = from;
+        'chunks: for chunk in chunks {
+            let data = self.chunk_bytes(&chunk).await?;
+            let mut pos = 0usize;
+            while pos < data.len() {
+                let (frame, len) = frame::decode_frame(&data, pos).map_err(|e| {
+                    EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
+                })?;
+                pos += len;
+                if frame.kind != FRAME_KIND_RECORD || frame.offset < next {
+                    continue;
+                }
+                if frame.offset >= tail
+                    || records.len() >= max_records
+                    || (!records.is_empty() && bytes + len > max_bytes)
+                {
+                    break 'chunks;
+                }
+                bytes += len;
+                next = frame.offset + 1;
+                records.push(RecordView {
+                    offset: frame.offset,
+                    timestamp_ms: frame.timestamp_ms,
+                    headers: frame.headers,
+                    body: frame.body,
+                });
+            }
+        }
+        if records.is_empty() {
+            next = from;
+        }
+        Ok(ReadBatch { from, records, next_offset: next, tail, closed: closed_durable && next >= tail })
+    }
+
+    /// The frames of one chunk: a slice of a sealed segment in memory, a copy out of an open
+    /// segment, or a fetch from the object store.
+    async fn chunk_bytes(&self, chunk: &Chunk) -> Result<Bytes, EngineError> {
+        let (start, end) = (chunk.byte_start as usize, chunk.byte_end as usize);
+        let rx = {
+            let mut segments = self.segments.borrow_mut();
+            let slot = segments
+                .get_mut(&chunk.segment)
+                .ok_or_else(|| EngineError::Storage(format!("segment {} is gone", chunk.segment)))?;
+            match &mut slot.data {
+                SegmentData::Memory(bytes) => return Ok(bytes.slice(start..end)),
+                SegmentData::Open => {
+                    let log = self.log.borrow();
+                    let open = log
+                        .iter()
+                        .find(|s| s.no == chunk.segment)
+                        .ok_or_else(|| EngineError::Storage("open segment vanished".into()))?;
+                    return Ok(Bytes::copy_from_slice(&open.buf[start..end]));
+                }
+                SegmentData::Loading(waiters) => {
+                    let (tx, rx) = oneshot::channel();
+                    waiters.push(tx);
+                    rx
+                }
+                SegmentData::Remote => {
+                    let (tx, rx) = oneshot::channel();
+                    slot.data = SegmentData::Loading(vec![tx]);
+                    let key = slot.key.to_string();
+                    let fetch = self.store.get(&key);
+                    // Resolved by `finish_load`, on this executor.
+                    glommio::spawn_local(load_segment(fetch, key, chunk.segment)).detach();
+                    rx
+                }
+            }
+        };
+        let whole = rx.await.map_err(|_| EngineError::ShuttingDown)??;
+        if end > whole.len() {
+            return Err(EngineError::Storage(format!(
+                "segment {} is shorter than its catalog entry",
+                chunk.segment
+            )));
+        }
+        Ok(whole.slice(start..end))
+    }
+
+    async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {
+        self.live_stream_id(name, false).await?;
+        let streams = self.streams.borrow();
+        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        Ok(info_of(&stream.state))
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), EngineError> {
+        let id = self.live_stream_id(name, false).await?;
+        self.remove_stream(name, id).await
+    }
+
+    async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {
+        self.meta
+            .delete_stream(id)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let mut streams = self.streams.borrow_mut();
+        if streams.get(name).is_some_and(|s| s.state.id == id) {
+            if let Some(stream) = streams.remove(name) {
+                for waiter in stream.waiters {
+                    let _ = waiter.send(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {
+        let now = now_ms();
+        let streams = self.streams.borrow();
+        let lower = if start_after >= prefix { start_after } else { prefix };
+        streams
+            .range::<str, _>((std::ops::Bound::Included(lower), std::ops::Bound::Unbounded))
+            .filter(|(name, _)| &***name != start_after)
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(_, stream)| !stream.state.is_expired(now))
+            .take(limit)
+            .map(|(name, stream)| StreamSummary { name: name.to_string(), info: info_of(&stream.state) })
+            .collect()
+    }
+
+    // ---------------------------------------------------------------- the log
+
+    fn wal_path(&self, counter: u64) -> (PathBuf, String) {
+        let stem = format!("{:016}-{:03}-{:010}", self.config.node_epoch_ms, self.core, counter);
+        (self.config.wal_dir.join(format!("{stem}.wal")), format!("segments/{stem}.seg"))
+    }
+
+    /// Creates the next WAL file (pre-allocated and with its directory entry durable).
+    async fn create_wal_file(&self) -> Result<Option<(Rc<DmaFile>, PathBuf, u64)>, String> {
+        let counter = self.segment_counter.get();
+        self.segment_counter.set(counter + 1);
+        if self.config.memory_only {
+            return Ok(None);
+        }
+        let (path, _) = self.wal_path(counter);
+        let file = DmaFile::create(&path)
+            .await
+            .map_err(|e| format!("cannot create WAL file {}: {e}", path.display()))?;
+        file.pre_allocate((self.config.segment_size + SEGMENT_SLACK_BYTES) as u64, false)
+            .await
+            .map_err(|e| format!("cannot pre-allocate WAL file {}: {e}", path.display()))?;
+        sync_dir(&self.config.wal_dir)?;
+        Ok(Some((Rc::new(file), path, counter)))
+    }
+
+    fn open_segment(&self, wal: Option<(Rc<DmaFile>, PathBuf, u64)>) {
+        let counter = match &wal {
+            Some((_, _, counter)) => *counter,
+            None => {
+                let counter = self.segment_counter.get();
+                self.segment_counter.set(counter + 1);
+                counter
+            }
+        };
+        let (_, key) = self.wal_path(counter);
+        let no = self.next_segment_no.get();
+        self.next_segment_no.set(no + 1);
+        let (file, path) = match wal {
+            Some((file, path, _)) => (Some(file), Some(path)),
+            None => (None, None),
+        };
+        self.segments.borrow_mut().insert(
+            no,
+            SegmentSlot { key: Rc::from(key.as_str()), data: SegmentData::Open, uploaded: false },
+        );
+        self.log.borrow_mut().push_back(OpenSegment {
+            no,
+            key,
+            buf: Vec::with_capacity(self.config.segment_size + SEGMENT_SLACK_BYTES),
+            durable_len: 0,
+            wal: file,
+            wal_path: path,
+            opened: Instant::now(),
+            index: BTreeMap::new(),
+        });
+    }
+
+    /// Starts a new active segment when `needed` more bytes would overflow the current one.
+    fn maybe_rotate(&self, needed: usize) {
+        let len = self.log.borrow().back().map_or(0, |s| s.buf.len());
+        let full = len > 0 && len + needed > self.config.segment_size;
+        if full {
+            self.rotate();
+        }
+    }
+
+    fn rotate(&self) {
+        if self.config.memory_only {
+            self.open_segment(None);
+            return;
+        }
+        // Without a spare WAL file the segment grows into its slack until one is ready.
+        let spare = self.spare_wal.borrow_mut().take();
+        if let Some(spare) = spare {
+            self.open_segment(Some(spare));
+        }
+        self.commit_wanted.notify();
+    }
+
+    async fn age_loop(self: Rc<Self>) {
+        let period = Duration::from_millis(self.config.segment_max_age_ms.max(10) / 2 + 1);
+        loop {
+            glommio::timer::sleep(period).await;
+            let old = {
+                let log = self.log.borrow();
+                let active = log.back().expect("an active segment always exists");
+                !active.buf.is_empty()
+                    && active.opened.elapsed() >= Duration::from_millis(self.config.segment_max_age_ms)
+            };
+            if old {
+                self.rotate();
+            }
+        }
+    }
+
+    async fn commit_loop(self: Rc<Self>) {
+        loop {
+            self.commit_wanted.wait().await;
+            loop {
+                match self.commit_round().await {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(message) => {
+                        log::error!("core {}: WAL failure, refusing appends: {message}", self.core);
+                        self.fail_pending(&message);
+                        *self.failed.borrow_mut() = Some(message);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes the oldest open segment with unwritten bytes durable, seals a finished one, and
+    /// keeps a spare WAL file ready. Returns whether there may be more to do.
+    async fn commit_round(self: &Rc<Self>) -> Result<bool, String> {
+        if !self.config.memory_only && self.spare_wal.borrow().is_none() {
+            let spare = self.create_wal_file().await?;
+            *self.spare_wal.borrow_mut() = spare;
+            let overdue = self.log.borrow().back().is_some_and(|s| s.buf.len() >= self.config.segment_size);
+            if overdue {
+                self.rotate();
+            }
+        }
+        let job = {
+            let log = self.log.borrow();
+            let count = log.len();
+            log.iter().enumerate().find_map(|(i, segment)| {
+                let sealed = i + 1 < count;
+                if segment.durable_len < segment.buf.len() {
+                    Some((segment.no, false))
+                } else if sealed {
+                    Some((segment.no, true))
+                } else {
+                    None
+                }
+            })
+        };
+        let Some((no, seal)) = job else { return Ok(false) };
+        if seal {
+            self.seal_front(no);
+            return Ok(true);
+        }
+        let (file, start, len, buffer) = {
+            let log = self.log.borrow();
+            let segment = log.iter().find(|s| s.no == no).expect("picked above");
+            let len = segment.buf.len();
+            match &segment.wal {
+                None => (None, 0, len, None),
+                Some(file) => {
+                    let align = file.alignment() as usize;
+                    let start = segment.durable_len / align * align;
+                    let size = (len - start).div_ceil(align) * align;
+                    let mut buffer = file.alloc_dma_buffer(size);
+                    let dst = buffer.as_bytes_mut();
+                    dst[..len - start].copy_from_slice(&segment.buf[start..len]);
+                    dst[len - start..].fill(0);
+                    (Some(file.clone()), start, len, Some(buffer))
+                }
+            }
+        };
+        if let (Some(file), Some(buffer)) = (file, buffer) {
+            file.write_at(buffer, start as u64).await.map_err(|e| format!("WAL write: {e}"))?;
+            file.fdatasync().await.map_err(|e| format!("WAL fdatasync: {e}"))?;
+        }
+        if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
+            segment.durable_len = len;
+        }
+        self.release_acks();
+        Ok(true)
+    }
+
+    /// Answers, in order, every append whose bytes are now durable.
+    fn release_acks(&self) {
+        let durable: HashMap<u64, usize> =
+            self.log.borrow().iter().map(|s| (s.no, s.durable_len)).collect();
+        loop {
+            let ack = {
+                let mut pending = self.pending.borrow_mut();
+                let ready = pending.front().is_some_and(|ack| {
+                    durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
+                });
+                if !ready {
+                    break;
+                }
+                pending.pop_front().expect("checked front")
+            };
+            self.in_flight_bytes.set(self.in_flight_bytes.get() - ack.body_bytes);
+            let mut streams = self.streams.borrow_mut();
+            if let Some(stream) = streams.get_mut(&*ack.name) {
+                if stream.state.id == ack.stream_id {
+                    stream.state.mark_durable(ack.next_offset, ack.closed);
+                    for waiter in stream.waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+            }
+            drop(streams);
+            let _ = ack.reply.send(Ok(()));
+        }
+    }
+
+    fn fail_pending(&self, message: &str) {
+        let pending: Vec<PendingAck> = self.pending.borrow_mut().drain(..).collect();
+        for ack in pending {
+            let _ = ack.reply.send(Err(EngineError::Durability(message.to_string())));
+        }
+    }
+
+    /// Moves the oldest open segment (fully durable, no longer active) to the upload path.
+    fn seal_front(self: &Rc<Self>, no: u64) {
+        let segment = {
+            let mut log = self.log.borrow_mut();
+            debug_assert_eq!(log.front().map(|s| s.no), Some(no));
+            log.pop_front().expect("sealing the front segment")
+        };
+        let bytes = Bytes::from(segment.buf);
+        if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+            slot.data = SegmentData::Memory(bytes.clone());
+        }
+        if bytes.is_empty() {
+            self.segments.borrow_mut().remove(&no);
+            let (file, path) = (segment.wal, segment.wal_path);
+            glommio::spawn_local(async move { remove_wal(file, path).await }).detach();
+            return;
+        }
+        let record = SegmentRecord {
+            key: segment.key.clone(),
+            size_bytes: bytes.len() as u64,
+            created_ms: now_ms(),
+            streams: segment
+                .index
+                .into_iter()
+                .map(|(stream_id, entry)| SegmentStreamEntry {
+                    stream_id,
+                    runs: entry.runs,
+                    last_timestamp_ms: entry.last_timestamp_ms,
+                    closed: entry.closed,
+                })
+                .collect(),
+        };
+        let this = self.clone();
+        let (file, path) = (segment.wal, segment.wal_path);
+        glommio::spawn_local(async move { this.upload(no, bytes, record, file, path).await }).detach();
+    }
+
+    /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
+    /// capped exponential backoff: the WAL keeps the data safe meanwhile.
+    async fn upload(
+        self: Rc<Self>,
+        no: u64,
+        bytes: Bytes,
+        record: SegmentRecord,
+        file: Option<Rc<DmaFile>>,
+        path: Option<PathBuf>,
+    ) {
+        let mut backoff_ms = 50u64;
+        loop {
+            let result = async {
+                self.store
+                    .put(&record.key, bytes.clone())
+                    .await
+                    .map_err(|_| "object store is shut down".to_string())?
+                    .map_err(|e| e.to_string())?;
+                self.meta
+                    .commit_segment(record.clone())
+                    .await
+                    .map_err(|_| "metadata store is shut down".to_string())?
+                    .map_err(|e| e.to_string())
+            }
+            .await;
+            match result {
+                Ok(()) => break,
+                Err(message) => {
+                    log::warn!("core {}: upload of {} failed, retrying: {message}", self.core, record.key);
+                    glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
+                    backoff_ms = (backoff_ms * 2).min(5_000);
+                }
+            }
+        }
+        remove_wal(file, path).await;
+        if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+            slot.uploaded = true;
+        }
+        self.cached.borrow_mut().push_back((no, bytes.len()));
+        self.cached_bytes.set(self.cached_bytes.get() + bytes.len());
+        self.evict_cache();
+    }
+
+    /// Drops uploaded segments from memory, oldest first, down to the cache budget.
+    fn evict_cache(&self) {
+        while self.cached_bytes.get() > self.config.segment_cache_bytes {
+            let Some((no, len)) = self.cached.borrow_mut().pop_front() else { break };
+            self.cached_bytes.set(self.cached_bytes.get() - len);
+            if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+                if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
+                    slot.data = SegmentData::Remote;
+                }
+            }
+        }
+    }
+
+    fn finish_load(&self, no: u64, result: Result<Bytes, EngineError>) {
+        let waiters = {
+            let mut segments = self.segments.borrow_mut();
+            let Some(slot) = segments.get_mut(&no) else { return };
+            let next = match &result {
+                Ok(bytes) => SegmentData::Memory(bytes.clone()),
+                Err(_) => SegmentData::Remote,
+            };
+            match std::mem::replace(&mut slot.data, next) {
+                SegmentData::Loading(waiters) => waiters,
+                other => {
+                    slot.data = other;
+                    Vec::new()
+                }
+            }
+        };
+        if let Ok(bytes) = &result {
+            self.cached.borrow_mut().push_back((no, bytes.len()));
+            self.cached_bytes.set(self.cached_bytes.get() + bytes.len());
+        }
+        for waiter in waiters {
+            let _ = waiter.send(result.clone());
+        }
+        self.evict_cache();
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<std::rc::Weak<Shard>>> = const { RefCell::new(None) };
+}
+
+pub(crate) fn set_current(shard: &Rc<Shard>) {
+    CURRENT.with(|c| *c.borrow_mut() = Some(Rc::downgrade(shard)));
+}
+
+async fn load_segment(fetch: pico_s3::Reply<Bytes>, key: String, no: u64) {
+    let result = match fetch.await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(EngineError::Storage(format!("reading {key}: {e}"))),
+        Err(_) => Err(EngineError::ShuttingDown),
+    };
+    if let Some(shard) = CURRENT.with(|c| c.borrow().as_ref().and_then(|w| w.upgrade())) {
+        shard.finish_load(no, result);
+    }
+}
+
+async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+    drop(file);
+    if let Some(path) = path {
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::warn!("cannot remove WAL file {}: {e}", path.display());
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), String> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot sync WAL directory {}: {e}", dir.display()))
+}

@@ -1,0 +1,299 @@
+//! The rules of one stream as a pure state machine: no I/O, time passed in.
+//!
+//! Both protocols translate their requests into these calls; the owning core applies them
+//! and then does the I/O (frames into the WAL, waiters, replies).
+
+use crate::error::EngineError;
+
+/// Configuration fixed at create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamConfig {
+    pub content_type: String,
+    /// Sliding idle expiry: reads and appends move the deadline to `now + ttl`.
+    pub ttl_sec: Option<u64>,
+    /// Fixed expiry instant (Unix ms).
+    pub expires_at_ms: Option<i64>,
+}
+
+/// Everything the owning core knows about a stream's offsets and lifecycle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamState {
+    pub id: u64,
+    pub config: StreamConfig,
+    pub created_ms: i64,
+    /// A close was accepted (appends are refused from now on).
+    pub closed: bool,
+    /// The close marker is durable; readers at the tail see `closed`.
+    pub closed_durable: bool,
+    /// First readable offset.
+    pub start_offset: u64,
+    /// Next offset to assign (includes appends still waiting for durability).
+    pub next_offset: u64,
+    /// Records below this offset are durable and readable.
+    pub durable_offset: u64,
+    /// Timestamp of the last assigned record; timestamps strictly increase per stream.
+    pub last_timestamp_ms: i64,
+    /// Last read or append, for the sliding TTL.
+    pub last_access_ms: i64,
+}
+
+/// An append as the protocols express it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendCommand {
+    /// Records in the request (0 for a close-only request).
+    pub records: u64,
+    /// Close the stream after these records.
+    pub close: bool,
+    /// Apply only if the tail equals this offset.
+    pub match_offset: Option<u64>,
+}
+
+/// What an accepted append did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Records were assigned `start_offset..next_offset`, all with `timestamp_ms`.
+    Appended { start_offset: u64, next_offset: u64, timestamp_ms: i64, closed: bool },
+    /// No records; the stream is (now, or already was) closed.
+    Closed { next_offset: u64, newly: bool },
+}
+
+impl StreamState {
+    pub fn new(id: u64, config: StreamConfig, closed: bool, now_ms: i64) -> StreamState {
+        StreamState {
+            id,
+            config,
+            created_ms: now_ms,
+            closed,
+            closed_durable: closed,
+            start_offset: 0,
+            next_offset: 0,
+            durable_offset: 0,
+            last_timestamp_ms: 0,
+            last_access_ms: now_ms,
+        }
+    }
+
+    /// The instant after which the stream no longer exists, if any.
+    pub fn deadline_ms(&self) -> Option<i64> {
+        let sliding = self
+            .config
+            .ttl_sec
+            .map(|ttl| self.last_access_ms.saturating_add((ttl as i64).saturating_mul(1000)));
+        match (sliding, self.config.expires_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.deadline_ms().is_some_and(|deadline| now_ms >= deadline)
+    }
+
+    /// Reads and appends slide the TTL; `HEAD` does not.
+    pub fn touch(&mut self, now_ms: i64) {
+        self.last_access_ms = self.last_access_ms.max(now_ms);
+    }
+
+    /// Validates and assigns an append. On error the state is unchanged.
+    pub fn apply_append(
+        &mut self,
+        command: AppendCommand,
+        now_ms: i64,
+    ) -> Result<AppendOutcome, EngineError> {
+        if command.records == 0 && !command.close {
+            return Err(EngineError::Invalid("empty body".into()));
+        }
+        if self.closed {
+            if command.records == 0 {
+                return Ok(AppendOutcome::Closed { next_offset: self.next_offset, newly: false });
+            }
+            return Err(EngineError::Closed { next_offset: self.next_offset });
+        }
+        if let Some(expected) = command.match_offset {
+            if expected != self.next_offset {
+                return Err(EngineError::MatchFailed { expected, actual: self.next_offset });
+            }
+        }
+        self.touch(now_ms);
+        if command.close {
+            self.closed = true;
+        }
+        if command.records == 0 {
+            return Ok(AppendOutcome::Closed { next_offset: self.next_offset, newly: true });
+        }
+        let timestamp_ms = now_ms.max(self.last_timestamp_ms + 1);
+        self.last_timestamp_ms = timestamp_ms;
+        let start_offset = self.next_offset;
+        self.next_offset += command.records;
+        Ok(AppendOutcome::Appended {
+            start_offset,
+            next_offset: self.next_offset,
+            timestamp_ms,
+            closed: command.close,
+        })
+    }
+
+    /// Records up to `next_offset` (and the close, if `closed`) became durable.
+    pub fn mark_durable(&mut self, next_offset: u64, closed: bool) {
+        debug_assert!(next_offset <= self.next_offset);
+        self.durable_offset = self.durable_offset.max(next_offset);
+        self.closed_durable |= closed;
+    }
+
+    /// Checks a read position against the readable range.
+    pub fn check_read(&self, from: u64) -> Result<(), EngineError> {
+        if from < self.start_offset {
+            return Err(EngineError::OffsetGone { requested: from, start: self.start_offset });
+        }
+        if from > self.durable_offset {
+            return Err(EngineError::OffsetBeyondTail { requested: from, tail: self.durable_offset });
+        }
+        Ok(())
+    }
+
+    /// Whether a reader that got everything up to `next_offset` is at the closed end.
+    pub fn closed_at(&self, next_offset: u64) -> bool {
+        self.closed_durable && next_offset >= self.durable_offset
+    }
+
+    /// An existing stream accepts an idempotent create only with the same configuration.
+    pub fn check_recreate(&self, config: &StreamConfig, closed: bool) -> Result<(), EngineError> {
+        let mismatch = |message: String| EngineError::ConfigMismatch {
+            message,
+            next_offset: self.durable_offset,
+        };
+        if self.config.ttl_sec != config.ttl_sec
+            || self.config.expires_at_ms != config.expires_at_ms
+            || self.closed != closed
+        {
+            return Err(mismatch("stream exists with a different configuration".into()));
+        }
+        if !mime_base_eq(&self.config.content_type, &config.content_type) {
+            return Err(mismatch(format!(
+                "stream exists with content type {}",
+                self.config.content_type
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Compares the MIME base types (before `;`), case-insensitively.
+pub fn mime_base_eq(a: &str, b: &str) -> bool {
+    let base = |s: &str| s.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    base(a) == base(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> StreamConfig {
+        StreamConfig { content_type: "text/plain".into(), ttl_sec: None, expires_at_ms: None }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Append { records: u64, close: bool, match_tail: bool, now: i64 },
+        Durable,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0u64..5, proptest::bool::weighted(0.05), any::<bool>(), 0i64..1000).prop_map(
+                |(records, close, match_tail, now)| Step::Append { records, close, match_tail, now }
+            ),
+            Just(Step::Durable),
+        ]
+    }
+
+    proptest! {
+        /// Offsets are dense and increasing, timestamps strictly increase, nothing is appended
+        /// after a close, and errors leave the state unchanged.
+        #[test]
+        fn invariants_hold(steps in proptest::collection::vec(step(), 1..200)) {
+            let mut state = StreamState::new(1, config(), false, 0);
+            let mut expected_next = 0u64;
+            let mut last_ts = 0i64;
+            for step in steps {
+                match step {
+                    Step::Durable => {
+                        let (next, closed) = (state.next_offset, state.closed);
+                        state.mark_durable(next, closed);
+                        prop_assert_eq!(state.durable_offset, state.next_offset);
+                    }
+                    Step::Append { records, close, match_tail, now } => {
+                        let before = state.clone();
+                        let match_offset = match_tail.then_some(state.next_offset);
+                        let result = state.apply_append(AppendCommand { records, close, match_offset }, now);
+                        match result {
+                            Ok(AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, .. }) => {
+                                prop_assert!(!before.closed);
+                                prop_assert_eq!(start_offset, expected_next);
+                                prop_assert_eq!(next_offset, start_offset + records);
+                                prop_assert!(timestamp_ms > last_ts);
+                                prop_assert!(timestamp_ms >= now);
+                                last_ts = timestamp_ms;
+                                expected_next = next_offset;
+                            }
+                            Ok(AppendOutcome::Closed { next_offset, newly }) => {
+                                prop_assert_eq!(records, 0);
+                                prop_assert_eq!(next_offset, expected_next);
+                                prop_assert_eq!(newly, !before.closed);
+                                prop_assert!(state.closed);
+                            }
+                            Err(_) => prop_assert_eq!(&state, &before),
+                        }
+                    }
+                }
+                prop_assert!(state.durable_offset <= state.next_offset);
+            }
+        }
+    }
+
+    #[test]
+    fn match_failure_reports_the_tail() {
+        let mut state = StreamState::new(1, config(), false, 0);
+        state.apply_append(AppendCommand { records: 2, close: false, match_offset: None }, 1).unwrap();
+        let err = state
+            .apply_append(AppendCommand { records: 1, close: false, match_offset: Some(5) }, 2)
+            .unwrap_err();
+        assert_eq!(err, EngineError::MatchFailed { expected: 5, actual: 2 });
+    }
+
+    #[test]
+    fn sliding_ttl_and_fixed_expiry() {
+        let mut cfg = config();
+        cfg.ttl_sec = Some(10);
+        let mut state = StreamState::new(1, cfg, false, 1_000);
+        assert!(!state.is_expired(10_999));
+        state.touch(5_000);
+        assert!(!state.is_expired(14_999));
+        assert!(state.is_expired(15_000));
+        state.config.expires_at_ms = Some(12_000);
+        assert!(state.is_expired(12_000));
+    }
+
+    #[test]
+    fn reads_are_bounded_by_the_durable_tail() {
+        let mut state = StreamState::new(1, config(), false, 0);
+        state.apply_append(AppendCommand { records: 3, close: false, match_offset: None }, 1).unwrap();
+        assert!(matches!(state.check_read(1), Err(EngineError::OffsetBeyondTail { .. })));
+        state.mark_durable(3, false);
+        assert!(state.check_read(3).is_ok());
+        assert!(state.check_read(4).is_err());
+    }
+
+    #[test]
+    fn recreate_compares_configuration() {
+        let state = StreamState::new(1, config(), false, 0);
+        assert!(state.check_recreate(&config(), false).is_ok());
+        let mut other = config();
+        other.content_type = "TEXT/PLAIN; charset=utf-8".into();
+        assert!(state.check_recreate(&other, false).is_ok());
+        other.content_type = "application/json".into();
+        assert!(state.check_recreate(&other, false).is_err());
+        assert!(state.check_recreate(&config(), true).is_err());
+    }
+}

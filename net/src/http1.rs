@@ -1,0 +1,403 @@
+//! HTTP/1.1 on one connection: `httparse` for the request head, `Content-Length` and chunked
+//! bodies, keep-alive and pipelining (requests are answered in order, one at a time).
+//!
+//! Limits: the request head is at most [`HEAD_BYTES_MAX`] with [`HEADERS_MAX`] headers
+//! (else `431`), a body at most `max_body_size` (else `413`, and the connection closes since
+//! the unread body cannot be skipped safely).
+
+use std::future::Future;
+use std::rc::Rc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Largest request head (request line and headers).
+pub const HEAD_BYTES_MAX: usize = 64 * 1024;
+/// Most headers in one request.
+pub const HEADERS_MAX: usize = 100;
+/// Bytes asked of the socket per read.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A parsed request with its whole body.
+#[derive(Debug)]
+pub struct Request {
+    pub method: String,
+    /// The path exactly as received, without the query string.
+    pub path: String,
+    /// The raw query string (without `?`), empty if none.
+    pub query: String,
+    /// Header names lowercased.
+    pub headers: Vec<(String, Bytes)>,
+    pub body: Bytes,
+}
+
+impl Request {
+    /// The first header with this (lowercase) name, as text; empty values count as absent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Bytes,
+}
+
+impl Response {
+    pub fn new(status: u16) -> Response {
+        Response { status, headers: Vec::new(), body: Bytes::new() }
+    }
+
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub fn with_body(mut self, body: impl Into<Bytes>) -> Response {
+        self.body = body.into();
+        self
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        201 => "Created",
+        204 => "No Content",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        _ => "Status",
+    }
+}
+
+/// A request the connection cannot parse: answered with this status and message, then closed.
+pub struct ProtocolError {
+    pub status: u16,
+    pub message: String,
+}
+
+fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
+    ProtocolError { status, message: message.into() }
+}
+
+/// Serves requests on `stream` until the peer closes or an error ends the connection.
+/// `handle` answers one request; `on_error` renders a protocol error in the listener's style.
+pub async fn serve_connection<S, H, F>(
+    mut stream: S,
+    max_body_size: usize,
+    handle: Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(Request) -> F,
+    F: Future<Output = Response>,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        let parsed = match read_request(&mut stream, &mut buf, max_body_size).await {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => return,
+            Err(e) => {
+                let response = on_error(e.status, &e.message);
+                let _ = write_response(&mut stream, response, false, false).await;
+                return;
+            }
+        };
+        let (request, keep_alive) = parsed;
+        let head_only = request.method == "HEAD";
+        let response = handle(request).await;
+        if write_response(&mut stream, response, head_only, keep_alive).await.is_err() || !keep_alive {
+            return;
+        }
+    }
+}
+
+/// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
+async fn fill<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> std::io::Result<bool> {
+    let len = buf.len();
+    buf.resize(len + READ_CHUNK_BYTES, 0);
+    let n = stream.read(&mut buf[len..]).await;
+    let n = match n {
+        Ok(n) => n,
+        Err(e) => {
+            buf.truncate(len);
+            return Err(e);
+        }
+    };
+    buf.truncate(len + n);
+    Ok(n > 0)
+}
+
+/// Reads one request. `Ok(None)`: the peer closed between requests.
+async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    max_body_size: usize,
+) -> Result<Option<(Request, bool)>, ProtocolError> {
+    let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
+    loop {
+        if !buf.is_empty() {
+            let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+            let mut parsed = httparse::Request::new(&mut headers);
+            match parsed.parse(buf) {
+                Ok(httparse::Status::Complete(head_len)) => {
+                    let head = parse_head(&parsed)?;
+                    buf.advance(head_len);
+                    return read_body(stream, buf, head, max_body_size).await.map(Some);
+                }
+                Ok(httparse::Status::Partial) => {
+                    if buf.len() > HEAD_BYTES_MAX {
+                        return Err(protocol_error(431, "request head too large"));
+                    }
+                }
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(protocol_error(431, format!("more than {HEADERS_MAX} headers")));
+                }
+                Err(e) => return Err(protocol_error(400, format!("malformed request: {e}"))),
+            }
+        }
+        let was_empty = buf.is_empty();
+        if !fill(stream, buf).await.map_err(io_error)? {
+            if was_empty {
+                return Ok(None);
+            }
+            return Err(protocol_error(400, "connection closed mid-request"));
+        }
+    }
+}
+
+struct Head {
+    method: String,
+    path: String,
+    query: String,
+    headers: Vec<(String, Bytes)>,
+    keep_alive: bool,
+    content_length: Option<usize>,
+    chunked: bool,
+    expect_continue: bool,
+}
+
+fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
+    let method = parsed.method.unwrap_or_default().to_string();
+    let target = parsed.path.unwrap_or_default();
+    let version = parsed.version.unwrap_or(1);
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (target, ""),
+    };
+    let path = if path.is_empty() { "/" } else { path };
+    if !path.starts_with('/') {
+        return Err(protocol_error(400, format!("request target must be a path: {target}")));
+    }
+    let mut head = Head {
+        method,
+        path: path.to_string(),
+        query: query.to_string(),
+        headers: Vec::with_capacity(parsed.headers.len()),
+        keep_alive: version == 1,
+        content_length: None,
+        chunked: false,
+        expect_continue: false,
+    };
+    for header in parsed.headers.iter() {
+        let name = header.name.to_ascii_lowercase();
+        let value = header.value;
+        match name.as_str() {
+            "content-length" => {
+                let text = std::str::from_utf8(value).unwrap_or("").trim();
+                let length = text
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|_| !text.starts_with('+'))
+                    .ok_or_else(|| protocol_error(400, "invalid Content-Length"))?;
+                if head.content_length.is_some_and(|l| l != length) {
+                    return Err(protocol_error(400, "conflicting Content-Length headers"));
+                }
+                head.content_length = Some(length);
+            }
+            "transfer-encoding" => {
+                let text = String::from_utf8_lossy(value).to_ascii_lowercase();
+                if text.trim() != "chunked" {
+                    return Err(protocol_error(501, format!("unsupported Transfer-Encoding: {text}")));
+                }
+                head.chunked = true;
+            }
+            "connection" => {
+                let text = String::from_utf8_lossy(value).to_ascii_lowercase();
+                if text.contains("close") {
+                    head.keep_alive = false;
+                } else if text.contains("keep-alive") {
+                    head.keep_alive = true;
+                }
+            }
+            "expect" => {
+                head.expect_continue = value.eq_ignore_ascii_case(b"100-continue");
+            }
+            _ => {}
+        }
+        head.headers.push((name, Bytes::copy_from_slice(value)));
+    }
+    if head.chunked && head.content_length.is_some() {
+        return Err(protocol_error(400, "both Content-Length and Transfer-Encoding given"));
+    }
+    Ok(head)
+}
+
+async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    head: Head,
+    max_body_size: usize,
+) -> Result<(Request, bool), ProtocolError> {
+    let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
+    let too_large = || protocol_error(413, format!("body larger than {max_body_size} bytes"));
+    let wants_body = head.chunked || head.content_length.is_some_and(|l| l > 0);
+    if head.expect_continue && wants_body {
+        if head.content_length.is_some_and(|l| l > max_body_size) {
+            return Err(too_large());
+        }
+        stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(io_error)?;
+    }
+    let body = if head.chunked {
+        read_chunked(stream, buf, max_body_size).await?
+    } else {
+        let length = head.content_length.unwrap_or(0);
+        if length > max_body_size {
+            return Err(too_large());
+        }
+        while buf.len() < length {
+            if !fill(stream, buf).await.map_err(io_error)? {
+                return Err(protocol_error(400, "connection closed mid-body"));
+            }
+        }
+        // The body leaves the read buffer without a copy.
+        buf.split_to(length).freeze()
+    };
+    let request = Request {
+        method: head.method,
+        path: head.path,
+        query: head.query,
+        headers: head.headers,
+        body,
+    };
+    Ok((request, head.keep_alive))
+}
+
+async fn read_chunked<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    max_body_size: usize,
+) -> Result<Bytes, ProtocolError> {
+    let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
+    let mut body = BytesMut::new();
+    loop {
+        let line_end = loop {
+            if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                break i;
+            }
+            if buf.len() > 1024 {
+                return Err(protocol_error(400, "malformed chunk size line"));
+            }
+            if !fill(stream, buf).await.map_err(io_error)? {
+                return Err(protocol_error(400, "connection closed mid-body"));
+            }
+        };
+        let line = std::str::from_utf8(&buf[..line_end]).unwrap_or("");
+        let size_text = line.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .map_err(|_| protocol_error(400, "malformed chunk size"))?;
+        buf.advance(line_end + 2);
+        if size == 0 {
+            // Trailers, if any, end with an empty line.
+            loop {
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    let empty = i == 0;
+                    buf.advance(i + 2);
+                    if empty {
+                        return Ok(body.freeze());
+                    }
+                    continue;
+                }
+                if buf.len() > HEAD_BYTES_MAX {
+                    return Err(protocol_error(431, "chunked trailers too large"));
+                }
+                if !fill(stream, buf).await.map_err(io_error)? {
+                    return Err(protocol_error(400, "connection closed mid-body"));
+                }
+            }
+        }
+        if body.len() + size > max_body_size {
+            return Err(protocol_error(413, format!("body larger than {max_body_size} bytes")));
+        }
+        while buf.len() < size + 2 {
+            if !fill(stream, buf).await.map_err(io_error)? {
+                return Err(protocol_error(400, "connection closed mid-body"));
+            }
+        }
+        body.extend_from_slice(&buf[..size]);
+        if &buf[size..size + 2] != b"\r\n" {
+            return Err(protocol_error(400, "chunk not terminated by CRLF"));
+        }
+        buf.advance(size + 2);
+    }
+}
+
+async fn write_response<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    response: Response,
+    head_only: bool,
+    keep_alive: bool,
+) -> std::io::Result<()> {
+    use std::fmt::Write;
+    let mut head = String::with_capacity(256);
+    let _ = write!(head, "HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
+    for (name, value) in &response.headers {
+        let _ = write!(head, "{name}: {value}\r\n");
+    }
+    let no_body_status = response.status == 204 || response.status == 304 || response.status < 200;
+    if !no_body_status {
+        let _ = write!(head, "content-length: {}\r\n", response.body.len());
+    }
+    if !keep_alive {
+        head.push_str("connection: close\r\n");
+    }
+    head.push_str("\r\n");
+    let send_body = !head_only && !no_body_status && !response.body.is_empty();
+    if send_body && response.body.len() <= 16 * 1024 {
+        let mut all = Vec::with_capacity(head.len() + response.body.len());
+        all.extend_from_slice(head.as_bytes());
+        all.extend_from_slice(&response.body);
+        stream.write_all(&all).await?;
+    } else {
+        stream.write_all(head.as_bytes()).await?;
+        if send_body {
+            stream.write_all(&response.body).await?;
+        }
+    }
+    stream.flush().await
+}

@@ -1,0 +1,564 @@
+//! The Pico protocol: methods and paths to engine operations, engine errors to status codes.
+//!
+//! The stream name is the request path exactly as received (not percent-decoded); `/` is
+//! reserved for the listing. See `docs/api.md` for the user-facing description.
+
+use std::rc::Rc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use pico_engine::{
+    limits, CoreHandle, EngineError, Op, ReadBatch, ReadFrom, ReadRequest, RecordInput, Reply,
+    StreamConfig, StreamInfo,
+};
+
+use crate::codec;
+use crate::http1::{Request, Response};
+use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
+
+/// Settings of the Pico handlers.
+#[derive(Clone, Debug)]
+pub struct PicoSettings {
+    pub long_poll_timeout_ms: u64,
+    pub max_chunk_size: usize,
+    pub cors_origin: String,
+}
+
+const ALLOW_METHODS: &str = "GET, PUT, POST, DELETE, HEAD, OPTIONS";
+const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq";
+const EXPOSE_HEADERS: &str = "Pico-Start-Seq, Pico-Next-Seq, Pico-Timestamp, Pico-Cursor, Pico-Up-To-Date, Pico-Closed, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Expected-Seq, Pico-Received-Seq, Pico-TTL, Pico-Expires-At, etag, content-type, location";
+const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
+
+/// A protocol error: status, `error` code, message and the tail when known.
+pub struct ApiError {
+    status: u16,
+    code: &'static str,
+    message: String,
+    next_seq: Option<u64>,
+    extra: Vec<(&'static str, String)>,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError { status: 400, code: "bad_request", message: message.into(), next_seq: None, extra: Vec::new() }
+    }
+
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into(), next_seq: None, extra: Vec::new() }
+    }
+}
+
+/// The one mapping from engine errors to the Pico protocol.
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            EngineError::NotFound => ApiError::new(404, "not_found", message),
+            EngineError::ConfigMismatch { next_offset, .. } => {
+                ApiError { next_seq: Some(next_offset), ..ApiError::new(409, "conflict", message) }
+            }
+            EngineError::Closed { next_offset } => ApiError {
+                next_seq: Some(next_offset),
+                extra: vec![("pico-closed", "true".into())],
+                ..ApiError::new(409, "closed", message)
+            },
+            EngineError::MatchFailed { actual, .. } => {
+                ApiError { next_seq: Some(actual), ..ApiError::new(412, "match_failed", message) }
+            }
+            EngineError::OffsetBeyondTail { .. } => ApiError::bad_request(message),
+            EngineError::OffsetGone { start, .. } => {
+                ApiError { next_seq: Some(start), ..ApiError::new(410, "offset_gone", message) }
+            }
+            EngineError::Overloaded { retry_after_sec, .. } => ApiError {
+                extra: vec![("retry-after", retry_after_sec.to_string())],
+                ..ApiError::new(429, "overloaded", message)
+            },
+            EngineError::Invalid(_) => ApiError::bad_request(message),
+            EngineError::Durability(_) => ApiError::new(500, "durability", message),
+            EngineError::Storage(_) => ApiError::new(500, "internal", message),
+            EngineError::ShuttingDown => ApiError {
+                extra: vec![("retry-after", "1".into())],
+                ..ApiError::new(503, "unavailable", message)
+            },
+        }
+    }
+}
+
+/// The JSON error body: `{"error":..,"message":..,"next_seq"?:..}`.
+pub fn error_response(status: u16, code: &str, message: &str, next_seq: Option<u64>) -> Response {
+    let mut body = Vec::with_capacity(64 + message.len());
+    body.extend_from_slice(b"{\"error\":");
+    codec::json_string(&mut body, code);
+    if !message.is_empty() {
+        body.extend_from_slice(b",\"message\":");
+        codec::json_string(&mut body, message);
+    }
+    if let Some(next) = next_seq {
+        body.extend_from_slice(format!(",\"next_seq\":{next}").as_bytes());
+    }
+    body.push(b'}');
+    let mut response = Response::new(status)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(body);
+    if let Some(next) = next_seq {
+        response = response.header("pico-next-seq", next.to_string());
+    }
+    response
+}
+
+fn render_error(error: ApiError) -> Response {
+    let mut response = error_response(error.status, error.code, &error.message, error.next_seq);
+    response.headers.extend(error.extra);
+    response
+}
+
+/// Protocol errors found by the HTTP layer (malformed requests, oversized bodies).
+pub fn connection_error(status: u16, message: &str) -> Response {
+    let code = match status {
+        413 => "too_large",
+        431 => "bad_request",
+        501 => "not_implemented",
+        _ => "bad_request",
+    };
+    with_common(error_response(status, code, message, None), "*")
+}
+
+fn with_common(mut response: Response, origin: &str) -> Response {
+    response.headers.push(("x-content-type-options", "nosniff".into()));
+    response.headers.push(("cross-origin-resource-policy", "same-origin".into()));
+    response.headers.push(("access-control-allow-origin", origin.into()));
+    response.headers.push(("access-control-expose-headers", EXPOSE_HEADERS.into()));
+    response
+}
+
+/// Answers one Pico request.
+pub async fn handle(core: &Rc<CoreHandle>, settings: &PicoSettings, request: Request) -> Response {
+    let result = route(core, settings, &request).await;
+    let response = result.unwrap_or_else(render_error);
+    with_common(response, &settings.cors_origin)
+}
+
+async fn route(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request) -> Result<Response, ApiError> {
+    let path = request.path.as_str();
+    if path.len() > limits::STREAM_NAME_LEN_MAX {
+        return Err(ApiError::bad_request(format!(
+            "stream name longer than {} bytes",
+            limits::STREAM_NAME_LEN_MAX
+        )));
+    }
+    let root = path == "/";
+    match request.method.as_str() {
+        "OPTIONS" => Ok(Response::new(204)
+            .header("access-control-allow-methods", ALLOW_METHODS)
+            .header("access-control-allow-headers", ALLOW_HEADERS)
+            .header("access-control-max-age", "86400")
+            .header("cache-control", "no-store")),
+        "GET" if root => list(core, request).await,
+        "PUT" if root => Err(ApiError::bad_request("cannot create the root stream")),
+        "POST" if root => Err(ApiError::bad_request("no stream in path")),
+        "HEAD" | "DELETE" if root => Err(ApiError::new(405, "method_not_allowed", "method not allowed on /")),
+        "PUT" => create(core, request).await,
+        "POST" => append(core, request).await,
+        "GET" => read(core, settings, request).await,
+        "HEAD" => head(core, request).await,
+        "DELETE" => delete(core, request).await,
+        _ => Err(ApiError::new(405, "method_not_allowed", "method not allowed")),
+    }
+}
+
+/// Strict unsigned integer: digits only, no sign, no leading zeros but `0`, fits u64.
+pub fn strict_u64(text: &str) -> Option<u64> {
+    let valid = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    valid.then(|| text.parse().ok()).flatten()
+}
+
+fn header_u64(request: &Request, name: &str, display: &str) -> Result<Option<u64>, ApiError> {
+    request
+        .header(name)
+        .map(|v| strict_u64(v).ok_or_else(|| ApiError::bad_request(format!("invalid {display}"))))
+        .transpose()
+}
+
+fn header_true(request: &Request, name: &str) -> bool {
+    request.header(name).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// Query parameters, first occurrence wins, percent-decoded with `+` as space.
+pub fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(k) == key).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn stream_content_type(request: &Request) -> String {
+    request.header("content-type").unwrap_or("application/octet-stream").to_string()
+}
+
+async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+    let ttl_sec = header_u64(request, "pico-ttl", "Pico-TTL")?;
+    let expires_at_ms = request
+        .header("pico-expires-at")
+        .map(|v| parse_rfc3339_ms(v).ok_or_else(|| ApiError::bad_request("invalid Pico-Expires-At")))
+        .transpose()?;
+    if ttl_sec.is_some() && expires_at_ms.is_some() {
+        return Err(ApiError::bad_request("Pico-TTL and Pico-Expires-At both set"));
+    }
+    let closed = header_true(request, "pico-closed");
+    let config = StreamConfig { content_type: stream_content_type(request), ttl_sec, expires_at_ms };
+    // D1: a body given with the create becomes the first record.
+    let first_record = (!request.body.is_empty())
+        .then(|| RecordInput { headers: Vec::new(), body: request.body.clone() });
+    let reply = core.call(&request.path, Op::Create { config, closed, first_record }).await?;
+    let Reply::Created { created, info, .. } = reply else {
+        unreachable!("a create is always answered with Created")
+    };
+    let mut response = Response::new(if created { 201 } else { 200 })
+        .header("pico-next-seq", info.next_offset.to_string())
+        .header("content-type", info.content_type.clone())
+        .header("cache-control", "no-store");
+    if info.closed {
+        response = response.header("pico-closed", "true");
+    }
+    if created {
+        response = response.header("location", request.path.clone());
+    }
+    Ok(response)
+}
+
+async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+    let match_offset = header_u64(request, "pico-match-seq", "Pico-Match-Seq")?;
+    let producer = ["pico-producer-id", "pico-producer-epoch", "pico-producer-seq"]
+        .iter()
+        .filter(|h| request.header(h).is_some())
+        .count();
+    if producer > 0 {
+        return Err(ApiError::new(
+            501,
+            "not_implemented",
+            "idempotent producers (Pico-Producer-*) are not supported by this server version",
+        ));
+    }
+    if request.header("pico-trim-seq").is_some() {
+        return Err(ApiError::new(501, "not_implemented", "trim (Pico-Trim-Seq) is not supported by this server version"));
+    }
+    let close = header_true(request, "pico-closed");
+    if request.body.is_empty() && !close {
+        return Err(ApiError::bad_request("empty body"));
+    }
+    let records = if request.body.is_empty() {
+        Vec::new()
+    } else {
+        let content_type = request.header("content-type").unwrap_or("");
+        let base = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        match base.as_str() {
+            codec::BINARY_BATCH_TYPE => codec::decode_binary_batch(&request.body).map_err(ApiError::bad_request)?,
+            codec::JSON_BATCH_TYPE => codec::decode_json_batch(&request.body).map_err(ApiError::bad_request)?,
+            _ => vec![RecordInput { headers: Vec::new(), body: request.body.clone() }],
+        }
+    };
+    if records.is_empty() && !close {
+        return Err(ApiError::bad_request("empty body"));
+    }
+    let reply = core.call(&request.path, Op::Append { records, close, match_offset }).await?;
+    let Reply::Appended(ack) = reply else { unreachable!("an append is always answered with Appended") };
+    let mut response = Response::new(200)
+        .header("pico-next-seq", ack.next_offset.to_string())
+        .header("cache-control", "no-store");
+    if let (Some(start), Some(timestamp)) = (ack.start_offset, ack.timestamp_ms) {
+        response = response
+            .header("pico-start-seq", start.to_string())
+            .header("pico-timestamp", timestamp.to_string());
+    }
+    if ack.closed {
+        response = response.header("pico-closed", "true");
+    }
+    Ok(response)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Binary,
+    Raw,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Binary => "binary",
+            Format::Raw => "raw",
+        }
+    }
+}
+
+/// `seq` / `Last-Event-ID`: signed decimal, negative = beginning, `now` = tail.
+fn parse_position(raw: &str, allow_now: bool) -> Result<ReadFrom, ApiError> {
+    if raw.is_empty() {
+        return Err(ApiError::bad_request("empty offset"));
+    }
+    if allow_now && raw.eq_ignore_ascii_case("now") {
+        return Ok(ReadFrom::Tail);
+    }
+    let value: i64 = raw.parse().map_err(|_| ApiError::bad_request(format!("invalid offset token: {raw}")))?;
+    Ok(ReadFrom::Offset(value.max(0) as u64))
+}
+
+async fn read(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request) -> Result<Response, ApiError> {
+    let query = request.query.as_str();
+    let from = match query_param(query, "seq") {
+        Some(raw) => parse_position(&raw, true)?,
+        None => match request.header("last-event-id") {
+            Some(raw) => parse_position(raw, false)?,
+            None => ReadFrom::Offset(0),
+        },
+    };
+    let strict = |key: &str| -> Result<Option<u64>, ApiError> {
+        query_param(query, key)
+            .map(|v| strict_u64(&v).ok_or_else(|| ApiError::bad_request(format!("invalid {key}"))))
+            .transpose()
+    };
+    let max_records = match strict("count")? {
+        None | Some(0) => limits::RECORDS_PER_READ_MAX,
+        Some(n) => n.min(limits::RECORDS_PER_READ_MAX as u64) as usize,
+    };
+    let default_bytes = settings.max_chunk_size;
+    let max_bytes = match strict("bytes")? {
+        None | Some(0) => default_bytes,
+        Some(n) => n.min(default_bytes.max(limits::READ_BYTES_MAX) as u64) as usize,
+    };
+    let format = match query_param(query, "format").as_deref() {
+        None | Some("json") => Format::Json,
+        Some("binary") => Format::Binary,
+        Some("raw") => Format::Raw,
+        Some(other) => return Err(ApiError::bad_request(format!("invalid format: {other}"))),
+    };
+    let long_poll = match query_param(query, "live").as_deref() {
+        None => false,
+        Some("long-poll") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                if other == "sse" { 501 } else { 400 },
+                if other == "sse" { "not_implemented" } else { "bad_request" },
+                if other == "sse" {
+                    "live=sse is not supported by this server version; use live=long-poll".to_string()
+                } else {
+                    format!("invalid live mode: {other}")
+                },
+            ))
+        }
+    };
+    let read_request = ReadRequest {
+        from,
+        max_records,
+        max_bytes,
+        wait_ms: long_poll.then_some(settings.long_poll_timeout_ms),
+    };
+    let reply = core.call(&request.path, Op::Read(read_request)).await?;
+    let Reply::Read(batch) = reply else { unreachable!("a read is always answered with Read") };
+    let content_type = if format == Format::Raw {
+        match core.call(&request.path, Op::Head).await? {
+            Reply::Head(info) => info.content_type,
+            _ => unreachable!("a head is always answered with Head"),
+        }
+    } else {
+        String::new()
+    };
+    if long_poll {
+        return Ok(long_poll_response(batch, format, content_type, query));
+    }
+    Ok(catch_up_response(&request.path, request.header("if-none-match"), batch, format, content_type))
+}
+
+fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
+    response = response.header("pico-next-seq", batch.next_offset.to_string());
+    if batch.up_to_date() {
+        response = response.header("pico-up-to-date", "true");
+    }
+    if batch.closed {
+        response = response.header("pico-closed", "true");
+    }
+    response
+}
+
+fn encode_body(batch: &ReadBatch, format: Format, content_type: String) -> (String, Bytes) {
+    match format {
+        Format::Json => ("application/json".into(), codec::encode_json(&batch.records)),
+        Format::Binary => (codec::BINARY_BATCH_TYPE.into(), codec::encode_binary(&batch.records)),
+        Format::Raw => (content_type, codec::encode_raw(&batch.records)),
+    }
+}
+
+fn catch_up_response(
+    name: &str,
+    if_none_match: Option<&str>,
+    batch: ReadBatch,
+    format: Format,
+    content_type: String,
+) -> Response {
+    let tag = base64::engine::general_purpose::STANDARD.encode(format!("{name}:{}", format.name()));
+    let closed_mark = if batch.closed && batch.records.is_empty() { ":c" } else { "" };
+    let etag = format!("\"{tag}:{:020}:{:020}{closed_mark}\"", batch.from, batch.next_offset);
+    let (content_type, body) = encode_body(&batch, format, content_type);
+    let not_modified = if_none_match == Some(etag.as_str());
+    let response = Response::new(if not_modified { 304 } else { 200 })
+        .header("content-type", content_type)
+        .header("etag", etag)
+        .header("cache-control", CATCH_UP_CACHE);
+    let response = read_headers(response, &batch);
+    if not_modified {
+        response
+    } else {
+        response.with_body(body)
+    }
+}
+
+/// A cache-busting cursor so successive polls have distinct URLs (the server keeps no state).
+fn long_poll_cursor(query: &str) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let interval = now.as_millis() as u64 / 20_000;
+    match query_param(query, "cursor").and_then(|c| c.parse::<u64>().ok()) {
+        Some(cursor) if interval <= cursor => cursor + 1 + u64::from(now.subsec_nanos()) % 60,
+        _ => interval,
+    }
+}
+
+fn long_poll_response(batch: ReadBatch, format: Format, content_type: String, query: &str) -> Response {
+    let cursor = long_poll_cursor(query);
+    let empty = batch.records.is_empty();
+    let mut response = Response::new(if empty { 204 } else { 200 })
+        .header("pico-cursor", cursor.to_string())
+        .header("cache-control", "no-store");
+    if !empty {
+        let (content_type, body) = encode_body(&batch, format, content_type);
+        response = response.header("content-type", content_type).with_body(body);
+    }
+    read_headers(response, &batch)
+}
+
+async fn head(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
+        unreachable!("a head is always answered with Head")
+    };
+    Ok(head_response(&info))
+}
+
+fn head_response(info: &StreamInfo) -> Response {
+    let mut response = Response::new(200)
+        .header("pico-next-seq", info.next_offset.to_string())
+        .header("pico-start-seq", info.start_offset.to_string())
+        .header("content-type", info.content_type.clone())
+        .header("cache-control", "no-store");
+    if let Some(ttl) = info.ttl_sec {
+        response = response.header("pico-ttl", ttl.to_string());
+    }
+    if let Some(at) = info.expires_at_ms {
+        response = response.header("pico-expires-at", format_rfc3339_ms(at));
+    }
+    if info.closed {
+        response = response.header("pico-closed", "true");
+    }
+    response
+}
+
+async fn delete(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+    core.call(&request.path, Op::Delete).await?;
+    Ok(Response::new(204).header("cache-control", "no-store"))
+}
+
+async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+    let query = request.query.as_str();
+    let prefix = query_param(query, "prefix").filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
+    let start_after = query_param(query, "start_after").unwrap_or_default();
+    let limit = match query_param(query, "limit") {
+        None => limits::LIST_LIMIT_DEFAULT,
+        Some(v) => match strict_u64(&v) {
+            Some(0) => limits::LIST_LIMIT_DEFAULT,
+            Some(n) => n.min(limits::LIST_LIMIT_MAX as u64) as usize,
+            None => return Err(ApiError::bad_request("invalid limit")),
+        },
+    };
+    let (streams, has_more) = core.list(&prefix, &start_after, limit).await?;
+    let mut body = Vec::with_capacity(64 + streams.len() * 128);
+    body.extend_from_slice(b"{\"streams\":[");
+    for (i, stream) in streams.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(b"{\"name\":");
+        codec::json_string(&mut body, &stream.name);
+        body.extend_from_slice(b",\"content_type\":");
+        codec::json_string(&mut body, &stream.info.content_type);
+        body.extend_from_slice(
+            format!(
+                ",\"start_seq\":{},\"next_seq\":{},\"closed\":{}",
+                stream.info.start_offset, stream.info.next_offset, stream.info.closed
+            )
+            .as_bytes(),
+        );
+        if let Some(ttl) = stream.info.ttl_sec {
+            body.extend_from_slice(format!(",\"ttl\":{ttl}").as_bytes());
+        }
+        if let Some(at) = stream.info.expires_at_ms {
+            body.extend_from_slice(format!(",\"expires_at\":\"{}\"", format_rfc3339_ms(at)).as_bytes());
+        }
+        body.push(b'}');
+    }
+    body.extend_from_slice(format!("],\"has_more\":{has_more}}}").as_bytes());
+    Ok(Response::new(200)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_integers() {
+        assert_eq!(strict_u64("0"), Some(0));
+        assert_eq!(strict_u64("42"), Some(42));
+        for bad in ["", "01", "+1", "-1", "1.0", "18446744073709551616", " 1"] {
+            assert_eq!(strict_u64(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn query_parsing() {
+        assert_eq!(query_param("a=1&a=2", "a").as_deref(), Some("1"));
+        assert_eq!(query_param("prefix=%2Flogs+x", "prefix").as_deref(), Some("/logs x"));
+        assert_eq!(query_param("p=%zz", "p").as_deref(), Some("%zz"));
+        assert_eq!(query_param("p=%", "p").as_deref(), Some("%"));
+        assert_eq!(query_param("x", "x").as_deref(), Some(""));
+        assert_eq!(query_param("", "x"), None);
+    }
+}

@@ -1,0 +1,262 @@
+//! `pico serve`: recovery, one pinned glommio executor per core (each accepting on the shared
+//! port through `SO_REUSEPORT`), the admin listener, and shutdown on SIGINT/SIGTERM.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use glommio::net::TcpListener;
+use glommio::{LocalExecutorBuilder, Placement};
+use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
+
+use crate::admin::{self, AdminState};
+use crate::config::{Durability, Protocol, ServerConfig};
+use crate::http1;
+use crate::pico::{self, PicoSettings};
+
+/// Open connections per core; past it new connections get `503` and are closed.
+pub const CONNECTIONS_PER_CORE_MAX: usize = 10_000;
+/// io_uring registered-buffer memory per core: small, so the default 8 MiB memlock suffices.
+const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
+/// glommio refuses to start below this much locked memory.
+const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
+
+/// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
+pub fn run(config: ServerConfig) -> Result<(), String> {
+    if config.protocol == Protocol::DurableStreams {
+        return Err("--protocol ds is not available in this version; use --protocol pico".into());
+    }
+    check_memlock()?;
+    let available = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = if config.cores == 0 { available } else { config.cores };
+    let engine_config = EngineConfig {
+        cores,
+        wal_dir: config.wal_dir.clone(),
+        memory_only: config.durability == Durability::Memory,
+        segment_size: config.segment_size.max(64 * 1024),
+        segment_max_age_ms: config.segment_max_age_ms.max(1),
+        segment_cache_bytes: 64 * 1024 * 1024,
+        node_epoch_ms: pico_engine::now_ms() as u64,
+    };
+    let boot = pico_engine::boot(engine_config, &config.meta_url, &config.storage)?;
+    for line in &boot.report {
+        log::info!("{line}");
+    }
+    log::info!(
+        "cores={cores} durability={} meta={} storage={} wal={}",
+        match config.durability {
+            Durability::Local => "local (acknowledged after the WAL fdatasync)",
+            Durability::Memory => "memory (NOTHING survives a crash: benchmarks and tests only)",
+        },
+        config.meta_url,
+        config.storage,
+        config.wal_dir.display()
+    );
+    if config.durability == Durability::Memory {
+        log::warn!("--durability memory: acknowledged appends are lost on a crash");
+    }
+    let signals = block_shutdown_signals()?;
+    let settings = PicoSettings {
+        long_poll_timeout_ms: config.long_poll_timeout_ms,
+        max_chunk_size: if config.max_chunk_size == 0 { 64 * 1024 } else { config.max_chunk_size },
+        cors_origin: "*".into(),
+    };
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
+    let mut listen = config.listen.clone();
+    let mut admin_addr = None;
+    let mut handles = Vec::new();
+    for (index, seed) in boot.seeds.into_iter().enumerate() {
+        let placement = if cores <= available { Placement::Fixed(index) } else { Placement::Unbound };
+        let job = CoreJob {
+            seed,
+            listen: listen.clone(),
+            admin: if index == 0 { config.admin_listen.clone() } else { None },
+            settings: settings.clone(),
+            max_body_size: config.max_body_size,
+            ready: ready_tx.clone(),
+        };
+        let handle = LocalExecutorBuilder::new(placement)
+            .name(&format!("pico-core-{index}"))
+            .io_memory(IO_MEMORY_PER_CORE_BYTES)
+            .spawn(move || run_core(job))
+            .map_err(|e| explain_executor_error(&e.to_string()))?;
+        handles.push(handle);
+        // Core 0 resolves the address (port 0 picks a free one); the others share it.
+        let started = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| format!("core {index} did not start within 30 s"))??;
+        if index == 0 {
+            listen = started.listen.to_string();
+            admin_addr = started.admin;
+        }
+    }
+    println!("serving on http://{listen} (advertised http://{listen})");
+    if let Some(addr) = admin_addr {
+        println!("admin on http://{addr}");
+    }
+    log::info!("protocol pico on {listen}");
+    wait_for_signal(&signals);
+    println!("shutting down");
+    // Every acknowledged append is already durable in the WAL (or, with memory durability,
+    // was declared disposable): exiting here loses nothing that was promised.
+    Ok(())
+}
+
+struct Started {
+    listen: SocketAddr,
+    admin: Option<SocketAddr>,
+}
+
+struct CoreJob {
+    seed: CoreSeed,
+    listen: String,
+    admin: Option<String>,
+    settings: PicoSettings,
+    max_body_size: usize,
+    ready: mpsc::Sender<Result<Started, String>>,
+}
+
+async fn run_core(job: CoreJob) {
+    let CoreJob { seed, listen, admin, settings, max_body_size, ready } = job;
+    let started = async {
+        let core = CoreHandle::start(seed).await?;
+        let listener = TcpListener::bind(&listen).map_err(|e| explain_bind_error(&listen, &e.to_string()))?;
+        let listen_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let admin_listener = match &admin {
+            Some(addr) => Some(TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?),
+            None => None,
+        };
+        let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+        Ok::<_, String>((core, listener, listen_addr, admin_listener, admin_addr))
+    }
+    .await;
+    let (core, listener, listen_addr, admin_listener, admin_addr) = match started {
+        Ok(parts) => parts,
+        Err(message) => {
+            let _ = ready.send(Err(message));
+            return;
+        }
+    };
+    let admin_state = Rc::new(AdminState::default());
+    admin_state.serving.set(true);
+    if let Some(admin_listener) = admin_listener {
+        let state = admin_state.clone();
+        glommio::spawn_local(async move {
+            let handler = Rc::new(move |request| {
+                let state = state.clone();
+                async move { admin::handle(&state, request).await }
+            });
+            accept_loop(admin_listener, 64 * 1024, handler, admin::connection_error).await
+        })
+        .detach();
+    }
+    let _ = ready.send(Ok(Started { listen: listen_addr, admin: admin_addr }));
+    let settings = Rc::new(settings);
+    let handler = Rc::new(move |request| {
+        let (core, settings) = (core.clone(), settings.clone());
+        async move { pico::handle(&core, &settings, request).await }
+    });
+    accept_loop(listener, max_body_size, handler, pico::connection_error).await;
+}
+
+async fn accept_loop<H, F>(
+    listener: TcpListener,
+    max_body_size: usize,
+    handler: Rc<H>,
+    on_error: fn(u16, &str) -> http1::Response,
+) where
+    H: Fn(http1::Request) -> F + 'static,
+    F: std::future::Future<Output = http1::Response> + 'static,
+{
+    let open = Rc::new(Cell::new(0usize));
+    loop {
+        let stream = match listener.accept().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                log::warn!("accept failed: {e}");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (open, handler) = (open.clone(), handler.clone());
+        glommio::spawn_local(async move {
+            if open.get() >= CONNECTIONS_PER_CORE_MAX {
+                use futures_lite::AsyncWriteExt;
+                let mut stream = stream;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 70\r\n\r\n{\"error\":\"overloaded\",\"message\":\"too many connections on this core\"}")
+                    .await;
+                return;
+            }
+            open.set(open.get() + 1);
+            http1::serve_connection(stream, max_body_size, handler, on_error).await;
+            open.set(open.get() - 1);
+        })
+        .detach();
+    }
+}
+
+fn explain_bind_error(addr: &str, error: &str) -> String {
+    format!("cannot listen on {addr}: {error} (is another server using it? pick another with --listen / --admin-listen)")
+}
+
+fn explain_executor_error(error: &str) -> String {
+    if error.contains("io_uring") || error.contains("Operation not permitted") || error.contains("ENOSYS") {
+        format!("cannot start an io_uring executor: {error}. io_uring may be disabled (kernel < 5.8, sysctl kernel.io_uring_disabled, or a container seccomp profile blocking io_uring_setup)")
+    } else {
+        format!("cannot start an executor: {error}")
+    }
+}
+
+/// glommio needs locked memory for its rings; raise the soft limit to the hard one, and say
+/// how to fix it when that is still too low.
+fn check_memlock() -> Result<(), String> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
+            return Ok(());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    if limit.rlim_cur != libc::RLIM_INFINITY && (limit.rlim_cur as u64) < MEMLOCK_MIN_BYTES {
+        return Err(format!(
+            "locked-memory limit is {} KiB but io_uring needs at least {} KiB: run `ulimit -l 8192` (or set LimitMEMLOCK= in systemd, --ulimit memlock= in Docker)",
+            limit.rlim_cur / 1024,
+            MEMLOCK_MIN_BYTES / 1024
+        ));
+    }
+    Ok(())
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so `sigwait` here
+/// receives them.
+fn block_shutdown_signals() -> Result<libc::sigset_t, String> {
+    // SAFETY: plain signal-set manipulation on a zeroed, then initialised, set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err("cannot block shutdown signals".into());
+        }
+        Ok(set)
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) {
+    let mut signal = 0;
+    // SAFETY: `set` was initialised by `block_shutdown_signals`; sigwait writes one int.
+    unsafe {
+        libc::sigwait(set, &mut signal);
+    }
+}
