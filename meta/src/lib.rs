@@ -10,8 +10,18 @@
 //! `futures_channel::oneshot::Receiver` so an async caller on any executor can await the
 //! answer without blocking its thread. The thread group-commits: it drains every command that
 //! is waiting, applies them all in one SQLite transaction, then answers them in order.
+//!
+//! Module map: [`MetaUrl`] parsing lives here, the SQL schema and its migrations in `schema`,
+//! the packed run format in `runs`, the thread and its handle in `store`.
 
 use std::path::PathBuf;
+
+mod runs;
+mod schema;
+mod store;
+
+pub use store::MetaStore;
+pub use store::MAX_BATCH_COMMANDS;
 
 /// A stream's configuration as stored in the registry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,3 +136,158 @@ impl std::fmt::Display for MetaError {
 impl std::error::Error for MetaError {}
 
 pub type Reply<T> = futures_channel::oneshot::Receiver<Result<T, MetaError>>;
+
+/// The one error message for every `--meta-url` we cannot use, as the CLI spec fixes it.
+fn bad_meta_url(url: &str) -> MetaError {
+    MetaError::BadUrl(format!(
+        "unsupported --meta-url \"{url}\": expected sqlite::memory:, sqlite:<path> or postgres://…"
+    ))
+}
+
+impl MetaUrl {
+    /// Parses a `--meta-url` value.
+    ///
+    /// `sqlite::memory:` and `sqlite://:memory:` are checked before the generic `sqlite:` forms
+    /// because they would otherwise parse as a file literally named `:memory:`. A path is taken
+    /// verbatim (`sqlite://./data/meta.db` is the relative path `./data/meta.db`,
+    /// `sqlite:///var/lib/meta.db` the absolute one).
+    pub fn parse(url: &str) -> Result<MetaUrl, MetaError> {
+        if url == "sqlite::memory:" || url == "sqlite://:memory:" {
+            return Ok(MetaUrl::SqliteMemory);
+        }
+        if let Some(rest) = url
+            .strip_prefix("postgres://")
+            .or_else(|| url.strip_prefix("postgresql://"))
+        {
+            if rest.is_empty() {
+                return Err(bad_meta_url(url));
+            }
+            return Ok(MetaUrl::Postgres(url.to_string()));
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"));
+        match path {
+            Some(path) if !path.is_empty() => Ok(MetaUrl::SqliteFile(PathBuf::from(path))),
+            _ => Err(bad_meta_url(url)),
+        }
+    }
+}
+
+impl std::str::FromStr for MetaUrl {
+    type Err = MetaError;
+
+    fn from_str(url: &str) -> Result<MetaUrl, MetaError> {
+        MetaUrl::parse(url)
+    }
+}
+
+/// Prints the URL for logs; a Postgres password is masked so it never lands in a log file.
+impl std::fmt::Display for MetaUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetaUrl::SqliteMemory => f.write_str("sqlite::memory:"),
+            MetaUrl::SqliteFile(path) => write!(f, "sqlite:{}", path.display()),
+            MetaUrl::Postgres(url) => f.write_str(&redact_password(url)),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` → `postgres://user:***@host/db`.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    // The userinfo ends at the last `@` before the first `/` of the path.
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return url.to_string();
+    };
+    format!("{scheme}://{}:***{}", &authority[..colon], &rest[at..])
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    #[test]
+    fn memory_forms() {
+        assert_eq!(
+            MetaUrl::parse("sqlite::memory:").unwrap(),
+            MetaUrl::SqliteMemory
+        );
+        assert_eq!(
+            MetaUrl::parse("sqlite://:memory:").unwrap(),
+            MetaUrl::SqliteMemory
+        );
+    }
+
+    #[test]
+    fn file_forms() {
+        let file = |p: &str| MetaUrl::SqliteFile(PathBuf::from(p));
+        assert_eq!(
+            MetaUrl::parse("sqlite:./data/meta.db").unwrap(),
+            file("./data/meta.db")
+        );
+        assert_eq!(
+            MetaUrl::parse("sqlite://./data/meta.db").unwrap(),
+            file("./data/meta.db")
+        );
+        assert_eq!(MetaUrl::parse("sqlite:meta.db").unwrap(), file("meta.db"));
+        assert_eq!(
+            MetaUrl::parse("sqlite:///var/lib/meta.db").unwrap(),
+            file("/var/lib/meta.db")
+        );
+        assert_eq!(
+            MetaUrl::parse("sqlite:/var/lib/meta.db").unwrap(),
+            file("/var/lib/meta.db")
+        );
+    }
+
+    #[test]
+    fn postgres_forms() {
+        let url = "postgres://postgres:postgres@127.0.0.1:5432/picomq";
+        assert_eq!(MetaUrl::parse(url).unwrap(), MetaUrl::Postgres(url.into()));
+        let url = "postgresql://u@h/db";
+        assert_eq!(MetaUrl::parse(url).unwrap(), MetaUrl::Postgres(url.into()));
+    }
+
+    #[test]
+    fn rejected_forms() {
+        for url in [
+            "",
+            "sqlite:",
+            "sqlite://",
+            "mysql://x",
+            "postgres://",
+            "./meta.db",
+            "SQLITE:x",
+        ] {
+            match MetaUrl::parse(url) {
+                Err(MetaError::BadUrl(message)) => assert_eq!(
+                    message,
+                    format!(
+                        "unsupported --meta-url \"{url}\": expected sqlite::memory:, sqlite:<path> or postgres://…"
+                    )
+                ),
+                other => panic!("{url:?} parsed as {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn display_masks_the_password() {
+        let url = MetaUrl::parse("postgres://postgres:secret@127.0.0.1:5432/picomq").unwrap();
+        assert_eq!(
+            url.to_string(),
+            "postgres://postgres:***@127.0.0.1:5432/picomq"
+        );
+        let url = MetaUrl::parse("postgres://127.0.0.1/picomq").unwrap();
+        assert_eq!(url.to_string(), "postgres://127.0.0.1/picomq");
+        assert_eq!(MetaUrl::SqliteMemory.to_string(), "sqlite::memory:");
+    }
+}

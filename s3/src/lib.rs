@@ -3,10 +3,22 @@
 //! Sealed segments are stored as objects in a bucket: an S3-compatible store (`s3://`) or a
 //! directory (`file://`). All object I/O runs on one dedicated **upload thread** with its own
 //! small tokio current-thread runtime; glommio cores never block on it. Callers use
-//! [`ObjectStore`], a cheap `Clone + Send` handle that sends requests over crossbeam and
-//! returns `futures_channel::oneshot::Receiver`s that any executor can await.
+//! [`ObjectStore`], a cheap `Clone + Send` handle that sends requests over an unbounded channel
+//! (sending never blocks and needs no runtime) and returns `futures_channel::oneshot::Receiver`s
+//! that any executor can await.
+//!
+//! Module map: URI parsing in `uri`, object-key rules in `key`, the backends (blocking
+//! filesystem and in-memory code) in `backend`, the thread and its handle in `store`.
 
-use bytes::Bytes;
+mod backend;
+mod key;
+mod store;
+mod uri;
+
+pub use store::Faults;
+pub use store::ObjectStore;
+pub use store::ObjectStoreOptions;
+pub use store::DEFAULT_MAX_IN_FLIGHT;
 
 /// A parsed bucket URI: `<bucket id>@<scheme>://<path>[?k=v&...]` (the reference syntax,
 /// e.g. `-2@file://./objects`, `-2@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:3900&pathStyle=true`).
@@ -22,7 +34,10 @@ pub enum StorageLocation {
     /// Root directory of a `file://` bucket (relative paths are relative to the working dir).
     File(std::path::PathBuf),
     /// `s3://BUCKET?...`: query parameters kept as given, in order.
-    S3 { bucket: String, params: Vec<(String, String)> },
+    S3 {
+        bucket: String,
+        params: Vec<(String, String)>,
+    },
     /// `mem://NAME`: in-memory, tests only.
     Memory(String),
 }
@@ -53,6 +68,3 @@ impl std::fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 pub type Reply<T> = futures_channel::oneshot::Receiver<Result<T, StoreError>>;
-
-#[doc(hidden)]
-pub fn _unused(_: Bytes) {}

@@ -1,0 +1,150 @@
+//! The SQLite schema of the metadata log and its migrations.
+//!
+//! Tables (schema version 1):
+//!
+//! ```text
+//! schema_version   one row per applied migration            append-only
+//!   version INTEGER PRIMARY KEY
+//!
+//! streams          the registry: one row per LIVE stream     row deleted on stream delete
+//!   id            INTEGER PRIMARY KEY AUTOINCREMENT          immutable; never reused
+//!   name          TEXT NOT NULL UNIQUE                       immutable; reusable after delete
+//!   content_type  TEXT NOT NULL                              immutable
+//!   ttl_sec       INTEGER NULL                               immutable
+//!   expires_at_ms INTEGER NULL                               immutable
+//!   closed        INTEGER NOT NULL (0|1)                     0 → 1 only (close is permanent)
+//!   created_ms    INTEGER NOT NULL                           immutable
+//!
+//! segments         the catalog: one row per committed segment object
+//!   seq           INTEGER PRIMARY KEY AUTOINCREMENT          commit order; kept on re-commit
+//!   key           TEXT NOT NULL UNIQUE                       object key; the idempotency key
+//!   size_bytes    INTEGER NOT NULL                           replaced on re-commit
+//!   created_ms    INTEGER NOT NULL                           replaced on re-commit
+//!
+//! segment_streams  what one segment holds of one stream
+//!   segment_seq   INTEGER NOT NULL → segments.seq (ON DELETE CASCADE)
+//!   ord           INTEGER NOT NULL    position in SegmentRecord::streams (keeps its order)
+//!   stream_id     INTEGER NOT NULL    deliberately NO foreign key to streams: a deleted
+//!                                     stream's entries stay until GC (later work)
+//!   runs          BLOB NOT NULL       packed runs, see `runs.rs`
+//!   last_timestamp_ms INTEGER NOT NULL
+//!   closed        INTEGER NOT NULL (0|1)
+//!   PRIMARY KEY (segment_seq, ord), UNIQUE (segment_seq, stream_id)
+//!   all columns replaced as a whole when the segment is re-committed
+//! ```
+//!
+//! Why AUTOINCREMENT on `streams.id`: without it SQLite may hand out `max(id) + 1` again after the
+//! row with the largest id is deleted, and a recreated stream would then share an id with the
+//! segment entries of its deleted predecessor. AUTOINCREMENT keeps the high-water mark in
+//! `sqlite_sequence`, inside the same transactions, so ids survive restarts and deletes.
+//!
+//! Integers are SQLite's signed 64-bit; every `u64` we store (ids, sizes) is checked on the way
+//! in (rusqlite's `u64` conversion fails above `i64::MAX` instead of wrapping). Run offsets are
+//! full `u64`s inside the BLOB and need no such check.
+
+use rusqlite::Connection;
+
+use crate::MetaError;
+
+/// The migrations, in order; entry `i` moves the schema from version `i` to `i + 1`.
+///
+/// Append only: an applied migration is never edited, because databases in the field already
+/// ran it. Each runs in its own transaction together with the row recording it, so a crash
+/// mid-migration leaves the previous version intact.
+const MIGRATIONS: &[&str] = &[
+    // 1: registry and segment catalog.
+    "CREATE TABLE streams (
+         id            INTEGER PRIMARY KEY AUTOINCREMENT,
+         name          TEXT    NOT NULL UNIQUE,
+         content_type  TEXT    NOT NULL,
+         ttl_sec       INTEGER,
+         expires_at_ms INTEGER,
+         closed        INTEGER NOT NULL CHECK (closed IN (0, 1)),
+         created_ms    INTEGER NOT NULL
+     );
+     CREATE TABLE segments (
+         seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+         key        TEXT    NOT NULL UNIQUE,
+         size_bytes INTEGER NOT NULL,
+         created_ms INTEGER NOT NULL
+     );
+     CREATE TABLE segment_streams (
+         segment_seq       INTEGER NOT NULL REFERENCES segments (seq) ON DELETE CASCADE,
+         ord               INTEGER NOT NULL,
+         stream_id         INTEGER NOT NULL,
+         runs              BLOB    NOT NULL,
+         last_timestamp_ms INTEGER NOT NULL,
+         closed            INTEGER NOT NULL CHECK (closed IN (0, 1)),
+         PRIMARY KEY (segment_seq, ord),
+         UNIQUE (segment_seq, stream_id)
+     ) WITHOUT ROWID;",
+];
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Sets the connection options every metadata connection needs, before any other statement.
+///
+/// - `journal_mode=WAL`: readers (an operator's `sqlite3` shell) never block the writer thread.
+/// - `synchronous=FULL`: in WAL mode, NORMAL may lose the last commits on power loss; FULL
+///   fsyncs the WAL on every commit, so a transaction we answered `Ok` for survives kill -9 and
+///   power loss. Group commit keeps that to one fsync per batch.
+/// - `foreign_keys=ON`: SQLite's default is off, and the cascade from `segments` relies on it.
+/// - `busy_timeout`: wait for a short lock held by an outside reader instead of failing.
+pub(crate) fn configure(conn: &Connection, in_memory: bool) -> Result<(), MetaError> {
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(storage("set journal_mode=WAL"))?;
+    // An in-memory database has no file to log to and reports "memory"; that is expected.
+    if !in_memory && !mode.eq_ignore_ascii_case("wal") {
+        return Err(MetaError::Storage(format!(
+            "could not switch the metadata database to WAL journal mode (it reports {mode:?})"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(storage("set synchronous=FULL"))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(storage("enable foreign keys"))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(storage("set busy_timeout"))?;
+    Ok(())
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`]; a no-op on an up-to-date database.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
+        .map_err(storage("create schema_version"))?;
+    let current: i64 = conn
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(storage("read schema_version"))?;
+    if current > SCHEMA_VERSION {
+        // Refuse rather than guess: an older binary must not write into a newer layout.
+        return Err(MetaError::Storage(format!(
+            "the metadata database has schema version {current}, newer than this build's \
+             {SCHEMA_VERSION}; upgrade pico"
+        )));
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = index as i64 + 1;
+        let tx = conn.transaction().map_err(storage("begin migration"))?;
+        tx.execute_batch(sql)
+            .map_err(storage(&format!("apply schema migration {version}")))?;
+        tx.execute(
+            "INSERT INTO schema_version (version) VALUES (?1)",
+            [version],
+        )
+        .map_err(storage("record schema version"))?;
+        tx.commit().map_err(storage("commit migration"))?;
+        log::info!("metadata schema migrated to version {version}");
+    }
+    Ok(())
+}
+
+/// Wraps a rusqlite error with what we were doing, for [`MetaError::Storage`].
+pub(crate) fn storage(doing: &str) -> impl Fn(rusqlite::Error) -> MetaError + '_ {
+    move |error| MetaError::Storage(format!("{doing}: {error}"))
+}

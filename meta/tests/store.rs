@@ -1,0 +1,475 @@
+//! The metadata store against a real SQLite file: registry semantics, id allocation across
+//! restarts, the segment catalog round trip, group commit under concurrency, shutdown.
+
+use std::path::Path;
+use std::path::PathBuf;
+
+use futures_lite::future::block_on;
+use pico_meta::MetaError;
+use pico_meta::MetaStore;
+use pico_meta::MetaUrl;
+use pico_meta::SegmentRecord;
+use pico_meta::SegmentRun;
+use pico_meta::SegmentStreamEntry;
+use pico_meta::Snapshot;
+use pico_meta::StreamConfig;
+
+fn db_path(dir: &Path) -> PathBuf {
+    dir.join("data").join("meta.db")
+}
+
+fn open(path: &Path) -> (MetaStore, Snapshot) {
+    MetaStore::open(&MetaUrl::SqliteFile(path.to_path_buf())).expect("open metadata store")
+}
+
+fn reopen_snapshot(path: &Path) -> Snapshot {
+    let (store, snapshot) = open(path);
+    store.shutdown();
+    snapshot
+}
+
+fn config(content_type: &str) -> StreamConfig {
+    StreamConfig {
+        content_type: content_type.into(),
+        ttl_sec: None,
+        expires_at_ms: None,
+        closed: false,
+    }
+}
+
+/// Awaits a reply: the outer error would mean the thread dropped the answer, which it never may.
+fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
+    block_on(reply).expect("the metadata thread answers every command")
+}
+
+fn run(first: u64, next: u64, start: u64, end: u64) -> SegmentRun {
+    SegmentRun {
+        first_offset: first,
+        next_offset: next,
+        byte_start: start,
+        byte_end: end,
+    }
+}
+
+fn entry(
+    stream_id: u64,
+    runs: Vec<SegmentRun>,
+    last_timestamp_ms: i64,
+    closed: bool,
+) -> SegmentStreamEntry {
+    SegmentStreamEntry {
+        stream_id,
+        runs,
+        last_timestamp_ms,
+        closed,
+    }
+}
+
+#[test]
+fn create_duplicate_delete_recreate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, snapshot) = open(&path);
+    assert_eq!(snapshot, Snapshot::default());
+    assert!(path.exists(), "the parent directory is created");
+
+    let json = StreamConfig {
+        content_type: "application/json; charset=utf-8".into(),
+        ttl_sec: Some(60),
+        expires_at_ms: Some(1_900_000_000_000),
+        closed: false,
+    };
+    let first = wait(store.create_stream("/streams/orders", json.clone(), 1_000)).unwrap();
+    assert!(first.created);
+    assert_eq!(first.row.name, "/streams/orders");
+    assert_eq!(first.row.config, json);
+    assert_eq!(first.row.created_ms, 1_000);
+
+    // Same name again: the existing row comes back untouched, whatever the new config says.
+    let again = wait(store.create_stream("/streams/orders", config("text/plain"), 2_000)).unwrap();
+    assert!(!again.created);
+    assert_eq!(again.row, first.row);
+
+    let other = wait(store.create_stream("/streams/other", config("text/plain"), 3_000)).unwrap();
+    assert!(other.created);
+    assert_ne!(other.row.id, first.row.id);
+
+    assert!(wait(store.delete_stream(first.row.id)).unwrap());
+    assert!(
+        !wait(store.delete_stream(first.row.id)).unwrap(),
+        "second delete finds nothing"
+    );
+    assert!(!wait(store.delete_stream(9_999)).unwrap());
+    assert!(!wait(store.delete_stream(u64::MAX)).unwrap());
+
+    let recreated =
+        wait(store.create_stream("/streams/orders", config("text/plain"), 4_000)).unwrap();
+    assert!(recreated.created);
+    assert!(
+        recreated.row.id > other.row.id,
+        "a recreated name gets a fresh id"
+    );
+    assert_eq!(recreated.row.config, config("text/plain"));
+    store.shutdown();
+
+    let mut streams = reopen_snapshot(&path).streams;
+    streams.sort_by_key(|row| row.id);
+    assert_eq!(streams, vec![other.row, recreated.row]);
+}
+
+#[test]
+fn ids_are_never_reused_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let a = wait(store.create_stream("/a", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let b = wait(store.create_stream("/b", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    // Deleting the highest id is the case where plain SQLite rowids would be handed out again.
+    assert!(wait(store.delete_stream(b.id)).unwrap());
+    store.shutdown();
+
+    let (store, snapshot) = open(&path);
+    assert_eq!(snapshot.streams, vec![a.clone()]);
+    let c = wait(store.create_stream("/b", config("text/plain"), 2))
+        .unwrap()
+        .row;
+    assert!(c.id > b.id, "id {} reused after {}", c.id, b.id);
+    store.shutdown();
+}
+
+#[test]
+fn close_is_persistent_and_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let row = wait(store.create_stream("/s", config("application/octet-stream"), 5))
+        .unwrap()
+        .row;
+    wait(store.close_stream(row.id)).unwrap();
+    wait(store.close_stream(row.id)).unwrap();
+    wait(store.close_stream(123_456)).unwrap();
+    wait(store.close_stream(u64::MAX)).unwrap();
+    // A duplicate create reports the stored (closed) config.
+    let again = wait(store.create_stream("/s", config("application/octet-stream"), 6)).unwrap();
+    assert!(!again.created);
+    assert!(again.row.config.closed);
+    store.shutdown();
+
+    let snapshot = reopen_snapshot(&path);
+    assert_eq!(snapshot.streams.len(), 1);
+    assert!(snapshot.streams[0].config.closed);
+}
+
+#[test]
+fn segments_round_trip_in_commit_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let a = wait(store.create_stream("/a", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let b = wait(store.create_stream("/b", config("text/plain"), 1))
+        .unwrap()
+        .row;
+
+    // Keys deliberately not in lexical order: the snapshot must follow commit order.
+    let first = SegmentRecord {
+        key: "segments/0003.seg".into(),
+        size_bytes: 1_000,
+        created_ms: 10,
+        streams: vec![
+            entry(
+                b.id,
+                vec![run(0, 2, 0, 100), run(2, 5, 400, 700)],
+                11,
+                false,
+            ),
+            entry(a.id, vec![run(0, 1, 100, 400)], 12, true),
+        ],
+    };
+    let second = SegmentRecord {
+        key: "segments/0001.seg".into(),
+        size_bytes: 64,
+        created_ms: 20,
+        streams: vec![entry(a.id, vec![], 13, false)],
+    };
+    let third = SegmentRecord {
+        key: "segments/0002.seg".into(),
+        size_bytes: 0,
+        created_ms: 30,
+        streams: vec![],
+    };
+    for segment in [&first, &second, &third] {
+        wait(store.commit_segment(segment.clone())).unwrap();
+    }
+    // Entries of a deleted stream are accepted and kept, but the stream stays deleted.
+    assert!(wait(store.delete_stream(a.id)).unwrap());
+    let fourth = SegmentRecord {
+        key: "segments/0000.seg".into(),
+        size_bytes: 200,
+        created_ms: 40,
+        streams: vec![entry(a.id, vec![run(1, 2, 0, 200)], 14, false)],
+    };
+    wait(store.commit_segment(fourth.clone())).unwrap();
+    store.shutdown();
+
+    let snapshot = reopen_snapshot(&path);
+    assert_eq!(snapshot.streams, vec![b.clone()]);
+    assert_eq!(
+        snapshot.segments,
+        vec![first.clone(), second.clone(), third.clone(), fourth.clone()]
+    );
+
+    // Re-committing a key replaces its contents in place (commit order unchanged).
+    let (store, _) = open(&path);
+    let second_again = SegmentRecord {
+        size_bytes: 128,
+        streams: vec![entry(b.id, vec![run(5, 6, 64, 128)], 15, true)],
+        ..second.clone()
+    };
+    wait(store.commit_segment(second_again.clone())).unwrap();
+    wait(store.commit_segment(second_again.clone())).unwrap();
+    store.shutdown();
+    let snapshot = reopen_snapshot(&path);
+    assert_eq!(snapshot.segments, vec![first, second_again, third, fourth]);
+}
+
+#[test]
+fn a_bad_command_does_not_poison_its_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let good = |key: &str| SegmentRecord {
+        key: key.into(),
+        size_bytes: 10,
+        created_ms: 1,
+        streams: vec![entry(7, vec![run(0, 1, 0, 10)], 1, false)],
+    };
+    let bad_records = [
+        SegmentRecord {
+            key: "past-end".into(),
+            streams: vec![entry(7, vec![run(0, 1, 0, 11)], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "inverted".into(),
+            streams: vec![entry(7, vec![run(2, 1, 0, 1)], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "overlap".into(),
+            streams: vec![entry(7, vec![run(0, 2, 0, 1), run(1, 3, 1, 2)], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "twice".into(),
+            streams: vec![entry(7, vec![], 1, false), entry(7, vec![], 1, false)],
+            ..good("")
+        },
+        good(""),
+    ];
+    // Queue everything before awaiting anything, so the commands share batches.
+    let mut replies = vec![store.commit_segment(good("ok/1"))];
+    let created = store.create_stream("/x", config("text/plain"), 1);
+    for bad in bad_records.iter().cloned() {
+        replies.push(store.commit_segment(bad));
+    }
+    replies.push(store.commit_segment(good("ok/2")));
+
+    let results: Vec<_> = replies.into_iter().map(wait).collect();
+    assert!(results[0].is_ok());
+    for (result, bad) in results[1..=bad_records.len()].iter().zip(&bad_records) {
+        match result {
+            Err(MetaError::Storage(message)) => assert!(message.contains("segment"), "{message}"),
+            other => panic!("{:?} was accepted: {other:?}", bad.key),
+        }
+    }
+    assert!(results.last().unwrap().is_ok());
+    assert!(wait(created).unwrap().created);
+    store.shutdown();
+
+    let snapshot = reopen_snapshot(&path);
+    let keys: Vec<_> = snapshot
+        .segments
+        .iter()
+        .map(|segment| segment.key.as_str())
+        .collect();
+    assert_eq!(keys, ["ok/1", "ok/2"]);
+    assert_eq!(snapshot.streams.len(), 1);
+}
+
+#[test]
+fn group_commit_answers_every_concurrent_call() {
+    const THREADS: usize = 4;
+    const PER_THREAD: usize = 250;
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+
+    let workers: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                // Fire every request first, then await: that is what fills batches.
+                let replies: Vec<_> = (0..PER_THREAD)
+                    .map(|i| {
+                        store.create_stream(
+                            &format!("/t{thread}/s{i}"),
+                            config("text/plain"),
+                            i as i64,
+                        )
+                    })
+                    .collect();
+                let segments: Vec<_> = (0..PER_THREAD / 10)
+                    .map(|i| {
+                        store.commit_segment(SegmentRecord {
+                            key: format!("segments/t{thread}-{i:04}"),
+                            size_bytes: 1,
+                            created_ms: i as i64,
+                            streams: vec![entry(i as u64 + 1, vec![run(0, 1, 0, 1)], 0, false)],
+                        })
+                    })
+                    .collect();
+                let ids: Vec<u64> = replies
+                    .into_iter()
+                    .map(|reply| wait(reply).unwrap().row.id)
+                    .collect();
+                segments.into_iter().for_each(|reply| wait(reply).unwrap());
+                ids
+            })
+        })
+        .collect();
+    let mut ids: Vec<u64> = workers
+        .into_iter()
+        .flat_map(|worker| worker.join().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        THREADS * PER_THREAD,
+        "every create got its own id"
+    );
+    drop(store); // the last handle: shuts the thread down after the queue
+
+    let snapshot = reopen_snapshot(&path);
+    assert_eq!(snapshot.streams.len(), THREADS * PER_THREAD);
+    assert_eq!(snapshot.segments.len(), THREADS * (PER_THREAD / 10));
+    // Per thread, segments appear in the order that thread committed them.
+    for thread in 0..THREADS {
+        let prefix = format!("segments/t{thread}-");
+        let keys: Vec<_> = snapshot
+            .segments
+            .iter()
+            .filter(|s| s.key.starts_with(&prefix))
+            .map(|s| s.key.clone())
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+}
+
+#[test]
+fn dropping_the_last_handle_finishes_queued_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let replies: Vec<_> = (0..50)
+        .map(|i| store.create_stream(&format!("/s{i}"), config("text/plain"), 0))
+        .collect();
+    drop(store);
+    for reply in replies {
+        assert!(wait(reply).unwrap().created);
+    }
+    assert_eq!(reopen_snapshot(&path).streams.len(), 50);
+}
+
+#[test]
+fn calls_after_shutdown_answer_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = open(&db_path(dir.path()));
+    let clone = store.clone();
+    let queued = store.create_stream("/before", config("text/plain"), 0);
+    store.shutdown();
+    store.shutdown(); // idempotent
+    assert!(
+        wait(queued).unwrap().created,
+        "work queued before shutdown is finished"
+    );
+    assert!(matches!(
+        wait(clone.create_stream("/after", config("text/plain"), 0)),
+        Err(MetaError::Closed)
+    ));
+    assert!(matches!(
+        wait(clone.delete_stream(1)),
+        Err(MetaError::Closed)
+    ));
+    assert!(matches!(
+        wait(clone.close_stream(1)),
+        Err(MetaError::Closed)
+    ));
+}
+
+#[test]
+fn in_memory_store_works_and_postgres_is_unsupported() {
+    let (store, snapshot) = MetaStore::open(&MetaUrl::parse("sqlite::memory:").unwrap()).unwrap();
+    assert_eq!(snapshot, Snapshot::default());
+    let outcome = wait(store.create_stream("/m", config("text/plain"), 0)).unwrap();
+    assert!(outcome.created);
+    assert_eq!(outcome.row.id, 1);
+    store.shutdown();
+
+    let url = MetaUrl::parse("postgres://postgres:postgres@127.0.0.1:5432/picomq").unwrap();
+    match MetaStore::open(&url) {
+        Err(MetaError::Unsupported(message)) => {
+            assert_eq!(
+                message,
+                "postgres metadata is not available yet; use sqlite:<path>"
+            )
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("postgres opened"),
+    }
+}
+
+#[test]
+fn file_database_is_durable_wal_and_refuses_a_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    store.shutdown();
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    conn.execute("INSERT INTO schema_version (version) VALUES (99)", [])
+        .unwrap();
+    drop(conn);
+
+    match MetaStore::open(&MetaUrl::SqliteFile(path)) {
+        Err(MetaError::Storage(message)) => {
+            assert!(message.contains("schema version 99"), "{message}")
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("a newer schema was opened"),
+    }
+}
+
+#[test]
+fn an_unwritable_location_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    match MetaStore::open(&MetaUrl::SqliteFile(blocker.join("meta.db"))) {
+        Err(MetaError::Storage(message)) => assert!(message.contains("file"), "{message}"),
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("opened below a regular file"),
+    }
+}
