@@ -348,34 +348,37 @@ impl Shard {
         }
         self.live_stream_id(name, false).await?;
         let now = now_ms();
-        let (ack_rx, ack) = {
+        let written = {
             let mut streams = self.streams.borrow_mut();
             let key = streams.get_key_value(name).ok_or(EngineError::NotFound)?.0.clone();
             let stream = streams.get_mut(&key).expect("looked up above");
             let command = AppendCommand { records: records.len() as u64, close, match_offset };
-            let outcome = stream.state.apply_append(command, now)?;
-            let (ack, newly_closed) = match outcome {
-                AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, closed } => (
-                    AppendAck {
+            match stream.state.apply_append(command, now)? {
+                AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, closed } => {
+                    let ack = AppendAck {
                         start_offset: Some(start_offset),
                         next_offset,
                         timestamp_ms: Some(timestamp_ms),
                         closed,
-                    },
-                    closed,
-                ),
+                    };
+                    let rx = self.write_frames(&key, stream, &records, &ack, closed, body_bytes);
+                    Ok((rx, ack))
+                }
                 AppendOutcome::Closed { next_offset, newly } => {
                     let ack = AppendAck { start_offset: None, next_offset, timestamp_ms: None, closed: true };
-                    if !newly {
-                        // Already closed: nothing to write; answer once the close is durable.
-                        drop(streams);
-                        return self.after_durable(name, ack).await;
+                    if newly {
+                        let rx = self.write_frames(&key, stream, &records, &ack, true, body_bytes);
+                        Ok((rx, ack))
+                    } else {
+                        Err(ack)
                     }
-                    (ack, true)
                 }
-            };
-            let rx = self.write_frames(&key, stream, &records, &ack, newly_closed, body_bytes);
-            (rx, ack)
+            }
+        };
+        let (ack_rx, ack) = match written {
+            Ok(written) => written,
+            // Already closed: nothing to write; answer once the close is durable.
+            Err(ack) => return self.after_durable(name, ack).await,
         };
         self.commit_wanted.notify();
         match ack_rx.await {

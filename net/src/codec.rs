@@ -197,7 +197,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn encode_batch(records: &[(Vec<(String, String)>, Vec<u8>)]) -> Vec<u8> {
+    type TestRecord = (Vec<(String, String)>, Vec<u8>);
+
+    fn encode_batch(records: &[TestRecord]) -> Vec<u8> {
         let mut out = vec![BINARY_VERSION];
         out.extend_from_slice(&(records.len() as u32).to_be_bytes());
         for (headers, body) in records {
@@ -214,7 +216,7 @@ mod tests {
         out
     }
 
-    fn records() -> impl Strategy<Value = Vec<(Vec<(String, String)>, Vec<u8>)>> {
+    fn records() -> impl Strategy<Value = Vec<TestRecord>> {
         proptest::collection::vec(
             (
                 proptest::collection::btree_map("[a-z]{1,6}", ".{0,6}", 0..3)

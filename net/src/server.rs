@@ -227,7 +227,7 @@ fn check_memlock() -> Result<(), String> {
             }
         }
     }
-    if limit.rlim_cur != libc::RLIM_INFINITY && (limit.rlim_cur as u64) < MEMLOCK_MIN_BYTES {
+    if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < MEMLOCK_MIN_BYTES {
         return Err(format!(
             "locked-memory limit is {} KiB but io_uring needs at least {} KiB: run `ulimit -l 8192` (or set LimitMEMLOCK= in systemd, --ulimit memlock= in Docker)",
             limit.rlim_cur / 1024,
