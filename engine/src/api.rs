@@ -34,8 +34,16 @@ pub struct ReadRequest {
 /// An operation on one stream, executed by its owning core.
 #[derive(Clone, Debug)]
 pub enum Op {
-    Create { config: StreamConfig, closed: bool, first_record: Option<RecordInput> },
-    Append { records: Vec<RecordInput>, close: bool, match_offset: Option<u64> },
+    Create {
+        config: StreamConfig,
+        closed: bool,
+        first_record: Option<RecordInput>,
+    },
+    Append {
+        records: Vec<RecordInput>,
+        close: bool,
+        match_offset: Option<u64>,
+    },
     Read(ReadRequest),
     Head,
     Delete,
@@ -95,7 +103,11 @@ impl ReadBatch {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
-    Created { created: bool, info: StreamInfo, first: Option<AppendAck> },
+    Created {
+        created: bool,
+        info: StreamInfo,
+        first: Option<AppendAck>,
+    },
     Appended(AppendAck),
     Read(ReadBatch),
     Head(StreamInfo),

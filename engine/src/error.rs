@@ -17,7 +17,10 @@ pub enum EngineError {
     /// A read asked for a position below the first readable record.
     OffsetGone { requested: u64, start: u64 },
     /// A named limit was hit; try again after the given seconds.
-    Overloaded { limit: &'static str, retry_after_sec: u64 },
+    Overloaded {
+        limit: &'static str,
+        retry_after_sec: u64,
+    },
     /// The request itself is invalid (the message says why).
     Invalid(String),
     /// The data could not be made durable; the append is not acknowledged.
@@ -41,7 +44,10 @@ impl std::fmt::Display for EngineError {
                 write!(f, "offset {requested} is past the tail {tail}")
             }
             EngineError::OffsetGone { requested, start } => {
-                write!(f, "offset {requested} is below the first readable offset {start}")
+                write!(
+                    f,
+                    "offset {requested} is below the first readable offset {start}"
+                )
             }
             EngineError::Overloaded { limit, .. } => write!(f, "overloaded: {limit}"),
             EngineError::Invalid(message) => f.write_str(message),

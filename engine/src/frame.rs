@@ -56,7 +56,10 @@ pub fn headers_block_len(headers: &[RecordHeader]) -> usize {
     if headers.is_empty() {
         return 0;
     }
-    4 + headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum::<usize>()
+    4 + headers
+        .iter()
+        .map(|(n, v)| 8 + n.len() + v.len())
+        .sum::<usize>()
 }
 
 /// Bytes a record frame takes.
@@ -206,7 +209,8 @@ mod tests {
 
     fn header_strategy() -> impl Strategy<Value = Vec<RecordHeader>> {
         proptest::collection::vec(
-            (any::<Vec<u8>>(), any::<Vec<u8>>()).prop_map(|(n, v)| (Bytes::from(n), Bytes::from(v))),
+            (any::<Vec<u8>>(), any::<Vec<u8>>())
+                .prop_map(|(n, v)| (Bytes::from(n), Bytes::from(v))),
             0..4,
         )
     }

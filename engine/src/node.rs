@@ -39,7 +39,11 @@ pub fn owner_core(name: &str, cores: usize) -> usize {
 }
 
 enum Message {
-    Op { name: String, op: Op, reply: oneshot::Sender<Result<Reply, EngineError>> },
+    Op {
+        name: String,
+        op: Op,
+        reply: oneshot::Sender<Result<Reply, EngineError>>,
+    },
     List {
         prefix: String,
         start_after: String,
@@ -76,8 +80,12 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
     let (meta, mut snapshot) = MetaStore::open(&url).map_err(|e| e.to_string())?;
     let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
     let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(&config.wal_dir)
-        .map_err(|e| format!("cannot create WAL directory {}: {e}", config.wal_dir.display()))?;
+    std::fs::create_dir_all(&config.wal_dir).map_err(|e| {
+        format!(
+            "cannot create WAL directory {}: {e}",
+            config.wal_dir.display()
+        )
+    })?;
     let mut report = Vec::new();
     let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report)?;
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
@@ -91,8 +99,9 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
         snapshot.streams.len(),
         snapshot.segments.len()
     ));
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        (0..cores).map(|_| mpsc::channel(limits::CROSS_CORE_QUEUE_MAX)).unzip();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..cores)
+        .map(|_| mpsc::channel(limits::CROSS_CORE_QUEUE_MAX))
+        .unzip();
     let seeds = receivers
         .into_iter()
         .zip(per_core)
@@ -107,7 +116,12 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
             peers: senders.clone(),
         })
         .collect();
-    Ok(Boot { seeds, meta, store, report })
+    Ok(Boot {
+        seeds,
+        meta,
+        store,
+        report,
+    })
 }
 
 struct Recovered {
@@ -131,26 +145,40 @@ fn recover_wal_files(
         .max()
         .unwrap_or(0);
     let mut files: Vec<_> = std::fs::read_dir(&config.wal_dir)
-        .map_err(|e| format!("cannot list WAL directory {}: {e}", config.wal_dir.display()))?
+        .map_err(|e| {
+            format!(
+                "cannot list WAL directory {}: {e}",
+                config.wal_dir.display()
+            )
+        })?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
         .collect();
     files.sort();
     for path in files {
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
         max_epoch_ms = max_epoch_ms.max(epoch_of(&stem).unwrap_or(0));
-        let data = std::fs::read(&path).map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
+        let data = std::fs::read(&path)
+            .map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
         let valid = frame::valid_prefix_len(&data);
         if valid > 0 {
             let bytes = bytes::Bytes::copy_from_slice(&data[..valid]);
             let record = index_segment(format!("segments/{stem}.seg"), &bytes);
             wait(store.put(&record.key, bytes))?;
             wait(meta.commit_segment(record.clone()))?;
-            report.push(format!("recovered WAL file {} ({valid} bytes)", path.display()));
+            report.push(format!(
+                "recovered WAL file {} ({valid} bytes)",
+                path.display()
+            ));
             snapshot.segments.retain(|s| s.key != record.key);
             snapshot.segments.push(record);
         }
-        std::fs::remove_file(&path).map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))?;
+        std::fs::remove_file(&path)
+            .map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))?;
     }
     Ok(Recovered { max_epoch_ms })
 }
@@ -159,9 +187,7 @@ fn epoch_of(stem: &str) -> Option<u64> {
     stem.split('-').next()?.parse().ok()
 }
 
-fn wait<T, E: std::fmt::Display>(
-    reply: oneshot::Receiver<Result<T, E>>,
-) -> Result<T, String> {
+fn wait<T, E: std::fmt::Display>(reply: oneshot::Receiver<Result<T, E>>) -> Result<T, String> {
     futures_lite::future::block_on(reply)
         .map_err(|_| "storage thread stopped during recovery".to_string())?
         .map_err(|e| e.to_string())
@@ -172,12 +198,14 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
     let mut entries: std::collections::BTreeMap<u64, SegmentStreamEntry> = Default::default();
     let mut pos = 0;
     while let Ok((frame, len)) = frame::decode_frame(bytes, pos) {
-        let entry = entries.entry(frame.stream_id).or_insert_with(|| SegmentStreamEntry {
-            stream_id: frame.stream_id,
-            runs: Vec::new(),
-            last_timestamp_ms: 0,
-            closed: false,
-        });
+        let entry = entries
+            .entry(frame.stream_id)
+            .or_insert_with(|| SegmentStreamEntry {
+                stream_id: frame.stream_id,
+                runs: Vec::new(),
+                last_timestamp_ms: 0,
+                closed: false,
+            });
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(frame.timestamp_ms);
         if frame.kind == FRAME_KIND_CLOSE {
             entry.closed = true;
@@ -232,7 +260,9 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
     for segment in &snapshot.segments {
         let key: Arc<str> = Arc::from(segment.key.as_str());
         for entry in &segment.streams {
-            let Some(seed) = by_id.get_mut(&entry.stream_id) else { continue };
+            let Some(seed) = by_id.get_mut(&entry.stream_id) else {
+                continue;
+            };
             seed.closed |= entry.closed;
             seed.last_timestamp_ms = seed.last_timestamp_ms.max(entry.last_timestamp_ms);
             for run in &entry.runs {
@@ -261,7 +291,15 @@ pub struct CoreHandle {
 impl CoreHandle {
     /// Starts this core's shard and its inbox. Call on the core's executor.
     pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, String> {
-        let CoreSeed { core, config, meta, store, streams, inbox, peers } = seed;
+        let CoreSeed {
+            core,
+            config,
+            meta,
+            store,
+            streams,
+            inbox,
+            peers,
+        } = seed;
         let cores = peers.len();
         let shard = Shard::start(core, config, meta, store, streams).await?;
         shard::set_current(&shard);
@@ -276,7 +314,12 @@ impl CoreHandle {
         glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
             .map_err(|e| format!("cannot start core {core} inbox: {e}"))?
             .detach();
-        Ok(Rc::new(CoreHandle { core, cores, shard, peers: RefCell::new(peers) }))
+        Ok(Rc::new(CoreHandle {
+            core,
+            cores,
+            shard,
+            peers: RefCell::new(peers),
+        }))
     }
 
     pub fn core(&self) -> usize {
@@ -294,7 +337,14 @@ impl CoreHandle {
             return self.shard.execute(name, op).await;
         }
         let (reply, rx) = oneshot::channel();
-        self.send(owner, Message::Op { name: name.to_string(), op, reply })?;
+        self.send(
+            owner,
+            Message::Op {
+                name: name.to_string(),
+                op,
+                reply,
+            },
+        )?;
         rx.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
@@ -352,7 +402,12 @@ async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {
                 })
                 .detach();
             }
-            Message::List { prefix, start_after, limit, reply } => {
+            Message::List {
+                prefix,
+                start_after,
+                limit,
+                reply,
+            } => {
                 let _ = reply.send(shard.list(&prefix, &start_after, limit));
             }
         }

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_channel::oneshot;
 use glommio::io::DmaFile;
-use pico_meta::{MetaStore, SegmentRecord, SegmentRun, SegmentStreamEntry, StreamConfig as MetaConfig};
+use pico_meta::{
+    MetaStore, SegmentRecord, SegmentRun, SegmentStreamEntry, StreamConfig as MetaConfig,
+};
 use pico_s3::ObjectStore;
 
 use crate::api::{
@@ -209,7 +211,11 @@ impl Shard {
                     self.next_segment_no.set(no + 1);
                     segments.insert(
                         no,
-                        SegmentSlot { key: Rc::from(&*key), data: SegmentData::Remote, uploaded: true },
+                        SegmentSlot {
+                            key: Rc::from(&*key),
+                            data: SegmentData::Remote,
+                            uploaded: true,
+                        },
                     );
                     no
                 });
@@ -224,7 +230,14 @@ impl Shard {
             if let Some(first) = chunks.first() {
                 state.start_offset = first.first_offset;
             }
-            streams.insert(Rc::from(seed.name.as_str()), Stream { state, chunks, waiters: Vec::new() });
+            streams.insert(
+                Rc::from(seed.name.as_str()),
+                Stream {
+                    state,
+                    chunks,
+                    waiters: Vec::new(),
+                },
+            );
         }
     }
 
@@ -235,12 +248,19 @@ impl Shard {
             return Err(EngineError::Durability(message));
         }
         match op {
-            Op::Create { config, closed, first_record } => {
-                self.create(name, config, closed, first_record).await
-            }
-            Op::Append { records, close, match_offset } => {
-                self.append(name, records, close, match_offset).await.map(Reply::Appended)
-            }
+            Op::Create {
+                config,
+                closed,
+                first_record,
+            } => self.create(name, config, closed, first_record).await,
+            Op::Append {
+                records,
+                close,
+                match_offset,
+            } => self
+                .append(name, records, close, match_offset)
+                .await
+                .map(Reply::Appended),
             Op::Read(request) => self.read(name, request).await.map(Reply::Read),
             Op::Head => self.head(name).await.map(Reply::Head),
             Op::Delete => self.delete(name).await.map(|()| Reply::Deleted),
@@ -277,7 +297,11 @@ impl Shard {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
             stream.state.check_recreate(&config, closed)?;
-            return Ok(Reply::Created { created: false, info: info_of(&stream.state), first: None });
+            return Ok(Reply::Created {
+                created: false,
+                info: info_of(&stream.state),
+                first: None,
+            });
         }
         let meta_config = MetaConfig {
             content_type: config.content_type.clone(),
@@ -309,7 +333,14 @@ impl Shard {
                 if !outcome.created {
                     state.check_recreate(&config, closed)?;
                 }
-                streams.insert(Rc::from(name), Stream { state, chunks: Vec::new(), waiters: Vec::new() });
+                streams.insert(
+                    Rc::from(name),
+                    Stream {
+                        state,
+                        chunks: Vec::new(),
+                        waiters: Vec::new(),
+                    },
+                );
                 outcome.created
             }
         };
@@ -321,7 +352,11 @@ impl Shard {
         }
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-        Ok(Reply::Created { created, info: info_of(&stream.state), first })
+        Ok(Reply::Created {
+            created,
+            info: info_of(&stream.state),
+            first,
+        })
     }
 
     async fn append(
@@ -350,11 +385,24 @@ impl Shard {
         let now = now_ms();
         let written = {
             let mut streams = self.streams.borrow_mut();
-            let key = streams.get_key_value(name).ok_or(EngineError::NotFound)?.0.clone();
+            let key = streams
+                .get_key_value(name)
+                .ok_or(EngineError::NotFound)?
+                .0
+                .clone();
             let stream = streams.get_mut(&key).expect("looked up above");
-            let command = AppendCommand { records: records.len() as u64, close, match_offset };
+            let command = AppendCommand {
+                records: records.len() as u64,
+                close,
+                match_offset,
+            };
             match stream.state.apply_append(command, now)? {
-                AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, closed } => {
+                AppendOutcome::Appended {
+                    start_offset,
+                    next_offset,
+                    timestamp_ms,
+                    closed,
+                } => {
                     let ack = AppendAck {
                         start_offset: Some(start_offset),
                         next_offset,
@@ -365,7 +413,12 @@ impl Shard {
                     Ok((rx, ack))
                 }
                 AppendOutcome::Closed { next_offset, newly } => {
-                    let ack = AppendAck { start_offset: None, next_offset, timestamp_ms: None, closed: true };
+                    let ack = AppendAck {
+                        start_offset: None,
+                        next_offset,
+                        timestamp_ms: None,
+                        closed: true,
+                    };
                     if newly {
                         let rx = self.write_frames(&key, stream, &records, &ack, true, body_bytes);
                         Ok((rx, ack))
@@ -396,12 +449,18 @@ impl Shard {
     }
 
     /// Answers a request that wrote nothing once everything before it is durable.
-    async fn after_durable(self: &Rc<Self>, name: &str, ack: AppendAck) -> Result<AppendAck, EngineError> {
+    async fn after_durable(
+        self: &Rc<Self>,
+        name: &str,
+        ack: AppendAck,
+    ) -> Result<AppendAck, EngineError> {
         loop {
             let rx = {
                 let mut streams = self.streams.borrow_mut();
                 let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
-                if stream.state.durable_offset >= stream.state.next_offset && stream.state.closed_durable {
+                if stream.state.durable_offset >= stream.state.next_offset
+                    && stream.state.closed_durable
+                {
                     return Ok(ack);
                 }
                 let (tx, rx) = oneshot::channel();
@@ -446,14 +505,27 @@ impl Shard {
             );
         }
         if close {
-            frame::encode_frame(&mut segment.buf, FRAME_KIND_CLOSE, id, ack.next_offset, timestamp, &[], &[]);
+            frame::encode_frame(
+                &mut segment.buf,
+                FRAME_KIND_CLOSE,
+                id,
+                ack.next_offset,
+                timestamp,
+                &[],
+                &[],
+            );
         }
         let byte_end = segment.buf.len() as u64;
         let entry = segment.index.entry(id).or_default();
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
         entry.closed |= close;
         if !records.is_empty() {
-            let run = SegmentRun { first_offset, next_offset: ack.next_offset, byte_start, byte_end };
+            let run = SegmentRun {
+                first_offset,
+                next_offset: ack.next_offset,
+                byte_start,
+                byte_end,
+            };
             match entry.runs.last_mut() {
                 Some(last) if last.byte_end == byte_start && last.next_offset == first_offset => {
                     last.next_offset = run.next_offset;
@@ -482,7 +554,8 @@ impl Shard {
             }
         }
         let (tx, rx) = oneshot::channel();
-        self.in_flight_bytes.set(self.in_flight_bytes.get() + body_bytes);
+        self.in_flight_bytes
+            .set(self.in_flight_bytes.get() + body_bytes);
         self.pending.borrow_mut().push_back(PendingAck {
             segment: segment.no,
             end: segment.buf.len(),
@@ -496,20 +569,32 @@ impl Shard {
         rx
     }
 
-    async fn read(self: &Rc<Self>, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
-        let deadline = request.wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    async fn read(
+        self: &Rc<Self>,
+        name: &str,
+        request: ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
+        let deadline = request
+            .wait_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
         let mut from = match request.from {
             ReadFrom::Offset(offset) => offset,
             ReadFrom::Tail => {
                 self.live_stream_id(name, false).await?;
                 let streams = self.streams.borrow();
-                streams.get(name).ok_or(EngineError::NotFound)?.state.durable_offset
+                streams
+                    .get(name)
+                    .ok_or(EngineError::NotFound)?
+                    .state
+                    .durable_offset
             }
         };
         loop {
             self.live_stream_id(name, true).await?;
             let batch = self.read_once(name, from, &request).await?;
-            let Some(deadline) = deadline else { return Ok(batch) };
+            let Some(deadline) = deadline else {
+                return Ok(batch);
+            };
             if !batch.records.is_empty() || batch.closed || from < batch.tail {
                 return Ok(batch);
             }
@@ -546,7 +631,12 @@ impl Shard {
     }
 
     /// One pass over the stored chunks from `from`, bounded by the request's budgets.
-    async fn read_once(&self, name: &str, from: u64, request: &ReadRequest) -> Result<ReadBatch, EngineError> {
+    async fn read_once(
+        &self,
+        name: &str,
+        from: u64,
+        request: &ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
         let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
         let max_bytes = request.max_bytes.max(1);
         let (chunks, tail, closed_durable) = {
@@ -574,7 +664,10 @@ impl Shard {
             let mut pos = 0usize;
             while pos < data.len() {
                 let (frame, len) = frame::decode_frame(&data, pos).map_err(|e| {
-                    EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
+                    EngineError::Storage(format!(
+                        "corrupt frame in segment {}: {e:?}",
+                        chunk.segment
+                    ))
                 })?;
                 pos += len;
                 if frame.kind != FRAME_KIND_RECORD || frame.offset < next {
@@ -599,7 +692,13 @@ impl Shard {
         if records.is_empty() {
             next = from;
         }
-        Ok(ReadBatch { from, records, next_offset: next, tail, closed: closed_durable && next >= tail })
+        Ok(ReadBatch {
+            from,
+            records,
+            next_offset: next,
+            tail,
+            closed: closed_durable && next >= tail,
+        })
     }
 
     /// The frames of one chunk: a slice of a sealed segment in memory, a copy out of an open
@@ -608,9 +707,9 @@ impl Shard {
         let (start, end) = (chunk.byte_start as usize, chunk.byte_end as usize);
         let rx = {
             let mut segments = self.segments.borrow_mut();
-            let slot = segments
-                .get_mut(&chunk.segment)
-                .ok_or_else(|| EngineError::Storage(format!("segment {} is gone", chunk.segment)))?;
+            let slot = segments.get_mut(&chunk.segment).ok_or_else(|| {
+                EngineError::Storage(format!("segment {} is gone", chunk.segment))
+            })?;
             match &mut slot.data {
                 SegmentData::Memory(bytes) => return Ok(bytes.slice(start..end)),
                 SegmentData::Open => {
@@ -679,22 +778,35 @@ impl Shard {
     pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {
         let now = now_ms();
         let streams = self.streams.borrow();
-        let lower = if start_after >= prefix { start_after } else { prefix };
+        let lower = if start_after >= prefix {
+            start_after
+        } else {
+            prefix
+        };
         streams
             .range::<str, _>((std::ops::Bound::Included(lower), std::ops::Bound::Unbounded))
             .filter(|(name, _)| &***name != start_after)
             .take_while(|(name, _)| name.starts_with(prefix))
             .filter(|(_, stream)| !stream.state.is_expired(now))
             .take(limit)
-            .map(|(name, stream)| StreamSummary { name: name.to_string(), info: info_of(&stream.state) })
+            .map(|(name, stream)| StreamSummary {
+                name: name.to_string(),
+                info: info_of(&stream.state),
+            })
             .collect()
     }
 
     // ---------------------------------------------------------------- the log
 
     fn wal_path(&self, counter: u64) -> (PathBuf, String) {
-        let stem = format!("{:016}-{:03}-{:010}", self.config.node_epoch_ms, self.core, counter);
-        (self.config.wal_dir.join(format!("{stem}.wal")), format!("segments/{stem}.seg"))
+        let stem = format!(
+            "{:016}-{:03}-{:010}",
+            self.config.node_epoch_ms, self.core, counter
+        );
+        (
+            self.config.wal_dir.join(format!("{stem}.wal")),
+            format!("segments/{stem}.seg"),
+        )
     }
 
     /// Creates the next WAL file (pre-allocated and with its directory entry durable).
@@ -708,9 +820,12 @@ impl Shard {
         let file = DmaFile::create(&path)
             .await
             .map_err(|e| format!("cannot create WAL file {}: {e}", path.display()))?;
-        file.pre_allocate((self.config.segment_size + SEGMENT_SLACK_BYTES) as u64, false)
-            .await
-            .map_err(|e| format!("cannot pre-allocate WAL file {}: {e}", path.display()))?;
+        file.pre_allocate(
+            (self.config.segment_size + SEGMENT_SLACK_BYTES) as u64,
+            false,
+        )
+        .await
+        .map_err(|e| format!("cannot pre-allocate WAL file {}: {e}", path.display()))?;
         sync_dir(&self.config.wal_dir)?;
         Ok(Some((Rc::new(file), path, counter)))
     }
@@ -733,7 +848,11 @@ impl Shard {
         };
         self.segments.borrow_mut().insert(
             no,
-            SegmentSlot { key: Rc::from(key.as_str()), data: SegmentData::Open, uploaded: false },
+            SegmentSlot {
+                key: Rc::from(key.as_str()),
+                data: SegmentData::Open,
+                uploaded: false,
+            },
         );
         self.log.borrow_mut().push_back(OpenSegment {
             no,
@@ -777,7 +896,8 @@ impl Shard {
                 let log = self.log.borrow();
                 let active = log.back().expect("an active segment always exists");
                 !active.buf.is_empty()
-                    && active.opened.elapsed() >= Duration::from_millis(self.config.segment_max_age_ms)
+                    && active.opened.elapsed()
+                        >= Duration::from_millis(self.config.segment_max_age_ms)
             };
             if old {
                 self.rotate();
@@ -793,7 +913,10 @@ impl Shard {
                     Ok(true) => continue,
                     Ok(false) => break,
                     Err(message) => {
-                        log::error!("core {}: WAL failure, refusing appends: {message}", self.core);
+                        log::error!(
+                            "core {}: WAL failure, refusing appends: {message}",
+                            self.core
+                        );
                         self.fail_pending(&message);
                         *self.failed.borrow_mut() = Some(message);
                         return;
@@ -809,7 +932,11 @@ impl Shard {
         if !self.config.memory_only && self.spare_wal.borrow().is_none() {
             let spare = self.create_wal_file().await?;
             *self.spare_wal.borrow_mut() = spare;
-            let overdue = self.log.borrow().back().is_some_and(|s| s.buf.len() >= self.config.segment_size);
+            let overdue = self
+                .log
+                .borrow()
+                .back()
+                .is_some_and(|s| s.buf.len() >= self.config.segment_size);
             if overdue {
                 self.rotate();
             }
@@ -828,7 +955,9 @@ impl Shard {
                 }
             })
         };
-        let Some((no, seal)) = job else { return Ok(false) };
+        let Some((no, seal)) = job else {
+            return Ok(false);
+        };
         if seal {
             self.seal_front(no);
             return Ok(true);
@@ -852,8 +981,12 @@ impl Shard {
             }
         };
         if let (Some(file), Some(buffer)) = (file, buffer) {
-            file.write_at(buffer, start as u64).await.map_err(|e| format!("WAL write: {e}"))?;
-            file.fdatasync().await.map_err(|e| format!("WAL fdatasync: {e}"))?;
+            file.write_at(buffer, start as u64)
+                .await
+                .map_err(|e| format!("WAL write: {e}"))?;
+            file.fdatasync()
+                .await
+                .map_err(|e| format!("WAL fdatasync: {e}"))?;
         }
         if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
             segment.durable_len = len;
@@ -864,20 +997,25 @@ impl Shard {
 
     /// Answers, in order, every append whose bytes are now durable.
     fn release_acks(&self) {
-        let durable: HashMap<u64, usize> =
-            self.log.borrow().iter().map(|s| (s.no, s.durable_len)).collect();
+        let durable: HashMap<u64, usize> = self
+            .log
+            .borrow()
+            .iter()
+            .map(|s| (s.no, s.durable_len))
+            .collect();
         loop {
             let ack = {
                 let mut pending = self.pending.borrow_mut();
-                let ready = pending.front().is_some_and(|ack| {
-                    durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
-                });
+                let ready = pending
+                    .front()
+                    .is_some_and(|ack| durable.get(&ack.segment).is_none_or(|&len| len >= ack.end));
                 if !ready {
                     break;
                 }
                 pending.pop_front().expect("checked front")
             };
-            self.in_flight_bytes.set(self.in_flight_bytes.get() - ack.body_bytes);
+            self.in_flight_bytes
+                .set(self.in_flight_bytes.get() - ack.body_bytes);
             let mut streams = self.streams.borrow_mut();
             if let Some(stream) = streams.get_mut(&*ack.name) {
                 if stream.state.id == ack.stream_id {
@@ -895,7 +1033,9 @@ impl Shard {
     fn fail_pending(&self, message: &str) {
         let pending: Vec<PendingAck> = self.pending.borrow_mut().drain(..).collect();
         for ack in pending {
-            let _ = ack.reply.send(Err(EngineError::Durability(message.to_string())));
+            let _ = ack
+                .reply
+                .send(Err(EngineError::Durability(message.to_string())));
         }
     }
 
@@ -933,7 +1073,8 @@ impl Shard {
         };
         let this = self.clone();
         let (file, path) = (segment.wal, segment.wal_path);
-        glommio::spawn_local(async move { this.upload(no, bytes, record, file, path).await }).detach();
+        glommio::spawn_local(async move { this.upload(no, bytes, record, file, path).await })
+            .detach();
     }
 
     /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
@@ -964,7 +1105,11 @@ impl Shard {
             match result {
                 Ok(()) => break,
                 Err(message) => {
-                    log::warn!("core {}: upload of {} failed, retrying: {message}", self.core, record.key);
+                    log::warn!(
+                        "core {}: upload of {} failed, retrying: {message}",
+                        self.core,
+                        record.key
+                    );
                     glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
                     backoff_ms = (backoff_ms * 2).min(5_000);
                 }
@@ -982,7 +1127,9 @@ impl Shard {
     /// Drops uploaded segments from memory, oldest first, down to the cache budget.
     fn evict_cache(&self) {
         while self.cached_bytes.get() > self.config.segment_cache_bytes {
-            let Some((no, len)) = self.cached.borrow_mut().pop_front() else { break };
+            let Some((no, len)) = self.cached.borrow_mut().pop_front() else {
+                break;
+            };
             self.cached_bytes.set(self.cached_bytes.get() - len);
             if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
                 if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
@@ -995,7 +1142,9 @@ impl Shard {
     fn finish_load(&self, no: u64, result: Result<Bytes, EngineError>) {
         let waiters = {
             let mut segments = self.segments.borrow_mut();
-            let Some(slot) = segments.get_mut(&no) else { return };
+            let Some(slot) = segments.get_mut(&no) else {
+                return;
+            };
             let next = match &result {
                 Ok(bytes) => SegmentData::Memory(bytes.clone()),
                 Err(_) => SegmentData::Remote,

@@ -52,7 +52,12 @@ pub struct AppendCommand {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AppendOutcome {
     /// Records were assigned `start_offset..next_offset`, all with `timestamp_ms`.
-    Appended { start_offset: u64, next_offset: u64, timestamp_ms: i64, closed: bool },
+    Appended {
+        start_offset: u64,
+        next_offset: u64,
+        timestamp_ms: i64,
+        closed: bool,
+    },
     /// No records; the stream is (now, or already was) closed.
     Closed { next_offset: u64, newly: bool },
 }
@@ -75,10 +80,10 @@ impl StreamState {
 
     /// The instant after which the stream no longer exists, if any.
     pub fn deadline_ms(&self) -> Option<i64> {
-        let sliding = self
-            .config
-            .ttl_sec
-            .map(|ttl| self.last_access_ms.saturating_add((ttl as i64).saturating_mul(1000)));
+        let sliding = self.config.ttl_sec.map(|ttl| {
+            self.last_access_ms
+                .saturating_add((ttl as i64).saturating_mul(1000))
+        });
         match (sliding, self.config.expires_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -86,7 +91,8 @@ impl StreamState {
     }
 
     pub fn is_expired(&self, now_ms: i64) -> bool {
-        self.deadline_ms().is_some_and(|deadline| now_ms >= deadline)
+        self.deadline_ms()
+            .is_some_and(|deadline| now_ms >= deadline)
     }
 
     /// Reads and appends slide the TTL; `HEAD` does not.
@@ -105,13 +111,21 @@ impl StreamState {
         }
         if self.closed {
             if command.records == 0 {
-                return Ok(AppendOutcome::Closed { next_offset: self.next_offset, newly: false });
+                return Ok(AppendOutcome::Closed {
+                    next_offset: self.next_offset,
+                    newly: false,
+                });
             }
-            return Err(EngineError::Closed { next_offset: self.next_offset });
+            return Err(EngineError::Closed {
+                next_offset: self.next_offset,
+            });
         }
         if let Some(expected) = command.match_offset {
             if expected != self.next_offset {
-                return Err(EngineError::MatchFailed { expected, actual: self.next_offset });
+                return Err(EngineError::MatchFailed {
+                    expected,
+                    actual: self.next_offset,
+                });
             }
         }
         self.touch(now_ms);
@@ -119,7 +133,10 @@ impl StreamState {
             self.closed = true;
         }
         if command.records == 0 {
-            return Ok(AppendOutcome::Closed { next_offset: self.next_offset, newly: true });
+            return Ok(AppendOutcome::Closed {
+                next_offset: self.next_offset,
+                newly: true,
+            });
         }
         let timestamp_ms = now_ms.max(self.last_timestamp_ms + 1);
         self.last_timestamp_ms = timestamp_ms;
@@ -143,10 +160,16 @@ impl StreamState {
     /// Checks a read position against the readable range.
     pub fn check_read(&self, from: u64) -> Result<(), EngineError> {
         if from < self.start_offset {
-            return Err(EngineError::OffsetGone { requested: from, start: self.start_offset });
+            return Err(EngineError::OffsetGone {
+                requested: from,
+                start: self.start_offset,
+            });
         }
         if from > self.durable_offset {
-            return Err(EngineError::OffsetBeyondTail { requested: from, tail: self.durable_offset });
+            return Err(EngineError::OffsetBeyondTail {
+                requested: from,
+                tail: self.durable_offset,
+            });
         }
         Ok(())
     }
@@ -166,7 +189,9 @@ impl StreamState {
             || self.config.expires_at_ms != config.expires_at_ms
             || self.closed != closed
         {
-            return Err(mismatch("stream exists with a different configuration".into()));
+            return Err(mismatch(
+                "stream exists with a different configuration".into(),
+            ));
         }
         if !mime_base_eq(&self.config.content_type, &config.content_type) {
             return Err(mismatch(format!(
@@ -180,7 +205,13 @@ impl StreamState {
 
 /// Compares the MIME base types (before `;`), case-insensitively.
 pub fn mime_base_eq(a: &str, b: &str) -> bool {
-    let base = |s: &str| s.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let base = |s: &str| {
+        s.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    };
     base(a) == base(b)
 }
 
@@ -190,20 +221,38 @@ mod tests {
     use proptest::prelude::*;
 
     fn config() -> StreamConfig {
-        StreamConfig { content_type: "text/plain".into(), ttl_sec: None, expires_at_ms: None }
+        StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_sec: None,
+            expires_at_ms: None,
+        }
     }
 
     #[derive(Debug, Clone)]
     enum Step {
-        Append { records: u64, close: bool, match_tail: bool, now: i64 },
+        Append {
+            records: u64,
+            close: bool,
+            match_tail: bool,
+            now: i64,
+        },
         Durable,
     }
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            (0u64..5, proptest::bool::weighted(0.05), any::<bool>(), 0i64..1000).prop_map(
-                |(records, close, match_tail, now)| Step::Append { records, close, match_tail, now }
-            ),
+            (
+                0u64..5,
+                proptest::bool::weighted(0.05),
+                any::<bool>(),
+                0i64..1000
+            )
+                .prop_map(|(records, close, match_tail, now)| Step::Append {
+                    records,
+                    close,
+                    match_tail,
+                    now
+                }),
             Just(Step::Durable),
         ]
     }
@@ -255,11 +304,33 @@ mod tests {
     #[test]
     fn match_failure_reports_the_tail() {
         let mut state = StreamState::new(1, config(), false, 0);
-        state.apply_append(AppendCommand { records: 2, close: false, match_offset: None }, 1).unwrap();
+        state
+            .apply_append(
+                AppendCommand {
+                    records: 2,
+                    close: false,
+                    match_offset: None,
+                },
+                1,
+            )
+            .unwrap();
         let err = state
-            .apply_append(AppendCommand { records: 1, close: false, match_offset: Some(5) }, 2)
+            .apply_append(
+                AppendCommand {
+                    records: 1,
+                    close: false,
+                    match_offset: Some(5),
+                },
+                2,
+            )
             .unwrap_err();
-        assert_eq!(err, EngineError::MatchFailed { expected: 5, actual: 2 });
+        assert_eq!(
+            err,
+            EngineError::MatchFailed {
+                expected: 5,
+                actual: 2
+            }
+        );
     }
 
     #[test]
@@ -278,8 +349,20 @@ mod tests {
     #[test]
     fn reads_are_bounded_by_the_durable_tail() {
         let mut state = StreamState::new(1, config(), false, 0);
-        state.apply_append(AppendCommand { records: 3, close: false, match_offset: None }, 1).unwrap();
-        assert!(matches!(state.check_read(1), Err(EngineError::OffsetBeyondTail { .. })));
+        state
+            .apply_append(
+                AppendCommand {
+                    records: 3,
+                    close: false,
+                    match_offset: None,
+                },
+                1,
+            )
+            .unwrap();
+        assert!(matches!(
+            state.check_read(1),
+            Err(EngineError::OffsetBeyondTail { .. })
+        ));
         state.mark_durable(3, false);
         assert!(state.check_read(3).is_ok());
         assert!(state.check_read(4).is_err());

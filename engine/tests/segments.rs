@@ -53,8 +53,15 @@ async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, i64, Bytes)> {
     let mut out = Vec::new();
     let mut from = 0;
     loop {
-        let request = ReadRequest { from: ReadFrom::Offset(from), max_records: 1000, max_bytes: 16 * 1024, wait_ms: None };
-        let Reply::Read(batch) = core.call(name, Op::Read(request)).await.expect("read") else { panic!("not a read") };
+        let request = ReadRequest {
+            from: ReadFrom::Offset(from),
+            max_records: 1000,
+            max_bytes: 16 * 1024,
+            wait_ms: None,
+        };
+        let Reply::Read(batch) = core.call(name, Op::Read(request)).await.expect("read") else {
+            panic!("not a read")
+        };
         for record in &batch.records {
             out.push((record.offset, record.timestamp_ms, record.body.clone()));
         }
@@ -71,23 +78,60 @@ fn segments_survive_sealing_eviction_and_restart() {
     let path = dir.path().to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
-        let config = StreamConfig { content_type: "text/plain".into(), ttl_sec: None, expires_at_ms: None };
+        let config = StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_sec: None,
+            expires_at_ms: None,
+        };
         for name in ["/a", "/b"] {
-            core.call(name, Op::Create { config: config.clone(), closed: false, first_record: None }).await.unwrap();
+            core.call(
+                name,
+                Op::Create {
+                    config: config.clone(),
+                    closed: false,
+                    first_record: None,
+                },
+            )
+            .await
+            .unwrap();
         }
         for i in 0..RECORDS {
             let name = if i % 3 == 0 { "/b" } else { "/a" };
-            let records = vec![RecordInput { headers: Vec::new(), body: body(i) }];
-            core.call(name, Op::Append { records, close: false, match_offset: None }).await.unwrap();
+            let records = vec![RecordInput {
+                headers: Vec::new(),
+                body: body(i),
+            }];
+            core.call(
+                name,
+                Op::Append {
+                    records,
+                    close: false,
+                    match_offset: None,
+                },
+            )
+            .await
+            .unwrap();
         }
-        core.call("/b", Op::Append { records: Vec::new(), close: true, match_offset: None }).await.unwrap();
+        core.call(
+            "/b",
+            Op::Append {
+                records: Vec::new(),
+                close: true,
+                match_offset: None,
+            },
+        )
+        .await
+        .unwrap();
         // Let the age-based seal upload the last segment too.
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
-        tx.send((read_all(&core, "/a").await, read_all(&core, "/b").await)).unwrap();
+        tx.send((read_all(&core, "/a").await, read_all(&core, "/b").await))
+            .unwrap();
     });
     let (warm_a, warm_b) = rx.recv().unwrap();
     assert_eq!(warm_a.len() as u64 + warm_b.len() as u64, RECORDS);
-    let objects = std::fs::read_dir(path.join("objects/segments")).unwrap().count();
+    let objects = std::fs::read_dir(path.join("objects/segments"))
+        .unwrap()
+        .count();
     assert!(objects > 5, "expected many sealed segments, got {objects}");
     for window in warm_a.windows(2) {
         assert_eq!(window[1].0, window[0].0 + 1, "offsets are dense");
@@ -97,16 +141,33 @@ fn segments_survive_sealing_eviction_and_restart() {
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
         let cold = (read_all(&core, "/a").await, read_all(&core, "/b").await);
-        let Reply::Head(info) = core.call("/b", Op::Head).await.unwrap() else { panic!() };
-        let records = vec![RecordInput { headers: Vec::new(), body: Bytes::from_static(b"late") }];
-        let after = core.call("/a", Op::Append { records, close: false, match_offset: None }).await.unwrap();
+        let Reply::Head(info) = core.call("/b", Op::Head).await.unwrap() else {
+            panic!()
+        };
+        let records = vec![RecordInput {
+            headers: Vec::new(),
+            body: Bytes::from_static(b"late"),
+        }];
+        let after = core
+            .call(
+                "/a",
+                Op::Append {
+                    records,
+                    close: false,
+                    match_offset: None,
+                },
+            )
+            .await
+            .unwrap();
         tx.send((cold, info.closed, after)).unwrap();
     });
     let ((cold_a, cold_b), closed, after) = rx.recv().unwrap();
     assert_eq!(cold_a, warm_a);
     assert_eq!(cold_b, warm_b);
     assert!(closed, "the close survives the restart");
-    let Reply::Appended(ack) = after else { panic!() };
+    let Reply::Appended(ack) = after else {
+        panic!()
+    };
     assert_eq!(ack.start_offset, Some(warm_a.len() as u64));
     assert!(ack.timestamp_ms.unwrap() > warm_a.last().unwrap().1);
 }

@@ -31,7 +31,10 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
             );
             json(if serving { 200 } else { 503 }, body)
         }
-        ("GET" | "HEAD", path) => json(404, format!("{{\"error\":\"no such path {}\"}}", path.replace('"', "'"))),
+        ("GET" | "HEAD", path) => json(
+            404,
+            format!("{{\"error\":\"no such path {}\"}}", path.replace('"', "'")),
+        ),
         _ => json(405, "{\"error\":\"method not allowed\"}".into()),
     }
 }
@@ -39,5 +42,8 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
 pub fn connection_error(status: u16, message: &str) -> Response {
     Response::new(status)
         .header("content-type", "application/json")
-        .with_body(format!("{{\"error\":{}}}", serde_json::Value::String(message.to_string())))
+        .with_body(format!(
+            "{{\"error\":{}}}",
+            serde_json::Value::String(message.to_string())
+        ))
 }

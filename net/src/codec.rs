@@ -25,7 +25,10 @@ pub fn decode_binary_batch(body: &Bytes) -> Result<Vec<RecordInput>, String> {
     }
     let mut pos = 0usize;
     let take = |pos: &mut usize, n: usize| -> Result<Bytes, String> {
-        let end = pos.checked_add(n).filter(|&e| e <= body.len()).ok_or("truncated payload")?;
+        let end = pos
+            .checked_add(n)
+            .filter(|&e| e <= body.len())
+            .ok_or("truncated payload")?;
         let out = body.slice(*pos..end);
         *pos = end;
         Ok(out)
@@ -56,7 +59,10 @@ pub fn decode_binary_batch(body: &Bytes) -> Result<Vec<RecordInput>, String> {
         }
         let body_len = u32_at(&mut pos)?;
         let record_body = take(&mut pos, body_len)?;
-        records.push(RecordInput { headers: sort_headers(headers), body: record_body });
+        records.push(RecordInput {
+            headers: sort_headers(headers),
+            body: record_body,
+        });
     }
     Ok(records)
 }
@@ -72,7 +78,8 @@ fn sort_headers(headers: Vec<(Bytes, Bytes)>) -> Vec<(Bytes, Bytes)> {
 
 /// Decodes a JSON append batch: `{"records":[{"headers":{..},"body":"..."|"body_b64":".."}]}`.
 pub fn decode_json_batch(body: &[u8]) -> Result<Vec<RecordInput>, String> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| "invalid JSON".to_string())?;
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| "invalid JSON".to_string())?;
     let records = value
         .get("records")
         .and_then(|r| r.as_array())
@@ -101,7 +108,10 @@ pub fn decode_json_batch(body: &[u8]) -> Result<Vec<RecordInput>, String> {
             } else {
                 Bytes::new()
             };
-            Ok(RecordInput { headers: sort_headers(headers), body })
+            Ok(RecordInput {
+                headers: sort_headers(headers),
+                body,
+            })
         })
         .collect()
 }
@@ -114,7 +124,13 @@ pub fn encode_json(records: &[RecordView]) -> Bytes {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(format!("{{\"seq\":{},\"timestamp\":{}", record.offset, record.timestamp_ms).as_bytes());
+        out.extend_from_slice(
+            format!(
+                "{{\"seq\":{},\"timestamp\":{}",
+                record.offset, record.timestamp_ms
+            )
+            .as_bytes(),
+        );
         let headers = parse_headers(&record.headers);
         if !headers.is_empty() {
             out.extend_from_slice(b",\"headers\":{");
@@ -135,7 +151,11 @@ pub fn encode_json(records: &[RecordView]) -> Bytes {
             }
             Err(_) => {
                 out.extend_from_slice(b",\"body_b64\":\"");
-                out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(&record.body).as_bytes());
+                out.extend_from_slice(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(&record.body)
+                        .as_bytes(),
+                );
                 out.push(b'"');
             }
         }
@@ -147,7 +167,11 @@ pub fn encode_json(records: &[RecordView]) -> Bytes {
 
 /// Appends `text` as a JSON string literal.
 pub fn json_string(out: &mut Vec<u8>, text: &str) {
-    out.extend_from_slice(serde_json::to_string(text).expect("strings always serialize").as_bytes());
+    out.extend_from_slice(
+        serde_json::to_string(text)
+            .expect("strings always serialize")
+            .as_bytes(),
+    );
 }
 
 /// The `binary` read format (all integers big-endian):
@@ -159,7 +183,10 @@ pub fn json_string(out: &mut Vec<u8>, text: &str) {
 /// +--------+-----------+---------------------------------------------------------------------------+
 /// ```
 pub fn encode_binary(records: &[RecordView]) -> Bytes {
-    let size = 5 + records.iter().map(|r| 24 + r.headers.len() + r.body.len()).sum::<usize>();
+    let size = 5 + records
+        .iter()
+        .map(|r| 24 + r.headers.len() + r.body.len())
+        .sum::<usize>();
     let mut out = BytesMut::with_capacity(size);
     out.put_u8(BINARY_VERSION);
     out.put_u32(records.len() as u32);
@@ -264,14 +291,29 @@ mod tests {
         assert_eq!(&records[1].body[..], &[0, 1, 2, 0x80, 0xff]);
         assert!(records[2].body.is_empty());
         assert_eq!(decode_json_batch(b"{").unwrap_err(), "invalid JSON");
-        assert_eq!(decode_json_batch(br#"{"records":[]}"#).unwrap_err(), "records must be a non-empty array");
-        assert_eq!(decode_json_batch(br#"{"records":[{"body_b64":"!"}]}"#).unwrap_err(), "invalid body_b64");
+        assert_eq!(
+            decode_json_batch(br#"{"records":[]}"#).unwrap_err(),
+            "records must be a non-empty array"
+        );
+        assert_eq!(
+            decode_json_batch(br#"{"records":[{"body_b64":"!"}]}"#).unwrap_err(),
+            "invalid body_b64"
+        );
     }
 
     #[test]
     fn version_and_truncation_messages() {
-        assert_eq!(decode_binary_batch(&Bytes::from_static(&[2, 0, 0, 0, 0])).unwrap_err(), "unknown batch version 2");
-        assert_eq!(decode_binary_batch(&Bytes::new()).unwrap_err(), "truncated batch");
-        assert_eq!(decode_binary_batch(&Bytes::from_static(&[1, 0, 0, 0, 1])).unwrap_err(), "truncated payload");
+        assert_eq!(
+            decode_binary_batch(&Bytes::from_static(&[2, 0, 0, 0, 0])).unwrap_err(),
+            "unknown batch version 2"
+        );
+        assert_eq!(
+            decode_binary_batch(&Bytes::new()).unwrap_err(),
+            "truncated batch"
+        );
+        assert_eq!(
+            decode_binary_batch(&Bytes::from_static(&[1, 0, 0, 0, 1])).unwrap_err(),
+            "truncated payload"
+        );
     }
 }

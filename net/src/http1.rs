@@ -43,17 +43,42 @@ impl Request {
     }
 }
 
+/// A body produced while it is sent (SSE): each item goes out as one chunk, right away.
+pub type BodyStream = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Bytes>>>;
+
 /// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
-#[derive(Debug)]
 pub struct Response {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: Bytes,
+    /// When set, replaces `body`: sent with chunked transfer encoding until it ends.
+    pub stream: Option<BodyStream>,
+}
+
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Response")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.body)
+            .field("stream", &self.stream.is_some())
+            .finish()
+    }
 }
 
 impl Response {
     pub fn new(status: u16) -> Response {
-        Response { status, headers: Vec::new(), body: Bytes::new() }
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            stream: None,
+        }
+    }
+
+    pub fn with_stream(mut self, stream: BodyStream) -> Response {
+        self.stream = Some(stream);
+        self
     }
 
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
@@ -102,7 +127,10 @@ pub struct ProtocolError {
 }
 
 fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
-    ProtocolError { status, message: message.into() }
+    ProtocolError {
+        status,
+        message: message.into(),
+    }
 }
 
 /// Serves requests on `stream` until the peer closes or an error ends the connection.
@@ -131,7 +159,11 @@ pub async fn serve_connection<S, H, F>(
         let (request, keep_alive) = parsed;
         let head_only = request.method == "HEAD";
         let response = handle(request).await;
-        if write_response(&mut stream, response, head_only, keep_alive).await.is_err() || !keep_alive {
+        if write_response(&mut stream, response, head_only, keep_alive)
+            .await
+            .is_err()
+            || !keep_alive
+        {
             return;
         }
     }
@@ -176,7 +208,10 @@ async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                 }
                 Err(httparse::Error::TooManyHeaders) => {
-                    return Err(protocol_error(431, format!("more than {HEADERS_MAX} headers")));
+                    return Err(protocol_error(
+                        431,
+                        format!("more than {HEADERS_MAX} headers"),
+                    ));
                 }
                 Err(e) => return Err(protocol_error(400, format!("malformed request: {e}"))),
             }
@@ -212,7 +247,10 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
     };
     let path = if path.is_empty() { "/" } else { path };
     if !path.starts_with('/') {
-        return Err(protocol_error(400, format!("request target must be a path: {target}")));
+        return Err(protocol_error(
+            400,
+            format!("request target must be a path: {target}"),
+        ));
     }
     let mut head = Head {
         method,
@@ -243,7 +281,10 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
             "transfer-encoding" => {
                 let text = String::from_utf8_lossy(value).to_ascii_lowercase();
                 if text.trim() != "chunked" {
-                    return Err(protocol_error(501, format!("unsupported Transfer-Encoding: {text}")));
+                    return Err(protocol_error(
+                        501,
+                        format!("unsupported Transfer-Encoding: {text}"),
+                    ));
                 }
                 head.chunked = true;
             }
@@ -263,7 +304,10 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
         head.headers.push((name, Bytes::copy_from_slice(value)));
     }
     if head.chunked && head.content_length.is_some() {
-        return Err(protocol_error(400, "both Content-Length and Transfer-Encoding given"));
+        return Err(protocol_error(
+            400,
+            "both Content-Length and Transfer-Encoding given",
+        ));
     }
     Ok(head)
 }
@@ -281,7 +325,10 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
         if head.content_length.is_some_and(|l| l > max_body_size) {
             return Err(too_large());
         }
-        stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.map_err(io_error)?;
+        stream
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(io_error)?;
     }
     let body = if head.chunked {
         read_chunked(stream, buf, max_body_size).await?
@@ -352,7 +399,10 @@ async fn read_chunked<S: AsyncRead + Unpin>(
             }
         }
         if body.len() + size > max_body_size {
-            return Err(protocol_error(413, format!("body larger than {max_body_size} bytes")));
+            return Err(protocol_error(
+                413,
+                format!("body larger than {max_body_size} bytes"),
+            ));
         }
         while buf.len() < size + 2 {
             if !fill(stream, buf).await.map_err(io_error)? {
@@ -375,11 +425,31 @@ async fn write_response<S: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     use std::fmt::Write;
     let mut head = String::with_capacity(256);
-    let _ = write!(head, "HTTP/1.1 {} {}\r\n", response.status, reason(response.status));
+    let _ = write!(
+        head,
+        "HTTP/1.1 {} {}\r\n",
+        response.status,
+        reason(response.status)
+    );
     for (name, value) in &response.headers {
         let _ = write!(head, "{name}: {value}\r\n");
     }
     let no_body_status = response.status == 204 || response.status == 304 || response.status < 200;
+    if let Some(body) = response.stream {
+        if head_only {
+            head.push_str("\r\n");
+            stream.write_all(head.as_bytes()).await?;
+            return stream.flush().await;
+        }
+        head.push_str("transfer-encoding: chunked\r\n");
+        if !keep_alive {
+            head.push_str("connection: close\r\n");
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await?;
+        stream.flush().await?;
+        return write_chunked(stream, body).await;
+    }
     if !no_body_status {
         let _ = write!(head, "content-length: {}\r\n", response.body.len());
     }
@@ -399,5 +469,27 @@ async fn write_response<S: AsyncWrite + Unpin>(
             stream.write_all(&response.body).await?;
         }
     }
+    stream.flush().await
+}
+
+/// Sends each item of `body` as one chunk, flushing after each so events reach the client at
+/// once; a write error (the client went away) ends the stream.
+async fn write_chunked<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    mut body: BodyStream,
+) -> std::io::Result<()> {
+    use futures_lite::StreamExt;
+    while let Some(chunk) = body.next().await {
+        if chunk.is_empty() {
+            continue;
+        }
+        let mut out = Vec::with_capacity(chunk.len() + 16);
+        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        out.extend_from_slice(&chunk);
+        out.extend_from_slice(b"\r\n");
+        stream.write_all(&out).await?;
+        stream.flush().await?;
+    }
+    stream.write_all(b"0\r\n\r\n").await?;
     stream.flush().await
 }

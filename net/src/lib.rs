@@ -6,6 +6,7 @@ pub mod config;
 pub mod http1;
 pub mod pico;
 pub mod server;
+pub mod sse;
 pub mod time;
 
 pub use config::{Durability, Protocol, ServerConfig};

@@ -14,6 +14,7 @@ use pico_engine::{
 
 use crate::codec;
 use crate::http1::{Request, Response};
+use crate::sse;
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 
 /// Settings of the Pico handlers.
@@ -21,6 +22,7 @@ use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 pub struct PicoSettings {
     pub long_poll_timeout_ms: u64,
     pub max_chunk_size: usize,
+    pub sse_max_duration_ms: u64,
     pub cors_origin: String,
 }
 
@@ -40,11 +42,23 @@ pub struct ApiError {
 
 impl ApiError {
     fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError { status: 400, code: "bad_request", message: message.into(), next_seq: None, extra: Vec::new() }
+        ApiError {
+            status: 400,
+            code: "bad_request",
+            message: message.into(),
+            next_seq: None,
+            extra: Vec::new(),
+        }
     }
 
     fn new(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), next_seq: None, extra: Vec::new() }
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            next_seq: None,
+            extra: Vec::new(),
+        }
     }
 }
 
@@ -54,22 +68,27 @@ impl From<EngineError> for ApiError {
         let message = error.to_string();
         match error {
             EngineError::NotFound => ApiError::new(404, "not_found", message),
-            EngineError::ConfigMismatch { next_offset, .. } => {
-                ApiError { next_seq: Some(next_offset), ..ApiError::new(409, "conflict", message) }
-            }
+            EngineError::ConfigMismatch { next_offset, .. } => ApiError {
+                next_seq: Some(next_offset),
+                ..ApiError::new(409, "conflict", message)
+            },
             EngineError::Closed { next_offset } => ApiError {
                 next_seq: Some(next_offset),
                 extra: vec![("pico-closed", "true".into())],
                 ..ApiError::new(409, "closed", message)
             },
-            EngineError::MatchFailed { actual, .. } => {
-                ApiError { next_seq: Some(actual), ..ApiError::new(412, "match_failed", message) }
-            }
+            EngineError::MatchFailed { actual, .. } => ApiError {
+                next_seq: Some(actual),
+                ..ApiError::new(412, "match_failed", message)
+            },
             EngineError::OffsetBeyondTail { .. } => ApiError::bad_request(message),
-            EngineError::OffsetGone { start, .. } => {
-                ApiError { next_seq: Some(start), ..ApiError::new(410, "offset_gone", message) }
-            }
-            EngineError::Overloaded { retry_after_sec, .. } => ApiError {
+            EngineError::OffsetGone { start, .. } => ApiError {
+                next_seq: Some(start),
+                ..ApiError::new(410, "offset_gone", message)
+            },
+            EngineError::Overloaded {
+                retry_after_sec, ..
+            } => ApiError {
                 extra: vec![("retry-after", retry_after_sec.to_string())],
                 ..ApiError::new(429, "overloaded", message)
             },
@@ -125,10 +144,18 @@ pub fn connection_error(status: u16, message: &str) -> Response {
 }
 
 fn with_common(mut response: Response, origin: &str) -> Response {
-    response.headers.push(("x-content-type-options", "nosniff".into()));
-    response.headers.push(("cross-origin-resource-policy", "same-origin".into()));
-    response.headers.push(("access-control-allow-origin", origin.into()));
-    response.headers.push(("access-control-expose-headers", EXPOSE_HEADERS.into()));
+    response
+        .headers
+        .push(("x-content-type-options", "nosniff".into()));
+    response
+        .headers
+        .push(("cross-origin-resource-policy", "same-origin".into()));
+    response
+        .headers
+        .push(("access-control-allow-origin", origin.into()));
+    response
+        .headers
+        .push(("access-control-expose-headers", EXPOSE_HEADERS.into()));
     response
 }
 
@@ -139,7 +166,11 @@ pub async fn handle(core: &Rc<CoreHandle>, settings: &PicoSettings, request: Req
     with_common(response, &settings.cors_origin)
 }
 
-async fn route(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request) -> Result<Response, ApiError> {
+async fn route(
+    core: &Rc<CoreHandle>,
+    settings: &PicoSettings,
+    request: &Request,
+) -> Result<Response, ApiError> {
     let path = request.path.as_str();
     if path.len() > limits::STREAM_NAME_LEN_MAX {
         return Err(ApiError::bad_request(format!(
@@ -157,13 +188,21 @@ async fn route(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request
         "GET" if root => list(core, request).await,
         "PUT" if root => Err(ApiError::bad_request("cannot create the root stream")),
         "POST" if root => Err(ApiError::bad_request("no stream in path")),
-        "HEAD" | "DELETE" if root => Err(ApiError::new(405, "method_not_allowed", "method not allowed on /")),
+        "HEAD" | "DELETE" if root => Err(ApiError::new(
+            405,
+            "method_not_allowed",
+            "method not allowed on /",
+        )),
         "PUT" => create(core, request).await,
         "POST" => append(core, request).await,
         "GET" => read(core, settings, request).await,
         "HEAD" => head(core, request).await,
         "DELETE" => delete(core, request).await,
-        _ => Err(ApiError::new(405, "method_not_allowed", "method not allowed")),
+        _ => Err(ApiError::new(
+            405,
+            "method_not_allowed",
+            "method not allowed",
+        )),
     }
 }
 
@@ -183,7 +222,9 @@ fn header_u64(request: &Request, name: &str, display: &str) -> Result<Option<u64
 }
 
 fn header_true(request: &Request, name: &str) -> bool {
-    request.header(name).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    request
+        .header(name)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 /// Query parameters, first occurrence wins, percent-decoded with `+` as space.
@@ -202,7 +243,10 @@ fn percent_decode(text: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                match u8::from_str_radix(
+                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
+                    16,
+                ) {
                     Ok(b) => {
                         out.push(b);
                         i += 3;
@@ -219,24 +263,46 @@ fn percent_decode(text: &str) -> String {
 }
 
 fn stream_content_type(request: &Request) -> String {
-    request.header("content-type").unwrap_or("application/octet-stream").to_string()
+    request
+        .header("content-type")
+        .unwrap_or("application/octet-stream")
+        .to_string()
 }
 
 async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     let ttl_sec = header_u64(request, "pico-ttl", "Pico-TTL")?;
     let expires_at_ms = request
         .header("pico-expires-at")
-        .map(|v| parse_rfc3339_ms(v).ok_or_else(|| ApiError::bad_request("invalid Pico-Expires-At")))
+        .map(|v| {
+            parse_rfc3339_ms(v).ok_or_else(|| ApiError::bad_request("invalid Pico-Expires-At"))
+        })
         .transpose()?;
     if ttl_sec.is_some() && expires_at_ms.is_some() {
-        return Err(ApiError::bad_request("Pico-TTL and Pico-Expires-At both set"));
+        return Err(ApiError::bad_request(
+            "Pico-TTL and Pico-Expires-At both set",
+        ));
     }
     let closed = header_true(request, "pico-closed");
-    let config = StreamConfig { content_type: stream_content_type(request), ttl_sec, expires_at_ms };
+    let config = StreamConfig {
+        content_type: stream_content_type(request),
+        ttl_sec,
+        expires_at_ms,
+    };
     // D1: a body given with the create becomes the first record.
-    let first_record = (!request.body.is_empty())
-        .then(|| RecordInput { headers: Vec::new(), body: request.body.clone() });
-    let reply = core.call(&request.path, Op::Create { config, closed, first_record }).await?;
+    let first_record = (!request.body.is_empty()).then(|| RecordInput {
+        headers: Vec::new(),
+        body: request.body.clone(),
+    });
+    let reply = core
+        .call(
+            &request.path,
+            Op::Create {
+                config,
+                closed,
+                first_record,
+            },
+        )
+        .await?;
     let Reply::Created { created, info, .. } = reply else {
         unreachable!("a create is always answered with Created")
     };
@@ -255,10 +321,14 @@ async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
 
 async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     let match_offset = header_u64(request, "pico-match-seq", "Pico-Match-Seq")?;
-    let producer = ["pico-producer-id", "pico-producer-epoch", "pico-producer-seq"]
-        .iter()
-        .filter(|h| request.header(h).is_some())
-        .count();
+    let producer = [
+        "pico-producer-id",
+        "pico-producer-epoch",
+        "pico-producer-seq",
+    ]
+    .iter()
+    .filter(|h| request.header(h).is_some())
+    .count();
     if producer > 0 {
         return Err(ApiError::new(
             501,
@@ -267,7 +337,11 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         ));
     }
     if request.header("pico-trim-seq").is_some() {
-        return Err(ApiError::new(501, "not_implemented", "trim (Pico-Trim-Seq) is not supported by this server version"));
+        return Err(ApiError::new(
+            501,
+            "not_implemented",
+            "trim (Pico-Trim-Seq) is not supported by this server version",
+        ));
     }
     let close = header_true(request, "pico-closed");
     if request.body.is_empty() && !close {
@@ -277,18 +351,41 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         Vec::new()
     } else {
         let content_type = request.header("content-type").unwrap_or("");
-        let base = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let base = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         match base.as_str() {
-            codec::BINARY_BATCH_TYPE => codec::decode_binary_batch(&request.body).map_err(ApiError::bad_request)?,
-            codec::JSON_BATCH_TYPE => codec::decode_json_batch(&request.body).map_err(ApiError::bad_request)?,
-            _ => vec![RecordInput { headers: Vec::new(), body: request.body.clone() }],
+            codec::BINARY_BATCH_TYPE => {
+                codec::decode_binary_batch(&request.body).map_err(ApiError::bad_request)?
+            }
+            codec::JSON_BATCH_TYPE => {
+                codec::decode_json_batch(&request.body).map_err(ApiError::bad_request)?
+            }
+            _ => vec![RecordInput {
+                headers: Vec::new(),
+                body: request.body.clone(),
+            }],
         }
     };
     if records.is_empty() && !close {
         return Err(ApiError::bad_request("empty body"));
     }
-    let reply = core.call(&request.path, Op::Append { records, close, match_offset }).await?;
-    let Reply::Appended(ack) = reply else { unreachable!("an append is always answered with Appended") };
+    let reply = core
+        .call(
+            &request.path,
+            Op::Append {
+                records,
+                close,
+                match_offset,
+            },
+        )
+        .await?;
+    let Reply::Appended(ack) = reply else {
+        unreachable!("an append is always answered with Appended")
+    };
     let mut response = Response::new(200)
         .header("pico-next-seq", ack.next_offset.to_string())
         .header("cache-control", "no-store");
@@ -328,11 +425,17 @@ fn parse_position(raw: &str, allow_now: bool) -> Result<ReadFrom, ApiError> {
     if allow_now && raw.eq_ignore_ascii_case("now") {
         return Ok(ReadFrom::Tail);
     }
-    let value: i64 = raw.parse().map_err(|_| ApiError::bad_request(format!("invalid offset token: {raw}")))?;
+    let value: i64 = raw
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid offset token: {raw}")))?;
     Ok(ReadFrom::Offset(value.max(0) as u64))
 }
 
-async fn read(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request) -> Result<Response, ApiError> {
+async fn read(
+    core: &Rc<CoreHandle>,
+    settings: &PicoSettings,
+    request: &Request,
+) -> Result<Response, ApiError> {
     let query = request.query.as_str();
     let from = match query_param(query, "seq") {
         Some(raw) => parse_position(&raw, true)?,
@@ -361,20 +464,15 @@ async fn read(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request)
         Some("raw") => Format::Raw,
         Some(other) => return Err(ApiError::bad_request(format!("invalid format: {other}"))),
     };
+    let accepts_sse = request
+        .header("accept")
+        .is_some_and(|a| a.contains("text/event-stream"));
     let long_poll = match query_param(query, "live").as_deref() {
+        None if accepts_sse => return sse(core, settings, request, from).await,
         None => false,
         Some("long-poll") => true,
-        Some(other) => {
-            return Err(ApiError::new(
-                if other == "sse" { 501 } else { 400 },
-                if other == "sse" { "not_implemented" } else { "bad_request" },
-                if other == "sse" {
-                    "live=sse is not supported by this server version; use live=long-poll".to_string()
-                } else {
-                    format!("invalid live mode: {other}")
-                },
-            ))
-        }
+        Some("sse") => return sse(core, settings, request, from).await,
+        Some(other) => return Err(ApiError::bad_request(format!("invalid live mode: {other}"))),
     };
     let read_request = ReadRequest {
         from,
@@ -383,7 +481,9 @@ async fn read(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request)
         wait_ms: long_poll.then_some(settings.long_poll_timeout_ms),
     };
     let reply = core.call(&request.path, Op::Read(read_request)).await?;
-    let Reply::Read(batch) = reply else { unreachable!("a read is always answered with Read") };
+    let Reply::Read(batch) = reply else {
+        unreachable!("a read is always answered with Read")
+    };
     let content_type = if format == Format::Raw {
         match core.call(&request.path, Op::Head).await? {
             Reply::Head(info) => info.content_type,
@@ -395,7 +495,55 @@ async fn read(core: &Rc<CoreHandle>, settings: &PicoSettings, request: &Request)
     if long_poll {
         return Ok(long_poll_response(batch, format, content_type, query));
     }
-    Ok(catch_up_response(&request.path, request.header("if-none-match"), batch, format, content_type))
+    Ok(catch_up_response(
+        &request.path,
+        request.header("if-none-match"),
+        batch,
+        format,
+        content_type,
+    ))
+}
+
+/// Starts an SSE response after checking the stream and the start position.
+async fn sse(
+    core: &Rc<CoreHandle>,
+    settings: &PicoSettings,
+    request: &Request,
+    from: ReadFrom,
+) -> Result<Response, ApiError> {
+    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
+        unreachable!("a head is always answered with Head")
+    };
+    let position = match from {
+        ReadFrom::Tail => info.next_offset,
+        ReadFrom::Offset(offset) if offset < info.start_offset => {
+            return Err(EngineError::OffsetGone {
+                requested: offset,
+                start: info.start_offset,
+            }
+            .into())
+        }
+        ReadFrom::Offset(offset) if offset > info.next_offset => {
+            return Err(EngineError::OffsetBeyondTail {
+                requested: offset,
+                tail: info.next_offset,
+            }
+            .into())
+        }
+        ReadFrom::Offset(offset) => offset,
+    };
+    let events = sse::events(
+        core.clone(),
+        request.path.clone(),
+        position,
+        settings.max_chunk_size,
+        settings.sse_max_duration_ms,
+    );
+    Ok(Response::new(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .header("x-accel-buffering", "no")
+        .with_stream(events))
 }
 
 fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
@@ -411,8 +559,14 @@ fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
 
 fn encode_body(batch: &ReadBatch, format: Format, content_type: String) -> (String, Bytes) {
     match format {
-        Format::Json => ("application/json".into(), codec::encode_json(&batch.records)),
-        Format::Binary => (codec::BINARY_BATCH_TYPE.into(), codec::encode_binary(&batch.records)),
+        Format::Json => (
+            "application/json".into(),
+            codec::encode_json(&batch.records),
+        ),
+        Format::Binary => (
+            codec::BINARY_BATCH_TYPE.into(),
+            codec::encode_binary(&batch.records),
+        ),
         Format::Raw => (content_type, codec::encode_raw(&batch.records)),
     }
 }
@@ -425,8 +579,15 @@ fn catch_up_response(
     content_type: String,
 ) -> Response {
     let tag = base64::engine::general_purpose::STANDARD.encode(format!("{name}:{}", format.name()));
-    let closed_mark = if batch.closed && batch.records.is_empty() { ":c" } else { "" };
-    let etag = format!("\"{tag}:{:020}:{:020}{closed_mark}\"", batch.from, batch.next_offset);
+    let closed_mark = if batch.closed && batch.records.is_empty() {
+        ":c"
+    } else {
+        ""
+    };
+    let etag = format!(
+        "\"{tag}:{:020}:{:020}{closed_mark}\"",
+        batch.from, batch.next_offset
+    );
     let (content_type, body) = encode_body(&batch, format, content_type);
     let not_modified = if_none_match == Some(etag.as_str());
     let response = Response::new(if not_modified { 304 } else { 200 })
@@ -443,7 +604,9 @@ fn catch_up_response(
 
 /// A cache-busting cursor so successive polls have distinct URLs (the server keeps no state).
 fn long_poll_cursor(query: &str) -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     let interval = now.as_millis() as u64 / 20_000;
     match query_param(query, "cursor").and_then(|c| c.parse::<u64>().ok()) {
         Some(cursor) if interval <= cursor => cursor + 1 + u64::from(now.subsec_nanos()) % 60,
@@ -451,7 +614,12 @@ fn long_poll_cursor(query: &str) -> u64 {
     }
 }
 
-fn long_poll_response(batch: ReadBatch, format: Format, content_type: String, query: &str) -> Response {
+fn long_poll_response(
+    batch: ReadBatch,
+    format: Format,
+    content_type: String,
+    query: &str,
+) -> Response {
     let cursor = long_poll_cursor(query);
     let empty = batch.records.is_empty();
     let mut response = Response::new(if empty { 204 } else { 200 })
@@ -459,7 +627,9 @@ fn long_poll_response(batch: ReadBatch, format: Format, content_type: String, qu
         .header("cache-control", "no-store");
     if !empty {
         let (content_type, body) = encode_body(&batch, format, content_type);
-        response = response.header("content-type", content_type).with_body(body);
+        response = response
+            .header("content-type", content_type)
+            .with_body(body);
     }
     read_headers(response, &batch)
 }
@@ -496,7 +666,9 @@ async fn delete(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
 
 async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     let query = request.query.as_str();
-    let prefix = query_param(query, "prefix").filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
+    let prefix = query_param(query, "prefix")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/".into());
     let start_after = query_param(query, "start_after").unwrap_or_default();
     let limit = match query_param(query, "limit") {
         None => limits::LIST_LIMIT_DEFAULT,
@@ -528,7 +700,9 @@ async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiE
             body.extend_from_slice(format!(",\"ttl\":{ttl}").as_bytes());
         }
         if let Some(at) = stream.info.expires_at_ms {
-            body.extend_from_slice(format!(",\"expires_at\":\"{}\"", format_rfc3339_ms(at)).as_bytes());
+            body.extend_from_slice(
+                format!(",\"expires_at\":\"{}\"", format_rfc3339_ms(at)).as_bytes(),
+            );
         }
         body.push(b'}');
     }
@@ -555,7 +729,10 @@ mod tests {
     #[test]
     fn query_parsing() {
         assert_eq!(query_param("a=1&a=2", "a").as_deref(), Some("1"));
-        assert_eq!(query_param("prefix=%2Flogs+x", "prefix").as_deref(), Some("/logs x"));
+        assert_eq!(
+            query_param("prefix=%2Flogs+x", "prefix").as_deref(),
+            Some("/logs x")
+        );
         assert_eq!(query_param("p=%zz", "p").as_deref(), Some("%zz"));
         assert_eq!(query_param("p=%", "p").as_deref(), Some("%"));
         assert_eq!(query_param("x", "x").as_deref(), Some(""));

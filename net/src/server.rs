@@ -29,8 +29,14 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         return Err("--protocol ds is not available in this version; use --protocol pico".into());
     }
     check_memlock()?;
-    let available = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let cores = if config.cores == 0 { available } else { config.cores };
+    let available = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let cores = if config.cores == 0 {
+        available
+    } else {
+        config.cores
+    };
     let engine_config = EngineConfig {
         cores,
         wal_dir: config.wal_dir.clone(),
@@ -60,7 +66,12 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     let signals = block_shutdown_signals()?;
     let settings = PicoSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
-        max_chunk_size: if config.max_chunk_size == 0 { 64 * 1024 } else { config.max_chunk_size },
+        max_chunk_size: if config.max_chunk_size == 0 {
+            64 * 1024
+        } else {
+            config.max_chunk_size
+        },
+        sse_max_duration_ms: config.sse_max_duration_ms,
         cors_origin: "*".into(),
     };
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
@@ -68,11 +79,19 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     let mut admin_addr = None;
     let mut handles = Vec::new();
     for (index, seed) in boot.seeds.into_iter().enumerate() {
-        let placement = if cores <= available { Placement::Fixed(index) } else { Placement::Unbound };
+        let placement = if cores <= available {
+            Placement::Fixed(index)
+        } else {
+            Placement::Unbound
+        };
         let job = CoreJob {
             seed,
             listen: listen.clone(),
-            admin: if index == 0 { config.admin_listen.clone() } else { None },
+            admin: if index == 0 {
+                config.admin_listen.clone()
+            } else {
+                None
+            },
             settings: settings.clone(),
             max_body_size: config.max_body_size,
             ready: ready_tx.clone(),
@@ -119,13 +138,23 @@ struct CoreJob {
 }
 
 async fn run_core(job: CoreJob) {
-    let CoreJob { seed, listen, admin, settings, max_body_size, ready } = job;
+    let CoreJob {
+        seed,
+        listen,
+        admin,
+        settings,
+        max_body_size,
+        ready,
+    } = job;
     let started = async {
         let core = CoreHandle::start(seed).await?;
-        let listener = TcpListener::bind(&listen).map_err(|e| explain_bind_error(&listen, &e.to_string()))?;
+        let listener =
+            TcpListener::bind(&listen).map_err(|e| explain_bind_error(&listen, &e.to_string()))?;
         let listen_addr = listener.local_addr().map_err(|e| e.to_string())?;
         let admin_listener = match &admin {
-            Some(addr) => Some(TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?),
+            Some(addr) => Some(
+                TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?,
+            ),
             None => None,
         };
         let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
@@ -152,7 +181,10 @@ async fn run_core(job: CoreJob) {
         })
         .detach();
     }
-    let _ = ready.send(Ok(Started { listen: listen_addr, admin: admin_addr }));
+    let _ = ready.send(Ok(Started {
+        listen: listen_addr,
+        admin: admin_addr,
+    }));
     let settings = Rc::new(settings);
     let handler = Rc::new(move |request| {
         let (core, settings) = (core.clone(), settings.clone());
@@ -204,7 +236,10 @@ fn explain_bind_error(addr: &str, error: &str) -> String {
 }
 
 fn explain_executor_error(error: &str) -> String {
-    if error.contains("io_uring") || error.contains("Operation not permitted") || error.contains("ENOSYS") {
+    if error.contains("io_uring")
+        || error.contains("Operation not permitted")
+        || error.contains("ENOSYS")
+    {
         format!("cannot start an io_uring executor: {error}. io_uring may be disabled (kernel < 5.8, sysctl kernel.io_uring_disabled, or a container seccomp profile blocking io_uring_setup)")
     } else {
         format!("cannot start an executor: {error}")
@@ -214,14 +249,20 @@ fn explain_executor_error(error: &str) -> String {
 /// glommio needs locked memory for its rings; raise the soft limit to the hard one, and say
 /// how to fix it when that is still too low.
 fn check_memlock() -> Result<(), String> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
             return Ok(());
         }
         if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
             if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
                 limit = raised;
             }

@@ -28,17 +28,48 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 /// Parses `YYYY-MM-DDTHH:MM:SS[.fff…](Z|±hh:mm)` into Unix milliseconds.
 pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> {
         let s = text.get(r)?;
-        s.bytes().all(|c| c.is_ascii_digit()).then(|| s.parse().ok())?
+        s.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| s.parse().ok())?
     };
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let days_in_month = [31, if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    if !(1..=12).contains(&month) || day < 1 || day > days_in_month[(month - 1) as usize] || hour > 23 || minute > 59 || second > 60 {
+    let days_in_month = [
+        31,
+        if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) {
+            29
+        } else {
+            28
+        },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > days_in_month[(month - 1) as usize]
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return None;
     }
     let mut pos = 19;
@@ -63,11 +94,17 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
                 return None;
             }
             let minutes = h * 60 + m;
-            if *sign == b'+' { minutes } else { -minutes }
+            if *sign == b'+' {
+                minutes
+            } else {
+                -minutes
+            }
         }
         _ => return None,
     };
-    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second.min(59) - offset_min * 60;
+    let seconds =
+        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second.min(59)
+            - offset_min * 60;
     Some(seconds * 1000 + millis)
 }
 
@@ -91,15 +128,30 @@ mod tests {
     #[test]
     fn parses_and_formats() {
         assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339_ms("2100-01-01T00:00:00Z"), Some(4_102_444_800_000));
-        assert_eq!(parse_rfc3339_ms("2100-01-01T01:00:00+01:00"), Some(4_102_444_800_000));
-        assert_eq!(parse_rfc3339_ms("2099-12-31T23:00:00-01:00"), Some(4_102_444_800_000));
-        assert_eq!(parse_rfc3339_ms("2024-02-29T12:00:00.5Z"), Some(1_709_208_000_500));
+        assert_eq!(
+            parse_rfc3339_ms("2100-01-01T00:00:00Z"),
+            Some(4_102_444_800_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2100-01-01T01:00:00+01:00"),
+            Some(4_102_444_800_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2099-12-31T23:00:00-01:00"),
+            Some(4_102_444_800_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2024-02-29T12:00:00.5Z"),
+            Some(1_709_208_000_500)
+        );
         assert_eq!(parse_rfc3339_ms("2023-02-29T12:00:00Z"), None);
         assert_eq!(parse_rfc3339_ms("1700000000000"), None);
         assert_eq!(parse_rfc3339_ms("2024-01-01T00:00:00"), None);
         assert_eq!(format_rfc3339_ms(4_102_444_800_000), "2100-01-01T00:00:00Z");
-        assert_eq!(format_rfc3339_ms(1_709_208_000_500), "2024-02-29T12:00:00.500Z");
+        assert_eq!(
+            format_rfc3339_ms(1_709_208_000_500),
+            "2024-02-29T12:00:00.500Z"
+        );
         for ms in [0, 951_782_400_123, 4_102_444_800_000, 1_709_208_000_500] {
             assert_eq!(parse_rfc3339_ms(&format_rfc3339_ms(ms)), Some(ms));
         }
