@@ -12,10 +12,12 @@
 //! is waiting, applies them all in one SQLite transaction, then answers them in order.
 //!
 //! Module map: [`MetaUrl`] parsing lives here, the SQL schema and its migrations in `schema`,
-//! the packed run format in `runs`, the thread and its handle in `store`.
+//! the packed run format in `runs`, the packed producer-state format in `producers`, the thread
+//! and its handle in `store`.
 
 use std::path::PathBuf;
 
+mod producers;
 mod runs;
 mod schema;
 mod store;
@@ -45,6 +47,8 @@ pub struct StreamRow {
     pub name: String,
     pub config: StreamConfig,
     pub created_ms: i64,
+    /// First readable offset: raised by [`MetaStore::trim_stream`], never lowered.
+    pub start_offset: u64,
 }
 
 /// The answer to [`MetaStore::create_stream`].
@@ -78,6 +82,21 @@ pub struct SegmentStreamEntry {
     pub last_timestamp_ms: i64,
     /// The segment holds the stream's close marker.
     pub closed: bool,
+    /// The state of every idempotent producer that appended to the stream in this segment,
+    /// as of the segment's end (sorted by id). Recovery merges these across segments.
+    pub producers: Vec<ProducerState>,
+    /// The producer tuple of the request that closed the stream, when this segment holds a
+    /// close made by an idempotent producer.
+    pub closed_by: Option<ProducerState>,
+}
+
+/// One idempotent producer's position: its epoch and the last request sequence it had
+/// accepted.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProducerState {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 /// A sealed segment committed to the catalog after its object was stored.

@@ -1,6 +1,6 @@
 //! The SQLite schema of the metadata log and its migrations.
 //!
-//! Tables (schema version 1):
+//! Tables (schema version 2; `(v2)` marks the columns migration 2 added):
 //!
 //! ```text
 //! schema_version   one row per applied migration            append-only
@@ -14,6 +14,7 @@
 //!   expires_at_ms INTEGER NULL                               immutable
 //!   closed        INTEGER NOT NULL (0|1)                     0 → 1 only (close is permanent)
 //!   created_ms    INTEGER NOT NULL                           immutable
+//!   start_offset  INTEGER NOT NULL DEFAULT 0  (v2)           only raised (trim_stream)
 //!
 //! segments         the catalog: one row per committed segment object
 //!   seq           INTEGER PRIMARY KEY AUTOINCREMENT          commit order; kept on re-commit
@@ -29,6 +30,8 @@
 //!   runs          BLOB NOT NULL       packed runs, see `runs.rs`
 //!   last_timestamp_ms INTEGER NOT NULL
 //!   closed        INTEGER NOT NULL (0|1)
+//!   producers     BLOB NOT NULL DEFAULT x''  (v2)  packed producer states, see `producers.rs`
+//!   closed_by     BLOB NULL                  (v2)  one packed producer; NULL = none
 //!   PRIMARY KEY (segment_seq, ord), UNIQUE (segment_seq, stream_id)
 //!   all columns replaced as a whole when the segment is re-committed
 //! ```
@@ -38,9 +41,14 @@
 //! segment entries of its deleted predecessor. AUTOINCREMENT keeps the high-water mark in
 //! `sqlite_sequence`, inside the same transactions, so ids survive restarts and deletes.
 //!
-//! Integers are SQLite's signed 64-bit; every `u64` we store (ids, sizes) is checked on the way
-//! in (rusqlite's `u64` conversion fails above `i64::MAX` instead of wrapping). Run offsets are
-//! full `u64`s inside the BLOB and need no such check.
+//! Integers are SQLite's signed 64-bit; every `u64` we store (ids, sizes, `start_offset`) is
+//! checked on the way in (rusqlite's `u64` conversion fails above `i64::MAX` instead of
+//! wrapping). Run offsets and producer epochs/seqs are full `u64`s inside BLOBs and need no such
+//! check.
+//!
+//! Migration 2 only adds columns, with defaults that are right for existing rows: a stream that
+//! was never trimmed starts at offset 0, and segments written before producer state was tracked
+//! hold no producers and no producer close.
 
 use rusqlite::Connection;
 
@@ -78,6 +86,10 @@ const MIGRATIONS: &[&str] = &[
          PRIMARY KEY (segment_seq, ord),
          UNIQUE (segment_seq, stream_id)
      ) WITHOUT ROWID;",
+    // 2: trim point of a stream; idempotent producer state per segment entry.
+    "ALTER TABLE streams ADD COLUMN start_offset INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE segment_streams ADD COLUMN producers BLOB NOT NULL DEFAULT x'';
+     ALTER TABLE segment_streams ADD COLUMN closed_by BLOB;",
 ];
 
 /// The schema version this build writes.
@@ -147,4 +159,139 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
 /// Wraps a rusqlite error with what we were doing, for [`MetaError::Storage`].
 pub(crate) fn storage(doing: &str) -> impl Fn(rusqlite::Error) -> MetaError + '_ {
     move |error| MetaError::Storage(format!("{doing}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_lite::future::block_on;
+
+    use super::*;
+    use crate::MetaStore;
+    use crate::MetaUrl;
+    use crate::SegmentRecord;
+    use crate::SegmentRun;
+    use crate::SegmentStreamEntry;
+    use crate::StreamConfig;
+    use crate::StreamRow;
+
+    fn versions(conn: &Connection) -> Vec<i64> {
+        let mut query = conn
+            .prepare("SELECT version FROM schema_version ORDER BY version")
+            .unwrap();
+        let rows = query.query_map([], |row| row.get(0)).unwrap();
+        rows.collect::<rusqlite::Result<_>>().unwrap()
+    }
+
+    /// A database written by a build that only knew migration 1 opens, migrates to the current
+    /// version and keeps its rows, with the defaults of the new columns.
+    #[test]
+    fn a_version_1_database_is_migrated_with_its_rows_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        {
+            // What a version-1 build left behind, written the way it wrote it.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY);
+                 INSERT INTO schema_version (version) VALUES (1);",
+            )
+            .unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute(
+                "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed,
+                                      created_ms)
+                 VALUES ('/old', 'text/plain', 30, NULL, 1, 1000)",
+                [],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO segments (key, size_bytes, created_ms)
+                 VALUES ('segments/old.seg', 64, 2000)",
+                [],
+            )
+            .unwrap();
+            let runs = crate::runs::encode(&[SegmentRun {
+                first_offset: 0,
+                next_offset: 4,
+                byte_start: 0,
+                byte_end: 64,
+            }]);
+            conn.execute(
+                "INSERT INTO segment_streams
+                    (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed)
+                 VALUES (1, 0, 1, ?1, 1500, 1)",
+                [runs],
+            )
+            .unwrap();
+            assert_eq!(versions(&conn), [1]);
+        }
+
+        let (store, snapshot) = MetaStore::open(&MetaUrl::SqliteFile(path.clone())).unwrap();
+        let old = StreamRow {
+            id: 1,
+            name: "/old".into(),
+            config: StreamConfig {
+                content_type: "text/plain".into(),
+                ttl_sec: Some(30),
+                expires_at_ms: None,
+                closed: true,
+            },
+            created_ms: 1000,
+            start_offset: 0,
+        };
+        assert_eq!(snapshot.streams, vec![old.clone()]);
+        let segment = SegmentRecord {
+            key: "segments/old.seg".into(),
+            size_bytes: 64,
+            created_ms: 2000,
+            streams: vec![SegmentStreamEntry {
+                stream_id: 1,
+                runs: vec![SegmentRun {
+                    first_offset: 0,
+                    next_offset: 4,
+                    byte_start: 0,
+                    byte_end: 64,
+                }],
+                last_timestamp_ms: 1500,
+                closed: true,
+                producers: vec![],
+                closed_by: None,
+            }],
+        };
+        assert_eq!(snapshot.segments, vec![segment.clone()]);
+
+        // The migrated database takes the new columns' writes.
+        block_on(store.trim_stream(1, 3)).unwrap().unwrap();
+        let created = block_on(store.create_stream("/new", old.config.clone(), 3000))
+            .unwrap()
+            .unwrap();
+        assert!(created.created);
+        assert!(created.row.id > 1);
+        store.shutdown();
+
+        let (store, snapshot) = MetaStore::open(&MetaUrl::SqliteFile(path.clone())).unwrap();
+        store.shutdown();
+        assert_eq!(
+            snapshot.streams,
+            vec![
+                StreamRow {
+                    start_offset: 3,
+                    ..old
+                },
+                created.row
+            ]
+        );
+        assert_eq!(snapshot.segments, vec![segment]);
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(versions(&conn), [1, 2]);
+        assert_eq!(SCHEMA_VERSION, 2);
+    }
+
+    #[test]
+    fn migrating_twice_is_a_no_op() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        migrate(&mut conn).unwrap();
+        assert_eq!(versions(&conn), [1, 2]);
+    }
 }

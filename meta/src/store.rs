@@ -4,7 +4,8 @@
 //!  any thread / executor                       pico-meta thread (owns the Connection)
 //!  MetaStore::create_stream ──┐
 //!  MetaStore::commit_segment ─┼─ crossbeam ──▶ recv() one command, try_recv() the rest (≤ 1024)
-//!  MetaStore::close_stream ───┘   (unbounded)   BEGIN IMMEDIATE
+//!  MetaStore::close_stream ───┤   (unbounded)   BEGIN IMMEDIATE
+//!  MetaStore::trim_stream ────┘
 //!                                                 SAVEPOINT / apply / RELEASE   per command
 //!        ◀──────── oneshot, in order ───────────  COMMIT (one fsync for the whole batch)
 //! ```
@@ -22,12 +23,14 @@ use rusqlite::Connection;
 use rusqlite::OptionalExtension;
 use rusqlite::TransactionBehavior;
 
+use crate::producers;
 use crate::runs;
 use crate::schema;
 use crate::schema::storage;
 use crate::CreateOutcome;
 use crate::MetaError;
 use crate::MetaUrl;
+use crate::ProducerState;
 use crate::Reply;
 use crate::SegmentRecord;
 use crate::SegmentStreamEntry;
@@ -83,6 +86,11 @@ enum Command {
     },
     Close {
         id: u64,
+        reply: oneshot::Sender<Result<(), MetaError>>,
+    },
+    Trim {
+        id: u64,
+        start_offset: u64,
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
     Commit {
@@ -172,6 +180,22 @@ impl MetaStore {
         answer
     }
 
+    /// Raises the first readable offset of `id` to `start_offset`; never lowers it (the stored
+    /// value becomes the larger of the two), so a retried or reordered trim is harmless.
+    /// Idempotent; an unknown id is `Ok`, like [`MetaStore::close_stream`].
+    ///
+    /// Rejected (as [`MetaError::Storage`], nothing written) when `start_offset` exceeds
+    /// `i64::MAX`, the largest integer SQLite stores.
+    pub fn trim_stream(&self, id: u64, start_offset: u64) -> Reply<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Trim {
+            id,
+            start_offset,
+            reply,
+        });
+        answer
+    }
+
     /// Records a sealed segment and what it holds of each stream, in one transaction.
     ///
     /// Call it only after the object is stored: the catalog must never point at a missing
@@ -181,8 +205,9 @@ impl MetaStore {
     ///
     /// Rejected (as [`MetaError::Storage`], nothing written) when the record contradicts itself:
     /// a run with `first_offset > next_offset` or `byte_start > byte_end`, a run ending past
-    /// `size_bytes`, runs of one stream unsorted or overlapping in offsets, or the same stream
-    /// twice in one segment.
+    /// `size_bytes`, runs of one stream unsorted or overlapping in offsets, the same stream
+    /// twice in one segment, an entry's producers not sorted by id or with an id twice, or a
+    /// producer id (in `producers` or `closed_by`) longer than 65535 bytes.
     pub fn commit_segment(&self, seg: SegmentRecord) -> Reply<()> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Commit {
@@ -393,9 +418,9 @@ fn abandon(
     pending.extend(commands.map(|command| match command {
         Command::Create { reply, .. } => Pending::Create(reply, failed(&why)),
         Command::Delete { reply, .. } => Pending::Delete(reply, failed(&why)),
-        Command::Close { reply, .. } | Command::Commit { reply, .. } => {
-            Pending::Unit(reply, failed(&why))
-        }
+        Command::Close { reply, .. }
+        | Command::Trim { reply, .. }
+        | Command::Commit { reply, .. } => Pending::Unit(reply, failed(&why)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }));
     Err(why)
@@ -410,9 +435,9 @@ fn answer_closed(command: Command) {
     let _ = match command {
         Command::Create { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Delete { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
-        Command::Close { reply, .. } | Command::Commit { reply, .. } => {
-            reply.send(Err(MetaError::Closed)).map_err(drop)
-        }
+        Command::Close { reply, .. }
+        | Command::Trim { reply, .. }
+        | Command::Commit { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Shutdown => Ok(()),
     };
 }
@@ -427,13 +452,18 @@ fn apply_command(conn: &Connection, command: Command) -> Pending {
         } => Pending::Create(reply, create(conn, name, config, now_ms)),
         Command::Delete { id, reply } => Pending::Delete(reply, delete(conn, id)),
         Command::Close { id, reply } => Pending::Unit(reply, close(conn, id)),
+        Command::Trim {
+            id,
+            start_offset,
+            reply,
+        } => Pending::Unit(reply, trim(conn, id, start_offset)),
         Command::Commit { segment, reply } => Pending::Unit(reply, commit(conn, &segment)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }
 }
 
-const SELECT_STREAM: &str =
-    "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, created_ms FROM streams";
+const SELECT_STREAM: &str = "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, \
+                             created_ms, start_offset FROM streams";
 
 fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
     Ok(StreamRow {
@@ -446,6 +476,7 @@ fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
             closed: row.get(5)?,
         },
         created_ms: row.get(6)?,
+        start_offset: row.get(7)?,
     })
 }
 
@@ -493,6 +524,7 @@ fn create(
         name,
         config,
         created_ms: now_ms,
+        start_offset: 0, // the column's default
     };
     Ok(CreateOutcome { row, created: true })
 }
@@ -516,6 +548,26 @@ fn close(conn: &Connection, id: u64) -> Result<(), MetaError> {
     Ok(())
 }
 
+fn trim(conn: &Connection, id: u64, start_offset: u64) -> Result<(), MetaError> {
+    let Ok(id) = i64::try_from(id) else {
+        return Ok(()); // unknown id
+    };
+    let Ok(start_offset) = i64::try_from(start_offset) else {
+        return Err(MetaError::Storage(format!(
+            "trim stream {id}: start offset {start_offset} exceeds the largest storable {}",
+            i64::MAX
+        )));
+    };
+    // The two-argument max() is SQLite's scalar function: the larger of the stored and the
+    // given offset, so a trim never moves the start backwards.
+    conn.execute(
+        "UPDATE streams SET start_offset = max(start_offset, ?2) WHERE id = ?1",
+        [id, start_offset],
+    )
+    .map_err(storage("trim stream"))?;
+    Ok(())
+}
+
 fn commit(conn: &Connection, segment: &SegmentRecord) -> Result<(), MetaError> {
     validate_segment(segment)?;
     // Upsert keeps `seq` (the commit-order position) of an already committed key.
@@ -534,11 +586,24 @@ fn commit(conn: &Connection, segment: &SegmentRecord) -> Result<(), MetaError> {
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO segment_streams
-                (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed,
+                 producers, closed_by)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )
         .map_err(storage("prepare segment entry insert"))?;
     for (ord, entry) in segment.streams.iter().enumerate() {
+        // validate_segment checked the id lengths, so neither encoding can fail here.
+        let too_long = || {
+            MetaError::Storage(format!(
+                "segment {}: stream {}: producer id too long",
+                segment.key, entry.stream_id
+            ))
+        };
+        let producers = producers::encode(&entry.producers).ok_or_else(too_long)?;
+        let closed_by = match &entry.closed_by {
+            Some(producer) => Some(producers::encode_one(producer).ok_or_else(too_long)?),
+            None => None,
+        };
         insert
             .execute(params![
                 seq,
@@ -547,6 +612,8 @@ fn commit(conn: &Connection, segment: &SegmentRecord) -> Result<(), MetaError> {
                 runs::encode(&entry.runs),
                 entry.last_timestamp_ms,
                 entry.closed,
+                producers,
+                closed_by,
             ])
             .map_err(storage("insert segment entry"))?;
     }
@@ -572,6 +639,7 @@ fn validate_segment(segment: &SegmentRecord) -> Result<(), MetaError> {
             return reject(format!("stream {} listed twice", entry.stream_id));
         }
         validate_runs(segment.size_bytes, entry).or_else(reject)?;
+        validate_producers(entry).or_else(reject)?;
     }
     Ok(())
 }
@@ -593,6 +661,36 @@ fn validate_runs(size_bytes: u64, entry: &SegmentStreamEntry) -> Result<(), Stri
             return Err(format!(
                 "stream {stream}: runs {:?} and {:?} are unsorted or overlap",
                 pair[0], pair[1]
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn validate_producers(entry: &SegmentStreamEntry) -> Result<(), String> {
+    let stream = entry.stream_id;
+    let long_id = |producer: &ProducerState| {
+        (producer.id.len() > producers::MAX_ID_BYTES).then(|| {
+            format!(
+                "stream {stream}: producer id of {} bytes is longer than {}",
+                producer.id.len(),
+                producers::MAX_ID_BYTES
+            )
+        })
+    };
+    if let Some(why) = entry
+        .producers
+        .iter()
+        .chain(&entry.closed_by)
+        .find_map(long_id)
+    {
+        return Err(why);
+    }
+    for pair in entry.producers.windows(2) {
+        if pair[0].id >= pair[1].id {
+            return Err(format!(
+                "stream {stream}: producers {:?} and {:?} are unsorted or duplicated",
+                pair[0].id, pair[1].id
             ));
         }
     }
@@ -629,7 +727,7 @@ fn load_snapshot(conn: &Connection) -> Result<Snapshot, MetaError> {
 
     let mut entries_query = conn
         .prepare(
-            "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed
+            "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by
              FROM segment_streams ORDER BY segment_seq, ord",
         )
         .map_err(storage("prepare segment entry load"))?;
@@ -649,19 +747,35 @@ fn load_snapshot(conn: &Connection) -> Result<Snapshot, MetaError> {
                 "segment entry of unknown segment #{seq}"
             )));
         }
-        let blob: Vec<u8> = row.get(2).map_err(storage("read segment entry"))?;
-        let Some(runs) = runs::decode(&blob) else {
-            return Err(MetaError::Storage(format!(
-                "segment {}: damaged runs ({} bytes)",
-                segments[cursor].1.key,
+        let key = &segments[cursor].1.key;
+        // Past this point every error names the segment, so an operator knows where to look.
+        let unreadable = |error: rusqlite::Error| {
+            MetaError::Storage(format!("segment {key}: read entry: {error}"))
+        };
+        let stream_id: u64 = row.get(1).map_err(unreadable)?;
+        let damaged = |what: &str, blob: &[u8]| {
+            MetaError::Storage(format!(
+                "segment {key}: stream {stream_id}: damaged {what} ({} bytes)",
                 blob.len()
-            )));
+            ))
+        };
+        let blob: Vec<u8> = row.get(2).map_err(unreadable)?;
+        let runs = runs::decode(&blob).ok_or_else(|| damaged("runs", &blob))?;
+        let blob: Vec<u8> = row.get(5).map_err(unreadable)?;
+        let producers = producers::decode(&blob).ok_or_else(|| damaged("producers", &blob))?;
+        let closed_by = match row.get::<_, Option<Vec<u8>>>(6).map_err(unreadable)? {
+            Some(blob) => {
+                Some(producers::decode_one(&blob).ok_or_else(|| damaged("closed_by", &blob))?)
+            }
+            None => None,
         };
         let entry = SegmentStreamEntry {
-            stream_id: row.get(1).map_err(storage("read segment entry"))?,
+            stream_id,
             runs,
-            last_timestamp_ms: row.get(3).map_err(storage("read segment entry"))?,
-            closed: row.get(4).map_err(storage("read segment entry"))?,
+            last_timestamp_ms: row.get(3).map_err(unreadable)?,
+            closed: row.get(4).map_err(unreadable)?,
+            producers,
+            closed_by,
         };
         segments[cursor].1.streams.push(entry);
     }

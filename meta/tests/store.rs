@@ -1,5 +1,6 @@
 //! The metadata store against a real SQLite file: registry semantics, id allocation across
-//! restarts, the segment catalog round trip, group commit under concurrency, shutdown.
+//! restarts, trimming, the segment catalog round trip (producer state included), group commit
+//! under concurrency, shutdown.
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use futures_lite::future::block_on;
 use pico_meta::MetaError;
 use pico_meta::MetaStore;
 use pico_meta::MetaUrl;
+use pico_meta::ProducerState;
 use pico_meta::SegmentRecord;
 use pico_meta::SegmentRun;
 use pico_meta::SegmentStreamEntry;
@@ -62,6 +64,16 @@ fn entry(
         runs,
         last_timestamp_ms,
         closed,
+        producers: vec![],
+        closed_by: None,
+    }
+}
+
+fn producer(id: &str, epoch: u64, seq: u64) -> ProducerState {
+    ProducerState {
+        id: id.into(),
+        epoch,
+        seq,
     }
 }
 
@@ -84,6 +96,7 @@ fn create_duplicate_delete_recreate() {
     assert_eq!(first.row.name, "/streams/orders");
     assert_eq!(first.row.config, json);
     assert_eq!(first.row.created_ms, 1_000);
+    assert_eq!(first.row.start_offset, 0);
 
     // Same name again: the existing row comes back untouched, whatever the new config says.
     let again = wait(store.create_stream("/streams/orders", config("text/plain"), 2_000)).unwrap();
@@ -162,6 +175,155 @@ fn close_is_persistent_and_idempotent() {
     let snapshot = reopen_snapshot(&path);
     assert_eq!(snapshot.streams.len(), 1);
     assert!(snapshot.streams[0].config.closed);
+}
+
+#[test]
+fn trim_only_raises_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let row = wait(store.create_stream("/s", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let other = wait(store.create_stream("/other", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    assert_eq!(row.start_offset, 0);
+
+    wait(store.trim_stream(row.id, 10)).unwrap();
+    wait(store.trim_stream(row.id, 10)).unwrap(); // idempotent
+    wait(store.trim_stream(row.id, 4)).unwrap(); // a lower trim is no trim
+    wait(store.trim_stream(row.id, 0)).unwrap();
+    // Unknown ids are fine, as for close.
+    wait(store.trim_stream(987_654, 5)).unwrap();
+    wait(store.trim_stream(u64::MAX, 5)).unwrap();
+    // An offset SQLite cannot hold is refused, and changes nothing.
+    match wait(store.trim_stream(row.id, u64::MAX)) {
+        Err(MetaError::Storage(message)) => assert!(message.contains("trim"), "{message}"),
+        other => panic!("an unstorable offset was accepted: {other:?}"),
+    }
+    // A duplicate create reports the stored start.
+    let again = wait(store.create_stream("/s", config("text/plain"), 2)).unwrap();
+    assert!(!again.created);
+    assert_eq!(again.row.start_offset, 10);
+    store.shutdown();
+
+    let (store, snapshot) = open(&path);
+    let starts: Vec<_> = snapshot
+        .streams
+        .iter()
+        .map(|stream| (stream.id, stream.start_offset))
+        .collect();
+    assert_eq!(starts, [(row.id, 10), (other.id, 0)]);
+
+    // Trims queued together (one batch, most likely) still end at the largest.
+    let replies: Vec<_> = [30, 20, i64::MAX as u64, 25]
+        .into_iter()
+        .map(|offset| store.trim_stream(other.id, offset))
+        .collect();
+    replies.into_iter().for_each(|reply| wait(reply).unwrap());
+    store.shutdown();
+    let snapshot = reopen_snapshot(&path);
+    assert_eq!(snapshot.streams[1].start_offset, i64::MAX as u64);
+    assert_eq!(snapshot.streams[0].start_offset, 10);
+}
+
+#[test]
+fn producer_state_round_trips_through_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let with_producers = SegmentStreamEntry {
+        producers: vec![
+            producer("", 0, 0),
+            producer("client-a", 2, 17),
+            producer("client-b", u64::MAX, u64::MAX),
+            producer("ζ-unicode", 1, 1),
+        ],
+        closed_by: Some(producer("client-a", 2, 18)),
+        ..entry(1, vec![run(0, 3, 0, 90)], 100, true)
+    };
+    let closed_without_producer = entry(2, vec![run(0, 1, 90, 100)], 101, true);
+    let only_closed_by = SegmentStreamEntry {
+        closed_by: Some(producer("solo", 0, 0)),
+        ..entry(3, vec![], 102, true)
+    };
+    let segment = SegmentRecord {
+        key: "segments/producers.seg".into(),
+        size_bytes: 100,
+        created_ms: 5,
+        streams: vec![
+            with_producers.clone(),
+            closed_without_producer,
+            only_closed_by,
+        ],
+    };
+    wait(store.commit_segment(segment.clone())).unwrap();
+    store.shutdown();
+    assert_eq!(reopen_snapshot(&path).segments, vec![segment.clone()]);
+
+    // A re-commit replaces the producer state too, including clearing it.
+    let (store, _) = open(&path);
+    let replaced = SegmentRecord {
+        streams: vec![SegmentStreamEntry {
+            producers: vec![],
+            closed_by: None,
+            ..with_producers
+        }],
+        ..segment
+    };
+    wait(store.commit_segment(replaced.clone())).unwrap();
+    store.shutdown();
+    assert_eq!(reopen_snapshot(&path).segments, vec![replaced]);
+}
+
+#[test]
+fn damaged_producer_state_is_an_error_naming_the_segment() {
+    for (column, damage) in [
+        ("producers", &[3u8, 0, b'a'][..]), // a record cut short
+        ("closed_by", &[][..]),             // present but empty
+        ("closed_by", &[0u8; 17][..]),      // one byte short of a record
+    ] {
+        assert_damaged_entry_is_refused(column, rusqlite::types::Value::Blob(damage.to_vec()));
+    }
+    // Not a BLOB at all.
+    assert_damaged_entry_is_refused("producers", rusqlite::types::Value::Text("p".into()));
+    assert_damaged_entry_is_refused("closed_by", rusqlite::types::Value::Integer(7));
+}
+
+/// Commits one segment, overwrites `column` of its entry with `damage` behind the store's back,
+/// and checks that opening fails with an error naming the segment.
+fn assert_damaged_entry_is_refused(column: &str, damage: rusqlite::types::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let segment = SegmentRecord {
+        key: "segments/damaged.seg".into(),
+        size_bytes: 10,
+        created_ms: 1,
+        streams: vec![SegmentStreamEntry {
+            producers: vec![producer("p", 1, 1)],
+            ..entry(4, vec![run(0, 1, 0, 10)], 1, false)
+        }],
+    };
+    wait(store.commit_segment(segment)).unwrap();
+    store.shutdown();
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let sql = format!("UPDATE segment_streams SET {column} = ?1");
+    assert_eq!(conn.execute(&sql, [&damage]).unwrap(), 1);
+    drop(conn);
+
+    match MetaStore::open(&MetaUrl::SqliteFile(path)) {
+        Err(MetaError::Storage(message)) => {
+            assert!(message.contains("segments/damaged.seg"), "{message}");
+            if let rusqlite::types::Value::Blob(_) = damage {
+                assert!(message.contains(&format!("damaged {column}")), "{message}");
+            }
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("damaged {column} ({damage:?}) was loaded"),
+    }
 }
 
 #[test]
@@ -268,6 +430,38 @@ fn a_bad_command_does_not_poison_its_batch() {
         SegmentRecord {
             key: "twice".into(),
             streams: vec![entry(7, vec![], 1, false), entry(7, vec![], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "producers-unsorted".into(),
+            streams: vec![SegmentStreamEntry {
+                producers: vec![producer("b", 0, 0), producer("a", 0, 0)],
+                ..entry(7, vec![], 1, false)
+            }],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "producer-twice".into(),
+            streams: vec![SegmentStreamEntry {
+                producers: vec![producer("a", 0, 0), producer("a", 1, 0)],
+                ..entry(7, vec![], 1, false)
+            }],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "producer-id-too-long".into(),
+            streams: vec![SegmentStreamEntry {
+                producers: vec![producer(&"p".repeat(65_536), 0, 0)],
+                ..entry(7, vec![], 1, false)
+            }],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "closed-by-id-too-long".into(),
+            streams: vec![SegmentStreamEntry {
+                closed_by: Some(producer(&"p".repeat(65_536), 0, 0)),
+                ..entry(7, vec![], 1, true)
+            }],
             ..good("")
         },
         good(""),
@@ -411,6 +605,10 @@ fn calls_after_shutdown_answer_closed() {
     ));
     assert!(matches!(
         wait(clone.close_stream(1)),
+        Err(MetaError::Closed)
+    ));
+    assert!(matches!(
+        wait(clone.trim_stream(1, 1)),
         Err(MetaError::Closed)
     ));
 }
