@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::frame::RecordHeader;
-use crate::state::StreamConfig;
+use crate::state::{ProducerTuple, StreamConfig};
 
 /// One record of an append, as decoded by a protocol layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +43,11 @@ pub enum Op {
         records: Vec<RecordInput>,
         close: bool,
         match_offset: Option<u64>,
+        producer: Option<ProducerTuple>,
+    },
+    /// Raise the first readable offset (clamped to the durable tail).
+    Trim {
+        offset: u64,
     },
     Read(ReadRequest),
     Head,
@@ -70,6 +75,9 @@ pub struct AppendAck {
     pub timestamp_ms: Option<i64>,
     /// The stream is closed after this request.
     pub closed: bool,
+    /// A producer retry of an applied request: nothing was written; this is the producer's
+    /// highest accepted sequence.
+    pub duplicate_of_seq: Option<u64>,
 }
 
 /// One record as read back; `headers` is the raw headers block (see `frame`), `body` a slice of
@@ -111,6 +119,9 @@ pub enum Reply {
     Appended(AppendAck),
     Read(ReadBatch),
     Head(StreamInfo),
+    Trimmed {
+        start_offset: u64,
+    },
     Deleted,
 }
 

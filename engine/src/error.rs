@@ -12,6 +12,10 @@ pub enum EngineError {
     Closed { next_offset: u64 },
     /// A conditional append (`match_seq`) did not match the tail.
     MatchFailed { expected: u64, actual: u64 },
+    /// An idempotent producer wrote with an epoch older than the stream has seen.
+    StaleProducerEpoch { current: u64 },
+    /// An idempotent producer skipped sequence numbers.
+    ProducerSequenceGap { expected: u64, received: u64 },
     /// A read asked for a position past the tail.
     OffsetBeyondTail { requested: u64, tail: u64 },
     /// A read asked for a position below the first readable record.
@@ -40,6 +44,8 @@ impl std::fmt::Display for EngineError {
             EngineError::MatchFailed { expected, actual } => {
                 write!(f, "match failed: expected tail {expected}, actual {actual}")
             }
+            EngineError::StaleProducerEpoch { .. } => f.write_str("Stale producer epoch"),
+            EngineError::ProducerSequenceGap { .. } => f.write_str("Producer sequence gap"),
             EngineError::OffsetBeyondTail { requested, tail } => {
                 write!(f, "offset {requested} is past the tail {tail}")
             }

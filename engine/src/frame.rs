@@ -2,15 +2,20 @@
 //!
 //! ```text
 //!  0       4       8     9     10      12      16              24              32              40
-//!  +-------+-------+-----+-----+-------+-------+---------------+---------------+---------------+---------+------+
-//!  | len   | crc   |kind |flags| rsvd  |hdr_len| stream_id     | offset        | timestamp_ms  | headers | body |
-//!  | u32   | u32   | u8  | u8  | u16   | u32   | u64           | u64           | i64           | hdr_len |      |
-//!  +-------+-------+-----+-----+-------+-------+---------------+---------------+---------------+---------+------+
+//!  +-------+-------+-----+-----+-------+-------+---------------+---------------+---------------+---------+----------+------+
+//!  | len   | crc   |kind |flags|prd_len|hdr_len| stream_id     | offset        | timestamp_ms  | headers | producer | body |
+//!  | u32   | u32   | u8  | u8  | u16   | u32   | u64           | u64           | i64           | hdr_len | prd_len  |      |
+//!  +-------+-------+-----+-----+-------+-------+---------------+---------------+---------------+---------+----------+------+
 //!  all integers little-endian
-//!  len   = bytes of the whole frame (FRAME_HEADER_LEN + hdr_len + body length)
+//!  len   = bytes of the whole frame (FRAME_HEADER_LEN + hdr_len + prd_len + body length)
 //!  crc   = CRC32C of bytes [8, len): a torn or corrupt frame fails it
 //!  kind  = FRAME_KIND_RECORD (one record at `offset`) or FRAME_KIND_CLOSE (the stream closed
 //!          at `offset` = its next offset; no headers, no body)
+//!  flags = FLAG_REQUEST_END on the last frame of one append request: recovery keeps whole
+//!          requests only, so a multi-record append is atomic across a crash;
+//!          FLAG_PRODUCER when a producer block is present (only on a request's last frame,
+//!          so the producer's sequence is durable exactly when all of its records are)
+//!  producer block: epoch u64 | seq u64 | producer id (prd_len - 16 bytes, UTF-8)
 //!  headers block (record headers, may be empty):
 //!  +-----------+-----------------------------------------------------------------+
 //!  | count u32 | count × ( name_len u32 | name | value_len u32 | value )        |
@@ -30,6 +35,14 @@ pub const FRAME_HEADER_LEN: usize = 40;
 pub const FRAME_KIND_RECORD: u8 = 1;
 /// Stable, persisted.
 pub const FRAME_KIND_CLOSE: u8 = 2;
+/// Stable, persisted: the last frame of an append request.
+pub const FLAG_REQUEST_END: u8 = 1;
+/// Stable, persisted: the frame carries a producer block.
+pub const FLAG_PRODUCER: u8 = 2;
+/// Bytes of a producer block before the id.
+const PRODUCER_FIXED_LEN: usize = 16;
+/// Longest producer id a frame can carry.
+pub const PRODUCER_ID_LEN_MAX: usize = u16::MAX as usize - PRODUCER_FIXED_LEN;
 
 /// The fixed frame header, read and written in place (see the module diagram).
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
@@ -39,7 +52,7 @@ pub struct FrameHeader {
     pub crc: U32,
     pub kind: u8,
     pub flags: u8,
-    pub reserved: U16,
+    pub producer_len: U16,
     pub headers_len: U32,
     pub stream_id: U64,
     pub offset: U64,
@@ -62,34 +75,66 @@ pub fn headers_block_len(headers: &[RecordHeader]) -> usize {
         .sum::<usize>()
 }
 
-/// Bytes a record frame takes.
-pub fn record_frame_len(headers: &[RecordHeader], body_len: usize) -> usize {
-    FRAME_HEADER_LEN + headers_block_len(headers) + body_len
+/// An idempotent producer's tuple as written in a frame.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProducerTuple {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// The fixed fields of a frame to encode.
+#[derive(Clone, Copy, Debug)]
+pub struct FrameMeta<'a> {
+    pub kind: u8,
+    pub stream_id: u64,
+    pub offset: u64,
+    pub timestamp_ms: i64,
+    /// The last frame of a request (sets FLAG_REQUEST_END).
+    pub request_end: bool,
+    pub producer: Option<&'a ProducerTuple>,
+}
+
+fn producer_block_len(producer: Option<&ProducerTuple>) -> usize {
+    producer.map_or(0, |p| PRODUCER_FIXED_LEN + p.id.len())
+}
+
+/// Bytes a frame takes.
+pub fn frame_len(
+    headers: &[RecordHeader],
+    producer: Option<&ProducerTuple>,
+    body_len: usize,
+) -> usize {
+    FRAME_HEADER_LEN + headers_block_len(headers) + producer_block_len(producer) + body_len
 }
 
 /// Appends one frame to `out`. The only copy of the body on the write path.
-pub fn encode_frame(
-    out: &mut Vec<u8>,
-    kind: u8,
-    stream_id: u64,
-    offset: u64,
-    timestamp_ms: i64,
-    headers: &[RecordHeader],
-    body: &[u8],
-) {
+pub fn encode_frame(out: &mut Vec<u8>, meta: FrameMeta<'_>, headers: &[RecordHeader], body: &[u8]) {
     let start = out.len();
     let headers_len = headers_block_len(headers);
-    let len = FRAME_HEADER_LEN + headers_len + body.len();
+    let producer_len = producer_block_len(meta.producer);
+    debug_assert!(
+        producer_len <= u16::MAX as usize,
+        "producer ids are checked against PRODUCER_ID_LEN_MAX"
+    );
+    let len = FRAME_HEADER_LEN + headers_len + producer_len + body.len();
+    let mut flags = 0;
+    if meta.request_end {
+        flags |= FLAG_REQUEST_END;
+    }
+    if meta.producer.is_some() {
+        flags |= FLAG_PRODUCER;
+    }
     let header = FrameHeader {
         len: U32::new(len as u32),
         crc: U32::new(0),
-        kind,
-        flags: 0,
-        reserved: U16::new(0),
+        kind: meta.kind,
+        flags,
+        producer_len: U16::new(producer_len as u16),
         headers_len: U32::new(headers_len as u32),
-        stream_id: U64::new(stream_id),
-        offset: U64::new(offset),
-        timestamp_ms: I64::new(timestamp_ms),
+        stream_id: U64::new(meta.stream_id),
+        offset: U64::new(meta.offset),
+        timestamp_ms: I64::new(meta.timestamp_ms),
     };
     out.extend_from_slice(header.as_bytes());
     if !headers.is_empty() {
@@ -100,6 +145,11 @@ pub fn encode_frame(
             out.extend_from_slice(&(value.len() as u32).to_le_bytes());
             out.extend_from_slice(value);
         }
+    }
+    if let Some(producer) = meta.producer {
+        out.extend_from_slice(&producer.epoch.to_le_bytes());
+        out.extend_from_slice(&producer.seq.to_le_bytes());
+        out.extend_from_slice(producer.id.as_bytes());
     }
     out.extend_from_slice(body);
     let crc = crc32c::crc32c(&out[start + 8..]);
@@ -123,12 +173,20 @@ pub enum FrameError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     pub kind: u8,
+    pub flags: u8,
     pub stream_id: u64,
     pub offset: u64,
     pub timestamp_ms: i64,
     /// The raw headers block (see the module diagram); empty when the record has none.
     pub headers: Bytes,
+    pub producer: Option<ProducerTuple>,
     pub body: Bytes,
+}
+
+impl Frame {
+    pub fn request_end(&self) -> bool {
+        self.flags & FLAG_REQUEST_END != 0
+    }
 }
 
 /// Reads the header at `pos` of `buf` and checks its length and CRC; returns it and the frame length.
@@ -139,7 +197,12 @@ pub fn check_frame(buf: &[u8], pos: usize) -> Result<(FrameHeader, usize), Frame
     }
     let (header, _) = FrameHeader::read_from_prefix(rest).map_err(|_| FrameError::Truncated)?;
     let len = header.len.get() as usize;
-    if len < FRAME_HEADER_LEN || header.headers_len.get() as usize > len - FRAME_HEADER_LEN {
+    let payload = header.headers_len.get() as usize + header.producer_len.get() as usize;
+    let producer_ok = match header.flags & FLAG_PRODUCER {
+        0 => header.producer_len.get() == 0,
+        _ => header.producer_len.get() as usize >= PRODUCER_FIXED_LEN,
+    };
+    if len < FRAME_HEADER_LEN || payload > len - FRAME_HEADER_LEN || !producer_ok {
         return Err(FrameError::BadLength);
     }
     if rest.len() < len {
@@ -155,26 +218,41 @@ pub fn check_frame(buf: &[u8], pos: usize) -> Result<(FrameHeader, usize), Frame
 pub fn decode_frame(buf: &Bytes, pos: usize) -> Result<(Frame, usize), FrameError> {
     let (header, len) = check_frame(buf, pos)?;
     let headers_end = pos + FRAME_HEADER_LEN + header.headers_len.get() as usize;
+    let producer_end = headers_end + header.producer_len.get() as usize;
+    let producer = (header.flags & FLAG_PRODUCER != 0).then(|| {
+        let block = &buf[headers_end..producer_end];
+        ProducerTuple {
+            epoch: u64::from_le_bytes(block[..8].try_into().expect("8 bytes")),
+            seq: u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")),
+            id: String::from_utf8_lossy(&block[16..]).into_owned(),
+        }
+    });
     Ok((
         Frame {
             kind: header.kind,
+            flags: header.flags,
             stream_id: header.stream_id.get(),
             offset: header.offset.get(),
             timestamp_ms: header.timestamp_ms.get(),
             headers: buf.slice(pos + FRAME_HEADER_LEN..headers_end),
-            body: buf.slice(headers_end..pos + len),
+            producer,
+            body: buf.slice(producer_end..pos + len),
         },
         len,
     ))
 }
 
-/// Length of the longest prefix of `buf` made of valid frames (recovery keeps exactly that).
+/// Length of the longest prefix of `buf` made of valid frames that ends with a whole request
+/// (recovery keeps exactly that: a request cut by a crash was never acknowledged).
 pub fn valid_prefix_len(buf: &[u8]) -> usize {
-    let mut pos = 0;
-    while let Ok((_, len)) = check_frame(buf, pos) {
+    let (mut pos, mut kept) = (0, 0);
+    while let Ok((header, len)) = check_frame(buf, pos) {
         pos += len;
+        if header.flags & FLAG_REQUEST_END != 0 {
+            kept = pos;
+        }
     }
-    pos
+    kept
 }
 
 /// Splits a headers block into `(name, value)` pairs. The block was written by
@@ -219,8 +297,10 @@ mod tests {
         #[test]
         fn round_trip(id: u64, offset: u64, ts: i64, headers in header_strategy(), body: Vec<u8>) {
             let mut buf = Vec::new();
-            encode_frame(&mut buf, FRAME_KIND_RECORD, id, offset, ts, &headers, &body);
-            prop_assert_eq!(buf.len(), record_frame_len(&headers, body.len()));
+            let producer = (id % 2 == 0).then(|| ProducerTuple { id: format!("p{offset}"), epoch: id, seq: offset });
+            let meta = FrameMeta { kind: FRAME_KIND_RECORD, stream_id: id, offset, timestamp_ms: ts, request_end: true, producer: producer.as_ref() };
+            encode_frame(&mut buf, meta, &headers, &body);
+            prop_assert_eq!(buf.len(), frame_len(&headers, producer.as_ref(), body.len()));
             let buf = Bytes::from(buf);
             let (frame, len) = decode_frame(&buf, 0).unwrap();
             prop_assert_eq!(len, buf.len());
@@ -228,13 +308,15 @@ mod tests {
             prop_assert_eq!(frame.offset, offset);
             prop_assert_eq!(frame.timestamp_ms, ts);
             prop_assert_eq!(&frame.body[..], &body[..]);
+            prop_assert_eq!(&frame.producer, &producer);
+            prop_assert!(frame.request_end());
             prop_assert_eq!(parse_headers(&frame.headers), headers);
         }
 
         #[test]
         fn truncation_or_corruption_is_detected(body in proptest::collection::vec(any::<u8>(), 1..200), cut in 0usize..240, flip in 8usize..240) {
             let mut buf = Vec::new();
-            encode_frame(&mut buf, FRAME_KIND_RECORD, 7, 3, 1, &[], &body);
+            encode_frame(&mut buf, record(7, 3, 1, true), &[], &body);
             let full = buf.len();
             if cut < full {
                 prop_assert!(check_frame(&buf[..cut], 0).is_err());
@@ -248,11 +330,43 @@ mod tests {
         }
     }
 
+    fn record(
+        stream_id: u64,
+        offset: u64,
+        timestamp_ms: i64,
+        request_end: bool,
+    ) -> FrameMeta<'static> {
+        FrameMeta {
+            kind: FRAME_KIND_RECORD,
+            stream_id,
+            offset,
+            timestamp_ms,
+            request_end,
+            producer: None,
+        }
+    }
+
+    #[test]
+    fn recovery_keeps_whole_requests_only() {
+        let mut buf = Vec::new();
+        encode_frame(&mut buf, record(1, 0, 5, true), &[], b"a");
+        let first = buf.len();
+        encode_frame(&mut buf, record(1, 1, 6, false), &[], b"b");
+        encode_frame(&mut buf, record(1, 2, 6, false), &[], b"c");
+        assert_eq!(
+            valid_prefix_len(&buf),
+            first,
+            "a request without its end frame is dropped"
+        );
+        encode_frame(&mut buf, record(1, 3, 6, true), &[], b"d");
+        assert_eq!(valid_prefix_len(&buf), buf.len());
+    }
+
     #[test]
     fn zero_length_marks_the_end() {
         let mut buf = Vec::new();
-        encode_frame(&mut buf, FRAME_KIND_RECORD, 1, 0, 5, &[], b"a");
-        encode_frame(&mut buf, FRAME_KIND_RECORD, 1, 1, 6, &[], b"b");
+        encode_frame(&mut buf, record(1, 0, 5, true), &[], b"a");
+        encode_frame(&mut buf, record(1, 1, 6, true), &[], b"b");
         let used = buf.len();
         buf.resize(used + 4096, 0);
         assert_eq!(valid_prefix_len(&buf), used);

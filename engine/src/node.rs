@@ -13,12 +13,14 @@ use std::sync::Arc;
 
 use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
-use pico_meta::{MetaStore, MetaUrl, SegmentRecord, SegmentRun, SegmentStreamEntry, Snapshot};
+use pico_meta::{
+    MetaStore, MetaUrl, ProducerState, SegmentRecord, SegmentRun, SegmentStreamEntry, Snapshot,
+};
 use pico_s3::{ObjectStore, StorageUri};
 
 use crate::api::{Op, Reply, StreamSummary};
 use crate::error::EngineError;
-use crate::frame::{self, FRAME_KIND_CLOSE};
+use crate::frame::{self, ProducerTuple, FRAME_KIND_CLOSE};
 use crate::limits;
 use crate::shard::{self, Shard, StreamSeed};
 use crate::state::StreamConfig;
@@ -205,8 +207,24 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
                 runs: Vec::new(),
                 last_timestamp_ms: 0,
                 closed: false,
+                producers: Vec::new(),
+                closed_by: None,
             });
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(frame.timestamp_ms);
+        if let Some(producer) = &frame.producer {
+            let state = ProducerState {
+                id: producer.id.clone(),
+                epoch: producer.epoch,
+                seq: producer.seq,
+            };
+            match entry.producers.iter_mut().find(|p| p.id == producer.id) {
+                Some(known) => *known = known.clone().max(state.clone()),
+                None => entry.producers.push(state.clone()),
+            }
+            if frame.kind == FRAME_KIND_CLOSE {
+                entry.closed_by = Some(state);
+            }
+        }
         if frame.kind == FRAME_KIND_CLOSE {
             entry.closed = true;
         } else {
@@ -225,6 +243,9 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
             }
         }
         pos += len;
+    }
+    for entry in entries.values_mut() {
+        entry.producers.sort();
     }
     SegmentRecord {
         key,
@@ -253,6 +274,9 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 next_offset: 0,
                 last_timestamp_ms: 0,
                 runs: Vec::new(),
+                start_offset: row.start_offset,
+                producers: Default::default(),
+                closed_by: None,
             };
             (row.id, seed)
         })
@@ -264,6 +288,17 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 continue;
             };
             seed.closed |= entry.closed;
+            for producer in &entry.producers {
+                let state = seed.producers.entry(producer.id.clone()).or_insert((0, 0));
+                *state = (*state).max((producer.epoch, producer.seq));
+            }
+            if let Some(closer) = &entry.closed_by {
+                seed.closed_by = Some(ProducerTuple {
+                    id: closer.id.clone(),
+                    epoch: closer.epoch,
+                    seq: closer.seq,
+                });
+            }
             seed.last_timestamp_ms = seed.last_timestamp_ms.max(entry.last_timestamp_ms);
             for run in &entry.runs {
                 seed.next_offset = seed.next_offset.max(run.next_offset);
@@ -429,11 +464,30 @@ mod tests {
     #[test]
     fn index_rebuilds_runs_and_close() {
         let mut buf = Vec::new();
-        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 1, 0, 10, &[], b"a");
-        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 1, 1, 11, &[], b"b");
-        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 2, 0, 12, &[], b"c");
-        frame::encode_frame(&mut buf, frame::FRAME_KIND_RECORD, 1, 2, 13, &[], b"d");
-        frame::encode_frame(&mut buf, FRAME_KIND_CLOSE, 1, 3, 13, &[], b"");
+        let closer = ProducerTuple {
+            id: "p".into(),
+            epoch: 2,
+            seq: 7,
+        };
+        let frame = |kind, stream_id, offset, timestamp_ms, producer| frame::FrameMeta {
+            kind,
+            stream_id,
+            offset,
+            timestamp_ms,
+            request_end: true,
+            producer,
+        };
+        let record = frame::FRAME_KIND_RECORD;
+        frame::encode_frame(&mut buf, frame(record, 1, 0, 10, None), &[], b"a");
+        frame::encode_frame(&mut buf, frame(record, 1, 1, 11, None), &[], b"b");
+        frame::encode_frame(&mut buf, frame(record, 2, 0, 12, None), &[], b"c");
+        frame::encode_frame(&mut buf, frame(record, 1, 2, 13, None), &[], b"d");
+        frame::encode_frame(
+            &mut buf,
+            frame(FRAME_KIND_CLOSE, 1, 3, 13, Some(&closer)),
+            &[],
+            b"",
+        );
         let bytes = bytes::Bytes::from(buf);
         let record = index_segment("segments/x.seg".into(), &bytes);
         assert_eq!(record.streams.len(), 2);
@@ -443,6 +497,15 @@ mod tests {
         assert_eq!((one.runs[1].first_offset, one.runs[1].next_offset), (2, 3));
         assert!(one.closed);
         assert_eq!(one.last_timestamp_ms, 13);
+        assert_eq!(
+            one.producers,
+            vec![ProducerState {
+                id: "p".into(),
+                epoch: 2,
+                seq: 7
+            }]
+        );
+        assert_eq!(one.closed_by.as_ref().map(|p| p.seq), Some(7));
         assert!(!record.streams[1].closed);
     }
 }

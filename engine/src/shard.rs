@@ -21,7 +21,8 @@ use bytes::Bytes;
 use futures_channel::oneshot;
 use glommio::io::DmaFile;
 use pico_meta::{
-    MetaStore, SegmentRecord, SegmentRun, SegmentStreamEntry, StreamConfig as MetaConfig,
+    MetaStore, ProducerState, SegmentRecord, SegmentRun, SegmentStreamEntry,
+    StreamConfig as MetaConfig,
 };
 use pico_s3::ObjectStore;
 
@@ -30,7 +31,7 @@ use crate::api::{
     StreamSummary,
 };
 use crate::error::EngineError;
-use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::limits;
 use crate::notify::LocalNotify;
 use crate::state::{AppendCommand, AppendOutcome, StreamConfig, StreamState};
@@ -38,6 +39,10 @@ use crate::{now_ms, EngineConfig};
 
 /// A merged chunk stops growing at this size so a read never scans far inside one.
 const CHUNK_BYTES_MAX: u64 = 256 * 1024;
+/// How often expired streams are looked for.
+const REAPER_INTERVAL: Duration = Duration::from_secs(1);
+/// Expired streams deleted per reaper round (the rest wait for the next round).
+const REAPER_BATCH_MAX: usize = 1000;
 /// Extra room in an active segment buffer past `segment_size`: a rotation can be late by the
 /// requests that arrive before the next WAL file is ready.
 const SEGMENT_SLACK_BYTES: usize = 1024 * 1024;
@@ -73,6 +78,10 @@ pub struct StreamSeed {
     pub last_timestamp_ms: i64,
     /// `(segment key, run)` sorted by offset.
     pub runs: Vec<(std::sync::Arc<str>, SegmentRun)>,
+    /// First readable offset (raised by trims).
+    pub start_offset: u64,
+    pub producers: BTreeMap<String, (u64, u64)>,
+    pub closed_by: Option<ProducerTuple>,
 }
 
 /// Per-stream index of a segment being built.
@@ -81,6 +90,15 @@ struct IndexEntry {
     runs: Vec<SegmentRun>,
     last_timestamp_ms: i64,
     closed: bool,
+    producers: BTreeMap<String, (u64, u64)>,
+    closed_by: Option<ProducerTuple>,
+}
+
+/// What one append request writes.
+struct Frames<'a> {
+    records: &'a [RecordInput],
+    close: bool,
+    producer: Option<&'a ProducerTuple>,
 }
 
 /// A segment whose frames are still being written to its WAL file.
@@ -190,6 +208,8 @@ impl Shard {
         glommio::spawn_local(async move { commit.commit_loop().await }).detach();
         let ager = shard.clone();
         glommio::spawn_local(async move { ager.age_loop().await }).detach();
+        let reaper = shard.clone();
+        glommio::spawn_local(async move { reaper.reaper_loop().await }).detach();
         Ok(shard)
     }
 
@@ -227,9 +247,11 @@ impl Shard {
                     byte_end: run.byte_end,
                 });
             }
-            if let Some(first) = chunks.first() {
-                state.start_offset = first.first_offset;
-            }
+            let first_stored = chunks.first().map_or(0, |c| c.first_offset);
+            state.start_offset = seed.start_offset.max(first_stored).min(state.next_offset);
+            chunks.retain(|c| c.next_offset > state.start_offset);
+            state.producers = seed.producers;
+            state.closed_by = seed.closed_by;
             streams.insert(
                 Rc::from(seed.name.as_str()),
                 Stream {
@@ -257,10 +279,15 @@ impl Shard {
                 records,
                 close,
                 match_offset,
+                producer,
             } => self
-                .append(name, records, close, match_offset)
+                .append(name, records, close, match_offset, producer)
                 .await
                 .map(Reply::Appended),
+            Op::Trim { offset } => self
+                .trim(name, offset)
+                .await
+                .map(|start_offset| Reply::Trimmed { start_offset }),
             Op::Read(request) => self.read(name, request).await.map(Reply::Read),
             Op::Head => self.head(name).await.map(Reply::Head),
             Op::Delete => self.delete(name).await.map(|()| Reply::Deleted),
@@ -347,7 +374,7 @@ impl Shard {
         let mut first = None;
         if created {
             if let Some(record) = first_record {
-                first = Some(self.append(name, vec![record], closed, None).await?);
+                first = Some(self.append(name, vec![record], closed, None, None).await?);
             }
         }
         let streams = self.streams.borrow();
@@ -365,7 +392,17 @@ impl Shard {
         records: Vec<RecordInput>,
         close: bool,
         match_offset: Option<u64>,
+        producer: Option<ProducerTuple>,
     ) -> Result<AppendAck, EngineError> {
+        if producer
+            .as_ref()
+            .is_some_and(|p| p.id.len() > frame::PRODUCER_ID_LEN_MAX)
+        {
+            return Err(EngineError::Invalid(format!(
+                "producer id longer than {} bytes",
+                frame::PRODUCER_ID_LEN_MAX
+            )));
+        }
         if records.len() > limits::RECORDS_PER_APPEND_MAX {
             return Err(EngineError::Invalid(format!(
                 "at most {} records per append",
@@ -395,6 +432,7 @@ impl Shard {
                 records: records.len() as u64,
                 close,
                 match_offset,
+                producer: producer.as_ref(),
             };
             match stream.state.apply_append(command, now)? {
                 AppendOutcome::Appended {
@@ -408,8 +446,14 @@ impl Shard {
                         next_offset,
                         timestamp_ms: Some(timestamp_ms),
                         closed,
+                        duplicate_of_seq: None,
                     };
-                    let rx = self.write_frames(&key, stream, &records, &ack, closed, body_bytes);
+                    let frames = Frames {
+                        records: &records,
+                        close: closed,
+                        producer: producer.as_ref(),
+                    };
+                    let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
                     Ok((rx, ack))
                 }
                 AppendOutcome::Closed { next_offset, newly } => {
@@ -418,20 +462,43 @@ impl Shard {
                         next_offset,
                         timestamp_ms: None,
                         closed: true,
+                        duplicate_of_seq: None,
                     };
                     if newly {
-                        let rx = self.write_frames(&key, stream, &records, &ack, true, body_bytes);
+                        let frames = Frames {
+                            records: &records,
+                            close: true,
+                            producer: producer.as_ref(),
+                        };
+                        let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
                         Ok((rx, ack))
                     } else {
-                        Err(ack)
+                        Err((ack, next_offset, true))
                     }
+                }
+                AppendOutcome::Duplicate {
+                    next_offset,
+                    last_seq,
+                    closed,
+                } => {
+                    let ack = AppendAck {
+                        start_offset: None,
+                        next_offset,
+                        timestamp_ms: None,
+                        closed,
+                        duplicate_of_seq: Some(last_seq),
+                    };
+                    Err((ack, next_offset, closed))
                 }
             }
         };
         let (ack_rx, ack) = match written {
             Ok(written) => written,
-            // Already closed: nothing to write; answer once the close is durable.
-            Err(ack) => return self.after_durable(name, ack).await,
+            // Nothing to write (already closed, or a producer retry): answer once what the
+            // original request wrote is durable.
+            Err((ack, offset, closed)) => {
+                return self.after_durable(name, ack, offset, closed).await
+            }
         };
         self.commit_wanted.notify();
         match ack_rx.await {
@@ -453,13 +520,14 @@ impl Shard {
         self: &Rc<Self>,
         name: &str,
         ack: AppendAck,
+        offset: u64,
+        closed: bool,
     ) -> Result<AppendAck, EngineError> {
         loop {
             let rx = {
                 let mut streams = self.streams.borrow_mut();
                 let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
-                if stream.state.durable_offset >= stream.state.next_offset
-                    && stream.state.closed_durable
+                if stream.state.durable_offset >= offset && (!closed || stream.state.closed_durable)
                 {
                     return Ok(ack);
                 }
@@ -471,21 +539,26 @@ impl Shard {
         }
     }
 
-    /// Frames the records into the active segment and queues their acknowledgement.
+    /// Frames the records into the active segment and queues their acknowledgement. The last
+    /// frame of the request carries the request-end flag and the producer tuple.
     fn write_frames(
         &self,
         name: &Rc<str>,
         stream: &mut Stream,
-        records: &[RecordInput],
+        frames: Frames<'_>,
         ack: &AppendAck,
-        close: bool,
         body_bytes: usize,
     ) -> oneshot::Receiver<Result<(), EngineError>> {
+        let Frames {
+            records,
+            close,
+            producer,
+        } = frames;
         let needed: usize = records
             .iter()
-            .map(|r| frame::record_frame_len(&r.headers, r.body.len()))
+            .map(|r| frame::frame_len(&r.headers, None, r.body.len()))
             .sum::<usize>()
-            + if close { frame::FRAME_HEADER_LEN } else { 0 };
+            + frame::frame_len(&[], producer, 0);
         self.maybe_rotate(needed);
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
@@ -494,31 +567,40 @@ impl Shard {
         let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
         let first_offset = ack.start_offset.unwrap_or(ack.next_offset);
         for (i, record) in records.iter().enumerate() {
-            frame::encode_frame(
-                &mut segment.buf,
-                FRAME_KIND_RECORD,
-                id,
-                first_offset + i as u64,
-                timestamp,
-                &record.headers,
-                &record.body,
-            );
+            let last = i + 1 == records.len() && !close;
+            let meta = FrameMeta {
+                kind: FRAME_KIND_RECORD,
+                stream_id: id,
+                offset: first_offset + i as u64,
+                timestamp_ms: timestamp,
+                request_end: last,
+                producer: if last { producer } else { None },
+            };
+            frame::encode_frame(&mut segment.buf, meta, &record.headers, &record.body);
         }
         if close {
-            frame::encode_frame(
-                &mut segment.buf,
-                FRAME_KIND_CLOSE,
-                id,
-                ack.next_offset,
-                timestamp,
-                &[],
-                &[],
-            );
+            let meta = FrameMeta {
+                kind: FRAME_KIND_CLOSE,
+                stream_id: id,
+                offset: ack.next_offset,
+                timestamp_ms: timestamp,
+                request_end: true,
+                producer,
+            };
+            frame::encode_frame(&mut segment.buf, meta, &[], &[]);
         }
         let byte_end = segment.buf.len() as u64;
         let entry = segment.index.entry(id).or_default();
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
         entry.closed |= close;
+        if let Some(producer) = producer {
+            entry
+                .producers
+                .insert(producer.id.clone(), (producer.epoch, producer.seq));
+            if close {
+                entry.closed_by = Some(producer.clone());
+            }
+        }
         if !records.is_empty() {
             let run = SegmentRun {
                 first_offset,
@@ -723,17 +805,24 @@ impl Shard {
                 SegmentData::Loading(waiters) => {
                     let (tx, rx) = oneshot::channel();
                     waiters.push(tx);
-                    rx
+                    (rx, None)
                 }
                 SegmentData::Remote => {
                     let (tx, rx) = oneshot::channel();
                     slot.data = SegmentData::Loading(vec![tx]);
                     let key = slot.key.to_string();
                     let fetch = self.store.get(&key);
-                    // Resolved by `finish_load`, on this executor.
-                    glommio::spawn_local(load_segment(fetch, key, chunk.segment)).detach();
-                    rx
+                    (rx, Some((fetch, key)))
                 }
+            }
+        };
+        let rx = match rx {
+            (rx, None) => rx,
+            (rx, Some((fetch, key))) => {
+                // Spawned with no borrow held: glommio may poll the task right away, and
+                // `finish_load` borrows the segment table.
+                glommio::spawn_local(load_segment(fetch, key, chunk.segment)).detach();
+                rx
             }
         };
         let whole = rx.await.map_err(|_| EngineError::ShuttingDown)??;
@@ -744,6 +833,48 @@ impl Shard {
             )));
         }
         Ok(whole.slice(start..end))
+    }
+
+    /// Trim: readers see the new start at once; the catalog records it before the answer.
+    async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
+        let id = self.live_stream_id(name, true).await?;
+        let start = {
+            let mut streams = self.streams.borrow_mut();
+            let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+            let start = stream.state.trim(offset);
+            stream.chunks.retain(|c| c.next_offset > start);
+            start
+        };
+        self.meta
+            .trim_stream(id, start)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        Ok(start)
+    }
+
+    /// Deletes expired streams nobody touches, so their metadata does not linger.
+    async fn reaper_loop(self: Rc<Self>) {
+        loop {
+            glommio::timer::sleep(REAPER_INTERVAL).await;
+            let now = now_ms();
+            let expired: Vec<(Rc<str>, u64)> = self
+                .streams
+                .borrow()
+                .iter()
+                .filter(|(_, s)| s.state.is_expired(now))
+                .take(REAPER_BATCH_MAX)
+                .map(|(name, s)| (name.clone(), s.state.id))
+                .collect();
+            for (name, id) in expired {
+                if let Err(e) = self.remove_stream(&name, id).await {
+                    log::warn!(
+                        "core {}: could not reap expired stream {name}: {e}",
+                        self.core
+                    );
+                }
+            }
+        }
     }
 
     async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {
@@ -1068,6 +1199,16 @@ impl Shard {
                     runs: entry.runs,
                     last_timestamp_ms: entry.last_timestamp_ms,
                     closed: entry.closed,
+                    producers: entry
+                        .producers
+                        .into_iter()
+                        .map(|(id, (epoch, seq))| ProducerState { id, epoch, seq })
+                        .collect(),
+                    closed_by: entry.closed_by.map(|p| ProducerState {
+                        id: p.id,
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    }),
                 })
                 .collect(),
         };

@@ -3,7 +3,10 @@
 //! Both protocols translate their requests into these calls; the owning core applies them
 //! and then does the I/O (frames into the WAL, waiters, replies).
 
+use std::collections::BTreeMap;
+
 use crate::error::EngineError;
+pub use crate::frame::ProducerTuple;
 
 /// Configuration fixed at create.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,17 +38,23 @@ pub struct StreamState {
     pub last_timestamp_ms: i64,
     /// Last read or append, for the sliding TTL.
     pub last_access_ms: i64,
+    /// Idempotent producers: id → (epoch, last accepted request sequence). Never pruned.
+    pub producers: BTreeMap<String, (u64, u64)>,
+    /// The producer tuple of the request that closed the stream, if a producer closed it.
+    pub closed_by: Option<ProducerTuple>,
 }
 
 /// An append as the protocols express it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AppendCommand {
+pub struct AppendCommand<'a> {
     /// Records in the request (0 for a close-only request).
     pub records: u64,
     /// Close the stream after these records.
     pub close: bool,
     /// Apply only if the tail equals this offset.
     pub match_offset: Option<u64>,
+    /// Idempotent producer identity; its `seq` counts requests, not records.
+    pub producer: Option<&'a ProducerTuple>,
 }
 
 /// What an accepted append did.
@@ -60,6 +69,13 @@ pub enum AppendOutcome {
     },
     /// No records; the stream is (now, or already was) closed.
     Closed { next_offset: u64, newly: bool },
+    /// A producer retried a request already applied: nothing written. `last_seq` is the
+    /// producer's highest accepted sequence; answer once `next_offset` is durable.
+    Duplicate {
+        next_offset: u64,
+        last_seq: u64,
+        closed: bool,
+    },
 }
 
 impl StreamState {
@@ -75,6 +91,8 @@ impl StreamState {
             durable_offset: 0,
             last_timestamp_ms: 0,
             last_access_ms: now_ms,
+            producers: BTreeMap::new(),
+            closed_by: None,
         }
     }
 
@@ -109,8 +127,24 @@ impl StreamState {
         if command.records == 0 && !command.close {
             return Err(EngineError::Invalid("empty body".into()));
         }
+        // Producer outcomes come before the closed check, so a retry of a request that was
+        // applied (even the one that closed the stream) still succeeds.
+        if let Some(producer) = command.producer {
+            if let Some(duplicate) = self.check_producer(producer)? {
+                return Ok(duplicate);
+            }
+        }
         if self.closed {
             if command.records == 0 {
+                let other_closer = match (command.producer, &self.closed_by) {
+                    (Some(producer), Some(closer)) => producer != closer,
+                    _ => false,
+                };
+                if other_closer {
+                    return Err(EngineError::Closed {
+                        next_offset: self.next_offset,
+                    });
+                }
                 return Ok(AppendOutcome::Closed {
                     next_offset: self.next_offset,
                     newly: false,
@@ -129,8 +163,13 @@ impl StreamState {
             }
         }
         self.touch(now_ms);
+        if let Some(producer) = command.producer {
+            self.producers
+                .insert(producer.id.clone(), (producer.epoch, producer.seq));
+        }
         if command.close {
             self.closed = true;
+            self.closed_by = command.producer.cloned();
         }
         if command.records == 0 {
             return Ok(AppendOutcome::Closed {
@@ -150,11 +189,55 @@ impl StreamState {
         })
     }
 
+    /// The producer decision table: `Ok(None)` to apply, `Ok(Some(Duplicate))` for a retry of
+    /// an applied request, or the error to answer.
+    fn check_producer(
+        &self,
+        producer: &ProducerTuple,
+    ) -> Result<Option<AppendOutcome>, EngineError> {
+        let new_epoch_error =
+            || EngineError::Invalid("New epoch must start with sequence 0".into());
+        match self.producers.get(&producer.id) {
+            None if producer.seq != 0 => Err(new_epoch_error()),
+            None => Ok(None),
+            Some(&(epoch, _)) if producer.epoch < epoch => {
+                Err(EngineError::StaleProducerEpoch { current: epoch })
+            }
+            Some(&(epoch, _)) if producer.epoch > epoch => {
+                if producer.seq == 0 {
+                    Ok(None)
+                } else {
+                    Err(new_epoch_error())
+                }
+            }
+            Some(&(_, last)) if producer.seq <= last => Ok(Some(AppendOutcome::Duplicate {
+                next_offset: self.next_offset,
+                last_seq: last,
+                closed: self.closed,
+            })),
+            Some(&(_, last)) if producer.seq > last + 1 => Err(EngineError::ProducerSequenceGap {
+                expected: last + 1,
+                received: producer.seq,
+            }),
+            Some(_) => Ok(None),
+        }
+    }
+
     /// Records up to `next_offset` (and the close, if `closed`) became durable.
     pub fn mark_durable(&mut self, next_offset: u64, closed: bool) {
         debug_assert!(next_offset <= self.next_offset);
         self.durable_offset = self.durable_offset.max(next_offset);
         self.closed_durable |= closed;
+    }
+
+    /// Raises the first readable offset to `offset`, clamped to `[start, durable tail]`
+    /// (trim). Returns the new start.
+    pub fn trim(&mut self, offset: u64) -> u64 {
+        self.start_offset = offset.clamp(
+            self.start_offset,
+            self.durable_offset.max(self.start_offset),
+        );
+        self.start_offset
     }
 
     /// Checks a read position against the readable range.
@@ -275,7 +358,7 @@ mod tests {
                     Step::Append { records, close, match_tail, now } => {
                         let before = state.clone();
                         let match_offset = match_tail.then_some(state.next_offset);
-                        let result = state.apply_append(AppendCommand { records, close, match_offset }, now);
+                        let result = state.apply_append(AppendCommand { records, close, match_offset, producer: None }, now);
                         match result {
                             Ok(AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, .. }) => {
                                 prop_assert!(!before.closed);
@@ -292,6 +375,7 @@ mod tests {
                                 prop_assert_eq!(newly, !before.closed);
                                 prop_assert!(state.closed);
                             }
+                            Ok(AppendOutcome::Duplicate { .. }) => prop_assert!(false, "no producer was given"),
                             Err(_) => prop_assert_eq!(&state, &before),
                         }
                     }
@@ -299,6 +383,120 @@ mod tests {
                 prop_assert!(state.durable_offset <= state.next_offset);
             }
         }
+    }
+
+    fn append(
+        state: &mut StreamState,
+        records: u64,
+        close: bool,
+        producer: Option<(&str, u64, u64)>,
+    ) -> Result<AppendOutcome, EngineError> {
+        let producer = producer.map(|(id, epoch, seq)| ProducerTuple {
+            id: id.into(),
+            epoch,
+            seq,
+        });
+        state.apply_append(
+            AppendCommand {
+                records,
+                close,
+                match_offset: None,
+                producer: producer.as_ref(),
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn producer_decision_table() {
+        let mut state = StreamState::new(1, config(), false, 0);
+        assert!(
+            matches!(
+                append(&mut state, 1, false, Some(("p", 0, 1))),
+                Err(EngineError::Invalid(_))
+            ),
+            "unknown id must start at 0"
+        );
+        assert!(matches!(
+            append(&mut state, 1, false, Some(("p", 0, 0))),
+            Ok(AppendOutcome::Appended { .. })
+        ));
+        assert!(matches!(
+            append(&mut state, 1, false, Some(("p", 0, 1))),
+            Ok(AppendOutcome::Appended { .. })
+        ));
+        assert!(matches!(
+            append(&mut state, 1, false, Some(("p", 0, 1))),
+            Ok(AppendOutcome::Duplicate {
+                last_seq: 1,
+                next_offset: 2,
+                closed: false
+            })
+        ));
+        assert!(matches!(
+            append(&mut state, 1, false, Some(("p", 0, 0))),
+            Ok(AppendOutcome::Duplicate { last_seq: 1, .. })
+        ));
+        assert_eq!(
+            append(&mut state, 1, false, Some(("p", 0, 3))).unwrap_err(),
+            EngineError::ProducerSequenceGap {
+                expected: 2,
+                received: 3
+            }
+        );
+        assert!(
+            matches!(
+                append(&mut state, 1, false, Some(("p", 1, 1))),
+                Err(EngineError::Invalid(_))
+            ),
+            "new epoch must start at 0"
+        );
+        assert!(matches!(
+            append(&mut state, 1, false, Some(("p", 1, 0))),
+            Ok(AppendOutcome::Appended { .. })
+        ));
+        assert_eq!(
+            append(&mut state, 1, false, Some(("p", 0, 2))).unwrap_err(),
+            EngineError::StaleProducerEpoch { current: 1 }
+        );
+        assert_eq!(state.next_offset, 3);
+    }
+
+    #[test]
+    fn closing_producer_may_retry_others_may_not() {
+        let mut state = StreamState::new(1, config(), false, 0);
+        append(&mut state, 2, true, Some(("p", 0, 0))).unwrap();
+        assert!(state.closed);
+        assert!(matches!(
+            append(&mut state, 2, true, Some(("p", 0, 0))),
+            Ok(AppendOutcome::Duplicate { closed: true, .. })
+        ));
+        assert!(matches!(
+            append(&mut state, 1, false, Some(("q", 0, 0))),
+            Err(EngineError::Closed { .. })
+        ));
+        assert!(matches!(
+            append(&mut state, 0, true, Some(("q", 0, 0))),
+            Err(EngineError::Closed { .. })
+        ));
+        assert!(matches!(
+            append(&mut state, 0, true, None),
+            Ok(AppendOutcome::Closed { newly: false, .. })
+        ));
+    }
+
+    #[test]
+    fn trim_clamps_to_the_durable_tail() {
+        let mut state = StreamState::new(1, config(), false, 0);
+        append(&mut state, 5, false, None).unwrap();
+        state.mark_durable(3, false);
+        assert_eq!(state.trim(2), 2);
+        assert_eq!(state.trim(1), 2, "never lowered");
+        assert_eq!(state.trim(10), 3, "clamped to the durable tail");
+        assert!(matches!(
+            state.check_read(2),
+            Err(EngineError::OffsetGone { start: 3, .. })
+        ));
     }
 
     #[test]
@@ -310,6 +508,7 @@ mod tests {
                     records: 2,
                     close: false,
                     match_offset: None,
+                    producer: None,
                 },
                 1,
             )
@@ -320,6 +519,7 @@ mod tests {
                     records: 1,
                     close: false,
                     match_offset: Some(5),
+                    producer: None,
                 },
                 2,
             )
@@ -355,6 +555,7 @@ mod tests {
                     records: 3,
                     close: false,
                     match_offset: None,
+                    producer: None,
                 },
                 1,
             )

@@ -107,6 +107,7 @@ fn segments_survive_sealing_eviction_and_restart() {
                     records,
                     close: false,
                     match_offset: None,
+                    producer: None,
                 },
             )
             .await
@@ -118,6 +119,7 @@ fn segments_survive_sealing_eviction_and_restart() {
                 records: Vec::new(),
                 close: true,
                 match_offset: None,
+                producer: None,
             },
         )
         .await
@@ -155,6 +157,7 @@ fn segments_survive_sealing_eviction_and_restart() {
                     records,
                     close: false,
                     match_offset: None,
+                    producer: None,
                 },
             )
             .await

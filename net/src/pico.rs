@@ -8,8 +8,8 @@ use std::rc::Rc;
 use base64::Engine as _;
 use bytes::Bytes;
 use pico_engine::{
-    limits, CoreHandle, EngineError, Op, ReadBatch, ReadFrom, ReadRequest, RecordInput, Reply,
-    StreamConfig, StreamInfo,
+    limits, state::ProducerTuple, CoreHandle, EngineError, Op, ReadBatch, ReadFrom, ReadRequest,
+    RecordInput, Reply, StreamConfig, StreamInfo,
 };
 
 use crate::codec;
@@ -80,6 +80,17 @@ impl From<EngineError> for ApiError {
             EngineError::MatchFailed { actual, .. } => ApiError {
                 next_seq: Some(actual),
                 ..ApiError::new(412, "match_failed", message)
+            },
+            EngineError::StaleProducerEpoch { current } => ApiError {
+                extra: vec![("pico-producer-epoch", current.to_string())],
+                ..ApiError::new(403, "fenced", message)
+            },
+            EngineError::ProducerSequenceGap { expected, received } => ApiError {
+                extra: vec![
+                    ("pico-expected-seq", expected.to_string()),
+                    ("pico-received-seq", received.to_string()),
+                ],
+                ..ApiError::new(409, "sequence_gap", message)
             },
             EngineError::OffsetBeyondTail { .. } => ApiError::bad_request(message),
             EngineError::OffsetGone { start, .. } => ApiError {
@@ -321,27 +332,11 @@ async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
 
 async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     let match_offset = header_u64(request, "pico-match-seq", "Pico-Match-Seq")?;
-    let producer = [
-        "pico-producer-id",
-        "pico-producer-epoch",
-        "pico-producer-seq",
-    ]
-    .iter()
-    .filter(|h| request.header(h).is_some())
-    .count();
-    if producer > 0 {
-        return Err(ApiError::new(
-            501,
-            "not_implemented",
-            "idempotent producers (Pico-Producer-*) are not supported by this server version",
-        ));
-    }
-    if request.header("pico-trim-seq").is_some() {
-        return Err(ApiError::new(
-            501,
-            "not_implemented",
-            "trim (Pico-Trim-Seq) is not supported by this server version",
-        ));
+    let producer = producer_headers(request)?;
+    if let Some(raw) = request.header("pico-trim-seq") {
+        let offset =
+            strict_u64(raw).ok_or_else(|| ApiError::bad_request("invalid Pico-Trim-Seq"))?;
+        return trim(core, request, offset).await;
     }
     let close = header_true(request, "pico-closed");
     if request.body.is_empty() && !close {
@@ -373,17 +368,14 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
     if records.is_empty() && !close {
         return Err(ApiError::bad_request("empty body"));
     }
-    let reply = core
-        .call(
-            &request.path,
-            Op::Append {
-                records,
-                close,
-                match_offset,
-            },
-        )
-        .await?;
-    let Reply::Appended(ack) = reply else {
+    let echo = producer.as_ref().map(|p| (p.epoch, p.seq));
+    let op = Op::Append {
+        records,
+        close,
+        match_offset,
+        producer,
+    };
+    let Reply::Appended(ack) = core.call(&request.path, op).await? else {
         unreachable!("an append is always answered with Appended")
     };
     let mut response = Response::new(200)
@@ -397,7 +389,42 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
     if ack.closed {
         response = response.header("pico-closed", "true");
     }
+    if let Some((epoch, seq)) = echo {
+        // On a duplicate the sequence echoed is the producer's highest accepted one.
+        let seq = ack.duplicate_of_seq.unwrap_or(seq);
+        response = response
+            .header("pico-producer-epoch", epoch.to_string())
+            .header("pico-producer-seq", seq.to_string());
+    }
     Ok(response)
+}
+
+/// `Pico-Producer-Id/Epoch/Seq`: all three or none.
+fn producer_headers(request: &Request) -> Result<Option<ProducerTuple>, ApiError> {
+    let id = request.header("pico-producer-id");
+    let epoch = header_u64(request, "pico-producer-epoch", "Pico-Producer-Epoch")?;
+    let seq = header_u64(request, "pico-producer-seq", "Pico-Producer-Seq")?;
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => Ok(Some(ProducerTuple { id: id.to_string(), epoch, seq })),
+        _ => Err(ApiError::bad_request(
+            "all producer headers (Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq) must be provided together",
+        )),
+    }
+}
+
+/// `POST` with `Pico-Trim-Seq`: records below the offset are gone for readers at once.
+async fn trim(core: &Rc<CoreHandle>, request: &Request, offset: u64) -> Result<Response, ApiError> {
+    if !request.body.is_empty() {
+        return Err(ApiError::bad_request("trim takes no body"));
+    }
+    let Reply::Trimmed { start_offset } = core.call(&request.path, Op::Trim { offset }).await?
+    else {
+        unreachable!("a trim is always answered with Trimmed")
+    };
+    Ok(Response::new(200)
+        .header("pico-start-seq", start_offset.to_string())
+        .header("cache-control", "no-store"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
