@@ -15,6 +15,9 @@ use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Most headers in one request.
 pub const HEADERS_MAX: usize = 100;
+/// A connection idle this long between requests is closed; a request (head and body) not
+/// received within it gets `408`.
+pub const REQUEST_READ_TIMEOUT_SEC: u64 = 120;
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -105,6 +108,7 @@ fn reason(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         409 => "Conflict",
         410 => "Gone",
         411 => "Length Required",
@@ -147,7 +151,20 @@ pub async fn serve_connection<S, H, F>(
 {
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     loop {
-        let parsed = match read_request(&mut stream, &mut buf, max_body_size).await {
+        let read = read_request(&mut stream, &mut buf, max_body_size);
+        let timed = futures_lite::future::or(async { Some(read.await) }, async {
+            glommio::timer::sleep(std::time::Duration::from_secs(REQUEST_READ_TIMEOUT_SEC)).await;
+            None
+        });
+        let Some(read) = timed.await else {
+            // Idle keep-alive connections just close; a stalled request learns why.
+            if !buf.is_empty() {
+                let response = on_error(408, "request not received in time");
+                let _ = write_response(&mut stream, response, false, false).await;
+            }
+            return;
+        };
+        let parsed = match read {
             Ok(Some(parsed)) => parsed,
             Ok(None) => return,
             Err(e) => {
