@@ -1,0 +1,710 @@
+//! Shared helpers of the end-to-end tests: a guard around a real `pico serve` process and a
+//! minimal blocking HTTP/1.1 client over `std::net::TcpStream`.
+//!
+//! Every wait is bounded: server start-up, socket reads and writes all have deadlines.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to print its `serving on` line.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Socket read/write timeout of the test client.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A running `pico serve` with its own temporary directory; killed (SIGKILL) on drop.
+pub struct Server {
+    child: Option<Child>,
+    /// Listener of the Pico protocol.
+    pub addr: SocketAddr,
+    /// Admin listener (`/health`, `/ready`).
+    pub admin: SocketAddr,
+    extra_args: Vec<String>,
+    // Dropped last: the directory outlives the process.
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts a server in a fresh temporary directory with these extra `serve` flags.
+    pub fn start(extra_args: &[&str]) -> Server {
+        let dir = tempfile::Builder::new()
+            .prefix("pico-e2e-")
+            .tempdir()
+            .expect("create a temporary directory");
+        let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        let (child, addr, admin) = spawn(dir.path(), &extra_args);
+        Server {
+            child: Some(child),
+            addr,
+            admin,
+            extra_args,
+            dir,
+        }
+    }
+
+    /// The server's data directory (meta.db, objects/, wal/, server.log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn wal_dir(&self) -> PathBuf {
+        self.dir.path().join("wal")
+    }
+
+    /// `kill -9`: the process gets no chance to flush or clean up.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs, then starts it again on the same directories (new ports).
+    pub fn restart(&mut self) {
+        self.kill();
+        let (child, addr, admin) = spawn(self.dir.path(), &self.extra_args);
+        self.child = Some(child);
+        self.addr = addr;
+        self.admin = admin;
+    }
+
+    /// The server's stderr so far (logs), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Still running?
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// A new keep-alive connection to the protocol listener.
+    pub fn connect(&self) -> Conn {
+        Conn::connect(self.addr).expect("connect to the server")
+    }
+
+    /// One request on a fresh connection.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        let mut conn = self.connect();
+        conn.request(method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\nserver log:\n{}", self.log()))
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        self.request("GET", path, &[], b"")
+    }
+
+    pub fn put(&self, path: &str, content_type: &str) -> Resp {
+        self.request("PUT", path, &[("content-type", content_type)], b"")
+    }
+
+    pub fn post(&self, path: &str, body: &[u8]) -> Resp {
+        self.request("POST", path, &[], body)
+    }
+
+    pub fn head(&self, path: &str) -> Resp {
+        self.request("HEAD", path, &[], b"")
+    }
+
+    pub fn delete(&self, path: &str) -> Resp {
+        self.request("DELETE", path, &[], b"")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
+fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .expect("open server.log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
+    command
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .arg("--meta-url")
+        .arg(format!("sqlite:{}", dir.join("meta.db").display()))
+        .arg("--storage")
+        .arg(format!("-2@file://{}", dir.join("objects").display()))
+        .arg("--wal-dir")
+        .arg(dir.join("wal"))
+        .args(extra_args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log));
+    // The test environment must not configure the server behind our back.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("PICO_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command.spawn().expect("spawn pico serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel::<String>();
+    // Drains stdout for the life of the process so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                // Nobody listens any more; keep draining.
+                continue;
+            }
+        }
+    });
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut addr = None;
+    let mut admin = None;
+    while addr.is_none() || admin.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(line) => {
+                if let Some(rest) = line.strip_prefix("serving on http://") {
+                    let text = rest.split_whitespace().next().unwrap_or_default();
+                    addr = Some(text.parse::<SocketAddr>().expect("serving address"));
+                } else if let Some(rest) = line.strip_prefix("admin on http://") {
+                    let text = rest.split_whitespace().next().unwrap_or_default();
+                    admin = Some(text.parse::<SocketAddr>().expect("admin address"));
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait();
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                panic!("pico serve did not become ready ({status:?}); log:\n{log}");
+            }
+        }
+    }
+    (child, addr.unwrap(), admin.unwrap())
+}
+
+/// A response as parsed by the test client; header names are lowercased.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    /// The first header with this name (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The header, which must be present.
+    pub fn h(&self, name: &str) -> &str {
+        self.header(name)
+            .unwrap_or_else(|| panic!("missing header {name} in {}", self.describe()))
+    }
+
+    /// The header parsed as an integer.
+    pub fn h_u64(&self, name: &str) -> u64 {
+        self.h(name)
+            .parse()
+            .unwrap_or_else(|_| panic!("header {name} not an integer in {}", self.describe()))
+    }
+
+    pub fn h_i64(&self, name: &str) -> i64 {
+        self.h(name)
+            .parse()
+            .unwrap_or_else(|_| panic!("header {name} not an integer in {}", self.describe()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.describe()))
+    }
+
+    /// Status, headers and body, for assertion messages.
+    pub fn describe(&self) -> String {
+        let mut out = format!("HTTP {}\n", self.status);
+        for (n, v) in &self.headers {
+            out.push_str(&format!("{n}: {v}\n"));
+        }
+        out.push('\n');
+        out.push_str(&String::from_utf8_lossy(&self.body));
+        out
+    }
+
+    /// Asserts the status, showing the whole response when it differs.
+    #[track_caller]
+    pub fn expect(&self, status: u16) -> &Resp {
+        assert_eq!(
+            self.status,
+            status,
+            "unexpected status:\n{}",
+            self.describe()
+        );
+        self
+    }
+
+    /// Asserts a JSON error body `{"error":code,...}` with this status; returns the body.
+    #[track_caller]
+    pub fn expect_error(&self, status: u16, code: &str) -> serde_json::Value {
+        self.expect(status);
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "{}",
+            self.describe()
+        );
+        let body = self.json();
+        assert_eq!(body["error"], code, "{}", self.describe());
+        body
+    }
+}
+
+/// One client connection; requests on it are keep-alive.
+pub struct Conn {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Changes the read timeout (long-polls wait longer than a normal request).
+    pub fn set_read_timeout(&mut self, timeout: Duration) {
+        self.stream
+            .set_read_timeout(Some(timeout))
+            .expect("set read timeout");
+    }
+
+    /// Writes bytes as they are (malformed or pipelined requests).
+    pub fn raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)?;
+        self.stream.flush()
+    }
+
+    /// Writes one request with `Content-Length` (unless a `content-length` or
+    /// `transfer-encoding` header is given explicitly).
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<()> {
+        self.raw(&encode_request(method, path, headers, body))
+    }
+
+    /// Sends a request and reads its final response (interim 1xx responses are skipped).
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<Resp> {
+        self.send(method, path, headers, body)?;
+        loop {
+            let response = self.read_response(method == "HEAD")?;
+            if response.status >= 200 {
+                return Ok(response);
+            }
+        }
+    }
+
+    /// Reads one response (including interim 1xx ones). `head`: the request was a HEAD, so a
+    /// `Content-Length` does not announce a body.
+    pub fn read_response(&mut self, head: bool) -> std::io::Result<Resp> {
+        let head_end = loop {
+            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
+                break i;
+            }
+            if self.fill()? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "connection closed before a full response head ({} bytes buffered)",
+                        self.buf.len()
+                    ),
+                ));
+            }
+        };
+        let head_text = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();
+        self.buf.drain(..head_end + 4);
+        let mut lines = head_text.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let mut parts = status_line.splitn(3, ' ');
+        let version = parts.next().unwrap_or_default();
+        if version != "HTTP/1.1" && version != "HTTP/1.0" {
+            return Err(bad_data(format!("bad status line {status_line:?}")));
+        }
+        let status: u16 = parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad_data(format!("bad status line {status_line:?}")))?;
+        let mut headers = Vec::new();
+        for line in lines {
+            let (name, value) = line
+                .split_once(':')
+                .ok_or_else(|| bad_data(format!("bad header line {line:?}")))?;
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        }
+        let mut response = Resp {
+            status,
+            headers,
+            body: Vec::new(),
+        };
+        if head || status < 200 || status == 204 || status == 304 {
+            return Ok(response);
+        }
+        if let Some(length) = response.header("content-length") {
+            let length: usize = length
+                .parse()
+                .map_err(|_| bad_data(format!("bad content-length {length:?}")))?;
+            while self.buf.len() < length {
+                if self.fill()? == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "connection closed mid-body",
+                    ));
+                }
+            }
+            response.body = self.buf.drain(..length).collect();
+        } else if response
+            .header("transfer-encoding")
+            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"))
+        {
+            return Err(bad_data("chunked responses are not expected from pico"));
+        } else {
+            // No length: the body runs to the end of the connection.
+            while self.fill()? > 0 {}
+            response.body = std::mem::take(&mut self.buf);
+        }
+        Ok(response)
+    }
+
+    /// True if the peer closed the connection (EOF or reset) within 5 s, with no more data;
+    /// false if data arrives or the connection stays open.
+    pub fn at_eof(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        self.set_read_timeout(Duration::from_secs(5));
+        let result = self.fill();
+        self.set_read_timeout(IO_TIMEOUT);
+        match result {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    fn fill(&mut self) -> std::io::Result<usize> {
+        let mut chunk = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut chunk)?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+}
+
+fn bad_data(message: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, message.into())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The bytes of one HTTP/1.1 request.
+pub fn encode_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n").into_bytes();
+    let explicit_length = headers.iter().any(|(n, _)| {
+        n.eq_ignore_ascii_case("content-length") || n.eq_ignore_ascii_case("transfer-encoding")
+    });
+    for (name, value) in headers {
+        out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+    }
+    if !explicit_length && (!body.is_empty() || matches!(method, "POST" | "PUT")) {
+        out.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// A record of a binary append batch (pico-protocol.md §2.9).
+pub struct BatchRecord<'a> {
+    pub headers: &'a [(&'a str, &'a str)],
+    pub body: &'a [u8],
+}
+
+/// Encodes a binary append batch: u8 version 1, u32 count, per record u32 header count,
+/// headers as (u32 len + name, u32 len + value), u32 body length, body; all big-endian.
+pub fn encode_binary_batch(records: &[BatchRecord]) -> Vec<u8> {
+    let mut out = vec![1u8];
+    out.extend_from_slice(&(records.len() as u32).to_be_bytes());
+    for record in records {
+        out.extend_from_slice(&(record.headers.len() as u32).to_be_bytes());
+        for (name, value) in record.headers {
+            out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            out.extend_from_slice(value.as_bytes());
+        }
+        out.extend_from_slice(&(record.body.len() as u32).to_be_bytes());
+        out.extend_from_slice(record.body);
+    }
+    out
+}
+
+/// A record decoded from the `binary` read format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRecord {
+    pub seq: u64,
+    pub timestamp: i64,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Decodes the `binary` read format: u8 version 1; u32 count; per record u64 seq,
+/// i64 timestamp, u32 header count, headers, u32 body length, body (all big-endian).
+/// Panics on malformed input (including trailing bytes).
+pub fn decode_binary_read(data: &[u8]) -> Vec<ReadRecord> {
+    let mut pos = 0usize;
+    let mut take = |n: usize| -> &[u8] {
+        let slice = data
+            .get(pos..pos + n)
+            .unwrap_or_else(|| panic!("binary read truncated at {pos} (+{n}) of {}", data.len()));
+        pos += n;
+        slice
+    };
+    assert_eq!(take(1), [1], "binary read version");
+    let u32_of = |b: &[u8]| u32::from_be_bytes(b.try_into().unwrap()) as usize;
+    let count = u32_of(take(4));
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let seq = u64::from_be_bytes(take(8).try_into().unwrap());
+        let timestamp = i64::from_be_bytes(take(8).try_into().unwrap());
+        let header_count = u32_of(take(4));
+        let mut headers = Vec::new();
+        for _ in 0..header_count {
+            let len = u32_of(take(4));
+            let name = String::from_utf8(take(len).to_vec()).expect("UTF-8 header name");
+            let len = u32_of(take(4));
+            let value = String::from_utf8(take(len).to_vec()).expect("UTF-8 header value");
+            headers.push((name, value));
+        }
+        let len = u32_of(take(4));
+        let body = take(len).to_vec();
+        records.push(ReadRecord {
+            seq,
+            timestamp,
+            headers,
+            body,
+        });
+    }
+    assert_eq!(pos, data.len(), "trailing bytes after the binary read");
+    records
+}
+
+/// Reads a whole stream from `from` in `format=binary` pages until up to date; returns every
+/// record and the final `Pico-Next-Seq`. Panics on any non-200 page or a page that makes no
+/// progress.
+pub fn read_all(server: &Server, name: &str, from: u64) -> (Vec<ReadRecord>, u64) {
+    let mut conn = server.connect();
+    let mut records = Vec::new();
+    let mut next = from;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "reading {name} did not finish");
+        let path = format!("{name}?seq={next}&format=binary&bytes=1048576");
+        let response = conn
+            .request("GET", &path, &[], b"")
+            .unwrap_or_else(|e| panic!("GET {path}: {e}\nserver log:\n{}", server.log()));
+        response.expect(200);
+        let page = decode_binary_read(&response.body);
+        let page_next = response.h_u64("pico-next-seq");
+        if let Some(first) = page.first() {
+            assert_eq!(
+                first.seq, next,
+                "page of {name} starts at the requested seq"
+            );
+        }
+        assert_eq!(
+            page_next,
+            next + page.len() as u64,
+            "Pico-Next-Seq follows the page"
+        );
+        next = page_next;
+        let empty = page.is_empty();
+        records.extend(page);
+        if response.header("pico-up-to-date") == Some("true") {
+            return (records, next);
+        }
+        assert!(
+            !empty,
+            "an empty page that is not up to date: {name} at {next}"
+        );
+    }
+}
+
+/// A small deterministic PRNG (xorshift64*), seeded by the tests.
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(seed.max(1))
+    }
+
+    /// A seed from the clock (printed by the tests so a failure can be replayed).
+    pub fn seed_from_time() -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (now.as_nanos() as u64) ^ 0x9E37_79B9_7F4A_7C15
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform-ish in `[low, high)`.
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low).max(1)
+    }
+}
+
+/// Polls `check` until it returns `Some` or the deadline passes (then panics with `what`).
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Standard base64 with padding (for expected ETags and `body_b64` values).
+pub fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Size of the frame header of the WAL and segment files (engine/src/frame.rs).
+pub const FRAME_HEADER_LEN: usize = 40;
+
+/// Length of the prefix of `data` made of well-formed frames, walking the little-endian `len`
+/// field of each frame header (a zero `len` ends a pre-allocated WAL file). CRCs are not
+/// checked: this finds where the server stopped writing.
+pub fn frames_prefix_len(data: &[u8]) -> usize {
+    let mut pos = 0;
+    while pos + FRAME_HEADER_LEN <= data.len() {
+        let len = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
+        if len < FRAME_HEADER_LEN || pos + len > data.len() {
+            break;
+        }
+        pos += len;
+    }
+    pos
+}
+
+/// Bytes of frames per core index, over the WAL files (`<epoch>-<core>-<n>.wal`) and the
+/// sealed segments (`objects/segments/<epoch>-<core>-<n>.seg`) of a server directory.
+pub fn frame_bytes_per_core(dir: &Path) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for sub in ["wal", "objects/segments"] {
+        let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_string();
+            let Some(core) = stem.split('-').nth(1) else {
+                continue;
+            };
+            let data = std::fs::read(&path).unwrap_or_default();
+            *out.entry(core.to_string()).or_insert(0) += frames_prefix_len(&data);
+        }
+    }
+    out
+}
+
+/// Asserts two record lists are equal, reporting the first difference briefly (bodies can be
+/// large).
+#[track_caller]
+pub fn assert_records_eq(context: &str, got: &[ReadRecord], want: &[ReadRecord]) {
+    for (g, w) in got.iter().zip(want) {
+        let show = |r: &ReadRecord| {
+            format!(
+                "seq={} timestamp={} headers={:?} body={:?}{}",
+                r.seq,
+                r.timestamp,
+                r.headers,
+                String::from_utf8_lossy(&r.body[..r.body.len().min(60)]),
+                if r.body.len() > 60 { "…" } else { "" }
+            )
+        };
+        assert!(
+            g == w,
+            "{context}: records differ\n got: {}\nwant: {}",
+            show(g),
+            show(w)
+        );
+    }
+    assert_eq!(got.len(), want.len(), "{context}: record count");
+}
