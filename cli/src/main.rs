@@ -1,1 +1,153 @@
-fn main() {}
+//! `pico`: the PicoMQ server (`pico serve`) and command-line client.
+//!
+//! Flow: argv → `argv::normalize` (global flags, `-`-values, `PICO_*` variables) → argh →
+//! profile resolution for the connection flags → the command. Exit codes (C9): 0 success,
+//! 1 fatal error (`pico: <message>` on stderr), 2 usage error.
+
+mod args;
+mod argv;
+mod commands;
+mod logger;
+mod profile;
+mod serve;
+
+use std::process::ExitCode;
+
+use argh::{ArgsInfo, FromArgs};
+use pico_client::{Client, ClientConfig, Protocol};
+
+use crate::args::{Cli, Command, DEFAULT_ENDPOINT};
+
+/// How a command failed, which decides the message and the exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad command line: exit 2.
+    Usage(String),
+    /// Anything else: `pico: <message>`, exit 1.
+    Fatal(String),
+    /// The command already printed what went wrong (e.g. `head`'s `not found`): exit 1.
+    Reported,
+    /// stdout was closed by its reader (`pico read ... | head`): not an error.
+    BrokenPipe,
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Failure::BrokenPipe
+        } else {
+            Failure::Fatal(e.to_string())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match parse_command_line() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    match run(cli) {
+        Ok(()) | Err(Failure::BrokenPipe) => ExitCode::SUCCESS,
+        Err(Failure::Usage(message)) => {
+            eprintln!("pico: {message}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Fatal(message)) => {
+            eprintln!("pico: {message}");
+            ExitCode::FAILURE
+        }
+        Err(Failure::Reported) => ExitCode::FAILURE,
+    }
+}
+
+/// argv → `Cli`, or the exit code after printing help (0) or a usage error (2).
+fn parse_command_line() -> Result<Cli, ExitCode> {
+    let mut args = Vec::new();
+    for arg in std::env::args_os().skip(1) {
+        match arg.into_string() {
+            Ok(arg) => args.push(arg),
+            Err(arg) => {
+                eprintln!(
+                    "pico: argument is not valid UTF-8: {}",
+                    arg.to_string_lossy()
+                );
+                return Err(ExitCode::from(2));
+            }
+        }
+    }
+    let env = |name: &str| std::env::var(name).ok();
+    let normalized = match argv::normalize(&Cli::get_args_info(), &args, &env) {
+        Ok(normalized) => normalized,
+        Err(error) => {
+            eprintln!("pico: {}", error.message);
+            print_usage_hint(&error.command_path);
+            return Err(ExitCode::from(2));
+        }
+    };
+    let words: Vec<&str> = normalized.args.iter().map(String::as_str).collect();
+    Cli::from_args(&["pico"], &words).map_err(|early_exit| match early_exit.status {
+        Ok(()) => {
+            println!("{}", early_exit.output);
+            ExitCode::SUCCESS
+        }
+        Err(()) => {
+            eprint!("pico: {}", early_exit.output);
+            if !early_exit.output.ends_with('\n') {
+                eprintln!();
+            }
+            print_usage_hint(&normalized.command_path);
+            ExitCode::from(2)
+        }
+    })
+}
+
+/// The `Usage:` line of the command (argh's own text) and where to get more.
+fn print_usage_hint(command_path: &[String]) {
+    let mut words: Vec<&str> = command_path.iter().map(String::as_str).collect();
+    words.push("--help");
+    if let Err(help) = Cli::from_args(&["pico"], &words) {
+        if let Some(usage) = help.output.lines().find(|l| l.starts_with("Usage:")) {
+            eprintln!("{usage}");
+        }
+    }
+    let path: String = command_path.iter().map(|w| format!(" {w}")).collect();
+    eprintln!("Run pico{path} --help for more information.");
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    // Flag and environment are already in `cli`; the profile comes next, then the defaults.
+    let profile = profile::resolve(cli.profile.as_deref()).map_err(Failure::Fatal)?;
+    let protocol = cli.protocol.or(profile.protocol).unwrap_or(Protocol::Pico);
+    if let Command::Serve(args) = &cli.command {
+        logger::init();
+        return serve::run(args, protocol);
+    }
+
+    let mut config = ClientConfig::new(
+        cli.endpoint
+            .or(profile.endpoint)
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into()),
+    );
+    config.protocol = protocol;
+    // A profile can only turn http2 on: a bare switch cannot say "off".
+    config.http2_prior_knowledge = cli.http2 || profile.http2 == Some(true);
+    let client = Client::new(config).map_err(|e| Failure::Usage(e.to_string()))?;
+
+    // Client commands make one request at a time: a single-threaded runtime is enough.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        match &cli.command {
+            Command::Serve(_) => unreachable!("serve returned above"),
+            Command::Create(args) => commands::create(&client, args).await,
+            Command::Head(args) => commands::head(&client, args).await,
+            Command::Append(args) => commands::append(&client, args).await,
+            Command::Read(args) => commands::read(&client, args).await,
+            Command::Tail(args) => commands::tail(&client, args).await,
+            Command::Close(args) => commands::close(&client, args).await,
+            Command::Delete(args) => commands::delete(&client, args).await,
+        }
+    })
+}

@@ -133,14 +133,18 @@ static INSTALL_CRYPTO: Once = Once::new();
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
         let base = config.endpoint.trim_end_matches('/').to_owned();
-        let url = Url::parse(&base).map_err(|e| {
-            ClientError::InvalidArgument(format!("invalid endpoint {:?}: {e}", config.endpoint))
-        })?;
-        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
-            return Err(ClientError::InvalidArgument(format!(
-                "invalid endpoint {:?}: expected http://HOST:PORT or https://HOST:PORT",
+        let invalid = |why: String| {
+            ClientError::InvalidArgument(format!(
+                "invalid endpoint {:?}: {why}; expected http://HOST:PORT or https://HOST:PORT",
                 config.endpoint
-            )));
+            ))
+        };
+        let url = Url::parse(&base).map_err(|e| invalid(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid(format!("unsupported scheme {}", url.scheme())));
+        }
+        if !url.has_host() {
+            return Err(invalid("no host".into()));
         }
         // reqwest is built without a default crypto provider; rustls needs one process-wide.
         // Another library may have installed one already, which is just as good.

@@ -1,0 +1,377 @@
+//! The command line, declared with argh.
+//!
+//! Every flag's doc text ends with `[env: PICO_<FLAG>]`: `argv::normalize` injects that variable
+//! when the flag is absent, and a test checks that the text names the right variable.
+//! Defaults are written in the doc text because argh does not print them.
+
+use std::path::PathBuf;
+
+use argh::{ArgsInfo, FromArgs};
+use pico_client::Protocol;
+
+/// Client default when neither flag, environment nor profile says otherwise.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4437";
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+/// PicoMQ: durable streams over HTTP. Global flags may appear before or after the command;
+/// every flag can also be set with the PICO_* variable shown next to it.
+pub struct Cli {
+    /// server base URL for client commands (default http://127.0.0.1:4437) [env: PICO_ENDPOINT]
+    #[argh(option, arg_name = "url")]
+    pub endpoint: Option<String>,
+
+    /// wire protocol of client commands and of the listener started by serve: pico or ds (default pico) [env: PICO_PROTOCOL]
+    #[argh(option, from_str_fn(parse_protocol))]
+    pub protocol: Option<Protocol>,
+
+    /// use cleartext HTTP/2 with prior knowledge (h2c) for client commands [env: PICO_HTTP2]
+    #[argh(switch)]
+    pub http2: bool,
+
+    /// saved profile to take endpoint, protocol and http2 defaults from [env: PICO_PROFILE]
+    #[argh(option, arg_name = "name")]
+    pub profile: Option<String>,
+
+    #[argh(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once per process, so the size of the serve variant costs nothing; argh cannot box it.
+#[allow(clippy::large_enum_variant)]
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand)]
+pub enum Command {
+    Serve(ServeArgs),
+    Create(CreateArgs),
+    Head(HeadArgs),
+    Append(AppendArgs),
+    Read(ReadArgs),
+    Tail(TailArgs),
+    Close(CloseArgs),
+    Delete(DeleteArgs),
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "serve")]
+/// Run a PicoMQ node.
+pub struct ServeArgs {
+    /// protocol listener address (default 127.0.0.1:4437) [env: PICO_LISTEN]
+    #[argh(
+        option,
+        arg_name = "addr",
+        default = "\"127.0.0.1:4437\".into()",
+        from_str_fn(parse_socket_addr)
+    )]
+    pub listen: String,
+
+    /// admin listener address for /health and /ready (default 127.0.0.1:9090) [env: PICO_ADMIN_LISTEN]
+    #[argh(
+        option,
+        arg_name = "addr",
+        default = "\"127.0.0.1:9090\".into()",
+        from_str_fn(parse_socket_addr)
+    )]
+    pub admin_listen: String,
+
+    /// disable the admin listener and its probes [env: PICO_NO_ADMIN]
+    #[argh(switch)]
+    pub no_admin: bool,
+
+    /// metadata store: sqlite:<path>, sqlite::memory: or postgres://... (default sqlite:./data/meta.db) [env: PICO_META_URL]
+    #[argh(option, arg_name = "url", default = "\"sqlite:./data/meta.db\".into()")]
+    pub meta_url: String,
+
+    /// data bucket URI, <bucket id>@file://DIR or <bucket id>@s3://BUCKET?... (default -2@file://./objects) [env: PICO_STORAGE]
+    #[argh(option, arg_name = "uri", default = "\"-2@file://./objects\".into()")]
+    pub storage: String,
+
+    /// directory of the per-core write-ahead logs (default ./data/wal) [env: PICO_WAL_DIR]
+    #[argh(option, arg_name = "dir", default = "PathBuf::from(\"./data/wal\")")]
+    pub wal_dir: PathBuf,
+
+    /// executor cores to run, 0 = one per available CPU (default 0) [env: PICO_CORES]
+    #[argh(option, arg_name = "n", default = "0")]
+    pub cores: usize,
+
+    /// when appends are acknowledged: local (after the WAL fsync) or memory (no crash safety; tests and benchmarks) (default local) [env: PICO_DURABILITY]
+    #[argh(
+        option,
+        arg_name = "mode",
+        default = "pico_net::Durability::Local",
+        from_str_fn(parse_durability)
+    )]
+    pub durability: pico_net::Durability,
+
+    /// seconds a long-poll waits for data before answering 204 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
+    #[argh(option, arg_name = "secs", default = "25")]
+    pub long_poll_timeout_sec: u64,
+
+    /// seconds before the server ends an SSE response, clients reconnect (default 55) [env: PICO_SSE_MAX_DURATION_SEC]
+    #[argh(option, arg_name = "secs", default = "55")]
+    pub sse_max_duration_sec: u64,
+
+    /// default read budget per response and SSE chunk size, bytes or with KiB/MiB suffix; 0 = 64 KiB (default 65536) [env: PICO_MAX_CHUNK_SIZE]
+    #[argh(option, arg_name = "size", default = "65536", from_str_fn(parse_size))]
+    pub max_chunk_size: u64,
+
+    /// largest accepted request body; larger gets 413 (default 8MiB) [env: PICO_MAX_BODY_SIZE]
+    #[argh(
+        option,
+        arg_name = "size",
+        default = "8 << 20",
+        from_str_fn(parse_size)
+    )]
+    pub max_body_size: u64,
+
+    /// a storage segment seals at this size (default 8MiB) [env: PICO_SEGMENT_SIZE]
+    #[argh(
+        option,
+        arg_name = "size",
+        default = "8 << 20",
+        from_str_fn(parse_size)
+    )]
+    pub segment_size: u64,
+
+    /// a storage segment also seals at this age in milliseconds once it holds data (default 2000) [env: PICO_SEGMENT_MAX_AGE_MS]
+    #[argh(option, arg_name = "ms", default = "2000")]
+    pub segment_max_age_ms: u64,
+
+    /// listen backlog, clamped by the kernel to somaxconn (default 1024) [env: PICO_BACKLOG]
+    #[argh(option, arg_name = "n", default = "1024")]
+    pub backlog: u32,
+
+    /// reference flag, no effect yet: cluster-unique node id [env: PICO_NODE_ID]
+    #[argh(option, arg_name = "id")]
+    pub node_id: Option<i32>,
+
+    /// reference flag, no effect yet: fencing token of this process incarnation [env: PICO_NODE_EPOCH]
+    #[argh(option, arg_name = "epoch")]
+    pub node_epoch: Option<u64>,
+
+    /// reference flag, no effect yet: advertised base URL used in redirects [env: PICO_HTTP_ADDRESS]
+    #[argh(option, arg_name = "url")]
+    pub http_address: Option<String>,
+
+    /// reference flag, no effect yet: cluster id reported by admin [env: PICO_CLUSTER_ID]
+    #[argh(option, arg_name = "id")]
+    pub cluster_id: Option<String>,
+
+    /// reference flag, no effect yet: redirect or local [env: PICO_ROUTING]
+    #[argh(option, arg_name = "mode", from_str_fn(parse_routing))]
+    pub routing: Option<String>,
+
+    /// reference flag, no effect yet: placement weight of this node [env: PICO_SLOTS]
+    #[argh(option, arg_name = "n")]
+    pub slots: Option<u32>,
+
+    /// reference flag, no effect yet: seconds to fail /ready before closing listeners [env: PICO_SHUTDOWN_DRAIN_SEC]
+    #[argh(option, arg_name = "secs")]
+    pub shutdown_drain_sec: Option<u64>,
+
+    /// reference flag, no effect: the WAL is local, see --wal-dir [env: PICO_WAL]
+    #[argh(option, arg_name = "uri")]
+    pub wal: Option<String>,
+
+    /// reference flag, no effect yet: engine log cache size [env: PICO_WAL_CACHE_SIZE]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub wal_cache_size: Option<u64>,
+
+    /// reference flag, no effect yet: engine block cache size [env: PICO_BLOCK_CACHE_SIZE]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub block_cache_size: Option<u64>,
+
+    /// reference flag, no effect: the closest equivalent is --segment-size [env: PICO_WAL_UPLOAD_THRESHOLD]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub wal_upload_threshold: Option<u64>,
+
+    /// reference flag, no effect: the closest equivalent is --segment-max-age-ms [env: PICO_WAL_UPLOAD_INTERVAL_MS]
+    #[argh(option, arg_name = "ms")]
+    pub wal_upload_interval_ms: Option<u64>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "create")]
+/// Create a stream (idempotent); prints created=true or created=false on stderr.
+pub struct CreateArgs {
+    #[argh(positional)]
+    /// stream name, e.g. /streams/orders
+    pub stream: String,
+
+    /// content type of the stream (default application/octet-stream) [env: PICO_CONTENT_TYPE]
+    #[argh(option, arg_name = "type")]
+    pub content_type: Option<String>,
+
+    /// idle expiry in seconds: the whole stream is deleted after this long without reads or appends (HEAD does not count) [env: PICO_TTL]
+    #[argh(option, arg_name = "secs")]
+    pub ttl: Option<u64>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "head")]
+/// Print a stream's start, next position, closed flag and content type.
+pub struct HeadArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "append")]
+/// Append stdin, one record per line; prints start=<s> next=<n> per request on stderr.
+pub struct AppendArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+
+    /// content type of each record (Durable Streams only; Pico sends binary batches) [env: PICO_CONTENT_TYPE]
+    #[argh(option, arg_name = "type")]
+    pub content_type: Option<String>,
+
+    /// records per request, at least 1 (default 1) [env: PICO_BATCH]
+    #[argh(option, arg_name = "n", default = "1", from_str_fn(parse_batch))]
+    pub batch: usize,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "read")]
+/// Print records as <position>TAB<body> until the reader is up to date.
+pub struct ReadArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+
+    /// position to start from (default: the beginning) [env: PICO_FROM]
+    #[argh(option, arg_name = "pos")]
+    pub from: Option<String>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "tail")]
+/// Print records appended from now on, waiting for them with long-polls.
+pub struct TailArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+
+    /// keep waiting for new records until the stream is closed [env: PICO_FOLLOW]
+    #[argh(switch, short = 'f')]
+    pub follow: bool,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "close")]
+/// Close a stream for writers; prints closed next=<pos> on stderr.
+pub struct CloseArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "delete")]
+/// Delete a stream and its records; prints deleted=true or deleted=false on stderr.
+pub struct DeleteArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+}
+
+fn parse_protocol(value: &str) -> Result<Protocol, String> {
+    value.parse()
+}
+
+fn parse_durability(value: &str) -> Result<pico_net::Durability, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "local" => Ok(pico_net::Durability::Local),
+        "memory" => Ok(pico_net::Durability::Memory),
+        _ => Err("expected local or memory".into()),
+    }
+}
+
+fn parse_routing(value: &str) -> Result<String, String> {
+    match value {
+        "redirect" | "local" => Ok(value.into()),
+        _ => Err("expected redirect or local".into()),
+    }
+}
+
+fn parse_batch(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("the batch size must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("expected a positive number".into()),
+    }
+}
+
+/// `HOST:PORT` with a numeric port. Host names are allowed (`localhost:4437`); resolving and
+/// binding are the server's job, which reports failures in its own words.
+pub fn parse_socket_addr(value: &str) -> Result<String, String> {
+    if value.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(value.into());
+    }
+    match value.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty() && !host.contains(':') && port.parse::<u16>().is_ok() =>
+        {
+            Ok(value.into())
+        }
+        _ => Err("expected HOST:PORT, e.g. 127.0.0.1:4437".into()),
+    }
+}
+
+/// Byte sizes: a plain number, or one with a binary suffix (`64KiB`, `8MiB`, `1G`; `K`, `KB`
+/// and `KiB` all mean 1024, as cache and segment sizes are customarily powers of two).
+pub fn parse_size(value: &str) -> Result<u64, String> {
+    let trimmed = value.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, suffix) = trimmed.split_at(split);
+    let bad = || format!("expected a size such as 65536, 64KiB or 8MiB, got {value:?}");
+    let number: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {value:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("8 MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("12XB").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("18446744073709551615G").is_err());
+    }
+
+    #[test]
+    fn socket_addrs() {
+        for ok in ["127.0.0.1:4437", "[::1]:80", "localhost:9090", "0.0.0.0:0"] {
+            assert!(parse_socket_addr(ok).is_ok(), "{ok}");
+        }
+        for bad in ["4437", "127.0.0.1", ":80", "host:port", "::1:80", "h:70000"] {
+            assert!(parse_socket_addr(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn batch_zero_is_rejected() {
+        assert!(parse_batch("0").is_err());
+        assert_eq!(parse_batch("100"), Ok(100));
+    }
+}

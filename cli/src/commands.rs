@@ -1,0 +1,228 @@
+//! The stream commands (cli.md §5.3): data on stdout, acknowledgements and notes on stderr.
+
+use std::io::{self, BufRead, Write};
+use std::time::Duration;
+
+use bytes::Bytes;
+use pico_client::{Client, ClientError, Protocol, ReadPage};
+
+use crate::args::{AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, ReadArgs, TailArgs};
+use crate::Failure;
+
+/// Pause after an empty long-poll answer, so a server that answers at once cannot make
+/// `tail -f` spin.
+const EMPTY_PAGE_PAUSE: Duration = Duration::from_millis(100);
+
+pub async fn create(client: &Client, args: &CreateArgs) -> Result<(), Failure> {
+    let created = client
+        .create(&args.stream, args.content_type.as_deref(), args.ttl)
+        .await?;
+    eprintln!("created={created}");
+    Ok(())
+}
+
+pub async fn head(client: &Client, args: &HeadArgs) -> Result<(), Failure> {
+    let Some(info) = client.head(&args.stream).await? else {
+        eprintln!("not found");
+        return Err(Failure::Reported);
+    };
+    let content_type = info.content_type.as_deref().unwrap_or("-");
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "start={} next={} closed={} type={content_type}",
+        info.start, info.next, info.closed
+    )?;
+    out.flush()?;
+    Ok(())
+}
+
+pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
+    if client.protocol() == Protocol::Ds && args.batch > 1 {
+        return Err(Failure::Fatal(
+            "the Durable Streams protocol appends one message per request".into(),
+        ));
+    }
+    let mut input = io::stdin().lock();
+    let mut batch: Vec<Bytes> = Vec::with_capacity(args.batch.min(4096));
+    loop {
+        let line = next_line(&mut input)?;
+        let at_end = line.is_none();
+        batch.extend(line);
+        if batch.len() == args.batch || (at_end && !batch.is_empty()) {
+            let ack = match client.protocol() {
+                // Pico: one binary batch per request; `--content-type` does not apply.
+                Protocol::Pico => client.append_binary_batch(&args.stream, &batch).await?,
+                // Durable Streams: each line raw, typed like the stream (batch is 1 here).
+                Protocol::Ds => {
+                    let body = batch[0].clone();
+                    client
+                        .append_single(&args.stream, body, args.content_type.as_deref())
+                        .await?
+                }
+            };
+            eprintln!("start={} next={}", ack.start, ack.next);
+            batch.clear();
+        }
+        if at_end {
+            return Ok(());
+        }
+    }
+}
+
+/// One line of stdin without its `\n` (or `\r\n`, as `BufRead::lines` strips); bytes, not
+/// text, so any input can be appended. `None` at the end of input.
+fn next_line(input: &mut impl BufRead) -> io::Result<Option<Bytes>> {
+    let mut line = Vec::new();
+    if input.read_until(b'\n', &mut line)? == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+    }
+    Ok(Some(Bytes::from(line)))
+}
+
+pub async fn read(client: &Client, args: &ReadArgs) -> Result<(), Failure> {
+    let mut from = match args.from.as_deref() {
+        None => 0,
+        Some(position) => parse_position(client, &args.stream, position).await?,
+    };
+    let mut out = io::stdout().lock();
+    loop {
+        let page = client.read(&args.stream, from).await?;
+        print_page(&mut out, &page)?;
+        if page.up_to_date || page.records.is_empty() {
+            return Ok(());
+        }
+        from = page.next;
+    }
+}
+
+/// `--from`: a sequence; negative means the beginning and `now` the tail, as on the wire.
+async fn parse_position(client: &Client, stream: &str, position: &str) -> Result<u64, Failure> {
+    if position.eq_ignore_ascii_case("now") {
+        return Ok(head_or_not_found(client, stream).await?.next);
+    }
+    match position.parse::<i64>() {
+        Ok(n) if n < 0 => Ok(0),
+        Ok(n) => Ok(n as u64),
+        Err(_) => position.parse::<u64>().map_err(|_| {
+            Failure::Usage(format!(
+                "invalid --from {position:?}: expected a sequence number, -1 or now"
+            ))
+        }),
+    }
+}
+
+pub async fn tail(client: &Client, args: &TailArgs) -> Result<(), Failure> {
+    let mut from = head_or_not_found(client, &args.stream).await?.next;
+    let mut cursor: Option<String> = None;
+    let mut out = io::stdout().lock();
+    loop {
+        let page = client
+            .read_long_poll(&args.stream, from, cursor.as_deref())
+            .await?;
+        print_page(&mut out, &page)?;
+        if page.up_to_date && (page.closed || !args.follow) {
+            return Ok(());
+        }
+        if page.records.is_empty() {
+            tokio::time::sleep(EMPTY_PAGE_PAUSE).await;
+        }
+        from = page.next;
+        cursor = page.cursor.or(cursor);
+    }
+}
+
+async fn head_or_not_found(
+    client: &Client,
+    stream: &str,
+) -> Result<pico_client::StreamInfo, Failure> {
+    client
+        .head(stream)
+        .await?
+        .ok_or_else(|| Failure::Fatal(format!("no such stream {stream}")))
+}
+
+pub async fn close(client: &Client, args: &CloseArgs) -> Result<(), Failure> {
+    let next = client.close(&args.stream).await?;
+    eprintln!("closed next={next}");
+    Ok(())
+}
+
+pub async fn delete(client: &Client, args: &DeleteArgs) -> Result<(), Failure> {
+    let deleted = client.delete(&args.stream).await?;
+    eprintln!("deleted={deleted}");
+    Ok(())
+}
+
+/// `<seq>\t<body>` per record; bodies that are not UTF-8 print as `<N bytes>`. Flushed per
+/// page so `tail -f` output appears as it arrives.
+fn print_page(out: &mut impl Write, page: &ReadPage) -> io::Result<()> {
+    for record in &page.records {
+        match std::str::from_utf8(&record.body) {
+            Ok(text) => writeln!(out, "{}\t{text}", record.seq)?,
+            Err(_) => writeln!(out, "{}\t{} bytes", record.seq, record.body.len())?,
+        }
+    }
+    out.flush()
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Failure {
+        Failure::Fatal(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pico_client::Record;
+
+    use super::*;
+
+    #[test]
+    fn lines_lose_their_terminators_only() {
+        let mut input: &[u8] = b"a\nb\r\n\nlast";
+        let mut lines = Vec::new();
+        while let Some(line) = next_line(&mut input).unwrap() {
+            lines.push(line);
+        }
+        assert_eq!(
+            lines,
+            vec![
+                Bytes::from("a"),
+                Bytes::from("b"),
+                Bytes::new(),
+                Bytes::from("last")
+            ]
+        );
+        let mut empty: &[u8] = b"";
+        assert_eq!(next_line(&mut empty).unwrap(), None);
+    }
+
+    #[test]
+    fn pages_print_as_position_tab_body() {
+        let page = ReadPage {
+            records: vec![
+                Record {
+                    seq: 0,
+                    body: Bytes::from("1"),
+                    ..Record::default()
+                },
+                Record {
+                    seq: 1,
+                    body: Bytes::from_static(&[0xff, 0xfe, 0]),
+                    ..Record::default()
+                },
+            ],
+            ..ReadPage::default()
+        };
+        let mut out = Vec::new();
+        print_page(&mut out, &page).unwrap();
+        assert_eq!(out, b"0\t1\n1\t3 bytes\n");
+    }
+}

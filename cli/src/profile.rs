@@ -1,0 +1,243 @@
+//! Saved connection profiles (cli.md §5.2): read-only for now; the `config` commands that write
+//! the file are later work.
+//!
+//! The file is a small TOML subset, parsed here rather than with a TOML crate because the
+//! format is fixed and tiny:
+//!
+//! ```toml
+//! default_profile = "prod"
+//!
+//! [profiles.prod]
+//! endpoint = "http://node2.internal:4437"
+//! protocol = "ds"        # "pico" or "ds"
+//! http2 = true
+//! ```
+//!
+//! Unknown keys are rejected, like the reference.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pico_client::Protocol;
+
+/// Defaults for the global connection flags.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Profile {
+    pub endpoint: Option<String>,
+    pub protocol: Option<Protocol>,
+    pub http2: Option<bool>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ConfigFile {
+    pub default_profile: Option<String>,
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// `$PICO_CONFIG`, else the platform config directory + `pico/config.toml`.
+pub fn config_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("PICO_CONFIG").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(path));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from);
+    let dir = if cfg!(target_os = "macos") {
+        home?.join("Library/Application Support")
+    } else {
+        match std::env::var_os("XDG_CONFIG_HOME").filter(|d| !d.is_empty()) {
+            Some(dir) => PathBuf::from(dir),
+            None => home?.join(".config"),
+        }
+    };
+    Some(dir.join("pico").join("config.toml"))
+}
+
+/// The profile to use: the named one (an error if it does not exist), else the file's
+/// default (silently none if missing). A missing file is an empty config.
+pub fn resolve(name: Option<&str>) -> Result<Profile, String> {
+    let path = config_path();
+    let config = match &path {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => parse(&text).map_err(|e| format!("{}: {e}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ConfigFile::default(),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        },
+        None => ConfigFile::default(),
+    };
+    let where_ = path.map_or_else(|| "the config file".to_owned(), |p| p.display().to_string());
+    select(&config, name, &where_)
+}
+
+fn select(config: &ConfigFile, name: Option<&str>, where_: &str) -> Result<Profile, String> {
+    match name {
+        Some(name) => config
+            .profiles
+            .get(name)
+            .cloned()
+            .ok_or_else(|| format!("profile {name:?} not found in {where_}")),
+        None => Ok(config
+            .default_profile
+            .as_ref()
+            .and_then(|d| config.profiles.get(d))
+            .cloned()
+            .unwrap_or_default()),
+    }
+}
+
+enum Value {
+    Text(String),
+    Bool(bool),
+}
+
+pub fn parse(text: &str) -> Result<ConfigFile, String> {
+    let mut config = ConfigFile::default();
+    let mut section: Option<String> = None;
+    for (index, raw) in text.lines().enumerate() {
+        let at = |msg: String| format!("line {}: {msg}", index + 1);
+        let line = strip_comment(raw).trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(header) = line.strip_prefix('[') {
+            let header = header
+                .strip_suffix(']')
+                .ok_or_else(|| at("unterminated table header".into()))?
+                .trim();
+            let name = header
+                .strip_prefix("profiles.")
+                .ok_or_else(|| at(format!("unknown table [{header}]")))?;
+            let name = unquote(name.trim()).unwrap_or_else(|| name.trim().to_owned());
+            config.profiles.entry(name.clone()).or_default();
+            section = Some(name);
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .ok_or_else(|| at("expected key = value".into()))?;
+        let key = key.trim();
+        let value = parse_value(value.trim()).ok_or_else(|| at(format!("bad value for {key}")))?;
+        match (&section, key, value) {
+            (None, "default_profile", Value::Text(v)) => config.default_profile = Some(v),
+            (Some(name), key, value) => {
+                let profile = config
+                    .profiles
+                    .get_mut(name)
+                    .expect("section entry inserted at its header");
+                match (key, value) {
+                    ("endpoint", Value::Text(v)) => profile.endpoint = Some(v),
+                    ("protocol", Value::Text(v)) => profile.protocol = Some(v.parse().map_err(at)?),
+                    ("http2", Value::Bool(v)) => profile.http2 = Some(v),
+                    (key, _) => {
+                        return Err(at(format!(
+                            "unknown or mistyped key {key:?} in profile {name:?}"
+                        )))
+                    }
+                }
+            }
+            (None, key, _) => return Err(at(format!("unknown or mistyped key {key:?}"))),
+        }
+    }
+    Ok(config)
+}
+
+/// Drops a `#` comment that is not inside a string.
+fn strip_comment(line: &str) -> &str {
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '#' if !in_string => return &line[..i],
+            _ => {}
+        }
+    }
+    line
+}
+
+fn parse_value(value: &str) -> Option<Value> {
+    match value {
+        "true" => Some(Value::Bool(true)),
+        "false" => Some(Value::Bool(false)),
+        _ => unquote(value).map(Value::Text),
+    }
+}
+
+/// A basic TOML string: `"..."` with `\"` and `\\` escapes.
+fn unquote(value: &str) -> Option<String> {
+    let inner = value.strip_prefix('"')?.strip_suffix('"')?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                '"' => out.push('"'),
+                '\\' => out.push('\\'),
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                _ => return None,
+            },
+            '"' => return None,
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+default_profile = "prod"   # the default
+
+[profiles.prod]
+endpoint = "http://node2.internal:4437"
+protocol = "ds"        # "pico" or "ds"
+http2 = true
+
+[profiles."local#1"]
+endpoint = "http://127.0.0.1:4437"
+"#;
+
+    #[test]
+    fn parses_the_documented_format() {
+        let config = parse(SAMPLE).unwrap();
+        assert_eq!(config.default_profile.as_deref(), Some("prod"));
+        let prod = &config.profiles["prod"];
+        assert_eq!(prod.endpoint.as_deref(), Some("http://node2.internal:4437"));
+        assert_eq!(prod.protocol, Some(Protocol::Ds));
+        assert_eq!(prod.http2, Some(true));
+        assert_eq!(config.profiles["local#1"].protocol, None);
+    }
+
+    #[test]
+    fn selection_rules() {
+        let config = parse(SAMPLE).unwrap();
+        assert_eq!(select(&config, None, "f").unwrap().http2, Some(true));
+        assert!(select(&config, Some("local#1"), "f").is_ok());
+        let err = select(&config, Some("nope"), "f").unwrap_err();
+        assert_eq!(err, "profile \"nope\" not found in f");
+        // A missing default is not an error.
+        let config = parse("default_profile = \"gone\"").unwrap();
+        assert_eq!(select(&config, None, "f").unwrap(), Profile::default());
+    }
+
+    #[test]
+    fn rejects_what_it_does_not_know() {
+        for bad in [
+            "colour = \"red\"",
+            "[profiles.a]\nendpoint = 3",
+            "[profiles.a]\nhttp2 = \"yes\"",
+            "[profiles.a]\nprotocol = \"grpc\"",
+            "[other]",
+            "[profiles.a",
+            "default_profile = \"unterminated",
+            "just words",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}

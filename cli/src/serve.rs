@@ -1,0 +1,222 @@
+//! `pico serve`: flags → `pico_net::ServerConfig`, then the server runs on this thread.
+
+use std::time::Duration;
+
+use pico_client::Protocol;
+use pico_net::ServerConfig;
+
+use crate::args::ServeArgs;
+use crate::Failure;
+
+/// What `--max-chunk-size 0` means.
+const DEFAULT_MAX_CHUNK_SIZE: usize = 64 * 1024;
+
+pub fn run(args: &ServeArgs, protocol: Protocol) -> Result<(), Failure> {
+    let config = server_config(args, protocol).map_err(Failure::Usage)?;
+    for warning in ignored_flag_warnings(args) {
+        log::warn!("{warning}");
+    }
+    pico_net::run(config).map_err(Failure::Fatal)
+}
+
+pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfig, String> {
+    let size = |value: u64, flag: &str| -> Result<usize, String> {
+        usize::try_from(value).map_err(|_| format!("{flag} {value} is too large for this machine"))
+    };
+    let positive = |value: u64, flag: &str| -> Result<u64, String> {
+        if value == 0 {
+            Err(format!("{flag} must be greater than 0"))
+        } else {
+            Ok(value)
+        }
+    };
+    let max_chunk_size = match size(args.max_chunk_size, "--max-chunk-size")? {
+        0 => DEFAULT_MAX_CHUNK_SIZE,
+        n => n,
+    };
+    Ok(ServerConfig {
+        listen: args.listen.clone(),
+        protocol: match protocol {
+            Protocol::Pico => pico_net::Protocol::Pico,
+            Protocol::Ds => pico_net::Protocol::DurableStreams,
+        },
+        admin_listen: (!args.no_admin).then(|| args.admin_listen.clone()),
+        meta_url: args.meta_url.clone(),
+        storage: args.storage.clone(),
+        wal_dir: args.wal_dir.clone(),
+        cores: args.cores,
+        durability: args.durability,
+        long_poll_timeout_ms: millis(args.long_poll_timeout_sec, "--long-poll-timeout-sec")?,
+        sse_max_duration_ms: millis(
+            positive(args.sse_max_duration_sec, "--sse-max-duration-sec")?,
+            "--sse-max-duration-sec",
+        )?,
+        max_chunk_size,
+        max_body_size: size(
+            positive(args.max_body_size, "--max-body-size")?,
+            "--max-body-size",
+        )?,
+        segment_size: size(
+            positive(args.segment_size, "--segment-size")?,
+            "--segment-size",
+        )?,
+        segment_max_age_ms: positive(args.segment_max_age_ms, "--segment-max-age-ms")?,
+        backlog: args.backlog,
+    })
+}
+
+fn millis(secs: u64, flag: &str) -> Result<u64, String> {
+    u64::try_from(Duration::from_secs(secs).as_millis())
+        .map_err(|_| format!("{flag} {secs} is too large"))
+}
+
+/// One line per reference flag that was given but does nothing in this server (C7).
+pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
+    let single_node = "has no effect yet: this server runs a single node";
+    let given = [
+        ("--node-id", args.node_id.is_some(), single_node),
+        ("--node-epoch", args.node_epoch.is_some(), single_node),
+        ("--http-address", args.http_address.is_some(), single_node),
+        ("--cluster-id", args.cluster_id.is_some(), single_node),
+        ("--routing", args.routing.is_some(), single_node),
+        ("--slots", args.slots.is_some(), single_node),
+        (
+            "--shutdown-drain-sec",
+            args.shutdown_drain_sec.is_some(),
+            "has no effect yet",
+        ),
+        (
+            "--wal",
+            args.wal.is_some(),
+            "has no effect: the WAL is local, see --wal-dir",
+        ),
+        (
+            "--wal-cache-size",
+            args.wal_cache_size.is_some(),
+            "has no effect yet: engine caches are not configurable",
+        ),
+        (
+            "--block-cache-size",
+            args.block_cache_size.is_some(),
+            "has no effect yet: engine caches are not configurable",
+        ),
+        (
+            "--wal-upload-threshold",
+            args.wal_upload_threshold.is_some(),
+            "has no effect; the closest equivalent is --segment-size",
+        ),
+        (
+            "--wal-upload-interval-ms",
+            args.wal_upload_interval_ms.is_some(),
+            "has no effect; the closest equivalent is --segment-max-age-ms",
+        ),
+    ];
+    given
+        .into_iter()
+        .filter(|(_, present, _)| *present)
+        .map(|(flag, _, why)| format!("{flag} {why}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use argh::FromArgs;
+
+    use super::*;
+    use crate::args::{Cli, Command};
+
+    fn serve_args(args: &[&str]) -> ServeArgs {
+        let mut all = vec!["serve"];
+        all.extend_from_slice(args);
+        match Cli::from_args(&["pico"], &all).unwrap().command {
+            Command::Serve(s) => s,
+            _ => unreachable!("the first word is serve"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_server_defaults() {
+        let config = server_config(&serve_args(&[]), Protocol::Pico).unwrap();
+        let expected = ServerConfig::default();
+        assert_eq!(format!("{config:?}"), format!("{expected:?}"));
+    }
+
+    #[test]
+    fn flags_map_onto_the_config() {
+        let args = serve_args(&[
+            "--listen",
+            "0.0.0.0:1",
+            "--no-admin",
+            "--cores",
+            "2",
+            "--durability",
+            "memory",
+            "--long-poll-timeout-sec",
+            "1",
+            "--max-chunk-size",
+            "0",
+            "--max-body-size",
+            "1MiB",
+            "--segment-size",
+            "4096",
+            "--segment-max-age-ms",
+            "10",
+            "--backlog",
+            "8",
+            "--wal-dir",
+            "/tmp/w",
+        ]);
+        let config = server_config(&args, Protocol::Ds).unwrap();
+        assert_eq!(config.listen, "0.0.0.0:1");
+        assert_eq!(config.admin_listen, None);
+        assert_eq!(config.protocol, pico_net::Protocol::DurableStreams);
+        assert_eq!(config.cores, 2);
+        assert_eq!(config.durability, pico_net::Durability::Memory);
+        assert_eq!(config.long_poll_timeout_ms, 1000);
+        assert_eq!(config.max_chunk_size, 64 * 1024);
+        assert_eq!(config.max_body_size, 1 << 20);
+        assert_eq!(config.segment_size, 4096);
+        assert_eq!(config.segment_max_age_ms, 10);
+        assert_eq!(config.backlog, 8);
+        assert_eq!(config.wal_dir, std::path::PathBuf::from("/tmp/w"));
+    }
+
+    #[test]
+    fn zero_sizes_are_rejected() {
+        let err = server_config(&serve_args(&["--segment-size", "0"]), Protocol::Pico).unwrap_err();
+        assert_eq!(err, "--segment-size must be greater than 0");
+    }
+
+    #[test]
+    fn bad_values_are_argh_errors() {
+        for args in [
+            ["--durability", "disk"],
+            ["--listen", "4437"],
+            ["--max-body-size", "lots"],
+            ["--routing", "random"],
+            ["--cores", "-1"],
+        ] {
+            let mut all = vec!["serve"];
+            all.extend_from_slice(&args);
+            assert!(Cli::from_args(&["pico"], &all).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn reference_flags_are_accepted_with_a_warning() {
+        let args = serve_args(&[
+            "--node-id",
+            "3",
+            "--wal",
+            "-3@file://./objects",
+            "--wal-cache-size",
+            "200MiB",
+            "--routing",
+            "local",
+        ]);
+        let warnings = ignored_flag_warnings(&args);
+        assert_eq!(warnings.len(), 4, "{warnings:?}");
+        assert!(warnings[0].starts_with("--node-id "));
+        assert!(ignored_flag_warnings(&serve_args(&[])).is_empty());
+    }
+}
