@@ -116,7 +116,11 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
             .split_once('=')
             .ok_or_else(|| at("expected key = value".into()))?;
         let key = key.trim();
-        let value = parse_value(value.trim()).ok_or_else(|| at(format!("bad value for {key}")))?;
+        let value = parse_value(value.trim()).ok_or_else(|| {
+            at(format!(
+                "bad value for {key}: expected a quoted string, true or false"
+            ))
+        })?;
         match (&section, key, value) {
             (None, "default_profile", Value::Text(v)) => config.default_profile = Some(v),
             (Some(name), key, value) => {
