@@ -11,6 +11,8 @@ use std::rc::Rc;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::http2;
+
 /// Largest request head (request line and headers).
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Most headers in one request.
@@ -137,10 +139,45 @@ fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
     }
 }
 
-/// Serves requests on `stream` until the peer closes or an error ends the connection.
-/// `handle` answers one request; `on_error` renders a protocol error in the listener's style.
+/// Serves a connection until the peer closes or an error ends it: HTTP/2 when it opens with
+/// the h2 preface (prior knowledge), HTTP/1.1 otherwise. `handle` answers one request;
+/// `on_error` renders a protocol error in the listener's style.
 pub async fn serve_connection<S, H, F>(
     mut stream: S,
+    max_body_size: usize,
+    handle: Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + 'static,
+    H: Fn(Request) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        let seen = buf.len().min(http2::PREFACE.len());
+        if buf[..seen] != http2::PREFACE[..seen] {
+            break;
+        }
+        if seen == http2::PREFACE.len() {
+            let stream = http2::Prefixed::new(buf, stream);
+            return http2::serve_connection(stream, max_body_size, handle, on_error).await;
+        }
+        let more =
+            futures_lite::future::or(async { fill(&mut stream, &mut buf).await.ok() }, async {
+                glommio::timer::sleep(std::time::Duration::from_secs(REQUEST_READ_TIMEOUT_SEC))
+                    .await;
+                None
+            });
+        if more.await != Some(true) {
+            return;
+        }
+    }
+    serve_http1(stream, buf, max_body_size, handle, on_error).await
+}
+
+async fn serve_http1<S, H, F>(
+    mut stream: S,
+    mut buf: BytesMut,
     max_body_size: usize,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
@@ -149,7 +186,6 @@ pub async fn serve_connection<S, H, F>(
     H: Fn(Request) -> F,
     F: Future<Output = Response>,
 {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     loop {
         let read = read_request(&mut stream, &mut buf, max_body_size);
         let timed = futures_lite::future::or(async { Some(read.await) }, async {

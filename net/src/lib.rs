@@ -4,6 +4,7 @@ pub mod admin;
 pub mod codec;
 pub mod config;
 pub mod http1;
+pub mod http2;
 pub mod pico;
 pub mod server;
 pub mod sse;
