@@ -1,11 +1,21 @@
 //! A minimal `log` backend: lines on stderr with a UTC timestamp, filtered like `RUST_LOG`
 //! (`info`, `debug`, `pico_net=trace,warn`, a bare target means all its levels). The
 //! default is `info`. Kept tiny on purpose: the server's hot paths should log little.
+//!
+//! The `glommio` target is **off** unless `RUST_LOG` names it (`glommio=warn`, `glommio`,
+//! `glommio::reactor=error`, ...): at every start glommio logs
+//! `ERROR glommio::reactor: got unexpected error when probing iopoll support` when the
+//! kernel or file system has no io_uring polled I/O, which is harmless (it falls back to
+//! interrupt-driven I/O) but looks alarming at ERROR level. A bare level such as
+//! `RUST_LOG=trace` does not re-enable it; `RUST_LOG=trace,glommio=trace` does.
 
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::{LevelFilter, Log, Metadata, Record};
+
+/// Targets silenced unless `RUST_LOG` names them (see the module documentation).
+const QUIET_TARGETS: &[&str] = &["glommio"];
 
 /// `RUST_LOG` directives: a default level and per-target (module prefix) levels.
 #[derive(Debug, PartialEq, Eq)]
@@ -39,6 +49,15 @@ impl Filter {
                 },
             }
         }
+        for quiet in QUIET_TARGETS {
+            let named = filter
+                .targets
+                .iter()
+                .any(|(target, _)| same_or_child(target, quiet) || same_or_child(quiet, target));
+            if !named {
+                filter.targets.push(((*quiet).to_owned(), LevelFilter::Off));
+            }
+        }
         filter
             .targets
             .sort_by_key(|(target, _)| std::cmp::Reverse(target.len()));
@@ -48,12 +67,7 @@ impl Filter {
     pub fn level_for(&self, target: &str) -> LevelFilter {
         self.targets
             .iter()
-            .find(|(prefix, _)| {
-                target == prefix
-                    || target
-                        .strip_prefix(prefix.as_str())
-                        .is_some_and(|r| r.starts_with("::"))
-            })
+            .find(|(prefix, _)| same_or_child(target, prefix))
             .map_or(self.default, |(_, level)| *level)
     }
 
@@ -63,6 +77,14 @@ impl Filter {
             .map(|(_, l)| *l)
             .fold(self.default, std::cmp::max)
     }
+}
+
+/// `target` is `prefix` or a module below it (`glommio::reactor` under `glommio`).
+fn same_or_child(target: &str, prefix: &str) -> bool {
+    target == prefix
+        || target
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with("::"))
 }
 
 fn is_target(s: &str) -> bool {
@@ -177,5 +199,37 @@ mod tests {
         let (f, problems) = Filter::parse("pico_engine, x=loud");
         assert_eq!(f.level_for("pico_engine::wal"), LevelFilter::Trace);
         assert_eq!(problems, vec!["x=loud".to_owned()]);
+    }
+
+    #[test]
+    fn glommio_is_off_unless_named() {
+        for spec in [
+            "",
+            "info",
+            "trace",
+            "error",
+            "pico_net=debug",
+            "glommiox=info",
+        ] {
+            let (f, _) = Filter::parse(spec);
+            assert_eq!(f.level_for("glommio"), LevelFilter::Off, "{spec:?}");
+            assert_eq!(
+                f.level_for("glommio::reactor"),
+                LevelFilter::Off,
+                "{spec:?}"
+            );
+        }
+        // Named, at any depth: the user's level applies.
+        let (f, _) = Filter::parse("glommio=warn");
+        assert_eq!(f.level_for("glommio::reactor"), LevelFilter::Warn);
+        let (f, _) = Filter::parse("info,glommio");
+        assert_eq!(f.level_for("glommio::reactor"), LevelFilter::Trace);
+        let (f, _) = Filter::parse("glommio::reactor=error");
+        assert_eq!(f.level_for("glommio::reactor"), LevelFilter::Error);
+        // Other glommio modules then follow the default level.
+        assert_eq!(f.level_for("glommio::sys"), LevelFilter::Info);
+        // Silencing glommio does not raise the maximum level.
+        let (f, _) = Filter::parse("warn");
+        assert_eq!(f.max_level(), LevelFilter::Warn);
     }
 }
