@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub segment_max_age_ms: u64,
     /// Listen backlog.
     pub backlog: u32,
+    /// `Access-Control-Allow-Origin` sent on every protocol response (`--cors-origin`).
+    pub cors_origin: String,
 }
 
 impl Default for ServerConfig {
@@ -69,6 +71,7 @@ impl Default for ServerConfig {
             segment_size: 8 * 1024 * 1024,
             segment_max_age_ms: 2_000,
             backlog: 1024,
+            cors_origin: "*".into(),
         }
     }
 }

@@ -72,7 +72,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             config.max_chunk_size
         },
         sse_max_duration_ms: config.sse_max_duration_ms,
-        cors_origin: "*".into(),
+        cors_origin: config.cors_origin.clone(),
     };
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
     let mut listen = config.listen.clone();
