@@ -37,6 +37,11 @@ pub struct EngineConfig {
     pub segment_cache_bytes: usize,
     /// Names this run's WAL files and segments; raised above any name already used.
     pub node_epoch_ms: u64,
+    /// Bytes of appends a core holds before they are durable; past it appends get `429`.
+    pub in_flight_bytes_max: usize,
+    /// Bytes of sealed segments a core holds before the object store took them; past it
+    /// appends get `429` until uploads catch up (a slow or unreachable store).
+    pub unuploaded_bytes_max: usize,
 }
 
 /// Wall-clock Unix milliseconds: the one clock of record timestamps and expiry.

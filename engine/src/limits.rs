@@ -1,8 +1,12 @@
 //! Every limit of the engine in one place. A limit hit is an explicit error to the client
 //! (`413`, `429` with `Retry-After`), never an unbounded queue.
 
-/// Bytes of appends accepted by one core but not yet durable; past it appends get `429`.
-pub const IN_FLIGHT_BYTES_PER_CORE_MAX: usize = 64 * 1024 * 1024;
+/// Default bytes of appends accepted by one core but not yet durable; past it appends get
+/// `429` (`--max-in-flight-bytes`).
+pub const IN_FLIGHT_BYTES_PER_CORE_DEFAULT: usize = 64 * 1024 * 1024;
+/// Default bytes of sealed segments one core holds before they are uploaded; past it appends
+/// get `429` (`--max-unuploaded-bytes`).
+pub const UNUPLOADED_BYTES_PER_CORE_DEFAULT: usize = 512 * 1024 * 1024;
 /// Long-poll and SSE waiters parked on one stream; past it reads get `429`.
 pub const WAITERS_PER_STREAM_MAX: usize = 10_000;
 /// Requests queued from other cores to one core; past it the caller gets `429`.

@@ -156,6 +156,8 @@ pub(crate) struct Shard {
     cached_bytes: Cell<usize>,
     pending: RefCell<VecDeque<PendingAck>>,
     in_flight_bytes: Cell<usize>,
+    /// Bytes of sealed segments not yet in the object store.
+    unuploaded_bytes: Cell<usize>,
     next_segment_no: Cell<u64>,
     segment_counter: Cell<u64>,
     /// A WAL file created ahead of time so a rotation never waits for the filesystem.
@@ -195,6 +197,7 @@ impl Shard {
             cached_bytes: Cell::new(0),
             pending: RefCell::new(VecDeque::new()),
             in_flight_bytes: Cell::new(0),
+            unuploaded_bytes: Cell::new(0),
             next_segment_no: Cell::new(0),
             segment_counter: Cell::new(0),
             spare_wal: RefCell::new(None),
@@ -410,11 +413,17 @@ impl Shard {
             )));
         }
         let body_bytes: usize = records.iter().map(|r| r.body.len()).sum();
-        if self.in_flight_bytes.get() + body_bytes > limits::IN_FLIGHT_BYTES_PER_CORE_MAX
+        if self.in_flight_bytes.get() + body_bytes > self.config.in_flight_bytes_max
             && self.in_flight_bytes.get() > 0
         {
             return Err(EngineError::Overloaded {
                 limit: "in-flight bytes per core",
+                retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+            });
+        }
+        if self.unuploaded_bytes.get() > self.config.unuploaded_bytes_max {
+            return Err(EngineError::Overloaded {
+                limit: "unuploaded bytes per core (the object store is behind)",
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
             });
         }
@@ -1060,7 +1069,17 @@ impl Shard {
     /// Makes the oldest open segment with unwritten bytes durable, seals a finished one, and
     /// keeps a spare WAL file ready. Returns whether there may be more to do.
     async fn commit_round(self: &Rc<Self>) -> Result<bool, String> {
-        if !self.config.memory_only && self.spare_wal.borrow().is_none() {
+        // The spare WAL file is created while idle, or right away once the active segment is
+        // half full, so creating it rarely delays an acknowledgement and a rotation never
+        // waits for it.
+        let active_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
+        let idle = self
+            .log
+            .borrow()
+            .iter()
+            .all(|s| s.durable_len == s.buf.len());
+        let wanted = idle || active_len >= self.config.segment_size / 2;
+        if !self.config.memory_only && self.spare_wal.borrow().is_none() && wanted {
             let spare = self.create_wal_file().await?;
             *self.spare_wal.borrow_mut() = spare;
             let overdue = self
@@ -1212,6 +1231,8 @@ impl Shard {
                 })
                 .collect(),
         };
+        self.unuploaded_bytes
+            .set(self.unuploaded_bytes.get() + bytes.len());
         let this = self.clone();
         let (file, path) = (segment.wal, segment.wal_path);
         glommio::spawn_local(async move { this.upload(no, bytes, record, file, path).await })
@@ -1256,6 +1277,8 @@ impl Shard {
                 }
             }
         }
+        self.unuploaded_bytes
+            .set(self.unuploaded_bytes.get() - bytes.len());
         remove_wal(file, path).await;
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.uploaded = true;

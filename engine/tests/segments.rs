@@ -21,6 +21,8 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         // Smaller than the data, so reads after eviction go to the bucket.
         segment_cache_bytes: 128 * 1024,
         node_epoch_ms: pico_engine::now_ms() as u64,
+        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
+        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
     }
 }
 

@@ -51,6 +51,12 @@ pub struct ServerConfig {
     pub backlog: u32,
     /// `Access-Control-Allow-Origin` sent on every protocol response (`--cors-origin`).
     pub cors_origin: String,
+    /// Per core: bytes of appends not yet durable before `429` (`--max-in-flight-bytes`).
+    pub in_flight_bytes_max: usize,
+    /// Per core: bytes of sealed segments not yet uploaded before `429` (`--max-unuploaded-bytes`).
+    pub unuploaded_bytes_max: usize,
+    /// Per core: uploaded segments kept in memory for reads (`--block-cache-size`).
+    pub segment_cache_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -72,6 +78,9 @@ impl Default for ServerConfig {
             segment_max_age_ms: 2_000,
             backlog: 1024,
             cors_origin: "*".into(),
+            in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
+            unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
+            segment_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }

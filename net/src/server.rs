@@ -43,8 +43,10 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         memory_only: config.durability == Durability::Memory,
         segment_size: config.segment_size.max(64 * 1024),
         segment_max_age_ms: config.segment_max_age_ms.max(1),
-        segment_cache_bytes: 64 * 1024 * 1024,
+        segment_cache_bytes: config.segment_cache_bytes,
         node_epoch_ms: pico_engine::now_ms() as u64,
+        in_flight_bytes_max: config.in_flight_bytes_max.max(1),
+        unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
     };
     let boot = pico_engine::boot(engine_config, &config.meta_url, &config.storage)?;
     for line in &boot.report {
