@@ -62,6 +62,8 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         )?,
         segment_max_age_ms: positive(args.segment_max_age_ms, "--segment-max-age-ms")?,
         backlog: args.backlog,
+        cors_origin: "*".into(),
+        ..ServerConfig::default()
     })
 }
 

@@ -8,7 +8,7 @@ use std::sync::Once;
 use std::time::Duration;
 
 use bytes::Bytes;
-use reqwest::header::{HeaderMap, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 
 use crate::codec::{self, Record, BATCH_CONTENT_TYPE};
@@ -63,6 +63,12 @@ pub struct ClientConfig {
     /// Whole-request limit for long-polls: must exceed the server's long-poll timeout
     /// (25 s by default) plus network slack, or idle polls would fail as timeouts.
     pub long_poll_timeout: Duration,
+    /// Sent as `Authorization: Bearer <token>` on every request (marked sensitive, so it
+    /// never appears in debug output).
+    pub token: Option<String>,
+    /// Extra trusted root certificates (PEM, one or more) for `https://` endpoints, in
+    /// addition to the platform's roots.
+    pub ca_cert_pem: Option<Vec<u8>>,
 }
 
 impl ClientConfig {
@@ -74,6 +80,8 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(65),
             long_poll_timeout: Duration::from_secs(65),
+            token: None,
+            ca_cert_pem: None,
         }
     }
 }
@@ -102,6 +110,48 @@ pub struct AppendAck {
     pub next: u64,
     /// Server timestamp (epoch ms) shared by all records of the request.
     pub timestamp: i64,
+}
+
+/// Answer to an idempotent producer's append ([`Client::append_as_producer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerAck {
+    /// Sequence of the first record written; `None` for a duplicate (nothing was written).
+    pub start: Option<u64>,
+    /// Stream tail after the request.
+    pub next: u64,
+    /// Server timestamp of the records, if any were written.
+    pub timestamp: Option<i64>,
+    /// On a duplicate, the producer's highest accepted sequence; else the one sent.
+    pub producer_seq: Option<u64>,
+    /// The stream is closed.
+    pub closed: bool,
+}
+
+impl ProducerAck {
+    /// The server had already applied this request (or a later one of the producer).
+    pub fn is_duplicate(&self) -> bool {
+        self.start.is_none()
+    }
+}
+
+/// One stream of a listing (`GET /`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedStream {
+    pub name: String,
+    pub content_type: String,
+    pub start: u64,
+    pub next: u64,
+    pub closed: bool,
+    pub ttl_secs: Option<u64>,
+    pub expires_at: Option<String>,
+}
+
+/// One page of a listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamList {
+    pub streams: Vec<ListedStream>,
+    /// More streams match: continue with `start_after` = the last name.
+    pub has_more: bool,
 }
 
 /// One read response.
@@ -156,6 +206,28 @@ impl Client {
             .timeout(config.request_timeout);
         if config.http2_prior_knowledge {
             builder = builder.http2_prior_knowledge();
+        }
+        if let Some(token) = &config.token {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                ClientError::InvalidArgument(
+                    "invalid token: it must be printable ASCII without line breaks".into(),
+                )
+            })?;
+            value.set_sensitive(true);
+            let mut headers = HeaderMap::new();
+            headers.insert(AUTHORIZATION, value);
+            builder = builder.default_headers(headers);
+        }
+        if let Some(pem) = &config.ca_cert_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| {
+                ClientError::InvalidArgument(format!("invalid CA certificate: {e}"))
+            })?;
+            if certs.is_empty() {
+                return Err(ClientError::InvalidArgument(
+                    "invalid CA certificate: no PEM certificate found".into(),
+                ));
+            }
+            builder = builder.tls_certs_merge(certs);
         }
         let http = builder.build().map_err(|e| {
             ClientError::InvalidArgument(format!("cannot build the HTTP client: {e}"))
@@ -271,6 +343,85 @@ impl Client {
         })
     }
 
+    /// Appends an encoded binary batch (see [`codec::encode_binary_batch_records`]) as
+    /// request `seq` of producer `producer_id` at `epoch` (pico-protocol.md §2.9.3). A
+    /// duplicate is not an error: it answers with `start: None`.
+    pub async fn append_as_producer(
+        &self,
+        stream: &str,
+        batch: Bytes,
+        producer_id: &str,
+        epoch: u64,
+        seq: u64,
+    ) -> Result<ProducerAck, ClientError> {
+        self.require_pico()?;
+        let request = self
+            .request(Method::POST, stream)?
+            .header(CONTENT_TYPE, BATCH_CONTENT_TYPE)
+            .header("Pico-Producer-Id", producer_id)
+            .header("Pico-Producer-Epoch", epoch.to_string())
+            .header("Pico-Producer-Seq", seq.to_string())
+            .body(batch);
+        let response = send(request).await?;
+        let headers = response.headers();
+        let start = optional_u64(headers, "pico-start-seq")?;
+        Ok(ProducerAck {
+            start,
+            next: required_u64(headers, "pico-next-seq")?,
+            timestamp: match start {
+                Some(_) => Some(required_i64(headers, "pico-timestamp")?),
+                None => None,
+            },
+            producer_seq: optional_u64(headers, "pico-producer-seq")?,
+            closed: flag(headers, "pico-closed"),
+        })
+    }
+
+    /// Trims the stream: records below `seq` become unreadable. Returns the new start
+    /// (the request clamped to the tail).
+    pub async fn trim(&self, stream: &str, seq: u64) -> Result<u64, ClientError> {
+        self.require_pico_for("trim is a Pico protocol operation; use --protocol pico")?;
+        let request = self
+            .request(Method::POST, stream)?
+            .header("Pico-Trim-Seq", seq.to_string())
+            .header(CONTENT_LENGTH, "0");
+        let response = send(request).await?;
+        required_u64(response.headers(), "pico-start-seq")
+    }
+
+    /// One page of the stream listing: names starting with `prefix` (server default `/`)
+    /// after `start_after`, at most `limit` (0 or `None`: the server's default, 1000).
+    pub async fn list(
+        &self,
+        prefix: Option<&str>,
+        start_after: Option<&str>,
+        limit: Option<u64>,
+    ) -> Result<StreamList, ClientError> {
+        self.require_pico_for(
+            "the Durable Streams protocol has no stream listing; use --protocol pico",
+        )?;
+        let mut url = Url::parse(&format!("{}/", self.base)).map_err(|e| {
+            ClientError::InvalidArgument(format!("invalid endpoint {:?}: {e}", self.base))
+        })?;
+        let limit = limit.filter(|l| *l > 0).map(|l| l.to_string());
+        let pairs = [
+            ("prefix", prefix),
+            ("start_after", start_after),
+            ("limit", limit.as_deref()),
+        ];
+        if pairs.iter().any(|(_, v)| v.is_some()) {
+            let mut query = url.query_pairs_mut();
+            for (name, value) in pairs {
+                if let Some(value) = value {
+                    query.append_pair(name, value);
+                }
+            }
+        }
+        let response = send(self.http.get(url)).await?;
+        let body = response.bytes().await?;
+        parse_list(&body)
+    }
+
     /// One catch-up read from `from` (binary format, the server's default page size).
     pub async fn read(&self, stream: &str, from: u64) -> Result<ReadPage, ClientError> {
         self.require_pico()?;
@@ -327,11 +478,15 @@ impl Client {
     }
 
     fn require_pico(&self) -> Result<(), ClientError> {
+        self.require_pico_for(
+            "the Durable Streams client is not supported yet; use --protocol pico",
+        )
+    }
+
+    fn require_pico_for(&self, message: &str) -> Result<(), ClientError> {
         match self.protocol {
             Protocol::Pico => Ok(()),
-            Protocol::Ds => Err(ClientError::Unsupported(
-                "the Durable Streams client is not supported yet; use --protocol pico".into(),
-            )),
+            Protocol::Ds => Err(ClientError::Unsupported(message.into())),
         }
     }
 
@@ -389,6 +544,38 @@ async fn read_page(request: RequestBuilder) -> Result<ReadPage, ClientError> {
         closed,
         cursor,
     })
+}
+
+/// The JSON body of `GET /`.
+fn parse_list(body: &[u8]) -> Result<StreamList, ClientError> {
+    let bad = |why: &str| ClientError::InvalidResponse(format!("stream listing: {why}"));
+    let json: serde_json::Value = serde_json::from_slice(body).map_err(|_| bad("not JSON"))?;
+    let entries = json
+        .get("streams")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| bad("no streams array"))?;
+    let mut streams = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let text = |name: &str| entry.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+        let number = |name: &str| entry.get(name).and_then(|v| v.as_u64());
+        streams.push(ListedStream {
+            name: text("name").ok_or_else(|| bad("an entry without a name"))?,
+            content_type: text("content_type").unwrap_or_else(|| DEFAULT_CONTENT_TYPE.into()),
+            start: number("start_seq").ok_or_else(|| bad("an entry without start_seq"))?,
+            next: number("next_seq").ok_or_else(|| bad("an entry without next_seq"))?,
+            closed: entry
+                .get("closed")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
+            ttl_secs: number("ttl"),
+            expires_at: text("expires_at"),
+        });
+    }
+    let has_more = json
+        .get("has_more")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    Ok(StreamList { streams, has_more })
 }
 
 fn text(headers: &HeaderMap, name: &str) -> Option<String> {

@@ -50,6 +50,36 @@ impl NewRecord {
     }
 }
 
+impl From<Bytes> for NewRecord {
+    fn from(body: Bytes) -> NewRecord {
+        NewRecord::new(body)
+    }
+}
+
+impl From<Vec<u8>> for NewRecord {
+    fn from(body: Vec<u8>) -> NewRecord {
+        NewRecord::new(body)
+    }
+}
+
+impl From<String> for NewRecord {
+    fn from(body: String) -> NewRecord {
+        NewRecord::new(body)
+    }
+}
+
+impl From<&str> for NewRecord {
+    fn from(body: &str) -> NewRecord {
+        NewRecord::new(Bytes::copy_from_slice(body.as_bytes()))
+    }
+}
+
+impl From<&[u8]> for NewRecord {
+    fn from(body: &[u8]) -> NewRecord {
+        NewRecord::new(Bytes::copy_from_slice(body))
+    }
+}
+
 /// A record as read back from a stream.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Record {

@@ -30,6 +30,8 @@ pub enum ErrorKind {
     Unsupported,
     /// A bad argument detected before anything was sent (e.g. an unparsable endpoint).
     InvalidArgument,
+    /// A producer session that was closed, or whose background task is gone.
+    Stopped,
 }
 
 /// An error status answered by the server.
@@ -68,6 +70,21 @@ impl ApiError {
                         .take(200)
                         .collect()
                 });
+        }
+        // Producer errors carry their detail in headers: say it in the message.
+        if let (Some(expected), Some(received)) = (
+            header_str(headers, "pico-expected-seq"),
+            header_str(headers, "pico-received-seq"),
+        ) {
+            message = join_message(
+                message,
+                format!("expected seq {expected}, received {received}"),
+            );
+        }
+        if status == 403 {
+            if let Some(epoch) = header_str(headers, "pico-producer-epoch") {
+                message = join_message(message, format!("current epoch {epoch}"));
+            }
         }
         let next = field("next_seq")
             .and_then(|v| v.as_u64())
@@ -112,6 +129,14 @@ fn default_code(kind: ErrorKind, status: u16) -> String {
     }
 }
 
+fn join_message(message: String, detail: String) -> String {
+    if message.is_empty() {
+        detail
+    } else {
+        format!("{message}: {detail}")
+    }
+}
+
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers
         .get(name)
@@ -134,8 +159,9 @@ impl fmt::Display for ApiError {
     }
 }
 
-/// Every error the client returns.
-#[derive(Debug)]
+/// Every error the client returns. `Clone`, so a producer session can hand the error that
+/// poisoned it to every later caller.
+#[derive(Clone, Debug)]
 pub enum ClientError {
     /// The server answered with an error status.
     Api(ApiError),
@@ -145,6 +171,8 @@ pub enum ClientError {
     InvalidResponse(String),
     Unsupported(String),
     InvalidArgument(String),
+    /// The producer session was closed, or its background task stopped (runtime shut down).
+    Stopped(String),
 }
 
 impl ClientError {
@@ -155,6 +183,7 @@ impl ClientError {
             ClientError::InvalidResponse(_) => ErrorKind::InvalidResponse,
             ClientError::Unsupported(_) => ErrorKind::Unsupported,
             ClientError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ClientError::Stopped(_) => ErrorKind::Stopped,
         }
     }
 
@@ -164,6 +193,19 @@ impl ClientError {
             ClientError::Api(e) => Some(e.status),
             _ => None,
         }
+    }
+
+    /// The `error` code of a server answer (`sequence_gap`, `fenced`, ...).
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api(e) => Some(&e.code),
+            _ => None,
+        }
+    }
+
+    /// A producer request arrived before its predecessor (`409 sequence_gap`).
+    pub fn is_sequence_gap(&self) -> bool {
+        self.status() == Some(409) && self.code() == Some("sequence_gap")
     }
 
     /// Worth retrying with the same request: the reference's rule (transport error, 429, 5xx).
@@ -182,7 +224,9 @@ impl fmt::Display for ClientError {
             ClientError::Api(e) => e.fmt(f),
             ClientError::Transport(m) => write!(f, "transport error: {m}"),
             ClientError::InvalidResponse(m) => write!(f, "invalid response: {m}"),
-            ClientError::Unsupported(m) | ClientError::InvalidArgument(m) => f.write_str(m),
+            ClientError::Unsupported(m)
+            | ClientError::InvalidArgument(m)
+            | ClientError::Stopped(m) => f.write_str(m),
         }
     }
 }
@@ -285,6 +329,28 @@ mod tests {
         assert_eq!(err.kind, ErrorKind::Other);
         assert_eq!(err.to_string(), "http_503 (503): lookup failed");
         assert!(ClientError::Api(err).is_retryable());
+    }
+
+    #[test]
+    fn producer_errors_show_their_headers() {
+        let body = br#"{"error":"sequence_gap","message":"Producer sequence gap"}"#;
+        let err = ApiError::from_response(
+            409,
+            &headers(&[("pico-expected-seq", "3"), ("pico-received-seq", "5")]),
+            body,
+        );
+        assert_eq!(
+            err.to_string(),
+            "sequence_gap (409): Producer sequence gap: expected seq 3, received 5"
+        );
+        assert!(ClientError::Api(err).is_sequence_gap());
+        let body = br#"{"error":"fenced","message":"Stale producer epoch"}"#;
+        let err = ApiError::from_response(403, &headers(&[("pico-producer-epoch", "7")]), body);
+        assert_eq!(
+            err.to_string(),
+            "fenced (403): Stale producer epoch: current epoch 7"
+        );
+        assert_eq!(err.kind, ErrorKind::StaleEpoch);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! PicoMQ client library: the stream operations of the Pico protocol over HTTP (reqwest),
-//! the binary batch codecs, and a typed error. Used by the `pico` CLI and the tests.
+//! the binary batch codecs, a typed error, and an idempotent, batching [`Producer`]
+//! session. Used by the `pico` CLI and the tests.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pico_client::ClientError> {
@@ -16,9 +17,12 @@
 mod client;
 pub mod codec;
 mod error;
+mod producer;
 
 pub use client::{
-    AppendAck, Client, ClientConfig, Protocol, ReadPage, StreamInfo, DEFAULT_CONTENT_TYPE,
+    AppendAck, Client, ClientConfig, ListedStream, ProducerAck, Protocol, ReadPage, StreamInfo,
+    StreamList, DEFAULT_CONTENT_TYPE,
 };
 pub use codec::{CodecError, NewRecord, Record};
 pub use error::{kind_for_status, ApiError, ClientError, ErrorKind};
+pub use producer::{Producer, ProducerConfig, SendHandle};

@@ -314,3 +314,147 @@ fn bad_endpoints_are_rejected_up_front() {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{endpoint}");
     }
 }
+
+#[tokio::test]
+async fn the_token_goes_on_every_request_and_is_not_shown() {
+    let (endpoint, server) = script(vec![
+        response("201 Created", &[("pico-next-seq", "0")], b""),
+        response("404 Not Found", &[], b""),
+    ])
+    .await;
+    let mut config = ClientConfig::new(endpoint);
+    config.token = Some("s3cret-token".into());
+    let client = Client::new(config).unwrap();
+    assert!(!format!("{client:?}").contains("s3cret"), "{client:?}");
+    client.create("/s", None, None).await.unwrap();
+    assert_eq!(client.head("/s").await.unwrap(), None);
+    for seen in server.await.unwrap() {
+        assert_eq!(
+            seen.header("authorization").as_deref(),
+            Some("Bearer s3cret-token")
+        );
+    }
+    let mut config = ClientConfig::new("http://127.0.0.1:1");
+    config.token = Some("bad\ntoken".into());
+    let err = Client::new(config).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(!err.to_string().contains("bad"), "{err}");
+}
+
+#[test]
+fn a_bad_ca_certificate_is_rejected_up_front() {
+    let mut config = ClientConfig::new("https://127.0.0.1:1");
+    config.ca_cert_pem = Some(b"not a certificate".to_vec());
+    let err = Client::new(config).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("CA certificate"), "{err}");
+}
+
+#[tokio::test]
+async fn list_sends_the_query_and_parses_the_page() {
+    let body = br#"{"streams":[{"name":"/a","content_type":"text/plain","start_seq":2,"next_seq":5,"closed":true,"ttl":60,"expires_at":"2100-01-01T00:00:00Z"},{"name":"/b","content_type":"application/octet-stream","start_seq":0,"next_seq":0,"closed":false}],"has_more":true}"#;
+    let (endpoint, server) = script(vec![
+        response("200 OK", &[("content-type", "application/json")], body),
+        response(
+            "200 OK",
+            &[("content-type", "application/json")],
+            br#"{"streams":[],"has_more":false}"#,
+        ),
+    ])
+    .await;
+    let client = client(&endpoint);
+    let list = client
+        .list(Some("/a b"), Some("/0"), Some(2))
+        .await
+        .unwrap();
+    assert!(list.has_more);
+    assert_eq!(list.streams.len(), 2);
+    let a = &list.streams[0];
+    assert_eq!(
+        (a.name.as_str(), a.start, a.next, a.closed, a.ttl_secs),
+        ("/a", 2, 5, true, Some(60))
+    );
+    assert_eq!(a.expires_at.as_deref(), Some("2100-01-01T00:00:00Z"));
+    assert_eq!(list.streams[1].ttl_secs, None);
+    let empty = client.list(None, None, Some(0)).await.unwrap();
+    assert_eq!(empty, pico_client::StreamList::default());
+    let seen = server.await.unwrap();
+    assert_eq!(
+        seen[0].request_line(),
+        "GET /?prefix=%2Fa+b&start_after=%2F0&limit=2 HTTP/1.1"
+    );
+    assert_eq!(seen[1].request_line(), "GET / HTTP/1.1");
+}
+
+#[tokio::test]
+async fn trim_sends_the_header_without_a_body() {
+    let (endpoint, server) =
+        script(vec![response("200 OK", &[("pico-start-seq", "4")], b"")]).await;
+    assert_eq!(client(&endpoint).trim("/s", 9).await.unwrap(), 4);
+    let seen = server.await.unwrap();
+    assert_eq!(seen[0].request_line(), "POST /s HTTP/1.1");
+    assert_eq!(seen[0].header("pico-trim-seq").as_deref(), Some("9"));
+    assert!(seen[0].body.is_empty());
+    let mut config = ClientConfig::new("http://127.0.0.1:1");
+    config.protocol = Protocol::Ds;
+    let err = Client::new(config)
+        .unwrap()
+        .trim("/s", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "trim is a Pico protocol operation; use --protocol pico"
+    );
+}
+
+#[tokio::test]
+async fn producer_appends_carry_the_identity_and_detect_duplicates() {
+    let (endpoint, server) = script(vec![
+        response(
+            "200 OK",
+            &[
+                ("pico-start-seq", "3"),
+                ("pico-next-seq", "5"),
+                ("pico-timestamp", "77"),
+                ("pico-producer-seq", "0"),
+            ],
+            b"",
+        ),
+        response(
+            "200 OK",
+            &[("pico-next-seq", "5"), ("pico-producer-seq", "0")],
+            b"",
+        ),
+    ])
+    .await;
+    let client = client(&endpoint);
+    let batch =
+        pico_client::codec::encode_binary_batch(&[Bytes::from("a"), Bytes::from("b")]).unwrap();
+    let ack = client
+        .append_as_producer("/s", batch.clone(), "p1", 2, 0)
+        .await
+        .unwrap();
+    assert_eq!((ack.start, ack.next, ack.timestamp), (Some(3), 5, Some(77)));
+    assert!(!ack.is_duplicate());
+    let dup = client
+        .append_as_producer("/s", batch, "p1", 2, 0)
+        .await
+        .unwrap();
+    assert!(dup.is_duplicate());
+    assert_eq!((dup.next, dup.producer_seq), (5, Some(0)));
+    let seen = server.await.unwrap();
+    assert_eq!(seen[0].header("pico-producer-id").as_deref(), Some("p1"));
+    assert_eq!(seen[0].header("pico-producer-epoch").as_deref(), Some("2"));
+    assert_eq!(seen[0].header("pico-producer-seq").as_deref(), Some("0"));
+    assert_eq!(
+        seen[0].header("content-type").as_deref(),
+        Some("application/vnd.picomq.batch")
+    );
+    assert_eq!(
+        decode_binary_batch(&Bytes::from(seen[0].body.clone()))
+            .unwrap()
+            .len(),
+        2
+    );
+}
