@@ -39,6 +39,9 @@ use crate::{now_ms, EngineConfig};
 
 /// A merged chunk stops growing at this size so a read never scans far inside one.
 const CHUNK_BYTES_MAX: u64 = 256 * 1024;
+/// A coarse chunk of a sealed segment spans at most this many bytes (own and other streams'
+/// frames), bounding what a read scans to find its first record.
+const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// How often expired streams are looked for.
 const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 /// Expired streams deleted per reaper round (the rest wait for the next round).
@@ -92,6 +95,8 @@ struct IndexEntry {
     closed: bool,
     producers: BTreeMap<String, (u64, u64)>,
     closed_by: Option<ProducerTuple>,
+    /// The stream's name, to find its chunks when the segment seals.
+    name: Option<Rc<str>>,
 }
 
 /// What one append request writes.
@@ -253,6 +258,7 @@ impl Shard {
             let first_stored = chunks.first().map_or(0, |c| c.first_offset);
             state.start_offset = seed.start_offset.max(first_stored).min(state.next_offset);
             chunks.retain(|c| c.next_offset > state.start_offset);
+            coarsen(&mut chunks, None);
             state.producers = seed.producers;
             state.closed_by = seed.closed_by;
             streams.insert(
@@ -600,6 +606,9 @@ impl Shard {
         }
         let byte_end = segment.buf.len() as u64;
         let entry = segment.index.entry(id).or_default();
+        if entry.name.is_none() {
+            entry.name = Some(name.clone());
+        }
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
         entry.closed |= close;
         if let Some(producer) = producer {
@@ -730,7 +739,7 @@ impl Shard {
     ) -> Result<ReadBatch, EngineError> {
         let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
         let max_bytes = request.max_bytes.max(1);
-        let (chunks, tail, closed_durable) = {
+        let (chunks, tail, closed_durable, stream_id) = {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
             stream.state.check_read(from)?;
@@ -745,7 +754,7 @@ impl Shard {
                 bytes += chunk.byte_end - chunk.byte_start;
                 picked.push(*chunk);
             }
-            (picked, tail, stream.state.closed_durable)
+            (picked, tail, stream.state.closed_durable, stream.state.id)
         };
         let mut records = Vec::new();
         let mut bytes = 0usize;
@@ -753,17 +762,21 @@ impl Shard {
         'chunks: for chunk in chunks {
             let data = self.chunk_bytes(&chunk).await?;
             let mut pos = 0usize;
+            let corrupt = |e| {
+                EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
+            };
             while pos < data.len() {
-                let (frame, len) = frame::decode_frame(&data, pos).map_err(|e| {
-                    EngineError::Storage(format!(
-                        "corrupt frame in segment {}: {e:?}",
-                        chunk.segment
-                    ))
-                })?;
+                // A sealed segment's chunk may span other streams' frames: skip them by header.
+                let (header, len) = frame::check_frame(&data, pos).map_err(corrupt)?;
+                let at = pos;
                 pos += len;
-                if frame.kind != FRAME_KIND_RECORD || frame.offset < next {
+                if header.stream_id.get() != stream_id
+                    || header.kind != FRAME_KIND_RECORD
+                    || header.offset.get() < next
+                {
                     continue;
                 }
+                let (frame, _) = frame::decode_frame(&data, at).map_err(corrupt)?;
                 if frame.offset >= tail
                     || records.len() >= max_records
                     || (!records.is_empty() && bytes + len > max_bytes)
@@ -1196,6 +1209,7 @@ impl Shard {
             debug_assert_eq!(log.front().map(|s| s.no), Some(no));
             log.pop_front().expect("sealing the front segment")
         };
+        self.coarsen_sealed(no, &segment.index);
         let bytes = Bytes::from(segment.buf);
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.data = SegmentData::Memory(bytes.clone());
@@ -1237,6 +1251,21 @@ impl Shard {
         let (file, path) = (segment.wal, segment.wal_path);
         glommio::spawn_local(async move { this.upload(no, bytes, record, file, path).await })
             .detach();
+    }
+
+    /// Once a segment is sealed, each stream keeps a few chunks per segment instead of one per
+    /// request: reads skip the other streams' frames by header, and the memory per stream
+    /// follows the segment count, not the request count.
+    fn coarsen_sealed(&self, no: u64, index: &BTreeMap<u64, IndexEntry>) {
+        let mut streams = self.streams.borrow_mut();
+        for (id, entry) in index {
+            let Some(name) = &entry.name else { continue };
+            if let Some(stream) = streams.get_mut(&**name) {
+                if stream.state.id == *id {
+                    coarsen(&mut stream.chunks, Some(no));
+                }
+            }
+        }
     }
 
     /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
@@ -1329,6 +1358,80 @@ impl Shard {
             let _ = waiter.send(result.clone());
         }
         self.evict_cache();
+    }
+}
+
+/// Merges consecutive chunks of one sealed segment (only `segment`'s, or all with `None`) into
+/// spans of at most `SEALED_CHUNK_BYTES_MAX` bytes.
+fn coarsen(chunks: &mut Vec<Chunk>, segment: Option<u64>) {
+    let start = match segment {
+        Some(no) => match chunks.iter().position(|c| c.segment == no) {
+            Some(start) => start,
+            None => return,
+        },
+        None => 0,
+    };
+    let mut merged: Vec<Chunk> = Vec::with_capacity(chunks.len() - start);
+    for chunk in chunks.drain(start..) {
+        match merged.last_mut() {
+            Some(last)
+                if segment.is_none_or(|s| s == chunk.segment)
+                    && last.segment == chunk.segment
+                    && last.next_offset == chunk.first_offset
+                    && chunk.byte_end > last.byte_start
+                    && chunk.byte_end - last.byte_start <= SEALED_CHUNK_BYTES_MAX =>
+            {
+                last.next_offset = chunk.next_offset;
+                last.byte_end = chunk.byte_end;
+            }
+            _ => merged.push(chunk),
+        }
+    }
+    chunks.extend(merged);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(
+        first_offset: u64,
+        next_offset: u64,
+        segment: u64,
+        byte_start: u64,
+        byte_end: u64,
+    ) -> Chunk {
+        Chunk {
+            first_offset,
+            next_offset,
+            segment,
+            byte_start,
+            byte_end,
+        }
+    }
+
+    #[test]
+    fn coarsen_merges_within_a_segment_and_a_span() {
+        let mut chunks = vec![
+            chunk(0, 2, 0, 0, 100),
+            chunk(2, 3, 1, 0, 50),
+            chunk(3, 5, 1, 200, 300),
+            chunk(5, 6, 1, 900_000, 1_100_000),
+            chunk(6, 7, 2, 0, 10),
+        ];
+        coarsen(&mut chunks, Some(1));
+        let spans: Vec<_> = chunks
+            .iter()
+            .map(|c| (c.first_offset, c.next_offset, c.segment))
+            .collect();
+        assert_eq!(spans, vec![(0, 2, 0), (2, 5, 1), (5, 6, 1), (6, 7, 2)]);
+        assert_eq!((chunks[1].byte_start, chunks[1].byte_end), (0, 300));
+        coarsen(&mut chunks, None);
+        assert_eq!(
+            chunks.len(),
+            4,
+            "a merge never crosses segments or the span limit"
+        );
     }
 }
 
