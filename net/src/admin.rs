@@ -1,15 +1,17 @@
 //! The admin listener: liveness and readiness probes (the admin API and metrics build on it).
 
-use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::http1::{Request, Response};
 
 /// Node state the probes report.
 #[derive(Default)]
 pub struct AdminState {
-    /// All cores started and listening; false again while shutting down.
-    pub serving: Cell<bool>,
+    /// All cores started and listening; false again as soon as shutdown begins, so load
+    /// balancers stop sending traffic during the drain window.
+    pub serving: Arc<AtomicBool>,
 }
 
 pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
@@ -25,7 +27,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
             .header("cache-control", "no-store")
             .with_body("ok"),
         ("GET" | "HEAD", "/ready") => {
-            let serving = state.serving.get();
+            let serving = state.serving.load(Ordering::Relaxed);
             let body = format!(
                 "{{\"ready\":{serving},\"serving\":{serving},\"registered\":true,\"appliedIndex\":0,\"nodeId\":1}}"
             );

@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub unuploaded_bytes_max: usize,
     /// Per core: uploaded segments kept in memory for reads (`--block-cache-size`).
     pub segment_cache_bytes: usize,
+    /// On SIGINT/SIGTERM, `/ready` fails this long before the process exits.
+    pub shutdown_drain_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +83,7 @@ impl Default for ServerConfig {
             in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
             unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
             segment_cache_bytes: 64 * 1024 * 1024,
+            shutdown_drain_ms: 0,
         }
     }
 }

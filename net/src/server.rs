@@ -4,7 +4,8 @@
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use glommio::net::TcpListener;
@@ -77,6 +78,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         cors_origin: config.cors_origin.clone(),
     };
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
+    let serving = Arc::new(AtomicBool::new(false));
     let mut listen = config.listen.clone();
     let mut admin_addr = None;
     let mut handles = Vec::new();
@@ -88,6 +90,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         };
         let job = CoreJob {
             seed,
+            serving: serving.clone(),
             listen: listen.clone(),
             admin: if index == 0 {
                 config.admin_listen.clone()
@@ -118,8 +121,17 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         println!("admin on http://{addr}");
     }
     log::info!("protocol pico on {listen}");
+    serving.store(true, Ordering::Relaxed);
     wait_for_signal(&signals);
     println!("shutting down");
+    serving.store(false, Ordering::Relaxed);
+    if config.shutdown_drain_ms > 0 {
+        log::info!(
+            "draining for {} ms (/ready answers 503)",
+            config.shutdown_drain_ms
+        );
+        std::thread::sleep(Duration::from_millis(config.shutdown_drain_ms));
+    }
     // Every acknowledged append is already durable in the WAL (or, with memory durability,
     // was declared disposable): exiting here loses nothing that was promised.
     Ok(())
@@ -132,6 +144,7 @@ struct Started {
 
 struct CoreJob {
     seed: CoreSeed,
+    serving: Arc<AtomicBool>,
     listen: String,
     admin: Option<String>,
     settings: PicoSettings,
@@ -142,6 +155,7 @@ struct CoreJob {
 async fn run_core(job: CoreJob) {
     let CoreJob {
         seed,
+        serving,
         listen,
         admin,
         settings,
@@ -170,8 +184,7 @@ async fn run_core(job: CoreJob) {
             return;
         }
     };
-    let admin_state = Rc::new(AdminState::default());
-    admin_state.serving.set(true);
+    let admin_state = Rc::new(AdminState { serving });
     if let Some(admin_listener) = admin_listener {
         let state = admin_state.clone();
         glommio::spawn_local(async move {
