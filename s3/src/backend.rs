@@ -100,7 +100,7 @@ impl Backend {
 
 /// A range read must lie inside the object: a short read would hand the engine a truncated
 /// segment that only fails later, at a CRC check far from the cause.
-fn check_range(key: &str, start: u64, end: u64, size: u64) -> Result<(), StoreError> {
+pub(crate) fn check_range(key: &str, start: u64, end: u64, size: u64) -> Result<(), StoreError> {
     if end > size {
         return Err(StoreError::Io(format!(
             "range {start}..{end} is past the end of {key} ({size} bytes)"

@@ -7,14 +7,20 @@
 //! (sending never blocks and needs no runtime) and returns `futures_channel::oneshot::Receiver`s
 //! that any executor can await.
 //!
-//! Module map: URI parsing in `uri`, object-key rules in `key`, the backends (blocking
-//! filesystem and in-memory code) in `backend`, the thread and its handle in `store`.
+//! Module map: URI parsing in `uri`, object-key rules in `key`, the blocking backends
+//! (filesystem and in-memory) in `backend`, the S3 backend in `s3_bucket` (with SigV4 signing in
+//! `sigv4` and the little XML it reads in `xml`), the thread and its handle in `store`.
 
 mod backend;
 mod key;
+mod s3_bucket;
+mod sigv4;
 mod store;
 mod uri;
+mod xml;
 
+pub use s3_bucket::S3Options;
+pub use sigv4::S3Credentials;
 pub use store::Faults;
 pub use store::ObjectStore;
 pub use store::ObjectStoreOptions;

@@ -5,9 +5,14 @@
 //!  ObjectStore::put ───┐                     dispatcher: recv ─▶ take a slot (≤ max_in_flight)
 //!  ObjectStore::get ───┼─ tokio mpsc ──────▶            ─▶ spawn a task per request
 //!  ObjectStore::list ──┘  (unbounded; send                   task: blocking I/O on the runtime's
-//!                          never blocks)                     blocking pool (≤ max_in_flight threads)
+//!                          never blocks)                     blocking pool (≤ max_in_flight threads),
+//!                                                                or async S3 calls (reqwest)
 //!        ◀──────────── futures oneshot, per request, in completion order ─────────────
 //! ```
+//!
+//! `s3://` requests run as async tasks on the same runtime (HTTP via reqwest; SigV4 signing,
+//! retries, multipart in `s3_bucket.rs`); `file://` and `mem://` run blocking code on the
+//! runtime's blocking pool.
 //!
 //! Requests run concurrently and finish in any order: await a put before issuing a get that
 //! must see it.
@@ -30,6 +35,9 @@ use crate::backend::FileBucket;
 use crate::backend::MemoryBucket;
 use crate::key::validate_key;
 use crate::key::validate_prefix;
+use crate::s3_bucket::S3Bucket;
+use crate::s3_bucket::S3Config;
+use crate::s3_bucket::S3Options;
 use crate::Reply;
 use crate::StorageLocation;
 use crate::StorageUri;
@@ -48,13 +56,17 @@ const THREAD_NAME: &str = "pico-upload";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectStoreOptions {
     /// Most requests executing at once (at least 1). More requests wait in the queue, in order.
+    /// (A multipart put is one request, with up to 4 of its parts in flight.)
     pub max_in_flight: usize,
+    /// Tuning of `s3://` buckets (ignored by the others).
+    pub s3: S3Options,
 }
 
 impl Default for ObjectStoreOptions {
     fn default() -> Self {
         ObjectStoreOptions {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            s3: S3Options::default(),
         }
     }
 }
@@ -122,26 +134,41 @@ impl ObjectStore {
     /// Opens a bucket and starts its `pico-upload` thread.
     ///
     /// `file://` creates the root directory. `mem://NAME` buckets are shared by name within the
-    /// process (tests can "restart" a node against the same objects). `s3://` is refused for now.
-    /// Blocking (it may create directories): call it at startup, not from an executor.
+    /// process (tests can "restart" a node against the same objects). `s3://` takes its
+    /// credentials from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`
+    /// (unless [`S3Options::credentials`] gives them; missing ones are a
+    /// [`StoreError::BadUri`]), and by default probes the bucket (one ListObjectsV2 of one key)
+    /// so a wrong secret, a missing bucket or an unreachable endpoint fails here, with a
+    /// one-line explanation, instead of at the first upload.
+    /// Blocking (it may create directories or wait for the probe): call it at startup, not from
+    /// an executor.
     pub fn open_with(
         uri: &StorageUri,
         options: ObjectStoreOptions,
     ) -> Result<ObjectStore, StoreError> {
         let max_in_flight = options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
-        let backend = match &uri.location {
-            StorageLocation::File(root) => Backend::File(FileBucket::open(root)?),
-            StorageLocation::Memory(name) => Backend::Memory(MemoryBucket::open(name)),
-            StorageLocation::S3 { .. } => {
-                return Err(StoreError::BadUri(
-                    "s3:// storage is not available yet; use <id>@file://DIR".to_string(),
-                ))
+        let mut probe = false;
+        let target = match &uri.location {
+            StorageLocation::File(root) => {
+                Target::Local(Arc::new(Backend::File(FileBucket::open(root)?)))
+            }
+            StorageLocation::Memory(name) => {
+                Target::Local(Arc::new(Backend::Memory(MemoryBucket::open(name))))
+            }
+            StorageLocation::S3 { bucket, params } => {
+                let config =
+                    S3Config::new(bucket, params, options.s3.credentials.clone(), |name| {
+                        std::env::var(name).ok()
+                    })?;
+                probe = options.s3.probe_at_open;
+                Target::S3(Arc::new(S3Bucket::new(config, options.s3.clone())?))
             }
         };
         // The blocking pool runs the file I/O: with at most `max_in_flight` threads, a slow fsync
         // holds up one slot, never the runtime thread that dispatches the others.
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
+            .enable_io()
             .max_blocking_threads(max_in_flight)
             .thread_name(format!("{THREAD_NAME}-io"))
             .build()
@@ -149,14 +176,38 @@ impl ObjectStore {
         let (requests, receiver) = mpsc::unbounded_channel();
         let faults = Arc::new(Faults::default());
         let worker = Worker {
-            backend: Arc::new(backend),
+            target,
             faults: faults.clone(),
             max_in_flight,
         };
+        // The probe runs on the upload thread's runtime (the caller may not be inside one, or
+        // may be inside another); the thread reports its outcome before serving requests.
+        let (ready, started) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name(THREAD_NAME.to_string())
-            .spawn(move || runtime.block_on(worker.dispatch(receiver)))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let outcome = match (&worker.target, probe) {
+                        (Target::S3(bucket), true) => bucket.probe().await,
+                        _ => Ok(()),
+                    };
+                    let failed = outcome.is_err();
+                    let _ = ready.send(outcome);
+                    if !failed {
+                        worker.dispatch(receiver).await;
+                    }
+                })
+            })
             .map_err(|error| StoreError::Io(format!("spawn the {THREAD_NAME} thread: {error}")))?;
+        let outcome = started.recv().unwrap_or_else(|_| {
+            Err(StoreError::Io(format!(
+                "the {THREAD_NAME} thread died while opening {uri}"
+            )))
+        });
+        if let Err(error) = outcome {
+            let _ = thread.join();
+            return Err(error);
+        }
         let inner = Inner {
             uri: uri.clone(),
             requests,
@@ -301,9 +352,18 @@ fn answer_closed(request: Request) {
     };
 }
 
+/// The bucket behind a store.
+#[derive(Clone)]
+enum Target {
+    /// `file://` and `mem://`: blocking code, run on the blocking pool.
+    Local(Arc<Backend>),
+    /// `s3://`: async HTTP calls on the runtime.
+    S3(Arc<S3Bucket>),
+}
+
 /// What runs on the upload thread.
 struct Worker {
-    backend: Arc<Backend>,
+    target: Target,
     faults: Arc<Faults>,
     max_in_flight: usize,
 }
@@ -322,10 +382,10 @@ impl Worker {
                 .acquire_owned()
                 .await
                 .expect("the semaphore is never closed");
-            let backend = self.backend.clone();
+            let target = self.target.clone();
             let faults = self.faults.clone();
             tokio::spawn(async move {
-                execute(backend, &faults, request).await;
+                execute(target, &faults, request).await;
                 drop(slot);
             });
         }
@@ -344,15 +404,25 @@ impl Worker {
     }
 }
 
-async fn execute(backend: Arc<Backend>, faults: &Faults, request: Request) {
+async fn execute(target: Target, faults: &Faults, request: Request) {
     // A caller that stopped waiting (dropped receiver) is fine: the result is dropped.
     match request {
         Request::Put { key, data, reply } => {
-            let result = perform(backend, faults, Operation::Put, move |b| b.put(&key, data)).await;
+            let result = match (faults.apply(Operation::Put).await, target) {
+                (Err(error), _) => Err(error),
+                (Ok(()), Target::Local(backend)) => {
+                    blocking(backend, move |b| b.put(&key, data)).await
+                }
+                (Ok(()), Target::S3(bucket)) => bucket.put(&key, data).await,
+            };
             let _ = reply.send(result);
         }
         Request::Get { key, reply } => {
-            let result = perform(backend, faults, Operation::Get, move |b| b.get(&key)).await;
+            let result = match (faults.apply(Operation::Get).await, target) {
+                (Err(error), _) => Err(error),
+                (Ok(()), Target::Local(backend)) => blocking(backend, move |b| b.get(&key)).await,
+                (Ok(()), Target::S3(bucket)) => bucket.get(&key).await,
+            };
             let _ = reply.send(result);
         }
         Request::GetRange {
@@ -361,29 +431,44 @@ async fn execute(backend: Arc<Backend>, faults: &Faults, request: Request) {
             end,
             reply,
         } => {
-            let read = move |b: &Backend| b.get_range(&key, start, end);
-            let _ = reply.send(perform(backend, faults, Operation::Get, read).await);
+            let result = match (faults.apply(Operation::Get).await, target) {
+                (Err(error), _) => Err(error),
+                (Ok(()), Target::Local(backend)) => {
+                    blocking(backend, move |b| b.get_range(&key, start, end)).await
+                }
+                (Ok(()), Target::S3(bucket)) => bucket.get_range(&key, start, end).await,
+            };
+            let _ = reply.send(result);
         }
         Request::Delete { key, reply } => {
-            let result = perform(backend, faults, Operation::Other, move |b| b.delete(&key)).await;
+            let result = match (faults.apply(Operation::Other).await, target) {
+                (Err(error), _) => Err(error),
+                (Ok(()), Target::Local(backend)) => {
+                    blocking(backend, move |b| b.delete(&key)).await
+                }
+                (Ok(()), Target::S3(bucket)) => bucket.delete(&key).await,
+            };
             let _ = reply.send(result);
         }
         Request::List { prefix, reply } => {
-            let result = perform(backend, faults, Operation::Other, move |b| b.list(&prefix)).await;
+            let result = match (faults.apply(Operation::Other).await, target) {
+                (Err(error), _) => Err(error),
+                (Ok(()), Target::Local(backend)) => {
+                    blocking(backend, move |b| b.list(&prefix)).await
+                }
+                (Ok(()), Target::S3(bucket)) => bucket.list(&prefix).await,
+            };
             let _ = reply.send(result);
         }
         Request::Shutdown => unreachable!("dispatch() stops at Shutdown before spawning it"),
     }
 }
 
-/// Runs one backend call on the blocking pool, after any injected delay or failure.
-async fn perform<T: Send + 'static>(
+/// Runs one blocking backend call on the blocking pool.
+async fn blocking<T: Send + 'static>(
     backend: Arc<Backend>,
-    faults: &Faults,
-    operation: Operation,
     work: impl FnOnce(&Backend) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
-    faults.apply(operation).await?;
     match tokio::task::spawn_blocking(move || work(&backend)).await {
         Ok(result) => result,
         Err(error) => Err(StoreError::Io(format!(
