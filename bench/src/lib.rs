@@ -1,1 +1,162 @@
-//! PicoMQ load generator; `pico bench` lands here with the HTTP/2 work.
+//! PicoMQ load generator: `pico bench` (cli.md §5.6).
+//!
+//! [`run`] creates temporary streams (`/bench/<pid>-<unix ms>-<i>`), runs `--in-flight`
+//! writer tasks (each with one append outstanding) spread round-robin over the streams and
+//! over `--connections` independent HTTP client pools, one catch-up reader per stream, and
+//! returns a [`Summary`]. Progress lines go to stderr in text mode; the caller prints the
+//! summary ([`Summary::print_text`] or [`Summary::to_json`] on stdout).
+//!
+//! `--live-latency` runs a different measurement: one writer appends a record every 10 ms
+//! and one live reader (SSE or long-poll) follows the stream; the latency is the time from
+//! just before an append is sent to the moment its record reaches the reader.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), String> {
+//! use pico_bench::{BenchArgs, Connection, Output};
+//! let args = BenchArgs { duration: 5, ..BenchArgs::default() };
+//! let conn = Connection::new("http://127.0.0.1:4437");
+//! let summary = pico_bench::run(&args, &conn).await?;
+//! match args.output {
+//!     Output::Text => summary.print_text(),
+//!     Output::Json => println!("{}", summary.to_json()),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod args;
+mod live;
+mod load;
+mod pacing;
+mod report;
+mod wire;
+
+pub use args::{BenchArgs, LiveMode, Output};
+pub use pico_client::Protocol;
+pub use report::{Latency, LiveSummary, Summary, Throughput};
+
+/// How to reach the server (the CLI's global connection flags).
+#[derive(Clone, Debug, Default)]
+pub struct Connection {
+    /// Base URL, e.g. `http://127.0.0.1:4437` (a trailing `/` is ignored).
+    pub endpoint: String,
+    pub protocol: Protocol,
+    /// Cleartext HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    pub http2: bool,
+    /// Sent as `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// Extra trusted root certificates (PEM) for `https://` endpoints.
+    pub ca_cert_pem: Option<Vec<u8>>,
+}
+
+impl Connection {
+    /// Pico protocol over HTTP/1.1, no token.
+    pub fn new(endpoint: impl Into<String>) -> Connection {
+        Connection {
+            endpoint: endpoint.into(),
+            ..Connection::default()
+        }
+    }
+
+    /// The endpoint without a trailing `/`, checked to be an http(s) URL.
+    pub(crate) fn base(&self) -> Result<String, String> {
+        let base = self.endpoint.trim_end_matches('/').to_owned();
+        let url = reqwest::Url::parse(&base)
+            .map_err(|e| format!("invalid endpoint {:?}: {e}", self.endpoint))?;
+        if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+            return Err(format!(
+                "invalid endpoint {:?}: expected http://HOST:PORT or https://HOST:PORT",
+                self.endpoint
+            ));
+        }
+        Ok(base)
+    }
+}
+
+/// Runs the benchmark on the current tokio runtime and returns what it measured.
+///
+/// Text mode prints `created ...`, `warmup ...` and the progress lines on stderr; nothing is
+/// printed in JSON mode. The summary itself is left to the caller. The first append error
+/// stops every writer; the streams are still deleted (unless `--keep`) and the error is
+/// returned (exit code 1). A multi-threaded runtime lets the load use more than one core;
+/// [`run_blocking`] makes one.
+pub async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, String> {
+    args.validate()?;
+    if conn.protocol == Protocol::Ds {
+        return Err("bench --protocol ds needs the Durable Streams listener".into());
+    }
+    if args.live_latency {
+        live::run(args, conn).await
+    } else {
+        load::run(args, conn).await
+    }
+}
+
+/// [`run`] on a new multi-threaded tokio runtime (one worker per available core); call it
+/// from outside any runtime.
+pub fn run_blocking(args: &BenchArgs, conn: &Connection) -> Result<Summary, String> {
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(run(args, conn))
+}
+
+/// `/bench/<pid>-<unix ms>-<i>` for `i` in `0..count`.
+pub fn stream_names(count: usize) -> Vec<String> {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let pid = std::process::id();
+    (0..count)
+        .map(|i| format!("/bench/{pid}-{ms}-{i}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let names = stream_names(3);
+        assert_eq!(names.len(), 3);
+        let prefix = format!("/bench/{}-", std::process::id());
+        for (i, name) in names.iter().enumerate() {
+            assert!(name.starts_with(&prefix), "{name}");
+            assert!(name.ends_with(&format!("-{i}")), "{name}");
+            let ms: u128 = name[prefix.len()..name.rfind('-').unwrap()]
+                .parse()
+                .unwrap();
+            assert!(ms > 1_600_000_000_000);
+        }
+    }
+
+    #[test]
+    fn endpoint_checks() {
+        assert_eq!(
+            Connection::new("http://127.0.0.1:1/").base().unwrap(),
+            "http://127.0.0.1:1"
+        );
+        assert!(Connection::new("ftp://x").base().is_err());
+        assert!(Connection::new("nonsense").base().is_err());
+    }
+
+    #[tokio::test]
+    async fn ds_is_refused_clearly() {
+        let conn = Connection {
+            protocol: Protocol::Ds,
+            ..Connection::new("http://127.0.0.1:1")
+        };
+        let err = run(&BenchArgs::default(), &conn).await.unwrap_err();
+        assert_eq!(
+            err,
+            "bench --protocol ds needs the Durable Streams listener"
+        );
+    }
+}

@@ -1,0 +1,321 @@
+//! The bits of the Pico protocol the bench speaks directly: binary batches, binary read
+//! pages, SSE events, and HTTP error texts.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+
+use crate::Connection;
+
+/// `Content-Type` of binary batches (appends) and binary read pages.
+pub(crate) const BATCH_CONTENT_TYPE: &str = "application/vnd.picomq.batch";
+
+/// Largest read page the readers ask for.
+pub(crate) const READ_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A binary batch of `records` zero-filled records of `size` bytes without headers:
+/// `u8 1 | u32 count | count × (u32 0 | u32 size | size × 0)`.
+pub(crate) fn encode_batch(records: usize, size: usize) -> Bytes {
+    let mut out = Vec::with_capacity(5 + records * (8 + size));
+    out.push(1u8);
+    out.extend_from_slice(&(records as u32).to_be_bytes());
+    for _ in 0..records {
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(&(size as u32).to_be_bytes());
+        out.resize(out.len() + size, 0);
+    }
+    Bytes::from(out)
+}
+
+/// What a binary read page held.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PageStats {
+    pub records: u64,
+    /// Sum of the record bodies.
+    pub body_bytes: u64,
+    /// Sequence of every record (only when asked for).
+    pub seqs: Vec<u64>,
+}
+
+/// Walks a binary read page: `u8 1 | u32 count | count × (u64 seq | i64 ts | u32 header_count
+/// | header_count × (u32 len, name, u32 len, value) | u32 body_len | body)`.
+pub(crate) fn parse_page(buf: &[u8], want_seqs: bool) -> Result<PageStats, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let end = at
+            .checked_add(n)
+            .filter(|&end| end <= buf.len())
+            .ok_or_else(|| format!("binary page truncated at byte {at}"))?;
+        let slice = &buf[at..end];
+        at = end;
+        Ok(slice)
+    };
+    let u32_at = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize;
+    let version = take(1)?[0];
+    if version != 1 {
+        return Err(format!("binary page version {version}, expected 1"));
+    }
+    let count = u32_at(take(4)?);
+    let mut stats = PageStats::default();
+    for _ in 0..count {
+        let seq = u64::from_be_bytes(take(8)?.try_into().expect("8 bytes"));
+        take(8)?; // timestamp
+        let headers = u32_at(take(4)?);
+        for _ in 0..headers * 2 {
+            let len = u32_at(take(4)?);
+            take(len)?;
+        }
+        let body = u32_at(take(4)?);
+        take(body)?;
+        stats.records += 1;
+        stats.body_bytes += body as u64;
+        if want_seqs {
+            stats.seqs.push(seq);
+        }
+    }
+    Ok(stats)
+}
+
+/// Splits complete SSE events off the front of `buf` (events end with a blank line) and
+/// returns the `data` of each `data` event, leaving an incomplete tail in `buf`.
+pub(crate) fn drain_sse_data(buf: &mut Vec<u8>) -> Vec<String> {
+    let mut out = Vec::new();
+    loop {
+        // Accept both LF and CRLF line ends.
+        let end = find_event_end(buf);
+        let Some((event_len, sep_len)) = end else {
+            break;
+        };
+        let event = String::from_utf8_lossy(&buf[..event_len]).into_owned();
+        buf.drain(..event_len + sep_len);
+        let mut name = "message";
+        let mut data = String::new();
+        let mut has_data = false;
+        for line in event.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = if v.trim().is_empty() {
+                    "message"
+                } else {
+                    match v.trim() {
+                        "data" => "data",
+                        "control" => "control",
+                        _ => "other",
+                    }
+                };
+            } else if let Some(v) = line.strip_prefix("data:") {
+                if has_data {
+                    data.push('\n');
+                }
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                has_data = true;
+            }
+        }
+        if has_data && name == "data" {
+            out.push(data);
+        }
+    }
+    out
+}
+
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The `seq` of every record of a JSON-format `data` event.
+pub(crate) fn json_seqs(data: &str) -> Result<Vec<u64>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(data).map_err(|e| format!("bad SSE data event: {e}"))?;
+    let records = value
+        .as_array()
+        .ok_or("bad SSE data event: not a JSON array")?;
+    records
+        .iter()
+        .map(|r| {
+            r.get("seq")
+                .and_then(|s| s.as_u64())
+                .ok_or_else(|| "bad SSE data event: a record without seq".to_string())
+        })
+        .collect()
+}
+
+/// One independent HTTP client pool.
+/// `total`: whole-request limit (`None` for live readers, which only get a read timeout).
+pub(crate) fn build_client(
+    conn: &Connection,
+    total: Option<Duration>,
+) -> Result<reqwest::Client, String> {
+    static INSTALL_CRYPTO: std::sync::Once = std::sync::Once::new();
+    // reqwest is built without a default crypto provider; rustls needs one for https.
+    INSTALL_CRYPTO.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(70))
+        .pool_max_idle_per_host(usize::MAX)
+        .tcp_nodelay(true);
+    if let Some(total) = total {
+        builder = builder.timeout(total);
+    }
+    if conn.http2 {
+        builder = builder.http2_prior_knowledge();
+    }
+    if let Some(token) = &conn.token {
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| "invalid token: it must be printable ASCII without line breaks")?;
+        value.set_sensitive(true);
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
+    if let Some(pem) = &conn.ca_cert_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| format!("invalid CA certificate: {e}"))?;
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {}", describe(&e)))
+}
+
+/// `url` with these query parameters (reqwest's `query` needs a feature we do not build).
+pub(crate) fn with_query(url: &str, pairs: &[(&str, &str)]) -> reqwest::Url {
+    let mut url = reqwest::Url::parse(url).expect("checked endpoint + stream name");
+    {
+        let mut query = url.query_pairs_mut();
+        for (k, v) in pairs {
+            query.append_pair(k, v);
+        }
+    }
+    url
+}
+
+/// A reqwest error with its causes (reqwest's own text is only the outermost layer).
+pub(crate) fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// `<what>: <status> <error>: <message>` from an error response.
+pub(crate) async fn status_error(what: &str, resp: reqwest::Response) -> String {
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    let detail = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .map(|v| {
+            let error = v.get("error").and_then(|e| e.as_str()).unwrap_or("");
+            let message = v.get("message").and_then(|e| e.as_str()).unwrap_or("");
+            match (error.is_empty(), message.is_empty()) {
+                (false, false) => format!("{error}: {message}"),
+                (false, true) => error.to_owned(),
+                (true, false) => message.to_owned(),
+                (true, true) => body.trim().to_owned(),
+            }
+        })
+        .unwrap_or_else(|| body.trim().chars().take(200).collect());
+    if detail.is_empty() {
+        format!("{what}: HTTP {status}")
+    } else {
+        format!("{what}: HTTP {status}: {detail}")
+    }
+}
+
+/// The JSON `error` code of an error body, if any.
+pub(crate) fn error_code(body: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()?
+        .get("error")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_encoding() {
+        let b = encode_batch(2, 3);
+        assert_eq!(
+            &b[..],
+            &[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0][..]
+        );
+        assert_eq!(encode_batch(1, 1024).len(), 5 + 8 + 1024);
+    }
+
+    #[test]
+    fn page_parsing() {
+        let mut page = vec![1u8];
+        page.extend(2u32.to_be_bytes());
+        for (seq, body, header) in [(7u64, &b"abc"[..], true), (8, &b""[..], false)] {
+            page.extend(seq.to_be_bytes());
+            page.extend(1_700_000_000_000i64.to_be_bytes());
+            if header {
+                page.extend(1u32.to_be_bytes());
+                page.extend(1u32.to_be_bytes());
+                page.extend(b"k");
+                page.extend(2u32.to_be_bytes());
+                page.extend(b"vv");
+            } else {
+                page.extend(0u32.to_be_bytes());
+            }
+            page.extend((body.len() as u32).to_be_bytes());
+            page.extend(body);
+        }
+        let stats = parse_page(&page, true).unwrap();
+        assert_eq!(
+            stats,
+            PageStats {
+                records: 2,
+                body_bytes: 3,
+                seqs: vec![7, 8]
+            }
+        );
+        assert!(parse_page(&page[..page.len() - 2], false).is_err());
+        assert!(parse_page(&[2, 0, 0, 0, 0], false).is_err());
+        assert_eq!(parse_page(&[1, 0, 0, 0, 0], false).unwrap().records, 0);
+    }
+
+    #[test]
+    fn sse_events() {
+        let mut buf = b"retry: 1000\n\nevent: data\nid: 2\ndata: [{\"seq\":0,\"body\":\"\"},{\"seq\":1,\"body\":\"\"}]\n\nevent: control\ndata: {\"next_seq\":2}\n\nevent: data\ndata: [{\"seq\"".to_vec();
+        let events = drain_sse_data(&mut buf);
+        assert_eq!(events.len(), 1);
+        assert_eq!(json_seqs(&events[0]).unwrap(), vec![0, 1]);
+        assert_eq!(buf, b"event: data\ndata: [{\"seq\"");
+        buf.extend_from_slice(b":2}]\r\n\r\n: keep-alive\n\n");
+        let events = drain_sse_data(&mut buf);
+        assert_eq!(events.len(), 1);
+        assert_eq!(json_seqs(&events[0]).unwrap(), vec![2]);
+        assert!(buf.is_empty());
+        assert!(json_seqs("{}").is_err());
+    }
+
+    #[test]
+    fn error_codes() {
+        assert_eq!(
+            error_code(r#"{"error":"sequence_gap","message":"x"}"#).as_deref(),
+            Some("sequence_gap")
+        );
+        assert_eq!(error_code("nope"), None);
+    }
+}
