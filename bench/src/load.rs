@@ -620,7 +620,8 @@ impl ProducerTask {
         let what = format!("append to {} (producer seq {seq})", self.name);
         loop {
             // Every earlier request acknowledged before this send: a gap is then real.
-            let predecessors_done = *acked.borrow() >= seq;
+            let acked_before = *acked.borrow();
+            let predecessors_done = acked_before >= seq;
             let resp = self
                 .client
                 .post(&self.url)
@@ -637,9 +638,15 @@ impl ProducerTask {
                 let _ = resp.bytes().await;
                 return Ok(());
             }
-            if status == StatusCode::CONFLICT && !predecessors_done {
+            // Overtaking shows as `409 sequence_gap`, or as `400` while the server has not
+            // seen the producer's sequence 0 yet (a new producer must start at 0).
+            let overtaken = (status == StatusCode::CONFLICT
+                || (status == StatusCode::BAD_REQUEST && acked_before == 0))
+                && !predecessors_done;
+            if overtaken {
                 let text = resp.text().await.unwrap_or_default();
-                if wire::error_code(&text).as_deref() == Some("sequence_gap") {
+                let code = wire::error_code(&text);
+                if matches!(code.as_deref(), Some("sequence_gap" | "bad_request")) {
                     // Overtook an earlier request: wait for it, then send again.
                     acked
                         .wait_for(|n| *n >= seq)

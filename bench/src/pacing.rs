@@ -15,7 +15,7 @@ pub(crate) const BURST: Duration = Duration::from_millis(20);
 
 /// Bytes per second for a target in MiB/s; `None` for 0 (unlimited).
 pub(crate) fn bytes_per_sec(target_mibps: f64) -> Option<f64> {
-    (target_mibps > 0.0).then(|| target_mibps * 1024.0 * 1024.0)
+    (target_mibps > 0.0).then_some(target_mibps * 1024.0 * 1024.0)
 }
 
 /// How long `bytes` occupy the schedule at `rate` bytes per second.
