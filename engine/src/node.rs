@@ -72,22 +72,26 @@ pub struct Boot {
     pub store: ObjectStore,
     /// Facts worth a startup log line.
     pub report: Vec<String>,
+    /// Exclusive lock on the WAL directory: keep it for as long as the node runs.
+    pub wal_lock: std::fs::File,
 }
 
 /// Opens the metadata log and the object store, recovers every WAL file left by a previous
 /// run (whatever its core count), and splits the streams across `config.cores` cores.
 /// Runs on the main thread before any executor starts.
 pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<Boot, String> {
-    let url = MetaUrl::parse(meta_url).map_err(|e| e.to_string())?;
-    let (meta, mut snapshot) = MetaStore::open(&url).map_err(|e| e.to_string())?;
-    let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
-    let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&config.wal_dir).map_err(|e| {
         format!(
             "cannot create WAL directory {}: {e}",
             config.wal_dir.display()
         )
     })?;
+    // Two nodes on one WAL directory would recover (and delete) each other's live files.
+    let wal_lock = lock_dir(&config.wal_dir)?;
+    let url = MetaUrl::parse(meta_url).map_err(|e| e.to_string())?;
+    let (meta, mut snapshot) = MetaStore::open(&url).map_err(|e| e.to_string())?;
+    let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
+    let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
     let mut report = Vec::new();
     let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report)?;
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
@@ -123,7 +127,31 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
         meta,
         store,
         report,
+        wal_lock,
     })
+}
+
+/// Takes an exclusive `flock` on `<dir>/LOCK`, released when the process exits (even by
+/// SIGKILL), so a second node on the same directory refuses to start.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !locked {
+        return Err(format!(
+            "{} is in use by another pico serve (lock {}); give each node its own --wal-dir",
+            dir.display(),
+            path.display()
+        ));
+    }
+    Ok(file)
 }
 
 struct Recovered {

@@ -77,7 +77,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 
 /// Serves HTTP/2 on `stream` until the peer goes away.
 pub async fn serve_connection<S, H, F>(
-    stream: Prefixed<S>,
+    stream: S,
     max_body_size: usize,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,

@@ -9,6 +9,7 @@ pub mod pico;
 pub mod server;
 pub mod sse;
 pub mod time;
+pub mod tls;
 
 pub use config::{Durability, Protocol, ServerConfig};
 pub use server::run;

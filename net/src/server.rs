@@ -15,7 +15,10 @@ use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
 use crate::admin::{self, AdminState};
 use crate::config::{Durability, Protocol, ServerConfig};
 use crate::http1;
+use crate::http2;
 use crate::pico::{self, PicoSettings};
+use crate::tls;
+use futures_rustls::TlsAcceptor;
 
 /// Open connections per core; past it new connections get `503` and are closed.
 pub const CONNECTIONS_PER_CORE_MAX: usize = 10_000;
@@ -30,6 +33,12 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         return Err("--protocol ds is not available in this version; use --protocol pico".into());
     }
     check_memlock()?;
+    let tls_config = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+
     let available = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -50,6 +59,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
     };
     let boot = pico_engine::boot(engine_config, &config.meta_url, &config.storage)?;
+    let _wal_lock = boot.wal_lock;
     for line in &boot.report {
         log::info!("{line}");
     }
@@ -66,6 +76,11 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     if config.durability == Durability::Memory {
         log::warn!("--durability memory: acknowledged appends are lost on a crash");
     }
+    let scheme = if tls_config.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let signals = block_shutdown_signals()?;
     let settings = PicoSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
@@ -90,6 +105,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         };
         let job = CoreJob {
             seed,
+            tls: tls_config.clone(),
             serving: serving.clone(),
             listen: listen.clone(),
             admin: if index == 0 {
@@ -116,9 +132,9 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             admin_addr = started.admin;
         }
     }
-    println!("serving on http://{listen} (advertised http://{listen})");
+    println!("serving on {scheme}://{listen} (advertised {scheme}://{listen})");
     if let Some(addr) = admin_addr {
-        println!("admin on http://{addr}");
+        println!("admin on {scheme}://{addr}");
     }
     log::info!("protocol pico on {listen}");
     serving.store(true, Ordering::Relaxed);
@@ -144,6 +160,7 @@ struct Started {
 
 struct CoreJob {
     seed: CoreSeed,
+    tls: Option<Arc<rustls::ServerConfig>>,
     serving: Arc<AtomicBool>,
     listen: String,
     admin: Option<String>,
@@ -155,6 +172,7 @@ struct CoreJob {
 async fn run_core(job: CoreJob) {
     let CoreJob {
         seed,
+        tls,
         serving,
         listen,
         admin,
@@ -184,6 +202,8 @@ async fn run_core(job: CoreJob) {
             return;
         }
     };
+    let tls = tls.map(TlsAcceptor::from);
+    let admin_tls = tls.clone();
     let admin_state = Rc::new(AdminState { serving });
     if let Some(admin_listener) = admin_listener {
         let state = admin_state.clone();
@@ -192,7 +212,14 @@ async fn run_core(job: CoreJob) {
                 let state = state.clone();
                 async move { admin::handle(&state, request).await }
             });
-            accept_loop(admin_listener, 64 * 1024, handler, admin::connection_error).await
+            accept_loop(
+                admin_listener,
+                admin_tls,
+                64 * 1024,
+                handler,
+                admin::connection_error,
+            )
+            .await
         })
         .detach();
     }
@@ -205,11 +232,19 @@ async fn run_core(job: CoreJob) {
         let (core, settings) = (core.clone(), settings.clone());
         async move { pico::handle(&core, &settings, request).await }
     });
-    accept_loop(listener, max_body_size, handler, pico::connection_error).await;
+    accept_loop(
+        listener,
+        tls,
+        max_body_size,
+        handler,
+        pico::connection_error,
+    )
+    .await;
 }
 
 async fn accept_loop<H, F>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     max_body_size: usize,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> http1::Response,
@@ -228,21 +263,59 @@ async fn accept_loop<H, F>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (open, handler) = (open.clone(), handler.clone());
+        let (open, handler, tls) = (open.clone(), handler.clone(), tls.clone());
         glommio::spawn_local(async move {
             if open.get() >= CONNECTIONS_PER_CORE_MAX {
                 use futures_lite::AsyncWriteExt;
+                let body = "{\"error\":\"overloaded\",\"message\":\"too many connections on this core\"}";
+                let response = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
                 let mut stream = stream;
-                let _ = stream
-                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 70\r\n\r\n{\"error\":\"overloaded\",\"message\":\"too many connections on this core\"}")
-                    .await;
+                let _ = stream.write_all(response.as_bytes()).await;
                 return;
             }
             open.set(open.get() + 1);
-            http1::serve_connection(stream, max_body_size, handler, on_error).await;
+            match tls {
+                None => http1::serve_connection(stream, max_body_size, handler, on_error).await,
+                Some(acceptor) => serve_tls(acceptor, stream, max_body_size, handler, on_error).await,
+            }
             open.set(open.get() - 1);
         })
         .detach();
+    }
+}
+
+/// Completes the TLS handshake (bounded in time), then serves the protocol ALPN chose.
+async fn serve_tls<H, F>(
+    acceptor: TlsAcceptor,
+    stream: glommio::net::TcpStream,
+    max_body_size: usize,
+    handler: Rc<H>,
+    on_error: fn(u16, &str) -> http1::Response,
+) where
+    H: Fn(http1::Request) -> F + 'static,
+    F: std::future::Future<Output = http1::Response> + 'static,
+{
+    let handshake =
+        futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
+            glommio::timer::sleep(Duration::from_secs(tls::HANDSHAKE_TIMEOUT_SEC)).await;
+            None
+        });
+    let stream = match handshake.await {
+        Some(Ok(stream)) => stream,
+        Some(Err(e)) => {
+            log::debug!("TLS handshake failed: {e}");
+            return;
+        }
+        None => return,
+    };
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
+    if h2 {
+        http2::serve_connection(stream, max_body_size, handler, on_error).await;
+    } else {
+        http1::serve_connection(stream, max_body_size, handler, on_error).await;
     }
 }
 
