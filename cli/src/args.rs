@@ -32,6 +32,14 @@ pub struct Cli {
     #[argh(option, arg_name = "name")]
     pub profile: Option<String>,
 
+    /// bearer token sent as Authorization on every client request (never printed) [env: PICO_TOKEN]
+    #[argh(option, arg_name = "token")]
+    pub token: Option<String>,
+
+    /// PEM file of a CA certificate to trust (in addition to the system's) for https endpoints [env: PICO_CA_CERT]
+    #[argh(option, arg_name = "file")]
+    pub ca_cert: Option<PathBuf>,
+
     #[argh(subcommand)]
     pub command: Command,
 }
@@ -47,8 +55,11 @@ pub enum Command {
     Append(AppendArgs),
     Read(ReadArgs),
     Tail(TailArgs),
+    Ls(LsArgs),
     Close(CloseArgs),
     Delete(DeleteArgs),
+    Trim(TrimArgs),
+    Config(ConfigArgs),
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -275,6 +286,101 @@ pub struct DeleteArgs {
     /// stream name
     pub stream: String,
 }
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "ls")]
+/// List streams (Pico protocol): <name> start=<s> next=<n> closed=<bool> per line.
+pub struct LsArgs {
+    /// list only names starting with this (default /) [env: PICO_PREFIX]
+    #[argh(option, arg_name = "prefix")]
+    pub prefix: Option<String>,
+
+    /// at most this many streams, 0 = the server's default of 1000 (default 0) [env: PICO_LIMIT]
+    #[argh(option, arg_name = "n", default = "0")]
+    pub limit: u64,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "trim")]
+/// Drop the records below a position (Pico protocol); prints trimmed start=<s> on stderr.
+pub struct TrimArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+
+    /// first position to keep; clamped to the stream's tail [env: PICO_SEQ]
+    #[argh(option, arg_name = "n")]
+    pub seq: u64,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "config")]
+/// Manage saved connection profiles (the file at `pico config path`, or $PICO_CONFIG).
+pub struct ConfigArgs {
+    #[argh(subcommand)]
+    pub command: ConfigCommand,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand)]
+pub enum ConfigCommand {
+    Set(ConfigSetArgs),
+    Get(ConfigGetArgs),
+    Ls(ConfigLsArgs),
+    Rm(ConfigRmArgs),
+    Use(ConfigUseArgs),
+    Path(ConfigPathArgs),
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "set")]
+/// Save the given global flags (--endpoint, --protocol, --http2) into a profile; the first saved profile becomes the default.
+pub struct ConfigSetArgs {
+    #[argh(positional)]
+    /// profile name
+    pub name: String,
+
+    /// save http2 = false in the profile [env: PICO_NO_HTTP2]
+    #[argh(switch)]
+    pub no_http2: bool,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "get")]
+/// Print a profile as <name>TAB<endpoint> <protocol> <http2> (- when unset); default: the default profile.
+pub struct ConfigGetArgs {
+    #[argh(positional)]
+    /// profile name
+    pub name: Option<String>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "ls")]
+/// List the saved profiles, marking the default one.
+pub struct ConfigLsArgs {}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "rm")]
+/// Remove a profile.
+pub struct ConfigRmArgs {
+    #[argh(positional)]
+    /// profile name
+    pub name: String,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "use")]
+/// Make a profile the default.
+pub struct ConfigUseArgs {
+    #[argh(positional)]
+    /// profile name
+    pub name: String,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "path")]
+/// Print the path of the config file.
+pub struct ConfigPathArgs {}
 
 fn parse_protocol(value: &str) -> Result<Protocol, String> {
     value.parse()

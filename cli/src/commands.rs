@@ -6,7 +6,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use pico_client::{Client, ClientError, Protocol, ReadPage};
 
-use crate::args::{AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, ReadArgs, TailArgs};
+use crate::args::{
+    AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, LsArgs, ReadArgs, TailArgs, TrimArgs,
+};
+use crate::progress::Progress;
 use crate::Failure;
 
 /// Pause after an empty long-poll answer, so a server that answers at once cannot make
@@ -45,6 +48,8 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
     }
     let mut input = io::stdin().lock();
     let mut batch: Vec<Bytes> = Vec::with_capacity(args.batch.min(4096));
+    let mut progress = Progress::new("appended");
+    let (mut records, mut bytes) = (0u64, 0u64);
     loop {
         let line = next_line(&mut input)?;
         let at_end = line.is_none();
@@ -61,7 +66,10 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
                         .await?
                 }
             };
-            eprintln!("start={} next={}", ack.start, ack.next);
+            progress.note(&format!("start={} next={}", ack.start, ack.next));
+            records += batch.len() as u64;
+            bytes += batch.iter().map(|b| b.len() as u64).sum::<u64>();
+            progress.update(records, bytes);
             batch.clear();
         }
         if at_end {
@@ -92,9 +100,18 @@ pub async fn read(client: &Client, args: &ReadArgs) -> Result<(), Failure> {
         Some(position) => parse_position(client, &args.stream, position).await?,
     };
     let mut out = io::stdout().lock();
+    let mut progress = Progress::new("read");
+    let (mut records, mut bytes) = (0u64, 0u64);
     loop {
         let page = client.read(&args.stream, from).await?;
         print_page(&mut out, &page)?;
+        records += page.records.len() as u64;
+        bytes += page
+            .records
+            .iter()
+            .map(|r| r.body.len() as u64)
+            .sum::<u64>();
+        progress.update(records, bytes);
         if page.up_to_date || page.records.is_empty() {
             return Ok(());
         }
@@ -146,6 +163,30 @@ async fn head_or_not_found(
         .head(stream)
         .await?
         .ok_or_else(|| Failure::Fatal(format!("no such stream {stream}")))
+}
+
+pub async fn ls(client: &Client, args: &LsArgs) -> Result<(), Failure> {
+    let prefix = args.prefix.as_deref().unwrap_or("/");
+    let list = client.list(Some(prefix), None, Some(args.limit)).await?;
+    let mut out = io::stdout().lock();
+    for stream in &list.streams {
+        writeln!(
+            out,
+            "{} start={} next={} closed={}",
+            stream.name, stream.start, stream.next, stream.closed
+        )?;
+    }
+    out.flush()?;
+    if list.has_more {
+        eprintln!("more streams available, raise --limit");
+    }
+    Ok(())
+}
+
+pub async fn trim(client: &Client, args: &TrimArgs) -> Result<(), Failure> {
+    let start = client.trim(&args.stream, args.seq).await?;
+    eprintln!("trimmed start={start}");
+    Ok(())
 }
 
 pub async fn close(client: &Client, args: &CloseArgs) -> Result<(), Failure> {

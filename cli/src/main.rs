@@ -7,8 +7,10 @@
 mod args;
 mod argv;
 mod commands;
+mod config;
 mod logger;
 mod profile;
+mod progress;
 mod serve;
 
 use std::process::ExitCode;
@@ -115,6 +117,11 @@ fn print_usage_hint(command_path: &[String]) {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    // `config` edits the file the profiles come from: it must work even if the file is
+    // broken or names a missing profile, so it does not resolve one.
+    if let Command::Config(args) = &cli.command {
+        return config::run(&cli, args);
+    }
     // Flag and environment are already in `cli`; the profile comes next, then the defaults.
     let profile = profile::resolve(cli.profile.as_deref()).map_err(Failure::Fatal)?;
     let protocol = cli.protocol.or(profile.protocol).unwrap_or(Protocol::Pico);
@@ -131,6 +138,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
     config.protocol = protocol;
     // A profile can only turn http2 on: a bare switch cannot say "off".
     config.http2_prior_knowledge = cli.http2 || profile.http2 == Some(true);
+    config.token = cli.token.clone();
+    if let Some(path) = &cli.ca_cert {
+        let pem = std::fs::read(path).map_err(|e| {
+            Failure::Fatal(format!("cannot read --ca-cert {}: {e}", path.display()))
+        })?;
+        config.ca_cert_pem = Some(pem);
+    }
     let client = Client::new(config).map_err(|e| Failure::Usage(e.to_string()))?;
 
     // Client commands make one request at a time: a single-threaded runtime is enough.
@@ -140,14 +154,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
         match &cli.command {
-            Command::Serve(_) => unreachable!("serve returned above"),
+            Command::Serve(_) | Command::Config(_) => unreachable!("handled above"),
             Command::Create(args) => commands::create(&client, args).await,
             Command::Head(args) => commands::head(&client, args).await,
             Command::Append(args) => commands::append(&client, args).await,
             Command::Read(args) => commands::read(&client, args).await,
             Command::Tail(args) => commands::tail(&client, args).await,
+            Command::Ls(args) => commands::ls(&client, args).await,
             Command::Close(args) => commands::close(&client, args).await,
             Command::Delete(args) => commands::delete(&client, args).await,
+            Command::Trim(args) => commands::trim(&client, args).await,
         }
     })
 }

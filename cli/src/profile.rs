@@ -1,5 +1,5 @@
-//! Saved connection profiles (cli.md §5.2): read-only for now; the `config` commands that write
-//! the file are later work.
+//! Saved connection profiles (cli.md §5.2): read by every command except `config`, written
+//! by `pico config ...` (see `config.rs`) with mode 0600, as it may one day hold credentials.
 //!
 //! The file is a small TOML subset, parsed here rather than with a TOML crate because the
 //! format is fixed and tiny:
@@ -16,7 +16,8 @@
 //! Unknown keys are rejected, like the reference.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use pico_client::Protocol;
 
@@ -58,15 +59,98 @@ pub fn config_path() -> Option<PathBuf> {
 pub fn resolve(name: Option<&str>) -> Result<Profile, String> {
     let path = config_path();
     let config = match &path {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(text) => parse(&text).map_err(|e| format!("{}: {e}", path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ConfigFile::default(),
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        },
+        Some(path) => load(path)?,
         None => ConfigFile::default(),
     };
     let where_ = path.map_or_else(|| "the config file".to_owned(), |p| p.display().to_string());
     select(&config, name, &where_)
+}
+
+/// Reads and parses the file; a missing file is an empty config.
+pub fn load(path: &Path) -> Result<ConfigFile, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse(&text).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Writes the file atomically (a temporary file renamed over it), mode 0600 on Unix,
+/// creating its directory if needed.
+pub fn save(path: &Path, config: &ConfigFile) -> Result<(), String> {
+    let fail = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", path.display());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| fail("create the directory of", e))?;
+    }
+    let mut temp_name = path.file_name().unwrap_or_default().to_os_string();
+    temp_name.push(format!(".tmp-{}", std::process::id()));
+    let temp = path.with_file_name(temp_name);
+    let write = || -> std::io::Result<()> {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&temp)?;
+        // `mode` only applies to a new file: make sure a leftover one is private too.
+        #[cfg(unix)]
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        file.write_all(render(config).as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        fail("write", e)
+    })
+}
+
+/// The file's text: `default_profile`, then one table per profile, keys in a fixed order.
+pub fn render(config: &ConfigFile) -> String {
+    let mut out = String::new();
+    if let Some(default) = &config.default_profile {
+        out.push_str(&format!("default_profile = {}\n", quote(default)));
+    }
+    for (name, profile) in &config.profiles {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        let bare = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if bare {
+            out.push_str(&format!("[profiles.{name}]\n"));
+        } else {
+            out.push_str(&format!("[profiles.{}]\n", quote(name)));
+        }
+        if let Some(endpoint) = &profile.endpoint {
+            out.push_str(&format!("endpoint = {}\n", quote(endpoint)));
+        }
+        if let Some(protocol) = profile.protocol {
+            out.push_str(&format!("protocol = {}\n", quote(protocol.name())));
+        }
+        if let Some(http2) = profile.http2 {
+            out.push_str(&format!("http2 = {http2}\n"));
+        }
+    }
+    out
+}
+
+/// A basic TOML string with the escapes `unquote` reads back.
+fn quote(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 fn select(config: &ConfigFile, name: Option<&str>, where_: &str) -> Result<Profile, String> {
@@ -227,6 +311,49 @@ endpoint = "http://127.0.0.1:4437"
         // A missing default is not an error.
         let config = parse("default_profile = \"gone\"").unwrap();
         assert_eq!(select(&config, None, "f").unwrap(), Profile::default());
+    }
+
+    #[test]
+    fn rendering_round_trips() {
+        let mut config = parse(SAMPLE).unwrap();
+        config.profiles.insert(
+            "odd \"name\".x\\y".into(),
+            Profile {
+                endpoint: Some("http://h:1/a\"b#c".into()),
+                protocol: Some(Protocol::Pico),
+                http2: Some(false),
+            },
+        );
+        config.profiles.insert("empty".into(), Profile::default());
+        let text = render(&config);
+        assert_eq!(parse(&text).unwrap(), config, "{text}");
+        assert!(text.starts_with("default_profile = \"prod\"\n"), "{text}");
+        assert!(text.contains("[profiles.prod]\nendpoint = \"http://node2.internal:4437\"\nprotocol = \"ds\"\nhttp2 = true\n"), "{text}");
+        assert_eq!(render(&ConfigFile::default()), "");
+    }
+
+    #[test]
+    fn saving_is_private_and_atomic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/dir/config.toml");
+        let config = parse(SAMPLE).unwrap();
+        save(&path, &config).unwrap();
+        assert_eq!(load(&path).unwrap(), config);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec!["config.toml"], "no temporary file left");
+        assert_eq!(
+            load(&dir.path().join("missing.toml")).unwrap(),
+            ConfigFile::default()
+        );
     }
 
     #[test]

@@ -1,0 +1,611 @@
+//! `pico ls`, `pico trim`, `pico config ...`, `--token`, `--ca-cert` and the C8 progress
+//! line: outputs, exit codes and config file round trips (cli.md §5.2, §5.3, C5, C6, C8),
+//! against a real `pico serve` where the command talks to one.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::Server;
+
+const FLAGS: &[&str] = &["--cores", "1"];
+
+/// `pico` with a clean environment: no `PICO_*` from the test run, the config file at
+/// `config` (which need not exist).
+fn pico(config: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("PICO_") {
+            command.env_remove(key);
+        }
+    }
+    command.env("PICO_CONFIG", config).args(args);
+    command
+}
+
+fn run_with(mut command: Command, stdin: &[u8]) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pico");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write stdin");
+    child.wait_with_output().expect("wait for pico")
+}
+
+#[track_caller]
+fn check(out: Output, what: &str, code: i32, stdout: &str, stderr: &str) {
+    let got = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(
+        got,
+        (Some(code), stdout.to_owned(), stderr.to_owned()),
+        "{what}"
+    );
+}
+
+/// Client commands against `server`, endpoint given as a flag.
+struct Cli<'s> {
+    server: &'s Server,
+    config: PathBuf,
+}
+
+impl Cli<'_> {
+    fn new(server: &Server) -> Cli<'_> {
+        let config = server.dir().join("no-such-config.toml");
+        Cli { server, config }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = pico(&self.config, args);
+        command.args(["--endpoint", &format!("http://{}", self.server.addr)]);
+        command
+    }
+
+    fn run(&self, args: &[&str], stdin: &[u8]) -> Output {
+        run_with(self.command(args), stdin)
+    }
+
+    #[track_caller]
+    fn expect(&self, args: &[&str], stdin: &[u8], code: i32, stdout: &str, stderr: &str) {
+        check(
+            self.run(args, stdin),
+            &format!("pico {args:?}"),
+            code,
+            stdout,
+            stderr,
+        );
+    }
+}
+
+#[test]
+fn ls_lists_streams_with_their_positions() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    for name in ["/ls/b", "/ls/a", "/ls/c", "/other/x"] {
+        cli.expect(&["create", name], b"", 0, "", "created=true\n");
+    }
+    cli.expect(
+        &["append", "/ls/a", "--batch", "3"],
+        b"1\n2\n3\n",
+        0,
+        "",
+        "start=0 next=3\n",
+    );
+    cli.expect(&["close", "/ls/c"], b"", 0, "", "closed next=0\n");
+
+    let all = "/ls/a start=0 next=3 closed=false\n\
+               /ls/b start=0 next=0 closed=false\n\
+               /ls/c start=0 next=0 closed=true\n";
+    cli.expect(&["ls", "--prefix", "/ls/"], b"", 0, all, "");
+    cli.expect(
+        &["ls", "--prefix", "/ls/", "--limit", "2"],
+        b"",
+        0,
+        "/ls/a start=0 next=3 closed=false\n/ls/b start=0 next=0 closed=false\n",
+        "more streams available, raise --limit\n",
+    );
+    // Default prefix `/`: everything; the environment works like the flag (C1).
+    let out = cli.run(&["ls"], b"");
+    check(
+        out,
+        "ls",
+        0,
+        &format!("{all}/other/x start=0 next=0 closed=false\n"),
+        "",
+    );
+    let mut command = cli.command(&["ls"]);
+    command.env("PICO_PREFIX", "/other");
+    check(
+        run_with(command, b""),
+        "PICO_PREFIX",
+        0,
+        "/other/x start=0 next=0 closed=false\n",
+        "",
+    );
+    cli.expect(&["ls", "--prefix", "/none/"], b"", 0, "", "");
+    cli.expect(
+        &["ls", "--protocol", "ds"],
+        b"",
+        1,
+        "",
+        "pico: the Durable Streams protocol has no stream listing; use --protocol pico\n",
+    );
+    let out = cli.run(&["ls", "--limit", "many"], b"");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn trim_moves_the_start() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/t"], b"", 0, "", "created=true\n");
+    let input: String = (0..10).map(|i| format!("r{i}\n")).collect();
+    cli.expect(
+        &["append", "/t", "--batch", "10"],
+        input.as_bytes(),
+        0,
+        "",
+        "start=0 next=10\n",
+    );
+    cli.expect(
+        &["trim", "/t", "--seq", "4"],
+        b"",
+        0,
+        "",
+        "trimmed start=4\n",
+    );
+    cli.expect(
+        &["head", "/t"],
+        b"",
+        0,
+        "start=4 next=10 closed=false type=application/octet-stream\n",
+        "",
+    );
+    let expected: String = (4..10).map(|i| format!("{i}\tr{i}\n")).collect();
+    cli.expect(&["read", "/t", "--from", "4"], b"", 0, &expected, "");
+    // Below the start: 410 offset_gone.
+    let out = cli.run(&["read", "/t", "--from", "1"], b"");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("pico: offset_gone (410)"), "{stderr}");
+    // Past the tail: clamped. Below the start: unchanged.
+    cli.expect(
+        &["trim", "/t", "--seq", "99"],
+        b"",
+        0,
+        "",
+        "trimmed start=10\n",
+    );
+    cli.expect(
+        &["trim", "/t", "--seq", "2"],
+        b"",
+        0,
+        "",
+        "trimmed start=10\n",
+    );
+    cli.expect(
+        &["ls", "--prefix", "/t"],
+        b"",
+        0,
+        "/t start=10 next=10 closed=false\n",
+        "",
+    );
+    let out = cli.run(&["trim", "/missing", "--seq", "1"], b"");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).starts_with("pico: not_found (404)"),
+        "{out:?}"
+    );
+    cli.expect(
+        &["trim", "/t", "--seq", "1", "--protocol", "ds"],
+        b"",
+        1,
+        "",
+        "pico: trim is a Pico protocol operation; use --protocol pico\n",
+    );
+    let out = cli.run(&["trim", "/t"], b"");
+    assert_eq!(out.status.code(), Some(2), "--seq is required: {out:?}");
+}
+
+/// `config` commands in a temporary directory; no server involved.
+struct Config {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Config {
+    fn new() -> Config {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("conf/pico.toml");
+        Config { _dir: dir, path }
+    }
+
+    #[track_caller]
+    fn expect(&self, args: &[&str], code: i32, stdout: &str, stderr: &str) {
+        check(
+            run_with(pico(&self.path, args), b""),
+            &format!("pico {args:?}"),
+            code,
+            stdout,
+            stderr,
+        );
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap()
+    }
+}
+
+#[test]
+fn config_commands_round_trip_the_file() {
+    let c = Config::new();
+    let path = c.path.display().to_string();
+    c.expect(&["config", "path"], 0, &format!("{path}\n"), "");
+    c.expect(
+        &["config", "ls"],
+        0,
+        "",
+        &format!("no profiles in {path}; save one with pico --endpoint <url> config set <name>\n"),
+    );
+    c.expect(
+        &["config", "set", "prod"],
+        2,
+        "",
+        "pico: nothing to save; pass --endpoint, --protocol, --http2 or --no-http2\n",
+    );
+    assert!(!c.path.exists(), "nothing saved");
+
+    c.expect(
+        &[
+            "--endpoint",
+            "http://node2.internal:4437",
+            "config",
+            "set",
+            "prod",
+        ],
+        0,
+        "",
+        "saved profile prod (default)\n",
+    );
+    assert_eq!(
+        c.text(),
+        "default_profile = \"prod\"\n\n[profiles.prod]\nendpoint = \"http://node2.internal:4437\"\n"
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&c.path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the file is private");
+    }
+    // Global flags may follow the subcommand; only the given ones are saved, merged.
+    c.expect(
+        &["config", "set", "prod", "--protocol", "ds", "--http2"],
+        0,
+        "",
+        "saved profile prod\n",
+    );
+    c.expect(
+        &["config", "set", "local", "--protocol", "pico", "--no-http2"],
+        0,
+        "",
+        "saved profile local\n",
+    );
+    assert_eq!(
+        c.text(),
+        "default_profile = \"prod\"\n\n\
+         [profiles.local]\nprotocol = \"pico\"\nhttp2 = false\n\n\
+         [profiles.prod]\nendpoint = \"http://node2.internal:4437\"\nprotocol = \"ds\"\nhttp2 = true\n"
+    );
+    c.expect(
+        &["config", "get"],
+        0,
+        "prod\thttp://node2.internal:4437 ds true\n",
+        "",
+    );
+    c.expect(&["config", "get", "local"], 0, "local\t- pico false\n", "");
+    c.expect(&["config", "ls"], 0, "local\nprod (default)\n", "");
+    c.expect(
+        &["config", "use", "local"],
+        0,
+        "",
+        "default profile local\n",
+    );
+    c.expect(&["config", "ls"], 0, "local (default)\nprod\n", "");
+    c.expect(&["config", "rm", "local"], 0, "", "removed profile local\n");
+    c.expect(&["config", "ls"], 0, "prod\n", "");
+    c.expect(
+        &["config", "get"],
+        1,
+        "",
+        "pico: no default profile; name one, or set one with pico config use <name>\n",
+    );
+    // A missing default is not an error for other commands: the built-in defaults apply.
+    c.expect(&["config", "use", "prod"], 0, "", "default profile prod\n");
+
+    let missing = format!("pico: profile \"nope\" not found in {path}\n");
+    c.expect(&["config", "rm", "nope"], 1, "", &missing);
+    c.expect(&["config", "use", "nope"], 1, "", &missing);
+    c.expect(&["config", "get", "nope"], 1, "", &missing);
+    c.expect(&["--profile", "nope", "head", "/s"], 1, "", &missing);
+
+    // Bad input is refused without touching the file.
+    let before = c.text();
+    c.expect(
+        &["--http2", "config", "set", "x", "--no-http2"],
+        2,
+        "",
+        "pico: --http2 and --no-http2 contradict each other\n",
+    );
+    let out = run_with(
+        pico(&c.path, &["--endpoint", "ftp://h", "config", "set", "x"]),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid endpoint"));
+    assert_eq!(c.text(), before);
+
+    // The environment counts like the flags (C1).
+    let mut command = pico(&c.path, &["config", "set", "envy"]);
+    command.env("PICO_ENDPOINT", "http://env:1");
+    check(run_with(command, b""), "env", 0, "", "saved profile envy\n");
+    c.expect(
+        &["config", "get", "envy"],
+        0,
+        "envy\thttp://env:1 - -\n",
+        "",
+    );
+
+    // Names that are not bare TOML keys survive the round trip.
+    c.expect(
+        &[
+            "--endpoint",
+            "http://q:1",
+            "config",
+            "set",
+            "odd name.\"q\"",
+        ],
+        0,
+        "",
+        "saved profile odd name.\"q\"\n",
+    );
+    c.expect(
+        &["config", "get", "odd name.\"q\""],
+        0,
+        "odd name.\"q\"\thttp://q:1 - -\n",
+        "",
+    );
+}
+
+#[test]
+fn a_broken_config_file_is_reported() {
+    let c = Config::new();
+    std::fs::create_dir_all(c.path.parent().unwrap()).unwrap();
+    std::fs::write(&c.path, "colour = \"red\"\n").unwrap();
+    let path = c.path.display().to_string();
+    let message = format!("pico: {path}: line 1: unknown or mistyped key \"colour\"\n");
+    c.expect(&["config", "ls"], 1, "", &message);
+    c.expect(&["head", "/s"], 1, "", &message);
+    c.expect(
+        &["--endpoint", "http://h:1", "config", "set", "a"],
+        1,
+        "",
+        &message,
+    );
+    // `config path` still works, so the file can be found and fixed.
+    c.expect(&["config", "path"], 0, &format!("{path}\n"), "");
+}
+
+#[test]
+fn saved_profiles_drive_client_commands() {
+    let server = Server::start(FLAGS);
+    let c = Config::new();
+    let endpoint = format!("http://{}", server.addr);
+    c.expect(
+        &["--endpoint", &endpoint, "config", "set", "srv"],
+        0,
+        "",
+        "saved profile srv (default)\n",
+    );
+    c.expect(&["create", "/p"], 0, "", "created=true\n");
+    c.expect(
+        &["ls", "--prefix", "/p"],
+        0,
+        "/p start=0 next=0 closed=false\n",
+        "",
+    );
+    // A profile selected by name; the flag still wins over it.
+    c.expect(
+        &["--endpoint", "http://127.0.0.1:1", "config", "set", "dead"],
+        0,
+        "",
+        "saved profile dead\n",
+    );
+    let out = run_with(pico(&c.path, &["--profile", "dead", "head", "/p"]), b"");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    c.expect(
+        &["--profile", "dead", "--endpoint", &endpoint, "head", "/p"],
+        0,
+        "start=0 next=0 closed=false type=application/octet-stream\n",
+        "",
+    );
+    // A ds profile makes ls refuse.
+    c.expect(
+        &["--protocol", "ds", "config", "set", "srv"],
+        0,
+        "",
+        "saved profile srv\n",
+    );
+    c.expect(
+        &["ls"],
+        1,
+        "",
+        "pico: the Durable Streams protocol has no stream listing; use --protocol pico\n",
+    );
+}
+
+/// A one-shot HTTP server that records the request head and answers `response`.
+fn capture_one(response: &'static str) -> (String, mpsc::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut socket, _)) = listener.accept() else {
+            return;
+        };
+        socket
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match socket.read(&mut byte) {
+                Ok(1) => head.push(byte[0]),
+                _ => break,
+            }
+        }
+        let _ = socket.write_all(response.as_bytes());
+        let _ = tx.send(String::from_utf8_lossy(&head).into_owned());
+    });
+    (endpoint, rx)
+}
+
+#[test]
+fn the_token_is_sent_as_a_bearer_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("none.toml");
+    let found =
+        "HTTP/1.1 200 OK\r\ncontent-length: 0\r\npico-start-seq: 0\r\npico-next-seq: 2\r\n\r\n";
+    for via_env in [false, true] {
+        let (endpoint, seen) = capture_one(found);
+        let mut command = pico(&config, &["head", "/s", "--endpoint", &endpoint]);
+        if via_env {
+            command.env("PICO_TOKEN", "tok-123");
+        } else {
+            command.args(["--token", "tok-123"]);
+        }
+        check(
+            run_with(command, b""),
+            "head with a token",
+            0,
+            "start=0 next=2 closed=false type=-\n",
+            "",
+        );
+        let head = seen.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("\r\nauthorization: bearer tok-123\r\n"),
+            "{head}"
+        );
+    }
+    // An error answer: the message does not reveal the token.
+    let (endpoint, _seen) = capture_one(
+        "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 24\r\n\r\n{\"error\":\"unauthorized\"}",
+    );
+    let out = run_with(
+        pico(
+            &config,
+            &[
+                "--token",
+                "tok-123",
+                "--endpoint",
+                &endpoint,
+                "append",
+                "/s",
+            ],
+        ),
+        b"x\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let all = format!("{out:?}");
+    assert!(!all.contains("tok-123"), "{all}");
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("pico: unauthorized (401)"));
+
+    // Against the real server (no auth configured): the header is simply accepted.
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(
+        &["create", "/tok", "--token", "abc"],
+        b"",
+        0,
+        "",
+        "created=true\n",
+    );
+}
+
+#[test]
+fn ca_cert_files_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("none.toml");
+    let missing = dir.path().join("missing.pem");
+    let out = run_with(
+        pico(
+            &config,
+            &[
+                "--ca-cert",
+                missing.to_str().unwrap(),
+                "--endpoint",
+                "https://127.0.0.1:1",
+                "head",
+                "/s",
+            ],
+        ),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("pico: cannot read --ca-cert"),
+        "{stderr}"
+    );
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let out = run_with(
+        pico(
+            &config,
+            &[
+                "--ca-cert",
+                garbage.to_str().unwrap(),
+                "--endpoint",
+                "https://127.0.0.1:1",
+                "head",
+                "/s",
+            ],
+        ),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("invalid CA certificate"), "{stderr}");
+}
+
+#[test]
+fn no_progress_line_when_stderr_is_not_a_terminal() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/big"], b"", 0, "", "created=true\n");
+    let input: String = (0..20_000).map(|i| format!("line-{i}\n")).collect();
+    let out = cli.run(&["append", "/big", "--batch", "1000"], input.as_bytes());
+    let expected: String = (0..20)
+        .map(|i| format!("start={} next={}\n", i * 1000, (i + 1) * 1000))
+        .collect();
+    check(out, "append", 0, "", &expected);
+    let out = cli.run(&["read", "/big"], b"");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stderr, b"", "no progress on a pipe");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 20_000);
+}
