@@ -7,6 +7,18 @@
 //! (sending never blocks and needs no runtime) and returns `futures_channel::oneshot::Receiver`s
 //! that any executor can await.
 //!
+//! `s3://` buckets: `<id>@s3://BUCKET?region=R&endpoint=http://HOST:PORT&pathStyle=true`.
+//! Credentials come from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and (optionally)
+//! `AWS_SESSION_TOKEN`; the region from the URI, else `AWS_REGION` / `AWS_DEFAULT_REGION`, else
+//! `us-east-1`. Without `endpoint` the bucket is on AWS (`https://s3.REGION.amazonaws.com`);
+//! without `pathStyle=true` URLs are virtual-host style (`BUCKET.host`). Objects above
+//! [`S3Options::multipart_threshold`] (16 MiB) go up as multipart uploads of 8 MiB parts.
+//! Transient failures (connection errors, timeouts, 5xx, 429, SlowDown) are retried with
+//! exponential backoff and full jitter within [`S3Options::max_attempts`] and
+//! [`S3Options::deadline`]; 403 and other 4xx are final and explained (`access denied: check
+//! AWS_SECRET_ACCESS_KEY …`). [`ObjectStore::open`] probes the bucket, so a wrong secret, a
+//! missing bucket or a dead endpoint fails at startup.
+//!
 //! Module map: URI parsing in `uri`, object-key rules in `key`, the blocking backends
 //! (filesystem and in-memory) in `backend`, the S3 backend in `s3_bucket` (with SigV4 signing in
 //! `sigv4` and the little XML it reads in `xml`), the thread and its handle in `store`.
