@@ -303,6 +303,7 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 last_timestamp_ms: 0,
                 runs: Vec::new(),
                 start_offset: row.start_offset,
+                last_access_ms: row.last_access_ms,
                 producers: Default::default(),
                 closed_by: None,
             };

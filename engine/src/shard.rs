@@ -67,6 +67,8 @@ struct Stream {
     chunks: Vec<Chunk>,
     /// Readers parked until the durable tail moves.
     waiters: Vec<oneshot::Sender<()>>,
+    /// The idle clock last written to the metadata log (sliding TTL only).
+    recorded_access_ms: i64,
 }
 
 /// A recovered stream handed to its core at startup.
@@ -83,6 +85,8 @@ pub struct StreamSeed {
     pub runs: Vec<(std::sync::Arc<str>, SegmentRun)>,
     /// First readable offset (raised by trims).
     pub start_offset: u64,
+    /// The idle clock as last recorded in the metadata log.
+    pub last_access_ms: i64,
     pub producers: BTreeMap<String, (u64, u64)>,
     pub closed_by: Option<ProducerTuple>,
 }
@@ -231,7 +235,9 @@ impl Shard {
             state.next_offset = seed.next_offset;
             state.durable_offset = seed.next_offset;
             state.last_timestamp_ms = seed.last_timestamp_ms;
-            state.touch(now_ms());
+            // The idle clock resumes where it stood: the last recorded access, or the last
+            // append (its timestamp is durable with the record), never the restart itself.
+            state.last_access_ms = seed.last_access_ms.max(seed.last_timestamp_ms);
             let mut chunks = Vec::with_capacity(seed.runs.len());
             for (key, run) in seed.runs {
                 let no = *keys.entry(key.clone()).or_insert_with(|| {
@@ -264,6 +270,7 @@ impl Shard {
             streams.insert(
                 Rc::from(seed.name.as_str()),
                 Stream {
+                    recorded_access_ms: state.last_access_ms,
                     state,
                     chunks,
                     waiters: Vec::new(),
@@ -312,6 +319,7 @@ impl Shard {
             let expired = stream.state.is_expired(now);
             if touch && !expired {
                 stream.state.touch(now);
+                self.record_access(stream);
             }
             (stream.state.id, expired)
         };
@@ -320,6 +328,23 @@ impl Shard {
             return Err(EngineError::NotFound);
         }
         Ok(id)
+    }
+
+    /// Writes a sliding-TTL stream's idle clock to the metadata log once it moved by a tenth
+    /// of the TTL (at least 1 s), so a restart neither revives an expired stream nor
+    /// forgets recent reads; far fewer writes than reads.
+    fn record_access(&self, stream: &mut Stream) {
+        let Some(ttl_sec) = stream.state.config.ttl_sec else {
+            return;
+        };
+        let step_ms = (ttl_sec.saturating_mul(100)).max(1000) as i64;
+        if stream.state.last_access_ms - stream.recorded_access_ms >= step_ms {
+            stream.recorded_access_ms = stream.state.last_access_ms;
+            drop(
+                self.meta
+                    .touch_stream(stream.state.id, stream.state.last_access_ms),
+            );
+        }
     }
 
     async fn create(
@@ -372,6 +397,7 @@ impl Shard {
                 streams.insert(
                     Rc::from(name),
                     Stream {
+                        recorded_access_ms: state.last_access_ms,
                         state,
                         chunks: Vec::new(),
                         waiters: Vec::new(),
@@ -449,7 +475,9 @@ impl Shard {
                 match_offset,
                 producer: producer.as_ref(),
             };
-            match stream.state.apply_append(command, now)? {
+            let outcome = stream.state.apply_append(command, now)?;
+            self.record_access(stream);
+            match outcome {
                 AppendOutcome::Appended {
                     start_offset,
                     next_offset,

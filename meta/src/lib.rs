@@ -49,6 +49,9 @@ pub struct StreamRow {
     pub created_ms: i64,
     /// First readable offset: raised by [`MetaStore::trim_stream`], never lowered.
     pub start_offset: u64,
+    /// Last read or append as last recorded by [`MetaStore::touch_stream`] (`created_ms` until
+    /// then): where a sliding TTL's idle clock resumes after a restart.
+    pub last_access_ms: i64,
 }
 
 /// The answer to [`MetaStore::create_stream`].

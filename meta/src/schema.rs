@@ -15,6 +15,7 @@
 //!   closed        INTEGER NOT NULL (0|1)                     0 → 1 only (close is permanent)
 //!   created_ms    INTEGER NOT NULL                           immutable
 //!   start_offset  INTEGER NOT NULL DEFAULT 0  (v2)           only raised (trim_stream)
+//!   last_access_ms INTEGER                     (v3)           only raised (touch_stream); NULL = created_ms
 //!
 //! segments         the catalog: one row per committed segment object
 //!   seq           INTEGER PRIMARY KEY AUTOINCREMENT          commit order; kept on re-commit
@@ -90,6 +91,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE streams ADD COLUMN start_offset INTEGER NOT NULL DEFAULT 0;
      ALTER TABLE segment_streams ADD COLUMN producers BLOB NOT NULL DEFAULT x'';
      ALTER TABLE segment_streams ADD COLUMN closed_by BLOB;",
+    // 3: where a sliding TTL's idle clock stands (NULL: the stream's created_ms).
+    "ALTER TABLE streams ADD COLUMN last_access_ms INTEGER;",
 ];
 
 /// The schema version this build writes.
@@ -238,6 +241,7 @@ mod tests {
             },
             created_ms: 1000,
             start_offset: 0,
+            last_access_ms: 1000,
         };
         assert_eq!(snapshot.streams, vec![old.clone()]);
         let segment = SegmentRecord {
@@ -283,8 +287,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2]);
-        assert_eq!(SCHEMA_VERSION, 2);
+        assert_eq!(versions(&conn), [1, 2, 3]);
+        assert_eq!(SCHEMA_VERSION, 3);
     }
 
     #[test]
@@ -292,6 +296,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2]);
+        assert_eq!(versions(&conn), [1, 2, 3]);
     }
 }

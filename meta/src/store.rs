@@ -93,6 +93,11 @@ enum Command {
         start_offset: u64,
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
+    Touch {
+        id: u64,
+        last_access_ms: i64,
+        reply: oneshot::Sender<Result<(), MetaError>>,
+    },
     Commit {
         segment: SegmentRecord,
         reply: oneshot::Sender<Result<(), MetaError>>,
@@ -191,6 +196,19 @@ impl MetaStore {
         self.send(Command::Trim {
             id,
             start_offset,
+            reply,
+        });
+        answer
+    }
+
+    /// Moves the idle clock of a stream with a sliding TTL forward to `last_access_ms`; never
+    /// backwards. Callers write it only when it moved by a good part of the TTL, so this is a
+    /// rare command, not one per read.
+    pub fn touch_stream(&self, id: u64, last_access_ms: i64) -> Reply<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Touch {
+            id,
+            last_access_ms,
             reply,
         });
         answer
@@ -420,6 +438,7 @@ fn abandon(
         Command::Delete { reply, .. } => Pending::Delete(reply, failed(&why)),
         Command::Close { reply, .. }
         | Command::Trim { reply, .. }
+        | Command::Touch { reply, .. }
         | Command::Commit { reply, .. } => Pending::Unit(reply, failed(&why)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }));
@@ -437,6 +456,7 @@ fn answer_closed(command: Command) {
         Command::Delete { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Close { reply, .. }
         | Command::Trim { reply, .. }
+        | Command::Touch { reply, .. }
         | Command::Commit { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Shutdown => Ok(()),
     };
@@ -457,13 +477,19 @@ fn apply_command(conn: &Connection, command: Command) -> Pending {
             start_offset,
             reply,
         } => Pending::Unit(reply, trim(conn, id, start_offset)),
+        Command::Touch {
+            id,
+            last_access_ms,
+            reply,
+        } => Pending::Unit(reply, touch(conn, id, last_access_ms)),
         Command::Commit { segment, reply } => Pending::Unit(reply, commit(conn, &segment)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }
 }
 
 const SELECT_STREAM: &str = "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, \
-                             created_ms, start_offset FROM streams";
+                             created_ms, start_offset, coalesce(last_access_ms, created_ms) \
+                             FROM streams";
 
 fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
     Ok(StreamRow {
@@ -477,6 +503,7 @@ fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
         },
         created_ms: row.get(6)?,
         start_offset: row.get(7)?,
+        last_access_ms: row.get(8)?,
     })
 }
 
@@ -525,6 +552,7 @@ fn create(
         config,
         created_ms: now_ms,
         start_offset: 0, // the column's default
+        last_access_ms: now_ms,
     };
     Ok(CreateOutcome { row, created: true })
 }
@@ -565,6 +593,19 @@ fn trim(conn: &Connection, id: u64, start_offset: u64) -> Result<(), MetaError> 
         [id, start_offset],
     )
     .map_err(storage("trim stream"))?;
+    Ok(())
+}
+
+fn touch(conn: &Connection, id: u64, last_access_ms: i64) -> Result<(), MetaError> {
+    let Ok(id) = i64::try_from(id) else {
+        return Ok(()); // unknown id
+    };
+    conn.execute(
+        "UPDATE streams SET last_access_ms = max(coalesce(last_access_ms, created_ms), ?2) \
+         WHERE id = ?1",
+        [id, last_access_ms],
+    )
+    .map_err(storage("touch stream"))?;
     Ok(())
 }
 

@@ -671,3 +671,24 @@ fn an_unwritable_location_is_a_clear_error() {
         Ok(_) => panic!("opened below a regular file"),
     }
 }
+
+#[test]
+fn touch_only_moves_the_idle_clock_forward_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let row = wait(store.create_stream("/ttl", config("text/plain"), 1_000))
+        .unwrap()
+        .row;
+    assert_eq!(
+        row.last_access_ms, 1_000,
+        "a new stream's idle clock starts at its creation"
+    );
+    wait(store.touch_stream(row.id, 5_000)).unwrap();
+    wait(store.touch_stream(row.id, 3_000)).unwrap(); // older: ignored
+    wait(store.touch_stream(987_654, 9_000)).unwrap(); // unknown id: fine
+    store.shutdown();
+    let snapshot = reopen_snapshot(&path);
+    assert_eq!(snapshot.streams.len(), 1);
+    assert_eq!(snapshot.streams[0].last_access_ms, 5_000);
+}

@@ -251,6 +251,9 @@ async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
             let mut parsed = httparse::Request::new(&mut headers);
             match parsed.parse(buf) {
                 Ok(httparse::Status::Complete(head_len)) => {
+                    if head_len > HEAD_BYTES_MAX {
+                        return Err(protocol_error(431, "request head too large"));
+                    }
                     let head = parse_head(&parsed)?;
                     buf.advance(head_len);
                     return read_body(stream, buf, head, max_body_size).await.map(Some);
