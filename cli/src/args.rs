@@ -175,9 +175,29 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n")]
     pub slots: Option<u32>,
 
-    /// reference flag, no effect yet: seconds to fail /ready before closing listeners [env: PICO_SHUTDOWN_DRAIN_SEC]
+    /// on SIGINT/SIGTERM, seconds /ready answers 503 before the process exits (default 0) [env: PICO_SHUTDOWN_DRAIN_SEC]
     #[argh(option, arg_name = "secs")]
     pub shutdown_drain_sec: Option<u64>,
+
+    /// PEM certificate chain: serve HTTPS (ALPN h2 and http/1.1) on every listener; needs --tls-key [env: PICO_TLS_CERT]
+    #[argh(option, arg_name = "file")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert [env: PICO_TLS_KEY]
+    #[argh(option, arg_name = "file")]
+    pub tls_key: Option<PathBuf>,
+
+    /// the Access-Control-Allow-Origin sent on every response (default *) [env: PICO_CORS_ORIGIN]
+    #[argh(option, arg_name = "origin", default = "String::from(\"*\")")]
+    pub cors_origin: String,
+
+    /// per core: bytes of appends not yet durable before appends get 429 (default 64MiB) [env: PICO_MAX_IN_FLIGHT_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub max_in_flight_bytes: Option<u64>,
+
+    /// per core: bytes of sealed segments not yet in object storage before appends get 429 (default 512MiB) [env: PICO_MAX_UNUPLOADED_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub max_unuploaded_bytes: Option<u64>,
 
     /// reference flag, no effect: the WAL is local, see --wal-dir [env: PICO_WAL]
     #[argh(option, arg_name = "uri")]
@@ -187,7 +207,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub wal_cache_size: Option<u64>,
 
-    /// reference flag, no effect yet: engine block cache size [env: PICO_BLOCK_CACHE_SIZE]
+    /// per core: bytes of uploaded segments kept in memory for reads (default 64MiB) [env: PICO_BLOCK_CACHE_SIZE]
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub block_cache_size: Option<u64>,
 

@@ -34,6 +34,11 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         0 => DEFAULT_MAX_CHUNK_SIZE,
         n => n,
     };
+    let defaults = ServerConfig::default();
+    let optional_size = |value: Option<u64>, flag: &str, default: usize| match value {
+        None => Ok(default),
+        Some(v) => size(positive(v, flag)?, flag),
+    };
     Ok(ServerConfig {
         listen: args.listen.clone(),
         protocol: match protocol {
@@ -62,8 +67,25 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         )?,
         segment_max_age_ms: positive(args.segment_max_age_ms, "--segment-max-age-ms")?,
         backlog: args.backlog,
-        cors_origin: "*".into(),
-        ..ServerConfig::default()
+        cors_origin: args.cors_origin.clone(),
+        shutdown_drain_ms: millis(args.shutdown_drain_sec.unwrap_or(0), "--shutdown-drain-sec")?,
+        tls_cert: args.tls_cert.clone(),
+        tls_key: args.tls_key.clone(),
+        in_flight_bytes_max: optional_size(
+            args.max_in_flight_bytes,
+            "--max-in-flight-bytes",
+            defaults.in_flight_bytes_max,
+        )?,
+        unuploaded_bytes_max: optional_size(
+            args.max_unuploaded_bytes,
+            "--max-unuploaded-bytes",
+            defaults.unuploaded_bytes_max,
+        )?,
+        segment_cache_bytes: optional_size(
+            args.block_cache_size,
+            "--block-cache-size",
+            defaults.segment_cache_bytes,
+        )?,
     })
 }
 
@@ -83,11 +105,6 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
         ("--routing", args.routing.is_some(), single_node),
         ("--slots", args.slots.is_some(), single_node),
         (
-            "--shutdown-drain-sec",
-            args.shutdown_drain_sec.is_some(),
-            "has no effect yet",
-        ),
-        (
             "--wal",
             args.wal.is_some(),
             "has no effect: the WAL is local, see --wal-dir",
@@ -95,11 +112,6 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
         (
             "--wal-cache-size",
             args.wal_cache_size.is_some(),
-            "has no effect yet: engine caches are not configurable",
-        ),
-        (
-            "--block-cache-size",
-            args.block_cache_size.is_some(),
             "has no effect yet: engine caches are not configurable",
         ),
         (

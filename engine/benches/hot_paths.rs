@@ -7,7 +7,14 @@ use pico_engine::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_RECORD};
 use pico_engine::state::{AppendCommand, StreamConfig, StreamState};
 
 fn meta(offset: u64, producer: Option<&ProducerTuple>) -> FrameMeta<'_> {
-    FrameMeta { kind: FRAME_KIND_RECORD, stream_id: 7, offset, timestamp_ms: 1_700_000_000_000, request_end: true, producer }
+    FrameMeta {
+        kind: FRAME_KIND_RECORD,
+        stream_id: 7,
+        offset,
+        timestamp_ms: 1_700_000_000_000,
+        request_end: true,
+        producer,
+    }
 }
 
 fn frames(c: &mut Criterion) {
@@ -34,14 +41,27 @@ fn frames(c: &mut Criterion) {
 }
 
 fn state_apply(c: &mut Criterion) {
-    let config = StreamConfig { content_type: "text/plain".into(), ttl_sec: None, expires_at_ms: None };
-    let producer = ProducerTuple { id: "writer-1".into(), epoch: 0, seq: 0 };
+    let config = StreamConfig {
+        content_type: "text/plain".into(),
+        ttl_sec: None,
+        expires_at_ms: None,
+    };
+    let producer = ProducerTuple {
+        id: "writer-1".into(),
+        epoch: 0,
+        seq: 0,
+    };
     c.bench_function("state/apply_append", |b| {
         let mut state = StreamState::new(1, config.clone(), false, 0);
         let mut now = 1_700_000_000_000i64;
         b.iter(|| {
             now += 1;
-            let command = AppendCommand { records: 1, close: false, match_offset: None, producer: None };
+            let command = AppendCommand {
+                records: 1,
+                close: false,
+                match_offset: None,
+                producer: None,
+            };
             std::hint::black_box(state.apply_append(command, now).unwrap())
         })
     });
@@ -51,7 +71,12 @@ fn state_apply(c: &mut Criterion) {
         let mut now = 1_700_000_000_000i64;
         b.iter(|| {
             now += 1;
-            let command = AppendCommand { records: 10, close: false, match_offset: None, producer: Some(&producer) };
+            let command = AppendCommand {
+                records: 10,
+                close: false,
+                match_offset: None,
+                producer: Some(&producer),
+            };
             let outcome = state.apply_append(command, now).unwrap();
             producer.seq += 1;
             std::hint::black_box(outcome)

@@ -33,14 +33,30 @@ fn batches(c: &mut Criterion) {
     let mut group = c.benchmark_group("batch");
     let batch = binary_batch(100, 1024);
     group.throughput(Throughput::Elements(100));
-    group.bench_function("decode_binary_100x1KiB", |b| b.iter(|| std::hint::black_box(codec::decode_binary_batch(&batch).unwrap().len())));
-    let json = format!("{{\"records\":[{}]}}", vec!["{\"body\":\"hello world\",\"headers\":{\"k\":\"v\"}}"; 100].join(","));
-    group.bench_function("decode_json_100", |b| b.iter(|| std::hint::black_box(codec::decode_json_batch(json.as_bytes()).unwrap().len())));
+    group.bench_function("decode_binary_100x1KiB", |b| {
+        b.iter(|| std::hint::black_box(codec::decode_binary_batch(&batch).unwrap().len()))
+    });
+    let json = format!(
+        "{{\"records\":[{}]}}",
+        vec!["{\"body\":\"hello world\",\"headers\":{\"k\":\"v\"}}"; 100].join(",")
+    );
+    group.bench_function("decode_json_100", |b| {
+        b.iter(|| std::hint::black_box(codec::decode_json_batch(json.as_bytes()).unwrap().len()))
+    });
     let records: Vec<RecordView> = (0..100)
-        .map(|i| RecordView { offset: i, timestamp_ms: 1_700_000_000_000, headers: Bytes::new(), body: Bytes::from(vec![b'x'; 1024]) })
+        .map(|i| RecordView {
+            offset: i,
+            timestamp_ms: 1_700_000_000_000,
+            headers: Bytes::new(),
+            body: Bytes::from(vec![b'x'; 1024]),
+        })
         .collect();
-    group.bench_function("encode_binary_read_100x1KiB", |b| b.iter(|| std::hint::black_box(codec::encode_binary(&records).len())));
-    group.bench_function("encode_json_read_100x1KiB", |b| b.iter(|| std::hint::black_box(codec::encode_json(&records).len())));
+    group.bench_function("encode_binary_read_100x1KiB", |b| {
+        b.iter(|| std::hint::black_box(codec::encode_binary(&records).len()))
+    });
+    group.bench_function("encode_json_read_100x1KiB", |b| {
+        b.iter(|| std::hint::black_box(codec::encode_json(&records).len()))
+    });
     group.finish();
 }
 

@@ -174,6 +174,8 @@ fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.max(Duration::from_millis(1))) {
             Ok(line) => {
+                // The scheme is http, or https with --tls-cert.
+                let line = line.replacen("https://", "http://", 1);
                 if let Some(rest) = line.strip_prefix("serving on http://") {
                     let text = rest.split_whitespace().next().unwrap_or_default();
                     addr = Some(text.parse::<SocketAddr>().expect("serving address"));
