@@ -1,0 +1,397 @@
+//! The `s3://` backend against a scripted HTTP server on a real socket: which answers are
+//! retried and how often, and what goes on the wire (signing headers, `content-length: 0`,
+//! ranges, encoded keys). Needs no S3 server; Garage-backed tests are in `garage.rs`.
+
+use std::io::BufRead;
+use std::io::BufReader;
+use std::io::Read;
+use std::io::Write;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_lite::future::block_on;
+use pico_s3::ObjectStore;
+use pico_s3::ObjectStoreOptions;
+use pico_s3::S3Credentials;
+use pico_s3::S3Options;
+use pico_s3::StorageUri;
+use pico_s3::StoreError;
+
+/// One request as the server saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// (status, extra headers, body) for each request in turn; the last one repeats.
+type Script = Vec<(u16, Vec<(&'static str, String)>, String)>;
+
+/// Serves `script` on a fresh port, one connection per request (`Connection: close`).
+fn serve(script: Script) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for (index, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let method = parts.next().unwrap_or_default().to_string();
+            let target = parts.next().unwrap_or_default().to_string();
+            let mut headers = Vec::new();
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                let header = header.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                let (name, value) = header.split_once(':').unwrap();
+                headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+            }
+            let length: usize = headers
+                .iter()
+                .find(|(name, _)| name == "content-length")
+                .map(|(_, value)| value.parse().unwrap())
+                .unwrap_or(0);
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            log.lock().unwrap().push(Seen {
+                method,
+                target,
+                headers,
+                body,
+            });
+            let (status, extra, body) = &script[index.min(script.len() - 1)];
+            let mut answer = format!(
+                "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n",
+                body.len()
+            );
+            for (name, value) in extra {
+                answer.push_str(&format!("{name}: {value}\r\n"));
+            }
+            answer.push_str("\r\n");
+            answer.push_str(body);
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    (endpoint, seen)
+}
+
+fn open(endpoint: &str, s3: S3Options) -> ObjectStore {
+    let uri = StorageUri::parse(&format!(
+        "-3@s3://bkt?region=test-1&endpoint={endpoint}&pathStyle=true"
+    ))
+    .unwrap();
+    ObjectStore::open_with(
+        &uri,
+        ObjectStoreOptions {
+            s3: S3Options {
+                credentials: Some(S3Credentials {
+                    access_key_id: "AKTEST".into(),
+                    secret_access_key: "secret".into(),
+                    session_token: Some("session".into()),
+                }),
+                probe_at_open: false,
+                base_backoff: Duration::from_millis(5),
+                max_backoff: Duration::from_millis(20),
+                ..s3
+            },
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn wait<T>(reply: pico_s3::Reply<T>) -> Result<T, StoreError> {
+    block_on(reply).expect("the upload thread answers every request")
+}
+
+fn error(code: &str) -> String {
+    format!("<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>m</Message></Error>")
+}
+
+#[test]
+fn transient_answers_are_retried_until_success() {
+    let (endpoint, seen) = serve(vec![
+        (503, vec![], error("SlowDown")),
+        (500, vec![], error("InternalError")),
+        (429, vec![], String::new()),
+        (200, vec![], String::new()),
+    ]);
+    let store = open(&endpoint, S3Options::default());
+    wait(store.put("a b/ü", Bytes::from_static(b"data"))).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4, "three retries then success");
+    for request in seen.iter() {
+        assert_eq!(request.method, "PUT");
+        assert_eq!(request.target, "/bkt/a%20b/%C3%BC");
+        assert_eq!(request.body, b"data");
+        assert_eq!(
+            request.header("x-amz-content-sha256"),
+            Some("3a6eb0790f39ac87c94f3856b2dd2c5d110e6811602261a9a923d3bb23adc8b7")
+        );
+        assert_eq!(request.header("x-amz-security-token"), Some("session"));
+        assert_eq!(request.header("host"), Some(&endpoint["http://".len()..]));
+        let authorization = request.header("authorization").unwrap();
+        assert!(
+            authorization.starts_with("AWS4-HMAC-SHA256 Credential=AKTEST/")
+                && authorization.contains("/test-1/s3/aws4_request, SignedHeaders=host;x-amz-content-sha256;x-amz-date;x-amz-security-token, Signature="),
+            "{authorization}"
+        );
+    }
+}
+
+#[test]
+fn forbidden_is_not_retried_and_says_why() {
+    let (endpoint, seen) = serve(vec![(403, vec![], error("SignatureDoesNotMatch"))]);
+    let store = open(&endpoint, S3Options::default());
+    match wait(store.get("k")) {
+        Err(StoreError::Io(message)) => {
+            assert!(
+                message.contains("access denied: check AWS_SECRET_ACCESS_KEY"),
+                "{message}"
+            );
+            assert!(message.contains("SignatureDoesNotMatch"), "{message}");
+            assert!(message.contains("AKTEST"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn retries_are_bounded_by_attempts_and_deadline() {
+    let (endpoint, seen) = serve(vec![(500, vec![], error("InternalError"))]);
+    let store = open(
+        &endpoint,
+        S3Options {
+            max_attempts: 5,
+            ..Default::default()
+        },
+    );
+    match wait(store.delete("k")) {
+        Err(StoreError::Io(message)) => {
+            assert!(message.contains("gave up after 5 attempts"), "{message}");
+            assert!(message.contains("InternalError"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap().len(), 5);
+
+    // The deadline stops retries before the attempts run out.
+    let (endpoint, seen) = serve(vec![(503, vec![], error("SlowDown"))]);
+    let store = open(
+        &endpoint,
+        S3Options {
+            max_attempts: 1000,
+            deadline: Duration::from_millis(300),
+            ..Default::default()
+        },
+    );
+    let started = Instant::now();
+    assert!(matches!(wait(store.list("")), Err(StoreError::Io(m)) if m.contains("gave up")));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let attempts = seen.lock().unwrap().len();
+    assert!(attempts > 1 && attempts < 1000, "{attempts}");
+}
+
+#[test]
+fn empty_bodies_ranges_and_missing_objects() {
+    let (endpoint, seen) = serve(vec![
+        (200, vec![], String::new()),
+        (
+            206,
+            vec![("Content-Range", "bytes 2-4/10".to_string())],
+            "234".to_string(),
+        ),
+        (404, vec![], error("NoSuchKey")),
+        (404, vec![], error("NoSuchKey")),
+        (404, vec![], error("NoSuchBucket")),
+    ]);
+    let store = open(&endpoint, S3Options::default());
+    wait(store.put("empty", Bytes::new())).unwrap();
+    assert_eq!(wait(store.get_range("k", 2, 5)).unwrap(), "234");
+    assert!(matches!(wait(store.get("gone")), Err(StoreError::NotFound(k)) if k == "gone"));
+    wait(store.delete("gone")).unwrap();
+    match wait(store.get("k")) {
+        Err(StoreError::Io(message)) => assert!(message.contains("does not exist"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen[0].header("content-length"), Some("0"));
+    assert_eq!(
+        seen[0].header("x-amz-content-sha256"),
+        Some("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+    );
+    assert_eq!(seen[1].header("range"), Some("bytes=2-4"));
+    assert_eq!(
+        seen[1].header("x-amz-content-sha256"),
+        Some("UNSIGNED-PAYLOAD")
+    );
+    assert!(seen[1]
+        .header("authorization")
+        .unwrap()
+        .contains("SignedHeaders=host;range;x-amz-content-sha256;"));
+    assert_eq!(seen[3].method, "DELETE");
+}
+
+#[test]
+fn a_short_range_answer_is_an_error_not_a_short_read() {
+    let (endpoint, _) = serve(vec![(
+        206,
+        vec![("Content-Range", "bytes 5-9/10".to_string())],
+        "56789".to_string(),
+    )]);
+    let store = open(&endpoint, S3Options::default());
+    match wait(store.get_range("k", 5, 12)) {
+        Err(StoreError::Io(message)) => {
+            assert!(
+                message.contains("past the end of k (10 bytes)"),
+                "{message}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn list_follows_continuation_tokens() {
+    let page = |keys: &[&str], next: Option<&str>| {
+        let mut xml = String::from(
+            "<?xml version=\"1.0\"?><ListBucketResult><EncodingType>url</EncodingType>",
+        );
+        for key in keys {
+            xml.push_str(&format!(
+                "<Contents><Key>{key}</Key><Size>3</Size></Contents>"
+            ));
+        }
+        match next {
+            Some(token) => xml.push_str(&format!(
+                "<IsTruncated>true</IsTruncated><NextContinuationToken>{token}</NextContinuationToken>"
+            )),
+            None => xml.push_str("<IsTruncated>false</IsTruncated>"),
+        }
+        xml.push_str("</ListBucketResult>");
+        (200, vec![], xml)
+    };
+    let (endpoint, seen) = serve(vec![
+        page(&["p/a", "p/b%20c"], Some("t/1+=")),
+        page(&["p/d"], None),
+    ]);
+    let store = open(
+        &endpoint,
+        S3Options {
+            list_page_size: 2,
+            ..Default::default()
+        },
+    );
+    let listed = wait(store.list("p/")).unwrap();
+    let keys: Vec<_> = listed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(keys, ["p/a", "p/b c", "p/d"]);
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen[0].target,
+        "/bkt?encoding-type=url&list-type=2&max-keys=2&prefix=p%2F"
+    );
+    assert_eq!(
+        seen[1].target,
+        "/bkt?continuation-token=t%2F1%2B%3D&encoding-type=url&list-type=2&max-keys=2&prefix=p%2F"
+    );
+}
+
+#[test]
+fn multipart_uploads_parts_and_aborts_on_failure() {
+    let initiate =
+        "<InitiateMultipartUploadResult><UploadId>up-1</UploadId></InitiateMultipartUploadResult>"
+            .to_string();
+    let (endpoint, seen) = serve(vec![
+        (200, vec![], initiate.clone()),
+        (200, vec![("ETag", "\"e1\"".to_string())], String::new()),
+        (200, vec![("ETag", "\"e2\"".to_string())], String::new()),
+        (200, vec![], "<CompleteMultipartUploadResult/>".to_string()),
+    ]);
+    let options = S3Options {
+        multipart_threshold: 5 << 20,
+        part_size: 5 << 20,
+        ..Default::default()
+    };
+    let store = open(&endpoint, options.clone());
+    let data = Bytes::from(vec![7u8; (5 << 20) + 1000]);
+    wait(store.put("big", data)).unwrap();
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen[0].target, "/bkt/big?uploads=");
+        let mut parts: Vec<_> = seen[1..3]
+            .iter()
+            .map(|r| (r.target.clone(), r.body.len()))
+            .collect();
+        parts.sort();
+        assert_eq!(
+            parts,
+            [
+                ("/bkt/big?partNumber=1&uploadId=up-1".to_string(), 5 << 20),
+                ("/bkt/big?partNumber=2&uploadId=up-1".to_string(), 1000),
+            ]
+        );
+        assert_eq!(seen[3].target, "/bkt/big?uploadId=up-1");
+        let complete = String::from_utf8(seen[3].body.clone()).unwrap();
+        assert!(
+            complete.contains("<Part><PartNumber>1</PartNumber><ETag>\"e"),
+            "{complete}"
+        );
+        assert!(
+            complete.contains("<Part><PartNumber>2</PartNumber>"),
+            "{complete}"
+        );
+    }
+
+    // A part refused for good: the upload is aborted and the put fails.
+    let (endpoint, seen) = serve(vec![
+        (200, vec![], initiate),
+        (400, vec![], error("EntityTooSmall")),
+        (400, vec![], error("EntityTooSmall")),
+        (204, vec![], String::new()),
+    ]);
+    let store = open(&endpoint, options);
+    match wait(store.put("big", Bytes::from(vec![1u8; (5 << 20) + 1]))) {
+        Err(StoreError::Io(message)) => assert!(message.contains("EntityTooSmall"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    // Give the abort a moment to be logged by the server thread.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        if seen.lock().unwrap().iter().any(|r| r.method == "DELETE") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let seen = seen.lock().unwrap();
+    let abort = seen
+        .iter()
+        .find(|r| r.method == "DELETE")
+        .expect("an abort");
+    assert_eq!(abort.target, "/bkt/big?uploadId=up-1");
+}
