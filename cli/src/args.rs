@@ -60,6 +60,7 @@ pub enum Command {
     Delete(DeleteArgs),
     Trim(TrimArgs),
     Config(ConfigArgs),
+    Bench(pico_bench::BenchArgs),
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

@@ -145,6 +145,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
         })?;
         config.ca_cert_pem = Some(pem);
     }
+    if let Command::Bench(args) = &cli.command {
+        return bench(args, &config);
+    }
     let client = Client::new(config).map_err(|e| Failure::Usage(e.to_string()))?;
 
     // Client commands make one request at a time: a single-threaded runtime is enough.
@@ -154,7 +157,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
         match &cli.command {
-            Command::Serve(_) | Command::Config(_) => unreachable!("handled above"),
+            Command::Serve(_) | Command::Config(_) | Command::Bench(_) => {
+                unreachable!("handled above")
+            }
             Command::Create(args) => commands::create(&client, args).await,
             Command::Head(args) => commands::head(&client, args).await,
             Command::Append(args) => commands::append(&client, args).await,
@@ -166,4 +171,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Command::Trim(args) => commands::trim(&client, args).await,
         }
     })
+}
+
+/// `pico bench`: the load generator runs on its own multi-threaded runtime (the client
+/// commands' single-threaded one would cap it at one core).
+fn bench(args: &pico_bench::BenchArgs, config: &ClientConfig) -> Result<(), Failure> {
+    args.validate().map_err(Failure::Usage)?;
+    let connection = pico_bench::Connection {
+        endpoint: config.endpoint.clone(),
+        protocol: config.protocol,
+        http2: config.http2_prior_knowledge,
+        token: config.token.clone(),
+        ca_cert_pem: config.ca_cert_pem.clone(),
+    };
+    let summary = pico_bench::run_blocking(args, &connection).map_err(Failure::Fatal)?;
+    match args.output {
+        pico_bench::Output::Text => summary.print_text(),
+        pico_bench::Output::Json => println!("{}", summary.to_json()),
+    }
+    Ok(())
 }

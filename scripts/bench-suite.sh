@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The standard benchmark set (BENCHMARKS.md): each case on a fresh release node and data
+# directory, client and server on this machine, durability local (fdatasync'd acks).
+# Prints a Markdown table; also runs the fsync probe for the single-writer comparison.
+#
+#   scripts/bench-suite.sh [DURATION_SEC]   (default 10)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+duration=${1:-10}
+cargo build --release -p pico-cli -p pico-bench --example fsync_probe >/dev/null 2>&1 ||
+  cargo build --release -p pico-cli -p pico-bench --examples
+
+run_case() { # name, pico global flags, bench flags...
+  local name=$1 globals=$2
+  shift 2
+  local work port server
+  work=$(mktemp -d /tmp/pico-suite.XXXXXX)
+  port=$((20000 + RANDOM % 20000))
+  target/release/pico serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+    --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
+    >"$work/server.out" 2>"$work/server.log" &
+  server=$!
+  for _ in $(seq 1 100); do grep -q "serving on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
+  # shellcheck disable=SC2086
+  local json
+  json=$(target/release/pico --endpoint "http://127.0.0.1:$port" $globals bench "$@" -d "$duration" \
+    --interval 0 --output json 2>/dev/null || echo '{}')
+  kill "$server" 2>/dev/null || true
+  wait "$server" 2>/dev/null || true
+  rm -rf "$work"
+  python3 - "$name" "$json" <<'PY'
+import json, sys
+name, raw = sys.argv[1], sys.argv[2]
+try:
+    r = json.loads(raw)
+    w, rd = r["write"], r["read"]
+    live = r.get("live") or {}
+    extra = f" live p99 {live['p99_ms']:.2f} ms" if live else ""
+    print(f"| {name} | {w['records_per_sec']:,.0f} | {w['mib_per_sec']:.1f} | {w['p50_ms']:.2f} | {w['p99_ms']:.2f} | {rd['mib_per_sec']:.1f} |{extra}")
+except Exception as e:  # a failed case still gets its row
+    print(f"| {name} | failed: {e} | | | | |")
+PY
+}
+
+echo "| case | write rec/s | write MiB/s | p50 ms | p99 ms | read MiB/s |"
+echo "|---|---:|---:|---:|---:|---:|"
+run_case "README bench (Pico, h2, 1 KiB, 512 in flight, 4 conns, 4 streams)" --http2 -b 1024 -w 512 --connections 4 --streams 4
+run_case "same over HTTP/1.1" "" -b 1024 -w 512 --connections 4 --streams 4
+run_case "batched writes (-n 100, 1 KiB, --no-read)" --http2 -b 1024 -n 100 -w 64 --connections 4 --streams 4 --no-read
+run_case "256 B appends, 4 h2 conns × 64, 1 stream" --http2 -b 256 -w 256 --connections 4 --streams 1 --no-read
+run_case "256 B appends, 4 h2 conns × 64, 64 streams" --http2 -b 256 -w 256 --connections 4 --streams 64 --no-read
+run_case "64 KiB appends, 4 h2 conns × 64" --http2 -b 65536 -w 256 --connections 4 --streams 4 --no-read
+run_case "one writer, one request in flight (256 B)" "" -b 256 -w 1 --no-read
+run_case "producer sessions (-n 32)" --http2 -b 1024 -w 512 -n 32 --producer --connections 4 --streams 4
+run_case "live delivery (one writer every 10 ms, SSE)" --http2 --live-latency
+echo
+target/release/examples/fsync_probe /tmp 2000
