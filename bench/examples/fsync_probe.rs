@@ -12,7 +12,10 @@ use std::time::Instant;
 fn main() {
     let mut args = std::env::args().skip(1);
     let dir = args.next().unwrap_or_else(|| ".".into());
-    let count: usize = args.next().map(|c| c.parse().expect("COUNT is a number")).unwrap_or(2000);
+    let count: usize = args
+        .next()
+        .map(|c| c.parse().expect("COUNT is a number"))
+        .unwrap_or(2000);
     let path = std::path::Path::new(&dir).join(format!(".fsync-probe-{}", std::process::id()));
     let mut file = std::fs::OpenOptions::new()
         .create_new(true)
