@@ -22,23 +22,55 @@ fn make_certificate(dir: &Path) -> (String, String, String) {
     )
     .unwrap();
     let steps: [Vec<String>; 3] = [
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=pico-test-ca"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(["-addext".into(), "basicConstraints=critical,CA:TRUE".into()])
-            .chain(["-addext".into(), "keyUsage=critical,keyCertSign".into()])
-            .chain(["-keyout".into(), path("ca.key"), "-out".into(), path("ca.pem")])
-            .collect(),
-        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(["-keyout".into(), path("key.pem"), "-out".into(), path("leaf.csr")])
-            .collect(),
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=pico-test-ca",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-addext".into(), "basicConstraints=critical,CA:TRUE".into()])
+        .chain(["-addext".into(), "keyUsage=critical,keyCertSign".into()])
+        .chain([
+            "-keyout".into(),
+            path("ca.key"),
+            "-out".into(),
+            path("ca.pem"),
+        ])
+        .collect(),
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            "-keyout".into(),
+            path("key.pem"),
+            "-out".into(),
+            path("leaf.csr"),
+        ])
+        .collect(),
         ["x509", "-req", "-days", "2", "-CAcreateserial"]
             .iter()
             .map(|s| s.to_string())
             .chain(["-in".into(), path("leaf.csr"), "-CA".into(), path("ca.pem")])
-            .chain(["-CAkey".into(), path("ca.key"), "-out".into(), path("cert.pem")])
+            .chain([
+                "-CAkey".into(),
+                path("ca.key"),
+                "-out".into(),
+                path("cert.pem"),
+            ])
             .chain(["-extfile".into(), ext.display().to_string()])
             .collect(),
     ];
@@ -56,7 +88,9 @@ fn make_certificate(dir: &Path) -> (String, String, String) {
 fn client(ca_pem: &[u8], http1_only: bool) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let certs = reqwest::Certificate::from_pem_bundle(ca_pem).unwrap();
-    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(20)).tls_certs_merge(certs);
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .tls_certs_merge(certs);
     if http1_only {
         builder = builder.http1_only();
     }
@@ -71,24 +105,48 @@ fn https_with_alpn_on_both_listeners() {
     let ca = std::fs::read(&ca_path).unwrap();
     let base = format!("https://{}", server.addr);
     let admin = format!("https://{}", server.admin);
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-        let h2 = client(&ca, false);
-        let created = h2.put(format!("{base}/tls/a")).send().await.unwrap();
-        assert_eq!(created.version(), reqwest::Version::HTTP_2, "ALPN h2");
-        assert_eq!(created.status(), 201);
-        let h1 = client(&ca, true);
-        let appended = h1.post(format!("{base}/tls/a")).body("secret").send().await.unwrap();
-        assert_eq!(appended.version(), reqwest::Version::HTTP_11, "ALPN http/1.1");
-        assert_eq!(appended.status(), 200);
-        let read = h2.get(format!("{base}/tls/a?format=raw")).send().await.unwrap();
-        assert_eq!(read.bytes().await.unwrap().as_ref(), b"secret");
-        let ready = h2.get(format!("{admin}/ready")).send().await.unwrap();
-        assert_eq!(ready.status(), 200);
-        // A client that does not trust the certificate is refused by its own TLS check.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let untrusting = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-        assert!(untrusting.get(format!("{base}/tls/a")).send().await.is_err());
-    });
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let h2 = client(&ca, false);
+            let created = h2.put(format!("{base}/tls/a")).send().await.unwrap();
+            assert_eq!(created.version(), reqwest::Version::HTTP_2, "ALPN h2");
+            assert_eq!(created.status(), 201);
+            let h1 = client(&ca, true);
+            let appended = h1
+                .post(format!("{base}/tls/a"))
+                .body("secret")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                appended.version(),
+                reqwest::Version::HTTP_11,
+                "ALPN http/1.1"
+            );
+            assert_eq!(appended.status(), 200);
+            let read = h2
+                .get(format!("{base}/tls/a?format=raw"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(read.bytes().await.unwrap().as_ref(), b"secret");
+            let ready = h2.get(format!("{admin}/ready")).send().await.unwrap();
+            assert_eq!(ready.status(), 200);
+            // A client that does not trust the certificate is refused by its own TLS check.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let untrusting = reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap();
+            assert!(untrusting
+                .get(format!("{base}/tls/a"))
+                .send()
+                .await
+                .is_err());
+        });
 
     // The pico client with --ca-cert over https.
     let output = Command::new(env!("CARGO_BIN_EXE_pico"))
@@ -96,7 +154,11 @@ fn https_with_alpn_on_both_listeners() {
         .env_clear()
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&output.stdout), "0\tsecret\n");
 }
 
@@ -106,9 +168,18 @@ fn bad_tls_files_stop_the_server_with_a_clear_message() {
     let (cert, key, _) = make_certificate(certs.path());
     let data = tempfile::tempdir().unwrap();
     let cases: [(&[&str], &str); 3] = [
-        (&["--tls-cert", "/nonexistent/cert.pem", "--tls-key", &key], "cannot read --tls-cert /nonexistent/cert.pem"),
-        (&["--tls-cert", &key, "--tls-key", &key], "holds no certificate"),
-        (&["--tls-cert", &cert], "--tls-cert and --tls-key go together"),
+        (
+            &["--tls-cert", "/nonexistent/cert.pem", "--tls-key", &key],
+            "cannot read --tls-cert /nonexistent/cert.pem",
+        ),
+        (
+            &["--tls-cert", &key, "--tls-key", &key],
+            "holds no certificate",
+        ),
+        (
+            &["--tls-cert", &cert],
+            "--tls-cert and --tls-key go together",
+        ),
     ];
     for (flags, expected) in cases {
         let output = Command::new(env!("CARGO_BIN_EXE_pico"))
@@ -121,6 +192,9 @@ fn bad_tls_files_stop_the_server_with_a_clear_message() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{flags:?}: {stderr}");
-        assert!(stderr.contains("pico: ") && stderr.contains(expected), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains("pico: ") && stderr.contains(expected),
+            "{flags:?}: {stderr}"
+        );
     }
 }
