@@ -1,0 +1,65 @@
+//! Named limits answer with explicit errors: `429 overloaded` with `Retry-After` when a core
+//! holds more unacknowledged append bytes than `--max-in-flight-bytes`, and nothing that was
+//! refused is written.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+#[test]
+fn in_flight_bytes_limit_answers_429_with_retry_after() {
+    // One core, a limit below two bodies: any append that arrives while another waits for its
+    // fdatasync is refused.
+    let server = Server::start(&["--cores", "1", "--max-in-flight-bytes", "1500"]);
+    assert_eq!(
+        server.put("/limits/s", "application/octet-stream").status,
+        201
+    );
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let refused: Arc<std::sync::Mutex<Option<common::Resp>>> = Arc::default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            let (accepted, refused, server) = (accepted.clone(), refused.clone(), &server);
+            scope.spawn(move || {
+                let mut conn = server.connect();
+                while Instant::now() < deadline && refused.lock().unwrap().is_none() {
+                    let response = conn
+                        .request("POST", "/limits/s", &[], &[b'x'; 1000])
+                        .unwrap();
+                    match response.status {
+                        200 => {
+                            accepted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        429 => *refused.lock().unwrap() = Some(response),
+                        other => panic!("unexpected status {other}"),
+                    }
+                }
+            });
+        }
+    });
+    let refused = refused
+        .lock()
+        .unwrap()
+        .take()
+        .expect("no append was refused within 20 s");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.header("content-type"), Some("application/json"));
+    let body: serde_json::Value = serde_json::from_slice(&refused.body).unwrap();
+    assert_eq!(body["error"], "overloaded");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("in-flight bytes"),
+        "{body}"
+    );
+    // Every accepted append, and only those, is in the stream.
+    let head = server.head("/limits/s");
+    let next: usize = head.header("pico-next-seq").unwrap().parse().unwrap();
+    assert_eq!(next, accepted.load(Ordering::Relaxed));
+}
