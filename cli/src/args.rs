@@ -196,6 +196,10 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub max_in_flight_bytes: Option<u64>,
 
+    /// how often segment objects that only hold deleted, expired or trimmed data are deleted, in ms (default 5000) [env: PICO_GC_INTERVAL_MS]
+    #[argh(option, arg_name = "ms", default = "5000")]
+    pub gc_interval_ms: u64,
+
     /// per core: bytes of sealed segments not yet in object storage before appends get 429 (default 512MiB) [env: PICO_MAX_UNUPLOADED_BYTES]
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub max_unuploaded_bytes: Option<u64>,

@@ -68,6 +68,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         segment_max_age_ms: positive(args.segment_max_age_ms, "--segment-max-age-ms")?,
         backlog: args.backlog,
         cors_origin: args.cors_origin.clone(),
+        gc_interval_ms: positive(args.gc_interval_ms, "--gc-interval-ms")?,
         shutdown_drain_ms: millis(args.shutdown_drain_sec.unwrap_or(0), "--shutdown-drain-sec")?,
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),

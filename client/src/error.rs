@@ -208,6 +208,15 @@ impl ClientError {
         self.status() == Some(409) && self.code() == Some("sequence_gap")
     }
 
+    /// The server refused a producer request because an earlier one has not landed yet: a
+    /// sequence gap, or (before the producer's first request is applied) the `400` for a
+    /// producer the stream does not know sending a sequence other than 0.
+    pub fn is_out_of_order(&self) -> bool {
+        self.is_sequence_gap()
+            || matches!(self, ClientError::Api(e) if e.status == 400
+                && e.message == "New epoch must start with sequence 0")
+    }
+
     /// Worth retrying with the same request: the reference's rule (transport error, 429, 5xx).
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -675,7 +675,7 @@ impl Delivery {
                 Ok(Err(error)) => error,
                 Err(_) => return Err(self.timed_out(attempts, None)),
             };
-            if error.is_sequence_gap() && self.progress.borrow().done_below < self.seq {
+            if error.is_out_of_order() && self.progress.borrow().done_below < self.seq {
                 // An earlier batch has not landed yet: wait for it, then send again. This
                 // is ordering, not failure, so it does not count as an attempt.
                 attempts -= 1;

@@ -42,6 +42,8 @@ pub struct EngineConfig {
     /// Bytes of sealed segments a core holds before the object store took them; past it
     /// appends get `429` until uploads catch up (a slow or unreachable store).
     pub unuploaded_bytes_max: usize,
+    /// How often core 0 looks for segment objects no live stream needs and deletes them.
+    pub gc_interval_ms: u64,
 }
 
 /// Wall-clock Unix milliseconds: the one clock of record timestamps and expiry.

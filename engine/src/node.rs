@@ -46,6 +46,12 @@ enum Message {
         op: Op,
         reply: oneshot::Sender<Result<Reply, EngineError>>,
     },
+    /// Every live stream of the core: id → first readable offset (for garbage collection).
+    Live {
+        reply: oneshot::Sender<Vec<(u64, u64)>>,
+    },
+    /// These segments were garbage-collected: drop what is cached of them.
+    Forget { keys: Arc<Vec<String>> },
     List {
         prefix: String,
         start_after: String,
@@ -378,12 +384,17 @@ impl CoreHandle {
         glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
             .map_err(|e| format!("cannot start core {core} inbox: {e}"))?
             .detach();
-        Ok(Rc::new(CoreHandle {
+        let handle = Rc::new(CoreHandle {
             core,
             cores,
             shard,
             peers: RefCell::new(peers),
-        }))
+        });
+        if core == 0 {
+            let collector = handle.clone();
+            glommio::spawn_local(async move { collector.gc_loop().await }).detach();
+        }
+        Ok(handle)
     }
 
     pub fn core(&self) -> usize {
@@ -440,6 +451,61 @@ impl CoreHandle {
         Ok((all, more))
     }
 
+    /// Garbage collection of segment objects, run by core 0 for the node: segments that hold
+    /// only deleted, expired or trimmed-away data are deleted from the object store, then from
+    /// the catalog (in that order, so a crash in between leaves a row to find again, never an
+    /// object nobody knows of).
+    async fn gc_loop(self: Rc<Self>) {
+        let interval =
+            std::time::Duration::from_millis(self.shard.config().gc_interval_ms.max(100));
+        loop {
+            glommio::timer::sleep(interval).await;
+            match self.collect_garbage().await {
+                Ok(0) => {}
+                Ok(count) => log::info!("garbage collection removed {count} segments"),
+                Err(e) => log::warn!("garbage collection: {e}"),
+            }
+        }
+    }
+
+    async fn collect_garbage(&self) -> Result<usize, String> {
+        // Only segments sealed before the live set is gathered are judged by it.
+        let sealed_before_ms = now_ms() - 1000;
+        let mut live: HashMap<u64, u64> = self.shard.live_streams().into_iter().collect();
+        for core in (0..self.cores).filter(|&c| c != self.core) {
+            let (reply, rx) = oneshot::channel();
+            self.send(core, Message::Live { reply })
+                .map_err(|e| e.to_string())?;
+            live.extend(rx.await.map_err(|_| "a core stopped".to_string())?);
+        }
+        let (meta, store) = (self.shard.meta(), self.shard.store());
+        let keys = meta
+            .garbage_segments(live, sealed_before_ms)
+            .await
+            .map_err(|_| "metadata store stopped".to_string())?
+            .map_err(|e| e.to_string())?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        for key in &keys {
+            match store.delete(key).await {
+                Ok(Ok(())) | Ok(Err(pico_s3::StoreError::NotFound(_))) => {}
+                Ok(Err(e)) => return Err(format!("deleting {key}: {e}")),
+                Err(_) => return Err("object store stopped".into()),
+            }
+        }
+        meta.drop_segments(keys.clone())
+            .await
+            .map_err(|_| "metadata store stopped".to_string())?
+            .map_err(|e| e.to_string())?;
+        let keys = Arc::new(keys);
+        self.shard.forget_segments(&keys);
+        for core in (0..self.cores).filter(|&c| c != self.core) {
+            let _ = self.send(core, Message::Forget { keys: keys.clone() });
+        }
+        Ok(keys.len())
+    }
+
     fn send(&self, core: usize, message: Message) -> Result<(), EngineError> {
         let mut peers = self.peers.borrow_mut();
         peers[core].try_send(message).map_err(|e| {
@@ -474,6 +540,10 @@ async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {
             } => {
                 let _ = reply.send(shard.list(&prefix, &start_after, limit));
             }
+            Message::Live { reply } => {
+                let _ = reply.send(shard.live_streams());
+            }
+            Message::Forget { keys } => shard.forget_segments(&keys),
         }
     }
 }

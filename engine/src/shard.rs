@@ -956,6 +956,51 @@ impl Shard {
         Ok(())
     }
 
+    pub(crate) fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub(crate) fn meta(&self) -> &MetaStore {
+        &self.meta
+    }
+
+    pub(crate) fn store(&self) -> &ObjectStore {
+        &self.store
+    }
+
+    /// Every live stream: id → first readable offset.
+    pub(crate) fn live_streams(&self) -> Vec<(u64, u64)> {
+        self.streams
+            .borrow()
+            .values()
+            .map(|s| (s.state.id, s.state.start_offset))
+            .collect()
+    }
+
+    /// Drops the table entries (and cached bytes) of garbage-collected segments.
+    pub(crate) fn forget_segments(&self, keys: &[String]) {
+        let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut segments = self.segments.borrow_mut();
+        let gone: Vec<u64> = segments
+            .iter()
+            .filter(|(_, slot)| slot.uploaded && keys.contains(&*slot.key))
+            .map(|(no, _)| *no)
+            .collect();
+        for no in gone {
+            segments.remove(&no);
+        }
+        let mut cached = self.cached.borrow_mut();
+        let before = cached.len();
+        cached.retain(|(no, len)| {
+            let keep = segments.contains_key(no);
+            if !keep {
+                self.cached_bytes.set(self.cached_bytes.get() - len);
+            }
+            keep
+        });
+        debug_assert!(cached.len() <= before);
+    }
+
     pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {
         let now = now_ms();
         let streams = self.streams.borrow();

@@ -23,6 +23,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         node_epoch_ms: pico_engine::now_ms() as u64,
         in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
+        gc_interval_ms: 60_000,
     }
 }
 

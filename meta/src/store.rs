@@ -10,6 +10,7 @@
 //!        ◀──────── oneshot, in order ───────────  COMMIT (one fsync for the whole batch)
 //! ```
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -96,6 +97,15 @@ enum Command {
     Touch {
         id: u64,
         last_access_ms: i64,
+        reply: oneshot::Sender<Result<(), MetaError>>,
+    },
+    Garbage {
+        live: HashMap<u64, u64>,
+        sealed_before_ms: i64,
+        reply: oneshot::Sender<Result<Vec<String>, MetaError>>,
+    },
+    DropSegments {
+        keys: Vec<String>,
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
     Commit {
@@ -211,6 +221,33 @@ impl MetaStore {
             last_access_ms,
             reply,
         });
+        answer
+    }
+
+    /// Keys of committed segments that no live stream needs: every stream they hold is gone
+    /// (not in `live`, which maps each live stream id to its first readable offset), or was
+    /// trimmed past all of its records there and left no producer state or close marker in it.
+    /// Only segments sealed before `sealed_before_ms` are considered, so one sealed after the
+    /// caller gathered `live` (possibly holding streams created since) is never reported.
+    pub fn garbage_segments(
+        &self,
+        live: HashMap<u64, u64>,
+        sealed_before_ms: i64,
+    ) -> Reply<Vec<String>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Garbage {
+            live,
+            sealed_before_ms,
+            reply,
+        });
+        answer
+    }
+
+    /// Forgets these segments (their objects must be deleted first: a row without its object
+    /// is harmless garbage found again next time, an object without its row would leak).
+    pub fn drop_segments(&self, keys: Vec<String>) -> Reply<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::DropSegments { keys, reply });
         answer
     }
 
@@ -330,6 +367,10 @@ enum Pending {
         oneshot::Sender<Result<(), MetaError>>,
         Result<(), MetaError>,
     ),
+    Keys(
+        oneshot::Sender<Result<Vec<String>, MetaError>>,
+        Result<Vec<String>, MetaError>,
+    ),
 }
 
 impl Pending {
@@ -338,6 +379,7 @@ impl Pending {
             Pending::Create(_, result) => result.is_ok(),
             Pending::Delete(_, result) => result.is_ok(),
             Pending::Unit(_, result) => result.is_ok(),
+            Pending::Keys(_, result) => result.is_ok(),
         }
     }
 
@@ -347,6 +389,7 @@ impl Pending {
             Pending::Create(_, result) if result.is_ok() => *result = failed(why),
             Pending::Delete(_, result) if result.is_ok() => *result = failed(why),
             Pending::Unit(_, result) if result.is_ok() => *result = failed(why),
+            Pending::Keys(_, result) if result.is_ok() => *result = failed(why),
             _ => {}
         }
     }
@@ -357,6 +400,7 @@ impl Pending {
             Pending::Create(reply, result) => reply.send(result).map_err(drop),
             Pending::Delete(reply, result) => reply.send(result).map_err(drop),
             Pending::Unit(reply, result) => reply.send(result).map_err(drop),
+            Pending::Keys(reply, result) => reply.send(result).map_err(drop),
         };
     }
 }
@@ -439,7 +483,9 @@ fn abandon(
         Command::Close { reply, .. }
         | Command::Trim { reply, .. }
         | Command::Touch { reply, .. }
+        | Command::DropSegments { reply, .. }
         | Command::Commit { reply, .. } => Pending::Unit(reply, failed(&why)),
+        Command::Garbage { reply, .. } => Pending::Keys(reply, failed(&why)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }));
     Err(why)
@@ -457,7 +503,9 @@ fn answer_closed(command: Command) {
         Command::Close { reply, .. }
         | Command::Trim { reply, .. }
         | Command::Touch { reply, .. }
+        | Command::DropSegments { reply, .. }
         | Command::Commit { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
+        Command::Garbage { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Shutdown => Ok(()),
     };
 }
@@ -483,6 +531,15 @@ fn apply_command(conn: &Connection, command: Command) -> Pending {
             reply,
         } => Pending::Unit(reply, touch(conn, id, last_access_ms)),
         Command::Commit { segment, reply } => Pending::Unit(reply, commit(conn, &segment)),
+        Command::Garbage {
+            live,
+            sealed_before_ms,
+            reply,
+        } => Pending::Keys(
+            reply,
+            load_snapshot(conn).map(|snapshot| garbage(&snapshot, &live, sealed_before_ms)),
+        ),
+        Command::DropSegments { keys, reply } => Pending::Unit(reply, drop_segments(conn, &keys)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }
 }
@@ -593,6 +650,40 @@ fn trim(conn: &Connection, id: u64, start_offset: u64) -> Result<(), MetaError> 
         [id, start_offset],
     )
     .map_err(storage("trim stream"))?;
+    Ok(())
+}
+
+/// The segments of `snapshot` that no live stream needs (see [`MetaStore::garbage_segments`]).
+pub(crate) fn garbage(
+    snapshot: &Snapshot,
+    live: &HashMap<u64, u64>,
+    sealed_before_ms: i64,
+) -> Vec<String> {
+    let needed = |entry: &SegmentStreamEntry| match live.get(&entry.stream_id) {
+        None => false,
+        Some(&start) => {
+            let records_readable = entry.runs.iter().any(|run| run.next_offset > start);
+            records_readable
+                || entry.closed
+                || entry.closed_by.is_some()
+                || !entry.producers.is_empty()
+        }
+    };
+    snapshot
+        .segments
+        .iter()
+        .filter(|segment| segment.created_ms < sealed_before_ms)
+        .filter(|segment| !segment.streams.iter().any(needed))
+        .map(|segment| segment.key.clone())
+        .collect()
+}
+
+fn drop_segments(conn: &Connection, keys: &[String]) -> Result<(), MetaError> {
+    for key in keys {
+        // The foreign key cascades to the segment's stream entries.
+        conn.execute("DELETE FROM segments WHERE key = ?1", [key])
+            .map_err(storage("drop segment"))?;
+    }
     Ok(())
 }
 

@@ -692,3 +692,77 @@ fn touch_only_moves_the_idle_clock_forward_and_survives_reopen() {
     assert_eq!(snapshot.streams.len(), 1);
     assert_eq!(snapshot.streams[0].last_access_ms, 5_000);
 }
+
+#[test]
+fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(dir.path());
+    let (store, _) = open(&path);
+    let gone = wait(store.create_stream("/gone", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let kept = wait(store.create_stream("/kept", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let segment = |key: &str, created_ms: i64, streams: Vec<SegmentStreamEntry>| SegmentRecord {
+        key: key.into(),
+        size_bytes: 100,
+        created_ms,
+        streams,
+    };
+    let mut with_producer = entry(kept.id, vec![run(0, 2, 0, 100)], 1, false);
+    with_producer.producers = vec![producer("p", 0, 0)];
+    let segments = [
+        segment(
+            "segments/deleted.seg",
+            10,
+            vec![entry(gone.id, vec![run(0, 5, 0, 100)], 1, false)],
+        ),
+        segment(
+            "segments/trimmed.seg",
+            10,
+            vec![entry(kept.id, vec![run(0, 2, 0, 100)], 1, false)],
+        ),
+        segment("segments/producer.seg", 10, vec![with_producer]),
+        segment(
+            "segments/readable.seg",
+            10,
+            vec![entry(kept.id, vec![run(2, 9, 0, 100)], 1, false)],
+        ),
+        segment(
+            "segments/too-new.seg",
+            500,
+            vec![entry(gone.id, vec![run(5, 6, 0, 100)], 1, false)],
+        ),
+    ];
+    for record in segments {
+        wait(store.commit_segment(record)).unwrap();
+    }
+    assert!(wait(store.delete_stream(gone.id)).unwrap());
+    // /kept is trimmed to 4: the first segment of it holds nothing readable any more.
+    let live = std::collections::HashMap::from([(kept.id, 4u64)]);
+    let mut garbage = wait(store.garbage_segments(live, 100)).unwrap();
+    garbage.sort();
+    assert_eq!(
+        garbage,
+        vec![
+            "segments/deleted.seg".to_string(),
+            "segments/trimmed.seg".to_string()
+        ]
+    );
+    wait(store.drop_segments(garbage)).unwrap();
+    store.shutdown();
+    let keys: Vec<String> = reopen_snapshot(&path)
+        .segments
+        .into_iter()
+        .map(|s| s.key)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "segments/producer.seg",
+            "segments/readable.seg",
+            "segments/too-new.seg"
+        ]
+    );
+}

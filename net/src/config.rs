@@ -59,6 +59,8 @@ pub struct ServerConfig {
     pub segment_cache_bytes: usize,
     /// On SIGINT/SIGTERM, `/ready` fails this long before the process exits.
     pub shutdown_drain_ms: u64,
+    /// How often segment objects that no live stream needs are deleted (`--gc-interval-ms`).
+    pub gc_interval_ms: u64,
     /// PEM certificate chain and private key: serve HTTPS (ALPN h2, http/1.1) on every listener.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -87,6 +89,7 @@ impl Default for ServerConfig {
             unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
             segment_cache_bytes: 64 * 1024 * 1024,
             shutdown_drain_ms: 0,
+            gc_interval_ms: 5_000,
             tls_cert: None,
             tls_key: None,
         }

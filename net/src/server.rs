@@ -57,6 +57,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         node_epoch_ms: pico_engine::now_ms() as u64,
         in_flight_bytes_max: config.in_flight_bytes_max.max(1),
         unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
+        gc_interval_ms: config.gc_interval_ms,
     };
     let boot = pico_engine::boot(engine_config, &config.meta_url, &config.storage)?;
     let _wal_lock = boot.wal_lock;
