@@ -345,6 +345,9 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
         .into_values()
         .map(|mut seed| {
             seed.runs.sort_by_key(|(_, run)| run.first_offset);
+            // Trimmed-away segments may have been garbage-collected: the trim point still
+            // holds the tail, so offsets never restart lower.
+            seed.next_offset = seed.next_offset.max(seed.start_offset);
             seed
         })
         .collect()

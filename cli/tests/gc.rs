@@ -1,0 +1,110 @@
+//! Stored data of deleted, expired and trimmed streams leaves the object store: segments that
+//! no live stream needs are deleted by the garbage collector, and what is still needed stays.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+fn segment_files(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(dir.join("objects/segments"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".seg"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Waits (bounded) until `check` holds for the segment files.
+fn wait_for(server: &Server, what: &str, check: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let files = segment_files(server.dir());
+        if check(&files) {
+            return files;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: segments now {files:?}\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn deleted_expired_and_trimmed_data_is_reclaimed() {
+    // Segments seal after 50 ms; the collector runs every 200 ms.
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--segment-max-age-ms",
+        "50",
+        "--gc-interval-ms",
+        "200",
+    ]);
+    // Each stream gets a segment of its own: write, then wait for it to be sealed and stored.
+    let write_alone = |name: &str, headers: &[(&str, &str)]| {
+        let before = segment_files(server.dir()).len();
+        assert_eq!(server.request("PUT", name, headers, b"").status, 201);
+        for i in 0..3 {
+            assert_eq!(
+                server.post(name, format!("{name}-{i}").as_bytes()).status,
+                200
+            );
+        }
+        wait_for(&server, "a new segment", |files| files.len() > before)
+    };
+    write_alone("/gc/deleted", &[]);
+    write_alone("/gc/expiring", &[("pico-ttl", "1")]);
+    write_alone("/gc/trimmed", &[]);
+    write_alone("/gc/kept", &[]);
+    let all = segment_files(server.dir());
+    assert_eq!(all.len(), 4, "{all:?}");
+
+    assert_eq!(server.delete("/gc/deleted").status, 204);
+    let trimmed = server.request("POST", "/gc/trimmed", &[("pico-trim-seq", "3")], b"");
+    assert_eq!(trimmed.h("pico-start-seq"), "3");
+    // The expiring stream is left alone: the reaper deletes it after its TTL.
+    let left = wait_for(&server, "three segments collected", |files| {
+        files.len() == 1
+    });
+    assert_eq!(
+        left,
+        vec![all[3].clone()],
+        "only the live stream's segment stays"
+    );
+
+    // What stays is intact, and so is the trimmed stream's state.
+    let kept = server.get("/gc/kept?format=raw");
+    assert_eq!(kept.body, b"/gc/kept-0/gc/kept-1/gc/kept-2");
+    let head = server.head("/gc/trimmed");
+    assert_eq!(
+        (head.h("pico-start-seq"), head.h("pico-next-seq")),
+        ("3", "3")
+    );
+    assert_eq!(server.head("/gc/deleted").status, 404);
+    assert_eq!(server.head("/gc/expiring").status, 404);
+
+    // After a crash, offsets continue where they were, although the trimmed stream's data
+    // segment is gone.
+    server.restart();
+    let head = server.head("/gc/trimmed");
+    assert_eq!(
+        (head.h("pico-start-seq"), head.h("pico-next-seq")),
+        ("3", "3")
+    );
+    let appended = server.post("/gc/trimmed", b"after");
+    assert_eq!(appended.h("pico-start-seq"), "3");
+    assert_eq!(
+        server.get("/gc/kept?format=raw").body,
+        b"/gc/kept-0/gc/kept-1/gc/kept-2"
+    );
+}
