@@ -609,3 +609,64 @@ fn no_progress_line_when_stderr_is_not_a_terminal() {
     assert_eq!(out.stderr, b"", "no progress on a pipe");
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 20_000);
 }
+
+/// C8 on a real terminal: `script` gives `pico` a pseudo-terminal as stderr. The line only
+/// appears once an operation has run for 500 ms, so it is required only of runs that took
+/// clearly longer than that.
+#[test]
+fn progress_line_on_a_terminal() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` tool to provide a terminal");
+        return;
+    }
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/tty"], b"", 0, "", "created=true\n");
+    let input: String = (0..600_000).map(|i| format!("{i:08}\n")).collect();
+    let input_file = server.dir().join("input.txt");
+    std::fs::write(&input_file, input).unwrap();
+    let bin = env!("CARGO_BIN_EXE_pico");
+    let endpoint = format!("http://{}", server.addr);
+    let on_a_terminal = |shell: String| {
+        let started = std::time::Instant::now();
+        let mut command = Command::new("script");
+        command.args(["-qec", &shell, "/dev/null"]);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("PICO_") {
+                command.env_remove(key);
+            }
+        }
+        let out = command
+            .env("PICO_ENDPOINT", &endpoint)
+            .env("PICO_CONFIG", &cli.config)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run script");
+        (
+            started.elapsed(),
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (took, code, tty) = on_a_terminal(format!(
+        "{bin} append /tty --batch 5000 < {} > /dev/null",
+        input_file.display()
+    ));
+    assert_eq!(code, Some(0), "{tty}");
+    assert!(tty.contains("start=595000 next=600000"), "{tty}");
+    if took > Duration::from_millis(1000) {
+        assert!(tty.contains("\r\x1b[2Kappended "), "{took:?}: {tty:?}");
+    }
+    let (took, code, tty) = on_a_terminal(format!("{bin} read /tty > /dev/null"));
+    assert_eq!(code, Some(0), "{tty}");
+    if took > Duration::from_millis(1000) {
+        assert!(tty.contains("\r\x1b[2Kread "), "{took:?}: {tty:?}");
+        assert!(tty.contains(" records, "), "{tty:?}");
+        assert!(
+            tty.ends_with("\r\x1b[2K"),
+            "the line is erased at the end: {tty:?}"
+        );
+    } else {
+        eprintln!("read took only {took:?}: the progress line was not required");
+    }
+}
