@@ -146,8 +146,9 @@ fn try_spawn(dir: &Path, port: u16, deadline: Instant) -> Result<Child, String> 
     }
 }
 
-fn client(endpoint: &str) -> Client {
+fn client(endpoint: &str, http2: bool) -> Client {
     let mut config = ClientConfig::new(endpoint);
+    config.http2_prior_knowledge = http2;
     config.connect_timeout = Duration::from_secs(2);
     config.request_timeout = Duration::from_secs(10);
     Client::new(config).expect("client")
@@ -158,20 +159,20 @@ fn body(i: usize) -> String {
     format!("record-{i:06}-{}", "x".repeat(86))
 }
 
-/// Runs the whole scenario with `in_flight` concurrent batches.
-fn exactly_once_across_crashes(in_flight: usize) {
+/// Runs the whole scenario with `in_flight` concurrent batches, over HTTP/1.1 or h2c.
+fn exactly_once_across_crashes(in_flight: usize, http2: bool) {
     const RECORDS: usize = 5000;
     const KILLS_AT: [usize; 4] = [800, 1900, 3000, 4100];
 
     let mut node = Node::start();
     let endpoint = node.endpoint();
-    let stream = format!("/producer/exactly-once-{in_flight}");
+    let stream = format!("/producer/exactly-once-{in_flight}-{http2}");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime
-        .block_on(client(&endpoint).create(&stream, Some("text/plain"), None))
+        .block_on(client(&endpoint, false).create(&stream, Some("text/plain"), None))
         .expect("create the stream");
 
     // The producer runs on its own thread and runtime; `acked` counts acknowledged records.
@@ -199,7 +200,7 @@ fn exactly_once_across_crashes(in_flight: usize) {
                     delivery_timeout: Duration::from_secs(90),
                     ..ProducerConfig::default()
                 };
-                let producer = Producer::new(client(&endpoint), &stream, config)?;
+                let producer = Producer::new(client(&endpoint, http2), &stream, config)?;
                 let (handles_tx, mut handles_rx) = tokio::sync::mpsc::unbounded_channel();
                 let collector = tokio::spawn(async move {
                     let mut offsets = Vec::with_capacity(RECORDS);
@@ -261,7 +262,7 @@ fn exactly_once_across_crashes(in_flight: usize) {
 
     // One more crash after the end: what was acknowledged stays.
     node.restart();
-    let reader = client(&endpoint);
+    let reader = client(&endpoint, false);
     let records = runtime.block_on(async {
         let mut records = Vec::new();
         let mut from = 0;
@@ -295,10 +296,15 @@ fn exactly_once_across_crashes(in_flight: usize) {
 
 #[test]
 fn exactly_once_across_crashes_one_batch_in_flight() {
-    exactly_once_across_crashes(1);
+    exactly_once_across_crashes(1, false);
 }
 
 #[test]
 fn exactly_once_across_crashes_four_batches_in_flight() {
-    exactly_once_across_crashes(4);
+    exactly_once_across_crashes(4, false);
+}
+
+#[test]
+fn exactly_once_across_crashes_eight_batches_in_flight_over_h2c() {
+    exactly_once_across_crashes(8, true);
 }

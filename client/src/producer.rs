@@ -11,8 +11,9 @@
 //!   `max_batch_bytes` bytes, or `linger` after its first record if a request slot is free
 //!   (while all slots are busy it keeps filling, so a slow server gets bigger batches).
 //! * **In flight:** up to `max_in_flight` batches are sent concurrently. A batch that
-//!   overtakes its predecessor gets `409 sequence_gap`; it then waits until every earlier
-//!   batch is acknowledged and is sent again (that wait does not use up its attempts).
+//!   overtakes its predecessor gets `409 sequence_gap` (or `400` if it even overtook the
+//!   producer's first batch); it then waits until every earlier batch is acknowledged and is
+//!   sent again (that wait does not use up its attempts).
 //! * **Retries:** transport errors, `429`, `5xx` (and a sequence gap that persists although
 //!   every earlier batch is acknowledged) are retried with exponential backoff and jitter
 //!   (`initial_backoff` ×2 up to `max_backoff`), at most `max_attempts` sends and within
@@ -675,9 +676,14 @@ impl Delivery {
                 Ok(Err(error)) => error,
                 Err(_) => return Err(self.timed_out(attempts, None)),
             };
-            if error.is_out_of_order() && self.progress.borrow().done_below < self.seq {
-                // An earlier batch has not landed yet: wait for it, then send again. This
-                // is ordering, not failure, so it does not count as an attempt.
+            // A batch that overtook an earlier one is refused: `409 sequence_gap`, or `400`
+            // while the server has not seen the producer (or this epoch) at all yet ("New
+            // epoch must start with sequence 0"). While an earlier batch is unacknowledged
+            // either may be ordering, not failure: wait for the earlier batches, then send
+            // again, without counting an attempt. Once they are all acknowledged, a 400 is
+            // final.
+            let reordered = error.is_sequence_gap() || error.status() == Some(400);
+            if reordered && self.progress.borrow().done_below < self.seq {
                 attempts -= 1;
                 let seq = self.seq;
                 let progress = &mut self.progress;

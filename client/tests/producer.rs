@@ -22,6 +22,8 @@ struct Faults {
     unavailable: u64,
     /// Random delay up to this many ms before handling (reorders concurrent requests).
     max_delay_ms: u64,
+    /// Answer every request 400 (a request the server will never take).
+    reject: bool,
 }
 
 #[derive(Default)]
@@ -141,6 +143,15 @@ async fn serve(mut socket: TcpStream, mock: Arc<Mock>) {
                     ),
                     false,
                 )
+            } else if faults.reject {
+                (
+                    response(
+                        "400 Bad Request",
+                        &[],
+                        br#"{"error":"bad_request","message":"no"}"#,
+                    ),
+                    false,
+                )
             } else if mock.random(100) < faults.unavailable {
                 (response("503 Service Unavailable", &[], b""), false)
             } else {
@@ -173,9 +184,17 @@ async fn serve(mut socket: TcpStream, mock: Arc<Mock>) {
                         state.gaps += 1;
                         (gap(last + 1), false)
                     }
+                    // What the server answers a first request that is not sequence 0.
                     None if seq != 0 => {
                         state.gaps += 1;
-                        (gap(0), false)
+                        (
+                            response(
+                                "400 Bad Request",
+                                &[],
+                                br#"{"error":"bad_request","message":"New epoch must start with sequence 0"}"#,
+                            ),
+                            false,
+                        )
                     }
                     _ => {
                         let records = decode_binary_batch(&body).expect("a binary batch");
@@ -260,7 +279,7 @@ async fn exactly_once_in_order_through_lost_answers_and_errors() {
     let (endpoint, mock) = start(Faults {
         lose_answer: 15,
         unavailable: 15,
-        max_delay_ms: 0,
+        ..Faults::default()
     })
     .await;
     send_numbered(&endpoint, &mock, 3000, patient(1)).await;
@@ -282,6 +301,7 @@ async fn several_batches_in_flight_keep_the_order() {
         lose_answer: 10,
         unavailable: 10,
         max_delay_ms: 3,
+        ..Faults::default()
     })
     .await;
     send_numbered(&endpoint, &mock, 3000, patient(4)).await;
@@ -296,6 +316,7 @@ async fn many_in_flight_on_a_multi_thread_runtime() {
         lose_answer: 5,
         unavailable: 5,
         max_delay_ms: 2,
+        ..Faults::default()
     })
     .await;
     send_numbered(&endpoint, &mock, 2000, patient(8)).await;
@@ -469,6 +490,7 @@ async fn duplicate_offsets_account_for_later_batches() {
         lose_answer: 50,
         unavailable: 0,
         max_delay_ms: 2,
+        ..Faults::default()
     })
     .await;
     send_numbered(
@@ -481,6 +503,38 @@ async fn duplicate_offsets_account_for_later_batches() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_bad_request_fails_for_good() {
+    let (endpoint, mock) = start(Faults {
+        reject: true,
+        ..Faults::default()
+    })
+    .await;
+    let producer = Producer::new(
+        client(&endpoint),
+        "/p",
+        ProducerConfig {
+            max_in_flight: 4,
+            max_batch_records: 1,
+            ..ProducerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        match producer.send(format!("{i}")).await {
+            Ok(handle) => handles.push(handle),
+            Err(err) => assert_eq!(err.status(), Some(400)),
+        }
+    }
+    for handle in handles {
+        assert_eq!(handle.await.unwrap_err().status(), Some(400));
+    }
+    assert_eq!(producer.close().await.unwrap_err().status(), Some(400));
+    // Batch 0 is refused once; later batches at most once more each after waiting for it.
+    assert!(mock.state.lock().unwrap().requests <= 8, "no retry storm");
 }
 
 #[tokio::test(flavor = "current_thread")]
