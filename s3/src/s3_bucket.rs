@@ -750,7 +750,7 @@ impl S3Bucket {
             }
             (403, _) => format!(
                 "access denied: check AWS_SECRET_ACCESS_KEY (it must be the secret of access \
-                 key {access_key}) and that this key may use {bucket} [{detail}]"
+                 key {access_key}) and that this key may use the bucket [{detail}]"
             ),
             (404, "NoSuchBucket") => format!("{bucket} does not exist [{detail}]"),
             (301 | 307 | 400, "PermanentRedirect" | "AuthorizationHeaderMalformed") => {
