@@ -465,3 +465,215 @@ fn put_latency_for_the_record() {
     }
     clean(&store, &p);
 }
+
+/// Kills a Garage we started, whatever happens in the test.
+struct OwnGarage {
+    dir: tempfile::TempDir,
+    port: u16,
+    rpc_port: u16,
+}
+
+impl OwnGarage {
+    /// A Garage of our own on free ports, via the project's script; `None` if `garage` is not
+    /// installed.
+    fn start() -> Option<OwnGarage> {
+        let installed = std::process::Command::new("sh")
+            .args(["-c", "command -v garage"])
+            .output()
+            .map(|output| output.status.success())
+            .unwrap_or(false);
+        if !installed {
+            eprintln!("skipped: garage is not installed");
+            return None;
+        }
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let garage = OwnGarage {
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
+            rpc_port: free_port(),
+        };
+        garage.up();
+        Some(garage)
+    }
+
+    fn up(&self) {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/garage-up.sh");
+        let output = std::process::Command::new("bash")
+            .arg(script)
+            .env("GARAGE_DIR", self.dir.path())
+            .env("GARAGE_S3_PORT", self.port.to_string())
+            .env("GARAGE_RPC_PORT", self.rpc_port.to_string())
+            .env(
+                "S3_AK",
+                std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_default(),
+            )
+            .env(
+                "S3_SK",
+                std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default(),
+            )
+            .env("S3_BUCKET", bucket())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "garage-up.sh: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// kill -9, and wait until the port is closed.
+    fn kill(&self) {
+        let pid = std::fs::read_to_string(self.dir.path().join("pid")).unwrap();
+        let _ = std::process::Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status();
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "garage did not die"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for OwnGarage {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("pid")) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", pid.trim()])
+                .status();
+        }
+    }
+}
+
+/// The store goes away mid-run (kill -9) and comes back: a put issued while it is down is
+/// retried until it is back, and what was stored before survives.
+#[test]
+fn a_put_rides_out_a_garage_restart() {
+    if endpoint("garage_restart").is_none() {
+        return;
+    }
+    let Some(garage) = OwnGarage::start() else {
+        return;
+    };
+    let store = open(
+        &garage.endpoint(),
+        S3Options {
+            deadline: Duration::from_secs(60),
+            max_attempts: 200,
+            max_backoff: Duration::from_millis(300),
+            ..Default::default()
+        },
+    );
+    wait(store.put("restart/before", Bytes::from_static(b"before"))).unwrap();
+    garage.kill();
+    let started = Instant::now();
+    let pending = store.put("restart/during", Bytes::from_static(b"during"));
+    std::thread::sleep(Duration::from_millis(800));
+    garage.up();
+    wait(pending).unwrap();
+    eprintln!(
+        "put across a garage restart answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(wait(store.get("restart/before")).unwrap(), "before");
+    assert_eq!(wait(store.get("restart/during")).unwrap(), "during");
+
+    // Down for longer than the deadline: a clear error, in bounded time.
+    garage.kill();
+    let short = open_unprobed(&garage.endpoint(), Duration::from_secs(2));
+    let started = Instant::now();
+    match wait(short.put("restart/late", Bytes::from_static(b"x"))) {
+        Err(StoreError::Io(message)) => {
+            assert!(message.contains("cannot connect"), "{message}");
+            assert!(message.contains("gave up after"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+fn open_unprobed(endpoint: &str, deadline: Duration) -> ObjectStore {
+    open(
+        endpoint,
+        S3Options {
+            deadline,
+            probe_at_open: false,
+            ..Default::default()
+        },
+    )
+}
+
+/// A proxy in front of Garage that hangs up on every third connection after reading the
+/// request, and cuts the others after 300 ms: the calls hit by either are retried on fresh
+/// connections and succeed.
+#[test]
+fn dropped_connections_are_retried() {
+    let Some(endpoint) = endpoint("dropped_connections") else {
+        return;
+    };
+    let upstream = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = format!("http://{}", listener.local_addr().unwrap());
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = dropped.clone();
+    std::thread::spawn(move || {
+        for (index, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { return };
+            if index % 3 == 1 {
+                // Read the request, then hang up without an answer.
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buffer = [0u8; 1024];
+                let _ = std::io::Read::read(&mut &client, &mut buffer);
+                drop(client);
+                continue;
+            }
+            let server = std::net::TcpStream::connect(&upstream).unwrap();
+            // Proxied connections live 300 ms, so the client keeps needing new ones.
+            let (c0, s0) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                let _ = c0.shutdown(std::net::Shutdown::Both);
+                let _ = s0.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut c1, mut s1) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c1, &mut s1);
+                let _ = s1.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let (mut server, mut client) = (server, client);
+                let _ = std::io::copy(&mut server, &mut client);
+                let _ = client.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    let store = open(&proxy, S3Options::default());
+    let p = unique_prefix("dropped");
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(120));
+        let key = format!("{p}k{i}");
+        wait(store.put(&key, Bytes::from(vec![i as u8; 1000]))).unwrap();
+        assert_eq!(wait(store.get(&key)).unwrap().len(), 1000);
+    }
+    clean(&store, &p);
+    let dropped = dropped.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("dropped connections: {dropped} hung up, all retried");
+    assert!(dropped >= 1);
+}
