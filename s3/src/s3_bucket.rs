@@ -622,14 +622,24 @@ impl S3Bucket {
             attempt += 1;
             let remaining = deadline.saturating_duration_since(Instant::now());
             let timeout = self.options.attempt_timeout.min(remaining);
+            let mut asked_wait = Duration::ZERO;
             let reason = match self.attempt(call, timeout).await {
                 Ok(answer) => match transient(&answer, call.error_in_ok_body) {
                     None => return Ok(answer),
-                    Some(reason) => reason,
+                    Some(reason) => {
+                        // A server that says when to come back (429/503 `Retry-After: secs`)
+                        // is believed, up to the backoff cap.
+                        asked_wait = answer
+                            .header("retry-after")
+                            .and_then(|secs| secs.trim().parse::<u64>().ok())
+                            .map(|secs| Duration::from_secs(secs).min(self.options.max_backoff))
+                            .unwrap_or_default();
+                        reason
+                    }
                 },
                 Err(reason) => reason,
             };
-            let backoff = self.backoff(attempt);
+            let backoff = self.backoff(attempt).max(asked_wait);
             let elapsed = started.elapsed();
             if attempt >= max_attempts || elapsed + backoff >= self.options.deadline {
                 return Err(StoreError::Io(format!(

@@ -115,7 +115,12 @@ fn open(endpoint: &str, s3: S3Options) -> ObjectStore {
                 }),
                 probe_at_open: false,
                 base_backoff: Duration::from_millis(5),
-                max_backoff: Duration::from_millis(20),
+                // Short backoffs keep these tests quick, unless the test sets its own cap.
+                max_backoff: if s3.max_backoff == S3Options::default().max_backoff {
+                    Duration::from_millis(20)
+                } else {
+                    s3.max_backoff
+                },
                 ..s3
             },
             ..Default::default()
@@ -161,6 +166,34 @@ fn transient_answers_are_retried_until_success() {
             "{authorization}"
         );
     }
+}
+
+#[test]
+fn retry_after_is_honoured_up_to_the_backoff_cap() {
+    let (endpoint, seen) = serve(vec![
+        (
+            503,
+            vec![("Retry-After", "1".to_string())],
+            error("SlowDown"),
+        ),
+        (200, vec![], String::new()),
+    ]);
+    let store = open(
+        &endpoint,
+        S3Options {
+            max_backoff: Duration::from_millis(400),
+            ..Default::default()
+        },
+    );
+    let started = Instant::now();
+    wait(store.put("k", Bytes::from_static(b"v"))).unwrap();
+    // Jittered backoff alone would be under 5 ms; Retry-After (1 s, capped to 400 ms) wins.
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(seen.lock().unwrap().len(), 2);
 }
 
 #[test]
