@@ -46,6 +46,8 @@ pub struct ApiError {
     pub message: String,
     /// The stream's tail when the server reported it (`next_seq` / `Pico-Next-Seq`).
     pub next: Option<u64>,
+    /// `Retry-After` in seconds (429 overloaded, 503), when the server sent one.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -94,6 +96,7 @@ impl ApiError {
             || header_str(headers, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let kind = kind_for_status(status, code.as_deref(), closed);
         ApiError {
+            retry_after: header_str(headers, "retry-after").and_then(|v| v.parse().ok()),
             kind,
             status,
             code: code.unwrap_or_else(|| default_code(kind, status)),
@@ -199,6 +202,14 @@ impl ClientError {
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api(e) => Some(&e.code),
+            _ => None,
+        }
+    }
+
+    /// How long the server asked to wait before retrying (`Retry-After`), if it did.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ClientError::Api(e) => e.retry_after.map(std::time::Duration::from_secs),
             _ => None,
         }
     }
@@ -334,8 +345,13 @@ mod tests {
     fn empty_bodies_get_a_code_from_the_status() {
         let err = ApiError::from_response(404, &HeaderMap::new(), b"");
         assert_eq!(err.to_string(), "not_found (404)");
-        let err = ApiError::from_response(503, &headers(&[("x-error", "lookup failed")]), b"");
+        let err = ApiError::from_response(
+            503,
+            &headers(&[("x-error", "lookup failed"), ("retry-after", "2")]),
+            b"",
+        );
         assert_eq!(err.kind, ErrorKind::Other);
+        assert_eq!(err.retry_after, Some(2));
         assert_eq!(err.to_string(), "http_503 (503): lookup failed");
         assert!(ClientError::Api(err).is_retryable());
     }

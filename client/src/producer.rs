@@ -16,8 +16,9 @@
 //!   sent again (that wait does not use up its attempts).
 //! * **Retries:** transport errors, `429`, `5xx` (and a sequence gap that persists although
 //!   every earlier batch is acknowledged) are retried with exponential backoff and jitter
-//!   (`initial_backoff` ×2 up to `max_backoff`), at most `max_attempts` sends and within
-//!   `delivery_timeout` from the batch's first send.
+//!   (`initial_backoff` ×2 up to `max_backoff`; at least the server's `Retry-After`, up to
+//!   5 s, when it sends one), at most `max_attempts` sends and within `delivery_timeout`
+//!   from the batch's first send.
 //! * **Poisoning:** a batch that fails for good (attempts or deadline exhausted, `403 fenced`,
 //!   `404`, `409 closed`, `400`, ...) poisons the session: the sequence cannot skip a hole.
 //!   Every unacknowledged record, and every later `send`/`flush`, fails with that error.
@@ -53,6 +54,9 @@ use tokio::time::Instant;
 use crate::client::{Client, ProducerAck, Protocol};
 use crate::codec::{self, NewRecord};
 use crate::error::ClientError;
+
+/// The longest `Retry-After` a producer honours.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// Settings of a producer session. [`ProducerConfig::default`] gives the reference client's
 /// values and a fresh unique producer id.
@@ -706,7 +710,11 @@ impl Delivery {
             if attempts >= self.max_attempts {
                 return Err(error);
             }
-            let delay = jitter.backoff(self.initial_backoff, self.max_backoff, attempts);
+            let mut delay = jitter.backoff(self.initial_backoff, self.max_backoff, attempts);
+            if let Some(asked) = error.retry_after() {
+                // An overloaded server (429) says when to come back: honour it, within reason.
+                delay = delay.max(asked.min(MAX_RETRY_AFTER));
+            }
             if Instant::now() + delay >= self.deadline {
                 return Err(self.timed_out(attempts, Some(&error)));
             }

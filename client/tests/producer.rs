@@ -24,6 +24,8 @@ struct Faults {
     max_delay_ms: u64,
     /// Answer every request 400 (a request the server will never take).
     reject: bool,
+    /// Answer this many requests `429` with `Retry-After: 1` first.
+    overloaded: u64,
 }
 
 #[derive(Default)]
@@ -140,6 +142,15 @@ async fn serve(mut socket: TcpStream, mock: Arc<Mock>) {
                         "403 Forbidden",
                         &[("pico-producer-epoch", "99")],
                         br#"{"error":"fenced","message":"Stale producer epoch"}"#,
+                    ),
+                    false,
+                )
+            } else if state.requests <= faults.overloaded {
+                (
+                    response(
+                        "429 Too Many Requests",
+                        &[("retry-after", "1")],
+                        br#"{"error":"overloaded","message":"too many bytes in flight"}"#,
                     ),
                     false,
                 )
@@ -503,6 +514,25 @@ async fn duplicate_offsets_account_for_later_batches() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn retry_after_is_honoured() {
+    let (endpoint, mock) = start(Faults {
+        overloaded: 1,
+        ..Faults::default()
+    })
+    .await;
+    let producer = Producer::new(client(&endpoint), "/p", ProducerConfig::default()).unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(producer.send("a").await.unwrap().await.unwrap(), 0);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(mock.state.lock().unwrap().requests, 2);
+    producer.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "current_thread")]
