@@ -77,7 +77,9 @@ pub struct ProducerConfig {
     /// Bytes of records handed over and not yet acknowledged (default 32 MiB); `send`
     /// waits while the budget is used up.
     pub max_buffered_bytes: usize,
-    /// Sends of one batch at most, the first included (default 12).
+    /// Sends of one batch at most, the first included (default 12). With the default
+    /// backoff, 12 attempts ride out about half a second without a server; to ride out
+    /// restarts, raise it and let `delivery_timeout` bound the wait instead.
     pub max_attempts: u32,
     /// First retry delay (default 1 ms); doubles per retry.
     pub initial_backoff: Duration,
@@ -791,6 +793,14 @@ mod tests {
             }
         }
         assert_eq!(jitter.backoff(Duration::ZERO, max, 3), Duration::ZERO);
+    }
+
+    #[test]
+    fn sessions_can_be_shared_between_tasks_and_threads() {
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<Producer>();
+        shareable::<SendHandle>();
+        shareable::<ProducerConfig>();
     }
 
     #[test]
