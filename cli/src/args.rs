@@ -105,14 +105,13 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n", default = "0")]
     pub cores: usize,
 
-    /// when appends are acknowledged: local (after the WAL fsync) or memory (no crash safety; tests and benchmarks) (default local) [env: PICO_DURABILITY]
-    #[argh(
-        option,
-        arg_name = "mode",
-        default = "pico_net::Durability::Local",
-        from_str_fn(parse_durability)
-    )]
-    pub durability: pico_net::Durability,
+    /// when appends are acknowledged: local (after the WAL fsync), object (once stored in the bucket; survives losing the disk) or memory (no crash safety; tests and benchmarks) (default: object for s3:// storage, local otherwise) [env: PICO_DURABILITY]
+    #[argh(option, arg_name = "mode", from_str_fn(parse_durability))]
+    pub durability: Option<pico_net::Durability>,
+
+    /// with --durability object: the longest an append waits for its segment to be sealed and uploaded, in ms (default 20) [env: PICO_OBJECT_FLUSH_MS]
+    #[argh(option, arg_name = "ms", default = "20")]
+    pub object_flush_ms: u64,
 
     /// seconds a long-poll waits for data before answering 204 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
     #[argh(option, arg_name = "secs", default = "25")]
@@ -414,8 +413,9 @@ fn parse_protocol(value: &str) -> Result<Protocol, String> {
 fn parse_durability(value: &str) -> Result<pico_net::Durability, String> {
     match value.to_ascii_lowercase().as_str() {
         "local" => Ok(pico_net::Durability::Local),
+        "object" => Ok(pico_net::Durability::Object),
         "memory" => Ok(pico_net::Durability::Memory),
-        _ => Err("expected local or memory".into()),
+        _ => Err("expected local, object or memory".into()),
     }
 }
 

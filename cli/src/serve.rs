@@ -50,7 +50,16 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         storage: args.storage.clone(),
         wal_dir: args.wal_dir.clone(),
         cores: args.cores,
-        durability: args.durability,
+        // An object store is the home of the data: by default an append is acknowledged once
+        // it is there. A local directory gains nothing from that wait.
+        durability: args
+            .durability
+            .unwrap_or(if args.storage.contains("@s3://") {
+                pico_net::Durability::Object
+            } else {
+                pico_net::Durability::Local
+            }),
+        object_flush_ms: positive(args.object_flush_ms, "--object-flush-ms")?,
         long_poll_timeout_ms: millis(args.long_poll_timeout_sec, "--long-poll-timeout-sec")?,
         sse_max_duration_ms: millis(
             positive(args.sse_max_duration_sec, "--sse-max-duration-sec")?,

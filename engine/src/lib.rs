@@ -29,6 +29,10 @@ pub struct EngineConfig {
     pub wal_dir: PathBuf,
     /// `--durability memory`: acknowledge without writing a WAL.
     pub memory_only: bool,
+    /// `--durability object`: no local WAL; acknowledge once the segment holding the records
+    /// is stored in the bucket and indexed in the catalog (segments seal every
+    /// `segment_max_age_ms`, the object flush interval).
+    pub object_acks: bool,
     /// A segment seals at this many bytes...
     pub segment_size: usize,
     /// ...or once its first frame is this old.

@@ -1039,7 +1039,7 @@ impl Shard {
     async fn create_wal_file(&self) -> Result<Option<(Rc<DmaFile>, PathBuf, u64)>, String> {
         let counter = self.segment_counter.get();
         self.segment_counter.set(counter + 1);
-        if self.config.memory_only {
+        if !self.wal_enabled() {
             return Ok(None);
         }
         let (path, _) = self.wal_path(counter);
@@ -1092,6 +1092,12 @@ impl Shard {
         });
     }
 
+    /// Local durability writes a WAL; memory and object durability do not (object durability
+    /// acknowledges from the bucket instead).
+    fn wal_enabled(&self) -> bool {
+        !self.config.memory_only && !self.config.object_acks
+    }
+
     /// Starts a new active segment when `needed` more bytes would overflow the current one.
     fn maybe_rotate(&self, needed: usize) {
         let len = self.log.borrow().back().map_or(0, |s| s.buf.len());
@@ -1102,8 +1108,10 @@ impl Shard {
     }
 
     fn rotate(&self) {
-        if self.config.memory_only {
+        if !self.wal_enabled() {
             self.open_segment(None);
+            // The commit loop seals the segment just left behind.
+            self.commit_wanted.notify();
             return;
         }
         // Without a spare WAL file the segment grows into its slack until one is ready.
@@ -1165,7 +1173,7 @@ impl Shard {
             .iter()
             .all(|s| s.durable_len == s.buf.len());
         let wanted = idle || active_len >= self.config.segment_size / 2;
-        if !self.config.memory_only && self.spare_wal.borrow().is_none() && wanted {
+        if self.wal_enabled() && self.spare_wal.borrow().is_none() && wanted {
             let spare = self.create_wal_file().await?;
             *self.spare_wal.borrow_mut() = spare;
             let overdue = self
@@ -1239,12 +1247,22 @@ impl Shard {
             .iter()
             .map(|s| (s.no, s.durable_len))
             .collect();
+        let uploaded = |no: u64| {
+            self.segments
+                .borrow()
+                .get(&no)
+                .is_some_and(|slot| slot.uploaded)
+        };
         loop {
             let ack = {
                 let mut pending = self.pending.borrow_mut();
-                let ready = pending
-                    .front()
-                    .is_some_and(|ack| durable.get(&ack.segment).is_none_or(|&len| len >= ack.end));
+                let ready = pending.front().is_some_and(|ack| {
+                    if self.config.object_acks {
+                        uploaded(ack.segment)
+                    } else {
+                        durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
+                    }
+                });
                 if !ready {
                     break;
                 }
@@ -1384,6 +1402,9 @@ impl Shard {
         remove_wal(file, path).await;
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.uploaded = true;
+        }
+        if self.config.object_acks {
+            self.release_acks();
         }
         self.cached.borrow_mut().push_back((no, bytes.len()));
         self.cached_bytes.set(self.cached_bytes.get() + bytes.len());

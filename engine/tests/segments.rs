@@ -16,6 +16,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
         cores: 1,
         wal_dir: dir.join("wal"),
         memory_only: false,
+        object_acks: false,
         segment_size: 64 * 1024,
         segment_max_age_ms: 50,
         // Smaller than the data, so reads after eviction go to the bucket.

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 pub enum Durability {
     /// After the local WAL's `fdatasync` (group-committed).
     Local,
+    /// After the segment holding it is stored in the object store (and indexed): survives the
+    /// loss of the node's disk. Segments seal every `object_flush_ms`.
+    Object,
     /// As soon as the owning core accepted it: nothing survives a crash. Benchmarks and tests only.
     Memory,
 }
@@ -59,6 +62,9 @@ pub struct ServerConfig {
     pub segment_cache_bytes: usize,
     /// On SIGINT/SIGTERM, `/ready` fails this long before the process exits.
     pub shutdown_drain_ms: u64,
+    /// With object durability: the longest an append waits for its segment to seal
+    /// (`--object-flush-ms`); everything sealed in that interval is one PUT.
+    pub object_flush_ms: u64,
     /// How often segment objects that no live stream needs are deleted (`--gc-interval-ms`).
     pub gc_interval_ms: u64,
     /// PEM certificate chain and private key: serve HTTPS (ALPN h2, http/1.1) on every listener.
@@ -90,6 +96,7 @@ impl Default for ServerConfig {
             segment_cache_bytes: 64 * 1024 * 1024,
             shutdown_drain_ms: 0,
             gc_interval_ms: 5_000,
+            object_flush_ms: 20,
             tls_cert: None,
             tls_key: None,
         }

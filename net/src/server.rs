@@ -51,8 +51,12 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         cores,
         wal_dir: config.wal_dir.clone(),
         memory_only: config.durability == Durability::Memory,
+        object_acks: config.durability == Durability::Object,
         segment_size: config.segment_size.max(64 * 1024),
-        segment_max_age_ms: config.segment_max_age_ms.max(1),
+        segment_max_age_ms: match config.durability {
+            Durability::Object => config.object_flush_ms.max(1),
+            Durability::Local | Durability::Memory => config.segment_max_age_ms.max(1),
+        },
         segment_cache_bytes: config.segment_cache_bytes,
         node_epoch_ms: pico_engine::now_ms() as u64,
         in_flight_bytes_max: config.in_flight_bytes_max.max(1),
@@ -67,8 +71,14 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     log::info!(
         "cores={cores} durability={} meta={} storage={} wal={}",
         match config.durability {
-            Durability::Local => "local (acknowledged after the WAL fdatasync)",
-            Durability::Memory => "memory (NOTHING survives a crash: benchmarks and tests only)",
+            Durability::Local => "local (acknowledged after the WAL fdatasync)".to_string(),
+            Durability::Object => format!(
+                "object (acknowledged once stored in the bucket; segments seal every {} ms)",
+                config.object_flush_ms
+            ),
+            Durability::Memory => {
+                "memory (NOTHING survives a crash: benchmarks and tests only)".to_string()
+            }
         },
         config.meta_url,
         config.storage,

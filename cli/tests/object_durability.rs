@@ -1,0 +1,106 @@
+//! `--durability object`: an append is acknowledged only once the segment holding it is in the
+//! bucket, so losing the node's disk (its WAL directory) loses nothing acknowledged. Runs on a
+//! `file://` bucket always, and on Garage (`s3://`, real SigV4) when `PICOMQ_S3_ENDPOINT` is set.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+/// Appends from a few connections for `duration`; returns every acknowledged (offset, body).
+fn load(server: &Server, stream: &str, duration: Duration) -> Vec<(u64, Vec<u8>)> {
+    let deadline = Instant::now() + duration;
+    let mut acked = Vec::new();
+    std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                scope.spawn(move || {
+                    let mut conn = server.connect();
+                    let mut mine = Vec::new();
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let body =
+                            format!("w{w}-{i}-{}", "y".repeat((i % 50) as usize)).into_bytes();
+                        let Ok(response) = conn.request("POST", stream, &[], &body) else {
+                            break;
+                        };
+                        assert_eq!(response.status, 200, "{}", response.describe());
+                        mine.push((response.h_u64("pico-start-seq"), body));
+                        i += 1;
+                    }
+                    mine
+                })
+            })
+            .collect();
+        for writer in writers {
+            acked.extend(writer.join().unwrap());
+        }
+    });
+    acked
+}
+
+fn check_all_present(server: &Server, stream: &str, acked: &[(u64, Vec<u8>)]) {
+    let (records, _) = common::read_all(server, stream, 0);
+    let by_offset: std::collections::HashMap<u64, &Vec<u8>> =
+        records.iter().map(|r| (r.seq, &r.body)).collect();
+    for (offset, body) in acked {
+        assert_eq!(
+            by_offset.get(offset),
+            Some(&body),
+            "acknowledged record {offset} lost or changed"
+        );
+    }
+}
+
+fn crash_and_lose_the_disk(extra: &[&str]) {
+    let mut flags = vec!["--durability", "object", "--object-flush-ms", "20"];
+    flags.extend_from_slice(extra);
+    let mut server = Server::start(&flags);
+    let stream = format!("/object/{}", std::process::id());
+    assert_eq!(server.put(&stream, "text/plain").status, 201);
+    let mut acked = Vec::new();
+    for round in 0..3 {
+        acked.extend(load(&server, &stream, Duration::from_millis(600)));
+        // No local WAL in object mode: the bucket is the only copy, and that is the point.
+        let wal_files: Vec<_> = std::fs::read_dir(server.wal_dir())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name() != "LOCK")
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            wal_files.is_empty(),
+            "round {round}: object durability wrote WAL files"
+        );
+        server.kill();
+        std::fs::remove_dir_all(server.wal_dir()).unwrap();
+        server.restart();
+        check_all_present(&server, &stream, &acked);
+    }
+    assert!(
+        acked.len() > 20,
+        "the load made too few appends: {}",
+        acked.len()
+    );
+    let head = server.head(&stream);
+    assert!(head.h_u64("pico-next-seq") >= acked.len() as u64);
+}
+
+#[test]
+fn object_durability_on_a_file_bucket_survives_losing_the_wal() {
+    crash_and_lose_the_disk(&[]);
+}
+
+#[test]
+fn object_durability_on_garage_survives_losing_the_wal() {
+    let Ok(endpoint) = std::env::var("PICOMQ_S3_ENDPOINT") else {
+        eprintln!("skipped: set PICOMQ_S3_ENDPOINT (and AWS_*) to run against Garage");
+        return;
+    };
+    let bucket = std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".into());
+    let region = std::env::var("PICOMQ_S3_REGION").unwrap_or_else(|_| "garage".into());
+    let storage = format!("-2@s3://{bucket}?region={region}&endpoint={endpoint}&pathStyle=true");
+    crash_and_lose_the_disk(&["--storage", &storage]);
+}
