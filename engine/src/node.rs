@@ -22,7 +22,7 @@ use crate::api::{Op, Reply, StreamSummary};
 use crate::error::EngineError;
 use crate::frame::{self, ProducerTuple, FRAME_KIND_CLOSE};
 use crate::limits;
-use crate::shard::{self, Shard, StreamSeed};
+use crate::shard::{Shard, StreamSeed};
 use crate::state::StreamConfig;
 use crate::{now_ms, EngineConfig};
 
@@ -337,14 +337,14 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
             seed.last_timestamp_ms = seed.last_timestamp_ms.max(entry.last_timestamp_ms);
             for run in &entry.runs {
                 seed.next_offset = seed.next_offset.max(run.next_offset);
-                seed.runs.push((key.clone(), *run));
+                seed.runs.push((key.clone(), segment.size_bytes, *run));
             }
         }
     }
     by_id
         .into_values()
         .map(|mut seed| {
-            seed.runs.sort_by_key(|(_, run)| run.first_offset);
+            seed.runs.sort_by_key(|(_, _, run)| run.first_offset);
             // Trimmed-away segments may have been garbage-collected: the trim point still
             // holds the tail, so offsets never restart lower.
             seed.next_offset = seed.next_offset.max(seed.start_offset);
@@ -375,7 +375,6 @@ impl CoreHandle {
         } = seed;
         let cores = peers.len();
         let shard = Shard::start(core, config, meta, store, streams).await?;
-        shard::set_current(&shard);
         let inbox_shard = shard.clone();
         // Messages from other threads wake this task: a latency-sensitive queue makes glommio
         // poll for those wakes promptly instead of after its throughput slice.

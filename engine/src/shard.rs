@@ -42,6 +42,10 @@ const CHUNK_BYTES_MAX: u64 = 256 * 1024;
 /// A coarse chunk of a sealed segment spans at most this many bytes (own and other streams'
 /// frames), bounding what a read scans to find its first record.
 const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
+/// Uploaded segments are read and cached in blocks of this size (ranged GETs).
+const BLOCK_BYTES: usize = 1024 * 1024;
+/// A sequential reader's readahead doubles per GET up to this many blocks.
+const READAHEAD_BLOCKS_MAX: u64 = 8;
 /// How often expired streams are looked for.
 const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 /// Expired streams deleted per reaper round (the rest wait for the next round).
@@ -82,7 +86,8 @@ pub struct StreamSeed {
     pub next_offset: u64,
     pub last_timestamp_ms: i64,
     /// `(segment key, run)` sorted by offset.
-    pub runs: Vec<(std::sync::Arc<str>, SegmentRun)>,
+    /// `(segment key, segment size, run)` sorted by offset.
+    pub runs: Vec<(std::sync::Arc<str>, u64, SegmentRun)>,
     /// First readable offset (raised by trims).
     pub start_offset: u64,
     /// The idle clock as last recorded in the metadata log.
@@ -128,16 +133,31 @@ enum SegmentData {
     Open,
     /// Sealed and held in memory (uploaded or not yet).
     Memory(Bytes),
-    /// Only in the object store.
+    /// Only in the object store: read by blocks (ranged GETs) through the block cache.
     Remote,
-    /// Being fetched from the object store; these readers wait for it.
-    Loading(Vec<oneshot::Sender<Result<Bytes, EngineError>>>),
 }
 
 struct SegmentSlot {
     key: Rc<str>,
     data: SegmentData,
     uploaded: bool,
+    /// Object size in bytes (known once sealed): bounds the last block's range.
+    size: u64,
+}
+
+/// A block of an uploaded segment in the block cache.
+enum Block {
+    Ready(Bytes),
+    /// One ranged GET is in flight for it; these readers wait for that GET.
+    Loading(Vec<oneshot::Sender<Result<Bytes, EngineError>>>),
+}
+
+/// Sequential-read detection per segment: the block a reader continuing from the last fetch
+/// would ask for next, and how many blocks the last GET fetched.
+#[derive(Clone, Copy)]
+struct Readahead {
+    next_block: u64,
+    window_blocks: u64,
 }
 
 struct PendingAck {
@@ -163,6 +183,11 @@ pub(crate) struct Shard {
     /// Uploaded segments held in memory, oldest first, for the cache budget.
     cached: RefCell<VecDeque<(u64, usize)>>,
     cached_bytes: Cell<usize>,
+    /// Blocks of uploaded segments, by (segment, block index), with FIFO eviction.
+    blocks: RefCell<HashMap<(u64, u64), Block>>,
+    block_lru: RefCell<VecDeque<(u64, u64, usize)>>,
+    block_bytes: Cell<usize>,
+    readahead: RefCell<HashMap<u64, Readahead>>,
     pending: RefCell<VecDeque<PendingAck>>,
     in_flight_bytes: Cell<usize>,
     /// Bytes of sealed segments not yet in the object store.
@@ -204,6 +229,10 @@ impl Shard {
             segments: RefCell::new(HashMap::new()),
             cached: RefCell::new(VecDeque::new()),
             cached_bytes: Cell::new(0),
+            blocks: RefCell::new(HashMap::new()),
+            block_lru: RefCell::new(VecDeque::new()),
+            block_bytes: Cell::new(0),
+            readahead: RefCell::new(HashMap::new()),
             pending: RefCell::new(VecDeque::new()),
             in_flight_bytes: Cell::new(0),
             unuploaded_bytes: Cell::new(0),
@@ -239,7 +268,7 @@ impl Shard {
             // append (its timestamp is durable with the record), never the restart itself.
             state.last_access_ms = seed.last_access_ms.max(seed.last_timestamp_ms);
             let mut chunks = Vec::with_capacity(seed.runs.len());
-            for (key, run) in seed.runs {
+            for (key, segment_size, run) in seed.runs {
                 let no = *keys.entry(key.clone()).or_insert_with(|| {
                     let no = self.next_segment_no.get();
                     self.next_segment_no.set(no + 1);
@@ -249,6 +278,7 @@ impl Shard {
                             key: Rc::from(&*key),
                             data: SegmentData::Remote,
                             uploaded: true,
+                            size: segment_size,
                         },
                     );
                     no
@@ -760,7 +790,7 @@ impl Shard {
 
     /// One pass over the stored chunks from `from`, bounded by the request's budgets.
     async fn read_once(
-        &self,
+        self: &Rc<Self>,
         name: &str,
         from: u64,
         request: &ReadRequest,
@@ -834,15 +864,15 @@ impl Shard {
     }
 
     /// The frames of one chunk: a slice of a sealed segment in memory, a copy out of an open
-    /// segment, or a fetch from the object store.
-    async fn chunk_bytes(&self, chunk: &Chunk) -> Result<Bytes, EngineError> {
+    /// segment, or blocks of an uploaded one from the block cache (ranged GETs on a miss).
+    async fn chunk_bytes(self: &Rc<Self>, chunk: &Chunk) -> Result<Bytes, EngineError> {
         let (start, end) = (chunk.byte_start as usize, chunk.byte_end as usize);
-        let rx = {
-            let mut segments = self.segments.borrow_mut();
-            let slot = segments.get_mut(&chunk.segment).ok_or_else(|| {
+        let (key, size) = {
+            let segments = self.segments.borrow();
+            let slot = segments.get(&chunk.segment).ok_or_else(|| {
                 EngineError::Storage(format!("segment {} is gone", chunk.segment))
             })?;
-            match &mut slot.data {
+            match &slot.data {
                 SegmentData::Memory(bytes) => return Ok(bytes.slice(start..end)),
                 SegmentData::Open => {
                     let log = self.log.borrow();
@@ -852,37 +882,147 @@ impl Shard {
                         .ok_or_else(|| EngineError::Storage("open segment vanished".into()))?;
                     return Ok(Bytes::copy_from_slice(&open.buf[start..end]));
                 }
-                SegmentData::Loading(waiters) => {
-                    let (tx, rx) = oneshot::channel();
-                    waiters.push(tx);
-                    (rx, None)
-                }
-                SegmentData::Remote => {
-                    let (tx, rx) = oneshot::channel();
-                    slot.data = SegmentData::Loading(vec![tx]);
-                    let key = slot.key.to_string();
-                    let fetch = self.store.get(&key);
-                    (rx, Some((fetch, key)))
-                }
+                SegmentData::Remote => (slot.key.clone(), slot.size),
             }
         };
-        let rx = match rx {
-            (rx, None) => rx,
-            (rx, Some((fetch, key))) => {
-                // Spawned with no borrow held: glommio may poll the task right away, and
-                // `finish_load` borrows the segment table.
-                glommio::spawn_local(load_segment(fetch, key, chunk.segment)).detach();
-                rx
-            }
-        };
-        let whole = rx.await.map_err(|_| EngineError::ShuttingDown)??;
-        if end > whole.len() {
+        if end as u64 > size {
             return Err(EngineError::Storage(format!(
-                "segment {} is shorter than its catalog entry",
-                chunk.segment
+                "segment {key} is shorter ({size} bytes) than its catalog entry"
             )));
         }
-        Ok(whole.slice(start..end))
+        let (first, last) = (start / BLOCK_BYTES, (end - 1) / BLOCK_BYTES);
+        if first == last {
+            let block = self.block(chunk.segment, &key, size, first as u64).await?;
+            let offset = first * BLOCK_BYTES;
+            return Ok(block.slice(start - offset..end - offset));
+        }
+        let mut out = bytes::BytesMut::with_capacity(end - start);
+        for index in first..=last {
+            let block = self.block(chunk.segment, &key, size, index as u64).await?;
+            let offset = index * BLOCK_BYTES;
+            let from = start.max(offset) - offset;
+            let to = end.min(offset + block.len()) - offset;
+            out.extend_from_slice(&block[from..to]);
+        }
+        Ok(out.freeze())
+    }
+
+    /// One block of an uploaded segment: cached, being fetched (wait for that GET), or fetched
+    /// now with one ranged GET that also reads ahead when the reader moves sequentially (the
+    /// window doubles up to `READAHEAD_BLOCKS_MAX`).
+    async fn block(
+        self: &Rc<Self>,
+        no: u64,
+        key: &Rc<str>,
+        size: u64,
+        index: u64,
+    ) -> Result<Bytes, EngineError> {
+        let rx = {
+            let mut blocks = self.blocks.borrow_mut();
+            match blocks.get_mut(&(no, index)) {
+                Some(Block::Ready(bytes)) => return Ok(bytes.clone()),
+                Some(Block::Loading(waiters)) => {
+                    let (tx, rx) = oneshot::channel();
+                    waiters.push(tx);
+                    rx
+                }
+                None => {
+                    let block_count = size.div_ceil(BLOCK_BYTES as u64);
+                    let mut readahead = self.readahead.borrow_mut();
+                    let window = match readahead.get(&no) {
+                        Some(r) if r.next_block == index => {
+                            (r.window_blocks * 2).min(READAHEAD_BLOCKS_MAX)
+                        }
+                        _ => 1,
+                    };
+                    // Fetch the absent blocks from `index` on, up to the window.
+                    let mut count = 0;
+                    while count < window
+                        && index + count < block_count
+                        && !blocks.contains_key(&(no, index + count))
+                    {
+                        count += 1;
+                    }
+                    readahead.insert(
+                        no,
+                        Readahead {
+                            next_block: index + count,
+                            window_blocks: count,
+                        },
+                    );
+                    let (tx, rx) = oneshot::channel();
+                    blocks.insert((no, index), Block::Loading(vec![tx]));
+                    for ahead in 1..count {
+                        blocks.insert((no, index + ahead), Block::Loading(Vec::new()));
+                    }
+                    let start = index * BLOCK_BYTES as u64;
+                    let end = ((index + count) * BLOCK_BYTES as u64).min(size);
+                    let fetch = self.store.get_range(key, start, end);
+                    let this = self.clone();
+                    let key = key.to_string();
+                    // Spawned once no borrow is held (glommio may poll it right away).
+                    drop(readahead);
+                    drop(blocks);
+                    glommio::spawn_local(async move {
+                        let result = match fetch.await {
+                            Ok(Ok(bytes)) => Ok(bytes),
+                            Ok(Err(e)) => Err(EngineError::Storage(format!("reading {key}: {e}"))),
+                            Err(_) => Err(EngineError::ShuttingDown),
+                        };
+                        this.finish_blocks(no, index, count, result);
+                    })
+                    .detach();
+                    rx
+                }
+            }
+        };
+        rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Files the blocks one ranged GET brought (or fails their waiters) and keeps the block
+    /// cache within its byte budget, oldest first.
+    fn finish_blocks(&self, no: u64, first: u64, count: u64, result: Result<Bytes, EngineError>) {
+        let mut wake = Vec::new();
+        {
+            let mut blocks = self.blocks.borrow_mut();
+            let mut lru = self.block_lru.borrow_mut();
+            for i in 0..count {
+                let index = first + i;
+                let outcome = result.as_ref().map(|bytes| {
+                    let from = (i as usize * BLOCK_BYTES).min(bytes.len());
+                    let to = ((i as usize + 1) * BLOCK_BYTES).min(bytes.len());
+                    bytes.slice(from..to)
+                });
+                let waiters = match blocks.remove(&(no, index)) {
+                    Some(Block::Loading(waiters)) => waiters,
+                    Some(ready @ Block::Ready(_)) => {
+                        blocks.insert((no, index), ready);
+                        continue;
+                    }
+                    None => Vec::new(),
+                };
+                if let Ok(block) = &outcome {
+                    blocks.insert((no, index), Block::Ready(block.clone()));
+                    lru.push_back((no, index, block.len()));
+                    self.block_bytes.set(self.block_bytes.get() + block.len());
+                }
+                wake.push((waiters, outcome.map_err(|e| e.clone())));
+            }
+            while self.block_bytes.get() > self.config.segment_cache_bytes {
+                let Some((no, index, len)) = lru.pop_front() else {
+                    break;
+                };
+                if matches!(blocks.get(&(no, index)), Some(Block::Ready(_))) {
+                    blocks.remove(&(no, index));
+                }
+                self.block_bytes.set(self.block_bytes.get() - len);
+            }
+        }
+        for (waiters, outcome) in wake {
+            for waiter in waiters {
+                let _ = waiter.send(outcome.clone());
+            }
+        }
     }
 
     /// Trim: readers see the new start at once; the catalog records it before the answer.
@@ -986,9 +1126,14 @@ impl Shard {
             .filter(|(_, slot)| slot.uploaded && keys.contains(&*slot.key))
             .map(|(no, _)| *no)
             .collect();
-        for no in gone {
-            segments.remove(&no);
+        for no in &gone {
+            segments.remove(no);
+            self.readahead.borrow_mut().remove(no);
         }
+        // Their cached blocks go now; the byte count follows as the FIFO reaches them.
+        self.blocks
+            .borrow_mut()
+            .retain(|(no, _), _| !gone.contains(no));
         let mut cached = self.cached.borrow_mut();
         let before = cached.len();
         cached.retain(|(no, len)| {
@@ -1078,6 +1223,7 @@ impl Shard {
                 key: Rc::from(key.as_str()),
                 data: SegmentData::Open,
                 uploaded: false,
+                size: 0,
             },
         );
         self.log.borrow_mut().push_back(OpenSegment {
@@ -1304,6 +1450,7 @@ impl Shard {
         let bytes = Bytes::from(segment.buf);
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.data = SegmentData::Memory(bytes.clone());
+            slot.size = bytes.len() as u64;
         }
         if bytes.is_empty() {
             self.segments.borrow_mut().remove(&no);
@@ -1425,34 +1572,6 @@ impl Shard {
             }
         }
     }
-
-    fn finish_load(&self, no: u64, result: Result<Bytes, EngineError>) {
-        let waiters = {
-            let mut segments = self.segments.borrow_mut();
-            let Some(slot) = segments.get_mut(&no) else {
-                return;
-            };
-            let next = match &result {
-                Ok(bytes) => SegmentData::Memory(bytes.clone()),
-                Err(_) => SegmentData::Remote,
-            };
-            match std::mem::replace(&mut slot.data, next) {
-                SegmentData::Loading(waiters) => waiters,
-                other => {
-                    slot.data = other;
-                    Vec::new()
-                }
-            }
-        };
-        if let Ok(bytes) = &result {
-            self.cached.borrow_mut().push_back((no, bytes.len()));
-            self.cached_bytes.set(self.cached_bytes.get() + bytes.len());
-        }
-        for waiter in waiters {
-            let _ = waiter.send(result.clone());
-        }
-        self.evict_cache();
-    }
 }
 
 /// Merges consecutive chunks of one sealed segment (only `segment`'s, or all with `None`) into
@@ -1482,6 +1601,21 @@ fn coarsen(chunks: &mut Vec<Chunk>, segment: Option<u64>) {
         }
     }
     chunks.extend(merged);
+}
+
+async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+    drop(file);
+    if let Some(path) = path {
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::warn!("cannot remove WAL file {}: {e}", path.display());
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), String> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot sync WAL directory {}: {e}", dir.display()))
 }
 
 #[cfg(test)]
@@ -1527,38 +1661,4 @@ mod tests {
             "a merge never crosses segments or the span limit"
         );
     }
-}
-
-thread_local! {
-    static CURRENT: RefCell<Option<std::rc::Weak<Shard>>> = const { RefCell::new(None) };
-}
-
-pub(crate) fn set_current(shard: &Rc<Shard>) {
-    CURRENT.with(|c| *c.borrow_mut() = Some(Rc::downgrade(shard)));
-}
-
-async fn load_segment(fetch: pico_s3::Reply<Bytes>, key: String, no: u64) {
-    let result = match fetch.await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => Err(EngineError::Storage(format!("reading {key}: {e}"))),
-        Err(_) => Err(EngineError::ShuttingDown),
-    };
-    if let Some(shard) = CURRENT.with(|c| c.borrow().as_ref().and_then(|w| w.upgrade())) {
-        shard.finish_load(no, result);
-    }
-}
-
-async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
-    drop(file);
-    if let Some(path) = path {
-        if let Err(e) = std::fs::remove_file(&path) {
-            log::warn!("cannot remove WAL file {}: {e}", path.display());
-        }
-    }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), String> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("cannot sync WAL directory {}: {e}", dir.display()))
 }
