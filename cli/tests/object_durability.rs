@@ -8,11 +8,23 @@ use std::time::{Duration, Instant};
 
 use common::Server;
 
-/// Appends from a few connections for `duration`; returns every acknowledged (offset, body).
-fn load(server: &Server, stream: &str, duration: Duration) -> Vec<(u64, Vec<u8>)> {
+/// Appends from a few connections for `duration`, SIGKILLs the server at `kill_after` while the
+/// writers are busy, and returns every acknowledged (offset, body).
+fn load(
+    server: &Server,
+    stream: &str,
+    duration: Duration,
+    kill_after: Duration,
+) -> Vec<(u64, Vec<u8>)> {
     let deadline = Instant::now() + duration;
     let mut acked = Vec::new();
+    let pid = server.pid().expect("the server runs");
     std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(kill_after);
+            // SAFETY: kill(2) on the pid of a child process this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        });
         let writers: Vec<_> = (0..4)
             .map(|w| {
                 scope.spawn(move || {
@@ -60,8 +72,11 @@ fn crash_and_lose_the_disk(extra: &[&str]) {
     let stream = format!("/object/{}", std::process::id());
     assert_eq!(server.put(&stream, "text/plain").status, 201);
     let mut acked = Vec::new();
-    for round in 0..3 {
-        acked.extend(load(&server, &stream, Duration::from_millis(600)));
+    for round in 0..3u64 {
+        // The kill lands at a different point of the load each round, mid-append.
+        let kill_after =
+            Duration::from_millis(250 + round * 130 + u64::from(std::process::id() % 97));
+        acked.extend(load(&server, &stream, Duration::from_secs(3), kill_after));
         // No local WAL in object mode: the bucket is the only copy, and that is the point.
         let wal_files: Vec<_> = std::fs::read_dir(server.wal_dir())
             .map(|d| {

@@ -57,6 +57,11 @@ impl Server {
         self.dir.path().join("wal")
     }
 
+    /// The server's process id, to SIGKILL it from another thread while load runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `kill -9`: the process gets no chance to flush or clean up.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
