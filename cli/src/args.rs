@@ -179,6 +179,18 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "secs")]
     pub shutdown_drain_sec: Option<u64>,
 
+    /// off, or required: every request needs an Authorization: Bearer token from --auth-tokens (default off) [env: PICO_AUTH]
+    #[argh(option, arg_name = "mode", default = "false", from_str_fn(parse_auth))]
+    pub auth: bool,
+
+    /// token file, one `token prefix permissions` per line (permissions: read,append,admin); reloaded on SIGHUP [env: PICO_AUTH_TOKENS]
+    #[argh(option, arg_name = "file")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// allow listening on a non-loopback address with --auth off [env: PICO_INSECURE_ALLOW_REMOTE]
+    #[argh(switch)]
+    pub insecure_allow_remote: bool,
+
     /// PEM certificate chain: serve HTTPS (ALPN h2 and http/1.1) on every listener; needs --tls-key [env: PICO_TLS_CERT]
     #[argh(option, arg_name = "file")]
     pub tls_cert: Option<PathBuf>,
@@ -416,6 +428,14 @@ fn parse_durability(value: &str) -> Result<pico_net::Durability, String> {
         "object" => Ok(pico_net::Durability::Object),
         "memory" => Ok(pico_net::Durability::Memory),
         _ => Err("expected local, object or memory".into()),
+    }
+}
+
+fn parse_auth(value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "off" => Ok(false),
+        "required" => Ok(true),
+        _ => Err("expected off or required".into()),
     }
 }
 

@@ -79,6 +79,9 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         cors_origin: args.cors_origin.clone(),
         gc_interval_ms: positive(args.gc_interval_ms, "--gc-interval-ms")?,
         shutdown_drain_ms: millis(args.shutdown_drain_sec.unwrap_or(0), "--shutdown-drain-sec")?,
+        auth_required: args.auth,
+        auth_tokens: args.auth_tokens.clone(),
+        insecure_allow_remote: args.insecure_allow_remote,
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
         in_flight_bytes_max: optional_size(

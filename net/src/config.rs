@@ -67,6 +67,11 @@ pub struct ServerConfig {
     pub object_flush_ms: u64,
     /// How often segment objects that no live stream needs are deleted (`--gc-interval-ms`).
     pub gc_interval_ms: u64,
+    /// `--auth required`: bearer tokens from `auth_tokens` on every request (D13).
+    pub auth_required: bool,
+    pub auth_tokens: Option<PathBuf>,
+    /// Allow a non-loopback listener without auth.
+    pub insecure_allow_remote: bool,
     /// PEM certificate chain and private key: serve HTTPS (ALPN h2, http/1.1) on every listener.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -97,6 +102,9 @@ impl Default for ServerConfig {
             shutdown_drain_ms: 0,
             gc_interval_ms: 5_000,
             object_flush_ms: 20,
+            auth_required: false,
+            auth_tokens: None,
+            insecure_allow_remote: false,
             tls_cert: None,
             tls_key: None,
         }

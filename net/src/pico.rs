@@ -12,18 +12,21 @@ use pico_engine::{
     RecordInput, Reply, StreamConfig, StreamInfo,
 };
 
+use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::codec;
 use crate::http1::{Request, Response};
 use crate::sse;
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 
 /// Settings of the Pico handlers.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PicoSettings {
     pub long_poll_timeout_ms: u64,
     pub max_chunk_size: usize,
     pub sse_max_duration_ms: u64,
     pub cors_origin: String,
+    /// `--auth required`: the token table shared by the cores.
+    pub auth: Option<std::sync::Arc<crate::auth::SharedTokens>>,
 }
 
 const ALLOW_METHODS: &str = "GET, PUT, POST, DELETE, HEAD, OPTIONS";
@@ -171,10 +174,48 @@ fn with_common(mut response: Response, origin: &str) -> Response {
 }
 
 /// Answers one Pico request.
-pub async fn handle(core: &Rc<CoreHandle>, settings: &PicoSettings, request: Request) -> Response {
-    let result = route(core, settings, &request).await;
+pub async fn handle(
+    core: &Rc<CoreHandle>,
+    settings: &PicoSettings,
+    auth: Option<&CoreTokens>,
+    request: Request,
+) -> Response {
+    let result = match authorize(auth, &request) {
+        Ok(()) => route(core, settings, &request).await,
+        Err(error) => Err(error),
+    };
     let response = result.unwrap_or_else(render_error);
     with_common(response, &settings.cors_origin)
+}
+
+/// D13: with `--auth required`, every request but a CORS preflight needs a bearer token
+/// granted the operation on the stream (for a listing, on the listed prefix).
+fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), ApiError> {
+    let Some(auth) = auth else { return Ok(()) };
+    let permission = match request.method.as_str() {
+        "OPTIONS" => return Ok(()),
+        "GET" | "HEAD" => Permission::Read,
+        _ => Permission::Append,
+    };
+    let name = if request.path == "/" {
+        query_param(&request.query, "prefix")
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "/".into())
+    } else {
+        request.path.clone()
+    };
+    match auth.check(bearer(request.header("authorization")), permission, &name) {
+        Ok(()) => Ok(()),
+        Err(Denied::Unauthenticated) => Err(ApiError {
+            extra: vec![("www-authenticate", "Bearer".into())],
+            ..ApiError::new(401, "unauthorized", "a valid bearer token is required")
+        }),
+        Err(Denied::Forbidden) => Err(ApiError::new(
+            403,
+            "forbidden",
+            "this token may not do that on this stream",
+        )),
+    }
 }
 
 async fn route(

@@ -13,6 +13,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
 
 use crate::admin::{self, AdminState};
+use crate::auth::{CoreTokens, SharedTokens};
 use crate::config::{Durability, Protocol, ServerConfig};
 use crate::http1;
 use crate::http2;
@@ -33,6 +34,25 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         return Err("--protocol ds is not available in this version; use --protocol pico".into());
     }
     check_memlock()?;
+    let auth = match (config.auth_required, &config.auth_tokens) {
+        (true, Some(path)) => {
+            let tokens = SharedTokens::load(path)?;
+            Some(tokens)
+        }
+        (true, None) => return Err("--auth required needs --auth-tokens FILE".into()),
+        (false, _) => None,
+    };
+    if auth.is_none() && !config.insecure_allow_remote {
+        let mut listeners = vec![config.listen.clone()];
+        listeners.extend(config.admin_listen.clone());
+        for addr in listeners {
+            if !is_loopback(&addr)? {
+                return Err(format!(
+                    "refusing to listen on {addr} without authentication: use --auth required --auth-tokens FILE, or --insecure-allow-remote to expose it anyway"
+                ));
+            }
+        }
+    }
     let tls_config = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
         (None, None) => None,
@@ -84,6 +104,13 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         config.storage,
         config.wal_dir.display()
     );
+    match &auth {
+        Some(tokens) => log::info!(
+            "auth required: {} token grants (SIGHUP reloads)",
+            tokens.current_len()
+        ),
+        None => log::info!("auth off"),
+    }
     if config.durability == Durability::Memory {
         log::warn!("--durability memory: acknowledged appends are lost on a crash");
     }
@@ -102,6 +129,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         },
         sse_max_duration_ms: config.sse_max_duration_ms,
         cors_origin: config.cors_origin.clone(),
+        auth: auth.clone(),
     };
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
     let serving = Arc::new(AtomicBool::new(false));
@@ -149,7 +177,16 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     }
     log::info!("protocol pico on {listen}");
     serving.store(true, Ordering::Relaxed);
-    wait_for_signal(&signals);
+    // SIGHUP reloads the token file; SIGINT and SIGTERM stop the node.
+    while wait_for_signal(&signals) == libc::SIGHUP {
+        match &auth {
+            Some(tokens) => match tokens.reload() {
+                Ok(count) => log::info!("SIGHUP: reloaded {count} token grants"),
+                Err(e) => log::error!("SIGHUP: kept the previous tokens: {e}"),
+            },
+            None => log::info!("SIGHUP: nothing to reload (--auth off)"),
+        }
+    }
     println!("shutting down");
     serving.store(false, Ordering::Relaxed);
     if config.shutdown_drain_ms > 0 {
@@ -238,10 +275,11 @@ async fn run_core(job: CoreJob) {
         listen: listen_addr,
         admin: admin_addr,
     }));
+    let tokens = settings.auth.clone().map(CoreTokens::new);
     let settings = Rc::new(settings);
     let handler = Rc::new(move |request| {
-        let (core, settings) = (core.clone(), settings.clone());
-        async move { pico::handle(&core, &settings, request).await }
+        let (core, settings, tokens) = (core.clone(), settings.clone(), tokens.clone());
+        async move { pico::handle(&core, &settings, tokens.as_deref(), request).await }
     });
     accept_loop(
         listener,
@@ -330,6 +368,16 @@ async fn serve_tls<H, F>(
     }
 }
 
+/// Whether every address `addr` resolves to is a loopback address.
+fn is_loopback(addr: &str) -> Result<bool, String> {
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve listen address {addr}: {e}"))?
+        .collect();
+    Ok(!resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()))
+}
+
 fn explain_bind_error(addr: &str, error: &str) -> String {
     format!("cannot listen on {addr}: {error} (is another server using it? pick another with --listen / --admin-listen)")
 }
@@ -377,8 +425,8 @@ fn check_memlock() -> Result<(), String> {
     Ok(())
 }
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so `sigwait` here
-/// receives them.
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it starts, so `sigwait`
+/// here receives them.
 fn block_shutdown_signals() -> Result<libc::sigset_t, String> {
     // SAFETY: plain signal-set manipulation on a zeroed, then initialised, set.
     unsafe {
@@ -386,6 +434,7 @@ fn block_shutdown_signals() -> Result<libc::sigset_t, String> {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
             return Err("cannot block shutdown signals".into());
         }
@@ -393,10 +442,11 @@ fn block_shutdown_signals() -> Result<libc::sigset_t, String> {
     }
 }
 
-fn wait_for_signal(set: &libc::sigset_t) {
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     let mut signal = 0;
     // SAFETY: `set` was initialised by `block_shutdown_signals`; sigwait writes one int.
     unsafe {
         libc::sigwait(set, &mut signal);
     }
+    signal
 }

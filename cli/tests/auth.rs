@@ -1,0 +1,184 @@
+//! D13: with `--auth required`, bearer tokens from `--auth-tokens` guard every request: 401
+//! with `WWW-Authenticate: Bearer` without a known token, 403 for a known token without the
+//! grant; SIGHUP reloads the file; a non-loopback listener without auth refuses to start.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+const TOKENS: &str = "# token   prefix   permissions\n\
+                      reader    /logs/   read\n\
+                      writer    /        read,append\n";
+
+fn auth_header(token: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {token}"))
+}
+
+fn request(
+    server: &Server,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> common::Resp {
+    let header = token.map(auth_header);
+    let headers: Vec<(&str, &str)> = header.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    server.request(method, path, &headers, body)
+}
+
+fn error_code(response: &common::Resp) -> String {
+    let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    body["error"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_auth_matrix_and_sighup_reload() {
+    let files = tempfile::tempdir().unwrap();
+    let tokens = files.path().join("tokens");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let tokens_arg = tokens.display().to_string();
+    let server = Server::start(&["--auth", "required", "--auth-tokens", &tokens_arg]);
+
+    // No token, or an unknown one: 401 with the challenge and a JSON error.
+    for token in [None, Some("nobody")] {
+        let response = request(&server, "PUT", "/logs/a", token, b"");
+        assert_eq!(response.status, 401, "{token:?}");
+        assert_eq!(response.h("www-authenticate"), "Bearer");
+        assert_eq!(error_code(&response), "unauthorized");
+    }
+    // The writer may create and append anywhere.
+    assert_eq!(
+        request(&server, "PUT", "/logs/a", Some("writer"), b"").status,
+        201
+    );
+    assert_eq!(
+        request(&server, "POST", "/logs/a", Some("writer"), b"hello").status,
+        200
+    );
+    assert_eq!(
+        request(&server, "PUT", "/other", Some("writer"), b"").status,
+        201
+    );
+    // The reader reads under its prefix only, and never writes.
+    let read = request(&server, "GET", "/logs/a?format=raw", Some("reader"), b"");
+    assert_eq!((read.status, read.body.as_slice()), (200, &b"hello"[..]));
+    assert_eq!(
+        request(&server, "HEAD", "/logs/a", Some("reader"), b"").status,
+        200
+    );
+    for (method, path) in [
+        ("POST", "/logs/a"),
+        ("DELETE", "/logs/a"),
+        ("GET", "/other"),
+        ("GET", "/?prefix=/"),
+    ] {
+        let response = request(&server, method, path, Some("reader"), b"x");
+        assert_eq!(response.status, 403, "{method} {path}");
+        assert_eq!(error_code(&response), "forbidden");
+    }
+    let listing = request(&server, "GET", "/?prefix=/logs/", Some("reader"), b"");
+    assert_eq!(listing.status, 200);
+    // Preflights and probes stay open.
+    assert_eq!(
+        request(&server, "OPTIONS", "/logs/a", None, b"").status,
+        204
+    );
+    let mut admin = common::Conn::connect(server.admin).unwrap();
+    assert_eq!(
+        admin.request("GET", "/health", &[], b"").unwrap().status,
+        200
+    );
+
+    // SIGHUP reloads the file: a new token works, a removed one stops working.
+    std::fs::write(&tokens, "newcomer / read\n").unwrap();
+    let pid = server.pid().unwrap();
+    // SAFETY: kill(2) on the pid of the server this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&server, "GET", "/logs/a", Some("newcomer"), b"").status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the reloaded token never worked\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        request(&server, "GET", "/logs/a", Some("writer"), b"").status,
+        401
+    );
+    assert!(
+        !server.log().contains("newcomer"),
+        "tokens must never be logged"
+    );
+
+    // The pico client sends --token as a bearer token.
+    let output = Command::new(env!("CARGO_BIN_EXE_pico"))
+        .args([
+            "--endpoint",
+            &format!("http://{}", server.addr),
+            "--token",
+            "newcomer",
+            "read",
+            "/logs/a",
+        ])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "0\thello\n");
+}
+
+#[test]
+fn remote_listeners_need_auth_or_an_explicit_opt_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--listen", "0.0.0.0:0", "--admin-listen", "127.0.0.1:0"],
+            "refusing to listen on 0.0.0.0:0",
+        ),
+        (
+            &["--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0"],
+            "refusing to listen on 0.0.0.0:0",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_pico"))
+            .arg("serve")
+            .args(flags)
+            .current_dir(dir.path())
+            .env_clear()
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains(expected) && stderr.contains("--insecure-allow-remote"),
+            "{stderr}"
+        );
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_pico"))
+        .args([
+            "serve",
+            "--auth",
+            "required",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(dir.path())
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr)
+        .contains("--auth required needs --auth-tokens FILE"));
+}
