@@ -217,6 +217,12 @@ pub fn check_frame(buf: &[u8], pos: usize) -> Result<(FrameHeader, usize), Frame
 /// Decodes the frame at `pos` of `buf` without copying its payload.
 pub fn decode_frame(buf: &Bytes, pos: usize) -> Result<(Frame, usize), FrameError> {
     let (header, len) = check_frame(buf, pos)?;
+    Ok((frame_at(buf, pos, &header, len), len))
+}
+
+/// The frame at `pos` whose header [`check_frame`] already read and checked (length and CRC),
+/// so a reader that looks at headers first does not checksum the frames it keeps twice.
+pub fn frame_at(buf: &Bytes, pos: usize, header: &FrameHeader, len: usize) -> Frame {
     let headers_end = pos + FRAME_HEADER_LEN + header.headers_len.get() as usize;
     let producer_end = headers_end + header.producer_len.get() as usize;
     let producer = (header.flags & FLAG_PRODUCER != 0).then(|| {
@@ -227,19 +233,16 @@ pub fn decode_frame(buf: &Bytes, pos: usize) -> Result<(Frame, usize), FrameErro
             id: String::from_utf8_lossy(&block[16..]).into_owned(),
         }
     });
-    Ok((
-        Frame {
-            kind: header.kind,
-            flags: header.flags,
-            stream_id: header.stream_id.get(),
-            offset: header.offset.get(),
-            timestamp_ms: header.timestamp_ms.get(),
-            headers: buf.slice(pos + FRAME_HEADER_LEN..headers_end),
-            producer,
-            body: buf.slice(producer_end..pos + len),
-        },
-        len,
-    ))
+    Frame {
+        kind: header.kind,
+        flags: header.flags,
+        stream_id: header.stream_id.get(),
+        offset: header.offset.get(),
+        timestamp_ms: header.timestamp_ms.get(),
+        headers: buf.slice(pos + FRAME_HEADER_LEN..headers_end),
+        producer,
+        body: buf.slice(producer_end..pos + len),
+    }
 }
 
 /// Length of the longest prefix of `buf` made of valid frames that ends with a whole request

@@ -834,7 +834,7 @@ impl Shard {
                 {
                     continue;
                 }
-                let (frame, _) = frame::decode_frame(&data, at).map_err(corrupt)?;
+                let frame = frame::frame_at(&data, at, &header, len);
                 if frame.offset >= tail
                     || records.len() >= max_records
                     || (!records.is_empty() && bytes + len > max_bytes)
