@@ -20,6 +20,21 @@ pub const HEADERS_MAX: usize = 100;
 /// A connection idle this long between requests is closed; a request (head and body) not
 /// received within it gets `408`.
 pub const REQUEST_READ_TIMEOUT_SEC: u64 = 120;
+const REQUEST_READ_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(REQUEST_READ_TIMEOUT_SEC);
+
+/// `future`'s output, or `None` once `limit` has passed.
+pub(crate) async fn within<T>(
+    limit: std::time::Duration,
+    future: impl Future<Output = T>,
+) -> Option<T> {
+    futures_lite::future::or(async { Some(future.await) }, async {
+        glommio::timer::sleep(limit).await;
+        None
+    })
+    .await
+}
+
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -162,13 +177,8 @@ pub async fn serve_connection<S, H, F>(
             let stream = http2::Prefixed::new(buf, stream);
             return http2::serve_connection(stream, max_body_size, handle, on_error).await;
         }
-        let more =
-            futures_lite::future::or(async { fill(&mut stream, &mut buf).await.ok() }, async {
-                glommio::timer::sleep(std::time::Duration::from_secs(REQUEST_READ_TIMEOUT_SEC))
-                    .await;
-                None
-            });
-        if more.await != Some(true) {
+        let more = within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)).await;
+        if !matches!(more, Some(Ok(true))) {
             return;
         }
     }
@@ -188,11 +198,7 @@ async fn serve_http1<S, H, F>(
 {
     loop {
         let read = read_request(&mut stream, &mut buf, max_body_size);
-        let timed = futures_lite::future::or(async { Some(read.await) }, async {
-            glommio::timer::sleep(std::time::Duration::from_secs(REQUEST_READ_TIMEOUT_SEC)).await;
-            None
-        });
-        let Some(read) = timed.await else {
+        let Some(read) = within(REQUEST_READ_TIMEOUT, read).await else {
             // Idle keep-alive connections just close; a stalled request learns why.
             if !buf.is_empty() {
                 let response = on_error(408, "request not received in time");

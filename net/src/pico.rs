@@ -150,7 +150,6 @@ fn render_error(error: ApiError) -> Response {
 pub fn connection_error(status: u16, message: &str) -> Response {
     let code = match status {
         413 => "too_large",
-        431 => "bad_request",
         501 => "not_implemented",
         _ => "bad_request",
     };

@@ -347,19 +347,16 @@ async fn serve_tls<H, F>(
     H: Fn(http1::Request) -> F + 'static,
     F: std::future::Future<Output = http1::Response> + 'static,
 {
-    let handshake =
-        futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
-            glommio::timer::sleep(Duration::from_secs(tls::HANDSHAKE_TIMEOUT_SEC)).await;
-            None
-        });
-    let stream = match handshake.await {
-        Some(Ok(stream)) => stream,
-        Some(Err(e)) => {
-            log::debug!("TLS handshake failed: {e}");
-            return;
-        }
-        None => return,
-    };
+    let handshake = acceptor.accept(stream);
+    let stream =
+        match http1::within(Duration::from_secs(tls::HANDSHAKE_TIMEOUT_SEC), handshake).await {
+            Some(Ok(stream)) => stream,
+            Some(Err(e)) => {
+                log::debug!("TLS handshake failed: {e}");
+                return;
+            }
+            None => return,
+        };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
     if h2 {
         http2::serve_connection(stream, max_body_size, handler, on_error).await;
