@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::Server;
@@ -116,18 +115,16 @@ fn the_auth_matrix_and_sighup_reload() {
     );
 
     // The pico client sends --token as a bearer token.
-    let output = Command::new(env!("CARGO_BIN_EXE_pico"))
-        .args([
-            "--endpoint",
-            &format!("http://{}", server.addr),
-            "--token",
-            "newcomer",
-            "read",
-            "/logs/a",
-        ])
-        .env_clear()
-        .output()
-        .unwrap();
+    let endpoint = format!("http://{}", server.addr);
+    let args = [
+        "--endpoint",
+        &endpoint,
+        "--token",
+        "newcomer",
+        "read",
+        "/logs/a",
+    ];
+    let output = common::pico(server.dir(), &args);
     assert!(
         output.status.success(),
         "{}",
@@ -150,13 +147,10 @@ fn remote_listeners_need_auth_or_an_explicit_opt_in() {
         ),
     ];
     for (flags, expected) in cases {
-        let output = Command::new(env!("CARGO_BIN_EXE_pico"))
-            .arg("serve")
-            .args(flags)
-            .current_dir(dir.path())
-            .env_clear()
-            .output()
-            .unwrap();
+        let args: Vec<&str> = std::iter::once("serve")
+            .chain(flags.iter().copied())
+            .collect();
+        let output = common::pico(dir.path(), &args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{flags:?}: {stderr}");
         assert!(
@@ -164,20 +158,16 @@ fn remote_listeners_need_auth_or_an_explicit_opt_in() {
             "{stderr}"
         );
     }
-    let output = Command::new(env!("CARGO_BIN_EXE_pico"))
-        .args([
-            "serve",
-            "--auth",
-            "required",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .current_dir(dir.path())
-        .env_clear()
-        .output()
-        .unwrap();
+    let args = [
+        "serve",
+        "--auth",
+        "required",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    let output = common::pico(dir.path(), &args);
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr)
         .contains("--auth required needs --auth-tokens FILE"));

@@ -149,11 +149,10 @@ fn https_with_alpn_on_both_listeners() {
         });
 
     // The pico client with --ca-cert over https.
-    let output = Command::new(env!("CARGO_BIN_EXE_pico"))
-        .args(["--endpoint", &base, "--ca-cert", &ca_path, "read", "/tls/a"])
-        .env_clear()
-        .output()
-        .unwrap();
+    let output = common::pico(
+        certs.path(),
+        &["--endpoint", &base, "--ca-cert", &ca_path, "read", "/tls/a"],
+    );
     assert!(
         output.status.success(),
         "{}",
@@ -182,14 +181,15 @@ fn bad_tls_files_stop_the_server_with_a_clear_message() {
         ),
     ];
     for (flags, expected) in cases {
-        let output = Command::new(env!("CARGO_BIN_EXE_pico"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .args(flags)
-            .current_dir(data.path())
-            .env_clear()
-            .output()
-            .unwrap();
+        let listeners = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ];
+        let args: Vec<&str> = listeners.iter().chain(flags.iter()).copied().collect();
+        let output = common::pico(data.path(), &args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{flags:?}: {stderr}");
         assert!(

@@ -131,6 +131,18 @@ impl Drop for Server {
     }
 }
 
+/// Runs `pico ARGS` to completion in `dir` with no `PICO_*` (or any other) environment: for
+/// client commands and for `serve` invocations that must fail at startup.
+pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_pico"))
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pico")
+}
+
 /// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
 fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
     let log = std::fs::OpenOptions::new()
