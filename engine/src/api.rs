@@ -29,6 +29,8 @@ pub struct ReadRequest {
     pub max_bytes: usize,
     /// Long-poll: when nothing is readable at `from`, wait up to this long for new data.
     pub wait_ms: Option<u64>,
+    /// Answer with the stream's content type too (raw reads serve it as theirs).
+    pub with_content_type: bool,
 }
 
 /// An operation on one stream, executed by its owning core.
@@ -101,6 +103,8 @@ pub struct ReadBatch {
     pub tail: u64,
     /// The stream is closed and this read reached its end.
     pub closed: bool,
+    /// The stream's content type, when the request asked for it.
+    pub content_type: Option<String>,
 }
 
 impl ReadBatch {

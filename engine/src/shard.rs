@@ -797,7 +797,7 @@ impl Shard {
     ) -> Result<ReadBatch, EngineError> {
         let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
         let max_bytes = request.max_bytes.max(1);
-        let (chunks, tail, closed_durable, stream_id) = {
+        let (chunks, tail, closed_durable, stream_id, content_type) = {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
             stream.state.check_read(from)?;
@@ -812,7 +812,16 @@ impl Shard {
                 bytes += chunk.byte_end - chunk.byte_start;
                 picked.push(*chunk);
             }
-            (picked, tail, stream.state.closed_durable, stream.state.id)
+            let content_type = request
+                .with_content_type
+                .then(|| stream.state.config.content_type.clone());
+            (
+                picked,
+                tail,
+                stream.state.closed_durable,
+                stream.state.id,
+                content_type,
+            )
         };
         let mut records = Vec::new();
         let mut bytes = 0usize;
@@ -860,6 +869,7 @@ impl Shard {
             next_offset: next,
             tail,
             closed: closed_durable && next >= tail,
+            content_type,
         })
     }
 

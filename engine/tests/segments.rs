@@ -74,6 +74,7 @@ async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, i64, Bytes)> {
             max_records: 1000,
             max_bytes: 16 * 1024,
             wait_ms: None,
+            with_content_type: false,
         };
         let Reply::Read(batch) = core.call(name, Op::Read(request)).await.expect("read") else {
             panic!("not a read")

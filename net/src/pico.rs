@@ -546,19 +546,13 @@ async fn read(
         max_records,
         max_bytes,
         wait_ms: long_poll.then_some(settings.long_poll_timeout_ms),
+        with_content_type: format == Format::Raw,
     };
     let reply = core.call(&request.path, Op::Read(read_request)).await?;
-    let Reply::Read(batch) = reply else {
+    let Reply::Read(mut batch) = reply else {
         unreachable!("a read is always answered with Read")
     };
-    let content_type = if format == Format::Raw {
-        match core.call(&request.path, Op::Head).await? {
-            Reply::Head(info) => info.content_type,
-            _ => unreachable!("a head is always answered with Head"),
-        }
-    } else {
-        String::new()
-    };
+    let content_type = batch.content_type.take().unwrap_or_default();
     if long_poll {
         return Ok(long_poll_response(batch, format, content_type, query));
     }

@@ -106,6 +106,7 @@ async fn next_events(state: &mut State) {
         } else {
             0
         }),
+        with_content_type: false,
     };
     let batch = match state.core.call(&state.name, Op::Read(request)).await {
         Ok(Reply::Read(batch)) => batch,
