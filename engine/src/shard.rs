@@ -1018,16 +1018,8 @@ impl Shard {
                 }
                 wake.push((waiters, outcome.map_err(|e| e.clone())));
             }
-            while self.block_bytes.get() > self.config.segment_cache_bytes {
-                let Some((no, index, len)) = lru.pop_front() else {
-                    break;
-                };
-                if matches!(blocks.get(&(no, index)), Some(Block::Ready(_))) {
-                    blocks.remove(&(no, index));
-                }
-                self.block_bytes.set(self.block_bytes.get() - len);
-            }
         }
+        self.evict_cache();
         for (waiters, outcome) in wake {
             for waiter in waiters {
                 let _ = waiter.send(outcome.clone());
@@ -1568,18 +1560,29 @@ impl Shard {
         self.evict_cache();
     }
 
-    /// Drops uploaded segments from memory, oldest first, down to the cache budget.
+    /// Keeps the read caches within `--block-cache-size` together: whole uploaded segments still
+    /// held since their seal go first (oldest first), then blocks fetched from the store.
     fn evict_cache(&self) {
-        while self.cached_bytes.get() > self.config.segment_cache_bytes {
-            let Some((no, len)) = self.cached.borrow_mut().pop_front() else {
+        let budget = self.config.segment_cache_bytes;
+        while self.cached_bytes.get() + self.block_bytes.get() > budget {
+            let segment = self.cached.borrow_mut().pop_front();
+            if let Some((no, len)) = segment {
+                self.cached_bytes.set(self.cached_bytes.get() - len);
+                if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+                    if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
+                        slot.data = SegmentData::Remote;
+                    }
+                }
+                continue;
+            }
+            let Some((no, index, len)) = self.block_lru.borrow_mut().pop_front() else {
                 break;
             };
-            self.cached_bytes.set(self.cached_bytes.get() - len);
-            if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
-                if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
-                    slot.data = SegmentData::Remote;
-                }
+            let mut blocks = self.blocks.borrow_mut();
+            if matches!(blocks.get(&(no, index)), Some(Block::Ready(_))) {
+                blocks.remove(&(no, index));
             }
+            self.block_bytes.set(self.block_bytes.get() - len);
         }
     }
 }
