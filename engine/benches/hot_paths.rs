@@ -61,6 +61,8 @@ fn state_apply(c: &mut Criterion) {
                 close: false,
                 match_offset: None,
                 producer: None,
+                content_type: None,
+                writer_seq: None,
             };
             std::hint::black_box(state.apply_append(command, now).unwrap())
         })
@@ -76,6 +78,8 @@ fn state_apply(c: &mut Criterion) {
                 close: false,
                 match_offset: None,
                 producer: Some(&producer),
+                content_type: None,
+                writer_seq: None,
             };
             let outcome = state.apply_append(command, now).unwrap();
             producer.seq += 1;

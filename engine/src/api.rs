@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::frame::RecordHeader;
-use crate::state::{ProducerTuple, StreamConfig};
+use crate::state::{ForkOrigin, ProducerTuple, StreamConfig};
 
 /// One record of an append, as decoded by a protocol layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,21 +31,69 @@ pub struct ReadRequest {
     pub wait_ms: Option<u64>,
     /// Answer with the stream's content type too (raw reads serve it as theirs).
     pub with_content_type: bool,
+    /// A fork reading the records it inherited: only what lies below the bound, and also from
+    /// a source that is deleted for clients or expired.
+    pub bound: Option<ReadBound>,
+}
+
+/// The part of a source stream a fork inherited (see [`ForkOrigin`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadBound {
+    pub source_id: u64,
+    /// Records below this offset...
+    pub until: u64,
+    /// ...and this many bytes of record `until` (0: none of it).
+    pub partial_bytes: u64,
+}
+
+/// A fork as requested: the source, where to fork (default: its tail) and how far into the
+/// following data (records of a JSON stream, bytes of the next record otherwise).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkSpec {
+    pub source: String,
+    pub offset: Option<u64>,
+    /// Bytes of a record within the record, carried by a mid-record offset.
+    pub offset_bytes: u64,
+    pub sub_offset: u64,
+}
+
+/// The fork part of a create: as requested, or resolved by the source's core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fork {
+    Spec(ForkSpec),
+    Resolved(ForkOrigin),
 }
 
 /// An operation on one stream, executed by its owning core.
 #[derive(Clone, Debug)]
 pub enum Op {
     Create {
+        /// For a fork, an empty content type means the source's.
         config: StreamConfig,
         closed: bool,
-        first_record: Option<RecordInput>,
+        /// Appended right after the create (a create with a body).
+        records: Vec<RecordInput>,
+        fork: Option<Fork>,
     },
     Append {
         records: Vec<RecordInput>,
         close: bool,
         match_offset: Option<u64>,
         producer: Option<ProducerTuple>,
+        /// The request's content type, when the protocol requires it to match the stream's.
+        content_type: Option<String>,
+        /// A writer sequence (`Stream-Seq`) that must sort after the last one accepted.
+        writer_seq: Option<String>,
+    },
+    /// A fork is being created from this stream: validate the fork point and count the
+    /// reference (the stream's records stay readable for the fork until it is released).
+    ForkAcquire {
+        offset: u64,
+        partial_bytes: u64,
+    },
+    /// A fork of this stream is gone (or was never created).
+    ForkRelease {
+        source_id: u64,
     },
     /// Raise the first readable offset (clamped to the durable tail).
     Trim {
@@ -105,6 +153,9 @@ pub struct ReadBatch {
     pub closed: bool,
     /// The stream's content type, when the request asked for it.
     pub content_type: Option<String>,
+    /// The read starts below a fork point: these records live in the source, ask it (the
+    /// batch holds no records then).
+    pub inherit: Option<ForkOrigin>,
 }
 
 impl ReadBatch {
@@ -127,6 +178,13 @@ pub enum Reply {
         start_offset: u64,
     },
     Deleted,
+    /// A fork point validated and counted: where the fork starts, and the source's
+    /// configuration (a fork inherits its content type and expiry when it gives none).
+    ForkPoint {
+        origin: ForkOrigin,
+        config: StreamConfig,
+    },
+    Released,
 }
 
 /// One line of a listing.

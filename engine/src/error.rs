@@ -10,6 +10,14 @@ pub enum EngineError {
     ConfigMismatch { message: String, next_offset: u64 },
     /// The stream is closed: no more records.
     Closed { next_offset: u64 },
+    /// Deleted while forks still read it: gone for clients, and its name stays taken.
+    Gone,
+    /// A fork was asked of a deleted source.
+    SourceGone,
+    /// An append's content type differs from the stream's.
+    ContentTypeMismatch { expected: String },
+    /// An append's writer sequence does not sort after the last accepted one.
+    WriterSeqRegression { last: String },
     /// A conditional append (`match_seq`) did not match the tail.
     MatchFailed { expected: u64, actual: u64 },
     /// An idempotent producer wrote with an epoch older than the stream has seen.
@@ -41,6 +49,14 @@ impl std::fmt::Display for EngineError {
             EngineError::NotFound => f.write_str("no such stream"),
             EngineError::ConfigMismatch { message, .. } => f.write_str(message),
             EngineError::Closed { .. } => f.write_str("stream is closed"),
+            EngineError::Gone => f.write_str("stream was deleted"),
+            EngineError::SourceGone => f.write_str("fork source was deleted"),
+            EngineError::ContentTypeMismatch { expected } => {
+                write!(f, "content type does not match the stream's ({expected})")
+            }
+            EngineError::WriterSeqRegression { last } => {
+                write!(f, "Stream-Seq must sort after the last one ({last})")
+            }
             EngineError::MatchFailed { expected, actual } => {
                 write!(f, "match failed: expected tail {expected}, actual {actual}")
             }

@@ -14,12 +14,12 @@ pub mod state;
 use std::path::PathBuf;
 
 pub use api::{
-    AppendAck, Op, ReadBatch, ReadFrom, ReadRequest, RecordInput, RecordView, Reply, StreamInfo,
-    StreamSummary,
+    AppendAck, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput,
+    RecordView, Reply, StreamInfo, StreamSummary,
 };
 pub use error::EngineError;
 pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
-pub use state::StreamConfig;
+pub use state::{ForkOrigin, StreamConfig};
 
 /// The engine's settings (a subset of `pico serve`'s flags).
 #[derive(Clone, Debug)]

@@ -18,7 +18,10 @@ use pico_meta::{
 };
 use pico_s3::{ObjectStore, StorageUri};
 
-use crate::api::{Op, Reply, StreamSummary};
+use crate::api::{
+    Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput, Reply,
+    StreamSummary,
+};
 use crate::error::EngineError;
 use crate::frame::{self, ProducerTuple, FRAME_KIND_CLOSE};
 use crate::limits;
@@ -291,6 +294,12 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
 
 /// Rebuilds every live stream's tail, timestamps, close flag and chunk list from the catalog.
 fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
+    let mut fork_refs: HashMap<u64, u64> = HashMap::new();
+    for row in &snapshot.streams {
+        if let Some(fork) = &row.fork {
+            *fork_refs.entry(fork.source_id).or_default() += 1;
+        }
+    }
     let mut by_id: HashMap<u64, StreamSeed> = snapshot
         .streams
         .iter()
@@ -312,6 +321,14 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 last_access_ms: row.last_access_ms,
                 producers: Default::default(),
                 closed_by: None,
+                fork: row.fork.as_ref().map(|f| crate::state::ForkOrigin {
+                    source: f.source.clone(),
+                    source_id: f.source_id,
+                    offset: f.offset,
+                    partial_bytes: f.partial_bytes,
+                }),
+                fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
+                soft_deleted: row.soft_deleted,
             };
             (row.id, seed)
         })
@@ -396,7 +413,24 @@ impl CoreHandle {
             let collector = handle.clone();
             glommio::spawn_local(async move { collector.gc_loop().await }).detach();
         }
+        let releaser = handle.clone();
+        glommio::spawn_local(async move { releaser.fork_release_loop().await }).detach();
         Ok(handle)
+    }
+
+    /// Tells sources that a fork of theirs is gone (deleted or expired on this core).
+    async fn fork_release_loop(self: Rc<Self>) {
+        loop {
+            self.shard.fork_released.wait().await;
+            for (source, source_id) in self.shard.take_fork_releases() {
+                if let Err(e) = self
+                    .call_owner(&source, Op::ForkRelease { source_id })
+                    .await
+                {
+                    log::warn!("could not release a fork of {source}: {e}");
+                }
+            }
+        }
     }
 
     pub fn core(&self) -> usize {
@@ -407,8 +441,214 @@ impl CoreHandle {
         self.cores
     }
 
-    /// Runs `op` on the stream's owning core (here, or across a channel).
+    /// Runs `op` on the stream's owning core (here, or across a channel). Reads of a fork
+    /// below its fork point are stitched from its source's records; creating a fork first
+    /// resolves the fork point with the source.
     pub async fn call(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
+        match op {
+            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
+            Op::Create {
+                config,
+                closed,
+                records,
+                fork: Some(Fork::Spec(spec)),
+            } => self.create_fork(name, config, closed, records, spec).await,
+            op => self.call_owner(name, op).await,
+        }
+    }
+
+    fn read<'a>(
+        &'a self,
+        name: &'a str,
+        request: ReadRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ReadBatch, EngineError>> + 'a>>
+    {
+        Box::pin(async move {
+            let Reply::Read(batch) = self.call_owner(name, Op::Read(request.clone())).await? else {
+                unreachable!("a read is always answered with Read")
+            };
+            let Some(origin) = batch.inherit.clone() else {
+                return Ok(batch);
+            };
+            // The inherited part, bounded by both the fork point and any bound of our own.
+            let fork_end = (origin.offset, origin.partial_bytes);
+            let own_bound = request.bound.map(|b| (b.until, b.partial_bytes));
+            let (until, partial_bytes) = match own_bound {
+                Some(bound) if bound < fork_end => bound,
+                _ => fork_end,
+            };
+            let source_request = ReadRequest {
+                from: ReadFrom::Offset(batch.from),
+                wait_ms: None,
+                with_content_type: false,
+                bound: Some(ReadBound {
+                    source_id: origin.source_id,
+                    until,
+                    partial_bytes,
+                }),
+                ..request.clone()
+            };
+            let mut inherited = self.read(&origin.source, source_request).await?;
+            let inherited_end = until + u64::from(partial_bytes > 0);
+            let mut stitched = ReadBatch {
+                from: batch.from,
+                next_offset: inherited.next_offset,
+                records: std::mem::take(&mut inherited.records),
+                tail: batch.tail,
+                closed: false,
+                content_type: batch.content_type,
+                inherit: None,
+            };
+            let bytes: usize = stitched.records.iter().map(|r| r.body.len()).sum();
+            let more_allowed = own_bound.is_none_or(|bound| bound > fork_end);
+            if stitched.next_offset >= inherited_end
+                && more_allowed
+                && stitched.records.len() < request.max_records
+                && bytes < request.max_bytes
+            {
+                let own_request = ReadRequest {
+                    from: ReadFrom::Offset(origin.base()),
+                    max_records: request.max_records - stitched.records.len(),
+                    max_bytes: request.max_bytes - bytes,
+                    wait_ms: None,
+                    with_content_type: false,
+                    bound: request.bound,
+                };
+                let own = self.read(name, own_request).await?;
+                if !own.records.is_empty() {
+                    stitched.next_offset = own.next_offset;
+                    stitched.records.extend(own.records);
+                }
+                stitched.tail = own.tail;
+                stitched.closed = own.closed;
+            }
+            Ok(stitched)
+        })
+    }
+
+    /// Creates a fork: resolves the fork point with the source (which counts the reference),
+    /// then creates the stream on its own core; a fork that is not created releases it.
+    async fn create_fork(
+        &self,
+        name: &str,
+        mut config: StreamConfig,
+        closed: bool,
+        records: Vec<RecordInput>,
+        spec: ForkSpec,
+    ) -> Result<Reply, EngineError> {
+        let head = match self.call_owner(&spec.source, Op::Head).await {
+            Err(EngineError::Gone) => return Err(EngineError::SourceGone),
+            other => other?,
+        };
+        let Reply::Head(source) = head else {
+            unreachable!("a head is always answered with Head")
+        };
+        if spec.offset_bytes > 0 {
+            return Err(EngineError::Invalid(
+                "Stream-Fork-Offset is not an offset this server issued".into(),
+            ));
+        }
+        let offset = spec.offset.unwrap_or(source.next_offset);
+        if offset > source.next_offset {
+            return Err(EngineError::Invalid(format!(
+                "fork offset is past the source's tail ({})",
+                source.next_offset
+            )));
+        }
+        let (offset, partial_bytes) = if spec.sub_offset == 0 {
+            (offset, 0)
+        } else if crate::state::mime_base_eq(&source.content_type, "application/json") {
+            // JSON: the sub-offset counts messages, which are records.
+            let at = offset + spec.sub_offset;
+            if at > source.next_offset {
+                return Err(EngineError::Invalid(
+                    "Stream-Fork-Sub-Offset is past the source's last message".into(),
+                ));
+            }
+            (at, 0)
+        } else {
+            if offset >= source.next_offset {
+                return Err(EngineError::Invalid(
+                    "Stream-Fork-Sub-Offset needs a record after the fork offset".into(),
+                ));
+            }
+            let record = self
+                .read(
+                    &spec.source,
+                    ReadRequest {
+                        from: ReadFrom::Offset(offset),
+                        max_records: 1,
+                        max_bytes: 1,
+                        wait_ms: None,
+                        with_content_type: false,
+                        bound: None,
+                    },
+                )
+                .await?;
+            let length = record.records.first().map_or(0, |r| r.body.len() as u64);
+            match spec.sub_offset.cmp(&length) {
+                std::cmp::Ordering::Greater => {
+                    return Err(EngineError::Invalid(
+                        "Stream-Fork-Sub-Offset is past the end of the record".into(),
+                    ))
+                }
+                std::cmp::Ordering::Equal => (offset + 1, 0),
+                std::cmp::Ordering::Less => (offset, spec.sub_offset),
+            }
+        };
+        let acquired = match self
+            .call_owner(
+                &spec.source,
+                Op::ForkAcquire {
+                    offset,
+                    partial_bytes,
+                },
+            )
+            .await?
+        {
+            Reply::ForkPoint { origin, config } => (origin, config),
+            _ => unreachable!("a fork acquire is always answered with ForkPoint"),
+        };
+        let (origin, source_config) = acquired;
+        let release = || Op::ForkRelease {
+            source_id: origin.source_id,
+        };
+        if config.content_type.is_empty() {
+            config.content_type = source_config.content_type.clone();
+        } else if !crate::state::mime_base_eq(&config.content_type, &source_config.content_type)
+        {
+            let _ = self.call_owner(&spec.source, release()).await;
+            return Err(EngineError::ConfigMismatch {
+                message: format!(
+                    "fork content type differs from the source's ({})",
+                    source_config.content_type
+                ),
+                next_offset: 0,
+            });
+        }
+        if config.ttl_sec.is_none() && config.expires_at_ms.is_none() {
+            config.ttl_sec = source_config.ttl_sec;
+            config.expires_at_ms = source_config.expires_at_ms;
+        }
+        let created = self
+            .call_owner(
+                name,
+                Op::Create {
+                    config,
+                    closed,
+                    records,
+                    fork: Some(Fork::Resolved(origin.clone())),
+                },
+            )
+            .await;
+        if !matches!(created, Ok(Reply::Created { created: true, .. })) {
+            let _ = self.call_owner(&spec.source, release()).await;
+        }
+        created
+    }
+
+    /// Runs `op` on the stream's owning core, as is.
+    async fn call_owner(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
         let owner = owner_core(name, self.cores);
         if owner == self.core {
             return self.shard.execute(name, op).await;

@@ -27,14 +27,14 @@ use pico_meta::{
 use pico_s3::ObjectStore;
 
 use crate::api::{
-    AppendAck, Op, ReadBatch, ReadFrom, ReadRequest, RecordInput, RecordView, Reply, StreamInfo,
-    StreamSummary,
+    AppendAck, Fork, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput, RecordView,
+    Reply, StreamInfo, StreamSummary,
 };
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::limits;
 use crate::notify::LocalNotify;
-use crate::state::{AppendCommand, AppendOutcome, StreamConfig, StreamState};
+use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 use crate::{now_ms, EngineConfig};
 
 /// A merged chunk stops growing at this size so a read never scans far inside one.
@@ -94,6 +94,20 @@ pub struct StreamSeed {
     pub last_access_ms: i64,
     pub producers: BTreeMap<String, (u64, u64)>,
     pub closed_by: Option<ProducerTuple>,
+    pub fork: Option<ForkOrigin>,
+    /// Forks (live or soft-deleted) whose origin is this stream.
+    pub fork_refs: u64,
+    pub soft_deleted: bool,
+}
+
+/// One append request as the protocols give it.
+pub(crate) struct AppendRequest {
+    pub records: Vec<RecordInput>,
+    pub close: bool,
+    pub match_offset: Option<u64>,
+    pub producer: Option<ProducerTuple>,
+    pub content_type: Option<String>,
+    pub writer_seq: Option<String>,
 }
 
 /// Per-stream index of a segment being built.
@@ -198,6 +212,10 @@ pub(crate) struct Shard {
     spare_wal: RefCell<Option<(Rc<DmaFile>, PathBuf, u64)>>,
     commit_wanted: LocalNotify,
     failed: RefCell<Option<String>>,
+    /// Sources whose fork went away (deleted or expired here): the node's release task
+    /// tells their cores, which may then drop a soft-deleted source.
+    fork_releases: RefCell<Vec<(String, u64)>>,
+    pub(crate) fork_released: LocalNotify,
 }
 
 fn info_of(state: &StreamState) -> StreamInfo {
@@ -241,6 +259,8 @@ impl Shard {
             spare_wal: RefCell::new(None),
             commit_wanted: LocalNotify::default(),
             failed: RefCell::new(None),
+            fork_releases: RefCell::new(Vec::new()),
+            fork_released: LocalNotify::default(),
         });
         shard.load_seeds(seeds);
         let first = shard.create_wal_file().await?;
@@ -291,7 +311,15 @@ impl Shard {
                     byte_end: run.byte_end,
                 });
             }
-            let first_stored = chunks.first().map_or(0, |c| c.first_offset);
+            // A fork's own records start at its fork point; below it the source's are read.
+            state.fork = seed.fork;
+            state.fork_refs = seed.fork_refs;
+            state.soft_deleted = seed.soft_deleted;
+            let base = state.own_base();
+            state.next_offset = state.next_offset.max(base);
+            state.durable_offset = state.next_offset;
+            let first_stored = chunks.first().map_or(base, |c| c.first_offset);
+            let first_stored = if base > 0 { 0 } else { first_stored };
             state.start_offset = seed.start_offset.max(first_stored).min(state.next_offset);
             chunks.retain(|c| c.next_offset > state.start_offset);
             coarsen(&mut chunks, None);
@@ -319,17 +347,49 @@ impl Shard {
             Op::Create {
                 config,
                 closed,
-                first_record,
-            } => self.create(name, config, closed, first_record).await,
+                records,
+                fork,
+            } => {
+                let origin = match fork {
+                    None => None,
+                    Some(Fork::Resolved(origin)) => Some(origin),
+                    Some(Fork::Spec(_)) => {
+                        return Err(EngineError::Invalid(
+                            "a fork must be resolved by its source first".into(),
+                        ))
+                    }
+                };
+                self.create(name, config, closed, records, origin).await
+            }
             Op::Append {
                 records,
                 close,
                 match_offset,
                 producer,
+                content_type,
+                writer_seq,
             } => self
-                .append(name, records, close, match_offset, producer)
+                .append(
+                    name,
+                    AppendRequest {
+                        records,
+                        close,
+                        match_offset,
+                        producer,
+                        content_type,
+                        writer_seq,
+                    },
+                )
                 .await
                 .map(Reply::Appended),
+            Op::ForkAcquire {
+                offset,
+                partial_bytes,
+            } => self.fork_acquire(name, offset, partial_bytes).await,
+            Op::ForkRelease { source_id } => {
+                self.fork_release(name, source_id).await?;
+                Ok(Reply::Released)
+            }
             Op::Trim { offset } => self
                 .trim(name, offset)
                 .await
@@ -340,13 +400,20 @@ impl Shard {
         }
     }
 
-    /// Looks a stream up, deleting it first if it expired (lazy expiry).
+    /// Looks a stream up, deleting it first if it expired (lazy expiry). An expired stream
+    /// that forks still read is kept for them but is gone for clients.
     async fn live_stream_id(&self, name: &str, touch: bool) -> Result<u64, EngineError> {
         let now = now_ms();
         let (id, expired) = {
             let mut streams = self.streams.borrow_mut();
             let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+            if stream.state.soft_deleted {
+                return Err(EngineError::Gone);
+            }
             let expired = stream.state.is_expired(now);
+            if expired && stream.state.fork_refs > 0 {
+                return Err(EngineError::NotFound);
+            }
             if touch && !expired {
                 stream.state.touch(now);
                 self.record_access(stream);
@@ -382,12 +449,26 @@ impl Shard {
         name: &str,
         config: StreamConfig,
         closed: bool,
-        first_record: Option<RecordInput>,
+        records: Vec<RecordInput>,
+        fork: Option<ForkOrigin>,
     ) -> Result<Reply, EngineError> {
-        if self.live_stream_id(name, false).await.is_ok() {
+        let found = self.live_stream_id(name, false).await;
+        if let Err(EngineError::Gone) = found {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-            stream.state.check_recreate(&config, closed)?;
+            stream.state.check_recreate(&config, closed, fork.as_ref())?;
+        }
+        if found.is_err() && self.streams.borrow().contains_key(name) {
+            // Expired, but forks still read it: the name stays taken until they are gone.
+            return Err(EngineError::ConfigMismatch {
+                message: "an expired stream with live forks still holds this name".into(),
+                next_offset: 0,
+            });
+        }
+        if found.is_ok() {
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            stream.state.check_recreate(&config, closed, fork.as_ref())?;
             return Ok(Reply::Created {
                 created: false,
                 info: info_of(&stream.state),
@@ -399,11 +480,17 @@ impl Shard {
             ttl_sec: config.ttl_sec,
             expires_at_ms: config.expires_at_ms,
             // A body given with a closing create is appended first, then the close.
-            closed: closed && first_record.is_none(),
+            closed: closed && records.is_empty(),
         };
+        let fork_row = fork.as_ref().map(|f| pico_meta::ForkRow {
+            source: f.source.clone(),
+            source_id: f.source_id,
+            offset: f.offset,
+            partial_bytes: f.partial_bytes,
+        });
         let outcome = self
             .meta
-            .create_stream(name, meta_config, now_ms())
+            .create_fork_stream(name, meta_config, fork_row, now_ms())
             .await
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -412,7 +499,7 @@ impl Shard {
             let mut streams = self.streams.borrow_mut();
             if let Some(existing) = streams.get(name) {
                 // Another create of the same name on this core won the race.
-                existing.state.check_recreate(&config, closed)?;
+                existing.state.check_recreate(&config, closed, fork.as_ref())?;
                 false
             } else {
                 let row_config = StreamConfig {
@@ -420,9 +507,15 @@ impl Shard {
                     ttl_sec: row.config.ttl_sec,
                     expires_at_ms: row.config.expires_at_ms,
                 };
-                let state = StreamState::new(row.id, row_config, row.config.closed, row.created_ms);
+                let mut state =
+                    StreamState::new(row.id, row_config, row.config.closed, row.created_ms);
+                if let Some(origin) = &fork {
+                    state.next_offset = origin.base();
+                    state.durable_offset = origin.base();
+                }
+                state.fork = fork.clone();
                 if !outcome.created {
-                    state.check_recreate(&config, closed)?;
+                    state.check_recreate(&config, closed, fork.as_ref())?;
                 }
                 streams.insert(
                     Rc::from(name),
@@ -437,10 +530,16 @@ impl Shard {
             }
         };
         let mut first = None;
-        if created {
-            if let Some(record) = first_record {
-                first = Some(self.append(name, vec![record], closed, None, None).await?);
-            }
+        if created && !records.is_empty() {
+            let request = AppendRequest {
+                records,
+                close: closed,
+                match_offset: None,
+                producer: None,
+                content_type: None,
+                writer_seq: None,
+            };
+            first = Some(self.append(name, request).await?);
         }
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
@@ -454,11 +553,16 @@ impl Shard {
     async fn append(
         self: &Rc<Self>,
         name: &str,
-        records: Vec<RecordInput>,
-        close: bool,
-        match_offset: Option<u64>,
-        producer: Option<ProducerTuple>,
+        request: AppendRequest,
     ) -> Result<AppendAck, EngineError> {
+        let AppendRequest {
+            records,
+            close,
+            match_offset,
+            producer,
+            content_type,
+            writer_seq,
+        } = request;
         if producer
             .as_ref()
             .is_some_and(|p| p.id.len() > frame::PRODUCER_ID_LEN_MAX)
@@ -504,6 +608,8 @@ impl Shard {
                 close,
                 match_offset,
                 producer: producer.as_ref(),
+                content_type: content_type.as_deref(),
+                writer_seq: writer_seq.as_deref(),
             };
             let outcome = stream.state.apply_append(command, now)?;
             self.record_access(stream);
@@ -732,6 +838,9 @@ impl Shard {
         name: &str,
         request: ReadRequest,
     ) -> Result<ReadBatch, EngineError> {
+        if let Some(bound) = request.bound {
+            return self.read_bounded(name, bound, &request).await;
+        }
         let deadline = request
             .wait_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms));
@@ -749,6 +858,9 @@ impl Shard {
         };
         loop {
             self.live_stream_id(name, true).await?;
+            if let Some(batch) = self.inherited_below(name, from, &request) {
+                return Ok(batch);
+            }
             let batch = self.read_once(name, from, &request).await?;
             let Some(deadline) = deadline else {
                 return Ok(batch);
@@ -786,6 +898,84 @@ impl Shard {
             }
             from = batch.next_offset;
         }
+    }
+
+    /// A fork read starting below the fork point: an empty batch naming the source, which the
+    /// node reads (see `CoreHandle::read`).
+    fn inherited_below(&self, name: &str, from: u64, request: &ReadRequest) -> Option<ReadBatch> {
+        let streams = self.streams.borrow();
+        let state = &streams.get(name)?.state;
+        let origin = state.fork.as_ref().filter(|o| from < o.base())?;
+        Some(ReadBatch {
+            from,
+            records: Vec::new(),
+            next_offset: from,
+            tail: state.durable_offset,
+            closed: false,
+            content_type: request
+                .with_content_type
+                .then(|| state.config.content_type.clone()),
+            inherit: Some(origin.clone()),
+        })
+    }
+
+    /// A fork reading what it inherited from this stream: records below `bound.until` and
+    /// the first `bound.partial_bytes` of record `bound.until`, also when the stream is
+    /// deleted for clients or expired (the fork keeps it).
+    async fn read_bounded(
+        self: &Rc<Self>,
+        name: &str,
+        bound: ReadBound,
+        request: &ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
+        let from = match request.from {
+            ReadFrom::Offset(offset) => offset,
+            ReadFrom::Tail => bound.until,
+        };
+        let end = bound.until + u64::from(bound.partial_bytes > 0);
+        {
+            let streams = self.streams.borrow();
+            let stream = streams
+                .get(name)
+                .filter(|s| s.state.id == bound.source_id)
+                .ok_or(EngineError::NotFound)?;
+            if end > stream.state.durable_offset {
+                return Err(EngineError::Storage(format!(
+                    "fork source {name} holds fewer records than its forks inherited"
+                )));
+            }
+        }
+        if from >= end {
+            return Ok(ReadBatch {
+                from,
+                records: Vec::new(),
+                next_offset: from,
+                tail: end,
+                closed: false,
+                content_type: None,
+                inherit: None,
+            });
+        }
+        if let Some(batch) = self.inherited_below(name, from, request) {
+            return Ok(batch);
+        }
+        let limited = ReadRequest {
+            max_records: request.max_records.min((end - from) as usize),
+            ..request.clone()
+        };
+        let mut batch = self.read_once(name, from, &limited).await?;
+        batch.records.retain(|r| r.offset < end);
+        if bound.partial_bytes > 0 {
+            if let Some(last) = batch.records.last_mut().filter(|r| r.offset == bound.until) {
+                let keep = (bound.partial_bytes as usize).min(last.body.len());
+                last.body = last.body.slice(..keep);
+            }
+        }
+        batch.next_offset = batch.records.last().map_or(from, |r| r.offset + 1);
+        batch.tail = end;
+        batch.closed = false;
+        batch.content_type = None;
+        Ok(batch)
     }
 
     /// One pass over the stored chunks from `from`, bounded by the request's budgets.
@@ -870,6 +1060,7 @@ impl Shard {
             tail,
             closed: closed_durable && next >= tail,
             content_type,
+            inherit: None,
         })
     }
 
@@ -1054,7 +1245,7 @@ impl Shard {
                 .streams
                 .borrow()
                 .iter()
-                .filter(|(_, s)| s.state.is_expired(now))
+                .filter(|(_, s)| s.state.is_expired(now) && s.state.fork_refs == 0)
                 .take(REAPER_BATCH_MAX)
                 .map(|(name, s)| (name.clone(), s.state.id))
                 .collect();
@@ -1076,9 +1267,87 @@ impl Shard {
         Ok(info_of(&stream.state))
     }
 
+    /// Deletes a stream; one that forks still read is only deleted for clients (soft
+    /// delete): `410` from then on, its name stays taken, its records stay for the forks.
     async fn delete(&self, name: &str) -> Result<(), EngineError> {
         let id = self.live_stream_id(name, false).await?;
-        self.remove_stream(name, id).await
+        let has_forks = self
+            .streams
+            .borrow()
+            .get(name)
+            .is_some_and(|s| s.state.fork_refs > 0);
+        if !has_forks {
+            return self.remove_stream(name, id).await;
+        }
+        self.meta
+            .soft_delete_stream(id)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        if let Some(stream) = self.streams.borrow_mut().get_mut(name) {
+            stream.state.soft_deleted = true;
+            for waiter in stream.waiters.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates a fork point on this (source) stream and counts the fork's reference.
+    async fn fork_acquire(
+        &self,
+        name: &str,
+        offset: u64,
+        partial_bytes: u64,
+    ) -> Result<Reply, EngineError> {
+        match self.live_stream_id(name, false).await {
+            Err(EngineError::Gone) => return Err(EngineError::SourceGone),
+            other => other?,
+        };
+        let mut streams = self.streams.borrow_mut();
+        let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+        let end = offset + u64::from(partial_bytes > 0);
+        if end > stream.state.durable_offset {
+            return Err(EngineError::Invalid(format!(
+                "fork offset is past the source's tail ({})",
+                stream.state.durable_offset
+            )));
+        }
+        stream.state.fork_refs += 1;
+        Ok(Reply::ForkPoint {
+            origin: ForkOrigin {
+                source: name.to_string(),
+                source_id: stream.state.id,
+                offset,
+                partial_bytes,
+            },
+            config: stream.state.config.clone(),
+        })
+    }
+
+    /// A fork of this stream is gone: the last one takes a deleted or expired source with it.
+    async fn fork_release(&self, name: &str, source_id: u64) -> Result<(), EngineError> {
+        let remove = {
+            let mut streams = self.streams.borrow_mut();
+            let Some(stream) = streams
+                .get_mut(name)
+                .filter(|s| s.state.id == source_id)
+            else {
+                return Ok(());
+            };
+            stream.state.fork_refs = stream.state.fork_refs.saturating_sub(1);
+            stream.state.fork_refs == 0
+                && (stream.state.soft_deleted || stream.state.is_expired(now_ms()))
+        };
+        if remove {
+            self.remove_stream(name, source_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Sources to tell that one of their forks is gone (drained by the node's release task).
+    pub(crate) fn take_fork_releases(&self) -> Vec<(String, u64)> {
+        std::mem::take(&mut *self.fork_releases.borrow_mut())
     }
 
     async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {
@@ -1092,6 +1361,12 @@ impl Shard {
             if let Some(stream) = streams.remove(name) {
                 for waiter in stream.waiters {
                     let _ = waiter.send(());
+                }
+                if let Some(origin) = stream.state.fork {
+                    self.fork_releases
+                        .borrow_mut()
+                        .push((origin.source, origin.source_id));
+                    self.fork_released.notify();
                 }
             }
         }

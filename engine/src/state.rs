@@ -18,6 +18,24 @@ pub struct StreamConfig {
     pub expires_at_ms: Option<i64>,
 }
 
+/// Where a fork's inherited records come from: records `0..offset` of the source, plus the
+/// first `partial_bytes` bytes of its record `offset` when non-zero. The fork's own records
+/// start at [`ForkOrigin::base`]; offsets are shared, never translated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkOrigin {
+    pub source: String,
+    pub source_id: u64,
+    pub offset: u64,
+    pub partial_bytes: u64,
+}
+
+impl ForkOrigin {
+    /// The first offset the fork's own records get.
+    pub fn base(&self) -> u64 {
+        self.offset + u64::from(self.partial_bytes > 0)
+    }
+}
+
 /// Everything the owning core knows about a stream's offsets and lifecycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamState {
@@ -42,6 +60,14 @@ pub struct StreamState {
     pub producers: BTreeMap<String, (u64, u64)>,
     /// The producer tuple of the request that closed the stream, if a producer closed it.
     pub closed_by: Option<ProducerTuple>,
+    /// The last writer sequence (`Stream-Seq`) accepted.
+    pub writer_seq: Option<String>,
+    /// Set for a fork: records below `fork.base()` are the source's.
+    pub fork: Option<ForkOrigin>,
+    /// Forks reading this stream's records.
+    pub fork_refs: u64,
+    /// Deleted for clients while forks still read it.
+    pub soft_deleted: bool,
 }
 
 /// An append as the protocols express it.
@@ -55,6 +81,10 @@ pub struct AppendCommand<'a> {
     pub match_offset: Option<u64>,
     /// Idempotent producer identity; its `seq` counts requests, not records.
     pub producer: Option<&'a ProducerTuple>,
+    /// The request's content type, when it must match the stream's.
+    pub content_type: Option<&'a str>,
+    /// Writer sequence: must sort (bytewise) after the last accepted one.
+    pub writer_seq: Option<&'a str>,
 }
 
 /// What an accepted append did.
@@ -93,7 +123,16 @@ impl StreamState {
             last_access_ms: now_ms,
             producers: BTreeMap::new(),
             closed_by: None,
+            writer_seq: None,
+            fork: None,
+            fork_refs: 0,
+            soft_deleted: false,
         }
+    }
+
+    /// The first offset of the stream's own records (above the inherited ones of a fork).
+    pub fn own_base(&self) -> u64 {
+        self.fork.as_ref().map_or(0, ForkOrigin::base)
     }
 
     /// The instant after which the stream no longer exists, if any.
@@ -118,8 +157,19 @@ impl StreamState {
         self.last_access_ms = self.last_access_ms.max(now_ms);
     }
 
-    /// Validates and assigns an append. On error the state is unchanged.
+    /// Validates and assigns an append. On error the state is unchanged; every accepted
+    /// request (also a duplicate or a repeated close) slides the TTL.
     pub fn apply_append(
+        &mut self,
+        command: AppendCommand,
+        now_ms: i64,
+    ) -> Result<AppendOutcome, EngineError> {
+        let outcome = self.assign_append(command, now_ms)?;
+        self.touch(now_ms);
+        Ok(outcome)
+    }
+
+    fn assign_append(
         &mut self,
         command: AppendCommand,
         now_ms: i64,
@@ -154,6 +204,18 @@ impl StreamState {
                 next_offset: self.next_offset,
             });
         }
+        if let Some(given) = command.content_type {
+            if command.records > 0 && !mime_base_eq(given, &self.config.content_type) {
+                return Err(EngineError::ContentTypeMismatch {
+                    expected: self.config.content_type.clone(),
+                });
+            }
+        }
+        if let (Some(given), Some(last)) = (command.writer_seq, &self.writer_seq) {
+            if given.as_bytes() <= last.as_bytes() {
+                return Err(EngineError::WriterSeqRegression { last: last.clone() });
+            }
+        }
         if let Some(expected) = command.match_offset {
             if expected != self.next_offset {
                 return Err(EngineError::MatchFailed {
@@ -162,7 +224,9 @@ impl StreamState {
                 });
             }
         }
-        self.touch(now_ms);
+        if let Some(given) = command.writer_seq {
+            self.writer_seq = Some(given.to_string());
+        }
         if let Some(producer) = command.producer {
             self.producers
                 .insert(producer.id.clone(), (producer.epoch, producer.seq));
@@ -263,7 +327,18 @@ impl StreamState {
     }
 
     /// An existing stream accepts an idempotent create only with the same configuration.
-    pub fn check_recreate(&self, config: &StreamConfig, closed: bool) -> Result<(), EngineError> {
+    pub fn check_recreate(
+        &self,
+        config: &StreamConfig,
+        closed: bool,
+        fork: Option<&ForkOrigin>,
+    ) -> Result<(), EngineError> {
+        if self.soft_deleted {
+            return Err(EngineError::ConfigMismatch {
+                message: "a deleted stream with live forks still holds this name".into(),
+                next_offset: self.durable_offset,
+            });
+        }
         let mismatch = |message: String| EngineError::ConfigMismatch {
             message,
             next_offset: self.durable_offset,
@@ -274,6 +349,11 @@ impl StreamState {
         {
             return Err(mismatch(
                 "stream exists with a different configuration".into(),
+            ));
+        }
+        if self.fork.as_ref() != fork {
+            return Err(mismatch(
+                "stream exists with a different fork origin".into(),
             ));
         }
         if !mime_base_eq(&self.config.content_type, &config.content_type) {
@@ -358,7 +438,7 @@ mod tests {
                     Step::Append { records, close, match_tail, now } => {
                         let before = state.clone();
                         let match_offset = match_tail.then_some(state.next_offset);
-                        let result = state.apply_append(AppendCommand { records, close, match_offset, producer: None }, now);
+                        let result = state.apply_append(AppendCommand { records, close, match_offset, producer: None, content_type: None, writer_seq: None }, now);
                         match result {
                             Ok(AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, .. }) => {
                                 prop_assert!(!before.closed);
@@ -402,6 +482,8 @@ mod tests {
                 close,
                 match_offset: None,
                 producer: producer.as_ref(),
+                content_type: None,
+                writer_seq: None,
             },
             1,
         )
@@ -509,6 +591,8 @@ mod tests {
                     close: false,
                     match_offset: None,
                     producer: None,
+                    content_type: None,
+                    writer_seq: None,
                 },
                 1,
             )
@@ -520,6 +604,8 @@ mod tests {
                     close: false,
                     match_offset: Some(5),
                     producer: None,
+                    content_type: None,
+                    writer_seq: None,
                 },
                 2,
             )
@@ -556,6 +642,8 @@ mod tests {
                     close: false,
                     match_offset: None,
                     producer: None,
+                    content_type: None,
+                    writer_seq: None,
                 },
                 1,
             )
@@ -572,12 +660,12 @@ mod tests {
     #[test]
     fn recreate_compares_configuration() {
         let state = StreamState::new(1, config(), false, 0);
-        assert!(state.check_recreate(&config(), false).is_ok());
+        assert!(state.check_recreate(&config(), false, None).is_ok());
         let mut other = config();
         other.content_type = "TEXT/PLAIN; charset=utf-8".into();
-        assert!(state.check_recreate(&other, false).is_ok());
+        assert!(state.check_recreate(&other, false, None).is_ok());
         other.content_type = "application/json".into();
-        assert!(state.check_recreate(&other, false).is_err());
-        assert!(state.check_recreate(&config(), true).is_err());
+        assert!(state.check_recreate(&other, false, None).is_err());
+        assert!(state.check_recreate(&config(), true, None).is_err());
     }
 }

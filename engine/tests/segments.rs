@@ -75,6 +75,7 @@ async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, i64, Bytes)> {
             max_bytes: 16 * 1024,
             wait_ms: None,
             with_content_type: false,
+            bound: None,
         };
         let Reply::Read(batch) = core.call(name, Op::Read(request)).await.expect("read") else {
             panic!("not a read")
@@ -106,7 +107,8 @@ fn segments_survive_sealing_eviction_and_restart() {
                 Op::Create {
                     config: config.clone(),
                     closed: false,
-                    first_record: None,
+                    records: Vec::new(),
+                    fork: None,
                 },
             )
             .await
@@ -125,6 +127,8 @@ fn segments_survive_sealing_eviction_and_restart() {
                     close: false,
                     match_offset: None,
                     producer: None,
+                    content_type: None,
+                    writer_seq: None,
                 },
             )
             .await
@@ -137,6 +141,8 @@ fn segments_survive_sealing_eviction_and_restart() {
                 close: true,
                 match_offset: None,
                 producer: None,
+                content_type: None,
+                writer_seq: None,
             },
         )
         .await
@@ -175,6 +181,8 @@ fn segments_survive_sealing_eviction_and_restart() {
                     close: false,
                     match_offset: None,
                     producer: None,
+                    content_type: None,
+                    writer_seq: None,
                 },
             )
             .await
@@ -216,7 +224,8 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
                 Op::Create {
                     config,
                     closed: false,
-                    first_record: None,
+                    records: Vec::new(),
+                    fork: None,
                 },
             )
             .await
@@ -231,6 +240,8 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
                     close: false,
                     match_offset: None,
                     producer: None,
+                    content_type: None,
+                    writer_seq: None,
                 };
                 core.call("/big", op).await.unwrap();
             }

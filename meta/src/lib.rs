@@ -52,6 +52,22 @@ pub struct StreamRow {
     /// Last read or append as last recorded by [`MetaStore::touch_stream`] (`created_ms` until
     /// then): where a sliding TTL's idle clock resumes after a restart.
     pub last_access_ms: i64,
+    /// The stream was created as a fork of another: it shares that stream's records below
+    /// the fork point.
+    pub fork: Option<ForkRow>,
+    /// Deleted while forks still read its records: gone for clients, kept for the forks
+    /// (see [`MetaStore::soft_delete_stream`]).
+    pub soft_deleted: bool,
+}
+
+/// Where a fork's inherited records come from: records `0..offset` of the source, plus the
+/// first `partial_bytes` bytes of its record `offset` when non-zero (a fork inside a record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkRow {
+    pub source: String,
+    pub source_id: u64,
+    pub offset: u64,
+    pub partial_bytes: u64,
 }
 
 /// The answer to [`MetaStore::create_stream`].

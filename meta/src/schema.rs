@@ -16,6 +16,11 @@
 //!   created_ms    INTEGER NOT NULL                           immutable
 //!   start_offset  INTEGER NOT NULL DEFAULT 0  (v2)           only raised (trim_stream)
 //!   last_access_ms INTEGER                     (v3)           only raised (touch_stream); NULL = created_ms
+//!   fork_source   TEXT NULL                    (v4)           immutable; source name of a fork
+//!   fork_source_id INTEGER NULL                (v4)           immutable; source id of a fork
+//!   fork_offset   INTEGER NULL                 (v4)           immutable; records inherited below it
+//!   fork_partial_bytes INTEGER NULL            (v4)           immutable; bytes of record fork_offset
+//!   soft_deleted  INTEGER NOT NULL DEFAULT 0   (v4)           0 → 1 only; deleted but read by forks
 //!
 //! segments         the catalog: one row per committed segment object
 //!   seq           INTEGER PRIMARY KEY AUTOINCREMENT          commit order; kept on re-commit
@@ -93,6 +98,13 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE segment_streams ADD COLUMN closed_by BLOB;",
     // 3: where a sliding TTL's idle clock stands (NULL: the stream's created_ms).
     "ALTER TABLE streams ADD COLUMN last_access_ms INTEGER;",
+    // 4: forks (where the inherited records come from) and soft deletes (a deleted source
+    // some fork still reads).
+    "ALTER TABLE streams ADD COLUMN fork_source TEXT;
+     ALTER TABLE streams ADD COLUMN fork_source_id INTEGER;
+     ALTER TABLE streams ADD COLUMN fork_offset INTEGER;
+     ALTER TABLE streams ADD COLUMN fork_partial_bytes INTEGER;
+     ALTER TABLE streams ADD COLUMN soft_deleted INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// The schema version this build writes.
@@ -242,6 +254,8 @@ mod tests {
             created_ms: 1000,
             start_offset: 0,
             last_access_ms: 1000,
+            fork: None,
+            soft_deleted: false,
         };
         assert_eq!(snapshot.streams, vec![old.clone()]);
         let segment = SegmentRecord {
@@ -287,8 +301,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3]);
-        assert_eq!(SCHEMA_VERSION, 3);
+        assert_eq!(versions(&conn), [1, 2, 3, 4]);
+        assert_eq!(SCHEMA_VERSION, 4);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::runs;
 use crate::schema;
 use crate::schema::storage;
 use crate::CreateOutcome;
+use crate::ForkRow;
 use crate::MetaError;
 use crate::MetaUrl;
 use crate::ProducerState;
@@ -78,6 +79,7 @@ enum Command {
     Create {
         name: String,
         config: StreamConfig,
+        fork: Option<ForkRow>,
         now_ms: i64,
         reply: oneshot::Sender<Result<CreateOutcome, MetaError>>,
     },
@@ -86,6 +88,10 @@ enum Command {
         reply: oneshot::Sender<Result<bool, MetaError>>,
     },
     Close {
+        id: u64,
+        reply: oneshot::Sender<Result<(), MetaError>>,
+    },
+    SoftDelete {
         id: u64,
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
@@ -166,13 +172,34 @@ impl MetaStore {
         config: StreamConfig,
         now_ms: i64,
     ) -> Reply<CreateOutcome> {
+        self.create_fork_stream(name, config, None, now_ms)
+    }
+
+    /// [`MetaStore::create_stream`] for a fork: the row records where its inherited records
+    /// come from, in the same transaction as the insert.
+    pub fn create_fork_stream(
+        &self,
+        name: &str,
+        config: StreamConfig,
+        fork: Option<ForkRow>,
+        now_ms: i64,
+    ) -> Reply<CreateOutcome> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Create {
             name: name.to_string(),
             config,
+            fork,
             now_ms,
             reply,
         });
+        answer
+    }
+
+    /// Marks `id` deleted for clients while forks still read its records: the row (and so its
+    /// name and its segments) stays until the last fork is gone and the row is deleted.
+    pub fn soft_delete_stream(&self, id: u64) -> Reply<()> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::SoftDelete { id, reply });
         answer
     }
 
@@ -481,6 +508,7 @@ fn abandon(
         Command::Create { reply, .. } => Pending::Create(reply, failed(&why)),
         Command::Delete { reply, .. } => Pending::Delete(reply, failed(&why)),
         Command::Close { reply, .. }
+        | Command::SoftDelete { reply, .. }
         | Command::Trim { reply, .. }
         | Command::Touch { reply, .. }
         | Command::DropSegments { reply, .. }
@@ -501,6 +529,7 @@ fn answer_closed(command: Command) {
         Command::Create { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Delete { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Close { reply, .. }
+        | Command::SoftDelete { reply, .. }
         | Command::Trim { reply, .. }
         | Command::Touch { reply, .. }
         | Command::DropSegments { reply, .. }
@@ -515,9 +544,11 @@ fn apply_command(conn: &Connection, command: Command) -> Pending {
         Command::Create {
             name,
             config,
+            fork,
             now_ms,
             reply,
-        } => Pending::Create(reply, create(conn, name, config, now_ms)),
+        } => Pending::Create(reply, create(conn, name, config, fork, now_ms)),
+        Command::SoftDelete { id, reply } => Pending::Unit(reply, soft_delete(conn, id)),
         Command::Delete { id, reply } => Pending::Delete(reply, delete(conn, id)),
         Command::Close { id, reply } => Pending::Unit(reply, close(conn, id)),
         Command::Trim {
@@ -545,8 +576,9 @@ fn apply_command(conn: &Connection, command: Command) -> Pending {
 }
 
 const SELECT_STREAM: &str = "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, \
-                             created_ms, start_offset, coalesce(last_access_ms, created_ms) \
-                             FROM streams";
+                             created_ms, start_offset, coalesce(last_access_ms, created_ms), \
+                             fork_source, fork_source_id, fork_offset, fork_partial_bytes, \
+                             soft_deleted FROM streams";
 
 fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
     Ok(StreamRow {
@@ -561,6 +593,16 @@ fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
         created_ms: row.get(6)?,
         start_offset: row.get(7)?,
         last_access_ms: row.get(8)?,
+        fork: match row.get::<_, Option<String>>(9)? {
+            None => None,
+            Some(source) => Some(ForkRow {
+                source,
+                source_id: row.get(10)?,
+                offset: row.get(11)?,
+                partial_bytes: row.get(12)?,
+            }),
+        },
+        soft_deleted: row.get(13)?,
     })
 }
 
@@ -568,6 +610,7 @@ fn create(
     conn: &Connection,
     name: String,
     config: StreamConfig,
+    fork: Option<ForkRow>,
     now_ms: i64,
 ) -> Result<CreateOutcome, MetaError> {
     let existing = conn
@@ -584,16 +627,34 @@ fn create(
             created: false,
         });
     }
+    let storable = |value: u64, what: &str| {
+        i64::try_from(value)
+            .map_err(|_| MetaError::Storage(format!("fork {what} {value} is not storable")))
+    };
+    let fork_columns = match &fork {
+        None => (None, None, None, None),
+        Some(f) => (
+            Some(f.source.clone()),
+            Some(storable(f.source_id, "source id")?),
+            Some(storable(f.offset, "offset")?),
+            Some(storable(f.partial_bytes, "partial bytes")?),
+        ),
+    };
     conn.execute(
-        "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms,
+                              fork_source, fork_source_id, fork_offset, fork_partial_bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             name,
             config.content_type,
             config.ttl_sec,
             config.expires_at_ms,
             config.closed,
-            now_ms
+            now_ms,
+            fork_columns.0,
+            fork_columns.1,
+            fork_columns.2,
+            fork_columns.3
         ],
     )
     .map_err(storage("insert stream"))?;
@@ -610,6 +671,8 @@ fn create(
         created_ms: now_ms,
         start_offset: 0, // the column's default
         last_access_ms: now_ms,
+        fork,
+        soft_deleted: false,
     };
     Ok(CreateOutcome { row, created: true })
 }
@@ -622,6 +685,15 @@ fn delete(conn: &Connection, id: u64) -> Result<bool, MetaError> {
         .execute("DELETE FROM streams WHERE id = ?1", [id])
         .map_err(storage("delete stream"))?;
     Ok(removed > 0)
+}
+
+fn soft_delete(conn: &Connection, id: u64) -> Result<(), MetaError> {
+    let Ok(id) = i64::try_from(id) else {
+        return Ok(()); // unknown id
+    };
+    conn.execute("UPDATE streams SET soft_deleted = 1 WHERE id = ?1", [id])
+        .map_err(storage("soft-delete stream"))?;
+    Ok(())
 }
 
 fn close(conn: &Connection, id: u64) -> Result<(), MetaError> {

@@ -80,6 +80,10 @@ impl From<EngineError> for ApiError {
                 extra: vec![("pico-closed", "true".into())],
                 ..ApiError::new(409, "closed", message)
             },
+            EngineError::Gone => ApiError::new(410, "gone", message),
+            EngineError::SourceGone
+            | EngineError::ContentTypeMismatch { .. }
+            | EngineError::WriterSeqRegression { .. } => ApiError::new(409, "conflict", message),
             EngineError::MatchFailed { actual, .. } => ApiError {
                 next_seq: Some(actual),
                 ..ApiError::new(412, "match_failed", message)
@@ -340,17 +344,22 @@ async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         expires_at_ms,
     };
     // D1: a body given with the create becomes the first record.
-    let first_record = (!request.body.is_empty()).then(|| RecordInput {
-        headers: Vec::new(),
-        body: request.body.clone(),
-    });
+    let records = if request.body.is_empty() {
+        Vec::new()
+    } else {
+        vec![RecordInput {
+            headers: Vec::new(),
+            body: request.body.clone(),
+        }]
+    };
     let reply = core
         .call(
             &request.path,
             Op::Create {
                 config,
                 closed,
-                first_record,
+                records,
+                fork: None,
             },
         )
         .await?;
@@ -414,6 +423,8 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         close,
         match_offset,
         producer,
+        content_type: None,
+        writer_seq: None,
     };
     let Reply::Appended(ack) = core.call(&request.path, op).await? else {
         unreachable!("an append is always answered with Appended")
@@ -547,6 +558,7 @@ async fn read(
         max_bytes,
         wait_ms: long_poll.then_some(settings.long_poll_timeout_ms),
         with_content_type: format == Format::Raw,
+        bound: None,
     };
     let reply = core.call(&request.path, Op::Read(read_request)).await?;
     let Reply::Read(mut batch) = reply else {

@@ -107,6 +107,7 @@ async fn next_events(state: &mut State) {
             0
         }),
         with_content_type: false,
+        bound: None,
     };
     let batch = match state.core.call(&state.name, Op::Read(request)).await {
         Ok(Reply::Read(batch)) => batch,
