@@ -76,6 +76,10 @@ pub struct ServeArgs {
     )]
     pub listen: String,
 
+    /// an extra listener speaking the other protocol (Durable Streams with the default --protocol pico) on the same node and data [env: PICO_DS_LISTEN]
+    #[argh(option, arg_name = "addr", from_str_fn(parse_socket_addr))]
+    pub ds_listen: Option<String>,
+
     /// admin listener address for /health and /ready (default 127.0.0.1:9090) [env: PICO_ADMIN_LISTEN]
     #[argh(
         option,
@@ -113,13 +117,13 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "ms", default = "20")]
     pub object_flush_ms: u64,
 
-    /// seconds a long-poll waits for data before answering 204 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
-    #[argh(option, arg_name = "secs", default = "25")]
-    pub long_poll_timeout_sec: u64,
+    /// seconds a long-poll (and an idle SSE response, before its keep-alive control) waits for data before answering, fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
+    #[argh(option, arg_name = "secs", default = "25.0", from_str_fn(parse_seconds))]
+    pub long_poll_timeout_sec: f64,
 
-    /// seconds before the server ends an SSE response, clients reconnect (default 55) [env: PICO_SSE_MAX_DURATION_SEC]
-    #[argh(option, arg_name = "secs", default = "55")]
-    pub sse_max_duration_sec: u64,
+    /// seconds before the server ends an SSE response and clients reconnect, fractions allowed (default 55) [env: PICO_SSE_MAX_DURATION_SEC]
+    #[argh(option, arg_name = "secs", default = "55.0", from_str_fn(parse_seconds))]
+    pub sse_max_duration_sec: f64,
 
     /// default read budget per response and SSE chunk size, bytes or with KiB/MiB suffix; 0 = 64 KiB (default 65536) [env: PICO_MAX_CHUNK_SIZE]
     #[argh(option, arg_name = "size", default = "65536", from_str_fn(parse_size))]
@@ -417,6 +421,15 @@ pub struct ConfigUseArgs {
 #[argh(subcommand, name = "path")]
 /// Print the path of the config file.
 pub struct ConfigPathArgs {}
+
+/// Non-negative seconds, fractions allowed (`0.5`).
+fn parse_seconds(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 1e9)
+        .ok_or_else(|| format!("expected seconds (e.g. 25 or 0.5), got {value:?}"))
+}
 
 fn parse_protocol(value: &str) -> Result<Protocol, String> {
     value.parse()

@@ -1,6 +1,5 @@
 //! `pico serve`: flags → `pico_net::ServerConfig`, then the server runs on this thread.
 
-use std::time::Duration;
 
 use pico_client::Protocol;
 use pico_net::ServerConfig;
@@ -41,6 +40,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
     };
     Ok(ServerConfig {
         listen: args.listen.clone(),
+        ds_listen: args.ds_listen.clone(),
         protocol: match protocol {
             Protocol::Pico => pico_net::Protocol::Pico,
             Protocol::Ds => pico_net::Protocol::DurableStreams,
@@ -60,11 +60,11 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
                 pico_net::Durability::Local
             }),
         object_flush_ms: positive(args.object_flush_ms, "--object-flush-ms")?,
-        long_poll_timeout_ms: millis(args.long_poll_timeout_sec, "--long-poll-timeout-sec")?,
-        sse_max_duration_ms: millis(
-            positive(args.sse_max_duration_sec, "--sse-max-duration-sec")?,
-            "--sse-max-duration-sec",
-        )?,
+        long_poll_timeout_ms: millis(args.long_poll_timeout_sec),
+        sse_max_duration_ms: match millis(args.sse_max_duration_sec) {
+            0 => return Err("--sse-max-duration-sec must be greater than 0".into()),
+            ms => ms,
+        },
         max_chunk_size,
         max_body_size: size(
             positive(args.max_body_size, "--max-body-size")?,
@@ -78,7 +78,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         backlog: args.backlog,
         cors_origin: args.cors_origin.clone(),
         gc_interval_ms: positive(args.gc_interval_ms, "--gc-interval-ms")?,
-        shutdown_drain_ms: millis(args.shutdown_drain_sec.unwrap_or(0), "--shutdown-drain-sec")?,
+        shutdown_drain_ms: args.shutdown_drain_sec.unwrap_or(0).saturating_mul(1000),
         auth_required: args.auth,
         auth_tokens: args.auth_tokens.clone(),
         insecure_allow_remote: args.insecure_allow_remote,
@@ -102,9 +102,9 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
     })
 }
 
-fn millis(secs: u64, flag: &str) -> Result<u64, String> {
-    u64::try_from(Duration::from_secs(secs).as_millis())
-        .map_err(|_| format!("{flag} {secs} is too large"))
+/// Seconds (already checked finite and bounded by the parser) to whole milliseconds.
+fn millis(secs: f64) -> u64 {
+    (secs * 1000.0).round() as u64
 }
 
 /// One line per reference flag that was given but does nothing in this server (C7).

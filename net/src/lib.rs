@@ -4,6 +4,8 @@ pub mod admin;
 pub mod auth;
 pub mod codec;
 pub mod config;
+pub mod ds;
+pub mod ds_subs;
 pub mod http1;
 pub mod http2;
 pub mod pico;

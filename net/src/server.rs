@@ -15,6 +15,8 @@ use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
 use crate::admin::{self, AdminState};
 use crate::auth::{CoreTokens, SharedTokens};
 use crate::config::{Durability, Protocol, ServerConfig};
+use crate::ds::{self, DsSettings};
+use crate::ds_subs::Subscriptions;
 use crate::http1;
 use crate::http2;
 use crate::pico::{self, PicoSettings};
@@ -30,9 +32,6 @@ const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 
 /// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
 pub fn run(config: ServerConfig) -> Result<(), String> {
-    if config.protocol == Protocol::DurableStreams {
-        return Err("--protocol ds is not available in this version; use --protocol pico".into());
-    }
     check_memlock()?;
     let auth = match (config.auth_required, &config.auth_tokens) {
         (true, Some(path)) => {
@@ -44,6 +43,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     };
     if auth.is_none() && !config.insecure_allow_remote {
         let mut listeners = vec![config.listen.clone()];
+        listeners.extend(config.ds_listen.clone());
         listeners.extend(config.admin_listen.clone());
         for addr in listeners {
             if !is_loopback(&addr)? {
@@ -131,9 +131,25 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         cors_origin: config.cors_origin.clone(),
         auth: auth.clone(),
     };
+    let ds_settings = DsSettings {
+        long_poll_timeout_ms: config.long_poll_timeout_ms,
+        sse_max_duration_ms: config.sse_max_duration_ms,
+        max_chunk_size: settings.max_chunk_size,
+        cors_origin: config.cors_origin.clone(),
+        scheme,
+        subscriptions: Arc::new(Subscriptions::new()),
+    };
+    // `--listen` speaks `--protocol`; `--ds-listen` adds the other one on the same data.
+    let other = match config.protocol {
+        Protocol::Pico => Protocol::DurableStreams,
+        Protocol::DurableStreams => Protocol::Pico,
+    };
+    let mut listeners: Vec<(String, Protocol)> = vec![(config.listen.clone(), config.protocol)];
+    if let Some(addr) = &config.ds_listen {
+        listeners.push((addr.clone(), other));
+    }
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
     let serving = Arc::new(AtomicBool::new(false));
-    let mut listen = config.listen.clone();
     let mut admin_addr = None;
     let mut handles = Vec::new();
     for (index, seed) in boot.seeds.into_iter().enumerate() {
@@ -146,13 +162,14 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             seed,
             tls: tls_config.clone(),
             serving: serving.clone(),
-            listen: listen.clone(),
+            listeners: listeners.clone(),
             admin: if index == 0 {
                 config.admin_listen.clone()
             } else {
                 None
             },
             settings: settings.clone(),
+            ds_settings: ds_settings.clone(),
             max_body_size: config.max_body_size,
             ready: ready_tx.clone(),
         };
@@ -167,15 +184,24 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             .recv_timeout(Duration::from_secs(30))
             .map_err(|_| format!("core {index} did not start within 30 s"))??;
         if index == 0 {
-            listen = started.listen.to_string();
+            for (listener, addr) in listeners.iter_mut().zip(&started.listens) {
+                listener.0 = addr.to_string();
+            }
             admin_addr = started.admin;
         }
     }
+    let (listen, _) = &listeners[0];
     println!("serving on {scheme}://{listen} (advertised {scheme}://{listen})");
     if let Some(addr) = admin_addr {
         println!("admin on {scheme}://{addr}");
     }
-    log::info!("protocol pico on {listen}");
+    for (addr, protocol) in &listeners {
+        let name = match protocol {
+            Protocol::Pico => "pico",
+            Protocol::DurableStreams => "ds (Durable Streams)",
+        };
+        log::info!("protocol {name} on {scheme}://{addr}");
+    }
     serving.store(true, Ordering::Relaxed);
     // SIGHUP reloads the token file; SIGINT and SIGTERM stop the node.
     while wait_for_signal(&signals) == libc::SIGHUP {
@@ -202,7 +228,8 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
 }
 
 struct Started {
-    listen: SocketAddr,
+    /// The bound address of each listener, in the job's order.
+    listens: Vec<SocketAddr>,
     admin: Option<SocketAddr>,
 }
 
@@ -210,9 +237,10 @@ struct CoreJob {
     seed: CoreSeed,
     tls: Option<Arc<rustls::ServerConfig>>,
     serving: Arc<AtomicBool>,
-    listen: String,
+    listeners: Vec<(String, Protocol)>,
     admin: Option<String>,
     settings: PicoSettings,
+    ds_settings: DsSettings,
     max_body_size: usize,
     ready: mpsc::Sender<Result<Started, String>>,
 }
@@ -222,17 +250,22 @@ async fn run_core(job: CoreJob) {
         seed,
         tls,
         serving,
-        listen,
+        listeners,
         admin,
         settings,
+        ds_settings,
         max_body_size,
         ready,
     } = job;
     let started = async {
         let core = CoreHandle::start(seed).await?;
-        let listener =
-            TcpListener::bind(&listen).map_err(|e| explain_bind_error(&listen, &e.to_string()))?;
-        let listen_addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let mut bound = Vec::new();
+        for (addr, protocol) in &listeners {
+            let listener =
+                TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?;
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            bound.push((listener, local, *protocol));
+        }
         let admin_listener = match &admin {
             Some(addr) => Some(
                 TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?,
@@ -240,10 +273,10 @@ async fn run_core(job: CoreJob) {
             None => None,
         };
         let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
-        Ok::<_, String>((core, listener, listen_addr, admin_listener, admin_addr))
+        Ok::<_, String>((core, bound, admin_listener, admin_addr))
     }
     .await;
-    let (core, listener, listen_addr, admin_listener, admin_addr) = match started {
+    let (core, bound, admin_listener, admin_addr) = match started {
         Ok(parts) => parts,
         Err(message) => {
             let _ = ready.send(Err(message));
@@ -272,23 +305,50 @@ async fn run_core(job: CoreJob) {
         .detach();
     }
     let _ = ready.send(Ok(Started {
-        listen: listen_addr,
+        listens: bound.iter().map(|(_, addr, _)| *addr).collect(),
         admin: admin_addr,
     }));
     let tokens = settings.auth.clone().map(CoreTokens::new);
     let settings = Rc::new(settings);
-    let handler = Rc::new(move |request| {
-        let (core, settings, tokens) = (core.clone(), settings.clone(), tokens.clone());
-        async move { pico::handle(&core, &settings, tokens.as_deref(), request).await }
-    });
-    accept_loop(
-        listener,
-        tls,
-        max_body_size,
-        handler,
-        pico::connection_error,
-    )
-    .await;
+    let ds_settings = Rc::new(ds_settings);
+    let mut loops = Vec::new();
+    for (listener, _, protocol) in bound {
+        let (core, tls, tokens) = (core.clone(), tls.clone(), tokens.clone());
+        let task = match protocol {
+            Protocol::Pico => {
+                let settings = settings.clone();
+                let handler = Rc::new(move |request| {
+                    let (core, settings, tokens) = (core.clone(), settings.clone(), tokens.clone());
+                    async move { pico::handle(&core, &settings, tokens.as_deref(), request).await }
+                });
+                glommio::spawn_local(accept_loop(
+                    listener,
+                    tls,
+                    max_body_size,
+                    handler,
+                    pico::connection_error,
+                ))
+            }
+            Protocol::DurableStreams => {
+                let settings = ds_settings.clone();
+                let handler = Rc::new(move |request| {
+                    let (core, settings, tokens) = (core.clone(), settings.clone(), tokens.clone());
+                    async move { ds::handle(&core, &settings, tokens.as_deref(), request).await }
+                });
+                glommio::spawn_local(accept_loop(
+                    listener,
+                    tls,
+                    max_body_size,
+                    handler,
+                    ds::connection_error,
+                ))
+            }
+        };
+        loops.push(task);
+    }
+    for task in loops {
+        task.await;
+    }
 }
 
 async fn accept_loop<H, F>(
