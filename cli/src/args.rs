@@ -118,11 +118,21 @@ pub struct ServeArgs {
     pub object_flush_ms: u64,
 
     /// seconds a long-poll (and an idle SSE response, before its keep-alive control) waits for data before answering, fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
-    #[argh(option, arg_name = "secs", default = "25.0", from_str_fn(parse_seconds))]
+    #[argh(
+        option,
+        arg_name = "secs",
+        default = "25.0",
+        from_str_fn(parse_seconds)
+    )]
     pub long_poll_timeout_sec: f64,
 
     /// seconds before the server ends an SSE response and clients reconnect, fractions allowed (default 55) [env: PICO_SSE_MAX_DURATION_SEC]
-    #[argh(option, arg_name = "secs", default = "55.0", from_str_fn(parse_seconds))]
+    #[argh(
+        option,
+        arg_name = "secs",
+        default = "55.0",
+        from_str_fn(parse_seconds)
+    )]
     pub sse_max_duration_sec: f64,
 
     /// default read budget per response and SSE chunk size, bytes or with KiB/MiB suffix; 0 = 64 KiB (default 65536) [env: PICO_MAX_CHUNK_SIZE]

@@ -1,6 +1,5 @@
 //! `pico serve`: flags → `pico_net::ServerConfig`, then the server runs on this thread.
 
-
 use pico_client::Protocol;
 use pico_net::ServerConfig;
 

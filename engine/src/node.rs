@@ -615,8 +615,7 @@ impl CoreHandle {
         };
         if config.content_type.is_empty() {
             config.content_type = source_config.content_type.clone();
-        } else if !crate::state::mime_base_eq(&config.content_type, &source_config.content_type)
-        {
+        } else if !crate::state::mime_base_eq(&config.content_type, &source_config.content_type) {
             let _ = self.call_owner(&spec.source, release()).await;
             return Err(EngineError::ConfigMismatch {
                 message: format!(

@@ -456,7 +456,9 @@ impl Shard {
         if let Err(EngineError::Gone) = found {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-            stream.state.check_recreate(&config, closed, fork.as_ref())?;
+            stream
+                .state
+                .check_recreate(&config, closed, fork.as_ref())?;
         }
         if found.is_err() && self.streams.borrow().contains_key(name) {
             // Expired, but forks still read it: the name stays taken until they are gone.
@@ -468,7 +470,9 @@ impl Shard {
         if found.is_ok() {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-            stream.state.check_recreate(&config, closed, fork.as_ref())?;
+            stream
+                .state
+                .check_recreate(&config, closed, fork.as_ref())?;
             return Ok(Reply::Created {
                 created: false,
                 info: info_of(&stream.state),
@@ -499,7 +503,9 @@ impl Shard {
             let mut streams = self.streams.borrow_mut();
             if let Some(existing) = streams.get(name) {
                 // Another create of the same name on this core won the race.
-                existing.state.check_recreate(&config, closed, fork.as_ref())?;
+                existing
+                    .state
+                    .check_recreate(&config, closed, fork.as_ref())?;
                 false
             } else {
                 let row_config = StreamConfig {
@@ -1329,10 +1335,7 @@ impl Shard {
     async fn fork_release(&self, name: &str, source_id: u64) -> Result<(), EngineError> {
         let remove = {
             let mut streams = self.streams.borrow_mut();
-            let Some(stream) = streams
-                .get_mut(name)
-                .filter(|s| s.state.id == source_id)
-            else {
+            let Some(stream) = streams.get_mut(name).filter(|s| s.state.id == source_id) else {
                 return Ok(());
             };
             stream.state.fork_refs = stream.state.fork_refs.saturating_sub(1);

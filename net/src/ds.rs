@@ -25,8 +25,8 @@ use std::sync::Arc;
 use base64::Engine as _;
 use bytes::Bytes;
 use pico_engine::{
-    limits, state::ProducerTuple, CoreHandle, EngineError, Fork, ForkSpec, Op, ReadBatch,
-    ReadFrom, ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
+    limits, state::ProducerTuple, CoreHandle, EngineError, Fork, ForkSpec, Op, ReadBatch, ReadFrom,
+    ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
 };
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
@@ -105,7 +105,8 @@ impl From<EngineError> for DsError {
             EngineError::MatchFailed { actual, .. } => DsError::new(409, "CONFLICT", message)
                 .with("stream-next-offset", format_offset(actual, 0)),
             EngineError::StaleProducerEpoch { current } => {
-                DsError::new(403, "STALE_EPOCH", message).with("producer-epoch", current.to_string())
+                DsError::new(403, "STALE_EPOCH", message)
+                    .with("producer-epoch", current.to_string())
             }
             EngineError::ProducerSequenceGap { expected, received } => {
                 DsError::new(409, "SEQUENCE_GAP", message)
@@ -173,7 +174,10 @@ enum Position {
     Start,
     /// `now`: the tail.
     Now,
-    At { seq: u64, bytes: u64 },
+    At {
+        seq: u64,
+        bytes: u64,
+    },
 }
 
 fn parse_offset(text: &str) -> Result<Position, DsError> {
@@ -257,10 +261,7 @@ pub async fn handle(
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),
     };
-    with_common(
-        result.unwrap_or_else(render_error),
-        &settings.cors_origin,
-    )
+    with_common(result.unwrap_or_else(render_error), &settings.cors_origin)
 }
 
 fn base_url(settings: &DsSettings, request: &Request) -> String {
@@ -286,12 +287,12 @@ fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError
         &request.path,
     ) {
         Ok(()) => Ok(()),
-        Err(Denied::Unauthenticated) => Err(DsError::new(
-            401,
-            "UNAUTHORIZED",
-            "a valid bearer token is required",
-        )
-        .with("www-authenticate", "Bearer")),
+        Err(Denied::Unauthenticated) => {
+            Err(
+                DsError::new(401, "UNAUTHORIZED", "a valid bearer token is required")
+                    .with("www-authenticate", "Bearer"),
+            )
+        }
         Err(Denied::Forbidden) => Err(DsError::new(
             403,
             "FORBIDDEN",
@@ -347,7 +348,11 @@ fn is_json(content_type: &str) -> bool {
 
 /// The messages of a body: JSON mode flattens a top-level array one level (each element a
 /// record, sliced from the body without copying); otherwise the body is one record.
-fn body_records(body: &Bytes, json: bool, allow_empty_array: bool) -> Result<Vec<RecordInput>, DsError> {
+fn body_records(
+    body: &Bytes,
+    json: bool,
+    allow_empty_array: bool,
+) -> Result<Vec<RecordInput>, DsError> {
     let record = |body: Bytes| RecordInput {
         headers: Vec::new(),
         body,
@@ -837,13 +842,16 @@ async fn sse(
         done: false,
         first: true,
     };
-    let events: BodyStream = Box::pin(futures_lite::stream::unfold(state, |mut state| async move {
-        if state.done {
-            return None;
-        }
-        let events = next_sse_events(&mut state).await;
-        Some((events, state))
-    }));
+    let events: BodyStream = Box::pin(futures_lite::stream::unfold(
+        state,
+        |mut state| async move {
+            if state.done {
+                return None;
+            }
+            let events = next_sse_events(&mut state).await;
+            Some((events, state))
+        },
+    ));
     let mut response = Response::new(200)
         .header("content-type", "text/event-stream")
         .header("cache-control", "no-cache")
@@ -915,35 +923,38 @@ async fn next_sse_events(state: &mut SseState) -> Bytes {
             control.insert("upToDate".into(), true.into());
         }
     }
-    out.extend_from_slice(b"event: control\ndata: ");
+    out.extend_from_slice(b"event: control\ndata:");
     out.extend_from_slice(serde_json::Value::Object(control).to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
     out.into()
 }
 
 /// One `data:` line per line of the payload (CR, LF and CRLF all end a line), so an embedded
-/// blank line can never end the event early.
+/// blank line can never end the event early. A line starting with a space gets `data: `, as
+/// event-stream parsers drop one space after the colon.
 fn data_lines(out: &mut Vec<u8>, payload: &[u8]) {
+    let line = |out: &mut Vec<u8>, text: &[u8]| {
+        out.extend_from_slice(if text.first() == Some(&b' ') {
+            b"data: "
+        } else {
+            b"data:"
+        });
+        out.extend_from_slice(text);
+        out.push(b'\n');
+    };
     let mut start = 0;
     let mut i = 0;
     while i < payload.len() {
-        match payload[i] {
-            b'\r' | b'\n' => {
-                out.extend_from_slice(b"data: ");
-                out.extend_from_slice(&payload[start..i]);
-                out.push(b'\n');
-                if payload[i] == b'\r' && payload.get(i + 1) == Some(&b'\n') {
-                    i += 1;
-                }
-                start = i + 1;
+        if matches!(payload[i], b'\r' | b'\n') {
+            line(out, &payload[start..i]);
+            if payload[i] == b'\r' && payload.get(i + 1) == Some(&b'\n') {
+                i += 1;
             }
-            _ => {}
+            start = i + 1;
         }
         i += 1;
     }
-    out.extend_from_slice(b"data: ");
-    out.extend_from_slice(&payload[start..]);
-    out.push(b'\n');
+    line(out, &payload[start..]);
 }
 
 #[cfg(test)]
@@ -955,10 +966,15 @@ mod tests {
         let a = format_offset(9, 0);
         let b = format_offset(10, 0);
         assert!(a < b, "lexicographic order is stream order");
-        assert_eq!(parse_offset(&a).ok(), Some(Position::At { seq: 9, bytes: 0 }));
+        assert_eq!(
+            parse_offset(&a).ok(),
+            Some(Position::At { seq: 9, bytes: 0 })
+        );
         assert_eq!(parse_offset("-1").ok(), Some(Position::Start));
         assert_eq!(parse_offset("now").ok(), Some(Position::Now));
-        for bad in ["", "abc", "1_", "_1", "1 _2", "../1_2", "1,2", "1_2_3", "-2"] {
+        for bad in [
+            "", "abc", "1_", "_1", "1 _2", "../1_2", "1,2", "1_2_3", "-2",
+        ] {
             assert!(parse_offset(bad).is_err(), "{bad:?} must be rejected");
         }
     }
@@ -986,10 +1002,10 @@ mod tests {
     #[test]
     fn sse_data_lines_split_every_line_ending() {
         let mut out = Vec::new();
-        data_lines(&mut out, b"a\r\nb\rc\n\nd");
+        data_lines(&mut out, b"a\r\nb\rc\n\n d");
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "data: a\ndata: b\ndata: c\ndata: \ndata: d\n"
+            "data:a\ndata:b\ndata:c\ndata:\ndata:  d\n"
         );
     }
 

@@ -192,6 +192,13 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     }
     let (listen, _) = &listeners[0];
     println!("serving on {scheme}://{listen} (advertised {scheme}://{listen})");
+    for (addr, protocol) in &listeners[1..] {
+        let name = match protocol {
+            Protocol::Pico => "pico",
+            Protocol::DurableStreams => "durable streams",
+        };
+        println!("{name} on {scheme}://{addr}");
+    }
     if let Some(addr) = admin_addr {
         println!("admin on {scheme}://{addr}");
     }

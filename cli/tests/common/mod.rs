@@ -25,6 +25,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// Admin listener (`/health`, `/ready`).
     pub admin: SocketAddr,
+    /// The `--ds-listen` listener (the other protocol), when started with one.
+    pub second: Option<SocketAddr>,
     extra_args: Vec<String>,
     // Dropped last: the directory outlives the process.
     dir: tempfile::TempDir,
@@ -38,11 +40,12 @@ impl Server {
             .tempdir()
             .expect("create a temporary directory");
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let (child, addr, admin) = spawn(dir.path(), &extra_args);
+        let (child, addr, admin, second) = spawn(dir.path(), &extra_args);
         Server {
             child: Some(child),
             addr,
             admin,
+            second,
             extra_args,
             dir,
         }
@@ -73,10 +76,11 @@ impl Server {
     /// Kills the server if it runs, then starts it again on the same directories (new ports).
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr, admin) = spawn(self.dir.path(), &self.extra_args);
+        let (child, addr, admin, second) = spawn(self.dir.path(), &self.extra_args);
         self.child = Some(child);
         self.addr = addr;
         self.admin = admin;
+        self.second = second;
     }
 
     /// The server's stderr so far (logs), for failure messages.
@@ -144,7 +148,7 @@ pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
-fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
+fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr, Option<SocketAddr>) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -194,7 +198,9 @@ fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
     let deadline = Instant::now() + START_TIMEOUT;
     let mut addr = None;
     let mut admin = None;
-    while addr.is_none() || admin.is_none() {
+    let mut second = None;
+    let wants_second = extra_args.iter().any(|a| a == "--ds-listen");
+    while addr.is_none() || admin.is_none() || (wants_second && second.is_none()) {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.max(Duration::from_millis(1))) {
             Ok(line) => {
@@ -206,6 +212,12 @@ fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
                 } else if let Some(rest) = line.strip_prefix("admin on http://") {
                     let text = rest.split_whitespace().next().unwrap_or_default();
                     admin = Some(text.parse::<SocketAddr>().expect("admin address"));
+                } else if let Some(rest) = line
+                    .strip_prefix("durable streams on http://")
+                    .or_else(|| line.strip_prefix("pico on http://"))
+                {
+                    let text = rest.split_whitespace().next().unwrap_or_default();
+                    second = Some(text.parse::<SocketAddr>().expect("second listener address"));
                 }
             }
             Err(_) => {
@@ -216,7 +228,7 @@ fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr) {
             }
         }
     }
-    (child, addr.unwrap(), admin.unwrap())
+    (child, addr.unwrap(), admin.unwrap(), second)
 }
 
 /// A response as parsed by the test client; header names are lowercased.
