@@ -14,6 +14,7 @@ fn meta(offset: u64, producer: Option<&ProducerTuple>) -> FrameMeta<'_> {
         timestamp_ms: 1_700_000_000_000,
         request_end: true,
         producer,
+        writer_seq: None,
     }
 }
 

@@ -14,8 +14,12 @@
 //!  flags = FLAG_REQUEST_END on the last frame of one append request: recovery keeps whole
 //!          requests only, so a multi-record append is atomic across a crash;
 //!          FLAG_PRODUCER when a producer block is present (only on a request's last frame,
-//!          so the producer's sequence is durable exactly when all of its records are)
-//!  producer block: epoch u64 | seq u64 | producer id (prd_len - 16 bytes, UTF-8)
+//!          so the producer's sequence is durable exactly when all of its records are);
+//!          FLAG_WRITER_SEQ when a writer sequence (`Stream-Seq`) follows it (same rule)
+//!  producer region (prd_len bytes) = [producer block] [writer seq block]
+//!  producer block:   epoch u64 | seq u64 | producer id (UTF-8)        if FLAG_PRODUCER
+//!  writer seq block: writer seq (UTF-8) | its length u16              if FLAG_WRITER_SEQ
+//!                    (length last, so the producer id's length is what remains)
 //!  headers block (record headers, may be empty):
 //!  +-----------+-----------------------------------------------------------------+
 //!  | count u32 | count × ( name_len u32 | name | value_len u32 | value )        |
@@ -39,10 +43,15 @@ pub const FRAME_KIND_CLOSE: u8 = 2;
 pub const FLAG_REQUEST_END: u8 = 1;
 /// Stable, persisted: the frame carries a producer block.
 pub const FLAG_PRODUCER: u8 = 2;
+/// Stable, persisted: the frame carries a writer sequence block.
+pub const FLAG_WRITER_SEQ: u8 = 4;
+/// Longest writer sequence (`Stream-Seq`) a frame carries.
+pub const WRITER_SEQ_LEN_MAX: usize = 1024;
 /// Bytes of a producer block before the id.
 const PRODUCER_FIXED_LEN: usize = 16;
-/// Longest producer id a frame can carry.
-pub const PRODUCER_ID_LEN_MAX: usize = u16::MAX as usize - PRODUCER_FIXED_LEN;
+/// Longest producer id a frame can carry (room is left for a writer sequence).
+pub const PRODUCER_ID_LEN_MAX: usize =
+    u16::MAX as usize - PRODUCER_FIXED_LEN - WRITER_SEQ_LEN_MAX - 2;
 
 /// The fixed frame header, read and written in place (see the module diagram).
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
@@ -93,26 +102,31 @@ pub struct FrameMeta<'a> {
     /// The last frame of a request (sets FLAG_REQUEST_END).
     pub request_end: bool,
     pub producer: Option<&'a ProducerTuple>,
+    pub writer_seq: Option<&'a str>,
 }
 
-fn producer_block_len(producer: Option<&ProducerTuple>) -> usize {
-    producer.map_or(0, |p| PRODUCER_FIXED_LEN + p.id.len())
+fn producer_block_len(producer: Option<&ProducerTuple>, writer_seq: Option<&str>) -> usize {
+    producer.map_or(0, |p| PRODUCER_FIXED_LEN + p.id.len()) + writer_seq.map_or(0, |w| w.len() + 2)
 }
 
 /// Bytes a frame takes.
 pub fn frame_len(
     headers: &[RecordHeader],
     producer: Option<&ProducerTuple>,
+    writer_seq: Option<&str>,
     body_len: usize,
 ) -> usize {
-    FRAME_HEADER_LEN + headers_block_len(headers) + producer_block_len(producer) + body_len
+    FRAME_HEADER_LEN
+        + headers_block_len(headers)
+        + producer_block_len(producer, writer_seq)
+        + body_len
 }
 
 /// Appends one frame to `out`. The only copy of the body on the write path.
 pub fn encode_frame(out: &mut Vec<u8>, meta: FrameMeta<'_>, headers: &[RecordHeader], body: &[u8]) {
     let start = out.len();
     let headers_len = headers_block_len(headers);
-    let producer_len = producer_block_len(meta.producer);
+    let producer_len = producer_block_len(meta.producer, meta.writer_seq);
     debug_assert!(
         producer_len <= u16::MAX as usize,
         "producer ids are checked against PRODUCER_ID_LEN_MAX"
@@ -124,6 +138,9 @@ pub fn encode_frame(out: &mut Vec<u8>, meta: FrameMeta<'_>, headers: &[RecordHea
     }
     if meta.producer.is_some() {
         flags |= FLAG_PRODUCER;
+    }
+    if meta.writer_seq.is_some() {
+        flags |= FLAG_WRITER_SEQ;
     }
     let header = FrameHeader {
         len: U32::new(len as u32),
@@ -150,6 +167,10 @@ pub fn encode_frame(out: &mut Vec<u8>, meta: FrameMeta<'_>, headers: &[RecordHea
         out.extend_from_slice(&producer.epoch.to_le_bytes());
         out.extend_from_slice(&producer.seq.to_le_bytes());
         out.extend_from_slice(producer.id.as_bytes());
+    }
+    if let Some(writer_seq) = meta.writer_seq {
+        out.extend_from_slice(writer_seq.as_bytes());
+        out.extend_from_slice(&(writer_seq.len() as u16).to_le_bytes());
     }
     out.extend_from_slice(body);
     let crc = crc32c::crc32c(&out[start + 8..]);
@@ -180,6 +201,7 @@ pub struct Frame {
     /// The raw headers block (see the module diagram); empty when the record has none.
     pub headers: Bytes,
     pub producer: Option<ProducerTuple>,
+    pub writer_seq: Option<String>,
     pub body: Bytes,
 }
 
@@ -198,9 +220,12 @@ pub fn check_frame(buf: &[u8], pos: usize) -> Result<(FrameHeader, usize), Frame
     let (header, _) = FrameHeader::read_from_prefix(rest).map_err(|_| FrameError::Truncated)?;
     let len = header.len.get() as usize;
     let payload = header.headers_len.get() as usize + header.producer_len.get() as usize;
-    let producer_ok = match header.flags & FLAG_PRODUCER {
-        0 => header.producer_len.get() == 0,
-        _ => header.producer_len.get() as usize >= PRODUCER_FIXED_LEN,
+    let region = header.producer_len.get() as usize;
+    let producer_ok = match header.flags & (FLAG_PRODUCER | FLAG_WRITER_SEQ) {
+        0 => region == 0,
+        FLAG_PRODUCER => region >= PRODUCER_FIXED_LEN,
+        FLAG_WRITER_SEQ => region >= 2,
+        _ => region >= PRODUCER_FIXED_LEN + 2,
     };
     if len < FRAME_HEADER_LEN || payload > len - FRAME_HEADER_LEN || !producer_ok {
         return Err(FrameError::BadLength);
@@ -225,14 +250,25 @@ pub fn decode_frame(buf: &Bytes, pos: usize) -> Result<(Frame, usize), FrameErro
 pub fn frame_at(buf: &Bytes, pos: usize, header: &FrameHeader, len: usize) -> Frame {
     let headers_end = pos + FRAME_HEADER_LEN + header.headers_len.get() as usize;
     let producer_end = headers_end + header.producer_len.get() as usize;
-    let producer = (header.flags & FLAG_PRODUCER != 0).then(|| {
-        let block = &buf[headers_end..producer_end];
-        ProducerTuple {
-            epoch: u64::from_le_bytes(block[..8].try_into().expect("8 bytes")),
-            seq: u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")),
-            id: String::from_utf8_lossy(&block[16..]).into_owned(),
-        }
-    });
+    // The writer seq block ends the region (its length last); the producer block is the rest.
+    let mut block_end = producer_end;
+    let mut writer_seq = None;
+    if header.flags & FLAG_WRITER_SEQ != 0 {
+        let len = u16::from_le_bytes([buf[producer_end - 2], buf[producer_end - 1]]) as usize;
+        let start = (producer_end - 2).saturating_sub(len).max(headers_end);
+        writer_seq = Some(String::from_utf8_lossy(&buf[start..producer_end - 2]).into_owned());
+        block_end = start;
+    }
+    let producer = (header.flags & FLAG_PRODUCER != 0
+        && block_end - headers_end >= PRODUCER_FIXED_LEN)
+        .then(|| {
+            let block = &buf[headers_end..block_end];
+            ProducerTuple {
+                epoch: u64::from_le_bytes(block[..8].try_into().expect("8 bytes")),
+                seq: u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")),
+                id: String::from_utf8_lossy(&block[16..]).into_owned(),
+            }
+        });
     Frame {
         kind: header.kind,
         flags: header.flags,
@@ -241,6 +277,7 @@ pub fn frame_at(buf: &Bytes, pos: usize, header: &FrameHeader, len: usize) -> Fr
         timestamp_ms: header.timestamp_ms.get(),
         headers: buf.slice(pos + FRAME_HEADER_LEN..headers_end),
         producer,
+        writer_seq,
         body: buf.slice(producer_end..pos + len),
     }
 }
@@ -298,12 +335,12 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trip(id: u64, offset: u64, ts: i64, headers in header_strategy(), body: Vec<u8>) {
+        fn round_trip(id: u64, offset: u64, ts: i64, headers in header_strategy(), body: Vec<u8>, writer_seq in proptest::option::of("[a-z0-9]{0,40}")) {
             let mut buf = Vec::new();
             let producer = (id % 2 == 0).then(|| ProducerTuple { id: format!("p{offset}"), epoch: id, seq: offset });
-            let meta = FrameMeta { kind: FRAME_KIND_RECORD, stream_id: id, offset, timestamp_ms: ts, request_end: true, producer: producer.as_ref() };
+            let meta = FrameMeta { kind: FRAME_KIND_RECORD, stream_id: id, offset, timestamp_ms: ts, request_end: true, producer: producer.as_ref(), writer_seq: writer_seq.as_deref() };
             encode_frame(&mut buf, meta, &headers, &body);
-            prop_assert_eq!(buf.len(), frame_len(&headers, producer.as_ref(), body.len()));
+            prop_assert_eq!(buf.len(), frame_len(&headers, producer.as_ref(), writer_seq.as_deref(), body.len()));
             let buf = Bytes::from(buf);
             let (frame, len) = decode_frame(&buf, 0).unwrap();
             prop_assert_eq!(len, buf.len());
@@ -312,6 +349,7 @@ mod tests {
             prop_assert_eq!(frame.timestamp_ms, ts);
             prop_assert_eq!(&frame.body[..], &body[..]);
             prop_assert_eq!(&frame.producer, &producer);
+            prop_assert_eq!(&frame.writer_seq, &writer_seq);
             prop_assert!(frame.request_end());
             prop_assert_eq!(parse_headers(&frame.headers), headers);
         }
@@ -340,6 +378,7 @@ mod tests {
         request_end: bool,
     ) -> FrameMeta<'static> {
         FrameMeta {
+            writer_seq: None,
             kind: FRAME_KIND_RECORD,
             stream_id,
             offset,

@@ -246,8 +246,12 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
                 closed: false,
                 producers: Vec::new(),
                 closed_by: None,
+                writer_seq: None,
             });
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(frame.timestamp_ms);
+        if let Some(writer_seq) = &frame.writer_seq {
+            entry.writer_seq = entry.writer_seq.clone().max(Some(writer_seq.clone()));
+        }
         if let Some(producer) = &frame.producer {
             let state = ProducerState {
                 id: producer.id.clone(),
@@ -329,6 +333,7 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 }),
                 fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
                 soft_deleted: row.soft_deleted,
+                writer_seq: None,
             };
             (row.id, seed)
         })
@@ -352,6 +357,10 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 });
             }
             seed.last_timestamp_ms = seed.last_timestamp_ms.max(entry.last_timestamp_ms);
+            // Writer sequences only grow: the largest is the last accepted.
+            if entry.writer_seq > seed.writer_seq {
+                seed.writer_seq = entry.writer_seq.clone();
+            }
             for run in &entry.runs {
                 seed.next_offset = seed.next_offset.max(run.next_offset);
                 seed.runs.push((key.clone(), segment.size_bytes, *run));
@@ -816,6 +825,7 @@ mod tests {
             timestamp_ms,
             request_end: true,
             producer,
+            writer_seq: None,
         };
         let record = frame::FRAME_KIND_RECORD;
         frame::encode_frame(&mut buf, frame(record, 1, 0, 10, None), &[], b"a");

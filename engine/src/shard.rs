@@ -98,6 +98,7 @@ pub struct StreamSeed {
     /// Forks (live or soft-deleted) whose origin is this stream.
     pub fork_refs: u64,
     pub soft_deleted: bool,
+    pub writer_seq: Option<String>,
 }
 
 /// One append request as the protocols give it.
@@ -118,6 +119,7 @@ struct IndexEntry {
     closed: bool,
     producers: BTreeMap<String, (u64, u64)>,
     closed_by: Option<ProducerTuple>,
+    writer_seq: Option<String>,
     /// The stream's name, to find its chunks when the segment seals.
     name: Option<Rc<str>>,
 }
@@ -127,6 +129,7 @@ struct Frames<'a> {
     records: &'a [RecordInput],
     close: bool,
     producer: Option<&'a ProducerTuple>,
+    writer_seq: Option<&'a str>,
 }
 
 /// A segment whose frames are still being written to its WAL file.
@@ -325,6 +328,7 @@ impl Shard {
             coarsen(&mut chunks, None);
             state.producers = seed.producers;
             state.closed_by = seed.closed_by;
+            state.writer_seq = seed.writer_seq;
             streams.insert(
                 Rc::from(seed.name.as_str()),
                 Stream {
@@ -578,6 +582,15 @@ impl Shard {
                 frame::PRODUCER_ID_LEN_MAX
             )));
         }
+        if writer_seq
+            .as_ref()
+            .is_some_and(|w| w.len() > frame::WRITER_SEQ_LEN_MAX)
+        {
+            return Err(EngineError::Invalid(format!(
+                "Stream-Seq longer than {} bytes",
+                frame::WRITER_SEQ_LEN_MAX
+            )));
+        }
         if records.len() > limits::RECORDS_PER_APPEND_MAX {
             return Err(EngineError::Invalid(format!(
                 "at most {} records per append",
@@ -637,6 +650,7 @@ impl Shard {
                         records: &records,
                         close: closed,
                         producer: producer.as_ref(),
+                        writer_seq: writer_seq.as_deref(),
                     };
                     let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
                     Ok((rx, ack))
@@ -654,6 +668,7 @@ impl Shard {
                             records: &records,
                             close: true,
                             producer: producer.as_ref(),
+                            writer_seq: None,
                         };
                         let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
                         Ok((rx, ack))
@@ -738,12 +753,13 @@ impl Shard {
             records,
             close,
             producer,
+            writer_seq,
         } = frames;
         let needed: usize = records
             .iter()
-            .map(|r| frame::frame_len(&r.headers, None, r.body.len()))
+            .map(|r| frame::frame_len(&r.headers, None, None, r.body.len()))
             .sum::<usize>()
-            + frame::frame_len(&[], producer, 0);
+            + frame::frame_len(&[], producer, writer_seq, 0);
         self.maybe_rotate(needed);
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
@@ -760,6 +776,7 @@ impl Shard {
                 timestamp_ms: timestamp,
                 request_end: last,
                 producer: if last { producer } else { None },
+                writer_seq: if last { writer_seq } else { None },
             };
             frame::encode_frame(&mut segment.buf, meta, &record.headers, &record.body);
         }
@@ -771,6 +788,7 @@ impl Shard {
                 timestamp_ms: timestamp,
                 request_end: true,
                 producer,
+                writer_seq,
             };
             frame::encode_frame(&mut segment.buf, meta, &[], &[]);
         }
@@ -781,6 +799,9 @@ impl Shard {
         }
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
         entry.closed |= close;
+        if let Some(writer_seq) = writer_seq {
+            entry.writer_seq = Some(writer_seq.to_string());
+        }
         if let Some(producer) = producer {
             entry
                 .producers
@@ -1760,6 +1781,7 @@ impl Shard {
                         epoch: p.epoch,
                         seq: p.seq,
                     }),
+                    writer_seq: entry.writer_seq,
                 })
                 .collect(),
         };

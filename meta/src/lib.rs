@@ -107,6 +107,9 @@ pub struct SegmentStreamEntry {
     /// The producer tuple of the request that closed the stream, when this segment holds a
     /// close made by an idempotent producer.
     pub closed_by: Option<ProducerState>,
+    /// The last writer sequence (`Stream-Seq`) accepted in this segment; writer sequences
+    /// only grow, so recovery keeps the largest across segments.
+    pub writer_seq: Option<String>,
 }
 
 /// One idempotent producer's position: its epoch and the last request sequence it had

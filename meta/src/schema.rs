@@ -38,6 +38,7 @@
 //!   closed        INTEGER NOT NULL (0|1)
 //!   producers     BLOB NOT NULL DEFAULT x''  (v2)  packed producer states, see `producers.rs`
 //!   closed_by     BLOB NULL                  (v2)  one packed producer; NULL = none
+//!   writer_seq    TEXT NULL                  (v5)  last Stream-Seq accepted; NULL = none
 //!   PRIMARY KEY (segment_seq, ord), UNIQUE (segment_seq, stream_id)
 //!   all columns replaced as a whole when the segment is re-committed
 //! ```
@@ -105,6 +106,8 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE streams ADD COLUMN fork_offset INTEGER;
      ALTER TABLE streams ADD COLUMN fork_partial_bytes INTEGER;
      ALTER TABLE streams ADD COLUMN soft_deleted INTEGER NOT NULL DEFAULT 0;",
+    // 5: the last writer sequence (Stream-Seq) per segment entry.
+    "ALTER TABLE segment_streams ADD COLUMN writer_seq TEXT;",
 ];
 
 /// The schema version this build writes.
@@ -274,6 +277,7 @@ mod tests {
                 closed: true,
                 producers: vec![],
                 closed_by: None,
+                writer_seq: None,
             }],
         };
         assert_eq!(snapshot.segments, vec![segment.clone()]);
@@ -301,8 +305,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4]);
-        assert_eq!(SCHEMA_VERSION, 4);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5]);
+        assert_eq!(SCHEMA_VERSION, 5);
     }
 
     #[test]
@@ -310,6 +314,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5]);
     }
 }

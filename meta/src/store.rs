@@ -738,6 +738,7 @@ pub(crate) fn garbage(
             records_readable
                 || entry.closed
                 || entry.closed_by.is_some()
+                || entry.writer_seq.is_some()
                 || !entry.producers.is_empty()
         }
     };
@@ -791,8 +792,8 @@ fn commit(conn: &Connection, segment: &SegmentRecord) -> Result<(), MetaError> {
         .prepare_cached(
             "INSERT INTO segment_streams
                 (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed,
-                 producers, closed_by)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 producers, closed_by, writer_seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )
         .map_err(storage("prepare segment entry insert"))?;
     for (ord, entry) in segment.streams.iter().enumerate() {
@@ -818,6 +819,7 @@ fn commit(conn: &Connection, segment: &SegmentRecord) -> Result<(), MetaError> {
                 entry.closed,
                 producers,
                 closed_by,
+                entry.writer_seq,
             ])
             .map_err(storage("insert segment entry"))?;
     }
@@ -931,7 +933,8 @@ fn load_snapshot(conn: &Connection) -> Result<Snapshot, MetaError> {
 
     let mut entries_query = conn
         .prepare(
-            "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by
+            "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by,
+                    writer_seq
              FROM segment_streams ORDER BY segment_seq, ord",
         )
         .map_err(storage("prepare segment entry load"))?;
@@ -980,6 +983,7 @@ fn load_snapshot(conn: &Connection) -> Result<Snapshot, MetaError> {
             closed: row.get(4).map_err(unreadable)?,
             producers,
             closed_by,
+            writer_seq: row.get(7).map_err(unreadable)?,
         };
         segments[cursor].1.streams.push(entry);
     }

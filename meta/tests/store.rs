@@ -66,6 +66,7 @@ fn entry(
         closed,
         producers: vec![],
         closed_by: None,
+        writer_seq: None,
     }
 }
 
@@ -241,6 +242,7 @@ fn producer_state_round_trips_through_reopen() {
             producer("ζ-unicode", 1, 1),
         ],
         closed_by: Some(producer("client-a", 2, 18)),
+        writer_seq: Some("0042".into()),
         ..entry(1, vec![run(0, 3, 0, 90)], 100, true)
     };
     let closed_without_producer = entry(2, vec![run(0, 1, 90, 100)], 101, true);
@@ -268,6 +270,7 @@ fn producer_state_round_trips_through_reopen() {
         streams: vec![SegmentStreamEntry {
             producers: vec![],
             closed_by: None,
+            writer_seq: None,
             ..with_producers
         }],
         ..segment
