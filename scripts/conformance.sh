@@ -14,7 +14,9 @@ if [ -z "${PICO_BIN:-}" ]; then
   cargo build --release --locked -p pico-cli
   PICO_BIN=$root/target/release/pico
 fi
-(cd conformance && { [ -d node_modules/@durable-streams/server-conformance-tests ] || npm ci --no-audit --no-fund; })
+# `npm install` follows package-lock.json; `npm ci` trips over an optional Windows-only
+# dependency the lock file leaves out (npm 11).
+(cd conformance && { [ -d node_modules/@durable-streams/server-conformance-tests ] || npm install --no-audit --no-fund --no-save; })
 
 data=$(mktemp -d /tmp/pico-conformance.XXXXXX)
 log=$data/server.log
