@@ -246,3 +246,57 @@ fn writer_sequences_survive_a_restart() {
     assert_eq!(post(&server, "c", b"4"), 204);
     assert_eq!(ds_read(server.addr, "/seq", "-1").text(), "14");
 }
+
+#[test]
+fn durable_streams_requests_need_tokens_when_auth_is_required() {
+    let files = tempfile::tempdir().unwrap();
+    let tokens = files.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        "reader /v1/stream/ read\nwriter /v1/stream/ read,append\n",
+    )
+    .unwrap();
+    let tokens_arg = tokens.display().to_string();
+    let server = Server::start(&[
+        "--protocol",
+        "ds",
+        "--auth",
+        "required",
+        "--auth-tokens",
+        &tokens_arg,
+    ]);
+    let path = "/v1/stream/guarded";
+    let bearer = |token: &str| format!("Bearer {token}");
+    let writer = bearer("writer");
+    let reader = bearer("reader");
+    let plain = [("content-type", "text/plain")];
+
+    let anonymous = ds(server.addr, "PUT", path, &plain, b"");
+    anonymous.expect(401);
+    assert_eq!(anonymous.h("www-authenticate"), "Bearer");
+    assert_eq!(anonymous.json()["error"]["code"], "UNAUTHORIZED");
+
+    fn with(token: &str) -> [(&str, &str); 2] {
+        [("content-type", "text/plain"), ("authorization", token)]
+    }
+    ds(server.addr, "PUT", path, &with(&writer), b"x").expect(201);
+    ds(server.addr, "POST", path, &with(&reader), b"y").expect(403);
+    let read = ds(
+        server.addr,
+        "GET",
+        &format!("{path}?offset=-1"),
+        &with(&reader),
+        b"",
+    );
+    read.expect(200);
+    assert_eq!(read.text(), "x");
+    // Subscriptions watch many streams: they need an admin grant.
+    ds(
+        server.addr,
+        "GET",
+        "/v1/stream/__ds/subscriptions/s1",
+        &with(&writer),
+        b"",
+    )
+    .expect(403);
+}

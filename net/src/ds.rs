@@ -247,6 +247,11 @@ pub async fn handle(
 ) -> Response {
     if let Some(at) = request.path.find("/__ds/") {
         if request.method != "OPTIONS" {
+            // Subscriptions watch many streams: with auth on they need an admin grant, except
+            // the webhook callback and the lease calls, which carry their own bearer tokens.
+            if let Err(error) = authorize_subscriptions(auth, &request) {
+                return with_common(render_error(error), &settings.cors_origin);
+            }
             let root = &request.path[..at + 1];
             let rest = &request.path[at + "/__ds/".len()..];
             let base_url = base_url(settings, &request);
@@ -281,23 +286,38 @@ fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError
         "GET" | "HEAD" => Permission::Read,
         _ => Permission::Append,
     };
-    match auth.check(
+    auth.check(
         bearer(request.header("authorization")),
         permission,
         &request.path,
-    ) {
-        Ok(()) => Ok(()),
-        Err(Denied::Unauthenticated) => {
-            Err(
-                DsError::new(401, "UNAUTHORIZED", "a valid bearer token is required")
-                    .with("www-authenticate", "Bearer"),
-            )
+    )
+    .map_err(|denied| refused(denied, "this token may not do that on this stream"))
+}
+
+fn authorize_subscriptions(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError> {
+    let Some(auth) = auth else { return Ok(()) };
+    let lease_call = ["/callback", "/ack", "/release"]
+        .iter()
+        .any(|suffix| request.path.ends_with(suffix));
+    if lease_call || request.path.ends_with("/jwks.json") {
+        return Ok(());
+    }
+    auth.check(
+        bearer(request.header("authorization")),
+        Permission::Admin,
+        &request.path,
+    )
+    .map_err(|denied| refused(denied, "subscriptions need an admin token"))
+}
+
+/// D13: 401 with `WWW-Authenticate: Bearer` without a valid token, 403 without the grant.
+fn refused(denied: Denied, forbidden: &str) -> DsError {
+    match denied {
+        Denied::Unauthenticated => {
+            DsError::new(401, "UNAUTHORIZED", "a valid bearer token is required")
+                .with("www-authenticate", "Bearer")
         }
-        Err(Denied::Forbidden) => Err(DsError::new(
-            403,
-            "FORBIDDEN",
-            "this token may not do that on this stream",
-        )),
+        Denied::Forbidden => DsError::new(403, "FORBIDDEN", forbidden),
     }
 }
 
@@ -681,7 +701,22 @@ async fn read(
         with_content_type: true,
         bound: None,
     };
-    let Reply::Read(mut batch) = core.call(&request.path, Op::Read(read_request)).await? else {
+    let start = position.unwrap_or(Position::Start) == Position::Start;
+    let reply = match core
+        .call(&request.path, Op::Read(read_request.clone()))
+        .await
+    {
+        // `-1` is the beginning: of a trimmed (Pico) stream, its first readable record.
+        Err(EngineError::OffsetGone { start: first, .. }) if start => {
+            let from_first = ReadRequest {
+                from: ReadFrom::Offset(first),
+                ..read_request
+            };
+            core.call(&request.path, Op::Read(from_first)).await?
+        }
+        other => other?,
+    };
+    let Reply::Read(mut batch) = reply else {
         unreachable!("a read is always answered with Read")
     };
     let content_type = batch.content_type.take().unwrap_or_default();
