@@ -107,6 +107,8 @@ pub enum Op {
 /// A stream's externally visible state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamInfo {
+    /// Internal id: never reused, so a recreated stream has another.
+    pub id: u64,
     pub content_type: String,
     pub ttl_sec: Option<u64>,
     pub expires_at_ms: Option<i64>,

@@ -6,6 +6,7 @@ pub mod api;
 pub mod error;
 pub mod frame;
 pub mod limits;
+pub mod metrics;
 pub mod node;
 mod notify;
 mod shard;

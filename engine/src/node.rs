@@ -25,6 +25,7 @@ use crate::api::{
 use crate::error::EngineError;
 use crate::frame::{self, ProducerTuple, FRAME_KIND_CLOSE};
 use crate::limits;
+use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::shard::{Shard, StreamSeed};
 use crate::state::StreamConfig;
 use crate::{now_ms, EngineConfig};
@@ -72,6 +73,7 @@ pub struct CoreSeed {
     streams: Vec<StreamSeed>,
     inbox: mpsc::Receiver<Message>,
     peers: Vec<mpsc::Sender<Message>>,
+    metrics: Arc<CoreMetrics>,
 }
 
 /// The result of [`boot`]: one seed per core plus the shared handles.
@@ -83,6 +85,8 @@ pub struct Boot {
     pub report: Vec<String>,
     /// Exclusive lock on the WAL directory: keep it for as long as the node runs.
     pub wal_lock: std::fs::File,
+    /// Every core's counters, for `/metrics` and the admin API.
+    pub metrics: NodeMetrics,
 }
 
 /// Opens the metadata log and the object store, recovers every WAL file left by a previous
@@ -117,6 +121,11 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..cores)
         .map(|_| mpsc::channel(limits::CROSS_CORE_QUEUE_MAX))
         .unzip();
+    let metrics: NodeMetrics = Arc::new(
+        (0..config.cores)
+            .map(|_| Arc::new(CoreMetrics::default()))
+            .collect(),
+    );
     let seeds = receivers
         .into_iter()
         .zip(per_core)
@@ -129,6 +138,7 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
             streams,
             inbox,
             peers: senders.clone(),
+            metrics: metrics[core].clone(),
         })
         .collect();
     Ok(Boot {
@@ -137,6 +147,7 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
         store,
         report,
         wal_lock,
+        metrics,
     })
 }
 
@@ -398,9 +409,10 @@ impl CoreHandle {
             streams,
             inbox,
             peers,
+            metrics,
         } = seed;
         let cores = peers.len();
-        let shard = Shard::start(core, config, meta, store, streams).await?;
+        let shard = Shard::start(core, config, meta, store, streams, metrics).await?;
         let inbox_shard = shard.clone();
         // Messages from other threads wake this task: a latency-sensitive queue makes glommio
         // poll for those wakes promptly instead of after its throughput slice.

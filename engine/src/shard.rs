@@ -15,6 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,6 +34,7 @@ use crate::api::{
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::limits;
+use crate::metrics::{CoreMetrics, GaugeGuard, OpKind};
 use crate::notify::LocalNotify;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 use crate::{now_ms, EngineConfig};
@@ -46,6 +48,8 @@ const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 const BLOCK_BYTES: usize = 1024 * 1024;
 /// A sequential reader's readahead doubles per GET up to this many blocks.
 const READAHEAD_BLOCKS_MAX: u64 = 8;
+/// How often the gauges of [`CoreMetrics`] are refreshed.
+const GAUGE_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 /// How often expired streams are looked for.
 const REAPER_INTERVAL: Duration = Duration::from_secs(1);
 /// Expired streams deleted per reaper round (the rest wait for the next round).
@@ -219,10 +223,12 @@ pub(crate) struct Shard {
     /// tells their cores, which may then drop a soft-deleted source.
     fork_releases: RefCell<Vec<(String, u64)>>,
     pub(crate) fork_released: LocalNotify,
+    metrics: Arc<CoreMetrics>,
 }
 
 fn info_of(state: &StreamState) -> StreamInfo {
     StreamInfo {
+        id: state.id,
         content_type: state.config.content_type.clone(),
         ttl_sec: state.config.ttl_sec,
         expires_at_ms: state.config.expires_at_ms,
@@ -239,6 +245,7 @@ impl Shard {
         meta: MetaStore,
         store: ObjectStore,
         seeds: Vec<StreamSeed>,
+        metrics: Arc<CoreMetrics>,
     ) -> Result<Rc<Shard>, String> {
         let shard = Rc::new(Shard {
             core,
@@ -264,6 +271,7 @@ impl Shard {
             failed: RefCell::new(None),
             fork_releases: RefCell::new(Vec::new()),
             fork_released: LocalNotify::default(),
+            metrics,
         });
         shard.load_seeds(seeds);
         let first = shard.create_wal_file().await?;
@@ -274,6 +282,8 @@ impl Shard {
         glommio::spawn_local(async move { ager.age_loop().await }).detach();
         let reaper = shard.clone();
         glommio::spawn_local(async move { reaper.reaper_loop().await }).detach();
+        let gauges = shard.clone();
+        glommio::spawn_local(async move { gauges.gauges_loop().await }).detach();
         Ok(shard)
     }
 
@@ -344,6 +354,37 @@ impl Shard {
     // ---------------------------------------------------------------- operations
 
     pub(crate) async fn execute(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
+        let kind = match &op {
+            Op::Create { .. } => OpKind::Create,
+            Op::Append { .. } => OpKind::Append,
+            Op::Read(_) => OpKind::Read,
+            Op::Head => OpKind::Head,
+            Op::Delete => OpKind::Delete,
+            Op::Trim { .. } => OpKind::Trim,
+            Op::ForkAcquire { .. } | Op::ForkRelease { .. } => OpKind::Fork,
+        };
+        // A live read's time is mostly waiting for data, not work: its latency is not recorded.
+        let timed = !matches!(&op, Op::Read(r) if r.wait_ms.is_some_and(|ms| ms > 0));
+        let started = Instant::now();
+        let result = self.execute_op(name, op).await;
+        let metrics = self.metrics.op(kind);
+        CoreMetrics::add(&metrics.total, 1);
+        match &result {
+            Err(_) => CoreMetrics::add(&metrics.errors, 1),
+            Ok(Reply::Read(batch)) => {
+                let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
+                CoreMetrics::add(&self.metrics.records_read, batch.records.len() as u64);
+                CoreMetrics::add(&self.metrics.bytes_read, bytes as u64);
+            }
+            Ok(_) => {}
+        }
+        if timed {
+            metrics.latency.observe(started.elapsed());
+        }
+        result
+    }
+
+    async fn execute_op(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         if let Some(message) = self.failed.borrow().clone() {
             return Err(EngineError::Durability(message));
         }
@@ -706,6 +747,10 @@ impl Shard {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(EngineError::ShuttingDown),
         }
+        if let Some(start) = ack.start_offset {
+            CoreMetrics::add(&self.metrics.records_appended, ack.next_offset - start);
+            CoreMetrics::add(&self.metrics.bytes_appended, body_bytes as u64);
+        }
         if ack.closed {
             if let Ok(id) = self.live_stream_id(name, false).await {
                 // Durable already through the WAL close frame; the registry follows for listings.
@@ -913,11 +958,13 @@ impl Shard {
                 stream.waiters.push(tx);
                 rx
             };
+            let parked = GaugeGuard::enter(&self.metrics.live_waiters);
             let woken = futures_lite::future::or(async { rx.await.is_ok() }, async {
                 glommio::timer::sleep(deadline - now).await;
                 false
             })
             .await;
+            drop(parked);
             if !woken {
                 self.live_stream_id(name, false).await?;
                 let batch = self.read_once(name, from, &request).await?;
@@ -1148,13 +1195,17 @@ impl Shard {
         let rx = {
             let mut blocks = self.blocks.borrow_mut();
             match blocks.get_mut(&(no, index)) {
-                Some(Block::Ready(bytes)) => return Ok(bytes.clone()),
+                Some(Block::Ready(bytes)) => {
+                    CoreMetrics::add(&self.metrics.cache_hits, 1);
+                    return Ok(bytes.clone());
+                }
                 Some(Block::Loading(waiters)) => {
                     let (tx, rx) = oneshot::channel();
                     waiters.push(tx);
                     rx
                 }
                 None => {
+                    CoreMetrics::add(&self.metrics.cache_misses, 1);
                     let block_count = size.div_ceil(BLOCK_BYTES as u64);
                     let mut readahead = self.readahead.borrow_mut();
                     let window = match readahead.get(&no) {
@@ -1261,6 +1312,22 @@ impl Shard {
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
         Ok(start)
+    }
+
+    /// Refreshes the gauges the admin listener reads (at most a moment stale).
+    async fn gauges_loop(self: Rc<Self>) {
+        loop {
+            let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
+            let memory = log_bytes + self.cached_bytes.get() + self.block_bytes.get();
+            CoreMetrics::set(&self.metrics.memory_bytes, memory as u64);
+            CoreMetrics::set(
+                &self.metrics.upload_backlog_bytes,
+                self.unuploaded_bytes.get() as u64,
+            );
+            CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
+            CoreMetrics::set(&self.metrics.segments, self.segments.borrow().len() as u64);
+            glommio::timer::sleep(GAUGE_REFRESH_INTERVAL).await;
+        }
     }
 
     /// Deletes expired streams nobody touches, so their metadata does not linger.
@@ -1675,9 +1742,12 @@ impl Shard {
             file.write_at(buffer, start as u64)
                 .await
                 .map_err(|e| format!("WAL write: {e}"))?;
+            let synced = Instant::now();
             file.fdatasync()
                 .await
                 .map_err(|e| format!("WAL fdatasync: {e}"))?;
+            CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
+            self.metrics.wal_fsync_latency.observe(synced.elapsed());
         }
         if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
             segment.durable_len = len;
@@ -1819,6 +1889,8 @@ impl Shard {
         path: Option<PathBuf>,
     ) {
         let mut backoff_ms = 50u64;
+        CoreMetrics::add(&self.metrics.segment_seals, 1);
+        let started = Instant::now();
         loop {
             let result = async {
                 self.store
@@ -1836,6 +1908,7 @@ impl Shard {
             match result {
                 Ok(()) => break,
                 Err(message) => {
+                    CoreMetrics::add(&self.metrics.upload_failures, 1);
                     log::warn!(
                         "core {}: upload of {} failed, retrying: {message}",
                         self.core,
@@ -1846,6 +1919,9 @@ impl Shard {
                 }
             }
         }
+        CoreMetrics::add(&self.metrics.uploads, 1);
+        CoreMetrics::add(&self.metrics.meta_commits, 1);
+        self.metrics.upload_latency.observe(started.elapsed());
         self.unuploaded_bytes
             .set(self.unuploaded_bytes.get() - bytes.len());
         remove_wal(file, path).await;

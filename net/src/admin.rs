@@ -1,51 +1,349 @@
-//! The admin listener: liveness and readiness probes (the admin API and metrics build on it).
+//! The admin listener: probes, the admin API, Prometheus metrics and the dashboard.
+//!
+//! Runs on core 0. Admin reads come from the engine's in-memory state (stream heads and
+//! listings through core 0's handle) and the per-core counters; nothing here touches SQL.
+//! Errors are `{"error":"<message>"}`. With `--auth required`, everything but `/health` and
+//! `/ready` needs a token with the `admin` grant.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
+use pico_engine::metrics::NodeMetrics;
+use pico_engine::{CoreHandle, EngineError, Op, Reply, StreamInfo};
+use serde_json::{json, Value};
+
+use crate::auth::{bearer, CoreTokens, Denied, Permission};
+use crate::dashboard;
 use crate::http1::{Request, Response};
+use crate::metrics::{self, CoreLoad, HttpMetrics};
+use crate::time::format_rfc3339_ms;
 
-/// Node state the probes report.
-#[derive(Default)]
+/// Streams per `/admin/streams` page when `limit` is absent, and the most a page may hold.
+pub const ADMIN_STREAMS_PAGE_DEFAULT: usize = 100;
+pub const ADMIN_STREAMS_PAGE_MAX: usize = 1000;
+/// This build runs one node; the cluster work gives nodes their own ids.
+const NODE_ID: u64 = 1;
+
+/// What the node tells about itself.
+#[derive(Clone, Debug)]
+pub struct NodeFacts {
+    pub advertised_address: String,
+    pub node_epoch_ms: u64,
+    pub cores: usize,
+    pub durability: &'static str,
+    pub storage: String,
+    pub meta_url: String,
+}
+
+/// Node state the admin listener reports.
 pub struct AdminState {
     /// All cores started and listening; false again as soon as shutdown begins, so load
     /// balancers stop sending traffic during the drain window.
     pub serving: Arc<AtomicBool>,
+    pub core: Rc<CoreHandle>,
+    pub engine_metrics: NodeMetrics,
+    pub http_metrics: Vec<Arc<HttpMetrics>>,
+    pub started: Instant,
+    pub facts: NodeFacts,
+    /// Placement weight of this node (`POST /admin/nodes/{id}`); meaningful with clusters.
+    pub slots: Cell<u64>,
+    pub tokens: Option<Rc<CoreTokens>>,
+}
+
+fn json_response(status: u16, body: Value) -> Response {
+    Response::new(status)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store")
+        .with_body(body.to_string())
+}
+
+fn error(status: u16, message: impl Into<String>) -> Response {
+    json_response(status, json!({ "error": message.into() }))
 }
 
 pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
-    let json = |status: u16, body: String| {
-        Response::new(status)
-            .header("content-type", "application/json")
-            .header("cache-control", "no-store")
-            .with_body(body)
-    };
-    match (request.method.as_str(), request.path.as_str()) {
-        ("GET" | "HEAD", "/health") => Response::new(200)
-            .header("content-type", "text/plain")
-            .header("cache-control", "no-store")
-            .with_body("ok"),
+    let method = request.method.as_str();
+    let path = request.path.as_str();
+    match (method, path) {
+        ("GET" | "HEAD", "/health") => {
+            return Response::new(200)
+                .header("content-type", "text/plain")
+                .header("cache-control", "no-store")
+                .with_body("ok")
+        }
         ("GET" | "HEAD", "/ready") => {
             let serving = state.serving.load(Ordering::Relaxed);
-            let body = format!(
-                "{{\"ready\":{serving},\"serving\":{serving},\"registered\":true,\"appliedIndex\":0,\"nodeId\":1}}"
-            );
-            json(if serving { 200 } else { 503 }, body)
+            let body = json!({
+                "ready": serving,
+                "serving": serving,
+                "registered": true,
+                "appliedIndex": 0,
+                "nodeId": NODE_ID,
+            });
+            return json_response(if serving { 200 } else { 503 }, body);
         }
-        ("GET" | "HEAD", path) => json(
-            404,
-            format!("{{\"error\":\"no such path {}\"}}", path.replace('"', "'")),
-        ),
-        _ => json(405, "{\"error\":\"method not allowed\"}".into()),
+        _ => {}
+    }
+    if let Some(tokens) = &state.tokens {
+        // The dashboard page itself is public; the data it polls is not.
+        let page = method == "GET" && dashboard::asset(path).is_some();
+        if !page {
+            match tokens.check(
+                bearer(request.header("authorization")),
+                Permission::Admin,
+                "/",
+            ) {
+                Ok(()) => {}
+                Err(Denied::Unauthenticated) => {
+                    return error(401, "a valid bearer token is required")
+                        .header("www-authenticate", "Bearer")
+                }
+                Err(Denied::Forbidden) => return error(403, "an admin token is required"),
+            }
+        }
+    }
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics") => Response::new(200)
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .header("cache-control", "no-store")
+            .with_body(metrics::render(
+                &state.engine_metrics,
+                &state.http_metrics,
+                state.started.elapsed().as_secs_f64(),
+            )),
+        ("GET", "/admin/cluster") => cluster(state).await,
+        ("GET", "/admin/nodes") => json_response(200, json!({ "nodes": [node_json(state)] })),
+        ("GET", "/admin/stats") => json_response(200, stats(state)),
+        ("GET", "/admin/streams") => streams(state, &request.query).await,
+        ("GET", p) if p.starts_with("/admin/streams/") => {
+            stream(state, &p["/admin/streams".len()..]).await
+        }
+        ("POST", "/admin/transfer") => transfer(state, &request).await,
+        ("POST", p) if p.starts_with("/admin/nodes/") => set_slots(state, &request),
+        ("GET" | "HEAD", p) => match dashboard::asset(p) {
+            Some((content_type, body, cache)) => Response::new(200)
+                .header("content-type", content_type)
+                .header("cache-control", cache)
+                .header("x-content-type-options", "nosniff")
+                .with_body(body),
+            None => error(404, format!("no such path {p}")),
+        },
+        _ => error(405, "method not allowed"),
     }
 }
 
+fn node_json(state: &AdminState) -> Value {
+    let streams: u64 = state
+        .engine_metrics
+        .iter()
+        .map(|m| pico_engine::metrics::CoreMetrics::get(&m.streams))
+        .sum();
+    json!({
+        "nodeId": NODE_ID,
+        "nodeEpoch": state.facts.node_epoch_ms,
+        "advertisedAddress": state.facts.advertised_address,
+        "slots": state.slots.get(),
+        "local": true,
+        "openingCount": streams,
+        "placedCount": 0,
+        "cores": state.facts.cores,
+    })
+}
+
+async fn cluster(state: &AdminState) -> Response {
+    let (streams, _) = match state.core.list("/", "", usize::MAX >> 1).await {
+        Ok(page) => page,
+        Err(e) => return error(500, e.to_string()),
+    };
+    let objects: u64 = state
+        .engine_metrics
+        .iter()
+        .map(|m| pico_engine::metrics::CoreMetrics::get(&m.segments))
+        .sum();
+    json_response(
+        200,
+        json!({
+            "clusterId": "local",
+            "nodeId": NODE_ID,
+            "nodeEpoch": state.facts.node_epoch_ms,
+            "advertisedAddress": state.facts.advertised_address,
+            "registered": true,
+            "appliedIndex": 0,
+            "streamCount": streams.len(),
+            "objectCount": objects,
+            "destroyedObjectBacklog": 0,
+            "pendingTransfers": [],
+            "leaseHolder": Value::Null,
+            "ready": state.serving.load(Ordering::Relaxed),
+            "durability": state.facts.durability,
+            "storage": state.facts.storage,
+            "metaUrl": state.facts.meta_url,
+            "cores": state.facts.cores,
+            "uptimeMs": state.started.elapsed().as_millis() as u64,
+        }),
+    )
+}
+
+fn load_json(load: &CoreLoad) -> Value {
+    json!({
+        "appends": load.appends,
+        "recordsAppended": load.records_appended,
+        "bytesAppended": load.bytes_appended,
+        "reads": load.reads,
+        "bytesRead": load.bytes_read,
+        "streams": load.streams,
+        "uploadBacklogBytes": load.upload_backlog_bytes,
+        "memoryBytes": load.memory_bytes,
+        "connections": load.connections,
+        "liveWaiters": load.live_waiters,
+    })
+}
+
+/// Counters per core and in total, for the dashboard's rates (it differentiates polls).
+fn stats(state: &AdminState) -> Value {
+    let loads: Vec<CoreLoad> = state
+        .engine_metrics
+        .iter()
+        .zip(&state.http_metrics)
+        .map(|(engine, http)| metrics::core_load(engine, http))
+        .collect();
+    let mut total = CoreLoad::default();
+    for load in &loads {
+        total.appends += load.appends;
+        total.records_appended += load.records_appended;
+        total.bytes_appended += load.bytes_appended;
+        total.reads += load.reads;
+        total.bytes_read += load.bytes_read;
+        total.streams += load.streams;
+        total.upload_backlog_bytes += load.upload_backlog_bytes;
+        total.memory_bytes += load.memory_bytes;
+        total.connections += load.connections;
+        total.live_waiters += load.live_waiters;
+    }
+    json!({
+        "uptimeMs": state.started.elapsed().as_millis() as u64,
+        "cores": loads.iter().enumerate().map(|(core, load)| {
+            let mut value = load_json(load);
+            value["core"] = json!(core);
+            value
+        }).collect::<Vec<_>>(),
+        "total": load_json(&total),
+    })
+}
+
+fn stream_json(name: &str, info: &StreamInfo, state: &AdminState) -> Value {
+    json!({
+        "name": name,
+        "streamId": info.id,
+        "ownerNodeId": NODE_ID,
+        "ownerAdvertisedAddress": state.facts.advertised_address,
+        "ownerLocal": true,
+        "contentType": info.content_type,
+        "ttlSeconds": info.ttl_sec,
+        "expiresAtMs": info.expires_at_ms,
+        "expiresAt": info.expires_at_ms.map(format_rfc3339_ms),
+        "closed": info.closed,
+        "state": if info.closed { "closed" } else { "opened" },
+        "epoch": 1,
+        "nodeId": NODE_ID,
+        "startOffset": info.start_offset,
+        "endOffset": info.next_offset,
+        "pendingTransfer": Value::Null,
+    })
+}
+
+async fn streams(state: &AdminState, query: &str) -> Response {
+    let prefix = crate::pico::query_param(query, "prefix").unwrap_or_default();
+    let prefix = if prefix.is_empty() {
+        "/".to_string()
+    } else {
+        prefix
+    };
+    let after = crate::pico::query_param(query, "after").unwrap_or_default();
+    let limit = match crate::pico::query_param(query, "limit") {
+        None => ADMIN_STREAMS_PAGE_DEFAULT,
+        Some(text) => match crate::pico::strict_u64(&text) {
+            Some(0) => ADMIN_STREAMS_PAGE_DEFAULT,
+            Some(n) => (n as usize).min(ADMIN_STREAMS_PAGE_MAX),
+            None => return error(400, format!("invalid limit {text:?}")),
+        },
+    };
+    match state.core.list(&prefix, &after, limit).await {
+        Ok((page, more)) => {
+            let streams: Vec<Value> = page
+                .iter()
+                .map(|s| stream_json(&s.name, &s.info, state))
+                .collect();
+            json_response(200, json!({ "streams": streams, "hasMore": more }))
+        }
+        Err(e) => error(500, e.to_string()),
+    }
+}
+
+async fn stream(state: &AdminState, name: &str) -> Response {
+    match state.core.call(name, Op::Head).await {
+        Ok(Reply::Head(info)) => json_response(200, stream_json(name, &info, state)),
+        Ok(_) => error(500, "unexpected engine reply"),
+        Err(EngineError::NotFound | EngineError::Gone) => {
+            error(404, format!("stream {name} not found"))
+        }
+        Err(e) => error(500, e.to_string()),
+    }
+}
+
+fn body_json(request: &Request) -> Result<Value, Response> {
+    serde_json::from_slice(&request.body).map_err(|e| error(400, format!("invalid JSON body: {e}")))
+}
+
+/// `{"stream","toNode"}`: a single node owns every stream, so the only valid target is itself,
+/// which the transfer rules refuse ("target equals source").
+async fn transfer(state: &AdminState, request: &Request) -> Response {
+    let body = match body_json(request) {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let Some(name) = body.get("stream").and_then(Value::as_str) else {
+        return error(400, "missing \"stream\"");
+    };
+    let Some(to_node) = body.get("toNode").and_then(Value::as_u64) else {
+        return error(400, "missing \"toNode\"");
+    };
+    match state.core.call(name, Op::Head).await {
+        Ok(_) => {}
+        Err(EngineError::NotFound | EngineError::Gone) => {
+            return error(404, format!("stream {name} not found"))
+        }
+        Err(e) => return error(500, e.to_string()),
+    }
+    if to_node != NODE_ID {
+        return error(400, format!("node {to_node} is not registered"));
+    }
+    error(
+        400,
+        format!("stream {name} is already on node {to_node} (target equals source)"),
+    )
+}
+
+/// `POST /admin/nodes/{id}` with `{"slots": n}`.
+fn set_slots(state: &AdminState, request: &Request) -> Response {
+    let id = &request.path["/admin/nodes/".len()..];
+    let body = match body_json(request) {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let Some(slots) = body.get("slots").and_then(Value::as_u64) else {
+        return error(400, "missing \"slots\"");
+    };
+    if id.parse::<u64>().ok() != Some(NODE_ID) {
+        return error(404, format!("node {id} is not registered"));
+    }
+    state.slots.set(slots);
+    json_response(200, node_json(state))
+}
+
 pub fn connection_error(status: u16, message: &str) -> Response {
-    Response::new(status)
-        .header("content-type", "application/json")
-        .with_body(format!(
-            "{{\"error\":{}}}",
-            serde_json::Value::String(message.to_string())
-        ))
+    error(status, message)
 }

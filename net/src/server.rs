@@ -12,13 +12,14 @@ use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
 use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, NodeFacts};
 use crate::auth::{CoreTokens, SharedTokens};
 use crate::config::{Durability, Protocol, ServerConfig};
 use crate::ds::{self, DsSettings};
 use crate::ds_subs::Subscriptions;
 use crate::http1;
 use crate::http2;
+use crate::metrics::HttpMetrics;
 use crate::pico::{self, PicoSettings};
 use crate::tls;
 use futures_rustls::TlsAcceptor;
@@ -83,7 +84,12 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
         gc_interval_ms: config.gc_interval_ms,
     };
+    let node_epoch_ms = engine_config.node_epoch_ms;
     let boot = pico_engine::boot(engine_config, &config.meta_url, &config.storage)?;
+    let engine_metrics = boot.metrics.clone();
+    let http_metrics: Vec<Arc<HttpMetrics>> = (0..cores)
+        .map(|_| Arc::new(HttpMetrics::default()))
+        .collect();
     let _wal_lock = boot.wal_lock;
     for line in &boot.report {
         log::info!("{line}");
@@ -164,10 +170,28 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             serving: serving.clone(),
             listeners: listeners.clone(),
             admin: if index == 0 {
-                config.admin_listen.clone()
+                config.admin_listen.clone().map(|addr| AdminJob {
+                    addr,
+                    facts: NodeFacts {
+                        advertised_address: String::new(),
+                        node_epoch_ms,
+                        cores,
+                        durability: match config.durability {
+                            Durability::Local => "local",
+                            Durability::Object => "object",
+                            Durability::Memory => "memory",
+                        },
+                        storage: config.storage.clone(),
+                        meta_url: config.meta_url.clone(),
+                    },
+                    scheme,
+                    engine_metrics: engine_metrics.clone(),
+                    http_metrics: http_metrics.clone(),
+                })
             } else {
                 None
             },
+            http: http_metrics[index].clone(),
             settings: settings.clone(),
             ds_settings: ds_settings.clone(),
             max_body_size: config.max_body_size,
@@ -245,11 +269,21 @@ struct CoreJob {
     tls: Option<Arc<rustls::ServerConfig>>,
     serving: Arc<AtomicBool>,
     listeners: Vec<(String, Protocol)>,
-    admin: Option<String>,
+    admin: Option<AdminJob>,
+    http: Arc<HttpMetrics>,
     settings: PicoSettings,
     ds_settings: DsSettings,
     max_body_size: usize,
     ready: mpsc::Sender<Result<Started, String>>,
+}
+
+/// What core 0 needs to run the admin listener.
+struct AdminJob {
+    addr: String,
+    facts: NodeFacts,
+    scheme: &'static str,
+    engine_metrics: pico_engine::metrics::NodeMetrics,
+    http_metrics: Vec<Arc<HttpMetrics>>,
 }
 
 async fn run_core(job: CoreJob) {
@@ -259,6 +293,7 @@ async fn run_core(job: CoreJob) {
         serving,
         listeners,
         admin,
+        http,
         settings,
         ds_settings,
         max_body_size,
@@ -274,8 +309,9 @@ async fn run_core(job: CoreJob) {
             bound.push((listener, local, *protocol));
         }
         let admin_listener = match &admin {
-            Some(addr) => Some(
-                TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?,
+            Some(job) => Some(
+                TcpListener::bind(&job.addr)
+                    .map_err(|e| explain_bind_error(&job.addr, &e.to_string()))?,
             ),
             None => None,
         };
@@ -292,9 +328,26 @@ async fn run_core(job: CoreJob) {
     };
     let tls = tls.map(TlsAcceptor::from);
     let admin_tls = tls.clone();
-    let admin_state = Rc::new(AdminState { serving });
-    if let Some(admin_listener) = admin_listener {
-        let state = admin_state.clone();
+    let tokens = settings.auth.clone().map(CoreTokens::new);
+    if let (Some(admin_listener), Some(job)) = (admin_listener, admin) {
+        let advertised = bound
+            .first()
+            .map(|(_, addr, _)| format!("{}://{addr}", job.scheme))
+            .unwrap_or_default();
+        let state = Rc::new(AdminState {
+            serving,
+            core: core.clone(),
+            engine_metrics: job.engine_metrics,
+            http_metrics: job.http_metrics,
+            started: std::time::Instant::now(),
+            facts: NodeFacts {
+                advertised_address: advertised,
+                ..job.facts
+            },
+            slots: Cell::new(job.facts.cores as u64),
+            tokens: tokens.clone(),
+        });
+        let admin_http = http.clone();
         glommio::spawn_local(async move {
             let handler = Rc::new(move |request| {
                 let state = state.clone();
@@ -306,6 +359,7 @@ async fn run_core(job: CoreJob) {
                 64 * 1024,
                 handler,
                 admin::connection_error,
+                admin_http,
             )
             .await
         })
@@ -315,18 +369,23 @@ async fn run_core(job: CoreJob) {
         listens: bound.iter().map(|(_, addr, _)| *addr).collect(),
         admin: admin_addr,
     }));
-    let tokens = settings.auth.clone().map(CoreTokens::new);
     let settings = Rc::new(settings);
     let ds_settings = Rc::new(ds_settings);
     let mut loops = Vec::new();
     for (listener, _, protocol) in bound {
         let (core, tls, tokens) = (core.clone(), tls.clone(), tokens.clone());
+        let counted = http.clone();
         let task = match protocol {
             Protocol::Pico => {
                 let settings = settings.clone();
                 let handler = Rc::new(move |request| {
                     let (core, settings, tokens) = (core.clone(), settings.clone(), tokens.clone());
-                    async move { pico::handle(&core, &settings, tokens.as_deref(), request).await }
+                    let counted = counted.clone();
+                    async move {
+                        let response =
+                            pico::handle(&core, &settings, tokens.as_deref(), request).await;
+                        counted.respond(Protocol::Pico, response)
+                    }
                 });
                 glommio::spawn_local(accept_loop(
                     listener,
@@ -334,13 +393,19 @@ async fn run_core(job: CoreJob) {
                     max_body_size,
                     handler,
                     pico::connection_error,
+                    http.clone(),
                 ))
             }
             Protocol::DurableStreams => {
                 let settings = ds_settings.clone();
                 let handler = Rc::new(move |request| {
                     let (core, settings, tokens) = (core.clone(), settings.clone(), tokens.clone());
-                    async move { ds::handle(&core, &settings, tokens.as_deref(), request).await }
+                    let counted = counted.clone();
+                    async move {
+                        let response =
+                            ds::handle(&core, &settings, tokens.as_deref(), request).await;
+                        counted.respond(Protocol::DurableStreams, response)
+                    }
                 });
                 glommio::spawn_local(accept_loop(
                     listener,
@@ -348,6 +413,7 @@ async fn run_core(job: CoreJob) {
                     max_body_size,
                     handler,
                     ds::connection_error,
+                    http.clone(),
                 ))
             }
         };
@@ -364,6 +430,7 @@ async fn accept_loop<H, F>(
     max_body_size: usize,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> http1::Response,
+    metrics: Arc<HttpMetrics>,
 ) where
     H: Fn(http1::Request) -> F + 'static,
     F: std::future::Future<Output = http1::Response> + 'static,
@@ -380,6 +447,7 @@ async fn accept_loop<H, F>(
         };
         let _ = stream.set_nodelay(true);
         let (open, handler, tls) = (open.clone(), handler.clone(), tls.clone());
+        let metrics = metrics.clone();
         glommio::spawn_local(async move {
             if open.get() >= CONNECTIONS_PER_CORE_MAX {
                 use futures_lite::AsyncWriteExt;
@@ -393,11 +461,13 @@ async fn accept_loop<H, F>(
                 return;
             }
             open.set(open.get() + 1);
+            metrics.connections.fetch_add(1, Ordering::Relaxed);
             match tls {
                 None => http1::serve_connection(stream, max_body_size, handler, on_error).await,
                 Some(acceptor) => serve_tls(acceptor, stream, max_body_size, handler, on_error).await,
             }
             open.set(open.get() - 1);
+            metrics.connections.fetch_sub(1, Ordering::Relaxed);
         })
         .detach();
     }
