@@ -458,6 +458,21 @@ impl CoreHandle {
         self.core
     }
 
+    /// Graceful shutdown of this core's engine: live reads answer now and stop waiting.
+    pub fn begin_shutdown(&self) {
+        self.shard.begin_shutdown();
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.shard.is_stopping()
+    }
+
+    /// Seals and uploads everything this core holds (see `Shard::flush`); `true` when done
+    /// within `timeout`.
+    pub async fn flush(&self, timeout: std::time::Duration) -> bool {
+        self.shard.flush(timeout).await
+    }
+
     pub fn cores(&self) -> usize {
         self.cores
     }

@@ -224,6 +224,8 @@ pub(crate) struct Shard {
     fork_releases: RefCell<Vec<(String, u64)>>,
     pub(crate) fork_released: LocalNotify,
     metrics: Arc<CoreMetrics>,
+    /// Graceful shutdown began: live reads stop waiting.
+    stopping: Cell<bool>,
 }
 
 fn info_of(state: &StreamState) -> StreamInfo {
@@ -272,6 +274,7 @@ impl Shard {
             fork_releases: RefCell::new(Vec::new()),
             fork_released: LocalNotify::default(),
             metrics,
+            stopping: Cell::new(false),
         });
         shard.load_seeds(seeds);
         let first = shard.create_wal_file().await?;
@@ -941,7 +944,7 @@ impl Shard {
                 return Ok(batch);
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || self.stopping.get() {
                 return Ok(batch);
             }
             let rx = {
@@ -1312,6 +1315,53 @@ impl Shard {
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
         Ok(start)
+    }
+
+    /// Graceful shutdown: parked readers get their (possibly empty) answer now, and no read
+    /// waits from here on.
+    pub(crate) fn begin_shutdown(&self) {
+        self.stopping.set(true);
+        for stream in self.streams.borrow_mut().values_mut() {
+            for waiter in stream.waiters.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
+    /// Seals what the active segment holds and waits (up to `timeout`) until every segment is
+    /// in the object store and its WAL file gone: a clean stop leaves nothing to recover.
+    /// `false` if time ran out (the WAL still has it: nothing is lost either way).
+    pub(crate) async fn flush(self: &Rc<Self>, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let has_data = self.log.borrow().back().is_some_and(|s| !s.buf.is_empty());
+        if has_data {
+            self.rotate();
+        }
+        loop {
+            let settled = {
+                let log = self.log.borrow();
+                log.len() == 1
+                    && log.back().is_some_and(|s| s.buf.is_empty())
+                    && self.pending.borrow().is_empty()
+                    && self.unuploaded_bytes.get() == 0
+            };
+            if settled || self.failed.borrow().is_some() {
+                return settled;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            // A rotation may have waited for a spare WAL file; ask again.
+            if self.log.borrow().back().is_some_and(|s| !s.buf.is_empty()) {
+                self.rotate();
+            }
+            self.commit_wanted.notify();
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Refreshes the gauges the admin listener reads (at most a moment stale).

@@ -61,6 +61,7 @@ const CURSOR_INTERVAL_MS: u64 = 20_000;
 const PRODUCER_NUMBER_MAX: u64 = (1 << 53) - 1;
 
 /// A protocol error: status, code, message and extra headers.
+#[derive(Debug)]
 pub struct DsError {
     status: u16,
     code: &'static str,
@@ -920,6 +921,11 @@ async fn next_sse_events(state: &mut SseState) -> Bytes {
         bound: None,
     };
     let batch = match state.core.call(&state.name, Op::Read(request)).await {
+        // A stopping node ends live responses cleanly once what was read is sent.
+        Ok(Reply::Read(batch)) if state.core.is_stopping() => {
+            state.done = true;
+            batch
+        }
         Ok(Reply::Read(batch)) => batch,
         // Deleted, expired or failing: end the response; a reconnect gets the error.
         _ => {

@@ -12,6 +12,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::http2;
+use crate::shutdown::CoreShutdown;
 
 /// Largest request head (request line and headers).
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
@@ -162,6 +163,7 @@ pub async fn serve_connection<S, H, F>(
     max_body_size: usize,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
     H: Fn(Request) -> F + 'static,
@@ -175,14 +177,14 @@ pub async fn serve_connection<S, H, F>(
         }
         if seen == http2::PREFACE.len() {
             let stream = http2::Prefixed::new(buf, stream);
-            return http2::serve_connection(stream, max_body_size, handle, on_error).await;
+            return http2::serve_connection(stream, max_body_size, handle, on_error, stop).await;
         }
         let more = within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)).await;
         if !matches!(more, Some(Ok(true))) {
             return;
         }
     }
-    serve_http1(stream, buf, max_body_size, handle, on_error).await
+    serve_http1(stream, buf, max_body_size, handle, on_error, stop).await
 }
 
 async fn serve_http1<S, H, F>(
@@ -191,12 +193,27 @@ async fn serve_http1<S, H, F>(
     max_body_size: usize,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
     H: Fn(Request) -> F,
     F: Future<Output = Response>,
 {
     loop {
+        if buf.is_empty() {
+            // Idle between requests: a shutdown closes the connection here, never mid-request.
+            let first = futures_lite::future::or(
+                async { Some(within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)).await) },
+                async {
+                    stop.wait().await;
+                    None
+                },
+            )
+            .await;
+            if !matches!(first, Some(Some(Ok(true)))) {
+                return;
+            }
+        }
         let read = read_request(&mut stream, &mut buf, max_body_size);
         let Some(read) = within(REQUEST_READ_TIMEOUT, read).await else {
             // Idle keep-alive connections just close; a stalled request learns why.
@@ -218,6 +235,8 @@ async fn serve_http1<S, H, F>(
         let (request, keep_alive) = parsed;
         let head_only = request.method == "HEAD";
         let response = handle(request).await;
+        // Once the node is stopping, the response in hand is the connection's last.
+        let keep_alive = keep_alive && !stop.is_set();
         if write_response(&mut stream, response, head_only, keep_alive)
             .await
             .is_err()

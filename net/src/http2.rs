@@ -18,6 +18,7 @@ use h2::{RecvStream, SendStream};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::http1::{Request, Response};
+use crate::shutdown::CoreShutdown;
 
 /// The client connection preface that starts every HTTP/2 connection.
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -81,6 +82,7 @@ pub async fn serve_connection<S, H, F>(
     max_body_size: usize,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + 'static,
     H: Fn(Request) -> F + 'static,
@@ -99,7 +101,24 @@ pub async fn serve_connection<S, H, F>(
             return;
         }
     };
-    while let Some(accepted) = connection.accept().await {
+    let mut going_away = false;
+    loop {
+        // On shutdown: GOAWAY, then keep driving the connection until its streams finish.
+        let next = if going_away {
+            Some(connection.accept().await)
+        } else {
+            futures_lite::future::or(async { Some(connection.accept().await) }, async {
+                stop.wait().await;
+                None
+            })
+            .await
+        };
+        let Some(next) = next else {
+            connection.graceful_shutdown();
+            going_away = true;
+            continue;
+        };
+        let Some(accepted) = next else { return };
         let (request, respond) = match accepted {
             Ok(pair) => pair,
             Err(e) => {

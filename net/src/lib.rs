@@ -12,6 +12,7 @@ pub mod http2;
 pub mod metrics;
 pub mod pico;
 pub mod server;
+pub mod shutdown;
 pub mod sse;
 pub mod time;
 pub mod tls;

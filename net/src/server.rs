@@ -21,11 +21,17 @@ use crate::http1;
 use crate::http2;
 use crate::metrics::HttpMetrics;
 use crate::pico::{self, PicoSettings};
+use crate::shutdown::{CoreShutdown, Shutdown};
 use crate::tls;
 use futures_rustls::TlsAcceptor;
 
 /// Open connections per core; past it new connections get `503` and are closed.
 pub const CONNECTIONS_PER_CORE_MAX: usize = 10_000;
+/// Graceful shutdown: how long in-flight requests get to finish, how long the final upload
+/// may take, and the bound on the whole stop (after the drain window).
+const SHUTDOWN_CONNECTIONS_WAIT: Duration = Duration::from_secs(10);
+const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(15);
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// io_uring registered-buffer memory per core: small, so the default 8 MiB memlock suffices.
 const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
 /// glommio refuses to start below this much locked memory.
@@ -33,6 +39,9 @@ const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 
 /// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
 pub fn run(config: ServerConfig) -> Result<(), String> {
+    // Blocked before any thread starts (the metadata and upload threads inherit the mask), so
+    // only the main thread's sigwait ever takes SIGINT/SIGTERM/SIGHUP.
+    let signals = block_shutdown_signals()?;
     check_memlock()?;
     let auth = match (config.auth_required, &config.auth_tokens) {
         (true, Some(path)) => {
@@ -125,7 +134,6 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     } else {
         "http"
     };
-    let signals = block_shutdown_signals()?;
     let settings = PicoSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
         max_chunk_size: if config.max_chunk_size == 0 {
@@ -155,6 +163,8 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         listeners.push((addr.clone(), other));
     }
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
+    let (stopped_tx, stopped_rx) = mpsc::channel::<Stopped>();
+    let shutdown = Shutdown::default();
     let serving = Arc::new(AtomicBool::new(false));
     let mut admin_addr = None;
     let mut handles = Vec::new();
@@ -196,6 +206,8 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             ds_settings: ds_settings.clone(),
             max_body_size: config.max_body_size,
             ready: ready_tx.clone(),
+            shutdown: shutdown.clone(),
+            stopped: stopped_tx.clone(),
         };
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("pico-core-{index}"))
@@ -253,8 +265,48 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         );
         std::thread::sleep(Duration::from_millis(config.shutdown_drain_ms));
     }
-    // Every acknowledged append is already durable in the WAL (or, with memory durability,
-    // was declared disposable): exiting here loses nothing that was promised.
+    // Listeners stop accepting, idle connections close, in-flight requests finish (their
+    // appends acknowledged as usual), live readers get a clean end, then each core seals and
+    // uploads what it holds. Every acknowledged append was already durable; this leaves
+    // nothing to recover on the next start.
+    shutdown.begin();
+    // A second SIGINT/SIGTERM while stopping means "now".
+    std::thread::Builder::new()
+        .name("pico-signals".into())
+        .spawn(move || loop {
+            let signal = wait_for_signal(&signals);
+            if signal != libc::SIGHUP {
+                eprintln!("second stop signal: exiting without finishing the shutdown");
+                std::process::exit(1);
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    let deadline = std::time::Instant::now() + SHUTDOWN_TIMEOUT;
+    let mut clean = 0;
+    for _ in 0..cores {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match stopped_rx.recv_timeout(left) {
+            Ok(report) => {
+                if report.open_connections > 0 {
+                    log::warn!(
+                        "core {}: {} connections still open at shutdown",
+                        report.core,
+                        report.open_connections
+                    );
+                }
+                if report.flushed {
+                    clean += 1;
+                } else {
+                    log::warn!(
+                        "core {}: not everything uploaded before the deadline; the WAL keeps it",
+                        report.core
+                    );
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    log::info!("stopped: {clean} of {cores} cores flushed everything to the object store");
     Ok(())
 }
 
@@ -275,6 +327,15 @@ struct CoreJob {
     ds_settings: DsSettings,
     max_body_size: usize,
     ready: mpsc::Sender<Result<Started, String>>,
+    shutdown: Shutdown,
+    stopped: mpsc::Sender<Stopped>,
+}
+
+/// A core's report at the end of a graceful shutdown.
+struct Stopped {
+    core: usize,
+    open_connections: u64,
+    flushed: bool,
 }
 
 /// What core 0 needs to run the admin listener.
@@ -298,6 +359,8 @@ async fn run_core(job: CoreJob) {
         ds_settings,
         max_body_size,
         ready,
+        shutdown,
+        stopped,
     } = job;
     let started = async {
         let core = CoreHandle::start(seed).await?;
@@ -328,6 +391,28 @@ async fn run_core(job: CoreJob) {
     };
     let tls = tls.map(TlsAcceptor::from);
     let admin_tls = tls.clone();
+    let stop = shutdown.on_this_core();
+    // The core's executor runs until this task ends: connections and uploads finish first.
+    let stopper = {
+        let (stop, core, http) = (stop.clone(), core.clone(), http.clone());
+        glommio::spawn_local(async move {
+            stop.wait().await;
+            core.begin_shutdown();
+            let deadline = std::time::Instant::now() + SHUTDOWN_CONNECTIONS_WAIT;
+            while http.connections.load(Ordering::Relaxed) > 0
+                && std::time::Instant::now() < deadline
+            {
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+            let open_connections = http.connections.load(Ordering::Relaxed);
+            let flushed = core.flush(SHUTDOWN_FLUSH_WAIT).await;
+            let _ = stopped.send(Stopped {
+                core: core.core(),
+                open_connections,
+                flushed,
+            });
+        })
+    };
     let tokens = settings.auth.clone().map(CoreTokens::new);
     if let (Some(admin_listener), Some(job)) = (admin_listener, admin) {
         let advertised = bound
@@ -347,7 +432,7 @@ async fn run_core(job: CoreJob) {
             slots: Cell::new(job.facts.cores as u64),
             tokens: tokens.clone(),
         });
-        let admin_http = http.clone();
+        let (admin_http, admin_stop) = (http.clone(), stop.clone());
         glommio::spawn_local(async move {
             let handler = Rc::new(move |request| {
                 let state = state.clone();
@@ -360,6 +445,7 @@ async fn run_core(job: CoreJob) {
                 handler,
                 admin::connection_error,
                 admin_http,
+                admin_stop,
             )
             .await
         })
@@ -394,6 +480,7 @@ async fn run_core(job: CoreJob) {
                     handler,
                     pico::connection_error,
                     http.clone(),
+                    stop.clone(),
                 ))
             }
             Protocol::DurableStreams => {
@@ -414,6 +501,7 @@ async fn run_core(job: CoreJob) {
                     handler,
                     ds::connection_error,
                     http.clone(),
+                    stop.clone(),
                 ))
             }
         };
@@ -422,6 +510,7 @@ async fn run_core(job: CoreJob) {
     for task in loops {
         task.await;
     }
+    stopper.await;
 }
 
 async fn accept_loop<H, F>(
@@ -431,13 +520,21 @@ async fn accept_loop<H, F>(
     handler: Rc<H>,
     on_error: fn(u16, &str) -> http1::Response,
     metrics: Arc<HttpMetrics>,
+    stop: CoreShutdown,
 ) where
     H: Fn(http1::Request) -> F + 'static,
     F: std::future::Future<Output = http1::Response> + 'static,
 {
     let open = Rc::new(Cell::new(0usize));
     loop {
-        let stream = match listener.accept().await {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            stop.wait().await;
+            None
+        })
+        .await;
+        // Shutdown: the listener closes here; open connections finish on their own.
+        let Some(accepted) = accepted else { return };
+        let stream = match accepted {
             Ok(stream) => stream,
             Err(e) => {
                 log::warn!("accept failed: {e}");
@@ -447,7 +544,7 @@ async fn accept_loop<H, F>(
         };
         let _ = stream.set_nodelay(true);
         let (open, handler, tls) = (open.clone(), handler.clone(), tls.clone());
-        let metrics = metrics.clone();
+        let (metrics, stop) = (metrics.clone(), stop.clone());
         glommio::spawn_local(async move {
             if open.get() >= CONNECTIONS_PER_CORE_MAX {
                 use futures_lite::AsyncWriteExt;
@@ -463,8 +560,12 @@ async fn accept_loop<H, F>(
             open.set(open.get() + 1);
             metrics.connections.fetch_add(1, Ordering::Relaxed);
             match tls {
-                None => http1::serve_connection(stream, max_body_size, handler, on_error).await,
-                Some(acceptor) => serve_tls(acceptor, stream, max_body_size, handler, on_error).await,
+                None => {
+                    http1::serve_connection(stream, max_body_size, handler, on_error, stop).await
+                }
+                Some(acceptor) => {
+                    serve_tls(acceptor, stream, max_body_size, handler, on_error, stop).await
+                }
             }
             open.set(open.get() - 1);
             metrics.connections.fetch_sub(1, Ordering::Relaxed);
@@ -480,6 +581,7 @@ async fn serve_tls<H, F>(
     max_body_size: usize,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> http1::Response,
+    stop: CoreShutdown,
 ) where
     H: Fn(http1::Request) -> F + 'static,
     F: std::future::Future<Output = http1::Response> + 'static,
@@ -496,9 +598,9 @@ async fn serve_tls<H, F>(
         };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
     if h2 {
-        http2::serve_connection(stream, max_body_size, handler, on_error).await;
+        http2::serve_connection(stream, max_body_size, handler, on_error, stop).await;
     } else {
-        http1::serve_connection(stream, max_body_size, handler, on_error).await;
+        http1::serve_connection(stream, max_body_size, handler, on_error, stop).await;
     }
 }
 

@@ -110,6 +110,11 @@ async fn next_events(state: &mut State) {
         bound: None,
     };
     let batch = match state.core.call(&state.name, Op::Read(request)).await {
+        // A stopping node ends live responses cleanly once what was read is sent.
+        Ok(Reply::Read(batch)) if state.core.is_stopping() => {
+            state.done = true;
+            batch
+        }
         Ok(Reply::Read(batch)) => batch,
         // Deleted, expired or failing: end the stream; the client's reconnect gets the error.
         _ => {

@@ -73,6 +73,33 @@ impl Server {
         }
     }
 
+    /// SIGTERM, then waits (bounded) for the process to exit; its exit status.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let pid = self.pid().expect("the server runs") as i32;
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.wait_exit(within)
+    }
+
+    /// Waits (bounded) for the process to exit on its own; its exit status.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("the server runs");
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for pico serve") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "pico serve did not exit within {within:?} of SIGTERM; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the server if it runs, then starts it again on the same directories (new ports).
     pub fn restart(&mut self) {
         self.kill();

@@ -1,0 +1,114 @@
+//! The node-wide stop signal of a graceful shutdown.
+//!
+//! The main thread sets [`Shutdown`] once (after the drain window). Each core turns it into a
+//! [`CoreShutdown`]: one task per core looks at the flag every few milliseconds and wakes the
+//! core's waiting tasks (idle connections, accept loops), so ten thousand idle connections cost
+//! one timer, not ten thousand.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// How often each core looks at the flag.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Set by the main thread; shared with every core.
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    flag: Arc<AtomicBool>,
+}
+
+impl Shutdown {
+    pub fn begin(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// The core-local view; call on the core's executor (it starts the core's watcher task).
+    pub fn on_this_core(&self) -> CoreShutdown {
+        let local = CoreShutdown {
+            inner: Rc::new(Local {
+                set: Cell::new(false),
+                waiters: RefCell::new(HashMap::new()),
+                next_id: Cell::new(0),
+            }),
+        };
+        let (flag, watcher) = (self.flag.clone(), local.inner.clone());
+        glommio::spawn_local(async move {
+            while !flag.load(Ordering::SeqCst) {
+                glommio::timer::sleep(POLL_INTERVAL).await;
+            }
+            watcher.set.set(true);
+            for (_, waker) in watcher.waiters.borrow_mut().drain() {
+                waker.wake();
+            }
+        })
+        .detach();
+        local
+    }
+}
+
+struct Local {
+    set: Cell<bool>,
+    /// Tasks waiting for the signal, by wait id (a dropped wait removes its entry).
+    waiters: RefCell<HashMap<u64, Waker>>,
+    next_id: Cell<u64>,
+}
+
+/// One core's view of the stop signal.
+#[derive(Clone)]
+pub struct CoreShutdown {
+    inner: Rc<Local>,
+}
+
+impl CoreShutdown {
+    pub fn is_set(&self) -> bool {
+        self.inner.set.get()
+    }
+
+    /// Resolves once the shutdown began.
+    pub fn wait(&self) -> Wait {
+        let id = self.inner.next_id.get();
+        self.inner.next_id.set(id + 1);
+        Wait {
+            local: self.inner.clone(),
+            id,
+        }
+    }
+}
+
+/// The future of [`CoreShutdown::wait`].
+pub struct Wait {
+    local: Rc<Local>,
+    id: u64,
+}
+
+impl Future for Wait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.local.set.get() {
+            return Poll::Ready(());
+        }
+        self.local
+            .waiters
+            .borrow_mut()
+            .insert(self.id, cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        self.local.waiters.borrow_mut().remove(&self.id);
+    }
+}
