@@ -17,6 +17,8 @@ mod glob;
 mod keys;
 mod percent;
 mod registry;
+#[cfg(test)]
+mod tests;
 mod webhook_url;
 
 use std::rc::Rc;
@@ -490,10 +492,11 @@ impl Subscriptions {
             fresh.push((path.clone(), tail_of(core, &format!("{root}{path}")).await?));
         }
         let mut effects = Vec::new();
-        let result =
-            self.shared
-                .write()
-                .settle(id, kind, token, &ack, &fresh, Clock::now(), &mut effects);
+        let result = {
+            let mut registry = self.shared.write();
+            registry.refresh_tails(id, &fresh);
+            registry.settle(id, kind, token, &ack, Clock::now(), &mut effects)
+        };
         self.run_effects(core, effects);
         let next_wake = result?;
         Ok(json_response(

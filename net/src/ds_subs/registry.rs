@@ -879,17 +879,29 @@ impl Registry {
         }
     }
 
+    /// Moves linked streams' tails forward to ones just read from the engine (before acks are
+    /// checked against them: writes that bypassed the DS protocol were not reported).
+    pub fn refresh_tails(&mut self, id: &str, tails: &[(String, String)]) {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return;
+        };
+        for (path, tail) in tails {
+            if let Some(link) = sub.streams.get_mut(path) {
+                if *tail > link.tail {
+                    link.tail = tail.clone();
+                }
+            }
+        }
+    }
+
     /// A webhook callback (`kind` webhook) or a pull-wake ack: applies the acks, extends the
     /// lease, and with `done` ends the wake. Returns whether a next wake started.
-    /// `fresh_tails` are tails just read from the engine for the acked streams (writes that
-    /// bypassed the DS protocol may have moved them).
     pub fn settle(
         &mut self,
         id: &str,
         kind: Kind,
         token: &str,
         request: &AckRequest,
-        fresh_tails: &[(String, String)],
         clock: Clock,
         effects: &mut Vec<Effect>,
     ) -> Result<bool, ApiError> {
@@ -906,13 +918,6 @@ impl Registry {
         sub.check_claims(&claims)?;
         ctx.expire(sub);
         sub.fence(&claims, request)?;
-        for (path, tail) in fresh_tails {
-            if let Some(link) = sub.streams.get_mut(path) {
-                if *tail > link.tail {
-                    link.tail = tail.clone();
-                }
-            }
-        }
         for (path, offset) in &request.acks {
             let link = sub
                 .streams
@@ -1276,7 +1281,7 @@ mod tests {
         let done = ack_request(&body, "events/x", &offset(1), true);
         let mut effects = Vec::new();
         let settle = |reg: &mut Registry, req: &AckRequest, token: &str, fx: &mut Vec<Effect>| {
-            reg.settle("s", Kind::Webhook, token, req, &[], clock, fx)
+            reg.settle("s", Kind::Webhook, token, req, clock, fx)
         };
         // Bad acks are refused as a whole and leave the wake open.
         for (path, off) in [
@@ -1327,6 +1332,34 @@ mod tests {
     }
 
     #[test]
+    fn acks_may_reach_tails_refreshed_from_the_engine() {
+        let mut reg = registry();
+        let clock = Clock::now();
+        reg.create("s", ROOT, BASE, webhook(1000), vec![], clock)
+            .unwrap();
+        let (_, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
+        let token = token_of(&body, "callback_token");
+        let ack = ack_request(&body, "events/x", &offset(3), false);
+        let mut fx = Vec::new();
+        let err = reg
+            .settle("s", Kind::Webhook, &token, &ack, clock, &mut fx)
+            .unwrap_err();
+        assert_eq!(err.code, "INVALID_OFFSET");
+        // Tails never move back.
+        reg.refresh_tails("s", &[("events/x".into(), offset(3))]);
+        reg.refresh_tails("s", &[("events/x".into(), offset(2))]);
+        assert_eq!(
+            reg.settle("s", Kind::Webhook, &token, &ack, clock, &mut fx),
+            Ok(false)
+        );
+        let regress = ack_request(&body, "events/x", &offset(2), false);
+        let err = reg
+            .settle("s", Kind::Webhook, &token, &regress, clock, &mut fx)
+            .unwrap_err();
+        assert_eq!(err.code, "INVALID_OFFSET");
+    }
+
+    #[test]
     fn webhook_lease_expiry_redelivers_with_a_new_generation() {
         let mut reg = registry();
         let t0 = Clock::now();
@@ -1348,7 +1381,6 @@ mod tests {
                 Kind::Webhook,
                 &token_of(&body, "callback_token"),
                 &req,
-                &[],
                 later,
                 &mut Vec::new(),
             )
@@ -1422,11 +1454,11 @@ mod tests {
         let token = token_of(&claimed, "token");
         let done = ack_request(&claimed, "events/a", &offset(1), true);
         let err = reg
-            .settle("p", Kind::Webhook, &token, &done, &[], clock, &mut effects)
+            .settle("p", Kind::Webhook, &token, &done, clock, &mut effects)
             .unwrap_err();
         assert_eq!(err.status, 400);
         assert_eq!(
-            reg.settle("p", Kind::PullWake, &token, &done, &[], clock, &mut effects),
+            reg.settle("p", Kind::PullWake, &token, &done, clock, &mut effects),
             Ok(false)
         );
         // A write, a claim and a release: the work is still pending, so a new wake is announced.
@@ -1482,7 +1514,6 @@ mod tests {
                 Kind::PullWake,
                 &token_of(&claimed, "token"),
                 &ack,
-                &[],
                 later,
                 &mut effects,
             )
