@@ -155,8 +155,6 @@ pub fn post(
 
 /// TLS client settings with the system's CA bundle, built on the first https delivery.
 fn client_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::CertificateDer;
     let paths = std::env::var("SSL_CERT_FILE").ok().into_iter().chain(
         [
             "/etc/ssl/certs/ca-certificates.crt",
@@ -165,19 +163,28 @@ fn client_config() -> Result<Arc<rustls::ClientConfig>, String> {
         ]
         .map(String::from),
     );
-    let mut roots = rustls::RootCertStore::empty();
     for path in paths {
-        if let Ok(certs) = CertificateDer::pem_file_iter(&path) {
-            for cert in certs.flatten() {
-                let _ = roots.add(cert);
-            }
-        }
-        if !roots.is_empty() {
-            break;
+        if let Ok(config) = client_config_from(&path) {
+            return Ok(config);
         }
     }
+    Err("no CA bundle found for https webhooks (set SSL_CERT_FILE)".into())
+}
+
+/// TLS client settings trusting the CA certificates of one PEM file.
+fn client_config_from(pem_path: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pem_path)
+        .map_err(|e| format!("{pem_path}: {e}"))?
+        .flatten()
+    {
+        // One unparsable certificate in a system bundle should not disable the others.
+        let _ = roots.add(cert);
+    }
     if roots.is_empty() {
-        return Err("no CA bundle found for https webhooks (set SSL_CERT_FILE)".into());
+        return Err(format!("{pem_path} holds no usable CA certificate"));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -438,6 +445,72 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let err = exchange(stream, b"x", Instant::now()).unwrap_err();
         assert!(err.contains("too long"), "{err}");
+    }
+
+    /// A private CA and a certificate it signed for 127.0.0.1 (openssl, as the CLI TLS tests).
+    fn make_certificates(dir: &std::path::Path) {
+        let script = r#"set -e
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > leaf.ext
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign -keyout ca.key -out ca.pem
+openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out leaf.csr
+openssl x509 -req -days 2 -CAcreateserial -in leaf.csr -CA ca.pem -CAkey ca.key -out cert.pem -extfile leaf.ext
+"#;
+        let status = std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh and the openssl tool make the test certificates");
+        assert!(status.success());
+    }
+
+    #[test]
+    fn posts_over_https_to_a_trusted_receiver_only() {
+        let dir = tempfile::tempdir().unwrap();
+        make_certificates(dir.path());
+        let server =
+            crate::tls::server_config(&dir.path().join("cert.pem"), &dir.path().join("key.pem"))
+                .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = webhook_url::check(&format!(
+            "https://127.0.0.1:{}/hook",
+            listener.local_addr().unwrap().port()
+        ))
+        .unwrap();
+        let handle = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (tcp, _) = listener.accept().unwrap();
+                let conn = rustls::ServerConnection::new(server.clone()).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !request.ends_with(b"{}") {
+                    match tls.read(&mut chunk) {
+                        Ok(n) if n > 0 => request.extend_from_slice(&chunk[..n]),
+                        // The untrusting client gives up during the handshake.
+                        _ => break,
+                    }
+                }
+                if request.ends_with(b"{}") {
+                    let _ = tls
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"done\":true}");
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                }
+            }
+        });
+        let trusted = client_config_from(&dir.path().join("ca.pem").display().to_string()).unwrap();
+        let (status, body) = post(&url, b"{}", "sig", Some(trusted)).unwrap();
+        assert_eq!((status, body.as_slice()), (200, &b"{\"done\":true}"[..]));
+        // A client without the private CA refuses the receiver's certificate.
+        let other = client_config_from(&dir.path().join("cert.pem").display().to_string()).unwrap();
+        let err = post(&url, b"{}", "sig", Some(other)).unwrap_err();
+        assert!(
+            err.contains("sending") || err.contains("receiving"),
+            "{err}"
+        );
+        handle.join().unwrap();
+        assert!(client_config_from("/nonexistent.pem").is_err());
     }
 
     #[test]

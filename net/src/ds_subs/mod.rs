@@ -121,8 +121,9 @@ fn json_body(request: &Request) -> Result<Value, ApiError> {
 fn bearer(request: &Request) -> Result<&str, ApiError> {
     request
         .header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty())
         .ok_or_else(|| {
             ApiError::new(
@@ -547,6 +548,8 @@ impl Subscriptions {
             close: false,
             match_offset: None,
             producer: None,
+            content_type: None,
+            writer_seq: None,
         };
         match core.call(stream, op).await {
             Ok(Reply::Appended(ack)) => {

@@ -114,7 +114,8 @@ impl Node {
         let create = Op::Create {
             config,
             closed: false,
-            first_record: None,
+            records: Vec::new(),
+            fork: None,
         };
         self.core.call(&name, create).await.expect("create");
         let append = Op::Append {
@@ -125,6 +126,8 @@ impl Node {
             close: false,
             match_offset: None,
             producer: None,
+            content_type: None,
+            writer_seq: None,
         };
         let Ok(Reply::Appended(ack)) = self.core.call(&name, append).await else {
             panic!("append to {name}")
@@ -141,6 +144,7 @@ impl Node {
             max_bytes: 1 << 20,
             wait_ms: None,
             with_content_type: false,
+            bound: None,
         };
         match self
             .core
@@ -385,6 +389,14 @@ async fn callback_acks_and_fences(node: &Node) {
     let (url, rx) = receiver(json!({}));
     node.request("PUT", "subscriptions/s4", None, webhook_sub(&url))
         .await;
+    // The stream of the previous scenario already existed: linked, with nothing pending.
+    let got = node
+        .request("GET", "subscriptions/s4", None, Value::Null)
+        .await;
+    assert_eq!(
+        got.body["streams"],
+        json!([{"path": "events/sync", "link_type": "glob", "acked_offset": offset_string(1)}])
+    );
     let tail = node
         .write("events/callback", json!({"event": "created"}))
         .await;
