@@ -1,0 +1,588 @@
+//! The Durable Streams reserved subscription APIs under `{root}__ds/`: webhook and pull-wake
+//! subscriptions over stream patterns and explicit streams, their leases and generation
+//! fencing, signed webhook deliveries and the JWKS that verifies them.
+//!
+//! State lives in memory only, behind one lock per node: this is the control plane (a few
+//! requests per wake), not the data path, and writes take the lock only when some subscription
+//! links the written stream. Nothing is persisted: a restart forgets every subscription, its
+//! acked offsets and the signing keys (wake-stream events already appended stay in their
+//! streams).
+//!
+//! Timers (lease expiry, delivery retries) run in one sweeper task on the core that created the
+//! first subscription; it stops when none is left. Webhook POSTs run on the `pico-webhooks`
+//! thread (see `delivery`).
+
+mod delivery;
+mod glob;
+mod keys;
+mod percent;
+mod registry;
+#[cfg(test)]
+mod tests;
+mod webhook_url;
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{Sender, TrySendError};
+use pico_engine::{CoreHandle, EngineError, Op, RecordInput, Reply};
+use serde_json::Value;
+
+use crate::http1::{Request, Response};
+use keys::{SigningKey, TokenKey};
+use percent::decode_component;
+use registry::{
+    parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Clock, Effect, Job, Kind,
+    LinkKind, Outcome, Registry, MAX_ID_LEN, MAX_STREAMS_PER_SUBSCRIPTION, MAX_WORKER_LEN,
+    ZERO_OFFSET,
+};
+
+pub use delivery::MAX_QUEUED_DELIVERIES;
+pub use registry::{MAX_STREAMS_PER_SUBSCRIPTION as MAX_STREAMS, MAX_SUBSCRIPTIONS};
+
+/// How often the sweeper looks for expired leases and due retries.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// Bodies of control requests.
+const MAX_CONTROL_BODY: usize = 1024 * 1024;
+/// Streams a pattern subscription's creation looks at to link the existing matches.
+const MAX_CREATE_SCAN: usize = 100_000;
+const LIST_PAGE: usize = 1000;
+
+/// What the cores and the delivery thread share.
+struct Shared {
+    /// The number of subscriptions, read without the lock on every write.
+    active: AtomicUsize,
+    registry: RwLock<Registry>,
+    signing: SigningKey,
+    sweeper_running: AtomicBool,
+}
+
+impl Shared {
+    fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The node's subscriptions; one per node, shared by all cores.
+pub struct Subscriptions {
+    shared: Arc<Shared>,
+    deliveries: Sender<Job>,
+}
+
+impl Default for Subscriptions {
+    fn default() -> Subscriptions {
+        Subscriptions::new()
+    }
+}
+
+fn offset_string(seq: u64) -> String {
+    format!("{seq:016}_{:016}", 0)
+}
+
+fn json_response(status: u16, body: &Value) -> Response {
+    Response::new(status)
+        .header("content-type", "application/json")
+        .with_body(body.to_string())
+}
+
+fn error_response(e: &ApiError) -> Response {
+    json_response(e.status, &e.to_json())
+}
+
+fn method_not_allowed(allow: &'static str) -> Response {
+    Response::new(405)
+        .header("allow", allow)
+        .header("content-type", "text/plain")
+        .with_body("Method not allowed")
+}
+
+/// An empty body reads as `{}` (the reference server does the same).
+fn json_body(request: &Request) -> Result<Value, ApiError> {
+    if request.body.len() > MAX_CONTROL_BODY {
+        return Err(ApiError::new(
+            413,
+            "LIMIT_EXCEEDED",
+            format!("control request bodies are at most {MAX_CONTROL_BODY} bytes"),
+        ));
+    }
+    if request.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_slice(&request.body).map_err(|_| ApiError::invalid("Invalid JSON body"))
+}
+
+fn bearer(request: &Request) -> Result<&str, ApiError> {
+    request
+        .header("authorization")
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                401,
+                "TOKEN_INVALID",
+                "Missing or malformed Authorization header",
+            )
+        })
+}
+
+fn subscription_id(raw: &str) -> Result<String, ApiError> {
+    let id = decode_component(raw)
+        .ok_or_else(|| ApiError::invalid("malformed percent-encoding in the subscription id"))?;
+    if id.is_empty()
+        || id.len() > MAX_ID_LEN
+        || id.contains('/')
+        || id.chars().any(char::is_control)
+    {
+        return Err(ApiError::invalid(format!(
+            "subscription ids are 1 to {MAX_ID_LEN} bytes without '/' or control characters"
+        )));
+    }
+    Ok(id)
+}
+
+/// The current tail of a stream as a DS offset; a missing stream has the empty tail.
+async fn tail_of(core: &CoreHandle, name: &str) -> Result<String, ApiError> {
+    match core.call(name, Op::Head).await {
+        Ok(Reply::Head(info)) => Ok(offset_string(info.next_offset)),
+        Ok(_) | Err(EngineError::NotFound) => Ok(ZERO_OFFSET.to_string()),
+        Err(e) => Err(engine_error(&e)),
+    }
+}
+
+fn engine_error(e: &EngineError) -> ApiError {
+    ApiError::new(503, "UNAVAILABLE", format!("stream engine: {e}"))
+}
+
+impl Subscriptions {
+    /// One per node. Generates the node's Ed25519 signing key and token key, and starts the
+    /// `pico-webhooks` delivery thread (it ends when this value is dropped).
+    pub fn new() -> Subscriptions {
+        let rng = ring::rand::SystemRandom::new();
+        // Only an OS without a working random source fails here; nothing can run without one.
+        let signing = SigningKey::generate(&rng).expect("OS random source for the webhook key");
+        let tokens = TokenKey::generate(&rng).expect("OS random source for the token key");
+        let shared = Arc::new(Shared {
+            active: AtomicUsize::new(0),
+            registry: RwLock::new(Registry::new(tokens)),
+            signing,
+            sweeper_running: AtomicBool::new(false),
+        });
+        let (deliveries, jobs) = crossbeam_channel::bounded(MAX_QUEUED_DELIVERIES);
+        let thread_shared = shared.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name("pico-webhooks".into())
+            .spawn(move || delivery::run(thread_shared, jobs))
+        {
+            // Deliveries then fail (and are retried, then given up) instead of the node failing.
+            log::error!("cannot start the webhook delivery thread: {e}");
+        }
+        Subscriptions { shared, deliveries }
+    }
+
+    /// Answers a request whose path is `{root}__ds/{rest}`; `root` ends with '/'.
+    /// `base_url` is e.g. "http://127.0.0.1:4437" (scheme + Host header), for absolute URLs in
+    /// bodies.
+    pub async fn handle(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        base_url: &str,
+        root: &str,
+        rest: &str,
+        request: &Request,
+    ) -> Response {
+        match self.route(core, base_url, root, rest, request).await {
+            Ok(response) => response,
+            Err(e) => error_response(&e),
+        }
+    }
+
+    /// Called after every successful write through the DS protocol to the stream `full_path`,
+    /// with its new tail offset. Free when there are no subscriptions; takes the write lock only
+    /// when a subscription links the stream.
+    pub fn on_stream_write(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        full_path: &str,
+        tail_offset: &str,
+    ) {
+        if self.shared.active.load(Ordering::Acquire) == 0
+            || !self.shared.read().interested(full_path)
+        {
+            return;
+        }
+        let effects = self
+            .shared
+            .write()
+            .on_write(full_path, tail_offset, Clock::now());
+        self.run_effects(core, effects);
+    }
+
+    /// Called after a stream was deleted, so that a new stream of the same name is linked
+    /// afresh (its offsets start over).
+    pub fn on_stream_deleted(&self, full_path: &str) {
+        if self.shared.active.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.shared.write().on_delete(full_path);
+    }
+
+    async fn route(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        base_url: &str,
+        root: &str,
+        rest: &str,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let method = request.method.as_str();
+        if rest == "jwks.json" {
+            if method != "GET" && method != "HEAD" {
+                return Ok(method_not_allowed("GET, HEAD"));
+            }
+            return Ok(Response::new(200)
+                .header("content-type", "application/jwk-set+json")
+                .header("cache-control", "public, max-age=300")
+                .with_body(self.shared.signing.jwks_json().to_string()));
+        }
+        let not_found =
+            || ApiError::new(404, "NOT_FOUND", "Durable Streams control route not found");
+        let route = rest.strip_prefix("subscriptions/").ok_or_else(not_found)?;
+        let (raw_id, action) = route.split_once('/').unwrap_or((route, ""));
+        let id = subscription_id(raw_id)?;
+        match action {
+            "" => match method {
+                "PUT" => self.create(core, base_url, root, &id, request).await,
+                "GET" => self.describe(base_url, root, &id),
+                "DELETE" => {
+                    let mut registry = self.shared.write();
+                    if registry.delete(&id) {
+                        self.shared.active.store(registry.len(), Ordering::SeqCst);
+                    }
+                    Ok(Response::new(204))
+                }
+                _ => Ok(method_not_allowed("GET, PUT, DELETE")),
+            },
+            "streams" if method == "POST" => self.add_streams(core, &id, request).await,
+            "streams" => Ok(method_not_allowed("POST")),
+            _ if action.starts_with("streams/") => {
+                if method != "DELETE" {
+                    return Ok(method_not_allowed("DELETE"));
+                }
+                // Either one encoded segment or several plain ones name the stream.
+                let raw = &action["streams/".len()..];
+                let path = decode_component(raw)
+                    .ok_or_else(|| ApiError::invalid("malformed percent-encoding in the path"))
+                    .and_then(|p| registry::normalize_path(&p))?;
+                self.shared.write().remove_explicit(&id, &path)?;
+                Ok(Response::new(204))
+            }
+            "callback" | "ack" | "release" | "claim" if method != "POST" => {
+                Ok(method_not_allowed("POST"))
+            }
+            "callback" => self.settle(core, &id, Kind::Webhook, request).await,
+            "ack" => self.settle(core, &id, Kind::PullWake, request).await,
+            "release" => {
+                let token = bearer(request)?;
+                let ack = parse_ack_request(&json_body(request)?)?;
+                let mut effects = Vec::new();
+                let result =
+                    self.shared
+                        .write()
+                        .release(&id, token, &ack, Clock::now(), &mut effects);
+                self.run_effects(core, effects);
+                result.map(|()| Response::new(204))
+            }
+            "claim" => {
+                let body = json_body(request)?;
+                let worker = body["worker"]
+                    .as_str()
+                    .filter(|w| !w.is_empty() && w.len() <= MAX_WORKER_LEN)
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "worker must be a non-empty string of at most {MAX_WORKER_LEN} bytes"
+                        ))
+                    })?;
+                let mut effects = Vec::new();
+                let result = self
+                    .shared
+                    .write()
+                    .claim(&id, worker, Clock::now(), &mut effects);
+                self.run_effects(core, effects);
+                result.map(|body| json_response(200, &body))
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    fn describe(&self, base_url: &str, root: &str, id: &str) -> Result<Response, ApiError> {
+        let jwks_url = format!("{base_url}{root}__ds/jwks.json");
+        let body = self
+            .shared
+            .read()
+            .describe(id, self.shared.signing.kid(), &jwks_url)
+            .ok_or_else(ApiError::not_found)?;
+        Ok(json_response(200, &body))
+    }
+
+    async fn create(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        base_url: &str,
+        root: &str,
+        id: &str,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let config = parse_config(&json_body(request)?)?;
+        if let Some(url) = &config.webhook_url {
+            webhook_url::check(url)
+                .map_err(|message| ApiError::new(400, "WEBHOOK_URL_REJECTED", message))?;
+        }
+        // A re-confirmation needs no engine calls.
+        let known = self.shared.read().config(id).cloned();
+        if known.is_none() {
+            let links = self.initial_links(core, root, &config).await?;
+            let created = {
+                let mut registry = self.shared.write();
+                let created = registry.create(
+                    id,
+                    root,
+                    &format!("{base_url}{root}"),
+                    config,
+                    links,
+                    Clock::now(),
+                )?;
+                self.shared.active.store(registry.len(), Ordering::SeqCst);
+                created
+            };
+            self.ensure_sweeper(core);
+            let response = self.describe(base_url, root, id)?;
+            return Ok(Response {
+                status: if created { 201 } else { 200 },
+                ..response
+            });
+        }
+        if known.as_ref() != Some(&config) {
+            return Err(ApiError::new(
+                409,
+                "SUBSCRIPTION_ALREADY_EXISTS",
+                "Subscription already exists with different configuration",
+            ));
+        }
+        self.describe(base_url, root, id)
+    }
+
+    /// The streams a new subscription starts with, each at its current tail: the explicit ones
+    /// and the existing streams its pattern matches.
+    async fn initial_links(
+        &self,
+        core: &CoreHandle,
+        root: &str,
+        config: &registry::Config,
+    ) -> Result<Vec<(String, LinkKind, String)>, ApiError> {
+        let mut links = Vec::new();
+        for path in &config.streams {
+            let tail = tail_of(core, &format!("{root}{path}")).await?;
+            links.push((path.clone(), LinkKind::Explicit, tail));
+        }
+        let Some(pattern) = &config.pattern else {
+            return Ok(links);
+        };
+        let prefix = format!("{root}{}", glob::literal_prefix(pattern));
+        let mut after = String::new();
+        let mut scanned = 0;
+        loop {
+            let (page, more) = core
+                .list(&prefix, &after, LIST_PAGE)
+                .await
+                .map_err(|e| engine_error(&e))?;
+            scanned += page.len();
+            for stream in &page {
+                let Some(rel) = stream.name.strip_prefix(root) else {
+                    continue;
+                };
+                if rel.starts_with("__ds/")
+                    || config.wake_stream.as_deref() == Some(rel)
+                    || !glob::matches(pattern, rel)
+                {
+                    continue;
+                }
+                links.push((
+                    rel.to_string(),
+                    LinkKind::Glob,
+                    offset_string(stream.info.next_offset),
+                ));
+                if links.len() > MAX_STREAMS_PER_SUBSCRIPTION {
+                    return Err(ApiError::new(
+                        400,
+                        "LIMIT_EXCEEDED",
+                        format!(
+                            "the pattern matches more than {MAX_STREAMS_PER_SUBSCRIPTION} streams"
+                        ),
+                    ));
+                }
+            }
+            match page.last() {
+                Some(last) if more && scanned < MAX_CREATE_SCAN => after = last.name.clone(),
+                _ => {
+                    if more {
+                        // Streams past the scan are linked by their next write, as new ones.
+                        log::warn!(
+                            "subscription pattern {pattern}: stopped linking existing streams after {MAX_CREATE_SCAN}"
+                        );
+                    }
+                    return Ok(links);
+                }
+            }
+        }
+    }
+
+    async fn add_streams(
+        &self,
+        core: &CoreHandle,
+        id: &str,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let body = json_body(request)?;
+        let streams = parse_streams(&body["streams"])?;
+        if streams.is_empty() {
+            return Err(ApiError::invalid(
+                "streams must be a non-empty string array",
+            ));
+        }
+        let root = self
+            .shared
+            .read()
+            .root(id)
+            .map(str::to_string)
+            .ok_or_else(ApiError::not_found)?;
+        let mut links = Vec::with_capacity(streams.len());
+        for path in streams {
+            let tail = tail_of(core, &format!("{root}{path}")).await?;
+            links.push((path, tail));
+        }
+        self.shared.write().add_explicit(id, links)?;
+        Ok(Response::new(204))
+    }
+
+    async fn settle(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        id: &str,
+        kind: Kind,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let token = bearer(request)?;
+        let ack: AckRequest = parse_ack_request(&json_body(request)?)?;
+        let root = self
+            .shared
+            .read()
+            .root(id)
+            .map(str::to_string)
+            .ok_or_else(ApiError::not_found)?;
+        let mut fresh = Vec::with_capacity(ack.acks.len());
+        for (path, _) in &ack.acks {
+            fresh.push((path.clone(), tail_of(core, &format!("{root}{path}")).await?));
+        }
+        let mut effects = Vec::new();
+        let result = {
+            let mut registry = self.shared.write();
+            registry.refresh_tails(id, &fresh);
+            registry.settle(id, kind, token, &ack, Clock::now(), &mut effects)
+        };
+        self.run_effects(core, effects);
+        let next_wake = result?;
+        Ok(json_response(
+            200,
+            &serde_json::json!({"ok": true, "next_wake": next_wake}),
+        ))
+    }
+
+    fn run_effects(self: &Arc<Self>, core: &Rc<CoreHandle>, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Deliver(job) => self.enqueue(job),
+                Effect::AppendWake { stream, event } => {
+                    let (this, core) = (self.clone(), core.clone());
+                    glommio::spawn_local(async move {
+                        this.append_wake(&core, &stream, event).await;
+                    })
+                    .detach();
+                }
+            }
+        }
+    }
+
+    fn enqueue(&self, job: Job) {
+        if let Err(e) = self.deliveries.try_send(job) {
+            let (reason, job) = match e {
+                TrySendError::Full(job) => ("the delivery queue is full", job),
+                TrySendError::Disconnected(job) => ("the delivery thread is not running", job),
+            };
+            // Counts as a failed attempt: the sweeper retries it after the backoff.
+            let effects = self.shared.write().delivery_result(
+                &job,
+                Outcome::Failed(reason.into()),
+                Clock::now(),
+            );
+            debug_assert!(effects.is_empty());
+        }
+    }
+
+    /// Appends a pull-wake event (one JSON message) to the wake stream, then reports the write
+    /// like any other (another subscription may watch the wake stream).
+    async fn append_wake(self: &Arc<Self>, core: &Rc<CoreHandle>, stream: &str, event: String) {
+        let op = Op::Append {
+            records: vec![RecordInput {
+                headers: Vec::new(),
+                body: Bytes::from(event),
+            }],
+            close: false,
+            match_offset: None,
+            producer: None,
+            content_type: None,
+            writer_seq: None,
+        };
+        match core.call(stream, op).await {
+            Ok(Reply::Appended(ack)) => {
+                self.on_stream_write(core, stream, &offset_string(ack.next_offset))
+            }
+            Ok(other) => log::warn!("wake stream {stream}: unexpected reply {other:?}"),
+            Err(e) => log::warn!("cannot append a wake event to {stream}: {e}"),
+        }
+    }
+
+    fn ensure_sweeper(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if self.shared.sweeper_running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (this, core) = (self.clone(), core.clone());
+        glommio::spawn_local(async move { this.sweep(core).await }).detach();
+    }
+
+    async fn sweep(self: Arc<Self>, core: Rc<CoreHandle>) {
+        loop {
+            glommio::timer::sleep(SWEEP_INTERVAL).await;
+            if self.shared.active.load(Ordering::SeqCst) == 0 {
+                self.shared.sweeper_running.store(false, Ordering::SeqCst);
+                // A subscription created between the check and the store saw the flag still
+                // set and started no sweeper: carry on as the sweeper unless another took over.
+                if self.shared.active.load(Ordering::SeqCst) == 0
+                    || self.shared.sweeper_running.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+            let effects = self.shared.write().tick(Clock::now());
+            self.run_effects(&core, effects);
+        }
+    }
+}
