@@ -348,7 +348,7 @@ async fn route(
         "POST" => append(core, settings, request).await,
         "GET" => read(core, settings, request).await,
         "HEAD" => head(core, request).await,
-        "DELETE" => delete(core, request).await,
+        "DELETE" => delete(core, settings, request).await,
         _ => Err(DsError::new(
             405,
             "METHOD_NOT_ALLOWED",
@@ -647,8 +647,13 @@ fn head_response(info: &StreamInfo) -> Response {
     response
 }
 
-async fn delete(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, DsError> {
+async fn delete(
+    core: &Rc<CoreHandle>,
+    settings: &DsSettings,
+    request: &Request,
+) -> Result<Response, DsError> {
     core.call(&request.path, Op::Delete).await?;
+    settings.subscriptions.on_stream_deleted(&request.path);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }
 

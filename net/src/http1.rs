@@ -2,8 +2,8 @@
 //! bodies, keep-alive and pipelining (requests are answered in order, one at a time).
 //!
 //! Limits: the request head is at most [`HEAD_BYTES_MAX`] with [`HEADERS_MAX`] headers
-//! (else `431`), a body at most `max_body_size` (else `413`, and the connection closes since
-//! the unread body cannot be skipped safely).
+//! (else `431`), a body at most `max_body_size` (else `413`, and the connection closes once
+//! the rest of the body was discarded, bounded, since it cannot be parsed as a next request).
 
 use std::future::Future;
 use std::rc::Rc;
@@ -35,6 +35,11 @@ pub(crate) async fn within<T>(
     })
     .await
 }
+
+/// After a `413`, at most this much of the rejected body is read and discarded, for at most
+/// this long, so the client sees the answer instead of a reset connection.
+pub const OVERSIZED_BODY_DRAIN_BYTES_MAX: usize = 64 * 1024 * 1024;
+const OVERSIZED_BODY_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -229,6 +234,21 @@ async fn serve_http1<S, H, F>(
             Err(e) => {
                 let response = on_error(e.status, &e.message);
                 let _ = write_response(&mut stream, response, false, false).await;
+                if e.status == 413 {
+                    // Closing with the body still arriving would reset the connection before
+                    // the client reads the 413; discard (bounded) what it still sends first.
+                    let discard = async {
+                        let mut sink = vec![0u8; READ_CHUNK_BYTES];
+                        let mut left = OVERSIZED_BODY_DRAIN_BYTES_MAX;
+                        while left > 0 {
+                            match stream.read(&mut sink).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => left = left.saturating_sub(n),
+                            }
+                        }
+                    };
+                    within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard).await;
+                }
                 return;
             }
         };

@@ -27,6 +27,8 @@ pub struct PicoSettings {
     pub cors_origin: String,
     /// `--auth required`: the token table shared by the cores.
     pub auth: Option<std::sync::Arc<crate::auth::SharedTokens>>,
+    /// Durable Streams subscriptions watch the same streams: Pico writes wake them too.
+    pub subscriptions: std::sync::Arc<crate::ds_subs::Subscriptions>,
 }
 
 const ALLOW_METHODS: &str = "GET, PUT, POST, DELETE, HEAD, OPTIONS";
@@ -187,8 +189,41 @@ pub async fn handle(
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),
     };
+    if let Ok(response) = &result {
+        notify_subscriptions(core, settings, &request, response);
+    }
     let response = result.unwrap_or_else(render_error);
     with_common(response, &settings.cors_origin)
+}
+
+/// Wakes Durable Streams subscriptions watching a stream this request wrote or deleted.
+fn notify_subscriptions(
+    core: &Rc<CoreHandle>,
+    settings: &PicoSettings,
+    request: &Request,
+    response: &Response,
+) {
+    let header = |name: &str| {
+        response
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    match request.method.as_str() {
+        "DELETE" if response.status == 204 => {
+            settings.subscriptions.on_stream_deleted(&request.path)
+        }
+        "PUT" | "POST" if header("pico-start-seq").is_some() || header("pico-closed").is_some() => {
+            if let Some(next) = header("pico-next-seq").and_then(|n| n.parse().ok()) {
+                let tail = crate::ds::format_offset(next, 0);
+                settings
+                    .subscriptions
+                    .on_stream_write(core, &request.path, &tail);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// D13: with `--auth required`, every request but a CORS preflight needs a bearer token

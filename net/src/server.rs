@@ -134,6 +134,8 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     } else {
         "http"
     };
+    // One registry per node: both protocols' writes wake the same subscriptions.
+    let subscriptions = Arc::new(Subscriptions::new());
     let settings = PicoSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
         max_chunk_size: if config.max_chunk_size == 0 {
@@ -144,6 +146,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         sse_max_duration_ms: config.sse_max_duration_ms,
         cors_origin: config.cors_origin.clone(),
         auth: auth.clone(),
+        subscriptions: subscriptions.clone(),
     };
     let ds_settings = DsSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
@@ -151,7 +154,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         max_chunk_size: settings.max_chunk_size,
         cors_origin: config.cors_origin.clone(),
         scheme,
-        subscriptions: Arc::new(Subscriptions::new()),
+        subscriptions,
     };
     // `--listen` speaks `--protocol`; `--ds-listen` adds the other one on the same data.
     let other = match config.protocol {
