@@ -566,6 +566,7 @@ async fn ds_reader(
             total_bytes / record_size as u64 - before
         };
         shared.record_read(records, records * record_size as u64);
+        // No progress is as good as caught up, even without Stream-Up-To-Date.
         let empty = offset == next;
         offset = next;
         if up_to_date || empty {

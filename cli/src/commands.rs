@@ -104,9 +104,9 @@ pub async fn read(client: &Client, args: &ReadArgs) -> Result<(), Failure> {
     let (mut records, mut bytes) = (0u64, 0u64);
     loop {
         let page = client.read(&args.stream, &from).await?;
-        let entries = print_page(&mut out, &page)?;
-        records += entries.0;
-        bytes += entries.1;
+        let (printed, printed_bytes) = print_page(&mut out, &page)?;
+        records += printed;
+        bytes += printed_bytes;
         progress.update(records, bytes);
         if page.up_to_date || page.is_empty() {
             return Ok(());
