@@ -78,7 +78,7 @@ pub struct BenchArgs {
     #[argh(option, short = 'w', arg_name = "n", default = "32")]
     pub in_flight: usize,
 
-    /// records per append request, sent as one binary batch (default 1) [env: PICO_BATCH]
+    /// records per append request: one Pico binary batch, or a Durable Streams JSON array (default 1) [env: PICO_BATCH]
     #[argh(option, short = 'n', arg_name = "n", default = "1")]
     pub batch: usize,
 
@@ -118,7 +118,7 @@ pub struct BenchArgs {
     #[argh(option, arg_name = "format", default = "Output::Text")]
     pub output: Output,
 
-    /// measure append-to-delivery latency instead: one writer appends a record every 10 ms, one live reader follows the stream [env: PICO_LIVE_LATENCY]
+    /// measure append-to-delivery latency instead (Pico only): one writer appends a record every 10 ms, one live reader follows the stream [env: PICO_LIVE_LATENCY]
     #[argh(switch)]
     pub live_latency: bool,
 

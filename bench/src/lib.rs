@@ -83,13 +83,37 @@ impl Connection {
 pub async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, String> {
     args.validate()?;
     if conn.protocol == Protocol::Ds {
-        return Err("bench --protocol ds needs the Durable Streams listener".into());
+        check_ds(args)?;
     }
     if args.live_latency {
         live::run(args, conn).await
     } else {
         load::run(args, conn).await
     }
+}
+
+/// What the Durable Streams bench cannot do (cli.md §5.6): producers are a Pico session, the
+/// live-latency reader follows Pico record sequences, and an append needs a body (a JSON
+/// element at least its two quotes).
+fn check_ds(args: &BenchArgs) -> Result<(), String> {
+    if args.producer {
+        return Err("--producer is a Pico protocol feature; use --protocol pico".into());
+    }
+    if args.live_latency {
+        return Err("--live-latency measures the Pico protocol only; use --protocol pico".into());
+    }
+    let min_size = if args.batch > 1 { 2 } else { 1 };
+    if args.record_size < min_size {
+        return Err(format!(
+            "--record-size must be at least {min_size} with --protocol ds{}",
+            if args.batch > 1 {
+                " and --batch > 1 (each record is a JSON string)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
 }
 
 /// [`run`] on a new multi-threaded tokio runtime (one worker per available core); call it
@@ -148,15 +172,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn ds_is_refused_clearly() {
+    async fn what_ds_cannot_do_is_refused_before_connecting() {
         let conn = Connection {
             protocol: Protocol::Ds,
             ..Connection::new("http://127.0.0.1:1")
         };
-        let err = run(&BenchArgs::default(), &conn).await.unwrap_err();
+        let refused = |args: BenchArgs| {
+            let conn = conn.clone();
+            async move { run(&args, &conn).await.unwrap_err() }
+        };
+        let producer = BenchArgs {
+            producer: true,
+            ..BenchArgs::default()
+        };
         assert_eq!(
-            err,
-            "bench --protocol ds needs the Durable Streams listener"
+            refused(producer).await,
+            "--producer is a Pico protocol feature; use --protocol pico"
         );
+        let live = BenchArgs {
+            live_latency: true,
+            ..BenchArgs::default()
+        };
+        assert!(refused(live).await.starts_with("--live-latency"));
+        let tiny_json = BenchArgs {
+            batch: 3,
+            record_size: 1,
+            ..BenchArgs::default()
+        };
+        assert!(refused(tiny_json)
+            .await
+            .starts_with("--record-size must be at least 2"));
+        let empty = BenchArgs {
+            record_size: 0,
+            ..BenchArgs::default()
+        };
+        assert!(refused(empty)
+            .await
+            .starts_with("--record-size must be at least 1"));
+        // Everything else gets as far as the (absent) server.
+        let err = refused(BenchArgs::default()).await;
+        assert!(err.starts_with("create /bench/"), "{err}");
     }
 }

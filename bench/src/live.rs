@@ -31,7 +31,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
     let reader_client = wire::build_client(conn, None)?;
     let names = crate::stream_names(1);
     let name = names[0].clone();
-    load::create_streams(&writer_client, &base, &names).await?;
+    load::create_streams(&writer_client, &base, &names, wire::OCTET_STREAM).await?;
     if args.output == Output::Text {
         eprintln!("{}", report::created_line(1, Protocol::Pico));
     }

@@ -16,7 +16,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::args::{BenchArgs, Output};
 use crate::pacing::{self, Pacer};
 use crate::report::{self, Latency, Summary, Throughput};
-use crate::wire::{self, BATCH_CONTENT_TYPE, READ_PAGE_BYTES};
+use crate::wire::{self, AppendShape, BATCH_CONTENT_TYPE, READ_PAGE_BYTES};
 use crate::{Connection, Protocol};
 
 /// Whole-request limit of writers and catch-up readers.
@@ -232,17 +232,18 @@ async fn sleep_until_or_stop(shared: &Shared, at: Instant) {
     }
 }
 
-/// Creates the streams (`application/octet-stream`).
+/// Creates the streams with this content type (a PUT in both protocols).
 pub(crate) async fn create_streams(
     client: &reqwest::Client,
     base: &str,
     names: &[String],
+    content_type: &str,
 ) -> Result<(), String> {
     for (i, name) in names.iter().enumerate() {
         let what = format!("create {name}");
         let resp = client
             .put(format!("{base}{name}"))
-            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(CONTENT_TYPE, content_type)
             .send()
             .await
             .map_err(|e| format!("{what}: {}", wire::describe(&e)));
@@ -281,10 +282,14 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
     let clients = (0..args.connections)
         .map(|_| wire::build_client(conn, Some(REQUEST_TIMEOUT)))
         .collect::<Result<Vec<_>, _>>()?;
+    let shape = match conn.protocol {
+        Protocol::Pico => AppendShape::pico(args.batch, args.record_size),
+        Protocol::Ds => AppendShape::ds(args.batch, args.record_size),
+    };
     let names = crate::stream_names(args.streams);
-    create_streams(&clients[0], &base, &names).await?;
+    create_streams(&clients[0], &base, &names, shape.stream_type).await?;
     if args.output == Output::Text {
-        eprintln!("{}", report::created_line(names.len(), Protocol::Pico));
+        eprintln!("{}", report::created_line(names.len(), conn.protocol));
     }
 
     let shared = Shared::new();
@@ -323,7 +328,6 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
             )));
         }
     } else {
-        let body = wire::encode_batch(args.batch, record_size);
         for w in 0..args.in_flight {
             let name = &names[w % args.streams];
             tasks.push(tokio::spawn(writer(
@@ -331,7 +335,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
                 clients[w % clients.len()].clone(),
                 format!("{base}{name}"),
                 name.clone(),
-                body.clone(),
+                shape.clone(),
                 args.batch as u64,
                 (args.batch * record_size) as u64,
                 pacer.clone(),
@@ -340,12 +344,18 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
     }
     if !args.no_read {
         for (s, name) in names.iter().enumerate() {
-            tasks.push(tokio::spawn(reader(
-                shared.clone(),
-                clients[s % clients.len()].clone(),
-                format!("{base}{name}"),
-                name.clone(),
-            )));
+            let (client, url) = (clients[s % clients.len()].clone(), format!("{base}{name}"));
+            tasks.push(match conn.protocol {
+                Protocol::Pico => tokio::spawn(reader(shared.clone(), client, url, name.clone())),
+                Protocol::Ds => tokio::spawn(ds_reader(
+                    shared.clone(),
+                    client,
+                    url,
+                    name.clone(),
+                    shape.stream_type == wire::JSON_TYPE,
+                    record_size,
+                )),
+            });
         }
     }
 
@@ -362,7 +372,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
         return Err(error);
     }
     Ok(Summary {
-        protocol: Protocol::Pico,
+        protocol: conn.protocol,
         record_size,
         batch: args.batch,
         in_flight: args.in_flight,
@@ -376,14 +386,14 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
     })
 }
 
-/// One writer: appends `body` (a binary batch) until stopped, one request outstanding.
+/// One writer: appends `shape.body` until stopped, one request outstanding.
 #[allow(clippy::too_many_arguments)]
 async fn writer(
     shared: Arc<Shared>,
     client: reqwest::Client,
     url: String,
     name: String,
-    body: Bytes,
+    shape: AppendShape,
     records: u64,
     bytes: u64,
     pacer: Option<Arc<Pacer>>,
@@ -398,12 +408,12 @@ async fn writer(
         let sent = Instant::now();
         let resp = client
             .post(&url)
-            .header(CONTENT_TYPE, BATCH_CONTENT_TYPE)
-            .body(body.clone())
+            .header(CONTENT_TYPE, shape.content_type)
+            .body(shape.body.clone())
             .send()
             .await;
         match resp {
-            Ok(resp) if resp.status() == StatusCode::OK => {
+            Ok(resp) if resp.status() == shape.ok => {
                 let _ = resp.bytes().await;
                 let micros = sent.elapsed().as_micros() as u64;
                 shared.record_write(records, bytes, Some(micros));
@@ -482,6 +492,84 @@ async fn reader(shared: Arc<Shared>, client: reqwest::Client, url: String, name:
         shared.record_read(page.records, page.body_bytes);
         next = next_header.unwrap_or(next + page.records);
         if up_to_date || page.records == 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(CAUGHT_UP_SLEEP) => {}
+                _ = shared.until_stopped() => return,
+            }
+        }
+    }
+}
+
+/// One Durable Streams catch-up reader: chunks (the server's chunk size) from offset `-1`,
+/// following `Stream-Next-Offset`, 10 ms of sleep when caught up. A JSON chunk says how many
+/// messages it holds; an octet-stream chunk is bodies back to back, so whole records are
+/// counted over all bytes read so far.
+async fn ds_reader(
+    shared: Arc<Shared>,
+    client: reqwest::Client,
+    url: String,
+    name: String,
+    json: bool,
+    record_size: usize,
+) {
+    let mut offset = "-1".to_string();
+    let mut total_bytes = 0u64;
+    while !shared.stopped() {
+        let resp = client
+            .get(wire::with_query(&url, &[("offset", &offset)]))
+            .send()
+            .await;
+        let resp = match resp {
+            Ok(resp) => resp,
+            Err(e) => {
+                if !shared.stopped() {
+                    shared.fail(format!("read of {name}: {}", wire::describe(&e)));
+                }
+                return;
+            }
+        };
+        let status = resp.status();
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            let _ = resp.bytes().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        if status != StatusCode::OK {
+            shared.fail(wire::status_error(&format!("read of {name}"), resp).await);
+            return;
+        }
+        let header = |h: &str| {
+            resp.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let Some(next) = header("stream-next-offset") else {
+            shared.fail(format!("read of {name}: no Stream-Next-Offset"));
+            return;
+        };
+        let up_to_date = header("stream-up-to-date").is_some_and(|v| v == "true");
+        let body = match resp.bytes().await {
+            Ok(body) => body,
+            Err(e) => {
+                if !shared.stopped() {
+                    shared.fail(format!("read of {name}: {}", wire::describe(&e)));
+                }
+                return;
+            }
+        };
+        let records = if json {
+            wire::ds_json_chunk_records(body.len(), record_size)
+        } else {
+            let before = total_bytes / record_size as u64;
+            total_bytes += body.len() as u64;
+            total_bytes / record_size as u64 - before
+        };
+        shared.record_read(records, records * record_size as u64);
+        // No progress is as good as caught up, even without Stream-Up-To-Date.
+        let empty = offset == next;
+        offset = next;
+        if up_to_date || empty {
             tokio::select! {
                 _ = tokio::time::sleep(CAUGHT_UP_SLEEP) => {}
                 _ = shared.until_stopped() => return,

@@ -1,5 +1,5 @@
-//! The bits of the Pico protocol the bench speaks directly: binary batches, binary read
-//! pages, SSE events, and HTTP error texts.
+//! The bits of the protocols the bench speaks directly: Pico binary batches, binary read
+//! pages and SSE events, Durable Streams append bodies, and HTTP error texts.
 
 use std::error::Error as _;
 use std::time::Duration;
@@ -27,6 +27,68 @@ pub(crate) fn encode_batch(records: usize, size: usize) -> Bytes {
         out.resize(out.len() + size, 0);
     }
     Bytes::from(out)
+}
+
+/// Type of the streams the bench creates, except Durable Streams JSON streams.
+pub(crate) const OCTET_STREAM: &str = "application/octet-stream";
+/// Type of Durable Streams bench streams with `--batch` > 1.
+pub(crate) const JSON_TYPE: &str = "application/json";
+
+/// How one append request of a run looks (cli.md §5.6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AppendShape {
+    /// The type the streams are created with.
+    pub stream_type: &'static str,
+    /// The `Content-Type` of every append.
+    pub content_type: &'static str,
+    pub body: Bytes,
+    /// The status of a successful append: Pico answers 200, a plain Durable Streams
+    /// append 204.
+    pub ok: reqwest::StatusCode,
+}
+
+impl AppendShape {
+    /// Pico: `records` zero-filled records as one binary batch on an octet-stream stream.
+    pub(crate) fn pico(records: usize, size: usize) -> AppendShape {
+        AppendShape {
+            stream_type: OCTET_STREAM,
+            content_type: BATCH_CONTENT_TYPE,
+            body: encode_batch(records, size),
+            ok: reqwest::StatusCode::OK,
+        }
+    }
+
+    /// Durable Streams: one message of `size` `x` bytes; or, for more than one, a JSON array
+    /// of `records` strings of `size − 2` `x` (each element, quotes included, is `size`
+    /// bytes) on a JSON stream, which stores every element as a message.
+    pub(crate) fn ds(records: usize, size: usize) -> AppendShape {
+        let (stream_type, body) = if records == 1 {
+            (OCTET_STREAM, vec![b'x'; size])
+        } else {
+            let element = format!("\"{}\"", "x".repeat(size.saturating_sub(2)));
+            (
+                JSON_TYPE,
+                format!("[{}]", vec![element; records].join(",")).into_bytes(),
+            )
+        };
+        AppendShape {
+            stream_type,
+            content_type: stream_type,
+            body: Bytes::from(body),
+            ok: reqwest::StatusCode::NO_CONTENT,
+        }
+    }
+}
+
+/// Records and record bytes in a Durable Streams read chunk of a bench stream written with
+/// [`AppendShape::ds`]. On a JSON stream the chunk is `[e,e,…]` with `size`-byte elements:
+/// `n · (size + 1) + 1` bytes. An octet-stream chunk is bodies back to back: only its bytes
+/// are known here (whole records are counted by the reader over all chunks).
+pub(crate) fn ds_json_chunk_records(len: usize, size: usize) -> u64 {
+    if len <= 2 {
+        return 0;
+    }
+    ((len - 1) / (size + 1)) as u64
 }
 
 /// What a binary read page held.
@@ -260,6 +322,31 @@ mod tests {
             &[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0][..]
         );
         assert_eq!(encode_batch(1, 1024).len(), 5 + 8 + 1024);
+    }
+
+    #[test]
+    fn ds_append_shapes() {
+        let one = AppendShape::ds(1, 4);
+        assert_eq!(&one.body[..], b"xxxx");
+        assert_eq!(
+            (one.stream_type, one.content_type),
+            (OCTET_STREAM, OCTET_STREAM)
+        );
+        assert_eq!(one.ok, reqwest::StatusCode::NO_CONTENT);
+        let three = AppendShape::ds(3, 4);
+        assert_eq!(&three.body[..], br#"["xx","xx","xx"]"#);
+        assert_eq!(
+            (three.stream_type, three.content_type),
+            (JSON_TYPE, JSON_TYPE)
+        );
+        // The server reads the elements back as `[e,e,e]`: the same bytes.
+        assert_eq!(ds_json_chunk_records(three.body.len(), 4), 3);
+        assert_eq!(ds_json_chunk_records(2, 4), 0);
+        assert_eq!(ds_json_chunk_records(br#"["xx"]"#.len(), 4), 1);
+        let pico = AppendShape::pico(2, 3);
+        assert_eq!(pico.body, encode_batch(2, 3));
+        assert_eq!(pico.content_type, BATCH_CONTENT_TYPE);
+        assert_eq!(pico.ok, reqwest::StatusCode::OK);
     }
 
     #[test]

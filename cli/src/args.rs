@@ -288,7 +288,7 @@ pub struct AppendArgs {
     #[argh(option, arg_name = "type")]
     pub content_type: Option<String>,
 
-    /// records per request, at least 1 (default 1) [env: PICO_BATCH]
+    /// records per request, at least 1; Durable Streams takes only 1 (default 1) [env: PICO_BATCH]
     #[argh(option, arg_name = "n", default = "1", from_str_fn(parse_batch))]
     pub batch: usize,
 }
@@ -301,7 +301,7 @@ pub struct ReadArgs {
     /// stream name
     pub stream: String,
 
-    /// position to start from (default: the beginning) [env: PICO_FROM]
+    /// position to start from: a sequence (Pico) or an offset (Durable Streams); -1 is the beginning (the default), now the tail [env: PICO_FROM]
     #[argh(option, arg_name = "pos")]
     pub from: Option<String>,
 }

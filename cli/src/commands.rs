@@ -4,7 +4,7 @@ use std::io::{self, BufRead, Write};
 use std::time::Duration;
 
 use bytes::Bytes;
-use pico_client::{Client, ClientError, Protocol, ReadPage};
+use pico_client::{Client, ClientError, Position, Protocol, ReadPage};
 
 use crate::args::{
     AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, LsArgs, ReadArgs, TailArgs, TrimArgs,
@@ -96,58 +96,68 @@ fn next_line(input: &mut impl BufRead) -> io::Result<Option<Bytes>> {
 
 pub async fn read(client: &Client, args: &ReadArgs) -> Result<(), Failure> {
     let mut from = match args.from.as_deref() {
-        None => 0,
+        None => client.beginning(),
         Some(position) => parse_position(client, &args.stream, position).await?,
     };
     let mut out = io::stdout().lock();
     let mut progress = Progress::new("read");
     let (mut records, mut bytes) = (0u64, 0u64);
     loop {
-        let page = client.read(&args.stream, from).await?;
-        print_page(&mut out, &page)?;
-        records += page.records.len() as u64;
-        bytes += page
-            .records
-            .iter()
-            .map(|r| r.body.len() as u64)
-            .sum::<u64>();
+        let page = client.read(&args.stream, &from).await?;
+        let (printed, printed_bytes) = print_page(&mut out, &page)?;
+        records += printed;
+        bytes += printed_bytes;
         progress.update(records, bytes);
-        if page.up_to_date || page.records.is_empty() {
+        if page.up_to_date || page.is_empty() {
             return Ok(());
         }
         from = page.next;
     }
 }
 
-/// `--from`: a sequence; negative means the beginning and `now` the tail, as on the wire.
-async fn parse_position(client: &Client, stream: &str, position: &str) -> Result<u64, Failure> {
+/// `--from`. Pico: a sequence; negative means the beginning and `now` the tail, as on the
+/// wire. Durable Streams: an offset (`-1`, `now` or one a read printed), passed through for
+/// the server to judge.
+async fn parse_position(
+    client: &Client,
+    stream: &str,
+    position: &str,
+) -> Result<Position, Failure> {
+    if client.protocol() == Protocol::Ds {
+        return Ok(Position::from(position));
+    }
     if position.eq_ignore_ascii_case("now") {
         return Ok(head_or_not_found(client, stream).await?.next);
     }
-    match position.parse::<i64>() {
-        Ok(n) if n < 0 => Ok(0),
-        Ok(n) => Ok(n as u64),
+    let seq = match position.parse::<i64>() {
+        Ok(n) if n < 0 => 0,
+        Ok(n) => n as u64,
         Err(_) => position.parse::<u64>().map_err(|_| {
             Failure::Usage(format!(
                 "invalid --from {position:?}: expected a sequence number, -1 or now"
             ))
-        }),
-    }
+        })?,
+    };
+    Ok(Position::Seq(seq))
 }
 
 pub async fn tail(client: &Client, args: &TailArgs) -> Result<(), Failure> {
-    let mut from = head_or_not_found(client, &args.stream).await?.next;
+    let mut from = match client.protocol() {
+        Protocol::Pico => head_or_not_found(client, &args.stream).await?.next,
+        // The protocol has a sentinel for the tail: no HEAD round trip (nor its race).
+        Protocol::Ds => Position::ds_now(),
+    };
     let mut cursor: Option<String> = None;
     let mut out = io::stdout().lock();
     loop {
         let page = client
-            .read_long_poll(&args.stream, from, cursor.as_deref())
+            .read_long_poll(&args.stream, &from, cursor.as_deref())
             .await?;
         print_page(&mut out, &page)?;
         if page.up_to_date && (page.closed || !args.follow) {
             return Ok(());
         }
-        if page.records.is_empty() {
+        if page.is_empty() {
             tokio::time::sleep(EMPTY_PAGE_PAUSE).await;
         }
         from = page.next;
@@ -201,16 +211,21 @@ pub async fn delete(client: &Client, args: &DeleteArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `<seq>\t<body>` per record; bodies that are not UTF-8 print as `<N bytes>`. Flushed per
-/// page so `tail -f` output appears as it arrives.
-fn print_page(out: &mut impl Write, page: &ReadPage) -> io::Result<()> {
-    for record in &page.records {
-        match std::str::from_utf8(&record.body) {
-            Ok(text) => writeln!(out, "{}\t{text}", record.seq)?,
-            Err(_) => writeln!(out, "{}\t{} bytes", record.seq, record.body.len())?,
+/// `<position>\t<body>` per record (per chunk with Durable Streams, at the chunk's next
+/// offset); bodies that are not UTF-8 print as `<N bytes>`. Flushed per page so `tail -f`
+/// output appears as it arrives. Returns the entries and body bytes printed.
+fn print_page(out: &mut impl Write, page: &ReadPage) -> io::Result<(u64, u64)> {
+    let (mut entries, mut bytes) = (0u64, 0u64);
+    for (position, body) in page.entries() {
+        match std::str::from_utf8(body) {
+            Ok(text) => writeln!(out, "{position}\t{text}")?,
+            Err(_) => writeln!(out, "{position}\t{} bytes", body.len())?,
         }
+        entries += 1;
+        bytes += body.len() as u64;
     }
-    out.flush()
+    out.flush()?;
+    Ok((entries, bytes))
 }
 
 impl From<ClientError> for Failure {
@@ -263,7 +278,27 @@ mod tests {
             ..ReadPage::default()
         };
         let mut out = Vec::new();
-        print_page(&mut out, &page).unwrap();
+        assert_eq!(print_page(&mut out, &page).unwrap(), (2, 4));
         assert_eq!(out, b"0\t1\n1\t3 bytes\n");
+    }
+
+    #[test]
+    fn a_durable_streams_chunk_prints_at_its_next_offset() {
+        let next = "0000000000000002_0000000000000000";
+        let page = ReadPage {
+            chunk: Some(Bytes::from("ab")),
+            next: Position::from(next),
+            ..ReadPage::default()
+        };
+        let mut out = Vec::new();
+        assert_eq!(print_page(&mut out, &page).unwrap(), (1, 2));
+        assert_eq!(out, format!("{next}\tab\n").as_bytes());
+        let empty = ReadPage {
+            next: Position::from(next),
+            ..ReadPage::default()
+        };
+        let mut out = Vec::new();
+        assert_eq!(print_page(&mut out, &empty).unwrap(), (0, 0));
+        assert!(out.is_empty());
     }
 }

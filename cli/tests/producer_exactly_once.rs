@@ -265,11 +265,11 @@ fn exactly_once_across_crashes(in_flight: usize, http2: bool) {
     let reader = client(&endpoint, false);
     let records = runtime.block_on(async {
         let mut records = Vec::new();
-        let mut from = 0;
+        let mut from = pico_client::Position::Seq(0);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             assert!(Instant::now() < deadline, "reading back did not finish");
-            let page = reader.read(&stream, from).await.expect("read");
+            let page = reader.read(&stream, &from).await.expect("read");
             let empty = page.records.is_empty();
             from = page.next;
             records.extend(page.records);

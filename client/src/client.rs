@@ -1,8 +1,8 @@
 //! The HTTP client: one method per stream operation, each taking the stream's path.
 //!
-//! Every operation dispatches on [`Protocol`]; only the Pico protocol is implemented so far,
-//! the Durable Streams arms answer [`ClientError::Unsupported`]. Positions are Pico sequence
-//! numbers (`u64`).
+//! Every operation dispatches on [`Protocol`]. Positions are [`Position`]s: Pico sequence
+//! numbers or Durable Streams offsets. Operations one protocol lacks (Pico's binary batches,
+//! producers, trims and listings) answer [`ClientError::Unsupported`] under the other.
 
 use std::sync::Once;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 
 use crate::codec::{self, Record, BATCH_CONTENT_TYPE};
 use crate::error::{ApiError, ClientError};
+use crate::position::Position;
 
 /// Default stream content type, as the server assumes without a `Content-Type`.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -23,7 +24,7 @@ pub enum Protocol {
     /// PicoMQ's native protocol (pico-protocol.md).
     #[default]
     Pico,
-    /// The open Durable Streams protocol (durable-streams.md). Not implemented yet.
+    /// The open Durable Streams protocol (durable-streams.md).
     Ds,
 }
 
@@ -89,10 +90,11 @@ impl ClientConfig {
 /// `HEAD` of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamInfo {
-    /// First readable sequence (moves up with trims).
-    pub start: u64,
-    /// Durable tail: the sequence the next record will get.
-    pub next: u64,
+    /// First readable position: a sequence that moves up with trims (Pico), or always `-1`
+    /// (Durable Streams reports no start, and the beginning is always readable).
+    pub start: Position,
+    /// Durable tail: the sequence the next record will get, or the tail offset.
+    pub next: Position,
     pub closed: bool,
     pub content_type: Option<String>,
     /// Sliding idle expiry, seconds, if set.
@@ -102,14 +104,15 @@ pub struct StreamInfo {
 }
 
 /// Acknowledgement of an append that wrote records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendAck {
-    /// Sequence of the first record of the request.
-    pub start: u64,
+    /// Sequence of the first record of the request. Durable Streams reports only the new
+    /// tail, so there it equals `next` (as in the reference client).
+    pub start: Position,
     /// Stream tail after the request.
-    pub next: u64,
-    /// Server timestamp (epoch ms) shared by all records of the request.
-    pub timestamp: i64,
+    pub next: Position,
+    /// Server timestamp (epoch ms) shared by all records of the request; Pico only.
+    pub timestamp: Option<i64>,
 }
 
 /// Answer to an idempotent producer's append ([`Client::append_as_producer`]).
@@ -157,15 +160,38 @@ pub struct StreamList {
 /// One read response.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadPage {
+    /// The records read (Pico). Always empty with Durable Streams, which has no record
+    /// framing: see `chunk`.
     pub records: Vec<Record>,
+    /// Durable Streams: the bytes of the response (the messages back to back, or a JSON
+    /// array of them on `application/json` streams); `None` when it held no message.
+    pub chunk: Option<Bytes>,
     /// Where to continue reading.
-    pub next: u64,
+    pub next: Position,
     /// The page reaches the durable tail.
     pub up_to_date: bool,
     /// The stream is closed and the page reaches its end: nothing more will ever come.
     pub closed: bool,
-    /// Long-poll cursor to echo in the next poll (`Pico-Cursor`).
+    /// Long-poll cursor to echo in the next poll (`Pico-Cursor` / `Stream-Cursor`).
     pub cursor: Option<String>,
+}
+
+impl ReadPage {
+    /// Nothing was read: no record and no chunk.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.chunk.is_none()
+    }
+
+    /// What was read as `(position, body)` pairs: each record at its sequence, or the one
+    /// Durable Streams chunk at the offset after it (the only position the protocol gives).
+    pub fn entries(&self) -> Vec<(Position, &Bytes)> {
+        let records = self
+            .records
+            .iter()
+            .map(|record| (Position::Seq(record.seq), &record.body));
+        let chunk = self.chunk.iter().map(|chunk| (self.next.clone(), chunk));
+        records.chain(chunk).collect()
+    }
 }
 
 /// A client for one server. Cheap to clone (the connection pool is shared).
@@ -249,6 +275,15 @@ impl Client {
         &self.base
     }
 
+    /// Where a read of the whole stream starts: sequence 0 (Pico) or offset `-1` (Durable
+    /// Streams).
+    pub fn beginning(&self) -> Position {
+        match self.protocol {
+            Protocol::Pico => Position::Seq(0),
+            Protocol::Ds => Position::ds_beginning(),
+        }
+    }
+
     /// Creates a stream (idempotent). `Ok(true)` if it was created, `Ok(false)` if it already
     /// existed with the same configuration. `ttl_secs` is the sliding idle expiry.
     pub async fn create(
@@ -257,12 +292,15 @@ impl Client {
         content_type: Option<&str>,
         ttl_secs: Option<u64>,
     ) -> Result<bool, ClientError> {
-        self.require_pico()?;
         let mut request = self
             .request(Method::PUT, stream)?
             .header(CONTENT_TYPE, content_type.unwrap_or(DEFAULT_CONTENT_TYPE));
         if let Some(ttl) = ttl_secs {
-            request = request.header("Pico-TTL", ttl.to_string());
+            let name = match self.protocol {
+                Protocol::Pico => "Pico-TTL",
+                Protocol::Ds => "Stream-TTL",
+            };
+            request = request.header(name, ttl.to_string());
         }
         let response = send(request).await?;
         Ok(response.status() == StatusCode::CREATED)
@@ -270,20 +308,30 @@ impl Client {
 
     /// Stream metadata, `None` if the stream does not exist.
     pub async fn head(&self, stream: &str) -> Result<Option<StreamInfo>, ClientError> {
-        self.require_pico()?;
         let response = self.request(Method::HEAD, stream)?.send().await?;
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }
         let response = check(response).await?;
         let headers = response.headers();
-        Ok(Some(StreamInfo {
-            start: required_u64(headers, "pico-start-seq")?,
-            next: required_u64(headers, "pico-next-seq")?,
-            closed: flag(headers, "pico-closed"),
-            content_type: text(headers, "content-type"),
-            ttl_secs: optional_u64(headers, "pico-ttl")?,
-            expires_at: text(headers, "pico-expires-at"),
+        let content_type = text(headers, "content-type");
+        Ok(Some(match self.protocol {
+            Protocol::Pico => StreamInfo {
+                start: Position::Seq(required_u64(headers, "pico-start-seq")?),
+                next: Position::Seq(required_u64(headers, "pico-next-seq")?),
+                closed: flag(headers, "pico-closed"),
+                content_type,
+                ttl_secs: optional_u64(headers, "pico-ttl")?,
+                expires_at: text(headers, "pico-expires-at"),
+            },
+            Protocol::Ds => StreamInfo {
+                start: Position::ds_beginning(),
+                next: required_offset(headers)?,
+                closed: flag(headers, "stream-closed"),
+                content_type,
+                ttl_secs: optional_u64(headers, "stream-ttl")?,
+                expires_at: text(headers, "stream-expires-at"),
+            },
         }))
     }
 
@@ -312,14 +360,15 @@ impl Client {
     }
 
     /// Appends `body` as one record. `content_type` is sent as is: with the Pico protocol
-    /// any type other than the two batch types means "one raw record".
+    /// any type other than the two batch types means "one raw record"; Durable Streams
+    /// requires the stream's type (and, on a JSON stream, stores each element of a
+    /// top-level array as a message).
     pub async fn append_single(
         &self,
         stream: &str,
         body: Bytes,
         content_type: Option<&str>,
     ) -> Result<AppendAck, ClientError> {
-        self.require_pico()?;
         self.append_body(stream, body, content_type.unwrap_or(DEFAULT_CONTENT_TYPE))
             .await
     }
@@ -336,10 +385,20 @@ impl Client {
             .body(body);
         let response = send(request).await?;
         let headers = response.headers();
-        Ok(AppendAck {
-            start: required_u64(headers, "pico-start-seq")?,
-            next: required_u64(headers, "pico-next-seq")?,
-            timestamp: required_i64(headers, "pico-timestamp")?,
+        Ok(match self.protocol {
+            Protocol::Pico => AppendAck {
+                start: Position::Seq(required_u64(headers, "pico-start-seq")?),
+                next: Position::Seq(required_u64(headers, "pico-next-seq")?),
+                timestamp: Some(required_i64(headers, "pico-timestamp")?),
+            },
+            Protocol::Ds => {
+                let next = required_offset(headers)?;
+                AppendAck {
+                    start: next.clone(),
+                    next,
+                    timestamp: None,
+                }
+            }
         })
     }
 
@@ -422,14 +481,15 @@ impl Client {
         parse_list(&body)
     }
 
-    /// One catch-up read from `from` (binary format, the server's default page size).
-    pub async fn read(&self, stream: &str, from: u64) -> Result<ReadPage, ClientError> {
-        self.require_pico()?;
-        let mut url = self.stream_url(stream)?;
-        url.query_pairs_mut()
-            .append_pair("seq", &from.to_string())
-            .append_pair("format", "binary");
-        read_page(self.http.get(url)).await
+    /// One catch-up read from `from` (Pico: binary format, the server's default page size;
+    /// Durable Streams: one chunk of the server's chunk size).
+    pub async fn read(
+        &self,
+        stream: &str,
+        from: impl Into<Position>,
+    ) -> Result<ReadPage, ClientError> {
+        let url = self.read_url(stream, &from.into(), None)?;
+        self.read_page(self.http.get(url)).await
     }
 
     /// One long-poll from `from`: answers at once if records are there, else waits up to the
@@ -438,37 +498,108 @@ impl Client {
     pub async fn read_long_poll(
         &self,
         stream: &str,
-        from: u64,
+        from: impl Into<Position>,
         cursor: Option<&str>,
     ) -> Result<ReadPage, ClientError> {
-        self.require_pico()?;
+        let url = self.read_url(stream, &from.into(), Some(cursor))?;
+        self.read_page(self.http.get(url).timeout(self.long_poll_timeout))
+            .await
+    }
+
+    /// The URL of a read; `live` is `Some(cursor)` for a long-poll.
+    fn read_url(
+        &self,
+        stream: &str,
+        from: &Position,
+        live: Option<Option<&str>>,
+    ) -> Result<Url, ClientError> {
         let mut url = self.stream_url(stream)?;
         {
             let mut query = url.query_pairs_mut();
-            query
-                .append_pair("seq", &from.to_string())
-                .append_pair("format", "binary")
-                .append_pair("live", "long-poll");
-            if let Some(cursor) = cursor {
-                query.append_pair("cursor", cursor);
+            match (self.protocol, from) {
+                (Protocol::Pico, Position::Seq(seq)) => query
+                    .append_pair("seq", &seq.to_string())
+                    .append_pair("format", "binary"),
+                (Protocol::Ds, Position::Offset(offset)) => query.append_pair("offset", offset),
+                (Protocol::Pico, Position::Offset(offset)) => {
+                    return Err(ClientError::InvalidArgument(format!(
+                        "{offset:?} is a Durable Streams offset; the Pico protocol reads from a sequence number"
+                    )))
+                }
+                (Protocol::Ds, Position::Seq(seq)) => {
+                    return Err(ClientError::InvalidArgument(format!(
+                        "sequence {seq} is a Pico position; the Durable Streams protocol reads from an offset (-1, now or one the server returned)"
+                    )))
+                }
+            };
+            if let Some(cursor) = live {
+                query.append_pair("live", "long-poll");
+                if let Some(cursor) = cursor {
+                    query.append_pair("cursor", cursor);
+                }
             }
         }
-        read_page(self.http.get(url).timeout(self.long_poll_timeout)).await
+        Ok(url)
+    }
+
+    async fn read_page(&self, request: RequestBuilder) -> Result<ReadPage, ClientError> {
+        let response = send(request).await?;
+        let headers = response.headers().clone();
+        // A 204 only happens at the tail; say so even if a server forgot the header.
+        let no_content = response.status() == StatusCode::NO_CONTENT;
+        let body = if no_content {
+            Bytes::new()
+        } else {
+            response.bytes().await?
+        };
+        match self.protocol {
+            Protocol::Pico => Ok(ReadPage {
+                records: if no_content {
+                    Vec::new()
+                } else {
+                    codec::decode_read_page(&body).map_err(|e| {
+                        ClientError::InvalidResponse(format!("binary read body: {e}"))
+                    })?
+                },
+                chunk: None,
+                next: Position::Seq(required_u64(&headers, "pico-next-seq")?),
+                up_to_date: flag(&headers, "pico-up-to-date") || no_content,
+                closed: flag(&headers, "pico-closed"),
+                cursor: text(&headers, "pico-cursor"),
+            }),
+            Protocol::Ds => {
+                let json = text(&headers, "content-type").is_some_and(|t| is_json_type(&t));
+                // An empty JSON array is an empty chunk too: no message to show.
+                let empty = body.is_empty() || (json && body.trim_ascii() == b"[]");
+                Ok(ReadPage {
+                    records: Vec::new(),
+                    chunk: (!empty).then_some(body),
+                    next: required_offset(&headers)?,
+                    up_to_date: flag(&headers, "stream-up-to-date") || no_content,
+                    closed: flag(&headers, "stream-closed"),
+                    cursor: text(&headers, "stream-cursor"),
+                })
+            }
+        }
     }
 
     /// Closes the stream (idempotent); returns its final tail.
-    pub async fn close(&self, stream: &str) -> Result<u64, ClientError> {
-        self.require_pico()?;
-        let request = self
-            .request(Method::POST, stream)?
-            .header("Pico-Closed", "true");
+    pub async fn close(&self, stream: &str) -> Result<Position, ClientError> {
+        let header = match self.protocol {
+            Protocol::Pico => "Pico-Closed",
+            Protocol::Ds => "Stream-Closed",
+        };
+        let request = self.request(Method::POST, stream)?.header(header, "true");
         let response = send(request).await?;
-        required_u64(response.headers(), "pico-next-seq")
+        let headers = response.headers();
+        match self.protocol {
+            Protocol::Pico => Ok(Position::Seq(required_u64(headers, "pico-next-seq")?)),
+            Protocol::Ds => required_offset(headers),
+        }
     }
 
     /// Deletes the stream and its records. `Ok(false)` if it did not exist.
     pub async fn delete(&self, stream: &str) -> Result<bool, ClientError> {
-        self.require_pico()?;
         let response = self.request(Method::DELETE, stream)?.send().await?;
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(false);
@@ -479,7 +610,7 @@ impl Client {
 
     fn require_pico(&self) -> Result<(), ClientError> {
         self.require_pico_for(
-            "the Durable Streams client is not supported yet; use --protocol pico",
+            "binary batches and producers are Pico protocol operations; use --protocol pico",
         )
     }
 
@@ -519,31 +650,6 @@ async fn check(response: Response) -> Result<Response, ClientError> {
     // The body is only the small JSON error; if even that fails, the status still speaks.
     let body = response.bytes().await.unwrap_or_default();
     Err(ApiError::from_response(status, &headers, &body).into())
-}
-
-async fn read_page(request: RequestBuilder) -> Result<ReadPage, ClientError> {
-    let response = send(request).await?;
-    let headers = response.headers().clone();
-    let next = required_u64(&headers, "pico-next-seq")?;
-    let up_to_date = flag(&headers, "pico-up-to-date");
-    let closed = flag(&headers, "pico-closed");
-    let cursor = text(&headers, "pico-cursor");
-    let no_content = response.status() == StatusCode::NO_CONTENT;
-    let records = if no_content {
-        Vec::new()
-    } else {
-        let body = response.bytes().await?;
-        codec::decode_read_page(&body)
-            .map_err(|e| ClientError::InvalidResponse(format!("binary read body: {e}")))?
-    };
-    Ok(ReadPage {
-        records,
-        next,
-        // A 204 only happens at the tail; say so even if a server forgot the header.
-        up_to_date: up_to_date || no_content,
-        closed,
-        cursor,
-    })
 }
 
 /// The JSON body of `GET /`.
@@ -603,6 +709,22 @@ fn optional_u64(headers: &HeaderMap, name: &str) -> Result<Option<u64>, ClientEr
 fn required_u64(headers: &HeaderMap, name: &str) -> Result<u64, ClientError> {
     optional_u64(headers, name)?
         .ok_or_else(|| ClientError::InvalidResponse(format!("missing {name} header")))
+}
+
+/// `Stream-Next-Offset`, which every successful Durable Streams answer but DELETE carries.
+fn required_offset(headers: &HeaderMap) -> Result<Position, ClientError> {
+    text(headers, "stream-next-offset")
+        .map(Position::Offset)
+        .ok_or_else(|| ClientError::InvalidResponse("missing stream-next-offset header".into()))
+}
+
+/// `application/json`, whatever its parameters (`; charset=utf-8`) and case: the type whose
+/// Durable Streams reads are JSON arrays.
+fn is_json_type(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
 fn required_i64(headers: &HeaderMap, name: &str) -> Result<i64, ClientError> {

@@ -5,6 +5,8 @@ use std::fmt;
 
 use reqwest::header::HeaderMap;
 
+use crate::position::Position;
+
 /// What went wrong, coarsely, so callers can branch without parsing messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -39,13 +41,15 @@ pub enum ErrorKind {
 pub struct ApiError {
     pub kind: ErrorKind,
     pub status: u16,
-    /// The `error` field of the JSON body (e.g. `not_found`), or a stand-in derived from the
-    /// status when the body has none (HEAD and some 404s have empty bodies).
+    /// The `error` field of the JSON body (e.g. `not_found`; Durable Streams nests it as
+    /// `error.code`, e.g. `STREAM_CLOSED`), or a stand-in derived from the status when the
+    /// body has none (HEAD and some 404s have empty bodies).
     pub code: String,
-    /// The `message` field of the JSON body; may be empty.
+    /// The `message` field of the JSON body (Durable Streams: `error.message`); may be empty.
     pub message: String,
-    /// The stream's tail when the server reported it (`next_seq` / `Pico-Next-Seq`).
-    pub next: Option<u64>,
+    /// The stream's tail when the server reported it (`next_seq` / `Pico-Next-Seq`, or
+    /// `Stream-Next-Offset`).
+    pub next: Option<Position>,
     /// `Retry-After` in seconds (429 overloaded, 503), when the server sent one.
     pub retry_after: Option<u64>,
 }
@@ -54,7 +58,18 @@ impl ApiError {
     /// Builds the error from a non-2xx response's status, headers and body.
     pub fn from_response(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
         let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-        let field = |name: &str| json.as_ref().and_then(|j| j.get(name));
+        // Pico: `{"error": code, "message": ..}`; Durable Streams: `{"error": {"code", "message"}}`.
+        let nested = json
+            .as_ref()
+            .and_then(|j| j.get("error"))
+            .filter(|e| e.is_object());
+        let field = |name: &str| {
+            let name = match (nested.is_some(), name) {
+                (true, "error") => "code",
+                _ => name,
+            };
+            nested.or(json.as_ref()).and_then(|j| j.get(name))
+        };
         let code = field("error").and_then(|v| v.as_str()).map(str::to_owned);
         let mut message = field("message")
             .and_then(|v| v.as_str())
@@ -74,9 +89,13 @@ impl ApiError {
                 });
         }
         // Producer errors carry their detail in headers: say it in the message.
+        let producer_header = |suffix: &str| {
+            header_str(headers, &format!("pico-{suffix}"))
+                .or_else(|| header_str(headers, &format!("producer-{suffix}")))
+        };
         if let (Some(expected), Some(received)) = (
-            header_str(headers, "pico-expected-seq"),
-            header_str(headers, "pico-received-seq"),
+            producer_header("expected-seq"),
+            producer_header("received-seq"),
         ) {
             message = join_message(
                 message,
@@ -84,13 +103,17 @@ impl ApiError {
             );
         }
         if status == 403 {
-            if let Some(epoch) = header_str(headers, "pico-producer-epoch") {
+            if let Some(epoch) = header_str(headers, "pico-producer-epoch")
+                .or_else(|| header_str(headers, "producer-epoch"))
+            {
                 message = join_message(message, format!("current epoch {epoch}"));
             }
         }
         let next = field("next_seq")
             .and_then(|v| v.as_u64())
-            .or_else(|| header_str(headers, "pico-next-seq").and_then(|v| v.parse().ok()));
+            .or_else(|| header_str(headers, "pico-next-seq").and_then(|v| v.parse().ok()))
+            .map(Position::Seq)
+            .or_else(|| header_str(headers, "stream-next-offset").map(Position::from));
         let closed = header_str(headers, "pico-closed")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"))
             || header_str(headers, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
@@ -155,7 +178,7 @@ impl fmt::Display for ApiError {
         if !self.message.is_empty() {
             write!(f, ": {}", self.message)?;
         }
-        if let Some(next) = self.next {
+        if let Some(next) = &self.next {
             write!(f, " [next={next}]")?;
         }
         Ok(())
@@ -325,7 +348,7 @@ mod tests {
         let body = br#"{"error":"closed","message":"stream is closed","next_seq":12}"#;
         let err = ApiError::from_response(409, &headers(&[("pico-closed", "true")]), body);
         assert_eq!(err.kind, ErrorKind::Closed);
-        assert_eq!(err.next, Some(12));
+        assert_eq!(err.next, Some(Position::Seq(12)));
         assert_eq!(err.to_string(), "closed (409): stream is closed [next=12]");
     }
 
@@ -376,6 +399,53 @@ mod tests {
             "fenced (403): Stale producer epoch: current epoch 7"
         );
         assert_eq!(err.kind, ErrorKind::StaleEpoch);
+    }
+
+    #[test]
+    fn durable_streams_errors_nest_code_and_message() {
+        let body = br#"{"error":{"code":"STREAM_CLOSED","message":"stream is closed"}}"#;
+        let err = ApiError::from_response(
+            409,
+            &headers(&[
+                ("stream-closed", "true"),
+                ("stream-next-offset", "0000000000000003_0000000000000000"),
+            ]),
+            body,
+        );
+        assert_eq!(err.kind, ErrorKind::Closed);
+        assert_eq!(
+            err.next,
+            Some(Position::from("0000000000000003_0000000000000000"))
+        );
+        assert_eq!(
+            err.to_string(),
+            "STREAM_CLOSED (409): stream is closed [next=0000000000000003_0000000000000000]"
+        );
+        // A content-type mismatch is a plain conflict: no Stream-Closed.
+        let body = br#"{"error":{"code":"CONFLICT","message":"content type mismatch"}}"#;
+        let err = ApiError::from_response(409, &HeaderMap::new(), body);
+        assert_eq!(err.kind, ErrorKind::Conflict);
+        assert_eq!(err.to_string(), "CONFLICT (409): content type mismatch");
+        let body = br#"{"error":{"code":"SEQUENCE_GAP","message":"gap"}}"#;
+        let err = ApiError::from_response(
+            409,
+            &headers(&[
+                ("producer-expected-seq", "1"),
+                ("producer-received-seq", "4"),
+            ]),
+            body,
+        );
+        assert_eq!(
+            err.to_string(),
+            "SEQUENCE_GAP (409): gap: expected seq 1, received 4"
+        );
+        let body = br#"{"error":{"code":"STALE_EPOCH","message":"stale"}}"#;
+        let err = ApiError::from_response(403, &headers(&[("producer-epoch", "2")]), body);
+        assert_eq!(err.kind, ErrorKind::StaleEpoch);
+        assert_eq!(err.to_string(), "STALE_EPOCH (403): stale: current epoch 2");
+        let err = ApiError::from_response(410, &HeaderMap::new(), br#"{"error":{"code":"GONE"}}"#);
+        assert_eq!(err.kind, ErrorKind::OffsetGone);
+        assert_eq!(err.to_string(), "GONE (410)");
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! PicoMQ client library: the stream operations of the Pico protocol over HTTP (reqwest),
-//! the binary batch codecs, a typed error, and an idempotent, batching [`Producer`]
-//! session. Used by the `pico` CLI and the tests.
+//! PicoMQ client library: the stream operations of the Pico and Durable Streams protocols
+//! over HTTP (reqwest), the Pico binary batch codecs, a typed error, and an idempotent,
+//! batching [`Producer`] session (Pico). Used by the `pico` CLI and the tests.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), pico_client::ClientError> {
@@ -17,6 +17,7 @@
 mod client;
 pub mod codec;
 mod error;
+mod position;
 mod producer;
 
 pub use client::{
@@ -25,4 +26,5 @@ pub use client::{
 };
 pub use codec::{CodecError, NewRecord, Record};
 pub use error::{kind_for_status, ApiError, ClientError, ErrorKind};
+pub use position::Position;
 pub use producer::{Producer, ProducerConfig, SendHandle};

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 use pico_client::codec::{decode_binary_batch, encode_read_page};
-use pico_client::{Client, ClientConfig, ErrorKind, Protocol, Record};
+use pico_client::{Client, ClientConfig, ErrorKind, Position, Protocol, Record};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -129,8 +129,8 @@ async fn append_sends_a_binary_batch_and_parses_the_ack() {
         .await
         .unwrap();
     assert_eq!(
-        (ack.start, ack.next, ack.timestamp),
-        (10, 12, 1_700_000_000_000)
+        (ack.start.seq(), ack.next.seq(), ack.timestamp),
+        (Some(10), Some(12), Some(1_700_000_000_000))
     );
     let seen = server.await.unwrap();
     assert_eq!(seen[0].request_line(), "POST /s HTTP/1.1");
@@ -211,7 +211,10 @@ async fn head_maps_headers_and_404() {
     .await;
     let client = client(&endpoint);
     let info = client.head("/s").await.unwrap().unwrap();
-    assert_eq!((info.start, info.next, info.closed), (2, 7, true));
+    assert_eq!(
+        (info.start.seq(), info.next.seq(), info.closed),
+        (Some(2), Some(7), true)
+    );
     assert_eq!(info.content_type.as_deref(), Some("text/plain"));
     assert_eq!(info.ttl_secs, Some(30));
     assert_eq!(client.head("/s").await.unwrap(), None);
@@ -299,12 +302,198 @@ async fn a_refused_connection_is_a_transport_error() {
     assert!(err.is_retryable());
 }
 
-#[tokio::test]
-async fn ds_mode_is_not_supported_yet() {
-    let mut config = ClientConfig::new("http://127.0.0.1:1");
+fn ds_client(endpoint: &str) -> Client {
+    let mut config = ClientConfig::new(endpoint);
     config.protocol = Protocol::Ds;
-    let err = Client::new(config).unwrap().head("/s").await.unwrap_err();
+    Client::new(config).unwrap()
+}
+
+const OFFSET_2: &str = "0000000000000002_0000000000000000";
+const OFFSET_3: &str = "0000000000000003_0000000000000000";
+
+#[tokio::test]
+async fn ds_mode_refuses_pico_only_operations_before_sending() {
+    // Nothing listens on port 1: an attempt to send would be a transport error instead.
+    let client = ds_client("http://127.0.0.1:1");
+    let err = client.trim("/s", 1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert_eq!(
+        err.to_string(),
+        "trim is a Pico protocol operation; use --protocol pico"
+    );
+    let err = client.list(None, None, None).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the Durable Streams protocol has no stream listing; use --protocol pico"
+    );
+    let err = client
+        .append_binary_batch("/s", &[Bytes::from_static(b"x")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    // Positions of the other protocol are refused too.
+    let err = client.read("/s", 0).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let pico = Client::new(ClientConfig::new("http://127.0.0.1:1")).unwrap();
+    let err = pico.read("/s", Position::ds_now()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}
+
+#[tokio::test]
+async fn ds_create_head_append_close_speak_durable_streams_headers() {
+    let (endpoint, server) = script(vec![
+        response("201 Created", &[("stream-next-offset", OFFSET_2)], b""),
+        response(
+            "200 OK",
+            &[
+                ("stream-next-offset", OFFSET_2),
+                ("content-type", "text/plain"),
+                ("stream-ttl", "60"),
+            ],
+            b"",
+        ),
+        response("204 No Content", &[("stream-next-offset", OFFSET_3)], b""),
+        response(
+            "204 No Content",
+            &[("stream-next-offset", OFFSET_3), ("stream-closed", "true")],
+            b"",
+        ),
+    ])
+    .await;
+    let client = ds_client(&endpoint);
+    assert_eq!(client.beginning(), Position::ds_beginning());
+    assert!(client
+        .create("/s", Some("text/plain"), Some(60))
+        .await
+        .unwrap());
+    let info = client.head("/s").await.unwrap().unwrap();
+    assert_eq!(info.start, "-1");
+    assert_eq!(info.next, OFFSET_2);
+    assert!(!info.closed);
+    assert_eq!(info.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(info.ttl_secs, Some(60));
+    let ack = client
+        .append_single("/s", Bytes::from_static(b"line"), Some("text/plain"))
+        .await
+        .unwrap();
+    // The protocol reports only the new tail.
+    assert_eq!(
+        (ack.start.clone(), ack.next, ack.timestamp),
+        (Position::from(OFFSET_3), Position::from(OFFSET_3), None)
+    );
+    assert_eq!(client.close("/s").await.unwrap(), OFFSET_3);
+    let seen = server.await.unwrap();
+    assert_eq!(seen[0].request_line(), "PUT /s HTTP/1.1");
+    assert_eq!(seen[0].header("stream-ttl").as_deref(), Some("60"));
+    assert_eq!(seen[0].header("pico-ttl"), None);
+    assert_eq!(seen[1].request_line(), "HEAD /s HTTP/1.1");
+    assert_eq!(seen[2].request_line(), "POST /s HTTP/1.1");
+    assert_eq!(
+        seen[2].header("content-type").as_deref(),
+        Some("text/plain")
+    );
+    assert_eq!(seen[2].body, b"line");
+    assert_eq!(seen[3].header("stream-closed").as_deref(), Some("true"));
+    assert!(seen[3].body.is_empty());
+}
+
+#[tokio::test]
+async fn ds_reads_are_one_chunk_at_the_next_offset() {
+    let (endpoint, server) = script(vec![
+        response(
+            "200 OK",
+            &[
+                ("stream-next-offset", OFFSET_2),
+                ("content-type", "text/plain"),
+            ],
+            b"ab",
+        ),
+        response(
+            "200 OK",
+            &[
+                ("stream-next-offset", OFFSET_2),
+                ("stream-up-to-date", "true"),
+                ("content-type", "application/json; charset=utf-8"),
+            ],
+            b"[]",
+        ),
+        response(
+            "204 No Content",
+            &[
+                ("stream-next-offset", OFFSET_2),
+                ("stream-up-to-date", "true"),
+                ("stream-cursor", "1001"),
+            ],
+            b"",
+        ),
+    ])
+    .await;
+    let client = ds_client(&endpoint);
+    let page = client.read("/s", client.beginning()).await.unwrap();
+    assert!(page.records.is_empty());
+    assert_eq!(page.chunk.as_deref(), Some(&b"ab"[..]));
+    assert_eq!(page.next, OFFSET_2);
+    assert!(!page.up_to_date && !page.closed);
+    assert_eq!(
+        page.entries(),
+        vec![(Position::from(OFFSET_2), &Bytes::from_static(b"ab"))]
+    );
+    // An empty JSON array holds no message: an empty page.
+    let page = client.read("/s", &page.next).await.unwrap();
+    assert!(page.is_empty() && page.up_to_date);
+    let page = client
+        .read_long_poll("/s", OFFSET_2, Some("1000"))
+        .await
+        .unwrap();
+    assert!(page.is_empty() && page.up_to_date);
+    assert_eq!(page.cursor.as_deref(), Some("1001"));
+    let seen = server.await.unwrap();
+    assert_eq!(seen[0].request_line(), "GET /s?offset=-1 HTTP/1.1");
+    assert_eq!(
+        seen[1].request_line(),
+        format!("GET /s?offset={OFFSET_2} HTTP/1.1")
+    );
+    assert_eq!(
+        seen[2].request_line(),
+        format!("GET /s?offset={OFFSET_2}&live=long-poll&cursor=1000 HTTP/1.1")
+    );
+}
+
+#[tokio::test]
+async fn ds_errors_map_to_kinds() {
+    let closed = br#"{"error":{"code":"STREAM_CLOSED","message":"stream is closed"}}"#;
+    let (endpoint, _server) = script(vec![
+        response(
+            "409 Conflict",
+            &[
+                ("content-type", "application/json"),
+                ("stream-closed", "true"),
+                ("stream-next-offset", OFFSET_3),
+            ],
+            closed,
+        ),
+        response(
+            "409 Conflict",
+            &[("content-type", "application/json")],
+            br#"{"error":{"code":"CONFLICT","message":"content type mismatch"}}"#,
+        ),
+    ])
+    .await;
+    let client = ds_client(&endpoint);
+    let err = client
+        .append_single("/s", Bytes::from_static(b"x"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed);
+    assert_eq!(
+        err.to_string(),
+        format!("STREAM_CLOSED (409): stream is closed [next={OFFSET_3}]")
+    );
+    let err = client
+        .append_single("/s", Bytes::from_static(b"x"), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
 }
 
 #[test]
