@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{read_all, Conn, Server};
 
+/// An acknowledged append: stream, offset, body.
+type Acked = (String, u64, Vec<u8>);
+
 #[test]
 fn sigterm_drains_finishes_requests_and_loses_nothing() {
     let mut server = Server::start(&["--shutdown-drain-sec", "1", "--cores", "2"]);
@@ -40,7 +43,7 @@ fn sigterm_drains_finishes_requests_and_loses_nothing() {
     });
 
     // Writers keep appending until their connection is refused or closed; every 200 is kept.
-    let acked: Arc<Mutex<Vec<(String, u64, Vec<u8>)>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = streams
         .iter()
