@@ -229,6 +229,9 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             admin_addr = started.admin;
         }
     }
+    // Every core serves: ready before the address is announced, so whoever waits for the
+    // announcement finds /ready answering 200.
+    serving.store(true, Ordering::Relaxed);
     let (listen, _) = &listeners[0];
     println!("serving on {scheme}://{listen} (advertised {scheme}://{listen})");
     for (addr, protocol) in &listeners[1..] {
@@ -248,7 +251,6 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         };
         log::info!("protocol {name} on {scheme}://{addr}");
     }
-    serving.store(true, Ordering::Relaxed);
     // SIGHUP reloads the token file; SIGINT and SIGTERM stop the node.
     while wait_for_signal(&signals) == libc::SIGHUP {
         match &auth {
