@@ -136,13 +136,17 @@ fn the_auth_matrix_and_sighup_reload() {
 #[test]
 fn remote_listeners_need_auth_or_an_explicit_opt_in() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 3] = [
         (
             &["--listen", "0.0.0.0:0", "--admin-listen", "127.0.0.1:0"],
             "refusing to listen on 0.0.0.0:0",
         ),
         (
             &["--listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0"],
+            "refusing to listen on 0.0.0.0:0",
+        ),
+        (
+            &["--listen", "127.0.0.1:0", "--ds-listen", "0.0.0.0:0"],
             "refusing to listen on 0.0.0.0:0",
         ),
     ];

@@ -103,8 +103,10 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     for line in &boot.report {
         log::info!("{line}");
     }
+    // One line per startup fact, so each can be grepped for.
+    log::info!("cores: {cores}");
     log::info!(
-        "cores={cores} durability={} meta={} storage={} wal={}",
+        "durability: {}",
         match config.durability {
             Durability::Local => "local (acknowledged after the WAL fdatasync)".to_string(),
             Durability::Object => format!(
@@ -114,11 +116,11 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             Durability::Memory => {
                 "memory (NOTHING survives a crash: benchmarks and tests only)".to_string()
             }
-        },
-        config.meta_url,
-        config.storage,
-        config.wal_dir.display()
+        }
     );
+    log::info!("metadata: {}", config.meta_url);
+    log::info!("storage: {}", config.storage);
+    log::info!("wal: {}", config.wal_dir.display());
     match &auth {
         Some(tokens) => log::info!(
             "auth required: {} token grants (SIGHUP reloads)",
