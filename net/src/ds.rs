@@ -32,7 +32,7 @@ use pico_engine::{
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::ds_subs::Subscriptions;
 use crate::http1::{BodyStream, Request, Response};
-use crate::pico::strict_u64;
+use crate::params::{header_true, query_values, strict_u64};
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 
 /// Settings of the Durable Streams handlers.
@@ -200,43 +200,6 @@ fn parse_offset(text: &str) -> Result<Position, DsError> {
     }
 }
 
-/// Every value of a query parameter, percent-decoded.
-fn query_values(query: &str, key: &str) -> Vec<String> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .filter_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(k) == key).then(|| percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |at: usize| {
-            bytes
-                .get(at..at + 2)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        };
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if hex(i + 1).is_some() => {
-                out.push(hex(i + 1).unwrap_or(b'%'));
-                i += 3;
-                continue;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 // ------------------------------------------------------------------------- requests
 
 /// Answers one Durable Streams request.
@@ -355,12 +318,6 @@ async fn route(
             "method not allowed",
         )),
     }
-}
-
-fn header_true(request: &Request, name: &str) -> bool {
-    request
-        .header(name)
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 fn is_json(content_type: &str) -> bool {

@@ -10,6 +10,7 @@ pub mod ds_subs;
 pub mod http1;
 pub mod http2;
 pub mod metrics;
+pub mod params;
 pub mod pico;
 pub mod server;
 pub mod shutdown;

@@ -15,6 +15,8 @@ use pico_engine::{
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::codec;
 use crate::http1::{Request, Response};
+use crate::params::header_true;
+pub use crate::params::{query_param, strict_u64};
 use crate::sse;
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 
@@ -296,60 +298,11 @@ async fn route(
     }
 }
 
-/// Strict unsigned integer: digits only, no sign, no leading zeros but `0`, fits u64.
-pub fn strict_u64(text: &str) -> Option<u64> {
-    let valid = !text.is_empty()
-        && text.bytes().all(|b| b.is_ascii_digit())
-        && (text == "0" || !text.starts_with('0'));
-    valid.then(|| text.parse().ok()).flatten()
-}
-
 fn header_u64(request: &Request, name: &str, display: &str) -> Result<Option<u64>, ApiError> {
     request
         .header(name)
         .map(|v| strict_u64(v).ok_or_else(|| ApiError::bad_request(format!("invalid {display}"))))
         .transpose()
-}
-
-fn header_true(request: &Request, name: &str) -> bool {
-    request
-        .header(name)
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-}
-
-/// Query parameters, first occurrence wins, percent-decoded with `+` as space.
-pub fn query_param(query: &str, key: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(k) == key).then(|| percent_decode(v))
-    })
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(
-                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
-                    16,
-                ) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn stream_content_type(request: &Request) -> String {

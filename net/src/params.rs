@@ -1,0 +1,61 @@
+//! Request parameters both protocols parse the same way: query strings, boolean headers,
+//! strict integers.
+
+use crate::http1::Request;
+
+/// Strict unsigned integer: digits only, no sign, no leading zeros but `0`, fits u64.
+pub fn strict_u64(text: &str) -> Option<u64> {
+    let valid = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    valid.then(|| text.parse().ok()).flatten()
+}
+
+/// A header that means "yes" only as `true`, in any case; any other value is absent.
+pub fn header_true(request: &Request, name: &str) -> bool {
+    request
+        .header(name)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The first value of a query parameter, percent-decoded with `+` as space.
+pub fn query_param(query: &str, key: &str) -> Option<String> {
+    query_values(query, key).into_iter().next()
+}
+
+/// Every value of a query parameter, percent-decoded.
+pub fn query_values(query: &str, key: &str) -> Vec<String> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k) == key).then(|| percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |at: usize| {
+            bytes
+                .get(at..at + 2)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        };
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if hex(i + 1).is_some() => {
+                out.push(hex(i + 1).unwrap_or(b'%'));
+                i += 3;
+                continue;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
