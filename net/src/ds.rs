@@ -691,7 +691,7 @@ async fn read(
     } else {
         Response::new(200)
             .header("content-type", content_type)
-            .with_body(body)
+            .with_parts(body)
     };
     response = response.header("stream-next-offset", next.clone());
     if batch.up_to_date() {
@@ -724,7 +724,7 @@ async fn read(
                 .header("cache-control", cache);
             if request.header("if-none-match") == Some(etag.as_str()) {
                 response.status = 304;
-                response.body = Bytes::new();
+                response.clear_body();
                 response.headers.retain(|(name, _)| *name != "content-type");
             }
             Ok(response)
@@ -733,39 +733,44 @@ async fn read(
 }
 
 /// The body of a read: a JSON array of the messages, or the records' bytes back to back
-/// (the first `skip_bytes` of the first record left out: a read from inside a record).
-fn encode(batch: &ReadBatch, json: bool, skip_bytes: u64) -> Bytes {
+/// (the first `skip_bytes` of the first record left out: a read from inside a record). The
+/// records' stored buffers are used as they are, not joined.
+fn encode(batch: &ReadBatch, json: bool, skip_bytes: u64) -> Vec<Bytes> {
+    const OPEN: Bytes = Bytes::from_static(b"[");
+    const COMMA: Bytes = Bytes::from_static(b",");
+    const CLOSE: Bytes = Bytes::from_static(b"]");
     if json {
-        let len: usize = batch.records.iter().map(|r| r.body.len() + 1).sum();
-        let mut out = Vec::with_capacity(len + 2);
-        out.push(b'[');
+        let mut parts = Vec::with_capacity(batch.records.len() * 2 + 1);
+        parts.push(OPEN);
         for (i, record) in batch.records.iter().enumerate() {
             if i > 0 {
-                out.push(b',');
+                parts.push(COMMA);
             }
-            out.extend_from_slice(&record.body);
+            parts.push(record.body.clone());
         }
-        out.push(b']');
-        return out.into();
+        parts.push(CLOSE);
+        return parts;
     }
-    let mut bodies = batch.records.iter().enumerate().map(|(i, r)| {
-        if i == 0 && batch.from == r.offset {
-            r.body.slice((skip_bytes as usize).min(r.body.len())..)
-        } else {
-            r.body.clone()
-        }
-    });
-    match batch.records.len() {
-        0 => Bytes::new(),
-        // One record: its bytes as stored, no copy.
-        1 => bodies.next().unwrap_or_default(),
-        _ => {
-            let mut out = Vec::with_capacity(batch.records.iter().map(|r| r.body.len()).sum());
-            for body in bodies {
-                out.extend_from_slice(&body);
+    batch
+        .records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if i == 0 && batch.from == r.offset {
+                r.body.slice((skip_bytes as usize).min(r.body.len())..)
+            } else {
+                r.body.clone()
             }
-            out.into()
-        }
+        })
+        .collect()
+}
+
+/// Joins the parts of a body (an SSE event needs its payload in one piece).
+fn joined(parts: Vec<Bytes>) -> Bytes {
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.into_iter().next().unwrap_or_default(),
+        _ => parts.concat().into(),
     }
 }
 
@@ -897,7 +902,7 @@ async fn next_sse_events(state: &mut SseState) -> Bytes {
     };
     let mut out = Vec::new();
     if !batch.records.is_empty() {
-        let payload = encode(&batch, state.json, state.skip_bytes);
+        let payload = joined(encode(&batch, state.json, state.skip_bytes));
         out.extend_from_slice(b"event: data\n");
         if state.base64 {
             let encoded = base64::engine::general_purpose::STANDARD.encode(&payload);

@@ -41,6 +41,9 @@ pub(crate) async fn within<T>(
 pub const OVERSIZED_BODY_DRAIN_BYTES_MAX: usize = 64 * 1024 * 1024;
 const OVERSIZED_BODY_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Small body parts are joined into writes of up to this many bytes.
+pub const WRITE_COALESCE_BYTES: usize = 64 * 1024;
+
 /// Bytes asked of the socket per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -77,6 +80,9 @@ pub struct Response {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
     pub body: Bytes,
+    /// When non-empty, the body is these buffers back to back (`body` is then empty): a read
+    /// is served from the stored records' own buffers instead of a joined copy.
+    pub parts: Vec<Bytes>,
     /// When set, replaces `body`: sent with chunked transfer encoding until it ends.
     pub stream: Option<BodyStream>,
 }
@@ -87,6 +93,7 @@ impl std::fmt::Debug for Response {
             .field("status", &self.status)
             .field("headers", &self.headers)
             .field("body", &self.body)
+            .field("parts", &self.parts.len())
             .field("stream", &self.stream.is_some())
             .finish()
     }
@@ -98,8 +105,69 @@ impl Response {
             status,
             headers: Vec::new(),
             body: Bytes::new(),
+            parts: Vec::new(),
             stream: None,
         }
+    }
+
+    /// The body as several buffers (see [`Response::parts`]).
+    pub fn with_parts(mut self, mut parts: Vec<Bytes>) -> Response {
+        parts.retain(|p| !p.is_empty());
+        match parts.len() {
+            0 => self.body = Bytes::new(),
+            1 => self.body = parts.pop().unwrap_or_default(),
+            _ => {
+                self.body = Bytes::new();
+                self.parts = parts;
+            }
+        }
+        self
+    }
+
+    /// Bytes of the body, whichever form it has.
+    pub fn body_len(&self) -> usize {
+        if self.parts.is_empty() {
+            self.body.len()
+        } else {
+            self.parts.iter().map(Bytes::len).sum()
+        }
+    }
+
+    /// Drops the body (a `304`, or a `HEAD`).
+    pub fn clear_body(&mut self) {
+        self.body = Bytes::new();
+        self.parts.clear();
+    }
+
+    /// The body's buffers ready for the socket: small neighbours joined into buffers of up to
+    /// [`WRITE_COALESCE_BYTES`] (fewer writes and frames), large ones passed through as they are.
+    pub fn take_body_buffers(&mut self) -> Vec<Bytes> {
+        if self.parts.is_empty() {
+            return if self.body.is_empty() {
+                Vec::new()
+            } else {
+                vec![std::mem::take(&mut self.body)]
+            };
+        }
+        let mut out = Vec::new();
+        let mut pending = BytesMut::new();
+        for part in std::mem::take(&mut self.parts) {
+            if part.len() >= WRITE_COALESCE_BYTES / 4 {
+                if !pending.is_empty() {
+                    out.push(pending.split().freeze());
+                }
+                out.push(part);
+                continue;
+            }
+            if pending.len() + part.len() > WRITE_COALESCE_BYTES {
+                out.push(pending.split().freeze());
+            }
+            pending.extend_from_slice(&part);
+        }
+        if !pending.is_empty() {
+            out.push(pending.freeze());
+        }
+        out
     }
 
     pub fn with_stream(mut self, stream: BodyStream) -> Response {
@@ -520,7 +588,7 @@ async fn read_chunked<S: AsyncRead + Unpin>(
 
 async fn write_response<S: AsyncWrite + Unpin>(
     stream: &mut S,
-    response: Response,
+    mut response: Response,
     head_only: bool,
     keep_alive: bool,
 ) -> std::io::Result<()> {
@@ -551,23 +619,28 @@ async fn write_response<S: AsyncWrite + Unpin>(
         stream.flush().await?;
         return write_chunked(stream, body).await;
     }
+    let body_len = response.body_len();
     if !no_body_status {
-        let _ = write!(head, "content-length: {}\r\n", response.body.len());
+        let _ = write!(head, "content-length: {body_len}\r\n");
     }
     if !keep_alive {
         head.push_str("connection: close\r\n");
     }
     head.push_str("\r\n");
-    let send_body = !head_only && !no_body_status && !response.body.is_empty();
-    if send_body && response.body.len() <= 16 * 1024 {
-        let mut all = Vec::with_capacity(head.len() + response.body.len());
+    let send_body = !head_only && !no_body_status && body_len > 0;
+    if send_body && body_len <= 16 * 1024 {
+        let mut all = Vec::with_capacity(head.len() + body_len);
         all.extend_from_slice(head.as_bytes());
-        all.extend_from_slice(&response.body);
+        for buffer in response.take_body_buffers() {
+            all.extend_from_slice(&buffer);
+        }
         stream.write_all(&all).await?;
     } else {
         stream.write_all(head.as_bytes()).await?;
         if send_body {
-            stream.write_all(&response.body).await?;
+            for buffer in response.take_body_buffers() {
+                stream.write_all(&buffer).await?;
+            }
         }
     }
     stream.flush().await

@@ -202,7 +202,7 @@ async fn read_request(
 
 async fn send_response(
     mut respond: SendResponse<Bytes>,
-    response: Response,
+    mut response: Response,
     head_only: bool,
 ) -> Result<(), h2::Error> {
     let mut builder = http::Response::builder().status(response.status);
@@ -210,22 +210,27 @@ async fn send_response(
         builder = builder.header(*name, value.as_str());
     }
     let no_body = head_only || response.status == 204 || response.status == 304;
+    let body_len = response.body_len();
     if !no_body && response.stream.is_none() {
-        builder = builder.header(http::header::CONTENT_LENGTH, response.body.len());
+        builder = builder.header(http::header::CONTENT_LENGTH, body_len);
     }
     let head = builder.body(()).expect("status and header names are valid");
-    if no_body || (response.stream.is_none() && response.body.is_empty()) {
+    if no_body || (response.stream.is_none() && body_len == 0) {
         respond.send_response(head, true)?;
         return Ok(());
     }
     let mut send = respond.send_response(head, false)?;
-    match response.stream {
+    match response.stream.take() {
         Some(mut events) => {
             while let Some(chunk) = events.next().await {
                 send_data(&mut send, chunk).await?;
             }
         }
-        None => send_data(&mut send, response.body).await?,
+        None => {
+            for buffer in response.take_body_buffers() {
+                send_data(&mut send, buffer).await?;
+            }
+        }
     }
     send.send_data(Bytes::new(), true)
 }
