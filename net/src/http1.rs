@@ -667,3 +667,32 @@ async fn write_chunked<S: AsyncWrite + Unpin>(
     stream.write_all(b"0\r\n\r\n").await?;
     stream.flush().await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_parts_keep_large_buffers_and_join_small_ones() {
+        let large = Bytes::from(vec![7u8; WRITE_COALESCE_BYTES]);
+        let parts = vec![
+            Bytes::from_static(b"["),
+            Bytes::from_static(b"1"),
+            large.clone(),
+            Bytes::from_static(b","),
+            Bytes::from_static(b"]"),
+        ];
+        let mut response = Response::new(200).with_parts(parts);
+        assert_eq!(response.body_len(), WRITE_COALESCE_BYTES + 4);
+        let buffers = response.take_body_buffers();
+        assert_eq!(buffers.len(), 3);
+        assert_eq!(&buffers[0][..], b"[1");
+        // The large part is the stored buffer itself, not a copy.
+        assert_eq!(buffers[1].as_ptr(), large.as_ptr());
+        assert_eq!(&buffers[2][..], b",]");
+        assert_eq!(response.body_len(), 0);
+        let single = Response::new(200).with_parts(vec![Bytes::new(), large.clone()]);
+        assert!(single.parts.is_empty(), "one buffer is the body itself");
+        assert_eq!(single.body.as_ptr(), large.as_ptr());
+    }
+}
