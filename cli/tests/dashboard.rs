@@ -198,14 +198,15 @@ fn fmt_int(value: &Value) -> String {
         .as_u64()
         .unwrap_or_else(|| panic!("not a count: {value}"))
         .to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
+    let mut groups = Vec::new();
+    let mut end = digits.len();
+    while end > 3 {
+        groups.push(&digits[end - 3..end]);
+        end -= 3;
     }
-    out
+    groups.push(&digits[..end]);
+    groups.reverse();
+    groups.join(",")
 }
 
 /// `fmtBytes`: bytes as they are below 1 KiB, else one decimal in the largest unit.
@@ -416,7 +417,8 @@ fn screenshot_under_load(browser: &Path, server: &Server) {
                     if status != 200 {
                         return Err(format!("append {n}: status {status}"));
                     }
-                    if n % 2 == 0 {
+                    // A read after every other append.
+                    if n & 1 == 0 {
                         let r = conn.request("GET", "/orders/us?seq=0&bytes=4096", &[], b"");
                         let status = r.map_err(|e| format!("read {n}: {e}"))?.status;
                         if status != 200 {

@@ -40,7 +40,9 @@ fn sigterm_drains_finishes_requests_and_loses_nothing() {
     });
 
     // Writers keep appending until their connection is refused or closed; every 200 is kept.
-    let acked: Arc<Mutex<Vec<(String, u64, Vec<u8>)>>> = Arc::default();
+    // (stream, seq, body) of every acknowledged append.
+    type Acked = Vec<(String, u64, Vec<u8>)>;
+    let acked: Arc<Mutex<Acked>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = streams
         .iter()
