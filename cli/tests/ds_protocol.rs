@@ -300,3 +300,35 @@ fn durable_streams_requests_need_tokens_when_auth_is_required() {
     )
     .expect(403);
 }
+
+#[test]
+fn an_unknown_producer_must_start_at_zero() {
+    let server = Server::start(&["--protocol", "ds"]);
+    ds(
+        server.addr,
+        "PUT",
+        "/p",
+        &[("content-type", "text/plain")],
+        b"",
+    )
+    .expect(201);
+    let producer = |seq: &str| {
+        ds(
+            server.addr,
+            "POST",
+            "/p",
+            &[
+                ("content-type", "text/plain"),
+                ("producer-id", "w1"),
+                ("producer-epoch", "0"),
+                ("producer-seq", seq),
+            ],
+            b"x",
+        )
+    };
+    let refused = producer("3");
+    refused.expect(409);
+    assert_eq!(refused.h("producer-expected-seq"), "0");
+    assert_eq!(refused.h("producer-received-seq"), "3");
+    producer("0").expect(200);
+}

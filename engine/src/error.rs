@@ -22,6 +22,8 @@ pub enum EngineError {
     MatchFailed { expected: u64, actual: u64 },
     /// An idempotent producer wrote with an epoch older than the stream has seen.
     StaleProducerEpoch { current: u64 },
+    /// A producer this stream has never seen did not start at sequence 0.
+    UnknownProducer { received: u64 },
     /// An idempotent producer skipped sequence numbers.
     ProducerSequenceGap { expected: u64, received: u64 },
     /// A read asked for a position past the tail.
@@ -62,6 +64,10 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::StaleProducerEpoch { .. } => f.write_str("Stale producer epoch"),
             EngineError::ProducerSequenceGap { .. } => f.write_str("Producer sequence gap"),
+            // The Pico reference's message for this case, kept for its clients.
+            EngineError::UnknownProducer { .. } => {
+                f.write_str("New epoch must start with sequence 0")
+            }
             EngineError::OffsetBeyondTail { requested, tail } => {
                 write!(f, "offset {requested} is past the tail {tail}")
             }

@@ -262,7 +262,9 @@ impl StreamState {
         let new_epoch_error =
             || EngineError::Invalid("New epoch must start with sequence 0".into());
         match self.producers.get(&producer.id) {
-            None if producer.seq != 0 => Err(new_epoch_error()),
+            None if producer.seq != 0 => Err(EngineError::UnknownProducer {
+                received: producer.seq,
+            }),
             None => Ok(None),
             Some(&(epoch, _)) if producer.epoch < epoch => {
                 Err(EngineError::StaleProducerEpoch { current: epoch })
@@ -495,7 +497,7 @@ mod tests {
         assert!(
             matches!(
                 append(&mut state, 1, false, Some(("p", 0, 1))),
-                Err(EngineError::Invalid(_))
+                Err(EngineError::UnknownProducer { received: 1 })
             ),
             "unknown id must start at 0"
         );

@@ -114,6 +114,10 @@ impl From<EngineError> for DsError {
                     .with("producer-expected-seq", expected.to_string())
                     .with("producer-received-seq", received.to_string())
             }
+            // The protocol's table: an unknown producer must start at 0, answered like a gap.
+            EngineError::UnknownProducer { received } => DsError::new(409, "SEQUENCE_GAP", message)
+                .with("producer-expected-seq", "0")
+                .with("producer-received-seq", received.to_string()),
             EngineError::OffsetBeyondTail { .. } => DsError::bad_request(message),
             EngineError::OffsetGone { .. } => DsError::new(410, "OFFSET_GONE", message),
             EngineError::Overloaded {

@@ -114,7 +114,9 @@ impl From<EngineError> for ApiError {
                 extra: vec![("retry-after", retry_after_sec.to_string())],
                 ..ApiError::new(429, "overloaded", message)
             },
-            EngineError::Invalid(_) => ApiError::bad_request(message),
+            EngineError::Invalid(_) | EngineError::UnknownProducer { .. } => {
+                ApiError::bad_request(message)
+            }
             EngineError::Durability(_) => ApiError::new(500, "durability", message),
             EngineError::Storage(_) => ApiError::new(500, "internal", message),
             EngineError::ShuttingDown => ApiError {
