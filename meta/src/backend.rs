@@ -24,6 +24,81 @@ pub(crate) const ROLL_BACK_COMMAND: &str =
 /// Ends a batch.
 pub(crate) const COMMIT: &str = "COMMIT";
 
+/// The registry's columns in [`StreamColumns`] order, for both databases (a macro, so `concat!`
+/// can add the `WHERE` / `ORDER BY` of each use).
+macro_rules! select_stream {
+    () => {
+        "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, created_ms, start_offset,
+                COALESCE(last_access_ms, created_ms), fork_source, fork_source_id, fork_offset,
+                fork_partial_bytes, soft_deleted
+         FROM streams"
+    };
+}
+pub(crate) use select_stream;
+
+/// A [`StreamColumns`] from a row of [`select_stream`]'s columns; `$get` is the client's
+/// fallible by-position getter (`get` of rusqlite, `try_get` of postgres), its error goes to `?`.
+macro_rules! stream_columns {
+    ($row:expr, $get:ident) => {
+        $crate::backend::StreamColumns {
+            id: $row.$get(0)?,
+            name: $row.$get(1)?,
+            content_type: $row.$get(2)?,
+            ttl_sec: $row.$get(3)?,
+            expires_at_ms: $row.$get(4)?,
+            closed: $row.$get(5)?,
+            created_ms: $row.$get(6)?,
+            start_offset: $row.$get(7)?,
+            last_access_ms: $row.$get(8)?,
+            fork_source: $row.$get(9)?,
+            fork_source_id: $row.$get(10)?,
+            fork_offset: $row.$get(11)?,
+            fork_partial_bytes: $row.$get(12)?,
+            soft_deleted: $row.$get(13)?,
+        }
+    };
+}
+pub(crate) use stream_columns;
+
+/// Every segment, in commit order.
+pub(crate) const SELECT_SEGMENTS: &str =
+    "SELECT seq, key, size_bytes, created_ms FROM segments ORDER BY seq";
+
+/// A [`SegmentColumns`] from a row of [`SELECT_SEGMENTS`] (see [`stream_columns`]).
+macro_rules! segment_columns {
+    ($row:expr, $get:ident) => {
+        $crate::backend::SegmentColumns {
+            seq: $row.$get(0)?,
+            key: $row.$get(1)?,
+            size_bytes: $row.$get(2)?,
+            created_ms: $row.$get(3)?,
+        }
+    };
+}
+pub(crate) use segment_columns;
+
+/// Every segment entry, by segment and position; column 0 is the segment's seq.
+pub(crate) const SELECT_ENTRIES: &str =
+    "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by,
+            writer_seq
+     FROM segment_streams ORDER BY segment_seq, ord";
+
+/// An [`EntryColumns`] from a row of [`SELECT_ENTRIES`] (see [`stream_columns`]).
+macro_rules! entry_columns {
+    ($row:expr, $get:ident) => {
+        $crate::backend::EntryColumns {
+            stream_id: $row.$get(1)?,
+            runs: $row.$get(2)?,
+            last_timestamp_ms: $row.$get(3)?,
+            closed: $row.$get(4)?,
+            producers: $row.$get(5)?,
+            closed_by: $row.$get(6)?,
+            writer_seq: $row.$get(7)?,
+        }
+    };
+}
+pub(crate) use entry_columns;
+
 /// One `streams` row as stored. `last_access_ms` is already `created_ms` where the column is
 /// NULL (rows written before migration 3).
 #[derive(Clone, Debug)]
@@ -128,8 +203,12 @@ pub(crate) trait Backend {
 
     /// Inserts a segment row, or updates the size and time of the row with this key; the
     /// row's `seq` (kept by an update).
-    fn upsert_segment(&mut self, key: &str, size_bytes: i64, created_ms: i64)
-        -> Result<i64, MetaError>;
+    fn upsert_segment(
+        &mut self,
+        key: &str,
+        size_bytes: i64,
+        created_ms: i64,
+    ) -> Result<i64, MetaError>;
 
     /// Replaces every entry of segment `seq` with `entries`, at positions 0, 1, ….
     fn replace_entries(&mut self, seq: i64, entries: &[EntryColumns]) -> Result<(), MetaError>;

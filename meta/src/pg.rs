@@ -39,6 +39,11 @@ use postgres::NoTls;
 use postgres::Row;
 use postgres::Statement;
 
+use crate::backend;
+use crate::backend::entry_columns;
+use crate::backend::segment_columns;
+use crate::backend::select_stream;
+use crate::backend::stream_columns;
 use crate::backend::Backend;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
@@ -120,6 +125,8 @@ pub(crate) struct Postgres {
     /// No reconnect is attempted before this instant.
     retry_at: Instant,
     retry_delay: Duration,
+    /// Why the last reconnect failed, repeated to the commands failed until the next one.
+    last_error: String,
 }
 
 impl Postgres {
@@ -143,7 +150,9 @@ impl Postgres {
             config.tcp_user_timeout(TCP_USER_TIMEOUT);
         }
         let mut client = connect(&config).map_err(|why| {
-            MetaError::Storage(format!("cannot connect to metadata database {shown}: {why}"))
+            MetaError::Storage(format!(
+                "cannot connect to metadata database {shown}: {why}"
+            ))
         })?;
         migrate(&mut client).map_err(|why| MetaError::Storage(format!("{shown}: {why}")))?;
         Ok(Postgres {
@@ -153,6 +162,7 @@ impl Postgres {
             statements: HashMap::new(),
             retry_at: Instant::now(),
             retry_delay: FIRST_RETRY,
+            last_error: String::new(),
         })
     }
 
@@ -165,9 +175,10 @@ impl Postgres {
             let now = Instant::now();
             if now < self.retry_at {
                 return Err(format!(
-                    "not connected to {} (next attempt in {} ms)",
+                    "not connected to {} (next attempt in {} ms): {}",
                     self.url,
-                    (self.retry_at - now).as_millis()
+                    (self.retry_at - now).as_millis(),
+                    self.last_error
                 ));
             }
             match connect(&self.config) {
@@ -179,7 +190,9 @@ impl Postgres {
                 Err(why) => {
                     self.retry_at = now + self.retry_delay;
                     self.retry_delay = (self.retry_delay * 2).min(LAST_RETRY);
-                    return Err(format!("cannot reconnect to {}: {why}", self.url));
+                    let message = format!("cannot reconnect to {}: {why}", self.url);
+                    self.last_error = why;
+                    return Err(message);
                 }
             }
         }
@@ -319,45 +332,8 @@ fn storage(doing: &str) -> impl Fn(postgres::Error) -> MetaError + '_ {
     move |error| MetaError::Storage(format!("{doing}: {}", describe(&error)))
 }
 
-/// The registry's columns in [`StreamColumns`] order (a macro, so `concat!` can extend it).
-macro_rules! select_stream {
-    () => {
-        "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, created_ms, start_offset,
-                COALESCE(last_access_ms, created_ms), fork_source, fork_source_id, fork_offset,
-                fork_partial_bytes, soft_deleted
-         FROM streams"
-    };
-}
-
 fn stream_columns(row: &Row) -> Result<StreamColumns, postgres::Error> {
-    Ok(StreamColumns {
-        id: row.try_get(0)?,
-        name: row.try_get(1)?,
-        content_type: row.try_get(2)?,
-        ttl_sec: row.try_get(3)?,
-        expires_at_ms: row.try_get(4)?,
-        closed: row.try_get(5)?,
-        created_ms: row.try_get(6)?,
-        start_offset: row.try_get(7)?,
-        last_access_ms: row.try_get(8)?,
-        fork_source: row.try_get(9)?,
-        fork_source_id: row.try_get(10)?,
-        fork_offset: row.try_get(11)?,
-        fork_partial_bytes: row.try_get(12)?,
-        soft_deleted: row.try_get(13)?,
-    })
-}
-
-fn entry_columns(row: &Row) -> Result<EntryColumns, postgres::Error> {
-    Ok(EntryColumns {
-        stream_id: row.try_get(1)?,
-        runs: row.try_get(2)?,
-        last_timestamp_ms: row.try_get(3)?,
-        closed: row.try_get(4)?,
-        producers: row.try_get(5)?,
-        closed_by: row.try_get(6)?,
-        writer_seq: row.try_get(7)?,
-    })
+    Ok(stream_columns!(row, try_get))
 }
 
 impl Backend for Postgres {
@@ -449,11 +425,7 @@ impl Backend for Postgres {
     }
 
     fn delete_stream(&mut self, id: i64) -> Result<bool, MetaError> {
-        let removed = self.execute(
-            "DELETE FROM streams WHERE id = $1",
-            &[&id],
-            "delete stream",
-        )?;
+        let removed = self.execute("DELETE FROM streams WHERE id = $1", &[&id], "delete stream")?;
         Ok(removed > 0)
     }
 
@@ -572,19 +544,8 @@ impl Backend for Postgres {
     }
 
     fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError> {
-        let rows = self.query(
-            "SELECT seq, key, size_bytes, created_ms FROM segments ORDER BY seq",
-            &[],
-            "load segments",
-        )?;
-        let segment = |row: &Row| {
-            Ok(SegmentColumns {
-                seq: row.try_get(0)?,
-                key: row.try_get(1)?,
-                size_bytes: row.try_get(2)?,
-                created_ms: row.try_get(3)?,
-            })
-        };
+        let rows = self.query(backend::SELECT_SEGMENTS, &[], "load segments")?;
+        let segment = |row: &Row| Ok(segment_columns!(row, try_get));
         rows.iter()
             .map(segment)
             .collect::<Result<_, postgres::Error>>()
@@ -596,12 +557,7 @@ impl Backend for Postgres {
         visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
     ) -> Result<(), MetaError> {
         let doing = "load segment entries";
-        let (client, statement) = self.prepared(
-            "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers,
-                    closed_by, writer_seq
-             FROM segment_streams ORDER BY segment_seq, ord",
-            doing,
-        )?;
+        let (client, statement) = self.prepared(backend::SELECT_ENTRIES, doing)?;
         // Streamed row by row: the catalog can be large.
         let no_params: [&(dyn ToSql + Sync); 0] = [];
         let mut rows = client
@@ -609,8 +565,22 @@ impl Backend for Postgres {
             .map_err(storage(doing))?;
         while let Some(row) = rows.next().map_err(storage(doing))? {
             let seq: i64 = row.try_get(0).map_err(storage("read segment entry"))?;
-            visit(seq, entry_columns(&row).map_err(|error| describe(&error)))?;
+            let columns = (|| Ok(entry_columns!(row, try_get)))();
+            visit(
+                seq,
+                columns.map_err(|error: postgres::Error| describe(&error)),
+            )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A migration is added to both backends under one number (the schema comparison against a
+    /// live server is in `tests/pg_contract.rs`).
+    #[test]
+    fn numbered_like_the_sqlite_migrations() {
+        assert_eq!(super::SCHEMA_VERSION, crate::schema::SCHEMA_VERSION);
     }
 }

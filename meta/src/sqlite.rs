@@ -6,6 +6,11 @@ use rusqlite::params;
 use rusqlite::Connection;
 use rusqlite::OptionalExtension;
 
+use crate::backend;
+use crate::backend::entry_columns;
+use crate::backend::segment_columns;
+use crate::backend::select_stream;
+use crate::backend::stream_columns;
 use crate::backend::Backend;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
@@ -50,28 +55,8 @@ impl Sqlite {
     }
 }
 
-const SELECT_STREAM: &str = "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, \
-                             created_ms, start_offset, coalesce(last_access_ms, created_ms), \
-                             fork_source, fork_source_id, fork_offset, fork_partial_bytes, \
-                             soft_deleted FROM streams";
-
 fn stream_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamColumns> {
-    Ok(StreamColumns {
-        id: row.get(0)?,
-        name: row.get(1)?,
-        content_type: row.get(2)?,
-        ttl_sec: row.get(3)?,
-        expires_at_ms: row.get(4)?,
-        closed: row.get(5)?,
-        created_ms: row.get(6)?,
-        start_offset: row.get(7)?,
-        last_access_ms: row.get(8)?,
-        fork_source: row.get(9)?,
-        fork_source_id: row.get(10)?,
-        fork_offset: row.get(11)?,
-        fork_partial_bytes: row.get(12)?,
-        soft_deleted: row.get(13)?,
-    })
+    Ok(stream_columns!(row, get))
 }
 
 impl Backend for Sqlite {
@@ -86,7 +71,9 @@ impl Backend for Sqlite {
     }
 
     fn execute_batch(&mut self, sql: &str) -> Result<(), String> {
-        self.conn.execute_batch(sql).map_err(|error| error.to_string())
+        self.conn
+            .execute_batch(sql)
+            .map_err(|error| error.to_string())
     }
 
     fn rollback(&mut self) {
@@ -105,7 +92,7 @@ impl Backend for Sqlite {
 
     fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError> {
         self.conn
-            .prepare_cached(&format!("{SELECT_STREAM} WHERE name = ?1"))
+            .prepare_cached(concat!(select_stream!(), " WHERE name = ?1"))
             .and_then(|mut query| query.query_row([name], stream_columns).optional())
             .map_err(storage("look up stream"))
     }
@@ -238,7 +225,7 @@ impl Backend for Sqlite {
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
         let mut query = self
             .conn
-            .prepare(&format!("{SELECT_STREAM} ORDER BY id"))
+            .prepare(concat!(select_stream!(), " ORDER BY id"))
             .map_err(storage("prepare stream load"))?;
         query
             .query_map([], stream_columns)
@@ -249,17 +236,10 @@ impl Backend for Sqlite {
     fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError> {
         let mut query = self
             .conn
-            .prepare("SELECT seq, key, size_bytes, created_ms FROM segments ORDER BY seq")
+            .prepare(backend::SELECT_SEGMENTS)
             .map_err(storage("prepare segment load"))?;
         query
-            .query_map([], |row| {
-                Ok(SegmentColumns {
-                    seq: row.get(0)?,
-                    key: row.get(1)?,
-                    size_bytes: row.get(2)?,
-                    created_ms: row.get(3)?,
-                })
-            })
+            .query_map([], |row| Ok(segment_columns!(row, get)))
             .and_then(|rows| rows.collect())
             .map_err(storage("load segments"))
     }
@@ -270,26 +250,12 @@ impl Backend for Sqlite {
     ) -> Result<(), MetaError> {
         let mut query = self
             .conn
-            .prepare(
-                "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers,
-                        closed_by, writer_seq
-                 FROM segment_streams ORDER BY segment_seq, ord",
-            )
+            .prepare(backend::SELECT_ENTRIES)
             .map_err(storage("prepare segment entry load"))?;
         let mut rows = query.query([]).map_err(storage("load segment entries"))?;
         while let Some(row) = rows.next().map_err(storage("load segment entries"))? {
             let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
-            let columns = (|| {
-                Ok(EntryColumns {
-                    stream_id: row.get(1)?,
-                    runs: row.get(2)?,
-                    last_timestamp_ms: row.get(3)?,
-                    closed: row.get(4)?,
-                    producers: row.get(5)?,
-                    closed_by: row.get(6)?,
-                    writer_seq: row.get(7)?,
-                })
-            })();
+            let columns = (|| Ok(entry_columns!(row, get)))();
             visit(
                 seq,
                 columns.map_err(|error: rusqlite::Error| error.to_string()),

@@ -707,7 +707,9 @@ fn create(
             Some(f.source.as_str()),
             Some(storable(f.source_id, || "fork source id".to_string())?),
             Some(storable(f.offset, || "fork offset".to_string())?),
-            Some(storable(f.partial_bytes, || "fork partial bytes".to_string())?),
+            Some(storable(f.partial_bytes, || {
+                "fork partial bytes".to_string()
+            })?),
         ),
     };
     let new = NewStream {
@@ -811,8 +813,11 @@ fn commit(db: &mut dyn Backend, segment: &SegmentRecord) -> Result<(), MetaError
     for entry in &segment.streams {
         let stream = entry.stream_id;
         // validate_segment checked the id lengths, so neither encoding can fail here.
-        let too_long =
-            || MetaError::Storage(format!("segment {key}: stream {stream}: producer id too long"));
+        let too_long = || {
+            MetaError::Storage(format!(
+                "segment {key}: stream {stream}: producer id too long"
+            ))
+        };
         let closed_by = match &entry.closed_by {
             Some(producer) => Some(producers::encode_one(producer).ok_or_else(too_long)?),
             None => None,
@@ -972,9 +977,7 @@ fn segment_entry(
     let producers = producers::decode(&columns.producers)
         .ok_or_else(|| damaged("producers", &columns.producers))?;
     let closed_by = match &columns.closed_by {
-        Some(blob) => {
-            Some(producers::decode_one(blob).ok_or_else(|| damaged("closed_by", blob))?)
-        }
+        Some(blob) => Some(producers::decode_one(blob).ok_or_else(|| damaged("closed_by", blob))?),
         None => None,
     };
     Ok(SegmentStreamEntry {

@@ -85,22 +85,33 @@ impl PgDatabase {
 
     /// Runs one query in this database; its rows, every value as text (NULL as `None`).
     pub fn query(&self, sql: &str) -> Vec<Vec<Option<String>>> {
-        let mut client = postgres::Client::connect(&self.url, NoTls)
-            .unwrap_or_else(|error| panic!("connect to test database {}: {error}", self.name));
-        let messages = client
-            .simple_query(sql)
-            .unwrap_or_else(|error| panic!("{sql}: {error:?}"));
-        messages
-            .into_iter()
-            .filter_map(|message| match message {
-                SimpleQueryMessage::Row(row) => Some(
-                    (0..row.len())
-                        .map(|i| row.get(i).map(str::to_string))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect()
+        query(&self.url, sql)
+    }
+
+    /// [`PgDatabase::query`] in `$PICOMQ_PG_URL`'s own database.
+    pub fn query_admin(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        query(&self.admin_url, sql)
+    }
+
+    /// Ends every connection to this database (the server closes them) and waits, bounded, until
+    /// they are gone.
+    pub fn terminate_connections(&self) {
+        let name = &self.name;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let left = self.query_admin(&format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+            ));
+            if left[0][0].as_deref() == Some("0") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "connections to {name} did not end"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 }
 
@@ -115,14 +126,37 @@ impl Drop for PgDatabase {
     }
 }
 
+/// A new connection to `url`; panics on an error.
+fn connect(url: &str) -> postgres::Client {
+    postgres::Client::connect(url, NoTls).unwrap_or_else(|error| {
+        let shown = MetaUrl::Postgres(url.to_string());
+        panic!("connect to {shown}: {error:?}")
+    })
+}
+
 /// Runs `sql` on a new connection to `url`; panics on an error.
 fn run(url: &str, sql: &str) {
-    let shown = MetaUrl::Postgres(url.to_string());
-    let mut client = postgres::Client::connect(url, NoTls)
-        .unwrap_or_else(|error| panic!("connect to {shown}: {error:?}"));
-    client
+    connect(url)
         .batch_execute(sql)
-        .unwrap_or_else(|error| panic!("{sql} on {shown}: {error:?}"));
+        .unwrap_or_else(|error| panic!("{sql}: {error:?}"));
+}
+
+/// Runs one query on a new connection to `url`: its rows, as text.
+fn query(url: &str, sql: &str) -> Vec<Vec<Option<String>>> {
+    let messages = connect(url)
+        .simple_query(sql)
+        .unwrap_or_else(|error| panic!("{sql}: {error:?}"));
+    messages
+        .into_iter()
+        .filter_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).map(str::to_string))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `url` with its database replaced by `name`, keeping everything else (query included).
