@@ -106,3 +106,33 @@ fn a_node_on_postgres_keeps_every_acknowledged_record_across_kill_9() {
     assert_eq!(next, 31);
     assert_eq!(records.last().unwrap().body, b"after");
 }
+
+/// Needs no server: a Postgres that cannot be reached stops `pico serve` at startup with an
+/// error naming the URL, its password masked.
+#[test]
+fn an_unreachable_postgres_stops_startup_with_the_password_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = common::pico(
+        dir.path(),
+        &[
+            "serve",
+            "--meta-url",
+            "postgres://pico:s3cret@127.0.0.1:1/meta", // nothing listens on port 1
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--wal-dir",
+            "wal",
+            "--storage",
+            "file://objects",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot connect to metadata database postgres://pico:***@127.0.0.1:1/meta"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
