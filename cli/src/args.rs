@@ -61,6 +61,7 @@ pub enum Command {
     Trim(TrimArgs),
     Config(ConfigArgs),
     Bench(pico_bench::BenchArgs),
+    Admin(AdminArgs),
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -431,6 +432,81 @@ pub struct ConfigUseArgs {
 #[argh(subcommand, name = "path")]
 /// Print the path of the config file.
 pub struct ConfigPathArgs {}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "admin")]
+/// Inspect and steer a node through its admin listener; ignores profiles and --endpoint, uses --token and --ca-cert.
+pub struct AdminArgs {
+    /// admin listener base URL (default http://127.0.0.1:9090) [env: PICO_ADMIN_ENDPOINT]
+    #[argh(option, arg_name = "url")]
+    pub admin_endpoint: Option<String>,
+
+    /// print the answer as pretty JSON on stdout instead of formatted lines [env: PICO_JSON]
+    #[argh(switch)]
+    pub json: bool,
+
+    #[argh(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand)]
+pub enum AdminCommand {
+    Cluster(AdminClusterArgs),
+    Nodes(AdminNodesArgs),
+    Stream(AdminStreamArgs),
+    Transfer(AdminTransferArgs),
+    SetSlots(AdminSetSlotsArgs),
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "cluster")]
+/// Print the node's view of the cluster: identity, counts and pending transfers.
+pub struct AdminClusterArgs {}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "nodes")]
+/// Print one line per registered node.
+pub struct AdminNodesArgs {}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "stream")]
+/// Print a stream's registry entry: owner, state and committed offsets.
+pub struct AdminStreamArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "transfer")]
+/// Ask for a stream to move to another node; prints transfer accepted ... on stderr.
+pub struct AdminTransferArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+
+    /// id of the node to move the stream to [env: PICO_TO_NODE]
+    #[argh(option, arg_name = "id")]
+    pub to_node: i32,
+
+    /// wait (up to 30 s) until the transfer has settled on the target node [env: PICO_WAIT]
+    #[argh(switch)]
+    pub wait: bool,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "set-slots")]
+/// Change a node's placement weight; prints node=<id> slots=<n> on stderr.
+pub struct AdminSetSlotsArgs {
+    #[argh(positional)]
+    /// node id
+    pub node: i32,
+
+    /// the new placement weight (0 = place no new streams there) [env: PICO_SLOTS]
+    #[argh(option, arg_name = "n")]
+    pub slots: u64,
+}
 
 /// Non-negative seconds, fractions allowed (`0.5`).
 fn parse_seconds(value: &str) -> Result<f64, String> {

@@ -4,6 +4,7 @@
 //! profile resolution for the connection flags → the command. Exit codes (C9): 0 success,
 //! 1 fatal error (`pico: <message>` on stderr), 2 usage error.
 
+mod admin;
 mod args;
 mod argv;
 mod commands;
@@ -122,6 +123,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Config(args) = &cli.command {
         return config::run(&cli, args);
     }
+    // Admin commands talk to the admin listener, which no profile describes (cli.md §5.4).
+    if let Command::Admin(args) = &cli.command {
+        let ca_cert = read_ca_cert(cli.ca_cert.as_deref())?;
+        return admin::run(args, cli.token.as_deref(), ca_cert.as_deref());
+    }
     // Flag and environment are already in `cli`; the profile comes next, then the defaults.
     let profile = profile::resolve(cli.profile.as_deref()).map_err(Failure::Fatal)?;
     let protocol = cli.protocol.or(profile.protocol).unwrap_or(Protocol::Pico);
@@ -139,12 +145,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     // A profile can only turn http2 on: a bare switch cannot say "off".
     config.http2_prior_knowledge = cli.http2 || profile.http2 == Some(true);
     config.token = cli.token.clone();
-    if let Some(path) = &cli.ca_cert {
-        let pem = std::fs::read(path).map_err(|e| {
-            Failure::Fatal(format!("cannot read --ca-cert {}: {e}", path.display()))
-        })?;
-        config.ca_cert_pem = Some(pem);
-    }
+    config.ca_cert_pem = read_ca_cert(cli.ca_cert.as_deref())?;
     if let Command::Bench(args) = &cli.command {
         return bench(args, &config);
     }
@@ -157,7 +158,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
         match &cli.command {
-            Command::Serve(_) | Command::Config(_) | Command::Bench(_) => {
+            Command::Serve(_) | Command::Config(_) | Command::Bench(_) | Command::Admin(_) => {
                 unreachable!("handled above")
             }
             Command::Create(args) => commands::create(&client, args).await,
@@ -171,6 +172,16 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Command::Trim(args) => commands::trim(&client, args).await,
         }
     })
+}
+
+/// The PEM of `--ca-cert`, if given.
+fn read_ca_cert(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, Failure> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    std::fs::read(path)
+        .map(Some)
+        .map_err(|e| Failure::Fatal(format!("cannot read --ca-cert {}: {e}", path.display())))
 }
 
 /// `pico bench`: the load generator runs on its own multi-threaded runtime (the client

@@ -167,3 +167,33 @@ fn sse_over_h2_delivers_new_records() {
         );
     });
 }
+
+#[test]
+fn durable_streams_over_h2_answer_with_absolute_locations() {
+    let server = Server::start(&["--protocol", "ds"]);
+    let base = format!("http://{}", server.addr);
+    runtime().block_on(async {
+        let client = h2_client();
+        let created = client
+            .put(format!("{base}/v1/stream/h2"))
+            .header("content-type", "text/plain")
+            .body("one")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.version(), reqwest::Version::HTTP_2);
+        assert_eq!(created.status(), 201);
+        // h2 has no Host header: the location comes from :authority.
+        assert_eq!(
+            created.headers()["location"].to_str().unwrap(),
+            format!("{base}/v1/stream/h2")
+        );
+        let read = client
+            .get(format!("{base}/v1/stream/h2?offset=-1"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(read.headers()["stream-up-to-date"], "true");
+        assert_eq!(read.text().await.unwrap(), "one");
+    });
+}

@@ -116,22 +116,28 @@ function drawChart() {
   }
 }
 
-async function renderStreams() {
+async function loadStreams() {
   const prefix = $("search").value.trim() || "/";
-  const { body } = await api(`/admin/streams?prefix=${encodeURIComponent(prefix)}&limit=100`);
+  return (await api(`/admin/streams?prefix=${encodeURIComponent(prefix)}&limit=100`)).body;
+}
+
+function renderStreams(body) {
   const tbody = $("streams-table").tBodies[0];
   tbody.replaceChildren(...body.streams.map((s) => {
     const tr = row([s.name, s.contentType, fmtInt(s.startOffset), fmtInt(s.endOffset), s.closed ? "yes" : "no"],
       { "data-name": s.name, "data-next": s.endOffset });
-    tr.addEventListener("click", () => { selected = s.name; renderDetail(); });
+    tr.addEventListener("click", () => { selected = s.name; loadDetail().then(renderDetail).catch(() => {}); });
     return tr;
   }));
   $("more").hidden = !body.hasMore;
 }
 
-async function renderDetail() {
-  if (!selected) return;
-  const { body } = await api(`/admin/streams${selected}`);
+async function loadDetail() {
+  return selected ? (await api(`/admin/streams${selected}`)).body : null;
+}
+
+function renderDetail(body) {
+  if (!body) return;
   $("detail").hidden = false;
   text("detail-name", body.name);
   const fields = [
@@ -149,12 +155,18 @@ async function renderDetail() {
 
 async function poll() {
   try {
+    // Every answer first, then one render: a poll shows one consistent state, and the pill
+    // does not flip to "ready" each time while the data requests are being refused.
     const ready = await api("/ready");
+    const cluster = (await api("/admin/cluster")).body;
+    const stats = (await api("/admin/stats")).body;
+    const streams = await loadStreams();
+    const detail = await loadDetail();
     renderReady(ready.status, ready.body);
-    renderCluster((await api("/admin/cluster")).body);
-    renderStats((await api("/admin/stats")).body);
-    await renderStreams();
-    await renderDetail();
+    renderCluster(cluster);
+    renderStats(stats);
+    renderStreams(streams);
+    renderDetail(detail);
     text("status", `updated ${new Date().toLocaleTimeString()}`);
     document.body.dataset.loaded = "true";
   } catch (e) {
@@ -168,7 +180,7 @@ $("token").addEventListener("change", () => {
   sessionStorage.setItem("pico-admin-token", $("token").value.trim());
   poll();
 });
-$("search").addEventListener("input", () => renderStreams().catch(() => {}));
+$("search").addEventListener("input", () => loadStreams().then(renderStreams).catch(() => {}));
 const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
 if (fromHash) sessionStorage.setItem("pico-admin-token", fromHash);
 poll();

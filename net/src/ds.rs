@@ -234,10 +234,7 @@ pub async fn handle(
 }
 
 fn base_url(settings: &DsSettings, request: &Request) -> String {
-    let host = request
-        .header("host")
-        .or_else(|| request.header(":authority"))
-        .unwrap_or("localhost");
+    let host = request.header("host").unwrap_or("localhost");
     format!("{}://{host}", settings.scheme)
 }
 

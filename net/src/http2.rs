@@ -176,7 +176,7 @@ async fn read_request(
         }
     }
     let body = single.unwrap_or_else(|| collected.freeze());
-    let headers = parts
+    let mut headers: Vec<(String, Bytes)> = parts
         .headers
         .iter()
         .map(|(name, value)| {
@@ -186,6 +186,15 @@ async fn read_request(
             )
         })
         .collect();
+    // HTTP/2 carries the host in `:authority`; handlers read `host` for both versions.
+    if let Some(authority) = parts.uri.authority() {
+        if !headers.iter().any(|(name, _)| name == "host") {
+            headers.push((
+                "host".to_string(),
+                Bytes::copy_from_slice(authority.as_str().as_bytes()),
+            ));
+        }
+    }
     let path = parts.uri.path();
     Ok(Request {
         method: parts.method.as_str().to_string(),

@@ -1,0 +1,400 @@
+//! `pico admin` (cli.md §5.4): the admin API of one node, formatted as `key=value` lines.
+//!
+//! Talks to the admin listener directly with reqwest (the stream client knows nothing of the
+//! admin API). Data goes to stdout, acknowledgements to stderr; a non-2xx answer prints
+//! `<status>: <error>` on stderr and exits 1.
+
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use pico_client::ClientError;
+use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use reqwest::{Method, Url};
+use serde_json::{json, Value};
+
+use crate::args::{AdminArgs, AdminCommand};
+use crate::Failure;
+
+pub const DEFAULT_ADMIN_ENDPOINT: &str = "http://127.0.0.1:9090";
+/// `transfer --wait`: how often the stream is looked at, and for how long.
+const WAIT_POLL: Duration = Duration::from_millis(250);
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+/// The admin listener of one node.
+struct Admin {
+    http: reqwest::Client,
+    /// Without a trailing `/`.
+    base: String,
+}
+
+pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Result<(), Failure> {
+    let endpoint = args
+        .admin_endpoint
+        .as_deref()
+        .unwrap_or(DEFAULT_ADMIN_ENDPOINT);
+    let admin = Admin::new(endpoint, token, ca_cert)?;
+    // One request at a time: a single-threaded runtime is enough.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async {
+        match &args.command {
+            AdminCommand::Cluster(_) => {
+                let body = admin.call(Method::GET, "/admin/cluster", None).await?;
+                print(args.json, &body, cluster_lines)
+            }
+            AdminCommand::Nodes(_) => {
+                let body = admin.call(Method::GET, "/admin/nodes", None).await?;
+                print(args.json, &body, nodes_lines)
+            }
+            AdminCommand::Stream(stream) => {
+                let body = admin.stream(&stream.stream).await?;
+                print(args.json, &body, stream_lines)
+            }
+            AdminCommand::Transfer(transfer) => {
+                let name = stream_name(&transfer.stream);
+                let request = json!({ "stream": name, "toNode": transfer.to_node });
+                let body = admin
+                    .call(Method::POST, "/admin/transfer", Some(request))
+                    .await?;
+                if args.json {
+                    print(true, &body, |_| Vec::new())?;
+                }
+                eprintln!(
+                    "transfer accepted stream={name} id={} to={}",
+                    field(&body, "streamId"),
+                    transfer.to_node
+                );
+                if transfer.wait {
+                    admin.wait_settled(&name, transfer.to_node).await?;
+                    eprintln!("transfer complete");
+                }
+                Ok(())
+            }
+            AdminCommand::SetSlots(set) => {
+                let request = json!({ "slots": set.slots });
+                let path = format!("/admin/nodes/{}", set.node);
+                let body = admin.call(Method::POST, &path, Some(request)).await?;
+                if args.json {
+                    print(true, &body, |_| Vec::new())?;
+                }
+                eprintln!(
+                    "node={} slots={}",
+                    field(&body, "nodeId"),
+                    field(&body, "slots")
+                );
+                Ok(())
+            }
+        }
+    })
+}
+
+impl Admin {
+    fn new(endpoint: &str, token: Option<&str>, ca_cert: Option<&[u8]>) -> Result<Admin, Failure> {
+        let base = endpoint.trim_end_matches('/').to_owned();
+        let invalid = |why: String| {
+            Failure::Usage(format!(
+                "invalid --admin-endpoint {endpoint:?}: {why}; expected http://HOST:PORT or https://HOST:PORT"
+            ))
+        };
+        let url = Url::parse(&base).map_err(|e| invalid(e.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid(format!("unsupported scheme {}", url.scheme())));
+        }
+        if !url.has_host() {
+            return Err(invalid("no host".into()));
+        }
+        // reqwest is built without a default crypto provider (as in pico-client); another
+        // caller may have installed one already, which is just as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30));
+        if let Some(token) = token {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                Failure::Usage(
+                    "invalid token: it must be printable ASCII without line breaks".into(),
+                )
+            })?;
+            value.set_sensitive(true);
+            let mut headers = HeaderMap::new();
+            headers.insert(AUTHORIZATION, value);
+            builder = builder.default_headers(headers);
+        }
+        if let Some(pem) = ca_cert {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| Failure::Usage(format!("invalid CA certificate: {e}")))?;
+            if certs.is_empty() {
+                return Err(Failure::Usage(
+                    "invalid CA certificate: no PEM certificate found".into(),
+                ));
+            }
+            builder = builder.tls_certs_merge(certs);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| Failure::Fatal(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Admin { http, base })
+    }
+
+    /// One request; the JSON body of a 2xx answer. Anything else has been reported.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, Failure> {
+        let url = Url::parse(&format!("{}{path}", self.base))
+            .map_err(|e| Failure::Usage(format!("invalid admin path {path:?}: {e}")))?;
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(transport)?;
+        if !status.is_success() {
+            eprintln!("{}: {}", status.as_u16(), error_text(status, &bytes));
+            return Err(Failure::Reported);
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            Failure::Fatal(format!(
+                "the admin listener answered {path} with no JSON: {e}"
+            ))
+        })
+    }
+
+    /// `GET /admin/streams/<name>`: the name is the path, as on the protocol listener.
+    async fn stream(&self, name: &str) -> Result<Value, Failure> {
+        let path = format!("/admin/streams{}", stream_name(name));
+        self.call(Method::GET, &path, None).await
+    }
+
+    /// Polls the stream until no transfer is pending and it sits on `to_node`.
+    async fn wait_settled(&self, name: &str, to_node: i32) -> Result<(), Failure> {
+        let deadline = Instant::now() + WAIT_LIMIT;
+        loop {
+            let body = self.stream(name).await?;
+            if body["pendingTransfer"].is_null() && body["nodeId"].as_i64() == Some(to_node.into())
+            {
+                return Ok(());
+            }
+            if Instant::now() + WAIT_POLL > deadline {
+                return Err(Failure::Fatal(format!(
+                    "transfer of {name} did not settle in time"
+                )));
+            }
+            tokio::time::sleep(WAIT_POLL).await;
+        }
+    }
+}
+
+/// Stream names are paths; a missing leading `/` is added, as the stream commands do.
+fn stream_name(name: &str) -> String {
+    if name.starts_with('/') {
+        name.to_owned()
+    } else {
+        format!("/{name}")
+    }
+}
+
+fn transport(e: reqwest::Error) -> Failure {
+    // pico-client digs the useful cause ("Connection refused") out of reqwest's chain.
+    Failure::Fatal(format!("admin request failed: {}", ClientError::from(e)))
+}
+
+/// The `error` of an admin error body, else the body as text, else the reason phrase.
+fn error_text(status: reqwest::StatusCode, body: &[u8]) -> String {
+    if let Ok(json) = serde_json::from_slice::<Value>(body) {
+        if let Some(message) = json.get("error").and_then(Value::as_str) {
+            return message.to_owned();
+        }
+    }
+    let text = String::from_utf8_lossy(body).trim().to_owned();
+    if !text.is_empty() {
+        return text;
+    }
+    status.canonical_reason().unwrap_or("error").to_owned()
+}
+
+/// A field as printed in `key=value` lines: strings bare, `null` for null or absent.
+fn field(body: &Value, name: &str) -> String {
+    match body.get(name) {
+        None | Some(Value::Null) => "null".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn print(json: bool, body: &Value, lines: fn(&Value) -> Vec<String>) -> Result<(), Failure> {
+    let mut out = io::stdout().lock();
+    if json {
+        let pretty = serde_json::to_string_pretty(body).expect("a JSON value serializes");
+        writeln!(out, "{pretty}")?;
+    } else {
+        for line in lines(body) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn cluster_lines(c: &Value) -> Vec<String> {
+    let f = |name| field(c, name);
+    let mut lines = vec![
+        format!(
+            "cluster={} node={} epoch={} address={} registered={} appliedIndex={}",
+            f("clusterId"),
+            f("nodeId"),
+            f("nodeEpoch"),
+            f("advertisedAddress"),
+            f("registered"),
+            f("appliedIndex")
+        ),
+        format!(
+            "streams={} objects={} destroyedBacklog={} leaseHolder={}",
+            f("streamCount"),
+            f("objectCount"),
+            f("destroyedObjectBacklog"),
+            f("leaseHolder")
+        ),
+    ];
+    for t in c["pendingTransfers"].as_array().into_iter().flatten() {
+        lines.push(format!(
+            "transfer stream={} from={} to={}",
+            field(t, "streamId"),
+            field(t, "fromNode"),
+            field(t, "toNode")
+        ));
+    }
+    lines
+}
+
+fn nodes_lines(body: &Value) -> Vec<String> {
+    let nodes = body["nodes"].as_array().into_iter().flatten();
+    nodes
+        .map(|n| {
+            let f = |name| field(n, name);
+            format!(
+                "node={} epoch={} address={} slots={} opening={} placed={}{}",
+                f("nodeId"),
+                f("nodeEpoch"),
+                f("advertisedAddress"),
+                f("slots"),
+                f("openingCount"),
+                f("placedCount"),
+                if n["local"] == true {
+                    " (this node)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect()
+}
+
+fn stream_lines(s: &Value) -> Vec<String> {
+    let f = |name| field(s, name);
+    let mut lines = vec![
+        format!(
+            "name={} id={} owner={} address={} local={}",
+            f("name"),
+            f("streamId"),
+            f("ownerNodeId"),
+            f("ownerAdvertisedAddress"),
+            f("ownerLocal")
+        ),
+        format!(
+            "state={} epoch={} start={} end={} closed={} type={}",
+            f("state"),
+            f("epoch"),
+            f("startOffset"),
+            f("endOffset"),
+            f("closed"),
+            f("contentType")
+        ),
+    ];
+    let pending = &s["pendingTransfer"];
+    if !pending.is_null() {
+        lines.push(format!(
+            "transfer from={} to={}",
+            field(pending, "fromNode"),
+            field(pending, "toNode")
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_prints_two_lines_and_one_per_transfer() {
+        let body = json!({
+            "clusterId": "picomq", "nodeId": 1, "nodeEpoch": 7, "advertisedAddress": "http://h:1",
+            "registered": true, "appliedIndex": 12, "streamCount": 3, "objectCount": 4,
+            "destroyedObjectBacklog": 0, "leaseHolder": null,
+            "pendingTransfers": [{"streamId": 9, "fromNode": 1, "toNode": 2}],
+        });
+        assert_eq!(
+            cluster_lines(&body),
+            [
+                "cluster=picomq node=1 epoch=7 address=http://h:1 registered=true appliedIndex=12",
+                "streams=3 objects=4 destroyedBacklog=0 leaseHolder=null",
+                "transfer stream=9 from=1 to=2",
+            ]
+        );
+    }
+
+    #[test]
+    fn nodes_mark_this_node_and_print_null_addresses() {
+        let body = json!({"nodes": [
+            {"nodeId": 1, "nodeEpoch": 5, "advertisedAddress": "http://a", "slots": 1,
+             "local": true, "openingCount": 2, "placedCount": 0},
+            {"nodeId": 2, "nodeEpoch": 6, "advertisedAddress": null, "slots": 0,
+             "local": false, "openingCount": 0, "placedCount": 1},
+        ]});
+        assert_eq!(
+            nodes_lines(&body),
+            [
+                "node=1 epoch=5 address=http://a slots=1 opening=2 placed=0 (this node)",
+                "node=2 epoch=6 address=null slots=0 opening=0 placed=1",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pending_transfer_adds_a_line() {
+        let mut body = json!({
+            "name": "/s", "streamId": 3, "ownerNodeId": 1, "ownerAdvertisedAddress": "http://a",
+            "ownerLocal": true, "state": "opened", "epoch": 1, "startOffset": 0, "endOffset": 5,
+            "closed": false, "contentType": "text/plain", "pendingTransfer": null,
+        });
+        let lines = stream_lines(&body);
+        assert_eq!(
+            lines,
+            [
+                "name=/s id=3 owner=1 address=http://a local=true",
+                "state=opened epoch=1 start=0 end=5 closed=false type=text/plain",
+            ]
+        );
+        body["pendingTransfer"] = json!({"fromNode": 1, "toNode": 2});
+        assert_eq!(stream_lines(&body)[2], "transfer from=1 to=2");
+    }
+
+    #[test]
+    fn error_text_prefers_the_error_field() {
+        let status = reqwest::StatusCode::NOT_FOUND;
+        assert_eq!(
+            error_text(status, br#"{"error":"stream /x not found"}"#),
+            "stream /x not found"
+        );
+        assert_eq!(error_text(status, b"plain words\n"), "plain words");
+        assert_eq!(error_text(status, b""), "Not Found");
+    }
+}

@@ -1,0 +1,575 @@
+//! The dashboard in a real browser: headless Chromium loads the page from a running node, the
+//! page's script polls the admin API, and the rendered DOM must show what the API reports.
+//! Also writes a screenshot to `target/dashboard.png` (with `PICOMQ_UPDATE_DOCS_SCREENSHOT=1`,
+//! to `docs/dashboard.png` as well, the README's picture).
+//!
+//! No WebDriver: `chromium --dump-dom` under `--virtual-time-budget`, which runs the page's
+//! timers on a virtual clock that only advances while no request is pending, so the number of
+//! polls before the dump does not depend on the machine's speed; the screenshot is taken in
+//! real time (see `frame_page`). Skipped, with a note, when Chromium is not installed
+//! (`.ci/run` installs it).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Conn, Server};
+use serde_json::Value;
+
+/// How long one Chromium run may take (start-up on a loaded CI machine included).
+const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
+/// Attempts at a dump that shows the expected state, in case a run dies or misbehaves.
+const ATTEMPTS: usize = 3;
+/// How long the dashboard runs, in real time, before the screenshot.
+const SCREENSHOT_AFTER: Duration = Duration::from_secs(10);
+/// Connections appending (and reading) while the screenshot is taken.
+const LOAD_CONNECTIONS: u64 = 4;
+
+/// `chromium` (Debian) or `chromium-browser` from `PATH`.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+macro_rules! chromium_or_skip {
+    () => {
+        match chromium() {
+            Some(binary) => binary,
+            None => {
+                eprintln!(
+                    "SKIPPED: chromium is not installed (apt-get install chromium); \
+                     the dashboard is not tested in a browser"
+                );
+                return;
+            }
+        }
+    };
+}
+
+/// Runs Chromium headless on `url` with `extra` flags, in a fresh profile directory; its
+/// stdout and stderr. Panics (with Chromium's stderr) if it does not finish in time.
+fn run_chromium(binary: &Path, url: &str, extra: &[String]) -> (String, String) {
+    let dir = tempfile::Builder::new()
+        .prefix("pico-chromium-")
+        .tempdir()
+        .expect("create a profile directory");
+    let stdout_path = dir.path().join("stdout");
+    let stderr_path = dir.path().join("stderr");
+    let mut child = Command::new(binary)
+        .args([
+            "--headless=new",
+            // Tests run as root in CI, where the sandbox cannot start.
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--hide-scrollbars",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.path().join("profile").display()
+        ))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).expect("create stdout file"))
+        .stderr(std::fs::File::create(&stderr_path).expect("create stderr file"))
+        .spawn()
+        .expect("start chromium");
+    let deadline = Instant::now() + BROWSER_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for chromium") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "chromium did not finish within {BROWSER_TIMEOUT:?}; stderr:\n{}",
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(
+        status.success(),
+        "chromium failed ({status}); stderr:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// The DOM after the page's script ran for a few seconds of virtual time; retried until
+/// `done` accepts it.
+fn dump_dom(binary: &Path, server: &Server, url: &str, done: impl Fn(&str) -> bool) -> String {
+    let flags = [
+        "--virtual-time-budget=5000".to_string(),
+        "--dump-dom".into(),
+    ];
+    let (mut dom, mut stderr) = (String::new(), String::new());
+    for _ in 0..ATTEMPTS {
+        (dom, stderr) = run_chromium(binary, url, &flags);
+        if done(&dom) {
+            return dom;
+        }
+    }
+    panic!(
+        "the dashboard never reached the expected state; last DOM:\n{dom}\n\
+         chromium's stderr:\n{stderr}\nserver log:\n{}",
+        server.log()
+    );
+}
+
+fn loaded(dom: &str) -> bool {
+    dom.contains("data-loaded=\"true\"")
+}
+
+// ---- A little DOM reading: Chromium serializes the page the same way every time. ----
+
+/// The start tag of the element with this id, e.g. `<span id="ready" class="pill ok">`.
+fn start_tag<'d>(dom: &'d str, id: &str) -> &'d str {
+    let at = dom
+        .find(&format!(" id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no element #{id} in the DOM:\n{dom}"));
+    let open = dom[..at].rfind('<').expect("a start tag");
+    let close = at + dom[at..].find('>').expect("the end of a start tag");
+    &dom[open..=close]
+}
+
+fn attr(tag: &str, name: &str) -> Option<String> {
+    let marker = format!(" {name}=\"");
+    let from = tag.find(&marker)? + marker.len();
+    let len = tag[from..].find('"')?;
+    Some(unescape(&tag[from..from + len]))
+}
+
+/// The text of an element that holds only text.
+fn text(dom: &str, id: &str) -> String {
+    let tag = start_tag(dom, id);
+    let from = dom.find(tag).expect("the tag is in the DOM") + tag.len();
+    let len = dom[from..].find('<').expect("an end tag");
+    unescape(&dom[from..from + len])
+}
+
+fn unescape(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&nbsp;", "\u{a0}")
+        .replace("&amp;", "&")
+}
+
+/// The body rows of a table: each row's start tag and cell texts.
+fn rows(dom: &str, table_id: &str) -> Vec<(String, Vec<String>)> {
+    let tag = start_tag(dom, table_id);
+    let table = &dom[dom.find(tag).unwrap()..];
+    let table = &table[..table.find("</table>").expect("the end of the table")];
+    let body = &table[table.find("<tbody>").expect("a tbody")..];
+    body.split("<tr")
+        .skip(1)
+        .map(|row| {
+            let tag = format!("<tr{}", &row[..=row.find('>').unwrap()]);
+            let cells = row
+                .split("<td>")
+                .skip(1)
+                .map(|cell| unescape(&cell[..cell.find("</td>").expect("a cell end")]))
+                .collect();
+            (tag, cells)
+        })
+        .collect()
+}
+
+// ---- The page's number formats (app.js), to compare with the API's numbers. ----
+
+/// `Number.toLocaleString("en-US")` of an integer: thousands separated by commas.
+fn fmt_int(value: &Value) -> String {
+    let digits = value
+        .as_u64()
+        .unwrap_or_else(|| panic!("not a count: {value}"))
+        .to_string();
+    let mut groups = Vec::new();
+    let mut end = digits.len();
+    while end > 3 {
+        groups.push(&digits[end - 3..end]);
+        end -= 3;
+    }
+    groups.push(&digits[..end]);
+    groups.reverse();
+    groups.join(",")
+}
+
+/// `fmtBytes`: bytes as they are below 1 KiB, else one decimal in the largest unit.
+fn fmt_bytes(value: &Value) -> String {
+    let mut n = value.as_f64().expect("a byte count");
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut i = 0;
+    while n >= 1024.0 && i < units.len() - 1 {
+        n /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} {}", units[i])
+    } else {
+        format!("{n:.1} {}", units[i])
+    }
+}
+
+fn api(server: &Server, path: &str) -> Value {
+    let response = Conn::connect(server.admin)
+        .and_then(|mut conn| conn.request("GET", path, &[], b""))
+        .unwrap_or_else(|e| panic!("GET {path}: {e}; server log:\n{}", server.log()));
+    response.expect(200);
+    response.json()
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the cli crate is in the workspace")
+        .to_path_buf()
+}
+
+#[test]
+fn the_dashboard_shows_what_the_admin_api_reports() {
+    let browser = chromium_or_skip!();
+    // Two cores, so the cores table has rows to tell apart; no age-based seals, so the
+    // segment count holds still between the API call and the page's.
+    let server = Server::start(&["--cores", "2", "--segment-max-age-ms", "600000"]);
+    let streams: [(&str, &str, &[&str]); 4] = [
+        (
+            "/orders/eu",
+            "text/plain",
+            &["a", "bb", "ccc", "dddd", "eeeee"],
+        ),
+        (
+            "/orders/us",
+            "application/json",
+            &["{\"n\":1}", "{\"n\":2}"],
+        ),
+        ("/logs/app", "text/plain", &["started", "ok", "stopping"]),
+        ("/empty", "application/octet-stream", &[]),
+    ];
+    for (name, content_type, records) in streams {
+        server.put(name, content_type).expect(201);
+        for record in records {
+            server.post(name, record.as_bytes()).expect(200);
+        }
+    }
+    server.get("/orders/eu").expect(200);
+    server.get("/logs/app").expect(200);
+    // The per-core gauges refresh within a moment; wait until they have.
+    let stats = common::wait_for("the stream gauges", Duration::from_secs(10), || {
+        let stats = api(&server, "/admin/stats");
+        (stats["total"]["streams"] == 4 && stats["total"]["reads"] == 2).then_some(stats)
+    });
+    assert_eq!(stats["total"]["recordsAppended"], 10);
+    let cluster = api(&server, "/admin/cluster");
+    let listing = api(&server, "/admin/streams?limit=100");
+
+    let url = format!("http://{}/?interval=200", server.admin);
+    let dom = dump_dom(&browser, &server, &url, loaded);
+
+    // Nothing moved while the page looked: the API answers the same afterwards.
+    let after = api(&server, "/admin/stats");
+    assert_eq!(
+        after["total"], stats["total"],
+        "counters moved during the test"
+    );
+    assert_eq!(api(&server, "/admin/streams?limit=100"), listing);
+
+    // Readiness and identity.
+    assert_eq!(text(&dom, "ready"), "ready");
+    assert_eq!(
+        attr(start_tag(&dom, "ready"), "class").as_deref(),
+        Some("pill ok")
+    );
+    assert_eq!(text(&dom, "node-id"), format!("node {}", cluster["nodeId"]));
+    assert_eq!(
+        text(&dom, "cluster-id"),
+        cluster["clusterId"].as_str().unwrap()
+    );
+    assert_eq!(text(&dom, "advertised"), format!("http://{}", server.addr));
+    assert_eq!(text(&dom, "cores"), "2 cores");
+    assert!(
+        text(&dom, "status").starts_with("updated "),
+        "{}",
+        text(&dom, "status")
+    );
+
+    // Cards and counters.
+    assert_eq!(text(&dom, "stream-count"), fmt_int(&cluster["streamCount"]));
+    assert_eq!(text(&dom, "stream-count"), "4");
+    assert_eq!(text(&dom, "object-count"), fmt_int(&cluster["objectCount"]));
+    assert_eq!(
+        text(&dom, "upload-backlog"),
+        fmt_bytes(&stats["total"]["uploadBacklogBytes"])
+    );
+    assert_eq!(
+        text(&dom, "records-appended"),
+        fmt_int(&stats["total"]["recordsAppended"])
+    );
+    assert!(
+        text(&dom, "uptime").ends_with('s'),
+        "{}",
+        text(&dom, "uptime")
+    );
+    // Rates need two polls; with the traffic over they are all zero.
+    for id in ["append-rate", "read-rate"] {
+        assert_eq!(text(&dom, id), "0", "#{id}");
+    }
+    for id in ["bytes-in-rate", "bytes-out-rate"] {
+        assert_eq!(text(&dom, id), "0.00", "#{id}");
+    }
+
+    // One row per core, with that core's counters.
+    let cores = rows(&dom, "cores-table");
+    let api_cores = stats["cores"].as_array().unwrap();
+    assert_eq!(cores.len(), api_cores.len());
+    for ((tag, cells), core) in cores.iter().zip(api_cores) {
+        assert_eq!(attr(tag, "data-core"), Some(core["core"].to_string()));
+        assert_eq!(cells.len(), 9, "{cells:?}");
+        let expected = [
+            core["core"].to_string(),
+            fmt_int(&core["streams"]),
+            fmt_int(&core["appends"]),
+            fmt_int(&core["recordsAppended"]),
+            fmt_int(&core["reads"]),
+        ];
+        assert_eq!(cells[..5], expected, "core {}", core["core"]);
+        assert_eq!(cells[7], fmt_bytes(&core["uploadBacklogBytes"]));
+    }
+    let column_sum = |column: usize| -> u64 {
+        cores
+            .iter()
+            .map(|(_, c)| c[column].parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(column_sum(1), 4, "streams over the cores");
+    assert_eq!(column_sum(3), 10, "records over the cores");
+
+    // One row per stream, in the API's order, with its offsets.
+    let table = rows(&dom, "streams-table");
+    let api_streams = listing["streams"].as_array().unwrap();
+    assert_eq!(table.len(), 4);
+    assert_eq!(table.len(), api_streams.len());
+    for ((tag, cells), stream) in table.iter().zip(api_streams) {
+        let name = stream["name"].as_str().unwrap();
+        assert_eq!(attr(tag, "data-name").as_deref(), Some(name));
+        assert_eq!(
+            attr(tag, "data-next"),
+            Some(stream["endOffset"].to_string())
+        );
+        let expected = [
+            name.to_string(),
+            stream["contentType"].as_str().unwrap().to_string(),
+            fmt_int(&stream["startOffset"]),
+            fmt_int(&stream["endOffset"]),
+            "no".to_string(),
+        ];
+        assert_eq!(cells[..], expected, "{name}");
+    }
+    let next_of = |name: &str| {
+        table
+            .iter()
+            .find(|(tag, _)| attr(tag, "data-name").as_deref() == Some(name))
+            .and_then(|(tag, _)| attr(tag, "data-next"))
+    };
+    assert_eq!(next_of("/orders/eu").as_deref(), Some("5"));
+    assert_eq!(next_of("/orders/us").as_deref(), Some("2"));
+    assert_eq!(next_of("/logs/app").as_deref(), Some("3"));
+    assert_eq!(next_of("/empty").as_deref(), Some("0"));
+    assert_eq!(attr(start_tag(&dom, "more"), "hidden").as_deref(), Some(""));
+    // No stream is selected, so the detail panel stays hidden.
+    assert!(attr(start_tag(&dom, "detail"), "hidden").is_some());
+
+    screenshot_under_load(&browser, &server);
+}
+
+/// The README's picture: the page while a writer and a reader keep the node busy, so the
+/// rates and the chart show something.
+fn screenshot_under_load(browser: &Path, server: &Server) {
+    let stop = Arc::new(AtomicBool::new(false));
+    // Several writers, so group commits carry several appends each.
+    let load: Vec<_> = (0..LOAD_CONNECTIONS)
+        .map(|writer| {
+            let stop = Arc::clone(&stop);
+            let addr = server.addr;
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut conn = Conn::connect(addr).map_err(|e| format!("connect: {e}"))?;
+                let deadline = Instant::now() + BROWSER_TIMEOUT * 2;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    n += 1;
+                    let body = format!("{{\"writer\":{writer},\"n\":{n}}}");
+                    let r = conn.request("POST", "/orders/us", &[], body.as_bytes());
+                    let status = r.map_err(|e| format!("append {n}: {e}"))?.status;
+                    if status != 200 {
+                        return Err(format!("append {n}: status {status}"));
+                    }
+                    // A read after every other append.
+                    if n & 1 == 0 {
+                        let r = conn.request("GET", "/orders/us?seq=0&bytes=4096", &[], b"");
+                        let status = r.map_err(|e| format!("read {n}: {e}"))?.status;
+                        if status != 200 {
+                            return Err(format!("read {n}: status {status}"));
+                        }
+                    }
+                }
+                Ok(n)
+            })
+        })
+        .collect();
+    let target = workspace_root().join("target").join("dashboard.png");
+    std::fs::create_dir_all(target.parent().unwrap()).expect("create target/");
+    let _ = std::fs::remove_file(&target);
+    let frame = frame_page(
+        &format!("http://{}/?interval=100", server.admin),
+        SCREENSHOT_AFTER,
+    );
+    run_chromium(
+        browser,
+        &frame,
+        &[
+            // Tall enough for the whole page with a few streams, and no more.
+            "--window-size=1280,960".into(),
+            format!("--screenshot={}", target.display()),
+        ],
+    );
+    stop.store(true, Ordering::Relaxed);
+    for writer in load {
+        if let Err(e) = writer.join().expect("a load thread") {
+            panic!("the load failed: {e}; server log:\n{}", server.log());
+        }
+    }
+    let png = std::fs::read(&target).expect("the screenshot was written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    // A blank page compresses to a few KiB; the rendered dashboard does not.
+    assert!(
+        png.len() > 20_000,
+        "suspiciously small screenshot: {} bytes",
+        png.len()
+    );
+    eprintln!("dashboard screenshot: {}", target.display());
+    if std::env::var_os("PICOMQ_UPDATE_DOCS_SCREENSHOT").is_some() {
+        let docs = workspace_root().join("docs").join("dashboard.png");
+        std::fs::copy(&target, &docs).expect("copy the screenshot to docs/");
+        eprintln!("updated {}", docs.display());
+    }
+}
+
+/// A page showing `url` in a frame the size of the window, whose load event (and so
+/// Chromium's `--screenshot`) waits `hold` of real time for an image that answers late.
+///
+/// Virtual time suits the DOM checks, but there the page's polls run back to back, a few
+/// milliseconds of real time apart, and the rates it computes between them are noise; a
+/// picture of the dashboard at work needs the polls at their real interval.
+fn frame_page(url: &str, hold: Duration) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the frame page listener");
+    let address = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let page = format!(
+        "<!doctype html><body style=\"margin:0\">\
+         <iframe src=\"{url}\" style=\"border:0;display:block;width:100vw;height:100vh\"></iframe>\
+         <img src=\"/hold\" alt=\"\" style=\"display:none\"></body>"
+    );
+    std::thread::spawn(move || {
+        // Serves for as long as a Chromium run may take, then lets go of the port.
+        let deadline = Instant::now() + BROWSER_TIMEOUT;
+        while Instant::now() < deadline {
+            let Ok((socket, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let page = page.clone();
+            std::thread::spawn(move || serve_frame_request(socket, &page, hold));
+        }
+    });
+    format!("http://{address}/")
+}
+
+fn serve_frame_request(mut socket: TcpStream, page: &str, hold: Duration) {
+    let _ = socket.set_nonblocking(false);
+    let _ = socket.set_read_timeout(Some(BROWSER_TIMEOUT));
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 2048];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match socket.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let response = if head.starts_with(b"GET /hold ") {
+        std::thread::sleep(hold);
+        "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n".to_string()
+    } else if head.starts_with(b"GET / ") {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+            page.len()
+        )
+    } else {
+        "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+    };
+    let _ = socket.write_all(response.as_bytes());
+}
+
+#[test]
+fn with_auth_the_page_takes_the_admin_token_from_the_url() {
+    let browser = chromium_or_skip!();
+    let files = tempfile::tempdir().unwrap();
+    let tokens = files.path().join("tokens");
+    std::fs::write(&tokens, "ops-token / admin\nwriter-token / read,append\n").unwrap();
+    let tokens_arg = tokens.display().to_string();
+    let server = Server::start(&[
+        "--cores",
+        "1",
+        "--auth",
+        "required",
+        "--auth-tokens",
+        &tokens_arg,
+    ]);
+    let base = format!("http://{}/?interval=200", server.admin);
+    let failed = |dom: &str| text(dom, "status").starts_with("error: ");
+
+    // No token: the page loads (it is public) but its data does not.
+    let dom = dump_dom(&browser, &server, &base, failed);
+    assert!(!loaded(&dom));
+    assert_eq!(text(&dom, "ready"), "unreachable");
+    assert_eq!(
+        text(&dom, "status"),
+        "error: /admin/cluster: 401 a valid bearer token is required"
+    );
+    // A token without the admin grant.
+    let dom = dump_dom(
+        &browser,
+        &server,
+        &format!("{base}#token=writer-token"),
+        failed,
+    );
+    assert_eq!(
+        text(&dom, "status"),
+        "error: /admin/cluster: 403 an admin token is required"
+    );
+    // The admin token.
+    let dom = dump_dom(
+        &browser,
+        &server,
+        &format!("{base}#token=ops-token"),
+        loaded,
+    );
+    assert_eq!(text(&dom, "ready"), "ready");
+    assert_eq!(text(&dom, "stream-count"), "0");
+    assert_eq!(rows(&dom, "cores-table").len(), 1);
+    // The token stays out of the page itself.
+    assert!(!dom.contains("ops-token"), "the token is in the DOM");
+}
