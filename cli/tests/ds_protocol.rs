@@ -8,18 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{read_all, Conn, Resp, Server};
-
-fn ds(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-    Conn::connect(addr)
-        .expect("connect to the Durable Streams listener")
-        .request(method, path, headers, body)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-fn ds_read(addr: SocketAddr, path: &str, offset: &str) -> Resp {
-    ds(addr, "GET", &format!("{path}?offset={offset}"), &[], b"")
-}
+use common::{ds, ds_read, read_all, Server};
 
 /// Both protocols on one node: `--listen` speaks Pico, `--ds-listen` Durable Streams.
 fn dual_server() -> (Server, SocketAddr) {

@@ -4,23 +4,34 @@
 //! catalog ("segment X holds stream S offsets a..b at bytes p..q"). It is written per stream
 //! lifecycle event and per sealed segment, **never per append**.
 //!
-//! The store runs on its own plain thread (rusqlite's `Connection` is blocking and must never
-//! run on a glommio executor). Callers talk to it through [`MetaStore`], a cheap `Clone + Send`
+//! The log lives in SQLite (`sqlite:<path>`, one file next to the node) or PostgreSQL
+//! (`postgres://…`, a server several nodes can share). Both backends behave the same; only the
+//! SQL they run differs.
+//!
+//! The store runs on its own plain thread (rusqlite's `Connection` and the synchronous
+//! `postgres` client are blocking and must never run on a glommio executor). Callers talk to it through [`MetaStore`], a cheap `Clone + Send`
 //! handle that sends commands over a crossbeam channel; every call returns a
 //! `futures_channel::oneshot::Receiver` so an async caller on any executor can await the
 //! answer without blocking its thread. The thread group-commits: it drains every command that
-//! is waiting, applies them all in one SQLite transaction, then answers them in order.
+//! is waiting, applies them all in one transaction, then answers them in order.
 //!
-//! Module map: [`MetaUrl`] parsing lives here, the SQL schema and its migrations in `schema`,
-//! the packed run format in `runs`, the packed producer-state format in `producers`, the thread
-//! and its handle in `store`.
+//! Module map: [`MetaUrl`] parsing lives here; the thread, its handle and everything both
+//! backends share in `store`; what a backend must do in `backend`; SQLite in `sqlite` (its schema
+//! and migrations in `schema`), Postgres in `pg`; the packed run format in `runs`, the packed
+//! producer-state format in `producers`; test support (a fresh Postgres database per test) in
+//! `testing`.
 
 use std::path::PathBuf;
 
+mod backend;
+mod pg;
 mod producers;
 mod runs;
 mod schema;
+mod sqlite;
 mod store;
+#[doc(hidden)]
+pub mod testing;
 
 pub use store::MetaStore;
 pub use store::MAX_BATCH_COMMANDS;
@@ -147,7 +158,8 @@ pub enum MetaUrl {
     SqliteMemory,
     /// `sqlite:<path>` or `sqlite://<path>`; the parent directory is created.
     SqliteFile(PathBuf),
-    /// `postgres://…` or `postgresql://…` (the cluster work implements it).
+    /// `postgres://…` or `postgresql://…`, a libpq-style URL (`user:password@host:port/db`,
+    /// query parameters such as `connect_timeout` or `options` included).
     Postgres(String),
 }
 
@@ -158,7 +170,8 @@ pub enum MetaError {
     BadUrl(String),
     /// The backend is not available in this build or configuration.
     Unsupported(String),
-    /// SQLite (or the filesystem) failed; the message carries the cause.
+    /// The database (SQLite, the filesystem, Postgres or the connection to it) failed; the
+    /// message carries the cause.
     Storage(String),
     /// The metadata thread is gone (shutting down or crashed).
     Closed,

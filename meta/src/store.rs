@@ -1,17 +1,20 @@
 //! The metadata thread and its handle, [`MetaStore`].
 //!
 //! ```text
-//!  any thread / executor                       pico-meta thread (owns the Connection)
+//!  any thread / executor                       pico-meta thread (owns the connection)
 //!  MetaStore::create_stream ──┐
 //!  MetaStore::commit_segment ─┼─ crossbeam ──▶ recv() one command, try_recv() the rest (≤ 1024)
-//!  MetaStore::close_stream ───┤   (unbounded)   BEGIN IMMEDIATE
+//!  MetaStore::close_stream ───┤   (unbounded)   BEGIN (SQLite: IMMEDIATE)
 //!  MetaStore::trim_stream ────┘
 //!                                                 SAVEPOINT / apply / RELEASE   per command
 //!        ◀──────── oneshot, in order ───────────  COMMIT (one fsync for the whole batch)
 //! ```
+//!
+//! Everything here is the same for SQLite and Postgres; the SQL itself is behind
+//! [`Backend`] (`sqlite.rs`, `pg.rs`).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::thread::JoinHandle;
@@ -19,15 +22,17 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Receiver;
 use crossbeam_channel::Sender;
 use futures_channel::oneshot;
-use rusqlite::params;
-use rusqlite::Connection;
-use rusqlite::OptionalExtension;
-use rusqlite::TransactionBehavior;
 
+use crate::backend;
+use crate::backend::Backend;
+use crate::backend::EntryColumns;
+use crate::backend::NewStream;
+use crate::backend::StreamColumns;
+use crate::backend::StreamUpdate;
+use crate::pg::Postgres;
 use crate::producers;
 use crate::runs;
-use crate::schema;
-use crate::schema::storage;
+use crate::sqlite::Sqlite;
 use crate::CreateOutcome;
 use crate::ForkRow;
 use crate::MetaError;
@@ -126,29 +131,47 @@ impl MetaStore {
     /// Opens (creating if needed) the metadata log, migrates it, loads the startup [`Snapshot`]
     /// and starts the `pico-meta` thread.
     ///
-    /// Blocking (SQLite I/O): call it at startup, before the executors run, not from one.
+    /// Blocking (SQLite I/O, or connecting to Postgres): call it at startup, before the
+    /// executors run, not from one. The connection is made on the metadata thread itself, which
+    /// owns it from then on.
     pub fn open(url: &MetaUrl) -> Result<(MetaStore, Snapshot), MetaError> {
-        let mut conn = match url {
-            MetaUrl::SqliteMemory => {
-                Connection::open_in_memory().map_err(storage("open in-memory SQLite"))?
-            }
-            MetaUrl::SqliteFile(path) => open_file(path)?,
-            MetaUrl::Postgres(_) => {
-                return Err(MetaError::Unsupported(
-                    "postgres metadata is not available yet; use sqlite:<path>".to_string(),
-                ))
-            }
-        };
-        schema::configure(&conn, matches!(url, MetaUrl::SqliteMemory))?;
-        schema::migrate(&mut conn)?;
-        let snapshot = load_snapshot(&conn)?;
+        let url = url.clone();
+        let (ready, started) = mpsc::sync_channel(1);
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name(THREAD_NAME.to_string())
-            .spawn(move || run(conn, receiver))
+            .spawn(move || {
+                let opened = open_backend(&url).and_then(|mut db| {
+                    let snapshot = startup_snapshot(db.as_mut())?;
+                    Ok((db, snapshot))
+                });
+                match opened {
+                    Ok((db, snapshot)) => {
+                        // `open` waits for this answer, so the send cannot fail.
+                        let _ = ready.send(Ok(snapshot));
+                        run(db, receiver);
+                    }
+                    Err(error) => {
+                        let _ = ready.send(Err(error));
+                    }
+                }
+            })
             .map_err(|error| {
                 MetaError::Storage(format!("spawn the {THREAD_NAME} thread: {error}"))
             })?;
+        let snapshot = match started.recv() {
+            Ok(Ok(snapshot)) => snapshot,
+            Ok(Err(error)) => {
+                let _ = thread.join();
+                return Err(error);
+            }
+            Err(mpsc::RecvError) => {
+                let _ = thread.join();
+                return Err(MetaError::Storage(format!(
+                    "the {THREAD_NAME} thread panicked while opening the metadata log"
+                )));
+            }
+        };
         let inner = Inner {
             commands,
             thread: Mutex::new(Some(thread)),
@@ -227,7 +250,7 @@ impl MetaStore {
     /// Idempotent; an unknown id is `Ok`, like [`MetaStore::close_stream`].
     ///
     /// Rejected (as [`MetaError::Storage`], nothing written) when `start_offset` exceeds
-    /// `i64::MAX`, the largest integer SQLite stores.
+    /// `i64::MAX`, the largest integer the databases store.
     pub fn trim_stream(&self, id: u64, start_offset: u64) -> Reply<()> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Trim {
@@ -338,23 +361,33 @@ impl Drop for Inner {
     }
 }
 
-/// Opens a SQLite file, creating its parent directory first (SQLite creates the file, not the
-/// directories above it).
-fn open_file(path: &Path) -> Result<Connection, MetaError> {
-    if let Some(parent) = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent).map_err(|error| {
-            MetaError::Storage(format!("create directory {}: {error}", parent.display()))
-        })?;
+/// Connects to the database of `url` and brings its schema up to date.
+fn open_backend(url: &MetaUrl) -> Result<Box<dyn Backend>, MetaError> {
+    Ok(match url {
+        MetaUrl::SqliteMemory => Box::new(Sqlite::open_in_memory()?),
+        MetaUrl::SqliteFile(path) => Box::new(Sqlite::open(path)?),
+        MetaUrl::Postgres(_) => Box::new(Postgres::open(url)?),
+    })
+}
+
+/// The startup snapshot, read in one read transaction so it is one consistent state even while
+/// another node writes.
+fn startup_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
+    db.begin_read()
+        .map_err(|why| MetaError::Storage(format!("begin snapshot: {why}")))?;
+    let snapshot = load_snapshot(db).and_then(|snapshot| {
+        db.execute_batch(backend::COMMIT)
+            .map_err(|why| MetaError::Storage(format!("end snapshot: {why}")))?;
+        Ok(snapshot)
+    });
+    if snapshot.is_err() {
+        db.rollback();
     }
-    Connection::open(path)
-        .map_err(|error| MetaError::Storage(format!("open {}: {error}", path.display())))
+    snapshot
 }
 
 /// The thread's loop: block for one command, drain what else is queued, apply as one batch.
-fn run(mut conn: Connection, receiver: Receiver<Command>) {
+fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
     let mut batch = Vec::with_capacity(MAX_BATCH_COMMANDS);
     // `recv` fails only when every handle is gone and the queue is empty: nothing left to do.
     while let Ok(first) = receiver.recv() {
@@ -369,7 +402,7 @@ fn run(mut conn: Connection, receiver: Receiver<Command>) {
             .iter()
             .position(|command| matches!(command, Command::Shutdown));
         let after_shutdown = shutdown_at.map(|at| batch.split_off(at));
-        apply_batch(&mut conn, std::mem::take(&mut batch));
+        apply_batch(db.as_mut(), std::mem::take(&mut batch));
         if let Some(rest) = after_shutdown {
             // Commands that raced the shutdown: answered, never silently dropped.
             rest.into_iter().for_each(answer_closed);
@@ -436,15 +469,16 @@ impl Pending {
 ///
 /// Each command runs inside its own savepoint, so one failing command (a bad segment record, a
 /// constraint) is rolled back alone and the others still commit. Only a failure of the
-/// transaction itself (BEGIN, COMMIT, an I/O error that made SQLite abandon the transaction)
-/// fails every command of the batch.
-fn apply_batch(conn: &mut Connection, batch: Vec<Command>) {
+/// transaction itself (BEGIN, COMMIT, an I/O error that made SQLite abandon the transaction, a
+/// lost connection to Postgres) fails every command of the batch.
+fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) {
     if batch.is_empty() {
         return;
     }
     let mut pending = Vec::with_capacity(batch.len());
-    let outcome = apply_in_transaction(conn, batch, &mut pending);
+    let outcome = apply_in_transaction(db, batch, &mut pending);
     if let Err(why) = outcome {
+        db.rollback();
         log::error!("metadata batch of {} commands failed: {why}", pending.len());
         pending.iter_mut().for_each(|entry| entry.fail(&why));
     }
@@ -456,45 +490,40 @@ fn apply_batch(conn: &mut Connection, batch: Vec<Command>) {
 }
 
 /// The transactional part of [`apply_batch`]. Every command of `batch` ends up in `pending`,
-/// even on error, so every caller gets an answer.
+/// even on error, so every caller gets an answer; on error the transaction is still open (the
+/// caller rolls it back).
 fn apply_in_transaction(
-    conn: &mut Connection,
+    db: &mut dyn Backend,
     batch: Vec<Command>,
     pending: &mut Vec<Pending>,
 ) -> Result<(), String> {
     let mut commands = batch.into_iter();
-    // IMMEDIATE takes the write lock now instead of at the first write, so a concurrent reader
-    // cannot turn it into a mid-batch SQLITE_BUSY.
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
-        Ok(tx) => tx,
-        Err(error) => return abandon(pending, commands, format!("begin transaction: {error}")),
-    };
+    if let Err(error) = db.begin() {
+        return abandon(pending, commands, format!("begin transaction: {error}"));
+    }
     while let Some(command) = commands.next() {
-        let mut savepoint = match tx.savepoint() {
-            Ok(savepoint) => savepoint,
-            Err(error) => {
-                let rest = std::iter::once(command).chain(commands);
-                return abandon(pending, rest, format!("savepoint: {error}"));
-            }
-        };
-        let entry = apply_command(&savepoint, command);
+        if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
+            let rest = std::iter::once(command).chain(commands);
+            return abandon(pending, rest, format!("savepoint: {error}"));
+        }
+        let entry = apply_command(db, command);
         let settled = if entry.is_ok() {
-            savepoint.commit()
+            db.execute_batch(backend::RELEASE)
         } else {
-            savepoint.rollback().and_then(|()| savepoint.commit())
+            db.execute_batch(backend::ROLL_BACK_COMMAND)
         };
         pending.push(entry);
         if let Err(error) = settled {
             return abandon(pending, commands, format!("settle savepoint: {error}"));
         }
-        // Some errors (SQLITE_FULL, SQLITE_IOERR) make SQLite roll the whole transaction back;
+        // Some errors (SQLITE_FULL, SQLITE_IOERR, a lost connection) end the whole transaction;
         // then earlier commands are gone too and must not be reported as committed.
-        if tx.is_autocommit() {
-            let why = "SQLite rolled the transaction back after an error".to_string();
+        if let Some(why) = db.transaction_lost() {
             return abandon(pending, commands, why);
         }
     }
-    tx.commit().map_err(|error| format!("commit: {error}"))
+    db.execute_batch(backend::COMMIT)
+        .map_err(|error| format!("commit: {error}"))
 }
 
 /// Gives every command not yet applied the batch's error; returns that error for
@@ -539,7 +568,7 @@ fn answer_closed(command: Command) {
     };
 }
 
-fn apply_command(conn: &Connection, command: Command) -> Pending {
+fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
     match command {
         Command::Create {
             name,
@@ -547,123 +576,164 @@ fn apply_command(conn: &Connection, command: Command) -> Pending {
             fork,
             now_ms,
             reply,
-        } => Pending::Create(reply, create(conn, name, config, fork, now_ms)),
-        Command::SoftDelete { id, reply } => Pending::Unit(reply, soft_delete(conn, id)),
-        Command::Delete { id, reply } => Pending::Delete(reply, delete(conn, id)),
-        Command::Close { id, reply } => Pending::Unit(reply, close(conn, id)),
+        } => Pending::Create(reply, create(db, name, config, fork, now_ms)),
+        Command::SoftDelete { id, reply } => {
+            Pending::Unit(reply, update(db, id, StreamUpdate::SoftDelete))
+        }
+        Command::Delete { id, reply } => Pending::Delete(reply, delete(db, id)),
+        Command::Close { id, reply } => Pending::Unit(reply, update(db, id, StreamUpdate::Close)),
         Command::Trim {
             id,
             start_offset,
             reply,
-        } => Pending::Unit(reply, trim(conn, id, start_offset)),
+        } => Pending::Unit(reply, trim(db, id, start_offset)),
         Command::Touch {
             id,
             last_access_ms,
             reply,
-        } => Pending::Unit(reply, touch(conn, id, last_access_ms)),
-        Command::Commit { segment, reply } => Pending::Unit(reply, commit(conn, &segment)),
+        } => Pending::Unit(
+            reply,
+            update(db, id, StreamUpdate::RaiseLastAccess(last_access_ms)),
+        ),
+        Command::Commit { segment, reply } => Pending::Unit(reply, commit(db, &segment)),
         Command::Garbage {
             live,
             sealed_before_ms,
             reply,
         } => Pending::Keys(
             reply,
-            load_snapshot(conn).map(|snapshot| garbage(&snapshot, &live, sealed_before_ms)),
+            load_snapshot(db).map(|snapshot| garbage(&snapshot, &live, sealed_before_ms)),
         ),
-        Command::DropSegments { keys, reply } => Pending::Unit(reply, drop_segments(conn, &keys)),
+        Command::DropSegments { keys, reply } => Pending::Unit(reply, drop_segments(db, &keys)),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }
 }
 
-const SELECT_STREAM: &str = "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, \
-                             created_ms, start_offset, coalesce(last_access_ms, created_ms), \
-                             fork_source, fork_source_id, fork_offset, fork_partial_bytes, \
-                             soft_deleted FROM streams";
+/// `value` as the signed 64-bit integer both databases store, or an error naming `what`.
+fn storable(value: u64, what: impl FnOnce() -> String) -> Result<i64, MetaError> {
+    i64::try_from(value)
+        .map_err(|_| MetaError::Storage(format!("{} {value} is not storable", what())))
+}
 
-fn stream_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamRow> {
+/// A stored integer read back as the `u64` it was written from, or an error naming `what`
+/// (`None`: the column is NULL where it may not be).
+fn unsigned(value: Option<i64>, what: impl FnOnce() -> String) -> Result<u64, MetaError> {
+    match value.map(u64::try_from) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(_)) => Err(MetaError::Storage(format!(
+            "{} is negative ({})",
+            what(),
+            value.unwrap_or_default()
+        ))),
+        None => Err(MetaError::Storage(format!("{} is missing", what()))),
+    }
+}
+
+/// A registry row as the engine sees it.
+fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError> {
+    let StreamColumns {
+        id,
+        name,
+        content_type,
+        ttl_sec,
+        expires_at_ms,
+        closed,
+        created_ms,
+        start_offset,
+        last_access_ms,
+        fork_source,
+        fork_source_id,
+        fork_offset,
+        fork_partial_bytes,
+        soft_deleted,
+    } = columns;
+    let column = |what: &'static str| {
+        let name = &name;
+        move || format!("stream {name:?}: {what}")
+    };
+    let id = unsigned(Some(id), column("id"))?;
+    let start_offset = unsigned(Some(start_offset), column("start_offset"))?;
+    let ttl_sec = match ttl_sec {
+        Some(ttl) => Some(unsigned(Some(ttl), column("ttl_sec"))?),
+        None => None,
+    };
+    let fork = match fork_source {
+        None => None,
+        Some(source) => Some(ForkRow {
+            source,
+            source_id: unsigned(fork_source_id, column("fork_source_id"))?,
+            offset: unsigned(fork_offset, column("fork_offset"))?,
+            partial_bytes: unsigned(fork_partial_bytes, column("fork_partial_bytes"))?,
+        }),
+    };
     Ok(StreamRow {
-        id: row.get(0)?,
-        name: row.get(1)?,
+        id,
+        start_offset,
+        name,
         config: StreamConfig {
-            content_type: row.get(2)?,
-            ttl_sec: row.get(3)?,
-            expires_at_ms: row.get(4)?,
-            closed: row.get(5)?,
+            content_type,
+            ttl_sec,
+            expires_at_ms,
+            closed,
         },
-        created_ms: row.get(6)?,
-        start_offset: row.get(7)?,
-        last_access_ms: row.get(8)?,
-        fork: match row.get::<_, Option<String>>(9)? {
-            None => None,
-            Some(source) => Some(ForkRow {
-                source,
-                source_id: row.get(10)?,
-                offset: row.get(11)?,
-                partial_bytes: row.get(12)?,
-            }),
-        },
-        soft_deleted: row.get(13)?,
+        created_ms,
+        last_access_ms,
+        fork,
+        soft_deleted,
     })
 }
 
 fn create(
-    conn: &Connection,
+    db: &mut dyn Backend,
     name: String,
     config: StreamConfig,
     fork: Option<ForkRow>,
     now_ms: i64,
 ) -> Result<CreateOutcome, MetaError> {
-    let existing = conn
-        .query_row(
-            &format!("{SELECT_STREAM} WHERE name = ?1"),
-            [&name],
-            stream_row,
-        )
-        .optional()
-        .map_err(storage("look up stream"))?;
-    if let Some(row) = existing {
-        return Ok(CreateOutcome {
-            row,
-            created: false,
-        });
+    let existing = |row| CreateOutcome {
+        row,
+        created: false,
+    };
+    if let Some(columns) = db.find_stream(&name)? {
+        return Ok(existing(stream_row(columns)?));
     }
-    let storable = |value: u64, what: &str| {
-        i64::try_from(value)
-            .map_err(|_| MetaError::Storage(format!("fork {what} {value} is not storable")))
+    let ttl_sec = match config.ttl_sec {
+        Some(ttl) => Some(storable(ttl, || "ttl_sec".to_string())?),
+        None => None,
     };
     let fork_columns = match &fork {
         None => (None, None, None, None),
         Some(f) => (
-            Some(f.source.clone()),
-            Some(storable(f.source_id, "source id")?),
-            Some(storable(f.offset, "offset")?),
-            Some(storable(f.partial_bytes, "partial bytes")?),
+            Some(f.source.as_str()),
+            Some(storable(f.source_id, || "fork source id".to_string())?),
+            Some(storable(f.offset, || "fork offset".to_string())?),
+            Some(storable(f.partial_bytes, || {
+                "fork partial bytes".to_string()
+            })?),
         ),
     };
-    conn.execute(
-        "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms,
-                              fork_source, fork_source_id, fork_offset, fork_partial_bytes)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        params![
-            name,
-            config.content_type,
-            config.ttl_sec,
-            config.expires_at_ms,
-            config.closed,
-            now_ms,
-            fork_columns.0,
-            fork_columns.1,
-            fork_columns.2,
-            fork_columns.3
-        ],
-    )
-    .map_err(storage("insert stream"))?;
-    let id = conn.last_insert_rowid();
-    // AUTOINCREMENT starts at 1 and only grows, so a rowid is always positive.
-    assert!(
-        id > 0,
-        "SQLite gave stream {name:?} the non-positive id {id}"
-    );
+    let new = NewStream {
+        name: &name,
+        content_type: &config.content_type,
+        ttl_sec,
+        expires_at_ms: config.expires_at_ms,
+        closed: config.closed,
+        created_ms: now_ms,
+        fork_source: fork_columns.0,
+        fork_source_id: fork_columns.1,
+        fork_offset: fork_columns.2,
+        fork_partial_bytes: fork_columns.3,
+    };
+    let Some(id) = db.insert_stream(&new)? else {
+        // Registered since our look-up by someone else sharing the database (another node on
+        // the same Postgres): theirs is the row, as if it had been there first.
+        let columns = db.find_stream(&name)?.ok_or_else(|| {
+            MetaError::Storage(format!("stream {name:?} was registered and is gone again"))
+        })?;
+        return Ok(existing(stream_row(columns)?));
+    };
+    // Ids start at 1 and only grow (AUTOINCREMENT, an identity column), so they are positive.
+    assert!(id > 0, "stream {name:?} got the non-positive id {id}");
     let row = StreamRow {
         id: id as u64,
         name,
@@ -677,52 +747,32 @@ fn create(
     Ok(CreateOutcome { row, created: true })
 }
 
-fn delete(conn: &Connection, id: u64) -> Result<bool, MetaError> {
+fn delete(db: &mut dyn Backend, id: u64) -> Result<bool, MetaError> {
     let Ok(id) = i64::try_from(id) else {
         return Ok(false); // no row can have an id above i64::MAX
     };
-    let removed = conn
-        .execute("DELETE FROM streams WHERE id = ?1", [id])
-        .map_err(storage("delete stream"))?;
-    Ok(removed > 0)
+    db.delete_stream(id)
 }
 
-fn soft_delete(conn: &Connection, id: u64) -> Result<(), MetaError> {
+/// Close, soft delete, touch: idempotent, and an unknown id is `Ok`.
+fn update(db: &mut dyn Backend, id: u64, update: StreamUpdate) -> Result<(), MetaError> {
     let Ok(id) = i64::try_from(id) else {
         return Ok(()); // unknown id
     };
-    conn.execute("UPDATE streams SET soft_deleted = 1 WHERE id = ?1", [id])
-        .map_err(storage("soft-delete stream"))?;
-    Ok(())
+    db.update_stream(id, update)
 }
 
-fn close(conn: &Connection, id: u64) -> Result<(), MetaError> {
-    let Ok(id) = i64::try_from(id) else {
+fn trim(db: &mut dyn Backend, id: u64, start_offset: u64) -> Result<(), MetaError> {
+    if i64::try_from(id).is_err() {
         return Ok(()); // unknown id
-    };
-    conn.execute("UPDATE streams SET closed = 1 WHERE id = ?1", [id])
-        .map_err(storage("close stream"))?;
-    Ok(())
-}
-
-fn trim(conn: &Connection, id: u64, start_offset: u64) -> Result<(), MetaError> {
-    let Ok(id) = i64::try_from(id) else {
-        return Ok(()); // unknown id
-    };
+    }
     let Ok(start_offset) = i64::try_from(start_offset) else {
         return Err(MetaError::Storage(format!(
             "trim stream {id}: start offset {start_offset} exceeds the largest storable {}",
             i64::MAX
         )));
     };
-    // The two-argument max() is SQLite's scalar function: the larger of the stored and the
-    // given offset, so a trim never moves the start backwards.
-    conn.execute(
-        "UPDATE streams SET start_offset = max(start_offset, ?2) WHERE id = ?1",
-        [id, start_offset],
-    )
-    .map_err(storage("trim stream"))?;
-    Ok(())
+    update(db, id, StreamUpdate::RaiseStart(start_offset))
 }
 
 /// The segments of `snapshot` that no live stream needs (see [`MetaStore::garbage_segments`]).
@@ -751,79 +801,41 @@ pub(crate) fn garbage(
         .collect()
 }
 
-fn drop_segments(conn: &Connection, keys: &[String]) -> Result<(), MetaError> {
-    for key in keys {
-        // The foreign key cascades to the segment's stream entries.
-        conn.execute("DELETE FROM segments WHERE key = ?1", [key])
-            .map_err(storage("drop segment"))?;
-    }
-    Ok(())
+fn drop_segments(db: &mut dyn Backend, keys: &[String]) -> Result<(), MetaError> {
+    // The foreign key cascades to the segment's stream entries.
+    keys.iter().try_for_each(|key| db.delete_segment(key))
 }
 
-fn touch(conn: &Connection, id: u64, last_access_ms: i64) -> Result<(), MetaError> {
-    let Ok(id) = i64::try_from(id) else {
-        return Ok(()); // unknown id
-    };
-    conn.execute(
-        "UPDATE streams SET last_access_ms = max(coalesce(last_access_ms, created_ms), ?2) \
-         WHERE id = ?1",
-        [id, last_access_ms],
-    )
-    .map_err(storage("touch stream"))?;
-    Ok(())
-}
-
-fn commit(conn: &Connection, segment: &SegmentRecord) -> Result<(), MetaError> {
+fn commit(db: &mut dyn Backend, segment: &SegmentRecord) -> Result<(), MetaError> {
     validate_segment(segment)?;
-    // Upsert keeps `seq` (the commit-order position) of an already committed key.
-    let seq: i64 = conn
-        .query_row(
-            "INSERT INTO segments (key, size_bytes, created_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT (key) DO UPDATE
-                SET size_bytes = excluded.size_bytes, created_ms = excluded.created_ms
-             RETURNING seq",
-            params![segment.key, segment.size_bytes, segment.created_ms],
-            |row| row.get(0),
-        )
-        .map_err(storage("insert segment"))?;
-    conn.execute("DELETE FROM segment_streams WHERE segment_seq = ?1", [seq])
-        .map_err(storage("replace segment entries"))?;
-    let mut insert = conn
-        .prepare_cached(
-            "INSERT INTO segment_streams
-                (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed,
-                 producers, closed_by, writer_seq)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        )
-        .map_err(storage("prepare segment entry insert"))?;
-    for (ord, entry) in segment.streams.iter().enumerate() {
+    let key = &segment.key;
+    let mut entries = Vec::with_capacity(segment.streams.len());
+    for entry in &segment.streams {
+        let stream = entry.stream_id;
         // validate_segment checked the id lengths, so neither encoding can fail here.
         let too_long = || {
             MetaError::Storage(format!(
-                "segment {}: stream {}: producer id too long",
-                segment.key, entry.stream_id
+                "segment {key}: stream {stream}: producer id too long"
             ))
         };
-        let producers = producers::encode(&entry.producers).ok_or_else(too_long)?;
         let closed_by = match &entry.closed_by {
             Some(producer) => Some(producers::encode_one(producer).ok_or_else(too_long)?),
             None => None,
         };
-        insert
-            .execute(params![
-                seq,
-                ord as i64,
-                entry.stream_id,
-                runs::encode(&entry.runs),
-                entry.last_timestamp_ms,
-                entry.closed,
-                producers,
-                closed_by,
-                entry.writer_seq,
-            ])
-            .map_err(storage("insert segment entry"))?;
+        entries.push(EntryColumns {
+            stream_id: storable(stream, || format!("segment {key}: stream id"))?,
+            runs: runs::encode(&entry.runs),
+            last_timestamp_ms: entry.last_timestamp_ms,
+            closed: entry.closed,
+            producers: producers::encode(&entry.producers).ok_or_else(too_long)?,
+            closed_by,
+            writer_seq: entry.writer_seq.clone(),
+        });
     }
-    Ok(())
+    let size_bytes = storable(segment.size_bytes, || format!("segment {key}: size"))?;
+    // The upsert keeps `seq` (the commit-order position) of an already committed key.
+    let seq = db.upsert_segment(key, size_bytes, segment.created_ms)?;
+    db.replace_entries(seq, &entries)
 }
 
 /// Checks a segment record against itself before anything is written (see
@@ -905,46 +917,27 @@ fn validate_producers(entry: &SegmentStreamEntry) -> Result<(), String> {
 
 /// Reads everything a node needs at startup: live streams, and every committed segment in
 /// commit order with its entries in the order they were given.
-fn load_snapshot(conn: &Connection) -> Result<Snapshot, MetaError> {
-    let mut streams_query = conn
-        .prepare(&format!("{SELECT_STREAM} ORDER BY id"))
-        .map_err(storage("prepare stream load"))?;
-    let streams = streams_query
-        .query_map([], stream_row)
-        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-        .map_err(storage("load streams"))?;
-
-    let mut segments_query = conn
-        .prepare("SELECT seq, key, size_bytes, created_ms FROM segments ORDER BY seq")
-        .map_err(storage("prepare segment load"))?;
-    let mut segments = segments_query
-        .query_map([], |row| {
-            let seq: i64 = row.get(0)?;
-            let segment = SegmentRecord {
-                key: row.get(1)?,
-                size_bytes: row.get(2)?,
-                created_ms: row.get(3)?,
-                streams: Vec::new(),
-            };
-            Ok((seq, segment))
-        })
-        .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-        .map_err(storage("load segments"))?;
-
-    let mut entries_query = conn
-        .prepare(
-            "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by,
-                    writer_seq
-             FROM segment_streams ORDER BY segment_seq, ord",
-        )
-        .map_err(storage("prepare segment entry load"))?;
-    let mut entries = entries_query
-        .query([])
-        .map_err(storage("load segment entries"))?;
+fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
+    let streams = db
+        .streams()?
+        .into_iter()
+        .map(stream_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut segments = Vec::new();
+    for columns in db.segments()? {
+        let key = columns.key;
+        let size_bytes = unsigned(Some(columns.size_bytes), || format!("segment {key}: size"))?;
+        let segment = SegmentRecord {
+            key,
+            size_bytes,
+            created_ms: columns.created_ms,
+            streams: Vec::new(),
+        };
+        segments.push((columns.seq, segment));
+    }
     // Both lists are sorted by seq, so one forward walk pairs every entry with its segment.
     let mut cursor = 0;
-    while let Some(row) = entries.next().map_err(storage("load segment entries"))? {
-        let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
+    db.for_each_entry(&mut |seq, columns| {
         while cursor < segments.len() && segments[cursor].0 < seq {
             cursor += 1;
         }
@@ -954,39 +947,46 @@ fn load_snapshot(conn: &Connection) -> Result<Snapshot, MetaError> {
                 "segment entry of unknown segment #{seq}"
             )));
         }
-        let key = &segments[cursor].1.key;
-        // Past this point every error names the segment, so an operator knows where to look.
-        let unreadable = |error: rusqlite::Error| {
-            MetaError::Storage(format!("segment {key}: read entry: {error}"))
-        };
-        let stream_id: u64 = row.get(1).map_err(unreadable)?;
-        let damaged = |what: &str, blob: &[u8]| {
-            MetaError::Storage(format!(
-                "segment {key}: stream {stream_id}: damaged {what} ({} bytes)",
-                blob.len()
-            ))
-        };
-        let blob: Vec<u8> = row.get(2).map_err(unreadable)?;
-        let runs = runs::decode(&blob).ok_or_else(|| damaged("runs", &blob))?;
-        let blob: Vec<u8> = row.get(5).map_err(unreadable)?;
-        let producers = producers::decode(&blob).ok_or_else(|| damaged("producers", &blob))?;
-        let closed_by = match row.get::<_, Option<Vec<u8>>>(6).map_err(unreadable)? {
-            Some(blob) => {
-                Some(producers::decode_one(&blob).ok_or_else(|| damaged("closed_by", &blob))?)
-            }
-            None => None,
-        };
-        let entry = SegmentStreamEntry {
-            stream_id,
-            runs,
-            last_timestamp_ms: row.get(3).map_err(unreadable)?,
-            closed: row.get(4).map_err(unreadable)?,
-            producers,
-            closed_by,
-            writer_seq: row.get(7).map_err(unreadable)?,
-        };
-        segments[cursor].1.streams.push(entry);
-    }
+        let segment = &mut segments[cursor].1;
+        let entry = segment_entry(&segment.key, columns)?;
+        segment.streams.push(entry);
+        Ok(())
+    })?;
     let segments = segments.into_iter().map(|(_, segment)| segment).collect();
     Ok(Snapshot { streams, segments })
+}
+
+/// One entry of segment `key` as the engine sees it; every error names the segment, so an
+/// operator knows where to look.
+fn segment_entry(
+    key: &str,
+    columns: Result<EntryColumns, String>,
+) -> Result<SegmentStreamEntry, MetaError> {
+    let columns = columns
+        .map_err(|error| MetaError::Storage(format!("segment {key}: read entry: {error}")))?;
+    let stream_id = unsigned(Some(columns.stream_id), || {
+        format!("segment {key}: stream id")
+    })?;
+    let damaged = |what: &str, blob: &[u8]| {
+        MetaError::Storage(format!(
+            "segment {key}: stream {stream_id}: damaged {what} ({} bytes)",
+            blob.len()
+        ))
+    };
+    let runs = runs::decode(&columns.runs).ok_or_else(|| damaged("runs", &columns.runs))?;
+    let producers = producers::decode(&columns.producers)
+        .ok_or_else(|| damaged("producers", &columns.producers))?;
+    let closed_by = match &columns.closed_by {
+        Some(blob) => Some(producers::decode_one(blob).ok_or_else(|| damaged("closed_by", blob))?),
+        None => None,
+    };
+    Ok(SegmentStreamEntry {
+        stream_id,
+        runs,
+        last_timestamp_ms: columns.last_timestamp_ms,
+        closed: columns.closed,
+        producers,
+        closed_by,
+        writer_seq: columns.writer_seq,
+    })
 }

@@ -51,7 +51,8 @@ impl Server {
         }
     }
 
-    /// The server's data directory (meta.db, objects/, wal/, server.log).
+    /// The server's data directory (meta.db unless the test passed `--meta-url`, objects/,
+    /// wal/, server.log).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -162,6 +163,26 @@ impl Drop for Server {
     }
 }
 
+/// One request to a Durable Streams listener (`server.second`, or `server.addr` under
+/// `--protocol ds`) on a fresh connection.
+pub fn ds(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
+    Conn::connect(addr)
+        .expect("connect to the Durable Streams listener")
+        .request(method, path, headers, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// A Durable Streams read of `path` from `offset` (`-1`: the start).
+pub fn ds_read(addr: SocketAddr, path: &str, offset: &str) -> Resp {
+    ds(addr, "GET", &format!("{path}?offset={offset}"), &[], b"")
+}
+
 /// Runs `pico ARGS` to completion in `dir` with no `PICO_*` (or any other) environment: for
 /// client commands and for `serve` invocations that must fail at startup.
 pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
@@ -185,8 +206,15 @@ fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr, O
     command
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .arg("--meta-url")
-        .arg(format!("sqlite:{}", dir.join("meta.db").display()))
+        .args(if extra_args.iter().any(|a| a == "--meta-url") {
+            // The test names its own metadata log (e.g. postgres:// from PICOMQ_PG_URL).
+            Vec::new()
+        } else {
+            vec![
+                "--meta-url".to_string(),
+                format!("sqlite:{}", dir.join("meta.db").display()),
+            ]
+        })
         .args(if extra_args.iter().any(|a| a == "--storage") {
             // The test names its own bucket (e.g. s3:// against Garage).
             Vec::new()

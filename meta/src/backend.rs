@@ -1,0 +1,231 @@
+//! What the metadata thread needs from a database, whichever it is.
+//!
+//! ```text
+//!   store.rs (shared)                                  one impl per database
+//!   command loop, group commit, savepoints,   ──▶  Backend  ──┬─ sqlite.rs  (rusqlite, a file)
+//!   validation, garbage, blob formats,                        └─ pg.rs      (postgres, a server)
+//!   row ↔ StreamRow / SegmentRecord conversion
+//! ```
+//!
+//! A backend only executes SQL: every decision (what a create returns, which rows a command
+//! touches, how blobs are packed, what a damaged row is) is made once, in `store.rs`, so the
+//! engine cannot tell the backends apart. Integers cross this trait as they are stored (signed
+//! 64-bit); `store.rs` checks every conversion to and from `u64`.
+
+use crate::MetaError;
+
+/// The savepoint every command of a batch runs in (the same SQL on both databases).
+pub(crate) const SAVEPOINT: &str = "SAVEPOINT command";
+/// Keeps a command's writes.
+pub(crate) const RELEASE: &str = "RELEASE SAVEPOINT command";
+/// Undoes a failed command's writes and leaves the batch's transaction usable.
+pub(crate) const ROLL_BACK_COMMAND: &str =
+    "ROLLBACK TO SAVEPOINT command; RELEASE SAVEPOINT command";
+/// Ends a batch.
+pub(crate) const COMMIT: &str = "COMMIT";
+
+/// The registry's columns in [`StreamColumns`] order, for both databases (a macro, so `concat!`
+/// can add the `WHERE` / `ORDER BY` of each use).
+macro_rules! select_stream {
+    () => {
+        "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, created_ms, start_offset,
+                COALESCE(last_access_ms, created_ms), fork_source, fork_source_id, fork_offset,
+                fork_partial_bytes, soft_deleted
+         FROM streams"
+    };
+}
+pub(crate) use select_stream;
+
+/// A [`StreamColumns`] from a row of [`select_stream`]'s columns; `$get` is the client's
+/// fallible by-position getter (`get` of rusqlite, `try_get` of postgres), its error goes to `?`.
+macro_rules! stream_columns {
+    ($row:expr, $get:ident) => {
+        $crate::backend::StreamColumns {
+            id: $row.$get(0)?,
+            name: $row.$get(1)?,
+            content_type: $row.$get(2)?,
+            ttl_sec: $row.$get(3)?,
+            expires_at_ms: $row.$get(4)?,
+            closed: $row.$get(5)?,
+            created_ms: $row.$get(6)?,
+            start_offset: $row.$get(7)?,
+            last_access_ms: $row.$get(8)?,
+            fork_source: $row.$get(9)?,
+            fork_source_id: $row.$get(10)?,
+            fork_offset: $row.$get(11)?,
+            fork_partial_bytes: $row.$get(12)?,
+            soft_deleted: $row.$get(13)?,
+        }
+    };
+}
+pub(crate) use stream_columns;
+
+/// Every segment, in commit order.
+pub(crate) const SELECT_SEGMENTS: &str =
+    "SELECT seq, key, size_bytes, created_ms FROM segments ORDER BY seq";
+
+/// A [`SegmentColumns`] from a row of [`SELECT_SEGMENTS`] (see [`stream_columns`]).
+macro_rules! segment_columns {
+    ($row:expr, $get:ident) => {
+        $crate::backend::SegmentColumns {
+            seq: $row.$get(0)?,
+            key: $row.$get(1)?,
+            size_bytes: $row.$get(2)?,
+            created_ms: $row.$get(3)?,
+        }
+    };
+}
+pub(crate) use segment_columns;
+
+/// Every segment entry, by segment and position; column 0 is the segment's seq.
+pub(crate) const SELECT_ENTRIES: &str =
+    "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by,
+            writer_seq
+     FROM segment_streams ORDER BY segment_seq, ord";
+
+/// An [`EntryColumns`] from a row of [`SELECT_ENTRIES`] (see [`stream_columns`]).
+macro_rules! entry_columns {
+    ($row:expr, $get:ident) => {
+        $crate::backend::EntryColumns {
+            stream_id: $row.$get(1)?,
+            runs: $row.$get(2)?,
+            last_timestamp_ms: $row.$get(3)?,
+            closed: $row.$get(4)?,
+            producers: $row.$get(5)?,
+            closed_by: $row.$get(6)?,
+            writer_seq: $row.$get(7)?,
+        }
+    };
+}
+pub(crate) use entry_columns;
+
+/// One `streams` row as stored. `last_access_ms` is already `created_ms` where the column is
+/// NULL (rows written before migration 3).
+#[derive(Clone, Debug)]
+pub(crate) struct StreamColumns {
+    pub id: i64,
+    pub name: String,
+    pub content_type: String,
+    pub ttl_sec: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    pub closed: bool,
+    pub created_ms: i64,
+    pub start_offset: i64,
+    pub last_access_ms: i64,
+    pub fork_source: Option<String>,
+    pub fork_source_id: Option<i64>,
+    pub fork_offset: Option<i64>,
+    pub fork_partial_bytes: Option<i64>,
+    pub soft_deleted: bool,
+}
+
+/// The columns of a new `streams` row; the others take their defaults.
+pub(crate) struct NewStream<'a> {
+    pub name: &'a str,
+    pub content_type: &'a str,
+    pub ttl_sec: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    pub closed: bool,
+    pub created_ms: i64,
+    pub fork_source: Option<&'a str>,
+    pub fork_source_id: Option<i64>,
+    pub fork_offset: Option<i64>,
+    pub fork_partial_bytes: Option<i64>,
+}
+
+/// One `segments` row.
+pub(crate) struct SegmentColumns {
+    pub seq: i64,
+    pub key: String,
+    pub size_bytes: i64,
+    pub created_ms: i64,
+}
+
+/// One `segment_streams` row without its segment and position, blobs still packed.
+pub(crate) struct EntryColumns {
+    pub stream_id: i64,
+    pub runs: Vec<u8>,
+    pub last_timestamp_ms: i64,
+    pub closed: bool,
+    pub producers: Vec<u8>,
+    pub closed_by: Option<Vec<u8>>,
+    pub writer_seq: Option<String>,
+}
+
+/// A change to one stream row; each only ever moves the row forward.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum StreamUpdate {
+    /// `closed` becomes true.
+    Close,
+    /// `soft_deleted` becomes true.
+    SoftDelete,
+    /// `start_offset` becomes the larger of itself and this.
+    RaiseStart(i64),
+    /// `last_access_ms` (NULL counting as `created_ms`) becomes the larger of itself and this.
+    RaiseLastAccess(i64),
+}
+
+/// The SQL side of the metadata thread. Errors of data statements are [`MetaError::Storage`]
+/// naming what was being done; transaction control reports a bare message that `store.rs`
+/// prefixes.
+pub(crate) trait Backend {
+    /// Starts the transaction of one batch of commands. A backend whose connection can drop
+    /// re-establishes it here (and fails while it cannot).
+    fn begin(&mut self) -> Result<(), String>;
+
+    /// Starts a read-only transaction that sees one consistent state (the startup snapshot).
+    fn begin_read(&mut self) -> Result<(), String>;
+
+    /// Runs statements without parameters or results (savepoints, COMMIT).
+    fn execute_batch(&mut self, sql: &str) -> Result<(), String>;
+
+    /// Ends a transaction that failed, throwing its writes away; best effort (the connection
+    /// may be gone, and then so is the transaction).
+    fn rollback(&mut self);
+
+    /// `Some(why)` when the database has already abandoned the open transaction on its own
+    /// (SQLite does after I/O errors), so the commands applied in it must not be reported
+    /// committed.
+    fn transaction_lost(&mut self) -> Option<String>;
+
+    /// The row named `name`, if any.
+    fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError>;
+
+    /// Inserts a row unless the name is taken (by a row this transaction cannot see yet, too:
+    /// another node's); its new id, or `None` when the name was taken.
+    fn insert_stream(&mut self, stream: &NewStream<'_>) -> Result<Option<i64>, MetaError>;
+
+    /// Deletes row `id`; whether there was one.
+    fn delete_stream(&mut self, id: i64) -> Result<bool, MetaError>;
+
+    /// Applies `update` to row `id` (none: nothing happens).
+    fn update_stream(&mut self, id: i64, update: StreamUpdate) -> Result<(), MetaError>;
+
+    /// Inserts a segment row, or updates the size and time of the row with this key; the
+    /// row's `seq` (kept by an update).
+    fn upsert_segment(
+        &mut self,
+        key: &str,
+        size_bytes: i64,
+        created_ms: i64,
+    ) -> Result<i64, MetaError>;
+
+    /// Replaces every entry of segment `seq` with `entries`, at positions 0, 1, ….
+    fn replace_entries(&mut self, seq: i64, entries: &[EntryColumns]) -> Result<(), MetaError>;
+
+    /// Deletes the segment with this key and its entries.
+    fn delete_segment(&mut self, key: &str) -> Result<(), MetaError>;
+
+    /// Every stream row, by id.
+    fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError>;
+
+    /// Every segment row, by seq.
+    fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError>;
+
+    /// Calls `visit` with every entry, by segment seq then position: the entry's segment seq
+    /// and its columns, or why they could not be read.
+    fn for_each_entry(
+        &mut self,
+        visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError>;
+}

@@ -1,0 +1,266 @@
+//! The SQLite [`Backend`]: one `rusqlite` connection to a file (or memory), schema in `schema.rs`.
+
+use std::path::Path;
+
+use rusqlite::params;
+use rusqlite::Connection;
+use rusqlite::OptionalExtension;
+
+use crate::backend;
+use crate::backend::entry_columns;
+use crate::backend::segment_columns;
+use crate::backend::select_stream;
+use crate::backend::stream_columns;
+use crate::backend::Backend;
+use crate::backend::EntryColumns;
+use crate::backend::NewStream;
+use crate::backend::SegmentColumns;
+use crate::backend::StreamColumns;
+use crate::backend::StreamUpdate;
+use crate::schema;
+use crate::schema::storage;
+use crate::MetaError;
+
+pub(crate) struct Sqlite {
+    conn: Connection,
+}
+
+impl Sqlite {
+    /// Opens (creating it and its parent directory if needed) and migrates a database file.
+    pub(crate) fn open(path: &Path) -> Result<Sqlite, MetaError> {
+        // SQLite creates the file, not the directories above it.
+        if let Some(parent) = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(parent).map_err(|error| {
+                MetaError::Storage(format!("create directory {}: {error}", parent.display()))
+            })?;
+        }
+        let conn = Connection::open(path)
+            .map_err(|error| MetaError::Storage(format!("open {}: {error}", path.display())))?;
+        Sqlite::prepare(conn, false)
+    }
+
+    /// A fresh database in memory (gone with the process).
+    pub(crate) fn open_in_memory() -> Result<Sqlite, MetaError> {
+        let conn = Connection::open_in_memory().map_err(storage("open in-memory SQLite"))?;
+        Sqlite::prepare(conn, true)
+    }
+
+    fn prepare(mut conn: Connection, in_memory: bool) -> Result<Sqlite, MetaError> {
+        schema::configure(&conn, in_memory)?;
+        schema::migrate(&mut conn)?;
+        Ok(Sqlite { conn })
+    }
+}
+
+fn stream_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamColumns> {
+    Ok(stream_columns!(row, get))
+}
+
+impl Backend for Sqlite {
+    fn begin(&mut self) -> Result<(), String> {
+        // IMMEDIATE takes the write lock now instead of at the first write, so a concurrent
+        // reader cannot turn it into a mid-batch SQLITE_BUSY.
+        self.execute_batch("BEGIN IMMEDIATE")
+    }
+
+    fn begin_read(&mut self) -> Result<(), String> {
+        self.execute_batch("BEGIN")
+    }
+
+    fn execute_batch(&mut self, sql: &str) -> Result<(), String> {
+        self.conn
+            .execute_batch(sql)
+            .map_err(|error| error.to_string())
+    }
+
+    fn rollback(&mut self) {
+        if !self.conn.is_autocommit() {
+            if let Err(error) = self.conn.execute_batch("ROLLBACK") {
+                log::error!("metadata: roll back: {error}");
+            }
+        }
+    }
+
+    fn transaction_lost(&mut self) -> Option<String> {
+        self.conn
+            .is_autocommit()
+            .then(|| "SQLite rolled the transaction back after an error".to_string())
+    }
+
+    fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError> {
+        self.conn
+            .prepare_cached(concat!(select_stream!(), " WHERE name = ?1"))
+            .and_then(|mut query| query.query_row([name], stream_columns).optional())
+            .map_err(storage("look up stream"))
+    }
+
+    fn insert_stream(&mut self, stream: &NewStream<'_>) -> Result<Option<i64>, MetaError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed,
+                                      created_ms, fork_source, fork_source_id, fork_offset,
+                                      fork_partial_bytes)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (name) DO NOTHING
+                 RETURNING id",
+            )
+            .and_then(|mut insert| {
+                insert
+                    .query_row(
+                        params![
+                            stream.name,
+                            stream.content_type,
+                            stream.ttl_sec,
+                            stream.expires_at_ms,
+                            stream.closed,
+                            stream.created_ms,
+                            stream.fork_source,
+                            stream.fork_source_id,
+                            stream.fork_offset,
+                            stream.fork_partial_bytes
+                        ],
+                        |row| row.get(0),
+                    )
+                    .optional()
+            })
+            .map_err(storage("insert stream"))
+    }
+
+    fn delete_stream(&mut self, id: i64) -> Result<bool, MetaError> {
+        let removed = self
+            .conn
+            .execute("DELETE FROM streams WHERE id = ?1", [id])
+            .map_err(storage("delete stream"))?;
+        Ok(removed > 0)
+    }
+
+    fn update_stream(&mut self, id: i64, update: StreamUpdate) -> Result<(), MetaError> {
+        // The two-argument max() is SQLite's scalar function: the larger of the two.
+        let (sql, value, doing) = match update {
+            StreamUpdate::Close => ("UPDATE streams SET closed = 1 WHERE id = ?1", None, "close"),
+            StreamUpdate::SoftDelete => (
+                "UPDATE streams SET soft_deleted = 1 WHERE id = ?1",
+                None,
+                "soft-delete",
+            ),
+            StreamUpdate::RaiseStart(offset) => (
+                "UPDATE streams SET start_offset = max(start_offset, ?2) WHERE id = ?1",
+                Some(offset),
+                "trim",
+            ),
+            StreamUpdate::RaiseLastAccess(ms) => (
+                "UPDATE streams SET last_access_ms = max(coalesce(last_access_ms, created_ms), ?2) \
+                 WHERE id = ?1",
+                Some(ms),
+                "touch",
+            ),
+        };
+        let result = match value {
+            None => self.conn.execute(sql, [id]),
+            Some(value) => self.conn.execute(sql, [id, value]),
+        };
+        result.map_err(storage(&format!("{doing} stream")))?;
+        Ok(())
+    }
+
+    fn upsert_segment(
+        &mut self,
+        key: &str,
+        size_bytes: i64,
+        created_ms: i64,
+    ) -> Result<i64, MetaError> {
+        self.conn
+            .query_row(
+                "INSERT INTO segments (key, size_bytes, created_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key) DO UPDATE
+                    SET size_bytes = excluded.size_bytes, created_ms = excluded.created_ms
+                 RETURNING seq",
+                params![key, size_bytes, created_ms],
+                |row| row.get(0),
+            )
+            .map_err(storage("insert segment"))
+    }
+
+    fn replace_entries(&mut self, seq: i64, entries: &[EntryColumns]) -> Result<(), MetaError> {
+        self.conn
+            .execute("DELETE FROM segment_streams WHERE segment_seq = ?1", [seq])
+            .map_err(storage("replace segment entries"))?;
+        let mut insert = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO segment_streams
+                    (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed,
+                     producers, closed_by, writer_seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )
+            .map_err(storage("prepare segment entry insert"))?;
+        for (ord, entry) in entries.iter().enumerate() {
+            insert
+                .execute(params![
+                    seq,
+                    ord as i64,
+                    entry.stream_id,
+                    entry.runs,
+                    entry.last_timestamp_ms,
+                    entry.closed,
+                    entry.producers,
+                    entry.closed_by,
+                    entry.writer_seq,
+                ])
+                .map_err(storage("insert segment entry"))?;
+        }
+        Ok(())
+    }
+
+    fn delete_segment(&mut self, key: &str) -> Result<(), MetaError> {
+        self.conn
+            .execute("DELETE FROM segments WHERE key = ?1", [key])
+            .map_err(storage("drop segment"))?;
+        Ok(())
+    }
+
+    fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
+        let mut query = self
+            .conn
+            .prepare(concat!(select_stream!(), " ORDER BY id"))
+            .map_err(storage("prepare stream load"))?;
+        query
+            .query_map([], stream_columns)
+            .and_then(|rows| rows.collect())
+            .map_err(storage("load streams"))
+    }
+
+    fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError> {
+        let mut query = self
+            .conn
+            .prepare(backend::SELECT_SEGMENTS)
+            .map_err(storage("prepare segment load"))?;
+        query
+            .query_map([], |row| Ok(segment_columns!(row, get)))
+            .and_then(|rows| rows.collect())
+            .map_err(storage("load segments"))
+    }
+
+    fn for_each_entry(
+        &mut self,
+        visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
+        let mut query = self
+            .conn
+            .prepare(backend::SELECT_ENTRIES)
+            .map_err(storage("prepare segment entry load"))?;
+        let mut rows = query.query([]).map_err(storage("load segment entries"))?;
+        while let Some(row) = rows.next().map_err(storage("load segment entries"))? {
+            let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
+            let columns = (|| Ok(entry_columns!(row, get)))();
+            visit(
+                seq,
+                columns.map_err(|error: rusqlite::Error| error.to_string()),
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1088 @@
+//! The metadata store's contract, written once and run against every backend: SQLite always,
+//! PostgreSQL when `PICOMQ_PG_URL` names a server (`scripts/pg-up.sh` starts one; without it
+//! the Postgres variants print a skip note and pass).
+//!
+//! Each test is a function of a [`Db`]; `contract!` makes a `sqlite::<name>` and a
+//! `postgres::<name>` test of it. Every Postgres test gets a database of its own (created from
+//! `PICOMQ_PG_URL`, dropped at the end), so the tests run in parallel like the SQLite ones.
+//! Registry semantics, id allocation across restarts and deletes, trims, touches, forks and
+//! soft deletes, the segment catalog round trip (producer state, closes, writer sequences),
+//! garbage, group commit under concurrency, racing creates from two stores, migrations, shutdown.
+//! Below the contract: what only Postgres has (reconnecting, concurrent migration, startup
+//! errors, the same columns as SQLite).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Barrier;
+use std::time::Duration;
+use std::time::Instant;
+
+use futures_lite::future::block_on;
+use pico_meta::testing::PgDatabase;
+use pico_meta::ForkRow;
+use pico_meta::MetaError;
+use pico_meta::MetaStore;
+use pico_meta::MetaUrl;
+use pico_meta::ProducerState;
+use pico_meta::SegmentRecord;
+use pico_meta::SegmentRun;
+use pico_meta::SegmentStreamEntry;
+use pico_meta::Snapshot;
+use pico_meta::StreamConfig;
+use pico_meta::StreamRow;
+
+/// One backend's database, fresh for one test.
+enum Db {
+    Sqlite {
+        // Dropped last: the file outlives the stores.
+        path: PathBuf,
+        _dir: tempfile::TempDir,
+    },
+    Postgres(PgDatabase),
+}
+
+impl Db {
+    fn sqlite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        Db::Sqlite {
+            path: dir.path().join("data").join("meta.db"),
+            _dir: dir,
+        }
+    }
+
+    /// `None` when `PICOMQ_PG_URL` is unset (the skip note is printed).
+    fn postgres(test: &str) -> Option<Db> {
+        PgDatabase::create(test).map(Db::Postgres)
+    }
+
+    fn url(&self) -> MetaUrl {
+        match self {
+            Db::Sqlite { path, .. } => MetaUrl::SqliteFile(path.clone()),
+            Db::Postgres(database) => database.meta_url(),
+        }
+    }
+
+    fn open(&self) -> (MetaStore, Snapshot) {
+        MetaStore::open(&self.url()).expect("open metadata store")
+    }
+
+    fn reopen_snapshot(&self) -> Snapshot {
+        let (store, snapshot) = self.open();
+        store.shutdown();
+        snapshot
+    }
+
+    /// Runs SQL behind the stores' back.
+    fn execute(&self, sql: &str) {
+        match self {
+            Db::Sqlite { path, .. } => rusqlite::Connection::open(path)
+                .and_then(|conn| conn.execute_batch(sql))
+                .unwrap_or_else(|error| panic!("{sql}: {error}")),
+            Db::Postgres(database) => database.execute(sql),
+        }
+    }
+
+    /// A BLOB / BYTEA literal.
+    fn blob(&self, bytes: &[u8]) -> String {
+        let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+        match self {
+            Db::Sqlite { .. } => format!("x'{hex}'"),
+            Db::Postgres(_) => format!("'\\x{hex}'::bytea"),
+        }
+    }
+}
+
+/// Makes `sqlite::$test` and `postgres::$test` of each contract function `$test(&Db)`.
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(&super::Db::sqlite());
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $test() {
+                    if let Some(db) = super::Db::postgres(stringify!($test)) {
+                        super::$test(&db);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    create_duplicate_delete_recreate,
+    ids_are_never_reused_across_reopen,
+    close_is_persistent_and_idempotent,
+    trim_only_raises_and_survives_reopen,
+    touch_only_moves_the_idle_clock_forward_and_survives_reopen,
+    forks_and_soft_deletes_survive_reopen,
+    producer_state_round_trips_through_reopen,
+    damaged_producer_state_is_an_error_naming_the_segment,
+    segments_round_trip_in_commit_order,
+    a_bad_command_does_not_poison_its_batch,
+    group_commit_answers_every_concurrent_call,
+    racing_creates_of_one_name_register_it_once,
+    dropping_the_last_handle_finishes_queued_work,
+    calls_after_shutdown_answer_closed,
+    garbage_is_what_no_live_stream_needs_and_drop_forgets_it,
+    reopening_migrates_nothing_and_a_newer_schema_is_refused,
+);
+
+fn config(content_type: &str) -> StreamConfig {
+    StreamConfig {
+        content_type: content_type.into(),
+        ttl_sec: None,
+        expires_at_ms: None,
+        closed: false,
+    }
+}
+
+/// Awaits a reply: the outer error would mean the thread dropped the answer, which it never may.
+fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
+    block_on(reply).expect("the metadata thread answers every command")
+}
+
+fn run(first: u64, next: u64, start: u64, end: u64) -> SegmentRun {
+    SegmentRun {
+        first_offset: first,
+        next_offset: next,
+        byte_start: start,
+        byte_end: end,
+    }
+}
+
+fn entry(
+    stream_id: u64,
+    runs: Vec<SegmentRun>,
+    last_timestamp_ms: i64,
+    closed: bool,
+) -> SegmentStreamEntry {
+    SegmentStreamEntry {
+        stream_id,
+        runs,
+        last_timestamp_ms,
+        closed,
+        producers: vec![],
+        closed_by: None,
+        writer_seq: None,
+    }
+}
+
+fn producer(id: &str, epoch: u64, seq: u64) -> ProducerState {
+    ProducerState {
+        id: id.into(),
+        epoch,
+        seq,
+    }
+}
+
+fn create_duplicate_delete_recreate(db: &Db) {
+    let (store, snapshot) = db.open();
+    assert_eq!(snapshot, Snapshot::default());
+
+    let json = StreamConfig {
+        content_type: "application/json; charset=utf-8".into(),
+        ttl_sec: Some(60),
+        expires_at_ms: Some(1_900_000_000_000),
+        closed: false,
+    };
+    let first = wait(store.create_stream("/streams/orders", json.clone(), 1_000)).unwrap();
+    assert!(first.created);
+    assert_eq!(first.row.name, "/streams/orders");
+    assert_eq!(first.row.config, json);
+    assert_eq!(first.row.created_ms, 1_000);
+    assert_eq!(first.row.start_offset, 0);
+
+    // Same name again: the existing row comes back untouched, whatever the new config says.
+    let again = wait(store.create_stream("/streams/orders", config("text/plain"), 2_000)).unwrap();
+    assert!(!again.created);
+    assert_eq!(again.row, first.row);
+
+    let other = wait(store.create_stream("/streams/other", config("text/plain"), 3_000)).unwrap();
+    assert!(other.created);
+    assert_ne!(other.row.id, first.row.id);
+
+    // A value neither database can hold is refused, and the name stays free.
+    let huge = StreamConfig {
+        ttl_sec: Some(u64::MAX),
+        ..config("text/plain")
+    };
+    match wait(store.create_stream("/streams/huge", huge, 3_500)) {
+        Err(MetaError::Storage(message)) => assert!(message.contains("ttl_sec"), "{message}"),
+        other => panic!("an unstorable ttl was accepted: {other:?}"),
+    }
+
+    assert!(wait(store.delete_stream(first.row.id)).unwrap());
+    assert!(
+        !wait(store.delete_stream(first.row.id)).unwrap(),
+        "second delete finds nothing"
+    );
+    assert!(!wait(store.delete_stream(9_999)).unwrap());
+    assert!(!wait(store.delete_stream(u64::MAX)).unwrap());
+
+    let recreated =
+        wait(store.create_stream("/streams/orders", config("text/plain"), 4_000)).unwrap();
+    assert!(recreated.created);
+    assert!(
+        recreated.row.id > other.row.id,
+        "a recreated name gets a fresh id"
+    );
+    assert_eq!(recreated.row.config, config("text/plain"));
+    store.shutdown();
+
+    let mut streams = db.reopen_snapshot().streams;
+    streams.sort_by_key(|row| row.id);
+    assert_eq!(streams, vec![other.row, recreated.row]);
+}
+
+fn ids_are_never_reused_across_reopen(db: &Db) {
+    let (store, _) = db.open();
+    let a = wait(store.create_stream("/a", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let b = wait(store.create_stream("/b", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    // Deleting the highest id is the case where plain SQLite rowids would be handed out again.
+    assert!(wait(store.delete_stream(b.id)).unwrap());
+    store.shutdown();
+
+    let (store, snapshot) = db.open();
+    assert_eq!(snapshot.streams, vec![a.clone()]);
+    let c = wait(store.create_stream("/b", config("text/plain"), 2))
+        .unwrap()
+        .row;
+    assert!(c.id > b.id, "id {} reused after {}", c.id, b.id);
+    store.shutdown();
+}
+
+fn close_is_persistent_and_idempotent(db: &Db) {
+    let (store, _) = db.open();
+    let row = wait(store.create_stream("/s", config("application/octet-stream"), 5))
+        .unwrap()
+        .row;
+    wait(store.close_stream(row.id)).unwrap();
+    wait(store.close_stream(row.id)).unwrap();
+    wait(store.close_stream(123_456)).unwrap();
+    wait(store.close_stream(u64::MAX)).unwrap();
+    // A duplicate create reports the stored (closed) config.
+    let again = wait(store.create_stream("/s", config("application/octet-stream"), 6)).unwrap();
+    assert!(!again.created);
+    assert!(again.row.config.closed);
+    store.shutdown();
+
+    let snapshot = db.reopen_snapshot();
+    assert_eq!(snapshot.streams.len(), 1);
+    assert!(snapshot.streams[0].config.closed);
+}
+
+fn trim_only_raises_and_survives_reopen(db: &Db) {
+    let (store, _) = db.open();
+    let row = wait(store.create_stream("/s", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let other = wait(store.create_stream("/other", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    assert_eq!(row.start_offset, 0);
+
+    wait(store.trim_stream(row.id, 10)).unwrap();
+    wait(store.trim_stream(row.id, 10)).unwrap(); // idempotent
+    wait(store.trim_stream(row.id, 4)).unwrap(); // a lower trim is no trim
+    wait(store.trim_stream(row.id, 0)).unwrap();
+    // Unknown ids are fine, as for close.
+    wait(store.trim_stream(987_654, 5)).unwrap();
+    wait(store.trim_stream(u64::MAX, 5)).unwrap();
+    // An offset SQLite cannot hold is refused, and changes nothing.
+    match wait(store.trim_stream(row.id, u64::MAX)) {
+        Err(MetaError::Storage(message)) => assert!(message.contains("trim"), "{message}"),
+        other => panic!("an unstorable offset was accepted: {other:?}"),
+    }
+    // A duplicate create reports the stored start.
+    let again = wait(store.create_stream("/s", config("text/plain"), 2)).unwrap();
+    assert!(!again.created);
+    assert_eq!(again.row.start_offset, 10);
+    store.shutdown();
+
+    let (store, snapshot) = db.open();
+    let starts: Vec<_> = snapshot
+        .streams
+        .iter()
+        .map(|stream| (stream.id, stream.start_offset))
+        .collect();
+    assert_eq!(starts, [(row.id, 10), (other.id, 0)]);
+
+    // Trims queued together (one batch, most likely) still end at the largest.
+    let replies: Vec<_> = [30, 20, i64::MAX as u64, 25]
+        .into_iter()
+        .map(|offset| store.trim_stream(other.id, offset))
+        .collect();
+    replies.into_iter().for_each(|reply| wait(reply).unwrap());
+    store.shutdown();
+    let snapshot = db.reopen_snapshot();
+    assert_eq!(snapshot.streams[1].start_offset, i64::MAX as u64);
+    assert_eq!(snapshot.streams[0].start_offset, 10);
+}
+
+fn producer_state_round_trips_through_reopen(db: &Db) {
+    let (store, _) = db.open();
+    let with_producers = SegmentStreamEntry {
+        producers: vec![
+            producer("", 0, 0),
+            producer("client-a", 2, 17),
+            producer("client-b", u64::MAX, u64::MAX),
+            producer("ζ-unicode", 1, 1),
+        ],
+        closed_by: Some(producer("client-a", 2, 18)),
+        writer_seq: Some("0042".into()),
+        ..entry(1, vec![run(0, 3, 0, 90)], 100, true)
+    };
+    let closed_without_producer = entry(2, vec![run(0, 1, 90, 100)], 101, true);
+    let only_closed_by = SegmentStreamEntry {
+        closed_by: Some(producer("solo", 0, 0)),
+        ..entry(3, vec![], 102, true)
+    };
+    let segment = SegmentRecord {
+        key: "segments/producers.seg".into(),
+        size_bytes: 100,
+        created_ms: 5,
+        streams: vec![
+            with_producers.clone(),
+            closed_without_producer,
+            only_closed_by,
+        ],
+    };
+    wait(store.commit_segment(segment.clone())).unwrap();
+    store.shutdown();
+    assert_eq!(db.reopen_snapshot().segments, vec![segment.clone()]);
+
+    // A re-commit replaces the producer state too, including clearing it.
+    let (store, _) = db.open();
+    let replaced = SegmentRecord {
+        streams: vec![SegmentStreamEntry {
+            producers: vec![],
+            closed_by: None,
+            writer_seq: None,
+            ..with_producers
+        }],
+        ..segment
+    };
+    wait(store.commit_segment(replaced.clone())).unwrap();
+    store.shutdown();
+    assert_eq!(db.reopen_snapshot().segments, vec![replaced]);
+}
+
+fn segments_round_trip_in_commit_order(db: &Db) {
+    let (store, _) = db.open();
+    let a = wait(store.create_stream("/a", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let b = wait(store.create_stream("/b", config("text/plain"), 1))
+        .unwrap()
+        .row;
+
+    // Keys deliberately not in lexical order: the snapshot must follow commit order.
+    let first = SegmentRecord {
+        key: "segments/0003.seg".into(),
+        size_bytes: 1_000,
+        created_ms: 10,
+        streams: vec![
+            entry(
+                b.id,
+                vec![run(0, 2, 0, 100), run(2, 5, 400, 700)],
+                11,
+                false,
+            ),
+            entry(a.id, vec![run(0, 1, 100, 400)], 12, true),
+        ],
+    };
+    let second = SegmentRecord {
+        key: "segments/0001.seg".into(),
+        size_bytes: 64,
+        created_ms: 20,
+        streams: vec![entry(a.id, vec![], 13, false)],
+    };
+    let third = SegmentRecord {
+        key: "segments/0002.seg".into(),
+        size_bytes: 0,
+        created_ms: 30,
+        streams: vec![],
+    };
+    for segment in [&first, &second, &third] {
+        wait(store.commit_segment(segment.clone())).unwrap();
+    }
+    // Entries of a deleted stream are accepted and kept, but the stream stays deleted.
+    assert!(wait(store.delete_stream(a.id)).unwrap());
+    let fourth = SegmentRecord {
+        key: "segments/0000.seg".into(),
+        size_bytes: 200,
+        created_ms: 40,
+        streams: vec![entry(a.id, vec![run(1, 2, 0, 200)], 14, false)],
+    };
+    wait(store.commit_segment(fourth.clone())).unwrap();
+    store.shutdown();
+
+    let snapshot = db.reopen_snapshot();
+    assert_eq!(snapshot.streams, vec![b.clone()]);
+    assert_eq!(
+        snapshot.segments,
+        vec![first.clone(), second.clone(), third.clone(), fourth.clone()]
+    );
+
+    // Re-committing a key replaces its contents in place (commit order unchanged).
+    let (store, _) = db.open();
+    let second_again = SegmentRecord {
+        size_bytes: 128,
+        streams: vec![entry(b.id, vec![run(5, 6, 64, 128)], 15, true)],
+        ..second.clone()
+    };
+    wait(store.commit_segment(second_again.clone())).unwrap();
+    wait(store.commit_segment(second_again.clone())).unwrap();
+    store.shutdown();
+    let snapshot = db.reopen_snapshot();
+    assert_eq!(snapshot.segments, vec![first, second_again, third, fourth]);
+}
+
+fn a_bad_command_does_not_poison_its_batch(db: &Db) {
+    let (store, _) = db.open();
+    let good = |key: &str| SegmentRecord {
+        key: key.into(),
+        size_bytes: 10,
+        created_ms: 1,
+        streams: vec![entry(7, vec![run(0, 1, 0, 10)], 1, false)],
+    };
+    let bad_records = [
+        SegmentRecord {
+            key: "past-end".into(),
+            streams: vec![entry(7, vec![run(0, 1, 0, 11)], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "inverted".into(),
+            streams: vec![entry(7, vec![run(2, 1, 0, 1)], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "overlap".into(),
+            streams: vec![entry(7, vec![run(0, 2, 0, 1), run(1, 3, 1, 2)], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "twice".into(),
+            streams: vec![entry(7, vec![], 1, false), entry(7, vec![], 1, false)],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "producers-unsorted".into(),
+            streams: vec![SegmentStreamEntry {
+                producers: vec![producer("b", 0, 0), producer("a", 0, 0)],
+                ..entry(7, vec![], 1, false)
+            }],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "producer-twice".into(),
+            streams: vec![SegmentStreamEntry {
+                producers: vec![producer("a", 0, 0), producer("a", 1, 0)],
+                ..entry(7, vec![], 1, false)
+            }],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "producer-id-too-long".into(),
+            streams: vec![SegmentStreamEntry {
+                producers: vec![producer(&"p".repeat(65_536), 0, 0)],
+                ..entry(7, vec![], 1, false)
+            }],
+            ..good("")
+        },
+        SegmentRecord {
+            key: "closed-by-id-too-long".into(),
+            streams: vec![SegmentStreamEntry {
+                closed_by: Some(producer(&"p".repeat(65_536), 0, 0)),
+                ..entry(7, vec![], 1, true)
+            }],
+            ..good("")
+        },
+        good(""),
+    ];
+    // Queue everything before awaiting anything, so the commands share batches.
+    let mut replies = vec![store.commit_segment(good("ok/1"))];
+    let created = store.create_stream("/x", config("text/plain"), 1);
+    for bad in bad_records.iter().cloned() {
+        replies.push(store.commit_segment(bad));
+    }
+    replies.push(store.commit_segment(good("ok/2")));
+
+    let results: Vec<_> = replies.into_iter().map(wait).collect();
+    assert!(results[0].is_ok());
+    for (result, bad) in results[1..=bad_records.len()].iter().zip(&bad_records) {
+        match result {
+            Err(MetaError::Storage(message)) => assert!(message.contains("segment"), "{message}"),
+            other => panic!("{:?} was accepted: {other:?}", bad.key),
+        }
+    }
+    assert!(results.last().unwrap().is_ok());
+    assert!(wait(created).unwrap().created);
+    store.shutdown();
+
+    let snapshot = db.reopen_snapshot();
+    let keys: Vec<_> = snapshot
+        .segments
+        .iter()
+        .map(|segment| segment.key.as_str())
+        .collect();
+    assert_eq!(keys, ["ok/1", "ok/2"]);
+    assert_eq!(snapshot.streams.len(), 1);
+}
+
+fn group_commit_answers_every_concurrent_call(db: &Db) {
+    const THREADS: usize = 4;
+    const PER_THREAD: usize = 250;
+    let (store, _) = db.open();
+
+    let workers: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                // Fire every request first, then await: that is what fills batches.
+                let replies: Vec<_> = (0..PER_THREAD)
+                    .map(|i| {
+                        store.create_stream(
+                            &format!("/t{thread}/s{i}"),
+                            config("text/plain"),
+                            i as i64,
+                        )
+                    })
+                    .collect();
+                let segments: Vec<_> = (0..PER_THREAD / 10)
+                    .map(|i| {
+                        store.commit_segment(SegmentRecord {
+                            key: format!("segments/t{thread}-{i:04}"),
+                            size_bytes: 1,
+                            created_ms: i as i64,
+                            streams: vec![entry(i as u64 + 1, vec![run(0, 1, 0, 1)], 0, false)],
+                        })
+                    })
+                    .collect();
+                let ids: Vec<u64> = replies
+                    .into_iter()
+                    .map(|reply| wait(reply).unwrap().row.id)
+                    .collect();
+                segments.into_iter().for_each(|reply| wait(reply).unwrap());
+                ids
+            })
+        })
+        .collect();
+    let mut ids: Vec<u64> = workers
+        .into_iter()
+        .flat_map(|worker| worker.join().unwrap())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        THREADS * PER_THREAD,
+        "every create got its own id"
+    );
+    drop(store); // the last handle: shuts the thread down after the queue
+
+    let snapshot = db.reopen_snapshot();
+    assert_eq!(snapshot.streams.len(), THREADS * PER_THREAD);
+    assert_eq!(snapshot.segments.len(), THREADS * (PER_THREAD / 10));
+    // Per thread, segments appear in the order that thread committed them.
+    for thread in 0..THREADS {
+        let prefix = format!("segments/t{thread}-");
+        let keys: Vec<_> = snapshot
+            .segments
+            .iter()
+            .filter(|s| s.key.starts_with(&prefix))
+            .map(|s| s.key.clone())
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+}
+
+fn dropping_the_last_handle_finishes_queued_work(db: &Db) {
+    let (store, _) = db.open();
+    let replies: Vec<_> = (0..50)
+        .map(|i| store.create_stream(&format!("/s{i}"), config("text/plain"), 0))
+        .collect();
+    drop(store);
+    for reply in replies {
+        assert!(wait(reply).unwrap().created);
+    }
+    assert_eq!(db.reopen_snapshot().streams.len(), 50);
+}
+
+fn calls_after_shutdown_answer_closed(db: &Db) {
+    let (store, _) = db.open();
+    let clone = store.clone();
+    let queued = store.create_stream("/before", config("text/plain"), 0);
+    store.shutdown();
+    store.shutdown(); // idempotent
+    assert!(
+        wait(queued).unwrap().created,
+        "work queued before shutdown is finished"
+    );
+    assert!(matches!(
+        wait(clone.create_stream("/after", config("text/plain"), 0)),
+        Err(MetaError::Closed)
+    ));
+    assert!(matches!(
+        wait(clone.delete_stream(1)),
+        Err(MetaError::Closed)
+    ));
+    assert!(matches!(
+        wait(clone.close_stream(1)),
+        Err(MetaError::Closed)
+    ));
+    assert!(matches!(
+        wait(clone.trim_stream(1, 1)),
+        Err(MetaError::Closed)
+    ));
+}
+
+fn touch_only_moves_the_idle_clock_forward_and_survives_reopen(db: &Db) {
+    let (store, _) = db.open();
+    let row = wait(store.create_stream("/ttl", config("text/plain"), 1_000))
+        .unwrap()
+        .row;
+    assert_eq!(
+        row.last_access_ms, 1_000,
+        "a new stream's idle clock starts at its creation"
+    );
+    wait(store.touch_stream(row.id, 5_000)).unwrap();
+    wait(store.touch_stream(row.id, 3_000)).unwrap(); // older: ignored
+    wait(store.touch_stream(987_654, 9_000)).unwrap(); // unknown id: fine
+    store.shutdown();
+    let snapshot = db.reopen_snapshot();
+    assert_eq!(snapshot.streams.len(), 1);
+    assert_eq!(snapshot.streams[0].last_access_ms, 5_000);
+}
+
+fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it(db: &Db) {
+    let (store, _) = db.open();
+    let gone = wait(store.create_stream("/gone", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let kept = wait(store.create_stream("/kept", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let segment = |key: &str, created_ms: i64, streams: Vec<SegmentStreamEntry>| SegmentRecord {
+        key: key.into(),
+        size_bytes: 100,
+        created_ms,
+        streams,
+    };
+    let mut with_producer = entry(kept.id, vec![run(0, 2, 0, 100)], 1, false);
+    with_producer.producers = vec![producer("p", 0, 0)];
+    let segments = [
+        segment(
+            "segments/deleted.seg",
+            10,
+            vec![entry(gone.id, vec![run(0, 5, 0, 100)], 1, false)],
+        ),
+        segment(
+            "segments/trimmed.seg",
+            10,
+            vec![entry(kept.id, vec![run(0, 2, 0, 100)], 1, false)],
+        ),
+        segment("segments/producer.seg", 10, vec![with_producer]),
+        segment(
+            "segments/readable.seg",
+            10,
+            vec![entry(kept.id, vec![run(2, 9, 0, 100)], 1, false)],
+        ),
+        segment(
+            "segments/too-new.seg",
+            500,
+            vec![entry(gone.id, vec![run(5, 6, 0, 100)], 1, false)],
+        ),
+    ];
+    for record in segments {
+        wait(store.commit_segment(record)).unwrap();
+    }
+    assert!(wait(store.delete_stream(gone.id)).unwrap());
+    // /kept is trimmed to 4: the first segment of it holds nothing readable any more.
+    let live = std::collections::HashMap::from([(kept.id, 4u64)]);
+    let mut garbage = wait(store.garbage_segments(live, 100)).unwrap();
+    garbage.sort();
+    assert_eq!(
+        garbage,
+        vec![
+            "segments/deleted.seg".to_string(),
+            "segments/trimmed.seg".to_string()
+        ]
+    );
+    wait(store.drop_segments(garbage)).unwrap();
+    store.shutdown();
+    let keys: Vec<String> = db
+        .reopen_snapshot()
+        .segments
+        .into_iter()
+        .map(|s| s.key)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "segments/producer.seg",
+            "segments/readable.seg",
+            "segments/too-new.seg"
+        ]
+    );
+}
+fn forks_and_soft_deletes_survive_reopen(db: &Db) {
+    let (store, _) = db.open();
+    let source = wait(store.create_stream("/source", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let fork = ForkRow {
+        source: "/source".into(),
+        source_id: source.id,
+        offset: 7,
+        partial_bytes: 3,
+    };
+    let forked =
+        wait(store.create_fork_stream("/fork", config("text/plain"), Some(fork.clone()), 2))
+            .unwrap();
+    assert!(forked.created);
+    assert_eq!(forked.row.fork, Some(fork.clone()));
+    assert!(!forked.row.soft_deleted);
+    // A fork at the very start of its source inherits nothing but still names it.
+    let at_zero = ForkRow {
+        offset: 0,
+        partial_bytes: 0,
+        ..fork.clone()
+    };
+    let empty_fork = wait(store.create_fork_stream(
+        "/fork-at-0",
+        config("text/plain"),
+        Some(at_zero.clone()),
+        3,
+    ))
+    .unwrap()
+    .row;
+
+    wait(store.soft_delete_stream(source.id)).unwrap();
+    wait(store.soft_delete_stream(source.id)).unwrap(); // idempotent
+    wait(store.soft_delete_stream(987_654)).unwrap(); // unknown id: fine
+    wait(store.soft_delete_stream(u64::MAX)).unwrap();
+    // The soft-deleted row keeps its name: a create of it finds the row, marked.
+    let again = wait(store.create_stream("/source", config("text/plain"), 4)).unwrap();
+    assert!(!again.created);
+    assert!(again.row.soft_deleted);
+    store.shutdown();
+
+    let snapshot = db.reopen_snapshot();
+    let expected = vec![
+        StreamRow {
+            soft_deleted: true,
+            ..source.clone()
+        },
+        forked.row.clone(),
+        empty_fork.clone(),
+    ];
+    assert_eq!(snapshot.streams, expected);
+    assert_eq!(snapshot.streams[2].fork, Some(at_zero));
+
+    // The last fork gone, the source's row is deleted for good.
+    let (store, _) = db.open();
+    assert!(wait(store.delete_stream(forked.row.id)).unwrap());
+    assert!(wait(store.delete_stream(empty_fork.id)).unwrap());
+    assert!(wait(store.delete_stream(source.id)).unwrap());
+    store.shutdown();
+    assert_eq!(db.reopen_snapshot().streams, vec![]);
+}
+
+fn damaged_producer_state_is_an_error_naming_the_segment(db: &Db) {
+    let (store, _) = db.open();
+    let segment = SegmentRecord {
+        key: "segments/damaged.seg".into(),
+        size_bytes: 10,
+        created_ms: 1,
+        streams: vec![SegmentStreamEntry {
+            producers: vec![producer("p", 1, 1)],
+            ..entry(4, vec![run(0, 1, 0, 10)], 1, false)
+        }],
+    };
+    wait(store.commit_segment(segment.clone())).unwrap();
+    store.shutdown();
+    assert_eq!(db.reopen_snapshot().segments, vec![segment]);
+
+    for (column, damage) in [
+        ("producers", &[3u8, 0, b'a'][..]), // a record cut short
+        ("closed_by", &[][..]),             // present but empty
+        ("closed_by", &[0u8; 17][..]),      // one byte short of a record
+        ("runs", &[0u8; 31][..]),           // not a whole run
+    ] {
+        db.execute(&format!(
+            "UPDATE segment_streams SET {column} = {}",
+            db.blob(damage)
+        ));
+        match MetaStore::open(&db.url()) {
+            Err(MetaError::Storage(message)) => {
+                assert!(message.contains("segments/damaged.seg"), "{message}");
+                assert!(message.contains(&format!("damaged {column}")), "{message}");
+            }
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("damaged {column} ({damage:?}) was loaded"),
+        }
+        // Repaired, it loads again.
+        db.execute(&format!(
+            "UPDATE segment_streams SET producers = {}, closed_by = NULL, runs = {}",
+            db.blob(&[1, 0, b'p', 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]),
+            db.blob(
+                &[
+                    &[0u8; 8][..],
+                    &1u64.to_le_bytes(),
+                    &[0u8; 8],
+                    &10u64.to_le_bytes()
+                ]
+                .concat()
+            )
+        ));
+        assert_eq!(db.reopen_snapshot().segments.len(), 1);
+    }
+}
+
+/// Two stores on one database (two nodes sharing a Postgres, or two processes on one SQLite
+/// file) and many callers create the same name at once: one row, created exactly once, and
+/// every caller sees it.
+fn racing_creates_of_one_name_register_it_once(db: &Db) {
+    const CALLERS: usize = 4;
+    const ROUNDS: usize = 25;
+    let stores = [db.open().0, db.open().0];
+    let start = Arc::new(Barrier::new(CALLERS));
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let store = stores[caller % 2].clone();
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let replies: Vec<_> = (0..ROUNDS)
+                    .map(|round| {
+                        let name = format!("/race/{round}");
+                        store.create_stream(&name, config("text/plain"), caller as i64)
+                    })
+                    .collect();
+                replies
+                    .into_iter()
+                    .map(|reply| wait(reply).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let outcomes: Vec<Vec<_>> = callers
+        .into_iter()
+        .map(|caller| caller.join().unwrap())
+        .collect();
+    for round in 0..ROUNDS {
+        let of_round: Vec<_> = outcomes.iter().map(|caller| &caller[round]).collect();
+        let created = of_round.iter().filter(|outcome| outcome.created).count();
+        assert_eq!(created, 1, "round {round}: {of_round:?}");
+        assert!(
+            of_round
+                .iter()
+                .all(|outcome| outcome.row == of_round[0].row),
+            "round {round}: {of_round:?}"
+        );
+    }
+    stores.iter().for_each(MetaStore::shutdown);
+    assert_eq!(db.reopen_snapshot().streams.len(), ROUNDS);
+}
+
+fn reopening_migrates_nothing_and_a_newer_schema_is_refused(db: &Db) {
+    let (store, _) = db.open();
+    let row = wait(store.create_stream("/kept", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    store.shutdown();
+    for _ in 0..2 {
+        assert_eq!(db.reopen_snapshot().streams, vec![row.clone()]);
+    }
+
+    db.execute("INSERT INTO schema_version (version) VALUES (99)");
+    match MetaStore::open(&db.url()) {
+        Err(MetaError::Storage(message)) => {
+            assert!(message.contains("schema version 99"), "{message}")
+        }
+        Err(other) => panic!("unexpected error {other}"),
+        Ok(_) => panic!("a newer schema was opened"),
+    }
+}
+
+// ---- What only Postgres has. -------------------------------------------------------------------
+
+/// A server that cannot be reached is a startup error naming the URL, its password masked.
+#[test]
+fn an_unreachable_postgres_is_a_clear_startup_error() {
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let url = MetaUrl::parse("postgres://pico:s3cret@127.0.0.1:1/meta").unwrap();
+    let error = match MetaStore::open(&url) {
+        Err(error) => error,
+        Ok(_) => panic!("connected to 127.0.0.1:1"),
+    };
+    let message = error.to_string();
+    assert!(matches!(error, MetaError::Storage(_)), "{error:?}");
+    assert!(
+        message.contains("postgres://pico:***@127.0.0.1:1/meta"),
+        "{message}"
+    );
+    assert!(!message.contains("s3cret"), "{message}");
+
+    let url = MetaUrl::parse("postgresql://pico:s3cret@h/db?sslmode=sometimes").unwrap();
+    match MetaStore::open(&url) {
+        Err(MetaError::BadUrl(message)) => {
+            assert!(message.contains("postgresql://pico:***@h/db"), "{message}");
+            assert!(!message.contains("s3cret"), "{message}");
+        }
+        Err(other) => panic!("unexpected error {other:?}"),
+        Ok(_) => panic!("an invalid URL opened"),
+    }
+}
+
+/// The Postgres tables have the SQLite tables' columns, and both schemas are at one version.
+#[test]
+fn postgres_has_the_sqlite_tables_and_columns() {
+    let Some(database) = PgDatabase::create("same_columns") else {
+        return;
+    };
+    MetaStore::open(&database.meta_url()).unwrap().0.shutdown();
+    let sqlite = Db::sqlite();
+    sqlite.reopen_snapshot();
+    let Db::Sqlite { path, .. } = &sqlite else {
+        unreachable!()
+    };
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut query = conn
+        .prepare(
+            "SELECT m.name, p.name FROM sqlite_master AS m, pragma_table_info(m.name) AS p
+             WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' ORDER BY 1, 2",
+        )
+        .unwrap();
+    let sqlite_columns: Vec<Vec<Option<String>>> = query
+        .query_map([], |row| Ok(vec![Some(row.get(0)?), Some(row.get(1)?)]))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let postgres_columns = database.query(
+        "SELECT table_name::text, column_name::text FROM information_schema.columns
+         WHERE table_schema = current_schema() ORDER BY 1, 2",
+    );
+    assert_eq!(postgres_columns, sqlite_columns);
+    assert_eq!(postgres_columns.len(), 28);
+
+    let sqlite_versions: Vec<i64> = conn
+        .prepare("SELECT version FROM schema_version ORDER BY version")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let postgres_versions: Vec<i64> = database
+        .query("SELECT version FROM schema_version ORDER BY version")
+        .into_iter()
+        .map(|row| row[0].as_deref().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(postgres_versions, sqlite_versions);
+}
+
+/// Nodes starting at once on a fresh database migrate it once, under the advisory lock.
+#[test]
+fn postgres_nodes_starting_at_once_migrate_once() {
+    const NODES: usize = 4;
+    let Some(database) = PgDatabase::create("migrate_at_once") else {
+        return;
+    };
+    let url = database.meta_url();
+    let start = Arc::new(Barrier::new(NODES));
+    let nodes: Vec<_> = (0..NODES)
+        .map(|_| {
+            let (url, start) = (url.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                MetaStore::open(&url).map(|(store, _)| store.shutdown())
+            })
+        })
+        .collect();
+    for node in nodes {
+        node.join().unwrap().expect("every node opens");
+    }
+    let versions = database.query("SELECT version FROM schema_version ORDER BY version");
+    let versions: Vec<_> = versions.iter().map(|row| row[0].as_deref()).collect();
+    assert_eq!(
+        versions,
+        [Some("1"), Some("2"), Some("3"), Some("4"), Some("5")]
+    );
+}
+
+/// A dropped connection fails the commands that need it while the server stays away, never
+/// the thread: it reconnects for later commands.
+#[test]
+fn postgres_connection_loss_fails_commands_then_reconnects() {
+    let Some(database) = PgDatabase::create("reconnect") else {
+        return;
+    };
+    let name = database.name().to_string();
+    let (store, _) = MetaStore::open(&database.meta_url()).unwrap();
+    let create = |stream: &str| wait(store.create_stream(stream, config("text/plain"), 1));
+    assert!(create("/before").unwrap().created);
+
+    // An idle connection that died costs nothing: the next batch reconnects before it begins.
+    database.terminate_connections();
+    assert!(create("/after-idle-loss").unwrap().created);
+
+    // The server refuses the database for a while: commands fail, with the reason.
+    database.execute_admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"));
+    database.terminate_connections();
+    for _ in 0..3 {
+        match create("/refused") {
+            Err(MetaError::Storage(message)) => {
+                assert!(message.contains(&name), "{message}")
+            }
+            other => panic!("a command succeeded without a connection: {other:?}"),
+        }
+    }
+    match wait(store.commit_segment(SegmentRecord {
+        key: "segments/refused.seg".into(),
+        size_bytes: 1,
+        created_ms: 1,
+        streams: vec![],
+    })) {
+        Err(MetaError::Storage(_)) => {}
+        other => panic!("a commit succeeded without a connection: {other:?}"),
+    }
+
+    // Back: a later command succeeds within the back-off (at most 5 s between attempts).
+    database.execute_admin(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match create("/after-outage") {
+            Ok(outcome) => {
+                assert!(outcome.created);
+                break;
+            }
+            Err(error) => assert!(Instant::now() < deadline, "never reconnected: {error}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    store.shutdown();
+
+    let names: Vec<String> = MetaStore::open(&database.meta_url())
+        .map(|(store, snapshot)| {
+            store.shutdown();
+            snapshot.streams.into_iter().map(|row| row.name).collect()
+        })
+        .unwrap();
+    assert_eq!(names, ["/before", "/after-idle-loss", "/after-outage"]);
+}
