@@ -166,7 +166,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n", default = "1024")]
     pub backlog: u32,
 
-    /// reference flag, no effect yet: cluster-unique node id [env: PICO_NODE_ID]
+    /// cluster-unique node id (positive); this node's segment objects go under segments/n<id>/ so nodes sharing a bucket never collide [env: PICO_NODE_ID]
     #[argh(option, arg_name = "id")]
     pub node_id: Option<i32>,
 

@@ -40,6 +40,11 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
     Ok(ServerConfig {
         listen: args.listen.clone(),
         ds_listen: args.ds_listen.clone(),
+        node_id: match args.node_id {
+            None => None,
+            Some(id) if id > 0 => Some(id as u32),
+            Some(id) => return Err(format!("--node-id must be a positive integer, got {id}")),
+        },
         protocol: match protocol {
             Protocol::Pico => pico_net::Protocol::Pico,
             Protocol::Ds => pico_net::Protocol::DurableStreams,
@@ -110,7 +115,6 @@ fn millis(secs: f64) -> u64 {
 pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
     let single_node = "has no effect yet: this server runs a single node";
     let given = [
-        ("--node-id", args.node_id.is_some(), single_node),
         ("--node-epoch", args.node_epoch.is_some(), single_node),
         ("--http-address", args.http_address.is_some(), single_node),
         ("--cluster-id", args.cluster_id.is_some(), single_node),
@@ -241,8 +245,13 @@ mod tests {
             "local",
         ]);
         let warnings = ignored_flag_warnings(&args);
-        assert_eq!(warnings.len(), 4, "{warnings:?}");
-        assert!(warnings[0].starts_with("--node-id "));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(warnings[0].starts_with("--routing "), "{warnings:?}");
+        // --node-id has an effect: it names this node's segment keys.
+        assert_eq!(
+            server_config(&args, Protocol::Pico).unwrap().node_id,
+            Some(3)
+        );
         assert!(ignored_flag_warnings(&serve_args(&[])).is_empty());
     }
 }

@@ -42,6 +42,9 @@ pub struct EngineConfig {
     pub segment_cache_bytes: usize,
     /// Names this run's WAL files and segments; raised above any name already used.
     pub node_epoch_ms: u64,
+    /// `--node-id`: segment keys go under `segments/n<id>/`, so nodes sharing a bucket can
+    /// never write the same key; `None` keeps the single-node layout `segments/<name>`.
+    pub node_id: Option<u32>,
     /// Bytes of appends a core holds before they are durable; past it appends get `429`.
     pub in_flight_bytes_max: usize,
     /// Bytes of sealed segments a core holds before the object store took them; past it

@@ -191,7 +191,7 @@ fn recover_wal_files(
     let mut max_epoch_ms = snapshot
         .segments
         .iter()
-        .filter_map(|s| epoch_of(s.key.trim_start_matches("segments/")))
+        .filter_map(|s| epoch_of(s.key.rsplit('/').next().unwrap_or_default()))
         .max()
         .unwrap_or(0);
     let mut files: Vec<_> = std::fs::read_dir(&config.wal_dir)
@@ -217,7 +217,7 @@ fn recover_wal_files(
         let valid = frame::valid_prefix_len(&data);
         if valid > 0 {
             let bytes = bytes::Bytes::copy_from_slice(&data[..valid]);
-            let record = index_segment(format!("segments/{stem}.seg"), &bytes);
+            let record = index_segment(segment_key(config.node_id, &stem), &bytes);
             wait(store.put(&record.key, bytes))?;
             wait(meta.commit_segment(record.clone()))?;
             report.push(format!(
@@ -231,6 +231,19 @@ fn recover_wal_files(
             .map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))?;
     }
     Ok(Recovered { max_epoch_ms })
+}
+
+/// The object key of the segment whose WAL file is `<stem>.wal`:
+///
+/// ```text
+/// segments/<epoch ms:016>-<core:03>-<counter:010>.seg            single node
+/// segments/n<node id>/<epoch ms:016>-<core:03>-<counter:010>.seg  with --node-id
+/// ```
+pub(crate) fn segment_key(node_id: Option<u32>, stem: &str) -> String {
+    match node_id {
+        Some(id) => format!("segments/n{id}/{stem}.seg"),
+        None => format!("segments/{stem}.seg"),
+    }
 }
 
 fn epoch_of(stem: &str) -> Option<u64> {

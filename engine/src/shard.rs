@@ -1602,7 +1602,7 @@ impl Shard {
         );
         (
             self.config.wal_dir.join(format!("{stem}.wal")),
-            format!("segments/{stem}.seg"),
+            crate::node::segment_key(self.config.node_id, &stem),
         )
     }
 

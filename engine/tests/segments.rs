@@ -26,6 +26,7 @@ fn config_sized(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) 
         // Smaller than the data, so reads after eviction go to the bucket.
         segment_cache_bytes: cache_bytes,
         node_epoch_ms: pico_engine::now_ms() as u64,
+        node_id: None,
         in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 60_000,

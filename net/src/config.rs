@@ -29,6 +29,8 @@ pub struct ServerConfig {
     pub protocol: Protocol,
     /// A second listener speaking the other protocol on the same node and data (`--ds-listen`).
     pub ds_listen: Option<String>,
+    /// `--node-id`: names this node's segment keys (`segments/n<id>/...`).
+    pub node_id: Option<u32>,
     /// Admin listener (`/health`, `/ready`); `None` with `--no-admin`.
     pub admin_listen: Option<String>,
     /// `--meta-url`, e.g. `sqlite:./data/meta.db`.
@@ -85,6 +87,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:4437".into(),
             protocol: Protocol::Pico,
             ds_listen: None,
+            node_id: None,
             admin_listen: Some("127.0.0.1:9090".into()),
             meta_url: "sqlite:./data/meta.db".into(),
             storage: "-2@file://./objects".into(),

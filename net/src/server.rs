@@ -89,6 +89,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         },
         segment_cache_bytes: config.segment_cache_bytes,
         node_epoch_ms: pico_engine::now_ms() as u64,
+        node_id: config.node_id,
         in_flight_bytes_max: config.in_flight_bytes_max.max(1),
         unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
         gc_interval_ms: config.gc_interval_ms,
