@@ -29,6 +29,24 @@ fn a_node_on_postgres_keeps_every_acknowledged_record_across_kill_9() {
         "50",
     ]);
 
+    // The password is in neither the log nor the admin API.
+    let password = database
+        .url()
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password.to_string())
+        .expect("PICOMQ_PG_URL carries a password");
+    assert!(
+        !server.log().contains(&format!(":{password}@")),
+        "log shows the password"
+    );
+    let cluster = common::Conn::connect(server.admin)
+        .unwrap()
+        .request("GET", "/admin/cluster", &[], b"")
+        .unwrap();
+    assert!(cluster.text().contains(":***@"), "{}", cluster.text());
+
     // Pico protocol: three streams, every append acknowledged.
     let mut acknowledged: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
     for stream in 0..3 {

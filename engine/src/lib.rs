@@ -54,6 +54,15 @@ pub struct EngineConfig {
     pub gc_interval_ms: u64,
 }
 
+/// `--meta-url` as it may be shown (logs, the admin API): a Postgres password is masked.
+pub fn displayed_meta_url(url: &str) -> String {
+    match pico_meta::MetaUrl::parse(url) {
+        Ok(parsed) => parsed.to_string(),
+        // Unparsable URLs never get this far (boot refuses them); show nothing of them.
+        Err(_) => "(invalid --meta-url)".to_string(),
+    }
+}
+
 /// Wall-clock Unix milliseconds: the one clock of record timestamps and expiry.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

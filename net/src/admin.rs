@@ -35,6 +35,7 @@ pub struct NodeFacts {
     pub cores: usize,
     pub durability: &'static str,
     pub storage: String,
+    /// Shown with any password masked.
     pub meta_url: String,
 }
 

@@ -119,7 +119,10 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             }
         }
     );
-    log::info!("metadata: {}", config.meta_url);
+    log::info!(
+        "metadata: {}",
+        pico_engine::displayed_meta_url(&config.meta_url)
+    );
     log::info!("storage: {}", config.storage);
     log::info!("wal: {}", config.wal_dir.display());
     match &auth {
@@ -198,7 +201,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
                             Durability::Memory => "memory",
                         },
                         storage: config.storage.clone(),
-                        meta_url: config.meta_url.clone(),
+                        meta_url: pico_engine::displayed_meta_url(&config.meta_url),
                     },
                     scheme,
                     engine_metrics: engine_metrics.clone(),
