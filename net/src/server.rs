@@ -140,8 +140,24 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     } else {
         "http"
     };
-    // One registry per node: both protocols' writes wake the same subscriptions.
-    let subscriptions = Arc::new(Subscriptions::new());
+    // One registry per node: both protocols' writes wake the same subscriptions. Its state
+    // file is node-local like the WAL, and the WAL directory is already locked to this node.
+    // `--durability memory` keeps nothing across a crash, subscriptions included.
+    let subscriptions = Arc::new(if config.durability == Durability::Memory {
+        log::info!("subscriptions: in memory (--durability memory)");
+        Subscriptions::new()
+    } else {
+        let subscriptions = Subscriptions::open(&config.wal_dir)?;
+        if let Some(path) = subscriptions.state_path() {
+            log::info!(
+                "subscriptions: {} loaded from {}",
+                subscriptions.len(),
+                path.display()
+            );
+        }
+        subscriptions
+    });
+    let node_subscriptions = subscriptions.clone();
     let settings = PicoSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
         max_chunk_size: if config.max_chunk_size == 0 {
@@ -318,6 +334,10 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         }
     }
     log::info!("stopped: {clean} of {cores} cores flushed everything to the object store");
+    // What the sweeper had not written yet (a pattern's new links, wake generations).
+    if let Err(e) = node_subscriptions.flush() {
+        log::error!("subscriptions: {e}");
+    }
     Ok(())
 }
 
@@ -400,6 +420,7 @@ async fn run_core(job: CoreJob) {
             return;
         }
     };
+    settings.subscriptions.start_on_core(&core);
     let tls = tls.map(TlsAcceptor::from);
     let admin_tls = tls.clone();
     let stop = shutdown.on_this_core();

@@ -41,7 +41,15 @@ pub fn run(shared: Arc<Shared>, jobs: Receiver<Job>) {
             },
         };
         let outcome = deliver(&shared, &job, &mut tls);
+        let acked = outcome == Outcome::Done;
         let effects = shared.write().delivery_result(&job, outcome, Clock::now());
+        if acked {
+            // A synchronous `done` acks: written now rather than by the next sweep. On failure
+            // the sweeper retries it.
+            if let Err(e) = shared.persist() {
+                log::error!("subscriptions: {e}");
+            }
+        }
         for effect in effects {
             match effect {
                 Effect::Deliver(next) => local.push_back(next),

@@ -1,10 +1,11 @@
 //! The node's secrets for subscriptions: the Ed25519 key that signs webhook deliveries (its
-//! public half is served as a JWKS) and the HMAC key of callback tokens. Both are generated at
-//! start and never stored, so a restart rotates them (receivers refetch the JWKS by `kid`).
+//! public half is served as a JWKS) and the HMAC key of callback tokens. Both are generated on
+//! a node's first start and kept in its subscription state file (see `store`), so the `kid`
+//! receivers cached and the tokens already issued stay valid across restarts.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use ring::rand::SystemRandom;
+use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use ring::{digest, hmac};
 
@@ -18,8 +19,13 @@ pub const TOKEN_TTL_SECS: u64 = 3600;
 /// Longest token accepted for verification (a real one is about 150 bytes).
 const MAX_TOKEN_LEN: usize = 1024;
 
+/// Bytes of the callback-token HMAC-SHA256 key.
+pub const TOKEN_KEY_LEN: usize = 32;
+
 pub struct SigningKey {
     pair: Ed25519KeyPair,
+    /// The PKCS#8 v2 document the pair was made from, for the state file.
+    pkcs8: Vec<u8>,
     kid: String,
     jwks: String,
 }
@@ -27,8 +33,13 @@ pub struct SigningKey {
 impl SigningKey {
     pub fn generate(rng: &SystemRandom) -> Result<SigningKey, ring::error::Unspecified> {
         let pkcs8 = Ed25519KeyPair::generate_pkcs8(rng)?;
-        let pair =
-            Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).map_err(|_| ring::error::Unspecified)?;
+        SigningKey::from_pkcs8(pkcs8.as_ref()).map_err(|_| ring::error::Unspecified)
+    }
+
+    /// The key of a PKCS#8 v2 document (as `pkcs8` returns it).
+    pub fn from_pkcs8(pkcs8: &[u8]) -> Result<SigningKey, String> {
+        let pair = Ed25519KeyPair::from_pkcs8(pkcs8)
+            .map_err(|e| format!("not an Ed25519 PKCS#8 v2 key: {e}"))?;
         let x = URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
         // The RFC 7638 thumbprint (required members in lexicographic order, no spaces) names the
         // key; `ds_` marks it as a Durable Streams webhook key.
@@ -41,7 +52,16 @@ impl SigningKey {
             "keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig", "alg": "EdDSA"}]
         })
         .to_string();
-        Ok(SigningKey { pair, kid, jwks })
+        Ok(SigningKey {
+            pair,
+            pkcs8: pkcs8.to_vec(),
+            kid,
+            jwks,
+        })
+    }
+
+    pub fn pkcs8(&self) -> &[u8] {
+        &self.pkcs8
     }
 
     pub fn kid(&self) -> &str {
@@ -138,13 +158,26 @@ pub enum TokenError {
 /// older generation still verifies and can be answered `FENCED` rather than `TOKEN_INVALID`.
 pub struct TokenKey {
     key: hmac::Key,
+    secret: [u8; TOKEN_KEY_LEN],
 }
 
 impl TokenKey {
     pub fn generate(rng: &SystemRandom) -> Result<TokenKey, ring::error::Unspecified> {
-        Ok(TokenKey {
-            key: hmac::Key::generate(hmac::HMAC_SHA256, rng)?,
-        })
+        let mut secret = [0u8; TOKEN_KEY_LEN];
+        rng.fill(&mut secret)?;
+        Ok(TokenKey::from_secret(secret))
+    }
+
+    pub fn from_secret(secret: [u8; TOKEN_KEY_LEN]) -> TokenKey {
+        TokenKey {
+            key: hmac::Key::new(hmac::HMAC_SHA256, &secret),
+            secret,
+        }
+    }
+
+    /// The key bytes, for the state file.
+    pub fn secret(&self) -> &[u8; TOKEN_KEY_LEN] {
+        &self.secret
     }
 
     pub fn issue(&self, claims: &Claims) -> String {
@@ -258,6 +291,34 @@ mod tests {
             other.public_key(),
             1_700_000_000
         ));
+    }
+
+    #[test]
+    fn keys_rebuild_from_their_stored_bytes() {
+        let rng = SystemRandom::new();
+        let key = SigningKey::generate(&rng).unwrap();
+        let again = SigningKey::from_pkcs8(key.pkcs8()).unwrap();
+        assert_eq!(again.kid(), key.kid());
+        assert_eq!(again.jwks_json(), key.jwks_json());
+        let header = again.signature_header(b"{}", 1_700_000_000);
+        assert!(verify_signature_header(
+            &header,
+            b"{}",
+            key.kid(),
+            key.public_key(),
+            1_700_000_000
+        ));
+        assert!(SigningKey::from_pkcs8(b"not a key").is_err());
+        let tokens = TokenKey::generate(&rng).unwrap();
+        let claims = Claims {
+            subscription: "s".into(),
+            incarnation: 1,
+            generation: 2,
+            expires_unix: 1000,
+        };
+        let token = tokens.issue(&claims);
+        let restored = TokenKey::from_secret(*tokens.secret());
+        assert_eq!(restored.verify(&token, 999), Ok(claims));
     }
 
     #[test]

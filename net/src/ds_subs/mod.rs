@@ -2,25 +2,41 @@
 //! subscriptions over stream patterns and explicit streams, their leases and generation
 //! fencing, signed webhook deliveries and the JWKS that verifies them.
 //!
-//! State lives in memory only, behind one lock per node: this is the control plane (a few
-//! requests per wake), not the data path, and writes take the lock only when some subscription
-//! links the written stream. Nothing is persisted: a restart forgets every subscription, its
-//! acked offsets and the signing keys (wake-stream events already appended stay in their
-//! streams).
+//! State lives in memory behind one lock per node: this is the control plane (a few requests
+//! per wake), not the data path, and writes take the lock only when some subscription links the
+//! written stream.
 //!
-//! Timers (lease expiry, delivery retries) run in one sweeper task on the core that created the
-//! first subscription; it stops when none is left. Webhook POSTs run on the `pico-webhooks`
-//! thread (see `delivery`).
+//! Persistence (`Subscriptions::open`; `new` keeps everything in memory): the subscriptions
+//! (definitions, links, acked offsets, generations) and the node's keys are kept in one state
+//! file in the node's directory, rewritten whole and atomically (see `store`) off the cores,
+//! on a blocking thread. What a request changes is in the file before it is answered: creating,
+//! re-confirming or deleting a subscription, linking or unlinking streams, acks (callbacks and
+//! pull-wake acks). What a write or a timer changes (a pattern linking a new stream, a deleted
+//! stream's link, a wake's generation, a delivery's failed status) is written by the sweeper
+//! within `SWEEP_INTERVAL`, so the write path never waits for a disk; a crash may lose that
+//! much, which costs at most a duplicate wake, never an ack. A synchronous `done` reply to a
+//! webhook acks too; the delivery thread writes it at once.
+//!
+//! Not persisted: wakes, i.e. leases, claims and in-flight or retried deliveries. They are lost
+//! in a restart as if their leases had run out: tokens of those wakes are then `FENCED`, and
+//! once restored the sweeper reads the linked streams' tails and starts a new wake, of a new
+//! generation, for every subscription with pending work.
+//!
+//! Timers (lease expiry, delivery retries, the lagging writes) run in one sweeper task on the
+//! core that created the first subscription (or, after a restart, the first core to start); it
+//! stops when none is left. Webhook POSTs run on the `pico-webhooks` thread (see `delivery`).
 
 mod delivery;
 mod glob;
 mod keys;
 mod percent;
 mod registry;
+mod store;
 #[cfg(test)]
 mod tests;
 mod webhook_url;
 
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -39,6 +55,7 @@ use registry::{
     LinkKind, Outcome, Registry, MAX_ID_LEN, MAX_STREAMS_PER_SUBSCRIPTION, MAX_WORKER_LEN,
     ZERO_OFFSET,
 };
+use store::Store;
 
 pub use delivery::MAX_QUEUED_DELIVERIES;
 pub use registry::{MAX_STREAMS_PER_SUBSCRIPTION as MAX_STREAMS, MAX_SUBSCRIPTIONS};
@@ -58,6 +75,8 @@ struct Shared {
     registry: RwLock<Registry>,
     signing: SigningKey,
     sweeper_running: AtomicBool,
+    /// The state file; `None` keeps everything in memory.
+    store: Option<Store>,
 }
 
 impl Shared {
@@ -67,6 +86,21 @@ impl Shared {
 
     fn write(&self) -> RwLockWriteGuard<'_, Registry> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the state file is behind the registry.
+    fn dirty(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|store| store.behind(self.read().version()))
+    }
+
+    /// Brings the state file up to date. Blocks on file I/O: never call it on a core.
+    fn persist(&self) -> Result<(), String> {
+        match &self.store {
+            Some(store) => store.save(&self.registry, &self.signing),
+            None => Ok(()),
+        }
     }
 }
 
@@ -162,19 +196,56 @@ fn engine_error(e: &EngineError) -> ApiError {
     ApiError::new(503, "UNAVAILABLE", format!("stream engine: {e}"))
 }
 
+fn persist_error(message: String) -> ApiError {
+    log::error!("subscriptions: {message}");
+    ApiError::new(
+        503,
+        "UNAVAILABLE",
+        format!("the change is applied but may not survive a restart: {message}"),
+    )
+}
+
+/// A new node's keys.
+fn generate_keys() -> (SigningKey, TokenKey) {
+    let rng = ring::rand::SystemRandom::new();
+    // Only an OS without a working random source fails here; nothing can run without one.
+    let signing = SigningKey::generate(&rng).expect("OS random source for the webhook key");
+    let tokens = TokenKey::generate(&rng).expect("OS random source for the token key");
+    (signing, tokens)
+}
+
 impl Subscriptions {
-    /// One per node. Generates the node's Ed25519 signing key and token key, and starts the
-    /// `pico-webhooks` delivery thread (it ends when this value is dropped).
+    /// In memory only (tests): fresh keys, and a restart forgets everything.
     pub fn new() -> Subscriptions {
-        let rng = ring::rand::SystemRandom::new();
-        // Only an OS without a working random source fails here; nothing can run without one.
-        let signing = SigningKey::generate(&rng).expect("OS random source for the webhook key");
-        let tokens = TokenKey::generate(&rng).expect("OS random source for the token key");
+        let (signing, tokens) = generate_keys();
+        Subscriptions::start(signing, Registry::new(tokens), None)
+    }
+
+    /// One per node: the subscriptions and keys of the state file `dir/subscriptions.json`,
+    /// or a fresh start with new keys when there is no such file (it is written with the
+    /// first subscription). A file that cannot be read or parsed is an error naming it.
+    pub fn open(dir: &Path) -> Result<Subscriptions, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let store = Store::new(dir);
+        let (signing, registry) = match store.load()? {
+            Some(loaded) => loaded,
+            None => {
+                let (signing, tokens) = generate_keys();
+                (signing, Registry::new(tokens))
+            }
+        };
+        Ok(Subscriptions::start(signing, registry, Some(store)))
+    }
+
+    /// Starts the `pico-webhooks` delivery thread (it ends when this value is dropped).
+    fn start(signing: SigningKey, registry: Registry, store: Option<Store>) -> Subscriptions {
         let shared = Arc::new(Shared {
-            active: AtomicUsize::new(0),
-            registry: RwLock::new(Registry::new(tokens)),
+            active: AtomicUsize::new(registry.len()),
+            registry: RwLock::new(registry),
             signing,
             sweeper_running: AtomicBool::new(false),
+            store,
         });
         let (deliveries, jobs) = crossbeam_channel::bounded(MAX_QUEUED_DELIVERIES);
         let thread_shared = shared.clone();
@@ -186,6 +257,46 @@ impl Subscriptions {
             log::error!("cannot start the webhook delivery thread: {e}");
         }
         Subscriptions { shared, deliveries }
+    }
+
+    /// The number of subscriptions.
+    pub fn len(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The state file, unless in memory.
+    pub fn state_path(&self) -> Option<&Path> {
+        self.shared.store.as_ref().map(Store::path)
+    }
+
+    /// Called by every core once it runs: with restored subscriptions, starts the sweeper
+    /// (leases, retries, lagging writes) and through it the announcement of pending work.
+    pub fn start_on_core(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if self.shared.active.load(Ordering::Acquire) > 0 {
+            self.ensure_sweeper(core);
+        }
+    }
+
+    /// Writes what the state file lags behind (at shutdown, once the cores stopped). Blocks.
+    pub fn flush(&self) -> Result<(), String> {
+        self.shared.persist()
+    }
+
+    /// Brings the state file up to date before a request is answered (on a blocking thread:
+    /// the core goes on serving meanwhile).
+    async fn persist(&self) -> Result<(), ApiError> {
+        if !self.shared.dirty() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        glommio::executor()
+            .spawn_blocking(move || shared.persist())
+            .await
+            .map_err(persist_error)
     }
 
     /// Answers a request whose path is `{root}__ds/{rest}`; `root` ends with '/'.
@@ -263,10 +374,13 @@ impl Subscriptions {
                 "PUT" => self.create(core, base_url, root, &id, request).await,
                 "GET" => self.describe(base_url, root, &id),
                 "DELETE" => {
-                    let mut registry = self.shared.write();
-                    if registry.delete(&id) {
-                        self.shared.active.store(registry.len(), Ordering::SeqCst);
+                    {
+                        let mut registry = self.shared.write();
+                        if registry.delete(&id) {
+                            self.shared.active.store(registry.len(), Ordering::SeqCst);
+                        }
                     }
+                    self.persist().await?;
                     Ok(Response::new(204))
                 }
                 _ => Ok(method_not_allowed("GET, PUT, DELETE")),
@@ -283,6 +397,7 @@ impl Subscriptions {
                     .ok_or_else(|| ApiError::invalid("malformed percent-encoding in the path"))
                     .and_then(|p| registry::normalize_path(&p))?;
                 self.shared.write().remove_explicit(&id, &path)?;
+                self.persist().await?;
                 Ok(Response::new(204))
             }
             "callback" | "ack" | "release" | "claim" if method != "POST" => {
@@ -364,6 +479,7 @@ impl Subscriptions {
                 created
             };
             self.ensure_sweeper(core);
+            self.persist().await?;
             let response = self.describe(base_url, root, id)?;
             return Ok(Response {
                 status: if created { 201 } else { 200 },
@@ -377,6 +493,8 @@ impl Subscriptions {
                 "Subscription already exists with different configuration",
             ));
         }
+        // A re-confirmation after a failed write retries it.
+        self.persist().await?;
         self.describe(base_url, root, id)
     }
 
@@ -470,6 +588,7 @@ impl Subscriptions {
             links.push((path, tail));
         }
         self.shared.write().add_explicit(id, links)?;
+        self.persist().await?;
         Ok(Response::new(204))
     }
 
@@ -500,6 +619,7 @@ impl Subscriptions {
         };
         self.run_effects(core, effects);
         let next_wake = result?;
+        self.persist().await?;
         Ok(json_response(
             200,
             &serde_json::json!({"ok": true, "next_wake": next_wake}),
@@ -568,10 +688,39 @@ impl Subscriptions {
         glommio::spawn_local(async move { this.sweep(core).await }).detach();
     }
 
+    /// After a restore: reads every linked stream's tail (writes that were not reported
+    /// before the restart count as pending), then starts the wakes of pending work.
+    async fn resume(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        let linked = self.shared.read().linked_streams();
+        for (id, streams) in linked {
+            let mut tails = Vec::with_capacity(streams.len());
+            for (path, name) in streams {
+                match tail_of(core, &name).await {
+                    Ok(tail) => tails.push((path, tail)),
+                    Err(e) => log::warn!("subscription {id}: tail of {name}: {}", e.message),
+                }
+            }
+            self.shared.write().refresh_tails(&id, &tails);
+        }
+        let effects = self.shared.write().resume(Clock::now());
+        if !effects.is_empty() {
+            log::info!(
+                "subscriptions: {} woken for work pending since before the restart",
+                effects.len()
+            );
+        }
+        self.run_effects(core, effects);
+    }
+
     async fn sweep(self: Arc<Self>, core: Rc<CoreHandle>) {
+        if self.shared.read().resume_pending() {
+            self.resume(&core).await;
+        }
+        // Logged once per run of failures, not every interval.
+        let mut failing = false;
         loop {
             glommio::timer::sleep(SWEEP_INTERVAL).await;
-            if self.shared.active.load(Ordering::SeqCst) == 0 {
+            if self.shared.active.load(Ordering::SeqCst) == 0 && !self.shared.dirty() {
                 self.shared.sweeper_running.store(false, Ordering::SeqCst);
                 // A subscription created between the check and the store saw the flag still
                 // set and started no sweeper: carry on as the sweeper unless another took over.
@@ -583,6 +732,21 @@ impl Subscriptions {
             }
             let effects = self.shared.write().tick(Clock::now());
             self.run_effects(&core, effects);
+            // What writes and timers changed since the last interval.
+            if self.shared.dirty() {
+                let shared = self.shared.clone();
+                match glommio::executor()
+                    .spawn_blocking(move || shared.persist())
+                    .await
+                {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        failing = true;
+                        log::error!("subscriptions: {e} (retrying)");
+                    }
+                    Err(_) => {}
+                }
+            }
         }
     }
 }

@@ -506,9 +506,15 @@ struct Ctx<'a> {
     rng: &'a SystemRandom,
     clock: Clock,
     effects: &'a mut Vec<Effect>,
+    /// The registry's `version`: bumped when durable state changes.
+    version: &'a mut u64,
 }
 
 impl Ctx<'_> {
+    fn touch(&mut self) {
+        *self.version += 1;
+    }
+
     fn token(&self, sub: &Sub) -> String {
         self.tokens.issue(&Claims {
             subscription: sub.id.clone(),
@@ -552,6 +558,9 @@ impl Ctx<'_> {
 
     fn start_wake(&mut self, sub: &mut Sub, triggered_by: &str) {
         sub.generation += 1;
+        // Persisted lazily: a generation lost in a crash is handed out again, but never with
+        // the same wake id, so a token of the lost wake stays fenced.
+        self.touch();
         let snapshot = sub
             .streams
             .iter()
@@ -627,6 +636,12 @@ pub struct Registry {
     subs: HashMap<String, Sub>,
     tokens: TokenKey,
     rng: SystemRandom,
+    /// Goes up whenever state that the state file keeps changes (see `snapshot`); the store
+    /// compares it with the version it last wrote.
+    version: u64,
+    /// Restored from a file: the wakes that were outstanding are gone, so pending work is to be
+    /// announced again (`resume`).
+    resume: bool,
 }
 
 /// Splits the borrow: `subs` mutably, the rest for a `Ctx`.
@@ -639,6 +654,7 @@ macro_rules! ctx {
                 rng: &$self.rng,
                 clock: $clock,
                 effects: $effects,
+                version: &mut $self.version,
             },
         )
     };
@@ -650,7 +666,17 @@ impl Registry {
             subs: HashMap::new(),
             tokens,
             rng: SystemRandom::new(),
+            version: 0,
+            resume: false,
         }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn tokens(&self) -> &TokenKey {
+        &self.tokens
     }
 
     pub fn len(&self) -> usize {
@@ -731,6 +757,7 @@ impl Registry {
                 overflow_warned: false,
             },
         );
+        self.version += 1;
         Ok(true)
     }
 
@@ -772,7 +799,11 @@ impl Registry {
     }
 
     pub fn delete(&mut self, id: &str) -> bool {
-        self.subs.remove(id).is_some()
+        let removed = self.subs.remove(id).is_some();
+        if removed {
+            self.version += 1;
+        }
+        removed
     }
 
     /// Links explicit streams, each with its current tail (an already linked stream keeps its
@@ -800,6 +831,7 @@ impl Registry {
                 })
                 .explicit = true;
         }
+        self.version += 1;
         Ok(())
     }
 
@@ -811,6 +843,7 @@ impl Registry {
             if !link.glob {
                 sub.streams.remove(path);
             }
+            self.version += 1;
         }
         Ok(())
     }
@@ -853,11 +886,15 @@ impl Registry {
                         tail: ZERO_OFFSET.to_string(),
                     },
                 );
+                ctx.touch();
             }
             let Some(link) = sub.streams.get_mut(rel) else {
                 continue;
             };
-            link.glob |= by_pattern;
+            if by_pattern && !link.glob {
+                link.glob = true;
+                ctx.touch();
+            }
             // Writes on different cores may report out of order: tails only move forward.
             if tail > link.tail.as_str() {
                 link.tail = tail.to_string();
@@ -874,7 +911,9 @@ impl Registry {
     pub fn on_delete(&mut self, full_path: &str) {
         for sub in self.subs.values_mut() {
             if let Some(rel) = sub.relative(full_path) {
-                sub.streams.remove(rel);
+                if sub.streams.remove(rel).is_some() {
+                    self.version += 1;
+                }
             }
         }
     }
@@ -939,6 +978,9 @@ impl Registry {
             if let Some(link) = sub.streams.get_mut(path) {
                 link.acked = offset.clone();
             }
+        }
+        if !request.acks.is_empty() {
+            ctx.touch();
         }
         let lease = sub.lease();
         if let Some(wake) = sub.wake.as_mut() {
@@ -1058,11 +1100,15 @@ impl Registry {
                         }
                     }
                 }
+                ctx.touch();
                 sub.failed = false;
                 sub.attempts = 0;
                 ctx.end_wake(sub);
             }
             Outcome::Accepted => {
+                if sub.failed {
+                    ctx.touch();
+                }
                 sub.failed = false;
                 sub.attempts = 0;
                 wake.delivery = Delivery::Delivered;
@@ -1070,6 +1116,9 @@ impl Registry {
                 wake.lease_until = Some(clock.now + lease);
             }
             Outcome::Failed(reason) => {
+                if !sub.failed {
+                    ctx.touch();
+                }
                 sub.failed = true;
                 sub.attempts += 1;
                 if sub.attempts >= MAX_DELIVERY_ATTEMPTS {
@@ -1094,6 +1143,199 @@ impl Registry {
         }
         effects
     }
+}
+
+/// The durable state: what the state file keeps and `restore` reads back. Wakes (leases,
+/// holders, in-flight and retried deliveries, their attempt counts) are left out: after a
+/// restart they are simply gone, as if their leases had run out, and `resume` announces the
+/// pending work again with a new generation.
+impl Registry {
+    /// The subscriptions as JSON (without the keys, which `store` adds).
+    pub fn snapshot(&self) -> Value {
+        let mut subs: Vec<&Sub> = self.subs.values().collect();
+        subs.sort_by(|a, b| a.id.cmp(&b.id));
+        let subs: Vec<Value> = subs
+            .into_iter()
+            .map(|sub| {
+                let streams: Vec<Value> = sub
+                    .streams
+                    .iter()
+                    .map(|(path, link)| {
+                        json!({
+                            "path": path,
+                            "explicit": link.explicit,
+                            "glob": link.glob,
+                            "acked": link.acked,
+                            "tail": link.tail,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "id": sub.id,
+                    "incarnation": sub.incarnation,
+                    "root": sub.root,
+                    "callback_base": sub.callback_base,
+                    "created_at": sub.created_at,
+                    "config": config_body(&sub.config),
+                    "failed": sub.failed,
+                    "generation": sub.generation,
+                    "streams": streams,
+                })
+            })
+            .collect();
+        Value::Array(subs)
+    }
+
+    /// The registry `snapshot` wrote, with the token key of the same file. Anything missing or
+    /// malformed is an error: a file this node did not write is not half-trusted.
+    pub fn restore(snapshot: &Value, tokens: TokenKey) -> Result<Registry, String> {
+        let items = snapshot.as_array().ok_or("subscriptions is not an array")?;
+        if items.len() > MAX_SUBSCRIPTIONS {
+            return Err(format!(
+                "{} subscriptions, more than the {MAX_SUBSCRIPTIONS} a node holds",
+                items.len()
+            ));
+        }
+        let mut registry = Registry::new(tokens);
+        for (index, item) in items.iter().enumerate() {
+            let sub = restore_sub(item).map_err(|e| format!("subscription {index}: {e}"))?;
+            if registry.subs.contains_key(&sub.id) {
+                return Err(format!("subscription {index}: duplicate id {:?}", sub.id));
+            }
+            registry.subs.insert(sub.id.clone(), sub);
+        }
+        registry.resume = !registry.subs.is_empty();
+        Ok(registry)
+    }
+
+    /// Whether `resume` is still to run.
+    pub fn resume_pending(&self) -> bool {
+        self.resume
+    }
+
+    /// Every linked stream per subscription, as (id, [(relative path, full name)]): for the
+    /// sweeper to read their tails from the engine before `resume`.
+    pub fn linked_streams(&self) -> Vec<(String, Vec<(String, String)>)> {
+        self.subs
+            .values()
+            .map(|sub| {
+                let streams = sub
+                    .streams
+                    .keys()
+                    .map(|path| (path.clone(), format!("{}{path}", sub.root)))
+                    .collect();
+                (sub.id.clone(), streams)
+            })
+            .collect()
+    }
+
+    /// Once after a restore: starts a wake for every subscription with pending work (the wakes
+    /// that were outstanding did not survive the restart).
+    pub fn resume(&mut self, clock: Clock) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if !std::mem::take(&mut self.resume) {
+            return effects;
+        }
+        let (subs, mut ctx) = ctx!(self, clock, &mut effects);
+        for sub in subs.values_mut() {
+            if sub.wake.is_none() {
+                ctx.wake_if_pending(sub);
+            }
+        }
+        effects
+    }
+}
+
+/// A `Config` as the `PUT` body that configures it, so `restore` reads it with `parse_config`
+/// (and its checks).
+fn config_body(config: &Config) -> Value {
+    let mut body = json!({
+        "type": config.kind.as_str(),
+        "streams": config.streams,
+        "lease_ttl_ms": config.lease_ttl_ms,
+    });
+    if let Some(pattern) = &config.pattern {
+        body["pattern"] = json!(pattern);
+    }
+    if let Some(url) = &config.webhook_url {
+        body["webhook"] = json!({ "url": url });
+    }
+    if let Some(wake_stream) = &config.wake_stream {
+        body["wake_stream"] = json!(wake_stream);
+    }
+    if let Some(description) = &config.description {
+        body["description"] = json!(description);
+    }
+    body
+}
+
+fn str_field<'a>(value: &'a Value, field: &str) -> Result<&'a str, String> {
+    value[field]
+        .as_str()
+        .ok_or_else(|| format!("{field} is not a string"))
+}
+
+fn u64_field(value: &Value, field: &str) -> Result<u64, String> {
+    value[field]
+        .as_u64()
+        .ok_or_else(|| format!("{field} is not an unsigned integer"))
+}
+
+fn bool_field(value: &Value, field: &str) -> Result<bool, String> {
+    value[field]
+        .as_bool()
+        .ok_or_else(|| format!("{field} is not a boolean"))
+}
+
+fn restore_sub(item: &Value) -> Result<Sub, String> {
+    let id = str_field(item, "id")?;
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(format!("invalid id {id:?}"));
+    }
+    let config = parse_config(&item["config"]).map_err(|e| format!("config: {}", e.message))?;
+    let root = str_field(item, "root")?;
+    if !root.ends_with('/') {
+        return Err(format!("root {root:?} does not end with '/'"));
+    }
+    let items = item["streams"]
+        .as_array()
+        .ok_or("streams is not an array")?;
+    if items.len() > MAX_STREAMS_PER_SUBSCRIPTION {
+        return Err(format!("{} linked streams", items.len()));
+    }
+    let mut streams = BTreeMap::new();
+    for stream in items {
+        let path = normalize_path(str_field(stream, "path")?)
+            .map_err(|e| format!("stream path: {}", e.message))?;
+        let link = Link {
+            explicit: bool_field(stream, "explicit")?,
+            glob: bool_field(stream, "glob")?,
+            acked: str_field(stream, "acked")?.to_string(),
+            tail: str_field(stream, "tail")?.to_string(),
+        };
+        if !link.explicit && !link.glob {
+            return Err(format!(
+                "stream {path:?} is linked neither explicitly nor by pattern"
+            ));
+        }
+        if streams.insert(path.clone(), link).is_some() {
+            return Err(format!("stream {path:?} is listed twice"));
+        }
+    }
+    Ok(Sub {
+        id: id.to_string(),
+        incarnation: u64_field(item, "incarnation")?,
+        root: root.to_string(),
+        callback_base: str_field(item, "callback_base")?.to_string(),
+        config,
+        created_at: str_field(item, "created_at")?.to_string(),
+        failed: bool_field(item, "failed")?,
+        streams,
+        generation: u64_field(item, "generation")?,
+        wake: None,
+        attempts: 0,
+        overflow_warned: false,
+    })
 }
 
 /// 1 s, 2 s, 4 s … capped at a minute.
@@ -1519,6 +1761,68 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(err.code, "FENCED");
+    }
+
+    #[test]
+    fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
+        let rng = SystemRandom::new();
+        let mut secret = [0u8; crate::ds_subs::keys::TOKEN_KEY_LEN];
+        rng.fill(&mut secret).unwrap();
+        let mut reg = Registry::new(TokenKey::from_secret(secret));
+        let clock = Clock::now();
+        reg.create("p", ROOT, BASE, pull(1000), vec![], clock)
+            .unwrap();
+        // Linked, nothing pending: not woken by the resume.
+        let quiet = config(json!({"type": "pull-wake", "streams": ["quiet/x"],
+            "wake_stream": "wake/quiet"}));
+        let links = vec![("quiet/x".to_string(), LinkKind::Explicit, offset(4))];
+        reg.create("quiet", ROOT, BASE, quiet, links, clock)
+            .unwrap();
+        let version = reg.version();
+        reg.on_write("/v1/stream/events/a", &offset(1), clock);
+        assert!(reg.version() > version, "a new link and a wake are durable");
+        let mut effects = Vec::new();
+        let claimed = reg.claim("p", "w1", clock, &mut effects).unwrap();
+        let token = token_of(&claimed, "token");
+        // A write while the wake is out moves only a tail: nothing to write.
+        let version = reg.version();
+        reg.on_write("/v1/stream/events/a", &offset(2), clock);
+        assert_eq!(reg.version(), version);
+
+        let mut restored =
+            Registry::restore(&reg.snapshot(), TokenKey::from_secret(secret)).unwrap();
+        assert!(restored.resume_pending());
+        assert_eq!(restored.version(), 0);
+        // The claim did not survive: its token is fenced, not invalid.
+        let ack = ack_request(&claimed, "events/a", &offset(1), true);
+        let err = restored
+            .settle("p", Kind::PullWake, &token, &ack, clock, &mut effects)
+            .unwrap_err();
+        assert_eq!(err.code, "FENCED");
+        // The tails read from the engine, then the pending work is announced again, once.
+        restored.refresh_tails("p", &[("events/a".into(), offset(3))]);
+        let effects = restored.resume(clock);
+        let [Effect::AppendWake { stream, event }] = effects.as_slice() else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(stream, "/v1/stream/wake/pool");
+        let event: Value = serde_json::from_str(event).unwrap();
+        assert_eq!(
+            (
+                event["subscription_id"].as_str(),
+                event["generation"].as_u64()
+            ),
+            (Some("p"), Some(2))
+        );
+        assert!(restored.resume(clock).is_empty());
+        let mut effects = Vec::new();
+        let claimed = restored.claim("p", "w1", clock, &mut effects).unwrap();
+        assert_eq!(claimed["streams"][0]["tail_offset"], offset(3));
+        assert_eq!(
+            restored.describe("quiet", "k", "u").unwrap()["streams"][0]["acked_offset"],
+            offset(4)
+        );
+        assert!(Registry::restore(&json!({}), TokenKey::from_secret(secret)).is_err());
     }
 
     #[test]
