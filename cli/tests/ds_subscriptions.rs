@@ -1,0 +1,456 @@
+//! Durable Streams subscriptions across a restart of a real `pico serve --protocol ds`: the
+//! definitions, links, acked offsets, wake generations and the node's keys are in the state
+//! file (`<wal-dir>/subscriptions.json`), so after a SIGKILL and a start on the same
+//! directories every subscription answers as before, the JWKS names the same key, a callback
+//! token of before the restart is fenced (not invalid), and writes wake the subscriptions again.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{ds, ds_read, Resp, Server};
+use serde_json::{json, Value};
+
+const ROOT: &str = "/v1/stream/";
+
+/// A webhook POST as the receiver got it.
+struct Delivery {
+    signature: String,
+    body: Value,
+}
+
+/// A webhook receiver on loopback: answers every POST `200 {}` (the wake is then settled by a
+/// callback) and hands the deliveries over. Lives as long as the test process.
+fn receiver() -> (String, mpsc::Receiver<Delivery>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        listener.local_addr().unwrap().port()
+    );
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut data = Vec::new();
+            let mut chunk = [0u8; 8192];
+            let parsed = loop {
+                let n = match conn.read(&mut chunk) {
+                    Ok(0) | Err(_) => break None,
+                    Ok(n) => n,
+                };
+                data.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&data).into_owned();
+                let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                    continue;
+                };
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    let signature = head
+                        .lines()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("webhook-signature")
+                                .then(|| value.trim().to_string())
+                        })
+                        .unwrap_or_default();
+                    break Some((signature, body[..length].to_string()));
+                }
+            };
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+            );
+            if let Some((signature, body)) = parsed {
+                let body = serde_json::from_str(&body).expect("a JSON delivery");
+                if tx.send(Delivery { signature, body }).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (url, rx)
+}
+
+fn next_delivery(rx: &mpsc::Receiver<Delivery>, server: &Server) -> Delivery {
+    rx.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("no webhook delivery ({e}); log:\n{}", server.log()))
+}
+
+fn control(
+    addr: SocketAddr,
+    method: &str,
+    rest: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> Resp {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(auth) = &auth {
+        headers.push(("authorization", auth.as_str()));
+    }
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    ds(
+        addr,
+        method,
+        &format!("{ROOT}__ds/{rest}"),
+        &headers,
+        body.as_bytes(),
+    )
+}
+
+fn get_subscription(server: &Server, id: &str) -> Value {
+    let got = control(
+        server.addr,
+        "GET",
+        &format!("subscriptions/{id}"),
+        None,
+        None,
+    );
+    got.expect(200);
+    got.json()
+}
+
+/// Appends `body` to a text stream; its new tail offset.
+fn write(server: &Server, path: &str, body: &str) -> String {
+    let appended = ds(
+        server.addr,
+        "POST",
+        &format!("{ROOT}{path}"),
+        &[("content-type", "text/plain")],
+        body.as_bytes(),
+    );
+    appended.expect(204);
+    appended.h("stream-next-offset").to_string()
+}
+
+/// The wake events of `subscription` in the wake stream so far.
+fn wake_events(server: &Server, subscription: &str) -> Vec<Value> {
+    let read = ds_read(server.addr, &format!("{ROOT}wake/pool"), "-1");
+    read.expect(200);
+    read.json()
+        .as_array()
+        .expect("a JSON stream reads as an array")
+        .iter()
+        .filter(|event| event["subscription_id"] == subscription)
+        .cloned()
+        .collect()
+}
+
+/// Waits for the wake event of `generation` of `subscription`.
+fn wait_wake(server: &Server, subscription: &str, generation: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events = wake_events(server, subscription);
+        if let Some(event) = events.iter().find(|e| e["generation"] == generation) {
+            return event.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no wake event of generation {generation} for {subscription}: {events:?}; log:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[test]
+fn subscriptions_survive_a_restart() {
+    let mut server = Server::start(&["--protocol", "ds"]);
+    let (url, deliveries) = receiver();
+    let state_file = server.wal_dir().join("subscriptions.json");
+    assert!(
+        server.log().contains(&format!(
+            "subscriptions: 0 loaded from {}",
+            state_file.display()
+        )),
+        "{}",
+        server.log()
+    );
+    for (path, content_type) in [
+        ("wake/pool", "application/json"),
+        ("events/a", "text/plain"),
+    ] {
+        ds(
+            server.addr,
+            "PUT",
+            &format!("{ROOT}{path}"),
+            &[("content-type", content_type)],
+            b"",
+        )
+        .expect(201);
+    }
+
+    // A pull-wake and a webhook subscription on the same pattern; the webhook also links a
+    // stream explicitly, after its creation.
+    let pull_spec = json!({"type": "pull-wake", "pattern": "events/*",
+        "wake_stream": "wake/pool", "lease_ttl_ms": 5000});
+    control(
+        server.addr,
+        "PUT",
+        "subscriptions/pull",
+        None,
+        Some(pull_spec.clone()),
+    )
+    .expect(201);
+    let hook_spec = json!({"type": "webhook", "pattern": "events/*",
+        "webhook": {"url": url}, "description": "survives restarts"});
+    control(
+        server.addr,
+        "PUT",
+        "subscriptions/hook",
+        None,
+        Some(hook_spec.clone()),
+    )
+    .expect(201);
+    control(
+        server.addr,
+        "POST",
+        "subscriptions/hook/streams",
+        None,
+        Some(json!({"streams": ["orders/1"]})),
+    )
+    .expect(204);
+
+    // One write wakes both; each acks it.
+    let tail = write(&server, "events/a", "one");
+    let event = wait_wake(&server, "pull", 1);
+    assert_eq!(event["stream"], "events/a");
+    let claim = control(
+        server.addr,
+        "POST",
+        "subscriptions/pull/claim",
+        None,
+        Some(json!({"worker": "w1"})),
+    );
+    claim.expect(200);
+    let claim = claim.json();
+    let ack = json!({"wake_id": claim["wake_id"], "generation": claim["generation"],
+        "acks": [{"stream": "events/a", "offset": tail}], "done": true});
+    let acked = control(
+        server.addr,
+        "POST",
+        "subscriptions/pull/ack",
+        claim["token"].as_str(),
+        Some(ack),
+    );
+    acked.expect(200);
+    assert_eq!(acked.json(), json!({"ok": true, "next_wake": false}));
+
+    let delivery = next_delivery(&deliveries, &server);
+    assert_eq!(delivery.body["subscription_id"], "hook");
+    assert_eq!(delivery.body["generation"], 1);
+    let callback_token = delivery.body["callback_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let callback = json!({"wake_id": delivery.body["wake_id"],
+        "generation": delivery.body["generation"],
+        "acks": [{"stream": "events/a", "offset": tail}], "done": true});
+    let settled = control(
+        server.addr,
+        "POST",
+        "subscriptions/hook/callback",
+        Some(&callback_token),
+        Some(callback.clone()),
+    );
+    settled.expect(200);
+
+    let pull_before = get_subscription(&server, "pull");
+    let hook_before = get_subscription(&server, "hook");
+    assert_eq!(
+        pull_before["streams"],
+        json!([{"path": "events/a", "link_type": "glob", "acked_offset": tail}])
+    );
+    assert_eq!(
+        hook_before["streams"],
+        json!([
+            {"path": "events/a", "link_type": "glob", "acked_offset": tail},
+            {"path": "orders/1", "link_type": "explicit",
+                "acked_offset": "0000000000000000_0000000000000000"},
+        ])
+    );
+    let jwks_before = control(server.addr, "GET", "jwks.json", None, None);
+    jwks_before.expect(200);
+    let kid = jwks_before.json()["keys"][0]["kid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(delivery.signature.contains(&format!("kid={kid},")));
+    // The file holds keys: only the node's user may read it.
+    let mode = std::fs::metadata(&state_file)
+        .expect("the state file exists once there are subscriptions")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // kill -9: nothing is written on the way out.
+    server.restart();
+    assert!(
+        server.log().contains(&format!(
+            "subscriptions: 2 loaded from {}",
+            state_file.display()
+        )),
+        "{}",
+        server.log()
+    );
+    assert_eq!(get_subscription(&server, "pull"), pull_before);
+    assert_eq!(get_subscription(&server, "hook"), hook_before);
+    let jwks_after = control(server.addr, "GET", "jwks.json", None, None);
+    jwks_after.expect(200);
+    assert_eq!(jwks_after.json(), jwks_before.json());
+    // Re-creating with the same definition confirms the restored subscription.
+    control(
+        server.addr,
+        "PUT",
+        "subscriptions/pull",
+        None,
+        Some(pull_spec),
+    )
+    .expect(200);
+    control(
+        server.addr,
+        "PUT",
+        "subscriptions/hook",
+        None,
+        Some(hook_spec),
+    )
+    .expect(200);
+    // The token key survived: an old token still verifies, and its wake is over.
+    let stale = control(
+        server.addr,
+        "POST",
+        "subscriptions/hook/callback",
+        Some(&callback_token),
+        Some(callback),
+    );
+    assert_eq!(stale.status, 409, "{}", stale.describe());
+    assert_eq!(stale.json()["error"]["code"], "FENCED");
+
+    // Nothing was pending, so nothing woke at start; a new write wakes both, with the next
+    // generation.
+    assert_eq!(wake_events(&server, "pull").len(), 1);
+    let tail2 = write(&server, "events/a", "two");
+    let event = wait_wake(&server, "pull", 2);
+    assert_eq!(event["stream"], "events/a");
+    let delivery = next_delivery(&deliveries, &server);
+    assert_eq!(delivery.body["subscription_id"], "hook");
+    assert_eq!(delivery.body["generation"], 2);
+    assert!(delivery.signature.contains(&format!("kid={kid},")));
+    let streams = delivery.body["streams"].as_array().unwrap();
+    let events_a = streams.iter().find(|s| s["path"] == "events/a").unwrap();
+    assert_eq!(events_a["acked_offset"], tail.as_str());
+    assert_eq!(events_a["tail_offset"], tail2.as_str());
+    assert_eq!(events_a["has_pending"], true);
+
+    // Deleting is durable too. The pull-wake wake of generation 2 is still unclaimed: it does
+    // not survive the restart, but its pending work is announced again, as generation 3.
+    control(server.addr, "DELETE", "subscriptions/hook", None, None).expect(204);
+    server.restart();
+    control(server.addr, "GET", "subscriptions/hook", None, None).expect(404);
+    let event = wait_wake(&server, "pull", 3);
+    assert_eq!(event["stream"], "events/a");
+    let claim = control(
+        server.addr,
+        "POST",
+        "subscriptions/pull/claim",
+        None,
+        Some(json!({"worker": "w2"})),
+    );
+    claim.expect(200);
+    let claim = claim.json();
+    assert_eq!(claim["generation"], 3);
+    assert_eq!(claim["streams"][0]["acked_offset"], tail.as_str());
+    assert_eq!(claim["streams"][0]["tail_offset"], tail2.as_str());
+}
+
+#[test]
+fn a_corrupt_state_file_stops_the_node() {
+    let mut server = Server::start(&["--protocol", "ds"]);
+    server.kill();
+    let state_file = server.wal_dir().join("subscriptions.json");
+    std::fs::write(&state_file, b"{\"format\": 1, \"subscriptions\": [").unwrap();
+    let output = common::pico(
+        server.dir(),
+        &[
+            "serve",
+            "--protocol",
+            "ds",
+            "--listen",
+            "127.0.0.1:0",
+            "--meta-url",
+            &format!("sqlite:{}", server.dir().join("meta.db").display()),
+            "--storage",
+            &format!("-2@file://{}", server.dir().join("objects").display()),
+            "--wal-dir",
+            &server.wal_dir().display().to_string(),
+        ],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&state_file.display().to_string()),
+        "the error names the file: {stderr}"
+    );
+    // The file is left as it was, for the operator to look at.
+    assert_eq!(
+        std::fs::read(&state_file).unwrap(),
+        b"{\"format\": 1, \"subscriptions\": ["
+    );
+}
+
+#[test]
+fn links_and_generations_made_by_writes_are_written_soon_after() {
+    let mut server = Server::start(&["--protocol", "ds"]);
+    ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}wake/pool"),
+        &[("content-type", "application/json")],
+        b"",
+    )
+    .expect(201);
+    let spec = json!({"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wake/pool"});
+    control(server.addr, "PUT", "subscriptions/lazy", None, Some(spec)).expect(201);
+    // The write links the new stream and starts a wake: neither waits for the disk, the
+    // sweeper writes them within its interval.
+    ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}jobs/new"),
+        &[("content-type", "text/plain")],
+        b"",
+    )
+    .expect(201);
+    let tail = write(&server, "jobs/new", "work");
+    wait_wake(&server, "lazy", 1);
+    let before = get_subscription(&server, "lazy");
+    assert_eq!(
+        before["streams"],
+        json!([{"path": "jobs/new", "link_type": "glob", "acked_offset": "-1"}])
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    server.restart();
+    assert_eq!(get_subscription(&server, "lazy"), before);
+    // The unclaimed wake is announced again with the next generation.
+    wait_wake(&server, "lazy", 2);
+    let claim = control(
+        server.addr,
+        "POST",
+        "subscriptions/lazy/claim",
+        None,
+        Some(json!({"worker": "w"})),
+    );
+    claim.expect(200);
+    assert_eq!(claim.json()["streams"][0]["tail_offset"], tail.as_str());
+}
