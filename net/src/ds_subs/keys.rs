@@ -1,7 +1,8 @@
 //! The node's secrets for subscriptions: the Ed25519 key that signs webhook deliveries (its
-//! public half is served as a JWKS) and the HMAC key of callback tokens. Both are generated on
-//! a node's first start and kept in its subscription state file (see `store`), so the `kid`
-//! receivers cached and the tokens already issued stay valid across restarts.
+//! public half is served as a JWKS) and the HMAC key of callback tokens. A node without a state
+//! file generates both at start and writes them there with its first subscription (see
+//! `store`); from then on they are read back at every start, so the `kid` receivers cached and
+//! the tokens already issued stay valid across restarts.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
