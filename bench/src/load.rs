@@ -430,41 +430,56 @@ async fn writer(
     }
 }
 
+/// What a reader's request came back with.
+enum Page {
+    Ready(reqwest::Response),
+    /// Throttled (`429`/`503`): ask again after a short pause.
+    Retry,
+    /// Failed (recorded) or the run is over.
+    Stop,
+}
+
+async fn fetch_page(shared: &Shared, name: &str, request: reqwest::RequestBuilder) -> Page {
+    let resp = match request.send().await {
+        Ok(resp) => resp,
+        Err(e) => {
+            if !shared.stopped() {
+                shared.fail(format!("read of {name}: {}", wire::describe(&e)));
+            }
+            return Page::Stop;
+        }
+    };
+    let status = resp.status();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        let _ = resp.bytes().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        return Page::Retry;
+    }
+    if status != StatusCode::OK {
+        shared.fail(wire::status_error(&format!("read of {name}"), resp).await);
+        return Page::Stop;
+    }
+    Page::Ready(resp)
+}
+
 /// One catch-up reader: pages of up to 4 MiB (`format=binary`) from the beginning, 10 ms of
 /// sleep when caught up.
 async fn reader(shared: Arc<Shared>, client: reqwest::Client, url: String, name: String) {
     let mut next = 0u64;
     while !shared.stopped() {
-        let resp = client
-            .get(wire::with_query(
-                &url,
-                &[
-                    ("seq", &next.to_string()),
-                    ("format", "binary"),
-                    ("bytes", &READ_PAGE_BYTES.to_string()),
-                ],
-            ))
-            .send()
-            .await;
-        let resp = match resp {
-            Ok(resp) => resp,
-            Err(e) => {
-                if !shared.stopped() {
-                    shared.fail(format!("read of {name}: {}", wire::describe(&e)));
-                }
-                return;
-            }
+        let request = client.get(wire::with_query(
+            &url,
+            &[
+                ("seq", &next.to_string()),
+                ("format", "binary"),
+                ("bytes", &READ_PAGE_BYTES.to_string()),
+            ],
+        ));
+        let resp = match fetch_page(&shared, &name, request).await {
+            Page::Ready(resp) => resp,
+            Page::Retry => continue,
+            Page::Stop => return,
         };
-        let status = resp.status();
-        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            let _ = resp.bytes().await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        if status != StatusCode::OK {
-            shared.fail(wire::status_error(&format!("read of {name}"), resp).await);
-            return;
-        }
         let header = |h: &str| {
             resp.headers()
                 .get(h)
@@ -515,29 +530,12 @@ async fn ds_reader(
     let mut offset = "-1".to_string();
     let mut total_bytes = 0u64;
     while !shared.stopped() {
-        let resp = client
-            .get(wire::with_query(&url, &[("offset", &offset)]))
-            .send()
-            .await;
-        let resp = match resp {
-            Ok(resp) => resp,
-            Err(e) => {
-                if !shared.stopped() {
-                    shared.fail(format!("read of {name}: {}", wire::describe(&e)));
-                }
-                return;
-            }
+        let request = client.get(wire::with_query(&url, &[("offset", &offset)]));
+        let resp = match fetch_page(&shared, &name, request).await {
+            Page::Ready(resp) => resp,
+            Page::Retry => continue,
+            Page::Stop => return,
         };
-        let status = resp.status();
-        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            let _ = resp.bytes().await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        if status != StatusCode::OK {
-            shared.fail(wire::status_error(&format!("read of {name}"), resp).await);
-            return;
-        }
         let header = |h: &str| {
             resp.headers()
                 .get(h)
