@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-port=${CONFORMANCE_PORT:-4537}
+# Port 0 by default: the kernel picks a free one, read back from the "serving on" line.
+port=${CONFORMANCE_PORT:-0}
 if [ -z "${PICO_BIN:-}" ]; then
   cargo build --release --locked -p pico-cli
   PICO_BIN=$root/target/release/pico
@@ -32,15 +33,18 @@ cleanup() {
   rm -rf "$data"
 }
 trap cleanup EXIT
-for _ in $(seq 1 100); do
-  curl -s -o /dev/null "http://127.0.0.1:$port/" && break
+url=""
+for _ in $(seq 1 300); do
+  url=$(sed -n 's/^serving on \(http:\/\/[^ ]*\).*/\1/p' "$log" | head -n 1)
+  [ -n "$url" ] && break
   kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "pico serve exited" >&2; exit 1; }
   sleep 0.1
 done
+[ -n "$url" ] || { cat "$log"; echo "pico serve did not start in 30 s" >&2; exit 1; }
 
 cd conformance
 status=0
-CONFORMANCE_TEST_URL="http://127.0.0.1:$port" CONFORMANCE_LONG_POLL_TIMEOUT_MS=500 \
+CONFORMANCE_TEST_URL="$url" CONFORMANCE_LONG_POLL_TIMEOUT_MS=500 \
   CONFORMANCE_SUBSCRIPTIONS=1 timeout 900 npx --no-install vitest run conformance.test.mjs \
   --reporter=dot --reporter=json --outputFile.json=conformance-results.json "$@" || status=$?
 node summarize.mjs conformance-results.json || status=1
