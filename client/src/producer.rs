@@ -670,6 +670,10 @@ impl Delivery {
         let mut jitter = Jitter::new(self.seq);
         loop {
             attempts += 1;
+            // Whether an earlier batch was still unacknowledged when this one left: then a
+            // refusal may be ordering even if that batch is acknowledged by the time the
+            // refusal arrives (checking only afterwards made that race a failure).
+            let overtaking = self.progress.borrow().done_below < self.seq;
             let send = self.client.append_as_producer(
                 &self.stream,
                 self.body.clone(),
@@ -689,7 +693,7 @@ impl Delivery {
             // again, without counting an attempt. Once they are all acknowledged, a 400 is
             // final.
             let reordered = error.is_sequence_gap() || error.status() == Some(400);
-            if reordered && self.progress.borrow().done_below < self.seq {
+            if reordered && overtaking {
                 attempts -= 1;
                 let seq = self.seq;
                 let progress = &mut self.progress;
