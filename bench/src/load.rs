@@ -432,7 +432,8 @@ async fn writer(
 
 /// What a reader's request came back with.
 enum Page {
-    Ready(reqwest::Response),
+    /// `200`: its headers and whole body.
+    Ready(reqwest::header::HeaderMap, bytes::Bytes),
     /// Throttled (`429`/`503`): ask again after a short pause.
     Retry,
     /// Failed (recorded) or the run is over.
@@ -459,7 +460,32 @@ async fn fetch_page(shared: &Shared, name: &str, request: reqwest::RequestBuilde
         shared.fail(wire::status_error(&format!("read of {name}"), resp).await);
         return Page::Stop;
     }
-    Page::Ready(resp)
+    let headers = resp.headers().clone();
+    match resp.bytes().await {
+        Ok(body) => Page::Ready(headers, body),
+        Err(e) => {
+            if !shared.stopped() {
+                shared.fail(format!("read of {name}: {}", wire::describe(&e)));
+            }
+            Page::Stop
+        }
+    }
+}
+
+/// A response header as text.
+fn header(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// A reader caught up waits a moment before asking again; `false` once the run is over.
+async fn pause_caught_up(shared: &Shared) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(CAUGHT_UP_SLEEP) => true,
+        _ = shared.until_stopped() => false,
+    }
 }
 
 /// One catch-up reader: pages of up to 4 MiB (`format=binary`) from the beginning, 10 ms of
@@ -475,28 +501,13 @@ async fn reader(shared: Arc<Shared>, client: reqwest::Client, url: String, name:
                 ("bytes", &READ_PAGE_BYTES.to_string()),
             ],
         ));
-        let resp = match fetch_page(&shared, &name, request).await {
-            Page::Ready(resp) => resp,
+        let (headers, body) = match fetch_page(&shared, &name, request).await {
+            Page::Ready(headers, body) => (headers, body),
             Page::Retry => continue,
             Page::Stop => return,
         };
-        let header = |h: &str| {
-            resp.headers()
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let next_header = header("pico-next-seq").and_then(|v| v.parse::<u64>().ok());
-        let up_to_date = header("pico-up-to-date").is_some_and(|v| v == "true");
-        let body = match resp.bytes().await {
-            Ok(body) => body,
-            Err(e) => {
-                if !shared.stopped() {
-                    shared.fail(format!("read of {name}: {}", wire::describe(&e)));
-                }
-                return;
-            }
-        };
+        let next_header = header(&headers, "pico-next-seq").and_then(|v| v.parse::<u64>().ok());
+        let up_to_date = header(&headers, "pico-up-to-date").is_some_and(|v| v == "true");
         let page = match wire::parse_page(&body, false) {
             Ok(page) => page,
             Err(e) => {
@@ -506,11 +517,8 @@ async fn reader(shared: Arc<Shared>, client: reqwest::Client, url: String, name:
         };
         shared.record_read(page.records, page.body_bytes);
         next = next_header.unwrap_or(next + page.records);
-        if up_to_date || page.records == 0 {
-            tokio::select! {
-                _ = tokio::time::sleep(CAUGHT_UP_SLEEP) => {}
-                _ = shared.until_stopped() => return,
-            }
+        if (up_to_date || page.records == 0) && !pause_caught_up(&shared).await {
+            return;
         }
     }
 }
@@ -531,31 +539,16 @@ async fn ds_reader(
     let mut total_bytes = 0u64;
     while !shared.stopped() {
         let request = client.get(wire::with_query(&url, &[("offset", &offset)]));
-        let resp = match fetch_page(&shared, &name, request).await {
-            Page::Ready(resp) => resp,
+        let (headers, body) = match fetch_page(&shared, &name, request).await {
+            Page::Ready(headers, body) => (headers, body),
             Page::Retry => continue,
             Page::Stop => return,
         };
-        let header = |h: &str| {
-            resp.headers()
-                .get(h)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let Some(next) = header("stream-next-offset") else {
+        let Some(next) = header(&headers, "stream-next-offset") else {
             shared.fail(format!("read of {name}: no Stream-Next-Offset"));
             return;
         };
-        let up_to_date = header("stream-up-to-date").is_some_and(|v| v == "true");
-        let body = match resp.bytes().await {
-            Ok(body) => body,
-            Err(e) => {
-                if !shared.stopped() {
-                    shared.fail(format!("read of {name}: {}", wire::describe(&e)));
-                }
-                return;
-            }
-        };
+        let up_to_date = header(&headers, "stream-up-to-date").is_some_and(|v| v == "true");
         let records = if json {
             wire::ds_json_chunk_records(body.len(), record_size)
         } else {
@@ -567,11 +560,8 @@ async fn ds_reader(
         // No progress is as good as caught up, even without Stream-Up-To-Date.
         let empty = offset == next;
         offset = next;
-        if up_to_date || empty {
-            tokio::select! {
-                _ = tokio::time::sleep(CAUGHT_UP_SLEEP) => {}
-                _ = shared.until_stopped() => return,
-            }
+        if (up_to_date || empty) && !pause_caught_up(&shared).await {
+            return;
         }
     }
 }
