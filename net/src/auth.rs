@@ -33,6 +33,16 @@ pub enum Permission {
 }
 
 impl Permission {
+    /// What a stream request's method needs (both protocols); `None` for a CORS preflight,
+    /// which needs no token.
+    pub fn for_method(method: &str) -> Option<Permission> {
+        match method {
+            "OPTIONS" => None,
+            "GET" | "HEAD" => Some(Permission::Read),
+            _ => Some(Permission::Append),
+        }
+    }
+
     fn bit(self) -> u8 {
         match self {
             Permission::Read => 1,

@@ -32,7 +32,7 @@ use pico_engine::{
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::ds_subs::Subscriptions;
 use crate::http1::{BodyStream, Request, Response};
-use crate::params::{header_true, query_values, strict_u64};
+use crate::params::{header_true, producer_tuple, query_values, strict_u64, PartialProducer};
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 
 /// Settings of the Durable Streams handlers.
@@ -246,10 +246,8 @@ fn base_url(settings: &DsSettings, request: &Request) -> String {
 /// granted the operation on the stream.
 fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError> {
     let Some(auth) = auth else { return Ok(()) };
-    let permission = match request.method.as_str() {
-        "OPTIONS" => return Ok(()),
-        "GET" | "HEAD" => Permission::Read,
-        _ => Permission::Append,
+    let Some(permission) = Permission::for_method(&request.method) else {
+        return Ok(());
     };
     auth.check(
         bearer(request.header("authorization")),
@@ -502,17 +500,9 @@ fn producer_headers(request: &Request) -> Result<Option<ProducerTuple>, DsError>
     let id = request.header("producer-id");
     let epoch = producer_number(request, "producer-epoch")?;
     let seq = producer_number(request, "producer-seq")?;
-    match (id, epoch, seq) {
-        (None, None, None) => Ok(None),
-        (Some(id), Some(epoch), Some(seq)) => Ok(Some(ProducerTuple {
-            id: id.to_string(),
-            epoch,
-            seq,
-        })),
-        _ => Err(DsError::bad_request(
-            "Producer-Id, Producer-Epoch and Producer-Seq must be sent together",
-        )),
-    }
+    producer_tuple(id, epoch, seq).map_err(|PartialProducer| {
+        DsError::bad_request("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
+    })
 }
 
 async fn append(
@@ -888,19 +878,11 @@ async fn next_sse_events(state: &mut SseState) -> Bytes {
         with_content_type: false,
         bound: None,
     };
-    let batch = match state.core.call(&state.name, Op::Read(request)).await {
-        // A stopping node ends live responses cleanly once what was read is sent.
-        Ok(Reply::Read(batch)) if state.core.is_stopping() => {
-            state.done = true;
-            batch
-        }
-        Ok(Reply::Read(batch)) => batch,
-        // Deleted, expired or failing: end the response; a reconnect gets the error.
-        _ => {
-            state.done = true;
-            return Bytes::new();
-        }
+    let Some((batch, last)) = crate::sse::live_read(&state.core, &state.name, request).await else {
+        state.done = true;
+        return Bytes::new();
     };
+    state.done |= last;
     let mut out = Vec::new();
     if !batch.records.is_empty() {
         let payload = joined(encode(&batch, state.json, state.skip_bytes));

@@ -1,6 +1,8 @@
 //! Request parameters both protocols parse the same way: query strings, boolean headers,
 //! strict integers.
 
+use pico_engine::state::ProducerTuple;
+
 use crate::http1::Request;
 
 /// Strict unsigned integer: digits only, no sign, no leading zeros but `0`, fits u64.
@@ -16,6 +18,27 @@ pub fn header_true(request: &Request, name: &str) -> bool {
     request
         .header(name)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// Only some of the three producer headers were given.
+#[derive(Debug)]
+pub struct PartialProducer;
+
+/// An idempotent producer's identity from its three headers: all three or none.
+pub fn producer_tuple(
+    id: Option<&str>,
+    epoch: Option<u64>,
+    seq: Option<u64>,
+) -> Result<Option<ProducerTuple>, PartialProducer> {
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => Ok(Some(ProducerTuple {
+            id: id.to_string(),
+            epoch,
+            seq,
+        })),
+        _ => Err(PartialProducer),
+    }
 }
 
 /// The first value of a query parameter, percent-decoded with `+` as space.

@@ -15,7 +15,7 @@ use pico_engine::{
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::codec;
 use crate::http1::{Request, Response};
-use crate::params::header_true;
+use crate::params::{header_true, producer_tuple, PartialProducer};
 pub use crate::params::{query_param, strict_u64};
 use crate::sse;
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
@@ -234,10 +234,8 @@ fn notify_subscriptions(
 /// granted the operation on the stream (for a listing, on the listed prefix).
 fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), ApiError> {
     let Some(auth) = auth else { return Ok(()) };
-    let permission = match request.method.as_str() {
-        "OPTIONS" => return Ok(()),
-        "GET" | "HEAD" => Permission::Read,
-        _ => Permission::Append,
+    let Some(permission) = Permission::for_method(&request.method) else {
+        return Ok(());
     };
     let name = if request.path == "/" {
         query_param(&request.query, "prefix")
@@ -445,13 +443,11 @@ fn producer_headers(request: &Request) -> Result<Option<ProducerTuple>, ApiError
     let id = request.header("pico-producer-id");
     let epoch = header_u64(request, "pico-producer-epoch", "Pico-Producer-Epoch")?;
     let seq = header_u64(request, "pico-producer-seq", "Pico-Producer-Seq")?;
-    match (id, epoch, seq) {
-        (None, None, None) => Ok(None),
-        (Some(id), Some(epoch), Some(seq)) => Ok(Some(ProducerTuple { id: id.to_string(), epoch, seq })),
-        _ => Err(ApiError::bad_request(
+    producer_tuple(id, epoch, seq).map_err(|PartialProducer| {
+        ApiError::bad_request(
             "all producer headers (Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq) must be provided together",
-        )),
-    }
+        )
+    })
 }
 
 /// `POST` with `Pico-Trim-Seq`: records below the offset are gone for readers at once.

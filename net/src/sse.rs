@@ -109,18 +109,9 @@ async fn next_events(state: &mut State) {
         with_content_type: false,
         bound: None,
     };
-    let batch = match state.core.call(&state.name, Op::Read(request)).await {
-        // A stopping node ends live responses cleanly once what was read is sent.
-        Ok(Reply::Read(batch)) if state.core.is_stopping() => {
-            state.done = true;
-            batch
-        }
-        Ok(Reply::Read(batch)) => batch,
-        // Deleted, expired or failing: end the stream; the client's reconnect gets the error.
-        _ => {
-            state.done = true;
-            return;
-        }
+    let Some((batch, last)) = live_read(&state.core, &state.name, request).await else {
+        state.done = true;
+        return;
     };
     if !batch.records.is_empty() {
         let mut data = Vec::with_capacity(64);
@@ -142,5 +133,21 @@ async fn next_events(state: &mut State) {
         state
             .queue
             .push_back(Bytes::from_static(b": keep-alive\n\n"));
+    }
+    state.done |= last;
+}
+
+/// One read of a live response (both protocols): the batch, and whether it must be the
+/// response's last because the node is stopping (it ends cleanly once that batch is sent).
+/// `None` when the stream is deleted, expired or failing: the response ends, and the client's
+/// reconnect gets the error.
+pub(crate) async fn live_read(
+    core: &CoreHandle,
+    name: &str,
+    request: ReadRequest,
+) -> Option<(ReadBatch, bool)> {
+    match core.call(name, Op::Read(request)).await {
+        Ok(Reply::Read(batch)) => Some((batch, core.is_stopping())),
+        _ => None,
     }
 }
