@@ -275,14 +275,9 @@ async fn serve_http1<S, H, F>(
     loop {
         if buf.is_empty() {
             // Idle between requests: a shutdown closes the connection here, never mid-request.
-            let first = futures_lite::future::or(
-                async { Some(within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)).await) },
-                async {
-                    stop.wait().await;
-                    None
-                },
-            )
-            .await;
+            let first = stop
+                .unless_stopped(within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)))
+                .await;
             if !matches!(first, Some(Some(Ok(true)))) {
                 return;
             }

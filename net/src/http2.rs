@@ -107,11 +107,7 @@ pub async fn serve_connection<S, H, F>(
         let next = if going_away {
             Some(connection.accept().await)
         } else {
-            futures_lite::future::or(async { Some(connection.accept().await) }, async {
-                stop.wait().await;
-                None
-            })
-            .await
+            stop.unless_stopped(connection.accept()).await
         };
         let Some(next) = next else {
             connection.graceful_shutdown();

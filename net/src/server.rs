@@ -559,11 +559,7 @@ async fn accept_loop<H, F>(
 {
     let open = Rc::new(Cell::new(0usize));
     loop {
-        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
-            stop.wait().await;
-            None
-        })
-        .await;
+        let accepted = stop.unless_stopped(listener.accept()).await;
         // Shutdown: the listener closes here; open connections finish on their own.
         let Some(accepted) = accepted else { return };
         let stream = match accepted {

@@ -75,6 +75,18 @@ impl CoreShutdown {
         self.inner.set.get()
     }
 
+    /// `future`'s output, or `None` if the shutdown begins first (the future is dropped).
+    pub async fn unless_stopped<T>(
+        &self,
+        future: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        futures_lite::future::or(async { Some(future.await) }, async {
+            self.wait().await;
+            None
+        })
+        .await
+    }
+
     /// Resolves once the shutdown began.
     pub fn wait(&self) -> Wait {
         let id = self.inner.next_id.get();
