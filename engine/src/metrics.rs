@@ -122,7 +122,7 @@ pub struct CoreMetrics {
     pub cache_misses: AtomicU64,
     /// Segment buffers and cached blocks held in memory.
     pub memory_bytes: AtomicU64,
-    /// Streams this core owns.
+    /// Streams this core owns (set on every create and removal).
     pub streams: AtomicU64,
     /// Segments this core knows (open, sealed and uploaded).
     pub segments: AtomicU64,

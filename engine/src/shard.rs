@@ -352,6 +352,7 @@ impl Shard {
                 },
             );
         }
+        CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
     }
 
     // ---------------------------------------------------------------- operations
@@ -580,6 +581,7 @@ impl Shard {
                         waiters: Vec::new(),
                     },
                 );
+                CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
                 outcome.created
             }
         };
@@ -1382,7 +1384,6 @@ impl Shard {
                 &self.metrics.upload_backlog_bytes,
                 self.unuploaded_bytes.get() as u64,
             );
-            CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
             CoreMetrics::set(&self.metrics.segments, self.segments.borrow().len() as u64);
             glommio::timer::sleep(GAUGE_REFRESH_INTERVAL).await;
         }
@@ -1508,6 +1509,7 @@ impl Shard {
         let mut streams = self.streams.borrow_mut();
         if streams.get(name).is_some_and(|s| s.state.id == id) {
             if let Some(stream) = streams.remove(name) {
+                CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
                 for waiter in stream.waiters {
                     let _ = waiter.send(());
                 }
