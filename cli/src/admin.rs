@@ -7,8 +7,7 @@
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use pico_client::ClientError;
-use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use pico_client::{http_client_builder, ClientConfig, ClientError};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
@@ -92,46 +91,12 @@ pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Res
 
 impl Admin {
     fn new(endpoint: &str, token: Option<&str>, ca_cert: Option<&[u8]>) -> Result<Admin, Failure> {
-        let base = endpoint.trim_end_matches('/').to_owned();
-        let invalid = |why: String| {
-            Failure::Usage(format!(
-                "invalid --admin-endpoint {endpoint:?}: {why}; expected http://HOST:PORT or https://HOST:PORT"
-            ))
-        };
-        let url = Url::parse(&base).map_err(|e| invalid(e.to_string()))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(invalid(format!("unsupported scheme {}", url.scheme())));
-        }
-        if !url.has_host() {
-            return Err(invalid("no host".into()));
-        }
-        // reqwest is built without a default crypto provider (as in pico-client); another
-        // caller may have installed one already, which is just as good.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(30));
-        if let Some(token) = token {
-            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                Failure::Usage(
-                    "invalid token: it must be printable ASCII without line breaks".into(),
-                )
-            })?;
-            value.set_sensitive(true);
-            let mut headers = HeaderMap::new();
-            headers.insert(AUTHORIZATION, value);
-            builder = builder.default_headers(headers);
-        }
-        if let Some(pem) = ca_cert {
-            let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| Failure::Usage(format!("invalid CA certificate: {e}")))?;
-            if certs.is_empty() {
-                return Err(Failure::Usage(
-                    "invalid CA certificate: no PEM certificate found".into(),
-                ));
-            }
-            builder = builder.tls_certs_merge(certs);
-        }
+        let mut config = ClientConfig::new(endpoint);
+        config.request_timeout = Duration::from_secs(30);
+        config.token = token.map(str::to_owned);
+        config.ca_cert_pem = ca_cert.map(<[u8]>::to_vec);
+        let (base, builder) = http_client_builder(&config, "--admin-endpoint")
+            .map_err(|e| Failure::Usage(e.to_string()))?;
         let http = builder
             .build()
             .map_err(|e| Failure::Fatal(format!("cannot build the HTTP client: {e}")))?;

@@ -206,55 +206,66 @@ pub struct Client {
 
 static INSTALL_CRYPTO: Once = Once::new();
 
+/// The HTTP client setup every PicoMQ client shares (the stream client and `pico admin`):
+/// the endpoint checked and stripped of its trailing `/`, the crypto provider installed,
+/// timeouts, h2c, the bearer token and extra CA roots. `endpoint_name` names the endpoint in
+/// errors (`endpoint`, `--admin-endpoint`). The caller builds the client.
+pub fn http_client_builder(
+    config: &ClientConfig,
+    endpoint_name: &str,
+) -> Result<(String, reqwest::ClientBuilder), ClientError> {
+    let base = config.endpoint.trim_end_matches('/').to_owned();
+    let invalid = |why: String| {
+        ClientError::InvalidArgument(format!(
+            "invalid {endpoint_name} {:?}: {why}; expected http://HOST:PORT or https://HOST:PORT",
+            config.endpoint
+        ))
+    };
+    let url = Url::parse(&base).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid(format!("unsupported scheme {}", url.scheme())));
+    }
+    if !url.has_host() {
+        return Err(invalid("no host".into()));
+    }
+    // reqwest is built without a default crypto provider; rustls needs one process-wide.
+    // Another library may have installed one already, which is just as good.
+    INSTALL_CRYPTO.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(config.connect_timeout)
+        .timeout(config.request_timeout);
+    if config.http2_prior_knowledge {
+        builder = builder.http2_prior_knowledge();
+    }
+    if let Some(token) = &config.token {
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            ClientError::InvalidArgument(
+                "invalid token: it must be printable ASCII without line breaks".into(),
+            )
+        })?;
+        value.set_sensitive(true);
+        let mut headers = HeaderMap::new();
+        headers.insert(AUTHORIZATION, value);
+        builder = builder.default_headers(headers);
+    }
+    if let Some(pem) = &config.ca_cert_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| ClientError::InvalidArgument(format!("invalid CA certificate: {e}")))?;
+        if certs.is_empty() {
+            return Err(ClientError::InvalidArgument(
+                "invalid CA certificate: no PEM certificate found".into(),
+            ));
+        }
+        builder = builder.tls_certs_merge(certs);
+    }
+    Ok((base, builder))
+}
+
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
-        let base = config.endpoint.trim_end_matches('/').to_owned();
-        let invalid = |why: String| {
-            ClientError::InvalidArgument(format!(
-                "invalid endpoint {:?}: {why}; expected http://HOST:PORT or https://HOST:PORT",
-                config.endpoint
-            ))
-        };
-        let url = Url::parse(&base).map_err(|e| invalid(e.to_string()))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(invalid(format!("unsupported scheme {}", url.scheme())));
-        }
-        if !url.has_host() {
-            return Err(invalid("no host".into()));
-        }
-        // reqwest is built without a default crypto provider; rustls needs one process-wide.
-        // Another library may have installed one already, which is just as good.
-        INSTALL_CRYPTO.call_once(|| {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        });
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout);
-        if config.http2_prior_knowledge {
-            builder = builder.http2_prior_knowledge();
-        }
-        if let Some(token) = &config.token {
-            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-                ClientError::InvalidArgument(
-                    "invalid token: it must be printable ASCII without line breaks".into(),
-                )
-            })?;
-            value.set_sensitive(true);
-            let mut headers = HeaderMap::new();
-            headers.insert(AUTHORIZATION, value);
-            builder = builder.default_headers(headers);
-        }
-        if let Some(pem) = &config.ca_cert_pem {
-            let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| {
-                ClientError::InvalidArgument(format!("invalid CA certificate: {e}"))
-            })?;
-            if certs.is_empty() {
-                return Err(ClientError::InvalidArgument(
-                    "invalid CA certificate: no PEM certificate found".into(),
-                ));
-            }
-            builder = builder.tls_certs_merge(certs);
-        }
+        let (base, builder) = http_client_builder(&config, "endpoint")?;
         let http = builder.build().map_err(|e| {
             ClientError::InvalidArgument(format!("cannot build the HTTP client: {e}"))
         })?;

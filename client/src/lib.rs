@@ -21,8 +21,8 @@ mod position;
 mod producer;
 
 pub use client::{
-    AppendAck, Client, ClientConfig, ListedStream, ProducerAck, Protocol, ReadPage, StreamInfo,
-    StreamList, DEFAULT_CONTENT_TYPE,
+    http_client_builder, AppendAck, Client, ClientConfig, ListedStream, ProducerAck, Protocol,
+    ReadPage, StreamInfo, StreamList, DEFAULT_CONTENT_TYPE,
 };
 pub use codec::{CodecError, NewRecord, Record};
 pub use error::{kind_for_status, ApiError, ClientError, ErrorKind};
