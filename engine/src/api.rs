@@ -64,6 +64,21 @@ pub enum Fork {
     Resolved(ForkOrigin),
 }
 
+/// One append request as the protocols give it.
+#[derive(Clone, Debug)]
+pub struct AppendRequest {
+    pub records: Vec<RecordInput>,
+    /// Close the stream after these records (alone: a close-only request).
+    pub close: bool,
+    /// Apply only if the tail equals this offset.
+    pub match_offset: Option<u64>,
+    pub producer: Option<ProducerTuple>,
+    /// The request's content type, when the protocol requires it to match the stream's.
+    pub content_type: Option<String>,
+    /// A writer sequence (`Stream-Seq`) that must sort after the last one accepted.
+    pub writer_seq: Option<String>,
+}
+
 /// An operation on one stream, executed by its owning core.
 #[derive(Clone, Debug)]
 pub enum Op {
@@ -75,16 +90,7 @@ pub enum Op {
         records: Vec<RecordInput>,
         fork: Option<Fork>,
     },
-    Append {
-        records: Vec<RecordInput>,
-        close: bool,
-        match_offset: Option<u64>,
-        producer: Option<ProducerTuple>,
-        /// The request's content type, when the protocol requires it to match the stream's.
-        content_type: Option<String>,
-        /// A writer sequence (`Stream-Seq`) that must sort after the last one accepted.
-        writer_seq: Option<String>,
-    },
+    Append(AppendRequest),
     /// A fork is being created from this stream: validate the fork point and count the
     /// reference (the stream's records stay readable for the fork until it is released).
     ForkAcquire {

@@ -15,8 +15,8 @@ pub mod state;
 use std::path::PathBuf;
 
 pub use api::{
-    AppendAck, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput,
-    RecordView, Reply, StreamInfo, StreamSummary,
+    AppendAck, AppendRequest, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest,
+    RecordInput, RecordView, Reply, StreamInfo, StreamSummary,
 };
 pub use error::EngineError;
 pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};

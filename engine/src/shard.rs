@@ -28,8 +28,8 @@ use pico_meta::{
 use pico_s3::ObjectStore;
 
 use crate::api::{
-    AppendAck, Fork, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput, RecordView,
-    Reply, StreamInfo, StreamSummary,
+    AppendAck, AppendRequest, Fork, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput,
+    RecordView, Reply, StreamInfo, StreamSummary,
 };
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
@@ -102,16 +102,6 @@ pub struct StreamSeed {
     /// Forks (live or soft-deleted) whose origin is this stream.
     pub fork_refs: u64,
     pub soft_deleted: bool,
-    pub writer_seq: Option<String>,
-}
-
-/// One append request as the protocols give it.
-pub(crate) struct AppendRequest {
-    pub records: Vec<RecordInput>,
-    pub close: bool,
-    pub match_offset: Option<u64>,
-    pub producer: Option<ProducerTuple>,
-    pub content_type: Option<String>,
     pub writer_seq: Option<String>,
 }
 
@@ -360,7 +350,7 @@ impl Shard {
     pub(crate) async fn execute(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         let kind = match &op {
             Op::Create { .. } => OpKind::Create,
-            Op::Append { .. } => OpKind::Append,
+            Op::Append(_) => OpKind::Append,
             Op::Read(_) => OpKind::Read,
             Op::Head => OpKind::Head,
             Op::Delete => OpKind::Delete,
@@ -410,27 +400,7 @@ impl Shard {
                 };
                 self.create(name, config, closed, records, origin).await
             }
-            Op::Append {
-                records,
-                close,
-                match_offset,
-                producer,
-                content_type,
-                writer_seq,
-            } => self
-                .append(
-                    name,
-                    AppendRequest {
-                        records,
-                        close,
-                        match_offset,
-                        producer,
-                        content_type,
-                        writer_seq,
-                    },
-                )
-                .await
-                .map(Reply::Appended),
+            Op::Append(request) => self.append(name, request).await.map(Reply::Appended),
             Op::ForkAcquire {
                 offset,
                 partial_bytes,

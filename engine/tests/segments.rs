@@ -6,7 +6,8 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use pico_engine::{
-    boot, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply, StreamConfig,
+    boot, AppendRequest, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply,
+    StreamConfig,
 };
 
 const RECORDS: u64 = 3000;
@@ -123,28 +124,28 @@ fn segments_survive_sealing_eviction_and_restart() {
             }];
             core.call(
                 name,
-                Op::Append {
+                Op::Append(AppendRequest {
                     records,
                     close: false,
                     match_offset: None,
                     producer: None,
                     content_type: None,
                     writer_seq: None,
-                },
+                }),
             )
             .await
             .unwrap();
         }
         core.call(
             "/b",
-            Op::Append {
+            Op::Append(AppendRequest {
                 records: Vec::new(),
                 close: true,
                 match_offset: None,
                 producer: None,
                 content_type: None,
                 writer_seq: None,
-            },
+            }),
         )
         .await
         .unwrap();
@@ -177,14 +178,14 @@ fn segments_survive_sealing_eviction_and_restart() {
         let after = core
             .call(
                 "/a",
-                Op::Append {
+                Op::Append(AppendRequest {
                     records,
                     close: false,
                     match_offset: None,
                     producer: None,
                     content_type: None,
                     writer_seq: None,
-                },
+                }),
             )
             .await
             .unwrap();
@@ -236,14 +237,14 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
                     headers: Vec::new(),
                     body: record(i),
                 }];
-                let op = Op::Append {
+                let op = Op::Append(AppendRequest {
                     records,
                     close: false,
                     match_offset: None,
                     producer: None,
                     content_type: None,
                     writer_seq: None,
-                };
+                });
                 core.call("/big", op).await.unwrap();
             }
             glommio::timer::sleep(std::time::Duration::from_millis(300)).await;

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use base64::Engine as _;
 use bytes::Bytes;
 use pico_engine::{
-    limits, state::ProducerTuple, CoreHandle, EngineError, Fork, ForkSpec, Op, ReadBatch, ReadFrom,
-    ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
+    limits, state::ProducerTuple, AppendRequest, CoreHandle, EngineError, Fork, ForkSpec, Op,
+    ReadBatch, ReadFrom, ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
 };
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
@@ -531,14 +531,14 @@ async fn append(
     let json = content_type.as_deref().is_some_and(is_json);
     let records = body_records(body, json, false)?;
     let echo = producer.as_ref().map(|p| p.epoch);
-    let op = Op::Append {
+    let op = Op::Append(AppendRequest {
         records,
         close,
         match_offset: None,
         producer,
         content_type,
         writer_seq: request.header("stream-seq").map(str::to_string),
-    };
+    });
     let Reply::Appended(ack) = core.call(&request.path, op).await? else {
         unreachable!("an append is always answered with Appended")
     };

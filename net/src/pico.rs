@@ -8,8 +8,8 @@ use std::rc::Rc;
 use base64::Engine as _;
 use bytes::Bytes;
 use pico_engine::{
-    limits, state::ProducerTuple, CoreHandle, EngineError, Op, ReadBatch, ReadFrom, ReadRequest,
-    RecordInput, Reply, StreamConfig, StreamInfo,
+    limits, state::ProducerTuple, AppendRequest, CoreHandle, EngineError, Op, ReadBatch, ReadFrom,
+    ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
 };
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
@@ -406,14 +406,14 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         return Err(ApiError::bad_request("empty body"));
     }
     let echo = producer.as_ref().map(|p| (p.epoch, p.seq));
-    let op = Op::Append {
+    let op = Op::Append(AppendRequest {
         records,
         close,
         match_offset,
         producer,
         content_type: None,
         writer_seq: None,
-    };
+    });
     let Reply::Appended(ack) = core.call(&request.path, op).await? else {
         unreachable!("an append is always answered with Appended")
     };

@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crossbeam_channel::{Sender, TrySendError};
-use pico_engine::{CoreHandle, EngineError, Op, RecordInput, Reply};
+use pico_engine::{AppendRequest, CoreHandle, EngineError, Op, RecordInput, Reply};
 use serde_json::Value;
 
 use crate::http1::{Request, Response};
@@ -660,7 +660,7 @@ impl Subscriptions {
     /// Appends a pull-wake event (one JSON message) to the wake stream, then reports the write
     /// like any other (another subscription may watch the wake stream).
     async fn append_wake(self: &Arc<Self>, core: &Rc<CoreHandle>, stream: &str, event: String) {
-        let op = Op::Append {
+        let op = Op::Append(AppendRequest {
             records: vec![RecordInput {
                 headers: Vec::new(),
                 body: Bytes::from(event),
@@ -670,7 +670,7 @@ impl Subscriptions {
             producer: None,
             content_type: None,
             writer_seq: None,
-        };
+        });
         match core.call(stream, op).await {
             Ok(Reply::Appended(ack)) => {
                 self.on_stream_write(core, stream, &offset_string(ack.next_offset))

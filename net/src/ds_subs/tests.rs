@@ -13,7 +13,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use bytes::Bytes;
 use pico_engine::{
-    boot, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply, StreamConfig,
+    boot, AppendRequest, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply,
+    StreamConfig,
 };
 use serde_json::{json, Value};
 
@@ -119,7 +120,7 @@ impl Node {
             fork: None,
         };
         self.core.call(&name, create).await.expect("create");
-        let append = Op::Append {
+        let append = Op::Append(AppendRequest {
             records: vec![RecordInput {
                 headers: Vec::new(),
                 body: Bytes::from(message.to_string()),
@@ -129,7 +130,7 @@ impl Node {
             producer: None,
             content_type: None,
             writer_seq: None,
-        };
+        });
         let Ok(Reply::Appended(ack)) = self.core.call(&name, append).await else {
             panic!("append to {name}")
         };
