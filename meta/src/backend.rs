@@ -30,7 +30,7 @@ macro_rules! select_stream {
     () => {
         "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, created_ms, start_offset,
                 COALESCE(last_access_ms, created_ms), fork_source, fork_source_id, fork_offset,
-                fork_partial_bytes, soft_deleted
+                fork_partial_bytes, soft_deleted, owner_node, owner_epoch, transfer_to
          FROM streams"
     };
 }
@@ -55,6 +55,9 @@ macro_rules! stream_columns {
             fork_offset: $row.$get(11)?,
             fork_partial_bytes: $row.$get(12)?,
             soft_deleted: $row.$get(13)?,
+            owner_node: $row.$get(14)?,
+            owner_epoch: $row.$get(15)?,
+            transfer_to: $row.$get(16)?,
         }
     };
 }
@@ -117,6 +120,12 @@ pub(crate) struct StreamColumns {
     pub fork_offset: Option<i64>,
     pub fork_partial_bytes: Option<i64>,
     pub soft_deleted: bool,
+    /// The owning node of a cluster (`None`: a single node's row, or one no node claimed yet).
+    pub owner_node: Option<i64>,
+    /// Raised by every change of owner: the fencing token of the owner's writes.
+    pub owner_epoch: i64,
+    /// A transfer asked for and not done yet: the node the stream goes to.
+    pub transfer_to: Option<i64>,
 }
 
 /// The columns of a new `streams` row; the others take their defaults.
@@ -131,6 +140,8 @@ pub(crate) struct NewStream<'a> {
     pub fork_source_id: Option<i64>,
     pub fork_offset: Option<i64>,
     pub fork_partial_bytes: Option<i64>,
+    /// The creating node, in a cluster; the row starts at owner epoch 1.
+    pub owner_node: Option<i64>,
 }
 
 /// One `segments` row.
@@ -228,4 +239,10 @@ pub(crate) trait Backend {
         &mut self,
         visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
     ) -> Result<(), MetaError>;
+
+    /// The statements of a cluster (node leases, ownership, transfers); `None` for a database
+    /// only one node can use (SQLite).
+    fn cluster(&mut self) -> Option<&mut dyn crate::cluster::ClusterSql> {
+        None
+    }
 }

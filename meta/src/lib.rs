@@ -24,6 +24,7 @@
 use std::path::PathBuf;
 
 mod backend;
+mod cluster;
 mod pg;
 mod producers;
 mod runs;
@@ -33,6 +34,10 @@ mod store;
 #[doc(hidden)]
 pub mod testing;
 
+pub use cluster::{
+    place, ClusterState, Fence, NodeId, NodeRow, Ownership, PendingTransfer, SegmentFence, StreamLoad,
+    TransferAccepted,
+};
 pub use store::MetaStore;
 pub use store::MAX_BATCH_COMMANDS;
 
@@ -88,6 +93,8 @@ pub struct CreateOutcome {
     pub row: StreamRow,
     /// `true` when this call inserted the row, `false` when the name was already registered.
     pub created: bool,
+    /// Which node owns the row (a cluster's; `None` on a single node) and at what epoch.
+    pub ownership: Ownership,
 }
 
 /// A contiguous run of one stream's frames inside a segment object.
@@ -175,12 +182,24 @@ pub enum MetaError {
     Storage(String),
     /// The metadata thread is gone (shutting down or crashed).
     Closed,
+    /// A cluster write by a node that no longer owns the stream (another node took it over
+    /// at a newer epoch), or by a node incarnation that a newer one superseded.
+    Fenced(String),
+    /// A cluster request the current state does not allow (a transfer to an unknown node, a
+    /// node id already running at a newer epoch); the message says why.
+    Rejected(String),
+    /// What the request names does not exist.
+    NotFound(String),
 }
 
 impl std::fmt::Display for MetaError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            MetaError::BadUrl(m) | MetaError::Unsupported(m) => f.write_str(m),
+            MetaError::BadUrl(m)
+            | MetaError::Unsupported(m)
+            | MetaError::Fenced(m)
+            | MetaError::Rejected(m)
+            | MetaError::NotFound(m) => f.write_str(m),
             MetaError::Storage(m) => write!(f, "metadata store: {m}"),
             MetaError::Closed => f.write_str("metadata store is shut down"),
         }

@@ -16,7 +16,7 @@
 //!  max(a, b)                           GREATEST(a, b)
 //! ```
 //!
-//! Migrations are numbered like SQLite's (version 5 is the same layout in both) and are recorded
+//! Migrations are numbered like SQLite's (version 6 is the same layout in both) and are recorded
 //! in the same `schema_version` table. Each runs in its own transaction holding a
 //! transaction-level advisory lock, and re-reads the version under that lock, so two nodes
 //! starting at once on one database migrate it once.
@@ -50,6 +50,9 @@ use crate::backend::NewStream;
 use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
+use crate::cluster::ClusterSql;
+use crate::cluster::NodeId;
+use crate::cluster::NodeRow;
 use crate::MetaError;
 use crate::MetaUrl;
 
@@ -96,6 +99,20 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE streams ADD COLUMN soft_deleted BOOLEAN NOT NULL DEFAULT false;",
     // 5: the last writer sequence (Stream-Seq) per segment entry.
     "ALTER TABLE segment_streams ADD COLUMN writer_seq TEXT;",
+    // 6: cluster membership and stream ownership.
+    "CREATE TABLE nodes (
+         node_id          BIGINT PRIMARY KEY,
+         epoch            BIGINT NOT NULL,
+         address          TEXT   NOT NULL,
+         slots            BIGINT NOT NULL,
+         lease_expires_ms BIGINT NOT NULL,
+         registered_ms    BIGINT NOT NULL
+     );
+     ALTER TABLE streams ADD COLUMN owner_node BIGINT;
+     ALTER TABLE streams ADD COLUMN owner_epoch BIGINT NOT NULL DEFAULT 1;
+     ALTER TABLE streams ADD COLUMN transfer_to BIGINT;
+     CREATE INDEX streams_owner ON streams (owner_node);
+     CREATE INDEX segment_streams_stream ON segment_streams (stream_id);",
 ];
 
 /// The schema version this build writes.
@@ -400,8 +417,9 @@ impl Backend for Postgres {
     fn insert_stream(&mut self, stream: &NewStream<'_>) -> Result<Option<i64>, MetaError> {
         let rows = self.query(
             "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms,
-                                  fork_source, fork_source_id, fork_offset, fork_partial_bytes)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                  fork_source, fork_source_id, fork_offset, fork_partial_bytes,
+                                  owner_node)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (name) DO NOTHING
              RETURNING id",
             &[
@@ -415,6 +433,7 @@ impl Backend for Postgres {
                 &stream.fork_source_id,
                 &stream.fork_offset,
                 &stream.fork_partial_bytes,
+                &stream.owner_node,
             ],
             "insert stream",
         )?;
@@ -552,6 +571,10 @@ impl Backend for Postgres {
             .map_err(storage("load segments"))
     }
 
+    fn cluster(&mut self) -> Option<&mut dyn ClusterSql> {
+        Some(self)
+    }
+
     fn for_each_entry(
         &mut self,
         visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
@@ -572,6 +595,297 @@ impl Backend for Postgres {
             )?;
         }
         Ok(())
+    }
+}
+
+/// The database clock in Unix ms (`clock_timestamp`, not the transaction's start: a batch
+/// may be long).
+macro_rules! now_ms {
+    () => {
+        "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
+    };
+}
+
+fn node_row(row: &Row) -> Result<NodeRow, postgres::Error> {
+    let id: i64 = row.try_get(0)?;
+    let epoch: i64 = row.try_get(1)?;
+    let slots: i64 = row.try_get(3)?;
+    Ok(NodeRow {
+        id: id as NodeId,
+        epoch: epoch as u64,
+        address: row.try_get(2)?,
+        slots: slots.max(0) as u64,
+        lease_expires_ms: row.try_get(4)?,
+        registered_ms: row.try_get(5)?,
+    })
+}
+
+const SELECT_NODE: &str =
+    "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms FROM nodes";
+
+impl ClusterSql for Postgres {
+    fn clock_ms(&mut self) -> Result<i64, MetaError> {
+        let rows = self.query(concat!("SELECT ", now_ms!()), &[], "read the clock")?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("read the clock"))?
+            .ok_or_else(|| MetaError::Storage("read the clock: no row".into()))
+    }
+
+    fn lock_node(&mut self, node: i64) -> Result<Option<NodeRow>, MetaError> {
+        let rows = self.query(
+            "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms
+             FROM nodes WHERE node_id = $1 FOR UPDATE",
+            &[&node],
+            "lock node",
+        )?;
+        rows.first()
+            .map(node_row)
+            .transpose()
+            .map_err(storage("lock node"))
+    }
+
+    fn upsert_node(
+        &mut self,
+        node: i64,
+        epoch: i64,
+        address: &str,
+        slots: i64,
+        lease_ms: i64,
+    ) -> Result<(), MetaError> {
+        self.execute(
+            concat!(
+                "INSERT INTO nodes (node_id, epoch, address, slots, lease_expires_ms, registered_ms)
+                 VALUES ($1, $2, $3, $4, ",
+                now_ms!(),
+                " + $5, ",
+                now_ms!(),
+                ")
+                 ON CONFLICT (node_id) DO UPDATE
+                    SET epoch = excluded.epoch, address = excluded.address,
+                        slots = excluded.slots, lease_expires_ms = excluded.lease_expires_ms,
+                        registered_ms = excluded.registered_ms"
+            ),
+            &[&node, &epoch, &address, &slots, &lease_ms],
+            "register node",
+        )?;
+        Ok(())
+    }
+
+    fn renew(&mut self, node: i64, epoch: i64, lease_ms: i64) -> Result<bool, MetaError> {
+        let renewed = self.execute(
+            concat!(
+                "UPDATE nodes SET lease_expires_ms = ",
+                now_ms!(),
+                " + $3 WHERE node_id = $1 AND epoch = $2"
+            ),
+            &[&node, &epoch, &lease_ms],
+            "renew lease",
+        )?;
+        Ok(renewed > 0)
+    }
+
+    fn release(&mut self, node: i64, epoch: i64) -> Result<(), MetaError> {
+        self.execute(
+            "UPDATE nodes SET lease_expires_ms = 0 WHERE node_id = $1 AND epoch = $2",
+            &[&node, &epoch],
+            "release lease",
+        )?;
+        Ok(())
+    }
+
+    fn set_slots(&mut self, node: i64, slots: i64) -> Result<bool, MetaError> {
+        let changed = self.execute(
+            "UPDATE nodes SET slots = $2 WHERE node_id = $1",
+            &[&node, &slots],
+            "set slots",
+        )?;
+        Ok(changed > 0)
+    }
+
+    fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError> {
+        const SQL: &str = concat!(
+            "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms FROM nodes",
+            " ORDER BY node_id"
+        );
+        debug_assert!(SQL.starts_with(SELECT_NODE));
+        let rows = self.query(SQL, &[], "list nodes")?;
+        rows.iter()
+            .map(node_row)
+            .collect::<Result<_, _>>()
+            .map_err(storage("list nodes"))
+    }
+
+    fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError> {
+        self.execute(
+            "UPDATE streams SET owner_node = $1 WHERE owner_node IS NULL",
+            &[&node],
+            "adopt unowned streams",
+        )
+    }
+
+    fn transfers_of(&mut self, node: i64) -> Result<Vec<(i64, String, i64, i64)>, MetaError> {
+        let rows = self.query(
+            "SELECT id, name, owner_epoch, transfer_to FROM streams
+             WHERE owner_node = $1 AND transfer_to IS NOT NULL ORDER BY id",
+            &[&node],
+            "list pending transfers",
+        )?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("list pending transfers"))
+    }
+
+    fn owned_by(
+        &mut self,
+        node: i64,
+        lock: bool,
+    ) -> Result<Vec<(i64, i64, Option<i64>)>, MetaError> {
+        let rows = if lock {
+            self.query(
+                "SELECT id, owner_epoch, fork_source_id FROM streams
+                 WHERE owner_node = $1 ORDER BY id FOR UPDATE",
+                &[&node],
+                "lock owned streams",
+            )?
+        } else {
+            self.query(
+                "SELECT id, owner_epoch, fork_source_id FROM streams
+                 WHERE owner_node = $1 ORDER BY id",
+                &[&node],
+                "list owned streams",
+            )?
+        };
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("list owned streams"))
+    }
+
+    fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
+        let rows = self.query(
+            "SELECT id, owner_node, owner_epoch FROM streams
+             WHERE id = ANY($1) ORDER BY id FOR SHARE",
+            &[&ids],
+            "check stream owners",
+        )?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("check stream owners"))
+    }
+
+    fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError> {
+        let ids = ids.to_vec();
+        self.execute(
+            "UPDATE streams SET owner_node = $2, owner_epoch = owner_epoch + 1, transfer_to = NULL
+             WHERE id = ANY($1)",
+            &[&ids, &node],
+            "reassign streams",
+        )?;
+        Ok(())
+    }
+
+    fn set_transfer(&mut self, id: i64, to: Option<i64>) -> Result<(), MetaError> {
+        self.execute(
+            "UPDATE streams SET transfer_to = $2 WHERE id = $1",
+            &[&id, &to],
+            "record transfer",
+        )?;
+        Ok(())
+    }
+
+    fn finish_transfer(
+        &mut self,
+        id: i64,
+        from: i64,
+        epoch: i64,
+        to: i64,
+    ) -> Result<Option<i64>, MetaError> {
+        let rows = self.query(
+            "UPDATE streams
+             SET owner_node = $4, owner_epoch = owner_epoch + 1, transfer_to = NULL
+             WHERE id = $1 AND owner_node = $2 AND owner_epoch = $3 AND transfer_to = $4
+             RETURNING owner_epoch",
+            &[&id, &from, &epoch, &to],
+            "finish transfer",
+        )?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("finish transfer"))
+    }
+
+    fn find(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError> {
+        self.find_stream(name)
+    }
+
+    fn find_id(&mut self, id: i64) -> Result<Option<StreamColumns>, MetaError> {
+        const SQL: &str = concat!(select_stream!(), " WHERE id = $1");
+        let rows = self.query(SQL, &[&id], "look up stream by id")?;
+        rows.first()
+            .map(stream_columns)
+            .transpose()
+            .map_err(storage("look up stream by id"))
+    }
+
+    fn fork_count(&mut self, id: i64) -> Result<u64, MetaError> {
+        let rows = self.query(
+            "SELECT COUNT(*) FROM streams WHERE fork_source_id = $1",
+            &[&id],
+            "count forks",
+        )?;
+        let count: i64 = rows
+            .first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("count forks"))?
+            .unwrap_or(0);
+        Ok(count.max(0) as u64)
+    }
+
+    fn owner_counts(&mut self) -> Result<Vec<(Option<i64>, u64)>, MetaError> {
+        let rows = self.query(
+            "SELECT owner_node, COUNT(*) FROM streams GROUP BY owner_node ORDER BY owner_node",
+            &[],
+            "count streams per node",
+        )?;
+        rows.iter()
+            .map(|row| {
+                let count: i64 = row.try_get(1)?;
+                Ok((row.try_get(0)?, count.max(0) as u64))
+            })
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("count streams per node"))
+    }
+
+    fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError> {
+        let rows = self.query(
+            "SELECT e.segment_seq, e.stream_id, e.runs, e.last_timestamp_ms, e.closed, e.producers,
+                    e.closed_by, e.writer_seq, s.key, s.size_bytes, s.created_ms
+             FROM segment_streams e JOIN segments s ON s.seq = e.segment_seq
+             WHERE e.stream_id = $1 ORDER BY e.segment_seq",
+            &[&id],
+            "load a stream's segment entries",
+        )?;
+        rows.iter()
+            .map(|row| {
+                let segment = SegmentColumns {
+                    seq: row.try_get(0)?,
+                    key: row.try_get(8)?,
+                    size_bytes: row.try_get(9)?,
+                    created_ms: row.try_get(10)?,
+                };
+                Ok((segment, entry_columns!(row, try_get)))
+            })
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("load a stream's segment entries"))
     }
 }
 

@@ -21,6 +21,17 @@
 //!   fork_offset   INTEGER NULL                 (v4)           immutable; records inherited below it
 //!   fork_partial_bytes INTEGER NULL            (v4)           immutable; bytes of record fork_offset
 //!   soft_deleted  INTEGER NOT NULL DEFAULT 0   (v4)           0 → 1 only; deleted but read by forks
+//!   owner_node    INTEGER NULL                 (v6)           cluster: the owning node (NULL: none)
+//!   owner_epoch   INTEGER NOT NULL DEFAULT 1   (v6)           +1 on every change of owner (fencing)
+//!   transfer_to   INTEGER NULL                 (v6)           cluster: a pending transfer's target
+//!
+//! nodes            cluster members (v6); rows are never deleted  (Postgres only in practice)
+//!   node_id       INTEGER PRIMARY KEY                        --node-id
+//!   epoch         INTEGER NOT NULL                           --node-epoch; only grows
+//!   address       TEXT NOT NULL                              --http-address (307 Locations)
+//!   slots         INTEGER NOT NULL                           placement weight; 0 = no new streams
+//!   lease_expires_ms INTEGER NOT NULL                        database clock; renewed by the node
+//!   registered_ms INTEGER NOT NULL
 //!
 //! segments         the catalog: one row per committed segment object
 //!   seq           INTEGER PRIMARY KEY AUTOINCREMENT          commit order; kept on re-commit
@@ -110,6 +121,21 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE streams ADD COLUMN soft_deleted INTEGER NOT NULL DEFAULT 0;",
     // 5: the last writer sequence (Stream-Seq) per segment entry.
     "ALTER TABLE segment_streams ADD COLUMN writer_seq TEXT;",
+    // 6: cluster membership and stream ownership (used on Postgres; kept in the same layout
+    // here so both schemas stay one).
+    "CREATE TABLE nodes (
+         node_id          INTEGER PRIMARY KEY,
+         epoch            INTEGER NOT NULL,
+         address          TEXT    NOT NULL,
+         slots            INTEGER NOT NULL,
+         lease_expires_ms INTEGER NOT NULL,
+         registered_ms    INTEGER NOT NULL
+     );
+     ALTER TABLE streams ADD COLUMN owner_node INTEGER;
+     ALTER TABLE streams ADD COLUMN owner_epoch INTEGER NOT NULL DEFAULT 1;
+     ALTER TABLE streams ADD COLUMN transfer_to INTEGER;
+     CREATE INDEX streams_owner ON streams (owner_node);
+     CREATE INDEX segment_streams_stream ON segment_streams (stream_id);",
 ];
 
 /// The schema version this build writes.
@@ -307,8 +333,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5]);
-        assert_eq!(SCHEMA_VERSION, 5);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(SCHEMA_VERSION, 6);
     }
 
     #[test]
@@ -316,6 +342,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6]);
     }
 }

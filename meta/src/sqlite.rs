@@ -102,8 +102,8 @@ impl Backend for Sqlite {
             .prepare_cached(
                 "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed,
                                       created_ms, fork_source, fork_source_id, fork_offset,
-                                      fork_partial_bytes)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                                      fork_partial_bytes, owner_node)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT (name) DO NOTHING
                  RETURNING id",
             )
@@ -120,7 +120,8 @@ impl Backend for Sqlite {
                             stream.fork_source,
                             stream.fork_source_id,
                             stream.fork_offset,
-                            stream.fork_partial_bytes
+                            stream.fork_partial_bytes,
+                            stream.owner_node
                         ],
                         |row| row.get(0),
                     )

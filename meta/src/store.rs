@@ -33,6 +33,10 @@ use crate::pg::Postgres;
 use crate::producers;
 use crate::runs;
 use crate::sqlite::Sqlite;
+use crate::cluster::Fence;
+use crate::cluster::NodeId;
+use crate::cluster::Ownership;
+use crate::cluster::SegmentFence;
 use crate::CreateOutcome;
 use crate::ForkRow;
 use crate::MetaError;
@@ -86,28 +90,18 @@ enum Command {
         config: StreamConfig,
         fork: Option<ForkRow>,
         now_ms: i64,
+        owner: Option<NodeId>,
         reply: oneshot::Sender<Result<CreateOutcome, MetaError>>,
     },
     Delete {
         id: u64,
+        fence: Option<Fence>,
         reply: oneshot::Sender<Result<bool, MetaError>>,
     },
-    Close {
+    Update {
         id: u64,
-        reply: oneshot::Sender<Result<(), MetaError>>,
-    },
-    SoftDelete {
-        id: u64,
-        reply: oneshot::Sender<Result<(), MetaError>>,
-    },
-    Trim {
-        id: u64,
-        start_offset: u64,
-        reply: oneshot::Sender<Result<(), MetaError>>,
-    },
-    Touch {
-        id: u64,
-        last_access_ms: i64,
+        update: StreamUpdate,
+        fence: Option<Fence>,
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
     Garbage {
@@ -123,6 +117,9 @@ enum Command {
         segment: SegmentRecord,
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
+    /// Any other command: runs in the batch's transaction like the rest, and answers its
+    /// caller itself (see [`pending`]).
+    Job(Box<dyn Job>),
     /// Stop after the commands queued before this one.
     Shutdown,
 }
@@ -207,12 +204,26 @@ impl MetaStore {
         fork: Option<ForkRow>,
         now_ms: i64,
     ) -> Reply<CreateOutcome> {
+        self.create_stream_owned(name, config, fork, now_ms, None)
+    }
+
+    /// [`MetaStore::create_fork_stream`] in a cluster: a new row is owned by `owner` at epoch 1;
+    /// the outcome tells who owns the row that holds the name.
+    pub fn create_stream_owned(
+        &self,
+        name: &str,
+        config: StreamConfig,
+        fork: Option<ForkRow>,
+        now_ms: i64,
+        owner: Option<NodeId>,
+    ) -> Reply<CreateOutcome> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Create {
             name: name.to_string(),
             config,
             fork,
             now_ms,
+            owner,
             reply,
         });
         answer
@@ -221,9 +232,26 @@ impl MetaStore {
     /// Marks `id` deleted for clients while forks still read its records: the row (and so its
     /// name and its segments) stays until the last fork is gone and the row is deleted.
     pub fn soft_delete_stream(&self, id: u64) -> Reply<()> {
+        self.update_stream(id, StreamUpdate::SoftDelete, None)
+    }
+
+    /// A change to one stream row, refused with [`MetaError::Fenced`] when `fence` is given
+    /// and the row's owner or owner epoch differs from it (a cluster node that lost the
+    /// stream must not write to it).
+    fn update_stream(&self, id: u64, update: StreamUpdate, fence: Option<Fence>) -> Reply<()> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::SoftDelete { id, reply });
+        self.send(Command::Update {
+            id,
+            update,
+            fence,
+            reply,
+        });
         answer
+    }
+
+    /// [`MetaStore::soft_delete_stream`], fenced (see [`MetaStore::close_stream_fenced`]).
+    pub fn soft_delete_stream_fenced(&self, id: u64, fence: Option<Fence>) -> Reply<()> {
+        self.update_stream(id, StreamUpdate::SoftDelete, fence)
     }
 
     /// Removes the registry row of `id`; `false` if there is none (already deleted, never made).
@@ -232,17 +260,26 @@ impl MetaStore {
     /// stream stay (segments are shared by many streams; GC is later work) but never bring the
     /// stream back: the snapshot's streams come from the registry alone.
     pub fn delete_stream(&self, id: u64) -> Reply<bool> {
+        self.delete_stream_fenced(id, None)
+    }
+
+    /// [`MetaStore::delete_stream`], fenced (see [`MetaStore::close_stream_fenced`]).
+    pub fn delete_stream_fenced(&self, id: u64, fence: Option<Fence>) -> Reply<bool> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Delete { id, reply });
+        self.send(Command::Delete { id, fence, reply });
         answer
     }
 
     /// Marks `id` closed. Idempotent; an unknown id is `Ok` because a close racing a delete has
     /// nothing left to protect.
     pub fn close_stream(&self, id: u64) -> Reply<()> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Close { id, reply });
-        answer
+        self.update_stream(id, StreamUpdate::Close, None)
+    }
+
+    /// [`MetaStore::close_stream`] by the owner `fence` names: refused with
+    /// [`MetaError::Fenced`] when the row has another owner or epoch now.
+    pub fn close_stream_fenced(&self, id: u64, fence: Option<Fence>) -> Reply<()> {
+        self.update_stream(id, StreamUpdate::Close, fence)
     }
 
     /// Raises the first readable offset of `id` to `start_offset`; never lowers it (the stored
@@ -252,10 +289,23 @@ impl MetaStore {
     /// Rejected (as [`MetaError::Storage`], nothing written) when `start_offset` exceeds
     /// `i64::MAX`, the largest integer the databases store.
     pub fn trim_stream(&self, id: u64, start_offset: u64) -> Reply<()> {
+        self.trim_stream_fenced(id, start_offset, None)
+    }
+
+    /// [`MetaStore::trim_stream`], fenced (see [`MetaStore::close_stream_fenced`]).
+    pub fn trim_stream_fenced(&self, id: u64, start_offset: u64, fence: Option<Fence>) -> Reply<()> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Trim {
+        let Ok(offset) = i64::try_from(start_offset) else {
+            let _ = reply.send(Err(MetaError::Storage(format!(
+                "trim stream {id}: start offset {start_offset} exceeds the largest storable {}",
+                i64::MAX
+            ))));
+            return answer;
+        };
+        self.send(Command::Update {
             id,
-            start_offset,
+            update: StreamUpdate::RaiseStart(offset),
+            fence,
             reply,
         });
         answer
@@ -265,13 +315,17 @@ impl MetaStore {
     /// backwards. Callers write it only when it moved by a good part of the TTL, so this is a
     /// rare command, not one per read.
     pub fn touch_stream(&self, id: u64, last_access_ms: i64) -> Reply<()> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Command::Touch {
-            id,
-            last_access_ms,
-            reply,
-        });
-        answer
+        self.touch_stream_fenced(id, last_access_ms, None)
+    }
+
+    /// [`MetaStore::touch_stream`], fenced (see [`MetaStore::close_stream_fenced`]).
+    pub fn touch_stream_fenced(
+        &self,
+        id: u64,
+        last_access_ms: i64,
+        fence: Option<Fence>,
+    ) -> Reply<()> {
+        self.update_stream(id, StreamUpdate::RaiseLastAccess(last_access_ms), fence)
     }
 
     /// Keys of committed segments that no live stream needs: every stream they hold is gone
@@ -319,6 +373,25 @@ impl MetaStore {
             segment: seg,
             reply,
         });
+        answer
+    }
+
+    /// [`MetaStore::commit_segment`] by a cluster node: the entries of streams that `fence.node`
+    /// does not own (at the epoch `fence` lists for them, when it lists one) are left out, and
+    /// their ids are the answer. The rows are share-locked while checked, so a takeover commits
+    /// either before this (and these entries are left out) or after it (and sees them).
+    pub fn commit_segment_fenced(&self, seg: SegmentRecord, fence: SegmentFence) -> Reply<Vec<u64>> {
+        self.job(move |db| crate::cluster::commit_fenced(db, seg, &fence))
+    }
+
+    /// Runs `job` on the metadata thread, in the transaction of the batch it lands in (in its
+    /// own savepoint, like every command).
+    pub(crate) fn job<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut dyn Backend) -> Result<T, MetaError> + Send + 'static,
+    ) -> Reply<T> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Job(Box::new(JobWith { reply, job })));
         answer
     }
 
@@ -413,55 +486,73 @@ fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
     log::debug!("{THREAD_NAME} thread stopped");
 }
 
+/// A [`Command::Job`]: runs, or is refused without running.
+pub(crate) trait Job: Send {
+    fn run(self: Box<Self>, db: &mut dyn Backend) -> Pending;
+    fn refuse(self: Box<Self>, error: MetaError);
+}
+
+struct JobWith<T, F> {
+    reply: oneshot::Sender<Result<T, MetaError>>,
+    job: F,
+}
+
+impl<T, F> Job for JobWith<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut dyn Backend) -> Result<T, MetaError> + Send + 'static,
+{
+    fn run(self: Box<Self>, db: &mut dyn Backend) -> Pending {
+        let JobWith { reply, job } = *self;
+        pending(reply, job(db))
+    }
+
+    fn refuse(self: Box<Self>, error: MetaError) {
+        let _ = self.reply.send(Err(error));
+    }
+}
+
 /// A command whose result is decided but not yet sent (answers wait for the COMMIT).
-enum Pending {
-    Create(
-        oneshot::Sender<Result<CreateOutcome, MetaError>>,
-        Result<CreateOutcome, MetaError>,
-    ),
-    Delete(
-        oneshot::Sender<Result<bool, MetaError>>,
-        Result<bool, MetaError>,
-    ),
-    Unit(
-        oneshot::Sender<Result<(), MetaError>>,
-        Result<(), MetaError>,
-    ),
-    Keys(
-        oneshot::Sender<Result<Vec<String>, MetaError>>,
-        Result<Vec<String>, MetaError>,
-    ),
+pub(crate) struct Pending {
+    ok: bool,
+    /// Why the transaction did not commit, once known: a success computed inside it is not
+    /// true any more.
+    failed: Option<String>,
+    send: Box<dyn FnOnce(Option<String>) + Send>,
+}
+
+/// The [`Pending`] answer `result` to `reply`.
+pub(crate) fn pending<T: Send + 'static>(
+    reply: oneshot::Sender<Result<T, MetaError>>,
+    result: Result<T, MetaError>,
+) -> Pending {
+    Pending {
+        ok: result.is_ok(),
+        failed: None,
+        send: Box::new(move |why| {
+            let result = match why {
+                Some(why) if result.is_ok() => failed(&why),
+                _ => result,
+            };
+            // A caller that stopped waiting (dropped receiver) is fine.
+            let _ = reply.send(result);
+        }),
+    }
 }
 
 impl Pending {
     fn is_ok(&self) -> bool {
-        match self {
-            Pending::Create(_, result) => result.is_ok(),
-            Pending::Delete(_, result) => result.is_ok(),
-            Pending::Unit(_, result) => result.is_ok(),
-            Pending::Keys(_, result) => result.is_ok(),
-        }
+        self.ok && self.failed.is_none()
     }
 
-    /// The transaction did not commit: a success computed inside it is not true any more.
     fn fail(&mut self, why: &str) {
-        match self {
-            Pending::Create(_, result) if result.is_ok() => *result = failed(why),
-            Pending::Delete(_, result) if result.is_ok() => *result = failed(why),
-            Pending::Unit(_, result) if result.is_ok() => *result = failed(why),
-            Pending::Keys(_, result) if result.is_ok() => *result = failed(why),
-            _ => {}
+        if self.failed.is_none() {
+            self.failed = Some(why.to_string());
         }
     }
 
-    /// Sends the answer; a caller that stopped waiting (dropped receiver) is fine.
     fn answer(self) {
-        let _ = match self {
-            Pending::Create(reply, result) => reply.send(result).map_err(drop),
-            Pending::Delete(reply, result) => reply.send(result).map_err(drop),
-            Pending::Unit(reply, result) => reply.send(result).map_err(drop),
-            Pending::Keys(reply, result) => reply.send(result).map_err(drop),
-        };
+        (self.send)(self.failed)
     }
 }
 
@@ -533,18 +624,18 @@ fn abandon(
     commands: impl Iterator<Item = Command>,
     why: String,
 ) -> Result<(), String> {
-    pending.extend(commands.map(|command| match command {
-        Command::Create { reply, .. } => Pending::Create(reply, failed(&why)),
-        Command::Delete { reply, .. } => Pending::Delete(reply, failed(&why)),
-        Command::Close { reply, .. }
-        | Command::SoftDelete { reply, .. }
-        | Command::Trim { reply, .. }
-        | Command::Touch { reply, .. }
-        | Command::DropSegments { reply, .. }
-        | Command::Commit { reply, .. } => Pending::Unit(reply, failed(&why)),
-        Command::Garbage { reply, .. } => Pending::Keys(reply, failed(&why)),
-        Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
-    }));
+    for command in commands {
+        match command {
+            Command::Create { reply, .. } => pending.push(self::pending(reply, failed(&why))),
+            Command::Delete { reply, .. } => pending.push(self::pending(reply, failed(&why))),
+            Command::Update { reply, .. }
+            | Command::DropSegments { reply, .. }
+            | Command::Commit { reply, .. } => pending.push(self::pending(reply, failed(&why))),
+            Command::Garbage { reply, .. } => pending.push(self::pending(reply, failed(&why))),
+            Command::Job(job) => job.refuse(MetaError::Storage(why.clone())),
+            Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
+        }
+    }
     Err(why)
 }
 
@@ -557,13 +648,14 @@ fn answer_closed(command: Command) {
     let _ = match command {
         Command::Create { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Delete { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
-        Command::Close { reply, .. }
-        | Command::SoftDelete { reply, .. }
-        | Command::Trim { reply, .. }
-        | Command::Touch { reply, .. }
+        Command::Update { reply, .. }
         | Command::DropSegments { reply, .. }
         | Command::Commit { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Garbage { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
+        Command::Job(job) => {
+            job.refuse(MetaError::Closed);
+            Ok(())
+        }
         Command::Shutdown => Ok(()),
     };
 }
@@ -575,49 +667,46 @@ fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
             config,
             fork,
             now_ms,
+            owner,
             reply,
-        } => Pending::Create(reply, create(db, name, config, fork, now_ms)),
-        Command::SoftDelete { id, reply } => {
-            Pending::Unit(reply, update(db, id, StreamUpdate::SoftDelete))
-        }
-        Command::Delete { id, reply } => Pending::Delete(reply, delete(db, id)),
-        Command::Close { id, reply } => Pending::Unit(reply, update(db, id, StreamUpdate::Close)),
-        Command::Trim {
-            id,
-            start_offset,
+        } => pending(reply, create(db, name, config, fork, now_ms, owner)),
+        Command::Delete { id, fence, reply } => pending(
             reply,
-        } => Pending::Unit(reply, trim(db, id, start_offset)),
-        Command::Touch {
-            id,
-            last_access_ms,
-            reply,
-        } => Pending::Unit(
-            reply,
-            update(db, id, StreamUpdate::RaiseLastAccess(last_access_ms)),
+            crate::cluster::check_fence(db, id, fence).and_then(|()| delete(db, id)),
         ),
-        Command::Commit { segment, reply } => Pending::Unit(reply, commit(db, &segment)),
+        Command::Update {
+            id,
+            update: change,
+            fence,
+            reply,
+        } => pending(
+            reply,
+            crate::cluster::check_fence(db, id, fence).and_then(|()| update(db, id, change)),
+        ),
+        Command::Commit { segment, reply } => pending(reply, commit(db, &segment)),
         Command::Garbage {
             live,
             sealed_before_ms,
             reply,
-        } => Pending::Keys(
+        } => pending(
             reply,
             load_snapshot(db).map(|snapshot| garbage(&snapshot, &live, sealed_before_ms)),
         ),
-        Command::DropSegments { keys, reply } => Pending::Unit(reply, drop_segments(db, &keys)),
+        Command::DropSegments { keys, reply } => pending(reply, drop_segments(db, &keys)),
+        Command::Job(job) => job.run(db),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
     }
 }
 
 /// `value` as the signed 64-bit integer both databases store, or an error naming `what`.
-fn storable(value: u64, what: impl FnOnce() -> String) -> Result<i64, MetaError> {
+pub(crate) fn storable(value: u64, what: impl FnOnce() -> String) -> Result<i64, MetaError> {
     i64::try_from(value)
         .map_err(|_| MetaError::Storage(format!("{} {value} is not storable", what())))
 }
 
 /// A stored integer read back as the `u64` it was written from, or an error naming `what`
 /// (`None`: the column is NULL where it may not be).
-fn unsigned(value: Option<i64>, what: impl FnOnce() -> String) -> Result<u64, MetaError> {
+pub(crate) fn unsigned(value: Option<i64>, what: impl FnOnce() -> String) -> Result<u64, MetaError> {
     match value.map(u64::try_from) {
         Some(Ok(value)) => Ok(value),
         Some(Err(_)) => Err(MetaError::Storage(format!(
@@ -630,7 +719,7 @@ fn unsigned(value: Option<i64>, what: impl FnOnce() -> String) -> Result<u64, Me
 }
 
 /// A registry row as the engine sees it.
-fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError> {
+pub(crate) fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError> {
     let StreamColumns {
         id,
         name,
@@ -646,6 +735,9 @@ fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError> {
         fork_offset,
         fork_partial_bytes,
         soft_deleted,
+        owner_node: _,
+        owner_epoch: _,
+        transfer_to: _,
     } = columns;
     let column = |what: &'static str| {
         let name = &name;
@@ -689,13 +781,18 @@ fn create(
     config: StreamConfig,
     fork: Option<ForkRow>,
     now_ms: i64,
+    owner: Option<NodeId>,
 ) -> Result<CreateOutcome, MetaError> {
-    let existing = |row| CreateOutcome {
-        row,
-        created: false,
+    let existing = |columns: StreamColumns| {
+        let ownership = crate::cluster::ownership(&columns);
+        Ok::<_, MetaError>(CreateOutcome {
+            row: stream_row(columns)?,
+            created: false,
+            ownership,
+        })
     };
     if let Some(columns) = db.find_stream(&name)? {
-        return Ok(existing(stream_row(columns)?));
+        return existing(columns);
     }
     let ttl_sec = match config.ttl_sec {
         Some(ttl) => Some(storable(ttl, || "ttl_sec".to_string())?),
@@ -723,6 +820,7 @@ fn create(
         fork_source_id: fork_columns.1,
         fork_offset: fork_columns.2,
         fork_partial_bytes: fork_columns.3,
+        owner_node: owner.map(i64::from),
     };
     let Some(id) = db.insert_stream(&new)? else {
         // Registered since our look-up by someone else sharing the database (another node on
@@ -730,7 +828,7 @@ fn create(
         let columns = db.find_stream(&name)?.ok_or_else(|| {
             MetaError::Storage(format!("stream {name:?} was registered and is gone again"))
         })?;
-        return Ok(existing(stream_row(columns)?));
+        return existing(columns);
     };
     // Ids start at 1 and only grow (AUTOINCREMENT, an identity column), so they are positive.
     assert!(id > 0, "stream {name:?} got the non-positive id {id}");
@@ -744,7 +842,15 @@ fn create(
         fork,
         soft_deleted: false,
     };
-    Ok(CreateOutcome { row, created: true })
+    Ok(CreateOutcome {
+        row,
+        created: true,
+        ownership: Ownership {
+            node: owner,
+            epoch: 1,
+            transfer_to: None,
+        },
+    })
 }
 
 fn delete(db: &mut dyn Backend, id: u64) -> Result<bool, MetaError> {
@@ -762,25 +868,18 @@ fn update(db: &mut dyn Backend, id: u64, update: StreamUpdate) -> Result<(), Met
     db.update_stream(id, update)
 }
 
-fn trim(db: &mut dyn Backend, id: u64, start_offset: u64) -> Result<(), MetaError> {
-    if i64::try_from(id).is_err() {
-        return Ok(()); // unknown id
-    }
-    let Ok(start_offset) = i64::try_from(start_offset) else {
-        return Err(MetaError::Storage(format!(
-            "trim stream {id}: start offset {start_offset} exceeds the largest storable {}",
-            i64::MAX
-        )));
-    };
-    update(db, id, StreamUpdate::RaiseStart(start_offset))
-}
-
 /// The segments of `snapshot` that no live stream needs (see [`MetaStore::garbage_segments`]).
 pub(crate) fn garbage(
     snapshot: &Snapshot,
     live: &HashMap<u64, u64>,
     sealed_before_ms: i64,
 ) -> Vec<String> {
+    // Every registered stream counts as live, also those this node does not hold (another
+    // node's in a cluster): a node must never collect what another still serves.
+    let mut live = live.clone();
+    for row in &snapshot.streams {
+        live.entry(row.id).or_insert(row.start_offset);
+    }
     let needed = |entry: &SegmentStreamEntry| match live.get(&entry.stream_id) {
         None => false,
         Some(&start) => {
@@ -806,7 +905,7 @@ fn drop_segments(db: &mut dyn Backend, keys: &[String]) -> Result<(), MetaError>
     keys.iter().try_for_each(|key| db.delete_segment(key))
 }
 
-fn commit(db: &mut dyn Backend, segment: &SegmentRecord) -> Result<(), MetaError> {
+pub(crate) fn commit(db: &mut dyn Backend, segment: &SegmentRecord) -> Result<(), MetaError> {
     validate_segment(segment)?;
     let key = &segment.key;
     let mut entries = Vec::with_capacity(segment.streams.len());
@@ -917,7 +1016,7 @@ fn validate_producers(entry: &SegmentStreamEntry) -> Result<(), String> {
 
 /// Reads everything a node needs at startup: live streams, and every committed segment in
 /// commit order with its entries in the order they were given.
-fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
+pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
     let streams = db
         .streams()?
         .into_iter()
@@ -958,7 +1057,7 @@ fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
 
 /// One entry of segment `key` as the engine sees it; every error names the segment, so an
 /// operator knows where to look.
-fn segment_entry(
+pub(crate) fn segment_entry(
     key: &str,
     columns: Result<EntryColumns, String>,
 ) -> Result<SegmentStreamEntry, MetaError> {

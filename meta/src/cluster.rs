@@ -1,0 +1,662 @@
+//! Cluster metadata: node membership and leases, stream ownership with epochs, transfers.
+//!
+//! Several nodes share one Postgres database (and one bucket). The tables (schema v6):
+//!
+//! ```text
+//! nodes    node_id │ epoch │ address │ slots │ lease_expires_ms │ registered_ms
+//!          one row per node id, never deleted; `epoch` is the node's incarnation (only grows);
+//!          the lease is on the database clock, so nodes' clocks need not agree
+//! streams  … │ owner_node │ owner_epoch │ transfer_to
+//!          the owner serves the stream; `owner_epoch` is raised by every change of owner and
+//!          fences every write of a previous owner; `transfer_to` is a pending live transfer
+//! ```
+//!
+//! Fencing: every write a cluster node makes for a stream (segment entries, close, trim,
+//! touch, delete) names the owner epoch it holds the stream at, and the row is locked and
+//! compared in the same transaction ([`check_fence`], [`commit_fenced`]). A takeover locks the
+//! same rows, so a write and a takeover are ordered: a write after the takeover is refused.
+//!
+//! Leases: a node renews its row's lease every third of the lease time. A node whose lease
+//! lapsed (by the database clock) is dead to the others: the first live node to notice moves
+//! its streams to live nodes ([`MetaStore::take_over`]) under a lock on the dead node's row,
+//! which its renewal also takes, so a paused node that wakes up either renews first (and
+//! nothing moves) or finds its streams gone.
+
+use std::collections::HashMap;
+
+use crate::backend::Backend;
+use crate::backend::StreamColumns;
+use crate::backend::EntryColumns;
+use crate::backend::SegmentColumns;
+use crate::store::{segment_entry, storable, stream_row, unsigned};
+use crate::MetaError;
+use crate::MetaStore;
+use crate::Reply;
+use crate::SegmentRecord;
+use crate::Snapshot;
+use crate::StreamRow;
+
+/// A node id (`--node-id`): positive, stable across restarts, unique in the cluster.
+pub type NodeId = u32;
+
+/// Who may write a stream: its owner node at the owner epoch it holds it at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub node: NodeId,
+    pub epoch: u64,
+}
+
+/// The owner part of a registry row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// `None`: a single node's row (no cluster), or a row no node claimed yet.
+    pub node: Option<NodeId>,
+    pub epoch: u64,
+    /// A live transfer asked for and not done yet.
+    pub transfer_to: Option<NodeId>,
+}
+
+/// The fence of a segment commit: entries of streams `node` does not own are left out; for
+/// the ids in `epochs` the owner epoch must match too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentFence {
+    pub node: NodeId,
+    pub epochs: HashMap<u64, u64>,
+}
+
+/// One `nodes` row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub id: NodeId,
+    pub epoch: u64,
+    /// The advertised base URL (`--http-address`), used verbatim in `307` locations.
+    pub address: String,
+    /// Placement weight; 0 takes no new streams.
+    pub slots: u64,
+    /// Database clock, Unix ms.
+    pub lease_expires_ms: i64,
+    pub registered_ms: i64,
+}
+
+impl NodeRow {
+    /// Holds an unexpired lease at `now_ms` (the database clock of the same answer).
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.lease_expires_ms > now_ms
+    }
+}
+
+/// A stream of this node that an operator asked to move elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingTransfer {
+    pub stream_id: u64,
+    pub name: String,
+    pub to_node: NodeId,
+    /// The owner epoch the stream is held at now.
+    pub epoch: u64,
+}
+
+/// What a lease renewal (or a registration) reports back: every node and the database clock,
+/// and the transfers this node has to carry out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    pub now_ms: i64,
+    pub nodes: Vec<NodeRow>,
+    pub transfers: Vec<PendingTransfer>,
+}
+
+/// An accepted transfer request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferAccepted {
+    pub stream_id: u64,
+    pub from_node: NodeId,
+    pub to_node: NodeId,
+}
+
+/// Everything a node needs to start serving one stream it now owns: the row, the catalog
+/// entries of the stream (a [`Snapshot`] of one stream), the owner epoch and how many forks
+/// read from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamLoad {
+    pub snapshot: Snapshot,
+    pub ownership: Ownership,
+    pub fork_refs: u64,
+}
+
+/// The SQL of a cluster; only a shared database (Postgres) has it.
+pub(crate) trait ClusterSql {
+    /// The database clock, Unix ms.
+    fn clock_ms(&mut self) -> Result<i64, MetaError>;
+    /// The row of `node`, locked until the transaction ends.
+    fn lock_node(&mut self, node: i64) -> Result<Option<NodeRow>, MetaError>;
+    /// Inserts or replaces the row of `node`, its lease running `lease_ms` from now.
+    fn upsert_node(
+        &mut self,
+        node: i64,
+        epoch: i64,
+        address: &str,
+        slots: i64,
+        lease_ms: i64,
+    ) -> Result<(), MetaError>;
+    /// Extends the lease of `node` at `epoch` (0 rows: another incarnation took the id over).
+    fn renew(&mut self, node: i64, epoch: i64, lease_ms: i64) -> Result<bool, MetaError>;
+    /// Ends the lease of `node` at `epoch` now.
+    fn release(&mut self, node: i64, epoch: i64) -> Result<(), MetaError>;
+    fn set_slots(&mut self, node: i64, slots: i64) -> Result<bool, MetaError>;
+    fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError>;
+    /// Rows no node owns (written before the cluster existed) become `node`'s.
+    fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError>;
+    /// `(id, name, owner epoch, transfer_to)` of `node`'s streams with a pending transfer.
+    fn transfers_of(&mut self, node: i64) -> Result<Vec<(i64, String, i64, i64)>, MetaError>;
+    /// `(id, owner epoch, fork source id)` of every stream `node` owns; with `lock`, the rows
+    /// are locked for update until the transaction ends (by id, so lockers never deadlock).
+    fn owned_by(&mut self, node: i64, lock: bool)
+        -> Result<Vec<(i64, i64, Option<i64>)>, MetaError>;
+    /// `(id, owner node, owner epoch)` of these rows, share-locked until the transaction ends.
+    fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
+    /// Moves these rows to `node` at their next owner epoch, clearing any pending transfer.
+    fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError>;
+    fn set_transfer(&mut self, id: i64, to: Option<i64>) -> Result<(), MetaError>;
+    /// Moves row `id` from `from` at `epoch` to `to` if that is still its state and `to` is
+    /// its pending transfer; the new epoch, or `None`.
+    fn finish_transfer(
+        &mut self,
+        id: i64,
+        from: i64,
+        epoch: i64,
+        to: i64,
+    ) -> Result<Option<i64>, MetaError>;
+    /// The row named `name`.
+    fn find(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError>;
+    /// The row with this id.
+    fn find_id(&mut self, id: i64) -> Result<Option<StreamColumns>, MetaError>;
+    /// How many rows are forks of `id`.
+    fn fork_count(&mut self, id: i64) -> Result<u64, MetaError>;
+    /// Streams per owner node.
+    fn owner_counts(&mut self) -> Result<Vec<(Option<i64>, u64)>, MetaError>;
+    /// Every catalog entry of stream `id` with its segment, in commit order.
+    fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError>;
+}
+
+/// The committed segments holding stream `id`, each with only that stream's entry.
+fn load_snapshot_of(db: &mut dyn Backend, id: i64) -> Result<Vec<SegmentRecord>, MetaError> {
+    sql(db)?
+        .entries_of(id)?
+        .into_iter()
+        .map(|(segment, entry)| {
+            let key = segment.key;
+            let size_bytes = unsigned(Some(segment.size_bytes), || format!("segment {key}: size"))?;
+            let entry = segment_entry(&key, Ok(entry))?;
+            Ok(SegmentRecord {
+                key,
+                size_bytes,
+                created_ms: segment.created_ms,
+                streams: vec![entry],
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn ownership(columns: &StreamColumns) -> Ownership {
+    Ownership {
+        node: columns.owner_node.and_then(|n| NodeId::try_from(n).ok()),
+        epoch: u64::try_from(columns.owner_epoch).unwrap_or(0),
+        transfer_to: columns.transfer_to.and_then(|n| NodeId::try_from(n).ok()),
+    }
+}
+
+fn sql(db: &mut dyn Backend) -> Result<&mut dyn ClusterSql, MetaError> {
+    db.cluster().ok_or_else(|| {
+        MetaError::Unsupported(
+            "a cluster needs a shared metadata database: use --meta-url postgres://…".into(),
+        )
+    })
+}
+
+/// Refuses a write to stream `id` by an owner that is not (or no longer) the row's.
+pub(crate) fn check_fence(
+    db: &mut dyn Backend,
+    id: u64,
+    fence: Option<Fence>,
+) -> Result<(), MetaError> {
+    let Some(fence) = fence else {
+        return Ok(());
+    };
+    let Ok(id) = i64::try_from(id) else {
+        return Ok(()); // no such row
+    };
+    let owners = sql(db)?.owners(&[id])?;
+    match owners.first() {
+        None => Ok(()), // gone: the write has nothing left to change
+        Some(&(_, node, epoch)) => fenced_unless_owner(id, node, epoch, fence.node, Some(fence.epoch)),
+    }
+}
+
+fn fenced_unless_owner(
+    id: i64,
+    node: Option<i64>,
+    epoch: i64,
+    writer: NodeId,
+    writer_epoch: Option<u64>,
+) -> Result<(), MetaError> {
+    let node_ok = node == Some(i64::from(writer));
+    let epoch_ok = writer_epoch.is_none_or(|e| i64::try_from(e) == Ok(epoch));
+    if node_ok && epoch_ok {
+        return Ok(());
+    }
+    let owner = node.map_or("no node".to_string(), |n| format!("node {n}"));
+    Err(MetaError::Fenced(format!(
+        "stream {id} is owned by {owner} at epoch {epoch}, not by node {writer}{}",
+        writer_epoch.map_or(String::new(), |e| format!(" at epoch {e}"))
+    )))
+}
+
+/// A segment commit leaving out the entries of streams the committing node lost.
+pub(crate) fn commit_fenced(
+    db: &mut dyn Backend,
+    mut segment: SegmentRecord,
+    fence: &SegmentFence,
+) -> Result<Vec<u64>, MetaError> {
+    let mut ids: Vec<i64> = segment
+        .streams
+        .iter()
+        .filter_map(|e| i64::try_from(e.stream_id).ok())
+        .collect();
+    ids.sort_unstable();
+    let owners: HashMap<i64, (Option<i64>, i64)> = sql(db)?
+        .owners(&ids)?
+        .into_iter()
+        .map(|(id, node, epoch)| (id, (node, epoch)))
+        .collect();
+    let mut fenced = Vec::new();
+    segment.streams.retain(|entry| {
+        let id = entry.stream_id as i64;
+        // A deleted row has no owner left to protect; its entry is harmless garbage.
+        let Some(&(node, epoch)) = owners.get(&id) else {
+            return true;
+        };
+        let expected = fence.epochs.get(&entry.stream_id).copied();
+        let owned = fenced_unless_owner(id, node, epoch, fence.node, expected).is_ok();
+        if !owned {
+            fenced.push(entry.stream_id);
+        }
+        owned
+    });
+    crate::store::commit(db, &segment)?;
+    Ok(fenced)
+}
+
+fn node_i64(node: NodeId) -> i64 {
+    i64::from(node)
+}
+
+fn state(db: &mut dyn Backend, node: NodeId) -> Result<ClusterState, MetaError> {
+    let sql = sql(db)?;
+    let now_ms = sql.clock_ms()?;
+    let nodes = sql.nodes()?;
+    let transfers = sql
+        .transfers_of(node_i64(node))?
+        .into_iter()
+        .map(|(id, name, epoch, to)| PendingTransfer {
+            stream_id: id as u64,
+            name,
+            to_node: to as NodeId,
+            epoch: epoch as u64,
+        })
+        .collect();
+    Ok(ClusterState {
+        now_ms,
+        nodes,
+        transfers,
+    })
+}
+
+/// Highest-random-weight placement: the live node with slots whose weighted score for `key`
+/// is highest. Every node computes the same answer from the same view, and a node joining or
+/// leaving moves only the keys it wins or held.
+pub fn place(key: &str, nodes: &[NodeRow], now_ms: i64) -> Option<NodeId> {
+    nodes
+        .iter()
+        .filter(|n| n.slots > 0 && n.is_live(now_ms))
+        .map(|n| {
+            let hash = fnv1a(&format!("{}\u{0}{key}", n.id));
+            // Weighted rendezvous: -ln(u)/w picks node n with probability w_n / Σw.
+            let unit = ((hash >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            (-(unit.ln()) / n.slots as f64, n.id)
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+        .map(|(_, id)| id)
+}
+
+fn fnv1a(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // FNV leaves the last bytes in the low bits; the placement reads the high ones, so mix
+    // (the murmur3 finalizer).
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^ (hash >> 33)
+}
+
+impl MetaStore {
+    /// Registers this node incarnation (its lease running `lease_ms` from now) and adopts rows
+    /// no node owns. Refused when the id already ran at this epoch or a newer one: epochs
+    /// fence old incarnations, so they must grow.
+    pub fn register_node(
+        &self,
+        node: NodeId,
+        epoch: u64,
+        address: &str,
+        slots: u64,
+        lease_ms: u64,
+    ) -> Reply<ClusterState> {
+        let address = address.to_string();
+        self.job(move |db| {
+            let epoch_i = storable(epoch, || "node epoch".into())?;
+            let slots_i = storable(slots, || "slots".into())?;
+            let lease_i = storable(lease_ms, || "lease".into())?;
+            let sql = sql(db)?;
+            if let Some(known) = sql.lock_node(node_i64(node))? {
+                if known.epoch >= epoch {
+                    return Err(MetaError::Rejected(format!(
+                        "node {node} already ran at epoch {}, not older than this one ({epoch}); \
+                         --node-epoch must grow with every start",
+                        known.epoch
+                    )));
+                }
+            }
+            sql.upsert_node(node_i64(node), epoch_i, &address, slots_i, lease_i)?;
+            let adopted = sql.adopt_unowned(node_i64(node))?;
+            if adopted > 0 {
+                log::info!("node {node} adopted {adopted} streams that no node owned");
+            }
+            state(db, node)
+        })
+    }
+
+    /// Extends this node's lease; [`MetaError::Fenced`] when a newer incarnation of the id
+    /// registered since.
+    pub fn renew_lease(&self, node: NodeId, epoch: u64, lease_ms: u64) -> Reply<ClusterState> {
+        self.job(move |db| {
+            let renewed = sql(db)?.renew(
+                node_i64(node),
+                storable(epoch, || "node epoch".into())?,
+                storable(lease_ms, || "lease".into())?,
+            )?;
+            if !renewed {
+                return Err(MetaError::Fenced(format!(
+                    "node {node} at epoch {epoch} was superseded by a newer incarnation"
+                )));
+            }
+            state(db, node)
+        })
+    }
+
+    /// Ends this node's lease now (a clean stop), so others take its streams over at once.
+    pub fn release_lease(&self, node: NodeId, epoch: u64) -> Reply<()> {
+        self.job(move |db| {
+            sql(db)?.release(node_i64(node), storable(epoch, || "node epoch".into())?)
+        })
+    }
+
+    /// Every node and the database clock.
+    pub fn cluster_state(&self, node: NodeId) -> Reply<ClusterState> {
+        self.job(move |db| state(db, node))
+    }
+
+    /// Moves the streams of `dead` (at incarnation `dead_epoch`) to live nodes, spread by
+    /// placement; a fork family (a source and its forks) goes to one node. Nothing moves
+    /// unless `dead`'s lease has lapsed and it is still that incarnation. Returns the moved
+    /// `(stream id, new owner)` pairs.
+    pub fn take_over(&self, dead: NodeId, dead_epoch: u64) -> Reply<Vec<(u64, NodeId)>> {
+        self.job(move |db| {
+            let sql = sql(db)?;
+            let now_ms = sql.clock_ms()?;
+            let Some(row) = sql.lock_node(node_i64(dead))? else {
+                return Ok(Vec::new());
+            };
+            if row.epoch != dead_epoch || row.is_live(now_ms) {
+                return Ok(Vec::new());
+            }
+            let nodes = sql.nodes()?;
+            let owned = sql.owned_by(node_i64(dead), true)?;
+            if owned.is_empty() {
+                return Ok(Vec::new());
+            }
+            let sources: HashMap<i64, Option<i64>> =
+                owned.iter().map(|&(id, _, src)| (id, src)).collect();
+            let root = |mut id: i64| {
+                // Follow fork sources within the dead node's rows (bounded by their count).
+                for _ in 0..sources.len() {
+                    match sources.get(&id).copied().flatten() {
+                        Some(src) if sources.contains_key(&src) => id = src,
+                        _ => break,
+                    }
+                }
+                id
+            };
+            let mut by_target: HashMap<NodeId, Vec<i64>> = HashMap::new();
+            for &(id, _, _) in &owned {
+                let Some(target) = place(&format!("#{}", root(id)), &nodes, now_ms) else {
+                    return Err(MetaError::Rejected(format!(
+                        "no live node with slots can take over node {dead}'s streams"
+                    )));
+                };
+                by_target.entry(target).or_default().push(id);
+            }
+            let mut moved = Vec::new();
+            for (target, ids) in by_target {
+                sql.reassign(&ids, node_i64(target))?;
+                moved.extend(ids.into_iter().map(|id| (id as u64, target)));
+            }
+            moved.sort_unstable();
+            Ok(moved)
+        })
+    }
+
+    /// The row named `name` and its owner, read in the database now (not a cached view).
+    pub fn lookup_stream(&self, name: &str) -> Reply<Option<(StreamRow, Ownership)>> {
+        let name = name.to_string();
+        self.job(move |db| match sql(db)?.find(&name)? {
+            None => Ok(None),
+            Some(columns) => {
+                let owner = ownership(&columns);
+                Ok(Some((stream_row(columns)?, owner)))
+            }
+        })
+    }
+
+    /// What a node needs to serve stream `id` that it owns now (after a takeover or a
+    /// transfer); `None` when the row is gone.
+    pub fn load_stream(&self, id: u64) -> Reply<Option<StreamLoad>> {
+        self.job(move |db| {
+            let id_i = storable(id, || "stream id".into())?;
+            let Some(columns) = sql(db)?.find_id(id_i)? else {
+                return Ok(None);
+            };
+            let owner = ownership(&columns);
+            let row = stream_row(columns)?;
+            let fork_refs = sql(db)?.fork_count(id_i)?;
+            let segments = load_snapshot_of(db, id_i)?;
+            Ok(Some(StreamLoad {
+                snapshot: Snapshot {
+                    streams: vec![row],
+                    segments,
+                },
+                ownership: owner,
+                fork_refs,
+            }))
+        })
+    }
+
+    /// `stream id → owner epoch` of every stream `node` owns.
+    pub fn owned_streams(&self, node: NodeId) -> Reply<HashMap<u64, u64>> {
+        self.job(move |db| {
+            Ok(sql(db)?
+                .owned_by(node_i64(node), false)?
+                .into_iter()
+                .map(|(id, epoch, _)| (id as u64, epoch as u64))
+                .collect())
+        })
+    }
+
+    /// Asks the owner of `name` to hand it to `to_node` (it does so on its next lease round).
+    /// The rules of the reference: the target must be registered with slots, the stream owned
+    /// by another node, and no other transfer pending. Ours: the target must be live, and a
+    /// stream with forks (or a fork) stays with its family.
+    pub fn request_transfer(&self, name: &str, to_node: NodeId) -> Reply<TransferAccepted> {
+        let name = name.to_string();
+        self.job(move |db| {
+            let sql = sql(db)?;
+            let now_ms = sql.clock_ms()?;
+            let Some(columns) = sql.find(&name)? else {
+                return Err(MetaError::NotFound(format!("stream {name} not found")));
+            };
+            let owner = ownership(&columns);
+            let id = columns.id;
+            let target = sql.nodes()?.into_iter().find(|n| n.id == to_node);
+            let Some(target) = target else {
+                return Err(MetaError::Rejected(format!(
+                    "node {to_node} is not registered"
+                )));
+            };
+            if target.slots == 0 {
+                return Err(MetaError::Rejected(format!("node {to_node} has zero slots")));
+            }
+            if !target.is_live(now_ms) {
+                return Err(MetaError::Rejected(format!(
+                    "node {to_node} is not live (its lease lapsed)"
+                )));
+            }
+            let Some(from) = owner.node else {
+                return Err(MetaError::Rejected(format!(
+                    "stream {name} is not opened on any node"
+                )));
+            };
+            if from == to_node {
+                return Err(MetaError::Rejected(format!(
+                    "target equals source: stream {name} is already on node {to_node}"
+                )));
+            }
+            if let Some(pending) = owner.transfer_to.filter(|&t| t != to_node) {
+                return Err(MetaError::Rejected(format!(
+                    "a transfer of {name} to node {pending} is already pending"
+                )));
+            }
+            if columns.fork_source.is_some() || sql.fork_count(id)? > 0 {
+                return Err(MetaError::Rejected(format!(
+                    "stream {name} has forks or is a fork; a fork family moves only with its node"
+                )));
+            }
+            sql.set_transfer(id, Some(node_i64(to_node)))?;
+            Ok(TransferAccepted {
+                stream_id: id as u64,
+                from_node: from,
+                to_node,
+            })
+        })
+    }
+
+    /// Hands stream `id` from `fence` (its owner) to `to_node` at the next epoch, once the
+    /// owner stored everything it had of it. The new epoch; [`MetaError::Fenced`] when the row
+    /// changed meanwhile.
+    pub fn complete_transfer(&self, id: u64, fence: Fence, to_node: NodeId) -> Reply<u64> {
+        self.job(move |db| {
+            let moved = sql(db)?.finish_transfer(
+                storable(id, || "stream id".into())?,
+                node_i64(fence.node),
+                storable(fence.epoch, || "epoch".into())?,
+                node_i64(to_node),
+            )?;
+            match moved {
+                Some(epoch) => unsigned(Some(epoch), || "owner epoch".into()),
+                None => Err(MetaError::Fenced(format!(
+                    "stream {id} changed while node {} handed it to node {to_node}",
+                    fence.node
+                ))),
+            }
+        })
+    }
+
+    /// Drops a pending transfer (its target went away).
+    pub fn cancel_transfer(&self, id: u64) -> Reply<()> {
+        self.job(move |db| sql(db)?.set_transfer(storable(id, || "stream id".into())?, None))
+    }
+
+    /// Sets a registered node's placement weight; its row.
+    pub fn set_slots(&self, node: NodeId, slots: u64) -> Reply<NodeRow> {
+        self.job(move |db| {
+            let sql = sql(db)?;
+            if !sql.set_slots(node_i64(node), storable(slots, || "slots".into())?)? {
+                return Err(MetaError::NotFound(format!(
+                    "node {node} is not registered"
+                )));
+            }
+            sql.nodes()?
+                .into_iter()
+                .find(|n| n.id == node)
+                .ok_or_else(|| MetaError::NotFound(format!("node {node} is not registered")))
+        })
+    }
+
+    /// How many streams each node owns (`None`: rows no node owns).
+    pub fn owner_counts(&self) -> Reply<Vec<(Option<NodeId>, u64)>> {
+        self.job(move |db| {
+            Ok(sql(db)?
+                .owner_counts()?
+                .into_iter()
+                .map(|(node, count)| (node.and_then(|n| NodeId::try_from(n).ok()), count))
+                .collect())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: NodeId, slots: u64, lease_expires_ms: i64) -> NodeRow {
+        NodeRow {
+            id,
+            epoch: 1,
+            address: format!("http://n{id}"),
+            slots,
+            lease_expires_ms,
+            registered_ms: 0,
+        }
+    }
+
+    #[test]
+    fn placement_skips_dead_and_slotless_nodes_and_follows_weights() {
+        let nodes = [node(1, 1, 100), node(2, 3, 100), node(3, 0, 100), node(4, 5, 10)];
+        let mut counts = HashMap::new();
+        for i in 0..4000 {
+            let chosen = place(&format!("/s/{i}"), &nodes, 50).unwrap();
+            *counts.entry(chosen).or_insert(0) += 1;
+        }
+        assert!(!counts.contains_key(&3), "zero slots: {counts:?}");
+        assert!(!counts.contains_key(&4), "lease lapsed: {counts:?}");
+        let (one, two) = (counts[&1] as f64, counts[&2] as f64);
+        // Weights 1:3, so node 2 takes about three quarters.
+        assert!((0.68..0.82).contains(&(two / (one + two))), "{counts:?}");
+        // Stable: the same view gives the same answer.
+        assert_eq!(place("/x", &nodes, 50), place("/x", &nodes, 50));
+        assert_eq!(place("/x", &[node(3, 0, 100)], 50), None);
+    }
+
+    #[test]
+    fn fence_errors_name_both_owners() {
+        let error = fenced_unless_owner(7, Some(2), 3, 1, Some(2)).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "stream 7 is owned by node 2 at epoch 3, not by node 1 at epoch 2"
+        );
+        assert!(fenced_unless_owner(7, Some(1), 3, 1, Some(3)).is_ok());
+        assert!(fenced_unless_owner(7, Some(1), 3, 1, None).is_ok());
+        assert!(fenced_unless_owner(7, None, 1, 1, None).is_err());
+    }
+}
