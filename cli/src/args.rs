@@ -166,29 +166,33 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n", default = "1024")]
     pub backlog: u32,
 
-    /// cluster-unique node id (positive); this node's segment objects go under segments/n<id>/ so nodes sharing a bucket never collide [env: PICO_NODE_ID]
+    /// cluster-unique node id (positive; default 1 with a postgres:// --meta-url); names the node and its segment objects (segments/n<id>/) [env: PICO_NODE_ID]
     #[argh(option, arg_name = "id")]
     pub node_id: Option<i32>,
 
-    /// reference flag, no effect yet: fencing token of this process incarnation [env: PICO_NODE_EPOCH]
+    /// fencing token of this process incarnation, must grow across restarts (default: the start time in ms) [env: PICO_NODE_EPOCH]
     #[argh(option, arg_name = "epoch")]
     pub node_epoch: Option<u64>,
 
-    /// reference flag, no effect yet: advertised base URL used in redirects [env: PICO_HTTP_ADDRESS]
+    /// advertised base URL other nodes send clients to in 307 redirects (default http://{listen} as bound) [env: PICO_HTTP_ADDRESS]
     #[argh(option, arg_name = "url")]
     pub http_address: Option<String>,
 
-    /// reference flag, no effect yet: cluster id reported by admin [env: PICO_CLUSTER_ID]
+    /// cluster id reported by the admin API (default picomq) [env: PICO_CLUSTER_ID]
     #[argh(option, arg_name = "id")]
     pub cluster_id: Option<String>,
 
-    /// reference flag, no effect yet: redirect or local [env: PICO_ROUTING]
+    /// redirect: requests for other nodes' streams get 307 to their owner (default); local: never redirect (a routing proxy in front) [env: PICO_ROUTING]
     #[argh(option, arg_name = "mode", from_str_fn(parse_routing))]
     pub routing: Option<String>,
 
-    /// reference flag, no effect yet: placement weight of this node [env: PICO_SLOTS]
+    /// placement weight of this node: new streams and taken-over ones spread across live nodes by slots; 0 takes none (default 1) [env: PICO_SLOTS]
     #[argh(option, arg_name = "n")]
     pub slots: Option<u32>,
+
+    /// cluster lease in milliseconds: a node that has not renewed it for this long is dead to the others, which take its streams over (default 6000) [env: PICO_LEASE_MS]
+    #[argh(option, arg_name = "ms", default = "6000")]
+    pub lease_ms: u64,
 
     /// on SIGINT/SIGTERM, seconds /ready answers 503 before the process exits (default 0) [env: PICO_SHUTDOWN_DRAIN_SEC]
     #[argh(option, arg_name = "secs")]

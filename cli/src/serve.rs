@@ -45,6 +45,22 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             Some(id) if id > 0 => Some(id as u32),
             Some(id) => return Err(format!("--node-id must be a positive integer, got {id}")),
         },
+        node_epoch: args.node_epoch,
+        http_address: match &args.http_address {
+            Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                return Err(format!(
+                    "--http-address must be an http:// or https:// URL, got {url:?}"
+                ))
+            }
+            other => other.as_ref().map(|u| u.trim_end_matches('/').to_string()),
+        },
+        cluster_id: args.cluster_id.clone().unwrap_or_else(|| "picomq".into()),
+        routing_local: args.routing.as_deref() == Some("local"),
+        slots: u64::from(args.slots.unwrap_or(1)),
+        lease_ms: match args.lease_ms {
+            ms if ms < 300 => return Err(format!("--lease-ms must be at least 300, got {ms}")),
+            ms => ms,
+        },
         protocol: match protocol {
             Protocol::Pico => pico_net::Protocol::Pico,
             Protocol::Ds => pico_net::Protocol::DurableStreams,
@@ -113,13 +129,14 @@ fn millis(secs: f64) -> u64 {
 
 /// One line per reference flag that was given but does nothing in this server (C7).
 pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
-    let single_node = "has no effect yet: this server runs a single node";
+    let single_node = "has no effect: only a node on a postgres:// --meta-url joins a cluster";
+    let clustered =
+        args.meta_url.starts_with("postgres://") || args.meta_url.starts_with("postgresql://");
     let given = [
-        ("--node-epoch", args.node_epoch.is_some(), single_node),
-        ("--http-address", args.http_address.is_some(), single_node),
-        ("--cluster-id", args.cluster_id.is_some(), single_node),
-        ("--routing", args.routing.is_some(), single_node),
-        ("--slots", args.slots.is_some(), single_node),
+        ("--node-epoch", args.node_epoch.is_some() && !clustered, single_node),
+        ("--http-address", args.http_address.is_some() && !clustered, single_node),
+        ("--routing", args.routing.is_some() && !clustered, single_node),
+        ("--slots", args.slots.is_some() && !clustered, single_node),
         (
             "--wal",
             args.wal.is_some(),

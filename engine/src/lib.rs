@@ -3,6 +3,7 @@
 //! recovery.
 
 pub mod api;
+pub mod cluster;
 pub mod error;
 pub mod frame;
 pub mod limits;
@@ -19,6 +20,9 @@ pub use api::{
     RecordInput, RecordView, Reply, StreamInfo, StreamSummary,
 };
 pub use error::EngineError;
+pub use cluster::{Cluster, ClusterConfig};
+/// The metadata types the layers above see (cluster state, URLs).
+pub use pico_meta as meta;
 pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
 pub use state::{ForkOrigin, StreamConfig};
 

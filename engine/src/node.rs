@@ -18,6 +18,7 @@ use pico_meta::{
 };
 use pico_s3::{ObjectStore, StorageUri};
 
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::api::{
     Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput, Reply,
     StreamSummary,
@@ -44,7 +45,7 @@ pub fn owner_core(name: &str, cores: usize) -> usize {
     (stream_hash(name) % cores as u64) as usize
 }
 
-enum Message {
+pub(crate) enum Message {
     Op {
         name: String,
         op: Op,
@@ -62,6 +63,17 @@ enum Message {
         limit: usize,
         reply: oneshot::Sender<Vec<StreamSummary>>,
     },
+    /// An operator moves this stream to another node: store what we hold of it, then hand it
+    /// over (cluster).
+    HandOff {
+        transfer: pico_meta::PendingTransfer,
+        reply: oneshot::Sender<()>,
+    },
+    /// The lease had lapsed: keep only the streams still ours (`id → owner epoch`).
+    Revalidate {
+        owned: Arc<HashMap<u64, u64>>,
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// Everything one core needs to start its shard; `Send`, handed to the core's thread.
@@ -74,6 +86,7 @@ pub struct CoreSeed {
     inbox: mpsc::Receiver<Message>,
     peers: Vec<mpsc::Sender<Message>>,
     metrics: Arc<CoreMetrics>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// The result of [`boot`]: one seed per core plus the shared handles.
@@ -87,12 +100,20 @@ pub struct Boot {
     pub wal_lock: std::fs::File,
     /// Every core's counters, for `/metrics` and the admin API.
     pub metrics: NodeMetrics,
+    /// This node's membership, when the metadata log is shared (Postgres): its lease keeper
+    /// runs from here on.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 /// Opens the metadata log and the object store, recovers every WAL file left by a previous
 /// run (whatever its core count), and splits the streams across `config.cores` cores.
 /// Runs on the main thread before any executor starts.
-pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<Boot, String> {
+pub fn boot(
+    mut config: EngineConfig,
+    meta_url: &str,
+    storage: &str,
+    cluster: Option<ClusterConfig>,
+) -> Result<Boot, String> {
     std::fs::create_dir_all(&config.wal_dir).map_err(|e| {
         format!(
             "cannot create WAL directory {}: {e}",
@@ -106,11 +127,42 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
     let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
     let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
     let mut report = Vec::new();
-    let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report)?;
+    let cluster = match cluster {
+        None => None,
+        Some(cluster_config) => {
+            let node = cluster_config.node_id;
+            let state = wait(meta.register_node(
+                node,
+                cluster_config.node_epoch,
+                &cluster_config.address,
+                cluster_config.slots,
+                cluster_config.lease_ms,
+            ))?;
+            report.push(format!(
+                "cluster {}: node {node} registered at epoch {} as {} with {} slots ({} nodes \
+                 known)",
+                cluster_config.cluster_id,
+                cluster_config.node_epoch,
+                cluster_config.address,
+                cluster_config.slots,
+                state.nodes.len()
+            ));
+            Some(Cluster::new(cluster_config, state))
+        }
+    };
+    let fence = cluster.as_ref().map(|c| c.node_id());
+    let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report, fence)?;
+    let mut epochs = HashMap::new();
+    if let Some(cluster) = &cluster {
+        // Only what this node owns; the other nodes' streams are theirs to serve.
+        epochs = wait(meta.owned_streams(cluster.node_id()))?;
+        snapshot.streams.retain(|row| epochs.contains_key(&row.id));
+    }
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
     let cores = config.cores.max(1);
     let mut per_core: Vec<Vec<StreamSeed>> = (0..cores).map(|_| Vec::new()).collect();
-    for seed in stream_seeds(&snapshot) {
+    for mut seed in stream_seeds(&snapshot) {
+        seed.epoch = epochs.get(&seed.id).copied().unwrap_or(0);
         per_core[owner_core(&seed.name, cores)].push(seed);
     }
     report.push(format!(
@@ -139,8 +191,17 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
             inbox,
             peers: senders.clone(),
             metrics: metrics[core].clone(),
+            cluster: cluster.clone(),
         })
         .collect();
+    if let Some(cluster) = &cluster {
+        // The thread runs for the life of the process; it stops renewing on shutdown.
+        drop(crate::cluster::start_keeper(
+            cluster.clone(),
+            meta.clone(),
+            senders,
+        ));
+    }
     Ok(Boot {
         seeds,
         meta,
@@ -148,6 +209,7 @@ pub fn boot(mut config: EngineConfig, meta_url: &str, storage: &str) -> Result<B
         report,
         wal_lock,
         metrics,
+        cluster,
     })
 }
 
@@ -187,6 +249,7 @@ fn recover_wal_files(
     store: &ObjectStore,
     snapshot: &mut Snapshot,
     report: &mut Vec<String>,
+    fence: Option<pico_meta::NodeId>,
 ) -> Result<Recovered, String> {
     let mut max_epoch_ms = snapshot
         .segments
@@ -219,7 +282,29 @@ fn recover_wal_files(
             let bytes = bytes::Bytes::copy_from_slice(&data[..valid]);
             let record = index_segment(segment_key(config.node_id, &stem), &bytes);
             wait(store.put(&record.key, bytes))?;
-            wait(meta.commit_segment(record.clone()))?;
+            match fence {
+                None => wait(meta.commit_segment(record.clone()))?,
+                Some(node) => {
+                    let fence = pico_meta::SegmentFence {
+                        node,
+                        epochs: HashMap::new(),
+                    };
+                    let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;
+                    for id in fenced {
+                        // Data this node wrote before another node took the stream over: the
+                        // new owner has served the stream since, so these records cannot join
+                        // it. They stay in the object for an operator; say so loudly.
+                        let entry = record.streams.iter().find(|e| e.stream_id == id);
+                        let runs = entry.map(|e| format!("{:?}", e.runs)).unwrap_or_default();
+                        log::error!(
+                            "WAL file {}: stream {id} was taken over by another node while this \
+                             node was down; its records {runs} in object {} were not restored",
+                            path.display(),
+                            record.key
+                        );
+                    }
+                }
+            }
             report.push(format!(
                 "recovered WAL file {} ({valid} bytes)",
                 path.display()
@@ -321,7 +406,7 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
 }
 
 /// Rebuilds every live stream's tail, timestamps, close flag and chunk list from the catalog.
-fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
+pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
     let mut fork_refs: HashMap<u64, u64> = HashMap::new();
     for row in &snapshot.streams {
         if let Some(fork) = &row.fork {
@@ -358,6 +443,7 @@ fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                 fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
                 soft_deleted: row.soft_deleted,
                 writer_seq: None,
+                epoch: 0,
             };
             (row.id, seed)
         })
@@ -409,6 +495,7 @@ pub struct CoreHandle {
     cores: usize,
     shard: Rc<Shard>,
     peers: RefCell<Vec<mpsc::Sender<Message>>>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl CoreHandle {
@@ -423,9 +510,10 @@ impl CoreHandle {
             inbox,
             peers,
             metrics,
+            cluster,
         } = seed;
         let cores = peers.len();
-        let shard = Shard::start(core, config, meta, store, streams, metrics).await?;
+        let shard = Shard::start(core, config, meta, store, streams, metrics, cluster.clone()).await?;
         let inbox_shard = shard.clone();
         // Messages from other threads wake this task: a latency-sensitive queue makes glommio
         // poll for those wakes promptly instead of after its throughput slice.
@@ -442,6 +530,7 @@ impl CoreHandle {
             cores,
             shard,
             peers: RefCell::new(peers),
+            cluster,
         });
         if core == 0 {
             let collector = handle.clone();
@@ -490,10 +579,24 @@ impl CoreHandle {
         self.cores
     }
 
+    /// This node's cluster membership (`None`: a single node).
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// The metadata log (the admin API reads the cluster's state from it).
+    pub fn meta(&self) -> &MetaStore {
+        self.shard.meta()
+    }
+
     /// Runs `op` on the stream's owning core (here, or across a channel). Reads of a fork
     /// below its fork point are stitched from its source's records; creating a fork first
     /// resolves the fork point with the source.
     pub async fn call(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
+        if let Some(cluster) = &self.cluster {
+            // A node that may have lost its streams serves none until it knows.
+            cluster.wait_for_lease().await?;
+        }
         match op {
             Op::Read(request) => self.read(name, request).await.map(Reply::Read),
             Op::Create {
@@ -834,6 +937,18 @@ async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {
                 let _ = reply.send(shard.live_streams());
             }
             Message::Forget { keys } => shard.forget_segments(&keys),
+            Message::HandOff { transfer, reply } => {
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    shard.hand_off(transfer).await;
+                    let _ = reply.send(());
+                })
+                .detach();
+            }
+            Message::Revalidate { owned, reply } => {
+                shard.revalidate(&owned);
+                let _ = reply.send(());
+            }
         }
     }
 }

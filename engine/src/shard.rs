@@ -12,7 +12,7 @@
 //! Everything here runs on one executor: `RefCell`s are never held across an `.await`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -22,8 +22,8 @@ use bytes::Bytes;
 use futures_channel::oneshot;
 use glommio::io::DmaFile;
 use pico_meta::{
-    MetaStore, ProducerState, SegmentRecord, SegmentRun, SegmentStreamEntry,
-    StreamConfig as MetaConfig,
+    Fence, MetaError, MetaStore, NodeId, PendingTransfer, ProducerState, SegmentFence,
+    SegmentRecord, SegmentRun, SegmentStreamEntry, StreamConfig as MetaConfig,
 };
 use pico_s3::ObjectStore;
 
@@ -31,6 +31,7 @@ use crate::api::{
     AppendAck, AppendRequest, Fork, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput,
     RecordView, Reply, StreamInfo, StreamSummary,
 };
+use crate::cluster::Cluster;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::limits;
@@ -52,6 +53,13 @@ const READAHEAD_BLOCKS_MAX: u64 = 8;
 const GAUGE_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 /// How often expired streams are looked for.
 const REAPER_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a core remembers which node serves a stream it does not (cluster): a stale
+/// answer costs one extra redirect, never a wrong read, because only the owner serves.
+const REMOTE_OWNER_TTL: Duration = Duration::from_secs(2);
+/// Remembered owners per core, at most (the memory is cleared when full).
+const REMOTE_OWNERS_MAX: usize = 100_000;
+/// Longest a transfer waits for this core to store what it holds of the stream.
+const HAND_OFF_FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Expired streams deleted per reaper round (the rest wait for the next round).
 const REAPER_BATCH_MAX: usize = 1000;
 /// Extra room in an active segment buffer past `segment_size`: a rotation can be late by the
@@ -77,6 +85,9 @@ struct Stream {
     waiters: Vec<oneshot::Sender<()>>,
     /// The idle clock last written to the metadata log (sliding TTL only).
     recorded_access_ms: i64,
+    /// The owner epoch this node holds the stream at (cluster; 0 on a single node): every
+    /// metadata write for the stream is fenced by it.
+    epoch: u64,
 }
 
 /// A recovered stream handed to its core at startup.
@@ -103,6 +114,8 @@ pub struct StreamSeed {
     pub fork_refs: u64,
     pub soft_deleted: bool,
     pub writer_seq: Option<String>,
+    /// The owner epoch (cluster), see `Stream::epoch`.
+    pub epoch: u64,
 }
 
 /// Per-stream index of a segment being built.
@@ -116,6 +129,8 @@ struct IndexEntry {
     writer_seq: Option<String>,
     /// The stream's name, to find its chunks when the segment seals.
     name: Option<Rc<str>>,
+    /// The owner epoch the frames were written at (cluster), fencing the segment's commit.
+    epoch: u64,
 }
 
 /// What one append request writes.
@@ -171,6 +186,16 @@ struct Readahead {
     window_blocks: u64,
 }
 
+/// A sealed segment on its way to the bucket and the catalog.
+struct Sealed {
+    no: u64,
+    bytes: Bytes,
+    record: SegmentRecord,
+    /// Cluster: the owner epochs the segment's streams were written at.
+    fence: Option<SegmentFence>,
+    names: HashMap<u64, Rc<str>>,
+}
+
 struct PendingAck {
     segment: u64,
     end: usize,
@@ -216,6 +241,17 @@ pub(crate) struct Shard {
     metrics: Arc<CoreMetrics>,
     /// Graceful shutdown began: live reads stop waiting.
     stopping: Cell<bool>,
+    /// This node's cluster membership (`None`: a single node).
+    cluster: Option<Arc<Cluster>>,
+    /// Streams other nodes serve, as last learned: name → (node, when). Node 0: moved to a
+    /// node not known yet (look it up again).
+    remote: RefCell<HashMap<Rc<str>, (NodeId, Instant)>>,
+    /// Streams this core lost to another node while appends to them were pending: those
+    /// acknowledgements fail instead of being released.
+    fenced: RefCell<HashSet<u64>>,
+    /// Streams being handed to another node: new operations wait for the hand-off.
+    handing_off: RefCell<HashSet<Rc<str>>>,
+    handed_off: LocalNotify,
 }
 
 fn info_of(state: &StreamState) -> StreamInfo {
@@ -238,6 +274,7 @@ impl Shard {
         store: ObjectStore,
         seeds: Vec<StreamSeed>,
         metrics: Arc<CoreMetrics>,
+        cluster: Option<Arc<Cluster>>,
     ) -> Result<Rc<Shard>, String> {
         let shard = Rc::new(Shard {
             core,
@@ -265,6 +302,11 @@ impl Shard {
             fork_released: LocalNotify::default(),
             metrics,
             stopping: Cell::new(false),
+            cluster,
+            remote: RefCell::new(HashMap::new()),
+            fenced: RefCell::new(HashSet::new()),
+            handing_off: RefCell::new(HashSet::new()),
+            handed_off: LocalNotify::default(),
         });
         shard.load_seeds(seeds);
         let first = shard.create_wal_file().await?;
@@ -332,13 +374,16 @@ impl Shard {
             state.producers = seed.producers;
             state.closed_by = seed.closed_by;
             state.writer_seq = seed.writer_seq;
+            let name: Rc<str> = Rc::from(seed.name.as_str());
+            self.remote.borrow_mut().remove(&name);
             streams.insert(
-                Rc::from(seed.name.as_str()),
+                name,
                 Stream {
                     recorded_access_ms: state.last_access_ms,
                     state,
                     chunks,
                     waiters: Vec::new(),
+                    epoch: seed.epoch,
                 },
             );
         }
@@ -381,6 +426,9 @@ impl Shard {
     async fn execute_op(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         if let Some(message) = self.failed.borrow().clone() {
             return Err(EngineError::Durability(message));
+        }
+        if self.cluster.is_some() {
+            self.route(name, &op).await?;
         }
         match op {
             Op::Create {
@@ -425,7 +473,9 @@ impl Shard {
         let now = now_ms();
         let (id, expired) = {
             let mut streams = self.streams.borrow_mut();
-            let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+            let Some(stream) = streams.get_mut(name) else {
+                return Err(self.missing(name));
+            };
             if stream.state.soft_deleted {
                 return Err(EngineError::Gone);
             }
@@ -456,10 +506,11 @@ impl Shard {
         let step_ms = (ttl_sec.saturating_mul(100)).max(1000) as i64;
         if stream.state.last_access_ms - stream.recorded_access_ms >= step_ms {
             stream.recorded_access_ms = stream.state.last_access_ms;
-            drop(
-                self.meta
-                    .touch_stream(stream.state.id, stream.state.last_access_ms),
-            );
+            drop(self.meta.touch_stream_fenced(
+                stream.state.id,
+                stream.state.last_access_ms,
+                self.fence(stream),
+            ));
         }
     }
 
@@ -511,12 +562,35 @@ impl Shard {
             offset: f.offset,
             partial_bytes: f.partial_bytes,
         });
+        let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
-            .create_fork_stream(name, meta_config, fork_row, now_ms())
+            .create_stream_owned(name, meta_config, fork_row, now_ms(), me)
             .await
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
+        if let (Some(cluster), false) = (&self.cluster, outcome.created) {
+            // Registered meanwhile by another node (or by this one before a restart): serve
+            // it where it lives.
+            let owner = outcome.ownership.node;
+            if owner != me {
+                return Err(owner.map_or_else(
+                    || EngineError::NotOwner("the stream has no owner yet; retry".into()),
+                    |node| cluster.moved(node),
+                ));
+            }
+            self.adopt(name, outcome.row.id).await?;
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            stream
+                .state
+                .check_recreate(&config, closed, fork.as_ref())?;
+            return Ok(Reply::Created {
+                created: false,
+                info: info_of(&stream.state),
+                first: None,
+            });
+        }
         let row = outcome.row;
         let created = {
             let mut streams = self.streams.borrow_mut();
@@ -549,6 +623,7 @@ impl Shard {
                         state,
                         chunks: Vec::new(),
                         waiters: Vec::new(),
+                        epoch: outcome.ownership.epoch,
                     },
                 );
                 CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
@@ -638,6 +713,11 @@ impl Shard {
                 .0
                 .clone();
             let stream = streams.get_mut(&key).expect("looked up above");
+            if self.handing_off.borrow().contains(name) {
+                return Err(EngineError::NotOwner(
+                    "the stream is moving to another node; retry".into(),
+                ));
+            }
             let command = AppendCommand {
                 records: records.len() as u64,
                 close,
@@ -729,7 +809,8 @@ impl Shard {
         if ack.closed {
             if let Ok(id) = self.live_stream_id(name, false).await {
                 // Durable already through the WAL close frame; the registry follows for listings.
-                drop(self.meta.close_stream(id));
+                let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+                drop(self.meta.close_stream_fenced(id, fence));
             }
         }
         Ok(ack)
@@ -817,6 +898,7 @@ impl Shard {
         if entry.name.is_none() {
             entry.name = Some(name.clone());
         }
+        entry.epoch = stream.epoch;
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
         entry.closed |= close;
         if let Some(writer_seq) = writer_seq {
@@ -1282,18 +1364,19 @@ impl Shard {
     /// Trim: readers see the new start at once; the catalog records it before the answer.
     async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
         let id = self.live_stream_id(name, true).await?;
-        let start = {
+        let (start, fence) = {
             let mut streams = self.streams.borrow_mut();
             let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
             let start = stream.state.trim(offset);
             stream.chunks.retain(|c| c.next_offset > start);
-            start
+            (start, self.fence(stream))
         };
-        self.meta
-            .trim_stream(id, start)
+        let trimmed = self
+            .meta
+            .trim_stream_fenced(id, start, fence)
             .await
-            .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+            .map_err(|_| EngineError::ShuttingDown)?;
+        self.meta_result(name, id, trimmed)?;
         Ok(start)
     }
 
@@ -1402,11 +1485,13 @@ impl Shard {
         if !has_forks {
             return self.remove_stream(name, id).await;
         }
-        self.meta
-            .soft_delete_stream(id)
+        let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+        let deleted = self
+            .meta
+            .soft_delete_stream_fenced(id, fence)
             .await
-            .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+            .map_err(|_| EngineError::ShuttingDown)?;
+        self.meta_result(name, id, deleted)?;
         if let Some(stream) = self.streams.borrow_mut().get_mut(name) {
             stream.state.soft_deleted = true;
             for waiter in stream.waiters.drain(..) {
@@ -1471,11 +1556,18 @@ impl Shard {
     }
 
     async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {
-        self.meta
-            .delete_stream(id)
+        let fence = self
+            .streams
+            .borrow()
+            .get(name)
+            .filter(|s| s.state.id == id)
+            .and_then(|s| self.fence(s));
+        let deleted = self
+            .meta
+            .delete_stream_fenced(id, fence)
             .await
-            .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+            .map_err(|_| EngineError::ShuttingDown)?;
+        self.meta_result(name, id, deleted)?;
         let mut streams = self.streams.borrow_mut();
         if streams.get(name).is_some_and(|s| s.state.id == id) {
             if let Some(stream) = streams.remove(name) {
@@ -1492,6 +1584,314 @@ impl Shard {
             }
         }
         Ok(())
+    }
+
+    // ---------------------------------------------------------------- cluster
+
+    /// The fence of metadata writes for `stream` (cluster only).
+    fn fence(&self, stream: &Stream) -> Option<Fence> {
+        self.cluster.as_ref().map(|cluster| Fence {
+            node: cluster.node_id(),
+            epoch: stream.epoch,
+        })
+    }
+
+    /// A fenced metadata write's result: when another node owns the stream now, this core
+    /// lets it go, and the request is told to retry there.
+    fn meta_result<T>(&self, name: &str, id: u64, result: Result<T, MetaError>) -> Result<T, EngineError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(MetaError::Fenced(message)) => {
+                log::warn!("core {}: {name}: {message}", self.core);
+                self.forget_stream(name, id, None);
+                Err(EngineError::NotOwner(format!("{message}; retry")))
+            }
+            Err(e) => Err(EngineError::Storage(e.to_string())),
+        }
+    }
+
+    /// What a request for a stream this core does not hold gets: a redirect when another node
+    /// is known to serve it, else not found.
+    fn missing(&self, name: &str) -> EngineError {
+        let (Some(cluster), Some((node, _))) =
+            (&self.cluster, self.remote.borrow().get(name).copied())
+        else {
+            return EngineError::NotFound;
+        };
+        if node == 0 {
+            EngineError::NotOwner("the stream moved to another node; retry".into())
+        } else {
+            cluster.moved(node)
+        }
+    }
+
+    fn remember_remote(&self, name: &str, node: NodeId) {
+        let mut remote = self.remote.borrow_mut();
+        if remote.len() >= REMOTE_OWNERS_MAX {
+            remote.clear();
+        }
+        remote.insert(Rc::from(name), (node, Instant::now()));
+    }
+
+    /// Drops a stream this node no longer owns (fenced, revalidated away, or handed off):
+    /// its pending appends fail, its readers wake up and are sent on (`to`: the new owner when
+    /// known).
+    fn forget_stream(&self, name: &str, id: u64, to: Option<NodeId>) {
+        let removed = {
+            let mut streams = self.streams.borrow_mut();
+            if streams.get(name).is_some_and(|s| s.state.id == id) {
+                streams.remove(name)
+            } else {
+                None
+            }
+        };
+        self.remember_remote(name, to.unwrap_or(0));
+        if let Some(stream) = removed {
+            self.fenced.borrow_mut().insert(id);
+            CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
+            for waiter in stream.waiters {
+                let _ = waiter.send(());
+            }
+            self.release_acks();
+        }
+    }
+
+    /// A sealed segment's entries for stream `id` were refused at commit: another node owns
+    /// the stream now.
+    fn lost_at_commit(&self, id: u64, name: Option<&Rc<str>>, record: &SegmentRecord) {
+        let runs = record
+            .streams
+            .iter()
+            .find(|e| e.stream_id == id)
+            .map(|e| format!("{:?}", e.runs))
+            .unwrap_or_default();
+        if self.config.object_acks {
+            log::warn!(
+                "core {}: stream {id} moved to another node; its unacknowledged appends {runs} \
+                 were refused",
+                self.core
+            );
+        } else {
+            log::error!(
+                "core {}: stream {id} moved to another node before segment {} was stored: \
+                 records {runs}, acknowledged with local durability, are not part of the stream \
+                 (they stay in that object)",
+                self.core,
+                record.key
+            );
+        }
+        if let Some(name) = name {
+            self.forget_stream(name, id, None);
+        }
+    }
+
+    /// Before an operation on a stream this core does not hold: find who serves it. Ours but
+    /// not loaded (taken over, transferred here): load it. Another live node's: redirect. A new
+    /// name: create it here if placement says so.
+    async fn route(self: &Rc<Self>, name: &str, op: &Op) -> Result<(), EngineError> {
+        let Some(cluster) = self.cluster.clone() else {
+            return Ok(());
+        };
+        let me = cluster.node_id();
+        while self.handing_off.borrow().contains(name) {
+            self.handed_off.wait().await;
+        }
+        if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
+            return Ok(());
+        }
+        let cached = self.remote.borrow().get(name).copied();
+        if let Some((node, at)) = cached {
+            if node != 0 && at.elapsed() < REMOTE_OWNER_TTL && cluster.live_node(node).is_some() {
+                return Err(cluster.moved(node));
+            }
+        }
+        // An owner whose lease lapsed is replaced by the keeper within a lease round: wait for
+        // that (bounded) rather than fail the request.
+        let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
+        loop {
+            let found = self
+                .meta
+                .lookup_stream(name)
+                .await
+                .map_err(|_| EngineError::ShuttingDown)?
+                .map_err(|e| EngineError::Storage(e.to_string()))?;
+            let Some((row, ownership)) = found else {
+                self.remote.borrow_mut().remove(name);
+                if matches!(op, Op::Create { .. }) {
+                    if let Some(target) = cluster.place(name).filter(|&n| n != me) {
+                        return Err(cluster.moved(target));
+                    }
+                }
+                return Ok(()); // a new name: created here, or not found
+            };
+            match ownership.node {
+                Some(node) if node == me => return self.adopt(name, row.id).await,
+                Some(node) if cluster.live_node(node).is_some() => {
+                    self.remember_remote(name, node);
+                    return Err(cluster.moved(node));
+                }
+                owner => {
+                    if Instant::now() >= deadline {
+                        return Err(EngineError::NotOwner(format!(
+                            "stream {name} is owned by {}, which does not renew its lease, \
+                             and no node took it over yet; retry",
+                            owner.map_or("no node".to_string(), |n| format!("node {n}"))
+                        )));
+                    }
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Starts serving stream `id` (named `name`), which this node owns now: its state comes
+    /// from the catalog (the previous owner stored everything before handing it over, or
+    /// acknowledged only what was stored, with object durability).
+    async fn adopt(self: &Rc<Self>, name: &str, id: u64) -> Result<(), EngineError> {
+        let me = self.cluster.as_ref().map(|c| c.node_id());
+        let load = self
+            .meta
+            .load_stream(id)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let Some(load) = load else {
+            return Ok(()); // deleted meanwhile: not found
+        };
+        if load.ownership.node != me {
+            let cluster = self.cluster.as_ref().expect("adopt runs in a cluster");
+            return Err(load.ownership.node.map_or_else(
+                || EngineError::NotOwner("the stream has no owner yet; retry".into()),
+                |node| cluster.moved(node),
+            ));
+        }
+        if self.streams.borrow().contains_key(name) {
+            return Ok(()); // another request loaded it meanwhile
+        }
+        let seeds: Vec<StreamSeed> = crate::node::stream_seeds(&load.snapshot)
+            .into_iter()
+            .map(|mut seed| {
+                seed.epoch = load.ownership.epoch;
+                seed.fork_refs = load.fork_refs;
+                seed
+            })
+            .collect();
+        self.fenced.borrow_mut().remove(&id);
+        log::info!(
+            "core {}: serving {name} (stream {id}) at owner epoch {}",
+            self.core,
+            load.ownership.epoch
+        );
+        self.load_seeds(seeds);
+        Ok(())
+    }
+
+    /// Hands a stream to another node: new operations wait, what this core holds of the
+    /// stream is stored (sealed, uploaded, in the catalog), then the owner changes in one
+    /// fenced update and the waiting operations are redirected.
+    pub(crate) async fn hand_off(self: &Rc<Self>, transfer: PendingTransfer) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let name: Rc<str> = Rc::from(transfer.name.as_str());
+        let held = self
+            .streams
+            .borrow()
+            .get(&*name)
+            .map(|s| (s.state.id, s.epoch));
+        if held.is_some_and(|(id, epoch)| id != transfer.stream_id || epoch != transfer.epoch) {
+            return; // not the row the transfer names: the next lease round has the news
+        }
+        self.handing_off.borrow_mut().insert(name.clone());
+        let stored = held.is_none() || self.flush_through_active(HAND_OFF_FLUSH_TIMEOUT).await;
+        let fence = Fence {
+            node: cluster.node_id(),
+            epoch: transfer.epoch,
+        };
+        if stored {
+            match self
+                .meta
+                .complete_transfer(transfer.stream_id, fence, transfer.to_node)
+                .await
+            {
+                Ok(Ok(epoch)) => {
+                    log::info!(
+                        "core {}: handed {} to node {} (owner epoch {epoch})",
+                        self.core,
+                        transfer.name,
+                        transfer.to_node
+                    );
+                    self.forget_stream(&name, transfer.stream_id, Some(transfer.to_node));
+                }
+                Ok(Err(e)) => log::warn!("transfer of {}: {e}", transfer.name),
+                Err(_) => {}
+            }
+        } else {
+            log::warn!(
+                "transfer of {}: its data was not stored within {:?}; will retry",
+                transfer.name,
+                HAND_OFF_FLUSH_TIMEOUT
+            );
+        }
+        self.handing_off.borrow_mut().remove(&name);
+        self.handed_off.notify();
+    }
+
+    /// Seals the active segment and waits until it and every older one are stored and
+    /// committed (unlike `flush`, appends to other streams may go on meanwhile).
+    async fn flush_through_active(self: &Rc<Self>, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let target = self.log.borrow().back().map_or(0, |s| s.no);
+        loop {
+            let active_has_it = self
+                .log
+                .borrow()
+                .back()
+                .is_some_and(|s| s.no <= target && !s.buf.is_empty());
+            if active_has_it {
+                self.rotate();
+            }
+            let settled = self
+                .log
+                .borrow()
+                .iter()
+                .all(|s| s.no > target || s.buf.is_empty())
+                && self
+                    .segments
+                    .borrow()
+                    .iter()
+                    .filter(|(no, slot)| **no <= target && !matches!(slot.data, SegmentData::Open))
+                    .all(|(_, slot)| slot.uploaded);
+            if settled {
+                return true;
+            }
+            if Instant::now() >= deadline || self.failed.borrow().is_some() {
+                return false;
+            }
+            self.commit_wanted.notify();
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// After this node's lease lapsed and was renewed: keep only the streams it still owns
+    /// at the same epoch (`owned`: id → owner epoch), let the others go.
+    pub(crate) fn revalidate(&self, owned: &HashMap<u64, u64>) {
+        let lost: Vec<(Rc<str>, u64)> = self
+            .streams
+            .borrow()
+            .iter()
+            .filter(|(_, s)| owned.get(&s.state.id) != Some(&s.epoch))
+            .map(|(name, s)| (name.clone(), s.state.id))
+            .collect();
+        for (name, id) in lost {
+            log::warn!(
+                "core {}: {name} (stream {id}) moved to another node while this node's lease \
+                 had lapsed",
+                self.core
+            );
+            self.forget_stream(&name, id, None);
+        }
+        self.release_acks();
     }
 
     pub(crate) fn config(&self) -> &EngineConfig {
@@ -1800,7 +2200,31 @@ impl Shard {
                 .get(&no)
                 .is_some_and(|slot| slot.uploaded)
         };
+        // A node that may have lost its streams (its lease lapsed: paused, cut off) does not
+        // acknowledge local writes until the lease is renewed and ownership rechecked.
+        let lease_lapsed = !self.config.object_acks
+            && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
         loop {
+            let fenced = {
+                let pending = self.pending.borrow();
+                pending
+                    .front()
+                    .is_some_and(|ack| self.fenced.borrow().contains(&ack.stream_id))
+            };
+            if fenced {
+                let ack = self.pending.borrow_mut().pop_front().expect("checked front");
+                self.in_flight_bytes
+                    .set(self.in_flight_bytes.get() - ack.body_bytes);
+                let _ = ack.reply.send(Err(EngineError::NotOwner(
+                    "the stream moved to another node before this append was stored; \
+                     it was not appended"
+                        .into(),
+                )));
+                continue;
+            }
+            if lease_lapsed {
+                break;
+            }
             let ack = {
                 let mut pending = self.pending.borrow_mut();
                 let ready = pending.front().is_some_and(|ack| {
@@ -1859,6 +2283,19 @@ impl Shard {
             glommio::spawn_local(async move { remove_wal(file, path).await }).detach();
             return;
         }
+        let fence = self.cluster.as_ref().map(|cluster| SegmentFence {
+            node: cluster.node_id(),
+            epochs: segment
+                .index
+                .iter()
+                .map(|(id, entry)| (*id, entry.epoch))
+                .collect(),
+        });
+        let names: HashMap<u64, Rc<str>> = segment
+            .index
+            .iter()
+            .filter_map(|(id, entry)| Some((*id, entry.name.clone()?)))
+            .collect();
         let record = SegmentRecord {
             key: segment.key.clone(),
             size_bytes: bytes.len() as u64,
@@ -1889,8 +2326,14 @@ impl Shard {
             .set(self.unuploaded_bytes.get() + bytes.len());
         let this = self.clone();
         let (file, path) = (segment.wal, segment.wal_path);
-        glommio::spawn_local(async move { this.upload(no, bytes, record, file, path).await })
-            .detach();
+        let sealed = Sealed {
+            no,
+            bytes,
+            record,
+            fence,
+            names,
+        };
+        glommio::spawn_local(async move { this.upload(sealed, file, path).await }).detach();
     }
 
     /// Once a segment is sealed, each stream keeps a few chunks per segment instead of one per
@@ -1910,15 +2353,16 @@ impl Shard {
 
     /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
     /// capped exponential backoff: the WAL keeps the data safe meanwhile.
-    async fn upload(
-        self: Rc<Self>,
-        no: u64,
-        bytes: Bytes,
-        record: SegmentRecord,
-        file: Option<Rc<DmaFile>>,
-        path: Option<PathBuf>,
-    ) {
+    async fn upload(self: Rc<Self>, sealed: Sealed, file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+        let Sealed {
+            no,
+            bytes,
+            record,
+            fence,
+            names,
+        } = sealed;
         let mut backoff_ms = 50u64;
+        let mut fenced = Vec::new();
         CoreMetrics::add(&self.metrics.segment_seals, 1);
         let started = Instant::now();
         loop {
@@ -1928,11 +2372,23 @@ impl Shard {
                     .await
                     .map_err(|_| "object store is shut down".to_string())?
                     .map_err(|e| e.to_string())?;
-                self.meta
-                    .commit_segment(record.clone())
-                    .await
-                    .map_err(|_| "metadata store is shut down".to_string())?
-                    .map_err(|e| e.to_string())
+                match &fence {
+                    None => self
+                        .meta
+                        .commit_segment(record.clone())
+                        .await
+                        .map_err(|_| "metadata store is shut down".to_string())?
+                        .map_err(|e| e.to_string()),
+                    Some(fence) => {
+                        fenced = self
+                            .meta
+                            .commit_segment_fenced(record.clone(), fence.clone())
+                            .await
+                            .map_err(|_| "metadata store is shut down".to_string())?
+                            .map_err(|e| e.to_string())?;
+                        Ok(())
+                    }
+                }
             }
             .await;
             match result {
@@ -1957,6 +2413,9 @@ impl Shard {
         remove_wal(file, path).await;
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.uploaded = true;
+        }
+        for id in fenced {
+            self.lost_at_commit(id, names.get(&id), &record);
         }
         if self.config.object_acks {
             self.release_acks();

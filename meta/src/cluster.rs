@@ -142,6 +142,8 @@ pub(crate) trait ClusterSql {
     /// Ends the lease of `node` at `epoch` now.
     fn release(&mut self, node: i64, epoch: i64) -> Result<(), MetaError>;
     fn set_slots(&mut self, node: i64, slots: i64) -> Result<bool, MetaError>;
+    /// Sets the advertised address of `node` at `epoch`; whether that incarnation is current.
+    fn set_address(&mut self, node: i64, epoch: i64, address: &str) -> Result<bool, MetaError>;
     fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError>;
     /// Rows no node owns (written before the cluster existed) become `node`'s.
     fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError>;
@@ -388,6 +390,20 @@ impl MetaStore {
                 storable(lease_ms, || "lease".into())?,
             )?;
             if !renewed {
+                return Err(MetaError::Fenced(format!(
+                    "node {node} at epoch {epoch} was superseded by a newer incarnation"
+                )));
+            }
+            state(db, node)
+        })
+    }
+
+    /// Publishes this incarnation's advertised address (known once its listener is bound).
+    pub fn advertise(&self, node: NodeId, epoch: u64, address: &str) -> Reply<ClusterState> {
+        let address = address.to_string();
+        self.job(move |db| {
+            let epoch_i = storable(epoch, || "node epoch".into())?;
+            if !sql(db)?.set_address(node_i64(node), epoch_i, &address)? {
                 return Err(MetaError::Fenced(format!(
                     "node {node} at epoch {epoch} was superseded by a newer incarnation"
                 )));

@@ -704,6 +704,15 @@ impl ClusterSql for Postgres {
         Ok(changed > 0)
     }
 
+    fn set_address(&mut self, node: i64, epoch: i64, address: &str) -> Result<bool, MetaError> {
+        let changed = self.execute(
+            "UPDATE nodes SET address = $3 WHERE node_id = $1 AND epoch = $2",
+            &[&node, &epoch, &address],
+            "advertise address",
+        )?;
+        Ok(changed > 0)
+    }
+
     fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError> {
         const SQL: &str = concat!(
             "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms FROM nodes",

@@ -29,8 +29,22 @@ pub struct ServerConfig {
     pub protocol: Protocol,
     /// A second listener speaking the other protocol on the same node and data (`--ds-listen`).
     pub ds_listen: Option<String>,
-    /// `--node-id`: names this node's segment keys (`segments/n<id>/...`).
+    /// `--node-id`: names this node's segment keys (`segments/n<id>/...`) and, in a cluster,
+    /// the node (default 1 there).
     pub node_id: Option<u32>,
+    /// `--node-epoch`: this incarnation's fencing token (default: the start time in ms).
+    pub node_epoch: Option<u64>,
+    /// `--http-address`: the advertised base URL (default `http://{listen}` as bound).
+    pub http_address: Option<String>,
+    /// `--cluster-id`, reported by the admin API.
+    pub cluster_id: String,
+    /// `--routing local`: never redirect (a routing proxy in front, or one node).
+    pub routing_local: bool,
+    /// `--slots`: placement weight of this node among the cluster's (0: no new streams).
+    pub slots: u64,
+    /// `--lease-ms`: a cluster node that has not renewed its lease for this long is dead to
+    /// the others, and its streams move to live nodes.
+    pub lease_ms: u64,
     /// Admin listener (`/health`, `/ready`); `None` with `--no-admin`.
     pub admin_listen: Option<String>,
     /// `--meta-url`, e.g. `sqlite:./data/meta.db`.
@@ -88,6 +102,12 @@ impl Default for ServerConfig {
             protocol: Protocol::Pico,
             ds_listen: None,
             node_id: None,
+            node_epoch: None,
+            http_address: None,
+            cluster_id: "picomq".into(),
+            routing_local: false,
+            slots: 1,
+            lease_ms: 6_000,
             admin_listen: Some("127.0.0.1:9090".into()),
             meta_url: "sqlite:./data/meta.db".into(),
             storage: "-2@file://./objects".into(),

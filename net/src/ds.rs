@@ -127,8 +127,13 @@ impl From<EngineError> for DsError {
             EngineError::Invalid(_) => DsError::bad_request(message),
             EngineError::Durability(_) => DsError::new(500, "DURABILITY", message),
             EngineError::Storage(_) => DsError::new(500, "INTERNAL", message),
-            EngineError::ShuttingDown => {
+            EngineError::ShuttingDown | EngineError::NotOwner(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
+            }
+            EngineError::Moved { address, .. } => {
+                DsError::new(crate::routing::REDIRECT_STATUS, "MOVED", message)
+                    .with("location", address)
+                    .with("cache-control", "no-store")
             }
         }
     }
@@ -234,7 +239,9 @@ pub async fn handle(
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),
     };
-    with_common(result.unwrap_or_else(render_error), &settings.cors_origin)
+    let mut response = result.unwrap_or_else(render_error);
+    crate::routing::complete_redirect(&mut response, &request);
+    with_common(response, &settings.cors_origin)
 }
 
 fn base_url(settings: &DsSettings, request: &Request) -> String {

@@ -12,6 +12,7 @@ pub mod http2;
 pub mod metrics;
 pub mod params;
 pub mod pico;
+pub mod routing;
 pub mod server;
 pub mod shutdown;
 pub mod sse;

@@ -119,9 +119,13 @@ impl From<EngineError> for ApiError {
             }
             EngineError::Durability(_) => ApiError::new(500, "durability", message),
             EngineError::Storage(_) => ApiError::new(500, "internal", message),
-            EngineError::ShuttingDown => ApiError {
+            EngineError::ShuttingDown | EngineError::NotOwner(_) => ApiError {
                 extra: vec![("retry-after", "1".into())],
                 ..ApiError::new(503, "unavailable", message)
+            },
+            EngineError::Moved { address, .. } => ApiError {
+                extra: vec![("location", address), ("cache-control", "no-store".into())],
+                ..ApiError::new(crate::routing::REDIRECT_STATUS, "moved", message)
             },
         }
     }
@@ -196,7 +200,8 @@ pub async fn handle(
     if let Ok(response) = &result {
         notify_subscriptions(core, settings, &request, response);
     }
-    let response = result.unwrap_or_else(render_error);
+    let mut response = result.unwrap_or_else(render_error);
+    crate::routing::complete_redirect(&mut response, &request);
     with_common(response, &settings.cors_origin)
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
+use pico_engine::ClusterConfig;
 use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
 
 use crate::admin::{self, AdminState, NodeFacts};
@@ -77,6 +78,28 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     } else {
         config.cores
     };
+    // A shared metadata database makes this node a cluster member (SQLite admits one node).
+    let clustered = matches!(
+        pico_engine::meta::MetaUrl::parse(&config.meta_url),
+        Ok(pico_engine::meta::MetaUrl::Postgres(_))
+    );
+    let node_epoch = config
+        .node_epoch
+        .unwrap_or_else(|| pico_engine::now_ms() as u64);
+    let node_id = match (clustered, config.node_id) {
+        (true, None) => Some(1),
+        (_, id) => id,
+    };
+    let cluster_config = clustered.then(|| ClusterConfig {
+        node_id: node_id.unwrap_or(1),
+        node_epoch,
+        // Published once the listener is bound (see below).
+        address: config.http_address.clone().unwrap_or_default(),
+        slots: config.slots,
+        lease_ms: config.lease_ms.max(300),
+        redirect: !config.routing_local,
+        cluster_id: config.cluster_id.clone(),
+    });
     let engine_config = EngineConfig {
         cores,
         wal_dir: config.wal_dir.clone(),
@@ -88,14 +111,21 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             Durability::Local | Durability::Memory => config.segment_max_age_ms.max(1),
         },
         segment_cache_bytes: config.segment_cache_bytes,
-        node_epoch_ms: pico_engine::now_ms() as u64,
-        node_id: config.node_id,
+        node_epoch_ms: node_epoch,
+        node_id,
         in_flight_bytes_max: config.in_flight_bytes_max.max(1),
         unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
         gc_interval_ms: config.gc_interval_ms,
     };
     let node_epoch_ms = engine_config.node_epoch_ms;
-    let boot = pico_engine::boot(engine_config, &config.meta_url, &config.storage)?;
+    let boot = pico_engine::boot(
+        engine_config,
+        &config.meta_url,
+        &config.storage,
+        cluster_config,
+    )?;
+    let cluster = boot.cluster.clone();
+    let meta = boot.meta.clone();
     let engine_metrics = boot.metrics.clone();
     let http_metrics: Vec<Arc<HttpMetrics>> = (0..cores)
         .map(|_| Arc::new(HttpMetrics::default()))
@@ -253,9 +283,24 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     }
     // Every core serves: ready before the address is announced, so whoever waits for the
     // announcement finds /ready answering 200.
-    serving.store(true, Ordering::Relaxed);
     let (listen, _) = &listeners[0];
-    println!("serving on {scheme}://{listen} (advertised {scheme}://{listen})");
+    let advertised = config
+        .http_address
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{listen}"));
+    if let Some(cluster) = &cluster {
+        cluster.advertise(&meta, &advertised)?;
+        log::info!(
+            "cluster {}: node {} serves as {advertised} (routing {}, {} slots, lease {} ms)",
+            cluster.config.cluster_id,
+            cluster.node_id(),
+            if cluster.config.redirect { "redirect" } else { "local" },
+            cluster.config.slots,
+            cluster.config.lease_ms
+        );
+    }
+    serving.store(true, Ordering::Relaxed);
+    println!("serving on {scheme}://{listen} (advertised {advertised})");
     for (addr, protocol) in &listeners[1..] {
         let name = match protocol {
             Protocol::Pico => "pico",
@@ -334,6 +379,16 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         }
     }
     log::info!("stopped: {clean} of {cores} cores flushed everything to the object store");
+    if let Some(cluster) = &cluster {
+        if clean == cores {
+            // Everything is stored: the others may take this node's streams over right away.
+            cluster.release(&meta);
+        } else {
+            // The WAL still holds data: keep the streams ours until the lease runs out, so a
+            // restart within it recovers them here.
+            cluster.begin_shutdown();
+        }
+    }
     // What the sweeper had not written yet (a pattern's new links, wake generations).
     if let Err(e) = node_subscriptions.flush() {
         log::error!("subscriptions: {e}");
