@@ -53,10 +53,7 @@ const READAHEAD_BLOCKS_MAX: u64 = 8;
 const GAUGE_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 /// How often expired streams are looked for.
 const REAPER_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a core remembers which node serves a stream it does not (cluster): a stale
-/// answer costs one extra redirect, never a wrong read, because only the owner serves.
-const REMOTE_OWNER_TTL: Duration = Duration::from_secs(2);
-/// Remembered owners per core, at most (the memory is cleared when full).
+/// Streams a core remembers having let go to another node, at most (cleared when full).
 const REMOTE_OWNERS_MAX: usize = 100_000;
 /// Longest a transfer waits for this core to store what it holds of the stream.
 const HAND_OFF_FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -243,9 +240,9 @@ pub(crate) struct Shard {
     stopping: Cell<bool>,
     /// This node's cluster membership (`None`: a single node).
     cluster: Option<Arc<Cluster>>,
-    /// Streams other nodes serve, as last learned: name → (node, when). Node 0: moved to a
-    /// node not known yet (look it up again).
-    remote: RefCell<HashMap<Rc<str>, (NodeId, Instant)>>,
+    /// Streams this core let go to another node (handed off, fenced): name → node (0: not
+    /// known). An operation already past routing when the stream left is sent there.
+    remote: RefCell<HashMap<Rc<str>, NodeId>>,
     /// Streams this core lost to another node while appends to them were pending: those
     /// acknowledgements fail instead of being released.
     fenced: RefCell<HashSet<u64>>,
@@ -1613,8 +1610,7 @@ impl Shard {
     /// What a request for a stream this core does not hold gets: a redirect when another node
     /// is known to serve it, else not found.
     fn missing(&self, name: &str) -> EngineError {
-        let (Some(cluster), Some((node, _))) =
-            (&self.cluster, self.remote.borrow().get(name).copied())
+        let (Some(cluster), Some(node)) = (&self.cluster, self.remote.borrow().get(name).copied())
         else {
             return EngineError::NotFound;
         };
@@ -1630,7 +1626,7 @@ impl Shard {
         if remote.len() >= REMOTE_OWNERS_MAX {
             remote.clear();
         }
-        remote.insert(Rc::from(name), (node, Instant::now()));
+        remote.insert(Rc::from(name), node);
     }
 
     /// Drops a stream this node no longer owns (fenced, revalidated away, or handed off):
@@ -1699,12 +1695,9 @@ impl Shard {
         if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
             return Ok(());
         }
-        let cached = self.remote.borrow().get(name).copied();
-        if let Some((node, at)) = cached {
-            if node != 0 && at.elapsed() < REMOTE_OWNER_TTL && cluster.live_node(node).is_some() {
-                return Err(cluster.moved(node));
-            }
-        }
+        // Always asked of the metadata log, never answered from memory: after a transfer
+        // two nodes' memories could send a client back and forth. A client talking to the
+        // wrong node pays one indexed lookup per request, the owner's requests pay nothing.
         // An owner whose lease lapsed is replaced by the keeper within a lease round: wait for
         // that (bounded) rather than fail the request.
         let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
@@ -1727,7 +1720,6 @@ impl Shard {
             match ownership.node {
                 Some(node) if node == me => return self.adopt(name, row.id).await,
                 Some(node) if cluster.live_node(node).is_some() => {
-                    self.remember_remote(name, node);
                     return Err(cluster.moved(node));
                 }
                 owner => {

@@ -149,6 +149,8 @@ pub(crate) trait ClusterSql {
     fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError>;
     /// `(id, name, owner epoch, transfer_to)` of `node`'s streams with a pending transfer.
     fn transfers_of(&mut self, node: i64) -> Result<Vec<(i64, String, i64, i64)>, MetaError>;
+    /// `(id, owner node, transfer_to)` of every pending transfer.
+    fn all_transfers(&mut self) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
     /// `(id, owner epoch, fork source id)` of every stream `node` owns; with `lock`, the rows
     /// are locked for update until the transaction ends (by id, so lockers never deadlock).
     fn owned_by(&mut self, node: i64, lock: bool)
@@ -616,6 +618,17 @@ impl MetaStore {
                 .into_iter()
                 .find(|n| n.id == node)
                 .ok_or_else(|| MetaError::NotFound(format!("node {node} is not registered")))
+        })
+    }
+
+    /// Every pending transfer: `(stream id, from node, to node)`.
+    pub fn pending_transfers(&self) -> Reply<Vec<(u64, Option<NodeId>, NodeId)>> {
+        self.job(move |db| {
+            Ok(sql(db)?
+                .all_transfers()?
+                .into_iter()
+                .map(|(id, from, to)| (id as u64, from.map(|n| n as NodeId), to as NodeId))
+                .collect())
         })
     }
 

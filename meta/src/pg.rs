@@ -747,6 +747,19 @@ impl ClusterSql for Postgres {
             .map_err(storage("list pending transfers"))
     }
 
+    fn all_transfers(&mut self) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError> {
+        let rows = self.query(
+            "SELECT id, owner_node, transfer_to FROM streams
+             WHERE transfer_to IS NOT NULL ORDER BY id",
+            &[],
+            "list pending transfers",
+        )?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("list pending transfers"))
+    }
+
     fn owned_by(
         &mut self,
         node: i64,

@@ -54,14 +54,14 @@ pub struct AdminState {
     pub tokens: Option<Rc<CoreTokens>>,
 }
 
-fn json_response(status: u16, body: Value) -> Response {
+pub(crate) fn json_response(status: u16, body: Value) -> Response {
     Response::new(status)
         .header("content-type", "application/json")
         .header("cache-control", "no-store")
         .with_body(body.to_string())
 }
 
-fn error(status: u16, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: u16, message: impl Into<String>) -> Response {
     json_response(status, json!({ "error": message.into() }))
 }
 
@@ -77,14 +77,22 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         }
         ("GET" | "HEAD", "/ready") => {
             let serving = state.serving.load(Ordering::Relaxed);
+            let (registered, node_id) = match state.core.cluster() {
+                Some(cluster) => (
+                    crate::admin_cluster::registered(cluster) && cluster.lease_valid(),
+                    u64::from(cluster.node_id()),
+                ),
+                None => (true, NODE_ID),
+            };
+            let ready = serving && registered;
             let body = json!({
-                "ready": serving,
+                "ready": ready,
                 "serving": serving,
-                "registered": true,
+                "registered": registered,
                 "appliedIndex": 0,
-                "nodeId": NODE_ID,
+                "nodeId": node_id,
             });
-            return json_response(if serving { 200 } else { 503 }, body);
+            return json_response(if ready { 200 } else { 503 }, body);
         }
         _ => {}
     }
@@ -115,15 +123,18 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 &state.http_metrics,
                 state.started.elapsed().as_secs_f64(),
             )),
-        ("GET", "/admin/cluster") => cluster(state),
-        ("GET", "/admin/nodes") => json_response(200, json!({ "nodes": [node_json(state)] })),
+        ("GET", "/admin/cluster") => cluster(state).await,
+        ("GET", "/admin/nodes") => match state.core.cluster() {
+            Some(cluster) => crate::admin_cluster::nodes(state, cluster).await,
+            None => json_response(200, json!({ "nodes": [node_json(state)] })),
+        },
         ("GET", "/admin/stats") => json_response(200, stats(state)),
         ("GET", "/admin/streams") => streams(state, &request.query).await,
         ("GET", p) if p.starts_with("/admin/streams/") => {
             stream(state, &p["/admin/streams".len()..]).await
         }
         ("POST", "/admin/transfer") => transfer(state, &request).await,
-        ("POST", p) if p.starts_with("/admin/nodes/") => set_slots(state, &request),
+        ("POST", p) if p.starts_with("/admin/nodes/") => set_slots(state, &request).await,
         ("GET" | "HEAD", p) => match dashboard::asset(p) {
             Some((content_type, body, cache)) => Response::new(200)
                 .header("content-type", content_type)
@@ -160,15 +171,13 @@ fn stream_count(state: &AdminState) -> u64 {
         .sum()
 }
 
-fn cluster(state: &AdminState) -> Response {
+async fn cluster(state: &AdminState) -> Response {
     let objects: u64 = state
         .engine_metrics
         .iter()
         .map(|m| pico_engine::metrics::CoreMetrics::get(&m.segments))
         .sum();
-    json_response(
-        200,
-        json!({
+    let mut body = json!({
             "clusterId": "local",
             "nodeId": NODE_ID,
             "nodeEpoch": state.facts.node_epoch_ms,
@@ -186,8 +195,15 @@ fn cluster(state: &AdminState) -> Response {
             "metaUrl": state.facts.meta_url,
             "cores": state.facts.cores,
             "uptimeMs": state.started.elapsed().as_millis() as u64,
-        }),
-    )
+    });
+    if let Some(cluster) = state.core.cluster() {
+        // The cluster's answers replace the single node's.
+        let summary = crate::admin_cluster::summary(state, cluster).await;
+        if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), summary) {
+            body.extend(fields);
+        }
+    }
+    json_response(200, body)
 }
 
 fn load_json(load: &CoreLoad) -> Value {
@@ -287,6 +303,9 @@ async fn streams(state: &AdminState, query: &str) -> Response {
 }
 
 async fn stream(state: &AdminState, name: &str) -> Response {
+    if let Some(cluster) = state.core.cluster() {
+        return crate::admin_cluster::stream(state, cluster, name).await;
+    }
     match state.core.call(name, Op::Head).await {
         Ok(Reply::Head(info)) => json_response(200, stream_json(name, &info, state)),
         Ok(_) => error(500, "unexpected engine reply"),
@@ -314,6 +333,9 @@ async fn transfer(state: &AdminState, request: &Request) -> Response {
     let Some(to_node) = body.get("toNode").and_then(Value::as_u64) else {
         return error(400, "missing \"toNode\"");
     };
+    if state.core.cluster().is_some() {
+        return crate::admin_cluster::transfer(state, name, to_node).await;
+    }
     match state.core.call(name, Op::Head).await {
         Ok(_) => {}
         Err(EngineError::NotFound | EngineError::Gone) => {
@@ -331,7 +353,7 @@ async fn transfer(state: &AdminState, request: &Request) -> Response {
 }
 
 /// `POST /admin/nodes/{id}` with `{"slots": n}`.
-fn set_slots(state: &AdminState, request: &Request) -> Response {
+async fn set_slots(state: &AdminState, request: &Request) -> Response {
     let id = &request.path["/admin/nodes/".len()..];
     let body = match body_json(request) {
         Ok(body) => body,
@@ -340,6 +362,9 @@ fn set_slots(state: &AdminState, request: &Request) -> Response {
     let Some(slots) = body.get("slots").and_then(Value::as_u64) else {
         return error(400, "missing \"slots\"");
     };
+    if let Some(cluster) = state.core.cluster() {
+        return crate::admin_cluster::set_slots(state, cluster, id, slots).await;
+    }
     if id.parse::<u64>().ok() != Some(NODE_ID) {
         return error(404, format!("node {id} is not registered"));
     }

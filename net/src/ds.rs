@@ -133,7 +133,6 @@ impl From<EngineError> for DsError {
             EngineError::Moved { address, .. } => {
                 DsError::new(crate::routing::REDIRECT_STATUS, "MOVED", message)
                     .with("location", address)
-                    .with("cache-control", "no-store")
             }
         }
     }

@@ -1,6 +1,7 @@
 //! PicoMQ network layer: one HTTP/1.1 reactor per core, the Pico protocol, the admin listener.
 
 pub mod admin;
+mod admin_cluster;
 pub mod auth;
 pub mod codec;
 pub mod config;

@@ -124,7 +124,7 @@ impl From<EngineError> for ApiError {
                 ..ApiError::new(503, "unavailable", message)
             },
             EngineError::Moved { address, .. } => ApiError {
-                extra: vec![("location", address), ("cache-control", "no-store".into())],
+                extra: vec![("location", address)],
                 ..ApiError::new(crate::routing::REDIRECT_STATUS, "moved", message)
             },
         }
