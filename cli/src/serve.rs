@@ -133,9 +133,21 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
     let clustered =
         args.meta_url.starts_with("postgres://") || args.meta_url.starts_with("postgresql://");
     let given = [
-        ("--node-epoch", args.node_epoch.is_some() && !clustered, single_node),
-        ("--http-address", args.http_address.is_some() && !clustered, single_node),
-        ("--routing", args.routing.is_some() && !clustered, single_node),
+        (
+            "--node-epoch",
+            args.node_epoch.is_some() && !clustered,
+            single_node,
+        ),
+        (
+            "--http-address",
+            args.http_address.is_some() && !clustered,
+            single_node,
+        ),
+        (
+            "--routing",
+            args.routing.is_some() && !clustered,
+            single_node,
+        ),
         ("--slots", args.slots.is_some() && !clustered, single_node),
         (
             "--wal",

@@ -81,7 +81,8 @@ impl Cluster {
     }
 
     fn extend_lease(&self, sent: Instant) {
-        let until = sent.duration_since(self.base).as_millis() as u64 + self.config.lease_ms * 3 / 4;
+        let until =
+            sent.duration_since(self.base).as_millis() as u64 + self.config.lease_ms * 3 / 4;
         self.valid_until_ms.fetch_max(until, Ordering::AcqRel);
     }
 
@@ -146,10 +147,14 @@ impl Cluster {
     /// address is not known, or under `--routing local`).
     pub fn moved(&self, node: NodeId) -> crate::EngineError {
         match self.live_node(node) {
-            Some(row) if self.config.redirect && !row.address.is_empty() => {
+            Some(row)
+                if self.config.redirect
+                    && !(row.address.is_empty() && row.ds_address.is_empty()) =>
+            {
                 crate::EngineError::Moved {
                     node,
                     address: row.address.trim_end_matches('/').to_string(),
+                    ds_address: row.ds_address.trim_end_matches('/').to_string(),
                 }
             }
             _ if !self.config.redirect => crate::EngineError::NotOwner(format!(
@@ -163,20 +168,33 @@ impl Cluster {
 
     /// Publishes the advertised address once the listener is bound (`http://{listen}` by
     /// default, known only then when the port was 0). Blocking.
-    pub fn advertise(&self, meta: &MetaStore, address: &str) -> Result<(), String> {
-        let state = wait(meta.advertise(self.config.node_id, self.config.node_epoch, address))
-            .map_err(|e| format!("cannot advertise {address}: {e}"))?;
+    pub fn advertise(
+        &self,
+        meta: &MetaStore,
+        address: &str,
+        ds_address: &str,
+    ) -> Result<(), String> {
+        let state = wait(meta.advertise(
+            self.config.node_id,
+            self.config.node_epoch,
+            address,
+            ds_address,
+        ))
+        .map_err(|e| format!("cannot advertise {address}: {e}"))?;
         self.set_view(state);
         Ok(())
     }
 
-    /// This node's advertised address, as registered.
-    pub fn address(&self) -> String {
+    /// This node's advertised addresses (Pico, Durable Streams), as registered.
+    pub fn addresses(&self) -> (String, String) {
         self.view()
             .nodes
             .iter()
             .find(|n| n.id == self.config.node_id)
-            .map_or_else(|| self.config.address.clone(), |n| n.address.clone())
+            .map_or_else(
+                || (self.config.address.clone(), String::new()),
+                |n| (n.address.clone(), n.ds_address.clone()),
+            )
     }
 
     /// Stops renewing the lease (a node shutting down).
@@ -310,7 +328,10 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
                 cluster.superseded.store(true, Ordering::Release);
                 return;
             }
-            Err(e) => log::warn!("node {}: cannot renew the cluster lease: {e}", config.node_id),
+            Err(e) => log::warn!(
+                "node {}: cannot renew the cluster lease: {e}",
+                config.node_id
+            ),
         }
         let spent = sent.elapsed();
         std::thread::sleep(round.saturating_sub(spent));

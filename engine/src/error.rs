@@ -43,8 +43,13 @@ pub enum EngineError {
     Storage(String),
     /// The node is shutting down.
     ShuttingDown,
-    /// Another node of the cluster owns the stream: ask it (`307` to `address`).
-    Moved { node: u32, address: String },
+    /// Another node of the cluster owns the stream: ask it (`307` to its listener of the
+    /// request's protocol: `address` for Pico, `ds_address` for Durable Streams).
+    Moved {
+        node: u32,
+        address: String,
+        ds_address: String,
+    },
     /// This node cannot serve the stream right now (its lease lapsed, or the owner is not
     /// known yet); the message says why. Retry shortly.
     NotOwner(String),
@@ -87,8 +92,8 @@ impl std::fmt::Display for EngineError {
             EngineError::Durability(message) => write!(f, "append not durable: {message}"),
             EngineError::Storage(message) => write!(f, "storage: {message}"),
             EngineError::ShuttingDown => f.write_str("the node is shutting down"),
-            EngineError::Moved { node, address } => {
-                write!(f, "the stream is served by node {node} at {address}")
+            EngineError::Moved { node, .. } => {
+                write!(f, "the stream is served by node {node}")
             }
             EngineError::NotOwner(message) => f.write_str(message),
         }

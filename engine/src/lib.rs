@@ -19,11 +19,11 @@ pub use api::{
     AppendAck, AppendRequest, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest,
     RecordInput, RecordView, Reply, StreamInfo, StreamSummary,
 };
-pub use error::EngineError;
 pub use cluster::{Cluster, ClusterConfig};
+pub use error::EngineError;
+pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
-pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
 pub use state::{ForkOrigin, StreamConfig};
 
 /// The engine's settings (a subset of `pico serve`'s flags).

@@ -18,11 +18,11 @@ use pico_meta::{
 };
 use pico_s3::{ObjectStore, StorageUri};
 
-use crate::cluster::{Cluster, ClusterConfig};
 use crate::api::{
     Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput, Reply,
     StreamSummary,
 };
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::error::EngineError;
 use crate::frame::{self, ProducerTuple, FRAME_KIND_CLOSE};
 use crate::limits;
@@ -513,7 +513,8 @@ impl CoreHandle {
             cluster,
         } = seed;
         let cores = peers.len();
-        let shard = Shard::start(core, config, meta, store, streams, metrics, cluster.clone()).await?;
+        let shard =
+            Shard::start(core, config, meta, store, streams, metrics, cluster.clone()).await?;
         let inbox_shard = shard.clone();
         // Messages from other threads wake this task: a latency-sensitive queue makes glommio
         // poll for those wakes promptly instead of after its throughput slice.

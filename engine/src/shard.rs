@@ -1595,7 +1595,12 @@ impl Shard {
 
     /// A fenced metadata write's result: when another node owns the stream now, this core
     /// lets it go, and the request is told to retry there.
-    fn meta_result<T>(&self, name: &str, id: u64, result: Result<T, MetaError>) -> Result<T, EngineError> {
+    fn meta_result<T>(
+        &self,
+        name: &str,
+        id: u64,
+        result: Result<T, MetaError>,
+    ) -> Result<T, EngineError> {
         match result {
             Ok(value) => Ok(value),
             Err(MetaError::Fenced(message)) => {
@@ -2194,8 +2199,8 @@ impl Shard {
         };
         // A node that may have lost its streams (its lease lapsed: paused, cut off) does not
         // acknowledge local writes until the lease is renewed and ownership rechecked.
-        let lease_lapsed = !self.config.object_acks
-            && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
+        let lease_lapsed =
+            !self.config.object_acks && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
         loop {
             let fenced = {
                 let pending = self.pending.borrow();
@@ -2204,7 +2209,11 @@ impl Shard {
                     .is_some_and(|ack| self.fenced.borrow().contains(&ack.stream_id))
             };
             if fenced {
-                let ack = self.pending.borrow_mut().pop_front().expect("checked front");
+                let ack = self
+                    .pending
+                    .borrow_mut()
+                    .pop_front()
+                    .expect("checked front");
                 self.in_flight_bytes
                     .set(self.in_flight_bytes.get() - ack.body_bytes);
                 let _ = ack.reply.send(Err(EngineError::NotOwner(
@@ -2345,7 +2354,12 @@ impl Shard {
 
     /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
     /// capped exponential backoff: the WAL keeps the data safe meanwhile.
-    async fn upload(self: Rc<Self>, sealed: Sealed, file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+    async fn upload(
+        self: Rc<Self>,
+        sealed: Sealed,
+        file: Option<Rc<DmaFile>>,
+        path: Option<PathBuf>,
+    ) {
         let Sealed {
             no,
             bytes,

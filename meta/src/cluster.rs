@@ -3,7 +3,7 @@
 //! Several nodes share one Postgres database (and one bucket). The tables (schema v6):
 //!
 //! ```text
-//! nodes    node_id │ epoch │ address │ slots │ lease_expires_ms │ registered_ms
+//! nodes    node_id │ epoch │ address │ ds_address │ slots │ lease_expires_ms │ registered_ms
 //!          one row per node id, never deleted; `epoch` is the node's incarnation (only grows);
 //!          the lease is on the database clock, so nodes' clocks need not agree
 //! streams  … │ owner_node │ owner_epoch │ transfer_to
@@ -25,9 +25,9 @@
 use std::collections::HashMap;
 
 use crate::backend::Backend;
-use crate::backend::StreamColumns;
 use crate::backend::EntryColumns;
 use crate::backend::SegmentColumns;
+use crate::backend::StreamColumns;
 use crate::store::{segment_entry, storable, stream_row, unsigned};
 use crate::MetaError;
 use crate::MetaStore;
@@ -69,8 +69,11 @@ pub struct SegmentFence {
 pub struct NodeRow {
     pub id: NodeId,
     pub epoch: u64,
-    /// The advertised base URL (`--http-address`), used verbatim in `307` locations.
+    /// The advertised base URL of the node's Pico listener (`--http-address` when that is
+    /// `--listen`), used verbatim in the Pico protocol's `307` locations; empty: none.
     pub address: String,
+    /// The same for its Durable Streams listener; empty: none.
+    pub ds_address: String,
     /// Placement weight; 0 takes no new streams.
     pub slots: u64,
     /// Database clock, Unix ms.
@@ -142,8 +145,14 @@ pub(crate) trait ClusterSql {
     /// Ends the lease of `node` at `epoch` now.
     fn release(&mut self, node: i64, epoch: i64) -> Result<(), MetaError>;
     fn set_slots(&mut self, node: i64, slots: i64) -> Result<bool, MetaError>;
-    /// Sets the advertised address of `node` at `epoch`; whether that incarnation is current.
-    fn set_address(&mut self, node: i64, epoch: i64, address: &str) -> Result<bool, MetaError>;
+    /// Sets the advertised addresses of `node` at `epoch`; whether that incarnation is current.
+    fn set_address(
+        &mut self,
+        node: i64,
+        epoch: i64,
+        address: &str,
+        ds_address: &str,
+    ) -> Result<bool, MetaError>;
     fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError>;
     /// Rows no node owns (written before the cluster existed) become `node`'s.
     fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError>;
@@ -153,8 +162,11 @@ pub(crate) trait ClusterSql {
     fn all_transfers(&mut self) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
     /// `(id, owner epoch, fork source id)` of every stream `node` owns; with `lock`, the rows
     /// are locked for update until the transaction ends (by id, so lockers never deadlock).
-    fn owned_by(&mut self, node: i64, lock: bool)
-        -> Result<Vec<(i64, i64, Option<i64>)>, MetaError>;
+    fn owned_by(
+        &mut self,
+        node: i64,
+        lock: bool,
+    ) -> Result<Vec<(i64, i64, Option<i64>)>, MetaError>;
     /// `(id, owner node, owner epoch)` of these rows, share-locked until the transaction ends.
     fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
     /// Moves these rows to `node` at their next owner epoch, clearing any pending transfer.
@@ -231,7 +243,9 @@ pub(crate) fn check_fence(
     let owners = sql(db)?.owners(&[id])?;
     match owners.first() {
         None => Ok(()), // gone: the write has nothing left to change
-        Some(&(_, node, epoch)) => fenced_unless_owner(id, node, epoch, fence.node, Some(fence.epoch)),
+        Some(&(_, node, epoch)) => {
+            fenced_unless_owner(id, node, epoch, fence.node, Some(fence.epoch))
+        }
     }
 }
 
@@ -400,12 +414,19 @@ impl MetaStore {
         })
     }
 
-    /// Publishes this incarnation's advertised address (known once its listener is bound).
-    pub fn advertise(&self, node: NodeId, epoch: u64, address: &str) -> Reply<ClusterState> {
-        let address = address.to_string();
+    /// Publishes this incarnation's advertised addresses, one per protocol (known once its
+    /// listeners are bound; empty: no listener of that protocol).
+    pub fn advertise(
+        &self,
+        node: NodeId,
+        epoch: u64,
+        address: &str,
+        ds_address: &str,
+    ) -> Reply<ClusterState> {
+        let (address, ds_address) = (address.to_string(), ds_address.to_string());
         self.job(move |db| {
             let epoch_i = storable(epoch, || "node epoch".into())?;
-            if !sql(db)?.set_address(node_i64(node), epoch_i, &address)? {
+            if !sql(db)?.set_address(node_i64(node), epoch_i, &address, &ds_address)? {
                 return Err(MetaError::Fenced(format!(
                     "node {node} at epoch {epoch} was superseded by a newer incarnation"
                 )));
@@ -543,7 +564,9 @@ impl MetaStore {
                 )));
             };
             if target.slots == 0 {
-                return Err(MetaError::Rejected(format!("node {to_node} has zero slots")));
+                return Err(MetaError::Rejected(format!(
+                    "node {to_node} has zero slots"
+                )));
             }
             if !target.is_live(now_ms) {
                 return Err(MetaError::Rejected(format!(
@@ -653,6 +676,7 @@ mod tests {
             id,
             epoch: 1,
             address: format!("http://n{id}"),
+            ds_address: String::new(),
             slots,
             lease_expires_ms,
             registered_ms: 0,
@@ -661,7 +685,12 @@ mod tests {
 
     #[test]
     fn placement_skips_dead_and_slotless_nodes_and_follows_weights() {
-        let nodes = [node(1, 1, 100), node(2, 3, 100), node(3, 0, 100), node(4, 5, 10)];
+        let nodes = [
+            node(1, 1, 100),
+            node(2, 3, 100),
+            node(3, 0, 100),
+            node(4, 5, 10),
+        ];
         let mut counts = HashMap::new();
         for i in 0..4000 {
             let chosen = place(&format!("/s/{i}"), &nodes, 50).unwrap();

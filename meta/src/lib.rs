@@ -35,8 +35,8 @@ mod store;
 pub mod testing;
 
 pub use cluster::{
-    place, ClusterState, Fence, NodeId, NodeRow, Ownership, PendingTransfer, SegmentFence, StreamLoad,
-    TransferAccepted,
+    place, ClusterState, Fence, NodeId, NodeRow, Ownership, PendingTransfer, SegmentFence,
+    StreamLoad, TransferAccepted,
 };
 pub use store::MetaStore;
 pub use store::MAX_BATCH_COMMANDS;

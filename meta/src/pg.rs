@@ -104,6 +104,7 @@ const MIGRATIONS: &[&str] = &[
          node_id          BIGINT PRIMARY KEY,
          epoch            BIGINT NOT NULL,
          address          TEXT   NOT NULL,
+         ds_address       TEXT   NOT NULL DEFAULT '',
          slots            BIGINT NOT NULL,
          lease_expires_ms BIGINT NOT NULL,
          registered_ms    BIGINT NOT NULL
@@ -614,6 +615,7 @@ fn node_row(row: &Row) -> Result<NodeRow, postgres::Error> {
         id: id as NodeId,
         epoch: epoch as u64,
         address: row.try_get(2)?,
+        ds_address: row.try_get(6)?,
         slots: slots.max(0) as u64,
         lease_expires_ms: row.try_get(4)?,
         registered_ms: row.try_get(5)?,
@@ -621,7 +623,7 @@ fn node_row(row: &Row) -> Result<NodeRow, postgres::Error> {
 }
 
 const SELECT_NODE: &str =
-    "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms FROM nodes";
+    "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms, ds_address FROM nodes";
 
 impl ClusterSql for Postgres {
     fn clock_ms(&mut self) -> Result<i64, MetaError> {
@@ -635,7 +637,7 @@ impl ClusterSql for Postgres {
 
     fn lock_node(&mut self, node: i64) -> Result<Option<NodeRow>, MetaError> {
         let rows = self.query(
-            "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms
+            "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms, ds_address
              FROM nodes WHERE node_id = $1 FOR UPDATE",
             &[&node],
             "lock node",
@@ -663,7 +665,7 @@ impl ClusterSql for Postgres {
                 now_ms!(),
                 ")
                  ON CONFLICT (node_id) DO UPDATE
-                    SET epoch = excluded.epoch, address = excluded.address,
+                    SET epoch = excluded.epoch, address = excluded.address, ds_address = '',
                         slots = excluded.slots, lease_expires_ms = excluded.lease_expires_ms,
                         registered_ms = excluded.registered_ms"
             ),
@@ -704,10 +706,16 @@ impl ClusterSql for Postgres {
         Ok(changed > 0)
     }
 
-    fn set_address(&mut self, node: i64, epoch: i64, address: &str) -> Result<bool, MetaError> {
+    fn set_address(
+        &mut self,
+        node: i64,
+        epoch: i64,
+        address: &str,
+        ds_address: &str,
+    ) -> Result<bool, MetaError> {
         let changed = self.execute(
-            "UPDATE nodes SET address = $3 WHERE node_id = $1 AND epoch = $2",
-            &[&node, &epoch, &address],
+            "UPDATE nodes SET address = $3, ds_address = $4 WHERE node_id = $1 AND epoch = $2",
+            &[&node, &epoch, &address, &ds_address],
             "advertise address",
         )?;
         Ok(changed > 0)
@@ -715,7 +723,7 @@ impl ClusterSql for Postgres {
 
     fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError> {
         const SQL: &str = concat!(
-            "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms FROM nodes",
+            "SELECT node_id, epoch, address, slots, lease_expires_ms, registered_ms, ds_address FROM nodes",
             " ORDER BY node_id"
         );
         debug_assert!(SQL.starts_with(SELECT_NODE));
@@ -742,7 +750,14 @@ impl ClusterSql for Postgres {
             "list pending transfers",
         )?;
         rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)))
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                ))
+            })
             .collect::<Result<_, postgres::Error>>()
             .map_err(storage("list pending transfers"))
     }

@@ -28,7 +28,8 @@
 //! nodes            cluster members (v6); rows are never deleted  (Postgres only in practice)
 //!   node_id       INTEGER PRIMARY KEY                        --node-id
 //!   epoch         INTEGER NOT NULL                           --node-epoch; only grows
-//!   address       TEXT NOT NULL                              --http-address (307 Locations)
+//!   address       TEXT NOT NULL                              Pico listener's URL (307 Locations)
+//!   ds_address    TEXT NOT NULL DEFAULT ''                   Durable Streams listener's URL
 //!   slots         INTEGER NOT NULL                           placement weight; 0 = no new streams
 //!   lease_expires_ms INTEGER NOT NULL                        database clock; renewed by the node
 //!   registered_ms INTEGER NOT NULL
@@ -127,6 +128,7 @@ const MIGRATIONS: &[&str] = &[
          node_id          INTEGER PRIMARY KEY,
          epoch            INTEGER NOT NULL,
          address          TEXT    NOT NULL,
+         ds_address       TEXT    NOT NULL DEFAULT '',
          slots            INTEGER NOT NULL,
          lease_expires_ms INTEGER NOT NULL,
          registered_ms    INTEGER NOT NULL

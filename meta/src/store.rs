@@ -29,14 +29,14 @@ use crate::backend::EntryColumns;
 use crate::backend::NewStream;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
-use crate::pg::Postgres;
-use crate::producers;
-use crate::runs;
-use crate::sqlite::Sqlite;
 use crate::cluster::Fence;
 use crate::cluster::NodeId;
 use crate::cluster::Ownership;
 use crate::cluster::SegmentFence;
+use crate::pg::Postgres;
+use crate::producers;
+use crate::runs;
+use crate::sqlite::Sqlite;
 use crate::CreateOutcome;
 use crate::ForkRow;
 use crate::MetaError;
@@ -293,7 +293,12 @@ impl MetaStore {
     }
 
     /// [`MetaStore::trim_stream`], fenced (see [`MetaStore::close_stream_fenced`]).
-    pub fn trim_stream_fenced(&self, id: u64, start_offset: u64, fence: Option<Fence>) -> Reply<()> {
+    pub fn trim_stream_fenced(
+        &self,
+        id: u64,
+        start_offset: u64,
+        fence: Option<Fence>,
+    ) -> Reply<()> {
         let (reply, answer) = oneshot::channel();
         let Ok(offset) = i64::try_from(start_offset) else {
             let _ = reply.send(Err(MetaError::Storage(format!(
@@ -380,7 +385,11 @@ impl MetaStore {
     /// does not own (at the epoch `fence` lists for them, when it lists one) are left out, and
     /// their ids are the answer. The rows are share-locked while checked, so a takeover commits
     /// either before this (and these entries are left out) or after it (and sees them).
-    pub fn commit_segment_fenced(&self, seg: SegmentRecord, fence: SegmentFence) -> Reply<Vec<u64>> {
+    pub fn commit_segment_fenced(
+        &self,
+        seg: SegmentRecord,
+        fence: SegmentFence,
+    ) -> Reply<Vec<u64>> {
         self.job(move |db| crate::cluster::commit_fenced(db, seg, &fence))
     }
 
@@ -706,7 +715,10 @@ pub(crate) fn storable(value: u64, what: impl FnOnce() -> String) -> Result<i64,
 
 /// A stored integer read back as the `u64` it was written from, or an error naming `what`
 /// (`None`: the column is NULL where it may not be).
-pub(crate) fn unsigned(value: Option<i64>, what: impl FnOnce() -> String) -> Result<u64, MetaError> {
+pub(crate) fn unsigned(
+    value: Option<i64>,
+    what: impl FnOnce() -> String,
+) -> Result<u64, MetaError> {
     match value.map(u64::try_from) {
         Some(Ok(value)) => Ok(value),
         Some(Err(_)) => Err(MetaError::Storage(format!(

@@ -28,11 +28,9 @@ fn meta_error(e: MetaError) -> Response {
 
 /// `registered`: this incarnation is in the view with an address.
 pub fn registered(cluster: &Cluster) -> bool {
-    cluster
-        .view()
-        .nodes
-        .iter()
-        .any(|n| n.id == cluster.node_id() && n.epoch == cluster.config.node_epoch && !n.address.is_empty())
+    cluster.view().nodes.iter().any(|n| {
+        n.id == cluster.node_id() && n.epoch == cluster.config.node_epoch && !n.address.is_empty()
+    })
 }
 
 fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Value {
@@ -40,6 +38,7 @@ fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Valu
         "nodeId": node.id,
         "nodeEpoch": node.epoch,
         "advertisedAddress": if node.address.is_empty() { Value::Null } else { json!(node.address) },
+        "dsAddress": if node.ds_address.is_empty() { Value::Null } else { json!(node.ds_address) },
         "slots": node.slots,
         "local": node.id == cluster.node_id(),
         "live": node.is_live(now_ms),
@@ -50,7 +49,9 @@ fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Valu
 }
 
 async fn owner_counts(state: &AdminState) -> Result<Vec<(Option<NodeId>, u64)>, Response> {
-    wait(state.core.meta().owner_counts()).await.map_err(meta_error)
+    wait(state.core.meta().owner_counts())
+        .await
+        .map_err(meta_error)
 }
 
 pub async fn nodes(state: &AdminState, cluster: &Arc<Cluster>) -> Response {
@@ -90,7 +91,8 @@ pub async fn summary(state: &AdminState, cluster: &Arc<Cluster>) -> Value {
         "clusterId": cluster.config.cluster_id,
         "nodeId": cluster.node_id(),
         "nodeEpoch": cluster.config.node_epoch,
-        "advertisedAddress": cluster.address(),
+        "advertisedAddress": cluster.addresses().0,
+        "dsAddress": cluster.addresses().1,
         "registered": registered(cluster),
         "streamCount": streams,
         "pendingTransfers": transfers,
@@ -120,7 +122,10 @@ pub async fn stream(state: &AdminState, cluster: &Arc<Cluster>, name: &str) -> R
     } else {
         None
     };
-    json_response(200, stream_json(cluster, name, &row, ownership, local.as_ref()))
+    json_response(
+        200,
+        stream_json(cluster, name, &row, ownership, local.as_ref()),
+    )
 }
 
 fn stream_json(
@@ -130,9 +135,14 @@ fn stream_json(
     ownership: Ownership,
     local: Option<&StreamInfo>,
 ) -> Value {
-    let owner_address = ownership
-        .node
-        .and_then(|n| cluster.view().nodes.iter().find(|r| r.id == n).map(|r| r.address.clone()));
+    let owner_address = ownership.node.and_then(|n| {
+        cluster
+            .view()
+            .nodes
+            .iter()
+            .find(|r| r.id == n)
+            .map(|r| r.address.clone())
+    });
     let closed = local.map_or(row.config.closed, |i| i.closed);
     json!({
         "name": name,
@@ -179,7 +189,12 @@ pub async fn transfer(state: &AdminState, name: &str, to_node: u64) -> Response 
 }
 
 /// `POST /admin/nodes/{id}` in a cluster: the node's placement weight.
-pub async fn set_slots(state: &AdminState, cluster: &Arc<Cluster>, id: &str, slots: u64) -> Response {
+pub async fn set_slots(
+    state: &AdminState,
+    cluster: &Arc<Cluster>,
+    id: &str,
+    slots: u64,
+) -> Response {
     let Ok(node) = id.parse::<NodeId>() else {
         return error(404, format!("node {id} is not registered"));
     };

@@ -130,9 +130,15 @@ impl From<EngineError> for DsError {
             EngineError::ShuttingDown | EngineError::NotOwner(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
             }
-            EngineError::Moved { address, .. } => {
+            EngineError::Moved { ref ds_address, .. } if ds_address.is_empty() => DsError::new(
+                503,
+                "UNAVAILABLE",
+                format!("{message}, which serves no Durable Streams listener"),
+            )
+            .with("retry-after", "1"),
+            EngineError::Moved { ds_address, .. } => {
                 DsError::new(crate::routing::REDIRECT_STATUS, "MOVED", message)
-                    .with("location", address)
+                    .with("location", ds_address)
             }
         }
     }

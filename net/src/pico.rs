@@ -123,6 +123,11 @@ impl From<EngineError> for ApiError {
                 extra: vec![("retry-after", "1".into())],
                 ..ApiError::new(503, "unavailable", message)
             },
+            EngineError::Moved { ref address, .. } if address.is_empty() => ApiError::new(
+                503,
+                "unavailable",
+                format!("{message}, which serves no Pico listener"),
+            ),
             EngineError::Moved { address, .. } => ApiError {
                 extra: vec![("location", address)],
                 ..ApiError::new(crate::routing::REDIRECT_STATUS, "moved", message)

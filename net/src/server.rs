@@ -289,12 +289,34 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| format!("{scheme}://{listen}"));
     if let Some(cluster) = &cluster {
-        cluster.advertise(&meta, &advertised)?;
+        // One advertised URL per protocol: a redirect keeps the client on its protocol.
+        let url_of = |wanted: Protocol| {
+            listeners
+                .iter()
+                .enumerate()
+                .find(|(_, (_, protocol))| *protocol == wanted)
+                .map_or_else(String::new, |(i, (addr, _))| {
+                    if i == 0 {
+                        advertised.clone()
+                    } else {
+                        format!("{scheme}://{addr}")
+                    }
+                })
+        };
+        cluster.advertise(
+            &meta,
+            &url_of(Protocol::Pico),
+            &url_of(Protocol::DurableStreams),
+        )?;
         log::info!(
             "cluster {}: node {} serves as {advertised} (routing {}, {} slots, lease {} ms)",
             cluster.config.cluster_id,
             cluster.node_id(),
-            if cluster.config.redirect { "redirect" } else { "local" },
+            if cluster.config.redirect {
+                "redirect"
+            } else {
+                "local"
+            },
             cluster.config.slots,
             cluster.config.lease_ms
         );

@@ -1,0 +1,627 @@
+//! Clusters: two and three `pico serve` processes on 127.0.0.1 sharing one PostgreSQL
+//! metadata log and one bucket (Garage when `PICOMQ_S3_ENDPOINT` is set, as in CI; otherwise a
+//! shared `file://` directory), all with object durability.
+//!
+//! - every operation of both protocols on a node that does not own the stream answers `307`
+//!   to the owner's advertised address, and following it works;
+//! - the CLI, following redirects, sees one consistent stream through any node;
+//! - a live transfer under load (there and back) loses and duplicates nothing;
+//! - a node killed with SIGKILL has its streams served by the others within a bounded time,
+//!   with every acknowledged append;
+//! - split brain: an owner that was paused past its lease and comes back is fenced.
+//!
+//! Gated on `PICOMQ_PG_URL` (each test gets a fresh database); without it each test prints a
+//! skip note and passes.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{wait_for, Conn, Resp, Server};
+use pico_meta::testing::PgDatabase;
+
+/// Short leases keep failover tests quick; the keeper renews every third of it.
+const LEASE_MS: &str = "1500";
+/// The longest a takeover may take: a lapsed lease plus a few keeper rounds.
+const TAKEOVER_BOUND: Duration = Duration::from_secs(15);
+
+struct Cluster {
+    nodes: Vec<Server>,
+    _database: PgDatabase,
+    _objects: tempfile::TempDir,
+}
+
+/// The `--storage` all nodes share: the CI Garage, else one directory.
+fn shared_storage(objects: &std::path::Path) -> String {
+    let endpoint = std::env::var("PICOMQ_S3_ENDPOINT").unwrap_or_default();
+    if endpoint.is_empty() || std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        return format!("-2@file://{}", objects.display());
+    }
+    let bucket = std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".into());
+    let region = std::env::var("PICOMQ_S3_REGION").unwrap_or_else(|_| "garage".into());
+    format!("-2@s3://{bucket}?region={region}&endpoint={endpoint}&pathStyle=true")
+}
+
+impl Cluster {
+    /// `count` nodes with ids `first_id..`: ids differ between tests because the tests share
+    /// the bucket, and node ids name the segment keys. `slots[i]` per node.
+    fn start(test: &str, first_id: u32, slots: &[u32]) -> Option<Cluster> {
+        let database = PgDatabase::create(test)?;
+        let objects = tempfile::tempdir().unwrap();
+        let storage = shared_storage(objects.path());
+        let nodes = slots
+            .iter()
+            .enumerate()
+            .map(|(i, slots)| {
+                let id = (first_id + i as u32).to_string();
+                let slots = slots.to_string();
+                Server::start(&[
+                    "--meta-url",
+                    database.url(),
+                    "--storage",
+                    &storage,
+                    "--durability",
+                    "object",
+                    "--node-id",
+                    &id,
+                    "--slots",
+                    &slots,
+                    "--lease-ms",
+                    LEASE_MS,
+                    "--ds-listen",
+                    "127.0.0.1:0",
+                    "--cores",
+                    "2",
+                ])
+            })
+            .collect();
+        Some(Cluster {
+            nodes,
+            _database: database,
+            _objects: objects,
+        })
+    }
+
+    fn url(&self, node: usize) -> String {
+        format!("http://{}", self.nodes[node].addr)
+    }
+
+    fn ds_url(&self, node: usize) -> String {
+        format!("http://{}", self.nodes[node].second.expect("--ds-listen"))
+    }
+
+    fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("--- node {i} ---\n{}", n.log()))
+            .collect()
+    }
+}
+
+/// `http://host:port/path?q` → (address, "/path?q").
+fn split_url(url: &str) -> (SocketAddr, String) {
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let at = rest.find('/').unwrap_or(rest.len());
+    let addr = rest[..at].parse().expect("a socket address");
+    let target = if at == rest.len() { "/" } else { &rest[at..] };
+    (addr, target.to_string())
+}
+
+fn request(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Resp> {
+    let (addr, target) = split_url(url);
+    Conn::connect(addr)?.request(method, &target, headers, body)
+}
+
+/// A request following `307`s (at most 5) and retrying `503`s (bounded in time), as a client
+/// library does; the final answer and the URL that gave it.
+fn follow(url: &str, method: &str, headers: &[(&str, &str)], body: &[u8]) -> (Resp, String) {
+    let deadline = Instant::now() + TAKEOVER_BOUND;
+    let start = url;
+    let mut url = url.to_string();
+    let mut hops = 0;
+    loop {
+        match request(&url, method, headers, body) {
+            Ok(resp) if resp.status == 307 => {
+                hops += 1;
+                assert!(hops <= 5, "redirect loop at {url}");
+                url = resp.h("location").to_string();
+                continue;
+            }
+            Ok(resp) if resp.status == 503 && Instant::now() < deadline => {}
+            Ok(resp) => return (resp, url),
+            // A node that was just killed: ask again (the redirect target changes).
+            Err(_) if Instant::now() < deadline => {}
+            Err(e) => panic!("{method} {url}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        // Start over where the client started: the owner may have changed.
+        url = start.to_string();
+        hops = 0;
+    }
+}
+
+/// Every record body of a Pico stream, read through `node_url` (following redirects).
+fn pico_bodies(node_url: &str, path: &str) -> Vec<String> {
+    let (resp, _) = follow(
+        &format!("{node_url}{path}?seq=0&bytes=4194304"),
+        "GET",
+        &[],
+        b"",
+    );
+    assert_eq!(resp.status, 200, "read {path}: {}", resp.describe());
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&resp.body).unwrap();
+    records
+        .iter()
+        .map(|r| r["body"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The owner of `path` as node 0's admin API reports it.
+fn owner_of(cluster: &Cluster, path: &str) -> Option<u64> {
+    owner_of_admin(cluster.nodes[0].admin, path)
+}
+
+#[test]
+fn every_operation_of_both_protocols_is_redirected_to_the_owner() {
+    // Node 1 takes every new stream (node 2 has no slots), so node 2 redirects everything.
+    let Some(cluster) = Cluster::start("cluster_redirects", 11, &[1, 0]) else {
+        return;
+    };
+    let (owner, other) = (cluster.url(0), cluster.url(1));
+    let (ds_owner, ds_other) = (cluster.ds_url(0), cluster.ds_url(1));
+
+    // A create through the slotless node is placed on the owner.
+    let put = request(
+        &format!("{other}/r/pico"),
+        "PUT",
+        &[("content-type", "text/plain")],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(put.status, 307, "{}", put.describe());
+    assert_eq!(put.h("location"), format!("{owner}/r/pico"));
+    assert!(put.body.is_empty());
+    let (created, at) = follow(
+        &format!("{other}/r/pico"),
+        "PUT",
+        &[("content-type", "text/plain")],
+        b"",
+    );
+    assert_eq!(created.status, 201, "{}", created.describe());
+    assert!(at.starts_with(&owner), "{at}");
+    let ds_put = request(
+        &format!("{ds_other}/r/ds"),
+        "PUT",
+        &[("content-type", "text/plain")],
+        b"x",
+    );
+    assert_eq!(ds_put.unwrap().status, 307);
+    let (created, _) = follow(
+        &format!("{ds_owner}/r/ds"),
+        "PUT",
+        &[("content-type", "text/plain")],
+        b"x",
+    );
+    assert_eq!(created.status, 201, "{}", created.describe());
+
+    // Every operation of both protocols, on the node that does not own the stream.
+    let text = ("content-type", "text/plain");
+    let pico_ops: Vec<(&str, String, Vec<(&str, &str)>, &[u8], u16)> = vec![
+        ("PUT", "/r/pico".into(), vec![text], b"", 200),
+        ("POST", "/r/pico".into(), vec![text], b"one", 200),
+        ("GET", "/r/pico?seq=0".into(), vec![], b"", 200),
+        (
+            "GET",
+            "/r/pico?seq=0&live=long-poll".into(),
+            vec![],
+            b"",
+            0,
+        ),
+        ("HEAD", "/r/pico".into(), vec![], b"", 200),
+        (
+            "POST",
+            "/r/pico".into(),
+            vec![("pico-trim-seq", "1")],
+            b"",
+            200,
+        ),
+    ];
+    let ds_ops: Vec<(&str, String, Vec<(&str, &str)>, &[u8], u16)> = vec![
+        ("PUT", "/r/ds".into(), vec![text], b"", 200),
+        ("POST", "/r/ds".into(), vec![text], b"two", 204),
+        ("GET", "/r/ds?offset=-1".into(), vec![], b"", 200),
+        ("HEAD", "/r/ds".into(), vec![], b"", 200),
+    ];
+    for (base, owner_base, ops) in [(&other, &owner, pico_ops), (&ds_other, &ds_owner, ds_ops)] {
+        for (method, target, headers, body, want) in ops {
+            let url = format!("{base}{target}");
+            let resp = request(&url, method, &headers, body).unwrap();
+            assert_eq!(resp.status, 307, "{method} {url}: {}", resp.describe());
+            assert_eq!(
+                resp.h("location"),
+                format!("{owner_base}{target}"),
+                "{method} {url}"
+            );
+            assert_eq!(resp.h("cache-control"), "no-store");
+            let (answer, at) = follow(&url, method, &headers, body);
+            assert!(at.starts_with(owner_base.as_str()), "{method} {url} → {at}");
+            if want == 0 {
+                // A long-poll: data or its timeout, either way from the owner.
+                assert!(matches!(answer.status, 200 | 204), "{}", answer.describe());
+            } else {
+                assert_eq!(answer.status, want, "{method} {url}: {}", answer.describe());
+            }
+        }
+    }
+
+    // Live reads: SSE through a redirect reaches the owner and streams the records.
+    let (resp, _) = follow(&format!("{other}/r/pico"), "POST", &[text], b"sse-me");
+    assert_eq!(resp.status, 200);
+    let sse = request(
+        &format!("{other}/r/pico?seq=1&live=sse"),
+        "GET",
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(sse.status, 307);
+    let (addr, target) = split_url(sse.h("location"));
+    let mut conn = Conn::connect(addr).unwrap();
+    conn.send("GET", &target, &[], b"").unwrap();
+    conn.set_read_timeout(Duration::from_secs(10));
+    let mut head = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&head).contains("sse-me") && Instant::now() < deadline {
+        let mut buf = [0u8; 4096];
+        match std::io::Read::read(&mut conn.stream, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("sse-me"), "{text}");
+
+    // DELETE last, through the other node, for both protocols.
+    for (base, path, want) in [(&other, "/r/pico", 204), (&ds_other, "/r/ds", 204)] {
+        let resp = request(&format!("{base}{path}"), "DELETE", &[], b"").unwrap();
+        assert_eq!(resp.status, 307, "{}", resp.describe());
+        let (answer, _) = follow(&format!("{base}{path}"), "DELETE", &[], b"");
+        assert_eq!(answer.status, want, "{}", answer.describe());
+    }
+    // Gone everywhere: a name nobody owns is answered where it is asked.
+    let missing = request(&format!("{other}/r/pico"), "HEAD", &[], b"").unwrap();
+    assert_eq!(
+        missing.status,
+        404,
+        "{}\n{}",
+        missing.describe(),
+        cluster.logs()
+    );
+}
+
+#[test]
+fn a_client_following_redirects_sees_one_stream_through_any_node() {
+    let Some(cluster) = Cluster::start("cluster_cli", 21, &[1, 1]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = [cluster.url(0), cluster.url(1)];
+    // Many names: placement spreads them over both nodes, and the CLI talks to either.
+    let names: Vec<String> = (0..8).map(|i| format!("/cli/s{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let out = common::pico(
+            dir.path(),
+            &["--endpoint", &endpoints[i % 2], "create", name],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for round in 0..3 {
+            let endpoint = &endpoints[(i + round) % 2];
+            let body = format!("{name}#{round}");
+            let out = pico_with_input(dir.path(), &["--endpoint", endpoint, "append", name], &body);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let mut owners = std::collections::BTreeSet::new();
+    for name in &names {
+        owners.insert(owner_of(&cluster, name).expect("an owner"));
+        for endpoint in &endpoints {
+            let out = common::pico(dir.path(), &["--endpoint", endpoint, "read", name]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = String::from_utf8_lossy(&out.stdout);
+            let want: Vec<String> = (0..3).map(|r| format!("{r}\t{name}#{r}")).collect();
+            let got: Vec<&str> = text.lines().collect();
+            assert_eq!(got, want, "{name} through {endpoint}");
+        }
+    }
+    assert_eq!(owners.len(), 2, "placement used both nodes: {owners:?}");
+}
+
+/// `pico ARGS` with `input` (and a newline) on its standard input.
+fn pico_with_input(dir: &std::path::Path, args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pico"))
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run pico");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(input.as_bytes()).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    drop(stdin);
+    child.wait_with_output().expect("pico finished")
+}
+
+/// An exactly-once writer: producer headers make every retry (after a redirect, a 503 or a
+/// lost answer) safe; returns the bodies acknowledged, in order.
+fn write_with_producer(
+    start_url: &str,
+    path: &str,
+    count: usize,
+    stop: &AtomicBool,
+) -> Vec<String> {
+    let mut acked = Vec::new();
+    for seq in 0..count {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let body = format!("r{seq}");
+        let seq_text = seq.to_string();
+        let headers = [
+            ("pico-producer-id", "writer"),
+            ("pico-producer-epoch", "0"),
+            ("pico-producer-seq", seq_text.as_str()),
+        ];
+        let (resp, _) = follow(
+            &format!("{start_url}{path}"),
+            "POST",
+            &headers,
+            body.as_bytes(),
+        );
+        assert_eq!(resp.status, 200, "append {seq}: {}", resp.describe());
+        acked.push(body);
+    }
+    acked
+}
+
+#[test]
+fn a_transfer_under_load_loses_nothing() {
+    let Some(cluster) = Cluster::start("cluster_transfer", 31, &[1, 1]) else {
+        return;
+    };
+    let (first, second) = (cluster.url(0), cluster.url(1));
+    let (created, _) = follow(&format!("{second}/t/load"), "PUT", &[], b"");
+    assert_eq!(created.status, 201);
+    let owner = owner_of(&cluster, "/t/load").expect("an owner");
+    let other = if owner == 31 { "32" } else { "31" };
+    let back = owner.to_string();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (start, stop) = (second.clone(), stop.clone());
+        std::thread::spawn(move || write_with_producer(&start, "/t/load", 600, &stop))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let admin = format!("http://{}", cluster.nodes[1].admin);
+    std::thread::sleep(Duration::from_millis(300));
+    for to in [other, back.as_str()] {
+        let out = common::pico(
+            dir.path(),
+            &[
+                "admin",
+                "--admin-endpoint",
+                &admin,
+                "transfer",
+                "/t/load",
+                "--to-node",
+                to,
+                "--wait",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "transfer to {to}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.logs()
+        );
+        assert_eq!(owner_of(&cluster, "/t/load"), Some(to.parse().unwrap()));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.join().expect("the writer finished");
+    assert!(
+        acked.len() > 10,
+        "the writer made progress: {}",
+        acked.len()
+    );
+    for node in [&first, &second] {
+        let bodies = pico_bodies(node, "/t/load");
+        assert_eq!(bodies, acked, "through {node}\n{}", cluster.logs());
+    }
+    let handed = cluster.logs().matches("handed /t/load to node").count();
+    assert_eq!(handed, 2, "{}", cluster.logs());
+}
+
+#[test]
+fn a_killed_node_s_streams_are_served_by_the_others_with_every_acknowledged_append() {
+    let Some(mut cluster) = Cluster::start("cluster_failover", 41, &[1, 1, 1]) else {
+        return;
+    };
+    let urls: Vec<String> = (0..3).map(|i| cluster.url(i)).collect();
+    let names: Vec<String> = (0..12).map(|i| format!("/f/s{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let (resp, _) = follow(&format!("{}{name}", urls[i % 3]), "PUT", &[], b"");
+        assert_eq!(resp.status, 201, "{}", resp.describe());
+        for round in 0..5 {
+            let body = format!("{name}#{round}");
+            let (resp, _) = follow(
+                &format!("{}{name}", urls[round % 3]),
+                "POST",
+                &[],
+                body.as_bytes(),
+            );
+            assert_eq!(resp.status, 200, "{}", resp.describe());
+        }
+    }
+    let victims: Vec<&String> = names
+        .iter()
+        .filter(|n| owner_of(&cluster, n) == Some(41))
+        .collect();
+    assert!(!victims.is_empty(), "placement gave node 41 some streams");
+    let victims: Vec<String> = victims.into_iter().cloned().collect();
+
+    let killed_at = Instant::now();
+    cluster.nodes[0].kill();
+    // Within the bound, the survivors serve every stream of the dead node, with all its
+    // acknowledged records, and take new appends.
+    for name in &victims {
+        let served = wait_for("a survivor to serve the stream", TAKEOVER_BOUND, || {
+            let (resp, at) = follow(&format!("{}{name}?seq=0", urls[1]), "GET", &[], b"");
+            (resp.status == 200 && !at.starts_with(&urls[0])).then_some(at)
+        });
+        assert!(!served.starts_with(&urls[0]));
+        let want: Vec<String> = (0..5).map(|r| format!("{name}#{r}")).collect();
+        assert_eq!(
+            pico_bodies(&urls[2], name),
+            want,
+            "{name}\n{}",
+            cluster.logs()
+        );
+        let (resp, _) = follow(&format!("{}{name}", urls[2]), "POST", &[], b"after");
+        assert_eq!(resp.status, 200, "{}", resp.describe());
+        assert_eq!(resp.h_u64("pico-next-seq"), 6);
+    }
+    let took = killed_at.elapsed();
+    assert!(took < TAKEOVER_BOUND, "took {took:?}");
+    for name in &victims {
+        let owner = owner_of_admin(cluster.nodes[1].admin, name);
+        assert!(matches!(owner, Some(42 | 43)), "{name}: {owner:?}");
+    }
+    assert!(
+        cluster.logs().contains("stopped renewing its lease"),
+        "{}",
+        cluster.logs()
+    );
+}
+
+fn owner_of_admin(admin: SocketAddr, path: &str) -> Option<u64> {
+    let resp = Conn::connect(admin)
+        .ok()?
+        .request("GET", &format!("/admin/streams{path}"), &[], b"")
+        .ok()?;
+    (resp.status == 200).then(|| resp.json()["ownerNodeId"].as_u64())?
+}
+
+#[test]
+fn an_owner_paused_past_its_lease_is_fenced_when_it_comes_back() {
+    let Some(cluster) = Cluster::start("cluster_split_brain", 51, &[1, 0]) else {
+        return;
+    };
+    let (old, new) = (cluster.url(0), cluster.url(1));
+    let (resp, _) = follow(&format!("{old}/sb/s"), "PUT", &[], b"");
+    assert_eq!(resp.status, 201);
+    let (resp, _) = follow(&format!("{old}/sb/s"), "POST", &[], b"before");
+    assert_eq!(resp.status, 200);
+    // Node 52 gets slots now, so it can take node 51's streams over.
+    let admin = cluster.nodes[1].admin;
+    let set = Conn::connect(admin)
+        .unwrap()
+        .request("POST", "/admin/nodes/52", &[], br#"{"slots": 1}"#)
+        .unwrap();
+    assert_eq!(set.status, 200, "{}", set.describe());
+
+    let pid = cluster.nodes[0].pid().expect("running") as i32;
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    wait_for("node 52 to take the stream over", TAKEOVER_BOUND, || {
+        (owner_of_admin(admin, "/sb/s") == Some(52)).then_some(())
+    });
+    let (resp, at) = follow(&format!("{new}/sb/s"), "POST", &[], b"during");
+    assert_eq!(resp.status, 200, "{}", resp.describe());
+    assert!(at.starts_with(&new), "{at}");
+
+    // The old owner wakes up still holding the stream in memory. It must not append.
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let stale = request(&format!("{old}/sb/s"), "POST", &[], b"stale").unwrap();
+    assert_ne!(
+        stale.status,
+        200,
+        "the fenced node appended: {}",
+        stale.describe()
+    );
+    assert!(matches!(stale.status, 307 | 503), "{}", stale.describe());
+    // Soon it redirects to the new owner.
+    wait_for("the old owner to redirect", TAKEOVER_BOUND, || {
+        let resp = request(&format!("{old}/sb/s"), "HEAD", &[], b"").ok()?;
+        (resp.status == 307 && resp.h("location").starts_with(&new)).then_some(())
+    });
+    assert_eq!(
+        pico_bodies(&old, "/sb/s"),
+        ["before", "during"],
+        "{}",
+        cluster.logs()
+    );
+    assert_eq!(owner_of(&cluster, "/sb/s"), Some(52));
+}
+
+#[test]
+fn node_epochs_must_grow() {
+    let Some(cluster) = Cluster::start("cluster_epochs", 61, &[1]) else {
+        return;
+    };
+    let database = cluster._database.url().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let out = common::pico(
+        dir.path(),
+        &[
+            "serve",
+            "--meta-url",
+            &database,
+            "--node-id",
+            "61",
+            "--node-epoch",
+            "5",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-admin",
+            "--wal-dir",
+            wal.to_str().unwrap(),
+            "--storage",
+            &format!(
+                "-2@file://{}",
+                PathBuf::from(dir.path()).join("o").display()
+            ),
+        ],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--node-epoch must grow"), "{stderr}");
+}
