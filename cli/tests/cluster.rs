@@ -220,13 +220,7 @@ fn every_operation_of_both_protocols_is_redirected_to_the_owner() {
         ("PUT", "/r/pico".into(), vec![text], b"", 200),
         ("POST", "/r/pico".into(), vec![text], b"one", 200),
         ("GET", "/r/pico?seq=0".into(), vec![], b"", 200),
-        (
-            "GET",
-            "/r/pico?seq=0&live=long-poll".into(),
-            vec![],
-            b"",
-            0,
-        ),
+        ("GET", "/r/pico?seq=0&live=long-poll".into(), vec![], b"", 0),
         ("HEAD", "/r/pico".into(), vec![], b"", 200),
         (
             "POST",
@@ -267,13 +261,7 @@ fn every_operation_of_both_protocols_is_redirected_to_the_owner() {
     // Live reads: SSE through a redirect reaches the owner and streams the records.
     let (resp, _) = follow(&format!("{other}/r/pico"), "POST", &[text], b"sse-me");
     assert_eq!(resp.status, 200);
-    let sse = request(
-        &format!("{other}/r/pico?seq=1&live=sse"),
-        "GET",
-        &[],
-        b"",
-    )
-    .unwrap();
+    let sse = request(&format!("{other}/r/pico?seq=1&live=sse"), "GET", &[], b"").unwrap();
     assert_eq!(sse.status, 307);
     let (addr, target) = split_url(sse.h("location"));
     let mut conn = Conn::connect(addr).unwrap();

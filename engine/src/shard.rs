@@ -1715,7 +1715,9 @@ impl Shard {
                 .map_err(|e| EngineError::Storage(e.to_string()))?;
             let Some((row, ownership)) = found else {
                 self.remote.borrow_mut().remove(name);
-                if matches!(op, Op::Create { .. }) {
+                // A fork is created where its source lives (this node: the source's core just
+                // resolved the fork point here), so a family is never split.
+                if matches!(op, Op::Create { fork: None, .. }) {
                     if let Some(target) = cluster.place(name).filter(|&n| n != me) {
                         return Err(cluster.moved(target));
                     }

@@ -53,7 +53,7 @@ where
 {
     let meta = format!("sqlite:{}", dir.join("meta.db").display());
     let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config, &meta, &storage).expect("boot");
+    let booted = boot(config, &meta, &storage, None).expect("boot");
     let seed = booted.seeds.into_iter().next().expect("one core");
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
         .io_memory(1 << 20)

@@ -1086,3 +1086,167 @@ fn postgres_connection_loss_fails_commands_then_reconnects() {
         .unwrap();
     assert_eq!(names, ["/before", "/after-idle-loss", "/after-outage"]);
 }
+
+// ---- Cluster metadata (Postgres only: SQLite admits one node). ------------------------------
+
+fn segment(key: &str, streams: Vec<SegmentStreamEntry>) -> SegmentRecord {
+    SegmentRecord {
+        key: key.into(),
+        size_bytes: 100,
+        created_ms: 1,
+        streams,
+    }
+}
+
+/// Registration, epochs, leases, placement of a dead node's streams, fenced writes and the
+/// transfer rules, as two nodes' stores on one database see them.
+#[test]
+fn postgres_cluster_leases_ownership_fencing_and_transfers() {
+    let Some(database) = PgDatabase::create("cluster_contract") else {
+        return;
+    };
+    let (one, _) = MetaStore::open(&database.meta_url()).unwrap();
+    let (two, _) = MetaStore::open(&database.meta_url()).unwrap();
+    let lease_ms = 60_000;
+
+    // Registration: epochs only grow, per node id.
+    let state = wait(one.register_node(1, 100, "http://one", 1, lease_ms)).unwrap();
+    assert_eq!(state.nodes.len(), 1);
+    assert!(state.nodes[0].is_live(state.now_ms));
+    match wait(one.register_node(1, 100, "http://one", 1, lease_ms)) {
+        Err(MetaError::Rejected(message)) => assert!(message.contains("must grow"), "{message}"),
+        other => panic!("re-registering epoch 100: {other:?}"),
+    }
+    wait(two.register_node(2, 7, "", 1, lease_ms)).unwrap();
+    let state = wait(two.advertise(2, 7, "http://two", "http://two-ds")).unwrap();
+    let row = state.nodes.iter().find(|n| n.id == 2).unwrap();
+    assert_eq!(
+        (row.address.as_str(), row.ds_address.as_str()),
+        ("http://two", "http://two-ds")
+    );
+
+    // Creates record their owner at epoch 1; fenced writes by the owner pass, others fail.
+    let created =
+        wait(one.create_stream_owned("/c/a", config("text/plain"), None, 5, Some(1))).unwrap();
+    assert!(created.created);
+    assert_eq!(
+        (created.ownership.node, created.ownership.epoch),
+        (Some(1), 1)
+    );
+    let id = created.row.id;
+    let by = |node, epoch| Some(pico_meta::Fence { node, epoch });
+    wait(one.trim_stream_fenced(id, 0, by(1, 1))).unwrap();
+    assert!(matches!(
+        wait(two.close_stream_fenced(id, by(2, 1))),
+        Err(MetaError::Fenced(_))
+    ));
+    let lookup = wait(two.lookup_stream("/c/a")).unwrap().unwrap();
+    assert!(!lookup.0.config.closed, "the fenced close wrote nothing");
+
+    // A segment commit keeps the entries of streams the committer owns and names the others.
+    let other = wait(two.create_stream_owned("/c/b", config("text/plain"), None, 5, Some(2)))
+        .unwrap()
+        .row
+        .id;
+    let fence = pico_meta::SegmentFence {
+        node: 1,
+        epochs: [(id, 1), (other, 1)].into_iter().collect(),
+    };
+    let entries = vec![
+        entry(id, vec![run(0, 2, 0, 50)], 9, false),
+        entry(other, vec![run(0, 1, 50, 100)], 9, false),
+    ];
+    let fenced =
+        wait(one.commit_segment_fenced(segment("segments/n1/x.seg", entries), fence)).unwrap();
+    assert_eq!(fenced, vec![other]);
+    let load = wait(two.load_stream(id)).unwrap().unwrap();
+    assert_eq!(load.snapshot.segments.len(), 1, "{load:?}");
+    assert_eq!(
+        load.snapshot.segments[0].streams[0].runs,
+        vec![run(0, 2, 0, 50)]
+    );
+    assert!(wait(two.load_stream(other))
+        .unwrap()
+        .unwrap()
+        .snapshot
+        .segments
+        .is_empty());
+
+    // Transfers: the rules, then the hand-over at the next epoch.
+    let refused = |store: &MetaStore, name: &str, to| match wait(store.request_transfer(name, to)) {
+        Err(MetaError::Rejected(message)) => message,
+        other => panic!("transfer of {name} to {to}: {other:?}"),
+    };
+    assert!(refused(&two, "/c/a", 9).contains("not registered"));
+    assert!(refused(&two, "/c/a", 1).contains("target equals source"));
+    assert!(matches!(
+        wait(two.request_transfer("/c/none", 2)),
+        Err(MetaError::NotFound(_))
+    ));
+    let accepted = wait(two.request_transfer("/c/a", 2)).unwrap();
+    assert_eq!((accepted.from_node, accepted.to_node), (1, 2));
+    let state = wait(one.renew_lease(1, 100, lease_ms)).unwrap();
+    assert_eq!(state.transfers.len(), 1);
+    assert_eq!(
+        (state.transfers[0].stream_id, state.transfers[0].to_node),
+        (id, 2)
+    );
+    assert!(matches!(
+        wait(one.complete_transfer(id, pico_meta::Fence { node: 1, epoch: 9 }, 2)),
+        Err(MetaError::Fenced(_))
+    ));
+    let epoch = wait(one.complete_transfer(id, pico_meta::Fence { node: 1, epoch: 1 }, 2)).unwrap();
+    assert_eq!(epoch, 2);
+    assert!(matches!(
+        wait(one.trim_stream_fenced(id, 1, by(1, 1))),
+        Err(MetaError::Fenced(_))
+    ));
+    wait(two.trim_stream_fenced(id, 1, by(2, 2))).unwrap();
+    assert_eq!(wait(two.owned_streams(2)).unwrap().get(&id), Some(&2));
+
+    // Takeover: nothing moves while node 1 is live; once its lease ended, its streams go to
+    // the live node at the next epoch, and only to a node with slots.
+    let third = wait(one.create_stream_owned("/c/c", config("text/plain"), None, 5, Some(1)))
+        .unwrap()
+        .row
+        .id;
+    assert!(wait(two.take_over(1, 100)).unwrap().is_empty());
+    wait(one.release_lease(1, 100)).unwrap();
+    assert!(
+        wait(two.take_over(1, 99)).unwrap().is_empty(),
+        "another incarnation"
+    );
+    assert_eq!(wait(two.take_over(1, 100)).unwrap(), vec![(third, 2)]);
+    let (_, owner) = wait(two.lookup_stream("/c/c")).unwrap().unwrap();
+    assert_eq!((owner.node, owner.epoch), (Some(2), 2));
+    // The old incarnation renews (it was only paused) and finds the stream gone.
+    wait(one.renew_lease(1, 100, lease_ms)).unwrap();
+    assert!(!wait(one.owned_streams(1)).unwrap().contains_key(&third));
+
+    // A newer incarnation of node 1 supersedes the old one, whose renewals now fail.
+    wait(two.register_node(1, 101, "http://one", 1, lease_ms)).unwrap();
+    assert!(matches!(
+        wait(one.renew_lease(1, 100, lease_ms)),
+        Err(MetaError::Fenced(_))
+    ));
+    let node = wait(two.set_slots(1, 0)).unwrap();
+    assert_eq!(node.slots, 0);
+    assert!(matches!(
+        wait(two.set_slots(9, 1)),
+        Err(MetaError::NotFound(_))
+    ));
+    one.shutdown();
+    two.shutdown();
+}
+
+/// A metadata log only one node can use refuses the cluster calls with a clear message.
+#[test]
+fn sqlite_refuses_cluster_calls() {
+    let db = Db::sqlite();
+    let (store, _) = db.open();
+    match wait(store.register_node(1, 1, "http://x", 1, 1000)) {
+        Err(MetaError::Unsupported(message)) => assert!(message.contains("postgres"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    store.shutdown();
+}

@@ -46,7 +46,7 @@ where
     };
     let meta = format!("sqlite:{}", dir.path().join("meta.db").display());
     let storage = format!("-2@file://{}", dir.path().join("objects").display());
-    let booted = boot(config, &meta, &storage).expect("boot");
+    let booted = boot(config, &meta, &storage, None).expect("boot");
     let seed = booted.seeds.into_iter().next().expect("one core");
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
         .io_memory(1 << 20)
