@@ -290,7 +290,10 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
                     match wait(meta.take_over(node, epoch)) {
                         Ok(moved) if !moved.is_empty() => log::warn!(
                             "node {node} stopped renewing its lease: {} of its streams moved \
-                             to live nodes ({})",
+                             to live nodes ({}) at new owner epochs; everything it stored is \
+                             served (with --durability object that is everything it \
+                             acknowledged; with local durability, appends it acknowledged after \
+                             its last upload stay in its WAL, and it reports them if it restarts)",
                             moved.len(),
                             summarize(&moved)
                         ),

@@ -2079,6 +2079,14 @@ impl Shard {
             if old {
                 self.rotate();
             }
+            // Acknowledgements held back while this node's lease was in doubt go out once it
+            // is valid again, even when no new append comes to trigger a commit round.
+            let held = !self.config.object_acks
+                && self.cluster.as_ref().is_some_and(|c| c.lease_valid())
+                && !self.pending.borrow().is_empty();
+            if held {
+                self.release_acks();
+            }
         }
     }
 

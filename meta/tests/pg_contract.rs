@@ -980,7 +980,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
          WHERE table_schema = current_schema() ORDER BY 1, 2",
     );
     assert_eq!(postgres_columns, sqlite_columns);
-    assert_eq!(postgres_columns.len(), 28);
+    assert_eq!(postgres_columns.len(), 38);
 
     let sqlite_versions: Vec<i64> = conn
         .prepare("SELECT version FROM schema_version ORDER BY version")
@@ -1022,7 +1022,14 @@ fn postgres_nodes_starting_at_once_migrate_once() {
     let versions: Vec<_> = versions.iter().map(|row| row[0].as_deref()).collect();
     assert_eq!(
         versions,
-        [Some("1"), Some("2"), Some("3"), Some("4"), Some("5")]
+        [
+            Some("1"),
+            Some("2"),
+            Some("3"),
+            Some("4"),
+            Some("5"),
+            Some("6")
+        ]
     );
 }
 
