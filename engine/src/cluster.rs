@@ -197,6 +197,14 @@ impl Cluster {
             )
     }
 
+    /// [`Cluster::moved`] for a row's owner, which may be none yet.
+    pub fn moved_to(&self, owner: Option<NodeId>) -> crate::EngineError {
+        match owner {
+            Some(node) => self.moved(node),
+            None => crate::EngineError::NotOwner("the stream has no owner yet; retry".into()),
+        }
+    }
+
     /// Stops renewing the lease (a node shutting down).
     pub fn begin_shutdown(&self) {
         self.stopping.store(true, Ordering::Release);

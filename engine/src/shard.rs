@@ -535,16 +535,7 @@ impl Shard {
             });
         }
         if found.is_ok() {
-            let streams = self.streams.borrow();
-            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-            stream
-                .state
-                .check_recreate(&config, closed, fork.as_ref())?;
-            return Ok(Reply::Created {
-                created: false,
-                info: info_of(&stream.state),
-                first: None,
-            });
+            return self.already_created(name, &config, closed, fork.as_ref());
         }
         let meta_config = MetaConfig {
             content_type: config.content_type.clone(),
@@ -569,24 +560,11 @@ impl Shard {
         if let (Some(cluster), false) = (&self.cluster, outcome.created) {
             // Registered meanwhile by another node (or by this one before a restart): serve
             // it where it lives.
-            let owner = outcome.ownership.node;
-            if owner != me {
-                return Err(owner.map_or_else(
-                    || EngineError::NotOwner("the stream has no owner yet; retry".into()),
-                    |node| cluster.moved(node),
-                ));
+            if outcome.ownership.node != me {
+                return Err(cluster.moved_to(outcome.ownership.node));
             }
             self.adopt(name, outcome.row.id).await?;
-            let streams = self.streams.borrow();
-            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-            stream
-                .state
-                .check_recreate(&config, closed, fork.as_ref())?;
-            return Ok(Reply::Created {
-                created: false,
-                info: info_of(&stream.state),
-                first: None,
-            });
+            return self.already_created(name, &config, closed, fork.as_ref());
         }
         let row = outcome.row;
         let created = {
@@ -645,6 +623,25 @@ impl Shard {
             created,
             info: info_of(&stream.state),
             first,
+        })
+    }
+
+    /// The answer to a create of a name this core already serves: `200` when the configuration
+    /// matches, a conflict otherwise.
+    fn already_created(
+        &self,
+        name: &str,
+        config: &StreamConfig,
+        closed: bool,
+        fork: Option<&ForkOrigin>,
+    ) -> Result<Reply, EngineError> {
+        let streams = self.streams.borrow();
+        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        stream.state.check_recreate(config, closed, fork)?;
+        Ok(Reply::Created {
+            created: false,
+            info: info_of(&stream.state),
+            first: None,
         })
     }
 
@@ -1759,10 +1756,7 @@ impl Shard {
         };
         if load.ownership.node != me {
             let cluster = self.cluster.as_ref().expect("adopt runs in a cluster");
-            return Err(load.ownership.node.map_or_else(
-                || EngineError::NotOwner("the stream has no owner yet; retry".into()),
-                |node| cluster.moved(node),
-            ));
+            return Err(cluster.moved_to(load.ownership.node));
         }
         if self.streams.borrow().contains_key(name) {
             return Ok(()); // another request loaded it meanwhile
