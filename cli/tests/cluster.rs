@@ -50,16 +50,26 @@ impl Cluster {
     /// `count` nodes with ids `first_id..`: ids differ between tests because the tests share
     /// the bucket, and node ids name the segment keys. `slots[i]` per node.
     fn start(test: &str, first_id: u32, slots: &[u32]) -> Option<Cluster> {
+        let flags: Vec<Vec<String>> = slots
+            .iter()
+            .map(|s| vec!["--slots".to_string(), s.to_string()])
+            .collect();
+        Cluster::start_nodes(test, first_id, &flags)
+    }
+
+    /// One node per entry of `flags`, each with those extra flags (`--slots 1` and
+    /// `--lease-ms` [`LEASE_MS`] unless given).
+    fn start_nodes(test: &str, first_id: u32, flags: &[Vec<String>]) -> Option<Cluster> {
         let database = PgDatabase::create(test)?;
         let objects = tempfile::tempdir().unwrap();
         let storage = shared_storage(objects.path());
-        let nodes = slots
+        let nodes = flags
             .iter()
             .enumerate()
-            .map(|(i, slots)| {
+            .map(|(i, extra)| {
                 let id = (first_id + i as u32).to_string();
-                let slots = slots.to_string();
-                Server::start(&[
+                let given = |flag: &str| extra.iter().any(|f| f == flag);
+                let mut args: Vec<&str> = vec![
                     "--meta-url",
                     database.url(),
                     "--storage",
@@ -68,15 +78,19 @@ impl Cluster {
                     "object",
                     "--node-id",
                     &id,
-                    "--slots",
-                    &slots,
-                    "--lease-ms",
-                    LEASE_MS,
                     "--ds-listen",
                     "127.0.0.1:0",
                     "--cores",
                     "2",
-                ])
+                ];
+                if !given("--slots") {
+                    args.extend(["--slots", "1"]);
+                }
+                if !given("--lease-ms") {
+                    args.extend(["--lease-ms", LEASE_MS]);
+                }
+                args.extend(extra.iter().map(String::as_str));
+                Server::start(&args)
             })
             .collect();
         Some(Cluster {
@@ -628,4 +642,83 @@ fn node_epochs_must_grow() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--node-epoch must grow"), "{stderr}");
+}
+
+/// `--routing local` never redirects: a stream another node owns gets `503` (for a proxy that
+/// routes by itself), the streams it owns are served.
+#[test]
+fn routing_local_answers_503_for_other_nodes_streams() {
+    let flags = vec![
+        vec!["--slots".to_string(), "1".to_string()],
+        vec![
+            "--slots".to_string(),
+            "0".to_string(),
+            "--routing".to_string(),
+            "local".to_string(),
+        ],
+    ];
+    let Some(cluster) = Cluster::start_nodes("cluster_routing_local", 71, &flags) else {
+        return;
+    };
+    let (owner, local) = (cluster.url(0), cluster.url(1));
+    let (created, _) = follow(&format!("{owner}/l/s"), "PUT", &[], b"");
+    assert_eq!(created.status, 201);
+    let resp = request(&format!("{local}/l/s"), "POST", &[], b"x").unwrap();
+    assert_eq!(resp.status, 503, "{}", resp.describe());
+    assert_eq!(resp.json()["error"], "unavailable");
+    assert!(resp.text().contains("--routing local"), "{}", resp.text());
+    // A new name is not placed elsewhere either: no slots here, so it cannot be created here.
+    let resp = request(&format!("{local}/l/new"), "PUT", &[], b"").unwrap();
+    assert_eq!(resp.status, 503, "{}", resp.describe());
+}
+
+/// A clean stop (SIGTERM) stores everything and releases the lease, so the others take its
+/// streams over at once rather than after the lease time (20 s here).
+#[test]
+fn a_clean_stop_hands_the_streams_over_without_waiting_for_the_lease() {
+    let flags = vec![
+        vec!["--lease-ms".to_string(), "20000".to_string()],
+        vec!["--lease-ms".to_string(), "20000".to_string()],
+    ];
+    let Some(mut cluster) = Cluster::start_nodes("cluster_clean_stop", 81, &flags) else {
+        return;
+    };
+    let (first, second) = (cluster.url(0), cluster.url(1));
+    let names: Vec<String> = (0..6).map(|i| format!("/cs/s{i}")).collect();
+    for name in &names {
+        let (resp, _) = follow(&format!("{second}{name}"), "PUT", &[], b"");
+        assert_eq!(resp.status, 201);
+        let (resp, _) = follow(&format!("{second}{name}"), "POST", &[], b"kept");
+        assert_eq!(resp.status, 200);
+    }
+    let moved: Vec<&String> = names
+        .iter()
+        .filter(|n| owner_of(&cluster, n) == Some(81))
+        .collect();
+    assert!(!moved.is_empty(), "placement gave node 81 some streams");
+    let moved: Vec<String> = moved.into_iter().cloned().collect();
+    let stopped = Instant::now();
+    assert!(cluster.nodes[0]
+        .terminate(Duration::from_secs(30))
+        .success());
+    for name in &moved {
+        wait_for(
+            "node 82 to serve the stream",
+            Duration::from_secs(8),
+            || {
+                let resp = request(&format!("{second}{name}?seq=0"), "GET", &[], b"").ok()?;
+                (resp.status == 200).then_some(())
+            },
+        );
+        assert_eq!(pico_bodies(&second, name), ["kept"]);
+    }
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert!(cluster.nodes[0]
+        .log()
+        .contains("released the cluster lease"));
+    let _ = first;
 }
