@@ -2377,9 +2377,16 @@ impl Shard {
         let started = Instant::now();
         loop {
             let result = async {
-                self.store
-                    .put(&record.key, bytes.clone())
-                    .await
+                // The sealed WAL file holds these very bytes: a file:// bucket on the same
+                // filesystem links it instead of writing them again.
+                let put = match &path {
+                    Some(wal) => {
+                        self.store
+                            .put_with_local_copy(&record.key, bytes.clone(), wal.clone())
+                    }
+                    None => self.store.put(&record.key, bytes.clone()),
+                };
+                put.await
                     .map_err(|_| "object store is shut down".to_string())?
                     .map_err(|e| e.to_string())?;
                 match &fence {

@@ -29,9 +29,17 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    pub(crate) fn put(&self, key: &str, data: Bytes) -> Result<(), StoreError> {
+    pub(crate) fn put(
+        &self,
+        key: &str,
+        data: Bytes,
+        local_copy: Option<&Path>,
+    ) -> Result<(), StoreError> {
         match self {
-            Backend::File(bucket) => bucket.put(key, &data),
+            Backend::File(bucket) => match local_copy {
+                Some(file) if bucket.link(key, file, data.len() as u64)? => Ok(()),
+                _ => bucket.put(key, &data),
+            },
             Backend::Memory(bucket) => {
                 bucket.objects().insert(key.to_string(), data);
                 Ok(())
@@ -207,6 +215,60 @@ impl FileBucket {
         }
         // The rename is only durable once the directory holding both names is.
         sync_dir(dir)
+    }
+
+    /// Makes the object `key` the first `len` bytes of `file`, a durable local file holding
+    /// exactly the object's bytes there, without copying them: `file` is cut to `len` (and
+    /// fsynced, for its size), hard-linked under a temporary name, renamed over the key and the
+    /// directory fsynced, so readers see the old object or the new one, as with `put`. `false`
+    /// when the link is not possible (another filesystem, a filesystem without hard links, the
+    /// file gone): the caller writes the bytes instead.
+    fn link(&self, key: &str, file: &Path, len: u64) -> Result<bool, StoreError> {
+        let path = self.path(key);
+        let dir = path
+            .parent()
+            .expect("a key joined to the root has a parent");
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .expect("validated keys are UTF-8 names");
+        if !dir.is_dir() {
+            self.create_dirs(dir)?;
+        }
+        // The bytes are in memory as well: a local copy that cannot be prepared is written
+        // out instead, never a failed put.
+        let prepared = std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .and_then(|source| source.set_len(len).and_then(|()| source.sync_all()));
+        if let Err(error) = prepared {
+            log::warn!(
+                "cannot link {} into the bucket, writing the object instead: {error}",
+                file.display()
+            );
+            return Ok(false);
+        }
+        let counter = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let temp = dir.join(format!(
+            "{TEMP_PREFIX}{name}.{}.{counter}",
+            std::process::id()
+        ));
+        if let Err(error) = std::fs::hard_link(file, &temp) {
+            static LOGGED: std::sync::Once = std::sync::Once::new();
+            LOGGED.call_once(|| {
+                log::info!(
+                    "file:// bucket {}: segments are copied, not linked ({error})",
+                    self.root.display()
+                )
+            });
+            return Ok(false);
+        }
+        if let Err(error) = std::fs::rename(&temp, &path) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io_error("rename into", &path, error));
+        }
+        sync_dir(dir)?;
+        Ok(true)
     }
 
     /// Creates `dir` and the missing directories above it, then fsyncs every directory from

@@ -25,6 +25,8 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use bytes::Bytes;
 use futures_channel::oneshot;
 use tokio::sync::mpsc;
@@ -101,6 +103,9 @@ enum Request {
     Put {
         key: String,
         data: Bytes,
+        /// A durable local file whose first `data.len()` bytes are `data` (see
+        /// [`ObjectStore::put_with_local_copy`]).
+        local_copy: Option<PathBuf>,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     Get {
@@ -227,11 +232,25 @@ impl ObjectStore {
     /// Stores `data` under `key`, replacing any object there. Once answered `Ok`, the object is
     /// whole and durable; a reader never sees part of it.
     pub fn put(&self, key: &str, data: Bytes) -> Reply<()> {
+        self.put_request(key, data, None)
+    }
+
+    /// [`ObjectStore::put`] of bytes that are also the start of `local_copy`, a file already
+    /// durable on this machine (a sealed WAL file). A `file://` bucket on the same filesystem
+    /// then hard-links that file in place of writing the bytes again (the file is cut to
+    /// `data.len()` first); any other bucket, or a link that fails, stores `data` as `put` does.
+    /// The caller keeps its own name for the file until the object is no longer needed from it.
+    pub fn put_with_local_copy(&self, key: &str, data: Bytes, local_copy: PathBuf) -> Reply<()> {
+        self.put_request(key, data, Some(local_copy))
+    }
+
+    fn put_request(&self, key: &str, data: Bytes, local_copy: Option<PathBuf>) -> Reply<()> {
         let (reply, answer) = oneshot::channel();
         match validate_key(key) {
             Ok(()) => self.send(Request::Put {
                 key: key.to_string(),
                 data,
+                local_copy,
                 reply,
             }),
             Err(error) => drop(reply.send(Err(error))),
@@ -407,11 +426,16 @@ impl Worker {
 async fn execute(target: Target, faults: &Faults, request: Request) {
     // A caller that stopped waiting (dropped receiver) is fine: the result is dropped.
     match request {
-        Request::Put { key, data, reply } => {
+        Request::Put {
+            key,
+            data,
+            local_copy,
+            reply,
+        } => {
             let result = match (faults.apply(Operation::Put).await, target) {
                 (Err(error), _) => Err(error),
                 (Ok(()), Target::Local(backend)) => {
-                    blocking(backend, move |b| b.put(&key, data)).await
+                    blocking(backend, move |b| b.put(&key, data, local_copy.as_deref())).await
                 }
                 (Ok(()), Target::S3(bucket)) => bucket.put(&key, data).await,
             };

@@ -381,3 +381,52 @@ fn uri_of_the_store() {
     let store = file_store(dir.path());
     assert_eq!(store.uri().bucket_id, -2);
 }
+
+/// A put given a durable local copy of its bytes (a sealed WAL file) links that file into a
+/// `file://` bucket instead of writing the bytes again: the object is the file's first `len`
+/// bytes, it outlives the file's own name, and a later put replaces it without touching the
+/// file. A bucket in memory stores the bytes.
+#[test]
+fn a_put_with_a_local_copy_links_it_into_a_file_bucket() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(&dir.path().join("bucket"));
+    let wal = dir.path().join("segment.wal");
+    // Like a WAL file: the segment's bytes, then zeros up to its pre-allocated size.
+    let data = Bytes::from_static(b"frames of a sealed segment");
+    let mut file = data.to_vec();
+    file.resize(4096, 0);
+    std::fs::write(&wal, &file).unwrap();
+
+    wait(store.put_with_local_copy("segments/n1/a.seg", data.clone(), wal.clone())).unwrap();
+    let object = dir.path().join("bucket/segments/n1/a.seg");
+    assert_eq!(std::fs::read(&object).unwrap(), data);
+    assert_eq!(std::fs::metadata(&wal).unwrap().len(), data.len() as u64);
+    assert_eq!(
+        std::fs::metadata(&object).unwrap().ino(),
+        std::fs::metadata(&wal).unwrap().ino(),
+        "linked, not copied"
+    );
+    // The WAL file goes once the catalog knows the segment; the object stays.
+    std::fs::remove_file(&wal).unwrap();
+    assert_eq!(wait(store.get("segments/n1/a.seg")).unwrap(), data);
+    assert_eq!(
+        wait(store.list("segments/n1/")).unwrap(),
+        vec![("segments/n1/a.seg".to_string(), data.len() as u64)]
+    );
+    // A retried upload of the same key (recovery re-puts from the WAL) replaces the object.
+    wait(store.put("segments/n1/a.seg", Bytes::from_static(b"again"))).unwrap();
+    assert_eq!(wait(store.get("segments/n1/a.seg")).unwrap(), "again");
+
+    // Nothing to link from: the bytes are written instead.
+    let missing = dir.path().join("gone.wal");
+    wait(store.put_with_local_copy("segments/b.seg", data.clone(), missing)).unwrap();
+    assert_eq!(wait(store.get("segments/b.seg")).unwrap(), data);
+
+    let memory = ObjectStore::open(&StorageUri::parse("-2@mem://link-test").unwrap()).unwrap();
+    let other = dir.path().join("other.wal");
+    std::fs::write(&other, &file).unwrap();
+    wait(memory.put_with_local_copy("k", data.clone(), other.clone())).unwrap();
+    assert_eq!(wait(memory.get("k")).unwrap(), data);
+    assert_eq!(std::fs::metadata(&other).unwrap().len(), 4096, "untouched");
+}
