@@ -189,23 +189,31 @@ impl FileBucket {
         self.root.join(key)
     }
 
-    fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
+    /// Where object `key` goes: its path, its directory (created if missing) and a fresh
+    /// temporary name next to it.
+    fn places(&self, key: &str) -> Result<(PathBuf, PathBuf, PathBuf), StoreError> {
         let path = self.path(key);
         let dir = path
             .parent()
-            .expect("a key joined to the root has a parent");
+            .expect("a key joined to the root has a parent")
+            .to_path_buf();
         let name = path
             .file_name()
             .and_then(|name| name.to_str())
             .expect("validated keys are UTF-8 names");
         if !dir.is_dir() {
-            self.create_dirs(dir)?;
+            self.create_dirs(&dir)?;
         }
         let counter = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let temp = dir.join(format!(
             "{TEMP_PREFIX}{name}.{}.{counter}",
             std::process::id()
         ));
+        Ok((path, dir, temp))
+    }
+
+    fn put(&self, key: &str, data: &[u8]) -> Result<(), StoreError> {
+        let (path, dir, temp) = self.places(key)?;
         let written = write_synced(&temp, data).and_then(|()| {
             std::fs::rename(&temp, &path).map_err(|error| io_error("rename into", &path, error))
         });
@@ -214,7 +222,7 @@ impl FileBucket {
             return Err(error);
         }
         // The rename is only durable once the directory holding both names is.
-        sync_dir(dir)
+        sync_dir(&dir)
     }
 
     /// Makes the object `key` the first `len` bytes of `file`, a durable local file holding
@@ -224,17 +232,6 @@ impl FileBucket {
     /// when the link is not possible (another filesystem, a filesystem without hard links, the
     /// file gone): the caller writes the bytes instead.
     fn link(&self, key: &str, file: &Path, len: u64) -> Result<bool, StoreError> {
-        let path = self.path(key);
-        let dir = path
-            .parent()
-            .expect("a key joined to the root has a parent");
-        let name = path
-            .file_name()
-            .and_then(|name| name.to_str())
-            .expect("validated keys are UTF-8 names");
-        if !dir.is_dir() {
-            self.create_dirs(dir)?;
-        }
         // The bytes are in memory as well: a local copy that cannot be prepared is written
         // out instead, never a failed put.
         let prepared = std::fs::OpenOptions::new()
@@ -248,11 +245,7 @@ impl FileBucket {
             );
             return Ok(false);
         }
-        let counter = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = dir.join(format!(
-            "{TEMP_PREFIX}{name}.{}.{counter}",
-            std::process::id()
-        ));
+        let (path, dir, temp) = self.places(key)?;
         if let Err(error) = std::fs::hard_link(file, &temp) {
             static LOGGED: std::sync::Once = std::sync::Once::new();
             LOGGED.call_once(|| {
@@ -267,7 +260,7 @@ impl FileBucket {
             let _ = std::fs::remove_file(&temp);
             return Err(io_error("rename into", &path, error));
         }
-        sync_dir(dir)?;
+        sync_dir(&dir)?;
         Ok(true)
     }
 
