@@ -1704,12 +1704,7 @@ impl Shard {
         // that (bounded) rather than fail the request.
         let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
         loop {
-            let found = self
-                .meta
-                .lookup_stream(name)
-                .await
-                .map_err(|_| EngineError::ShuttingDown)?
-                .map_err(|e| EngineError::Storage(e.to_string()))?;
+            let found = meta_answer(self.meta.lookup_stream(name).await)?;
             let Some((row, ownership)) = found else {
                 self.remote.borrow_mut().remove(name);
                 // A fork is created where its source lives (this node: the source's core just
@@ -1745,12 +1740,7 @@ impl Shard {
     /// acknowledged only what was stored, with object durability).
     async fn adopt(self: &Rc<Self>, name: &str, id: u64) -> Result<(), EngineError> {
         let me = self.cluster.as_ref().map(|c| c.node_id());
-        let load = self
-            .meta
-            .load_stream(id)
-            .await
-            .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let load = meta_answer(self.meta.load_stream(id).await)?;
         let Some(load) = load else {
             return Ok(()); // deleted meanwhile: not found
         };
@@ -2496,6 +2486,15 @@ fn coarsen(chunks: &mut Vec<Chunk>, segment: Option<u64>) {
         }
     }
     chunks.extend(merged);
+}
+
+/// A metadata answer as the engine's result: a dropped answer means the store is stopping.
+fn meta_answer<T>(
+    answer: Result<Result<T, MetaError>, futures_channel::oneshot::Canceled>,
+) -> Result<T, EngineError> {
+    answer
+        .map_err(|_| EngineError::ShuttingDown)?
+        .map_err(|e| EngineError::Storage(e.to_string()))
 }
 
 async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
