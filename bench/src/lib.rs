@@ -25,6 +25,7 @@
 //! ```
 
 mod args;
+mod h2direct;
 mod live;
 mod load;
 mod pacing;

@@ -328,11 +328,16 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
             )));
         }
     } else {
+        let direct = direct_connections(args, conn, &base, &clients[0], &names).await?;
         for w in 0..args.in_flight {
             let name = &names[w % args.streams];
+            let transport = match &direct {
+                Some(conns) => Transport::Direct(conns[w % conns.len()].clone()),
+                None => Transport::Reqwest(clients[w % clients.len()].clone()),
+            };
             tasks.push(tokio::spawn(writer(
                 shared.clone(),
-                clients[w % clients.len()].clone(),
+                transport,
                 format!("{base}{name}"),
                 name.clone(),
                 shape.clone(),
@@ -386,11 +391,51 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
     })
 }
 
+/// How writers send their appends.
+enum Transport {
+    Reqwest(reqwest::Client),
+    /// `--http2` to an `http://` endpoint that serves the streams itself.
+    Direct(crate::h2direct::H2Conn),
+}
+
+/// The writers' own HTTP/2 connections, when they measure the same thing as reqwest would:
+/// `--http2` (cleartext) and every stream served by the endpoint itself (no cluster redirect).
+async fn direct_connections(
+    args: &BenchArgs,
+    conn: &Connection,
+    base: &str,
+    client: &reqwest::Client,
+    names: &[String],
+) -> Result<Option<Vec<crate::h2direct::H2Conn>>, String> {
+    let Some(authority) = conn
+        .http2
+        .then(|| crate::h2direct::cleartext_authority(base))
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    for name in names {
+        let url = format!("{base}{name}");
+        let served_here = match client.head(&url).send().await {
+            Ok(resp) => resp.url().as_str() == url,
+            Err(_) => false,
+        };
+        if !served_here {
+            return Ok(None);
+        }
+    }
+    let mut conns = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        conns.push(crate::h2direct::H2Conn::connect(&authority, conn.token.as_deref()).await?);
+    }
+    Ok(Some(conns))
+}
+
 /// One writer: appends `shape.body` until stopped, one request outstanding.
 #[allow(clippy::too_many_arguments)]
 async fn writer(
     shared: Arc<Shared>,
-    client: reqwest::Client,
+    transport: Transport,
     url: String,
     name: String,
     shape: AppendShape,
@@ -406,6 +451,32 @@ async fn writer(
             }
         }
         let sent = Instant::now();
+        let client = match &transport {
+            Transport::Reqwest(client) => client,
+            Transport::Direct(h2) => {
+                let posted = tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    h2.post(&url, shape.content_type, shape.body.clone()),
+                )
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {REQUEST_TIMEOUT:?}")));
+                match posted {
+                    Ok(status) if status == shape.ok => {
+                        let micros = sent.elapsed().as_micros() as u64;
+                        shared.record_write(records, bytes, Some(micros));
+                        continue;
+                    }
+                    Ok(status) => {
+                        shared.fail(format!("append to {name}: HTTP {status}"));
+                        break;
+                    }
+                    Err(e) => {
+                        shared.fail(format!("append to {name}: {e}"));
+                        break;
+                    }
+                }
+            }
+        };
         let resp = client
             .post(&url)
             .header(CONTENT_TYPE, shape.content_type)

@@ -238,6 +238,44 @@ async fn bench_over_h2() {
     assert!(summary.read.expect("readers ran").records > 0);
     assert!(server.bench_streams().await.is_empty());
 
+    // Every append the h2 writers counted is in the streams (kept for the check).
+    let args = BenchArgs {
+        keep: true,
+        no_read: true,
+        ..small(1)
+    };
+    let summary = run_ok(&server, &args, true).await;
+    check_throughput(&summary, &args);
+    let listing: serde_json::Value = serde_json::from_str(
+        &reqwest::Client::new()
+            .get(format!("{}/?prefix=/bench/", server.endpoint))
+            .send()
+            .await
+            .expect("list streams")
+            .text()
+            .await
+            .expect("listing"),
+    )
+    .expect("listing JSON");
+    let stored: u64 = listing["streams"]
+        .as_array()
+        .expect("streams array")
+        .iter()
+        .map(|s| s["next_seq"].as_u64().expect("next_seq"))
+        .sum();
+    assert!(
+        stored >= summary.write.records,
+        "{stored} stored, {} counted",
+        summary.write.records
+    );
+    for name in server.bench_streams().await {
+        reqwest::Client::new()
+            .delete(format!("{}{name}", server.endpoint))
+            .send()
+            .await
+            .expect("delete a kept stream");
+    }
+
     let args = BenchArgs {
         producer: true,
         batch: 2,

@@ -217,6 +217,10 @@ fn notify_subscriptions(
     request: &Request,
     response: &Response,
 ) {
+    // Most nodes have no subscription at all: skip the header scan and the offset formatting.
+    if settings.subscriptions.is_empty() {
+        return;
+    }
     let header = |name: &str| {
         response
             .headers
