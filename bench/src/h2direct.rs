@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{Method, Request, StatusCode};
 
 /// Per-stream and per-connection receive windows: responses are small, but a large window
@@ -88,6 +88,8 @@ impl H2Conn {
             .method(Method::POST)
             .uri(url)
             .header(CONTENT_TYPE, content_type)
+            // As other clients send it: the server sizes its body buffer from it.
+            .header(CONTENT_LENGTH, body.len())
             .body(())
             .map_err(|e| format!("request to {url}: {e}"))?;
         if let Some(value) = &self.authorization {
