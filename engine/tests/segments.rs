@@ -212,44 +212,46 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
         Bytes::from(format!("{i:08}").repeat(1000 + (i % 7) as usize * 300))
     }
     const COUNT: u64 = 900;
-    run_with(
-        config_sized(&path, 4 * 1024 * 1024, 128 * 1024 * 1024),
-        &path,
-        |core| async move {
-            let config = StreamConfig {
-                content_type: "text/plain".into(),
-                ttl_sec: None,
-                expires_at_ms: None,
-            };
-            core.call(
-                "/big",
-                Op::Create {
-                    config,
-                    closed: false,
-                    records: Vec::new(),
-                    fork: None,
-                },
-            )
-            .await
-            .unwrap();
-            for i in 0..COUNT {
-                let records = vec![RecordInput {
-                    headers: Vec::new(),
-                    body: record(i),
-                }];
-                let op = Op::Append(AppendRequest {
-                    records,
-                    close: false,
-                    match_offset: None,
-                    producer: None,
-                    content_type: None,
-                    writer_seq: None,
-                });
-                core.call("/big", op).await.unwrap();
-            }
-            glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
-        },
-    );
+    // Segments seal by size here, not by age: appends one at a time on a slow disk would
+    // otherwise seal every 50 ms well below one block.
+    let sealed_by_size = EngineConfig {
+        segment_max_age_ms: 2_000,
+        ..config_sized(&path, 4 * 1024 * 1024, 128 * 1024 * 1024)
+    };
+    run_with(sealed_by_size, &path, |core| async move {
+        let config = StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_sec: None,
+            expires_at_ms: None,
+        };
+        core.call(
+            "/big",
+            Op::Create {
+                config,
+                closed: false,
+                records: Vec::new(),
+                fork: None,
+            },
+        )
+        .await
+        .unwrap();
+        for i in 0..COUNT {
+            let records = vec![RecordInput {
+                headers: Vec::new(),
+                body: record(i),
+            }];
+            let op = Op::Append(AppendRequest {
+                records,
+                close: false,
+                match_offset: None,
+                producer: None,
+                content_type: None,
+                writer_seq: None,
+            });
+            core.call("/big", op).await.unwrap();
+        }
+        glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
+    });
     let sizes: Vec<u64> = std::fs::read_dir(path.join("objects/segments"))
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().len())
