@@ -381,25 +381,7 @@ mod tests {
         );
         let handle = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            let mut request = Vec::new();
-            let mut chunk = [0u8; 4096];
-            // Read the head and the Content-Length body.
-            loop {
-                let n = conn.read(&mut chunk).unwrap();
-                request.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&request).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Content-Length: "))
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    if body.len() >= len {
-                        break;
-                    }
-                }
-            }
+            let request = crate::ds_subs::tests::read_http_request(&mut conn);
             conn.write_all(response).unwrap();
             request
         });

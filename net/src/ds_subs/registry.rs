@@ -1352,7 +1352,7 @@ mod tests {
     const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
 
     fn offset(n: u64) -> String {
-        format!("{n:016}_{:016}", 0)
+        crate::ds::format_offset(n, 0)
     }
 
     fn registry() -> Registry {

@@ -193,24 +193,10 @@ fn receiver(reply: Value) -> (String, mpsc::Receiver<Received>) {
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
-            let mut data = Vec::new();
-            let mut chunk = [0u8; 8192];
-            let (head, body) = loop {
-                let n = conn.read(&mut chunk).unwrap();
-                data.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&data).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Content-Length: "))
-                        .unwrap()
-                        .parse()
-                        .unwrap();
-                    if body.len() >= len {
-                        break (head.to_string(), body.to_string());
-                    }
-                }
-            };
+            let data = read_http_request(&mut conn);
+            let text = String::from_utf8_lossy(&data).to_string();
+            let (head, body) = text.split_once("\r\n\r\n").expect("a whole request");
+            let (head, body) = (head.to_string(), body.to_string());
             let signature = head
                 .lines()
                 .find_map(|l| l.strip_prefix("Webhook-Signature: "))
@@ -561,4 +547,27 @@ async fn unanswered_wakes_are_redelivered(node: &Node) {
     assert_ne!(first["wake_id"], second["wake_id"]);
     node.request("DELETE", "subscriptions/s6", None, Value::Null)
         .await;
+}
+
+/// Reads one HTTP/1.1 request from `conn`, up to the end of its `Content-Length` body: the raw
+/// bytes (what the fake webhook receivers of these tests inspect).
+pub(super) fn read_http_request(conn: &mut impl Read) -> Vec<u8> {
+    let mut request = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = conn.read(&mut chunk).unwrap();
+        request.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&request).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .unwrap()
+                .parse()
+                .unwrap();
+            if body.len() >= len {
+                return request;
+            }
+        }
+    }
 }
