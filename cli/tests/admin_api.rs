@@ -160,11 +160,7 @@ fn metrics_count_operations_per_core_without_stream_labels() {
 
 #[test]
 fn the_admin_api_needs_an_admin_token_when_auth_is_on() {
-    let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens");
-    std::fs::write(&tokens, "ops / admin\nwriter / read,append\n").unwrap();
-    let tokens_arg = tokens.display().to_string();
-    let server = Server::start(&["--auth", "required", "--auth-tokens", &tokens_arg]);
+    let (server, _tokens) = common::start_with_tokens("ops / admin\nwriter / read,append\n", &[]);
     let with = |token: &str| format!("Bearer {token}");
 
     // Probes and the page stay open; the data needs the admin grant.

@@ -35,11 +35,8 @@ fn error_code(response: &common::Resp) -> String {
 
 #[test]
 fn the_auth_matrix_and_sighup_reload() {
-    let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens");
-    std::fs::write(&tokens, TOKENS).unwrap();
-    let tokens_arg = tokens.display().to_string();
-    let server = Server::start(&["--auth", "required", "--auth-tokens", &tokens_arg]);
+    let (server, token_file) = common::start_with_tokens(TOKENS, &[]);
+    let tokens = &token_file.path;
 
     // No token, or an unknown one: 401 with the challenge and a JSON error.
     for token in [None, Some("nobody")] {
@@ -92,7 +89,7 @@ fn the_auth_matrix_and_sighup_reload() {
     );
 
     // SIGHUP reloads the file: a new token works, a removed one stops working.
-    std::fs::write(&tokens, "newcomer / read\n").unwrap();
+    std::fs::write(tokens, "newcomer / read\n").unwrap();
     let pid = server.pid().unwrap();
     // SAFETY: kill(2) on the pid of the server this test started.
     unsafe { libc::kill(pid as i32, libc::SIGHUP) };

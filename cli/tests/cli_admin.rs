@@ -304,18 +304,10 @@ fn the_endpoint_comes_from_the_environment_and_profiles_do_not_apply() {
 
 #[test]
 fn with_auth_required_the_admin_token_is_needed() {
-    let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens");
-    std::fs::write(&tokens, "ops-secret / admin\nwriter-secret / read,append\n").unwrap();
-    let tokens_arg = tokens.display().to_string();
-    let server = Server::start(&[
-        "--cores",
-        "1",
-        "--auth",
-        "required",
-        "--auth-tokens",
-        &tokens_arg,
-    ]);
+    let (server, _tokens) = common::start_with_tokens(
+        "ops-secret / admin\nwriter-secret / read,append\n",
+        &["--cores", "1"],
+    );
     let dir = tempfile::tempdir().unwrap();
     let endpoint = format!("http://{}", server.admin);
     let run =

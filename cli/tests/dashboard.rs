@@ -526,18 +526,10 @@ fn serve_frame_request(mut socket: TcpStream, page: &str, hold: Duration) {
 #[test]
 fn with_auth_the_page_takes_the_admin_token_from_the_url() {
     let browser = chromium_or_skip!();
-    let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens");
-    std::fs::write(&tokens, "ops-token / admin\nwriter-token / read,append\n").unwrap();
-    let tokens_arg = tokens.display().to_string();
-    let server = Server::start(&[
-        "--cores",
-        "1",
-        "--auth",
-        "required",
-        "--auth-tokens",
-        &tokens_arg,
-    ]);
+    let (server, _tokens) = common::start_with_tokens(
+        "ops-token / admin\nwriter-token / read,append\n",
+        &["--cores", "1"],
+    );
     let base = format!("http://{}/?interval=200", server.admin);
     let failed = |dom: &str| text(dom, "status").starts_with("error: ");
 

@@ -238,22 +238,10 @@ fn writer_sequences_survive_a_restart() {
 
 #[test]
 fn durable_streams_requests_need_tokens_when_auth_is_required() {
-    let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens");
-    std::fs::write(
-        &tokens,
+    let (server, _tokens) = common::start_with_tokens(
         "reader /v1/stream/ read\nwriter /v1/stream/ read,append\n",
-    )
-    .unwrap();
-    let tokens_arg = tokens.display().to_string();
-    let server = Server::start(&[
-        "--protocol",
-        "ds",
-        "--auth",
-        "required",
-        "--auth-tokens",
-        &tokens_arg,
-    ]);
+        &["--protocol", "ds"],
+    );
     let path = "/v1/stream/guarded";
     let bearer = |token: &str| format!("Bearer {token}");
     let writer = bearer("writer");

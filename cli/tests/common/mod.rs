@@ -163,6 +163,26 @@ impl Drop for Server {
     }
 }
 
+/// A token file for `--auth-tokens` (one `token prefix perms` grant per line); the file lives
+/// as long as this value.
+pub struct TokenFile {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A server with `--auth required` reading `grants` from a token file, plus `extra_args`; the
+/// file too, for tests that rewrite it (SIGHUP reloads it).
+pub fn start_with_tokens(grants: &str, extra_args: &[&str]) -> (Server, TokenFile) {
+    let dir = tempfile::tempdir().expect("create a directory for the token file");
+    let path = dir.path().join("tokens");
+    std::fs::write(&path, grants).expect("write the token file");
+    let path_arg = path.display().to_string();
+    let mut args = vec!["--auth", "required", "--auth-tokens", path_arg.as_str()];
+    args.extend_from_slice(extra_args);
+    let server = Server::start(&args);
+    (server, TokenFile { path, _dir: dir })
+}
+
 /// One request to a Durable Streams listener (`server.second`, or `server.addr` under
 /// `--protocol ds`) on a fresh connection.
 pub fn ds(
