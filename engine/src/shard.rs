@@ -2195,8 +2195,10 @@ impl Shard {
         // acknowledge local writes until the lease is renewed and ownership rechecked.
         let lease_lapsed =
             !self.config.object_acks && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
+        // Only a cluster node that lost a stream has any: one check per round, not per ack.
+        let any_fenced = !self.fenced.borrow().is_empty();
         loop {
-            let fenced = {
+            let fenced = any_fenced && {
                 let pending = self.pending.borrow();
                 pending
                     .front()

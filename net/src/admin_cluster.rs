@@ -87,12 +87,13 @@ pub async fn summary(state: &AdminState, cluster: &Arc<Cluster>) -> Value {
         .collect();
     let view = cluster.view();
     let live_nodes = view.nodes.iter().filter(|n| n.is_live(view.now_ms)).count();
+    let (address, ds_address) = cluster.addresses();
     json!({
         "clusterId": cluster.config.cluster_id,
         "nodeId": cluster.node_id(),
         "nodeEpoch": cluster.config.node_epoch,
-        "advertisedAddress": cluster.addresses().0,
-        "dsAddress": cluster.addresses().1,
+        "advertisedAddress": address,
+        "dsAddress": ds_address,
         "registered": registered(cluster),
         "streamCount": streams,
         "pendingTransfers": transfers,
