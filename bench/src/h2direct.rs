@@ -77,13 +77,13 @@ impl H2Conn {
         })
     }
 
-    /// `POST url` with `body`; the response status once its body is read (and discarded).
+    /// `POST url` with `body`; the response's status and body.
     pub(crate) async fn post(
         &self,
         url: &str,
         content_type: &'static str,
         body: Bytes,
-    ) -> Result<StatusCode, String> {
+    ) -> Result<(StatusCode, Bytes), String> {
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(url)
@@ -113,11 +113,13 @@ impl H2Conn {
             .map_err(|e| format!("response from {url}: {e}"))?;
         let status = response.status();
         let mut body = response.into_body();
+        let mut answer = bytes::BytesMut::new();
         while let Some(chunk) = body.data().await {
             let chunk = chunk.map_err(|e| format!("response body from {url}: {e}"))?;
             let _ = body.flow_control().release_capacity(chunk.len());
+            answer.extend_from_slice(&chunk);
         }
-        Ok(status)
+        Ok((status, answer.freeze()))
     }
 }
 

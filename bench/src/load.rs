@@ -451,51 +451,56 @@ async fn writer(
             }
         }
         let sent = Instant::now();
-        let client = match &transport {
-            Transport::Reqwest(client) => client,
-            Transport::Direct(h2) => {
-                let posted = tokio::time::timeout(
-                    REQUEST_TIMEOUT,
-                    h2.post(&url, shape.content_type, shape.body.clone()),
-                )
-                .await
-                .unwrap_or_else(|_| Err(format!("no answer within {REQUEST_TIMEOUT:?}")));
-                match posted {
-                    Ok(status) if status == shape.ok => {
-                        let micros = sent.elapsed().as_micros() as u64;
-                        shared.record_write(records, bytes, Some(micros));
-                        continue;
-                    }
-                    Ok(status) => {
-                        shared.fail(format!("append to {name}: HTTP {status}"));
-                        break;
-                    }
-                    Err(e) => {
-                        shared.fail(format!("append to {name}: {e}"));
-                        break;
-                    }
-                }
-            }
-        };
-        let resp = client
-            .post(&url)
-            .header(CONTENT_TYPE, shape.content_type)
-            .body(shape.body.clone())
-            .send()
-            .await;
-        match resp {
-            Ok(resp) if resp.status() == shape.ok => {
-                let _ = resp.bytes().await;
+        match transport
+            .append(&url, &shape, &format!("append to {name}"))
+            .await
+        {
+            Ok(()) => {
                 let micros = sent.elapsed().as_micros() as u64;
                 shared.record_write(records, bytes, Some(micros));
             }
-            Ok(resp) => {
-                shared.fail(wire::status_error(&format!("append to {name}"), resp).await);
+            Err(message) => {
+                shared.fail(message);
                 break;
             }
-            Err(e) => {
-                shared.fail(format!("append to {name}: {}", wire::describe(&e)));
-                break;
+        }
+    }
+}
+
+impl Transport {
+    /// One append; `Err` says why it was not acknowledged, starting with `what`.
+    async fn append(&self, url: &str, shape: &AppendShape, what: &str) -> Result<(), String> {
+        match self {
+            Transport::Reqwest(client) => {
+                let resp = client
+                    .post(url)
+                    .header(CONTENT_TYPE, shape.content_type)
+                    .body(shape.body.clone())
+                    .send()
+                    .await
+                    .map_err(|e| format!("{what}: {}", wire::describe(&e)))?;
+                if resp.status() != shape.ok {
+                    return Err(wire::status_error(what, resp).await);
+                }
+                let _ = resp.bytes().await;
+                Ok(())
+            }
+            Transport::Direct(h2) => {
+                let posted = tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    h2.post(url, shape.content_type, shape.body.clone()),
+                )
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {REQUEST_TIMEOUT:?}")))
+                .map_err(|e| format!("{what}: {e}"))?;
+                match posted {
+                    (status, _) if status == shape.ok => Ok(()),
+                    (status, body) => Err(wire::error_message(
+                        what,
+                        status.as_u16(),
+                        &String::from_utf8_lossy(&body),
+                    )),
+                }
             }
         }
     }

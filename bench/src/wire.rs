@@ -281,7 +281,12 @@ pub(crate) fn describe(e: &reqwest::Error) -> String {
 pub(crate) async fn status_error(what: &str, resp: reqwest::Response) -> String {
     let status = resp.status();
     let body = resp.text().await.unwrap_or_default();
-    let detail = serde_json::from_str::<serde_json::Value>(&body)
+    error_message(what, status.as_u16(), &body)
+}
+
+/// [`status_error`] for a status and body already read.
+pub(crate) fn error_message(what: &str, status: u16, body: &str) -> String {
+    let detail = serde_json::from_str::<serde_json::Value>(body)
         .ok()
         .map(|v| {
             let error = v.get("error").and_then(|e| e.as_str()).unwrap_or("");
