@@ -4,7 +4,9 @@
 //! record of its `i`-th append has offset `i`; the instant just before each append is sent
 //! is kept by offset. One reader follows the stream live (SSE, or long-poll with
 //! `format=binary`); when a record arrives, now − its send instant goes into the delivery
-//! histogram.
+//! histogram. A second histogram takes delivery − acknowledgement (the instant the writer has
+//! the append's `200`), 0 when the reader had the record first: that is the delivery path
+//! alone, without the append's round trip and `fdatasync`.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,8 +23,43 @@ use crate::{Connection, Protocol};
 /// Time between two appends of the live writer.
 pub(crate) const APPEND_EVERY: Duration = Duration::from_millis(10);
 
-/// Send instants by record offset.
-type SendTimes = Arc<Mutex<Vec<Instant>>>;
+/// What happened to each record, by offset.
+#[derive(Default)]
+struct Timeline {
+    sent: Vec<Instant>,
+    acked: Vec<Option<Instant>>,
+    delivered: Vec<Option<Instant>>,
+}
+
+impl Timeline {
+    fn send(&mut self) -> Instant {
+        let now = Instant::now();
+        self.sent.push(now);
+        self.acked.push(None);
+        self.delivered.push(None);
+        now
+    }
+
+    /// Notes the acknowledgement (or, with `delivered`, the delivery) of `seq`; once both the acknowledgement and the delivery are
+    /// known, returns delivery − acknowledgement in µs (0 when delivered first).
+    fn note(&mut self, seq: u64, at: Instant, delivered: bool) -> Option<u64> {
+        let i = seq as usize;
+        let (mine, other) = if delivered {
+            (self.delivered.get_mut(i)?, self.acked.get(i)?)
+        } else {
+            (self.acked.get_mut(i)?, self.delivered.get(i)?)
+        };
+        *mine = Some(at);
+        let (acked, delivered) = if delivered {
+            ((*other)?, at)
+        } else {
+            (at, (*other)?)
+        };
+        Some(delivered.saturating_duration_since(acked).as_micros() as u64)
+    }
+}
+
+type SendTimes = Arc<Mutex<Timeline>>;
 
 pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, String> {
     let base = conn.base()?;
@@ -36,7 +73,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
         eprintln!("{}", report::created_line(1, Protocol::Pico));
     }
     let shared = Shared::new();
-    let times: SendTimes = Arc::new(Mutex::new(Vec::new()));
+    let times: SendTimes = Arc::new(Mutex::new(Timeline::default()));
     let url = format!("{base}{name}");
     let reader = tokio::spawn(read_live(
         shared.clone(),
@@ -82,6 +119,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
             mode: args.live_mode.name(),
             records: window.live_latency.count,
             latency: window.live_latency,
+            after_ack: window.after_ack_latency,
         }),
     })
 }
@@ -107,12 +145,7 @@ async fn write_every(
         if shared.stopped() {
             return;
         }
-        let sent = {
-            let mut times = times.lock().unwrap_or_else(|e| e.into_inner());
-            let sent = Instant::now();
-            times.push(sent);
-            sent
-        };
+        let sent = times.lock().unwrap_or_else(|e| e.into_inner()).send();
         let resp = client
             .post(&url)
             .header(CONTENT_TYPE, BATCH_CONTENT_TYPE)
@@ -127,12 +160,20 @@ async fn write_every(
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u64>().ok());
                 let _ = resp.bytes().await;
-                let micros = sent.elapsed().as_micros() as u64;
+                let acked = Instant::now();
+                let micros = acked.duration_since(sent).as_micros() as u64;
                 if start != Some(expected) {
                     shared.fail(format!(
                         "append to {name}: landed at offset {start:?}, expected {expected} (another writer on the stream?)"
                     ));
                     return;
+                }
+                let after_ack = times
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .note(expected, acked, false);
+                if let Some(after_ack) = after_ack {
+                    shared.record_after_ack(after_ack);
                 }
                 expected += 1;
                 shared.record_write(1, record_size as u64, Some(micros));
@@ -151,11 +192,14 @@ async fn write_every(
 
 /// Records the delivery of `seqs` observed at `now`.
 fn delivered(shared: &Shared, times: &SendTimes, seqs: &[u64], now: Instant, record_size: u64) {
-    let times = times.lock().unwrap_or_else(|e| e.into_inner());
+    let mut times = times.lock().unwrap_or_else(|e| e.into_inner());
     for &seq in seqs {
-        if let Some(sent) = times.get(seq as usize) {
+        if let Some(sent) = times.sent.get(seq as usize) {
             let micros = now.saturating_duration_since(*sent).as_micros() as u64;
             shared.record_live(micros);
+        }
+        if let Some(after_ack) = times.note(seq, now, true) {
+            shared.record_after_ack(after_ack);
         }
     }
     drop(times);
@@ -281,5 +325,26 @@ async fn follow_long_poll(
         if let Some(n) = next_header {
             next = n;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_ack_latency_needs_both_instants_and_is_zero_when_delivered_first() {
+        let mut timeline = Timeline::default();
+        let sent = timeline.send();
+        timeline.send();
+        let ms = Duration::from_millis;
+        // Acknowledged, then delivered 2 ms later.
+        assert_eq!(timeline.note(0, sent + ms(1), false), None);
+        assert_eq!(timeline.note(0, sent + ms(3), true), Some(2000));
+        // Delivered before the writer saw the acknowledgement.
+        assert_eq!(timeline.note(1, sent + ms(5), true), None);
+        assert_eq!(timeline.note(1, sent + ms(6), false), Some(0));
+        // A record never sent (another writer's) is ignored.
+        assert_eq!(timeline.note(7, sent, true), None);
     }
 }

@@ -34,8 +34,11 @@ pub(crate) struct Shared {
     read_bytes: AtomicU64,
     /// Append latency (µs): per request, per record in producer mode.
     pub(crate) hist: Mutex<Histogram<u64>>,
-    /// Append-to-delivery latency (µs) of `--live-latency`.
+    /// Send-to-delivery latency (µs) of `--live-latency`.
     pub(crate) live_hist: Mutex<Histogram<u64>>,
+    /// Acknowledgement-to-delivery latency (µs) of `--live-latency` (0 when the reader had the
+    /// record before the writer had its acknowledgement).
+    pub(crate) after_ack_hist: Mutex<Histogram<u64>>,
 }
 
 /// Counters at one instant.
@@ -69,6 +72,7 @@ impl Shared {
             read_bytes: AtomicU64::new(0),
             hist: Mutex::new(report::new_histogram()),
             live_hist: Mutex::new(report::new_histogram()),
+            after_ack_hist: Mutex::new(report::new_histogram()),
         })
     }
 
@@ -120,6 +124,16 @@ impl Shared {
         );
     }
 
+    pub(crate) fn record_after_ack(&self, micros: u64) {
+        report::record_us(
+            &mut self
+                .after_ack_hist
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+            micros,
+        );
+    }
+
     fn counters(&self) -> Counters {
         Counters {
             write: Throughput {
@@ -143,15 +157,12 @@ impl Shared {
         ] {
             c.store(0, Ordering::Relaxed);
         }
-        self.hist.lock().unwrap_or_else(|e| e.into_inner()).reset();
-        self.live_hist
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .reset();
+        for hist in [&self.hist, &self.live_hist, &self.after_ack_hist] {
+            hist.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        }
     }
 
-    fn latency(&self, live: bool) -> Latency {
-        let hist = if live { &self.live_hist } else { &self.hist };
+    fn latency(&self, hist: &Mutex<Histogram<u64>>) -> Latency {
         Latency::of(&hist.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
@@ -162,6 +173,7 @@ pub(crate) struct Window {
     pub counters: Counters,
     pub append_latency: Latency,
     pub live_latency: Latency,
+    pub after_ack_latency: Latency,
 }
 
 /// Runs warmup (then resets), prints progress lines, and stops everything at the end of the
@@ -202,7 +214,11 @@ pub(crate) async fn clock(shared: &Shared, args: &BenchArgs, live: bool) -> Wind
                             delta.write,
                             delta.read,
                             secs,
-                            &shared.latency(live),
+                            &shared.latency(if live {
+                                &shared.live_hist
+                            } else {
+                                &shared.hist
+                            }),
                         )
                     );
                 }
@@ -218,8 +234,9 @@ pub(crate) async fn clock(shared: &Shared, args: &BenchArgs, live: bool) -> Wind
     let window = Window {
         elapsed_sec: start.elapsed().as_secs_f64(),
         counters: shared.counters(),
-        append_latency: shared.latency(false),
-        live_latency: shared.latency(true),
+        append_latency: shared.latency(&shared.hist),
+        live_latency: shared.latency(&shared.live_hist),
+        after_ack_latency: shared.latency(&shared.after_ack_hist),
     };
     shared.stop();
     window

@@ -98,15 +98,19 @@ fn per_sec(amount: f64, secs: f64) -> f64 {
     }
 }
 
-/// Result of `--live-latency`: time from just before an append is sent to the moment its
-/// record reaches a live reader.
+/// Result of `--live-latency`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LiveSummary {
     /// `sse` or `long-poll`.
     pub mode: &'static str,
     /// Records delivered in the measured window.
     pub records: u64,
+    /// From just before the append is sent to the moment its record reaches the reader: the
+    /// append's own round trip and `fdatasync` included.
     pub latency: Latency,
+    /// From the moment the writer has the append's acknowledgement to the moment the reader
+    /// has the record; 0 when the reader had it first.
+    pub after_ack: Latency,
 }
 
 /// What a bench run measured; print it with [`Summary::print_text`] or [`Summary::to_json`].
@@ -146,6 +150,11 @@ impl Summary {
                 live.mode,
                 live.latency.text(),
                 live.records
+            ));
+            lines.push(format!(
+                "Acknowledged to delivered ({}): {}",
+                live.mode,
+                live.after_ack.text()
             ));
         }
         lines
@@ -196,10 +205,12 @@ impl Summary {
         );
         if let Some(live) = &self.live {
             let l = &live.latency;
+            let a = &live.after_ack;
             json.push_str(&format!(
                 concat!(
                     ",\"live\":{{\"mode\":\"{}\",\"records\":{},\"p50_ms\":{},\"p90_ms\":{},",
-                    "\"p99_ms\":{},\"p999_ms\":{},\"max_ms\":{}}}"
+                    "\"p99_ms\":{},\"p999_ms\":{},\"max_ms\":{},\"after_ack\":{{\"p50_ms\":{},",
+                    "\"p90_ms\":{},\"p99_ms\":{},\"p999_ms\":{},\"max_ms\":{}}}}}"
                 ),
                 live.mode,
                 live.records,
@@ -208,6 +219,11 @@ impl Summary {
                 num(l.p99_ms),
                 num(l.p999_ms),
                 num(l.max_ms),
+                num(a.p50_ms),
+                num(a.p90_ms),
+                num(a.p99_ms),
+                num(a.p999_ms),
+                num(a.max_ms),
             ));
         }
         json.push('}');
@@ -449,6 +465,10 @@ mod tests {
                     p50_ms: 1.5,
                     ..Latency::default()
                 },
+                after_ack: Latency {
+                    p99_ms: 0.25,
+                    ..Latency::default()
+                },
             }),
             ..summary
         };
@@ -456,7 +476,9 @@ mod tests {
         assert_eq!(value["read"]["records"], 0);
         assert_eq!(value["live"]["mode"], "sse");
         assert_eq!(value["live"]["p50_ms"], 1.5);
+        assert_eq!(value["live"]["after_ack"]["p99_ms"], 0.25);
         assert!(live.text_lines()[2].starts_with("Live latency (sse): p50 1.50ms"));
+        assert!(live.text_lines()[3].starts_with("Acknowledged to delivered (sse): p50 0.00ms"));
     }
 
     #[test]
