@@ -35,7 +35,8 @@ try:
     r = json.loads(raw)
     w, rd = r["write"], r["read"]
     live = r.get("live") or {}
-    extra = f" live p99 {live['p99_ms']:.2f} ms" if live else ""
+    extra = (f" live p99 {live['after_ack']['p99_ms']:.2f} ms acknowledged → delivered,"
+             f" {live['p99_ms']:.2f} ms send → delivered") if live else ""
     print(f"| {name} | {w['records_per_sec']:,.0f} | {w['mib_per_sec']:.1f} | {w['p50_ms']:.2f} | {w['p99_ms']:.2f} | {rd['mib_per_sec']:.1f} |{extra}")
 except Exception as e:  # a failed case still gets its row
     print(f"| {name} | failed: {e} | | | | |")

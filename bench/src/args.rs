@@ -118,7 +118,7 @@ pub struct BenchArgs {
     #[argh(option, arg_name = "format", default = "Output::Text")]
     pub output: Output,
 
-    /// measure append-to-delivery latency instead (Pico only): one writer appends a record every 10 ms, one live reader follows the stream [env: PICO_LIVE_LATENCY]
+    /// measure append-to-delivery latency instead (Pico only): one writer appends a record every 10 ms, one live reader follows the stream; reports send-to-delivered and acknowledged-to-delivered [env: PICO_LIVE_LATENCY]
     #[argh(switch)]
     pub live_latency: bool,
 

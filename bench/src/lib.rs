@@ -7,8 +7,9 @@
 //! summary ([`Summary::print_text`] or [`Summary::to_json`] on stdout).
 //!
 //! `--live-latency` runs a different measurement: one writer appends a record every 10 ms
-//! and one live reader (SSE or long-poll) follows the stream; the latency is the time from
-//! just before an append is sent to the moment its record reaches the reader.
+//! and one live reader (SSE or long-poll) follows the stream; it reports the time from just
+//! before an append is sent to the moment its record reaches the reader, and the time from
+//! the writer having the append's acknowledgement to that moment (0 when the reader was first).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), String> {

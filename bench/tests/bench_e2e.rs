@@ -305,8 +305,12 @@ async fn live_latency_sse_and_long_poll() {
         assert!(live.records >= 10, "{summary:?}");
         assert!(live.latency.p50_ms > 0.0, "{summary:?}");
         assert!(live.latency.max_ms < 10_000.0, "{summary:?}");
+        // Measured from the acknowledgement, delivery can only be sooner than from the send.
+        assert!(live.after_ack.count >= 10, "{summary:?}");
+        assert!(live.after_ack.p50_ms <= live.latency.p50_ms, "{summary:?}");
         let json: serde_json::Value = serde_json::from_str(&summary.to_json()).unwrap();
         assert_eq!(json["live"]["mode"], mode.name());
+        assert!(json["live"]["after_ack"]["p99_ms"].is_number());
     }
     assert!(server.bench_streams().await.is_empty());
 }
