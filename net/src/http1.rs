@@ -238,7 +238,7 @@ pub async fn serve_connection<S, H, F>(
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + 'static,
+    S: crate::socket::Socket,
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {

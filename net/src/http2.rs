@@ -1,5 +1,6 @@
 //! HTTP/2 on a connection that opened with the h2 preface (cleartext, prior knowledge), served
-//! by `h2` over the glommio socket (`tokio-util`'s compat layer bridges the I/O traits).
+//! by `h2` over the glommio socket ([`TokioIo`] bridges the I/O traits, vectored writes
+//! included).
 //!
 //! Each request runs in its own task; the connection task keeps polling `accept`, which drives
 //! the socket for all of them. Request bodies are collected with flow control released as the
@@ -15,10 +16,10 @@ use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::http1::{Request, Response};
 use crate::shutdown::CoreShutdown;
+use crate::socket::{Socket, TokioIo};
 
 /// The client connection preface that starts every HTTP/2 connection.
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -67,12 +68,26 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_close(cx)
+    }
+}
+
+impl<S: Socket> Socket for Prefixed<S> {
+    fn vectored(&self) -> bool {
+        self.inner.vectored()
     }
 }
 
@@ -84,7 +99,7 @@ pub async fn serve_connection<S, H, F>(
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + 'static,
+    S: Socket,
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
@@ -93,7 +108,7 @@ pub async fn serve_connection<S, H, F>(
         .initial_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_header_list_size(HEADER_LIST_BYTES_MAX)
-        .handshake::<_, Bytes>(stream.compat());
+        .handshake::<_, Bytes>(TokioIo::new(stream));
     let mut connection = match handshake.await {
         Ok(connection) => connection,
         Err(e) => {

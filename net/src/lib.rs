@@ -16,6 +16,7 @@ pub mod pico;
 pub mod routing;
 pub mod server;
 pub mod shutdown;
+pub mod socket;
 pub mod sse;
 pub mod time;
 pub mod tls;

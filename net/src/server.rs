@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use glommio::net::TcpListener;
 use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::socket::PlainTcp;
 use pico_engine::ClusterConfig;
 use pico_engine::{CoreHandle, CoreSeed, EngineConfig};
 
@@ -666,6 +668,7 @@ async fn accept_loop<H, F>(
             metrics.connections.fetch_add(1, Ordering::Relaxed);
             match tls {
                 None => {
+                    let stream = PlainTcp::new(stream);
                     http1::serve_connection(stream, max_body_size, handler, on_error, stop).await
                 }
                 Some(acceptor) => {

@@ -1,0 +1,170 @@
+//! The byte streams connections run on (plain TCP, or TLS over it), and the bridge from them
+//! to the tokio I/O traits that `h2` drives.
+//!
+//! Plain TCP takes vectored writes (`sendmsg` with several buffers): `h2` then sends a DATA
+//! frame's 9-byte header and its payload in one system call and one TCP segment, instead of
+//! copying the payload's first KiB behind the header and writing twice. That halves the
+//! segments a large response is cut into, which the reader pays for as much as the server.
+
+use std::io::{self, IoSlice};
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_lite::{AsyncRead, AsyncWrite};
+use glommio::net::TcpStream;
+
+/// At most this many buffers go into one `sendmsg` (well under `IOV_MAX`).
+const IOVECS_PER_SEND_MAX: usize = 64;
+
+/// A connection's byte stream.
+pub trait Socket: AsyncRead + AsyncWrite + Unpin + 'static {
+    /// Whether `poll_write_vectored` sends several buffers in one call (otherwise it writes
+    /// only the first, and callers do better copying small pieces together themselves).
+    fn vectored(&self) -> bool {
+        false
+    }
+}
+
+impl Socket for futures_rustls::server::TlsStream<TcpStream> {}
+
+/// An accepted plain TCP connection.
+pub struct PlainTcp(TcpStream);
+
+impl PlainTcp {
+    pub fn new(stream: TcpStream) -> PlainTcp {
+        PlainTcp(stream)
+    }
+}
+
+impl Socket for PlainTcp {
+    fn vectored(&self) -> bool {
+        true
+    }
+}
+
+impl AsyncRead for PlainTcp {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PlainTcp {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let count = bufs.len().min(IOVECS_PER_SEND_MAX);
+        if count > 1 {
+            // SAFETY: an all-zero msghdr is valid (no address, no control data).
+            let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+            // `IoSlice` is ABI-compatible with `iovec` on Unix; sendmsg only reads them.
+            message.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+            message.msg_iovlen = count as _;
+            loop {
+                // SAFETY: `message` points at `count` live buffers borrowed for this call.
+                let sent = unsafe {
+                    libc::sendmsg(
+                        self.0.as_raw_fd(),
+                        &message,
+                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                    )
+                };
+                if sent >= 0 {
+                    return Poll::Ready(Ok(sent as usize));
+                }
+                let error = io::Error::last_os_error();
+                match error.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    // A full socket: glommio's own write path waits for room (and may find
+                    // it already, writing the first buffer).
+                    io::ErrorKind::WouldBlock => break,
+                    _ => return Poll::Ready(Err(error)),
+                }
+            }
+        }
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &**b);
+        Pin::new(&mut self.0).poll_write(cx, first)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_close(cx)
+    }
+}
+
+/// A [`Socket`] seen through tokio's I/O traits (what `h2` is written against), passing
+/// vectored writes through when the socket takes them.
+pub struct TokioIo<S> {
+    inner: S,
+    vectored: bool,
+}
+
+impl<S: Socket> TokioIo<S> {
+    pub fn new(inner: S) -> TokioIo<S> {
+        let vectored = inner.vectored();
+        TokioIo { inner, vectored }
+    }
+}
+
+impl<S: Socket> tokio::io::AsyncRead for TokioIo<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let unfilled = buf.initialize_unfilled();
+        let read = std::task::ready!(Pin::new(&mut self.inner).poll_read(cx, unfilled))?;
+        buf.advance(read);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: Socket> tokio::io::AsyncWrite for TokioIo<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.vectored
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_close(cx)
+    }
+}
