@@ -6,6 +6,7 @@
 //! the rest of the body was discarded, bounded, since it cannot be parsed as a next request).
 
 use std::future::Future;
+use std::io::IoSlice;
 use std::rc::Rc;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -631,11 +632,24 @@ async fn write_response<S: AsyncWrite + Unpin>(
         }
         stream.write_all(&all).await?;
     } else {
-        stream.write_all(head.as_bytes()).await?;
-        if send_body {
-            for buffer in response.take_body_buffers() {
-                stream.write_all(&buffer).await?;
+        let body = if send_body {
+            response.take_body_buffers()
+        } else {
+            Vec::new()
+        };
+        // The head and the body's buffers as they are: one `sendmsg` for as many as the
+        // socket takes (plain TCP), or one buffer per write (TLS).
+        let mut slices: Vec<IoSlice<'_>> = std::iter::once(head.as_bytes())
+            .chain(body.iter().map(|b| &b[..]))
+            .map(IoSlice::new)
+            .collect();
+        let mut pending = &mut slices[..];
+        while !pending.is_empty() {
+            let written = stream.write_vectored(pending).await?;
+            if written == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
             }
+            IoSlice::advance_slices(&mut pending, written);
         }
     }
     stream.flush().await
