@@ -1305,3 +1305,44 @@ fn pipelining_chunked_and_expect_continue() {
     assert_eq!(r.body, b"first");
     assert!(conn.at_eof());
 }
+
+#[test]
+fn large_reads_on_one_keep_alive_connection_arrive_intact() {
+    // A response of many record buffers goes out in vectored writes that the socket takes in
+    // pieces; the bytes, and the next response on the same connection, must come out whole.
+    let s = Server::start(&["--cores", "1", "--max-body-size", "2097152"]);
+    let mut conn = s.connect();
+    assert_eq!(on(&mut conn, "PUT", "/big-h1", &[], b"").status, 201);
+    let records: Vec<Vec<u8>> = (0..6u32)
+        .map(|r| {
+            (0..700_000 + 4099 * r)
+                .map(|i| (i.wrapping_mul(11 + 2 * r) % 241) as u8)
+                .collect()
+        })
+        .collect();
+    for record in &records {
+        let r = on(
+            &mut conn,
+            "POST",
+            "/big-h1",
+            &[("content-type", "application/octet-stream")],
+            record,
+        );
+        assert_eq!(r.status, 200, "{}", r.describe());
+    }
+    for start in [0usize, 2, 0] {
+        let r = on(
+            &mut conn,
+            "GET",
+            &format!("/big-h1?format=raw&seq={start}&bytes=8388608"),
+            &[],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.describe());
+        let next: usize = r.h("pico-next-seq").parse().unwrap();
+        assert!(next > start + 1, "several records in one response: {next}");
+        let expected = records[start..next].concat();
+        assert_eq!(r.body.len(), expected.len());
+        assert!(r.body == expected, "bytes differ from seq {start}");
+    }
+}
