@@ -13,22 +13,32 @@ cargo build --release -p pico-cli -p pico-bench --example fsync_probe >/dev/null
 run_case() { # name, pico global flags, bench flags...
   local name=$1 globals=$2
   shift 2
-  local work port server
+  local work port server json problem=""
   work=$(mktemp -d /tmp/pico-suite.XXXXXX)
-  port=$((20000 + RANDOM % 20000))
+  # Below the kernel's ephemeral range (32768+), where the previous case's client sockets live.
+  port=$((20000 + RANDOM % 12000))
   target/release/pico serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
     --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
     >"$work/server.out" 2>"$work/server.log" &
   server=$!
-  for _ in $(seq 1 100); do grep -q "serving on" "$work/server.out" 2>/dev/null && break; sleep 0.1; done
-  # shellcheck disable=SC2086
-  local json
-  json=$(target/release/pico --endpoint "http://127.0.0.1:$port" $globals bench "$@" -d "$duration" \
-    --interval 0 --output json 2>/dev/null || echo '{}')
+  for _ in $(seq 1 100); do
+    grep -q "serving on" "$work/server.out" 2>/dev/null && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$server" 2>/dev/null; then
+    # shellcheck disable=SC2086
+    json=$(target/release/pico --endpoint "http://127.0.0.1:$port" $globals bench "$@" -d "$duration" \
+      --interval 0 --output json 2>"$work/bench.err" || echo '{}')
+    problem=$(tail -n 1 "$work/bench.err")
+  else
+    json='{}'
+    problem="server did not start: $(tail -n 1 "$work/server.log")"
+  fi
   kill "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true
   rm -rf "$work"
-  python3 - "$name" "$json" <<'PY'
+  PROBLEM=$problem python3 - "$name" "$json" <<'PY'
 import json, sys
 name, raw = sys.argv[1], sys.argv[2]
 try:
@@ -38,8 +48,10 @@ try:
     extra = (f" live p99 {live['after_ack']['p99_ms']:.2f} ms acknowledged → delivered,"
              f" {live['p99_ms']:.2f} ms send → delivered") if live else ""
     print(f"| {name} | {w['records_per_sec']:,.0f} | {w['mib_per_sec']:.1f} | {w['p50_ms']:.2f} | {w['p99_ms']:.2f} | {rd['mib_per_sec']:.1f} |{extra}")
-except Exception as e:  # a failed case still gets its row
-    print(f"| {name} | failed: {e} | | | | |")
+except Exception as e:  # a failed case still gets its row, with what went wrong
+    import os
+    why = os.environ.get("PROBLEM") or repr(e)
+    print(f"| {name} | failed: {why} | | | | |")
 PY
 }
 
