@@ -34,6 +34,39 @@ fn config_sized(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) 
     }
 }
 
+/// Creates an open, empty text stream.
+fn create_text() -> Op {
+    Op::Create {
+        config: StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_sec: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        records: Vec::new(),
+        fork: None,
+    }
+}
+
+/// Appends `body` as one record (none: a bare close), closing the stream with `close`.
+fn append(body: Option<Bytes>, close: bool) -> Op {
+    let records = body
+        .into_iter()
+        .map(|body| RecordInput {
+            headers: Vec::new(),
+            body,
+        })
+        .collect();
+    Op::Append(AppendRequest {
+        records,
+        close,
+        match_offset: None,
+        producer: None,
+        content_type: None,
+        writer_seq: None,
+    })
+}
+
 fn body(i: u64) -> Bytes {
     Bytes::from(format!("record-{i:06}-{}", "x".repeat((i % 97) as usize)))
 }
@@ -98,57 +131,14 @@ fn segments_survive_sealing_eviction_and_restart() {
     let path = dir.path().to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
-        let config = StreamConfig {
-            content_type: "text/plain".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-        };
         for name in ["/a", "/b"] {
-            core.call(
-                name,
-                Op::Create {
-                    config: config.clone(),
-                    closed: false,
-                    records: Vec::new(),
-                    fork: None,
-                },
-            )
-            .await
-            .unwrap();
+            core.call(name, create_text()).await.unwrap();
         }
         for i in 0..RECORDS {
             let name = if i % 3 == 0 { "/b" } else { "/a" };
-            let records = vec![RecordInput {
-                headers: Vec::new(),
-                body: body(i),
-            }];
-            core.call(
-                name,
-                Op::Append(AppendRequest {
-                    records,
-                    close: false,
-                    match_offset: None,
-                    producer: None,
-                    content_type: None,
-                    writer_seq: None,
-                }),
-            )
-            .await
-            .unwrap();
+            core.call(name, append(Some(body(i)), false)).await.unwrap();
         }
-        core.call(
-            "/b",
-            Op::Append(AppendRequest {
-                records: Vec::new(),
-                close: true,
-                match_offset: None,
-                producer: None,
-                content_type: None,
-                writer_seq: None,
-            }),
-        )
-        .await
-        .unwrap();
+        core.call("/b", append(None, true)).await.unwrap();
         // Let the age-based seal upload the last segment too.
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
         tx.send((read_all(&core, "/a").await, read_all(&core, "/b").await))
@@ -171,24 +161,8 @@ fn segments_survive_sealing_eviction_and_restart() {
         let Reply::Head(info) = core.call("/b", Op::Head).await.unwrap() else {
             panic!()
         };
-        let records = vec![RecordInput {
-            headers: Vec::new(),
-            body: Bytes::from_static(b"late"),
-        }];
-        let after = core
-            .call(
-                "/a",
-                Op::Append(AppendRequest {
-                    records,
-                    close: false,
-                    match_offset: None,
-                    producer: None,
-                    content_type: None,
-                    writer_seq: None,
-                }),
-            )
-            .await
-            .unwrap();
+        let late = append(Some(Bytes::from_static(b"late")), false);
+        let after = core.call("/a", late).await.unwrap();
         tx.send((cold, info.closed, after)).unwrap();
     });
     let ((cold_a, cold_b), closed, after) = rx.recv().unwrap();
@@ -219,36 +193,11 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
         ..config_sized(&path, 4 * 1024 * 1024, 128 * 1024 * 1024)
     };
     run_with(sealed_by_size, &path, |core| async move {
-        let config = StreamConfig {
-            content_type: "text/plain".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-        };
-        core.call(
-            "/big",
-            Op::Create {
-                config,
-                closed: false,
-                records: Vec::new(),
-                fork: None,
-            },
-        )
-        .await
-        .unwrap();
+        core.call("/big", create_text()).await.unwrap();
         for i in 0..COUNT {
-            let records = vec![RecordInput {
-                headers: Vec::new(),
-                body: record(i),
-            }];
-            let op = Op::Append(AppendRequest {
-                records,
-                close: false,
-                match_offset: None,
-                producer: None,
-                content_type: None,
-                writer_seq: None,
-            });
-            core.call("/big", op).await.unwrap();
+            core.call("/big", append(Some(record(i)), false))
+                .await
+                .unwrap();
         }
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
     });
