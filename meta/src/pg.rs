@@ -33,6 +33,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::FromSqlOwned;
 use postgres::types::ToSql;
 use postgres::Client;
 use postgres::NoTls;
@@ -348,6 +349,19 @@ fn failed(doing: &str) -> impl Fn(postgres::Error) -> String + '_ {
 /// Wraps a client error with what we were doing, for [`MetaError::Storage`].
 fn storage(doing: &str) -> impl Fn(postgres::Error) -> MetaError + '_ {
     move |error| MetaError::Storage(format!("{doing}: {}", describe(&error)))
+}
+
+/// Rows of three columns as tuples (a column of another type is a storage error).
+fn triples<A, B, C>(rows: &[Row], doing: &str) -> Result<Vec<(A, B, C)>, MetaError>
+where
+    A: FromSqlOwned,
+    B: FromSqlOwned,
+    C: FromSqlOwned,
+{
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+        .collect::<Result<_, postgres::Error>>()
+        .map_err(storage(doing))
 }
 
 fn stream_columns(row: &Row) -> Result<StreamColumns, postgres::Error> {
@@ -769,10 +783,7 @@ impl ClusterSql for Postgres {
             &[],
             "list pending transfers",
         )?;
-        rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-            .collect::<Result<_, postgres::Error>>()
-            .map_err(storage("list pending transfers"))
+        triples(&rows, "list pending transfers")
     }
 
     fn owned_by(
@@ -795,10 +806,7 @@ impl ClusterSql for Postgres {
                 "list owned streams",
             )?
         };
-        rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-            .collect::<Result<_, postgres::Error>>()
-            .map_err(storage("list owned streams"))
+        triples(&rows, "list owned streams")
     }
 
     fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError> {
@@ -812,10 +820,7 @@ impl ClusterSql for Postgres {
             &[&ids],
             "check stream owners",
         )?;
-        rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-            .collect::<Result<_, postgres::Error>>()
-            .map_err(storage("check stream owners"))
+        triples(&rows, "check stream owners")
     }
 
     fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError> {
