@@ -40,21 +40,17 @@ impl Timeline {
         now
     }
 
-    /// Notes the acknowledgement (or, with `delivered`, the delivery) of `seq`; once both the acknowledgement and the delivery are
+    /// Notes the acknowledgement (or, with `delivered`, the delivery) of `seq`; once both are
     /// known, returns delivery − acknowledgement in µs (0 when delivered first).
     fn note(&mut self, seq: u64, at: Instant, delivered: bool) -> Option<u64> {
         let i = seq as usize;
-        let (mine, other) = if delivered {
-            (self.delivered.get_mut(i)?, self.acked.get(i)?)
+        let slot = if delivered {
+            self.delivered.get_mut(i)?
         } else {
-            (self.acked.get_mut(i)?, self.delivered.get(i)?)
+            self.acked.get_mut(i)?
         };
-        *mine = Some(at);
-        let (acked, delivered) = if delivered {
-            ((*other)?, at)
-        } else {
-            (at, (*other)?)
-        };
+        *slot = Some(at);
+        let (acked, delivered) = (self.acked[i]?, self.delivered[i]?);
         Some(delivered.saturating_duration_since(acked).as_micros() as u64)
     }
 }
