@@ -116,13 +116,11 @@ impl AsyncWrite for PlainTcp {
 /// vectored writes through when the socket takes them.
 pub struct TokioIo<S> {
     inner: S,
-    vectored: bool,
 }
 
 impl<S: Socket> TokioIo<S> {
     pub fn new(inner: S) -> TokioIo<S> {
-        let vectored = inner.vectored();
-        TokioIo { inner, vectored }
+        TokioIo { inner }
     }
 }
 
@@ -157,7 +155,7 @@ impl<S: Socket> tokio::io::AsyncWrite for TokioIo<S> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.vectored
+        self.inner.vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
