@@ -14,6 +14,8 @@ pub fn run(args: &ServeArgs, protocol: Protocol) -> Result<(), Failure> {
     for warning in ignored_flag_warnings(args) {
         log::warn!("{warning}");
     }
+    // A panic outside a connection ends the node rather than leaving a dead core serving.
+    pico_net::panics::install_hook();
     pico_net::run(config).map_err(Failure::Fatal)
 }
 

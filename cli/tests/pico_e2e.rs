@@ -1086,7 +1086,7 @@ fn request_errors() {
         &json_batch,
         b"{\"records\":[{\"body_b64\":\"***\"}]}",
     );
-    error_message(&r, 400, "bad_request", "invalid body_b64");
+    error_message(&r, 400, "bad_request", "record 0: invalid body_b64");
 
     let binary = [("content-type", "application/vnd.picomq.batch")];
     let good = encode_binary_batch(&[

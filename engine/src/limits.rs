@@ -21,6 +21,13 @@ pub const RECORDS_PER_READ_MAX: usize = 100_000;
 pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// `Retry-After` sent with `429`.
 pub const OVERLOADED_RETRY_AFTER_SEC: u64 = 1;
+/// Forks in a chain from a stream that is no fork to the newest fork of forks (1: a fork of a
+/// plain stream). A fork of a stream at this depth is refused with `400`. Reads walk the chain
+/// in a loop, so deeper chains made before the limit existed are still served.
+pub const FORK_DEPTH_MAX: u32 = 64;
+/// Longest TTL a stream may have (100 years); a larger `Pico-TTL` / `Stream-TTL` is `400`.
+/// Keeps every deadline in range of millisecond arithmetic on `i64`.
+pub const TTL_SEC_MAX: u64 = 100 * 365 * 24 * 3600;
 /// Streams returned by one listing call.
 pub const LIST_LIMIT_MAX: usize = 10_000;
 /// Default streams per listing call.

@@ -405,6 +405,40 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
     }
 }
 
+/// Each fork's depth (see [`crate::state::ForkOrigin::depth`]), by id. Walks every chain in a
+/// loop, remembering depths already known, so a long chain costs no stack and each stream is
+/// visited about once; a source missing from the snapshot ends its chain.
+fn fork_depths(snapshot: &Snapshot) -> HashMap<u64, u32> {
+    let source_of: HashMap<u64, u64> = snapshot
+        .streams
+        .iter()
+        .filter_map(|row| row.fork.as_ref().map(|f| (row.id, f.source_id)))
+        .collect();
+    let mut depths: HashMap<u64, u32> = HashMap::new();
+    for &start in source_of.keys() {
+        let mut chain = Vec::new();
+        let mut at = start;
+        // Ids only point at older streams, so chains end; the count bounds a damaged catalog.
+        let mut base = loop {
+            if let Some(&known) = depths.get(&at) {
+                break known;
+            }
+            match source_of.get(&at) {
+                Some(&source) if chain.len() <= source_of.len() => {
+                    chain.push(at);
+                    at = source;
+                }
+                _ => break 0,
+            }
+        };
+        for id in chain.into_iter().rev() {
+            base = base.saturating_add(1);
+            depths.insert(id, base);
+        }
+    }
+    depths
+}
+
 /// Rebuilds every live stream's tail, timestamps, close flag and chunk list from the catalog.
 pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
     let mut fork_refs: HashMap<u64, u64> = HashMap::new();
@@ -413,6 +447,7 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
             *fork_refs.entry(fork.source_id).or_default() += 1;
         }
     }
+    let fork_depths = fork_depths(snapshot);
     let mut by_id: HashMap<u64, StreamSeed> = snapshot
         .streams
         .iter()
@@ -439,6 +474,7 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                     source_id: f.source_id,
                     offset: f.offset,
                     partial_bytes: f.partial_bytes,
+                    depth: fork_depths.get(&row.id).copied().unwrap_or(1),
                 }),
                 fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
                 soft_deleted: row.soft_deleted,
@@ -610,18 +646,25 @@ impl CoreHandle {
         }
     }
 
-    fn read<'a>(
-        &'a self,
-        name: &'a str,
-        request: ReadRequest,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ReadBatch, EngineError>> + 'a>>
-    {
-        Box::pin(async move {
-            let Reply::Read(batch) = self.call_owner(name, Op::Read(request.clone())).await? else {
-                unreachable!("a read is always answered with Read")
-            };
+    /// A read, stitched across forks: a fork read below its fork point continues in its
+    /// source (bounded by the fork point), then in the fork's own records. Walks a chain of
+    /// forks in a loop, one level per step, so no chain depth can exhaust the stack.
+    async fn read(&self, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
+        // Each level down the chain: the fork read, its request and where its source ends.
+        struct Level {
+            name: String,
+            request: ReadRequest,
+            batch: ReadBatch,
+            origin: crate::state::ForkOrigin,
+            inherited_end: u64,
+            more_allowed: bool,
+        }
+        let mut levels: Vec<Level> = Vec::new();
+        let (mut name, mut request) = (name.to_string(), request);
+        let mut batch = loop {
+            let batch = self.read_owner(&name, request.clone()).await?;
             let Some(origin) = batch.inherit.clone() else {
-                return Ok(batch);
+                break batch;
             };
             // The inherited part, bounded by both the fork point and any bound of our own.
             let fork_end = (origin.offset, origin.partial_bytes);
@@ -641,33 +684,49 @@ impl CoreHandle {
                 }),
                 ..request.clone()
             };
-            let mut inherited = self.read(&origin.source, source_request).await?;
-            let inherited_end = until + u64::from(partial_bytes > 0);
+            let source = origin.source.clone();
+            levels.push(Level {
+                name: std::mem::replace(&mut name, source),
+                request: std::mem::replace(&mut request, source_request),
+                batch,
+                origin,
+                inherited_end: until.saturating_add(u64::from(partial_bytes > 0)),
+                more_allowed: own_bound.is_none_or(|bound| bound > fork_end),
+            });
+        };
+        // Back up the chain: each fork's answer is its source's part, then its own records.
+        while let Some(level) = levels.pop() {
+            let mut inherited = batch;
             let mut stitched = ReadBatch {
-                from: batch.from,
+                from: level.batch.from,
                 next_offset: inherited.next_offset,
                 records: std::mem::take(&mut inherited.records),
-                tail: batch.tail,
+                tail: level.batch.tail,
                 closed: false,
-                content_type: batch.content_type,
+                content_type: level.batch.content_type,
                 inherit: None,
             };
             let bytes: usize = stitched.records.iter().map(|r| r.body.len()).sum();
-            let more_allowed = own_bound.is_none_or(|bound| bound > fork_end);
-            if stitched.next_offset >= inherited_end
-                && more_allowed
-                && stitched.records.len() < request.max_records
-                && bytes < request.max_bytes
+            if stitched.next_offset >= level.inherited_end
+                && level.more_allowed
+                && stitched.records.len() < level.request.max_records
+                && bytes < level.request.max_bytes
             {
                 let own_request = ReadRequest {
-                    from: ReadFrom::Offset(origin.base()),
-                    max_records: request.max_records - stitched.records.len(),
-                    max_bytes: request.max_bytes - bytes,
+                    from: ReadFrom::Offset(level.origin.base()),
+                    max_records: level.request.max_records - stitched.records.len(),
+                    max_bytes: level.request.max_bytes - bytes,
                     wait_ms: None,
                     with_content_type: false,
-                    bound: request.bound,
+                    bound: level.request.bound,
                 };
-                let own = self.read(name, own_request).await?;
+                let own = self.read_owner(&level.name, own_request).await?;
+                if own.inherit.is_some() {
+                    return Err(EngineError::Storage(format!(
+                        "{}: a read from its own first offset named its source again",
+                        level.name
+                    )));
+                }
                 if !own.records.is_empty() {
                     stitched.next_offset = own.next_offset;
                     stitched.records.extend(own.records);
@@ -675,8 +734,17 @@ impl CoreHandle {
                 stitched.tail = own.tail;
                 stitched.closed = own.closed;
             }
-            Ok(stitched)
-        })
+            batch = stitched;
+        }
+        Ok(batch)
+    }
+
+    /// One read on the stream's owning core, as is (no stitching).
+    async fn read_owner(&self, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
+        match self.call_owner(name, Op::Read(request)).await? {
+            Reply::Read(batch) => Ok(batch),
+            other => Err(unexpected_reply("read", &other)),
+        }
     }
 
     /// Creates a fork: resolves the fork point with the source (which counts the reference),
@@ -693,8 +761,9 @@ impl CoreHandle {
             Err(EngineError::Gone) => return Err(EngineError::SourceGone),
             other => other?,
         };
-        let Reply::Head(source) = head else {
-            unreachable!("a head is always answered with Head")
+        let source = match head {
+            Reply::Head(source) => source,
+            other => return Err(unexpected_reply("head", &other)),
         };
         if spec.offset_bytes > 0 {
             return Err(EngineError::Invalid(
@@ -712,12 +781,12 @@ impl CoreHandle {
             (offset, 0)
         } else if crate::state::mime_base_eq(&source.content_type, "application/json") {
             // JSON: the sub-offset counts messages, which are records.
-            let at = offset + spec.sub_offset;
-            if at > source.next_offset {
+            let at = offset.checked_add(spec.sub_offset);
+            let Some(at) = at.filter(|&at| at <= source.next_offset) else {
                 return Err(EngineError::Invalid(
                     "Stream-Fork-Sub-Offset is past the source's last message".into(),
                 ));
-            }
+            };
             (at, 0)
         } else {
             if offset >= source.next_offset {
@@ -760,7 +829,7 @@ impl CoreHandle {
             .await?
         {
             Reply::ForkPoint { origin, config } => (origin, config),
-            _ => unreachable!("a fork acquire is always answered with ForkPoint"),
+            other => return Err(unexpected_reply("fork acquire", &other)),
         };
         let (origin, source_config) = acquired;
         let release = || Op::ForkRelease {
@@ -913,6 +982,13 @@ impl CoreHandle {
             }
         })
     }
+}
+
+/// A reply of another kind than the operation's: a bug, answered as an internal error rather
+/// than a panic that would take the core down.
+pub fn unexpected_reply(op: &str, reply: &Reply) -> EngineError {
+    log::error!("engine: a {op} was answered with {reply:?}");
+    EngineError::Storage(format!("internal error: a {op} got an unexpected reply"))
 }
 
 async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {

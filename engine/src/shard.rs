@@ -500,7 +500,9 @@ impl Shard {
         let Some(ttl_sec) = stream.state.config.ttl_sec else {
             return;
         };
-        let step_ms = (ttl_sec.saturating_mul(100)).max(1000) as i64;
+        let step_ms = i64::try_from(ttl_sec.saturating_mul(100))
+            .unwrap_or(i64::MAX)
+            .max(1000);
         if stream.state.last_access_ms - stream.recorded_access_ms >= step_ms {
             stream.recorded_access_ms = stream.state.last_access_ms;
             drop(self.meta.touch_stream_fenced(
@@ -519,6 +521,13 @@ impl Shard {
         records: Vec<RecordInput>,
         fork: Option<ForkOrigin>,
     ) -> Result<Reply, EngineError> {
+        // The protocols refuse larger TTLs with their own wording; this guards every caller.
+        if config.ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
+            return Err(EngineError::Invalid(format!(
+                "a TTL must be at most {} seconds",
+                limits::TTL_SEC_MAX
+            )));
+        }
         let found = self.live_stream_id(name, false).await;
         if let Err(EngineError::Gone) = found {
             let streams = self.streams.borrow();
@@ -1508,7 +1517,14 @@ impl Shard {
         };
         let mut streams = self.streams.borrow_mut();
         let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
-        let end = offset + u64::from(partial_bytes > 0);
+        let source_depth = stream.state.fork.as_ref().map_or(0, |f| f.depth);
+        if source_depth >= limits::FORK_DEPTH_MAX {
+            return Err(EngineError::Invalid(format!(
+                "fork chains are at most {} forks deep, and this source is a fork at that depth",
+                limits::FORK_DEPTH_MAX
+            )));
+        }
+        let end = offset.saturating_add(u64::from(partial_bytes > 0));
         if end > stream.state.durable_offset {
             return Err(EngineError::Invalid(format!(
                 "fork offset is past the source's tail ({})",
@@ -1522,6 +1538,7 @@ impl Shard {
                 source_id: stream.state.id,
                 offset,
                 partial_bytes,
+                depth: source_depth + 1,
             },
             config: stream.state.config.clone(),
         })

@@ -27,6 +27,10 @@ pub struct ForkOrigin {
     pub source_id: u64,
     pub offset: u64,
     pub partial_bytes: u64,
+    /// Forks from a stream that is no fork down to this one, this one included (1: the source
+    /// is no fork). Derived when the catalog is loaded, not stored; see
+    /// [`crate::limits::FORK_DEPTH_MAX`].
+    pub depth: u32,
 }
 
 impl ForkOrigin {
@@ -138,8 +142,8 @@ impl StreamState {
     /// The instant after which the stream no longer exists, if any.
     pub fn deadline_ms(&self) -> Option<i64> {
         let sliding = self.config.ttl_sec.map(|ttl| {
-            self.last_access_ms
-                .saturating_add((ttl as i64).saturating_mul(1000))
+            let ttl_ms = i64::try_from(ttl).unwrap_or(i64::MAX).saturating_mul(1000);
+            self.last_access_ms.saturating_add(ttl_ms)
         });
         match (sliding, self.config.expires_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -281,10 +285,12 @@ impl StreamState {
                 last_seq: last,
                 closed: self.closed,
             })),
-            Some(&(_, last)) if producer.seq > last + 1 => Err(EngineError::ProducerSequenceGap {
-                expected: last + 1,
-                received: producer.seq,
-            }),
+            Some(&(_, last)) if producer.seq > last.saturating_add(1) => {
+                Err(EngineError::ProducerSequenceGap {
+                    expected: last.saturating_add(1),
+                    received: producer.seq,
+                })
+            }
             Some(_) => Ok(None),
         }
     }

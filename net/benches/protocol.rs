@@ -29,19 +29,22 @@ fn http1_parse(c: &mut Criterion) {
     });
 }
 
+const LIMIT: usize = pico_engine::limits::RECORDS_PER_APPEND_MAX;
+
 fn batches(c: &mut Criterion) {
     let mut group = c.benchmark_group("batch");
     let batch = binary_batch(100, 1024);
     group.throughput(Throughput::Elements(100));
     group.bench_function("decode_binary_100x1KiB", |b| {
-        b.iter(|| std::hint::black_box(codec::decode_binary_batch(&batch).unwrap().len()))
+        b.iter(|| std::hint::black_box(codec::decode_binary_batch(&batch, LIMIT).unwrap().len()))
     });
     let json = format!(
         "{{\"records\":[{}]}}",
         vec!["{\"body\":\"hello world\",\"headers\":{\"k\":\"v\"}}"; 100].join(",")
     );
+    let json = bytes::Bytes::from(json);
     group.bench_function("decode_json_100", |b| {
-        b.iter(|| std::hint::black_box(codec::decode_json_batch(json.as_bytes()).unwrap().len()))
+        b.iter(|| std::hint::black_box(codec::decode_json_batch(&json, LIMIT).unwrap().len()))
     });
     let records: Vec<RecordView> = (0..100)
         .map(|i| RecordView {

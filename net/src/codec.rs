@@ -18,8 +18,9 @@ pub const BINARY_VERSION: u8 = 1;
 /// |  = 1    |           |           | body_len u32 | body )                                  |
 /// +---------+-----------+-------------------------------------------------------------------+
 /// ```
-/// Bodies and header values are slices of `body` (no copy). Trailing bytes are ignored.
-pub fn decode_binary_batch(body: &Bytes) -> Result<Vec<RecordInput>, String> {
+/// Bodies and header values are slices of `body` (no copy). Trailing bytes are ignored. A count
+/// above `max_records` is refused before anything is decoded.
+pub fn decode_binary_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
     if body.is_empty() {
         return Err("truncated batch".into());
     }
@@ -42,6 +43,9 @@ pub fn decode_binary_batch(body: &Bytes) -> Result<Vec<RecordInput>, String> {
         return Err(format!("unknown batch version {version}"));
     }
     let count = u32_at(&mut pos)?;
+    if count > max_records {
+        return Err(format!("at most {max_records} records per append"));
+    }
     // Every record takes at least 8 bytes: a count beyond that is a lie, not an allocation.
     let mut records = Vec::with_capacity(count.min(body.len() / 8));
     for _ in 0..count {
@@ -77,43 +81,269 @@ fn sort_headers(headers: Vec<(Bytes, Bytes)>) -> Vec<(Bytes, Bytes)> {
 }
 
 /// Decodes a JSON append batch: `{"records":[{"headers":{..},"body":"..."|"body_b64":".."}]}`.
-pub fn decode_json_batch(body: &[u8]) -> Result<Vec<RecordInput>, String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|_| "invalid JSON".to_string())?;
-    let records = value
-        .get("records")
-        .and_then(|r| r.as_array())
-        .filter(|r| !r.is_empty())
-        .ok_or("records must be a non-empty array")?;
-    records
-        .iter()
-        .map(|record| {
-            let mut headers = Vec::new();
-            if let Some(map) = record.get("headers").and_then(|h| h.as_object()) {
-                for (name, value) in map {
-                    let text = match value {
-                        serde_json::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    headers.push((Bytes::from(name.clone()), Bytes::from(text)));
+///
+/// Decoding stops at `max_records` records: a small body can hold millions of `{}`, which are
+/// refused as they are read, never all built first. Each record must be an object; `body` and
+/// `body_b64`, when present, must be strings; such an error names the record's index. A `body`
+/// without escapes is a slice of `body` (no copy).
+pub fn decode_json_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
+    use serde::de::DeserializeSeed;
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let batch = JsonBatch { body, max_records };
+    let decoded = batch
+        .deserialize(&mut deserializer)
+        .and_then(|records| deserializer.end().map(|()| records));
+    match decoded {
+        Ok(records) => Ok(records),
+        Err(e) if e.is_data() => Err(strip_position(e.to_string())),
+        Err(_) => Err("invalid JSON".into()),
+    }
+}
+
+const RECORDS_NOT_AN_ARRAY: &str = "records must be a non-empty array";
+
+/// `message` without serde_json's trailing ` at line L column C`.
+fn strip_position(message: String) -> String {
+    let Some(at) = message.rfind(" at line ") else {
+        return message;
+    };
+    let tail = &message[at + " at line ".len()..];
+    let is_position = tail.split_once(" column ").is_some_and(|(line, column)| {
+        [line, column]
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if is_position {
+        message[..at].to_string()
+    } else {
+        message
+    }
+}
+
+/// Answers every JSON type but the ones a visitor takes with the same error.
+macro_rules! refuse_other_types {
+    ($message:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Err(E::custom($message))
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Err(E::custom($message))
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Err(E::custom($message))
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom($message))
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Err(E::custom($message))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Err(E::custom($message))
+        }
+    };
+}
+
+/// The root object; `records` is read by [`JsonRecords`], other keys are skipped.
+#[derive(Clone, Copy)]
+struct JsonBatch<'b> {
+    body: &'b Bytes,
+    max_records: usize,
+}
+
+/// The `records` array, at most `max_records` long.
+struct JsonRecords<'b>(JsonBatch<'b>);
+
+/// One record object.
+struct JsonRecord<'b> {
+    body: &'b Bytes,
+}
+
+/// A field that must be a string when present (`body`, `body_b64`).
+struct JsonText(&'static str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonBatch<'_> {
+    type Value = Vec<RecordInput>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for JsonBatch<'_> {
+    type Value = Vec<RecordInput>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(RECORDS_NOT_AN_ARRAY)
+    }
+
+    refuse_other_types!(RECORDS_NOT_AN_ARRAY);
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(serde::de::Error::custom(RECORDS_NOT_AN_ARRAY))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut records = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == "records" {
+                records = Some(map.next_value_seed(JsonRecords(self))?);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        records
+            .filter(|records: &Vec<RecordInput>| !records.is_empty())
+            .ok_or_else(|| serde::de::Error::custom(RECORDS_NOT_AN_ARRAY))
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonRecords<'_> {
+    type Value = Vec<RecordInput>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for JsonRecords<'_> {
+    type Value = Vec<RecordInput>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(RECORDS_NOT_AN_ARRAY)
+    }
+
+    refuse_other_types!(RECORDS_NOT_AN_ARRAY);
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(serde::de::Error::custom(RECORDS_NOT_AN_ARRAY))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let JsonBatch { body, max_records } = self.0;
+        let mut records = Vec::new();
+        loop {
+            let index = records.len();
+            let record = seq.next_element_seed(JsonRecord { body }).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "record {index}: {}",
+                    strip_position(e.to_string())
+                ))
+            })?;
+            let Some(record) = record else {
+                return Ok(records);
+            };
+            if index == max_records {
+                return Err(serde::de::Error::custom(format!(
+                    "at most {max_records} records per append"
+                )));
+            }
+            records.push(record);
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonRecord<'_> {
+    type Value = RecordInput;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+const RECORD_NOT_AN_OBJECT: &str = "a record must be an object with body or body_b64";
+
+impl<'de> serde::de::Visitor<'de> for JsonRecord<'_> {
+    type Value = RecordInput;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(RECORD_NOT_AN_OBJECT)
+    }
+
+    refuse_other_types!(RECORD_NOT_AN_OBJECT);
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+        Err(serde::de::Error::custom(RECORD_NOT_AN_OBJECT))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error as _;
+        type HeaderMap<'a> = std::collections::BTreeMap<String, &'a serde_json::value::RawValue>;
+        let mut headers: Option<HeaderMap<'de>> = None;
+        let (mut text, mut base64) = (None, None);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "headers" => headers = map.next_value::<Option<HeaderMap<'de>>>()?,
+                "body" => text = Some(map.next_value_seed(JsonText("body"))?),
+                "body_b64" => base64 = Some(map.next_value_seed(JsonText("body_b64"))?),
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
-            let body = if let Some(b64) = record.get("body_b64").and_then(|b| b.as_str()) {
-                base64::engine::general_purpose::STANDARD
-                    .decode(b64)
-                    .map_err(|_| "invalid body_b64".to_string())?
-                    .into()
-            } else if let Some(text) = record.get("body").and_then(|b| b.as_str()) {
-                Bytes::from(text.to_string())
-            } else {
-                Bytes::new()
+        }
+        let body = match (base64, text) {
+            // `body_b64` wins when both are given.
+            (Some(encoded), _) => base64::engine::general_purpose::STANDARD
+                .decode(encoded.as_bytes())
+                .map_err(|_| A::Error::custom("invalid body_b64"))?
+                .into(),
+            (None, Some(std::borrow::Cow::Borrowed(text))) => slice_or_copy(self.body, text),
+            (None, Some(std::borrow::Cow::Owned(text))) => Bytes::from(text),
+            (None, None) => Bytes::new(),
+        };
+        let mut record_headers = Vec::new();
+        for (name, value) in headers.unwrap_or_default() {
+            // String values are kept as they are; any other value as its compact JSON text.
+            let value = match serde_json::from_str::<String>(value.get()) {
+                Ok(text) => text,
+                Err(_) => serde_json::from_str::<serde_json::Value>(value.get())
+                    .map_err(A::Error::custom)?
+                    .to_string(),
             };
-            Ok(RecordInput {
-                headers: sort_headers(headers),
-                body,
-            })
+            record_headers.push((Bytes::from(name), Bytes::from(value)));
+        }
+        Ok(RecordInput {
+            headers: sort_headers(record_headers),
+            body,
         })
-        .collect()
+    }
+}
+
+/// `text` as a slice of `body` when it lies within it (it was not unescaped), else a copy.
+fn slice_or_copy(body: &Bytes, text: &str) -> Bytes {
+    let start = (text.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
+    match start.checked_add(text.len()) {
+        Some(end) if start <= body.len() && end <= body.len() => body.slice(start..end),
+        _ => Bytes::copy_from_slice(text.as_bytes()),
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonText {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for JsonText {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{} to be a string", self.0)
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Borrowed(text))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(text.to_string()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(text))
+    }
 }
 
 /// The `json` read format: `[{"seq":..,"timestamp":..,"headers"?:{..},"body"|"body_b64":..}]`.
@@ -257,7 +487,7 @@ mod tests {
     proptest! {
         #[test]
         fn binary_batch_round_trip(input in records()) {
-            let decoded = decode_binary_batch(&Bytes::from(encode_batch(&input))).unwrap();
+            let decoded = decode_binary_batch(&Bytes::from(encode_batch(&input)), LIMIT).unwrap();
             prop_assert_eq!(decoded.len(), input.len());
             for (got, (headers, body)) in decoded.iter().zip(&input) {
                 prop_assert_eq!(&got.body[..], &body[..]);
@@ -270,49 +500,139 @@ mod tests {
         fn truncated_binary_batch_is_an_error(input in records(), cut in 0usize..400) {
             let bytes = encode_batch(&input);
             if cut < bytes.len() {
-                prop_assert!(decode_binary_batch(&Bytes::copy_from_slice(&bytes[..cut])).is_err());
+                prop_assert!(decode_binary_batch(&Bytes::copy_from_slice(&bytes[..cut]), LIMIT).is_err());
             }
         }
 
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_binary_batch(&Bytes::from(bytes.clone()));
-            let _ = decode_json_batch(&bytes);
+            let _ = decode_binary_batch(&Bytes::from(bytes.clone()), LIMIT);
+            let _ = json(&bytes);
         }
+    }
+
+    const LIMIT: usize = 100_000;
+
+    fn json(body: &[u8]) -> Result<Vec<RecordInput>, String> {
+        decode_json_batch(&Bytes::copy_from_slice(body), LIMIT)
+    }
+
+    #[test]
+    fn json_records_of_the_wrong_type_are_refused_by_index() {
+        for (record, message) in [
+            (
+                "1",
+                "record 1: a record must be an object with body or body_b64",
+            ),
+            (
+                "\"x\"",
+                "record 1: a record must be an object with body or body_b64",
+            ),
+            (
+                "null",
+                "record 1: a record must be an object with body or body_b64",
+            ),
+            (
+                "[]",
+                "record 1: a record must be an object with body or body_b64",
+            ),
+            (
+                r#"{"body":123}"#,
+                "record 1: invalid type: integer `123`, expected body to be a string",
+            ),
+            (
+                r#"{"body":{}}"#,
+                "record 1: invalid type: map, expected body to be a string",
+            ),
+            (
+                r#"{"body":null}"#,
+                "record 1: invalid type: null, expected body to be a string",
+            ),
+            (
+                r#"{"body_b64":7}"#,
+                "record 1: invalid type: integer `7`, expected body_b64 to be a string",
+            ),
+            (
+                r#"{"headers":5}"#,
+                "record 1: invalid type: integer `5`, expected a map",
+            ),
+        ] {
+            let body = format!(r#"{{"records":[{{"body":"ok"}},{record}]}}"#);
+            assert_eq!(json(body.as_bytes()).unwrap_err(), message, "{body}");
+        }
+        for root in ["1", "[]", r#"{"records":{}}"#, r#"{"records":"x"}"#, "{}"] {
+            assert_eq!(
+                json(root.as_bytes()).unwrap_err(),
+                RECORDS_NOT_AN_ARRAY,
+                "{root}"
+            );
+        }
+        assert_eq!(json(br#"{"records":[{}]} x"#).unwrap_err(), "invalid JSON");
+    }
+
+    #[test]
+    fn json_batches_stop_decoding_at_the_record_limit() {
+        let body = format!(r#"{{"records":[{}{{}}]}}"#, "{},".repeat(LIMIT));
+        assert_eq!(
+            json(body.as_bytes()).unwrap_err(),
+            format!("at most {LIMIT} records per append")
+        );
+        let fits = decode_json_batch(
+            &Bytes::from(format!(r#"{{"records":[{}{{}}]}}"#, "{},".repeat(9))),
+            10,
+        );
+        assert_eq!(fits.unwrap().len(), 10);
+        let mut binary = vec![BINARY_VERSION];
+        binary.extend_from_slice(&11u32.to_be_bytes());
+        assert_eq!(
+            decode_binary_batch(&Bytes::from(binary), 10).unwrap_err(),
+            "at most 10 records per append"
+        );
+    }
+
+    #[test]
+    fn json_bodies_without_escapes_are_not_copied() {
+        let body = Bytes::from_static(br#"{"records":[{"body":"plain"},{"body":"a\nb"}]}"#);
+        let records = decode_json_batch(&body, LIMIT).unwrap();
+        let plain = &records[0].body;
+        assert_eq!(&plain[..], b"plain");
+        let inside = body.as_ptr() as usize..body.as_ptr() as usize + body.len();
+        assert!(inside.contains(&(plain.as_ptr() as usize)));
+        assert_eq!(&records[1].body[..], b"a\nb");
     }
 
     #[test]
     fn json_batch_forms() {
         let body = br#"{"records":[{"headers":{"k":"v","n":1},"body":"three"},{"body_b64":"AAECgP8="},{}]}"#;
-        let records = decode_json_batch(body).unwrap();
+        let records = json(body).unwrap();
         assert_eq!(records.len(), 3);
         assert_eq!(&records[0].body[..], b"three");
         assert_eq!(records[0].headers[1], (Bytes::from("n"), Bytes::from("1")));
         assert_eq!(&records[1].body[..], &[0, 1, 2, 0x80, 0xff]);
         assert!(records[2].body.is_empty());
-        assert_eq!(decode_json_batch(b"{").unwrap_err(), "invalid JSON");
+        assert_eq!(json(b"{").unwrap_err(), "invalid JSON");
         assert_eq!(
-            decode_json_batch(br#"{"records":[]}"#).unwrap_err(),
+            json(br#"{"records":[]}"#).unwrap_err(),
             "records must be a non-empty array"
         );
         assert_eq!(
-            decode_json_batch(br#"{"records":[{"body_b64":"!"}]}"#).unwrap_err(),
-            "invalid body_b64"
+            json(br#"{"records":[{"body_b64":"!"}]}"#).unwrap_err(),
+            "record 0: invalid body_b64"
         );
     }
 
     #[test]
     fn version_and_truncation_messages() {
         assert_eq!(
-            decode_binary_batch(&Bytes::from_static(&[2, 0, 0, 0, 0])).unwrap_err(),
+            decode_binary_batch(&Bytes::from_static(&[2, 0, 0, 0, 0]), LIMIT).unwrap_err(),
             "unknown batch version 2"
         );
         assert_eq!(
-            decode_binary_batch(&Bytes::new()).unwrap_err(),
+            decode_binary_batch(&Bytes::new(), LIMIT).unwrap_err(),
             "truncated batch"
         );
         assert_eq!(
-            decode_binary_batch(&Bytes::from_static(&[1, 0, 0, 0, 1])).unwrap_err(),
+            decode_binary_batch(&Bytes::from_static(&[1, 0, 0, 0, 1]), LIMIT).unwrap_err(),
             "truncated payload"
         );
     }

@@ -261,20 +261,45 @@ fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError
     let Some(permission) = Permission::for_method(&request.method) else {
         return Ok(());
     };
-    auth.check(
-        bearer(request.header("authorization")),
-        permission,
-        &request.path,
-    )
-    .map_err(|denied| refused(denied, "this token may not do that on this stream"))
+    let token = bearer(request.header("authorization"));
+    auth.check(token, permission, &request.path)
+        .map_err(|denied| refused(denied, "this token may not do that on this stream"))?;
+    // A fork reads its source through the new stream: creating one needs `read` there too.
+    if request.method == "PUT" {
+        if let Some(source) = request.header("stream-forked-from") {
+            auth.check(token, Permission::Read, fork_source_path(source))
+                .map_err(|denied| refused(denied, "this token may not read the fork's source"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `rest` (the path after `/__ds/`) is one of the control routes the protocol leaves
+/// without a stream grant: the signing keys, and the webhook callback and lease calls, which
+/// carry the subscription's own bearer token. Exact routes only: any other path under `__ds/`
+/// (a subscription that happens to be named `callback`, say) needs the admin grant.
+fn is_public_control_route(method: &str, rest: &str) -> bool {
+    if rest == "jwks.json" {
+        return method == "GET" || method == "HEAD";
+    }
+    let Some(route) = rest.strip_prefix("subscriptions/") else {
+        return false;
+    };
+    match route.split_once('/') {
+        Some((id, action)) => {
+            method == "POST" && !id.is_empty() && matches!(action, "callback" | "ack" | "release")
+        }
+        None => false,
+    }
 }
 
 fn authorize_subscriptions(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError> {
     let Some(auth) = auth else { return Ok(()) };
-    let lease_call = ["/callback", "/ack", "/release"]
-        .iter()
-        .any(|suffix| request.path.ends_with(suffix));
-    if lease_call || request.path.ends_with("/jwks.json") {
+    let rest = request
+        .path
+        .find("/__ds/")
+        .map_or("", |at| &request.path[at + "/__ds/".len()..]);
+    if is_public_control_route(&request.method, rest) {
         return Ok(());
     }
     auth.check(
@@ -379,6 +404,12 @@ fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> 
         .header("stream-ttl")
         .map(|v| strict_u64(v).ok_or_else(|| DsError::bad_request("invalid Stream-TTL")))
         .transpose()?;
+    if ttl.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
+        return Err(DsError::bad_request(format!(
+            "Stream-TTL must be at most {} seconds",
+            limits::TTL_SEC_MAX
+        )));
+    }
     let expires = request
         .header("stream-expires-at")
         .map(|v| {
@@ -430,19 +461,23 @@ fn fork_spec(request: &Request) -> Result<Option<ForkSpec>, DsError> {
         Some(Position::Start) => (Some(0), 0),
         Some(Position::At { seq, bytes }) => (Some(seq), bytes),
     };
-    // The source is a path on this server, with or without our scheme and host.
-    let source = match source.find("://") {
-        Some(at) => source[at + 3..]
-            .find('/')
-            .map_or("/", |slash| &source[at + 3 + slash..]),
-        None => source,
-    };
     Ok(Some(ForkSpec {
-        source: source.to_string(),
+        source: fork_source_path(source).to_string(),
         offset,
         offset_bytes,
         sub_offset,
     }))
+}
+
+/// The stream a `Stream-Forked-From` names: a path on this server, with or without our scheme
+/// and host. Authorization and the engine both use exactly this.
+fn fork_source_path(source: &str) -> &str {
+    match source.find("://") {
+        Some(at) => source[at + 3..]
+            .find('/')
+            .map_or("/", |slash| &source[at + 3 + slash..]),
+        None => source,
+    }
 }
 
 async fn create(
@@ -788,7 +823,8 @@ fn next_cursor(client: Option<&str>) -> String {
         Some(cursor) if cursor >= interval => {
             // 1 to 180 intervals (up to an hour) of jitter, from the clock's nanoseconds.
             let jitter = 1 + u64::from(now.subsec_nanos()) % 180;
-            (cursor + jitter).to_string()
+            // Saturating: a client's cursor near u64::MAX must not wrap to a smaller one.
+            cursor.saturating_add(jitter).to_string()
         }
         _ => interval.to_string(),
     }

@@ -363,6 +363,9 @@ async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
                     if head_len > HEAD_BYTES_MAX {
                         return Err(protocol_error(431, "request head too large"));
                     }
+                    if has_bare_lf(&buf[..head_len]) {
+                        return Err(protocol_error(400, "request lines must end with CRLF"));
+                    }
                     let head = parse_head(&parsed)?;
                     buf.advance(head_len);
                     return read_body(stream, buf, head, max_body_size).await.map(Some);
@@ -444,6 +447,16 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
                 head.content_length = Some(length);
             }
             "transfer-encoding" => {
+                // RFC 9112 §6.1: HTTP/1.0 has no chunked framing, and chunked applies once.
+                if version == 0 {
+                    return Err(protocol_error(
+                        400,
+                        "Transfer-Encoding in an HTTP/1.0 request",
+                    ));
+                }
+                if head.chunked {
+                    return Err(protocol_error(400, "Transfer-Encoding given twice"));
+                }
                 let text = String::from_utf8_lossy(value).to_ascii_lowercase();
                 if text.trim() != "chunked" {
                     return Err(protocol_error(
@@ -539,10 +552,7 @@ async fn read_chunked<S: AsyncRead + Unpin>(
                 return Err(protocol_error(400, "connection closed mid-body"));
             }
         };
-        let line = std::str::from_utf8(&buf[..line_end]).unwrap_or("");
-        let size_text = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| protocol_error(400, "malformed chunk size"))?;
+        let size = parse_chunk_size(&buf[..line_end])?;
         buf.advance(line_end + 2);
         if size == 0 {
             // Trailers, if any, end with an empty line.
@@ -563,7 +573,8 @@ async fn read_chunked<S: AsyncRead + Unpin>(
                 }
             }
         }
-        if body.len() + size > max_body_size {
+        // `size` came off the wire: compared before any sum so nothing can wrap.
+        if size > max_body_size - body.len() {
             return Err(protocol_error(
                 413,
                 format!("body larger than {max_body_size} bytes"),
@@ -580,6 +591,35 @@ async fn read_chunked<S: AsyncRead + Unpin>(
         }
         buf.advance(size + 2);
     }
+}
+
+/// Most hex digits in a chunk size: 16 of them already exceed any body limit.
+const CHUNK_SIZE_DIGITS_MAX: usize = 16;
+
+/// A chunk-size line (RFC 9112 §7.1): `1*HEXDIG [ BWS ";" chunk-ext ]`. Signs, `0x`, leading
+/// white space and overlong sizes are refused: a lenient parser here reads a different body
+/// than a proxy in front of it would (request smuggling).
+fn parse_chunk_size(line: &[u8]) -> Result<usize, ProtocolError> {
+    let malformed = || protocol_error(400, "malformed chunk size");
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > CHUNK_SIZE_DIGITS_MAX {
+        return Err(malformed());
+    }
+    let rest = &line[digits..];
+    let ext = rest.iter().position(|b| !matches!(b, b' ' | b'\t'));
+    if ext.is_some_and(|i| rest[i] != b';') || rest.iter().any(|&b| b == b'\n' || b == b'\r') {
+        return Err(malformed());
+    }
+    let text = std::str::from_utf8(&line[..digits]).map_err(|_| malformed())?;
+    usize::from_str_radix(text, 16).map_err(|_| malformed())
+}
+
+/// Whether a request head uses a line ending other than CRLF. `httparse` accepts a bare LF;
+/// an intermediary that does not could see other header boundaries than this server does.
+fn has_bare_lf(head: &[u8]) -> bool {
+    head.iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
 async fn write_response<S: AsyncWrite + Unpin>(
@@ -680,6 +720,61 @@ async fn write_chunked<S: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Parses `wire` as one request with a 1 MiB body limit: the status of the error, or 0.
+    fn parse_status(wire: &[u8]) -> u16 {
+        let mut stream = futures_lite::io::Cursor::new(wire.to_vec());
+        let mut buf = BytesMut::new();
+        let read = read_request(&mut stream, &mut buf, 1 << 20);
+        match futures_lite::future::block_on(read) {
+            Ok(_) => 0,
+            Err(e) => e.status,
+        }
+    }
+
+    const CHUNKED: &str = "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+    #[test]
+    fn chunk_sizes_from_the_wire_never_overflow() {
+        for size in ["ffffffffffffffff", "fffffffffffffff0", "100001"] {
+            let wire = format!("{CHUNKED}1\r\na\r\n{size}\r\n");
+            assert_eq!(parse_status(wire.as_bytes()), 413, "chunk size {size}");
+        }
+        let overlong = format!("{CHUNKED}00000000000000001\r\na\r\n0\r\n\r\n");
+        assert_eq!(parse_status(overlong.as_bytes()), 400);
+    }
+
+    #[test]
+    fn chunk_size_lines_are_strict() {
+        for line in ["+1", "-1", "0x1", " 1", "1 x", "", ";a", "1\na"] {
+            let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
+            assert_eq!(
+                parse_status(wire.as_bytes()),
+                400,
+                "chunk size line {line:?}"
+            );
+        }
+        for line in ["1", "1;name=value", "1 ;name", "01"] {
+            let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
+            assert_eq!(parse_status(wire.as_bytes()), 0, "chunk size line {line:?}");
+        }
+    }
+
+    #[test]
+    fn framing_that_proxies_read_differently_is_refused() {
+        let http10 = "POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n";
+        assert_eq!(parse_status(http10.as_bytes()), 400);
+        let twice = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        assert_eq!(parse_status(twice.as_bytes()), 400);
+        let bare_lf = "POST /x HTTP/1.1\nHost: a\nContent-Length: 1\n\na";
+        assert_eq!(parse_status(bare_lf.as_bytes()), 400);
+        let mixed = "GET /x HTTP/1.1\r\nHost: a\nX: y\r\n\r\n";
+        assert_eq!(parse_status(mixed.as_bytes()), 400);
+        let signed = "POST /x HTTP/1.1\r\nContent-Length: +1\r\n\r\na";
+        assert_eq!(parse_status(signed.as_bytes()), 400);
+        let fine = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\na";
+        assert_eq!(parse_status(fine.as_bytes()), 0);
+    }
 
     #[test]
     fn body_parts_keep_large_buffers_and_join_small_ones() {

@@ -145,7 +145,8 @@ pub async fn serve_connection<S, H, F>(
             }
         };
         let handle = handle.clone();
-        glommio::spawn_local(async move {
+        // A panic ends this request only (its stream is reset): see `crate::panics`.
+        glommio::spawn_local(crate::panics::catch_panic(async move {
             let head_only = request.method() == http::Method::HEAD;
             let response = match read_request(request, max_body_size).await {
                 Ok(request) => handle(request).await,
@@ -154,7 +155,7 @@ pub async fn serve_connection<S, H, F>(
             if let Err(e) = send_response(respond, response, head_only).await {
                 log::debug!("h2 response not delivered: {e}");
             }
-        })
+        }))
         .detach();
     }
 }
@@ -213,14 +214,17 @@ async fn read_request(
             ));
         }
     }
-    let path = parts.uri.path();
+    let path = match parts.uri.path() {
+        "" => "/",
+        path => path,
+    };
+    // `:path` may be `*` (or an authority, for CONNECT): never a stream name.
+    if !path.starts_with('/') {
+        return Err((400, format!("request target must be a path: {path}")));
+    }
     Ok(Request {
         method: parts.method.as_str().to_string(),
-        path: if path.is_empty() {
-            "/".into()
-        } else {
-            path.to_string()
-        },
+        path: path.to_string(),
         query: parts.uri.query().unwrap_or("").to_string(),
         headers,
         body,
@@ -241,7 +245,16 @@ async fn send_response(
     if !no_body && response.stream.is_none() {
         builder = builder.header(http::header::CONTENT_LENGTH, body_len);
     }
-    let head = builder.body(()).expect("status and header names are valid");
+    let head = match builder.body(()) {
+        Ok(head) => head,
+        Err(e) => {
+            // A header value this server built is not valid HTTP: say so instead of panicking.
+            log::error!("h2 response head rejected: {e}");
+            let head = http::Response::builder().status(500).body(());
+            respond.send_response(head.unwrap_or_default(), true)?;
+            return Ok(());
+        }
+    };
     if no_body || (response.stream.is_none() && body_len == 0) {
         respond.send_response(head, true)?;
         return Ok(());

@@ -11,6 +11,7 @@ pub mod ds_subs;
 pub mod http1;
 pub mod http2;
 pub mod metrics;
+pub mod panics;
 pub mod params;
 pub mod pico;
 pub mod routing;

@@ -357,6 +357,17 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
     }
     header(
         &mut out,
+        "pico_connection_panics_total",
+        "counter",
+        "Panics caught while serving a connection or request (each closed it; the core served on).",
+    );
+    let _ = writeln!(
+        out,
+        "pico_connection_panics_total {}",
+        crate::panics::CONNECTION_PANICS.load(Ordering::Relaxed)
+    );
+    header(
+        &mut out,
         "pico_sse_streams",
         "gauge",
         "Server-sent event responses in progress.",

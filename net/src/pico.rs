@@ -328,6 +328,12 @@ fn stream_content_type(request: &Request) -> String {
 
 async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     let ttl_sec = header_u64(request, "pico-ttl", "Pico-TTL")?;
+    if ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
+        return Err(ApiError::bad_request(format!(
+            "Pico-TTL must be at most {} seconds",
+            limits::TTL_SEC_MAX
+        )));
+    }
     let expires_at_ms = request
         .header("pico-expires-at")
         .map(|v| {
@@ -405,10 +411,12 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
             .to_ascii_lowercase();
         match base.as_str() {
             codec::BINARY_BATCH_TYPE => {
-                codec::decode_binary_batch(&request.body).map_err(ApiError::bad_request)?
+                codec::decode_binary_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
+                    .map_err(ApiError::bad_request)?
             }
             codec::JSON_BATCH_TYPE => {
-                codec::decode_json_batch(&request.body).map_err(ApiError::bad_request)?
+                codec::decode_json_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
+                    .map_err(ApiError::bad_request)?
             }
             _ => vec![RecordInput {
                 headers: Vec::new(),
@@ -682,7 +690,10 @@ fn long_poll_cursor(query: &str) -> u64 {
         .unwrap_or_default();
     let interval = now.as_millis() as u64 / 20_000;
     match query_param(query, "cursor").and_then(|c| c.parse::<u64>().ok()) {
-        Some(cursor) if interval <= cursor => cursor + 1 + u64::from(now.subsec_nanos()) % 60,
+        // A cursor near u64::MAX (only a client makes one) stays there: never backwards.
+        Some(cursor) if interval <= cursor => cursor
+            .saturating_add(1)
+            .saturating_add(u64::from(now.subsec_nanos()) % 60),
         _ => interval,
     }
 }

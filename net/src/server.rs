@@ -666,15 +666,20 @@ async fn accept_loop<H, F>(
             }
             open.set(open.get() + 1);
             metrics.connections.fetch_add(1, Ordering::Relaxed);
-            match tls {
-                None => {
-                    let stream = PlainTcp::new(stream);
-                    http1::serve_connection(stream, max_body_size, handler, on_error, stop).await
+            let served = crate::panics::catch_panic(async move {
+                match tls {
+                    None => {
+                        let stream = PlainTcp::new(stream);
+                        http1::serve_connection(stream, max_body_size, handler, on_error, stop)
+                            .await
+                    }
+                    Some(acceptor) => {
+                        serve_tls(acceptor, stream, max_body_size, handler, on_error, stop).await
+                    }
                 }
-                Some(acceptor) => {
-                    serve_tls(acceptor, stream, max_body_size, handler, on_error, stop).await
-                }
-            }
+            });
+            // A panic has closed the connection (its socket was dropped) and was logged.
+            let _ = served.await;
             open.set(open.get() - 1);
             metrics.connections.fetch_sub(1, Ordering::Relaxed);
         })

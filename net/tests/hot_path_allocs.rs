@@ -62,7 +62,9 @@ fn the_append_path_allocates_per_request_not_per_record() {
         // As the HTTP layer hands it over: one shared buffer per request body.
         let body = batch(count, 1024);
         let _warm = body.slice(0..1);
-        let (records, allocations) = allocations_during(|| decode_binary_batch(&body).unwrap());
+        let (records, allocations) = allocations_during(|| {
+            decode_binary_batch(&body, pico_engine::limits::RECORDS_PER_APPEND_MAX).unwrap()
+        });
         assert_eq!(records.len(), count);
         assert!(
             allocations <= 1,
