@@ -1,0 +1,549 @@
+//! A hostile client against a real `pico serve` over real sockets: requests built to crash,
+//! hang, bloat or open a node (docs/security.md). After each attack the node must still
+//! serve every core: [`assert_serves`] opens more connections than there are cores (the
+//! kernel spreads them over the cores' listeners) and checks each is answered.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+use common::{Conn, Resp, Server};
+
+/// Connections per check: with the 2 cores these tests run, enough that each core is hit.
+const PROBE_CONNECTIONS: usize = 16;
+
+/// Every core still answers: fresh connections to `addr` all get `/health` answered (the
+/// protocol listener answers `GET /health` with 404 or 200: either is an answer).
+fn assert_serves(server: &mut Server, context: &str) {
+    assert!(
+        server.is_running(),
+        "{context}: the node exited\n{}",
+        server.log()
+    );
+    for addr in [server.addr, server.admin] {
+        for i in 0..PROBE_CONNECTIONS {
+            let mut conn = Conn::connect(addr).unwrap_or_else(|e| panic!("{context}: {e}"));
+            let response = conn
+                .request("GET", "/health", &[], b"")
+                .unwrap_or_else(|e| panic!("{context}: connection {i} to {addr}: {e}"));
+            assert!(
+                response.status == 200 || response.status == 404,
+                "{context}: {}",
+                response.describe()
+            );
+        }
+    }
+}
+
+/// Sends `wire` on a fresh connection and returns the status line's code (0: closed without
+/// an answer).
+fn raw_status(addr: SocketAddr, wire: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(common::IO_TIMEOUT)).unwrap();
+    stream.write_all(wire).unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    text.split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+fn rss_bytes(server: &Server, field: &str) -> u64 {
+    let pid = server.pid().expect("the server runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+#[test]
+fn chunk_sizes_that_overflow_are_refused_and_no_core_dies() {
+    let mut server = Server::start(&[]);
+    let chunked = b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n";
+    for addr in [server.addr, server.admin] {
+        // Once per connection, so every core's listener gets some.
+        for _ in 0..PROBE_CONNECTIONS {
+            let mut wire = chunked.to_vec();
+            wire.extend_from_slice(b"ffffffffffffffff\r\n");
+            assert_eq!(raw_status(addr, &wire), 413);
+        }
+    }
+    assert_serves(&mut server, "after chunk sizes of 2^64-1");
+}
+
+#[test]
+fn framing_that_a_proxy_could_read_differently_is_refused() {
+    let mut server = Server::start(&[]);
+    server.put("/f", "text/plain").expect(201);
+    let cases: &[(&str, &[u8])] = &[
+        (
+            "chunk size with a sign",
+            b"POST /f HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n+1\r\na\r\n0\r\n\r\n",
+        ),
+        (
+            "chunked on HTTP/1.0",
+            b"POST /f HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n",
+        ),
+        (
+            "bare LF line endings",
+            b"POST /f HTTP/1.1\nHost: a\nContent-Length: 1\n\na",
+        ),
+        (
+            "Transfer-Encoding twice",
+            b"POST /f HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        (
+            "chunk size in hex with 0x",
+            b"POST /f HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0x1\r\na\r\n0\r\n\r\n",
+        ),
+    ];
+    for (what, wire) in cases {
+        assert_eq!(raw_status(server.addr, wire), 400, "{what}");
+    }
+    // Nothing of them was appended.
+    assert_eq!(server.head("/f").expect(200).h("pico-next-seq"), "0");
+    assert_serves(&mut server, "after smuggling attempts");
+}
+
+fn fork(addr: SocketAddr, name: &str, source: &str, body: &[u8]) -> Resp {
+    common::ds(addr, "PUT", name, &[("stream-forked-from", source)], body)
+}
+
+#[test]
+fn fork_chains_stop_at_their_depth_limit_and_deep_reads_are_served() {
+    let mut server = Server::start(&["--protocol", "ds"]);
+    common::ds(
+        server.addr,
+        "PUT",
+        "/fc/0",
+        &[("content-type", "text/plain")],
+        b"root",
+    )
+    .expect(201);
+    let depth_max = 64;
+    let mut want = "root".to_string();
+    for level in 1..=depth_max {
+        let body = format!("level {level}");
+        want.push_str(&body);
+        fork(
+            server.addr,
+            &format!("/fc/{level}"),
+            &format!("/fc/{}", level - 1),
+            body.as_bytes(),
+        )
+        .expect(201);
+    }
+    let deepest = format!("/fc/{depth_max}");
+    let too_deep = format!("/fc/{}", depth_max + 1);
+    let deeper = fork(server.addr, &too_deep, &deepest, b"");
+    assert_eq!(deeper.status, 400, "{}", deeper.describe());
+    assert!(
+        deeper.text().contains("at most 64 forks deep"),
+        "{}",
+        deeper.text()
+    );
+    // The deepest fork reads through every level: the root's record, then each level's own.
+    let read = common::ds_read(server.addr, &deepest, "-1");
+    assert_eq!(read.expect(200).text(), want);
+    assert_serves(&mut server, "after a deep fork chain");
+    // And again after a restart, which derives the depths from the catalog.
+    server.restart();
+    let again = fork(server.addr, &too_deep, &deepest, b"");
+    assert_eq!(again.status, 400, "{}", again.describe());
+    let read = common::ds_read(server.addr, &deepest, "-1");
+    assert_eq!(read.expect(200).text(), want);
+}
+
+const GRANTS: &str = "\
+admin   /      read,append,admin
+app     /a/    read,append
+reader  /a/    read
+";
+
+fn bearer(token: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {token}"))
+}
+
+#[test]
+fn a_fork_needs_read_on_its_source_by_path_or_by_url() {
+    let (server, _tokens) = common::start_with_tokens(GRANTS, &["--protocol", "ds"]);
+    let admin = bearer("admin");
+    let app = bearer("app");
+    let ds = |method: &str, path: &str, headers: &[(&str, &str)]| {
+        common::ds(server.addr, method, path, headers, b"")
+    };
+    let admin_h = (admin.0, admin.1.as_str());
+    let app_h = (app.0, app.1.as_str());
+    common::ds(server.addr, "PUT", "/ab/secret", &[admin_h], b"secret").expect(201);
+    common::ds(server.addr, "PUT", "/a/mine", &[app_h], b"mine").expect(201);
+    assert_eq!(ds("GET", "/ab/secret?offset=-1", &[app_h]).status, 403);
+    let forms = [
+        "/ab/secret".to_string(),
+        format!("http://{}/ab/secret", server.addr),
+        "https://elsewhere.example/ab/secret".to_string(),
+    ];
+    for source in &forms {
+        let stolen = ds(
+            "PUT",
+            "/a/stolen",
+            &[app_h, ("stream-forked-from", source.as_str())],
+        );
+        assert_eq!(
+            stolen.status,
+            403,
+            "fork of {source}: {}",
+            stolen.describe()
+        );
+        assert_eq!(ds("HEAD", "/a/stolen", &[admin_h]).status, 404);
+    }
+    // The victim is not pinned: it deletes for real and its name is free again.
+    ds("DELETE", "/ab/secret", &[admin_h]).expect(204);
+    ds("PUT", "/ab/secret", &[admin_h]).expect(201);
+    // A fork of what the token may read works.
+    ds(
+        "PUT",
+        "/a/copy",
+        &[app_h, ("stream-forked-from", "/a/mine")],
+    )
+    .expect(201);
+    let read = common::ds(server.addr, "GET", "/a/copy?offset=-1", &[app_h], b"");
+    assert_eq!(read.expect(200).text(), "mine");
+}
+
+/// Who may call each Durable Streams route with `--auth required`: `None` = public (no
+/// token needed), else the token kinds that pass the server's check.
+#[test]
+fn every_route_and_token_kind_meets_its_grant() {
+    let (server, _tokens) = common::start_with_tokens(GRANTS, &["--protocol", "ds"]);
+    let admin = bearer("admin");
+    let admin_h = (admin.0, admin.1.as_str());
+    common::ds(server.addr, "PUT", "/a/s", &[admin_h], b"x").expect(201);
+    let sub = br#"{"type":"webhook","pattern":"/a/*","webhook":{"url":"http://127.0.0.1:9/hook"}}"#;
+    // (method, path, body, tokens that pass: a subset of [admin, app, reader]; public routes
+    // pass without one).
+    struct Route {
+        method: &'static str,
+        path: &'static str,
+        body: &'static [u8],
+        allowed: &'static [&'static str],
+        public: bool,
+    }
+    let routes = [
+        Route {
+            method: "GET",
+            path: "/a/s?offset=-1",
+            body: b"",
+            allowed: &["admin", "app", "reader"],
+            public: false,
+        },
+        Route {
+            method: "HEAD",
+            path: "/a/s",
+            body: b"",
+            allowed: &["admin", "app", "reader"],
+            public: false,
+        },
+        Route {
+            method: "POST",
+            path: "/a/s",
+            body: b"y",
+            allowed: &["admin", "app"],
+            public: false,
+        },
+        Route {
+            method: "PUT",
+            path: "/a/t",
+            body: b"",
+            allowed: &["admin", "app"],
+            public: false,
+        },
+        Route {
+            method: "GET",
+            path: "/b/s?offset=-1",
+            body: b"",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "PUT",
+            path: "/__ds/subscriptions/callback",
+            body: sub,
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "PUT",
+            path: "/__ds/subscriptions/release",
+            body: sub,
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "GET",
+            path: "/__ds/subscriptions/release",
+            body: b"",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "DELETE",
+            path: "/__ds/subscriptions/release",
+            body: b"",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "POST",
+            path: "/__ds/subscriptions/x/streams",
+            body: b"{}",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "POST",
+            path: "/__ds/subscriptions/x/claim",
+            body: b"{}",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "DELETE",
+            path: "/__ds/subscriptions/x/streams/%2Fa%2Fs",
+            body: b"",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "GET",
+            path: "/__ds/subscriptions/x/callback",
+            body: b"",
+            allowed: &["admin"],
+            public: false,
+        },
+        Route {
+            method: "POST",
+            path: "/a/__ds/subscriptions/x/callback",
+            body: b"{}",
+            allowed: &[],
+            public: true,
+        },
+        Route {
+            method: "POST",
+            path: "/__ds/subscriptions/x/ack",
+            body: b"{}",
+            allowed: &[],
+            public: true,
+        },
+        Route {
+            method: "POST",
+            path: "/__ds/subscriptions/x/release",
+            body: b"{}",
+            allowed: &[],
+            public: true,
+        },
+        Route {
+            method: "GET",
+            path: "/__ds/jwks.json",
+            body: b"",
+            allowed: &[],
+            public: true,
+        },
+    ];
+    let refused_by_auth = |r: &Resp| {
+        let code = serde_json::from_slice::<serde_json::Value>(&r.body)
+            .ok()
+            .and_then(|v| {
+                v["error"]["code"]
+                    .as_str()
+                    .or(v["error"].as_str())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        (r.status == 401 && (code == "UNAUTHORIZED" || r.body.is_empty())) || r.status == 403
+    };
+    for route in &routes {
+        for token in [None, Some("admin"), Some("app"), Some("reader")] {
+            let header = token.map(bearer);
+            let headers: Vec<(&str, &str)> = header.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            let r = common::ds(server.addr, route.method, route.path, &headers, route.body);
+            let passes = route.public || token.is_some_and(|t| route.allowed.contains(&t));
+            assert_eq!(
+                !refused_by_auth(&r),
+                passes,
+                "{} {} with {token:?}: {}",
+                route.method,
+                route.path,
+                r.describe()
+            );
+        }
+    }
+}
+
+#[test]
+fn json_batches_are_typed_and_stop_at_the_record_limit() {
+    let mut server = Server::start(&[]);
+    server.put("/j", "text/plain").expect(201);
+    let batch = [("content-type", "application/vnd.picomq.batch+json")];
+    for (record, message) in [
+        (
+            "1",
+            "record 1: a record must be an object with body or body_b64",
+        ),
+        (
+            "\"x\"",
+            "record 1: a record must be an object with body or body_b64",
+        ),
+        (
+            "null",
+            "record 1: a record must be an object with body or body_b64",
+        ),
+        (
+            r#"{"body":123}"#,
+            "record 1: invalid type: integer `123`, expected body to be a string",
+        ),
+        (
+            r#"{"body":{}}"#,
+            "record 1: invalid type: map, expected body to be a string",
+        ),
+    ] {
+        let body = format!(r#"{{"records":[{{"body":"fine"}},{record}]}}"#);
+        let r = server.request("POST", "/j", &batch, body.as_bytes());
+        let error = r.expect_error(400, "bad_request");
+        assert_eq!(error["message"], message, "{body}");
+    }
+    assert_eq!(server.head("/j").expect(200).h("pico-next-seq"), "0");
+
+    // 8 MiB of `{}` records, six at once: refused as they are decoded, in bounded memory.
+    let flood = {
+        let mut body = b"{\"records\":[".to_vec();
+        while body.len() < 8 * 1024 * 1024 - 16 {
+            body.extend_from_slice(b"{},");
+        }
+        body.extend_from_slice(b"{}]}");
+        body
+    };
+    let peak_before = rss_bytes(&server, "VmHWM:");
+    let threads: Vec<_> = (0..6)
+        .map(|_| {
+            let (addr, flood) = (server.addr, flood.clone());
+            std::thread::spawn(move || {
+                Conn::connect(addr)
+                    .unwrap()
+                    .request("POST", "/j", &batch, &flood)
+                    .unwrap()
+            })
+        })
+        .collect();
+    for thread in threads {
+        let r = thread.join().unwrap();
+        let error = r.expect_error(400, "bad_request");
+        assert_eq!(error["message"], "at most 100000 records per append");
+    }
+    let grown = rss_bytes(&server, "VmHWM:").saturating_sub(peak_before);
+    // Six bodies of 8 MiB are 48 MiB on their own; decoding them whole took ~1 GB.
+    assert!(grown < 256 << 20, "peak RSS grew by {} MiB", grown >> 20);
+    assert_serves(&mut server, "after JSON floods");
+}
+
+#[test]
+fn numbers_out_of_range_are_400_and_cursors_never_go_back() {
+    let mut server = Server::start(&[
+        "--ds-listen",
+        "127.0.0.1:0",
+        "--long-poll-timeout-sec",
+        "0.2",
+    ]);
+    let ds_addr = server.second.unwrap();
+    let huge = "18446744073709551615";
+    for ttl in [huge, "100000000000000000", "3153600001"] {
+        let r = server.request("PUT", "/n/p", &[("pico-ttl", ttl)], b"");
+        assert_eq!(r.status, 400, "Pico-TTL {ttl}: {}", r.describe());
+        let r = common::ds(ds_addr, "PUT", "/n/d", &[("stream-ttl", ttl)], b"");
+        assert_eq!(r.status, 400, "Stream-TTL {ttl}: {}", r.describe());
+    }
+    server
+        .request("PUT", "/n/p", &[("pico-ttl", "3153600000")], b"")
+        .expect(201);
+    common::ds(
+        ds_addr,
+        "PUT",
+        "/n/src",
+        &[("content-type", "text/plain")],
+        b"abc",
+    )
+    .expect(201);
+    let fork = common::ds(
+        ds_addr,
+        "PUT",
+        "/n/fork",
+        &[
+            ("stream-forked-from", "/n/src"),
+            ("stream-fork-offset", "0000000000000000_0000000000000000"),
+            ("stream-fork-sub-offset", huge),
+        ],
+        b"",
+    );
+    assert_eq!(fork.status, 400, "{}", fork.describe());
+    // A client cursor at the top of the range: the answer's cursor is not below it.
+    let r = server.get(&format!("/n/p?seq=0&live=long-poll&cursor={huge}"));
+    assert_eq!(r.status, 204, "{}", r.describe());
+    assert_eq!(r.h("pico-cursor"), huge);
+    let head = common::ds_read(ds_addr, "/n/src", "-1");
+    let tail = head.expect(200).h("stream-next-offset").to_string();
+    let r = common::ds(
+        ds_addr,
+        "GET",
+        &format!("/n/src?offset={tail}&live=long-poll&cursor={huge}"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.describe());
+    assert_eq!(r.h("stream-cursor"), huge);
+    assert_serves(&mut server, "after out-of-range numbers");
+}
+
+#[test]
+fn an_h2_request_for_star_is_refused() {
+    let server = Server::start(&[]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        for method in ["PUT", "GET", "OPTIONS"] {
+            let request = http::Request::builder()
+                .method(method)
+                .uri("*")
+                .body(())
+                .unwrap();
+            let (response, _) = client.send_request(request, true).unwrap();
+            let response = response.await.unwrap();
+            assert_eq!(response.status(), 400, "{method} *");
+        }
+    });
+    assert_eq!(
+        server.get("/?prefix=").json()["streams"],
+        serde_json::json!([])
+    );
+}
