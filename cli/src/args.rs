@@ -149,6 +149,15 @@ pub struct ServeArgs {
     )]
     pub max_body_size: u64,
 
+    /// seconds a client has to send a whole request (else 408) and an idle connection stays open, both HTTP versions, fractions allowed (default 120) [env: PICO_REQUEST_TIMEOUT_SEC]
+    #[argh(
+        option,
+        arg_name = "secs",
+        default = "120.0",
+        from_str_fn(parse_seconds)
+    )]
+    pub request_timeout_sec: f64,
+
     /// a storage segment seals at this size (default 8MiB) [env: PICO_SEGMENT_SIZE]
     #[argh(
         option,

@@ -88,6 +88,10 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             ms => ms,
         },
         max_chunk_size,
+        request_timeout_ms: match millis(args.request_timeout_sec) {
+            0 => return Err("--request-timeout-sec must be greater than 0".into()),
+            ms => ms,
+        },
         max_body_size: size(
             positive(args.max_body_size, "--max-body-size")?,
             "--max-body-size",

@@ -7,6 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
 use common::{Conn, Resp, Server};
 
@@ -546,4 +547,255 @@ fn an_h2_request_for_star_is_refused() {
         server.get("/?prefix=").json()["streams"],
         serde_json::json!([])
     );
+}
+
+/// The sum over cores of a per-core series on `/metrics`.
+fn metric_sum(server: &Server, series: &str) -> u64 {
+    let page = Conn::connect(server.admin)
+        .unwrap()
+        .request("GET", "/metrics", &[], b"")
+        .unwrap();
+    page.text()
+        .lines()
+        .filter(|line| {
+            line.starts_with(&format!("{series}{{")) || line.starts_with(&format!("{series} "))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn h2_connect(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(8 << 20)
+        .initial_connection_window_size(64 << 20)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client.ready().await.unwrap()
+}
+
+fn h2_request(method: &str, addr: SocketAddr, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .body(())
+        .unwrap()
+}
+
+#[test]
+fn h2_uploads_that_never_end_hold_no_more_than_the_core_budget() {
+    // One core, so the attack's connection and the budget it fills are on the same one.
+    let mut server = Server::start(&["--cores", "1", "--max-in-flight-bytes", "16MiB"]);
+    server.put("/up", "application/octet-stream").expect(201);
+    let rss_before = rss_bytes(&server, "VmRSS:");
+    let body_bytes: usize = 7_900 * 1024;
+    let addr = server.addr;
+    let (rss_during, refused) = runtime().block_on(async {
+        let mut client = h2_connect(addr).await;
+        let mut streams = Vec::new();
+        for _ in 0..256 {
+            let request = http::Request::builder()
+                .method("POST")
+                .uri(format!("http://{addr}/up"))
+                .header("content-length", body_bytes.to_string())
+                .body(())
+                .unwrap();
+            client = client.ready().await.unwrap();
+            let (response, send) = client.send_request(request, false).unwrap();
+            streams.push((Some(response), send, 0usize));
+        }
+        let chunk = bytes::Bytes::from(vec![7u8; 64 * 1024]);
+        // Send on every stream as long as the server grants window; stop (never ending a
+        // body) once a whole round moved nothing, or after a bounded number of rounds.
+        for _round in 0..2_000 {
+            let mut moved = 0;
+            for (_, send, sent) in streams.iter_mut() {
+                if *sent + chunk.len() >= body_bytes {
+                    continue;
+                }
+                send.reserve_capacity(chunk.len());
+                let granted = tokio::time::timeout(
+                    Duration::from_millis(5),
+                    std::future::poll_fn(|cx| send.poll_capacity(cx)),
+                )
+                .await;
+                if let Ok(Some(Ok(n))) = granted {
+                    if n > 0 && send.send_data(chunk.slice(..n), false).is_ok() {
+                        *sent += n;
+                        moved += n;
+                    }
+                }
+            }
+            if moved == 0 {
+                break;
+            }
+        }
+        let rss = rss_bytes_of(addr_pid(&server), "VmRSS:");
+        let mut refused = 0;
+        for (response, _, _) in streams.iter_mut() {
+            let Some(pending) = response.take() else {
+                continue;
+            };
+            if let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_millis(50), pending).await {
+                refused += usize::from(answer.status() == 429);
+            }
+        }
+        (rss, refused)
+    });
+    let grown = rss_during.saturating_sub(rss_before);
+    eprintln!("RSS grew by {} MiB during the attack", grown >> 20);
+    // The budget is 16 MiB, plus the connection's 8 MiB window in flight: allow the
+    // allocator three times that. Unbounded, this run grew the node by 2.3 GB.
+    assert!(
+        grown < 3 * (16 + 8) << 20,
+        "RSS grew by {} MiB",
+        grown >> 20
+    );
+    assert!(refused > 0, "no upload was refused with 429");
+    assert_serves(&mut server, "after never-ending h2 uploads");
+    server.post("/up", b"small").expect(200);
+}
+
+fn addr_pid(server: &Server) -> u32 {
+    server.pid().expect("the server runs")
+}
+
+fn rss_bytes_of(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Waits (at most a minute) for `done`, letting the runtime drive the client meanwhile.
+async fn wait_async(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn cancelled_long_polls_leave_no_waiters_on_either_http_version() {
+    // Waiters that stayed would stay for the whole long-poll timeout.
+    let mut server = Server::start(&["--long-poll-timeout-sec", "600"]);
+    server.put("/lp", "text/plain").expect(201);
+    let addr = server.addr;
+    runtime().block_on(async {
+        let mut client = h2_connect(addr).await;
+        // 47 x 255 = 11,985 long-polls, each reset by the client once the server parked it.
+        for batch in 0..47 {
+            let mut pending = Vec::new();
+            for _ in 0..255 {
+                client = client.ready().await.unwrap();
+                let request = h2_request("GET", addr, "/lp?seq=0&live=long-poll");
+                let (response, _send) = client.send_request(request, true).unwrap();
+                pending.push(response);
+            }
+            let parked = || metric_sum(&server, "pico_live_waiters");
+            wait_async("h2 long-polls to park", || parked() >= 255).await;
+            // Dropping the response futures resets the streams.
+            drop(pending);
+            wait_async(&format!("batch {batch}'s waiters to go"), || parked() == 0).await;
+        }
+    });
+    // HTTP/1.1: long-polls whose sockets close give back their waiter and connection slot.
+    let connections_before = metric_sum(&server, "pico_http_connections");
+    let mut sockets = Vec::new();
+    for _ in 0..300 {
+        let mut socket = TcpStream::connect(addr).unwrap();
+        socket
+            .write_all(b"GET /lp?seq=0&live=long-poll HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
+        sockets.push(socket);
+    }
+    common::wait_for(
+        "HTTP/1.1 long-polls to park",
+        Duration::from_secs(60),
+        || (metric_sum(&server, "pico_live_waiters") >= 300).then_some(()),
+    );
+    drop(sockets);
+    common::wait_for("HTTP/1.1 waiters to go", Duration::from_secs(60), || {
+        (metric_sum(&server, "pico_live_waiters") == 0).then_some(())
+    });
+    common::wait_for(
+        "their connections to close",
+        Duration::from_secs(60),
+        || (metric_sum(&server, "pico_http_connections") <= connections_before).then_some(()),
+    );
+    // A real client is served: a long-poll wakes on an append.
+    let waiter = std::thread::spawn(move || {
+        Conn::connect(addr)
+            .unwrap()
+            .request("GET", "/lp?seq=0&live=long-poll", &[], b"")
+            .unwrap()
+    });
+    common::wait_for(
+        "the real long-poll to park",
+        Duration::from_secs(60),
+        || (metric_sum(&server, "pico_live_waiters") == 1).then_some(()),
+    );
+    server.post("/lp", b"wake").expect(200);
+    assert_eq!(waiter.join().unwrap().status, 200);
+    assert_serves(&mut server, "after cancelled long-polls");
+}
+
+#[test]
+fn idle_and_stalled_h2_connections_are_closed_after_the_request_timeout() {
+    let server = Server::start(&["--request-timeout-sec", "1"]);
+    server.put("/slow", "text/plain").expect(201);
+    // Only the preface and an empty SETTINGS frame, then nothing: a GOAWAY, then the close.
+    let mut socket = TcpStream::connect(server.addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    socket
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    let mut received = Vec::new();
+    let closed = socket.read_to_end(&mut received);
+    assert!(
+        closed.is_ok(),
+        "the idle connection was not closed: {closed:?}"
+    );
+    let mut at = 0;
+    let mut frame_types = Vec::new();
+    while at + 9 <= received.len() {
+        let length = usize::from(received[at]) << 16
+            | usize::from(received[at + 1]) << 8
+            | usize::from(received[at + 2]);
+        frame_types.push(received[at + 3]);
+        at += 9 + length;
+    }
+    assert!(
+        frame_types.contains(&0x7),
+        "no GOAWAY among frames {frame_types:?}"
+    );
+    // A request whose body never comes is answered 408.
+    let addr = server.addr;
+    let status = runtime().block_on(async {
+        let mut client = h2_connect(addr).await;
+        let request = h2_request("POST", addr, "/slow");
+        let (response, _send) = client.send_request(request, false).unwrap();
+        response.await.unwrap().status()
+    });
+    assert_eq!(status, 408);
+    assert_eq!(server.head("/slow").expect(200).h("pico-next-seq"), "0");
 }

@@ -994,11 +994,29 @@ pub fn unexpected_reply(op: &str, reply: &Reply) -> EngineError {
 async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {
     while let Some(message) = inbox.next().await {
         match message {
-            Message::Op { name, op, reply } => {
+            Message::Op {
+                name,
+                op,
+                mut reply,
+            } => {
                 let shard = shard.clone();
+                // A read whose requester went away (a long-poll's client left) is dropped
+                // with its waiter; any other operation runs to its end.
+                let cancellable = matches!(op, Op::Read(_) | Op::Head);
                 glommio::spawn_local(async move {
-                    let result = shard.execute(&name, op).await;
-                    let _ = reply.send(result);
+                    let run = async { Some(shard.execute(&name, op).await) };
+                    let result = if cancellable {
+                        let gone = async {
+                            reply.cancellation().await;
+                            None
+                        };
+                        futures_lite::future::or(run, gone).await
+                    } else {
+                        run.await
+                    };
+                    if let Some(result) = result {
+                        let _ = reply.send(result);
+                    }
                 })
                 .detach();
             }

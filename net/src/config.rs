@@ -64,6 +64,9 @@ pub struct ServerConfig {
     pub max_chunk_size: usize,
     /// Largest accepted request body (bytes); larger → 413.
     pub max_body_size: usize,
+    /// A request not received within this is `408`; an idle connection closes after it
+    /// (`--request-timeout-sec`).
+    pub request_timeout_ms: u64,
     /// A segment seals at this size (bytes).
     pub segment_size: usize,
     /// ... or at this age (ms) once it holds data.
@@ -118,6 +121,7 @@ impl Default for ServerConfig {
             sse_max_duration_ms: 55_000,
             max_chunk_size: 64 * 1024,
             max_body_size: 8 * 1024 * 1024,
+            request_timeout_ms: crate::limits::REQUEST_TIMEOUT_SEC_DEFAULT * 1000,
             segment_size: 8 * 1024 * 1024,
             segment_max_age_ms: 2_000,
             backlog: 1024,

@@ -13,17 +13,13 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::http2;
+use crate::limits::{BodyReservation, ConnectionLimits};
 use crate::shutdown::CoreShutdown;
 
 /// Largest request head (request line and headers).
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Most headers in one request.
 pub const HEADERS_MAX: usize = 100;
-/// A connection idle this long between requests is closed; a request (head and body) not
-/// received within it gets `408`.
-pub const REQUEST_READ_TIMEOUT_SEC: u64 = 120;
-const REQUEST_READ_TIMEOUT: std::time::Duration =
-    std::time::Duration::from_secs(REQUEST_READ_TIMEOUT_SEC);
 
 /// `future`'s output, or `None` once `limit` has passed.
 pub(crate) async fn within<T>(
@@ -234,7 +230,7 @@ fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
 /// `on_error` renders a protocol error in the listener's style.
 pub async fn serve_connection<S, H, F>(
     mut stream: S,
-    max_body_size: usize,
+    limits: ConnectionLimits,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
@@ -251,20 +247,20 @@ pub async fn serve_connection<S, H, F>(
         }
         if seen == http2::PREFACE.len() {
             let stream = http2::Prefixed::new(buf, stream);
-            return http2::serve_connection(stream, max_body_size, handle, on_error, stop).await;
+            return http2::serve_connection(stream, limits, handle, on_error, stop).await;
         }
-        let more = within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)).await;
+        let more = within(limits.request_timeout, fill(&mut stream, &mut buf)).await;
         if !matches!(more, Some(Ok(true))) {
             return;
         }
     }
-    serve_http1(stream, buf, max_body_size, handle, on_error, stop).await
+    serve_http1(stream, buf, limits, handle, on_error, stop).await
 }
 
 async fn serve_http1<S, H, F>(
     mut stream: S,
     mut buf: BytesMut,
-    max_body_size: usize,
+    limits: ConnectionLimits,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
@@ -277,18 +273,18 @@ async fn serve_http1<S, H, F>(
         if buf.is_empty() {
             // Idle between requests: a shutdown closes the connection here, never mid-request.
             let first = stop
-                .unless_stopped(within(REQUEST_READ_TIMEOUT, fill(&mut stream, &mut buf)))
+                .unless_stopped(within(limits.request_timeout, fill(&mut stream, &mut buf)))
                 .await;
             if !matches!(first, Some(Some(Ok(true)))) {
                 return;
             }
         }
-        let read = read_request(&mut stream, &mut buf, max_body_size);
-        let Some(read) = within(REQUEST_READ_TIMEOUT, read).await else {
+        let read = read_request(&mut stream, &mut buf, &limits);
+        let Some(read) = within(limits.request_timeout, read).await else {
             // Idle keep-alive connections just close; a stalled request learns why.
             if !buf.is_empty() {
                 let response = on_error(408, "request not received in time");
-                let _ = write_response(&mut stream, response, false, false).await;
+                let _ = write_response(&mut stream, &mut buf, response, false, false).await;
             }
             return;
         };
@@ -296,9 +292,12 @@ async fn serve_http1<S, H, F>(
             Ok(Some(parsed)) => parsed,
             Ok(None) => return,
             Err(e) => {
-                let response = on_error(e.status, &e.message);
-                let _ = write_response(&mut stream, response, false, false).await;
-                if e.status == 413 {
+                let mut response = on_error(e.status, &e.message);
+                if e.status == 429 {
+                    response.headers.push(("retry-after", "1".into()));
+                }
+                let _ = write_response(&mut stream, &mut buf, response, false, false).await;
+                if e.status == 413 || e.status == 429 {
                     // Closing with the body still arriving would reset the connection before
                     // the client reads the 413; discard (bounded) what it still sends first.
                     let discard = async {
@@ -316,12 +315,28 @@ async fn serve_http1<S, H, F>(
                 return;
             }
         };
-        let (request, keep_alive) = parsed;
+        let (request, keep_alive, body_held) = parsed;
         let head_only = request.method == "HEAD";
-        let response = handle(request).await;
+        // A read can be dropped when its client leaves (a long-poll then leaves no waiter and
+        // frees its connection slot); a write always runs to its end.
+        let cancellable = head_only || request.method == "GET";
+        let response = if cancellable {
+            let answer = futures_lite::future::or(async { Some(handle(request).await) }, async {
+                peer_gone(&mut stream, &mut buf).await;
+                None
+            });
+            match answer.await {
+                Some(response) => response,
+                None => return,
+            }
+        } else {
+            handle(request).await
+        };
+        // The body was handled (its records are the engine's now, counted there).
+        drop(body_held);
         // Once the node is stopping, the response in hand is the connection's last.
         let keep_alive = keep_alive && !stop.is_set();
-        if write_response(&mut stream, response, head_only, keep_alive)
+        if write_response(&mut stream, &mut buf, response, head_only, keep_alive)
             .await
             .is_err()
             || !keep_alive
@@ -329,6 +344,21 @@ async fn serve_http1<S, H, F>(
             return;
         }
     }
+}
+
+/// Completes when the peer closes the connection (or it fails) while a request is handled;
+/// bytes it sends meanwhile (a pipelined next request) are kept in `buf`, up to a request
+/// head's worth, after which it stops reading. Cancel-safe: bytes are moved into `buf` in the
+/// poll that reads them.
+async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) {
+    let mut scratch = [0u8; 2048];
+    while buf.len() < HEAD_BYTES_MAX {
+        match stream.read(&mut scratch).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&scratch[..n]),
+        }
+    }
+    std::future::pending::<()>().await
 }
 
 /// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
@@ -351,8 +381,8 @@ async fn fill<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> std::
 async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
-    max_body_size: usize,
-) -> Result<Option<(Request, bool)>, ProtocolError> {
+    limits: &ConnectionLimits,
+) -> Result<Option<(Request, bool, BodyReservation)>, ProtocolError> {
     let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
     loop {
         if !buf.is_empty() {
@@ -368,7 +398,7 @@ async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
                     }
                     let head = parse_head(&parsed)?;
                     buf.advance(head_len);
-                    return read_body(stream, buf, head, max_body_size).await.map(Some);
+                    return read_body(stream, buf, head, limits).await.map(Some);
                 }
                 Ok(httparse::Status::Partial) => {
                     if buf.len() > HEAD_BYTES_MAX {
@@ -494,8 +524,10 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     head: Head,
-    max_body_size: usize,
-) -> Result<(Request, bool), ProtocolError> {
+    limits: &ConnectionLimits,
+) -> Result<(Request, bool, BodyReservation), ProtocolError> {
+    let max_body_size = limits.max_body_size;
+    let mut held = limits.bodies.reservation();
     let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
     let too_large = || protocol_error(413, format!("body larger than {max_body_size} bytes"));
     let wants_body = head.chunked || head.content_length.is_some_and(|l| l > 0);
@@ -509,13 +541,20 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
             .map_err(io_error)?;
     }
     let body = if head.chunked {
-        read_chunked(stream, buf, max_body_size).await?
+        read_chunked(stream, buf, max_body_size, &mut held).await?
     } else {
         let length = head.content_length.unwrap_or(0);
         if length > max_body_size {
             return Err(too_large());
         }
-        while buf.len() < length {
+        loop {
+            // Counted as it arrives, not when complete: a stalled body holds what it sent.
+            if !held.grow_to(buf.len().min(length)) {
+                return Err(overloaded());
+            }
+            if buf.len() >= length {
+                break;
+            }
             if !fill(stream, buf).await.map_err(io_error)? {
                 return Err(protocol_error(400, "connection closed mid-body"));
             }
@@ -530,13 +569,22 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
         headers: head.headers,
         body,
     };
-    Ok((request, head.keep_alive))
+    Ok((request, head.keep_alive, held))
+}
+
+/// The core's request bodies fill `--max-in-flight-bytes`.
+fn overloaded() -> ProtocolError {
+    protocol_error(
+        429,
+        "request bodies being received fill this core's --max-in-flight-bytes",
+    )
 }
 
 async fn read_chunked<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     max_body_size: usize,
+    held: &mut BodyReservation,
 ) -> Result<Bytes, ProtocolError> {
     let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
     let mut body = BytesMut::new();
@@ -581,9 +629,15 @@ async fn read_chunked<S: AsyncRead + Unpin>(
             ));
         }
         while buf.len() < size + 2 {
+            if !held.grow_to(body.len() + buf.len().min(size)) {
+                return Err(overloaded());
+            }
             if !fill(stream, buf).await.map_err(io_error)? {
                 return Err(protocol_error(400, "connection closed mid-body"));
             }
+        }
+        if !held.grow_to(body.len() + size) {
+            return Err(overloaded());
         }
         body.extend_from_slice(&buf[..size]);
         if &buf[size..size + 2] != b"\r\n" {
@@ -622,8 +676,11 @@ fn has_bare_lf(head: &[u8]) -> bool {
         .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
-async fn write_response<S: AsyncWrite + Unpin>(
+/// Sends `response`. While an event stream waits for its next event, what the peer sends is
+/// kept in `arrived` (a pipelined request), and the peer closing ends the stream at once.
+async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
+    arrived: &mut BytesMut,
     mut response: Response,
     head_only: bool,
     keep_alive: bool,
@@ -653,7 +710,7 @@ async fn write_response<S: AsyncWrite + Unpin>(
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).await?;
         stream.flush().await?;
-        return write_chunked(stream, body).await;
+        return write_chunked(stream, arrived, body).await;
     }
     let body_len = response.body_len();
     if !no_body_status {
@@ -697,12 +754,24 @@ async fn write_response<S: AsyncWrite + Unpin>(
 
 /// Sends each item of `body` as one chunk, flushing after each so events reach the client at
 /// once; a write error (the client went away) ends the stream.
-async fn write_chunked<S: AsyncWrite + Unpin>(
+async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
+    arrived: &mut BytesMut,
     mut body: BodyStream,
 ) -> std::io::Result<()> {
     use futures_lite::StreamExt;
-    while let Some(chunk) = body.next().await {
+    loop {
+        let next = futures_lite::future::or(async { Some(body.next().await) }, async {
+            peer_gone(stream, arrived).await;
+            None
+        })
+        .await;
+        // The peer left: the event stream (and the read waiting under it) is dropped now,
+        // not at the next keep-alive.
+        let Some(next) = next else {
+            return Err(std::io::ErrorKind::ConnectionAborted.into());
+        };
+        let Some(chunk) = next else { break };
         if chunk.is_empty() {
             continue;
         }
@@ -725,7 +794,8 @@ mod tests {
     fn parse_status(wire: &[u8]) -> u16 {
         let mut stream = futures_lite::io::Cursor::new(wire.to_vec());
         let mut buf = BytesMut::new();
-        let read = read_request(&mut stream, &mut buf, 1 << 20);
+        let limits = ConnectionLimits::with_body_limit(1 << 20);
+        let read = read_request(&mut stream, &mut buf, &limits);
         match futures_lite::future::block_on(read) {
             Ok(_) => 0,
             Err(e) => e.status,

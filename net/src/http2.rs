@@ -3,14 +3,18 @@
 //! included).
 //!
 //! Each request runs in its own task; the connection task keeps polling `accept`, which drives
-//! the socket for all of them. Request bodies are collected with flow control released as the
-//! bytes arrive (or uploads stall at the 64 KiB initial window); response bodies are sent as the
-//! peer grants capacity.
+//! the socket for all of them. Request bodies are counted against the core's body budget
+//! (`crate::limits`) as their DATA frames arrive, and only then is the flow-control window
+//! opened again for them: past the budget a request gets `429` instead of more window.
+//! Response bodies are sent as the peer grants capacity. A connection idle for the request
+//! timeout gets a GOAWAY.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
@@ -18,6 +22,7 @@ use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 
 use crate::http1::{Request, Response};
+use crate::limits::{BodyReservation, ConnectionLimits};
 use crate::shutdown::CoreShutdown;
 use crate::socket::{Socket, TokioIo};
 
@@ -97,10 +102,11 @@ impl<S: Socket> Socket for Prefixed<S> {
     }
 }
 
-/// Serves HTTP/2 on `stream` until the peer goes away.
+/// Serves HTTP/2 on `stream` until the peer goes away, or until it was idle (no request in
+/// progress or started) for `limits.request_timeout`: then a GOAWAY closes it.
 pub async fn serve_connection<S, H, F>(
     stream: S,
-    max_body_size: usize,
+    limits: ConnectionLimits,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
@@ -116,55 +122,183 @@ pub async fn serve_connection<S, H, F>(
         .max_header_list_size(HEADER_LIST_BYTES_MAX)
         .max_frame_size(FRAME_BYTES_MAX)
         .handshake::<_, Bytes>(TokioIo::new(stream));
-    let mut connection = match handshake.await {
-        Ok(connection) => connection,
-        Err(e) => {
+    let connection = crate::http1::within(limits.request_timeout, handshake).await;
+    let mut connection = match connection {
+        Some(Ok(connection)) => connection,
+        Some(Err(e)) => {
             log::debug!("h2 handshake failed: {e}");
             return;
         }
+        None => return,
     };
-    let mut going_away = false;
+    let activity = Rc::new(Activity {
+        open: Cell::new(0),
+        last: Cell::new(Instant::now()),
+    });
     loop {
-        // On shutdown: GOAWAY, then keep driving the connection until its streams finish.
-        let next = if going_away {
-            Some(connection.accept().await)
+        // With requests in progress the connection is not idle: look again a timeout later.
+        let idle_at = if activity.open.get() > 0 {
+            Instant::now() + limits.request_timeout
         } else {
-            stop.unless_stopped(connection.accept()).await
+            activity.last.get() + limits.request_timeout
         };
-        let Some(next) = next else {
-            connection.graceful_shutdown();
-            going_away = true;
-            continue;
+        let next = stop
+            .unless_stopped(futures_lite::future::or(
+                async { Some(connection.accept().await) },
+                async {
+                    glommio::timer::sleep(idle_at.saturating_duration_since(Instant::now())).await;
+                    None
+                },
+            ))
+            .await;
+        let accepted = match next {
+            Some(Some(Some(accepted))) => accepted,
+            // The peer closed the connection.
+            Some(Some(None)) => return,
+            Some(None)
+                if activity.open.get() > 0
+                    || Instant::now() < activity.last.get() + limits.request_timeout =>
+            {
+                continue
+            }
+            // Idle past the timeout, or the node is stopping: GOAWAY, then let the requests
+            // in progress finish (bounded, so a peer that stopped reading cannot hold it).
+            Some(None) | None => {
+                connection.graceful_shutdown();
+                let drain = async {
+                    while let Some(Ok((request, respond))) = connection.accept().await {
+                        spawn_request(request, respond, &activity, &limits, &handle, on_error);
+                    }
+                };
+                crate::http1::within(DRAIN_TIMEOUT, drain).await;
+                return;
+            }
         };
-        let Some(accepted) = next else { return };
-        let (request, respond) = match accepted {
-            Ok(pair) => pair,
+        match accepted {
+            Ok((request, respond)) => {
+                spawn_request(request, respond, &activity, &limits, &handle, on_error)
+            }
             Err(e) => {
                 log::debug!("h2 connection ended: {e}");
                 return;
             }
-        };
-        let handle = handle.clone();
-        // A panic ends this request only (its stream is reset): see `crate::panics`.
-        glommio::spawn_local(crate::panics::catch_panic(async move {
-            let head_only = request.method() == http::Method::HEAD;
-            let response = match read_request(request, max_body_size).await {
-                Ok(request) => handle(request).await,
-                Err((status, message)) => on_error(status, &message),
-            };
-            if let Err(e) = send_response(respond, response, head_only).await {
-                log::debug!("h2 response not delivered: {e}");
+        }
+    }
+}
+
+/// Runs one request in a task of its own, counted in `activity` while it lasts.
+fn spawn_request<H, F>(
+    request: http::Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+    activity: &Rc<Activity>,
+    limits: &ConnectionLimits,
+    handle: &Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+) where
+    H: Fn(Request) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let in_progress = InProgress::start(activity);
+    let (handle, limits) = (handle.clone(), limits.clone());
+    // A panic ends this request only (its stream is reset): see `crate::panics`.
+    glommio::spawn_local(crate::panics::catch_panic(async move {
+        let _in_progress = in_progress;
+        serve_request(request, respond, &limits, handle.as_ref(), on_error).await;
+    }))
+    .detach();
+}
+
+/// Longest a connection's requests may take to finish after its GOAWAY.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Requests in progress on a connection, and when one last started or ended.
+struct Activity {
+    open: Cell<usize>,
+    last: Cell<Instant>,
+}
+
+/// One request counted in [`Activity`] until dropped (also when its task panics).
+struct InProgress(Rc<Activity>);
+
+impl InProgress {
+    fn start(activity: &Rc<Activity>) -> InProgress {
+        activity.open.set(activity.open.get() + 1);
+        activity.last.set(Instant::now());
+        InProgress(activity.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get().saturating_sub(1));
+        self.0.last.set(Instant::now());
+    }
+}
+
+/// Reads one request (within the request timeout), answers it, sends the answer. A `GET` or
+/// `HEAD` the client resets is dropped at once, so a cancelled long-poll or SSE read leaves
+/// no waiter behind; other requests run to their end (an append is never cut in half).
+async fn serve_request<H, F>(
+    request: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    limits: &ConnectionLimits,
+    handle: &H,
+    on_error: fn(u16, &str) -> Response,
+) where
+    H: Fn(Request) -> F,
+    F: Future<Output = Response>,
+{
+    let head_only = request.method() == http::Method::HEAD;
+    let cancellable = head_only || request.method() == http::Method::GET;
+    let answer = async {
+        match crate::http1::within(limits.request_timeout, read_request(request, limits)).await {
+            Some(Ok((request, body_held))) => {
+                let response = handle(request).await;
+                drop(body_held);
+                response
             }
-        }))
-        .detach();
+            Some(Err((status, message))) => {
+                let mut response = on_error(status, &message);
+                if status == 429 {
+                    response.headers.push(("retry-after", "1".into()));
+                }
+                response
+            }
+            None => on_error(408, "request not received in time"),
+        }
+    };
+    let response = if cancellable {
+        let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
+        let raced = futures_lite::future::or(async { Some(answer.await) }, async {
+            let _ = reset.await;
+            None
+        });
+        match raced.await {
+            Some(response) => response,
+            None => return,
+        }
+    } else {
+        answer.await
+    };
+    if let Err(e) = send_response(respond, response, head_only).await {
+        log::debug!("h2 response not delivered: {e}");
     }
 }
 
 async fn read_request(
     request: http::Request<RecvStream>,
-    max_body_size: usize,
-) -> Result<Request, (u16, String)> {
+    limits: &ConnectionLimits,
+) -> Result<(Request, BodyReservation), (u16, String)> {
+    let max_body_size = limits.max_body_size;
     let (parts, mut body) = request.into_parts();
+    let path = match parts.uri.path() {
+        "" => "/",
+        path => path,
+    };
+    // `:path` may be `*` (or an authority, for CONNECT): never a stream name.
+    if !path.starts_with('/') {
+        return Err((400, format!("request target must be a path: {path}")));
+    }
     let too_large = || (413, format!("body larger than {max_body_size} bytes"));
     let declared = parts
         .headers
@@ -174,27 +308,40 @@ async fn read_request(
     if declared.is_some_and(|l| l > max_body_size) {
         return Err(too_large());
     }
-    let mut collected = BytesMut::with_capacity(declared.unwrap_or(0));
-    let mut single: Option<Bytes> = None;
+    let mut held = limits.bodies.reservation();
+    // The DATA frames as received, joined once at the end: no buffer sized by a declared
+    // length (a promise, not bytes) and no copies while growing one.
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| (400, format!("request body: {e}")))?;
-        let _ = body.flow_control().release_capacity(chunk.len());
-        let total = collected.len() + single.as_ref().map_or(0, Bytes::len) + chunk.len();
+        total += chunk.len();
         if total > max_body_size {
             return Err(too_large());
         }
-        // A body that arrives in one DATA frame is kept as is (no copy).
-        match single.take() {
-            None if collected.is_empty() => single = Some(chunk),
-            first => {
-                if let Some(first) = first {
-                    collected.extend_from_slice(&first);
-                }
-                collected.extend_from_slice(&chunk);
-            }
+        if !held.grow_to(total) {
+            return Err((
+                429,
+                "request bodies being received fill this core's --max-in-flight-bytes".into(),
+            ));
         }
+        // The window opens again only for bytes this core's budget holds: a client cannot
+        // make the server buffer more than the budget, however many streams it opens.
+        let _ = body.flow_control().release_capacity(chunk.len());
+        frames.push(chunk);
     }
-    let body = single.unwrap_or_else(|| collected.freeze());
+    // A body that arrives in one DATA frame is kept as is (no copy).
+    let body = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().unwrap_or_default(),
+        _ => {
+            let mut joined = BytesMut::with_capacity(total);
+            for frame in frames {
+                joined.extend_from_slice(&frame);
+            }
+            joined.freeze()
+        }
+    };
     let mut headers: Vec<(String, Bytes)> = parts
         .headers
         .iter()
@@ -214,21 +361,16 @@ async fn read_request(
             ));
         }
     }
-    let path = match parts.uri.path() {
-        "" => "/",
-        path => path,
-    };
-    // `:path` may be `*` (or an authority, for CONNECT): never a stream name.
-    if !path.starts_with('/') {
-        return Err((400, format!("request target must be a path: {path}")));
-    }
-    Ok(Request {
-        method: parts.method.as_str().to_string(),
-        path: path.to_string(),
-        query: parts.uri.query().unwrap_or("").to_string(),
-        headers,
-        body,
-    })
+    Ok((
+        Request {
+            method: parts.method.as_str().to_string(),
+            path: path.to_string(),
+            query: parts.uri.query().unwrap_or("").to_string(),
+            headers,
+            body,
+        },
+        held,
+    ))
 }
 
 async fn send_response(
@@ -261,11 +403,19 @@ async fn send_response(
     }
     let mut send = respond.send_response(head, false)?;
     match response.stream.take() {
-        Some(mut events) => {
-            while let Some(chunk) = events.next().await {
-                send_data(&mut send, chunk).await?;
+        Some(mut events) => loop {
+            // A reset stream ends the event stream at once (and the read waiting under it).
+            let next = futures_lite::future::or(async { Some(events.next().await) }, async {
+                let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
+                None
+            })
+            .await;
+            match next {
+                Some(Some(chunk)) => send_data(&mut send, chunk).await?,
+                Some(None) => break,
+                None => return Err(h2::Error::from(h2::Reason::CANCEL)),
             }
-        }
+        },
         None => {
             for buffer in response.take_body_buffers() {
                 send_data(&mut send, buffer).await?;

@@ -10,6 +10,7 @@ pub mod ds;
 pub mod ds_subs;
 pub mod http1;
 pub mod http2;
+pub mod limits;
 pub mod metrics;
 pub mod panics;
 pub mod params;

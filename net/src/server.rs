@@ -22,12 +22,15 @@ use crate::ds::{self, DsSettings};
 use crate::ds_subs::Subscriptions;
 use crate::http1;
 use crate::http2;
+use crate::limits::{BodyBudget, ConnectionLimits};
 use crate::metrics::HttpMetrics;
 use crate::pico::{self, PicoSettings};
 use crate::shutdown::{CoreShutdown, Shutdown};
 use crate::tls;
 use futures_rustls::TlsAcceptor;
 
+/// Largest request body the admin listener takes (its API takes small JSON documents).
+const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
 /// Open connections per core; past it new connections get `503` and are closed.
 pub const CONNECTIONS_PER_CORE_MAX: usize = 10_000;
 /// Graceful shutdown: how long in-flight requests get to finish, how long the final upload
@@ -262,6 +265,8 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             settings: settings.clone(),
             ds_settings: ds_settings.clone(),
             max_body_size: config.max_body_size,
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
+            in_flight_bytes_max: config.in_flight_bytes_max,
             ready: ready_tx.clone(),
             shutdown: shutdown.clone(),
             stopped: stopped_tx.clone(),
@@ -436,6 +441,8 @@ struct CoreJob {
     settings: PicoSettings,
     ds_settings: DsSettings,
     max_body_size: usize,
+    request_timeout: Duration,
+    in_flight_bytes_max: usize,
     ready: mpsc::Sender<Result<Started, String>>,
     shutdown: Shutdown,
     stopped: mpsc::Sender<Stopped>,
@@ -468,10 +475,19 @@ async fn run_core(job: CoreJob) {
         settings,
         ds_settings,
         max_body_size,
+        request_timeout,
+        in_flight_bytes_max,
         ready,
         shutdown,
         stopped,
     } = job;
+    // One budget for the bodies all this core's connections are receiving.
+    let bodies = BodyBudget::new(in_flight_bytes_max);
+    let limits = ConnectionLimits {
+        max_body_size,
+        request_timeout,
+        bodies,
+    };
     let started = async {
         let core = CoreHandle::start(seed).await?;
         let mut bound = Vec::new();
@@ -544,6 +560,10 @@ async fn run_core(job: CoreJob) {
             tokens: tokens.clone(),
         });
         let (admin_http, admin_stop) = (http.clone(), stop.clone());
+        let admin_limits = ConnectionLimits {
+            max_body_size: ADMIN_BODY_BYTES_MAX,
+            ..limits.clone()
+        };
         glommio::spawn_local(async move {
             let handler = Rc::new(move |request| {
                 let state = state.clone();
@@ -552,7 +572,7 @@ async fn run_core(job: CoreJob) {
             accept_loop(
                 admin_listener,
                 admin_tls,
-                64 * 1024,
+                admin_limits,
                 handler,
                 admin::connection_error,
                 admin_http,
@@ -587,7 +607,7 @@ async fn run_core(job: CoreJob) {
                 glommio::spawn_local(accept_loop(
                     listener,
                     tls,
-                    max_body_size,
+                    limits.clone(),
                     handler,
                     pico::connection_error,
                     http.clone(),
@@ -608,7 +628,7 @@ async fn run_core(job: CoreJob) {
                 glommio::spawn_local(accept_loop(
                     listener,
                     tls,
-                    max_body_size,
+                    limits.clone(),
                     handler,
                     ds::connection_error,
                     http.clone(),
@@ -627,7 +647,7 @@ async fn run_core(job: CoreJob) {
 async fn accept_loop<H, F>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    max_body_size: usize,
+    limits: ConnectionLimits,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> http1::Response,
     metrics: Arc<HttpMetrics>,
@@ -651,6 +671,7 @@ async fn accept_loop<H, F>(
         };
         let _ = stream.set_nodelay(true);
         let (open, handler, tls) = (open.clone(), handler.clone(), tls.clone());
+        let limits = limits.clone();
         let (metrics, stop) = (metrics.clone(), stop.clone());
         glommio::spawn_local(async move {
             if open.get() >= CONNECTIONS_PER_CORE_MAX {
@@ -670,11 +691,10 @@ async fn accept_loop<H, F>(
                 match tls {
                     None => {
                         let stream = PlainTcp::new(stream);
-                        http1::serve_connection(stream, max_body_size, handler, on_error, stop)
-                            .await
+                        http1::serve_connection(stream, limits, handler, on_error, stop).await
                     }
                     Some(acceptor) => {
-                        serve_tls(acceptor, stream, max_body_size, handler, on_error, stop).await
+                        serve_tls(acceptor, stream, limits, handler, on_error, stop).await
                     }
                 }
             });
@@ -691,7 +711,7 @@ async fn accept_loop<H, F>(
 async fn serve_tls<H, F>(
     acceptor: TlsAcceptor,
     stream: glommio::net::TcpStream,
-    max_body_size: usize,
+    limits: ConnectionLimits,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> http1::Response,
     stop: CoreShutdown,
@@ -711,9 +731,9 @@ async fn serve_tls<H, F>(
         };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(tls::ALPN_H2);
     if h2 {
-        http2::serve_connection(stream, max_body_size, handler, on_error, stop).await;
+        http2::serve_connection(stream, limits, handler, on_error, stop).await;
     } else {
-        http1::serve_connection(stream, max_body_size, handler, on_error, stop).await;
+        http1::serve_connection(stream, limits, handler, on_error, stop).await;
     }
 }
 
