@@ -159,6 +159,7 @@ fn render_error(error: DsError) -> Response {
 pub fn connection_error(status: u16, message: &str) -> Response {
     let code = match status {
         413 => "PAYLOAD_TOO_LARGE",
+        429 => "OVERLOADED",
         431 => "HEADERS_TOO_LARGE",
         _ => "BAD_REQUEST",
     };

@@ -576,7 +576,7 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
 fn overloaded() -> ProtocolError {
     protocol_error(
         429,
-        "request bodies being received fill this core's --max-in-flight-bytes",
+        "in-flight bytes per core: request bodies being received fill --max-in-flight-bytes",
     )
 }
 

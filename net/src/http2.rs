@@ -322,7 +322,7 @@ async fn read_request(
         if !held.grow_to(total) {
             return Err((
                 429,
-                "request bodies being received fill this core's --max-in-flight-bytes".into(),
+                "in-flight bytes per core: request bodies being received fill --max-in-flight-bytes".into(),
             ));
         }
         // The window opens again only for bytes this core's budget holds: a client cannot

@@ -169,6 +169,7 @@ fn render_error(error: ApiError) -> Response {
 pub fn connection_error(status: u16, message: &str) -> Response {
     let code = match status {
         413 => "too_large",
+        429 => "overloaded",
         501 => "not_implemented",
         _ => "bad_request",
     };
