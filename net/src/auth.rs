@@ -298,6 +298,14 @@ mod tests {
             .contains("must start with /"));
     }
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_tokens(file in crate::fuzzing::inputs("tokens")) {
+            let _ = TokenTable::parse(&String::from_utf8_lossy(&file));
+        }
+    }
+
     #[test]
     fn bearer_header() {
         assert_eq!(bearer(Some("Bearer abc")), Some(&b"abc"[..]));

@@ -513,6 +513,23 @@ mod tests {
 
     const LIMIT: usize = 100_000;
 
+    proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_binary_batch(body in crate::fuzzing::inputs("binary_batch")) {
+            if let Ok(records) = decode_binary_batch(&Bytes::from(body), 16) {
+                prop_assert!(records.len() <= 16);
+            }
+        }
+
+        #[test]
+        fn fuzz_json_batch(body in crate::fuzzing::inputs("json_batch")) {
+            if let Ok(records) = decode_json_batch(&Bytes::from(body), 16) {
+                prop_assert!(!records.is_empty() && records.len() <= 16);
+            }
+        }
+    }
+
     fn json(body: &[u8]) -> Result<Vec<RecordInput>, String> {
         decode_json_batch(&Bytes::copy_from_slice(body), LIMIT)
     }

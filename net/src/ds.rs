@@ -1001,6 +1001,29 @@ fn data_lines(out: &mut Vec<u8>, payload: &[u8]) {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_ds_offset(text in crate::fuzzing::inputs("ds_offset")) {
+            let text = String::from_utf8_lossy(&text);
+            if let Ok(Position::At { seq, bytes }) = parse_offset(&text) {
+                let again = parse_offset(&format_offset(seq, bytes)).ok();
+                proptest::prop_assert_eq!(again, Some(Position::At { seq, bytes }));
+            }
+        }
+
+        #[test]
+        fn fuzz_ds_json_body(body in crate::fuzzing::inputs("ds_json_body")) {
+            let body = Bytes::from(body);
+            if let Ok(records) = body_records(&body, true, true) {
+                for record in &records {
+                    let parsed = serde_json::from_slice::<serde::de::IgnoredAny>(&record.body);
+                    proptest::prop_assert!(parsed.is_ok(), "{:?}", record.body);
+                }
+            }
+        }
+    }
+
     #[test]
     fn offsets_round_trip_and_sort() {
         let a = format_offset(9, 0);

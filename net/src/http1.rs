@@ -802,6 +802,21 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_http1_request(wire in crate::fuzzing::inputs("http1")) {
+            let mut stream = futures_lite::io::Cursor::new(wire);
+            let mut buf = BytesMut::new();
+            let limits = ConnectionLimits::with_body_limit(4096);
+            let read = read_request(&mut stream, &mut buf, &limits);
+            if let Ok(Some((request, _, _))) = futures_lite::future::block_on(read) {
+                proptest::prop_assert!(request.body.len() <= 4096);
+                proptest::prop_assert!(request.path.starts_with('/'));
+            }
+        }
+    }
+
     const CHUNKED: &str = "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
 
     #[test]

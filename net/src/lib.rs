@@ -8,6 +8,8 @@ pub mod config;
 pub mod dashboard;
 pub mod ds;
 pub mod ds_subs;
+#[cfg(test)]
+mod fuzzing;
 pub mod http1;
 pub mod http2;
 pub mod limits;

@@ -82,3 +82,29 @@ fn percent_decode(text: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_query(query in crate::fuzzing::inputs("query")) {
+            let query = String::from_utf8_lossy(&query);
+            for key in ["seq", "offset", "cursor", "live", "prefix", "limit", ""] {
+                for value in query_values(&query, key) {
+                    if let Some(n) = strict_u64(&value) {
+                        proptest::prop_assert_eq!(n.to_string(), value);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn query_values_decode_percent_and_plus() {
+        assert_eq!(query_values("a=%2Fx+y&a=2&b=3", "a"), vec!["/x y", "2"]);
+        assert_eq!(query_param("a=%zz%", "a").as_deref(), Some("%zz%"));
+    }
+}

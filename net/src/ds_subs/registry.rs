@@ -1348,6 +1348,21 @@ fn retry_delay(attempts: u32) -> Duration {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_subscription_body(body in crate::fuzzing::inputs("subscription_body")) {
+            if let Ok(value) = serde_json::from_slice::<Value>(&body) {
+                let _ = parse_config(&value);
+                let _ = parse_ack_request(&value);
+                let _ = parse_streams(&value["streams"]);
+                if let Some(path) = value["path"].as_str() {
+                    let _ = normalize_path(path);
+                }
+            }
+        }
+    }
+
     const ROOT: &str = "/v1/stream/";
     const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
 

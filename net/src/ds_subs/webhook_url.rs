@@ -256,6 +256,16 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_webhook_url(url in crate::fuzzing::inputs("webhook_url")) {
+            let url = String::from_utf8_lossy(&url);
+            let _ = parse(&url);
+            let _ = check(&url);
+        }
+    }
+
     #[test]
     fn loopback_receivers_are_accepted_with_http() {
         let url = check("http://127.0.0.1:43123/webhook").unwrap();
