@@ -297,11 +297,14 @@ async fn serve_http1<S, H, F>(
                     response.headers.push(("retry-after", "1".into()));
                 }
                 let _ = write_response(&mut stream, &mut buf, response, false, false).await;
+                // What was received of a refused request is not kept while the rest drains
+                // (the core's body budget no longer counts it).
+                drop(std::mem::take(&mut buf));
                 if e.status == 413 || e.status == 429 {
                     // Closing with the body still arriving would reset the connection before
                     // the client reads the 413; discard (bounded) what it still sends first.
                     let discard = async {
-                        let mut sink = vec![0u8; READ_CHUNK_BYTES];
+                        let mut sink = [0u8; 16 * 1024];
                         let mut left = OVERSIZED_BODY_DRAIN_BYTES_MAX;
                         while left > 0 {
                             match stream.read(&mut sink).await {
