@@ -658,7 +658,7 @@ fn h2_uploads_that_never_end_hold_no_more_than_the_core_budget() {
     // The budget is 16 MiB, plus the connection's 8 MiB window in flight: allow the
     // allocator three times that. Unbounded, this run grew the node by 2.3 GB.
     assert!(
-        grown < 3 * (16 + 8) << 20,
+        grown < (3 * (16 + 8)) << 20,
         "RSS grew by {} MiB",
         grown >> 20
     );
@@ -831,7 +831,7 @@ fn http1_bodies_that_never_end_hold_no_more_than_the_core_budget() {
     eprintln!("RSS grew by {} MiB with 100 partial bodies", grown >> 20);
     // The bound: the 16 MiB budget twice (a body's buffer grows by doubling), 256 KiB of
     // read buffers per connection, 32 MiB for the allocator. Unbounded, it was ~1 GB.
-    let bound = (2 * 16 << 20) + 100 * (256 << 10) + (32 << 20);
+    let bound = ((2 * 16) << 20) + 100 * (256 << 10) + (32 << 20);
     assert!(grown < bound, "RSS grew by {} MiB", grown >> 20);
     drop(sockets);
     assert_serves(&mut server, "after partial HTTP/1.1 bodies");

@@ -83,11 +83,11 @@ enum Mutation {
 fn mutation() -> impl Strategy<Value = Mutation> {
     let at = any::<usize>();
     prop_oneof![
-        (at.clone(), any::<u8>()).prop_map(|(i, b)| Mutation::Overwrite(i, b)),
-        (at.clone(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
-        at.clone().prop_map(Mutation::Delete),
-        (at.clone(), 0..TOKENS.len()).prop_map(|(i, t)| Mutation::Token(i, t)),
-        (at.clone(), 1usize..64).prop_map(|(i, n)| Mutation::Duplicate(i, n)),
+        (at, any::<u8>()).prop_map(|(i, b)| Mutation::Overwrite(i, b)),
+        (at, any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        at.prop_map(Mutation::Delete),
+        (at, 0..TOKENS.len()).prop_map(|(i, t)| Mutation::Token(i, t)),
+        (at, 1usize..64).prop_map(|(i, n)| Mutation::Duplicate(i, n)),
         at.prop_map(Mutation::Truncate),
     ]
 }
