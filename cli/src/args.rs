@@ -118,7 +118,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "ms", default = "20")]
     pub object_flush_ms: u64,
 
-    /// seconds a long-poll (and an idle SSE response, before its keep-alive control) waits for data before answering, fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
+    /// seconds a live read stays silent at most, both protocols: a long-poll answers, an idle SSE response sends a keep-alive; fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
     #[argh(
         option,
         arg_name = "secs",
