@@ -10,6 +10,9 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+// First, so that its print macros replace std's in every module below.
+#[macro_use]
+mod output;
 mod admin;
 mod args;
 mod argv;
