@@ -100,8 +100,8 @@ fn a_closed_stderr_changes_nothing_but_the_messages() {
 #[test]
 fn a_node_whose_stdout_is_closed_serves_and_stops_cleanly() {
     let dir = tempfile::tempdir().expect("a directory");
-    let port_file = dir.path().join("server.log");
-    let log = std::fs::File::create(&port_file).expect("create the log");
+    let log_path = dir.path().join("server.log");
+    let log = std::fs::File::create(&log_path).expect("create the log");
     let mut child = pico(&[
         "serve",
         "--listen",
@@ -123,7 +123,7 @@ fn a_node_whose_stdout_is_closed_serves_and_stops_cleanly() {
     .expect("spawn pico serve");
     // Its address is only on the closed stdout; the log names it too.
     let addr = common::wait_for("the node's address in its log", common::IO_TIMEOUT, || {
-        let text = std::fs::read_to_string(&port_file).ok()?;
+        let text = std::fs::read_to_string(&log_path).ok()?;
         text.lines()
             .find_map(|l| l.split("protocol pico on http://").nth(1))
             .and_then(|a| a.trim().parse::<std::net::SocketAddr>().ok())
@@ -141,7 +141,7 @@ fn a_node_whose_stdout_is_closed_serves_and_stops_cleanly() {
         "kill"
     );
     let status = child.wait().expect("wait for pico serve");
-    let log = std::fs::read_to_string(&port_file).unwrap_or_default();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "log:\n{log}");
     assert!(!log.contains("panicked"), "log:\n{log}");
 }
