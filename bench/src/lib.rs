@@ -25,6 +25,9 @@
 //! # }
 //! ```
 
+// First, so that its print macro replaces std's in every module below.
+#[macro_use]
+mod output;
 mod args;
 mod h2direct;
 mod live;

@@ -1,7 +1,6 @@
 //! The bits of the protocols the bench speaks directly: Pico binary batches, binary read
 //! pages and SSE events, Durable Streams append bodies, and HTTP error texts.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -264,17 +263,7 @@ pub(crate) fn with_query(url: &str, pairs: &[(&str, &str)]) -> reqwest::Url {
 
 /// A reqwest error with its causes (reqwest's own text is only the outermost layer).
 pub(crate) fn describe(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    text
+    pico_client::transport_message(e)
 }
 
 /// `<what>: <status> <error>: <message>` from an error response.

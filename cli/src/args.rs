@@ -62,6 +62,7 @@ pub enum Command {
     Config(ConfigArgs),
     Bench(pico_bench::BenchArgs),
     Admin(AdminArgs),
+    Cert(CertArgs),
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -118,7 +119,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "ms", default = "20")]
     pub object_flush_ms: u64,
 
-    /// seconds a long-poll (and an idle SSE response, before its keep-alive control) waits for data before answering, fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
+    /// seconds a live read stays silent at most, both protocols: a long-poll answers, an idle SSE response sends a keep-alive; fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
     #[argh(
         option,
         arg_name = "secs",
@@ -375,6 +376,23 @@ pub struct TrimArgs {
     /// first position to keep; clamped to the stream's tail [env: PICO_SEQ]
     #[argh(option, arg_name = "n")]
     pub seq: u64,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "cert")]
+/// Make a local CA and a server certificate it signed, for TLS in development: ca.pem for clients (--ca-cert, curl --cacert), cert.pem and key.pem for pico serve --tls-cert/--tls-key.
+pub struct CertArgs {
+    /// directory for ca.pem, ca-key.pem, cert.pem and key.pem; existing files are never replaced (default ./certs) [env: PICO_DIR]
+    #[argh(option, arg_name = "dir", default = "PathBuf::from(\"./certs\")")]
+    pub dir: PathBuf,
+
+    /// a DNS name or IP address the server is reached at; repeat it or separate with commas (default localhost, 127.0.0.1 and ::1) [env: PICO_HOST]
+    #[argh(option, arg_name = "name")]
+    pub host: Vec<String>,
+
+    /// days the certificates are valid, 1 to 3650 (default 365) [env: PICO_DAYS]
+    #[argh(option, arg_name = "n", default = "365")]
+    pub days: u32,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

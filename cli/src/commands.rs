@@ -130,7 +130,8 @@ async fn parse_position(
         return Ok(head_or_not_found(client, stream).await?.next);
     }
     let seq = match position.parse::<i64>() {
-        Ok(n) if n < 0 => 0,
+        // The server's beginning: a trimmed stream's first readable record.
+        Ok(n) if n < 0 => return Ok(client.beginning()),
         Ok(n) => n as u64,
         Err(_) => position.parse::<u64>().map_err(|_| {
             Failure::Usage(format!(

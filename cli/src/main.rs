@@ -10,9 +10,13 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+// First, so that its print macros replace std's in every module below.
+#[macro_use]
+mod output;
 mod admin;
 mod args;
 mod argv;
+mod cert;
 mod commands;
 mod config;
 mod logger;
@@ -129,6 +133,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Config(args) = &cli.command {
         return config::run(&cli, args);
     }
+    if let Command::Cert(args) = &cli.command {
+        return cert::run(args);
+    }
     // Admin commands talk to the admin listener, which no profile describes (cli.md §5.4).
     if let Command::Admin(args) = &cli.command {
         let ca_cert = read_ca_cert(cli.ca_cert.as_deref())?;
@@ -164,7 +171,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async {
         match &cli.command {
-            Command::Serve(_) | Command::Config(_) | Command::Bench(_) | Command::Admin(_) => {
+            Command::Serve(_)
+            | Command::Config(_)
+            | Command::Bench(_)
+            | Command::Admin(_)
+            | Command::Cert(_) => {
                 unreachable!("handled above")
             }
             Command::Create(args) => commands::create(&client, args).await,

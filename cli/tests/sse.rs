@@ -3,8 +3,9 @@
 //! text/event-stream`, chunking, the end of the response (closed stream, deleted stream,
 //! `--sse-max-duration-sec`) and the errors before the stream starts.
 //!
-//! The `: keep-alive` comments come every 15 s, longer than any test here waits; the exact
-//! framing tests assert that none arrives in between.
+//! The `: keep-alive` comments come every `--long-poll-timeout-sec` (25 s), longer than any
+//! test here waits unless it sets a shorter one; the exact framing tests assert that none
+//! arrives in between.
 
 mod common;
 
@@ -37,6 +38,11 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// Sends a GET and reads the response head. An SSE response (chunked) is returned as `Ok`,
 /// anything else (with its `Content-Length` body) as `Err`.
 fn open(s: &Server, path: &str, headers: &[(&str, &str)]) -> Result<Sse, Resp> {
+    open_with(s, path, headers, true)
+}
+
+/// [`open`], checking the Pico protocol's common headers if `pico`.
+fn open_with(s: &Server, path: &str, headers: &[(&str, &str)], pico: bool) -> Result<Sse, Resp> {
     let mut conn = s.connect();
     conn.send("GET", path, headers, b"")
         .expect("send the request");
@@ -67,7 +73,9 @@ fn open(s: &Server, path: &str, headers: &[(&str, &str)]) -> Result<Sse, Resp> {
         headers,
         body: Vec::new(),
     };
-    check_common(&head);
+    if pico {
+        check_common(&head);
+    }
     if head.header("transfer-encoding") == Some("chunked") {
         return Ok(Sse {
             conn,
@@ -85,6 +93,15 @@ fn open(s: &Server, path: &str, headers: &[(&str, &str)]) -> Result<Sse, Resp> {
     }
     head.body = raw[..length].to_vec();
     Err(head)
+}
+
+/// Opens an SSE response of the Durable Streams protocol (whose headers differ).
+#[track_caller]
+fn open_sse_unchecked(s: &Server, path: &str) -> Sse {
+    match open_with(s, path, &[], false) {
+        Ok(sse) => sse,
+        Err(r) => panic!("GET {path} is not an event stream:\n{}", r.describe()),
+    }
 }
 
 /// Opens an SSE response that must start with `200 text/event-stream`.
@@ -611,8 +628,94 @@ fn errors_come_before_the_stream_and_are_json() {
             assert_eq!(r.header("pico-next-seq"), Some("2"));
         }
     }
-    // From the trimmed start on, it streams.
-    let mut sse = open_sse(&s, "/x?live=sse&seq=2", &[]);
+    // From the trimmed start on, it streams; so does a read from the beginning (`seq=-1`).
+    for path in ["/x?live=sse&seq=2", "/x?live=sse&seq=-1"] {
+        let mut sse = open_sse(&s, path, &[]);
+        assert_eq!(sse.next(), "retry: 1000");
+        assert_eq!(sse.next(), data(3, &json_read(&s, "/x?seq=2")));
+    }
+}
+
+/// The events of an idle SSE response read to its end (after the first `retry:` and the
+/// caught-up control): how many keep-alive comments and how many other events.
+fn idle_events_until_the_end(sse: &mut Sse) -> (usize, Vec<String>) {
+    let mut keep_alives = 0;
+    let mut others = Vec::new();
+    while let Some(event) = sse.next_raw(Duration::from_secs(30)) {
+        if event == ": keep-alive" {
+            keep_alives += 1;
+        } else {
+            others.push(event);
+        }
+    }
+    (keep_alives, others)
+}
+
+#[test]
+fn the_end_of_an_idle_response_sends_no_burst_of_keep_alives() {
+    // The keep-alive interval (the long-poll timeout, 25 s) is longer than the response: not
+    // one keep-alive, in particular none in the last millisecond before the cap.
+    let s = Server::start(&["--cores", "1", "--sse-max-duration-sec", "1"]);
+    req(&s, "PUT", "/idle", &[], b"").expect(201);
+    let mut sse = open_sse(&s, "/idle?live=sse", &[]);
     assert_eq!(sse.next(), "retry: 1000");
-    assert_eq!(sse.next(), data(3, &json_read(&s, "/x?seq=2")));
+    assert_eq!(sse.next(), control(0, true, false));
+    assert_eq!(idle_events_until_the_end(&mut sse), (0, Vec::new()));
+}
+
+#[test]
+fn keep_alives_follow_the_long_poll_timeout_and_stop_at_the_cap() {
+    // Each keep-alive takes a whole interval of idling, and the one that would fall on the
+    // cap is not sent: at most 1.5 s / 0.2 s = 7, however slow the machine.
+    let s = Server::start(&[
+        "--cores",
+        "1",
+        "--sse-max-duration-sec",
+        "1.5",
+        "--long-poll-timeout-sec",
+        "0.2",
+    ]);
+    req(&s, "PUT", "/idle", &[], b"").expect(201);
+    let mut sse = open_sse(&s, "/idle?live=sse", &[]);
+    assert_eq!(sse.next(), "retry: 1000");
+    assert_eq!(sse.next(), control(0, true, false));
+    let (keep_alives, others) = idle_events_until_the_end(&mut sse);
+    assert_eq!(others, Vec::<String>::new());
+    assert!(keep_alives <= 7, "{keep_alives} keep-alives in 1.5 s");
+
+    // The Durable Streams listener follows the same rule with its control events.
+    let s = Server::start(&[
+        "--cores",
+        "1",
+        "--protocol",
+        "ds",
+        "--sse-max-duration-sec",
+        "1.5",
+        "--long-poll-timeout-sec",
+        "0.2",
+    ]);
+    common::ds(
+        s.addr,
+        "PUT",
+        "/idle",
+        &[("content-type", "text/plain")],
+        b"",
+    )
+    .expect(201);
+    let mut sse = open_sse_unchecked(&s, "/idle?offset=-1&live=sse");
+    let (keep_alives, controls) = idle_events_until_the_end(&mut sse);
+    assert_eq!(
+        keep_alives, 0,
+        "the Durable Streams listener sends controls"
+    );
+    assert!(
+        controls.iter().all(|c| c.starts_with("event: control\n")),
+        "{controls:?}"
+    );
+    // The first control answers at once; each later one takes a whole interval.
+    assert!(
+        (1..=8).contains(&controls.len()),
+        "{} control events in 1.5 s",
+        controls.len()
+    );
 }

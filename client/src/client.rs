@@ -286,13 +286,10 @@ impl Client {
         &self.base
     }
 
-    /// Where a read of the whole stream starts: sequence 0 (Pico) or offset `-1` (Durable
-    /// Streams).
+    /// Where a read of the whole stream starts: `-1` in both protocols, the first record the
+    /// stream still has (after a Pico trim, sequence 0 is gone but `-1` is not).
     pub fn beginning(&self) -> Position {
-        match self.protocol {
-            Protocol::Pico => Position::Seq(0),
-            Protocol::Ds => Position::ds_beginning(),
-        }
+        Position::ds_beginning()
     }
 
     /// Creates a stream (idempotent). `Ok(true)` if it was created, `Ok(false)` if it already
@@ -532,6 +529,13 @@ impl Client {
                     .append_pair("seq", &seq.to_string())
                     .append_pair("format", "binary"),
                 (Protocol::Ds, Position::Offset(offset)) => query.append_pair("offset", offset),
+                // `-1` is the beginning in both protocols; a trimmed Pico stream starts at its
+                // first readable record, where an explicit `seq=0` would be gone (410).
+                (Protocol::Pico, Position::Offset(offset)) if offset == Position::DS_BEGINNING => {
+                    query
+                        .append_pair("seq", Position::DS_BEGINNING)
+                        .append_pair("format", "binary")
+                }
                 (Protocol::Pico, Position::Offset(offset)) => {
                     return Err(ClientError::InvalidArgument(format!(
                         "{offset:?} is a Durable Streams offset; the Pico protocol reads from a sequence number"

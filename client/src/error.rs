@@ -286,18 +286,86 @@ impl From<reqwest::Error> for ClientError {
     /// reqwest's own message is only the outermost layer ("error sending request for url");
     /// the useful part ("Connection refused") is deeper in the source chain.
     fn from(e: reqwest::Error) -> ClientError {
-        let mut message = e.to_string();
-        let mut source = e.source();
-        while let Some(cause) = source {
-            let text = cause.to_string();
-            if !message.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            source = cause.source();
-        }
-        ClientError::Transport(message)
+        ClientError::Transport(transport_message(&e))
     }
+}
+
+/// A reqwest error as one line: its source chain, then what to do about a refused
+/// certificate. reqwest's own message is only the outermost layer.
+pub fn transport_message(e: &reqwest::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    let mut advice = None;
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        advice = advice.or_else(|| certificate_advice(cause));
+        source = cause.source();
+    }
+    if let Some(advice) = advice {
+        message.push_str(": ");
+        message.push_str(advice);
+    }
+    message
+}
+
+/// What is wrong with a server certificate the client refused, and what to do, for the
+/// refusals people meet with certificates they made themselves; rustls names them only as
+/// e.g. `invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))`.
+fn certificate_advice(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    // The TLS error comes wrapped in io::Errors (two, from tokio-rustls and hyper-util),
+    // whose source() skips what they wrap.
+    let mut current = error;
+    let tls = loop {
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            break tls;
+        }
+        match current
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            Some(inner) => current = inner,
+            None => return None,
+        }
+    };
+    let rustls::Error::InvalidCertificate(error) = tls else {
+        return None;
+    };
+    use rustls::CertificateError as E;
+    Some(match error {
+        E::Other(other)
+            if matches!(
+                other.0.downcast_ref::<webpki::Error>(),
+                Some(webpki::Error::CaUsedAsEndEntity)
+            ) =>
+        {
+            "the server's certificate is a CA certificate (CA:TRUE, as `openssl req -x509` makes \
+             by default), which clients refuse as a server's own: serve a certificate signed by \
+             a CA and trust that CA (`pico cert` makes both; see docs/tls.md)"
+        }
+        E::UnknownIssuer => {
+            "the server's certificate is not signed by a CA this client trusts: pass the CA's \
+             certificate with --ca-cert (for `pico cert`: its ca.pem)"
+        }
+        E::BadSignature => {
+            "the server's certificate was not signed by the trusted CA of that name: pass the \
+             CA's certificate that signed it with --ca-cert"
+        }
+        E::NotValidForName | E::NotValidForNameContext { .. } => {
+            "the server's certificate does not name the endpoint's host: connect by a name it \
+             lists, or make one that lists this host (`pico cert --host NAME`)"
+        }
+        E::Expired | E::ExpiredContext { .. } => {
+            "the server's certificate has expired (or this machine's clock is wrong)"
+        }
+        E::NotValidYet | E::NotValidYetContext { .. } => {
+            "the server's certificate is not valid yet (or this machine's clock is wrong)"
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

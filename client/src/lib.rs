@@ -25,6 +25,6 @@ pub use client::{
     ReadPage, StreamInfo, StreamList, DEFAULT_CONTENT_TYPE,
 };
 pub use codec::{CodecError, NewRecord, Record};
-pub use error::{kind_for_status, ApiError, ClientError, ErrorKind};
+pub use error::{kind_for_status, transport_message, ApiError, ClientError, ErrorKind};
 pub use position::Position;
 pub use producer::{Producer, ProducerConfig, SendHandle};

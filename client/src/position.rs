@@ -13,7 +13,7 @@ pub enum Position {
     /// Pico: a record sequence number.
     Seq(u64),
     /// Durable Streams: an offset the server issued, or the sentinels `-1` (the beginning)
-    /// and `now` (the tail).
+    /// and `now` (the tail). The Pico protocol takes `-1` too (`seq=-1`).
     Offset(String),
 }
 

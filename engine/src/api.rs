@@ -16,8 +16,17 @@ pub struct RecordInput {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFrom {
     Offset(u64),
+    /// This offset, or the stream's first readable one if a trim (or retention) removed it:
+    /// a read "from the beginning" starts where the stream now starts instead of failing as
+    /// gone. A fork passes its own start on to its source this way.
+    AtLeast(u64),
     /// The durable tail at the time of the read (`seq=now`).
     Tail,
+}
+
+impl ReadFrom {
+    /// The beginning of the stream, wherever it starts now (Pico `seq=-1`, DS `offset=-1`).
+    pub const START: ReadFrom = ReadFrom::AtLeast(0);
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -673,8 +673,13 @@ impl CoreHandle {
                 Some(bound) if bound < fork_end => bound,
                 _ => fork_end,
             };
+            // A read from the beginning starts at the source's start if it was trimmed.
+            let source_from = match request.from {
+                ReadFrom::AtLeast(_) => ReadFrom::AtLeast(batch.from),
+                _ => ReadFrom::Offset(batch.from),
+            };
             let source_request = ReadRequest {
-                from: ReadFrom::Offset(batch.from),
+                from: source_from,
                 wait_ms: None,
                 with_content_type: false,
                 bound: Some(ReadBound {
@@ -698,7 +703,7 @@ impl CoreHandle {
         while let Some(level) = levels.pop() {
             let mut inherited = batch;
             let mut stitched = ReadBatch {
-                from: level.batch.from,
+                from: inherited.from,
                 next_offset: inherited.next_offset,
                 records: std::mem::take(&mut inherited.records),
                 tail: level.batch.tail,

@@ -978,6 +978,12 @@ impl Shard {
             .map(|ms| Instant::now() + Duration::from_millis(ms));
         let mut from = match request.from {
             ReadFrom::Offset(offset) => offset,
+            ReadFrom::AtLeast(offset) => {
+                self.live_stream_id(name, false).await?;
+                let streams = self.streams.borrow();
+                let state = &streams.get(name).ok_or(EngineError::NotFound)?.state;
+                offset.max(state.start_offset)
+            }
             ReadFrom::Tail => {
                 self.live_stream_id(name, false).await?;
                 let streams = self.streams.borrow();
@@ -1062,12 +1068,8 @@ impl Shard {
         bound: ReadBound,
         request: &ReadRequest,
     ) -> Result<ReadBatch, EngineError> {
-        let from = match request.from {
-            ReadFrom::Offset(offset) => offset,
-            ReadFrom::Tail => bound.until,
-        };
         let end = bound.until + u64::from(bound.partial_bytes > 0);
-        {
+        let from = {
             let streams = self.streams.borrow();
             let stream = streams
                 .get(name)
@@ -1078,7 +1080,14 @@ impl Shard {
                     "fork source {name} holds fewer records than its forks inherited"
                 )));
             }
-        }
+            match request.from {
+                ReadFrom::Offset(offset) => offset,
+                // A trim of the source also removed what its forks inherited from there;
+                // past the fork point, the fork's own records come next.
+                ReadFrom::AtLeast(offset) => offset.max(stream.state.start_offset.min(end)),
+                ReadFrom::Tail => bound.until,
+            }
+        };
         if from >= end {
             return Ok(ReadBatch {
                 from,

@@ -687,7 +687,7 @@ async fn read(
         return Err(DsError::bad_request("live reads need an offset"));
     }
     let (from, skip_bytes) = match position.unwrap_or(Position::Start) {
-        Position::Start => (ReadFrom::Offset(0), 0),
+        Position::Start => (ReadFrom::START, 0),
         Position::Now => (ReadFrom::Tail, 0),
         Position::At { seq, bytes } => (ReadFrom::Offset(seq), bytes),
     };
@@ -703,21 +703,7 @@ async fn read(
         with_content_type: true,
         bound: None,
     };
-    let start = position.unwrap_or(Position::Start) == Position::Start;
-    let reply = match core
-        .call(&request.path, Op::Read(read_request.clone()))
-        .await
-    {
-        // `-1` is the beginning: of a trimmed (Pico) stream, its first readable record.
-        Err(EngineError::OffsetGone { start: first, .. }) if start => {
-            let from_first = ReadRequest {
-                from: ReadFrom::Offset(first),
-                ..read_request
-            };
-            core.call(&request.path, Op::Read(from_first)).await?
-        }
-        other => other?,
-    };
+    let reply = core.call(&request.path, Op::Read(read_request)).await?;
     let Reply::Read(mut batch) = reply else {
         unreachable!("a read is always answered with Read")
     };
@@ -878,7 +864,9 @@ async fn sse(
         json,
         base64,
         chunk_bytes: settings.max_chunk_size,
-        idle_ms: settings.long_poll_timeout_ms.max(1),
+        idle_ms: settings
+            .long_poll_timeout_ms
+            .max(crate::sse::KEEP_ALIVE_MIN_MS),
         deadline: std::time::Instant::now()
             + std::time::Duration::from_millis(settings.sse_max_duration_ms),
         cursor,
@@ -908,17 +896,12 @@ async fn sse(
 /// One read (waiting at the tail) and the events it gives; ends the stream when closed and
 /// delivered, deleted, or at the reconnect interval.
 async fn next_sse_events(state: &mut SseState) -> Bytes {
-    let now = std::time::Instant::now();
-    if now >= state.deadline {
+    let Some(round) = crate::sse::IdleRound::next(state.deadline, state.idle_ms) else {
         state.done = true;
         return Bytes::new();
-    }
-    let wait_ms = if state.first {
-        0
-    } else {
-        ((state.deadline - now).as_millis() as u64).min(state.idle_ms)
     };
-    state.first = false;
+    let wait_ms = if state.first { 0 } else { round.wait_ms };
+    let first = std::mem::replace(&mut state.first, false);
     let request = ReadRequest {
         from: state.from,
         max_records: limits::RECORDS_PER_READ_MAX,
@@ -932,6 +915,11 @@ async fn next_sse_events(state: &mut SseState) -> Bytes {
         return Bytes::new();
     };
     state.done |= last;
+    if batch.records.is_empty() && !batch.closed && round.last && !first {
+        // The wait ran to the deadline: the response ends without another control event.
+        state.done = true;
+        return Bytes::new();
+    }
     let mut out = Vec::new();
     if !batch.records.is_empty() {
         let payload = joined(encode(&batch, state.json, state.skip_bytes));

@@ -504,7 +504,8 @@ impl Format {
     }
 }
 
-/// `seq` / `Last-Event-ID`: signed decimal, negative = beginning, `now` = tail.
+/// `seq` / `Last-Event-ID`: signed decimal, negative = beginning (of a trimmed stream: its
+/// first readable record), `now` = tail.
 fn parse_position(raw: &str, allow_now: bool) -> Result<ReadFrom, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::bad_request("empty offset"));
@@ -515,7 +516,7 @@ fn parse_position(raw: &str, allow_now: bool) -> Result<ReadFrom, ApiError> {
     let value: i64 = raw
         .parse()
         .map_err(|_| ApiError::bad_request(format!("invalid offset token: {raw}")))?;
-    Ok(ReadFrom::Offset(value.max(0) as u64))
+    Ok(u64::try_from(value).map_or(ReadFrom::START, ReadFrom::Offset))
 }
 
 async fn read(
@@ -528,6 +529,7 @@ async fn read(
         Some(raw) => parse_position(&raw, true)?,
         None => match request.header("last-event-id") {
             Some(raw) => parse_position(raw, false)?,
+            // pico-protocol.md: an absent `seq` is 0 (after a trim, `410` naming the start).
             None => ReadFrom::Offset(0),
         },
     };
@@ -596,8 +598,10 @@ async fn sse(
     let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
         unreachable!("a head is always answered with Head")
     };
-    let position = match from {
-        ReadFrom::Tail => info.next_offset,
+    let from = match from {
+        ReadFrom::Tail => ReadFrom::Offset(info.next_offset),
+        // The engine finds the start (a fork's may lie in its source).
+        ReadFrom::AtLeast(_) => from,
         ReadFrom::Offset(offset) if offset < info.start_offset => {
             return Err(EngineError::OffsetGone {
                 requested: offset,
@@ -612,13 +616,14 @@ async fn sse(
             }
             .into())
         }
-        ReadFrom::Offset(offset) => offset,
+        ReadFrom::Offset(_) => from,
     };
     let events = sse::events(
         core.clone(),
         request.path.clone(),
-        position,
+        from,
         settings.max_chunk_size,
+        settings.long_poll_timeout_ms,
         settings.sse_max_duration_ms,
     );
     Ok(Response::new(200)

@@ -329,16 +329,18 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         );
     }
     serving.store(true, Ordering::Relaxed);
-    println!("serving on {scheme}://{listen} (advertised {advertised})");
+    announce(format_args!(
+        "serving on {scheme}://{listen} (advertised {advertised})"
+    ));
     for (addr, protocol) in &listeners[1..] {
         let name = match protocol {
             Protocol::Pico => "pico",
             Protocol::DurableStreams => "durable streams",
         };
-        println!("{name} on {scheme}://{addr}");
+        announce(format_args!("{name} on {scheme}://{addr}"));
     }
     if let Some(addr) = admin_addr {
-        println!("admin on {scheme}://{addr}");
+        announce(format_args!("admin on {scheme}://{addr}"));
     }
     for (addr, protocol) in &listeners {
         let name = match protocol {
@@ -357,7 +359,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
             None => log::info!("SIGHUP: nothing to reload (--auth off)"),
         }
     }
-    println!("shutting down");
+    announce(format_args!("shutting down"));
     serving.store(false, Ordering::Relaxed);
     if config.shutdown_drain_ms > 0 {
         log::info!(
@@ -377,7 +379,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         .spawn(move || loop {
             let signal = wait_for_signal(&signals);
             if signal != libc::SIGHUP {
-                eprintln!("second stop signal: exiting without finishing the shutdown");
+                log::error!("second stop signal: exiting without finishing the shutdown");
                 std::process::exit(1);
             }
         })
@@ -818,4 +820,12 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
         libc::sigwait(set, &mut signal);
     }
     signal
+}
+
+/// A status line on stdout (the addresses, for scripts and supervisors). A node keeps serving
+/// when nobody reads them any more, so a closed stdout is ignored, where `println!` panics.
+fn announce(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_fmt(line).and_then(|()| out.write_all(b"\n"));
 }

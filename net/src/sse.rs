@@ -11,11 +11,16 @@
 //! id: <next_seq>
 //! data:{["closed":true,]"next_seq":N,"up_to_date":B}
 //!
-//! : keep-alive                     every 15 s while idle, so proxies keep the connection
+//! : keep-alive                     while idle, every --long-poll-timeout-sec, so proxies keep
+//!                                  the connection
 //! ```
 //!
 //! The response ends when the stream is closed and fully delivered, when it is deleted, or at
 //! `--sse-max-duration-sec` (the client reconnects with `Last-Event-ID`).
+//!
+//! Both protocols keep an idle live response quiet for at most `--long-poll-timeout-sec`: a
+//! long-poll answers then, an SSE response sends a keep-alive (Durable Streams: a control
+//! event). A proxy's idle timeout bounds both alike, so one setting tunes both.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -27,35 +32,40 @@ use pico_engine::{limits, CoreHandle, Op, ReadBatch, ReadFrom, ReadRequest, Repl
 use crate::codec;
 use crate::http1::BodyStream;
 
-/// Idle time between `: keep-alive` comments.
-pub const KEEP_ALIVE_INTERVAL_MS: u64 = 15_000;
+/// The shortest idle time between keep-alives: a `--long-poll-timeout-sec` of 0 (long-polls
+/// answer at once) must not turn an idle SSE response into a stream of keep-alives.
+pub const KEEP_ALIVE_MIN_MS: u64 = 100;
 /// The `retry:` hint.
 pub const RETRY_HINT_MS: u64 = 1_000;
 
 struct State {
     core: Rc<CoreHandle>,
     name: String,
-    position: u64,
+    from: ReadFrom,
     chunk_bytes: usize,
+    keep_alive_ms: u64,
     deadline: Instant,
     announced_up_to_date: bool,
     done: bool,
     queue: VecDeque<Bytes>,
 }
 
-/// The event stream from `from` (already resolved against the stream's tail).
+/// The event stream from `from` (the tail already resolved to an offset); idle, it sends a
+/// keep-alive every `keep_alive_ms`.
 pub fn events(
     core: Rc<CoreHandle>,
     name: String,
-    from: u64,
+    from: ReadFrom,
     chunk_bytes: usize,
+    keep_alive_ms: u64,
     max_duration_ms: u64,
 ) -> BodyStream {
     let state = State {
         core,
         name,
-        position: from,
+        from,
         chunk_bytes,
+        keep_alive_ms: keep_alive_ms.max(KEEP_ALIVE_MIN_MS),
         deadline: Instant::now() + Duration::from_millis(max_duration_ms),
         announced_up_to_date: false,
         done: false,
@@ -89,20 +99,16 @@ fn control_event(batch: &ReadBatch) -> Bytes {
 
 /// Reads (waiting for new records at the tail) and queues the events that result.
 async fn next_events(state: &mut State) {
-    let now = Instant::now();
-    if now >= state.deadline {
+    let Some(round) = IdleRound::next(state.deadline, state.keep_alive_ms) else {
         state.done = true;
         return;
-    }
-    let wait_ms = (state.deadline - now)
-        .as_millis()
-        .min(u128::from(KEEP_ALIVE_INTERVAL_MS)) as u64;
+    };
     let request = ReadRequest {
-        from: ReadFrom::Offset(state.position),
+        from: state.from,
         max_records: limits::RECORDS_PER_READ_MAX,
         max_bytes: state.chunk_bytes,
         wait_ms: Some(if state.announced_up_to_date {
-            wait_ms
+            round.wait_ms
         } else {
             0
         }),
@@ -120,7 +126,6 @@ async fn next_events(state: &mut State) {
         data.extend_from_slice(b"\n\n");
         state.queue.push_back(data.into());
         state.queue.push_back(control_event(&batch));
-        state.position = batch.next_offset;
         state.announced_up_to_date = batch.up_to_date();
         state.done = batch.closed;
     } else if batch.closed {
@@ -129,12 +134,51 @@ async fn next_events(state: &mut State) {
     } else if !state.announced_up_to_date {
         state.queue.push_back(control_event(&batch));
         state.announced_up_to_date = true;
-    } else if Instant::now() < state.deadline {
+    } else if round.last {
+        // The wait ran to the deadline: the response ends, a keep-alive would be its last word.
+        state.done = true;
+    } else {
         state
             .queue
             .push_back(Bytes::from_static(b": keep-alive\n\n"));
     }
+    // An empty batch's next offset is where it read: a start resolved by the engine.
+    state.from = ReadFrom::Offset(batch.next_offset);
     state.done |= last;
+}
+
+/// The wait of one round of a live SSE response (both protocols) that is idle at the tail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IdleRound {
+    /// Wait this long for new records...
+    pub wait_ms: u64,
+    /// ...and if none came, the response is over: the wait ran to its deadline.
+    pub last: bool,
+}
+
+impl IdleRound {
+    /// A keep-alive interval's wait, or the rest of the response's time if that is shorter;
+    /// `None` once the deadline has passed. The rest is rounded up to a whole millisecond, and
+    /// the round that reaches the deadline is marked last, so the end of a response never
+    /// turns into zero-length waits that each send a keep-alive.
+    pub fn next(deadline: Instant, interval_ms: u64) -> Option<IdleRound> {
+        let rest = deadline.checked_duration_since(Instant::now())?;
+        if rest.is_zero() {
+            return None;
+        }
+        let rest_ms = u64::try_from(rest.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        Some(if rest_ms <= interval_ms {
+            IdleRound {
+                wait_ms: rest_ms,
+                last: true,
+            }
+        } else {
+            IdleRound {
+                wait_ms: interval_ms,
+                last: false,
+            }
+        })
+    }
 }
 
 /// One read of a live response (both protocols): the batch, and whether it must be the
