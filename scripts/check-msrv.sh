@@ -14,21 +14,38 @@ minor() { printf '%s\n' "$1" | cut -d. -f1,2; }
 declared=$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' Cargo.toml | head -n 1)
 readme=$(sed -n 's/.*Rust toolchain (\([0-9.]*\)+).*/\1/p' README.md | head -n 1)
 # Every package of the lock, whatever the platform: a user on any of them needs this rustc.
-locked=$(cargo metadata --format-version 1 --locked |
-  python3 -c '
+# Also the members that do not inherit the workspace's rust-version (cargo and clippy would not
+# hold them to it).
+metadata=$(cargo metadata --format-version 1 --locked)
+locked=$(printf '%s' "$metadata" | python3 -c '
 import json, sys
-packages = json.load(sys.stdin)["packages"]
+metadata = json.load(sys.stdin)
+members = set(metadata["workspace_members"])
 versions = [(tuple(int(x) for x in p["rust_version"].split(".")), p["name"])
-            for p in packages if p.get("rust_version")]
+            for p in metadata["packages"] if p.get("rust_version") and p["id"] not in members]
 version, name = max(versions)
 print(".".join(map(str, version[:2])), name)
 ')
 locked_version=${locked%% *}
+members=$(printf '%s' "$metadata" | python3 -c '
+import json, sys
+metadata = json.load(sys.stdin)
+members = set(metadata["workspace_members"])
+for p in metadata["packages"]:
+    if p["id"] in members:
+        print(p["name"], p.get("rust_version") or "none")
+')
 
 status=0
+while read -r name version; do
+  if [ "$version" != "$declared" ]; then
+    echo "msrv: $name has rust-version $version, not the workspace's (rust-version.workspace = true)" >&2
+    status=1
+  fi
+done <<<"$members"
 [ -n "$declared" ] || { echo "msrv: no rust-version in Cargo.toml" >&2; status=1; }
 [ -n "$readme" ] || { echo "msrv: README does not say \"Rust toolchain (X.Y+)\"" >&2; status=1; }
-if [ "$status" = 0 ]; then
+if [ -n "$declared" ] && [ -n "$readme" ]; then
   if [ "$(minor "$declared")" != "$locked_version" ] || [ "$(minor "$readme")" != "$locked_version" ]; then
     echo "msrv: Cargo.toml says $declared, README says $readme, Cargo.lock needs $locked_version (${locked#* })" >&2
     status=1

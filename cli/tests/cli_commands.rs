@@ -679,8 +679,11 @@ fn no_progress_line_when_stderr_is_not_a_terminal() {
 /// clearly longer than that.
 #[test]
 fn progress_line_on_a_terminal() {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` tool to provide a terminal");
+    if !pico_testkit::require_program(
+        "progress_line_on_a_terminal",
+        "script",
+        "util-linux; it gives pico a terminal",
+    ) {
         return;
     }
     let server = Server::start(FLAGS);
