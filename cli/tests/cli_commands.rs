@@ -179,7 +179,10 @@ fn every_command_reports_errors_in_one_form() {
     let admin = format!("http://{}", server.admin);
     let refused = [
         (
-            cli.run(&["create", "/typed", "--content-type", "application/json"], b""),
+            cli.run(
+                &["create", "/typed", "--content-type", "application/json"],
+                b"",
+            ),
             "pico: conflict (409): ",
         ),
         (
@@ -188,7 +191,10 @@ fn every_command_reports_errors_in_one_form() {
         ),
         (
             run_with(
-                pico(&cli.config, &["admin", "--admin-endpoint", &admin, "stream", "/nope"]),
+                pico(
+                    &cli.config,
+                    &["admin", "--admin-endpoint", &admin, "stream", "/nope"],
+                ),
                 b"",
             ),
             "pico: not_found (404): stream /nope not found\n",
@@ -198,7 +204,10 @@ fn every_command_reports_errors_in_one_form() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(out.stdout.is_empty(), "{out:?}");
-        assert!(stderr.starts_with(prefix), "want {prefix:?}, got {stderr:?}");
+        assert!(
+            stderr.starts_with(prefix),
+            "want {prefix:?}, got {stderr:?}"
+        );
         assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
     }
 
@@ -206,7 +215,10 @@ fn every_command_reports_errors_in_one_form() {
     let closed = TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let out = run_with(pico(&cli.config, &["--endpoint", &endpoint, "head", "/s"]), b"");
+    let out = run_with(
+        pico(&cli.config, &["--endpoint", &endpoint, "head", "/s"]),
+        b"",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.starts_with("pico: "), "{stderr:?}");

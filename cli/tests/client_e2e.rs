@@ -156,7 +156,14 @@ fn the_readme_sequence() {
 
     expect(&server, &["delete", s], b"", 0, "", "deleted=true\n");
     expect(&server, &["delete", s], b"", 0, "", "deleted=false\n");
-    expect(&server, &["head", s], b"", 1, "", "pico: not_found (404): no such stream\n");
+    expect(
+        &server,
+        &["head", s],
+        b"",
+        1,
+        "",
+        "pico: not_found (404): no such stream\n",
+    );
     expect(
         &server,
         &["read", s],

@@ -67,7 +67,12 @@ pub fn require(test: &str, service: &Service) -> Option<Vec<String>> {
     }
     missing_service(
         test,
-        &format!("needs {} ({} unset; {})", service.name, missing.join(", "), service.how),
+        &format!(
+            "needs {} ({} unset; {})",
+            service.name,
+            missing.join(", "),
+            service.how
+        ),
     );
     None
 }
@@ -90,7 +95,10 @@ pub fn require_program(test: &str, program: &str, how: &str) -> bool {
 /// A test cannot get what it needs: a skip note, or under CI a failure that says what is
 /// missing.
 pub fn missing_service(test: &str, why: &str) {
-    assert!(!in_ci(), "{test}: {why}, and CI=true: a CI run must not skip it");
+    assert!(
+        !in_ci(),
+        "{test}: {why}, and CI=true: a CI run must not skip it"
+    );
     eprintln!("{test}: skipped: {why}");
 }
 
