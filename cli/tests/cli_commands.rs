@@ -176,6 +176,20 @@ fn every_command_reports_errors_in_one_form() {
         "",
         "created=true\n",
     );
+    cli.expect(
+        &["append", "/typed", "--batch", "3"],
+        b"a\nb\nc\n",
+        0,
+        "",
+        "start=0 next=3\n",
+    );
+    cli.expect(
+        &["trim", "/typed", "--seq", "2"],
+        b"",
+        0,
+        "",
+        "trimmed start=2\n",
+    );
     let admin = format!("http://{}", server.admin);
     let refused = [
         (
@@ -186,8 +200,8 @@ fn every_command_reports_errors_in_one_form() {
             "pico: conflict (409): ",
         ),
         (
-            cli.run(&["read", "/typed", "--from", "x"], b""),
-            "pico: bad_request (400): ",
+            cli.run(&["read", "/typed", "--from", "0"], b""),
+            "pico: offset_gone (410): ",
         ),
         (
             run_with(
