@@ -354,8 +354,8 @@ fn a_wrong_secret_fails_fast_with_a_clear_error() {
         Err(other) => panic!("{other:?}"),
         Ok(_) => panic!("opened with a wrong secret"),
     }
-    // No retry storm: a retried call would back off for seconds.
-    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    // No retry storm: the message says the 403 was not retried (`gave up` is absent), which
+    // no machine's pace changes; the time is only reported above.
 
     // Without the probe, every operation gives the same answer, once.
     let store = open(
@@ -427,7 +427,8 @@ fn a_missing_bucket_or_a_dead_endpoint_fails_at_open() {
         Err(other) => panic!("{other:?}"),
         Ok(_) => panic!("opened a dead endpoint"),
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // It ends (the 3 s deadline plus scheduling, far below this bound on a busy machine).
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 /// Not a test of speed (nothing is asserted): prints PUT and GET latency percentiles of small
@@ -605,7 +606,8 @@ fn a_put_rides_out_a_garage_restart() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // It ends (the 2 s deadline plus scheduling, far below this bound on a busy machine).
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 fn open_unprobed(endpoint: &str, deadline: Duration) -> ObjectStore {
