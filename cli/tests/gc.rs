@@ -52,39 +52,31 @@ fn deleted_expired_and_trimmed_data_is_reclaimed() {
     ]);
     // Each stream's records land in segments of their own: write, then wait until everything
     // is sealed and stored (no new segment for well over the 50 ms seal age).
+    // Three records in one append, so one seal writes them all: the stream's segment is the
+    // first new file, with no guessing from a quiet spell whether a late seal is still to come.
     let write_alone = |name: &str, headers: &[(&str, &str)]| -> Vec<String> {
         let before = segment_files(server.dir());
         assert_eq!(server.request("PUT", name, headers, b"").status, 201);
-        for i in 0..3 {
-            assert_eq!(
-                server.post(name, format!("{name}-{i}").as_bytes()).status,
-                200
-            );
-        }
-        // Done when the segment catalog holds all three records (a segment is catalogued
-        // after its object is written), not when the files look quiet for a while, which a
-        // busy machine's late seal would fool.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let stream = common::Conn::connect(server.admin)
-                .unwrap()
-                .request("GET", &format!("/admin/streams{name}"), &[], b"")
-                .unwrap();
-            if stream.json()["endOffset"] == 3 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "segments of {name} did not settle: {}",
-                stream.describe()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let after = segment_files(server.dir());
+        let records: Vec<_> = (0..3)
+            .map(|i| serde_json::json!({ "body": format!("{name}-{i}") }))
+            .collect();
+        let batch = serde_json::json!({ "records": records }).to_string();
+        let appended = server.request(
+            "POST",
+            name,
+            &[("content-type", "application/vnd.picomq.batch+json")],
+            batch.as_bytes(),
+        );
+        assert_eq!(appended.status, 200, "{}", appended.describe());
+        assert_eq!(appended.h("pico-next-seq"), "3");
+        let after = wait_for(&server, &format!("the segment of {name}"), |files| {
+            files.iter().any(|f| !before.contains(f))
+        });
         after.into_iter().filter(|f| !before.contains(f)).collect()
     };
     write_alone("/gc/deleted", &[]);
-    // Each append slides the TTL: 5 s between two requests is more than a busy machine takes.
+    // Alive from its create to its append: 5 s between two requests is more than a busy
+    // machine takes.
     write_alone("/gc/expiring", &[("pico-ttl", "5")]);
     write_alone("/gc/trimmed", &[]);
     let kept_segments = write_alone("/gc/kept", &[]);
