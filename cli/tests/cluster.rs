@@ -25,8 +25,13 @@ use std::time::{Duration, Instant};
 use common::{wait_for, Conn, Resp, Server};
 use pico_meta::testing::PgDatabase;
 
-/// Short leases keep failover tests quick; the keeper renews every third of it.
+/// Short leases keep failover tests quick; the keeper renews every third of it. Only the tests
+/// of a lapsing lease use it: a stall of a second on a busy machine lets such a lease lapse,
+/// and a live node then looks dead for a moment.
 const LEASE_MS: &str = "1500";
+/// The lease of the other tests: long enough that no scheduling delay lets it lapse, short
+/// enough that views (refreshed every third of it) agree soon after the start.
+const STEADY_LEASE_MS: &str = "6000";
 /// The longest a takeover may take: a lapsed lease plus keeper rounds, with room for a busy
 /// machine's scheduling (a takeover that never comes fails it all the same).
 const TAKEOVER_BOUND: Duration = Duration::from_secs(60);
@@ -59,8 +64,22 @@ impl Cluster {
         Cluster::start_nodes(test, first_id, &flags)
     }
 
+    /// [`Cluster::start`] with the short [`LEASE_MS`], for the tests of a lease that lapses.
+    fn start_lapsing(test: &str, first_id: u32, slots: &[u32]) -> Option<Cluster> {
+        let flags: Vec<Vec<String>> = slots
+            .iter()
+            .map(|s| {
+                ["--slots", &s.to_string(), "--lease-ms", LEASE_MS]
+                    .map(String::from)
+                    .to_vec()
+            })
+            .collect();
+        Cluster::start_nodes(test, first_id, &flags)
+    }
+
     /// One node per entry of `flags`, each with those extra flags (`--slots 1` and
-    /// `--lease-ms` [`LEASE_MS`] unless given).
+    /// `--lease-ms` [`STEADY_LEASE_MS`] unless given); returns once every node sees every
+    /// node live with its address, so that the test does not race the cluster's forming.
     fn start_nodes(test: &str, first_id: u32, flags: &[Vec<String>]) -> Option<Cluster> {
         let database = PgDatabase::create(test)?;
         let objects = tempfile::tempdir().unwrap();
@@ -89,12 +108,30 @@ impl Cluster {
                     args.extend(["--slots", "1"]);
                 }
                 if !given("--lease-ms") {
-                    args.extend(["--lease-ms", LEASE_MS]);
+                    args.extend(["--lease-ms", STEADY_LEASE_MS]);
                 }
                 args.extend(extra.iter().map(String::as_str));
                 Server::start(&args)
             })
+            .collect::<Vec<Server>>();
+        let ids: Vec<u64> = (0..nodes.len() as u64)
+            .map(|i| u64::from(first_id) + i)
             .collect();
+        for node in &nodes {
+            wait_for("the cluster to form", TAKEOVER_BOUND, || {
+                let listed = Conn::connect(node.admin)
+                    .ok()?
+                    .request("GET", "/admin/nodes", &[], b"")
+                    .ok()?;
+                let live: Vec<u64> = listed.json()["nodes"]
+                    .as_array()?
+                    .iter()
+                    .filter(|n| n["live"] == true && !n["advertisedAddress"].is_null())
+                    .filter_map(|n| n["nodeId"].as_u64())
+                    .collect();
+                ids.iter().all(|id| live.contains(id)).then_some(())
+            });
+        }
         Some(Cluster {
             nodes,
             _database: database,
@@ -506,7 +543,7 @@ fn a_transfer_under_load_loses_nothing() {
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn a_killed_node_s_streams_are_served_by_the_others_with_every_acknowledged_append() {
-    let Some(mut cluster) = Cluster::start("cluster_failover", 41, &[1, 1, 1]) else {
+    let Some(mut cluster) = Cluster::start_lapsing("cluster_failover", 41, &[1, 1, 1]) else {
         return;
     };
     let urls: Vec<String> = (0..3).map(|i| cluster.url(i)).collect();
@@ -577,7 +614,7 @@ fn owner_of_admin(admin: SocketAddr, path: &str) -> Option<u64> {
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn an_owner_paused_past_its_lease_is_fenced_when_it_comes_back() {
-    let Some(cluster) = Cluster::start("cluster_split_brain", 51, &[1, 0]) else {
+    let Some(cluster) = Cluster::start_lapsing("cluster_split_brain", 51, &[1, 0]) else {
         return;
     };
     let (old, new) = (cluster.url(0), cluster.url(1));
@@ -694,15 +731,16 @@ fn routing_local_answers_503_for_other_nodes_streams() {
 }
 
 /// A clean stop (SIGTERM) stores everything and releases the lease, so the others take its
-/// streams over at once rather than after the lease time: 180 s here, renewed every third, so
-/// it could not lapse sooner than 120 s after the stop; a handover before that did not wait
-/// for it, however busy the machine.
+/// streams over at their next keeper round (a third of the lease) rather than after the lease
+/// time. The lease is 45 s here: renewed every 15 s, it could not lapse sooner than 30 s after
+/// the stop, so a handover within 30 s did not wait for it, with 15 s of room for a busy
+/// machine past the round.
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn a_clean_stop_hands_the_streams_over_without_waiting_for_the_lease() {
     let flags = vec![
-        vec!["--lease-ms".to_string(), "180000".to_string()],
-        vec!["--lease-ms".to_string(), "180000".to_string()],
+        vec!["--lease-ms".to_string(), "45000".to_string()],
+        vec!["--lease-ms".to_string(), "45000".to_string()],
     ];
     let Some(mut cluster) = Cluster::start_nodes("cluster_clean_stop", 81, &flags) else {
         return;
@@ -728,7 +766,7 @@ fn a_clean_stop_hands_the_streams_over_without_waiting_for_the_lease() {
     for name in &moved {
         wait_for(
             "node 82 to serve the stream",
-            Duration::from_secs(60),
+            Duration::from_secs(30),
             || {
                 let resp = request(&format!("{second}{name}?seq=0"), "GET", &[], b"").ok()?;
                 (resp.status == 200).then_some(())
@@ -737,7 +775,7 @@ fn a_clean_stop_hands_the_streams_over_without_waiting_for_the_lease() {
         assert_eq!(pico_bodies(&second, name), ["kept"]);
     }
     assert!(
-        stopped.elapsed() < Duration::from_secs(120),
+        stopped.elapsed() < Duration::from_secs(30),
         "{:?}",
         stopped.elapsed()
     );
