@@ -3,7 +3,7 @@
 # `garage` is already on PATH. A real Garage release, built for tests rather than production:
 # opt-level 1 instead of the release profile's 3 takes most of the optimizer's time out of the
 # build and changes nothing the tests check. Garage's published manifest sets no profile of its
-# own today; the other overrides (no LTO, 16 codegen units, no debug info) keep the build cheap
+# own today; the other overrides (no cross-crate LTO, 16 codegen units, no debug info) keep it cheap
 # should a release add one (CARGO_PROFILE_RELEASE_* win over a manifest's profile).
 #
 #   scripts/garage-install.sh
