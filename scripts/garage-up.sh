@@ -14,8 +14,7 @@
 #   S3_BUCKET        bucket created at start          (default: segments)
 # The region is "garage"; URLs are path-style. Ready when GET / answers 403.
 #
-# Install Garage once (about 6.5 min on 2 cores):
-#   cargo install garage --locked --no-default-features --features bundled-libs,lmdb
+# Install Garage once: scripts/garage-install.sh
 set -euo pipefail
 GARAGE_BIN=${GARAGE_BIN:-garage}
 GARAGE_DIR=${GARAGE_DIR:-/tmp/garage-ci}
@@ -28,7 +27,7 @@ url="http://127.0.0.1:$GARAGE_S3_PORT/"
 
 command -v "$GARAGE_BIN" >/dev/null || {
   echo "garage-up: '$GARAGE_BIN' not found; install it with:" >&2
-  echo "  cargo install garage --locked --no-default-features --features bundled-libs,lmdb" >&2
+  echo "  scripts/garage-install.sh" >&2
   exit 1
 }
 

@@ -7,7 +7,7 @@
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use pico_client::{http_client_builder, ClientConfig, ClientError};
+use pico_client::{http_client_builder, ApiError, ClientConfig, ClientError};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
@@ -103,7 +103,8 @@ impl Admin {
         Ok(Admin { http, base })
     }
 
-    /// One request; the JSON body of a 2xx answer. Anything else has been reported.
+    /// One request; the JSON body of a 2xx answer, else the error in the form every command
+    /// uses (`not_found (404): stream /x not found`).
     async fn call(
         &self,
         method: Method,
@@ -122,8 +123,8 @@ impl Admin {
         let status = response.status();
         let bytes = response.bytes().await.map_err(transport)?;
         if !status.is_success() {
-            eprintln!("{}: {}", status.as_u16(), error_text(status, &bytes));
-            return Err(Failure::Reported);
+            let error = ApiError::from_status(status.as_u16(), error_text(status, &bytes));
+            return Err(ClientError::Api(error).into());
         }
         serde_json::from_slice(&bytes).map_err(|e| {
             Failure::Fatal(format!(

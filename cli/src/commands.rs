@@ -4,7 +4,7 @@ use std::io::{self, BufRead, Write};
 use std::time::Duration;
 
 use bytes::Bytes;
-use pico_client::{Client, ClientError, Position, Protocol, ReadPage};
+use pico_client::{ApiError, Client, ClientError, ErrorKind, Position, Protocol, ReadPage};
 
 use crate::args::{
     AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, LsArgs, ReadArgs, TailArgs, TrimArgs,
@@ -25,10 +25,7 @@ pub async fn create(client: &Client, args: &CreateArgs) -> Result<(), Failure> {
 }
 
 pub async fn head(client: &Client, args: &HeadArgs) -> Result<(), Failure> {
-    let Some(info) = client.head(&args.stream).await? else {
-        eprintln!("not found");
-        return Err(Failure::Reported);
-    };
+    let info = head_or_not_found(client, &args.stream).await?;
     let content_type = info.content_type.as_deref().unwrap_or("-");
     let mut out = io::stdout().lock();
     writeln!(
@@ -173,7 +170,25 @@ async fn head_or_not_found(
     client
         .head(stream)
         .await?
-        .ok_or_else(|| Failure::Fatal(format!("no such stream {stream}")))
+        .ok_or_else(|| not_found(client.protocol()))
+}
+
+/// A `HEAD` that found nothing (its answer has no body), said as a `GET` of the stream says it
+/// (`pico read`): `not_found (404): no such stream`, `NOT_FOUND` with Durable Streams.
+fn not_found(protocol: Protocol) -> Failure {
+    let code = match protocol {
+        Protocol::Pico => "not_found",
+        Protocol::Ds => "NOT_FOUND",
+    };
+    let error = ApiError {
+        kind: ErrorKind::NotFound,
+        status: 404,
+        code: code.into(),
+        message: "no such stream".into(),
+        next: None,
+        retry_after: None,
+    };
+    ClientError::Api(error).into()
 }
 
 pub async fn ls(client: &Client, args: &LsArgs) -> Result<(), Failure> {

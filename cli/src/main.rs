@@ -38,8 +38,6 @@ pub enum Failure {
     Usage(String),
     /// Anything else: `pico: <message>`, exit 1.
     Fatal(String),
-    /// The command already printed what went wrong (e.g. `head`'s `not found`): exit 1.
-    Reported,
     /// stdout was closed by its reader (`pico read ... | head`): not an error.
     BrokenPipe,
 }
@@ -69,7 +67,6 @@ fn main() -> ExitCode {
             eprintln!("pico: {message}");
             ExitCode::FAILURE
         }
-        Err(Failure::Reported) => ExitCode::FAILURE,
     }
 }
 

@@ -184,14 +184,14 @@ fn every_command_prints_the_admin_api() {
         "stream 404",
         1,
         "",
-        "404: stream /nope not found\n",
+        "pico: not_found (404): stream /nope not found\n",
     );
     check(
         &run(&["--json", "stream", "/nope"]),
         "stream 404 --json",
         1,
         "",
-        "404: stream /nope not found\n",
+        "pico: not_found (404): stream /nope not found\n",
     );
 
     // Transfers: a single node has nowhere to move a stream to.
@@ -200,21 +200,21 @@ fn every_command_prints_the_admin_api() {
         "transfer to an unknown node",
         1,
         "",
-        "400: node 2 is not registered\n",
+        "pico: bad_request (400): node 2 is not registered\n",
     );
     check(
         &run(&["transfer", "/orders/eu", "--to-node", "1", "--wait"]),
         "transfer to itself",
         1,
         "",
-        "400: stream /orders/eu is already on node 1 (target equals source)\n",
+        "pico: bad_request (400): stream /orders/eu is already on node 1 (target equals source)\n",
     );
     check(
         &run(&["transfer", "/nope", "--to-node", "1"]),
         "transfer of a missing stream",
         1,
         "",
-        "404: stream /nope not found\n",
+        "pico: not_found (404): stream /nope not found\n",
     );
 
     // set-slots: acknowledged on stderr, visible in the API.
@@ -239,7 +239,7 @@ fn every_command_prints_the_admin_api() {
         "set-slots of an unknown node",
         1,
         "",
-        "404: node 9 is not registered\n",
+        "pico: not_found (404): node 9 is not registered\n",
     );
     // A required flag is a usage error (exit 2) before anything is sent.
     let out = run(&["set-slots", "1"]);
@@ -318,14 +318,14 @@ fn with_auth_required_the_admin_token_is_needed() {
         "no token",
         1,
         "",
-        "401: a valid bearer token is required\n",
+        "pico: unauthorized (401): a valid bearer token is required\n",
     );
     check(
         &run(&["cluster", "--token", "writer-secret"], &[]),
         "a token without the admin grant",
         1,
         "",
-        "403: an admin token is required\n",
+        "pico: forbidden (403): an admin token is required\n",
     );
     let out = run(&["cluster", "--token", "ops-secret"], &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -345,7 +345,7 @@ fn with_auth_required_the_admin_token_is_needed() {
         "404 with a token",
         1,
         "",
-        "404: stream /nope not found\n",
+        "pico: not_found (404): stream /nope not found\n",
     );
 }
 

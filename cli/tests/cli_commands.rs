@@ -149,6 +149,96 @@ fn ls_lists_streams_with_their_positions() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
+/// Every command fails the same way (cli.md C9, README "Use it"): exit 1, nothing on stdout and
+/// one line on stderr, `pico: <code> (<status>): <message>` for what the server refused,
+/// whether the command learnt it from an error body (`read`), a bodiless `HEAD` (`head`) or the
+/// admin listener (`admin stream`).
+#[test]
+fn every_command_reports_errors_in_one_form() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    let missing = "pico: not_found (404): no such stream\n";
+    for (args, stdin) in [
+        (&["head", "/nope"][..], &b""[..]),
+        (&["read", "/nope"], b""),
+        (&["tail", "/nope"], b""),
+        (&["append", "/nope"], b"x\n"),
+        (&["trim", "/nope", "--seq", "1"], b""),
+        (&["close", "/nope"], b""),
+    ] {
+        cli.expect(args, stdin, 1, "", missing);
+    }
+
+    cli.expect(
+        &["create", "/typed", "--content-type", "text/plain"],
+        b"",
+        0,
+        "",
+        "created=true\n",
+    );
+    cli.expect(
+        &["append", "/typed", "--batch", "3"],
+        b"a\nb\nc\n",
+        0,
+        "",
+        "start=0 next=3\n",
+    );
+    cli.expect(
+        &["trim", "/typed", "--seq", "2"],
+        b"",
+        0,
+        "",
+        "trimmed start=2\n",
+    );
+    let admin = format!("http://{}", server.admin);
+    let refused = [
+        (
+            cli.run(
+                &["create", "/typed", "--content-type", "application/json"],
+                b"",
+            ),
+            "pico: conflict (409): ",
+        ),
+        (
+            cli.run(&["read", "/typed", "--from", "0"], b""),
+            "pico: offset_gone (410): ",
+        ),
+        (
+            run_with(
+                pico(
+                    &cli.config,
+                    &["admin", "--admin-endpoint", &admin, "stream", "/nope"],
+                ),
+                b"",
+            ),
+            "pico: not_found (404): stream /nope not found\n",
+        ),
+    ];
+    for (out, prefix) in refused {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+        assert!(
+            stderr.starts_with(prefix),
+            "want {prefix:?}, got {stderr:?}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    }
+
+    // No server at all: still `pico: <message>`, exit 1.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let out = run_with(
+        pico(&cli.config, &["--endpoint", &endpoint, "head", "/s"]),
+        b"",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("pico: "), "{stderr:?}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+}
+
 #[test]
 fn trim_moves_the_start() {
     let server = Server::start(FLAGS);
@@ -615,8 +705,11 @@ fn no_progress_line_when_stderr_is_not_a_terminal() {
 /// clearly longer than that.
 #[test]
 fn progress_line_on_a_terminal() {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` tool to provide a terminal");
+    if !pico_testkit::require_program(
+        "progress_line_on_a_terminal",
+        "script",
+        "util-linux; it gives pico a terminal",
+    ) {
         return;
     }
     let server = Server::start(FLAGS);

@@ -198,7 +198,13 @@ fn create_head_append_and_read_speak_durable_streams() {
     );
 
     // Missing streams.
-    ds.expect(&["head", "/ds/missing"], b"", 1, "", "not found\n");
+    ds.expect(
+        &["head", "/ds/missing"],
+        b"",
+        1,
+        "",
+        "pico: NOT_FOUND (404): no such stream\n",
+    );
     ds.expect_failure(&["read", "/ds/missing"], b"", "pico: NOT_FOUND (404)");
 
     // Bodies that are not UTF-8 print their size (default type: octet-stream both ways).
@@ -348,7 +354,13 @@ fn close_and_delete() {
 
     ds.expect(&["delete", s], b"", 0, "", "deleted=true\n");
     ds.expect(&["delete", s], b"", 0, "", "deleted=false\n");
-    ds.expect(&["head", s], b"", 1, "", "not found\n");
+    ds.expect(
+        &["head", s],
+        b"",
+        1,
+        "",
+        "pico: NOT_FOUND (404): no such stream\n",
+    );
     ds.expect_failure(&["close", s], b"", "pico: NOT_FOUND (404)");
 }
 

@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +53,14 @@ struct WriterLog {
     requests: usize,
 }
 
-fn writer(addr: SocketAddr, id: String, seed: u64, stop: Arc<AtomicBool>) -> WriterLog {
+/// Appends until `stop`, counting acknowledged requests in `progress`.
+fn writer(
+    addr: SocketAddr,
+    id: String,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    progress: Arc<AtomicUsize>,
+) -> WriterLog {
     let mut rng = XorShift::new(seed);
     let mut log = WriterLog::default();
     let mut conn: Option<Conn> = None;
@@ -114,6 +121,7 @@ fn writer(addr: SocketAddr, id: String, seed: u64, stop: Arc<AtomicBool>) -> Wri
                 for (i, body) in bodies.into_iter().enumerate() {
                     log.acked.push((stream, start + i as u64, body, timestamp));
                 }
+                progress.fetch_add(1, Ordering::Relaxed);
             }
             Ok(r) if r.status == 429 || r.status == 503 => {
                 // Refused under load or while stopping: not written, but count it as unknown.
@@ -238,14 +246,27 @@ fn acknowledged_appends_survive_kill_9_at_random_points() {
     let mut unexpected = Vec::new();
     for round in 0..ROUNDS {
         let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(AtomicUsize::new(0));
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
-                let (addr, stop) = (s.addr, stop.clone());
+                let (addr, stop, progress) = (s.addr, stop.clone(), progress.clone());
                 let id = format!("w{}", round * WRITERS + w);
                 let writer_seed = rng.next_u64();
-                std::thread::spawn(move || writer(addr, id, writer_seed, stop))
+                std::thread::spawn(move || writer(addr, id, writer_seed, stop, progress))
             })
             .collect();
+        // The kill comes a random while after the load is under way: after the first
+        // acknowledgement, which a busy machine only delays, not at a fixed instant that it
+        // might reach before the writers have connected.
+        let under_way = Instant::now();
+        while progress.load(Ordering::Relaxed) == 0 {
+            assert!(
+                under_way.elapsed() < Duration::from_secs(60),
+                "round {round}: no append acknowledged\n{}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let load = Duration::from_millis(rng.range(300, 1500));
         std::thread::sleep(load);
         s.kill();

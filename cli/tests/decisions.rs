@@ -15,7 +15,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{encode_request, read_all, wait_for, Conn, Resp, Server};
+use common::{at_a_pace_the_machine_keeps, encode_request, read_all, wait_for, Conn, Resp, Server};
 use serde_json::{json, Value};
 
 /// Most tests run one core: the shared machine has two.
@@ -418,66 +418,98 @@ fn d1_put_body_becomes_the_first_record() {
 #[test]
 fn d2_ttl_slides_with_reads_and_appends_not_head_and_the_reaper_deletes() {
     let mut s = Server::start(ONE_CORE);
-    let t0 = Instant::now();
-    // TTL 3 s; touches at 2 s; checks at 4 s: a stream whose only access was a HEAD expired
-    // at 3 s, a read or an append at 2 s moved the deadline to 5 s. Margins of one second.
-    for name in ["/ttl/read", "/ttl/append", "/ttl/head"] {
+    // In units u (1 s, or more on a slow machine): TTL 3u; touches at 2u; checks at 4u. A
+    // stream whose only access was a HEAD expired at 3u, a read or an append at 2u moved the
+    // deadline to 5u. Each timed step is checked against the instants measured around it, so
+    // a late step makes the round inconclusive instead of failing it.
+    let unit = at_a_pace_the_machine_keeps("d2_ttl", |unit| {
+        let u = Duration::from_secs(unit);
+        let p = format!("/ttl{unit}");
+        let ttl = (3 * unit).to_string();
+        let t0 = Instant::now();
+        for name in ["read", "append", "head"] {
+            create(
+                &s,
+                &format!("{p}/{name}"),
+                &[("pico-ttl", &ttl), ("content-type", "text/plain")],
+                b"x",
+            );
+        }
+        // Untouched from its create on: expired after u, and reaped.
         create(
             &s,
-            name,
-            &[("pico-ttl", "3"), ("content-type", "text/plain")],
+            &format!("{p}/idle"),
+            &[("pico-ttl", &unit.to_string())],
             b"x",
         );
-    }
-    // Untouched from its create on: expired after 1 s, and reaped.
-    create(&s, "/ttl/idle", &[("pico-ttl", "1")], b"x");
-    let r = head(&s, "/ttl/read");
-    assert_eq!(r.header("pico-ttl"), Some("3"), "{}", r.describe());
-    assert_eq!(r.header("pico-expires-at"), None);
-    let entries = listed(&s, "/ttl/read");
-    assert_eq!(entries["/ttl/read"]["ttl"], 3);
-    assert!(entries["/ttl/read"].get("expires_at").is_none());
+        // Every create was answered by now: the server's deadlines are at most this + TTL.
+        let created = Instant::now();
+        let r = head(&s, &format!("{p}/read"));
+        let entries = listed(&s, &format!("{p}/read"));
+        if t0.elapsed() >= 3 * u {
+            return Err(format!("the first HEAD came {:?} after t0", t0.elapsed()));
+        }
+        assert_eq!(r.header("pico-ttl"), Some(ttl.as_str()), "{}", r.describe());
+        assert_eq!(r.header("pico-expires-at"), None);
+        assert_eq!(entries[&format!("{p}/read")]["ttl"], 3 * unit);
+        assert!(entries[&format!("{p}/read")].get("expires_at").is_none());
 
-    sleep_until(t0 + Duration::from_secs(2));
-    req(&s, "GET", "/ttl/read", &[], b"").expect(200);
-    applied(&post(&s, "/ttl/append", &[], b"y"), 1, 2);
-    head(&s, "/ttl/head").expect(200);
-    assert!(
-        t0.elapsed() < Duration::from_millis(2900),
-        "the machine is too slow for this test's timing ({:?})",
-        t0.elapsed()
-    );
+        sleep_until(t0 + 2 * u);
+        // The touches' deadlines are at least this + TTL.
+        let touching = Instant::now();
+        let read = req(&s, "GET", &format!("{p}/read"), &[], b"");
+        let append = post(&s, &format!("{p}/append"), &[], b"y");
+        let head_only = head(&s, &format!("{p}/head"));
+        if t0.elapsed() >= 3 * u {
+            return Err(format!("the touches ended {:?} after t0", t0.elapsed()));
+        }
+        read.expect(200);
+        applied(&append, 1, 2);
+        head_only.expect(200);
 
-    sleep_until(t0 + Duration::from_secs(4));
-    // The HEAD at 2 s did not extend the TTL.
-    head(&s, "/ttl/head").expect(404);
-    error(&req(&s, "GET", "/ttl/head", &[], b""), 404, "not_found");
-    // The read and the append did. (HEAD does not touch, so checking is free.)
-    head(&s, "/ttl/read").expect(200);
-    head(&s, "/ttl/append").expect(200);
-    assert!(
-        t0.elapsed() < Duration::from_millis(4900),
-        "the machine is too slow for this test's timing ({:?})",
-        t0.elapsed()
-    );
-    let entries = listed(&s, "/ttl/");
-    assert_eq!(
-        entries.keys().collect::<Vec<_>>(),
-        ["/ttl/append", "/ttl/read"],
-        "expired streams are not listed"
-    );
+        // Past the HEAD-only stream's deadline (a little slack for the server's wall clock
+        // against this monotonic one).
+        sleep_until((t0 + 4 * u).max(created + 3 * u + Duration::from_millis(50)));
+        // The HEAD at 2u did not extend the TTL.
+        let head_gone = head(&s, &format!("{p}/head"));
+        let get_gone = req(&s, "GET", &format!("{p}/head"), &[], b"");
+        // The read and the append did. (HEAD does not touch, so checking is free.)
+        let read_kept = head(&s, &format!("{p}/read"));
+        let append_kept = head(&s, &format!("{p}/append"));
+        let entries = listed(&s, &format!("{p}/"));
+        if touching.elapsed() >= 3 * u {
+            return Err(format!(
+                "the checks ended {:?} after the touches",
+                touching.elapsed()
+            ));
+        }
+        head_gone.expect(404);
+        error(&get_gone, 404, "not_found");
+        read_kept.expect(200);
+        append_kept.expect(200);
+        assert_eq!(
+            entries.keys().cloned().collect::<Vec<_>>(),
+            [format!("{p}/append"), format!("{p}/read")],
+            "expired streams are not listed"
+        );
+        Ok(())
+    });
 
-    // `/ttl/idle` was never touched after its create. The reaper deleted it (metadata included):
+    // `idle` was never touched after its create. The reaper deleted it (metadata included):
     // a restart, which would load any stream still in the metadata with a fresh TTL, does not
     // bring it back, and the name starts again from offset 0.
+    let p = format!("/ttl{unit}");
     s.restart();
-    head(&s, "/ttl/idle").expect(404);
-    assert!(!listed(&s, "/ttl/").contains_key("/ttl/idle"));
-    create(&s, "/ttl/idle", &[], b"");
-    applied(&post(&s, "/ttl/idle", &[], b"new"), 0, 1);
+    head(&s, &format!("{p}/idle")).expect(404);
+    assert!(!listed(&s, &format!("{p}/")).contains_key(&format!("{p}/idle")));
+    create(&s, &format!("{p}/idle"), &[], b"");
+    applied(&post(&s, &format!("{p}/idle"), &[], b"new"), 0, 1);
     // A name that expired and is recreated starts from 0 as well.
-    create(&s, "/ttl/head", &[], b"");
-    assert_eq!(head(&s, "/ttl/head").header("pico-next-seq"), Some("0"));
+    create(&s, &format!("{p}/head"), &[], b"");
+    assert_eq!(
+        head(&s, &format!("{p}/head")).header("pico-next-seq"),
+        Some("0")
+    );
 }
 
 /// D2: `pico create --ttl` documents the sliding idle expiry.
@@ -613,42 +645,61 @@ fn d3_expires_at_takes_offsets_and_is_rendered_in_utc() {
     );
     error(&r, 400, "bad_request");
 
-    // A fixed expiry does not slide: a read before it does not extend it. Whole seconds,
-    // 2–3 s ahead, sent at +02:00.
-    let at = now_ms() / 1000 * 1000 + 3000;
-    create(
-        &s,
-        "/d3/soon",
-        &[("pico-expires-at", &rfc3339(at, 120))],
-        b"x",
-    );
-    assert_eq!(
-        head(&s, "/d3/soon").header("pico-expires-at"),
-        Some(rfc3339(at, 0).as_str())
-    );
-    std::thread::sleep(Duration::from_millis(1000));
-    req(&s, "GET", "/d3/soon", &[], b"").expect(200);
-    applied(&post(&s, "/d3/soon", &[], b"y"), 1, 2);
-    wait_for("the expiry instant", Duration::from_secs(10), || {
-        (now_ms() > at + 300).then_some(())
+    // A fixed expiry does not slide: a read and an append before it do not extend it. Whole
+    // seconds, 2u–3u ahead (u = 1 s, or more on a slow machine), sent at +02:00.
+    at_a_pace_the_machine_keeps("d3_expires_at", |unit| {
+        let name = format!("/d3/soon{unit}");
+        let at = now_ms() / 1000 * 1000 + 3000 * unit as i64;
+        let created = req(
+            &s,
+            "PUT",
+            &name,
+            &[("pico-expires-at", &rfc3339(at, 120))],
+            b"x",
+        );
+        let r = head(&s, &name);
+        if now_ms() >= at {
+            return Err("the create and HEAD ended past the expiry instant".into());
+        }
+        created.expect(201);
+        assert_eq!(r.header("pico-expires-at"), Some(rfc3339(at, 0).as_str()));
+        std::thread::sleep(Duration::from_secs(unit));
+        let read = req(&s, "GET", &name, &[], b"");
+        let append = post(&s, &name, &[], b"y");
+        if now_ms() >= at {
+            return Err("the read and the append ended past the expiry instant".into());
+        }
+        read.expect(200);
+        applied(&append, 1, 2);
+        // Both clocks are the wall clock: past `at` (and some slack) it is gone, whatever the
+        // machine's pace.
+        wait_for("the expiry instant", Duration::from_secs(30 * unit), || {
+            (now_ms() > at + 300).then_some(())
+        });
+        assert!(!listed(&s, "/d3/").contains_key(&name));
+        error(&req(&s, "GET", &name, &[], b""), 404, "not_found");
+        head(&s, &name).expect(404);
+        Ok(())
     });
-    assert!(!listed(&s, "/d3/").contains_key("/d3/soon"));
-    error(&req(&s, "GET", "/d3/soon", &[], b""), 404, "not_found");
-    head(&s, "/d3/soon").expect(404);
 }
 
 // ------------------------------------------------------------------------------------- D4
 
 #[test]
 fn d4_long_poll() {
-    let s = Server::start(&["--cores", "1", "--long-poll-timeout-sec", "2"]);
+    // Two nodes: a 2 s long-poll timeout to see a timeout happen, and one far longer than any
+    // scheduling delay, so that an answer before it proves the poll was answered on its own
+    // (records there, an append, a close, a delete) without timing how fast that was.
+    let short = Server::start(&["--cores", "1", "--long-poll-timeout-sec", "2"]);
+    let s = Server::start(&["--cores", "1", "--long-poll-timeout-sec", "120"]);
+    let long_poll_timeout = Duration::from_secs(120);
     create(&s, "/lp", &[("content-type", "text/plain")], b"a");
 
     // Records available: answered at once.
     let t = Instant::now();
     let r = req(&s, "GET", "/lp?live=long-poll&seq=0", &[], b"");
     r.expect(200);
-    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(t.elapsed() < long_poll_timeout);
     assert_eq!(r.json()[0]["body"], "a");
     assert_eq!(r.header("pico-next-seq"), Some("1"));
     assert_eq!(r.header("pico-up-to-date"), Some("true"));
@@ -656,13 +707,15 @@ fn d4_long_poll() {
     assert_eq!(r.header("etag"), None, "{}", r.describe());
     let cursor: u64 = r.h_u64("pico-cursor");
 
-    // At the tail: waits for the timeout, then 204 with the position and a cursor.
+    // At the tail: waits for the timeout (never less; the client's read timeout bounds
+    // "more"), then 204 with the position and a cursor.
+    create(&short, "/lp", &[("content-type", "text/plain")], b"a");
     let t = Instant::now();
-    let r = req(&s, "GET", "/lp?live=long-poll&seq=1", &[], b"");
+    let r = req(&short, "GET", "/lp?live=long-poll&seq=1", &[], b"");
     let waited = t.elapsed();
     r.expect(204);
     assert!(
-        waited >= Duration::from_millis(1800) && waited < Duration::from_secs(8),
+        waited >= Duration::from_millis(1800),
         "long-poll answered after {waited:?}"
     );
     assert!(r.body.is_empty());
@@ -681,13 +734,15 @@ fn d4_long_poll() {
     );
     assert!(r.h_u64("pico-cursor") > cursor, "{}", r.describe());
 
-    // Woken by an append, a close and a delete.
+    // Woken by an append, a close and a delete. The pause lets the poll arrive first on most
+    // runs; when the action wins the race the poll is answered at once, just as correctly.
     let poll = |path: &str, after: &dyn Fn()| -> (Resp, Duration) {
         std::thread::scope(|scope| {
             let addr = s.addr;
             let path = path.to_string();
             let poller = scope.spawn(move || {
                 let mut conn = Conn::connect(addr).unwrap();
+                conn.set_read_timeout(long_poll_timeout * 2);
                 let t = Instant::now();
                 let r = on(&mut conn, "GET", &path, &[], b"");
                 (r, t.elapsed())
@@ -701,7 +756,7 @@ fn d4_long_poll() {
         applied(&post(&s, "/lp", &[], b"b"), 1, 2);
     });
     r.expect(200);
-    assert!(took < Duration::from_millis(1800), "not woken: {took:?}");
+    assert!(took < long_poll_timeout, "not woken: {took:?}");
     assert_eq!(r.json()[0]["seq"], 1);
     assert_eq!(r.json()[0]["body"], "b");
     assert_eq!(r.header("pico-next-seq"), Some("2"));
@@ -710,14 +765,14 @@ fn d4_long_poll() {
         wrote_nothing(&post(&s, "/lp", &[CLOSE], b""), 2);
     });
     r.expect(204);
-    assert!(took < Duration::from_millis(1800), "not woken: {took:?}");
+    assert!(took < long_poll_timeout, "not woken: {took:?}");
     assert_eq!(r.header("pico-closed"), Some("true"), "{}", r.describe());
     assert_eq!(r.header("pico-next-seq"), Some("2"));
     // A closed stream at its tail answers at once.
     let t = Instant::now();
     let r = req(&s, "GET", "/lp?live=long-poll&seq=2", &[], b"");
     r.expect(204);
-    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(t.elapsed() < long_poll_timeout);
     assert_eq!(r.header("pico-closed"), Some("true"));
 
     create(&s, "/lp2", &[], b"");
@@ -725,7 +780,7 @@ fn d4_long_poll() {
         req(&s, "DELETE", "/lp2", &[], b"").expect(204);
     });
     error(&r, 404, "not_found");
-    assert!(took < Duration::from_millis(1800), "not woken: {took:?}");
+    assert!(took < long_poll_timeout, "not woken: {took:?}");
 
     error(
         &req(&s, "GET", "/lp?live=long-poll&seq=3", &[], b""),

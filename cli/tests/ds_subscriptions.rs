@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{ds, ds_read, Resp, Server};
+use common::{ds, ds_read, wait_for, Resp, Server};
 use serde_json::{json, Value};
 
 const ROOT: &str = "/v1/stream/";
@@ -439,7 +439,19 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
         before["streams"],
         json!([{"path": "jobs/new", "link_type": "glob", "acked_offset": "-1"}])
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // Written by the sweeper, not by the write: the state file gets the link (and the wake,
+    // made by the same write) without another request. Waited for, not slept on, so that a
+    // busy machine's late sweep is not mistaken for a lost one.
+    let state_file = server.wal_dir().join("subscriptions.json");
+    wait_for(
+        "the sweeper to write the link",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&state_file)
+                .ok()
+                .filter(|state| state.contains("jobs/new"))
+        },
+    );
     server.restart();
     assert_eq!(get_subscription(&server, "lazy"), before);
     // The unclaimed wake is announced again with the next generation.

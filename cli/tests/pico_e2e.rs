@@ -664,8 +664,9 @@ fn long_poll_times_out() {
     assert_eq!(r.header("pico-closed"), None);
     assert_eq!(r.header("cache-control"), Some("no-store"));
     let cursor: u64 = r.h_u64("pico-cursor");
+    // Never before the timeout; the client's read timeout bounds how long after.
     assert!(
-        waited >= Duration::from_millis(900) && waited < Duration::from_secs(10),
+        waited >= Duration::from_millis(900),
         "timed out after {waited:?}"
     );
     // Echoing the cursor gives a larger one; seq=now waits at the tail too.
@@ -685,7 +686,12 @@ fn long_poll_times_out() {
     let r = req(&s, "GET", "/lp-missing?live=long-poll", &[], b"");
     r.expect_error(404, "not_found");
 
-    // Closed and at the tail: 204 at once with Pico-Closed, no wait for the timeout.
+    // Closed and at the tail: 204 at once with Pico-Closed, no wait for the timeout. On a node
+    // whose timeout is far longer than any scheduling delay, an answer before it is "at once"
+    // however busy the machine is.
+    let s = Server::start(&["--cores", "1", "--long-poll-timeout-sec", "120"]);
+    create(&s, "/lp", "text/plain");
+    append(&s, "/lp", b"a");
     req(&s, "POST", "/lp", &[("pico-closed", "true")], b"").expect(200);
     let started = Instant::now();
     let r = req(&s, "GET", "/lp?seq=1&live=long-poll", &[], b"");
@@ -693,7 +699,7 @@ fn long_poll_times_out() {
     assert_eq!(r.header("pico-closed"), Some("true"));
     assert_eq!(r.header("pico-next-seq"), Some("1"));
     assert!(
-        started.elapsed() < Duration::from_millis(900),
+        started.elapsed() < Duration::from_secs(120),
         "a closed stream must not wait"
     );
 }

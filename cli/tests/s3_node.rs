@@ -2,10 +2,11 @@
 //! coming back, a wrong secret at startup, cold reads of many segments through a small block
 //! cache, and garbage collection of segment objects in the bucket.
 //!
-//! Gated on `PICOMQ_S3_ENDPOINT` (and `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`), as set by
-//! `.ci/run`; without them every test prints a note and passes. Tests that stop the store run a
-//! Garage of their own on free ports (`scripts/garage-up.sh`, needs `garage` on PATH), so the
-//! tests stay parallel-safe and never disturb the shared instance.
+//! Need Garage: `PICOMQ_S3_ENDPOINT` (and `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`), as set
+//! by `.ci/run`. They are `#[ignore]`d, run with `--include-ignored`, and skip with a note when
+//! the variables are unset, or fail under `CI=true` (`pico_testkit`). Tests that stop the store
+//! run a Garage of their own on free ports (`scripts/garage-up.sh`, needs `garage` on PATH), so
+//! the tests stay parallel-safe and never disturb the shared instance.
 
 mod common;
 
@@ -18,20 +19,13 @@ use std::time::{Duration, Instant};
 
 use common::{Conn, Server, XorShift};
 
+/// How soon after the store is back a node must acknowledge again: its retries back off for
+/// a few seconds at most; the rest is room for a busy machine.
+const RECOVERY_BOUND: Duration = Duration::from_secs(60);
+
 /// The shared Garage's endpoint, or `None` (and a note) when the tests should skip.
 fn shared_endpoint(test: &str) -> Option<String> {
-    let endpoint = std::env::var("PICOMQ_S3_ENDPOINT").unwrap_or_default();
-    if endpoint.is_empty() {
-        eprintln!(
-            "{test}: skipped (set PICOMQ_S3_ENDPOINT, e.g. http://127.0.0.1:3900, and AWS_* to run it against Garage)"
-        );
-        return None;
-    }
-    if access_key().is_empty() || secret_key().is_empty() {
-        eprintln!("{test}: skipped (PICOMQ_S3_ENDPOINT is set but AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are not)");
-        return None;
-    }
-    Some(endpoint)
+    pico_testkit::require(test, &pico_testkit::GARAGE).map(|mut values| values.remove(0))
 }
 
 fn bucket() -> String {
@@ -79,16 +73,9 @@ struct OwnGarage {
 }
 
 impl OwnGarage {
-    /// `None` (and a note) if `garage` is not installed.
+    /// `None` (and a note; a failure under CI) if `garage` is not installed.
     fn start(test: &str) -> Option<OwnGarage> {
-        let installed = Command::new("sh")
-            .args(["-c", "command -v garage"])
-            .stdout(Stdio::null())
-            .status()
-            .map(|status| status.success())
-            .unwrap_or(false);
-        if !installed {
-            eprintln!("{test}: skipped (garage is not on PATH; this test runs its own instance)");
+        if !pico_testkit::require_program(test, "garage", "this test runs its own instance") {
             return None;
         }
         let garage = OwnGarage {
@@ -273,6 +260,7 @@ struct Event {
 /// 429/503 with Retry-After) and are never acknowledged while the store is down, the node
 /// recovers by itself, and every acknowledged record survives, also a cold start with the
 /// node's disk lost.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn a_garage_outage_under_load_back_pressures_and_loses_nothing() {
     if shared_endpoint("garage_outage").is_none() {
@@ -469,7 +457,7 @@ fn a_garage_outage_under_load_back_pressures_and_loses_nothing() {
         *up_started.lock().unwrap() = Some(up_at);
         garage.up();
         // The node recovers by itself: an append sent after the store is back is acknowledged.
-        let deadline = up_at + Duration::from_secs(20);
+        let deadline = up_at + RECOVERY_BOUND;
         while recovered.lock().unwrap().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -590,11 +578,11 @@ fn a_garage_outage_under_load_back_pressures_and_loses_nothing() {
     );
     let Some((sent, done)) = recovered else {
         panic!(
-            "no append sent after the store came back was acknowledged within 20 s\nserver log:\n{}",
+            "no append sent after the store came back was acknowledged within {RECOVERY_BOUND:?}\nserver log:\n{}",
             server.log()
         );
     };
-    assert!(done - sent < Duration::from_secs(20));
+    assert!(done - sent < RECOVERY_BOUND);
     assert_eq!(burst.len(), 24, "every burst append was answered");
     assert!(
         burst.iter().any(|(status, _)| *status == Some(429)),
@@ -627,6 +615,7 @@ fn a_garage_outage_under_load_back_pressures_and_loses_nothing() {
 }
 
 /// A wrong secret stops `pico serve` at once with one clear line, not a retry loop.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn a_wrong_secret_is_a_clear_startup_error() {
     let Some(endpoint) = shared_endpoint("wrong_secret") else {
@@ -700,6 +689,7 @@ fn a_wrong_secret_is_a_clear_startup_error() {
 
 /// ~2 MiB in one stream over many 64 KiB segments, read back cold (the WAL directory deleted)
 /// through a block cache smaller than the data: the reads go to the bucket again and again.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn a_cold_read_of_many_segments_through_a_small_block_cache() {
     let Some(endpoint) = shared_endpoint("cold_read") else {
@@ -791,13 +781,14 @@ fn a_cold_read_of_many_segments_through_a_small_block_cache() {
 
 /// Deleted and trimmed data leaves the bucket: the collector deletes their segment objects
 /// (counted through Garage's own S3 API), and what is kept still reads back cold.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn garbage_collection_deletes_segment_objects_from_garage() {
     if shared_endpoint("garage_gc").is_none() {
         return;
     }
     if !curl_has_sigv4() {
-        eprintln!("garage_gc: skipped (needs curl 7.75 or later for --aws-sigv4)");
+        pico_testkit::missing_service("garage_gc", "needs curl 7.75 or later (--aws-sigv4)");
         return;
     }
     let Some(garage) = OwnGarage::start("garage_gc") else {

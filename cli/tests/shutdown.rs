@@ -15,7 +15,8 @@ type Acked = (String, u64, Vec<u8>);
 
 #[test]
 fn sigterm_drains_finishes_requests_and_loses_nothing() {
-    let mut server = Server::start(&["--shutdown-drain-sec", "1", "--cores", "2"]);
+    // A drain window long enough that the /ready poll below sees it on a busy machine too.
+    let mut server = Server::start(&["--shutdown-drain-sec", "5", "--cores", "2"]);
     let streams: Vec<String> = (0..4).map(|i| format!("/drain/{i}")).collect();
     for name in &streams {
         server.put(name, "text/plain").expect(201);
@@ -77,7 +78,13 @@ fn sigterm_drains_finishes_requests_and_loses_nothing() {
             })
         })
         .collect();
+    let loaded = Instant::now();
     while acked.lock().unwrap().len() < 200 {
+        assert!(
+            loaded.elapsed() < Duration::from_secs(60),
+            "the writers made too few appends: {}",
+            acked.lock().unwrap().len()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 
@@ -85,7 +92,7 @@ fn sigterm_drains_finishes_requests_and_loses_nothing() {
     let pid = server.pid().unwrap() as i32;
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut saw_not_ready = false;
     while Instant::now() < deadline {
         let ready =

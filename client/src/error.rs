@@ -55,6 +55,26 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error known only by its status and a message (a `HEAD` answer has no body; the admin
+    /// API's bodies carry a sentence, not a code). The code is the status's reason phrase in
+    /// the protocol's spelling (`not_found`, `unauthorized`, `forbidden`), not a guess at a
+    /// stream error (a bare 403 is not necessarily a fenced producer).
+    pub fn from_status(status: u16, message: impl Into<String>) -> ApiError {
+        let code = reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .map(|reason| reason.to_ascii_lowercase().replace([' ', '-'], "_"))
+            .unwrap_or_else(|| format!("http_{status}"));
+        ApiError {
+            kind: kind_for_status(status, None, false),
+            status,
+            code,
+            message: message.into(),
+            next: None,
+            retry_after: None,
+        }
+    }
+
     /// Builds the error from a non-2xx response's status, headers and body.
     pub fn from_response(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
         let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();

@@ -19,7 +19,7 @@
 //! backends share in `store`; what a backend must do in `backend`; SQLite in `sqlite` (its schema
 //! and migrations in `schema`), Postgres in `pg`; the packed run format in `runs`, the packed
 //! producer-state format in `producers`; test support (a fresh Postgres database per test) in
-//! `testing`.
+//! `testing`, behind the `testing` feature that only the workspace's tests turn on.
 
 use std::path::PathBuf;
 
@@ -32,6 +32,7 @@ mod schema;
 mod sqlite;
 mod store;
 #[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use cluster::{

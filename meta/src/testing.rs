@@ -1,9 +1,9 @@
 //! Test support, not part of the API: a fresh PostgreSQL database per test, so Postgres tests
 //! (this crate's and the end-to-end ones) run in parallel without seeing each other's rows.
 //!
-//! They are gated by [`PG_URL_VAR`]: unset, [`PgDatabase::create`] prints a skip note and the
-//! test passes without Postgres. Set (CI sets it), it names a server and a database to connect
-//! to as a user that may create databases.
+//! They are gated by `PICOMQ_PG_URL` ([`pico_testkit::POSTGRES`]), which names a server and a
+//! database to connect to as a user that may create databases; the tests are
+//! `#[ignore = "needs Postgres: ..."]`, so they run with `--include-ignored` (CI does).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -12,10 +12,6 @@ use postgres::NoTls;
 use postgres::SimpleQueryMessage;
 
 use crate::MetaUrl;
-
-/// The environment variable naming the test server, e.g.
-/// `postgres://postgres:postgres@127.0.0.1:5432/picomq`.
-pub const PG_URL_VAR: &str = "PICOMQ_PG_URL";
 
 /// A uniquely named, initially empty database on the server of `$PICOMQ_PG_URL`; dropped (with
 /// whatever is still connected to it) when this is dropped.
@@ -28,13 +24,11 @@ pub struct PgDatabase {
 
 impl PgDatabase {
     /// Creates the database, named after `label` (a test's name); `None`, after printing why,
-    /// when `$PICOMQ_PG_URL` is unset. Panics when the server cannot be used: a test that was
-    /// asked to run against Postgres must not pass without it.
+    /// when `$PICOMQ_PG_URL` is unset ([`pico_testkit::require`]: a panic under `CI=true`).
+    /// Panics when the server cannot be used: a test that was asked to run against Postgres
+    /// must not pass without it.
     pub fn create(label: &str) -> Option<PgDatabase> {
-        let Ok(admin_url) = std::env::var(PG_URL_VAR) else {
-            eprintln!("skipped {label}: {PG_URL_VAR} is unset (scripts/pg-up.sh starts Postgres)");
-            return None;
-        };
+        let admin_url = pico_testkit::require(label, &pico_testkit::POSTGRES)?.remove(0);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let label: String = label
             .chars()

@@ -1,6 +1,7 @@
 //! The metadata store's contract, written once and run against every backend: SQLite always,
-//! PostgreSQL when `PICOMQ_PG_URL` names a server (`scripts/pg-up.sh` starts one; without it
-//! the Postgres variants print a skip note and pass).
+//! PostgreSQL when `PICOMQ_PG_URL` names a server (`scripts/pg-up.sh` starts one). The Postgres
+//! tests are `#[ignore]`d (`--include-ignored` runs them); without the variable they print a
+//! skip note, or fail under `CI=true`.
 //!
 //! Each test is a function of a [`Db`]; `contract!` makes a `sqlite::<name>` and a
 //! `postgres::<name>` test of it. Every Postgres test gets a database of its own (created from
@@ -106,6 +107,7 @@ macro_rules! contract {
         mod postgres {
             $(
                 #[test]
+                #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
                 fn $test() {
                     if let Some(db) = super::Db::postgres(stringify!($test)) {
                         super::$test(&db);
@@ -952,6 +954,7 @@ fn an_unreachable_postgres_is_a_clear_startup_error() {
 }
 
 /// The Postgres tables have the SQLite tables' columns, and both schemas are at one version.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn postgres_has_the_sqlite_tables_and_columns() {
     let Some(database) = PgDatabase::create("same_columns") else {
@@ -998,6 +1001,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
 }
 
 /// Nodes starting at once on a fresh database migrate it once, under the advisory lock.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn postgres_nodes_starting_at_once_migrate_once() {
     const NODES: usize = 4;
@@ -1035,6 +1039,7 @@ fn postgres_nodes_starting_at_once_migrate_once() {
 
 /// A dropped connection fails the commands that need it while the server stays away, never
 /// the thread: it reconnects for later commands.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn postgres_connection_loss_fails_commands_then_reconnects() {
     let Some(database) = PgDatabase::create("reconnect") else {
@@ -1107,6 +1112,7 @@ fn segment(key: &str, streams: Vec<SegmentStreamEntry>) -> SegmentRecord {
 
 /// Registration, epochs, leases, placement of a dead node's streams, fenced writes and the
 /// transfer rules, as two nodes' stores on one database see them.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn postgres_cluster_leases_ownership_fencing_and_transfers() {
     let Some(database) = PgDatabase::create("cluster_contract") else {

@@ -1,7 +1,8 @@
 //! The `s3://` backend against a real S3 server (Garage in CI: `scripts/garage-up.sh`).
 //!
-//! Gated on `PICOMQ_S3_ENDPOINT` (e.g. `http://127.0.0.1:3900`); without it every test prints a
-//! note and passes, so `cargo test` stays green on a machine without Garage. Also read:
+//! Needs `PICOMQ_S3_ENDPOINT` (e.g. `http://127.0.0.1:3900`): every test is `#[ignore]`d (run
+//! them with `--include-ignored`) and skips with a note without it, or fails under `CI=true`
+//! (`pico_testkit`), so `cargo test` says what it did not run on a machine without Garage. Also read:
 //! `PICOMQ_S3_BUCKET` (default `segments`), `PICOMQ_S3_REGION` (default `garage`) and the
 //! standard `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`. Every test works under its own key
 //! prefix and removes its objects, so tests run in parallel and repeatedly on one bucket.
@@ -21,13 +22,7 @@ use pico_s3::StoreError;
 
 /// The endpoint, or `None` (and a note) when the tests should skip.
 fn endpoint(test: &str) -> Option<String> {
-    match std::env::var("PICOMQ_S3_ENDPOINT") {
-        Ok(endpoint) if !endpoint.is_empty() => Some(endpoint),
-        _ => {
-            eprintln!("{test}: skipped (set PICOMQ_S3_ENDPOINT, e.g. http://127.0.0.1:3900, and AWS_* to run it against Garage)");
-            None
-        }
-    }
+    pico_testkit::require(test, &pico_testkit::GARAGE).map(|mut values| values.remove(0))
 }
 
 fn uri_for(endpoint: &str, bucket: &str) -> StorageUri {
@@ -87,6 +82,7 @@ fn patterned(len: usize, seed: u64) -> Bytes {
     Bytes::from(data)
 }
 
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn put_get_range_delete_list_round_trips() {
     let Some(endpoint) = endpoint("round_trips") else {
@@ -196,6 +192,7 @@ fn put_get_range_delete_list_round_trips() {
     clean(&store, &p);
 }
 
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn multipart_put_of_40_mib_reads_back() {
     let Some(endpoint) = endpoint("multipart") else {
@@ -242,6 +239,7 @@ fn multipart_put_of_40_mib_reads_back() {
     clean(&store, &p);
 }
 
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn keys_with_spaces_unicode_and_punctuation() {
     let Some(endpoint) = endpoint("odd_keys") else {
@@ -285,6 +283,7 @@ fn keys_with_spaces_unicode_and_punctuation() {
     assert_eq!(wait(store.list(&p)).unwrap(), vec![]);
 }
 
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn list_pagination_with_small_pages() {
     let Some(endpoint) = endpoint("pagination") else {
@@ -322,6 +321,7 @@ fn wrong_secret() -> S3Credentials {
     }
 }
 
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn a_wrong_secret_fails_fast_with_a_clear_error() {
     let Some(endpoint) = endpoint("wrong_secret") else {
@@ -354,8 +354,8 @@ fn a_wrong_secret_fails_fast_with_a_clear_error() {
         Err(other) => panic!("{other:?}"),
         Ok(_) => panic!("opened with a wrong secret"),
     }
-    // No retry storm: a retried call would back off for seconds.
-    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    // No retry storm: the message says the 403 was not retried (`gave up` is absent), which
+    // no machine's pace changes; the time is only reported above.
 
     // Without the probe, every operation gives the same answer, once.
     let store = open(
@@ -392,6 +392,7 @@ fn a_wrong_secret_fails_fast_with_a_clear_error() {
     );
 }
 
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn a_missing_bucket_or_a_dead_endpoint_fails_at_open() {
     let Some(endpoint) = endpoint("open_errors") else {
@@ -426,11 +427,13 @@ fn a_missing_bucket_or_a_dead_endpoint_fails_at_open() {
         Err(other) => panic!("{other:?}"),
         Ok(_) => panic!("opened a dead endpoint"),
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // It ends (the 3 s deadline plus scheduling, far below this bound on a busy machine).
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 /// Not a test of speed (nothing is asserted): prints PUT and GET latency percentiles of small
 /// objects, one at a time, for the record.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn put_latency_for_the_record() {
     let Some(endpoint) = endpoint("latency") else {
@@ -480,15 +483,9 @@ struct OwnGarage {
 
 impl OwnGarage {
     /// A Garage of our own on free ports, via the project's script; `None` if `garage` is not
-    /// installed.
-    fn start() -> Option<OwnGarage> {
-        let installed = std::process::Command::new("sh")
-            .args(["-c", "command -v garage"])
-            .output()
-            .map(|output| output.status.success())
-            .unwrap_or(false);
-        if !installed {
-            eprintln!("skipped: garage is not installed");
+    /// installed (a failure under CI).
+    fn start(test: &str) -> Option<OwnGarage> {
+        if !pico_testkit::require_program(test, "garage", "this test runs its own instance") {
             return None;
         }
         let free_port = || {
@@ -566,12 +563,13 @@ impl Drop for OwnGarage {
 
 /// The store goes away mid-run (kill -9) and comes back: a put issued while it is down is
 /// retried until it is back, and what was stored before survives.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn a_put_rides_out_a_garage_restart() {
     if endpoint("garage_restart").is_none() {
         return;
     }
-    let Some(garage) = OwnGarage::start() else {
+    let Some(garage) = OwnGarage::start("garage_restart") else {
         return;
     };
     let store = open(
@@ -608,7 +606,8 @@ fn a_put_rides_out_a_garage_restart() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // It ends (the 2 s deadline plus scheduling, far below this bound on a busy machine).
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 fn open_unprobed(endpoint: &str, deadline: Duration) -> ObjectStore {
@@ -625,6 +624,7 @@ fn open_unprobed(endpoint: &str, deadline: Duration) -> ObjectStore {
 /// A proxy in front of Garage that hangs up on every third connection after reading the
 /// request, and cuts the others after 300 ms: the calls hit by either are retried on fresh
 /// connections and succeed.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn dropped_connections_are_retried() {
     let Some(endpoint) = endpoint("dropped_connections") else {

@@ -732,6 +732,32 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
+/// The time units [`at_a_pace_the_machine_keeps`] tries, in seconds.
+pub const TIME_UNITS: [u64; 4] = [1, 2, 4, 8];
+
+/// Runs a test whose steps are spaced in time (TTLs, expiry instants) with its time unit at
+/// 1 s, then, for as long as the scenario says the machine was too slow for that pace, at 2,
+/// 4 and 8 s; returns the unit of the round that counted. The scenario measures its steps and
+/// returns `Err(why)` when they came too late to prove anything, before it asserts anything
+/// that depends on them; every other assertion fails the test at once. Only a machine that is
+/// too slow at every pace fails it for being slow (with what it measured).
+pub fn at_a_pace_the_machine_keeps(
+    test: &str,
+    mut scenario: impl FnMut(u64) -> Result<(), String>,
+) -> u64 {
+    let mut late = Vec::new();
+    for unit in TIME_UNITS {
+        match scenario(unit) {
+            Ok(()) => return unit,
+            Err(why) => {
+                eprintln!("{test}: at {unit} s per step the machine was too slow: {why}");
+                late.push(format!("{unit} s: {why}"));
+            }
+        }
+    }
+    panic!("{test}: too slow at every pace: {late:?}");
+}
+
 /// Standard base64 with padding (for expected ETags and `body_b64` values).
 pub fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -163,15 +163,26 @@ impl Node {
     }
 }
 
-/// Polls `check` (yielding to the executor) for up to 3 s, like the suite's waitForCondition.
+/// How long a condition or a delivery may take: a bound for a broken registry, far beyond what
+/// a busy machine delays them by.
+const EVENTUALLY: Duration = Duration::from_secs(30);
+/// The lease of the subscriptions whose wakes the tests answer (or claim twice): far longer
+/// than a busy machine can take between two steps, so it never runs out under them. The test
+/// of a lease running out has its own, short one.
+const LONG_LEASE_MS: u64 = 120_000;
+
+/// Polls `check` (yielding to the executor) until it holds, like the suite's waitForCondition.
 async fn eventually<F, Fut>(mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + EVENTUALLY;
     while !check().await {
-        assert!(Instant::now() < deadline, "condition not met within 3 s");
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {EVENTUALLY:?}"
+        );
         glommio::timer::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -225,7 +236,7 @@ fn receiver(reply: Value) -> (String, mpsc::Receiver<Received>) {
 }
 
 async fn next_delivery(rx: &mpsc::Receiver<Received>) -> Received {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + EVENTUALLY;
     loop {
         match rx.try_recv() {
             Ok(received) => return received,
@@ -238,7 +249,11 @@ async fn next_delivery(rx: &mpsc::Receiver<Received>) -> Received {
 }
 
 fn webhook_sub(url: &str) -> Value {
-    json!({"type": "webhook", "pattern": "events/*", "webhook": {"url": url}, "lease_ttl_ms": 1000})
+    webhook_sub_with_lease(url, LONG_LEASE_MS)
+}
+
+fn webhook_sub_with_lease(url: &str, lease_ms: u64) -> Value {
+    json!({"type": "webhook", "pattern": "events/*", "webhook": {"url": url}, "lease_ttl_ms": lease_ms})
 }
 
 #[test]
@@ -456,7 +471,7 @@ async fn explicit_streams(node: &Node) {
 
 async fn pull_wake_leases(node: &Node) {
     node.write("wake/pool", json!({"seed": true})).await;
-    let spec = json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "wake/pool", "lease_ttl_ms": 1000});
+    let spec = json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "wake/pool", "lease_ttl_ms": LONG_LEASE_MS});
     assert_eq!(
         node.request("PUT", "subscriptions/p1", None, spec)
             .await
@@ -535,8 +550,13 @@ async fn pull_wake_leases(node: &Node) {
 
 async fn unanswered_wakes_are_redelivered(node: &Node) {
     let (url, rx) = receiver(json!({}));
-    node.request("PUT", "subscriptions/s6", None, webhook_sub(&url))
-        .await;
+    node.request(
+        "PUT",
+        "subscriptions/s6",
+        None,
+        webhook_sub_with_lease(&url, 1000),
+    )
+    .await;
     node.write("events/silent", json!({"n": 1})).await;
     let first = next_delivery(&rx).await.body;
     // Nobody calls back: the sweeper ends the wake when its 1 s lease runs out and, the work
