@@ -89,13 +89,22 @@ fn sort_headers(headers: Vec<(Bytes, Bytes)>) -> Vec<(Bytes, Bytes)> {
 pub fn decode_json_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
     use serde::de::DeserializeSeed;
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let batch = JsonBatch { body, max_records };
+    let decoding = std::cell::Cell::new(None);
+    let batch = JsonBatch {
+        body,
+        max_records,
+        decoding: &decoding,
+    };
     let decoded = batch
         .deserialize(&mut deserializer)
         .and_then(|records| deserializer.end().map(|()| records));
     match decoded {
         Ok(records) => Ok(records),
-        Err(e) if e.is_data() => Err(strip_position(e.to_string())),
+        // A record of the wrong shape is named; broken JSON anywhere is just that.
+        Err(e) if e.is_data() => Err(match decoding.get() {
+            Some(index) => format!("record {index}: {}", strip_position(e.to_string())),
+            None => strip_position(e.to_string()),
+        }),
         Err(_) => Err("invalid JSON".into()),
     }
 }
@@ -149,6 +158,8 @@ macro_rules! refuse_other_types {
 struct JsonBatch<'b> {
     body: &'b Bytes,
     max_records: usize,
+    /// The index of the record being decoded, for the error message.
+    decoding: &'b std::cell::Cell<Option<usize>>,
 }
 
 /// The `records` array, at most `max_records` long.
@@ -220,16 +231,17 @@ impl<'de> serde::de::Visitor<'de> for JsonRecords<'_> {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let JsonBatch { body, max_records } = self.0;
+        let JsonBatch {
+            body,
+            max_records,
+            decoding,
+        } = self.0;
         let mut records = Vec::new();
         loop {
             let index = records.len();
-            let record = seq.next_element_seed(JsonRecord { body }).map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "record {index}: {}",
-                    strip_position(e.to_string())
-                ))
-            })?;
+            decoding.set(Some(index));
+            let record = seq.next_element_seed(JsonRecord { body })?;
+            decoding.set(None);
             let Some(record) = record else {
                 return Ok(records);
             };
@@ -585,6 +597,13 @@ mod tests {
             );
         }
         assert_eq!(json(br#"{"records":[{}]} x"#).unwrap_err(), "invalid JSON");
+        for broken in [
+            &br#"{"records":["#[..],
+            br#"{"records":[{"body":"#,
+            br#"{"records":[{},"#,
+        ] {
+            assert_eq!(json(broken).unwrap_err(), "invalid JSON", "{broken:?}");
+        }
     }
 
     #[test]
