@@ -28,8 +28,8 @@ command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq lin
 command -v inferno-flamegraph >/dev/null || cargo install --locked inferno
 # Frame pointers in the Rust code (all crates) and in the C code of dependencies (SQLite,
 # mimalloc, ring), built by the cc crate, which reads CFLAGS.
-RUSTFLAGS="${RUSTFLAGS:-} -C force-frame-pointers=yes" \
-  CFLAGS="${CFLAGS:-} -fno-omit-frame-pointer" \
+RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C force-frame-pointers=yes" \
+  CFLAGS="${CFLAGS:+$CFLAGS }-fno-omit-frame-pointer" \
   cargo build --profile profiling -p pico-cli
 pico=target/profiling/pico
 
@@ -51,12 +51,13 @@ perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf >"$work/sta
 inferno-flamegraph <"$work/stacks.folded" >"$out"
 echo "flamegraph: $out"
 
-# One folded line per distinct stack: `frame;frame;... COUNT`.
-read -r unknown total < <(awk '{ n = $NF; total += n; if (index($0, "[unknown]")) unknown += n }
-  END { print unknown + 0, total + 0 }' "$work/stacks.folded")
-[ "$total" -gt 0 ] || { echo "perf recorded no samples" >&2; exit 1; }
-share=$(awk -v u="$unknown" -v t="$total" 'BEGIN { printf "%.1f", 100 * u / t }')
-echo "samples with an [unknown] frame: $share% ($unknown of $total)"
+# One folded line per distinct stack: `frame;frame;... WEIGHT` (perf's sample periods, which
+# exceed 32-bit integers: the arithmetic stays in awk's floating point).
+read -r share samples < <(awk '{ n = $NF; total += n; if (index($0, "[unknown]")) unknown += n }
+  END { if (total > 0) printf "%.1f %d\n", 100 * unknown / total, NR; else print "none 0" }' \
+  "$work/stacks.folded")
+[ "$share" != none ] || { echo "perf recorded no samples" >&2; exit 1; }
+echo "samples with an [unknown] frame: $share% (of $samples distinct stacks)"
 if awk -v s="$share" -v m="$max_unknown" 'BEGIN { exit !(s > m) }'; then
   echo "more than $max_unknown% of the stacks are broken: is the server the profiling build?" >&2
   exit 1
