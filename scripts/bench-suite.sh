@@ -4,11 +4,16 @@
 # Prints a Markdown table; also runs the fsync probe for the single-writer comparison.
 #
 #   scripts/bench-suite.sh [DURATION_SEC]   (default 10)
+#   PICO_BIN=/path/to/pico scripts/bench-suite.sh 6   # another build, e.g. before/after a change
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10}
-cargo build --release -p pico-cli -p pico-bench --example fsync_probe >/dev/null 2>&1 ||
-  cargo build --release -p pico-cli -p pico-bench --examples
+if [ -z "${PICO_BIN:-}" ]; then
+  cargo build --release -p pico-cli >/dev/null
+  cargo build --release -p pico-bench --example fsync_probe >/dev/null 2>&1 ||
+    cargo build --release -p pico-bench --examples
+  PICO_BIN=target/release/pico
+fi
 
 run_case() { # name, pico global flags, bench flags...
   local name=$1 globals=$2
@@ -17,7 +22,7 @@ run_case() { # name, pico global flags, bench flags...
   work=$(mktemp -d /tmp/pico-suite.XXXXXX)
   # Below the kernel's ephemeral range (32768+), where the previous case's client sockets live.
   port=$((20000 + RANDOM % 12000))
-  target/release/pico serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+  "$PICO_BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
     --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
     >"$work/server.out" 2>"$work/server.log" &
   server=$!
@@ -28,7 +33,7 @@ run_case() { # name, pico global flags, bench flags...
   done
   if kill -0 "$server" 2>/dev/null; then
     # shellcheck disable=SC2086
-    json=$(target/release/pico --endpoint "http://127.0.0.1:$port" $globals bench "$@" -d "$duration" \
+    json=$("$PICO_BIN" --endpoint "http://127.0.0.1:$port" $globals bench "$@" -d "$duration" \
       --interval 0 --output json 2>"$work/bench.err" || echo '{}')
     problem=$(tail -n 1 "$work/bench.err")
   else
@@ -67,4 +72,6 @@ run_case "one writer, one request in flight (256 B)" "" -b 256 -w 1 --no-read
 run_case "producer sessions (-n 32)" --http2 -b 1024 -w 512 -n 32 --producer --connections 4 --streams 4
 run_case "live delivery (one writer every 10 ms, SSE)" --http2 --live-latency
 echo
-target/release/examples/fsync_probe /tmp 2000
+if [ -x target/release/examples/fsync_probe ]; then
+  target/release/examples/fsync_probe /tmp 2000
+fi
