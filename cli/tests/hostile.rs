@@ -59,18 +59,7 @@ fn raw_status(addr: SocketAddr, wire: &[u8]) -> u16 {
 }
 
 fn rss_bytes(server: &Server, field: &str) -> u64 {
-    let pid = server.pid().expect("the server runs");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with(field))
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    kib * 1024
+    rss_bytes_of(addr_pid(server), field)
 }
 
 #[test]
@@ -671,14 +660,19 @@ fn addr_pid(server: &Server) -> u32 {
     server.pid().expect("the server runs")
 }
 
+/// A `/proc/PID/status` memory field (`VmRSS:`, `VmHWM:`) in bytes.
 fn rss_bytes_of(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace()
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
         .nth(1)
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap()
-        * 1024
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
 }
 
 /// Waits (at most a minute) for `done`, letting the runtime drive the client meanwhile.
