@@ -135,18 +135,15 @@ pub async fn serve_connection<S, H, F>(
         open: Cell::new(0),
         last: Cell::new(Instant::now()),
     });
+    // One idle timer per timeout period, not one per request: it is re-armed only when it
+    // fires and the connection turns out not to have been idle.
+    let mut idle = Box::pin(glommio::timer::sleep(limits.request_timeout));
     loop {
-        // With requests in progress the connection is not idle: look again a timeout later.
-        let idle_at = if activity.open.get() > 0 {
-            Instant::now() + limits.request_timeout
-        } else {
-            activity.last.get() + limits.request_timeout
-        };
         let next = stop
             .unless_stopped(futures_lite::future::or(
                 async { Some(connection.accept().await) },
                 async {
-                    glommio::timer::sleep(idle_at.saturating_duration_since(Instant::now())).await;
+                    idle.as_mut().await;
                     None
                 },
             ))
@@ -155,11 +152,21 @@ pub async fn serve_connection<S, H, F>(
             Some(Some(Some(accepted))) => accepted,
             // The peer closed the connection.
             Some(Some(None)) => return,
+            // The timer fired: with requests in progress, or one ended within the timeout,
+            // the connection is not idle; look again when it could be.
             Some(None)
                 if activity.open.get() > 0
                     || Instant::now() < activity.last.get() + limits.request_timeout =>
             {
-                continue
+                let idle_at = if activity.open.get() > 0 {
+                    Instant::now() + limits.request_timeout
+                } else {
+                    activity.last.get() + limits.request_timeout
+                };
+                idle = Box::pin(glommio::timer::sleep(
+                    idle_at.saturating_duration_since(Instant::now()),
+                ));
+                continue;
             }
             // Idle past the timeout, or the node is stopping: GOAWAY, then let the requests
             // in progress finish (bounded, so a peer that stopped reading cannot hold it).
@@ -251,7 +258,14 @@ async fn serve_request<H, F>(
     let head_only = request.method() == http::Method::HEAD;
     let cancellable = head_only || request.method() == http::Method::GET;
     let answer = async {
-        match crate::http1::within(limits.request_timeout, read_request(request, limits)).await {
+        // Most requests arrive whole (HEADERS and DATA together): only one still arriving
+        // after its first poll needs a timer.
+        let mut read = std::pin::pin!(read_request(request, limits));
+        let read = match futures_lite::future::poll_once(&mut read).await {
+            Some(read) => Some(read),
+            None => crate::http1::within(limits.request_timeout, read).await,
+        };
+        match read {
             Some(Ok((request, body_held))) => {
                 let response = handle(request).await;
                 drop(body_held);
