@@ -292,10 +292,7 @@ async fn serve_http1<S, H, F>(
             Ok(Some(parsed)) => parsed,
             Ok(None) => return,
             Err(e) => {
-                let mut response = on_error(e.status, &e.message);
-                if e.status == 429 {
-                    response.headers.push(("retry-after", "1".into()));
-                }
+                let response = refusal(on_error, e.status, &e.message);
                 let _ = write_response(&mut stream, &mut buf, response, false, false).await;
                 // What was received of a refused request is not kept while the rest drains
                 // (the core's body budget no longer counts it).
@@ -577,10 +574,17 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// The core's request bodies fill `--max-in-flight-bytes`.
 fn overloaded() -> ProtocolError {
-    protocol_error(
-        429,
-        "in-flight bytes per core: request bodies being received fill --max-in-flight-bytes",
-    )
+    protocol_error(429, crate::limits::BODIES_OVER_BUDGET)
+}
+
+/// A request the connection refused, rendered in the listener's style; a `429` also says when
+/// to retry. Both HTTP versions answer their refusals through this.
+pub(crate) fn refusal(on_error: fn(u16, &str) -> Response, status: u16, message: &str) -> Response {
+    let mut response = on_error(status, message);
+    if status == 429 {
+        response.headers.push(("retry-after", "1".into()));
+    }
+    response
 }
 
 async fn read_chunked<S: AsyncRead + Unpin>(

@@ -154,15 +154,8 @@ pub async fn serve_connection<S, H, F>(
             Some(Some(None)) => return,
             // The timer fired: with requests in progress, or one ended within the timeout,
             // the connection is not idle; look again when it could be.
-            Some(None)
-                if activity.open.get() > 0
-                    || Instant::now() < activity.last.get() + limits.request_timeout =>
-            {
-                let idle_at = if activity.open.get() > 0 {
-                    Instant::now() + limits.request_timeout
-                } else {
-                    activity.last.get() + limits.request_timeout
-                };
+            Some(None) if Instant::now() < activity.idle_at(limits.request_timeout) => {
+                let idle_at = activity.idle_at(limits.request_timeout);
                 idle = Box::pin(glommio::timer::sleep(
                     idle_at.saturating_duration_since(Instant::now()),
                 ));
@@ -224,6 +217,18 @@ struct Activity {
     last: Cell<Instant>,
 }
 
+impl Activity {
+    /// The earliest instant the connection could have been idle for `timeout`: never while a
+    /// request is in progress (so a timeout from now), else a timeout after the last one.
+    fn idle_at(&self, timeout: Duration) -> Instant {
+        if self.open.get() > 0 {
+            Instant::now() + timeout
+        } else {
+            self.last.get() + timeout
+        }
+    }
+}
+
 /// One request counted in [`Activity`] until dropped (also when its task panics).
 struct InProgress(Rc<Activity>);
 
@@ -271,13 +276,7 @@ async fn serve_request<H, F>(
                 drop(body_held);
                 response
             }
-            Some(Err((status, message))) => {
-                let mut response = on_error(status, &message);
-                if status == 429 {
-                    response.headers.push(("retry-after", "1".into()));
-                }
-                response
-            }
+            Some(Err((status, message))) => crate::http1::refusal(on_error, status, &message),
             None => on_error(408, "request not received in time"),
         }
     };
@@ -334,10 +333,7 @@ async fn read_request(
             return Err(too_large());
         }
         if !held.grow_to(total) {
-            return Err((
-                429,
-                "in-flight bytes per core: request bodies being received fill --max-in-flight-bytes".into(),
-            ));
+            return Err((429, crate::limits::BODIES_OVER_BUDGET.into()));
         }
         // The window opens again only for bytes this core's budget holds: a client cannot
         // make the server buffer more than the budget, however many streams it opens.

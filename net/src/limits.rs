@@ -13,6 +13,10 @@ use std::time::Duration;
 /// (`--request-timeout-sec`).
 pub const REQUEST_TIMEOUT_SEC_DEFAULT: u64 = 120;
 
+/// Why a body was refused with `429`: the core's [`BodyBudget`] cannot hold it.
+pub const BODIES_OVER_BUDGET: &str =
+    "in-flight bytes per core: request bodies being received fill --max-in-flight-bytes";
+
 /// The limits every connection of a listener is served with.
 #[derive(Clone)]
 pub struct ConnectionLimits {
