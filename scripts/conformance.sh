@@ -7,17 +7,13 @@
 #   PICO_BIN=target/debug/pico scripts/conformance.sh -t 'SSE'   # extra args go to vitest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
 
-if [ -z "${PICO_BIN:-}" ]; then
-  cargo build --release --locked -p pico-cli
-  PICO_BIN=$root/target/release/pico
-fi
+. scripts/lib/fresh-node.sh
+resolve_pico_bin
 # `npm install` follows package-lock.json; `npm ci` trips over an optional Windows-only
 # dependency the lock file leaves out (npm 11).
 (cd conformance && { [ -d node_modules/@durable-streams/server-conformance-tests ] || npm install --no-audit --no-fund --no-save; })
 
-. scripts/lib/fresh-node.sh
 FRESH_NODE_PORT=${CONFORMANCE_PORT:-0} start_fresh_node --protocol ds --long-poll-timeout-sec 0.5 --sse-max-duration-sec 5
 url=$node_url
 log=$node_log

@@ -6,15 +6,11 @@
 #   PICO_BIN=target/debug/pico scripts/examples.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-
-if [ -z "${PICO_BIN:-}" ]; then
-  cargo build --release --locked -p pico-cli
-  PICO_BIN=$root/target/release/pico
-fi
-PATH=$(dirname "$(realpath "$PICO_BIN")"):$PATH
 
 . scripts/lib/fresh-node.sh
+resolve_pico_bin
+PATH=$(dirname "$(realpath "$PICO_BIN")"):$PATH
+
 start_fresh_node
 
 status=0

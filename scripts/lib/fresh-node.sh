@@ -3,6 +3,14 @@
 # with its data in a new temporary directory, sets `node_url` (e.g. http://127.0.0.1:41234),
 # `node_dir` and `node_log`, and stops the node and removes the directory when the script exits.
 
+# `$PICO_BIN` as given, else a release build of this checkout (built now).
+resolve_pico_bin() {
+  if [ -z "${PICO_BIN:-}" ]; then
+    cargo build --release --locked -p pico-cli
+    PICO_BIN=$(pwd)/target/release/pico
+  fi
+}
+
 start_fresh_node() {
   node_dir=$(mktemp -d /tmp/pico-node.XXXXXX)
   node_log=$node_dir/server.log
