@@ -641,7 +641,11 @@ impl CoreHandle {
                 closed,
                 records,
                 fork: Some(Fork::Spec(spec)),
-            } => self.create_fork(name, config, closed, records, spec).await,
+            } => {
+                // Boxed: a fork's create is rare and its future the largest here; unboxed it
+                // would size every request's future.
+                Box::pin(self.create_fork(name, config, closed, records, spec)).await
+            }
             op => self.call_owner(name, op).await,
         }
     }

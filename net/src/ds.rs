@@ -388,8 +388,24 @@ fn body_records(
     if !text.starts_with('[') {
         return Ok(vec![record(slice_of(text))]);
     }
-    let elements: Vec<&serde_json::value::RawValue> =
-        serde_json::from_str(text).map_err(invalid)?;
+    let too_many = std::cell::Cell::new(false);
+    let elements = serde::de::Deserializer::deserialize_seq(
+        &mut serde_json::Deserializer::from_str(text),
+        ArrayElements {
+            max: limits::RECORDS_PER_APPEND_MAX,
+            too_many: &too_many,
+        },
+    );
+    let elements = match elements {
+        Ok(elements) => elements,
+        Err(_) if too_many.get() => {
+            return Err(DsError::bad_request(format!(
+                "at most {} messages per append",
+                limits::RECORDS_PER_APPEND_MAX
+            )))
+        }
+        Err(e) => return Err(invalid(e)),
+    };
     if elements.is_empty() && !allow_empty_array {
         return Err(DsError::bad_request("empty JSON array"));
     }
@@ -398,6 +414,34 @@ fn body_records(
         .into_iter()
         .map(|element| record(slice_of(element.get())))
         .collect())
+}
+
+/// The elements of a JSON array as slices of it, at most `max` of them: a small body can
+/// hold millions of `0,`, refused as they are read instead of all collected first.
+struct ArrayElements<'c> {
+    max: usize,
+    /// Set when the array was longer than `max` (the error is then that, not bad JSON).
+    too_many: &'c std::cell::Cell<bool>,
+}
+
+impl<'de> serde::de::Visitor<'de> for ArrayElements<'_> {
+    type Value = Vec<&'de serde_json::value::RawValue>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut elements = Vec::new();
+        while let Some(element) = seq.next_element()? {
+            if elements.len() == self.max {
+                self.too_many.set(true);
+                return Err(serde::de::Error::custom("too many elements"));
+            }
+            elements.push(element);
+        }
+        Ok(elements)
+    }
 }
 
 fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> {
@@ -1048,6 +1092,41 @@ mod tests {
         assert!(body_records(&Bytes::from_static(b"[]"), true, true)
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn json_arrays_stop_at_the_message_limit() {
+        let array = |n: usize| {
+            let mut text = vec![b'['];
+            for i in 0..n {
+                if i > 0 {
+                    text.push(b',');
+                }
+                text.push(b'0');
+            }
+            text.push(b']');
+            Bytes::from(text)
+        };
+        let limit = limits::RECORDS_PER_APPEND_MAX;
+        assert_eq!(
+            body_records(&array(limit), true, false).ok().unwrap().len(),
+            limit
+        );
+        let refused = body_records(&array(limit + 1), true, false).err().unwrap();
+        assert_eq!(refused.status, 400);
+        assert!(
+            refused.message.contains("at most 100000 messages"),
+            "{}",
+            refused.message
+        );
+        let broken = body_records(&Bytes::from_static(b"[0,0,"), true, false)
+            .err()
+            .unwrap();
+        assert!(
+            broken.message.starts_with("invalid JSON"),
+            "{}",
+            broken.message
+        );
     }
 
     #[test]

@@ -213,6 +213,7 @@ fn reason(status: u16) -> &'static str {
 }
 
 /// A request the connection cannot parse: answered with this status and message, then closed.
+#[derive(Debug)]
 pub struct ProtocolError {
     pub status: u16,
     pub message: String,
@@ -547,17 +548,15 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
         if length > max_body_size {
             return Err(too_large());
         }
-        loop {
-            // Counted as it arrives, not when complete: a stalled body holds what it sent.
-            if !held.grow_to(buf.len().min(length)) {
-                return Err(overloaded());
-            }
-            if buf.len() >= length {
-                break;
-            }
-            if !fill(stream, buf).await.map_err(io_error)? {
+        // Counted as it arrives, not when complete: a stalled body holds what it sent.
+        while buf.len() < length {
+            make_room(buf, length, &mut held)?;
+            if !fill_spare(stream, buf).await.map_err(io_error)? {
                 return Err(protocol_error(400, "connection closed mid-body"));
             }
+        }
+        if !held.grow_to(charged_bytes(buf.capacity(), length)) {
+            return Err(overloaded());
         }
         // The body leaves the read buffer without a copy.
         buf.split_to(length).freeze()
@@ -594,6 +593,7 @@ async fn read_chunked<S: AsyncRead + Unpin>(
     held: &mut BodyReservation,
 ) -> Result<Bytes, ProtocolError> {
     let io_error = |e: std::io::Error| protocol_error(400, format!("connection error: {e}"));
+    let closed = || protocol_error(400, "connection closed mid-body");
     let mut body = BytesMut::new();
     loop {
         let line_end = loop {
@@ -604,7 +604,7 @@ async fn read_chunked<S: AsyncRead + Unpin>(
                 return Err(protocol_error(400, "malformed chunk size line"));
             }
             if !fill(stream, buf).await.map_err(io_error)? {
-                return Err(protocol_error(400, "connection closed mid-body"));
+                return Err(closed());
             }
         };
         let size = parse_chunk_size(&buf[..line_end])?;
@@ -624,7 +624,7 @@ async fn read_chunked<S: AsyncRead + Unpin>(
                     return Err(protocol_error(431, "chunked trailers too large"));
                 }
                 if !fill(stream, buf).await.map_err(io_error)? {
-                    return Err(protocol_error(400, "connection closed mid-body"));
+                    return Err(closed());
                 }
             }
         }
@@ -635,23 +635,93 @@ async fn read_chunked<S: AsyncRead + Unpin>(
                 format!("body larger than {max_body_size} bytes"),
             ));
         }
-        while buf.len() < size + 2 {
-            if !held.grow_to(body.len() + buf.len().min(size)) {
-                return Err(overloaded());
+        // The chunk moves into `body` as it arrives, so the read buffer stays one read long
+        // and the body's allocation is the only one that grows (and is counted).
+        let chunk_end = body.len() + size;
+        while body.len() < chunk_end {
+            if buf.is_empty() && !fill(stream, buf).await.map_err(io_error)? {
+                return Err(closed());
             }
+            let take = buf.len().min(chunk_end - body.len());
+            make_room(&mut body, chunk_end, held)?;
+            let take = take.min(body.capacity() - body.len());
+            body.extend_from_slice(&buf[..take]);
+            buf.advance(take);
+        }
+        while buf.len() < 2 {
             if !fill(stream, buf).await.map_err(io_error)? {
-                return Err(protocol_error(400, "connection closed mid-body"));
+                return Err(closed());
             }
         }
-        if !held.grow_to(body.len() + size) {
-            return Err(overloaded());
-        }
-        body.extend_from_slice(&buf[..size]);
-        if &buf[size..size + 2] != b"\r\n" {
+        if &buf[..2] != b"\r\n" {
             return Err(protocol_error(400, "chunk not terminated by CRLF"));
         }
-        buf.advance(size + 2);
+        buf.advance(2);
     }
+}
+
+/// A connection's read buffer up to this capacity is the connection's own (bounded by the
+/// connection limit); past it, a body's buffer is counted against the core's budget by its
+/// capacity, the memory it really takes.
+const STANDING_BUFFER_BYTES: usize = 2 * READ_CHUNK_BYTES;
+
+/// Bytes a body buffer of `capacity` holding `received` body bytes charges the budget.
+fn charged_bytes(capacity: usize, received: usize) -> usize {
+    if capacity <= STANDING_BUFFER_BYTES {
+        received
+    } else {
+        capacity
+    }
+}
+
+/// Makes sure `buf`, holding only body bytes, has room for at least one more read of a body
+/// that ends at `end_len` bytes, charging `held` first. It grows by doubling (so copies stay linear in the
+/// body) but never past `end_len`, and allocates exactly what it charged: `BytesMut` would
+/// double past the declared length and the budget would undercount what is held.
+fn make_room(
+    buf: &mut BytesMut,
+    end_len: usize,
+    held: &mut BodyReservation,
+) -> Result<(), ProtocolError> {
+    let len = buf.len();
+    let received = len;
+    if buf.capacity() > len {
+        return if held.grow_to(charged_bytes(buf.capacity(), received)) {
+            Ok(())
+        } else {
+            Err(overloaded())
+        };
+    }
+    let doubled = buf.capacity().saturating_mul(2).max(len + READ_CHUNK_BYTES);
+    let capacity = doubled.min(end_len).max(len + 1);
+    if !held.grow_to(charged_bytes(capacity, received)) {
+        return Err(overloaded());
+    }
+    let mut bigger = BytesMut::with_capacity(capacity);
+    bigger.extend_from_slice(buf);
+    *buf = bigger;
+    Ok(())
+}
+
+/// Reads into `buf`'s spare capacity (at most one read's worth) without growing it; `false`
+/// at end of stream.
+async fn fill_spare<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<bool> {
+    let len = buf.len();
+    let room = (buf.capacity() - len).min(READ_CHUNK_BYTES);
+    buf.resize(len + room, 0);
+    let n = stream.read(&mut buf[len..]).await;
+    let n = match n {
+        Ok(n) => n,
+        Err(e) => {
+            buf.truncate(len);
+            return Err(e);
+        }
+    };
+    buf.truncate(len + n);
+    Ok(n > 0)
 }
 
 /// Most hex digits in a chunk size: 16 of them already exceed any body limit.
@@ -866,6 +936,101 @@ mod tests {
         assert_eq!(parse_status(signed.as_bytes()), 400);
         let fine = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\na";
         assert_eq!(parse_status(fine.as_bytes()), 0);
+    }
+
+    /// A stream that hands out its bytes a few KiB per read, as a socket under load does.
+    struct Trickle(futures_lite::io::Cursor<Vec<u8>>);
+
+    impl futures_lite::AsyncRead for Trickle {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            out: &mut [u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = out.len().min(3000);
+            std::pin::Pin::new(&mut self.0).poll_read(cx, &mut out[..n])
+        }
+    }
+
+    impl futures_lite::AsyncWrite for Trickle {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            data: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::Poll::Ready(Ok(data.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn a_body_takes_no_more_memory_than_the_budget_was_charged() {
+        let size = 3_000_000;
+        let mut chunked = CHUNKED.as_bytes().to_vec();
+        for part in vec![b'c'; size].chunks(100_000) {
+            chunked.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+            chunked.extend_from_slice(part);
+            chunked.extend_from_slice(b"\r\n");
+        }
+        chunked.extend_from_slice(b"0\r\n\r\n");
+        let mut plain = format!("POST /x HTTP/1.1\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+        plain.extend(std::iter::repeat_n(b'p', size));
+        for wire in [plain, chunked] {
+            let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
+            let mut buf = BytesMut::new();
+            let limits = ConnectionLimits::with_body_limit(8 << 20);
+            let read = read_request(&mut stream, &mut buf, &limits);
+            let (request, _, held) = futures_lite::future::block_on(read).unwrap().unwrap();
+            assert_eq!(request.body.len(), size);
+            drop(buf);
+            let allocated = request.body.try_into_mut().unwrap().capacity();
+            let charged = limits.bodies.held_bytes();
+            // Left to `BytesMut`, doubling left up to twice the body allocated, half uncounted.
+            assert!(
+                allocated <= charged,
+                "{allocated} bytes held, {charged} charged"
+            );
+            assert!(
+                charged <= size + (64 << 10),
+                "charged {charged} for {size} bytes"
+            );
+            drop(held);
+            assert_eq!(limits.bodies.held_bytes(), 0);
+        }
+    }
+
+    #[test]
+    fn a_body_past_the_budget_is_refused_while_another_is_held() {
+        let limits = ConnectionLimits {
+            bodies: crate::limits::BodyBudget::new(1 << 20),
+            ..ConnectionLimits::with_body_limit(8 << 20)
+        };
+        let mut first = limits.bodies.reservation();
+        assert!(first.grow_to(512 << 10));
+        let size = 600 << 10;
+        let mut wire = format!("POST /x HTTP/1.1\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+        wire.extend(std::iter::repeat_n(b'p', size));
+        let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
+        let mut buf = BytesMut::new();
+        let read = read_request(&mut stream, &mut buf, &limits);
+        let refused = futures_lite::future::block_on(read).err().unwrap();
+        assert_eq!(refused.status, 429);
+        assert_eq!(
+            limits.bodies.held_bytes(),
+            512 << 10,
+            "the refused body gave its share back"
+        );
     }
 
     #[test]

@@ -200,11 +200,21 @@ fn spawn_request<H, F>(
 {
     let in_progress = InProgress::start(activity);
     let (handle, limits) = (handle.clone(), limits.clone());
-    // A panic ends this request only (its stream is reset): see `crate::panics`.
-    glommio::spawn_local(crate::panics::catch_panic(async move {
+    glommio::spawn_local(async move {
         let _in_progress = in_progress;
-        serve_request(request, respond, &limits, handle.as_ref(), on_error).await;
-    }))
+        // A request's future is large (its handler reaches into the engine: ~13 KiB), and a
+        // spawn moves its future several times; so the task starts small and puts the
+        // request's future on the heap once, when it first runs.
+        // A panic ends this request only (its stream is reset): see `crate::panics`.
+        let serve = Box::pin(crate::panics::catch_panic(serve_request(
+            request,
+            respond,
+            &limits,
+            handle.as_ref(),
+            on_error,
+        )));
+        serve.await
+    })
     .detach();
 }
 
@@ -262,40 +272,83 @@ async fn serve_request<H, F>(
 {
     let head_only = request.method() == http::Method::HEAD;
     let cancellable = head_only || request.method() == http::Method::GET;
-    let answer = async {
-        // Most requests arrive whole (HEADERS and DATA together): only one still arriving
-        // after its first poll needs a timer.
-        let mut read = std::pin::pin!(read_request(request, limits));
-        let read = match futures_lite::future::poll_once(&mut read).await {
-            Some(read) => Some(read),
-            None => crate::http1::within(limits.request_timeout, read).await,
-        };
-        match read {
-            Some(Ok((request, body_held))) => {
-                let response = handle(request).await;
-                drop(body_held);
-                response
-            }
-            Some(Err((status, message))) => crate::http1::refusal(on_error, status, &message),
-            None => on_error(408, "request not received in time"),
-        }
-    };
+    // `answer` is called in each branch, not held in a variable across them: a future kept
+    // in a local and then moved into another is stored twice in this one's state.
     let response = if cancellable {
         let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
-        let raced = futures_lite::future::or(async { Some(answer.await) }, async {
-            let _ = reset.await;
-            None
-        });
-        match raced.await {
+        let raced = futures_lite::future::or(
+            async { Some(answer(request, limits, handle, on_error).await) },
+            async {
+                let _ = reset.await;
+                None
+            },
+        )
+        .await;
+        match raced {
             Some(response) => response,
             None => return,
         }
     } else {
-        answer.await
+        answer(request, limits, handle, on_error).await
     };
     if let Err(e) = send_response(respond, response, head_only).await {
         log::debug!("h2 response not delivered: {e}");
     }
+}
+
+/// Receives the request and runs its handler; the body's share of the budget is held until
+/// the handler is done with it.
+async fn answer<H, F>(
+    request: http::Request<RecvStream>,
+    limits: &ConnectionLimits,
+    handle: &H,
+    on_error: fn(u16, &str) -> Response,
+) -> Response
+where
+    H: Fn(Request) -> F,
+    F: Future<Output = Response>,
+{
+    let (request, body_held) = match receive(request, limits).await {
+        Ok(read) => read,
+        Err(refused) => return refused.into_response(on_error),
+    };
+    let response = handle(request).await;
+    drop(body_held);
+    response
+}
+
+/// Why a request was not received: a refusal, or the request timeout.
+enum NotReceived {
+    Refused(u16, String),
+    TimedOut,
+}
+
+impl NotReceived {
+    fn into_response(self, on_error: fn(u16, &str) -> Response) -> Response {
+        match self {
+            NotReceived::Refused(status, message) => {
+                crate::http1::refusal(on_error, status, &message)
+            }
+            NotReceived::TimedOut => on_error(408, "request not received in time"),
+        }
+    }
+}
+
+/// [`read_request`] within the request timeout. Most requests arrive whole (HEADERS and DATA
+/// together): only one still arriving after its first poll needs a timer. Its own function so
+/// the reading state is gone before the handler runs (the request's task stays small).
+async fn receive(
+    request: http::Request<RecvStream>,
+    limits: &ConnectionLimits,
+) -> Result<(Request, BodyReservation), NotReceived> {
+    let mut read = std::pin::pin!(read_request(request, limits));
+    let read = match futures_lite::future::poll_once(&mut read).await {
+        Some(read) => read,
+        None => crate::http1::within(limits.request_timeout, read)
+            .await
+            .ok_or(NotReceived::TimedOut)?,
+    };
+    read.map_err(|(status, message)| NotReceived::Refused(status, message))
 }
 
 async fn read_request(

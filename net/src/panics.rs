@@ -54,34 +54,40 @@ pub fn install_hook() {
 /// whatever it owned is dropped (a connection's socket is closed).
 pub fn catch_panic<F: Future>(future: F) -> CatchPanic<F> {
     CatchPanic {
-        inner: Some(Box::pin(future)),
+        inner: Some(future),
     }
 }
 
-pub struct CatchPanic<F> {
-    /// Boxed so this wrapper is `Unpin` without unsafe pin projection; `None` once done.
-    inner: Option<Pin<Box<F>>>,
+pin_project_lite::pin_project! {
+    /// Not boxed: a request's future is moved once, into its task, not twice (the copy showed
+    /// in profiles of the HTTP/2 append path).
+    pub struct CatchPanic<F> {
+        // `None` once done.
+        #[pin]
+        inner: Option<F>,
+    }
 }
 
 impl<F: Future> Future for CatchPanic<F> {
     type Output = Result<F::Output, ()>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(inner) = self.inner.as_mut() else {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return Poll::Ready(Err(()));
         };
         CATCHING.with(|c| c.set(c.get() + 1));
         // The future is dropped right after a panic, so no state it broke is seen again.
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx)));
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx)));
         CATCHING.with(|c| c.set(c.get() - 1));
         match polled {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(output)) => {
-                self.inner = None;
+                this.inner.set(None);
                 Poll::Ready(Ok(output))
             }
             Err(_) => {
-                self.inner = None;
+                this.inner.set(None);
                 CONNECTION_PANICS.fetch_add(1, Ordering::Relaxed);
                 Poll::Ready(Err(()))
             }
