@@ -111,7 +111,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n", default = "0")]
     pub cores: usize,
 
-    /// when appends are acknowledged: local (after the WAL fsync), object (once stored in the bucket; survives losing the disk) or memory (no crash safety; tests and benchmarks) (default: object for s3:// storage, local otherwise) [env: PICO_DURABILITY]
+    /// when appends are acknowledged: local (after the WAL fsync), object (once stored in the bucket; survives losing the disk) or memory (no crash safety; tests and benchmarks) (default: object for s3:// storage or a postgres:// --meta-url, a cluster; local otherwise) [env: PICO_DURABILITY]
     #[argh(option, arg_name = "mode", from_str_fn(parse_durability))]
     pub durability: Option<pico_net::Durability>,
 

@@ -72,15 +72,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         storage: args.storage.clone(),
         wal_dir: args.wal_dir.clone(),
         cores: args.cores,
-        // An object store is the home of the data: by default an append is acknowledged once
-        // it is there. A local directory gains nothing from that wait.
-        durability: args
-            .durability
-            .unwrap_or(if args.storage.contains("@s3://") {
-                pico_net::Durability::Object
-            } else {
-                pico_net::Durability::Local
-            }),
+        durability: args.durability.unwrap_or(default_durability(args)),
         object_flush_ms: positive(args.object_flush_ms, "--object-flush-ms")?,
         long_poll_timeout_ms: millis(args.long_poll_timeout_sec),
         sse_max_duration_ms: match millis(args.sse_max_duration_sec) {
@@ -128,6 +120,23 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
     })
 }
 
+/// Whether the node joins a cluster (its metadata log is Postgres).
+fn clustered(args: &ServeArgs) -> bool {
+    args.meta_url.starts_with("postgres://") || args.meta_url.starts_with("postgresql://")
+}
+
+/// `--durability` when not given. An object store is the home of the data, and in a cluster
+/// it is the only copy another node can take a stream over from: an append is acknowledged
+/// once it is there (a failover then loses nothing acknowledged). A single node on a local
+/// directory gains nothing from that wait.
+fn default_durability(args: &ServeArgs) -> pico_net::Durability {
+    if clustered(args) || args.storage.contains("@s3://") {
+        pico_net::Durability::Object
+    } else {
+        pico_net::Durability::Local
+    }
+}
+
 /// Seconds (already checked finite and bounded by the parser) to whole milliseconds.
 fn millis(secs: f64) -> u64 {
     (secs * 1000.0).round() as u64
@@ -136,8 +145,7 @@ fn millis(secs: f64) -> u64 {
 /// One line per reference flag that was given but does nothing in this server (C7).
 pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
     let single_node = "has no effect: only a node on a postgres:// --meta-url joins a cluster";
-    let clustered =
-        args.meta_url.starts_with("postgres://") || args.meta_url.starts_with("postgresql://");
+    let clustered = clustered(args);
     let given = [
         (
             "--node-epoch",
@@ -176,11 +184,22 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
             "has no effect; the closest equivalent is --segment-max-age-ms",
         ),
     ];
-    given
+    let mut warnings: Vec<String> = given
         .into_iter()
         .filter(|(_, present, _)| *present)
         .map(|(flag, _, why)| format!("{flag} {why}"))
-        .collect()
+        .collect();
+    if clustered && args.durability == Some(pico_net::Durability::Local) {
+        warnings.push(
+            "--durability local in a cluster: an append is acknowledged once it is in this \
+             node's WAL, which no other node can read; if this node is lost, the node that \
+             takes its streams over serves them without the appends not yet in the bucket \
+             (up to --segment-max-age-ms of them). --durability object (the cluster default) \
+             loses none"
+                .to_string(),
+        );
+    }
+    warnings
 }
 
 #[cfg(test)]
@@ -244,6 +263,31 @@ mod tests {
         assert_eq!(config.segment_max_age_ms, 10);
         assert_eq!(config.backlog, 8);
         assert_eq!(config.wal_dir, std::path::PathBuf::from("/tmp/w"));
+    }
+
+    #[test]
+    fn a_cluster_acknowledges_from_the_bucket_unless_told_otherwise() {
+        let durability = |flags: &[&str]| {
+            server_config(&serve_args(flags), Protocol::Pico)
+                .unwrap()
+                .durability
+        };
+        let pg = ["--meta-url", "postgres://u@127.0.0.1/db"];
+        assert_eq!(durability(&pg), pico_net::Durability::Object);
+        assert_eq!(durability(&[]), pico_net::Durability::Local);
+        let s3 = ["--storage", "-2@s3://bucket"];
+        assert_eq!(durability(&s3), pico_net::Durability::Object);
+        // Asked for, local stays local in a cluster, with a warning saying what it risks.
+        let local = [&pg[..], &["--durability", "local"]].concat();
+        assert_eq!(durability(&local), pico_net::Durability::Local);
+        let warnings = ignored_flag_warnings(&serve_args(&local));
+        assert!(
+            warnings.iter().any(|w| w.starts_with("--durability local in a cluster")),
+            "{warnings:?}"
+        );
+        assert!(ignored_flag_warnings(&serve_args(&pg)).is_empty());
+        let single_local = ignored_flag_warnings(&serve_args(&["--durability", "local"]));
+        assert!(single_local.is_empty(), "{single_local:?}");
     }
 
     #[test]

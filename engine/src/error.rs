@@ -41,6 +41,12 @@ pub enum EngineError {
     Durability(String),
     /// The metadata log or object store failed.
     Storage(String),
+    /// The WAL's filesystem has no room for this append; retry once space is freed (the
+    /// node resumes on its own).
+    OutOfSpace(String),
+    /// This core takes no appends now (its WAL failed: until a restart; or its next WAL file
+    /// cannot be made: until it can). The message says which.
+    WritesStopped(String),
     /// The node is shutting down.
     ShuttingDown,
     /// Another node of the cluster owns the stream: ask it (`307` to its listener of the
@@ -91,6 +97,8 @@ impl std::fmt::Display for EngineError {
             EngineError::Invalid(message) => f.write_str(message),
             EngineError::Durability(message) => write!(f, "append not durable: {message}"),
             EngineError::Storage(message) => write!(f, "storage: {message}"),
+            EngineError::OutOfSpace(message) => write!(f, "out of space: {message}"),
+            EngineError::WritesStopped(message) => write!(f, "writes stopped: {message}"),
             EngineError::ShuttingDown => f.write_str("the node is shutting down"),
             EngineError::Moved { node, .. } => {
                 write!(f, "the stream is served by node {node}")

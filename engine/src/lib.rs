@@ -6,6 +6,7 @@ pub mod api;
 pub mod cluster;
 pub mod error;
 pub mod frame;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod node;

@@ -126,6 +126,8 @@ pub struct CoreMetrics {
     pub streams: AtomicU64,
     /// Segments this core knows (open, sealed and uploaded).
     pub segments: AtomicU64,
+    /// Whether the core's WAL takes appends (`/ready`, `pico_wal_health`).
+    pub wal_health: crate::health::HealthReport,
 }
 
 impl CoreMetrics {

@@ -34,6 +34,7 @@ use crate::api::{
 use crate::cluster::Cluster;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
 use crate::limits;
 use crate::metrics::{CoreMetrics, GaugeGuard, OpKind};
 use crate::notify::LocalNotify;
@@ -230,7 +231,10 @@ pub(crate) struct Shard {
     /// A WAL file created ahead of time so a rotation never waits for the filesystem.
     spare_wal: RefCell<Option<(Rc<DmaFile>, PathBuf, u64)>>,
     commit_wanted: LocalNotify,
-    failed: RefCell<Option<String>>,
+    /// Whether the WAL takes appends (`crate::health`).
+    health: RefCell<WalHealth>,
+    /// When the next WAL file may be tried again after it could not be made.
+    next_file_retry_at: Cell<Option<Instant>>,
     /// Sources whose fork went away (deleted or expired here): the node's release task
     /// tells their cores, which may then drop a soft-deleted source.
     fork_releases: RefCell<Vec<(String, u64)>>,
@@ -249,6 +253,40 @@ pub(crate) struct Shard {
     /// Streams being handed to another node: new operations wait for the hand-off.
     handing_off: RefCell<HashSet<Rc<str>>>,
     handed_off: LocalNotify,
+}
+
+/// Why a WAL file could not be made.
+struct WalFileError {
+    message: String,
+    /// The filesystem is full (or the quota is): retried until it is not.
+    out_of_space: bool,
+}
+
+impl WalFileError {
+    fn new(what: String, e: glommio::GlommioError<()>) -> WalFileError {
+        let e = std::io::Error::from(e);
+        let out_of_space = matches!(
+            e.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        );
+        WalFileError {
+            message: format!("{what}: {e}"),
+            out_of_space,
+        }
+    }
+}
+
+/// Bytes the frames of one append take in a segment.
+fn frames_len(
+    records: &[RecordInput],
+    producer: Option<&ProducerTuple>,
+    writer_seq: Option<&str>,
+) -> usize {
+    records
+        .iter()
+        .map(|r| frame::frame_len(&r.headers, None, None, r.body.len()))
+        .sum::<usize>()
+        + frame::frame_len(&[], producer, writer_seq, 0)
 }
 
 fn info_of(state: &StreamState) -> StreamInfo {
@@ -294,7 +332,8 @@ impl Shard {
             segment_counter: Cell::new(0),
             spare_wal: RefCell::new(None),
             commit_wanted: LocalNotify::default(),
-            failed: RefCell::new(None),
+            health: RefCell::new(WalHealth::Ok),
+            next_file_retry_at: Cell::new(None),
             fork_releases: RefCell::new(Vec::new()),
             fork_released: LocalNotify::default(),
             metrics,
@@ -306,7 +345,7 @@ impl Shard {
             handed_off: LocalNotify::default(),
         });
         shard.load_seeds(seeds);
-        let first = shard.create_wal_file().await?;
+        let first = shard.create_wal_file().await.map_err(|e| e.message)?;
         shard.open_segment(first);
         let commit = shard.clone();
         glommio::spawn_local(async move { commit.commit_loop().await }).detach();
@@ -421,9 +460,6 @@ impl Shard {
     }
 
     async fn execute_op(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
-        if let Some(message) = self.failed.borrow().clone() {
-            return Err(EngineError::Durability(message));
-        }
         if self.cluster.is_some() {
             self.route(name, &op).await?;
         }
@@ -706,6 +742,8 @@ impl Shard {
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
             });
         }
+        // Before the stream's state moves: a refused append has no offset.
+        self.check_writable(frames_len(&records, producer.as_ref(), writer_seq.as_deref()))?;
         self.live_stream_id(name, false).await?;
         let now = now_ms();
         let written = {
@@ -859,12 +897,7 @@ impl Shard {
             producer,
             writer_seq,
         } = frames;
-        let needed: usize = records
-            .iter()
-            .map(|r| frame::frame_len(&r.headers, None, None, r.body.len()))
-            .sum::<usize>()
-            + frame::frame_len(&[], producer, writer_seq, 0);
-        self.maybe_rotate(needed);
+        self.maybe_rotate(frames_len(records, producer, writer_seq));
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
         let id = stream.state.id;
@@ -1424,7 +1457,7 @@ impl Shard {
                     && self.pending.borrow().is_empty()
                     && self.unuploaded_bytes.get() == 0
             };
-            if settled || self.failed.borrow().is_some() {
+            if settled || self.wal_failed() {
                 return settled;
             }
             if Instant::now() >= deadline {
@@ -1874,7 +1907,7 @@ impl Shard {
             if settled {
                 return true;
             }
-            if Instant::now() >= deadline || self.failed.borrow().is_some() {
+            if Instant::now() >= deadline || self.wal_failed() {
                 return false;
             }
             self.commit_wanted.notify();
@@ -1988,7 +2021,7 @@ impl Shard {
     }
 
     /// Creates the next WAL file (pre-allocated and with its directory entry durable).
-    async fn create_wal_file(&self) -> Result<Option<(Rc<DmaFile>, PathBuf, u64)>, String> {
+    async fn create_wal_file(&self) -> Result<Option<(Rc<DmaFile>, PathBuf, u64)>, WalFileError> {
         let counter = self.segment_counter.get();
         self.segment_counter.set(counter + 1);
         if !self.wal_enabled() {
@@ -1997,14 +2030,24 @@ impl Shard {
         let (path, _) = self.wal_path(counter);
         let file = DmaFile::create(&path)
             .await
-            .map_err(|e| format!("cannot create WAL file {}: {e}", path.display()))?;
-        file.pre_allocate(
-            (self.config.segment_size + SEGMENT_SLACK_BYTES) as u64,
-            false,
-        )
-        .await
-        .map_err(|e| format!("cannot pre-allocate WAL file {}: {e}", path.display()))?;
-        sync_dir(&self.config.wal_dir)?;
+            .map_err(|e| WalFileError::new(format!("cannot create WAL file {}", path.display()), e))?;
+        let size = (self.config.segment_size + SEGMENT_SLACK_BYTES) as u64;
+        let made = match file.pre_allocate(size, false).await {
+            Ok(()) => sync_dir(&self.config.wal_dir).map_err(|message| WalFileError {
+                message,
+                out_of_space: false,
+            }),
+            Err(e) => Err(WalFileError::new(
+                format!("cannot pre-allocate WAL file {}", path.display()),
+                e,
+            )),
+        };
+        if let Err(e) = made {
+            // Nothing was written to it: a half-made file only takes space.
+            let _ = file.remove().await;
+            let _ = file.close().await;
+            return Err(e);
+        }
         Ok(Some((Rc::new(file), path, counter)))
     }
 
@@ -2045,6 +2088,56 @@ impl Shard {
         });
     }
 
+    /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
+    fn check_writable(&self, needed: usize) -> Result<(), EngineError> {
+        match &*self.health.borrow() {
+            WalHealth::Ok => Ok(()),
+            WalHealth::Failed { message } => Err(EngineError::WritesStopped(format!(
+                "{message}; this core takes appends again after a restart"
+            ))),
+            WalHealth::NoNextFile {
+                message,
+                out_of_space,
+            } => {
+                // The active file was pre-allocated with this much room.
+                let active_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
+                if active_len + needed <= self.config.segment_size + SEGMENT_SLACK_BYTES {
+                    return Ok(());
+                }
+                let message = format!("{message}; appends resume once it can be made");
+                Err(if *out_of_space {
+                    EngineError::OutOfSpace(message)
+                } else {
+                    EngineError::WritesStopped(message)
+                })
+            }
+        }
+    }
+
+    fn wal_failed(&self) -> bool {
+        matches!(*self.health.borrow(), WalHealth::Failed { .. })
+    }
+
+    /// Records a change of WAL health: logged once, published for `/ready` and `/metrics`.
+    fn set_health(&self, health: WalHealth) {
+        if *self.health.borrow() == health {
+            return;
+        }
+        match &health {
+            WalHealth::Ok => log::warn!("core {}: the WAL takes appends again", self.core),
+            WalHealth::NoNextFile { message, .. } => log::error!(
+                "core {}: {message}; appends past the active WAL file are refused until it can be made",
+                self.core
+            ),
+            WalHealth::Failed { message } => log::error!(
+                "core {}: WAL failure, appends stop until a restart: {message}",
+                self.core
+            ),
+        }
+        self.metrics.wal_health.publish(&health);
+        *self.health.borrow_mut() = health;
+    }
+
     /// Local durability writes a WAL; memory and object durability do not (object durability
     /// acknowledges from the bucket instead).
     fn wal_enabled(&self) -> bool {
@@ -2076,9 +2169,14 @@ impl Shard {
     }
 
     async fn age_loop(self: Rc<Self>) {
-        let period = Duration::from_millis(self.config.segment_max_age_ms.max(10) / 2 + 1);
+        let period_ms = (self.config.segment_max_age_ms.max(10) / 2 + 1).min(WAL_FILE_RETRY_MS);
+        let period = Duration::from_millis(period_ms);
         loop {
             glommio::timer::sleep(period).await;
+            // A WAL file that could not be made is tried again even when no append comes.
+            if matches!(*self.health.borrow(), WalHealth::NoNextFile { .. }) {
+                self.commit_wanted.notify();
+            }
             let old = {
                 let log = self.log.borrow();
                 let active = log.back().expect("an active segment always exists");
@@ -2108,12 +2206,10 @@ impl Shard {
                     Ok(true) => continue,
                     Ok(false) => break,
                     Err(message) => {
-                        log::error!(
-                            "core {}: WAL failure, refusing appends: {message}",
-                            self.core
-                        );
+                        self.set_health(WalHealth::Failed {
+                            message: message.clone(),
+                        });
                         self.fail_pending(&message);
-                        *self.failed.borrow_mut() = Some(message);
                         return;
                     }
                 }
@@ -2134,16 +2230,38 @@ impl Shard {
             .iter()
             .all(|s| s.durable_len == s.buf.len());
         let wanted = idle || active_len >= self.config.segment_size / 2;
-        if self.wal_enabled() && self.spare_wal.borrow().is_none() && wanted {
-            let spare = self.create_wal_file().await?;
-            *self.spare_wal.borrow_mut() = spare;
-            let overdue = self
-                .log
-                .borrow()
-                .back()
-                .is_some_and(|s| s.buf.len() >= self.config.segment_size);
-            if overdue {
-                self.rotate();
+        let due = self
+            .next_file_retry_at
+            .get()
+            .is_none_or(|at| Instant::now() >= at);
+        if self.wal_enabled() && self.spare_wal.borrow().is_none() && wanted && due {
+            // A spare that cannot be made fails no append: the active file was made with
+            // room for its segment, and only appends past that room are refused.
+            match self.create_wal_file().await {
+                Ok(spare) => {
+                    self.next_file_retry_at.set(None);
+                    if !self.wal_failed() {
+                        self.set_health(WalHealth::Ok);
+                    }
+                    *self.spare_wal.borrow_mut() = spare;
+                    let overdue = self
+                        .log
+                        .borrow()
+                        .back()
+                        .is_some_and(|s| s.buf.len() >= self.config.segment_size);
+                    if overdue {
+                        self.rotate();
+                    }
+                }
+                // The round goes on: what the active file holds is still made durable.
+                Err(e) => {
+                    let retry_at = Instant::now() + Duration::from_millis(WAL_FILE_RETRY_MS);
+                    self.next_file_retry_at.set(Some(retry_at));
+                    self.set_health(WalHealth::NoNextFile {
+                        message: e.message,
+                        out_of_space: e.out_of_space,
+                    });
+                }
             }
         }
         let job = {
@@ -2167,12 +2285,12 @@ impl Shard {
             self.seal_front(no);
             return Ok(true);
         }
-        let (file, start, len, buffer) = {
+        let (file, start, len, buffer, path) = {
             let log = self.log.borrow();
             let segment = log.iter().find(|s| s.no == no).expect("picked above");
             let len = segment.buf.len();
             match &segment.wal {
-                None => (None, 0, len, None),
+                None => (None, 0, len, None, None),
                 Some(file) => {
                     let align = file.alignment() as usize;
                     let start = segment.durable_len / align * align;
@@ -2181,20 +2299,33 @@ impl Shard {
                     let dst = buffer.as_bytes_mut();
                     dst[..len - start].copy_from_slice(&segment.buf[start..len]);
                     dst[len - start..].fill(0);
-                    (Some(file.clone()), start, len, Some(buffer))
+                    let path = segment.wal_path.clone();
+                    (Some(file.clone()), start, len, Some(buffer), path)
                 }
             }
         };
         if let (Some(file), Some(buffer)) = (file, buffer) {
-            file.write_at(buffer, start as u64)
+            let shown = path.as_deref().unwrap_or(Path::new("?")).display();
+            // A short write is an error too: the bytes past it are not on disk.
+            let written = file
+                .write_at(buffer, start as u64)
                 .await
-                .map_err(|e| format!("WAL write: {e}"))?;
+                .map_err(|e| format!("WAL write to {shown}: {e}"))?;
+            if written < len - start {
+                return Err(format!(
+                    "WAL write to {shown}: {written} of {} bytes written",
+                    len - start
+                ));
+            }
             let synced = Instant::now();
             file.fdatasync()
                 .await
-                .map_err(|e| format!("WAL fdatasync: {e}"))?;
+                .map_err(|e| format!("WAL fdatasync of {shown}: {e}"))?;
             CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
             self.metrics.wal_fsync_latency.observe(synced.elapsed());
+            if let Some(path) = &path {
+                same_file(&file, path)?;
+            }
         }
         if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
             segment.durable_len = len;
@@ -2531,6 +2662,30 @@ async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
         if let Err(e) = std::fs::remove_file(&path) {
             log::warn!("cannot remove WAL file {}: {e}", path.display());
         }
+    }
+}
+
+/// Whether `path` still names the open WAL `file`. A file removed or replaced under the node
+/// (its directory deleted, say) takes writes that recovery will never read: acknowledging
+/// them would be a lie.
+fn same_file(file: &DmaFile, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let named = std::fs::metadata(path).map_err(|e| {
+        format!(
+            "WAL file {} is gone ({e}): it was removed while in use",
+            path.display()
+        )
+    })?;
+    let same = named.ino() == file.inode()
+        && libc::major(named.dev()) == file.dev_major()
+        && libc::minor(named.dev()) == file.dev_minor();
+    if same {
+        Ok(())
+    } else {
+        Err(format!(
+            "WAL file {} was replaced by another file while in use",
+            path.display()
+        ))
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use pico_engine::health::HealthState;
 use pico_engine::metrics::NodeMetrics;
 use pico_engine::{CoreHandle, EngineError, Op, Reply, StreamInfo};
 use serde_json::{json, Value};
@@ -84,14 +85,34 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 ),
                 None => (true, NODE_ID),
             };
-            let ready = serving && registered;
-            let body = json!({
+            // A core whose WAL failed takes no appends until a restart: not ready, so a
+            // supervisor restarts it. One that cannot make its next WAL file (a full disk)
+            // still serves reads and resumes by itself: ready, and says it is degraded.
+            let mut storage = Vec::new();
+            let mut failed = false;
+            for (core, metrics) in state.engine_metrics.iter().enumerate() {
+                let health = metrics.wal_health.state();
+                if health != HealthState::Ok {
+                    failed |= health == HealthState::Failed;
+                    storage.push(json!({
+                        "core": core,
+                        "state": health.name(),
+                        "reason": metrics.wal_health.reason(),
+                    }));
+                }
+            }
+            let ready = serving && registered && !failed;
+            let mut body = json!({
                 "ready": ready,
                 "serving": serving,
                 "registered": registered,
                 "appliedIndex": 0,
                 "nodeId": node_id,
             });
+            if !storage.is_empty() {
+                body["degraded"] = json!(true);
+                body["storage"] = json!(storage);
+            }
             return json_response(if ready { 200 } else { 503 }, body);
         }
         _ => {}

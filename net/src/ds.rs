@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use pico_engine::health::WAL_RETRY_AFTER_SEC;
 use pico_engine::{
     limits, state::ProducerTuple, AppendRequest, CoreHandle, EngineError, Fork, ForkSpec, Op,
     ReadBatch, ReadFrom, ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
@@ -126,7 +127,14 @@ impl From<EngineError> for DsError {
                 .with("retry-after", retry_after_sec.to_string()),
             EngineError::Invalid(_) => DsError::bad_request(message),
             EngineError::Durability(_) => DsError::new(500, "DURABILITY", message),
-            EngineError::Storage(_) => DsError::new(500, "INTERNAL", message),
+            // The metadata log or the bucket failed: nothing was acknowledged; retry.
+            EngineError::Storage(_) => {
+                DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
+            }
+            EngineError::OutOfSpace(_) => DsError::new(507, "INSUFFICIENT_STORAGE", message)
+                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
+            EngineError::WritesStopped(_) => DsError::new(503, "UNAVAILABLE", message)
+                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
             EngineError::ShuttingDown | EngineError::NotOwner(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
             }

@@ -218,6 +218,14 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
     );
     per_core(
         &mut out,
+        "pico_wal_health",
+        "gauge",
+        "Whether the core's WAL takes appends: 0 ok, 1 degraded (its next file cannot be made, \
+         usually a full disk; retried), 2 failed (no appends until a restart).",
+        &|m| m.wal_health.state() as u64,
+    );
+    per_core(
+        &mut out,
         "pico_wal_fsyncs_total",
         "counter",
         "WAL fdatasync calls (one per group commit).",

@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use pico_engine::health::WAL_RETRY_AFTER_SEC;
 use pico_engine::{
     limits, state::ProducerTuple, AppendRequest, CoreHandle, EngineError, Op, ReadBatch, ReadFrom,
     ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
@@ -118,7 +119,19 @@ impl From<EngineError> for ApiError {
                 ApiError::bad_request(message)
             }
             EngineError::Durability(_) => ApiError::new(500, "durability", message),
-            EngineError::Storage(_) => ApiError::new(500, "internal", message),
+            // The metadata log or the bucket failed: nothing was acknowledged; retry.
+            EngineError::Storage(_) => ApiError {
+                extra: vec![("retry-after", "1".into())],
+                ..ApiError::new(503, "unavailable", message)
+            },
+            EngineError::OutOfSpace(_) => ApiError {
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
+                ..ApiError::new(507, "insufficient_storage", message)
+            },
+            EngineError::WritesStopped(_) => ApiError {
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
+                ..ApiError::new(503, "unavailable", message)
+            },
             EngineError::ShuttingDown | EngineError::NotOwner(_) => ApiError {
                 extra: vec![("retry-after", "1".into())],
                 ..ApiError::new(503, "unavailable", message)
