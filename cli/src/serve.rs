@@ -282,7 +282,9 @@ mod tests {
         assert_eq!(durability(&local), pico_net::Durability::Local);
         let warnings = ignored_flag_warnings(&serve_args(&local));
         assert!(
-            warnings.iter().any(|w| w.starts_with("--durability local in a cluster")),
+            warnings
+                .iter()
+                .any(|w| w.starts_with("--durability local in a cluster")),
             "{warnings:?}"
         );
         assert!(ignored_flag_warnings(&serve_args(&pg)).is_empty());

@@ -27,9 +27,14 @@ pub const WAL_RETRY_AFTER_SEC: u64 = 5;
 pub(crate) enum WalHealth {
     Ok,
     /// The next WAL file could not be made; `out_of_space` when the filesystem said so.
-    NoNextFile { message: String, out_of_space: bool },
+    NoNextFile {
+        message: String,
+        out_of_space: bool,
+    },
     /// Appends stop until a restart.
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
 
 /// What the admin listener reads of a core's WAL health (from any thread).
@@ -103,7 +108,10 @@ mod tests {
         assert_eq!(report.state(), HealthState::Degraded);
         assert_eq!(report.reason(), "disk full");
         report.publish(&WalHealth::Ok);
-        assert_eq!((report.state(), report.reason()), (HealthState::Ok, String::new()));
+        assert_eq!(
+            (report.state(), report.reason()),
+            (HealthState::Ok, String::new())
+        );
         report.publish(&WalHealth::Failed {
             message: "EIO".into(),
         });

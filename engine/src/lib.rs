@@ -5,6 +5,8 @@
 pub mod api;
 pub mod cluster;
 pub mod error;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod frame;
 pub mod health;
 pub mod limits;

@@ -263,8 +263,7 @@ struct WalFileError {
 }
 
 impl WalFileError {
-    fn new(what: String, e: glommio::GlommioError<()>) -> WalFileError {
-        let e = std::io::Error::from(e);
+    fn new(what: String, e: std::io::Error) -> WalFileError {
         let out_of_space = matches!(
             e.kind(),
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
@@ -743,7 +742,11 @@ impl Shard {
             });
         }
         // Before the stream's state moves: a refused append has no offset.
-        self.check_writable(frames_len(&records, producer.as_ref(), writer_seq.as_deref()))?;
+        self.check_writable(frames_len(
+            &records,
+            producer.as_ref(),
+            writer_seq.as_deref(),
+        ))?;
         self.live_stream_id(name, false).await?;
         let now = now_ms();
         let written = {
@@ -2028,9 +2031,19 @@ impl Shard {
             return Ok(None);
         }
         let (path, _) = self.wal_path(counter);
-        let file = DmaFile::create(&path)
-            .await
-            .map_err(|e| WalFileError::new(format!("cannot create WAL file {}", path.display()), e))?;
+        #[cfg(feature = "fault-injection")]
+        if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Create) {
+            return Err(WalFileError::new(
+                format!("cannot create WAL file {}", path.display()),
+                e,
+            ));
+        }
+        let file = DmaFile::create(&path).await.map_err(|e| {
+            WalFileError::new(
+                format!("cannot create WAL file {}", path.display()),
+                e.into(),
+            )
+        })?;
         let size = (self.config.segment_size + SEGMENT_SLACK_BYTES) as u64;
         let made = match file.pre_allocate(size, false).await {
             Ok(()) => sync_dir(&self.config.wal_dir).map_err(|message| WalFileError {
@@ -2039,7 +2052,7 @@ impl Shard {
             }),
             Err(e) => Err(WalFileError::new(
                 format!("cannot pre-allocate WAL file {}", path.display()),
-                e,
+                e.into(),
             )),
         };
         if let Err(e) = made {
@@ -2306,6 +2319,11 @@ impl Shard {
         };
         if let (Some(file), Some(buffer)) = (file, buffer) {
             let shown = path.as_deref().unwrap_or(Path::new("?")).display();
+            #[cfg(feature = "fault-injection")]
+            if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Write)
+            {
+                return Err(format!("WAL write to {shown}: {e}"));
+            }
             // A short write is an error too: the bytes past it are not on disk.
             let written = file
                 .write_at(buffer, start as u64)
@@ -2318,6 +2336,10 @@ impl Shard {
                 ));
             }
             let synced = Instant::now();
+            #[cfg(feature = "fault-injection")]
+            if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync) {
+                return Err(format!("WAL fdatasync of {shown}: {e}"));
+            }
             file.fdatasync()
                 .await
                 .map_err(|e| format!("WAL fdatasync of {shown}: {e}"))?;

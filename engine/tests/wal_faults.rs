@@ -1,0 +1,244 @@
+//! The WAL's error paths in process, through the `fault-injection` seam (`src/faults.rs`):
+//! a failed `fdatasync` or write fails the appends it carried and stops appends until a
+//! restart, while reads go on; a WAL file that cannot be made (a full disk) refuses only
+//! the appends the active file has no room for, and appends resume once it can be made.
+//! The real-disk versions (a full tmpfs, a deleted WAL directory) are in
+//! `cli/tests/storage_faults.rs`.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pico_engine::faults::{self, WalIo};
+use pico_engine::health::HealthState;
+use pico_engine::{
+    boot, AppendRequest, CoreHandle, EngineConfig, EngineError, Op, ReadFrom, ReadRequest,
+    RecordInput, Reply, StreamConfig,
+};
+
+const SEGMENT_BYTES: usize = 64 * 1024;
+
+fn config(dir: &std::path::Path) -> EngineConfig {
+    EngineConfig {
+        cores: 1,
+        wal_dir: dir.join("wal"),
+        memory_only: false,
+        object_acks: false,
+        segment_size: SEGMENT_BYTES,
+        segment_max_age_ms: 60_000,
+        segment_cache_bytes: 1 << 20,
+        node_epoch_ms: pico_engine::now_ms() as u64,
+        node_id: None,
+        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
+        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
+        gc_interval_ms: 60_000,
+    }
+}
+
+/// Runs `f` on a one-core engine in `dir`, then shuts the metadata log down.
+fn run<F, Fut>(dir: &std::path::Path, f: F)
+where
+    F: FnOnce(Rc<CoreHandle>, pico_engine::metrics::NodeMetrics) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let meta = format!("sqlite:{}", dir.join("meta.db").display());
+    let storage = format!("-2@file://{}", dir.join("objects").display());
+    let booted = boot(config(dir), &meta, &storage, None).expect("boot");
+    let metrics = booted.metrics.clone();
+    let seed = booted.seeds.into_iter().next().expect("one core");
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(move || async move {
+            let core = CoreHandle::start(seed).await.expect("core starts");
+            f(core, metrics).await;
+        })
+        .expect("executor")
+        .join()
+        .expect("join");
+    booted.meta.shutdown();
+}
+
+fn create() -> Op {
+    Op::Create {
+        config: StreamConfig {
+            content_type: "application/octet-stream".into(),
+            ttl_sec: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        records: Vec::new(),
+        fork: None,
+    }
+}
+
+fn append(body: &[u8]) -> Op {
+    Op::Append(AppendRequest {
+        records: vec![RecordInput {
+            headers: Vec::new(),
+            body: Bytes::copy_from_slice(body),
+        }],
+        close: false,
+        match_offset: None,
+        producer: None,
+        content_type: None,
+        writer_seq: None,
+    })
+}
+
+async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
+    let request = ReadRequest {
+        from: ReadFrom::Offset(0),
+        max_records: 10_000,
+        max_bytes: 64 << 20,
+        wait_ms: None,
+        with_content_type: false,
+        bound: None,
+    };
+    let Ok(Reply::Read(batch)) = core.call(name, Op::Read(request)).await else {
+        panic!("a read is answered")
+    };
+    batch
+        .records
+        .iter()
+        .map(|r| (r.offset, r.body.clone()))
+        .collect()
+}
+
+/// What a restart finds: the stream's records, read by a fresh engine on the same files.
+fn after_restart(dir: &std::path::Path, name: &'static str) -> Vec<(u64, Bytes)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    run(dir, move |core, _| async move {
+        tx.send(read_bodies(&core, name).await).unwrap();
+    });
+    rx.recv().unwrap()
+}
+
+fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let wal_dir = path.join("wal");
+    let (tx, rx) = std::sync::mpsc::channel();
+    run(&path, move |core, metrics| async move {
+        core.call("/s", create()).await.unwrap();
+        core.call("/s", append(b"kept")).await.unwrap();
+        faults::arm(&wal_dir, io, libc::EIO);
+        let failed = core.call("/s", append(b"in doubt")).await;
+        let after = core.call("/s", append(b"refused")).await;
+        let reads = read_bodies(&core, "/s").await;
+        let head = core.call("/s", Op::Head).await;
+        let health = metrics[0].wal_health.state();
+        let reason = metrics[0].wal_health.reason();
+        // Other operations than appends are served: a create without records, a delete.
+        let created = core.call("/other", create()).await;
+        let deleted = core.call("/other", Op::Delete).await;
+        tx.send((
+            failed,
+            after,
+            reads,
+            head.is_ok(),
+            health,
+            reason,
+            created.is_ok(),
+            deleted.is_ok(),
+        ))
+        .unwrap();
+    });
+    let (failed, after, reads, head_ok, health, reason, created, deleted) = rx.recv().unwrap();
+    assert!(
+        matches!(failed, Err(EngineError::Durability(ref m)) if m.contains("Input/output error")),
+        "the append the failed I/O carried is failed: {failed:?}"
+    );
+    assert!(
+        matches!(after, Err(EngineError::WritesStopped(ref m)) if m.contains("restart")),
+        "later appends are refused, not retried as if durable: {after:?}"
+    );
+    assert_eq!(reads, vec![(0, Bytes::from_static(b"kept"))], "reads go on");
+    assert!(head_ok && created && deleted);
+    assert_eq!(health, HealthState::Failed);
+    assert!(reason.contains("Input/output error"), "{reason}");
+    // The restart reads what is on disk: the acknowledged record, and the failed one at
+    // most once (its bytes may or may not have reached the disk), never the refused one.
+    let found = after_restart(&path, "/s");
+    assert_eq!(found[0], (0, Bytes::from_static(b"kept")));
+    assert!(found.len() <= 2, "{found:?}");
+    if let Some(second) = found.get(1) {
+        assert_eq!(second, &(1, Bytes::from_static(b"in doubt")));
+    }
+}
+
+#[test]
+fn a_failed_fdatasync_fails_its_appends_and_stops_the_next_until_restart() {
+    failed_fsync_or_write_stops_appends_until_restart(WalIo::Sync);
+}
+
+#[test]
+fn a_failed_wal_write_fails_its_appends_and_stops_the_next_until_restart() {
+    failed_fsync_or_write_stops_appends_until_restart(WalIo::Write);
+}
+
+#[test]
+fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let wal_dir = path.join("wal");
+    let (tx, rx) = std::sync::mpsc::channel();
+    run(&path, move |core, metrics| async move {
+        core.call("/s", create()).await.unwrap();
+        // The next WAL file (the spare the first commit round makes) fails with ENOSPC, at
+        // every try, until disarmed.
+        for _ in 0..1000 {
+            faults::arm(&wal_dir, WalIo::Create, libc::ENOSPC);
+        }
+        let record = vec![b'r'; 4096];
+        let mut acked = 0u64;
+        let mut refused = None;
+        for _ in 0..2000 {
+            match core.call("/s", append(&record)).await {
+                Ok(_) => acked += 1,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        let degraded = (
+            metrics[0].wal_health.state(),
+            metrics[0].wal_health.reason(),
+        );
+        let reads = read_bodies(&core, "/s").await.len() as u64;
+        // Space is back: the next try (at most a retry period away) makes the file.
+        while faults::disarm(&wal_dir, WalIo::Create) {}
+        let mut resumed = false;
+        for _ in 0..200 {
+            if core.call("/s", append(&record)).await.is_ok() {
+                resumed = true;
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+        }
+        let healed = metrics[0].wal_health.state();
+        tx.send((acked, refused, degraded, reads, resumed, healed))
+            .unwrap();
+    });
+    let (acked, refused, (state, reason), reads, resumed, healed) = rx.recv().unwrap();
+    // A spare that could not be made failed nothing the active file had room for: all of
+    // it (its segment and 1 MiB of slack) filled first.
+    // (A frame is its body and at most 128 bytes of header.)
+    assert!(
+        acked as usize >= (SEGMENT_BYTES + (1 << 20)) / (4096 + 128),
+        "only {acked} appends before the refusal"
+    );
+    assert!(
+        matches!(refused, Some(EngineError::OutOfSpace(ref m)) if m.contains("No space left")),
+        "{refused:?}"
+    );
+    assert_eq!(state, HealthState::Degraded);
+    assert!(reason.contains("cannot create WAL file"), "{reason}");
+    assert_eq!(reads, acked, "every acknowledged append reads back");
+    assert!(
+        resumed,
+        "appends resume on their own once the file can be made"
+    );
+    assert_eq!(healed, HealthState::Ok);
+    assert_eq!(after_restart(&path, "/s").len() as u64, acked + 1);
+}
