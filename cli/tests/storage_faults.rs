@@ -1,0 +1,296 @@
+//! Storage faults on a real node, over real sockets (docs/durability.md): a WAL disk that
+//! fills up (a small tmpfs, so these tests need root to mount it) and a WAL directory deleted
+//! under the running node. The node must never acknowledge what a restart would not find,
+//! and must go on serving what it has. The in-process versions, with injected `EIO`, are in
+//! `engine/tests/wal_faults.rs`.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{read_all, Conn, Resp, Server};
+
+fn admin_get(server: &Server, path: &str) -> Resp {
+    Conn::connect(server.admin)
+        .and_then(|mut conn| conn.request("GET", path, &[], b""))
+        .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
+}
+
+/// A tmpfs of `size_mib` mounted for one test; unmounted when dropped.
+struct Tmpfs {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None` (after saying why the test is skipped; a failure under `CI=true`) when this
+    /// process may not mount.
+    fn mount(test: &str, size_mib: u32) -> Option<Tmpfs> {
+        let dir = tempfile::Builder::new()
+            .prefix("pico-tmpfs-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("wal");
+        std::fs::create_dir(&path).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(&path)
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Tmpfs { path, _dir: dir }),
+            Ok(out) => {
+                pico_testkit::missing_service(
+                    test,
+                    &format!(
+                        "needs to mount a tmpfs (root): {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                );
+                None
+            }
+            Err(e) => {
+                pico_testkit::missing_service(test, &format!("needs `mount`: {e}"));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+    }
+}
+
+/// Keeps a filesystem full: writes to a file of its own whenever there is room, until
+/// stopped (bounded by `FILLER_LIFETIME`). Space the node frees (an uploaded segment's WAL
+/// file) is taken back at once, so the disk stays full until the test lets it go.
+struct Filler {
+    stop: Arc<AtomicBool>,
+    full: Arc<AtomicBool>,
+    path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const FILLER_LIFETIME: Duration = Duration::from_secs(180);
+
+impl Filler {
+    fn start(dir: &Path) -> Filler {
+        let path = dir.join("filler");
+        let stop = Arc::new(AtomicBool::new(false));
+        let full = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (stop, full, path) = (stop.clone(), full.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut file = std::fs::File::create(&path).unwrap();
+                let chunk = vec![0u8; 16 * 1024];
+                let deadline = Instant::now() + FILLER_LIFETIME;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    if file.write_all(&chunk).is_err() {
+                        full.store(true, Ordering::Relaxed);
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+            })
+        };
+        Filler {
+            stop,
+            full,
+            path,
+            thread: Some(thread),
+        }
+    }
+
+    fn wait_full(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.full.load(Ordering::Relaxed) {
+            assert!(
+                Instant::now() < deadline,
+                "the filler never filled the disk"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops filling and frees what it took.
+    fn release(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        std::fs::remove_file(&self.path).unwrap();
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn metric(server: &Server, line_start: &str) -> String {
+    let metrics = admin_get(server, "/metrics");
+    metrics
+        .text()
+        .lines()
+        .find(|l| l.starts_with(line_start))
+        .unwrap_or_else(|| panic!("{line_start} in /metrics"))
+        .to_string()
+}
+
+#[test]
+fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself() {
+    let test = "a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself";
+    let Some(tmpfs) = Tmpfs::mount(test, 12) else {
+        return;
+    };
+    let wal = tmpfs.path.display().to_string();
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--wal-dir",
+        &wal,
+        "--segment-size",
+        "1MiB",
+        "--segment-max-age-ms",
+        "600000",
+    ]);
+    server.put("/s", "application/octet-stream").expect(201);
+    let filler = Filler::start(&tmpfs.path);
+    filler.wait_full();
+
+    // The disk is full, but the active WAL file was made with room for its segment: those
+    // appends are acknowledged; the first one past its room is refused, with no offset.
+    let record = |i: usize| format!("{i:06}").repeat(32 * 1024 / 6).into_bytes();
+    let mut acked = Vec::new();
+    let refused = loop {
+        assert!(acked.len() < 2000, "no append was ever refused");
+        let body = record(acked.len());
+        let response = server.post("/s", &body);
+        match response.status {
+            200 => {
+                assert_eq!(response.h_u64("pico-start-seq"), acked.len() as u64);
+                acked.push(body);
+            }
+            507 => break response,
+            _ => panic!("an append on a full disk: {}", response.describe()),
+        }
+    };
+    assert!(
+        acked.len() > 10,
+        "the active file's room was used before refusing ({} appends)",
+        acked.len()
+    );
+    let error = refused.expect_error(507, "insufficient_storage");
+    let message = error["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        message.contains(&wal),
+        "the message names the WAL path: {message}"
+    );
+    assert!(refused.header("retry-after").is_some());
+
+    // Everything else is served from what is stored.
+    let (records, next) = read_all(&server, "/s", 0);
+    assert_eq!(next, acked.len() as u64);
+    assert!(records.iter().map(|r| &r.body).eq(acked.iter()));
+    assert_eq!(server.head("/s").expect(200).h_u64("pico-next-seq"), next);
+    server.put("/t", "text/plain").expect(201);
+    server.delete("/t").expect(204);
+    let ready = admin_get(&server, "/ready");
+    ready.expect(200);
+    let ready = ready.json();
+    assert_eq!(ready["degraded"], true, "{ready}");
+    assert_eq!(ready["storage"][0]["state"], "degraded", "{ready}");
+    assert_eq!(
+        metric(&server, "pico_wal_health{core=\"0\"}"),
+        "pico_wal_health{core=\"0\"} 1"
+    );
+
+    // Space comes back: appends resume without a restart (the node retries every second;
+    // bounded wait, no timing asserted).
+    filler.release();
+    let mut resumed = false;
+    for _ in 0..600 {
+        let body = record(acked.len());
+        let response = server.post("/s", &body);
+        match response.status {
+            200 => {
+                assert_eq!(response.h_u64("pico-start-seq"), acked.len() as u64);
+                acked.push(body);
+                resumed = true;
+                break;
+            }
+            507 => std::thread::sleep(Duration::from_millis(100)),
+            _ => panic!("an append once space is back: {}", response.describe()),
+        }
+    }
+    assert!(resumed, "appends resumed on their own");
+    assert!(admin_get(&server, "/ready")
+        .json()
+        .get("degraded")
+        .is_none());
+    assert_eq!(
+        metric(&server, "pico_wal_health{core=\"0\"}"),
+        "pico_wal_health{core=\"0\"} 0"
+    );
+
+    // Every acknowledged append, and nothing else, is there after kill -9.
+    server.restart();
+    let (records, next) = read_all(&server, "/s", 0);
+    assert_eq!(next, acked.len() as u64);
+    assert!(records.iter().map(|r| &r.body).eq(acked.iter()));
+    drop(server);
+    drop(tmpfs);
+}
+
+#[test]
+fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
+    let mut server = Server::start(&["--cores", "1", "--segment-max-age-ms", "600000"]);
+    server.put("/s", "text/plain").expect(201);
+    server.post("/s", b"a").expect(200);
+    server.post("/s", b"b").expect(200);
+    std::fs::remove_dir_all(server.wal_dir()).unwrap();
+    // The first append after the deletion is written to a file no restart will read: it
+    // must not be acknowledged. Neither is any later one.
+    let first = server.post("/s", b"c");
+    assert!(
+        first.status == 500 || first.status == 503,
+        "{}",
+        first.describe()
+    );
+    let later = server.post("/s", b"d");
+    let error = later.expect_error(503, "unavailable");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("restart"),
+        "{error}"
+    );
+    let ready = admin_get(&server, "/ready");
+    ready.expect(503);
+    let ready = ready.json();
+    assert_eq!(ready["storage"][0]["state"], "failed", "{ready}");
+    let reason = ready["storage"][0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("removed while in use"), "{reason}");
+    // What was acknowledged is still served.
+    let (records, next) = read_all(&server, "/s", 0);
+    assert_eq!(next, 2);
+    assert_eq!(
+        records.iter().map(|r| r.body.clone()).collect::<Vec<_>>(),
+        [b"a", b"b"]
+    );
+    server.head("/s").expect(200);
+    // A restart never finds what was refused.
+    server.restart();
+    let (records, _) = read_all(&server, "/s", 0);
+    assert!(
+        records.iter().all(|r| r.body != b"c" && r.body != b"d"),
+        "{records:?}"
+    );
+}
