@@ -1,6 +1,6 @@
 //! Clusters: two and three `pico serve` processes on 127.0.0.1 sharing one PostgreSQL
 //! metadata log and one bucket (Garage when `PICOMQ_S3_ENDPOINT` is set, as in CI; otherwise a
-//! shared `file://` directory), all with object durability.
+//! shared `file://` directory), all with the cluster default, object durability.
 //!
 //! - every operation of both protocols on a node that does not own the stream answers `307`
 //!   to the owner's advertised address, and following it works;
@@ -95,8 +95,8 @@ impl Cluster {
                     database.url(),
                     "--storage",
                     &storage,
-                    "--durability",
-                    "object",
+                    // No --durability: a cluster's default (object) is what keeps a failover
+                    // from losing acknowledged appends, and these tests hold it to that.
                     "--node-id",
                     &id,
                     "--ds-listen",
