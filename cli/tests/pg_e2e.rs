@@ -156,3 +156,232 @@ fn an_unreachable_postgres_stops_startup_with_the_password_masked() {
     );
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
+
+/// A Postgres server of one test's own (its own data directory and port), so the test can
+/// stop and start it without disturbing the tests that share `PICOMQ_PG_URL`.
+struct PrivatePostgres {
+    bin: std::path::PathBuf,
+    data: std::path::PathBuf,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivatePostgres {
+    /// `None` (after a skip note; a failure under `CI=true`) when the Postgres binaries are
+    /// not installed (`scripts/pg-up.sh` installs them).
+    fn start(test: &str) -> Option<PrivatePostgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|versions| {
+                versions
+                    .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                    .filter(|bin| bin.join("pg_ctl").exists())
+                    .max()
+            });
+        let Some(bin) = bin else {
+            pico_testkit::missing_service(test, "needs Postgres installed (scripts/pg-up.sh)");
+            return None;
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("pico-pg-")
+            .tempdir()
+            .unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        // Postgres refuses to run as root: the data belongs to user postgres.
+        let chown = std::process::Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        let port = 20_000 + (std::process::id() % 10_000) as u16;
+        let pg = PrivatePostgres {
+            bin,
+            data,
+            port,
+            _dir: dir,
+        };
+        pg.run("initdb", &["-A", "trust", "-U", "postgres", "-D"]);
+        pg.ctl("start");
+        Some(pg)
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let out = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join(program))
+            .args(args)
+            .arg(&self.data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{program}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `pg_ctl start|stop` (waiting until done; a fast stop drops every connection).
+    fn ctl(&self, action: &str) {
+        let options = format!("-p {} -k /tmp -c listen_addresses=127.0.0.1", self.port);
+        self.run(
+            "pg_ctl",
+            &[
+                action,
+                "-w",
+                "-m",
+                "fast",
+                "-o",
+                &options,
+                "-l",
+                "/dev/null",
+                "-D",
+            ],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .args(["stop", "-m", "immediate", "-D"])
+            .arg(&self.data)
+            .output();
+    }
+}
+
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn a_postgres_restart_under_load_is_answered_503_and_healed_without_losing_an_ack() {
+    let test = "a_postgres_restart_under_load_is_answered_503_and_healed_without_losing_an_ack";
+    let Some(pg) = PrivatePostgres::start(test) else {
+        return;
+    };
+    let url = pg.url();
+    // The default durability on Postgres is object: an append is acknowledged once its
+    // segment is in the bucket and its catalog entry committed, so Postgres being down must
+    // hold acknowledgements back, never let one through uncommitted.
+    let mut server = Server::start(&["--meta-url", &url, "--cores", "1"]);
+    server.put("/pg/load", "text/plain").expect(201);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr = server.addr;
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut conn = common::Conn::connect(addr).unwrap();
+            let mut outcomes: Vec<(String, u16, Option<u64>)> = Vec::new();
+            for i in 0..20_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let body = format!("r{i}");
+                let response = match conn.request("POST", "/pg/load", &[TEXT], body.as_bytes()) {
+                    Ok(response) => response,
+                    Err(_) => {
+                        // The node closed the connection: what was in flight is in doubt.
+                        outcomes.push((body, 0, None));
+                        conn = common::Conn::connect(addr).unwrap();
+                        continue;
+                    }
+                };
+                if response.status == 503 {
+                    assert!(
+                        response.header("retry-after").is_some(),
+                        "{}",
+                        response.describe()
+                    );
+                }
+                let offset = (response.status == 200).then(|| response.h_u64("pico-start-seq"));
+                outcomes.push((body, response.status, offset));
+            }
+            outcomes
+        })
+    };
+    // Creates need the metadata log itself: while it is down they are refused with 503.
+    let creator = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut statuses = BTreeMap::<u16, u64>::new();
+            for i in 0..100_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(mut conn) = common::Conn::connect(addr) else {
+                    continue;
+                };
+                let name = format!("/pg/c{i}");
+                let status = match conn.request("PUT", &name, &[TEXT], b"") {
+                    Ok(created) => {
+                        if created.status == 503 {
+                            assert!(created.header("retry-after").is_some());
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        created.status
+                    }
+                    Err(_) => 0,
+                };
+                *statuses.entry(status).or_default() += 1;
+            }
+            statuses
+        })
+    };
+    let acked_count = |n: u64| {
+        wait_for("acknowledged appends", Duration::from_secs(60), || {
+            let head = server.head("/pg/load");
+            (head.status == 200 && head.h_u64("pico-next-seq") >= n).then_some(())
+        })
+    };
+    acked_count(20);
+    pg.ctl("stop");
+    std::thread::sleep(Duration::from_secs(2));
+    pg.ctl("start");
+    // It heals by itself: appends are acknowledged again once Postgres is back.
+    let before = server.head("/pg/load").h_u64("pico-next-seq");
+    acked_count(before + 20);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let outcomes = writer.join().unwrap();
+    let creates = creator.join().unwrap();
+    assert!(
+        creates.keys().all(|s| matches!(s, 0 | 201 | 503)),
+        "creates: {creates:?}\n{}",
+        server.log()
+    );
+    for (body, status, _) in &outcomes {
+        assert!(
+            matches!(status, 0 | 200 | 503),
+            "append {body}: status {status}\n{}",
+            server.log()
+        );
+    }
+    // After kill -9 and a restart: every acknowledged append exactly once at its offset, the
+    // others at most once, offsets dense.
+    server.restart();
+    let (records, next) = read_all(&server, "/pg/load", 0);
+    assert_eq!(next, records.len() as u64);
+    let found: BTreeMap<Vec<u8>, Vec<u64>> =
+        records.iter().fold(BTreeMap::new(), |mut found, r| {
+            found.entry(r.body.clone()).or_default().push(r.seq);
+            found
+        });
+    for (body, status, offset) in &outcomes {
+        let at = found.get(body.as_bytes()).cloned().unwrap_or_default();
+        if *status == 200 {
+            assert_eq!(at, vec![offset.unwrap()], "acknowledged {body}");
+        } else {
+            assert!(at.len() <= 1, "{body} ({status}) stored twice: {at:?}");
+        }
+    }
+    let refused = outcomes.iter().filter(|(_, s, _)| *s != 200).count();
+    eprintln!(
+        "{} appends, {refused} refused or in doubt while Postgres restarted; creates {creates:?}",
+        outcomes.len()
+    );
+}
