@@ -144,3 +144,4 @@ mod tests {
         std::env::remove_var("CI");
     }
 }
+pub mod history;
