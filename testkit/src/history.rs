@@ -84,7 +84,10 @@ pub fn check(history: &History, last: &[(u64, Vec<u8>)]) -> Vec<Violation> {
     // 1 and 6: every append's presence.
     let mut acked_twice = HashMap::new();
     for append in &history.appends {
-        let offsets = found.get(append.body.as_slice()).cloned().unwrap_or_default();
+        let offsets = found
+            .get(append.body.as_slice())
+            .cloned()
+            .unwrap_or_default();
         match append.outcome {
             Outcome::Acked { offset } => {
                 if acked_twice.insert(append.body.as_slice(), ()).is_some() {
@@ -141,7 +144,10 @@ pub fn check(history: &History, last: &[(u64, Vec<u8>)]) -> Vec<Violation> {
         if pair[1].0 != pair[0].0 + 1 {
             violation(
                 2,
-                format!("the stream skips from offset {} to {}", pair[0].0, pair[1].0),
+                format!(
+                    "the stream skips from offset {} to {}",
+                    pair[0].0, pair[1].0
+                ),
             );
         }
     }
@@ -162,7 +168,10 @@ pub fn check(history: &History, last: &[(u64, Vec<u8>)]) -> Vec<Violation> {
             if read.from < next {
                 violation(
                     4,
-                    format!("{reader} asked from {} after having read to {next}", read.from),
+                    format!(
+                        "{reader} asked from {} after having read to {next}",
+                        read.from
+                    ),
                 );
             }
         }
@@ -229,7 +238,12 @@ mod tests {
     }
 
     fn acked(body: &str, offset: u64) -> Append {
-        append(body, Outcome::Acked { offset: Some(offset) })
+        append(
+            body,
+            Outcome::Acked {
+                offset: Some(offset),
+            },
+        )
     }
 
     fn read(reader: &str, from: u64, records: &[(u64, &str)]) -> Read {
@@ -265,7 +279,10 @@ mod tests {
                 append("d", Outcome::NotAcked),
                 append("p", Outcome::Acked { offset: None }),
             ],
-            reads: vec![read("r", 0, &[(0, "a"), (1, "b")]), read("r", 2, &[(2, "c")])],
+            reads: vec![
+                read("r", 0, &[(0, "a"), (1, "b")]),
+                read("r", 2, &[(2, "c")]),
+            ],
         }
     }
 
@@ -278,7 +295,10 @@ mod tests {
     #[test]
     fn each_broken_rule_is_found() {
         // 1: an acknowledged append lost, moved, or stored twice.
-        assert_eq!(rules(&good(), &stream(&[(0, "a"), (1, "b"), (2, "p")])), [1, 5]);
+        assert_eq!(
+            rules(&good(), &stream(&[(0, "a"), (1, "b"), (2, "p")])),
+            [1, 5]
+        );
         let moved = stream(&[(0, "a"), (1, "b"), (2, "p"), (3, "c")]);
         assert_eq!(rules(&good(), &moved), [1, 5]);
         let twice = stream(&[(0, "a"), (1, "b"), (2, "c"), (3, "p"), (4, "p")]);

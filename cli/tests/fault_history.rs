@@ -1,0 +1,497 @@
+//! The fault test (docs/durability.md): writers and readers over both protocols record every
+//! operation, with its invoke and completion time and its answer, while a nemesis injects
+//! faults into a real node: `kill -9` and restart, `SIGSTOP` (clients time out) then
+//! `SIGCONT`, and a full WAL disk (a tmpfs kept full) that is freed again. Afterwards
+//! `pico_testkit::history::check` verifies the history against a final read of each stream:
+//! every acknowledged append exactly once at its offset, dense offsets, nothing never sent,
+//! readers never going back, nothing served that a crash then took back, failed appends and
+//! producer retries stored at most once.
+//!
+//! Writers: two plain Pico writers, a Durable Streams idempotent producer (it retries a
+//! sequence number until it gets an answer) and a plain Durable Streams writer. Readers: a
+//! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream.
+//!
+//! CI runs a bounded profile (`FAULT_TEST_SEC`, default 40 s of faults). The soak is
+//!
+//!     FAULT_TEST_SEC=1800 cargo test --release -p pico-cli --test fault_history -- --nocapture
+//!
+//! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies). Without
+//! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::disk::{Filler, Tmpfs};
+use common::{decode_binary_read, read_all, Conn, Resp, Server};
+use pico_testkit::history::{check, Append, History, Outcome, Read};
+
+const PICO_STREAM: &str = "/h/pico";
+const DS_STREAM: &str = "/h/ds";
+/// Operations per client at most, whatever the duration (every loop is bounded).
+const OPS_PER_CLIENT_MAX: u64 = 2_000_000;
+
+/// Where the node listens now (a restart moves it to new ports).
+#[derive(Clone, Copy)]
+struct Addrs {
+    pico: SocketAddr,
+    ds: SocketAddr,
+}
+
+struct Shared {
+    addrs: Mutex<Addrs>,
+    stop: AtomicBool,
+    started: Instant,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn addrs(&self) -> Addrs {
+        *self.addrs.lock().unwrap()
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// A client connection that reconnects (to wherever the node is now) after any failure.
+struct Client {
+    shared: Arc<Shared>,
+    ds: bool,
+    conn: Option<Conn>,
+}
+
+impl Client {
+    fn new(shared: &Arc<Shared>, ds: bool) -> Client {
+        Client {
+            shared: shared.clone(),
+            ds,
+            conn: None,
+        }
+    }
+
+    /// The answer, or `None` when the connection failed (the request's outcome is unknown).
+    fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Option<Resp> {
+        if self.conn.is_none() {
+            let addrs = self.shared.addrs();
+            let addr = if self.ds { addrs.ds } else { addrs.pico };
+            match Conn::connect(addr) {
+                Ok(mut conn) => {
+                    conn.set_read_timeout(Duration::from_secs(5));
+                    self.conn = Some(conn);
+                }
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    return None;
+                }
+            }
+        }
+        let conn = self.conn.as_mut()?;
+        match conn.request(method, path, headers, body) {
+            Ok(response) => {
+                if response.header("connection") == Some("close") {
+                    self.conn = None;
+                }
+                Some(response)
+            }
+            Err(_) => {
+                self.conn = None;
+                None
+            }
+        }
+    }
+}
+
+/// How often each status came back to the writers (0: no answer).
+type Statuses = Arc<Mutex<std::collections::BTreeMap<u16, u64>>>;
+
+/// Statuses a client may get while faults last; anything else fails the test.
+fn expected_status(status: u16) -> bool {
+    matches!(status, 200 | 204 | 429 | 500 | 503 | 507)
+}
+
+type Log = Arc<Mutex<History>>;
+
+fn pico_writer(
+    shared: Arc<Shared>,
+    id: usize,
+    log: Log,
+    surprises: Arc<Mutex<Vec<String>>>,
+    statuses: Statuses,
+) {
+    let mut client = Client::new(&shared, false);
+    for n in 0..OPS_PER_CLIENT_MAX {
+        if shared.stopped() {
+            return;
+        }
+        // 2 KiB: enough bytes that a full disk is felt within a fault's time.
+        let body = format!("pico-w{id}-{n}-{}", "x".repeat(2048));
+        let invoked_ms = shared.now_ms();
+        let response = client.request("POST", PICO_STREAM, &[], body.as_bytes());
+        *statuses
+            .lock()
+            .unwrap()
+            .entry(response.as_ref().map_or(0, |r| r.status))
+            .or_default() += 1;
+        let outcome = match &response {
+            Some(r) if r.status == 200 => Outcome::Acked {
+                offset: Some(r.h_u64("pico-start-seq")),
+            },
+            Some(r) => {
+                if !expected_status(r.status) {
+                    surprises.lock().unwrap().push(r.describe());
+                }
+                // Refused (a full disk, a stopped core): not in a tight loop.
+                std::thread::sleep(Duration::from_millis(5));
+                Outcome::NotAcked
+            }
+            None => Outcome::NotAcked,
+        };
+        log.lock().unwrap().appends.push(Append {
+            client: format!("pico-w{id}"),
+            body: body.into_bytes(),
+            invoked_ms,
+            completed_ms: shared.now_ms(),
+            outcome,
+        });
+    }
+}
+
+/// A Durable Streams writer: with `producer`, an idempotent producer that resends one
+/// sequence number (same body) until it is answered `2xx`.
+fn ds_writer(
+    shared: Arc<Shared>,
+    producer: bool,
+    log: Log,
+    surprises: Arc<Mutex<Vec<String>>>,
+    statuses: Statuses,
+) {
+    let mut client = Client::new(&shared, true);
+    let name = if producer { "ds-producer" } else { "ds-w" };
+    let mut seq = 0u64;
+    for _ in 0..OPS_PER_CLIENT_MAX {
+        if shared.stopped() {
+            return;
+        }
+        let body = format!("\"{name}-{seq}\"");
+        let seq_text = seq.to_string();
+        let mut headers = vec![("content-type", "application/json")];
+        if producer {
+            headers.extend([
+                ("producer-id", "p1"),
+                ("producer-epoch", "0"),
+                ("producer-seq", seq_text.as_str()),
+            ]);
+        }
+        let invoked_ms = shared.now_ms();
+        let response = client.request("POST", DS_STREAM, &headers, body.as_bytes());
+        *statuses
+            .lock()
+            .unwrap()
+            .entry(response.as_ref().map_or(0, |r| r.status))
+            .or_default() += 1;
+        let acked = response
+            .as_ref()
+            .is_some_and(|r| r.status == 200 || r.status == 204);
+        if let Some(r) = &response {
+            if !expected_status(r.status) {
+                surprises.lock().unwrap().push(r.describe());
+            }
+            if !acked {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        log.lock().unwrap().appends.push(Append {
+            client: name.into(),
+            body: body.into_bytes(),
+            invoked_ms,
+            completed_ms: shared.now_ms(),
+            outcome: if acked {
+                Outcome::Acked { offset: None }
+            } else {
+                Outcome::NotAcked
+            },
+        });
+        if acked || !producer {
+            seq += 1;
+        }
+    }
+}
+
+fn pico_reader(shared: Arc<Shared>, log: Log) {
+    let mut client = Client::new(&shared, false);
+    let mut next = 0u64;
+    for _ in 0..OPS_PER_CLIENT_MAX {
+        if shared.stopped() {
+            return;
+        }
+        let path = format!("{PICO_STREAM}?seq={next}&format=binary&live=long-poll");
+        let invoked_ms = shared.now_ms();
+        let Some(response) = client.request("GET", &path, &[], b"") else {
+            continue;
+        };
+        if response.status != 200 {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
+            .into_iter()
+            .map(|r| (r.seq, r.body))
+            .collect();
+        let from = next;
+        next = response.h_u64("pico-next-seq").max(next);
+        log.lock().unwrap().reads.push(Read {
+            reader: "pico-reader".into(),
+            from,
+            records,
+            invoked_ms,
+            completed_ms: shared.now_ms(),
+        });
+    }
+}
+
+fn ds_reader(shared: Arc<Shared>, log: Log) {
+    let mut client = Client::new(&shared, true);
+    let mut next = 0u64;
+    for _ in 0..OPS_PER_CLIENT_MAX {
+        if shared.stopped() {
+            return;
+        }
+        let offset = if next == 0 {
+            "-1".to_string()
+        } else {
+            format!("{next:016}_{:016}", 0)
+        };
+        let path = format!("{DS_STREAM}?offset={offset}&live=long-poll");
+        let invoked_ms = shared.now_ms();
+        let Some(response) = client.request("GET", &path, &[], b"") else {
+            continue;
+        };
+        if response.status != 200 {
+            // 204: the long-poll timed out with nothing new.
+            if response.status != 204 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            continue;
+        }
+        let messages: Vec<serde_json::Value> =
+            serde_json::from_slice(&response.body).expect("a JSON array");
+        let records: Vec<(u64, Vec<u8>)> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (next + i as u64, m.to_string().into_bytes()))
+            .collect();
+        let next_offset = response.h("stream-next-offset");
+        let next_seq: u64 = next_offset
+            .split('_')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .expect("a Stream-Next-Offset");
+        let from = next;
+        assert_eq!(
+            next_seq,
+            next + records.len() as u64,
+            "{}",
+            response.describe()
+        );
+        next = next_seq;
+        log.lock().unwrap().reads.push(Read {
+            reader: "ds-reader".into(),
+            from,
+            records,
+            invoked_ms,
+            completed_ms: shared.now_ms(),
+        });
+    }
+}
+
+/// A small deterministic generator for the fault schedule (`FAULT_SEED` replays it).
+struct Schedule(u64);
+
+impl Schedule {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+#[test]
+fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
+    let test = "every_promise_holds_under_kills_pauses_and_a_full_disk";
+    let duration = Duration::from_secs(
+        std::env::var("FAULT_TEST_SEC")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(40),
+    );
+    let seed = std::env::var("FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(clock_seed);
+    eprintln!("fault test: {duration:?}, FAULT_SEED={seed}");
+    let tmpfs = Tmpfs::mount(test, 24);
+    let wal = tmpfs.as_ref().map(|t| t.path.display().to_string());
+    let mut args = vec![
+        "--cores",
+        "2",
+        "--ds-listen",
+        "127.0.0.1:0",
+        "--segment-size",
+        "256KiB",
+        "--segment-max-age-ms",
+        "200",
+        "--long-poll-timeout-sec",
+        "1",
+    ];
+    if let Some(wal) = &wal {
+        args.extend(["--wal-dir", wal.as_str()]);
+    }
+    let mut server = Server::start(&args);
+    server
+        .put(PICO_STREAM, "application/octet-stream")
+        .expect(201);
+    let ds_addr = server.second.expect("the --ds-listen listener");
+    let created = common::ds(
+        ds_addr,
+        "PUT",
+        DS_STREAM,
+        &[("content-type", "application/json")],
+        b"",
+    );
+    created.expect(201);
+    let shared = Arc::new(Shared {
+        addrs: Mutex::new(Addrs {
+            pico: server.addr,
+            ds: ds_addr,
+        }),
+        stop: AtomicBool::new(false),
+        started: Instant::now(),
+    });
+    let pico_log: Log = Arc::default();
+    let ds_log: Log = Arc::default();
+    let surprises = Arc::new(Mutex::new(Vec::new()));
+    let statuses: Statuses = Arc::default();
+    let mut clients = Vec::new();
+    for id in 0..2 {
+        let (shared, log, surprises) = (shared.clone(), pico_log.clone(), surprises.clone());
+        let statuses = statuses.clone();
+        clients.push(std::thread::spawn(move || {
+            pico_writer(shared, id, log, surprises, statuses)
+        }));
+    }
+    for producer in [true, false] {
+        let (shared, log, surprises) = (shared.clone(), ds_log.clone(), surprises.clone());
+        let statuses = statuses.clone();
+        clients.push(std::thread::spawn(move || {
+            ds_writer(shared, producer, log, surprises, statuses)
+        }));
+    }
+    let (reader_shared, log) = (shared.clone(), pico_log.clone());
+    clients.push(std::thread::spawn(move || pico_reader(reader_shared, log)));
+    let (reader_shared, log) = (shared.clone(), ds_log.clone());
+    clients.push(std::thread::spawn(move || ds_reader(reader_shared, log)));
+
+    // The nemesis.
+    let mut schedule = Schedule(seed);
+    let mut faults = [0u32; 3];
+    let kinds = if tmpfs.is_some() { 3 } else { 2 };
+    let deadline = Instant::now() + duration;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500 + schedule.next(1500)));
+        let kind = schedule.next(kinds) as usize;
+        faults[kind] += 1;
+        match kind {
+            0 => {
+                server.restart();
+                *shared.addrs.lock().unwrap() = Addrs {
+                    pico: server.addr,
+                    ds: server.second.expect("the --ds-listen listener"),
+                };
+            }
+            1 => {
+                let pid = server.pid().expect("the node runs") as i32;
+                // SAFETY: kill(2) on our own child's pid; no memory is involved.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                std::thread::sleep(Duration::from_millis(200 + schedule.next(2000)));
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+            _ => {
+                let filler = Filler::start(&tmpfs.as_ref().expect("kind 2 needs the tmpfs").path);
+                filler.wait_full();
+                std::thread::sleep(Duration::from_millis(1000 + schedule.next(2000)));
+                filler.release();
+            }
+        }
+        assert!(server.is_running(), "the node exited\n{}", server.log());
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("a client thread");
+    }
+    let surprises = surprises.lock().unwrap().clone();
+    assert!(surprises.is_empty(), "unexpected answers: {surprises:#?}");
+
+    // One more restart, so the final read is what recovery found.
+    server.restart();
+    let mut violations = Vec::new();
+    let mut report = Vec::new();
+    for (name, log) in [(PICO_STREAM, &pico_log), (DS_STREAM, &ds_log)] {
+        let (records, _) = read_all(&server, name, 0);
+        let last: Vec<(u64, Vec<u8>)> = records.into_iter().map(|r| (r.seq, r.body)).collect();
+        let history = log.lock().unwrap();
+        let acked = history
+            .appends
+            .iter()
+            .filter(|a| a.outcome != Outcome::NotAcked)
+            .count();
+        report.push(format!(
+            "{name}: {} appends ({acked} acknowledged), {} reads, {} records after the last restart",
+            history.appends.len(),
+            history.reads.len(),
+            last.len()
+        ));
+        violations.extend(check(&history, &last));
+    }
+    eprintln!(
+        "fault test: {}; faults: {} kills, {} pauses, {} full disks; append answers {:?}; {} violations",
+        report.join("; "),
+        faults[0],
+        faults[1],
+        faults[2],
+        statuses.lock().unwrap(),
+        violations.len()
+    );
+    assert!(
+        violations.is_empty(),
+        "{} violations, FAULT_SEED={seed}:\n{violations:#?}\n{}",
+        violations.len(),
+        server.log()
+    );
+    drop(server);
+    drop(tmpfs);
+}
+
+/// A seed from the clock (printed, so a failing schedule can be replayed).
+fn clock_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+}
