@@ -581,6 +581,11 @@ impl Shard {
         if found.is_ok() {
             return self.already_created(name, &config, closed, fork.as_ref());
         }
+        // A create with a body the WAL cannot take is refused whole, not left half done (a
+        // stream without its records).
+        if !records.is_empty() {
+            self.check_writable(frames_len(&records, None, None))?;
+        }
         let meta_config = MetaConfig {
             content_type: config.content_type.clone(),
             ttl_sec: config.ttl_sec,

@@ -131,6 +131,26 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
         // Other operations than appends are served: a create without records, a delete.
         let created = core.call("/other", create()).await;
         let deleted = core.call("/other", Op::Delete).await;
+        // A create with a body is refused whole: no stream is left without its records.
+        let Op::Create { config, fork, .. } = create() else {
+            unreachable!("create() builds a create")
+        };
+        let Op::Append(body) = append(b"body") else {
+            unreachable!("append() builds an append")
+        };
+        let with_body = Op::Create {
+            config,
+            closed: false,
+            records: body.records,
+            fork,
+        };
+        let refused_create = core.call("/with-body", with_body).await;
+        let left = core.call("/with-body", Op::Head).await;
+        assert!(
+            matches!(refused_create, Err(EngineError::WritesStopped(_))),
+            "{refused_create:?}"
+        );
+        assert!(matches!(left, Err(EngineError::NotFound)), "{left:?}");
         tx.send((
             failed,
             after,
