@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::disk::{Filler, Tmpfs};
+use common::services::{storage, OwnGarage, PrivatePostgres};
 use common::{decode_binary_read, read_all, Conn, Resp, Server};
 use pico_testkit::history::{check, Append, History, Outcome, Read};
 
@@ -331,9 +332,30 @@ impl Schedule {
     }
 }
 
-#[test]
-fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
-    let test = "every_promise_holds_under_kills_pauses_and_a_full_disk";
+/// A fault the nemesis injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    /// `kill -9` the node, start it again.
+    Kill,
+    /// `SIGSTOP` the node for up to 2.2 s (clients time out), then `SIGCONT`.
+    Pause,
+    /// Fill the WAL's tmpfs for 1 to 3 s, then free it.
+    FullDisk,
+    /// Stop Postgres (a fast shutdown drops every connection) for 1 to 3 s, then start it.
+    MetaRestart,
+    /// `kill -9` Garage, start it again 1 to 3 s later on the same data.
+    StoreRestart,
+}
+
+/// What the node runs on, for the faults that need it.
+#[derive(Default)]
+struct Services {
+    tmpfs: Option<Tmpfs>,
+    postgres: Option<PrivatePostgres>,
+    garage: Option<OwnGarage>,
+}
+
+fn duration_and_seed() -> (Duration, u64) {
     let duration = Duration::from_secs(
         std::env::var("FAULT_TEST_SEC")
             .ok()
@@ -344,24 +366,80 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(clock_seed);
-    eprintln!("fault test: {duration:?}, FAULT_SEED={seed}");
+    (duration, seed)
+}
+
+/// Flags of every profile: small segments (a full disk is felt soon), short long-polls.
+const NODE_FLAGS: [&str; 10] = [
+    "--cores",
+    "2",
+    "--ds-listen",
+    "127.0.0.1:0",
+    "--segment-size",
+    "256KiB",
+    "--segment-max-age-ms",
+    "200",
+    "--long-poll-timeout-sec",
+    "1",
+];
+
+#[test]
+fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
+    let test = "every_promise_holds_under_kills_pauses_and_a_full_disk";
     let tmpfs = Tmpfs::mount(test, 24);
-    let wal = tmpfs.as_ref().map(|t| t.path.display().to_string());
-    let mut args = vec![
-        "--cores",
-        "2",
-        "--ds-listen",
-        "127.0.0.1:0",
-        "--segment-size",
-        "256KiB",
-        "--segment-max-age-ms",
-        "200",
-        "--long-poll-timeout-sec",
-        "1",
-    ];
-    if let Some(wal) = &wal {
-        args.extend(["--wal-dir", wal.as_str()]);
+    let mut args: Vec<String> = NODE_FLAGS.iter().map(|s| s.to_string()).collect();
+    let mut faults = vec![Fault::Kill, Fault::Pause];
+    if let Some(tmpfs) = &tmpfs {
+        args.extend(["--wal-dir".to_string(), tmpfs.path.display().to_string()]);
+        faults.push(Fault::FullDisk);
     }
+    let services = Services {
+        tmpfs,
+        ..Services::default()
+    };
+    run_fault_test(&args, &faults, services);
+}
+
+/// The deployment a cluster node has: metadata in Postgres, segments in Garage, and so
+/// (by default) object durability; the faults include both services going away.
+#[ignore = "needs Postgres and Garage: PICOMQ_PG_URL and PICOMQ_S3_ENDPOINT (scripts/pg-up.sh, scripts/garage-up.sh)"]
+#[test]
+fn every_promise_holds_on_postgres_and_garage_while_they_restart() {
+    let test = "every_promise_holds_on_postgres_and_garage_while_they_restart";
+    if pico_testkit::require(test, &pico_testkit::GARAGE).is_none() {
+        return;
+    }
+    let Some(postgres) = PrivatePostgres::start(test) else {
+        return;
+    };
+    let Some(garage) = OwnGarage::start(test) else {
+        return;
+    };
+    let mut args: Vec<String> = NODE_FLAGS.iter().map(|s| s.to_string()).collect();
+    args.extend([
+        "--meta-url".to_string(),
+        postgres.url(),
+        "--storage".to_string(),
+        storage(&garage.endpoint()),
+    ]);
+    let services = Services {
+        postgres: Some(postgres),
+        garage: Some(garage),
+        ..Services::default()
+    };
+    let faults = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::MetaRestart,
+        Fault::StoreRestart,
+    ];
+    run_fault_test(&args, &faults, services);
+}
+
+fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
+    let (duration, seed) = duration_and_seed();
+    eprintln!("fault test: {duration:?}, faults {kinds:?}, FAULT_SEED={seed}");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut server = Server::start(&args);
     server
         .put(PICO_STREAM, "application/octet-stream")
@@ -409,22 +487,22 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
 
     // The nemesis.
     let mut schedule = Schedule(seed);
-    let mut faults = [0u32; 3];
-    let kinds = if tmpfs.is_some() { 3 } else { 2 };
+    let mut injected = std::collections::BTreeMap::<Fault, u32>::new();
     let deadline = Instant::now() + duration;
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500 + schedule.next(1500)));
-        let kind = schedule.next(kinds) as usize;
-        faults[kind] += 1;
+        let kind = kinds[schedule.next(kinds.len() as u64) as usize];
+        *injected.entry(kind).or_default() += 1;
+        let outage = Duration::from_millis(1000 + schedule.next(2000));
         match kind {
-            0 => {
+            Fault::Kill => {
                 server.restart();
                 *shared.addrs.lock().unwrap() = Addrs {
                     pico: server.addr,
                     ds: server.second.expect("the --ds-listen listener"),
                 };
             }
-            1 => {
+            Fault::Pause => {
                 let pid = server.pid().expect("the node runs") as i32;
                 // SAFETY: kill(2) on our own child's pid; no memory is involved.
                 unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -432,11 +510,27 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
                 // SAFETY: as above.
                 unsafe { libc::kill(pid, libc::SIGCONT) };
             }
-            _ => {
-                let filler = Filler::start(&tmpfs.as_ref().expect("kind 2 needs the tmpfs").path);
+            Fault::FullDisk => {
+                let tmpfs = services
+                    .tmpfs
+                    .as_ref()
+                    .expect("a full disk needs the tmpfs");
+                let filler = Filler::start(&tmpfs.path);
                 filler.wait_full();
-                std::thread::sleep(Duration::from_millis(1000 + schedule.next(2000)));
+                std::thread::sleep(outage);
                 filler.release();
+            }
+            Fault::MetaRestart => {
+                let postgres = services.postgres.as_ref().expect("Postgres");
+                postgres.ctl("stop");
+                std::thread::sleep(outage);
+                postgres.ctl("start");
+            }
+            Fault::StoreRestart => {
+                let garage = services.garage.as_ref().expect("Garage");
+                garage.kill();
+                std::thread::sleep(outage);
+                garage.up();
             }
         }
         assert!(server.is_running(), "the node exited\n{}", server.log());
@@ -470,11 +564,8 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
         violations.extend(check(&history, &last));
     }
     eprintln!(
-        "fault test: {}; faults: {} kills, {} pauses, {} full disks; append answers {:?}; {} violations",
+        "fault test: {}; faults injected {injected:?}; append answers {:?}; {} violations",
         report.join("; "),
-        faults[0],
-        faults[1],
-        faults[2],
         statuses.lock().unwrap(),
         violations.len()
     );
@@ -484,8 +575,9 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
         violations.len(),
         server.log()
     );
+    // The node stops before the services under it.
     drop(server);
-    drop(tmpfs);
+    drop(services);
 }
 
 /// A seed from the clock (printed, so a failing schedule can be replayed).

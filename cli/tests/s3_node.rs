@@ -11,12 +11,12 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::services::{access_key, bucket, region, secret_key, storage, OwnGarage};
 use common::{Conn, Server, XorShift};
 
 /// How soon after the store is back a node must acknowledge again: its retries back off for
@@ -26,122 +26,6 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(60);
 /// The shared Garage's endpoint, or `None` (and a note) when the tests should skip.
 fn shared_endpoint(test: &str) -> Option<String> {
     pico_testkit::require(test, &pico_testkit::GARAGE).map(|mut values| values.remove(0))
-}
-
-fn bucket() -> String {
-    std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".to_string())
-}
-
-fn region() -> String {
-    std::env::var("PICOMQ_S3_REGION").unwrap_or_else(|_| "garage".to_string())
-}
-
-fn access_key() -> String {
-    std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_default()
-}
-
-fn secret_key() -> String {
-    std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default()
-}
-
-/// The `--storage` value of a node on this endpoint.
-fn storage(endpoint: &str) -> String {
-    format!(
-        "-2@s3://{}?region={}&endpoint={endpoint}&pathStyle=true",
-        bucket(),
-        region()
-    )
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A Garage of our own on free ports, started with the project's script; killed on drop.
-struct OwnGarage {
-    dir: tempfile::TempDir,
-    port: u16,
-    rpc_port: u16,
-}
-
-impl OwnGarage {
-    /// `None` (and a note; a failure under CI) if `garage` is not installed.
-    fn start(test: &str) -> Option<OwnGarage> {
-        if !pico_testkit::require_program(test, "garage", "this test runs its own instance") {
-            return None;
-        }
-        let garage = OwnGarage {
-            dir: tempfile::Builder::new()
-                .prefix("pico-garage-")
-                .tempdir()
-                .expect("create a temporary directory"),
-            port: free_port(),
-            rpc_port: free_port(),
-        };
-        garage.up();
-        Some(garage)
-    }
-
-    /// Starts (or restarts, on the same data) the instance; the script waits until it answers.
-    fn up(&self) {
-        let output = Command::new("bash")
-            .arg(repo_root().join("scripts/garage-up.sh"))
-            .env("GARAGE_DIR", self.dir.path())
-            .env("GARAGE_S3_PORT", self.port.to_string())
-            .env("GARAGE_RPC_PORT", self.rpc_port.to_string())
-            .env("S3_AK", access_key())
-            .env("S3_SK", secret_key())
-            .env("S3_BUCKET", bucket())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/garage-up.sh");
-        assert!(
-            output.status.success(),
-            "garage-up.sh failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn pid(&self) -> Option<String> {
-        std::fs::read_to_string(self.dir.path().join("pid"))
-            .ok()
-            .map(|pid| pid.trim().to_string())
-    }
-
-    /// `kill -9` by the pid the script wrote, then waits (bounded) until the port is closed.
-    fn kill(&self) {
-        let pid = self.pid().expect("garage pid file");
-        let _ = Command::new("kill").args(["-9", &pid]).status();
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "garage did not die"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for OwnGarage {
-    fn drop(&mut self) {
-        if let Some(pid) = self.pid() {
-            let _ = Command::new("kill").args(["-9", &pid]).status();
-        }
-    }
 }
 
 /// Does this curl sign requests with SigV4 (`--aws-sigv4`, curl 7.75 and later)?

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod disk;
+pub mod services;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
