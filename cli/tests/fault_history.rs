@@ -11,9 +11,12 @@
 //! sequence number until it gets an answer) and a plain Durable Streams writer. Readers: a
 //! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream.
 //!
-//! CI runs a bounded profile (`FAULT_TEST_SEC`, default 40 s of faults). The soak is
+//! Two profiles: a node on SQLite and `file://` with its WAL on a tmpfs (kills, pauses, a
+//! full disk), and a node on a Postgres and a Garage of the test's own, with object
+//! durability (kills, pauses, Postgres stopped and started, Garage killed and restarted).
+//! CI runs each for `FAULT_TEST_SEC` (default 40 s of faults). The soak is
 //!
-//!     FAULT_TEST_SEC=1800 cargo test --release -p pico-cli --test fault_history -- --nocapture
+//!     FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
 //!
 //! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies). Without
 //! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
