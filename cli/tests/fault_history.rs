@@ -29,8 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::disk::{Filler, Tmpfs};
-use common::services::{storage, OwnGarage, PrivatePostgres};
+use common::services::{storage, PrivatePostgres};
 use common::{decode_binary_read, read_all, Conn, Resp, Server};
+use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
 
 const PICO_STREAM: &str = "/h/pico";
@@ -119,8 +120,34 @@ impl Client {
     }
 }
 
-/// How often each status came back to the writers (0: no answer).
-type Statuses = Arc<Mutex<std::collections::BTreeMap<u16, u64>>>;
+/// What the writers were answered: how often each status (0: no answer), and the answers no
+/// fault explains.
+#[derive(Clone, Default)]
+struct Answers {
+    statuses: Arc<Mutex<std::collections::BTreeMap<u16, u64>>>,
+    surprises: Arc<Mutex<Vec<String>>>,
+}
+
+impl Answers {
+    /// Counts an append's answer; a refusal (a full disk, a stopped core) is followed by a
+    /// short pause, so a writer does not spin on it.
+    fn tally(&self, response: Option<&Resp>, acked: bool) {
+        *self
+            .statuses
+            .lock()
+            .unwrap()
+            .entry(response.map_or(0, |r| r.status))
+            .or_default() += 1;
+        if let Some(r) = response {
+            if !expected_status(r.status) {
+                self.surprises.lock().unwrap().push(r.describe());
+            }
+            if !acked {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
 
 /// Statuses a client may get while faults last; anything else fails the test.
 fn expected_status(status: u16) -> bool {
@@ -129,13 +156,7 @@ fn expected_status(status: u16) -> bool {
 
 type Log = Arc<Mutex<History>>;
 
-fn pico_writer(
-    shared: Arc<Shared>,
-    id: usize,
-    log: Log,
-    surprises: Arc<Mutex<Vec<String>>>,
-    statuses: Statuses,
-) {
+fn pico_writer(shared: Arc<Shared>, id: usize, log: Log, answers: Answers) {
     let mut client = Client::new(&shared, false);
     for n in 0..OPS_PER_CLIENT_MAX {
         if shared.stopped() {
@@ -145,25 +166,13 @@ fn pico_writer(
         let body = format!("pico-w{id}-{n}-{}", "x".repeat(2048));
         let invoked_ms = shared.now_ms();
         let response = client.request("POST", PICO_STREAM, &[], body.as_bytes());
-        *statuses
-            .lock()
-            .unwrap()
-            .entry(response.as_ref().map_or(0, |r| r.status))
-            .or_default() += 1;
         let outcome = match &response {
             Some(r) if r.status == 200 => Outcome::Acked {
                 offset: Some(r.h_u64("pico-start-seq")),
             },
-            Some(r) => {
-                if !expected_status(r.status) {
-                    surprises.lock().unwrap().push(r.describe());
-                }
-                // Refused (a full disk, a stopped core): not in a tight loop.
-                std::thread::sleep(Duration::from_millis(5));
-                Outcome::NotAcked
-            }
-            None => Outcome::NotAcked,
+            _ => Outcome::NotAcked,
         };
+        answers.tally(response.as_ref(), outcome != Outcome::NotAcked);
         log.lock().unwrap().appends.push(Append {
             client: format!("pico-w{id}"),
             body: body.into_bytes(),
@@ -176,13 +185,7 @@ fn pico_writer(
 
 /// A Durable Streams writer: with `producer`, an idempotent producer that resends one
 /// sequence number (same body) until it is answered `2xx`.
-fn ds_writer(
-    shared: Arc<Shared>,
-    producer: bool,
-    log: Log,
-    surprises: Arc<Mutex<Vec<String>>>,
-    statuses: Statuses,
-) {
+fn ds_writer(shared: Arc<Shared>, producer: bool, log: Log, answers: Answers) {
     let mut client = Client::new(&shared, true);
     let name = if producer { "ds-producer" } else { "ds-w" };
     let mut seq = 0u64;
@@ -202,22 +205,10 @@ fn ds_writer(
         }
         let invoked_ms = shared.now_ms();
         let response = client.request("POST", DS_STREAM, &headers, body.as_bytes());
-        *statuses
-            .lock()
-            .unwrap()
-            .entry(response.as_ref().map_or(0, |r| r.status))
-            .or_default() += 1;
         let acked = response
             .as_ref()
             .is_some_and(|r| r.status == 200 || r.status == 204);
-        if let Some(r) = &response {
-            if !expected_status(r.status) {
-                surprises.lock().unwrap().push(r.describe());
-            }
-            if !acked {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
+        answers.tally(response.as_ref(), acked);
         log.lock().unwrap().appends.push(Append {
             client: name.into(),
             body: body.into_bytes(),
@@ -466,21 +457,18 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
     });
     let pico_log: Log = Arc::default();
     let ds_log: Log = Arc::default();
-    let surprises = Arc::new(Mutex::new(Vec::new()));
-    let statuses: Statuses = Arc::default();
+    let answers = Answers::default();
     let mut clients = Vec::new();
     for id in 0..2 {
-        let (shared, log, surprises) = (shared.clone(), pico_log.clone(), surprises.clone());
-        let statuses = statuses.clone();
+        let (shared, log, answers) = (shared.clone(), pico_log.clone(), answers.clone());
         clients.push(std::thread::spawn(move || {
-            pico_writer(shared, id, log, surprises, statuses)
+            pico_writer(shared, id, log, answers)
         }));
     }
     for producer in [true, false] {
-        let (shared, log, surprises) = (shared.clone(), ds_log.clone(), surprises.clone());
-        let statuses = statuses.clone();
+        let (shared, log, answers) = (shared.clone(), ds_log.clone(), answers.clone());
         clients.push(std::thread::spawn(move || {
-            ds_writer(shared, producer, log, surprises, statuses)
+            ds_writer(shared, producer, log, answers)
         }));
     }
     let (reader_shared, log) = (shared.clone(), pico_log.clone());
@@ -542,7 +530,7 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
     for client in clients {
         client.join().expect("a client thread");
     }
-    let surprises = surprises.lock().unwrap().clone();
+    let surprises = answers.surprises.lock().unwrap().clone();
     assert!(surprises.is_empty(), "unexpected answers: {surprises:#?}");
 
     // One more restart, so the final read is what recovery found.
@@ -569,7 +557,7 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
     eprintln!(
         "fault test: {}; faults injected {injected:?}; append answers {:?}; {} violations",
         report.join("; "),
-        statuses.lock().unwrap(),
+        answers.statuses.lock().unwrap(),
         violations.len()
     );
     assert!(

@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::services::{access_key, bucket, region, secret_key, storage, OwnGarage};
+use common::services::{access_key, region, secret_key, storage};
 use common::{Conn, Server, XorShift};
+use pico_testkit::garage::{bucket, OwnGarage};
 
 /// How soon after the store is back a node must acknowledge again: its retries back off for
 /// a few seconds at most; the rest is room for a busy machine.

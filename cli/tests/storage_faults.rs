@@ -17,6 +17,13 @@ fn admin_get(server: &Server, path: &str) -> Resp {
         .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
 }
 
+/// `/s` holds exactly `acked`, in order, from offset 0.
+fn assert_holds_exactly(server: &Server, acked: &[Vec<u8>]) {
+    let (records, next) = read_all(server, "/s", 0);
+    assert_eq!(next, acked.len() as u64);
+    assert!(records.iter().map(|r| &r.body).eq(acked.iter()));
+}
+
 fn metric(server: &Server, line_start: &str) -> String {
     let metrics = admin_get(server, "/metrics");
     metrics
@@ -50,19 +57,29 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
 
     // The disk is full, but the active WAL file was made with room for its segment: those
     // appends are acknowledged; the first one past its room is refused, with no offset.
-    let record = |i: usize| format!("{i:06}").repeat(32 * 1024 / 6).into_bytes();
     let mut acked = Vec::new();
-    let refused = loop {
-        assert!(acked.len() < 2000, "no append was ever refused");
-        let body = record(acked.len());
+    // Appends the next record: a 200 must be at the next offset (and is kept in `acked`); a
+    // 507 is the answer of a full disk; anything else fails the test.
+    let append_next = |server: &Server, acked: &mut Vec<Vec<u8>>| {
+        let body = format!("{:06}", acked.len())
+            .repeat(32 * 1024 / 6)
+            .into_bytes();
         let response = server.post("/s", &body);
         match response.status {
             200 => {
                 assert_eq!(response.h_u64("pico-start-seq"), acked.len() as u64);
                 acked.push(body);
             }
-            507 => break response,
-            _ => panic!("an append on a full disk: {}", response.describe()),
+            507 => {}
+            _ => panic!("an append: {}", response.describe()),
+        }
+        response
+    };
+    let refused = loop {
+        assert!(acked.len() < 2000, "no append was ever refused");
+        let response = append_next(&server, &mut acked);
+        if response.status == 507 {
+            break response;
         }
     };
     assert!(
@@ -79,9 +96,8 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
     assert!(refused.header("retry-after").is_some());
 
     // Everything else is served from what is stored.
-    let (records, next) = read_all(&server, "/s", 0);
-    assert_eq!(next, acked.len() as u64);
-    assert!(records.iter().map(|r| &r.body).eq(acked.iter()));
+    assert_holds_exactly(&server, &acked);
+    let next = acked.len() as u64;
     assert_eq!(server.head("/s").expect(200).h_u64("pico-next-seq"), next);
     server.put("/t", "text/plain").expect(201);
     server.delete("/t").expect(204);
@@ -100,18 +116,11 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
     filler.release();
     let mut resumed = false;
     for _ in 0..600 {
-        let body = record(acked.len());
-        let response = server.post("/s", &body);
-        match response.status {
-            200 => {
-                assert_eq!(response.h_u64("pico-start-seq"), acked.len() as u64);
-                acked.push(body);
-                resumed = true;
-                break;
-            }
-            507 => std::thread::sleep(Duration::from_millis(100)),
-            _ => panic!("an append once space is back: {}", response.describe()),
+        if append_next(&server, &mut acked).status == 200 {
+            resumed = true;
+            break;
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
     assert!(resumed, "appends resumed on their own");
     assert!(admin_get(&server, "/ready")
@@ -125,9 +134,7 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
 
     // Every acknowledged append, and nothing else, is there after kill -9.
     server.restart();
-    let (records, next) = read_all(&server, "/s", 0);
-    assert_eq!(next, acked.len() as u64);
-    assert!(records.iter().map(|r| &r.body).eq(acked.iter()));
+    assert_holds_exactly(&server, &acked);
     drop(server);
     drop(tmpfs);
 }

@@ -2036,19 +2036,16 @@ impl Shard {
             return Ok(None);
         }
         let (path, _) = self.wal_path(counter);
+        let cannot_create = |e: std::io::Error| {
+            WalFileError::new(format!("cannot create WAL file {}", path.display()), e)
+        };
         #[cfg(feature = "fault-injection")]
         if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Create) {
-            return Err(WalFileError::new(
-                format!("cannot create WAL file {}", path.display()),
-                e,
-            ));
+            return Err(cannot_create(e));
         }
-        let file = DmaFile::create(&path).await.map_err(|e| {
-            WalFileError::new(
-                format!("cannot create WAL file {}", path.display()),
-                e.into(),
-            )
-        })?;
+        let file = DmaFile::create(&path)
+            .await
+            .map_err(|e| cannot_create(e.into()))?;
         let size = (self.config.segment_size + SEGMENT_SLACK_BYTES) as u64;
         let made = match file.pre_allocate(size, false).await {
             Ok(()) => sync_dir(&self.config.wal_dir).map_err(|message| WalFileError {
@@ -2258,9 +2255,8 @@ impl Shard {
             match self.create_wal_file().await {
                 Ok(spare) => {
                     self.next_file_retry_at.set(None);
-                    if !self.wal_failed() {
-                        self.set_health(WalHealth::Ok);
-                    }
+                    // (A failed WAL ends the commit loop: no round runs after it.)
+                    self.set_health(WalHealth::Ok);
                     *self.spare_wal.borrow_mut() = spare;
                     let overdue = self
                         .log

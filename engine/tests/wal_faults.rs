@@ -59,6 +59,11 @@ where
 }
 
 fn create() -> Op {
+    create_with(Vec::new())
+}
+
+/// A create with `records` as its body.
+fn create_with(records: Vec<RecordInput>) -> Op {
     Op::Create {
         config: StreamConfig {
             content_type: "application/octet-stream".into(),
@@ -66,17 +71,21 @@ fn create() -> Op {
             expires_at_ms: None,
         },
         closed: false,
-        records: Vec::new(),
+        records,
         fork: None,
+    }
+}
+
+fn record(body: &[u8]) -> RecordInput {
+    RecordInput {
+        headers: Vec::new(),
+        body: Bytes::copy_from_slice(body),
     }
 }
 
 fn append(body: &[u8]) -> Op {
     Op::Append(AppendRequest {
-        records: vec![RecordInput {
-            headers: Vec::new(),
-            body: Bytes::copy_from_slice(body),
-        }],
+        records: vec![record(body)],
         close: false,
         match_offset: None,
         producer: None,
@@ -132,18 +141,7 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
         let created = core.call("/other", create()).await;
         let deleted = core.call("/other", Op::Delete).await;
         // A create with a body is refused whole: no stream is left without its records.
-        let Op::Create { config, fork, .. } = create() else {
-            unreachable!("create() builds a create")
-        };
-        let Op::Append(body) = append(b"body") else {
-            unreachable!("append() builds an append")
-        };
-        let with_body = Op::Create {
-            config,
-            closed: false,
-            records: body.records,
-            fork,
-        };
+        let with_body = create_with(vec![record(b"body")]);
         let refused_create = core.call("/with-body", with_body).await;
         let left = core.call("/with-body", Op::Head).await;
         assert!(

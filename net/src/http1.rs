@@ -365,8 +365,17 @@ async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) {
 
 /// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
 async fn fill<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> std::io::Result<bool> {
+    read_into(stream, buf, READ_CHUNK_BYTES).await
+}
+
+/// Reads at most `room` more bytes onto the end of `buf`; `false` at end of stream.
+async fn read_into<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    room: usize,
+) -> std::io::Result<bool> {
     let len = buf.len();
-    buf.resize(len + READ_CHUNK_BYTES, 0);
+    buf.resize(len + room, 0);
     let n = stream.read(&mut buf[len..]).await;
     let n = match n {
         Ok(n) => n,
@@ -710,19 +719,8 @@ async fn fill_spare<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
 ) -> std::io::Result<bool> {
-    let len = buf.len();
-    let room = (buf.capacity() - len).min(READ_CHUNK_BYTES);
-    buf.resize(len + room, 0);
-    let n = stream.read(&mut buf[len..]).await;
-    let n = match n {
-        Ok(n) => n,
-        Err(e) => {
-            buf.truncate(len);
-            return Err(e);
-        }
-    };
-    buf.truncate(len + n);
-    Ok(n > 0)
+    let room = (buf.capacity() - buf.len()).min(READ_CHUNK_BYTES);
+    read_into(stream, buf, room).await
 }
 
 /// Most hex digits in a chunk size: 16 of them already exceed any body limit.

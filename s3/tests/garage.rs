@@ -19,6 +19,7 @@ use pico_s3::S3Credentials;
 use pico_s3::S3Options;
 use pico_s3::StorageUri;
 use pico_s3::StoreError;
+use pico_testkit::garage::{bucket, OwnGarage};
 
 /// The endpoint, or `None` (and a note) when the tests should skip.
 fn endpoint(test: &str) -> Option<String> {
@@ -31,10 +32,6 @@ fn uri_for(endpoint: &str, bucket: &str) -> StorageUri {
         "-3@s3://{bucket}?region={region}&endpoint={endpoint}&pathStyle=true"
     ))
     .unwrap()
-}
-
-fn bucket() -> String {
-    std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".to_string())
 }
 
 fn open(endpoint: &str, s3: S3Options) -> ObjectStore {
@@ -472,93 +469,6 @@ fn put_latency_for_the_record() {
         );
     }
     clean(&store, &p);
-}
-
-/// Kills a Garage we started, whatever happens in the test.
-struct OwnGarage {
-    dir: tempfile::TempDir,
-    port: u16,
-    rpc_port: u16,
-}
-
-impl OwnGarage {
-    /// A Garage of our own on free ports, via the project's script; `None` if `garage` is not
-    /// installed (a failure under CI).
-    fn start(test: &str) -> Option<OwnGarage> {
-        if !pico_testkit::require_program(test, "garage", "this test runs its own instance") {
-            return None;
-        }
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
-        let garage = OwnGarage {
-            dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
-            rpc_port: free_port(),
-        };
-        garage.up();
-        Some(garage)
-    }
-
-    fn up(&self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/garage-up.sh");
-        let output = std::process::Command::new("bash")
-            .arg(script)
-            .env("GARAGE_DIR", self.dir.path())
-            .env("GARAGE_S3_PORT", self.port.to_string())
-            .env("GARAGE_RPC_PORT", self.rpc_port.to_string())
-            .env(
-                "S3_AK",
-                std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_default(),
-            )
-            .env(
-                "S3_SK",
-                std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default(),
-            )
-            .env("S3_BUCKET", bucket())
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "garage-up.sh: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// kill -9, and wait until the port is closed.
-    fn kill(&self) {
-        let pid = std::fs::read_to_string(self.dir.path().join("pid")).unwrap();
-        let _ = std::process::Command::new("kill")
-            .args(["-9", pid.trim()])
-            .status();
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "garage did not die"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for OwnGarage {
-    fn drop(&mut self) {
-        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("pid")) {
-            let _ = std::process::Command::new("kill")
-                .args(["-9", pid.trim()])
-                .status();
-        }
-    }
 }
 
 /// The store goes away mid-run (kill -9) and comes back: a put issued while it is down is

@@ -144,4 +144,5 @@ mod tests {
         std::env::remove_var("CI");
     }
 }
+pub mod garage;
 pub mod history;

@@ -1,13 +1,8 @@
 //! Outside services a test runs instances of its own of, so it can stop and start them
-//! without disturbing the tests that share the machine's: a Postgres server and a Garage.
+//! without disturbing the tests that share the machine's: a Postgres server (a Garage is
+//! `pico_testkit::garage::OwnGarage`), and the names the tests reach the shared Garage by.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-pub fn bucket() -> String {
-    std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".to_string())
-}
+use pico_testkit::garage::bucket;
 
 pub fn region() -> String {
     std::env::var("PICOMQ_S3_REGION").unwrap_or_else(|_| "garage".to_string())
@@ -28,97 +23,6 @@ pub fn storage(endpoint: &str) -> String {
         bucket(),
         region()
     )
-}
-
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A Garage of our own on free ports, started with the project's script; killed on drop.
-pub struct OwnGarage {
-    dir: tempfile::TempDir,
-    port: u16,
-    rpc_port: u16,
-}
-
-impl OwnGarage {
-    /// `None` (and a note; a failure under CI) if `garage` is not installed.
-    pub fn start(test: &str) -> Option<OwnGarage> {
-        if !pico_testkit::require_program(test, "garage", "this test runs its own instance") {
-            return None;
-        }
-        let garage = OwnGarage {
-            dir: tempfile::Builder::new()
-                .prefix("pico-garage-")
-                .tempdir()
-                .expect("create a temporary directory"),
-            port: free_port(),
-            rpc_port: free_port(),
-        };
-        garage.up();
-        Some(garage)
-    }
-
-    /// Starts (or restarts, on the same data) the instance; the script waits until it answers.
-    pub fn up(&self) {
-        let output = Command::new("bash")
-            .arg(repo_root().join("scripts/garage-up.sh"))
-            .env("GARAGE_DIR", self.dir.path())
-            .env("GARAGE_S3_PORT", self.port.to_string())
-            .env("GARAGE_RPC_PORT", self.rpc_port.to_string())
-            .env("S3_AK", access_key())
-            .env("S3_SK", secret_key())
-            .env("S3_BUCKET", bucket())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/garage-up.sh");
-        assert!(
-            output.status.success(),
-            "garage-up.sh failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    pub fn pid(&self) -> Option<String> {
-        std::fs::read_to_string(self.dir.path().join("pid"))
-            .ok()
-            .map(|pid| pid.trim().to_string())
-    }
-
-    /// `kill -9` by the pid the script wrote, then waits (bounded) until the port is closed.
-    pub fn kill(&self) {
-        let pid = self.pid().expect("garage pid file");
-        let _ = Command::new("kill").args(["-9", &pid]).status();
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "garage did not die"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for OwnGarage {
-    fn drop(&mut self) {
-        if let Some(pid) = self.pid() {
-            let _ = Command::new("kill").args(["-9", &pid]).status();
-        }
-    }
 }
 
 /// A Postgres server of one test's own (its own data directory and port), so the test can
