@@ -281,8 +281,17 @@ fn the_dashboard_shows_what_the_admin_api_reports() {
     let url = format!("http://{}/?interval=200", server.admin);
     let dom = dump_dom(&browser, &server, &url, loaded);
 
-    // Nothing moved while the page looked: the API answers the same afterwards.
-    let after = api(&server, "/admin/stats");
+    // Nothing moved while the page looked: the API answers the same afterwards. The browser
+    // has exited, but the node may not have seen its connections close yet (a live gauge, not
+    // a counter): wait for that (bounded), then compare everything.
+    let after = common::wait_for(
+        "the browser's connections to close",
+        Duration::from_secs(10),
+        || {
+            let after = api(&server, "/admin/stats");
+            (after["total"]["connections"] == stats["total"]["connections"]).then_some(after)
+        },
+    );
     assert_eq!(
         after["total"], stats["total"],
         "counters moved during the test"
