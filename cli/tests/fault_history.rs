@@ -11,9 +11,11 @@
 //! sequence number until it gets an answer) and a plain Durable Streams writer. Readers: a
 //! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream.
 //!
-//! Two profiles: a node on SQLite and `file://` with its WAL on a tmpfs (kills, pauses, a
-//! full disk), and a node on a Postgres and a Garage of the test's own, with object
-//! durability (kills, pauses, Postgres stopped and started, Garage killed and restarted).
+//! Three profiles: a node on SQLite and `file://` with its WAL on a tmpfs (kills, pauses, a
+//! full disk); a node on a Postgres and a Garage of the test's own, with object durability
+//! (kills, pauses, Postgres stopped and started, Garage killed and restarted); and three
+//! nodes on those as a cluster, the clients following `307`s to each stream's owner (the
+//! same faults, and pauses past the lease: failovers, and a fenced owner waking up).
 //! CI runs each for `FAULT_TEST_SEC` (default 40 s of faults). The soak is
 //!
 //!     FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
@@ -24,13 +26,13 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::disk::{Filler, Tmpfs};
 use common::services::{storage, PrivatePostgres};
-use common::{decode_binary_read, read_all, Conn, Resp, Server};
+use common::{decode_binary_read, wait_for, Conn, Resp, Server};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
 
@@ -47,9 +49,12 @@ struct Addrs {
 }
 
 struct Shared {
-    addrs: Mutex<Addrs>,
+    /// One entry per node.
+    addrs: Mutex<Vec<Addrs>>,
     stop: AtomicBool,
     started: Instant,
+    /// `307`s the clients followed (a cluster's stream moving between nodes).
+    redirects: AtomicU64,
 }
 
 impl Shared {
@@ -57,8 +62,15 @@ impl Shared {
         self.started.elapsed().as_millis() as u64
     }
 
-    fn addrs(&self) -> Addrs {
-        *self.addrs.lock().unwrap()
+    /// Where a client that knows no owner starts: node `n` (modulo the nodes).
+    fn node_addr(&self, n: usize, ds: bool) -> SocketAddr {
+        let addrs = self.addrs.lock().unwrap();
+        let node = addrs[n % addrs.len()];
+        if ds {
+            node.ds
+        } else {
+            node.pico
+        }
     }
 
     fn stopped(&self) -> bool {
@@ -66,12 +78,20 @@ impl Shared {
     }
 }
 
-/// A client connection that reconnects (to wherever the node is now) after any failure.
+/// A client connection that reconnects after any failure (to another node of a cluster) and
+/// follows `307`s to a stream's owner, as the client libraries do.
 struct Client {
     shared: Arc<Shared>,
     ds: bool,
     conn: Option<Conn>,
+    /// The node the last redirect named, which later requests go to first.
+    owner: Option<SocketAddr>,
+    /// The node asked when no owner is known; the next one after a failure.
+    node: usize,
 }
+
+/// Redirects one request follows at most (an owner change mid-request takes two).
+const REDIRECTS_MAX: usize = 4;
 
 impl Client {
     fn new(shared: &Arc<Shared>, ds: bool) -> Client {
@@ -79,10 +99,13 @@ impl Client {
             shared: shared.clone(),
             ds,
             conn: None,
+            owner: None,
+            node: 0,
         }
     }
 
-    /// The answer, or `None` when the connection failed (the request's outcome is unknown).
+    /// The answer, or `None` when a connection failed (the request's outcome is unknown). A
+    /// `307` is returned only after [`REDIRECTS_MAX`] of them (a loop: a surprise).
     fn request(
         &mut self,
         method: &str,
@@ -90,22 +113,46 @@ impl Client {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Option<Resp> {
+        let mut target = path.to_string();
+        for _ in 0..REDIRECTS_MAX {
+            let response = self.send(method, &target, headers, body)?;
+            if response.status != 307 {
+                return Some(response);
+            }
+            let (owner, owner_target) = split_location(response.h("location"));
+            self.shared.redirects.fetch_add(1, Ordering::Relaxed);
+            self.owner = Some(owner);
+            self.conn = None;
+            target = owner_target;
+        }
+        self.send(method, &target, headers, body)
+    }
+
+    fn send(
+        &mut self,
+        method: &str,
+        target: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Option<Resp> {
         if self.conn.is_none() {
-            let addrs = self.shared.addrs();
-            let addr = if self.ds { addrs.ds } else { addrs.pico };
+            let addr = self
+                .owner
+                .unwrap_or_else(|| self.shared.node_addr(self.node, self.ds));
             match Conn::connect(addr) {
                 Ok(mut conn) => {
-                    conn.set_read_timeout(Duration::from_secs(5));
+                    conn.set_read_timeout(CLIENT_TIMEOUT);
                     self.conn = Some(conn);
                 }
                 Err(_) => {
+                    self.failed();
                     std::thread::sleep(Duration::from_millis(20));
                     return None;
                 }
             }
         }
         let conn = self.conn.as_mut()?;
-        match conn.request(method, path, headers, body) {
+        match conn.request(method, target, headers, body) {
             Ok(response) => {
                 if response.header("connection") == Some("close") {
                     self.conn = None;
@@ -113,11 +160,35 @@ impl Client {
                 Some(response)
             }
             Err(_) => {
-                self.conn = None;
+                self.failed();
                 None
             }
         }
     }
+
+    /// After a failed connection: forget the owner, try the next node.
+    fn failed(&mut self) {
+        self.conn = None;
+        self.owner = None;
+        self.node += 1;
+    }
+}
+
+/// How long a client waits for an answer: past it the request's outcome is unknown. Longer
+/// than a long-poll (`--long-poll-timeout-sec 1`), shorter than a pause past the lease.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `http://host:port/path?q` → (address, "/path?q").
+fn split_location(url: &str) -> (SocketAddr, String) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("a redirect to an http:// URL: {url}"));
+    let at = rest.find('/').unwrap_or(rest.len());
+    let addr = rest[..at]
+        .parse()
+        .unwrap_or_else(|_| panic!("a redirect to a socket address: {url}"));
+    let target = if at == rest.len() { "/" } else { &rest[at..] };
+    (addr, target.to_string())
 }
 
 /// What the writers were answered: how often each status (0: no answer), and the answers no
@@ -326,13 +397,17 @@ impl Schedule {
     }
 }
 
-/// A fault the nemesis injects.
+/// A fault the nemesis injects, on one node (picked at random in a cluster) or a service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
-    /// `kill -9` the node, start it again.
+    /// `kill -9` the node, start it again (in a cluster, after up to two lease times, so the
+    /// others may take its streams over meanwhile).
     Kill,
-    /// `SIGSTOP` the node for up to 2.2 s (clients time out), then `SIGCONT`.
+    /// `SIGSTOP` the node for less than its lease, then `SIGCONT`.
     Pause,
+    /// `SIGSTOP` the node for two to three lease times: the others take its streams over
+    /// and it must not acknowledge anything when it wakes up (clients time out meanwhile).
+    PausePastLease,
     /// Fill the WAL's tmpfs for 1 to 3 s, then free it.
     FullDisk,
     /// Stop Postgres (a fast shutdown drops every connection) for 1 to 3 s, then start it.
@@ -341,7 +416,7 @@ enum Fault {
     StoreRestart,
 }
 
-/// What the node runs on, for the faults that need it.
+/// What the nodes run on, for the faults that need it.
 #[derive(Default)]
 struct Services {
     tmpfs: Option<Tmpfs>,
@@ -377,6 +452,11 @@ const NODE_FLAGS: [&str; 10] = [
     "1",
 ];
 
+/// The cluster profile's `--lease-ms`: short, so pauses past it and takeovers happen many
+/// times a run. A stall on a busy machine may lapse it too: one more failover, held to the
+/// same rules.
+const CLUSTER_LEASE_MS: u64 = 1500;
+
 #[test]
 fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
     let test = "every_promise_holds_under_kills_pauses_and_a_full_disk";
@@ -391,7 +471,7 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
         tmpfs,
         ..Services::default()
     };
-    run_fault_test(&args, &faults, services);
+    run_fault_test(vec![start_node(&args)], &faults, services, None);
 }
 
 /// The deployment a cluster node has: metadata in Postgres, segments in Garage, and so
@@ -400,61 +480,151 @@ fn every_promise_holds_under_kills_pauses_and_a_full_disk() {
 #[test]
 fn every_promise_holds_on_postgres_and_garage_while_they_restart() {
     let test = "every_promise_holds_on_postgres_and_garage_while_they_restart";
-    if pico_testkit::require(test, &pico_testkit::GARAGE).is_none() {
-        return;
-    }
-    let Some(postgres) = PrivatePostgres::start(test) else {
+    let Some(services) = cluster_services(test) else {
         return;
     };
-    let Some(garage) = OwnGarage::start(test) else {
-        return;
-    };
-    let mut args: Vec<String> = NODE_FLAGS.iter().map(|s| s.to_string()).collect();
-    args.extend([
-        "--meta-url".to_string(),
-        postgres.url(),
-        "--storage".to_string(),
-        storage(&garage.endpoint()),
-    ]);
-    let services = Services {
-        postgres: Some(postgres),
-        garage: Some(garage),
-        ..Services::default()
-    };
+    let args = cluster_node_flags(&services, None);
     let faults = [
         Fault::Kill,
         Fault::Pause,
         Fault::MetaRestart,
         Fault::StoreRestart,
     ];
-    run_fault_test(&args, &faults, services);
+    run_fault_test(vec![start_node(&args)], &faults, services, None);
 }
 
-fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
-    let (duration, seed) = duration_and_seed();
-    eprintln!("fault test: {duration:?}, faults {kinds:?}, FAULT_SEED={seed}");
+/// Three nodes on one Postgres and one Garage (each of the test's own), every stream owned by
+/// one of them and the clients following redirects: kills, pauses short of the lease and
+/// past it (failovers), and both services going away.
+#[ignore = "needs Postgres and Garage: PICOMQ_PG_URL and PICOMQ_S3_ENDPOINT (scripts/pg-up.sh, scripts/garage-up.sh)"]
+#[test]
+fn every_promise_holds_on_a_three_node_cluster_through_failovers() {
+    let test = "every_promise_holds_on_a_three_node_cluster_through_failovers";
+    let Some(services) = cluster_services(test) else {
+        return;
+    };
+    let nodes: Vec<Server> = (1..=3)
+        .map(|id| start_node(&cluster_node_flags(&services, Some(id))))
+        .collect();
+    wait_until_formed(&nodes);
+    let faults = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::PausePastLease,
+        Fault::MetaRestart,
+        Fault::StoreRestart,
+    ];
+    run_fault_test(nodes, &faults, services, Some(CLUSTER_LEASE_MS));
+}
+
+/// A Postgres and a Garage of the test's own (so it may stop them), or `None` after a skip
+/// note.
+fn cluster_services(test: &str) -> Option<Services> {
+    pico_testkit::require(test, &pico_testkit::GARAGE)?;
+    let postgres = PrivatePostgres::start(test)?;
+    let garage = OwnGarage::start(test)?;
+    Some(Services {
+        postgres: Some(postgres),
+        garage: Some(garage),
+        ..Services::default()
+    })
+}
+
+/// The flags of a node on `services`' Postgres and Garage; `node_id` makes it a cluster
+/// member with the short [`CLUSTER_LEASE_MS`]. No `--durability`: the default on Postgres
+/// (object) is what the test holds to its promises.
+fn cluster_node_flags(services: &Services, node_id: Option<u32>) -> Vec<String> {
+    let mut args: Vec<String> = NODE_FLAGS.iter().map(|s| s.to_string()).collect();
+    let postgres = services.postgres.as_ref().expect("Postgres");
+    let garage = services.garage.as_ref().expect("Garage");
+    args.extend([
+        "--meta-url".to_string(),
+        postgres.url(),
+        "--storage".to_string(),
+        storage(&garage.endpoint()),
+    ]);
+    if let Some(id) = node_id {
+        args.extend(
+            [
+                "--node-id",
+                &id.to_string(),
+                "--lease-ms",
+                &CLUSTER_LEASE_MS.to_string(),
+                "--slots",
+                "1",
+            ]
+            .map(String::from),
+        );
+    }
+    args
+}
+
+fn start_node(args: &[String]) -> Server {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut server = Server::start(&args);
-    server
-        .put(PICO_STREAM, "application/octet-stream")
-        .expect(201);
-    let ds_addr = server.second.expect("the --ds-listen listener");
-    let created = common::ds(
-        ds_addr,
-        "PUT",
-        DS_STREAM,
-        &[("content-type", "application/json")],
-        b"",
+    Server::start(&args)
+}
+
+/// How long a cluster may take to form, or a final read to find every stream's owner.
+const CLUSTER_BOUND: Duration = Duration::from_secs(120);
+
+/// Returns once every node lists every node live with an address (bounded).
+fn wait_until_formed(nodes: &[Server]) {
+    for node in nodes {
+        wait_for("the cluster to form", CLUSTER_BOUND, || {
+            let listed = Conn::connect(node.admin)
+                .ok()?
+                .request("GET", "/admin/nodes", &[], b"")
+                .ok()?;
+            let live = listed.json()["nodes"]
+                .as_array()?
+                .iter()
+                .filter(|n| n["live"] == true && !n["advertisedAddress"].is_null())
+                .count();
+            (live == nodes.len()).then_some(())
+        });
+    }
+}
+
+fn addrs_of(node: &Server) -> Addrs {
+    Addrs {
+        pico: node.addr,
+        ds: node.second.expect("the --ds-listen listener"),
+    }
+}
+
+/// Creates both streams through the clients' own redirect-following path.
+fn create_streams(shared: &Arc<Shared>) {
+    for (ds, name, content_type) in [
+        (false, PICO_STREAM, "application/octet-stream"),
+        (true, DS_STREAM, "application/json"),
+    ] {
+        let mut client = Client::new(shared, ds);
+        let created = client
+            .request("PUT", name, &[("content-type", content_type)], b"")
+            .unwrap_or_else(|| panic!("PUT {name}: no answer"));
+        created.expect(201);
+    }
+}
+
+/// `lease_ms`: the nodes form a cluster with this lease (pauses are sized by it).
+fn run_fault_test(
+    mut nodes: Vec<Server>,
+    kinds: &[Fault],
+    services: Services,
+    lease_ms: Option<u64>,
+) {
+    let (duration, seed) = duration_and_seed();
+    eprintln!(
+        "fault test: {} node(s), {duration:?}, faults {kinds:?}, FAULT_SEED={seed}",
+        nodes.len()
     );
-    created.expect(201);
     let shared = Arc::new(Shared {
-        addrs: Mutex::new(Addrs {
-            pico: server.addr,
-            ds: ds_addr,
-        }),
+        addrs: Mutex::new(nodes.iter().map(addrs_of).collect()),
         stop: AtomicBool::new(false),
         started: Instant::now(),
+        redirects: AtomicU64::new(0),
     });
+    create_streams(&shared);
     let pico_log: Log = Arc::default();
     let ds_log: Log = Arc::default();
     let answers = Answers::default();
@@ -476,7 +646,9 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
     let (reader_shared, log) = (shared.clone(), ds_log.clone());
     clients.push(std::thread::spawn(move || ds_reader(reader_shared, log)));
 
-    // The nemesis.
+    // The nemesis. Pauses short of a cluster's lease stay short of its 3/4 (the node's own
+    // view of it), so only PausePastLease makes the others take over.
+    let short_pause_ms = lease_ms.map_or(2000, |lease| (lease * 3 / 4).saturating_sub(400));
     let mut schedule = Schedule(seed);
     let mut injected = std::collections::BTreeMap::<Fault, u32>::new();
     let deadline = Instant::now() + duration;
@@ -485,19 +657,27 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
         let kind = kinds[schedule.next(kinds.len() as u64) as usize];
         *injected.entry(kind).or_default() += 1;
         let outage = Duration::from_millis(1000 + schedule.next(2000));
+        let victim = schedule.next(nodes.len() as u64) as usize;
         match kind {
             Fault::Kill => {
-                server.restart();
-                *shared.addrs.lock().unwrap() = Addrs {
-                    pico: server.addr,
-                    ds: server.second.expect("the --ds-listen listener"),
-                };
+                let node = &mut nodes[victim];
+                node.kill();
+                if let Some(lease) = lease_ms {
+                    std::thread::sleep(Duration::from_millis(schedule.next(2 * lease)));
+                }
+                node.restart();
+                shared.addrs.lock().unwrap()[victim] = addrs_of(node);
             }
-            Fault::Pause => {
-                let pid = server.pid().expect("the node runs") as i32;
+            Fault::Pause | Fault::PausePastLease => {
+                let paused_ms = match (kind, lease_ms) {
+                    (Fault::PausePastLease, Some(lease)) => 2 * lease + schedule.next(lease),
+                    (Fault::PausePastLease, None) => panic!("a pause past the lease needs one"),
+                    _ => 200 + schedule.next(short_pause_ms),
+                };
+                let pid = nodes[victim].pid().expect("the node runs") as i32;
                 // SAFETY: kill(2) on our own child's pid; no memory is involved.
                 unsafe { libc::kill(pid, libc::SIGSTOP) };
-                std::thread::sleep(Duration::from_millis(200 + schedule.next(2000)));
+                std::thread::sleep(Duration::from_millis(paused_ms));
                 // SAFETY: as above.
                 unsafe { libc::kill(pid, libc::SIGCONT) };
             }
@@ -524,7 +704,9 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
                 garage.up();
             }
         }
-        assert!(server.is_running(), "the node exited\n{}", server.log());
+        for (i, node) in nodes.iter_mut().enumerate() {
+            assert!(node.is_running(), "node {i} exited\n{}", node.log());
+        }
     }
     shared.stop.store(true, Ordering::Relaxed);
     for client in clients {
@@ -533,13 +715,22 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
     let surprises = answers.surprises.lock().unwrap().clone();
     assert!(surprises.is_empty(), "unexpected answers: {surprises:#?}");
 
-    // One more restart, so the final read is what recovery found.
-    server.restart();
+    // One more restart of every node, so the final read is what recovery found.
+    for (i, node) in nodes.iter_mut().enumerate() {
+        node.restart();
+        shared.addrs.lock().unwrap()[i] = addrs_of(node);
+    }
+    let logs = || -> String {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("--- node {i} ---\n{}", n.log()))
+            .collect()
+    };
     let mut violations = Vec::new();
     let mut report = Vec::new();
     for (name, log) in [(PICO_STREAM, &pico_log), (DS_STREAM, &ds_log)] {
-        let (records, _) = read_all(&server, name, 0);
-        let last: Vec<(u64, Vec<u8>)> = records.into_iter().map(|r| (r.seq, r.body)).collect();
+        let last = read_stream(&shared, name).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
         let history = log.lock().unwrap();
         let acked = history
             .appends
@@ -554,21 +745,70 @@ fn run_fault_test(args: &[String], kinds: &[Fault], services: Services) {
         ));
         violations.extend(check(&history, &last));
     }
+    let takeovers = logs().matches("stopped renewing its lease").count();
     eprintln!(
-        "fault test: {}; faults injected {injected:?}; append answers {:?}; {} violations",
+        "fault test: {}; faults injected {injected:?}; append answers {:?}; {} redirects \
+         followed, {takeovers} takeovers; {} violations",
         report.join("; "),
         answers.statuses.lock().unwrap(),
+        shared.redirects.load(Ordering::Relaxed),
         violations.len()
     );
     assert!(
         violations.is_empty(),
         "{} violations, FAULT_SEED={seed}:\n{violations:#?}\n{}",
         violations.len(),
-        server.log()
+        logs()
     );
-    // The node stops before the services under it.
-    drop(server);
+    // The nodes stop before the services under them.
+    drop(nodes);
     drop(services);
+}
+
+/// A whole stream as the nodes serve it now, read in binary pages through the redirect-
+/// following client (retrying, bounded, while a restarted cluster settles); the last answer
+/// when it cannot.
+fn read_stream(shared: &Arc<Shared>, name: &str) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    let mut client = Client::new(shared, false);
+    let mut records = Vec::new();
+    let mut next = 0u64;
+    let mut last = String::from("no answer");
+    let deadline = Instant::now() + CLUSTER_BOUND;
+    loop {
+        if Instant::now() > deadline {
+            return Err(format!("reading {name} at {next} did not finish: {last}"));
+        }
+        let path = format!("{name}?seq={next}&format=binary&bytes=1048576");
+        let response = match client.request("GET", &path, &[], b"") {
+            Some(r) if r.status == 200 => r,
+            Some(r) if r.status == 503 => {
+                last = r.describe();
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Some(r) => return Err(format!("GET {path}: {}", r.describe())),
+            None => {
+                last = "no answer".into();
+                continue;
+            }
+        };
+        let page = decode_binary_read(&response.body);
+        if let Some(first) = page.first() {
+            assert_eq!(first.seq, next, "a page of {name} starts where asked");
+        }
+        let page_next = response.h_u64("pico-next-seq");
+        assert_eq!(page_next, next + page.len() as u64, "Pico-Next-Seq follows");
+        next = page_next;
+        let empty = page.is_empty();
+        records.extend(page.into_iter().map(|r| (r.seq, r.body)));
+        if response.header("pico-up-to-date") == Some("true") {
+            return Ok(records);
+        }
+        assert!(
+            !empty,
+            "an empty page that is not up to date: {name} at {next}"
+        );
+    }
 }
 
 /// A seed from the clock (printed, so a failing schedule can be replayed).

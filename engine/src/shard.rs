@@ -50,6 +50,11 @@ const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 const BLOCK_BYTES: usize = 1024 * 1024;
 /// A sequential reader's readahead doubles per GET up to this many blocks.
 const READAHEAD_BLOCKS_MAX: u64 = 8;
+/// Chunks a read keeps fetching from the bucket ahead of the one it decodes. Object
+/// durability seals a segment every few milliseconds, so a catch-up read after a failover or
+/// a restart spans hundreds of small objects: one GET at a time would read at one round trip
+/// per segment (measured: 11 s for a 1 MiB page of 2 KiB records on Garage, debug build).
+const READ_GETS_AHEAD: usize = 16;
 /// How often the gauges of [`CoreMetrics`] are refreshed.
 const GAUGE_REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 /// How often expired streams are looked for.
@@ -1200,8 +1205,13 @@ impl Shard {
         let mut records = Vec::new();
         let mut bytes = 0usize;
         let mut next = from;
-        'chunks: for chunk in chunks {
-            let (data, trusted) = self.chunk_bytes(&chunk).await?;
+        let mut prefetched = 0;
+        'chunks: for (i, chunk) in chunks.iter().enumerate() {
+            while prefetched < chunks.len().min(i + READ_GETS_AHEAD) {
+                self.prefetch(&chunks[prefetched]);
+                prefetched += 1;
+            }
+            let (data, trusted) = self.chunk_bytes(chunk).await?;
             let mut pos = 0usize;
             let corrupt = |e| {
                 EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
@@ -1324,56 +1334,96 @@ impl Shard {
                 }
                 None => {
                     CoreMetrics::add(&self.metrics.cache_misses, 1);
-                    let block_count = size.div_ceil(BLOCK_BYTES as u64);
-                    let mut readahead = self.readahead.borrow_mut();
-                    let window = match readahead.get(&no) {
-                        Some(r) if r.next_block == index => {
-                            (r.window_blocks * 2).min(READAHEAD_BLOCKS_MAX)
-                        }
-                        _ => 1,
-                    };
-                    // Fetch the absent blocks from `index` on, up to the window.
-                    let mut count = 0;
-                    while count < window
-                        && index + count < block_count
-                        && !blocks.contains_key(&(no, index + count))
-                    {
-                        count += 1;
-                    }
-                    readahead.insert(
-                        no,
-                        Readahead {
-                            next_block: index + count,
-                            window_blocks: count,
-                        },
-                    );
                     let (tx, rx) = oneshot::channel();
-                    blocks.insert((no, index), Block::Loading(vec![tx]));
-                    for ahead in 1..count {
-                        blocks.insert((no, index + ahead), Block::Loading(Vec::new()));
-                    }
-                    let start = index * BLOCK_BYTES as u64;
-                    let end = ((index + count) * BLOCK_BYTES as u64).min(size);
-                    let fetch = self.store.get_range(key, start, end);
-                    let this = self.clone();
-                    let key = key.to_string();
-                    // Spawned once no borrow is held (glommio may poll it right away).
-                    drop(readahead);
                     drop(blocks);
-                    glommio::spawn_local(async move {
-                        let result = match fetch.await {
-                            Ok(Ok(bytes)) => Ok(bytes),
-                            Ok(Err(e)) => Err(EngineError::Storage(format!("reading {key}: {e}"))),
-                            Err(_) => Err(EngineError::ShuttingDown),
-                        };
-                        this.finish_blocks(no, index, count, result);
-                    })
-                    .detach();
+                    self.start_fetch(no, key, size, index, Some(tx));
                     rx
                 }
             }
         };
         rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Starts one ranged GET from block `index` of an uploaded segment, which must be
+    /// neither cached nor loading, reading ahead when the reader moves sequentially (the
+    /// window doubles up to `READAHEAD_BLOCKS_MAX`); `waiter` learns block `index`'s outcome.
+    fn start_fetch(
+        self: &Rc<Self>,
+        no: u64,
+        key: &Rc<str>,
+        size: u64,
+        index: u64,
+        waiter: Option<oneshot::Sender<Result<Bytes, EngineError>>>,
+    ) {
+        let mut blocks = self.blocks.borrow_mut();
+        let mut readahead = self.readahead.borrow_mut();
+        let block_count = size.div_ceil(BLOCK_BYTES as u64);
+        let window = match readahead.get(&no) {
+            Some(r) if r.next_block == index => (r.window_blocks * 2).min(READAHEAD_BLOCKS_MAX),
+            _ => 1,
+        };
+        // Fetch the absent blocks from `index` on, up to the window.
+        let mut count = 1;
+        while count < window
+            && index + count < block_count
+            && !blocks.contains_key(&(no, index + count))
+        {
+            count += 1;
+        }
+        readahead.insert(
+            no,
+            Readahead {
+                next_block: index + count,
+                window_blocks: count,
+            },
+        );
+        blocks.insert((no, index), Block::Loading(waiter.into_iter().collect()));
+        for ahead in 1..count {
+            blocks.insert((no, index + ahead), Block::Loading(Vec::new()));
+        }
+        let start = index * BLOCK_BYTES as u64;
+        let end = ((index + count) * BLOCK_BYTES as u64).min(size);
+        let fetch = self.store.get_range(key, start, end);
+        let this = self.clone();
+        let key = key.to_string();
+        // Spawned once no borrow is held (glommio may poll it right away).
+        drop(readahead);
+        drop(blocks);
+        glommio::spawn_local(async move {
+            let result = match fetch.await {
+                Ok(Ok(bytes)) => Ok(bytes),
+                Ok(Err(e)) => Err(EngineError::Storage(format!("reading {key}: {e}"))),
+                Err(_) => Err(EngineError::ShuttingDown),
+            };
+            this.finish_blocks(no, index, count, result);
+        })
+        .detach();
+    }
+
+    /// Starts the GETs of a chunk's blocks that are neither cached nor loading, without
+    /// waiting for them: a catch-up read keeps [`READ_GETS_AHEAD`] chunks in flight.
+    fn prefetch(self: &Rc<Self>, chunk: &Chunk) {
+        let (key, size) = {
+            let segments = self.segments.borrow();
+            match segments.get(&chunk.segment) {
+                Some(slot) if matches!(slot.data, SegmentData::Remote) => {
+                    (slot.key.clone(), slot.size)
+                }
+                _ => return,
+            }
+        };
+        if chunk.byte_end > size || chunk.byte_end <= chunk.byte_start {
+            // chunk_bytes reports it.
+            return;
+        }
+        let first = chunk.byte_start / BLOCK_BYTES as u64;
+        let last = (chunk.byte_end - 1) / BLOCK_BYTES as u64;
+        for index in first..=last {
+            if !self.blocks.borrow().contains_key(&(chunk.segment, index)) {
+                CoreMetrics::add(&self.metrics.cache_misses, 1);
+                self.start_fetch(chunk.segment, &key, size, index, None);
+            }
+        }
     }
 
     /// Files the blocks one ranged GET brought (or fails their waiters) and keeps the block

@@ -9,6 +9,7 @@ use pico_engine::{
     boot, AppendRequest, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply,
     StreamConfig,
 };
+use pico_s3::ObjectStore;
 
 const RECORDS: u64 = 3000;
 
@@ -84,15 +85,28 @@ where
     F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
+    run_with_store(config, dir, |_| {}, move |core, _| f(core))
+}
+
+/// [`run_with`], with the node's object store: `before` sees it once recovery is done and
+/// before the core starts, `f` on the core.
+fn run_with_store<B, F, Fut>(config: EngineConfig, dir: &std::path::Path, before: B, f: F)
+where
+    B: FnOnce(&ObjectStore),
+    F: FnOnce(Rc<CoreHandle>, ObjectStore) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let meta = format!("sqlite:{}", dir.join("meta.db").display());
     let storage = format!("-2@file://{}", dir.join("objects").display());
     let booted = boot(config, &meta, &storage, None).expect("boot");
+    before(&booted.store);
+    let store = booted.store.clone();
     let seed = booted.seeds.into_iter().next().expect("one core");
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
         .io_memory(1 << 20)
         .spawn(move || async move {
             let core = CoreHandle::start(seed).await.expect("core starts");
-            f(core).await;
+            f(core, store).await;
         })
         .expect("executor")
         .join()
@@ -229,5 +243,76 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
     assert_eq!(
         first, second,
         "a second pass over evicted blocks reads the same"
+    );
+}
+
+/// Object durability seals a segment every few milliseconds, so a stream read after a restart
+/// spans many small objects: the read keeps GETs in flight ahead of the chunk it decodes
+/// instead of paying one round trip per segment.
+#[test]
+fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    const COUNT: u64 = 240;
+    fn record(i: u64) -> Bytes {
+        Bytes::from(format!("{i:08}").repeat(256))
+    }
+    // Two 2 KiB records a segment.
+    let tiny_segments = config_sized(&path, 4 * 1024, 1024 * 1024);
+    run_with(tiny_segments.clone(), &path, |core| async move {
+        core.call("/small", create_text()).await.unwrap();
+        for i in 0..COUNT {
+            core.call("/small", append(Some(record(i)), false))
+                .await
+                .unwrap();
+        }
+    });
+    let objects = std::fs::read_dir(path.join("objects/segments"))
+        .unwrap()
+        .count();
+    assert!(objects >= 60, "many small segments expected: {objects}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    run_with_store(
+        tiny_segments,
+        &path,
+        |store| {
+            // Slow enough that GETs issued together are seen together, whatever the load.
+            store
+                .faults()
+                .set_delay(std::time::Duration::from_millis(100));
+            store.faults().take_peak_in_flight();
+        },
+        move |core, store| async move {
+            let mut records = Vec::new();
+            let mut from = 0;
+            while records.len() < COUNT as usize {
+                let request = ReadRequest {
+                    from: ReadFrom::Offset(from),
+                    max_records: 10_000,
+                    max_bytes: 1024 * 1024,
+                    wait_ms: None,
+                    with_content_type: false,
+                    bound: None,
+                };
+                let Reply::Read(batch) = core.call("/small", Op::Read(request)).await.unwrap()
+                else {
+                    panic!("not a read")
+                };
+                assert!(!batch.records.is_empty(), "no progress at {from}");
+                records.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
+                from = batch.next_offset;
+            }
+            tx.send((records, store.faults().take_peak_in_flight()))
+                .unwrap();
+        },
+    );
+    let (records, peak) = rx.recv().unwrap();
+    for (i, (offset, body)) in records.iter().enumerate() {
+        assert_eq!(*offset, i as u64);
+        assert_eq!(body, &record(i as u64), "record {i} differs");
+    }
+    assert!(
+        peak >= 4,
+        "a cold read kept {peak} GET(s) in flight; one at a time pays a round trip per segment"
     );
 }

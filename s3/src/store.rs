@@ -516,6 +516,9 @@ pub struct Faults {
     failing_puts: AtomicU32,
     failing_gets: AtomicU32,
     delay_ms: AtomicU64,
+    /// Requests inside the delay now, and the most there were at once.
+    delayed_now: AtomicU32,
+    delayed_peak: AtomicU32,
 }
 
 impl Faults {
@@ -536,6 +539,12 @@ impl Faults {
         self.delay_ms.store(millis, Ordering::SeqCst);
     }
 
+    /// The most requests that were waiting out the delay at once since the last call: how
+    /// many the store's users kept in flight.
+    pub fn take_peak_in_flight(&self) -> u32 {
+        self.delayed_peak.swap(0, Ordering::SeqCst)
+    }
+
     /// Removes every injected fault.
     pub fn clear(&self) {
         self.fail_puts(0);
@@ -546,7 +555,10 @@ impl Faults {
     async fn apply(&self, operation: Operation) -> Result<(), StoreError> {
         let delay_ms = self.delay_ms.load(Ordering::SeqCst);
         if delay_ms > 0 {
+            let now = self.delayed_now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.delayed_peak.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            self.delayed_now.fetch_sub(1, Ordering::SeqCst);
         }
         let counter = match operation {
             Operation::Put => &self.failing_puts,
