@@ -228,6 +228,11 @@ pub(crate) struct Shard {
     block_bytes: Cell<usize>,
     readahead: RefCell<HashMap<u64, Readahead>>,
     pending: RefCell<VecDeque<PendingAck>>,
+    /// Sealed segments not yet in the catalog, in seal order: each commits only after the one
+    /// before it (see `upload`).
+    commit_order: RefCell<VecDeque<u64>>,
+    /// Uploads whose PUT is done, waiting for their turn to commit.
+    commit_turn_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     in_flight_bytes: Cell<usize>,
     /// Bytes of sealed segments not yet in the object store.
     unuploaded_bytes: Cell<usize>,
@@ -330,6 +335,8 @@ impl Shard {
             block_bytes: Cell::new(0),
             readahead: RefCell::new(HashMap::new()),
             pending: RefCell::new(VecDeque::new()),
+            commit_order: RefCell::new(VecDeque::new()),
+            commit_turn_waiters: RefCell::new(Vec::new()),
             in_flight_bytes: Cell::new(0),
             unuploaded_bytes: Cell::new(0),
             next_segment_no: Cell::new(0),
@@ -2551,6 +2558,7 @@ impl Shard {
         };
         self.unuploaded_bytes
             .set(self.unuploaded_bytes.get() + bytes.len());
+        self.commit_order.borrow_mut().push_back(no);
         let this = self.clone();
         let (file, path) = (segment.wal, segment.wal_path);
         let sealed = Sealed {
@@ -2580,6 +2588,12 @@ impl Shard {
 
     /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
     /// capped exponential backoff: the WAL keeps the data safe meanwhile.
+    ///
+    /// PUTs run side by side, but catalog commits go in seal order: a segment's entries
+    /// commit only once every segment sealed before it on this core has committed. Otherwise
+    /// a slow PUT (a retry) lets a later segment's records into the catalog before earlier
+    /// offsets of the same stream, and if the node dies or is fenced meanwhile, the stream's
+    /// offsets have a hole that no one can fill (found by the fault test's cluster profile).
     async fn upload(
         self: Rc<Self>,
         sealed: Sealed,
@@ -2595,22 +2609,28 @@ impl Shard {
         } = sealed;
         let mut backoff_ms = 50u64;
         let mut fenced = Vec::new();
+        let mut stored = false;
         CoreMetrics::add(&self.metrics.segment_seals, 1);
         let started = Instant::now();
         loop {
             let result = async {
                 // The sealed WAL file holds these very bytes: a file:// bucket on the same
                 // filesystem links it instead of writing them again.
-                let put = match &path {
-                    Some(wal) => {
-                        self.store
-                            .put_with_local_copy(&record.key, bytes.clone(), wal.clone())
-                    }
-                    None => self.store.put(&record.key, bytes.clone()),
-                };
-                put.await
-                    .map_err(|_| "object store is shut down".to_string())?
-                    .map_err(|e| e.to_string())?;
+                // A retry after a failed commit does not store the bytes again.
+                if !stored {
+                    let put = match &path {
+                        Some(wal) => {
+                            self.store
+                                .put_with_local_copy(&record.key, bytes.clone(), wal.clone())
+                        }
+                        None => self.store.put(&record.key, bytes.clone()),
+                    };
+                    put.await
+                        .map_err(|_| "object store is shut down".to_string())?
+                        .map_err(|e| e.to_string())?;
+                    stored = true;
+                }
+                self.commit_turn(no).await;
                 match &fence {
                     None => self
                         .meta
@@ -2644,6 +2664,7 @@ impl Shard {
                 }
             }
         }
+        self.end_commit_turn(no);
         CoreMetrics::add(&self.metrics.uploads, 1);
         CoreMetrics::add(&self.metrics.meta_commits, 1);
         self.metrics.upload_latency.observe(started.elapsed());
@@ -2662,6 +2683,29 @@ impl Shard {
         self.cached.borrow_mut().push_back((no, bytes.len()));
         self.cached_bytes.set(self.cached_bytes.get() + bytes.len());
         self.evict_cache();
+    }
+
+    /// Waits until segment `no` is the oldest sealed segment not yet in the catalog.
+    async fn commit_turn(&self, no: u64) {
+        loop {
+            if self.commit_order.borrow().front() == Some(&no) {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            self.commit_turn_waiters.borrow_mut().push(tx);
+            // A dropped sender (the core stopping) just rechecks.
+            let _ = rx.await;
+        }
+    }
+
+    /// Segment `no` is in the catalog: the next one may commit.
+    fn end_commit_turn(&self, no: u64) {
+        let front = self.commit_order.borrow_mut().pop_front();
+        debug_assert_eq!(front, Some(no), "catalog commits go in seal order");
+        let waiters: Vec<_> = self.commit_turn_waiters.borrow_mut().drain(..).collect();
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
     }
 
     /// Keeps the read caches within `--block-cache-size` together: whole uploaded segments still

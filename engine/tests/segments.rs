@@ -316,3 +316,71 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
         "a cold read kept {peak} GET(s) in flight; one at a time pays a round trip per segment"
     );
 }
+
+/// PUTs run side by side but catalog commits go in seal order: while one segment's PUT is
+/// slow, the segments sealed after it wait for it before entering the catalog. Otherwise a
+/// node that dies (or is fenced) meanwhile leaves the stream with a hole in its offsets.
+#[test]
+fn a_slow_put_holds_back_the_catalog_commits_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    const COUNT: u64 = 24;
+    fn record(i: u64) -> Bytes {
+        Bytes::from(format!("{i:08}").repeat(256))
+    }
+    // Object durability: nothing is acknowledged before its segment is in the catalog, and
+    // what is in the catalog survives losing the WAL.
+    let config = EngineConfig {
+        object_acks: true,
+        ..config_sized(&path, 4 * 1024, 1024 * 1024)
+    };
+    let objects = path.join("objects/segments");
+    run_with_store(
+        config.clone(),
+        &path,
+        |store| store.faults().hold_next_put(),
+        move |core, store| async move {
+            core.call("/s", create_text()).await.unwrap();
+            // Not awaited one by one: each waits for the held PUT.
+            for i in 0..COUNT {
+                let core = core.clone();
+                glommio::spawn_local(async move {
+                    let _ = core.call("/s", append(Some(record(i)), false)).await;
+                })
+                .detach();
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            // The first segment's PUT is held, and later segments are stored.
+            loop {
+                let stored = std::fs::read_dir(&objects).map_or(0, |d| d.count());
+                if store.faults().put_is_held() && stored >= 3 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "segments were not sealed and stored ({stored} objects)"
+                );
+                glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            // Room for their commits, if they did not wait.
+            glommio::timer::sleep(std::time::Duration::from_millis(500)).await;
+            // The node dies here: its tasks are dropped with the executor.
+            store.faults().release_held_put();
+        },
+    );
+    // And its WAL disk is lost.
+    std::fs::remove_dir_all(path.join("wal")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    run_with(config, &path, move |core| async move {
+        tx.send(read_all(&core, "/s").await).unwrap();
+    });
+    let records = rx.recv().unwrap();
+    for (i, (offset, _, _)) in records.iter().enumerate() {
+        assert_eq!(
+            *offset,
+            i as u64,
+            "offsets with a hole: {:?}",
+            records.iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+    }
+}

@@ -17,6 +17,7 @@
 //! Requests run concurrently and finish in any order: await a put before issuing a get that
 //! must see it.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
@@ -519,6 +520,10 @@ pub struct Faults {
     /// Requests inside the delay now, and the most there were at once.
     delayed_now: AtomicU32,
     delayed_peak: AtomicU32,
+    /// Set: the next put waits (its slot held) until [`Faults::release_held_put`].
+    hold_next_put: AtomicBool,
+    held_put_released: tokio::sync::Notify,
+    held_put_waiting: AtomicBool,
 }
 
 impl Faults {
@@ -545,6 +550,23 @@ impl Faults {
         self.delayed_peak.swap(0, Ordering::SeqCst)
     }
 
+    /// The next put waits, before it touches the bucket, until [`Faults::release_held_put`]:
+    /// a PUT that is slow while the ones after it are not.
+    pub fn hold_next_put(&self) {
+        self.hold_next_put.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a put is waiting in [`Faults::hold_next_put`] now.
+    pub fn put_is_held(&self) -> bool {
+        self.held_put_waiting.load(Ordering::SeqCst)
+    }
+
+    /// Lets the held put (if any, or the next one to be held) go on.
+    pub fn release_held_put(&self) {
+        self.hold_next_put.store(false, Ordering::SeqCst);
+        self.held_put_released.notify_one();
+    }
+
     /// Removes every injected fault.
     pub fn clear(&self) {
         self.fail_puts(0);
@@ -559,6 +581,11 @@ impl Faults {
             self.delayed_peak.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             self.delayed_now.fetch_sub(1, Ordering::SeqCst);
+        }
+        if matches!(operation, Operation::Put) && self.hold_next_put.swap(false, Ordering::SeqCst) {
+            self.held_put_waiting.store(true, Ordering::SeqCst);
+            self.held_put_released.notified().await;
+            self.held_put_waiting.store(false, Ordering::SeqCst);
         }
         let counter = match operation {
             Operation::Put => &self.failing_puts,
