@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 resolve_pico_bin
 # `npm install` follows package-lock.json; `npm ci` trips over an optional Windows-only
 # dependency the lock file leaves out (npm 11).
-(cd conformance && { [ -d node_modules/@durable-streams/server-conformance-tests ] || npm install --no-audit --no-fund --no-save; })
+(cd conformance && { [ -d node_modules/@durable-streams/server-conformance-tests ] && [ -d node_modules/@durable-streams/client ] || npm ci --no-audit --no-fund; })
 
 FRESH_NODE_PORT=${CONFORMANCE_PORT:-0} start_fresh_node --protocol ds --long-poll-timeout-sec 0.5 --sse-max-duration-sec 5
 url=$node_url

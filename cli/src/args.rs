@@ -141,6 +141,15 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "size", default = "65536", from_str_fn(parse_size))]
     pub max_chunk_size: u64,
 
+    /// byte budget of a Durable Streams catch-up read (GET without live): it answers up to the tail within it; at most 64MiB (default 4MiB) [env: PICO_CATCH_UP_READ_SIZE]
+    #[argh(
+        option,
+        arg_name = "size",
+        default = "4194304",
+        from_str_fn(parse_size)
+    )]
+    pub catch_up_read_size: u64,
+
     /// largest accepted request body; larger gets 413 (default 8MiB) [env: PICO_MAX_BODY_SIZE]
     #[argh(
         option,

@@ -80,6 +80,15 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             ms => ms,
         },
         max_chunk_size,
+        catch_up_read_size: match size(args.catch_up_read_size, "--catch-up-read-size")? {
+            n if n == 0 || n > pico_engine::limits::CATCH_UP_READ_BYTES_MAX => {
+                return Err(format!(
+                    "--catch-up-read-size must be between 1 byte and {} MiB, got {n}",
+                    pico_engine::limits::CATCH_UP_READ_BYTES_MAX >> 20
+                ))
+            }
+            n => n,
+        },
         request_timeout_ms: match millis(args.request_timeout_sec) {
             0 => return Err("--request-timeout-sec must be greater than 0".into()),
             ms => ms,

@@ -19,6 +19,15 @@ pub const STREAM_NAME_LEN_MAX: usize = 1024;
 pub const RECORDS_PER_READ_MAX: usize = 100_000;
 /// Largest explicit read byte budget (`bytes=`); larger values are clamped.
 pub const READ_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Default byte budget of a Durable Streams catch-up read (`GET` without `live`,
+/// `--catch-up-read-size`): it answers up to the tail in one response within it. Clients
+/// that do not follow `Stream-Next-Offset` on a catch-up (the official TypeScript client
+/// with `live: false`) otherwise see only the first chunk of a stream. The same bound as a
+/// Pico read's largest `bytes=`, so no client can make a response hold more than it can now.
+pub const CATCH_UP_READ_BYTES_DEFAULT: usize = READ_BYTES_MAX;
+/// Largest `--catch-up-read-size`: each catch-up response may hold this much of the stream's
+/// buffers until it is written.
+pub const CATCH_UP_READ_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// `Retry-After` sent with `429`.
 pub const OVERLOADED_RETRY_AFTER_SEC: u64 = 1;
 /// Forks in a chain from a stream that is no fork to the newest fork of forks (1: a fork of a

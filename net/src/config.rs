@@ -62,6 +62,8 @@ pub struct ServerConfig {
     pub sse_max_duration_ms: u64,
     /// Default read budget per response (bytes).
     pub max_chunk_size: usize,
+    /// Byte budget of a Durable Streams catch-up read (up to the tail within it).
+    pub catch_up_read_size: usize,
     /// Largest accepted request body (bytes); larger → 413.
     pub max_body_size: usize,
     /// A request not received within this is `408`; an idle connection closes after it
@@ -120,6 +122,7 @@ impl Default for ServerConfig {
             long_poll_timeout_ms: 25_000,
             sse_max_duration_ms: 55_000,
             max_chunk_size: 64 * 1024,
+            catch_up_read_size: pico_engine::limits::CATCH_UP_READ_BYTES_DEFAULT,
             max_body_size: 8 * 1024 * 1024,
             request_timeout_ms: crate::limits::REQUEST_TIMEOUT_SEC_DEFAULT * 1000,
             segment_size: 8 * 1024 * 1024,

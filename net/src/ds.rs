@@ -42,7 +42,10 @@ pub struct DsSettings {
     pub long_poll_timeout_ms: u64,
     /// An SSE response ends after this long; the client reconnects from its last offset.
     pub sse_max_duration_ms: u64,
+    /// Live reads and SSE events carry at most this per response or event.
     pub max_chunk_size: usize,
+    /// A catch-up read answers up to the tail within this.
+    pub catch_up_bytes: usize,
     pub cors_origin: String,
     /// `https` when the listener serves TLS (for absolute URLs in `Location`).
     pub scheme: &'static str,
@@ -750,7 +753,10 @@ async fn read(
     let read_request = ReadRequest {
         from,
         max_records: limits::RECORDS_PER_READ_MAX,
-        max_bytes: settings.max_chunk_size,
+        max_bytes: match live {
+            Live::CatchUp => settings.catch_up_bytes.max(settings.max_chunk_size),
+            _ => settings.max_chunk_size,
+        },
         wait_ms: (live == Live::LongPoll).then_some(settings.long_poll_timeout_ms),
         with_content_type: true,
         bound: None,

@@ -209,6 +209,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
         sse_max_duration_ms: config.sse_max_duration_ms,
         max_chunk_size: settings.max_chunk_size,
+        catch_up_bytes: config.catch_up_read_size,
         cors_origin: config.cors_origin.clone(),
         scheme,
         subscriptions,
