@@ -22,7 +22,7 @@
 //! which its renewal also takes, so a paused node that wakes up either renews first (and
 //! nothing moves) or finds its streams gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::backend::Backend;
 use crate::backend::EntryColumns;
@@ -169,6 +169,9 @@ pub(crate) trait ClusterSql {
     ) -> Result<Vec<(i64, i64, Option<i64>)>, MetaError>;
     /// `(id, owner node, owner epoch)` of these rows, share-locked until the transaction ends.
     fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
+    /// The streams that already have an entry in the committed segment with this key (none
+    /// when it is not committed).
+    fn committed_streams(&mut self, key: &str) -> Result<Vec<i64>, MetaError>;
     /// Moves these rows to `node` at their next owner epoch, clearing any pending transfer.
     fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError>;
     fn set_transfer(&mut self, id: i64, to: Option<i64>) -> Result<(), MetaError>;
@@ -285,9 +288,21 @@ pub(crate) fn commit_fenced(
         .into_iter()
         .map(|(id, node, epoch)| (id, (node, epoch)))
         .collect();
+    // A retry of a commit whose answer was lost (the connection dropped at COMMIT, which may
+    // have succeeded): what that attempt committed under the fence stays, even if the stream
+    // has moved since. The new owner may have loaded those records and appended after them;
+    // dropping the entries now would leave a hole in its offsets (found by the fault test's
+    // cluster profile). Those appends are stored, so they are no longer fenced either.
+    let committed: HashSet<i64> = sql(db)?
+        .committed_streams(&segment.key)?
+        .into_iter()
+        .collect();
     let mut fenced = Vec::new();
     segment.streams.retain(|entry| {
         let id = entry.stream_id as i64;
+        if committed.contains(&id) {
+            return true;
+        }
         // A deleted row has no owner left to protect; its entry is harmless garbage.
         let Some(&(node, epoch)) = owners.get(&id) else {
             return true;

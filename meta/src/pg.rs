@@ -823,6 +823,19 @@ impl ClusterSql for Postgres {
         triples(&rows, "check stream owners")
     }
 
+    fn committed_streams(&mut self, key: &str) -> Result<Vec<i64>, MetaError> {
+        let rows = self.query(
+            "SELECT e.stream_id FROM segment_streams e JOIN segments s ON s.seq = e.segment_seq
+             WHERE s.key = $1",
+            &[&key],
+            "check a segment's committed entries",
+        )?;
+        rows.iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("check a segment's committed entries"))
+    }
+
     fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError> {
         let ids = ids.to_vec();
         self.execute(

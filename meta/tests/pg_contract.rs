@@ -1252,6 +1252,54 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
     two.shutdown();
 }
 
+/// A commit whose answer was lost (the connection dropped at COMMIT, which succeeded) is
+/// retried after the stream moved to another node: what the first attempt stored stays, and
+/// the retry reports it stored, not fenced. The new owner loaded those records and appends
+/// after them; dropping them would leave a hole in the stream's offsets.
+#[test]
+fn a_retried_commit_keeps_what_the_first_attempt_stored_after_the_stream_moved() {
+    let Some(database) = PgDatabase::create("retried_commit") else {
+        return;
+    };
+    let (one, _) = MetaStore::open(&database.meta_url()).unwrap();
+    let (two, _) = MetaStore::open(&database.meta_url()).unwrap();
+    let lease_ms = 60_000;
+    wait(one.register_node(1, 100, "http://one", 1, lease_ms)).unwrap();
+    wait(two.register_node(2, 100, "http://two", 1, lease_ms)).unwrap();
+    let id = wait(one.create_stream_owned("/r/s", config("text/plain"), None, 5, Some(1)))
+        .unwrap()
+        .row
+        .id;
+    let fence = pico_meta::SegmentFence {
+        node: 1,
+        epochs: [(id, 1)].into_iter().collect(),
+    };
+    let record = segment(
+        "segments/n1/retried.seg",
+        vec![entry(id, vec![run(0, 3, 0, 90)], 9, false)],
+    );
+    let first = wait(one.commit_segment_fenced(record.clone(), fence.clone())).unwrap();
+    assert!(first.is_empty());
+    // The stream moves to node 2 (its next owner epoch).
+    wait(two.request_transfer("/r/s", 2)).unwrap();
+    let epoch = wait(one.complete_transfer(id, pico_meta::Fence { node: 1, epoch: 1 }, 2)).unwrap();
+    assert_eq!(epoch, 2);
+    // Node 1 never got the first answer and commits the same segment again.
+    let retried = wait(one.commit_segment_fenced(record, fence)).unwrap();
+    assert!(
+        retried.is_empty(),
+        "stored records reported fenced: {retried:?}"
+    );
+    let load = wait(two.load_stream(id)).unwrap().unwrap();
+    assert_eq!(load.snapshot.segments.len(), 1, "{load:?}");
+    assert_eq!(
+        load.snapshot.segments[0].streams[0].runs,
+        vec![run(0, 3, 0, 90)]
+    );
+    one.shutdown();
+    two.shutdown();
+}
+
 /// A metadata log only one node can use refuses the cluster calls with a clear message.
 #[test]
 fn sqlite_refuses_cluster_calls() {
