@@ -75,3 +75,6 @@ echo
 if [ -x target/release/examples/fsync_probe ]; then
   target/release/examples/fsync_probe /tmp 2000
 fi
+echo
+# Catch-up reads, side by side with the comparison server when it is installed.
+PICO_BIN=$PICO_BIN scripts/bench-catch-up.sh 4
