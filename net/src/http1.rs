@@ -41,8 +41,12 @@ const OVERSIZED_BODY_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::f
 /// Small body parts are joined into writes of up to this many bytes.
 pub const WRITE_COALESCE_BYTES: usize = 64 * 1024;
 
-/// Bytes asked of the socket per read.
+/// Bytes asked of the socket per read while a request arrives.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Bytes asked of the socket by the first read of a connection and between requests: most
+/// request heads fit, and an idle connection holds this buffer only, not a 64 KiB one (the
+/// larger reads start once a request is arriving).
+const IDLE_READ_BYTES: usize = 2 * 1024;
 
 /// A parsed request with its whole body.
 #[derive(Debug)]
@@ -241,7 +245,7 @@ pub async fn serve_connection<S, H, F>(
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut buf = BytesMut::new();
     loop {
         let seen = buf.len().min(http2::PREFACE.len());
         if buf[..seen] != http2::PREFACE[..seen] {
@@ -249,9 +253,11 @@ pub async fn serve_connection<S, H, F>(
         }
         if seen == http2::PREFACE.len() {
             let stream = http2::Prefixed::new(buf, stream);
-            return http2::serve_connection(stream, limits, handle, on_error, stop).await;
+            // Boxed, so an HTTP/1.1 connection's future does not carry HTTP/2's state.
+            let h2 = http2::serve_connection(stream, limits, handle, on_error, stop);
+            return Box::pin(h2).await;
         }
-        let more = within(limits.request_timeout, fill(&mut stream, &mut buf)).await;
+        let more = within(limits.request_timeout, fill_idle(&mut stream, &mut buf)).await;
         if !matches!(more, Some(Ok(true))) {
             return;
         }
@@ -275,77 +281,104 @@ async fn serve_http1<S, H, F>(
         if buf.is_empty() {
             // Idle between requests: a shutdown closes the connection here, never mid-request.
             let first = stop
-                .unless_stopped(within(limits.request_timeout, fill(&mut stream, &mut buf)))
+                .unless_stopped(within(
+                    limits.request_timeout,
+                    fill_idle(&mut stream, &mut buf),
+                ))
                 .await;
             if !matches!(first, Some(Some(Ok(true)))) {
                 return;
             }
         }
-        let read = read_request(&mut stream, &mut buf, &limits);
-        let Some(read) = within(limits.request_timeout, read).await else {
-            // Idle keep-alive connections just close; a stalled request learns why.
-            if !buf.is_empty() {
-                let response = on_error(408, "request not received in time");
-                let _ = write_response(&mut stream, &mut buf, response, false, false).await;
-            }
-            return;
-        };
-        let parsed = match read {
-            Ok(Some(parsed)) => parsed,
-            Ok(None) => return,
-            Err(e) => {
-                let response = refusal(on_error, e.status, &e.message);
-                let _ = write_response(&mut stream, &mut buf, response, false, false).await;
-                // What was received of a refused request is not kept while the rest drains
-                // (the core's body budget no longer counts it).
-                drop(std::mem::take(&mut buf));
-                if e.status == 413 || e.status == 429 {
-                    // Closing with the body still arriving would reset the connection before
-                    // the client reads the 413; discard (bounded) what it still sends first.
-                    let discard = async {
-                        let mut sink = [0u8; 16 * 1024];
-                        let mut left = OVERSIZED_BODY_DRAIN_BYTES_MAX;
-                        while left > 0 {
-                            match stream.read(&mut sink).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => left = left.saturating_sub(n),
-                            }
-                        }
-                    };
-                    within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard).await;
-                }
-                return;
-            }
-        };
-        let (request, keep_alive, body_held) = parsed;
-        let head_only = request.method == "HEAD";
-        // A read can be dropped when its client leaves (a long-poll then leaves no waiter and
-        // frees its connection slot); a write always runs to its end.
-        let cancellable = head_only || request.method == "GET";
-        let response = if cancellable {
-            let answer = futures_lite::future::or(async { Some(handle(request).await) }, async {
-                peer_gone(&mut stream, &mut buf).await;
-                None
-            });
-            match answer.await {
-                Some(response) => response,
-                None => return,
-            }
-        } else {
-            handle(request).await
-        };
-        // The body was handled (its records are the engine's now, counted there).
-        drop(body_held);
-        // Once the node is stopping, the response in hand is the connection's last.
-        let keep_alive = keep_alive && !stop.is_set();
-        if write_response(&mut stream, &mut buf, response, head_only, keep_alive)
-            .await
-            .is_err()
-            || !keep_alive
-        {
+        // A request is arriving. Its future (parsing, the handler, the response: ~12 KiB) is
+        // put on the heap for as long as it runs, so an idle connection's own future stays a
+        // few hundred bytes instead of carrying that room for the connection's whole life.
+        let served = serve_request(&mut stream, &mut buf, &limits, &*handle, on_error, &stop);
+        if !Box::pin(served).await {
             return;
         }
     }
+}
+
+/// Reads, handles and answers one request whose first bytes are in `buf`; whether the
+/// connection goes on.
+async fn serve_request<S, H, F>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    limits: &ConnectionLimits,
+    handle: &H,
+    on_error: fn(u16, &str) -> Response,
+    stop: &CoreShutdown,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(Request) -> F,
+    F: Future<Output = Response>,
+{
+    let read = read_request(stream, buf, limits);
+    let Some(read) = within(limits.request_timeout, read).await else {
+        // Idle keep-alive connections just close; a stalled request learns why.
+        if !buf.is_empty() {
+            let response = on_error(408, "request not received in time");
+            let _ = write_response(stream, buf, response, false, false).await;
+        }
+        return false;
+    };
+    let parsed = match read {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => return false,
+        Err(e) => {
+            let response = refusal(on_error, e.status, &e.message);
+            let _ = write_response(stream, buf, response, false, false).await;
+            // What was received of a refused request is not kept while the rest drains
+            // (the core's body budget no longer counts it).
+            drop(std::mem::take(buf));
+            if e.status == 413 || e.status == 429 {
+                // Closing with the body still arriving would reset the connection before
+                // the client reads the 413; discard (bounded) what it still sends first.
+                let discard = async {
+                    // On the heap, only while draining: an array would be part of the
+                    // request's future (several times over: a future keeps the room of a
+                    // value it moved).
+                    let mut sink = vec![0u8; 16 * 1024];
+                    let mut left = OVERSIZED_BODY_DRAIN_BYTES_MAX;
+                    while left > 0 {
+                        match stream.read(&mut sink).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => left = left.saturating_sub(n),
+                        }
+                    }
+                };
+                within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard).await;
+            }
+            return false;
+        }
+    };
+    let (request, keep_alive, body_held) = parsed;
+    let head_only = request.method == "HEAD";
+    // A read can be dropped when its client leaves (a long-poll then leaves no waiter and
+    // frees its connection slot); a write always runs to its end.
+    let cancellable = head_only || request.method == "GET";
+    let response = if cancellable {
+        let answer = futures_lite::future::or(async { Some(handle(request).await) }, async {
+            peer_gone(stream, buf).await;
+            None
+        });
+        match answer.await {
+            Some(response) => response,
+            None => return false,
+        }
+    } else {
+        handle(request).await
+    };
+    // The body was handled (its records are the engine's now, counted there).
+    drop(body_held);
+    // Once the node is stopping, the response in hand is the connection's last.
+    let keep_alive = keep_alive && !stop.is_set();
+    write_response(stream, buf, response, head_only, keep_alive)
+        .await
+        .is_ok()
+        && keep_alive
 }
 
 /// Completes when the peer closes the connection (or it fails) while a request is handled;
@@ -366,6 +399,18 @@ async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) {
 /// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
 async fn fill<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> std::io::Result<bool> {
     read_into(stream, buf, READ_CHUNK_BYTES).await
+}
+
+/// Waits for the next bytes of an idle connection with a small buffer: a buffer left large by
+/// the previous request is let go first, so idle connections stay cheap.
+async fn fill_idle<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<bool> {
+    if buf.is_empty() && buf.capacity() > IDLE_READ_BYTES {
+        *buf = BytesMut::new();
+    }
+    read_into(stream, buf, IDLE_READ_BYTES).await
 }
 
 /// Reads at most `room` more bytes onto the end of `buf`; `false` at end of stream.
@@ -865,6 +910,34 @@ async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An idle HTTP/1.1 connection holds its own small future only: the request's (here a
+    /// handler holding 32 KiB across an await) is on the heap while it runs. Inline, every
+    /// connection would carry that room for its whole life (124 KiB per idle connection
+    /// before, measured with 2,000 of them; BENCHMARKS.md).
+    #[test]
+    fn an_idle_connection_does_not_carry_a_request_s_future() {
+        let bytes = glommio::LocalExecutor::default().run(async {
+            let handle = Rc::new(|_request: Request| async {
+                let scratch = [1u8; 32 * 1024];
+                futures_lite::future::yield_now().await;
+                Response::new(200).with_body(Bytes::copy_from_slice(&scratch[..1]))
+            });
+            let stop = crate::shutdown::Shutdown::default().on_this_core();
+            let stream = futures_lite::io::Cursor::new(Vec::<u8>::new());
+            let limits = ConnectionLimits::with_body_limit(1 << 20);
+            let connection = serve_http1(
+                stream,
+                BytesMut::new(),
+                limits,
+                handle,
+                |s, _| Response::new(s),
+                stop,
+            );
+            std::mem::size_of_val(&connection)
+        });
+        assert!(bytes < 4096, "a connection's future takes {bytes} bytes");
+    }
 
     /// Parses `wire` as one request with a 1 MiB body limit: the status of the error, or 0.
     fn parse_status(wire: &[u8]) -> u16 {

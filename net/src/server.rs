@@ -696,8 +696,12 @@ async fn accept_loop<H, F>(
                         let stream = PlainTcp::new(stream);
                         http1::serve_connection(stream, limits, handler, on_error, stop).await
                     }
+                    // Boxed: a future holds room for its largest state from the start, and
+                    // the TLS states (handshake, rustls, HTTP/2 over TLS) would make every
+                    // plain connection pay for them while it sits idle.
                     Some(acceptor) => {
-                        serve_tls(acceptor, stream, limits, handler, on_error, stop).await
+                        Box::pin(serve_tls(acceptor, stream, limits, handler, on_error, stop))
+                            .await
                     }
                 }
             });
