@@ -885,10 +885,31 @@ impl Shard {
         offset: u64,
         closed: bool,
     ) -> Result<AppendAck, EngineError> {
+        // The incarnation whose state made this a retry: only its own durable tail proves the
+        // original stored. If the stream is dropped (fenced: the original's append is refused)
+        // and loaded again here from the catalog, the new incarnation's tail passing `offset`
+        // says nothing about the original, which may never have been stored; answering then
+        // would tell a producer a sequence number is stored that no one has (found by the
+        // fault test's cluster profile: the producer was then refused with a sequence gap).
+        let incarnation = self
+            .streams
+            .borrow()
+            .get(name)
+            .map(|s| (s.state.id, s.epoch));
         loop {
             let rx = {
                 let mut streams = self.streams.borrow_mut();
-                let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+                let stream = match streams.get_mut(name) {
+                    Some(s) if Some((s.state.id, s.epoch)) == incarnation => s,
+                    None if self.cluster.is_none() => return Err(EngineError::NotFound),
+                    _ => {
+                        return Err(EngineError::NotOwner(
+                            "the stream moved before the original of this retry was stored; \
+                             retry"
+                                .into(),
+                        ))
+                    }
+                };
                 if stream.state.durable_offset >= offset && (!closed || stream.state.closed_durable)
                 {
                     return Ok(ack);
