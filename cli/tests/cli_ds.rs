@@ -226,12 +226,12 @@ fn create_head_append_and_read_speak_durable_streams() {
     );
 }
 
-/// A stream longer than the server's chunk size takes several requests: `read` prints one
-/// line per chunk, each at the offset after it, and together they hold every byte once.
+/// A stream longer than the server's catch-up budget takes several requests: `read` prints
+/// one line per chunk, each at the offset after it, and together they hold every byte once.
 #[test]
 fn read_follows_chunks_to_the_tail() {
     let mut flags = FLAGS.to_vec();
-    flags.extend(["--max-chunk-size", "8"]);
+    flags.extend(["--max-chunk-size", "8", "--catch-up-read-size", "8"]);
     let server = Server::start(&flags);
     let ds = Ds { server: &server };
     let s = "/ds/chunks";
