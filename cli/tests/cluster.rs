@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{wait_for, Conn, Resp, Server};
+use common::{split_url, wait_for, Conn, Resp, Server};
 use pico_meta::testing::PgDatabase;
 
 /// Short leases keep failover tests quick; the keeper renews every third of it. Only the tests
@@ -117,21 +117,7 @@ impl Cluster {
         let ids: Vec<u64> = (0..nodes.len() as u64)
             .map(|i| u64::from(first_id) + i)
             .collect();
-        for node in &nodes {
-            wait_for("the cluster to form", TAKEOVER_BOUND, || {
-                let listed = Conn::connect(node.admin)
-                    .ok()?
-                    .request("GET", "/admin/nodes", &[], b"")
-                    .ok()?;
-                let live: Vec<u64> = listed.json()["nodes"]
-                    .as_array()?
-                    .iter()
-                    .filter(|n| n["live"] == true && !n["advertisedAddress"].is_null())
-                    .filter_map(|n| n["nodeId"].as_u64())
-                    .collect();
-                ids.iter().all(|id| live.contains(id)).then_some(())
-            });
-        }
+        common::wait_until_formed(&nodes, &ids, TAKEOVER_BOUND);
         Some(Cluster {
             nodes,
             _database: database,
@@ -154,15 +140,6 @@ impl Cluster {
             .map(|(i, n)| format!("--- node {i} ---\n{}", n.log()))
             .collect()
     }
-}
-
-/// `http://host:port/path?q` → (address, "/path?q").
-fn split_url(url: &str) -> (SocketAddr, String) {
-    let rest = url.strip_prefix("http://").expect("an http:// URL");
-    let at = rest.find('/').unwrap_or(rest.len());
-    let addr = rest[..at].parse().expect("a socket address");
-    let target = if at == rest.len() { "/" } else { &rest[at..] };
-    (addr, target.to_string())
 }
 
 fn request(

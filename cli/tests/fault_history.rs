@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use common::disk::{Filler, Tmpfs};
 use common::services::{storage, PrivatePostgres};
-use common::{decode_binary_read, wait_for, Conn, Resp, Server};
+use common::{decode_binary_read, split_url, Conn, Resp, Server};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
 
@@ -120,7 +120,7 @@ impl Client {
             if response.status != 307 {
                 return Some(response);
             }
-            let (owner, owner_target) = split_location(response.h("location"));
+            let (owner, owner_target) = split_url(response.h("location"));
             self.shared.redirects.fetch_add(1, Ordering::Relaxed);
             self.owner = Some(owner);
             self.conn = None;
@@ -178,19 +178,6 @@ impl Client {
 /// How long a client waits for an answer: past it the request's outcome is unknown. Longer
 /// than a long-poll (`--long-poll-timeout-sec 1`), shorter than a pause past the lease.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// `http://host:port/path?q` → (address, "/path?q").
-fn split_location(url: &str) -> (SocketAddr, String) {
-    let rest = url
-        .strip_prefix("http://")
-        .unwrap_or_else(|| panic!("a redirect to an http:// URL: {url}"));
-    let at = rest.find('/').unwrap_or(rest.len());
-    let addr = rest[..at]
-        .parse()
-        .unwrap_or_else(|_| panic!("a redirect to a socket address: {url}"));
-    let target = if at == rest.len() { "/" } else { &rest[at..] };
-    (addr, target.to_string())
-}
 
 /// What the writers were answered: how often each status (0: no answer), and the answers no
 /// fault explains.
@@ -537,7 +524,7 @@ fn every_promise_holds_on_a_three_node_cluster_through_failovers() {
     let nodes: Vec<Server> = (1..=3)
         .map(|id| start_node(&cluster_node_flags(&services, Some(id))))
         .collect();
-    wait_until_formed(&nodes);
+    common::wait_until_formed(&nodes, &[1, 2, 3], CLUSTER_BOUND);
     let faults = [
         Fault::Kill,
         Fault::Pause,
@@ -597,24 +584,6 @@ fn start_node(args: &[String]) -> Server {
 
 /// How long a cluster may take to form, or a final read to find every stream's owner.
 const CLUSTER_BOUND: Duration = Duration::from_secs(120);
-
-/// Returns once every node lists every node live with an address (bounded).
-fn wait_until_formed(nodes: &[Server]) {
-    for node in nodes {
-        wait_for("the cluster to form", CLUSTER_BOUND, || {
-            let listed = Conn::connect(node.admin)
-                .ok()?
-                .request("GET", "/admin/nodes", &[], b"")
-                .ok()?;
-            let live = listed.json()["nodes"]
-                .as_array()?
-                .iter()
-                .filter(|n| n["live"] == true && !n["advertisedAddress"].is_null())
-                .count();
-            (live == nodes.len()).then_some(())
-        });
-    }
-}
 
 fn addrs_of(node: &Server) -> Addrs {
     Addrs {

@@ -33,6 +33,7 @@ use crate::MetaError;
 use crate::MetaStore;
 use crate::Reply;
 use crate::SegmentRecord;
+use crate::SegmentStreamEntry;
 use crate::Snapshot;
 use crate::StreamRow;
 
@@ -288,32 +289,37 @@ pub(crate) fn commit_fenced(
         .into_iter()
         .map(|(id, node, epoch)| (id, (node, epoch)))
         .collect();
-    // A retry of a commit whose answer was lost (the connection dropped at COMMIT, which may
-    // have succeeded): what that attempt committed under the fence stays, even if the stream
-    // has moved since. The new owner may have loaded those records and appended after them;
-    // dropping the entries now would leave a hole in its offsets (found by the fault test's
-    // cluster profile). Those appends are stored, so they are no longer fenced either.
-    let committed: HashSet<i64> = sql(db)?
-        .committed_streams(&segment.key)?
-        .into_iter()
-        .collect();
-    let mut fenced = Vec::new();
-    segment.streams.retain(|entry| {
+    let owned = |entry: &SegmentStreamEntry| {
         let id = entry.stream_id as i64;
-        if committed.contains(&id) {
-            return true;
-        }
         // A deleted row has no owner left to protect; its entry is harmless garbage.
         let Some(&(node, epoch)) = owners.get(&id) else {
             return true;
         };
         let expected = fence.epochs.get(&entry.stream_id).copied();
-        let owned = fenced_unless_owner(id, node, epoch, fence.node, expected).is_ok();
-        if !owned {
-            fenced.push(entry.stream_id);
-        }
-        owned
-    });
+        fenced_unless_owner(id, node, epoch, fence.node, expected).is_ok()
+    };
+    let mut fenced: Vec<u64> = segment
+        .streams
+        .iter()
+        .filter(|entry| !owned(entry))
+        .map(|entry| entry.stream_id)
+        .collect();
+    if !fenced.is_empty() {
+        // A retry of a commit whose answer was lost (the connection dropped at COMMIT, which
+        // may have succeeded): what that attempt committed under the fence stays, even if the
+        // stream has moved since. The new owner may have loaded those records and appended
+        // after them; dropping the entries now would leave a hole in its offsets (found by the
+        // fault test's cluster profile). Those appends are stored, so they are not fenced.
+        // Asked only when something would be fenced: the common commit pays no extra query.
+        let committed: HashSet<i64> = sql(db)?
+            .committed_streams(&segment.key)?
+            .into_iter()
+            .collect();
+        fenced.retain(|id| !committed.contains(&(*id as i64)));
+    }
+    segment
+        .streams
+        .retain(|entry| !fenced.contains(&entry.stream_id));
     crate::store::commit(db, &segment)?;
     Ok(fenced)
 }

@@ -44,7 +44,7 @@ pub struct DsSettings {
     pub sse_max_duration_ms: u64,
     /// Live reads and SSE events carry at most this per response or event.
     pub max_chunk_size: usize,
-    /// A catch-up read answers up to the tail within this.
+    /// A catch-up read answers up to the tail within this (never less than `max_chunk_size`).
     pub catch_up_bytes: usize,
     pub cors_origin: String,
     /// `https` when the listener serves TLS (for absolute URLs in `Location`).
@@ -754,7 +754,7 @@ async fn read(
         from,
         max_records: limits::RECORDS_PER_READ_MAX,
         max_bytes: match live {
-            Live::CatchUp => settings.catch_up_bytes.max(settings.max_chunk_size),
+            Live::CatchUp => settings.catch_up_bytes,
             _ => settings.max_chunk_size,
         },
         wait_ms: (live == Live::LongPoll).then_some(settings.long_poll_timeout_ms),

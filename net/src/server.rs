@@ -209,7 +209,8 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
         sse_max_duration_ms: config.sse_max_duration_ms,
         max_chunk_size: settings.max_chunk_size,
-        catch_up_bytes: config.catch_up_read_size,
+        // A catch-up never answers less than a live read would.
+        catch_up_bytes: config.catch_up_read_size.max(settings.max_chunk_size),
         cors_origin: config.cors_origin.clone(),
         scheme,
         subscriptions,

@@ -572,6 +572,7 @@ impl Faults {
         self.fail_puts(0);
         self.fail_gets(0);
         self.set_delay(Duration::ZERO);
+        self.release_held_put();
     }
 
     async fn apply(&self, operation: Operation) -> Result<(), StoreError> {

@@ -857,3 +857,36 @@ pub fn assert_records_eq(context: &str, got: &[ReadRecord], want: &[ReadRecord])
     }
     assert_eq!(got.len(), want.len(), "{context}: record count");
 }
+
+/// `http://host:port/path?q` (a redirect's `Location`) → (address, "/path?q").
+pub fn split_url(url: &str) -> (SocketAddr, String) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("an http:// URL: {url}"));
+    let at = rest.find('/').unwrap_or(rest.len());
+    let addr = rest[..at]
+        .parse()
+        .unwrap_or_else(|_| panic!("a socket address in {url}"));
+    let target = if at == rest.len() { "/" } else { &rest[at..] };
+    (addr, target.to_string())
+}
+
+/// Returns once every node's admin API lists every node of `ids` live with an address
+/// (bounded by `within`), so that a test does not race the cluster's forming.
+pub fn wait_until_formed(nodes: &[Server], ids: &[u64], within: Duration) {
+    for node in nodes {
+        wait_for("the cluster to form", within, || {
+            let listed = Conn::connect(node.admin)
+                .ok()?
+                .request("GET", "/admin/nodes", &[], b"")
+                .ok()?;
+            let live: Vec<u64> = listed.json()["nodes"]
+                .as_array()?
+                .iter()
+                .filter(|n| n["live"] == true && !n["advertisedAddress"].is_null())
+                .filter_map(|n| n["nodeId"].as_u64())
+                .collect();
+            ids.iter().all(|id| live.contains(id)).then_some(())
+        });
+    }
+}
