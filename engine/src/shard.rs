@@ -37,7 +37,7 @@ use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_
 use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
 use crate::limits;
 use crate::metrics::{CoreMetrics, GaugeGuard, OpKind};
-use crate::notify::LocalNotify;
+use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 use crate::{now_ms, EngineConfig};
 
@@ -262,7 +262,7 @@ pub(crate) struct Shard {
     fenced: RefCell<HashSet<u64>>,
     /// Streams being handed to another node: new operations wait for the hand-off.
     handing_off: RefCell<HashSet<Rc<str>>>,
-    handed_off: LocalNotify,
+    handed_off: LocalBroadcast,
 }
 
 /// Why a WAL file could not be made.
@@ -353,7 +353,7 @@ impl Shard {
             remote: RefCell::new(HashMap::new()),
             fenced: RefCell::new(HashSet::new()),
             handing_off: RefCell::new(HashSet::new()),
-            handed_off: LocalNotify::default(),
+            handed_off: LocalBroadcast::default(),
         });
         shard.load_seeds(seeds);
         let first = shard.create_wal_file().await.map_err(|e| e.message)?;
