@@ -204,6 +204,8 @@ struct PendingAck {
     end: usize,
     name: Rc<str>,
     stream_id: u64,
+    /// The owner epoch of the incarnation that wrote the frames (0 on a single node).
+    epoch: u64,
     next_offset: u64,
     closed: bool,
     body_bytes: usize,
@@ -257,9 +259,11 @@ pub(crate) struct Shard {
     /// Streams this core let go to another node (handed off, fenced): name → node (0: not
     /// known). An operation already past routing when the stream left is sent there.
     remote: RefCell<HashMap<Rc<str>, NodeId>>,
-    /// Streams this core lost to another node while appends to them were pending: those
-    /// acknowledgements fail instead of being released.
-    fenced: RefCell<HashSet<u64>>,
+    /// Incarnations (stream id, owner epoch) this core lost to another node while appends
+    /// to them were pending: those acknowledgements fail instead of being released. Keyed by
+    /// epoch, not id: the stream may be loaded here again, and its new appends are not the
+    /// old incarnation's. Pruned once no pending acknowledgement names an entry.
+    fenced: RefCell<HashSet<(u64, u64)>>,
     /// Streams being handed to another node: new operations wait for the hand-off.
     handing_off: RefCell<HashSet<Rc<str>>>,
     handed_off: LocalBroadcast,
@@ -764,7 +768,8 @@ impl Shard {
             producer.as_ref(),
             writer_seq.as_deref(),
         ))?;
-        self.live_stream_id(name, false).await?;
+        let id = self.live_stream_id(name, false).await?;
+        self.one_incarnation_per_segment(name, id)?;
         let now = now_ms();
         let written = {
             let mut streams = self.streams.borrow_mut();
@@ -875,6 +880,34 @@ impl Shard {
             }
         }
         Ok(ack)
+    }
+
+    /// A segment's commit is fenced by one owner epoch per stream, so the active segment
+    /// never holds frames of two incarnations of a stream (lost to another node and loaded
+    /// here again while the segment was open): the older one's frames would be committed
+    /// under the newer one's epoch, beside offsets the newer one assigns again. Starts a new
+    /// segment when it would; without a spare WAL file for one, the append is refused as
+    /// retryable.
+    fn one_incarnation_per_segment(&self, name: &str, id: u64) -> Result<(), EngineError> {
+        let Some(epoch) = self.streams.borrow().get(name).map(|s| s.epoch) else {
+            return Ok(());
+        };
+        let mixed = || {
+            self.log
+                .borrow()
+                .back()
+                .and_then(|segment| segment.index.get(&id))
+                .is_some_and(|entry| entry.epoch != epoch)
+        };
+        if mixed() {
+            self.rotate();
+            if mixed() {
+                return Err(EngineError::NotOwner(
+                    "the stream was just loaded again on this node; retry".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Answers a request that wrote nothing once everything before it is durable.
@@ -1031,6 +1064,7 @@ impl Shard {
             end: segment.buf.len(),
             name: name.clone(),
             stream_id: id,
+            epoch: stream.epoch,
             next_offset: ack.next_offset,
             closed: close,
             body_bytes,
@@ -1790,7 +1824,7 @@ impl Shard {
         };
         self.remember_remote(name, to.unwrap_or(0));
         if let Some(stream) = removed {
-            self.fenced.borrow_mut().insert(id);
+            self.fenced.borrow_mut().insert((id, stream.epoch));
             CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
             for waiter in stream.waiters {
                 let _ = waiter.send(());
@@ -1799,9 +1833,11 @@ impl Shard {
         }
     }
 
-    /// A sealed segment's entries for stream `id` were refused at commit: another node owns
-    /// the stream now.
-    fn lost_at_commit(&self, id: u64, name: Option<&Rc<str>>, record: &SegmentRecord) {
+    /// A sealed segment's entries for stream `id`, written at owner epoch `epoch`, were
+    /// refused at commit: another node owns the stream now, or this node owns a newer
+    /// incarnation of it (loaded from the catalog, without these frames). The caller has
+    /// already fenced `(id, epoch)`, so none of those appends is acknowledged.
+    fn lost_at_commit(&self, id: u64, epoch: u64, name: Option<&Rc<str>>, record: &SegmentRecord) {
         let runs = record
             .streams
             .iter()
@@ -1823,7 +1859,14 @@ impl Shard {
                 record.key
             );
         }
-        if let Some(name) = name {
+        let Some(name) = name else { return };
+        // A newer incarnation loaded here since is not the refused one: it stays.
+        let refused_is_live = self
+            .streams
+            .borrow()
+            .get(&**name)
+            .is_some_and(|s| s.state.id == id && s.epoch == epoch);
+        if refused_is_live {
             self.forget_stream(name, id, None);
         }
     }
@@ -1904,7 +1947,6 @@ impl Shard {
                 seed
             })
             .collect();
-        self.fenced.borrow_mut().remove(&id);
         log::info!(
             "core {}: serving {name} (stream {id}) at owner epoch {}",
             self.core,
@@ -2460,7 +2502,7 @@ impl Shard {
                 let pending = self.pending.borrow();
                 pending
                     .front()
-                    .is_some_and(|ack| self.fenced.borrow().contains(&ack.stream_id))
+                    .is_some_and(|ack| self.fenced.borrow().contains(&(ack.stream_id, ack.epoch)))
             };
             if fenced {
                 let ack = self
@@ -2507,6 +2549,15 @@ impl Shard {
             }
             drop(streams);
             let _ = ack.reply.send(Ok(()));
+        }
+        if any_fenced {
+            let named: HashSet<(u64, u64)> = self
+                .pending
+                .borrow()
+                .iter()
+                .map(|ack| (ack.stream_id, ack.epoch))
+                .collect();
+            self.fenced.borrow_mut().retain(|key| named.contains(key));
         }
     }
 
@@ -2686,6 +2737,21 @@ impl Shard {
             }
         }
         self.end_commit_turn(no);
+        // Fence every refused entry before anything can release acknowledgements (the
+        // `forget_stream` of the first one does): a later id of the same segment would
+        // otherwise be acknowledged as stored once the segment counts as uploaded (found by
+        // the fault test's cluster profile: a producer told stored, then a sequence gap).
+        let lost: Vec<(u64, u64)> = fenced
+            .iter()
+            .map(|id| {
+                let epoch = fence.as_ref().and_then(|f| f.epochs.get(id).copied());
+                (*id, epoch.unwrap_or_default())
+            })
+            .collect();
+        self.fenced.borrow_mut().extend(lost.iter().copied());
+        for &(id, epoch) in &lost {
+            self.lost_at_commit(id, epoch, names.get(&id), &record);
+        }
         CoreMetrics::add(&self.metrics.uploads, 1);
         CoreMetrics::add(&self.metrics.meta_commits, 1);
         self.metrics.upload_latency.observe(started.elapsed());
@@ -2694,9 +2760,6 @@ impl Shard {
         remove_wal(file, path).await;
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.uploaded = true;
-        }
-        for id in fenced {
-            self.lost_at_commit(id, names.get(&id), &record);
         }
         if self.config.object_acks {
             self.release_acks();

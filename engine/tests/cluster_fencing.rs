@@ -1,0 +1,167 @@
+//! A cluster node's appends whose segment commit is refused (the streams moved to another
+//! node while the segment's PUT was slow) are never acknowledged: one engine core on a real
+//! Postgres catalog and a `file://` bucket whose PUT is held, with the streams moved away
+//! through the metadata log the way another node's hand-off would.
+//!
+//! Needs `PICOMQ_PG_URL` (`scripts/pg-up.sh`); without it the test prints a skip note, or
+//! fails under `CI=true`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pico_engine::meta::testing::PgDatabase;
+use pico_engine::meta::Fence;
+use pico_engine::{
+    boot, AppendRequest, ClusterConfig, CoreHandle, EngineConfig, EngineError, Op, RecordInput,
+    StreamConfig,
+};
+
+const NODE: u32 = 1;
+const OTHER: u32 = 2;
+/// Long enough that this node's keeper does not renew (and revalidate) during the test: the
+/// refused commit, not the revalidation, must be what fails the appends.
+const LEASE_MS: u64 = 120_000;
+/// Bounds every wait of the test (never a margin the assertions depend on).
+const WAIT_BOUND: Duration = Duration::from_secs(60);
+
+fn create() -> Op {
+    Op::Create {
+        config: StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_sec: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        records: Vec::new(),
+        fork: None,
+    }
+}
+
+fn append(body: &str) -> Op {
+    Op::Append(AppendRequest {
+        records: vec![RecordInput {
+            headers: Vec::new(),
+            body: Bytes::from(body.to_owned()),
+        }],
+        close: false,
+        match_offset: None,
+        producer: None,
+        content_type: None,
+        writer_seq: None,
+    })
+}
+
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
+    let Some(db) = PgDatabase::create("engine_refused_commit") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        cores: 1,
+        wal_dir: dir.path().join("wal"),
+        memory_only: false,
+        object_acks: true,
+        segment_size: 1024 * 1024,
+        segment_max_age_ms: 20,
+        segment_cache_bytes: 1024 * 1024,
+        node_epoch_ms: pico_engine::now_ms() as u64,
+        node_id: Some(NODE),
+        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
+        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
+        gc_interval_ms: 60_000,
+    };
+    let node_epoch = pico_engine::now_ms() as u64;
+    let cluster = ClusterConfig {
+        node_id: NODE,
+        node_epoch,
+        address: "http://127.0.0.1:9".into(),
+        slots: 1,
+        lease_ms: LEASE_MS,
+        redirect: true,
+        cluster_id: "fencing".into(),
+    };
+    let storage = format!("-2@file://{}", dir.path().join("objects").display());
+    let booted = boot(config, db.url(), &storage, Some(cluster)).expect("boot");
+    let (meta, store) = (booted.meta.clone(), booted.store.clone());
+    let seed = booted.seeds.into_iter().next().expect("one core");
+    let names = ["/fenced/a", "/fenced/b", "/fenced/c"];
+    let answers = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(move || async move {
+            let core: Rc<CoreHandle> = CoreHandle::start(seed).await.expect("core starts");
+            for name in names {
+                core.call(name, create()).await.expect("created");
+            }
+            meta.register_node(OTHER, node_epoch, "http://127.0.0.1:10", 1, LEASE_MS)
+                .await
+                .expect("answered")
+                .expect("node 2 registered");
+            // One segment holds an append to each stream; its PUT waits.
+            store.faults().hold_next_put();
+            let answers: Rc<RefCell<Vec<(&str, Result<(), String>)>>> = Rc::default();
+            let tasks: Vec<_> = names
+                .iter()
+                .map(|&name| {
+                    let (core, answers) = (core.clone(), answers.clone());
+                    glommio::spawn_local(async move {
+                        let answer = core.call(name, append(name)).await;
+                        let answer = answer.map(|_| ()).map_err(|e| match e {
+                            EngineError::NotOwner(m) => format!("not owner: {m}"),
+                            other => format!("unexpected: {other}"),
+                        });
+                        answers.borrow_mut().push((name, answer));
+                    })
+                })
+                .collect();
+            let deadline = Instant::now() + WAIT_BOUND;
+            while !store.faults().put_is_held() {
+                assert!(Instant::now() < deadline, "the segment's PUT was not held");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+            // Each stream moves to node 2 the way a hand-off records it.
+            for name in names {
+                let (row, ownership) = meta
+                    .lookup_stream(name)
+                    .await
+                    .expect("answered")
+                    .expect("looked up")
+                    .expect("registered");
+                assert_eq!(ownership.node, Some(NODE));
+                meta.request_transfer(name, OTHER)
+                    .await
+                    .expect("answered")
+                    .expect("transfer recorded");
+                let fence = Fence {
+                    node: NODE,
+                    epoch: ownership.epoch,
+                };
+                meta.complete_transfer(row.id, fence, OTHER)
+                    .await
+                    .expect("answered")
+                    .expect("moved");
+            }
+            store.faults().release_held_put();
+            for task in tasks {
+                task.await;
+            }
+            let answers = answers.borrow().clone();
+            answers
+        })
+        .expect("executor")
+        .join()
+        .expect("join");
+    assert_eq!(answers.len(), names.len());
+    for (name, answer) in &answers {
+        // Before the fix only the first stream's append failed: forgetting it released the
+        // segment's other acknowledgements as stored.
+        assert!(
+            answer.as_ref().is_err_and(|e| e.starts_with("not owner")),
+            "{name}: {answer:?} (every answer: {answers:?})"
+        );
+    }
+    booted.meta.shutdown();
+}
