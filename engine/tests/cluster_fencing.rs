@@ -6,7 +6,6 @@
 //! Needs `PICOMQ_PG_URL` (`scripts/pg-up.sh`); without it the test prints a skip note, or
 //! fails under `CI=true`.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -102,18 +101,17 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
                 .expect("node 2 registered");
             // One segment holds an append to each stream; its PUT waits.
             store.faults().hold_next_put();
-            let answers: Rc<RefCell<Vec<(&str, Result<(), String>)>>> = Rc::default();
             let tasks: Vec<_> = names
                 .iter()
                 .map(|&name| {
-                    let (core, answers) = (core.clone(), answers.clone());
+                    let core = core.clone();
                     glommio::spawn_local(async move {
                         let answer = core.call(name, append(name)).await;
                         let answer = answer.map(|_| ()).map_err(|e| match e {
                             EngineError::NotOwner(m) => format!("not owner: {m}"),
                             other => format!("unexpected: {other}"),
                         });
-                        answers.borrow_mut().push((name, answer));
+                        (name, answer)
                     })
                 })
                 .collect();
@@ -145,10 +143,10 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
                     .expect("moved");
             }
             store.faults().release_held_put();
+            let mut answers = Vec::new();
             for task in tasks {
-                task.await;
+                answers.push(task.await);
             }
-            let answers = answers.borrow().clone();
             answers
         })
         .expect("executor")
