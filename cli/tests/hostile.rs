@@ -834,3 +834,41 @@ fn http1_bodies_that_never_end_hold_no_more_than_the_core_budget() {
     assert_serves(&mut server, "after partial HTTP/1.1 bodies");
     server.post("/up1", b"small").expect(200);
 }
+
+/// Bytes a client sends while its long-poll is parked (the next requests, pipelined, in pieces)
+/// are kept for after the long-poll's answer, byte for byte: the watch for the client leaving
+/// reads them into the connection's buffer, and being cancelled when the answer comes leaves
+/// nothing else there.
+#[test]
+fn requests_pipelined_behind_a_parked_long_poll_are_answered_in_order() {
+    let server = Server::start(&["--cores", "1", "--long-poll-timeout-sec", "600"]);
+    server.put("/pl", "text/plain").expect(201);
+    let mut conn = Conn::connect(server.addr).unwrap();
+    conn.raw(b"GET /pl?seq=0&live=long-poll&format=raw HTTP/1.1\r\nhost: a\r\n\r\n")
+        .unwrap();
+    common::wait_for("the long-poll to park", Duration::from_secs(60), || {
+        (metric_sum(&server, "pico_live_waiters") >= 1).then_some(())
+    });
+    let mut next = common::encode_request("POST", "/pl", &[], b"second");
+    next.extend(common::encode_request(
+        "GET",
+        "/pl?seq=0&format=raw",
+        &[],
+        b"",
+    ));
+    let (first, rest) = next.split_at(7);
+    conn.raw(first).unwrap();
+    conn.raw(rest).unwrap();
+    // Bounded by the parked answer, not by time: the pipelined bytes are read by the watch
+    // (or not yet); either way the answers below must come in order.
+    server.post("/pl", b"first").expect(200);
+    let woken = conn.read_response(false).unwrap();
+    woken.expect(200);
+    assert_eq!(woken.body, b"first");
+    let appended = conn.read_response(false).unwrap();
+    appended.expect(200);
+    assert_eq!(appended.header("pico-start-seq"), Some("1"));
+    let read = conn.read_response(false).unwrap();
+    read.expect(200);
+    assert_eq!(read.body, b"firstsecond");
+}

@@ -729,7 +729,8 @@ impl CoreHandle {
                     with_content_type: false,
                     bound: level.request.bound,
                 };
-                let own = self.read_owner(&level.name, own_request).await?;
+                // Boxed: only forks get here, and it would size every read's future.
+                let own = Box::pin(self.read_owner(&level.name, own_request)).await?;
                 if own.inherit.is_some() {
                     return Err(EngineError::Storage(format!(
                         "{}: a read from its own first offset named its source again",

@@ -474,10 +474,21 @@ impl Shard {
         result
     }
 
+    /// Reads are the operations that wait (a long-poll, an SSE subscriber: thousands at once),
+    /// so their future is kept small: the other operations' futures, and the cluster routing,
+    /// are on the heap while they run instead of sizing every read's future.
     async fn execute_op(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         if self.cluster.is_some() {
-            self.route(name, &op).await?;
+            Box::pin(self.route(name, &op)).await?;
         }
+        match op {
+            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
+            op => Box::pin(self.execute_write(name, op)).await,
+        }
+    }
+
+    /// Every operation but a read.
+    async fn execute_write(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         match op {
             Op::Create {
                 config,
@@ -538,7 +549,8 @@ impl Shard {
             (stream.state.id, expired)
         };
         if expired {
-            self.remove_stream(name, id).await?;
+            // Rare, and boxed so that it does not size every read's future.
+            Box::pin(self.remove_stream(name, id)).await?;
             return Err(EngineError::NotFound);
         }
         Ok(id)
@@ -1079,7 +1091,7 @@ impl Shard {
         request: ReadRequest,
     ) -> Result<ReadBatch, EngineError> {
         if let Some(bound) = request.bound {
-            return self.read_bounded(name, bound, &request).await;
+            return Box::pin(self.read_bounded(name, bound, &request)).await;
         }
         let deadline = request
             .wait_ms
@@ -1107,7 +1119,9 @@ impl Shard {
             if let Some(batch) = self.inherited_below(name, from, &request) {
                 return Ok(batch);
             }
-            let batch = self.read_once(name, from, &request).await?;
+            // On the heap while it runs (it may fetch from the object store): a read parked
+            // at the tail then holds only this loop's few words.
+            let batch = Box::pin(self.read_once(name, from, &request)).await?;
             let Some(deadline) = deadline else {
                 return Ok(batch);
             };
@@ -1141,7 +1155,7 @@ impl Shard {
             drop(parked);
             if !woken {
                 self.live_stream_id(name, false).await?;
-                let batch = self.read_once(name, from, &request).await?;
+                let batch = Box::pin(self.read_once(name, from, &request)).await?;
                 return Ok(batch);
             }
             from = batch.next_offset;

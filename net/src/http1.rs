@@ -47,6 +47,9 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// request heads fit, and an idle connection holds this buffer only, not a 64 KiB one (the
 /// larger reads start once a request is arriving).
 const IDLE_READ_BYTES: usize = 2 * 1024;
+/// While a request is handled: each read of what the peer sends meanwhile (a pipelined
+/// request, or nothing until it closes) takes at most this much.
+const PEER_READ_BYTES: usize = 2 * 1024;
 
 /// A parsed request with its whole body.
 #[derive(Debug)]
@@ -315,8 +318,14 @@ where
     H: Fn(Request) -> F,
     F: Future<Output = Response>,
 {
-    let read = read_request(stream, buf, limits);
-    let Some(read) = within(limits.request_timeout, read).await else {
+    // Each phase's future is on the heap only while that phase runs: a request parked in its
+    // handler (a long-poll) or streaming its response (SSE) holds that phase's room only.
+    let read = Box::pin(within(
+        limits.request_timeout,
+        read_request(stream, buf, limits),
+    ))
+    .await;
+    let Some(read) = read else {
         // Idle keep-alive connections just close; a stalled request learns why.
         if !buf.is_empty() {
             let response = on_error(408, "request not received in time");
@@ -386,11 +395,24 @@ where
 /// head's worth, after which it stops reading. Cancel-safe: bytes are moved into `buf` in the
 /// poll that reads them.
 async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) {
-    let mut scratch = [0u8; 2048];
+    // Read straight into `buf` (no scratch array: this future lives as long as a long-poll
+    // or an SSE response, thousands at once), growing it only within one poll so that a
+    // cancelled read never leaves room-filling bytes behind.
     while buf.len() < HEAD_BYTES_MAX {
-        match stream.read(&mut scratch).await {
+        let read = std::future::poll_fn(|cx| {
+            let len = buf.len();
+            buf.resize(len + PEER_READ_BYTES, 0);
+            let polled = std::pin::Pin::new(&mut *stream).poll_read(cx, &mut buf[len..]);
+            let n = match &polled {
+                std::task::Poll::Ready(Ok(n)) => *n,
+                _ => 0,
+            };
+            buf.truncate(len + n);
+            polled
+        });
+        match read.await {
             Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&scratch[..n]),
+            Ok(_) => {}
         }
     }
     std::future::pending::<()>().await
@@ -937,6 +959,49 @@ mod tests {
             std::mem::size_of_val(&connection)
         });
         assert!(bytes < 4096, "a connection's future takes {bytes} bytes");
+    }
+
+    /// A request parked in its handler (a long-poll) or streaming its response (SSE) holds the
+    /// handler's future plus little else: reading the request and writing a response are
+    /// boxed phases, and watching for the peer leaving keeps no buffer of its own. (With a
+    /// trivial handler: 12,048 bytes before, when the phases were inline.)
+    #[test]
+    fn a_parked_request_holds_little_besides_its_handler() {
+        let (request, watch, write) = glommio::LocalExecutor::default().run(async {
+            let handle = |_request: Request| async {
+                futures_lite::future::yield_now().await;
+                Response::new(200)
+            };
+            let stop = crate::shutdown::Shutdown::default().on_this_core();
+            let mut stream = futures_lite::io::Cursor::new(Vec::<u8>::new());
+            let limits = ConnectionLimits::with_body_limit(1 << 20);
+            let mut buf = BytesMut::new();
+            let on_error = |s, _: &str| Response::new(s);
+            let request = std::mem::size_of_val(&serve_request(
+                &mut stream,
+                &mut buf,
+                &limits,
+                &handle,
+                on_error,
+                &stop,
+            ));
+            let watch = std::mem::size_of_val(&peer_gone(&mut stream, &mut buf));
+            let response = Response::new(200);
+            let write = std::mem::size_of_val(&write_response(
+                &mut stream,
+                &mut buf,
+                response,
+                false,
+                false,
+            ));
+            (request, watch, write)
+        });
+        assert!(
+            request < 2048,
+            "a request's own future takes {request} bytes"
+        );
+        assert!(watch < 256, "watching for the peer takes {watch} bytes");
+        assert!(write < 2048, "writing a response takes {write} bytes");
     }
 
     /// Parses `wire` as one request with a 1 MiB body limit: the status of the error, or 0.
