@@ -751,7 +751,11 @@ impl CoreHandle {
 
     /// One read on the stream's owning core, as is (no stitching).
     async fn read_owner(&self, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
-        match self.call_owner(name, Op::Read(request)).await? {
+        let owner = owner_core(name, self.cores);
+        if owner == self.core {
+            return self.shard.execute_read(name, request).await;
+        }
+        match self.call_core(owner, name, Op::Read(request)).await? {
             Reply::Read(batch) => Ok(batch),
             other => Err(unexpected_reply("read", &other)),
         }
@@ -884,6 +888,11 @@ impl CoreHandle {
         if owner == self.core {
             return self.shard.execute(name, op).await;
         }
+        self.call_core(owner, name, op).await
+    }
+
+    /// `op` on another core (`owner`), answered through a one-shot.
+    async fn call_core(&self, owner: usize, name: &str, op: Op) -> Result<Reply, EngineError> {
         let (reply, rx) = oneshot::channel();
         self.send(
             owner,

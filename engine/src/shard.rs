@@ -444,6 +444,45 @@ impl Shard {
     // ---------------------------------------------------------------- operations
 
     pub(crate) async fn execute(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
+        match op {
+            Op::Read(request) => self.execute_read(name, request).await.map(Reply::Read),
+            op => Box::pin(self.execute_counted(name, op)).await,
+        }
+    }
+
+    /// A read, counted. Its own path, without the `Op` and `Reply` wrapping the other
+    /// operations take: a read may park at the tail (a long-poll, an SSE subscriber, thousands
+    /// at once), and every layer's copy of its request would stay with it.
+    pub(crate) async fn execute_read(
+        self: &Rc<Self>,
+        name: &str,
+        request: ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
+        // A live read's time is mostly waiting for data, not work: its latency is not recorded.
+        let timed = request.wait_ms.is_none_or(|ms| ms == 0);
+        let started = Instant::now();
+        if self.cluster.is_some() {
+            Box::pin(self.route(name, &Op::Read(request.clone()))).await?;
+        }
+        let result = self.read(name, request).await;
+        let metrics = self.metrics.op(OpKind::Read);
+        CoreMetrics::add(&metrics.total, 1);
+        match &result {
+            Err(_) => CoreMetrics::add(&metrics.errors, 1),
+            Ok(batch) => {
+                let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
+                CoreMetrics::add(&self.metrics.records_read, batch.records.len() as u64);
+                CoreMetrics::add(&self.metrics.bytes_read, bytes as u64);
+            }
+        }
+        if timed {
+            metrics.latency.observe(started.elapsed());
+        }
+        result
+    }
+
+    /// Every operation but a read, counted (boxed by `execute`).
+    async fn execute_counted(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         let kind = match &op {
             Op::Create { .. } => OpKind::Create,
             Op::Append(_) => OpKind::Append,
@@ -453,42 +492,21 @@ impl Shard {
             Op::Trim { .. } => OpKind::Trim,
             Op::ForkAcquire { .. } | Op::ForkRelease { .. } => OpKind::Fork,
         };
-        // A live read's time is mostly waiting for data, not work: its latency is not recorded.
-        let timed = !matches!(&op, Op::Read(r) if r.wait_ms.is_some_and(|ms| ms > 0));
         let started = Instant::now();
         let result = self.execute_op(name, op).await;
         let metrics = self.metrics.op(kind);
         CoreMetrics::add(&metrics.total, 1);
-        match &result {
-            Err(_) => CoreMetrics::add(&metrics.errors, 1),
-            Ok(Reply::Read(batch)) => {
-                let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
-                CoreMetrics::add(&self.metrics.records_read, batch.records.len() as u64);
-                CoreMetrics::add(&self.metrics.bytes_read, bytes as u64);
-            }
-            Ok(_) => {}
+        if result.is_err() {
+            CoreMetrics::add(&metrics.errors, 1);
         }
-        if timed {
-            metrics.latency.observe(started.elapsed());
-        }
+        metrics.latency.observe(started.elapsed());
         result
     }
 
-    /// Reads are the operations that wait (a long-poll, an SSE subscriber: thousands at once),
-    /// so their future is kept small: the other operations' futures, and the cluster routing,
-    /// are on the heap while they run instead of sizing every read's future.
     async fn execute_op(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         if self.cluster.is_some() {
-            Box::pin(self.route(name, &op)).await?;
+            self.route(name, &op).await?;
         }
-        match op {
-            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
-            op => Box::pin(self.execute_write(name, op)).await,
-        }
-    }
-
-    /// Every operation but a read.
-    async fn execute_write(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
         match op {
             Op::Create {
                 config,

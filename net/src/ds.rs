@@ -245,10 +245,12 @@ pub async fn handle(
             let root = &request.path[..at + 1];
             let rest = &request.path[at + "/__ds/".len()..];
             let base_url = base_url(settings, &request);
-            let response = settings
-                .subscriptions
-                .handle(core, &base_url, root, rest, &request)
-                .await;
+            let response = Box::pin(
+                settings
+                    .subscriptions
+                    .handle(core, &base_url, root, rest, &request),
+            )
+            .await;
             return with_common(response, &settings.cors_origin);
         }
     }
@@ -355,11 +357,13 @@ async fn route(
             "METHOD_NOT_ALLOWED",
             "the root is not a stream",
         )),
-        "PUT" => create(core, settings, request).await,
-        "POST" => append(core, settings, request).await,
+        // Only reads wait (long-polls, SSE: thousands at once), so only a read's future is
+        // inline; the others are on the heap while they run, not sizing every read's.
+        "PUT" => Box::pin(create(core, settings, request)).await,
+        "POST" => Box::pin(append(core, settings, request)).await,
         "GET" => read(core, settings, request).await,
-        "HEAD" => head(core, request).await,
-        "DELETE" => delete(core, settings, request).await,
+        "HEAD" => Box::pin(head(core, request)).await,
+        "DELETE" => Box::pin(delete(core, settings, request)).await,
         _ => Err(DsError::new(
             405,
             "METHOD_NOT_ALLOWED",

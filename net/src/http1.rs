@@ -44,12 +44,14 @@ pub const WRITE_COALESCE_BYTES: usize = 64 * 1024;
 /// Bytes asked of the socket per read while a request arrives.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Bytes asked of the socket by the first read of a connection and between requests: most
-/// request heads fit, and an idle connection holds this buffer only, not a 64 KiB one (the
-/// larger reads start once a request is arriving).
-const IDLE_READ_BYTES: usize = 2 * 1024;
+/// request heads (and small bodies) fit. Read through a stack scratch, so an idle
+/// connection holds no buffer; the larger reads start once a request is arriving.
+const IDLE_READ_BYTES: usize = 4 * 1024;
 /// While a request is handled: each read of what the peer sends meanwhile (a pipelined
 /// request, or nothing until it closes) takes at most this much.
 const PEER_READ_BYTES: usize = 2 * 1024;
+/// The stack scratch of [`read_arriving`]: the most one of its reads takes.
+const ARRIVING_READ_BYTES_MAX: usize = 4 * 1024;
 
 /// A parsed request with its whole body.
 #[derive(Debug)]
@@ -369,16 +371,22 @@ where
     // frees its connection slot); a write always runs to its end.
     let cancellable = head_only || request.method == "GET";
     let response = if cancellable {
-        let answer = futures_lite::future::or(async { Some(handle(request).await) }, async {
-            peer_gone(stream, buf).await;
-            None
-        });
+        // Boxed: once the handler answers, its room is given back before the response is
+        // written (an SSE response is written for as long as it lives).
+        let answer = Box::pin(futures_lite::future::or(
+            async { Some(handle(request).await) },
+            async {
+                peer_gone(stream, buf).await;
+                None
+            },
+        ));
         match answer.await {
             Some(response) => response,
             None => return false,
         }
     } else {
-        handle(request).await
+        // Boxed too: inline, its room would size this future (and so a live read's) anyway.
+        Box::pin(handle(request)).await
     };
     // The body was handled (its records are the engine's now, counted there).
     drop(body_held);
@@ -395,27 +403,39 @@ where
 /// head's worth, after which it stops reading. Cancel-safe: bytes are moved into `buf` in the
 /// poll that reads them.
 async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) {
-    // Read straight into `buf` (no scratch array: this future lives as long as a long-poll
-    // or an SSE response, thousands at once), growing it only within one poll so that a
-    // cancelled read never leaves room-filling bytes behind.
     while buf.len() < HEAD_BYTES_MAX {
-        let read = std::future::poll_fn(|cx| {
-            let len = buf.len();
-            buf.resize(len + PEER_READ_BYTES, 0);
-            let polled = std::pin::Pin::new(&mut *stream).poll_read(cx, &mut buf[len..]);
-            let n = match &polled {
-                std::task::Poll::Ready(Ok(n)) => *n,
-                _ => 0,
-            };
-            buf.truncate(len + n);
-            polled
-        });
-        match read.await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        match read_arriving(stream, buf, PEER_READ_BYTES).await {
+            Ok(false) | Err(_) => return,
+            Ok(true) => {}
         }
     }
     std::future::pending::<()>().await
+}
+
+/// Waits for the next bytes of a connection that holds no room for them: each poll reads
+/// into a scratch array on the stack (for that poll only, never part of a future) and only
+/// bytes that arrived are appended to `buf`. So a connection waiting for its next request, or
+/// for its client to leave during a long-poll or an SSE response, holds no buffer at all
+/// (thousands wait at once). Cancel-safe: `buf` changes only in the poll that read. `false`
+/// at end of stream.
+async fn read_arriving<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    most: usize,
+) -> std::io::Result<bool> {
+    std::future::poll_fn(|cx| {
+        let mut scratch = [0u8; ARRIVING_READ_BYTES_MAX];
+        let room = most.min(ARRIVING_READ_BYTES_MAX);
+        match std::pin::Pin::new(&mut *stream).poll_read(cx, &mut scratch[..room]) {
+            std::task::Poll::Ready(Ok(n)) => {
+                buf.extend_from_slice(&scratch[..n]);
+                std::task::Poll::Ready(Ok(n > 0))
+            }
+            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
@@ -423,16 +443,16 @@ async fn fill<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> std::
     read_into(stream, buf, READ_CHUNK_BYTES).await
 }
 
-/// Waits for the next bytes of an idle connection with a small buffer: a buffer left large by
-/// the previous request is let go first, so idle connections stay cheap.
+/// Waits for the next bytes of an idle connection, holding no buffer meanwhile: the previous
+/// request's buffer is let go first.
 async fn fill_idle<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
 ) -> std::io::Result<bool> {
-    if buf.is_empty() && buf.capacity() > IDLE_READ_BYTES {
+    if buf.is_empty() && buf.capacity() > 0 {
         *buf = BytesMut::new();
     }
-    read_into(stream, buf, IDLE_READ_BYTES).await
+    read_arriving(stream, buf, IDLE_READ_BYTES).await
 }
 
 /// Reads at most `room` more bytes onto the end of `buf`; `false` at end of stream.

@@ -305,7 +305,7 @@ async fn route(
             .header("access-control-allow-headers", ALLOW_HEADERS)
             .header("access-control-max-age", "86400")
             .header("cache-control", "no-store")),
-        "GET" if root => list(core, request).await,
+        "GET" if root => Box::pin(list(core, request)).await,
         "PUT" if root => Err(ApiError::bad_request("cannot create the root stream")),
         "POST" if root => Err(ApiError::bad_request("no stream in path")),
         "HEAD" | "DELETE" if root => Err(ApiError::new(
@@ -313,11 +313,13 @@ async fn route(
             "method_not_allowed",
             "method not allowed on /",
         )),
-        "PUT" => create(core, request).await,
-        "POST" => append(core, request).await,
+        // Only reads wait (long-polls, SSE: thousands at once), so only a read's future is
+        // inline; the others are on the heap while they run, not sizing every read's.
+        "PUT" => Box::pin(create(core, request)).await,
+        "POST" => Box::pin(append(core, request)).await,
         "GET" => read(core, settings, request).await,
-        "HEAD" => head(core, request).await,
-        "DELETE" => delete(core, request).await,
+        "HEAD" => Box::pin(head(core, request)).await,
+        "DELETE" => Box::pin(delete(core, request)).await,
         _ => Err(ApiError::new(
             405,
             "method_not_allowed",
