@@ -46,6 +46,7 @@ fn state_apply(c: &mut Criterion) {
         content_type: "text/plain".into(),
         ttl_sec: None,
         expires_at_ms: None,
+        retention: Default::default(),
     };
     let producer = ProducerTuple {
         id: "writer-1".into(),

@@ -110,6 +110,11 @@ pub enum Op {
     ForkRelease {
         source_id: u64,
     },
+    /// Replaces the stream's retention policy (recorded in the metadata log before the
+    /// answer; the next retention pass applies it).
+    Configure {
+        retention: pico_meta::Retention,
+    },
     /// Raise the first readable offset (clamped to the durable tail).
     Trim {
         offset: u64,
@@ -131,6 +136,7 @@ pub struct StreamInfo {
     /// The durable tail: the offset the next record will get once everything is durable.
     pub next_offset: u64,
     pub closed: bool,
+    pub retention: pico_meta::Retention,
 }
 
 /// The acknowledgement of a durable append.
@@ -194,6 +200,7 @@ pub enum Reply {
     Trimmed {
         start_offset: u64,
     },
+    Configured(StreamInfo),
     Deleted,
     /// A fork point validated and counted: where the fork starts, and the source's
     /// configuration (a fork inherits its content type and expiry when it gives none).

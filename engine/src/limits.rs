@@ -41,3 +41,15 @@ pub const TTL_SEC_MAX: u64 = 100 * 365 * 24 * 3600;
 pub const LIST_LIMIT_MAX: usize = 10_000;
 /// Default streams per listing call.
 pub const LIST_LIMIT_DEFAULT: usize = 1000;
+/// Longest retention age or delete-on-empty time a stream may have (100 years, as a TTL); a
+/// larger value is `400`.
+pub const RETENTION_AGE_SEC_MAX: u64 = TTL_SEC_MAX;
+/// Largest retention byte limit (the databases store signed 64-bit integers).
+pub const RETENTION_BYTES_MAX: u64 = i64::MAX as u64;
+/// How often each core's retention pass runs.
+pub const RETENTION_INTERVAL_MS: u64 = 1_000;
+/// Streams one retention round of a core looks at (it resumes after the last one next
+/// round), so a core with millions of streams spends a bounded moment per round.
+pub const RETENTION_STREAMS_PER_ROUND: usize = 4_096;
+/// Trims and deletes one retention round of a core makes at most (each is a metadata write).
+pub const RETENTION_ACTIONS_PER_ROUND: usize = 256;

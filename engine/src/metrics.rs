@@ -65,10 +65,11 @@ pub enum OpKind {
     Delete,
     Trim,
     Fork,
+    Configure,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 7] = [
+    pub const ALL: [OpKind; 8] = [
         OpKind::Create,
         OpKind::Append,
         OpKind::Read,
@@ -76,6 +77,7 @@ impl OpKind {
         OpKind::Delete,
         OpKind::Trim,
         OpKind::Fork,
+        OpKind::Configure,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +89,7 @@ impl OpKind {
             OpKind::Delete => "delete",
             OpKind::Trim => "trim",
             OpKind::Fork => "fork",
+            OpKind::Configure => "configure",
         }
     }
 }
@@ -128,6 +131,9 @@ pub struct CoreMetrics {
     pub segments: AtomicU64,
     /// Whether the core's WAL takes appends (`/ready`, `pico_wal_health`).
     pub wal_health: crate::health::HealthReport,
+    /// Records made unreadable by retention (its trims), and streams it deleted (empty).
+    pub retention_records: AtomicU64,
+    pub retention_deleted_streams: AtomicU64,
 }
 
 impl CoreMetrics {

@@ -459,6 +459,7 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
                     content_type: row.config.content_type.clone(),
                     ttl_sec: row.config.ttl_sec,
                     expires_at_ms: row.config.expires_at_ms,
+                    retention: row.config.retention,
                 },
                 created_ms: row.created_ms,
                 closed: row.config.closed,
@@ -509,14 +510,19 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
             }
             for run in &entry.runs {
                 seed.next_offset = seed.next_offset.max(run.next_offset);
-                seed.runs.push((key.clone(), segment.size_bytes, *run));
+                seed.runs.push((
+                    key.clone(),
+                    segment.size_bytes,
+                    *run,
+                    entry.last_timestamp_ms,
+                ));
             }
         }
     }
     by_id
         .into_values()
         .map(|mut seed| {
-            seed.runs.sort_by_key(|(_, _, run)| run.first_offset);
+            seed.runs.sort_by_key(|(_, _, run, _)| run.first_offset);
             // Trimmed-away segments may have been garbage-collected: the trim point still
             // holds the tail, so offsets never restart lower.
             seed.next_offset = seed.next_offset.max(seed.start_offset);

@@ -78,6 +78,8 @@ struct Chunk {
     segment: u64,
     byte_start: u64,
     byte_end: u64,
+    /// The newest record's timestamp: retention by age drops a chunk once this is too old.
+    last_timestamp_ms: i64,
 }
 
 struct Stream {
@@ -103,9 +105,9 @@ pub struct StreamSeed {
     pub closed: bool,
     pub next_offset: u64,
     pub last_timestamp_ms: i64,
-    /// `(segment key, run)` sorted by offset.
-    /// `(segment key, segment size, run)` sorted by offset.
-    pub runs: Vec<(std::sync::Arc<str>, u64, SegmentRun)>,
+    /// `(segment key, segment size, run, newest timestamp of the stream in that segment)`
+    /// sorted by offset.
+    pub runs: Vec<(std::sync::Arc<str>, u64, SegmentRun, i64)>,
     /// First readable offset (raised by trims).
     pub start_offset: u64,
     /// The idle clock as last recorded in the metadata log.
@@ -302,6 +304,73 @@ fn frames_len(
         + frame::frame_len(&[], producer, writer_seq, 0)
 }
 
+/// What one stream's retention policy asks for now.
+enum RetentionAction {
+    /// Raise the start from `from` to `to`.
+    Trim { name: Rc<str>, from: u64, to: u64 },
+    /// The stream is empty and idle past its delete-on-empty time.
+    Delete { name: Rc<str> },
+}
+
+/// Retention acts on whole chunks of a stream (each within one segment), only on durable
+/// records, and never on a stream that forks read through (`fork_refs`) or on a fork (whose
+/// first records are its source's): those keep what they have until the forks are gone.
+fn retention_action(name: &Rc<str>, stream: &Stream, now_ms: i64) -> Option<RetentionAction> {
+    let state = &stream.state;
+    let retention = state.config.retention;
+    if retention.is_off() || state.fork_refs > 0 || state.fork.is_some() || state.soft_deleted {
+        return None;
+    }
+    let durable = |c: &&Chunk| c.next_offset <= state.durable_offset;
+    let mut to = state.start_offset;
+    if let Some(age_ms) = retention.age_ms {
+        let cutoff = now_ms.saturating_sub(i64::try_from(age_ms).unwrap_or(i64::MAX));
+        for chunk in stream.chunks.iter().take_while(durable) {
+            if chunk.last_timestamp_ms >= cutoff {
+                break;
+            }
+            to = to.max(chunk.next_offset);
+        }
+    }
+    if let Some(limit) = retention.bytes {
+        let size = |c: &Chunk| c.byte_end - c.byte_start;
+        let mut stored: u64 = stream
+            .chunks
+            .iter()
+            .filter(|c| c.next_offset > to)
+            .map(size)
+            .sum();
+        // The newest chunk stays, so a byte limit never empties a stream by itself.
+        let older = stream.chunks.len().saturating_sub(1);
+        for chunk in stream.chunks.iter().take(older).take_while(durable) {
+            if stored <= limit {
+                break;
+            }
+            if chunk.next_offset > to {
+                stored -= size(chunk);
+                to = chunk.next_offset;
+            }
+        }
+    }
+    if to > state.start_offset {
+        return Some(RetentionAction::Trim {
+            name: name.clone(),
+            from: state.start_offset,
+            to,
+        });
+    }
+    if let Some(idle_ms) = retention.delete_on_empty_ms {
+        let empty =
+            state.start_offset >= state.durable_offset && state.next_offset == state.durable_offset;
+        let last_write_ms = state.last_timestamp_ms.max(state.created_ms);
+        let idle = now_ms.saturating_sub(last_write_ms);
+        if empty && idle >= i64::try_from(idle_ms).unwrap_or(i64::MAX) {
+            return Some(RetentionAction::Delete { name: name.clone() });
+        }
+    }
+    None
+}
+
 fn info_of(state: &StreamState) -> StreamInfo {
     StreamInfo {
         id: state.id,
@@ -311,6 +380,7 @@ fn info_of(state: &StreamState) -> StreamInfo {
         start_offset: state.start_offset,
         next_offset: state.durable_offset,
         closed: state.closed_durable,
+        retention: state.config.retention,
     }
 }
 
@@ -368,6 +438,8 @@ impl Shard {
         glommio::spawn_local(async move { ager.age_loop().await }).detach();
         let reaper = shard.clone();
         glommio::spawn_local(async move { reaper.reaper_loop().await }).detach();
+        let retainer = shard.clone();
+        glommio::spawn_local(async move { retainer.retention_loop().await }).detach();
         let gauges = shard.clone();
         glommio::spawn_local(async move { gauges.gauges_loop().await }).detach();
         Ok(shard)
@@ -387,7 +459,7 @@ impl Shard {
             // append (its timestamp is durable with the record), never the restart itself.
             state.last_access_ms = seed.last_access_ms.max(seed.last_timestamp_ms);
             let mut chunks = Vec::with_capacity(seed.runs.len());
-            for (key, segment_size, run) in seed.runs {
+            for (key, segment_size, run, last_timestamp_ms) in seed.runs {
                 let no = *keys.entry(key.clone()).or_insert_with(|| {
                     let no = self.next_segment_no.get();
                     self.next_segment_no.set(no + 1);
@@ -408,6 +480,7 @@ impl Shard {
                     segment: no,
                     byte_start: run.byte_start,
                     byte_end: run.byte_end,
+                    last_timestamp_ms,
                 });
             }
             // A fork's own records start at its fork point; below it the source's are read.
@@ -490,6 +563,7 @@ impl Shard {
             Op::Head => OpKind::Head,
             Op::Delete => OpKind::Delete,
             Op::Trim { .. } => OpKind::Trim,
+            Op::Configure { .. } => OpKind::Configure,
             Op::ForkAcquire { .. } | Op::ForkRelease { .. } => OpKind::Fork,
         };
         let started = Instant::now();
@@ -538,6 +612,9 @@ impl Shard {
                 .trim(name, offset)
                 .await
                 .map(|start_offset| Reply::Trimmed { start_offset }),
+            Op::Configure { retention } => {
+                self.configure(name, retention).await.map(Reply::Configured)
+            }
             Op::Read(request) => self.read(name, request).await.map(Reply::Read),
             Op::Head => self.head(name).await.map(Reply::Head),
             Op::Delete => self.delete(name).await.map(|()| Reply::Deleted),
@@ -638,6 +715,7 @@ impl Shard {
             expires_at_ms: config.expires_at_ms,
             // A body given with a closing create is appended first, then the close.
             closed: closed && records.is_empty(),
+            retention: config.retention,
         };
         let fork_row = fork.as_ref().map(|f| pico_meta::ForkRow {
             source: f.source.clone(),
@@ -675,6 +753,7 @@ impl Shard {
                     content_type: row.config.content_type.clone(),
                     ttl_sec: row.config.ttl_sec,
                     expires_at_ms: row.config.expires_at_ms,
+                    retention: row.config.retention,
                 };
                 let mut state =
                     StreamState::new(row.id, row_config, row.config.closed, row.created_ms);
@@ -1072,6 +1151,7 @@ impl Shard {
                 segment: segment.no,
                 byte_start,
                 byte_end,
+                last_timestamp_ms: timestamp,
             };
             match stream.chunks.last_mut() {
                 Some(last)
@@ -1082,6 +1162,7 @@ impl Shard {
                 {
                     last.next_offset = chunk.next_offset;
                     last.byte_end = chunk.byte_end;
+                    last.last_timestamp_ms = chunk.last_timestamp_ms;
                 }
                 _ => stream.chunks.push(chunk),
             }
@@ -1560,7 +1641,13 @@ impl Shard {
 
     /// Trim: readers see the new start at once; the catalog records it before the answer.
     async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
-        let id = self.live_stream_id(name, true).await?;
+        self.trim_to(name, offset, true).await
+    }
+
+    /// A trim; `touch`: it counts as an access for a sliding TTL (a client's trim does, the
+    /// retention pass's does not).
+    async fn trim_to(&self, name: &str, offset: u64, touch: bool) -> Result<u64, EngineError> {
+        let id = self.live_stream_id(name, touch).await?;
         let (start, fence) = {
             let mut streams = self.streams.borrow_mut();
             let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
@@ -1575,6 +1662,97 @@ impl Shard {
             .map_err(|_| EngineError::ShuttingDown)?;
         self.meta_result(name, id, trimmed)?;
         Ok(start)
+    }
+
+    /// Replaces the stream's retention policy: recorded in the metadata log first, then in
+    /// memory (the next retention round applies it).
+    async fn configure(
+        &self,
+        name: &str,
+        retention: pico_meta::Retention,
+    ) -> Result<StreamInfo, EngineError> {
+        let id = self.live_stream_id(name, false).await?;
+        let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+        let configured = self
+            .meta
+            .configure_stream_fenced(id, retention, fence)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        self.meta_result(name, id, configured)?;
+        let mut streams = self.streams.borrow_mut();
+        let stream = streams
+            .get_mut(name)
+            .filter(|s| s.state.id == id)
+            .ok_or(EngineError::NotFound)?;
+        stream.state.config.retention = retention;
+        Ok(info_of(&stream.state))
+    }
+
+    /// Applies the streams' retention policies (docs/api.md, Retention): each round looks at
+    /// up to `RETENTION_STREAMS_PER_ROUND` streams, resuming after the last one, decides from
+    /// memory and then trims (or deletes) at most `RETENTION_ACTIONS_PER_ROUND` of them, each
+    /// a fenced metadata write like a client's trim. Appends never wait for it: it runs
+    /// between them on this core, one short step at a time. The sealed segments it leaves
+    /// holding nothing readable are reclaimed by the garbage collector.
+    async fn retention_loop(self: Rc<Self>) {
+        let mut after: Option<Rc<str>> = None;
+        loop {
+            glommio::timer::sleep(Duration::from_millis(limits::RETENTION_INTERVAL_MS)).await;
+            if self.stopping.get() {
+                return;
+            }
+            let (actions, next) = self.retention_round(after.as_deref(), now_ms());
+            after = next;
+            for action in actions {
+                match action {
+                    RetentionAction::Trim { name, from, to } => {
+                        match self.trim_to(&name, to, false).await {
+                            Ok(start) => CoreMetrics::add(
+                                &self.metrics.retention_records,
+                                start.saturating_sub(from),
+                            ),
+                            Err(e) => log::debug!("retention trim of {name}: {e}"),
+                        }
+                    }
+                    RetentionAction::Delete { name } => match self.delete(&name).await {
+                        Ok(()) => {
+                            log::info!("retention: deleted {name} (empty)");
+                            CoreMetrics::add(&self.metrics.retention_deleted_streams, 1);
+                        }
+                        Err(e) => log::debug!("retention delete of {name}: {e}"),
+                    },
+                }
+            }
+        }
+    }
+
+    /// One retention round's decisions, from memory; the name to resume after (`None`: the
+    /// round reached the last stream, the next starts over).
+    fn retention_round(
+        &self,
+        after: Option<&str>,
+        now_ms: i64,
+    ) -> (Vec<RetentionAction>, Option<Rc<str>>) {
+        use std::ops::Bound;
+        let streams = self.streams.borrow();
+        let range = match after {
+            Some(name) => streams.range::<str, _>((Bound::Excluded(name), Bound::Unbounded)),
+            None => streams.range::<str, _>(..),
+        };
+        let mut actions = Vec::new();
+        let mut last = None;
+        for (seen, (name, stream)) in range.enumerate() {
+            if seen >= limits::RETENTION_STREAMS_PER_ROUND
+                || actions.len() >= limits::RETENTION_ACTIONS_PER_ROUND
+            {
+                return (actions, last);
+            }
+            last = Some(name.clone());
+            if let Some(action) = retention_action(name, stream, now_ms) {
+                actions.push(action);
+            }
+        }
+        (actions, None)
     }
 
     /// Graceful shutdown: parked readers get their (possibly empty) answer now, and no read
@@ -2873,6 +3051,7 @@ fn coarsen(chunks: &mut Vec<Chunk>, segment: Option<u64>) {
             {
                 last.next_offset = chunk.next_offset;
                 last.byte_end = chunk.byte_end;
+                last.last_timestamp_ms = last.last_timestamp_ms.max(chunk.last_timestamp_ms);
             }
             _ => merged.push(chunk),
         }
@@ -2945,6 +3124,7 @@ mod tests {
             segment,
             byte_start,
             byte_end,
+            last_timestamp_ms: 0,
         }
     }
 

@@ -16,6 +16,9 @@ pub struct StreamConfig {
     pub ttl_sec: Option<u64>,
     /// Fixed expiry instant (Unix ms).
     pub expires_at_ms: Option<i64>,
+    /// What the stream keeps; not part of a re-create's comparison (a `PUT` of an existing
+    /// stream neither checks nor changes it: `Op::Configure` does).
+    pub retention: pico_meta::Retention,
 }
 
 /// Where a fork's inherited records come from: records `0..offset` of the source, plus the
@@ -396,6 +399,7 @@ mod tests {
             content_type: "text/plain".into(),
             ttl_sec: None,
             expires_at_ms: None,
+            retention: Default::default(),
         }
     }
 

@@ -31,6 +31,7 @@ fn create() -> Op {
             content_type: "text/plain".into(),
             ttl_sec: None,
             expires_at_ms: None,
+            retention: Default::default(),
         },
         closed: false,
         records: Vec::new(),

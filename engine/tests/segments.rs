@@ -42,6 +42,7 @@ fn create_text() -> Op {
             content_type: "text/plain".into(),
             ttl_sec: None,
             expires_at_ms: None,
+            retention: Default::default(),
         },
         closed: false,
         records: Vec::new(),

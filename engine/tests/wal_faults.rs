@@ -69,6 +69,7 @@ fn create_with(records: Vec<RecordInput>) -> Op {
             content_type: "application/octet-stream".into(),
             ttl_sec: None,
             expires_at_ms: None,
+            retention: Default::default(),
         },
         closed: false,
         records,

@@ -30,7 +30,8 @@ macro_rules! select_stream {
     () => {
         "SELECT id, name, content_type, ttl_sec, expires_at_ms, closed, created_ms, start_offset,
                 COALESCE(last_access_ms, created_ms), fork_source, fork_source_id, fork_offset,
-                fork_partial_bytes, soft_deleted, owner_node, owner_epoch, transfer_to
+                fork_partial_bytes, soft_deleted, owner_node, owner_epoch, transfer_to,
+                retention_age_ms, retention_bytes, delete_on_empty_ms
          FROM streams"
     };
 }
@@ -58,6 +59,9 @@ macro_rules! stream_columns {
             owner_node: $row.$get(14)?,
             owner_epoch: $row.$get(15)?,
             transfer_to: $row.$get(16)?,
+            retention_age_ms: $row.$get(17)?,
+            retention_bytes: $row.$get(18)?,
+            delete_on_empty_ms: $row.$get(19)?,
         }
     };
 }
@@ -126,6 +130,10 @@ pub(crate) struct StreamColumns {
     pub owner_epoch: i64,
     /// A transfer asked for and not done yet: the node the stream goes to.
     pub transfer_to: Option<i64>,
+    /// The retention policy's limits (NULL: off).
+    pub retention_age_ms: Option<i64>,
+    pub retention_bytes: Option<i64>,
+    pub delete_on_empty_ms: Option<i64>,
 }
 
 /// The columns of a new `streams` row; the others take their defaults.
@@ -142,6 +150,8 @@ pub(crate) struct NewStream<'a> {
     pub fork_partial_bytes: Option<i64>,
     /// The creating node, in a cluster; the row starts at owner epoch 1.
     pub owner_node: Option<i64>,
+    /// Retention limits, `[age_ms, bytes, delete_on_empty_ms]` (NULL: off).
+    pub retention: [Option<i64>; 3],
 }
 
 /// One `segments` row.
@@ -174,6 +184,8 @@ pub(crate) enum StreamUpdate {
     RaiseStart(i64),
     /// `last_access_ms` (NULL counting as `created_ms`) becomes the larger of itself and this.
     RaiseLastAccess(i64),
+    /// The retention limits become `[age_ms, bytes, delete_on_empty_ms]` (NULL: off).
+    SetRetention([Option<i64>; 3]),
 }
 
 /// The SQL side of the metadata thread. Errors of data statements are [`MetaError::Storage`]

@@ -53,6 +53,26 @@ pub struct StreamConfig {
     pub expires_at_ms: Option<i64>,
     /// Closed streams accept no more appends; permanent for the name.
     pub closed: bool,
+    /// What the stream keeps (docs/api.md, Retention); changeable after create.
+    pub retention: Retention,
+}
+
+/// A stream's retention policy: each limit is off when `None`. Retention acts as a trim (the
+/// start offset moves forward), at the granularity of the stream's stored chunks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Records whose timestamp is older than this become unreadable.
+    pub age_ms: Option<u64>,
+    /// The oldest records go once the stream stores more than this many bytes.
+    pub bytes: Option<u64>,
+    /// A stream with no records left and no write for this long is deleted.
+    pub delete_on_empty_ms: Option<u64>,
+}
+
+impl Retention {
+    pub fn is_off(&self) -> bool {
+        *self == Retention::default()
+    }
 }
 
 /// One registry row.

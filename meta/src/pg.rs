@@ -115,6 +115,10 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE streams ADD COLUMN transfer_to BIGINT;
      CREATE INDEX streams_owner ON streams (owner_node);
      CREATE INDEX segment_streams_stream ON segment_streams (stream_id);",
+    // 7: retention policy (NULL: no limit).
+    "ALTER TABLE streams ADD COLUMN retention_age_ms BIGINT;
+     ALTER TABLE streams ADD COLUMN retention_bytes BIGINT;
+     ALTER TABLE streams ADD COLUMN delete_on_empty_ms BIGINT;",
 ];
 
 /// The schema version this build writes.
@@ -433,8 +437,9 @@ impl Backend for Postgres {
         let rows = self.query(
             "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms,
                                   fork_source, fork_source_id, fork_offset, fork_partial_bytes,
-                                  owner_node)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                  owner_node, retention_age_ms, retention_bytes,
+                                  delete_on_empty_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
              ON CONFLICT (name) DO NOTHING
              RETURNING id",
             &[
@@ -449,6 +454,9 @@ impl Backend for Postgres {
                 &stream.fork_offset,
                 &stream.fork_partial_bytes,
                 &stream.owner_node,
+                &stream.retention[0],
+                &stream.retention[1],
+                &stream.retention[2],
             ],
             "insert stream",
         )?;
@@ -486,6 +494,13 @@ impl Backend for Postgres {
                  WHERE id = $1",
                 &[&id, &ms],
                 "touch stream",
+            ),
+            StreamUpdate::SetRetention([age, bytes, empty]) => self.execute(
+                "UPDATE streams
+                 SET retention_age_ms = $2, retention_bytes = $3, delete_on_empty_ms = $4
+                 WHERE id = $1",
+                &[&id, &age, &bytes, &empty],
+                "configure stream",
             ),
         }?;
         Ok(())

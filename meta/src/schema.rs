@@ -24,6 +24,9 @@
 //!   owner_node    INTEGER NULL                 (v6)           cluster: the owning node (NULL: none)
 //!   owner_epoch   INTEGER NOT NULL DEFAULT 1   (v6)           +1 on every change of owner (fencing)
 //!   transfer_to   INTEGER NULL                 (v6)           cluster: a pending transfer's target
+//!   retention_age_ms INTEGER NULL              (v7)           set at create, changed by configure
+//!   retention_bytes INTEGER NULL               (v7)           (NULL: that limit is off)
+//!   delete_on_empty_ms INTEGER NULL            (v7)
 //!
 //! nodes            cluster members (v6); rows are never deleted  (Postgres only in practice)
 //!   node_id       INTEGER PRIMARY KEY                        --node-id
@@ -138,6 +141,10 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE streams ADD COLUMN transfer_to INTEGER;
      CREATE INDEX streams_owner ON streams (owner_node);
      CREATE INDEX segment_streams_stream ON segment_streams (stream_id);",
+    // 7: retention policy (NULL: no limit).
+    "ALTER TABLE streams ADD COLUMN retention_age_ms INTEGER;
+     ALTER TABLE streams ADD COLUMN retention_bytes INTEGER;
+     ALTER TABLE streams ADD COLUMN delete_on_empty_ms INTEGER;",
 ];
 
 /// The schema version this build writes.
@@ -283,6 +290,7 @@ mod tests {
                 ttl_sec: Some(30),
                 expires_at_ms: None,
                 closed: true,
+                retention: Default::default(),
             },
             created_ms: 1000,
             start_offset: 0,
@@ -335,8 +343,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6]);
-        assert_eq!(SCHEMA_VERSION, 6);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(SCHEMA_VERSION, 7);
     }
 
     #[test]
@@ -344,6 +352,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7]);
     }
 }

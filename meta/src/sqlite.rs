@@ -102,8 +102,9 @@ impl Backend for Sqlite {
             .prepare_cached(
                 "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed,
                                       created_ms, fork_source, fork_source_id, fork_offset,
-                                      fork_partial_bytes, owner_node)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                                      fork_partial_bytes, owner_node, retention_age_ms,
+                                      retention_bytes, delete_on_empty_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
                  ON CONFLICT (name) DO NOTHING
                  RETURNING id",
             )
@@ -121,7 +122,10 @@ impl Backend for Sqlite {
                             stream.fork_source_id,
                             stream.fork_offset,
                             stream.fork_partial_bytes,
-                            stream.owner_node
+                            stream.owner_node,
+                            stream.retention[0],
+                            stream.retention[1],
+                            stream.retention[2]
                         ],
                         |row| row.get(0),
                     )
@@ -158,10 +162,16 @@ impl Backend for Sqlite {
                 Some(ms),
                 "touch",
             ),
+            StreamUpdate::SetRetention(_) => ("", None, "configure"),
         };
-        let result = match value {
-            None => self.conn.execute(sql, [id]),
-            Some(value) => self.conn.execute(sql, [id, value]),
+        let result = match (value, update) {
+            (_, StreamUpdate::SetRetention([age, bytes, empty])) => self.conn.execute(
+                "UPDATE streams SET retention_age_ms = ?2, retention_bytes = ?3, \
+                 delete_on_empty_ms = ?4 WHERE id = ?1",
+                params![id, age, bytes, empty],
+            ),
+            (None, _) => self.conn.execute(sql, [id]),
+            (Some(value), _) => self.conn.execute(sql, [id, value]),
         };
         result.map_err(storage(&format!("{doing} stream")))?;
         Ok(())

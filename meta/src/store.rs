@@ -43,6 +43,7 @@ use crate::MetaError;
 use crate::MetaUrl;
 use crate::ProducerState;
 use crate::Reply;
+use crate::Retention;
 use crate::SegmentRecord;
 use crate::SegmentStreamEntry;
 use crate::Snapshot;
@@ -247,6 +248,24 @@ impl MetaStore {
             reply,
         });
         answer
+    }
+
+    /// Replaces the retention policy of `id` (fenced, see [`MetaStore::close_stream_fenced`]).
+    /// Rejected (as [`MetaError::Storage`], nothing written) when a limit exceeds `i64::MAX`.
+    pub fn configure_stream_fenced(
+        &self,
+        id: u64,
+        retention: Retention,
+        fence: Option<Fence>,
+    ) -> Reply<()> {
+        match retention_columns(&retention) {
+            Ok(columns) => self.update_stream(id, StreamUpdate::SetRetention(columns), fence),
+            Err(e) => {
+                let (reply, answer) = oneshot::channel();
+                let _ = reply.send(Err(e));
+                answer
+            }
+        }
     }
 
     /// [`MetaStore::soft_delete_stream`], fenced (see [`MetaStore::close_stream_fenced`]).
@@ -708,6 +727,23 @@ fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
 }
 
 /// `value` as the signed 64-bit integer both databases store, or an error naming `what`.
+/// A retention policy as its three columns (NULL: off).
+fn retention_columns(retention: &Retention) -> Result<[Option<i64>; 3], MetaError> {
+    let column = |value: Option<u64>, what: &'static str| {
+        value.map(|v| storable(v, || what.to_string())).transpose()
+    };
+    Ok([
+        column(retention.age_ms, "retention age")?,
+        column(retention.bytes, "retention bytes")?,
+        column(retention.delete_on_empty_ms, "delete-on-empty time")?,
+    ])
+}
+
+/// A nullable limit column: NULL is off, a negative value is damage.
+fn limit(value: Option<i64>, what: impl FnOnce() -> String) -> Result<Option<u64>, MetaError> {
+    value.map(|v| unsigned(Some(v), what)).transpose()
+}
+
 pub(crate) fn storable(value: u64, what: impl FnOnce() -> String) -> Result<i64, MetaError> {
     i64::try_from(value)
         .map_err(|_| MetaError::Storage(format!("{} {value} is not storable", what())))
@@ -750,6 +786,9 @@ pub(crate) fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError>
         owner_node: _,
         owner_epoch: _,
         transfer_to: _,
+        retention_age_ms,
+        retention_bytes,
+        delete_on_empty_ms,
     } = columns;
     let column = |what: &'static str| {
         let name = &name;
@@ -770,6 +809,11 @@ pub(crate) fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError>
             partial_bytes: unsigned(fork_partial_bytes, column("fork_partial_bytes"))?,
         }),
     };
+    let retention = Retention {
+        age_ms: limit(retention_age_ms, column("retention_age_ms"))?,
+        bytes: limit(retention_bytes, column("retention_bytes"))?,
+        delete_on_empty_ms: limit(delete_on_empty_ms, column("delete_on_empty_ms"))?,
+    };
     Ok(StreamRow {
         id,
         start_offset,
@@ -779,6 +823,7 @@ pub(crate) fn stream_row(columns: StreamColumns) -> Result<StreamRow, MetaError>
             ttl_sec,
             expires_at_ms,
             closed,
+            retention,
         },
         created_ms,
         last_access_ms,
@@ -833,6 +878,7 @@ fn create(
         fork_offset: fork_columns.2,
         fork_partial_bytes: fork_columns.3,
         owner_node: owner.map(i64::from),
+        retention: retention_columns(&config.retention)?,
     };
     let Some(id) = db.insert_stream(&new)? else {
         // Registered since our look-up by someone else sharing the database (another node on

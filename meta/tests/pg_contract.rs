@@ -135,6 +135,7 @@ contract!(
     calls_after_shutdown_answer_closed,
     garbage_is_what_no_live_stream_needs_and_drop_forgets_it,
     reopening_migrates_nothing_and_a_newer_schema_is_refused,
+    retention_is_set_at_create_replaced_by_configure_and_survives_reopen,
 );
 
 fn config(content_type: &str) -> StreamConfig {
@@ -143,6 +144,7 @@ fn config(content_type: &str) -> StreamConfig {
         ttl_sec: None,
         expires_at_ms: None,
         closed: false,
+        retention: Default::default(),
     }
 }
 
@@ -194,6 +196,7 @@ fn create_duplicate_delete_recreate(db: &Db) {
         ttl_sec: Some(60),
         expires_at_ms: Some(1_900_000_000_000),
         closed: false,
+        retention: Default::default(),
     };
     let first = wait(store.create_stream("/streams/orders", json.clone(), 1_000)).unwrap();
     assert!(first.created);
@@ -283,6 +286,50 @@ fn close_is_persistent_and_idempotent(db: &Db) {
     let snapshot = db.reopen_snapshot();
     assert_eq!(snapshot.streams.len(), 1);
     assert!(snapshot.streams[0].config.closed);
+}
+
+fn retention_is_set_at_create_replaced_by_configure_and_survives_reopen(db: &Db) {
+    use pico_meta::Retention;
+    let (store, _) = db.open();
+    let kept = Retention {
+        age_ms: Some(7 * 24 * 3600 * 1000),
+        bytes: Some(10 << 30),
+        delete_on_empty_ms: None,
+    };
+    let with = StreamConfig {
+        retention: kept,
+        ..config("text/plain")
+    };
+    let a = wait(store.create_stream("/a", with, 1)).unwrap().row;
+    assert_eq!(a.config.retention, kept);
+    let b = wait(store.create_stream("/b", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    assert!(b.config.retention.is_off());
+    let changed = Retention {
+        age_ms: None,
+        bytes: Some(1024),
+        delete_on_empty_ms: Some(60_000),
+    };
+    wait(store.configure_stream_fenced(b.id, changed, None)).unwrap();
+    // Beyond what the databases store: refused, nothing written.
+    let huge = Retention {
+        bytes: Some(u64::MAX),
+        ..changed
+    };
+    assert!(wait(store.configure_stream_fenced(a.id, huge, None)).is_err());
+    store.shutdown();
+
+    let snapshot = db.reopen_snapshot();
+    let retention = |name: &str| {
+        snapshot
+            .streams
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.config.retention)
+    };
+    assert_eq!(retention("/a"), Some(kept));
+    assert_eq!(retention("/b"), Some(changed));
 }
 
 fn trim_only_raises_and_survives_reopen(db: &Db) {
@@ -983,7 +1030,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
          WHERE table_schema = current_schema() ORDER BY 1, 2",
     );
     assert_eq!(postgres_columns, sqlite_columns);
-    assert_eq!(postgres_columns.len(), 38);
+    assert_eq!(postgres_columns.len(), 41);
 
     let sqlite_versions: Vec<i64> = conn
         .prepare("SELECT version FROM schema_version ORDER BY version")
@@ -1032,7 +1079,8 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("3"),
             Some("4"),
             Some("5"),
-            Some("6")
+            Some("6"),
+            Some("7")
         ]
     );
 }

@@ -55,6 +55,7 @@ fn in_memory_store_works() {
             ttl_sec: None,
             expires_at_ms: None,
             closed: false,
+            retention: Default::default(),
         },
         0,
     ))

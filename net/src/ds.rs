@@ -561,6 +561,7 @@ async fn create(
             content_type,
             ttl_sec,
             expires_at_ms,
+            retention: Default::default(),
         },
         closed,
         records,

@@ -366,6 +366,7 @@ async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         content_type: stream_content_type(request),
         ttl_sec,
         expires_at_ms,
+        retention: Default::default(),
     };
     // D1: a body given with the create becomes the first record.
     let records = if request.body.is_empty() {

@@ -112,6 +112,7 @@ impl Node {
             content_type: "application/json".into(),
             ttl_sec: None,
             expires_at_ms: None,
+            retention: Default::default(),
         };
         let create = Op::Create {
             config,
