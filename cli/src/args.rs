@@ -59,6 +59,7 @@ pub enum Command {
     Close(CloseArgs),
     Delete(DeleteArgs),
     Trim(TrimArgs),
+    Retention(RetentionArgs),
     Config(ConfigArgs),
     Bench(pico_bench::BenchArgs),
     Admin(AdminArgs),
@@ -149,6 +150,28 @@ pub struct ServeArgs {
         from_str_fn(parse_size)
     )]
     pub catch_up_read_size: u64,
+
+    /// retention age of streams created without one: older records are trimmed away; a duration such as 90s, 30m, 12h or 7d, 0 = off (default 0) [env: PICO_DEFAULT_RETENTION_AGE]
+    #[argh(
+        option,
+        arg_name = "duration",
+        default = "0",
+        from_str_fn(parse_duration)
+    )]
+    pub default_retention_age: u64,
+
+    /// retention size of streams created without one: their oldest records go beyond it; bytes or with KiB/MiB/GiB suffix, 0 = off (default 0) [env: PICO_DEFAULT_RETENTION_BYTES]
+    #[argh(option, arg_name = "size", default = "0", from_str_fn(parse_size))]
+    pub default_retention_bytes: u64,
+
+    /// streams created without their own are deleted once empty with no write for this long; a duration, 0 = off (default 0) [env: PICO_DEFAULT_DELETE_ON_EMPTY]
+    #[argh(
+        option,
+        arg_name = "duration",
+        default = "0",
+        from_str_fn(parse_duration)
+    )]
+    pub default_delete_on_empty: u64,
 
     /// largest accepted request body; larger gets 413 (default 8MiB) [env: PICO_MAX_BODY_SIZE]
     #[argh(
@@ -289,6 +312,39 @@ pub struct CreateArgs {
     /// idle expiry in seconds: the whole stream is deleted after this long without reads or appends (HEAD does not count) [env: PICO_TTL]
     #[argh(option, arg_name = "secs")]
     pub ttl: Option<u64>,
+
+    /// records older than this are trimmed away: a duration such as 90s, 30m, 12h or 7d; 0 = off even if the server has a default (Pico protocol) [env: PICO_RETENTION_AGE]
+    #[argh(option, arg_name = "duration", from_str_fn(parse_duration))]
+    pub retention_age: Option<u64>,
+
+    /// the oldest records go once the stream stores more than this: bytes or with KiB/MiB/GiB suffix; 0 = off (Pico protocol) [env: PICO_RETENTION_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub retention_bytes: Option<u64>,
+
+    /// delete the stream once it holds no records and had no write for this long: a duration; 0 = off (Pico protocol) [env: PICO_DELETE_ON_EMPTY]
+    #[argh(option, arg_name = "duration", from_str_fn(parse_duration))]
+    pub delete_on_empty: Option<u64>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "retention")]
+/// Change a stream's retention (Pico protocol): each option given replaces that limit, 0 turns it off, the others stay; prints the policy after the change (age= bytes= delete_on_empty=, - when off).
+pub struct RetentionArgs {
+    #[argh(positional)]
+    /// stream name
+    pub stream: String,
+
+    /// records older than this are trimmed away: a duration such as 90s, 30m, 12h or 7d; 0 = off [env: PICO_AGE]
+    #[argh(option, arg_name = "duration", from_str_fn(parse_duration))]
+    pub age: Option<u64>,
+
+    /// the oldest records go once the stream stores more than this: bytes or with KiB/MiB/GiB suffix; 0 = off [env: PICO_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub bytes: Option<u64>,
+
+    /// delete the stream once it holds no records and had no write for this long: a duration; 0 = off [env: PICO_DELETE_ON_EMPTY]
+    #[argh(option, arg_name = "duration", from_str_fn(parse_duration))]
+    pub delete_on_empty: Option<u64>,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -549,6 +605,27 @@ pub struct AdminSetSlotsArgs {
 }
 
 /// Non-negative seconds, fractions allowed (`0.5`).
+/// Durations in whole seconds: a plain number, or one with a unit (`90s`, `30m`, `12h`, `7d`).
+pub fn parse_duration(value: &str) -> Result<u64, String> {
+    let trimmed = value.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let bad = || format!("expected a duration such as 90s, 30m, 12h or 7d, got {value:?}");
+    let number: u64 = digits.parse().map_err(|_| bad())?;
+    let unit_secs = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(unit_secs)
+        .ok_or_else(|| format!("duration {value:?} is too large"))
+}
+
 fn parse_seconds(value: &str) -> Result<f64, String> {
     value
         .parse::<f64>()
@@ -634,6 +711,23 @@ pub fn parse_size(value: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(90));
+        assert_eq!(parse_duration("90s"), Ok(90));
+        assert_eq!(parse_duration("30m"), Ok(1800));
+        assert_eq!(parse_duration("12h"), Ok(43_200));
+        assert_eq!(parse_duration("7d"), Ok(604_800));
+        assert_eq!(parse_duration("0"), Ok(0));
+        for bad in ["", "d", "7w", "-1d", "1.5h", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            parse_duration("213503982334602d").is_err(),
+            "overflows u64 seconds"
+        );
+    }
 
     #[test]
     fn sizes() {

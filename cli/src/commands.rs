@@ -4,10 +4,13 @@ use std::io::{self, BufRead, Write};
 use std::time::Duration;
 
 use bytes::Bytes;
-use pico_client::{ApiError, Client, ClientError, ErrorKind, Position, Protocol, ReadPage};
+use pico_client::{
+    ApiError, Client, ClientError, ErrorKind, Position, Protocol, ReadPage, Retention,
+};
 
 use crate::args::{
-    AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, LsArgs, ReadArgs, TailArgs, TrimArgs,
+    AppendArgs, CloseArgs, CreateArgs, DeleteArgs, HeadArgs, LsArgs, ReadArgs, RetentionArgs,
+    TailArgs, TrimArgs,
 };
 use crate::progress::Progress;
 use crate::Failure;
@@ -17,10 +20,40 @@ use crate::Failure;
 const EMPTY_PAGE_PAUSE: Duration = Duration::from_millis(100);
 
 pub async fn create(client: &Client, args: &CreateArgs) -> Result<(), Failure> {
+    let retention = Retention {
+        age_secs: args.retention_age,
+        bytes: args.retention_bytes,
+        delete_on_empty_secs: args.delete_on_empty,
+    };
     let created = client
-        .create(&args.stream, args.content_type.as_deref(), args.ttl)
+        .create_retained(
+            &args.stream,
+            args.content_type.as_deref(),
+            args.ttl,
+            &retention,
+        )
         .await?;
     eprintln!("created={created}");
+    Ok(())
+}
+
+pub async fn retention(client: &Client, args: &RetentionArgs) -> Result<(), Failure> {
+    let asked = Retention {
+        age_secs: args.age,
+        bytes: args.bytes,
+        delete_on_empty_secs: args.delete_on_empty,
+    };
+    let now = client.set_retention(&args.stream, &asked).await?;
+    let shown = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "age={} bytes={} delete_on_empty={}",
+        shown(now.age_secs),
+        shown(now.bytes),
+        shown(now.delete_on_empty_secs)
+    )?;
+    out.flush()?;
     Ok(())
 }
 

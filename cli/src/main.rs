@@ -184,6 +184,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Command::Close(args) => commands::close(&client, args).await,
             Command::Delete(args) => commands::delete(&client, args).await,
             Command::Trim(args) => commands::trim(&client, args).await,
+            Command::Retention(args) => commands::retention(&client, args).await,
         }
     })
 }

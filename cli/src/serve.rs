@@ -80,6 +80,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             ms => ms,
         },
         max_chunk_size,
+        default_retention: default_retention(args)?,
         catch_up_read_size: match size(args.catch_up_read_size, "--catch-up-read-size")? {
             n if n == 0 || n > pico_engine::limits::CATCH_UP_READ_BYTES_MAX => {
                 return Err(format!(
@@ -209,6 +210,37 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
         );
     }
     warnings
+}
+
+/// `--default-retention-*`: each limit, checked against what a stream may have (0: off).
+fn default_retention(args: &ServeArgs) -> Result<pico_engine::meta::Retention, String> {
+    use pico_engine::limits::{RETENTION_AGE_SEC_MAX, RETENTION_BYTES_MAX};
+    let limit = |value: u64, max: u64, unit_ms: u64, flag: &str| match value {
+        0 => Ok(None),
+        v if v > max => Err(format!("{flag} must be at most {max}, got {v}")),
+        // Within the maximum, the product fits.
+        v => Ok(Some(v * unit_ms)),
+    };
+    Ok(pico_engine::meta::Retention {
+        age_ms: limit(
+            args.default_retention_age,
+            RETENTION_AGE_SEC_MAX,
+            1000,
+            "--default-retention-age (seconds)",
+        )?,
+        bytes: limit(
+            args.default_retention_bytes,
+            RETENTION_BYTES_MAX,
+            1,
+            "--default-retention-bytes",
+        )?,
+        delete_on_empty_ms: limit(
+            args.default_delete_on_empty,
+            RETENTION_AGE_SEC_MAX,
+            1000,
+            "--default-delete-on-empty (seconds)",
+        )?,
+    })
 }
 
 #[cfg(test)]

@@ -1042,7 +1042,7 @@ fn options_and_cors() {
         assert!(r.body.is_empty());
         assert_eq!(
             r.header("access-control-allow-methods"),
-            Some("GET, PUT, POST, DELETE, HEAD, OPTIONS")
+            Some("GET, PUT, POST, PATCH, DELETE, HEAD, OPTIONS")
         );
         let allow = r.h("access-control-allow-headers").to_ascii_lowercase();
         for name in [
@@ -1053,6 +1053,9 @@ fn options_and_cors() {
             "pico-ttl",
             "pico-expires-at",
             "pico-closed",
+            "pico-retention-age",
+            "pico-retention-bytes",
+            "pico-delete-on-empty",
         ] {
             assert!(allow.contains(name), "allow-headers lacks {name}: {allow}");
         }
@@ -1065,9 +1068,9 @@ fn request_errors() {
     let s = Server::start(ONE_CORE);
     create(&s, "/e", "text/plain");
 
-    let r = req(&s, "PATCH", "/e", &[], b"x");
+    let r = req(&s, "TRACE", "/e", &[], b"x");
     error_message(&r, 405, "method_not_allowed", "method not allowed");
-    for method in ["DELETE", "TRACE"] {
+    for method in ["DELETE", "TRACE", "PATCH"] {
         let r = req(&s, method, "/", &[], b"");
         r.expect_error(405, "method_not_allowed");
     }

@@ -87,6 +87,39 @@ impl ClientConfig {
     }
 }
 
+/// A stream's retention policy as the Pico protocol carries it (docs/api.md, Retention).
+/// In a request, `None` leaves a limit as it is (or the server's default, at create) and
+/// `Some(0)` turns it off; in an answer, `None` means off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Records older than this many seconds become unreadable.
+    pub age_secs: Option<u64>,
+    /// The oldest records go once the stream stores more than this many bytes.
+    pub bytes: Option<u64>,
+    /// An empty stream with no write for this many seconds is deleted.
+    pub delete_on_empty_secs: Option<u64>,
+}
+
+impl Retention {
+    pub fn is_empty(&self) -> bool {
+        *self == Retention::default()
+    }
+
+    fn headers(&self, mut request: RequestBuilder) -> RequestBuilder {
+        let named = [
+            ("Pico-Retention-Age", self.age_secs),
+            ("Pico-Retention-Bytes", self.bytes),
+            ("Pico-Delete-On-Empty", self.delete_on_empty_secs),
+        ];
+        for (name, value) in named {
+            if let Some(value) = value {
+                request = request.header(name, value.to_string());
+            }
+        }
+        request
+    }
+}
+
 /// `HEAD` of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamInfo {
@@ -300,9 +333,29 @@ impl Client {
         content_type: Option<&str>,
         ttl_secs: Option<u64>,
     ) -> Result<bool, ClientError> {
-        let mut request = self
-            .request(Method::PUT, stream)?
-            .header(CONTENT_TYPE, content_type.unwrap_or(DEFAULT_CONTENT_TYPE));
+        self.create_retained(stream, content_type, ttl_secs, &Retention::default())
+            .await
+    }
+
+    /// [`Client::create`] with a retention policy (Pico protocol; each limit left `None`
+    /// takes the server's default, `Some(0)` turns it off). A stream that already exists
+    /// keeps its policy: [`Client::set_retention`] changes it.
+    pub async fn create_retained(
+        &self,
+        stream: &str,
+        content_type: Option<&str>,
+        ttl_secs: Option<u64>,
+        retention: &Retention,
+    ) -> Result<bool, ClientError> {
+        if !retention.is_empty() {
+            self.require_pico_for(
+                "the Durable Streams protocol has no retention headers; use --protocol pico",
+            )?;
+        }
+        let mut request = retention.headers(
+            self.request(Method::PUT, stream)?
+                .header(CONTENT_TYPE, content_type.unwrap_or(DEFAULT_CONTENT_TYPE)),
+        );
         if let Some(ttl) = ttl_secs {
             let name = match self.protocol {
                 Protocol::Pico => "Pico-TTL",
@@ -446,6 +499,28 @@ impl Client {
 
     /// Trims the stream: records below `seq` become unreadable. Returns the new start
     /// (the request clamped to the tail).
+    /// Changes the limits `retention` names (`Some(0)`: off), keeps the others; the policy
+    /// after the change (Pico protocol). With no limit named it only reads the policy.
+    pub async fn set_retention(
+        &self,
+        stream: &str,
+        retention: &Retention,
+    ) -> Result<Retention, ClientError> {
+        self.require_pico_for("retention is a Pico protocol feature; use --protocol pico")?;
+        let request = retention.headers(
+            self.request(Method::PATCH, stream)?
+                .header(CONTENT_LENGTH, "0"),
+        );
+        let response = send(request).await?;
+        let headers = response.headers();
+        let limit = |name: &str| text(headers, name).and_then(|v| v.parse::<u64>().ok());
+        Ok(Retention {
+            age_secs: limit("pico-retention-age"),
+            bytes: limit("pico-retention-bytes"),
+            delete_on_empty_secs: limit("pico-delete-on-empty"),
+        })
+    }
+
     pub async fn trim(&self, stream: &str, seq: u64) -> Result<u64, ClientError> {
         self.require_pico_for("trim is a Pico protocol operation; use --protocol pico")?;
         let request = self

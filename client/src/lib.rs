@@ -22,7 +22,7 @@ mod producer;
 
 pub use client::{
     http_client_builder, AppendAck, Client, ClientConfig, ListedStream, ProducerAck, Protocol,
-    ReadPage, StreamInfo, StreamList, DEFAULT_CONTENT_TYPE,
+    ReadPage, Retention, StreamInfo, StreamList, DEFAULT_CONTENT_TYPE,
 };
 pub use codec::{CodecError, NewRecord, Record};
 pub use error::{kind_for_status, transport_message, ApiError, ClientError, ErrorKind};

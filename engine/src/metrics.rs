@@ -134,6 +134,8 @@ pub struct CoreMetrics {
     /// Records made unreadable by retention (its trims), and streams it deleted (empty).
     pub retention_records: AtomicU64,
     pub retention_deleted_streams: AtomicU64,
+    /// Segments garbage collection deleted from the bucket and the catalog (core 0 runs it).
+    pub gc_segments_deleted: AtomicU64,
 }
 
 impl CoreMetrics {

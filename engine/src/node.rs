@@ -986,6 +986,7 @@ impl CoreHandle {
             .await
             .map_err(|_| "metadata store stopped".to_string())?
             .map_err(|e| e.to_string())?;
+        self.shard.count_collected(keys.len());
         let keys = Arc::new(keys);
         self.shard.forget_segments(&keys);
         for core in (0..self.cores).filter(|&c| c != self.core) {

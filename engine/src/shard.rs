@@ -2296,6 +2296,11 @@ impl Shard {
     }
 
     /// Drops the table entries (and cached bytes) of garbage-collected segments.
+    /// Garbage collection deleted `count` segments.
+    pub(crate) fn count_collected(&self, count: usize) {
+        CoreMetrics::add(&self.metrics.gc_segments_deleted, count as u64);
+    }
+
     pub(crate) fn forget_segments(&self, keys: &[String]) {
         let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
         let mut segments = self.segments.borrow_mut();

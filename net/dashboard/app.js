@@ -136,6 +136,18 @@ async function loadDetail() {
   return selected ? (await api(`/admin/streams${selected}`)).body : null;
 }
 
+// The stream's retention policy as one line: each limit that is on, or "keeps everything".
+function retentionText(retention) {
+  if (!retention) return "keeps everything";
+  const parts = [];
+  if (retention.ageSeconds != null) parts.push(`records younger than ${retention.ageSeconds} s`);
+  if (retention.bytes != null) parts.push(`at most ${fmtInt(retention.bytes)} bytes`);
+  if (retention.deleteOnEmptySeconds != null) {
+    parts.push(`deleted when empty for ${retention.deleteOnEmptySeconds} s`);
+  }
+  return parts.length ? parts.join(", ") : "keeps everything";
+}
+
 function renderDetail(body) {
   if (!body) return;
   $("detail").hidden = false;
@@ -145,6 +157,7 @@ function renderDetail(body) {
     ["next offset", body.endOffset], ["closed", body.closed ? "yes" : "no"],
     ["TTL", body.ttlSeconds == null ? "none" : `${body.ttlSeconds} s`],
     ["expires", body.expiresAt ?? "never"], ["owner", `node ${body.ownerNodeId} (${body.ownerAdvertisedAddress})`],
+    ["retention", retentionText(body.retention)],
   ];
   $("detail-fields").replaceChildren(...fields.flatMap(([k, v]) => {
     const dt = document.createElement("dt"); dt.textContent = k;

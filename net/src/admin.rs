@@ -292,6 +292,16 @@ fn stream_json(name: &str, info: &StreamInfo, state: &AdminState) -> Value {
         "startOffset": info.start_offset,
         "endOffset": info.next_offset,
         "pendingTransfer": Value::Null,
+        "retention": retention_json(&info.retention),
+    })
+}
+
+/// A stream's retention policy for the admin API: each limit, `null` when off.
+pub(crate) fn retention_json(retention: &pico_engine::meta::Retention) -> Value {
+    json!({
+        "ageSeconds": retention.age_ms.map(|ms| ms / 1000),
+        "bytes": retention.bytes,
+        "deleteOnEmptySeconds": retention.delete_on_empty_ms.map(|ms| ms / 1000),
     })
 }
 

@@ -165,6 +165,7 @@ fn stream_json(
             (Some(to), from) => json!({"fromNode": from, "toNode": to}),
             _ => Value::Null,
         },
+        "retention": crate::admin::retention_json(&local.map_or(row.config.retention, |i| i.retention)),
     })
 }
 

@@ -64,6 +64,8 @@ pub struct ServerConfig {
     pub max_chunk_size: usize,
     /// Byte budget of a Durable Streams catch-up read (up to the tail within it).
     pub catch_up_read_size: usize,
+    /// `--default-retention-age` and friends: the limits of a stream created without its own.
+    pub default_retention: pico_engine::meta::Retention,
     /// Largest accepted request body (bytes); larger → 413.
     pub max_body_size: usize,
     /// A request not received within this is `408`; an idle connection closes after it
@@ -123,6 +125,7 @@ impl Default for ServerConfig {
             sse_max_duration_ms: 55_000,
             max_chunk_size: 64 * 1024,
             catch_up_read_size: pico_engine::limits::CATCH_UP_READ_BYTES_DEFAULT,
+            default_retention: Default::default(),
             max_body_size: 8 * 1024 * 1024,
             request_timeout_ms: crate::limits::REQUEST_TIMEOUT_SEC_DEFAULT * 1000,
             segment_size: 8 * 1024 * 1024,

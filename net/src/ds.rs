@@ -50,6 +50,9 @@ pub struct DsSettings {
     /// `https` when the listener serves TLS (for absolute URLs in `Location`).
     pub scheme: &'static str,
     pub subscriptions: Arc<Subscriptions>,
+    /// The protocol has no retention header: a stream created here gets the node's default
+    /// (`--default-retention-*`), and a Pico `PATCH` can change it later.
+    pub default_retention: pico_engine::meta::Retention,
 }
 
 const ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
@@ -561,7 +564,7 @@ async fn create(
             content_type,
             ttl_sec,
             expires_at_ms,
-            retention: Default::default(),
+            retention: settings.default_retention,
         },
         closed,
         records,

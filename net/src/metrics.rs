@@ -190,6 +190,27 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
     );
     per_core(
         &mut out,
+        "pico_retention_trimmed_records_total",
+        "counter",
+        "Records made unreadable by streams' retention policies (segments left holding nothing readable are reclaimed by garbage collection).",
+        &|m| CoreMetrics::get(&m.retention_records),
+    );
+    per_core(
+        &mut out,
+        "pico_retention_deleted_streams_total",
+        "counter",
+        "Streams deleted by retention (empty and idle past their delete-on-empty time).",
+        &|m| CoreMetrics::get(&m.retention_deleted_streams),
+    );
+    per_core(
+        &mut out,
+        "pico_gc_segments_deleted_total",
+        "counter",
+        "Segments garbage collection deleted from the bucket and the catalog (nothing readable left in them: deleted, expired, trimmed or retained-away data).",
+        &|m| CoreMetrics::get(&m.gc_segments_deleted),
+    );
+    per_core(
+        &mut out,
         "pico_bytes_appended_total",
         "counter",
         "Record body bytes appended.",

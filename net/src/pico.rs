@@ -8,6 +8,7 @@ use std::rc::Rc;
 use base64::Engine as _;
 use bytes::Bytes;
 use pico_engine::health::WAL_RETRY_AFTER_SEC;
+use pico_engine::meta::Retention;
 use pico_engine::{
     limits, state::ProducerTuple, AppendRequest, CoreHandle, EngineError, Op, ReadBatch, ReadFrom,
     ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
@@ -32,11 +33,13 @@ pub struct PicoSettings {
     pub auth: Option<std::sync::Arc<crate::auth::SharedTokens>>,
     /// Durable Streams subscriptions watch the same streams: Pico writes wake them too.
     pub subscriptions: std::sync::Arc<crate::ds_subs::Subscriptions>,
+    /// `--default-retention-*`: each limit a create does not set.
+    pub default_retention: Retention,
 }
 
-const ALLOW_METHODS: &str = "GET, PUT, POST, DELETE, HEAD, OPTIONS";
-const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq";
-const EXPOSE_HEADERS: &str = "Pico-Start-Seq, Pico-Next-Seq, Pico-Timestamp, Pico-Cursor, Pico-Up-To-Date, Pico-Closed, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Expected-Seq, Pico-Received-Seq, Pico-TTL, Pico-Expires-At, etag, content-type, location";
+const ALLOW_METHODS: &str = "GET, PUT, POST, PATCH, DELETE, HEAD, OPTIONS";
+const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty";
+const EXPOSE_HEADERS: &str = "Pico-Start-Seq, Pico-Next-Seq, Pico-Timestamp, Pico-Cursor, Pico-Up-To-Date, Pico-Closed, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Expected-Seq, Pico-Received-Seq, Pico-TTL, Pico-Expires-At, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty, etag, content-type, location";
 const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
 
 /// A protocol error: status, `error` code, message and the tail when known.
@@ -308,18 +311,19 @@ async fn route(
         "GET" if root => Box::pin(list(core, request)).await,
         "PUT" if root => Err(ApiError::bad_request("cannot create the root stream")),
         "POST" if root => Err(ApiError::bad_request("no stream in path")),
-        "HEAD" | "DELETE" if root => Err(ApiError::new(
+        "HEAD" | "DELETE" | "PATCH" if root => Err(ApiError::new(
             405,
             "method_not_allowed",
             "method not allowed on /",
         )),
         // Only reads wait (long-polls, SSE: thousands at once), so only a read's future is
         // inline; the others are on the heap while they run, not sizing every read's.
-        "PUT" => Box::pin(create(core, request)).await,
+        "PUT" => Box::pin(create(core, settings, request)).await,
         "POST" => Box::pin(append(core, request)).await,
         "GET" => read(core, settings, request).await,
         "HEAD" => Box::pin(head(core, request)).await,
         "DELETE" => Box::pin(delete(core, request)).await,
+        "PATCH" => Box::pin(configure(core, request)).await,
         _ => Err(ApiError::new(
             405,
             "method_not_allowed",
@@ -342,7 +346,80 @@ fn stream_content_type(request: &Request) -> String {
         .to_string()
 }
 
-async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+/// The retention headers of a create or a `PATCH` (docs/api.md, Retention): each limit the
+/// request sets replaces the one in `base`; `0` turns it off.
+fn retention_headers(request: &Request, base: Retention) -> Result<Retention, ApiError> {
+    let limit = |name: &str, display: &str, max: u64, unit_ms: u64| {
+        let Some(value) = header_u64(request, name, display)? else {
+            return Ok(None);
+        };
+        if value > max {
+            return Err(ApiError::bad_request(format!(
+                "{display} must be at most {max}"
+            )));
+        }
+        // Checked above against a maximum whose product fits: no overflow.
+        Ok(Some((value > 0).then(|| value * unit_ms)))
+    };
+    let age = limit(
+        "pico-retention-age",
+        "Pico-Retention-Age",
+        limits::RETENTION_AGE_SEC_MAX,
+        1000,
+    )?;
+    let bytes = limit(
+        "pico-retention-bytes",
+        "Pico-Retention-Bytes",
+        limits::RETENTION_BYTES_MAX,
+        1,
+    )?;
+    let empty = limit(
+        "pico-delete-on-empty",
+        "Pico-Delete-On-Empty",
+        limits::RETENTION_AGE_SEC_MAX,
+        1000,
+    )?;
+    Ok(Retention {
+        age_ms: age.unwrap_or(base.age_ms),
+        bytes: bytes.unwrap_or(base.bytes),
+        delete_on_empty_ms: empty.unwrap_or(base.delete_on_empty_ms),
+    })
+}
+
+/// The retention headers of a HEAD or `PATCH` answer: the limits that are on.
+fn with_retention(mut response: Response, retention: &Retention) -> Response {
+    if let Some(ms) = retention.age_ms {
+        response = response.header("pico-retention-age", (ms / 1000).to_string());
+    }
+    if let Some(bytes) = retention.bytes {
+        response = response.header("pico-retention-bytes", bytes.to_string());
+    }
+    if let Some(ms) = retention.delete_on_empty_ms {
+        response = response.header("pico-delete-on-empty", (ms / 1000).to_string());
+    }
+    response
+}
+
+/// `PATCH /stream` with retention headers: replaces the limits it names, keeps the others.
+async fn configure(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
+    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
+        unreachable!("a head is always answered with Head")
+    };
+    let retention = retention_headers(request, info.retention)?;
+    let Reply::Configured(info) = core
+        .call(&request.path, Op::Configure { retention })
+        .await?
+    else {
+        unreachable!("a configure is always answered with Configured")
+    };
+    Ok(with_retention(head_response(&info), &info.retention))
+}
+
+async fn create(
+    core: &Rc<CoreHandle>,
+    settings: &PicoSettings,
+    request: &Request,
+) -> Result<Response, ApiError> {
     let ttl_sec = header_u64(request, "pico-ttl", "Pico-TTL")?;
     if ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
         return Err(ApiError::bad_request(format!(
@@ -366,7 +443,7 @@ async fn create(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         content_type: stream_content_type(request),
         ttl_sec,
         expires_at_ms,
-        retention: Default::default(),
+        retention: retention_headers(request, settings.default_retention)?,
     };
     // D1: a body given with the create becomes the first record.
     let records = if request.body.is_empty() {
@@ -762,7 +839,7 @@ fn head_response(info: &StreamInfo) -> Response {
     if info.closed {
         response = response.header("pico-closed", "true");
     }
-    response
+    with_retention(response, &info.retention)
 }
 
 async fn delete(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {

@@ -204,6 +204,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         cors_origin: config.cors_origin.clone(),
         auth: auth.clone(),
         subscriptions: subscriptions.clone(),
+        default_retention: config.default_retention,
     };
     let ds_settings = DsSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
@@ -214,6 +215,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         cors_origin: config.cors_origin.clone(),
         scheme,
         subscriptions,
+        default_retention: config.default_retention,
     };
     // `--listen` speaks `--protocol`; `--ds-listen` adds the other one on the same data.
     let other = match config.protocol {
