@@ -666,27 +666,17 @@ fn a_cold_read_of_many_segments_through_a_small_block_cache() {
 
 /// Deleted and trimmed data leaves the bucket: the collector deletes their segment objects
 /// (counted through Garage's own S3 API), and what is kept still reads back cold.
-#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
-#[test]
-fn garbage_collection_deletes_segment_objects_from_garage() {
-    if shared_endpoint("garage_gc").is_none() {
-        return;
-    }
+/// A Garage of the test's own and a node on it with object durability and a collector every
+/// 200 ms; `None` (with the skip note) without Garage or a curl that lists with SigV4.
+fn collecting_node(test: &str) -> Option<(OwnGarage, Server)> {
+    shared_endpoint(test)?;
     if !curl_has_sigv4() {
-        pico_testkit::missing_service("garage_gc", "needs curl 7.75 or later (--aws-sigv4)");
-        return;
+        pico_testkit::missing_service(test, "needs curl 7.75 or later (--aws-sigv4)");
+        return None;
     }
-    let Some(garage) = OwnGarage::start("garage_gc") else {
-        return;
-    };
-    let endpoint = garage.endpoint();
-    let storage = storage(&endpoint);
-    assert_eq!(
-        segment_keys(&endpoint),
-        Vec::<String>::new(),
-        "a fresh bucket"
-    );
-    let mut server = Server::start(&[
+    let garage = OwnGarage::start(test)?;
+    let storage = storage(&garage.endpoint());
+    let server = Server::start(&[
         "--storage",
         &storage,
         "--cores",
@@ -696,6 +686,21 @@ fn garbage_collection_deletes_segment_objects_from_garage() {
         "--gc-interval-ms",
         "200",
     ]);
+    Some((garage, server))
+}
+
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
+#[test]
+fn garbage_collection_deletes_segment_objects_from_garage() {
+    let Some((garage, mut server)) = collecting_node("garage_gc") else {
+        return;
+    };
+    let endpoint = garage.endpoint();
+    assert_eq!(
+        segment_keys(&endpoint),
+        Vec::<String>::new(),
+        "a fresh bucket"
+    );
     // Object durability: once an append is acknowledged its segment is in the bucket, so the
     // keys that appear while one stream is written are that stream's.
     let mut keys_of: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -789,28 +794,10 @@ fn garbage_collection_deletes_segment_objects_from_garage() {
 #[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
 #[test]
 fn retention_reclaims_segment_objects_from_garage() {
-    if shared_endpoint("garage_retention").is_none() {
-        return;
-    }
-    if !curl_has_sigv4() {
-        pico_testkit::missing_service("garage_retention", "needs curl 7.75 or later (--aws-sigv4)");
-        return;
-    }
-    let Some(garage) = OwnGarage::start("garage_retention") else {
+    let Some((garage, mut server)) = collecting_node("garage_retention") else {
         return;
     };
     let endpoint = garage.endpoint();
-    let storage = storage(&endpoint);
-    let mut server = Server::start(&[
-        "--storage",
-        &storage,
-        "--cores",
-        "1",
-        "--durability",
-        "object",
-        "--gc-interval-ms",
-        "200",
-    ]);
     // Object durability: the keys that appear while one stream is written are that stream's.
     let mut keys_of: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (name, age) in [("/ret/aged", "1"), ("/ret/kept", "3600")] {
