@@ -16,10 +16,9 @@
 //! (kills, pauses, Postgres stopped and started, Garage killed and restarted); and three
 //! nodes on those as a cluster, the clients following `307`s to each stream's owner (the
 //! same faults, and pauses past the lease: failovers, and a fenced owner waking up).
-//! CI runs the first two for `FAULT_TEST_SEC` (default 40 s of faults); the cluster profile
-//! runs with `FAULT_CLUSTER=1` (see its test for why). The soak is
+//! CI runs all three for `FAULT_TEST_SEC` (default 40 s of faults each). The soak is
 //!
-//!     FAULT_CLUSTER=1 FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
+//!     FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
 //!
 //! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies). Without
 //! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
@@ -507,17 +506,6 @@ fn every_promise_holds_on_postgres_and_garage_while_they_restart() {
 #[test]
 fn every_promise_holds_on_a_three_node_cluster_through_failovers() {
     let test = "every_promise_holds_on_a_three_node_cluster_through_failovers";
-    // Opt-in until the one violation it still finds is fixed (docs/durability.md, "Open"):
-    // about once in five to ten minutes of faults, an idempotent producer is acknowledged a
-    // sequence number that the stream's next owner does not have, and is then refused with a
-    // sequence gap. A CI run must not fail on a known, documented bug at random; the soak
-    // runs it with FAULT_CLUSTER=1.
-    if std::env::var_os("FAULT_CLUSTER").is_none() {
-        eprintln!(
-            "{test}: skipped: set FAULT_CLUSTER=1 (a known open violation, docs/durability.md)"
-        );
-        return;
-    }
     let Some(services) = cluster_services(test) else {
         return;
     };
