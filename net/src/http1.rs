@@ -392,8 +392,7 @@ where
     drop(body_held);
     // Once the node is stopping, the response in hand is the connection's last.
     let keep_alive = keep_alive && !stop.is_set();
-    // Boxed like the other phases: inline, its room would be part of every parked request.
-    Box::pin(write_response(stream, buf, response, head_only, keep_alive))
+    write_response(stream, buf, response, head_only, keep_alive)
         .await
         .is_ok()
         && keep_alive
