@@ -214,30 +214,24 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
 
 /// `--default-retention-*`: each limit, checked against what a stream may have (0: off).
 fn default_retention(args: &ServeArgs) -> Result<pico_engine::meta::Retention, String> {
-    use pico_engine::limits::{RETENTION_AGE_SEC_MAX, RETENTION_BYTES_MAX};
-    let limit = |value: u64, max: u64, unit_ms: u64, flag: &str| match value {
-        0 => Ok(None),
-        v if v > max => Err(format!("{flag} must be at most {max}, got {v}")),
-        // Within the maximum, the product fits.
-        v => Ok(Some(v * unit_ms)),
+    use pico_engine::limits::{retention_bytes, retention_secs};
+    let limit = |policy: fn(u64) -> Result<Option<u64>, u64>, value: u64, flag: &str| {
+        policy(value).map_err(|max| format!("{flag} must be at most {max}, got {value}"))
     };
     Ok(pico_engine::meta::Retention {
         age_ms: limit(
+            retention_secs,
             args.default_retention_age,
-            RETENTION_AGE_SEC_MAX,
-            1000,
             "--default-retention-age (seconds)",
         )?,
         bytes: limit(
+            retention_bytes,
             args.default_retention_bytes,
-            RETENTION_BYTES_MAX,
-            1,
             "--default-retention-bytes",
         )?,
         delete_on_empty_ms: limit(
+            retention_secs,
             args.default_delete_on_empty,
-            RETENTION_AGE_SEC_MAX,
-            1000,
             "--default-delete-on-empty (seconds)",
         )?,
     })

@@ -263,6 +263,12 @@ fn a_patch_and_pico_retention_change_the_policy_and_bad_values_are_refused() {
     );
     patched.expect(200);
     assert_eq!(patched.header("pico-retention-bytes"), Some("1000"));
+    let named = patched
+        .headers
+        .iter()
+        .filter(|(name, _)| name == "pico-retention-bytes")
+        .count();
+    assert_eq!(named, 1, "each limit once: {}", patched.describe());
     // The CLI: only the limit it names changes.
     let endpoint = format!("http://{}", server.addr);
     let out = common::pico(

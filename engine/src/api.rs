@@ -110,10 +110,10 @@ pub enum Op {
     ForkRelease {
         source_id: u64,
     },
-    /// Replaces the stream's retention policy (recorded in the metadata log before the
+    /// Changes the stream's retention policy (recorded in the metadata log before the
     /// answer; the next retention pass applies it).
     Configure {
-        retention: pico_meta::Retention,
+        change: RetentionChange,
     },
     /// Raise the first readable offset (clamped to the durable tail).
     Trim {
@@ -137,6 +137,26 @@ pub struct StreamInfo {
     pub next_offset: u64,
     pub closed: bool,
     pub retention: pico_meta::Retention,
+}
+
+/// A change to a retention policy: each limit given (`Some`) replaces that one, `Some(None)`
+/// turning it off; the others stay. Applied on the stream's core to the policy in force
+/// then, so concurrent changes of different limits all take effect.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionChange {
+    pub age_ms: Option<Option<u64>>,
+    pub bytes: Option<Option<u64>>,
+    pub delete_on_empty_ms: Option<Option<u64>>,
+}
+
+impl RetentionChange {
+    pub fn apply(&self, to: pico_meta::Retention) -> pico_meta::Retention {
+        pico_meta::Retention {
+            age_ms: self.age_ms.unwrap_or(to.age_ms),
+            bytes: self.bytes.unwrap_or(to.bytes),
+            delete_on_empty_ms: self.delete_on_empty_ms.unwrap_or(to.delete_on_empty_ms),
+        }
+    }
 }
 
 /// The acknowledgement of a durable append.

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 pub use api::{
     AppendAck, AppendRequest, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest,
-    RecordInput, RecordView, Reply, StreamInfo, StreamSummary,
+    RecordInput, RecordView, Reply, RetentionChange, StreamInfo, StreamSummary,
 };
 pub use cluster::{Cluster, ClusterConfig};
 pub use error::EngineError;

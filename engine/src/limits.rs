@@ -46,6 +46,28 @@ pub const LIST_LIMIT_DEFAULT: usize = 1000;
 pub const RETENTION_AGE_SEC_MAX: u64 = TTL_SEC_MAX;
 /// Largest retention byte limit (the databases store signed 64-bit integers).
 pub const RETENTION_BYTES_MAX: u64 = i64::MAX as u64;
+
+/// A retention age or delete-on-empty time as a client or flag gives it (whole seconds, `0`:
+/// off) as the policy holds it (milliseconds); `Err` with the largest allowed value when it
+/// is over [`RETENTION_AGE_SEC_MAX`].
+pub fn retention_secs(secs: u64) -> Result<Option<u64>, u64> {
+    match secs {
+        0 => Ok(None),
+        // Within the maximum, the product fits.
+        s if s <= RETENTION_AGE_SEC_MAX => Ok(Some(s * 1000)),
+        _ => Err(RETENTION_AGE_SEC_MAX),
+    }
+}
+
+/// A retention byte limit as given (`0`: off); `Err` with the largest allowed value when it
+/// is over [`RETENTION_BYTES_MAX`].
+pub fn retention_bytes(bytes: u64) -> Result<Option<u64>, u64> {
+    match bytes {
+        0 => Ok(None),
+        b if b <= RETENTION_BYTES_MAX => Ok(Some(b)),
+        _ => Err(RETENTION_BYTES_MAX),
+    }
+}
 /// How often each core's retention pass runs.
 pub const RETENTION_INTERVAL_MS: u64 = 1_000;
 /// Streams one retention round of a core looks at (it resumes after the last one next

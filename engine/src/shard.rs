@@ -538,20 +538,25 @@ impl Shard {
             Box::pin(self.route(name, &Op::Read(request.clone()))).await?;
         }
         let result = self.read(name, request).await;
-        let metrics = self.metrics.op(OpKind::Read);
-        CoreMetrics::add(&metrics.total, 1);
-        match &result {
-            Err(_) => CoreMetrics::add(&metrics.errors, 1),
-            Ok(batch) => {
-                let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
-                CoreMetrics::add(&self.metrics.records_read, batch.records.len() as u64);
-                CoreMetrics::add(&self.metrics.bytes_read, bytes as u64);
-            }
+        if let Ok(batch) = &result {
+            let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
+            CoreMetrics::add(&self.metrics.records_read, batch.records.len() as u64);
+            CoreMetrics::add(&self.metrics.bytes_read, bytes as u64);
         }
-        if timed {
+        self.count_op(OpKind::Read, result.is_err(), timed.then_some(started));
+        result
+    }
+
+    /// One operation done: counted, failed or not, and timed from `started` when given.
+    fn count_op(&self, kind: OpKind, failed: bool, started: Option<Instant>) {
+        let metrics = self.metrics.op(kind);
+        CoreMetrics::add(&metrics.total, 1);
+        if failed {
+            CoreMetrics::add(&metrics.errors, 1);
+        }
+        if let Some(started) = started {
             metrics.latency.observe(started.elapsed());
         }
-        result
     }
 
     /// Every operation but a read, counted (boxed by `execute`).
@@ -568,12 +573,7 @@ impl Shard {
         };
         let started = Instant::now();
         let result = self.execute_op(name, op).await;
-        let metrics = self.metrics.op(kind);
-        CoreMetrics::add(&metrics.total, 1);
-        if result.is_err() {
-            CoreMetrics::add(&metrics.errors, 1);
-        }
-        metrics.latency.observe(started.elapsed());
+        self.count_op(kind, result.is_err(), Some(started));
         result
     }
 
@@ -612,9 +612,7 @@ impl Shard {
                 .trim(name, offset)
                 .await
                 .map(|start_offset| Reply::Trimmed { start_offset }),
-            Op::Configure { retention } => {
-                self.configure(name, retention).await.map(Reply::Configured)
-            }
+            Op::Configure { change } => self.configure(name, change).await.map(Reply::Configured),
             Op::Read(request) => self.read(name, request).await.map(Reply::Read),
             Op::Head => self.head(name).await.map(Reply::Head),
             Op::Delete => self.delete(name).await.map(|()| Reply::Deleted),
@@ -1664,28 +1662,43 @@ impl Shard {
         Ok(start)
     }
 
-    /// Replaces the stream's retention policy: recorded in the metadata log first, then in
-    /// memory (the next retention round applies it).
+    /// Changes the stream's retention policy. The change is applied to the policy in memory
+    /// and the result sent to the metadata log in one step, so concurrent changes build on
+    /// each other and reach the log in the order they were made (its commands run in order);
+    /// answered once the log has it. A change the log refuses is taken back, unless another
+    /// one was made on top of it meanwhile (that one's write carries it).
     async fn configure(
         &self,
         name: &str,
-        retention: pico_meta::Retention,
+        change: crate::api::RetentionChange,
     ) -> Result<StreamInfo, EngineError> {
         let id = self.live_stream_id(name, false).await?;
-        let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+        let (before, after, fence) = {
+            let mut streams = self.streams.borrow_mut();
+            let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+            let before = stream.state.config.retention;
+            let after = change.apply(before);
+            stream.state.config.retention = after;
+            (before, after, self.fence(stream))
+        };
         let configured = self
             .meta
-            .configure_stream_fenced(id, retention, fence)
+            .configure_stream_fenced(id, after, fence)
             .await
-            .map_err(|_| EngineError::ShuttingDown)?;
-        self.meta_result(name, id, configured)?;
+            .map_err(|_| EngineError::ShuttingDown);
+        let outcome = configured.and_then(|answer| self.meta_result(name, id, answer));
         let mut streams = self.streams.borrow_mut();
-        let stream = streams
-            .get_mut(name)
-            .filter(|s| s.state.id == id)
-            .ok_or(EngineError::NotFound)?;
-        stream.state.config.retention = retention;
-        Ok(info_of(&stream.state))
+        let stream = streams.get_mut(name).filter(|s| s.state.id == id);
+        match (outcome, stream) {
+            (Ok(()), Some(stream)) => Ok(info_of(&stream.state)),
+            (Ok(()), None) => Err(EngineError::NotFound),
+            (Err(e), stream) => {
+                if let Some(stream) = stream.filter(|s| s.state.config.retention == after) {
+                    stream.state.config.retention = before;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Applies the streams' retention policies (docs/api.md, Retention): each round looks at
@@ -2295,12 +2308,12 @@ impl Shard {
             .collect()
     }
 
-    /// Drops the table entries (and cached bytes) of garbage-collected segments.
     /// Garbage collection deleted `count` segments.
     pub(crate) fn count_collected(&self, count: usize) {
         CoreMetrics::add(&self.metrics.gc_segments_deleted, count as u64);
     }
 
+    /// Drops the table entries (and cached bytes) of garbage-collected segments.
     pub(crate) fn forget_segments(&self, keys: &[String]) {
         let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
         let mut segments = self.segments.borrow_mut();

@@ -385,3 +385,52 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
         );
     }
 }
+
+/// Two retention changes of different limits made at once both take effect, in memory and
+/// in the metadata log (each is applied to the policy in force, not to one read earlier).
+#[test]
+fn concurrent_retention_changes_of_different_limits_both_stick() {
+    use pico_engine::RetentionChange;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let head = |core: Rc<CoreHandle>| async move {
+        let Reply::Head(info) = core.call("/r", Op::Head).await.expect("head") else {
+            panic!("not a head")
+        };
+        info.retention
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sent = tx.clone();
+    run_on_core(&path, move |core| async move {
+        core.call("/r", create_text()).await.unwrap();
+        let change = |change: RetentionChange| {
+            let core = core.clone();
+            glommio::spawn_local(async move {
+                core.call("/r", Op::Configure { change })
+                    .await
+                    .expect("configured")
+            })
+        };
+        let age = change(RetentionChange {
+            age_ms: Some(Some(60_000)),
+            ..Default::default()
+        });
+        let bytes = change(RetentionChange {
+            bytes: Some(Some(4096)),
+            ..Default::default()
+        });
+        age.await;
+        bytes.await;
+        sent.send(head(core).await).unwrap();
+    });
+    run_on_core(&path, move |core| async move {
+        tx.send(head(core).await).unwrap();
+    });
+    let want = pico_engine::meta::Retention {
+        age_ms: Some(60_000),
+        bytes: Some(4096),
+        delete_on_empty_ms: None,
+    };
+    assert_eq!(rx.recv().unwrap(), want, "in memory");
+    assert_eq!(rx.recv().unwrap(), want, "after a restart");
+}

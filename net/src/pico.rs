@@ -11,7 +11,7 @@ use pico_engine::health::WAL_RETRY_AFTER_SEC;
 use pico_engine::meta::Retention;
 use pico_engine::{
     limits, state::ProducerTuple, AppendRequest, CoreHandle, EngineError, Op, ReadBatch, ReadFrom,
-    ReadRequest, RecordInput, Reply, StreamConfig, StreamInfo,
+    ReadRequest, RecordInput, Reply, RetentionChange, StreamConfig, StreamInfo,
 };
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
@@ -346,43 +346,35 @@ fn stream_content_type(request: &Request) -> String {
         .to_string()
 }
 
-/// The retention headers of a create or a `PATCH` (docs/api.md, Retention): each limit the
-/// request sets replaces the one in `base`; `0` turns it off.
-fn retention_headers(request: &Request, base: Retention) -> Result<Retention, ApiError> {
-    let limit = |name: &str, display: &str, max: u64, unit_ms: u64| {
-        let Some(value) = header_u64(request, name, display)? else {
-            return Ok(None);
-        };
-        if value > max {
-            return Err(ApiError::bad_request(format!(
-                "{display} must be at most {max}"
-            )));
-        }
-        // Checked above against a maximum whose product fits: no overflow.
-        Ok(Some((value > 0).then(|| value * unit_ms)))
+/// The retention headers of a create or a `PATCH` (docs/api.md, Retention): the limits the
+/// request sets (`0` turns one off).
+fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
+    type Policy = fn(u64) -> Result<Option<u64>, u64>;
+    let limit = |name: &str, display: &str, policy: Policy| {
+        header_u64(request, name, display)?
+            .map(|value| {
+                policy(value).map_err(|max| {
+                    ApiError::bad_request(format!("{display} must be at most {max}"))
+                })
+            })
+            .transpose()
     };
-    let age = limit(
-        "pico-retention-age",
-        "Pico-Retention-Age",
-        limits::RETENTION_AGE_SEC_MAX,
-        1000,
-    )?;
-    let bytes = limit(
-        "pico-retention-bytes",
-        "Pico-Retention-Bytes",
-        limits::RETENTION_BYTES_MAX,
-        1,
-    )?;
-    let empty = limit(
-        "pico-delete-on-empty",
-        "Pico-Delete-On-Empty",
-        limits::RETENTION_AGE_SEC_MAX,
-        1000,
-    )?;
-    Ok(Retention {
-        age_ms: age.unwrap_or(base.age_ms),
-        bytes: bytes.unwrap_or(base.bytes),
-        delete_on_empty_ms: empty.unwrap_or(base.delete_on_empty_ms),
+    Ok(RetentionChange {
+        age_ms: limit(
+            "pico-retention-age",
+            "Pico-Retention-Age",
+            limits::retention_secs,
+        )?,
+        bytes: limit(
+            "pico-retention-bytes",
+            "Pico-Retention-Bytes",
+            limits::retention_bytes,
+        )?,
+        delete_on_empty_ms: limit(
+            "pico-delete-on-empty",
+            "Pico-Delete-On-Empty",
+            limits::retention_secs,
+        )?,
     })
 }
 
@@ -402,17 +394,11 @@ fn with_retention(mut response: Response, retention: &Retention) -> Response {
 
 /// `PATCH /stream` with retention headers: replaces the limits it names, keeps the others.
 async fn configure(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
-    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
-        unreachable!("a head is always answered with Head")
-    };
-    let retention = retention_headers(request, info.retention)?;
-    let Reply::Configured(info) = core
-        .call(&request.path, Op::Configure { retention })
-        .await?
-    else {
+    let change = retention_headers(request)?;
+    let Reply::Configured(info) = core.call(&request.path, Op::Configure { change }).await? else {
         unreachable!("a configure is always answered with Configured")
     };
-    Ok(with_retention(head_response(&info), &info.retention))
+    Ok(head_response(&info))
 }
 
 async fn create(
@@ -443,7 +429,7 @@ async fn create(
         content_type: stream_content_type(request),
         ttl_sec,
         expires_at_ms,
-        retention: retention_headers(request, settings.default_retention)?,
+        retention: retention_headers(request)?.apply(settings.default_retention),
     };
     // D1: a body given with the create becomes the first record.
     let records = if request.body.is_empty() {
