@@ -8,6 +8,7 @@
 //! the append's `200`), 0 when the reader had the record first: that is the delivery path
 //! alone, without the append's round trip and `fdatasync`.
 
+use pico_proto::header::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -152,7 +153,7 @@ async fn write_every(
             Ok(resp) if resp.status() == StatusCode::OK => {
                 let start = resp
                     .headers()
-                    .get("pico-start-seq")
+                    .get(PICO_START_SEQ)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<u64>().ok());
                 let _ = resp.bytes().await;
@@ -245,7 +246,7 @@ async fn follow_sse(
                 url,
                 &[("live", "sse"), ("seq", &next.to_string())],
             ))
-            .header(ACCEPT, "text/event-stream")
+            .header(ACCEPT, pico_proto::media::EVENT_STREAM)
             .send()
             .await
             .map_err(|e| format!("{what}: {}", wire::describe(&e)))?;
@@ -304,8 +305,8 @@ async fn follow_long_poll(
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        let next_header = header("pico-next-seq").and_then(|v| v.parse::<u64>().ok());
-        if let Some(c) = header("pico-cursor") {
+        let next_header = header(PICO_NEXT_SEQ).and_then(|v| v.parse::<u64>().ok());
+        if let Some(c) = header(PICO_CURSOR) {
             cursor = Some(c);
         }
         let body = resp

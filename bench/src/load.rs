@@ -1,6 +1,7 @@
 //! The throughput benchmark: writers, optional producers, catch-up readers, and the clock
 //! that runs warmup, progress lines and the measured window (shared with `--live-latency`).
 
+use pico_proto::header::*;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -599,8 +600,8 @@ async fn reader(shared: Arc<Shared>, client: reqwest::Client, url: String, name:
             Page::Retry => continue,
             Page::Stop => return,
         };
-        let next_header = header(&headers, "pico-next-seq").and_then(|v| v.parse::<u64>().ok());
-        let up_to_date = header(&headers, "pico-up-to-date").is_some_and(|v| v == "true");
+        let next_header = header(&headers, PICO_NEXT_SEQ).and_then(|v| v.parse::<u64>().ok());
+        let up_to_date = header(&headers, PICO_UP_TO_DATE).is_some_and(|v| v == "true");
         let page = match wire::parse_page(&body, false) {
             Ok(page) => page,
             Err(e) => {
@@ -637,11 +638,11 @@ async fn ds_reader(
             Page::Retry => continue,
             Page::Stop => return,
         };
-        let Some(next) = header(&headers, "stream-next-offset") else {
+        let Some(next) = header(&headers, STREAM_NEXT_OFFSET) else {
             shared.fail(format!("read of {name}: no Stream-Next-Offset"));
             return;
         };
-        let up_to_date = header(&headers, "stream-up-to-date").is_some_and(|v| v == "true");
+        let up_to_date = header(&headers, STREAM_UP_TO_DATE).is_some_and(|v| v == "true");
         let records = if json {
             wire::ds_json_chunk_records(body.len(), record_size)
         } else {
@@ -795,9 +796,9 @@ impl ProducerTask {
                 .client
                 .post(&self.url)
                 .header(CONTENT_TYPE, BATCH_CONTENT_TYPE)
-                .header("pico-producer-id", &self.id)
-                .header("pico-producer-epoch", "0")
-                .header("pico-producer-seq", seq.to_string())
+                .header(PICO_PRODUCER_ID, &self.id)
+                .header(PICO_PRODUCER_EPOCH, "0")
+                .header(PICO_PRODUCER_SEQ, seq.to_string())
                 .body(body.clone())
                 .send()
                 .await

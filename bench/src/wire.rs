@@ -9,29 +9,24 @@ use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use crate::Connection;
 
 /// `Content-Type` of binary batches (appends) and binary read pages.
-pub(crate) const BATCH_CONTENT_TYPE: &str = "application/vnd.picomq.batch";
+pub(crate) const BATCH_CONTENT_TYPE: &str = pico_proto::media::BATCH;
 
 /// Largest read page the readers ask for.
 pub(crate) const READ_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
-/// A binary batch of `records` zero-filled records of `size` bytes without headers:
-/// `u8 1 | u32 count | count × (u32 0 | u32 size | size × 0)`.
+/// A binary batch of `records` zero-filled records of `size` bytes without headers.
 pub(crate) fn encode_batch(records: usize, size: usize) -> Bytes {
-    let mut out = Vec::with_capacity(5 + records * (8 + size));
-    out.push(1u8);
-    out.extend_from_slice(&(records as u32).to_be_bytes());
-    for _ in 0..records {
-        out.extend_from_slice(&0u32.to_be_bytes());
-        out.extend_from_slice(&(size as u32).to_be_bytes());
-        out.resize(out.len() + size, 0);
-    }
-    Bytes::from(out)
+    let mut batch = pico_proto::batch::BatchWriter::with_capacity(records * (8 + size));
+    batch
+        .zeroed_records(records, size)
+        .expect("--record-size and --batch are bounded far below 4 GiB and 2^32 records");
+    batch.finish()
 }
 
 /// Type of the streams the bench creates, except Durable Streams JSON streams.
-pub(crate) const OCTET_STREAM: &str = "application/octet-stream";
+pub(crate) const OCTET_STREAM: &str = pico_proto::media::OCTET_STREAM;
 /// Type of Durable Streams bench streams with `--batch` > 1.
-pub(crate) const JSON_TYPE: &str = "application/json";
+pub(crate) const JSON_TYPE: &str = pico_proto::media::JSON;
 
 /// How one append request of a run looks (cli.md §5.6).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,40 +95,16 @@ pub(crate) struct PageStats {
     pub seqs: Vec<u64>,
 }
 
-/// Walks a binary read page: `u8 1 | u32 count | count × (u64 seq | i64 ts | u32 header_count
-/// | header_count × (u32 len, name, u32 len, value) | u32 body_len | body)`.
-pub(crate) fn parse_page(buf: &[u8], want_seqs: bool) -> Result<PageStats, String> {
-    let mut at = 0usize;
-    let mut take = |n: usize| -> Result<&[u8], String> {
-        let end = at
-            .checked_add(n)
-            .filter(|&end| end <= buf.len())
-            .ok_or_else(|| format!("binary page truncated at byte {at}"))?;
-        let slice = &buf[at..end];
-        at = end;
-        Ok(slice)
-    };
-    let u32_at = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize;
-    let version = take(1)?[0];
-    if version != 1 {
-        return Err(format!("binary page version {version}, expected 1"));
-    }
-    let count = u32_at(take(4)?);
+/// Walks a binary read page ([`pico_proto::page`]).
+pub(crate) fn parse_page(buf: &Bytes, want_seqs: bool) -> Result<PageStats, String> {
+    let records = pico_proto::page::records(buf).map_err(|e| format!("binary page: {e}"))?;
     let mut stats = PageStats::default();
-    for _ in 0..count {
-        let seq = u64::from_be_bytes(take(8)?.try_into().expect("8 bytes"));
-        take(8)?; // timestamp
-        let headers = u32_at(take(4)?);
-        for _ in 0..headers * 2 {
-            let len = u32_at(take(4)?);
-            take(len)?;
-        }
-        let body = u32_at(take(4)?);
-        take(body)?;
+    for record in records {
+        let record = record.map_err(|e| format!("binary page: {e}"))?;
         stats.records += 1;
-        stats.body_bytes += body as u64;
+        stats.body_bytes += record.body.len() as u64;
         if want_seqs {
-            stats.seqs.push(seq);
+            stats.seqs.push(record.seq);
         }
     }
     Ok(stats)
@@ -275,18 +246,18 @@ pub(crate) async fn status_error(what: &str, resp: reqwest::Response) -> String 
 
 /// [`status_error`] for a status and body already read.
 pub(crate) fn error_message(what: &str, status: u16, body: &str) -> String {
-    let detail = serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .map(|v| {
-            let error = v.get("error").and_then(|e| e.as_str()).unwrap_or("");
-            let message = v.get("message").and_then(|e| e.as_str()).unwrap_or("");
-            match (error.is_empty(), message.is_empty()) {
-                (false, false) => format!("{error}: {message}"),
-                (false, true) => error.to_owned(),
-                (true, false) => message.to_owned(),
-                (true, true) => body.trim().to_owned(),
-            }
-        })
+    let detail = pico_proto::error_body::decode(body.as_bytes())
+        .map(
+            |e| match (e.code.unwrap_or_default(), e.message.unwrap_or_default()) {
+                (error, message) if !error.is_empty() && !message.is_empty() => {
+                    format!("{error}: {message}")
+                }
+                (error, message) if error.is_empty() && message.is_empty() => {
+                    body.trim().to_owned()
+                }
+                (error, message) => error + &message,
+            },
+        )
         .unwrap_or_else(|| body.trim().chars().take(200).collect());
     if detail.is_empty() {
         format!("{what}: HTTP {status}")
@@ -295,13 +266,9 @@ pub(crate) fn error_message(what: &str, status: u16, body: &str) -> String {
     }
 }
 
-/// The JSON `error` code of an error body, if any.
+/// The error code of an error body (either protocol), if any.
 pub(crate) fn error_code(body: &str) -> Option<String> {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()?
-        .get("error")?
-        .as_str()
-        .map(str::to_owned)
+    pico_proto::error_body::decode(body.as_bytes())?.code
 }
 
 #[cfg(test)]
@@ -362,6 +329,7 @@ mod tests {
             page.extend((body.len() as u32).to_be_bytes());
             page.extend(body);
         }
+        let page = Bytes::from(page);
         let stats = parse_page(&page, true).unwrap();
         assert_eq!(
             stats,
@@ -371,9 +339,10 @@ mod tests {
                 seqs: vec![7, 8]
             }
         );
-        assert!(parse_page(&page[..page.len() - 2], false).is_err());
-        assert!(parse_page(&[2, 0, 0, 0, 0], false).is_err());
-        assert_eq!(parse_page(&[1, 0, 0, 0, 0], false).unwrap().records, 0);
+        assert!(parse_page(&page.slice(..page.len() - 2), false).is_err());
+        assert!(parse_page(&Bytes::from_static(&[2, 0, 0, 0, 0]), false).is_err());
+        let empty = Bytes::from_static(&[1, 0, 0, 0, 0]);
+        assert_eq!(parse_page(&empty, false).unwrap().records, 0);
     }
 
     #[test]

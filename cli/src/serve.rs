@@ -94,10 +94,15 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             0 => return Err("--request-timeout-sec must be greater than 0".into()),
             ms => ms,
         },
-        max_body_size: size(
-            positive(args.max_body_size, "--max-body-size")?,
-            "--max-body-size",
-        )?,
+        max_body_size: match positive(args.max_body_size, "--max-body-size")? {
+            // Record lengths on the wire and on disk are u32 (pico_proto::batch).
+            n if n > u64::from(u32::MAX) => {
+                return Err(format!(
+                    "--max-body-size must be below 4 GiB (records carry 32-bit lengths), got {n}"
+                ))
+            }
+            n => size(n, "--max-body-size")?,
+        },
         segment_size: size(
             positive(args.segment_size, "--segment-size")?,
             "--segment-size",
@@ -329,6 +334,12 @@ mod tests {
 
     #[test]
     fn zero_sizes_are_rejected() {
+        let err =
+            server_config(&serve_args(&["--max-body-size", "4GiB"]), Protocol::Pico).unwrap_err();
+        assert!(
+            err.starts_with("--max-body-size must be below 4 GiB"),
+            "{err}"
+        );
         let err = server_config(&serve_args(&["--segment-size", "0"]), Protocol::Pico).unwrap_err();
         assert_eq!(err, "--segment-size must be greater than 0");
     }

@@ -4,6 +4,7 @@
 //! numbers or Durable Streams offsets. Operations one protocol lacks (Pico's binary batches,
 //! producers, trims and listings) answer [`ClientError::Unsupported`] under the other.
 
+use pico_proto::header::*;
 use std::sync::Once;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use crate::error::{ApiError, ClientError};
 use crate::position::Position;
 
 /// Default stream content type, as the server assumes without a `Content-Type`.
-pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+pub const DEFAULT_CONTENT_TYPE: &str = pico_proto::media::OCTET_STREAM;
 
 /// The wire protocol spoken to the server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -378,20 +379,20 @@ impl Client {
         let content_type = text(headers, "content-type");
         Ok(Some(match self.protocol {
             Protocol::Pico => StreamInfo {
-                start: Position::Seq(required_u64(headers, "pico-start-seq")?),
-                next: Position::Seq(required_u64(headers, "pico-next-seq")?),
-                closed: flag(headers, "pico-closed"),
+                start: Position::Seq(required_u64(headers, PICO_START_SEQ)?),
+                next: Position::Seq(required_u64(headers, PICO_NEXT_SEQ)?),
+                closed: flag(headers, PICO_CLOSED),
                 content_type,
-                ttl_secs: optional_u64(headers, "pico-ttl")?,
-                expires_at: text(headers, "pico-expires-at"),
+                ttl_secs: optional_u64(headers, PICO_TTL)?,
+                expires_at: text(headers, PICO_EXPIRES_AT),
             },
             Protocol::Ds => StreamInfo {
                 start: Position::ds_beginning(),
                 next: required_offset(headers)?,
-                closed: flag(headers, "stream-closed"),
+                closed: flag(headers, STREAM_CLOSED),
                 content_type,
-                ttl_secs: optional_u64(headers, "stream-ttl")?,
-                expires_at: text(headers, "stream-expires-at"),
+                ttl_secs: optional_u64(headers, STREAM_TTL)?,
+                expires_at: text(headers, STREAM_EXPIRES_AT),
             },
         }))
     }
@@ -448,9 +449,9 @@ impl Client {
         let headers = response.headers();
         Ok(match self.protocol {
             Protocol::Pico => AppendAck {
-                start: Position::Seq(required_u64(headers, "pico-start-seq")?),
-                next: Position::Seq(required_u64(headers, "pico-next-seq")?),
-                timestamp: Some(required_i64(headers, "pico-timestamp")?),
+                start: Position::Seq(required_u64(headers, PICO_START_SEQ)?),
+                next: Position::Seq(required_u64(headers, PICO_NEXT_SEQ)?),
+                timestamp: Some(required_i64(headers, PICO_TIMESTAMP)?),
             },
             Protocol::Ds => {
                 let next = required_offset(headers)?;
@@ -484,16 +485,16 @@ impl Client {
             .body(batch);
         let response = send(request).await?;
         let headers = response.headers();
-        let start = optional_u64(headers, "pico-start-seq")?;
+        let start = optional_u64(headers, PICO_START_SEQ)?;
         Ok(ProducerAck {
             start,
-            next: required_u64(headers, "pico-next-seq")?,
+            next: required_u64(headers, PICO_NEXT_SEQ)?,
             timestamp: match start {
-                Some(_) => Some(required_i64(headers, "pico-timestamp")?),
+                Some(_) => Some(required_i64(headers, PICO_TIMESTAMP)?),
                 None => None,
             },
-            producer_seq: optional_u64(headers, "pico-producer-seq")?,
-            closed: flag(headers, "pico-closed"),
+            producer_seq: optional_u64(headers, PICO_PRODUCER_SEQ)?,
+            closed: flag(headers, PICO_CLOSED),
         })
     }
 
@@ -515,9 +516,9 @@ impl Client {
         let headers = response.headers();
         let limit = |name: &str| text(headers, name).and_then(|v| v.parse::<u64>().ok());
         Ok(Retention {
-            age_secs: limit("pico-retention-age"),
-            bytes: limit("pico-retention-bytes"),
-            delete_on_empty_secs: limit("pico-delete-on-empty"),
+            age_secs: limit(PICO_RETENTION_AGE),
+            bytes: limit(PICO_RETENTION_BYTES),
+            delete_on_empty_secs: limit(PICO_DELETE_ON_EMPTY),
         })
     }
 
@@ -528,7 +529,7 @@ impl Client {
             .header("Pico-Trim-Seq", seq.to_string())
             .header(CONTENT_LENGTH, "0");
         let response = send(request).await?;
-        required_u64(response.headers(), "pico-start-seq")
+        required_u64(response.headers(), PICO_START_SEQ)
     }
 
     /// One page of the stream listing: names starting with `prefix` (server default `/`)
@@ -652,10 +653,10 @@ impl Client {
                     })?
                 },
                 chunk: None,
-                next: Position::Seq(required_u64(&headers, "pico-next-seq")?),
-                up_to_date: flag(&headers, "pico-up-to-date") || no_content,
-                closed: flag(&headers, "pico-closed"),
-                cursor: text(&headers, "pico-cursor"),
+                next: Position::Seq(required_u64(&headers, PICO_NEXT_SEQ)?),
+                up_to_date: flag(&headers, PICO_UP_TO_DATE) || no_content,
+                closed: flag(&headers, PICO_CLOSED),
+                cursor: text(&headers, PICO_CURSOR),
             }),
             Protocol::Ds => {
                 let json = text(&headers, "content-type").is_some_and(|t| is_json_type(&t));
@@ -665,9 +666,9 @@ impl Client {
                     records: Vec::new(),
                     chunk: (!empty).then_some(body),
                     next: required_offset(&headers)?,
-                    up_to_date: flag(&headers, "stream-up-to-date") || no_content,
-                    closed: flag(&headers, "stream-closed"),
-                    cursor: text(&headers, "stream-cursor"),
+                    up_to_date: flag(&headers, STREAM_UP_TO_DATE) || no_content,
+                    closed: flag(&headers, STREAM_CLOSED),
+                    cursor: text(&headers, STREAM_CURSOR),
                 })
             }
         }
@@ -683,7 +684,7 @@ impl Client {
         let response = send(request).await?;
         let headers = response.headers();
         match self.protocol {
-            Protocol::Pico => Ok(Position::Seq(required_u64(headers, "pico-next-seq")?)),
+            Protocol::Pico => Ok(Position::Seq(required_u64(headers, PICO_NEXT_SEQ)?)),
             Protocol::Ds => required_offset(headers),
         }
     }
@@ -803,7 +804,7 @@ fn required_u64(headers: &HeaderMap, name: &str) -> Result<u64, ClientError> {
 
 /// `Stream-Next-Offset`, which every successful Durable Streams answer but DELETE carries.
 fn required_offset(headers: &HeaderMap) -> Result<Position, ClientError> {
-    text(headers, "stream-next-offset")
+    text(headers, STREAM_NEXT_OFFSET)
         .map(Position::Offset)
         .ok_or_else(|| ClientError::InvalidResponse("missing stream-next-offset header".into()))
 }
@@ -814,7 +815,7 @@ fn is_json_type(content_type: &str) -> bool {
     content_type
         .split(';')
         .next()
-        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case(pico_proto::media::JSON))
 }
 
 fn required_i64(headers: &HeaderMap, name: &str) -> Result<i64, ClientError> {

@@ -1,37 +1,19 @@
-//! The Pico protocol's two binary formats (pico-protocol.md §2.9 and §2.11).
-//!
-//! Append body, `Content-Type: application/vnd.picomq.batch` (all integers big-endian):
-//!
-//! ```text
-//! +---------+-----------+---------------------------------------------------------------+
-//! | version | count     | count × record                                                |
-//! | u8 = 1  | u32       |                                                               |
-//! +---------+-----------+---------------------------------------------------------------+
-//! record: | header count u32 | headers | body len u32 | body |
-//! header: | name len u32 | name (UTF-8) | value len u32 | value (UTF-8) |
-//! ```
-//!
-//! Read body, `GET ...?format=binary`: the same layout, except that every record starts with
-//! its `u64` sequence and `i64` timestamp (ms) before the header count.
-//!
-//! Both directions of both formats live here: the client needs the encoder of one and the
-//! decoder of the other; the opposite halves let tests (and mock servers) round-trip them.
-//! Decoders never panic and never trust a length or count before the bytes are there.
+//! The Pico protocol's two binary formats, for the client: the append batch it sends and the
+//! read page it receives (`pico_proto::batch`, `pico_proto::page`, where the layouts are
+//! drawn). Both directions of both are here so that tests and mock servers can round-trip.
 
 use std::fmt;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use pico_proto::batch::BatchWriter;
+use pico_proto::page::PageWriter;
+use pico_proto::{DecodeError, TooLarge};
 
 /// The only version of both formats.
-pub const BATCH_VERSION: u8 = 1;
+pub const BATCH_VERSION: u8 = pico_proto::batch::VERSION;
 
 /// `Content-Type` of a binary append batch (also the type of a binary read response).
-pub const BATCH_CONTENT_TYPE: &str = "application/vnd.picomq.batch";
-
-/// Smallest encoded record of an append batch: header count + body length.
-const MIN_BATCH_RECORD_LEN: usize = 4 + 4;
-/// Smallest encoded record of a read response: seq + timestamp + header count + body length.
-const MIN_READ_RECORD_LEN: usize = 8 + 8 + 4 + 4;
+pub const BATCH_CONTENT_TYPE: &str = pico_proto::media::BATCH;
 
 /// A record to append: headers (name, value) and a body.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,8 +82,6 @@ pub enum CodecError {
     UnknownVersion(u8),
     /// A header name or value is not UTF-8.
     InvalidUtf8,
-    /// Bytes left over after the last record.
-    TrailingBytes(usize),
     /// A length or count does not fit the format's `u32`.
     TooLarge(&'static str),
 }
@@ -112,7 +92,6 @@ impl fmt::Display for CodecError {
             CodecError::Truncated(field) => write!(f, "truncated batch: ends inside {field}"),
             CodecError::UnknownVersion(v) => write!(f, "unknown batch version {v}"),
             CodecError::InvalidUtf8 => f.write_str("invalid UTF-8 in record headers"),
-            CodecError::TrailingBytes(n) => write!(f, "{n} trailing bytes after the last record"),
             CodecError::TooLarge(what) => write!(f, "{what} does not fit in 32 bits"),
         }
     }
@@ -120,209 +99,92 @@ impl fmt::Display for CodecError {
 
 impl std::error::Error for CodecError {}
 
+impl From<DecodeError> for CodecError {
+    fn from(e: DecodeError) -> CodecError {
+        match e {
+            DecodeError::Empty => CodecError::Truncated("version"),
+            DecodeError::UnknownVersion(v) => CodecError::UnknownVersion(v),
+            DecodeError::Truncated(field) => CodecError::Truncated(field),
+            DecodeError::InvalidUtf8 => CodecError::InvalidUtf8,
+            // The client decodes without a record limit.
+            DecodeError::TooManyRecords { .. } => CodecError::TooLarge("record count"),
+        }
+    }
+}
+
+impl From<TooLarge> for CodecError {
+    fn from(TooLarge(what): TooLarge) -> CodecError {
+        CodecError::TooLarge(what)
+    }
+}
+
 /// Encodes an append batch of bodies without headers (the common case).
 pub fn encode_binary_batch(bodies: &[Bytes]) -> Result<Bytes, CodecError> {
-    let size = 1 + 4 + bodies.iter().map(|b| 8 + b.len()).sum::<usize>();
-    let mut out = BytesMut::with_capacity(size);
-    out.put_u8(BATCH_VERSION);
-    out.put_u32(len_u32(bodies.len(), "record count")?);
-    for body in bodies {
-        out.put_u32(0);
-        put_bytes(&mut out, body, "record body")?;
-    }
-    Ok(out.freeze())
+    Ok(pico_proto::batch::encode_bodies(bodies)?)
 }
 
 /// Encodes an append batch of records with headers.
 pub fn encode_binary_batch_records(records: &[NewRecord]) -> Result<Bytes, CodecError> {
-    let mut out =
-        BytesMut::with_capacity(1 + 4 + records.iter().map(batch_record_len).sum::<usize>());
-    out.put_u8(BATCH_VERSION);
-    out.put_u32(len_u32(records.len(), "record count")?);
+    let size = records
+        .iter()
+        .map(|r| 8 + headers_len(&r.headers) + r.body.len())
+        .sum();
+    let mut batch = BatchWriter::with_capacity(size);
     for record in records {
-        put_headers(&mut out, &record.headers)?;
-        put_bytes(&mut out, &record.body, "record body")?;
+        batch.record(&record.headers, &record.body)?;
     }
-    Ok(out.freeze())
+    Ok(batch.finish())
 }
 
-/// Decodes an append batch (what a server does with the body). Strict: trailing bytes are an
-/// error here, although the reference server ignores them.
+/// Decodes an append batch (what a server does with the body). Bytes after the last record
+/// are ignored, as the server ignores them.
 pub fn decode_binary_batch(buf: &Bytes) -> Result<Vec<NewRecord>, CodecError> {
-    let mut reader = Reader::new(buf);
-    let count = reader.header()?;
-    let mut records = Vec::with_capacity(reader.capacity_for(count, MIN_BATCH_RECORD_LEN));
-    for _ in 0..count {
-        let headers = reader.headers()?;
-        let body = reader.sized_bytes("record body")?;
-        records.push(NewRecord { headers, body });
-    }
-    reader.finish()?;
-    Ok(records)
+    Ok(pico_proto::batch::decode(buf, usize::MAX)?
+        .into_iter()
+        .map(|r| NewRecord {
+            headers: text_headers(r.headers),
+            body: r.body,
+        })
+        .collect())
 }
 
 /// Encodes a `format=binary` read response (what a server sends).
 pub fn encode_read_page(records: &[Record]) -> Result<Bytes, CodecError> {
-    let size = 1
-        + 4
-        + records
-            .iter()
-            .map(|r| 16 + read_record_len(r))
-            .sum::<usize>();
-    let mut out = BytesMut::with_capacity(size);
-    out.put_u8(BATCH_VERSION);
-    out.put_u32(len_u32(records.len(), "record count")?);
-    for record in records {
-        out.put_u64(record.seq);
-        out.put_i64(record.timestamp);
-        put_headers(&mut out, &record.headers)?;
-        put_bytes(&mut out, &record.body, "record body")?;
+    let size = records
+        .iter()
+        .map(|r| PageWriter::RECORD_OVERHEAD_BYTES + headers_len(&r.headers) + r.body.len())
+        .sum();
+    let mut page = PageWriter::with_capacity(size);
+    for r in records {
+        page.record(r.seq, r.timestamp, &r.headers, &r.body)?;
     }
-    Ok(out.freeze())
+    Ok(page.finish())
 }
 
 /// Decodes a `format=binary` read response. Bodies are slices of `buf` (no copy).
 pub fn decode_read_page(buf: &Bytes) -> Result<Vec<Record>, CodecError> {
-    let mut reader = Reader::new(buf);
-    let count = reader.header()?;
-    let mut records = Vec::with_capacity(reader.capacity_for(count, MIN_READ_RECORD_LEN));
-    for _ in 0..count {
-        let seq = reader.u64("record sequence")?;
-        let timestamp = reader.u64("record timestamp")? as i64;
-        let headers = reader.headers()?;
-        let body = reader.sized_bytes("record body")?;
-        records.push(Record {
-            seq,
-            timestamp,
-            headers,
-            body,
-        });
-    }
-    reader.finish()?;
-    Ok(records)
-}
-
-fn batch_record_len(record: &NewRecord) -> usize {
-    4 + headers_len(&record.headers) + 4 + record.body.len()
-}
-
-fn read_record_len(record: &Record) -> usize {
-    4 + headers_len(&record.headers) + 4 + record.body.len()
+    Ok(pico_proto::page::decode(buf)?
+        .into_iter()
+        .map(|r| Record {
+            seq: r.seq,
+            timestamp: r.timestamp_ms,
+            headers: text_headers(r.headers),
+            body: r.body,
+        })
+        .collect())
 }
 
 fn headers_len(headers: &[(String, String)]) -> usize {
     headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum()
 }
 
-fn len_u32(len: usize, what: &'static str) -> Result<u32, CodecError> {
-    u32::try_from(len).map_err(|_| CodecError::TooLarge(what))
-}
-
-fn put_bytes(out: &mut BytesMut, bytes: &[u8], what: &'static str) -> Result<(), CodecError> {
-    out.put_u32(len_u32(bytes.len(), what)?);
-    out.put_slice(bytes);
-    Ok(())
-}
-
-fn put_headers(out: &mut BytesMut, headers: &[(String, String)]) -> Result<(), CodecError> {
-    out.put_u32(len_u32(headers.len(), "header count")?);
-    for (name, value) in headers {
-        put_bytes(out, name.as_bytes(), "header name")?;
-        put_bytes(out, value.as_bytes(), "header value")?;
-    }
-    Ok(())
-}
-
-/// A bounds-checked cursor: every read names the field it wanted, for the error message.
-struct Reader<'a> {
-    buf: &'a Bytes,
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn new(buf: &'a Bytes) -> Reader<'a> {
-        Reader { buf, pos: 0 }
-    }
-
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
-
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], CodecError> {
-        if self.remaining() < n {
-            return Err(CodecError::Truncated(field));
-        }
-        let bytes = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(bytes)
-    }
-
-    fn u8(&mut self, field: &'static str) -> Result<u8, CodecError> {
-        Ok(self.take(1, field)?[0])
-    }
-
-    fn u32(&mut self, field: &'static str) -> Result<u32, CodecError> {
-        let bytes = self.take(4, field)?;
-        Ok(u32::from_be_bytes(
-            bytes.try_into().expect("took exactly 4 bytes"),
-        ))
-    }
-
-    fn u64(&mut self, field: &'static str) -> Result<u64, CodecError> {
-        let bytes = self.take(8, field)?;
-        Ok(u64::from_be_bytes(
-            bytes.try_into().expect("took exactly 8 bytes"),
-        ))
-    }
-
-    /// Version byte and record count.
-    fn header(&mut self) -> Result<u32, CodecError> {
-        let version = self.u8("version")?;
-        if version != BATCH_VERSION {
-            return Err(CodecError::UnknownVersion(version));
-        }
-        self.u32("record count")
-    }
-
-    /// Preallocation for `count` records, bounded by what the buffer can hold, so a forged
-    /// count cannot make us allocate gigabytes.
-    fn capacity_for(&self, count: u32, min_record_len: usize) -> usize {
-        (count as usize).min(self.remaining() / min_record_len)
-    }
-
-    fn sized_bytes(&mut self, field: &'static str) -> Result<Bytes, CodecError> {
-        let len = self.u32(field)? as usize;
-        if self.remaining() < len {
-            return Err(CodecError::Truncated(field));
-        }
-        let bytes = self.buf.slice(self.pos..self.pos + len);
-        self.pos += len;
-        Ok(bytes)
-    }
-
-    fn string(&mut self, field: &'static str) -> Result<String, CodecError> {
-        let len = self.u32(field)? as usize;
-        let bytes = self.take(len, field)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| CodecError::InvalidUtf8)
-    }
-
-    fn headers(&mut self) -> Result<Vec<(String, String)>, CodecError> {
-        let count = self.u32("header count")?;
-        let mut headers = Vec::with_capacity(self.capacity_for(count, 8));
-        for _ in 0..count {
-            let name = self.string("header name")?;
-            let value = self.string("header value")?;
-            headers.push((name, value));
-        }
-        Ok(headers)
-    }
-
-    fn finish(self) -> Result<(), CodecError> {
-        match self.remaining() {
-            0 => Ok(()),
-            n => Err(CodecError::TrailingBytes(n)),
-        }
-    }
+/// Headers the decoder checked are UTF-8, as strings.
+fn text_headers(headers: Vec<(Bytes, Bytes)>) -> Vec<(String, String)> {
+    let text = |b: Bytes| String::from_utf8_lossy(&b).into_owned();
+    headers
+        .into_iter()
+        .map(|(n, v)| (text(n), text(v)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -482,14 +344,14 @@ mod tests {
             1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0xff, 0, 0, 0, 0, 0, 0, 0, 0,
         ]);
         assert_eq!(decode_binary_batch(&bad_utf8), Err(CodecError::InvalidUtf8));
-        // Trailing garbage.
+        // Bytes after the last record: ignored, as by the server.
         let mut trailing = encode_binary_batch(&[Bytes::from_static(b"a")])
             .unwrap()
             .to_vec();
         trailing.push(0);
         assert_eq!(
-            decode_binary_batch(&Bytes::from(trailing)),
-            Err(CodecError::TrailingBytes(1))
+            decode_binary_batch(&Bytes::from(trailing)).unwrap().len(),
+            1
         );
     }
 

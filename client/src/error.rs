@@ -1,5 +1,6 @@
 //! The client's error type and the status → kind mapping of the reference client (cli.md §5.3).
 
+use pico_proto::header::*;
 use std::error::Error as _;
 use std::fmt;
 
@@ -77,28 +78,15 @@ impl ApiError {
 
     /// Builds the error from a non-2xx response's status, headers and body.
     pub fn from_response(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
-        let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-        // Pico: `{"error": code, "message": ..}`; Durable Streams: `{"error": {"code", "message"}}`.
-        let nested = json
-            .as_ref()
-            .and_then(|j| j.get("error"))
-            .filter(|e| e.is_object());
-        let field = |name: &str| {
-            let name = match (nested.is_some(), name) {
-                (true, "error") => "code",
-                _ => name,
-            };
-            nested.or(json.as_ref()).and_then(|j| j.get(name))
-        };
-        let code = field("error").and_then(|v| v.as_str()).map(str::to_owned);
-        let mut message = field("message")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_owned();
-        if json.is_none() {
+        // Either protocol's shape (pico_proto::error_body).
+        let decoded = pico_proto::error_body::decode(body);
+        let code = decoded.as_ref().and_then(|e| e.code.clone());
+        let next_seq = decoded.as_ref().and_then(|e| e.next_seq);
+        let mut message = match decoded {
+            Some(e) => e.message.unwrap_or_default(),
             // 503s from the router carry their reason in `X-Error`; other non-JSON bodies are
             // shown as text so proxies' error pages are not lost.
-            message = header_str(headers, "x-error")
+            None => header_str(headers, "x-error")
                 .map(str::to_owned)
                 .unwrap_or_else(|| {
                     String::from_utf8_lossy(body)
@@ -106,8 +94,8 @@ impl ApiError {
                         .chars()
                         .take(200)
                         .collect()
-                });
-        }
+                }),
+        };
         // Producer errors carry their detail in headers: say it in the message.
         let producer_header = |suffix: &str| {
             header_str(headers, &format!("pico-{suffix}"))
@@ -123,20 +111,19 @@ impl ApiError {
             );
         }
         if status == 403 {
-            if let Some(epoch) = header_str(headers, "pico-producer-epoch")
-                .or_else(|| header_str(headers, "producer-epoch"))
+            if let Some(epoch) = header_str(headers, PICO_PRODUCER_EPOCH)
+                .or_else(|| header_str(headers, PRODUCER_EPOCH))
             {
                 message = join_message(message, format!("current epoch {epoch}"));
             }
         }
-        let next = field("next_seq")
-            .and_then(|v| v.as_u64())
-            .or_else(|| header_str(headers, "pico-next-seq").and_then(|v| v.parse().ok()))
+        let next = next_seq
+            .or_else(|| header_str(headers, PICO_NEXT_SEQ).and_then(|v| v.parse().ok()))
             .map(Position::Seq)
-            .or_else(|| header_str(headers, "stream-next-offset").map(Position::from));
-        let closed = header_str(headers, "pico-closed")
+            .or_else(|| header_str(headers, STREAM_NEXT_OFFSET).map(Position::from));
+        let closed = header_str(headers, PICO_CLOSED)
             .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-            || header_str(headers, "stream-closed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            || header_str(headers, STREAM_CLOSED).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let kind = kind_for_status(status, code.as_deref(), closed);
         ApiError {
             retry_after: header_str(headers, "retry-after").and_then(|v| v.parse().ok()),
@@ -434,7 +421,7 @@ mod tests {
     #[test]
     fn json_error_is_displayed_like_the_reference() {
         let body = br#"{"error":"closed","message":"stream is closed","next_seq":12}"#;
-        let err = ApiError::from_response(409, &headers(&[("pico-closed", "true")]), body);
+        let err = ApiError::from_response(409, &headers(&[(PICO_CLOSED, "true")]), body);
         assert_eq!(err.kind, ErrorKind::Closed);
         assert_eq!(err.next, Some(Position::Seq(12)));
         assert_eq!(err.to_string(), "closed (409): stream is closed [next=12]");
@@ -444,7 +431,7 @@ mod tests {
     fn next_comes_from_the_header_when_the_body_lacks_it() {
         let body =
             br#"{"error":"match_failed","message":"match failed: expected tail 1, actual 3"}"#;
-        let err = ApiError::from_response(412, &headers(&[("pico-next-seq", "3")]), body);
+        let err = ApiError::from_response(412, &headers(&[(PICO_NEXT_SEQ, "3")]), body);
         assert_eq!(err.kind, ErrorKind::Conflict);
         assert_eq!(
             err.to_string(),
@@ -472,7 +459,7 @@ mod tests {
         let body = br#"{"error":"sequence_gap","message":"Producer sequence gap"}"#;
         let err = ApiError::from_response(
             409,
-            &headers(&[("pico-expected-seq", "3"), ("pico-received-seq", "5")]),
+            &headers(&[(PICO_EXPECTED_SEQ, "3"), (PICO_RECEIVED_SEQ, "5")]),
             body,
         );
         assert_eq!(
@@ -481,7 +468,7 @@ mod tests {
         );
         assert!(ClientError::Api(err).is_sequence_gap());
         let body = br#"{"error":"fenced","message":"Stale producer epoch"}"#;
-        let err = ApiError::from_response(403, &headers(&[("pico-producer-epoch", "7")]), body);
+        let err = ApiError::from_response(403, &headers(&[(PICO_PRODUCER_EPOCH, "7")]), body);
         assert_eq!(
             err.to_string(),
             "fenced (403): Stale producer epoch: current epoch 7"
@@ -495,8 +482,8 @@ mod tests {
         let err = ApiError::from_response(
             409,
             &headers(&[
-                ("stream-closed", "true"),
-                ("stream-next-offset", "0000000000000003_0000000000000000"),
+                (STREAM_CLOSED, "true"),
+                (STREAM_NEXT_OFFSET, "0000000000000003_0000000000000000"),
             ]),
             body,
         );
@@ -517,10 +504,7 @@ mod tests {
         let body = br#"{"error":{"code":"SEQUENCE_GAP","message":"gap"}}"#;
         let err = ApiError::from_response(
             409,
-            &headers(&[
-                ("producer-expected-seq", "1"),
-                ("producer-received-seq", "4"),
-            ]),
+            &headers(&[(PRODUCER_EXPECTED_SEQ, "1"), (PRODUCER_RECEIVED_SEQ, "4")]),
             body,
         );
         assert_eq!(
@@ -528,7 +512,7 @@ mod tests {
             "SEQUENCE_GAP (409): gap: expected seq 1, received 4"
         );
         let body = br#"{"error":{"code":"STALE_EPOCH","message":"stale"}}"#;
-        let err = ApiError::from_response(403, &headers(&[("producer-epoch", "2")]), body);
+        let err = ApiError::from_response(403, &headers(&[(PRODUCER_EPOCH, "2")]), body);
         assert_eq!(err.kind, ErrorKind::StaleEpoch);
         assert_eq!(err.to_string(), "STALE_EPOCH (403): stale: current epoch 2");
         let err = ApiError::from_response(410, &HeaderMap::new(), br#"{"error":{"code":"GONE"}}"#);

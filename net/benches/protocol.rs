@@ -9,14 +9,9 @@ use pico_net::codec;
 const REQUEST_HEAD: &[u8] = b"POST /streams/orders HTTP/1.1\r\nhost: 127.0.0.1:4437\r\nuser-agent: bench\r\naccept: */*\r\ncontent-type: application/vnd.picomq.batch\r\npico-producer-id: writer-1\r\npico-producer-epoch: 0\r\npico-producer-seq: 17\r\ncontent-length: 1024\r\n\r\n";
 
 fn binary_batch(records: usize, size: usize) -> Bytes {
-    let mut out = vec![codec::BINARY_VERSION];
-    out.extend_from_slice(&(records as u32).to_be_bytes());
-    for _ in 0..records {
-        out.extend_from_slice(&0u32.to_be_bytes());
-        out.extend_from_slice(&(size as u32).to_be_bytes());
-        out.extend(std::iter::repeat_n(0u8, size));
-    }
-    out.into()
+    let mut batch = pico_proto::batch::BatchWriter::with_capacity(records * (8 + size));
+    batch.zeroed_records(records, size).unwrap();
+    batch.finish()
 }
 
 fn http1_parse(c: &mut Criterion) {

@@ -57,7 +57,7 @@ pub struct AdminState {
 
 pub(crate) fn json_response(status: u16, body: Value) -> Response {
     Response::new(status)
-        .header("content-type", "application/json")
+        .header("content-type", pico_proto::media::JSON)
         .header("cache-control", "no-store")
         .with_body(body.to_string())
 }

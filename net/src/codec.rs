@@ -1,77 +1,37 @@
-//! The Pico protocol's body formats: append batches in, read formats out.
+//! The Pico protocol's bodies: the wire formats of `pico_proto`, turned into the engine's
+//! records on the way in and built from them on the way out.
 
-use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
 use pico_engine::frame::parse_headers;
 use pico_engine::{RecordInput, RecordView};
+use pico_proto::json::JsonPageWriter;
+use pico_proto::page::PageWriter;
 
-pub const BINARY_BATCH_TYPE: &str = "application/vnd.picomq.batch";
-pub const JSON_BATCH_TYPE: &str = "application/vnd.picomq.batch+json";
-/// Stable: the only version of both binary formats.
-pub const BINARY_VERSION: u8 = 1;
+pub use pico_proto::media::{BATCH as BINARY_BATCH_TYPE, BATCH_JSON as JSON_BATCH_TYPE};
 
-/// Decodes a binary append batch (all integers big-endian):
-///
-/// ```text
-/// +---------+-----------+-------------------------------------------------------------------+
-/// | ver u8  | count u32 | count × ( hdr_count u32 | hdr_count × (len u32, name, len u32, value) |
-/// |  = 1    |           |           | body_len u32 | body )                                  |
-/// +---------+-----------+-------------------------------------------------------------------+
-/// ```
-/// Bodies and header values are slices of `body` (no copy). Trailing bytes are ignored. A count
-/// above `max_records` is refused before anything is decoded.
+/// Decodes a binary append batch ([`pico_proto::batch`]); the message is the 400's.
 pub fn decode_binary_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
-    if body.is_empty() {
-        return Err("truncated batch".into());
-    }
-    let mut pos = 0usize;
-    let take = |pos: &mut usize, n: usize| -> Result<Bytes, String> {
-        let end = pos
-            .checked_add(n)
-            .filter(|&e| e <= body.len())
-            .ok_or("truncated payload")?;
-        let out = body.slice(*pos..end);
-        *pos = end;
-        Ok(out)
-    };
-    let u32_at = |pos: &mut usize| -> Result<usize, String> {
-        let b = take(pos, 4)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    };
-    let version = take(&mut pos, 1)?[0];
-    if version != BINARY_VERSION {
-        return Err(format!("unknown batch version {version}"));
-    }
-    let count = u32_at(&mut pos)?;
-    if count > max_records {
-        return Err(format!("at most {max_records} records per append"));
-    }
-    // Every record takes at least 8 bytes: a count beyond that is a lie, not an allocation.
-    let mut records = Vec::with_capacity(count.min(body.len() / 8));
-    for _ in 0..count {
-        let header_count = u32_at(&mut pos)?;
-        let mut headers = Vec::with_capacity(header_count.min(body.len() / 8));
-        for _ in 0..header_count {
-            let name_len = u32_at(&mut pos)?;
-            let name = take(&mut pos, name_len)?;
-            let value_len = u32_at(&mut pos)?;
-            let value = take(&mut pos, value_len)?;
-            if std::str::from_utf8(&name).is_err() || std::str::from_utf8(&value).is_err() {
-                return Err("invalid UTF-8 in headers".into());
-            }
-            headers.push((name, value));
-        }
-        let body_len = u32_at(&mut pos)?;
-        let record_body = take(&mut pos, body_len)?;
-        records.push(RecordInput {
-            headers: sort_headers(headers),
-            body: record_body,
-        });
-    }
-    Ok(records)
+    pico_proto::batch::decode(body, max_records)
+        .map(into_engine)
+        .map_err(|e| e.to_string())
+}
+
+/// Decodes a JSON append batch ([`pico_proto::json`]); the message is the 400's.
+pub fn decode_json_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
+    pico_proto::json::decode_batch(body, max_records).map(into_engine)
 }
 
 /// Record headers are a map: duplicate names collapse (last wins), sorted by name.
+fn into_engine(records: Vec<pico_proto::Record>) -> Vec<RecordInput> {
+    records
+        .into_iter()
+        .map(|record| RecordInput {
+            headers: sort_headers(record.headers),
+            body: record.body,
+        })
+        .collect()
+}
+
 fn sort_headers(headers: Vec<(Bytes, Bytes)>) -> Vec<(Bytes, Bytes)> {
     if headers.len() < 2 {
         return headers;
@@ -80,373 +40,35 @@ fn sort_headers(headers: Vec<(Bytes, Bytes)>) -> Vec<(Bytes, Bytes)> {
     map.into_iter().collect()
 }
 
-/// Decodes a JSON append batch: `{"records":[{"headers":{..},"body":"..."|"body_b64":".."}]}`.
-///
-/// Decoding stops at `max_records` records: a small body can hold millions of `{}`, which are
-/// refused as they are read, never all built first. Each record must be an object; `body` and
-/// `body_b64`, when present, must be strings; such an error names the record's index. A `body`
-/// without escapes is a slice of `body` (no copy).
-pub fn decode_json_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
-    use serde::de::DeserializeSeed;
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let decoding = std::cell::Cell::new(None);
-    let batch = JsonBatch {
-        body,
-        max_records,
-        decoding: &decoding,
-    };
-    let decoded = batch
-        .deserialize(&mut deserializer)
-        .and_then(|records| deserializer.end().map(|()| records));
-    match decoded {
-        Ok(records) => Ok(records),
-        // A record of the wrong shape is named; broken JSON anywhere is just that.
-        Err(e) if e.is_data() => Err(match decoding.get() {
-            Some(index) => format!("record {index}: {}", strip_position(e.to_string())),
-            None => strip_position(e.to_string()),
-        }),
-        Err(_) => Err("invalid JSON".into()),
-    }
-}
-
-const RECORDS_NOT_AN_ARRAY: &str = "records must be a non-empty array";
-
-/// `message` without serde_json's trailing ` at line L column C`.
-fn strip_position(message: String) -> String {
-    let Some(at) = message.rfind(" at line ") else {
-        return message;
-    };
-    let tail = &message[at + " at line ".len()..];
-    let is_position = tail.split_once(" column ").is_some_and(|(line, column)| {
-        [line, column]
-            .iter()
-            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    });
-    if is_position {
-        message[..at].to_string()
-    } else {
-        message
-    }
-}
-
-/// Answers every JSON type but the ones a visitor takes with the same error.
-macro_rules! refuse_other_types {
-    ($message:expr) => {
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Err(E::custom($message))
-        }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Err(E::custom($message))
-        }
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Err(E::custom($message))
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Err(E::custom($message))
-        }
-        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-            Err(E::custom($message))
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Err(E::custom($message))
-        }
-    };
-}
-
-/// The root object; `records` is read by [`JsonRecords`], other keys are skipped.
-#[derive(Clone, Copy)]
-struct JsonBatch<'b> {
-    body: &'b Bytes,
-    max_records: usize,
-    /// The index of the record being decoded, for the error message.
-    decoding: &'b std::cell::Cell<Option<usize>>,
-}
-
-/// The `records` array, at most `max_records` long.
-struct JsonRecords<'b>(JsonBatch<'b>);
-
-/// One record object.
-struct JsonRecord<'b> {
-    body: &'b Bytes,
-}
-
-/// A field that must be a string when present (`body`, `body_b64`).
-struct JsonText(&'static str);
-
-impl<'de> serde::de::DeserializeSeed<'de> for JsonBatch<'_> {
-    type Value = Vec<RecordInput>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for JsonBatch<'_> {
-    type Value = Vec<RecordInput>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(RECORDS_NOT_AN_ARRAY)
-    }
-
-    refuse_other_types!(RECORDS_NOT_AN_ARRAY);
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(serde::de::Error::custom(RECORDS_NOT_AN_ARRAY))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut records = None;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if key == "records" {
-                records = Some(map.next_value_seed(JsonRecords(self))?);
-            } else {
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-        }
-        records
-            .filter(|records: &Vec<RecordInput>| !records.is_empty())
-            .ok_or_else(|| serde::de::Error::custom(RECORDS_NOT_AN_ARRAY))
-    }
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for JsonRecords<'_> {
-    type Value = Vec<RecordInput>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for JsonRecords<'_> {
-    type Value = Vec<RecordInput>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(RECORDS_NOT_AN_ARRAY)
-    }
-
-    refuse_other_types!(RECORDS_NOT_AN_ARRAY);
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(serde::de::Error::custom(RECORDS_NOT_AN_ARRAY))
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let JsonBatch {
-            body,
-            max_records,
-            decoding,
-        } = self.0;
-        let mut records = Vec::new();
-        loop {
-            let index = records.len();
-            decoding.set(Some(index));
-            let record = seq.next_element_seed(JsonRecord { body })?;
-            decoding.set(None);
-            let Some(record) = record else {
-                return Ok(records);
-            };
-            if index == max_records {
-                return Err(serde::de::Error::custom(format!(
-                    "at most {max_records} records per append"
-                )));
-            }
-            records.push(record);
-        }
-    }
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for JsonRecord<'_> {
-    type Value = RecordInput;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-const RECORD_NOT_AN_OBJECT: &str = "a record must be an object with body or body_b64";
-
-impl<'de> serde::de::Visitor<'de> for JsonRecord<'_> {
-    type Value = RecordInput;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(RECORD_NOT_AN_OBJECT)
-    }
-
-    refuse_other_types!(RECORD_NOT_AN_OBJECT);
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(serde::de::Error::custom(RECORD_NOT_AN_OBJECT))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        use serde::de::Error as _;
-        type HeaderMap<'a> = std::collections::BTreeMap<String, &'a serde_json::value::RawValue>;
-        let mut headers: Option<HeaderMap<'de>> = None;
-        let (mut text, mut base64) = (None, None);
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match key.as_ref() {
-                "headers" => headers = map.next_value::<Option<HeaderMap<'de>>>()?,
-                "body" => text = Some(map.next_value_seed(JsonText("body"))?),
-                "body_b64" => base64 = Some(map.next_value_seed(JsonText("body_b64"))?),
-                _ => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                }
-            }
-        }
-        let body = match (base64, text) {
-            // `body_b64` wins when both are given.
-            (Some(encoded), _) => base64::engine::general_purpose::STANDARD
-                .decode(encoded.as_bytes())
-                .map_err(|_| A::Error::custom("invalid body_b64"))?
-                .into(),
-            (None, Some(std::borrow::Cow::Borrowed(text))) => slice_or_copy(self.body, text),
-            (None, Some(std::borrow::Cow::Owned(text))) => Bytes::from(text),
-            (None, None) => Bytes::new(),
-        };
-        let mut record_headers = Vec::new();
-        for (name, value) in headers.unwrap_or_default() {
-            // String values are kept as they are; any other value as its compact JSON text.
-            let value = match serde_json::from_str::<String>(value.get()) {
-                Ok(text) => text,
-                Err(_) => serde_json::from_str::<serde_json::Value>(value.get())
-                    .map_err(A::Error::custom)?
-                    .to_string(),
-            };
-            record_headers.push((Bytes::from(name), Bytes::from(value)));
-        }
-        Ok(RecordInput {
-            headers: sort_headers(record_headers),
-            body,
-        })
-    }
-}
-
-/// `text` as a slice of `body` when it lies within it (it was not unescaped), else a copy.
-fn slice_or_copy(body: &Bytes, text: &str) -> Bytes {
-    let start = (text.as_ptr() as usize).wrapping_sub(body.as_ptr() as usize);
-    match start.checked_add(text.len()) {
-        Some(end) if start <= body.len() && end <= body.len() => body.slice(start..end),
-        _ => Bytes::copy_from_slice(text.as_bytes()),
-    }
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for JsonText {
-    type Value = std::borrow::Cow<'de, str>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for JsonText {
-    type Value = std::borrow::Cow<'de, str>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "{} to be a string", self.0)
-    }
-
-    fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
-        Ok(std::borrow::Cow::Borrowed(text))
-    }
-
-    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
-        Ok(std::borrow::Cow::Owned(text.to_string()))
-    }
-
-    fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Self::Value, E> {
-        Ok(std::borrow::Cow::Owned(text))
-    }
-}
-
-/// The `json` read format: `[{"seq":..,"timestamp":..,"headers"?:{..},"body"|"body_b64":..}]`.
+/// The `json` read format.
 pub fn encode_json(records: &[RecordView]) -> Bytes {
-    let mut out = Vec::with_capacity(records.iter().map(|r| r.body.len() + 48).sum::<usize>() + 2);
-    out.push(b'[');
-    for (i, record) in records.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(
-            format!(
-                "{{\"seq\":{},\"timestamp\":{}",
-                record.offset, record.timestamp_ms
-            )
-            .as_bytes(),
-        );
-        let headers = parse_headers(&record.headers);
-        if !headers.is_empty() {
-            out.extend_from_slice(b",\"headers\":{");
-            for (j, (name, value)) in headers.iter().enumerate() {
-                if j > 0 {
-                    out.push(b',');
-                }
-                json_string(&mut out, &String::from_utf8_lossy(name));
-                out.push(b':');
-                json_string(&mut out, &String::from_utf8_lossy(value));
-            }
-            out.push(b'}');
-        }
-        match std::str::from_utf8(&record.body) {
-            Ok(text) => {
-                out.extend_from_slice(b",\"body\":");
-                json_string(&mut out, text);
-            }
-            Err(_) => {
-                out.extend_from_slice(b",\"body_b64\":\"");
-                out.extend_from_slice(
-                    base64::engine::general_purpose::STANDARD
-                        .encode(&record.body)
-                        .as_bytes(),
-                );
-                out.push(b'"');
-            }
-        }
-        out.push(b'}');
-    }
-    out.push(b']');
-    out.into()
-}
-
-/// Appends `text` as a JSON string literal.
-pub fn json_string(out: &mut Vec<u8>, text: &str) {
-    out.extend_from_slice(
-        serde_json::to_string(text)
-            .expect("strings always serialize")
-            .as_bytes(),
-    );
-}
-
-/// The `binary` read format (all integers big-endian):
-///
-/// ```text
-/// +--------+-----------+---------------------------------------------------------------------------+
-/// | ver u8 | count u32 | count × ( seq u64 | timestamp i64 | hdr_count u32 | headers (as in the     |
-/// |  = 1   |           |           append batch) | body_len u32 | body )                             |
-/// +--------+-----------+---------------------------------------------------------------------------+
-/// ```
-pub fn encode_binary(records: &[RecordView]) -> Bytes {
-    let size = 5 + records
+    let bytes = records
         .iter()
-        .map(|r| 24 + r.headers.len() + r.body.len())
-        .sum::<usize>();
-    let mut out = BytesMut::with_capacity(size);
-    out.put_u8(BINARY_VERSION);
-    out.put_u32(records.len() as u32);
+        .map(|r| r.body.len() + JsonPageWriter::RECORD_OVERHEAD_BYTES)
+        .sum();
+    let mut page = JsonPageWriter::with_capacity(bytes);
     for record in records {
-        out.put_u64(record.offset);
-        out.put_i64(record.timestamp_ms);
         let headers = parse_headers(&record.headers);
-        out.put_u32(headers.len() as u32);
-        for (name, value) in headers {
-            out.put_u32(name.len() as u32);
-            out.put_slice(&name);
-            out.put_u32(value.len() as u32);
-            out.put_slice(&value);
-        }
-        out.put_u32(record.body.len() as u32);
-        out.put_slice(&record.body);
+        page.record(record.offset, record.timestamp_ms, &headers, &record.body);
     }
-    out.freeze()
+    page.finish()
+}
+
+/// The `binary` read format ([`pico_proto::page`]).
+pub fn encode_binary(records: &[RecordView]) -> Bytes {
+    let bytes = records
+        .iter()
+        .map(|r| PageWriter::RECORD_OVERHEAD_BYTES + r.headers.len() + r.body.len())
+        .sum();
+    let mut page = PageWriter::with_capacity(bytes);
+    for record in records {
+        let headers = parse_headers(&record.headers);
+        page.record(record.offset, record.timestamp_ms, &headers, &record.body)
+            // A stored record came in one request body, which `--max-body-size` keeps below
+            // 4 GiB; a read holds at most RECORDS_PER_READ_MAX records.
+            .expect("a stored record fits the page format");
+    }
+    page.finish()
 }
 
 /// The `raw` read format: bodies back to back.
@@ -466,65 +88,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    type TestRecord = (Vec<(String, String)>, Vec<u8>);
-
-    fn encode_batch(records: &[TestRecord]) -> Vec<u8> {
-        let mut out = vec![BINARY_VERSION];
-        out.extend_from_slice(&(records.len() as u32).to_be_bytes());
-        for (headers, body) in records {
-            out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
-            for (n, v) in headers {
-                out.extend_from_slice(&(n.len() as u32).to_be_bytes());
-                out.extend_from_slice(n.as_bytes());
-                out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-                out.extend_from_slice(v.as_bytes());
-            }
-            out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            out.extend_from_slice(body);
-        }
-        out
-    }
-
-    fn records() -> impl Strategy<Value = Vec<TestRecord>> {
-        proptest::collection::vec(
-            (
-                proptest::collection::btree_map("[a-z]{1,6}", ".{0,6}", 0..3)
-                    .prop_map(|m| m.into_iter().collect::<Vec<_>>()),
-                proptest::collection::vec(any::<u8>(), 0..40),
-            ),
-            1..6,
-        )
-    }
-
-    proptest! {
-        #[test]
-        fn binary_batch_round_trip(input in records()) {
-            let decoded = decode_binary_batch(&Bytes::from(encode_batch(&input)), LIMIT).unwrap();
-            prop_assert_eq!(decoded.len(), input.len());
-            for (got, (headers, body)) in decoded.iter().zip(&input) {
-                prop_assert_eq!(&got.body[..], &body[..]);
-                let names: Vec<_> = got.headers.iter().map(|(n, v)| (String::from_utf8(n.to_vec()).unwrap(), String::from_utf8(v.to_vec()).unwrap())).collect();
-                prop_assert_eq!(&names, headers);
-            }
-        }
-
-        #[test]
-        fn truncated_binary_batch_is_an_error(input in records(), cut in 0usize..400) {
-            let bytes = encode_batch(&input);
-            if cut < bytes.len() {
-                prop_assert!(decode_binary_batch(&Bytes::copy_from_slice(&bytes[..cut]), LIMIT).is_err());
-            }
-        }
-
-        #[test]
-        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_binary_batch(&Bytes::from(bytes.clone()), LIMIT);
-            let _ = json(&bytes);
-        }
-    }
-
-    const LIMIT: usize = 100_000;
-
     proptest! {
         #![proptest_config(crate::fuzzing::config())]
         #[test]
@@ -542,134 +105,17 @@ mod tests {
         }
     }
 
-    fn json(body: &[u8]) -> Result<Vec<RecordInput>, String> {
-        decode_json_batch(&Bytes::copy_from_slice(body), LIMIT)
-    }
-
     #[test]
-    fn json_records_of_the_wrong_type_are_refused_by_index() {
-        for (record, message) in [
-            (
-                "1",
-                "record 1: a record must be an object with body or body_b64",
-            ),
-            (
-                "\"x\"",
-                "record 1: a record must be an object with body or body_b64",
-            ),
-            (
-                "null",
-                "record 1: a record must be an object with body or body_b64",
-            ),
-            (
-                "[]",
-                "record 1: a record must be an object with body or body_b64",
-            ),
-            (
-                r#"{"body":123}"#,
-                "record 1: invalid type: integer `123`, expected body to be a string",
-            ),
-            (
-                r#"{"body":{}}"#,
-                "record 1: invalid type: map, expected body to be a string",
-            ),
-            (
-                r#"{"body":null}"#,
-                "record 1: invalid type: null, expected body to be a string",
-            ),
-            (
-                r#"{"body_b64":7}"#,
-                "record 1: invalid type: integer `7`, expected body_b64 to be a string",
-            ),
-            (
-                r#"{"headers":5}"#,
-                "record 1: invalid type: integer `5`, expected a map",
-            ),
-        ] {
-            let body = format!(r#"{{"records":[{{"body":"ok"}},{record}]}}"#);
-            assert_eq!(json(body.as_bytes()).unwrap_err(), message, "{body}");
-        }
-        for root in ["1", "[]", r#"{"records":{}}"#, r#"{"records":"x"}"#, "{}"] {
-            assert_eq!(
-                json(root.as_bytes()).unwrap_err(),
-                RECORDS_NOT_AN_ARRAY,
-                "{root}"
-            );
-        }
-        assert_eq!(json(br#"{"records":[{}]} x"#).unwrap_err(), "invalid JSON");
-        for broken in [
-            &br#"{"records":["#[..],
-            br#"{"records":[{"body":"#,
-            br#"{"records":[{},"#,
-        ] {
-            assert_eq!(json(broken).unwrap_err(), "invalid JSON", "{broken:?}");
-        }
-    }
-
-    #[test]
-    fn json_batches_stop_decoding_at_the_record_limit() {
-        let body = format!(r#"{{"records":[{}{{}}]}}"#, "{},".repeat(LIMIT));
-        assert_eq!(
-            json(body.as_bytes()).unwrap_err(),
-            format!("at most {LIMIT} records per append")
-        );
-        let fits = decode_json_batch(
-            &Bytes::from(format!(r#"{{"records":[{}{{}}]}}"#, "{},".repeat(9))),
-            10,
-        );
-        assert_eq!(fits.unwrap().len(), 10);
-        let mut binary = vec![BINARY_VERSION];
-        binary.extend_from_slice(&11u32.to_be_bytes());
-        assert_eq!(
-            decode_binary_batch(&Bytes::from(binary), 10).unwrap_err(),
-            "at most 10 records per append"
-        );
-    }
-
-    #[test]
-    fn json_bodies_without_escapes_are_not_copied() {
-        let body = Bytes::from_static(br#"{"records":[{"body":"plain"},{"body":"a\nb"}]}"#);
-        let records = decode_json_batch(&body, LIMIT).unwrap();
-        let plain = &records[0].body;
-        assert_eq!(&plain[..], b"plain");
-        let inside = body.as_ptr() as usize..body.as_ptr() as usize + body.len();
-        assert!(inside.contains(&(plain.as_ptr() as usize)));
-        assert_eq!(&records[1].body[..], b"a\nb");
-    }
-
-    #[test]
-    fn json_batch_forms() {
-        let body = br#"{"records":[{"headers":{"k":"v","n":1},"body":"three"},{"body_b64":"AAECgP8="},{}]}"#;
-        let records = json(body).unwrap();
-        assert_eq!(records.len(), 3);
-        assert_eq!(&records[0].body[..], b"three");
-        assert_eq!(records[0].headers[1], (Bytes::from("n"), Bytes::from("1")));
-        assert_eq!(&records[1].body[..], &[0, 1, 2, 0x80, 0xff]);
-        assert!(records[2].body.is_empty());
-        assert_eq!(json(b"{").unwrap_err(), "invalid JSON");
-        assert_eq!(
-            json(br#"{"records":[]}"#).unwrap_err(),
-            "records must be a non-empty array"
-        );
-        assert_eq!(
-            json(br#"{"records":[{"body_b64":"!"}]}"#).unwrap_err(),
-            "record 0: invalid body_b64"
-        );
-    }
-
-    #[test]
-    fn version_and_truncation_messages() {
-        assert_eq!(
-            decode_binary_batch(&Bytes::from_static(&[2, 0, 0, 0, 0]), LIMIT).unwrap_err(),
-            "unknown batch version 2"
-        );
-        assert_eq!(
-            decode_binary_batch(&Bytes::new(), LIMIT).unwrap_err(),
-            "truncated batch"
-        );
-        assert_eq!(
-            decode_binary_batch(&Bytes::from_static(&[1, 0, 0, 0, 1]), LIMIT).unwrap_err(),
-            "truncated payload"
-        );
+    fn duplicate_binary_headers_keep_the_last_value_sorted_by_name() {
+        let batch =
+            pico_proto::batch::encode(&[(vec![("z", "1"), ("a", "2"), ("z", "3")], &b""[..])])
+                .unwrap();
+        let records = decode_binary_batch(&batch, 1).unwrap();
+        let headers: Vec<(&[u8], &[u8])> = records[0]
+            .headers
+            .iter()
+            .map(|(n, v)| (&n[..], &v[..]))
+            .collect();
+        assert_eq!(headers, [(&b"a"[..], &b"2"[..]), (b"z", b"3")]);
     }
 }

@@ -19,6 +19,7 @@
 //! so `0000000000000000_0000000000000000` is the beginning of every stream, `-1` too, and
 //! `now` the tail.
 
+use pico_proto::header::*;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -60,7 +61,7 @@ const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, Stream-
 const EXPOSE_HEADERS: &str = "Stream-Next-Offset, Stream-Up-To-Date, Stream-Closed, Stream-Cursor, Stream-TTL, Stream-Expires-At, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, stream-sse-data-encoding, etag, content-type, location";
 /// Immutable catch-up chunks (they end before the tail) may be cached.
 const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
-const JSON_TYPE: &str = "application/json";
+const JSON_TYPE: &str = pico_proto::media::JSON;
 /// Cursor intervals count from this instant (2024-10-09T00:00:00Z), 20 s each (DS §10.1).
 const CURSOR_EPOCH_MS: u64 = 1_728_432_000_000;
 const CURSOR_INTERVAL_MS: u64 = 20_000;
@@ -108,23 +109,22 @@ impl From<EngineError> for DsError {
             EngineError::ContentTypeMismatch { .. } => DsError::new(409, "CONFLICT", message),
             EngineError::WriterSeqRegression { .. } => DsError::new(409, "CONFLICT", message),
             EngineError::Closed { next_offset } => DsError::new(409, "STREAM_CLOSED", message)
-                .with("stream-closed", "true")
-                .with("stream-next-offset", format_offset(next_offset, 0)),
+                .with(STREAM_CLOSED, "true")
+                .with(STREAM_NEXT_OFFSET, format_offset(next_offset, 0)),
             EngineError::MatchFailed { actual, .. } => DsError::new(409, "CONFLICT", message)
-                .with("stream-next-offset", format_offset(actual, 0)),
+                .with(STREAM_NEXT_OFFSET, format_offset(actual, 0)),
             EngineError::StaleProducerEpoch { current } => {
-                DsError::new(403, "STALE_EPOCH", message)
-                    .with("producer-epoch", current.to_string())
+                DsError::new(403, "STALE_EPOCH", message).with(PRODUCER_EPOCH, current.to_string())
             }
             EngineError::ProducerSequenceGap { expected, received } => {
                 DsError::new(409, "SEQUENCE_GAP", message)
-                    .with("producer-expected-seq", expected.to_string())
-                    .with("producer-received-seq", received.to_string())
+                    .with(PRODUCER_EXPECTED_SEQ, expected.to_string())
+                    .with(PRODUCER_RECEIVED_SEQ, received.to_string())
             }
             // The protocol's table: an unknown producer must start at 0, answered like a gap.
             EngineError::UnknownProducer { received } => DsError::new(409, "SEQUENCE_GAP", message)
-                .with("producer-expected-seq", "0")
-                .with("producer-received-seq", received.to_string()),
+                .with(PRODUCER_EXPECTED_SEQ, "0")
+                .with(PRODUCER_RECEIVED_SEQ, received.to_string()),
             EngineError::OffsetBeyondTail { .. } => DsError::bad_request(message),
             EngineError::OffsetGone { .. } => DsError::new(410, "OFFSET_GONE", message),
             EngineError::Overloaded {
@@ -158,13 +158,13 @@ impl From<EngineError> for DsError {
     }
 }
 
-/// `{"error":{"code":..,"message":..}}`.
+/// The error body ([`pico_proto::error_body::durable_streams`]).
 fn render_error(error: DsError) -> Response {
-    let body = serde_json::json!({"error": {"code": error.code, "message": error.message}});
+    let body = pico_proto::error_body::durable_streams(error.code, &error.message);
     let mut response = Response::new(error.status)
         .header("content-type", JSON_TYPE)
         .header("cache-control", "no-store")
-        .with_body(body.to_string());
+        .with_body(body);
     response.headers.extend(error.headers);
     response
 }
@@ -192,41 +192,14 @@ fn with_common(mut response: Response, origin: &str) -> Response {
 
 // ------------------------------------------------------------------------- offsets
 
-/// The wire form of a position: record `seq`, `bytes` into it.
-pub fn format_offset(seq: u64, bytes: u64) -> String {
-    format!("{seq:016}_{bytes:016}")
-}
+/// The wire form of a position: record `seq`, `bytes` into it ([`pico_proto::offset`]).
+pub use pico_proto::offset::format as format_offset;
+use pico_proto::offset::Offset as Position;
 
 /// A parsed `offset` (or `Stream-Fork-Offset`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Position {
-    /// `-1`: the beginning.
-    Start,
-    /// `now`: the tail.
-    Now,
-    At {
-        seq: u64,
-        bytes: u64,
-    },
-}
-
 fn parse_offset(text: &str) -> Result<Position, DsError> {
-    let invalid = || DsError::bad_request(format!("invalid offset: {text:?}"));
-    match text {
-        "-1" => return Ok(Position::Start),
-        "now" => return Ok(Position::Now),
-        _ => {}
-    }
-    let (seq, bytes) = text.split_once('_').ok_or_else(invalid)?;
-    let number = |part: &str| {
-        (!part.is_empty() && part.len() <= 20 && part.bytes().all(|b| b.is_ascii_digit()))
-            .then(|| part.parse::<u64>().ok())
-            .flatten()
-    };
-    match (number(seq), number(bytes)) {
-        (Some(seq), Some(bytes)) => Ok(Position::At { seq, bytes }),
-        _ => Err(invalid()),
-    }
+    pico_proto::offset::parse(text)
+        .ok_or_else(|| DsError::bad_request(format!("invalid offset: {text:?}")))
 }
 
 // ------------------------------------------------------------------------- requests
@@ -283,7 +256,7 @@ fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError
         .map_err(|denied| refused(denied, "this token may not do that on this stream"))?;
     // A fork reads its source through the new stream: creating one needs `read` there too.
     if request.method == "PUT" {
-        if let Some(source) = request.header("stream-forked-from") {
+        if let Some(source) = request.header(STREAM_FORKED_FROM) {
             auth.check(token, Permission::Read, fork_source_path(source))
                 .map_err(|denied| refused(denied, "this token may not read the fork's source"))?;
         }
@@ -464,7 +437,7 @@ impl<'de> serde::de::Visitor<'de> for ArrayElements<'_> {
 
 fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> {
     let ttl = request
-        .header("stream-ttl")
+        .header(STREAM_TTL)
         .map(|v| strict_u64(v).ok_or_else(|| DsError::bad_request("invalid Stream-TTL")))
         .transpose()?;
     if ttl.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
@@ -474,7 +447,7 @@ fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> 
         )));
     }
     let expires = request
-        .header("stream-expires-at")
+        .header(STREAM_EXPIRES_AT)
         .map(|v| {
             parse_rfc3339_ms(v).ok_or_else(|| DsError::bad_request("invalid Stream-Expires-At"))
         })
@@ -488,13 +461,13 @@ fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> 
 }
 
 fn fork_spec(request: &Request) -> Result<Option<ForkSpec>, DsError> {
-    let source = request.header("stream-forked-from");
-    let offset = request.header("stream-fork-offset");
+    let source = request.header(STREAM_FORKED_FROM);
+    let offset = request.header(STREAM_FORK_OFFSET);
     let sub = request
         .headers
         .iter()
-        .any(|(n, _)| n == "stream-fork-sub-offset")
-        .then(|| request.header("stream-fork-sub-offset").unwrap_or(""));
+        .any(|(n, _)| n == STREAM_FORK_SUB_OFFSET)
+        .then(|| request.header(STREAM_FORK_SUB_OFFSET).unwrap_or(""));
     let Some(source) = source else {
         if sub.is_some() || offset.is_some() {
             return Err(DsError::bad_request(
@@ -550,12 +523,12 @@ async fn create(
 ) -> Result<Response, DsError> {
     let (ttl_sec, expires_at_ms) = ttl_header(request)?;
     let fork = fork_spec(request)?;
-    let closed = header_true(request, "stream-closed");
+    let closed = header_true(request, STREAM_CLOSED);
     // A fork without a content type takes its source's (resolved by the engine).
     let content_type = match (request.header("content-type"), &fork) {
         (Some(given), _) => given.to_string(),
         (None, Some(_)) => String::new(),
-        (None, None) => "application/octet-stream".to_string(),
+        (None, None) => pico_proto::media::OCTET_STREAM.to_string(),
     };
     let records = body_records(&request.body, is_json(&content_type), true)?;
     let wrote = !records.is_empty();
@@ -581,10 +554,10 @@ async fn create(
     }
     let mut response = Response::new(if created { 201 } else { 200 })
         .header("content-type", info.content_type.clone())
-        .header("stream-next-offset", next)
+        .header(STREAM_NEXT_OFFSET, next)
         .header("cache-control", "no-store");
     if info.closed {
-        response = response.header("stream-closed", "true");
+        response = response.header(STREAM_CLOSED, "true");
     }
     if created {
         let location = format!("{}{}", base_url(settings, request), request.path);
@@ -608,9 +581,9 @@ fn producer_number(request: &Request, name: &str) -> Result<Option<u64>, DsError
 }
 
 fn producer_headers(request: &Request) -> Result<Option<ProducerTuple>, DsError> {
-    let id = request.header("producer-id");
-    let epoch = producer_number(request, "producer-epoch")?;
-    let seq = producer_number(request, "producer-seq")?;
+    let id = request.header(PRODUCER_ID);
+    let epoch = producer_number(request, PRODUCER_EPOCH)?;
+    let seq = producer_number(request, PRODUCER_SEQ)?;
     producer_tuple(id, epoch, seq).map_err(|PartialProducer| {
         DsError::bad_request("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
     })
@@ -622,7 +595,7 @@ async fn append(
     request: &Request,
 ) -> Result<Response, DsError> {
     let producer = producer_headers(request)?;
-    let close = header_true(request, "stream-closed");
+    let close = header_true(request, STREAM_CLOSED);
     let body = &request.body;
     if body.is_empty() && !close {
         return Err(DsError::bad_request(
@@ -648,7 +621,7 @@ async fn append(
         match_offset: None,
         producer,
         content_type,
-        writer_seq: request.header("stream-seq").map(str::to_string),
+        writer_seq: request.header(STREAM_SEQ).map(str::to_string),
     });
     let Reply::Appended(ack) = core.call(&request.path, op).await? else {
         unreachable!("an append is always answered with Appended")
@@ -666,18 +639,18 @@ async fn append(
         _ => 204,
     };
     let mut response = Response::new(status)
-        .header("stream-next-offset", next)
+        .header(STREAM_NEXT_OFFSET, next)
         .header("cache-control", "no-store");
     if ack.closed {
-        response = response.header("stream-closed", "true");
+        response = response.header(STREAM_CLOSED, "true");
     }
-    if let (Some(epoch), Some(seq)) = (echo, request.header("producer-seq")) {
+    if let (Some(epoch), Some(seq)) = (echo, request.header(PRODUCER_SEQ)) {
         let seq = ack
             .duplicate_of_seq
             .map_or_else(|| seq.to_string(), |s| s.to_string());
         response = response
-            .header("producer-epoch", epoch.to_string())
-            .header("producer-seq", seq);
+            .header(PRODUCER_EPOCH, epoch.to_string())
+            .header(PRODUCER_SEQ, seq);
     }
     Ok(response)
 }
@@ -692,16 +665,16 @@ async fn head(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, DsEr
 fn head_response(info: &StreamInfo) -> Response {
     let mut response = Response::new(200)
         .header("content-type", info.content_type.clone())
-        .header("stream-next-offset", format_offset(info.next_offset, 0))
+        .header(STREAM_NEXT_OFFSET, format_offset(info.next_offset, 0))
         .header("cache-control", "no-store");
     if info.closed {
-        response = response.header("stream-closed", "true");
+        response = response.header(STREAM_CLOSED, "true");
     }
     if let Some(ttl) = info.ttl_sec {
-        response = response.header("stream-ttl", ttl.to_string());
+        response = response.header(STREAM_TTL, ttl.to_string());
     }
     if let Some(at) = info.expires_at_ms {
-        response = response.header("stream-expires-at", format_rfc3339_ms(at));
+        response = response.header(STREAM_EXPIRES_AT, format_rfc3339_ms(at));
     }
     response
 }
@@ -784,17 +757,17 @@ async fn read(
             .header("content-type", content_type)
             .with_parts(body)
     };
-    response = response.header("stream-next-offset", next.clone());
+    response = response.header(STREAM_NEXT_OFFSET, next.clone());
     if batch.up_to_date() {
-        response = response.header("stream-up-to-date", "true");
+        response = response.header(STREAM_UP_TO_DATE, "true");
     }
     if batch.closed {
-        response = response.header("stream-closed", "true");
+        response = response.header(STREAM_CLOSED, "true");
     }
     match live {
         Live::LongPoll => {
             if !batch.closed {
-                response = response.header("stream-cursor", next_cursor(cursor.as_deref()));
+                response = response.header(STREAM_CURSOR, next_cursor(cursor.as_deref()));
             }
             Ok(response.header("cache-control", "no-store"))
         }
@@ -950,11 +923,11 @@ async fn sse(
         },
     ));
     let mut response = Response::new(200)
-        .header("content-type", "text/event-stream")
+        .header("content-type", pico_proto::media::EVENT_STREAM)
         .header("cache-control", "no-cache")
         .header("x-accel-buffering", "no");
     if base64 {
-        response = response.header("stream-sse-data-encoding", "base64");
+        response = response.header(STREAM_SSE_DATA_ENCODING, "base64");
     }
     Ok(response.with_stream(events))
 }

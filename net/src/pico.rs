@@ -3,6 +3,7 @@
 //! The stream name is the request path exactly as received (not percent-decoded); `/` is
 //! reserved for the listing. See `docs/api.md` for the user-facing description.
 
+use pico_proto::header::*;
 use std::rc::Rc;
 
 use base64::Engine as _;
@@ -85,7 +86,7 @@ impl From<EngineError> for ApiError {
             },
             EngineError::Closed { next_offset } => ApiError {
                 next_seq: Some(next_offset),
-                extra: vec![("pico-closed", "true".into())],
+                extra: vec![(PICO_CLOSED, "true".into())],
                 ..ApiError::new(409, "closed", message)
             },
             EngineError::Gone => ApiError::new(410, "gone", message),
@@ -97,13 +98,13 @@ impl From<EngineError> for ApiError {
                 ..ApiError::new(412, "match_failed", message)
             },
             EngineError::StaleProducerEpoch { current } => ApiError {
-                extra: vec![("pico-producer-epoch", current.to_string())],
+                extra: vec![(PICO_PRODUCER_EPOCH, current.to_string())],
                 ..ApiError::new(403, "fenced", message)
             },
             EngineError::ProducerSequenceGap { expected, received } => ApiError {
                 extra: vec![
-                    ("pico-expected-seq", expected.to_string()),
-                    ("pico-received-seq", received.to_string()),
+                    (PICO_EXPECTED_SEQ, expected.to_string()),
+                    (PICO_RECEIVED_SEQ, received.to_string()),
                 ],
                 ..ApiError::new(409, "sequence_gap", message)
             },
@@ -152,25 +153,15 @@ impl From<EngineError> for ApiError {
     }
 }
 
-/// The JSON error body: `{"error":..,"message":..,"next_seq"?:..}`.
+/// The JSON error body ([`pico_proto::error_body::pico`]).
 pub fn error_response(status: u16, code: &str, message: &str, next_seq: Option<u64>) -> Response {
-    let mut body = Vec::with_capacity(64 + message.len());
-    body.extend_from_slice(b"{\"error\":");
-    codec::json_string(&mut body, code);
-    if !message.is_empty() {
-        body.extend_from_slice(b",\"message\":");
-        codec::json_string(&mut body, message);
-    }
-    if let Some(next) = next_seq {
-        body.extend_from_slice(format!(",\"next_seq\":{next}").as_bytes());
-    }
-    body.push(b'}');
+    let body = pico_proto::error_body::pico(code, message, next_seq);
     let mut response = Response::new(status)
-        .header("content-type", "application/json")
+        .header("content-type", pico_proto::media::JSON)
         .header("cache-control", "no-store")
         .with_body(body);
     if let Some(next) = next_seq {
-        response = response.header("pico-next-seq", next.to_string());
+        response = response.header(PICO_NEXT_SEQ, next.to_string());
     }
     response
 }
@@ -249,8 +240,8 @@ fn notify_subscriptions(
         "DELETE" if response.status == 204 => {
             settings.subscriptions.on_stream_deleted(&request.path)
         }
-        "PUT" | "POST" if header("pico-start-seq").is_some() || header("pico-closed").is_some() => {
-            if let Some(next) = header("pico-next-seq").and_then(|n| n.parse().ok()) {
+        "PUT" | "POST" if header(PICO_START_SEQ).is_some() || header(PICO_CLOSED).is_some() => {
+            if let Some(next) = header(PICO_NEXT_SEQ).and_then(|n| n.parse().ok()) {
                 let tail = crate::ds::format_offset(next, 0);
                 settings
                     .subscriptions
@@ -342,7 +333,7 @@ fn header_u64(request: &Request, name: &str, display: &str) -> Result<Option<u64
 fn stream_content_type(request: &Request) -> String {
     request
         .header("content-type")
-        .unwrap_or("application/octet-stream")
+        .unwrap_or(pico_proto::media::OCTET_STREAM)
         .to_string()
 }
 
@@ -361,17 +352,17 @@ fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
     };
     Ok(RetentionChange {
         age_ms: limit(
-            "pico-retention-age",
+            PICO_RETENTION_AGE,
             "Pico-Retention-Age",
             limits::retention_secs,
         )?,
         bytes: limit(
-            "pico-retention-bytes",
+            PICO_RETENTION_BYTES,
             "Pico-Retention-Bytes",
             limits::retention_bytes,
         )?,
         delete_on_empty_ms: limit(
-            "pico-delete-on-empty",
+            PICO_DELETE_ON_EMPTY,
             "Pico-Delete-On-Empty",
             limits::retention_secs,
         )?,
@@ -381,13 +372,13 @@ fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
 /// The retention headers of a HEAD or `PATCH` answer: the limits that are on.
 fn with_retention(mut response: Response, retention: &Retention) -> Response {
     if let Some(ms) = retention.age_ms {
-        response = response.header("pico-retention-age", (ms / 1000).to_string());
+        response = response.header(PICO_RETENTION_AGE, (ms / 1000).to_string());
     }
     if let Some(bytes) = retention.bytes {
-        response = response.header("pico-retention-bytes", bytes.to_string());
+        response = response.header(PICO_RETENTION_BYTES, bytes.to_string());
     }
     if let Some(ms) = retention.delete_on_empty_ms {
-        response = response.header("pico-delete-on-empty", (ms / 1000).to_string());
+        response = response.header(PICO_DELETE_ON_EMPTY, (ms / 1000).to_string());
     }
     response
 }
@@ -406,7 +397,7 @@ async fn create(
     settings: &PicoSettings,
     request: &Request,
 ) -> Result<Response, ApiError> {
-    let ttl_sec = header_u64(request, "pico-ttl", "Pico-TTL")?;
+    let ttl_sec = header_u64(request, PICO_TTL, "Pico-TTL")?;
     if ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
         return Err(ApiError::bad_request(format!(
             "Pico-TTL must be at most {} seconds",
@@ -414,7 +405,7 @@ async fn create(
         )));
     }
     let expires_at_ms = request
-        .header("pico-expires-at")
+        .header(PICO_EXPIRES_AT)
         .map(|v| {
             parse_rfc3339_ms(v).ok_or_else(|| ApiError::bad_request("invalid Pico-Expires-At"))
         })
@@ -424,7 +415,7 @@ async fn create(
             "Pico-TTL and Pico-Expires-At both set",
         ));
     }
-    let closed = header_true(request, "pico-closed");
+    let closed = header_true(request, PICO_CLOSED);
     let config = StreamConfig {
         content_type: stream_content_type(request),
         ttl_sec,
@@ -455,11 +446,11 @@ async fn create(
         unreachable!("a create is always answered with Created")
     };
     let mut response = Response::new(if created { 201 } else { 200 })
-        .header("pico-next-seq", info.next_offset.to_string())
+        .header(PICO_NEXT_SEQ, info.next_offset.to_string())
         .header("content-type", info.content_type.clone())
         .header("cache-control", "no-store");
     if info.closed {
-        response = response.header("pico-closed", "true");
+        response = response.header(PICO_CLOSED, "true");
     }
     if created {
         response = response.header("location", request.path.clone());
@@ -468,14 +459,14 @@ async fn create(
 }
 
 async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
-    let match_offset = header_u64(request, "pico-match-seq", "Pico-Match-Seq")?;
+    let match_offset = header_u64(request, PICO_MATCH_SEQ, "Pico-Match-Seq")?;
     let producer = producer_headers(request)?;
-    if let Some(raw) = request.header("pico-trim-seq") {
+    if let Some(raw) = request.header(PICO_TRIM_SEQ) {
         let offset =
             strict_u64(raw).ok_or_else(|| ApiError::bad_request("invalid Pico-Trim-Seq"))?;
         return trim(core, request, offset).await;
     }
-    let close = header_true(request, "pico-closed");
+    let close = header_true(request, PICO_CLOSED);
     if request.body.is_empty() && !close {
         return Err(ApiError::bad_request("empty body"));
     }
@@ -520,31 +511,31 @@ async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, Ap
         unreachable!("an append is always answered with Appended")
     };
     let mut response = Response::new(200)
-        .header("pico-next-seq", ack.next_offset.to_string())
+        .header(PICO_NEXT_SEQ, ack.next_offset.to_string())
         .header("cache-control", "no-store");
     if let (Some(start), Some(timestamp)) = (ack.start_offset, ack.timestamp_ms) {
         response = response
-            .header("pico-start-seq", start.to_string())
-            .header("pico-timestamp", timestamp.to_string());
+            .header(PICO_START_SEQ, start.to_string())
+            .header(PICO_TIMESTAMP, timestamp.to_string());
     }
     if ack.closed {
-        response = response.header("pico-closed", "true");
+        response = response.header(PICO_CLOSED, "true");
     }
     if let Some((epoch, seq)) = echo {
         // On a duplicate the sequence echoed is the producer's highest accepted one.
         let seq = ack.duplicate_of_seq.unwrap_or(seq);
         response = response
-            .header("pico-producer-epoch", epoch.to_string())
-            .header("pico-producer-seq", seq.to_string());
+            .header(PICO_PRODUCER_EPOCH, epoch.to_string())
+            .header(PICO_PRODUCER_SEQ, seq.to_string());
     }
     Ok(response)
 }
 
 /// `Pico-Producer-Id/Epoch/Seq`: all three or none.
 fn producer_headers(request: &Request) -> Result<Option<ProducerTuple>, ApiError> {
-    let id = request.header("pico-producer-id");
-    let epoch = header_u64(request, "pico-producer-epoch", "Pico-Producer-Epoch")?;
-    let seq = header_u64(request, "pico-producer-seq", "Pico-Producer-Seq")?;
+    let id = request.header(PICO_PRODUCER_ID);
+    let epoch = header_u64(request, PICO_PRODUCER_EPOCH, "Pico-Producer-Epoch")?;
+    let seq = header_u64(request, PICO_PRODUCER_SEQ, "Pico-Producer-Seq")?;
     producer_tuple(id, epoch, seq).map_err(|PartialProducer| {
         ApiError::bad_request(
             "all producer headers (Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq) must be provided together",
@@ -562,7 +553,7 @@ async fn trim(core: &Rc<CoreHandle>, request: &Request, offset: u64) -> Result<R
         unreachable!("a trim is always answered with Trimmed")
     };
     Ok(Response::new(200)
-        .header("pico-start-seq", start_offset.to_string())
+        .header(PICO_START_SEQ, start_offset.to_string())
         .header("cache-control", "no-store"))
 }
 
@@ -634,7 +625,7 @@ async fn read(
     };
     let accepts_sse = request
         .header("accept")
-        .is_some_and(|a| a.contains("text/event-stream"));
+        .is_some_and(|a| a.contains(pico_proto::media::EVENT_STREAM));
     let long_poll = match query_param(query, "live").as_deref() {
         None if accepts_sse => return sse(core, settings, request, from).await,
         None => false,
@@ -706,19 +697,19 @@ async fn sse(
         settings.sse_max_duration_ms,
     );
     Ok(Response::new(200)
-        .header("content-type", "text/event-stream")
+        .header("content-type", pico_proto::media::EVENT_STREAM)
         .header("cache-control", "no-cache")
         .header("x-accel-buffering", "no")
         .with_stream(events))
 }
 
 fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
-    response = response.header("pico-next-seq", batch.next_offset.to_string());
+    response = response.header(PICO_NEXT_SEQ, batch.next_offset.to_string());
     if batch.up_to_date() {
-        response = response.header("pico-up-to-date", "true");
+        response = response.header(PICO_UP_TO_DATE, "true");
     }
     if batch.closed {
-        response = response.header("pico-closed", "true");
+        response = response.header(PICO_CLOSED, "true");
     }
     response
 }
@@ -726,7 +717,7 @@ fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
 fn encode_body(batch: &ReadBatch, format: Format, content_type: String) -> (String, Bytes) {
     match format {
         Format::Json => (
-            "application/json".into(),
+            pico_proto::media::JSON.into(),
             codec::encode_json(&batch.records),
         ),
         Format::Binary => (
@@ -792,7 +783,7 @@ fn long_poll_response(
     let cursor = long_poll_cursor(query);
     let empty = batch.records.is_empty();
     let mut response = Response::new(if empty { 204 } else { 200 })
-        .header("pico-cursor", cursor.to_string())
+        .header(PICO_CURSOR, cursor.to_string())
         .header("cache-control", "no-store");
     if !empty {
         let (content_type, body) = encode_body(&batch, format, content_type);
@@ -812,18 +803,18 @@ async fn head(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiE
 
 fn head_response(info: &StreamInfo) -> Response {
     let mut response = Response::new(200)
-        .header("pico-next-seq", info.next_offset.to_string())
-        .header("pico-start-seq", info.start_offset.to_string())
+        .header(PICO_NEXT_SEQ, info.next_offset.to_string())
+        .header(PICO_START_SEQ, info.start_offset.to_string())
         .header("content-type", info.content_type.clone())
         .header("cache-control", "no-store");
     if let Some(ttl) = info.ttl_sec {
-        response = response.header("pico-ttl", ttl.to_string());
+        response = response.header(PICO_TTL, ttl.to_string());
     }
     if let Some(at) = info.expires_at_ms {
-        response = response.header("pico-expires-at", format_rfc3339_ms(at));
+        response = response.header(PICO_EXPIRES_AT, format_rfc3339_ms(at));
     }
     if info.closed {
-        response = response.header("pico-closed", "true");
+        response = response.header(PICO_CLOSED, "true");
     }
     with_retention(response, &info.retention)
 }
@@ -855,9 +846,9 @@ async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiE
             body.push(b',');
         }
         body.extend_from_slice(b"{\"name\":");
-        codec::json_string(&mut body, &stream.name);
+        pico_proto::json::string(&mut body, &stream.name);
         body.extend_from_slice(b",\"content_type\":");
-        codec::json_string(&mut body, &stream.info.content_type);
+        pico_proto::json::string(&mut body, &stream.info.content_type);
         body.extend_from_slice(
             format!(
                 ",\"start_seq\":{},\"next_seq\":{},\"closed\":{}",
@@ -877,7 +868,7 @@ async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiE
     }
     body.extend_from_slice(format!("],\"has_more\":{has_more}}}").as_bytes());
     Ok(Response::new(200)
-        .header("content-type", "application/json")
+        .header("content-type", pico_proto::media::JSON)
         .header("cache-control", "no-store")
         .with_body(body))
 }

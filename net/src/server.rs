@@ -1,6 +1,7 @@
 //! `pico serve`: recovery, one pinned glommio executor per core (each accepting on the shared
 //! port through `SO_REUSEPORT`), the admin listener, and shutdown on SIGINT/SIGTERM.
 
+use pico_proto::header::*;
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -379,7 +380,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     shutdown.begin();
     // A second SIGINT/SIGTERM while stopping means "now".
     std::thread::Builder::new()
-        .name("pico-signals".into())
+        .name(PICO_SIGNALS.into())
         .spawn(move || loop {
             let signal = wait_for_signal(&signals);
             if signal != libc::SIGHUP {

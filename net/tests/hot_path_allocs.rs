@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use pico_engine::frame::{self, FrameMeta, FRAME_KIND_RECORD};
-use pico_net::codec::{decode_binary_batch, BINARY_VERSION};
+use pico_net::codec::decode_binary_batch;
+use pico_proto::batch::VERSION as BINARY_VERSION;
 
 struct Counting;
 

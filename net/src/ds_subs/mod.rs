@@ -36,6 +36,7 @@ mod store;
 mod tests;
 mod webhook_url;
 
+use pico_proto::header::*;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -250,7 +251,7 @@ impl Subscriptions {
         let (deliveries, jobs) = crossbeam_channel::bounded(MAX_QUEUED_DELIVERIES);
         let thread_shared = shared.clone();
         if let Err(e) = std::thread::Builder::new()
-            .name("pico-webhooks".into())
+            .name(PICO_WEBHOOKS.into())
             .spawn(move || delivery::run(thread_shared, jobs))
         {
             // Deliveries then fail (and are retried, then given up) instead of the node failing.
