@@ -140,16 +140,13 @@ pub fn init() {
 /// `2026-05-01T12:34:56.789Z`.
 pub fn utc_timestamp(time: SystemTime) -> String {
     let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since_epoch.as_secs();
-    let (year, month, day) = pico_net::time::civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since_epoch.subsec_millis()
-    )
+    let ms = i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX);
+    let text = pico_net::time::format_rfc3339_ms(ms);
+    // Always three digits of milliseconds in a log line, so that lines align.
+    match text.strip_suffix('Z').filter(|t| !t.contains('.')) {
+        Some(whole_seconds) => format!("{whole_seconds}.000Z"),
+        None => text,
+    }
 }
 
 #[cfg(test)]

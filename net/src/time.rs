@@ -1,124 +1,34 @@
-//! RFC 3339 instants for `Pico-Expires-At`: parsed with `Z` or `±hh:mm` offsets, always
-//! rendered in UTC (whole seconds when the milliseconds are zero).
+//! RFC 3339 instants for `Pico-Expires-At` and the admin API: parsed with `Z` or `±hh:mm`
+//! offsets (by the `time` crate), always rendered in UTC, whole seconds when the milliseconds
+//! are zero and three digits when they are not.
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The proleptic Gregorian (year, month, day) of a count of days since 1970-01-01.
-pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
 
 /// Parses `YYYY-MM-DDTHH:MM:SS[.fff…](Z|±hh:mm)` into Unix milliseconds.
 pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
-    let b = text.as_bytes();
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let s = text.get(r)?;
-        s.bytes()
-            .all(|c| c.is_ascii_digit())
-            .then(|| s.parse().ok())?
-    };
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let days_in_month = [
-        31,
-        if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) {
-            29
-        } else {
-            28
-        },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1..=12).contains(&month)
-        || day < 1
-        || day > days_in_month[(month - 1) as usize]
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let mut pos = 19;
-    let mut millis = 0i64;
-    if b.get(pos) == Some(&b'.') {
-        pos += 1;
-        let start = pos;
-        while pos < b.len() && b[pos].is_ascii_digit() {
-            pos += 1;
-        }
-        if pos == start {
-            return None;
-        }
-        let digits = &text[start..pos.min(start + 3)];
-        millis = digits.parse::<i64>().ok()? * 10i64.pow(3 - digits.len() as u32);
-    }
-    let offset_min = match b.get(pos)? {
-        b'Z' | b'z' if pos + 1 == b.len() => 0,
-        sign @ (b'+' | b'-') if pos + 6 == b.len() && b[pos + 3] == b':' => {
-            let (h, m) = (num(pos + 1..pos + 3)?, num(pos + 4..pos + 6)?);
-            if h > 23 || m > 59 {
-                return None;
-            }
-            let minutes = h * 60 + m;
-            if *sign == b'+' {
-                minutes
-            } else {
-                -minutes
-            }
-        }
-        _ => return None,
-    };
-    let seconds =
-        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second.min(59)
-            - offset_min * 60;
-    Some(seconds * 1000 + millis)
+    let instant = OffsetDateTime::parse(text, &Rfc3339).ok()?;
+    i64::try_from(instant.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 
-/// Renders Unix milliseconds as RFC 3339 UTC.
+/// Renders Unix milliseconds as RFC 3339 UTC. Instants beyond what RFC 3339 can write (before
+/// year 0 or after 9999) are clamped to its range.
 pub fn format_rfc3339_ms(ms: i64) -> String {
-    let (seconds, millis) = (ms.div_euclid(1000), ms.rem_euclid(1000));
-    let (days, rest) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
-    let (hour, minute, second) = (rest / 3600, rest % 3600 / 60, rest % 60);
-    if millis == 0 {
-        format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
+    let nanos = i128::from(ms) * 1_000_000;
+    let instant = OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(if ms < 0 {
+        OffsetDateTime::UNIX_EPOCH.replace_year(0).expect("year 0 is in range")
     } else {
-        format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
+        OffsetDateTime::UNIX_EPOCH
+            .replace_year(9999)
+            .expect("year 9999 is in range")
+    });
+    let (year, month, day) = (instant.year(), u8::from(instant.month()), instant.day());
+    let (hour, minute, second) = (instant.hour(), instant.minute(), instant.second());
+    match instant.millisecond() {
+        0 => format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z"),
+        millis => format!(
+            "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z"
+        ),
     }
 }
 
@@ -153,6 +63,10 @@ mod tests {
             format_rfc3339_ms(1_709_208_000_500),
             "2024-02-29T12:00:00.500Z"
         );
+        assert_eq!(format_rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(parse_rfc3339_ms("1969-12-31T23:59:59.999Z"), Some(-1));
+        assert!(format_rfc3339_ms(i64::MAX).starts_with("9999-"));
+        assert!(format_rfc3339_ms(i64::MIN).starts_with("0000-"));
         for ms in [0, 951_782_400_123, 4_102_444_800_000, 1_709_208_000_500] {
             assert_eq!(parse_rfc3339_ms(&format_rfc3339_ms(ms)), Some(ms));
         }
