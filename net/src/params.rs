@@ -46,41 +46,13 @@ pub fn query_param(query: &str, key: &str) -> Option<String> {
     query_values(query, key).into_iter().next()
 }
 
-/// Every value of a query parameter, percent-decoded.
+/// Every value of a query parameter, percent-decoded (`application/x-www-form-urlencoded`:
+/// `+` is a space, a malformed escape stays as it is, bytes that are not UTF-8 become U+FFFD).
 pub fn query_values(query: &str, key: &str) -> Vec<String> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .filter_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(k) == key).then(|| percent_decode(v))
-        })
+    form_urlencoded::parse(query.as_bytes())
+        .filter(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
         .collect()
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |at: usize| {
-            bytes
-                .get(at..at + 2)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        };
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if hex(i + 1).is_some() => {
-                out.push(hex(i + 1).unwrap_or(b'%'));
-                i += 3;
-                continue;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

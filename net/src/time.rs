@@ -16,7 +16,9 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
 pub fn format_rfc3339_ms(ms: i64) -> String {
     let nanos = i128::from(ms) * 1_000_000;
     let instant = OffsetDateTime::from_unix_timestamp_nanos(nanos).unwrap_or(if ms < 0 {
-        OffsetDateTime::UNIX_EPOCH.replace_year(0).expect("year 0 is in range")
+        OffsetDateTime::UNIX_EPOCH
+            .replace_year(0)
+            .expect("year 0 is in range")
     } else {
         OffsetDateTime::UNIX_EPOCH
             .replace_year(9999)
@@ -26,9 +28,9 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     let (hour, minute, second) = (instant.hour(), instant.minute(), instant.second());
     match instant.millisecond() {
         0 => format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z"),
-        millis => format!(
-            "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z"
-        ),
+        millis => {
+            format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
+        }
     }
 }
 
