@@ -51,50 +51,53 @@ impl WebhookUrl {
     }
 }
 
-/// Parses an absolute `http(s)://host[:port][/path][?query]` URL. Only printable ASCII is
-/// accepted (the target goes verbatim into the request line); credentials are refused.
-pub fn parse(url: &str) -> Result<WebhookUrl, String> {
-    if url.len() > MAX_URL_LEN {
+/// Parses an absolute `http(s)://host[:port][/path][?query]` URL with the `url` crate (the
+/// WHATWG rules browsers and resolvers follow, so `https://2130706433/` is the IPv4 address
+/// the policy then judges, not a name). On top of it: only printable ASCII (the target goes
+/// into the request line), no credentials, no port 0, and a host name must be plain
+/// letters, digits and hyphens.
+pub fn parse(text: &str) -> Result<WebhookUrl, String> {
+    if text.len() > MAX_URL_LEN {
         return Err(format!("webhook.url is longer than {MAX_URL_LEN} bytes"));
     }
-    if !url.bytes().all(|b| b.is_ascii_graphic()) {
+    if !text.bytes().all(|b| b.is_ascii_graphic()) {
         return Err("webhook.url must be printable ASCII without spaces".into());
     }
-    let (https, rest) = if let Some(rest) = strip_prefix_ci(url, "https://") {
-        (true, rest)
-    } else if let Some(rest) = strip_prefix_ci(url, "http://") {
-        (false, rest)
-    } else {
-        return Err("webhook.url must be an http or https URL".into());
+    let url = url::Url::parse(text).map_err(|e| format!("webhook.url is not a valid URL: {e}"))?;
+    let https = match url.scheme() {
+        "https" => true,
+        "http" => false,
+        _ => return Err("webhook.url must be an http or https URL".into()),
     };
-    let rest = rest.split('#').next().unwrap_or_default();
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, target) = rest.split_at(authority_end);
-    if authority.contains('@') {
+    // WHATWG skips extra slashes (`https:///x` is host `x`); a URL written so is a mistake.
+    let after_scheme = &text[url.scheme().len() + 1..];
+    if !after_scheme.starts_with("//") || after_scheme[2..].starts_with('/') {
+        return Err("webhook.url has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
         return Err("webhook.url must not contain credentials".into());
     }
-    let (host, port) = split_host_port(authority)?;
-    let port = match port {
-        None => {
-            if https {
-                443
-            } else {
-                80
-            }
-        }
-        Some(p) => Some(p)
-            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|p| p.parse::<u16>().ok())
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("webhook.url has an invalid port {p:?}"))?,
+    let port = match url.port_or_known_default() {
+        Some(0) | None => return Err("webhook.url has an invalid port 0".into()),
+        Some(port) => port,
     };
-    let host = parse_host(host)?;
-    let target = if target.is_empty() {
-        "/".to_string()
-    } else if target.starts_with('?') {
-        format!("/{target}")
-    } else {
-        target.to_string()
+    let host = match url.host() {
+        // Only a plain dotted quad is taken as an IPv4 address: `2130706433`, `0x7f.1` or
+        // `10.1` are addresses to a resolver too, and spelled so only to slip past a reader.
+        Some(url::Host::Ipv4(ip)) if written_host(after_scheme) != ip.to_string() => {
+            return Err(format!(
+                "webhook.url host {:?} is not a valid IP address",
+                written_host(after_scheme)
+            ))
+        }
+        Some(url::Host::Ipv4(ip)) => Host::Ip(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => Host::Ip(IpAddr::V6(ip)),
+        Some(url::Host::Domain(name)) => Host::Name(host_name(name)?),
+        None => return Err("webhook.url has no host".into()),
+    };
+    let target = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_string(),
     };
     Ok(WebhookUrl {
         https,
@@ -104,65 +107,33 @@ pub fn parse(url: &str) -> Result<WebhookUrl, String> {
     })
 }
 
-fn strip_prefix_ci<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = text.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &text[prefix.len()..])
+/// The host as written after `//`, without the port (for IPv4 hosts, which have no `[]`).
+fn written_host(after_scheme: &str) -> &str {
+    let authority = after_scheme[2..]
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or("");
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host)
 }
 
-fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), String> {
-    if let Some(rest) = authority.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or("webhook.url has an unterminated IPv6 literal")?;
-        return match after {
-            "" => Ok((host, None)),
-            _ => match after.strip_prefix(':') {
-                Some(port) => Ok((host, Some(port))),
-                None => Err("webhook.url has junk after the IPv6 literal".into()),
-            },
-        };
-    }
-    Ok(match authority.rsplit_once(':') {
-        Some((host, port)) => (host, Some(port)),
-        None => (authority, None),
-    })
-}
-
-fn parse_host(host: &str) -> Result<Host, String> {
-    if host.is_empty() {
-        return Err("webhook.url has no host".into());
-    }
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(Host::Ip(ip));
-    }
+/// A DNS name of letters, digits and hyphens, lowercased, without its trailing dot.
+fn host_name(host: &str) -> Result<String, String> {
     let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
-    let labels: Vec<&str> = name.split('.').collect();
-    let valid_label = |l: &&str| {
+    let valid_label = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
             && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
             && !l.starts_with('-')
             && !l.ends_with('-')
     };
-    if name.len() > 253 || !labels.iter().all(valid_label) {
+    if name.len() > 253 || !name.split('.').all(valid_label) {
         return Err(format!(
             "webhook.url host {host:?} is not a valid host name"
         ));
     }
-    // Resolvers read names like `2130706433` or `0x7f.1` as IPv4 addresses; URL parsers do the
-    // same for any name whose last label is numeric. Only plain dotted quads are taken as IPs.
-    let last = labels.last().copied().unwrap_or_default();
-    let numeric = last.bytes().all(|b| b.is_ascii_digit())
-        || (last.len() > 2
-            && last[..2].eq_ignore_ascii_case("0x")
-            && last[2..].bytes().all(|b| b.is_ascii_hexdigit()));
-    if numeric {
-        return Err(format!(
-            "webhook.url host {host:?} is not a valid IP address"
-        ));
-    }
-    Ok(Host::Name(name))
+    Ok(name)
 }
 
 /// Parses and applies the policy of the module comment (at subscription creation).
@@ -309,6 +280,12 @@ mod tests {
             "https:///path",
             "https://[::1/",
             "https://ex_ample.com/",
+            "http://2130706433/",
+            "https://127.1/",
+            "https://0177.0.0.1/",
+            "https:///path",
+            "https:example.com/",
+            "https://example.com:0/",
         ] {
             assert!(check(url).is_err(), "{url} should be rejected");
         }
