@@ -5,6 +5,9 @@
 
 use std::fmt::Write as _;
 
+use percent_encoding::utf8_percent_encode;
+use percent_encoding::AsciiSet;
+use percent_encoding::NON_ALPHANUMERIC;
 use ring::digest;
 use ring::hmac;
 
@@ -48,23 +51,26 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// SigV4 URI encoding: RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`) stay, every other
-/// byte of the UTF-8 becomes `%XX` (uppercase). `/` stays when `encode_slash` is false (object
-/// key paths), and becomes `%2F` otherwise (query names and values).
+/// SigV4's `UriEncode` of a query name or value: every byte but the RFC 3986 unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`) becomes `%XX` (uppercase); bytes of non-ASCII characters
+/// always do.
+const URI_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+/// The same for an object key path, whose `/` separators stay.
+const URI_ENCODE_PATH: &AsciiSet = &URI_ENCODE.remove(b'/');
+
+/// SigV4 URI encoding of `text`: `/` stays when `encode_slash` is false (object key paths), and
+/// becomes `%2F` otherwise (query names and values).
 pub(crate) fn uri_encode(text: &str, encode_slash: bool) -> String {
-    let mut out = String::with_capacity(text.len() * 3 / 2);
-    for byte in text.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(byte as char)
-            }
-            b'/' if !encode_slash => out.push('/'),
-            _ => {
-                let _ = write!(out, "%{byte:02X}");
-            }
-        }
-    }
-    out
+    let set = if encode_slash {
+        URI_ENCODE
+    } else {
+        URI_ENCODE_PATH
+    };
+    utf8_percent_encode(text, set).to_string()
 }
 
 /// The canonical query string: names and values encoded, pairs sorted by name then value. It is
@@ -487,6 +493,50 @@ mod tests {
             ])),
             "list-type=2&prefix=a%2Fb%20c&uploads="
         );
+    }
+
+    /// Every byte value that UTF-8 can hold, in both slash modes, against the AWS rule written
+    /// out byte by byte.
+    #[test]
+    fn uri_encoding_of_every_byte() {
+        let expected = |text: &str, encode_slash: bool| {
+            let mut out = String::new();
+            for byte in text.bytes() {
+                match byte {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                        out.push(byte as char)
+                    }
+                    b'/' if !encode_slash => out.push('/'),
+                    _ => out.push_str(&format!("%{byte:02X}")),
+                }
+            }
+            out
+        };
+        // All of U+0000..U+07FF (every one-byte character, every two-byte lead and continuation
+        // byte), and a spread of three- and four-byte characters for their lead bytes.
+        let chars: Vec<char> = (0..0x800)
+            .chain((0x800..0x11_0000).step_by(0x1001))
+            .chain([0xD7FF, 0xE000, 0xFFFF, 0x1_0000, 0x10_FFFF])
+            .filter_map(char::from_u32)
+            .collect();
+        let mut seen = [false; 256];
+        for c in &chars {
+            let text = c.to_string();
+            for byte in text.bytes() {
+                seen[usize::from(byte)] = true;
+            }
+            for encode_slash in [false, true] {
+                assert_eq!(
+                    uri_encode(&text, encode_slash),
+                    expected(&text, encode_slash),
+                    "{c:?}, encode_slash {encode_slash}"
+                );
+            }
+        }
+        // Only the bytes that never occur in UTF-8 went untested.
+        let missed: Vec<usize> = (0..256).filter(|&byte| !seen[byte]).collect();
+        let never_utf8: Vec<usize> = [0xC0, 0xC1].into_iter().chain(0xF5..=0xFF).collect();
+        assert_eq!(missed, never_utf8);
     }
 
     #[test]

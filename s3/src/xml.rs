@@ -97,33 +97,22 @@ pub(crate) fn escape(text: &str) -> String {
 }
 
 /// Decodes `encoding-type=url` keys: `%XX` bytes, and `+` as a space (AWS writes spaces as `+`
-/// there; a literal `+` is always `%2B`, so this is unambiguous).
+/// there; a literal `+` is always `%2B`, so this is unambiguous). A `%` not followed by two hex
+/// digits is an error: `percent-encoding` would keep it as text, which would name another key.
 pub(crate) fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'%' => {
-                let hex = bytes
-                    .get(index + 1..index + 3)
-                    .and_then(|hex| std::str::from_utf8(hex).ok())
-                    .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-                    .ok_or_else(|| format!("bad percent escape in {text:?}"))?;
-                out.push(hex);
-                index += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                index += 1;
-            }
-            byte => {
-                out.push(byte);
-                index += 1;
-            }
-        }
+    let well_formed = text.split('%').skip(1).all(|after| {
+        after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return Err(format!("bad percent escape in {text:?}"));
     }
-    String::from_utf8(out).map_err(|_| format!("{text:?} decodes to invalid UTF-8"))
+    percent_encoding::percent_decode_str(&text.replace('+', " "))
+        .decode_utf8()
+        .map(|decoded| decoded.into_owned())
+        .map_err(|_| format!("{text:?} decodes to invalid UTF-8"))
 }
 
 /// One page of a ListObjectsV2 answer.
@@ -285,6 +274,11 @@ mod tests {
         assert_eq!(percent_decode("a%2Fb+c%25").unwrap(), "a/b c%");
         assert!(percent_decode("%zz").is_err());
         assert!(percent_decode("%ff").is_err());
+        assert!(percent_decode("a%2").is_err());
+        assert!(percent_decode("a%").is_err());
+        assert!(percent_decode("%+1").is_err());
+        assert_eq!(percent_decode("%e2%82%AC%2b").unwrap(), "€+");
+        assert_eq!(percent_decode("").unwrap(), "");
         // A tag name that is a prefix of another is not confused with it.
         assert_eq!(
             elements("<KeyCount>2</KeyCount><Key>k</Key>", "Key"),
