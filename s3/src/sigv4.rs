@@ -10,6 +10,8 @@ use percent_encoding::AsciiSet;
 use percent_encoding::NON_ALPHANUMERIC;
 use ring::digest;
 use ring::hmac;
+use time::OffsetDateTime;
+use time::PrimitiveDateTime;
 
 /// `x-amz-content-sha256` of a request whose body is not hashed (reads).
 pub(crate) const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
@@ -93,32 +95,22 @@ pub(crate) fn canonical_query(query: &[(String, String)]) -> String {
     out
 }
 
-/// `20130524T000000Z` for a Unix time in seconds (UTC).
+/// `20130524T000000Z` for a Unix time in seconds (UTC). A time past the year 9999 (out of
+/// `time`'s range, and of SigV4's four-digit year) prints as that year's last second.
 pub(crate) fn amz_date(unix_seconds: u64) -> String {
-    let days = unix_seconds / 86_400;
-    let second_of_day = unix_seconds % 86_400;
-    let (year, month, day) = civil_from_days(days as i64);
+    let at = i64::try_from(unix_seconds)
+        .ok()
+        .and_then(|seconds| OffsetDateTime::from_unix_timestamp(seconds).ok())
+        .unwrap_or_else(|| PrimitiveDateTime::MAX.assume_utc());
     format!(
-        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-        second_of_day / 3600,
-        second_of_day / 60 % 60,
-        second_of_day % 60
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
     )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// One request, as far as signing is concerned.
@@ -546,6 +538,13 @@ mod tests {
         assert_eq!(amz_date(1_440_938_160), "20150830T123600Z");
         assert_eq!(amz_date(951_782_400), "20000229T000000Z");
         assert_eq!(amz_date(4_102_444_799), "20991231T235959Z");
+        assert_eq!(amz_date(1_709_210_096), "20240229T123456Z");
+        // 2100 is not a leap year.
+        assert_eq!(amz_date(4_107_542_399), "21000228T235959Z");
+        assert_eq!(amz_date(4_107_542_400), "21000301T000000Z");
+        assert_eq!(amz_date(253_402_300_799), "99991231T235959Z");
+        assert_eq!(amz_date(253_402_300_800), "99991231T235959Z");
+        assert_eq!(amz_date(u64::MAX), "99991231T235959Z");
     }
 
     #[test]
