@@ -791,9 +791,9 @@ fn transient(answer: &Answer, error_in_ok_body: bool) -> Option<String> {
     Some(format!("HTTP {status} {code} {message}").trim().to_string())
 }
 
+/// A 200 answer can still carry an `<Error>` (CompleteMultipartUpload).
 fn is_error_body(body: &[u8]) -> bool {
-    let head = &body[..body.len().min(512)];
-    String::from_utf8_lossy(head).contains("<Error>")
+    xml::root_name(&String::from_utf8_lossy(body)).as_deref() == Some("Error")
 }
 
 /// A transport error with its causes ("connection refused", "operation timed out"), which
