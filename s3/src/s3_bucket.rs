@@ -666,7 +666,7 @@ impl S3Bucket {
             .saturating_mul(1u32 << (attempt - 1).min(20))
             .min(self.options.max_backoff);
         let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(random_u64() % nanos.saturating_add(1))
+        Duration::from_nanos(fastrand::u64(..=nanos))
     }
 
     /// One signed request. `Err` is a transport failure (always transient), described.
@@ -791,9 +791,9 @@ fn transient(answer: &Answer, error_in_ok_body: bool) -> Option<String> {
     Some(format!("HTTP {status} {code} {message}").trim().to_string())
 }
 
+/// A 200 answer can still carry an `<Error>` (CompleteMultipartUpload).
 fn is_error_body(body: &[u8]) -> bool {
-    let head = &body[..body.len().min(512)];
-    String::from_utf8_lossy(head).contains("<Error>")
+    xml::root_name(&String::from_utf8_lossy(body)).as_deref() == Some("Error")
 }
 
 /// A transport error with its causes ("connection refused", "operation timed out"), which
@@ -816,31 +816,6 @@ fn describe_transport(error: reqwest::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// A fast, non-cryptographic random number for backoff jitter (xorshift64*, seeded per thread
-/// from the clock and the thread).
-fn random_u64() -> u64 {
-    use std::cell::Cell;
-    use std::hash::BuildHasher;
-    thread_local! {
-        static STATE: Cell<u64> = Cell::new({
-            let nanos = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|since| since.as_nanos() as u64)
-                .unwrap_or(0);
-            // RandomState carries per-process random keys.
-            std::collections::hash_map::RandomState::new().hash_one(nanos) | 1
-        });
-    }
-    STATE.with(|state| {
-        let mut x = state.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        state.set(x);
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    })
 }
 
 #[cfg(test)]

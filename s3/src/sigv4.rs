@@ -5,8 +5,13 @@
 
 use std::fmt::Write as _;
 
+use percent_encoding::utf8_percent_encode;
+use percent_encoding::AsciiSet;
+use percent_encoding::NON_ALPHANUMERIC;
 use ring::digest;
 use ring::hmac;
+use time::OffsetDateTime;
+use time::PrimitiveDateTime;
 
 /// `x-amz-content-sha256` of a request whose body is not hashed (reads).
 pub(crate) const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
@@ -48,23 +53,26 @@ fn hex(bytes: &[u8]) -> String {
     out
 }
 
-/// SigV4 URI encoding: RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`) stay, every other
-/// byte of the UTF-8 becomes `%XX` (uppercase). `/` stays when `encode_slash` is false (object
-/// key paths), and becomes `%2F` otherwise (query names and values).
+/// SigV4's `UriEncode` of a query name or value: every byte but the RFC 3986 unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`) becomes `%XX` (uppercase); bytes of non-ASCII characters
+/// always do.
+const URI_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+/// The same for an object key path, whose `/` separators stay.
+const URI_ENCODE_PATH: &AsciiSet = &URI_ENCODE.remove(b'/');
+
+/// SigV4 URI encoding of `text`: `/` stays when `encode_slash` is false (object key paths), and
+/// becomes `%2F` otherwise (query names and values).
 pub(crate) fn uri_encode(text: &str, encode_slash: bool) -> String {
-    let mut out = String::with_capacity(text.len() * 3 / 2);
-    for byte in text.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(byte as char)
-            }
-            b'/' if !encode_slash => out.push('/'),
-            _ => {
-                let _ = write!(out, "%{byte:02X}");
-            }
-        }
-    }
-    out
+    let set = if encode_slash {
+        URI_ENCODE
+    } else {
+        URI_ENCODE_PATH
+    };
+    utf8_percent_encode(text, set).to_string()
 }
 
 /// The canonical query string: names and values encoded, pairs sorted by name then value. It is
@@ -87,32 +95,22 @@ pub(crate) fn canonical_query(query: &[(String, String)]) -> String {
     out
 }
 
-/// `20130524T000000Z` for a Unix time in seconds (UTC).
+/// `20130524T000000Z` for a Unix time in seconds (UTC). A time past the year 9999 (out of
+/// `time`'s range, and of SigV4's four-digit year) prints as that year's last second.
 pub(crate) fn amz_date(unix_seconds: u64) -> String {
-    let days = unix_seconds / 86_400;
-    let second_of_day = unix_seconds % 86_400;
-    let (year, month, day) = civil_from_days(days as i64);
+    let at = i64::try_from(unix_seconds)
+        .ok()
+        .and_then(|seconds| OffsetDateTime::from_unix_timestamp(seconds).ok())
+        .unwrap_or_else(|| PrimitiveDateTime::MAX.assume_utc());
     format!(
-        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-        second_of_day / 3600,
-        second_of_day / 60 % 60,
-        second_of_day % 60
+        "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
     )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// One request, as far as signing is concerned.
@@ -489,6 +487,50 @@ mod tests {
         );
     }
 
+    /// Every byte value that UTF-8 can hold, in both slash modes, against the AWS rule written
+    /// out byte by byte.
+    #[test]
+    fn uri_encoding_of_every_byte() {
+        let expected = |text: &str, encode_slash: bool| {
+            let mut out = String::new();
+            for byte in text.bytes() {
+                match byte {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                        out.push(byte as char)
+                    }
+                    b'/' if !encode_slash => out.push('/'),
+                    _ => out.push_str(&format!("%{byte:02X}")),
+                }
+            }
+            out
+        };
+        // All of U+0000..U+07FF (every one-byte character, every two-byte lead and continuation
+        // byte), and a spread of three- and four-byte characters for their lead bytes.
+        let chars: Vec<char> = (0..0x800)
+            .chain((0x800..0x11_0000).step_by(0x1001))
+            .chain([0xD7FF, 0xE000, 0xFFFF, 0x1_0000, 0x10_FFFF])
+            .filter_map(char::from_u32)
+            .collect();
+        let mut seen = [false; 256];
+        for c in &chars {
+            let text = c.to_string();
+            for byte in text.bytes() {
+                seen[usize::from(byte)] = true;
+            }
+            for encode_slash in [false, true] {
+                assert_eq!(
+                    uri_encode(&text, encode_slash),
+                    expected(&text, encode_slash),
+                    "{c:?}, encode_slash {encode_slash}"
+                );
+            }
+        }
+        // Only the bytes that never occur in UTF-8 went untested.
+        let missed: Vec<usize> = (0..256).filter(|&byte| !seen[byte]).collect();
+        let never_utf8: Vec<usize> = [0xC0, 0xC1].into_iter().chain(0xF5..=0xFF).collect();
+        assert_eq!(missed, never_utf8);
+    }
+
     #[test]
     fn dates() {
         assert_eq!(amz_date(0), "19700101T000000Z");
@@ -496,6 +538,13 @@ mod tests {
         assert_eq!(amz_date(1_440_938_160), "20150830T123600Z");
         assert_eq!(amz_date(951_782_400), "20000229T000000Z");
         assert_eq!(amz_date(4_102_444_799), "20991231T235959Z");
+        assert_eq!(amz_date(1_709_210_096), "20240229T123456Z");
+        // 2100 is not a leap year.
+        assert_eq!(amz_date(4_107_542_399), "21000228T235959Z");
+        assert_eq!(amz_date(4_107_542_400), "21000301T000000Z");
+        assert_eq!(amz_date(253_402_300_799), "99991231T235959Z");
+        assert_eq!(amz_date(253_402_300_800), "99991231T235959Z");
+        assert_eq!(amz_date(u64::MAX), "99991231T235959Z");
     }
 
     #[test]

@@ -1,4 +1,11 @@
 //! `--storage` / `--wal` URI parsing: `<bucket id>@<scheme>://<path>[?k=v&k2=v2]`.
+//!
+//! Split by hand rather than with `url`: a bucket id before the scheme is no URL, and `url` reads
+//! `file://./objects` as host `.` with path `/objects` (and `file://objects` as host `objects`),
+//! where the text after `file://` must be the directory verbatim. The `s3` query is not
+//! `form_urlencoded` either: that decodes `+` to a space and `%XX`, so a value such as
+//! `endpoint=http://u:p%40ss@host` would no longer be what was written and what `Display` prints
+//! back. (The `endpoint` value itself is checked with `url`, in `s3_bucket.rs`.)
 
 use std::path::PathBuf;
 
@@ -203,6 +210,23 @@ mod tests {
                 bucket: "b".into(),
                 params: expected
             }
+        );
+        // Values are verbatim: no `+` to space, no %-decoding.
+        let verbatim = StorageUri::parse("1@s3://b?endpoint=http://u:p%40ss@h&x=a+b").unwrap();
+        let expected = vec![
+            ("endpoint".to_string(), "http://u:p%40ss@h".to_string()),
+            ("x".into(), "a+b".into()),
+        ];
+        assert_eq!(
+            verbatim.location,
+            StorageLocation::S3 {
+                bucket: "b".into(),
+                params: expected
+            }
+        );
+        assert_eq!(
+            verbatim.to_string(),
+            "1@s3://b?endpoint=http://u:p%40ss@h&x=a+b"
         );
     }
 

@@ -1,129 +1,166 @@
-//! Just enough XML for the S3 answers we read: `ListBucketResult` (ListObjectsV2),
-//! `InitiateMultipartUploadResult` and `Error`. These are flat documents of simple elements
-//! without attributes on the children, CDATA or comments, so a scan for `<Tag>…</Tag>` plus
-//! entity decoding is exact for them; anything unexpected is an error, never a silent guess.
+//! The XML of the S3 answers we read — `ListBucketResult` (ListObjectsV2),
+//! `InitiateMultipartUploadResult` and `Error` — on quick-xml's event reader. An answer is read
+//! into a small tree of elements by local name (S3 declares its namespace on the root), with
+//! entities, character references and CDATA resolved in their text. Malformed XML is an error,
+//! never a guess.
 
-/// The text between `<tag>` (or `<tag attr="…">`) and `</tag>`, for every such element in order,
-/// still escaped. `<tag/>` yields `""`. Elements of the same name must not nest (none do in
-/// S3 answers).
-pub(crate) fn elements<'a>(xml: &'a str, tag: &str) -> Vec<&'a str> {
-    let open = format!("<{tag}");
-    let close = format!("</{tag}>");
-    let mut found = Vec::new();
-    let mut rest = xml;
-    while let Some(at) = rest.find(&open) {
-        let after_name = &rest[at + open.len()..];
-        // `<Key` must not match `<KeyCount>`: the name ends at `>`, `/` or whitespace.
-        match after_name.chars().next() {
-            Some('>') | Some('/') => {}
-            Some(c) if c.is_whitespace() => {}
-            _ => {
-                rest = after_name;
+use std::borrow::Cow;
+
+use quick_xml::escape::resolve_predefined_entity;
+use quick_xml::events::BytesRef;
+use quick_xml::events::Event;
+use quick_xml::Reader;
+
+/// Escapes text for an element body: `<`, `>`, `&` (and `\r`, which XML would turn into `\n`);
+/// quotes stay, as they are in the ETags we send back.
+pub(crate) use quick_xml::escape::partial_escape as escape;
+
+/// One element: its local name, its text (all its character data joined) and its children.
+#[derive(Debug)]
+struct Element {
+    name: String,
+    text: String,
+    children: Vec<Element>,
+}
+
+impl Element {
+    fn named(name: &str) -> Element {
+        Element {
+            name: name.to_string(),
+            text: String::new(),
+            children: Vec::new(),
+        }
+    }
+
+    fn child(&self, name: &str) -> Option<&Element> {
+        self.children.iter().find(|child| child.name == name)
+    }
+
+    /// The first element named `name` in document order, this one included.
+    fn find(&self, name: &str) -> Option<&Element> {
+        if self.name == name {
+            return Some(self);
+        }
+        self.children.iter().find_map(|child| child.find(name))
+    }
+}
+
+/// Reads a whole document into its root element.
+fn parse(xml: &str) -> Result<Element, String> {
+    let mut reader = Reader::from_str(xml);
+    let mut open: Vec<Element> = Vec::new();
+    let mut root = None;
+    loop {
+        let event = reader.read_event().map_err(|error| {
+            format!("malformed XML at byte {}: {error}", reader.error_position())
+        })?;
+        let text = match event {
+            Event::Start(start) => {
+                open.push(Element::named(start.local_name().as_ref()));
                 continue;
             }
-        }
-        let Some(end_of_open) = after_name.find('>') else {
-            break;
-        };
-        if after_name[..end_of_open].ends_with('/') {
-            found.push("");
-            rest = &after_name[end_of_open + 1..];
-            continue;
-        }
-        let content = &after_name[end_of_open + 1..];
-        let Some(end) = content.find(&close) else {
-            break;
-        };
-        found.push(&content[..end]);
-        rest = &content[end + close.len()..];
-    }
-    found
-}
-
-/// The first `<tag>`'s text, decoded.
-pub(crate) fn first(xml: &str, tag: &str) -> Option<String> {
-    elements(xml, tag)
-        .first()
-        .and_then(|text| unescape(text).ok())
-}
-
-/// Decodes the five predefined entities and numeric character references.
-pub(crate) fn unescape(text: &str) -> Result<String, String> {
-    if !text.contains('&') {
-        return Ok(text.to_string());
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('&') {
-        out.push_str(&rest[..at]);
-        let entity_and_more = &rest[at + 1..];
-        let Some(semicolon) = entity_and_more.find(';') else {
-            return Err(format!("unterminated entity in {text:?}"));
-        };
-        let entity = &entity_and_more[..semicolon];
-        let decoded = match entity {
-            "amp" => '&',
-            "lt" => '<',
-            "gt" => '>',
-            "quot" => '"',
-            "apos" => '\'',
-            _ => {
-                let code = if let Some(hex) = entity
-                    .strip_prefix("#x")
-                    .or_else(|| entity.strip_prefix("#X"))
-                {
-                    u32::from_str_radix(hex, 16).ok()
-                } else if let Some(decimal) = entity.strip_prefix('#') {
-                    decimal.parse().ok()
-                } else {
-                    None
-                };
-                code.and_then(char::from_u32)
-                    .ok_or_else(|| format!("unknown entity &{entity}; in {text:?}"))?
+            Event::Empty(start) => {
+                let element = Element::named(start.local_name().as_ref());
+                attach(&mut open, &mut root, element)?;
+                continue;
             }
+            Event::End(_) => {
+                // The reader has checked that the end tag matches the open element.
+                let element = open.pop().ok_or("an end tag without a start tag")?;
+                attach(&mut open, &mut root, element)?;
+                continue;
+            }
+            Event::Text(text) => text.xml10_content(),
+            Event::CData(data) => data.xml10_content(),
+            Event::GeneralRef(reference) => resolve(&reference)?,
+            Event::Decl(_) | Event::PI(_) | Event::Comment(_) | Event::DocType(_) => continue,
+            Event::Eof => break,
         };
-        out.push(decoded);
-        rest = &entity_and_more[semicolon + 1..];
+        match open.last_mut() {
+            Some(element) => element.text.push_str(&text),
+            None if is_xml_whitespace(&text) => {}
+            None => return Err(format!("text {text:?} outside the root element")),
+        }
     }
-    out.push_str(rest);
-    Ok(out)
+    if let Some(unclosed) = open.last() {
+        return Err(format!("<{}> is not closed", unclosed.name));
+    }
+    root.ok_or_else(|| "no root element".to_string())
 }
 
-/// Escapes text for an element body.
-pub(crate) fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+/// Adds a closed element to its parent, or makes it the root.
+fn attach(
+    open: &mut [Element],
+    root: &mut Option<Element>,
+    element: Element,
+) -> Result<(), String> {
+    match open.last_mut() {
+        Some(parent) => parent.children.push(element),
+        None if root.is_none() => *root = Some(element),
+        None => return Err(format!("a second root element <{}>", element.name)),
+    }
+    Ok(())
+}
+
+/// `&#…;` and the five predefined entities; S3 declares no others.
+fn resolve(reference: &BytesRef<'_>) -> Result<Cow<'static, str>, String> {
+    let name: &str = reference;
+    if let Some(char) = reference
+        .resolve_char_ref()
+        .map_err(|error| format!("bad character reference &{name};: {error}"))?
+    {
+        return Ok(Cow::Owned(char.to_string()));
+    }
+    resolve_predefined_entity(name)
+        .map(Cow::Borrowed)
+        .ok_or_else(|| format!("unknown entity &{name};"))
+}
+
+fn is_xml_whitespace(text: &str) -> bool {
+    text.bytes()
+        .all(|byte| matches!(byte, b' ' | b'\t' | b'\r' | b'\n'))
+}
+
+/// The local name of the root element, read up to it only: a truncated answer still tells what
+/// it is. (S3 may send whitespace before it for a long time to keep the connection open.)
+pub(crate) fn root_name(xml: &str) -> Option<String> {
+    let mut reader = Reader::from_str(xml);
+    loop {
+        match reader.read_event().ok()? {
+            Event::Start(start) | Event::Empty(start) => {
+                return Some(start.local_name().as_ref().to_string())
+            }
+            Event::Eof => return None,
+            _ => {}
+        }
+    }
+}
+
+/// The text of the first element named `tag` in document order, if the document is well-formed.
+pub(crate) fn first(xml: &str, tag: &str) -> Option<String> {
+    parse(xml)
+        .ok()?
+        .find(tag)
+        .map(|element| element.text.clone())
 }
 
 /// Decodes `encoding-type=url` keys: `%XX` bytes, and `+` as a space (AWS writes spaces as `+`
-/// there; a literal `+` is always `%2B`, so this is unambiguous).
+/// there; a literal `+` is always `%2B`, so this is unambiguous). A `%` not followed by two hex
+/// digits is an error: `percent-encoding` would keep it as text, which would name another key.
 pub(crate) fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        match bytes[index] {
-            b'%' => {
-                let hex = bytes
-                    .get(index + 1..index + 3)
-                    .and_then(|hex| std::str::from_utf8(hex).ok())
-                    .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-                    .ok_or_else(|| format!("bad percent escape in {text:?}"))?;
-                out.push(hex);
-                index += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                index += 1;
-            }
-            byte => {
-                out.push(byte);
-                index += 1;
-            }
-        }
+    let well_formed = text.split('%').skip(1).all(|after| {
+        after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return Err(format!("bad percent escape in {text:?}"));
     }
-    String::from_utf8(out).map_err(|_| format!("{text:?} decodes to invalid UTF-8"))
+    percent_encoding::percent_decode_str(&text.replace('+', " "))
+        .decode_utf8()
+        .map(|decoded| decoded.into_owned())
+        .map_err(|_| format!("{text:?} decodes to invalid UTF-8"))
 }
 
 /// One page of a ListObjectsV2 answer.
@@ -137,36 +174,49 @@ pub(crate) struct ListPage {
 /// Parses a `ListBucketResult`. `url_encoded`: the request asked for `encoding-type=url`, so
 /// keys are percent-encoded (which lets keys hold characters XML 1.0 cannot).
 pub(crate) fn parse_list(xml: &str, url_encoded: bool) -> Result<ListPage, String> {
-    if elements(xml, "ListBucketResult").is_empty() {
-        return Err(format!(
-            "not a ListBucketResult: {}",
-            xml.chars().take(200).collect::<String>()
-        ));
-    }
+    let root = parse(xml)
+        .and_then(|root| match root.name.as_str() {
+            "ListBucketResult" => Ok(root),
+            other => Err(format!("the root element is <{other}>")),
+        })
+        .map_err(|why| {
+            format!(
+                "not a ListBucketResult ({why}): {}",
+                xml.chars().take(200).collect::<String>()
+            )
+        })?;
+    let text = |name: &str| root.child(name).map(|element| element.text.trim());
     // Only decode keys as URL-encoded if the server says it did so.
-    let encoded = url_encoded
-        && first(xml, "EncodingType")
-            .map(|kind| kind.eq_ignore_ascii_case("url"))
-            .unwrap_or(false);
+    let encoded =
+        url_encoded && text("EncodingType").is_some_and(|kind| kind.eq_ignore_ascii_case("url"));
     let mut objects = Vec::new();
-    for contents in elements(xml, "Contents") {
-        let key = elements(contents, "Key")
-            .first()
-            .copied()
-            .ok_or("a <Contents> without <Key>")?;
-        let key = unescape(key)?;
-        let key = if encoded { percent_decode(&key)? } else { key };
-        let size = elements(contents, "Size")
-            .first()
+    for contents in root
+        .children
+        .iter()
+        .filter(|child| child.name == "Contents")
+    {
+        let key = &contents
+            .child("Key")
+            .ok_or("a <Contents> without <Key>")?
+            .text;
+        let key = if encoded {
+            percent_decode(key)?
+        } else {
+            key.clone()
+        };
+        let size = contents
+            .child("Size")
             .ok_or_else(|| format!("<Contents> of {key} without <Size>"))?
+            .text
             .trim()
             .parse::<u64>()
             .map_err(|_| format!("<Size> of {key} is not a number"))?;
         objects.push((key, size));
     }
-    let truncated = first(xml, "IsTruncated").is_some_and(|value| value.trim() == "true");
-    let next = if truncated {
-        let token = first(xml, "NextContinuationToken")
+    let next = if text("IsTruncated") == Some("true") {
+        let token = root
+            .child("NextContinuationToken")
+            .map(|element| element.text.clone())
             .filter(|token| !token.is_empty())
             .ok_or("the listing is truncated but has no NextContinuationToken")?;
         Some(token)
@@ -176,12 +226,17 @@ pub(crate) fn parse_list(xml: &str, url_encoded: bool) -> Result<ListPage, Strin
     Ok(ListPage { objects, next })
 }
 
-/// `(Code, Message)` of an S3 `<Error>` document; empty strings when absent.
+/// `(Code, Message)` of an S3 `<Error>` document; empty strings when absent or not XML.
 pub(crate) fn parse_error(xml: &str) -> (String, String) {
-    (
-        first(xml, "Code").unwrap_or_default(),
-        first(xml, "Message").unwrap_or_default(),
-    )
+    let Ok(root) = parse(xml) else {
+        return (String::new(), String::new());
+    };
+    let text = |name: &str| {
+        root.find(name)
+            .map(|element| element.text.clone())
+            .unwrap_or_default()
+    };
+    (text("Code"), text("Message"))
 }
 
 #[cfg(test)]
@@ -215,6 +270,48 @@ mod tests {
         assert_eq!(page.next.as_deref(), Some("tok/en="));
     }
 
+    /// An `encoding-type=url` page as AWS writes it: the prefix and the keys percent-encoded,
+    /// control characters and XML's special characters among them.
+    #[test]
+    fn url_encoded_list_with_special_characters() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name><Prefix>p%2F</Prefix><ContinuationToken>t0</ContinuationToken><KeyCount>4</KeyCount><MaxKeys>1000</MaxKeys><EncodingType>url</EncodingType><IsTruncated>false</IsTruncated><Contents><Key>p/%0D%0A%09%01</Key><Size>1</Size></Contents><Contents><Key>p/%3C%26%3E%22%27</Key><Size>2</Size></Contents><Contents><Key>p/a+b%2Bc%25d</Key><Size>3</Size></Contents><Contents><Key>p/%F0%9F%A6%80%E2%82%AC</Key><Size>4</Size></Contents></ListBucketResult>"#;
+        let page = parse_list(xml, true).unwrap();
+        let keys: Vec<&str> = page.objects.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(keys, ["p/\r\n\t\u{1}", "p/<&>\"'", "p/a b+c%d", "p/🦀€"]);
+        assert_eq!(page.next, None);
+        // Not asked for: the same page's keys are taken verbatim.
+        let page = parse_list(xml, false).unwrap();
+        assert_eq!(page.objects[2].0, "p/a+b%2Bc%25d");
+        // A bad escape in a key is an error, not another key.
+        let bad = xml.replace("%0D", "%0G");
+        assert!(parse_list(&bad, true)
+            .unwrap_err()
+            .contains("bad percent escape"));
+    }
+
+    /// Without `encoding-type=url` keys come escaped as XML: entities, character references,
+    /// CDATA, comments and a namespace prefix all read as a conforming parser reads them.
+    #[test]
+    fn xml_escaped_keys() {
+        let xml = "<?xml version=\"1.0\"?><!-- a comment -->\n<s3:ListBucketResult xmlns:s3=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+            <s3:Contents><s3:Key>a&amp;b&lt;c&gt;d&quot;e&apos;f</s3:Key><s3:Size>1</s3:Size></s3:Contents>\
+            <s3:Contents><s3:Key>&#13;&#x1F980;&#65;</s3:Key><s3:Size> 2 </s3:Size></s3:Contents>\
+            <s3:Contents><s3:Key><![CDATA[x<&>]]>y<!-- c -->z</s3:Key><s3:Size>3</s3:Size></s3:Contents>\
+            <s3:Contents><s3:Key> spaced </s3:Key><s3:Size>4</s3:Size></s3:Contents>\
+            </s3:ListBucketResult>";
+        let page = parse_list(xml, true).unwrap();
+        assert_eq!(
+            page.objects,
+            vec![
+                ("a&b<c>d\"e'f".to_string(), 1),
+                ("\r🦀A".to_string(), 2),
+                ("x<&>yz".to_string(), 3),
+                (" spaced ".to_string(), 4),
+            ]
+        );
+    }
+
     #[test]
     fn last_and_empty_pages() {
         let last = r#"<ListBucketResult><Name>b</Name><KeyCount>1</KeyCount>
@@ -238,26 +335,67 @@ mod tests {
                 next: None
             }
         );
+        // An empty key element is an empty key, not a missing one.
+        let page = parse_list(
+            "<ListBucketResult><Contents><Key/><Size>0</Size></Contents></ListBucketResult>",
+            false,
+        )
+        .unwrap();
+        assert_eq!(page.objects, vec![(String::new(), 0)]);
     }
 
     #[test]
     fn malformed_lists_are_errors() {
-        assert!(parse_list("<Error><Code>X</Code></Error>", true).is_err());
-        assert!(parse_list(
-            "<ListBucketResult><Contents><Size>1</Size></Contents></ListBucketResult>",
-            false
-        )
-        .is_err());
-        assert!(parse_list(
-            "<ListBucketResult><Contents><Key>a</Key><Size>x</Size></Contents></ListBucketResult>",
-            false
-        )
-        .is_err());
-        assert!(parse_list(
-            "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
-            false
-        )
-        .is_err());
+        let cases = [
+            ("<Error><Code>X</Code></Error>", "the root element is <Error>"),
+            ("", "no root element"),
+            ("<html>Bad Gateway", "not closed"),
+            ("Bad Gateway", "outside the root element"),
+            (
+                "<ListBucketResult><Contents><Size>1</Size></Contents></ListBucketResult>",
+                "without <Key>",
+            ),
+            (
+                "<ListBucketResult><Contents><Key>a</Key></Contents></ListBucketResult>",
+                "without <Size>",
+            ),
+            (
+                "<ListBucketResult><Contents><Key>a</Key><Size>x</Size></Contents></ListBucketResult>",
+                "is not a number",
+            ),
+            (
+                "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+                "no NextContinuationToken",
+            ),
+            (
+                "<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken/></ListBucketResult>",
+                "no NextContinuationToken",
+            ),
+            (
+                "<ListBucketResult><Contents><Key>a</Key><Size>1</Size></Content></ListBucketResult>",
+                "malformed XML",
+            ),
+            ("<ListBucketResult><Contents>", "not closed"),
+            ("<ListBucketResult/><ListBucketResult/>", "second root"),
+            (
+                "<ListBucketResult><Contents><Key>a&bogus;</Key><Size>1</Size></Contents></ListBucketResult>",
+                "unknown entity &bogus;",
+            ),
+            (
+                "<ListBucketResult><Contents><Key>a & b</Key><Size>1</Size></Contents></ListBucketResult>",
+                "malformed XML",
+            ),
+            (
+                "<ListBucketResult><Contents><Key>&#0;</Key><Size>1</Size></Contents></ListBucketResult>",
+                "bad character reference",
+            ),
+        ];
+        for (xml, why) in cases {
+            match parse_list(xml, false) {
+                Err(message) => assert!(message.contains(why), "{xml}: {message}"),
+                Ok(page) => panic!("{xml}: {page:?}"),
+            }
+        }
     }
 
     #[test]
@@ -272,27 +410,59 @@ mod tests {
             )
         );
         assert_eq!(parse_error(""), (String::new(), String::new()));
+        assert_eq!(
+            parse_error("<html><body>502 Bad Gateway</body>"),
+            (String::new(), String::new())
+        );
+        assert_eq!(
+            parse_error("<Error><Code>SlowDown</Code></Error>"),
+            ("SlowDown".to_string(), String::new())
+        );
         let initiate = "<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key><UploadId>VXBsb2Fk&#x2B;SUQ</UploadId></InitiateMultipartUploadResult>";
         assert_eq!(first(initiate, "UploadId").as_deref(), Some("VXBsb2Fk+SUQ"));
+        assert_eq!(first(initiate, "Missing"), None);
+        assert_eq!(first("<a><UploadId>", "UploadId"), None);
     }
 
     #[test]
-    fn entities_and_escapes() {
-        assert_eq!(unescape("a &amp; b &#65;&#x42;").unwrap(), "a & b AB");
-        assert!(unescape("a &bogus; b").is_err());
-        assert!(unescape("a & b").is_err());
+    fn root_names() {
+        let complete_error = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n{}<Error><Code>InternalError</Code>",
+            " \n".repeat(2000)
+        );
+        assert_eq!(root_name(&complete_error).as_deref(), Some("Error"));
+        assert_eq!(
+            root_name(&format!("{}<Error/>", "  ".repeat(300))).as_deref(),
+            Some("Error")
+        );
+        assert_eq!(
+            root_name(
+                "<?xml version=\"1.0\"?><CompleteMultipartUploadResult xmlns=\"x\"><ETag>e</ETag>"
+            )
+            .as_deref(),
+            Some("CompleteMultipartUploadResult")
+        );
+        // Whitespace or a byte-order mark before the declaration.
+        for head in ["  \n", "\u{feff}"] {
+            let xml = format!("{head}<?xml version=\"1.0\"?><Error><Code>C</Code></Error>");
+            assert_eq!(root_name(&xml).as_deref(), Some("Error"));
+            assert_eq!(parse_error(&xml).0, "C");
+        }
+        assert_eq!(root_name(""), None);
+        assert_eq!(root_name("   "), None);
+    }
+
+    #[test]
+    fn escapes() {
         assert_eq!(escape("\"a\"<&>"), "\"a\"&lt;&amp;&gt;");
+        assert_eq!(escape("\"etag-1\""), "\"etag-1\"");
         assert_eq!(percent_decode("a%2Fb+c%25").unwrap(), "a/b c%");
         assert!(percent_decode("%zz").is_err());
         assert!(percent_decode("%ff").is_err());
-        // A tag name that is a prefix of another is not confused with it.
-        assert_eq!(
-            elements("<KeyCount>2</KeyCount><Key>k</Key>", "Key"),
-            vec!["k"]
-        );
-        assert_eq!(
-            elements("<Prefix/><Prefix>p</Prefix>", "Prefix"),
-            vec!["", "p"]
-        );
+        assert!(percent_decode("a%2").is_err());
+        assert!(percent_decode("a%").is_err());
+        assert!(percent_decode("%+1").is_err());
+        assert_eq!(percent_decode("%e2%82%AC%2b").unwrap(), "€+");
+        assert_eq!(percent_decode("").unwrap(), "");
     }
 }
