@@ -299,40 +299,12 @@ fn sleep_until(t: Instant) {
 
 /// `ms` as RFC 3339 at a UTC offset of `offset_min` minutes (`Z` for 0).
 fn rfc3339(ms: i64, offset_min: i64) -> String {
-    let local = ms + offset_min * 60_000;
-    let (secs, millis) = (local.div_euclid(1000), local.rem_euclid(1000));
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let frac = if millis == 0 {
-        String::new()
-    } else {
-        format!(".{millis:03}")
-    };
-    let zone = if offset_min == 0 {
-        "Z".to_string()
-    } else {
-        let sign = if offset_min < 0 { '-' } else { '+' };
-        format!(
-            "{sign}{:02}:{:02}",
-            offset_min.abs() / 60,
-            offset_min.abs() % 60
-        )
-    };
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{frac}{zone}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    let offset = time::UtcOffset::from_whole_seconds((offset_min * 60) as i32).expect("offset");
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .expect("an instant RFC 3339 can write")
+        .to_offset(offset)
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("formats")
 }
 
 // ------------------------------------------------------------------------------------- D1
