@@ -28,7 +28,8 @@ const QUIET_TARGETS: &[&str] = &["glommio"];
 pub enum Format {
     /// `2026-05-01T12:34:56.789Z INFO  pico_net::server: message`
     Text,
-    /// `{"ts":"2026-05-01T12:34:56.789Z","level":"INFO","target":"pico_net::server","msg":"message"}`
+    /// One object per line:
+    /// `{"ts":"2026-05-01T12:34:56.789Z","level":"INFO","target":"pico_net::server","msg":"hi"}`
     Json,
 }
 
@@ -52,7 +53,7 @@ pub fn init(format: Format) {
     if log::set_boxed_logger(Box::new(logger)).is_ok() {
         log::set_max_level(max);
         // Which filter is in force, for whoever wonders why a line is missing.
-        log::debug!("log filter: RUST_LOG={spec:?}, defaults info,glommio=off");
+        log::debug!("log filter: RUST_LOG={spec:?} (default info; glommio off unless named)");
         for (directive, why) in problems {
             log::warn!("ignoring RUST_LOG directive {directive:?}: {why}");
         }
