@@ -295,6 +295,15 @@ pub struct ServeArgs {
     /// reference flag, no effect: the closest equivalent is --segment-max-age-ms [env: PICO_WAL_UPLOAD_INTERVAL_MS]
     #[argh(option, arg_name = "ms")]
     pub wal_upload_interval_ms: Option<u64>,
+
+    /// log lines on stderr: text, or json (one object per line: ts, level, target, msg); RUST_LOG filters them (default text) [env: PICO_LOG_FORMAT]
+    #[argh(
+        option,
+        arg_name = "format",
+        default = "crate::logger::Format::Text",
+        from_str_fn(parse_log_format)
+    )]
+    pub log_format: crate::logger::Format,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -645,6 +654,10 @@ fn parse_durability(value: &str) -> Result<pico_net::Durability, String> {
         "memory" => Ok(pico_net::Durability::Memory),
         _ => Err("expected local, object or memory".into()),
     }
+}
+
+fn parse_log_format(value: &str) -> Result<crate::logger::Format, String> {
+    value.parse()
 }
 
 fn parse_auth(value: &str) -> Result<bool, String> {

@@ -1,6 +1,7 @@
-//! A minimal `log` backend: lines on stderr with a UTC timestamp, filtered like `RUST_LOG`
-//! (`info`, `debug`, `pico_net=trace,warn`, a bare target means all its levels). The
-//! default is `info`. Kept tiny on purpose: the server's hot paths should log little.
+//! The server's `log` backend: env_logger, one line per record on stderr with a UTC
+//! timestamp, filtered by `RUST_LOG` (`info`, `debug`, `pico_net=trace,warn`; a bare target
+//! means all its levels; a target covers every target it is a prefix of, as in env_logger).
+//! The default is `info`. `--log-format json` prints each record as a JSON object instead.
 //!
 //! The `glommio` target is **off** unless `RUST_LOG` names it (`glommio=warn`, `glommio`,
 //! `glommio::reactor=error`, ...): at every start glommio logs
@@ -9,149 +10,184 @@
 //! interrupt-driven I/O) but looks alarming at ERROR level. A bare level such as
 //! `RUST_LOG=trace` does not re-enable it; `RUST_LOG=trace,glommio=trace` does.
 
+use std::borrow::Cow;
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::num::NonZeroU8;
+use std::time::SystemTime;
 
-use log::{LevelFilter, Log, Metadata, Record};
+use log::{LevelFilter, Record};
+use time::format_description::well_known::iso8601::{Config, EncodedConfig, TimePrecision};
+use time::format_description::well_known::Iso8601;
+use time::OffsetDateTime;
 
 /// Targets silenced unless `RUST_LOG` names them (see the module documentation).
 const QUIET_TARGETS: &[&str] = &["glommio"];
 
-/// `RUST_LOG` directives: a default level and per-target (module prefix) levels.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Filter {
-    default: LevelFilter,
-    /// Longest target first, so the most specific directive wins.
-    targets: Vec<(String, LevelFilter)>,
+/// How each line looks (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `2026-05-01T12:34:56.789Z INFO  pico_net::server: message`
+    Text,
+    /// One object per line:
+    /// `{"ts":"2026-05-01T12:34:56.789Z","level":"INFO","target":"pico_net::server","msg":"hi"}`
+    Json,
 }
 
-impl Filter {
-    /// Parses `spec`; unknown level names are reported in the second value and ignored.
-    pub fn parse(spec: &str) -> (Filter, Vec<String>) {
-        let mut filter = Filter {
-            default: LevelFilter::Info,
-            targets: Vec::new(),
-        };
-        let mut problems = Vec::new();
-        for directive in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-            match directive.split_once('=') {
-                Some((target, level)) => match level.trim().parse() {
-                    Ok(level) => filter.targets.push((target.trim().to_owned(), level)),
-                    Err(_) => problems.push(directive.to_owned()),
-                },
-                None => match directive.parse() {
-                    Ok(level) => filter.default = level,
-                    // Not a level: a target name, enabled at every level.
-                    Err(_) if is_target(directive) => filter
-                        .targets
-                        .push((directive.to_owned(), LevelFilter::Trace)),
-                    Err(_) => problems.push(directive.to_owned()),
-                },
-            }
+impl std::str::FromStr for Format {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Format, String> {
+        match value.to_ascii_lowercase().as_str() {
+            "text" => Ok(Format::Text),
+            "json" => Ok(Format::Json),
+            _ => Err("expected text or json".into()),
         }
-        for quiet in QUIET_TARGETS {
-            let named = filter
-                .targets
-                .iter()
-                .any(|(target, _)| same_or_child(target, quiet) || same_or_child(quiet, target));
-            if !named {
-                filter.targets.push(((*quiet).to_owned(), LevelFilter::Off));
-            }
-        }
-        filter
-            .targets
-            .sort_by_key(|(target, _)| std::cmp::Reverse(target.len()));
-        (filter, problems)
-    }
-
-    pub fn level_for(&self, target: &str) -> LevelFilter {
-        self.targets
-            .iter()
-            .find(|(prefix, _)| same_or_child(target, prefix))
-            .map_or(self.default, |(_, level)| *level)
-    }
-
-    fn max_level(&self) -> LevelFilter {
-        self.targets
-            .iter()
-            .map(|(_, l)| *l)
-            .fold(self.default, std::cmp::max)
-    }
-}
-
-/// `target` is `prefix` or a module below it (`glommio::reactor` under `glommio`).
-fn same_or_child(target: &str, prefix: &str) -> bool {
-    target == prefix
-        || target
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with("::"))
-}
-
-fn is_target(s: &str) -> bool {
-    s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-')
-}
-
-struct StderrLogger {
-    filter: Filter,
-}
-
-impl Log for StderrLogger {
-    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        metadata.level() <= self.filter.level_for(metadata.target())
-    }
-
-    fn log(&self, record: &Record<'_>) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        let line = format!(
-            "{} {:<5} {}: {}\n",
-            utc_timestamp(SystemTime::now()),
-            record.level(),
-            record.target(),
-            record.args()
-        );
-        // One write per line so lines of different threads do not interleave; a closed
-        // stderr is nothing we could report anywhere.
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
-    }
-
-    fn flush(&self) {
-        let _ = std::io::stderr().flush();
     }
 }
 
 /// Installs the logger from `RUST_LOG`. Calling it twice keeps the first logger.
-pub fn init() {
+pub fn init(format: Format) {
     let spec = std::env::var("RUST_LOG").unwrap_or_default();
-    let (filter, problems) = Filter::parse(&spec);
-    let max = filter.max_level();
-    // Leaked once: the logger lives as long as the process, as `log` requires.
-    let logger: &'static StderrLogger = Box::leak(Box::new(StderrLogger { filter }));
-    if log::set_logger(logger).is_ok() {
+    let (logger, problems) = build(&spec, format);
+    let max = logger.filter();
+    if log::set_boxed_logger(Box::new(logger)).is_ok() {
         log::set_max_level(max);
-        for problem in problems {
-            log::warn!("ignoring RUST_LOG directive {problem:?}: unknown level");
+        // Which filter is in force, for whoever wonders why a line is missing.
+        log::debug!("log filter: RUST_LOG={spec:?} (default info; glommio off unless named)");
+        for (directive, why) in problems {
+            log::warn!("ignoring RUST_LOG directive {directive:?}: {why}");
         }
     }
 }
 
+/// A directive of `RUST_LOG` that was ignored, and why.
+type Problem = (String, &'static str);
+
+/// The logger for `spec`, and the directives of it that were ignored.
+fn build(spec: &str, format: Format) -> (env_logger::Logger, Vec<Problem>) {
+    let (spec, problems) = checked_spec(spec);
+    let mut builder = env_logger::Builder::new();
+    // Before the spec: a bare level in it replaces this default.
+    builder.filter_level(LevelFilter::Info);
+    builder.parse_filters(&spec);
+    for quiet in QUIET_TARGETS {
+        if !names(&spec, quiet) {
+            builder.filter_module(quiet, LevelFilter::Off);
+        }
+    }
+    match format {
+        Format::Text => builder.format(|out, record| {
+            writeln!(
+                out,
+                "{} {:<5} {}: {}",
+                utc_timestamp(SystemTime::now()),
+                record.level(),
+                record.target(),
+                record.args()
+            )
+        }),
+        Format::Json => builder.format(|out, record| {
+            serde_json::to_writer(&mut *out, &JsonLine::new(record))?;
+            out.write_all(b"\n")
+        }),
+    };
+    (builder.build(), problems)
+}
+
+/// `spec` without the directives env_filter would reject (it would print its own warning
+/// for them, outside the log's format), and those directives.
+fn checked_spec(spec: &str) -> (String, Vec<Problem>) {
+    let (directives, message_filter) = match spec.split_once('/') {
+        Some((directives, filter)) => (directives, Some(filter)),
+        None => (spec, None),
+    };
+    let mut problems = Vec::new();
+    let mut kept: Vec<&str> = Vec::new();
+    for directive in directives.split(',').map(str::trim) {
+        if directive.is_empty() {
+            continue;
+        }
+        if env_filter::Builder::new().try_parse(directive).is_ok() {
+            kept.push(directive);
+        } else {
+            problems.push((directive.to_owned(), "unknown level"));
+        }
+    }
+    let mut checked = kept.join(",");
+    if let Some(filter) = message_filter {
+        let with_filter = format!("{checked}/{filter}");
+        if env_filter::Builder::new().try_parse(&with_filter).is_ok() {
+            checked = with_filter;
+        } else {
+            problems.push((format!("/{filter}"), "more than one '/'"));
+        }
+    }
+    (checked, problems)
+}
+
+/// Whether a directive of `spec` (already checked) is about `target` or a module in it.
+fn names(spec: &str, target: &str) -> bool {
+    let directives = spec
+        .split_once('/')
+        .map_or(spec, |(directives, _)| directives);
+    directives.split(',').any(|directive| {
+        let name = match directive.split_once('=') {
+            Some((name, _)) => name.trim(),
+            // A bare level names no target.
+            None if directive.trim().parse::<LevelFilter>().is_ok() => return false,
+            None => directive.trim(),
+        };
+        name == target
+            || name
+                .strip_prefix(target)
+                .is_some_and(|rest| rest.starts_with("::"))
+    })
+}
+
+/// One `--log-format json` line; serde_json escapes what the message holds.
+#[derive(serde::Serialize)]
+struct JsonLine<'a> {
+    ts: String,
+    level: &'static str,
+    target: &'a str,
+    msg: Cow<'a, str>,
+}
+
+impl<'a> JsonLine<'a> {
+    fn new(record: &'a Record<'_>) -> JsonLine<'a> {
+        JsonLine {
+            ts: utc_timestamp(SystemTime::now()),
+            level: record.level().as_str(),
+            target: record.target(),
+            msg: match record.args().as_str() {
+                Some(text) => Cow::Borrowed(text),
+                None => Cow::Owned(record.args().to_string()),
+            },
+        }
+    }
+}
+
+/// RFC 3339 with exactly three decimals (truncated): time's `Rfc3339` drops trailing zeros
+/// (`.12Z`, or no fraction at all), which makes the lines ragged.
+const TIMESTAMP: EncodedConfig = Config::DEFAULT
+    .set_time_precision(TimePrecision::Second {
+        decimal_digits: NonZeroU8::new(3),
+    })
+    .encode();
+
 /// `2026-05-01T12:34:56.789Z`.
 pub fn utc_timestamp(time: SystemTime) -> String {
-    let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let ms = i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX);
-    let text = pico_net::time::format_rfc3339_ms(ms);
-    // Always three digits of milliseconds in a log line, so that lines align.
-    match text.strip_suffix('Z').filter(|t| !t.contains('.')) {
-        Some(whole_seconds) => format!("{whole_seconds}.000Z"),
-        None => text,
-    }
+    let time = OffsetDateTime::from(time);
+    // Fails only past the year 9999; the line is still worth printing.
+    time.format(&Iso8601::<TIMESTAMP>)
+        .unwrap_or_else(|_| time.to_string())
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use log::{Level, Log, Metadata};
 
     use super::*;
 
@@ -162,26 +198,61 @@ mod tests {
         assert_eq!(utc_timestamp(t), "2000-02-29T00:00:00.123Z");
         let t = UNIX_EPOCH + Duration::from_secs(1_767_225_599); // last second of 2025
         assert_eq!(utc_timestamp(t), "2025-12-31T23:59:59.000Z");
+        // Truncated, not rounded: a rounded 59.9999 would print second 60.
+        let t = UNIX_EPOCH + Duration::from_nanos(1_767_225_599_999_900_000);
+        assert_eq!(utc_timestamp(t), "2025-12-31T23:59:59.999Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_767_225_599_120);
+        assert_eq!(utc_timestamp(t), "2025-12-31T23:59:59.120Z");
+    }
+
+    /// The most verbose level `logger` lets through for `target`.
+    fn level(logger: &env_logger::Logger, target: &str) -> LevelFilter {
+        let enabled =
+            |level| logger.enabled(&Metadata::builder().level(level).target(target).build());
+        [
+            Level::Trace,
+            Level::Debug,
+            Level::Info,
+            Level::Warn,
+            Level::Error,
+        ]
+        .into_iter()
+        .find(|level| enabled(*level))
+        .map_or(LevelFilter::Off, |level| level.to_level_filter())
+    }
+
+    fn parse(spec: &str) -> (env_logger::Logger, Vec<Problem>) {
+        build(spec, Format::Text)
     }
 
     #[test]
     fn filters() {
-        let (f, problems) = Filter::parse("");
+        let (f, problems) = parse("");
         assert!(problems.is_empty());
-        assert_eq!(f.level_for("pico_net"), LevelFilter::Info);
+        assert_eq!(level(&f, "pico_net"), LevelFilter::Info);
+        assert_eq!(f.filter(), LevelFilter::Info);
 
-        let (f, _) = Filter::parse("warn,pico_net=debug,pico_net::http=trace,hyper=off");
-        assert_eq!(f.level_for("pico_cli"), LevelFilter::Warn);
-        assert_eq!(f.level_for("pico_net"), LevelFilter::Debug);
-        assert_eq!(f.level_for("pico_net::shard"), LevelFilter::Debug);
-        assert_eq!(f.level_for("pico_net::http::parse"), LevelFilter::Trace);
-        assert_eq!(f.level_for("pico_network"), LevelFilter::Warn);
-        assert_eq!(f.level_for("hyper"), LevelFilter::Off);
-        assert_eq!(f.max_level(), LevelFilter::Trace);
+        let (f, _) = parse("pico_net=debug");
+        assert_eq!(level(&f, "pico_net::shard"), LevelFilter::Debug);
+        assert_eq!(
+            level(&f, "pico_engine"),
+            LevelFilter::Info,
+            "info stays the default"
+        );
 
-        let (f, problems) = Filter::parse("pico_engine, x=loud");
-        assert_eq!(f.level_for("pico_engine::wal"), LevelFilter::Trace);
-        assert_eq!(problems, vec!["x=loud".to_owned()]);
+        let (f, _) = parse("warn,pico_net=debug,pico_net::http=trace,hyper=off");
+        assert_eq!(level(&f, "pico_cli"), LevelFilter::Warn);
+        assert_eq!(level(&f, "pico_net"), LevelFilter::Debug);
+        assert_eq!(level(&f, "pico_net::shard"), LevelFilter::Debug);
+        assert_eq!(level(&f, "pico_net::http::parse"), LevelFilter::Trace);
+        assert_eq!(level(&f, "hyper"), LevelFilter::Off);
+        assert_eq!(f.filter(), LevelFilter::Trace);
+
+        let (f, problems) = parse("pico_engine, x=loud, y=a=b");
+        assert_eq!(level(&f, "pico_engine::wal"), LevelFilter::Trace);
+        assert_eq!(level(&f, "x"), LevelFilter::Info);
+        let ignored: Vec<&str> = problems.iter().map(|(d, _)| d.as_str()).collect();
+        assert_eq!(ignored, ["x=loud", "y=a=b"]);
     }
 
     #[test]
@@ -193,26 +264,66 @@ mod tests {
             "error",
             "pico_net=debug",
             "glommiox=info",
+            "glom=info",
         ] {
-            let (f, _) = Filter::parse(spec);
-            assert_eq!(f.level_for("glommio"), LevelFilter::Off, "{spec:?}");
-            assert_eq!(
-                f.level_for("glommio::reactor"),
-                LevelFilter::Off,
-                "{spec:?}"
-            );
+            let (f, _) = parse(spec);
+            assert_eq!(level(&f, "glommio"), LevelFilter::Off, "{spec:?}");
+            assert_eq!(level(&f, "glommio::reactor"), LevelFilter::Off, "{spec:?}");
         }
         // Named, at any depth: the user's level applies.
-        let (f, _) = Filter::parse("glommio=warn");
-        assert_eq!(f.level_for("glommio::reactor"), LevelFilter::Warn);
-        let (f, _) = Filter::parse("info,glommio");
-        assert_eq!(f.level_for("glommio::reactor"), LevelFilter::Trace);
-        let (f, _) = Filter::parse("glommio::reactor=error");
-        assert_eq!(f.level_for("glommio::reactor"), LevelFilter::Error);
+        let (f, _) = parse("glommio=warn");
+        assert_eq!(level(&f, "glommio::reactor"), LevelFilter::Warn);
+        let (f, _) = parse("info,glommio");
+        assert_eq!(level(&f, "glommio::reactor"), LevelFilter::Trace);
+        let (f, _) = parse("glommio::reactor=error");
+        assert_eq!(level(&f, "glommio::reactor"), LevelFilter::Error);
         // Other glommio modules then follow the default level.
-        assert_eq!(f.level_for("glommio::sys"), LevelFilter::Info);
+        assert_eq!(level(&f, "glommio::sys"), LevelFilter::Info);
         // Silencing glommio does not raise the maximum level.
-        let (f, _) = Filter::parse("warn");
-        assert_eq!(f.max_level(), LevelFilter::Warn);
+        let (f, _) = parse("warn");
+        assert_eq!(f.filter(), LevelFilter::Warn);
+    }
+
+    #[test]
+    fn message_filters() {
+        // env_logger's `/text` keeps records whose message contains the text.
+        let (f, problems) = parse("info/needle");
+        assert!(problems.is_empty());
+        let record = |msg| {
+            let args = format_args!("{msg}");
+            f.matches(
+                &Record::builder()
+                    .args(args)
+                    .level(Level::Info)
+                    .target("t")
+                    .build(),
+            )
+        };
+        assert!(record("a needle here"));
+        assert!(!record("hay"));
+        let (_, problems) = parse("info/a/b");
+        assert_eq!(problems, [("/a/b".to_owned(), "more than one '/'")]);
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!("text".parse(), Ok(Format::Text));
+        assert_eq!("JSON".parse(), Ok(Format::Json));
+        assert!("yaml".parse::<Format>().is_err());
+
+        let args = format_args!("quote \" newline \n tab \t {}", 7);
+        let record = Record::builder()
+            .args(args)
+            .level(Level::Warn)
+            .target("pico_net::server")
+            .build();
+        let line = serde_json::to_string(&JsonLine::new(&record)).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["level"], "WARN");
+        assert_eq!(value["target"], "pico_net::server");
+        assert_eq!(value["msg"], "quote \" newline \n tab \t 7");
+        let ts = value["ts"].as_str().unwrap();
+        assert_eq!(ts.len(), "2026-05-01T12:34:56.789Z".len(), "{ts}");
+        assert!(!line.contains('\n'), "one line: {line}");
     }
 }

@@ -142,7 +142,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let profile = profile::resolve(cli.profile.as_deref()).map_err(Failure::Fatal)?;
     let protocol = cli.protocol.or(profile.protocol).unwrap_or(Protocol::Pico);
     if let Command::Serve(args) = &cli.command {
-        logger::init();
+        logger::init(args.log_format);
         return serve::run(args, protocol);
     }
 

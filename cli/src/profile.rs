@@ -1,8 +1,7 @@
 //! Saved connection profiles (cli.md §5.2): read by every command except `config`, written
 //! by `pico config ...` (see `config.rs`) with mode 0600, as it may one day hold credentials.
 //!
-//! The file is a small TOML subset, parsed here rather than with a TOML crate because the
-//! format is fixed and tiny:
+//! The file is TOML, read and written with the `toml` crate through serde:
 //!
 //! ```toml
 //! default_profile = "prod"
@@ -20,19 +19,52 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use pico_client::Protocol;
+use serde::{Deserialize, Serialize};
 
 /// Defaults for the global connection flags.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Profile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "protocol_name"
+    )]
     pub protocol: Option<Protocol>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http2: Option<bool>,
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfigFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_profile: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub profiles: BTreeMap<String, Profile>,
+}
+
+/// `protocol = "pico"` or `"ds"`: the names `--protocol` takes.
+mod protocol_name {
+    use pico_client::Protocol;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        protocol: &Option<Protocol>,
+        out: S,
+    ) -> Result<S::Ok, S::Error> {
+        match protocol {
+            Some(protocol) => out.serialize_str(protocol.name()),
+            None => out.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(input: D) -> Result<Option<Protocol>, D::Error> {
+        let name = String::deserialize(input)?;
+        name.parse().map(Some).map_err(D::Error::custom)
+    }
 }
 
 /// `$PICO_CONFIG`, else the platform config directory + `pico/config.toml`.
@@ -106,51 +138,8 @@ pub fn save(path: &Path, config: &ConfigFile) -> Result<(), String> {
 
 /// The file's text: `default_profile`, then one table per profile, keys in a fixed order.
 pub fn render(config: &ConfigFile) -> String {
-    let mut out = String::new();
-    if let Some(default) = &config.default_profile {
-        out.push_str(&format!("default_profile = {}\n", quote(default)));
-    }
-    for (name, profile) in &config.profiles {
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        let bare = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if bare {
-            out.push_str(&format!("[profiles.{name}]\n"));
-        } else {
-            out.push_str(&format!("[profiles.{}]\n", quote(name)));
-        }
-        if let Some(endpoint) = &profile.endpoint {
-            out.push_str(&format!("endpoint = {}\n", quote(endpoint)));
-        }
-        if let Some(protocol) = profile.protocol {
-            out.push_str(&format!("protocol = {}\n", quote(protocol.name())));
-        }
-        if let Some(http2) = profile.http2 {
-            out.push_str(&format!("http2 = {http2}\n"));
-        }
-    }
-    out
-}
-
-/// A basic TOML string with the escapes `unquote` reads back.
-fn quote(value: &str) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    // Strings, booleans and tables only: nothing toml cannot represent.
+    toml::to_string(config).expect("a profile file serializes")
 }
 
 fn select(config: &ConfigFile, name: Option<&str>, where_: &str) -> Result<Profile, String> {
@@ -169,109 +158,27 @@ fn select(config: &ConfigFile, name: Option<&str>, where_: &str) -> Result<Profi
     }
 }
 
-enum Value {
-    Text(String),
-    Bool(bool),
-}
-
+/// Parses the file; errors name the line, on one line as the other errors of `pico` are.
 pub fn parse(text: &str) -> Result<ConfigFile, String> {
-    let mut config = ConfigFile::default();
-    let mut section: Option<String> = None;
-    for (index, raw) in text.lines().enumerate() {
-        let at = |msg: String| format!("line {}: {msg}", index + 1);
-        let line = strip_comment(raw).trim();
-        if line.is_empty() {
-            continue;
-        }
-        if let Some(header) = line.strip_prefix('[') {
-            let header = header
-                .strip_suffix(']')
-                .ok_or_else(|| at("unterminated table header".into()))?
-                .trim();
-            let name = header
-                .strip_prefix("profiles.")
-                .ok_or_else(|| at(format!("unknown table [{header}]")))?;
-            let name = unquote(name.trim()).unwrap_or_else(|| name.trim().to_owned());
-            config.profiles.entry(name.clone()).or_default();
-            section = Some(name);
-            continue;
-        }
-        let (key, value) = line
-            .split_once('=')
-            .ok_or_else(|| at("expected key = value".into()))?;
-        let key = key.trim();
-        let value = parse_value(value.trim()).ok_or_else(|| {
-            at(format!(
-                "bad value for {key}: expected a quoted string, true or false"
-            ))
-        })?;
-        match (&section, key, value) {
-            (None, "default_profile", Value::Text(v)) => config.default_profile = Some(v),
-            (Some(name), key, value) => {
-                let profile = config
-                    .profiles
-                    .get_mut(name)
-                    .expect("section entry inserted at its header");
-                match (key, value) {
-                    ("endpoint", Value::Text(v)) => profile.endpoint = Some(v),
-                    ("protocol", Value::Text(v)) => profile.protocol = Some(v.parse().map_err(at)?),
-                    ("http2", Value::Bool(v)) => profile.http2 = Some(v),
-                    (key, _) => {
-                        return Err(at(format!(
-                            "unknown or mistyped key {key:?} in profile {name:?}"
-                        )))
-                    }
-                }
+    toml::from_str(text).map_err(|error| {
+        let message = error.message().trim();
+        // serde's wording for a key `deny_unknown_fields` refused:
+        // "unknown field `k`, expected ...".
+        let message = match message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split_once('`'))
+        {
+            Some((key, _)) => format!("unknown or mistyped key {key:?}"),
+            None => message.replace('\n', "; "),
+        };
+        match error.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: {message}")
             }
-            (None, key, _) => return Err(at(format!("unknown or mistyped key {key:?}"))),
+            None => message,
         }
-    }
-    Ok(config)
-}
-
-/// Drops a `#` comment that is not inside a string.
-fn strip_comment(line: &str) -> &str {
-    let mut in_string = false;
-    let mut escaped = false;
-    for (i, c) in line.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if in_string => escaped = true,
-            '"' => in_string = !in_string,
-            '#' if !in_string => return &line[..i],
-            _ => {}
-        }
-    }
-    line
-}
-
-fn parse_value(value: &str) -> Option<Value> {
-    match value {
-        "true" => Some(Value::Bool(true)),
-        "false" => Some(Value::Bool(false)),
-        _ => unquote(value).map(Value::Text),
-    }
-}
-
-/// A basic TOML string: `"..."` with `\"` and `\\` escapes.
-fn unquote(value: &str) -> Option<String> {
-    let inner = value.strip_prefix('"')?.strip_suffix('"')?;
-    let mut out = String::with_capacity(inner.len());
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next()? {
-                '"' => out.push('"'),
-                '\\' => out.push('\\'),
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                _ => return None,
-            },
-            '"' => return None,
-            c => out.push(c),
-        }
-    }
-    Some(out)
+    })
 }
 
 #[cfg(test)]
@@ -370,5 +277,14 @@ endpoint = "http://127.0.0.1:4437"
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+        // One line, naming the line of the file.
+        assert_eq!(
+            parse("\n\n[profiles.a]\ncolour = 1"),
+            Err("line 4: unknown or mistyped key \"colour\"".to_owned())
+        );
+        assert_eq!(
+            parse("[profiles.a]\nprotocol = \"grpc\""),
+            Err("line 2: unknown protocol \"grpc\": expected pico or ds".to_owned())
+        );
     }
 }

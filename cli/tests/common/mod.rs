@@ -31,6 +31,8 @@ pub struct Server {
     /// The `--ds-listen` listener (the other protocol), when started with one.
     pub second: Option<SocketAddr>,
     extra_args: Vec<String>,
+    /// Variables set for the process on top of the test's environment (restarts too).
+    extra_env: Vec<(String, String)>,
     // Dropped last: the directory outlives the process.
     dir: tempfile::TempDir,
 }
@@ -38,18 +40,29 @@ pub struct Server {
 impl Server {
     /// Starts a server in a fresh temporary directory with these extra `serve` flags.
     pub fn start(extra_args: &[&str]) -> Server {
+        Server::start_with_env(extra_args, &[])
+    }
+
+    /// [`Server::start`] with these variables set for the server process alone, so tests of one
+    /// binary can run side by side with different values (`RUST_LOG`, credentials).
+    pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("pico-e2e-")
             .tempdir()
             .expect("create a temporary directory");
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let (child, addr, admin, second) = spawn(dir.path(), &extra_args);
+        let extra_env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (child, addr, admin, second) = spawn(dir.path(), &extra_args, &extra_env);
         Server {
             child: Some(child),
             addr,
             admin,
             second,
             extra_args,
+            extra_env,
             dir,
         }
     }
@@ -107,7 +120,8 @@ impl Server {
     /// Kills the server if it runs, then starts it again on the same directories (new ports).
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr, admin, second) = spawn(self.dir.path(), &self.extra_args);
+        let (child, addr, admin, second) =
+            spawn(self.dir.path(), &self.extra_args, &self.extra_env);
         self.child = Some(child);
         self.addr = addr;
         self.admin = admin;
@@ -219,7 +233,11 @@ pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
-fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr, Option<SocketAddr>) {
+fn spawn(
+    dir: &Path,
+    extra_args: &[String],
+    extra_env: &[(String, String)],
+) -> (Child, SocketAddr, SocketAddr, Option<SocketAddr>) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -267,6 +285,7 @@ fn spawn(dir: &Path, extra_args: &[String]) -> (Child, SocketAddr, SocketAddr, O
             command.env_remove(key);
         }
     }
+    command.envs(extra_env.iter().map(|(k, v)| (k, v)));
     let mut child = command.spawn().expect("spawn pico serve");
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel::<String>();
