@@ -87,7 +87,7 @@ impl Connection {
 /// [`run_blocking`] makes one.
 pub async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, String> {
     args.validate()?;
-    if conn.protocol == Protocol::Ds {
+    if conn.protocol == Protocol::DurableStreams {
         check_ds(args)?;
     }
     if args.live_latency {
@@ -179,7 +179,7 @@ mod tests {
     #[tokio::test]
     async fn what_ds_cannot_do_is_refused_before_connecting() {
         let conn = Connection {
-            protocol: Protocol::Ds,
+            protocol: Protocol::DurableStreams,
             ..Connection::new("http://127.0.0.1:1")
         };
         let refused = |args: BenchArgs| {

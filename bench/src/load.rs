@@ -302,7 +302,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
         .collect::<Result<Vec<_>, _>>()?;
     let shape = match conn.protocol {
         Protocol::Pico => AppendShape::pico(args.batch, args.record_size),
-        Protocol::Ds => AppendShape::ds(args.batch, args.record_size),
+        Protocol::DurableStreams => AppendShape::ds(args.batch, args.record_size),
     };
     let names = crate::stream_names(args.streams);
     create_streams(&clients[0], &base, &names, shape.stream_type).await?;
@@ -370,7 +370,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
             let (client, url) = (clients[s % clients.len()].clone(), format!("{base}{name}"));
             tasks.push(match conn.protocol {
                 Protocol::Pico => tokio::spawn(reader(shared.clone(), client, url, name.clone())),
-                Protocol::Ds => tokio::spawn(ds_reader(
+                Protocol::DurableStreams => tokio::spawn(ds_reader(
                     shared.clone(),
                     client,
                     url,

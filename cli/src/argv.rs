@@ -328,7 +328,7 @@ mod tests {
         );
         assert_eq!(cli.endpoint.as_deref(), Some("http://h:1"));
         assert!(cli.http2);
-        assert_eq!(cli.protocol, Some(pico_client::Protocol::Ds));
+        assert_eq!(cli.protocol, Some(pico_client::Protocol::DurableStreams));
         match cli.command {
             Command::Read(r) => {
                 assert_eq!(r.stream, "/s");
@@ -366,7 +366,7 @@ mod tests {
             ("PICO_PROTOCOL", "ds"),
         ]);
         let cli = run(&words("serve"), &env);
-        assert_eq!(cli.protocol, Some(pico_client::Protocol::Ds));
+        assert_eq!(cli.protocol, Some(pico_client::Protocol::DurableStreams));
         let s = serve(cli);
         assert_eq!(s.listen, "0.0.0.0:5000");
         assert_eq!(s.admin_listen, "127.0.0.1:9999");

@@ -71,7 +71,7 @@ pub async fn head(client: &Client, args: &HeadArgs) -> Result<(), Failure> {
 }
 
 pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
-    if client.protocol() == Protocol::Ds && args.batch > 1 {
+    if client.protocol() == Protocol::DurableStreams && args.batch > 1 {
         return Err(Failure::Fatal(
             "the Durable Streams protocol appends one message per request".into(),
         ));
@@ -89,7 +89,7 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
                 // Pico: one binary batch per request; `--content-type` does not apply.
                 Protocol::Pico => client.append_binary_batch(&args.stream, &batch).await?,
                 // Durable Streams: each line raw, typed like the stream (batch is 1 here).
-                Protocol::Ds => {
+                Protocol::DurableStreams => {
                     let body = batch[0].clone();
                     client
                         .append_single(&args.stream, body, args.content_type.as_deref())
@@ -153,7 +153,7 @@ async fn parse_position(
     stream: &str,
     position: &str,
 ) -> Result<Position, Failure> {
-    if client.protocol() == Protocol::Ds {
+    if client.protocol() == Protocol::DurableStreams {
         return Ok(Position::from(position));
     }
     if position.eq_ignore_ascii_case("now") {
@@ -176,7 +176,7 @@ pub async fn tail(client: &Client, args: &TailArgs) -> Result<(), Failure> {
     let mut from = match client.protocol() {
         Protocol::Pico => head_or_not_found(client, &args.stream).await?.next,
         // The protocol has a sentinel for the tail: no HEAD round trip (nor its race).
-        Protocol::Ds => Position::ds_now(),
+        Protocol::DurableStreams => Position::ds_now(),
     };
     let mut cursor: Option<String> = None;
     let mut out = io::stdout().lock();
@@ -211,7 +211,7 @@ async fn head_or_not_found(
 fn not_found(protocol: Protocol) -> Failure {
     let code = match protocol {
         Protocol::Pico => "not_found",
-        Protocol::Ds => "NOT_FOUND",
+        Protocol::DurableStreams => "NOT_FOUND",
     };
     let error = ApiError {
         kind: ErrorKind::NotFound,

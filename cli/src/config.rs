@@ -156,7 +156,7 @@ mod tests {
         assert_eq!(describe(&Profile::default()), "- - -");
         let profile = Profile {
             endpoint: Some("http://h:1".into()),
-            protocol: Some(pico_client::Protocol::Ds),
+            protocol: Some(pico_client::Protocol::DurableStreams),
             http2: Some(false),
         };
         assert_eq!(describe(&profile), "http://h:1 ds false");

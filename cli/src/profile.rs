@@ -203,7 +203,7 @@ endpoint = "http://127.0.0.1:4437"
         assert_eq!(config.default_profile.as_deref(), Some("prod"));
         let prod = &config.profiles["prod"];
         assert_eq!(prod.endpoint.as_deref(), Some("http://node2.internal:4437"));
-        assert_eq!(prod.protocol, Some(Protocol::Ds));
+        assert_eq!(prod.protocol, Some(Protocol::DurableStreams));
         assert_eq!(prod.http2, Some(true));
         assert_eq!(config.profiles["local#1"].protocol, None);
     }

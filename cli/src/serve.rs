@@ -63,10 +63,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             ms if ms < 300 => return Err(format!("--lease-ms must be at least 300, got {ms}")),
             ms => ms,
         },
-        protocol: match protocol {
-            Protocol::Pico => pico_net::Protocol::Pico,
-            Protocol::Ds => pico_net::Protocol::DurableStreams,
-        },
+        protocol,
         admin_listen: (!args.no_admin).then(|| args.admin_listen.clone()),
         meta_url: args.meta_url.clone(),
         storage: args.storage.clone(),
@@ -290,7 +287,7 @@ mod tests {
             "--wal-dir",
             "/tmp/w",
         ]);
-        let config = server_config(&args, Protocol::Ds).unwrap();
+        let config = server_config(&args, Protocol::DurableStreams).unwrap();
         assert_eq!(config.listen, "0.0.0.0:1");
         assert_eq!(config.admin_listen, None);
         assert_eq!(config.protocol, pico_net::Protocol::DurableStreams);

@@ -19,37 +19,7 @@ use crate::position::Position;
 /// Default stream content type, as the server assumes without a `Content-Type`.
 pub const DEFAULT_CONTENT_TYPE: &str = pico_proto::media::OCTET_STREAM;
 
-/// The wire protocol spoken to the server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Protocol {
-    /// PicoMQ's native protocol (pico-protocol.md).
-    #[default]
-    Pico,
-    /// The open Durable Streams protocol (durable-streams.md).
-    Ds,
-}
-
-impl Protocol {
-    /// The name used by `--protocol`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Pico => "pico",
-            Protocol::Ds => "ds",
-        }
-    }
-}
-
-impl std::str::FromStr for Protocol {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Protocol, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "pico" => Ok(Protocol::Pico),
-            "ds" => Ok(Protocol::Ds),
-            _ => Err(format!("unknown protocol {s:?}: expected pico or ds")),
-        }
-    }
-}
+pub use pico_proto::Protocol;
 
 /// How to reach the server.
 #[derive(Clone, Debug)]
@@ -360,7 +330,7 @@ impl Client {
         if let Some(ttl) = ttl_secs {
             let name = match self.protocol {
                 Protocol::Pico => "Pico-TTL",
-                Protocol::Ds => "Stream-TTL",
+                Protocol::DurableStreams => "Stream-TTL",
             };
             request = request.header(name, ttl.to_string());
         }
@@ -386,7 +356,7 @@ impl Client {
                 ttl_secs: optional_u64(headers, PICO_TTL)?,
                 expires_at: text(headers, PICO_EXPIRES_AT),
             },
-            Protocol::Ds => StreamInfo {
+            Protocol::DurableStreams => StreamInfo {
                 start: Position::ds_beginning(),
                 next: required_offset(headers)?,
                 closed: flag(headers, STREAM_CLOSED),
@@ -453,7 +423,7 @@ impl Client {
                 next: Position::Seq(required_u64(headers, PICO_NEXT_SEQ)?),
                 timestamp: Some(required_i64(headers, PICO_TIMESTAMP)?),
             },
-            Protocol::Ds => {
+            Protocol::DurableStreams => {
                 let next = required_offset(headers)?;
                 AppendAck {
                     start: next.clone(),
@@ -604,7 +574,7 @@ impl Client {
                 (Protocol::Pico, Position::Seq(seq)) => query
                     .append_pair("seq", &seq.to_string())
                     .append_pair("format", "binary"),
-                (Protocol::Ds, Position::Offset(offset)) => query.append_pair("offset", offset),
+                (Protocol::DurableStreams, Position::Offset(offset)) => query.append_pair("offset", offset),
                 // `-1` is the beginning in both protocols; a trimmed Pico stream starts at its
                 // first readable record, where an explicit `seq=0` would be gone (410).
                 (Protocol::Pico, Position::Offset(offset)) if offset == Position::DS_BEGINNING => {
@@ -617,7 +587,7 @@ impl Client {
                         "{offset:?} is a Durable Streams offset; the Pico protocol reads from a sequence number"
                     )))
                 }
-                (Protocol::Ds, Position::Seq(seq)) => {
+                (Protocol::DurableStreams, Position::Seq(seq)) => {
                     return Err(ClientError::InvalidArgument(format!(
                         "sequence {seq} is a Pico position; the Durable Streams protocol reads from an offset (-1, now or one the server returned)"
                     )))
@@ -658,7 +628,7 @@ impl Client {
                 closed: flag(&headers, PICO_CLOSED),
                 cursor: text(&headers, PICO_CURSOR),
             }),
-            Protocol::Ds => {
+            Protocol::DurableStreams => {
                 let json = text(&headers, "content-type").is_some_and(|t| is_json_type(&t));
                 // An empty JSON array is an empty chunk too: no message to show.
                 let empty = body.is_empty() || (json && body.trim_ascii() == b"[]");
@@ -678,14 +648,14 @@ impl Client {
     pub async fn close(&self, stream: &str) -> Result<Position, ClientError> {
         let header = match self.protocol {
             Protocol::Pico => "Pico-Closed",
-            Protocol::Ds => "Stream-Closed",
+            Protocol::DurableStreams => "Stream-Closed",
         };
         let request = self.request(Method::POST, stream)?.header(header, "true");
         let response = send(request).await?;
         let headers = response.headers();
         match self.protocol {
             Protocol::Pico => Ok(Position::Seq(required_u64(headers, PICO_NEXT_SEQ)?)),
-            Protocol::Ds => required_offset(headers),
+            Protocol::DurableStreams => required_offset(headers),
         }
     }
 
@@ -708,7 +678,7 @@ impl Client {
     fn require_pico_for(&self, message: &str) -> Result<(), ClientError> {
         match self.protocol {
             Protocol::Pico => Ok(()),
-            Protocol::Ds => Err(ClientError::Unsupported(message.into())),
+            Protocol::DurableStreams => Err(ClientError::Unsupported(message.into())),
         }
     }
 

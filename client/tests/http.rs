@@ -304,7 +304,7 @@ async fn a_refused_connection_is_a_transport_error() {
 
 fn ds_client(endpoint: &str) -> Client {
     let mut config = ClientConfig::new(endpoint);
-    config.protocol = Protocol::Ds;
+    config.protocol = Protocol::DurableStreams;
     Client::new(config).unwrap()
 }
 
@@ -585,7 +585,7 @@ async fn trim_sends_the_header_without_a_body() {
     assert_eq!(seen[0].header("pico-trim-seq").as_deref(), Some("9"));
     assert!(seen[0].body.is_empty());
     let mut config = ClientConfig::new("http://127.0.0.1:1");
-    config.protocol = Protocol::Ds;
+    config.protocol = Protocol::DurableStreams;
     let err = Client::new(config)
         .unwrap()
         .trim("/s", 1)

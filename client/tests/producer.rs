@@ -607,7 +607,7 @@ async fn a_bad_request_fails_for_good() {
 #[tokio::test(flavor = "current_thread")]
 async fn ds_clients_and_bad_configs_are_refused() {
     let mut config = ClientConfig::new("http://127.0.0.1:1");
-    config.protocol = pico_client::Protocol::Ds;
+    config.protocol = pico_client::Protocol::DurableStreams;
     let err = Producer::new(
         Client::new(config).unwrap(),
         "/p",

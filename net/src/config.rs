@@ -15,11 +15,7 @@ pub enum Durability {
 }
 
 /// The protocol a listener speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
-    Pico,
-    DurableStreams,
-}
+pub use pico_proto::Protocol;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {

@@ -30,6 +30,38 @@ mod reader;
 pub use batch::Record;
 pub use page::PageRecord;
 
+/// The two protocols a node speaks over one engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// PicoMQ's native protocol (`Pico-*` headers, `docs/api.md`).
+    #[default]
+    Pico,
+    /// The open Durable Streams protocol (`Stream-*`/`Producer-*`, `docs/durable-streams.md`).
+    DurableStreams,
+}
+
+impl Protocol {
+    /// The name `--protocol` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Pico => "pico",
+            Protocol::DurableStreams => "ds",
+        }
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Protocol, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "pico" => Ok(Protocol::Pico),
+            "ds" => Ok(Protocol::DurableStreams),
+            _ => Err(format!("unknown protocol {s:?}: expected pico or ds")),
+        }
+    }
+}
+
 /// Why a binary batch or page could not be decoded. The texts are the protocol's 400 messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeError {
