@@ -1,4 +1,4 @@
-//! The `bench` subcommand's flags (cli.md §5.6).
+//! The `bench` subcommand's flags; their doc text is what `pico bench --help` prints.
 //!
 //! Every flag's doc text ends with `[env: PICO_<FLAG>]`: the CLI maps environment variables
 //! generically from the flag names. Defaults are written in the doc text because argh does

@@ -1,4 +1,4 @@
-//! PicoMQ load generator: `pico bench` (cli.md §5.6).
+//! PicoMQ load generator: `pico bench` (README.md, "Operating a node").
 //!
 //! [`run`] creates temporary streams (`/bench/<pid>-<unix ms>-<i>`), runs `--in-flight`
 //! writer tasks (each with one append outstanding) spread round-robin over the streams and
@@ -97,7 +97,7 @@ pub async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, String>
     }
 }
 
-/// What the Durable Streams bench cannot do (cli.md §5.6): producers are a Pico session, the
+/// What the Durable Streams bench cannot do: producers are a Pico session, the
 /// live-latency reader follows Pico record sequences, and an append needs a body (a JSON
 /// element at least its two quotes).
 fn check_ds(args: &BenchArgs) -> Result<(), String> {

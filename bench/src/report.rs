@@ -1,5 +1,4 @@
-//! Latency histograms, the progress line and the final summary (text and JSON), exactly as
-//! cli.md §5.6 prints them.
+//! Latency histograms, the progress line and the final summary (text and JSON) of `pico bench`.
 
 use hdrhistogram::Histogram;
 

@@ -28,7 +28,7 @@ pub(crate) const OCTET_STREAM: &str = pico_proto::media::OCTET_STREAM;
 /// Type of Durable Streams bench streams with `--batch` > 1.
 pub(crate) const JSON_TYPE: &str = pico_proto::media::JSON;
 
-/// How one append request of a run looks (cli.md §5.6).
+/// How one append request of a run looks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct AppendShape {
     /// The type the streams are created with.

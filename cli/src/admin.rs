@@ -1,4 +1,5 @@
-//! `pico admin` (cli.md §5.4): the admin API of one node, formatted as `key=value` lines.
+//! `pico admin` (README.md, "Admin commands"): the admin API of one node, formatted as
+//! `key=value` lines.
 //!
 //! Talks to the admin listener directly with reqwest (the stream client knows nothing of the
 //! admin API). Data goes to stdout, acknowledgements to stderr; a non-2xx answer prints

@@ -1,12 +1,12 @@
 //! Rewrites argv before argh sees it, driven only by argh's own `ArgsInfo` description of the
 //! command tree, so every current and future flag gets the same treatment:
 //!
-//! * **Values are values (C2).** After a flag that takes a value, the next word is its value
+//! * **Values are values.** After a flag that takes a value, the next word is its value
 //!   even if it starts with `-` (`--storage -2@file://./objects`); `--flag=value` is split.
 //!   Positionals are moved behind a `--` so argh never mistakes them for flags either.
 //! * **Flags are global.** A flag of an enclosing command may appear after a subcommand
 //!   (`pico read /s --endpoint URL`): it is moved back to the command that declares it.
-//! * **Environment (C1).** Each flag absent from the command line is taken from
+//! * **Environment.** Each flag absent from the command line is taken from
 //!   `PICO_<FLAG_NAME>` (`--admin-listen` → `PICO_ADMIN_LISTEN`) if that is set and non-empty,
 //!   so the precedence is flag > environment > (profile, applied later) > default. Switches
 //!   accept `1/true/yes/on` and `0/false/no/off`.
@@ -539,7 +539,7 @@ mod tests {
         );
     }
 
-    /// C1: `--help` names the variable of every flag, and the name is the one injected.
+    /// `--help` names the variable of every flag, and the name is the one injected.
     #[test]
     fn every_flag_documents_its_variable() {
         fn check(info: &CommandInfoWithArgs, path: &str) {

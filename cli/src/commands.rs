@@ -1,4 +1,5 @@
-//! The stream commands (cli.md §5.3): data on stdout, acknowledgements and notes on stderr.
+//! The stream commands (README.md, "Use it"): data on stdout, acknowledgements and notes on
+//! stderr.
 
 use std::io::{self, BufRead, Write};
 use std::time::Duration;

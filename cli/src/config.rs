@@ -1,4 +1,4 @@
-//! `pico config set|get|ls|rm|use|path` (cli.md §5.2): edit the profiles file. Data (a
+//! `pico config set|get|ls|rm|use|path` (README.md, "Use it"): edit the profiles file. Data (a
 //! profile, the list, the path) goes to stdout, acknowledgements to stderr.
 
 use std::io::Write;

@@ -1,7 +1,7 @@
 //! `pico`: the PicoMQ server (`pico serve`) and command-line client.
 //!
 //! Flow: argv → `argv::normalize` (global flags, `-`-values, `PICO_*` variables) → argh →
-//! profile resolution for the connection flags → the command. Exit codes (C9): 0 success,
+//! profile resolution for the connection flags → the command. Exit codes: 0 success,
 //! 1 fatal error (`pico: <message>` on stderr), 2 usage error.
 
 /// Every core allocates and frees per request (h2 header maps, response buffers). With glibc's
@@ -133,7 +133,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Cert(args) = &cli.command {
         return cert::run(args);
     }
-    // Admin commands talk to the admin listener, which no profile describes (cli.md §5.4).
+    // Admin commands talk to the admin listener, which no profile describes (README.md,
+    // "Admin commands").
     if let Command::Admin(args) = &cli.command {
         let ca_cert = read_ca_cert(cli.ca_cert.as_deref())?;
         return admin::run(args, cli.token.as_deref(), ca_cert.as_deref());

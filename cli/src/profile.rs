@@ -1,4 +1,4 @@
-//! Saved connection profiles (cli.md §5.2): read by every command except `config`, written
+//! Saved connection profiles (README.md, "Use it"): read by every command except `config`, written
 //! by `pico config ...` (see `config.rs`) with mode 0600, as it may one day hold credentials.
 //!
 //! The file is TOML, read and written with the `toml` crate through serde:
@@ -12,7 +12,7 @@
 //! http2 = true
 //! ```
 //!
-//! Unknown keys are rejected, like the reference.
+//! Unknown keys are rejected, so a misspelt setting is an error rather than silently ignored.
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -1,4 +1,4 @@
-//! The progress line of long client operations (C8): `read` of a large stream and `append`
+//! The progress line of long client operations: `read` of a large stream and `append`
 //! of a large input show `read 120000 records, 11.4 MiB, 2.1s` on stderr, redrawn in place,
 //! **only when stderr is a terminal** (never in pipes, files or tests). It appears once the
 //! operation has run for a while, so short commands print nothing extra, and it is erased

@@ -154,7 +154,8 @@ fn millis(secs: f64) -> u64 {
     (secs * 1000.0).round() as u64
 }
 
-/// One line per reference flag that was given but does nothing in this server (C7).
+/// One warning line per flag that was given but does nothing here: accepted rather than
+/// refused, so a command line written for another setup still starts.
 pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
     let single_node = "has no effect: only a node on a postgres:// --meta-url joins a cluster";
     let clustered = clustered(args);

@@ -435,7 +435,7 @@ impl Client {
     }
 
     /// Appends an encoded binary batch (see [`codec::encode_binary_batch_records`]) as
-    /// request `seq` of producer `producer_id` at `epoch` (pico-protocol.md §2.9.3). A
+    /// request `seq` of producer `producer_id` at `epoch` (docs/api.md, "Append"). A
     /// duplicate is not an error: it answers with `start: None`.
     pub async fn append_as_producer(
         &self,

@@ -1,4 +1,5 @@
-//! The client's error type and the status → kind mapping of the reference client (cli.md §5.3).
+//! The client's error type and the status → kind mapping (statuses as in docs/api.md,
+//! "Errors").
 
 use pico_proto::header::*;
 use std::error::Error as _;
@@ -136,7 +137,8 @@ impl ApiError {
     }
 }
 
-/// The reference client's mapping (cli.md §5.3).
+/// The kind of a refusal: by status, except that a `409` with `Pico-Closed` (or code `closed`)
+/// is [`ErrorKind::Closed`] rather than a conflict.
 pub fn kind_for_status(status: u16, code: Option<&str>, closed_header: bool) -> ErrorKind {
     match status {
         400 => ErrorKind::BadRequest,

@@ -1,4 +1,4 @@
-//! An idempotent producer session (Pico protocol only; pico-protocol.md §2.9.3).
+//! An idempotent producer session (Pico protocol only; docs/api.md, "Append").
 //!
 //! Records handed to [`Producer::send`] are grouped into binary batches; each batch is one
 //! `POST` carrying `Pico-Producer-Id`, `Pico-Producer-Epoch` and one `Pico-Producer-Seq`

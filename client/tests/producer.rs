@@ -1,5 +1,5 @@
 //! The producer session against an in-process mock of the Pico producer rules
-//! (pico-protocol.md §2.9.3) that can lose answers, fail, delay and reorder requests.
+//! (docs/api.md, "Append") that can lose answers, fail, delay and reorder requests.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -88,7 +88,7 @@ pub struct ServerConfig {
     pub object_flush_ms: u64,
     /// How often segment objects that no live stream needs are deleted (`--gc-interval-ms`).
     pub gc_interval_ms: u64,
-    /// `--auth required`: bearer tokens from `auth_tokens` on every request (D13).
+    /// `--auth required`: bearer tokens from `auth_tokens` on every request.
     pub auth_required: bool,
     pub auth_tokens: Option<PathBuf>,
     /// Allow a non-loopback listener without auth.

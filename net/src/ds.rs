@@ -1,6 +1,6 @@
 //! The Durable Streams protocol (`Stream-*` / `Producer-*` headers) on the same engine as the
 //! Pico protocol: a stream created through either protocol is readable and writable through
-//! both (D11).
+//! both, as both name a stream by its request path.
 //!
 //! Mapping onto engine records:
 //! - a POST body is one record; in JSON mode (`application/json`) a top-level array is
@@ -62,7 +62,8 @@ const EXPOSE_HEADERS: &str = "Stream-Next-Offset, Stream-Up-To-Date, Stream-Clos
 /// Immutable catch-up chunks (they end before the tail) may be cached.
 const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
 const JSON_TYPE: &str = pico_proto::media::JSON;
-/// Cursor intervals count from this instant (2024-10-09T00:00:00Z), 20 s each (DS §10.1).
+/// Cursor intervals count from this instant (2024-10-09T00:00:00Z), 20 s each: the Durable
+/// Streams protocol's fixed epoch and interval, so cursors agree with other servers'.
 const CURSOR_EPOCH_MS: u64 = 1_728_432_000_000;
 const CURSOR_INTERVAL_MS: u64 = 20_000;
 /// Largest integer a producer epoch or sequence may be (JavaScript's safe integers).
@@ -244,7 +245,7 @@ fn base_url(settings: &DsSettings, request: &Request) -> String {
     format!("{}://{host}", settings.scheme)
 }
 
-/// D13 for this protocol: with `--auth required` every request but a preflight needs a token
+/// With `--auth required` every request but a preflight needs a token
 /// granted the operation on the stream.
 fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError> {
     let Some(auth) = auth else { return Ok(()) };
@@ -300,7 +301,8 @@ fn authorize_subscriptions(auth: Option<&CoreTokens>, request: &Request) -> Resu
     .map_err(|denied| refused(denied, "subscriptions need an admin token"))
 }
 
-/// D13: 401 with `WWW-Authenticate: Bearer` without a valid token, 403 without the grant.
+/// 401 with `WWW-Authenticate: Bearer` without a valid token, 403 without the grant, as in
+/// the Pico protocol (docs/api.md, "Authentication").
 fn refused(denied: Denied, forbidden: &str) -> DsError {
     match denied {
         Denied::Unauthenticated => {

@@ -252,7 +252,7 @@ fn notify_subscriptions(
     }
 }
 
-/// D13: with `--auth required`, every request but a CORS preflight needs a bearer token
+/// With `--auth required`, every request but a CORS preflight needs a bearer token
 /// granted the operation on the stream (for a listing, on the listed prefix).
 fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<(), ApiError> {
     let Some(auth) = auth else { return Ok(()) };
@@ -422,7 +422,7 @@ async fn create(
         expires_at_ms,
         retention: retention_headers(request)?.apply(settings.default_retention),
     };
-    // D1: a body given with the create becomes the first record.
+    // A body given with the create becomes the stream's first record.
     let records = if request.body.is_empty() {
         Vec::new()
     } else {
@@ -599,7 +599,7 @@ async fn read(
         Some(raw) => parse_position(&raw, true)?,
         None => match request.header("last-event-id") {
             Some(raw) => parse_position(raw, false)?,
-            // pico-protocol.md: an absent `seq` is 0 (after a trim, `410` naming the start).
+            // An absent `seq` is 0 (after a trim, `410` naming the start): docs/api.md, "Read".
             None => ReadFrom::Offset(0),
         },
     };

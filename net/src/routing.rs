@@ -1,4 +1,4 @@
-//! Cluster routing answers shared by both protocols (§2.6 of the Pico protocol).
+//! Cluster routing answers shared by both protocols (docs/cluster.md, "Routing").
 //!
 //! The engine decides who serves a stream and says so with [`EngineError::Moved`] (the
 //! owner's advertised base URL); the protocol's error mapping turns that into a `307` whose
@@ -11,7 +11,7 @@ use crate::http1::{Request, Response};
 pub const REDIRECT_STATUS: u16 = 307;
 
 /// Finishes a `307` answer: `Location: <owner base URL><path>[?<query>]`, `Cache-Control:
-/// no-store`, and an empty body (as the reference sends).
+/// no-store`, and an empty body (docs/cluster.md, "Routing").
 pub fn complete_redirect(response: &mut Response, request: &Request) {
     if response.status != REDIRECT_STATUS {
         return;

@@ -138,7 +138,7 @@ fn method_not_allowed(allow: &'static str) -> Response {
         .with_body("Method not allowed")
 }
 
-/// An empty body reads as `{}` (the reference server does the same).
+/// An empty body reads as `{}`, so a request with no settings needs no body.
 fn json_body(request: &Request) -> Result<Value, ApiError> {
     if request.body.len() > MAX_CONTROL_BODY {
         return Err(ApiError::new(
