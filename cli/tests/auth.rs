@@ -1,4 +1,4 @@
-//! D13: with `--auth required`, bearer tokens from `--auth-tokens` guard every request: 401
+//! With `--auth required`, bearer tokens from `--auth-tokens` guard every request: 401
 //! with `WWW-Authenticate: Bearer` without a known token, 403 for a known token without the
 //! grant; SIGHUP reloads the file; a non-loopback listener without auth refuses to start.
 

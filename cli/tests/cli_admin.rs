@@ -1,7 +1,7 @@
-//! `pico admin ...` (cli.md §5.4) end to end: every command in text and `--json` form against a
-//! real `pico serve`, the `<status>: <error>` refusals, the environment and profile rules, the
-//! auth case, and the transfer success path (`--wait`) against a scripted admin listener,
-//! since a single node refuses every transfer.
+//! `pico admin ...` (README.md, "Admin commands") end to end: every command in text and
+//! `--json` form against a real `pico serve`, the `<status>: <error>` refusals, the environment
+//! and profile rules, the auth case, and the transfer success path (`--wait`) against a scripted
+//! admin listener, since a single node refuses every transfer.
 
 mod common;
 

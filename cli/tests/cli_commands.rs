@@ -1,5 +1,5 @@
-//! `pico ls`, `pico trim`, `pico config ...`, `--token`, `--ca-cert` and the C8 progress
-//! line: outputs, exit codes and config file round trips (cli.md §5.2, §5.3, C5, C6, C8),
+//! `pico ls`, `pico trim`, `pico config ...`, `--token`, `--ca-cert` and the progress
+//! line: outputs, exit codes and config file round trips (README.md, "Use it"),
 //! against a real `pico serve` where the command talks to one.
 
 mod common;
@@ -119,7 +119,7 @@ fn ls_lists_streams_with_their_positions() {
         "/ls/a start=0 next=3 closed=false\n/ls/b start=0 next=0 closed=false\n",
         "more streams available, raise --limit\n",
     );
-    // Default prefix `/`: everything; the environment works like the flag (C1).
+    // Default prefix `/`: everything; the environment works like the flag.
     let out = cli.run(&["ls"], b"");
     check(
         out,
@@ -149,7 +149,7 @@ fn ls_lists_streams_with_their_positions() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
-/// Every command fails the same way (cli.md C9, README "Use it"): exit 1, nothing on stdout and
+/// Every command fails the same way (README.md, "Use it"): exit 1, nothing on stdout and
 /// one line on stderr, `pico: <code> (<status>): <message>` for what the server refused,
 /// whether the command learnt it from an error body (`read`), a bodiless `HEAD` (`head`) or the
 /// admin listener (`admin stream`).
@@ -449,7 +449,7 @@ fn config_commands_round_trip_the_file() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid endpoint"));
     assert_eq!(c.text(), before);
 
-    // The environment counts like the flags (C1).
+    // The environment counts like the flags.
     let mut command = pico(&c.path, &["config", "set", "envy"]);
     command.env("PICO_ENDPOINT", "http://env:1");
     check(run_with(command, b""), "env", 0, "", "saved profile envy\n");
@@ -700,9 +700,9 @@ fn no_progress_line_when_stderr_is_not_a_terminal() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 20_000);
 }
 
-/// C8 on a real terminal: `script` gives `pico` a pseudo-terminal as stderr. The line only
-/// appears once an operation has run for 500 ms, so it is required only of runs that took
-/// clearly longer than that.
+/// The progress line on a real terminal: `script` gives `pico` a pseudo-terminal as stderr. The
+/// line only appears once an operation has run for 500 ms, so it is required only of runs that
+/// took clearly longer than that.
 #[test]
 fn progress_line_on_a_terminal() {
     if !pico_testkit::require_program(

@@ -1,6 +1,6 @@
 //! The stream commands and `pico bench` in Durable Streams mode (`--protocol ds`) against a
-//! real `pico serve --protocol ds`: stdout, stderr and exit codes (cli.md §5.3 DS column,
-//! §5.6). Offsets are the server's `<seq>_<bytes>` form; the CLI only echoes them.
+//! real `pico serve --protocol ds`: stdout, stderr and exit codes as in Pico mode (README.md,
+//! "Use it"). Offsets are the server's `<seq>_<bytes>` form; the CLI only echoes them.
 
 mod common;
 

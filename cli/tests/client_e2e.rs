@@ -1,5 +1,6 @@
 //! The `pico` client commands and the `pico-client` library against a real `pico serve`:
-//! exact stdout/stderr split, outputs and exit codes (cli.md §5.3, C1, C2, C9).
+//! exact stdout/stderr split, outputs and exit codes (README.md, "Use it"), `PICO_*` variables
+//! and flag values that start with `-`.
 
 mod common;
 
@@ -15,7 +16,8 @@ use pico_client::{Client, ClientConfig, ErrorKind};
 /// One core and a short long-poll keep `tail` quick and the shared machine calm.
 const FLAGS: &[&str] = &["--cores", "1", "--long-poll-timeout-sec", "1"];
 
-/// `pico` with the server's endpoint in `PICO_ENDPOINT` (so C1 is exercised on every call)
+/// `pico` with the server's endpoint in `PICO_ENDPOINT` (so every call reads a flag from the
+/// environment)
 /// and no other `PICO_*` variable from the test environment.
 fn pico(server: &Server, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));

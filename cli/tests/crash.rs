@@ -2,7 +2,7 @@
 //! several streams) while the server is `kill -9`ed at random points, round after round.
 //! After every restart each acknowledged record must be back at its offset with its body
 //! and timestamp, offsets must be dense, nothing may appear that was never sent, and
-//! timestamps must increase from request to request (D9), across restarts too.
+//! timestamps must increase from request to request, across restarts too.
 //!
 //! The seed is printed; set `CRASH_SEED=<n>` to replay the same schedule of kill points
 //! and request shapes (thread timing still varies).

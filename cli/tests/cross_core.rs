@@ -116,7 +116,7 @@ fn many_streams_over_many_connections_on_two_cores() {
         for record in &records {
             let (body, first_of_request) = &want[&record.seq];
             assert_eq!(&record.body, body, "{name} at {}", record.seq);
-            // D9: strictly increasing from request to request, shared within a batch.
+            // Timestamps strictly increase from request to request, shared within a batch.
             if *first_of_request {
                 assert!(
                     record.timestamp > last_timestamp,

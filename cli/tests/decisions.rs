@@ -1,12 +1,14 @@
-//! End-to-end tests of the decisions of pico-protocol.md (D1–D15) the server implements, and of
-//! every row of docs/api.md's error table that can be reached, against a real `pico serve`
-//! over real sockets. SSE (the other half of D4) is in `sse.rs`.
+//! End-to-end tests of the Pico protocol's rules (docs/api.md): a body with the create, TTL and
+//! fixed expiry, long-poll, conditional appends, idempotent producers, trims, timestamps, the
+//! listing, CORS, the body limit, and every row of the error table that can be reached, against
+//! a real `pico serve` over real sockets. SSE is in `sse.rs`.
 //!
-//! Not covered here: D11 (the DS protocol is not served yet), D13 (no auth yet), HTTP/2 of D15
-//! (tested elsewhere), `429` (needs 64 MiB of appends in flight on one core, as `pico serve`
+//! Not covered here: the Durable Streams protocol (`ds_protocol.rs`), auth (`auth.rs`), HTTP/2
+//! (`http2.rs`), `429` (needs 64 MiB of appends in flight on one core, as `pico serve`
 //! has no flag to lower it yet, or 10 000 waiters on one stream), `500` (needs a failing
 //! disk), `503` (needs a graceful shutdown while a request runs), the `408` of the 120 s
-//! request-read timeout (too slow for this file) and the reclaiming of stored data of D2/D8.
+//! request-read timeout (too slow for this file) and the reclaiming of the stored data of expired
+//! streams and trimmed records.
 //!
 //! Every wait is bounded; every test has its own server (own ports and directory).
 
@@ -41,7 +43,7 @@ const EXPOSED: &[&str] = &[
     "location",
 ];
 
-/// D12 and docs/api.md: headers every response carries, errors included.
+/// Headers every response carries, errors included (the opening of docs/api.md).
 #[track_caller]
 fn check_common(r: &Resp) {
     for (name, want) in [
@@ -65,7 +67,7 @@ fn check_common(r: &Resp) {
     }
 }
 
-/// D15: an error body is `{"error":..,"message":..,"next_seq"?:..}` as JSON, `no-store`, and
+/// An error body is `{"error":..,"message":..,"next_seq"?:..}` as JSON, `no-store`, and
 /// `next_seq` is repeated in `Pico-Next-Seq`.
 #[track_caller]
 fn check_error_body(r: &Resp) -> Value {
@@ -307,7 +309,7 @@ fn rfc3339(ms: i64, offset_min: i64) -> String {
         .expect("formats")
 }
 
-// ------------------------------------------------------------------------------------- D1
+// ----------------------------------------------------------------- a body with the create
 
 #[test]
 fn d1_put_body_becomes_the_first_record() {
@@ -385,7 +387,7 @@ fn d1_put_body_becomes_the_first_record() {
     assert_eq!(r.header("pico-next-seq"), Some("0"));
 }
 
-// ------------------------------------------------------------------------------------- D2
+// ------------------------------------------------------------------------------------ TTL
 
 #[test]
 fn d2_ttl_slides_with_reads_and_appends_not_head_and_the_reaper_deletes() {
@@ -484,7 +486,7 @@ fn d2_ttl_slides_with_reads_and_appends_not_head_and_the_reaper_deletes() {
     );
 }
 
-/// D2: `pico create --ttl` documents the sliding idle expiry.
+/// `pico create --ttl` documents the sliding idle expiry.
 #[test]
 fn d2_create_ttl_help_describes_idle_expiry() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pico"))
@@ -525,7 +527,7 @@ fn d2_a_stream_expired_before_a_crash_stays_gone() {
     );
 }
 
-// ------------------------------------------------------------------------------------- D3
+// --------------------------------------------------------------------------- fixed expiry
 
 #[test]
 fn d3_expires_at_takes_offsets_and_is_rendered_in_utc() {
@@ -655,7 +657,7 @@ fn d3_expires_at_takes_offsets_and_is_rendered_in_utc() {
     });
 }
 
-// ------------------------------------------------------------------------------------- D4
+// ------------------------------------------------------------------------------ long-poll
 
 #[test]
 fn d4_long_poll() {
@@ -771,7 +773,7 @@ fn d4_long_poll() {
     );
 }
 
-// ------------------------------------------------------------------------------------- D5
+// -------------------------------------------------------------------- conditional appends
 
 #[test]
 fn d5_failed_match_is_412() {
@@ -830,7 +832,7 @@ fn d5_failed_match_is_412() {
     );
 }
 
-// ------------------------------------------------------------------------------------- D6
+// ------------------------------------------------------------------- idempotent producers
 
 #[test]
 fn d6_producer_decision_table() {
@@ -1131,7 +1133,7 @@ fn d6_producer_state_survives_kill_9() {
     assert_eq!(bodies(&s, "/pk-closed", 0), ["a", "end"]);
 }
 
-// --------------------------------------------------------------------------------- D7, D8
+// ------------------------------------------------------------------ trims and offset_gone
 
 #[test]
 fn d7_d8_trim_and_offset_gone() {
@@ -1256,7 +1258,7 @@ fn d7_d8_trim_and_offset_gone() {
     );
 }
 
-// ------------------------------------------------------------------------------------- D9
+// ----------------------------------------------------------------------------- timestamps
 
 #[test]
 fn d9_timestamps_strictly_increase_pipelined_and_across_restarts() {
@@ -1356,7 +1358,7 @@ fn d9_timestamps_strictly_increase_pipelined_and_across_restarts() {
     }
 }
 
-// ------------------------------------------------------------------------------------ D10
+// ---------------------------------------------------------------------------- the listing
 
 #[test]
 fn d10_listing_reports_live_offsets() {
@@ -1418,7 +1420,7 @@ fn d10_listing_reports_live_offsets() {
     error(&req(&s, "GET", "/?limit=x", &[], b""), 400, "bad_request");
 }
 
-// ------------------------------------------------------------------------------------ D12
+// ---------------------------------------------------------------- CORS and common headers
 
 #[test]
 fn d12_cors_on_every_response_and_preflight() {
@@ -1536,7 +1538,7 @@ fn d12_cors_on_every_response_and_preflight() {
     }
 }
 
-// ------------------------------------------------------------------------------------ D14
+// ------------------------------------------------------------------------- the body limit
 
 #[test]
 fn d14_body_over_the_limit_is_413() {
@@ -1560,7 +1562,7 @@ fn d14_body_over_the_limit_is_413() {
     assert_eq!(head(&s, "/big").header("pico-next-seq"), Some("1"));
 }
 
-// ------------------------------------------------------------------- D15 and the error table
+// -------------------------------------------------------- JSON errors and the error table
 
 /// Every row of docs/api.md's error table that can be reached, each with its JSON body.
 #[test]

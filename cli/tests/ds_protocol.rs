@@ -1,5 +1,5 @@
 //! The Durable Streams protocol end to end: one node serving both protocols on the same data
-//! (D11, `--ds-listen`), and forks that survive a restart. The official conformance suite
+//! (`--ds-listen`), and forks that survive a restart. The official conformance suite
 //! (`scripts/conformance.sh`) covers the protocol's details; these tests cover what it cannot
 //! see: the second protocol on the same records, and state rebuilt from disk.
 

@@ -1,5 +1,5 @@
 //! End-to-end tests of the Pico protocol against a real `pico serve` over real sockets:
-//! exact status codes, headers and bodies (pico-protocol.md, decisions D1–D15).
+//! exact status codes, headers and bodies (docs/api.md).
 
 mod common;
 
@@ -12,7 +12,7 @@ use common::{
 /// Flags of most tests: one core keeps the shared machine calm.
 const ONE_CORE: &[&str] = &["--cores", "1"];
 
-/// Headers every Pico response carries (§2.3, D12).
+/// Headers every Pico response carries (the opening of docs/api.md).
 #[track_caller]
 fn common_headers(r: &Resp) {
     assert_eq!(
@@ -159,7 +159,7 @@ fn create_is_idempotent_and_validated() {
     let r = req(&s, "PUT", "/", &[("content-type", "text/plain")], b"");
     error_message(&r, 400, "bad_request", "cannot create the root stream");
 
-    // D1: a body given with PUT becomes the first record.
+    // A body given with PUT becomes the first record.
     let r = req(
         &s,
         "PUT",
@@ -220,7 +220,8 @@ fn create_is_idempotent_and_validated() {
         req(&s, "HEAD", name, &[], b"").expect(404);
     }
 
-    // TTL and expiry are reported by HEAD and the listing; D3: offsets rendered in UTC.
+    // TTL and expiry are reported by HEAD and the listing; an expiry given with a UTC offset
+    // is reported in UTC.
     create_with(&s, "/c/ttl", &[("pico-ttl", "3600")]);
     let r = req(&s, "HEAD", "/c/ttl", &[], b"");
     r.expect(200);
@@ -324,7 +325,7 @@ fn fill_fixture(s: &Server, name: &str) -> Fixture {
     assert_eq!(r.header("pico-next-seq"), Some("7"));
     let t3 = r.h_i64("pico-timestamp");
 
-    // D9: strictly increasing per stream across requests.
+    // Timestamps strictly increase per stream across requests.
     assert!(
         t0 < t1 && t1 < t2 && t2 < t3,
         "timestamps {t0} {t1} {t2} {t3}"
@@ -984,7 +985,7 @@ fn listing() {
     );
     assert_eq!(all["has_more"], false);
 
-    // D10: live offsets; exact entries.
+    // The listing reports live offsets; exact entries.
     let r = req(&s, "GET", "/?prefix=/list/", &[], b"");
     assert_eq!(
         r.json(),

@@ -2,7 +2,7 @@
 //! as `Last-Event-ID`), Durable Streams `offset=-1` (and no offset) start at the first
 //! readable record after a trim, in catch-up, long-poll and SSE reads, on forks whose source
 //! or own start moved, and through `pico read`. An explicit position below the start stays
-//! `410`, and so does a Pico read without `seq`, which is `seq=0` (pico-protocol.md).
+//! `410`, and so does a Pico read without `seq`, which is `seq=0` (docs/api.md, "Read").
 
 mod common;
 

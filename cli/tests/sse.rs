@@ -1,4 +1,4 @@
-//! End-to-end tests of SSE (decision D4 of pico-protocol.md, docs/api.md "SSE") against a real
+//! End-to-end tests of SSE (docs/api.md, "Read", the SSE paragraph) against a real
 //! `pico serve` over real sockets: the exact framing, `Last-Event-ID` resume, `Accept:
 //! text/event-stream`, chunking, the end of the response (closed stream, deleted stream,
 //! `--sse-max-duration-sec`) and the errors before the stream starts.

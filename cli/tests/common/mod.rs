@@ -602,7 +602,7 @@ pub fn encode_request(method: &str, path: &str, headers: &[(&str, &str)], body: 
     out
 }
 
-/// A record of a binary append batch (pico-protocol.md §2.9).
+/// A record of a binary append batch (docs/api.md, "Append").
 pub struct BatchRecord<'a> {
     pub headers: &'a [(&'a str, &'a str)],
     pub body: &'a [u8],
