@@ -75,7 +75,7 @@ fn every_admin_endpoint_answers_with_the_reference_shapes() {
     missing.expect(404);
     assert_eq!(missing.json()["error"], "stream /nope not found");
 
-    // Transfers and slots: the request checks of the reference, on a single node.
+    // Transfers and slots: the request checks, on a single node.
     let post = |path: &str, body: &str| admin(&server, "POST", path, &[], body.as_bytes());
     assert_eq!(
         post("/admin/transfer", "{\"toNode\":2}").json()["error"],

@@ -138,7 +138,7 @@ fn the_readme_sequence() {
     );
     expect(&server, &["close", s], b"", 0, "", "closed next=1002\n");
 
-    // Closed: appends fail with the reference's error text.
+    // Closed: appends fail with the server's error text.
     expect(
         &server,
         &["append", s],

@@ -111,7 +111,7 @@ pub struct StreamInfo {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendAck {
     /// Sequence of the first record of the request. Durable Streams reports only the new
-    /// tail, so there it equals `next` (as in the reference client).
+    /// tail, so there it equals `next`.
     pub start: Position,
     /// Stream tail after the request.
     pub next: Position,

@@ -181,7 +181,7 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 }
 
 impl fmt::Display for ApiError {
-    /// `<code> (<status>): <message> [next=<n>]`, the reference client's form.
+    /// `<code> (<status>): <message> [next=<n>]`, the form `pico` prints (README.md, "Use it").
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.code, self.status)?;
         if !self.message.is_empty() {
@@ -260,7 +260,7 @@ impl ClientError {
                 && e.message == "New epoch must start with sequence 0")
     }
 
-    /// Worth retrying with the same request: the reference's rule (transport error, 429, 5xx).
+    /// Worth retrying with the same request: a transport error, 429 or 5xx (failures that pass).
     pub fn is_retryable(&self) -> bool {
         match self {
             ClientError::Transport(_) => true,

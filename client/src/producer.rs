@@ -58,8 +58,8 @@ use crate::error::ClientError;
 /// The longest `Retry-After` a producer honours.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// Settings of a producer session. [`ProducerConfig::default`] gives the reference client's
-/// values and a fresh unique producer id.
+/// Settings of a producer session. [`ProducerConfig::default`] gives the defaults below and a
+/// fresh unique producer id.
 #[derive(Clone, Debug)]
 pub struct ProducerConfig {
     /// `Pico-Producer-Id`: must not be empty.

@@ -80,7 +80,7 @@ impl std::fmt::Display for EngineError {
             }
             EngineError::StaleProducerEpoch { .. } => f.write_str("Stale producer epoch"),
             EngineError::ProducerSequenceGap { .. } => f.write_str("Producer sequence gap"),
-            // The Pico reference's message for this case, kept for its clients.
+            // Kept word for word: clients recognise this case by the message.
             EngineError::UnknownProducer { .. } => {
                 f.write_str("New epoch must start with sequence 0")
             }

@@ -565,9 +565,8 @@ impl MetaStore {
     }
 
     /// Asks the owner of `name` to hand it to `to_node` (it does so on its next lease round).
-    /// The rules of the reference: the target must be registered with slots, the stream owned
-    /// by another node, and no other transfer pending. Ours: the target must be live, and a
-    /// stream with forks (or a fork) stays with its family.
+    /// The target must be registered with slots and live, the stream owned by another node, and
+    /// no other transfer pending; a stream with forks (or a fork) stays with its family.
     pub fn request_transfer(&self, name: &str, to_node: NodeId) -> Reply<TransferAccepted> {
         let name = name.to_string();
         self.job(move |db| {

@@ -38,7 +38,7 @@ pub use store::ObjectStore;
 pub use store::ObjectStoreOptions;
 pub use store::DEFAULT_MAX_IN_FLIGHT;
 
-/// A parsed bucket URI: `<bucket id>@<scheme>://<path>[?k=v&...]` (the reference syntax,
+/// A parsed bucket URI: `<bucket id>@<scheme>://<path>[?k=v&...]` (`--storage`'s syntax,
 /// e.g. `-2@file://./objects`, `-2@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:3900&pathStyle=true`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StorageUri {

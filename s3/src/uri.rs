@@ -28,7 +28,7 @@ impl StorageUri {
     /// The bucket id is everything before the **first** `@` (an `s3` endpoint may itself contain
     /// `@`). `file://./objects` is the relative directory `./objects` and `file:///srv/objects`
     /// the absolute `/srv/objects`: the text after `file://` is the path, verbatim. A query on a
-    /// `file://` URI (the reference's WAL tuning parameters) has no meaning for a directory and is
+    /// `file://` URI (WAL tuning parameters, in other setups) has no meaning for a directory and is
     /// dropped with a warning. `s3` parameters are kept in order, unvalidated: the S3 backend
     /// decides which it understands.
     pub fn parse(uri: &str) -> Result<StorageUri, StoreError> {
