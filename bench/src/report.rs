@@ -363,7 +363,7 @@ mod tests {
             line,
             "[  1.0s] write    1.50 MiB/s   1536 rec/s | read    0.00 MiB/s      0 rec/s | p50 0.12ms p99 4.50ms"
         );
-        // The spec's template with one-character placeholders has the same columns.
+        // The line's template, with one-character placeholders, has the same columns.
         let template = "[  1.0s] write    X.XX MiB/s      Y rec/s | read    X.XX MiB/s      Y rec/s | p50 N.NNms p99 N.NNms";
         let shape =
             |s: &str| -> Vec<usize> { s.match_indices(['|', '[', ']']).map(|(i, _)| i).collect() };
