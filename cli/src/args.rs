@@ -191,7 +191,7 @@ pub struct ServeArgs {
     )]
     pub request_timeout_sec: f64,
 
-    /// a storage segment seals at this size (default 8MiB) [env: PICO_SEGMENT_SIZE]
+    /// a storage segment seals at this size (default 8MiB, at least 64KiB) [env: PICO_SEGMENT_SIZE]
     #[argh(
         option,
         arg_name = "size",
@@ -232,7 +232,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n")]
     pub slots: Option<u32>,
 
-    /// cluster lease in milliseconds: a node that has not renewed it for this long is dead to the others, which take its streams over (default 6000) [env: PICO_LEASE_MS]
+    /// cluster lease in milliseconds: a node that has not renewed it for this long is dead to the others, which take its streams over (default 6000, at least 300) [env: PICO_LEASE_MS]
     #[argh(option, arg_name = "ms", default = "6000")]
     pub lease_ms: u64,
 

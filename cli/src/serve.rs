@@ -39,7 +39,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         None => Ok(default),
         Some(v) => size(positive(v, flag)?, flag),
     };
-    Ok(ServerConfig {
+    let config = ServerConfig {
         listen: args.listen.clone(),
         ds_listen: args.ds_listen.clone(),
         node_id: match args.node_id {
@@ -59,10 +59,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         cluster_id: args.cluster_id.clone().unwrap_or_else(|| "picomq".into()),
         routing_local: args.routing.as_deref() == Some("local"),
         slots: u64::from(args.slots.unwrap_or(1)),
-        lease_ms: match args.lease_ms {
-            ms if ms < 300 => return Err(format!("--lease-ms must be at least 300, got {ms}")),
-            ms => ms,
-        },
+        lease_ms: args.lease_ms,
         protocol,
         admin_listen: (!args.no_admin).then(|| args.admin_listen.clone()),
         meta_url: args.meta_url.clone(),
@@ -129,7 +126,9 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             "--block-cache-size",
             defaults.segment_cache_bytes,
         )?,
-    })
+    };
+    config.check()?;
+    Ok(config)
 }
 
 /// Whether the node joins a cluster (its metadata log is Postgres).
@@ -280,7 +279,7 @@ mod tests {
             "--max-body-size",
             "1MiB",
             "--segment-size",
-            "4096",
+            "65536",
             "--segment-max-age-ms",
             "10",
             "--backlog",
@@ -297,7 +296,7 @@ mod tests {
         assert_eq!(config.long_poll_timeout_ms, 1000);
         assert_eq!(config.max_chunk_size, 64 * 1024);
         assert_eq!(config.max_body_size, 1 << 20);
-        assert_eq!(config.segment_size, 4096);
+        assert_eq!(config.segment_size, 65536);
         assert_eq!(config.segment_max_age_ms, 10);
         assert_eq!(config.backlog, 8);
         assert_eq!(config.wal_dir, std::path::PathBuf::from("/tmp/w"));
@@ -338,6 +337,11 @@ mod tests {
             err.starts_with("--max-body-size must be below 4 GiB"),
             "{err}"
         );
+        let err =
+            server_config(&serve_args(&["--segment-size", "4KiB"]), Protocol::Pico).unwrap_err();
+        assert_eq!(err, "--segment-size must be at least 64 KiB, got 4096");
+        let err = server_config(&serve_args(&["--lease-ms", "299"]), Protocol::Pico).unwrap_err();
+        assert_eq!(err, "--lease-ms must be at least 300, got 299");
         let err = server_config(&serve_args(&["--segment-size", "0"]), Protocol::Pico).unwrap_err();
         assert_eq!(err, "--segment-size must be greater than 0");
     }

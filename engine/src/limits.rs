@@ -28,6 +28,14 @@ pub const CATCH_UP_READ_BYTES_DEFAULT: usize = READ_BYTES_MAX;
 /// Largest `--catch-up-read-size`: each catch-up response may hold this much of the stream's
 /// buffers until it is written.
 pub const CATCH_UP_READ_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Smallest `--segment-size`. The WAL pre-allocates one file per open segment, and a sealed
+/// segment is one object PUT and one catalog row: below this, a few records seal a segment and
+/// the bucket and catalog fill with tiny objects.
+pub const SEGMENT_BYTES_MIN: usize = 64 * 1024;
+/// Shortest cluster lease (`--lease-ms`). A node renews every third of it and trusts it for
+/// three quarters (`cluster.rs`); below this a loaded machine's scheduling delay lets a live
+/// node's lease lapse and its streams move for nothing.
+pub const LEASE_MS_MIN: u64 = 300;
 /// `Retry-After` sent with `429`.
 pub const OVERLOADED_RETRY_AFTER_SEC: u64 = 1;
 /// Forks in a chain from a stream that is no fork to the newest fork of forks (1: a fork of a

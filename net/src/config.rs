@@ -142,3 +142,61 @@ impl Default for ServerConfig {
         }
     }
 }
+
+impl ServerConfig {
+    /// Refuses values the node cannot run with, naming the flag, rather than quietly running
+    /// with another value.
+    pub fn check(&self) -> Result<(), String> {
+        use pico_engine::limits::{LEASE_MS_MIN, SEGMENT_BYTES_MIN};
+        if self.segment_size < SEGMENT_BYTES_MIN {
+            return Err(format!(
+                "--segment-size must be at least {} KiB, got {}",
+                SEGMENT_BYTES_MIN / 1024,
+                self.segment_size
+            ));
+        }
+        if self.lease_ms < LEASE_MS_MIN {
+            return Err(format!(
+                "--lease-ms must be at least {LEASE_MS_MIN}, got {}",
+                self.lease_ms
+            ));
+        }
+        for (value, flag) in [
+            (self.object_flush_ms, "--object-flush-ms"),
+            (self.segment_max_age_ms, "--segment-max-age-ms"),
+            (self.in_flight_bytes_max as u64, "--max-in-flight-bytes"),
+            (self.unuploaded_bytes_max as u64, "--max-unuploaded-bytes"),
+        ] {
+            if value == 0 {
+                return Err(format!("{flag} must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_pass_and_values_below_a_floor_are_refused_not_raised() {
+        assert_eq!(ServerConfig::default().check(), Ok(()));
+        let small = ServerConfig {
+            segment_size: pico_engine::limits::SEGMENT_BYTES_MIN - 1,
+            ..ServerConfig::default()
+        };
+        assert!(small
+            .check()
+            .unwrap_err()
+            .starts_with("--segment-size must be at least"));
+        let no_flush = ServerConfig {
+            object_flush_ms: 0,
+            ..ServerConfig::default()
+        };
+        assert_eq!(
+            no_flush.check().unwrap_err(),
+            "--object-flush-ms must be greater than 0"
+        );
+    }
+}

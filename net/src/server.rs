@@ -46,6 +46,7 @@ const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 
 /// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
 pub fn run(config: ServerConfig) -> Result<(), String> {
+    config.check()?;
     // Blocked before any thread starts (the metadata and upload threads inherit the mask), so
     // only the main thread's sigwait ever takes SIGINT/SIGTERM/SIGHUP.
     let signals = block_shutdown_signals()?;
@@ -102,7 +103,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         // Published once the listener is bound (see below).
         address: config.http_address.clone().unwrap_or_default(),
         slots: config.slots,
-        lease_ms: config.lease_ms.max(300),
+        lease_ms: config.lease_ms,
         redirect: !config.routing_local,
         cluster_id: config.cluster_id.clone(),
     });
@@ -111,16 +112,16 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         wal_dir: config.wal_dir.clone(),
         memory_only: config.durability == Durability::Memory,
         object_acks: config.durability == Durability::Object,
-        segment_size: config.segment_size.max(64 * 1024),
+        segment_size: config.segment_size,
         segment_max_age_ms: match config.durability {
-            Durability::Object => config.object_flush_ms.max(1),
-            Durability::Local | Durability::Memory => config.segment_max_age_ms.max(1),
+            Durability::Object => config.object_flush_ms,
+            Durability::Local | Durability::Memory => config.segment_max_age_ms,
         },
         segment_cache_bytes: config.segment_cache_bytes,
         node_epoch_ms: node_epoch,
         node_id,
-        in_flight_bytes_max: config.in_flight_bytes_max.max(1),
-        unuploaded_bytes_max: config.unuploaded_bytes_max.max(1),
+        in_flight_bytes_max: config.in_flight_bytes_max,
+        unuploaded_bytes_max: config.unuploaded_bytes_max,
         gc_interval_ms: config.gc_interval_ms,
     };
     let node_epoch_ms = engine_config.node_epoch_ms;
