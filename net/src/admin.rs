@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::dashboard;
-use crate::http1::{Request, Response};
+use crate::message::{Request, Response};
 use crate::metrics::{self, CoreLoad, HttpMetrics};
 use crate::time::format_rfc3339_ms;
 

@@ -10,7 +10,7 @@ use pico_engine::{Cluster, EngineError, Op, Reply, StreamInfo};
 use serde_json::{json, Value};
 
 use crate::admin::{error, json_response, AdminState};
-use crate::http1::Response;
+use crate::message::Response;
 use crate::time::format_rfc3339_ms;
 
 async fn wait<T>(reply: pico_engine::meta::Reply<T>) -> Result<T, MetaError> {

@@ -33,7 +33,7 @@ use pico_engine::{
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::ds_subs::Subscriptions;
-use crate::http1::{BodyStream, Request, Response};
+use crate::message::{BodyStream, Request, Response};
 use crate::params::{header_true, producer_tuple, query_values, strict_u64, PartialProducer};
 use crate::time::{format_rfc3339_ms, parse_rfc3339_ms};
 

@@ -21,8 +21,8 @@ use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 
-use crate::http1::{Request, Response};
 use crate::limits::{BodyReservation, ConnectionLimits};
+use crate::message::{Request, Response};
 use crate::shutdown::CoreShutdown;
 use crate::socket::{Socket, TokioIo};
 
@@ -122,7 +122,7 @@ pub async fn serve_connection<S, H, F>(
         .max_header_list_size(HEADER_LIST_BYTES_MAX)
         .max_frame_size(FRAME_BYTES_MAX)
         .handshake::<_, Bytes>(TokioIo::new(stream));
-    let connection = crate::http1::within(limits.request_timeout, handshake).await;
+    let connection = crate::message::within(limits.request_timeout, handshake).await;
     let mut connection = match connection {
         Some(Ok(connection)) => connection,
         Some(Err(e)) => {
@@ -170,7 +170,7 @@ pub async fn serve_connection<S, H, F>(
                         spawn_request(request, respond, &activity, &limits, &handle, on_error);
                     }
                 };
-                crate::http1::within(DRAIN_TIMEOUT, drain).await;
+                crate::message::within(DRAIN_TIMEOUT, drain).await;
                 return;
             }
         };
@@ -327,7 +327,7 @@ impl NotReceived {
     fn into_response(self, on_error: fn(u16, &str) -> Response) -> Response {
         match self {
             NotReceived::Refused(status, message) => {
-                crate::http1::refusal(on_error, status, &message)
+                crate::message::refusal(on_error, status, &message)
             }
             NotReceived::TimedOut => on_error(408, "request not received in time"),
         }
@@ -344,7 +344,7 @@ async fn receive(
     let mut read = std::pin::pin!(read_request(request, limits));
     let read = match futures_lite::future::poll_once(&mut read).await {
         Some(read) => read,
-        None => crate::http1::within(limits.request_timeout, read)
+        None => crate::message::within(limits.request_timeout, read)
             .await
             .ok_or(NotReceived::TimedOut)?,
     };

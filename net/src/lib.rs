@@ -13,6 +13,7 @@ mod fuzzing;
 pub mod http1;
 pub mod http2;
 pub mod limits;
+pub mod message;
 pub mod metrics;
 pub mod panics;
 pub mod params;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use pico_engine::metrics::{CoreMetrics, Histogram, NodeMetrics, OpKind, LATENCY_BUCKETS_US};
 
 use crate::config::Protocol;
-use crate::http1::{BodyStream, Response};
+use crate::message::{BodyStream, Response};
 
 /// Status codes counted one by one; anything else is counted as `other`.
 const STATUS_CODES: [u16; 22] = [

@@ -3,7 +3,7 @@
 
 use pico_engine::state::ProducerTuple;
 
-use crate::http1::Request;
+use crate::message::Request;
 
 /// Strict unsigned integer: digits only, no sign, no leading zeros but `0`, fits u64.
 pub fn strict_u64(text: &str) -> Option<u64> {

@@ -17,7 +17,7 @@ use pico_engine::{
 
 use crate::auth::{bearer, CoreTokens, Denied, Permission};
 use crate::codec;
-use crate::http1::{Request, Response};
+use crate::message::{Request, Response};
 use crate::params::{header_true, producer_tuple, PartialProducer};
 pub use crate::params::{query_param, strict_u64};
 use crate::sse;

@@ -657,12 +657,12 @@ async fn accept_loop<H, F>(
     tls: Option<TlsAcceptor>,
     limits: ConnectionLimits,
     handler: Rc<H>,
-    on_error: fn(u16, &str) -> http1::Response,
+    on_error: fn(u16, &str) -> crate::message::Response,
     metrics: Arc<HttpMetrics>,
     stop: CoreShutdown,
 ) where
-    H: Fn(http1::Request) -> F + 'static,
-    F: std::future::Future<Output = http1::Response> + 'static,
+    H: Fn(crate::message::Request) -> F + 'static,
+    F: std::future::Future<Output = crate::message::Response> + 'static,
 {
     let open = Rc::new(Cell::new(0usize));
     loop {
@@ -725,15 +725,17 @@ async fn serve_tls<H, F>(
     stream: glommio::net::TcpStream,
     limits: ConnectionLimits,
     handler: Rc<H>,
-    on_error: fn(u16, &str) -> http1::Response,
+    on_error: fn(u16, &str) -> crate::message::Response,
     stop: CoreShutdown,
 ) where
-    H: Fn(http1::Request) -> F + 'static,
-    F: std::future::Future<Output = http1::Response> + 'static,
+    H: Fn(crate::message::Request) -> F + 'static,
+    F: std::future::Future<Output = crate::message::Response> + 'static,
 {
     let handshake = acceptor.accept(stream);
     let stream =
-        match http1::within(Duration::from_secs(tls::HANDSHAKE_TIMEOUT_SEC), handshake).await {
+        match crate::message::within(Duration::from_secs(tls::HANDSHAKE_TIMEOUT_SEC), handshake)
+            .await
+        {
             Some(Ok(stream)) => stream,
             Some(Err(e)) => {
                 log::debug!("TLS handshake failed: {e}");

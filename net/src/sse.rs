@@ -30,7 +30,7 @@ use bytes::Bytes;
 use pico_engine::{limits, CoreHandle, Op, ReadBatch, ReadFrom, ReadRequest, Reply};
 
 use crate::codec;
-use crate::http1::BodyStream;
+use crate::message::BodyStream;
 
 /// The shortest idle time between keep-alives: a `--long-poll-timeout-sec` of 0 (long-polls
 /// answer at once) must not turn an idle SSE response into a stream of keep-alives.

@@ -48,7 +48,7 @@ use crossbeam_channel::{Sender, TrySendError};
 use pico_engine::{AppendRequest, CoreHandle, EngineError, Op, RecordInput, Reply};
 use serde_json::Value;
 
-use crate::http1::{Request, Response};
+use crate::message::{Request, Response};
 use keys::{SigningKey, TokenKey};
 use percent::decode_component;
 use registry::{

@@ -19,7 +19,7 @@ use pico_engine::{
 use serde_json::{json, Value};
 
 use super::{keys, offset_string, Subscriptions};
-use crate::http1::Request;
+use crate::message::Request;
 
 const BASE: &str = "http://127.0.0.1:4437";
 const ROOT: &str = "/v1/stream/";
