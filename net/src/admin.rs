@@ -5,21 +5,17 @@
 //! Errors are `{"error":"<message>"}`. With `--auth required`, everything but `/health` and
 //! `/ready` needs a token with the `admin` grant.
 
-use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
 
 use pico_engine::health::HealthState;
-use pico_engine::metrics::NodeMetrics;
-use pico_engine::{CoreHandle, EngineError, Op, Reply, StreamInfo};
+use pico_engine::{EngineError, Op, Reply, StreamInfo};
 use serde_json::{json, Value};
 
-use crate::auth::{bearer, CoreTokens, Denied, Permission};
+use crate::auth::{bearer, Denied, Permission};
 use crate::dashboard;
 use crate::message::{Request, Response};
-use crate::metrics::{self, CoreLoad, HttpMetrics};
+use crate::metrics::{self, CoreLoad};
 use crate::time::format_rfc3339_ms;
 
 /// Streams per `/admin/streams` page when `limit` is absent, and the most a page may hold.
@@ -28,43 +24,8 @@ pub const ADMIN_STREAMS_PAGE_MAX: usize = 1000;
 /// This build runs one node; the cluster work gives nodes their own ids.
 const NODE_ID: u64 = 1;
 
-/// What the node tells about itself.
-#[derive(Clone, Debug)]
-pub struct NodeFacts {
-    pub advertised_address: String,
-    pub node_epoch_ms: u64,
-    pub cores: usize,
-    pub durability: &'static str,
-    pub storage: String,
-    /// Shown with any password masked.
-    pub meta_url: String,
-}
-
-/// Node state the admin listener reports.
-pub struct AdminState {
-    /// All cores started and listening; false again as soon as shutdown begins, so load
-    /// balancers stop sending traffic during the drain window.
-    pub serving: Arc<AtomicBool>,
-    pub core: Rc<CoreHandle>,
-    pub engine_metrics: NodeMetrics,
-    pub http_metrics: Vec<Arc<HttpMetrics>>,
-    pub started: Instant,
-    pub facts: NodeFacts,
-    /// Placement weight of this node (`POST /admin/nodes/{id}`); meaningful with clusters.
-    pub slots: Cell<u64>,
-    pub tokens: Option<Rc<CoreTokens>>,
-}
-
-pub(crate) fn json_response(status: u16, body: Value) -> Response {
-    Response::new(status)
-        .header("content-type", pico_proto::media::JSON)
-        .header("cache-control", "no-store")
-        .with_body(body.to_string())
-}
-
-pub(crate) fn error(status: u16, message: impl Into<String>) -> Response {
-    json_response(status, json!({ "error": message.into() }))
-}
+use crate::admin_state::{error, json_response, retention_json};
+pub use crate::admin_state::{AdminState, NodeFacts};
 
 pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
     let method = request.method.as_str();
@@ -293,15 +254,6 @@ fn stream_json(name: &str, info: &StreamInfo, state: &AdminState) -> Value {
         "endOffset": info.next_offset,
         "pendingTransfer": Value::Null,
         "retention": retention_json(&info.retention),
-    })
-}
-
-/// A stream's retention policy for the admin API: each limit, `null` when off.
-pub(crate) fn retention_json(retention: &pico_engine::meta::Retention) -> Value {
-    json!({
-        "ageSeconds": retention.age_ms.map(|ms| ms / 1000),
-        "bytes": retention.bytes,
-        "deleteOnEmptySeconds": retention.delete_on_empty_ms.map(|ms| ms / 1000),
     })
 }
 

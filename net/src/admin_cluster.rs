@@ -9,7 +9,7 @@ use pico_engine::meta::{MetaError, NodeId, NodeRow, Ownership};
 use pico_engine::{Cluster, EngineError, Op, Reply, StreamInfo};
 use serde_json::{json, Value};
 
-use crate::admin::{error, json_response, AdminState};
+use crate::admin_state::{error, json_response, retention_json, AdminState};
 use crate::message::Response;
 use crate::time::format_rfc3339_ms;
 
@@ -165,7 +165,7 @@ fn stream_json(
             (Some(to), from) => json!({"fromNode": from, "toNode": to}),
             _ => Value::Null,
         },
-        "retention": crate::admin::retention_json(&local.map_or(row.config.retention, |i| i.retention)),
+        "retention": retention_json(&local.map_or(row.config.retention, |i| i.retention)),
     })
 }
 

@@ -2,6 +2,7 @@
 
 pub mod admin;
 mod admin_cluster;
+mod admin_state;
 pub mod auth;
 pub mod codec;
 pub mod config;
