@@ -254,7 +254,105 @@ pub(crate) trait Backend {
 
     /// The statements of a cluster (node leases, ownership, transfers); `None` for a database
     /// only one node can use (SQLite).
-    fn cluster(&mut self) -> Option<&mut dyn crate::cluster::ClusterSql> {
+    fn cluster(&mut self) -> Option<&mut dyn ClusterSql> {
         None
     }
+}
+
+/// A node id (`--node-id`): positive, stable across restarts, unique in the cluster.
+pub type NodeId = u32;
+
+/// One `nodes` row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub id: NodeId,
+    pub epoch: u64,
+    /// The advertised base URL of the node's Pico listener (`--http-address` when that is
+    /// `--listen`), used verbatim in the Pico protocol's `307` locations; empty: none.
+    pub address: String,
+    /// The same for its Durable Streams listener; empty: none.
+    pub ds_address: String,
+    /// Placement weight; 0 takes no new streams.
+    pub slots: u64,
+    /// Database clock, Unix ms.
+    pub lease_expires_ms: i64,
+    pub registered_ms: i64,
+}
+
+impl NodeRow {
+    /// Holds an unexpired lease at `now_ms` (the database clock of the same answer).
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        self.lease_expires_ms > now_ms
+    }
+}
+
+/// The SQL of a cluster; only a shared database (Postgres) has it.
+pub(crate) trait ClusterSql {
+    /// The database clock, Unix ms.
+    fn clock_ms(&mut self) -> Result<i64, MetaError>;
+    /// The row of `node`, locked until the transaction ends.
+    fn lock_node(&mut self, node: i64) -> Result<Option<NodeRow>, MetaError>;
+    /// Inserts or replaces the row of `node`, its lease running `lease_ms` from now.
+    fn upsert_node(
+        &mut self,
+        node: i64,
+        epoch: i64,
+        address: &str,
+        slots: i64,
+        lease_ms: i64,
+    ) -> Result<(), MetaError>;
+    /// Extends the lease of `node` at `epoch` (0 rows: another incarnation took the id over).
+    fn renew(&mut self, node: i64, epoch: i64, lease_ms: i64) -> Result<bool, MetaError>;
+    /// Ends the lease of `node` at `epoch` now.
+    fn release(&mut self, node: i64, epoch: i64) -> Result<(), MetaError>;
+    fn set_slots(&mut self, node: i64, slots: i64) -> Result<bool, MetaError>;
+    /// Sets the advertised addresses of `node` at `epoch`; whether that incarnation is current.
+    fn set_address(
+        &mut self,
+        node: i64,
+        epoch: i64,
+        address: &str,
+        ds_address: &str,
+    ) -> Result<bool, MetaError>;
+    fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError>;
+    /// Rows no node owns (written before the cluster existed) become `node`'s.
+    fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError>;
+    /// `(id, name, owner epoch, transfer_to)` of `node`'s streams with a pending transfer.
+    fn transfers_of(&mut self, node: i64) -> Result<Vec<(i64, String, i64, i64)>, MetaError>;
+    /// `(id, owner node, transfer_to)` of every pending transfer.
+    fn all_transfers(&mut self) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
+    /// `(id, owner epoch, fork source id)` of every stream `node` owns; with `lock`, the rows
+    /// are locked for update until the transaction ends (by id, so lockers never deadlock).
+    fn owned_by(
+        &mut self,
+        node: i64,
+        lock: bool,
+    ) -> Result<Vec<(i64, i64, Option<i64>)>, MetaError>;
+    /// `(id, owner node, owner epoch)` of these rows, share-locked until the transaction ends.
+    fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
+    /// The streams that already have an entry in the committed segment with this key (none
+    /// when it is not committed).
+    fn committed_streams(&mut self, key: &str) -> Result<Vec<i64>, MetaError>;
+    /// Moves these rows to `node` at their next owner epoch, clearing any pending transfer.
+    fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError>;
+    fn set_transfer(&mut self, id: i64, to: Option<i64>) -> Result<(), MetaError>;
+    /// Moves row `id` from `from` at `epoch` to `to` if that is still its state and `to` is
+    /// its pending transfer; the new epoch, or `None`.
+    fn finish_transfer(
+        &mut self,
+        id: i64,
+        from: i64,
+        epoch: i64,
+        to: i64,
+    ) -> Result<Option<i64>, MetaError>;
+    /// The row named `name`.
+    fn find(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError>;
+    /// The row with this id.
+    fn find_id(&mut self, id: i64) -> Result<Option<StreamColumns>, MetaError>;
+    /// How many rows are forks of `id`.
+    fn fork_count(&mut self, id: i64) -> Result<u64, MetaError>;
+    /// Streams per owner node.
+    fn owner_counts(&mut self) -> Result<Vec<(Option<i64>, u64)>, MetaError>;
+    /// Every catalog entry of stream `id` with its segment, in commit order.
+    fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError>;
 }

@@ -13,7 +13,7 @@
 //!
 //! Fencing: every write a cluster node makes for a stream (segment entries, close, trim,
 //! touch, delete) names the owner epoch it holds the stream at, and the row is locked and
-//! compared in the same transaction ([`check_fence`], [`commit_fenced`]). A takeover locks the
+//! compared in the same transaction (`check_fence` and `commit_fenced` in `fence.rs`). A takeover locks the
 //! same rows, so a write and a takeover are ordered: a write after the takeover is refused.
 //!
 //! Leases: a node renews its row's lease every third of the lease time. A node whose lease
@@ -22,72 +22,16 @@
 //! which its renewal also takes, so a paused node that wakes up either renews first (and
 //! nothing moves) or finds its streams gone.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use crate::backend::Backend;
-use crate::backend::EntryColumns;
-use crate::backend::SegmentColumns;
-use crate::backend::StreamColumns;
-use crate::store::{segment_entry, storable, stream_row, unsigned};
+use crate::backend::{Backend, NodeId, NodeRow};
+use crate::fence::{load_snapshot_of, node_i64, ownership, sql, Fence, Ownership};
+use crate::rows::{storable, stream_row, unsigned};
 use crate::MetaError;
 use crate::MetaStore;
 use crate::Reply;
-use crate::SegmentRecord;
-use crate::SegmentStreamEntry;
 use crate::Snapshot;
 use crate::StreamRow;
-
-/// A node id (`--node-id`): positive, stable across restarts, unique in the cluster.
-pub type NodeId = u32;
-
-/// Who may write a stream: its owner node at the owner epoch it holds it at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fence {
-    pub node: NodeId,
-    pub epoch: u64,
-}
-
-/// The owner part of a registry row.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Ownership {
-    /// `None`: a single node's row (no cluster), or a row no node claimed yet.
-    pub node: Option<NodeId>,
-    pub epoch: u64,
-    /// A live transfer asked for and not done yet.
-    pub transfer_to: Option<NodeId>,
-}
-
-/// The fence of a segment commit: entries of streams `node` does not own are left out; for
-/// the ids in `epochs` the owner epoch must match too.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SegmentFence {
-    pub node: NodeId,
-    pub epochs: HashMap<u64, u64>,
-}
-
-/// One `nodes` row.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeRow {
-    pub id: NodeId,
-    pub epoch: u64,
-    /// The advertised base URL of the node's Pico listener (`--http-address` when that is
-    /// `--listen`), used verbatim in the Pico protocol's `307` locations; empty: none.
-    pub address: String,
-    /// The same for its Durable Streams listener; empty: none.
-    pub ds_address: String,
-    /// Placement weight; 0 takes no new streams.
-    pub slots: u64,
-    /// Database clock, Unix ms.
-    pub lease_expires_ms: i64,
-    pub registered_ms: i64,
-}
-
-impl NodeRow {
-    /// Holds an unexpired lease at `now_ms` (the database clock of the same answer).
-    pub fn is_live(&self, now_ms: i64) -> bool {
-        self.lease_expires_ms > now_ms
-    }
-}
 
 /// A stream of this node that an operator asked to move elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,208 +68,6 @@ pub struct StreamLoad {
     pub snapshot: Snapshot,
     pub ownership: Ownership,
     pub fork_refs: u64,
-}
-
-/// The SQL of a cluster; only a shared database (Postgres) has it.
-pub(crate) trait ClusterSql {
-    /// The database clock, Unix ms.
-    fn clock_ms(&mut self) -> Result<i64, MetaError>;
-    /// The row of `node`, locked until the transaction ends.
-    fn lock_node(&mut self, node: i64) -> Result<Option<NodeRow>, MetaError>;
-    /// Inserts or replaces the row of `node`, its lease running `lease_ms` from now.
-    fn upsert_node(
-        &mut self,
-        node: i64,
-        epoch: i64,
-        address: &str,
-        slots: i64,
-        lease_ms: i64,
-    ) -> Result<(), MetaError>;
-    /// Extends the lease of `node` at `epoch` (0 rows: another incarnation took the id over).
-    fn renew(&mut self, node: i64, epoch: i64, lease_ms: i64) -> Result<bool, MetaError>;
-    /// Ends the lease of `node` at `epoch` now.
-    fn release(&mut self, node: i64, epoch: i64) -> Result<(), MetaError>;
-    fn set_slots(&mut self, node: i64, slots: i64) -> Result<bool, MetaError>;
-    /// Sets the advertised addresses of `node` at `epoch`; whether that incarnation is current.
-    fn set_address(
-        &mut self,
-        node: i64,
-        epoch: i64,
-        address: &str,
-        ds_address: &str,
-    ) -> Result<bool, MetaError>;
-    fn nodes(&mut self) -> Result<Vec<NodeRow>, MetaError>;
-    /// Rows no node owns (written before the cluster existed) become `node`'s.
-    fn adopt_unowned(&mut self, node: i64) -> Result<u64, MetaError>;
-    /// `(id, name, owner epoch, transfer_to)` of `node`'s streams with a pending transfer.
-    fn transfers_of(&mut self, node: i64) -> Result<Vec<(i64, String, i64, i64)>, MetaError>;
-    /// `(id, owner node, transfer_to)` of every pending transfer.
-    fn all_transfers(&mut self) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
-    /// `(id, owner epoch, fork source id)` of every stream `node` owns; with `lock`, the rows
-    /// are locked for update until the transaction ends (by id, so lockers never deadlock).
-    fn owned_by(
-        &mut self,
-        node: i64,
-        lock: bool,
-    ) -> Result<Vec<(i64, i64, Option<i64>)>, MetaError>;
-    /// `(id, owner node, owner epoch)` of these rows, share-locked until the transaction ends.
-    fn owners(&mut self, ids: &[i64]) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError>;
-    /// The streams that already have an entry in the committed segment with this key (none
-    /// when it is not committed).
-    fn committed_streams(&mut self, key: &str) -> Result<Vec<i64>, MetaError>;
-    /// Moves these rows to `node` at their next owner epoch, clearing any pending transfer.
-    fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError>;
-    fn set_transfer(&mut self, id: i64, to: Option<i64>) -> Result<(), MetaError>;
-    /// Moves row `id` from `from` at `epoch` to `to` if that is still its state and `to` is
-    /// its pending transfer; the new epoch, or `None`.
-    fn finish_transfer(
-        &mut self,
-        id: i64,
-        from: i64,
-        epoch: i64,
-        to: i64,
-    ) -> Result<Option<i64>, MetaError>;
-    /// The row named `name`.
-    fn find(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError>;
-    /// The row with this id.
-    fn find_id(&mut self, id: i64) -> Result<Option<StreamColumns>, MetaError>;
-    /// How many rows are forks of `id`.
-    fn fork_count(&mut self, id: i64) -> Result<u64, MetaError>;
-    /// Streams per owner node.
-    fn owner_counts(&mut self) -> Result<Vec<(Option<i64>, u64)>, MetaError>;
-    /// Every catalog entry of stream `id` with its segment, in commit order.
-    fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError>;
-}
-
-/// The committed segments holding stream `id`, each with only that stream's entry.
-fn load_snapshot_of(db: &mut dyn Backend, id: i64) -> Result<Vec<SegmentRecord>, MetaError> {
-    sql(db)?
-        .entries_of(id)?
-        .into_iter()
-        .map(|(segment, entry)| {
-            let key = segment.key;
-            let size_bytes = unsigned(Some(segment.size_bytes), || format!("segment {key}: size"))?;
-            let entry = segment_entry(&key, Ok(entry))?;
-            Ok(SegmentRecord {
-                key,
-                size_bytes,
-                created_ms: segment.created_ms,
-                streams: vec![entry],
-            })
-        })
-        .collect()
-}
-
-pub(crate) fn ownership(columns: &StreamColumns) -> Ownership {
-    Ownership {
-        node: columns.owner_node.and_then(|n| NodeId::try_from(n).ok()),
-        epoch: u64::try_from(columns.owner_epoch).unwrap_or(0),
-        transfer_to: columns.transfer_to.and_then(|n| NodeId::try_from(n).ok()),
-    }
-}
-
-fn sql(db: &mut dyn Backend) -> Result<&mut dyn ClusterSql, MetaError> {
-    db.cluster().ok_or_else(|| {
-        MetaError::Unsupported(
-            "a cluster needs a shared metadata database: use --meta-url postgres://…".into(),
-        )
-    })
-}
-
-/// Refuses a write to stream `id` by an owner that is not (or no longer) the row's.
-pub(crate) fn check_fence(
-    db: &mut dyn Backend,
-    id: u64,
-    fence: Option<Fence>,
-) -> Result<(), MetaError> {
-    let Some(fence) = fence else {
-        return Ok(());
-    };
-    let Ok(id) = i64::try_from(id) else {
-        return Ok(()); // no such row
-    };
-    let owners = sql(db)?.owners(&[id])?;
-    match owners.first() {
-        None => Ok(()), // gone: the write has nothing left to change
-        Some(&(_, node, epoch)) => {
-            fenced_unless_owner(id, node, epoch, fence.node, Some(fence.epoch))
-        }
-    }
-}
-
-fn fenced_unless_owner(
-    id: i64,
-    node: Option<i64>,
-    epoch: i64,
-    writer: NodeId,
-    writer_epoch: Option<u64>,
-) -> Result<(), MetaError> {
-    let node_ok = node == Some(i64::from(writer));
-    let epoch_ok = writer_epoch.is_none_or(|e| i64::try_from(e) == Ok(epoch));
-    if node_ok && epoch_ok {
-        return Ok(());
-    }
-    let owner = node.map_or("no node".to_string(), |n| format!("node {n}"));
-    Err(MetaError::Fenced(format!(
-        "stream {id} is owned by {owner} at epoch {epoch}, not by node {writer}{}",
-        writer_epoch.map_or(String::new(), |e| format!(" at epoch {e}"))
-    )))
-}
-
-/// A segment commit leaving out the entries of streams the committing node lost.
-pub(crate) fn commit_fenced(
-    db: &mut dyn Backend,
-    mut segment: SegmentRecord,
-    fence: &SegmentFence,
-) -> Result<Vec<u64>, MetaError> {
-    let mut ids: Vec<i64> = segment
-        .streams
-        .iter()
-        .filter_map(|e| i64::try_from(e.stream_id).ok())
-        .collect();
-    ids.sort_unstable();
-    let owners: HashMap<i64, (Option<i64>, i64)> = sql(db)?
-        .owners(&ids)?
-        .into_iter()
-        .map(|(id, node, epoch)| (id, (node, epoch)))
-        .collect();
-    let owned = |entry: &SegmentStreamEntry| {
-        let id = entry.stream_id as i64;
-        // A deleted row has no owner left to protect; its entry is harmless garbage.
-        let Some(&(node, epoch)) = owners.get(&id) else {
-            return true;
-        };
-        let expected = fence.epochs.get(&entry.stream_id).copied();
-        fenced_unless_owner(id, node, epoch, fence.node, expected).is_ok()
-    };
-    let mut fenced: Vec<u64> = segment
-        .streams
-        .iter()
-        .filter(|entry| !owned(entry))
-        .map(|entry| entry.stream_id)
-        .collect();
-    if !fenced.is_empty() {
-        // A retry of a commit whose answer was lost (the connection dropped at COMMIT, which
-        // may have succeeded): what that attempt committed under the fence stays, even if the
-        // stream has moved since. The new owner may have loaded those records and appended
-        // after them; dropping the entries now would leave a hole in its offsets (found by the
-        // fault test's cluster profile). Those appends are stored, so they are not fenced.
-        // Asked only when something would be fenced: the common commit pays no extra query.
-        let committed: HashSet<i64> = sql(db)?
-            .committed_streams(&segment.key)?
-            .into_iter()
-            .collect();
-        fenced.retain(|id| !committed.contains(&(*id as i64)));
-    }
-    segment
-        .streams
-        .retain(|entry| !fenced.contains(&entry.stream_id));
-    crate::store::commit(db, &segment)?;
-    Ok(fenced)
-}
-
-fn node_i64(node: NodeId) -> i64 {
-    i64::from(node)
 }
 
 fn state(db: &mut dyn Backend, node: NodeId) -> Result<ClusterState, MetaError> {
@@ -724,17 +466,5 @@ mod tests {
         // Stable: the same view gives the same answer.
         assert_eq!(place("/x", &nodes, 50), place("/x", &nodes, 50));
         assert_eq!(place("/x", &[node(3, 0, 100)], 50), None);
-    }
-
-    #[test]
-    fn fence_errors_name_both_owners() {
-        let error = fenced_unless_owner(7, Some(2), 3, 1, Some(2)).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "stream 7 is owned by node 2 at epoch 3, not by node 1 at epoch 2"
-        );
-        assert!(fenced_unless_owner(7, Some(1), 3, 1, Some(3)).is_ok());
-        assert!(fenced_unless_owner(7, Some(1), 3, 1, None).is_ok());
-        assert!(fenced_unless_owner(7, None, 1, 1, None).is_err());
     }
 }

@@ -25,8 +25,10 @@ use std::path::PathBuf;
 
 mod backend;
 mod cluster;
+mod fence;
 mod pg;
 mod producers;
+mod rows;
 mod runs;
 mod schema;
 mod sqlite;
@@ -35,10 +37,9 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use cluster::{
-    place, ClusterState, Fence, NodeId, NodeRow, Ownership, PendingTransfer, SegmentFence,
-    StreamLoad, TransferAccepted,
-};
+pub use backend::{NodeId, NodeRow};
+pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
+pub use fence::{Fence, Ownership, SegmentFence};
 pub use store::MetaStore;
 pub use store::MAX_BATCH_COMMANDS;
 

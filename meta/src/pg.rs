@@ -51,9 +51,7 @@ use crate::backend::NewStream;
 use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
-use crate::cluster::ClusterSql;
-use crate::cluster::NodeId;
-use crate::cluster::NodeRow;
+use crate::backend::{ClusterSql, NodeId, NodeRow};
 use crate::MetaError;
 use crate::MetaUrl;
 
