@@ -29,18 +29,28 @@ pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
 pub use pico_meta as meta;
 pub use state::{ForkOrigin, StreamConfig};
 
+/// When an append is acknowledged (`--durability`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// After the local WAL's `fdatasync` (group-committed).
+    #[default]
+    Local,
+    /// No local WAL: after the segment holding it is stored in the bucket and indexed in the
+    /// catalog, so it survives the loss of the node's disk (segments seal every
+    /// `segment_max_age_ms`, the object flush interval).
+    Object,
+    /// As soon as the owning core accepted it, without a WAL: nothing survives a crash.
+    /// Benchmarks and tests only.
+    Memory,
+}
+
 /// The engine's settings (a subset of `pico serve`'s flags).
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub cores: usize,
     /// Directory of the WAL files (`<epoch>-<core>-<counter>.wal`).
     pub wal_dir: PathBuf,
-    /// `--durability memory`: acknowledge without writing a WAL.
-    pub memory_only: bool,
-    /// `--durability object`: no local WAL; acknowledge once the segment holding the records
-    /// is stored in the bucket and indexed in the catalog (segments seal every
-    /// `segment_max_age_ms`, the object flush interval).
-    pub object_acks: bool,
+    pub durability: Durability,
     /// A segment seals at this many bytes...
     pub segment_size: usize,
     /// ...or once its first frame is this old.

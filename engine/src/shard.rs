@@ -39,7 +39,7 @@ use crate::limits;
 use crate::metrics::{CoreMetrics, GaugeGuard, OpKind};
 use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
-use crate::{now_ms, EngineConfig};
+use crate::{now_ms, Durability, EngineConfig};
 
 /// A merged chunk stops growing at this size so a read never scans far inside one.
 const CHUNK_BYTES_MAX: u64 = 256 * 1024;
@@ -2067,7 +2067,7 @@ impl Shard {
             .find(|e| e.stream_id == id)
             .map(|e| format!("{:?}", e.runs))
             .unwrap_or_default();
-        if self.config.object_acks {
+        if self.config.durability == Durability::Object {
             log::warn!(
                 "core {}: stream {id} moved to another node; its unacknowledged appends {runs} \
                  were refused",
@@ -2504,7 +2504,7 @@ impl Shard {
     /// Local durability writes a WAL; memory and object durability do not (object durability
     /// acknowledges from the bucket instead).
     fn wal_enabled(&self) -> bool {
-        !self.config.memory_only && !self.config.object_acks
+        self.config.durability == Durability::Local
     }
 
     /// Starts a new active segment when `needed` more bytes would overflow the current one.
@@ -2552,7 +2552,7 @@ impl Shard {
             }
             // Acknowledgements held back while this node's lease was in doubt go out once it
             // is valid again, even when no new append comes to trigger a commit round.
-            let held = !self.config.object_acks
+            let held = self.config.durability != Durability::Object
                 && self.cluster.as_ref().is_some_and(|c| c.lease_valid())
                 && !self.pending.borrow().is_empty();
             if held {
@@ -2721,8 +2721,8 @@ impl Shard {
         };
         // A node that may have lost its streams (its lease lapsed: paused, cut off) does not
         // acknowledge local writes until the lease is renewed and ownership rechecked.
-        let lease_lapsed =
-            !self.config.object_acks && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
+        let lease_lapsed = self.config.durability != Durability::Object
+            && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
         // Only a cluster node that lost a stream has any: one check per round, not per ack.
         let any_fenced = !self.fenced.borrow().is_empty();
         loop {
@@ -2753,7 +2753,7 @@ impl Shard {
             let ack = {
                 let mut pending = self.pending.borrow_mut();
                 let ready = pending.front().is_some_and(|ack| {
-                    if self.config.object_acks {
+                    if self.config.durability == Durability::Object {
                         uploaded(ack.segment)
                     } else {
                         durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
@@ -2989,7 +2989,7 @@ impl Shard {
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.uploaded = true;
         }
-        if self.config.object_acks {
+        if self.config.durability == Durability::Object {
             self.release_acks();
         }
         self.cached.borrow_mut().push_back((no, bytes.len()));

@@ -63,8 +63,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
     let config = EngineConfig {
         cores: 1,
         wal_dir: dir.path().join("wal"),
-        memory_only: false,
-        object_acks: true,
+        durability: pico_engine::Durability::Object,
         segment_size: 1024 * 1024,
         segment_max_age_ms: 20,
         segment_cache_bytes: 1024 * 1024,

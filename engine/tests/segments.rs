@@ -21,8 +21,7 @@ fn config_sized(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) 
     EngineConfig {
         cores: 1,
         wal_dir: dir.join("wal"),
-        memory_only: false,
-        object_acks: false,
+        durability: pico_engine::Durability::Local,
         segment_size,
         segment_max_age_ms: 50,
         // Smaller than the data, so reads after eviction go to the bucket.
@@ -332,7 +331,7 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
     // Object durability: nothing is acknowledged before its segment is in the catalog, and
     // what is in the catalog survives losing the WAL.
     let config = EngineConfig {
-        object_acks: true,
+        durability: pico_engine::Durability::Object,
         ..config_sized(&path, 4 * 1024, 1024 * 1024)
     };
     let objects = path.join("objects/segments");

@@ -22,8 +22,7 @@ fn config(dir: &std::path::Path) -> EngineConfig {
     EngineConfig {
         cores: 1,
         wal_dir: dir.join("wal"),
-        memory_only: false,
-        object_acks: false,
+        durability: pico_engine::Durability::Local,
         segment_size: SEGMENT_BYTES,
         segment_max_age_ms: 60_000,
         segment_cache_bytes: 1 << 20,

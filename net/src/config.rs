@@ -3,16 +3,7 @@
 use std::path::PathBuf;
 
 /// When an append is acknowledged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
-    /// After the local WAL's `fdatasync` (group-committed).
-    Local,
-    /// After the segment holding it is stored in the object store (and indexed): survives the
-    /// loss of the node's disk. Segments seal every `object_flush_ms`.
-    Object,
-    /// As soon as the owning core accepted it: nothing survives a crash. Benchmarks and tests only.
-    Memory,
-}
+pub use pico_engine::Durability;
 
 /// The protocol a listener speaks.
 pub use pico_proto::Protocol;

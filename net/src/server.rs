@@ -110,8 +110,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     let engine_config = EngineConfig {
         cores,
         wal_dir: config.wal_dir.clone(),
-        memory_only: config.durability == Durability::Memory,
-        object_acks: config.durability == Durability::Object,
+        durability: config.durability,
         segment_size: config.segment_size,
         segment_max_age_ms: match config.durability {
             Durability::Object => config.object_flush_ms,

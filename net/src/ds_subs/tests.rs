@@ -33,8 +33,7 @@ where
     let config = EngineConfig {
         cores: 1,
         wal_dir: dir.path().join("wal"),
-        memory_only: true,
-        object_acks: false,
+        durability: pico_engine::Durability::Memory,
         segment_size: 1 << 20,
         segment_max_age_ms: 1000,
         segment_cache_bytes: 1 << 20,
