@@ -67,7 +67,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         wal_dir: args.wal_dir.clone(),
         cores: args.cores,
         durability: args.durability.unwrap_or(default_durability(args)),
-        object_flush_ms: positive(args.object_flush_ms, "--object-flush-ms")?,
+        object_flush_ms: args.object_flush_ms,
         long_poll_timeout_ms: millis(args.long_poll_timeout_sec),
         sse_max_duration_ms: match millis(args.sse_max_duration_sec) {
             0 => return Err("--sse-max-duration-sec must be greater than 0".into()),
@@ -101,7 +101,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             positive(args.segment_size, "--segment-size")?,
             "--segment-size",
         )?,
-        segment_max_age_ms: positive(args.segment_max_age_ms, "--segment-max-age-ms")?,
+        segment_max_age_ms: args.segment_max_age_ms,
         backlog: args.backlog,
         cors_origin: args.cors_origin.clone(),
         gc_interval_ms: positive(args.gc_interval_ms, "--gc-interval-ms")?,
@@ -344,6 +344,10 @@ mod tests {
         assert_eq!(err, "--lease-ms must be at least 300, got 299");
         let err = server_config(&serve_args(&["--segment-size", "0"]), Protocol::Pico).unwrap_err();
         assert_eq!(err, "--segment-size must be greater than 0");
+        for flag in ["--object-flush-ms", "--segment-max-age-ms"] {
+            let err = server_config(&serve_args(&[flag, "0"]), Protocol::Pico).unwrap_err();
+            assert_eq!(err, format!("{flag} must be greater than 0"));
+        }
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub fn encode_binary_batch(bodies: &[Bytes]) -> Result<Bytes, CodecError> {
 pub fn encode_binary_batch_records(records: &[NewRecord]) -> Result<Bytes, CodecError> {
     let size = records
         .iter()
-        .map(|r| 8 + headers_len(&r.headers) + r.body.len())
+        .map(|r| BatchWriter::record_len(&r.headers, &r.body))
         .sum();
     let mut batch = BatchWriter::with_capacity(size);
     for record in records {
@@ -152,7 +152,7 @@ pub fn decode_binary_batch(buf: &Bytes) -> Result<Vec<NewRecord>, CodecError> {
 pub fn encode_read_page(records: &[Record]) -> Result<Bytes, CodecError> {
     let size = records
         .iter()
-        .map(|r| PageWriter::RECORD_OVERHEAD_BYTES + headers_len(&r.headers) + r.body.len())
+        .map(|r| PageWriter::record_len(&r.headers, &r.body))
         .sum();
     let mut page = PageWriter::with_capacity(size);
     for r in records {
@@ -172,10 +172,6 @@ pub fn decode_read_page(buf: &Bytes) -> Result<Vec<Record>, CodecError> {
             body: r.body,
         })
         .collect())
-}
-
-fn headers_len(headers: &[(String, String)]) -> usize {
-    headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum()
 }
 
 /// Headers the decoder checked are UTF-8, as strings.

@@ -54,6 +54,11 @@ impl BatchWriter {
         BatchWriter(Writer::with_capacity(bytes))
     }
 
+    /// The bytes [`BatchWriter::record`] adds for this record, to size the writer.
+    pub fn record_len<N: AsRef<[u8]>, V: AsRef<[u8]>>(headers: &[(N, V)], body: &[u8]) -> usize {
+        MIN_RECORD_BYTES + headers_len(headers) + body.len()
+    }
+
     /// Adds a record. After an error the writer must be dropped.
     pub fn record<N: AsRef<[u8]>, V: AsRef<[u8]>>(
         &mut self,
@@ -88,7 +93,7 @@ pub fn encode<N: AsRef<[u8]>, V: AsRef<[u8]>, B: AsRef<[u8]>>(
 ) -> Result<Bytes, TooLarge> {
     let size = records
         .iter()
-        .map(|(headers, body)| MIN_RECORD_BYTES + headers_len(headers) + body.as_ref().len())
+        .map(|(headers, body)| BatchWriter::record_len(headers, body.as_ref()))
         .sum();
     let mut writer = BatchWriter::with_capacity(size);
     for (headers, body) in records {

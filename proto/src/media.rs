@@ -10,26 +10,3 @@ pub const OCTET_STREAM: &str = "application/octet-stream";
 pub const JSON: &str = "application/json";
 /// Server-sent events (`live=sse`).
 pub const EVENT_STREAM: &str = "text/event-stream";
-
-/// The lowercased type without its parameters, as content types are compared
-/// (`Application/JSON; charset=utf-8` is `application/json`).
-pub fn essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn essence_drops_parameters_and_case() {
-        assert_eq!(
-            super::essence(" Application/JSON ; charset=utf-8"),
-            "application/json"
-        );
-        assert_eq!(super::essence(""), "");
-    }
-}

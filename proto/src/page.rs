@@ -99,6 +99,11 @@ impl PageWriter {
     /// The size a record adds to a page beyond its headers' and body's bytes.
     pub const RECORD_OVERHEAD_BYTES: usize = MIN_RECORD_BYTES;
 
+    /// The bytes [`PageWriter::record`] adds for this record, to size the writer.
+    pub fn record_len<N: AsRef<[u8]>, V: AsRef<[u8]>>(headers: &[(N, V)], body: &[u8]) -> usize {
+        MIN_RECORD_BYTES + headers_len(headers) + body.len()
+    }
+
     /// Adds a record. After an error the writer must be dropped.
     pub fn record<N: AsRef<[u8]>, V: AsRef<[u8]>>(
         &mut self,
@@ -123,7 +128,7 @@ impl PageWriter {
 pub fn encode(records: &[PageRecord]) -> Result<Bytes, TooLarge> {
     let size = records
         .iter()
-        .map(|r| MIN_RECORD_BYTES + headers_len(&r.headers) + r.body.len())
+        .map(|r| PageWriter::record_len(&r.headers, &r.body))
         .sum();
     let mut writer = PageWriter::with_capacity(size);
     for r in records {
