@@ -139,6 +139,7 @@ const READER: &str = "tok-reader-7c1f0e92d4";
 const WRITER: &str = "tok-writer-3b8a65e1f0";
 const RELOADED: &str = "tok-reloaded-c94d2a07b6";
 const UNKNOWN: &str = "tok-unknown-58e3f1a9c2";
+const ADMIN: &str = "tok-admin-9d0b6e2f5a";
 const S3_SECRET: &str = "s3-secret-0f6e2d9c8b7a";
 const S3_SESSION: &str = "s3-session-4a1b7c3e9d";
 
@@ -150,7 +151,7 @@ fn bearer(token: &str) -> (&'static str, String) {
 fn tokens_and_credentials_never_reach_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let grants = format!("{READER} /logs/ read\n{WRITER} / read,append\n");
+    let grants = format!("{READER} /logs/ read\n{WRITER} / read,append\n{ADMIN} / admin\n");
     let tokens_arg = tokens.display().to_string();
     let args = [
         "--auth",
@@ -198,6 +199,13 @@ fn tokens_and_credentials_never_reach_the_log() {
         ds(second, "GET", "/logs/ds?offset=-1", &reader, b"").expect(200);
         ds(second, "GET", "/logs/ds?offset=-1", &unknown, b"").expect(401);
 
+        // The admin listener: the admin grant, a token without it (403), an unknown one (401).
+        let (name, value) = bearer(ADMIN);
+        let admin = [(name, value.as_str())];
+        ds(server.admin, "GET", "/admin/streams", &admin, b"").expect(200);
+        ds(server.admin, "GET", "/admin/streams", &writer, b"").expect(403);
+        ds(server.admin, "GET", "/admin/streams", &unknown, b"").expect(401);
+
         // SIGHUP reloads the file: the new token works, and is not printed either.
         std::fs::write(&tokens, format!("{grants}{RELOADED} / read\n")).unwrap();
         let pid = server.pid().expect("the server runs") as i32;
@@ -217,7 +225,9 @@ fn tokens_and_credentials_never_reach_the_log() {
     }
     assert_absent(
         &logs,
-        &[READER, WRITER, RELOADED, UNKNOWN, S3_SECRET, S3_SESSION],
+        &[
+            READER, WRITER, RELOADED, UNKNOWN, ADMIN, S3_SECRET, S3_SESSION,
+        ],
     );
 }
 
