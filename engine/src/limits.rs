@@ -83,3 +83,44 @@ pub const RETENTION_INTERVAL_MS: u64 = 1_000;
 pub const RETENTION_STREAMS_PER_ROUND: usize = 4_096;
 /// Trims and deletes one retention round of a core makes at most (each is a metadata write).
 pub const RETENTION_ACTIONS_PER_ROUND: usize = 256;
+
+// ---------------------------------------------------------------- one core's work bounds
+
+/// A stream's chunk (its records' place in an open segment) stops growing at this many bytes
+/// and the next append starts a new one, so a read never scans far inside one.
+pub const CHUNK_BYTES_MAX: u64 = 256 * 1024;
+/// A coarse chunk of a sealed segment spans at most this many bytes (own and other streams'
+/// frames): merging stops there, bounding what a read scans to find its first record.
+pub const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
+/// Uploaded segments are read and cached in blocks of this many bytes: one ranged GET per
+/// block, or per readahead window of blocks.
+pub const CACHE_BLOCK_BYTES: usize = 1024 * 1024;
+/// A sequential reader's readahead doubles per GET up to this many blocks, then stays there.
+pub const READAHEAD_BLOCKS_MAX: u64 = 8;
+/// Chunks a read keeps fetching from the bucket ahead of the one it decodes; further chunks
+/// are fetched as it moves on. Object durability seals a segment every few milliseconds, so a
+/// catch-up read after a failover or a restart spans hundreds of small objects: one GET at a
+/// time would read at one round trip per segment (measured: 11 s for a 1 MiB page of 2 KiB
+/// records on Garage, debug build).
+pub const READ_CHUNKS_AHEAD: usize = 16;
+/// Extra bytes of room in an active segment buffer (and its pre-allocated WAL file) past
+/// `--segment-size`: a rotation can be late by the requests that arrive before the next WAL
+/// file is ready. Past it, while no next file can be made, appends are refused.
+pub const SEGMENT_SLACK_BYTES: usize = 1024 * 1024;
+/// How often each core refreshes the gauges of `CoreMetrics` (they are at most this stale).
+pub const GAUGE_REFRESH_MS: u64 = 250;
+/// How often each core looks for expired streams to delete.
+pub const REAPER_INTERVAL_MS: u64 = 1_000;
+/// Expired streams one reaper round deletes at most; the rest wait for the next round.
+pub const REAPER_STREAMS_PER_ROUND: usize = 1_000;
+/// Streams a core remembers having let go to another node (to redirect late requests); when
+/// full the memory is cleared, and a late request is looked up in the catalog instead.
+pub const REMOTE_STREAMS_PER_CORE_MAX: usize = 100_000;
+/// Longest a transfer waits for this core to store what it holds of the stream; past it the
+/// transfer is given up and tried again at the next lease round.
+pub const HAND_OFF_FLUSH_TIMEOUT_MS: u64 = 30_000;
+/// First wait before a failed segment upload (PUT or catalog commit) is retried; it doubles
+/// per failure. The WAL keeps the data meanwhile.
+pub const UPLOAD_RETRY_FIRST_MS: u64 = 50;
+/// Longest wait between two tries of a failed segment upload.
+pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;

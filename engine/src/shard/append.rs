@@ -1,0 +1,558 @@
+//! Create and append: limits and producer checks, the state machine's verdict, the frames
+//! written into the active segment and the acknowledgement queued for the commit loop.
+
+use std::rc::Rc;
+
+use futures_channel::oneshot;
+use pico_meta::{SegmentRun, StreamConfig as MetaConfig};
+
+use crate::api::{AppendAck, AppendRequest, RecordInput, Reply};
+use crate::error::EngineError;
+use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::limits;
+use crate::metrics::CoreMetrics;
+use crate::now_ms;
+use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
+
+use super::state::{PendingAck, Shard};
+use super::stream::{info_of, Chunk, Stream};
+
+/// What one append request writes.
+pub(super) struct Frames<'a> {
+    pub(super) records: &'a [RecordInput],
+    pub(super) close: bool,
+    pub(super) producer: Option<&'a ProducerTuple>,
+    pub(super) writer_seq: Option<&'a str>,
+}
+
+/// Bytes the frames of one append take in a segment.
+pub(super) fn frames_len(
+    records: &[RecordInput],
+    producer: Option<&ProducerTuple>,
+    writer_seq: Option<&str>,
+) -> usize {
+    records
+        .iter()
+        .map(|r| frame::frame_len(&r.headers, None, None, r.body.len()))
+        .sum::<usize>()
+        + frame::frame_len(&[], producer, writer_seq, 0)
+}
+
+impl Shard {
+    pub(super) async fn create(
+        self: &Rc<Self>,
+        name: &str,
+        config: StreamConfig,
+        closed: bool,
+        records: Vec<RecordInput>,
+        fork: Option<ForkOrigin>,
+    ) -> Result<Reply, EngineError> {
+        // The protocols refuse larger TTLs with their own wording; this guards every caller.
+        if config.ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
+            return Err(EngineError::Invalid(format!(
+                "a TTL must be at most {} seconds",
+                limits::TTL_SEC_MAX
+            )));
+        }
+        let found = self.live_stream_id(name, false).await;
+        if let Err(EngineError::Gone) = found {
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            stream
+                .state
+                .check_recreate(&config, closed, fork.as_ref())?;
+        }
+        if found.is_err() && self.streams.borrow().contains_key(name) {
+            // Expired, but forks still read it: the name stays taken until they are gone.
+            return Err(EngineError::ConfigMismatch {
+                message: "an expired stream with live forks still holds this name".into(),
+                next_offset: 0,
+            });
+        }
+        if found.is_ok() {
+            return self.already_created(name, &config, closed, fork.as_ref());
+        }
+        // A create with a body the WAL cannot take is refused whole, not left half done (a
+        // stream without its records).
+        if !records.is_empty() {
+            self.check_writable(frames_len(&records, None, None))?;
+        }
+        let meta_config = MetaConfig {
+            content_type: config.content_type.clone(),
+            ttl_sec: config.ttl_sec,
+            expires_at_ms: config.expires_at_ms,
+            // A body given with a closing create is appended first, then the close.
+            closed: closed && records.is_empty(),
+            retention: config.retention,
+        };
+        let fork_row = fork.as_ref().map(|f| pico_meta::ForkRow {
+            source: f.source.clone(),
+            source_id: f.source_id,
+            offset: f.offset,
+            partial_bytes: f.partial_bytes,
+        });
+        let me = self.cluster.as_ref().map(|c| c.node_id());
+        let outcome = self
+            .meta
+            .create_stream_owned(name, meta_config, fork_row, now_ms(), me)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        if let (Some(cluster), false) = (&self.cluster, outcome.created) {
+            // Registered meanwhile by another node (or by this one before a restart): serve
+            // it where it lives.
+            if outcome.ownership.node != me {
+                return Err(cluster.moved_to(outcome.ownership.node));
+            }
+            self.adopt(name, outcome.row.id).await?;
+            return self.already_created(name, &config, closed, fork.as_ref());
+        }
+        let row = outcome.row;
+        let created = {
+            let mut streams = self.streams.borrow_mut();
+            if let Some(existing) = streams.get(name) {
+                // Another create of the same name on this core won the race.
+                existing
+                    .state
+                    .check_recreate(&config, closed, fork.as_ref())?;
+                false
+            } else {
+                let row_config = StreamConfig {
+                    content_type: row.config.content_type.clone(),
+                    ttl_sec: row.config.ttl_sec,
+                    expires_at_ms: row.config.expires_at_ms,
+                    retention: row.config.retention,
+                };
+                let mut state =
+                    StreamState::new(row.id, row_config, row.config.closed, row.created_ms);
+                if let Some(origin) = &fork {
+                    state.next_offset = origin.base();
+                    state.durable_offset = origin.base();
+                }
+                state.fork = fork.clone();
+                if !outcome.created {
+                    state.check_recreate(&config, closed, fork.as_ref())?;
+                }
+                streams.insert(
+                    Rc::from(name),
+                    Stream {
+                        recorded_access_ms: state.last_access_ms,
+                        state,
+                        chunks: Vec::new(),
+                        waiters: Vec::new(),
+                        epoch: outcome.ownership.epoch,
+                    },
+                );
+                CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
+                outcome.created
+            }
+        };
+        let mut first = None;
+        if created && !records.is_empty() {
+            let request = AppendRequest {
+                records,
+                close: closed,
+                match_offset: None,
+                producer: None,
+                content_type: None,
+                writer_seq: None,
+            };
+            first = Some(self.append(name, request).await?);
+        }
+        let streams = self.streams.borrow();
+        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        Ok(Reply::Created {
+            created,
+            info: info_of(&stream.state),
+            first,
+        })
+    }
+
+    /// The answer to a create of a name this core already serves: `200` when the configuration
+    /// matches, a conflict otherwise.
+    pub(super) fn already_created(
+        &self,
+        name: &str,
+        config: &StreamConfig,
+        closed: bool,
+        fork: Option<&ForkOrigin>,
+    ) -> Result<Reply, EngineError> {
+        let streams = self.streams.borrow();
+        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        stream.state.check_recreate(config, closed, fork)?;
+        Ok(Reply::Created {
+            created: false,
+            info: info_of(&stream.state),
+            first: None,
+        })
+    }
+
+    pub(super) async fn append(
+        self: &Rc<Self>,
+        name: &str,
+        request: AppendRequest,
+    ) -> Result<AppendAck, EngineError> {
+        let AppendRequest {
+            records,
+            close,
+            match_offset,
+            producer,
+            content_type,
+            writer_seq,
+        } = request;
+        if producer
+            .as_ref()
+            .is_some_and(|p| p.id.len() > frame::PRODUCER_ID_LEN_MAX)
+        {
+            return Err(EngineError::Invalid(format!(
+                "producer id longer than {} bytes",
+                frame::PRODUCER_ID_LEN_MAX
+            )));
+        }
+        if writer_seq
+            .as_ref()
+            .is_some_and(|w| w.len() > frame::WRITER_SEQ_LEN_MAX)
+        {
+            return Err(EngineError::Invalid(format!(
+                "Stream-Seq longer than {} bytes",
+                frame::WRITER_SEQ_LEN_MAX
+            )));
+        }
+        if records.len() > limits::RECORDS_PER_APPEND_MAX {
+            return Err(EngineError::Invalid(format!(
+                "at most {} records per append",
+                limits::RECORDS_PER_APPEND_MAX
+            )));
+        }
+        let body_bytes: usize = records.iter().map(|r| r.body.len()).sum();
+        if self.in_flight_bytes.get() + body_bytes > self.config.in_flight_bytes_max
+            && self.in_flight_bytes.get() > 0
+        {
+            return Err(EngineError::Overloaded {
+                limit: "in-flight bytes per core",
+                retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+            });
+        }
+        if self.unuploaded_bytes.get() > self.config.unuploaded_bytes_max {
+            return Err(EngineError::Overloaded {
+                limit: "unuploaded bytes per core (the object store is behind)",
+                retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+            });
+        }
+        // Before the stream's state moves: a refused append has no offset.
+        self.check_writable(frames_len(
+            &records,
+            producer.as_ref(),
+            writer_seq.as_deref(),
+        ))?;
+        let id = self.live_stream_id(name, false).await?;
+        self.one_incarnation_per_segment(name, id)?;
+        let now = now_ms();
+        let written = {
+            let mut streams = self.streams.borrow_mut();
+            let key = streams
+                .get_key_value(name)
+                .ok_or(EngineError::NotFound)?
+                .0
+                .clone();
+            let stream = streams.get_mut(&key).expect("looked up above");
+            if self.handing_off.borrow().contains(name) {
+                return Err(EngineError::NotOwner(
+                    "the stream is moving to another node; retry".into(),
+                ));
+            }
+            let command = AppendCommand {
+                records: records.len() as u64,
+                close,
+                match_offset,
+                producer: producer.as_ref(),
+                content_type: content_type.as_deref(),
+                writer_seq: writer_seq.as_deref(),
+            };
+            let outcome = stream.state.apply_append(command, now)?;
+            self.record_access(stream);
+            match outcome {
+                AppendOutcome::Appended {
+                    start_offset,
+                    next_offset,
+                    timestamp_ms,
+                    closed,
+                } => {
+                    let ack = AppendAck {
+                        start_offset: Some(start_offset),
+                        next_offset,
+                        timestamp_ms: Some(timestamp_ms),
+                        closed,
+                        duplicate_of_seq: None,
+                    };
+                    let frames = Frames {
+                        records: &records,
+                        close: closed,
+                        producer: producer.as_ref(),
+                        writer_seq: writer_seq.as_deref(),
+                    };
+                    let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
+                    Ok((rx, ack))
+                }
+                AppendOutcome::Closed { next_offset, newly } => {
+                    let ack = AppendAck {
+                        start_offset: None,
+                        next_offset,
+                        timestamp_ms: None,
+                        closed: true,
+                        duplicate_of_seq: None,
+                    };
+                    if newly {
+                        let frames = Frames {
+                            records: &records,
+                            close: true,
+                            producer: producer.as_ref(),
+                            writer_seq: None,
+                        };
+                        let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
+                        Ok((rx, ack))
+                    } else {
+                        Err((ack, next_offset, true))
+                    }
+                }
+                AppendOutcome::Duplicate {
+                    next_offset,
+                    last_seq,
+                    closed,
+                } => {
+                    let ack = AppendAck {
+                        start_offset: None,
+                        next_offset,
+                        timestamp_ms: None,
+                        closed,
+                        duplicate_of_seq: Some(last_seq),
+                    };
+                    Err((ack, next_offset, closed))
+                }
+            }
+        };
+        let (ack_rx, ack) = match written {
+            Ok(written) => written,
+            // Nothing to write (already closed, or a producer retry): answer once what the
+            // original request wrote is durable.
+            Err((ack, offset, closed)) => {
+                return self.after_durable(name, ack, offset, closed).await
+            }
+        };
+        self.commit_wanted.notify();
+        match ack_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(EngineError::ShuttingDown),
+        }
+        if let Some(start) = ack.start_offset {
+            CoreMetrics::add(&self.metrics.records_appended, ack.next_offset - start);
+            CoreMetrics::add(&self.metrics.bytes_appended, body_bytes as u64);
+        }
+        if ack.closed {
+            if let Ok(id) = self.live_stream_id(name, false).await {
+                // Durable already through the WAL close frame; the registry follows for listings.
+                let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+                drop(self.meta.close_stream_fenced(id, fence));
+            }
+        }
+        Ok(ack)
+    }
+
+    /// A segment's commit is fenced by one owner epoch per stream, so the active segment
+    /// never holds frames of two incarnations of a stream (lost to another node and loaded
+    /// here again while the segment was open): the older one's frames would be committed
+    /// under the newer one's epoch, beside offsets the newer one assigns again. Starts a new
+    /// segment when it would; without a spare WAL file for one, the append is refused as
+    /// retryable.
+    pub(super) fn one_incarnation_per_segment(
+        &self,
+        name: &str,
+        id: u64,
+    ) -> Result<(), EngineError> {
+        let Some(epoch) = self.streams.borrow().get(name).map(|s| s.epoch) else {
+            return Ok(());
+        };
+        let mixed = || {
+            self.log
+                .borrow()
+                .back()
+                .and_then(|segment| segment.index.get(&id))
+                .is_some_and(|entry| entry.epoch != epoch)
+        };
+        if mixed() {
+            self.rotate();
+            if mixed() {
+                return Err(EngineError::NotOwner(
+                    "the stream was just loaded again on this node; retry".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers a request that wrote nothing once everything before it is durable.
+    pub(super) async fn after_durable(
+        self: &Rc<Self>,
+        name: &str,
+        ack: AppendAck,
+        offset: u64,
+        closed: bool,
+    ) -> Result<AppendAck, EngineError> {
+        // The incarnation whose state made this a retry: only its own durable tail proves the
+        // original stored. If the stream is dropped (fenced: the original's append is refused)
+        // and loaded again here from the catalog, the new incarnation's tail passing `offset`
+        // says nothing about the original, which may never have been stored; answering then
+        // would tell a producer a sequence number is stored that no one has (found by the
+        // fault test's cluster profile: the producer was then refused with a sequence gap).
+        let incarnation = self
+            .streams
+            .borrow()
+            .get(name)
+            .map(|s| (s.state.id, s.epoch));
+        loop {
+            let rx = {
+                let mut streams = self.streams.borrow_mut();
+                let stream = match streams.get_mut(name) {
+                    Some(s) if Some((s.state.id, s.epoch)) == incarnation => s,
+                    None if self.cluster.is_none() => return Err(EngineError::NotFound),
+                    _ => {
+                        return Err(EngineError::NotOwner(
+                            "the stream moved before the original of this retry was stored; \
+                             retry"
+                                .into(),
+                        ))
+                    }
+                };
+                if stream.state.durable_offset >= offset && (!closed || stream.state.closed_durable)
+                {
+                    return Ok(ack);
+                }
+                let (tx, rx) = oneshot::channel();
+                stream.waiters.push(tx);
+                rx
+            };
+            let _ = rx.await;
+        }
+    }
+
+    /// Frames the records into the active segment and queues their acknowledgement. The last
+    /// frame of the request carries the request-end flag and the producer tuple.
+    pub(super) fn write_frames(
+        &self,
+        name: &Rc<str>,
+        stream: &mut Stream,
+        frames: Frames<'_>,
+        ack: &AppendAck,
+        body_bytes: usize,
+    ) -> oneshot::Receiver<Result<(), EngineError>> {
+        let Frames {
+            records,
+            close,
+            producer,
+            writer_seq,
+        } = frames;
+        self.maybe_rotate(frames_len(records, producer, writer_seq));
+        let mut log = self.log.borrow_mut();
+        let segment = log.back_mut().expect("an active segment always exists");
+        let id = stream.state.id;
+        let byte_start = segment.buf.len() as u64;
+        let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
+        let first_offset = ack.start_offset.unwrap_or(ack.next_offset);
+        for (i, record) in records.iter().enumerate() {
+            let last = i + 1 == records.len() && !close;
+            let meta = FrameMeta {
+                kind: FRAME_KIND_RECORD,
+                stream_id: id,
+                offset: first_offset + i as u64,
+                timestamp_ms: timestamp,
+                request_end: last,
+                producer: if last { producer } else { None },
+                writer_seq: if last { writer_seq } else { None },
+            };
+            frame::encode_frame(&mut segment.buf, meta, &record.headers, &record.body);
+        }
+        if close {
+            let meta = FrameMeta {
+                kind: FRAME_KIND_CLOSE,
+                stream_id: id,
+                offset: ack.next_offset,
+                timestamp_ms: timestamp,
+                request_end: true,
+                producer,
+                writer_seq,
+            };
+            frame::encode_frame(&mut segment.buf, meta, &[], &[]);
+        }
+        let byte_end = segment.buf.len() as u64;
+        let entry = segment.index.entry(id).or_default();
+        if entry.name.is_none() {
+            entry.name = Some(name.clone());
+        }
+        entry.epoch = stream.epoch;
+        entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
+        entry.closed |= close;
+        if let Some(writer_seq) = writer_seq {
+            entry.writer_seq = Some(writer_seq.to_string());
+        }
+        if let Some(producer) = producer {
+            entry
+                .producers
+                .insert(producer.id.clone(), (producer.epoch, producer.seq));
+            if close {
+                entry.closed_by = Some(producer.clone());
+            }
+        }
+        if !records.is_empty() {
+            let run = SegmentRun {
+                first_offset,
+                next_offset: ack.next_offset,
+                byte_start,
+                byte_end,
+            };
+            match entry.runs.last_mut() {
+                Some(last) if last.byte_end == byte_start && last.next_offset == first_offset => {
+                    last.next_offset = run.next_offset;
+                    last.byte_end = run.byte_end;
+                }
+                _ => entry.runs.push(run),
+            }
+            let chunk = Chunk {
+                first_offset,
+                next_offset: ack.next_offset,
+                segment: segment.no,
+                byte_start,
+                byte_end,
+                last_timestamp_ms: timestamp,
+            };
+            match stream.chunks.last_mut() {
+                Some(last)
+                    if last.segment == chunk.segment
+                        && last.byte_end == byte_start
+                        && last.next_offset == first_offset
+                        && last.byte_end - last.byte_start < limits::CHUNK_BYTES_MAX =>
+                {
+                    last.next_offset = chunk.next_offset;
+                    last.byte_end = chunk.byte_end;
+                    last.last_timestamp_ms = chunk.last_timestamp_ms;
+                }
+                _ => stream.chunks.push(chunk),
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        self.in_flight_bytes
+            .set(self.in_flight_bytes.get() + body_bytes);
+        self.pending.borrow_mut().push_back(PendingAck {
+            segment: segment.no,
+            end: segment.buf.len(),
+            name: name.clone(),
+            stream_id: id,
+            epoch: stream.epoch,
+            next_offset: ack.next_offset,
+            closed: close,
+            body_bytes,
+            reply: tx,
+        });
+        rx
+    }
+}

@@ -1,0 +1,190 @@
+//! Group commit: the commit loop writes what arrived since its last round to the WAL with one
+//! write and one `fdatasync`, seals finished segments and keeps a spare WAL file ready; the
+//! age loop seals segments that grew old.
+
+use std::path::Path;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
+use crate::metrics::CoreMetrics;
+use crate::Durability;
+
+use super::state::Shard;
+use super::wal::same_file;
+
+impl Shard {
+    pub(super) async fn commit_loop(self: Rc<Self>) {
+        loop {
+            self.commit_wanted.wait().await;
+            loop {
+                match self.commit_round().await {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(message) => {
+                        self.set_health(WalHealth::Failed {
+                            message: message.clone(),
+                        });
+                        self.fail_pending(&message);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes the oldest open segment with unwritten bytes durable, seals a finished one, and
+    /// keeps a spare WAL file ready. Returns whether there may be more to do.
+    pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, String> {
+        // The spare WAL file is created while idle, or right away once the active segment is
+        // half full, so creating it rarely delays an acknowledgement and a rotation never
+        // waits for it.
+        let active_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
+        let idle = self
+            .log
+            .borrow()
+            .iter()
+            .all(|s| s.durable_len == s.buf.len());
+        let wanted = idle || active_len >= self.config.segment_size / 2;
+        let due = self
+            .next_file_retry_at
+            .get()
+            .is_none_or(|at| Instant::now() >= at);
+        if self.wal_enabled() && self.spare_wal.borrow().is_none() && wanted && due {
+            // A spare that cannot be made fails no append: the active file was made with
+            // room for its segment, and only appends past that room are refused.
+            match self.create_wal_file().await {
+                Ok(spare) => {
+                    self.next_file_retry_at.set(None);
+                    // (A failed WAL ends the commit loop: no round runs after it.)
+                    self.set_health(WalHealth::Ok);
+                    *self.spare_wal.borrow_mut() = spare;
+                    let overdue = self
+                        .log
+                        .borrow()
+                        .back()
+                        .is_some_and(|s| s.buf.len() >= self.config.segment_size);
+                    if overdue {
+                        self.rotate();
+                    }
+                }
+                // The round goes on: what the active file holds is still made durable.
+                Err(e) => {
+                    let retry_at = Instant::now() + Duration::from_millis(WAL_FILE_RETRY_MS);
+                    self.next_file_retry_at.set(Some(retry_at));
+                    self.set_health(WalHealth::NoNextFile {
+                        message: e.message,
+                        out_of_space: e.out_of_space,
+                    });
+                }
+            }
+        }
+        let job = {
+            let log = self.log.borrow();
+            let count = log.len();
+            log.iter().enumerate().find_map(|(i, segment)| {
+                let sealed = i + 1 < count;
+                if segment.durable_len < segment.buf.len() {
+                    Some((segment.no, false))
+                } else if sealed {
+                    Some((segment.no, true))
+                } else {
+                    None
+                }
+            })
+        };
+        let Some((no, seal)) = job else {
+            return Ok(false);
+        };
+        if seal {
+            self.seal_front(no);
+            return Ok(true);
+        }
+        let (file, start, len, buffer, path) = {
+            let log = self.log.borrow();
+            let segment = log.iter().find(|s| s.no == no).expect("picked above");
+            let len = segment.buf.len();
+            match &segment.wal {
+                None => (None, 0, len, None, None),
+                Some(file) => {
+                    let align = file.alignment() as usize;
+                    let start = segment.durable_len / align * align;
+                    let size = (len - start).div_ceil(align) * align;
+                    let mut buffer = file.alloc_dma_buffer(size);
+                    let dst = buffer.as_bytes_mut();
+                    dst[..len - start].copy_from_slice(&segment.buf[start..len]);
+                    dst[len - start..].fill(0);
+                    let path = segment.wal_path.clone();
+                    (Some(file.clone()), start, len, Some(buffer), path)
+                }
+            }
+        };
+        if let (Some(file), Some(buffer)) = (file, buffer) {
+            let shown = path.as_deref().unwrap_or(Path::new("?")).display();
+            #[cfg(feature = "fault-injection")]
+            if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Write)
+            {
+                return Err(format!("WAL write to {shown}: {e}"));
+            }
+            // A short write is an error too: the bytes past it are not on disk.
+            let written = file
+                .write_at(buffer, start as u64)
+                .await
+                .map_err(|e| format!("WAL write to {shown}: {e}"))?;
+            if written < len - start {
+                return Err(format!(
+                    "WAL write to {shown}: {written} of {} bytes written",
+                    len - start
+                ));
+            }
+            let synced = Instant::now();
+            #[cfg(feature = "fault-injection")]
+            if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync) {
+                return Err(format!("WAL fdatasync of {shown}: {e}"));
+            }
+            file.fdatasync()
+                .await
+                .map_err(|e| format!("WAL fdatasync of {shown}: {e}"))?;
+            CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
+            self.metrics.wal_fsync_latency.observe(synced.elapsed());
+            if let Some(path) = &path {
+                same_file(&file, path)?;
+            }
+        }
+        if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
+            segment.durable_len = len;
+        }
+        self.release_acks();
+        Ok(true)
+    }
+
+    pub(super) async fn age_loop(self: Rc<Self>) {
+        let period_ms = (self.config.segment_max_age_ms.max(10) / 2 + 1).min(WAL_FILE_RETRY_MS);
+        let period = Duration::from_millis(period_ms);
+        loop {
+            glommio::timer::sleep(period).await;
+            // A WAL file that could not be made is tried again even when no append comes.
+            if matches!(*self.health.borrow(), WalHealth::NoNextFile { .. }) {
+                self.commit_wanted.notify();
+            }
+            let old = {
+                let log = self.log.borrow();
+                let active = log.back().expect("an active segment always exists");
+                !active.buf.is_empty()
+                    && active.opened.elapsed()
+                        >= Duration::from_millis(self.config.segment_max_age_ms)
+            };
+            if old {
+                self.rotate();
+            }
+            // Acknowledgements held back while this node's lease was in doubt go out once it
+            // is valid again, even when no new append comes to trigger a commit round.
+            let held = self.config.durability != Durability::Object
+                && self.cluster.as_ref().is_some_and(|c| c.lease_valid())
+                && !self.pending.borrow().is_empty();
+            if held {
+                self.release_acks();
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Fenced metadata writes (cluster): the fence of a stream's writes, and letting a stream go
+//! when another node owns it now (its pending appends fail, its readers are sent on).
+
+use std::rc::Rc;
+
+use pico_meta::{Fence, MetaError, NodeId, SegmentRecord};
+
+use crate::error::EngineError;
+use crate::limits;
+use crate::metrics::CoreMetrics;
+use crate::Durability;
+
+use super::state::Shard;
+use super::stream::Stream;
+
+impl Shard {
+    /// The fence of metadata writes for `stream` (cluster only).
+    pub(super) fn fence(&self, stream: &Stream) -> Option<Fence> {
+        self.cluster.as_ref().map(|cluster| Fence {
+            node: cluster.node_id(),
+            epoch: stream.epoch,
+        })
+    }
+
+    /// A fenced metadata write's result: when another node owns the stream now, this core
+    /// lets it go, and the request is told to retry there.
+    pub(super) fn meta_result<T>(
+        &self,
+        name: &str,
+        id: u64,
+        result: Result<T, MetaError>,
+    ) -> Result<T, EngineError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(MetaError::Fenced(message)) => {
+                log::warn!("core {}: {name}: {message}", self.core);
+                self.forget_stream(name, id, None);
+                Err(EngineError::NotOwner(format!("{message}; retry")))
+            }
+            Err(e) => Err(EngineError::Storage(e.to_string())),
+        }
+    }
+
+    /// What a request for a stream this core does not hold gets: a redirect when another node
+    /// is known to serve it, else not found.
+    pub(super) fn missing(&self, name: &str) -> EngineError {
+        let (Some(cluster), Some(node)) = (&self.cluster, self.remote.borrow().get(name).copied())
+        else {
+            return EngineError::NotFound;
+        };
+        if node == 0 {
+            EngineError::NotOwner("the stream moved to another node; retry".into())
+        } else {
+            cluster.moved(node)
+        }
+    }
+
+    pub(super) fn remember_remote(&self, name: &str, node: NodeId) {
+        let mut remote = self.remote.borrow_mut();
+        if remote.len() >= limits::REMOTE_STREAMS_PER_CORE_MAX {
+            remote.clear();
+        }
+        remote.insert(Rc::from(name), node);
+    }
+
+    /// Drops a stream this node no longer owns (fenced, revalidated away, or handed off):
+    /// its pending appends fail, its readers wake up and are sent on (`to`: the new owner when
+    /// known).
+    pub(super) fn forget_stream(&self, name: &str, id: u64, to: Option<NodeId>) {
+        let removed = {
+            let mut streams = self.streams.borrow_mut();
+            if streams.get(name).is_some_and(|s| s.state.id == id) {
+                streams.remove(name)
+            } else {
+                None
+            }
+        };
+        self.remember_remote(name, to.unwrap_or(0));
+        if let Some(stream) = removed {
+            self.fenced.borrow_mut().insert((id, stream.epoch));
+            CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
+            for waiter in stream.waiters {
+                let _ = waiter.send(());
+            }
+            self.release_acks();
+        }
+    }
+
+    /// A sealed segment's entries for stream `id`, written at owner epoch `epoch`, were
+    /// refused at commit: another node owns the stream now, or this node owns a newer
+    /// incarnation of it (loaded from the catalog, without these frames). The caller has
+    /// already fenced `(id, epoch)`, so none of those appends is acknowledged.
+    pub(super) fn lost_at_commit(
+        &self,
+        id: u64,
+        epoch: u64,
+        name: Option<&Rc<str>>,
+        record: &SegmentRecord,
+    ) {
+        let runs = record
+            .streams
+            .iter()
+            .find(|e| e.stream_id == id)
+            .map(|e| format!("{:?}", e.runs))
+            .unwrap_or_default();
+        if self.config.durability == Durability::Object {
+            log::warn!(
+                "core {}: stream {id} moved to another node; its unacknowledged appends {runs} \
+                 were refused",
+                self.core
+            );
+        } else {
+            log::error!(
+                "core {}: stream {id} moved to another node before segment {} was stored: \
+                 records {runs}, acknowledged with local durability, are not part of the stream \
+                 (they stay in that object)",
+                self.core,
+                record.key
+            );
+        }
+        let Some(name) = name else { return };
+        // A newer incarnation loaded here since is not the refused one: it stays.
+        let refused_is_live = self
+            .streams
+            .borrow()
+            .get(&**name)
+            .is_some_and(|s| s.state.id == id && s.epoch == epoch);
+        if refused_is_live {
+            self.forget_stream(name, id, None);
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Cluster ownership moves: routing a request to the node that serves the stream, adopting a
+//! stream this node now owns, handing one to another node, and revalidating after a lapsed
+//! lease.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use pico_meta::{Fence, MetaError, PendingTransfer};
+
+use crate::api::Op;
+use crate::error::EngineError;
+use crate::limits;
+use crate::node::stream_seeds;
+
+use super::state::Shard;
+use super::stream::StreamSeed;
+
+impl Shard {
+    /// Before an operation on a stream this core does not hold: find who serves it. Ours but
+    /// not loaded (taken over, transferred here): load it. Another live node's: redirect. A new
+    /// name: create it here if placement says so.
+    pub(super) async fn route(self: &Rc<Self>, name: &str, op: &Op) -> Result<(), EngineError> {
+        let Some(cluster) = self.cluster.clone() else {
+            return Ok(());
+        };
+        let me = cluster.node_id();
+        while self.handing_off.borrow().contains(name) {
+            self.handed_off.wait().await;
+        }
+        if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
+            return Ok(());
+        }
+        // Always asked of the metadata log, never answered from memory: after a transfer
+        // two nodes' memories could send a client back and forth. A client talking to the
+        // wrong node pays one indexed lookup per request, the owner's requests pay nothing.
+        // An owner whose lease lapsed is replaced by the keeper within a lease round: wait for
+        // that (bounded) rather than fail the request.
+        let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
+        loop {
+            let found = meta_answer(self.meta.lookup_stream(name).await)?;
+            let Some((row, ownership)) = found else {
+                self.remote.borrow_mut().remove(name);
+                // A fork is created where its source lives (this node: the source's core just
+                // resolved the fork point here), so a family is never split.
+                if matches!(op, Op::Create { fork: None, .. }) {
+                    if let Some(target) = cluster.place(name).filter(|&n| n != me) {
+                        return Err(cluster.moved(target));
+                    }
+                }
+                return Ok(()); // a new name: created here, or not found
+            };
+            match ownership.node {
+                Some(node) if node == me => return self.adopt(name, row.id).await,
+                Some(node) if cluster.live_node(node).is_some() => {
+                    return Err(cluster.moved(node));
+                }
+                owner => {
+                    if Instant::now() >= deadline {
+                        return Err(EngineError::NotOwner(format!(
+                            "stream {name} is owned by {}, which does not renew its lease, \
+                             and no node took it over yet; retry",
+                            owner.map_or("no node".to_string(), |n| format!("node {n}"))
+                        )));
+                    }
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Starts serving stream `id` (named `name`), which this node owns now: its state comes
+    /// from the catalog (the previous owner stored everything before handing it over, or
+    /// acknowledged only what was stored, with object durability).
+    pub(super) async fn adopt(self: &Rc<Self>, name: &str, id: u64) -> Result<(), EngineError> {
+        let me = self.cluster.as_ref().map(|c| c.node_id());
+        let load = meta_answer(self.meta.load_stream(id).await)?;
+        let Some(load) = load else {
+            return Ok(()); // deleted meanwhile: not found
+        };
+        if load.ownership.node != me {
+            let cluster = self.cluster.as_ref().expect("adopt runs in a cluster");
+            return Err(cluster.moved_to(load.ownership.node));
+        }
+        if self.streams.borrow().contains_key(name) {
+            return Ok(()); // another request loaded it meanwhile
+        }
+        let seeds: Vec<StreamSeed> = stream_seeds(&load.snapshot)
+            .into_iter()
+            .map(|mut seed| {
+                seed.epoch = load.ownership.epoch;
+                seed.fork_refs = load.fork_refs;
+                seed
+            })
+            .collect();
+        log::info!(
+            "core {}: serving {name} (stream {id}) at owner epoch {}",
+            self.core,
+            load.ownership.epoch
+        );
+        self.load_seeds(seeds);
+        Ok(())
+    }
+
+    /// Hands a stream to another node: new operations wait, what this core holds of the
+    /// stream is stored (sealed, uploaded, in the catalog), then the owner changes in one
+    /// fenced update and the waiting operations are redirected.
+    pub(crate) async fn hand_off(self: &Rc<Self>, transfer: PendingTransfer) {
+        let Some(cluster) = self.cluster.clone() else {
+            return;
+        };
+        let name: Rc<str> = Rc::from(transfer.name.as_str());
+        let held = self
+            .streams
+            .borrow()
+            .get(&*name)
+            .map(|s| (s.state.id, s.epoch));
+        if held.is_some_and(|(id, epoch)| id != transfer.stream_id || epoch != transfer.epoch) {
+            return; // not the row the transfer names: the next lease round has the news
+        }
+        self.handing_off.borrow_mut().insert(name.clone());
+        let stored = held.is_none()
+            || self
+                .flush_through_active(Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS))
+                .await;
+        let fence = Fence {
+            node: cluster.node_id(),
+            epoch: transfer.epoch,
+        };
+        if stored {
+            match self
+                .meta
+                .complete_transfer(transfer.stream_id, fence, transfer.to_node)
+                .await
+            {
+                Ok(Ok(epoch)) => {
+                    log::info!(
+                        "core {}: handed {} to node {} (owner epoch {epoch})",
+                        self.core,
+                        transfer.name,
+                        transfer.to_node
+                    );
+                    self.forget_stream(&name, transfer.stream_id, Some(transfer.to_node));
+                }
+                Ok(Err(e)) => log::warn!("transfer of {}: {e}", transfer.name),
+                Err(_) => {}
+            }
+        } else {
+            log::warn!(
+                "transfer of {}: its data was not stored within {:?}; will retry",
+                transfer.name,
+                Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS)
+            );
+        }
+        self.handing_off.borrow_mut().remove(&name);
+        self.handed_off.notify();
+    }
+
+    /// After this node's lease lapsed and was renewed: keep only the streams it still owns
+    /// at the same epoch (`owned`: id → owner epoch), let the others go.
+    pub(crate) fn revalidate(&self, owned: &HashMap<u64, u64>) {
+        let lost: Vec<(Rc<str>, u64)> = self
+            .streams
+            .borrow()
+            .iter()
+            .filter(|(_, s)| owned.get(&s.state.id) != Some(&s.epoch))
+            .map(|(name, s)| (name.clone(), s.state.id))
+            .collect();
+        for (name, id) in lost {
+            log::warn!(
+                "core {}: {name} (stream {id}) moved to another node while this node's lease \
+                 had lapsed",
+                self.core
+            );
+            self.forget_stream(&name, id, None);
+        }
+        self.release_acks();
+    }
+}
+
+/// A metadata answer as the engine's result: a dropped answer means the store is stopping.
+pub(super) fn meta_answer<T>(
+    answer: Result<Result<T, MetaError>, futures_channel::oneshot::Canceled>,
+) -> Result<T, EngineError> {
+    answer
+        .map_err(|_| EngineError::ShuttingDown)?
+        .map_err(|e| EngineError::Storage(e.to_string()))
+}

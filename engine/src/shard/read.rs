@@ -1,0 +1,278 @@
+//! Reads: one pass over a stream's chunks within the request's budgets, long-polls parked on
+//! the stream's waiters, and fork reads of what a fork inherited.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_channel::oneshot;
+
+use crate::api::{ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordView};
+use crate::error::EngineError;
+use crate::frame::{self, FRAME_KIND_RECORD};
+use crate::limits;
+use crate::metrics::GaugeGuard;
+
+use super::state::Shard;
+
+impl Shard {
+    pub(super) async fn read(
+        self: &Rc<Self>,
+        name: &str,
+        request: ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
+        if let Some(bound) = request.bound {
+            return Box::pin(self.read_bounded(name, bound, &request)).await;
+        }
+        let deadline = request
+            .wait_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
+        let mut from = match request.from {
+            ReadFrom::Offset(offset) => offset,
+            ReadFrom::AtLeast(offset) => {
+                self.live_stream_id(name, false).await?;
+                let streams = self.streams.borrow();
+                let state = &streams.get(name).ok_or(EngineError::NotFound)?.state;
+                offset.max(state.start_offset)
+            }
+            ReadFrom::Tail => {
+                self.live_stream_id(name, false).await?;
+                let streams = self.streams.borrow();
+                streams
+                    .get(name)
+                    .ok_or(EngineError::NotFound)?
+                    .state
+                    .durable_offset
+            }
+        };
+        loop {
+            self.live_stream_id(name, true).await?;
+            if let Some(batch) = self.inherited_below(name, from, &request) {
+                return Ok(batch);
+            }
+            // On the heap while it runs (it may fetch from the object store): a read parked
+            // at the tail then holds only this loop's few words.
+            let batch = Box::pin(self.read_once(name, from, &request)).await?;
+            let Some(deadline) = deadline else {
+                return Ok(batch);
+            };
+            if !batch.records.is_empty() || batch.closed || from < batch.tail {
+                return Ok(batch);
+            }
+            let now = Instant::now();
+            if now >= deadline || self.stopping.get() {
+                return Ok(batch);
+            }
+            let rx = {
+                let mut streams = self.streams.borrow_mut();
+                let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+                stream.waiters.retain(|w| !w.is_canceled());
+                if stream.waiters.len() >= limits::WAITERS_PER_STREAM_MAX {
+                    return Err(EngineError::Overloaded {
+                        limit: "waiters per stream",
+                        retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
+                    });
+                }
+                let (tx, rx) = oneshot::channel();
+                stream.waiters.push(tx);
+                rx
+            };
+            let parked = GaugeGuard::enter(&self.metrics.live_waiters);
+            let woken = futures_lite::future::or(async { rx.await.is_ok() }, async {
+                glommio::timer::sleep(deadline - now).await;
+                false
+            })
+            .await;
+            drop(parked);
+            if !woken {
+                self.live_stream_id(name, false).await?;
+                let batch = Box::pin(self.read_once(name, from, &request)).await?;
+                return Ok(batch);
+            }
+            from = batch.next_offset;
+        }
+    }
+
+    /// A fork read starting below the fork point: an empty batch naming the source, which the
+    /// node reads (see `CoreHandle::read`).
+    pub(super) fn inherited_below(
+        &self,
+        name: &str,
+        from: u64,
+        request: &ReadRequest,
+    ) -> Option<ReadBatch> {
+        let streams = self.streams.borrow();
+        let state = &streams.get(name)?.state;
+        let origin = state.fork.as_ref().filter(|o| from < o.base())?;
+        Some(ReadBatch {
+            from,
+            records: Vec::new(),
+            next_offset: from,
+            tail: state.durable_offset,
+            closed: false,
+            content_type: request
+                .with_content_type
+                .then(|| state.config.content_type.clone()),
+            inherit: Some(origin.clone()),
+        })
+    }
+
+    /// A fork reading what it inherited from this stream: records below `bound.until` and
+    /// the first `bound.partial_bytes` of record `bound.until`, also when the stream is
+    /// deleted for clients or expired (the fork keeps it).
+    pub(super) async fn read_bounded(
+        self: &Rc<Self>,
+        name: &str,
+        bound: ReadBound,
+        request: &ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
+        let end = bound.until + u64::from(bound.partial_bytes > 0);
+        let from = {
+            let streams = self.streams.borrow();
+            let stream = streams
+                .get(name)
+                .filter(|s| s.state.id == bound.source_id)
+                .ok_or(EngineError::NotFound)?;
+            if end > stream.state.durable_offset {
+                return Err(EngineError::Storage(format!(
+                    "fork source {name} holds fewer records than its forks inherited"
+                )));
+            }
+            match request.from {
+                ReadFrom::Offset(offset) => offset,
+                // A trim of the source also removed what its forks inherited from there;
+                // past the fork point, the fork's own records come next.
+                ReadFrom::AtLeast(offset) => offset.max(stream.state.start_offset.min(end)),
+                ReadFrom::Tail => bound.until,
+            }
+        };
+        if from >= end {
+            return Ok(ReadBatch {
+                from,
+                records: Vec::new(),
+                next_offset: from,
+                tail: end,
+                closed: false,
+                content_type: None,
+                inherit: None,
+            });
+        }
+        if let Some(batch) = self.inherited_below(name, from, request) {
+            return Ok(batch);
+        }
+        let limited = ReadRequest {
+            max_records: request.max_records.min((end - from) as usize),
+            ..request.clone()
+        };
+        let mut batch = self.read_once(name, from, &limited).await?;
+        batch.records.retain(|r| r.offset < end);
+        if bound.partial_bytes > 0 {
+            if let Some(last) = batch.records.last_mut().filter(|r| r.offset == bound.until) {
+                let keep = (bound.partial_bytes as usize).min(last.body.len());
+                last.body = last.body.slice(..keep);
+            }
+        }
+        batch.next_offset = batch.records.last().map_or(from, |r| r.offset + 1);
+        batch.tail = end;
+        batch.closed = false;
+        batch.content_type = None;
+        Ok(batch)
+    }
+
+    /// One pass over the stored chunks from `from`, bounded by the request's budgets.
+    pub(super) async fn read_once(
+        self: &Rc<Self>,
+        name: &str,
+        from: u64,
+        request: &ReadRequest,
+    ) -> Result<ReadBatch, EngineError> {
+        let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
+        let max_bytes = request.max_bytes.max(1);
+        let (chunks, tail, closed_durable, stream_id, content_type) = {
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            stream.state.check_read(from)?;
+            let tail = stream.state.durable_offset;
+            let first = stream.chunks.partition_point(|c| c.next_offset <= from);
+            let mut picked = Vec::new();
+            let mut bytes = 0u64;
+            for chunk in &stream.chunks[first..] {
+                if chunk.first_offset >= tail || bytes >= max_bytes as u64 {
+                    break;
+                }
+                bytes += chunk.byte_end - chunk.byte_start;
+                picked.push(*chunk);
+            }
+            let content_type = request
+                .with_content_type
+                .then(|| stream.state.config.content_type.clone());
+            (
+                picked,
+                tail,
+                stream.state.closed_durable,
+                stream.state.id,
+                content_type,
+            )
+        };
+        let mut records = Vec::new();
+        let mut bytes = 0usize;
+        let mut next = from;
+        let mut prefetched = 0;
+        'chunks: for (i, chunk) in chunks.iter().enumerate() {
+            while prefetched < chunks.len().min(i + limits::READ_CHUNKS_AHEAD) {
+                self.prefetch(&chunks[prefetched]);
+                prefetched += 1;
+            }
+            let (data, trusted) = self.chunk_bytes(chunk).await?;
+            let mut pos = 0usize;
+            let corrupt = |e| {
+                EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
+            };
+            while pos < data.len() {
+                // A sealed segment's chunk may span other streams' frames: skip them by header.
+                // Frames still in this process's memory were CRC'd when written; what came
+                // back from the object store is checked.
+                let checked = if trusted {
+                    frame::check_frame_trusted(&data, pos)
+                } else {
+                    frame::check_frame(&data, pos)
+                };
+                let (header, len) = checked.map_err(corrupt)?;
+                let at = pos;
+                pos += len;
+                if header.stream_id.get() != stream_id
+                    || header.kind != FRAME_KIND_RECORD
+                    || header.offset.get() < next
+                {
+                    continue;
+                }
+                let frame = frame::frame_at(&data, at, &header, len);
+                if frame.offset >= tail
+                    || records.len() >= max_records
+                    || (!records.is_empty() && bytes + len > max_bytes)
+                {
+                    break 'chunks;
+                }
+                bytes += len;
+                next = frame.offset + 1;
+                records.push(RecordView {
+                    offset: frame.offset,
+                    timestamp_ms: frame.timestamp_ms,
+                    headers: frame.headers,
+                    body: frame.body,
+                });
+            }
+        }
+        if records.is_empty() {
+            next = from;
+        }
+        Ok(ReadBatch {
+            from,
+            records,
+            next_offset: next,
+            tail,
+            closed: closed_durable && next >= tail,
+            content_type,
+            inherit: None,
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! A core's background rounds: retention (trim or delete by a stream's policy, docs/api.md),
+//! the reaper of expired streams, and the gauges' refresh.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::limits;
+use crate::metrics::CoreMetrics;
+use crate::now_ms;
+
+use super::state::Shard;
+use super::stream::{Chunk, Stream};
+
+/// What one stream's retention policy asks for now.
+pub(super) enum RetentionAction {
+    /// Raise the start from `from` to `to`.
+    Trim { name: Rc<str>, from: u64, to: u64 },
+    /// The stream is empty and idle past its delete-on-empty time.
+    Delete { name: Rc<str> },
+}
+
+/// Retention acts on whole chunks of a stream (each within one segment), only on durable
+/// records, and never on a stream that forks read through (`fork_refs`) or on a fork (whose
+/// first records are its source's): those keep what they have until the forks are gone.
+pub(super) fn retention_action(
+    name: &Rc<str>,
+    stream: &Stream,
+    now_ms: i64,
+) -> Option<RetentionAction> {
+    let state = &stream.state;
+    let retention = state.config.retention;
+    if retention.is_off() || state.fork_refs > 0 || state.fork.is_some() || state.soft_deleted {
+        return None;
+    }
+    let durable = |c: &&Chunk| c.next_offset <= state.durable_offset;
+    let mut to = state.start_offset;
+    if let Some(age_ms) = retention.age_ms {
+        let cutoff = now_ms.saturating_sub(i64::try_from(age_ms).unwrap_or(i64::MAX));
+        for chunk in stream.chunks.iter().take_while(durable) {
+            if chunk.last_timestamp_ms >= cutoff {
+                break;
+            }
+            to = to.max(chunk.next_offset);
+        }
+    }
+    if let Some(limit) = retention.bytes {
+        let size = |c: &Chunk| c.byte_end - c.byte_start;
+        let mut stored: u64 = stream
+            .chunks
+            .iter()
+            .filter(|c| c.next_offset > to)
+            .map(size)
+            .sum();
+        // The newest chunk stays, so a byte limit never empties a stream by itself.
+        let older = stream.chunks.len().saturating_sub(1);
+        for chunk in stream.chunks.iter().take(older).take_while(durable) {
+            if stored <= limit {
+                break;
+            }
+            if chunk.next_offset > to {
+                stored -= size(chunk);
+                to = chunk.next_offset;
+            }
+        }
+    }
+    if to > state.start_offset {
+        return Some(RetentionAction::Trim {
+            name: name.clone(),
+            from: state.start_offset,
+            to,
+        });
+    }
+    if let Some(idle_ms) = retention.delete_on_empty_ms {
+        let empty =
+            state.start_offset >= state.durable_offset && state.next_offset == state.durable_offset;
+        let last_write_ms = state.last_timestamp_ms.max(state.created_ms);
+        let idle = now_ms.saturating_sub(last_write_ms);
+        if empty && idle >= i64::try_from(idle_ms).unwrap_or(i64::MAX) {
+            return Some(RetentionAction::Delete { name: name.clone() });
+        }
+    }
+    None
+}
+
+impl Shard {
+    /// Applies the streams' retention policies (docs/api.md, Retention): each round looks at
+    /// up to `RETENTION_STREAMS_PER_ROUND` streams, resuming after the last one, decides from
+    /// memory and then trims (or deletes) at most `RETENTION_ACTIONS_PER_ROUND` of them, each
+    /// a fenced metadata write like a client's trim. Appends never wait for it: it runs
+    /// between them on this core, one short step at a time. The sealed segments it leaves
+    /// holding nothing readable are reclaimed by the garbage collector.
+    pub(super) async fn retention_loop(self: Rc<Self>) {
+        let mut after: Option<Rc<str>> = None;
+        loop {
+            glommio::timer::sleep(Duration::from_millis(limits::RETENTION_INTERVAL_MS)).await;
+            if self.stopping.get() {
+                return;
+            }
+            let (actions, next) = self.retention_round(after.as_deref(), now_ms());
+            after = next;
+            for action in actions {
+                match action {
+                    RetentionAction::Trim { name, from, to } => {
+                        match self.trim_to(&name, to, false).await {
+                            Ok(start) => CoreMetrics::add(
+                                &self.metrics.retention_records,
+                                start.saturating_sub(from),
+                            ),
+                            Err(e) => log::debug!("retention trim of {name}: {e}"),
+                        }
+                    }
+                    RetentionAction::Delete { name } => match self.delete(&name).await {
+                        Ok(()) => {
+                            log::info!("retention: deleted {name} (empty)");
+                            CoreMetrics::add(&self.metrics.retention_deleted_streams, 1);
+                        }
+                        Err(e) => log::debug!("retention delete of {name}: {e}"),
+                    },
+                }
+            }
+        }
+    }
+
+    /// One retention round's decisions, from memory; the name to resume after (`None`: the
+    /// round reached the last stream, the next starts over).
+    pub(super) fn retention_round(
+        &self,
+        after: Option<&str>,
+        now_ms: i64,
+    ) -> (Vec<RetentionAction>, Option<Rc<str>>) {
+        use std::ops::Bound;
+        let streams = self.streams.borrow();
+        let range = match after {
+            Some(name) => streams.range::<str, _>((Bound::Excluded(name), Bound::Unbounded)),
+            None => streams.range::<str, _>(..),
+        };
+        let mut actions = Vec::new();
+        let mut last = None;
+        for (seen, (name, stream)) in range.enumerate() {
+            if seen >= limits::RETENTION_STREAMS_PER_ROUND
+                || actions.len() >= limits::RETENTION_ACTIONS_PER_ROUND
+            {
+                return (actions, last);
+            }
+            last = Some(name.clone());
+            if let Some(action) = retention_action(name, stream, now_ms) {
+                actions.push(action);
+            }
+        }
+        (actions, None)
+    }
+
+    /// Refreshes the gauges the admin listener reads (at most a moment stale).
+    pub(super) async fn gauges_loop(self: Rc<Self>) {
+        loop {
+            let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
+            let memory = log_bytes + self.cached_bytes.get() + self.block_bytes.get();
+            CoreMetrics::set(&self.metrics.memory_bytes, memory as u64);
+            CoreMetrics::set(
+                &self.metrics.upload_backlog_bytes,
+                self.unuploaded_bytes.get() as u64,
+            );
+            CoreMetrics::set(&self.metrics.segments, self.segments.borrow().len() as u64);
+            glommio::timer::sleep(Duration::from_millis(limits::GAUGE_REFRESH_MS)).await;
+        }
+    }
+
+    /// Deletes expired streams nobody touches, so their metadata does not linger.
+    pub(super) async fn reaper_loop(self: Rc<Self>) {
+        loop {
+            glommio::timer::sleep(Duration::from_millis(limits::REAPER_INTERVAL_MS)).await;
+            let now = now_ms();
+            let expired: Vec<(Rc<str>, u64)> = self
+                .streams
+                .borrow()
+                .iter()
+                .filter(|(_, s)| s.state.is_expired(now) && s.state.fork_refs == 0)
+                .take(limits::REAPER_STREAMS_PER_ROUND)
+                .map(|(name, s)| (name.clone(), s.state.id))
+                .collect();
+            for (name, id) in expired {
+                if let Err(e) = self.remove_stream(&name, id).await {
+                    log::warn!(
+                        "core {}: could not reap expired stream {name}: {e}",
+                        self.core
+                    );
+                }
+            }
+        }
+    }
+}

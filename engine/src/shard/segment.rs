@@ -1,0 +1,239 @@
+//! Building and sealing segments: opening the next active segment, rotating when it is full,
+//! sealing the oldest finished one into its catalog record, and flushes that wait until every
+//! segment is stored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use glommio::io::DmaFile;
+use pico_meta::{ProducerState, SegmentFence, SegmentRecord, SegmentStreamEntry};
+
+use crate::limits;
+use crate::now_ms;
+
+use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard};
+use super::stream::{coarsen, IndexEntry};
+use super::upload::Sealed;
+use super::wal::remove_wal;
+
+impl Shard {
+    pub(super) fn open_segment(&self, wal: Option<(Rc<DmaFile>, PathBuf, u64)>) {
+        let counter = match &wal {
+            Some((_, _, counter)) => *counter,
+            None => {
+                let counter = self.segment_counter.get();
+                self.segment_counter.set(counter + 1);
+                counter
+            }
+        };
+        let (_, key) = self.wal_path(counter);
+        let no = self.next_segment_no.get();
+        self.next_segment_no.set(no + 1);
+        let (file, path) = match wal {
+            Some((file, path, _)) => (Some(file), Some(path)),
+            None => (None, None),
+        };
+        self.segments.borrow_mut().insert(
+            no,
+            SegmentSlot {
+                key: Rc::from(key.as_str()),
+                data: SegmentData::Open,
+                uploaded: false,
+                size: 0,
+            },
+        );
+        self.log.borrow_mut().push_back(OpenSegment {
+            no,
+            key,
+            buf: Vec::with_capacity(self.config.segment_size + limits::SEGMENT_SLACK_BYTES),
+            durable_len: 0,
+            wal: file,
+            wal_path: path,
+            opened: Instant::now(),
+            index: BTreeMap::new(),
+        });
+    }
+
+    /// Starts a new active segment when `needed` more bytes would overflow the current one.
+    pub(super) fn maybe_rotate(&self, needed: usize) {
+        let len = self.log.borrow().back().map_or(0, |s| s.buf.len());
+        let full = len > 0 && len + needed > self.config.segment_size;
+        if full {
+            self.rotate();
+        }
+    }
+
+    pub(super) fn rotate(&self) {
+        if !self.wal_enabled() {
+            self.open_segment(None);
+            // The commit loop seals the segment just left behind.
+            self.commit_wanted.notify();
+            return;
+        }
+        // Without a spare WAL file the segment grows into its slack until one is ready.
+        let spare = self.spare_wal.borrow_mut().take();
+        if let Some(spare) = spare {
+            self.open_segment(Some(spare));
+        }
+        self.commit_wanted.notify();
+    }
+
+    /// Moves the oldest open segment (fully durable, no longer active) to the upload path.
+    pub(super) fn seal_front(self: &Rc<Self>, no: u64) {
+        let segment = {
+            let mut log = self.log.borrow_mut();
+            debug_assert_eq!(log.front().map(|s| s.no), Some(no));
+            log.pop_front().expect("sealing the front segment")
+        };
+        self.coarsen_sealed(no, &segment.index);
+        let bytes = Bytes::from(segment.buf);
+        if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+            slot.data = SegmentData::Memory(bytes.clone());
+            slot.size = bytes.len() as u64;
+        }
+        if bytes.is_empty() {
+            self.segments.borrow_mut().remove(&no);
+            let (file, path) = (segment.wal, segment.wal_path);
+            glommio::spawn_local(async move { remove_wal(file, path).await }).detach();
+            return;
+        }
+        let fence = self.cluster.as_ref().map(|cluster| SegmentFence {
+            node: cluster.node_id(),
+            epochs: segment
+                .index
+                .iter()
+                .map(|(id, entry)| (*id, entry.epoch))
+                .collect(),
+        });
+        let names: HashMap<u64, Rc<str>> = segment
+            .index
+            .iter()
+            .filter_map(|(id, entry)| Some((*id, entry.name.clone()?)))
+            .collect();
+        let record = SegmentRecord {
+            key: segment.key.clone(),
+            size_bytes: bytes.len() as u64,
+            created_ms: now_ms(),
+            streams: segment
+                .index
+                .into_iter()
+                .map(|(stream_id, entry)| SegmentStreamEntry {
+                    stream_id,
+                    runs: entry.runs,
+                    last_timestamp_ms: entry.last_timestamp_ms,
+                    closed: entry.closed,
+                    producers: entry
+                        .producers
+                        .into_iter()
+                        .map(|(id, (epoch, seq))| ProducerState { id, epoch, seq })
+                        .collect(),
+                    closed_by: entry.closed_by.map(|p| ProducerState {
+                        id: p.id,
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    }),
+                    writer_seq: entry.writer_seq,
+                })
+                .collect(),
+        };
+        self.unuploaded_bytes
+            .set(self.unuploaded_bytes.get() + bytes.len());
+        self.commit_order.borrow_mut().push_back(no);
+        let this = self.clone();
+        let (file, path) = (segment.wal, segment.wal_path);
+        let sealed = Sealed {
+            no,
+            bytes,
+            record,
+            fence,
+            names,
+        };
+        glommio::spawn_local(async move { this.upload(sealed, file, path).await }).detach();
+    }
+
+    /// Once a segment is sealed, each stream keeps a few chunks per segment instead of one per
+    /// request: reads skip the other streams' frames by header, and the memory per stream
+    /// follows the segment count, not the request count.
+    pub(super) fn coarsen_sealed(&self, no: u64, index: &BTreeMap<u64, IndexEntry>) {
+        let mut streams = self.streams.borrow_mut();
+        for (id, entry) in index {
+            let Some(name) = &entry.name else { continue };
+            if let Some(stream) = streams.get_mut(&**name) {
+                if stream.state.id == *id {
+                    coarsen(&mut stream.chunks, Some(no));
+                }
+            }
+        }
+    }
+
+    /// Seals what the active segment holds and waits (up to `timeout`) until every segment is
+    /// in the object store and its WAL file gone: a clean stop leaves nothing to recover.
+    /// `false` if time ran out (the WAL still has it: nothing is lost either way).
+    pub(crate) async fn flush(self: &Rc<Self>, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let has_data = self.log.borrow().back().is_some_and(|s| !s.buf.is_empty());
+        if has_data {
+            self.rotate();
+        }
+        loop {
+            let settled = {
+                let log = self.log.borrow();
+                log.len() == 1
+                    && log.back().is_some_and(|s| s.buf.is_empty())
+                    && self.pending.borrow().is_empty()
+                    && self.unuploaded_bytes.get() == 0
+            };
+            if settled || self.wal_failed() {
+                return settled;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            // A rotation may have waited for a spare WAL file; ask again.
+            if self.log.borrow().back().is_some_and(|s| !s.buf.is_empty()) {
+                self.rotate();
+            }
+            self.commit_wanted.notify();
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Seals the active segment and waits until it and every older one are stored and
+    /// committed (unlike `flush`, appends to other streams may go on meanwhile).
+    pub(super) async fn flush_through_active(self: &Rc<Self>, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let target = self.log.borrow().back().map_or(0, |s| s.no);
+        loop {
+            let active_has_it = self
+                .log
+                .borrow()
+                .back()
+                .is_some_and(|s| s.no <= target && !s.buf.is_empty());
+            if active_has_it {
+                self.rotate();
+            }
+            let settled = self
+                .log
+                .borrow()
+                .iter()
+                .all(|s| s.no > target || s.buf.is_empty())
+                && self
+                    .segments
+                    .borrow()
+                    .iter()
+                    .filter(|(no, slot)| **no <= target && !matches!(slot.data, SegmentData::Open))
+                    .all(|(_, slot)| slot.uploaded);
+            if settled {
+                return true;
+            }
+            if Instant::now() >= deadline || self.wal_failed() {
+                return false;
+            }
+            self.commit_wanted.notify();
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The state a core holds: the `Shard` with its streams, open segments, segment table, read
+//! caches, pending acknowledgements and cluster bookkeeping, made empty or from recovered
+//! streams (`load_seeds`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use glommio::io::DmaFile;
+use pico_meta::{MetaStore, NodeId};
+use pico_s3::ObjectStore;
+
+use crate::cluster::Cluster;
+use crate::error::EngineError;
+use crate::health::WalHealth;
+use crate::metrics::CoreMetrics;
+use crate::notify::{LocalBroadcast, LocalNotify};
+use crate::state::StreamState;
+use crate::EngineConfig;
+
+use super::stream::{coarsen, Chunk, IndexEntry, Stream, StreamSeed};
+
+/// A segment whose frames are still being written to its WAL file.
+pub(super) struct OpenSegment {
+    pub(super) no: u64,
+    pub(super) key: String,
+    pub(super) buf: Vec<u8>,
+    /// Bytes of `buf` known to be on disk.
+    pub(super) durable_len: usize,
+    pub(super) wal: Option<Rc<DmaFile>>,
+    pub(super) wal_path: Option<PathBuf>,
+    pub(super) opened: Instant,
+    pub(super) index: BTreeMap<u64, IndexEntry>,
+}
+
+pub(super) enum SegmentData {
+    /// Still an [`OpenSegment`] in the log.
+    Open,
+    /// Sealed and held in memory (uploaded or not yet).
+    Memory(Bytes),
+    /// Only in the object store: read by blocks (ranged GETs) through the block cache.
+    Remote,
+}
+
+pub(super) struct SegmentSlot {
+    pub(super) key: Rc<str>,
+    pub(super) data: SegmentData,
+    pub(super) uploaded: bool,
+    /// Object size in bytes (known once sealed): bounds the last block's range.
+    pub(super) size: u64,
+}
+
+/// A block of an uploaded segment in the block cache.
+pub(super) enum Block {
+    Ready(Bytes),
+    /// One ranged GET is in flight for it; these readers wait for that GET.
+    Loading(Vec<oneshot::Sender<Result<Bytes, EngineError>>>),
+}
+
+/// Sequential-read detection per segment: the block a reader continuing from the last fetch
+/// would ask for next, and how many blocks the last GET fetched.
+#[derive(Clone, Copy)]
+pub(super) struct Readahead {
+    pub(super) next_block: u64,
+    pub(super) window_blocks: u64,
+}
+
+pub(super) struct PendingAck {
+    pub(super) segment: u64,
+    pub(super) end: usize,
+    pub(super) name: Rc<str>,
+    pub(super) stream_id: u64,
+    /// The owner epoch of the incarnation that wrote the frames (0 on a single node).
+    pub(super) epoch: u64,
+    pub(super) next_offset: u64,
+    pub(super) closed: bool,
+    pub(super) body_bytes: usize,
+    pub(super) reply: oneshot::Sender<Result<(), EngineError>>,
+}
+
+pub(crate) struct Shard {
+    pub(super) core: usize,
+    pub(super) config: EngineConfig,
+    pub(super) meta: MetaStore,
+    pub(super) store: ObjectStore,
+    pub(super) streams: RefCell<BTreeMap<Rc<str>, Stream>>,
+    /// Open segments, oldest first; the last one is active (takes new frames).
+    pub(super) log: RefCell<VecDeque<OpenSegment>>,
+    pub(super) segments: RefCell<HashMap<u64, SegmentSlot>>,
+    /// Uploaded segments held in memory, oldest first, for the cache budget.
+    pub(super) cached: RefCell<VecDeque<(u64, usize)>>,
+    pub(super) cached_bytes: Cell<usize>,
+    /// Blocks of uploaded segments, by (segment, block index), with FIFO eviction.
+    pub(super) blocks: RefCell<HashMap<(u64, u64), Block>>,
+    pub(super) block_lru: RefCell<VecDeque<(u64, u64, usize)>>,
+    pub(super) block_bytes: Cell<usize>,
+    pub(super) readahead: RefCell<HashMap<u64, Readahead>>,
+    pub(super) pending: RefCell<VecDeque<PendingAck>>,
+    /// Sealed segments not yet in the catalog, in seal order: each commits only after the one
+    /// before it (see `upload`).
+    pub(super) commit_order: RefCell<VecDeque<u64>>,
+    /// Uploads whose PUT is done, waiting for their turn to commit.
+    pub(super) commit_turn_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    pub(super) in_flight_bytes: Cell<usize>,
+    /// Bytes of sealed segments not yet in the object store.
+    pub(super) unuploaded_bytes: Cell<usize>,
+    pub(super) next_segment_no: Cell<u64>,
+    pub(super) segment_counter: Cell<u64>,
+    /// A WAL file created ahead of time so a rotation never waits for the filesystem.
+    pub(super) spare_wal: RefCell<Option<(Rc<DmaFile>, PathBuf, u64)>>,
+    pub(super) commit_wanted: LocalNotify,
+    /// Whether the WAL takes appends (`crate::health`).
+    pub(super) health: RefCell<WalHealth>,
+    /// When the next WAL file may be tried again after it could not be made.
+    pub(super) next_file_retry_at: Cell<Option<Instant>>,
+    /// Sources whose fork went away (deleted or expired here): the node's release task
+    /// tells their cores, which may then drop a soft-deleted source.
+    pub(super) fork_releases: RefCell<Vec<(String, u64)>>,
+    pub(crate) fork_released: LocalNotify,
+    pub(super) metrics: Arc<CoreMetrics>,
+    /// Graceful shutdown began: live reads stop waiting.
+    pub(super) stopping: Cell<bool>,
+    /// This node's cluster membership (`None`: a single node).
+    pub(super) cluster: Option<Arc<Cluster>>,
+    /// Streams this core let go to another node (handed off, fenced): name → node (0: not
+    /// known). An operation already past routing when the stream left is sent there.
+    pub(super) remote: RefCell<HashMap<Rc<str>, NodeId>>,
+    /// Incarnations (stream id, owner epoch) this core lost to another node while appends
+    /// to them were pending: those acknowledgements fail instead of being released. Keyed by
+    /// epoch, not id: the stream may be loaded here again, and its new appends are not the
+    /// old incarnation's. Pruned once no pending acknowledgement names an entry.
+    pub(super) fenced: RefCell<HashSet<(u64, u64)>>,
+    /// Streams being handed to another node: new operations wait for the hand-off.
+    pub(super) handing_off: RefCell<HashSet<Rc<str>>>,
+    pub(super) handed_off: LocalBroadcast,
+}
+
+impl Shard {
+    /// A core with no streams yet and no open segment (`start` makes the first).
+    pub(super) fn new(
+        core: usize,
+        config: EngineConfig,
+        meta: MetaStore,
+        store: ObjectStore,
+        metrics: Arc<CoreMetrics>,
+        cluster: Option<Arc<Cluster>>,
+    ) -> Shard {
+        Shard {
+            core,
+            config,
+            meta,
+            store,
+            streams: RefCell::new(BTreeMap::new()),
+            log: RefCell::new(VecDeque::new()),
+            segments: RefCell::new(HashMap::new()),
+            cached: RefCell::new(VecDeque::new()),
+            cached_bytes: Cell::new(0),
+            blocks: RefCell::new(HashMap::new()),
+            block_lru: RefCell::new(VecDeque::new()),
+            block_bytes: Cell::new(0),
+            readahead: RefCell::new(HashMap::new()),
+            pending: RefCell::new(VecDeque::new()),
+            commit_order: RefCell::new(VecDeque::new()),
+            commit_turn_waiters: RefCell::new(Vec::new()),
+            in_flight_bytes: Cell::new(0),
+            unuploaded_bytes: Cell::new(0),
+            next_segment_no: Cell::new(0),
+            segment_counter: Cell::new(0),
+            spare_wal: RefCell::new(None),
+            commit_wanted: LocalNotify::default(),
+            health: RefCell::new(WalHealth::Ok),
+            next_file_retry_at: Cell::new(None),
+            fork_releases: RefCell::new(Vec::new()),
+            fork_released: LocalNotify::default(),
+            metrics,
+            stopping: Cell::new(false),
+            cluster,
+            remote: RefCell::new(HashMap::new()),
+            fenced: RefCell::new(HashSet::new()),
+            handing_off: RefCell::new(HashSet::new()),
+            handed_off: LocalBroadcast::default(),
+        }
+    }
+
+    pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
+        let mut keys: HashMap<std::sync::Arc<str>, u64> = HashMap::new();
+        let mut streams = self.streams.borrow_mut();
+        let mut segments = self.segments.borrow_mut();
+        for seed in seeds {
+            let mut state = StreamState::new(seed.id, seed.config, seed.closed, seed.created_ms);
+            state.created_ms = seed.created_ms;
+            state.next_offset = seed.next_offset;
+            state.durable_offset = seed.next_offset;
+            state.last_timestamp_ms = seed.last_timestamp_ms;
+            // The idle clock resumes where it stood: the last recorded access, or the last
+            // append (its timestamp is durable with the record), never the restart itself.
+            state.last_access_ms = seed.last_access_ms.max(seed.last_timestamp_ms);
+            let mut chunks = Vec::with_capacity(seed.runs.len());
+            for (key, segment_size, run, last_timestamp_ms) in seed.runs {
+                let no = *keys.entry(key.clone()).or_insert_with(|| {
+                    let no = self.next_segment_no.get();
+                    self.next_segment_no.set(no + 1);
+                    segments.insert(
+                        no,
+                        SegmentSlot {
+                            key: Rc::from(&*key),
+                            data: SegmentData::Remote,
+                            uploaded: true,
+                            size: segment_size,
+                        },
+                    );
+                    no
+                });
+                chunks.push(Chunk {
+                    first_offset: run.first_offset,
+                    next_offset: run.next_offset,
+                    segment: no,
+                    byte_start: run.byte_start,
+                    byte_end: run.byte_end,
+                    last_timestamp_ms,
+                });
+            }
+            // A fork's own records start at its fork point; below it the source's are read.
+            state.fork = seed.fork;
+            state.fork_refs = seed.fork_refs;
+            state.soft_deleted = seed.soft_deleted;
+            let base = state.own_base();
+            state.next_offset = state.next_offset.max(base);
+            state.durable_offset = state.next_offset;
+            let first_stored = chunks.first().map_or(base, |c| c.first_offset);
+            let first_stored = if base > 0 { 0 } else { first_stored };
+            state.start_offset = seed.start_offset.max(first_stored).min(state.next_offset);
+            chunks.retain(|c| c.next_offset > state.start_offset);
+            coarsen(&mut chunks, None);
+            state.producers = seed.producers;
+            state.closed_by = seed.closed_by;
+            state.writer_seq = seed.writer_seq;
+            let name: Rc<str> = Rc::from(seed.name.as_str());
+            self.remote.borrow_mut().remove(&name);
+            streams.insert(
+                name,
+                Stream {
+                    recorded_access_ms: state.last_access_ms,
+                    state,
+                    chunks,
+                    waiters: Vec::new(),
+                    epoch: seed.epoch,
+                },
+            );
+        }
+        CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
+    }
+
+    pub(crate) fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub(crate) fn meta(&self) -> &MetaStore {
+        &self.meta
+    }
+
+    pub(crate) fn store(&self) -> &ObjectStore {
+        &self.store
+    }
+}

@@ -1,0 +1,165 @@
+//! A sealed segment's way out: PUT to the object store, catalog commit in seal order, WAL
+//! file removed, bytes kept in the read cache.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+use glommio::io::DmaFile;
+use pico_meta::{SegmentFence, SegmentRecord};
+
+use crate::limits;
+use crate::metrics::CoreMetrics;
+use crate::Durability;
+
+use super::state::Shard;
+use super::wal::remove_wal;
+
+/// A sealed segment on its way to the bucket and the catalog.
+pub(super) struct Sealed {
+    pub(super) no: u64,
+    pub(super) bytes: Bytes,
+    pub(super) record: SegmentRecord,
+    /// Cluster: the owner epochs the segment's streams were written at.
+    pub(super) fence: Option<SegmentFence>,
+    pub(super) names: HashMap<u64, Rc<str>>,
+}
+
+impl Shard {
+    /// Stores a sealed segment, commits its index, then frees its WAL file. Retries with
+    /// capped exponential backoff: the WAL keeps the data safe meanwhile.
+    ///
+    /// PUTs run side by side, but catalog commits go in seal order: a segment's entries
+    /// commit only once every segment sealed before it on this core has committed. Otherwise
+    /// a slow PUT (a retry) lets a later segment's records into the catalog before earlier
+    /// offsets of the same stream, and if the node dies or is fenced meanwhile, the stream's
+    /// offsets have a hole that no one can fill (found by the fault test's cluster profile).
+    pub(super) async fn upload(
+        self: Rc<Self>,
+        sealed: Sealed,
+        file: Option<Rc<DmaFile>>,
+        path: Option<PathBuf>,
+    ) {
+        let Sealed {
+            no,
+            bytes,
+            record,
+            fence,
+            names,
+        } = sealed;
+        let mut backoff_ms = limits::UPLOAD_RETRY_FIRST_MS;
+        let mut fenced = Vec::new();
+        let mut stored = false;
+        CoreMetrics::add(&self.metrics.segment_seals, 1);
+        let started = Instant::now();
+        loop {
+            let result = async {
+                // The sealed WAL file holds these very bytes: a file:// bucket on the same
+                // filesystem links it instead of writing them again.
+                // A retry after a failed commit does not store the bytes again.
+                if !stored {
+                    let put = match &path {
+                        Some(wal) => {
+                            self.store
+                                .put_with_local_copy(&record.key, bytes.clone(), wal.clone())
+                        }
+                        None => self.store.put(&record.key, bytes.clone()),
+                    };
+                    put.await
+                        .map_err(|_| "object store is shut down".to_string())?
+                        .map_err(|e| e.to_string())?;
+                    stored = true;
+                }
+                self.commit_turn(no).await;
+                match &fence {
+                    None => self
+                        .meta
+                        .commit_segment(record.clone())
+                        .await
+                        .map_err(|_| "metadata store is shut down".to_string())?
+                        .map_err(|e| e.to_string()),
+                    Some(fence) => {
+                        fenced = self
+                            .meta
+                            .commit_segment_fenced(record.clone(), fence.clone())
+                            .await
+                            .map_err(|_| "metadata store is shut down".to_string())?
+                            .map_err(|e| e.to_string())?;
+                        Ok(())
+                    }
+                }
+            }
+            .await;
+            match result {
+                Ok(()) => break,
+                Err(message) => {
+                    CoreMetrics::add(&self.metrics.upload_failures, 1);
+                    log::warn!(
+                        "core {}: upload of {} failed, retrying: {message}",
+                        self.core,
+                        record.key
+                    );
+                    glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
+                    backoff_ms = (backoff_ms * 2).min(limits::UPLOAD_RETRY_MAX_MS);
+                }
+            }
+        }
+        self.end_commit_turn(no);
+        // Fence every refused entry before anything can release acknowledgements (the
+        // `forget_stream` of the first one does): a later id of the same segment would
+        // otherwise be acknowledged as stored once the segment counts as uploaded (found by
+        // the fault test's cluster profile: a producer told stored, then a sequence gap).
+        let lost: Vec<(u64, u64)> = fenced
+            .iter()
+            .map(|id| {
+                let epoch = fence.as_ref().and_then(|f| f.epochs.get(id).copied());
+                (*id, epoch.unwrap_or_default())
+            })
+            .collect();
+        self.fenced.borrow_mut().extend(lost.iter().copied());
+        for &(id, epoch) in &lost {
+            self.lost_at_commit(id, epoch, names.get(&id), &record);
+        }
+        CoreMetrics::add(&self.metrics.uploads, 1);
+        CoreMetrics::add(&self.metrics.meta_commits, 1);
+        self.metrics.upload_latency.observe(started.elapsed());
+        self.unuploaded_bytes
+            .set(self.unuploaded_bytes.get() - bytes.len());
+        remove_wal(file, path).await;
+        if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+            slot.uploaded = true;
+        }
+        if self.config.durability == Durability::Object {
+            self.release_acks();
+        }
+        self.cached.borrow_mut().push_back((no, bytes.len()));
+        self.cached_bytes.set(self.cached_bytes.get() + bytes.len());
+        self.evict_cache();
+    }
+
+    /// Waits until segment `no` is the oldest sealed segment not yet in the catalog.
+    pub(super) async fn commit_turn(&self, no: u64) {
+        loop {
+            if self.commit_order.borrow().front() == Some(&no) {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            self.commit_turn_waiters.borrow_mut().push(tx);
+            // A dropped sender (the core stopping) just rechecks.
+            let _ = rx.await;
+        }
+    }
+
+    /// Segment `no` is in the catalog: the next one may commit.
+    pub(super) fn end_commit_turn(&self, no: u64) {
+        let front = self.commit_order.borrow_mut().pop_front();
+        debug_assert_eq!(front, Some(no), "catalog commits go in seal order");
+        let waiters: Vec<_> = self.commit_turn_waiters.borrow_mut().drain(..).collect();
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! WAL files: their names, creation (pre-allocated, directory entry durable), removal and
+//! identity checks, and the WAL's health (whether appends may go to it, see `crate::health`).
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::DmaFile;
+
+use crate::error::EngineError;
+use crate::health::WalHealth;
+use crate::limits;
+use crate::node::segment_key;
+use crate::Durability;
+
+use super::state::Shard;
+
+/// Why a WAL file could not be made.
+pub(super) struct WalFileError {
+    pub(super) message: String,
+    /// The filesystem is full (or the quota is): retried until it is not.
+    pub(super) out_of_space: bool,
+}
+
+impl WalFileError {
+    fn new(what: String, e: std::io::Error) -> WalFileError {
+        let out_of_space = matches!(
+            e.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        );
+        WalFileError {
+            message: format!("{what}: {e}"),
+            out_of_space,
+        }
+    }
+}
+
+impl Shard {
+    pub(super) fn wal_path(&self, counter: u64) -> (PathBuf, String) {
+        let stem = format!(
+            "{:016}-{:03}-{:010}",
+            self.config.node_epoch_ms, self.core, counter
+        );
+        (
+            self.config.wal_dir.join(format!("{stem}.wal")),
+            segment_key(self.config.node_id, &stem),
+        )
+    }
+
+    /// Creates the next WAL file (pre-allocated and with its directory entry durable).
+    pub(super) async fn create_wal_file(
+        &self,
+    ) -> Result<Option<(Rc<DmaFile>, PathBuf, u64)>, WalFileError> {
+        let counter = self.segment_counter.get();
+        self.segment_counter.set(counter + 1);
+        if !self.wal_enabled() {
+            return Ok(None);
+        }
+        let (path, _) = self.wal_path(counter);
+        let cannot_create = |e: std::io::Error| {
+            WalFileError::new(format!("cannot create WAL file {}", path.display()), e)
+        };
+        #[cfg(feature = "fault-injection")]
+        if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Create) {
+            return Err(cannot_create(e));
+        }
+        let file = DmaFile::create(&path)
+            .await
+            .map_err(|e| cannot_create(e.into()))?;
+        let size = (self.config.segment_size + limits::SEGMENT_SLACK_BYTES) as u64;
+        let made = match file.pre_allocate(size, false).await {
+            Ok(()) => sync_dir(&self.config.wal_dir).map_err(|message| WalFileError {
+                message,
+                out_of_space: false,
+            }),
+            Err(e) => Err(WalFileError::new(
+                format!("cannot pre-allocate WAL file {}", path.display()),
+                e.into(),
+            )),
+        };
+        if let Err(e) = made {
+            // Nothing was written to it: a half-made file only takes space.
+            let _ = file.remove().await;
+            let _ = file.close().await;
+            return Err(e);
+        }
+        Ok(Some((Rc::new(file), path, counter)))
+    }
+
+    /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
+    pub(super) fn check_writable(&self, needed: usize) -> Result<(), EngineError> {
+        match &*self.health.borrow() {
+            WalHealth::Ok => Ok(()),
+            WalHealth::Failed { message } => Err(EngineError::WritesStopped(format!(
+                "{message}; this core takes appends again after a restart"
+            ))),
+            WalHealth::NoNextFile {
+                message,
+                out_of_space,
+            } => {
+                // The active file was pre-allocated with this much room.
+                let active_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
+                if active_len + needed <= self.config.segment_size + limits::SEGMENT_SLACK_BYTES {
+                    return Ok(());
+                }
+                let message = format!("{message}; appends resume once it can be made");
+                Err(if *out_of_space {
+                    EngineError::OutOfSpace(message)
+                } else {
+                    EngineError::WritesStopped(message)
+                })
+            }
+        }
+    }
+
+    pub(super) fn wal_failed(&self) -> bool {
+        matches!(*self.health.borrow(), WalHealth::Failed { .. })
+    }
+
+    /// Records a change of WAL health: logged once, published for `/ready` and `/metrics`.
+    pub(super) fn set_health(&self, health: WalHealth) {
+        if *self.health.borrow() == health {
+            return;
+        }
+        match &health {
+            WalHealth::Ok => log::warn!("core {}: the WAL takes appends again", self.core),
+            WalHealth::NoNextFile { message, .. } => log::error!(
+                "core {}: {message}; appends past the active WAL file are refused until it can be made",
+                self.core
+            ),
+            WalHealth::Failed { message } => log::error!(
+                "core {}: WAL failure, appends stop until a restart: {message}",
+                self.core
+            ),
+        }
+        self.metrics.wal_health.publish(&health);
+        *self.health.borrow_mut() = health;
+    }
+
+    /// Local durability writes a WAL; memory and object durability do not (object durability
+    /// acknowledges from the bucket instead).
+    pub(super) fn wal_enabled(&self) -> bool {
+        self.config.durability == Durability::Local
+    }
+}
+
+pub(super) async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+    drop(file);
+    if let Some(path) = path {
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::warn!("cannot remove WAL file {}: {e}", path.display());
+        }
+    }
+}
+
+/// Whether `path` still names the open WAL `file`. A file removed or replaced under the node
+/// (its directory deleted, say) takes writes that recovery will never read: acknowledging
+/// them would be a lie.
+pub(super) fn same_file(file: &DmaFile, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let named = std::fs::metadata(path).map_err(|e| {
+        format!(
+            "WAL file {} is gone ({e}): it was removed while in use",
+            path.display()
+        )
+    })?;
+    let same = named.ino() == file.inode()
+        && libc::major(named.dev()) == file.dev_major()
+        && libc::minor(named.dev()) == file.dev_minor();
+    if same {
+        Ok(())
+    } else {
+        Err(format!(
+            "WAL file {} was replaced by another file while in use",
+            path.display()
+        ))
+    }
+}
+
+pub(super) fn sync_dir(dir: &Path) -> Result<(), String> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot sync WAL directory {}: {e}", dir.display()))
+}
