@@ -1,13 +1,14 @@
-//! The pending-acknowledgement queue: appends are answered in order, once their bytes are
-//! durable (the WAL round, or the upload with object durability), never while this node's
-//! lease is in doubt, and failed when the stream moved to another node meanwhile.
+//! Answering appends: in queue order, once their bytes are durable (the WAL round, or the
+//! upload with object durability), never while this node's lease is in doubt, and failed
+//! when the stream moved to another node meanwhile (the queue itself is `pending.rs`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::error::EngineError;
 use crate::Durability;
 
-use super::state::{PendingAck, Shard};
+use super::pending::Release;
+use super::state::Shard;
 
 impl Shard {
     /// Answers, in order, every append whose bytes are now durable.
@@ -28,23 +29,15 @@ impl Shard {
         // acknowledge local writes until the lease is renewed and ownership rechecked.
         let lease_lapsed = self.config.durability != Durability::Object
             && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
-        // Only a cluster node that lost a stream has any: one check per round, not per ack.
-        let any_fenced = !self.fenced.borrow().is_empty();
-        loop {
-            let fenced = any_fenced && {
-                let pending = self.pending.borrow();
-                pending
-                    .front()
-                    .is_some_and(|ack| self.fenced.borrow().contains(&(ack.stream_id, ack.epoch)))
-            };
-            if fenced {
-                let ack = self
-                    .pending
-                    .borrow_mut()
-                    .pop_front()
-                    .expect("checked front");
-                self.in_flight_bytes
-                    .set(self.in_flight_bytes.get() - ack.body_bytes);
+        let released = self.acks.borrow_mut().take_released(lease_lapsed, |ack| {
+            if self.config.durability == Durability::Object {
+                uploaded(ack.segment)
+            } else {
+                durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
+            }
+        });
+        for (ack, release) in released {
+            if release == Release::Fenced {
                 let _ = ack.reply.send(Err(EngineError::NotOwner(
                     "the stream moved to another node before this append was stored; \
                      it was not appended"
@@ -52,25 +45,6 @@ impl Shard {
                 )));
                 continue;
             }
-            if lease_lapsed {
-                break;
-            }
-            let ack = {
-                let mut pending = self.pending.borrow_mut();
-                let ready = pending.front().is_some_and(|ack| {
-                    if self.config.durability == Durability::Object {
-                        uploaded(ack.segment)
-                    } else {
-                        durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
-                    }
-                });
-                if !ready {
-                    break;
-                }
-                pending.pop_front().expect("checked front")
-            };
-            self.in_flight_bytes
-                .set(self.in_flight_bytes.get() - ack.body_bytes);
             let mut streams = self.streams.borrow_mut();
             if let Some(stream) = streams.get_mut(&*ack.name) {
                 if stream.state.id == ack.stream_id {
@@ -83,19 +57,11 @@ impl Shard {
             drop(streams);
             let _ = ack.reply.send(Ok(()));
         }
-        if any_fenced {
-            let named: HashSet<(u64, u64)> = self
-                .pending
-                .borrow()
-                .iter()
-                .map(|ack| (ack.stream_id, ack.epoch))
-                .collect();
-            self.fenced.borrow_mut().retain(|key| named.contains(key));
-        }
     }
 
+    /// The WAL failed: every append waiting for it fails with `message`.
     pub(super) fn fail_pending(&self, message: &str) {
-        let pending: Vec<PendingAck> = self.pending.borrow_mut().drain(..).collect();
+        let pending = self.acks.borrow_mut().drain();
         for ack in pending {
             let _ = ack
                 .reply

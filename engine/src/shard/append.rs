@@ -14,7 +14,8 @@ use crate::metrics::CoreMetrics;
 use crate::now_ms;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 
-use super::state::{PendingAck, Shard};
+use super::pending::PendingAck;
+use super::state::Shard;
 use super::stream::{info_of, Chunk, Stream};
 
 /// What one append request writes.
@@ -225,9 +226,8 @@ impl Shard {
             )));
         }
         let body_bytes: usize = records.iter().map(|r| r.body.len()).sum();
-        if self.in_flight_bytes.get() + body_bytes > self.config.in_flight_bytes_max
-            && self.in_flight_bytes.get() > 0
-        {
+        let in_flight_bytes = self.acks.borrow().in_flight_bytes();
+        if in_flight_bytes + body_bytes > self.config.in_flight_bytes_max && in_flight_bytes > 0 {
             return Err(EngineError::Overloaded {
                 limit: "in-flight bytes per core",
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
@@ -540,9 +540,7 @@ impl Shard {
             }
         }
         let (tx, rx) = oneshot::channel();
-        self.in_flight_bytes
-            .set(self.in_flight_bytes.get() + body_bytes);
-        self.pending.borrow_mut().push_back(PendingAck {
+        self.acks.borrow_mut().push(PendingAck {
             segment: segment.no,
             end: segment.buf.len(),
             name: name.clone(),

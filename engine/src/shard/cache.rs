@@ -11,7 +11,8 @@ use crate::error::EngineError;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
-use super::state::{Block, Readahead, SegmentData, Shard};
+use super::blocks::{BlockWaiter, Lookup};
+use super::state::{SegmentData, Shard};
 use super::stream::Chunk;
 
 impl Shard {
@@ -76,25 +77,18 @@ impl Shard {
         size: u64,
         index: u64,
     ) -> Result<Bytes, EngineError> {
-        let rx = {
-            let mut blocks = self.blocks.borrow_mut();
-            match blocks.get_mut(&(no, index)) {
-                Some(Block::Ready(bytes)) => {
-                    CoreMetrics::add(&self.metrics.cache_hits, 1);
-                    return Ok(bytes.clone());
-                }
-                Some(Block::Loading(waiters)) => {
-                    let (tx, rx) = oneshot::channel();
-                    waiters.push(tx);
-                    rx
-                }
-                None => {
-                    CoreMetrics::add(&self.metrics.cache_misses, 1);
-                    let (tx, rx) = oneshot::channel();
-                    drop(blocks);
-                    self.start_fetch(no, key, size, index, Some(tx));
-                    rx
-                }
+        let found = self.cache.borrow_mut().lookup(no, index);
+        let rx = match found {
+            Lookup::Hit(bytes) => {
+                CoreMetrics::add(&self.metrics.cache_hits, 1);
+                return Ok(bytes);
+            }
+            Lookup::Wait(rx) => rx,
+            Lookup::Miss => {
+                CoreMetrics::add(&self.metrics.cache_misses, 1);
+                let (tx, rx) = oneshot::channel();
+                self.start_fetch(no, key, size, index, Some(tx));
+                rx
             }
         };
         rx.await.map_err(|_| EngineError::ShuttingDown)?
@@ -109,44 +103,19 @@ impl Shard {
         key: &Rc<str>,
         size: u64,
         index: u64,
-        waiter: Option<oneshot::Sender<Result<Bytes, EngineError>>>,
+        waiter: Option<BlockWaiter>,
     ) {
-        let mut blocks = self.blocks.borrow_mut();
-        let mut readahead = self.readahead.borrow_mut();
         let block_count = size.div_ceil(limits::CACHE_BLOCK_BYTES as u64);
-        let window = match readahead.get(&no) {
-            Some(r) if r.next_block == index => {
-                (r.window_blocks * 2).min(limits::READAHEAD_BLOCKS_MAX)
-            }
-            _ => 1,
-        };
-        // Fetch the absent blocks from `index` on, up to the window.
-        let mut count = 1;
-        while count < window
-            && index + count < block_count
-            && !blocks.contains_key(&(no, index + count))
-        {
-            count += 1;
-        }
-        readahead.insert(
-            no,
-            Readahead {
-                next_block: index + count,
-                window_blocks: count,
-            },
-        );
-        blocks.insert((no, index), Block::Loading(waiter.into_iter().collect()));
-        for ahead in 1..count {
-            blocks.insert((no, index + ahead), Block::Loading(Vec::new()));
-        }
+        let count = self
+            .cache
+            .borrow_mut()
+            .start_loading(no, index, block_count, waiter);
         let start = index * limits::CACHE_BLOCK_BYTES as u64;
         let end = ((index + count) * limits::CACHE_BLOCK_BYTES as u64).min(size);
         let fetch = self.store.get_range(key, start, end);
         let this = self.clone();
         let key = key.to_string();
         // Spawned once no borrow is held (glommio may poll it right away).
-        drop(readahead);
-        drop(blocks);
         glommio::spawn_local(async move {
             let result = match fetch.await {
                 Ok(Ok(bytes)) => Ok(bytes),
@@ -177,7 +146,7 @@ impl Shard {
         let first = chunk.byte_start / limits::CACHE_BLOCK_BYTES as u64;
         let last = (chunk.byte_end - 1) / limits::CACHE_BLOCK_BYTES as u64;
         for index in first..=last {
-            if !self.blocks.borrow().contains_key(&(chunk.segment, index)) {
+            if !self.cache.borrow().has_block(chunk.segment, index) {
                 CoreMetrics::add(&self.metrics.cache_misses, 1);
                 self.start_fetch(chunk.segment, &key, size, index, None);
             }
@@ -193,33 +162,7 @@ impl Shard {
         count: u64,
         result: Result<Bytes, EngineError>,
     ) {
-        let mut wake = Vec::new();
-        {
-            let mut blocks = self.blocks.borrow_mut();
-            let mut lru = self.block_lru.borrow_mut();
-            for i in 0..count {
-                let index = first + i;
-                let outcome = result.as_ref().map(|bytes| {
-                    let from = (i as usize * limits::CACHE_BLOCK_BYTES).min(bytes.len());
-                    let to = ((i as usize + 1) * limits::CACHE_BLOCK_BYTES).min(bytes.len());
-                    bytes.slice(from..to)
-                });
-                let waiters = match blocks.remove(&(no, index)) {
-                    Some(Block::Loading(waiters)) => waiters,
-                    Some(ready @ Block::Ready(_)) => {
-                        blocks.insert((no, index), ready);
-                        continue;
-                    }
-                    None => Vec::new(),
-                };
-                if let Ok(block) = &outcome {
-                    blocks.insert((no, index), Block::Ready(block.clone()));
-                    lru.push_back((no, index, block.len()));
-                    self.block_bytes.set(self.block_bytes.get() + block.len());
-                }
-                wake.push((waiters, outcome.map_err(|e| e.clone())));
-            }
-        }
+        let wake = self.cache.borrow_mut().finish(no, first, count, &result);
         self.evict_cache();
         for (waiters, outcome) in wake {
             for waiter in waiters {
@@ -231,26 +174,17 @@ impl Shard {
     /// Keeps the read caches within `--block-cache-size` together: whole uploaded segments still
     /// held since their seal go first (oldest first), then blocks fetched from the store.
     pub(super) fn evict_cache(&self) {
-        let budget = self.config.segment_cache_bytes;
-        while self.cached_bytes.get() + self.block_bytes.get() > budget {
-            let segment = self.cached.borrow_mut().pop_front();
-            if let Some((no, len)) = segment {
-                self.cached_bytes.set(self.cached_bytes.get() - len);
-                if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
-                    if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
-                        slot.data = SegmentData::Remote;
-                    }
+        let dropped = self
+            .cache
+            .borrow_mut()
+            .evict(self.config.segment_cache_bytes);
+        let mut segments = self.segments.borrow_mut();
+        for no in dropped {
+            if let Some(slot) = segments.get_mut(&no) {
+                if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
+                    slot.data = SegmentData::Remote;
                 }
-                continue;
             }
-            let Some((no, index, len)) = self.block_lru.borrow_mut().pop_front() else {
-                break;
-            };
-            let mut blocks = self.blocks.borrow_mut();
-            if matches!(blocks.get(&(no, index)), Some(Block::Ready(_))) {
-                blocks.remove(&(no, index));
-            }
-            self.block_bytes.set(self.block_bytes.get() - len);
         }
     }
 
@@ -265,22 +199,10 @@ impl Shard {
             .collect();
         for no in &gone {
             segments.remove(no);
-            self.readahead.borrow_mut().remove(no);
         }
-        // Their cached blocks go now; the byte count follows as the FIFO reaches them.
-        self.blocks
+        self.cache
             .borrow_mut()
-            .retain(|(no, _), _| !gone.contains(no));
-        let mut cached = self.cached.borrow_mut();
-        let before = cached.len();
-        cached.retain(|(no, len)| {
-            let keep = segments.contains_key(no);
-            if !keep {
-                self.cached_bytes.set(self.cached_bytes.get() - len);
-            }
-            keep
-        });
-        debug_assert!(cached.len() <= before);
+            .forget(&gone, |no| segments.contains_key(&no));
     }
 
     /// Garbage collection deleted `count` segments.

@@ -181,7 +181,7 @@ impl Shard {
             // is valid again, even when no new append comes to trigger a commit round.
             let held = self.config.durability != Durability::Object
                 && self.cluster.as_ref().is_some_and(|c| c.lease_valid())
-                && !self.pending.borrow().is_empty();
+                && !self.acks.borrow().is_empty();
             if held {
                 self.release_acks();
             }

@@ -77,7 +77,7 @@ impl Shard {
         };
         self.remember_remote(name, to.unwrap_or(0));
         if let Some(stream) = removed {
-            self.fenced.borrow_mut().insert((id, stream.epoch));
+            self.acks.borrow_mut().fence(id, stream.epoch);
             CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
             for waiter in stream.waiters {
                 let _ = waiter.send(());

@@ -18,11 +18,13 @@
 
 mod acks;
 mod append;
+mod blocks;
 mod cache;
 mod commit;
 mod fence;
 mod handoff;
 mod lifecycle;
+mod pending;
 mod read;
 mod reaper;
 mod segment;

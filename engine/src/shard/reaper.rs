@@ -154,7 +154,7 @@ impl Shard {
     pub(super) async fn gauges_loop(self: Rc<Self>) {
         loop {
             let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
-            let memory = log_bytes + self.cached_bytes.get() + self.block_bytes.get();
+            let memory = log_bytes + self.cache.borrow().memory_bytes();
             CoreMetrics::set(&self.metrics.memory_bytes, memory as u64);
             CoreMetrics::set(
                 &self.metrics.upload_backlog_bytes,

@@ -183,7 +183,7 @@ impl Shard {
                 let log = self.log.borrow();
                 log.len() == 1
                     && log.back().is_some_and(|s| s.buf.is_empty())
-                    && self.pending.borrow().is_empty()
+                    && self.acks.borrow().is_empty()
                     && self.unuploaded_bytes.get() == 0
             };
             if settled || self.wal_failed() {

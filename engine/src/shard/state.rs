@@ -16,13 +16,14 @@ use pico_meta::{MetaStore, NodeId};
 use pico_s3::ObjectStore;
 
 use crate::cluster::Cluster;
-use crate::error::EngineError;
 use crate::health::WalHealth;
 use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::state::StreamState;
 use crate::EngineConfig;
 
+use super::blocks::ReadCache;
+use super::pending::AckQueue;
 use super::stream::{coarsen, Chunk, IndexEntry, Stream, StreamSeed};
 
 /// A segment whose frames are still being written to its WAL file.
@@ -55,34 +56,6 @@ pub(super) struct SegmentSlot {
     pub(super) size: u64,
 }
 
-/// A block of an uploaded segment in the block cache.
-pub(super) enum Block {
-    Ready(Bytes),
-    /// One ranged GET is in flight for it; these readers wait for that GET.
-    Loading(Vec<oneshot::Sender<Result<Bytes, EngineError>>>),
-}
-
-/// Sequential-read detection per segment: the block a reader continuing from the last fetch
-/// would ask for next, and how many blocks the last GET fetched.
-#[derive(Clone, Copy)]
-pub(super) struct Readahead {
-    pub(super) next_block: u64,
-    pub(super) window_blocks: u64,
-}
-
-pub(super) struct PendingAck {
-    pub(super) segment: u64,
-    pub(super) end: usize,
-    pub(super) name: Rc<str>,
-    pub(super) stream_id: u64,
-    /// The owner epoch of the incarnation that wrote the frames (0 on a single node).
-    pub(super) epoch: u64,
-    pub(super) next_offset: u64,
-    pub(super) closed: bool,
-    pub(super) body_bytes: usize,
-    pub(super) reply: oneshot::Sender<Result<(), EngineError>>,
-}
-
 pub(crate) struct Shard {
     pub(super) core: usize,
     pub(super) config: EngineConfig,
@@ -92,21 +65,15 @@ pub(crate) struct Shard {
     /// Open segments, oldest first; the last one is active (takes new frames).
     pub(super) log: RefCell<VecDeque<OpenSegment>>,
     pub(super) segments: RefCell<HashMap<u64, SegmentSlot>>,
-    /// Uploaded segments held in memory, oldest first, for the cache budget.
-    pub(super) cached: RefCell<VecDeque<(u64, usize)>>,
-    pub(super) cached_bytes: Cell<usize>,
-    /// Blocks of uploaded segments, by (segment, block index), with FIFO eviction.
-    pub(super) blocks: RefCell<HashMap<(u64, u64), Block>>,
-    pub(super) block_lru: RefCell<VecDeque<(u64, u64, usize)>>,
-    pub(super) block_bytes: Cell<usize>,
-    pub(super) readahead: RefCell<HashMap<u64, Readahead>>,
-    pub(super) pending: RefCell<VecDeque<PendingAck>>,
+    /// Uploaded segments and blocks held in memory for reads, within one budget.
+    pub(super) cache: RefCell<ReadCache>,
+    /// Appends waiting for their acknowledgement.
+    pub(super) acks: RefCell<AckQueue>,
     /// Sealed segments not yet in the catalog, in seal order: each commits only after the one
     /// before it (see `upload`).
     pub(super) commit_order: RefCell<VecDeque<u64>>,
     /// Uploads whose PUT is done, waiting for their turn to commit.
     pub(super) commit_turn_waiters: RefCell<Vec<oneshot::Sender<()>>>,
-    pub(super) in_flight_bytes: Cell<usize>,
     /// Bytes of sealed segments not yet in the object store.
     pub(super) unuploaded_bytes: Cell<usize>,
     pub(super) next_segment_no: Cell<u64>,
@@ -130,11 +97,6 @@ pub(crate) struct Shard {
     /// Streams this core let go to another node (handed off, fenced): name → node (0: not
     /// known). An operation already past routing when the stream left is sent there.
     pub(super) remote: RefCell<HashMap<Rc<str>, NodeId>>,
-    /// Incarnations (stream id, owner epoch) this core lost to another node while appends
-    /// to them were pending: those acknowledgements fail instead of being released. Keyed by
-    /// epoch, not id: the stream may be loaded here again, and its new appends are not the
-    /// old incarnation's. Pruned once no pending acknowledgement names an entry.
-    pub(super) fenced: RefCell<HashSet<(u64, u64)>>,
     /// Streams being handed to another node: new operations wait for the hand-off.
     pub(super) handing_off: RefCell<HashSet<Rc<str>>>,
     pub(super) handed_off: LocalBroadcast,
@@ -158,16 +120,10 @@ impl Shard {
             streams: RefCell::new(BTreeMap::new()),
             log: RefCell::new(VecDeque::new()),
             segments: RefCell::new(HashMap::new()),
-            cached: RefCell::new(VecDeque::new()),
-            cached_bytes: Cell::new(0),
-            blocks: RefCell::new(HashMap::new()),
-            block_lru: RefCell::new(VecDeque::new()),
-            block_bytes: Cell::new(0),
-            readahead: RefCell::new(HashMap::new()),
-            pending: RefCell::new(VecDeque::new()),
+            cache: RefCell::new(ReadCache::default()),
+            acks: RefCell::new(AckQueue::default()),
             commit_order: RefCell::new(VecDeque::new()),
             commit_turn_waiters: RefCell::new(Vec::new()),
-            in_flight_bytes: Cell::new(0),
             unuploaded_bytes: Cell::new(0),
             next_segment_no: Cell::new(0),
             segment_counter: Cell::new(0),
@@ -181,7 +137,6 @@ impl Shard {
             stopping: Cell::new(false),
             cluster,
             remote: RefCell::new(HashMap::new()),
-            fenced: RefCell::new(HashSet::new()),
             handing_off: RefCell::new(HashSet::new()),
             handed_off: LocalBroadcast::default(),
         }

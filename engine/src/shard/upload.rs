@@ -119,7 +119,9 @@ impl Shard {
                 (*id, epoch.unwrap_or_default())
             })
             .collect();
-        self.fenced.borrow_mut().extend(lost.iter().copied());
+        for &(id, epoch) in &lost {
+            self.acks.borrow_mut().fence(id, epoch);
+        }
         for &(id, epoch) in &lost {
             self.lost_at_commit(id, epoch, names.get(&id), &record);
         }
@@ -135,8 +137,7 @@ impl Shard {
         if self.config.durability == Durability::Object {
             self.release_acks();
         }
-        self.cached.borrow_mut().push_back((no, bytes.len()));
-        self.cached_bytes.set(self.cached_bytes.get() + bytes.len());
+        self.cache.borrow_mut().hold_segment(no, bytes.len());
         self.evict_cache();
     }
 

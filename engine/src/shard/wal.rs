@@ -22,7 +22,8 @@ pub(super) struct WalFileError {
 }
 
 impl WalFileError {
-    fn new(what: String, e: std::io::Error) -> WalFileError {
+    /// `what` failed with `e`.
+    pub(super) fn new(what: String, e: std::io::Error) -> WalFileError {
         let out_of_space = matches!(
             e.kind(),
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded

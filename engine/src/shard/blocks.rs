@@ -1,0 +1,206 @@
+//! The read cache of uploaded segments, as one owned part: whole segments still in memory
+//! since their seal, blocks fetched by ranged GETs (one GET per block in flight, its readers
+//! waiting for it), sequential readahead, and eviction within one byte budget. It decides;
+//! `cache.rs` does the I/O.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+use futures_channel::oneshot;
+
+use crate::error::EngineError;
+use crate::limits;
+
+/// A reader waiting for a block's GET.
+pub(super) type BlockWaiter = oneshot::Sender<Result<Bytes, EngineError>>;
+
+/// A block of an uploaded segment in the block cache.
+enum Block {
+    Ready(Bytes),
+    /// One ranged GET is in flight for it; these readers wait for that GET.
+    Loading(Vec<BlockWaiter>),
+}
+
+/// Sequential-read detection per segment: the block a reader continuing from the last fetch
+/// would ask for next, and how many blocks the last GET fetched.
+#[derive(Clone, Copy)]
+struct Readahead {
+    next_block: u64,
+    window_blocks: u64,
+}
+
+/// What the cache has of one block.
+pub(super) enum Lookup {
+    Hit(Bytes),
+    /// Its GET is in flight: the receiver learns the outcome.
+    Wait(oneshot::Receiver<Result<Bytes, EngineError>>),
+    /// Neither cached nor loading: the caller starts its GET.
+    Miss,
+}
+
+/// The blocks one GET brought, each with the readers that waited for it.
+pub(super) type Wakes = Vec<(Vec<BlockWaiter>, Result<Bytes, EngineError>)>;
+
+/// Invariants: `segment_bytes` is the sum of `segments`' lengths; `block_bytes` is the sum
+/// of `block_fifo`'s lengths; a block is `Ready` only once its bytes are counted.
+#[derive(Default)]
+pub(super) struct ReadCache {
+    /// Uploaded segments still held in memory since their seal, oldest first.
+    segments: VecDeque<(u64, usize)>,
+    segment_bytes: usize,
+    /// Blocks of uploaded segments, by (segment, block index).
+    blocks: HashMap<(u64, u64), Block>,
+    /// Blocks in the order they were filed, for FIFO eviction. An entry may name a block
+    /// already dropped (its segment collected): its bytes stay counted until it is reached.
+    block_fifo: VecDeque<(u64, u64, usize)>,
+    block_bytes: usize,
+    readahead: HashMap<u64, Readahead>,
+}
+
+impl ReadCache {
+    /// Bytes both caches hold.
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.segment_bytes + self.block_bytes
+    }
+
+    /// Segment `no`, just uploaded, stays in memory (`len` bytes) until evicted.
+    pub(super) fn hold_segment(&mut self, no: u64, len: usize) {
+        self.segments.push_back((no, len));
+        self.segment_bytes += len;
+    }
+
+    /// Block `index` of segment `no`; a reader of a block being fetched joins its GET.
+    pub(super) fn lookup(&mut self, no: u64, index: u64) -> Lookup {
+        match self.blocks.get_mut(&(no, index)) {
+            Some(Block::Ready(bytes)) => Lookup::Hit(bytes.clone()),
+            Some(Block::Loading(waiters)) => {
+                let (tx, rx) = oneshot::channel();
+                waiters.push(tx);
+                Lookup::Wait(rx)
+            }
+            None => Lookup::Miss,
+        }
+    }
+
+    /// Whether block `index` of segment `no` is cached or being fetched.
+    pub(super) fn has_block(&self, no: u64, index: u64) -> bool {
+        self.blocks.contains_key(&(no, index))
+    }
+
+    /// Marks the blocks one GET from block `index` (neither cached nor loading) fetches as
+    /// loading, and returns how many: one, or when the reader moves sequentially, double the
+    /// last GET's up to `limits::READAHEAD_BLOCKS_MAX`, stopping before a block already
+    /// present and at the segment's `block_count`. `waiter` learns block `index`'s outcome.
+    pub(super) fn start_loading(
+        &mut self,
+        no: u64,
+        index: u64,
+        block_count: u64,
+        waiter: Option<BlockWaiter>,
+    ) -> u64 {
+        let window = match self.readahead.get(&no) {
+            Some(r) if r.next_block == index => {
+                (r.window_blocks * 2).min(limits::READAHEAD_BLOCKS_MAX)
+            }
+            _ => 1,
+        };
+        // Fetch the absent blocks from `index` on, up to the window.
+        let mut count = 1;
+        while count < window
+            && index + count < block_count
+            && !self.blocks.contains_key(&(no, index + count))
+        {
+            count += 1;
+        }
+        self.readahead.insert(
+            no,
+            Readahead {
+                next_block: index + count,
+                window_blocks: count,
+            },
+        );
+        self.blocks
+            .insert((no, index), Block::Loading(waiter.into_iter().collect()));
+        for ahead in 1..count {
+            self.blocks
+                .insert((no, index + ahead), Block::Loading(Vec::new()));
+        }
+        count
+    }
+
+    /// Files the `count` blocks from `first` that one GET brought (`result`: their bytes
+    /// back to back), or fails their waiters; returns the readers to wake. Call
+    /// [`ReadCache::evict`] next.
+    pub(super) fn finish(
+        &mut self,
+        no: u64,
+        first: u64,
+        count: u64,
+        result: &Result<Bytes, EngineError>,
+    ) -> Wakes {
+        let mut wake = Vec::new();
+        for i in 0..count {
+            let index = first + i;
+            let outcome = result.as_ref().map(|bytes| {
+                let from = (i as usize * limits::CACHE_BLOCK_BYTES).min(bytes.len());
+                let to = ((i as usize + 1) * limits::CACHE_BLOCK_BYTES).min(bytes.len());
+                bytes.slice(from..to)
+            });
+            let waiters = match self.blocks.remove(&(no, index)) {
+                Some(Block::Loading(waiters)) => waiters,
+                Some(ready @ Block::Ready(_)) => {
+                    self.blocks.insert((no, index), ready);
+                    continue;
+                }
+                None => Vec::new(),
+            };
+            if let Ok(block) = &outcome {
+                self.blocks.insert((no, index), Block::Ready(block.clone()));
+                self.block_fifo.push_back((no, index, block.len()));
+                self.block_bytes += block.len();
+            }
+            wake.push((waiters, outcome.map_err(|e| e.clone())));
+        }
+        wake
+    }
+
+    /// Brings both caches within `budget` bytes together: whole segments go first (oldest
+    /// first), then blocks (first filed first; one being fetched again stays). Returns the
+    /// segments whose in-memory copy the caller drops, in eviction order.
+    pub(super) fn evict(&mut self, budget: usize) -> Vec<u64> {
+        let mut dropped = Vec::new();
+        while self.memory_bytes() > budget {
+            if let Some((no, len)) = self.segments.pop_front() {
+                self.segment_bytes -= len;
+                dropped.push(no);
+                continue;
+            }
+            let Some((no, index, len)) = self.block_fifo.pop_front() else {
+                break;
+            };
+            if matches!(self.blocks.get(&(no, index)), Some(Block::Ready(_))) {
+                self.blocks.remove(&(no, index));
+            }
+            self.block_bytes -= len;
+        }
+        dropped
+    }
+
+    /// Forgets the garbage-collected segments `gone`: their blocks and readahead go now
+    /// (their bytes as the FIFO reaches them), and the held segments `kept` refuses.
+    pub(super) fn forget(&mut self, gone: &[u64], kept: impl Fn(u64) -> bool) {
+        for no in gone {
+            self.readahead.remove(no);
+        }
+        self.blocks.retain(|(no, _), _| !gone.contains(no));
+        let mut freed = 0;
+        self.segments.retain(|&(no, len)| {
+            let keep = kept(no);
+            if !keep {
+                freed += len;
+            }
+            keep
+        });
+        self.segment_bytes -= freed;
+    }
+}
