@@ -1,9 +1,9 @@
-//! One core's write path in process, without spawning `pico`: group commit (many appends
-//! at once share few `fdatasync`s, every one acknowledged at a contiguous offset), recovery
-//! from the WAL after a stop without a flush (and of a torn last frame), sealing into a
-//! `file://` bucket with reads across every segment boundary, and the block cache (reads
-//! after eviction give the same bytes; a budget that holds everything serves a second pass
-//! without a GET).
+//! The engine's write path in process, without spawning `pico`: group commit (many appends
+//! at once share few `fdatasync`s, every one acknowledged at a contiguous offset); recovery
+//! from the WAL after a stop without a flush, of a torn last frame, and of WAL files written
+//! by another core count; sealing into a `file://` bucket with reads across every segment
+//! boundary; and the block cache (reads after eviction give the same bytes, a budget that
+//! holds everything serves a second pass without a GET).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -55,6 +55,56 @@ where
         .expect("executor")
         .join()
         .expect("join");
+    booted.meta.shutdown();
+    out
+}
+
+/// [`run`] on `cores` cores: `f` runs on core 0 (and reaches the others' streams through
+/// their inboxes); the other cores serve until it is done.
+fn run_cores<T, F, Fut>(cores: usize, dir: &std::path::Path, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    let meta = format!("sqlite:{}", dir.join("meta.db").display());
+    let storage = format!("-2@file://{}", dir.join("objects").display());
+    let config = EngineConfig {
+        cores,
+        ..config(dir, 4 << 20, 1 << 20)
+    };
+    let booted = boot(config, &meta, &storage, None).expect("boot");
+    let mut seeds = booted.seeds.into_iter();
+    let first = seeds.next().expect("core 0");
+    let mut stops = Vec::new();
+    let others: Vec<_> = seeds
+        .map(|seed| {
+            let (stop, stopped) = futures_channel::oneshot::channel::<()>();
+            stops.push(stop);
+            glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .io_memory(1 << 20)
+                .spawn(move || async move {
+                    let _core = CoreHandle::start(seed).await.expect("core starts");
+                    let _ = stopped.await;
+                })
+                .expect("executor")
+        })
+        .collect();
+    let out = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(move || async move {
+            let core = CoreHandle::start(first).await.expect("core starts");
+            f(core).await
+        })
+        .expect("executor")
+        .join()
+        .expect("join");
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    for other in others {
+        other.join().expect("join");
+    }
     booted.meta.shutdown();
     out
 }
@@ -385,4 +435,79 @@ fn the_block_cache_evicts_within_its_budget_and_reads_back_the_same_bytes() {
         again, 0,
         "a budget that holds everything serves the second pass"
     );
+}
+
+const STREAMS: u64 = 8;
+
+/// WAL files are recovered whatever core count wrote them: a node that ran on two cores and
+/// stopped without a flush restarts on one, then on three, and every stream has all its
+/// records, wherever its new owner core is.
+#[test]
+fn wal_files_of_another_core_count_are_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let name = |s: u64| format!("/c{s}");
+    run_cores(2, &path, move |core| async move {
+        for s in 0..STREAMS {
+            create(&core, &name(s)).await;
+        }
+        for i in 0..10 {
+            for s in 0..STREAMS {
+                append(&core, &name(s), body(s * 100 + i, 50)).await;
+            }
+        }
+    });
+    let cores_written: std::collections::BTreeSet<String> = wal_files(&path)
+        .iter()
+        .filter(|f| pico_engine::frame::valid_prefix_len(&std::fs::read(f).unwrap()) > 0)
+        .map(|f| {
+            f.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .split('-')
+                .nth(1)
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        cores_written.into_iter().collect::<Vec<_>>(),
+        vec!["000", "001"],
+        "both cores wrote a WAL file"
+    );
+    let want = |s: u64, count: u64| -> Vec<(u64, Bytes)> {
+        (0..count).map(|i| (i, body(s * 100 + i, 50))).collect()
+    };
+    let (on_one, next) = run_cores(1, &path, move |core| async move {
+        let mut all = Vec::new();
+        let mut next = Vec::new();
+        for s in 0..STREAMS {
+            all.push(read_all(&core, &name(s), 1000).await);
+            next.push(
+                append(&core, &name(s), body(s * 100 + 10, 50))
+                    .await
+                    .start_offset,
+            );
+        }
+        (all, next)
+    });
+    for s in 0..STREAMS {
+        assert_eq!(on_one[s as usize], want(s, 10), "stream {s} on one core");
+        assert_eq!(next[s as usize], Some(10));
+    }
+    let on_three = run_cores(3, &path, move |core| async move {
+        let mut all = Vec::new();
+        for s in 0..STREAMS {
+            all.push(read_all(&core, &name(s), 1000).await);
+        }
+        all
+    });
+    for s in 0..STREAMS {
+        assert_eq!(
+            on_three[s as usize],
+            want(s, 11),
+            "stream {s} on three cores"
+        );
+    }
 }
