@@ -11,10 +11,13 @@
 //! a stream's chunks from open segments, sealed ones in memory, or uploaded ones by blocks
 //! (`cache.rs`). See docs/architecture.md.
 //!
-//! The files build on each other without a loop: `stream.rs` (types) and `state.rs` (the
-//! `Shard` and its fields) at the bottom, then `acks`, `wal`, `cache`, `fence`, `upload`,
-//! `segment`, `commit`, `lifecycle`, `handoff`, `append`, `read`, `reaper`, and this file on
-//! top. Everything here runs on one executor: `RefCell`s are never held across an `.await`.
+//! The files build on each other without a loop. At the bottom the types and owned parts,
+//! which import no sibling: `stream.rs` (a stream, its chunks, its seed), `pending.rs` (the
+//! ack queue), `blocks.rs` (the read cache), `sealed.rs` (seal order and upload backlog);
+//! `state.rs` (the `Shard` made of them) over those. Then the `impl Shard` files, each using
+//! only those below it: `acks`, `wal`, `cache`, `fence`, `upload`, `segment`, `commit`,
+//! `lifecycle`, `handoff`, `append`, `read`, `reaper`, and this file on top. Everything here
+//! runs on one executor: `RefCell`s are never held across an `.await`.
 
 mod acks;
 mod append;
@@ -27,6 +30,7 @@ mod lifecycle;
 mod pending;
 mod read;
 mod reaper;
+mod sealed;
 mod segment;
 mod state;
 mod stream;

@@ -158,7 +158,7 @@ impl Shard {
             CoreMetrics::set(&self.metrics.memory_bytes, memory as u64);
             CoreMetrics::set(
                 &self.metrics.upload_backlog_bytes,
-                self.unuploaded_bytes.get() as u64,
+                self.sealed.borrow().unuploaded_bytes() as u64,
             );
             CoreMetrics::set(&self.metrics.segments, self.segments.borrow().len() as u64);
             glommio::timer::sleep(Duration::from_millis(limits::GAUGE_REFRESH_MS)).await;

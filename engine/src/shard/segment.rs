@@ -139,9 +139,7 @@ impl Shard {
                 })
                 .collect(),
         };
-        self.unuploaded_bytes
-            .set(self.unuploaded_bytes.get() + bytes.len());
-        self.commit_order.borrow_mut().push_back(no);
+        self.sealed.borrow_mut().sealed(no, bytes.len());
         let this = self.clone();
         let (file, path) = (segment.wal, segment.wal_path);
         let sealed = Sealed {
@@ -184,7 +182,7 @@ impl Shard {
                 log.len() == 1
                     && log.back().is_some_and(|s| s.buf.is_empty())
                     && self.acks.borrow().is_empty()
-                    && self.unuploaded_bytes.get() == 0
+                    && self.sealed.borrow().unuploaded_bytes() == 0
             };
             if settled || self.wal_failed() {
                 return settled;

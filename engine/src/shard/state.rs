@@ -1,6 +1,6 @@
-//! The state a core holds: the `Shard` with its streams, open segments, segment table, read
-//! caches, pending acknowledgements and cluster bookkeeping, made empty or from recovered
-//! streams (`load_seeds`).
+//! The state a core holds: the `Shard` with its streams, open segments and segment table,
+//! its owned parts (read cache, ack queue, seal queue), WAL file and cluster bookkeeping;
+//! made empty, then filled from recovered streams (`load_seeds`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_channel::oneshot;
 use glommio::io::DmaFile;
 use pico_meta::{MetaStore, NodeId};
 use pico_s3::ObjectStore;
@@ -24,6 +23,7 @@ use crate::EngineConfig;
 
 use super::blocks::ReadCache;
 use super::pending::AckQueue;
+use super::sealed::SealQueue;
 use super::stream::{coarsen, Chunk, IndexEntry, Stream, StreamSeed};
 
 /// A segment whose frames are still being written to its WAL file.
@@ -56,6 +56,9 @@ pub(super) struct SegmentSlot {
     pub(super) size: u64,
 }
 
+/// One core's engine. Fields are visible to the `impl Shard` files beside this one; the
+/// parts with invariants of their own (`ReadCache`, `AckQueue`, `SealQueue`) keep their
+/// fields private and change only through their methods.
 pub(crate) struct Shard {
     pub(super) core: usize,
     pub(super) config: EngineConfig,
@@ -69,13 +72,8 @@ pub(crate) struct Shard {
     pub(super) cache: RefCell<ReadCache>,
     /// Appends waiting for their acknowledgement.
     pub(super) acks: RefCell<AckQueue>,
-    /// Sealed segments not yet in the catalog, in seal order: each commits only after the one
-    /// before it (see `upload`).
-    pub(super) commit_order: RefCell<VecDeque<u64>>,
-    /// Uploads whose PUT is done, waiting for their turn to commit.
-    pub(super) commit_turn_waiters: RefCell<Vec<oneshot::Sender<()>>>,
-    /// Bytes of sealed segments not yet in the object store.
-    pub(super) unuploaded_bytes: Cell<usize>,
+    /// Sealed segments not yet stored and committed, in seal order.
+    pub(super) sealed: RefCell<SealQueue>,
     pub(super) next_segment_no: Cell<u64>,
     pub(super) segment_counter: Cell<u64>,
     /// A WAL file created ahead of time so a rotation never waits for the filesystem.
@@ -122,9 +120,7 @@ impl Shard {
             segments: RefCell::new(HashMap::new()),
             cache: RefCell::new(ReadCache::default()),
             acks: RefCell::new(AckQueue::default()),
-            commit_order: RefCell::new(VecDeque::new()),
-            commit_turn_waiters: RefCell::new(Vec::new()),
-            unuploaded_bytes: Cell::new(0),
+            sealed: RefCell::new(SealQueue::default()),
             next_segment_no: Cell::new(0),
             segment_counter: Cell::new(0),
             spare_wal: RefCell::new(None),

@@ -1,6 +1,6 @@
 //! Unit tests of the shard's pure parts: chunk coarsening, retention decisions, the frame
-//! budget of an append, WAL file errors, the acknowledgement queue's release order and the
-//! read cache's readahead and eviction.
+//! budget of an append, WAL file errors, the acknowledgement queue's release order, the seal
+//! order of catalog commits and the read cache's readahead and eviction.
 
 use std::rc::Rc;
 
@@ -12,6 +12,7 @@ use super::append::frames_len;
 use super::blocks::{Lookup, ReadCache};
 use super::pending::{AckQueue, PendingAck, Release};
 use super::reaper::{retention_action, RetentionAction};
+use super::sealed::SealQueue;
 use super::stream::{coarsen, Chunk, Stream};
 use super::wal::WalFileError;
 use crate::api::RecordInput;
@@ -544,4 +545,30 @@ fn forgotten_segments_leave_the_cache() {
     assert_eq!(cache.memory_bytes(), 170);
     assert_eq!(cache.evict(0), vec![2]);
     assert_eq!(cache.memory_bytes(), 0);
+}
+
+// ---------------------------------------------------------------- seal order
+
+#[test]
+fn catalog_commits_take_turns_in_seal_order() {
+    let mut queue = SealQueue::default();
+    for (no, len) in [(4, 100), (5, 200), (6, 300)] {
+        queue.sealed(no, len);
+    }
+    assert_eq!(queue.unuploaded_bytes(), 600);
+    // Segment 5's PUT finished first: it waits for 4.
+    let mut five = queue.turn(5).expect("5 waits for 4");
+    let mut six = queue.turn(6).expect("6 waits too");
+    queue.stored(200);
+    assert!(queue.turn(4).is_none(), "the oldest commits at once");
+    assert_eq!(five.try_recv(), Ok(None), "not woken before 4 is committed");
+    for waiter in queue.end_turn(4) {
+        let _ = waiter.send(());
+    }
+    assert_eq!(five.try_recv(), Ok(Some(())));
+    assert_eq!(six.try_recv(), Ok(Some(())));
+    assert!(queue.turn(5).is_none(), "5 is the front now");
+    assert!(queue.turn(6).is_some(), "6 still waits for 5");
+    queue.stored(100);
+    assert_eq!(queue.unuploaded_bytes(), 300);
 }

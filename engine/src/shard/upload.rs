@@ -7,7 +7,6 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_channel::oneshot;
 use glommio::io::DmaFile;
 use pico_meta::{SegmentFence, SegmentRecord};
 
@@ -128,8 +127,7 @@ impl Shard {
         CoreMetrics::add(&self.metrics.uploads, 1);
         CoreMetrics::add(&self.metrics.meta_commits, 1);
         self.metrics.upload_latency.observe(started.elapsed());
-        self.unuploaded_bytes
-            .set(self.unuploaded_bytes.get() - bytes.len());
+        self.sealed.borrow_mut().stored(bytes.len());
         remove_wal(file, path).await;
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.uploaded = true;
@@ -144,11 +142,10 @@ impl Shard {
     /// Waits until segment `no` is the oldest sealed segment not yet in the catalog.
     pub(super) async fn commit_turn(&self, no: u64) {
         loop {
-            if self.commit_order.borrow().front() == Some(&no) {
+            let wait = self.sealed.borrow_mut().turn(no);
+            let Some(rx) = wait else {
                 return;
-            }
-            let (tx, rx) = oneshot::channel();
-            self.commit_turn_waiters.borrow_mut().push(tx);
+            };
             // A dropped sender (the core stopping) just rechecks.
             let _ = rx.await;
         }
@@ -156,9 +153,7 @@ impl Shard {
 
     /// Segment `no` is in the catalog: the next one may commit.
     pub(super) fn end_commit_turn(&self, no: u64) {
-        let front = self.commit_order.borrow_mut().pop_front();
-        debug_assert_eq!(front, Some(no), "catalog commits go in seal order");
-        let waiters: Vec<_> = self.commit_turn_waiters.borrow_mut().drain(..).collect();
+        let waiters = self.sealed.borrow_mut().end_turn(no);
         for waiter in waiters {
             let _ = waiter.send(());
         }
