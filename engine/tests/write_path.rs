@@ -32,8 +32,9 @@ fn config(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) -> Eng
     }
 }
 
-/// Boots a one-core engine on `dir` (recovering what an earlier run left), runs `f` on its
-/// core and returns what `f` returned. The core's tasks are dropped with its executor: a run
+/// Boots an engine on `dir` (recovering what an earlier run left), runs `f` on core 0 and
+/// returns what `f` returned; the other cores (`config.cores`) serve their streams through
+/// their inboxes until it is done. The cores' tasks are dropped with their executors: a run
 /// that does not flush ends as a crash would, with its WAL files left behind.
 fn run<T, F, Fut>(config: EngineConfig, dir: &std::path::Path, f: F) -> T
 where
@@ -45,35 +46,6 @@ where
     let storage = format!("-2@file://{}", dir.join("objects").display());
     let booted = boot(config, &meta, &storage, None).expect("boot");
     let metrics = booted.metrics.clone();
-    let seed = booted.seeds.into_iter().next().expect("one core");
-    let out = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(move || async move {
-            let core = CoreHandle::start(seed).await.expect("core starts");
-            f(core, metrics).await
-        })
-        .expect("executor")
-        .join()
-        .expect("join");
-    booted.meta.shutdown();
-    out
-}
-
-/// [`run`] on `cores` cores: `f` runs on core 0 (and reaches the others' streams through
-/// their inboxes); the other cores serve until it is done.
-fn run_cores<T, F, Fut>(cores: usize, dir: &std::path::Path, f: F) -> T
-where
-    T: Send + 'static,
-    F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-{
-    let meta = format!("sqlite:{}", dir.join("meta.db").display());
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let config = EngineConfig {
-        cores,
-        ..config(dir, 4 << 20, 1 << 20)
-    };
-    let booted = boot(config, &meta, &storage, None).expect("boot");
     let mut seeds = booted.seeds.into_iter();
     let first = seeds.next().expect("core 0");
     let mut stops = Vec::new();
@@ -81,24 +53,18 @@ where
         .map(|seed| {
             let (stop, stopped) = futures_channel::oneshot::channel::<()>();
             stops.push(stop);
-            glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                .io_memory(1 << 20)
-                .spawn(move || async move {
-                    let _core = CoreHandle::start(seed).await.expect("core starts");
-                    let _ = stopped.await;
-                })
-                .expect("executor")
+            on_executor(move || async move {
+                let _core = CoreHandle::start(seed).await.expect("core starts");
+                let _ = stopped.await;
+            })
         })
         .collect();
-    let out = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(move || async move {
-            let core = CoreHandle::start(first).await.expect("core starts");
-            f(core).await
-        })
-        .expect("executor")
-        .join()
-        .expect("join");
+    let out = on_executor(move || async move {
+        let core = CoreHandle::start(first).await.expect("core starts");
+        f(core, metrics).await
+    })
+    .join()
+    .expect("join");
     for stop in stops {
         let _ = stop.send(());
     }
@@ -107,6 +73,36 @@ where
     }
     booted.meta.shutdown();
     out
+}
+
+/// Runs the future `task` makes on an executor of its own thread.
+fn on_executor<T, G, Fut>(task: G) -> glommio::ExecutorJoinHandle<T>
+where
+    T: Send + 'static,
+    G: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(task)
+        .expect("executor")
+}
+
+/// An engine of `cores` cores on `dir` whose segments are too large to seal by size here.
+fn on_cores(cores: usize, dir: &std::path::Path) -> EngineConfig {
+    EngineConfig {
+        cores,
+        ..config(dir, 4 << 20, 1 << 20)
+    }
+}
+
+/// After a restart: every record of `name`, and the offset the next append gets.
+fn restarted(dir: &std::path::Path, name: &'static str) -> (Vec<(u64, Bytes)>, u64) {
+    run(on_cores(1, dir), dir, move |core, _| async move {
+        let records = read_all(&core, name, 7).await;
+        let next = append(&core, name, body(999, 100)).await;
+        (records, next.start_offset.unwrap())
+    })
 }
 
 async fn create(core: &CoreHandle, name: &str) {
@@ -201,25 +197,21 @@ const APPENDS: u64 = 400;
 fn concurrent_appends_are_group_committed_at_contiguous_offsets() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let (acks, fsyncs, records) = run(
-        config(&path, 4 << 20, 1 << 20),
-        &path,
-        |core, metrics| async move {
-            create(&core, "/g").await;
-            let tasks: Vec<_> = (0..APPENDS)
-                .map(|i| {
-                    let core = core.clone();
-                    glommio::spawn_local(async move { (i, append(&core, "/g", body(i, 64)).await) })
-                })
-                .collect();
-            let mut acks = Vec::new();
-            for task in tasks {
-                acks.push(task.await);
-            }
-            let fsyncs = CoreMetrics::get(&metrics[0].wal_fsyncs);
-            (acks, fsyncs, read_all(&core, "/g", 1000).await)
-        },
-    );
+    let (acks, fsyncs, records) = run(on_cores(1, &path), &path, |core, metrics| async move {
+        create(&core, "/g").await;
+        let tasks: Vec<_> = (0..APPENDS)
+            .map(|i| {
+                let core = core.clone();
+                glommio::spawn_local(async move { (i, append(&core, "/g", body(i, 64)).await) })
+            })
+            .collect();
+        let mut acks = Vec::new();
+        for task in tasks {
+            acks.push(task.await);
+        }
+        let fsyncs = CoreMetrics::get(&metrics[0].wal_fsyncs);
+        (acks, fsyncs, read_all(&core, "/g", 1000).await)
+    });
     let mut offsets: Vec<u64> = acks
         .iter()
         .map(|(_, ack)| ack.start_offset.expect("a record was written"))
@@ -248,39 +240,27 @@ fn concurrent_appends_are_group_committed_at_contiguous_offsets() {
 fn a_restart_recovers_acknowledged_appends_from_the_wal() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let acked = run(
-        config(&path, 4 << 20, 1 << 20),
-        &path,
-        |core, _| async move {
-            create(&core, "/r").await;
-            let mut acked = Vec::new();
-            for i in 0..50 {
-                acked.push((
-                    append(&core, "/r", body(i, 100))
-                        .await
-                        .start_offset
-                        .unwrap(),
-                    i,
-                ));
-            }
-            acked
-        },
-    );
+    let acked = run(on_cores(1, &path), &path, |core, _| async move {
+        create(&core, "/r").await;
+        let mut acked = Vec::new();
+        for i in 0..50 {
+            acked.push((
+                append(&core, "/r", body(i, 100))
+                    .await
+                    .start_offset
+                    .unwrap(),
+                i,
+            ));
+        }
+        acked
+    });
     assert_eq!(
         objects(&path),
         0,
         "nothing sealed: the WAL alone holds the records"
     );
     assert!(!wal_files(&path).is_empty());
-    let (records, next) = run(
-        config(&path, 4 << 20, 1 << 20),
-        &path,
-        |core, _| async move {
-            let records = read_all(&core, "/r", 7).await;
-            let next = append(&core, "/r", body(999, 100)).await;
-            (records, next.start_offset.unwrap())
-        },
-    );
+    let (records, next) = restarted(&path, "/r");
     let want: Vec<_> = acked.iter().map(|&(at, i)| (at, body(i, 100))).collect();
     assert_eq!(records, want);
     assert_eq!(next, 50);
@@ -292,16 +272,12 @@ fn a_restart_recovers_acknowledged_appends_from_the_wal() {
 fn recovery_drops_a_torn_last_frame_and_keeps_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    run(
-        config(&path, 4 << 20, 1 << 20),
-        &path,
-        |core, _| async move {
-            create(&core, "/t").await;
-            for i in 0..20 {
-                append(&core, "/t", body(i, 200)).await;
-            }
-        },
-    );
+    run(on_cores(1, &path), &path, |core, _| async move {
+        create(&core, "/t").await;
+        for i in 0..20 {
+            append(&core, "/t", body(i, 200)).await;
+        }
+    });
     // The file holding the records (the other one, if any, is the empty spare).
     let (file, data) = wal_files(&path)
         .into_iter()
@@ -325,15 +301,7 @@ fn recovery_drops_a_torn_last_frame_and_keeps_the_rest() {
     let cut = last + (pos - last) / 2;
     torn[cut..pos].fill(0);
     std::fs::write(&file, &torn).unwrap();
-    let (records, next) = run(
-        config(&path, 4 << 20, 1 << 20),
-        &path,
-        |core, _| async move {
-            let records = read_all(&core, "/t", 1000).await;
-            let next = append(&core, "/t", body(100, 200)).await;
-            (records, next.start_offset.unwrap())
-        },
-    );
+    let (records, next) = restarted(&path, "/t");
     let want: Vec<_> = (0..19).map(|i| (i, body(i, 200))).collect();
     assert_eq!(records, want);
     assert_eq!(next, 19, "the torn record's offset is given again");
@@ -447,7 +415,7 @@ fn wal_files_of_another_core_count_are_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let name = |s: u64| format!("/c{s}");
-    run_cores(2, &path, move |core| async move {
+    run(on_cores(2, &path), &path, move |core, _| async move {
         for s in 0..STREAMS {
             create(&core, &name(s)).await;
         }
@@ -479,7 +447,7 @@ fn wal_files_of_another_core_count_are_recovered() {
     let want = |s: u64, count: u64| -> Vec<(u64, Bytes)> {
         (0..count).map(|i| (i, body(s * 100 + i, 50))).collect()
     };
-    let (on_one, next) = run_cores(1, &path, move |core| async move {
+    let (on_one, next) = run(on_cores(1, &path), &path, move |core, _| async move {
         let mut all = Vec::new();
         let mut next = Vec::new();
         for s in 0..STREAMS {
@@ -496,7 +464,7 @@ fn wal_files_of_another_core_count_are_recovered() {
         assert_eq!(on_one[s as usize], want(s, 10), "stream {s} on one core");
         assert_eq!(next[s as usize], Some(10));
     }
-    let on_three = run_cores(3, &path, move |core| async move {
+    let on_three = run(on_cores(3, &path), &path, move |core, _| async move {
         let mut all = Vec::new();
         for s in 0..STREAMS {
             all.push(read_all(&core, &name(s), 1000).await);
