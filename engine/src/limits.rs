@@ -1,5 +1,6 @@
-//! Every limit of the engine in one place. A limit hit is an explicit error to the client
-//! (`413`, `429` with `Retry-After`), never an unbounded queue.
+//! Every limit of the engine in one place. A limit a client meets is an explicit error
+//! (`413`, `429` with `Retry-After`), never an unbounded queue; a bound on a core's own work
+//! (the last section) says what reaching it does.
 
 /// Default bytes of appends accepted by one core but not yet durable; past it appends get
 /// `429` (`--max-in-flight-bytes`).

@@ -256,7 +256,7 @@ impl Shard {
                 .0
                 .clone();
             let stream = streams.get_mut(&key).expect("looked up above");
-            if self.handing_off.borrow().contains(name) {
+            if self.moves.borrow().handing_off(name) {
                 return Err(EngineError::NotOwner(
                     "the stream is moving to another node; retry".into(),
                 ));

@@ -47,18 +47,19 @@ impl Shard {
             .all(|s| s.durable_len == s.buf.len());
         let wanted = idle || active_len >= self.config.segment_size / 2;
         let due = self
-            .next_file_retry_at
-            .get()
+            .wal
+            .borrow()
+            .retry_at
             .is_none_or(|at| Instant::now() >= at);
-        if self.wal_enabled() && self.spare_wal.borrow().is_none() && wanted && due {
+        if self.wal_enabled() && self.wal.borrow().spare.is_none() && wanted && due {
             // A spare that cannot be made fails no append: the active file was made with
             // room for its segment, and only appends past that room are refused.
             match self.create_wal_file().await {
                 Ok(spare) => {
-                    self.next_file_retry_at.set(None);
+                    self.wal.borrow_mut().retry_at = None;
                     // (A failed WAL ends the commit loop: no round runs after it.)
                     self.set_health(WalHealth::Ok);
-                    *self.spare_wal.borrow_mut() = spare;
+                    self.wal.borrow_mut().spare = spare;
                     let overdue = self
                         .log
                         .borrow()
@@ -71,7 +72,7 @@ impl Shard {
                 // The round goes on: what the active file holds is still made durable.
                 Err(e) => {
                     let retry_at = Instant::now() + Duration::from_millis(WAL_FILE_RETRY_MS);
-                    self.next_file_retry_at.set(Some(retry_at));
+                    self.wal.borrow_mut().retry_at = Some(retry_at);
                     self.set_health(WalHealth::NoNextFile {
                         message: e.message,
                         out_of_space: e.out_of_space,
@@ -164,7 +165,7 @@ impl Shard {
         loop {
             glommio::timer::sleep(period).await;
             // A WAL file that could not be made is tried again even when no append comes.
-            if matches!(*self.health.borrow(), WalHealth::NoNextFile { .. }) {
+            if matches!(self.wal.borrow().health, WalHealth::NoNextFile { .. }) {
                 self.commit_wanted.notify();
             }
             let old = {

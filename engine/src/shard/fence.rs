@@ -6,7 +6,6 @@ use std::rc::Rc;
 use pico_meta::{Fence, MetaError, NodeId, SegmentRecord};
 
 use crate::error::EngineError;
-use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::Durability;
 
@@ -44,7 +43,7 @@ impl Shard {
     /// What a request for a stream this core does not hold gets: a redirect when another node
     /// is known to serve it, else not found.
     pub(super) fn missing(&self, name: &str) -> EngineError {
-        let (Some(cluster), Some(node)) = (&self.cluster, self.remote.borrow().get(name).copied())
+        let (Some(cluster), Some(node)) = (&self.cluster, self.moves.borrow().moved_to(name))
         else {
             return EngineError::NotFound;
         };
@@ -53,14 +52,6 @@ impl Shard {
         } else {
             cluster.moved(node)
         }
-    }
-
-    pub(super) fn remember_remote(&self, name: &str, node: NodeId) {
-        let mut remote = self.remote.borrow_mut();
-        if remote.len() >= limits::REMOTE_STREAMS_PER_CORE_MAX {
-            remote.clear();
-        }
-        remote.insert(Rc::from(name), node);
     }
 
     /// Drops a stream this node no longer owns (fenced, revalidated away, or handed off):
@@ -75,7 +66,7 @@ impl Shard {
                 None
             }
         };
-        self.remember_remote(name, to.unwrap_or(0));
+        self.moves.borrow_mut().remember(name, to.unwrap_or(0));
         if let Some(stream) = removed {
             self.acks.borrow_mut().fence(id, stream.epoch);
             CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);

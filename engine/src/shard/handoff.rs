@@ -25,7 +25,7 @@ impl Shard {
             return Ok(());
         };
         let me = cluster.node_id();
-        while self.handing_off.borrow().contains(name) {
+        while self.moves.borrow().handing_off(name) {
             self.handed_off.wait().await;
         }
         if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
@@ -40,7 +40,7 @@ impl Shard {
         loop {
             let found = meta_answer(self.meta.lookup_stream(name).await)?;
             let Some((row, ownership)) = found else {
-                self.remote.borrow_mut().remove(name);
+                self.moves.borrow_mut().forget(name);
                 // A fork is created where its source lives (this node: the source's core just
                 // resolved the fork point here), so a family is never split.
                 if matches!(op, Op::Create { fork: None, .. }) {
@@ -118,7 +118,7 @@ impl Shard {
         if held.is_some_and(|(id, epoch)| id != transfer.stream_id || epoch != transfer.epoch) {
             return; // not the row the transfer names: the next lease round has the news
         }
-        self.handing_off.borrow_mut().insert(name.clone());
+        self.moves.borrow_mut().begin_hand_off(name.clone());
         let stored = held.is_none()
             || self
                 .flush_through_active(Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS))
@@ -152,7 +152,7 @@ impl Shard {
                 Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS)
             );
         }
-        self.handing_off.borrow_mut().remove(&name);
+        self.moves.borrow_mut().end_hand_off(&name);
         self.handed_off.notify();
     }
 

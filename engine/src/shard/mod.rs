@@ -27,6 +27,7 @@ mod commit;
 mod fence;
 mod handoff;
 mod lifecycle;
+mod moves;
 mod pending;
 mod read;
 mod reaper;

@@ -3,31 +3,25 @@
 //! segment is stored.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use glommio::io::DmaFile;
 use pico_meta::{ProducerState, SegmentFence, SegmentRecord, SegmentStreamEntry};
 
 use crate::limits;
 use crate::now_ms;
 
-use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard};
+use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard, WalFile};
 use super::stream::{coarsen, IndexEntry};
 use super::upload::Sealed;
 use super::wal::remove_wal;
 
 impl Shard {
-    pub(super) fn open_segment(&self, wal: Option<(Rc<DmaFile>, PathBuf, u64)>) {
+    pub(super) fn open_segment(&self, wal: Option<WalFile>) {
         let counter = match &wal {
             Some((_, _, counter)) => *counter,
-            None => {
-                let counter = self.segment_counter.get();
-                self.segment_counter.set(counter + 1);
-                counter
-            }
+            None => self.wal.borrow_mut().next_counter(),
         };
         let (_, key) = self.wal_path(counter);
         let no = self.next_segment_no.get();
@@ -74,7 +68,7 @@ impl Shard {
             return;
         }
         // Without a spare WAL file the segment grows into its slack until one is ready.
-        let spare = self.spare_wal.borrow_mut().take();
+        let spare = self.wal.borrow_mut().spare.take();
         if let Some(spare) = spare {
             self.open_segment(Some(spare));
         }

@@ -3,7 +3,7 @@
 //! made empty, then filled from recovered streams (`load_seeds`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use glommio::io::DmaFile;
-use pico_meta::{MetaStore, NodeId};
+use pico_meta::MetaStore;
 use pico_s3::ObjectStore;
 
 use crate::cluster::Cluster;
@@ -22,6 +22,7 @@ use crate::state::StreamState;
 use crate::EngineConfig;
 
 use super::blocks::ReadCache;
+use super::moves::Moves;
 use super::pending::AckQueue;
 use super::sealed::SealQueue;
 use super::stream::{coarsen, Chunk, IndexEntry, Stream, StreamSeed};
@@ -56,6 +57,40 @@ pub(super) struct SegmentSlot {
     pub(super) size: u64,
 }
 
+/// A WAL file ready to take a segment: the file, its path, and the counter naming it.
+pub(super) type WalFile = (Rc<DmaFile>, PathBuf, u64);
+
+/// The WAL's files and health. With memory or object durability there are no files, and
+/// only the counter is used (it names the segments).
+pub(super) struct WalFiles {
+    /// Names the next WAL file and segment (`<epoch>-<core>-<counter>`).
+    counter: u64,
+    /// A WAL file created ahead of time so a rotation never waits for the filesystem.
+    pub(super) spare: Option<WalFile>,
+    /// Whether the WAL takes appends (`crate::health`).
+    pub(super) health: WalHealth,
+    /// When the next WAL file may be tried again after it could not be made.
+    pub(super) retry_at: Option<Instant>,
+}
+
+impl WalFiles {
+    fn new() -> WalFiles {
+        WalFiles {
+            counter: 0,
+            spare: None,
+            health: WalHealth::Ok,
+            retry_at: None,
+        }
+    }
+
+    /// The counter of the next WAL file or segment; each is used once.
+    pub(super) fn next_counter(&mut self) -> u64 {
+        let counter = self.counter;
+        self.counter += 1;
+        counter
+    }
+}
+
 /// One core's engine. Fields are visible to the `impl Shard` files beside this one; the
 /// parts with invariants of their own (`ReadCache`, `AckQueue`, `SealQueue`) keep their
 /// fields private and change only through their methods.
@@ -75,14 +110,10 @@ pub(crate) struct Shard {
     /// Sealed segments not yet stored and committed, in seal order.
     pub(super) sealed: RefCell<SealQueue>,
     pub(super) next_segment_no: Cell<u64>,
-    pub(super) segment_counter: Cell<u64>,
-    /// A WAL file created ahead of time so a rotation never waits for the filesystem.
-    pub(super) spare_wal: RefCell<Option<(Rc<DmaFile>, PathBuf, u64)>>,
+    /// The WAL's files, spare and health.
+    pub(super) wal: RefCell<WalFiles>,
+    /// Wakes the commit loop: frames were written, a segment rotated, or a flush waits.
     pub(super) commit_wanted: LocalNotify,
-    /// Whether the WAL takes appends (`crate::health`).
-    pub(super) health: RefCell<WalHealth>,
-    /// When the next WAL file may be tried again after it could not be made.
-    pub(super) next_file_retry_at: Cell<Option<Instant>>,
     /// Sources whose fork went away (deleted or expired here): the node's release task
     /// tells their cores, which may then drop a soft-deleted source.
     pub(super) fork_releases: RefCell<Vec<(String, u64)>>,
@@ -92,11 +123,9 @@ pub(crate) struct Shard {
     pub(super) stopping: Cell<bool>,
     /// This node's cluster membership (`None`: a single node).
     pub(super) cluster: Option<Arc<Cluster>>,
-    /// Streams this core let go to another node (handed off, fenced): name → node (0: not
-    /// known). An operation already past routing when the stream left is sent there.
-    pub(super) remote: RefCell<HashMap<Rc<str>, NodeId>>,
-    /// Streams being handed to another node: new operations wait for the hand-off.
-    pub(super) handing_off: RefCell<HashSet<Rc<str>>>,
+    /// Streams let go to other nodes, or being handed to one.
+    pub(super) moves: RefCell<Moves>,
+    /// Wakes the operations that waited for a hand-off.
     pub(super) handed_off: LocalBroadcast,
 }
 
@@ -122,18 +151,14 @@ impl Shard {
             acks: RefCell::new(AckQueue::default()),
             sealed: RefCell::new(SealQueue::default()),
             next_segment_no: Cell::new(0),
-            segment_counter: Cell::new(0),
-            spare_wal: RefCell::new(None),
+            wal: RefCell::new(WalFiles::new()),
             commit_wanted: LocalNotify::default(),
-            health: RefCell::new(WalHealth::Ok),
-            next_file_retry_at: Cell::new(None),
             fork_releases: RefCell::new(Vec::new()),
             fork_released: LocalNotify::default(),
             metrics,
             stopping: Cell::new(false),
             cluster,
-            remote: RefCell::new(HashMap::new()),
-            handing_off: RefCell::new(HashSet::new()),
+            moves: RefCell::new(Moves::default()),
             handed_off: LocalBroadcast::default(),
         }
     }
@@ -192,7 +217,7 @@ impl Shard {
             state.closed_by = seed.closed_by;
             state.writer_seq = seed.writer_seq;
             let name: Rc<str> = Rc::from(seed.name.as_str());
-            self.remote.borrow_mut().remove(&name);
+            self.moves.borrow_mut().forget(&name);
             streams.insert(
                 name,
                 Stream {

@@ -1,6 +1,7 @@
 //! Unit tests of the shard's pure parts: chunk coarsening, retention decisions, the frame
 //! budget of an append, WAL file errors, the acknowledgement queue's release order, the seal
-//! order of catalog commits and the read cache's readahead and eviction.
+//! order of catalog commits, the memory of streams moved away, and the read cache's
+//! readahead and eviction.
 
 use std::rc::Rc;
 
@@ -10,6 +11,7 @@ use pico_meta::Retention;
 
 use super::append::frames_len;
 use super::blocks::{Lookup, ReadCache};
+use super::moves::Moves;
 use super::pending::{AckQueue, PendingAck, Release};
 use super::reaper::{retention_action, RetentionAction};
 use super::sealed::SealQueue;
@@ -571,4 +573,26 @@ fn catalog_commits_take_turns_in_seal_order() {
     assert!(queue.turn(6).is_some(), "6 still waits for 5");
     queue.stored(100);
     assert_eq!(queue.unuploaded_bytes(), 300);
+}
+
+// ---------------------------------------------------------------- streams moved away
+
+#[test]
+fn the_memory_of_streams_moved_away_is_bounded() {
+    let mut moves = Moves::default();
+    moves.remember("/first", 7);
+    assert_eq!(moves.moved_to("/first"), Some(7));
+    for i in 1..crate::limits::REMOTE_STREAMS_PER_CORE_MAX {
+        moves.remember(&format!("/s{i}"), 2);
+    }
+    assert_eq!(moves.moved_to("/first"), Some(7), "full, not past it");
+    moves.remember("/last", 3);
+    assert_eq!(moves.moved_to("/first"), None, "cleared when full");
+    assert_eq!(moves.moved_to("/last"), Some(3));
+    moves.forget("/last");
+    assert_eq!(moves.moved_to("/last"), None);
+    moves.begin_hand_off(Rc::from("/h"));
+    assert!(moves.handing_off("/h") && !moves.handing_off("/last"));
+    moves.end_hand_off("/h");
+    assert!(!moves.handing_off("/h"));
 }

@@ -12,7 +12,7 @@ use crate::limits;
 use crate::node::segment_key;
 use crate::Durability;
 
-use super::state::Shard;
+use super::state::{Shard, WalFile};
 
 /// Why a WAL file could not be made.
 pub(super) struct WalFileError {
@@ -48,11 +48,8 @@ impl Shard {
     }
 
     /// Creates the next WAL file (pre-allocated and with its directory entry durable).
-    pub(super) async fn create_wal_file(
-        &self,
-    ) -> Result<Option<(Rc<DmaFile>, PathBuf, u64)>, WalFileError> {
-        let counter = self.segment_counter.get();
-        self.segment_counter.set(counter + 1);
+    pub(super) async fn create_wal_file(&self) -> Result<Option<WalFile>, WalFileError> {
+        let counter = self.wal.borrow_mut().next_counter();
         if !self.wal_enabled() {
             return Ok(None);
         }
@@ -89,7 +86,7 @@ impl Shard {
 
     /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
     pub(super) fn check_writable(&self, needed: usize) -> Result<(), EngineError> {
-        match &*self.health.borrow() {
+        match &self.wal.borrow().health {
             WalHealth::Ok => Ok(()),
             WalHealth::Failed { message } => Err(EngineError::WritesStopped(format!(
                 "{message}; this core takes appends again after a restart"
@@ -114,12 +111,12 @@ impl Shard {
     }
 
     pub(super) fn wal_failed(&self) -> bool {
-        matches!(*self.health.borrow(), WalHealth::Failed { .. })
+        matches!(self.wal.borrow().health, WalHealth::Failed { .. })
     }
 
     /// Records a change of WAL health: logged once, published for `/ready` and `/metrics`.
     pub(super) fn set_health(&self, health: WalHealth) {
-        if *self.health.borrow() == health {
+        if self.wal.borrow().health == health {
             return;
         }
         match &health {
@@ -134,7 +131,7 @@ impl Shard {
             ),
         }
         self.metrics.wal_health.publish(&health);
-        *self.health.borrow_mut() = health;
+        self.wal.borrow_mut().health = health;
     }
 
     /// Local durability writes a WAL; memory and object durability do not (object durability
