@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use futures_channel::mpsc;
 use pico_meta::{ClusterState, MetaError, MetaStore, NodeId, NodeRow};
 
-use crate::node::Message;
+use crate::inbox::Message;
+use crate::limits;
+use crate::placement::owner_core;
 
 /// `pico serve`'s cluster settings.
 #[derive(Clone, Debug)]
@@ -107,7 +109,7 @@ impl Cluster {
                     self.config.node_id
                 )));
             }
-            glommio::timer::sleep(Duration::from_millis(20)).await;
+            glommio::timer::sleep(Duration::from_millis(limits::LEASE_WAIT_POLL_MS)).await;
         }
     }
 
@@ -240,7 +242,8 @@ fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
 
 fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Message>>) {
     let config = cluster.config.clone();
-    let round = Duration::from_millis((config.lease_ms / 3).max(50));
+    let round =
+        Duration::from_millis((config.lease_ms / 3).max(limits::LEASE_RENEW_INTERVAL_MS_MIN));
     // Transfers already handed to a core and not settled: not sent again.
     let mut handing: std::collections::HashSet<u64> = Default::default();
     loop {
@@ -323,7 +326,7 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
                         let _ = wait(meta.cancel_transfer(transfer.stream_id));
                         continue;
                     }
-                    let core = crate::node::owner_core(&transfer.name, cores.len());
+                    let core = owner_core(&transfer.name, cores.len());
                     let (reply, _answer) = futures_channel::oneshot::channel();
                     let message = Message::HandOff {
                         transfer: transfer.clone(),

@@ -1,32 +1,48 @@
 //! The PicoMQ storage engine: the stream state machine, record frames, one shard per core
 //! with its write-ahead log and group commit, sealed segments handed to the object store, and
 //! recovery.
+//!
+//! A node starts in `boot` (which runs `recovery` and builds each stream's `seeds`), then one
+//! `CoreHandle` per core (`handle`) serves the protocol layers: it routes each operation to
+//! the stream's owning core (`placement`, `route`, over the `inbox` between cores), where the
+//! `shard` runs it; `fork` stitches forks across cores and `gc` collects unused segments.
 
 pub mod api;
+mod boot;
 pub mod cluster;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+mod fork;
 pub mod frame;
+mod gc;
+mod handle;
 pub mod health;
+mod inbox;
 pub mod limits;
 pub mod metrics;
-pub mod node;
 mod notify;
+mod placement;
+mod recovery;
+mod route;
+mod seeds;
 mod shard;
 pub mod state;
 
 use std::path::PathBuf;
 
 pub use api::{
-    AppendAck, AppendRequest, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest,
-    RecordInput, RecordView, Reply, RetentionChange, StreamInfo, StreamSummary,
+    AppendAck, AppendRequest, CreateRequest, Created, Fork, ForkSpec, Op, ReadBatch, ReadBound,
+    ReadFrom, ReadRequest, RecordInput, RecordView, Reply, RetentionChange, StreamInfo,
+    StreamSummary,
 };
+pub use boot::{boot, Boot, CoreSeed};
 pub use cluster::{Cluster, ClusterConfig};
 pub use error::EngineError;
-pub use node::{boot, owner_core, Boot, CoreHandle, CoreSeed};
+pub use handle::CoreHandle;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
+pub use placement::owner_core;
 pub use state::{ForkOrigin, StreamConfig};
 
 /// When an append is acknowledged (`--durability`).

@@ -2162,7 +2162,7 @@ impl Shard {
         if self.streams.borrow().contains_key(name) {
             return Ok(()); // another request loaded it meanwhile
         }
-        let seeds: Vec<StreamSeed> = crate::node::stream_seeds(&load.snapshot)
+        let seeds: Vec<StreamSeed> = crate::seeds::stream_seeds(&load.snapshot)
             .into_iter()
             .map(|mut seed| {
                 seed.epoch = load.ownership.epoch;
@@ -2372,7 +2372,7 @@ impl Shard {
         );
         (
             self.config.wal_dir.join(format!("{stem}.wal")),
-            crate::node::segment_key(self.config.node_id, &stem),
+            crate::placement::segment_key(self.config.node_id, &stem),
         )
     }
 
