@@ -13,8 +13,8 @@ use bytes::Bytes;
 use pico_engine::meta::testing::PgDatabase;
 use pico_engine::meta::Fence;
 use pico_engine::{
-    boot, AppendRequest, ClusterConfig, CoreHandle, EngineConfig, EngineError, Op, RecordInput,
-    StreamConfig,
+    boot, AppendRequest, ClusterConfig, CoreHandle, CreateRequest, EngineConfig, EngineError,
+    RecordInput, StreamConfig,
 };
 
 const NODE: u32 = 1;
@@ -25,8 +25,8 @@ const LEASE_MS: u64 = 120_000;
 /// Bounds every wait of the test (never a margin the assertions depend on).
 const WAIT_BOUND: Duration = Duration::from_secs(60);
 
-fn create() -> Op {
-    Op::Create {
+fn create() -> CreateRequest {
+    CreateRequest {
         config: StreamConfig {
             content_type: "text/plain".into(),
             ttl_sec: None,
@@ -39,8 +39,8 @@ fn create() -> Op {
     }
 }
 
-fn append(body: &str) -> Op {
-    Op::Append(AppendRequest {
+fn append(body: &str) -> AppendRequest {
+    AppendRequest {
         records: vec![RecordInput {
             headers: Vec::new(),
             body: Bytes::from(body.to_owned()),
@@ -50,7 +50,7 @@ fn append(body: &str) -> Op {
         producer: None,
         content_type: None,
         writer_seq: None,
-    })
+    }
 }
 
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
@@ -93,7 +93,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
         .spawn(move || async move {
             let core: Rc<CoreHandle> = CoreHandle::start(seed).await.expect("core starts");
             for name in names {
-                core.call(name, create()).await.expect("created");
+                core.create(name, create()).await.expect("created");
             }
             meta.register_node(OTHER, node_epoch, "http://127.0.0.1:10", 1, LEASE_MS)
                 .await
@@ -106,7 +106,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
                 .map(|&name| {
                     let core = core.clone();
                     glommio::spawn_local(async move {
-                        let answer = core.call(name, append(name)).await;
+                        let answer = core.append(name, append(name)).await;
                         let answer = answer.map(|_| ()).map_err(|e| match e {
                             EngineError::NotOwner(m) => format!("not owner: {m}"),
                             other => format!("unexpected: {other}"),

@@ -6,8 +6,8 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use pico_engine::{
-    boot, AppendRequest, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply,
-    StreamConfig,
+    boot, AppendRequest, CoreHandle, CreateRequest, EngineConfig, ReadFrom, ReadRequest,
+    RecordInput, StreamConfig,
 };
 use pico_s3::ObjectStore;
 
@@ -35,8 +35,8 @@ fn config_sized(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) 
 }
 
 /// Creates an open, empty text stream.
-fn create_text() -> Op {
-    Op::Create {
+fn create_text() -> CreateRequest {
+    CreateRequest {
         config: StreamConfig {
             content_type: "text/plain".into(),
             ttl_sec: None,
@@ -50,7 +50,7 @@ fn create_text() -> Op {
 }
 
 /// Appends `body` as one record (none: a bare close), closing the stream with `close`.
-fn append(body: Option<Bytes>, close: bool) -> Op {
+fn append(body: Option<Bytes>, close: bool) -> AppendRequest {
     let records = body
         .into_iter()
         .map(|body| RecordInput {
@@ -58,14 +58,14 @@ fn append(body: Option<Bytes>, close: bool) -> Op {
             body,
         })
         .collect();
-    Op::Append(AppendRequest {
+    AppendRequest {
         records,
         close,
         match_offset: None,
         producer: None,
         content_type: None,
         writer_seq: None,
-    })
+    }
 }
 
 fn body(i: u64) -> Bytes {
@@ -126,9 +126,7 @@ async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, i64, Bytes)> {
             with_content_type: false,
             bound: None,
         };
-        let Reply::Read(batch) = core.call(name, Op::Read(request)).await.expect("read") else {
-            panic!("not a read")
-        };
+        let batch = core.read(name, request).await.expect("read");
         for record in &batch.records {
             out.push((record.offset, record.timestamp_ms, record.body.clone()));
         }
@@ -146,13 +144,15 @@ fn segments_survive_sealing_eviction_and_restart() {
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
         for name in ["/a", "/b"] {
-            core.call(name, create_text()).await.unwrap();
+            core.create(name, create_text()).await.unwrap();
         }
         for i in 0..RECORDS {
             let name = if i % 3 == 0 { "/b" } else { "/a" };
-            core.call(name, append(Some(body(i)), false)).await.unwrap();
+            core.append(name, append(Some(body(i)), false))
+                .await
+                .unwrap();
         }
-        core.call("/b", append(None, true)).await.unwrap();
+        core.append("/b", append(None, true)).await.unwrap();
         // Let the age-based seal upload the last segment too.
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
         tx.send((read_all(&core, "/a").await, read_all(&core, "/b").await))
@@ -172,20 +172,15 @@ fn segments_survive_sealing_eviction_and_restart() {
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
         let cold = (read_all(&core, "/a").await, read_all(&core, "/b").await);
-        let Reply::Head(info) = core.call("/b", Op::Head).await.unwrap() else {
-            panic!()
-        };
+        let info = core.head("/b").await.unwrap();
         let late = append(Some(Bytes::from_static(b"late")), false);
-        let after = core.call("/a", late).await.unwrap();
-        tx.send((cold, info.closed, after)).unwrap();
+        let ack = core.append("/a", late).await.unwrap();
+        tx.send((cold, info.closed, ack)).unwrap();
     });
-    let ((cold_a, cold_b), closed, after) = rx.recv().unwrap();
+    let ((cold_a, cold_b), closed, ack) = rx.recv().unwrap();
     assert_eq!(cold_a, warm_a);
     assert_eq!(cold_b, warm_b);
     assert!(closed, "the close survives the restart");
-    let Reply::Appended(ack) = after else {
-        panic!()
-    };
     assert_eq!(ack.start_offset, Some(warm_a.len() as u64));
     assert!(ack.timestamp_ms.unwrap() > warm_a.last().unwrap().1);
 }
@@ -207,9 +202,9 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
         ..config_sized(&path, 4 * 1024 * 1024, 128 * 1024 * 1024)
     };
     run_with(sealed_by_size, &path, |core| async move {
-        core.call("/big", create_text()).await.unwrap();
+        core.create("/big", create_text()).await.unwrap();
         for i in 0..COUNT {
-            core.call("/big", append(Some(record(i)), false))
+            core.append("/big", append(Some(record(i)), false))
                 .await
                 .unwrap();
         }
@@ -260,9 +255,9 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
     // Two 2 KiB records a segment.
     let tiny_segments = config_sized(&path, 4 * 1024, 1024 * 1024);
     run_with(tiny_segments.clone(), &path, |core| async move {
-        core.call("/small", create_text()).await.unwrap();
+        core.create("/small", create_text()).await.unwrap();
         for i in 0..COUNT {
-            core.call("/small", append(Some(record(i)), false))
+            core.append("/small", append(Some(record(i)), false))
                 .await
                 .unwrap();
         }
@@ -294,10 +289,7 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
                     with_content_type: false,
                     bound: None,
                 };
-                let Reply::Read(batch) = core.call("/small", Op::Read(request)).await.unwrap()
-                else {
-                    panic!("not a read")
-                };
+                let batch = core.read("/small", request).await.unwrap();
                 assert!(!batch.records.is_empty(), "no progress at {from}");
                 records.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
                 from = batch.next_offset;
@@ -340,12 +332,12 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
         &path,
         |store| store.faults().hold_next_put(),
         move |core, store| async move {
-            core.call("/s", create_text()).await.unwrap();
+            core.create("/s", create_text()).await.unwrap();
             // Not awaited one by one: each waits for the held PUT.
             for i in 0..COUNT {
                 let core = core.clone();
                 glommio::spawn_local(async move {
-                    let _ = core.call("/s", append(Some(record(i)), false)).await;
+                    let _ = core.append("/s", append(Some(record(i)), false)).await;
                 })
                 .detach();
             }
@@ -392,23 +384,16 @@ fn concurrent_retention_changes_of_different_limits_both_stick() {
     use pico_engine::RetentionChange;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let head = |core: Rc<CoreHandle>| async move {
-        let Reply::Head(info) = core.call("/r", Op::Head).await.expect("head") else {
-            panic!("not a head")
-        };
-        info.retention
-    };
+    let head = |core: Rc<CoreHandle>| async move { core.head("/r").await.expect("head").retention };
     let (tx, rx) = std::sync::mpsc::channel();
     let sent = tx.clone();
     run_on_core(&path, move |core| async move {
-        core.call("/r", create_text()).await.unwrap();
+        core.create("/r", create_text()).await.unwrap();
         let change = |change: RetentionChange| {
             let core = core.clone();
-            glommio::spawn_local(async move {
-                core.call("/r", Op::Configure { change })
-                    .await
-                    .expect("configured")
-            })
+            glommio::spawn_local(
+                async move { core.configure("/r", change).await.expect("configured") },
+            )
         };
         let age = change(RetentionChange {
             age_ms: Some(Some(60_000)),

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
 use pico_engine::{
-    boot, AppendRequest, CoreHandle, EngineConfig, EngineError, Op, ReadFrom, ReadRequest,
-    RecordInput, Reply, StreamConfig,
+    boot, AppendRequest, CoreHandle, CreateRequest, EngineConfig, EngineError, ReadFrom,
+    ReadRequest, RecordInput, StreamConfig,
 };
 
 const SEGMENT_BYTES: usize = 64 * 1024;
@@ -57,13 +57,13 @@ where
     booted.meta.shutdown();
 }
 
-fn create() -> Op {
+fn create() -> CreateRequest {
     create_with(Vec::new())
 }
 
 /// A create with `records` as its body.
-fn create_with(records: Vec<RecordInput>) -> Op {
-    Op::Create {
+fn create_with(records: Vec<RecordInput>) -> CreateRequest {
+    CreateRequest {
         config: StreamConfig {
             content_type: "application/octet-stream".into(),
             ttl_sec: None,
@@ -83,15 +83,15 @@ fn record(body: &[u8]) -> RecordInput {
     }
 }
 
-fn append(body: &[u8]) -> Op {
-    Op::Append(AppendRequest {
+fn append(body: &[u8]) -> AppendRequest {
+    AppendRequest {
         records: vec![record(body)],
         close: false,
         match_offset: None,
         producer: None,
         content_type: None,
         writer_seq: None,
-    })
+    }
 }
 
 async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
@@ -103,9 +103,7 @@ async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
         with_content_type: false,
         bound: None,
     };
-    let Ok(Reply::Read(batch)) = core.call(name, Op::Read(request)).await else {
-        panic!("a read is answered")
-    };
+    let batch = core.read(name, request).await.expect("a read is answered");
     batch
         .records
         .iter()
@@ -128,22 +126,22 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
     let wal_dir = path.join("wal");
     let (tx, rx) = std::sync::mpsc::channel();
     run(&path, move |core, metrics| async move {
-        core.call("/s", create()).await.unwrap();
-        core.call("/s", append(b"kept")).await.unwrap();
+        core.create("/s", create()).await.unwrap();
+        core.append("/s", append(b"kept")).await.unwrap();
         faults::arm(&wal_dir, io, libc::EIO);
-        let failed = core.call("/s", append(b"in doubt")).await;
-        let after = core.call("/s", append(b"refused")).await;
+        let failed = core.append("/s", append(b"in doubt")).await;
+        let after = core.append("/s", append(b"refused")).await;
         let reads = read_bodies(&core, "/s").await;
-        let head = core.call("/s", Op::Head).await;
+        let head = core.head("/s").await;
         let health = metrics[0].wal_health.state();
         let reason = metrics[0].wal_health.reason();
         // Other operations than appends are served: a create without records, a delete.
-        let created = core.call("/other", create()).await;
-        let deleted = core.call("/other", Op::Delete).await;
+        let created = core.create("/other", create()).await;
+        let deleted = core.delete("/other").await;
         // A create with a body is refused whole: no stream is left without its records.
         let with_body = create_with(vec![record(b"body")]);
-        let refused_create = core.call("/with-body", with_body).await;
-        let left = core.call("/with-body", Op::Head).await;
+        let refused_create = core.create("/with-body", with_body).await;
+        let left = core.head("/with-body").await;
         assert!(
             matches!(refused_create, Err(EngineError::WritesStopped(_))),
             "{refused_create:?}"
@@ -201,7 +199,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
     let wal_dir = path.join("wal");
     let (tx, rx) = std::sync::mpsc::channel();
     run(&path, move |core, metrics| async move {
-        core.call("/s", create()).await.unwrap();
+        core.create("/s", create()).await.unwrap();
         // The next WAL file (the spare the first commit round makes) fails with ENOSPC, at
         // every try, until disarmed.
         for _ in 0..1000 {
@@ -211,7 +209,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         let mut acked = 0u64;
         let mut refused = None;
         for _ in 0..2000 {
-            match core.call("/s", append(&record)).await {
+            match core.append("/s", append(&record)).await {
                 Ok(_) => acked += 1,
                 Err(e) => {
                     refused = Some(e);
@@ -228,7 +226,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         while faults::disarm(&wal_dir, WalIo::Create) {}
         let mut resumed = false;
         for _ in 0..200 {
-            if core.call("/s", append(&record)).await.is_ok() {
+            if core.append("/s", append(&record)).await.is_ok() {
                 resumed = true;
                 break;
             }
