@@ -6,15 +6,16 @@
 //! Needs `PICOMQ_PG_URL` (`scripts/pg-up.sh`); without it the test prints a skip note, or
 //! fails under `CI=true`.
 
+mod common;
+
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::{append_request, create_request, record};
 use pico_engine::meta::testing::PgDatabase;
 use pico_engine::meta::Fence;
 use pico_engine::{
     boot, AppendRequest, ClusterConfig, CoreHandle, CreateRequest, EngineConfig, EngineError,
-    RecordInput, StreamConfig,
 };
 
 const NODE: u32 = 1;
@@ -26,31 +27,11 @@ const LEASE_MS: u64 = 120_000;
 const WAIT_BOUND: Duration = Duration::from_secs(60);
 
 fn create() -> CreateRequest {
-    CreateRequest {
-        config: StreamConfig {
-            content_type: "text/plain".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
-        records: Vec::new(),
-        fork: None,
-    }
+    create_request("text/plain")
 }
 
 fn append(body: &str) -> AppendRequest {
-    AppendRequest {
-        records: vec![RecordInput {
-            headers: Vec::new(),
-            body: Bytes::from(body.to_owned()),
-        }],
-        close: false,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    }
+    append_request(vec![record(body.to_owned())], false)
 }
 
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]

@@ -4,127 +4,36 @@
 //! acknowledged record and nothing of the torn part. The process-level versions (a killed
 //! `pico serve`) are in `cli/tests/`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::{append_request, create_request, record, run};
 use pico_engine::frame::{self, FrameMeta, FRAME_KIND_RECORD};
-use pico_engine::{
-    boot, AppendRequest, CoreHandle, CreateRequest, EngineConfig, ReadFrom, ReadRequest,
-    RecordInput, StreamConfig,
-};
+use pico_engine::{CoreHandle, EngineConfig};
 
+/// Segments seal by size only: what is not sealed stays in the WAL at the stop.
 fn config(dir: &Path, cores: usize) -> EngineConfig {
     EngineConfig {
-        cores,
-        wal_dir: dir.join("wal"),
-        durability: pico_engine::Durability::Local,
-        segment_size: 64 * 1024,
-        // Segments seal by size only: what is not sealed stays in the WAL at the stop.
         segment_max_age_ms: 600_000,
-        segment_cache_bytes: 1 << 20,
-        node_epoch_ms: pico_engine::now_ms() as u64,
-        node_id: None,
-        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
-        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
-        gc_interval_ms: 600_000,
+        ..common::config(dir, cores)
     }
 }
 
-/// Boots an engine of `cores` cores in `dir` (one executor thread each), runs `f` on core 0,
-/// then stops every core without flushing (as a crash would, for what is on disk) and shuts
-/// the metadata log down. Returns the boot's report lines.
-fn run<F, Fut>(dir: &Path, cores: usize, f: F) -> Vec<String>
-where
-    F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let meta = format!("sqlite:{}", dir.join("meta.db").display());
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config(dir, cores), &meta, &storage, None).expect("boot");
-    let mut seeds = booted.seeds.into_iter();
-    let first = seeds.next().expect("core 0");
-    let mut stops = Vec::new();
-    let mut others = Vec::new();
-    for seed in seeds {
-        let (stop, stopped) = futures_channel::oneshot::channel::<()>();
-        stops.push(stop);
-        let executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(1 << 20)
-            .spawn(move || async move {
-                let _core = CoreHandle::start(seed).await.expect("core starts");
-                // Serves the other cores' requests until core 0 is done.
-                let _ = stopped.await;
-            })
-            .expect("executor");
-        others.push(executor);
-    }
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(move || async move {
-            let core = CoreHandle::start(first).await.expect("core starts");
-            f(core).await;
-        })
-        .expect("executor")
-        .join()
-        .expect("join");
-    drop(stops);
-    for executor in others {
-        executor.join().expect("join");
-    }
-    booted.meta.shutdown();
-    booted.report
+fn create() -> pico_engine::CreateRequest {
+    create_request("application/octet-stream")
 }
 
-fn create_request() -> CreateRequest {
-    CreateRequest {
-        config: StreamConfig {
-            content_type: "application/octet-stream".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
-        records: Vec::new(),
-        fork: None,
-    }
+fn append(body: Bytes) -> pico_engine::AppendRequest {
+    append_request(vec![record(body)], false)
 }
 
-fn append_request(body: Bytes) -> AppendRequest {
-    AppendRequest {
-        records: vec![RecordInput {
-            headers: Vec::new(),
-            body,
-        }],
-        close: false,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    }
-}
-
-/// Every record of `name`, in pages.
+/// Every record of `name`, as `(offset, body)`.
 async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let mut out = Vec::new();
-    let mut from = 0;
-    loop {
-        let request = ReadRequest {
-            from: ReadFrom::Offset(from),
-            max_records: 1000,
-            max_bytes: 256 * 1024,
-            wait_ms: None,
-            with_content_type: false,
-            bound: None,
-        };
-        let batch = core.read(name, request).await.expect("read");
-        out.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
-        if batch.records.is_empty() || batch.up_to_date() {
-            return out;
-        }
-        from = batch.next_offset;
-    }
+    let records = common::read_all(core, name, 256 * 1024).await;
+    records.into_iter().map(|r| (r.offset, r.body)).collect()
 }
 
 fn body(stream: usize, i: u64) -> Bytes {
@@ -193,10 +102,10 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
-    run(&path, 1, move |core| async move {
-        core.create("/s", create_request()).await.unwrap();
+    run(config(&path, 1), &path, move |core| async move {
+        core.create("/s", create()).await.unwrap();
         for i in 0..RECORDS {
-            let ack = core.append("/s", append_request(body(0, i))).await.unwrap();
+            let ack = core.append("/s", append(body(0, i))).await.unwrap();
             assert_eq!(ack.start_offset, Some(i));
         }
         tx.send(core.head("/s").await.unwrap().id).unwrap();
@@ -214,14 +123,11 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
     );
 
     let (tx, rx) = std::sync::mpsc::channel();
-    let report = run(&path, 1, move |core| async move {
+    let report = run(config(&path, 1), &path, move |core| async move {
         let records = read_all(&core, "/s").await;
         let next = core.head("/s").await.unwrap().next_offset;
         // The torn record's offset is free again: the next append takes it.
-        let ack = core
-            .append("/s", append_request(body(0, 99)))
-            .await
-            .unwrap();
+        let ack = core.append("/s", append(body(0, 99))).await.unwrap();
         tx.send((records, next, ack.start_offset)).unwrap();
     });
     let (records, next, appended_at) = rx.recv().unwrap();
@@ -267,13 +173,13 @@ fn streams_and_records_survive_a_change_of_core_count() {
     let path = dir.path().to_path_buf();
     let names: Vec<String> = (0..STREAMS).map(|s| format!("/cores/{s}")).collect();
     let written = names.clone();
-    run(&path, 3, move |core| async move {
+    run(config(&path, 3), &path, move |core| async move {
         for name in &written {
-            core.create(name, create_request()).await.unwrap();
+            core.create(name, create()).await.unwrap();
         }
         for i in 0..RECORDS {
             for (s, name) in written.iter().enumerate() {
-                core.append(name, append_request(body(s, i))).await.unwrap();
+                core.append(name, append(body(s, i))).await.unwrap();
             }
         }
         // Give the sealed segments' uploads a moment; whatever is left is in the WAL.
@@ -299,7 +205,7 @@ fn streams_and_records_survive_a_change_of_core_count() {
     for (cores, extra) in [(2, 0), (1, 1)] {
         let (tx, rx) = std::sync::mpsc::channel();
         let read = names.clone();
-        run(&path, cores, move |core| async move {
+        run(config(&path, cores), &path, move |core| async move {
             let (listed, more) = core.list("/cores/", "", 100).await.unwrap();
             let mut found = Vec::new();
             for name in &read {
@@ -309,7 +215,7 @@ fn streams_and_records_survive_a_change_of_core_count() {
             let mut offsets = Vec::new();
             for (s, name) in read.iter().enumerate() {
                 let ack = core
-                    .append(name, append_request(body(s, 1000 + extra)))
+                    .append(name, append(body(s, 1000 + extra)))
                     .await
                     .unwrap();
                 offsets.push(ack.start_offset);

@@ -5,56 +5,28 @@
 //! The real-disk versions (a full tmpfs, a deleted WAL directory) are in
 //! `cli/tests/storage_faults.rs`.
 
+mod common;
+
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::{append_request, create_request, record, run_node};
 use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
-use pico_engine::{
-    boot, AppendRequest, CoreHandle, CreateRequest, EngineConfig, EngineError, ReadFrom,
-    ReadRequest, RecordInput, StreamConfig,
-};
+use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineError, RecordInput};
 
 const SEGMENT_BYTES: usize = 64 * 1024;
 
-fn config(dir: &std::path::Path) -> EngineConfig {
-    EngineConfig {
-        cores: 1,
-        wal_dir: dir.join("wal"),
-        durability: pico_engine::Durability::Local,
-        segment_size: SEGMENT_BYTES,
-        segment_max_age_ms: 60_000,
-        segment_cache_bytes: 1 << 20,
-        node_epoch_ms: pico_engine::now_ms() as u64,
-        node_id: None,
-        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
-        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
-        gc_interval_ms: 60_000,
-    }
-}
-
-/// Runs `f` on a one-core engine in `dir`, then shuts the metadata log down.
+/// Runs `f` on a one-core engine in `dir` (64 KiB segments), then shuts the metadata log down.
 fn run<F, Fut>(dir: &std::path::Path, f: F)
 where
     F: FnOnce(Rc<CoreHandle>, pico_engine::metrics::NodeMetrics) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    let meta = format!("sqlite:{}", dir.join("meta.db").display());
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config(dir), &meta, &storage, None).expect("boot");
-    let metrics = booted.metrics.clone();
-    let seed = booted.seeds.into_iter().next().expect("one core");
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(move || async move {
-            let core = CoreHandle::start(seed).await.expect("core starts");
-            f(core, metrics).await;
-        })
-        .expect("executor")
-        .join()
-        .expect("join");
-    booted.meta.shutdown();
+    let config = common::config(dir, 1);
+    assert_eq!(config.segment_size, SEGMENT_BYTES);
+    run_node(config, dir, |_| {}, move |core, node| f(core, node.metrics));
 }
 
 fn create() -> CreateRequest {
@@ -64,51 +36,18 @@ fn create() -> CreateRequest {
 /// A create with `records` as its body.
 fn create_with(records: Vec<RecordInput>) -> CreateRequest {
     CreateRequest {
-        config: StreamConfig {
-            content_type: "application/octet-stream".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
         records,
-        fork: None,
-    }
-}
-
-fn record(body: &[u8]) -> RecordInput {
-    RecordInput {
-        headers: Vec::new(),
-        body: Bytes::copy_from_slice(body),
+        ..create_request("application/octet-stream")
     }
 }
 
 fn append(body: &[u8]) -> AppendRequest {
-    AppendRequest {
-        records: vec![record(body)],
-        close: false,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    }
+    append_request(vec![record(Bytes::copy_from_slice(body))], false)
 }
 
 async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let request = ReadRequest {
-        from: ReadFrom::Offset(0),
-        max_records: 10_000,
-        max_bytes: 64 << 20,
-        wait_ms: None,
-        with_content_type: false,
-        bound: None,
-    };
-    let batch = core.read(name, request).await.expect("a read is answered");
-    batch
-        .records
-        .iter()
-        .map(|r| (r.offset, r.body.clone()))
-        .collect()
+    let records = common::read_all(core, name, 64 << 20).await;
+    records.into_iter().map(|r| (r.offset, r.body)).collect()
 }
 
 /// What a restart finds: the stream's records, read by a fresh engine on the same files.
@@ -139,7 +78,7 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
         let created = core.create("/other", create()).await;
         let deleted = core.delete("/other").await;
         // A create with a body is refused whole: no stream is left without its records.
-        let with_body = create_with(vec![record(b"body")]);
+        let with_body = create_with(vec![record(&b"body"[..])]);
         let refused_create = core.create("/with-body", with_body).await;
         let left = core.head("/with-body").await;
         assert!(
