@@ -136,3 +136,6 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;
