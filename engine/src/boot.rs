@@ -10,6 +10,7 @@ use pico_meta::{MetaStore, MetaUrl};
 use pico_s3::{ObjectStore, StorageUri};
 
 use crate::cluster::{start_keeper, Cluster, ClusterConfig};
+use crate::config::EngineConfig;
 use crate::inbox::Message;
 use crate::limits;
 use crate::metrics::{CoreMetrics, NodeMetrics};
@@ -17,7 +18,6 @@ use crate::placement::owner_core;
 use crate::recovery::{recover_wal_files, wait};
 use crate::seeds::stream_seeds;
 use crate::shard::StreamSeed;
-use crate::EngineConfig;
 
 /// Everything one core needs to start its shard; `Send`, handed to the core's thread.
 pub struct CoreSeed {

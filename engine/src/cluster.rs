@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use futures_channel::mpsc;
 use pico_meta::{ClusterState, MetaError, MetaStore, NodeId, NodeRow};
 
+use crate::error::EngineError;
 use crate::inbox::Message;
 use crate::limits;
 use crate::placement::owner_core;
@@ -96,14 +97,14 @@ impl Cluster {
 
     /// Waits (bounded by one lease time) for the lease to be valid again; the error for a
     /// request that cannot be served meanwhile.
-    pub async fn wait_for_lease(&self) -> Result<(), crate::EngineError> {
+    pub async fn wait_for_lease(&self) -> Result<(), EngineError> {
         let deadline = Instant::now() + Duration::from_millis(self.config.lease_ms);
         loop {
             if self.lease_valid() {
                 return Ok(());
             }
             if self.superseded.load(Ordering::Acquire) || Instant::now() >= deadline {
-                return Err(crate::EngineError::NotOwner(format!(
+                return Err(EngineError::NotOwner(format!(
                     "node {} does not hold its cluster lease (the metadata database is \
                      unreachable, or a newer incarnation took over); retry",
                     self.config.node_id
@@ -147,22 +148,22 @@ impl Cluster {
 
     /// The error that sends a client to `node`'s address (or asks it to retry while the
     /// address is not known, or under `--routing local`).
-    pub fn moved(&self, node: NodeId) -> crate::EngineError {
+    pub fn moved(&self, node: NodeId) -> EngineError {
         match self.live_node(node) {
             Some(row)
                 if self.config.redirect
                     && !(row.address.is_empty() && row.ds_address.is_empty()) =>
             {
-                crate::EngineError::Moved {
+                EngineError::Moved {
                     node,
                     address: row.address.trim_end_matches('/').to_string(),
                     ds_address: row.ds_address.trim_end_matches('/').to_string(),
                 }
             }
-            _ if !self.config.redirect => crate::EngineError::NotOwner(format!(
+            _ if !self.config.redirect => EngineError::NotOwner(format!(
                 "the stream is served by node {node} (this node runs --routing local)"
             )),
-            _ => crate::EngineError::NotOwner(format!(
+            _ => EngineError::NotOwner(format!(
                 "the stream is served by node {node}, which is not reachable yet; retry"
             )),
         }
@@ -200,10 +201,10 @@ impl Cluster {
     }
 
     /// [`Cluster::moved`] for a row's owner, which may be none yet.
-    pub fn moved_to(&self, owner: Option<NodeId>) -> crate::EngineError {
+    pub fn moved_to(&self, owner: Option<NodeId>) -> EngineError {
         match owner {
             Some(node) => self.moved(node),
-            None => crate::EngineError::NotOwner("the stream has no owner yet; retry".into()),
+            None => EngineError::NotOwner("the stream has no owner yet; retry".into()),
         }
     }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use futures_channel::oneshot;
 
+use crate::clock::now_ms;
 use crate::inbox::Message;
 use crate::limits;
-use crate::now_ms;
 use crate::route::Router;
 
 /// Collects every `gc_interval_ms`, for the life of the core.

@@ -14,11 +14,12 @@ use crate::api::{
 use crate::boot::CoreSeed;
 use crate::cluster::Cluster;
 use crate::error::EngineError;
+use crate::fork;
+use crate::gc;
 use crate::inbox::Peers;
 use crate::limits;
 use crate::route::{serve_inbox, Router};
 use crate::shard::Shard;
-use crate::{fork, gc};
 
 /// A core's handle on the engine: runs operations on the stream's owning core.
 pub struct CoreHandle {

@@ -11,10 +11,10 @@ use pico_meta::{
 };
 use pico_s3::ObjectStore;
 
+use crate::clock::now_ms;
+use crate::config::EngineConfig;
 use crate::frame::{self, FRAME_KIND_CLOSE};
-use crate::now_ms;
 use crate::placement::{epoch_of, segment_key};
-use crate::EngineConfig;
 
 /// What recovery learned that the rest of boot needs.
 pub(crate) struct Recovered {
