@@ -4,9 +4,7 @@
 
 use std::rc::Rc;
 
-use crate::api::{
-    Created, Fork, ForkSpec, Op, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput,
-};
+use crate::api::{Created, ForkSpec, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput};
 use crate::error::EngineError;
 use crate::route::Router;
 use crate::state::{mime_base_eq, ForkOrigin, StreamConfig};
@@ -197,13 +195,8 @@ pub(crate) async fn create(
         config.ttl_sec = source_config.ttl_sec;
         config.expires_at_ms = source_config.expires_at_ms;
     }
-    let op = Op::Create {
-        config,
-        closed,
-        records,
-        fork: Some(Fork::Resolved(origin.clone())),
-    };
-    let created = router.create(name, op).await;
+    let fork = Some(origin.clone());
+    let created = router.create(name, config, closed, records, fork).await;
     if !matches!(created, Ok(Created { created: true, .. })) {
         let _ = release().await;
     }

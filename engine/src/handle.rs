@@ -133,13 +133,9 @@ impl CoreHandle {
                 .await
             }
             None => {
-                let op = Op::Create {
-                    config,
-                    closed,
-                    records,
-                    fork: None,
-                };
-                self.router.create(name, op).await
+                self.router
+                    .create(name, config, closed, records, None)
+                    .await
             }
         }
     }

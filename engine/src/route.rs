@@ -10,8 +10,8 @@ use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
 
 use crate::api::{
-    AppendAck, AppendRequest, Created, Op, ReadBatch, ReadRequest, Reply, RetentionChange,
-    StreamInfo, StreamSummary,
+    AppendAck, AppendRequest, Created, Fork, Op, ReadBatch, ReadRequest, RecordInput, Reply,
+    RetentionChange, StreamInfo, StreamSummary,
 };
 use crate::error::EngineError;
 use crate::inbox::{Message, Peers};
@@ -62,8 +62,22 @@ impl Router {
         })
     }
 
-    /// One create on the owning core (a fork's point already resolved, if any).
-    pub(crate) async fn create(&self, name: &str, op: Op) -> Result<Created, EngineError> {
+    /// One create on the owning core, as a fork of `fork` (a fork point the source has
+    /// resolved and counted) if given.
+    pub(crate) async fn create(
+        &self,
+        name: &str,
+        config: StreamConfig,
+        closed: bool,
+        records: Vec<RecordInput>,
+        fork: Option<ForkOrigin>,
+    ) -> Result<Created, EngineError> {
+        let op = Op::Create {
+            config,
+            closed,
+            records,
+            fork: fork.map(Fork::Resolved),
+        };
         self.ask(name, op, |reply| match reply {
             Reply::Created {
                 created,
