@@ -88,7 +88,30 @@ pub struct AppendRequest {
     pub writer_seq: Option<String>,
 }
 
-/// An operation on one stream, executed by its owning core.
+/// A stream to create, as the protocols give it.
+#[derive(Clone, Debug)]
+pub struct CreateRequest {
+    /// For a fork, an empty content type means the source's.
+    pub config: StreamConfig,
+    pub closed: bool,
+    /// Appended right after the create (a create with a body).
+    pub records: Vec<RecordInput>,
+    /// Create the stream as a fork of another one.
+    pub fork: Option<ForkSpec>,
+}
+
+/// The answer to a create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    /// `false`: the stream existed already with this configuration (an idempotent create).
+    pub created: bool,
+    pub info: StreamInfo,
+    /// The append of the create's records, when it had some.
+    pub first: Option<AppendAck>,
+}
+
+/// An operation on one stream, executed by its owning core: what crosses between cores (see
+/// `inbox.rs`). Callers use the typed methods of `CoreHandle`.
 #[derive(Clone, Debug)]
 pub enum Op {
     Create {

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 use futures_channel::mpsc;
 use pico_meta::{ClusterState, MetaError, MetaStore, NodeId, NodeRow};
 
-use crate::node::Message;
+use crate::error::EngineError;
+use crate::inbox::Message;
+use crate::limits;
+use crate::placement::owner_core;
 
 /// `pico serve`'s cluster settings.
 #[derive(Clone, Debug)]
@@ -94,20 +97,20 @@ impl Cluster {
 
     /// Waits (bounded by one lease time) for the lease to be valid again; the error for a
     /// request that cannot be served meanwhile.
-    pub async fn wait_for_lease(&self) -> Result<(), crate::EngineError> {
+    pub async fn wait_for_lease(&self) -> Result<(), EngineError> {
         let deadline = Instant::now() + Duration::from_millis(self.config.lease_ms);
         loop {
             if self.lease_valid() {
                 return Ok(());
             }
             if self.superseded.load(Ordering::Acquire) || Instant::now() >= deadline {
-                return Err(crate::EngineError::NotOwner(format!(
+                return Err(EngineError::NotOwner(format!(
                     "node {} does not hold its cluster lease (the metadata database is \
                      unreachable, or a newer incarnation took over); retry",
                     self.config.node_id
                 )));
             }
-            glommio::timer::sleep(Duration::from_millis(20)).await;
+            glommio::timer::sleep(Duration::from_millis(limits::LEASE_WAIT_POLL_MS)).await;
         }
     }
 
@@ -145,22 +148,22 @@ impl Cluster {
 
     /// The error that sends a client to `node`'s address (or asks it to retry while the
     /// address is not known, or under `--routing local`).
-    pub fn moved(&self, node: NodeId) -> crate::EngineError {
+    pub fn moved(&self, node: NodeId) -> EngineError {
         match self.live_node(node) {
             Some(row)
                 if self.config.redirect
                     && !(row.address.is_empty() && row.ds_address.is_empty()) =>
             {
-                crate::EngineError::Moved {
+                EngineError::Moved {
                     node,
                     address: row.address.trim_end_matches('/').to_string(),
                     ds_address: row.ds_address.trim_end_matches('/').to_string(),
                 }
             }
-            _ if !self.config.redirect => crate::EngineError::NotOwner(format!(
+            _ if !self.config.redirect => EngineError::NotOwner(format!(
                 "the stream is served by node {node} (this node runs --routing local)"
             )),
-            _ => crate::EngineError::NotOwner(format!(
+            _ => EngineError::NotOwner(format!(
                 "the stream is served by node {node}, which is not reachable yet; retry"
             )),
         }
@@ -198,10 +201,10 @@ impl Cluster {
     }
 
     /// [`Cluster::moved`] for a row's owner, which may be none yet.
-    pub fn moved_to(&self, owner: Option<NodeId>) -> crate::EngineError {
+    pub fn moved_to(&self, owner: Option<NodeId>) -> EngineError {
         match owner {
             Some(node) => self.moved(node),
-            None => crate::EngineError::NotOwner("the stream has no owner yet; retry".into()),
+            None => EngineError::NotOwner("the stream has no owner yet; retry".into()),
         }
     }
 
@@ -240,7 +243,8 @@ fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
 
 fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Message>>) {
     let config = cluster.config.clone();
-    let round = Duration::from_millis((config.lease_ms / 3).max(50));
+    let round =
+        Duration::from_millis((config.lease_ms / 3).max(limits::LEASE_RENEW_INTERVAL_MS_MIN));
     // Transfers already handed to a core and not settled: not sent again.
     let mut handing: std::collections::HashSet<u64> = Default::default();
     loop {
@@ -323,7 +327,7 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
                         let _ = wait(meta.cancel_transfer(transfer.stream_id));
                         continue;
                     }
-                    let core = crate::node::owner_core(&transfer.name, cores.len());
+                    let core = owner_core(&transfer.name, cores.len());
                     let (reply, _answer) = futures_channel::oneshot::channel();
                     let message = Message::HandOff {
                         transfer: transfer.clone(),

@@ -125,3 +125,20 @@ pub const HAND_OFF_FLUSH_TIMEOUT_MS: u64 = 30_000;
 pub const UPLOAD_RETRY_FIRST_MS: u64 = 50;
 /// Longest wait between two tries of a failed segment upload.
 pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;
+
+/// Shortest pause between two garbage-collection rounds of core 0, whatever
+/// `gc_interval_ms` says: a smaller interval runs at this one (each round queries the catalog).
+pub const GC_INTERVAL_MS_MIN: u64 = 100;
+/// Only segments sealed at least this long before a collection round are judged by the live
+/// set it gathers; younger ones wait for a later round (a segment sealing while the live set
+/// is gathered must not be taken for garbage).
+pub const GC_SEALED_MARGIN_MS: i64 = 1_000;
+/// Shortest pause between two lease renewals (a third of `--lease-ms` otherwise), so a tiny
+/// lease cannot make the keeper thread hammer the metadata database.
+pub const LEASE_RENEW_INTERVAL_MS_MIN: u64 = 50;
+/// How often a request waiting for a lapsed lease looks again; the wait ends after one lease
+/// time with a `503` (`EngineError::NotOwner`).
+pub const LEASE_WAIT_POLL_MS: u64 = 20;
+/// Latency a core's inbox asks of glommio: messages from other cores are polled for at least
+/// this often instead of after the executor's throughput slice.
+pub const INBOX_LATENCY_MS: u64 = 1;

@@ -6,15 +6,16 @@
 //! Needs `PICOMQ_PG_URL` (`scripts/pg-up.sh`); without it the test prints a skip note, or
 //! fails under `CI=true`.
 
+mod common;
+
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::{append_request, create_request, record};
 use pico_engine::meta::testing::PgDatabase;
 use pico_engine::meta::Fence;
 use pico_engine::{
-    boot, AppendRequest, ClusterConfig, CoreHandle, EngineConfig, EngineError, Op, RecordInput,
-    StreamConfig,
+    boot, AppendRequest, ClusterConfig, CoreHandle, CreateRequest, EngineConfig, EngineError,
 };
 
 const NODE: u32 = 1;
@@ -25,32 +26,12 @@ const LEASE_MS: u64 = 120_000;
 /// Bounds every wait of the test (never a margin the assertions depend on).
 const WAIT_BOUND: Duration = Duration::from_secs(60);
 
-fn create() -> Op {
-    Op::Create {
-        config: StreamConfig {
-            content_type: "text/plain".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
-        records: Vec::new(),
-        fork: None,
-    }
+fn create() -> CreateRequest {
+    create_request("text/plain")
 }
 
-fn append(body: &str) -> Op {
-    Op::Append(AppendRequest {
-        records: vec![RecordInput {
-            headers: Vec::new(),
-            body: Bytes::from(body.to_owned()),
-        }],
-        close: false,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    })
+fn append(body: &str) -> AppendRequest {
+    append_request(vec![record(body.to_owned())], false)
 }
 
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
@@ -93,7 +74,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
         .spawn(move || async move {
             let core: Rc<CoreHandle> = CoreHandle::start(seed).await.expect("core starts");
             for name in names {
-                core.call(name, create()).await.expect("created");
+                core.create(name, create()).await.expect("created");
             }
             meta.register_node(OTHER, node_epoch, "http://127.0.0.1:10", 1, LEASE_MS)
                 .await
@@ -106,7 +87,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
                 .map(|&name| {
                     let core = core.clone();
                     glommio::spawn_local(async move {
-                        let answer = core.call(name, append(name)).await;
+                        let answer = core.append(name, append(name)).await;
                         let answer = answer.map(|_| ()).map_err(|e| match e {
                             EngineError::NotOwner(m) => format!("not owner: {m}"),
                             other => format!("unexpected: {other}"),

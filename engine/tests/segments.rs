@@ -2,14 +2,13 @@
 //! `file://` bucket and indexed in a real SQLite catalog, then read back warm, and cold after
 //! a restart (every read served from the object store).
 
+mod common;
+
 use std::rc::Rc;
 
 use bytes::Bytes;
-use pico_engine::{
-    boot, AppendRequest, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest, RecordInput, Reply,
-    StreamConfig,
-};
-use pico_s3::ObjectStore;
+use common::{append_request, create_request, record, run, run_node};
+use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineConfig, ReadFrom, ReadRequest};
 
 const RECORDS: u64 = 3000;
 
@@ -19,53 +18,22 @@ fn config(dir: &std::path::Path) -> EngineConfig {
 
 fn config_sized(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) -> EngineConfig {
     EngineConfig {
-        cores: 1,
-        wal_dir: dir.join("wal"),
-        durability: pico_engine::Durability::Local,
         segment_size,
         segment_max_age_ms: 50,
         // Smaller than the data, so reads after eviction go to the bucket.
         segment_cache_bytes: cache_bytes,
-        node_epoch_ms: pico_engine::now_ms() as u64,
-        node_id: None,
-        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
-        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
-        gc_interval_ms: 60_000,
+        ..common::config(dir, 1)
     }
 }
 
 /// Creates an open, empty text stream.
-fn create_text() -> Op {
-    Op::Create {
-        config: StreamConfig {
-            content_type: "text/plain".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
-        records: Vec::new(),
-        fork: None,
-    }
+fn create_text() -> CreateRequest {
+    create_request("text/plain")
 }
 
 /// Appends `body` as one record (none: a bare close), closing the stream with `close`.
-fn append(body: Option<Bytes>, close: bool) -> Op {
-    let records = body
-        .into_iter()
-        .map(|body| RecordInput {
-            headers: Vec::new(),
-            body,
-        })
-        .collect();
-    Op::Append(AppendRequest {
-        records,
-        close,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    })
+fn append(body: Option<Bytes>, close: bool) -> AppendRequest {
+    append_request(body.into_iter().map(record).collect(), close)
 }
 
 fn body(i: u64) -> Bytes {
@@ -77,66 +45,16 @@ where
     F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    run_with(config(dir), dir, f)
+    run(config(dir), dir, f);
 }
 
-fn run_with<F, Fut>(config: EngineConfig, dir: &std::path::Path, f: F)
-where
-    F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    run_with_store(config, dir, |_| {}, move |core, _| f(core))
-}
-
-/// [`run_with`], with the node's object store: `before` sees it once recovery is done and
-/// before the core starts, `f` on the core.
-fn run_with_store<B, F, Fut>(config: EngineConfig, dir: &std::path::Path, before: B, f: F)
-where
-    B: FnOnce(&ObjectStore),
-    F: FnOnce(Rc<CoreHandle>, ObjectStore) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let meta = format!("sqlite:{}", dir.join("meta.db").display());
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config, &meta, &storage, None).expect("boot");
-    before(&booted.store);
-    let store = booted.store.clone();
-    let seed = booted.seeds.into_iter().next().expect("one core");
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(move || async move {
-            let core = CoreHandle::start(seed).await.expect("core starts");
-            f(core, store).await;
-        })
-        .expect("executor")
-        .join()
-        .expect("join");
-    booted.meta.shutdown();
-}
-
+/// Every record of `name` as `(offset, timestamp, body)`, in pages of 16 KiB.
 async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, i64, Bytes)> {
-    let mut out = Vec::new();
-    let mut from = 0;
-    loop {
-        let request = ReadRequest {
-            from: ReadFrom::Offset(from),
-            max_records: 1000,
-            max_bytes: 16 * 1024,
-            wait_ms: None,
-            with_content_type: false,
-            bound: None,
-        };
-        let Reply::Read(batch) = core.call(name, Op::Read(request)).await.expect("read") else {
-            panic!("not a read")
-        };
-        for record in &batch.records {
-            out.push((record.offset, record.timestamp_ms, record.body.clone()));
-        }
-        if batch.records.is_empty() || batch.up_to_date() {
-            return out;
-        }
-        from = batch.next_offset;
-    }
+    let records = common::read_all(core, name, 16 * 1024).await;
+    records
+        .into_iter()
+        .map(|r| (r.offset, r.timestamp_ms, r.body))
+        .collect()
 }
 
 #[test]
@@ -146,13 +64,15 @@ fn segments_survive_sealing_eviction_and_restart() {
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
         for name in ["/a", "/b"] {
-            core.call(name, create_text()).await.unwrap();
+            core.create(name, create_text()).await.unwrap();
         }
         for i in 0..RECORDS {
             let name = if i % 3 == 0 { "/b" } else { "/a" };
-            core.call(name, append(Some(body(i)), false)).await.unwrap();
+            core.append(name, append(Some(body(i)), false))
+                .await
+                .unwrap();
         }
-        core.call("/b", append(None, true)).await.unwrap();
+        core.append("/b", append(None, true)).await.unwrap();
         // Let the age-based seal upload the last segment too.
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
         tx.send((read_all(&core, "/a").await, read_all(&core, "/b").await))
@@ -172,20 +92,15 @@ fn segments_survive_sealing_eviction_and_restart() {
     let (tx, rx) = std::sync::mpsc::channel();
     run_on_core(&path, move |core| async move {
         let cold = (read_all(&core, "/a").await, read_all(&core, "/b").await);
-        let Reply::Head(info) = core.call("/b", Op::Head).await.unwrap() else {
-            panic!()
-        };
+        let info = core.head("/b").await.unwrap();
         let late = append(Some(Bytes::from_static(b"late")), false);
-        let after = core.call("/a", late).await.unwrap();
-        tx.send((cold, info.closed, after)).unwrap();
+        let ack = core.append("/a", late).await.unwrap();
+        tx.send((cold, info.closed, ack)).unwrap();
     });
-    let ((cold_a, cold_b), closed, after) = rx.recv().unwrap();
+    let ((cold_a, cold_b), closed, ack) = rx.recv().unwrap();
     assert_eq!(cold_a, warm_a);
     assert_eq!(cold_b, warm_b);
     assert!(closed, "the close survives the restart");
-    let Reply::Appended(ack) = after else {
-        panic!()
-    };
     assert_eq!(ack.start_offset, Some(warm_a.len() as u64));
     assert!(ack.timestamp_ms.unwrap() > warm_a.last().unwrap().1);
 }
@@ -206,10 +121,10 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
         segment_max_age_ms: 2_000,
         ..config_sized(&path, 4 * 1024 * 1024, 128 * 1024 * 1024)
     };
-    run_with(sealed_by_size, &path, |core| async move {
-        core.call("/big", create_text()).await.unwrap();
+    run(sealed_by_size, &path, |core| async move {
+        core.create("/big", create_text()).await.unwrap();
         for i in 0..COUNT {
-            core.call("/big", append(Some(record(i)), false))
+            core.append("/big", append(Some(record(i)), false))
                 .await
                 .unwrap();
         }
@@ -225,7 +140,7 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
     );
     let (tx, rx) = std::sync::mpsc::channel();
     // 1.5 MiB of cache for ~9 MiB of data: blocks are fetched, evicted and fetched again.
-    run_with(
+    run(
         config_sized(&path, 4 * 1024 * 1024, 1536 * 1024),
         &path,
         move |core| async move {
@@ -259,10 +174,10 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
     }
     // Two 2 KiB records a segment.
     let tiny_segments = config_sized(&path, 4 * 1024, 1024 * 1024);
-    run_with(tiny_segments.clone(), &path, |core| async move {
-        core.call("/small", create_text()).await.unwrap();
+    run(tiny_segments.clone(), &path, |core| async move {
+        core.create("/small", create_text()).await.unwrap();
         for i in 0..COUNT {
-            core.call("/small", append(Some(record(i)), false))
+            core.append("/small", append(Some(record(i)), false))
                 .await
                 .unwrap();
         }
@@ -272,7 +187,7 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
         .count();
     assert!(objects >= 60, "many small segments expected: {objects}");
     let (tx, rx) = std::sync::mpsc::channel();
-    run_with_store(
+    run_node(
         tiny_segments,
         &path,
         |store| {
@@ -282,7 +197,8 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
                 .set_delay(std::time::Duration::from_millis(100));
             store.faults().take_peak_in_flight();
         },
-        move |core, store| async move {
+        move |core, node| async move {
+            let store = node.store;
             let mut records = Vec::new();
             let mut from = 0;
             while records.len() < COUNT as usize {
@@ -294,10 +210,7 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
                     with_content_type: false,
                     bound: None,
                 };
-                let Reply::Read(batch) = core.call("/small", Op::Read(request)).await.unwrap()
-                else {
-                    panic!("not a read")
-                };
+                let batch = core.read("/small", request).await.unwrap();
                 assert!(!batch.records.is_empty(), "no progress at {from}");
                 records.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
                 from = batch.next_offset;
@@ -335,17 +248,18 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
         ..config_sized(&path, 4 * 1024, 1024 * 1024)
     };
     let objects = path.join("objects/segments");
-    run_with_store(
+    run_node(
         config.clone(),
         &path,
         |store| store.faults().hold_next_put(),
-        move |core, store| async move {
-            core.call("/s", create_text()).await.unwrap();
+        move |core, node| async move {
+            let store = node.store;
+            core.create("/s", create_text()).await.unwrap();
             // Not awaited one by one: each waits for the held PUT.
             for i in 0..COUNT {
                 let core = core.clone();
                 glommio::spawn_local(async move {
-                    let _ = core.call("/s", append(Some(record(i)), false)).await;
+                    let _ = core.append("/s", append(Some(record(i)), false)).await;
                 })
                 .detach();
             }
@@ -371,7 +285,7 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
     // And its WAL disk is lost.
     std::fs::remove_dir_all(path.join("wal")).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    run_with(config, &path, move |core| async move {
+    run(config, &path, move |core| async move {
         tx.send(read_all(&core, "/s").await).unwrap();
     });
     let records = rx.recv().unwrap();
@@ -392,23 +306,16 @@ fn concurrent_retention_changes_of_different_limits_both_stick() {
     use pico_engine::RetentionChange;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let head = |core: Rc<CoreHandle>| async move {
-        let Reply::Head(info) = core.call("/r", Op::Head).await.expect("head") else {
-            panic!("not a head")
-        };
-        info.retention
-    };
+    let head = |core: Rc<CoreHandle>| async move { core.head("/r").await.expect("head").retention };
     let (tx, rx) = std::sync::mpsc::channel();
     let sent = tx.clone();
     run_on_core(&path, move |core| async move {
-        core.call("/r", create_text()).await.unwrap();
+        core.create("/r", create_text()).await.unwrap();
         let change = |change: RetentionChange| {
             let core = core.clone();
-            glommio::spawn_local(async move {
-                core.call("/r", Op::Configure { change })
-                    .await
-                    .expect("configured")
-            })
+            glommio::spawn_local(
+                async move { core.configure("/r", change).await.expect("configured") },
+            )
         };
         let age = change(RetentionChange {
             age_ms: Some(Some(60_000)),

@@ -5,112 +5,49 @@
 //! The real-disk versions (a full tmpfs, a deleted WAL directory) are in
 //! `cli/tests/storage_faults.rs`.
 
+mod common;
+
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::{append_request, create_request, record, run_node};
 use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
-use pico_engine::{
-    boot, AppendRequest, CoreHandle, EngineConfig, EngineError, Op, ReadFrom, ReadRequest,
-    RecordInput, Reply, StreamConfig,
-};
+use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineError, RecordInput};
 
 const SEGMENT_BYTES: usize = 64 * 1024;
 
-fn config(dir: &std::path::Path) -> EngineConfig {
-    EngineConfig {
-        cores: 1,
-        wal_dir: dir.join("wal"),
-        durability: pico_engine::Durability::Local,
-        segment_size: SEGMENT_BYTES,
-        segment_max_age_ms: 60_000,
-        segment_cache_bytes: 1 << 20,
-        node_epoch_ms: pico_engine::now_ms() as u64,
-        node_id: None,
-        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
-        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
-        gc_interval_ms: 60_000,
-    }
-}
-
-/// Runs `f` on a one-core engine in `dir`, then shuts the metadata log down.
+/// Runs `f` on a one-core engine in `dir` (64 KiB segments), then shuts the metadata log down.
 fn run<F, Fut>(dir: &std::path::Path, f: F)
 where
     F: FnOnce(Rc<CoreHandle>, pico_engine::metrics::NodeMetrics) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    let meta = format!("sqlite:{}", dir.join("meta.db").display());
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config(dir), &meta, &storage, None).expect("boot");
-    let metrics = booted.metrics.clone();
-    let seed = booted.seeds.into_iter().next().expect("one core");
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(move || async move {
-            let core = CoreHandle::start(seed).await.expect("core starts");
-            f(core, metrics).await;
-        })
-        .expect("executor")
-        .join()
-        .expect("join");
-    booted.meta.shutdown();
+    let config = common::config(dir, 1);
+    assert_eq!(config.segment_size, SEGMENT_BYTES);
+    run_node(config, dir, |_| {}, move |core, node| f(core, node.metrics));
 }
 
-fn create() -> Op {
+fn create() -> CreateRequest {
     create_with(Vec::new())
 }
 
 /// A create with `records` as its body.
-fn create_with(records: Vec<RecordInput>) -> Op {
-    Op::Create {
-        config: StreamConfig {
-            content_type: "application/octet-stream".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
+fn create_with(records: Vec<RecordInput>) -> CreateRequest {
+    CreateRequest {
         records,
-        fork: None,
+        ..create_request("application/octet-stream")
     }
 }
 
-fn record(body: &[u8]) -> RecordInput {
-    RecordInput {
-        headers: Vec::new(),
-        body: Bytes::copy_from_slice(body),
-    }
-}
-
-fn append(body: &[u8]) -> Op {
-    Op::Append(AppendRequest {
-        records: vec![record(body)],
-        close: false,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    })
+fn append(body: &[u8]) -> AppendRequest {
+    append_request(vec![record(Bytes::copy_from_slice(body))], false)
 }
 
 async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let request = ReadRequest {
-        from: ReadFrom::Offset(0),
-        max_records: 10_000,
-        max_bytes: 64 << 20,
-        wait_ms: None,
-        with_content_type: false,
-        bound: None,
-    };
-    let Ok(Reply::Read(batch)) = core.call(name, Op::Read(request)).await else {
-        panic!("a read is answered")
-    };
-    batch
-        .records
-        .iter()
-        .map(|r| (r.offset, r.body.clone()))
-        .collect()
+    let records = common::read_all(core, name, 64 << 20).await;
+    records.into_iter().map(|r| (r.offset, r.body)).collect()
 }
 
 /// What a restart finds: the stream's records, read by a fresh engine on the same files.
@@ -128,22 +65,22 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
     let wal_dir = path.join("wal");
     let (tx, rx) = std::sync::mpsc::channel();
     run(&path, move |core, metrics| async move {
-        core.call("/s", create()).await.unwrap();
-        core.call("/s", append(b"kept")).await.unwrap();
+        core.create("/s", create()).await.unwrap();
+        core.append("/s", append(b"kept")).await.unwrap();
         faults::arm(&wal_dir, io, libc::EIO);
-        let failed = core.call("/s", append(b"in doubt")).await;
-        let after = core.call("/s", append(b"refused")).await;
+        let failed = core.append("/s", append(b"in doubt")).await;
+        let after = core.append("/s", append(b"refused")).await;
         let reads = read_bodies(&core, "/s").await;
-        let head = core.call("/s", Op::Head).await;
+        let head = core.head("/s").await;
         let health = metrics[0].wal_health.state();
         let reason = metrics[0].wal_health.reason();
         // Other operations than appends are served: a create without records, a delete.
-        let created = core.call("/other", create()).await;
-        let deleted = core.call("/other", Op::Delete).await;
+        let created = core.create("/other", create()).await;
+        let deleted = core.delete("/other").await;
         // A create with a body is refused whole: no stream is left without its records.
-        let with_body = create_with(vec![record(b"body")]);
-        let refused_create = core.call("/with-body", with_body).await;
-        let left = core.call("/with-body", Op::Head).await;
+        let with_body = create_with(vec![record(&b"body"[..])]);
+        let refused_create = core.create("/with-body", with_body).await;
+        let left = core.head("/with-body").await;
         assert!(
             matches!(refused_create, Err(EngineError::WritesStopped(_))),
             "{refused_create:?}"
@@ -201,7 +138,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
     let wal_dir = path.join("wal");
     let (tx, rx) = std::sync::mpsc::channel();
     run(&path, move |core, metrics| async move {
-        core.call("/s", create()).await.unwrap();
+        core.create("/s", create()).await.unwrap();
         // The next WAL file (the spare the first commit round makes) fails with ENOSPC, at
         // every try, until disarmed.
         for _ in 0..1000 {
@@ -211,7 +148,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         let mut acked = 0u64;
         let mut refused = None;
         for _ in 0..2000 {
-            match core.call("/s", append(&record)).await {
+            match core.append("/s", append(&record)).await {
                 Ok(_) => acked += 1,
                 Err(e) => {
                     refused = Some(e);
@@ -228,7 +165,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         while faults::disarm(&wal_dir, WalIo::Create) {}
         let mut resumed = false;
         for _ in 0..200 {
-            if core.call("/s", append(&record)).await.is_ok() {
+            if core.append("/s", append(&record)).await.is_ok() {
                 resumed = true;
                 break;
             }

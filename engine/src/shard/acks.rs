@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
+use crate::config::Durability;
 use crate::error::EngineError;
-use crate::Durability;
 
 use super::pending::Release;
 use super::state::Shard;

@@ -7,11 +7,11 @@ use futures_channel::oneshot;
 use pico_meta::{SegmentRun, StreamConfig as MetaConfig};
 
 use crate::api::{AppendAck, AppendRequest, RecordInput, Reply};
+use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::now_ms;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 
 use super::pending::PendingAck;

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::config::Durability;
 use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
 use crate::metrics::CoreMetrics;
-use crate::Durability;
 
 use super::state::Shard;
 use super::wal::same_file;

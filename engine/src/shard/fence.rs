@@ -5,9 +5,9 @@ use std::rc::Rc;
 
 use pico_meta::{Fence, MetaError, NodeId, SegmentRecord};
 
+use crate::config::Durability;
 use crate::error::EngineError;
 use crate::metrics::CoreMetrics;
-use crate::Durability;
 
 use super::state::Shard;
 use super::stream::Stream;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use pico_meta::{Fence, MetaError, PendingTransfer};
 
+use super::seeds::stream_seeds;
 use crate::api::Op;
 use crate::error::EngineError;
 use crate::limits;
-use crate::node::stream_seeds;
 
 use super::state::Shard;
 use super::stream::StreamSeed;

@@ -2,10 +2,10 @@
 //! changes, delete (soft while forks read it), fork references, listing and shutdown.
 
 use crate::api::{Reply, StreamInfo, StreamSummary};
+use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::now_ms;
 use crate::state::ForkOrigin;
 
 use super::state::Shard;

@@ -32,6 +32,7 @@ mod pending;
 mod read;
 mod reaper;
 mod sealed;
+mod seeds;
 mod segment;
 mod state;
 mod stream;
@@ -40,6 +41,7 @@ mod tests;
 mod upload;
 mod wal;
 
+pub(crate) use self::seeds::stream_seeds;
 pub(crate) use self::state::Shard;
 pub use self::stream::StreamSeed;
 
@@ -52,9 +54,9 @@ use pico_s3::ObjectStore;
 
 use crate::api::{Fork, Op, ReadBatch, ReadRequest, Reply};
 use crate::cluster::Cluster;
+use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::metrics::{CoreMetrics, OpKind};
-use crate::EngineConfig;
 
 impl Shard {
     pub(crate) async fn start(

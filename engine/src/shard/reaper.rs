@@ -4,9 +4,9 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::clock::now_ms;
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::now_ms;
 
 use super::state::Shard;
 use super::stream::{Chunk, Stream};

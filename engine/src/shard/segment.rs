@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pico_meta::{ProducerState, SegmentFence, SegmentRecord, SegmentStreamEntry};
 
+use crate::clock::now_ms;
 use crate::limits;
-use crate::now_ms;
 
 use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard, WalFile};
 use super::stream::{coarsen, IndexEntry};

@@ -15,11 +15,11 @@ use pico_meta::MetaStore;
 use pico_s3::ObjectStore;
 
 use crate::cluster::Cluster;
+use crate::config::EngineConfig;
 use crate::health::WalHealth;
 use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::state::StreamState;
-use crate::EngineConfig;
 
 use super::blocks::ReadCache;
 use super::moves::Moves;

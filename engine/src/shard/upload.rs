@@ -10,9 +10,9 @@ use bytes::Bytes;
 use glommio::io::DmaFile;
 use pico_meta::{SegmentFence, SegmentRecord};
 
+use crate::config::Durability;
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::Durability;
 
 use super::state::Shard;
 use super::wal::remove_wal;

@@ -6,11 +6,11 @@ use std::rc::Rc;
 
 use glommio::io::DmaFile;
 
+use crate::config::Durability;
 use crate::error::EngineError;
 use crate::health::WalHealth;
 use crate::limits;
-use crate::node::segment_key;
-use crate::Durability;
+use crate::placement::segment_key;
 
 use super::state::{Shard, WalFile};
 

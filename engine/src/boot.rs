@@ -1,0 +1,176 @@
+//! Starting a node: the WAL directory's lock, the metadata log and the object store opened,
+//! cluster registration, recovery of the previous run's WAL files, then the streams split
+//! across the cores into one [`CoreSeed`] each (started by `CoreHandle::start`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_channel::mpsc;
+use pico_meta::{MetaStore, MetaUrl};
+use pico_s3::{ObjectStore, StorageUri};
+
+use crate::cluster::{start_keeper, Cluster, ClusterConfig};
+use crate::config::EngineConfig;
+use crate::inbox::Message;
+use crate::limits;
+use crate::metrics::{CoreMetrics, NodeMetrics};
+use crate::placement::owner_core;
+use crate::recovery::{recover_wal_files, wait};
+use crate::shard::stream_seeds;
+use crate::shard::StreamSeed;
+
+/// Everything one core needs to start its shard; `Send`, handed to the core's thread.
+pub struct CoreSeed {
+    pub(crate) core: usize,
+    pub(crate) config: EngineConfig,
+    pub(crate) meta: MetaStore,
+    pub(crate) store: ObjectStore,
+    pub(crate) streams: Vec<StreamSeed>,
+    pub(crate) inbox: mpsc::Receiver<Message>,
+    pub(crate) peers: Vec<mpsc::Sender<Message>>,
+    pub(crate) metrics: Arc<CoreMetrics>,
+    pub(crate) cluster: Option<Arc<Cluster>>,
+}
+
+/// The result of [`boot`]: one seed per core plus the shared handles.
+pub struct Boot {
+    pub seeds: Vec<CoreSeed>,
+    pub meta: MetaStore,
+    pub store: ObjectStore,
+    /// Facts worth a startup log line.
+    pub report: Vec<String>,
+    /// Exclusive lock on the WAL directory: keep it for as long as the node runs.
+    pub wal_lock: std::fs::File,
+    /// Every core's counters, for `/metrics` and the admin API.
+    pub metrics: NodeMetrics,
+    /// This node's membership, when the metadata log is shared (Postgres): its lease keeper
+    /// runs from here on.
+    pub cluster: Option<Arc<Cluster>>,
+}
+
+/// Opens the metadata log and the object store, recovers every WAL file left by a previous
+/// run (whatever its core count), and splits the streams across `config.cores` cores.
+/// Runs on the main thread before any executor starts.
+pub fn boot(
+    mut config: EngineConfig,
+    meta_url: &str,
+    storage: &str,
+    cluster: Option<ClusterConfig>,
+) -> Result<Boot, String> {
+    std::fs::create_dir_all(&config.wal_dir).map_err(|e| {
+        format!(
+            "cannot create WAL directory {}: {e}",
+            config.wal_dir.display()
+        )
+    })?;
+    // Two nodes on one WAL directory would recover (and delete) each other's live files.
+    let wal_lock = lock_dir(&config.wal_dir)?;
+    let url = MetaUrl::parse(meta_url).map_err(|e| e.to_string())?;
+    let (meta, mut snapshot) = MetaStore::open(&url).map_err(|e| e.to_string())?;
+    let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
+    let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
+    let mut report = Vec::new();
+    let cluster = match cluster {
+        None => None,
+        Some(cluster_config) => {
+            let node = cluster_config.node_id;
+            let state = wait(meta.register_node(
+                node,
+                cluster_config.node_epoch,
+                &cluster_config.address,
+                cluster_config.slots,
+                cluster_config.lease_ms,
+            ))?;
+            report.push(format!(
+                "cluster {}: node {node} registered at epoch {} as {} with {} slots ({} nodes \
+                 known)",
+                cluster_config.cluster_id,
+                cluster_config.node_epoch,
+                cluster_config.address,
+                cluster_config.slots,
+                state.nodes.len()
+            ));
+            Some(Cluster::new(cluster_config, state))
+        }
+    };
+    let fence = cluster.as_ref().map(|c| c.node_id());
+    let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report, fence)?;
+    let mut epochs = HashMap::new();
+    if let Some(cluster) = &cluster {
+        // Only what this node owns; the other nodes' streams are theirs to serve.
+        epochs = wait(meta.owned_streams(cluster.node_id()))?;
+        snapshot.streams.retain(|row| epochs.contains_key(&row.id));
+    }
+    config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
+    let cores = config.cores.max(1);
+    let mut per_core: Vec<Vec<StreamSeed>> = (0..cores).map(|_| Vec::new()).collect();
+    for mut seed in stream_seeds(&snapshot) {
+        seed.epoch = epochs.get(&seed.id).copied().unwrap_or(0);
+        per_core[owner_core(&seed.name, cores)].push(seed);
+    }
+    report.push(format!(
+        "recovered {} streams and {} segments",
+        snapshot.streams.len(),
+        snapshot.segments.len()
+    ));
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..cores)
+        .map(|_| mpsc::channel(limits::CROSS_CORE_QUEUE_MAX))
+        .unzip();
+    let metrics: NodeMetrics = Arc::new(
+        (0..config.cores)
+            .map(|_| Arc::new(CoreMetrics::default()))
+            .collect(),
+    );
+    let seeds = receivers
+        .into_iter()
+        .zip(per_core)
+        .enumerate()
+        .map(|(core, (inbox, streams))| CoreSeed {
+            core,
+            config: config.clone(),
+            meta: meta.clone(),
+            store: store.clone(),
+            streams,
+            inbox,
+            peers: senders.clone(),
+            metrics: metrics[core].clone(),
+            cluster: cluster.clone(),
+        })
+        .collect();
+    if let Some(cluster) = &cluster {
+        // The thread runs for the life of the process; it stops renewing on shutdown.
+        drop(start_keeper(cluster.clone(), meta.clone(), senders));
+    }
+    Ok(Boot {
+        seeds,
+        meta,
+        store,
+        report,
+        wal_lock,
+        metrics,
+        cluster,
+    })
+}
+
+/// Takes an exclusive `flock` on `<dir>/LOCK`, released when the process exits (even by
+/// SIGKILL), so a second node on the same directory refuses to start.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !locked {
+        return Err(format!(
+            "{} is in use by another pico serve (lock {}); give each node its own --wal-dir",
+            dir.display(),
+            path.display()
+        ));
+    }
+    Ok(file)
+}

@@ -1,0 +1,227 @@
+//! A core's handle on the engine, what the protocol layers call: one typed method per
+//! operation, run on the stream's owning core (`route.rs`), forks stitched (`fork.rs`), and
+//! nothing served while a cluster node does not hold its lease.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use pico_meta::MetaStore;
+
+use crate::api::{
+    AppendAck, AppendRequest, CreateRequest, Created, Fork, Op, ReadBatch, ReadRequest, Reply,
+    RetentionChange, StreamInfo, StreamSummary,
+};
+use crate::boot::CoreSeed;
+use crate::cluster::Cluster;
+use crate::error::EngineError;
+use crate::fork;
+use crate::gc;
+use crate::inbox::Peers;
+use crate::limits;
+use crate::route::{serve_inbox, Router};
+use crate::shard::Shard;
+
+/// A core's handle on the engine: runs operations on the stream's owning core.
+pub struct CoreHandle {
+    router: Rc<Router>,
+    cluster: Option<Arc<Cluster>>,
+}
+
+impl CoreHandle {
+    /// Starts this core's shard and its inbox. Call on the core's executor.
+    pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, String> {
+        let CoreSeed {
+            core,
+            config,
+            meta,
+            store,
+            streams,
+            inbox,
+            peers,
+            metrics,
+            cluster,
+        } = seed;
+        let shard =
+            Shard::start(core, config, meta, store, streams, metrics, cluster.clone()).await?;
+        let inbox_shard = shard.clone();
+        // Messages from other threads wake this task: a latency-sensitive queue makes glommio
+        // poll for those wakes promptly instead of after its throughput slice.
+        let queue = glommio::executor().create_task_queue(
+            glommio::Shares::default(),
+            glommio::Latency::Matters(std::time::Duration::from_millis(limits::INBOX_LATENCY_MS)),
+            "pico-inbox",
+        );
+        glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
+            .map_err(|e| format!("cannot start core {core} inbox: {e}"))?
+            .detach();
+        let router = Rc::new(Router {
+            core,
+            shard,
+            peers: Peers::new(peers),
+        });
+        if core == 0 {
+            glommio::spawn_local(gc::gc_loop(router.clone())).detach();
+        }
+        glommio::spawn_local(fork::release_loop(router.clone())).detach();
+        Ok(Rc::new(CoreHandle { router, cluster }))
+    }
+
+    pub fn core(&self) -> usize {
+        self.router.core
+    }
+
+    pub fn cores(&self) -> usize {
+        self.router.cores()
+    }
+
+    /// Graceful shutdown of this core's engine: live reads answer now and stop waiting.
+    pub fn begin_shutdown(&self) {
+        self.router.shard.begin_shutdown();
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.router.shard.is_stopping()
+    }
+
+    /// Seals and uploads everything this core holds (see `Shard::flush`); `true` when done
+    /// within `timeout`.
+    pub async fn flush(&self, timeout: std::time::Duration) -> bool {
+        self.router.shard.flush(timeout).await
+    }
+
+    /// This node's cluster membership (`None`: a single node).
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// The metadata log (the admin API reads the cluster's state from it).
+    pub fn meta(&self) -> &MetaStore {
+        self.router.shard.meta()
+    }
+
+    /// A node that may have lost its streams serves none until it knows.
+    async fn leased(&self) -> Result<(), EngineError> {
+        match &self.cluster {
+            Some(cluster) => cluster.wait_for_lease().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Creates a stream (idempotently: an existing one with the same configuration is
+    /// `created: false`), with its first records if given; a fork first resolves its fork
+    /// point with the source.
+    pub async fn create(&self, name: &str, request: CreateRequest) -> Result<Created, EngineError> {
+        self.leased().await?;
+        let CreateRequest {
+            config,
+            closed,
+            records,
+            fork,
+        } = request;
+        match fork {
+            // Boxed: a fork's create is rare and its future the largest here; unboxed it
+            // would size every request's future.
+            Some(spec) => {
+                Box::pin(fork::create(
+                    &self.router,
+                    name,
+                    config,
+                    closed,
+                    records,
+                    spec,
+                ))
+                .await
+            }
+            None => {
+                self.router
+                    .create(name, config, closed, records, None)
+                    .await
+            }
+        }
+    }
+
+    /// Appends once durable (as `--durability` says).
+    pub async fn append(
+        &self,
+        name: &str,
+        request: AppendRequest,
+    ) -> Result<AppendAck, EngineError> {
+        self.leased().await?;
+        self.router.append(name, request).await
+    }
+
+    /// Reads records; a fork read below its fork point is stitched from its source.
+    pub async fn read(&self, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
+        self.leased().await?;
+        fork::read(&self.router, name, request).await
+    }
+
+    pub async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {
+        self.leased().await?;
+        self.router.head(name).await
+    }
+
+    /// Raises the first readable offset (clamped to the durable tail); the new one.
+    pub async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
+        self.leased().await?;
+        self.router.trim(name, offset).await
+    }
+
+    /// Changes the retention policy; the stream as it is now.
+    pub async fn configure(
+        &self,
+        name: &str,
+        change: RetentionChange,
+    ) -> Result<StreamInfo, EngineError> {
+        self.leased().await?;
+        self.router.configure(name, change).await
+    }
+
+    pub async fn delete(&self, name: &str) -> Result<(), EngineError> {
+        self.leased().await?;
+        self.router.delete(name).await
+    }
+
+    /// Streams whose names start with `prefix` and sort after `start_after`, from every core,
+    /// in name order; the flag says whether more exist past `limit`.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> Result<(Vec<StreamSummary>, bool), EngineError> {
+        self.router.list(prefix, start_after, limit).await
+    }
+
+    /// Transitional: use the typed methods ([`CoreHandle::append`], [`CoreHandle::read`], ...).
+    /// Runs `op` on the stream's owning core as those do and answers with its [`Reply`].
+    #[doc(hidden)]
+    pub async fn call(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
+        match op {
+            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
+            Op::Create {
+                config,
+                closed,
+                records,
+                fork: Some(Fork::Spec(spec)),
+            } => {
+                let request = CreateRequest {
+                    config,
+                    closed,
+                    records,
+                    fork: Some(spec),
+                };
+                let created = Box::pin(self.create(name, request)).await?;
+                Ok(Reply::Created {
+                    created: created.created,
+                    info: created.info,
+                    first: created.first,
+                })
+            }
+            op => {
+                self.leased().await?;
+                self.router.run(name, op).await
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! A stream's starting state from the catalog: its tail, timestamps, close flag, producers,
+//! fork links and the segment runs that hold its records. Used at boot for every stream and
+//! by a core adopting a stream from another node (cluster).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pico_meta::Snapshot;
+
+use super::stream::StreamSeed;
+use crate::frame::ProducerTuple;
+use crate::state::{ForkOrigin, StreamConfig};
+
+/// Each fork's depth (see [`crate::state::ForkOrigin::depth`]), by id. Walks every chain in a
+/// loop, remembering depths already known, so a long chain costs no stack and each stream is
+/// visited about once; a source missing from the snapshot ends its chain.
+fn fork_depths(snapshot: &Snapshot) -> HashMap<u64, u32> {
+    let source_of: HashMap<u64, u64> = snapshot
+        .streams
+        .iter()
+        .filter_map(|row| row.fork.as_ref().map(|f| (row.id, f.source_id)))
+        .collect();
+    let mut depths: HashMap<u64, u32> = HashMap::new();
+    for &start in source_of.keys() {
+        let mut chain = Vec::new();
+        let mut at = start;
+        // Ids only point at older streams, so chains end; the count bounds a damaged catalog.
+        let mut base = loop {
+            if let Some(&known) = depths.get(&at) {
+                break known;
+            }
+            match source_of.get(&at) {
+                Some(&source) if chain.len() <= source_of.len() => {
+                    chain.push(at);
+                    at = source;
+                }
+                _ => break 0,
+            }
+        };
+        for id in chain.into_iter().rev() {
+            base = base.saturating_add(1);
+            depths.insert(id, base);
+        }
+    }
+    depths
+}
+
+/// Rebuilds every live stream's tail, timestamps, close flag and chunk list from the catalog.
+pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
+    let mut fork_refs: HashMap<u64, u64> = HashMap::new();
+    for row in &snapshot.streams {
+        if let Some(fork) = &row.fork {
+            *fork_refs.entry(fork.source_id).or_default() += 1;
+        }
+    }
+    let fork_depths = fork_depths(snapshot);
+    let mut by_id: HashMap<u64, StreamSeed> = snapshot
+        .streams
+        .iter()
+        .map(|row| {
+            let seed = StreamSeed {
+                name: row.name.clone(),
+                id: row.id,
+                config: StreamConfig {
+                    content_type: row.config.content_type.clone(),
+                    ttl_sec: row.config.ttl_sec,
+                    expires_at_ms: row.config.expires_at_ms,
+                    retention: row.config.retention,
+                },
+                created_ms: row.created_ms,
+                closed: row.config.closed,
+                next_offset: 0,
+                last_timestamp_ms: 0,
+                runs: Vec::new(),
+                start_offset: row.start_offset,
+                last_access_ms: row.last_access_ms,
+                producers: Default::default(),
+                closed_by: None,
+                fork: row.fork.as_ref().map(|f| ForkOrigin {
+                    source: f.source.clone(),
+                    source_id: f.source_id,
+                    offset: f.offset,
+                    partial_bytes: f.partial_bytes,
+                    depth: fork_depths.get(&row.id).copied().unwrap_or(1),
+                }),
+                fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
+                soft_deleted: row.soft_deleted,
+                writer_seq: None,
+                epoch: 0,
+            };
+            (row.id, seed)
+        })
+        .collect();
+    for segment in &snapshot.segments {
+        let key: Arc<str> = Arc::from(segment.key.as_str());
+        for entry in &segment.streams {
+            let Some(seed) = by_id.get_mut(&entry.stream_id) else {
+                continue;
+            };
+            seed.closed |= entry.closed;
+            for producer in &entry.producers {
+                let state = seed.producers.entry(producer.id.clone()).or_insert((0, 0));
+                *state = (*state).max((producer.epoch, producer.seq));
+            }
+            if let Some(closer) = &entry.closed_by {
+                seed.closed_by = Some(ProducerTuple {
+                    id: closer.id.clone(),
+                    epoch: closer.epoch,
+                    seq: closer.seq,
+                });
+            }
+            seed.last_timestamp_ms = seed.last_timestamp_ms.max(entry.last_timestamp_ms);
+            // Writer sequences only grow: the largest is the last accepted.
+            if entry.writer_seq > seed.writer_seq {
+                seed.writer_seq = entry.writer_seq.clone();
+            }
+            for run in &entry.runs {
+                seed.next_offset = seed.next_offset.max(run.next_offset);
+                seed.runs.push((
+                    key.clone(),
+                    segment.size_bytes,
+                    *run,
+                    entry.last_timestamp_ms,
+                ));
+            }
+        }
+    }
+    by_id
+        .into_values()
+        .map(|mut seed| {
+            seed.runs.sort_by_key(|(_, _, run, _)| run.first_offset);
+            // Trimmed-away segments may have been garbage-collected: the trim point still
+            // holds the tail, so offsets never restart lower.
+            seed.next_offset = seed.next_offset.max(seed.start_offset);
+            seed
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,72 @@
+//! Forks through the typed `CoreHandle` on two cores: a fork's create resolves its fork point
+//! with the source wherever it lives, a read of the fork is stitched from the source's records
+//! below the fork point and its own after it, and a fork of a missing source is refused.
+
+mod common;
+
+use bytes::Bytes;
+use common::{append_request, create_request, record, run};
+use pico_engine::{CreateRequest, EngineError, ForkSpec};
+
+fn fork_of(source: &str, offset: Option<u64>) -> CreateRequest {
+    CreateRequest {
+        fork: Some(ForkSpec {
+            source: source.into(),
+            offset,
+            offset_bytes: 0,
+            sub_offset: 0,
+        }),
+        // Empty: the source's content type.
+        ..create_request("")
+    }
+}
+
+#[test]
+fn forks_read_their_source_below_the_fork_point_and_their_own_records_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    run(common::config(&path, 2), &path, move |core| async move {
+        core.create("/src", create_request("text/plain"))
+            .await
+            .unwrap();
+        for body in ["a", "b", "c"] {
+            let request = append_request(vec![record(body)], false);
+            core.append("/src", request).await.unwrap();
+        }
+        let mut answers = Vec::new();
+        // Several forks, so both cores serve some of them (placement is by name).
+        for i in 0..4 {
+            let name = format!("/fork/{i}");
+            let created = core.create(&name, fork_of("/src", Some(2))).await.unwrap();
+            let own = append_request(vec![record(format!("own-{i}"))], false);
+            let ack = core.append(&name, own).await.unwrap();
+            let bodies: Vec<Bytes> = common::read_all(&core, &name, 1 << 20)
+                .await
+                .into_iter()
+                .map(|r| r.body)
+                .collect();
+            answers.push((
+                created.created,
+                created.info.content_type,
+                ack.start_offset,
+                bodies,
+            ));
+        }
+        let missing = core.create("/fork/x", fork_of("/nothing", None)).await;
+        tx.send((answers, missing.map(|c| c.created))).unwrap();
+    });
+    let (answers, missing) = rx.recv().unwrap();
+    for (i, (created, content_type, own_offset, bodies)) in answers.into_iter().enumerate() {
+        assert!(created);
+        assert_eq!(content_type, "text/plain", "a fork takes its source's type");
+        assert_eq!(
+            own_offset,
+            Some(2),
+            "a fork's own records start at its fork point"
+        );
+        let want: Vec<Bytes> = vec!["a".into(), "b".into(), format!("own-{i}").into()];
+        assert_eq!(bodies, want);
+    }
+    assert!(matches!(missing, Err(EngineError::NotFound)), "{missing:?}");
+}
