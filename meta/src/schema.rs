@@ -79,7 +79,7 @@ use crate::MetaError;
 
 /// The migrations, in order; entry `i` moves the schema from version `i` to `i + 1`.
 ///
-/// `pg.rs` has the same list for PostgreSQL: a new migration goes into both, under one number.
+/// `pg/migrations.rs` has the same list for PostgreSQL: a new migration goes into both, under one number.
 ///
 /// Append only: an applied migration is never edited, because databases in the field already
 /// ran it. Each runs in its own transaction together with the row recording it, so a crash

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! `s3://` requests run as async tasks on the same runtime (HTTP via reqwest; SigV4 signing,
-//! retries, multipart in `s3_bucket.rs`); `file://` and `mem://` run blocking code on the
+//! retries, multipart in `s3_bucket/`); `file://` and `mem://` run blocking code on the
 //! runtime's blocking pool.
 //!
 //! Requests run concurrently and finish in any order: await a put before issuing a get that
