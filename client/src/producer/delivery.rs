@@ -8,7 +8,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::client::{Client, ProducerAck};
+use crate::answers::ProducerAck;
+use crate::client::Client;
 use crate::error::ClientError;
 
 /// The longest `Retry-After` a producer honours.

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use super::config::ProducerConfig;
 use super::delivery::{Delivery, Progress};
 use super::shared::{closed, Command, Item, Shared, Waiter};
-use crate::client::{Client, ProducerAck};
+use crate::answers::ProducerAck;
+use crate::client::Client;
 use crate::codec::{self, NewRecord};
 use crate::error::ClientError;
 
