@@ -16,9 +16,9 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::StatusCode;
 
 use crate::args::{BenchArgs, LiveMode, Output};
-use crate::load::{self, Shared, REQUEST_TIMEOUT};
+use crate::load::{self, Shared};
 use crate::report::{self, LiveSummary, Summary};
-use crate::wire::{self, BATCH_CONTENT_TYPE};
+use crate::wire::{self, BATCH_CONTENT_TYPE, REQUEST_TIMEOUT};
 use crate::{Connection, Protocol};
 
 /// Time between two appends of the live writer.

@@ -11,6 +11,9 @@ use crate::Connection;
 /// `Content-Type` of binary batches (appends) and binary read pages.
 pub(crate) const BATCH_CONTENT_TYPE: &str = pico_proto::media::BATCH;
 
+/// Whole-request limit of writers and catch-up readers.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Largest read page the readers ask for.
 pub(crate) const READ_PAGE_BYTES: usize = 4 * 1024 * 1024;
 

@@ -276,11 +276,11 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub max_unuploaded_bytes: Option<u64>,
 
-    /// reference flag, no effect: the WAL is local, see --wal-dir [env: PICO_WAL]
+    /// accepted for compatibility with PicoMQ 0.1 scripts; has no effect, since 0.1's WAL bucket URI has no counterpart here: the WAL is local files in --wal-dir [env: PICO_WAL]
     #[argh(option, arg_name = "uri")]
     pub wal: Option<String>,
 
-    /// reference flag, no effect yet: engine log cache size [env: PICO_WAL_CACHE_SIZE]
+    /// accepted for compatibility with PicoMQ 0.1 scripts; has no effect, since this engine has no log cache to size (uploaded segments are cached per --block-cache-size) [env: PICO_WAL_CACHE_SIZE]
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub wal_cache_size: Option<u64>,
 
@@ -288,11 +288,11 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub block_cache_size: Option<u64>,
 
-    /// reference flag, no effect: the closest equivalent is --segment-size [env: PICO_WAL_UPLOAD_THRESHOLD]
+    /// accepted for compatibility with PicoMQ 0.1 scripts; has no effect, since segments are sealed and uploaded at --segment-size, the closest equivalent [env: PICO_WAL_UPLOAD_THRESHOLD]
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub wal_upload_threshold: Option<u64>,
 
-    /// reference flag, no effect: the closest equivalent is --segment-max-age-ms [env: PICO_WAL_UPLOAD_INTERVAL_MS]
+    /// accepted for compatibility with PicoMQ 0.1 scripts; has no effect, since segments are sealed and uploaded by age at --segment-max-age-ms, the closest equivalent [env: PICO_WAL_UPLOAD_INTERVAL_MS]
     #[argh(option, arg_name = "ms")]
     pub wal_upload_interval_ms: Option<u64>,
 

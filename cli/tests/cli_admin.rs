@@ -8,10 +8,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::cli::{check_outcome as check, pico_without_pico_env};
 use common::{Conn, Server};
 use serde_json::Value;
 
@@ -20,13 +21,7 @@ const FLAGS: &[&str] = &["--cores", "1"];
 /// `pico ARGS` with no `PICO_*` from the test run, except `env`; the config file is a path
 /// that does not exist, so no profile of the machine running the tests applies.
 fn pico(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
-    command
+    pico_without_pico_env()
         .env("PICO_CONFIG", dir.join("no-config.toml"))
         .envs(env.iter().copied())
         .args(args)
@@ -40,20 +35,6 @@ fn admin_args<'a>(server_admin: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec!["admin", "--admin-endpoint", server_admin];
     all.extend_from_slice(args);
     all
-}
-
-#[track_caller]
-fn check(out: &Output, what: &str, code: i32, stdout: &str, stderr: &str) {
-    let got = (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert_eq!(
-        got,
-        (Some(code), stdout.to_owned(), stderr.to_owned()),
-        "{what}"
-    );
 }
 
 /// stdout as JSON, after checking it is the pretty (multi-line) form.

@@ -11,6 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::cli::{check_outcome, pico_without_pico_env, run_with_stdin};
 use common::Server;
 
 const FLAGS: &[&str] = &["--cores", "1"];
@@ -18,44 +19,18 @@ const FLAGS: &[&str] = &["--cores", "1"];
 /// `pico` with a clean environment: no `PICO_*` from the test run, the config file at
 /// `config` (which need not exist).
 fn pico(config: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
+    let mut command = pico_without_pico_env();
     command.env("PICO_CONFIG", config).args(args);
     command
 }
 
 fn run_with(mut command: Command, stdin: &[u8]) -> Output {
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pico");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin)
-        .expect("write stdin");
-    child.wait_with_output().expect("wait for pico")
+    run_with_stdin(&mut command, stdin)
 }
 
 #[track_caller]
 fn check(out: Output, what: &str, code: i32, stdout: &str, stderr: &str) {
-    let got = (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert_eq!(
-        got,
-        (Some(code), stdout.to_owned(), stderr.to_owned()),
-        "{what}"
-    );
+    check_outcome(&out, what, code, stdout, stderr);
 }
 
 /// Client commands against `server`, endpoint given as a flag.

@@ -4,11 +4,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::cli::{outcome, run_with_stdin};
 use common::Server;
 
 /// One core and a short long-poll keep `tail` quick and the shared machine calm.
@@ -62,20 +63,7 @@ impl Ds<'_> {
     }
 
     fn run_with(&self, args: &[&str], stdin: &[u8]) -> Output {
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn pico");
-        child
-            .stdin
-            .take()
-            .expect("piped stdin")
-            .write_all(stdin)
-            .expect("write stdin");
-        child.wait_with_output().expect("wait for pico")
+        run_with_stdin(&mut self.command(args), stdin)
     }
 
     /// Checks exit code, stdout and stderr exactly.
@@ -105,14 +93,6 @@ impl Ds<'_> {
         );
         stderr
     }
-}
-
-fn outcome(out: &Output) -> (Option<i32>, String, String) {
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

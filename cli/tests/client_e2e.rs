@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::cli::{check_outcome, pico_without_pico_env, run_with_stdin};
 use common::Server;
 use pico_client::{Client, ClientConfig, ErrorKind};
 
@@ -20,12 +21,7 @@ const FLAGS: &[&str] = &["--cores", "1", "--long-poll-timeout-sec", "1"];
 /// environment)
 /// and no other `PICO_*` variable from the test environment.
 fn pico(server: &Server, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
+    let mut command = pico_without_pico_env();
     command
         .env("PICO_ENDPOINT", format!("http://{}", server.addr))
         // No profile file may leak in from the machine.
@@ -35,35 +31,14 @@ fn pico(server: &Server, args: &[&str]) -> Command {
 }
 
 fn run(server: &Server, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = pico(server, args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pico");
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(stdin)
-        .expect("write stdin");
-    child.wait_with_output().expect("wait for pico")
+    run_with_stdin(&mut pico(server, args), stdin)
 }
 
 /// Runs and checks exit code, stdout and stderr exactly.
 #[track_caller]
 fn expect(server: &Server, args: &[&str], stdin: &[u8], code: i32, stdout: &str, stderr: &str) {
     let out = run(server, args, stdin);
-    let got = (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert_eq!(
-        got,
-        (Some(code), stdout.to_owned(), stderr.to_owned()),
-        "pico {args:?}"
-    );
+    check_outcome(&out, &format!("pico {args:?}"), code, stdout, stderr);
 }
 
 #[test]

@@ -48,9 +48,7 @@ fn shared_storage(objects: &std::path::Path) -> String {
     if endpoint.is_empty() || std::env::var("AWS_ACCESS_KEY_ID").is_err() {
         return format!("-2@file://{}", objects.display());
     }
-    let bucket = std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".into());
-    let region = std::env::var("PICOMQ_S3_REGION").unwrap_or_else(|_| "garage".into());
-    format!("-2@s3://{bucket}?region={region}&endpoint={endpoint}&pathStyle=true")
+    common::services::storage(&endpoint)
 }
 
 impl Cluster {
@@ -397,21 +395,9 @@ fn a_client_following_redirects_sees_one_stream_through_any_node() {
 
 /// `pico ARGS` with `input` (and a newline) on its standard input.
 fn pico_with_input(dir: &std::path::Path, args: &[&str], input: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pico"))
-        .args(args)
-        .current_dir(dir)
-        .env_clear()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run pico");
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    stdin.write_all(input.as_bytes()).unwrap();
-    stdin.write_all(b"\n").unwrap();
-    drop(stdin);
-    child.wait_with_output().expect("pico finished")
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_pico"));
+    command.args(args).current_dir(dir).env_clear();
+    common::cli::run_with_stdin(&mut command, format!("{input}\n").as_bytes())
 }
 
 /// An exactly-once writer: producer headers make every retry (after a redirect, a 503 or a

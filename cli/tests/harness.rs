@@ -9,9 +9,10 @@
 //! shell-form `CMD`/`ENTRYPOINT` lines. The parser is tested below so that it cannot silently
 //! find nothing.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -23,13 +24,11 @@ fn repo_root() -> PathBuf {
 /// The long flags in the option list of `pico <args> --help` (argh prints each at an indent of
 /// exactly two spaces; wrapped description lines are indented further and may mention flags).
 fn help_flags(args: &[&str]) -> BTreeSet<String> {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
-    let output = command.args(args).arg("--help").output().expect("run pico");
+    let output = common::cli::pico_without_pico_env()
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("run pico");
     assert!(output.status.success(), "pico {args:?} --help: {output:?}");
     let text = String::from_utf8(output.stdout).expect("help is UTF-8");
     let flags: BTreeSet<String> = text

@@ -132,8 +132,6 @@ fn object_durability_on_garage_survives_losing_the_wal() {
     else {
         return;
     };
-    let bucket = std::env::var("PICOMQ_S3_BUCKET").unwrap_or_else(|_| "segments".into());
-    let region = std::env::var("PICOMQ_S3_REGION").unwrap_or_else(|_| "garage".into());
-    let storage = format!("-2@s3://{bucket}?region={region}&endpoint={endpoint}&pathStyle=true");
+    let storage = common::services::storage(&endpoint);
     crash_and_lose_the_disk(&["--storage", &storage]);
 }

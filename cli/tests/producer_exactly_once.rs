@@ -6,9 +6,11 @@
 //! Every wait is bounded: server start-up, the producer's progress and the final read all
 //! have deadlines.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -101,7 +103,7 @@ fn try_spawn(dir: &Path, port: u16, deadline: Instant) -> Result<Child, String> 
         .append(true)
         .open(dir.join("server.log"))
         .map_err(|e| e.to_string())?;
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
+    let mut command = common::cli::pico_without_pico_env();
     command
         .arg("serve")
         .arg("--listen")
@@ -117,11 +119,6 @@ fn try_spawn(dir: &Path, port: u16, deadline: Instant) -> Result<Child, String> 
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
     let mut child = command.spawn().map_err(|e| e.to_string())?;
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel::<String>();

@@ -10,14 +10,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
-use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
+use reqwest::{Method, RequestBuilder, StatusCode, Url};
 
-use crate::codec::{self, Record, BATCH_CONTENT_TYPE};
-use crate::error::{ApiError, ClientError};
+use crate::answers::{
+    AppendAck, ProducerAck, ReadPage, Retention, StreamInfo, StreamList, DEFAULT_CONTENT_TYPE,
+};
+use crate::codec::{self, BATCH_CONTENT_TYPE};
+use crate::error::ClientError;
+use crate::parse::{
+    check, flag, is_json_type, optional_u64, parse_list, required_i64, required_offset,
+    required_u64, send, text,
+};
 use crate::position::Position;
-
-/// Default stream content type, as the server assumes without a `Content-Type`.
-pub const DEFAULT_CONTENT_TYPE: &str = pico_proto::media::OCTET_STREAM;
 
 pub use pico_proto::Protocol;
 
@@ -55,146 +59,6 @@ impl ClientConfig {
             token: None,
             ca_cert_pem: None,
         }
-    }
-}
-
-/// A stream's retention policy as the Pico protocol carries it (docs/api.md, Retention).
-/// In a request, `None` leaves a limit as it is (or the server's default, at create) and
-/// `Some(0)` turns it off; in an answer, `None` means off.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Retention {
-    /// Records older than this many seconds become unreadable.
-    pub age_secs: Option<u64>,
-    /// The oldest records go once the stream stores more than this many bytes.
-    pub bytes: Option<u64>,
-    /// An empty stream with no write for this many seconds is deleted.
-    pub delete_on_empty_secs: Option<u64>,
-}
-
-impl Retention {
-    pub fn is_empty(&self) -> bool {
-        *self == Retention::default()
-    }
-
-    fn headers(&self, mut request: RequestBuilder) -> RequestBuilder {
-        let named = [
-            ("Pico-Retention-Age", self.age_secs),
-            ("Pico-Retention-Bytes", self.bytes),
-            ("Pico-Delete-On-Empty", self.delete_on_empty_secs),
-        ];
-        for (name, value) in named {
-            if let Some(value) = value {
-                request = request.header(name, value.to_string());
-            }
-        }
-        request
-    }
-}
-
-/// `HEAD` of a stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamInfo {
-    /// First readable position: a sequence that moves up with trims (Pico), or always `-1`
-    /// (Durable Streams reports no start, and the beginning is always readable).
-    pub start: Position,
-    /// Durable tail: the sequence the next record will get, or the tail offset.
-    pub next: Position,
-    pub closed: bool,
-    pub content_type: Option<String>,
-    /// Sliding idle expiry, seconds, if set.
-    pub ttl_secs: Option<u64>,
-    /// Absolute expiry (RFC 3339), if set.
-    pub expires_at: Option<String>,
-}
-
-/// Acknowledgement of an append that wrote records.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AppendAck {
-    /// Sequence of the first record of the request. Durable Streams reports only the new
-    /// tail, so there it equals `next`.
-    pub start: Position,
-    /// Stream tail after the request.
-    pub next: Position,
-    /// Server timestamp (epoch ms) shared by all records of the request; Pico only.
-    pub timestamp: Option<i64>,
-}
-
-/// Answer to an idempotent producer's append ([`Client::append_as_producer`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProducerAck {
-    /// Sequence of the first record written; `None` for a duplicate (nothing was written).
-    pub start: Option<u64>,
-    /// Stream tail after the request.
-    pub next: u64,
-    /// Server timestamp of the records, if any were written.
-    pub timestamp: Option<i64>,
-    /// On a duplicate, the producer's highest accepted sequence; else the one sent.
-    pub producer_seq: Option<u64>,
-    /// The stream is closed.
-    pub closed: bool,
-}
-
-impl ProducerAck {
-    /// The server had already applied this request (or a later one of the producer).
-    pub fn is_duplicate(&self) -> bool {
-        self.start.is_none()
-    }
-}
-
-/// One stream of a listing (`GET /`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListedStream {
-    pub name: String,
-    pub content_type: String,
-    pub start: u64,
-    pub next: u64,
-    pub closed: bool,
-    pub ttl_secs: Option<u64>,
-    pub expires_at: Option<String>,
-}
-
-/// One page of a listing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StreamList {
-    pub streams: Vec<ListedStream>,
-    /// More streams match: continue with `start_after` = the last name.
-    pub has_more: bool,
-}
-
-/// One read response.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReadPage {
-    /// The records read (Pico). Always empty with Durable Streams, which has no record
-    /// framing: see `chunk`.
-    pub records: Vec<Record>,
-    /// Durable Streams: the bytes of the response (the messages back to back, or a JSON
-    /// array of them on `application/json` streams); `None` when it held no message.
-    pub chunk: Option<Bytes>,
-    /// Where to continue reading.
-    pub next: Position,
-    /// The page reaches the durable tail.
-    pub up_to_date: bool,
-    /// The stream is closed and the page reaches its end: nothing more will ever come.
-    pub closed: bool,
-    /// Long-poll cursor to echo in the next poll (`Pico-Cursor` / `Stream-Cursor`).
-    pub cursor: Option<String>,
-}
-
-impl ReadPage {
-    /// Nothing was read: no record and no chunk.
-    pub fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.chunk.is_none()
-    }
-
-    /// What was read as `(position, body)` pairs: each record at its sequence, or the one
-    /// Durable Streams chunk at the offset after it (the only position the protocol gives).
-    pub fn entries(&self) -> Vec<(Position, &Bytes)> {
-        let records = self
-            .records
-            .iter()
-            .map(|record| (Position::Seq(record.seq), &record.body));
-        let chunk = self.chunk.iter().map(|chunk| (self.next.clone(), chunk));
-        records.chain(chunk).collect()
     }
 }
 
@@ -695,103 +559,4 @@ impl Client {
             ClientError::InvalidArgument(format!("invalid stream name {stream:?}: {e}"))
         })
     }
-}
-
-async fn send(request: RequestBuilder) -> Result<Response, ClientError> {
-    check(request.send().await?).await
-}
-
-/// Passes 2xx through; turns anything else into [`ClientError::Api`].
-async fn check(response: Response) -> Result<Response, ClientError> {
-    if response.status().is_success() {
-        return Ok(response);
-    }
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    // The body is only the small JSON error; if even that fails, the status still speaks.
-    let body = response.bytes().await.unwrap_or_default();
-    Err(ApiError::from_response(status, &headers, &body).into())
-}
-
-/// The JSON body of `GET /`.
-fn parse_list(body: &[u8]) -> Result<StreamList, ClientError> {
-    let bad = |why: &str| ClientError::InvalidResponse(format!("stream listing: {why}"));
-    let json: serde_json::Value = serde_json::from_slice(body).map_err(|_| bad("not JSON"))?;
-    let entries = json
-        .get("streams")
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| bad("no streams array"))?;
-    let mut streams = Vec::with_capacity(entries.len());
-    for entry in entries {
-        let text = |name: &str| entry.get(name).and_then(|v| v.as_str()).map(str::to_owned);
-        let number = |name: &str| entry.get(name).and_then(|v| v.as_u64());
-        streams.push(ListedStream {
-            name: text("name").ok_or_else(|| bad("an entry without a name"))?,
-            content_type: text("content_type").unwrap_or_else(|| DEFAULT_CONTENT_TYPE.into()),
-            start: number("start_seq").ok_or_else(|| bad("an entry without start_seq"))?,
-            next: number("next_seq").ok_or_else(|| bad("an entry without next_seq"))?,
-            closed: entry
-                .get("closed")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
-            ttl_secs: number("ttl"),
-            expires_at: text("expires_at"),
-        });
-    }
-    let has_more = json
-        .get("has_more")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    Ok(StreamList { streams, has_more })
-}
-
-fn text(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
-}
-
-fn flag(headers: &HeaderMap, name: &str) -> bool {
-    text(headers, name).is_some_and(|v| v.eq_ignore_ascii_case("true"))
-}
-
-fn optional_u64(headers: &HeaderMap, name: &str) -> Result<Option<u64>, ClientError> {
-    text(headers, name)
-        .map(|v| {
-            v.parse()
-                .map_err(|_| ClientError::InvalidResponse(format!("{name}: not a number: {v:?}")))
-        })
-        .transpose()
-}
-
-fn required_u64(headers: &HeaderMap, name: &str) -> Result<u64, ClientError> {
-    optional_u64(headers, name)?
-        .ok_or_else(|| ClientError::InvalidResponse(format!("missing {name} header")))
-}
-
-/// `Stream-Next-Offset`, which every successful Durable Streams answer but DELETE carries.
-fn required_offset(headers: &HeaderMap) -> Result<Position, ClientError> {
-    text(headers, STREAM_NEXT_OFFSET)
-        .map(Position::Offset)
-        .ok_or_else(|| ClientError::InvalidResponse("missing stream-next-offset header".into()))
-}
-
-/// `application/json`, whatever its parameters (`; charset=utf-8`) and case: the type whose
-/// Durable Streams reads are JSON arrays.
-fn is_json_type(content_type: &str) -> bool {
-    content_type
-        .split(';')
-        .next()
-        .is_some_and(|media| media.trim().eq_ignore_ascii_case(pico_proto::media::JSON))
-}
-
-fn required_i64(headers: &HeaderMap, name: &str) -> Result<i64, ClientError> {
-    let value = text(headers, name)
-        .ok_or_else(|| ClientError::InvalidResponse(format!("missing {name} header")))?;
-    value
-        .parse()
-        .map_err(|_| ClientError::InvalidResponse(format!("{name}: not a number: {value:?}")))
 }

@@ -14,16 +14,19 @@
 //! # }
 //! ```
 
+mod answers;
 mod client;
 pub mod codec;
 mod error;
+mod parse;
 mod position;
 mod producer;
 
-pub use client::{
-    http_client_builder, AppendAck, Client, ClientConfig, ListedStream, ProducerAck, Protocol,
-    ReadPage, Retention, StreamInfo, StreamList, DEFAULT_CONTENT_TYPE,
+pub use answers::{
+    AppendAck, ListedStream, ProducerAck, ReadPage, Retention, StreamInfo, StreamList,
+    DEFAULT_CONTENT_TYPE,
 };
+pub use client::{http_client_builder, Client, ClientConfig, Protocol};
 pub use codec::{CodecError, NewRecord, Record};
 pub use error::{kind_for_status, transport_message, ApiError, ClientError, ErrorKind};
 pub use position::Position;

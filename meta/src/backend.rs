@@ -1,16 +1,18 @@
 //! What the metadata thread needs from a database, whichever it is.
 //!
 //! ```text
-//!   store.rs (shared)                                  one impl per database
-//!   command loop, group commit, savepoints,   ──▶  Backend  ──┬─ sqlite.rs  (rusqlite, a file)
-//!   validation, garbage, blob formats,                        └─ pg.rs      (postgres, a server)
-//!   row ↔ StreamRow / SegmentRecord conversion
+//!   shared by both databases                           one impl per database
+//!   batch.rs: command loop, group commit,     ──▶  Backend  ──┬─ sqlite.rs  (rusqlite, a file)
+//!     savepoints                                              └─ pg/        (postgres, a server)
+//!   apply.rs: what each command does, garbage
+//!   rows.rs: validation, blob formats,
+//!     row ↔ StreamRow / SegmentRecord conversion
 //! ```
 //!
 //! A backend only executes SQL: every decision (what a create returns, which rows a command
-//! touches, how blobs are packed, what a damaged row is) is made once, in `store.rs`, so the
-//! engine cannot tell the backends apart. Integers cross this trait as they are stored (signed
-//! 64-bit); `store.rs` checks every conversion to and from `u64`.
+//! touches, how blobs are packed, what a damaged row is) is made once, in the shared files, so
+//! the engine cannot tell the backends apart. Integers cross this trait as they are stored
+//! (signed 64-bit); `rows.rs` checks every conversion to and from `u64`.
 
 use crate::MetaError;
 
@@ -189,7 +191,7 @@ pub(crate) enum StreamUpdate {
 }
 
 /// The SQL side of the metadata thread. Errors of data statements are [`MetaError::Storage`]
-/// naming what was being done; transaction control reports a bare message that `store.rs`
+/// naming what was being done; transaction control reports a bare message that `batch.rs`
 /// prefixes.
 pub(crate) trait Backend {
     /// Starts the transaction of one batch of commands. A backend whose connection can drop

@@ -1,7 +1,8 @@
 //! Fencing of cluster writes, on any [`Backend`]: every write a node makes for a stream names
 //! the owner epoch it holds the stream at, and the row is locked and compared in the same
 //! transaction ([`check_fence`], [`commit_fenced`]). `cluster.rs` says how leases and takeovers
-//! use it; `store.rs` calls it for every fenced write.
+//! use it; `apply.rs` (and `store.rs`, for fenced segment commits) calls it for every fenced
+//! write.
 
 use std::collections::{HashMap, HashSet};
 

@@ -15,17 +15,22 @@
 //! answer without blocking its thread. The thread group-commits: it drains every command that
 //! is waiting, applies them all in one transaction, then answers them in order.
 //!
-//! Module map: [`MetaUrl`] parsing lives here; the thread, its handle and everything both
-//! backends share in `store`; what a backend must do in `backend`; SQLite in `sqlite` (its schema
-//! and migrations in `schema`), Postgres in `pg`; the packed run format in `runs`, the packed
+//! Module map: [`MetaUrl`] parsing lives here; the handle in `store`, the thread's loop in
+//! `batch`, the commands in `command` and what each does (the same for both backends) in
+//! `apply`; what a backend must do in `backend`; SQLite in `sqlite` (its schema and migrations
+//! in `schema`), Postgres in `pg/`; every limit in `limits`; the packed run format in `runs`, the packed
 //! producer-state format in `producers`; test support (a fresh Postgres database per test) in
 //! `testing`, behind the `testing` feature that only the workspace's tests turn on.
 
 use std::path::PathBuf;
 
+mod apply;
 mod backend;
+mod batch;
 mod cluster;
+mod command;
 mod fence;
+mod limits;
 mod pg;
 mod producers;
 mod rows;
@@ -40,8 +45,8 @@ pub mod testing;
 pub use backend::{NodeId, NodeRow};
 pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
 pub use fence::{Fence, Ownership, SegmentFence};
+pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;
-pub use store::MAX_BATCH_COMMANDS;
 
 /// A stream's configuration as stored in the registry.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,11 +31,8 @@ use crate::ProducerState;
 /// Bytes of one packed producer besides its id: the length prefix, epoch and seq.
 pub(crate) const FIXED_SIZE_BYTES: usize = 2 + 8 + 8;
 
-/// The longest producer id the format can hold, in bytes (the length prefix is a `u16`).
-pub(crate) const MAX_ID_BYTES: usize = u16::MAX as usize;
-
 /// Packs producers in the order given (the caller checked they are sorted and unique); `None`
-/// when an id is longer than [`MAX_ID_BYTES`].
+/// when an id is longer than [`PRODUCER_ID_MAX_BYTES`](crate::limits::PRODUCER_ID_MAX_BYTES).
 pub(crate) fn encode(producers: &[ProducerState]) -> Option<Vec<u8>> {
     let size = producers
         .iter()
@@ -111,6 +108,7 @@ fn split<const N: usize>(rest: &mut &[u8]) -> Option<[u8; N]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::PRODUCER_ID_MAX_BYTES;
 
     fn producer(id: &str, epoch: u64, seq: u64) -> ProducerState {
         ProducerState {
@@ -202,10 +200,10 @@ mod tests {
 
     #[test]
     fn longest_id_fits_and_longer_is_refused() {
-        let longest = producer(&"x".repeat(MAX_ID_BYTES), 1, 1);
+        let longest = producer(&"x".repeat(PRODUCER_ID_MAX_BYTES), 1, 1);
         let blob = encode_one(&longest).unwrap();
         assert_eq!(decode_one(&blob).unwrap(), longest);
-        let too_long = producer(&"x".repeat(MAX_ID_BYTES + 1), 1, 1);
+        let too_long = producer(&"x".repeat(PRODUCER_ID_MAX_BYTES + 1), 1, 1);
         assert!(encode_one(&too_long).is_none());
         assert!(encode(&[producer("a", 0, 0), too_long]).is_none());
     }

@@ -3,6 +3,7 @@
 //! operator knows where to look.
 
 use crate::backend::{Backend, EntryColumns, StreamColumns};
+use crate::limits::PRODUCER_ID_MAX_BYTES;
 use crate::{producers, runs};
 use crate::{
     ForkRow, MetaError, ProducerState, Retention, SegmentRecord, SegmentStreamEntry, StreamConfig,
@@ -219,11 +220,11 @@ fn validate_runs(size_bytes: u64, entry: &SegmentStreamEntry) -> Result<(), Stri
 fn validate_producers(entry: &SegmentStreamEntry) -> Result<(), String> {
     let stream = entry.stream_id;
     let long_id = |producer: &ProducerState| {
-        (producer.id.len() > producers::MAX_ID_BYTES).then(|| {
+        (producer.id.len() > PRODUCER_ID_MAX_BYTES).then(|| {
             format!(
                 "stream {stream}: producer id of {} bytes is longer than {}",
                 producer.id.len(),
-                producers::MAX_ID_BYTES
+                PRODUCER_ID_MAX_BYTES
             )
         })
     };

@@ -74,11 +74,12 @@
 
 use rusqlite::Connection;
 
+use crate::limits::SQLITE_BUSY_TIMEOUT_SECS;
 use crate::MetaError;
 
 /// The migrations, in order; entry `i` moves the schema from version `i` to `i + 1`.
 ///
-/// `pg.rs` has the same list for PostgreSQL: a new migration goes into both, under one number.
+/// `pg/migrations.rs` has the same list for PostgreSQL: a new migration goes into both, under one number.
 ///
 /// Append only: an applied migration is never edited, because databases in the field already
 /// ran it. Each runs in its own transaction together with the row recording it, so a crash
@@ -172,7 +173,7 @@ pub(crate) fn configure(conn: &Connection, in_memory: bool) -> Result<(), MetaEr
         .map_err(storage("set synchronous=FULL"))?;
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(storage("enable foreign keys"))?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))
+    conn.busy_timeout(std::time::Duration::from_secs(SQLITE_BUSY_TIMEOUT_SECS))
         .map_err(storage("set busy_timeout"))?;
     Ok(())
 }

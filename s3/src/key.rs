@@ -5,10 +5,8 @@
 //! components, a trailing `/`) is refused up front, identically on every backend, so code tested
 //! against `mem://` behaves the same on `file://` and `s3://`.
 
+use crate::limits::KEY_MAX_BYTES;
 use crate::StoreError;
-
-/// Longest key, in bytes: S3's limit, so a key valid here is valid on every backend.
-pub(crate) const KEY_LENGTH_MAX: usize = 1024;
 
 /// File names starting with this are in-progress writes of the file backend, never objects; a
 /// key may not contain a component with this prefix, so the two can never collide.
@@ -35,10 +33,10 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
 }
 
 fn validate_components(key: &str) -> Result<(), StoreError> {
-    if key.len() > KEY_LENGTH_MAX {
+    if key.len() > KEY_MAX_BYTES {
         return Err(bad_key(
             key,
-            &format!("it is longer than {KEY_LENGTH_MAX} bytes"),
+            &format!("it is longer than {KEY_MAX_BYTES} bytes"),
         ));
     }
     if key.starts_with('/') {
@@ -92,7 +90,7 @@ mod tests {
 
     #[test]
     fn bad_keys() {
-        let long = "k".repeat(KEY_LENGTH_MAX + 1);
+        let long = "k".repeat(KEY_MAX_BYTES + 1);
         for key in [
             "",
             "/abs",

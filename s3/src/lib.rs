@@ -21,22 +21,23 @@
 //!
 //! Module map: URI parsing in `uri`, object-key rules in `key`, the blocking backends
 //! (filesystem and in-memory) in `backend`, the S3 backend in `s3_bucket` (with SigV4 signing in
-//! `sigv4` and the little XML it reads in `xml`), the thread and its handle in `store`.
+//! `sigv4` and the little XML it reads in `xml`), the thread and its handle in `store`; every limit in `limits`.
 
 mod backend;
 mod key;
+mod limits;
 mod s3_bucket;
 mod sigv4;
 mod store;
 mod uri;
 mod xml;
 
+pub use limits::DEFAULT_MAX_IN_FLIGHT;
 pub use s3_bucket::S3Options;
 pub use sigv4::S3Credentials;
 pub use store::Faults;
 pub use store::ObjectStore;
 pub use store::ObjectStoreOptions;
-pub use store::DEFAULT_MAX_IN_FLIGHT;
 
 /// A parsed bucket URI: `<bucket id>@<scheme>://<path>[?k=v&...]` (`--storage`'s syntax,
 /// e.g. `-2@file://./objects`, `-2@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:3900&pathStyle=true`).

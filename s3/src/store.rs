@@ -11,7 +11,7 @@
 //! ```
 //!
 //! `s3://` requests run as async tasks on the same runtime (HTTP via reqwest; SigV4 signing,
-//! retries, multipart in `s3_bucket.rs`); `file://` and `mem://` run blocking code on the
+//! retries, multipart in `s3_bucket/`); `file://` and `mem://` run blocking code on the
 //! runtime's blocking pool.
 //!
 //! Requests run concurrently and finish in any order: await a put before issuing a get that
@@ -38,6 +38,7 @@ use crate::backend::FileBucket;
 use crate::backend::MemoryBucket;
 use crate::key::validate_key;
 use crate::key::validate_prefix;
+use crate::limits::DEFAULT_MAX_IN_FLIGHT;
 use crate::s3_bucket::S3Bucket;
 use crate::s3_bucket::S3Config;
 use crate::s3_bucket::S3Options;
@@ -46,12 +47,6 @@ use crate::StorageLocation;
 use crate::StorageUri;
 use crate::StoreError;
 
-/// Requests executing at once unless [`ObjectStoreOptions::max_in_flight`] says otherwise.
-///
-/// Enough to overlap the fsyncs (file) or round trips (S3) of the few segments a node seals per
-/// flush interval, small enough that a slow store cannot pile up unbounded work on this thread.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 8;
-
 /// The name of the upload thread, as seen in `top -H` and panics.
 const THREAD_NAME: &str = "pico-upload";
 
@@ -59,7 +54,8 @@ const THREAD_NAME: &str = "pico-upload";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectStoreOptions {
     /// Most requests executing at once (at least 1). More requests wait in the queue, in order.
-    /// (A multipart put is one request, with up to 4 of its parts in flight.)
+    /// (A multipart put is one request, with up to
+    /// [`S3_PARTS_IN_FLIGHT`](crate::limits::S3_PARTS_IN_FLIGHT) of its parts in flight.)
     pub max_in_flight: usize,
     /// Tuning of `s3://` buckets (ignored by the others).
     pub s3: S3Options,

@@ -5,7 +5,7 @@
 //! where the text after `file://` must be the directory verbatim. The `s3` query is not
 //! `form_urlencoded` either: that decodes `+` to a space and `%XX`, so a value such as
 //! `endpoint=http://u:p%40ss@host` would no longer be what was written and what `Display` prints
-//! back. (The `endpoint` value itself is checked with `url`, in `s3_bucket.rs`.)
+//! back. (The `endpoint` value itself is checked with `url`, in `s3_bucket/config.rs`.)
 
 use std::path::PathBuf;
 

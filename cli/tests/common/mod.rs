@@ -6,6 +6,7 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod disk;
 pub mod services;
 
@@ -243,7 +244,8 @@ fn spawn(
         .append(true)
         .open(dir.join("server.log"))
         .expect("open server.log");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
+    // The test environment must not configure the server behind our back.
+    let mut command = cli::pico_without_pico_env();
     command
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
@@ -279,12 +281,6 @@ fn spawn(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
-    // The test environment must not configure the server behind our back.
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
     let mut child = command.spawn().expect("spawn pico serve");
     let stdout = child.stdout.take().expect("piped stdout");
@@ -402,6 +398,24 @@ impl Resp {
             self.describe()
         );
         self
+    }
+
+    /// Checks the headers every response carries, errors included (the opening of
+    /// docs/api.md): `nosniff`, `same-origin` and the CORS origin `*`.
+    #[track_caller]
+    pub fn expect_every_response_headers(&self) {
+        for (name, want) in [
+            ("x-content-type-options", "nosniff"),
+            ("cross-origin-resource-policy", "same-origin"),
+            ("access-control-allow-origin", "*"),
+        ] {
+            assert_eq!(
+                self.header(name),
+                Some(want),
+                "{name}:\n{}",
+                self.describe()
+            );
+        }
     }
 
     /// Asserts a JSON error body `{"error":code,...}` with this status; returns the body.

@@ -1,0 +1,247 @@
+//! What each command does to the database, whichever it is: create (with its checks and the
+//! race with another node), delete, update, garbage collection's choice of segments, and the
+//! snapshot load. Everything here is backend-neutral; the SQL is behind [`Backend`].
+
+use std::collections::HashMap;
+
+use crate::backend::Backend;
+use crate::backend::NewStream;
+use crate::backend::NodeId;
+use crate::backend::StreamColumns;
+use crate::backend::StreamUpdate;
+use crate::command::{pending, Command, Pending};
+use crate::fence::Ownership;
+use crate::rows::{commit, segment_entry, storable, stream_row, unsigned};
+use crate::CreateOutcome;
+use crate::ForkRow;
+use crate::MetaError;
+use crate::Retention;
+use crate::SegmentRecord;
+use crate::SegmentStreamEntry;
+use crate::Snapshot;
+use crate::StreamConfig;
+use crate::StreamRow;
+
+pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
+    match command {
+        Command::Create {
+            name,
+            config,
+            fork,
+            now_ms,
+            owner,
+            reply,
+        } => pending(reply, create(db, name, config, fork, now_ms, owner)),
+        Command::Delete { id, fence, reply } => pending(
+            reply,
+            crate::fence::check_fence(db, id, fence).and_then(|()| delete(db, id)),
+        ),
+        Command::Update {
+            id,
+            update: change,
+            fence,
+            reply,
+        } => pending(
+            reply,
+            crate::fence::check_fence(db, id, fence).and_then(|()| update(db, id, change)),
+        ),
+        Command::Commit { segment, reply } => pending(reply, commit(db, &segment)),
+        Command::Garbage {
+            live,
+            sealed_before_ms,
+            reply,
+        } => pending(
+            reply,
+            load_snapshot(db).map(|snapshot| garbage(&snapshot, &live, sealed_before_ms)),
+        ),
+        Command::DropSegments { keys, reply } => pending(reply, drop_segments(db, &keys)),
+        Command::Job(job) => job.run(db),
+        Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
+    }
+}
+
+/// A retention policy as its three columns (NULL: off).
+pub(crate) fn retention_columns(retention: &Retention) -> Result<[Option<i64>; 3], MetaError> {
+    let column = |value: Option<u64>, what: &'static str| {
+        value.map(|v| storable(v, || what.to_string())).transpose()
+    };
+    Ok([
+        column(retention.age_ms, "retention age")?,
+        column(retention.bytes, "retention bytes")?,
+        column(retention.delete_on_empty_ms, "delete-on-empty time")?,
+    ])
+}
+
+fn create(
+    db: &mut dyn Backend,
+    name: String,
+    config: StreamConfig,
+    fork: Option<ForkRow>,
+    now_ms: i64,
+    owner: Option<NodeId>,
+) -> Result<CreateOutcome, MetaError> {
+    let existing = |columns: StreamColumns| {
+        let ownership = crate::fence::ownership(&columns);
+        Ok::<_, MetaError>(CreateOutcome {
+            row: stream_row(columns)?,
+            created: false,
+            ownership,
+        })
+    };
+    if let Some(columns) = db.find_stream(&name)? {
+        return existing(columns);
+    }
+    let ttl_sec = match config.ttl_sec {
+        Some(ttl) => Some(storable(ttl, || "ttl_sec".to_string())?),
+        None => None,
+    };
+    let fork_columns = match &fork {
+        None => (None, None, None, None),
+        Some(f) => (
+            Some(f.source.as_str()),
+            Some(storable(f.source_id, || "fork source id".to_string())?),
+            Some(storable(f.offset, || "fork offset".to_string())?),
+            Some(storable(f.partial_bytes, || {
+                "fork partial bytes".to_string()
+            })?),
+        ),
+    };
+    let new = NewStream {
+        name: &name,
+        content_type: &config.content_type,
+        ttl_sec,
+        expires_at_ms: config.expires_at_ms,
+        closed: config.closed,
+        created_ms: now_ms,
+        fork_source: fork_columns.0,
+        fork_source_id: fork_columns.1,
+        fork_offset: fork_columns.2,
+        fork_partial_bytes: fork_columns.3,
+        owner_node: owner.map(i64::from),
+        retention: retention_columns(&config.retention)?,
+    };
+    let Some(id) = db.insert_stream(&new)? else {
+        // Registered since our look-up by someone else sharing the database (another node on
+        // the same Postgres): theirs is the row, as if it had been there first.
+        let columns = db.find_stream(&name)?.ok_or_else(|| {
+            MetaError::Storage(format!("stream {name:?} was registered and is gone again"))
+        })?;
+        return existing(columns);
+    };
+    // Ids start at 1 and only grow (AUTOINCREMENT, an identity column), so they are positive.
+    assert!(id > 0, "stream {name:?} got the non-positive id {id}");
+    let row = StreamRow {
+        id: id as u64,
+        name,
+        config,
+        created_ms: now_ms,
+        start_offset: 0, // the column's default
+        last_access_ms: now_ms,
+        fork,
+        soft_deleted: false,
+    };
+    Ok(CreateOutcome {
+        row,
+        created: true,
+        ownership: Ownership {
+            node: owner,
+            epoch: 1,
+            transfer_to: None,
+        },
+    })
+}
+
+fn delete(db: &mut dyn Backend, id: u64) -> Result<bool, MetaError> {
+    let Ok(id) = i64::try_from(id) else {
+        return Ok(false); // no row can have an id above i64::MAX
+    };
+    db.delete_stream(id)
+}
+
+/// Close, soft delete, touch: idempotent, and an unknown id is `Ok`.
+fn update(db: &mut dyn Backend, id: u64, update: StreamUpdate) -> Result<(), MetaError> {
+    let Ok(id) = i64::try_from(id) else {
+        return Ok(()); // unknown id
+    };
+    db.update_stream(id, update)
+}
+
+/// The segments of `snapshot` that no live stream needs (see [`MetaStore::garbage_segments`]).
+pub(crate) fn garbage(
+    snapshot: &Snapshot,
+    live: &HashMap<u64, u64>,
+    sealed_before_ms: i64,
+) -> Vec<String> {
+    // Every registered stream counts as live, also those this node does not hold (another
+    // node's in a cluster): a node must never collect what another still serves.
+    let mut live = live.clone();
+    for row in &snapshot.streams {
+        live.entry(row.id).or_insert(row.start_offset);
+    }
+    let needed = |entry: &SegmentStreamEntry| match live.get(&entry.stream_id) {
+        None => false,
+        Some(&start) => {
+            let records_readable = entry.runs.iter().any(|run| run.next_offset > start);
+            records_readable
+                || entry.closed
+                || entry.closed_by.is_some()
+                || entry.writer_seq.is_some()
+                || !entry.producers.is_empty()
+        }
+    };
+    snapshot
+        .segments
+        .iter()
+        .filter(|segment| segment.created_ms < sealed_before_ms)
+        .filter(|segment| !segment.streams.iter().any(needed))
+        .map(|segment| segment.key.clone())
+        .collect()
+}
+
+fn drop_segments(db: &mut dyn Backend, keys: &[String]) -> Result<(), MetaError> {
+    // The foreign key cascades to the segment's stream entries.
+    keys.iter().try_for_each(|key| db.delete_segment(key))
+}
+
+/// Reads everything a node needs at startup: live streams, and every committed segment in
+/// commit order with its entries in the order they were given.
+pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
+    let streams = db
+        .streams()?
+        .into_iter()
+        .map(stream_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut segments = Vec::new();
+    for columns in db.segments()? {
+        let key = columns.key;
+        let size_bytes = unsigned(Some(columns.size_bytes), || format!("segment {key}: size"))?;
+        let segment = SegmentRecord {
+            key,
+            size_bytes,
+            created_ms: columns.created_ms,
+            streams: Vec::new(),
+        };
+        segments.push((columns.seq, segment));
+    }
+    // Both lists are sorted by seq, so one forward walk pairs every entry with its segment.
+    // An entry of a segment not in the list belongs to a segment committed after the first
+    // query: at startup both run in one read transaction, so it cannot happen there, but the
+    // garbage collector's pass runs them in the batch's READ COMMITTED transaction while other
+    // nodes commit (Postgres). Such a segment is left for the next pass: a segment in the list
+    // has all its entries (they commit with it), so nothing is taken for garbage too early.
+    let mut cursor = 0;
+    db.for_each_entry(&mut |seq, columns| {
+        while cursor < segments.len() && segments[cursor].0 < seq {
+            cursor += 1;
+        }
+        if cursor == segments.len() || segments[cursor].0 != seq {
+            return Ok(());
+        }
+        let segment = &mut segments[cursor].1;
+        let entry = segment_entry(&segment.key, columns)?;
+        segment.streams.push(entry);
+        Ok(())
+    })?;
+    let segments = segments.into_iter().map(|(_, segment)| segment).collect();
+    Ok(Snapshot { streams, segments })
+}

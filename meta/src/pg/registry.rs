@@ -1,0 +1,281 @@
+//! The [`Backend`] statements on Postgres: transactions, the stream registry and the segment
+//! catalog.
+
+use std::time::Instant;
+
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::ToSql;
+use postgres::Client;
+use postgres::Row;
+
+use super::connection::Postgres;
+use super::errors::{describe, storage};
+use super::rows::stream_columns;
+use crate::backend;
+use crate::backend::entry_columns;
+use crate::backend::segment_columns;
+use crate::backend::select_stream;
+use crate::backend::Backend;
+use crate::backend::ClusterSql;
+use crate::backend::EntryColumns;
+use crate::backend::NewStream;
+use crate::backend::SegmentColumns;
+use crate::backend::StreamColumns;
+use crate::backend::StreamUpdate;
+use crate::MetaError;
+
+impl Backend for Postgres {
+    fn begin(&mut self) -> Result<(), String> {
+        match self.connected()?.batch_execute("BEGIN") {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                // Nothing of the batch ran yet, so a connection that died while idle (a
+                // restarted server, a dropped idle connection) costs one immediate reconnect,
+                // not the batch.
+                log::warn!(
+                    "metadata database {}: begin failed ({}); reconnecting",
+                    self.url,
+                    describe(&error)
+                );
+                self.disconnect();
+                self.retry_at = Instant::now();
+                self.connected()?
+                    .batch_execute("BEGIN")
+                    .map_err(|error| describe(&error))
+            }
+        }
+    }
+
+    fn begin_read(&mut self) -> Result<(), String> {
+        self.connected()?
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .map_err(|error| describe(&error))
+    }
+
+    fn execute_batch(&mut self, sql: &str) -> Result<(), String> {
+        let client = self
+            .client
+            .as_mut()
+            .ok_or_else(|| format!("not connected to {}", self.url))?;
+        client.batch_execute(sql).map_err(|error| describe(&error))
+    }
+
+    fn rollback(&mut self) {
+        if let Some(client) = self.client.as_mut() {
+            if client.batch_execute("ROLLBACK").is_err() {
+                // The transaction cannot be ended, so the connection is of no further use.
+                self.disconnect();
+            }
+        }
+    }
+
+    fn transaction_lost(&mut self) -> Option<String> {
+        self.client
+            .as_ref()
+            .is_none_or(Client::is_closed)
+            .then(|| format!("the connection to {} was lost", self.url))
+    }
+
+    fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError> {
+        const SQL: &str = concat!(select_stream!(), " WHERE name = $1");
+        let rows = self.query(SQL, &[&name], "look up stream")?;
+        rows.first()
+            .map(stream_columns)
+            .transpose()
+            .map_err(storage("look up stream"))
+    }
+
+    fn insert_stream(&mut self, stream: &NewStream<'_>) -> Result<Option<i64>, MetaError> {
+        let rows = self.query(
+            "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms,
+                                  fork_source, fork_source_id, fork_offset, fork_partial_bytes,
+                                  owner_node, retention_age_ms, retention_bytes,
+                                  delete_on_empty_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+             ON CONFLICT (name) DO NOTHING
+             RETURNING id",
+            &[
+                &stream.name,
+                &stream.content_type,
+                &stream.ttl_sec,
+                &stream.expires_at_ms,
+                &stream.closed,
+                &stream.created_ms,
+                &stream.fork_source,
+                &stream.fork_source_id,
+                &stream.fork_offset,
+                &stream.fork_partial_bytes,
+                &stream.owner_node,
+                &stream.retention[0],
+                &stream.retention[1],
+                &stream.retention[2],
+            ],
+            "insert stream",
+        )?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("insert stream"))
+    }
+
+    fn delete_stream(&mut self, id: i64) -> Result<bool, MetaError> {
+        let removed = self.execute("DELETE FROM streams WHERE id = $1", &[&id], "delete stream")?;
+        Ok(removed > 0)
+    }
+
+    fn update_stream(&mut self, id: i64, update: StreamUpdate) -> Result<(), MetaError> {
+        match update {
+            StreamUpdate::Close => self.execute(
+                "UPDATE streams SET closed = true WHERE id = $1",
+                &[&id],
+                "close stream",
+            ),
+            StreamUpdate::SoftDelete => self.execute(
+                "UPDATE streams SET soft_deleted = true WHERE id = $1",
+                &[&id],
+                "soft-delete stream",
+            ),
+            StreamUpdate::RaiseStart(offset) => self.execute(
+                "UPDATE streams SET start_offset = GREATEST(start_offset, $2) WHERE id = $1",
+                &[&id, &offset],
+                "trim stream",
+            ),
+            StreamUpdate::RaiseLastAccess(ms) => self.execute(
+                "UPDATE streams
+                 SET last_access_ms = GREATEST(COALESCE(last_access_ms, created_ms), $2)
+                 WHERE id = $1",
+                &[&id, &ms],
+                "touch stream",
+            ),
+            StreamUpdate::SetRetention([age, bytes, empty]) => self.execute(
+                "UPDATE streams
+                 SET retention_age_ms = $2, retention_bytes = $3, delete_on_empty_ms = $4
+                 WHERE id = $1",
+                &[&id, &age, &bytes, &empty],
+                "configure stream",
+            ),
+        }?;
+        Ok(())
+    }
+
+    fn upsert_segment(
+        &mut self,
+        key: &str,
+        size_bytes: i64,
+        created_ms: i64,
+    ) -> Result<i64, MetaError> {
+        let rows = self.query(
+            "INSERT INTO segments (key, size_bytes, created_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (key) DO UPDATE
+                SET size_bytes = excluded.size_bytes, created_ms = excluded.created_ms
+             RETURNING seq",
+            &[&key, &size_bytes, &created_ms],
+            "insert segment",
+        )?;
+        match rows.first() {
+            Some(row) => row.try_get(0).map_err(storage("insert segment")),
+            None => Err(MetaError::Storage(
+                "insert segment: no seq returned".to_string(),
+            )),
+        }
+    }
+
+    fn replace_entries(&mut self, seq: i64, entries: &[EntryColumns]) -> Result<(), MetaError> {
+        self.execute(
+            "DELETE FROM segment_streams WHERE segment_seq = $1",
+            &[&seq],
+            "replace segment entries",
+        )?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // One statement for the whole segment (hundreds of entries): one round trip, not one
+        // per entry. Column arrays, zipped back into rows by unnest; ord counts from 0.
+        let stream_ids: Vec<i64> = entries.iter().map(|e| e.stream_id).collect();
+        let runs: Vec<&[u8]> = entries.iter().map(|e| e.runs.as_slice()).collect();
+        let timestamps: Vec<i64> = entries.iter().map(|e| e.last_timestamp_ms).collect();
+        let closed: Vec<bool> = entries.iter().map(|e| e.closed).collect();
+        let producers: Vec<&[u8]> = entries.iter().map(|e| e.producers.as_slice()).collect();
+        let closed_by: Vec<Option<&[u8]>> =
+            entries.iter().map(|e| e.closed_by.as_deref()).collect();
+        let writer_seqs: Vec<Option<&str>> =
+            entries.iter().map(|e| e.writer_seq.as_deref()).collect();
+        self.execute(
+            "INSERT INTO segment_streams
+                (segment_seq, ord, stream_id, runs, last_timestamp_ms, closed,
+                 producers, closed_by, writer_seq)
+             SELECT $1, e.ord - 1, e.stream_id, e.runs, e.last_timestamp_ms, e.closed,
+                    e.producers, e.closed_by, e.writer_seq
+             FROM unnest($2::BIGINT[], $3::BYTEA[], $4::BIGINT[], $5::BOOLEAN[], $6::BYTEA[],
+                         $7::BYTEA[], $8::TEXT[])
+                  WITH ORDINALITY
+                  AS e (stream_id, runs, last_timestamp_ms, closed, producers, closed_by,
+                        writer_seq, ord)",
+            &[
+                &seq,
+                &stream_ids,
+                &runs,
+                &timestamps,
+                &closed,
+                &producers,
+                &closed_by,
+                &writer_seqs,
+            ],
+            "insert segment entries",
+        )?;
+        Ok(())
+    }
+
+    fn delete_segment(&mut self, key: &str) -> Result<(), MetaError> {
+        self.execute(
+            "DELETE FROM segments WHERE key = $1",
+            &[&key],
+            "drop segment",
+        )?;
+        Ok(())
+    }
+
+    fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
+        const SQL: &str = concat!(select_stream!(), " ORDER BY id");
+        let rows = self.query(SQL, &[], "load streams")?;
+        rows.iter()
+            .map(stream_columns)
+            .collect::<Result<_, _>>()
+            .map_err(storage("load streams"))
+    }
+
+    fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError> {
+        let rows = self.query(backend::SELECT_SEGMENTS, &[], "load segments")?;
+        let segment = |row: &Row| Ok(segment_columns!(row, try_get));
+        rows.iter()
+            .map(segment)
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("load segments"))
+    }
+
+    fn cluster(&mut self) -> Option<&mut dyn ClusterSql> {
+        Some(self)
+    }
+
+    fn for_each_entry(
+        &mut self,
+        visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
+        let doing = "load segment entries";
+        let (client, statement) = self.prepared(backend::SELECT_ENTRIES, doing)?;
+        // Streamed row by row: the catalog can be large.
+        let no_params: [&(dyn ToSql + Sync); 0] = [];
+        let mut rows = client
+            .query_raw(&statement, no_params)
+            .map_err(storage(doing))?;
+        while let Some(row) = rows.next().map_err(storage(doing))? {
+            let seq: i64 = row.try_get(0).map_err(storage("read segment entry"))?;
+            let columns = (|| Ok(entry_columns!(row, try_get)))();
+            visit(
+                seq,
+                columns.map_err(|error: postgres::Error| describe(&error)),
+            )?;
+        }
+        Ok(())
+    }
+}
