@@ -183,7 +183,7 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
         (
             "--wal-cache-size",
             args.wal_cache_size.is_some(),
-            "has no effect yet: engine caches are not configurable",
+            "has no effect: uploaded segments are cached per --block-cache-size",
         ),
         (
             "--wal-upload-threshold",
