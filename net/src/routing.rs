@@ -5,7 +5,7 @@
 //! `Location` is only the base, and [`complete_redirect`] appends the request's own path and
 //! query, which only the HTTP layer knows.
 
-use crate::message::{Request, Response};
+use crate::transport::message::{Request, Response};
 
 /// The status of an ownership redirect: method and body are replayed by the client.
 pub const REDIRECT_STATUS: u16 = 307;

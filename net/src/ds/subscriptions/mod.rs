@@ -1,0 +1,748 @@
+//! The Durable Streams reserved subscription APIs under `{root}__ds/`: webhook and pull-wake
+//! subscriptions over stream patterns and explicit streams, their leases and generation
+//! fencing, signed webhook deliveries and the JWKS that verifies them.
+//!
+//! State lives in memory behind one lock per node: this is the control plane (a few requests
+//! per wake), not the data path, and writes take the lock only when some subscription links the
+//! written stream.
+//!
+//! Persistence (`Subscriptions::open`; `new` keeps everything in memory): the subscriptions
+//! (definitions, links, acked offsets, generations) and the node's keys are kept in one state
+//! file in the node's directory, rewritten whole and atomically (see `store`) off the cores,
+//! on a blocking thread. What a request changes is in the file before it is answered: creating,
+//! re-confirming or deleting a subscription, linking or unlinking streams, acks (callbacks and
+//! pull-wake acks). What a write or a timer changes (a pattern linking a new stream, a deleted
+//! stream's link, a wake's generation, a delivery's failed status) is written by the sweeper
+//! within `SWEEP_INTERVAL`, so the write path never waits for a disk; a crash may lose that
+//! much, which costs at most a duplicate wake, never an ack. A synchronous `done` reply to a
+//! webhook acks too; the delivery thread writes it at once.
+//!
+//! Not persisted: wakes, i.e. leases, claims and in-flight or retried deliveries. They are lost
+//! in a restart as if their leases had run out: tokens of those wakes are then `FENCED`, and
+//! once restored the sweeper reads the linked streams' tails and starts a new wake, of a new
+//! generation, for every subscription with pending work.
+//!
+//! Timers (lease expiry, delivery retries, the lagging writes) run in one sweeper task on the
+//! core that created the first subscription (or, after a restart, the first core to start); it
+//! stops when none is left. Webhook POSTs run on the `pico-webhooks` thread (see `delivery`).
+
+mod delivery;
+mod glob;
+mod keys;
+mod percent;
+mod registry;
+mod store;
+#[cfg(test)]
+mod tests;
+mod webhook_url;
+
+use pico_proto::header::*;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{Sender, TrySendError};
+use pico_engine::{AppendRequest, CoreHandle, EngineError, Op, RecordInput, Reply};
+use serde_json::Value;
+
+use crate::limits::{
+    CONTROL_BODY_BYTES_MAX, CREATE_SCAN_STREAMS_MAX, QUEUED_DELIVERIES_MAX,
+    STREAMS_PER_SUBSCRIPTION_MAX, SUBSCRIPTION_ID_BYTES_MAX, WORKER_NAME_BYTES_MAX,
+};
+use crate::transport::message::{Request, Response};
+use keys::{SigningKey, TokenKey};
+use percent::decode_component;
+use registry::{
+    parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Clock, Effect, Job, Kind,
+    LinkKind, Outcome, Registry, ZERO_OFFSET,
+};
+use store::Store;
+
+/// How often the sweeper looks for expired leases and due retries.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+const LIST_PAGE: usize = 1000;
+
+/// What the cores and the delivery thread share.
+struct Shared {
+    /// The number of subscriptions, read without the lock on every write.
+    active: AtomicUsize,
+    registry: RwLock<Registry>,
+    signing: SigningKey,
+    sweeper_running: AtomicBool,
+    /// The state file; `None` keeps everything in memory.
+    store: Option<Store>,
+}
+
+impl Shared {
+    fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the state file is behind the registry.
+    fn dirty(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|store| store.behind(self.read().version()))
+    }
+
+    /// Brings the state file up to date. Blocks on file I/O: never call it on a core.
+    fn persist(&self) -> Result<(), String> {
+        match &self.store {
+            Some(store) => store.save(&self.registry, &self.signing),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The node's subscriptions; one per node, shared by all cores.
+pub struct Subscriptions {
+    shared: Arc<Shared>,
+    deliveries: Sender<Job>,
+}
+
+impl Default for Subscriptions {
+    fn default() -> Subscriptions {
+        Subscriptions::new()
+    }
+}
+
+fn offset_string(seq: u64) -> String {
+    format!("{seq:016}_{:016}", 0)
+}
+
+fn json_response(status: u16, body: &Value) -> Response {
+    Response::new(status)
+        .header("content-type", "application/json")
+        .with_body(body.to_string())
+}
+
+fn error_response(e: &ApiError) -> Response {
+    json_response(e.status, &e.to_json())
+}
+
+fn method_not_allowed(allow: &'static str) -> Response {
+    Response::new(405)
+        .header("allow", allow)
+        .header("content-type", "text/plain")
+        .with_body("Method not allowed")
+}
+
+/// An empty body reads as `{}`, so a request with no settings needs no body.
+fn json_body(request: &Request) -> Result<Value, ApiError> {
+    if request.body.len() > CONTROL_BODY_BYTES_MAX {
+        return Err(ApiError::new(
+            413,
+            "LIMIT_EXCEEDED",
+            format!("control request bodies are at most {CONTROL_BODY_BYTES_MAX} bytes"),
+        ));
+    }
+    if request.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_slice(&request.body).map_err(|_| ApiError::invalid("Invalid JSON body"))
+}
+
+fn bearer(request: &Request) -> Result<&str, ApiError> {
+    request
+        .header("authorization")
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                401,
+                "TOKEN_INVALID",
+                "Missing or malformed Authorization header",
+            )
+        })
+}
+
+fn subscription_id(raw: &str) -> Result<String, ApiError> {
+    let id = decode_component(raw)
+        .ok_or_else(|| ApiError::invalid("malformed percent-encoding in the subscription id"))?;
+    if id.is_empty()
+        || id.len() > SUBSCRIPTION_ID_BYTES_MAX
+        || id.contains('/')
+        || id.chars().any(char::is_control)
+    {
+        return Err(ApiError::invalid(format!(
+            "subscription ids are 1 to {SUBSCRIPTION_ID_BYTES_MAX} bytes without '/' or control characters"
+        )));
+    }
+    Ok(id)
+}
+
+/// The current tail of a stream as a DS offset; a missing stream has the empty tail.
+async fn tail_of(core: &CoreHandle, name: &str) -> Result<String, ApiError> {
+    match core.call(name, Op::Head).await {
+        Ok(Reply::Head(info)) => Ok(offset_string(info.next_offset)),
+        Ok(_) | Err(EngineError::NotFound) => Ok(ZERO_OFFSET.to_string()),
+        Err(e) => Err(engine_error(&e)),
+    }
+}
+
+fn engine_error(e: &EngineError) -> ApiError {
+    ApiError::new(503, "UNAVAILABLE", format!("stream engine: {e}"))
+}
+
+fn persist_error(message: String) -> ApiError {
+    log::error!("subscriptions: {message}");
+    ApiError::new(
+        503,
+        "UNAVAILABLE",
+        format!("the change is applied but may not survive a restart: {message}"),
+    )
+}
+
+/// A new node's keys.
+fn generate_keys() -> (SigningKey, TokenKey) {
+    let rng = ring::rand::SystemRandom::new();
+    // Only an OS without a working random source fails here; nothing can run without one.
+    let signing = SigningKey::generate(&rng).expect("OS random source for the webhook key");
+    let tokens = TokenKey::generate(&rng).expect("OS random source for the token key");
+    (signing, tokens)
+}
+
+impl Subscriptions {
+    /// In memory only (tests): fresh keys, and a restart forgets everything.
+    pub fn new() -> Subscriptions {
+        let (signing, tokens) = generate_keys();
+        Subscriptions::start(signing, Registry::new(tokens), None)
+    }
+
+    /// One per node: the subscriptions and keys of the state file `dir/subscriptions.json`,
+    /// or a fresh start with new keys when there is no such file (it is written with the
+    /// first subscription). A file that cannot be read or parsed is an error naming it.
+    pub fn open(dir: &Path) -> Result<Subscriptions, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let store = Store::new(dir);
+        let (signing, registry) = match store.load()? {
+            Some(loaded) => loaded,
+            None => {
+                let (signing, tokens) = generate_keys();
+                (signing, Registry::new(tokens))
+            }
+        };
+        Ok(Subscriptions::start(signing, registry, Some(store)))
+    }
+
+    /// Starts the `pico-webhooks` delivery thread (it ends when this value is dropped).
+    fn start(signing: SigningKey, registry: Registry, store: Option<Store>) -> Subscriptions {
+        let shared = Arc::new(Shared {
+            active: AtomicUsize::new(registry.len()),
+            registry: RwLock::new(registry),
+            signing,
+            sweeper_running: AtomicBool::new(false),
+            store,
+        });
+        let (deliveries, jobs) = crossbeam_channel::bounded(QUEUED_DELIVERIES_MAX);
+        let thread_shared = shared.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name(PICO_WEBHOOKS.into())
+            .spawn(move || delivery::run(thread_shared, jobs))
+        {
+            // Deliveries then fail (and are retried, then given up) instead of the node failing.
+            log::error!("cannot start the webhook delivery thread: {e}");
+        }
+        Subscriptions { shared, deliveries }
+    }
+
+    /// The number of subscriptions.
+    pub fn len(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The state file, unless in memory.
+    pub fn state_path(&self) -> Option<&Path> {
+        self.shared.store.as_ref().map(Store::path)
+    }
+
+    /// Called by every core once it runs: with restored subscriptions, starts the sweeper
+    /// (leases, retries, lagging writes) and through it the announcement of pending work.
+    pub fn start_on_core(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if self.shared.active.load(Ordering::Acquire) > 0 {
+            self.ensure_sweeper(core);
+        }
+    }
+
+    /// Writes what the state file lags behind (at shutdown, once the cores stopped). Blocks.
+    pub fn flush(&self) -> Result<(), String> {
+        self.shared.persist()
+    }
+
+    /// Brings the state file up to date before a request is answered (on a blocking thread:
+    /// the core goes on serving meanwhile).
+    async fn persist(&self) -> Result<(), ApiError> {
+        if !self.shared.dirty() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        glommio::executor()
+            .spawn_blocking(move || shared.persist())
+            .await
+            .map_err(persist_error)
+    }
+
+    /// Answers a request whose path is `{root}__ds/{rest}`; `root` ends with '/'.
+    /// `base_url` is e.g. "http://127.0.0.1:4437" (scheme + Host header), for absolute URLs in
+    /// bodies.
+    pub async fn handle(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        base_url: &str,
+        root: &str,
+        rest: &str,
+        request: &Request,
+    ) -> Response {
+        match self.route(core, base_url, root, rest, request).await {
+            Ok(response) => response,
+            Err(e) => error_response(&e),
+        }
+    }
+
+    /// The one wake-up after a write, whichever protocol took it: called with the stream
+    /// `full_path` and the `next_offset` of the engine's acknowledgement (its new tail). Free
+    /// when there are no subscriptions (the offset is formatted only for a linked stream);
+    /// takes the write lock only when a subscription links the stream.
+    pub fn on_stream_write(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        full_path: &str,
+        next_offset: u64,
+    ) {
+        if self.shared.active.load(Ordering::Acquire) == 0
+            || !self.shared.read().interested(full_path)
+        {
+            return;
+        }
+        let tail = offset_string(next_offset);
+        let effects = self.shared.write().on_write(full_path, &tail, Clock::now());
+        self.run_effects(core, effects);
+    }
+
+    /// Called after a stream was deleted, so that a new stream of the same name is linked
+    /// afresh (its offsets start over).
+    pub fn on_stream_deleted(&self, full_path: &str) {
+        if self.shared.active.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.shared.write().on_delete(full_path);
+    }
+
+    async fn route(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        base_url: &str,
+        root: &str,
+        rest: &str,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let method = request.method.as_str();
+        if rest == "jwks.json" {
+            if method != "GET" && method != "HEAD" {
+                return Ok(method_not_allowed("GET, HEAD"));
+            }
+            return Ok(Response::new(200)
+                .header("content-type", "application/jwk-set+json")
+                .header("cache-control", "public, max-age=300")
+                .with_body(self.shared.signing.jwks_json().to_string()));
+        }
+        let not_found =
+            || ApiError::new(404, "NOT_FOUND", "Durable Streams control route not found");
+        let route = rest.strip_prefix("subscriptions/").ok_or_else(not_found)?;
+        let (raw_id, action) = route.split_once('/').unwrap_or((route, ""));
+        let id = subscription_id(raw_id)?;
+        match action {
+            "" => match method {
+                "PUT" => self.create(core, base_url, root, &id, request).await,
+                "GET" => self.describe(base_url, root, &id),
+                "DELETE" => {
+                    {
+                        let mut registry = self.shared.write();
+                        if registry.delete(&id) {
+                            self.shared.active.store(registry.len(), Ordering::SeqCst);
+                        }
+                    }
+                    self.persist().await?;
+                    Ok(Response::new(204))
+                }
+                _ => Ok(method_not_allowed("GET, PUT, DELETE")),
+            },
+            "streams" if method == "POST" => self.add_streams(core, &id, request).await,
+            "streams" => Ok(method_not_allowed("POST")),
+            _ if action.starts_with("streams/") => {
+                if method != "DELETE" {
+                    return Ok(method_not_allowed("DELETE"));
+                }
+                // Either one encoded segment or several plain ones name the stream.
+                let raw = &action["streams/".len()..];
+                let path = decode_component(raw)
+                    .ok_or_else(|| ApiError::invalid("malformed percent-encoding in the path"))
+                    .and_then(|p| registry::normalize_path(&p))?;
+                self.shared.write().remove_explicit(&id, &path)?;
+                self.persist().await?;
+                Ok(Response::new(204))
+            }
+            "callback" | "ack" | "release" | "claim" if method != "POST" => {
+                Ok(method_not_allowed("POST"))
+            }
+            "callback" => self.settle(core, &id, Kind::Webhook, request).await,
+            "ack" => self.settle(core, &id, Kind::PullWake, request).await,
+            "release" => {
+                let token = bearer(request)?;
+                let ack = parse_ack_request(&json_body(request)?)?;
+                let mut effects = Vec::new();
+                let result =
+                    self.shared
+                        .write()
+                        .release(&id, token, &ack, Clock::now(), &mut effects);
+                self.run_effects(core, effects);
+                result.map(|()| Response::new(204))
+            }
+            "claim" => {
+                let body = json_body(request)?;
+                let worker = body["worker"]
+                    .as_str()
+                    .filter(|w| !w.is_empty() && w.len() <= WORKER_NAME_BYTES_MAX)
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "worker must be a non-empty string of at most {WORKER_NAME_BYTES_MAX} bytes"
+                        ))
+                    })?;
+                let mut effects = Vec::new();
+                let result = self
+                    .shared
+                    .write()
+                    .claim(&id, worker, Clock::now(), &mut effects);
+                self.run_effects(core, effects);
+                result.map(|body| json_response(200, &body))
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    fn describe(&self, base_url: &str, root: &str, id: &str) -> Result<Response, ApiError> {
+        let jwks_url = format!("{base_url}{root}__ds/jwks.json");
+        let body = self
+            .shared
+            .read()
+            .describe(id, self.shared.signing.kid(), &jwks_url)
+            .ok_or_else(ApiError::not_found)?;
+        Ok(json_response(200, &body))
+    }
+
+    async fn create(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        base_url: &str,
+        root: &str,
+        id: &str,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let config = parse_config(&json_body(request)?)?;
+        if let Some(url) = &config.webhook_url {
+            webhook_url::check(url)
+                .map_err(|message| ApiError::new(400, "WEBHOOK_URL_REJECTED", message))?;
+        }
+        // A re-confirmation needs no engine calls.
+        let known = self.shared.read().config(id).cloned();
+        if known.is_none() {
+            let links = self.initial_links(core, root, &config).await?;
+            let created = {
+                let mut registry = self.shared.write();
+                let created = registry.create(
+                    id,
+                    root,
+                    &format!("{base_url}{root}"),
+                    config,
+                    links,
+                    Clock::now(),
+                )?;
+                self.shared.active.store(registry.len(), Ordering::SeqCst);
+                created
+            };
+            self.ensure_sweeper(core);
+            self.persist().await?;
+            let response = self.describe(base_url, root, id)?;
+            return Ok(Response {
+                status: if created { 201 } else { 200 },
+                ..response
+            });
+        }
+        if known.as_ref() != Some(&config) {
+            return Err(ApiError::new(
+                409,
+                "SUBSCRIPTION_ALREADY_EXISTS",
+                "Subscription already exists with different configuration",
+            ));
+        }
+        // A re-confirmation after a failed write retries it.
+        self.persist().await?;
+        self.describe(base_url, root, id)
+    }
+
+    /// The streams a new subscription starts with, each at its current tail: the explicit ones
+    /// and the existing streams its pattern matches.
+    async fn initial_links(
+        &self,
+        core: &CoreHandle,
+        root: &str,
+        config: &registry::Config,
+    ) -> Result<Vec<(String, LinkKind, String)>, ApiError> {
+        let mut links = Vec::new();
+        for path in &config.streams {
+            let tail = tail_of(core, &format!("{root}{path}")).await?;
+            links.push((path.clone(), LinkKind::Explicit, tail));
+        }
+        let Some(pattern) = &config.pattern else {
+            return Ok(links);
+        };
+        let prefix = format!("{root}{}", glob::literal_prefix(pattern));
+        let mut after = String::new();
+        let mut scanned = 0;
+        loop {
+            let (page, more) = core
+                .list(&prefix, &after, LIST_PAGE)
+                .await
+                .map_err(|e| engine_error(&e))?;
+            scanned += page.len();
+            for stream in &page {
+                let Some(rel) = stream.name.strip_prefix(root) else {
+                    continue;
+                };
+                if rel.starts_with("__ds/")
+                    || config.wake_stream.as_deref() == Some(rel)
+                    || !glob::matches(pattern, rel)
+                {
+                    continue;
+                }
+                links.push((
+                    rel.to_string(),
+                    LinkKind::Glob,
+                    offset_string(stream.info.next_offset),
+                ));
+                if links.len() > STREAMS_PER_SUBSCRIPTION_MAX {
+                    return Err(ApiError::new(
+                        400,
+                        "LIMIT_EXCEEDED",
+                        format!(
+                            "the pattern matches more than {STREAMS_PER_SUBSCRIPTION_MAX} streams"
+                        ),
+                    ));
+                }
+            }
+            match page.last() {
+                Some(last) if more && scanned < CREATE_SCAN_STREAMS_MAX => {
+                    after = last.name.clone()
+                }
+                _ => {
+                    if more {
+                        // Streams past the scan are linked by their next write, as new ones.
+                        log::warn!(
+                            "subscription pattern {pattern}: stopped linking existing streams after {CREATE_SCAN_STREAMS_MAX}"
+                        );
+                    }
+                    return Ok(links);
+                }
+            }
+        }
+    }
+
+    async fn add_streams(
+        &self,
+        core: &CoreHandle,
+        id: &str,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let body = json_body(request)?;
+        let streams = parse_streams(&body["streams"])?;
+        if streams.is_empty() {
+            return Err(ApiError::invalid(
+                "streams must be a non-empty string array",
+            ));
+        }
+        let root = self
+            .shared
+            .read()
+            .root(id)
+            .map(str::to_string)
+            .ok_or_else(ApiError::not_found)?;
+        let mut links = Vec::with_capacity(streams.len());
+        for path in streams {
+            let tail = tail_of(core, &format!("{root}{path}")).await?;
+            links.push((path, tail));
+        }
+        self.shared.write().add_explicit(id, links)?;
+        self.persist().await?;
+        Ok(Response::new(204))
+    }
+
+    async fn settle(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        id: &str,
+        kind: Kind,
+        request: &Request,
+    ) -> Result<Response, ApiError> {
+        let token = bearer(request)?;
+        let ack: AckRequest = parse_ack_request(&json_body(request)?)?;
+        let root = self
+            .shared
+            .read()
+            .root(id)
+            .map(str::to_string)
+            .ok_or_else(ApiError::not_found)?;
+        let mut fresh = Vec::with_capacity(ack.acks.len());
+        for (path, _) in &ack.acks {
+            fresh.push((path.clone(), tail_of(core, &format!("{root}{path}")).await?));
+        }
+        let mut effects = Vec::new();
+        let result = {
+            let mut registry = self.shared.write();
+            registry.refresh_tails(id, &fresh);
+            registry.settle(id, kind, token, &ack, Clock::now(), &mut effects)
+        };
+        self.run_effects(core, effects);
+        let next_wake = result?;
+        self.persist().await?;
+        Ok(json_response(
+            200,
+            &serde_json::json!({"ok": true, "next_wake": next_wake}),
+        ))
+    }
+
+    fn run_effects(self: &Arc<Self>, core: &Rc<CoreHandle>, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Deliver(job) => self.enqueue(job),
+                Effect::AppendWake { stream, event } => {
+                    let (this, core) = (self.clone(), core.clone());
+                    glommio::spawn_local(async move {
+                        this.append_wake(&core, &stream, event).await;
+                    })
+                    .detach();
+                }
+            }
+        }
+    }
+
+    fn enqueue(&self, job: Job) {
+        if let Err(e) = self.deliveries.try_send(job) {
+            let (reason, job) = match e {
+                TrySendError::Full(job) => ("the delivery queue is full", job),
+                TrySendError::Disconnected(job) => ("the delivery thread is not running", job),
+            };
+            // Counts as a failed attempt: the sweeper retries it after the backoff.
+            let effects = self.shared.write().delivery_result(
+                &job,
+                Outcome::Failed(reason.into()),
+                Clock::now(),
+            );
+            debug_assert!(effects.is_empty());
+        }
+    }
+
+    /// Appends a pull-wake event (one JSON message) to the wake stream, then reports the write
+    /// like any other (another subscription may watch the wake stream).
+    async fn append_wake(self: &Arc<Self>, core: &Rc<CoreHandle>, stream: &str, event: String) {
+        let op = Op::Append(AppendRequest {
+            records: vec![RecordInput {
+                headers: Vec::new(),
+                body: Bytes::from(event),
+            }],
+            close: false,
+            match_offset: None,
+            producer: None,
+            content_type: None,
+            writer_seq: None,
+        });
+        match core.call(stream, op).await {
+            Ok(Reply::Appended(ack)) => self.on_stream_write(core, stream, ack.next_offset),
+            Ok(other) => log::warn!("wake stream {stream}: unexpected reply {other:?}"),
+            Err(e) => log::warn!("cannot append a wake event to {stream}: {e}"),
+        }
+    }
+
+    fn ensure_sweeper(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if self.shared.sweeper_running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (this, core) = (self.clone(), core.clone());
+        glommio::spawn_local(async move { this.sweep(core).await }).detach();
+    }
+
+    /// After a restore: reads every linked stream's tail (writes that were not reported
+    /// before the restart count as pending), then starts the wakes of pending work.
+    async fn resume(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        let linked = self.shared.read().linked_streams();
+        for (id, streams) in linked {
+            let mut tails = Vec::with_capacity(streams.len());
+            for (path, name) in streams {
+                match tail_of(core, &name).await {
+                    Ok(tail) => tails.push((path, tail)),
+                    Err(e) => log::warn!("subscription {id}: tail of {name}: {}", e.message),
+                }
+            }
+            self.shared.write().refresh_tails(&id, &tails);
+        }
+        let effects = self.shared.write().resume(Clock::now());
+        if !effects.is_empty() {
+            log::info!(
+                "subscriptions: {} woken for work pending since before the restart",
+                effects.len()
+            );
+        }
+        self.run_effects(core, effects);
+    }
+
+    async fn sweep(self: Arc<Self>, core: Rc<CoreHandle>) {
+        if self.shared.read().resume_pending() {
+            self.resume(&core).await;
+        }
+        // Logged once per run of failures, not every interval.
+        let mut failing = false;
+        loop {
+            glommio::timer::sleep(SWEEP_INTERVAL).await;
+            if self.shared.active.load(Ordering::SeqCst) == 0 && !self.shared.dirty() {
+                self.shared.sweeper_running.store(false, Ordering::SeqCst);
+                // A subscription created between the check and the store saw the flag still
+                // set and started no sweeper: carry on as the sweeper unless another took over.
+                if self.shared.active.load(Ordering::SeqCst) == 0
+                    || self.shared.sweeper_running.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+            let effects = self.shared.write().tick(Clock::now());
+            self.run_effects(&core, effects);
+            // What writes and timers changed since the last interval.
+            if self.shared.dirty() {
+                let shared = self.shared.clone();
+                match glommio::executor()
+                    .spawn_blocking(move || shared.persist())
+                    .await
+                {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        failing = true;
+                        log::error!("subscriptions: {e} (retrying)");
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}
