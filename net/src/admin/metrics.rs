@@ -10,7 +10,7 @@ use std::sync::Arc;
 use pico_engine::metrics::{CoreMetrics, Histogram, NodeMetrics, OpKind, LATENCY_BUCKETS_US};
 
 use crate::config::Protocol;
-use crate::transport::message::{BodyStream, Response};
+use crate::transport::message::{Body, BodyStream, Response};
 
 /// Status codes counted one by one; anything else is counted as `other`.
 const STATUS_CODES: [u16; 22] = [
@@ -43,8 +43,8 @@ impl HttpMetrics {
             .position(|&code| code == response.status)
             .unwrap_or(STATUS_CODES.len());
         self.responses[p][s].fetch_add(1, Ordering::Relaxed);
-        if let Some(stream) = response.stream.take() {
-            response.stream = Some(counted(stream, self.clone()));
+        if let Some(stream) = response.take_stream() {
+            response.body = Body::Stream(counted(stream, self.clone()));
         }
         response
     }

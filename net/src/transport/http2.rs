@@ -27,7 +27,7 @@ use crate::limits::{
     H2_HEADER_LIST_BYTES_MAX, H2_STREAM_WINDOW_BYTES,
 };
 use crate::shutdown::CoreShutdown;
-use crate::transport::message::{Request, Response};
+use crate::transport::message::{Body, Request, Response};
 use crate::transport::socket::{Socket, TokioIo};
 
 /// The client connection preface that starts every HTTP/2 connection.
@@ -437,7 +437,8 @@ async fn send_response(
     }
     let no_body = head_only || response.status == 204 || response.status == 304;
     let body_len = response.body_len();
-    if !no_body && response.stream.is_none() {
+    let streamed = matches!(response.body, Body::Stream(_));
+    if !no_body && !streamed {
         builder = builder.header(http::header::CONTENT_LENGTH, body_len);
     }
     let head = match builder.body(()) {
@@ -450,12 +451,12 @@ async fn send_response(
             return Ok(());
         }
     };
-    if no_body || (response.stream.is_none() && body_len == 0) {
+    if no_body || (!streamed && body_len == 0) {
         respond.send_response(head, true)?;
         return Ok(());
     }
     let mut send = respond.send_response(head, false)?;
-    match response.stream.take() {
+    match response.take_stream() {
         Some(mut events) => loop {
             // A reset stream ends the event stream at once (and the read waiting under it).
             let next = futures_lite::future::or(async { Some(events.next().await) }, async {

@@ -1,5 +1,5 @@
 //! What both HTTP versions hand the protocols and take back: one [`Request`] with its whole
-//! body and one [`Response`], plus the two helpers both connection loops share. `http1` and
+//! body and one [`Response`] with its [`Body`], plus the two helpers both connection loops share. `http1` and
 //! `http2` both build on this file, so neither needs the other's types.
 
 use std::future::Future;
@@ -37,26 +37,43 @@ impl Request {
 /// A body produced while it is sent (SSE): each item goes out as one chunk, right away.
 pub type BodyStream = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Bytes>>>;
 
+/// A response's body, in the form it was produced in.
+pub enum Body {
+    /// One buffer; empty when the response has no body.
+    Full(Bytes),
+    /// These buffers back to back (at least two, none empty): a read is served from the
+    /// stored records' own buffers instead of a joined copy.
+    Parts(Vec<Bytes>),
+    /// Sent while it is produced, with chunked transfer encoding (HTTP/1.1) or DATA frames
+    /// (HTTP/2), until it ends.
+    Stream(BodyStream),
+}
+
+impl Body {
+    /// No body.
+    pub const fn empty() -> Body {
+        Body::Full(Bytes::new())
+    }
+}
+
 /// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
 pub struct Response {
     pub status: u16,
     pub headers: Vec<(&'static str, String)>,
-    pub body: Bytes,
-    /// When non-empty, the body is these buffers back to back (`body` is then empty): a read
-    /// is served from the stored records' own buffers instead of a joined copy.
-    pub parts: Vec<Bytes>,
-    /// When set, replaces `body`: sent with chunked transfer encoding until it ends.
-    pub stream: Option<BodyStream>,
+    pub body: Body,
 }
 
 impl std::fmt::Debug for Response {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let body = match &self.body {
+            Body::Full(bytes) => format!("{bytes:?}"),
+            Body::Parts(parts) => format!("{} parts", parts.len()),
+            Body::Stream(_) => "stream".to_string(),
+        };
         f.debug_struct("Response")
             .field("status", &self.status)
             .field("headers", &self.headers)
-            .field("body", &self.body)
-            .field("parts", &self.parts.len())
-            .field("stream", &self.stream.is_some())
+            .field("body", &body)
             .finish()
     }
 }
@@ -66,54 +83,70 @@ impl Response {
         Response {
             status,
             headers: Vec::new(),
-            body: Bytes::new(),
-            parts: Vec::new(),
-            stream: None,
+            body: Body::empty(),
         }
     }
 
-    /// The body as several buffers (see [`Response::parts`]).
+    /// The body as several buffers (see [`Body::Parts`]); one buffer or none is a plain body.
     pub fn with_parts(mut self, mut parts: Vec<Bytes>) -> Response {
         parts.retain(|p| !p.is_empty());
-        match parts.len() {
-            0 => self.body = Bytes::new(),
-            1 => self.body = parts.pop().unwrap_or_default(),
-            _ => {
-                self.body = Bytes::new();
-                self.parts = parts;
-            }
-        }
+        self.body = match parts.len() {
+            0 => Body::empty(),
+            1 => Body::Full(parts.pop().unwrap_or_default()),
+            _ => Body::Parts(parts),
+        };
         self
     }
 
-    /// Bytes of the body, whichever form it has.
+    /// Bytes of the body, whichever form it has (an event stream's are not known: 0).
     pub fn body_len(&self) -> usize {
-        if self.parts.is_empty() {
-            self.body.len()
-        } else {
-            self.parts.iter().map(Bytes::len).sum()
+        match &self.body {
+            Body::Full(bytes) => bytes.len(),
+            Body::Parts(parts) => parts.iter().map(Bytes::len).sum(),
+            Body::Stream(_) => 0,
         }
     }
 
-    /// Drops the body (a `304`, or a `HEAD`).
+    /// The body as one buffer, if it is one (tests read answers with it).
+    pub fn full_body(&self) -> Option<&Bytes> {
+        match &self.body {
+            Body::Full(bytes) => Some(bytes),
+            _ => None,
+        }
+    }
+
+    /// Drops the body (a `304`, or a redirect's).
     pub fn clear_body(&mut self) {
-        self.body = Bytes::new();
-        self.parts.clear();
+        self.body = Body::empty();
+    }
+
+    /// The event stream, if the body is one; the body is then empty.
+    pub fn take_stream(&mut self) -> Option<BodyStream> {
+        match std::mem::replace(&mut self.body, Body::empty()) {
+            Body::Stream(stream) => Some(stream),
+            other => {
+                self.body = other;
+                None
+            }
+        }
     }
 
     /// The body's buffers ready for the socket: small neighbours joined into buffers of up to
     /// [`WRITE_COALESCE_BYTES`] (fewer writes and frames), large ones passed through as they are.
+    /// An event stream is left in place (it has no buffers yet).
     pub fn take_body_buffers(&mut self) -> Vec<Bytes> {
-        if self.parts.is_empty() {
-            return if self.body.is_empty() {
-                Vec::new()
-            } else {
-                vec![std::mem::take(&mut self.body)]
-            };
-        }
+        let parts = match std::mem::replace(&mut self.body, Body::empty()) {
+            Body::Full(bytes) if bytes.is_empty() => return Vec::new(),
+            Body::Full(bytes) => return vec![bytes],
+            Body::Parts(parts) => parts,
+            stream @ Body::Stream(_) => {
+                self.body = stream;
+                return Vec::new();
+            }
+        };
         let mut out = Vec::new();
         let mut pending = BytesMut::new();
-        for part in std::mem::take(&mut self.parts) {
+        for part in parts {
             if part.len() >= WRITE_COALESCE_BYTES / 4 {
                 if !pending.is_empty() {
                     out.push(pending.split().freeze());
@@ -133,7 +166,7 @@ impl Response {
     }
 
     pub fn with_stream(mut self, stream: BodyStream) -> Response {
-        self.stream = Some(stream);
+        self.body = Body::Stream(stream);
         self
     }
 
@@ -143,7 +176,7 @@ impl Response {
     }
 
     pub fn with_body(mut self, body: impl Into<Bytes>) -> Response {
-        self.body = body.into();
+        self.body = Body::Full(body.into());
         self
     }
 }
@@ -194,7 +227,7 @@ mod tests {
         assert_eq!(&buffers[2][..], b",]");
         assert_eq!(response.body_len(), 0);
         let single = Response::new(200).with_parts(vec![Bytes::new(), large.clone()]);
-        assert!(single.parts.is_empty(), "one buffer is the body itself");
-        assert_eq!(single.body.as_ptr(), large.as_ptr());
+        let body = single.full_body().expect("one buffer is the body itself");
+        assert_eq!(body.as_ptr(), large.as_ptr());
     }
 }

@@ -97,10 +97,11 @@ impl Node {
             .subs
             .handle(&self.core, BASE, ROOT, rest, &request)
             .await;
+        let body = response.full_body().cloned().unwrap_or_default();
         Answer {
             status: response.status,
             headers: response.headers,
-            body: serde_json::from_slice(&response.body).unwrap_or(Value::Null),
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         }
     }
 

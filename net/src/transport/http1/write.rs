@@ -38,7 +38,7 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
         let _ = write!(head, "{name}: {value}\r\n");
     }
     let no_body_status = response.status == 204 || response.status == 304 || response.status < 200;
-    if let Some(body) = response.stream {
+    if let Some(body) = response.take_stream() {
         if head_only {
             head.push_str("\r\n");
             stream.write_all(head.as_bytes()).await?;
