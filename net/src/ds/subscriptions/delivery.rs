@@ -12,8 +12,8 @@ use std::time::Instant;
 use crossbeam_channel::Receiver;
 
 use super::registry::{Clock, Effect, Job, Outcome};
+use super::shared::Shared;
 use super::webhook_url::{self, Host, WebhookUrl};
-use super::Shared;
 use crate::limits::{
     WEBHOOK_CONNECT_TIMEOUT, WEBHOOK_DEADLINE, WEBHOOK_IO_TIMEOUT, WEBHOOK_RESPONSE_BODY_BYTES_MAX,
     WEBHOOK_RESPONSE_HEAD_BYTES_MAX,

@@ -31,6 +31,7 @@ mod glob;
 mod keys;
 mod percent;
 mod registry;
+mod shared;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -40,7 +41,7 @@ use pico_proto::header::*;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,47 +60,12 @@ use registry::{
     parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Clock, Effect, Job, Kind,
     LinkKind, Outcome, Registry, ZERO_OFFSET,
 };
+use shared::Shared;
 use store::Store;
 
 /// How often the sweeper looks for expired leases and due retries.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 const LIST_PAGE: usize = 1000;
-
-/// What the cores and the delivery thread share.
-struct Shared {
-    /// The number of subscriptions, read without the lock on every write.
-    active: AtomicUsize,
-    registry: RwLock<Registry>,
-    signing: SigningKey,
-    sweeper_running: AtomicBool,
-    /// The state file; `None` keeps everything in memory.
-    store: Option<Store>,
-}
-
-impl Shared {
-    fn read(&self) -> RwLockReadGuard<'_, Registry> {
-        self.registry.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write(&self) -> RwLockWriteGuard<'_, Registry> {
-        self.registry.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether the state file is behind the registry.
-    fn dirty(&self) -> bool {
-        self.store
-            .as_ref()
-            .is_some_and(|store| store.behind(self.read().version()))
-    }
-
-    /// Brings the state file up to date. Blocks on file I/O: never call it on a core.
-    fn persist(&self) -> Result<(), String> {
-        match &self.store {
-            Some(store) => store.save(&self.registry, &self.signing),
-            None => Ok(()),
-        }
-    }
-}
 
 /// The node's subscriptions; one per node, shared by all cores.
 pub struct Subscriptions {
