@@ -1,7 +1,7 @@
 //! The admin API of a cluster node (a node on a shared Postgres metadata log): answers
 //! about every node and every stream, from this node's view of the cluster (the nodes, as of
 //! its last lease renewal) and the metadata log (owners, transfers). The single-node answers
-//! are in `admin.rs`.
+//! are in `mod.rs`.
 
 use std::sync::Arc;
 
@@ -49,6 +49,7 @@ fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Valu
 }
 
 async fn owner_counts(state: &AdminState) -> Result<Vec<(Option<NodeId>, u64)>, Response> {
+    // net reads the metadata log directly here because the engine has no method counting streams per owner.
     wait(state.core.meta().owner_counts())
         .await
         .map_err(meta_error)
@@ -79,6 +80,7 @@ pub async fn summary(state: &AdminState, cluster: &Arc<Cluster>) -> Value {
         .await
         .map(|counts| counts.iter().map(|(_, c)| c).sum())
         .unwrap_or(0);
+    // net reads the metadata log directly here because the engine has no method listing pending transfers.
     let transfers: Vec<Value> = wait(state.core.meta().pending_transfers())
         .await
         .unwrap_or_default()
@@ -106,6 +108,7 @@ pub async fn summary(state: &AdminState, cluster: &Arc<Cluster>) -> Value {
 /// `GET /admin/streams/{name}`: the owner from the metadata log; the live offsets from the
 /// engine when this node serves the stream, the committed trim point otherwise.
 pub async fn stream(state: &AdminState, cluster: &Arc<Cluster>, name: &str) -> Response {
+    // net reads the metadata log directly here because the engine has no method returning a stream's owner row.
     let found = match wait(state.core.meta().lookup_stream(name)).await {
         Ok(found) => found,
         Err(e) => return meta_error(e),
@@ -175,6 +178,7 @@ pub async fn transfer(state: &AdminState, name: &str, to_node: u64) -> Response 
     let Ok(to_node) = NodeId::try_from(to_node) else {
         return error(400, format!("node {to_node} is not registered"));
     };
+    // net reads the metadata log directly here because the engine has no method recording a transfer request.
     match wait(state.core.meta().request_transfer(name, to_node)).await {
         Ok(accepted) => json_response(
             202,
@@ -200,6 +204,7 @@ pub async fn set_slots(
     let Ok(node) = id.parse::<NodeId>() else {
         return error(404, format!("node {id} is not registered"));
     };
+    // net reads the metadata log directly here because the engine has no method setting a node's slots.
     match wait(state.core.meta().set_slots(node, slots)).await {
         Ok(row) => {
             let view = cluster.view();

@@ -1,5 +1,5 @@
 //! What the admin listener's handlers share: the node state they report and the JSON answer
-//! shapes. Both `admin` (one node) and `admin_cluster` (the cluster's view) build on it.
+//! shapes. Both `mod.rs` (one node) and `cluster.rs` (the cluster's view) build on it.
 
 use std::cell::Cell;
 use std::rc::Rc;

@@ -6,8 +6,8 @@ use pico_engine::ReadBatch;
 
 /// Cursor intervals count from this instant (2024-10-09T00:00:00Z), 20 s each: the Durable
 /// Streams protocol's fixed epoch and interval, so cursors agree with other servers'.
-pub(super) const CURSOR_EPOCH_MS: u64 = 1_728_432_000_000;
-pub(super) const CURSOR_INTERVAL_MS: u64 = 20_000;
+const CURSOR_EPOCH_MS: u64 = 1_728_432_000_000;
+const CURSOR_INTERVAL_MS: u64 = 20_000;
 
 /// The body of a read: a JSON array of the messages, or the records' bytes back to back
 /// (the first `skip_bytes` of the first record left out: a read from inside a record). The

@@ -17,8 +17,6 @@ use crate::transport::message::{Request, Response};
 pub(super) const ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq";
 
-// ------------------------------------------------------------------------- requests
-
 /// Answers one Durable Streams request.
 pub async fn handle(
     core: &Rc<CoreHandle>,

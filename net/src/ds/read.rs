@@ -38,8 +38,6 @@ pub(super) fn head_response(info: &StreamInfo) -> Response {
     response
 }
 
-// ------------------------------------------------------------------------- reads
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Live {
     CatchUp,

@@ -1,3 +1,6 @@
+//! Tests of the Durable Streams handlers: offsets, JSON bodies, SSE data lines, cursors and
+//! queries.
+
 use bytes::Bytes;
 use pico_engine::limits;
 

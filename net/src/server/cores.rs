@@ -38,12 +38,11 @@ pub(super) struct Started {
     admin: Option<SocketAddr>,
 }
 
-/// What every core is started with (each its own clone, core 0 the admin job too).
+/// What every core is started with, each its own clone.
+#[derive(Clone)]
 pub(super) struct NodeJob {
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pub(super) serving: Arc<AtomicBool>,
-    pub(super) admin: Option<AdminJob>,
-    pub(super) http_metrics: Vec<Arc<HttpMetrics>>,
     pub(super) settings: PicoSettings,
     pub(super) ds_settings: DsSettings,
     pub(super) max_body_size: usize,
@@ -53,21 +52,14 @@ pub(super) struct NodeJob {
     pub(super) stopped: mpsc::Sender<Stopped>,
 }
 
+/// One core's job: its engine seed, the listeners, its counters, core 0's admin listener.
 struct CoreJob {
     seed: CoreSeed,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    serving: Arc<AtomicBool>,
     listeners: Vec<(String, Protocol)>,
     admin: Option<AdminJob>,
     http: Arc<HttpMetrics>,
-    settings: PicoSettings,
-    ds_settings: DsSettings,
-    max_body_size: usize,
-    request_timeout: Duration,
-    in_flight_bytes_max: usize,
     ready: mpsc::Sender<Result<Started, String>>,
-    shutdown: Shutdown,
-    stopped: mpsc::Sender<Stopped>,
+    node: NodeJob,
 }
 
 /// A core's report at the end of a graceful shutdown.
@@ -88,12 +80,14 @@ pub(super) struct AdminJob {
 
 /// Starts one executor per seed, one at a time: core 0 resolves the listeners' addresses
 /// (port 0 picks a free one), written back into `listeners`, and the others share them.
-/// Returns the executors and the admin listener's address.
+/// Core 0 also runs `admin`. Returns the executors and the admin listener's address.
 pub(super) fn start_cores(
     seeds: Vec<CoreSeed>,
     available: usize,
     listeners: &mut [(String, Protocol)],
-    mut node: NodeJob,
+    node: NodeJob,
+    mut admin: Option<AdminJob>,
+    http_metrics: &[Arc<HttpMetrics>],
 ) -> Result<(Vec<ExecutorJoinHandle<()>>, Option<SocketAddr>), String> {
     let cores = seeds.len();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
@@ -107,19 +101,11 @@ pub(super) fn start_cores(
         };
         let job = CoreJob {
             seed,
-            tls: node.tls.clone(),
-            serving: node.serving.clone(),
             listeners: listeners.to_vec(),
-            admin: if index == 0 { node.admin.take() } else { None },
-            http: node.http_metrics[index].clone(),
-            settings: node.settings.clone(),
-            ds_settings: node.ds_settings.clone(),
-            max_body_size: node.max_body_size,
-            request_timeout: node.request_timeout,
-            in_flight_bytes_max: node.in_flight_bytes_max,
+            admin: if index == 0 { admin.take() } else { None },
+            http: http_metrics[index].clone(),
             ready: ready_tx.clone(),
-            shutdown: node.shutdown.clone(),
-            stopped: node.stopped.clone(),
+            node: node.clone(),
         };
         let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("pico-core-{index}"))
@@ -154,20 +140,23 @@ fn explain_executor_error(error: &str) -> String {
 async fn run_core(job: CoreJob) {
     let CoreJob {
         seed,
-        tls,
-        serving,
         listeners,
         admin,
         http,
+        ready,
+        node,
+    } = job;
+    let NodeJob {
+        tls,
+        serving,
         settings,
         ds_settings,
         max_body_size,
         request_timeout,
         in_flight_bytes_max,
-        ready,
         shutdown,
         stopped,
-    } = job;
+    } = node;
     // One budget for the bodies all this core's connections are receiving.
     let bodies = BodyBudget::new(in_flight_bytes_max);
     let limits = ConnectionLimits {

@@ -57,17 +57,16 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     let (stopped_tx, stopped_rx) = mpsc::channel::<Stopped>();
     let shutdown = Shutdown::default();
     let serving = Arc::new(AtomicBool::new(false));
+    let admin = config.admin_listen.clone().map(|addr| AdminJob {
+        addr,
+        facts: setup::node_facts(&config, cores, booted.node_epoch_ms),
+        scheme,
+        engine_metrics,
+        http_metrics: http_metrics.clone(),
+    });
     let node = NodeJob {
         tls: tls_config,
         serving: serving.clone(),
-        admin: config.admin_listen.clone().map(|addr| AdminJob {
-            addr,
-            facts: setup::node_facts(&config, cores, booted.node_epoch_ms),
-            scheme,
-            engine_metrics,
-            http_metrics: http_metrics.clone(),
-        }),
-        http_metrics,
         settings,
         ds_settings,
         max_body_size: config.max_body_size,
@@ -76,8 +75,14 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         shutdown: shutdown.clone(),
         stopped: stopped_tx,
     };
-    let (_executors, admin_addr) =
-        cores::start_cores(boot.seeds, booted.available, &mut listeners, node)?;
+    let (_executors, admin_addr) = cores::start_cores(
+        boot.seeds,
+        booted.available,
+        &mut listeners,
+        node,
+        admin,
+        &http_metrics,
+    )?;
     // Every core serves: ready before the address is announced, so whoever waits for the
     // announcement finds /ready answering 200.
     let (listen, _) = &listeners[0];

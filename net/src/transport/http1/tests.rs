@@ -1,3 +1,6 @@
+//! Tests of HTTP/1.1 connections: the room an idle or parked connection holds, request
+//! parsing (fuzzed), strict chunked framing, and the body budget.
+
 use bytes::Bytes;
 
 use super::parse::*;

@@ -1,3 +1,6 @@
+//! Tests of the registry's state machine: configuration, wakes, leases, fencing, back-off and
+//! restore, each driven by a `Clock` without a server.
+
 use std::time::Duration;
 
 use ring::rand::SystemRandom;
