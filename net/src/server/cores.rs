@@ -14,7 +14,7 @@ use glommio::net::TcpListener;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use pico_engine::{CoreHandle, CoreSeed};
 
-use super::listeners::{explain_bind_error, spawn_admin, spawn_data_listener};
+use super::listeners::{explain_bind_error, spawn_admin, spawn_data_listener, DataServing};
 use crate::admin::metrics::HttpMetrics;
 use crate::admin::{AdminState, NodeFacts};
 use crate::auth::CoreTokens;
@@ -248,22 +248,19 @@ async fn run_core(job: CoreJob) {
         listens: bound.iter().map(|(_, addr, _)| *addr).collect(),
         admin: admin_addr,
     }));
-    let settings = Rc::new(settings);
-    let ds_settings = Rc::new(ds_settings);
+    let serving = DataServing {
+        core,
+        tls,
+        tokens,
+        settings: Rc::new(settings),
+        ds_settings: Rc::new(ds_settings),
+        limits,
+        http,
+        stop,
+    };
     let mut loops = Vec::new();
     for (listener, _, protocol) in bound {
-        loops.push(spawn_data_listener(
-            listener,
-            protocol,
-            &core,
-            &tls,
-            &tokens,
-            &settings,
-            &ds_settings,
-            &limits,
-            &http,
-            &stop,
-        ));
+        loops.push(spawn_data_listener(listener, protocol, &serving));
     }
     for task in loops {
         task.await;

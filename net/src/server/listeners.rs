@@ -57,21 +57,35 @@ pub(super) fn spawn_admin(
     .detach();
 }
 
+/// What one core's data listeners serve with.
+pub(super) struct DataServing {
+    pub(super) core: Rc<CoreHandle>,
+    pub(super) tls: Option<TlsAcceptor>,
+    pub(super) tokens: Option<Rc<CoreTokens>>,
+    pub(super) settings: Rc<PicoSettings>,
+    pub(super) ds_settings: Rc<DsSettings>,
+    pub(super) limits: ConnectionLimits,
+    pub(super) http: Arc<HttpMetrics>,
+    pub(super) stop: CoreShutdown,
+}
+
 /// The accept loop of a data listener: its requests go to `protocol`'s handler and are
 /// counted in this core's metrics.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn spawn_data_listener(
     listener: TcpListener,
     protocol: Protocol,
-    core: &Rc<CoreHandle>,
-    tls: &Option<TlsAcceptor>,
-    tokens: &Option<Rc<CoreTokens>>,
-    settings: &Rc<PicoSettings>,
-    ds_settings: &Rc<DsSettings>,
-    limits: &ConnectionLimits,
-    http: &Arc<HttpMetrics>,
-    stop: &CoreShutdown,
+    serving: &DataServing,
 ) -> glommio::Task<()> {
+    let DataServing {
+        core,
+        tls,
+        tokens,
+        settings,
+        ds_settings,
+        limits,
+        http,
+        stop,
+    } = serving;
     let (core, tls, tokens) = (core.clone(), tls.clone(), tokens.clone());
     let counted = http.clone();
     match protocol {

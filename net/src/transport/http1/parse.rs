@@ -5,7 +5,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::read::{fill, fill_spare, READ_CHUNK_BYTES};
-use crate::limits::{BodyReservation, ConnectionLimits, HEADERS_MAX, HEAD_BYTES_MAX};
+use crate::limits::{
+    BodyReservation, ConnectionLimits, CHUNK_SIZE_LINE_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
+};
 use crate::transport::message::Request;
 
 /// A request the connection cannot parse: answered with this status and message, then closed.
@@ -234,7 +236,7 @@ pub(super) async fn read_chunked<S: AsyncRead + Unpin>(
             if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
                 break i;
             }
-            if buf.len() > 1024 {
+            if buf.len() > CHUNK_SIZE_LINE_BYTES_MAX {
                 return Err(protocol_error(400, "malformed chunk size line"));
             }
             if !fill(stream, buf).await.map_err(io_error)? {
