@@ -593,3 +593,50 @@ pub(super) fn read_http_request(conn: &mut impl Read) -> Vec<u8> {
         }
     }
 }
+
+/// A write through the Pico protocol wakes a Durable Streams subscription too: the Pico
+/// append passes its acknowledgement's next offset to the same wake-up as the DS handler.
+#[test]
+fn a_pico_append_wakes_a_subscription() {
+    run_node(|core| async move {
+        let node = Node {
+            core,
+            subs: Arc::new(Subscriptions::new()),
+        };
+        node.write("wake/pico", json!({"seed": true})).await;
+        let spec = json!({"type": "pull-wake", "pattern": "pico/*", "wake_stream": "wake/pico", "lease_ttl_ms": LONG_LEASE_MS});
+        let created = node.request("PUT", "subscriptions/p2", None, spec).await;
+        assert_eq!(created.status, 201, "{}", created.body);
+        let settings = crate::pico::PicoSettings {
+            long_poll_timeout_ms: 1000,
+            max_chunk_size: 64 * 1024,
+            sse_max_duration_ms: 1000,
+            cors_origin: "*".into(),
+            auth: None,
+            subscriptions: node.subs.clone(),
+            default_retention: Default::default(),
+        };
+        let pico = |method: &str, body: &'static str| Request {
+            method: method.into(),
+            path: format!("{ROOT}pico/a"),
+            query: String::new(),
+            headers: vec![(
+                "content-type".to_string(),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::from_static(body.as_bytes()),
+        };
+        let create = crate::pico::handle(&node.core, &settings, None, pico("PUT", "")).await;
+        assert_eq!(create.status, 201);
+        let append =
+            crate::pico::handle(&node.core, &settings, None, pico("POST", "{\"n\":1}")).await;
+        assert_eq!(append.status, 200);
+        eventually(|| async {
+            node.messages("wake/pico")
+                .await
+                .iter()
+                .any(|m| m["subscription_id"] == "p2")
+        })
+        .await;
+    });
+}
