@@ -76,7 +76,7 @@ pub(super) fn authorize(auth: Option<&CoreTokens>, request: &Request) -> Result<
 /// without a stream grant: the signing keys, and the webhook callback and lease calls, which
 /// carry the subscription's own bearer token. Exact routes only: any other path under `__ds/`
 /// (a subscription that happens to be named `callback`, say) needs the admin grant.
-pub(super) fn is_public_control_route(method: &str, rest: &str) -> bool {
+fn is_public_control_route(method: &str, rest: &str) -> bool {
     if rest == "jwks.json" {
         return method == "GET" || method == "HEAD";
     }
@@ -91,10 +91,7 @@ pub(super) fn is_public_control_route(method: &str, rest: &str) -> bool {
     }
 }
 
-pub(super) fn authorize_subscriptions(
-    auth: Option<&CoreTokens>,
-    request: &Request,
-) -> Result<(), DsError> {
+fn authorize_subscriptions(auth: Option<&CoreTokens>, request: &Request) -> Result<(), DsError> {
     let Some(auth) = auth else { return Ok(()) };
     let rest = request
         .path

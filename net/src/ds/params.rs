@@ -28,7 +28,7 @@ pub struct DsSettings {
 
 /// Immutable catch-up chunks (they end before the tail) may be cached.
 pub(super) const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
-pub(super) const JSON_TYPE: &str = pico_proto::media::JSON;
+const JSON_TYPE: &str = pico_proto::media::JSON;
 
 /// The wire form of a position: record `seq`, `bytes` into it ([`pico_proto::offset`]).
 pub use pico_proto::offset::format as format_offset;

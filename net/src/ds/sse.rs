@@ -14,7 +14,7 @@ use super::error::DsError;
 use super::params::{format_offset, is_json, DsSettings};
 use crate::transport::message::{BodyStream, Request, Response};
 
-pub(super) struct SseState {
+struct SseState {
     core: Rc<CoreHandle>,
     name: String,
     from: ReadFrom,
@@ -90,7 +90,7 @@ pub(super) async fn sse(
 
 /// One read (waiting at the tail) and the events it gives; ends the stream when closed and
 /// delivered, deleted, or at the reconnect interval.
-pub(super) async fn next_sse_events(state: &mut SseState) -> Bytes {
+async fn next_sse_events(state: &mut SseState) -> Bytes {
     let Some(round) = crate::live::IdleRound::next(state.deadline, state.idle_ms) else {
         state.done = true;
         return Bytes::new();

@@ -20,7 +20,7 @@ use crate::time::parse_rfc3339_ms;
 use crate::transport::message::{Request, Response};
 
 /// Largest integer a producer epoch or sequence may be (JavaScript's safe integers).
-pub(super) const PRODUCER_NUMBER_MAX: u64 = (1 << 53) - 1;
+const PRODUCER_NUMBER_MAX: u64 = (1 << 53) - 1;
 
 /// The messages of a body: JSON mode flattens a top-level array one level (each element a
 /// record, sliced from the body without copying); otherwise the body is one record.
@@ -79,7 +79,7 @@ pub(super) fn body_records(
 
 /// The elements of a JSON array as slices of it, at most `max` of them: a small body can
 /// hold millions of `0,`, refused as they are read instead of all collected first.
-pub(super) struct ArrayElements<'c> {
+struct ArrayElements<'c> {
     max: usize,
     /// Set when the array was longer than `max` (the error is then that, not bad JSON).
     too_many: &'c std::cell::Cell<bool>,
@@ -105,7 +105,7 @@ impl<'de> serde::de::Visitor<'de> for ArrayElements<'_> {
     }
 }
 
-pub(super) fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> {
+fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> {
     let ttl = request
         .header(STREAM_TTL)
         .map(|v| strict_u64(v).ok_or_else(|| DsError::bad_request("invalid Stream-TTL")))
@@ -130,7 +130,7 @@ pub(super) fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>)
     Ok((ttl, expires))
 }
 
-pub(super) fn fork_spec(request: &Request) -> Result<Option<ForkSpec>, DsError> {
+fn fork_spec(request: &Request) -> Result<Option<ForkSpec>, DsError> {
     let source = request.header(STREAM_FORKED_FROM);
     let offset = request.header(STREAM_FORK_OFFSET);
     let sub = request
@@ -226,7 +226,7 @@ pub(super) async fn create(
 }
 
 /// A producer number: plain decimal digits, at most 2^53 − 1.
-pub(super) fn producer_number(request: &Request, name: &str) -> Result<Option<u64>, DsError> {
+fn producer_number(request: &Request, name: &str) -> Result<Option<u64>, DsError> {
     request
         .header(name)
         .map(|text| {

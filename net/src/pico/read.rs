@@ -22,7 +22,7 @@ use crate::transport::message::{Request, Response};
 pub(super) const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
 
 /// The retention headers of a HEAD or `PATCH` answer: the limits that are on.
-pub(super) fn with_retention(mut response: Response, retention: &Retention) -> Response {
+fn with_retention(mut response: Response, retention: &Retention) -> Response {
     if let Some(ms) = retention.age_ms {
         response = response.header(PICO_RETENTION_AGE, (ms / 1000).to_string());
     }
@@ -36,7 +36,7 @@ pub(super) fn with_retention(mut response: Response, retention: &Retention) -> R
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Format {
+enum Format {
     Json,
     Binary,
     Raw,
@@ -54,7 +54,7 @@ impl Format {
 
 /// `seq` / `Last-Event-ID`: signed decimal, negative = beginning (of a trimmed stream: its
 /// first readable record), `now` = tail.
-pub(super) fn parse_position(raw: &str, allow_now: bool) -> Result<ReadFrom, ApiError> {
+fn parse_position(raw: &str, allow_now: bool) -> Result<ReadFrom, ApiError> {
     if raw.is_empty() {
         return Err(ApiError::bad_request("empty offset"));
     }
@@ -181,7 +181,7 @@ pub(super) async fn sse(
         .with_stream(events))
 }
 
-pub(super) fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
+fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {
     response = response.header(PICO_NEXT_SEQ, batch.next_offset.to_string());
     if batch.up_to_date() {
         response = response.header(PICO_UP_TO_DATE, "true");
@@ -192,11 +192,7 @@ pub(super) fn read_headers(mut response: Response, batch: &ReadBatch) -> Respons
     response
 }
 
-pub(super) fn encode_body(
-    batch: &ReadBatch,
-    format: Format,
-    content_type: String,
-) -> (String, Bytes) {
+fn encode_body(batch: &ReadBatch, format: Format, content_type: String) -> (String, Bytes) {
     match format {
         Format::Json => (
             pico_proto::media::JSON.into(),
@@ -210,7 +206,7 @@ pub(super) fn encode_body(
     }
 }
 
-pub(super) fn catch_up_response(
+fn catch_up_response(
     name: &str,
     if_none_match: Option<&str>,
     batch: ReadBatch,
@@ -242,7 +238,7 @@ pub(super) fn catch_up_response(
 }
 
 /// A cache-busting cursor so successive polls have distinct URLs (the server keeps no state).
-pub(super) fn long_poll_cursor(query: &str) -> u64 {
+fn long_poll_cursor(query: &str) -> u64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -256,7 +252,7 @@ pub(super) fn long_poll_cursor(query: &str) -> u64 {
     }
 }
 
-pub(super) fn long_poll_response(
+fn long_poll_response(
     batch: ReadBatch,
     format: Format,
     content_type: String,

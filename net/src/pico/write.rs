@@ -18,18 +18,14 @@ use crate::params::{header_true, producer_tuple, strict_u64, PartialProducer};
 use crate::time::parse_rfc3339_ms;
 use crate::transport::message::{Request, Response};
 
-pub(super) fn header_u64(
-    request: &Request,
-    name: &str,
-    display: &str,
-) -> Result<Option<u64>, ApiError> {
+fn header_u64(request: &Request, name: &str, display: &str) -> Result<Option<u64>, ApiError> {
     request
         .header(name)
         .map(|v| strict_u64(v).ok_or_else(|| ApiError::bad_request(format!("invalid {display}"))))
         .transpose()
 }
 
-pub(super) fn stream_content_type(request: &Request) -> String {
+fn stream_content_type(request: &Request) -> String {
     request
         .header("content-type")
         .unwrap_or(pico_proto::media::OCTET_STREAM)
@@ -38,7 +34,7 @@ pub(super) fn stream_content_type(request: &Request) -> String {
 
 /// The retention headers of a create or a `PATCH` (docs/api.md, Retention): the limits the
 /// request sets (`0` turns one off).
-pub(super) fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
+fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
     type Policy = fn(u64) -> Result<Option<u64>, u64>;
     let limit = |name: &str, display: &str, policy: Policy| {
         header_u64(request, name, display)?

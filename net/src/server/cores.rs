@@ -32,7 +32,7 @@ const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(15);
 const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
 
 /// What a core reports once it listens.
-pub(super) struct Started {
+struct Started {
     /// The bound address of each listener, in the job's order.
     listens: Vec<SocketAddr>,
     admin: Option<SocketAddr>,

@@ -17,7 +17,7 @@ pub struct ProtocolError {
     pub message: String,
 }
 
-pub(super) fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
+fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
     ProtocolError {
         status,
         message: message.into(),
@@ -82,7 +82,7 @@ pub(super) struct Head {
     expect_continue: bool,
 }
 
-pub(super) fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
+fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
     let method = parsed.method.unwrap_or_default().to_string();
     let target = parsed.path.unwrap_or_default();
     let version = parsed.version.unwrap_or(1);
@@ -167,7 +167,7 @@ pub(super) fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolErr
     Ok(head)
 }
 
-pub(super) async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
+async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     head: Head,
@@ -222,7 +222,7 @@ pub(super) fn overloaded() -> ProtocolError {
     protocol_error(429, crate::limits::BODIES_OVER_BUDGET)
 }
 
-pub(super) async fn read_chunked<S: AsyncRead + Unpin>(
+async fn read_chunked<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     max_body_size: usize,
@@ -299,10 +299,10 @@ pub(super) async fn read_chunked<S: AsyncRead + Unpin>(
 /// A connection's read buffer up to this capacity is the connection's own (bounded by the
 /// connection limit); past it, a body's buffer is counted against the core's budget by its
 /// capacity, the memory it really takes.
-pub(super) const STANDING_BUFFER_BYTES: usize = 2 * READ_CHUNK_BYTES;
+const STANDING_BUFFER_BYTES: usize = 2 * READ_CHUNK_BYTES;
 
 /// Bytes a body buffer of `capacity` holding `received` body bytes charges the budget.
-pub(super) fn charged_bytes(capacity: usize, received: usize) -> usize {
+fn charged_bytes(capacity: usize, received: usize) -> usize {
     if capacity <= STANDING_BUFFER_BYTES {
         received
     } else {
@@ -314,7 +314,7 @@ pub(super) fn charged_bytes(capacity: usize, received: usize) -> usize {
 /// that ends at `end_len` bytes, charging `held` first. It grows by doubling (so copies stay linear in the
 /// body) but never past `end_len`, and allocates exactly what it charged: `BytesMut` would
 /// double past the declared length and the budget would undercount what is held.
-pub(super) fn make_room(
+fn make_room(
     buf: &mut BytesMut,
     end_len: usize,
     held: &mut BodyReservation,
@@ -340,12 +340,12 @@ pub(super) fn make_room(
 }
 
 /// Most hex digits in a chunk size: 16 of them already exceed any body limit.
-pub(super) const CHUNK_SIZE_DIGITS_MAX: usize = 16;
+const CHUNK_SIZE_DIGITS_MAX: usize = 16;
 
 /// A chunk-size line (RFC 9112 §7.1): `1*HEXDIG [ BWS ";" chunk-ext ]`. Signs, `0x`, leading
 /// white space and overlong sizes are refused: a lenient parser here reads a different body
 /// than a proxy in front of it would (request smuggling).
-pub(super) fn parse_chunk_size(line: &[u8]) -> Result<usize, ProtocolError> {
+fn parse_chunk_size(line: &[u8]) -> Result<usize, ProtocolError> {
     let malformed = || protocol_error(400, "malformed chunk size");
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 || digits > CHUNK_SIZE_DIGITS_MAX {
@@ -362,7 +362,7 @@ pub(super) fn parse_chunk_size(line: &[u8]) -> Result<usize, ProtocolError> {
 
 /// Whether a request head uses a line ending other than CRLF. `httparse` accepts a bare LF;
 /// an intermediary that does not could see other header boundaries than this server does.
-pub(super) fn has_bare_lf(head: &[u8]) -> bool {
+fn has_bare_lf(head: &[u8]) -> bool {
     head.iter()
         .enumerate()
         .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))

@@ -11,12 +11,12 @@ pub(super) const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Bytes asked of the socket by the first read of a connection and between requests: most
 /// request heads (and small bodies) fit. Read through a stack scratch, so an idle
 /// connection holds no buffer; the larger reads start once a request is arriving.
-pub(super) const IDLE_READ_BYTES: usize = 4 * 1024;
+const IDLE_READ_BYTES: usize = 4 * 1024;
 /// While a request is handled: each read of what the peer sends meanwhile (a pipelined
 /// request, or nothing until it closes) takes at most this much.
-pub(super) const PEER_READ_BYTES: usize = 2 * 1024;
+const PEER_READ_BYTES: usize = 2 * 1024;
 /// The stack scratch of [`read_arriving`]: the most one of its reads takes.
-pub(super) const ARRIVING_READ_BYTES_MAX: usize = 4 * 1024;
+const ARRIVING_READ_BYTES_MAX: usize = 4 * 1024;
 
 /// Completes when the peer closes the connection (or it fails) while a request is handled;
 /// bytes it sends meanwhile (a pipelined next request) are kept in `buf`, up to a request
@@ -38,7 +38,7 @@ pub(super) async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut By
 /// for its client to leave during a long-poll or an SSE response, holds no buffer at all
 /// (thousands wait at once). Cancel-safe: `buf` changes only in the poll that read. `false`
 /// at end of stream.
-pub(super) async fn read_arriving<S: AsyncRead + Unpin>(
+async fn read_arriving<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     most: usize,
@@ -79,7 +79,7 @@ pub(super) async fn fill_idle<S: AsyncRead + Unpin>(
 }
 
 /// Reads at most `room` more bytes onto the end of `buf`; `false` at end of stream.
-pub(super) async fn read_into<S: AsyncRead + Unpin>(
+async fn read_into<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     room: usize,

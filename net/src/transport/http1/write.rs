@@ -95,7 +95,7 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Sends each item of `body` as one chunk, flushing after each so events reach the client at
 /// once; a write error (the client went away) ends the stream.
-pub(super) async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
+async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     arrived: &mut BytesMut,
     mut body: BodyStream,

@@ -95,7 +95,7 @@ pub struct Config {
     pub description: Option<String>,
 }
 
-pub(super) fn optional_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>, ApiError> {
+fn optional_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>, ApiError> {
     match &body[field] {
         Value::Null => Ok(None),
         Value::String(s) if s.is_empty() => Ok(None),

@@ -98,7 +98,7 @@ impl Registry {
 
 /// A `Config` as the `PUT` body that configures it, so `restore` reads it with `parse_config`
 /// (and its checks).
-pub(super) fn config_body(config: &Config) -> Value {
+fn config_body(config: &Config) -> Value {
     let mut body = json!({
         "type": config.kind.as_str(),
         "streams": config.streams,
@@ -119,25 +119,25 @@ pub(super) fn config_body(config: &Config) -> Value {
     body
 }
 
-pub(super) fn str_field<'a>(value: &'a Value, field: &str) -> Result<&'a str, String> {
+fn str_field<'a>(value: &'a Value, field: &str) -> Result<&'a str, String> {
     value[field]
         .as_str()
         .ok_or_else(|| format!("{field} is not a string"))
 }
 
-pub(super) fn u64_field(value: &Value, field: &str) -> Result<u64, String> {
+fn u64_field(value: &Value, field: &str) -> Result<u64, String> {
     value[field]
         .as_u64()
         .ok_or_else(|| format!("{field} is not an unsigned integer"))
 }
 
-pub(super) fn bool_field(value: &Value, field: &str) -> Result<bool, String> {
+fn bool_field(value: &Value, field: &str) -> Result<bool, String> {
     value[field]
         .as_bool()
         .ok_or_else(|| format!("{field} is not a boolean"))
 }
 
-pub(super) fn restore_sub(item: &Value) -> Result<Sub, String> {
+fn restore_sub(item: &Value) -> Result<Sub, String> {
     let id = str_field(item, "id")?;
     if id.is_empty() || id.len() > SUBSCRIPTION_ID_BYTES_MAX {
         return Err(format!("invalid id {id:?}"));

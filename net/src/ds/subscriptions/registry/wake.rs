@@ -12,8 +12,8 @@ use super::super::percent::encode_component;
 use super::request::Kind;
 use super::state::{Clock, Delivery, Effect, Job, Sub, Wake};
 
-pub(super) const RETRY_BASE_MS: u64 = 1_000;
-pub(super) const MAX_RETRY_DELAY_MS: u64 = 60_000;
+const RETRY_BASE_MS: u64 = 1_000;
+const MAX_RETRY_DELAY_MS: u64 = 60_000;
 
 /// What transitions need besides the subscription itself.
 pub(super) struct Ctx<'a> {
@@ -71,7 +71,7 @@ impl Ctx<'_> {
         })
     }
 
-    pub(super) fn start_wake(&mut self, sub: &mut Sub, triggered_by: &str) {
+    fn start_wake(&mut self, sub: &mut Sub, triggered_by: &str) {
         sub.generation += 1;
         // Persisted lazily: a generation lost in a crash is handed out again, but never with
         // the same wake id, so a token of the lost wake stays fenced.
