@@ -1,6 +1,6 @@
 //! What both HTTP versions hand the protocols and take back: one [`Request`] with its whole
-//! body and one [`Response`] with its [`Body`], plus the two helpers both connection loops share. `http1` and
-//! `http2` both build on this file, so neither needs the other's types.
+//! body and one [`Response`] with its [`Body`], plus the two helpers both connection loops
+//! share. `http1` and `http2` both build on this file, so neither needs the other's types.
 
 use std::future::Future;
 

@@ -2,9 +2,10 @@
 //! at a time); a connection opening with the h2 preface is handed to HTTP/2. Reading a request
 //! is `parse.rs` (over `read.rs`), writing its answer `write.rs`.
 //!
-//! Limits: the request head is at most [`crate::limits::HEAD_BYTES_MAX`] with [`crate::limits::HEADERS_MAX`]
-//! headers (else `431`), a body at most `max_body_size` (else `413`, and the connection closes
-//! once the rest of the body was discarded, bounded, since it cannot be parsed as a next request).
+//! Limits: the request head is at most [`crate::limits::HEAD_BYTES_MAX`] with
+//! [`crate::limits::HEADERS_MAX`] headers (else `431`), a body at most `max_body_size` (else
+//! `413`, and the connection closes once the rest of the body was discarded, bounded, since it
+//! cannot be parsed as a next request).
 
 mod parse;
 mod read;
