@@ -1,5 +1,6 @@
-//! What one connection may hold and how long it may take, the same for HTTP/1.1 and HTTP/2
-//! (docs/security.md lists every limit with its default and its error).
+//! Every limit of the network layer: what one connection may hold and how long it may take
+//! (the same for HTTP/1.1 and HTTP/2), and what admin and subscription requests may ask for.
+//! docs/security.md lists the limits with their defaults and errors.
 //!
 //! Request bodies are counted from their first byte against the core's [`BodyBudget`], so the
 //! memory held by uploads in progress is bounded by `--max-in-flight-bytes` per core whatever
@@ -16,6 +17,108 @@ pub const REQUEST_TIMEOUT_SEC_DEFAULT: u64 = 120;
 /// Why a body was refused with `429`: the core's [`BodyBudget`] cannot hold it.
 pub const BODIES_OVER_BUDGET: &str =
     "in-flight bytes per core: request bodies being received fill --max-in-flight-bytes";
+
+/// Largest request head (request line and headers) of HTTP/1.1; larger is `431`.
+pub const HEAD_BYTES_MAX: usize = 64 * 1024;
+/// Most headers in one HTTP/1.1 request; more is `431`.
+pub const HEADERS_MAX: usize = 100;
+
+/// Longest chunk-size line of a chunked HTTP/1.1 body (size and extensions); longer is `400`.
+pub const CHUNK_SIZE_LINE_BYTES_MAX: usize = 1024;
+
+/// After a `413` (or a `429` for the body budget), at most this much of the rejected body is
+/// read and discarded, for at most [`OVERSIZED_BODY_DRAIN_TIMEOUT`], so the client sees the
+/// answer instead of a reset connection; then the connection closes.
+pub const OVERSIZED_BODY_DRAIN_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// See [`OVERSIZED_BODY_DRAIN_BYTES_MAX`].
+pub const OVERSIZED_BODY_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a client may take to finish the TLS handshake; then the connection is closed.
+pub const TLS_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
+/// Open connections per core; past it new connections get `503` and are closed.
+pub const CONNECTIONS_PER_CORE_MAX: usize = 10_000;
+/// Largest request body the admin listener takes (its API takes small JSON documents); larger
+/// is `413`.
+pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Streams per `/admin/streams` page when `limit` is absent or 0.
+pub const ADMIN_STREAMS_PAGE_DEFAULT: usize = 100;
+/// The most streams an `/admin/streams` page holds; a larger `limit` is lowered to it.
+pub const ADMIN_STREAMS_PAGE_MAX: usize = 1000;
+
+// HTTP/2 (each sent to the client in SETTINGS; a client exceeding one gets a stream or
+// connection error from `h2`).
+
+/// Concurrent requests per HTTP/2 connection; more are refused with `REFUSED_STREAM`.
+pub const H2_CONCURRENT_STREAMS_MAX: u32 = 256;
+/// Per-stream receive window: large enough that a big append streams without waiting on
+/// WINDOW_UPDATE round trips; a client sending past it gets `FLOW_CONTROL_ERROR`.
+pub const H2_STREAM_WINDOW_BYTES: u32 = 1 << 20;
+/// The connection's receive window, over all its streams.
+pub const H2_CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
+/// Largest DATA frame a client may send (SETTINGS_MAX_FRAME_SIZE; the protocol's default is
+/// 16 KiB); a larger one is `FRAME_SIZE_ERROR`. A 64 KiB append then arrives as one frame and is
+/// kept as received, where 16 KiB frames had to be gathered into a new buffer; clients that
+/// honour the setting (h2, hyper, `pico bench`) write 9–13 % more this way (BENCHMARKS.md).
+/// Each connection buffers at most one frame of this size while reading it.
+pub const H2_FRAME_BYTES_MAX: u32 = 256 * 1024;
+/// Largest accepted HTTP/2 header block; larger is `431`.
+pub const H2_HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
+
+// Durable Streams subscriptions (docs/api.md lists the error bodies; each refusal below is a
+// `400` naming the limit unless it says otherwise).
+
+/// Subscriptions per node; one more is `409 LIMIT_EXCEEDED`.
+pub const SUBSCRIPTIONS_PER_NODE_MAX: usize = 1024;
+/// Linked streams per subscription (explicit and pattern-matched together); also bounds the
+/// size of a wake notification, which lists them all. Past it an explicit link is refused;
+/// pattern matches past it are not linked (logged once).
+pub const STREAMS_PER_SUBSCRIPTION_MAX: usize = 1000;
+/// Acks in one callback or ack request.
+pub const ACKS_PER_REQUEST_MAX: usize = 256;
+/// Subscription ids, in bytes once percent-decoded.
+pub const SUBSCRIPTION_ID_BYTES_MAX: usize = 256;
+/// Relative stream paths and patterns, in bytes.
+pub const SUBSCRIPTION_PATH_BYTES_MAX: usize = 1024;
+/// A subscription's description, in bytes.
+pub const SUBSCRIPTION_DESCRIPTION_BYTES_MAX: usize = 4096;
+/// A pull-wake worker's name, in bytes.
+pub const WORKER_NAME_BYTES_MAX: usize = 256;
+/// A subscription's lease when it names none.
+pub const LEASE_TTL_MS_DEFAULT: u64 = 30_000;
+/// The shortest lease a subscription may ask for.
+pub const LEASE_TTL_MS_MIN: u64 = 1_000;
+/// The longest lease a subscription may ask for.
+pub const LEASE_TTL_MS_MAX: u64 = 600_000;
+/// Longest subscription pattern, in segments; the matcher is O(pattern × path) either way.
+pub const PATTERN_SEGMENTS_MAX: usize = 32;
+/// Longest webhook URL accepted.
+pub const WEBHOOK_URL_BYTES_MAX: usize = 2048;
+/// Bodies of subscription control requests; larger is `413`.
+pub const CONTROL_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// Streams a pattern subscription's creation looks at to link the existing matches; past it
+/// the creation stops linking (logged), later writes still link.
+pub const CREATE_SCAN_STREAMS_MAX: usize = 100_000;
+/// Longest callback token accepted for verification (a real one is about 150 bytes); longer is
+/// `401`.
+pub const TOKEN_BYTES_MAX: usize = 1024;
+
+// Webhook deliveries (outgoing, so a slow or hostile receiver cannot hold the delivery thread).
+
+/// Failed POSTs of one wake before it is given up (the subscription is then `failed` until a
+/// delivery succeeds; the next write to a pending stream starts a new wake).
+pub const DELIVERY_ATTEMPTS_MAX: u32 = 8;
+/// Deliveries waiting for the thread; past it a delivery counts as failed and is retried.
+pub const QUEUED_DELIVERIES_MAX: usize = 1024;
+/// Connecting to a webhook receiver.
+pub const WEBHOOK_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Per read or write of a delivery.
+pub const WEBHOOK_IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The whole exchange, so a receiver dribbling bytes cannot hold the thread.
+pub const WEBHOOK_DEADLINE: Duration = Duration::from_secs(10);
+/// Response head kept of a delivery; a longer head fails the delivery.
+pub const WEBHOOK_RESPONSE_HEAD_BYTES_MAX: usize = 16 * 1024;
+/// Response body kept of a delivery; only `{"done":true}` is looked for in it.
+pub const WEBHOOK_RESPONSE_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// The limits every connection of a listener is served with.
 #[derive(Clone)]

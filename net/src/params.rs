@@ -3,7 +3,7 @@
 
 use pico_engine::state::ProducerTuple;
 
-use crate::message::Request;
+use crate::transport::message::Request;
 
 /// Strict unsigned integer: digits only, no sign, no leading zeros but `0`, fits u64.
 pub fn strict_u64(text: &str) -> Option<u64> {
@@ -78,5 +78,27 @@ mod tests {
     fn query_values_decode_percent_and_plus() {
         assert_eq!(query_values("a=%2Fx+y&a=2&b=3", "a"), vec!["/x y", "2"]);
         assert_eq!(query_param("a=%zz%", "a").as_deref(), Some("%zz%"));
+    }
+
+    #[test]
+    fn strict_integers() {
+        assert_eq!(strict_u64("0"), Some(0));
+        assert_eq!(strict_u64("42"), Some(42));
+        for bad in ["", "01", "+1", "-1", "1.0", "18446744073709551616", " 1"] {
+            assert_eq!(strict_u64(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn query_parsing() {
+        assert_eq!(query_param("a=1&a=2", "a").as_deref(), Some("1"));
+        assert_eq!(
+            query_param("prefix=%2Flogs+x", "prefix").as_deref(),
+            Some("/logs x")
+        );
+        assert_eq!(query_param("p=%zz", "p").as_deref(), Some("%zz"));
+        assert_eq!(query_param("p=%", "p").as_deref(), Some("%"));
+        assert_eq!(query_param("x", "x").as_deref(), Some(""));
+        assert_eq!(query_param("", "x"), None);
     }
 }

@@ -5,7 +5,7 @@
 //! `Location` is only the base, and [`complete_redirect`] appends the request's own path and
 //! query, which only the HTTP layer knows.
 
-use crate::message::{Request, Response};
+use crate::transport::message::{Request, Response};
 
 /// The status of an ownership redirect: method and body are replayed by the client.
 pub const REDIRECT_STATUS: u16 = 307;
@@ -24,8 +24,7 @@ pub fn complete_redirect(response: &mut Response, request: &Request) {
         }
     }
     response.headers.retain(|(n, _)| *n != "content-type");
-    response.body = bytes::Bytes::new();
-    response.parts.clear();
+    response.clear_body();
 }
 
 #[cfg(test)]
@@ -51,7 +50,7 @@ mod tests {
             location.map(|(_, v)| v.as_str()),
             Some("http://127.0.0.1:9/logs/a?offset=3&live=sse")
         );
-        assert!(response.body.is_empty());
+        assert_eq!(response.body_len(), 0);
         let mut ok = Response::new(200).header("location", "/x");
         complete_redirect(&mut ok, &request);
         assert_eq!(ok.headers[0].1, "/x");

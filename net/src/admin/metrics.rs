@@ -1,0 +1,460 @@
+//! HTTP counters per core and the Prometheus text rendering of `/metrics`.
+//!
+//! Like the engine's, each core writes only its own [`HttpMetrics`]; the admin listener reads
+//! them all. Labels are core, protocol, operation and status code: bounded, never per stream.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pico_engine::metrics::{CoreMetrics, Histogram, NodeMetrics, OpKind, LATENCY_BUCKETS_US};
+
+use crate::config::Protocol;
+use crate::transport::message::{Body, BodyStream, Response};
+
+/// Status codes counted one by one; anything else is counted as `other`.
+const STATUS_CODES: [u16; 22] = [
+    200, 201, 202, 204, 304, 307, 400, 401, 403, 404, 405, 408, 409, 410, 412, 413, 429, 431, 500,
+    501, 503, 505,
+];
+const PROTOCOLS: [(Protocol, &str); 2] =
+    [(Protocol::Pico, "pico"), (Protocol::DurableStreams, "ds")];
+
+/// One core's HTTP counters.
+#[derive(Default)]
+pub struct HttpMetrics {
+    /// `[protocol][status index]`; the last index is `other`.
+    responses: [[AtomicU64; STATUS_CODES.len() + 1]; PROTOCOLS.len()],
+    /// Open connections on this core (all listeners).
+    pub connections: AtomicU64,
+    /// SSE responses being streamed.
+    pub sse_streams: AtomicU64,
+}
+
+impl HttpMetrics {
+    /// Counts a response; an event stream also counts as an SSE stream for as long as it lasts.
+    pub fn respond(self: &Arc<Self>, protocol: Protocol, mut response: Response) -> Response {
+        let p = PROTOCOLS
+            .iter()
+            .position(|(known, _)| *known == protocol)
+            .unwrap_or(0);
+        let s = STATUS_CODES
+            .iter()
+            .position(|&code| code == response.status)
+            .unwrap_or(STATUS_CODES.len());
+        self.responses[p][s].fetch_add(1, Ordering::Relaxed);
+        if let Some(stream) = response.take_stream() {
+            response.body = Body::Stream(counted(stream, self.clone()));
+        }
+        response
+    }
+}
+
+/// Wraps an SSE body so `sse_streams` counts it until the response ends (or the client goes).
+fn counted(stream: BodyStream, metrics: Arc<HttpMetrics>) -> BodyStream {
+    struct Counted {
+        inner: BodyStream,
+        metrics: Arc<HttpMetrics>,
+    }
+    impl futures_lite::Stream for Counted {
+        type Item = bytes::Bytes;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<bytes::Bytes>> {
+            self.inner.as_mut().poll_next(cx)
+        }
+    }
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.metrics.sse_streams.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    metrics.sse_streams.fetch_add(1, Ordering::Relaxed);
+    Box::pin(Counted {
+        inner: stream,
+        metrics,
+    })
+}
+
+/// Totals across cores, for the admin API and the dashboard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreLoad {
+    pub appends: u64,
+    pub records_appended: u64,
+    pub bytes_appended: u64,
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub streams: u64,
+    pub upload_backlog_bytes: u64,
+    pub memory_bytes: u64,
+    pub connections: u64,
+    pub live_waiters: u64,
+}
+
+pub fn core_load(engine: &CoreMetrics, http: &HttpMetrics) -> CoreLoad {
+    let get = CoreMetrics::get;
+    CoreLoad {
+        appends: get(&engine.op(OpKind::Append).total),
+        records_appended: get(&engine.records_appended),
+        bytes_appended: get(&engine.bytes_appended),
+        reads: get(&engine.op(OpKind::Read).total),
+        bytes_read: get(&engine.bytes_read),
+        streams: get(&engine.streams),
+        upload_backlog_bytes: get(&engine.upload_backlog_bytes),
+        memory_bytes: get(&engine.memory_bytes),
+        connections: get(&http.connections),
+        live_waiters: get(&engine.live_waiters),
+    }
+}
+
+/// The Prometheus text exposition of every core's counters.
+pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let header = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    let per_core = |out: &mut String,
+                    name: &str,
+                    kind: &str,
+                    help: &str,
+                    value: &dyn Fn(&CoreMetrics) -> u64| {
+        header(out, name, kind, help);
+        for (core, metrics) in engine.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{core=\"{core}\"}} {}", value(metrics));
+        }
+    };
+    header(
+        &mut out,
+        "pico_uptime_seconds",
+        "gauge",
+        "Seconds since the node started.",
+    );
+    let _ = writeln!(out, "pico_uptime_seconds {uptime_sec:.3}");
+
+    header(
+        &mut out,
+        "pico_ops_total",
+        "counter",
+        "Engine operations by core and operation.",
+    );
+    for (core, metrics) in engine.iter().enumerate() {
+        for kind in OpKind::ALL {
+            let total = CoreMetrics::get(&metrics.op(kind).total);
+            let _ = writeln!(
+                out,
+                "pico_ops_total{{core=\"{core}\",op=\"{}\"}} {total}",
+                kind.name()
+            );
+        }
+    }
+    header(
+        &mut out,
+        "pico_op_errors_total",
+        "counter",
+        "Engine operations that failed, by core and operation.",
+    );
+    for (core, metrics) in engine.iter().enumerate() {
+        for kind in OpKind::ALL {
+            let errors = CoreMetrics::get(&metrics.op(kind).errors);
+            let _ = writeln!(
+                out,
+                "pico_op_errors_total{{core=\"{core}\",op=\"{}\"}} {errors}",
+                kind.name()
+            );
+        }
+    }
+    header(
+        &mut out,
+        "pico_op_latency_seconds",
+        "histogram",
+        "Engine operation latency (live reads excluded), by core and operation.",
+    );
+    for (core, metrics) in engine.iter().enumerate() {
+        for kind in OpKind::ALL {
+            let labels = format!("core=\"{core}\",op=\"{}\"", kind.name());
+            histogram(
+                &mut out,
+                "pico_op_latency_seconds",
+                &labels,
+                &metrics.op(kind).latency,
+            );
+        }
+    }
+    per_core(
+        &mut out,
+        "pico_records_appended_total",
+        "counter",
+        "Records appended.",
+        &|m| CoreMetrics::get(&m.records_appended),
+    );
+    per_core(
+        &mut out,
+        "pico_retention_trimmed_records_total",
+        "counter",
+        "Records made unreadable by streams' retention policies (segments left holding nothing readable are reclaimed by garbage collection).",
+        &|m| CoreMetrics::get(&m.retention_records),
+    );
+    per_core(
+        &mut out,
+        "pico_retention_deleted_streams_total",
+        "counter",
+        "Streams deleted by retention (empty and idle past their delete-on-empty time).",
+        &|m| CoreMetrics::get(&m.retention_deleted_streams),
+    );
+    per_core(
+        &mut out,
+        "pico_gc_segments_deleted_total",
+        "counter",
+        "Segments garbage collection deleted from the bucket and the catalog (nothing readable left in them: deleted, expired, trimmed or retained-away data).",
+        &|m| CoreMetrics::get(&m.gc_segments_deleted),
+    );
+    per_core(
+        &mut out,
+        "pico_bytes_appended_total",
+        "counter",
+        "Record body bytes appended.",
+        &|m| CoreMetrics::get(&m.bytes_appended),
+    );
+    per_core(
+        &mut out,
+        "pico_records_read_total",
+        "counter",
+        "Records returned by reads.",
+        &|m| CoreMetrics::get(&m.records_read),
+    );
+    per_core(
+        &mut out,
+        "pico_bytes_read_total",
+        "counter",
+        "Record body bytes returned by reads.",
+        &|m| CoreMetrics::get(&m.bytes_read),
+    );
+    per_core(
+        &mut out,
+        "pico_live_waiters",
+        "gauge",
+        "Readers waiting at a stream's tail (long-poll, SSE).",
+        &|m| CoreMetrics::get(&m.live_waiters),
+    );
+    per_core(
+        &mut out,
+        "pico_wal_health",
+        "gauge",
+        "Whether the core's WAL takes appends: 0 ok, 1 degraded (its next file cannot be made, \
+         usually a full disk; retried), 2 failed (no appends until a restart).",
+        &|m| m.wal_health.state() as u64,
+    );
+    per_core(
+        &mut out,
+        "pico_wal_fsyncs_total",
+        "counter",
+        "WAL fdatasync calls (one per group commit).",
+        &|m| CoreMetrics::get(&m.wal_fsyncs),
+    );
+    header(
+        &mut out,
+        "pico_wal_fsync_latency_seconds",
+        "histogram",
+        "WAL fdatasync latency.",
+    );
+    for (core, metrics) in engine.iter().enumerate() {
+        histogram(
+            &mut out,
+            "pico_wal_fsync_latency_seconds",
+            &format!("core=\"{core}\""),
+            &metrics.wal_fsync_latency,
+        );
+    }
+    per_core(
+        &mut out,
+        "pico_segment_seals_total",
+        "counter",
+        "Segments sealed for upload.",
+        &|m| CoreMetrics::get(&m.segment_seals),
+    );
+    per_core(
+        &mut out,
+        "pico_uploads_total",
+        "counter",
+        "Segments stored in the object store and committed to the catalog.",
+        &|m| CoreMetrics::get(&m.uploads),
+    );
+    per_core(
+        &mut out,
+        "pico_upload_failures_total",
+        "counter",
+        "Failed upload attempts (each is retried).",
+        &|m| CoreMetrics::get(&m.upload_failures),
+    );
+    header(
+        &mut out,
+        "pico_upload_latency_seconds",
+        "histogram",
+        "Seal to committed upload, retries included.",
+    );
+    for (core, metrics) in engine.iter().enumerate() {
+        histogram(
+            &mut out,
+            "pico_upload_latency_seconds",
+            &format!("core=\"{core}\""),
+            &metrics.upload_latency,
+        );
+    }
+    per_core(
+        &mut out,
+        "pico_upload_backlog_bytes",
+        "gauge",
+        "Sealed bytes not yet in the object store.",
+        &|m| CoreMetrics::get(&m.upload_backlog_bytes),
+    );
+    per_core(
+        &mut out,
+        "pico_meta_commits_total",
+        "counter",
+        "Segment commits to the metadata log.",
+        &|m| CoreMetrics::get(&m.meta_commits),
+    );
+    per_core(
+        &mut out,
+        "pico_cache_hits_total",
+        "counter",
+        "Reads of uploaded segments served from the block cache.",
+        &|m| CoreMetrics::get(&m.cache_hits),
+    );
+    per_core(
+        &mut out,
+        "pico_cache_misses_total",
+        "counter",
+        "Block cache misses (ranged GETs).",
+        &|m| CoreMetrics::get(&m.cache_misses),
+    );
+    per_core(
+        &mut out,
+        "pico_memory_bytes",
+        "gauge",
+        "Segment buffers and cached blocks in memory.",
+        &|m| CoreMetrics::get(&m.memory_bytes),
+    );
+    per_core(
+        &mut out,
+        "pico_streams",
+        "gauge",
+        "Streams owned by the core.",
+        &|m| CoreMetrics::get(&m.streams),
+    );
+    per_core(
+        &mut out,
+        "pico_segments",
+        "gauge",
+        "Segments known to the core.",
+        &|m| CoreMetrics::get(&m.segments),
+    );
+
+    header(
+        &mut out,
+        "pico_http_responses_total",
+        "counter",
+        "HTTP responses by core, protocol and status code.",
+    );
+    for (core, metrics) in http.iter().enumerate() {
+        for (p, (_, protocol)) in PROTOCOLS.iter().enumerate() {
+            for (s, counter) in metrics.responses[p].iter().enumerate() {
+                let count = counter.load(Ordering::Relaxed);
+                if count == 0 {
+                    continue;
+                }
+                let code = STATUS_CODES
+                    .get(s)
+                    .map_or("other".to_string(), u16::to_string);
+                let _ = writeln!(out, "pico_http_responses_total{{core=\"{core}\",protocol=\"{protocol}\",code=\"{code}\"}} {count}");
+            }
+        }
+    }
+    header(
+        &mut out,
+        "pico_http_connections",
+        "gauge",
+        "Open HTTP connections.",
+    );
+    for (core, metrics) in http.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "pico_http_connections{{core=\"{core}\"}} {}",
+            metrics.connections.load(Ordering::Relaxed)
+        );
+    }
+    header(
+        &mut out,
+        "pico_connection_panics_total",
+        "counter",
+        "Panics caught while serving a connection or request (each closed it; the core served on).",
+    );
+    let _ = writeln!(
+        out,
+        "pico_connection_panics_total {}",
+        crate::panics::CONNECTION_PANICS.load(Ordering::Relaxed)
+    );
+    header(
+        &mut out,
+        "pico_sse_streams",
+        "gauge",
+        "Server-sent event responses in progress.",
+    );
+    for (core, metrics) in http.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "pico_sse_streams{{core=\"{core}\"}} {}",
+            metrics.sse_streams.load(Ordering::Relaxed)
+        );
+    }
+    out
+}
+
+fn histogram(out: &mut String, name: &str, labels: &str, histogram: &Histogram) {
+    let (buckets, sum_us, count) = histogram.snapshot();
+    for (i, cumulative) in buckets.iter().enumerate() {
+        let le = LATENCY_BUCKETS_US
+            .get(i)
+            .map_or("+Inf".to_string(), |us| format!("{}", *us as f64 / 1e6));
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum_us as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_counted_by_protocol_and_code() {
+        let metrics = Arc::new(HttpMetrics::default());
+        metrics.respond(Protocol::Pico, Response::new(200));
+        metrics.respond(Protocol::DurableStreams, Response::new(204));
+        metrics.respond(Protocol::DurableStreams, Response::new(299));
+        let engine: NodeMetrics = Arc::new(vec![Arc::new(CoreMetrics::default())]);
+        let text = render(&engine, &[metrics], 1.0);
+        assert!(
+            text.contains("pico_http_responses_total{core=\"0\",protocol=\"pico\",code=\"200\"} 1")
+        );
+        assert!(
+            text.contains("pico_http_responses_total{core=\"0\",protocol=\"ds\",code=\"204\"} 1")
+        );
+        assert!(
+            text.contains("pico_http_responses_total{core=\"0\",protocol=\"ds\",code=\"other\"} 1")
+        );
+        assert!(
+            text.contains("pico_op_latency_seconds_bucket{core=\"0\",op=\"append\",le=\"+Inf\"} 0")
+        );
+        // Every sample line belongs to a declared family.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let family = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(text.contains(&format!("# TYPE {family} ")), "{line}");
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! What the admin listener's handlers share: the node state they report and the JSON answer
+//! shapes. Both `mod.rs` (one node) and `cluster.rs` (the cluster's view) build on it.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pico_engine::metrics::NodeMetrics;
+use pico_engine::CoreHandle;
+use serde_json::{json, Value};
+
+use crate::admin::metrics::HttpMetrics;
+use crate::auth::CoreTokens;
+use crate::transport::message::Response;
+
+/// What the node tells about itself.
+#[derive(Clone, Debug)]
+pub struct NodeFacts {
+    pub advertised_address: String,
+    pub node_epoch_ms: u64,
+    pub cores: usize,
+    pub durability: &'static str,
+    pub storage: String,
+    /// Shown with any password masked.
+    pub meta_url: String,
+}
+
+/// Node state the admin listener reports.
+pub struct AdminState {
+    /// All cores started and listening; false again as soon as shutdown begins, so load
+    /// balancers stop sending traffic during the drain window.
+    pub serving: Arc<AtomicBool>,
+    pub core: Rc<CoreHandle>,
+    pub engine_metrics: NodeMetrics,
+    pub http_metrics: Vec<Arc<HttpMetrics>>,
+    pub started: Instant,
+    pub facts: NodeFacts,
+    /// Placement weight of this node (`POST /admin/nodes/{id}`); meaningful with clusters.
+    pub slots: Cell<u64>,
+    pub tokens: Option<Rc<CoreTokens>>,
+}
+
+pub(crate) fn json_response(status: u16, body: Value) -> Response {
+    Response::new(status)
+        .header("content-type", pico_proto::media::JSON)
+        .header("cache-control", "no-store")
+        .with_body(body.to_string())
+}
+
+pub(crate) fn error(status: u16, message: impl Into<String>) -> Response {
+    json_response(status, json!({ "error": message.into() }))
+}
+
+/// A stream's retention policy for the admin API: each limit, `null` when off.
+pub(crate) fn retention_json(retention: &pico_engine::meta::Retention) -> Value {
+    json!({
+        "ageSeconds": retention.age_ms.map(|ms| ms / 1000),
+        "bytes": retention.bytes,
+        "deleteOnEmptySeconds": retention.delete_on_empty_ms.map(|ms| ms / 1000),
+    })
+}

@@ -1,0 +1,147 @@
+//! The Durable Streams protocol's answers that are not a success: the one mapping from
+//! engine errors to status codes and codes in the body, refusals of the bearer token, and the
+//! headers every answer carries.
+
+use pico_engine::health::WAL_RETRY_AFTER_SEC;
+use pico_engine::EngineError;
+use pico_proto::header::*;
+use pico_proto::offset::format as format_offset;
+
+use crate::auth::Denied;
+use crate::transport::message::Response;
+
+pub(super) const EXPOSE_HEADERS: &str = "Stream-Next-Offset, Stream-Up-To-Date, Stream-Closed, Stream-Cursor, Stream-TTL, Stream-Expires-At, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, stream-sse-data-encoding, etag, content-type, location";
+
+/// A protocol error: status, code, message and extra headers.
+#[derive(Debug)]
+pub struct DsError {
+    pub(super) status: u16,
+    pub(super) code: &'static str,
+    pub(super) message: String,
+    pub(super) headers: Vec<(&'static str, String)>,
+}
+
+impl DsError {
+    pub(super) fn new(status: u16, code: &'static str, message: impl Into<String>) -> DsError {
+        DsError {
+            status,
+            code,
+            message: message.into(),
+            headers: Vec::new(),
+        }
+    }
+
+    pub(super) fn bad_request(message: impl Into<String>) -> DsError {
+        DsError::new(400, "BAD_REQUEST", message)
+    }
+
+    pub(super) fn with(mut self, name: &'static str, value: impl Into<String>) -> DsError {
+        self.headers.push((name, value.into()));
+        self
+    }
+}
+
+/// The one mapping from engine errors to the Durable Streams protocol.
+impl From<EngineError> for DsError {
+    fn from(error: EngineError) -> DsError {
+        let message = error.to_string();
+        match error {
+            EngineError::NotFound => DsError::new(404, "NOT_FOUND", message),
+            EngineError::Gone => DsError::new(410, "GONE", message),
+            EngineError::ConfigMismatch { .. } => DsError::new(409, "CONFLICT", message),
+            EngineError::SourceGone => DsError::new(409, "CONFLICT", message),
+            EngineError::ContentTypeMismatch { .. } => DsError::new(409, "CONFLICT", message),
+            EngineError::WriterSeqRegression { .. } => DsError::new(409, "CONFLICT", message),
+            EngineError::Closed { next_offset } => DsError::new(409, "STREAM_CLOSED", message)
+                .with(STREAM_CLOSED, "true")
+                .with(STREAM_NEXT_OFFSET, format_offset(next_offset, 0)),
+            EngineError::MatchFailed { actual, .. } => DsError::new(409, "CONFLICT", message)
+                .with(STREAM_NEXT_OFFSET, format_offset(actual, 0)),
+            EngineError::StaleProducerEpoch { current } => {
+                DsError::new(403, "STALE_EPOCH", message).with(PRODUCER_EPOCH, current.to_string())
+            }
+            EngineError::ProducerSequenceGap { expected, received } => {
+                DsError::new(409, "SEQUENCE_GAP", message)
+                    .with(PRODUCER_EXPECTED_SEQ, expected.to_string())
+                    .with(PRODUCER_RECEIVED_SEQ, received.to_string())
+            }
+            // The protocol's table: an unknown producer must start at 0, answered like a gap.
+            EngineError::UnknownProducer { received } => DsError::new(409, "SEQUENCE_GAP", message)
+                .with(PRODUCER_EXPECTED_SEQ, "0")
+                .with(PRODUCER_RECEIVED_SEQ, received.to_string()),
+            EngineError::OffsetBeyondTail { .. } => DsError::bad_request(message),
+            EngineError::OffsetGone { .. } => DsError::new(410, "OFFSET_GONE", message),
+            EngineError::Overloaded {
+                retry_after_sec, ..
+            } => DsError::new(429, "OVERLOADED", message)
+                .with("retry-after", retry_after_sec.to_string()),
+            EngineError::Invalid(_) => DsError::bad_request(message),
+            EngineError::Durability(_) => DsError::new(500, "DURABILITY", message),
+            // The metadata log or the bucket failed: nothing was acknowledged; retry.
+            EngineError::Storage(_) => {
+                DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
+            }
+            EngineError::OutOfSpace(_) => DsError::new(507, "INSUFFICIENT_STORAGE", message)
+                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
+            EngineError::WritesStopped(_) => DsError::new(503, "UNAVAILABLE", message)
+                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
+            EngineError::ShuttingDown | EngineError::NotOwner(_) => {
+                DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
+            }
+            EngineError::Moved { ref ds_address, .. } if ds_address.is_empty() => DsError::new(
+                503,
+                "UNAVAILABLE",
+                format!("{message}, which serves no Durable Streams listener"),
+            )
+            .with("retry-after", "1"),
+            EngineError::Moved { ds_address, .. } => {
+                DsError::new(crate::routing::REDIRECT_STATUS, "MOVED", message)
+                    .with("location", ds_address)
+            }
+        }
+    }
+}
+
+/// The error body ([`pico_proto::error_body::durable_streams`]).
+pub(super) fn render_error(error: DsError) -> Response {
+    let body = pico_proto::error_body::durable_streams(error.code, &error.message);
+    let mut response = Response::new(error.status)
+        .header("content-type", pico_proto::media::JSON)
+        .header("cache-control", "no-store")
+        .with_body(body);
+    response.headers.extend(error.headers);
+    response
+}
+
+/// Protocol errors found by the HTTP layer (malformed requests, oversized bodies).
+pub fn connection_error(status: u16, message: &str) -> Response {
+    let code = match status {
+        413 => "PAYLOAD_TOO_LARGE",
+        429 => "OVERLOADED",
+        431 => "HEADERS_TOO_LARGE",
+        _ => "BAD_REQUEST",
+    };
+    with_common(render_error(DsError::new(status, code, message)), "*")
+}
+
+pub(super) fn with_common(mut response: Response, origin: &str) -> Response {
+    response.headers.extend([
+        ("x-content-type-options", "nosniff".to_string()),
+        ("cross-origin-resource-policy", "cross-origin".to_string()),
+        ("access-control-allow-origin", origin.to_string()),
+        ("access-control-expose-headers", EXPOSE_HEADERS.to_string()),
+    ]);
+    response
+}
+
+/// 401 with `WWW-Authenticate: Bearer` without a valid token, 403 without the grant, as in
+/// the Pico protocol (docs/api.md, "Authentication").
+pub(super) fn refused(denied: Denied, forbidden: &str) -> DsError {
+    match denied {
+        Denied::Unauthenticated => {
+            DsError::new(401, "UNAUTHORIZED", "a valid bearer token is required")
+                .with("www-authenticate", "Bearer")
+        }
+        Denied::Forbidden => DsError::new(403, "FORBIDDEN", forbidden),
+    }
+}

@@ -1,0 +1,182 @@
+//! Server-sent events of the Durable Streams protocol (`live=sse`): `data` events carrying the
+//! records (base64 for binary streams) and `control` events carrying the next offset, the
+//! cursor and whether the reader is up to date.
+
+use std::rc::Rc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use pico_engine::{limits, CoreHandle, Op, ReadFrom, ReadRequest, Reply};
+use pico_proto::header::*;
+
+use super::encode::{encode, joined, next_cursor};
+use super::error::DsError;
+use super::params::{format_offset, is_json, DsSettings};
+use crate::transport::message::{BodyStream, Request, Response};
+
+struct SseState {
+    core: Rc<CoreHandle>,
+    name: String,
+    from: ReadFrom,
+    skip_bytes: u64,
+    json: bool,
+    base64: bool,
+    chunk_bytes: usize,
+    idle_ms: u64,
+    deadline: std::time::Instant,
+    cursor: Option<String>,
+    done: bool,
+    /// The first read: answered without waiting so the client learns the tail at once.
+    first: bool,
+}
+
+/// Starts an SSE response: `event: data` with the records of each read, each followed by an
+/// `event: control` with the offset to resume from (camelCase JSON).
+pub(super) async fn sse(
+    core: &Rc<CoreHandle>,
+    settings: &DsSettings,
+    request: &Request,
+    from: ReadFrom,
+    skip_bytes: u64,
+    cursor: Option<String>,
+) -> Result<Response, DsError> {
+    // Checked before the response starts, so a missing stream is a plain 404.
+    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
+        unreachable!("a head is always answered with Head")
+    };
+    let json = is_json(&info.content_type);
+    let text = info
+        .content_type
+        .trim()
+        .to_ascii_lowercase()
+        .starts_with("text/");
+    let base64 = !json && !text;
+    let state = SseState {
+        core: core.clone(),
+        name: request.path.clone(),
+        from,
+        skip_bytes,
+        json,
+        base64,
+        chunk_bytes: settings.max_chunk_size,
+        idle_ms: settings
+            .long_poll_timeout_ms
+            .max(crate::live::KEEP_ALIVE_MIN_MS),
+        deadline: std::time::Instant::now()
+            + std::time::Duration::from_millis(settings.sse_max_duration_ms),
+        cursor,
+        done: false,
+        first: true,
+    };
+    let events: BodyStream = Box::pin(futures_lite::stream::unfold(
+        state,
+        |mut state| async move {
+            if state.done {
+                return None;
+            }
+            let events = next_sse_events(&mut state).await;
+            Some((events, state))
+        },
+    ));
+    let mut response = Response::new(200)
+        .header("content-type", pico_proto::media::EVENT_STREAM)
+        .header("cache-control", "no-cache")
+        .header("x-accel-buffering", "no");
+    if base64 {
+        response = response.header(STREAM_SSE_DATA_ENCODING, "base64");
+    }
+    Ok(response.with_stream(events))
+}
+
+/// One read (waiting at the tail) and the events it gives; ends the stream when closed and
+/// delivered, deleted, or at the reconnect interval.
+async fn next_sse_events(state: &mut SseState) -> Bytes {
+    let Some(round) = crate::live::IdleRound::next(state.deadline, state.idle_ms) else {
+        state.done = true;
+        return Bytes::new();
+    };
+    let wait_ms = if state.first { 0 } else { round.wait_ms };
+    let first = std::mem::replace(&mut state.first, false);
+    let request = ReadRequest {
+        from: state.from,
+        max_records: limits::RECORDS_PER_READ_MAX,
+        max_bytes: state.chunk_bytes,
+        wait_ms: Some(wait_ms),
+        with_content_type: false,
+        bound: None,
+    };
+    let Some((batch, last)) = crate::live::live_read(&state.core, &state.name, request).await
+    else {
+        state.done = true;
+        return Bytes::new();
+    };
+    state.done |= last;
+    if batch.records.is_empty() && !batch.closed && round.last && !first {
+        // The wait ran to the deadline: the response ends without another control event.
+        state.done = true;
+        return Bytes::new();
+    }
+    let mut out = Vec::new();
+    if !batch.records.is_empty() {
+        let payload = joined(encode(&batch, state.json, state.skip_bytes));
+        out.extend_from_slice(b"event: data\n");
+        if state.base64 {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&payload);
+            data_lines(&mut out, encoded.as_bytes());
+        } else {
+            data_lines(&mut out, &payload);
+        }
+        out.push(b'\n');
+    }
+    state.skip_bytes = 0;
+    state.from = ReadFrom::Offset(batch.next_offset);
+    let mut control = serde_json::Map::new();
+    control.insert(
+        "streamNextOffset".into(),
+        format_offset(batch.next_offset, 0).into(),
+    );
+    if batch.closed {
+        control.insert("streamClosed".into(), true.into());
+        control.insert("upToDate".into(), true.into());
+        state.done = true;
+    } else {
+        let cursor = next_cursor(state.cursor.as_deref());
+        control.insert("streamCursor".into(), cursor.clone().into());
+        state.cursor = Some(cursor);
+        if batch.up_to_date() {
+            control.insert("upToDate".into(), true.into());
+        }
+    }
+    out.extend_from_slice(b"event: control\ndata:");
+    out.extend_from_slice(serde_json::Value::Object(control).to_string().as_bytes());
+    out.extend_from_slice(b"\n\n");
+    out.into()
+}
+
+/// One `data:` line per line of the payload (CR, LF and CRLF all end a line), so an embedded
+/// blank line can never end the event early. A line starting with a space gets `data: `, as
+/// event-stream parsers drop one space after the colon.
+pub(super) fn data_lines(out: &mut Vec<u8>, payload: &[u8]) {
+    let line = |out: &mut Vec<u8>, text: &[u8]| {
+        out.extend_from_slice(if text.first() == Some(&b' ') {
+            b"data: "
+        } else {
+            b"data:"
+        });
+        out.extend_from_slice(text);
+        out.push(b'\n');
+    };
+    let mut start = 0;
+    let mut i = 0;
+    while i < payload.len() {
+        if matches!(payload[i], b'\r' | b'\n') {
+            line(out, &payload[start..i]);
+            if payload[i] == b'\r' && payload.get(i + 1) == Some(&b'\n') {
+                i += 1;
+            }
+            start = i + 1;
+        }
+        i += 1;
+    }
+    line(out, &payload[start..]);
+}

@@ -1,0 +1,348 @@
+//! The Durable Streams reserved subscription APIs under `{root}__ds/`: webhook and pull-wake
+//! subscriptions over stream patterns and explicit streams, their leases and generation
+//! fencing, signed webhook deliveries and the JWKS that verifies them.
+//!
+//! State lives in memory behind one lock per node: this is the control plane (a few requests
+//! per wake), not the data path, and writes take the lock only when some subscription links the
+//! written stream.
+//!
+//! Persistence (`Subscriptions::open`; `new` keeps everything in memory): the subscriptions
+//! (definitions, links, acked offsets, generations) and the node's keys are kept in one state
+//! file in the node's directory, rewritten whole and atomically (see `store`) off the cores,
+//! on a blocking thread. What a request changes is in the file before it is answered: creating,
+//! re-confirming or deleting a subscription, linking or unlinking streams, acks (callbacks and
+//! pull-wake acks). What a write or a timer changes (a pattern linking a new stream, a deleted
+//! stream's link, a wake's generation, a delivery's failed status) is written by the sweeper
+//! within `SWEEP_INTERVAL`, so the write path never waits for a disk; a crash may lose that
+//! much, which costs at most a duplicate wake, never an ack. A synchronous `done` reply to a
+//! webhook acks too; the delivery thread writes it at once.
+//!
+//! Not persisted: wakes, i.e. leases, claims and in-flight or retried deliveries. They are lost
+//! in a restart as if their leases had run out: tokens of those wakes are then `FENCED`, and
+//! once restored the sweeper reads the linked streams' tails and starts a new wake, of a new
+//! generation, for every subscription with pending work.
+//!
+//! Timers (lease expiry, delivery retries, the lagging writes) run in one sweeper task on the
+//! core that created the first subscription (or, after a restart, the first core to start); it
+//! stops when none is left. Webhook POSTs run on the `pico-webhooks` thread (see `delivery`).
+//!
+//! Files: this one holds the node's `Subscriptions`, wakes them after writes and runs the
+//! sweeper; `routes.rs` answers the control API; `registry/` is the state machine,
+//! `shared.rs` what the cores and the delivery thread share, `store.rs` the state file,
+//! `delivery.rs` the webhook thread.
+
+mod delivery;
+mod glob;
+mod keys;
+mod percent;
+mod registry;
+mod routes;
+mod shared;
+mod store;
+#[cfg(test)]
+mod tests;
+mod webhook_url;
+
+use pico_proto::header::*;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{Sender, TrySendError};
+use pico_engine::{AppendRequest, CoreHandle, EngineError, Op, RecordInput, Reply};
+
+use crate::limits::QUEUED_DELIVERIES_MAX;
+use keys::{SigningKey, TokenKey};
+use registry::{ApiError, Clock, Effect, Job, Outcome, Registry, ZERO_OFFSET};
+use shared::Shared;
+use store::Store;
+
+/// How often the sweeper looks for expired leases and due retries.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The node's subscriptions; one per node, shared by all cores.
+pub struct Subscriptions {
+    shared: Arc<Shared>,
+    deliveries: Sender<Job>,
+}
+
+impl Default for Subscriptions {
+    fn default() -> Subscriptions {
+        Subscriptions::new()
+    }
+}
+
+fn offset_string(seq: u64) -> String {
+    format!("{seq:016}_{:016}", 0)
+}
+
+/// The current tail of a stream as a DS offset; a missing stream has the empty tail.
+async fn tail_of(core: &CoreHandle, name: &str) -> Result<String, ApiError> {
+    match core.call(name, Op::Head).await {
+        Ok(Reply::Head(info)) => Ok(offset_string(info.next_offset)),
+        Ok(_) | Err(EngineError::NotFound) => Ok(ZERO_OFFSET.to_string()),
+        Err(e) => Err(engine_error(&e)),
+    }
+}
+
+fn engine_error(e: &EngineError) -> ApiError {
+    ApiError::new(503, "UNAVAILABLE", format!("stream engine: {e}"))
+}
+
+fn persist_error(message: String) -> ApiError {
+    log::error!("subscriptions: {message}");
+    ApiError::new(
+        503,
+        "UNAVAILABLE",
+        format!("the change is applied but may not survive a restart: {message}"),
+    )
+}
+
+/// A new node's keys.
+fn generate_keys() -> (SigningKey, TokenKey) {
+    let rng = ring::rand::SystemRandom::new();
+    // Only an OS without a working random source fails here; nothing can run without one.
+    let signing = SigningKey::generate(&rng).expect("OS random source for the webhook key");
+    let tokens = TokenKey::generate(&rng).expect("OS random source for the token key");
+    (signing, tokens)
+}
+
+impl Subscriptions {
+    /// In memory only (tests): fresh keys, and a restart forgets everything.
+    pub fn new() -> Subscriptions {
+        let (signing, tokens) = generate_keys();
+        Subscriptions::start(signing, Registry::new(tokens), None)
+    }
+
+    /// One per node: the subscriptions and keys of the state file `dir/subscriptions.json`,
+    /// or a fresh start with new keys when there is no such file (it is written with the
+    /// first subscription). A file that cannot be read or parsed is an error naming it.
+    pub fn open(dir: &Path) -> Result<Subscriptions, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let store = Store::new(dir);
+        let (signing, registry) = match store.load()? {
+            Some(loaded) => loaded,
+            None => {
+                let (signing, tokens) = generate_keys();
+                (signing, Registry::new(tokens))
+            }
+        };
+        Ok(Subscriptions::start(signing, registry, Some(store)))
+    }
+
+    /// Starts the `pico-webhooks` delivery thread (it ends when this value is dropped).
+    fn start(signing: SigningKey, registry: Registry, store: Option<Store>) -> Subscriptions {
+        let shared = Arc::new(Shared {
+            active: AtomicUsize::new(registry.len()),
+            registry: RwLock::new(registry),
+            signing,
+            sweeper_running: AtomicBool::new(false),
+            store,
+        });
+        let (deliveries, jobs) = crossbeam_channel::bounded(QUEUED_DELIVERIES_MAX);
+        let thread_shared = shared.clone();
+        if let Err(e) = std::thread::Builder::new()
+            .name(PICO_WEBHOOKS.into())
+            .spawn(move || delivery::run(thread_shared, jobs))
+        {
+            // Deliveries then fail (and are retried, then given up) instead of the node failing.
+            log::error!("cannot start the webhook delivery thread: {e}");
+        }
+        Subscriptions { shared, deliveries }
+    }
+
+    /// The number of subscriptions.
+    pub fn len(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The state file, unless in memory.
+    pub fn state_path(&self) -> Option<&Path> {
+        self.shared.store.as_ref().map(Store::path)
+    }
+
+    /// Called by every core once it runs: with restored subscriptions, starts the sweeper
+    /// (leases, retries, lagging writes) and through it the announcement of pending work.
+    pub fn start_on_core(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if self.shared.active.load(Ordering::Acquire) > 0 {
+            self.ensure_sweeper(core);
+        }
+    }
+
+    /// Writes what the state file lags behind (at shutdown, once the cores stopped). Blocks.
+    pub fn flush(&self) -> Result<(), String> {
+        self.shared.persist()
+    }
+
+    /// Brings the state file up to date before a request is answered (on a blocking thread:
+    /// the core goes on serving meanwhile).
+    async fn persist(&self) -> Result<(), ApiError> {
+        if !self.shared.dirty() {
+            return Ok(());
+        }
+        let shared = self.shared.clone();
+        glommio::executor()
+            .spawn_blocking(move || shared.persist())
+            .await
+            .map_err(persist_error)
+    }
+
+    /// The one wake-up after a write, whichever protocol took it: called with the stream
+    /// `full_path` and the `next_offset` of the engine's acknowledgement (its new tail). Free
+    /// when there are no subscriptions (the offset is formatted only for a linked stream);
+    /// takes the write lock only when a subscription links the stream.
+    pub fn on_stream_write(
+        self: &Arc<Self>,
+        core: &Rc<CoreHandle>,
+        full_path: &str,
+        next_offset: u64,
+    ) {
+        if self.shared.active.load(Ordering::Acquire) == 0
+            || !self.shared.read().interested(full_path)
+        {
+            return;
+        }
+        let tail = offset_string(next_offset);
+        let effects = self.shared.write().on_write(full_path, &tail, Clock::now());
+        self.run_effects(core, effects);
+    }
+
+    /// Called after a stream was deleted, so that a new stream of the same name is linked
+    /// afresh (its offsets start over).
+    pub fn on_stream_deleted(&self, full_path: &str) {
+        if self.shared.active.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.shared.write().on_delete(full_path);
+    }
+
+    fn run_effects(self: &Arc<Self>, core: &Rc<CoreHandle>, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Deliver(job) => self.enqueue(job),
+                Effect::AppendWake { stream, event } => {
+                    let (this, core) = (self.clone(), core.clone());
+                    glommio::spawn_local(async move {
+                        this.append_wake(&core, &stream, event).await;
+                    })
+                    .detach();
+                }
+            }
+        }
+    }
+
+    fn enqueue(&self, job: Job) {
+        if let Err(e) = self.deliveries.try_send(job) {
+            let (reason, job) = match e {
+                TrySendError::Full(job) => ("the delivery queue is full", job),
+                TrySendError::Disconnected(job) => ("the delivery thread is not running", job),
+            };
+            // Counts as a failed attempt: the sweeper retries it after the backoff.
+            let effects = self.shared.write().delivery_result(
+                &job,
+                Outcome::Failed(reason.into()),
+                Clock::now(),
+            );
+            debug_assert!(effects.is_empty());
+        }
+    }
+
+    /// Appends a pull-wake event (one JSON message) to the wake stream, then reports the write
+    /// like any other (another subscription may watch the wake stream).
+    async fn append_wake(self: &Arc<Self>, core: &Rc<CoreHandle>, stream: &str, event: String) {
+        let op = Op::Append(AppendRequest {
+            records: vec![RecordInput {
+                headers: Vec::new(),
+                body: Bytes::from(event),
+            }],
+            close: false,
+            match_offset: None,
+            producer: None,
+            content_type: None,
+            writer_seq: None,
+        });
+        match core.call(stream, op).await {
+            Ok(Reply::Appended(ack)) => self.on_stream_write(core, stream, ack.next_offset),
+            Ok(other) => log::warn!("wake stream {stream}: unexpected reply {other:?}"),
+            Err(e) => log::warn!("cannot append a wake event to {stream}: {e}"),
+        }
+    }
+
+    fn ensure_sweeper(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if self.shared.sweeper_running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (this, core) = (self.clone(), core.clone());
+        glommio::spawn_local(async move { this.sweep(core).await }).detach();
+    }
+
+    /// After a restore: reads every linked stream's tail (writes that were not reported
+    /// before the restart count as pending), then starts the wakes of pending work.
+    async fn resume(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        let linked = self.shared.read().linked_streams();
+        for (id, streams) in linked {
+            let mut tails = Vec::with_capacity(streams.len());
+            for (path, name) in streams {
+                match tail_of(core, &name).await {
+                    Ok(tail) => tails.push((path, tail)),
+                    Err(e) => log::warn!("subscription {id}: tail of {name}: {}", e.message),
+                }
+            }
+            self.shared.write().refresh_tails(&id, &tails);
+        }
+        let effects = self.shared.write().resume(Clock::now());
+        if !effects.is_empty() {
+            log::info!(
+                "subscriptions: {} woken for work pending since before the restart",
+                effects.len()
+            );
+        }
+        self.run_effects(core, effects);
+    }
+
+    async fn sweep(self: Arc<Self>, core: Rc<CoreHandle>) {
+        if self.shared.read().resume_pending() {
+            self.resume(&core).await;
+        }
+        // Logged once per run of failures, not every interval.
+        let mut failing = false;
+        loop {
+            glommio::timer::sleep(SWEEP_INTERVAL).await;
+            if self.shared.active.load(Ordering::SeqCst) == 0 && !self.shared.dirty() {
+                self.shared.sweeper_running.store(false, Ordering::SeqCst);
+                // A subscription created between the check and the store saw the flag still
+                // set and started no sweeper: carry on as the sweeper unless another took over.
+                if self.shared.active.load(Ordering::SeqCst) == 0
+                    || self.shared.sweeper_running.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+            let effects = self.shared.write().tick(Clock::now());
+            self.run_effects(&core, effects);
+            // What writes and timers changed since the last interval.
+            if self.shared.dirty() {
+                let shared = self.shared.clone();
+                match glommio::executor()
+                    .spawn_blocking(move || shared.persist())
+                    .await
+                {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        failing = true;
+                        log::error!("subscriptions: {e} (retrying)");
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,560 @@
+//! The subscriptions of a node and their state machine, free of I/O: every transition takes a
+//! `Clock` and returns the `Effect`s (webhook deliveries, wake-stream appends) for the caller to
+//! carry out, so the lease and generation rules are unit-tested without a server.
+//!
+//! Per subscription: each linked stream has an acked offset (the consumer's committed cursor)
+//! and the last tail seen; it is *pending* while tail > acked (offsets compare as strings). A
+//! write to a pending stream with no wake outstanding starts a *wake*: the generation goes up,
+//! and a webhook is POSTed or a pull-wake event appended. Callback tokens carry the generation,
+//! so anything done with an older wake's token is `FENCED`. A wake ends with `done` (callback,
+//! ack, synchronous webhook reply), a release, or its lease running out; then, if work is still
+//! pending, the next wake starts at once.
+//!
+//! Files: `request.rs` parses what a request says, `state.rs` holds the subscriptions, this
+//! file runs the transitions (create, link, write, ack, claim, release, tick), `wake.rs` starts
+//! and ends wakes, `snapshot.rs` writes and restores the durable part.
+
+mod request;
+mod snapshot;
+mod state;
+#[cfg(test)]
+mod tests;
+mod wake;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ring::rand::{SecureRandom, SystemRandom};
+
+use serde_json::{json, Value};
+
+use super::keys::TokenKey;
+use crate::limits::{
+    DELIVERY_ATTEMPTS_MAX, STREAMS_PER_SUBSCRIPTION_MAX, SUBSCRIPTIONS_PER_NODE_MAX,
+};
+use request::{is_offset, limit_streams};
+pub use request::{
+    normalize_path, parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Config,
+    Kind,
+};
+pub use state::{
+    Clock, Effect, Job, LinkKind, Outcome, Registry, BEFORE_FIRST_OFFSET, ZERO_OFFSET,
+};
+use state::{Delivery, Link, Sub};
+use wake::{retry_delay, Ctx};
+
+/// Splits the borrow: `subs` mutably, the rest for a `Ctx`.
+macro_rules! ctx {
+    ($self:ident, $clock:expr, $effects:expr) => {
+        (
+            &mut $self.subs,
+            Ctx {
+                tokens: &$self.tokens,
+                rng: &$self.rng,
+                clock: $clock,
+                effects: $effects,
+                version: &mut $self.version,
+            },
+        )
+    };
+}
+
+impl Registry {
+    pub fn new(tokens: TokenKey) -> Registry {
+        Registry {
+            subs: HashMap::new(),
+            tokens,
+            rng: SystemRandom::new(),
+            version: 0,
+            resume: false,
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn tokens(&self) -> &TokenKey {
+        &self.tokens
+    }
+
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+
+    pub fn config(&self, id: &str) -> Option<&Config> {
+        self.subs.get(id).map(|s| &s.config)
+    }
+
+    /// The root a subscription's stream names start with.
+    pub fn root(&self, id: &str) -> Option<&str> {
+        self.subs.get(id).map(|s| s.root.as_str())
+    }
+
+    /// Creates a subscription with its initial links (streams that already exist, acked at
+    /// their current tails so only later writes are pending). `Ok(false)`: the same
+    /// configuration already existed.
+    pub fn create(
+        &mut self,
+        id: &str,
+        root: &str,
+        callback_base: &str,
+        config: Config,
+        links: Vec<(String, LinkKind, String)>,
+        clock: Clock,
+    ) -> Result<bool, ApiError> {
+        if let Some(existing) = self.subs.get(id) {
+            return if existing.config == config {
+                Ok(false)
+            } else {
+                Err(ApiError::new(
+                    409,
+                    "SUBSCRIPTION_ALREADY_EXISTS",
+                    "Subscription already exists with different configuration",
+                ))
+            };
+        }
+        if self.subs.len() >= SUBSCRIPTIONS_PER_NODE_MAX {
+            return Err(ApiError::new(
+                429,
+                "LIMIT_EXCEEDED",
+                format!("this node holds at most {SUBSCRIPTIONS_PER_NODE_MAX} subscriptions"),
+            ));
+        }
+        let mut streams: BTreeMap<String, Link> = BTreeMap::new();
+        for (path, kind, tail) in links {
+            let link = streams.entry(path).or_insert_with(|| Link {
+                explicit: false,
+                glob: false,
+                acked: tail.clone(),
+                tail,
+            });
+            match kind {
+                LinkKind::Explicit => link.explicit = true,
+                LinkKind::Glob => link.glob = true,
+            }
+        }
+        if streams.len() > STREAMS_PER_SUBSCRIPTION_MAX {
+            return Err(limit_streams());
+        }
+        let mut incarnation = [0u8; 8];
+        let _ = self.rng.fill(&mut incarnation);
+        self.subs.insert(
+            id.to_string(),
+            Sub {
+                id: id.to_string(),
+                incarnation: u64::from_le_bytes(incarnation),
+                root: root.to_string(),
+                callback_base: callback_base.to_string(),
+                config,
+                created_at: crate::time::format_rfc3339_ms(clock.unix_ms),
+                failed: false,
+                streams,
+                generation: 0,
+                wake: None,
+                attempts: 0,
+                overflow_warned: false,
+            },
+        );
+        self.version += 1;
+        Ok(true)
+    }
+
+    /// The JSON of `GET …/subscriptions/:id` (no secrets: tokens are never listed).
+    pub fn describe(&self, id: &str, kid: &str, jwks_url: &str) -> Option<Value> {
+        let sub = self.subs.get(id)?;
+        let streams: Vec<Value> = sub
+            .streams
+            .iter()
+            .map(|(path, link)| {
+                json!({"path": path, "link_type": link.link_type(), "acked_offset": link.acked})
+            })
+            .collect();
+        let mut body = json!({
+            "id": sub.id,
+            "subscription_id": sub.id,
+            "type": sub.config.kind.as_str(),
+            "streams": streams,
+            "lease_ttl_ms": sub.config.lease_ttl_ms,
+            "created_at": sub.created_at,
+            "status": if sub.failed { "failed" } else { "active" },
+        });
+        if let Some(pattern) = &sub.config.pattern {
+            body["pattern"] = json!(pattern);
+        }
+        if let Some(url) = &sub.config.webhook_url {
+            body["webhook"] = json!({
+                "url": url,
+                "signing": {"alg": "ed25519", "kid": kid, "jwks_url": jwks_url},
+            });
+        }
+        if let Some(wake_stream) = &sub.config.wake_stream {
+            body["wake_stream"] = json!(wake_stream);
+        }
+        if let Some(description) = &sub.config.description {
+            body["description"] = json!(description);
+        }
+        Some(body)
+    }
+
+    pub fn delete(&mut self, id: &str) -> bool {
+        let removed = self.subs.remove(id).is_some();
+        if removed {
+            self.version += 1;
+        }
+        removed
+    }
+
+    /// Links explicit streams, each with its current tail (an already linked stream keeps its
+    /// acked offset).
+    pub fn add_explicit(&mut self, id: &str, links: Vec<(String, String)>) -> Result<(), ApiError> {
+        let sub = self.subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        let new = links
+            .iter()
+            .map(|(path, _)| path)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|path| !sub.streams.contains_key(*path))
+            .count();
+        if sub.streams.len() + new > STREAMS_PER_SUBSCRIPTION_MAX {
+            return Err(limit_streams());
+        }
+        for (path, tail) in links {
+            sub.streams
+                .entry(path)
+                .or_insert_with(|| Link {
+                    explicit: false,
+                    glob: false,
+                    acked: tail.clone(),
+                    tail,
+                })
+                .explicit = true;
+        }
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Unlinks an explicit stream (a pattern link of the same stream stays).
+    pub fn remove_explicit(&mut self, id: &str, path: &str) -> Result<(), ApiError> {
+        let sub = self.subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        if let Some(link) = sub.streams.get_mut(path) {
+            link.explicit = false;
+            if !link.glob {
+                sub.streams.remove(path);
+            }
+            self.version += 1;
+        }
+        Ok(())
+    }
+
+    /// Whether a write to `full_path` concerns any subscription (checked under a read lock
+    /// before taking the write lock).
+    pub fn interested(&self, full_path: &str) -> bool {
+        self.subs.values().any(|sub| {
+            sub.relative(full_path)
+                .is_some_and(|rel| sub.streams.contains_key(rel) || sub.pattern_links(rel))
+        })
+    }
+
+    /// A successful write left `full_path` with tail `tail`.
+    pub fn on_write(&mut self, full_path: &str, tail: &str, clock: Clock) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let (subs, mut ctx) = ctx!(self, clock, &mut effects);
+        for sub in subs.values_mut() {
+            let Some(rel) = sub.relative(full_path) else {
+                continue;
+            };
+            let by_pattern = sub.pattern_links(rel);
+            if by_pattern && !sub.streams.contains_key(rel) {
+                if sub.streams.len() >= STREAMS_PER_SUBSCRIPTION_MAX {
+                    if !sub.overflow_warned {
+                        sub.overflow_warned = true;
+                        log::warn!(
+                            "subscription {}: pattern matches more than {STREAMS_PER_SUBSCRIPTION_MAX} streams; {rel} and later ones are not linked",
+                            sub.id
+                        );
+                    }
+                    continue;
+                }
+                sub.streams.insert(
+                    rel.to_string(),
+                    Link {
+                        explicit: false,
+                        glob: true,
+                        acked: BEFORE_FIRST_OFFSET.to_string(),
+                        tail: ZERO_OFFSET.to_string(),
+                    },
+                );
+                ctx.touch();
+            }
+            let Some(link) = sub.streams.get_mut(rel) else {
+                continue;
+            };
+            if by_pattern && !link.glob {
+                link.glob = true;
+                ctx.touch();
+            }
+            // Writes on different cores may report out of order: tails only move forward.
+            if tail > link.tail.as_str() {
+                link.tail = tail.to_string();
+            }
+            ctx.expire(sub);
+            if sub.wake.is_none() {
+                ctx.wake_if_pending(sub);
+            }
+        }
+        effects
+    }
+
+    /// The stream was deleted: a later stream of the same name starts from scratch.
+    pub fn on_delete(&mut self, full_path: &str) {
+        for sub in self.subs.values_mut() {
+            if let Some(rel) = sub.relative(full_path) {
+                if sub.streams.remove(rel).is_some() {
+                    self.version += 1;
+                }
+            }
+        }
+    }
+
+    /// Moves linked streams' tails forward to ones just read from the engine (before acks are
+    /// checked against them: writes that bypassed the DS protocol were not reported).
+    pub fn refresh_tails(&mut self, id: &str, tails: &[(String, String)]) {
+        let Some(sub) = self.subs.get_mut(id) else {
+            return;
+        };
+        for (path, tail) in tails {
+            if let Some(link) = sub.streams.get_mut(path) {
+                if *tail > link.tail {
+                    link.tail = tail.clone();
+                }
+            }
+        }
+    }
+
+    /// A webhook callback (`kind` webhook) or a pull-wake ack: applies the acks, extends the
+    /// lease, and with `done` ends the wake. Returns whether a next wake started.
+    pub fn settle(
+        &mut self,
+        id: &str,
+        kind: Kind,
+        token: &str,
+        request: &AckRequest,
+        clock: Clock,
+        effects: &mut Vec<Effect>,
+    ) -> Result<bool, ApiError> {
+        let claims = self.tokens.verify(token, clock.unix_secs());
+        let (subs, mut ctx) = ctx!(self, clock, effects);
+        let sub = subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        if sub.config.kind != kind {
+            return Err(ApiError::invalid(match kind {
+                Kind::Webhook => "Subscription is not a webhook subscription",
+                Kind::PullWake => "Subscription is not pull-wake",
+            }));
+        }
+        let claims = claims?;
+        sub.check_claims(&claims)?;
+        ctx.expire(sub);
+        sub.fence(&claims, request)?;
+        for (path, offset) in &request.acks {
+            let link = sub
+                .streams
+                .get(path)
+                .ok_or_else(|| ApiError::offset("Ack references an unknown subscription stream"))?;
+            if !is_offset(offset) {
+                return Err(ApiError::offset("Ack offset is not a stream offset"));
+            }
+            if offset.as_str() < link.acked.as_str() {
+                return Err(ApiError::offset(
+                    "Ack offset regresses the committed cursor",
+                ));
+            }
+            if offset.as_str() > link.tail.as_str() {
+                return Err(ApiError::offset("Ack offset is beyond stream tail"));
+            }
+        }
+        for (path, offset) in &request.acks {
+            if let Some(link) = sub.streams.get_mut(path) {
+                link.acked = offset.clone();
+            }
+        }
+        if !request.acks.is_empty() {
+            ctx.touch();
+        }
+        let lease = sub.lease();
+        if let Some(wake) = sub.wake.as_mut() {
+            wake.lease_until = Some(clock.now + lease);
+        }
+        Ok(request.done && ctx.end_wake(sub))
+    }
+
+    /// Takes the pull-wake lease for `worker`, starting a wake if none is outstanding.
+    pub fn claim(
+        &mut self,
+        id: &str,
+        worker: &str,
+        clock: Clock,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Value, ApiError> {
+        let (subs, mut ctx) = ctx!(self, clock, effects);
+        let sub = subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        if sub.config.kind != Kind::PullWake {
+            return Err(ApiError::invalid("Subscription is not pull-wake"));
+        }
+        ctx.expire(sub);
+        if let Some(holder) = sub.wake.as_ref().and_then(|w| w.holder.clone()) {
+            return Err(ApiError {
+                holder: Some((holder, sub.generation)),
+                ..ApiError::new(409, "ALREADY_CLAIMED", "Subscription is already claimed")
+            });
+        }
+        if sub.wake.is_none() && !ctx.wake_if_pending(sub) {
+            return Err(ApiError::new(
+                409,
+                "NO_PENDING_WORK",
+                "Subscription has no pending work",
+            ));
+        }
+        let lease = sub.lease();
+        let token = ctx.token(sub);
+        let Some(wake) = sub.wake.as_mut() else {
+            return Err(ApiError::not_found());
+        };
+        wake.holder = Some(worker.to_string());
+        wake.lease_until = Some(clock.now + lease);
+        Ok(json!({
+            "wake_id": wake.id,
+            "generation": sub.generation,
+            "token": token,
+            "streams": sub.stream_infos(),
+            "lease_ttl_ms": sub.config.lease_ttl_ms,
+        }))
+    }
+
+    /// Gives a pull-wake lease back without acking; pending work starts the next wake.
+    pub fn release(
+        &mut self,
+        id: &str,
+        token: &str,
+        request: &AckRequest,
+        clock: Clock,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), ApiError> {
+        let claims = self.tokens.verify(token, clock.unix_secs());
+        let (subs, mut ctx) = ctx!(self, clock, effects);
+        let sub = subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        if sub.config.kind != Kind::PullWake {
+            return Err(ApiError::invalid("Subscription is not pull-wake"));
+        }
+        let claims = claims?;
+        sub.check_claims(&claims)?;
+        ctx.expire(sub);
+        sub.fence(&claims, request)?;
+        ctx.end_wake(sub);
+        Ok(())
+    }
+
+    /// Timers: expired leases end their wakes; webhook retries that are due go out again.
+    pub fn tick(&mut self, clock: Clock) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let (subs, mut ctx) = ctx!(self, clock, &mut effects);
+        for sub in subs.values_mut() {
+            ctx.expire(sub);
+            let retry_due = sub
+                .wake
+                .as_ref()
+                .is_some_and(|w| matches!(w.delivery, Delivery::RetryAt(at) if at <= clock.now));
+            if retry_due {
+                if let Some(job) = ctx.webhook_job(sub) {
+                    ctx.effects.push(Effect::Deliver(job));
+                }
+                if let Some(wake) = sub.wake.as_mut() {
+                    wake.delivery = Delivery::InFlight;
+                }
+            }
+        }
+        effects
+    }
+
+    /// The result of a webhook POST. Results of a wake that already ended are ignored.
+    pub fn delivery_result(&mut self, job: &Job, outcome: Outcome, clock: Clock) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let (subs, mut ctx) = ctx!(self, clock, &mut effects);
+        let Some(sub) = subs.get_mut(&job.subscription) else {
+            return effects;
+        };
+        if sub.incarnation != job.incarnation || sub.generation != job.generation {
+            return effects;
+        }
+        let lease = sub.lease();
+        let Some(wake) = sub.wake.as_mut() else {
+            return effects;
+        };
+        match outcome {
+            Outcome::Done => {
+                for (path, tail) in std::mem::take(&mut wake.snapshot) {
+                    if let Some(link) = sub.streams.get_mut(&path) {
+                        if tail > link.acked {
+                            link.acked = tail;
+                        }
+                    }
+                }
+                ctx.touch();
+                sub.failed = false;
+                sub.attempts = 0;
+                ctx.end_wake(sub);
+            }
+            Outcome::Accepted => {
+                if sub.failed {
+                    ctx.touch();
+                }
+                sub.failed = false;
+                sub.attempts = 0;
+                wake.delivery = Delivery::Delivered;
+                // The receiver has the wake from now on: it gets a whole lease to call back.
+                wake.lease_until = Some(clock.now + lease);
+            }
+            Outcome::Failed(reason) => {
+                if !sub.failed {
+                    ctx.touch();
+                }
+                sub.failed = true;
+                sub.attempts += 1;
+                if sub.attempts >= DELIVERY_ATTEMPTS_MAX {
+                    log::warn!(
+                        "subscription {}: giving up generation {} after {} failed deliveries (last: {reason})",
+                        sub.id, sub.generation, sub.attempts
+                    );
+                    sub.attempts = 0;
+                    sub.wake = None;
+                } else {
+                    log::info!(
+                        "subscription {}: delivery {} failed: {reason}",
+                        sub.id,
+                        sub.attempts
+                    );
+                    let due = clock.now + retry_delay(sub.attempts);
+                    wake.delivery = Delivery::RetryAt(due);
+                    // No lease runs out while a retry is still to come.
+                    wake.lease_until = Some(due + lease);
+                }
+            }
+        }
+        effects
+    }
+
+    /// Once after a restore: starts a wake for every subscription with pending work (the wakes
+    /// that were outstanding did not survive the restart).
+    pub fn resume(&mut self, clock: Clock) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if !std::mem::take(&mut self.resume) {
+            return effects;
+        }
+        let (subs, mut ctx) = ctx!(self, clock, &mut effects);
+        for sub in subs.values_mut() {
+            if sub.wake.is_none() {
+                ctx.wake_if_pending(sub);
+            }
+        }
+        effects
+    }
+}

@@ -1,0 +1,45 @@
+//! What the cores and the webhook delivery thread share: the registry behind its lock, the
+//! count read without it, the signing key and the state file.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::keys::SigningKey;
+use super::registry::Registry;
+use super::store::Store;
+
+/// What the cores and the delivery thread share.
+pub(super) struct Shared {
+    /// The number of subscriptions, read without the lock on every write.
+    pub(super) active: AtomicUsize,
+    pub(super) registry: RwLock<Registry>,
+    pub(super) signing: SigningKey,
+    pub(super) sweeper_running: AtomicBool,
+    /// The state file; `None` keeps everything in memory.
+    pub(super) store: Option<Store>,
+}
+
+impl Shared {
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the state file is behind the registry.
+    pub(super) fn dirty(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|store| store.behind(self.read().version()))
+    }
+
+    /// Brings the state file up to date. Blocks on file I/O: never call it on a core.
+    pub(super) fn persist(&self) -> Result<(), String> {
+        match &self.store {
+            Some(store) => store.save(&self.registry, &self.signing),
+            None => Ok(()),
+        }
+    }
+}

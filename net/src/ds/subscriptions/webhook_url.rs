@@ -1,0 +1,314 @@
+//! Which webhook URLs the node will POST to. Deliveries come from inside the operator's network,
+//! so a subscription must not be able to aim them at internal services (SSRF):
+//! - loopback hosts (`localhost`, 127.0.0.0/8, `::1`) are allowed with `http` or `https`, for
+//!   receivers on the same machine (local development, sidecars, the conformance suite);
+//! - any other host needs `https` and, when it is an IP literal, a public address;
+//! - a host name is resolved again at every delivery and only its allowed addresses are used
+//!   (`address_allowed`), so DNS cannot point an accepted name at a private address later.
+
+use crate::limits::WEBHOOK_URL_BYTES_MAX;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// A DNS name, lowercased, without a trailing dot.
+    Name(String),
+    Ip(IpAddr),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookUrl {
+    pub https: bool,
+    pub host: Host,
+    pub port: u16,
+    /// Path and query for the request line (`/` when the URL has none).
+    pub target: String,
+}
+
+impl WebhookUrl {
+    /// The `Host` header value.
+    pub fn host_header(&self) -> String {
+        let host = match &self.host {
+            Host::Name(name) => name.clone(),
+            Host::Ip(IpAddr::V4(ip)) => ip.to_string(),
+            Host::Ip(IpAddr::V6(ip)) => format!("[{ip}]"),
+        };
+        let default_port = if self.https { 443 } else { 80 };
+        if self.port == default_port {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+
+    fn is_loopback_host(&self) -> bool {
+        match &self.host {
+            Host::Name(name) => name == "localhost",
+            Host::Ip(ip) => is_loopback(*ip),
+        }
+    }
+}
+
+/// Parses an absolute `http(s)://host[:port][/path][?query]` URL with the `url` crate (the
+/// WHATWG rules browsers and resolvers follow, so `https://2130706433/` is the IPv4 address
+/// the policy then judges, not a name). On top of it: only printable ASCII (the target goes
+/// into the request line), no credentials, no port 0, and a host name must be plain
+/// letters, digits and hyphens.
+pub fn parse(text: &str) -> Result<WebhookUrl, String> {
+    if text.len() > WEBHOOK_URL_BYTES_MAX {
+        return Err(format!(
+            "webhook.url is longer than {WEBHOOK_URL_BYTES_MAX} bytes"
+        ));
+    }
+    if !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("webhook.url must be printable ASCII without spaces".into());
+    }
+    let url = url::Url::parse(text).map_err(|e| format!("webhook.url is not a valid URL: {e}"))?;
+    let https = match url.scheme() {
+        "https" => true,
+        "http" => false,
+        _ => return Err("webhook.url must be an http or https URL".into()),
+    };
+    // WHATWG skips extra slashes (`https:///x` is host `x`); a URL written so is a mistake.
+    let after_scheme = &text[url.scheme().len() + 1..];
+    if !after_scheme.starts_with("//") || after_scheme[2..].starts_with('/') {
+        return Err("webhook.url has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("webhook.url must not contain credentials".into());
+    }
+    let port = match url.port_or_known_default() {
+        Some(0) | None => return Err("webhook.url has an invalid port 0".into()),
+        Some(port) => port,
+    };
+    let host = match url.host() {
+        // Only a plain dotted quad is taken as an IPv4 address: `2130706433`, `0x7f.1` or
+        // `10.1` are addresses to a resolver too, and spelled so only to slip past a reader.
+        Some(url::Host::Ipv4(ip)) if written_host(after_scheme) != ip.to_string() => {
+            return Err(format!(
+                "webhook.url host {:?} is not a valid IP address",
+                written_host(after_scheme)
+            ))
+        }
+        Some(url::Host::Ipv4(ip)) => Host::Ip(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => Host::Ip(IpAddr::V6(ip)),
+        Some(url::Host::Domain(name)) => Host::Name(host_name(name)?),
+        None => return Err("webhook.url has no host".into()),
+    };
+    let target = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_string(),
+    };
+    Ok(WebhookUrl {
+        https,
+        host,
+        port,
+        target,
+    })
+}
+
+/// The host as written after `//`, without the port (for IPv4 hosts, which have no `[]`).
+fn written_host(after_scheme: &str) -> &str {
+    let authority = after_scheme[2..]
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or("");
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host)
+}
+
+/// A DNS name of letters, digits and hyphens, lowercased, without its trailing dot.
+fn host_name(host: &str) -> Result<String, String> {
+    let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    let valid_label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() > 253 || !name.split('.').all(valid_label) {
+        return Err(format!(
+            "webhook.url host {host:?} is not a valid host name"
+        ));
+    }
+    Ok(name)
+}
+
+/// Parses and applies the policy of the module comment (at subscription creation).
+pub fn check(url: &str) -> Result<WebhookUrl, String> {
+    let parsed = parse(url)?;
+    if parsed.is_loopback_host() {
+        return Ok(parsed);
+    }
+    if !parsed.https {
+        return Err(
+            "plain http webhooks are only allowed for loopback hosts (localhost, 127.0.0.0/8, ::1); use https"
+                .into(),
+        );
+    }
+    if let Host::Ip(ip) = parsed.host {
+        if !is_public(ip) {
+            return Err(format!(
+                "webhook.url must not target a private, link-local or reserved address ({ip})"
+            ));
+        }
+    }
+    Ok(parsed)
+}
+
+/// Whether a delivery to `url` may connect to `ip` (an address its host resolved to).
+pub fn address_allowed(url: &WebhookUrl, ip: IpAddr) -> bool {
+    if url.is_loopback_host() {
+        is_loopback(ip)
+    } else {
+        is_public(ip)
+    }
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Globally routable unicast: not private, loopback, link-local, shared (CGNAT), documentation,
+/// benchmarking, multicast or reserved, including IPv4 embedded in IPv6.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => is_public_v6(v6),
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(a == 0
+        || a == 10
+        || a == 127
+        || (a == 100 && (64..=127).contains(&b))
+        || (a == 169 && b == 254)
+        || (a == 172 && (16..=31).contains(&b))
+        || (a == 192 && b == 0 && (c == 0 || c == 2))
+        || (a == 192 && b == 168)
+        || (a == 198 && (b == 18 || b == 19))
+        || (a == 198 && b == 51 && c == 100)
+        || (a == 203 && b == 0 && c == 113)
+        || a >= 224)
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return is_public_v4(v4);
+    }
+    let s = ip.segments();
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        // ::/96 (IPv4-compatible), 64:ff9b::/96 (NAT64) and 6to4 embed IPv4 destinations.
+        || (s[..6] == [0; 6])
+        || (s[0] == 0x64 && s[1] == 0xff9b)
+        || s[0] == 0x2002
+        // 100::/64 discard, 2001::/23 IETF assignments (Teredo...), 2001:db8::/32 documentation.
+        || (s[0] == 0x100 && s[1..4] == [0; 3])
+        || (s[0] == 0x2001 && s[1] < 0x200)
+        || (s[0] == 0x2001 && s[1] == 0xdb8)
+        // fc00::/7 unique local, fe80::/10 link-local, fec0::/10 site-local, ff00::/8 multicast.
+        || (s[0] & 0xfe00) == 0xfc00
+        || (s[0] & 0xffc0) == 0xfe80
+        || (s[0] & 0xffc0) == 0xfec0
+        || (s[0] & 0xff00) == 0xff00)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+        #[test]
+        fn fuzz_webhook_url(url in crate::fuzzing::inputs("webhook_url")) {
+            let url = String::from_utf8_lossy(&url);
+            let _ = parse(&url);
+            let _ = check(&url);
+        }
+    }
+
+    #[test]
+    fn loopback_receivers_are_accepted_with_http() {
+        let url = check("http://127.0.0.1:43123/webhook").unwrap();
+        assert!(!url.https);
+        assert_eq!(url.host, Host::Ip("127.0.0.1".parse().unwrap()));
+        assert_eq!(url.port, 43123);
+        assert_eq!(url.target, "/webhook");
+        assert_eq!(url.host_header(), "127.0.0.1:43123");
+        let url = check("http://LOCALHOST/?a=b").unwrap();
+        assert_eq!(url.host, Host::Name("localhost".into()));
+        assert_eq!((url.port, url.target.as_str()), (80, "/?a=b"));
+        assert_eq!(url.host_header(), "localhost");
+        assert!(check("http://[::1]:8080/h").is_ok());
+        assert!(check("https://127.0.0.2/h").is_ok());
+    }
+
+    #[test]
+    fn private_and_plain_http_targets_are_rejected() {
+        for url in [
+            "http://10.0.0.1/hook",
+            "http://example.com/hook",
+            "https://10.0.0.1/hook",
+            "https://172.16.5.4/",
+            "https://192.168.1.1/",
+            "https://169.254.169.254/latest/meta-data",
+            "https://100.64.0.1/",
+            "https://0.0.0.0/",
+            "https://[fe80::1]/",
+            "https://[fd00::1]/",
+            "https://[::ffff:10.0.0.1]/",
+            "https://[::]/",
+            "https://2130706433/",
+            "https://0x7f000001/",
+            "https://10.1/",
+            "ftp://example.com/",
+            "https://user:pw@example.com/",
+            "https://exa mple.com/",
+            "https://example.com:0/",
+            "https://example.com:99999/",
+            "https://example.com:+80/",
+            "https:///path",
+            "https://[::1/",
+            "https://ex_ample.com/",
+            "http://2130706433/",
+            "https://127.1/",
+            "https://0177.0.0.1/",
+            "https:///path",
+            "https:example.com/",
+            "https://example.com:0/",
+        ] {
+            assert!(check(url).is_err(), "{url} should be rejected");
+        }
+    }
+
+    #[test]
+    fn public_https_targets_are_accepted() {
+        let url = check("https://Hooks.Example.com./a/b?c=d#frag").unwrap();
+        assert_eq!(url.host, Host::Name("hooks.example.com".into()));
+        assert_eq!((url.port, url.target.as_str()), (443, "/a/b?c=d"));
+        assert!(check("https://8.8.8.8:8443/h").is_ok());
+        assert!(check("https://[2606:4700::1111]/h").is_ok());
+    }
+
+    #[test]
+    fn resolved_addresses_are_checked_per_host_kind() {
+        let public = check("https://hooks.example.com/").unwrap();
+        assert!(address_allowed(&public, "93.184.216.34".parse().unwrap()));
+        assert!(!address_allowed(&public, "127.0.0.1".parse().unwrap()));
+        assert!(!address_allowed(&public, "10.1.2.3".parse().unwrap()));
+        let local = check("http://localhost:9/").unwrap();
+        assert!(address_allowed(&local, "127.0.0.1".parse().unwrap()));
+        assert!(address_allowed(&local, "::1".parse().unwrap()));
+        assert!(!address_allowed(&local, "93.184.216.34".parse().unwrap()));
+    }
+}

@@ -1,0 +1,269 @@
+//! One pinned glommio executor per core: each starts its engine core, binds every listener
+//! (sharing the port through `SO_REUSEPORT`; core 0 also runs the admin listener), reports
+//! ready, serves until shutdown, then drains its connections and uploads what it holds.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use futures_rustls::TlsAcceptor;
+use glommio::net::TcpListener;
+use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
+use pico_engine::{CoreHandle, CoreSeed};
+
+use super::listeners::{explain_bind_error, spawn_admin, spawn_data_listener, DataServing};
+use crate::admin::metrics::HttpMetrics;
+use crate::admin::{AdminState, NodeFacts};
+use crate::auth::CoreTokens;
+use crate::config::Protocol;
+use crate::ds::DsSettings;
+use crate::limits::{BodyBudget, ConnectionLimits};
+use crate::pico::PicoSettings;
+use crate::shutdown::Shutdown;
+
+/// Graceful shutdown: how long in-flight requests get to finish, and how long the final
+/// upload may take.
+const SHUTDOWN_CONNECTIONS_WAIT: Duration = Duration::from_secs(10);
+const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(15);
+/// io_uring registered-buffer memory per core: small, so the default 8 MiB memlock suffices.
+const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
+
+/// What a core reports once it listens.
+struct Started {
+    /// The bound address of each listener, in the job's order.
+    listens: Vec<SocketAddr>,
+    admin: Option<SocketAddr>,
+}
+
+/// What every core is started with, each its own clone.
+#[derive(Clone)]
+pub(super) struct NodeJob {
+    pub(super) tls: Option<Arc<rustls::ServerConfig>>,
+    pub(super) serving: Arc<AtomicBool>,
+    pub(super) settings: PicoSettings,
+    pub(super) ds_settings: DsSettings,
+    pub(super) max_body_size: usize,
+    pub(super) request_timeout: Duration,
+    pub(super) in_flight_bytes_max: usize,
+    pub(super) shutdown: Shutdown,
+    pub(super) stopped: mpsc::Sender<Stopped>,
+}
+
+/// One core's job: its engine seed, the listeners, its counters, core 0's admin listener.
+struct CoreJob {
+    seed: CoreSeed,
+    listeners: Vec<(String, Protocol)>,
+    admin: Option<AdminJob>,
+    http: Arc<HttpMetrics>,
+    ready: mpsc::Sender<Result<Started, String>>,
+    node: NodeJob,
+}
+
+/// A core's report at the end of a graceful shutdown.
+pub(super) struct Stopped {
+    pub(super) core: usize,
+    pub(super) open_connections: u64,
+    pub(super) flushed: bool,
+}
+
+/// What core 0 needs to run the admin listener.
+pub(super) struct AdminJob {
+    pub(super) addr: String,
+    pub(super) facts: NodeFacts,
+    pub(super) scheme: &'static str,
+    pub(super) engine_metrics: pico_engine::metrics::NodeMetrics,
+    pub(super) http_metrics: Vec<Arc<HttpMetrics>>,
+}
+
+/// Starts one executor per seed, one at a time: core 0 resolves the listeners' addresses
+/// (port 0 picks a free one), written back into `listeners`, and the others share them.
+/// Core 0 also runs `admin`. Returns the executors and the admin listener's address.
+pub(super) fn start_cores(
+    seeds: Vec<CoreSeed>,
+    available: usize,
+    listeners: &mut [(String, Protocol)],
+    node: NodeJob,
+    mut admin: Option<AdminJob>,
+    http_metrics: &[Arc<HttpMetrics>],
+) -> Result<(Vec<ExecutorJoinHandle<()>>, Option<SocketAddr>), String> {
+    let cores = seeds.len();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
+    let mut admin_addr = None;
+    let mut handles = Vec::new();
+    for (index, seed) in seeds.into_iter().enumerate() {
+        let placement = if cores <= available {
+            Placement::Fixed(index)
+        } else {
+            Placement::Unbound
+        };
+        let job = CoreJob {
+            seed,
+            listeners: listeners.to_vec(),
+            admin: if index == 0 { admin.take() } else { None },
+            http: http_metrics[index].clone(),
+            ready: ready_tx.clone(),
+            node: node.clone(),
+        };
+        let handle = LocalExecutorBuilder::new(placement)
+            .name(&format!("pico-core-{index}"))
+            .io_memory(IO_MEMORY_PER_CORE_BYTES)
+            .spawn(move || run_core(job))
+            .map_err(|e| explain_executor_error(&e.to_string()))?;
+        handles.push(handle);
+        let started = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| format!("core {index} did not start within 30 s"))??;
+        if index == 0 {
+            for (listener, addr) in listeners.iter_mut().zip(&started.listens) {
+                listener.0 = addr.to_string();
+            }
+            admin_addr = started.admin;
+        }
+    }
+    Ok((handles, admin_addr))
+}
+
+fn explain_executor_error(error: &str) -> String {
+    if error.contains("io_uring")
+        || error.contains("Operation not permitted")
+        || error.contains("ENOSYS")
+    {
+        format!("cannot start an io_uring executor: {error}. io_uring may be disabled (kernel < 5.8, sysctl kernel.io_uring_disabled, or a container seccomp profile blocking io_uring_setup)")
+    } else {
+        format!("cannot start an executor: {error}")
+    }
+}
+
+async fn run_core(job: CoreJob) {
+    let CoreJob {
+        seed,
+        listeners,
+        admin,
+        http,
+        ready,
+        node,
+    } = job;
+    let NodeJob {
+        tls,
+        serving,
+        settings,
+        ds_settings,
+        max_body_size,
+        request_timeout,
+        in_flight_bytes_max,
+        shutdown,
+        stopped,
+    } = node;
+    // One budget for the bodies all this core's connections are receiving.
+    let bodies = BodyBudget::new(in_flight_bytes_max);
+    let limits = ConnectionLimits {
+        max_body_size,
+        request_timeout,
+        bodies,
+    };
+    let started = async {
+        let core = CoreHandle::start(seed).await?;
+        let mut bound = Vec::new();
+        for (addr, protocol) in &listeners {
+            let listener =
+                TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?;
+            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            bound.push((listener, local, *protocol));
+        }
+        let admin_listener = match &admin {
+            Some(job) => Some(
+                TcpListener::bind(&job.addr)
+                    .map_err(|e| explain_bind_error(&job.addr, &e.to_string()))?,
+            ),
+            None => None,
+        };
+        let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+        Ok::<_, String>((core, bound, admin_listener, admin_addr))
+    }
+    .await;
+    let (core, bound, admin_listener, admin_addr) = match started {
+        Ok(parts) => parts,
+        Err(message) => {
+            let _ = ready.send(Err(message));
+            return;
+        }
+    };
+    settings.subscriptions.start_on_core(&core);
+    let tls = tls.map(TlsAcceptor::from);
+    let admin_tls = tls.clone();
+    let stop = shutdown.on_this_core();
+    // The core's executor runs until this task ends: connections and uploads finish first.
+    let stopper = {
+        let (stop, core, http) = (stop.clone(), core.clone(), http.clone());
+        glommio::spawn_local(async move {
+            stop.wait().await;
+            core.begin_shutdown();
+            let deadline = std::time::Instant::now() + SHUTDOWN_CONNECTIONS_WAIT;
+            while http.connections.load(Ordering::Relaxed) > 0
+                && std::time::Instant::now() < deadline
+            {
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+            let open_connections = http.connections.load(Ordering::Relaxed);
+            let flushed = core.flush(SHUTDOWN_FLUSH_WAIT).await;
+            let _ = stopped.send(Stopped {
+                core: core.core(),
+                open_connections,
+                flushed,
+            });
+        })
+    };
+    let tokens = settings.auth.clone().map(CoreTokens::new);
+    if let (Some(admin_listener), Some(job)) = (admin_listener, admin) {
+        let advertised = bound
+            .first()
+            .map(|(_, addr, _)| format!("{}://{addr}", job.scheme))
+            .unwrap_or_default();
+        let state = Rc::new(AdminState {
+            serving,
+            core: core.clone(),
+            engine_metrics: job.engine_metrics,
+            http_metrics: job.http_metrics,
+            started: std::time::Instant::now(),
+            facts: NodeFacts {
+                advertised_address: advertised,
+                ..job.facts
+            },
+            slots: Cell::new(job.facts.cores as u64),
+            tokens: tokens.clone(),
+        });
+        spawn_admin(
+            admin_listener,
+            admin_tls,
+            &limits,
+            state,
+            http.clone(),
+            stop.clone(),
+        );
+    }
+    let _ = ready.send(Ok(Started {
+        listens: bound.iter().map(|(_, addr, _)| *addr).collect(),
+        admin: admin_addr,
+    }));
+    let serving = DataServing {
+        core,
+        tls,
+        tokens,
+        settings: Rc::new(settings),
+        ds_settings: Rc::new(ds_settings),
+        limits,
+        http,
+        stop,
+    };
+    let mut loops = Vec::new();
+    for (listener, _, protocol) in bound {
+        loops.push(spawn_data_listener(listener, protocol, &serving));
+    }
+    for task in loops {
+        task.await;
+    }
+    stopper.await;
+}

@@ -1,0 +1,305 @@
+//! Process set-up before any core runs: the checks that refuse to start (locked memory, auth
+//! and remote listeners, TLS files), the engine's boot, the startup log lines, and the
+//! settings each protocol is served with.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use pico_engine::{Boot, ClusterConfig, EngineConfig};
+
+use crate::admin::NodeFacts;
+use crate::auth::SharedTokens;
+use crate::config::{Durability, Protocol, ServerConfig};
+use crate::ds::subscriptions::Subscriptions;
+use crate::ds::DsSettings;
+use crate::pico::PicoSettings;
+use crate::transport::tls;
+
+/// glommio refuses to start below this much locked memory.
+const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
+
+/// glommio needs locked memory for its rings; raise the soft limit to the hard one, and say
+/// how to fix it when that is still too low.
+pub(super) fn check_memlock() -> Result<(), String> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
+            return Ok(());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < MEMLOCK_MIN_BYTES {
+        return Err(format!(
+            "locked-memory limit is {} KiB but io_uring needs at least {} KiB: run `ulimit -l 8192` (or set LimitMEMLOCK= in systemd, --ulimit memlock= in Docker)",
+            limit.rlim_cur / 1024,
+            MEMLOCK_MIN_BYTES / 1024
+        ));
+    }
+    Ok(())
+}
+
+/// `--auth required`: the token table, loaded from `--auth-tokens`.
+pub(super) fn load_tokens(config: &ServerConfig) -> Result<Option<Arc<SharedTokens>>, String> {
+    match (config.auth_required, &config.auth_tokens) {
+        (true, Some(path)) => {
+            let tokens = SharedTokens::load(path)?;
+            Ok(Some(tokens))
+        }
+        (true, None) => Err("--auth required needs --auth-tokens FILE".into()),
+        (false, _) => Ok(None),
+    }
+}
+
+/// Without authentication every listener must be loopback, unless `--insecure-allow-remote`.
+pub(super) fn refuse_open_remote_listeners(
+    config: &ServerConfig,
+    authenticated: bool,
+) -> Result<(), String> {
+    if !authenticated && !config.insecure_allow_remote {
+        let mut listeners = vec![config.listen.clone()];
+        listeners.extend(config.ds_listen.clone());
+        listeners.extend(config.admin_listen.clone());
+        for addr in listeners {
+            if !is_loopback(&addr)? {
+                return Err(format!(
+                    "refusing to listen on {addr} without authentication: use --auth required --auth-tokens FILE, or --insecure-allow-remote to expose it anyway"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether every address `addr` resolves to is a loopback address.
+fn is_loopback(addr: &str) -> Result<bool, String> {
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve listen address {addr}: {e}"))?
+        .collect();
+    Ok(!resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// `--tls-cert` and `--tls-key`: the TLS set-up every listener then serves.
+pub(super) fn tls_config(
+    config: &ServerConfig,
+) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(tls::server_config(cert, key)?)),
+        (None, None) => Ok(None),
+        _ => Err("--tls-cert and --tls-key go together".into()),
+    }
+}
+
+/// The engine, booted: its recovered cores' seeds and handles, and the facts set-up decided.
+pub(super) struct Booted {
+    pub(super) boot: Boot,
+    /// Cores to run (`--cores`, else one per available CPU).
+    pub(super) cores: usize,
+    /// CPUs available: cores past them are not pinned.
+    pub(super) available: usize,
+    pub(super) node_epoch_ms: u64,
+}
+
+/// Opens the metadata log and the object store and recovers the WAL (`pico_engine::boot`),
+/// as a cluster member when the metadata log is shared.
+pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, String> {
+    let available = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let cores = if config.cores == 0 {
+        available
+    } else {
+        config.cores
+    };
+    // A shared metadata database makes this node a cluster member (SQLite admits one node).
+    // net reads the metadata log directly here because the engine has no method saying
+    // whether a `--meta-url` names a shared (clustered) log.
+    let clustered = matches!(
+        pico_engine::meta::MetaUrl::parse(&config.meta_url),
+        Ok(pico_engine::meta::MetaUrl::Postgres(_))
+    );
+    let node_epoch = config
+        .node_epoch
+        .unwrap_or_else(|| pico_engine::now_ms() as u64);
+    let node_id = match (clustered, config.node_id) {
+        (true, None) => Some(1),
+        (_, id) => id,
+    };
+    let cluster_config = clustered.then(|| ClusterConfig {
+        node_id: node_id.unwrap_or(1),
+        node_epoch,
+        // Published once the listener is bound (see `advertise`).
+        address: config.http_address.clone().unwrap_or_default(),
+        slots: config.slots,
+        lease_ms: config.lease_ms,
+        redirect: !config.routing_local,
+        cluster_id: config.cluster_id.clone(),
+    });
+    let engine_config = EngineConfig {
+        cores,
+        wal_dir: config.wal_dir.clone(),
+        durability: config.durability,
+        segment_size: config.segment_size,
+        segment_max_age_ms: match config.durability {
+            Durability::Object => config.object_flush_ms,
+            Durability::Local | Durability::Memory => config.segment_max_age_ms,
+        },
+        segment_cache_bytes: config.segment_cache_bytes,
+        node_epoch_ms: node_epoch,
+        node_id,
+        in_flight_bytes_max: config.in_flight_bytes_max,
+        unuploaded_bytes_max: config.unuploaded_bytes_max,
+        gc_interval_ms: config.gc_interval_ms,
+    };
+    let node_epoch_ms = engine_config.node_epoch_ms;
+    let boot = pico_engine::boot(
+        engine_config,
+        &config.meta_url,
+        &config.storage,
+        cluster_config,
+    )?;
+    Ok(Booted {
+        boot,
+        cores,
+        available,
+        node_epoch_ms,
+    })
+}
+
+/// One line per startup fact, so each can be grepped for.
+pub(super) fn log_startup(
+    config: &ServerConfig,
+    cores: usize,
+    report: &[String],
+    auth: Option<&SharedTokens>,
+) {
+    for line in report {
+        log::info!("{line}");
+    }
+    log::info!("cores: {cores}");
+    log::info!(
+        "durability: {}",
+        match config.durability {
+            Durability::Local => "local (acknowledged after the WAL fdatasync)".to_string(),
+            Durability::Object => format!(
+                "object (acknowledged once stored in the bucket; segments seal every {} ms)",
+                config.object_flush_ms
+            ),
+            Durability::Memory => {
+                "memory (NOTHING survives a crash: benchmarks and tests only)".to_string()
+            }
+        }
+    );
+    log::info!(
+        "metadata: {}",
+        pico_engine::displayed_meta_url(&config.meta_url)
+    );
+    log::info!("storage: {}", config.storage);
+    log::info!("wal: {}", config.wal_dir.display());
+    match auth {
+        Some(tokens) => log::info!(
+            "auth required: {} token grants (SIGHUP reloads)",
+            tokens.current_len()
+        ),
+        None => log::info!("auth off"),
+    }
+    if config.durability == Durability::Memory {
+        log::warn!("--durability memory: acknowledged appends are lost on a crash");
+    }
+}
+
+/// One registry per node: both protocols' writes wake the same subscriptions. Its state
+/// file is node-local like the WAL, and the WAL directory is already locked to this node.
+/// `--durability memory` keeps nothing across a crash, subscriptions included.
+pub(super) fn open_subscriptions(config: &ServerConfig) -> Result<Arc<Subscriptions>, String> {
+    Ok(Arc::new(if config.durability == Durability::Memory {
+        log::info!("subscriptions: in memory (--durability memory)");
+        Subscriptions::new()
+    } else {
+        let subscriptions = Subscriptions::open(&config.wal_dir)?;
+        if let Some(path) = subscriptions.state_path() {
+            log::info!(
+                "subscriptions: {} loaded from {}",
+                subscriptions.len(),
+                path.display()
+            );
+        }
+        subscriptions
+    }))
+}
+
+/// The settings of the Pico and the Durable Streams handlers.
+pub(super) fn protocol_settings(
+    config: &ServerConfig,
+    auth: Option<Arc<SharedTokens>>,
+    subscriptions: Arc<Subscriptions>,
+    scheme: &'static str,
+) -> (PicoSettings, DsSettings) {
+    let settings = PicoSettings {
+        long_poll_timeout_ms: config.long_poll_timeout_ms,
+        max_chunk_size: if config.max_chunk_size == 0 {
+            64 * 1024
+        } else {
+            config.max_chunk_size
+        },
+        sse_max_duration_ms: config.sse_max_duration_ms,
+        cors_origin: config.cors_origin.clone(),
+        auth,
+        subscriptions: subscriptions.clone(),
+        default_retention: config.default_retention,
+    };
+    let ds_settings = DsSettings {
+        long_poll_timeout_ms: config.long_poll_timeout_ms,
+        sse_max_duration_ms: config.sse_max_duration_ms,
+        max_chunk_size: settings.max_chunk_size,
+        // A catch-up never answers less than a live read would.
+        catch_up_bytes: config.catch_up_read_size.max(settings.max_chunk_size),
+        cors_origin: config.cors_origin.clone(),
+        scheme,
+        subscriptions,
+        default_retention: config.default_retention,
+    };
+    (settings, ds_settings)
+}
+
+/// `--listen` speaks `--protocol`; `--ds-listen` adds the other one on the same data.
+pub(super) fn data_listeners(config: &ServerConfig) -> Vec<(String, Protocol)> {
+    let other = match config.protocol {
+        Protocol::Pico => Protocol::DurableStreams,
+        Protocol::DurableStreams => Protocol::Pico,
+    };
+    let mut listeners: Vec<(String, Protocol)> = vec![(config.listen.clone(), config.protocol)];
+    if let Some(addr) = &config.ds_listen {
+        listeners.push((addr.clone(), other));
+    }
+    listeners
+}
+
+/// What the admin API says about the node (the advertised address is filled in once bound).
+pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64) -> NodeFacts {
+    NodeFacts {
+        advertised_address: String::new(),
+        node_epoch_ms,
+        cores,
+        durability: match config.durability {
+            Durability::Local => "local",
+            Durability::Object => "object",
+            Durability::Memory => "memory",
+        },
+        storage: config.storage.clone(),
+        meta_url: pico_engine::displayed_meta_url(&config.meta_url),
+    }
+}

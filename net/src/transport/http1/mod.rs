@@ -1,0 +1,194 @@
+//! HTTP/1.1 on one connection: keep-alive and pipelining (requests are answered in order, one
+//! at a time); a connection opening with the h2 preface is handed to HTTP/2. Reading a request
+//! is `parse.rs` (over `read.rs`), writing its answer `write.rs`.
+//!
+//! Limits: the request head is at most [`crate::limits::HEAD_BYTES_MAX`] with
+//! [`crate::limits::HEADERS_MAX`] headers (else `431`), a body at most `max_body_size` (else
+//! `413`, and the connection closes once the rest of the body was discarded, bounded, since it
+//! cannot be parsed as a next request).
+
+mod parse;
+mod read;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use std::future::Future;
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite};
+
+use crate::limits::{
+    ConnectionLimits, OVERSIZED_BODY_DRAIN_BYTES_MAX, OVERSIZED_BODY_DRAIN_TIMEOUT,
+};
+use crate::shutdown::CoreShutdown;
+use crate::transport::http2;
+use crate::transport::message::{refusal, within, Request, Response};
+use parse::read_request;
+pub use parse::ProtocolError;
+use read::{fill_idle, peer_gone};
+use write::write_response;
+
+/// Serves a connection until the peer closes or an error ends it: HTTP/2 when it opens with
+/// the h2 preface (prior knowledge), HTTP/1.1 otherwise. `handle` answers one request;
+/// `on_error` renders a protocol error in the listener's style.
+pub async fn serve_connection<S, H, F>(
+    mut stream: S,
+    limits: ConnectionLimits,
+    handle: Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
+) where
+    S: crate::transport::socket::Socket,
+    H: Fn(Request) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let mut buf = BytesMut::new();
+    loop {
+        let seen = buf.len().min(http2::PREFACE.len());
+        if buf[..seen] != http2::PREFACE[..seen] {
+            break;
+        }
+        if seen == http2::PREFACE.len() {
+            let stream = http2::Prefixed::new(buf, stream);
+            // Boxed, so an HTTP/1.1 connection's future does not carry HTTP/2's state.
+            let h2 = http2::serve_connection(stream, limits, handle, on_error, stop);
+            return Box::pin(h2).await;
+        }
+        let more = within(limits.request_timeout, fill_idle(&mut stream, &mut buf)).await;
+        if !matches!(more, Some(Ok(true))) {
+            return;
+        }
+    }
+    serve_http1(stream, buf, limits, handle, on_error, stop).await
+}
+
+async fn serve_http1<S, H, F>(
+    mut stream: S,
+    mut buf: BytesMut,
+    limits: ConnectionLimits,
+    handle: Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(Request) -> F,
+    F: Future<Output = Response>,
+{
+    loop {
+        if buf.is_empty() {
+            // Idle between requests: a shutdown closes the connection here, never mid-request.
+            let first = stop
+                .unless_stopped(within(
+                    limits.request_timeout,
+                    fill_idle(&mut stream, &mut buf),
+                ))
+                .await;
+            if !matches!(first, Some(Some(Ok(true)))) {
+                return;
+            }
+        }
+        // A request is arriving. Its future (with the reading and handling phases boxed
+        // inside it, about 1.2 KiB) is put on the heap for as long as it runs, so an idle
+        // connection's own future stays a few hundred bytes instead of carrying that room for
+        // the connection's whole life.
+        let served = serve_request(&mut stream, &mut buf, &limits, &*handle, on_error, &stop);
+        if !Box::pin(served).await {
+            return;
+        }
+    }
+}
+
+/// Reads, handles and answers one request whose first bytes are in `buf`; whether the
+/// connection goes on.
+async fn serve_request<S, H, F>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    limits: &ConnectionLimits,
+    handle: &H,
+    on_error: fn(u16, &str) -> Response,
+    stop: &CoreShutdown,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(Request) -> F,
+    F: Future<Output = Response>,
+{
+    // Each phase's future is on the heap only while that phase runs: a request parked in its
+    // handler (a long-poll) or streaming its response (SSE) holds that phase's room only.
+    let read = Box::pin(within(
+        limits.request_timeout,
+        read_request(stream, buf, limits),
+    ))
+    .await;
+    let Some(read) = read else {
+        // Idle keep-alive connections just close; a stalled request learns why.
+        if !buf.is_empty() {
+            let response = on_error(408, "request not received in time");
+            let _ = write_response(stream, buf, response, false, false).await;
+        }
+        return false;
+    };
+    let parsed = match read {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => return false,
+        Err(e) => {
+            let response = refusal(on_error, e.status, &e.message);
+            let _ = write_response(stream, buf, response, false, false).await;
+            // What was received of a refused request is not kept while the rest drains
+            // (the core's body budget no longer counts it).
+            drop(std::mem::take(buf));
+            if e.status == 413 || e.status == 429 {
+                // Closing with the body still arriving would reset the connection before
+                // the client reads the 413; discard (bounded) what it still sends first.
+                let discard = async {
+                    // On the heap, only while draining: an array would be part of the
+                    // request's future (several times over: a future keeps the room of a
+                    // value it moved).
+                    let mut sink = vec![0u8; 16 * 1024];
+                    let mut left = OVERSIZED_BODY_DRAIN_BYTES_MAX;
+                    while left > 0 {
+                        match stream.read(&mut sink).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => left = left.saturating_sub(n),
+                        }
+                    }
+                };
+                within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard).await;
+            }
+            return false;
+        }
+    };
+    let (request, keep_alive, body_held) = parsed;
+    let head_only = request.method == "HEAD";
+    // A read can be dropped when its client leaves (a long-poll then leaves no waiter and
+    // frees its connection slot); a write always runs to its end.
+    let cancellable = head_only || request.method == "GET";
+    let response = if cancellable {
+        // Boxed: once the handler answers, its room is given back before the response is
+        // written (an SSE response is written for as long as it lives).
+        let answer = Box::pin(futures_lite::future::or(
+            async { Some(handle(request).await) },
+            async {
+                peer_gone(stream, buf).await;
+                None
+            },
+        ));
+        match answer.await {
+            Some(response) => response,
+            None => return false,
+        }
+    } else {
+        // Boxed too: inline, its room would size this future (and so a live read's) anyway.
+        Box::pin(handle(request)).await
+    };
+    // The body was handled (its records are the engine's now, counted there).
+    drop(body_held);
+    // Once the node is stopping, the response in hand is the connection's last.
+    let keep_alive = keep_alive && !stop.is_set();
+    write_response(stream, buf, response, head_only, keep_alive)
+        .await
+        .is_ok()
+        && keep_alive
+}

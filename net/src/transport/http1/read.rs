@@ -1,0 +1,109 @@
+//! Reading from an HTTP/1.1 connection's socket into its buffer: idle waits that hold no
+//! buffer, reads while a request arrives, and noticing a peer that left mid-request.
+
+use bytes::BytesMut;
+use futures_lite::{AsyncRead, AsyncReadExt};
+
+use crate::limits::HEAD_BYTES_MAX;
+
+/// Bytes asked of the socket per read while a request arrives.
+pub(super) const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Bytes asked of the socket by the first read of a connection and between requests: most
+/// request heads (and small bodies) fit. Read through a stack scratch, so an idle
+/// connection holds no buffer; the larger reads start once a request is arriving.
+const IDLE_READ_BYTES: usize = 4 * 1024;
+/// While a request is handled: each read of what the peer sends meanwhile (a pipelined
+/// request, or nothing until it closes) takes at most this much.
+const PEER_READ_BYTES: usize = 2 * 1024;
+/// The stack scratch of [`read_arriving`]: the most one of its reads takes.
+const ARRIVING_READ_BYTES_MAX: usize = 4 * 1024;
+
+/// Completes when the peer closes the connection (or it fails) while a request is handled;
+/// bytes it sends meanwhile (a pipelined next request) are kept in `buf`, up to a request
+/// head's worth, after which it stops reading. Cancel-safe: bytes are moved into `buf` in the
+/// poll that reads them.
+pub(super) async fn peer_gone<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) {
+    while buf.len() < HEAD_BYTES_MAX {
+        match read_arriving(stream, buf, PEER_READ_BYTES).await {
+            Ok(false) | Err(_) => return,
+            Ok(true) => {}
+        }
+    }
+    std::future::pending::<()>().await
+}
+
+/// Waits for the next bytes of a connection that holds no room for them: each poll reads
+/// into a scratch array on the stack (for that poll only, never part of a future) and only
+/// bytes that arrived are appended to `buf`. So a connection waiting for its next request, or
+/// for its client to leave during a long-poll or an SSE response, holds no buffer at all
+/// (thousands wait at once). Cancel-safe: `buf` changes only in the poll that read. `false`
+/// at end of stream.
+async fn read_arriving<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    most: usize,
+) -> std::io::Result<bool> {
+    std::future::poll_fn(|cx| {
+        let mut scratch = [0u8; ARRIVING_READ_BYTES_MAX];
+        let room = most.min(ARRIVING_READ_BYTES_MAX);
+        match std::pin::Pin::new(&mut *stream).poll_read(cx, &mut scratch[..room]) {
+            std::task::Poll::Ready(Ok(n)) => {
+                buf.extend_from_slice(&scratch[..n]);
+                std::task::Poll::Ready(Ok(n > 0))
+            }
+            std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
+pub(super) async fn fill<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<bool> {
+    read_into(stream, buf, READ_CHUNK_BYTES).await
+}
+
+/// Waits for the next bytes of an idle connection, holding no buffer meanwhile: the previous
+/// request's buffer is let go first.
+pub(super) async fn fill_idle<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<bool> {
+    if buf.is_empty() && buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+    read_arriving(stream, buf, IDLE_READ_BYTES).await
+}
+
+/// Reads at most `room` more bytes onto the end of `buf`; `false` at end of stream.
+async fn read_into<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    room: usize,
+) -> std::io::Result<bool> {
+    let len = buf.len();
+    buf.resize(len + room, 0);
+    let n = stream.read(&mut buf[len..]).await;
+    let n = match n {
+        Ok(n) => n,
+        Err(e) => {
+            buf.truncate(len);
+            return Err(e);
+        }
+    };
+    buf.truncate(len + n);
+    Ok(n > 0)
+}
+
+/// Reads into `buf`'s spare capacity (at most one read's worth) without growing it; `false`
+/// at end of stream.
+pub(super) async fn fill_spare<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<bool> {
+    let room = (buf.capacity() - buf.len()).min(READ_CHUNK_BYTES);
+    read_into(stream, buf, room).await
+}

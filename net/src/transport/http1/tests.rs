@@ -1,0 +1,244 @@
+//! Tests of HTTP/1.1 connections: the room an idle or parked connection holds, request
+//! parsing (fuzzed), strict chunked framing, and the body budget.
+
+use bytes::Bytes;
+
+use super::parse::*;
+use super::*;
+
+/// An idle HTTP/1.1 connection holds its own small future only: the request's (here a
+/// handler holding 32 KiB across an await) is on the heap while it runs. Inline, every
+/// connection would carry that room for its whole life (124 KiB per idle connection
+/// before, measured with 2,000 of them; BENCHMARKS.md).
+#[test]
+fn an_idle_connection_does_not_carry_a_request_s_future() {
+    let bytes = glommio::LocalExecutor::default().run(async {
+        let handle = Rc::new(|_request: Request| async {
+            let scratch = [1u8; 32 * 1024];
+            futures_lite::future::yield_now().await;
+            Response::new(200).with_body(Bytes::copy_from_slice(&scratch[..1]))
+        });
+        let stop = crate::shutdown::Shutdown::default().on_this_core();
+        let stream = futures_lite::io::Cursor::new(Vec::<u8>::new());
+        let limits = ConnectionLimits::with_body_limit(1 << 20);
+        let connection = serve_http1(
+            stream,
+            BytesMut::new(),
+            limits,
+            handle,
+            |s, _| Response::new(s),
+            stop,
+        );
+        std::mem::size_of_val(&connection)
+    });
+    assert!(bytes < 4096, "a connection's future takes {bytes} bytes");
+}
+
+/// A request parked in its handler (a long-poll) or streaming its response (SSE) holds the
+/// handler's future plus little else: reading the request and handling it are boxed
+/// phases, writing the answer is small, and watching for the peer leaving keeps no buffer
+/// of its own. (With a trivial handler: 12,048 bytes before, when the phases were inline.)
+#[test]
+fn a_parked_request_holds_little_besides_its_handler() {
+    let (request, watch, write) = glommio::LocalExecutor::default().run(async {
+        let handle = |_request: Request| async {
+            futures_lite::future::yield_now().await;
+            Response::new(200)
+        };
+        let stop = crate::shutdown::Shutdown::default().on_this_core();
+        let mut stream = futures_lite::io::Cursor::new(Vec::<u8>::new());
+        let limits = ConnectionLimits::with_body_limit(1 << 20);
+        let mut buf = BytesMut::new();
+        let on_error = |s, _: &str| Response::new(s);
+        let request = std::mem::size_of_val(&serve_request(
+            &mut stream,
+            &mut buf,
+            &limits,
+            &handle,
+            on_error,
+            &stop,
+        ));
+        let watch = std::mem::size_of_val(&peer_gone(&mut stream, &mut buf));
+        let response = Response::new(200);
+        let write = std::mem::size_of_val(&write_response(
+            &mut stream,
+            &mut buf,
+            response,
+            false,
+            false,
+        ));
+        (request, watch, write)
+    });
+    assert!(
+        request < 2048,
+        "a request's own future takes {request} bytes"
+    );
+    assert!(watch < 256, "watching for the peer takes {watch} bytes");
+    assert!(write < 2048, "writing a response takes {write} bytes");
+}
+
+/// Parses `wire` as one request with a 1 MiB body limit: the status of the error, or 0.
+fn parse_status(wire: &[u8]) -> u16 {
+    let mut stream = futures_lite::io::Cursor::new(wire.to_vec());
+    let mut buf = BytesMut::new();
+    let limits = ConnectionLimits::with_body_limit(1 << 20);
+    let read = read_request(&mut stream, &mut buf, &limits);
+    match futures_lite::future::block_on(read) {
+        Ok(_) => 0,
+        Err(e) => e.status,
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(crate::fuzzing::config())]
+    #[test]
+    fn fuzz_http1_request(wire in crate::fuzzing::inputs("http1")) {
+        let mut stream = futures_lite::io::Cursor::new(wire);
+        let mut buf = BytesMut::new();
+        let limits = ConnectionLimits::with_body_limit(4096);
+        let read = read_request(&mut stream, &mut buf, &limits);
+        if let Ok(Some((request, _, _))) = futures_lite::future::block_on(read) {
+            proptest::prop_assert!(request.body.len() <= 4096);
+            proptest::prop_assert!(request.path.starts_with('/'));
+        }
+    }
+}
+
+const CHUNKED: &str = "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+#[test]
+fn chunk_sizes_from_the_wire_never_overflow() {
+    for size in ["ffffffffffffffff", "fffffffffffffff0", "100001"] {
+        let wire = format!("{CHUNKED}1\r\na\r\n{size}\r\n");
+        assert_eq!(parse_status(wire.as_bytes()), 413, "chunk size {size}");
+    }
+    let overlong = format!("{CHUNKED}00000000000000001\r\na\r\n0\r\n\r\n");
+    assert_eq!(parse_status(overlong.as_bytes()), 400);
+}
+
+#[test]
+fn chunk_size_lines_are_strict() {
+    for line in ["+1", "-1", "0x1", " 1", "1 x", "", ";a", "1\na"] {
+        let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
+        assert_eq!(
+            parse_status(wire.as_bytes()),
+            400,
+            "chunk size line {line:?}"
+        );
+    }
+    for line in ["1", "1;name=value", "1 ;name", "01"] {
+        let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
+        assert_eq!(parse_status(wire.as_bytes()), 0, "chunk size line {line:?}");
+    }
+}
+
+#[test]
+fn framing_that_proxies_read_differently_is_refused() {
+    let http10 = "POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n";
+    assert_eq!(parse_status(http10.as_bytes()), 400);
+    let twice = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    assert_eq!(parse_status(twice.as_bytes()), 400);
+    let bare_lf = "POST /x HTTP/1.1\nHost: a\nContent-Length: 1\n\na";
+    assert_eq!(parse_status(bare_lf.as_bytes()), 400);
+    let mixed = "GET /x HTTP/1.1\r\nHost: a\nX: y\r\n\r\n";
+    assert_eq!(parse_status(mixed.as_bytes()), 400);
+    let signed = "POST /x HTTP/1.1\r\nContent-Length: +1\r\n\r\na";
+    assert_eq!(parse_status(signed.as_bytes()), 400);
+    let fine = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\na";
+    assert_eq!(parse_status(fine.as_bytes()), 0);
+}
+
+/// A stream that hands out its bytes a few KiB per read, as a socket under load does.
+struct Trickle(futures_lite::io::Cursor<Vec<u8>>);
+
+impl futures_lite::AsyncRead for Trickle {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        out: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let n = out.len().min(3000);
+        std::pin::Pin::new(&mut self.0).poll_read(cx, &mut out[..n])
+    }
+}
+
+impl futures_lite::AsyncWrite for Trickle {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Ok(data.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_close(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[test]
+fn a_body_takes_no_more_memory_than_the_budget_was_charged() {
+    let size = 3_000_000;
+    let mut chunked = CHUNKED.as_bytes().to_vec();
+    for part in vec![b'c'; size].chunks(100_000) {
+        chunked.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        chunked.extend_from_slice(part);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let mut plain = format!("POST /x HTTP/1.1\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    plain.extend(std::iter::repeat_n(b'p', size));
+    for wire in [plain, chunked] {
+        let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
+        let mut buf = BytesMut::new();
+        let limits = ConnectionLimits::with_body_limit(8 << 20);
+        let read = read_request(&mut stream, &mut buf, &limits);
+        let (request, _, held) = futures_lite::future::block_on(read).unwrap().unwrap();
+        assert_eq!(request.body.len(), size);
+        drop(buf);
+        let allocated = request.body.try_into_mut().unwrap().capacity();
+        let charged = limits.bodies.held_bytes();
+        // Left to `BytesMut`, doubling left up to twice the body allocated, half uncounted.
+        assert!(
+            allocated <= charged,
+            "{allocated} bytes held, {charged} charged"
+        );
+        assert!(
+            charged <= size + (64 << 10),
+            "charged {charged} for {size} bytes"
+        );
+        drop(held);
+        assert_eq!(limits.bodies.held_bytes(), 0);
+    }
+}
+
+#[test]
+fn a_body_past_the_budget_is_refused_while_another_is_held() {
+    let limits = ConnectionLimits {
+        bodies: crate::limits::BodyBudget::new(1 << 20),
+        ..ConnectionLimits::with_body_limit(8 << 20)
+    };
+    let mut first = limits.bodies.reservation();
+    assert!(first.grow_to(512 << 10));
+    let size = 600 << 10;
+    let mut wire = format!("POST /x HTTP/1.1\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    wire.extend(std::iter::repeat_n(b'p', size));
+    let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
+    let mut buf = BytesMut::new();
+    let read = read_request(&mut stream, &mut buf, &limits);
+    let refused = futures_lite::future::block_on(read).err().unwrap();
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        limits.bodies.held_bytes(),
+        512 << 10,
+        "the refused body gave its share back"
+    );
+}

@@ -1,0 +1,233 @@
+//! What both HTTP versions hand the protocols and take back: one [`Request`] with its whole
+//! body and one [`Response`] with its [`Body`], plus the two helpers both connection loops
+//! share. `http1` and `http2` both build on this file, so neither needs the other's types.
+
+use std::future::Future;
+
+use bytes::{Bytes, BytesMut};
+
+/// Small body parts are joined into writes of up to this many bytes.
+pub const WRITE_COALESCE_BYTES: usize = 64 * 1024;
+
+/// A parsed request with its whole body.
+#[derive(Debug)]
+pub struct Request {
+    pub method: String,
+    /// The path exactly as received, without the query string.
+    pub path: String,
+    /// The raw query string (without `?`), empty if none.
+    pub query: String,
+    /// Header names lowercased.
+    pub headers: Vec<(String, Bytes)>,
+    pub body: Bytes,
+}
+
+impl Request {
+    /// The first header with this (lowercase) name, as text; empty values count as absent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// A body produced while it is sent (SSE): each item goes out as one chunk, right away.
+pub type BodyStream = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Bytes>>>;
+
+/// A response's body, in the form it was produced in.
+pub enum Body {
+    /// One buffer; empty when the response has no body.
+    Full(Bytes),
+    /// These buffers back to back (at least two, none empty): a read is served from the
+    /// stored records' own buffers instead of a joined copy.
+    Parts(Vec<Bytes>),
+    /// Sent while it is produced, with chunked transfer encoding (HTTP/1.1) or DATA frames
+    /// (HTTP/2), until it ends.
+    Stream(BodyStream),
+}
+
+impl Body {
+    /// No body.
+    pub const fn empty() -> Body {
+        Body::Full(Bytes::new())
+    }
+}
+
+/// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Body,
+}
+
+impl std::fmt::Debug for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let body = match &self.body {
+            Body::Full(bytes) => format!("{bytes:?}"),
+            Body::Parts(parts) => format!("{} parts", parts.len()),
+            Body::Stream(_) => "stream".to_string(),
+        };
+        f.debug_struct("Response")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &body)
+            .finish()
+    }
+}
+
+impl Response {
+    pub fn new(status: u16) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Body::empty(),
+        }
+    }
+
+    /// The body as several buffers (see [`Body::Parts`]); one buffer or none is a plain body.
+    pub fn with_parts(mut self, mut parts: Vec<Bytes>) -> Response {
+        parts.retain(|p| !p.is_empty());
+        self.body = match parts.len() {
+            0 => Body::empty(),
+            1 => Body::Full(parts.pop().unwrap_or_default()),
+            _ => Body::Parts(parts),
+        };
+        self
+    }
+
+    /// Bytes of the body, whichever form it has (an event stream's are not known: 0).
+    pub fn body_len(&self) -> usize {
+        match &self.body {
+            Body::Full(bytes) => bytes.len(),
+            Body::Parts(parts) => parts.iter().map(Bytes::len).sum(),
+            Body::Stream(_) => 0,
+        }
+    }
+
+    /// The body as one buffer, if it is one (tests read answers with it).
+    pub fn full_body(&self) -> Option<&Bytes> {
+        match &self.body {
+            Body::Full(bytes) => Some(bytes),
+            _ => None,
+        }
+    }
+
+    /// Drops the body (a `304`, or a redirect's).
+    pub fn clear_body(&mut self) {
+        self.body = Body::empty();
+    }
+
+    /// The event stream, if the body is one; the body is then empty.
+    pub fn take_stream(&mut self) -> Option<BodyStream> {
+        match std::mem::replace(&mut self.body, Body::empty()) {
+            Body::Stream(stream) => Some(stream),
+            other => {
+                self.body = other;
+                None
+            }
+        }
+    }
+
+    /// The body's buffers ready for the socket: small neighbours joined into buffers of up to
+    /// [`WRITE_COALESCE_BYTES`] (fewer writes and frames), large ones passed through as they are.
+    /// An event stream is left in place (it has no buffers yet).
+    pub fn take_body_buffers(&mut self) -> Vec<Bytes> {
+        let parts = match std::mem::replace(&mut self.body, Body::empty()) {
+            Body::Full(bytes) if bytes.is_empty() => return Vec::new(),
+            Body::Full(bytes) => return vec![bytes],
+            Body::Parts(parts) => parts,
+            stream @ Body::Stream(_) => {
+                self.body = stream;
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        let mut pending = BytesMut::new();
+        for part in parts {
+            if part.len() >= WRITE_COALESCE_BYTES / 4 {
+                if !pending.is_empty() {
+                    out.push(pending.split().freeze());
+                }
+                out.push(part);
+                continue;
+            }
+            if pending.len() + part.len() > WRITE_COALESCE_BYTES {
+                out.push(pending.split().freeze());
+            }
+            pending.extend_from_slice(&part);
+        }
+        if !pending.is_empty() {
+            out.push(pending.freeze());
+        }
+        out
+    }
+
+    pub fn with_stream(mut self, stream: BodyStream) -> Response {
+        self.body = Body::Stream(stream);
+        self
+    }
+
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub fn with_body(mut self, body: impl Into<Bytes>) -> Response {
+        self.body = Body::Full(body.into());
+        self
+    }
+}
+
+/// A request the connection refused, rendered in the listener's style; a `429` also says when
+/// to retry. Both HTTP versions answer their refusals through this.
+pub(crate) fn refusal(on_error: fn(u16, &str) -> Response, status: u16, message: &str) -> Response {
+    let mut response = on_error(status, message);
+    if status == 429 {
+        response.headers.push(("retry-after", "1".into()));
+    }
+    response
+}
+
+/// `future`'s output, or `None` once `limit` has passed.
+pub(crate) async fn within<T>(
+    limit: std::time::Duration,
+    future: impl Future<Output = T>,
+) -> Option<T> {
+    futures_lite::future::or(async { Some(future.await) }, async {
+        glommio::timer::sleep(limit).await;
+        None
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_parts_keep_large_buffers_and_join_small_ones() {
+        let large = Bytes::from(vec![7u8; WRITE_COALESCE_BYTES]);
+        let parts = vec![
+            Bytes::from_static(b"["),
+            Bytes::from_static(b"1"),
+            large.clone(),
+            Bytes::from_static(b","),
+            Bytes::from_static(b"]"),
+        ];
+        let mut response = Response::new(200).with_parts(parts);
+        assert_eq!(response.body_len(), WRITE_COALESCE_BYTES + 4);
+        let buffers = response.take_body_buffers();
+        assert_eq!(buffers.len(), 3);
+        assert_eq!(&buffers[0][..], b"[1");
+        // The large part is the stored buffer itself, not a copy.
+        assert_eq!(buffers[1].as_ptr(), large.as_ptr());
+        assert_eq!(&buffers[2][..], b",]");
+        assert_eq!(response.body_len(), 0);
+        let single = Response::new(200).with_parts(vec![Bytes::new(), large.clone()]);
+        let body = single.full_body().expect("one buffer is the body itself");
+        assert_eq!(body.as_ptr(), large.as_ptr());
+    }
+}
