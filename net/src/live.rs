@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use pico_engine::{CoreHandle, Op, ReadBatch, ReadRequest, Reply};
+use pico_engine::{CoreHandle, ReadBatch, ReadRequest};
 
 /// The shortest idle time between keep-alives: a `--long-poll-timeout-sec` of 0 (long-polls
 /// answer at once) must not turn an idle SSE response into a stream of keep-alives.
@@ -52,8 +52,8 @@ pub(crate) async fn live_read(
     name: &str,
     request: ReadRequest,
 ) -> Option<(ReadBatch, bool)> {
-    match core.call(name, Op::Read(request)).await {
-        Ok(Reply::Read(batch)) => Some((batch, core.is_stopping())),
+    match core.read(name, request).await {
+        Ok(batch) => Some((batch, core.is_stopping())),
         _ => None,
     }
 }

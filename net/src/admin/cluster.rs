@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use pico_engine::meta::{MetaError, NodeId, NodeRow, Ownership};
-use pico_engine::{Cluster, EngineError, Op, Reply, StreamInfo};
+use pico_engine::{Cluster, EngineError, StreamInfo};
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, retention_json, AdminState};
@@ -117,9 +117,8 @@ pub async fn stream(state: &AdminState, cluster: &Arc<Cluster>, name: &str) -> R
         return error(404, format!("stream {name} not found"));
     };
     let local: Option<StreamInfo> = if ownership.node == Some(cluster.node_id()) {
-        match state.core.call(name, Op::Head).await {
-            Ok(Reply::Head(info)) => Some(info),
-            Ok(_) => None,
+        match state.core.head(name).await {
+            Ok(info) => Some(info),
             Err(EngineError::NotFound) => return error(404, format!("stream {name} not found")),
             Err(_) => None,
         }

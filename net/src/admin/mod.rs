@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use pico_engine::health::HealthState;
-use pico_engine::{EngineError, Op, Reply, StreamInfo};
+use pico_engine::{EngineError, StreamInfo};
 use serde_json::{json, Value};
 
 use crate::auth::{bearer, Denied, Permission};
@@ -291,9 +291,8 @@ async fn stream(state: &AdminState, name: &str) -> Response {
     if let Some(cluster) = state.core.cluster() {
         return crate::admin::cluster::stream(state, cluster, name).await;
     }
-    match state.core.call(name, Op::Head).await {
-        Ok(Reply::Head(info)) => json_response(200, stream_json(name, &info, state)),
-        Ok(_) => error(500, "unexpected engine reply"),
+    match state.core.head(name).await {
+        Ok(info) => json_response(200, stream_json(name, &info, state)),
         Err(EngineError::NotFound | EngineError::Gone) => {
             error(404, format!("stream {name} not found"))
         }
@@ -321,7 +320,7 @@ async fn transfer(state: &AdminState, request: &Request) -> Response {
     if state.core.cluster().is_some() {
         return crate::admin::cluster::transfer(state, name, to_node).await;
     }
-    match state.core.call(name, Op::Head).await {
+    match state.core.head(name).await {
         Ok(_) => {}
         Err(EngineError::NotFound | EngineError::Gone) => {
             return error(404, format!("stream {name} not found"))

@@ -3,7 +3,7 @@
 
 use std::rc::Rc;
 
-use pico_engine::{limits, CoreHandle, Op, ReadFrom, ReadRequest, Reply, StreamInfo};
+use pico_engine::{limits, CoreHandle, ReadFrom, ReadRequest, StreamInfo};
 use pico_proto::header::*;
 
 use super::encode::{encode, next_cursor};
@@ -15,9 +15,7 @@ use crate::time::format_rfc3339_ms;
 use crate::transport::message::{Request, Response};
 
 pub(super) async fn head(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, DsError> {
-    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
-        unreachable!("a head is always answered with Head")
-    };
+    let info = core.head(&request.path).await?;
     Ok(head_response(&info))
 }
 
@@ -89,10 +87,7 @@ pub(super) async fn read(
         with_content_type: true,
         bound: None,
     };
-    let reply = core.call(&request.path, Op::Read(read_request)).await?;
-    let Reply::Read(mut batch) = reply else {
-        unreachable!("a read is always answered with Read")
-    };
+    let mut batch = core.read(&request.path, read_request).await?;
     let content_type = batch.content_type.take().unwrap_or_default();
     let json = is_json(&content_type);
     let body = encode(&batch, json, skip_bytes);

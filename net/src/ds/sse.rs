@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use pico_engine::{limits, CoreHandle, Op, ReadFrom, ReadRequest, Reply};
+use pico_engine::{limits, CoreHandle, ReadFrom, ReadRequest};
 use pico_proto::header::*;
 
 use super::encode::{encode, joined, next_cursor};
@@ -41,9 +41,7 @@ pub(super) async fn sse(
     cursor: Option<String>,
 ) -> Result<Response, DsError> {
     // Checked before the response starts, so a missing stream is a plain 404.
-    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
-        unreachable!("a head is always answered with Head")
-    };
+    let info = core.head(&request.path).await?;
     let json = is_json(&info.content_type);
     let text = info
         .content_type

@@ -6,8 +6,8 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use pico_engine::{
-    limits, state::ProducerTuple, AppendRequest, CoreHandle, Fork, ForkSpec, Op, RecordInput,
-    Reply, StreamConfig,
+    limits, state::ProducerTuple, AppendRequest, CoreHandle, CreateRequest, Created, ForkSpec,
+    RecordInput, StreamConfig,
 };
 use pico_proto::header::*;
 
@@ -191,7 +191,7 @@ pub(super) async fn create(
     };
     let records = body_records(&request.body, is_json(&content_type), true)?;
     let wrote = !records.is_empty();
-    let op = Op::Create {
+    let create = CreateRequest {
         config: StreamConfig {
             content_type,
             ttl_sec,
@@ -200,11 +200,9 @@ pub(super) async fn create(
         },
         closed,
         records,
-        fork: fork.map(Fork::Spec),
+        fork,
     };
-    let Reply::Created { created, info, .. } = core.call(&request.path, op).await? else {
-        unreachable!("a create is always answered with Created")
-    };
+    let Created { created, info, .. } = core.create(&request.path, create).await?;
     let next = format_offset(info.next_offset, 0);
     if created && wrote {
         settings
@@ -274,17 +272,15 @@ pub(super) async fn append(
     let json = content_type.as_deref().is_some_and(is_json);
     let records = body_records(body, json, false)?;
     let echo = producer.as_ref().map(|p| p.epoch);
-    let op = Op::Append(AppendRequest {
+    let append = AppendRequest {
         records,
         close,
         match_offset: None,
         producer,
         content_type,
         writer_seq: request.header(STREAM_SEQ).map(str::to_string),
-    });
-    let Reply::Appended(ack) = core.call(&request.path, op).await? else {
-        unreachable!("an append is always answered with Appended")
     };
+    let ack = core.append(&request.path, append).await?;
     let next = format_offset(ack.next_offset, 0);
     let wrote = ack.start_offset.is_some() || (ack.closed && ack.duplicate_of_seq.is_none());
     if wrote {
@@ -319,7 +315,7 @@ pub(super) async fn delete(
     settings: &DsSettings,
     request: &Request,
 ) -> Result<Response, DsError> {
-    core.call(&request.path, Op::Delete).await?;
+    core.delete(&request.path).await?;
     settings.subscriptions.on_stream_deleted(&request.path);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }

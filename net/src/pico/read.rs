@@ -6,9 +6,7 @@ use std::rc::Rc;
 use base64::Engine as _;
 use bytes::Bytes;
 use pico_engine::meta::Retention;
-use pico_engine::{
-    limits, CoreHandle, EngineError, Op, ReadBatch, ReadFrom, ReadRequest, Reply, StreamInfo,
-};
+use pico_engine::{limits, CoreHandle, EngineError, ReadBatch, ReadFrom, ReadRequest, StreamInfo};
 use pico_proto::header::*;
 
 use super::error::ApiError;
@@ -119,10 +117,7 @@ pub(super) async fn read(
         with_content_type: format == Format::Raw,
         bound: None,
     };
-    let reply = core.call(&request.path, Op::Read(read_request)).await?;
-    let Reply::Read(mut batch) = reply else {
-        unreachable!("a read is always answered with Read")
-    };
+    let mut batch = core.read(&request.path, read_request).await?;
     let content_type = batch.content_type.take().unwrap_or_default();
     if long_poll {
         return Ok(long_poll_response(batch, format, content_type, query));
@@ -143,9 +138,7 @@ pub(super) async fn sse(
     request: &Request,
     from: ReadFrom,
 ) -> Result<Response, ApiError> {
-    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
-        unreachable!("a head is always answered with Head")
-    };
+    let info = core.head(&request.path).await?;
     let from = match from {
         ReadFrom::Tail => ReadFrom::Offset(info.next_offset),
         // The engine finds the start (a fork's may lie in its source).
@@ -273,9 +266,7 @@ fn long_poll_response(
 }
 
 pub(super) async fn head(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
-    let Reply::Head(info) = core.call(&request.path, Op::Head).await? else {
-        unreachable!("a head is always answered with Head")
-    };
+    let info = core.head(&request.path).await?;
     Ok(head_response(&info))
 }
 

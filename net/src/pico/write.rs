@@ -5,7 +5,7 @@
 use std::rc::Rc;
 
 use pico_engine::{
-    limits, state::ProducerTuple, AppendRequest, CoreHandle, Op, RecordInput, Reply,
+    limits, state::ProducerTuple, AppendRequest, CoreHandle, CreateRequest, Created, RecordInput,
     RetentionChange, StreamConfig,
 };
 use pico_proto::header::*;
@@ -70,9 +70,7 @@ pub(super) async fn configure(
     request: &Request,
 ) -> Result<Response, ApiError> {
     let change = retention_headers(request)?;
-    let Reply::Configured(info) = core.call(&request.path, Op::Configure { change }).await? else {
-        unreachable!("a configure is always answered with Configured")
-    };
+    let info = core.configure(&request.path, change).await?;
     Ok(head_response(&info))
 }
 
@@ -115,20 +113,17 @@ pub(super) async fn create(
             body: request.body.clone(),
         }]
     };
-    let reply = core
-        .call(
-            &request.path,
-            Op::Create {
-                config,
-                closed,
-                records,
-                fork: None,
-            },
-        )
-        .await?;
-    let Reply::Created { created, info, .. } = reply else {
-        unreachable!("a create is always answered with Created")
+    let create = CreateRequest {
+        config,
+        closed,
+        records,
+        fork: None,
     };
+    let Created {
+        created,
+        info,
+        first,
+    } = core.create(&request.path, create).await?;
     let mut response = Response::new(if created { 201 } else { 200 })
         .header(PICO_NEXT_SEQ, info.next_offset.to_string())
         .header("content-type", info.content_type.clone())
@@ -139,9 +134,8 @@ pub(super) async fn create(
     if created {
         response = response.header("location", request.path.clone());
     }
-    // A create wakes subscriptions only when it answers a closed stream: a first record given
-    // with an open create does not (unlike a Durable Streams create, which wakes when it wrote).
-    if info.closed {
+    // A create wakes subscriptions when it wrote a first record or answers a closed stream.
+    if first.is_some() || info.closed {
         settings
             .subscriptions
             .on_stream_write(core, &request.path, info.next_offset);
@@ -194,17 +188,15 @@ pub(super) async fn append(
         return Err(ApiError::bad_request("empty body"));
     }
     let echo = producer.as_ref().map(|p| (p.epoch, p.seq));
-    let op = Op::Append(AppendRequest {
+    let append = AppendRequest {
         records,
         close,
         match_offset,
         producer,
         content_type: None,
         writer_seq: None,
-    });
-    let Reply::Appended(ack) = core.call(&request.path, op).await? else {
-        unreachable!("an append is always answered with Appended")
     };
+    let ack = core.append(&request.path, append).await?;
     // Records were appended, or the stream was closed (a producer's duplicate close too).
     if (ack.start_offset.is_some() && ack.timestamp_ms.is_some()) || ack.closed {
         settings
@@ -253,10 +245,7 @@ pub(super) async fn trim(
     if !request.body.is_empty() {
         return Err(ApiError::bad_request("trim takes no body"));
     }
-    let Reply::Trimmed { start_offset } = core.call(&request.path, Op::Trim { offset }).await?
-    else {
-        unreachable!("a trim is always answered with Trimmed")
-    };
+    let start_offset = core.trim(&request.path, offset).await?;
     Ok(Response::new(200)
         .header(PICO_START_SEQ, start_offset.to_string())
         .header("cache-control", "no-store"))
@@ -267,7 +256,7 @@ pub(super) async fn delete(
     settings: &PicoSettings,
     request: &Request,
 ) -> Result<Response, ApiError> {
-    core.call(&request.path, Op::Delete).await?;
+    core.delete(&request.path).await?;
     settings.subscriptions.on_stream_deleted(&request.path);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }

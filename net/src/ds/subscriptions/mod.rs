@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crossbeam_channel::{Sender, TrySendError};
-use pico_engine::{AppendRequest, CoreHandle, EngineError, Op, RecordInput, Reply};
+use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput};
 
 use crate::limits::QUEUED_DELIVERIES_MAX;
 use keys::{SigningKey, TokenKey};
@@ -81,9 +81,9 @@ fn offset_string(seq: u64) -> String {
 
 /// The current tail of a stream as a DS offset; a missing stream has the empty tail.
 async fn tail_of(core: &CoreHandle, name: &str) -> Result<String, ApiError> {
-    match core.call(name, Op::Head).await {
-        Ok(Reply::Head(info)) => Ok(offset_string(info.next_offset)),
-        Ok(_) | Err(EngineError::NotFound) => Ok(ZERO_OFFSET.to_string()),
+    match core.head(name).await {
+        Ok(info) => Ok(offset_string(info.next_offset)),
+        Err(EngineError::NotFound) => Ok(ZERO_OFFSET.to_string()),
         Err(e) => Err(engine_error(&e)),
     }
 }
@@ -258,7 +258,7 @@ impl Subscriptions {
     /// Appends a pull-wake event (one JSON message) to the wake stream, then reports the write
     /// like any other (another subscription may watch the wake stream).
     async fn append_wake(self: &Arc<Self>, core: &Rc<CoreHandle>, stream: &str, event: String) {
-        let op = Op::Append(AppendRequest {
+        let append = AppendRequest {
             records: vec![RecordInput {
                 headers: Vec::new(),
                 body: Bytes::from(event),
@@ -268,10 +268,9 @@ impl Subscriptions {
             producer: None,
             content_type: None,
             writer_seq: None,
-        });
-        match core.call(stream, op).await {
-            Ok(Reply::Appended(ack)) => self.on_stream_write(core, stream, ack.next_offset),
-            Ok(other) => log::warn!("wake stream {stream}: unexpected reply {other:?}"),
+        };
+        match core.append(stream, append).await {
+            Ok(ack) => self.on_stream_write(core, stream, ack.next_offset),
             Err(e) => log::warn!("cannot append a wake event to {stream}: {e}"),
         }
     }
