@@ -52,7 +52,7 @@ pub struct ServerConfig {
     /// Byte budget of a Durable Streams catch-up read (up to the tail within it).
     pub catch_up_read_size: usize,
     /// `--default-retention-age` and friends: the limits of a stream created without its own.
-    pub default_retention: pico_engine::meta::Retention,
+    pub default_retention: pico_meta::Retention,
     /// Largest accepted request body (bytes); larger → 413.
     pub max_body_size: usize,
     /// A request not received within this is `408`; an idle connection closes after it

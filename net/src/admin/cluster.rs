@@ -1,19 +1,21 @@
 //! The admin API of a cluster node (a node on a shared Postgres metadata log): answers
 //! about every node and every stream, from this node's view of the cluster (the nodes, as of
 //! its last lease renewal) and the metadata log (owners, transfers). The single-node answers
-//! are in `mod.rs`.
+//! are in `mod.rs`. The cluster tables (owners, pending transfers, slots) are read and
+//! written here straight from the metadata log: they are the operator's view of the cluster,
+//! not a stream operation, so no engine core serves them (net/Cargo.toml says so too).
 
 use std::sync::Arc;
 
-use pico_engine::meta::{MetaError, NodeId, NodeRow, Ownership};
 use pico_engine::{Cluster, EngineError, StreamInfo};
+use pico_meta::{MetaError, NodeId, NodeRow, Ownership};
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, retention_json, AdminState};
 use crate::time::format_rfc3339_ms;
 use crate::transport::message::Response;
 
-async fn wait<T>(reply: pico_engine::meta::Reply<T>) -> Result<T, MetaError> {
+async fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
     reply.await.unwrap_or(Err(MetaError::Closed))
 }
 
@@ -49,7 +51,6 @@ fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Valu
 }
 
 async fn owner_counts(state: &AdminState) -> Result<Vec<(Option<NodeId>, u64)>, Response> {
-    // net reads the metadata log directly here because the engine has no method counting streams per owner.
     wait(state.core.meta().owner_counts())
         .await
         .map_err(meta_error)
@@ -80,7 +81,6 @@ pub async fn summary(state: &AdminState, cluster: &Arc<Cluster>) -> Value {
         .await
         .map(|counts| counts.iter().map(|(_, c)| c).sum())
         .unwrap_or(0);
-    // net reads the metadata log directly here because the engine has no method listing pending transfers.
     let transfers: Vec<Value> = wait(state.core.meta().pending_transfers())
         .await
         .unwrap_or_default()
@@ -108,7 +108,6 @@ pub async fn summary(state: &AdminState, cluster: &Arc<Cluster>) -> Value {
 /// `GET /admin/streams/{name}`: the owner from the metadata log; the live offsets from the
 /// engine when this node serves the stream, the committed trim point otherwise.
 pub async fn stream(state: &AdminState, cluster: &Arc<Cluster>, name: &str) -> Response {
-    // net reads the metadata log directly here because the engine has no method returning a stream's owner row.
     let found = match wait(state.core.meta().lookup_stream(name)).await {
         Ok(found) => found,
         Err(e) => return meta_error(e),
@@ -134,7 +133,7 @@ pub async fn stream(state: &AdminState, cluster: &Arc<Cluster>, name: &str) -> R
 fn stream_json(
     cluster: &Cluster,
     name: &str,
-    row: &pico_engine::meta::StreamRow,
+    row: &pico_meta::StreamRow,
     ownership: Ownership,
     local: Option<&StreamInfo>,
 ) -> Value {
@@ -177,7 +176,6 @@ pub async fn transfer(state: &AdminState, name: &str, to_node: u64) -> Response 
     let Ok(to_node) = NodeId::try_from(to_node) else {
         return error(400, format!("node {to_node} is not registered"));
     };
-    // net reads the metadata log directly here because the engine has no method recording a transfer request.
     match wait(state.core.meta().request_transfer(name, to_node)).await {
         Ok(accepted) => json_response(
             202,
@@ -203,7 +201,6 @@ pub async fn set_slots(
     let Ok(node) = id.parse::<NodeId>() else {
         return error(404, format!("node {id} is not registered"));
     };
-    // net reads the metadata log directly here because the engine has no method setting a node's slots.
     match wait(state.core.meta().set_slots(node, slots)).await {
         Ok(row) => {
             let view = cluster.view();

@@ -54,7 +54,7 @@ pub(crate) fn error(status: u16, message: impl Into<String>) -> Response {
 }
 
 /// A stream's retention policy for the admin API: each limit, `null` when off.
-pub(crate) fn retention_json(retention: &pico_engine::meta::Retention) -> Value {
+pub(crate) fn retention_json(retention: &pico_meta::Retention) -> Value {
     json!({
         "ageSeconds": retention.age_ms.map(|ms| ms / 1000),
         "bytes": retention.bytes,

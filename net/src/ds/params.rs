@@ -23,7 +23,7 @@ pub struct DsSettings {
     pub subscriptions: Arc<Subscriptions>,
     /// The protocol has no retention header: a stream created here gets the node's default
     /// (`--default-retention-*`), and a Pico `PATCH` can change it later.
-    pub default_retention: pico_engine::meta::Retention,
+    pub default_retention: pico_meta::Retention,
 }
 
 /// Immutable catch-up chunks (they end before the tail) may be cached.

@@ -5,8 +5,8 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use pico_engine::meta::Retention;
 use pico_engine::{limits, CoreHandle, EngineError, ReadBatch, ReadFrom, ReadRequest, StreamInfo};
+use pico_meta::Retention;
 use pico_proto::header::*;
 
 use super::error::ApiError;

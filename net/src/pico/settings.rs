@@ -1,6 +1,6 @@
 //! What the Pico handlers are configured with, shared by every file of the protocol.
 
-use pico_engine::meta::Retention;
+use pico_meta::Retention;
 
 /// Settings of the Pico handlers.
 #[derive(Clone)]

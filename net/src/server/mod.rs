@@ -134,7 +134,7 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
 /// client on its protocol.
 fn advertise(
     cluster: &Cluster,
-    meta: &pico_engine::meta::MetaStore,
+    meta: &pico_meta::MetaStore,
     listeners: &[(String, Protocol)],
     advertised: &str,
     scheme: &str,

@@ -125,11 +125,9 @@ pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, String> {
         config.cores
     };
     // A shared metadata database makes this node a cluster member (SQLite admits one node).
-    // net reads the metadata log directly here because the engine has no method saying
-    // whether a `--meta-url` names a shared (clustered) log.
     let clustered = matches!(
-        pico_engine::meta::MetaUrl::parse(&config.meta_url),
-        Ok(pico_engine::meta::MetaUrl::Postgres(_))
+        pico_meta::MetaUrl::parse(&config.meta_url),
+        Ok(pico_meta::MetaUrl::Postgres(_))
     );
     let node_epoch = config
         .node_epoch
