@@ -32,8 +32,7 @@ fn append(body: Bytes) -> pico_engine::AppendRequest {
 
 /// Every record of `name`, as `(offset, body)`.
 async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let records = common::read_all(core, name, 256 * 1024).await;
-    records.into_iter().map(|r| (r.offset, r.body)).collect()
+    common::read_bodies(core, name, 256 * 1024).await
 }
 
 fn body(stream: usize, i: u64) -> Bytes {
@@ -45,10 +44,8 @@ fn body(stream: usize, i: u64) -> Bytes {
 
 /// The WAL files in `dir`, with the length of each one's valid prefix, largest first.
 fn wal_files(dir: &Path) -> Vec<(PathBuf, usize)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir.join("wal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+    let mut files: Vec<_> = common::wal_files(dir)
+        .into_iter()
         .map(|p| {
             let valid = frame::valid_prefix_len(&std::fs::read(&p).unwrap());
             (p, valid)

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{append_request, create_request, record, run_node};
+use common::{append_request, create_request, record};
 use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
 use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineError, RecordInput};
@@ -26,7 +26,7 @@ where
 {
     let config = common::config(dir, 1);
     assert_eq!(config.segment_size, SEGMENT_BYTES);
-    run_node(config, dir, |_| {}, move |core, node| f(core, node.metrics));
+    common::run_returning(config, dir, move |core, node| f(core, node.metrics));
 }
 
 fn create() -> CreateRequest {
@@ -46,8 +46,7 @@ fn append(body: &[u8]) -> AppendRequest {
 }
 
 async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let records = common::read_all(core, name, 64 << 20).await;
-    records.into_iter().map(|r| (r.offset, r.body)).collect()
+    common::read_bodies(core, name, 64 << 20).await
 }
 
 /// What a restart finds: the stream's records, read by a fresh engine on the same files.
