@@ -6,7 +6,7 @@ use std::rc::Rc;
 use futures_channel::oneshot;
 use pico_meta::{SegmentRun, StreamConfig as MetaConfig};
 
-use crate::api::{AppendAck, AppendRequest, RecordInput, Reply};
+use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
 use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
@@ -103,7 +103,7 @@ impl Shard {
         closed: bool,
         records: Vec<RecordInput>,
         fork: Option<ForkOrigin>,
-    ) -> Result<Reply, EngineError> {
+    ) -> Result<Created, EngineError> {
         // The protocols refuse larger TTLs with their own wording; this guards every caller.
         if config.ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
             return Err(EngineError::Invalid(format!(
@@ -218,7 +218,7 @@ impl Shard {
         }
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-        Ok(Reply::Created {
+        Ok(Created {
             created,
             info: info_of(&stream.state),
             first,
@@ -233,11 +233,11 @@ impl Shard {
         config: &StreamConfig,
         closed: bool,
         fork: Option<&ForkOrigin>,
-    ) -> Result<Reply, EngineError> {
+    ) -> Result<Created, EngineError> {
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
         stream.state.check_recreate(config, closed, fork)?;
-        Ok(Reply::Created {
+        Ok(Created {
             created: false,
             info: info_of(&stream.state),
             first: None,
