@@ -63,14 +63,7 @@ pub struct Cluster {
 impl ClusterConfig {
     /// The engine's rules for a cluster member's settings, checked by [`crate::boot`].
     pub fn check(&self) -> Result<(), String> {
-        if self.lease_ms < limits::LEASE_MS_MIN {
-            return Err(format!(
-                "lease_ms (--lease-ms) must be at least {}, got {}",
-                limits::LEASE_MS_MIN,
-                self.lease_ms
-            ));
-        }
-        Ok(())
+        limits::at_least("lease_ms (--lease-ms)", self.lease_ms, limits::LEASE_MS_MIN)
     }
 }
 

@@ -51,25 +51,18 @@ impl EngineConfig {
     /// The engine's rules for its settings, checked by [`crate::boot`]: `Err` says which
     /// value is out of range and what it must be (the server checks its flags with these too).
     pub fn check(&self) -> Result<(), String> {
-        if self.cores == 0 {
-            return Err("cores (--cores) must be at least 1".into());
-        }
-        if self.segment_max_age_ms < limits::SEGMENT_MAX_AGE_MS_MIN {
-            return Err(format!(
-                "segment_max_age_ms (--segment-max-age-ms, or --object-flush-ms with object \
-                 durability) must be at least {}, got {}",
-                limits::SEGMENT_MAX_AGE_MS_MIN,
-                self.segment_max_age_ms
-            ));
-        }
-        if self.gc_interval_ms < limits::GC_INTERVAL_MS_MIN {
-            return Err(format!(
-                "gc_interval_ms (--gc-interval-ms) must be at least {}, got {}",
-                limits::GC_INTERVAL_MS_MIN,
-                self.gc_interval_ms
-            ));
-        }
-        Ok(())
+        limits::at_least("cores (--cores)", self.cores as u64, 1)?;
+        limits::at_least(
+            "segment_max_age_ms (--segment-max-age-ms, or --object-flush-ms with object \
+             durability)",
+            self.segment_max_age_ms,
+            limits::SEGMENT_MAX_AGE_MS_MIN,
+        )?;
+        limits::at_least(
+            "gc_interval_ms (--gc-interval-ms)",
+            self.gc_interval_ms,
+            limits::GC_INTERVAL_MS_MIN,
+        )
     }
 }
 
@@ -111,7 +104,7 @@ mod tests {
         };
         assert_eq!(
             no_cores.check().unwrap_err(),
-            "cores (--cores) must be at least 1"
+            "cores (--cores) must be at least 1, got 0"
         );
         let fast_gc = EngineConfig {
             gc_interval_ms: limits::GC_INTERVAL_MS_MIN - 1,

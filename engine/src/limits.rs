@@ -83,6 +83,15 @@ pub fn retention_bytes(bytes: u64) -> Result<Option<u64>, u64> {
         _ => Err(RETENTION_BYTES_MAX),
     }
 }
+/// A setting checked against its floor at startup: `Err` naming it (`setting`, with its flag)
+/// when `value` is below `min`. Out-of-range settings are refused, never raised silently.
+pub fn at_least(setting: &str, value: u64, min: u64) -> Result<(), String> {
+    if value < min {
+        return Err(format!("{setting} must be at least {min}, got {value}"));
+    }
+    Ok(())
+}
+
 /// How often each core's retention pass runs.
 pub const RETENTION_INTERVAL_MS: u64 = 1_000;
 /// Streams one retention round of a core looks at (it resumes after the last one next
