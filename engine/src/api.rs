@@ -111,7 +111,8 @@ pub struct Created {
 }
 
 /// An operation on one stream, executed by its owning core: what crosses between cores (see
-/// `inbox.rs`). Callers use the typed methods of `CoreHandle`.
+/// `inbox.rs`). Callers use the typed methods of `CoreHandle`; public only until the
+/// protocol layers stop calling the transitional `CoreHandle::call`, then crate-private.
 #[derive(Clone, Debug)]
 pub enum Op {
     Create {
@@ -230,6 +231,8 @@ impl ReadBatch {
     }
 }
 
+/// The answer to an [`Op`], of the kind matching it (`route.rs` takes it apart); public for
+/// as long as [`Op`] is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
     Created {
@@ -252,6 +255,21 @@ pub enum Reply {
         config: StreamConfig,
     },
     Released,
+}
+
+impl From<Created> for Reply {
+    fn from(created: Created) -> Reply {
+        let Created {
+            created,
+            info,
+            first,
+        } = created;
+        Reply::Created {
+            created,
+            info,
+            first,
+        }
+    }
 }
 
 /// One line of a listing.

@@ -57,6 +57,10 @@ pub fn boot(
     storage: &str,
     cluster: Option<ClusterConfig>,
 ) -> Result<Boot, String> {
+    config.check()?;
+    if let Some(cluster) = &cluster {
+        cluster.check()?;
+    }
     std::fs::create_dir_all(&config.wal_dir).map_err(|e| {
         format!(
             "cannot create WAL directory {}: {e}",
@@ -102,7 +106,7 @@ pub fn boot(
         snapshot.streams.retain(|row| epochs.contains_key(&row.id));
     }
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
-    let cores = config.cores.max(1);
+    let cores = config.cores;
     let mut per_core: Vec<Vec<StreamSeed>> = (0..cores).map(|_| Vec::new()).collect();
     for mut seed in stream_seeds(&snapshot) {
         seed.epoch = epochs.get(&seed.id).copied().unwrap_or(0);

@@ -60,6 +60,13 @@ pub struct Cluster {
     stopping: AtomicBool,
 }
 
+impl ClusterConfig {
+    /// The engine's rules for a cluster member's settings, checked by [`crate::boot`].
+    pub fn check(&self) -> Result<(), String> {
+        limits::at_least("lease_ms (--lease-ms)", self.lease_ms, limits::LEASE_MS_MIN)
+    }
+}
+
 impl Cluster {
     pub fn new(config: ClusterConfig, state: ClusterState) -> Arc<Cluster> {
         let cluster = Arc::new(Cluster {
@@ -243,8 +250,8 @@ fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
 
 fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Message>>) {
     let config = cluster.config.clone();
-    let round =
-        Duration::from_millis((config.lease_ms / 3).max(limits::LEASE_RENEW_INTERVAL_MS_MIN));
+    // A third of at least `limits::LEASE_MS_MIN` (`ClusterConfig::check`).
+    let round = Duration::from_millis(config.lease_ms / 3);
     // Transfers already handed to a core and not settled: not sent again.
     let mut handing: std::collections::HashSet<u64> = Default::default();
     loop {
@@ -363,4 +370,31 @@ fn summarize(moved: &[(u64, NodeId)]) -> String {
         .map(|(node, count)| format!("{count} to node {node}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_below_its_floor_is_refused_not_raised() {
+        let config = |lease_ms| ClusterConfig {
+            node_id: 1,
+            node_epoch: 1,
+            address: String::new(),
+            slots: 1,
+            lease_ms,
+            redirect: true,
+            cluster_id: String::new(),
+        };
+        assert_eq!(config(limits::LEASE_MS_MIN).check(), Ok(()));
+        assert_eq!(
+            config(limits::LEASE_MS_MIN - 1).check().unwrap_err(),
+            format!(
+                "lease_ms (--lease-ms) must be at least {}, got {}",
+                limits::LEASE_MS_MIN,
+                limits::LEASE_MS_MIN - 1
+            )
+        );
+    }
 }

@@ -1,6 +1,9 @@
-//! The engine's settings (a subset of `pico serve`'s flags) and how they may be shown.
+//! The engine's settings (a subset of `pico serve`'s flags), the rules they must meet (a value
+//! out of range is refused at startup, never raised silently) and how they may be shown.
 
 use std::path::PathBuf;
+
+use crate::limits;
 
 /// When an append is acknowledged (`--durability`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,11 +47,84 @@ pub struct EngineConfig {
     pub gc_interval_ms: u64,
 }
 
+impl EngineConfig {
+    /// The engine's rules for its settings, checked by [`crate::boot`]: `Err` says which
+    /// value is out of range and what it must be (the server checks its flags with these too).
+    pub fn check(&self) -> Result<(), String> {
+        limits::at_least("cores (--cores)", self.cores as u64, 1)?;
+        limits::at_least(
+            "segment_max_age_ms (--segment-max-age-ms, or --object-flush-ms with object \
+             durability)",
+            self.segment_max_age_ms,
+            limits::SEGMENT_MAX_AGE_MS_MIN,
+        )?;
+        limits::at_least(
+            "gc_interval_ms (--gc-interval-ms)",
+            self.gc_interval_ms,
+            limits::GC_INTERVAL_MS_MIN,
+        )
+    }
+}
+
 /// `--meta-url` as it may be shown (logs, the admin API): a Postgres password is masked.
 pub fn displayed_meta_url(url: &str) -> String {
     match pico_meta::MetaUrl::parse(url) {
         Ok(parsed) => parsed.to_string(),
         // Unparsable URLs never get this far (boot refuses them); show nothing of them.
         Err(_) => "(invalid --meta-url)".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> EngineConfig {
+        EngineConfig {
+            cores: 1,
+            wal_dir: PathBuf::from("wal"),
+            durability: Durability::Local,
+            segment_size: limits::SEGMENT_BYTES_MIN,
+            segment_max_age_ms: limits::SEGMENT_MAX_AGE_MS_MIN,
+            segment_cache_bytes: 0,
+            node_epoch_ms: 1,
+            node_id: None,
+            in_flight_bytes_max: limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
+            unuploaded_bytes_max: limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
+            gc_interval_ms: limits::GC_INTERVAL_MS_MIN,
+        }
+    }
+
+    #[test]
+    fn values_at_their_floor_pass_and_below_it_are_refused_not_raised() {
+        assert_eq!(valid().check(), Ok(()));
+        let no_cores = EngineConfig {
+            cores: 0,
+            ..valid()
+        };
+        assert_eq!(
+            no_cores.check().unwrap_err(),
+            "cores (--cores) must be at least 1, got 0"
+        );
+        let fast_gc = EngineConfig {
+            gc_interval_ms: limits::GC_INTERVAL_MS_MIN - 1,
+            ..valid()
+        };
+        assert_eq!(
+            fast_gc.check().unwrap_err(),
+            format!(
+                "gc_interval_ms (--gc-interval-ms) must be at least {}, got {}",
+                limits::GC_INTERVAL_MS_MIN,
+                limits::GC_INTERVAL_MS_MIN - 1
+            )
+        );
+        let young = EngineConfig {
+            segment_max_age_ms: limits::SEGMENT_MAX_AGE_MS_MIN - 1,
+            ..valid()
+        };
+        assert!(young
+            .check()
+            .unwrap_err()
+            .starts_with("segment_max_age_ms (--segment-max-age-ms"));
     }
 }

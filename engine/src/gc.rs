@@ -17,8 +17,8 @@ use crate::route::Router;
 
 /// Collects every `gc_interval_ms`, for the life of the core.
 pub(crate) async fn gc_loop(router: Rc<Router>) {
-    let interval_ms = router.shard.config().gc_interval_ms;
-    let interval = Duration::from_millis(interval_ms.max(limits::GC_INTERVAL_MS_MIN));
+    // At least `limits::GC_INTERVAL_MS_MIN`: `EngineConfig::check` refused a shorter one.
+    let interval = Duration::from_millis(router.shard.config().gc_interval_ms);
     loop {
         glommio::timer::sleep(interval).await;
         match collect_garbage(&router).await {

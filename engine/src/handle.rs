@@ -211,12 +211,7 @@ impl CoreHandle {
                     records,
                     fork: Some(spec),
                 };
-                let created = Box::pin(self.create(name, request)).await?;
-                Ok(Reply::Created {
-                    created: created.created,
-                    info: created.info,
-                    first: created.first,
-                })
+                Box::pin(self.create(name, request)).await.map(Reply::from)
             }
             op => {
                 self.leased().await?;

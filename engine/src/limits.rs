@@ -35,8 +35,14 @@ pub const CATCH_UP_READ_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub const SEGMENT_BYTES_MIN: usize = 64 * 1024;
 /// Shortest cluster lease (`--lease-ms`). A node renews every third of it and trusts it for
 /// three quarters (`cluster.rs`); below this a loaded machine's scheduling delay lets a live
-/// node's lease lapse and its streams move for nothing.
+/// node's lease lapse and its streams move for nothing, and the keeper thread would renew too
+/// often for the metadata database. A shorter lease is refused at startup
+/// (`ClusterConfig::check`).
 pub const LEASE_MS_MIN: u64 = 300;
+/// Shortest `--segment-max-age-ms` (`--object-flush-ms` with object durability): each core
+/// looks for old segments every half of it, so below this its timer would spin. A younger age
+/// is refused at startup (`EngineConfig::check`).
+pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 10;
 /// `Retry-After` sent with `429`.
 pub const OVERLOADED_RETRY_AFTER_SEC: u64 = 1;
 /// Forks in a chain from a stream that is no fork to the newest fork of forks (1: a fork of a
@@ -77,6 +83,15 @@ pub fn retention_bytes(bytes: u64) -> Result<Option<u64>, u64> {
         _ => Err(RETENTION_BYTES_MAX),
     }
 }
+/// A setting checked against its floor at startup: `Err` naming it (`setting`, with its flag)
+/// when `value` is below `min`. Out-of-range settings are refused, never raised silently.
+pub fn at_least(setting: &str, value: u64, min: u64) -> Result<(), String> {
+    if value < min {
+        return Err(format!("{setting} must be at least {min}, got {value}"));
+    }
+    Ok(())
+}
+
 /// How often each core's retention pass runs.
 pub const RETENTION_INTERVAL_MS: u64 = 1_000;
 /// Streams one retention round of a core looks at (it resumes after the last one next
@@ -126,16 +141,13 @@ pub const UPLOAD_RETRY_FIRST_MS: u64 = 50;
 /// Longest wait between two tries of a failed segment upload.
 pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;
 
-/// Shortest pause between two garbage-collection rounds of core 0, whatever
-/// `gc_interval_ms` says: a smaller interval runs at this one (each round queries the catalog).
+/// Shortest `--gc-interval-ms` (the pause between two garbage-collection rounds of core 0);
+/// a smaller one is refused at startup (`EngineConfig::check`): each round queries the catalog.
 pub const GC_INTERVAL_MS_MIN: u64 = 100;
 /// Only segments sealed at least this long before a collection round are judged by the live
 /// set it gathers; younger ones wait for a later round (a segment sealing while the live set
 /// is gathered must not be taken for garbage).
 pub const GC_SEALED_MARGIN_MS: i64 = 1_000;
-/// Shortest pause between two lease renewals (a third of `--lease-ms` otherwise), so a tiny
-/// lease cannot make the keeper thread hammer the metadata database.
-pub const LEASE_RENEW_INTERVAL_MS_MIN: u64 = 50;
 /// How often a request waiting for a lapsed lease looks again; the wait ends after one lease
 /// time with a `503` (`EngineError::NotOwner`).
 pub const LEASE_WAIT_POLL_MS: u64 = 20;

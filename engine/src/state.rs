@@ -17,7 +17,7 @@ pub struct StreamConfig {
     /// Fixed expiry instant (Unix ms).
     pub expires_at_ms: Option<i64>,
     /// What the stream keeps; not part of a re-create's comparison (a `PUT` of an existing
-    /// stream neither checks nor changes it: `Op::Configure` does).
+    /// stream neither checks nor changes it: a configure does).
     pub retention: pico_meta::Retention,
 }
 

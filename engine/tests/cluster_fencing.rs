@@ -42,17 +42,11 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
     };
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig {
-        cores: 1,
-        wal_dir: dir.path().join("wal"),
         durability: pico_engine::Durability::Object,
         segment_size: 1024 * 1024,
         segment_max_age_ms: 20,
-        segment_cache_bytes: 1024 * 1024,
-        node_epoch_ms: pico_engine::now_ms() as u64,
         node_id: Some(NODE),
-        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
-        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
-        gc_interval_ms: 60_000,
+        ..common::config(dir.path(), 1)
     };
     let node_epoch = pico_engine::now_ms() as u64;
     let cluster = ClusterConfig {
@@ -69,8 +63,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
     let (meta, store) = (booted.meta.clone(), booted.store.clone());
     let seed = booted.seeds.into_iter().next().expect("one core");
     let names = ["/fenced/a", "/fenced/b", "/fenced/c"];
-    let answers = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
+    let answers = common::executor()
         .spawn(move || async move {
             let core: Rc<CoreHandle> = CoreHandle::start(seed).await.expect("core starts");
             for name in names {

@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{append_request, create_request, record, run};
+use common::{append_request, create_request, record, run_returning};
 use pico_engine::{CreateRequest, EngineError, ForkSpec};
 
 fn fork_of(source: &str, offset: Option<u64>) -> CreateRequest {
@@ -25,8 +25,8 @@ fn fork_of(source: &str, offset: Option<u64>) -> CreateRequest {
 fn forks_read_their_source_below_the_fork_point_and_their_own_records_after() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    run(common::config(&path, 2), &path, move |core| async move {
+    let config = common::config(&path, 2);
+    let (answers, missing) = run_returning(config, &path, move |core, _| async move {
         core.create("/src", create_request("text/plain"))
             .await
             .unwrap();
@@ -54,9 +54,8 @@ fn forks_read_their_source_below_the_fork_point_and_their_own_records_after() {
             ));
         }
         let missing = core.create("/fork/x", fork_of("/nothing", None)).await;
-        tx.send((answers, missing.map(|c| c.created))).unwrap();
+        (answers, missing.map(|c| c.created))
     });
-    let (answers, missing) = rx.recv().unwrap();
     for (i, (created, content_type, own_offset, bodies)) in answers.into_iter().enumerate() {
         assert!(created);
         assert_eq!(content_type, "text/plain", "a fork takes its source's type");

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{append_request, create_request, record, run};
+use common::{append_request, create_request, record, run, run_node, run_returning};
 use pico_engine::frame::{self, FrameMeta, FRAME_KIND_RECORD};
 use pico_engine::{CoreHandle, EngineConfig};
 
@@ -32,8 +32,7 @@ fn append(body: Bytes) -> pico_engine::AppendRequest {
 
 /// Every record of `name`, as `(offset, body)`.
 async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let records = common::read_all(core, name, 256 * 1024).await;
-    records.into_iter().map(|r| (r.offset, r.body)).collect()
+    common::read_bodies(core, name, 256 * 1024).await
 }
 
 fn body(stream: usize, i: u64) -> Bytes {
@@ -45,10 +44,8 @@ fn body(stream: usize, i: u64) -> Bytes {
 
 /// The WAL files in `dir`, with the length of each one's valid prefix, largest first.
 fn wal_files(dir: &Path) -> Vec<(PathBuf, usize)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir.join("wal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+    let mut files: Vec<_> = common::wal_files(dir)
+        .into_iter()
         .map(|p| {
             let valid = frame::valid_prefix_len(&std::fs::read(&p).unwrap());
             (p, valid)
@@ -101,16 +98,14 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
     const RECORDS: u64 = 20;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    run(config(&path, 1), &path, move |core| async move {
+    let id = run_returning(config(&path, 1), &path, move |core, _| async move {
         core.create("/s", create()).await.unwrap();
         for i in 0..RECORDS {
             let ack = core.append("/s", append(body(0, i))).await.unwrap();
             assert_eq!(ack.start_offset, Some(i));
         }
-        tx.send(core.head("/s").await.unwrap().id).unwrap();
+        core.head("/s").await.unwrap().id
     });
-    let id = rx.recv().unwrap();
     // Twenty 1 KiB records fit one segment: they are all in the active WAL file.
     let files = wal_files(&path);
     let (wal, valid) = files.first().cloned().expect("a WAL file");
@@ -122,15 +117,19 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
         "the damaged tail is not valid"
     );
 
-    let (tx, rx) = std::sync::mpsc::channel();
-    let report = run(config(&path, 1), &path, move |core| async move {
-        let records = read_all(&core, "/s").await;
-        let next = core.head("/s").await.unwrap().next_offset;
-        // The torn record's offset is free again: the next append takes it.
-        let ack = core.append("/s", append(body(0, 99))).await.unwrap();
-        tx.send((records, next, ack.start_offset)).unwrap();
-    });
-    let (records, next, appended_at) = rx.recv().unwrap();
+    let restarted = run_node(
+        config(&path, 1),
+        &path,
+        |_| {},
+        move |core, _| async move {
+            let records = read_all(&core, "/s").await;
+            let next = core.head("/s").await.unwrap().next_offset;
+            // The torn record's offset is free again: the next append takes it.
+            let ack = core.append("/s", append(body(0, 99))).await.unwrap();
+            (records, next, ack.start_offset)
+        },
+    );
+    let ((records, next, appended_at), report) = restarted;
     let want: Vec<_> = (0..RECORDS).map(|i| (i, body(0, i))).collect();
     assert_eq!(
         records, want,
@@ -203,9 +202,9 @@ fn streams_and_records_survive_a_change_of_core_count() {
             .collect()
     };
     for (cores, extra) in [(2, 0), (1, 1)] {
-        let (tx, rx) = std::sync::mpsc::channel();
         let read = names.clone();
-        run(config(&path, cores), &path, move |core| async move {
+        let config = config(&path, cores);
+        let found = run_returning(config, &path, move |core, _| async move {
             let (listed, more) = core.list("/cores/", "", 100).await.unwrap();
             let mut found = Vec::new();
             for name in &read {
@@ -220,9 +219,9 @@ fn streams_and_records_survive_a_change_of_core_count() {
                     .unwrap();
                 offsets.push(ack.start_offset);
             }
-            tx.send((listed.len(), more, found, offsets)).unwrap();
+            (listed.len(), more, found, offsets)
         });
-        let (listed, more, found, offsets) = rx.recv().unwrap();
+        let (listed, more, found, offsets) = found;
         assert_eq!(
             (listed, more),
             (STREAMS, false),

@@ -7,7 +7,7 @@ mod common;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use common::{append_request, create_request, record, run, run_node};
+use common::{append_request, create_request, record, run, run_node, run_returning};
 use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineConfig, ReadFrom, ReadRequest};
 
 const RECORDS: u64 = 3000;
@@ -40,12 +40,14 @@ fn body(i: u64) -> Bytes {
     Bytes::from(format!("record-{i:06}-{}", "x".repeat((i % 97) as usize)))
 }
 
-fn run_on_core<F, Fut>(dir: &std::path::Path, f: F)
+/// Runs `f` on the one-core engine of `config`; what `f` returned.
+fn run_on_core<T, F, Fut>(dir: &std::path::Path, f: F) -> T
 where
+    T: Send + 'static,
     F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = T>,
 {
-    run(config(dir), dir, f);
+    run_returning(config(dir), dir, move |core, _| f(core))
 }
 
 /// Every record of `name` as `(offset, timestamp, body)`, in pages of 16 KiB.
@@ -61,8 +63,7 @@ async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, i64, Bytes)> {
 fn segments_survive_sealing_eviction_and_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    run_on_core(&path, move |core| async move {
+    let (warm_a, warm_b) = run_on_core(&path, move |core| async move {
         for name in ["/a", "/b"] {
             core.create(name, create_text()).await.unwrap();
         }
@@ -75,10 +76,8 @@ fn segments_survive_sealing_eviction_and_restart() {
         core.append("/b", append(None, true)).await.unwrap();
         // Let the age-based seal upload the last segment too.
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
-        tx.send((read_all(&core, "/a").await, read_all(&core, "/b").await))
-            .unwrap();
+        (read_all(&core, "/a").await, read_all(&core, "/b").await)
     });
-    let (warm_a, warm_b) = rx.recv().unwrap();
     assert_eq!(warm_a.len() as u64 + warm_b.len() as u64, RECORDS);
     let objects = std::fs::read_dir(path.join("objects/segments"))
         .unwrap()
@@ -89,15 +88,13 @@ fn segments_survive_sealing_eviction_and_restart() {
         assert!(window[1].1 > window[0].1, "timestamps strictly increase");
     }
 
-    let (tx, rx) = std::sync::mpsc::channel();
-    run_on_core(&path, move |core| async move {
+    let ((cold_a, cold_b), closed, ack) = run_on_core(&path, move |core| async move {
         let cold = (read_all(&core, "/a").await, read_all(&core, "/b").await);
         let info = core.head("/b").await.unwrap();
         let late = append(Some(Bytes::from_static(b"late")), false);
         let ack = core.append("/a", late).await.unwrap();
-        tx.send((cold, info.closed, ack)).unwrap();
+        (cold, info.closed, ack)
     });
-    let ((cold_a, cold_b), closed, ack) = rx.recv().unwrap();
     assert_eq!(cold_a, warm_a);
     assert_eq!(cold_b, warm_b);
     assert!(closed, "the close survives the restart");
@@ -138,18 +135,16 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
         sizes.iter().any(|&s| s > 2 * 1024 * 1024),
         "multi-block segments expected: {sizes:?}"
     );
-    let (tx, rx) = std::sync::mpsc::channel();
     // 1.5 MiB of cache for ~9 MiB of data: blocks are fetched, evicted and fetched again.
-    run(
+    let (first, second) = run_returning(
         config_sized(&path, 4 * 1024 * 1024, 1536 * 1024),
         &path,
-        move |core| async move {
+        move |core, _| async move {
             let first = read_all(&core, "/big").await;
             let second = read_all(&core, "/big").await;
-            tx.send((first, second)).unwrap();
+            (first, second)
         },
     );
-    let (first, second) = rx.recv().unwrap();
     assert_eq!(first.len() as u64, COUNT);
     for (i, (offset, _, body)) in first.iter().enumerate() {
         assert_eq!(*offset, i as u64);
@@ -186,8 +181,7 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
         .unwrap()
         .count();
     assert!(objects >= 60, "many small segments expected: {objects}");
-    let (tx, rx) = std::sync::mpsc::channel();
-    run_node(
+    let ((records, peak), _) = run_node(
         tiny_segments,
         &path,
         |store| {
@@ -215,11 +209,9 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
                 records.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
                 from = batch.next_offset;
             }
-            tx.send((records, store.faults().take_peak_in_flight()))
-                .unwrap();
+            (records, store.faults().take_peak_in_flight())
         },
     );
-    let (records, peak) = rx.recv().unwrap();
     for (i, (offset, body)) in records.iter().enumerate() {
         assert_eq!(*offset, i as u64);
         assert_eq!(body, &record(i as u64), "record {i} differs");
@@ -284,11 +276,9 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
     );
     // And its WAL disk is lost.
     std::fs::remove_dir_all(path.join("wal")).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    run(config, &path, move |core| async move {
-        tx.send(read_all(&core, "/s").await).unwrap();
+    let records = run_returning(config, &path, move |core, _| async move {
+        read_all(&core, "/s").await
     });
-    let records = rx.recv().unwrap();
     for (i, (offset, _, _)) in records.iter().enumerate() {
         assert_eq!(
             *offset,
@@ -307,9 +297,7 @@ fn concurrent_retention_changes_of_different_limits_both_stick() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let head = |core: Rc<CoreHandle>| async move { core.head("/r").await.expect("head").retention };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let sent = tx.clone();
-    run_on_core(&path, move |core| async move {
+    let in_memory = run_on_core(&path, move |core| async move {
         core.create("/r", create_text()).await.unwrap();
         let change = |change: RetentionChange| {
             let core = core.clone();
@@ -327,16 +315,14 @@ fn concurrent_retention_changes_of_different_limits_both_stick() {
         });
         age.await;
         bytes.await;
-        sent.send(head(core).await).unwrap();
+        head(core).await
     });
-    run_on_core(&path, move |core| async move {
-        tx.send(head(core).await).unwrap();
-    });
+    let restarted = run_on_core(&path, head);
     let want = pico_engine::meta::Retention {
         age_ms: Some(60_000),
         bytes: Some(4096),
         delete_on_empty_ms: None,
     };
-    assert_eq!(rx.recv().unwrap(), want, "in memory");
-    assert_eq!(rx.recv().unwrap(), want, "after a restart");
+    assert_eq!(in_memory, want, "in memory");
+    assert_eq!(restarted, want, "after a restart");
 }

@@ -11,22 +11,24 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{append_request, create_request, record, run_node};
+use common::{append_request, create_request, record};
 use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
 use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineError, RecordInput};
 
 const SEGMENT_BYTES: usize = 64 * 1024;
 
-/// Runs `f` on a one-core engine in `dir` (64 KiB segments), then shuts the metadata log down.
-fn run<F, Fut>(dir: &std::path::Path, f: F)
+/// Runs `f` on a one-core engine in `dir` (64 KiB segments), then shuts the metadata log down;
+/// what `f` returned.
+fn run<T, F, Fut>(dir: &std::path::Path, f: F) -> T
 where
+    T: Send + 'static,
     F: FnOnce(Rc<CoreHandle>, pico_engine::metrics::NodeMetrics) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = T>,
 {
     let config = common::config(dir, 1);
     assert_eq!(config.segment_size, SEGMENT_BYTES);
-    run_node(config, dir, |_| {}, move |core, node| f(core, node.metrics));
+    common::run_returning(config, dir, move |core, node| f(core, node.metrics))
 }
 
 fn create() -> CreateRequest {
@@ -46,25 +48,22 @@ fn append(body: &[u8]) -> AppendRequest {
 }
 
 async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
-    let records = common::read_all(core, name, 64 << 20).await;
-    records.into_iter().map(|r| (r.offset, r.body)).collect()
+    common::read_bodies(core, name, 64 << 20).await
 }
 
 /// What a restart finds: the stream's records, read by a fresh engine on the same files.
 fn after_restart(dir: &std::path::Path, name: &'static str) -> Vec<(u64, Bytes)> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    run(dir, move |core, _| async move {
-        tx.send(read_bodies(&core, name).await).unwrap();
-    });
-    rx.recv().unwrap()
+    run(
+        dir,
+        move |core, _| async move { read_bodies(&core, name).await },
+    )
 }
 
 fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let wal_dir = path.join("wal");
-    let (tx, rx) = std::sync::mpsc::channel();
-    run(&path, move |core, metrics| async move {
+    let found = run(&path, move |core, metrics| async move {
         core.create("/s", create()).await.unwrap();
         core.append("/s", append(b"kept")).await.unwrap();
         faults::arm(&wal_dir, io, libc::EIO);
@@ -86,7 +85,7 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
             "{refused_create:?}"
         );
         assert!(matches!(left, Err(EngineError::NotFound)), "{left:?}");
-        tx.send((
+        (
             failed,
             after,
             reads,
@@ -95,10 +94,9 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
             reason,
             created.is_ok(),
             deleted.is_ok(),
-        ))
-        .unwrap();
+        )
     });
-    let (failed, after, reads, head_ok, health, reason, created, deleted) = rx.recv().unwrap();
+    let (failed, after, reads, head_ok, health, reason, created, deleted) = found;
     assert!(
         matches!(failed, Err(EngineError::Durability(ref m)) if m.contains("Input/output error")),
         "the append the failed I/O carried is failed: {failed:?}"
@@ -136,8 +134,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let wal_dir = path.join("wal");
-    let (tx, rx) = std::sync::mpsc::channel();
-    run(&path, move |core, metrics| async move {
+    let found = run(&path, move |core, metrics| async move {
         core.create("/s", create()).await.unwrap();
         // The next WAL file (the spare the first commit round makes) fails with ENOSPC, at
         // every try, until disarmed.
@@ -172,10 +169,9 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
             glommio::timer::sleep(Duration::from_millis(50)).await;
         }
         let healed = metrics[0].wal_health.state();
-        tx.send((acked, refused, degraded, reads, resumed, healed))
-            .unwrap();
+        (acked, refused, degraded, reads, resumed, healed)
     });
-    let (acked, refused, (state, reason), reads, resumed, healed) = rx.recv().unwrap();
+    let (acked, refused, (state, reason), reads, resumed, healed) = found;
     // A spare that could not be made failed nothing the active file had room for: all of
     // it (its segment and 1 MiB of slack) filled first.
     // (A frame is its body and at most 128 bytes of header.)

@@ -5,87 +5,24 @@
 //! boundary; and the block cache (reads after eviction give the same bytes, a budget that
 //! holds everything serves a second pass without a GET).
 
-use std::rc::Rc;
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use pico_engine::metrics::{CoreMetrics, NodeMetrics};
-use pico_engine::{
-    boot, AppendAck, AppendRequest, CoreHandle, EngineConfig, Op, ReadFrom, ReadRequest,
-    RecordInput, Reply, StreamConfig,
-};
+use common::{append_request, create_request, read_bodies, record, run_returning, wal_files};
+use pico_engine::metrics::CoreMetrics;
+use pico_engine::{AppendAck, CoreHandle, EngineConfig, ReadFrom, ReadRequest};
 
 fn config(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) -> EngineConfig {
     EngineConfig {
-        cores: 1,
-        wal_dir: dir.join("wal"),
-        durability: pico_engine::Durability::Local,
         segment_size,
         // Segments seal by size (or by a flush) here, never by the clock.
         segment_max_age_ms: 3_600_000,
         segment_cache_bytes: cache_bytes,
-        node_epoch_ms: pico_engine::now_ms() as u64,
-        node_id: None,
-        in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
-        unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 3_600_000,
+        ..common::config(dir, 1)
     }
-}
-
-/// Boots an engine on `dir` (recovering what an earlier run left), runs `f` on core 0 and
-/// returns what `f` returned; the other cores (`config.cores`) serve their streams through
-/// their inboxes until it is done. The cores' tasks are dropped with their executors: a run
-/// that does not flush ends as a crash would, with its WAL files left behind.
-fn run<T, F, Fut>(config: EngineConfig, dir: &std::path::Path, f: F) -> T
-where
-    T: Send + 'static,
-    F: FnOnce(Rc<CoreHandle>, NodeMetrics) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T>,
-{
-    let meta = format!("sqlite:{}", dir.join("meta.db").display());
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config, &meta, &storage, None).expect("boot");
-    let metrics = booted.metrics.clone();
-    let mut seeds = booted.seeds.into_iter();
-    let first = seeds.next().expect("core 0");
-    let mut stops = Vec::new();
-    let others: Vec<_> = seeds
-        .map(|seed| {
-            let (stop, stopped) = futures_channel::oneshot::channel::<()>();
-            stops.push(stop);
-            on_executor(move || async move {
-                let _core = CoreHandle::start(seed).await.expect("core starts");
-                let _ = stopped.await;
-            })
-        })
-        .collect();
-    let out = on_executor(move || async move {
-        let core = CoreHandle::start(first).await.expect("core starts");
-        f(core, metrics).await
-    })
-    .join()
-    .expect("join");
-    for stop in stops {
-        let _ = stop.send(());
-    }
-    for other in others {
-        other.join().expect("join");
-    }
-    booted.meta.shutdown();
-    out
-}
-
-/// Runs the future `task` makes on an executor of its own thread.
-fn on_executor<T, G, Fut>(task: G) -> glommio::ExecutorJoinHandle<T>
-where
-    T: Send + 'static,
-    G: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T> + 'static,
-{
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(1 << 20)
-        .spawn(task)
-        .expect("executor")
 }
 
 /// An engine of `cores` cores on `dir` whose segments are too large to seal by size here.
@@ -98,7 +35,7 @@ fn on_cores(cores: usize, dir: &std::path::Path) -> EngineConfig {
 
 /// After a restart: every record of `name`, and the offset the next append gets.
 fn restarted(dir: &std::path::Path, name: &'static str) -> (Vec<(u64, Bytes)>, u64) {
-    run(on_cores(1, dir), dir, move |core, _| async move {
+    run_returning(on_cores(1, dir), dir, move |core, _| async move {
         let records = read_all(&core, name, 7).await;
         let next = append(&core, name, body(999, 100)).await;
         (records, next.start_offset.unwrap())
@@ -106,36 +43,13 @@ fn restarted(dir: &std::path::Path, name: &'static str) -> (Vec<(u64, Bytes)>, u
 }
 
 async fn create(core: &CoreHandle, name: &str) {
-    let op = Op::Create {
-        config: StreamConfig {
-            content_type: "application/octet-stream".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        },
-        closed: false,
-        records: Vec::new(),
-        fork: None,
-    };
-    core.call(name, op).await.expect("create");
+    let request = create_request("application/octet-stream");
+    core.create(name, request).await.expect("create");
 }
 
 async fn append(core: &CoreHandle, name: &str, body: Bytes) -> AppendAck {
-    let op = Op::Append(AppendRequest {
-        records: vec![RecordInput {
-            headers: Vec::new(),
-            body,
-        }],
-        close: false,
-        match_offset: None,
-        producer: None,
-        content_type: None,
-        writer_seq: None,
-    });
-    match core.call(name, op).await.expect("append") {
-        Reply::Appended(ack) => ack,
-        other => panic!("not an append's answer: {other:?}"),
-    }
+    let request = append_request(vec![record(body)], false);
+    core.append(name, request).await.expect("append")
 }
 
 /// Up to `max_records` records from `from`, as (offset, body).
@@ -148,41 +62,23 @@ async fn read(core: &CoreHandle, name: &str, from: u64, max_records: usize) -> V
         with_content_type: false,
         bound: None,
     };
-    match core.call(name, Op::Read(request)).await.expect("read") {
-        Reply::Read(batch) => batch
-            .records
-            .iter()
-            .map(|r| (r.offset, r.body.clone()))
-            .collect(),
-        other => panic!("not a read's answer: {other:?}"),
-    }
+    let batch = core.read(name, request).await.expect("read");
+    batch
+        .records
+        .iter()
+        .map(|r| (r.offset, r.body.clone()))
+        .collect()
 }
 
-/// Every record of the stream, read in pages of `page` records.
+/// Every record of the stream, read in pages of about `page` of this file's records (as
+/// many `RECORD_BYTES`).
 async fn read_all(core: &CoreHandle, name: &str, page: usize) -> Vec<(u64, Bytes)> {
-    let mut out = Vec::new();
-    loop {
-        let batch = read(core, name, out.len() as u64, page).await;
-        if batch.is_empty() {
-            return out;
-        }
-        out.extend(batch);
-    }
+    read_bodies(core, name, page * RECORD_BYTES).await
 }
 
 fn body(i: u64, len: usize) -> Bytes {
     let stamp = format!("{i:08}");
     Bytes::from(stamp.repeat(len / stamp.len()))
-}
-
-fn wal_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files: Vec<_> = std::fs::read_dir(dir.join("wal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
-        .collect();
-    files.sort();
-    files
 }
 
 fn objects(dir: &std::path::Path) -> usize {
@@ -197,21 +93,22 @@ const APPENDS: u64 = 400;
 fn concurrent_appends_are_group_committed_at_contiguous_offsets() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let (acks, fsyncs, records) = run(on_cores(1, &path), &path, |core, metrics| async move {
-        create(&core, "/g").await;
-        let tasks: Vec<_> = (0..APPENDS)
-            .map(|i| {
-                let core = core.clone();
-                glommio::spawn_local(async move { (i, append(&core, "/g", body(i, 64)).await) })
-            })
-            .collect();
-        let mut acks = Vec::new();
-        for task in tasks {
-            acks.push(task.await);
-        }
-        let fsyncs = CoreMetrics::get(&metrics[0].wal_fsyncs);
-        (acks, fsyncs, read_all(&core, "/g", 1000).await)
-    });
+    let (acks, fsyncs, records) =
+        run_returning(on_cores(1, &path), &path, |core, node| async move {
+            create(&core, "/g").await;
+            let tasks: Vec<_> = (0..APPENDS)
+                .map(|i| {
+                    let core = core.clone();
+                    glommio::spawn_local(async move { (i, append(&core, "/g", body(i, 64)).await) })
+                })
+                .collect();
+            let mut acks = Vec::new();
+            for task in tasks {
+                acks.push(task.await);
+            }
+            let fsyncs = CoreMetrics::get(&node.metrics[0].wal_fsyncs);
+            (acks, fsyncs, read_all(&core, "/g", 1000).await)
+        });
     let mut offsets: Vec<u64> = acks
         .iter()
         .map(|(_, ack)| ack.start_offset.expect("a record was written"))
@@ -240,7 +137,7 @@ fn concurrent_appends_are_group_committed_at_contiguous_offsets() {
 fn a_restart_recovers_acknowledged_appends_from_the_wal() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let acked = run(on_cores(1, &path), &path, |core, _| async move {
+    let acked = run_returning(on_cores(1, &path), &path, |core, _| async move {
         create(&core, "/r").await;
         let mut acked = Vec::new();
         for i in 0..50 {
@@ -272,7 +169,7 @@ fn a_restart_recovers_acknowledged_appends_from_the_wal() {
 fn recovery_drops_a_torn_last_frame_and_keeps_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    run(on_cores(1, &path), &path, |core, _| async move {
+    run_returning(on_cores(1, &path), &path, |core, _| async move {
         create(&core, "/t").await;
         for i in 0..20 {
             append(&core, "/t", body(i, 200)).await;
@@ -314,7 +211,7 @@ const RECORD_BYTES: usize = 1000;
 /// Writes `RECORDS` records to `/s` in small segments and flushes: every segment sealed,
 /// uploaded and its WAL file gone.
 fn write_sealed(path: &std::path::Path) {
-    let flushed = run(
+    let flushed = run_returning(
         config(path, SEGMENT_BYTES, 1 << 20),
         path,
         |core, _| async move {
@@ -347,7 +244,7 @@ fn sealed_segments_are_uploaded_and_read_across_their_boundaries() {
         "after a flush only the empty active file and the spare are left"
     );
     let want: Vec<_> = (0..RECORDS).map(|i| (i, body(i, RECORD_BYTES))).collect();
-    let (pages, whole) = run(
+    let (pages, whole) = run_returning(
         config(&path, SEGMENT_BYTES, 1 << 20),
         &path,
         |core, _| async move {
@@ -376,11 +273,11 @@ fn the_block_cache_evicts_within_its_budget_and_reads_back_the_same_bytes() {
     write_sealed(&path);
     let want: Vec<_> = (0..RECORDS).map(|i| (i, body(i, RECORD_BYTES))).collect();
     let two_passes = |cache_bytes: usize| {
-        run(
+        run_returning(
             config(&path, SEGMENT_BYTES, cache_bytes),
             &path,
-            |core, metrics| async move {
-                let misses = || CoreMetrics::get(&metrics[0].cache_misses);
+            |core, node| async move {
+                let misses = || CoreMetrics::get(&node.metrics[0].cache_misses);
                 let first = read_all(&core, "/s", 10).await;
                 let after_first = misses();
                 let second = read_all(&core, "/s", 10).await;
@@ -415,7 +312,7 @@ fn wal_files_of_another_core_count_are_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let name = |s: u64| format!("/c{s}");
-    run(on_cores(2, &path), &path, move |core, _| async move {
+    run_returning(on_cores(2, &path), &path, move |core, _| async move {
         for s in 0..STREAMS {
             create(&core, &name(s)).await;
         }
@@ -447,7 +344,7 @@ fn wal_files_of_another_core_count_are_recovered() {
     let want = |s: u64, count: u64| -> Vec<(u64, Bytes)> {
         (0..count).map(|i| (i, body(s * 100 + i, 50))).collect()
     };
-    let (on_one, next) = run(on_cores(1, &path), &path, move |core, _| async move {
+    let (on_one, next) = run_returning(on_cores(1, &path), &path, move |core, _| async move {
         let mut all = Vec::new();
         let mut next = Vec::new();
         for s in 0..STREAMS {
@@ -464,7 +361,7 @@ fn wal_files_of_another_core_count_are_recovered() {
         assert_eq!(on_one[s as usize], want(s, 10), "stream {s} on one core");
         assert_eq!(next[s as usize], Some(10));
     }
-    let on_three = run(on_cores(3, &path), &path, move |core, _| async move {
+    let on_three = run_returning(on_cores(3, &path), &path, move |core, _| async move {
         let mut all = Vec::new();
         for s in 0..STREAMS {
             all.push(read_all(&core, &name(s), 1000).await);

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use futures_channel::oneshot;
 use pico_meta::{SegmentRun, StreamConfig as MetaConfig};
 
-use crate::api::{AppendAck, AppendRequest, RecordInput, Reply};
+use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
 use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
@@ -39,6 +39,62 @@ pub(super) fn frames_len(
         + frame::frame_len(&[], producer, writer_seq, 0)
 }
 
+/// What an append comes to once the stream's state judged it, with its answer: the one place
+/// an [`AppendAck`] is built.
+enum AppendPlan {
+    /// Write the records (and a close frame when `ack.closed`), answer once durable. A
+    /// close-only request keeps no `Stream-Seq` (`keep_writer_seq: false`).
+    Write {
+        ack: AppendAck,
+        keep_writer_seq: bool,
+    },
+    /// Nothing to write (the stream was already closed, or a producer's retry): answer once
+    /// what the original request wrote is durable.
+    Nothing(AppendAck),
+}
+
+impl From<AppendOutcome> for AppendPlan {
+    fn from(outcome: AppendOutcome) -> AppendPlan {
+        // (first offset, timestamp) of what is written; whether to write, and the Stream-Seq.
+        let (written, next_offset, closed, duplicate_of_seq, write) = match outcome {
+            AppendOutcome::Appended {
+                start_offset,
+                next_offset,
+                timestamp_ms,
+                closed,
+            } => (
+                Some((start_offset, timestamp_ms)),
+                next_offset,
+                closed,
+                None,
+                Some(true),
+            ),
+            AppendOutcome::Closed { next_offset, newly } => {
+                (None, next_offset, true, None, newly.then_some(false))
+            }
+            AppendOutcome::Duplicate {
+                next_offset,
+                last_seq,
+                closed,
+            } => (None, next_offset, closed, Some(last_seq), None),
+        };
+        let ack = AppendAck {
+            start_offset: written.map(|(start, _)| start),
+            next_offset,
+            timestamp_ms: written.map(|(_, timestamp)| timestamp),
+            closed,
+            duplicate_of_seq,
+        };
+        match write {
+            Some(keep_writer_seq) => AppendPlan::Write {
+                ack,
+                keep_writer_seq,
+            },
+            None => AppendPlan::Nothing(ack),
+        }
+    }
+}
+
 impl Shard {
     pub(super) async fn create(
         self: &Rc<Self>,
@@ -47,7 +103,7 @@ impl Shard {
         closed: bool,
         records: Vec<RecordInput>,
         fork: Option<ForkOrigin>,
-    ) -> Result<Reply, EngineError> {
+    ) -> Result<Created, EngineError> {
         // The protocols refuse larger TTLs with their own wording; this guards every caller.
         if config.ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
             return Err(EngineError::Invalid(format!(
@@ -162,7 +218,7 @@ impl Shard {
         }
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-        Ok(Reply::Created {
+        Ok(Created {
             created,
             info: info_of(&stream.state),
             first,
@@ -177,11 +233,11 @@ impl Shard {
         config: &StreamConfig,
         closed: bool,
         fork: Option<&ForkOrigin>,
-    ) -> Result<Reply, EngineError> {
+    ) -> Result<Created, EngineError> {
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
         stream.state.check_recreate(config, closed, fork)?;
-        Ok(Reply::Created {
+        Ok(Created {
             created: false,
             info: info_of(&stream.state),
             first: None,
@@ -248,7 +304,9 @@ impl Shard {
         let id = self.live_stream_id(name, false).await?;
         self.one_incarnation_per_segment(name, id)?;
         let now = now_ms();
-        let written = {
+        // Judged first, then written: no await between, so the state the plan was made from
+        // is the one the frames go into.
+        let (key, plan) = {
             let mut streams = self.streams.borrow_mut();
             let key = streams
                 .get_key_value(name)
@@ -271,73 +329,25 @@ impl Shard {
             };
             let outcome = stream.state.apply_append(command, now)?;
             self.record_access(stream);
-            match outcome {
-                AppendOutcome::Appended {
-                    start_offset,
-                    next_offset,
-                    timestamp_ms,
-                    closed,
-                } => {
-                    let ack = AppendAck {
-                        start_offset: Some(start_offset),
-                        next_offset,
-                        timestamp_ms: Some(timestamp_ms),
-                        closed,
-                        duplicate_of_seq: None,
-                    };
-                    let frames = Frames {
-                        records: &records,
-                        close: closed,
-                        producer: producer.as_ref(),
-                        writer_seq: writer_seq.as_deref(),
-                    };
-                    let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
-                    Ok((rx, ack))
-                }
-                AppendOutcome::Closed { next_offset, newly } => {
-                    let ack = AppendAck {
-                        start_offset: None,
-                        next_offset,
-                        timestamp_ms: None,
-                        closed: true,
-                        duplicate_of_seq: None,
-                    };
-                    if newly {
-                        let frames = Frames {
-                            records: &records,
-                            close: true,
-                            producer: producer.as_ref(),
-                            writer_seq: None,
-                        };
-                        let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
-                        Ok((rx, ack))
-                    } else {
-                        Err((ack, next_offset, true))
-                    }
-                }
-                AppendOutcome::Duplicate {
-                    next_offset,
-                    last_seq,
-                    closed,
-                } => {
-                    let ack = AppendAck {
-                        start_offset: None,
-                        next_offset,
-                        timestamp_ms: None,
-                        closed,
-                        duplicate_of_seq: Some(last_seq),
-                    };
-                    Err((ack, next_offset, closed))
-                }
-            }
+            (key, AppendPlan::from(outcome))
         };
-        let (ack_rx, ack) = match written {
-            Ok(written) => written,
-            // Nothing to write (already closed, or a producer retry): answer once what the
-            // original request wrote is durable.
-            Err((ack, offset, closed)) => {
-                return self.after_durable(name, ack, offset, closed).await
+        let (ack_rx, ack) = match plan {
+            AppendPlan::Write {
+                ack,
+                keep_writer_seq,
+            } => {
+                let mut streams = self.streams.borrow_mut();
+                let stream = streams.get_mut(&key).expect("judged above, no await since");
+                let frames = Frames {
+                    records: &records,
+                    close: ack.closed,
+                    producer: producer.as_ref(),
+                    writer_seq: writer_seq.as_deref().filter(|_| keep_writer_seq),
+                };
+                let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
+                (rx, ack)
             }
+            AppendPlan::Nothing(ack) => return self.after_durable(name, ack).await,
         };
         self.commit_wanted.notify();
         match ack_rx.await {
@@ -391,14 +401,14 @@ impl Shard {
         Ok(())
     }
 
-    /// Answers a request that wrote nothing once everything before it is durable.
+    /// Answers a request that wrote nothing once everything before it is durable: the
+    /// stream's tail up to `ack.next_offset`, and its close if `ack.closed`.
     pub(super) async fn after_durable(
         self: &Rc<Self>,
         name: &str,
         ack: AppendAck,
-        offset: u64,
-        closed: bool,
     ) -> Result<AppendAck, EngineError> {
+        let (offset, closed) = (ack.next_offset, ack.closed);
         // The incarnation whose state made this a retry: only its own durable tail proves the
         // original stored. If the stream is dropped (fenced: the original's append is refused)
         // and loaded again here from the catalog, the new incarnation's tail passing `offset`

@@ -160,7 +160,8 @@ impl Shard {
     }
 
     pub(super) async fn age_loop(self: Rc<Self>) {
-        let period_ms = (self.config.segment_max_age_ms.max(10) / 2 + 1).min(WAL_FILE_RETRY_MS);
+        // The age is at least `limits::SEGMENT_MAX_AGE_MS_MIN` (`EngineConfig::check`).
+        let period_ms = (self.config.segment_max_age_ms / 2 + 1).min(WAL_FILE_RETRY_MS);
         let period = Duration::from_millis(period_ms);
         loop {
             glommio::timer::sleep(period).await;

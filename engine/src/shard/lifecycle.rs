@@ -1,12 +1,12 @@
 //! A stream's life apart from its records: lookup with lazy expiry, head, trim, retention
 //! changes, delete (soft while forks read it), fork references, listing and shutdown.
 
-use crate::api::{Reply, StreamInfo, StreamSummary};
+use crate::api::{StreamInfo, StreamSummary};
 use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::state::ForkOrigin;
+use crate::state::{ForkOrigin, StreamConfig};
 
 use super::state::Shard;
 use super::stream::{info_of, Stream};
@@ -172,7 +172,7 @@ impl Shard {
         name: &str,
         offset: u64,
         partial_bytes: u64,
-    ) -> Result<Reply, EngineError> {
+    ) -> Result<(ForkOrigin, StreamConfig), EngineError> {
         match self.live_stream_id(name, false).await {
             Err(EngineError::Gone) => return Err(EngineError::SourceGone),
             other => other?,
@@ -194,16 +194,14 @@ impl Shard {
             )));
         }
         stream.state.fork_refs += 1;
-        Ok(Reply::ForkPoint {
-            origin: ForkOrigin {
-                source: name.to_string(),
-                source_id: stream.state.id,
-                offset,
-                partial_bytes,
-                depth: source_depth + 1,
-            },
-            config: stream.state.config.clone(),
-        })
+        let origin = ForkOrigin {
+            source: name.to_string(),
+            source_id: stream.state.id,
+            offset,
+            partial_bytes,
+            depth: source_depth + 1,
+        };
+        Ok((origin, stream.state.config.clone()))
     }
 
     /// A fork of this stream is gone: the last one takes a deleted or expired source with it.

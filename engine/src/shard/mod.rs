@@ -166,13 +166,17 @@ impl Shard {
                         ))
                     }
                 };
-                self.create(name, config, closed, records, origin).await
+                let created = self.create(name, config, closed, records, origin).await?;
+                Ok(created.into())
             }
             Op::Append(request) => self.append(name, request).await.map(Reply::Appended),
             Op::ForkAcquire {
                 offset,
                 partial_bytes,
-            } => self.fork_acquire(name, offset, partial_bytes).await,
+            } => {
+                let (origin, config) = self.fork_acquire(name, offset, partial_bytes).await?;
+                Ok(Reply::ForkPoint { origin, config })
+            }
             Op::ForkRelease { source_id } => {
                 self.fork_release(name, source_id).await?;
                 Ok(Reply::Released)

@@ -5,7 +5,7 @@
 // Each test file uses its own part of these.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -40,24 +40,37 @@ pub struct Node {
     pub metrics: NodeMetrics,
 }
 
-/// [`run_node`] without the node's handles.
+/// [`run_node`] without the node's handles; the boot's report lines.
 pub fn run<F, Fut>(config: EngineConfig, dir: &Path, f: F) -> Vec<String>
 where
     F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    run_node(config, dir, |_| {}, move |core, _| f(core))
+    run_node(config, dir, |_| {}, move |core, _| f(core)).1
 }
 
-/// Boots `config` in `dir` and starts every core on its own executor thread; `before` sees
-/// the object store once recovery is done and before the cores start, `f` runs on core 0.
-/// Then every core stops without flushing (what is on disk is what a crash would leave) and
-/// the metadata log shuts down. Returns the boot's report lines.
-pub fn run_node<B, F, Fut>(config: EngineConfig, dir: &Path, before: B, f: F) -> Vec<String>
+/// [`run_node`] for a test body that answers with what it found: what `f` returned.
+pub fn run_returning<T, F, Fut>(config: EngineConfig, dir: &Path, f: F) -> T
 where
+    T: Send + 'static,
+    F: FnOnce(Rc<CoreHandle>, Node) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    run_node(config, dir, |_| {}, f).0
+}
+
+/// Boots `config` in `dir` (recovering what an earlier run left) and starts every core on its
+/// own executor thread; `before` sees the object store once recovery is done and before the
+/// cores start, `f` runs on core 0 while the other cores serve their streams through their
+/// inboxes. Then every core stops without flushing (what is on disk is what a crash would
+/// leave) and the metadata log shuts down. Returns what `f` returned and the boot's report
+/// lines.
+pub fn run_node<T, B, F, Fut>(config: EngineConfig, dir: &Path, before: B, f: F) -> (T, Vec<String>)
+where
+    T: Send + 'static,
     B: FnOnce(&ObjectStore),
     F: FnOnce(Rc<CoreHandle>, Node) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = T>,
 {
     let meta = format!("sqlite:{}", dir.join("meta.db").display());
     let storage = format!("-2@file://{}", dir.join("objects").display());
@@ -83,10 +96,10 @@ where
             .expect("executor");
         others.push(executor);
     }
-    executor()
+    let out = executor()
         .spawn(move || async move {
             let core = CoreHandle::start(first).await.expect("core starts");
-            f(core, node).await;
+            f(core, node).await
         })
         .expect("executor")
         .join()
@@ -96,10 +109,11 @@ where
         executor.join().expect("join");
     }
     booted.meta.shutdown();
-    booted.report
+    (out, booted.report)
 }
 
-fn executor() -> glommio::LocalExecutorBuilder {
+/// An executor for one core of a test engine.
+pub fn executor() -> glommio::LocalExecutorBuilder {
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound).io_memory(1 << 20)
 }
 
@@ -157,4 +171,22 @@ pub async fn read_all(core: &CoreHandle, name: &str, page_bytes: usize) -> Vec<R
         }
         from = batch.next_offset;
     }
+}
+
+/// Every record of `name` from offset 0 as `(offset, body)`, in pages of at most
+/// `page_bytes`.
+pub async fn read_bodies(core: &CoreHandle, name: &str, page_bytes: usize) -> Vec<(u64, Bytes)> {
+    let records = read_all(core, name, page_bytes).await;
+    records.into_iter().map(|r| (r.offset, r.body)).collect()
+}
+
+/// The WAL files (`*.wal`) of an engine run in `dir`, in name order.
+pub fn wal_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .collect();
+    files.sort();
+    files
 }
