@@ -66,13 +66,6 @@ pub struct ForkSpec {
     pub sub_offset: u64,
 }
 
-/// The fork part of a create: as requested, or resolved by the source's core.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Fork {
-    Spec(ForkSpec),
-    Resolved(ForkOrigin),
-}
-
 /// One append request as the protocols give it.
 #[derive(Clone, Debug)]
 pub struct AppendRequest {
@@ -114,14 +107,15 @@ pub struct Created {
 /// `inbox.rs`). Callers use the typed methods of `CoreHandle`; public only until the
 /// protocol layers stop calling the transitional `CoreHandle::call`, then crate-private.
 #[derive(Clone, Debug)]
-pub enum Op {
+pub(crate) enum Op {
     Create {
         /// For a fork, an empty content type means the source's.
         config: StreamConfig,
         closed: bool,
         /// Appended right after the create (a create with a body).
         records: Vec<RecordInput>,
-        fork: Option<Fork>,
+        /// A fork, its fork point already resolved with the source (see `fork.rs`).
+        fork: Option<ForkOrigin>,
     },
     Append(AppendRequest),
     /// A fork is being created from this stream: validate the fork point and count the
@@ -234,7 +228,7 @@ impl ReadBatch {
 /// The answer to an [`Op`], of the kind matching it (`route.rs` takes it apart); public for
 /// as long as [`Op`] is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reply {
+pub(crate) enum Reply {
     Created {
         created: bool,
         info: StreamInfo,

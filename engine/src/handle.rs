@@ -8,8 +8,8 @@ use std::sync::Arc;
 use pico_meta::MetaStore;
 
 use crate::api::{
-    AppendAck, AppendRequest, CreateRequest, Created, Fork, Op, ReadBatch, ReadRequest, Reply,
-    RetentionChange, StreamInfo, StreamSummary,
+    AppendAck, AppendRequest, CreateRequest, Created, ReadBatch, ReadRequest, RetentionChange,
+    StreamInfo, StreamSummary,
 };
 use crate::boot::CoreSeed;
 use crate::cluster::Cluster;
@@ -191,32 +191,5 @@ impl CoreHandle {
         limit: usize,
     ) -> Result<(Vec<StreamSummary>, bool), EngineError> {
         self.router.list(prefix, start_after, limit).await
-    }
-
-    /// Transitional: use the typed methods ([`CoreHandle::append`], [`CoreHandle::read`], ...).
-    /// Runs `op` on the stream's owning core as those do and answers with its [`Reply`].
-    #[doc(hidden)]
-    pub async fn call(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
-        match op {
-            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
-            Op::Create {
-                config,
-                closed,
-                records,
-                fork: Some(Fork::Spec(spec)),
-            } => {
-                let request = CreateRequest {
-                    config,
-                    closed,
-                    records,
-                    fork: Some(spec),
-                };
-                Box::pin(self.create(name, request)).await.map(Reply::from)
-            }
-            op => {
-                self.leased().await?;
-                self.router.run(name, op).await
-            }
-        }
     }
 }

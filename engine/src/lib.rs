@@ -31,9 +31,8 @@ mod shard;
 pub mod state;
 
 pub use api::{
-    AppendAck, AppendRequest, CreateRequest, Created, Fork, ForkSpec, Op, ReadBatch, ReadBound,
-    ReadFrom, ReadRequest, RecordInput, RecordView, Reply, RetentionChange, StreamInfo,
-    StreamSummary,
+    AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,
+    ReadRequest, RecordInput, RecordView, RetentionChange, StreamInfo, StreamSummary,
 };
 pub use boot::{boot, Boot, CoreSeed};
 pub use clock::now_ms;

@@ -10,7 +10,7 @@ use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
 
 use crate::api::{
-    AppendAck, AppendRequest, Created, Fork, Op, ReadBatch, ReadRequest, RecordInput, Reply,
+    AppendAck, AppendRequest, Created, Op, ReadBatch, ReadRequest, RecordInput, Reply,
     RetentionChange, StreamInfo, StreamSummary,
 };
 use crate::error::EngineError;
@@ -76,7 +76,7 @@ impl Router {
             config,
             closed,
             records,
-            fork: fork.map(Fork::Resolved),
+            fork,
         };
         self.ask(name, op, |reply| match reply {
             Reply::Created {

@@ -52,7 +52,7 @@ use std::time::Instant;
 use pico_meta::MetaStore;
 use pico_s3::ObjectStore;
 
-use crate::api::{Fork, Op, ReadBatch, ReadRequest, Reply};
+use crate::api::{Op, ReadBatch, ReadRequest, Reply};
 use crate::cluster::Cluster;
 use crate::config::EngineConfig;
 use crate::error::EngineError;
@@ -157,16 +157,7 @@ impl Shard {
                 records,
                 fork,
             } => {
-                let origin = match fork {
-                    None => None,
-                    Some(Fork::Resolved(origin)) => Some(origin),
-                    Some(Fork::Spec(_)) => {
-                        return Err(EngineError::Invalid(
-                            "a fork must be resolved by its source first".into(),
-                        ))
-                    }
-                };
-                let created = self.create(name, config, closed, records, origin).await?;
+                let created = self.create(name, config, closed, records, fork).await?;
                 Ok(created.into())
             }
             Op::Append(request) => self.append(name, request).await.map(Reply::Appended),
