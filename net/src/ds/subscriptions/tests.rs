@@ -667,8 +667,8 @@ fn a_pico_append_wakes_a_subscription() {
     });
 }
 
-/// A Pico create with a body writes the stream's first record: it wakes as an append does
-/// (it did not before the wake-up moved to the engine's answer, unlike a Durable Streams create).
+/// A Pico create with a body writes the stream's first record, so it wakes subscriptions as an
+/// append does.
 #[test]
 fn a_pico_create_with_a_body_wakes_a_subscription() {
     run_node(|core| async move {
