@@ -330,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn zero_sizes_are_rejected() {
+    fn values_out_of_range_are_refused() {
         let err =
             server_config(&serve_args(&["--max-body-size", "4GiB"]), Protocol::Pico).unwrap_err();
         assert!(
@@ -347,7 +347,12 @@ mod tests {
         for flag in ["--object-flush-ms", "--segment-max-age-ms"] {
             let err = server_config(&serve_args(&[flag, "0"]), Protocol::Pico).unwrap_err();
             assert_eq!(err, format!("{flag} must be greater than 0"));
+            let err = server_config(&serve_args(&[flag, "9"]), Protocol::Pico).unwrap_err();
+            assert_eq!(err, format!("{flag} must be at least 10, got 9"));
         }
+        let err =
+            server_config(&serve_args(&["--gc-interval-ms", "99"]), Protocol::Pico).unwrap_err();
+        assert_eq!(err, "--gc-interval-ms must be at least 100, got 99");
     }
 
     #[test]

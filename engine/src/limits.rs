@@ -83,6 +83,7 @@ pub fn retention_bytes(bytes: u64) -> Result<Option<u64>, u64> {
         _ => Err(RETENTION_BYTES_MAX),
     }
 }
+
 /// A setting checked against its floor at startup: `Err` naming it (`setting`, with its flag)
 /// when `value` is below `min`. Out-of-range settings are refused, never raised silently.
 pub fn at_least(setting: &str, value: u64, min: u64) -> Result<(), String> {

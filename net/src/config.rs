@@ -138,7 +138,9 @@ impl ServerConfig {
     /// Refuses values the node cannot run with, naming the flag, rather than quietly running
     /// with another value.
     pub fn check(&self) -> Result<(), String> {
-        use pico_engine::limits::{LEASE_MS_MIN, SEGMENT_BYTES_MIN};
+        use pico_engine::limits::{
+            at_least, GC_INTERVAL_MS_MIN, LEASE_MS_MIN, SEGMENT_BYTES_MIN, SEGMENT_MAX_AGE_MS_MIN,
+        };
         if self.segment_size < SEGMENT_BYTES_MIN {
             return Err(format!(
                 "--segment-size must be at least {} KiB, got {}",
@@ -146,12 +148,7 @@ impl ServerConfig {
                 self.segment_size
             ));
         }
-        if self.lease_ms < LEASE_MS_MIN {
-            return Err(format!(
-                "--lease-ms must be at least {LEASE_MS_MIN}, got {}",
-                self.lease_ms
-            ));
-        }
+        at_least("--lease-ms", self.lease_ms, LEASE_MS_MIN)?;
         for (value, flag) in [
             (self.object_flush_ms, "--object-flush-ms"),
             (self.segment_max_age_ms, "--segment-max-age-ms"),
@@ -162,6 +159,19 @@ impl ServerConfig {
                 return Err(format!("{flag} must be greater than 0"));
             }
         }
+        // The engine refuses these too when it boots (EngineConfig::check); refused here
+        // first, they are named by the flag that was given.
+        at_least(
+            "--object-flush-ms",
+            self.object_flush_ms,
+            SEGMENT_MAX_AGE_MS_MIN,
+        )?;
+        at_least(
+            "--segment-max-age-ms",
+            self.segment_max_age_ms,
+            SEGMENT_MAX_AGE_MS_MIN,
+        )?;
+        at_least("--gc-interval-ms", self.gc_interval_ms, GC_INTERVAL_MS_MIN)?;
         Ok(())
     }
 }
