@@ -306,7 +306,7 @@ fn rfc3339(ms: i64, offset_min: i64) -> String {
 // ----------------------------------------------------------------- a body with the create
 
 #[test]
-fn d1_put_body_becomes_the_first_record() {
+fn put_body_becomes_the_first_record() {
     let s = Server::start(ONE_CORE);
     let r = create(&s, "/d1/text", &[("content-type", "text/plain")], b"hello");
     assert_eq!(r.header("pico-next-seq"), Some("1"), "{}", r.describe());
@@ -384,7 +384,7 @@ fn d1_put_body_becomes_the_first_record() {
 // ------------------------------------------------------------------------------------ TTL
 
 #[test]
-fn d2_ttl_slides_with_reads_and_appends_not_head_and_the_reaper_deletes() {
+fn ttl_slides_with_reads_and_appends_not_head_and_the_reaper_deletes() {
     let mut s = Server::start(ONE_CORE);
     // In units u (1 s, or more on a slow machine): TTL 3u; touches at 2u; checks at 4u. A
     // stream whose only access was a HEAD expired at 3u, a read or an append at 2u moved the
@@ -482,7 +482,7 @@ fn d2_ttl_slides_with_reads_and_appends_not_head_and_the_reaper_deletes() {
 
 /// `pico create --ttl` documents the sliding idle expiry.
 #[test]
-fn d2_create_ttl_help_describes_idle_expiry() {
+fn create_ttl_help_describes_idle_expiry() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pico"))
         .args(["create", "--help"])
         .output()
@@ -503,7 +503,7 @@ fn d2_create_ttl_help_describes_idle_expiry() {
 /// A stream idle past its TTL when the server crashes is gone after the restart too: the
 /// restart is not an access that revives it.
 #[test]
-fn d2_a_stream_expired_before_a_crash_stays_gone() {
+fn a_stream_expired_before_a_crash_stays_gone() {
     let mut s = Server::start(ONE_CORE);
     create(&s, "/ttl/crash", &[("pico-ttl", "1")], b"x");
     let created = Instant::now();
@@ -524,7 +524,7 @@ fn d2_a_stream_expired_before_a_crash_stays_gone() {
 // --------------------------------------------------------------------------- fixed expiry
 
 #[test]
-fn d3_expires_at_takes_offsets_and_is_rendered_in_utc() {
+fn expires_at_takes_offsets_and_is_rendered_in_utc() {
     let s = Server::start(ONE_CORE);
     let cases = [
         ("/d3/z", "2100-01-01T00:00:00Z", "2100-01-01T00:00:00Z"),
@@ -654,7 +654,7 @@ fn d3_expires_at_takes_offsets_and_is_rendered_in_utc() {
 // ------------------------------------------------------------------------------ long-poll
 
 #[test]
-fn d4_long_poll() {
+fn long_poll() {
     // Two nodes: a 2 s long-poll timeout to see a timeout happen, and one far longer than any
     // scheduling delay, so that an answer before it proves the poll was answered on its own
     // (records there, an append, a close, a delete) without timing how fast that was.
@@ -770,7 +770,7 @@ fn d4_long_poll() {
 // -------------------------------------------------------------------- conditional appends
 
 #[test]
-fn d5_failed_match_is_412() {
+fn failed_match_is_412() {
     let s = Server::start(ONE_CORE);
     create(&s, "/m", &[], b"");
     applied(&post(&s, "/m", &[("pico-match-seq", "0")], b"a"), 0, 1);
@@ -829,7 +829,7 @@ fn d5_failed_match_is_412() {
 // ------------------------------------------------------------------- idempotent producers
 
 #[test]
-fn d6_producer_decision_table() {
+fn producer_decision_table() {
     let s = Server::start(ONE_CORE);
     create(&s, "/p", &[("content-type", "text/plain")], b"");
 
@@ -956,7 +956,7 @@ fn d6_producer_decision_table() {
 }
 
 #[test]
-fn d6_closing_rules_with_the_closing_producer() {
+fn closing_rules_with_the_closing_producer() {
     let s = Server::start(ONE_CORE);
     create(&s, "/c", &[("content-type", "text/plain")], b"");
     applied(&produce(&s, "/c", ("c", 0, 0), &[], b"a"), 0, 1);
@@ -1024,7 +1024,7 @@ fn d6_closing_rules_with_the_closing_producer() {
 }
 
 #[test]
-fn d6_producer_state_survives_kill_9() {
+fn producer_state_survives_kill_9() {
     // Segments seal after 300 ms, so one stream's producer state is recovered from a sealed
     // segment and the others' from the WAL.
     let mut s = Server::start(&["--cores", "1", "--segment-max-age-ms", "300"]);
@@ -1130,7 +1130,7 @@ fn d6_producer_state_survives_kill_9() {
 // ------------------------------------------------------------------ trims and offset_gone
 
 #[test]
-fn d7_d8_trim_and_offset_gone() {
+fn trim_and_offset_gone() {
     let mut s = Server::start(ONE_CORE);
     create(&s, "/t", &[("content-type", "text/plain")], b"");
     let r = post(
@@ -1255,7 +1255,7 @@ fn d7_d8_trim_and_offset_gone() {
 // ----------------------------------------------------------------------------- timestamps
 
 #[test]
-fn d9_timestamps_strictly_increase_pipelined_and_across_restarts() {
+fn timestamps_strictly_increase_pipelined_and_across_restarts() {
     // Two cores: some connections land on the core that does not own the stream.
     let mut s = Server::start(&["--cores", "2"]);
     create(&s, "/ts", &[("content-type", "text/plain")], b"");
@@ -1355,7 +1355,7 @@ fn d9_timestamps_strictly_increase_pipelined_and_across_restarts() {
 // ---------------------------------------------------------------------------- the listing
 
 #[test]
-fn d10_listing_reports_live_offsets() {
+fn listing_reports_live_offsets() {
     let s = Server::start(&["--cores", "2"]);
     let names = ["/l/a", "/l/b", "/l/c", "/l/d", "/l/e"];
     let mut conn = s.connect();
@@ -1417,7 +1417,7 @@ fn d10_listing_reports_live_offsets() {
 // ---------------------------------------------------------------- CORS and common headers
 
 #[test]
-fn d12_cors_on_every_response_and_preflight() {
+fn cors_on_every_response_and_preflight() {
     let s = Server::start(&["--cores", "1", "--max-body-size", "1024"]);
     for path in ["/", "/any/path", "/nope"] {
         let r = req(
@@ -1535,7 +1535,7 @@ fn d12_cors_on_every_response_and_preflight() {
 // ------------------------------------------------------------------------- the body limit
 
 #[test]
-fn d14_body_over_the_limit_is_413() {
+fn body_over_the_limit_is_413() {
     let s = Server::start(&["--cores", "1", "--max-body-size", "1024"]);
     create(&s, "/big", &[], b"");
     applied(&post(&s, "/big", &[], &[b'x'; 1024]), 0, 1);
@@ -1560,7 +1560,7 @@ fn d14_body_over_the_limit_is_413() {
 
 /// Every row of docs/api.md's error table that can be reached, each with its JSON body.
 #[test]
-fn d15_every_error_is_json_and_every_reachable_row_of_the_error_table() {
+fn every_error_is_json_and_every_reachable_row_of_the_error_table() {
     let s = Server::start(ONE_CORE);
     create(&s, "/e", &[("content-type", "text/plain")], b"a");
 
@@ -1774,7 +1774,7 @@ fn d15_every_error_is_json_and_every_reachable_row_of_the_error_table() {
 
 /// A request head over 64 KiB is `431`, whether it arrives in pieces or at once.
 #[test]
-fn d15_request_head_over_64_kib_is_431() {
+fn request_head_over_64_kib_is_431() {
     let s = Server::start(ONE_CORE);
     create(&s, "/h", &[], b"x");
     let huge = "v".repeat(70 * 1024);
