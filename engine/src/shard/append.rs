@@ -55,42 +55,47 @@ enum AppendPlan {
 
 impl From<AppendOutcome> for AppendPlan {
     fn from(outcome: AppendOutcome) -> AppendPlan {
-        // (first offset, timestamp) of what is written; whether to write, and the Stream-Seq.
-        let (written, next_offset, closed, duplicate_of_seq, write) = match outcome {
+        // What a request that writes no record answers: the tail, and no first offset.
+        let unwritten = |next_offset, closed, duplicate_of_seq| AppendAck {
+            start_offset: None,
+            next_offset,
+            timestamp_ms: None,
+            closed,
+            duplicate_of_seq,
+        };
+        match outcome {
             AppendOutcome::Appended {
                 start_offset,
                 next_offset,
                 timestamp_ms,
                 closed,
-            } => (
-                Some((start_offset, timestamp_ms)),
-                next_offset,
-                closed,
-                None,
-                Some(true),
-            ),
+            } => AppendPlan::Write {
+                ack: AppendAck {
+                    start_offset: Some(start_offset),
+                    next_offset,
+                    timestamp_ms: Some(timestamp_ms),
+                    closed,
+                    duplicate_of_seq: None,
+                },
+                keep_writer_seq: true,
+            },
+            // A close-only request writes a close frame, unless the stream was closed already.
             AppendOutcome::Closed { next_offset, newly } => {
-                (None, next_offset, true, None, newly.then_some(false))
+                let ack = unwritten(next_offset, true, None);
+                if newly {
+                    AppendPlan::Write {
+                        ack,
+                        keep_writer_seq: false,
+                    }
+                } else {
+                    AppendPlan::Nothing(ack)
+                }
             }
             AppendOutcome::Duplicate {
                 next_offset,
                 last_seq,
                 closed,
-            } => (None, next_offset, closed, Some(last_seq), None),
-        };
-        let ack = AppendAck {
-            start_offset: written.map(|(start, _)| start),
-            next_offset,
-            timestamp_ms: written.map(|(_, timestamp)| timestamp),
-            closed,
-            duplicate_of_seq,
-        };
-        match write {
-            Some(keep_writer_seq) => AppendPlan::Write {
-                ack,
-                keep_writer_seq,
-            },
-            None => AppendPlan::Nothing(ack),
+            } => AppendPlan::Nothing(unwritten(next_offset, closed, Some(last_seq))),
         }
     }
 }
