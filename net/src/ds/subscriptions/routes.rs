@@ -105,6 +105,7 @@ impl Subscriptions {
             Err(e) => error_response(&e),
         }
     }
+
     async fn route(
         self: &Arc<Self>,
         core: &Rc<CoreHandle>,
