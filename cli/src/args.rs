@@ -116,9 +116,13 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "mode", from_str_fn(parse_durability))]
     pub durability: Option<pico_net::Durability>,
 
-    /// with --durability object: the longest an append waits for its segment to be sealed and uploaded, in ms (default 20) [env: PICO_OBJECT_FLUSH_MS]
-    #[argh(option, arg_name = "ms", default = "20")]
-    pub object_flush_ms: u64,
+    /// with --durability object: the flush PUTs the whole node may make per second, the cost control; a core flushes its appends as soon as its previous PUT is done, within this budget (default 500) [env: PICO_OBJECT_PUTS_PER_SECOND]
+    #[argh(option, arg_name = "n")]
+    pub object_puts_per_second: Option<u32>,
+
+    /// superseded by --object-puts-per-second, accepted for earlier scripts: N caps the node's flushes at 1000/N PUTs per second (1 to 1000) [env: PICO_OBJECT_FLUSH_MS]
+    #[argh(option, arg_name = "ms")]
+    pub object_flush_ms: Option<u64>,
 
     /// seconds a live read stays silent at most, both protocols: a long-poll answers, an idle SSE response sends a keep-alive; fractions allowed: 0.5 (default 25) [env: PICO_LONG_POLL_TIMEOUT_SEC]
     #[argh(

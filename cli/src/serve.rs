@@ -67,7 +67,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         wal_dir: args.wal_dir.clone(),
         cores: args.cores,
         durability: args.durability.unwrap_or(default_durability(args)),
-        object_flush_ms: args.object_flush_ms,
+        object_puts_per_second: object_puts_per_second(args)?,
         long_poll_timeout_ms: millis(args.long_poll_timeout_sec),
         sse_max_duration_ms: match millis(args.sse_max_duration_sec) {
             0 => return Err("--sse-max-duration-sec must be greater than 0".into()),
@@ -148,6 +148,25 @@ fn default_durability(args: &ServeArgs) -> pico_net::Durability {
     }
 }
 
+/// `--object-puts-per-second`, or the cap an `--object-flush-ms` of earlier scripts stands
+/// for: one flush per N ms was its most, so 1000/N PUTs per second, never more.
+fn object_puts_per_second(args: &ServeArgs) -> Result<u32, String> {
+    match (args.object_puts_per_second, args.object_flush_ms) {
+        (Some(_), Some(_)) => Err(
+            "--object-flush-ms and --object-puts-per-second set the same \
+             budget; give only --object-puts-per-second"
+                .into(),
+        ),
+        (Some(n), None) => Ok(n),
+        (None, None) => Ok(pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT),
+        (None, Some(ms)) if (1..=1000).contains(&ms) => Ok((1000 / ms) as u32),
+        (None, Some(ms)) => Err(format!(
+            "--object-flush-ms must be between 1 and 1000 (at most 1000/N PUTs per second), \
+             got {ms}; --object-puts-per-second 1 is the smallest budget"
+        )),
+    }
+}
+
 /// Seconds (already checked finite and bounded by the parser) to whole milliseconds.
 fn millis(secs: f64) -> u64 {
     (secs * 1000.0).round() as u64
@@ -189,6 +208,12 @@ pub fn ignored_flag_warnings(args: &ServeArgs) -> Vec<String> {
             "--wal-upload-threshold",
             args.wal_upload_threshold.is_some(),
             "has no effect; the closest equivalent is --segment-size",
+        ),
+        (
+            "--object-flush-ms",
+            args.object_flush_ms.is_some(),
+            "is superseded: flushes go as soon as the previous PUT is done, within \
+             --object-puts-per-second, which this value sets to 1000/N",
         ),
         (
             "--wal-upload-interval-ms",
@@ -344,15 +369,59 @@ mod tests {
         assert_eq!(err, "--lease-ms must be at least 300, got 299");
         let err = server_config(&serve_args(&["--segment-size", "0"]), Protocol::Pico).unwrap_err();
         assert_eq!(err, "--segment-size must be greater than 0");
-        for flag in ["--object-flush-ms", "--segment-max-age-ms"] {
-            let err = server_config(&serve_args(&[flag, "0"]), Protocol::Pico).unwrap_err();
-            assert_eq!(err, format!("{flag} must be greater than 0"));
-            let err = server_config(&serve_args(&[flag, "9"]), Protocol::Pico).unwrap_err();
-            assert_eq!(err, format!("{flag} must be at least 10, got 9"));
+        let flag = "--segment-max-age-ms";
+        let err = server_config(&serve_args(&[flag, "0"]), Protocol::Pico).unwrap_err();
+        assert_eq!(err, format!("{flag} must be greater than 0"));
+        let err = server_config(&serve_args(&[flag, "9"]), Protocol::Pico).unwrap_err();
+        assert_eq!(err, format!("{flag} must be at least 10, got 9"));
+        for puts in ["0", "3501"] {
+            let args = serve_args(&["--object-puts-per-second", puts]);
+            let err = server_config(&args, Protocol::Pico).unwrap_err();
+            assert_eq!(
+                err,
+                format!("--object-puts-per-second must be between 1 and 3500, got {puts}")
+            );
+        }
+        for ms in ["0", "1001"] {
+            let args = serve_args(&["--object-flush-ms", ms]);
+            let err = server_config(&args, Protocol::Pico).unwrap_err();
+            assert!(
+                err.starts_with(&format!(
+                    "--object-flush-ms must be between 1 and 1000 (at most 1000/N PUTs per \
+                     second), got {ms}"
+                )),
+                "{err}"
+            );
         }
         let err =
             server_config(&serve_args(&["--gc-interval-ms", "99"]), Protocol::Pico).unwrap_err();
         assert_eq!(err, "--gc-interval-ms must be at least 100, got 99");
+    }
+
+    #[test]
+    fn an_object_flush_interval_of_earlier_scripts_becomes_the_put_budget() {
+        let puts = |args: &[&str]| {
+            server_config(&serve_args(args), Protocol::Pico).map(|c| c.object_puts_per_second)
+        };
+        assert_eq!(
+            puts(&[]),
+            Ok(pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT)
+        );
+        assert_eq!(puts(&["--object-puts-per-second", "80"]), Ok(80));
+        // One flush per 20 ms at most was the old promise: 50 PUTs per second, never more.
+        assert_eq!(puts(&["--object-flush-ms", "20"]), Ok(50));
+        assert_eq!(puts(&["--object-flush-ms", "1000"]), Ok(1));
+        let both = puts(&["--object-flush-ms", "20", "--object-puts-per-second", "80"]);
+        assert!(both
+            .unwrap_err()
+            .contains("give only --object-puts-per-second"));
+        let warnings = ignored_flag_warnings(&serve_args(&["--object-flush-ms", "20"]));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("--object-flush-ms is superseded")),
+            "{warnings:?}"
+        );
     }
 
     #[test]

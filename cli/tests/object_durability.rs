@@ -76,7 +76,7 @@ fn check_all_present(server: &Server, stream: &str, acked: &[(u64, Vec<u8>)]) {
 }
 
 fn crash_and_lose_the_disk(extra: &[&str]) {
-    let mut flags = vec!["--durability", "object", "--object-flush-ms", "20"];
+    let mut flags = vec!["--durability", "object", "--object-puts-per-second", "100"];
     flags.extend_from_slice(extra);
     let mut server = Server::start(&flags);
     let stream = format!("/object/{}", std::process::id());

@@ -15,6 +15,7 @@ use crate::inbox::Message;
 use crate::limits;
 use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::placement::owner_core;
+use crate::put_budget::PutBudget;
 use crate::recovery::{recover_wal_files, wait};
 use crate::shard::stream_seeds;
 use crate::shard::StreamSeed;
@@ -30,6 +31,8 @@ pub struct CoreSeed {
     pub(crate) peers: Vec<mpsc::Sender<Message>>,
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) cluster: Option<Arc<Cluster>>,
+    /// The node's object-store PUTs for flushes, shared by its cores.
+    pub(crate) put_budget: Arc<PutBudget>,
 }
 
 /// The result of [`boot`]: one seed per core plus the shared handles.
@@ -125,6 +128,8 @@ pub fn boot(
             .map(|_| Arc::new(CoreMetrics::default()))
             .collect(),
     );
+    // One PUT per core may go at once; beyond that the cores share the node's rate.
+    let put_budget = Arc::new(PutBudget::new(config.object_puts_per_second, config.cores));
     let seeds = receivers
         .into_iter()
         .zip(per_core)
@@ -139,6 +144,7 @@ pub fn boot(
             peers: senders.clone(),
             metrics: metrics[core].clone(),
             cluster: cluster.clone(),
+            put_budget: put_budget.clone(),
         })
         .collect();
     if let Some(cluster) = &cluster {

@@ -12,8 +12,8 @@ pub enum Durability {
     #[default]
     Local,
     /// No local WAL: after the segment holding it is stored in the bucket and indexed in the
-    /// catalog, so it survives the loss of the node's disk (segments seal every
-    /// `segment_max_age_ms`, the object flush interval).
+    /// catalog, so it survives the loss of the node's disk. A core flushes its active
+    /// segment as soon as its uploader is free, within `object_puts_per_second`.
     Object,
     /// As soon as the owning core accepted it, without a WAL: nothing survives a crash.
     /// Benchmarks and tests only.
@@ -45,6 +45,9 @@ pub struct EngineConfig {
     pub unuploaded_bytes_max: usize,
     /// How often core 0 looks for segment objects no live stream needs and deletes them.
     pub gc_interval_ms: u64,
+    /// Object durability: the flush PUTs the whole node may make per second (the cost
+    /// control, `put_budget.rs`).
+    pub object_puts_per_second: u32,
 }
 
 impl EngineConfig {
@@ -53,8 +56,7 @@ impl EngineConfig {
     pub fn check(&self) -> Result<(), String> {
         limits::at_least("cores (--cores)", self.cores as u64, 1)?;
         limits::at_least(
-            "segment_max_age_ms (--segment-max-age-ms, or --object-flush-ms with object \
-             durability)",
+            "segment_max_age_ms (--segment-max-age-ms)",
             self.segment_max_age_ms,
             limits::SEGMENT_MAX_AGE_MS_MIN,
         )?;
@@ -62,6 +64,12 @@ impl EngineConfig {
             "gc_interval_ms (--gc-interval-ms)",
             self.gc_interval_ms,
             limits::GC_INTERVAL_MS_MIN,
+        )?;
+        limits::within(
+            "object_puts_per_second (--object-puts-per-second)",
+            u64::from(self.object_puts_per_second),
+            u64::from(limits::OBJECT_PUTS_PER_SECOND_MIN),
+            u64::from(limits::OBJECT_PUTS_PER_SECOND_MAX),
         )
     }
 }
@@ -92,6 +100,7 @@ mod tests {
             in_flight_bytes_max: limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
             unuploaded_bytes_max: limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
             gc_interval_ms: limits::GC_INTERVAL_MS_MIN,
+            object_puts_per_second: limits::OBJECT_PUTS_PER_SECOND_MIN,
         }
     }
 
@@ -126,5 +135,18 @@ mod tests {
             .check()
             .unwrap_err()
             .starts_with("segment_max_age_ms (--segment-max-age-ms"));
+        let no_puts = EngineConfig {
+            object_puts_per_second: 0,
+            ..valid()
+        };
+        assert_eq!(
+            no_puts.check().unwrap_err(),
+            "object_puts_per_second (--object-puts-per-second) must be between 1 and 3500, got 0"
+        );
+        let many_puts = EngineConfig {
+            object_puts_per_second: limits::OBJECT_PUTS_PER_SECOND_MAX + 1,
+            ..valid()
+        };
+        assert!(many_puts.check().is_err());
     }
 }

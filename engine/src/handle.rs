@@ -19,7 +19,7 @@ use crate::gc;
 use crate::inbox::Peers;
 use crate::limits;
 use crate::route::{serve_inbox, Router};
-use crate::shard::Shard;
+use crate::shard::{Shard, ShardParts};
 
 /// A core's handle on the engine: runs operations on the stream's owning core.
 pub struct CoreHandle {
@@ -40,9 +40,18 @@ impl CoreHandle {
             peers,
             metrics,
             cluster,
+            put_budget,
         } = seed;
-        let shard =
-            Shard::start(core, config, meta, store, streams, metrics, cluster.clone()).await?;
+        let parts = ShardParts {
+            core,
+            config,
+            meta,
+            store,
+            metrics,
+            cluster: cluster.clone(),
+            put_budget,
+        };
+        let shard = Shard::start(parts, streams).await?;
         let inbox_shard = shard.clone();
         // Messages from other threads wake this task: a latency-sensitive queue makes glommio
         // poll for those wakes promptly instead of after its throughput slice.

@@ -25,6 +25,7 @@ pub mod limits;
 pub mod metrics;
 mod notify;
 mod placement;
+mod put_budget;
 mod recovery;
 mod route;
 mod shard;

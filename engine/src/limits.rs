@@ -39,10 +39,21 @@ pub const SEGMENT_BYTES_MIN: usize = 64 * 1024;
 /// often for the metadata database. A shorter lease is refused at startup
 /// (`ClusterConfig::check`).
 pub const LEASE_MS_MIN: u64 = 300;
-/// Shortest `--segment-max-age-ms` (`--object-flush-ms` with object durability): each core
-/// looks for old segments every half of it, so below this its timer would spin. A younger age
-/// is refused at startup (`EngineConfig::check`).
+/// Shortest `--segment-max-age-ms`: each core looks for old segments every half of it, so
+/// below this its timer would spin. A younger age is refused at startup
+/// (`EngineConfig::check`).
 pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 10;
+/// Default `--object-puts-per-second`: the node's flush PUTs under object durability
+/// (`put_budget.rs`). At 500 a lone writer's flush waits at most 2 ms for its slot, and a
+/// 2-core node under load is held back by its PUT latency, not the budget (BENCHMARKS.md,
+/// "Object durability at object-store speed"); a node appending without pause makes at most
+/// 43.2 million flush PUTs a day. Lower it to trade latency for fewer billed requests.
+pub const OBJECT_PUTS_PER_SECOND_DEFAULT: u32 = 500;
+/// Bounds of `--object-puts-per-second`: at least one flush a second (an acknowledgement
+/// waits a second at most for its slot), and no more than one object-store prefix takes
+/// (3,500 PUTs/s on the common S3 services). Outside them it is refused at startup.
+pub const OBJECT_PUTS_PER_SECOND_MIN: u32 = 1;
+pub const OBJECT_PUTS_PER_SECOND_MAX: u32 = 3_500;
 /// `Retry-After` sent with `429`.
 pub const OVERLOADED_RETRY_AFTER_SEC: u64 = 1;
 /// Forks in a chain from a stream that is no fork to the newest fork of forks (1: a fork of a
@@ -93,6 +104,16 @@ pub fn at_least(setting: &str, value: u64, min: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// `Err` naming `setting` when `value` is outside `min..=max`.
+pub fn within(setting: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+    if value < min || value > max {
+        return Err(format!(
+            "{setting} must be between {min} and {max}, got {value}"
+        ));
+    }
+    Ok(())
+}
+
 /// How often each core's retention pass runs.
 pub const RETENTION_INTERVAL_MS: u64 = 1_000;
 /// Streams one retention round of a core looks at (it resumes after the last one next
@@ -124,6 +145,8 @@ pub const READ_CHUNKS_AHEAD: usize = 16;
 /// `--segment-size`: a rotation can be late by the requests that arrive before the next WAL
 /// file is ready. Past it, while no next file can be made, appends are refused.
 pub const SEGMENT_SLACK_BYTES: usize = 1024 * 1024;
+/// A new segment's buffer; it doubles as frames arrive, up to the segment size plus slack.
+pub const SEGMENT_BUFFER_INITIAL_BYTES: usize = 64 * 1024;
 /// How often each core refreshes the gauges of `CoreMetrics` (they are at most this stale).
 pub const GAUGE_REFRESH_MS: u64 = 250;
 /// How often each core looks for expired streams to delete.

@@ -118,6 +118,10 @@ pub struct CoreMetrics {
     pub uploads: AtomicU64,
     pub upload_failures: AtomicU64,
     pub upload_latency: Histogram,
+    /// One segment PUT to the object store (the floor of an object-durability ack).
+    pub object_put_latency: Histogram,
+    /// One segment's catalog commit, after its turn came (the rest of that floor).
+    pub meta_commit_latency: Histogram,
     /// Sealed bytes not yet in the object store.
     pub upload_backlog_bytes: AtomicU64,
     pub meta_commits: AtomicU64,

@@ -21,6 +21,7 @@ fn config(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) -> Eng
         segment_max_age_ms: 3_600_000,
         segment_cache_bytes: cache_bytes,
         gc_interval_ms: 3_600_000,
+        object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
         ..common::config(dir, 1)
     }
 }

@@ -74,9 +74,9 @@ pub struct ServerConfig {
     pub segment_cache_bytes: usize,
     /// On SIGINT/SIGTERM, `/ready` fails this long before the process exits.
     pub shutdown_drain_ms: u64,
-    /// With object durability: the longest an append waits for its segment to seal
-    /// (`--object-flush-ms`); everything sealed in that interval is one PUT.
-    pub object_flush_ms: u64,
+    /// With object durability: the node's flush PUTs per second (`--object-puts-per-second`);
+    /// every append that arrived while the previous PUT ran rides the next one.
+    pub object_puts_per_second: u32,
     /// How often segment objects that no live stream needs are deleted (`--gc-interval-ms`).
     pub gc_interval_ms: u64,
     /// `--auth required`: bearer tokens from `auth_tokens` on every request.
@@ -124,7 +124,7 @@ impl Default for ServerConfig {
             segment_cache_bytes: 64 * 1024 * 1024,
             shutdown_drain_ms: 0,
             gc_interval_ms: 5_000,
-            object_flush_ms: 20,
+            object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
             auth_required: false,
             auth_tokens: None,
             insecure_allow_remote: false,
@@ -139,7 +139,8 @@ impl ServerConfig {
     /// with another value.
     pub fn check(&self) -> Result<(), String> {
         use pico_engine::limits::{
-            at_least, GC_INTERVAL_MS_MIN, LEASE_MS_MIN, SEGMENT_BYTES_MIN, SEGMENT_MAX_AGE_MS_MIN,
+            at_least, within, GC_INTERVAL_MS_MIN, LEASE_MS_MIN, OBJECT_PUTS_PER_SECOND_MAX,
+            OBJECT_PUTS_PER_SECOND_MIN, SEGMENT_BYTES_MIN, SEGMENT_MAX_AGE_MS_MIN,
         };
         if self.segment_size < SEGMENT_BYTES_MIN {
             return Err(format!(
@@ -150,7 +151,6 @@ impl ServerConfig {
         }
         at_least("--lease-ms", self.lease_ms, LEASE_MS_MIN)?;
         for (value, flag) in [
-            (self.object_flush_ms, "--object-flush-ms"),
             (self.segment_max_age_ms, "--segment-max-age-ms"),
             (self.in_flight_bytes_max as u64, "--max-in-flight-bytes"),
             (self.unuploaded_bytes_max as u64, "--max-unuploaded-bytes"),
@@ -161,10 +161,11 @@ impl ServerConfig {
         }
         // The engine refuses these too when it boots (EngineConfig::check); refused here
         // first, they are named by the flag that was given.
-        at_least(
-            "--object-flush-ms",
-            self.object_flush_ms,
-            SEGMENT_MAX_AGE_MS_MIN,
+        within(
+            "--object-puts-per-second",
+            u64::from(self.object_puts_per_second),
+            u64::from(OBJECT_PUTS_PER_SECOND_MIN),
+            u64::from(OBJECT_PUTS_PER_SECOND_MAX),
         )?;
         at_least(
             "--segment-max-age-ms",
@@ -191,13 +192,13 @@ mod tests {
             .check()
             .unwrap_err()
             .starts_with("--segment-size must be at least"));
-        let no_flush = ServerConfig {
-            object_flush_ms: 0,
+        let no_puts = ServerConfig {
+            object_puts_per_second: 0,
             ..ServerConfig::default()
         };
         assert_eq!(
-            no_flush.check().unwrap_err(),
-            "--object-flush-ms must be greater than 0"
+            no_puts.check().unwrap_err(),
+            "--object-puts-per-second must be between 1 and 3500, got 0"
         );
     }
 }

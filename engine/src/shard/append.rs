@@ -15,6 +15,7 @@ use crate::metrics::CoreMetrics;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 
 use super::pending::PendingAck;
+use super::segment::reserve_frames;
 use super::state::Shard;
 use super::stream::{info_of, Chunk, Stream};
 
@@ -467,9 +468,15 @@ impl Shard {
             producer,
             writer_seq,
         } = frames;
-        self.maybe_rotate(frames_len(records, producer, writer_seq));
+        let needed = frames_len(records, producer, writer_seq);
+        self.maybe_rotate(needed);
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
+        reserve_frames(
+            &mut segment.buf,
+            needed,
+            self.config.segment_size + limits::SEGMENT_SLACK_BYTES,
+        );
         let id = stream.state.id;
         let byte_start = segment.buf.len() as u64;
         let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);

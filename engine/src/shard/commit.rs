@@ -156,6 +156,7 @@ impl Shard {
             segment.durable_len = len;
         }
         self.release_acks();
+        self.flush_when_free();
         Ok(true)
     }
 
@@ -169,7 +170,9 @@ impl Shard {
             if matches!(self.wal.borrow().health, WalHealth::NoNextFile { .. }) {
                 self.commit_wanted.notify();
             }
-            let old = {
+            // Object durability flushes as soon as the uploader is free (`flush.rs`); an age
+            // would only add PUTs beyond the node's budget.
+            let old = self.config.durability != Durability::Object && {
                 let log = self.log.borrow();
                 let active = log.back().expect("an active segment always exists");
                 !active.buf.is_empty()

@@ -25,6 +25,7 @@ mod blocks;
 mod cache;
 mod commit;
 mod fence;
+mod flush;
 mod handoff;
 mod lifecycle;
 mod moves;
@@ -42,33 +43,22 @@ mod upload;
 mod wal;
 
 pub(crate) use self::seeds::stream_seeds;
-pub(crate) use self::state::Shard;
+pub(crate) use self::state::{Shard, ShardParts};
 pub use self::stream::StreamSeed;
 
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Instant;
 
-use pico_meta::MetaStore;
-use pico_s3::ObjectStore;
-
 use crate::api::{Op, ReadBatch, ReadRequest, Reply};
-use crate::cluster::Cluster;
-use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::metrics::{CoreMetrics, OpKind};
 
 impl Shard {
     pub(crate) async fn start(
-        core: usize,
-        config: EngineConfig,
-        meta: MetaStore,
-        store: ObjectStore,
+        parts: ShardParts,
         seeds: Vec<StreamSeed>,
-        metrics: Arc<CoreMetrics>,
-        cluster: Option<Arc<Cluster>>,
     ) -> Result<Rc<Shard>, String> {
-        let shard = Rc::new(Shard::new(core, config, meta, store, metrics, cluster));
+        let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
         let first = shard.create_wal_file().await.map_err(|e| e.message)?;
         shard.open_segment(first);

@@ -24,6 +24,11 @@ impl SealQueue {
         self.order.push_back(no);
     }
 
+    /// No sealed segment waits for its PUT or its catalog commit.
+    pub(super) fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
     /// Bytes of sealed segments not yet in the object store.
     pub(super) fn unuploaded_bytes(&self) -> usize {
         self.unuploaded_bytes

@@ -19,6 +19,7 @@ use crate::config::EngineConfig;
 use crate::health::WalHealth;
 use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
+use crate::put_budget::PutBudget;
 use crate::state::StreamState;
 
 use super::blocks::ReadCache;
@@ -127,18 +128,35 @@ pub(crate) struct Shard {
     pub(super) moves: RefCell<Moves>,
     /// Wakes the operations that waited for a hand-off.
     pub(super) handed_off: LocalBroadcast,
+    /// Object durability: the node's flush PUTs, shared with the other cores.
+    pub(super) put_budget: Arc<PutBudget>,
+    /// Object durability: a flush waits for its slot in `put_budget` (`flush.rs`).
+    pub(super) flush_pending: Cell<bool>,
+}
+
+/// What a core's shard is made of, handed over by its seed (`boot.rs`).
+pub(crate) struct ShardParts {
+    pub(crate) core: usize,
+    pub(crate) config: EngineConfig,
+    pub(crate) meta: MetaStore,
+    pub(crate) store: ObjectStore,
+    pub(crate) metrics: Arc<CoreMetrics>,
+    pub(crate) cluster: Option<Arc<Cluster>>,
+    pub(crate) put_budget: Arc<PutBudget>,
 }
 
 impl Shard {
     /// A core with no streams yet and no open segment (`start` makes the first).
-    pub(super) fn new(
-        core: usize,
-        config: EngineConfig,
-        meta: MetaStore,
-        store: ObjectStore,
-        metrics: Arc<CoreMetrics>,
-        cluster: Option<Arc<Cluster>>,
-    ) -> Shard {
+    pub(super) fn new(parts: ShardParts) -> Shard {
+        let ShardParts {
+            core,
+            config,
+            meta,
+            store,
+            metrics,
+            cluster,
+            put_budget,
+        } = parts;
         Shard {
             core,
             config,
@@ -160,6 +178,8 @@ impl Shard {
             cluster,
             moves: RefCell::new(Moves::default()),
             handed_off: LocalBroadcast::default(),
+            put_budget,
+            flush_pending: Cell::new(false),
         }
     }
 

@@ -67,13 +67,18 @@ impl Shard {
                         }
                         None => self.store.put(&record.key, bytes.clone()),
                     };
+                    let put_started = Instant::now();
                     put.await
                         .map_err(|_| "object store is shut down".to_string())?
                         .map_err(|e| e.to_string())?;
+                    self.metrics
+                        .object_put_latency
+                        .observe(put_started.elapsed());
                     stored = true;
                 }
                 self.commit_turn(no).await;
-                match &fence {
+                let commit_started = Instant::now();
+                let committed = match &fence {
                     None => self
                         .meta
                         .commit_segment(record.clone())
@@ -89,7 +94,13 @@ impl Shard {
                             .map_err(|e| e.to_string())?;
                         Ok(())
                     }
+                };
+                if committed.is_ok() {
+                    self.metrics
+                        .meta_commit_latency
+                        .observe(commit_started.elapsed());
                 }
+                committed
             }
             .await;
             match result {
@@ -134,6 +145,7 @@ impl Shard {
         }
         if self.config.durability == Durability::Object {
             self.release_acks();
+            self.flush_when_free();
         }
         self.cache.borrow_mut().hold_segment(no, bytes.len());
         self.evict_cache();

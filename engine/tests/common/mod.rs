@@ -31,6 +31,7 @@ pub fn config(dir: &Path, cores: usize) -> EngineConfig {
         in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 60_000,
+        object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
     }
 }
 

@@ -301,6 +301,23 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
             &metrics.upload_latency,
         );
     }
+    for (name, help, pick) in [
+        (
+            "pico_object_put_latency_seconds",
+            "One segment PUT to the object store, per attempt that succeeded.",
+            (|m: &CoreMetrics| &m.object_put_latency) as fn(&CoreMetrics) -> &Histogram,
+        ),
+        (
+            "pico_meta_commit_latency_seconds",
+            "One segment's catalog commit, from its turn (seal order) to committed.",
+            |m: &CoreMetrics| &m.meta_commit_latency,
+        ),
+    ] {
+        header(&mut out, name, "histogram", help);
+        for (core, metrics) in engine.iter().enumerate() {
+            histogram(&mut out, name, &format!("core=\"{core}\""), pick(metrics));
+        }
+    }
     per_core(
         &mut out,
         "pico_upload_backlog_bytes",

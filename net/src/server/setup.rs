@@ -151,16 +151,14 @@ pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, String> {
         wal_dir: config.wal_dir.clone(),
         durability: config.durability,
         segment_size: config.segment_size,
-        segment_max_age_ms: match config.durability {
-            Durability::Object => config.object_flush_ms,
-            Durability::Local | Durability::Memory => config.segment_max_age_ms,
-        },
+        segment_max_age_ms: config.segment_max_age_ms,
         segment_cache_bytes: config.segment_cache_bytes,
         node_epoch_ms: node_epoch,
         node_id,
         in_flight_bytes_max: config.in_flight_bytes_max,
         unuploaded_bytes_max: config.unuploaded_bytes_max,
         gc_interval_ms: config.gc_interval_ms,
+        object_puts_per_second: config.object_puts_per_second,
     };
     let node_epoch_ms = engine_config.node_epoch_ms;
     let boot = pico_engine::boot(
@@ -193,8 +191,9 @@ pub(super) fn log_startup(
         match config.durability {
             Durability::Local => "local (acknowledged after the WAL fdatasync)".to_string(),
             Durability::Object => format!(
-                "object (acknowledged once stored in the bucket; segments seal every {} ms)",
-                config.object_flush_ms
+                "object (acknowledged once stored in the bucket; a core flushes as soon as its \
+                 previous PUT is done, at most {} PUTs/s for the node)",
+                config.object_puts_per_second
             ),
             Durability::Memory => {
                 "memory (NOTHING survives a crash: benchmarks and tests only)".to_string()

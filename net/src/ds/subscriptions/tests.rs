@@ -42,6 +42,7 @@ where
         in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 60_000,
+        object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
     };
     let meta = format!("sqlite:{}", dir.path().join("meta.db").display());
     let storage = format!("-2@file://{}", dir.path().join("objects").display());
