@@ -112,7 +112,8 @@ fn span_extends(
 /// A sealing segment's runs of one stream (sorted, as the append path builds them) merged into
 /// the same spans `coarsen` gives its chunks: the catalog keeps one run per span, a few per
 /// segment, instead of one per commit round (each round interleaves the streams' frames, so
-/// their runs never touch), and a restart rebuilds exactly the chunks the stream had.
+/// their runs never touch). A restart, which coarsens the loaded runs by the same rule, rebuilds
+/// the chunks it built from per-round runs.
 pub(crate) fn coarsen_runs(runs: &mut Vec<SegmentRun>) {
     let mut merged: Vec<SegmentRun> = Vec::with_capacity(runs.len());
     for run in runs.drain(..) {

@@ -77,8 +77,8 @@ fn coarsen_keeps_the_newest_timestamp_and_leaves_other_segments_alone() {
     assert_eq!(chunks[0].last_timestamp_ms, 50);
 }
 
-/// The catalog's runs of a sealing segment merge into the same spans as the stream's chunks,
-/// so a restart rebuilds exactly what the core held.
+/// The catalog's runs of a sealing segment merge into the same spans as the stream's chunks
+/// of interleaved appends.
 #[test]
 fn coarsen_runs_gives_the_spans_of_coarsen() {
     let interleaved: Vec<(u64, u64, u64, u64)> = (0..3000u64)
