@@ -78,3 +78,7 @@ fi
 echo
 # Catch-up reads, side by side with the comparison server when it is installed.
 PICO_BIN=$PICO_BIN scripts/bench-catch-up.sh 4
+echo
+# The segment catalog's size and the metadata bytes written per MiB of segments (SQLite, and
+# Postgres when PICOMQ_PG_URL is set).
+PICO_BIN=$PICO_BIN scripts/bench-catalog.sh "$duration"

@@ -128,7 +128,11 @@ pub const RETENTION_ACTIONS_PER_ROUND: usize = 256;
 /// and the next append starts a new one, so a read never scans far inside one.
 pub const CHUNK_BYTES_MAX: u64 = 256 * 1024;
 /// A coarse chunk of a sealed segment spans at most this many bytes (own and other streams'
-/// frames): merging stops there, bounding what a read scans to find its first record.
+/// frames): merging stops there, bounding what a read scans to find its first record. The
+/// catalog's runs are these same spans (`coarsen_runs`), so the trade-off is the catalog's size
+/// (runs per stream and segment: about segment size / this, not one per commit round) against
+/// a read's header scan, and it is set at the block cache's block (`CACHE_BLOCK_BYTES`): a span
+/// touches at most two blocks, one more than a per-append index could have a read fetch.
 pub const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// Uploaded segments are read and cached in blocks of this many bytes: one ranged GET per
 /// block, or per readahead window of blocks.

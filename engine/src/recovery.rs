@@ -165,6 +165,8 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
     }
     for entry in entries.values_mut() {
         entry.producers.sort();
+        // The same spans as a segment sealed by a running core (see `coarsen_runs`).
+        crate::shard::coarsen_runs(&mut entry.runs);
     }
     SegmentRecord {
         key,

@@ -128,6 +128,7 @@ contract!(
     producer_state_round_trips_through_reopen,
     damaged_producer_state_is_an_error_naming_the_segment,
     segments_round_trip_in_commit_order,
+    runs_in_the_fixed_layout_of_earlier_builds_still_load,
     a_bad_command_does_not_poison_its_batch,
     group_commit_answers_every_concurrent_call,
     racing_creates_of_one_name_register_it_once,
@@ -497,6 +498,42 @@ fn segments_round_trip_in_commit_order(db: &Db) {
     store.shutdown();
     let snapshot = db.reopen_snapshot();
     assert_eq!(snapshot.segments, vec![first, second_again, third, fourth]);
+}
+
+/// Runs stored by a build that knew only the fixed 32-byte layout load as they were written,
+/// next to segments committed now (in the compact layout), through a restart.
+fn runs_in_the_fixed_layout_of_earlier_builds_still_load(db: &Db) {
+    let (store, _) = db.open();
+    let old_runs = vec![run(0, 3, 0, 300), run(3, 5, 500, 700)];
+    let old = SegmentRecord {
+        key: "segments/old.seg".into(),
+        size_bytes: 1_000,
+        created_ms: 10,
+        streams: vec![entry(7, old_runs.clone(), 11, false)],
+    };
+    wait(store.commit_segment(old.clone())).unwrap();
+    store.shutdown();
+    // What the earlier build stored for the same runs: four little-endian u64 per run.
+    let fixed: Vec<u8> = old_runs
+        .iter()
+        .flat_map(|r| [r.first_offset, r.next_offset, r.byte_start, r.byte_end])
+        .flat_map(u64::to_le_bytes)
+        .collect();
+    db.execute(&format!(
+        "UPDATE segment_streams SET runs = {}",
+        db.blob(&fixed)
+    ));
+    let (store, snapshot) = db.open();
+    assert_eq!(snapshot.segments, vec![old.clone()]);
+    let new = SegmentRecord {
+        key: "segments/new.seg".into(),
+        size_bytes: 5_000,
+        created_ms: 20,
+        streams: vec![entry(7, vec![run(5, 900, 0, 4_000)], 21, true)],
+    };
+    wait(store.commit_segment(new.clone())).unwrap();
+    store.shutdown();
+    assert_eq!(db.reopen_snapshot().segments, vec![old, new]);
 }
 
 fn a_bad_command_does_not_poison_its_batch(db: &Db) {
@@ -873,6 +910,7 @@ fn damaged_producer_state_is_an_error_naming_the_segment(db: &Db) {
         ("closed_by", &[][..]),             // present but empty
         ("closed_by", &[0u8; 17][..]),      // one byte short of a record
         ("runs", &[0u8; 31][..]),           // not a whole run
+        ("runs", &[0xc1, 0x80][..]),        // a compact run cut short
     ] {
         db.execute(&format!(
             "UPDATE segment_streams SET {column} = {}",

@@ -44,6 +44,7 @@ mod wal;
 
 pub(crate) use self::seeds::stream_seeds;
 pub(crate) use self::state::{Shard, ShardParts};
+pub(crate) use self::stream::coarsen_runs;
 pub use self::stream::StreamSeed;
 
 use std::rc::Rc;

@@ -13,7 +13,7 @@ use crate::clock::now_ms;
 use crate::limits;
 
 use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard, WalFile};
-use super::stream::{coarsen, IndexEntry};
+use super::stream::{coarsen, coarsen_runs, IndexEntry};
 use super::upload::Sealed;
 use super::wal::remove_wal;
 
@@ -137,9 +137,12 @@ impl Shard {
             streams: segment
                 .index
                 .into_iter()
-                .map(|(stream_id, entry)| SegmentStreamEntry {
+                .map(|(stream_id, mut entry)| SegmentStreamEntry {
                     stream_id,
-                    runs: entry.runs,
+                    runs: {
+                        coarsen_runs(&mut entry.runs);
+                        entry.runs
+                    },
                     last_timestamp_ms: entry.last_timestamp_ms,
                     closed: entry.closed,
                     producers: entry

@@ -94,6 +94,47 @@ pub(super) fn info_of(state: &StreamState) -> StreamInfo {
     }
 }
 
+/// Whether a sealed segment's span `first_offset..`, bytes `byte_start..`, may take in the next
+/// span of the same stream and segment (`next_first_offset`, ending at `next_byte_end`): the
+/// offsets must follow on, and the merged span stays within `limits::SEALED_CHUNK_BYTES_MAX`
+/// bytes, the most a read scans by header to find its first record.
+fn span_extends(
+    next_offset: u64,
+    byte_start: u64,
+    next_first_offset: u64,
+    next_byte_end: u64,
+) -> bool {
+    next_offset == next_first_offset
+        && next_byte_end > byte_start
+        && next_byte_end - byte_start <= limits::SEALED_CHUNK_BYTES_MAX
+}
+
+/// A sealing segment's runs of one stream (sorted, as the append path builds them) merged into
+/// the same spans `coarsen` gives its chunks: the catalog keeps one run per span, a few per
+/// segment, instead of one per commit round (each round interleaves the streams' frames, so
+/// their runs never touch). A restart, which coarsens the loaded runs by the same rule, rebuilds
+/// the chunks it built from per-round runs.
+pub(crate) fn coarsen_runs(runs: &mut Vec<SegmentRun>) {
+    let mut merged: Vec<SegmentRun> = Vec::with_capacity(runs.len());
+    for run in runs.drain(..) {
+        match merged.last_mut() {
+            Some(last)
+                if span_extends(
+                    last.next_offset,
+                    last.byte_start,
+                    run.first_offset,
+                    run.byte_end,
+                ) =>
+            {
+                last.next_offset = run.next_offset;
+                last.byte_end = run.byte_end;
+            }
+            _ => merged.push(run),
+        }
+    }
+    *runs = merged;
+}
+
 /// Merges consecutive chunks of one sealed segment (only `segment`'s, or all with `None`) into
 /// spans of at most `limits::SEALED_CHUNK_BYTES_MAX` bytes.
 pub(super) fn coarsen(chunks: &mut Vec<Chunk>, segment: Option<u64>) {
@@ -110,9 +151,12 @@ pub(super) fn coarsen(chunks: &mut Vec<Chunk>, segment: Option<u64>) {
             Some(last)
                 if segment.is_none_or(|s| s == chunk.segment)
                     && last.segment == chunk.segment
-                    && last.next_offset == chunk.first_offset
-                    && chunk.byte_end > last.byte_start
-                    && chunk.byte_end - last.byte_start <= limits::SEALED_CHUNK_BYTES_MAX =>
+                    && span_extends(
+                        last.next_offset,
+                        last.byte_start,
+                        chunk.first_offset,
+                        chunk.byte_end,
+                    ) =>
             {
                 last.next_offset = chunk.next_offset;
                 last.byte_end = chunk.byte_end;

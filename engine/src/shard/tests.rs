@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use futures_channel::oneshot;
-use pico_meta::Retention;
+use pico_meta::{Retention, SegmentRun};
 
 use super::append::frames_len;
 use super::blocks::{Lookup, ReadCache};
@@ -15,7 +15,7 @@ use super::moves::Moves;
 use super::pending::{AckQueue, PendingAck, Release};
 use super::reaper::{retention_action, RetentionAction};
 use super::sealed::SealQueue;
-use super::stream::{coarsen, Chunk, Stream};
+use super::stream::{coarsen, coarsen_runs, Chunk, Stream};
 use super::wal::WalFileError;
 use crate::api::RecordInput;
 use crate::error::EngineError;
@@ -75,6 +75,64 @@ fn coarsen_keeps_the_newest_timestamp_and_leaves_other_segments_alone() {
     assert_eq!(chunks.len(), 1);
     assert_eq!((chunks[0].first_offset, chunks[0].next_offset), (0, 2));
     assert_eq!(chunks[0].last_timestamp_ms, 50);
+}
+
+/// The catalog's runs of a sealing segment merge into the same spans as the stream's chunks
+/// of interleaved appends.
+#[test]
+fn coarsen_runs_gives_the_spans_of_coarsen() {
+    let interleaved: Vec<(u64, u64, u64, u64)> = (0..3000u64)
+        .map(|i| (i, i + 1, i * 1100, i * 1100 + 1000))
+        .chain([(3000, 3002, 3_400_000, 3_400_500)])
+        .collect();
+    let mut runs: Vec<SegmentRun> = interleaved
+        .iter()
+        .map(
+            |&(first_offset, next_offset, byte_start, byte_end)| SegmentRun {
+                first_offset,
+                next_offset,
+                byte_start,
+                byte_end,
+            },
+        )
+        .collect();
+    let mut chunks: Vec<Chunk> = interleaved
+        .iter()
+        .map(|&(first, next, start, end)| chunk(first, next, 4, start, end))
+        .collect();
+    coarsen_runs(&mut runs);
+    coarsen(&mut chunks, Some(4));
+    let of_runs: Vec<_> = runs
+        .iter()
+        .map(|r| (r.first_offset, r.next_offset, r.byte_start, r.byte_end))
+        .collect();
+    let of_chunks: Vec<_> = chunks
+        .iter()
+        .map(|c| (c.first_offset, c.next_offset, c.byte_start, c.byte_end))
+        .collect();
+    assert_eq!(of_runs, of_chunks);
+    // 3.3 MB of segment in spans of at most 1 MiB, and nothing lost at their seams.
+    assert_eq!(runs.len(), 4);
+    assert_eq!((runs[0].first_offset, runs[3].next_offset), (0, 3002));
+    for pair in runs.windows(2) {
+        assert_eq!(pair[0].next_offset, pair[1].first_offset);
+    }
+    for run in &runs {
+        assert!(run.byte_end - run.byte_start <= crate::limits::SEALED_CHUNK_BYTES_MAX);
+    }
+}
+
+#[test]
+fn coarsen_runs_keeps_an_offset_gap_apart() {
+    let run = |first_offset, next_offset, byte_start, byte_end| SegmentRun {
+        first_offset,
+        next_offset,
+        byte_start,
+        byte_end,
+    };
+    let mut runs = vec![run(0, 2, 0, 100), run(5, 6, 200, 300), run(6, 7, 400, 500)];
+    coarsen_runs(&mut runs);
+    assert_eq!(runs, vec![run(0, 2, 0, 100), run(5, 7, 200, 500)]);
 }
 
 // ---------------------------------------------------------------- retention
