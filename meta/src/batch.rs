@@ -1,14 +1,19 @@
 //! The metadata thread itself: open the database, load the startup snapshot, then loop: block
 //! for one command, drain what else is queued (at most [`MAX_BATCH_COMMANDS`]), apply them as
-//! one transaction with a savepoint per command, answer them in order.
+//! one transaction with a savepoint per command (per group of consecutive creates, which share
+//! their statements), answer them in order.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Receiver;
 
-use crate::apply::{apply_command, load_snapshot};
+use crate::apply::{apply_command, create_group, load_snapshot, CreateArgs};
 use crate::backend;
 use crate::backend::Backend;
 use crate::command::{answer_closed, failed, pending, Command, Pending};
-use crate::limits::MAX_BATCH_COMMANDS;
+use crate::limits::{MAX_BATCH_COMMANDS, MAX_CREATES_PER_GROUP};
+use crate::CreateOutcome;
 use crate::pg::Postgres;
 use crate::sqlite::Sqlite;
 use crate::MetaError;
@@ -44,7 +49,8 @@ pub(crate) fn startup_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaErr
 }
 
 /// The thread's loop: block for one command, drain what else is queued, apply as one batch.
-pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
+/// `committed` counts the transactions that committed (see `MetaStore::transactions_committed`).
+pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committed: &AtomicU64) {
     let mut batch = Vec::with_capacity(MAX_BATCH_COMMANDS);
     // `recv` fails only when every handle is gone and the queue is empty: nothing left to do.
     while let Ok(first) = receiver.recv() {
@@ -59,7 +65,9 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
             .iter()
             .position(|command| matches!(command, Command::Shutdown));
         let after_shutdown = shutdown_at.map(|at| batch.split_off(at));
-        apply_batch(db.as_mut(), std::mem::take(&mut batch));
+        if apply_batch(db.as_mut(), std::mem::take(&mut batch)) {
+            committed.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(rest) = after_shutdown {
             // Commands that raced the shutdown: answered, never silently dropped.
             rest.into_iter().for_each(answer_closed);
@@ -70,19 +78,20 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
     log::debug!("{THREAD_NAME} thread stopped");
 }
 
-/// Applies `batch` (no `Shutdown` in it) in one transaction and answers every command in order.
+/// Applies `batch` (no `Shutdown` in it) in one transaction and answers every command in order;
+/// whether a transaction committed.
 ///
 /// Each command runs inside its own savepoint, so one failing command (a bad segment record, a
 /// constraint) is rolled back alone and the others still commit. Only a failure of the
 /// transaction itself (BEGIN, COMMIT, an I/O error that made SQLite abandon the transaction, a
 /// lost connection to Postgres) fails every command of the batch.
-fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) {
+fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
     if batch.is_empty() {
-        return;
+        return false;
     }
     let mut pending = Vec::with_capacity(batch.len());
     let outcome = apply_in_transaction(db, batch, &mut pending);
-    if let Err(why) = outcome {
+    if let Err(why) = &outcome {
         db.rollback();
         log::error!("metadata batch of {} commands failed: {why}", pending.len());
         pending.iter_mut().for_each(|entry| entry.fail(&why));
@@ -92,6 +101,7 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) {
         log::warn!("{failed} of {} metadata commands failed", pending.len());
     }
     pending.into_iter().for_each(Pending::answer);
+    outcome.is_ok()
 }
 
 /// The transactional part of [`apply_batch`]. Every command of `batch` ends up in `pending`,
@@ -102,11 +112,22 @@ fn apply_in_transaction(
     batch: Vec<Command>,
     pending: &mut Vec<Pending>,
 ) -> Result<(), String> {
-    let mut commands = batch.into_iter();
+    let mut commands = batch.into_iter().peekable();
     if let Err(error) = db.begin() {
         return abandon(pending, commands, format!("begin transaction: {error}"));
     }
     while let Some(command) = commands.next() {
+        let command = match command {
+            Command::Create { .. } => {
+                let group = take_creates(command, &mut commands);
+                apply_creates(db, group, pending)?;
+                if let Some(why) = db.transaction_lost() {
+                    return abandon(pending, commands, why);
+                }
+                continue;
+            }
+            command => command,
+        };
         if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
             let rest = std::iter::once(command).chain(commands);
             return abandon(pending, rest, format!("savepoint: {error}"));
@@ -129,6 +150,87 @@ fn apply_in_transaction(
     }
     db.execute_batch(backend::COMMIT)
         .map_err(|error| format!("commit: {error}"))
+}
+
+/// A create and its reply, taken apart for [`create_group`].
+type CreateWithReply = (
+    CreateArgs,
+    futures_channel::oneshot::Sender<Result<CreateOutcome, MetaError>>,
+);
+
+/// `first` (a create) and the creates right after it in `commands`, up to
+/// [`MAX_CREATES_PER_GROUP`] and not past a name already in the group: a repeated name waits
+/// for the next group, so it finds the first one's row exactly as a sequential create would.
+fn take_creates(
+    first: Command,
+    commands: &mut std::iter::Peekable<impl Iterator<Item = Command>>,
+) -> Vec<CreateWithReply> {
+    let mut group = Vec::new();
+    let mut names = HashSet::new();
+    let mut next = Some(first);
+    while let Some(Command::Create {
+        name,
+        config,
+        fork,
+        now_ms,
+        owner,
+        reply,
+    }) = next.take()
+    {
+        names.insert(name.clone());
+        let args = CreateArgs {
+            name,
+            config,
+            fork,
+            now_ms,
+            owner,
+        };
+        group.push((args, reply));
+        if group.len() == MAX_CREATES_PER_GROUP {
+            break;
+        }
+        let joins = matches!(
+            commands.peek(),
+            Some(Command::Create { name, .. }) if !names.contains(name)
+        );
+        if joins {
+            next = commands.next();
+        }
+    }
+    group
+}
+
+/// Applies a group of creates in one savepoint: every create gets its answer in `pending`. A
+/// failed statement rolls the group back and fails each of its creates; `Err` only when the
+/// savepoint itself failed (the transaction is then unusable, the caller abandons it).
+fn apply_creates(
+    db: &mut dyn Backend,
+    group: Vec<CreateWithReply>,
+    pending: &mut Vec<Pending>,
+) -> Result<(), String> {
+    let (creates, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+    if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
+        let why = format!("savepoint: {error}");
+        pending.extend(replies.into_iter().map(|reply| self::pending(reply, failed(&why))));
+        return Err(why);
+    }
+    let count = creates.len();
+    let (answers, settled) = match create_group(db, creates) {
+        Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
+        Err(error) => {
+            log::warn!("a group of {count} creates failed: {error}");
+            let why = error.to_string();
+            let answers = (0..count).map(|_| failed(&why)).collect();
+            (answers, db.execute_batch(backend::ROLL_BACK_COMMAND))
+        }
+    };
+    pending.extend(
+        replies
+            .into_iter()
+            .zip(answers)
+            .map(|(reply, answer)| self::pending(reply, answer)),
+    );
+    settled.map_err(|error| format!("settle savepoint: {error}"))
 }
 
 /// Gives every command not yet applied the batch's error; returns that error for

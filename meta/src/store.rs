@@ -17,6 +17,7 @@
 //! what each one does in `apply.rs`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -62,6 +63,8 @@ pub struct MetaStore {
 /// Shared by all clones; its `Drop` is the "last handle dropped" shutdown.
 struct Inner {
     commands: Sender<Command>,
+    /// Transactions the thread committed, for [`MetaStore::transactions_committed`].
+    committed: Arc<AtomicU64>,
     /// Taken by the first shutdown, so later ones (and `Drop`) do not join twice.
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -77,6 +80,8 @@ impl MetaStore {
         let url = url.clone();
         let (ready, started) = mpsc::sync_channel(1);
         let (commands, receiver) = crossbeam_channel::unbounded();
+        let committed = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&committed);
         let thread = std::thread::Builder::new()
             .name(THREAD_NAME.to_string())
             .spawn(move || {
@@ -88,7 +93,7 @@ impl MetaStore {
                     Ok((db, snapshot)) => {
                         // `open` waits for this answer, so the send cannot fail.
                         let _ = ready.send(Ok(snapshot));
-                        run(db, receiver);
+                        run(db, receiver, &counter);
                     }
                     Err(error) => {
                         let _ = ready.send(Err(error));
@@ -113,6 +118,7 @@ impl MetaStore {
         };
         let inner = Inner {
             commands,
+            committed,
             thread: Mutex::new(Some(thread)),
         };
         Ok((
@@ -362,6 +368,12 @@ impl MetaStore {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Job(Box::new(JobWith { reply, job })));
         answer
+    }
+
+    /// How many batch transactions committed since [`MetaStore::open`]: with commands that
+    /// arrive together (concurrent creates), far fewer than commands.
+    pub fn transactions_committed(&self) -> u64 {
+        self.inner.committed.load(Ordering::Relaxed)
     }
 
     /// Stops the thread once every command queued before this call is committed and answered,
