@@ -48,6 +48,14 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
             });
             pending(reply, answer)
         }
+        Command::Lookup { name, reply } => {
+            let answer = lookup_group(db, std::slice::from_ref(&name)).and_then(|mut answers| {
+                answers.pop().unwrap_or_else(|| {
+                    Err(MetaError::Storage("a look-up went unanswered".to_string()))
+                })
+            });
+            pending(reply, answer)
+        }
         Command::Delete { id, fence, reply } => pending(
             reply,
             crate::fence::check_fence(db, id, fence).and_then(|()| delete(db, id)),
@@ -220,6 +228,36 @@ pub(crate) fn create_group(
     Ok(answers
         .into_iter()
         .map(|answer| answer.expect("every create of the group is answered"))
+        .collect())
+}
+
+/// The rows named in `names` and their owners, read with one statement: one answer per name,
+/// in order (a damaged row fails its own look-up); `Err` when the statement failed. A cluster's
+/// (only a shared database has owners).
+pub(crate) fn lookup_group(
+    db: &mut dyn Backend,
+    names: &[String],
+) -> Result<Vec<Result<Option<(StreamRow, Ownership)>, MetaError>>, MetaError> {
+    crate::fence::sql(db)?;
+    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+    let found: HashMap<String, StreamColumns> = db
+        .find_streams(&wanted)?
+        .into_iter()
+        .map(|columns| (columns.name.clone(), columns))
+        .collect();
+    Ok(names
+        .iter()
+        .map(|name| {
+            // Cloned: a name asked twice in one group gets the same row twice.
+            found
+                .get(name)
+                .cloned()
+                .map(|columns| {
+                    let owner = crate::fence::ownership(&columns);
+                    Ok((stream_row(columns)?, owner))
+                })
+                .transpose()
+        })
         .collect())
 }
 

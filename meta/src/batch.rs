@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Receiver;
 
-use crate::apply::{apply_command, create_group, load_snapshot, CreateArgs};
+use crate::apply::{apply_command, create_group, load_snapshot, lookup_group, CreateArgs};
+use crate::fence::Ownership;
+use crate::StreamRow;
 use crate::backend;
 use crate::backend::Backend;
 use crate::command::{answer_closed, failed, pending, Command, Pending};
@@ -126,6 +128,21 @@ fn apply_in_transaction(
                 }
                 continue;
             }
+            Command::Lookup { name, reply } => {
+                let mut group = vec![(name, reply)];
+                while group.len() < MAX_CREATES_PER_GROUP
+                    && matches!(commands.peek(), Some(Command::Lookup { .. }))
+                {
+                    if let Some(Command::Lookup { name, reply }) = commands.next() {
+                        group.push((name, reply));
+                    }
+                }
+                apply_lookups(db, group, pending)?;
+                if let Some(why) = db.transaction_lost() {
+                    return abandon(pending, commands, why);
+                }
+                continue;
+            }
             command => command,
         };
         if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
@@ -233,6 +250,45 @@ fn apply_creates(
     settled.map_err(|error| format!("settle savepoint: {error}"))
 }
 
+/// A look-up and its reply, for [`lookup_group`].
+type LookupWithReply = (
+    String,
+    futures_channel::oneshot::Sender<Result<Option<(StreamRow, Ownership)>, MetaError>>,
+);
+
+/// Answers a group of look-ups with one statement, in a savepoint (a failed statement must not
+/// end the batch's transaction); `Err` as [`apply_creates`].
+fn apply_lookups(
+    db: &mut dyn Backend,
+    group: Vec<LookupWithReply>,
+    pending: &mut Vec<Pending>,
+) -> Result<(), String> {
+    let (names, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+    if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
+        let why = format!("savepoint: {error}");
+        pending.extend(replies.into_iter().map(|reply| self::pending(reply, failed(&why))));
+        return Err(why);
+    }
+    let (answers, settled) = match lookup_group(db, &names) {
+        Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
+        Err(error) => {
+            let answer = || match &error {
+                MetaError::Unsupported(why) => Err(MetaError::Unsupported(why.clone())),
+                error => failed(&error.to_string()),
+            };
+            let answers = names.iter().map(|_| answer()).collect();
+            (answers, db.execute_batch(backend::ROLL_BACK_COMMAND))
+        }
+    };
+    pending.extend(
+        replies
+            .into_iter()
+            .zip(answers)
+            .map(|(reply, answer)| self::pending(reply, answer)),
+    );
+    settled.map_err(|error| format!("settle savepoint: {error}"))
+}
+
 /// Gives every command not yet applied the batch's error; returns that error for
 /// [`apply_batch`] to fail the commands applied so far.
 fn abandon(
@@ -243,6 +299,7 @@ fn abandon(
     for command in commands {
         match command {
             Command::Create { reply, .. } => pending.push(self::pending(reply, failed(&why))),
+            Command::Lookup { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Delete { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Update { reply, .. }
             | Command::DropSegments { reply, .. }

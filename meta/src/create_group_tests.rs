@@ -162,3 +162,37 @@ fn postgres_failed_group_fails_every_create() {
         );
     });
 }
+
+/// A cluster's look-ups that arrive together share one statement and each gets its own row
+/// (or none), a name asked twice included; on SQLite they are refused as before.
+#[test]
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+fn postgres_lookups_in_one_group() {
+    let Some(db) = PgDatabase::create("lookup_group") else {
+        return;
+    };
+    let (store, _) = MetaStore::open(&db.meta_url()).unwrap();
+    let a = wait(store.create_stream("/l/a", config("text/plain"), 1)).unwrap();
+    let b = wait(store.create_stream("/l/b", config("application/json"), 1)).unwrap();
+    let (release, held) = hold(&store);
+    let replies: Vec<_> = ["/l/a", "/l/missing", "/l/b", "/l/a"]
+        .iter()
+        .map(|name| store.lookup_stream(name))
+        .collect();
+    drop(release);
+    wait(held).unwrap();
+    let rows: Vec<Option<u64>> = replies
+        .into_iter()
+        .map(|reply| wait(reply).unwrap().map(|(row, _)| row.id))
+        .collect();
+    assert_eq!(rows, [Some(a.row.id), None, Some(b.row.id), Some(a.row.id)]);
+}
+
+#[test]
+fn sqlite_lookups_are_refused() {
+    let (store, _) = MetaStore::open(&MetaUrl::SqliteMemory).unwrap();
+    match wait(store.lookup_stream("/l/a")) {
+        Err(MetaError::Unsupported(_)) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -42,6 +42,7 @@ use crate::Retention;
 use crate::SegmentRecord;
 use crate::Snapshot;
 use crate::StreamConfig;
+use crate::StreamRow;
 
 /// A handle to the metadata thread. Cheap to clone, `Send + Sync`; every method returns at once
 /// with a [`Reply`] that resolves after the command's transaction committed (or failed).
@@ -357,6 +358,16 @@ impl MetaStore {
         fence: SegmentFence,
     ) -> Reply<Vec<u64>> {
         self.job(move |db| crate::fence::commit_fenced(db, seg, &fence))
+    }
+
+    /// Queues a [`Command::Lookup`] (`MetaStore::lookup_stream`, in `cluster.rs`).
+    pub(crate) fn lookup(
+        &self,
+        name: String,
+    ) -> Reply<Option<(StreamRow, crate::fence::Ownership)>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Lookup { name, reply });
+        answer
     }
 
     /// Runs `job` on the metadata thread, in the transaction of the batch it lands in (in its
