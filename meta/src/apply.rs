@@ -41,7 +41,7 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
                 now_ms,
                 owner,
             };
-            let answer = create_group(db, vec![create]).and_then(|mut answers| {
+            let answer = name_group(db, vec![create], &[]).and_then(|(mut answers, _)| {
                 answers.pop().unwrap_or_else(|| {
                     Err(MetaError::Storage("a create went unanswered".to_string()))
                 })
@@ -49,7 +49,8 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
             pending(reply, answer)
         }
         Command::Lookup { name, reply } => {
-            let answer = lookup_group(db, std::slice::from_ref(&name)).and_then(|mut answers| {
+            let lookups = std::slice::from_ref(&name);
+            let answer = name_group(db, Vec::new(), lookups).and_then(|(_, mut answers)| {
                 answers.pop().unwrap_or_else(|| {
                     Err(MetaError::Storage("a look-up went unanswered".to_string()))
                 })
@@ -155,26 +156,51 @@ fn new_stream(create: &CreateArgs) -> Result<NewStream<'_>, MetaError> {
     })
 }
 
-/// Registers every name of `creates` that no stream has yet, with one look-up and one insert
-/// for the whole group instead of two statements per create (on Postgres each is a round trip,
+type CreateAnswer = Result<CreateOutcome, MetaError>;
+type LookupAnswer = Result<Option<(StreamRow, Ownership)>, MetaError>;
+
+/// Answers the look-ups of `lookups` (a cluster's) and registers every name of `creates` that
+/// no stream has yet, with one look-up statement for all of them and one insert, instead of
+/// two statements per create and one per look-up (on Postgres each is a round trip,
 /// docs/architecture.md "Metadata"). The names must be distinct: `batch.rs` ends a group
-/// before a repeated name, so the repeat sees the first one's row as a later create would.
+/// before a repeated name, so the repeat sees the first one's row as it would sequentially.
 ///
-/// One answer per create, in order: a create that found its name taken gets that row with
-/// `created: false`, one whose config cannot be stored its own error. `Err` when a statement
-/// failed: then nothing of the group may be kept (the caller rolls its savepoint back) and
-/// every create of it fails.
-pub(crate) fn create_group(
+/// One answer per command, in order: a create that found its name taken gets that row with
+/// `created: false`, one whose config cannot be stored its own error; a look-up on a database
+/// without owners (SQLite) is refused. `Err` when a statement failed: then nothing of the group
+/// may be kept (the caller rolls its savepoint back) and every command of it fails.
+pub(crate) fn name_group(
     db: &mut dyn Backend,
     creates: Vec<CreateArgs>,
-) -> Result<Vec<Result<CreateOutcome, MetaError>>, MetaError> {
-    let names: Vec<&str> = creates.iter().map(|create| create.name.as_str()).collect();
-    let mut found: HashMap<String, StreamColumns> = db
-        .find_streams(&names)?
-        .into_iter()
-        .map(|columns| (columns.name.clone(), columns))
+    lookups: &[String],
+) -> Result<(Vec<CreateAnswer>, Vec<LookupAnswer>), MetaError> {
+    let cluster = db.cluster().is_some();
+    let mut names: Vec<&str> = creates.iter().map(|create| create.name.as_str()).collect();
+    if cluster {
+        names.extend(lookups.iter().map(String::as_str));
+    }
+    let mut found: HashMap<String, StreamColumns> = if names.is_empty() {
+        HashMap::new()
+    } else {
+        db.find_streams(&names)?
+            .into_iter()
+            .map(|columns| (columns.name.clone(), columns))
+            .collect()
+    };
+    let looked_up = lookups
+        .iter()
+        .map(|name| {
+            crate::fence::sql(db)?;
+            found
+                .remove(name)
+                .map(|columns| {
+                    let owner = crate::fence::ownership(&columns);
+                    Ok((stream_row(columns)?, owner))
+                })
+                .transpose()
+        })
         .collect();
-    let mut answers: Vec<Option<Result<CreateOutcome, MetaError>>> = Vec::new();
+    let mut answers: Vec<Option<CreateAnswer>> = Vec::new();
     let mut inserted_at = Vec::new();
     let ids = {
         let mut rows = Vec::new();
@@ -225,46 +251,21 @@ pub(crate) fn create_group(
             }
         });
     }
-    Ok(answers
+    let answers = answers
         .into_iter()
         .map(|answer| answer.expect("every create of the group is answered"))
-        .collect())
-}
-
-/// The rows named in `names` and their owners, read with one statement: one answer per name,
-/// in order (a damaged row fails its own look-up); `Err` when the statement failed. A cluster's
-/// (only a shared database has owners).
-pub(crate) fn lookup_group(
-    db: &mut dyn Backend,
-    names: &[String],
-) -> Result<Vec<Result<Option<(StreamRow, Ownership)>, MetaError>>, MetaError> {
-    crate::fence::sql(db)?;
-    let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
-    let found: HashMap<String, StreamColumns> = db
-        .find_streams(&wanted)?
-        .into_iter()
-        .map(|columns| (columns.name.clone(), columns))
         .collect();
-    Ok(names
-        .iter()
-        .map(|name| {
-            // Cloned: a name asked twice in one group gets the same row twice.
-            found
-                .get(name)
-                .cloned()
-                .map(|columns| {
-                    let owner = crate::fence::ownership(&columns);
-                    Ok((stream_row(columns)?, owner))
-                })
-                .transpose()
-        })
-        .collect())
+    Ok((answers, looked_up))
 }
 
 /// The answer of a create that inserted its row as `id`.
 fn created(create: CreateArgs, id: i64) -> CreateOutcome {
     // Ids start at 1 and only grow (AUTOINCREMENT, an identity column), so they are positive.
-    assert!(id > 0, "stream {:?} got the non-positive id {id}", create.name);
+    assert!(
+        id > 0,
+        "stream {:?} got the non-positive id {id}",
+        create.name
+    );
     let row = StreamRow {
         id: id as u64,
         name: create.name,

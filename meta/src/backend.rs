@@ -233,10 +233,7 @@ pub(crate) trait Backend {
     /// [`Backend::insert_stream`] for every row of `streams` (distinct names), in order: each
     /// new id, or `None` where the name was taken. One statement on Postgres, like
     /// [`Backend::find_streams`].
-    fn insert_streams(
-        &mut self,
-        streams: &[NewStream<'_>],
-    ) -> Result<Vec<Option<i64>>, MetaError> {
+    fn insert_streams(&mut self, streams: &[NewStream<'_>]) -> Result<Vec<Option<i64>>, MetaError> {
         streams
             .iter()
             .map(|stream| self.insert_stream(stream))

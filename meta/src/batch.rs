@@ -8,19 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Receiver;
 
-use crate::apply::{apply_command, create_group, load_snapshot, lookup_group, CreateArgs};
-use crate::fence::Ownership;
-use crate::StreamRow;
+use crate::apply::{apply_command, load_snapshot, name_group, CreateArgs};
 use crate::backend;
 use crate::backend::Backend;
 use crate::command::{answer_closed, failed, pending, Command, Pending};
+use crate::fence::Ownership;
 use crate::limits::{MAX_BATCH_COMMANDS, MAX_CREATES_PER_GROUP};
-use crate::CreateOutcome;
 use crate::pg::Postgres;
 use crate::sqlite::Sqlite;
+use crate::CreateOutcome;
 use crate::MetaError;
 use crate::MetaUrl;
 use crate::Snapshot;
+use crate::StreamRow;
 
 /// The name of the metadata thread, as seen in `top -H` and panics.
 pub(crate) const THREAD_NAME: &str = "pico-meta";
@@ -120,24 +120,9 @@ fn apply_in_transaction(
     }
     while let Some(command) = commands.next() {
         let command = match command {
-            Command::Create { .. } => {
-                let group = take_creates(command, &mut commands);
-                apply_creates(db, group, pending)?;
-                if let Some(why) = db.transaction_lost() {
-                    return abandon(pending, commands, why);
-                }
-                continue;
-            }
-            Command::Lookup { name, reply } => {
-                let mut group = vec![(name, reply)];
-                while group.len() < MAX_CREATES_PER_GROUP
-                    && matches!(commands.peek(), Some(Command::Lookup { .. }))
-                {
-                    if let Some(Command::Lookup { name, reply }) = commands.next() {
-                        group.push((name, reply));
-                    }
-                }
-                apply_lookups(db, group, pending)?;
+            Command::Create { .. } | Command::Lookup { .. } => {
+                let group = take_group(command, &mut commands);
+                apply_group(db, group, pending)?;
                 if let Some(why) = db.transaction_lost() {
                     return abandon(pending, commands, why);
                 }
@@ -169,46 +154,69 @@ fn apply_in_transaction(
         .map_err(|error| format!("commit: {error}"))
 }
 
-/// A create and its reply, taken apart for [`create_group`].
-type CreateWithReply = (
-    CreateArgs,
-    futures_channel::oneshot::Sender<Result<CreateOutcome, MetaError>>,
-);
+type LookupReply =
+    futures_channel::oneshot::Sender<Result<Option<(StreamRow, Ownership)>, MetaError>>;
+type CreateReply = futures_channel::oneshot::Sender<Result<CreateOutcome, MetaError>>;
 
-/// `first` (a create) and the creates right after it in `commands`, up to
-/// [`MAX_CREATES_PER_GROUP`] and not past a name already in the group: a repeated name waits
-/// for the next group, so it finds the first one's row exactly as a sequential create would.
-fn take_creates(
+/// Consecutive creates and look-ups of a batch, taken apart for [`name_group`]; `order` says
+/// which came when (`true`: a create), so the answers keep the batch's order.
+#[derive(Default)]
+struct Group {
+    creates: Vec<CreateArgs>,
+    create_replies: Vec<CreateReply>,
+    lookups: Vec<String>,
+    lookup_replies: Vec<LookupReply>,
+    order: Vec<bool>,
+}
+
+/// `first` (a create or a look-up) and the creates and look-ups right after it in `commands`,
+/// up to [`MAX_CREATES_PER_GROUP`] and not past a name already in the group: a repeated name
+/// waits for the next group, so it sees the first one's row exactly as it would have
+/// sequentially. (In a cluster every create follows its own look-up, and 64 clients' requests
+/// interleave them: grouping only one kind would split the batch into groups of one.)
+fn take_group(
     first: Command,
     commands: &mut std::iter::Peekable<impl Iterator<Item = Command>>,
-) -> Vec<CreateWithReply> {
-    let mut group = Vec::new();
+) -> Group {
+    let mut group = Group::default();
     let mut names = HashSet::new();
     let mut next = Some(first);
-    while let Some(Command::Create {
-        name,
-        config,
-        fork,
-        now_ms,
-        owner,
-        reply,
-    }) = next.take()
-    {
-        names.insert(name.clone());
-        let args = CreateArgs {
-            name,
-            config,
-            fork,
-            now_ms,
-            owner,
-        };
-        group.push((args, reply));
-        if group.len() == MAX_CREATES_PER_GROUP {
+    while let Some(command) = next.take() {
+        match command {
+            Command::Create {
+                name,
+                config,
+                fork,
+                now_ms,
+                owner,
+                reply,
+            } => {
+                names.insert(name.clone());
+                group.creates.push(CreateArgs {
+                    name,
+                    config,
+                    fork,
+                    now_ms,
+                    owner,
+                });
+                group.create_replies.push(reply);
+                group.order.push(true);
+            }
+            Command::Lookup { name, reply } => {
+                names.insert(name.clone());
+                group.lookups.push(name);
+                group.lookup_replies.push(reply);
+                group.order.push(false);
+            }
+            _ => unreachable!("only creates and look-ups are taken into a group"),
+        }
+        if group.order.len() == MAX_CREATES_PER_GROUP {
             break;
         }
         let joins = matches!(
             commands.peek(),
-            Some(Command::Create { name, .. }) if !names.contains(name)
+            Some(Command::Create { name, .. } | Command::Lookup { name, .. })
+                if !names.contains(name)
         );
         if joins {
             next = commands.next();
@@ -217,75 +225,63 @@ fn take_creates(
     group
 }
 
-/// Applies a group of creates in one savepoint: every create gets its answer in `pending`. A
-/// failed statement rolls the group back and fails each of its creates; `Err` only when the
-/// savepoint itself failed (the transaction is then unusable, the caller abandons it).
-fn apply_creates(
+/// Applies a group in one savepoint: every command gets its answer in `pending`, in the
+/// group's order. A failed statement rolls the group back and fails each of its commands;
+/// `Err` only when the savepoint itself failed (the transaction is then unusable, the caller
+/// abandons it).
+fn apply_group(
     db: &mut dyn Backend,
-    group: Vec<CreateWithReply>,
+    group: Group,
     pending: &mut Vec<Pending>,
 ) -> Result<(), String> {
-    let (creates, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-    if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
-        let why = format!("savepoint: {error}");
-        pending.extend(replies.into_iter().map(|reply| self::pending(reply, failed(&why))));
-        return Err(why);
-    }
-    let count = creates.len();
-    let (answers, settled) = match create_group(db, creates) {
-        Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
+    let Group {
+        creates,
+        create_replies,
+        lookups,
+        lookup_replies,
+        order,
+    } = group;
+    let count = order.len();
+    let begun = db.execute_batch(backend::SAVEPOINT);
+    let (answers, settled) = match &begun {
         Err(error) => {
-            log::warn!("a group of {count} creates failed: {error}");
-            let why = error.to_string();
-            let answers = (0..count).map(|_| failed(&why)).collect();
-            (answers, db.execute_batch(backend::ROLL_BACK_COMMAND))
+            let why = format!("savepoint: {error}");
+            let creates = creates.iter().map(|_| failed(&why)).collect();
+            let lookups = lookups.iter().map(|_| failed(&why)).collect();
+            ((creates, lookups), Err(why))
         }
+        Ok(()) => match name_group(db, creates, &lookups) {
+            Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
+            Err(error) => {
+                log::warn!("a group of {count} creates and look-ups failed: {error}");
+                let why = error.to_string();
+                let creates = create_replies.iter().map(|_| failed(&why)).collect();
+                let lookups = lookups.iter().map(|_| failed(&why)).collect();
+                (
+                    (creates, lookups),
+                    db.execute_batch(backend::ROLL_BACK_COMMAND),
+                )
+            }
+        },
     };
-    pending.extend(
-        replies
-            .into_iter()
-            .zip(answers)
-            .map(|(reply, answer)| self::pending(reply, answer)),
-    );
-    settled.map_err(|error| format!("settle savepoint: {error}"))
-}
-
-/// A look-up and its reply, for [`lookup_group`].
-type LookupWithReply = (
-    String,
-    futures_channel::oneshot::Sender<Result<Option<(StreamRow, Ownership)>, MetaError>>,
-);
-
-/// Answers a group of look-ups with one statement, in a savepoint (a failed statement must not
-/// end the batch's transaction); `Err` as [`apply_creates`].
-fn apply_lookups(
-    db: &mut dyn Backend,
-    group: Vec<LookupWithReply>,
-    pending: &mut Vec<Pending>,
-) -> Result<(), String> {
-    let (names, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-    if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
-        let why = format!("savepoint: {error}");
-        pending.extend(replies.into_iter().map(|reply| self::pending(reply, failed(&why))));
-        return Err(why);
+    let (create_answers, lookup_answers): (Vec<_>, Vec<_>) = answers;
+    let mut creates = create_replies.into_iter().zip(create_answers);
+    let mut lookups = lookup_replies.into_iter().zip(lookup_answers);
+    for is_create in order {
+        let entry = if is_create {
+            creates
+                .next()
+                .map(|(reply, answer)| self::pending(reply, answer))
+        } else {
+            lookups
+                .next()
+                .map(|(reply, answer)| self::pending(reply, answer))
+        };
+        pending.extend(entry);
     }
-    let (answers, settled) = match lookup_group(db, &names) {
-        Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
-        Err(error) => {
-            let answer = || match &error {
-                MetaError::Unsupported(why) => Err(MetaError::Unsupported(why.clone())),
-                error => failed(&error.to_string()),
-            };
-            let answers = names.iter().map(|_| answer()).collect();
-            (answers, db.execute_batch(backend::ROLL_BACK_COMMAND))
-        }
-    };
-    pending.extend(
-        replies
-            .into_iter()
-            .zip(answers)
-            .map(|(reply, answer)| self::pending(reply, answer)),
-    );
+    if begun.is_err() {
+        return settled.map(drop);
+    }
     settled.map_err(|error| format!("settle savepoint: {error}"))
 }
 

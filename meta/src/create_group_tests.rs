@@ -30,12 +30,16 @@ fn wait<T>(reply: Reply<T>) -> Result<T, MetaError> {
 
 /// Holds the metadata thread in a job until the returned sender is dropped, so commands sent
 /// meanwhile queue up and arrive together, as concurrent creates from every core do.
+/// Returns once the job runs, alone in its batch (nothing else was queued).
 fn hold(store: &MetaStore) -> (mpsc::Sender<()>, Reply<()>) {
     let (release, held) = mpsc::channel::<()>();
+    let (started, running) = mpsc::channel::<()>();
     let done = store.job(move |_| {
+        let _ = started.send(());
         let _ = held.recv();
         Ok(())
     });
+    running.recv().expect("the hold job runs");
     (release, done)
 }
 
@@ -97,7 +101,11 @@ fn failed_group_fails_every_create(url: &MetaUrl, refuse_fail_names: impl FnOnce
     let (release, held) = hold(&store);
     let replies: Vec<_> = (0..100)
         .map(|i| {
-            let name = if i == 50 { "/fail/x".to_string() } else { format!("/ok/{i}") };
+            let name = if i == 50 {
+                "/fail/x".to_string()
+            } else {
+                format!("/ok/{i}")
+            };
             store.create_stream(&name, config("text/plain"), 2)
         })
         .collect();
@@ -110,7 +118,11 @@ fn failed_group_fails_every_create(url: &MetaUrl, refuse_fail_names: impl FnOnce
         }
     }
     // The transaction itself goes on: a later create commits.
-    assert!(wait(store.create_stream("/ok/later", config("text/plain"), 3)).unwrap().created);
+    assert!(
+        wait(store.create_stream("/ok/later", config("text/plain"), 3))
+            .unwrap()
+            .created
+    );
     store.shutdown();
     let (_store, snapshot) = MetaStore::open(url).unwrap();
     let mut names: Vec<&str> = snapshot.streams.iter().map(|r| r.name.as_str()).collect();
@@ -186,6 +198,21 @@ fn postgres_lookups_in_one_group() {
         .map(|reply| wait(reply).unwrap().map(|(row, _)| row.id))
         .collect();
     assert_eq!(rows, [Some(a.row.id), None, Some(b.row.id), Some(a.row.id)]);
+
+    // Mixed, as a cluster's creates come (each after its own look-up): a look-up after the
+    // create of its name sees the new row, one before it does not.
+    let (release, held) = hold(&store);
+    let first = store.lookup_stream("/l/c");
+    let create = store.create_stream("/l/c", config("text/plain"), 2);
+    let after = store.lookup_stream("/l/c");
+    let other = store.lookup_stream("/l/b");
+    drop(release);
+    wait(held).unwrap();
+    assert_eq!(wait(first).unwrap(), None);
+    let c = wait(create).unwrap();
+    assert!(c.created);
+    assert_eq!(wait(after).unwrap().map(|(row, _)| row.id), Some(c.row.id));
+    assert_eq!(wait(other).unwrap().map(|(row, _)| row.id), Some(b.row.id));
 }
 
 #[test]

@@ -127,10 +127,7 @@ impl Backend for Postgres {
             .map_err(storage("look up streams"))
     }
 
-    fn insert_streams(
-        &mut self,
-        streams: &[NewStream<'_>],
-    ) -> Result<Vec<Option<i64>>, MetaError> {
+    fn insert_streams(&mut self, streams: &[NewStream<'_>]) -> Result<Vec<Option<i64>>, MetaError> {
         // One array per column, so the statement's parameter count stays 14 however many rows
         // (the protocol allows 65,535 parameters).
         let column = |pick: fn(&NewStream<'_>) -> Option<i64>| -> Vec<Option<i64>> {
