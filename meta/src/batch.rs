@@ -96,7 +96,7 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
     if let Err(why) = &outcome {
         db.rollback();
         log::error!("metadata batch of {} commands failed: {why}", pending.len());
-        pending.iter_mut().for_each(|entry| entry.fail(&why));
+        pending.iter_mut().for_each(|entry| entry.fail(why));
     }
     let failed = pending.iter().filter(|entry| !entry.is_ok()).count();
     if failed > 0 {
