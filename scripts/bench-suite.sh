@@ -79,8 +79,10 @@ echo
 # Catch-up reads, side by side with the comparison server when it is installed.
 PICO_BIN=$PICO_BIN scripts/bench-catch-up.sh 4
 echo
-# Stream creation: 100,000 PUTs of unique names, 64 in flight over h2c (h2load), on a fresh
-# node with the embedded SQLite metadata log (BENCHMARKS.md, "Creates" section).
+# Stream creation: 100,000 PUTs of unique names, 64 in flight on one h2c connection, on a
+# fresh node with the embedded SQLite metadata log (BENCHMARKS.md, "Creates" section). One
+# connection: with -i every h2load client walks the list from its start, so 64 clients would
+# create each name 64 times.
 if command -v h2load >/dev/null; then
   work=$(mktemp -d /tmp/pico-suite.XXXXXX)
   port=$((20000 + RANDOM % 12000))
@@ -93,7 +95,7 @@ if command -v h2load >/dev/null; then
     sleep 0.1
   done
   seq 0 99999 | sed "s|^|http://127.0.0.1:$port/creates/s|" >"$work/uris"
-  h2load -n 100000 -c 64 -m 1 -i "$work/uris" -H ':method: PUT' -H 'Content-Type: text/plain' \
+  h2load -n 100000 -c 1 -m 64 -i "$work/uris" -H ':method: PUT' -H 'Content-Type: text/plain' \
     2>&1 | grep -E "^finished in|^status codes" | sed 's/^/creates (100,000 names, 64 in flight): /'
   kill "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true
