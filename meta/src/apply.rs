@@ -24,6 +24,8 @@ use crate::StreamRow;
 
 pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
     match command {
+        // `batch.rs` applies runs of creates through `create_group` itself; a lone one is a
+        // group of one.
         Command::Create {
             name,
             config,
@@ -31,7 +33,30 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
             now_ms,
             owner,
             reply,
-        } => pending(reply, create(db, name, config, fork, now_ms, owner)),
+        } => {
+            let create = CreateArgs {
+                name,
+                config,
+                fork,
+                now_ms,
+                owner,
+            };
+            let answer = name_group(db, vec![create], &[]).and_then(|(mut answers, _)| {
+                answers.pop().unwrap_or_else(|| {
+                    Err(MetaError::Storage("a create went unanswered".to_string()))
+                })
+            });
+            pending(reply, answer)
+        }
+        Command::Lookup { name, reply } => {
+            let lookups = std::slice::from_ref(&name);
+            let answer = name_group(db, Vec::new(), lookups).and_then(|(_, mut answers)| {
+                answers.pop().unwrap_or_else(|| {
+                    Err(MetaError::Storage("a look-up went unanswered".to_string()))
+                })
+            });
+            pending(reply, answer)
+        }
         Command::Delete { id, fence, reply } => pending(
             reply,
             crate::fence::check_fence(db, id, fence).and_then(|()| delete(db, id)),
@@ -72,30 +97,39 @@ pub(crate) fn retention_columns(retention: &Retention) -> Result<[Option<i64>; 3
     ])
 }
 
-fn create(
-    db: &mut dyn Backend,
-    name: String,
-    config: StreamConfig,
-    fork: Option<ForkRow>,
-    now_ms: i64,
-    owner: Option<NodeId>,
-) -> Result<CreateOutcome, MetaError> {
-    let existing = |columns: StreamColumns| {
-        let ownership = crate::fence::ownership(&columns);
-        Ok::<_, MetaError>(CreateOutcome {
-            row: stream_row(columns)?,
-            created: false,
-            ownership,
-        })
-    };
-    if let Some(columns) = db.find_stream(&name)? {
-        return existing(columns);
-    }
+/// One create of a group ([`create_group`]): the fields of a [`Command::Create`] but its reply.
+pub(crate) struct CreateArgs {
+    pub(crate) name: String,
+    pub(crate) config: StreamConfig,
+    pub(crate) fork: Option<ForkRow>,
+    pub(crate) now_ms: i64,
+    pub(crate) owner: Option<NodeId>,
+}
+
+/// The answer of a create that found `columns` under its name.
+fn existing(columns: StreamColumns) -> Result<CreateOutcome, MetaError> {
+    let ownership = crate::fence::ownership(&columns);
+    Ok(CreateOutcome {
+        row: stream_row(columns)?,
+        created: false,
+        ownership,
+    })
+}
+
+/// The row a create inserts, or why its config cannot be stored (that create alone fails).
+fn new_stream(create: &CreateArgs) -> Result<NewStream<'_>, MetaError> {
+    let CreateArgs {
+        name,
+        config,
+        fork,
+        now_ms,
+        owner,
+    } = create;
     let ttl_sec = match config.ttl_sec {
         Some(ttl) => Some(storable(ttl, || "ttl_sec".to_string())?),
         None => None,
     };
-    let fork_columns = match &fork {
+    let fork_columns = match fork {
         None => (None, None, None, None),
         Some(f) => (
             Some(f.source.as_str()),
@@ -106,49 +140,151 @@ fn create(
             })?),
         ),
     };
-    let new = NewStream {
-        name: &name,
+    Ok(NewStream {
+        name,
         content_type: &config.content_type,
         ttl_sec,
         expires_at_ms: config.expires_at_ms,
         closed: config.closed,
-        created_ms: now_ms,
+        created_ms: *now_ms,
         fork_source: fork_columns.0,
         fork_source_id: fork_columns.1,
         fork_offset: fork_columns.2,
         fork_partial_bytes: fork_columns.3,
         owner_node: owner.map(i64::from),
         retention: retention_columns(&config.retention)?,
+    })
+}
+
+type CreateAnswer = Result<CreateOutcome, MetaError>;
+type LookupAnswer = Result<Option<(StreamRow, Ownership)>, MetaError>;
+
+/// Answers the look-ups of `lookups` (a cluster's) and registers every name of `creates` that
+/// no stream has yet, with one look-up statement for all of them and one insert, instead of
+/// two statements per create and one per look-up (on Postgres each is a round trip,
+/// docs/architecture.md "Metadata"). The names must be distinct: `batch.rs` ends a group
+/// before a repeated name, so the repeat sees the first one's row as it would sequentially.
+///
+/// One answer per command, in order: a create that found its name taken gets that row with
+/// `created: false`, one whose config cannot be stored its own error; a look-up on a database
+/// without owners (SQLite) is refused. `Err` when a statement failed: then nothing of the group
+/// may be kept (the caller rolls its savepoint back) and every command of it fails.
+pub(crate) fn name_group(
+    db: &mut dyn Backend,
+    creates: Vec<CreateArgs>,
+    lookups: &[String],
+) -> Result<(Vec<CreateAnswer>, Vec<LookupAnswer>), MetaError> {
+    let cluster = db.cluster().is_some();
+    let mut names: Vec<&str> = creates.iter().map(|create| create.name.as_str()).collect();
+    if cluster {
+        names.extend(lookups.iter().map(String::as_str));
+    }
+    let mut found: HashMap<String, StreamColumns> = if names.is_empty() {
+        HashMap::new()
+    } else {
+        db.find_streams(&names)?
+            .into_iter()
+            .map(|columns| (columns.name.clone(), columns))
+            .collect()
     };
-    let Some(id) = db.insert_stream(&new)? else {
-        // Registered since our look-up by someone else sharing the database (another node on
-        // the same Postgres): theirs is the row, as if it had been there first.
-        let columns = db.find_stream(&name)?.ok_or_else(|| {
-            MetaError::Storage(format!("stream {name:?} was registered and is gone again"))
-        })?;
-        return existing(columns);
+    let looked_up = lookups
+        .iter()
+        .map(|name| {
+            crate::fence::sql(db)?;
+            found
+                .remove(name)
+                .map(|columns| {
+                    let owner = crate::fence::ownership(&columns);
+                    Ok((stream_row(columns)?, owner))
+                })
+                .transpose()
+        })
+        .collect();
+    let mut answers: Vec<Option<CreateAnswer>> = Vec::new();
+    let mut inserted_at = Vec::new();
+    let ids = {
+        let mut rows = Vec::new();
+        for (at, create) in creates.iter().enumerate() {
+            if let Some(columns) = found.remove(&create.name) {
+                answers.push(Some(existing(columns)));
+                continue;
+            }
+            match new_stream(create) {
+                Ok(row) => {
+                    rows.push(row);
+                    inserted_at.push(at);
+                    answers.push(None);
+                }
+                Err(error) => answers.push(Some(Err(error))),
+            }
+        }
+        if rows.is_empty() {
+            Vec::new()
+        } else {
+            db.insert_streams(&rows)?
+        }
     };
+    if ids.len() != inserted_at.len() {
+        return Err(MetaError::Storage(format!(
+            "insert streams: {} answers for {} rows",
+            ids.len(),
+            inserted_at.len()
+        )));
+    }
+    let mut creates: Vec<Option<CreateArgs>> = creates.into_iter().map(Some).collect();
+    for (at, id) in inserted_at.into_iter().zip(ids) {
+        let Some(create) = creates[at].take() else {
+            unreachable!("each create is inserted at most once");
+        };
+        answers[at] = Some(match id {
+            Some(id) => Ok(created(create, id)),
+            None => {
+                // Registered since our look-up by someone else sharing the database (another
+                // node on the same Postgres): theirs is the row, as if it had been there first.
+                let columns = db.find_stream(&create.name)?.ok_or_else(|| {
+                    MetaError::Storage(format!(
+                        "stream {:?} was registered and is gone again",
+                        create.name
+                    ))
+                })?;
+                existing(columns)
+            }
+        });
+    }
+    let answers = answers
+        .into_iter()
+        .map(|answer| answer.expect("every create of the group is answered"))
+        .collect();
+    Ok((answers, looked_up))
+}
+
+/// The answer of a create that inserted its row as `id`.
+fn created(create: CreateArgs, id: i64) -> CreateOutcome {
     // Ids start at 1 and only grow (AUTOINCREMENT, an identity column), so they are positive.
-    assert!(id > 0, "stream {name:?} got the non-positive id {id}");
+    assert!(
+        id > 0,
+        "stream {:?} got the non-positive id {id}",
+        create.name
+    );
     let row = StreamRow {
         id: id as u64,
-        name,
-        config,
-        created_ms: now_ms,
+        name: create.name,
+        config: create.config,
+        created_ms: create.now_ms,
         start_offset: 0, // the column's default
-        last_access_ms: now_ms,
-        fork,
+        last_access_ms: create.now_ms,
+        fork: create.fork,
         soft_deleted: false,
     };
-    Ok(CreateOutcome {
+    CreateOutcome {
         row,
         created: true,
         ownership: Ownership {
-            node: owner,
+            node: create.owner,
             epoch: 1,
             transfer_to: None,
         },
-    })
+    }
 }
 
 fn delete(db: &mut dyn Backend, id: u64) -> Result<bool, MetaError> {

@@ -220,6 +220,26 @@ pub(crate) trait Backend {
     /// another node's); its new id, or `None` when the name was taken.
     fn insert_stream(&mut self, stream: &NewStream<'_>) -> Result<Option<i64>, MetaError>;
 
+    /// The rows named in `names` (a name without a row is left out), for a group of creates.
+    /// One statement on a database across the network; in-process SQLite looks them up one by
+    /// one (each a few microseconds).
+    fn find_streams(&mut self, names: &[&str]) -> Result<Vec<StreamColumns>, MetaError> {
+        names
+            .iter()
+            .filter_map(|name| self.find_stream(name).transpose())
+            .collect()
+    }
+
+    /// [`Backend::insert_stream`] for every row of `streams` (distinct names), in order: each
+    /// new id, or `None` where the name was taken. One statement on Postgres, like
+    /// [`Backend::find_streams`].
+    fn insert_streams(&mut self, streams: &[NewStream<'_>]) -> Result<Vec<Option<i64>>, MetaError> {
+        streams
+            .iter()
+            .map(|stream| self.insert_stream(stream))
+            .collect()
+    }
+
     /// Deletes row `id`; whether there was one.
     fn delete_stream(&mut self, id: i64) -> Result<bool, MetaError>;
 

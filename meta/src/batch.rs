@@ -1,19 +1,26 @@
 //! The metadata thread itself: open the database, load the startup snapshot, then loop: block
 //! for one command, drain what else is queued (at most [`MAX_BATCH_COMMANDS`]), apply them as
-//! one transaction with a savepoint per command, answer them in order.
+//! one transaction with a savepoint per command (per group of consecutive creates, which share
+//! their statements), answer them in order.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Receiver;
 
-use crate::apply::{apply_command, load_snapshot};
+use crate::apply::{apply_command, load_snapshot, name_group, CreateArgs};
 use crate::backend;
 use crate::backend::Backend;
 use crate::command::{answer_closed, failed, pending, Command, Pending};
-use crate::limits::MAX_BATCH_COMMANDS;
+use crate::fence::Ownership;
+use crate::limits::{MAX_BATCH_COMMANDS, MAX_CREATES_PER_GROUP};
 use crate::pg::Postgres;
 use crate::sqlite::Sqlite;
+use crate::CreateOutcome;
 use crate::MetaError;
 use crate::MetaUrl;
 use crate::Snapshot;
+use crate::StreamRow;
 
 /// The name of the metadata thread, as seen in `top -H` and panics.
 pub(crate) const THREAD_NAME: &str = "pico-meta";
@@ -44,7 +51,8 @@ pub(crate) fn startup_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaErr
 }
 
 /// The thread's loop: block for one command, drain what else is queued, apply as one batch.
-pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
+/// `committed` counts the transactions that committed (see `MetaStore::transactions_committed`).
+pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committed: &AtomicU64) {
     let mut batch = Vec::with_capacity(MAX_BATCH_COMMANDS);
     // `recv` fails only when every handle is gone and the queue is empty: nothing left to do.
     while let Ok(first) = receiver.recv() {
@@ -59,7 +67,9 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
             .iter()
             .position(|command| matches!(command, Command::Shutdown));
         let after_shutdown = shutdown_at.map(|at| batch.split_off(at));
-        apply_batch(db.as_mut(), std::mem::take(&mut batch));
+        if apply_batch(db.as_mut(), std::mem::take(&mut batch)) {
+            committed.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(rest) = after_shutdown {
             // Commands that raced the shutdown: answered, never silently dropped.
             rest.into_iter().for_each(answer_closed);
@@ -70,28 +80,30 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>) {
     log::debug!("{THREAD_NAME} thread stopped");
 }
 
-/// Applies `batch` (no `Shutdown` in it) in one transaction and answers every command in order.
+/// Applies `batch` (no `Shutdown` in it) in one transaction and answers every command in order;
+/// whether a transaction committed.
 ///
 /// Each command runs inside its own savepoint, so one failing command (a bad segment record, a
 /// constraint) is rolled back alone and the others still commit. Only a failure of the
 /// transaction itself (BEGIN, COMMIT, an I/O error that made SQLite abandon the transaction, a
 /// lost connection to Postgres) fails every command of the batch.
-fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) {
+fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
     if batch.is_empty() {
-        return;
+        return false;
     }
     let mut pending = Vec::with_capacity(batch.len());
     let outcome = apply_in_transaction(db, batch, &mut pending);
-    if let Err(why) = outcome {
+    if let Err(why) = &outcome {
         db.rollback();
         log::error!("metadata batch of {} commands failed: {why}", pending.len());
-        pending.iter_mut().for_each(|entry| entry.fail(&why));
+        pending.iter_mut().for_each(|entry| entry.fail(why));
     }
     let failed = pending.iter().filter(|entry| !entry.is_ok()).count();
     if failed > 0 {
         log::warn!("{failed} of {} metadata commands failed", pending.len());
     }
     pending.into_iter().for_each(Pending::answer);
+    outcome.is_ok()
 }
 
 /// The transactional part of [`apply_batch`]. Every command of `batch` ends up in `pending`,
@@ -102,11 +114,22 @@ fn apply_in_transaction(
     batch: Vec<Command>,
     pending: &mut Vec<Pending>,
 ) -> Result<(), String> {
-    let mut commands = batch.into_iter();
+    let mut commands = batch.into_iter().peekable();
     if let Err(error) = db.begin() {
         return abandon(pending, commands, format!("begin transaction: {error}"));
     }
     while let Some(command) = commands.next() {
+        let command = match command {
+            Command::Create { .. } | Command::Lookup { .. } => {
+                let group = take_group(command, &mut commands);
+                apply_group(db, group, pending)?;
+                if let Some(why) = db.transaction_lost() {
+                    return abandon(pending, commands, why);
+                }
+                continue;
+            }
+            command => command,
+        };
         if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
             let rest = std::iter::once(command).chain(commands);
             return abandon(pending, rest, format!("savepoint: {error}"));
@@ -131,6 +154,137 @@ fn apply_in_transaction(
         .map_err(|error| format!("commit: {error}"))
 }
 
+type LookupReply =
+    futures_channel::oneshot::Sender<Result<Option<(StreamRow, Ownership)>, MetaError>>;
+type CreateReply = futures_channel::oneshot::Sender<Result<CreateOutcome, MetaError>>;
+
+/// Consecutive creates and look-ups of a batch, taken apart for [`name_group`]; `order` says
+/// which came when (`true`: a create), so the answers keep the batch's order.
+#[derive(Default)]
+struct Group {
+    creates: Vec<CreateArgs>,
+    create_replies: Vec<CreateReply>,
+    lookups: Vec<String>,
+    lookup_replies: Vec<LookupReply>,
+    order: Vec<bool>,
+}
+
+/// `first` (a create or a look-up) and the creates and look-ups right after it in `commands`,
+/// up to [`MAX_CREATES_PER_GROUP`] and not past a name already in the group: a repeated name
+/// waits for the next group, so it sees the first one's row exactly as it would have
+/// sequentially. (In a cluster every create follows its own look-up, and 64 clients' requests
+/// interleave them: grouping only one kind would split the batch into groups of one.)
+fn take_group(
+    first: Command,
+    commands: &mut std::iter::Peekable<impl Iterator<Item = Command>>,
+) -> Group {
+    let mut group = Group::default();
+    let mut names = HashSet::new();
+    let mut next = Some(first);
+    while let Some(command) = next.take() {
+        match command {
+            Command::Create {
+                name,
+                config,
+                fork,
+                now_ms,
+                owner,
+                reply,
+            } => {
+                names.insert(name.clone());
+                group.creates.push(CreateArgs {
+                    name,
+                    config,
+                    fork,
+                    now_ms,
+                    owner,
+                });
+                group.create_replies.push(reply);
+                group.order.push(true);
+            }
+            Command::Lookup { name, reply } => {
+                names.insert(name.clone());
+                group.lookups.push(name);
+                group.lookup_replies.push(reply);
+                group.order.push(false);
+            }
+            _ => unreachable!("only creates and look-ups are taken into a group"),
+        }
+        if group.order.len() == MAX_CREATES_PER_GROUP {
+            break;
+        }
+        let joins = matches!(
+            commands.peek(),
+            Some(Command::Create { name, .. } | Command::Lookup { name, .. })
+                if !names.contains(name)
+        );
+        if joins {
+            next = commands.next();
+        }
+    }
+    group
+}
+
+/// Applies a group in one savepoint: every command gets its answer in `pending`, in the
+/// group's order. A failed statement rolls the group back and fails each of its commands;
+/// `Err` only when the savepoint itself failed (the transaction is then unusable, the caller
+/// abandons it).
+fn apply_group(
+    db: &mut dyn Backend,
+    group: Group,
+    pending: &mut Vec<Pending>,
+) -> Result<(), String> {
+    let Group {
+        creates,
+        create_replies,
+        lookups,
+        lookup_replies,
+        order,
+    } = group;
+    let count = order.len();
+    let begun = db.execute_batch(backend::SAVEPOINT);
+    let (answers, settled) = match &begun {
+        Err(error) => {
+            let why = format!("savepoint: {error}");
+            let creates = creates.iter().map(|_| failed(&why)).collect();
+            let lookups = lookups.iter().map(|_| failed(&why)).collect();
+            ((creates, lookups), Err(why))
+        }
+        Ok(()) => match name_group(db, creates, &lookups) {
+            Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
+            Err(error) => {
+                log::warn!("a group of {count} creates and look-ups failed: {error}");
+                let why = error.to_string();
+                let creates = create_replies.iter().map(|_| failed(&why)).collect();
+                let lookups = lookups.iter().map(|_| failed(&why)).collect();
+                (
+                    (creates, lookups),
+                    db.execute_batch(backend::ROLL_BACK_COMMAND),
+                )
+            }
+        },
+    };
+    let (create_answers, lookup_answers): (Vec<_>, Vec<_>) = answers;
+    let mut creates = create_replies.into_iter().zip(create_answers);
+    let mut lookups = lookup_replies.into_iter().zip(lookup_answers);
+    for is_create in order {
+        let entry = if is_create {
+            creates
+                .next()
+                .map(|(reply, answer)| self::pending(reply, answer))
+        } else {
+            lookups
+                .next()
+                .map(|(reply, answer)| self::pending(reply, answer))
+        };
+        pending.extend(entry);
+    }
+    if begun.is_err() {
+        return settled.map(drop);
+    }
+    settled.map_err(|error| format!("settle savepoint: {error}"))
+}
+
 /// Gives every command not yet applied the batch's error; returns that error for
 /// [`apply_batch`] to fail the commands applied so far.
 fn abandon(
@@ -141,6 +295,7 @@ fn abandon(
     for command in commands {
         match command {
             Command::Create { reply, .. } => pending.push(self::pending(reply, failed(&why))),
+            Command::Lookup { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Delete { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Update { reply, .. }
             | Command::DropSegments { reply, .. }

@@ -262,14 +262,7 @@ impl MetaStore {
 
     /// The row named `name` and its owner, read in the database now (not a cached view).
     pub fn lookup_stream(&self, name: &str) -> Reply<Option<(StreamRow, Ownership)>> {
-        let name = name.to_string();
-        self.job(move |db| match sql(db)?.find(&name)? {
-            None => Ok(None),
-            Some(columns) => {
-                let owner = ownership(&columns);
-                Ok(Some((stream_row(columns)?, owner)))
-            }
-        })
+        self.lookup(name.to_string())
     }
 
     /// What a node needs to serve stream `id` that it owns now (after a takeover or a

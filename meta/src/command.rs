@@ -10,11 +10,13 @@ use crate::backend::Backend;
 use crate::backend::NodeId;
 use crate::backend::StreamUpdate;
 use crate::fence::Fence;
+use crate::fence::Ownership;
 use crate::CreateOutcome;
 use crate::ForkRow;
 use crate::MetaError;
 use crate::SegmentRecord;
 use crate::StreamConfig;
+use crate::StreamRow;
 
 /// A request to the metadata thread, with the one-shot its answer goes to.
 pub(crate) enum Command {
@@ -25,6 +27,12 @@ pub(crate) enum Command {
         now_ms: i64,
         owner: Option<NodeId>,
         reply: oneshot::Sender<Result<CreateOutcome, MetaError>>,
+    },
+    /// A cluster's look-up of the row named `name` and its owner (`MetaStore::lookup_stream`):
+    /// consecutive ones share one statement, like creates.
+    Lookup {
+        name: String,
+        reply: oneshot::Sender<Result<Option<(StreamRow, Ownership)>, MetaError>>,
     },
     Delete {
         id: u64,
@@ -135,6 +143,7 @@ pub(crate) fn failed<T>(why: &str) -> Result<T, MetaError> {
 pub(crate) fn answer_closed(command: Command) {
     let _ = match command {
         Command::Create { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
+        Command::Lookup { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Delete { reply, .. } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Update { reply, .. }
         | Command::DropSegments { reply, .. }

@@ -29,6 +29,8 @@ mod backend;
 mod batch;
 mod cluster;
 mod command;
+#[cfg(test)]
+mod create_group_tests;
 mod fence;
 mod limits;
 mod pg;

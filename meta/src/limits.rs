@@ -10,6 +10,14 @@
 /// for the next batch (nothing is refused).
 pub const MAX_BATCH_COMMANDS: usize = 1024;
 
+/// Most creates registered by one look-up and one insert statement (`apply::create_group`).
+///
+/// Consecutive creates of a batch go to the database together: on Postgres two round trips
+/// for the group instead of four per create. Bounds the statements' array parameters (on
+/// Postgres ~100 KiB of names at 200 bytes each). When hit, the next creates form another
+/// group in the same transaction (nothing is refused).
+pub const MAX_CREATES_PER_GROUP: usize = 512;
+
 /// The longest producer id a segment entry stores, in bytes (the packed format's length prefix
 /// is a `u16`). A segment commit naming a longer id is refused with
 /// [`MetaError::Storage`](crate::MetaError::Storage), nothing written.

@@ -17,6 +17,7 @@
 //! what each one does in `apply.rs`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -41,6 +42,7 @@ use crate::Retention;
 use crate::SegmentRecord;
 use crate::Snapshot;
 use crate::StreamConfig;
+use crate::StreamRow;
 
 /// A handle to the metadata thread. Cheap to clone, `Send + Sync`; every method returns at once
 /// with a [`Reply`] that resolves after the command's transaction committed (or failed).
@@ -62,6 +64,8 @@ pub struct MetaStore {
 /// Shared by all clones; its `Drop` is the "last handle dropped" shutdown.
 struct Inner {
     commands: Sender<Command>,
+    /// Transactions the thread committed, for [`MetaStore::transactions_committed`].
+    committed: Arc<AtomicU64>,
     /// Taken by the first shutdown, so later ones (and `Drop`) do not join twice.
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -77,6 +81,8 @@ impl MetaStore {
         let url = url.clone();
         let (ready, started) = mpsc::sync_channel(1);
         let (commands, receiver) = crossbeam_channel::unbounded();
+        let committed = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&committed);
         let thread = std::thread::Builder::new()
             .name(THREAD_NAME.to_string())
             .spawn(move || {
@@ -88,7 +94,7 @@ impl MetaStore {
                     Ok((db, snapshot)) => {
                         // `open` waits for this answer, so the send cannot fail.
                         let _ = ready.send(Ok(snapshot));
-                        run(db, receiver);
+                        run(db, receiver, &counter);
                     }
                     Err(error) => {
                         let _ = ready.send(Err(error));
@@ -113,6 +119,7 @@ impl MetaStore {
         };
         let inner = Inner {
             commands,
+            committed,
             thread: Mutex::new(Some(thread)),
         };
         Ok((
@@ -353,6 +360,16 @@ impl MetaStore {
         self.job(move |db| crate::fence::commit_fenced(db, seg, &fence))
     }
 
+    /// Queues a [`Command::Lookup`] (`MetaStore::lookup_stream`, in `cluster.rs`).
+    pub(crate) fn lookup(
+        &self,
+        name: String,
+    ) -> Reply<Option<(StreamRow, crate::fence::Ownership)>> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Lookup { name, reply });
+        answer
+    }
+
     /// Runs `job` on the metadata thread, in the transaction of the batch it lands in (in its
     /// own savepoint, like every command).
     pub(crate) fn job<T: Send + 'static>(
@@ -362,6 +379,12 @@ impl MetaStore {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Job(Box::new(JobWith { reply, job })));
         answer
+    }
+
+    /// How many batch transactions committed since [`MetaStore::open`]: with commands that
+    /// arrive together (concurrent creates), far fewer than commands.
+    pub fn transactions_committed(&self) -> u64 {
+        self.inner.committed.load(Ordering::Relaxed)
     }
 
     /// Stops the thread once every command queued before this call is committed and answered,

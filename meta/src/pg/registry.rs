@@ -118,6 +118,64 @@ impl Backend for Postgres {
             .map_err(storage("insert stream"))
     }
 
+    fn find_streams(&mut self, names: &[&str]) -> Result<Vec<StreamColumns>, MetaError> {
+        const SQL: &str = concat!(select_stream!(), " WHERE name = ANY($1)");
+        let rows = self.query(SQL, &[&names], "look up streams")?;
+        rows.iter()
+            .map(stream_columns)
+            .collect::<Result<_, _>>()
+            .map_err(storage("look up streams"))
+    }
+
+    fn insert_streams(&mut self, streams: &[NewStream<'_>]) -> Result<Vec<Option<i64>>, MetaError> {
+        // One array per column, so the statement's parameter count stays 14 however many rows
+        // (the protocol allows 65,535 parameters).
+        let column = |pick: fn(&NewStream<'_>) -> Option<i64>| -> Vec<Option<i64>> {
+            streams.iter().map(pick).collect()
+        };
+        let names: Vec<&str> = streams.iter().map(|s| s.name).collect();
+        let content_types: Vec<&str> = streams.iter().map(|s| s.content_type).collect();
+        let closed: Vec<bool> = streams.iter().map(|s| s.closed).collect();
+        let created_ms: Vec<i64> = streams.iter().map(|s| s.created_ms).collect();
+        let fork_sources: Vec<Option<&str>> = streams.iter().map(|s| s.fork_source).collect();
+        let rows = self.query(
+            "INSERT INTO streams (name, content_type, ttl_sec, expires_at_ms, closed, created_ms,
+                                  fork_source, fork_source_id, fork_offset, fork_partial_bytes,
+                                  owner_node, retention_age_ms, retention_bytes,
+                                  delete_on_empty_ms)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::bool[],
+                                  $6::int8[], $7::text[], $8::int8[], $9::int8[], $10::int8[],
+                                  $11::int8[], $12::int8[], $13::int8[], $14::int8[])
+             ON CONFLICT (name) DO NOTHING
+             RETURNING id, name",
+            &[
+                &names,
+                &content_types,
+                &column(|s| s.ttl_sec),
+                &column(|s| s.expires_at_ms),
+                &closed,
+                &created_ms,
+                &fork_sources,
+                &column(|s| s.fork_source_id),
+                &column(|s| s.fork_offset),
+                &column(|s| s.fork_partial_bytes),
+                &column(|s| s.owner_node),
+                &column(|s| s.retention[0]),
+                &column(|s| s.retention[1]),
+                &column(|s| s.retention[2]),
+            ],
+            "insert streams",
+        )?;
+        // RETURNING's order is not the input's: match the ids back by name (names are distinct).
+        let mut ids = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: i64 = row.try_get(0).map_err(storage("insert streams"))?;
+            let name: &str = row.try_get(1).map_err(storage("insert streams"))?;
+            ids.insert(name, id);
+        }
+        Ok(names.iter().map(|name| ids.get(name).copied()).collect())
+    }
+
     fn delete_stream(&mut self, id: i64) -> Result<bool, MetaError> {
         let removed = self.execute("DELETE FROM streams WHERE id = $1", &[&id], "delete stream")?;
         Ok(removed > 0)
