@@ -5,6 +5,9 @@
 #
 #   scripts/bench-suite.sh [DURATION_SEC]   (default 10)
 #   PICO_BIN=/path/to/pico scripts/bench-suite.sh 6   # another build, e.g. before/after a change
+#   PICO_SUITE_FAN_OUT=10000 scripts/bench-suite.sh     # also N SSE and N long-poll subscribers
+#                                                       # on one stream (heavy: off by default);
+#   PICO_SUITE_FAN_OUT_DS=1 adds the same against durable-streams-server 0.1.5 when installed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10}
@@ -33,7 +36,7 @@ run_case() { # name, pico global flags, bench flags...
   done
   if kill -0 "$server" 2>/dev/null; then
     # shellcheck disable=SC2086
-    json=$("$PICO_BIN" --endpoint "http://127.0.0.1:$port" $globals bench "$@" -d "$duration" \
+    json=$("$PICO_BIN" --endpoint "http://127.0.0.1:$port" $globals bench "$@" --server-pid "$server" -d "$duration" \
       --interval 0 --output json 2>"$work/bench.err" || echo '{}')
     problem=$(tail -n 1 "$work/bench.err")
   else
@@ -50,6 +53,12 @@ try:
     r = json.loads(raw)
     w, rd = r["write"], r["read"]
     live = r.get("live") or {}
+    fan = r.get("fan_out")
+    if fan:
+        print(f"| {name} | {fan['complete']:,} of {fan['subscribers']:,} complete, {fan['records']} records, missed {fan['missed']} |"
+              f" | {fan['p50_ms']:.2f} | {fan['p99_ms']:.2f} | | max {fan['max_ms']:.2f} ms, client CPU {fan['client_cpu_percent']:.0f}%,"
+              f" server RSS +{(fan['server_rss_growth_bytes'] or 0) / 1024 / max(fan['subscribers'], 1):.2f} KiB/subscriber")
+        sys.exit(0)
     extra = (f" live p99 {live['after_ack']['p99_ms']:.2f} ms acknowledged → delivered,"
              f" {live['p99_ms']:.2f} ms send → delivered") if live else ""
     print(f"| {name} | {w['records_per_sec']:,.0f} | {w['mib_per_sec']:.1f} | {w['p50_ms']:.2f} | {w['p99_ms']:.2f} | {rd['mib_per_sec']:.1f} |{extra}")
@@ -71,6 +80,29 @@ run_case "64 KiB appends, 4 h2 conns × 64" --http2 -b 65536 -w 256 --connection
 run_case "one writer, one request in flight (256 B)" "" -b 256 -w 1 --no-read
 run_case "producer sessions (-n 32)" --http2 -b 1024 -w 512 -n 32 --producer --connections 4 --streams 4
 run_case "live delivery (one writer every 10 ms, SSE)" --http2 --live-latency
+if [ -n "${PICO_SUITE_FAN_OUT:-}" ]; then
+  n=$PICO_SUITE_FAN_OUT
+  for mode in sse long-poll; do
+    run_case "fan-out: $n $mode subscribers, one 64 B append every 100 ms" "" --fan-out "$n" --live-mode "$mode" -b 64
+    run_case "same, --protocol ds" "--protocol ds" --fan-out "$n" --live-mode "$mode" -b 64
+  done
+  ds_server=/opt/ds-0.1.5/bin/durable-streams-server
+  if [ -n "${PICO_SUITE_FAN_OUT_DS:-}" ] && [ -x "$ds_server" ]; then
+    for mode in sse long-poll; do
+      work=$(mktemp -d /tmp/ds-suite.XXXXXX)
+      port=$((20000 + RANDOM % 12000))
+      "$ds_server" --host 127.0.0.1 --port "$port" --data-dir "$work" --durability wal >/dev/null 2>&1 &
+      ds_pid=$!
+      sleep 1
+      echo "comparison server, $n $mode subscribers:"
+      "$PICO_BIN" --endpoint "http://127.0.0.1:$port" --protocol ds bench --fan-out "$n" --live-mode "$mode" \
+        -b 64 -d "$duration" --server-pid "$ds_pid" 2>&1 | grep -E '^(Fan-out|Delivered|Append-to-delivery|Client CPU|Server RSS|First error)' || true
+      kill "$ds_pid" 2>/dev/null || true
+      wait "$ds_pid" 2>/dev/null || true
+      rm -rf "$work"
+    done
+  fi
+fi
 echo
 if [ -x target/release/examples/fsync_probe ]; then
   target/release/examples/fsync_probe /tmp 2000

@@ -125,6 +125,18 @@ pub struct BenchArgs {
     /// how the --live-latency reader follows the stream: sse or long-poll (default sse) [env: PICO_LIVE_MODE]
     #[argh(option, arg_name = "mode", default = "LiveMode::Sse")]
     pub live_mode: LiveMode,
+
+    /// fan-out instead: N subscribers on one stream, each its own HTTP/1.1 connection following it live (--live-mode), one writer appending a timestamped record every --append-interval-ms for --duration; reports records delivered per subscriber and append-to-delivery latency across all; 0 = off (default 0) [env: PICO_FAN_OUT]
+    #[argh(option, arg_name = "n", default = "0")]
+    pub fan_out: usize,
+
+    /// milliseconds between two appends of the --fan-out writer (default 100) [env: PICO_APPEND_INTERVAL_MS]
+    #[argh(option, arg_name = "ms", default = "100")]
+    pub append_interval_ms: u64,
+
+    /// with --fan-out: the server's process id; its RSS growth from connecting the subscribers is reported [env: PICO_SERVER_PID]
+    #[argh(option, arg_name = "pid")]
+    pub server_pid: Option<u32>,
 }
 
 impl Default for BenchArgs {
@@ -146,6 +158,9 @@ impl Default for BenchArgs {
             output: Output::Text,
             live_latency: false,
             live_mode: LiveMode::Sse,
+            fan_out: 0,
+            append_interval_ms: 100,
+            server_pid: None,
         }
     }
 }
@@ -182,6 +197,16 @@ impl BenchArgs {
         }
         if self.producer && self.live_latency {
             return Err("--producer and --live-latency cannot be combined".into());
+        }
+        if self.fan_out > 0 {
+            if self.producer || self.live_latency {
+                return Err(
+                    "--fan-out cannot be combined with --producer or --live-latency".into(),
+                );
+            }
+            if self.append_interval_ms < 1 {
+                return Err("--append-interval-ms must be at least 1".into());
+            }
         }
         Ok(())
     }
@@ -261,6 +286,22 @@ mod tests {
             ..BenchArgs::default()
         };
         assert!(negative.validate().is_err());
+        let fan_out = parse(&["--fan-out", "50", "--append-interval-ms", "20"]).unwrap();
+        assert_eq!((fan_out.fan_out, fan_out.append_interval_ms), (50, 20));
+        assert!(fan_out.validate().is_ok());
+        let fan_out_producer = BenchArgs {
+            producer: true,
+            ..fan_out.clone()
+        };
+        assert!(fan_out_producer
+            .validate()
+            .unwrap_err()
+            .contains("--fan-out"));
+        let no_interval = BenchArgs {
+            append_interval_ms: 0,
+            ..fan_out
+        };
+        assert!(no_interval.validate().is_err());
     }
 
     #[test]

@@ -29,6 +29,7 @@
 #[macro_use]
 mod output;
 mod args;
+mod fanout;
 mod h2direct;
 mod live;
 mod load;
@@ -38,7 +39,7 @@ mod wire;
 
 pub use args::{BenchArgs, LiveMode, Output};
 pub use pico_client::Protocol;
-pub use report::{Latency, LiveSummary, Summary, Throughput};
+pub use report::{FanOutSummary, Latency, LiveSummary, Summary, Throughput};
 
 /// How to reach the server (the CLI's global connection flags).
 #[derive(Clone, Debug, Default)]
@@ -90,7 +91,14 @@ pub async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, String>
     if conn.protocol == Protocol::DurableStreams {
         check_ds(args)?;
     }
-    if args.live_latency {
+    if args.fan_out > 0 {
+        if conn.http2 {
+            return Err(
+                "--fan-out opens one HTTP/1.1 connection per subscriber: drop --http2".into(),
+            );
+        }
+        fanout::run(args, conn).await
+    } else if args.live_latency {
         live::run(args, conn).await
     } else {
         load::run(args, conn).await

@@ -118,6 +118,7 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
             latency: window.live_latency,
             after_ack: window.after_ack_latency,
         }),
+        fan_out: None,
     })
 }
 

@@ -112,6 +112,100 @@ pub struct LiveSummary {
     pub after_ack: Latency,
 }
 
+/// Result of `--fan-out`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FanOutSummary {
+    /// `sse` or `long-poll`.
+    pub mode: &'static str,
+    pub subscribers: usize,
+    /// Subscribers whose first live read was in (long-poll) or answered (SSE) before writing.
+    pub connected: usize,
+    pub connect_sec: f64,
+    /// Records the writer appended (each subscriber expects every one).
+    pub records: u64,
+    /// Subscribers that got every record, in order, exactly once.
+    pub complete: usize,
+    pub delivered_min: u64,
+    pub delivered_max: u64,
+    /// Records not delivered, summed over subscribers.
+    pub missed: u64,
+    pub duplicates: u64,
+    /// Failed live reads (each retried), and the first one's text.
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// From just before an append is sent to its record reaching a subscriber, over all.
+    pub latency: Latency,
+    /// CPU of this process over the writing and draining, percent of one core.
+    pub client_cpu_percent: f64,
+    /// With `--server-pid`: the server's RSS after connecting minus before.
+    pub server_rss_growth_bytes: Option<i64>,
+}
+
+impl FanOutSummary {
+    fn text_lines(&self) -> Vec<String> {
+        let mut lines = vec![
+            format!(
+                "Fan-out ({}): {} of {} subscribers connected in {:.1}s; {} records each expected",
+                self.mode, self.connected, self.subscribers, self.connect_sec, self.records
+            ),
+            format!(
+                "Delivered: {} subscribers complete, per subscriber min {} max {}, missed {}, duplicates {}, errors {}",
+                self.complete,
+                self.delivered_min,
+                self.delivered_max,
+                self.missed,
+                self.duplicates,
+                self.errors
+            ),
+            format!("Append-to-delivery: {}", self.latency.text()),
+            format!("Client CPU: {:.0}% of one core", self.client_cpu_percent),
+        ];
+        if let Some(error) = &self.first_error {
+            lines.push(format!("First error: {error}"));
+        }
+        if let Some(growth) = self.server_rss_growth_bytes {
+            lines.push(format!(
+                "Server RSS growth: {:.1} MiB ({:.2} KiB per subscriber)",
+                growth as f64 / MIB,
+                growth as f64 / 1024.0 / self.subscribers.max(1) as f64
+            ));
+        }
+        lines
+    }
+
+    fn json(&self) -> String {
+        let l = &self.latency;
+        format!(
+            concat!(
+                ",\"fan_out\":{{\"mode\":\"{}\",\"subscribers\":{},\"connected\":{},",
+                "\"connect_sec\":{},\"records\":{},\"complete\":{},\"delivered_min\":{},",
+                "\"delivered_max\":{},\"missed\":{},\"duplicates\":{},\"errors\":{},",
+                "\"p50_ms\":{},\"p90_ms\":{},\"p99_ms\":{},\"p999_ms\":{},\"max_ms\":{},",
+                "\"client_cpu_percent\":{},\"server_rss_growth_bytes\":{}}}"
+            ),
+            self.mode,
+            self.subscribers,
+            self.connected,
+            num(self.connect_sec),
+            self.records,
+            self.complete,
+            self.delivered_min,
+            self.delivered_max,
+            self.missed,
+            self.duplicates,
+            self.errors,
+            num(l.p50_ms),
+            num(l.p90_ms),
+            num(l.p99_ms),
+            num(l.p999_ms),
+            num(l.max_ms),
+            num(self.client_cpu_percent),
+            self.server_rss_growth_bytes
+                .map_or("null".to_string(), |g| g.to_string()),
+        )
+    }
+}
+
 /// What a bench run measured; print it with [`Summary::print_text`] or [`Summary::to_json`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
@@ -131,6 +225,8 @@ pub struct Summary {
     pub read: Option<Throughput>,
     /// Only with `--live-latency`.
     pub live: Option<LiveSummary>,
+    /// Only with `--fan-out`.
+    pub fan_out: Option<FanOutSummary>,
 }
 
 impl Summary {
@@ -155,6 +251,9 @@ impl Summary {
                 live.mode,
                 live.after_ack.text()
             ));
+        }
+        if let Some(fan_out) = &self.fan_out {
+            lines.extend(fan_out.text_lines());
         }
         lines
     }
@@ -224,6 +323,9 @@ impl Summary {
                 num(a.p999_ms),
                 num(a.max_ms),
             ));
+        }
+        if let Some(fan_out) = &self.fan_out {
+            json.push_str(&fan_out.json());
         }
         json.push('}');
         json
@@ -301,6 +403,7 @@ mod tests {
                 records: 2048,
             }),
             live: None,
+            fan_out: None,
         }
     }
 

@@ -140,5 +140,6 @@ pub(crate) async fn run(args: &BenchArgs, conn: &Connection) -> Result<Summary, 
         append_latency: window.append_latency,
         read: (!args.no_read).then_some(window.counters.read),
         live: None,
+        fan_out: None,
     })
 }

@@ -1,0 +1,66 @@
+//! `pico bench --fan-out` against a real `pico serve`, both protocols and both live modes:
+//! every subscriber gets every record, in order, once (counts only; latency is for the
+//! benchmarks, BENCHMARKS.md "Fan-out").
+
+mod common;
+
+use common::cli::outcome;
+use common::Server;
+
+const SUBSCRIBERS: u64 = 50;
+
+fn fan_out(server: &Server, protocol: &str, mode: &str) {
+    let endpoint = format!("http://{}", server.addr);
+    let out = common::pico(
+        server.dir(),
+        &[
+            "--endpoint",
+            &endpoint,
+            "--protocol",
+            protocol,
+            "bench",
+            "--fan-out",
+            &SUBSCRIBERS.to_string(),
+            "--live-mode",
+            mode,
+            "--append-interval-ms",
+            "50",
+            "-d",
+            "2",
+            "-b",
+            "64",
+            "--output",
+            "json",
+        ],
+    );
+    let (code, stdout, stderr) = outcome(&out);
+    assert_eq!(code, Some(0), "{protocol} {mode}: {stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let f = &summary["fan_out"];
+    let records = f["records"].as_u64().expect("fan_out.records");
+    assert!(records > 0, "{summary}");
+    assert_eq!(f["connected"].as_u64(), Some(SUBSCRIBERS), "{summary}");
+    assert_eq!(f["complete"].as_u64(), Some(SUBSCRIBERS), "{summary}");
+    assert_eq!(f["delivered_min"].as_u64(), Some(records), "{summary}");
+    assert_eq!(f["missed"].as_u64(), Some(0), "{summary}");
+    assert_eq!(f["duplicates"].as_u64(), Some(0), "{summary}");
+    assert_eq!(
+        summary["read"]["records"].as_u64(),
+        Some(records * SUBSCRIBERS),
+        "{summary}"
+    );
+}
+
+#[test]
+fn every_pico_subscriber_gets_every_record() {
+    let server = Server::start(&["--cores", "1"]);
+    fan_out(&server, "pico", "sse");
+    fan_out(&server, "pico", "long-poll");
+}
+
+#[test]
+fn every_durable_streams_subscriber_gets_every_record() {
+    let server = Server::start(&["--protocol", "ds", "--cores", "1"]);
+    fan_out(&server, "ds", "sse");
+    fan_out(&server, "ds", "long-poll");
+}
