@@ -26,8 +26,8 @@ run_case() { # name, pico global flags, bench flags...
   # Below the kernel's ephemeral range (32768+), where the previous case's client sockets live.
   port=$((20000 + RANDOM % 12000))
   "$PICO_BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
-    --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
-    >"$work/server.out" 2>"$work/server.log" &
+    --meta-url "sqlite:$work/meta.db" --storage "${SUITE_STORAGE:-"-2@file://$work/objects"}" \
+    --wal-dir "$work/wal" >"$work/server.out" 2>"$work/server.log" &
   server=$!
   for _ in $(seq 1 100); do
     grep -q "serving on" "$work/server.out" 2>/dev/null && break
@@ -80,6 +80,17 @@ run_case "64 KiB appends, 4 h2 conns × 64" --http2 -b 65536 -w 256 --connection
 run_case "one writer, one request in flight (256 B)" "" -b 256 -w 1 --no-read
 run_case "producer sessions (-n 32)" --http2 -b 1024 -w 512 -n 32 --producer --connections 4 --streams 4
 run_case "live delivery (one writer every 10 ms, SSE)" --http2 --live-latency
+# Object durability (the default for s3://) on the S3-compatible server the tests use, when
+# it is up (scripts/garage-up.sh; PICOMQ_S3_ENDPOINT and AWS_* as in the README).
+if [ -n "${PICOMQ_S3_ENDPOINT:-}" ]; then
+  SUITE_STORAGE="-2@s3://${PICOMQ_S3_BUCKET:-segments}?region=${PICOMQ_S3_REGION:-garage}&endpoint=$PICOMQ_S3_ENDPOINT&pathStyle=true"
+  export SUITE_STORAGE
+  run_case "object durability: one writer, one request in flight (256 B)" "" -b 256 -w 1 --no-read
+  run_case "object durability: 256 in flight, 256 B, 4 h2 conns, 4 streams" --http2 -b 256 -w 256 --connections 4 --streams 4 --no-read
+  unset SUITE_STORAGE
+else
+  echo "| object durability | skipped: PICOMQ_S3_ENDPOINT is not set | | | | |"
+fi
 if [ -n "${PICO_SUITE_FAN_OUT:-}" ]; then
   n=$PICO_SUITE_FAN_OUT
   for mode in sse long-poll; do
