@@ -295,7 +295,7 @@ impl Shard {
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
             });
         }
-        if self.sealed.borrow().unuploaded_bytes() > self.config.unuploaded_bytes_max {
+        if self.unstored_bytes() > self.config.unuploaded_bytes_max {
             return Err(EngineError::Overloaded {
                 limit: "unuploaded bytes per core (the object store is behind)",
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,

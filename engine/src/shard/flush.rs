@@ -51,6 +51,18 @@ impl Shard {
         .detach();
     }
 
+    /// Bytes this core holds that the object store does not have yet: the sealed segments
+    /// on their way, and with object durability the open ones too, which wait for the PUT
+    /// in flight (an outage holds them there, not in sealed segments).
+    pub(super) fn unstored_bytes(&self) -> usize {
+        let sealed = self.sealed.borrow().unuploaded_bytes();
+        if self.config.durability != Durability::Object {
+            return sealed;
+        }
+        let open: usize = self.log.borrow().iter().map(|s| s.buf.len()).sum();
+        sealed + open
+    }
+
     fn active_has_frames(&self) -> bool {
         self.log.borrow().back().is_some_and(|s| !s.buf.is_empty())
     }
