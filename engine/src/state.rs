@@ -4,6 +4,7 @@
 //! and then does the I/O (frames into the WAL, waiters, replies).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::error::EngineError;
 pub use crate::frame::ProducerTuple;
@@ -44,15 +45,27 @@ impl ForkOrigin {
 }
 
 /// Everything the owning core knows about a stream's offsets and lifecycle.
+///
+/// A core holds one per stream it owns, so its size is most of what an idle stream costs
+/// (BENCHMARKS.md, "A million streams"): the fields every stream uses are inline, the content
+/// type is shared with the core's other streams of that type, and what few streams set (an
+/// expiry, retention, producers, a writer sequence, a fork) lives in [`StreamExtras`], boxed
+/// only once one of them is set.
+///
+/// ```text
+///   StreamState (96 B)                      StreamExtras (boxed, 240 B, most streams: none)
+///   id, created_ms, start/next/durable      ttl_sec, expires_at_ms, retention,
+///   offsets, last_timestamp_ms,             producers, closed_by, writer_seq,
+///   last_access_ms, content_type (Arc),     fork, fork_refs
+///   closed, closed_durable, soft_deleted,
+///   extras: Option<Box<StreamExtras>> ────▶
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamState {
     pub id: u64,
-    pub config: StreamConfig,
+    /// Fixed at create; shared with the core's other streams of the same type.
+    pub content_type: Arc<str>,
     pub created_ms: i64,
-    /// A close was accepted (appends are refused from now on).
-    pub closed: bool,
-    /// The close marker is durable; readers at the tail see `closed`.
-    pub closed_durable: bool,
     /// First readable offset.
     pub start_offset: u64,
     /// Next offset to assign (includes appends still waiting for durability).
@@ -63,6 +76,25 @@ pub struct StreamState {
     pub last_timestamp_ms: i64,
     /// Last read or append, for the sliding TTL.
     pub last_access_ms: i64,
+    /// A close was accepted (appends are refused from now on).
+    pub closed: bool,
+    /// The close marker is durable; readers at the tail see `closed`.
+    pub closed_durable: bool,
+    /// Deleted for clients while forks still read it.
+    pub soft_deleted: bool,
+    /// `None` while every field of [`StreamExtras`] has its default.
+    extras: Option<Box<StreamExtras>>,
+}
+
+/// The parts of a stream's state that few streams set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamExtras {
+    /// Sliding idle expiry: reads and appends move the deadline to `now + ttl`.
+    pub ttl_sec: Option<u64>,
+    /// Fixed expiry instant (Unix ms).
+    pub expires_at_ms: Option<i64>,
+    /// What the stream keeps; changeable after create.
+    pub retention: pico_meta::Retention,
     /// Idempotent producers: id → (epoch, last accepted request sequence). Never pruned.
     pub producers: BTreeMap<String, (u64, u64)>,
     /// The producer tuple of the request that closed the stream, if a producer closed it.
@@ -73,9 +105,23 @@ pub struct StreamState {
     pub fork: Option<ForkOrigin>,
     /// Forks reading this stream's records.
     pub fork_refs: u64,
-    /// Deleted for clients while forks still read it.
-    pub soft_deleted: bool,
 }
+
+/// What a stream without extras reads.
+static NO_EXTRAS: StreamExtras = StreamExtras {
+    ttl_sec: None,
+    expires_at_ms: None,
+    retention: pico_meta::Retention {
+        age_ms: None,
+        bytes: None,
+        delete_on_empty_ms: None,
+    },
+    producers: BTreeMap::new(),
+    closed_by: None,
+    writer_seq: None,
+    fork: None,
+    fork_refs: 0,
+};
 
 /// An append as the protocols express it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,38 +163,69 @@ pub enum AppendOutcome {
 
 impl StreamState {
     pub fn new(id: u64, config: StreamConfig, closed: bool, now_ms: i64) -> StreamState {
-        StreamState {
+        let mut state = StreamState {
             id,
-            config,
+            content_type: Arc::from(config.content_type),
             created_ms: now_ms,
-            closed,
-            closed_durable: closed,
             start_offset: 0,
             next_offset: 0,
             durable_offset: 0,
             last_timestamp_ms: 0,
             last_access_ms: now_ms,
-            producers: BTreeMap::new(),
-            closed_by: None,
-            writer_seq: None,
-            fork: None,
-            fork_refs: 0,
+            closed,
+            closed_durable: closed,
             soft_deleted: false,
+            extras: None,
+        };
+        if config.ttl_sec.is_some() || config.expires_at_ms.is_some() || !config.retention.is_off()
+        {
+            let extras = state.extras_mut();
+            extras.ttl_sec = config.ttl_sec;
+            extras.expires_at_ms = config.expires_at_ms;
+            extras.retention = config.retention;
         }
+        state
+    }
+
+    /// The fields few streams set (their defaults when none is).
+    pub fn extras(&self) -> &StreamExtras {
+        self.extras.as_deref().unwrap_or(&NO_EXTRAS)
+    }
+
+    /// The fields few streams set, boxed now if they were not yet.
+    pub fn extras_mut(&mut self) -> &mut StreamExtras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    /// The configuration fixed at create (and the retention as configured since).
+    pub fn config(&self) -> StreamConfig {
+        let extras = self.extras();
+        StreamConfig {
+            content_type: self.content_type.to_string(),
+            ttl_sec: extras.ttl_sec,
+            expires_at_ms: extras.expires_at_ms,
+            retention: extras.retention,
+        }
+    }
+
+    /// The fork origin, for a fork.
+    pub fn fork(&self) -> Option<&ForkOrigin> {
+        self.extras().fork.as_ref()
     }
 
     /// The first offset of the stream's own records (above the inherited ones of a fork).
     pub fn own_base(&self) -> u64 {
-        self.fork.as_ref().map_or(0, ForkOrigin::base)
+        self.fork().map_or(0, ForkOrigin::base)
     }
 
     /// The instant after which the stream no longer exists, if any.
     pub fn deadline_ms(&self) -> Option<i64> {
-        let sliding = self.config.ttl_sec.map(|ttl| {
+        let extras = self.extras();
+        let sliding = extras.ttl_sec.map(|ttl| {
             let ttl_ms = i64::try_from(ttl).unwrap_or(i64::MAX).saturating_mul(1000);
             self.last_access_ms.saturating_add(ttl_ms)
         });
-        match (sliding, self.config.expires_at_ms) {
+        match (sliding, extras.expires_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -193,7 +270,7 @@ impl StreamState {
         }
         if self.closed {
             if command.records == 0 {
-                let other_closer = match (command.producer, &self.closed_by) {
+                let other_closer = match (command.producer, &self.extras().closed_by) {
                     (Some(producer), Some(closer)) => producer != closer,
                     _ => false,
                 };
@@ -212,13 +289,13 @@ impl StreamState {
             });
         }
         if let Some(given) = command.content_type {
-            if command.records > 0 && !mime_base_eq(given, &self.config.content_type) {
+            if command.records > 0 && !mime_base_eq(given, &self.content_type) {
                 return Err(EngineError::ContentTypeMismatch {
-                    expected: self.config.content_type.clone(),
+                    expected: self.content_type.to_string(),
                 });
             }
         }
-        if let (Some(given), Some(last)) = (command.writer_seq, &self.writer_seq) {
+        if let (Some(given), Some(last)) = (command.writer_seq, &self.extras().writer_seq) {
             if given.as_bytes() <= last.as_bytes() {
                 return Err(EngineError::WriterSeqRegression { last: last.clone() });
             }
@@ -232,15 +309,18 @@ impl StreamState {
             }
         }
         if let Some(given) = command.writer_seq {
-            self.writer_seq = Some(given.to_string());
+            self.extras_mut().writer_seq = Some(given.to_string());
         }
         if let Some(producer) = command.producer {
-            self.producers
+            self.extras_mut()
+                .producers
                 .insert(producer.id.clone(), (producer.epoch, producer.seq));
         }
         if command.close {
             self.closed = true;
-            self.closed_by = command.producer.cloned();
+            if let Some(producer) = command.producer {
+                self.extras_mut().closed_by = Some(producer.clone());
+            }
         }
         if command.records == 0 {
             return Ok(AppendOutcome::Closed {
@@ -268,7 +348,7 @@ impl StreamState {
     ) -> Result<Option<AppendOutcome>, EngineError> {
         let new_epoch_error =
             || EngineError::Invalid("New epoch must start with sequence 0".into());
-        match self.producers.get(&producer.id) {
+        match self.extras().producers.get(&producer.id) {
             None if producer.seq != 0 => Err(EngineError::UnknownProducer {
                 received: producer.seq,
             }),
@@ -354,23 +434,24 @@ impl StreamState {
             message,
             next_offset: self.durable_offset,
         };
-        if self.config.ttl_sec != config.ttl_sec
-            || self.config.expires_at_ms != config.expires_at_ms
+        let extras = self.extras();
+        if extras.ttl_sec != config.ttl_sec
+            || extras.expires_at_ms != config.expires_at_ms
             || self.closed != closed
         {
             return Err(mismatch(
                 "stream exists with a different configuration".into(),
             ));
         }
-        if self.fork.as_ref() != fork {
+        if self.fork() != fork {
             return Err(mismatch(
                 "stream exists with a different fork origin".into(),
             ));
         }
-        if !mime_base_eq(&self.config.content_type, &config.content_type) {
+        if !mime_base_eq(&self.content_type, &config.content_type) {
             return Err(mismatch(format!(
                 "stream exists with content type {}",
-                self.config.content_type
+                self.content_type
             )));
         }
         Ok(())
@@ -640,7 +721,7 @@ mod tests {
         state.touch(5_000);
         assert!(!state.is_expired(14_999));
         assert!(state.is_expired(15_000));
-        state.config.expires_at_ms = Some(12_000);
+        state.extras_mut().expires_at_ms = Some(12_000);
         assert!(state.is_expired(12_000));
     }
 

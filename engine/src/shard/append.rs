@@ -192,7 +192,10 @@ impl Shard {
                     state.next_offset = origin.base();
                     state.durable_offset = origin.base();
                 }
-                state.fork = fork.clone();
+                if let Some(origin) = &fork {
+                    state.extras_mut().fork = Some(origin.clone());
+                }
+                self.intern_content_type(&mut state);
                 if !outcome.created {
                     state.check_recreate(&config, closed, fork.as_ref())?;
                 }

@@ -25,7 +25,7 @@ impl Shard {
                 return Err(EngineError::Gone);
             }
             let expired = stream.state.is_expired(now);
-            if expired && stream.state.fork_refs > 0 {
+            if expired && stream.state.extras().fork_refs > 0 {
                 return Err(EngineError::NotFound);
             }
             if touch && !expired {
@@ -46,7 +46,7 @@ impl Shard {
     /// of the TTL (at least 1 s), so a restart neither revives an expired stream nor
     /// forgets recent reads; far fewer writes than reads.
     pub(super) fn record_access(&self, stream: &mut Stream) {
-        let Some(ttl_sec) = stream.state.config.ttl_sec else {
+        let Some(ttl_sec) = stream.state.extras().ttl_sec else {
             return;
         };
         let step_ms = i64::try_from(ttl_sec.saturating_mul(100))
@@ -113,9 +113,9 @@ impl Shard {
         let (before, after, fence) = {
             let mut streams = self.streams.borrow_mut();
             let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
-            let before = stream.state.config.retention;
+            let before = stream.state.extras().retention;
             let after = change.apply(before);
-            stream.state.config.retention = after;
+            stream.state.extras_mut().retention = after;
             (before, after, self.fence(stream))
         };
         let configured = self
@@ -130,8 +130,8 @@ impl Shard {
             (Ok(()), Some(stream)) => Ok(info_of(&stream.state)),
             (Ok(()), None) => Err(EngineError::NotFound),
             (Err(e), stream) => {
-                if let Some(stream) = stream.filter(|s| s.state.config.retention == after) {
-                    stream.state.config.retention = before;
+                if let Some(stream) = stream.filter(|s| s.state.extras().retention == after) {
+                    stream.state.extras_mut().retention = before;
                 }
                 Err(e)
             }
@@ -146,7 +146,7 @@ impl Shard {
             .streams
             .borrow()
             .get(name)
-            .is_some_and(|s| s.state.fork_refs > 0);
+            .is_some_and(|s| s.state.extras().fork_refs > 0);
         if !has_forks {
             return self.remove_stream(name, id).await;
         }
@@ -179,7 +179,7 @@ impl Shard {
         };
         let mut streams = self.streams.borrow_mut();
         let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
-        let source_depth = stream.state.fork.as_ref().map_or(0, |f| f.depth);
+        let source_depth = stream.state.fork().map_or(0, |f| f.depth);
         if source_depth >= limits::FORK_DEPTH_MAX {
             return Err(EngineError::Invalid(format!(
                 "fork chains are at most {} forks deep, and this source is a fork at that depth",
@@ -193,7 +193,7 @@ impl Shard {
                 stream.state.durable_offset
             )));
         }
-        stream.state.fork_refs += 1;
+        stream.state.extras_mut().fork_refs += 1;
         let origin = ForkOrigin {
             source: name.to_string(),
             source_id: stream.state.id,
@@ -201,7 +201,7 @@ impl Shard {
             partial_bytes,
             depth: source_depth + 1,
         };
-        Ok((origin, stream.state.config.clone()))
+        Ok((origin, stream.state.config()))
     }
 
     /// A fork of this stream is gone: the last one takes a deleted or expired source with it.
@@ -211,8 +211,9 @@ impl Shard {
             let Some(stream) = streams.get_mut(name).filter(|s| s.state.id == source_id) else {
                 return Ok(());
             };
-            stream.state.fork_refs = stream.state.fork_refs.saturating_sub(1);
-            stream.state.fork_refs == 0
+            let extras = stream.state.extras_mut();
+            extras.fork_refs = extras.fork_refs.saturating_sub(1);
+            extras.fork_refs == 0
                 && (stream.state.soft_deleted || stream.state.is_expired(now_ms()))
         };
         if remove {
@@ -246,7 +247,7 @@ impl Shard {
                 for waiter in stream.waiters {
                     let _ = waiter.send(());
                 }
-                if let Some(origin) = stream.state.fork {
+                if let Some(origin) = stream.state.fork().cloned() {
                     self.fork_releases
                         .borrow_mut()
                         .push((origin.source, origin.source_id));

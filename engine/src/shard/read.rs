@@ -106,7 +106,7 @@ impl Shard {
     ) -> Option<ReadBatch> {
         let streams = self.streams.borrow();
         let state = &streams.get(name)?.state;
-        let origin = state.fork.as_ref().filter(|o| from < o.base())?;
+        let origin = state.fork().filter(|o| from < o.base())?;
         Some(ReadBatch {
             from,
             records: Vec::new(),
@@ -115,7 +115,7 @@ impl Shard {
             closed: false,
             content_type: request
                 .with_content_type
-                .then(|| state.config.content_type.clone()),
+                .then(|| state.content_type.to_string()),
             inherit: Some(origin.clone()),
         })
     }
@@ -208,7 +208,7 @@ impl Shard {
             }
             let content_type = request
                 .with_content_type
-                .then(|| stream.state.config.content_type.clone());
+                .then(|| stream.state.content_type.to_string());
             (
                 picked,
                 tail,

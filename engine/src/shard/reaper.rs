@@ -28,8 +28,9 @@ pub(super) fn retention_action(
     now_ms: i64,
 ) -> Option<RetentionAction> {
     let state = &stream.state;
-    let retention = state.config.retention;
-    if retention.is_off() || state.fork_refs > 0 || state.fork.is_some() || state.soft_deleted {
+    let extras = state.extras();
+    let retention = extras.retention;
+    if retention.is_off() || extras.fork_refs > 0 || extras.fork.is_some() || state.soft_deleted {
         return None;
     }
     let durable = |c: &&Chunk| c.next_offset <= state.durable_offset;
@@ -174,7 +175,7 @@ impl Shard {
                 .streams
                 .borrow()
                 .iter()
-                .filter(|(_, s)| s.state.is_expired(now) && s.state.fork_refs == 0)
+                .filter(|(_, s)| s.state.is_expired(now) && s.state.extras().fork_refs == 0)
                 .take(limits::REAPER_STREAMS_PER_ROUND)
                 .map(|(name, s)| (name.clone(), s.state.id))
                 .collect();

@@ -17,6 +17,7 @@ use pico_s3::ObjectStore;
 use crate::cluster::Cluster;
 use crate::config::EngineConfig;
 use crate::health::WalHealth;
+use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::put_budget::PutBudget;
@@ -101,6 +102,9 @@ pub(crate) struct Shard {
     pub(super) meta: MetaStore,
     pub(super) store: ObjectStore,
     pub(super) streams: RefCell<BTreeMap<Rc<str>, Stream>>,
+    /// The content types this core's streams share (`intern_content_type`), at most
+    /// `limits::INTERNED_CONTENT_TYPES_MAX`.
+    pub(super) content_types: RefCell<Vec<Arc<str>>>,
     /// Open segments, oldest first; the last one is active (takes new frames).
     pub(super) log: RefCell<VecDeque<OpenSegment>>,
     pub(super) segments: RefCell<HashMap<u64, SegmentSlot>>,
@@ -134,6 +138,18 @@ pub(crate) struct Shard {
     pub(super) flush_pending: Cell<bool>,
 }
 
+/// `content_type` as one of `known` when it is there; else added to `known` while it holds
+/// fewer than `limits::INTERNED_CONTENT_TYPES_MAX` types, and returned as given.
+pub(super) fn intern(known: &mut Vec<Arc<str>>, content_type: &Arc<str>) -> Arc<str> {
+    if let Some(shared) = known.iter().find(|t| t[..] == content_type[..]) {
+        return shared.clone();
+    }
+    if known.len() < limits::INTERNED_CONTENT_TYPES_MAX {
+        known.push(content_type.clone());
+    }
+    content_type.clone()
+}
+
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
 pub(crate) struct ShardParts {
     pub(crate) core: usize,
@@ -163,6 +179,7 @@ impl Shard {
             meta,
             store,
             streams: RefCell::new(BTreeMap::new()),
+            content_types: RefCell::new(Vec::new()),
             log: RefCell::new(VecDeque::new()),
             segments: RefCell::new(HashMap::new()),
             cache: RefCell::new(ReadCache::default()),
@@ -181,6 +198,14 @@ impl Shard {
             put_budget,
             flush_pending: Cell::new(false),
         }
+    }
+
+    /// Makes `state` share its content type with the core's other streams of that type: a
+    /// million streams of a few types then hold a few copies of it, not a million. A client
+    /// cannot grow the table past `limits::INTERNED_CONTENT_TYPES_MAX`: later types are
+    /// simply not shared.
+    pub(super) fn intern_content_type(&self, state: &mut StreamState) {
+        state.content_type = intern(&mut self.content_types.borrow_mut(), &state.content_type);
     }
 
     pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
@@ -222,8 +247,12 @@ impl Shard {
                 });
             }
             // A fork's own records start at its fork point; below it the source's are read.
-            state.fork = seed.fork;
-            state.fork_refs = seed.fork_refs;
+            self.intern_content_type(&mut state);
+            if seed.fork.is_some() || seed.fork_refs > 0 {
+                let extras = state.extras_mut();
+                extras.fork = seed.fork;
+                extras.fork_refs = seed.fork_refs;
+            }
             state.soft_deleted = seed.soft_deleted;
             let base = state.own_base();
             state.next_offset = state.next_offset.max(base);
@@ -233,9 +262,13 @@ impl Shard {
             state.start_offset = seed.start_offset.max(first_stored).min(state.next_offset);
             chunks.retain(|c| c.next_offset > state.start_offset);
             coarsen(&mut chunks, None);
-            state.producers = seed.producers;
-            state.closed_by = seed.closed_by;
-            state.writer_seq = seed.writer_seq;
+            chunks.shrink_to_fit();
+            if !seed.producers.is_empty() || seed.closed_by.is_some() || seed.writer_seq.is_some() {
+                let extras = state.extras_mut();
+                extras.producers = seed.producers;
+                extras.closed_by = seed.closed_by;
+                extras.writer_seq = seed.writer_seq;
+            }
             let name: Rc<str> = Rc::from(seed.name.as_str());
             self.moves.borrow_mut().forget(&name);
             streams.insert(

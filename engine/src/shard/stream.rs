@@ -84,13 +84,13 @@ pub(super) struct IndexEntry {
 pub(super) fn info_of(state: &StreamState) -> StreamInfo {
     StreamInfo {
         id: state.id,
-        content_type: state.config.content_type.clone(),
-        ttl_sec: state.config.ttl_sec,
-        expires_at_ms: state.config.expires_at_ms,
+        content_type: state.content_type.to_string(),
+        ttl_sec: state.extras().ttl_sec,
+        expires_at_ms: state.extras().expires_at_ms,
         start_offset: state.start_offset,
         next_offset: state.durable_offset,
         closed: state.closed_durable,
-        retention: state.config.retention,
+        retention: state.extras().retention,
     }
 }
 

@@ -236,13 +236,13 @@ fn retention_leaves_forks_their_sources_and_deleted_streams_alone() {
         delete_on_empty_ms: Some(1),
     };
     let mut source = stream(tiny, &[1, 2, 3], 10, 3);
-    source.state.fork_refs = 1;
+    source.state.extras_mut().fork_refs = 1;
     assert!(retention_action(&name, &source, NOW_MS).is_none());
     let mut deleted = stream(tiny, &[1, 2, 3], 10, 3);
     deleted.state.soft_deleted = true;
     assert!(retention_action(&name, &deleted, NOW_MS).is_none());
     let mut fork = stream(tiny, &[1, 2, 3], 10, 3);
-    fork.state.fork = Some(crate::state::ForkOrigin {
+    fork.state.extras_mut().fork = Some(crate::state::ForkOrigin {
         source: "/src".into(),
         source_id: 1,
         offset: 0,
@@ -653,4 +653,89 @@ fn the_memory_of_streams_moved_away_is_bounded() {
     assert!(moves.handing_off("/h") && !moves.handing_off("/last"));
     moves.end_hand_off("/h");
     assert!(!moves.handing_off("/h"));
+}
+
+#[test]
+fn an_idle_stream_stays_small() {
+    // A core holds one `Stream` per stream it owns, in a B-tree of 11 per node: this is most
+    // of what an idle stream costs (384 bytes before the rarely set fields were boxed).
+    assert!(
+        std::mem::size_of::<Stream>() <= 160,
+        "Stream is {} bytes",
+        std::mem::size_of::<Stream>()
+    );
+    let plain = stream(Retention::default(), &[], 0, 0);
+    assert_eq!(
+        plain.state,
+        StreamState::new(7, plain.state.config(), false, 0),
+        "a plain stream's config survives the round trip"
+    );
+}
+
+#[test]
+fn rarely_set_fields_read_as_defaults_until_set() {
+    let mut state = stream(Retention::default(), &[], 0, 0).state;
+    assert!(state.extras().producers.is_empty() && state.fork().is_none());
+    let producer = ProducerTuple {
+        id: "p".into(),
+        epoch: 0,
+        seq: 0,
+    };
+    let append = crate::state::AppendCommand {
+        records: 1,
+        close: true,
+        match_offset: None,
+        producer: Some(&producer),
+        content_type: None,
+        writer_seq: Some("a"),
+    };
+    state.apply_append(append, 5).expect("first append");
+    assert_eq!(state.extras().producers.get("p"), Some(&(0, 0)));
+    assert_eq!(state.extras().closed_by.as_ref(), Some(&producer));
+    assert_eq!(state.extras().writer_seq.as_deref(), Some("a"));
+    // A retry of the same request is a duplicate, as before the fields moved.
+    let outcome = state.apply_append(append, 6).expect("retry");
+    assert!(matches!(
+        outcome,
+        crate::state::AppendOutcome::Duplicate { last_seq: 0, .. }
+    ));
+    let expiring = StreamState::new(
+        8,
+        StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_sec: Some(60),
+            expires_at_ms: None,
+            retention: Retention::default(),
+        },
+        false,
+        0,
+    );
+    assert_eq!(expiring.config().ttl_sec, Some(60));
+    assert_eq!(expiring.deadline_ms(), Some(60_000));
+}
+
+#[test]
+fn content_types_are_shared_up_to_a_bound() {
+    use std::sync::Arc;
+    let mut known = Vec::new();
+    let a: Arc<str> = Arc::from("application/json");
+    let b: Arc<str> = Arc::from("application/json");
+    let first = super::state::intern(&mut known, &a);
+    let second = super::state::intern(&mut known, &b);
+    assert!(Arc::ptr_eq(&first, &second), "one copy for one type");
+    for i in 0..crate::limits::INTERNED_CONTENT_TYPES_MAX * 2 {
+        let fresh: Arc<str> = Arc::from(format!("x/{i}").as_str());
+        let got = super::state::intern(&mut known, &fresh);
+        assert_eq!(&*got, &*fresh);
+    }
+    assert_eq!(
+        known.len(),
+        crate::limits::INTERNED_CONTENT_TYPES_MAX,
+        "a client sending new types cannot grow the table"
+    );
+    let again: Arc<str> = Arc::from("application/json");
+    assert!(Arc::ptr_eq(
+        &super::state::intern(&mut known, &again),
+        &first
+    ));
 }
