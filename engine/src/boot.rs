@@ -17,7 +17,7 @@ use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::placement::owner_core;
 use crate::put_budget::PutBudget;
 use crate::recovery::{recover_wal_files, wait};
-use crate::shard::stream_seeds;
+use crate::shard::stream_seeds_by_core;
 use crate::shard::StreamSeed;
 
 /// Everything one core needs to start its shard; `Send`, handed to the core's thread.
@@ -110,14 +110,13 @@ pub fn boot(
     }
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
     let cores = config.cores;
-    let mut per_core: Vec<Vec<StreamSeed>> = (0..cores).map(|_| Vec::new()).collect();
-    for mut seed in stream_seeds(&snapshot) {
+    let streams_recovered = snapshot.streams.len();
+    let mut per_core = stream_seeds_by_core(&mut snapshot, cores, |name| owner_core(name, cores));
+    for seed in per_core.iter_mut().flatten() {
         seed.epoch = epochs.get(&seed.id).copied().unwrap_or(0);
-        per_core[owner_core(&seed.name, cores)].push(seed);
     }
     report.push(format!(
-        "recovered {} streams and {} segments",
-        snapshot.streams.len(),
+        "recovered {streams_recovered} streams and {} segments",
         snapshot.segments.len()
     ));
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..cores)

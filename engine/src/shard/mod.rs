@@ -42,7 +42,7 @@ mod tests;
 mod upload;
 mod wal;
 
-pub(crate) use self::seeds::stream_seeds;
+pub(crate) use self::seeds::stream_seeds_by_core;
 pub(crate) use self::state::{Shard, ShardParts};
 pub(crate) use self::stream::coarsen_runs;
 pub use self::stream::StreamSeed;

@@ -47,6 +47,24 @@ fn fork_depths(snapshot: &Snapshot) -> HashMap<u64, u32> {
 
 /// Rebuilds every live stream's tail, timestamps, close flag and chunk list from the catalog.
 pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
+    let mut snapshot = snapshot.clone();
+    stream_seeds_by_core(&mut snapshot, 1, |_| 0)
+        .pop()
+        .unwrap_or_default()
+}
+
+/// [`stream_seeds`] for a whole node, each seed put straight into the list of the core `place`
+/// gives its name (`place` must answer below `cores`). It takes the stream rows out of
+/// `snapshot`, moving their strings into the seeds: a restart of a million streams built the
+/// seeds in a map by id, then in a list, then in per-core lists, each a copy of ~370 bytes per
+/// stream, and spent most of its time having the kernel zero those pages (BENCHMARKS.md, "A
+/// million streams"). What remains besides the seeds is a 16-byte entry per stream to find a
+/// segment entry's seed by id.
+pub(crate) fn stream_seeds_by_core(
+    snapshot: &mut Snapshot,
+    cores: usize,
+    place: impl Fn(&str) -> usize,
+) -> Vec<Vec<StreamSeed>> {
     let mut fork_refs: HashMap<u64, u64> = HashMap::new();
     for row in &snapshot.streams {
         if let Some(fork) = &row.fork {
@@ -54,49 +72,58 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
         }
     }
     let fork_depths = fork_depths(snapshot);
-    let mut by_id: HashMap<u64, StreamSeed> = snapshot
-        .streams
-        .iter()
-        .map(|row| {
-            let seed = StreamSeed {
-                name: row.name.clone(),
-                id: row.id,
-                config: StreamConfig {
-                    content_type: row.config.content_type.clone(),
-                    ttl_sec: row.config.ttl_sec,
-                    expires_at_ms: row.config.expires_at_ms,
-                    retention: row.config.retention,
-                },
-                created_ms: row.created_ms,
-                closed: row.config.closed,
-                next_offset: 0,
-                last_timestamp_ms: 0,
-                runs: Vec::new(),
-                start_offset: row.start_offset,
-                last_access_ms: row.last_access_ms,
-                producers: Default::default(),
-                closed_by: None,
-                fork: row.fork.as_ref().map(|f| ForkOrigin {
-                    source: f.source.clone(),
-                    source_id: f.source_id,
-                    offset: f.offset,
-                    partial_bytes: f.partial_bytes,
-                    depth: fork_depths.get(&row.id).copied().unwrap_or(1),
-                }),
-                fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
-                soft_deleted: row.soft_deleted,
-                writer_seq: None,
-                epoch: 0,
-            };
-            (row.id, seed)
-        })
+    let rows = std::mem::take(&mut snapshot.streams);
+    let mut per_core: Vec<Vec<StreamSeed>> = (0..cores)
+        .map(|_| Vec::with_capacity(rows.len() / cores + rows.len() / 8 + 1))
         .collect();
+    // (id, core, index in that core's list), sorted by id for the segment entries' look-ups.
+    let mut by_id: Vec<(u64, u32, u32)> = Vec::with_capacity(rows.len());
+    for row in rows {
+        let core = place(&row.name);
+        let depth = fork_depths.get(&row.id).copied().unwrap_or(1);
+        let seed = StreamSeed {
+            id: row.id,
+            config: StreamConfig {
+                content_type: row.config.content_type,
+                ttl_sec: row.config.ttl_sec,
+                expires_at_ms: row.config.expires_at_ms,
+                retention: row.config.retention,
+            },
+            created_ms: row.created_ms,
+            closed: row.config.closed,
+            next_offset: 0,
+            last_timestamp_ms: 0,
+            runs: Vec::new(),
+            start_offset: row.start_offset,
+            last_access_ms: row.last_access_ms,
+            producers: Default::default(),
+            closed_by: None,
+            fork: row.fork.map(|f| ForkOrigin {
+                source: f.source,
+                source_id: f.source_id,
+                offset: f.offset,
+                partial_bytes: f.partial_bytes,
+                depth,
+            }),
+            fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
+            soft_deleted: row.soft_deleted,
+            writer_seq: None,
+            epoch: 0,
+            name: row.name,
+        };
+        let list = &mut per_core[core];
+        by_id.push((seed.id, core as u32, list.len() as u32));
+        list.push(seed);
+    }
+    by_id.sort_unstable_by_key(|&(id, _, _)| id);
     for segment in &snapshot.segments {
         let key: Arc<str> = Arc::from(segment.key.as_str());
         for entry in &segment.streams {
-            let Some(seed) = by_id.get_mut(&entry.stream_id) else {
+            let Ok(at) = by_id.binary_search_by_key(&entry.stream_id, |&(id, _, _)| id) else {
                 continue;
             };
+            let (_, core, index) = by_id[at];
+            let seed = &mut per_core[core as usize][index as usize];
             seed.closed |= entry.closed;
             for producer in &entry.producers {
                 let state = seed.producers.entry(producer.id.clone()).or_insert((0, 0));
@@ -125,16 +152,13 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
             }
         }
     }
-    by_id
-        .into_values()
-        .map(|mut seed| {
-            seed.runs.sort_by_key(|(_, _, run, _)| run.first_offset);
-            // Trimmed-away segments may have been garbage-collected: the trim point still
-            // holds the tail, so offsets never restart lower.
-            seed.next_offset = seed.next_offset.max(seed.start_offset);
-            seed
-        })
-        .collect()
+    for seed in per_core.iter_mut().flatten() {
+        seed.runs.sort_by_key(|(_, _, run, _)| run.first_offset);
+        // Trimmed-away segments may have been garbage-collected: the trim point still holds
+        // the tail, so offsets never restart lower.
+        seed.next_offset = seed.next_offset.max(seed.start_offset);
+    }
+    per_core
 }
 
 #[cfg(test)]

@@ -112,3 +112,53 @@ fn seeds_gather_runs_in_offset_order_and_keep_the_tail_above_a_trim() {
         assert_eq!(eight.next_offset, eight.start_offset);
     }
 }
+
+#[test]
+fn seeds_go_to_the_core_their_name_is_placed_on_with_their_own_runs() {
+    // Rows out of id order (a Postgres scan need not sort them), spread over three cores.
+    let snapshot = Snapshot {
+        streams: vec![row(30, None), row(10, None), row(20, Some(10))],
+        segments: vec![
+            segment("segments/a.seg", entry(20, vec![run(2, 6)], 9)),
+            segment("segments/b.seg", entry(10, vec![run(0, 4)], 7)),
+            segment("segments/c.seg", entry(30, vec![run(0, 1)], 8)),
+        ],
+    };
+    let place = |name: &str| match name {
+        "/s/10" => 2,
+        "/s/20" => 0,
+        _ => 1,
+    };
+    let mut taken = snapshot.clone();
+    let per_core = stream_seeds_by_core(&mut taken, 3, place);
+    assert!(taken.streams.is_empty(), "the rows moved into the seeds");
+    assert_eq!(taken.segments, snapshot.segments, "the segments stay");
+    let ids: Vec<Vec<u64>> = per_core
+        .iter()
+        .map(|seeds| seeds.iter().map(|s| s.id).collect())
+        .collect();
+    assert_eq!(ids, [vec![20], vec![30], vec![10]]);
+    for seeds in &per_core {
+        let seed = &seeds[0];
+        let expected = match seed.id {
+            10 => ("segments/b.seg", 4, 7, 1),
+            20 => ("segments/a.seg", 6, 9, 0),
+            _ => ("segments/c.seg", 1, 8, 0),
+        };
+        assert_eq!(seed.runs.len(), 1);
+        assert_eq!(
+            (
+                &*seed.runs[0].0,
+                seed.next_offset,
+                seed.last_timestamp_ms,
+                seed.fork_refs
+            ),
+            expected,
+            "stream {}",
+            seed.id
+        );
+    }
+    // The one-core form gives the same seeds.
+    let all = stream_seeds(&snapshot);
+    assert_eq!(all.len(), 3);
+}
