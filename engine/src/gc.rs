@@ -3,12 +3,9 @@
 //! the catalog (in that order, so a crash in between leaves a row to find again, never an
 //! object nobody knows of).
 
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
-
-use futures_channel::oneshot;
 
 use crate::clock::now_ms;
 use crate::inbox::Message;
@@ -30,20 +27,13 @@ pub(crate) async fn gc_loop(router: Rc<Router>) {
 }
 
 async fn collect_garbage(router: &Router) -> Result<usize, String> {
-    // Only segments sealed before the live set is gathered are judged by it.
+    // Which streams need a segment is the catalog's to say (a trim reaches it right after the
+    // owning core): the cores no longer list every stream they hold for each round, work and
+    // memory that grew with the streams, not with the garbage.
     let sealed_before_ms = now_ms() - limits::GC_SEALED_MARGIN_MS;
-    let mut live: HashMap<u64, u64> = router.shard.live_streams().into_iter().collect();
-    for core in router.others() {
-        let (reply, rx) = oneshot::channel();
-        router
-            .peers
-            .send(core, Message::Live { reply })
-            .map_err(|e| e.to_string())?;
-        live.extend(rx.await.map_err(|_| "a core stopped".to_string())?);
-    }
     let (meta, store) = (router.shard.meta(), router.shard.store());
     let keys = meta
-        .garbage_segments(live, sealed_before_ms)
+        .garbage_segments(sealed_before_ms)
         .await
         .map_err(|_| "metadata store stopped".to_string())?
         .map_err(|e| e.to_string())?;

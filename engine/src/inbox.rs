@@ -19,10 +19,6 @@ pub(crate) enum Message {
         op: Op,
         reply: oneshot::Sender<Result<Reply, EngineError>>,
     },
-    /// Every live stream of the core: id → first readable offset (for garbage collection).
-    Live {
-        reply: oneshot::Sender<Vec<(u64, u64)>>,
-    },
     /// These segments were garbage-collected: drop what is cached of them.
     Forget { keys: Arc<Vec<String>> },
     List {

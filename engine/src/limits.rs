@@ -172,9 +172,8 @@ pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;
 /// Shortest `--gc-interval-ms` (the pause between two garbage-collection rounds of core 0);
 /// a smaller one is refused at startup (`EngineConfig::check`): each round queries the catalog.
 pub const GC_INTERVAL_MS_MIN: u64 = 100;
-/// Only segments sealed at least this long before a collection round are judged by the live
-/// set it gathers; younger ones wait for a later round (a segment sealing while the live set
-/// is gathered must not be taken for garbage).
+/// Only segments sealed at least this long before a collection round are judged by it; younger
+/// ones wait for a later round (a segment is not collected while it is being sealed).
 pub const GC_SEALED_MARGIN_MS: i64 = 1_000;
 /// How often a request waiting for a lapsed lease looks again; the wait ends after one lease
 /// time with a `503` (`EngineError::NotOwner`).

@@ -272,9 +272,6 @@ pub(crate) async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Mess
             } => {
                 let _ = reply.send(shard.list(&prefix, &start_after, limit));
             }
-            Message::Live { reply } => {
-                let _ = reply.send(shard.live_streams());
-            }
             Message::Forget { keys } => shard.forget_segments(&keys),
             Message::HandOff { transfer, reply } => {
                 let shard = shard.clone();

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use crate::backend::Backend;
 use crate::backend::NewStream;
 use crate::backend::NodeId;
+use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
 use crate::command::{pending, Command, Pending};
@@ -72,13 +73,9 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
         ),
         Command::Commit { segment, reply } => pending(reply, commit(db, &segment)),
         Command::Garbage {
-            live,
             sealed_before_ms,
             reply,
-        } => pending(
-            reply,
-            load_snapshot(db).map(|snapshot| garbage(&snapshot, &live, sealed_before_ms)),
-        ),
+        } => pending(reply, garbage(db, sealed_before_ms)),
         Command::DropSegments { keys, reply } => pending(reply, drop_segments(db, &keys)),
         Command::Job(job) => job.run(db),
         Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
@@ -302,19 +299,40 @@ fn update(db: &mut dyn Backend, id: u64, update: StreamUpdate) -> Result<(), Met
     db.update_stream(id, update)
 }
 
-/// The segments of `snapshot` that no live stream needs (see [`MetaStore::garbage_segments`]).
+/// The keys of the segments sealed before `sealed_before_ms` that no stream needs (see
+/// [`MetaStore::garbage_segments`]). It reads the segments and their entries, then the start
+/// of each stream they name, never the whole stream table: a node of a million idle streams
+/// loaded every row of it, on the metadata thread, every `--gc-interval-ms` (BENCHMARKS.md,
+/// "A million streams").
 pub(crate) fn garbage(
-    snapshot: &Snapshot,
-    live: &HashMap<u64, u64>,
+    db: &mut dyn Backend,
     sealed_before_ms: i64,
-) -> Vec<String> {
-    // Every registered stream counts as live, also those this node does not hold (another
-    // node's in a cluster): a node must never collect what another still serves.
-    let mut live = live.clone();
-    for row in &snapshot.streams {
-        live.entry(row.id).or_insert(row.start_offset);
-    }
-    let needed = |entry: &SegmentStreamEntry| match live.get(&entry.stream_id) {
+) -> Result<Vec<String>, MetaError> {
+    let segments = load_segments(db, |columns| columns.created_ms < sealed_before_ms)?;
+    let mut ids: Vec<i64> = segments
+        .iter()
+        .flat_map(|segment| &segment.streams)
+        .filter_map(|entry| i64::try_from(entry.stream_id).ok())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    // Every stream with a row counts, also those this node does not hold (another node's in a
+    // cluster, a soft-deleted one that forks read): a node never collects what one serves.
+    // The catalog's start is at most the owning core's (a trim moves the core first), so a
+    // segment a trim just emptied waits for the next pass at worst.
+    let starts: HashMap<u64, u64> = db
+        .stream_starts(&ids)?
+        .into_iter()
+        .map(|(id, start)| (id as u64, u64::try_from(start).unwrap_or(0)))
+        .collect();
+    Ok(unneeded(&segments, &starts))
+}
+
+/// The keys of `segments` that hold nothing a stream of `starts` (id → first readable offset)
+/// needs: no readable record, close marker, producer state or writer sequence of a stream with
+/// a row.
+fn unneeded(segments: &[SegmentRecord], starts: &HashMap<u64, u64>) -> Vec<String> {
+    let needed = |entry: &SegmentStreamEntry| match starts.get(&entry.stream_id) {
         None => false,
         Some(&start) => {
             let records_readable = entry.runs.iter().any(|run| run.next_offset > start);
@@ -325,10 +343,8 @@ pub(crate) fn garbage(
                 || !entry.producers.is_empty()
         }
     };
-    snapshot
-        .segments
+    segments
         .iter()
-        .filter(|segment| segment.created_ms < sealed_before_ms)
         .filter(|segment| !segment.streams.iter().any(needed))
         .map(|segment| segment.key.clone())
         .collect()
@@ -347,8 +363,21 @@ pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError>
         .into_iter()
         .map(stream_row)
         .collect::<Result<Vec<_>, _>>()?;
+    let segments = load_segments(db, |_| true)?;
+    Ok(Snapshot { streams, segments })
+}
+
+/// The committed segments `keep` picks, in commit order, each with its entries in the order
+/// they were given.
+fn load_segments(
+    db: &mut dyn Backend,
+    keep: impl Fn(&SegmentColumns) -> bool,
+) -> Result<Vec<SegmentRecord>, MetaError> {
     let mut segments = Vec::new();
     for columns in db.segments()? {
+        if !keep(&columns) {
+            continue;
+        }
         let key = columns.key;
         let size_bytes = unsigned(Some(columns.size_bytes), || format!("segment {key}: size"))?;
         let segment = SegmentRecord {
@@ -378,6 +407,5 @@ pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError>
         segment.streams.push(entry);
         Ok(())
     })?;
-    let segments = segments.into_iter().map(|(_, segment)| segment).collect();
-    Ok(Snapshot { streams, segments })
+    Ok(segments.into_iter().map(|(_, segment)| segment).collect())
 }

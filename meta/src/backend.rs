@@ -267,6 +267,11 @@ pub(crate) trait Backend {
     /// Every segment row, by seq.
     fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError>;
 
+    /// `(id, start_offset)` of the streams among `ids` that have a row (deleted ones have
+    /// none), in any order: what the garbage collector needs of the streams its segments name,
+    /// without reading every stream.
+    fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError>;
+
     /// Calls `visit` with every entry, by segment seq then position: the entry's segment seq
     /// and its columns, or why they could not be read.
     fn for_each_entry(

@@ -2,8 +2,6 @@
 //! [`Pending`] answer waits for its batch's COMMIT, a command that will never run is answered
 //! [`MetaError::Closed`].
 
-use std::collections::HashMap;
-
 use futures_channel::oneshot;
 
 use crate::backend::Backend;
@@ -46,7 +44,6 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<(), MetaError>>,
     },
     Garbage {
-        live: HashMap<u64, u64>,
         sealed_before_ms: i64,
         reply: oneshot::Sender<Result<Vec<String>, MetaError>>,
     },

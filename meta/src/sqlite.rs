@@ -255,6 +255,25 @@ impl Backend for Sqlite {
             .map_err(storage("load segments"))
     }
 
+    fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
+        // One indexed look-up per id: in-process, a few microseconds each.
+        let mut query = self
+            .conn
+            .prepare_cached("SELECT start_offset FROM streams WHERE id = ?1")
+            .map_err(storage("prepare stream start look-up"))?;
+        let mut starts = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let start: Option<i64> = query
+                .query_row([id], |row| row.get(0))
+                .optional()
+                .map_err(storage("look up stream start"))?;
+            if let Some(start) = start {
+                starts.push((id, start));
+            }
+        }
+        Ok(starts)
+    }
+
     fn for_each_entry(
         &mut self,
         visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,

@@ -16,7 +16,6 @@
 //! This file is the handle; the thread's loop is in `batch.rs`, the commands in `command.rs`,
 //! what each one does in `apply.rs`.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -300,19 +299,14 @@ impl MetaStore {
         self.update_stream(id, StreamUpdate::RaiseLastAccess(last_access_ms), fence)
     }
 
-    /// Keys of committed segments that no live stream needs: every stream they hold is gone
-    /// (not in `live`, which maps each live stream id to its first readable offset), or was
-    /// trimmed past all of its records there and left no producer state or close marker in it.
-    /// Only segments sealed before `sealed_before_ms` are considered, so one sealed after the
-    /// caller gathered `live` (possibly holding streams created since) is never reported.
-    pub fn garbage_segments(
-        &self,
-        live: HashMap<u64, u64>,
-        sealed_before_ms: i64,
-    ) -> Reply<Vec<String>> {
+    /// Keys of committed segments that no stream needs: every stream they hold is gone (has no
+    /// row), or was trimmed (as the catalog records it) past all of its records there and left
+    /// no producer state or close marker in it. Only segments sealed before `sealed_before_ms`
+    /// are considered, so one still being read back by the node that wrote it is left alone.
+    /// The pass reads the segments and the streams they name, not the whole stream table.
+    pub fn garbage_segments(&self, sealed_before_ms: i64) -> Reply<Vec<String>> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Garbage {
-            live,
             sealed_before_ms,
             reply,
         });

@@ -279,15 +279,6 @@ impl Shard {
             .collect()
     }
 
-    /// Every live stream: id → first readable offset.
-    pub(crate) fn live_streams(&self) -> Vec<(u64, u64)> {
-        self.streams
-            .borrow()
-            .values()
-            .map(|s| (s.state.id, s.state.start_offset))
-            .collect()
-    }
-
     /// Graceful shutdown: parked readers get their (possibly empty) answer now, and no read
     /// waits from here on.
     pub(crate) fn begin_shutdown(&self) {

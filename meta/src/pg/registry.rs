@@ -311,6 +311,15 @@ impl Backend for Postgres {
             .map_err(storage("load segments"))
     }
 
+    fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
+        const SQL: &str = "SELECT id, start_offset FROM streams WHERE id = ANY($1)";
+        let rows = self.query(SQL, &[&ids], "look up stream starts")?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("look up stream starts"))
+    }
+
     fn cluster(&mut self) -> Option<&mut dyn ClusterSql> {
         Some(self)
     }
