@@ -74,6 +74,35 @@ impl Peers {
         })
     }
 
+    /// A live read (long-poll or SSE) on another core (`owner`): it waits for room in the
+    /// owner's queue instead of being refused. Each subscriber has at most one read in flight,
+    /// and their number is bounded where they are admitted (connections per core, waiters per
+    /// stream), so this cannot grow the queue without bound; refusing them turned a burst of
+    /// subscribers re-parking after an append (10,000 on one stream, half on another core)
+    /// into `429`s the clients had to retry (BENCHMARKS.md, "Fan-out").
+    pub(crate) async fn call_live(
+        &self,
+        owner: usize,
+        name: &str,
+        op: Op,
+    ) -> Result<Reply, EngineError> {
+        // A clone has a slot of its own in a bounded `mpsc` channel (capacity = buffer +
+        // senders), so it waits only while the queue holds more than that.
+        let mut sender = self.senders.borrow()[owner].clone();
+        std::future::poll_fn(|cx| sender.poll_ready(cx))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let (reply, rx) = oneshot::channel();
+        sender
+            .start_send(Message::Op {
+                name: name.to_string(),
+                op,
+                reply,
+            })
+            .map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
     /// `op` on another core (`owner`), answered through a one-shot.
     pub(crate) async fn call(
         &self,
@@ -91,5 +120,62 @@ impl Peers {
             },
         )?;
         rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll};
+
+    use futures_lite::future::block_on;
+    use futures_lite::StreamExt;
+
+    use super::*;
+
+    #[test]
+    fn a_live_read_waits_for_room_where_a_request_is_refused() {
+        let (sender, mut inbox) = mpsc::channel(0);
+        let peers = Peers::new(vec![sender]);
+        // The queue's one slot (buffer 0 + one sender) is taken.
+        let (first, _first_reply) = oneshot::channel();
+        peers
+            .send(
+                0,
+                Message::Op {
+                    name: "/a".into(),
+                    op: Op::Head,
+                    reply: first,
+                },
+            )
+            .unwrap();
+        assert!(matches!(
+            block_on(peers.call(0, "/a", Op::Head)),
+            Err(EngineError::Overloaded { .. })
+        ));
+        let mut live = pin!(peers.call_live(0, "/live", Op::Head));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(live.as_mut().poll(&mut cx).is_pending(), "it waits");
+        // The core takes the first message and the live read's, then answers the live read.
+        block_on(async {
+            let Some(Message::Op { name, .. }) = inbox.next().await else {
+                panic!("the first message")
+            };
+            assert_eq!(name, "/a");
+        });
+        assert!(
+            live.as_mut().poll(&mut cx).is_pending(),
+            "queued, not answered"
+        );
+        let Some(Message::Op { name, reply, .. }) = block_on(inbox.next()) else {
+            panic!("the live read's message")
+        };
+        assert_eq!(name, "/live");
+        reply.send(Err(EngineError::NotFound)).unwrap();
+        assert!(matches!(
+            live.as_mut().poll(&mut cx),
+            Poll::Ready(Err(EngineError::NotFound))
+        ));
     }
 }

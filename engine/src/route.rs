@@ -55,11 +55,7 @@ impl Router {
         pick: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
     ) -> Result<T, EngineError> {
         let what = op_name(&op);
-        let reply = self.run(name, op).await?;
-        pick(reply).map_err(|other| {
-            log::error!("engine: a {what} was answered with {other:?}");
-            EngineError::Storage(format!("internal error: a {what} got an unexpected reply"))
-        })
+        picked(what, self.run(name, op).await?, pick)
     }
 
     /// One create on the owning core, as a fork of `fork` (a fork point the source has
@@ -111,14 +107,22 @@ impl Router {
         name: &str,
         request: ReadRequest,
     ) -> Result<ReadBatch, EngineError> {
-        if owner_core(name, self.cores()) == self.core {
+        let owner = owner_core(name, self.cores());
+        if owner == self.core {
             return self.shard.execute_read(name, request).await;
         }
-        self.ask(name, Op::Read(request), |reply| match reply {
+        let live = request.wait_ms.is_some();
+        let op = Op::Read(request);
+        let what = op_name(&op);
+        let reply = if live {
+            self.peers.call_live(owner, name, op).await?
+        } else {
+            self.peers.call(owner, name, op).await?
+        };
+        picked(what, reply, |reply| match reply {
             Reply::Read(batch) => Ok(batch),
             other => Err(Box::new(other)),
         })
-        .await
     }
 
     pub(crate) async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {
@@ -287,4 +291,16 @@ pub(crate) async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Mess
             }
         }
     }
+}
+
+/// A reply taken apart by `pick` (`Err`: another kind, boxed since it is only ever a bug).
+fn picked<T>(
+    what: &str,
+    reply: Reply,
+    pick: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
+) -> Result<T, EngineError> {
+    pick(reply).map_err(|other| {
+        log::error!("engine: a {what} was answered with {other:?}");
+        EngineError::Storage(format!("internal error: a {what} got an unexpected reply"))
+    })
 }
