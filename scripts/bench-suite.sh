@@ -126,27 +126,8 @@ echo
 # Postgres when PICOMQ_PG_URL is set).
 PICO_BIN=$PICO_BIN scripts/bench-catalog.sh "$duration"
 
-# Stream creation: 100,000 PUTs of unique names, 64 in flight on one h2c connection, on a
-# fresh node with the embedded SQLite metadata log (BENCHMARKS.md, "Creates" section). One
-# connection: with -i every h2load client walks the list from its start, so 64 clients would
-# create each name 64 times.
-if command -v h2load >/dev/null; then
-  work=$(mktemp -d /tmp/pico-suite.XXXXXX)
-  port=$((20000 + RANDOM % 12000))
-  "$PICO_BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
-    --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
-    >"$work/server.out" 2>"$work/server.log" &
-  server=$!
-  for _ in $(seq 1 100); do
-    grep -q "serving on" "$work/server.out" 2>/dev/null && break
-    sleep 0.1
-  done
-  seq 0 99999 | sed "s|^|http://127.0.0.1:$port/creates/s|" >"$work/uris"
-  h2load -n 100000 -c 1 -m 64 -i "$work/uris" -H ':method: PUT' -H 'Content-Type: text/plain' \
-    2>&1 | grep -E "^finished in|^status codes" | sed 's/^/creates (100,000 names, 64 in flight): /'
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
-  rm -rf "$work"
-else
-  echo "creates: skipped (h2load is not installed)"
-fi
+# Many streams (BENCHMARKS.md, "A million streams"): creates of unique names, the RSS per
+# stream, a restart and appends to 1 % of them, on a fresh node with the embedded SQLite
+# metadata log. PICO_SUITE_STREAMS sets the count (1000000 for the million).
+echo
+PICO_BIN=$PICO_BIN scripts/bench-streams.sh "${PICO_SUITE_STREAMS:-100000}"

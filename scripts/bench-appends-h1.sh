@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Appends over HTTP/1.1, side by side (BENCHMARKS.md, "W1-W3"): h2load --h1 on CPU 1 against a
+# fresh server on CPU 0, Durable Streams protocol, acknowledgements after fdatasync.
+#   W1: 256 B POSTs to one stream, 256 connections, one request in flight on each
+#   W2: the same spread over 64 streams
+#   W3: 64 KiB POSTs to one stream, 64 connections
+# Prints one Markdown row per workload and server: PicoMQ (`pico serve --protocol ds`), and the
+# comparison server when it is installed (`cargo install --locked durable-streams@0.1.5`, or
+# PEER_BIN=/path/to/durable-streams-server; run with `--durability wal`), with requests/s, the
+# mean request time, and the server's CPU seconds per 100,000 requests.
+#
+#   scripts/bench-appends-h1.sh [REQUESTS]      (default 100000 for W1/W2, a tenth for W3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v h2load >/dev/null || { echo "appends over HTTP/1.1: skipped (h2load is not installed)"; exit 0; }
+requests=${1:-100000}
+if [ -z "${PICO_BIN:-}" ]; then
+  cargo build --release -p pico-cli >/dev/null
+  PICO_BIN=target/release/pico
+fi
+peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
+[ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
+work=$(mktemp -d /tmp/pico-appends-h1.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+head -c 256 /dev/zero | tr '\0' x >"$work/small"
+head -c 65536 /dev/urandom >"$work/large"
+
+# `one NAME WORKLOAD server command...` (PORT and DIR are substituted in the command).
+one() {
+  local name=$1 workload=$2 port dir pid streams=1 body=$work/small n=$requests conns=256
+  shift 2
+  port=$((20000 + RANDOM % 12000))
+  dir=$(mktemp -d "$work/server.XXXXXX")
+  local args=("${@//PORT/$port}")
+  args=("${args[@]//DIR/$dir}")
+  case $workload in
+    W2) streams=64 ;;
+    W3) body=$work/large n=$((requests / 10)) conns=64 ;;
+  esac
+  ulimit -l unlimited 2>/dev/null || true
+  taskset -c 0 "${args[@]}" >"$dir/server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null -m 1 "http://127.0.0.1:$port/" && break
+    sleep 0.1
+  done
+  : >"$dir/uris"
+  for s in $(seq 1 "$streams"); do
+    curl -s -o /dev/null -X PUT -H 'content-type: application/octet-stream' "http://127.0.0.1:$port/w/s$s"
+    echo "http://127.0.0.1:$port/w/s$s" >>"$dir/uris"
+  done
+  local before after
+  before=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
+  taskset -c 1 h2load --h1 -n "$n" -c "$conns" -m 1 -i "$dir/uris" -d "$body" \
+    -H 'content-type: application/octet-stream' >"$dir/h2load.out" 2>&1 || true
+  after=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  local rate mean ok
+  rate=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' "$dir/h2load.out")
+  mean=$(awk '/time for request/ { print $6 }' "$dir/h2load.out")
+  ok=$(sed -n 's/.* \([0-9]*\) succeeded.*/\1/p' "$dir/h2load.out")
+  local ticks=$((after - before)) hz
+  hz=$(getconf CLK_TCK)
+  echo "| $workload | $name | $rate | $mean | $((ticks * 100000 / hz / n)).$(((ticks * 100000 * 100 / hz / n) % 100)) s | $ok of $n |"
+}
+
+echo "| workload | server | requests/s | mean | server CPU per 100k requests | succeeded |"
+echo "|---|---|---:|---:|---:|---:|"
+for workload in W1 W2 W3; do
+  one "PicoMQ" "$workload" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
+    --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal
+  if [ -n "$peer" ]; then
+    one "durable-streams-server 0.1.5" "$workload" "$peer" --host 127.0.0.1 --port PORT \
+      --data-dir DIR --durability wal
+  fi
+done
