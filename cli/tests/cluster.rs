@@ -536,6 +536,15 @@ fn a_killed_node_s_streams_are_served_by_the_others_with_every_acknowledged_appe
 
     let killed_at = Instant::now();
     cluster.nodes[0].kill();
+    // A create of a dead node's stream is answered as the re-create it is, by whichever
+    // survivor takes the stream over: a survivor that would place the name on itself asks the
+    // metadata log only in the create, finds the dead owner there and waits for the takeover.
+    for name in &victims {
+        wait_for("a re-create through a survivor", TAKEOVER_BOUND, || {
+            let (resp, at) = follow(&format!("{}{name}", urls[1]), "PUT", &[], b"");
+            (resp.status == 200 && !at.starts_with(&urls[0])).then_some(())
+        });
+    }
     // Within the bound, the survivors serve every stream of the dead node, with all its
     // acknowledged records, and take new appends.
     for name in &victims {

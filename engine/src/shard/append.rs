@@ -165,7 +165,22 @@ impl Shard {
             // Registered meanwhile by another node (or by this one before a restart): serve
             // it where it lives.
             if outcome.ownership.node != me {
-                return Err(cluster.moved_to(outcome.ownership.node));
+                let owner_live = outcome
+                    .ownership
+                    .node
+                    .is_some_and(|node| cluster.live_node(node).is_some());
+                if owner_live {
+                    return Err(cluster.moved_to(outcome.ownership.node));
+                }
+                // Its owner's lease lapsed: wait, as any request does, for the keeper to hand
+                // the stream on, then answer as the node that holds it.
+                self.resolve_owner(name, false).await?;
+                if !self.streams.borrow().contains_key(name) {
+                    return Err(EngineError::NotOwner(
+                        "the stream changed hands while it was created; retry".into(),
+                    ));
+                }
+                return self.already_created(name, &config, closed, fork.as_ref());
             }
             self.adopt(name, outcome.row.id).await?;
             return self.already_created(name, &config, closed, fork.as_ref());

@@ -31,11 +31,37 @@ impl Shard {
         if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
             return Ok(());
         }
-        // Always asked of the metadata log, never answered from memory: after a transfer
-        // two nodes' memories could send a client back and forth. A client talking to the
-        // wrong node pays one indexed lookup per request, the owner's requests pay nothing.
-        // An owner whose lease lapsed is replaced by the keeper within a lease round: wait for
-        // that (bounded) rather than fail the request.
+        let plain_create = matches!(op, Op::Create { fork: None, .. });
+        if plain_create && cluster.place(name).is_none_or(|n| n == me) {
+            // A create this node would place here asks the metadata log once, in the create
+            // itself: it registers the name, or finds it registered and by whom, and `create`
+            // sends the client there (or adopts it). A look-up first made every create two
+            // metadata transactions, half a cluster's create rate (BENCHMARKS.md, "Creates").
+            self.moves.borrow_mut().forget(name);
+            return Ok(());
+        }
+        self.resolve_owner(name, plain_create).await
+    }
+
+    /// Where `name` lives, asked of the metadata log: `Ok` when this node serves it (adopted
+    /// now if need be) or it is not registered (a new name this node would place here when
+    /// `plain_create`, or not found), else the error that sends the client to its owner.
+    ///
+    /// Always asked of the metadata log, never answered from memory: after a transfer two
+    /// nodes' memories could send a client back and forth. A client talking to the wrong node
+    /// pays one indexed lookup per request, the owner's requests pay nothing. An owner whose
+    /// lease lapsed is replaced by the keeper within a lease round: wait for that (bounded)
+    /// rather than fail the request.
+    pub(super) async fn resolve_owner(
+        self: &Rc<Self>,
+        name: &str,
+        plain_create: bool,
+    ) -> Result<(), EngineError> {
+        let cluster = self
+            .cluster
+            .clone()
+            .expect("only a cluster resolves owners");
+        let me = cluster.node_id();
         let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
         loop {
             let found = meta_answer(self.meta.lookup_stream(name).await)?;
@@ -43,7 +69,7 @@ impl Shard {
                 self.moves.borrow_mut().forget(name);
                 // A fork is created where its source lives (this node: the source's core just
                 // resolved the fork point here), so a family is never split.
-                if matches!(op, Op::Create { fork: None, .. }) {
+                if plain_create {
                     if let Some(target) = cluster.place(name).filter(|&n| n != me) {
                         return Err(cluster.moved(target));
                     }
