@@ -157,6 +157,10 @@ pub const GAUGE_REFRESH_MS: u64 = 250;
 pub const REAPER_INTERVAL_MS: u64 = 1_000;
 /// Expired streams one reaper round deletes at most; the rest wait for the next round.
 pub const REAPER_STREAMS_PER_ROUND: usize = 1_000;
+/// Streams one reaper round looks at (resuming where the last stopped): the cost of a round
+/// stays flat however many streams a core holds; a core of a million streams is looked over
+/// in 100 rounds.
+pub const REAPER_SCAN_STREAMS_PER_ROUND: usize = 10_000;
 /// Streams a core remembers having let go to another node (to redirect late requests); when
 /// full the memory is cleared, and a late request is looked up in the catalog instead.
 pub const REMOTE_STREAMS_PER_CORE_MAX: usize = 100_000;

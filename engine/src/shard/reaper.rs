@@ -1,6 +1,7 @@
 //! A core's background rounds: retention (trim or delete by a stream's policy, docs/api.md),
 //! the reaper of expired streams, and the gauges' refresh.
 
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -166,19 +167,17 @@ impl Shard {
         }
     }
 
-    /// Deletes expired streams nobody touches, so their metadata does not linger.
+    /// Deletes expired streams nobody touches, so their metadata does not linger. Each round
+    /// looks at up to `REAPER_SCAN_STREAMS_PER_ROUND` streams, resuming after the last one:
+    /// looking at all of them every round cost an idle node of a million streams a scan of
+    /// the whole map per core every second. An expired stream is answered as gone from the
+    /// moment it expires (`live_stream_id`); the reaper only tidies up after it.
     pub(super) async fn reaper_loop(self: Rc<Self>) {
+        let mut after: Option<Rc<str>> = None;
         loop {
             glommio::timer::sleep(Duration::from_millis(limits::REAPER_INTERVAL_MS)).await;
-            let now = now_ms();
-            let expired: Vec<(Rc<str>, u64)> = self
-                .streams
-                .borrow()
-                .iter()
-                .filter(|(_, s)| s.state.is_expired(now) && s.state.extras().fork_refs == 0)
-                .take(limits::REAPER_STREAMS_PER_ROUND)
-                .map(|(name, s)| (name.clone(), s.state.id))
-                .collect();
+            let (expired, next) = expired_round(&self.streams.borrow(), after.as_deref(), now_ms());
+            after = next;
             for (name, id) in expired {
                 if let Err(e) = self.remove_stream(&name, id).await {
                     log::warn!(
@@ -189,4 +188,36 @@ impl Shard {
             }
         }
     }
+}
+
+/// An expired stream to reap: its name and id.
+pub(super) type ExpiredStream = (Rc<str>, u64);
+
+/// One reaper round: the expired streams no fork reads among the next
+/// `REAPER_SCAN_STREAMS_PER_ROUND` after `after` (at most `REAPER_STREAMS_PER_ROUND` of them),
+/// and the name to resume after (`None`: the round reached the last stream).
+pub(super) fn expired_round(
+    streams: &BTreeMap<Rc<str>, Stream>,
+    after: Option<&str>,
+    now_ms: i64,
+) -> (Vec<ExpiredStream>, Option<Rc<str>>) {
+    use std::ops::Bound;
+    let range = match after {
+        Some(name) => streams.range::<str, _>((Bound::Excluded(name), Bound::Unbounded)),
+        None => streams.range::<str, _>(..),
+    };
+    let mut expired = Vec::new();
+    let mut last = None;
+    for (seen, (name, stream)) in range.enumerate() {
+        if seen >= limits::REAPER_SCAN_STREAMS_PER_ROUND
+            || expired.len() >= limits::REAPER_STREAMS_PER_ROUND
+        {
+            return (expired, last);
+        }
+        last = Some(name.clone());
+        if stream.state.is_expired(now_ms) && stream.state.extras().fork_refs == 0 {
+            expired.push((name.clone(), stream.state.id));
+        }
+    }
+    (expired, None)
 }

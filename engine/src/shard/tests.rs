@@ -739,3 +739,48 @@ fn content_types_are_shared_up_to_a_bound() {
         &first
     ));
 }
+
+#[test]
+fn the_reaper_looks_at_a_bounded_number_of_streams_per_round_and_at_all_of_them_over_rounds() {
+    use std::collections::BTreeMap;
+
+    use super::reaper::expired_round;
+    use crate::limits::REAPER_SCAN_STREAMS_PER_ROUND;
+
+    let count = REAPER_SCAN_STREAMS_PER_ROUND * 5 / 2;
+    let mut streams: BTreeMap<Rc<str>, Stream> = BTreeMap::new();
+    for i in 0..count {
+        let mut stream = stream(Retention::default(), &[], 0, 0);
+        stream.state.id = i as u64;
+        if i % 1000 == 0 {
+            stream.state.extras_mut().expires_at_ms = Some(NOW_MS - 1);
+        }
+        if i == 5000 {
+            // Expired, but a fork still reads it: it stays.
+            stream.state.extras_mut().fork_refs = 1;
+        }
+        streams.insert(Rc::from(format!("/s/{i:06}").as_str()), stream);
+    }
+    let mut after: Option<Rc<str>> = None;
+    let mut reaped = Vec::new();
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let (expired, next) = expired_round(&streams, after.as_deref(), NOW_MS);
+        reaped.extend(expired.into_iter().map(|(_, id)| id));
+        match next {
+            Some(name) => after = Some(name),
+            None => break,
+        }
+        assert!(rounds < 10, "the rounds end");
+    }
+    assert_eq!(
+        rounds, 3,
+        "{count} streams, {REAPER_SCAN_STREAMS_PER_ROUND} a round"
+    );
+    let expected: Vec<u64> = (0..count as u64)
+        .filter(|i| i % 1000 == 0 && *i != 5000)
+        .collect();
+    reaped.sort_unstable();
+    assert_eq!(reaped, expected);
+}
