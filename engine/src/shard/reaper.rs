@@ -130,26 +130,13 @@ impl Shard {
         after: Option<&str>,
         now_ms: i64,
     ) -> (Vec<RetentionAction>, Option<Rc<str>>) {
-        use std::ops::Bound;
-        let streams = self.streams.borrow();
-        let range = match after {
-            Some(name) => streams.range::<str, _>((Bound::Excluded(name), Bound::Unbounded)),
-            None => streams.range::<str, _>(..),
-        };
-        let mut actions = Vec::new();
-        let mut last = None;
-        for (seen, (name, stream)) in range.enumerate() {
-            if seen >= limits::RETENTION_STREAMS_PER_ROUND
-                || actions.len() >= limits::RETENTION_ACTIONS_PER_ROUND
-            {
-                return (actions, last);
-            }
-            last = Some(name.clone());
-            if let Some(action) = retention_action(name, stream, now_ms) {
-                actions.push(action);
-            }
-        }
-        (actions, None)
+        scan_round(
+            &self.streams.borrow(),
+            after,
+            limits::RETENTION_STREAMS_PER_ROUND,
+            limits::RETENTION_ACTIONS_PER_ROUND,
+            |name, stream| retention_action(name, stream, now_ms),
+        )
     }
 
     /// Refreshes the gauges the admin listener reads (at most a moment stale).
@@ -201,23 +188,43 @@ pub(super) fn expired_round(
     after: Option<&str>,
     now_ms: i64,
 ) -> (Vec<ExpiredStream>, Option<Rc<str>>) {
+    scan_round(
+        streams,
+        after,
+        limits::REAPER_SCAN_STREAMS_PER_ROUND,
+        limits::REAPER_STREAMS_PER_ROUND,
+        |name, stream| {
+            let expired = stream.state.is_expired(now_ms) && stream.state.extras().fork_refs == 0;
+            expired.then(|| (name.clone(), stream.state.id))
+        },
+    )
+}
+
+/// One round of a scan over a core's streams in name order that resumes where the last one
+/// stopped, so a round's cost stays flat however many streams the core holds: `pick` is asked
+/// of at most `scan_max` streams after `after`, and the round ends once `take_max` were picked.
+/// Returns what was picked and the name to resume after (`None`: the round reached the last
+/// stream, the next starts over).
+fn scan_round<T>(
+    streams: &BTreeMap<Rc<str>, Stream>,
+    after: Option<&str>,
+    scan_max: usize,
+    take_max: usize,
+    mut pick: impl FnMut(&Rc<str>, &Stream) -> Option<T>,
+) -> (Vec<T>, Option<Rc<str>>) {
     use std::ops::Bound;
     let range = match after {
         Some(name) => streams.range::<str, _>((Bound::Excluded(name), Bound::Unbounded)),
         None => streams.range::<str, _>(..),
     };
-    let mut expired = Vec::new();
+    let mut picked = Vec::new();
     let mut last = None;
     for (seen, (name, stream)) in range.enumerate() {
-        if seen >= limits::REAPER_SCAN_STREAMS_PER_ROUND
-            || expired.len() >= limits::REAPER_STREAMS_PER_ROUND
-        {
-            return (expired, last);
+        if seen >= scan_max || picked.len() >= take_max {
+            return (picked, last);
         }
         last = Some(name.clone());
-        if stream.state.is_expired(now_ms) && stream.state.extras().fork_refs == 0 {
-            expired.push((name.clone(), stream.state.id));
-        }
+        picked.extend(pick(name, stream));
     }
-    (expired, None)
+    (picked, None)
 }
