@@ -20,15 +20,17 @@ pub fn run(args: &ServeArgs, protocol: Protocol) -> Result<(), Failure> {
     pico_net::run(config).map_err(Failure::Fatal)
 }
 
-/// How often memory the node freed is handed back to the operating system.
-const MEMORY_RETURN_INTERVAL_MS: u64 = 1_000;
+/// The longest pause between two hand-backs of freed memory (`spawn_memory_return`).
+const MEMORY_RETURN_INTERVAL_MAX_MS: u64 = 60_000;
 
-/// Hands memory the node freed back to the operating system, once a second. mimalloc returns
-/// free pages only when the thread that owns them allocates again, after a delay: the
-/// snapshot and seeds a restart loads (about a kilobyte per stream, freed as soon as the
-/// cores hold their streams) stayed resident in an idle node, 1.5 KiB per stream over 300,000
-/// streams where the streams themselves take under 400 B (BENCHMARKS.md, "A million streams").
-/// A collect costs microseconds when there is nothing to return.
+/// Hands memory the node freed back to the operating system: 1, 2, 4, ... seconds after the
+/// start, then once a minute. mimalloc returns free pages only when the thread that owns them
+/// allocates again, after a delay: the snapshot and seeds a restart loads (about a kilobyte
+/// per stream, freed as soon as the cores hold their streams) stayed resident in an idle node,
+/// 1.5 KiB per stream over 300,000 streams where the streams themselves take under 400 B
+/// (BENCHMARKS.md, "A million streams"). Early and often right after the start, when that
+/// happens; rarely later, so a busy node's reused buffers are not handed back and faulted in
+/// again every second.
 fn spawn_memory_return() {
     extern "C" {
         /// mimalloc's `void mi_collect(bool force)`: frees what it can; `force` also
@@ -37,11 +39,16 @@ fn spawn_memory_return() {
     }
     let spawned = std::thread::Builder::new()
         .name("pico-memory".into())
-        .spawn(|| loop {
-            std::thread::sleep(std::time::Duration::from_millis(MEMORY_RETURN_INTERVAL_MS));
-            // SAFETY: `mi_collect` is part of the mimalloc library linked in as the global
-            // allocator (`main.rs`); it takes a plain bool and is safe to call from any thread.
-            unsafe { mi_collect(false) };
+        .spawn(|| {
+            let mut pause_ms = 1_000;
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+                // SAFETY: `mi_collect` is part of the mimalloc library linked in as the global
+                // allocator (`main.rs`); it takes a plain bool and is safe to call from any
+                // thread.
+                unsafe { mi_collect(false) };
+                pause_ms = (pause_ms * 2).min(MEMORY_RETURN_INTERVAL_MAX_MS);
+            }
         });
     if let Err(e) = spawned {
         log::warn!("cannot start the memory-return thread: {e}");
