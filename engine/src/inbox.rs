@@ -92,15 +92,11 @@ impl Peers {
         std::future::poll_fn(|cx| sender.poll_ready(cx))
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
-        let (reply, rx) = oneshot::channel();
+        let (message, answer) = op_message(name, op);
         sender
-            .start_send(Message::Op {
-                name: name.to_string(),
-                op,
-                reply,
-            })
+            .start_send(message)
             .map_err(|_| EngineError::ShuttingDown)?;
-        rx.await.map_err(|_| EngineError::ShuttingDown)?
+        answer.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
     /// `op` on another core (`owner`), answered through a one-shot.
@@ -110,17 +106,21 @@ impl Peers {
         name: &str,
         op: Op,
     ) -> Result<Reply, EngineError> {
-        let (reply, rx) = oneshot::channel();
-        self.send(
-            owner,
-            Message::Op {
-                name: name.to_string(),
-                op,
-                reply,
-            },
-        )?;
-        rx.await.map_err(|_| EngineError::ShuttingDown)?
+        let (message, answer) = op_message(name, op);
+        self.send(owner, message)?;
+        answer.await.map_err(|_| EngineError::ShuttingDown)?
     }
+}
+
+/// The message that runs `op` on `name`'s core, and where its reply arrives.
+fn op_message(name: &str, op: Op) -> (Message, oneshot::Receiver<Result<Reply, EngineError>>) {
+    let (reply, answer) = oneshot::channel();
+    let message = Message::Op {
+        name: name.to_string(),
+        op,
+        reply,
+    };
+    (message, answer)
 }
 
 #[cfg(test)]

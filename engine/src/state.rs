@@ -163,9 +163,35 @@ pub enum AppendOutcome {
 
 impl StreamState {
     pub fn new(id: u64, config: StreamConfig, closed: bool, now_ms: i64) -> StreamState {
+        let content_type = Arc::from(config.content_type);
+        let StreamConfig {
+            ttl_sec,
+            expires_at_ms,
+            retention,
+            ..
+        } = config;
+        StreamState::with_content_type(
+            id,
+            content_type,
+            (ttl_sec, expires_at_ms, retention),
+            closed,
+            now_ms,
+        )
+    }
+
+    /// [`StreamState::new`] with its content type given as the copy to share (the owning
+    /// core's, `Shard::shared_content_type`) and the rest of the configuration as
+    /// `(ttl_sec, expires_at_ms, retention)`.
+    pub fn with_content_type(
+        id: u64,
+        content_type: Arc<str>,
+        (ttl_sec, expires_at_ms, retention): (Option<u64>, Option<i64>, pico_meta::Retention),
+        closed: bool,
+        now_ms: i64,
+    ) -> StreamState {
         let mut state = StreamState {
             id,
-            content_type: Arc::from(config.content_type),
+            content_type,
             created_ms: now_ms,
             start_offset: 0,
             next_offset: 0,
@@ -177,12 +203,11 @@ impl StreamState {
             soft_deleted: false,
             extras: None,
         };
-        if config.ttl_sec.is_some() || config.expires_at_ms.is_some() || !config.retention.is_off()
-        {
+        if ttl_sec.is_some() || expires_at_ms.is_some() || !retention.is_off() {
             let extras = state.extras_mut();
-            extras.ttl_sec = config.ttl_sec;
-            extras.expires_at_ms = config.expires_at_ms;
-            extras.retention = config.retention;
+            extras.ttl_sec = ttl_sec;
+            extras.expires_at_ms = expires_at_ms;
+            extras.retention = retention;
         }
         state
     }

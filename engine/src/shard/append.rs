@@ -174,7 +174,7 @@ impl Shard {
                 }
                 // Its owner's lease lapsed: wait, as any request does, for the keeper to hand
                 // the stream on, then answer as the node that holds it.
-                self.resolve_owner(name, false).await?;
+                self.resolve_owner(cluster, name, false).await?;
                 if !self.streams.borrow().contains_key(name) {
                     return Err(EngineError::NotOwner(
                         "the stream changed hands while it was created; retry".into(),
@@ -195,22 +195,23 @@ impl Shard {
                     .check_recreate(&config, closed, fork.as_ref())?;
                 false
             } else {
-                let row_config = StreamConfig {
-                    content_type: row.config.content_type.clone(),
-                    ttl_sec: row.config.ttl_sec,
-                    expires_at_ms: row.config.expires_at_ms,
-                    retention: row.config.retention,
-                };
-                let mut state =
-                    StreamState::new(row.id, row_config, row.config.closed, row.created_ms);
+                let row_config = &row.config;
+                let mut state = StreamState::with_content_type(
+                    row.id,
+                    self.shared_content_type(&row_config.content_type),
+                    (
+                        row_config.ttl_sec,
+                        row_config.expires_at_ms,
+                        row_config.retention,
+                    ),
+                    row_config.closed,
+                    row.created_ms,
+                );
                 if let Some(origin) = &fork {
                     state.next_offset = origin.base();
                     state.durable_offset = origin.base();
-                }
-                if let Some(origin) = &fork {
                     state.extras_mut().fork = Some(origin.clone());
                 }
-                self.intern_content_type(&mut state);
                 if !outcome.created {
                     state.check_recreate(&config, closed, fork.as_ref())?;
                 }

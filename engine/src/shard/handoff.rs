@@ -10,6 +10,7 @@ use pico_meta::{Fence, MetaError, PendingTransfer};
 
 use super::seeds::stream_seeds;
 use crate::api::Op;
+use crate::cluster::Cluster;
 use crate::error::EngineError;
 use crate::limits;
 
@@ -40,7 +41,7 @@ impl Shard {
             self.moves.borrow_mut().forget(name);
             return Ok(());
         }
-        self.resolve_owner(name, plain_create).await
+        self.resolve_owner(&cluster, name, plain_create).await
     }
 
     /// Where `name` lives, asked of the metadata log: `Ok` when this node serves it (adopted
@@ -54,13 +55,10 @@ impl Shard {
     /// rather than fail the request.
     pub(super) async fn resolve_owner(
         self: &Rc<Self>,
+        cluster: &Cluster,
         name: &str,
         plain_create: bool,
     ) -> Result<(), EngineError> {
-        let cluster = self
-            .cluster
-            .clone()
-            .expect("only a cluster resolves owners");
         let me = cluster.node_id();
         let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
         loop {

@@ -102,7 +102,7 @@ pub(crate) struct Shard {
     pub(super) meta: MetaStore,
     pub(super) store: ObjectStore,
     pub(super) streams: RefCell<BTreeMap<Rc<str>, Stream>>,
-    /// The content types this core's streams share (`intern_content_type`), at most
+    /// The content types this core's streams share (`shared_content_type`), at most
     /// `limits::INTERNED_CONTENT_TYPES_MAX`.
     pub(super) content_types: RefCell<Vec<Arc<str>>>,
     /// Open segments, oldest first; the last one is active (takes new frames).
@@ -138,16 +138,17 @@ pub(crate) struct Shard {
     pub(super) flush_pending: Cell<bool>,
 }
 
-/// `content_type` as one of `known` when it is there; else added to `known` while it holds
-/// fewer than `limits::INTERNED_CONTENT_TYPES_MAX` types, and returned as given.
-pub(super) fn intern(known: &mut Vec<Arc<str>>, content_type: &Arc<str>) -> Arc<str> {
-    if let Some(shared) = known.iter().find(|t| t[..] == content_type[..]) {
+/// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it
+/// holds fewer than `limits::INTERNED_CONTENT_TYPES_MAX` types.
+pub(super) fn intern(known: &mut Vec<Arc<str>>, content_type: &str) -> Arc<str> {
+    if let Some(shared) = known.iter().find(|t| ***t == *content_type) {
         return shared.clone();
     }
+    let copy: Arc<str> = Arc::from(content_type);
     if known.len() < limits::INTERNED_CONTENT_TYPES_MAX {
-        known.push(content_type.clone());
+        known.push(copy.clone());
     }
-    content_type.clone()
+    copy
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -200,12 +201,12 @@ impl Shard {
         }
     }
 
-    /// Makes `state` share its content type with the core's other streams of that type: a
-    /// million streams of a few types then hold a few copies of it, not a million. A client
-    /// cannot grow the table past `limits::INTERNED_CONTENT_TYPES_MAX`: later types are
-    /// simply not shared.
-    pub(super) fn intern_content_type(&self, state: &mut StreamState) {
-        state.content_type = intern(&mut self.content_types.borrow_mut(), &state.content_type);
+    /// The copy of `content_type` a new stream of this core holds, shared with the core's other
+    /// streams of that type: a million streams of a few types then hold a few copies of it, not
+    /// a million. A client cannot grow the table past `limits::INTERNED_CONTENT_TYPES_MAX`:
+    /// later types are simply not shared.
+    pub(super) fn shared_content_type(&self, content_type: &str) -> Arc<str> {
+        intern(&mut self.content_types.borrow_mut(), content_type)
     }
 
     pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
@@ -213,8 +214,14 @@ impl Shard {
         let mut streams = self.streams.borrow_mut();
         let mut segments = self.segments.borrow_mut();
         for seed in seeds {
-            let mut state = StreamState::new(seed.id, seed.config, seed.closed, seed.created_ms);
-            state.created_ms = seed.created_ms;
+            let config = &seed.config;
+            let mut state = StreamState::with_content_type(
+                seed.id,
+                self.shared_content_type(&config.content_type),
+                (config.ttl_sec, config.expires_at_ms, config.retention),
+                seed.closed,
+                seed.created_ms,
+            );
             state.next_offset = seed.next_offset;
             state.durable_offset = seed.next_offset;
             state.last_timestamp_ms = seed.last_timestamp_ms;
@@ -247,7 +254,6 @@ impl Shard {
                 });
             }
             // A fork's own records start at its fork point; below it the source's are read.
-            self.intern_content_type(&mut state);
             if seed.fork.is_some() || seed.fork_refs > 0 {
                 let extras = state.extras_mut();
                 extras.fork = seed.fork;

@@ -718,24 +718,21 @@ fn rarely_set_fields_read_as_defaults_until_set() {
 fn content_types_are_shared_up_to_a_bound() {
     use std::sync::Arc;
     let mut known = Vec::new();
-    let a: Arc<str> = Arc::from("application/json");
-    let b: Arc<str> = Arc::from("application/json");
-    let first = super::state::intern(&mut known, &a);
-    let second = super::state::intern(&mut known, &b);
+    let first = super::state::intern(&mut known, "application/json");
+    let second = super::state::intern(&mut known, &String::from("application/json"));
     assert!(Arc::ptr_eq(&first, &second), "one copy for one type");
     for i in 0..crate::limits::INTERNED_CONTENT_TYPES_MAX * 2 {
-        let fresh: Arc<str> = Arc::from(format!("x/{i}").as_str());
+        let fresh = format!("x/{i}");
         let got = super::state::intern(&mut known, &fresh);
-        assert_eq!(&*got, &*fresh);
+        assert_eq!(&*got, fresh.as_str());
     }
     assert_eq!(
         known.len(),
         crate::limits::INTERNED_CONTENT_TYPES_MAX,
         "a client sending new types cannot grow the table"
     );
-    let again: Arc<str> = Arc::from("application/json");
     assert!(Arc::ptr_eq(
-        &super::state::intern(&mut known, &again),
+        &super::state::intern(&mut known, "application/json"),
         &first
     ));
 }
