@@ -10,6 +10,7 @@
 # mean request time, and the server's CPU seconds per 100,000 requests.
 #
 #   scripts/bench-appends-h1.sh [REQUESTS]      (default 100000 for W1/W2, a tenth for W3)
+#   WORKLOADS="W1 W2" picks workloads; PEER_BIN=none leaves the comparison server out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v h2load >/dev/null || { echo "appends over HTTP/1.1: skipped (h2load is not installed)"; exit 0; }
@@ -19,7 +20,8 @@ if [ -z "${PICO_BIN:-}" ]; then
   PICO_BIN=target/release/pico
 fi
 peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
-[ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
+[ "$peer" = none ] && peer=
+[ -z "${PEER_BIN:-}" ] && [ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
 work=$(mktemp -d /tmp/pico-appends-h1.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 head -c 256 /dev/zero | tr '\0' x >"$work/small"
@@ -67,7 +69,7 @@ one() {
 
 echo "| workload | server | requests/s | mean | server CPU per 100k requests | succeeded |"
 echo "|---|---|---:|---:|---:|---:|"
-for workload in W1 W2 W3; do
+for workload in ${WORKLOADS:-W1 W2 W3}; do
   one "PicoMQ" "$workload" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
     --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal
   if [ -n "$peer" ]; then
