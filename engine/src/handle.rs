@@ -18,6 +18,7 @@ use crate::fork;
 use crate::gc;
 use crate::inbox::Peers;
 use crate::limits;
+use crate::live::LiveReads;
 use crate::route::{serve_inbox, Router};
 use crate::shard::{Shard, ShardParts};
 
@@ -25,6 +26,8 @@ use crate::shard::{Shard, ShardParts};
 pub struct CoreHandle {
     router: Rc<Router>,
     cluster: Option<Arc<Cluster>>,
+    /// Long-polls and SSE subscribers of this core waiting at the same place share a read.
+    live: LiveReads,
 }
 
 impl CoreHandle {
@@ -72,7 +75,11 @@ impl CoreHandle {
             glommio::spawn_local(gc::gc_loop(router.clone())).detach();
         }
         glommio::spawn_local(fork::release_loop(router.clone())).detach();
-        Ok(Rc::new(CoreHandle { router, cluster }))
+        Ok(Rc::new(CoreHandle {
+            router,
+            cluster,
+            live: LiveReads::default(),
+        }))
     }
 
     pub fn core(&self) -> usize {
@@ -159,10 +166,16 @@ impl CoreHandle {
         self.router.append(name, request).await
     }
 
-    /// Reads records; a fork read below its fork point is stitched from its source.
+    /// Reads records; a fork read below its fork point is stitched from its source. Live
+    /// reads waiting at the same place share one read (`live.rs`).
     pub async fn read(&self, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
         self.leased().await?;
-        fork::read(&self.router, name, request).await
+        if let Some(answer) = self.live.read(&self.router, name, &request).await {
+            return answer;
+        }
+        // On the heap: a live read parked at the tail then holds only the shared read's
+        // small future, not room for this one too.
+        Box::pin(fork::read(&self.router, name, request)).await
     }
 
     pub async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {

@@ -22,6 +22,7 @@ mod handle;
 pub mod health;
 mod inbox;
 pub mod limits;
+mod live;
 pub mod metrics;
 mod notify;
 mod placement;

@@ -242,3 +242,78 @@ fn a_body_past_the_budget_is_refused_while_another_is_held() {
         "the refused body gave its share back"
     );
 }
+
+/// A socket that keeps each write apart and never has anything to read.
+#[derive(Default)]
+struct Writes(Vec<Vec<u8>>);
+
+impl futures_lite::AsyncRead for Writes {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+}
+
+impl futures_lite::AsyncWrite for Writes {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.0.push(buf.to_vec());
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_close(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Events that are ready together (an SSE data event and its control event) leave in one
+/// write, one TCP segment; an event that comes later gets its own; an empty item is no chunk
+/// (its frame would end the body), and the last chunk rides with the last events.
+#[test]
+fn events_ready_together_leave_in_one_write() {
+    use futures_lite::StreamExt;
+    let writes = glommio::LocalExecutor::default().run(async {
+        let later = async {
+            futures_lite::future::yield_now().await;
+            Bytes::from_static(b"ccc")
+        };
+        let body: crate::transport::message::BodyStream = Box::pin(
+            futures_lite::stream::iter([
+                Bytes::from_static(b"a"),
+                Bytes::new(),
+                Bytes::from_static(b"bb"),
+            ])
+            .chain(futures_lite::stream::once_future(later)),
+        );
+        let mut socket = Writes::default();
+        let response = Response::new(200).with_stream(body);
+        super::write::write_response(&mut socket, &mut BytesMut::new(), response, false, true)
+            .await
+            .expect("written");
+        socket.0
+    });
+    let writes: Vec<String> = writes
+        .into_iter()
+        .map(|w| String::from_utf8(w).unwrap())
+        .collect();
+    assert!(writes[0].starts_with("HTTP/1.1 200 OK\r\n"), "{writes:?}");
+    assert_eq!(
+        &writes[1..],
+        ["1\r\na\r\n2\r\nbb\r\n", "3\r\nccc\r\n0\r\n\r\n"],
+        "one write per set of ready events"
+    );
+}

@@ -93,8 +93,11 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
     stream.flush().await
 }
 
-/// Sends each item of `body` as one chunk, flushing after each so events reach the client at
-/// once; a write error (the client went away) ends the stream.
+/// Sends each item of `body` as one chunk, flushing after each write so events reach the client
+/// at once; a write error (the client went away) ends the stream. Items that are ready
+/// together go out in one write: an SSE data event and the control event behind it are one
+/// `send` and one TCP segment instead of two, and the client is woken once (10,000 subscribers
+/// on one stream pay this per record; BENCHMARKS.md, "Fan-out").
 async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     arrived: &mut BytesMut,
@@ -113,16 +116,50 @@ async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(std::io::ErrorKind::ConnectionAborted.into());
         };
         let Some(chunk) = next else { break };
-        if chunk.is_empty() {
-            continue;
-        }
         let mut out = Vec::with_capacity(chunk.len() + 16);
-        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-        out.extend_from_slice(&chunk);
-        out.extend_from_slice(b"\r\n");
-        stream.write_all(&out).await?;
-        stream.flush().await?;
+        push_chunk(&mut out, &chunk);
+        let mut ended = false;
+        while out.len() < COALESCED_CHUNKS_BYTES_MAX {
+            // The stream keeps a read it started here (an unfold holds its future), so a
+            // `Pending` loses nothing.
+            match futures_lite::future::poll_once(body.next()).await {
+                Some(Some(chunk)) => push_chunk(&mut out, &chunk),
+                Some(None) => {
+                    ended = true;
+                    break;
+                }
+                None => break,
+            }
+        }
+        if ended {
+            out.extend_from_slice(LAST_CHUNK);
+        }
+        if !out.is_empty() {
+            stream.write_all(&out).await?;
+            stream.flush().await?;
+        }
+        if ended {
+            return Ok(());
+        }
     }
-    stream.write_all(b"0\r\n\r\n").await?;
+    stream.write_all(LAST_CHUNK).await?;
     stream.flush().await
+}
+
+/// The chunk that ends a chunked body (RFC 9112, 7.1).
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Chunks that are ready at once are written together up to about this many bytes.
+const COALESCED_CHUNKS_BYTES_MAX: usize = 64 * 1024;
+
+/// `chunk` framed as one chunk of a chunked body; nothing for an empty one, whose frame would
+/// end the body.
+fn push_chunk(out: &mut Vec<u8>, chunk: &[u8]) {
+    use std::io::Write;
+    if chunk.is_empty() {
+        return;
+    }
+    let _ = write!(out, "{:x}\r\n", chunk.len());
+    out.extend_from_slice(chunk);
+    out.extend_from_slice(b"\r\n");
 }

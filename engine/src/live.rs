@@ -1,0 +1,196 @@
+//! Live reads shared per core: all the long-polls and SSE subscribers of one core that wait
+//! at the same offset of the same stream wait on one read.
+//!
+//! Without this, each of 10,000 subscribers parked its own waiter on the stream's owning core.
+//! An append woke all of them, and each read the same records again; a subscriber on another
+//! core also crossed to the owner and back, each way a message and an `eventfd` wake-up
+//! (BENCHMARKS.md, "Fan-out"). Now one read per core waits on the owner, and when it returns,
+//! every subscriber of that core takes a copy of its batch (the records are shared `Bytes`).
+//!
+//! Two requests share a read when everything that shapes the answer is the same: the stream,
+//! the start offset, the budgets and whether the content type is asked for. How long each
+//! waits is its own: a read is started with the wait of the request that started it, and
+//!
+//! - a request whose own wait ends first keeps a timer of its own, stops waiting at it and
+//!   reads once without waiting, as it would have at its deadline;
+//! - a request that waits longer needs no timer: when it gets an empty batch (the shared wait
+//!   ran out), it joins or starts the next shared read. Subscribers that joined after the
+//!   read started (the usual case) are all of this kind, so a record wakes them without
+//!   filing a timer per subscriber.
+//!
+//! A shared read lives as long as one request still waits on it: when its last subscriber
+//! leaves, the read is dropped, and with it its waiter on the owning core.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_lite::future::{self, FutureExt as _};
+use futures_util::future::{LocalBoxFuture, Shared, WeakShared};
+use futures_util::FutureExt as _;
+
+use crate::api::{ReadBatch, ReadFrom, ReadRequest};
+use crate::error::EngineError;
+use crate::fork;
+use crate::route::Router;
+
+type Read = LocalBoxFuture<'static, Result<ReadBatch, EngineError>>;
+type SharedRead = Shared<Read>;
+
+/// One shared read in flight, with what makes two live reads of a stream the same read (the
+/// wait aside).
+struct InFlight {
+    from: u64,
+    max_records: usize,
+    max_bytes: usize,
+    with_content_type: bool,
+    /// When the read stops waiting.
+    deadline: Instant,
+    /// Weak: a read none waits on any more is dropped, not kept alive by this map.
+    read: WeakShared<Read>,
+}
+
+impl InFlight {
+    fn reads_as(&self, from: u64, request: &ReadRequest) -> bool {
+        self.from == from
+            && self.max_records == request.max_records
+            && self.max_bytes == request.max_bytes
+            && self.with_content_type == request.with_content_type
+    }
+
+    /// The read, if some request still waits on it and it has not answered yet (an answer
+    /// given before a request came is not one for it).
+    fn pending(&self) -> Option<SharedRead> {
+        self.read.upgrade().filter(|read| read.peek().is_none())
+    }
+}
+
+/// This core's live reads in flight, by stream name (looked up without a copy of the name).
+#[derive(Default)]
+pub(crate) struct LiveReads {
+    reads: RefCell<HashMap<Box<str>, Vec<InFlight>>>,
+    /// Reads filed since the map was last swept of finished ones.
+    filed: Cell<usize>,
+    /// The map is swept when that many were filed, which then doubles past what stays, so a
+    /// sweep costs O(1) per read started.
+    sweep_at: Cell<usize>,
+}
+
+/// Reads that wait at least this long are shared; a shorter wait is over before another
+/// request could join it.
+const SHARED_WAIT_MIN_MS: u64 = 1;
+
+/// The fewest filed reads at which the map is swept.
+const SWEEP_AT_MIN: usize = 64;
+
+impl LiveReads {
+    /// `request` answered through a read shared with this core's other requests for the same
+    /// records, or `None` when it is not a live read at a known offset (the caller reads it
+    /// alone).
+    pub(crate) async fn read(
+        &self,
+        router: &Rc<Router>,
+        name: &str,
+        request: &ReadRequest,
+    ) -> Option<Result<ReadBatch, EngineError>> {
+        let wait_ms = request.wait_ms.filter(|&ms| ms >= SHARED_WAIT_MIN_MS)?;
+        let ReadFrom::Offset(from) = request.from else {
+            return None;
+        };
+        if request.bound.is_some() {
+            return None;
+        }
+        let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        loop {
+            let (shared, shared_deadline) = self.join(router, name, from, request, deadline);
+            let answer = if shared_deadline <= deadline {
+                // The shared read ends first: no timer of this request's own (10,000
+                // subscribers would each file one in the reactor per record).
+                Some(shared.await)
+            } else {
+                let rest = deadline.saturating_duration_since(Instant::now());
+                async { Some(shared.await) }
+                    .or(async {
+                        glommio::timer::sleep(rest).await;
+                        None
+                    })
+                    .await
+            };
+            match answer {
+                // The shared wait ran out before this request's did: wait on.
+                Some(Ok(batch))
+                    if batch.records.is_empty()
+                        && !batch.closed
+                        && batch.inherit.is_none()
+                        && !router.shard.is_stopping()
+                        && Instant::now() < deadline => {}
+                Some(answer) => return Some(answer),
+                None => break,
+            }
+            future::yield_now().await;
+        }
+        // This request's own wait is over: what is there now, without waiting.
+        let now = ReadRequest {
+            wait_ms: Some(0),
+            ..request.clone()
+        };
+        Some(Box::pin(fork::read(router, name, now)).await)
+    }
+
+    /// The read in flight for these records and when it stops waiting, or a new one waiting
+    /// until `deadline`.
+    fn join(
+        &self,
+        router: &Rc<Router>,
+        name: &str,
+        from: u64,
+        request: &ReadRequest,
+        deadline: Instant,
+    ) -> (SharedRead, Instant) {
+        let mut reads = self.reads.borrow_mut();
+        if let Some(in_flight) = reads.get(name) {
+            let same = in_flight.iter().filter(|r| r.reads_as(from, request));
+            if let Some((read, ends)) = same.filter_map(|r| Some((r.pending()?, r.deadline))).next()
+            {
+                return (read, ends);
+            }
+        }
+        self.filed.set(self.filed.get() + 1);
+        if self.filed.get() >= self.sweep_at.get().max(SWEEP_AT_MIN) {
+            reads.retain(|_, in_flight| {
+                in_flight.retain(|r| r.pending().is_some());
+                !in_flight.is_empty()
+            });
+            let stays = reads.values().map(Vec::len).sum::<usize>();
+            self.filed.set(0);
+            self.sweep_at.set(stays * 2);
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let shared_request = ReadRequest {
+            wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)),
+            ..request.clone()
+        };
+        let (router, owned_name) = (router.clone(), name.to_string());
+        let read: Read =
+            Box::pin(async move { fork::read(&router, &owned_name, shared_request).await });
+        let shared = read.shared();
+        if let Some(weak) = shared.downgrade() {
+            let in_flight = InFlight {
+                from,
+                max_records: request.max_records,
+                max_bytes: request.max_bytes,
+                with_content_type: request.with_content_type,
+                deadline,
+                read: weak,
+            };
+            match reads.get_mut(name) {
+                Some(list) => list.push(in_flight),
+                None => {
+                    reads.insert(name.into(), vec![in_flight]);
+                }
+            }
+        }
+        (shared, deadline)
+    }
+}

@@ -1,0 +1,177 @@
+//! Live reads waiting at the same place share one read per core (engine/src/live.rs): one
+//! waiter on the owning core however many subscribers wait, each answered with every record,
+//! each at its own deadline.
+
+mod common;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use pico_engine::metrics::{CoreMetrics, NodeMetrics};
+use pico_engine::{owner_core, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
+
+const SUBSCRIBERS: usize = 200;
+
+/// Readers parked on the stream's owning core, over the node.
+fn waiters(metrics: &NodeMetrics) -> u64 {
+    metrics
+        .iter()
+        .map(|core| CoreMetrics::get(&core.live_waiters))
+        .sum()
+}
+
+/// Waits (at most about 20 s) until `done` holds.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..20_000 {
+        if done() {
+            return;
+        }
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("still not the case after 20 s: {what}");
+}
+
+fn live(from: u64, wait_ms: u64) -> ReadRequest {
+    ReadRequest {
+        from: ReadFrom::Offset(from),
+        max_records: 100,
+        max_bytes: 1 << 20,
+        wait_ms: Some(wait_ms),
+        with_content_type: false,
+        bound: None,
+    }
+}
+
+/// A stream of two cores' node owned by core `owner`, with one record.
+async fn stream_on(core: &CoreHandle, owner: usize) -> String {
+    let name = (0..)
+        .map(|i| format!("live-{owner}-{i}"))
+        .find(|name| owner_core(name, 2) == owner)
+        .unwrap();
+    core.create(&name, create_request("text/plain"))
+        .await
+        .expect("create");
+    append(core, &name, "first").await;
+    name
+}
+
+async fn append(core: &CoreHandle, name: &str, body: &'static str) {
+    let request = append_request(vec![record(Bytes::from_static(body.as_bytes()))], false);
+    core.append(name, request).await.expect("append");
+}
+
+fn bodies(batch: &ReadBatch) -> Vec<(u64, Bytes)> {
+    batch
+        .records
+        .iter()
+        .map(|r| (r.offset, r.body.clone()))
+        .collect()
+}
+
+/// Many subscribers at the tail of a stream this core owns and of one another core owns: one
+/// waiter each on the owner, and every subscriber gets the next record.
+#[test]
+fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
+        for owner in [0, 1] {
+            let name = stream_on(&core, owner).await;
+            let started = Rc::new(Cell::new(0));
+            let readers: Vec<_> = (0..SUBSCRIBERS)
+                .map(|_| {
+                    let (core, name, started) = (core.clone(), name.clone(), started.clone());
+                    glommio::spawn_local(async move {
+                        started.set(started.get() + 1);
+                        core.read(&name, live(1, 60_000)).await.expect("read")
+                    })
+                })
+                .collect();
+            until("every subscriber waits", || {
+                started.get() == SUBSCRIBERS && waiters(&node.metrics) >= 1
+            })
+            .await;
+            // Time for any read of its own to reach the owner (each did before).
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+            assert_eq!(
+                waiters(&node.metrics),
+                1,
+                "{SUBSCRIBERS} subscribers on core 0, stream owned by core {owner}"
+            );
+            append(&core, &name, "second").await;
+            for reader in readers {
+                let batch = reader.await;
+                assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
+            }
+            until("the waiter is gone", || waiters(&node.metrics) == 0).await;
+        }
+    });
+}
+
+/// A subscriber that waits less than the read it joined answers at its own deadline; one that
+/// waits longer than the read it joined keeps waiting past that read's end.
+#[test]
+fn each_subscriber_waits_as_long_as_it_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
+        for owner in [0, 1] {
+            let name = stream_on(&core, owner).await;
+            // The long wait starts the shared read; the short one joins it and leaves early.
+            let long = {
+                let (core, name) = (core.clone(), name.clone());
+                glommio::spawn_local(async move { core.read(&name, live(1, 60_000)).await })
+            };
+            until("the long wait is parked", || waiters(&node.metrics) == 1).await;
+            let short = core.read(&name, live(1, 20)).await.expect("short read");
+            assert!(short.records.is_empty(), "nothing was appended");
+            assert_eq!(short.next_offset, 1);
+            // The short wait starts the next shared read; a long one joins it and outlives it.
+            let longer = {
+                let (core, name) = (core.clone(), name.clone());
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                    core.read(&name, live(1, 60_000)).await
+                })
+            };
+            let short = core.read(&name, live(1, 30)).await.expect("short read");
+            assert!(short.records.is_empty());
+            // Both long waits outlived the short reads: a record ends them.
+            until("the long waits are parked", || waiters(&node.metrics) >= 1).await;
+            append(&core, &name, "second").await;
+            for reader in [long, longer] {
+                let batch = reader.await.expect("long read");
+                assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
+            }
+        }
+    });
+}
+
+/// When every subscriber of a shared read leaves, the read and its waiter on the owning core
+/// go too.
+#[test]
+fn a_read_nobody_waits_for_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
+        let name = stream_on(&core, 0).await;
+        let readers: Vec<_> = (0..SUBSCRIBERS)
+            .map(|_| {
+                let (core, name) = (core.clone(), name.clone());
+                glommio::spawn_local(async move { core.read(&name, live(1, 60_000)).await })
+            })
+            .collect();
+        until("the subscribers wait", || waiters(&node.metrics) == 1).await;
+        drop(readers);
+        until("the waiter is gone", || waiters(&node.metrics) == 0).await;
+        // A new subscriber starts a new read and gets the next record.
+        let reader = {
+            let (core, name) = (core.clone(), name.clone());
+            glommio::spawn_local(async move { core.read(&name, live(1, 60_000)).await })
+        };
+        until("the new subscriber waits", || waiters(&node.metrics) == 1).await;
+        append(&core, &name, "second").await;
+        let batch = reader.await.expect("read");
+        assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
+    });
+}
