@@ -7,7 +7,7 @@
 # Prints one Markdown row per workload and server: PicoMQ (`pico serve --protocol ds`), and the
 # comparison server when it is installed (`cargo install --locked durable-streams@0.1.5`, or
 # PEER_BIN=/path/to/durable-streams-server; run with `--durability wal`), with requests/s, the
-# mean request time, and the server's CPU seconds per 100,000 requests.
+# mean request time, the server's CPU seconds per 100,000 requests and its peak RSS (VmHWM).
 #
 #   scripts/bench-appends-h1.sh [REQUESTS]      (default 100000 for W1/W2, a tenth for W3)
 #   WORKLOADS="W1 W2" picks workloads; PEER_BIN=none leaves the comparison server out.
@@ -56,6 +56,8 @@ one() {
   taskset -c 1 h2load --h1 -n "$n" -c "$conns" -m 1 -i "$dir/uris" -d "$body" \
     -H 'content-type: application/octet-stream' >"$dir/h2load.out" 2>&1 || true
   after=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
+  local peak_mib
+  peak_mib=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   local rate mean ok
@@ -64,11 +66,11 @@ one() {
   ok=$(sed -n 's/.* \([0-9]*\) succeeded.*/\1/p' "$dir/h2load.out")
   local ticks=$((after - before)) hz
   hz=$(getconf CLK_TCK)
-  echo "| $workload | $name | $rate | $mean | $((ticks * 100000 / hz / n)).$(((ticks * 100000 * 100 / hz / n) % 100)) s | $ok of $n |"
+  echo "| $workload | $name | $rate | $mean | $((ticks * 100000 / hz / n)).$(((ticks * 100000 * 100 / hz / n) % 100)) s | $peak_mib MiB | $ok of $n |"
 }
 
-echo "| workload | server | requests/s | mean | server CPU per 100k requests | succeeded |"
-echo "|---|---|---:|---:|---:|---:|"
+echo "| workload | server | requests/s | mean | server CPU per 100k requests | peak RSS | succeeded |"
+echo "|---|---|---:|---:|---:|---:|---:|"
 for workload in ${WORKLOADS:-W1 W2 W3}; do
   one "PicoMQ" "$workload" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
     --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal

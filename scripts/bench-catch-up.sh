@@ -5,7 +5,7 @@
 # directory. A whole read follows Stream-Next-Offset from -1 until Stream-Up-To-Date; chunk
 # boundaries are stable, so the walk is done once and replayed. Prints one Markdown row per
 # server: PicoMQ, and the comparison server when it is installed (`cargo install --locked
-# durable-streams@0.1.5`, or PEER_BIN=/path/to/durable-streams-server).
+# durable-streams@0.1.5`, or PEER_BIN=/path/to/durable-streams-server; PEER_BIN=none leaves it out).
 #
 #   scripts/bench-catch-up.sh [ROUNDS] [pico serve flags...]   (default 8 rounds per reader)
 #   PICO_BIN=/path/to/pico scripts/bench-catch-up.sh 8 --catch-up-read-size 64KiB
@@ -18,6 +18,8 @@ if [ -z "${PICO_BIN:-}" ]; then
   PICO_BIN=target/release/pico
 fi
 peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
+[ "$peer" = none ] && peer=
+[ -z "${PEER_BIN:-}" ] && [ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
 
 one_server() { # name, then the server's command line (PORT and DIR are substituted)
   local name=$1 work port url server next offset headers n start end
@@ -57,16 +59,18 @@ one_server() { # name, then the server's command line (PORT and DIR are substitu
   start=$(date +%s.%N)
   taskset -c 1 curl -s --parallel --parallel-max 8 -K "$work/reads" 2>/dev/null
   end=$(date +%s.%N)
+  local peak_mib
+  peak_mib=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$server/status")
   kill "$server" 2>/dev/null || true
   wait "$server" 2>/dev/null || true
   rm -rf "$work"
   python3 -c "
 secs = $end - $start
-print(f'| $name | $n | {8 * $rounds} | {secs:.2f} | {8 * $rounds * 64 / secs:,.0f} |')"
+print(f'| $name | $n | {8 * $rounds} | {secs:.2f} | {8 * $rounds * 64 / secs:,.0f} | $peak_mib MiB |')"
 }
 
-echo "| server | requests per whole read | whole reads (8 readers) | seconds | MiB/s |"
-echo "|---|---:|---:|---:|---:|"
+echo "| server | requests per whole read | whole reads (8 readers) | seconds | MiB/s | peak RSS |"
+echo "|---|---:|---:|---:|---:|---:|"
 one_server "PicoMQ ${*:-(defaults)}" "$PICO_BIN" serve --protocol ds --cores 1 \
   --listen 127.0.0.1:PORT --admin-listen 127.0.0.1:0 --meta-url sqlite:DIR/meta.db \
   --storage -2@file://DIR/objects --wal-dir DIR/wal --block-cache-size 256MiB "$@"
