@@ -87,6 +87,9 @@ pub struct ServerConfig {
     /// PEM certificate chain and private key: serve HTTPS (ALPN h2, http/1.1) on every listener.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// Called on the main thread once every core serves (what the start loaded is freed by
+    /// then): `pico serve` hands freed memory back to the operating system there.
+    pub on_serving: Option<fn()>,
 }
 
 impl Default for ServerConfig {
@@ -130,6 +133,7 @@ impl Default for ServerConfig {
             insecure_allow_remote: false,
             tls_cert: None,
             tls_key: None,
+            on_serving: None,
         }
     }
 }

@@ -94,6 +94,9 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         advertise(cluster, &meta, &listeners, &advertised, scheme)?;
     }
     serving.store(true, Ordering::Relaxed);
+    if let Some(on_serving) = config.on_serving {
+        on_serving();
+    }
     announce_listeners(&listeners, admin_addr, &advertised, scheme);
     signals::wait_for_stop(&signals, auth.as_ref());
     announce(format_args!("shutting down"));
