@@ -8,7 +8,10 @@ pub const IN_FLIGHT_BYTES_PER_CORE_DEFAULT: usize = 64 * 1024 * 1024;
 /// Default bytes of sealed segments one core holds before they are uploaded; past it appends
 /// get `429` (`--max-unuploaded-bytes`).
 pub const UNUPLOADED_BYTES_PER_CORE_DEFAULT: usize = 512 * 1024 * 1024;
-/// Long-poll and SSE waiters parked on one stream; past it reads get `429`.
+/// Reads parked on one stream; past it reads get `429`. The long-polls and SSE subscribers of
+/// one core that wait at the same place share one (`live.rs`), so this bounds the distinct
+/// places waited at; the readers themselves are bounded by the connections and h2 streams a
+/// core admits.
 pub const WAITERS_PER_STREAM_MAX: usize = 10_000;
 /// Requests queued from other cores to one core; past it the caller gets `429`.
 pub const CROSS_CORE_QUEUE_MAX: usize = 4096;

@@ -33,6 +33,7 @@ use futures_util::FutureExt as _;
 use crate::api::{ReadBatch, ReadFrom, ReadRequest};
 use crate::error::EngineError;
 use crate::fork;
+use crate::metrics::GaugeGuard;
 use crate::route::Router;
 
 type Read = LocalBoxFuture<'static, Result<ReadBatch, EngineError>>;
@@ -86,8 +87,10 @@ const SWEEP_AT_MIN: usize = 64;
 
 impl LiveReads {
     /// `request` answered through a read shared with this core's other requests for the same
-    /// records, or `None` when it is not a live read at a known offset (the caller reads it
-    /// alone).
+    /// records, or `None` when it is not a live read (the caller reads it alone). A read from
+    /// the tail or from the first readable record learns its offset first, from a read that
+    /// does not wait. While it waits, the request counts as a reader waiting on this core
+    /// (`live_waiters`).
     pub(crate) async fn read(
         &self,
         router: &Rc<Router>,
@@ -95,13 +98,34 @@ impl LiveReads {
         request: &ReadRequest,
     ) -> Option<Result<ReadBatch, EngineError>> {
         let wait_ms = request.wait_ms.filter(|&ms| ms >= SHARED_WAIT_MIN_MS)?;
-        let ReadFrom::Offset(from) = request.from else {
-            return None;
-        };
         if request.bound.is_some() {
             return None;
         }
         let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        let _waiting = GaugeGuard::enter(&router.shard.metrics().live_waiters);
+        let from = match request.from {
+            ReadFrom::Offset(from) => from,
+            // Where such a read starts only the owning core knows (the tail, the first
+            // readable record): ask it without waiting, then wait there with the others.
+            ReadFrom::Tail | ReadFrom::AtLeast(_) => {
+                let first = ReadRequest {
+                    wait_ms: Some(0),
+                    ..request.clone()
+                };
+                let batch = match Box::pin(fork::read(router, name, first)).await {
+                    Ok(batch) => batch,
+                    Err(e) => return Some(Err(e)),
+                };
+                if !batch.records.is_empty() || batch.closed || router.shard.is_stopping() {
+                    return Some(Ok(batch));
+                }
+                batch.next_offset
+            }
+        };
+        let request = &ReadRequest {
+            from: ReadFrom::Offset(from),
+            ..request.clone()
+        };
         loop {
             let (shared, shared_deadline) = self.join(router, name, from, request, deadline);
             let answer = if shared_deadline <= deadline {

@@ -110,8 +110,12 @@ pub struct CoreMetrics {
     pub bytes_appended: AtomicU64,
     pub records_read: AtomicU64,
     pub bytes_read: AtomicU64,
-    /// Readers parked at a stream's tail (long-poll and SSE reads).
+    /// Readers waiting at a stream's tail (long-poll and SSE reads), on the core their
+    /// request came in on.
     pub live_waiters: AtomicU64,
+    /// Reads parked at the tail of a stream this core owns: one per core and place that
+    /// readers wait at, however many wait there (`live.rs`).
+    pub live_reads_parked: AtomicU64,
     pub wal_fsyncs: AtomicU64,
     pub wal_fsync_latency: Histogram,
     pub segment_seals: AtomicU64,

@@ -15,8 +15,16 @@ use pico_engine::{owner_core, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
 const SUBSCRIBERS: usize = 200;
 
-/// Readers parked on the stream's owning core, over the node.
+/// Reads parked on the stream's owning core, over the node.
 fn waiters(metrics: &NodeMetrics) -> u64 {
+    metrics
+        .iter()
+        .map(|core| CoreMetrics::get(&core.live_reads_parked))
+        .sum()
+}
+
+/// Readers waiting, over the node (what `pico_live_waiters` shows).
+fn waiting_readers(metrics: &NodeMetrics) -> u64 {
     metrics
         .iter()
         .map(|core| CoreMetrics::get(&core.live_waiters))
@@ -100,12 +108,14 @@ fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
                 1,
                 "{SUBSCRIBERS} subscribers on core 0, stream owned by core {owner}"
             );
+            assert_eq!(waiting_readers(&node.metrics), SUBSCRIBERS as u64);
             append(&core, &name, "second").await;
             for reader in readers {
                 let batch = reader.await;
                 assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
             }
             until("the waiter is gone", || waiters(&node.metrics) == 0).await;
+            assert_eq!(waiting_readers(&node.metrics), 0);
         }
     });
 }
@@ -164,6 +174,7 @@ fn a_read_nobody_waits_for_is_dropped() {
         until("the subscribers wait", || waiters(&node.metrics) == 1).await;
         drop(readers);
         until("the waiter is gone", || waiters(&node.metrics) == 0).await;
+        assert_eq!(waiting_readers(&node.metrics), 0);
         // A new subscriber starts a new read and gets the next record.
         let reader = {
             let (core, name) = (core.clone(), name.clone());
@@ -173,5 +184,49 @@ fn a_read_nobody_waits_for_is_dropped() {
         append(&core, &name, "second").await;
         let batch = reader.await.expect("read");
         assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
+    });
+}
+
+/// Subscribers that start at the tail or at the first readable record (Durable Streams
+/// `offset=now` and `offset=-1`) learn their offset first, then share the wait too.
+#[test]
+fn reads_from_the_tail_or_the_start_share_the_wait_too() {
+    let dir = tempfile::tempdir().unwrap();
+    run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
+        for owner in [0, 1] {
+            let name = (0..)
+                .map(|i| format!("empty-{owner}-{i}"))
+                .find(|name| owner_core(name, 2) == owner)
+                .unwrap();
+            core.create(&name, create_request("text/plain"))
+                .await
+                .expect("create");
+            let subscribers: Vec<_> = [ReadFrom::Tail, ReadFrom::AtLeast(0)]
+                .into_iter()
+                .cycle()
+                .take(SUBSCRIBERS)
+                .map(|from| {
+                    let (core, name) = (core.clone(), name.clone());
+                    let request = ReadRequest {
+                        from,
+                        ..live(0, 60_000)
+                    };
+                    glommio::spawn_local(async move { core.read(&name, request).await })
+                })
+                .collect();
+            until("every subscriber waits", || {
+                waiting_readers(&node.metrics) == SUBSCRIBERS as u64
+            })
+            .await;
+            until("one read waits on the owner", || {
+                waiters(&node.metrics) == 1
+            })
+            .await;
+            append(&core, &name, "first").await;
+            for subscriber in subscribers {
+                let batch = subscriber.await.expect("read");
+                assert_eq!(bodies(&batch), vec![(0, Bytes::from_static(b"first"))]);
+            }
+        }
     });
 }

@@ -293,4 +293,9 @@ impl Shard {
     pub(crate) fn is_stopping(&self) -> bool {
         self.stopping.get()
     }
+
+    /// What this core counts.
+    pub(crate) fn metrics(&self) -> &CoreMetrics {
+        &self.metrics
+    }
 }

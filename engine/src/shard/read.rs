@@ -80,7 +80,7 @@ impl Shard {
                 }
                 rx
             };
-            let parked = GaugeGuard::enter(&self.metrics.live_waiters);
+            let parked = GaugeGuard::enter(&self.metrics.live_reads_parked);
             let woken = futures_lite::future::or(async { rx.await.is_ok() }, async {
                 glommio::timer::sleep(deadline - now).await;
                 false

@@ -239,6 +239,14 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
     );
     per_core(
         &mut out,
+        "pico_live_reads_parked",
+        "gauge",
+        "Reads parked at the tail of a stream this core owns: the readers of one core waiting \
+         at one place share one.",
+        &|m| CoreMetrics::get(&m.live_reads_parked),
+    );
+    per_core(
+        &mut out,
         "pico_wal_health",
         "gauge",
         "Whether the core's WAL takes appends: 0 ok, 1 degraded (its next file cannot be made, \
