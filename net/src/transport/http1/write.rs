@@ -51,6 +51,10 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).await?;
         stream.flush().await?;
+        // An event stream is written for as long as it lives: what only the head needed
+        // (its text, the response's header list, about 1 KiB) is given back first.
+        drop(head);
+        drop(response);
         return write_chunked(stream, arrived, body).await;
     }
     let body_len = response.body_len();
