@@ -4,14 +4,14 @@
 
 mod common;
 
-use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use glommio::Task;
 use pico_engine::metrics::{CoreMetrics, NodeMetrics};
-use pico_engine::{owner_core, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
+use pico_engine::{owner_core, CoreHandle, EngineError, ReadBatch, ReadFrom, ReadRequest};
 
 const SUBSCRIBERS: usize = 200;
 
@@ -71,6 +71,16 @@ async fn append(core: &CoreHandle, name: &str, body: &'static str) {
     core.append(name, request).await.expect("append");
 }
 
+/// A subscriber reading `request` on its own task.
+fn subscribe(
+    core: &Rc<CoreHandle>,
+    name: &str,
+    request: ReadRequest,
+) -> Task<Result<ReadBatch, EngineError>> {
+    let (core, name) = (core.clone(), name.to_string());
+    glommio::spawn_local(async move { core.read(&name, request).await })
+}
+
 fn bodies(batch: &ReadBatch) -> Vec<(u64, Bytes)> {
     batch
         .records
@@ -87,18 +97,11 @@ fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
     run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
         for owner in [0, 1] {
             let name = stream_on(&core, owner).await;
-            let started = Rc::new(Cell::new(0));
             let readers: Vec<_> = (0..SUBSCRIBERS)
-                .map(|_| {
-                    let (core, name, started) = (core.clone(), name.clone(), started.clone());
-                    glommio::spawn_local(async move {
-                        started.set(started.get() + 1);
-                        core.read(&name, live(1, 60_000)).await.expect("read")
-                    })
-                })
+                .map(|_| subscribe(&core, &name, live(1, 60_000)))
                 .collect();
             until("every subscriber waits", || {
-                started.get() == SUBSCRIBERS && waiters(&node.metrics) >= 1
+                waiting_readers(&node.metrics) == SUBSCRIBERS as u64
             })
             .await;
             // Time for any read of its own to reach the owner (each did before).
@@ -111,7 +114,7 @@ fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
             assert_eq!(waiting_readers(&node.metrics), SUBSCRIBERS as u64);
             append(&core, &name, "second").await;
             for reader in readers {
-                let batch = reader.await;
+                let batch = reader.await.expect("read");
                 assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
             }
             until("the waiter is gone", || waiters(&node.metrics) == 0).await;
@@ -129,10 +132,7 @@ fn each_subscriber_waits_as_long_as_it_asked() {
         for owner in [0, 1] {
             let name = stream_on(&core, owner).await;
             // The long wait starts the shared read; the short one joins it and leaves early.
-            let long = {
-                let (core, name) = (core.clone(), name.clone());
-                glommio::spawn_local(async move { core.read(&name, live(1, 60_000)).await })
-            };
+            let long = subscribe(&core, &name, live(1, 60_000));
             until("the long wait is parked", || waiters(&node.metrics) == 1).await;
             let short = core.read(&name, live(1, 20)).await.expect("short read");
             assert!(short.records.is_empty(), "nothing was appended");
@@ -166,20 +166,14 @@ fn a_read_nobody_waits_for_is_dropped() {
     run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
         let name = stream_on(&core, 0).await;
         let readers: Vec<_> = (0..SUBSCRIBERS)
-            .map(|_| {
-                let (core, name) = (core.clone(), name.clone());
-                glommio::spawn_local(async move { core.read(&name, live(1, 60_000)).await })
-            })
+            .map(|_| subscribe(&core, &name, live(1, 60_000)))
             .collect();
         until("the subscribers wait", || waiters(&node.metrics) == 1).await;
         drop(readers);
         until("the waiter is gone", || waiters(&node.metrics) == 0).await;
         assert_eq!(waiting_readers(&node.metrics), 0);
         // A new subscriber starts a new read and gets the next record.
-        let reader = {
-            let (core, name) = (core.clone(), name.clone());
-            glommio::spawn_local(async move { core.read(&name, live(1, 60_000)).await })
-        };
+        let reader = subscribe(&core, &name, live(1, 60_000));
         until("the new subscriber waits", || waiters(&node.metrics) == 1).await;
         append(&core, &name, "second").await;
         let batch = reader.await.expect("read");
@@ -206,12 +200,11 @@ fn reads_from_the_tail_or_the_start_share_the_wait_too() {
                 .cycle()
                 .take(SUBSCRIBERS)
                 .map(|from| {
-                    let (core, name) = (core.clone(), name.clone());
                     let request = ReadRequest {
                         from,
                         ..live(0, 60_000)
                     };
-                    glommio::spawn_local(async move { core.read(&name, request).await })
+                    subscribe(&core, &name, request)
                 })
                 .collect();
             until("every subscriber waits", || {
