@@ -95,6 +95,9 @@ bitflags::bitflags! {
         /// Completions are handed to the submitting thread at its next entry into the kernel
         /// instead of interrupting it with an IPI (Linux 5.19).
         const COOP_TASKRUN = 1 << 8;
+        /// With `COOP_TASKRUN`: the kernel raises `IORING_SQ_TASKRUN` in the submission
+        /// ring's flags while completions wait to be handed over (Linux 5.19).
+        const TASKRUN_FLAG = 1 << 9;
     }
 }
 

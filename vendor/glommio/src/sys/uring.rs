@@ -655,6 +655,9 @@ pub(crate) trait UringCommon {
     fn may_rush(&self) -> bool {
         true
     }
+    /// Has the kernel hand over completions it holds back for this thread (cooperative task
+    /// work, see `new_cooperative_ring`) before the completion queue is read.
+    fn flush_task_work(&mut self) {}
 
     fn consume_sqe_queue(
         &mut self,
@@ -742,6 +745,7 @@ pub(crate) trait UringCommon {
             .or_else(Reactor::busy_ok)
             .or_else(Reactor::again_ok)
             .or_else(Reactor::intr_ok)?;
+        self.flush_task_work();
         self.consume_completion_queue(woke);
         Ok(())
     }
@@ -903,7 +907,7 @@ struct SleepableRing {
 fn new_cooperative_ring(size: usize) -> io::Result<iou::IoUring> {
     match iou::IoUring::new_with_flags(
         size as _,
-        iou::SetupFlags::COOP_TASKRUN,
+        iou::SetupFlags::COOP_TASKRUN | iou::SetupFlags::TASKRUN_FLAG,
         iou::SetupFeatures::empty(),
     ) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => iou::IoUring::new(size as _),
@@ -1128,6 +1132,33 @@ impl SleepableRing {
 }
 
 impl UringCommon for SleepableRing {
+    fn flush_task_work(&mut self) {
+        /// `IORING_SQ_TASKRUN` in the submission ring's flags.
+        const SQ_TASKRUN: u32 = 1 << 2;
+        let raw = self.ring.raw();
+        // SAFETY: `kflags` points into the submission ring, mapped for as long as the ring
+        // lives; the kernel updates it concurrently, hence the atomic load.
+        let flags = unsafe {
+            (*(raw.sq.kflags as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        if flags & SQ_TASKRUN != 0 {
+            // SAFETY: a plain `io_uring_enter` on this ring's own descriptor, submitting
+            // nothing and waiting for nothing: it only runs the pending task work.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_io_uring_enter,
+                    raw.ring_fd,
+                    0,
+                    0,
+                    uring_sys::IORING_ENTER_GETEVENTS,
+                    std::ptr::null::<libc::c_void>(),
+                    0,
+                );
+            }
+        }
+    }
+
     fn name(&self) -> &'static str {
         self.name
     }
