@@ -75,16 +75,16 @@ impl CoreShutdown {
         self.inner.set.get()
     }
 
-    /// `future`'s output, or `None` if the shutdown begins first (the future is dropped).
-    pub async fn unless_stopped<T>(
-        &self,
-        future: impl std::future::Future<Output = T>,
-    ) -> Option<T> {
-        futures_lite::future::or(async { Some(future.await) }, async {
+    /// `future`'s output, or `None` if the shutdown begins first (the future is dropped). Not
+    /// an `async fn`, which would hold `future` twice (see `transport::message::within`).
+    pub fn unless_stopped<'a, T>(
+        &'a self,
+        future: impl std::future::Future<Output = T> + 'a,
+    ) -> impl std::future::Future<Output = Option<T>> + 'a {
+        futures_lite::future::or(async move { Some(future.await) }, async move {
             self.wait().await;
             None
         })
-        .await
     }
 
     /// Resolves once the shutdown began.

@@ -192,15 +192,17 @@ pub(crate) fn refusal(on_error: fn(u16, &str) -> Response, status: u16, message:
 }
 
 /// `future`'s output, or `None` once `limit` has passed.
-pub(crate) async fn within<T>(
+///
+/// Not an `async fn`: one would keep `future` in its own state and again in the block that
+/// awaits it, doubling the room of every future wrapped here (every connection waits in one).
+pub(crate) fn within<T>(
     limit: std::time::Duration,
     future: impl Future<Output = T>,
-) -> Option<T> {
-    futures_lite::future::or(async { Some(future.await) }, async {
+) -> impl Future<Output = Option<T>> {
+    futures_lite::future::or(async move { Some(future.await) }, async move {
         glommio::timer::sleep(limit).await;
         None
     })
-    .await
 }
 
 #[cfg(test)]

@@ -31,7 +31,9 @@ fn an_idle_connection_does_not_carry_a_request_s_future() {
         );
         std::mem::size_of_val(&connection)
     });
-    assert!(bytes < 4096, "a connection's future takes {bytes} bytes");
+    // 1,384 bytes when `within` and `unless_stopped` were `async fn`s, each holding the
+    // future it wraps twice.
+    assert!(bytes < 1024, "a connection's future takes {bytes} bytes");
 }
 
 /// A request parked in its handler (a long-poll) or streaming its response (SSE) holds the
