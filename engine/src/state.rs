@@ -413,11 +413,16 @@ impl StreamState {
     /// Raises the first readable offset to `offset`, clamped to `[start, durable tail]`
     /// (trim). Returns the new start.
     pub fn trim(&mut self, offset: u64) -> u64 {
-        self.start_offset = offset.clamp(
+        self.start_offset = self.trimmed_start(offset);
+        self.start_offset
+    }
+
+    /// Where a trim to `offset` would put the start: never back, never past the durable tail.
+    pub fn trimmed_start(&self, offset: u64) -> u64 {
+        offset.clamp(
             self.start_offset,
             self.durable_offset.max(self.start_offset),
-        );
-        self.start_offset
+        )
     }
 
     /// Checks a read position against the readable range.

@@ -83,12 +83,12 @@ impl Shard {
         touch: bool,
     ) -> Result<u64, EngineError> {
         let id = self.live_stream_id(name, touch).await?;
+        // The metadata log first, then memory: a start readers saw must be the one a restart
+        // finds (a kill between the two brought trimmed records back).
         let (start, fence) = {
-            let mut streams = self.streams.borrow_mut();
-            let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
-            let start = stream.state.trim(offset);
-            stream.chunks.retain(|c| c.next_offset > start);
-            (start, self.fence(stream))
+            let streams = self.streams.borrow();
+            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            (stream.state.trimmed_start(offset), self.fence(stream))
         };
         let trimmed = self
             .meta
@@ -96,6 +96,14 @@ impl Shard {
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
         self.meta_result(name, id, trimmed)?;
+        let mut streams = self.streams.borrow_mut();
+        let stream = streams
+            .get_mut(name)
+            .filter(|s| s.state.id == id)
+            .ok_or(EngineError::NotFound)?;
+        // Trims only move the start forward, so two that cross apply in either order.
+        let start = stream.state.trim(start);
+        stream.chunks.retain(|c| c.next_offset > start);
         Ok(start)
     }
 
