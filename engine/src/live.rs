@@ -108,11 +108,7 @@ impl LiveReads {
             // Where such a read starts only the owning core knows (the tail, the first
             // readable record): ask it without waiting, then wait there with the others.
             ReadFrom::Tail | ReadFrom::AtLeast(_) => {
-                let first = ReadRequest {
-                    wait_ms: Some(0),
-                    ..request.clone()
-                };
-                let batch = match Box::pin(fork::read(router, name, first)).await {
+                let batch = match read_without_waiting(router, name, request).await {
                     Ok(batch) => batch,
                     Err(e) => return Some(Err(e)),
                 };
@@ -154,12 +150,8 @@ impl LiveReads {
             }
             future::yield_now().await;
         }
-        // This request's own wait is over: what is there now, without waiting.
-        let now = ReadRequest {
-            wait_ms: Some(0),
-            ..request.clone()
-        };
-        Some(Box::pin(fork::read(router, name, now)).await)
+        // This request's own wait is over: what is there now.
+        Some(read_without_waiting(router, name, request).await)
     }
 
     /// The read in flight for these records and when it stops waiting, or a new one waiting
@@ -217,4 +209,18 @@ impl LiveReads {
         }
         (shared, deadline)
     }
+}
+
+/// `request` read once, answered with what is there now (on the heap: a parked live read
+/// holds no room for it).
+async fn read_without_waiting(
+    router: &Router,
+    name: &str,
+    request: &ReadRequest,
+) -> Result<ReadBatch, EngineError> {
+    let now = ReadRequest {
+        wait_ms: Some(0),
+        ..request.clone()
+    };
+    Box::pin(fork::read(router, name, now)).await
 }

@@ -53,12 +53,17 @@ fn live(from: u64, wait_ms: u64) -> ReadRequest {
     }
 }
 
+/// A name starting with `prefix` that core `owner` of a two cores' node owns.
+fn name_on(prefix: &str, owner: usize) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{owner}-{i}"))
+        .find(|name| owner_core(name, 2) == owner)
+        .unwrap()
+}
+
 /// A stream of two cores' node owned by core `owner`, with one record.
 async fn stream_on(core: &CoreHandle, owner: usize) -> String {
-    let name = (0..)
-        .map(|i| format!("live-{owner}-{i}"))
-        .find(|name| owner_core(name, 2) == owner)
-        .unwrap();
+    let name = name_on("live", owner);
     core.create(&name, create_request("text/plain"))
         .await
         .expect("create");
@@ -79,6 +84,21 @@ fn subscribe(
 ) -> Task<Result<ReadBatch, EngineError>> {
     let (core, name) = (core.clone(), name.to_string());
     glommio::spawn_local(async move { core.read(&name, request).await })
+}
+
+/// Every one of `readers` answers with exactly the record `body` at `offset`.
+async fn each_gets(
+    readers: impl IntoIterator<Item = Task<Result<ReadBatch, EngineError>>>,
+    offset: u64,
+    body: &'static str,
+) {
+    for reader in readers {
+        let batch = reader.await.expect("read");
+        assert_eq!(
+            bodies(&batch),
+            vec![(offset, Bytes::from_static(body.as_bytes()))]
+        );
+    }
 }
 
 fn bodies(batch: &ReadBatch) -> Vec<(u64, Bytes)> {
@@ -113,10 +133,7 @@ fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
             );
             assert_eq!(waiting_readers(&node.metrics), SUBSCRIBERS as u64);
             append(&core, &name, "second").await;
-            for reader in readers {
-                let batch = reader.await.expect("read");
-                assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
-            }
+            each_gets(readers, 1, "second").await;
             until("the waiter is gone", || waiters(&node.metrics) == 0).await;
             assert_eq!(waiting_readers(&node.metrics), 0);
         }
@@ -150,10 +167,7 @@ fn each_subscriber_waits_as_long_as_it_asked() {
             // Both long waits outlived the short reads: a record ends them.
             until("the long waits are parked", || waiters(&node.metrics) >= 1).await;
             append(&core, &name, "second").await;
-            for reader in [long, longer] {
-                let batch = reader.await.expect("long read");
-                assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
-            }
+            each_gets([long, longer], 1, "second").await;
         }
     });
 }
@@ -176,8 +190,7 @@ fn a_read_nobody_waits_for_is_dropped() {
         let reader = subscribe(&core, &name, live(1, 60_000));
         until("the new subscriber waits", || waiters(&node.metrics) == 1).await;
         append(&core, &name, "second").await;
-        let batch = reader.await.expect("read");
-        assert_eq!(bodies(&batch), vec![(1, Bytes::from_static(b"second"))]);
+        each_gets([reader], 1, "second").await;
     });
 }
 
@@ -188,10 +201,7 @@ fn reads_from_the_tail_or_the_start_share_the_wait_too() {
     let dir = tempfile::tempdir().unwrap();
     run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
         for owner in [0, 1] {
-            let name = (0..)
-                .map(|i| format!("empty-{owner}-{i}"))
-                .find(|name| owner_core(name, 2) == owner)
-                .unwrap();
+            let name = name_on("empty", owner);
             core.create(&name, create_request("text/plain"))
                 .await
                 .expect("create");
@@ -216,10 +226,7 @@ fn reads_from_the_tail_or_the_start_share_the_wait_too() {
             })
             .await;
             append(&core, &name, "first").await;
-            for subscriber in subscribers {
-                let batch = subscriber.await.expect("read");
-                assert_eq!(bodies(&batch), vec![(0, Bytes::from_static(b"first"))]);
-            }
+            each_gets(subscribers, 0, "first").await;
         }
     });
 }
