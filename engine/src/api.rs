@@ -217,6 +217,10 @@ pub struct ReadBatch {
     /// The read starts below a fork point: these records live in the source, ask it (the
     /// batch holds no records then).
     pub inherit: Option<ForkOrigin>,
+    /// The batch answers a live read shared by the readers of one core (`live.rs`), numbered
+    /// uniquely in this process: batches with the same number are the same answer, so a
+    /// protocol can encode it once for all of them. `None` for a read answered alone.
+    pub shared_read: Option<u64>,
 }
 
 impl ReadBatch {

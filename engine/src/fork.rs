@@ -77,6 +77,7 @@ pub(crate) async fn read(
             closed: false,
             content_type: level.batch.content_type,
             inherit: None,
+            shared_read: None,
         };
         let bytes: usize = stitched.records.iter().map(|r| r.body.len()).sum();
         if stitched.next_offset >= level.inherited_end

@@ -6,6 +6,8 @@
 //! core also crossed to the owner and back, each way a message and an `eventfd` wake-up
 //! (BENCHMARKS.md, "Fan-out"). Now one read per core waits on the owner, and when it returns,
 //! every subscriber of that core takes a copy of its batch (the records are shared `Bytes`).
+//! The batch carries the read's number (`ReadBatch::shared_read`), so the protocols encode
+//! its events once per core (net/src/live.rs), not once per subscriber.
 //!
 //! Two requests share a read when everything that shapes the answer is the same: the stream,
 //! the start offset, the budgets and whether the content type is asked for. How long each
@@ -24,6 +26,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_lite::future::{self, FutureExt as _};
@@ -84,6 +87,9 @@ const SHARED_WAIT_MIN_MS: u64 = 1;
 
 /// The fewest filed reads at which the map is swept.
 const SWEEP_AT_MIN: usize = 64;
+
+/// Numbers the shared reads of every core of this process (`ReadBatch::shared_read`).
+static SHARED_READS: AtomicU64 = AtomicU64::new(0);
 
 impl LiveReads {
     /// `request` answered through a read shared with this core's other requests for the same
@@ -188,8 +194,14 @@ impl LiveReads {
             ..request.clone()
         };
         let (router, owned_name) = (router.clone(), name.to_string());
-        let read: Read =
-            Box::pin(async move { fork::read(&router, &owned_name, shared_request).await });
+        let number = SHARED_READS.fetch_add(1, Ordering::Relaxed);
+        let read: Read = Box::pin(async move {
+            let mut answer = fork::read(&router, &owned_name, shared_request).await;
+            if let Ok(batch) = &mut answer {
+                batch.shared_read = Some(number);
+            }
+            answer
+        });
         let shared = read.shared();
         if let Some(weak) = shared.downgrade() {
             let in_flight = InFlight {

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -86,19 +87,22 @@ fn subscribe(
     glommio::spawn_local(async move { core.read(&name, request).await })
 }
 
-/// Every one of `readers` answers with exactly the record `body` at `offset`.
+/// Every one of `readers` answers with exactly the record `body` at `offset`; their answers.
 async fn each_gets(
     readers: impl IntoIterator<Item = Task<Result<ReadBatch, EngineError>>>,
     offset: u64,
     body: &'static str,
-) {
+) -> Vec<ReadBatch> {
+    let mut answers = Vec::new();
     for reader in readers {
         let batch = reader.await.expect("read");
         assert_eq!(
             bodies(&batch),
             vec![(offset, Bytes::from_static(body.as_bytes()))]
         );
+        answers.push(batch);
     }
+    answers
 }
 
 fn bodies(batch: &ReadBatch) -> Vec<(u64, Bytes)> {
@@ -133,7 +137,16 @@ fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
             );
             assert_eq!(waiting_readers(&node.metrics), SUBSCRIBERS as u64);
             append(&core, &name, "second").await;
-            each_gets(readers, 1, "second").await;
+            let answers = each_gets(readers, 1, "second").await;
+            // One answer, numbered so a protocol can encode it once for all of them.
+            let shared_read = answers[0].shared_read;
+            assert!(shared_read.is_some());
+            assert!(answers.iter().all(|batch| batch.shared_read == shared_read));
+            let alone = core.read(&name, live(1, 0)).await.expect("read");
+            assert_eq!(
+                alone.shared_read, None,
+                "a read that does not wait is its own"
+            );
             until("the waiter is gone", || waiters(&node.metrics) == 0).await;
             assert_eq!(waiting_readers(&node.metrics), 0);
         }
@@ -228,5 +241,43 @@ fn reads_from_the_tail_or_the_start_share_the_wait_too() {
             append(&core, &name, "first").await;
             each_gets(subscribers, 0, "first").await;
         }
+    });
+}
+
+/// An append is answered before the subscribers it wakes are: the executor runs woken tasks
+/// in order, and one shared read wakes all of a core's subscribers, so a writer answered
+/// after them waited for every delivery (50 ms with 10,000 subscribers).
+#[test]
+fn the_writer_is_answered_before_the_subscribers_it_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    run_returning(config(dir.path(), 2), dir.path(), |core, node| async move {
+        let name = stream_on(&core, 0).await;
+        let answered = Rc::new(RefCell::new(Vec::new()));
+        let readers: Vec<_> = (0..SUBSCRIBERS)
+            .map(|_| {
+                let (core, name, answered) = (core.clone(), name.clone(), answered.clone());
+                glommio::spawn_local(async move {
+                    let batch = core.read(&name, live(1, 60_000)).await;
+                    answered.borrow_mut().push("subscriber");
+                    batch
+                })
+            })
+            .collect();
+        until("every subscriber waits", || {
+            waiting_readers(&node.metrics) == SUBSCRIBERS as u64
+        })
+        .await;
+        let writer = {
+            let (core, name, answered) = (core.clone(), name.clone(), answered.clone());
+            glommio::spawn_local(async move {
+                append(&core, &name, "second").await;
+                answered.borrow_mut().push("writer");
+            })
+        };
+        writer.await;
+        each_gets(readers, 1, "second").await;
+        let answered = answered.borrow();
+        assert_eq!(answered.len(), SUBSCRIBERS + 1);
+        assert_eq!(answered[0], "writer", "answered before any subscriber");
     });
 }

@@ -1,8 +1,12 @@
 //! What both protocols' live SSE responses share: the floor of their keep-alive interval, the
-//! length of one idle round, and one read at the tail (docs/api.md, "Read").
+//! length of one idle round, one read at the tail (docs/api.md, "Read"), and the events of a
+//! shared read encoded once per core.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::time::Instant;
 
+use bytes::Bytes;
 use pico_engine::{CoreHandle, ReadBatch, ReadRequest};
 
 /// The shortest idle time between keep-alives: a `--long-poll-timeout-sec` of 0 (long-polls
@@ -55,5 +59,131 @@ pub(crate) async fn live_read(
     match core.read(name, request).await {
         Ok(batch) => Some((batch, core.is_stopping())),
         _ => None,
+    }
+}
+
+/// How a live response encodes a batch into events, as far as the events depend on it: two
+/// responses that encode the same batch the same way send the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EventEncoding {
+    /// A Pico `data` event and its `control` event (`pico/sse.rs`).
+    Pico,
+    /// A Durable Streams `data` event (`ds/sse.rs`): the records as a JSON array, base64 or
+    /// text, the first one whole.
+    Ds { json: bool, base64: bool },
+}
+
+/// The most encoded events a core keeps. Each is one read's worth (`--max-chunk-size`,
+/// base64 aside); an event is only reused while the subscribers of its read are answered,
+/// which is one after the other on this core, so a few cover the streams delivered at once.
+const ENCODED_EVENTS_KEPT: usize = 8;
+
+thread_local! {
+    /// This core's last encoded events: (shared read, encoding, bytes), newest last.
+    static ENCODED_EVENTS: RefCell<VecDeque<(u64, EventEncoding, Bytes)>> =
+        const { RefCell::new(VecDeque::new()) };
+}
+
+/// The events of `batch` as `encode` makes them, made once per core for all the subscribers
+/// of one shared live read (`ReadBatch::shared_read`): 10,000 subscribers of a stream would
+/// otherwise encode the same records 10,000 times. A batch read alone is encoded for itself.
+pub(crate) fn encoded_once(
+    batch: &ReadBatch,
+    encoding: EventEncoding,
+    encode: impl FnOnce() -> Bytes,
+) -> Bytes {
+    let Some(read) = batch.shared_read else {
+        return encode();
+    };
+    let kept = ENCODED_EVENTS.with_borrow(|events| {
+        events
+            .iter()
+            .rev()
+            .find(|(r, e, _)| *r == read && *e == encoding)
+            .map(|(_, _, bytes)| bytes.clone())
+    });
+    if let Some(bytes) = kept {
+        return bytes;
+    }
+    let bytes = encode();
+    ENCODED_EVENTS.with_borrow_mut(|events| {
+        if events.len() == ENCODED_EVENTS_KEPT {
+            events.pop_front();
+        }
+        events.push_back((read, encoding, bytes.clone()));
+    });
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn batch(shared_read: Option<u64>) -> ReadBatch {
+        ReadBatch {
+            from: 0,
+            records: Vec::new(),
+            next_offset: 1,
+            tail: 1,
+            closed: false,
+            content_type: None,
+            inherit: None,
+            shared_read,
+        }
+    }
+
+    /// Encodes `batch` the `encoding` way through the memo, counting the encodings made.
+    fn encode(batch: &ReadBatch, encoding: EventEncoding, made: &Cell<usize>) -> Bytes {
+        encoded_once(batch, encoding, || {
+            made.set(made.get() + 1);
+            Bytes::from(format!("{:?} {encoding:?}", batch.shared_read))
+        })
+    }
+
+    #[test]
+    fn a_shared_read_is_encoded_once_per_encoding() {
+        let made = Cell::new(0);
+        let ds = EventEncoding::Ds {
+            json: true,
+            base64: false,
+        };
+        let shared = batch(Some(u64::MAX - 1));
+        for _ in 0..3 {
+            assert_eq!(
+                encode(&shared, ds, &made),
+                "Some(18446744073709551614) Ds { json: true, base64: false }"
+            );
+        }
+        assert_eq!(
+            made.get(),
+            1,
+            "the subscribers of one read share its encoding"
+        );
+        encode(&shared, EventEncoding::Pico, &made);
+        encode(
+            &shared,
+            EventEncoding::Ds {
+                json: false,
+                base64: true,
+            },
+            &made,
+        );
+        assert_eq!(made.get(), 3, "each encoding is its own");
+        for _ in 0..2 {
+            encode(&batch(None), ds, &made);
+        }
+        assert_eq!(made.get(), 5, "a read answered alone is encoded for itself");
+        // Only the last few are kept: the oldest goes first.
+        for read in 0..ENCODED_EVENTS_KEPT as u64 {
+            encode(&batch(Some(read)), ds, &made);
+        }
+        let made_before = made.get();
+        encode(&shared, ds, &made);
+        assert_eq!(made.get(), made_before + 1, "an old one is made again");
+        encode(&batch(Some(ENCODED_EVENTS_KEPT as u64 - 1)), ds, &made);
+        assert_eq!(made.get(), made_before + 1, "a recent one is kept");
+        ENCODED_EVENTS.with_borrow(|events| assert!(events.len() <= ENCODED_EVENTS_KEPT));
     }
 }

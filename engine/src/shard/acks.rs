@@ -46,16 +46,24 @@ impl Shard {
                 continue;
             }
             let mut streams = self.streams.borrow_mut();
-            if let Some(stream) = streams.get_mut(&*ack.name) {
-                if stream.state.id == ack.stream_id {
-                    stream.state.mark_durable(ack.next_offset, ack.closed);
-                    for waiter in stream.waiters.drain(..) {
-                        let _ = waiter.send(());
-                    }
-                }
-            }
+            let Some(stream) = streams
+                .get_mut(&*ack.name)
+                .filter(|stream| stream.state.id == ack.stream_id)
+            else {
+                drop(streams);
+                let _ = ack.reply.send(Ok(()));
+                continue;
+            };
+            stream.state.mark_durable(ack.next_offset, ack.closed);
+            let waiters = std::mem::take(&mut stream.waiters);
             drop(streams);
+            // The writer first: the executor runs woken tasks in order, and one woken reader
+            // may wake thousands of subscribers (`live.rs`); the writer's acknowledgement
+            // must not wait for all of their deliveries.
             let _ = ack.reply.send(Ok(()));
+            for waiter in waiters {
+                let _ = waiter.send(());
+            }
         }
     }
 

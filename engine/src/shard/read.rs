@@ -117,6 +117,7 @@ impl Shard {
                 .with_content_type
                 .then(|| state.content_type.to_string()),
             inherit: Some(origin.clone()),
+            shared_read: None,
         })
     }
 
@@ -158,6 +159,7 @@ impl Shard {
                 closed: false,
                 content_type: None,
                 inherit: None,
+                shared_read: None,
             });
         }
         if let Some(batch) = self.inherited_below(name, from, request) {
@@ -277,6 +279,7 @@ impl Shard {
             closed: closed_durable && next >= tail,
             content_type,
             inherit: None,
+            shared_read: None,
         })
     }
 }

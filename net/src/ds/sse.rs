@@ -6,12 +6,13 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use pico_engine::{limits, CoreHandle, ReadFrom, ReadRequest};
+use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 use pico_proto::header::*;
 
 use super::encode::{encode, joined, next_cursor};
 use super::error::DsError;
-use super::params::{format_offset, is_json, DsSettings};
+use super::params::{is_json, DsSettings};
+use crate::live::{encoded_once, EventEncoding};
 use crate::transport::message::{BodyStream, Request, Response};
 
 struct SseState {
@@ -28,6 +29,8 @@ struct SseState {
     done: bool,
     /// The first read: answered without waiting so the client learns the tail at once.
     first: bool,
+    /// The control event that follows the data event just sent.
+    control: Option<Bytes>,
 }
 
 /// Starts an SSE response: `event: data` with the records of each read, each followed by an
@@ -65,10 +68,14 @@ pub(super) async fn sse(
         cursor,
         done: false,
         first: true,
+        control: None,
     };
     let events: BodyStream = Box::pin(futures_lite::stream::unfold(
         state,
         |mut state| async move {
+            if let Some(control) = state.control.take() {
+                return Some((control, state));
+            }
             if state.done {
                 return None;
             }
@@ -86,8 +93,10 @@ pub(super) async fn sse(
     Ok(response.with_stream(events))
 }
 
-/// One read (waiting at the tail) and the events it gives; ends the stream when closed and
-/// delivered, deleted, or at the reconnect interval.
+/// One read (waiting at the tail) and the events it gives: the control event, or the data
+/// event with the control event queued after it (the data event is shared by the core's
+/// subscribers, not copied). Ends the stream when closed and delivered, deleted, or at the
+/// reconnect interval.
 async fn next_sse_events(state: &mut SseState) -> Bytes {
     let Some(round) = crate::live::IdleRound::next(state.deadline, state.idle_ms) else {
         state.done = true;
@@ -114,40 +123,70 @@ async fn next_sse_events(state: &mut SseState) -> Bytes {
         state.done = true;
         return Bytes::new();
     }
-    let mut out = Vec::new();
-    if !batch.records.is_empty() {
-        let payload = joined(encode(&batch, state.json, state.skip_bytes));
-        out.extend_from_slice(b"event: data\n");
-        if state.base64 {
-            let encoded = base64::engine::general_purpose::STANDARD.encode(&payload);
-            data_lines(&mut out, encoded.as_bytes());
+    let data = (!batch.records.is_empty()).then(|| {
+        let (json, base64) = (state.json, state.base64);
+        if state.skip_bytes == 0 {
+            encoded_once(&batch, EventEncoding::Ds { json, base64 }, || {
+                data_event(&batch, json, base64, 0)
+            })
         } else {
-            data_lines(&mut out, &payload);
+            data_event(&batch, json, base64, state.skip_bytes)
         }
-        out.push(b'\n');
-    }
+    });
     state.skip_bytes = 0;
     state.from = ReadFrom::Offset(batch.next_offset);
-    let mut control = serde_json::Map::new();
-    control.insert(
-        "streamNextOffset".into(),
-        format_offset(batch.next_offset, 0).into(),
-    );
+    let control = control_event(state, &batch);
+    match data {
+        Some(data) => {
+            state.control = Some(control);
+            data
+        }
+        None => control,
+    }
+}
+
+/// The control event after a read: where to resume, the cursor (or that the stream is closed)
+/// and whether the reader is up to date.
+fn control_event(state: &mut SseState, batch: &ReadBatch) -> Bytes {
+    let mut out = Vec::with_capacity(CONTROL_EVENT_BYTES_MAX);
+    // The keys in the order serde_json writes a map's (sorted), as before this was written by
+    // hand; offsets and cursors are digits and `_`, which JSON strings take as they are.
+    out.extend_from_slice(b"event: control\ndata:{");
     if batch.closed {
-        control.insert("streamClosed".into(), true.into());
-        control.insert("upToDate".into(), true.into());
-        state.done = true;
+        out.extend_from_slice(b"\"streamClosed\":true,");
     } else {
         let cursor = next_cursor(state.cursor.as_deref());
-        control.insert("streamCursor".into(), cursor.clone().into());
+        out.extend_from_slice(b"\"streamCursor\":\"");
+        out.extend_from_slice(cursor.as_bytes());
+        out.extend_from_slice(b"\",");
         state.cursor = Some(cursor);
-        if batch.up_to_date() {
-            control.insert("upToDate".into(), true.into());
-        }
     }
-    out.extend_from_slice(b"event: control\ndata:");
-    out.extend_from_slice(serde_json::Value::Object(control).to_string().as_bytes());
-    out.extend_from_slice(b"\n\n");
+    out.extend_from_slice(b"\"streamNextOffset\":\"");
+    pico_proto::offset::format_into(&mut out, batch.next_offset, 0);
+    out.push(b'"');
+    if batch.closed || batch.up_to_date() {
+        out.extend_from_slice(b",\"upToDate\":true");
+    }
+    out.extend_from_slice(b"}\n\n");
+    state.done |= batch.closed;
+    out.into()
+}
+
+/// The longest control event: its text with a cursor and an offset of 20 digits each.
+const CONTROL_EVENT_BYTES_MAX: usize = 160;
+
+/// The `data` event of a batch's records, the first `skip_bytes` of the first left out.
+fn data_event(batch: &ReadBatch, json: bool, base64: bool, skip_bytes: u64) -> Bytes {
+    let payload = joined(encode(batch, json, skip_bytes));
+    let mut out = Vec::with_capacity(payload.len() * 4 / 3 + 64);
+    out.extend_from_slice(b"event: data\n");
+    if base64 {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&payload);
+        data_lines(&mut out, encoded.as_bytes());
+    } else {
+        data_lines(&mut out, &payload);
+    }
+    out.push(b'\n');
     out.into()
 }
 

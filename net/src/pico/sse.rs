@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
-use crate::live::{live_read, IdleRound, KEEP_ALIVE_MIN_MS};
+use crate::live::{encoded_once, live_read, EventEncoding, IdleRound, KEEP_ALIVE_MIN_MS};
 
 use crate::codec;
 use crate::transport::message::BodyStream;
@@ -119,12 +119,20 @@ async fn next_events(state: &mut State) {
         return;
     };
     if !batch.records.is_empty() {
-        let mut data = Vec::with_capacity(64);
-        data.extend_from_slice(format!("event: data\nid: {}\ndata:", batch.next_offset).as_bytes());
-        data.extend_from_slice(&codec::encode_json(&batch.records));
-        data.extend_from_slice(b"\n\n");
-        state.queue.push_back(data.into());
-        state.queue.push_back(control_event(&batch));
+        // Both events in one piece, made once for all the core's subscribers of this read.
+        let events = encoded_once(&batch, EventEncoding::Pico, || {
+            let json = codec::encode_json(&batch.records);
+            let control = control_event(&batch);
+            let mut events = Vec::with_capacity(json.len() + control.len() + 64);
+            events.extend_from_slice(
+                format!("event: data\nid: {}\ndata:", batch.next_offset).as_bytes(),
+            );
+            events.extend_from_slice(&json);
+            events.extend_from_slice(b"\n\n");
+            events.extend_from_slice(&control);
+            events.into()
+        });
+        state.queue.push_back(events);
         state.announced_up_to_date = batch.up_to_date();
         state.done = batch.closed;
     } else if batch.closed {
