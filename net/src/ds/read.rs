@@ -74,7 +74,9 @@ pub(super) async fn read(
     };
     let cursor = query_values(query, "cursor").into_iter().next();
     if live == Live::Sse {
-        return sse(core, settings, request, from, skip_bytes, cursor).await;
+        // Boxed: its setup (a `HEAD` of the stream) is larger than a long-poll's whole
+        // read, and inline it sized every parked long-poll's future (2.1 KiB of 2.8).
+        return Box::pin(sse(core, settings, request, from, skip_bytes, cursor)).await;
     }
     let read_request = ReadRequest {
         from,

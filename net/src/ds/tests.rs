@@ -131,3 +131,47 @@ fn queries_keep_every_value() {
     assert_eq!(query_values("a=%2F&b", "a"), ["/"]);
     assert!(query_values("x=1", "offset").is_empty());
 }
+
+/// The size of the future `f` returns (lifetimes do not change it).
+fn future_size<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
+    std::mem::size_of::<F>()
+}
+
+/// A parked long-poll holds its handler's future for as long as it waits (thousands at once):
+/// an SSE response's setup is boxed, as are writes, so that future is a read's. In both
+/// protocols it was over 2,500 bytes when the SSE setup was inline.
+#[test]
+fn a_parked_long_poll_holds_a_small_future() {
+    use std::rc::Rc;
+
+    use pico_engine::CoreHandle;
+
+    use crate::auth::CoreTokens;
+    use crate::pico::PicoSettings;
+    use crate::transport::message::Request;
+
+    fn durable_streams() -> usize {
+        future_size::<
+            &'static Rc<CoreHandle>,
+            &'static DsSettings,
+            Option<&'static CoreTokens>,
+            Request,
+            _,
+        >(super::handle::handle)
+    }
+    fn pico() -> usize {
+        future_size::<
+            &'static Rc<CoreHandle>,
+            &'static PicoSettings,
+            Option<&'static CoreTokens>,
+            Request,
+            _,
+        >(crate::pico::handle)
+    }
+    for (protocol, bytes) in [("Durable Streams", durable_streams()), ("Pico", pico())] {
+        assert!(
+            bytes < 1600,
+            "a {protocol} request's future takes {bytes} bytes"
+        );
+    }
+}

@@ -102,12 +102,18 @@ pub(super) async fn read(
     let accepts_sse = request
         .header("accept")
         .is_some_and(|a| a.contains(pico_proto::media::EVENT_STREAM));
+    // `None`: an SSE response.
     let long_poll = match query_param(query, "live").as_deref() {
-        None if accepts_sse => return sse(core, settings, request, from).await,
-        None => false,
-        Some("long-poll") => true,
-        Some("sse") => return sse(core, settings, request, from).await,
+        None if accepts_sse => None,
+        None => Some(false),
+        Some("long-poll") => Some(true),
+        Some("sse") => None,
         Some(other) => return Err(ApiError::bad_request(format!("invalid live mode: {other}"))),
+    };
+    let Some(long_poll) = long_poll else {
+        // Boxed: its setup (a `HEAD` of the stream) is larger than a long-poll's whole
+        // read, and inline it sized every parked long-poll's future.
+        return Box::pin(sse(core, settings, request, from)).await;
     };
     let read_request = ReadRequest {
         from,

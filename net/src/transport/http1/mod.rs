@@ -126,7 +126,7 @@ where
         // Idle keep-alive connections just close; a stalled request learns why.
         if !buf.is_empty() {
             let response = on_error(408, "request not received in time");
-            let _ = write_response(stream, buf, response, false, false).await;
+            let _ = Box::pin(write_response(stream, buf, response, false, false)).await;
         }
         return false;
     };
@@ -135,7 +135,7 @@ where
         Ok(None) => return false,
         Err(e) => {
             let response = refusal(on_error, e.status, &e.message);
-            let _ = write_response(stream, buf, response, false, false).await;
+            let _ = Box::pin(write_response(stream, buf, response, false, false)).await;
             // What was received of a refused request is not kept while the rest drains
             // (the core's body budget no longer counts it).
             drop(std::mem::take(buf));
@@ -187,7 +187,9 @@ where
     drop(body_held);
     // Once the node is stopping, the response in hand is the connection's last.
     let keep_alive = keep_alive && !stop.is_set();
-    write_response(stream, buf, response, head_only, keep_alive)
+    // Boxed like the other phases: inline, the writer's room (the response, its head's text,
+    // the chunk writer) was part of every parked long-poll's future, 2.5 KiB of its 3.
+    Box::pin(write_response(stream, buf, response, head_only, keep_alive))
         .await
         .is_ok()
         && keep_alive
