@@ -81,7 +81,8 @@ impl CoreShutdown {
         &'a self,
         future: impl std::future::Future<Output = T> + 'a,
     ) -> impl std::future::Future<Output = Option<T>> + 'a {
-        futures_lite::future::or(async move { Some(future.await) }, async move {
+        let future = crate::transport::message::SomeOf { future };
+        futures_lite::future::or(future, async move {
             self.wait().await;
             None
         })

@@ -4,9 +4,11 @@
 
 use std::cell::Cell;
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_rustls::TlsAcceptor;
@@ -158,44 +160,90 @@ async fn accept_loop<H, F>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let (open, handler, tls) = (open.clone(), handler.clone(), tls.clone());
-        let limits = limits.clone();
-        let (metrics, stop) = (metrics.clone(), stop.clone());
-        glommio::spawn_local(async move {
-            if open.get() >= CONNECTIONS_PER_CORE_MAX {
-                use futures_lite::AsyncWriteExt;
-                let body = "{\"error\":\"overloaded\",\"message\":\"too many connections on this core\"}";
-                let response = format!(
-                    "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                let mut stream = stream;
-                let _ = stream.write_all(response.as_bytes()).await;
-                return;
+        if open.get() >= CONNECTIONS_PER_CORE_MAX {
+            glommio::spawn_local(refuse_overloaded(stream)).detach();
+            continue;
+        }
+        let open = OpenConnection::count(&open, &metrics);
+        let (limits, handler, stop) = (limits.clone(), handler.clone(), stop.clone());
+        // A task per kind of connection, each sized for its own: a plain connection's task
+        // carries none of the TLS states (handshake, rustls, HTTP/2 over TLS).
+        match &tls {
+            None => {
+                let stream = PlainTcp::new(stream);
+                let served = http1::serve_connection(stream, limits, handler, on_error, stop);
+                spawn_connection(served, open);
             }
-            open.set(open.get() + 1);
-            metrics.connections.fetch_add(1, Ordering::Relaxed);
-            let served = crate::panics::catch_panic(async move {
-                match tls {
-                    None => {
-                        let stream = PlainTcp::new(stream);
-                        http1::serve_connection(stream, limits, handler, on_error, stop).await
-                    }
-                    // Boxed: a future holds room for its largest state from the start, and
-                    // the TLS states (handshake, rustls, HTTP/2 over TLS) would make every
-                    // plain connection pay for them while it sits idle.
-                    Some(acceptor) => {
-                        Box::pin(serve_tls(acceptor, stream, limits, handler, on_error, stop))
-                            .await
-                    }
-                }
-            });
-            // A panic has closed the connection (its socket was dropped) and was logged.
-            let _ = served.await;
-            open.set(open.get() - 1);
-            metrics.connections.fetch_sub(1, Ordering::Relaxed);
-        })
-        .detach();
+            Some(acceptor) => {
+                let served = serve_tls(acceptor.clone(), stream, limits, handler, on_error, stop);
+                spawn_connection(served, open);
+            }
+        }
+    }
+}
+
+/// Runs a connection on its own task; a panic closes it (its socket is dropped) and is
+/// logged.
+fn spawn_connection(served: impl Future<Output = ()> + 'static, open: OpenConnection) {
+    let connection = Connection {
+        served: crate::panics::catch_panic(served),
+        _open: open,
+    };
+    glommio::spawn_local(connection).detach();
+}
+
+/// Answers a connection past the core's limit with a `503` and closes it.
+async fn refuse_overloaded(mut stream: glommio::net::TcpStream) {
+    use futures_lite::AsyncWriteExt;
+    let body = "{\"error\":\"overloaded\",\"message\":\"too many connections on this core\"}";
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+}
+
+pin_project_lite::pin_project! {
+    /// A connection's task: serving it, and its place in the core's count of open
+    /// connections. A struct, not an `async` block: a block that awaits a future it captured
+    /// keeps room for it twice, and this one is the whole state of every open connection.
+    struct Connection<F> {
+        #[pin]
+        served: F,
+        _open: OpenConnection,
+    }
+}
+
+impl<F: Future> Future for Connection<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.project().served.poll(cx).map(|_| ())
+    }
+}
+
+/// One open connection in its core's count and in the metrics, until dropped: when the
+/// connection ends, and also when its task is dropped unfinished (the executor stopping).
+struct OpenConnection {
+    open: Rc<Cell<usize>>,
+    metrics: Arc<HttpMetrics>,
+}
+
+impl OpenConnection {
+    fn count(open: &Rc<Cell<usize>>, metrics: &Arc<HttpMetrics>) -> OpenConnection {
+        open.set(open.get() + 1);
+        metrics.connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection {
+            open: open.clone(),
+            metrics: metrics.clone(),
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open.set(self.open.get() - 1);
+        self.metrics.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -235,4 +283,35 @@ async fn serve_tls<H, F>(
 
 pub(super) fn explain_bind_error(addr: &str, error: &str) -> String {
     format!("cannot listen on {addr}: {error} (is another server using it? pick another with --listen / --admin-listen)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::panics::CatchPanic;
+
+    type Handler = fn(Request) -> std::future::Ready<Response>;
+    type Serve<F> =
+        fn(PlainTcp, ConnectionLimits, Rc<Handler>, fn(u16, &str) -> Response, CoreShutdown) -> F;
+
+    /// The sizes of serving a connection and of the task that does it.
+    fn sizes<F>(_: Serve<F>) -> (usize, usize) {
+        (
+            std::mem::size_of::<F>(),
+            std::mem::size_of::<Connection<CatchPanic<F>>>(),
+        )
+    }
+
+    /// Every open plain connection's task holds its serving state once, and no room for
+    /// TLS: its task was an `async` block choosing between the two, 1,512 bytes.
+    #[test]
+    fn a_connection_task_holds_its_state_once() {
+        let serve = http1::serve_connection::<PlainTcp, Handler, std::future::Ready<Response>>;
+        let (served, task) = sizes(serve);
+        assert!(
+            task <= served + 64,
+            "a connection's task takes {task} bytes to serve it in {served}"
+        );
+        assert!(task < 800, "a connection's task takes {task} bytes");
+    }
 }

@@ -199,10 +199,31 @@ pub(crate) fn within<T>(
     limit: std::time::Duration,
     future: impl Future<Output = T>,
 ) -> impl Future<Output = Option<T>> {
-    futures_lite::future::or(async move { Some(future.await) }, async move {
+    futures_lite::future::or(SomeOf { future }, async move {
         glommio::timer::sleep(limit).await;
         None
     })
+}
+
+pin_project_lite::pin_project! {
+    /// A future's output in `Some`. A struct, as `async move { Some(future.await) }` keeps
+    /// room for `future` twice (captured, and moved to be awaited); every connection waits
+    /// in one of these.
+    pub(crate) struct SomeOf<F> {
+        #[pin]
+        pub(crate) future: F,
+    }
+}
+
+impl<F: Future> Future for SomeOf<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.project().future.poll(cx).map(Some)
+    }
 }
 
 #[cfg(test)]

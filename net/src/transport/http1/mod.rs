@@ -61,16 +61,18 @@ pub async fn serve_connection<S, H, F>(
             return;
         }
     }
-    serve_http1(stream, buf, limits, handle, on_error, stop).await
+    // By reference: what the connection owns is kept once, here, not again in the future
+    // that serves it (an `async fn` keeps room for what it is given).
+    serve_http1(&mut stream, &mut buf, &limits, &*handle, on_error, &stop).await
 }
 
 async fn serve_http1<S, H, F>(
-    mut stream: S,
-    mut buf: BytesMut,
-    limits: ConnectionLimits,
-    handle: Rc<H>,
+    stream: &mut S,
+    buf: &mut BytesMut,
+    limits: &ConnectionLimits,
+    handle: &H,
     on_error: fn(u16, &str) -> Response,
-    stop: CoreShutdown,
+    stop: &CoreShutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
     H: Fn(Request) -> F,
@@ -80,10 +82,7 @@ async fn serve_http1<S, H, F>(
         if buf.is_empty() {
             // Idle between requests: a shutdown closes the connection here, never mid-request.
             let first = stop
-                .unless_stopped(within(
-                    limits.request_timeout,
-                    fill_idle(&mut stream, &mut buf),
-                ))
+                .unless_stopped(within(limits.request_timeout, fill_idle(stream, buf)))
                 .await;
             if !matches!(first, Some(Some(Ok(true)))) {
                 return;
@@ -93,7 +92,7 @@ async fn serve_http1<S, H, F>(
         // inside it, about 1.2 KiB) is put on the heap for as long as it runs, so an idle
         // connection's own future stays a few hundred bytes instead of carrying that room for
         // the connection's whole life.
-        let served = serve_request(&mut stream, &mut buf, &limits, &*handle, on_error, &stop);
+        let served = serve_request(stream, buf, limits, handle, on_error, stop);
         if !Box::pin(served).await {
             return;
         }
