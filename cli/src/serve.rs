@@ -16,7 +16,6 @@ pub fn run(args: &ServeArgs, protocol: Protocol) -> Result<(), Failure> {
     }
     // A panic outside a connection ends the node rather than leaving a dead core serving.
     pico_net::panics::install_hook();
-    spawn_memory_return();
     pico_net::run(config).map_err(Failure::Fatal)
 }
 
@@ -27,6 +26,17 @@ extern "C" {
     /// mimalloc's `void mi_collect(bool force)`: frees what the calling thread's heap can;
     /// `force` also returns memory still kept for reuse.
     fn mi_collect(force: bool);
+}
+
+/// Once every core serves, on the main thread: the start's memory goes back, and the thread
+/// that returns memory from then on starts. Started here, not before the node runs: this
+/// thread blocks the stop signals (`pico_net` waits for them on it), and a thread inherits
+/// that. The memory thread used to start first, with them unblocked; a SIGTERM that came while
+/// the main thread was not waiting (reloading tokens on a SIGHUP, say) went to it and killed
+/// the node on the spot, without its shutdown.
+fn on_serving() {
+    return_start_memory();
+    spawn_memory_return();
 }
 
 /// Hands what the start freed back to the operating system, on the main thread once every
@@ -159,7 +169,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         insecure_allow_remote: args.insecure_allow_remote,
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
-        on_serving: Some(return_start_memory),
+        on_serving: Some(on_serving),
         in_flight_bytes_max: optional_size(
             args.max_in_flight_bytes,
             "--max-in-flight-bytes",

@@ -156,3 +156,48 @@ fn sigterm_drains_finishes_requests_and_loses_nothing() {
         }
     }
 }
+
+/// The stop signals reach the main thread only, which waits for them (`sigwait`): every other
+/// thread of a node blocks them. A thread that did not (the memory-return thread, started
+/// before the signals were blocked) took a SIGTERM that came while the main thread was busy
+/// (reloading tokens on a SIGHUP) and the node died of it at once, without its shutdown: exit
+/// by signal 15, in about one run of three of `cli_logging`.
+#[test]
+fn stop_signals_reach_only_the_main_thread() {
+    // Bits of SIGHUP (1), SIGINT (2) and SIGTERM (15) in /proc's `SigBlk` mask.
+    const STOP_SIGNALS_MASK: u64 = (1 << 0) | (1 << 1) | (1 << 14);
+    let mut server = Server::start(&["--cores", "2"]);
+    let pid = server.pid().expect("running");
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("threads");
+    let mut checked = Vec::new();
+    for task in tasks {
+        let task = task.expect("thread");
+        if task.file_name().to_string_lossy() == pid.to_string() {
+            continue; // the main thread, waiting for them
+        }
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue; // ended meanwhile
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let name = field("Name:");
+        let blocked = u64::from_str_radix(&field("SigBlk:"), 16).expect("SigBlk");
+        assert_eq!(
+            blocked & STOP_SIGNALS_MASK,
+            STOP_SIGNALS_MASK,
+            "thread {name} does not block the stop signals (SigBlk {blocked:x})"
+        );
+        checked.push(name);
+    }
+    assert!(
+        checked.iter().any(|name| name == "pico-memory"),
+        "the memory thread runs: {checked:?}"
+    );
+    assert!(server.terminate(Duration::from_secs(60)).success());
+}

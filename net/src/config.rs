@@ -88,7 +88,8 @@ pub struct ServerConfig {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     /// Called on the main thread once every core serves (what the start loaded is freed by
-    /// then): `pico serve` hands freed memory back to the operating system there.
+    /// then): `pico serve` hands freed memory back to the operating system there. The stop
+    /// signals are blocked on that thread, and so on any thread it starts.
     pub on_serving: Option<fn()>,
 }
 
