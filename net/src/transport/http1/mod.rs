@@ -154,7 +154,9 @@ where
                         }
                     }
                 };
-                within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard).await;
+                // Boxed: only a refused request drains, and inline its room (about 200
+                // bytes) was part of every request's future, parked long-polls included.
+                Box::pin(within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard)).await;
             }
             return false;
         }

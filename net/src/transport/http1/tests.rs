@@ -39,9 +39,10 @@ fn an_idle_connection_does_not_carry_a_request_s_future() {
 }
 
 /// A request parked in its handler (a long-poll) or streaming its response (SSE) holds the
-/// handler's future plus little else: reading the request and handling it are boxed
-/// phases, writing the answer is small, and watching for the peer leaving keeps no buffer
-/// of its own. (With a trivial handler: 12,048 bytes before, when the phases were inline.)
+/// handler's future plus little else: reading the request, handling it, writing the answer
+/// and draining a refused body are boxed phases, and watching for the peer leaving keeps no
+/// buffer of its own. (With a trivial handler: 12,048 bytes before, when the phases were
+/// inline.)
 #[test]
 fn a_parked_request_holds_little_besides_its_handler() {
     let (request, watch, write) = glommio::LocalExecutor::default().run(async {
@@ -73,12 +74,13 @@ fn a_parked_request_holds_little_besides_its_handler() {
         ));
         (request, watch, write)
     });
+    // 1,184 bytes while the write was inline, 784 while draining a refused body was.
     assert!(
-        request < 2048,
+        request < 768,
         "a request's own future takes {request} bytes"
     );
     assert!(watch < 256, "watching for the peer takes {watch} bytes");
-    assert!(write < 2048, "writing a response takes {write} bytes");
+    assert!(write < 1024, "writing a response takes {write} bytes");
 }
 
 /// Parses `wire` as one request with a 1 MiB body limit: the status of the error, or 0.
