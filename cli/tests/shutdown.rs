@@ -164,12 +164,38 @@ fn sigterm_drains_finishes_requests_and_loses_nothing() {
 /// by signal 15, in about one run of three of `cli_logging`.
 #[test]
 fn stop_signals_reach_only_the_main_thread() {
-    // Bits of SIGHUP (1), SIGINT (2) and SIGTERM (15) in /proc's `SigBlk` mask.
-    const STOP_SIGNALS_MASK: u64 = (1 << 0) | (1 << 1) | (1 << 14);
     let mut server = Server::start(&["--cores", "2"]);
     let pid = server.pid().expect("running");
+    // The memory thread starts as the node begins serving and names itself once running:
+    // wait (at most about 20 s) until it shows under its name.
+    let mut threads = Vec::new();
+    for _ in 0..200 {
+        threads = threads_but_main(pid);
+        if threads.iter().any(|(name, _)| name == "pico-memory") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        threads.iter().any(|(name, _)| name == "pico-memory"),
+        "the memory thread runs: {threads:?}"
+    );
+    // Bits of SIGHUP (1), SIGINT (2) and SIGTERM (15) in /proc's `SigBlk` mask.
+    const STOP_SIGNALS_MASK: u64 = (1 << 0) | (1 << 1) | (1 << 14);
+    for (name, blocked) in &threads {
+        assert_eq!(
+            blocked & STOP_SIGNALS_MASK,
+            STOP_SIGNALS_MASK,
+            "thread {name} does not block the stop signals (SigBlk {blocked:x})"
+        );
+    }
+    assert!(server.terminate(Duration::from_secs(60)).success());
+}
+
+/// Every thread of process `pid` but its main one: name and blocked-signal mask.
+fn threads_but_main(pid: u32) -> Vec<(String, u64)> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("threads");
-    let mut checked = Vec::new();
+    let mut threads = Vec::new();
     for task in tasks {
         let task = task.expect("thread");
         if task.file_name().to_string_lossy() == pid.to_string() {
@@ -186,18 +212,8 @@ fn stop_signals_reach_only_the_main_thread() {
                 .unwrap_or_default()
                 .to_string()
         };
-        let name = field("Name:");
         let blocked = u64::from_str_radix(&field("SigBlk:"), 16).expect("SigBlk");
-        assert_eq!(
-            blocked & STOP_SIGNALS_MASK,
-            STOP_SIGNALS_MASK,
-            "thread {name} does not block the stop signals (SigBlk {blocked:x})"
-        );
-        checked.push(name);
+        threads.push((field("Name:"), blocked));
     }
-    assert!(
-        checked.iter().any(|name| name == "pico-memory"),
-        "the memory thread runs: {checked:?}"
-    );
-    assert!(server.terminate(Duration::from_secs(60)).success());
+    threads
 }
