@@ -45,18 +45,19 @@ impl Shard {
                 )));
                 continue;
             }
-            let mut streams = self.streams.borrow_mut();
-            let Some(stream) = streams
-                .get_mut(&*ack.name)
-                .filter(|stream| stream.state.id == ack.stream_id)
-            else {
-                drop(streams);
-                let _ = ack.reply.send(Ok(()));
-                continue;
+            let waiters = {
+                let mut streams = self.streams.borrow_mut();
+                match streams
+                    .get_mut(&*ack.name)
+                    .filter(|stream| stream.state.id == ack.stream_id)
+                {
+                    Some(stream) => {
+                        stream.state.mark_durable(ack.next_offset, ack.closed);
+                        std::mem::take(&mut stream.waiters)
+                    }
+                    None => Vec::new(),
+                }
             };
-            stream.state.mark_durable(ack.next_offset, ack.closed);
-            let waiters = std::mem::take(&mut stream.waiters);
-            drop(streams);
             // The writer first: the executor runs woken tasks in order, and one woken reader
             // may wake thousands of subscribers (`live.rs`); the writer's acknowledgement
             // must not wait for all of their deliveries.
