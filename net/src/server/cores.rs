@@ -30,6 +30,13 @@ const SHUTDOWN_CONNECTIONS_WAIT: Duration = Duration::from_secs(10);
 const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(15);
 /// io_uring registered-buffer memory per core: small, so the default 8 MiB memlock suffices.
 const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
+/// The longest a core runs queued tasks before it looks at its I/O completions and at what
+/// other cores sent it. glommio does both only between runs of a task queue, and its default
+/// (100 ms) let one run of 5,000 SSE deliveries hold back every message from the other core:
+/// an append whose connection was on one core and whose stream on the other waited 37-73 ms
+/// for its acknowledgement under fan-out, 2.4-3.4 ms at 1-2 ms (BENCHMARKS.md, "A busy core
+/// still hears the others"). A run cut short costs one timer rearm, not a task switch.
+const CORE_PREEMPT_INTERVAL_MS: u64 = 2;
 
 /// What a core reports once it listens.
 struct Started {
@@ -107,9 +114,7 @@ pub(super) fn start_cores(
             ready: ready_tx.clone(),
             node: node.clone(),
         };
-        let handle = LocalExecutorBuilder::new(placement)
-            .name(&format!("pico-core-{index}"))
-            .io_memory(IO_MEMORY_PER_CORE_BYTES)
+        let handle = core_executor(placement, index)
             .spawn(move || run_core(job))
             .map_err(|e| explain_executor_error(&e.to_string()))?;
         handles.push(handle);
@@ -124,6 +129,14 @@ pub(super) fn start_cores(
         }
     }
     Ok((handles, admin_addr))
+}
+
+/// The executor of core `index`, as every core of a node runs it.
+fn core_executor(placement: Placement, index: usize) -> LocalExecutorBuilder {
+    LocalExecutorBuilder::new(placement)
+        .name(&format!("pico-core-{index}"))
+        .io_memory(IO_MEMORY_PER_CORE_BYTES)
+        .preempt_timer(Duration::from_millis(CORE_PREEMPT_INTERVAL_MS))
 }
 
 fn explain_executor_error(error: &str) -> String {
@@ -266,4 +279,71 @@ async fn run_core(job: CoreJob) {
         task.await;
     }
     stopper.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    /// How long the other thread watches the busy core after sending it a message.
+    const WATCH_MS: u64 = 400;
+    /// The busy task gives up here, whatever happened.
+    const BUSY_FOR_MAX: Duration = Duration::from_secs(30);
+
+    /// A core that never runs out of tasks still takes another core's message within
+    /// `CORE_PREEMPT_INTERVAL_MS`. Measured in the busy task's own progress, not in time: the
+    /// message must arrive within the first eighth of what the core got done in `WATCH_MS`
+    /// after the sending (50 ms of work on an idle machine; glommio's default look every
+    /// 100 ms fails this). A busy machine that takes the core off its CPU slows both counts
+    /// alike, so it cannot make the test fail.
+    #[test]
+    fn a_busy_core_still_takes_messages_from_other_cores() {
+        let spins = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (started_tx, started_rx) = mpsc::channel();
+        let (message_tx, message_rx) = futures_channel::oneshot::channel::<u64>();
+        let (core_spins, core_stop) = (spins.clone(), stop.clone());
+        let core = core_executor(Placement::Unbound, 0)
+            .spawn(move || async move {
+                let received = Rc::new(Cell::new(None));
+                let receiver = {
+                    let (received, spins) = (received.clone(), core_spins.clone());
+                    glommio::spawn_local(async move {
+                        if let Ok(sent_at) = message_rx.await {
+                            received.set(Some((sent_at, spins.load(Ordering::Relaxed))));
+                        }
+                    })
+                };
+                // Busy the way a core delivering to thousands of subscribers is: never
+                // waiting, only yielding, so its task queue never runs dry.
+                let began = std::time::Instant::now();
+                let _ = started_tx.send(());
+                while !core_stop.load(Ordering::Relaxed) && began.elapsed() < BUSY_FOR_MAX {
+                    core_spins.fetch_add(1, Ordering::Relaxed);
+                    futures_lite::future::yield_now().await;
+                }
+                drop(receiver);
+                received.get()
+            })
+            .unwrap();
+        started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        // Read after sending would be later than the real moment of sending; read before, it
+        // can only be earlier, which errs towards failing on the old code, never on the new.
+        let sent_at = spins.load(Ordering::Relaxed);
+        message_tx.send(sent_at).unwrap();
+        std::thread::sleep(Duration::from_millis(WATCH_MS));
+        let watched = spins.load(Ordering::Relaxed) - sent_at;
+        stop.store(true, Ordering::Relaxed);
+        let (sent_at, received_at) = core
+            .join()
+            .unwrap()
+            .expect("the busy core never took the message");
+        let waited = received_at - sent_at;
+        assert!(
+            waited <= watched / 8,
+            "the busy core spun {waited} times before it took the message, of {watched} in {WATCH_MS} ms"
+        );
+    }
 }
