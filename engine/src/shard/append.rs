@@ -491,11 +491,7 @@ impl Shard {
         self.maybe_rotate(needed);
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
-        reserve_frames(
-            &mut segment.buf,
-            needed,
-            self.config.segment_size + limits::SEGMENT_SLACK_BYTES,
-        );
+        reserve_frames(&mut segment.buf, needed, self.buffers.full_bytes());
         let id = stream.state.id;
         let byte_start = segment.buf.len() as u64;
         let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);

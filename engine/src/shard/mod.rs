@@ -13,8 +13,9 @@
 //!
 //! The files build on each other without a loop. At the bottom the types and owned parts,
 //! which import no sibling: `stream.rs` (a stream, its chunks, its seed), `pending.rs` (the
-//! ack queue), `blocks.rs` (the read cache), `sealed.rs` (seal order and upload backlog);
-//! `state.rs` (the `Shard` made of them) over those. Then the `impl Shard` files, each using
+//! ack queue), `blocks.rs` (the read cache), `sealed.rs` (seal order and upload backlog),
+//! `spare.rs` (segment buffers kept for reuse); `state.rs` (the `Shard` made of them) over
+//! those. Then the `impl Shard` files, each using
 //! only those below it: `acks`, `wal`, `cache`, `fence`, `upload`, `segment`, `commit`,
 //! `lifecycle`, `handoff`, `append`, `read`, `reaper`, and this file on top. Everything here
 //! runs on one executor: `RefCell`s are never held across an `.await`.
@@ -35,6 +36,7 @@ mod reaper;
 mod sealed;
 mod seeds;
 mod segment;
+mod spare;
 mod state;
 mod stream;
 #[cfg(test)]

@@ -142,8 +142,10 @@ impl Shard {
     /// Refreshes the gauges the admin listener reads (at most a moment stale).
     pub(super) async fn gauges_loop(self: Rc<Self>) {
         loop {
+            self.buffers.trim_idle();
             let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
-            let memory = log_bytes + self.cache.borrow().memory_bytes();
+            let memory =
+                log_bytes + self.cache.borrow().memory_bytes() + self.buffers.spare_bytes();
             CoreMetrics::set(&self.metrics.memory_bytes, memory as u64);
             CoreMetrics::set(
                 &self.metrics.upload_backlog_bytes,

@@ -6,11 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use pico_meta::{ProducerState, SegmentFence, SegmentRecord, SegmentStreamEntry};
 
 use crate::clock::now_ms;
-use crate::limits;
 
 use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard, WalFile};
 use super::stream::{coarsen, coarsen_runs, IndexEntry};
@@ -53,13 +51,7 @@ impl Shard {
         self.log.borrow_mut().push_back(OpenSegment {
             no,
             key,
-            // Sized on demand (`reserve_frames`): a flush under object durability seals a
-            // few hundred bytes, and committing a full segment's pages up front took 4.5 ms
-            // per segment here, most of a lone writer's acknowledgement.
-            buf: Vec::with_capacity(
-                limits::SEGMENT_BUFFER_INITIAL_BYTES
-                    .min(self.config.segment_size + limits::SEGMENT_SLACK_BYTES),
-            ),
+            buf: self.buffers.take(),
             durable_len: 0,
             wal: file,
             wal_path: path,
@@ -100,13 +92,7 @@ impl Shard {
             log.pop_front().expect("sealing the front segment")
         };
         self.coarsen_sealed(no, &segment.index);
-        let mut buf = segment.buf;
-        // The read cache counts a segment by its length: spare capacity would be memory it
-        // does not see (a small flush in a buffer grown for more).
-        if buf.capacity() - buf.len() > buf.len() / 4 {
-            buf.shrink_to_fit();
-        }
-        let bytes = Bytes::from(buf);
+        let bytes = self.buffers.seal(segment.buf);
         if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
             slot.data = SegmentData::Memory(bytes.clone());
             slot.size = bytes.len() as u64;

@@ -27,6 +27,7 @@ use super::blocks::ReadCache;
 use super::moves::Moves;
 use super::pending::AckQueue;
 use super::sealed::SealQueue;
+use super::spare::SegmentBuffers;
 use super::stream::{coarsen, Chunk, IndexEntry, Stream, StreamSeed};
 
 /// A segment whose frames are still being written to its WAL file.
@@ -107,6 +108,8 @@ pub(crate) struct Shard {
     pub(super) content_types: RefCell<Vec<Arc<str>>>,
     /// Open segments, oldest first; the last one is active (takes new frames).
     pub(super) log: RefCell<VecDeque<OpenSegment>>,
+    /// Buffers of sealed segments kept for the next ones (`spare.rs`).
+    pub(super) buffers: SegmentBuffers,
     pub(super) segments: RefCell<HashMap<u64, SegmentSlot>>,
     /// Uploaded segments and blocks held in memory for reads, within one budget.
     pub(super) cache: RefCell<ReadCache>,
@@ -176,6 +179,7 @@ impl Shard {
         } = parts;
         Shard {
             core,
+            buffers: SegmentBuffers::new(config.segment_size),
             config,
             meta,
             store,

@@ -1,0 +1,238 @@
+//! Segment buffers kept for reuse.
+//!
+//! A segment's buffer grows, by doubling, to the segment size plus its slack as frames arrive.
+//! Made fresh for every segment, its pages were faulted in and zeroed by the kernel, and copied
+//! at every doubling: 7 % of a node's CPU under 256-byte appends (BENCHMARKS.md, "Segment
+//! buffers reused"). Freed, a buffer that large goes back to the operating system, so the next
+//! one paid again.
+//!
+//! Now a sealed segment's buffer comes back here when the last holder of its bytes lets go (the
+//! read cache evicting it, an upload, a response still being written), and the next segment
+//! takes it with its pages in place. A core keeps at most [`SPARE_BUFFERS_MAX`] of them, and
+//! none once it has opened no segment for [`SPARE_IDLE_MS`]: an idle node does not hold them.
+
+use std::cell::Cell;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::limits;
+
+/// Spare full-size buffers one core keeps. One is taken per segment opened and one comes back
+/// per segment the read cache lets go, so two cover a core appending at full speed.
+const SPARE_BUFFERS_MAX: usize = 2;
+/// Spares are dropped once no segment was opened for this long.
+const SPARE_IDLE_MS: u64 = 10_000;
+
+/// Shared with the bytes of sealed segments, which may be dropped on any thread (the upload
+/// runtime, another core that read them). Locked once per segment, never per append.
+type Spares = Mutex<Vec<Vec<u8>>>;
+
+pub(crate) struct SegmentBuffers {
+    spares: Arc<Spares>,
+    /// A full buffer's capacity: the segment size plus its slack.
+    full_bytes: usize,
+    last_taken: Cell<Instant>,
+}
+
+impl SegmentBuffers {
+    pub(crate) fn new(segment_size: usize) -> SegmentBuffers {
+        SegmentBuffers {
+            spares: Arc::default(),
+            full_bytes: segment_size + limits::SEGMENT_SLACK_BYTES,
+            last_taken: Cell::new(Instant::now()),
+        }
+    }
+
+    /// The most a segment's buffer grows to, unless one frame needs more.
+    pub(super) fn full_bytes(&self) -> usize {
+        self.full_bytes
+    }
+
+    /// An empty buffer for a new segment: a spare one, or a small one that grows on demand (a
+    /// flush under object durability seals a few hundred bytes, and committing a full
+    /// segment's pages up front took 4.5 ms per segment, most of a lone writer's
+    /// acknowledgement).
+    pub(super) fn take(&self) -> Vec<u8> {
+        self.last_taken.set(Instant::now());
+        lock(&self.spares).pop().unwrap_or_else(|| {
+            Vec::with_capacity(limits::SEGMENT_BUFFER_INITIAL_BYTES.min(self.full_bytes))
+        })
+    }
+
+    /// A sealed segment's bytes. A full buffer is shared as is and comes back here once they
+    /// are dropped. A mostly empty one (a flush, a segment sealed by age) is copied to its
+    /// length: the read cache counts a segment by its length, and would not see the spare
+    /// capacity.
+    pub(super) fn seal(&self, buf: Vec<u8>) -> Bytes {
+        if buf.capacity() - buf.len() > buf.len() / 4 {
+            let bytes = Bytes::copy_from_slice(&buf);
+            give_back(&self.spares, buf, self.full_bytes);
+            return bytes;
+        }
+        if !reusable(&buf, self.full_bytes) {
+            return Bytes::from(buf);
+        }
+        Bytes::from_owner(Returning {
+            buf,
+            spares: Arc::downgrade(&self.spares),
+            full_bytes: self.full_bytes,
+        })
+    }
+
+    /// Drops the spares of a core that has opened no segment for [`SPARE_IDLE_MS`].
+    pub(super) fn trim_idle(&self) {
+        if self.last_taken.get().elapsed() >= Duration::from_millis(SPARE_IDLE_MS) {
+            let dropped = std::mem::take(&mut *lock(&self.spares));
+            drop(dropped);
+        }
+    }
+
+    /// Bytes held in spare buffers.
+    pub(super) fn spare_bytes(&self) -> usize {
+        lock(&self.spares).iter().map(Vec::capacity).sum()
+    }
+}
+
+/// A sealed segment's buffer, handed back to its core's spares when its bytes are dropped.
+struct Returning {
+    buf: Vec<u8>,
+    spares: Weak<Spares>,
+    full_bytes: usize,
+}
+
+impl AsRef<[u8]> for Returning {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        if let Some(spares) = self.spares.upgrade() {
+            give_back(&spares, std::mem::take(&mut self.buf), self.full_bytes);
+        }
+    }
+}
+
+/// A buffer grown to full size (not past it for one large frame): worth keeping.
+fn reusable(buf: &Vec<u8>, full_bytes: usize) -> bool {
+    (full_bytes..=full_bytes + full_bytes / 4).contains(&buf.capacity())
+}
+
+fn give_back(spares: &Spares, mut buf: Vec<u8>, full_bytes: usize) {
+    if !reusable(&buf, full_bytes) {
+        return;
+    }
+    let mut spares = lock(spares);
+    if spares.len() < SPARE_BUFFERS_MAX {
+        buf.clear();
+        spares.push(buf);
+    }
+}
+
+/// The spares, even after a panic elsewhere while they were locked: a list of empty buffers
+/// has no state to break.
+fn lock(spares: &Spares) -> MutexGuard<'_, Vec<Vec<u8>>> {
+    spares
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEGMENT: usize = 64 * 1024;
+
+    fn full(buffers: &SegmentBuffers, fill: usize) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(buffers.full_bytes());
+        buf.resize(fill, 7);
+        buf
+    }
+
+    #[test]
+    fn a_full_segment_s_buffer_comes_back_when_its_bytes_are_dropped() {
+        let buffers = SegmentBuffers::new(SEGMENT);
+        let buf = full(&buffers, buffers.full_bytes() - 10);
+        let at = buf.as_ptr();
+        let bytes = buffers.seal(buf);
+        assert_eq!(bytes.as_ptr(), at, "shared as is, not copied");
+        let slice = bytes.slice(5..50);
+        drop(bytes);
+        assert_eq!(buffers.spare_bytes(), 0, "a slice still holds it");
+        assert!(slice.iter().all(|&b| b == 7));
+        drop(slice);
+        assert_eq!(buffers.spare_bytes(), buffers.full_bytes());
+        let again = buffers.take();
+        assert_eq!(
+            (again.as_ptr(), again.len()),
+            (at, 0),
+            "the same pages, emptied"
+        );
+    }
+
+    #[test]
+    fn a_mostly_empty_buffer_is_copied_to_its_length_and_kept() {
+        let buffers = SegmentBuffers::new(SEGMENT);
+        let buf = full(&buffers, 300);
+        let bytes = buffers.seal(buf);
+        assert_eq!(bytes.len(), 300);
+        assert!(bytes.iter().all(|&b| b == 7));
+        assert_eq!(buffers.spare_bytes(), buffers.full_bytes(), "kept at once");
+    }
+
+    #[test]
+    fn small_and_oversized_buffers_are_not_kept() {
+        let buffers = SegmentBuffers::new(SEGMENT);
+        let growing = buffers.take();
+        assert!(growing.capacity() < buffers.full_bytes());
+        drop(buffers.seal(growing));
+        let mut oversized = Vec::with_capacity(buffers.full_bytes() * 2);
+        oversized.resize(buffers.full_bytes() * 2 - 1, 1);
+        drop(buffers.seal(oversized));
+        assert_eq!(buffers.spare_bytes(), 0);
+    }
+
+    #[test]
+    fn a_core_keeps_a_few_spares_and_drops_them_when_idle() {
+        let buffers = SegmentBuffers::new(SEGMENT);
+        let sealed: Vec<Bytes> = (0..5)
+            .map(|_| buffers.seal(full(&buffers, buffers.full_bytes())))
+            .collect();
+        drop(sealed);
+        assert_eq!(
+            buffers.spare_bytes(),
+            SPARE_BUFFERS_MAX * buffers.full_bytes()
+        );
+        buffers.trim_idle();
+        assert_eq!(
+            buffers.spare_bytes(),
+            SPARE_BUFFERS_MAX * buffers.full_bytes(),
+            "not idle yet"
+        );
+        buffers
+            .last_taken
+            .set(Instant::now() - Duration::from_millis(SPARE_IDLE_MS));
+        buffers.trim_idle();
+        assert_eq!(buffers.spare_bytes(), 0);
+    }
+
+    #[test]
+    fn bytes_dropped_on_another_thread_come_back_too() {
+        let buffers = SegmentBuffers::new(SEGMENT);
+        let bytes = buffers.seal(full(&buffers, buffers.full_bytes()));
+        std::thread::spawn(move || drop(bytes)).join().unwrap();
+        assert_eq!(buffers.spare_bytes(), buffers.full_bytes());
+    }
+
+    #[test]
+    fn bytes_outliving_their_core_are_freed() {
+        let buffers = SegmentBuffers::new(SEGMENT);
+        let bytes = buffers.seal(full(&buffers, buffers.full_bytes()));
+        drop(buffers);
+        assert_eq!(bytes.len(), SEGMENT + limits::SEGMENT_SLACK_BYTES);
+        drop(bytes);
+    }
+}
