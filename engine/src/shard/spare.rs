@@ -20,34 +20,72 @@ use bytes::Bytes;
 use crate::limits;
 
 /// Spare full-size buffers one core keeps. One is taken per segment opened and one comes back
-/// per segment the read cache lets go, so two cover a core appending at full speed.
+/// per segment the read cache lets go, so two cover a core appending at full speed...
 const SPARE_BUFFERS_MAX: usize = 2;
+/// ...within this many bytes: a node run with large segments (`--segment-size`) keeps fewer,
+/// or none.
+const SPARE_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Spares are dropped once no segment was opened for this long.
 const SPARE_IDLE_MS: u64 = 10_000;
 
-/// Shared with the bytes of sealed segments, which may be dropped on any thread (the upload
-/// runtime, another core that read them). Locked once per segment, never per append.
-type Spares = Mutex<Vec<Vec<u8>>>;
+/// One core's spare buffers, shared with the bytes of its sealed segments, which may be
+/// dropped on any thread (the upload runtime, another core that read them). Locked once per
+/// segment, never per append.
+struct Spares {
+    buffers: Mutex<Vec<Vec<u8>>>,
+    /// A full buffer's capacity: the segment size plus its slack.
+    full_bytes: usize,
+    /// How many are kept.
+    kept_max: usize,
+}
+
+impl Spares {
+    /// A buffer grown to full size (not past it for one large frame): worth keeping.
+    fn reusable(&self, buf: &Vec<u8>) -> bool {
+        (self.full_bytes..=self.full_bytes + self.full_bytes / 4).contains(&buf.capacity())
+    }
+
+    fn give_back(&self, mut buf: Vec<u8>) {
+        if !self.reusable(&buf) {
+            return;
+        }
+        let mut buffers = self.lock();
+        if buffers.len() < self.kept_max {
+            buf.clear();
+            buffers.push(buf);
+        }
+    }
+
+    /// The spares, even after a panic elsewhere while they were locked: a list of empty
+    /// buffers has no state to break.
+    fn lock(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
+        self.buffers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
 
 pub(crate) struct SegmentBuffers {
     spares: Arc<Spares>,
-    /// A full buffer's capacity: the segment size plus its slack.
-    full_bytes: usize,
     last_taken: Cell<Instant>,
 }
 
 impl SegmentBuffers {
     pub(crate) fn new(segment_size: usize) -> SegmentBuffers {
+        let full_bytes = segment_size + limits::SEGMENT_SLACK_BYTES;
         SegmentBuffers {
-            spares: Arc::default(),
-            full_bytes: segment_size + limits::SEGMENT_SLACK_BYTES,
+            spares: Arc::new(Spares {
+                buffers: Mutex::default(),
+                full_bytes,
+                kept_max: SPARE_BUFFERS_MAX.min(SPARE_BYTES_MAX / full_bytes),
+            }),
             last_taken: Cell::new(Instant::now()),
         }
     }
 
     /// The most a segment's buffer grows to, unless one frame needs more.
     pub(super) fn full_bytes(&self) -> usize {
-        self.full_bytes
+        self.spares.full_bytes
     }
 
     /// An empty buffer for a new segment: a spare one, or a small one that grows on demand (a
@@ -56,8 +94,8 @@ impl SegmentBuffers {
     /// acknowledgement).
     pub(super) fn take(&self) -> Vec<u8> {
         self.last_taken.set(Instant::now());
-        lock(&self.spares).pop().unwrap_or_else(|| {
-            Vec::with_capacity(limits::SEGMENT_BUFFER_INITIAL_BYTES.min(self.full_bytes))
+        self.spares.lock().pop().unwrap_or_else(|| {
+            Vec::with_capacity(limits::SEGMENT_BUFFER_INITIAL_BYTES.min(self.full_bytes()))
         })
     }
 
@@ -68,30 +106,29 @@ impl SegmentBuffers {
     pub(super) fn seal(&self, buf: Vec<u8>) -> Bytes {
         if buf.capacity() - buf.len() > buf.len() / 4 {
             let bytes = Bytes::copy_from_slice(&buf);
-            give_back(&self.spares, buf, self.full_bytes);
+            self.spares.give_back(buf);
             return bytes;
         }
-        if !reusable(&buf, self.full_bytes) {
+        if !self.spares.reusable(&buf) {
             return Bytes::from(buf);
         }
         Bytes::from_owner(Returning {
             buf,
             spares: Arc::downgrade(&self.spares),
-            full_bytes: self.full_bytes,
         })
     }
 
     /// Drops the spares of a core that has opened no segment for [`SPARE_IDLE_MS`].
     pub(super) fn trim_idle(&self) {
         if self.last_taken.get().elapsed() >= Duration::from_millis(SPARE_IDLE_MS) {
-            let dropped = std::mem::take(&mut *lock(&self.spares));
+            let dropped = std::mem::take(&mut *self.spares.lock());
             drop(dropped);
         }
     }
 
     /// Bytes held in spare buffers.
     pub(super) fn spare_bytes(&self) -> usize {
-        lock(&self.spares).iter().map(Vec::capacity).sum()
+        self.spares.lock().iter().map(Vec::capacity).sum()
     }
 }
 
@@ -99,7 +136,6 @@ impl SegmentBuffers {
 struct Returning {
     buf: Vec<u8>,
     spares: Weak<Spares>,
-    full_bytes: usize,
 }
 
 impl AsRef<[u8]> for Returning {
@@ -111,33 +147,9 @@ impl AsRef<[u8]> for Returning {
 impl Drop for Returning {
     fn drop(&mut self) {
         if let Some(spares) = self.spares.upgrade() {
-            give_back(&spares, std::mem::take(&mut self.buf), self.full_bytes);
+            spares.give_back(std::mem::take(&mut self.buf));
         }
     }
-}
-
-/// A buffer grown to full size (not past it for one large frame): worth keeping.
-fn reusable(buf: &Vec<u8>, full_bytes: usize) -> bool {
-    (full_bytes..=full_bytes + full_bytes / 4).contains(&buf.capacity())
-}
-
-fn give_back(spares: &Spares, mut buf: Vec<u8>, full_bytes: usize) {
-    if !reusable(&buf, full_bytes) {
-        return;
-    }
-    let mut spares = lock(spares);
-    if spares.len() < SPARE_BUFFERS_MAX {
-        buf.clear();
-        spares.push(buf);
-    }
-}
-
-/// The spares, even after a panic elsewhere while they were locked: a list of empty buffers
-/// has no state to break.
-fn lock(spares: &Spares) -> MutexGuard<'_, Vec<Vec<u8>>> {
-    spares
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
@@ -217,6 +229,20 @@ mod tests {
             .set(Instant::now() - Duration::from_millis(SPARE_IDLE_MS));
         buffers.trim_idle();
         assert_eq!(buffers.spare_bytes(), 0);
+    }
+
+    #[test]
+    fn large_segments_keep_fewer_spares_or_none() {
+        let two = SegmentBuffers::new(SPARE_BYTES_MAX / 2 - limits::SEGMENT_SLACK_BYTES);
+        let one = SegmentBuffers::new(SPARE_BYTES_MAX - limits::SEGMENT_SLACK_BYTES);
+        let none = SegmentBuffers::new(SPARE_BYTES_MAX);
+        for (buffers, kept) in [(two, 2), (one, 1), (none, 0)] {
+            let sealed: Vec<Bytes> = (0..3)
+                .map(|_| buffers.seal(full(&buffers, buffers.full_bytes())))
+                .collect();
+            drop(sealed);
+            assert_eq!(buffers.spare_bytes(), kept * buffers.full_bytes());
+        }
     }
 
     #[test]
