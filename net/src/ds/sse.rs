@@ -70,8 +70,10 @@ pub(super) async fn sse(
         first: true,
         control: None,
     };
+    // The state boxed: an unfold keeps room for its state twice (held between items, and
+    // moved into the future that makes the next one), for as long as the subscriber lives.
     let events: BodyStream = Box::pin(futures_lite::stream::unfold(
-        state,
+        Box::new(state),
         |mut state| async move {
             if let Some(control) = state.control.take() {
                 return Some((control, state));

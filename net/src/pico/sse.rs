@@ -70,8 +70,10 @@ pub fn events(
         done: false,
         queue: VecDeque::from([Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n"))]),
     };
+    // The state boxed: an unfold keeps room for its state twice (held between items, and
+    // moved into the future that makes the next one), for as long as the subscriber lives.
     Box::pin(futures_lite::stream::unfold(
-        state,
+        Box::new(state),
         |mut state| async move {
             loop {
                 if let Some(event) = state.queue.pop_front() {

@@ -24,11 +24,12 @@ use crate::limits::{
 };
 use crate::shutdown::CoreShutdown;
 use crate::transport::http2;
+use crate::transport::message::BodyStream;
 use crate::transport::message::{refusal, within, Request, Response};
 use parse::read_request;
 pub use parse::ProtocolError;
 use read::{fill_idle, peer_gone};
-use write::write_response;
+use write::{write_chunked, write_response};
 
 /// Serves a connection until the peer closes or an error ends it: HTTP/2 when it opens with
 /// the h2 preface (prior knowledge), HTTP/1.1 otherwise. `handle` answers one request;
@@ -93,14 +94,37 @@ async fn serve_http1<S, H, F>(
         // connection's own future stays a few hundred bytes instead of carrying that room for
         // the connection's whole life.
         let served = serve_request(stream, buf, limits, handle, on_error, stop);
-        if !Box::pin(served).await {
+        let go_on = match Box::pin(served).await {
+            Served::Close => false,
+            Served::Next => true,
+            // The request's future is given back before its event stream is written, for as
+            // long as the stream lives: an SSE subscriber holds the stream and this.
+            Served::Streaming { events, keep_alive } => {
+                Box::pin(write_chunked(stream, buf, events)).await.is_ok() && keep_alive
+            }
+        };
+        if !go_on {
             return;
         }
     }
 }
 
-/// Reads, handles and answers one request whose first bytes are in `buf`; whether the
-/// connection goes on.
+/// How one request's exchange ended.
+enum Served {
+    /// The connection closes.
+    Close,
+    /// Answered: the next request may come.
+    Next,
+    /// The head of an event stream is sent; its events are still to be written, and then the
+    /// connection goes on if `keep_alive`.
+    Streaming {
+        events: BodyStream,
+        keep_alive: bool,
+    },
+}
+
+/// Reads, handles and answers one request whose first bytes are in `buf` (an event stream's
+/// head only: its events are the caller's to write).
 async fn serve_request<S, H, F>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -108,7 +132,7 @@ async fn serve_request<S, H, F>(
     handle: &H,
     on_error: fn(u16, &str) -> Response,
     stop: &CoreShutdown,
-) -> bool
+) -> Served
 where
     S: AsyncRead + AsyncWrite + Unpin,
     H: Fn(Request) -> F,
@@ -125,16 +149,16 @@ where
         // Idle keep-alive connections just close; a stalled request learns why.
         if !buf.is_empty() {
             let response = on_error(408, "request not received in time");
-            let _ = Box::pin(write_response(stream, buf, response, false, false)).await;
+            let _ = Box::pin(write_response(stream, response, false, false)).await;
         }
-        return false;
+        return Served::Close;
     };
     let parsed = match read {
         Ok(Some(parsed)) => parsed,
-        Ok(None) => return false,
+        Ok(None) => return Served::Close,
         Err(e) => {
             let response = refusal(on_error, e.status, &e.message);
-            let _ = Box::pin(write_response(stream, buf, response, false, false)).await;
+            let _ = Box::pin(write_response(stream, response, false, false)).await;
             // What was received of a refused request is not kept while the rest drains
             // (the core's body budget no longer counts it).
             drop(std::mem::take(buf));
@@ -158,7 +182,7 @@ where
                 // bytes) was part of every request's future, parked long-polls included.
                 Box::pin(within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard)).await;
             }
-            return false;
+            return Served::Close;
         }
     };
     let (request, keep_alive, body_held) = parsed;
@@ -178,7 +202,7 @@ where
         ));
         match answer.await {
             Some(response) => response,
-            None => return false,
+            None => return Served::Close,
         }
     } else {
         // Boxed too: inline, its room would size this future (and so a live read's) anyway.
@@ -188,10 +212,11 @@ where
     drop(body_held);
     // Once the node is stopping, the response in hand is the connection's last.
     let keep_alive = keep_alive && !stop.is_set();
-    // Boxed like the other phases: inline, the writer's room (the response, its head's text,
-    // the chunk writer) was part of every parked long-poll's future, 2.5 KiB of its 3.
-    Box::pin(write_response(stream, buf, response, head_only, keep_alive))
-        .await
-        .is_ok()
-        && keep_alive
+    // Boxed like the other phases: inline, the writer's room (the response, its head's text)
+    // was part of every parked long-poll's future, 2.5 KiB of its 3.
+    match Box::pin(write_response(stream, response, head_only, keep_alive)).await {
+        Ok(Some(events)) => Served::Streaming { events, keep_alive },
+        Ok(None) if keep_alive => Served::Next,
+        Ok(None) | Err(_) => Served::Close,
+    }
 }

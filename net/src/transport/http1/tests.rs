@@ -45,7 +45,7 @@ fn an_idle_connection_does_not_carry_a_request_s_future() {
 /// inline.)
 #[test]
 fn a_parked_request_holds_little_besides_its_handler() {
-    let (request, watch, write) = glommio::LocalExecutor::default().run(async {
+    let (request, watch, write, stream_events) = glommio::LocalExecutor::default().run(async {
         let handle = |_request: Request| async {
             futures_lite::future::yield_now().await;
             Response::new(200)
@@ -65,14 +65,10 @@ fn a_parked_request_holds_little_besides_its_handler() {
         ));
         let watch = std::mem::size_of_val(&peer_gone(&mut stream, &mut buf));
         let response = Response::new(200);
-        let write = std::mem::size_of_val(&write_response(
-            &mut stream,
-            &mut buf,
-            response,
-            false,
-            false,
-        ));
-        (request, watch, write)
+        let write = std::mem::size_of_val(&write_response(&mut stream, response, false, false));
+        let events: crate::transport::message::BodyStream = Box::pin(futures_lite::stream::empty());
+        let stream_events = std::mem::size_of_val(&write_chunked(&mut stream, &mut buf, events));
+        (request, watch, write, stream_events)
     });
     // 1,184 bytes while the write was inline, 784 while draining a refused body was.
     assert!(
@@ -81,6 +77,13 @@ fn a_parked_request_holds_little_besides_its_handler() {
     );
     assert!(watch < 256, "watching for the peer takes {watch} bytes");
     assert!(write < 1024, "writing a response takes {write} bytes");
+    // What an SSE subscriber holds while its events are written, besides its connection's
+    // future and the event stream: 1,192 bytes before, when the request's future and the
+    // writer's (with the event stream's writing inline) stayed under it.
+    assert!(
+        stream_events < 512,
+        "writing an event stream takes {stream_events} bytes"
+    );
 }
 
 /// Parses `wire` as one request with a 1 MiB body limit: the status of the error, or 0.
@@ -307,7 +310,11 @@ fn events_ready_together_leave_in_one_write() {
         );
         let mut socket = Writes::default();
         let response = Response::new(200).with_stream(body);
-        super::write::write_response(&mut socket, &mut BytesMut::new(), response, false, true)
+        let events = super::write::write_response(&mut socket, response, false, true)
+            .await
+            .expect("head written")
+            .expect("an event stream");
+        write_chunked(&mut socket, &mut BytesMut::new(), events)
             .await
             .expect("written");
         socket.0

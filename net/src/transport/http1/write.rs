@@ -17,15 +17,16 @@ pub(super) fn reason(status: u16) -> &'static str {
         .unwrap_or("Status")
 }
 
-/// Sends `response`. While an event stream waits for its next event, what the peer sends is
-/// kept in `arrived` (a pipelined request), and the peer closing ends the stream at once.
-pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
+/// Sends `response`, or the head of an event stream, whose events are then the caller's to
+/// send with [`write_chunked`]: `Ok(Some(events))`. Apart, the room this future and the
+/// request's took is given back before the stream is written, for as long as it lives (an
+/// SSE subscriber held 1.2 KiB of it, BENCHMARKS.md, "SSE subscribers hold less").
+pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     stream: &mut S,
-    arrived: &mut BytesMut,
     mut response: Response,
     head_only: bool,
     keep_alive: bool,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<BodyStream>> {
     use std::fmt::Write;
     let mut head = String::with_capacity(256);
     let _ = write!(
@@ -42,7 +43,7 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
         if head_only {
             head.push_str("\r\n");
             stream.write_all(head.as_bytes()).await?;
-            return stream.flush().await;
+            return stream.flush().await.map(|()| None);
         }
         head.push_str("transfer-encoding: chunked\r\n");
         if !keep_alive {
@@ -51,11 +52,7 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
         head.push_str("\r\n");
         stream.write_all(head.as_bytes()).await?;
         stream.flush().await?;
-        // An event stream is written for as long as it lives: what only the head needed
-        // (its text, the response's header list, about 1 KiB) is given back first.
-        drop(head);
-        drop(response);
-        return write_chunked(stream, arrived, body).await;
+        return Ok(Some(body));
     }
     let body_len = response.body_len();
     if !no_body_status {
@@ -94,15 +91,17 @@ pub(super) async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
             IoSlice::advance_slices(&mut pending, written);
         }
     }
-    stream.flush().await
+    stream.flush().await.map(|()| None)
 }
 
 /// Sends each item of `body` as one chunk, flushing after each write so events reach the client
-/// at once; a write error (the client went away) ends the stream. Items that are ready
+/// at once; a write error (the client went away) ends the stream. While the stream waits for
+/// its next event, what the peer sends is kept in `arrived` (a pipelined request), and the
+/// peer closing ends the stream at once. Items that are ready
 /// together go out in one write: an SSE data event and the control event behind it are one
 /// `send` and one TCP segment instead of two, and the client is woken once (10,000 subscribers
 /// on one stream pay this per record; BENCHMARKS.md, "Fan-out").
-async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
+pub(super) async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     arrived: &mut BytesMut,
     mut body: BodyStream,
