@@ -66,7 +66,10 @@ one() {
   ok=$(sed -n 's/.* \([0-9]*\) succeeded.*/\1/p' "$dir/h2load.out")
   local ticks=$((after - before)) hz
   hz=$(getconf CLK_TCK)
-  echo "| $workload | $name | $rate | $mean | $((ticks * 100000 / hz / n)).$(((ticks * 100000 * 100 / hz / n) % 100)) s | $peak_mib MiB | $ok of $n |"
+  # Hundredths zero-padded: 1.02 s printed as "1.2 s" before.
+  local cpu
+  printf -v cpu '%d.%02d' $((ticks * 100000 / hz / n)) $(((ticks * 100000 * 100 / hz / n) % 100))
+  echo "| $workload | $name | $rate | $mean | $cpu s | $peak_mib MiB | $ok of $n |"
 }
 
 echo "| workload | server | requests/s | mean | server CPU per 100k requests | peak RSS | succeeded |"
