@@ -168,14 +168,16 @@ impl CoreHandle {
 
     /// Reads records; a fork read below its fork point is stitched from its source. Live
     /// reads waiting at the same place share one read (`live.rs`).
-    pub async fn read(&self, name: &str, request: ReadRequest) -> Result<ReadBatch, EngineError> {
+    /// `request` by reference: a by-value argument is held by the future for its whole life,
+    /// and a live read (thousands wait at once) would carry a copy at each level.
+    pub async fn read(&self, name: &str, request: &ReadRequest) -> Result<ReadBatch, EngineError> {
         self.leased().await?;
-        if let Some(answer) = self.live.read(&self.router, name, &request).await {
+        if let Some(answer) = self.live.read(&self.router, name, request).await {
             return answer;
         }
         // On the heap: a live read parked at the tail then holds only the shared read's
         // small future, not room for this one too.
-        Box::pin(fork::read(&self.router, name, request)).await
+        Box::pin(fork::read(&self.router, name, request.clone())).await
     }
 
     pub async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {

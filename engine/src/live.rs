@@ -124,10 +124,8 @@ impl LiveReads {
                 batch.next_offset
             }
         };
-        let request = &ReadRequest {
-            from: ReadFrom::Offset(from),
-            ..request.clone()
-        };
+        // `request.from` is `from` from here on, passed apart: a copy of the request with it
+        // would be held by every waiting subscriber.
         loop {
             let (shared, shared_deadline) = self.join(router, name, from, request, deadline);
             let answer = if shared_deadline <= deadline {
@@ -157,7 +155,8 @@ impl LiveReads {
             future::yield_now().await;
         }
         // This request's own wait is over: what is there now.
-        Some(read_without_waiting(router, name, request).await)
+        let from = ReadFrom::Offset(from);
+        Some(read_without_waiting(router, name, &ReadRequest { from, ..*request }).await)
     }
 
     /// The read in flight for these records and when it stops waiting, or a new one waiting
@@ -190,6 +189,7 @@ impl LiveReads {
         }
         let wait = deadline.saturating_duration_since(Instant::now());
         let shared_request = ReadRequest {
+            from: ReadFrom::Offset(from),
             wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)),
             ..request.clone()
         };

@@ -77,7 +77,7 @@ async fn read_one(core: &CoreHandle, name: &str, from: u64) -> Option<(u64, Byte
         with_content_type: false,
         bound: None,
     };
-    let batch = core.read(name, request).await.expect("read");
+    let batch = core.read(name, &request).await.expect("read");
     batch.records.first().map(|r| (r.offset, r.body.clone()))
 }
 

@@ -84,7 +84,7 @@ fn subscribe(
     request: ReadRequest,
 ) -> Task<Result<ReadBatch, EngineError>> {
     let (core, name) = (core.clone(), name.to_string());
-    glommio::spawn_local(async move { core.read(&name, request).await })
+    glommio::spawn_local(async move { core.read(&name, &request).await })
 }
 
 /// Every one of `readers` answers with exactly the record `body` at `offset`; their answers.
@@ -142,7 +142,7 @@ fn subscribers_at_one_place_wait_on_one_read_and_each_gets_the_record() {
             let shared_read = answers[0].shared_read;
             assert!(shared_read.is_some());
             assert!(answers.iter().all(|batch| batch.shared_read == shared_read));
-            let alone = core.read(&name, live(1, 0)).await.expect("read");
+            let alone = core.read(&name, &live(1, 0)).await.expect("read");
             assert_eq!(
                 alone.shared_read, None,
                 "a read that does not wait is its own"
@@ -164,7 +164,7 @@ fn each_subscriber_waits_as_long_as_it_asked() {
             // The long wait starts the shared read; the short one joins it and leaves early.
             let long = subscribe(&core, &name, live(1, 60_000));
             until("the long wait is parked", || waiters(&node.metrics) == 1).await;
-            let short = core.read(&name, live(1, 20)).await.expect("short read");
+            let short = core.read(&name, &live(1, 20)).await.expect("short read");
             assert!(short.records.is_empty(), "nothing was appended");
             assert_eq!(short.next_offset, 1);
             // The short wait starts the next shared read; a long one joins it and outlives it.
@@ -172,10 +172,10 @@ fn each_subscriber_waits_as_long_as_it_asked() {
                 let (core, name) = (core.clone(), name.clone());
                 glommio::spawn_local(async move {
                     glommio::timer::sleep(Duration::from_millis(5)).await;
-                    core.read(&name, live(1, 60_000)).await
+                    core.read(&name, &live(1, 60_000)).await
                 })
             };
-            let short = core.read(&name, live(1, 30)).await.expect("short read");
+            let short = core.read(&name, &live(1, 30)).await.expect("short read");
             assert!(short.records.is_empty());
             // Both long waits outlived the short reads: a record ends them.
             until("the long waits are parked", || waiters(&node.metrics) >= 1).await;
@@ -257,7 +257,7 @@ fn the_writer_is_answered_before_the_subscribers_it_wakes() {
             .map(|_| {
                 let (core, name, answered) = (core.clone(), name.clone(), answered.clone());
                 glommio::spawn_local(async move {
-                    let batch = core.read(&name, live(1, 60_000)).await;
+                    let batch = core.read(&name, &live(1, 60_000)).await;
                     answered.borrow_mut().push("subscriber");
                     batch
                 })

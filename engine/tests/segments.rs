@@ -204,7 +204,7 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
                     with_content_type: false,
                     bound: None,
                 };
-                let batch = core.read("/small", request).await.unwrap();
+                let batch = core.read("/small", &request).await.unwrap();
                 assert!(!batch.records.is_empty(), "no progress at {from}");
                 records.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
                 from = batch.next_offset;

@@ -63,7 +63,7 @@ async fn read(core: &CoreHandle, name: &str, from: u64, max_records: usize) -> V
         with_content_type: false,
         bound: None,
     };
-    let batch = core.read(name, request).await.expect("read");
+    let batch = core.read(name, &request).await.expect("read");
     batch
         .records
         .iter()

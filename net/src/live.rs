@@ -54,7 +54,7 @@ impl IdleRound {
 pub(crate) async fn live_read(
     core: &CoreHandle,
     name: &str,
-    request: ReadRequest,
+    request: &ReadRequest,
 ) -> Option<(ReadBatch, bool)> {
     match core.read(name, request).await {
         Ok(batch) => Some((batch, core.is_stopping())),

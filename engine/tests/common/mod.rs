@@ -165,7 +165,7 @@ pub async fn read_all(core: &CoreHandle, name: &str, page_bytes: usize) -> Vec<R
             with_content_type: false,
             bound: None,
         };
-        let batch = core.read(name, request).await.expect("read");
+        let batch = core.read(name, &request).await.expect("read");
         out.extend(batch.records.iter().cloned());
         if batch.records.is_empty() || batch.up_to_date() {
             return out;

@@ -89,7 +89,7 @@ pub(super) async fn read(
         with_content_type: true,
         bound: None,
     };
-    let mut batch = core.read(&request.path, read_request).await?;
+    let mut batch = core.read(&request.path, &read_request).await?;
     let content_type = batch.content_type.take().unwrap_or_default();
     let json = is_json(&content_type);
     let body = encode(&batch, json, skip_bytes);

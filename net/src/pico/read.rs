@@ -123,7 +123,7 @@ pub(super) async fn read(
         with_content_type: format == Format::Raw,
         bound: None,
     };
-    let mut batch = core.read(&request.path, read_request).await?;
+    let mut batch = core.read(&request.path, &read_request).await?;
     let content_type = batch.content_type.take().unwrap_or_default();
     if long_poll {
         return Ok(long_poll_response(batch, format, content_type, query));

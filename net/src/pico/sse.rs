@@ -116,7 +116,7 @@ async fn next_events(state: &mut State) {
         with_content_type: false,
         bound: None,
     };
-    let Some((batch, last)) = live_read(&state.core, &state.name, request).await else {
+    let Some((batch, last)) = live_read(&state.core, &state.name, &request).await else {
         state.done = true;
         return;
     };
@@ -154,4 +154,23 @@ async fn next_events(state: &mut State) {
     // An empty batch's next offset is where it read: a start resolved by the engine.
     state.from = ReadFrom::Offset(batch.next_offset);
     state.done |= last;
+}
+
+#[cfg(test)]
+mod tests {
+    /// The size of the future `f` returns.
+    fn future_size<A, F>(_: fn(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// As in the Durable Streams protocol (`ds/sse.rs`): what a subscriber holds while it
+    /// waits, a read request copied once, not at each level of the read chain.
+    #[test]
+    fn a_subscriber_waiting_for_events_holds_a_small_future() {
+        let bytes = future_size::<&'static mut super::State, _>(super::next_events);
+        assert!(
+            bytes < 768,
+            "waiting for the next events takes {bytes} bytes"
+        );
+    }
 }

@@ -149,7 +149,7 @@ impl Node {
             with_content_type: false,
             bound: None,
         };
-        match self.core.read(&format!("{ROOT}{path}"), read).await {
+        match self.core.read(&format!("{ROOT}{path}"), &read).await {
             Ok(batch) => batch
                 .records
                 .iter()
