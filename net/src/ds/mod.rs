@@ -38,3 +38,5 @@ mod write;
 pub use error::{connection_error, DsError};
 pub use handle::handle;
 pub use params::{format_offset, DsSettings};
+#[cfg(test)]
+pub(crate) use sse::waiting_for_events_bytes;

@@ -15,3 +15,5 @@ mod write;
 pub use error::{connection_error, error_response, ApiError};
 pub use handle::handle;
 pub use settings::PicoSettings;
+#[cfg(test)]
+pub(crate) use sse::waiting_for_events_bytes;

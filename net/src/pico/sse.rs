@@ -156,21 +156,8 @@ async fn next_events(state: &mut State) {
     state.done |= last;
 }
 
+/// What a subscriber's wait for its next events takes (tested in `live.rs`).
 #[cfg(test)]
-mod tests {
-    /// The size of the future `f` returns.
-    fn future_size<A, F>(_: fn(A) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    /// As in the Durable Streams protocol (`ds/sse.rs`): what a subscriber holds while it
-    /// waits, a read request copied once, not at each level of the read chain.
-    #[test]
-    fn a_subscriber_waiting_for_events_holds_a_small_future() {
-        let bytes = future_size::<&'static mut super::State, _>(super::next_events);
-        assert!(
-            bytes < 768,
-            "waiting for the next events takes {bytes} bytes"
-        );
-    }
+pub(crate) fn waiting_for_events_bytes() -> usize {
+    crate::live::future_size::<&'static mut State, _>(next_events)
 }
