@@ -35,7 +35,10 @@ const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
 /// (100 ms) let one run of 5,000 SSE deliveries hold back every message from the other core:
 /// an append whose connection was on one core and whose stream on the other waited 37-73 ms
 /// for its acknowledgement under fan-out, 2.4-3.4 ms at 1-2 ms (BENCHMARKS.md, "A busy core
-/// still hears the others"). A run cut short costs one timer rearm, not a task switch.
+/// still hears the others"). A run cut short costs one timer rearm, not a task switch. A timer
+/// this short expires before a run more often; the vendored glommio runs at least one task per
+/// run, so that cannot leave the core asleep with work queued (vendor/glommio/PATCHES.md,
+/// change 4).
 const CORE_PREEMPT_INTERVAL_MS: u64 = 2;
 
 /// What a core reports once it listens.
@@ -345,5 +348,37 @@ mod tests {
             waited <= watched / 8,
             "the busy core spun {waited} times before it took the message, of {watched} in {WATCH_MS} ms"
         );
+    }
+
+    /// Rounds of the test below: each one spawns a task and waits for it.
+    const EARLY_PREEMPTION_ROUNDS: usize = 2_000;
+
+    /// An executor whose preemption timer expired before it ran its queued tasks (its thread
+    /// was taken off the CPU between arming the timer and running them, as on a machine with
+    /// more runnable threads than CPUs) runs them, instead of going to sleep with them queued.
+    /// glommio took that case for "nothing to run" and slept until an unrelated event woke
+    /// it: a node's core 1 did not start within 30 s once, under CI with both CPUs hogged
+    /// (vendor/glommio/PATCHES.md, change 4). A timer of 1 µs expires before the check nearly
+    /// every time, so the old code hangs within a few rounds; the deadline bounds the wait.
+    #[test]
+    fn an_early_preemption_never_leaves_tasks_queued_while_the_core_sleeps() {
+        let (done_tx, done_rx) = mpsc::channel();
+        let core = LocalExecutorBuilder::new(Placement::Unbound)
+            .preempt_timer(Duration::from_micros(1))
+            .spawn(move || async move {
+                for round in 0..EARLY_PREEMPTION_ROUNDS {
+                    let task = glommio::spawn_local(async move {
+                        futures_lite::future::yield_now().await;
+                        round
+                    });
+                    assert_eq!(task.await, round);
+                }
+                let _ = done_tx.send(());
+            })
+            .unwrap();
+        done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the executor slept with tasks queued");
+        core.join().unwrap();
     }
 }

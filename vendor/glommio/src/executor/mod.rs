@@ -1324,7 +1324,11 @@ impl LocalExecutor {
         let mut ran = false;
         loop {
             self.reactor.sys.install_eventfd();
-            if self.need_preempt() {
+            // PicoMQ patch (PATCHES.md, change 4): the first queue runs even if the timer
+            // has already expired. Checked before it, an expired timer (the thread was taken
+            // off the CPU between arming it and here) returned `false`, "nothing to run", and
+            // the executor parked with its tasks queued until an unrelated event woke it.
+            if ran && self.need_preempt() {
                 break;
             }
             if !self.run_one_task_queue() {
@@ -1373,7 +1377,10 @@ impl LocalExecutor {
             let mut tasks_executed_this_loop = 0;
             loop {
                 let mut queue_ref = queue.borrow_mut();
-                if self.need_preempt() || queue_ref.yielded() {
+                // PicoMQ patch (PATCHES.md, change 4): a run takes at least one task, so an
+                // expired timer cannot keep a queue from ever making progress.
+                if tasks_executed_this_loop > 0 && (self.need_preempt() || queue_ref.yielded())
+                {
                     break;
                 }
 
