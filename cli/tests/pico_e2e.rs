@@ -1157,6 +1157,20 @@ fn body_size_limit() {
     // The connection is closed after a 413 (the body cannot be skipped safely).
     assert!(conn.at_eof(), "connection still open after 413");
 
+    // A body that follows its refusal is discarded, as far as its Content-Length goes, and
+    // then the connection closes at once: it used to wait out the drain's 5 s for more bytes
+    // a client keeping the connection open never sends, which raced this check's own 5 s.
+    let mut conn = s.connect();
+    conn.raw(b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: 3000\r\n\r\n")
+        .unwrap();
+    let r = conn.read_response(false).unwrap();
+    r.expect_error(413, "too_large");
+    conn.raw(&[b'w'; 3000]).unwrap();
+    assert!(
+        conn.at_eof(),
+        "connection still open after its refused body"
+    );
+
     // With Expect: 100-continue the 413 comes before the body is sent.
     let mut conn = s.connect();
     conn.raw(

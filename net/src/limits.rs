@@ -26,8 +26,9 @@ pub const HEADERS_MAX: usize = 100;
 /// Longest chunk-size line of a chunked HTTP/1.1 body (size and extensions); longer is `400`.
 pub const CHUNK_SIZE_LINE_BYTES_MAX: usize = 1024;
 
-/// After a `413` (or a `429` for the body budget), at most this much of the rejected body is
-/// read and discarded, for at most [`OVERSIZED_BODY_DRAIN_TIMEOUT`], so the client sees the
+/// After a `413` (or a `429` for the body budget), the rest of the rejected body is read and
+/// discarded (what its `Content-Length` declares; a chunked body until the client stops), at
+/// most this much and for at most [`OVERSIZED_BODY_DRAIN_TIMEOUT`], so the client sees the
 /// answer instead of a reset connection; then the connection closes.
 pub const OVERSIZED_BODY_DRAIN_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// See [`OVERSIZED_BODY_DRAIN_BYTES_MAX`].

@@ -170,9 +170,14 @@ where
                     // request's future (several times over: a future keeps the room of a
                     // value it moved).
                     let mut sink = vec![0u8; 16 * 1024];
-                    let mut left = OVERSIZED_BODY_DRAIN_BYTES_MAX;
+                    let mut left = e
+                        .body_left
+                        .map_or(OVERSIZED_BODY_DRAIN_BYTES_MAX, |declared| {
+                            declared.min(OVERSIZED_BODY_DRAIN_BYTES_MAX)
+                        });
                     while left > 0 {
-                        match stream.read(&mut sink).await {
+                        let most = left.min(sink.len());
+                        match stream.read(&mut sink[..most]).await {
                             Ok(0) | Err(_) => break,
                             Ok(n) => left = left.saturating_sub(n),
                         }

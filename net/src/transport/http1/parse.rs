@@ -15,12 +15,26 @@ use crate::transport::message::Request;
 pub struct ProtocolError {
     pub status: u16,
     pub message: String,
+    /// A refused body's bytes still to arrive, when its `Content-Length` says (`None`:
+    /// unknown). The connection discards that many and closes at once, instead of waiting
+    /// out the drain's timeout for bytes a client that keeps the connection open never sends.
+    pub body_left: Option<usize>,
 }
 
 fn protocol_error(status: u16, message: impl Into<String>) -> ProtocolError {
     ProtocolError {
         status,
         message: message.into(),
+        body_left: None,
+    }
+}
+
+impl ProtocolError {
+    fn with_body_left(self, body_left: usize) -> ProtocolError {
+        ProtocolError {
+            body_left: Some(body_left),
+            ..self
+        }
     }
 }
 
@@ -191,18 +205,20 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
         read_chunked(stream, buf, max_body_size, &mut held).await?
     } else {
         let length = head.content_length.unwrap_or(0);
+        // What is left of the body once `buf` holds its start.
+        let left = |buf: &BytesMut| length.saturating_sub(buf.len());
         if length > max_body_size {
-            return Err(too_large());
+            return Err(too_large().with_body_left(left(buf)));
         }
         // Counted as it arrives, not when complete: a stalled body holds what it sent.
         while buf.len() < length {
-            make_room(buf, length, &mut held)?;
+            make_room(buf, length, &mut held).map_err(|e| e.with_body_left(left(buf)))?;
             if !fill_spare(stream, buf).await.map_err(io_error)? {
                 return Err(protocol_error(400, "connection closed mid-body"));
             }
         }
         if !held.grow_to(charged_bytes(buf.capacity(), length)) {
-            return Err(overloaded());
+            return Err(overloaded().with_body_left(0));
         }
         // The body leaves the read buffer without a copy.
         buf.split_to(length).freeze()

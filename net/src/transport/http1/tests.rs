@@ -98,6 +98,34 @@ fn parse_status(wire: &[u8]) -> u16 {
     }
 }
 
+/// A refused body says how much of it is still to come when its Content-Length tells, so
+/// the connection discards exactly that and closes at once; a chunked one cannot say, and is
+/// drained until the peer stops (bounded). Before, every refusal waited out the drain's
+/// timeout for bytes a client that keeps its connection open never sends.
+#[test]
+fn a_refused_body_says_how_much_of_it_is_still_to_come() {
+    let refusal = |wire: &[u8]| {
+        let mut stream = futures_lite::io::Cursor::new(wire.to_vec());
+        let mut buf = BytesMut::new();
+        let limits = ConnectionLimits::with_body_limit(1024);
+        let read = read_request(&mut stream, &mut buf, &limits);
+        match futures_lite::future::block_on(read) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => (e.status, e.body_left),
+        }
+    };
+    let head = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3000\r\n\r\n".to_vec();
+    assert_eq!(refusal(&head), (413, Some(3000)));
+    let mut some_arrived = head.clone();
+    some_arrived.extend_from_slice(&[b'x'; 100]);
+    assert_eq!(refusal(&some_arrived), (413, Some(2900)));
+    let mut all_arrived = head;
+    all_arrived.extend_from_slice(&[b'x'; 3000]);
+    assert_eq!(refusal(&all_arrived), (413, Some(0)));
+    let chunked = format!("{CHUNKED}801\r\n");
+    assert_eq!(refusal(chunked.as_bytes()), (413, None));
+}
+
 proptest::proptest! {
     #![proptest_config(crate::fuzzing::config())]
     #[test]
