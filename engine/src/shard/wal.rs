@@ -9,7 +9,6 @@ use glommio::io::DmaFile;
 use crate::config::Durability;
 use crate::error::EngineError;
 use crate::health::WalHealth;
-use crate::limits;
 use crate::placement::segment_key;
 
 use super::state::{Shard, WalFile};
@@ -64,7 +63,8 @@ impl Shard {
         let file = DmaFile::create(&path)
             .await
             .map_err(|e| cannot_create(e.into()))?;
-        let size = (self.config.segment_size + limits::SEGMENT_SLACK_BYTES) as u64;
+        // Room for the most a segment's buffer grows to, so its frames always fit.
+        let size = self.buffers.full_bytes() as u64;
         let made = match file.pre_allocate(size, false).await {
             Ok(()) => sync_dir(&self.config.wal_dir).map_err(|message| WalFileError {
                 message,
@@ -97,7 +97,7 @@ impl Shard {
             } => {
                 // The active file was pre-allocated with this much room.
                 let active_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
-                if active_len + needed <= self.config.segment_size + limits::SEGMENT_SLACK_BYTES {
+                if active_len + needed <= self.buffers.full_bytes() {
                     return Ok(());
                 }
                 let message = format!("{message}; appends resume once it can be made");

@@ -172,9 +172,8 @@ where
                     let mut sink = vec![0u8; 16 * 1024];
                     let mut left = e
                         .body_left
-                        .map_or(OVERSIZED_BODY_DRAIN_BYTES_MAX, |declared| {
-                            declared.min(OVERSIZED_BODY_DRAIN_BYTES_MAX)
-                        });
+                        .unwrap_or(OVERSIZED_BODY_DRAIN_BYTES_MAX)
+                        .min(OVERSIZED_BODY_DRAIN_BYTES_MAX);
                     while left > 0 {
                         let most = left.min(sink.len());
                         match stream.read(&mut sink[..most]).await {

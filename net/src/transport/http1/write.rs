@@ -17,10 +17,10 @@ pub(super) fn reason(status: u16) -> &'static str {
         .unwrap_or("Status")
 }
 
-/// Sends `response`, or the head of an event stream, whose events are then the caller's to
-/// send with [`write_chunked`]: `Ok(Some(events))`. Apart, the room this future and the
-/// request's took is given back before the stream is written, for as long as it lives (an
-/// SSE subscriber held 1.2 KiB of it, BENCHMARKS.md, "SSE subscribers hold less").
+/// Sends `response`; for an event stream only its head, and hands the events back
+/// (`Ok(Some(events))`) for the caller to send with [`write_chunked`]. Written apart, the
+/// stream does not keep this future and the request's alive for as long as it lives: an SSE
+/// subscriber held 1.2 KiB of them (BENCHMARKS.md, "SSE subscribers hold less").
 pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     stream: &mut S,
     mut response: Response,
@@ -97,10 +97,10 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
 /// Sends each item of `body` as one chunk, flushing after each write so events reach the client
 /// at once; a write error (the client went away) ends the stream. While the stream waits for
 /// its next event, what the peer sends is kept in `arrived` (a pipelined request), and the
-/// peer closing ends the stream at once. Items that are ready
-/// together go out in one write: an SSE data event and the control event behind it are one
-/// `send` and one TCP segment instead of two, and the client is woken once (10,000 subscribers
-/// on one stream pay this per record; BENCHMARKS.md, "Fan-out").
+/// peer closing ends the stream at once. Items that are ready together go out in one write:
+/// an SSE data event and the control event behind it are one `send` and one TCP segment
+/// instead of two, and the client is woken once (10,000 subscribers on one stream pay this per
+/// record; BENCHMARKS.md, "Fan-out").
 pub(super) async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     arrived: &mut BytesMut,
