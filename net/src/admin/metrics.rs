@@ -4,13 +4,17 @@
 //! them all. Labels are core, protocol, operation and status code: bounded, never per stream.
 
 use std::fmt::Write as _;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use pico_engine::metrics::{CoreMetrics, Histogram, NodeMetrics, OpKind, LATENCY_BUCKETS_US};
+use pico_engine::{CoreHandle, ReadBatch, ReadRequest};
 
 use crate::config::Protocol;
-use crate::transport::message::{Body, BodyStream, Response};
+use crate::transport::message::{Body, LiveBody, LiveEvents, Response};
 
 /// Status codes counted one by one; anything else is counted as `other`.
 const STATUS_CODES: [u16; 22] = [
@@ -43,26 +47,37 @@ impl HttpMetrics {
             .position(|&code| code == response.status)
             .unwrap_or(STATUS_CODES.len());
         self.responses[p][s].fetch_add(1, Ordering::Relaxed);
-        if let Some(stream) = response.take_stream() {
-            response.body = Body::Stream(counted(stream, self.clone()));
+        if let Some(live) = response.take_live() {
+            response.body = Body::Live(counted(live, self.clone()));
         }
         response
     }
 }
 
 /// Wraps an SSE body so `sse_streams` counts it until the response ends (or the client goes).
-fn counted(stream: BodyStream, metrics: Arc<HttpMetrics>) -> BodyStream {
+fn counted(live: LiveBody, metrics: Arc<HttpMetrics>) -> LiveBody {
     struct Counted {
-        inner: BodyStream,
+        inner: LiveBody,
         metrics: Arc<HttpMetrics>,
     }
-    impl futures_lite::Stream for Counted {
-        type Item = bytes::Bytes;
-        fn poll_next(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<Option<bytes::Bytes>> {
-            self.inner.as_mut().poll_next(cx)
+    impl LiveEvents for Counted {
+        fn core(&self) -> &Rc<CoreHandle> {
+            self.inner.core()
+        }
+        fn stream_name(&self) -> &str {
+            self.inner.stream_name()
+        }
+        fn pop_event(&mut self) -> Option<Bytes> {
+            self.inner.pop_event()
+        }
+        fn next_read(&mut self) -> Option<ReadRequest> {
+            self.inner.next_read()
+        }
+        fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+            self.inner.answer(read)
+        }
+        fn at_tail(&self) -> bool {
+            self.inner.at_tail()
         }
     }
     impl Drop for Counted {
@@ -71,8 +86,8 @@ fn counted(stream: BodyStream, metrics: Arc<HttpMetrics>) -> BodyStream {
         }
     }
     metrics.sse_streams.fetch_add(1, Ordering::Relaxed);
-    Box::pin(Counted {
-        inner: stream,
+    Box::new(Counted {
+        inner: live,
         metrics,
     })
 }

@@ -39,4 +39,5 @@ pub use error::{connection_error, DsError};
 pub use handle::handle;
 pub use params::{format_offset, DsSettings};
 #[cfg(test)]
-pub(crate) use sse::waiting_for_events_bytes;
+#[cfg(test)]
+pub(crate) use sse::STATE_BYTES;

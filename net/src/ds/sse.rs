@@ -2,6 +2,7 @@
 //! records (base64 for binary streams) and `control` events carrying the next offset, the
 //! cursor and whether the reader is up to date.
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use base64::Engine as _;
@@ -12,8 +13,8 @@ use pico_proto::header::*;
 use super::encode::{encode, joined, next_cursor};
 use super::error::DsError;
 use super::params::{is_json, DsSettings};
-use crate::live::{encoded_once, EventEncoding};
-use crate::transport::message::{BodyStream, Request, Response};
+use crate::live::{encoded_once, EventEncoding, LiveEvents};
+use crate::transport::message::{Request, Response};
 
 struct SseState {
     core: Rc<CoreHandle>,
@@ -29,8 +30,10 @@ struct SseState {
     done: bool,
     /// The first read: answered without waiting so the client learns the tail at once.
     first: bool,
-    /// The control event that follows the data event just sent.
-    control: Option<Bytes>,
+    /// The round of the read in flight is the response's last (its wait reaches the deadline).
+    last_round: bool,
+    /// Events to send: a data event and the control event behind it.
+    queue: VecDeque<Bytes>,
 }
 
 /// Starts an SSE response: `event: data` with the records of each read, each followed by an
@@ -68,23 +71,9 @@ pub(super) async fn sse(
         cursor,
         done: false,
         first: true,
-        control: None,
+        last_round: false,
+        queue: VecDeque::new(),
     };
-    // The state boxed: an unfold keeps room for its state twice (held between items, and
-    // moved into the future that makes the next one), for as long as the subscriber lives.
-    let events: BodyStream = Box::pin(futures_lite::stream::unfold(
-        Box::new(state),
-        |mut state| async move {
-            if let Some(control) = state.control.take() {
-                return Some((control, state));
-            }
-            if state.done {
-                return None;
-            }
-            let events = next_sse_events(&mut state).await;
-            Some((events, state))
-        },
-    ));
     let mut response = Response::new(200)
         .header("content-type", pico_proto::media::EVENT_STREAM)
         .header("cache-control", "no-cache")
@@ -92,58 +81,76 @@ pub(super) async fn sse(
     if base64 {
         response = response.header(STREAM_SSE_DATA_ENCODING, "base64");
     }
-    Ok(response.with_stream(events))
+    Ok(response.with_live(Box::new(state)))
 }
 
 /// One read (waiting at the tail) and the events it gives: the control event, or the data
-/// event with the control event queued after it (the data event is shared by the core's
-/// subscribers, not copied). Ends the stream when closed and delivered, deleted, or at the
-/// reconnect interval.
-async fn next_sse_events(state: &mut SseState) -> Bytes {
-    let Some(round) = crate::live::IdleRound::next(state.deadline, state.idle_ms) else {
-        state.done = true;
-        return Bytes::new();
-    };
-    let wait_ms = if state.first { 0 } else { round.wait_ms };
-    let first = std::mem::replace(&mut state.first, false);
-    let request = ReadRequest {
-        from: state.from,
-        max_records: limits::RECORDS_PER_READ_MAX,
-        max_bytes: state.chunk_bytes,
-        wait_ms: Some(wait_ms),
-        with_content_type: false,
-        bound: None,
-    };
-    let Some((batch, last)) = crate::live::live_read(&state.core, &state.name, &request).await
-    else {
-        state.done = true;
-        return Bytes::new();
-    };
-    state.done |= last;
-    if batch.records.is_empty() && !batch.closed && round.last && !first {
-        // The wait ran to the deadline: the response ends without another control event.
-        state.done = true;
-        return Bytes::new();
+/// event with the control event behind it (the data event is shared by the core's
+/// subscribers, not copied). The response ends when the stream is closed and delivered,
+/// deleted, or at the reconnect interval.
+impl LiveEvents for SseState {
+    fn core(&self) -> &Rc<CoreHandle> {
+        &self.core
     }
-    let data = (!batch.records.is_empty()).then(|| {
-        let (json, base64) = (state.json, state.base64);
-        if state.skip_bytes == 0 {
-            encoded_once(&batch, EventEncoding::Ds { json, base64 }, || {
-                data_event(&batch, json, base64, 0)
-            })
-        } else {
-            data_event(&batch, json, base64, state.skip_bytes)
+
+    fn stream_name(&self) -> &str {
+        &self.name
+    }
+
+    fn pop_event(&mut self) -> Option<Bytes> {
+        self.queue.pop_front()
+    }
+
+    fn next_read(&mut self) -> Option<ReadRequest> {
+        if self.done {
+            return None;
         }
-    });
-    state.skip_bytes = 0;
-    state.from = ReadFrom::Offset(batch.next_offset);
-    let control = control_event(state, &batch);
-    match data {
-        Some(data) => {
-            state.control = Some(control);
-            data
+        let Some(round) = crate::live::IdleRound::next(self.deadline, self.idle_ms) else {
+            self.done = true;
+            return None;
+        };
+        self.last_round = round.last;
+        Some(ReadRequest {
+            from: self.from,
+            max_records: limits::RECORDS_PER_READ_MAX,
+            max_bytes: self.chunk_bytes,
+            wait_ms: Some(if self.first { 0 } else { round.wait_ms }),
+            with_content_type: false,
+            bound: None,
+        })
+    }
+
+    fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+        let first = std::mem::replace(&mut self.first, false);
+        let Some((batch, last)) = read else {
+            self.done = true;
+            return;
+        };
+        self.done |= last;
+        if batch.records.is_empty() && !batch.closed && self.last_round && !first {
+            // The wait ran to the deadline: the response ends without another control event.
+            self.done = true;
+            return;
         }
-        None => control,
+        if !batch.records.is_empty() {
+            let (json, base64) = (self.json, self.base64);
+            let data = if self.skip_bytes == 0 {
+                encoded_once(batch, EventEncoding::Ds { json, base64 }, || {
+                    data_event(batch, json, base64, 0)
+                })
+            } else {
+                data_event(batch, json, base64, self.skip_bytes)
+            };
+            self.queue.push_back(data);
+        }
+        self.skip_bytes = 0;
+        self.from = ReadFrom::Offset(batch.next_offset);
+        let control = control_event(self, batch);
+        self.queue.push_back(control);
+    }
+
+    fn at_tail(&self) -> bool {
+        !self.done && !self.first && self.queue.is_empty() && self.skip_bytes == 0
     }
 }
 
@@ -220,8 +227,6 @@ pub(super) fn data_lines(out: &mut Vec<u8>, payload: &[u8]) {
     line(out, &payload[start..]);
 }
 
-/// What a subscriber's wait for its next events takes (tested in `live.rs`).
+/// What a subscriber's state between reads takes (tested in `live.rs`).
 #[cfg(test)]
-pub(crate) fn waiting_for_events_bytes() -> usize {
-    crate::live::future_size::<&'static mut SseState, _>(next_sse_events)
-}
+pub(crate) const STATE_BYTES: usize = std::mem::size_of::<SseState>();

@@ -16,4 +16,5 @@ pub use error::{connection_error, error_response, ApiError};
 pub use handle::handle;
 pub use settings::PicoSettings;
 #[cfg(test)]
-pub(crate) use sse::waiting_for_events_bytes;
+#[cfg(test)]
+pub(crate) use sse::STATE_BYTES;

@@ -177,7 +177,7 @@ pub(super) async fn sse(
         .header("content-type", pico_proto::media::EVENT_STREAM)
         .header("cache-control", "no-cache")
         .header("x-accel-buffering", "no")
-        .with_stream(events))
+        .with_live(events))
 }
 
 fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {

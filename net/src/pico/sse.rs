@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
-use crate::live::{encoded_once, live_read, EventEncoding, IdleRound, KEEP_ALIVE_MIN_MS};
-
 use crate::codec;
-use crate::transport::message::BodyStream;
+use crate::live::{
+    encoded_once, EventEncoding, IdleRound, LiveBody, LiveEvents, KEEP_ALIVE_MIN_MS,
+};
 
 /// The `retry:` hint.
 pub const RETRY_HINT_MS: u64 = 1_000;
@@ -46,6 +46,8 @@ struct State {
     deadline: Instant,
     announced_up_to_date: bool,
     done: bool,
+    /// The round of the read in flight is the response's last (its wait reaches the deadline).
+    last_round: bool,
     queue: VecDeque<Bytes>,
 }
 
@@ -58,8 +60,8 @@ pub fn events(
     chunk_bytes: usize,
     keep_alive_ms: u64,
     max_duration_ms: u64,
-) -> BodyStream {
-    let state = State {
+) -> LiveBody {
+    Box::new(State {
         core,
         name,
         from,
@@ -68,24 +70,9 @@ pub fn events(
         deadline: Instant::now() + Duration::from_millis(max_duration_ms),
         announced_up_to_date: false,
         done: false,
+        last_round: false,
         queue: VecDeque::from([Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n"))]),
-    };
-    // The state boxed: an unfold keeps room for its state twice (held between items, and
-    // moved into the future that makes the next one), for as long as the subscriber lives.
-    Box::pin(futures_lite::stream::unfold(
-        Box::new(state),
-        |mut state| async move {
-            loop {
-                if let Some(event) = state.queue.pop_front() {
-                    return Some((event, state));
-                }
-                if state.done {
-                    return None;
-                }
-                next_events(&mut state).await;
-            }
-        },
-    ))
+    })
 }
 
 fn control_event(batch: &ReadBatch) -> Bytes {
@@ -99,65 +86,88 @@ fn control_event(batch: &ReadBatch) -> Bytes {
 }
 
 /// Reads (waiting for new records at the tail) and queues the events that result.
-async fn next_events(state: &mut State) {
-    let Some(round) = IdleRound::next(state.deadline, state.keep_alive_ms) else {
-        state.done = true;
-        return;
-    };
-    let request = ReadRequest {
-        from: state.from,
-        max_records: limits::RECORDS_PER_READ_MAX,
-        max_bytes: state.chunk_bytes,
-        wait_ms: Some(if state.announced_up_to_date {
-            round.wait_ms
-        } else {
-            0
-        }),
-        with_content_type: false,
-        bound: None,
-    };
-    let Some((batch, last)) = live_read(&state.core, &state.name, &request).await else {
-        state.done = true;
-        return;
-    };
-    if !batch.records.is_empty() {
-        // Both events in one piece, made once for all the core's subscribers of this read.
-        let events = encoded_once(&batch, EventEncoding::Pico, || {
-            let json = codec::encode_json(&batch.records);
-            let control = control_event(&batch);
-            let mut events = Vec::with_capacity(json.len() + control.len() + 64);
-            events.extend_from_slice(
-                format!("event: data\nid: {}\ndata:", batch.next_offset).as_bytes(),
-            );
-            events.extend_from_slice(&json);
-            events.extend_from_slice(b"\n\n");
-            events.extend_from_slice(&control);
-            events.into()
-        });
-        state.queue.push_back(events);
-        state.announced_up_to_date = batch.up_to_date();
-        state.done = batch.closed;
-    } else if batch.closed {
-        state.queue.push_back(control_event(&batch));
-        state.done = true;
-    } else if !state.announced_up_to_date {
-        state.queue.push_back(control_event(&batch));
-        state.announced_up_to_date = true;
-    } else if round.last {
-        // The wait ran to the deadline: the response ends, a keep-alive would be its last word.
-        state.done = true;
-    } else {
-        state
-            .queue
-            .push_back(Bytes::from_static(b": keep-alive\n\n"));
+impl LiveEvents for State {
+    fn core(&self) -> &Rc<CoreHandle> {
+        &self.core
     }
-    // An empty batch's next offset is where it read: a start resolved by the engine.
-    state.from = ReadFrom::Offset(batch.next_offset);
-    state.done |= last;
+
+    fn stream_name(&self) -> &str {
+        &self.name
+    }
+
+    fn pop_event(&mut self) -> Option<Bytes> {
+        self.queue.pop_front()
+    }
+
+    fn next_read(&mut self) -> Option<ReadRequest> {
+        if self.done {
+            return None;
+        }
+        let Some(round) = IdleRound::next(self.deadline, self.keep_alive_ms) else {
+            self.done = true;
+            return None;
+        };
+        self.last_round = round.last;
+        Some(ReadRequest {
+            from: self.from,
+            max_records: limits::RECORDS_PER_READ_MAX,
+            max_bytes: self.chunk_bytes,
+            wait_ms: Some(if self.announced_up_to_date {
+                round.wait_ms
+            } else {
+                0
+            }),
+            with_content_type: false,
+            bound: None,
+        })
+    }
+
+    fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+        let Some((batch, last)) = read else {
+            self.done = true;
+            return;
+        };
+        if !batch.records.is_empty() {
+            // Both events in one piece, made once for all the core's subscribers of this read.
+            let events = encoded_once(batch, EventEncoding::Pico, || {
+                let json = codec::encode_json(&batch.records);
+                let control = control_event(batch);
+                let mut events = Vec::with_capacity(json.len() + control.len() + 64);
+                events.extend_from_slice(
+                    format!("event: data\nid: {}\ndata:", batch.next_offset).as_bytes(),
+                );
+                events.extend_from_slice(&json);
+                events.extend_from_slice(b"\n\n");
+                events.extend_from_slice(&control);
+                events.into()
+            });
+            self.queue.push_back(events);
+            self.announced_up_to_date = batch.up_to_date();
+            self.done = batch.closed;
+        } else if batch.closed {
+            self.queue.push_back(control_event(batch));
+            self.done = true;
+        } else if !self.announced_up_to_date {
+            self.queue.push_back(control_event(batch));
+            self.announced_up_to_date = true;
+        } else if self.last_round {
+            // The wait ran to the deadline: the response ends, a keep-alive would be its last
+            // word.
+            self.done = true;
+        } else {
+            self.queue
+                .push_back(Bytes::from_static(b": keep-alive\n\n"));
+        }
+        // An empty batch's next offset is where it read: a start resolved by the engine.
+        self.from = ReadFrom::Offset(batch.next_offset);
+        self.done |= last;
+    }
+
+    fn at_tail(&self) -> bool {
+        !self.done && self.announced_up_to_date && self.queue.is_empty()
+    }
 }
 
-/// What a subscriber's wait for its next events takes (tested in `live.rs`).
+/// What a subscriber's state between reads takes (tested in `live.rs`).
 #[cfg(test)]
-pub(crate) fn waiting_for_events_bytes() -> usize {
-    crate::live::future_size::<&'static mut State, _>(next_events)
-}
+pub(crate) const STATE_BYTES: usize = std::mem::size_of::<State>();

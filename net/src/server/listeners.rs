@@ -147,6 +147,7 @@ async fn accept_loop<H, F>(
     F: Future<Output = Response> + 'static,
 {
     let open = Rc::new(Cell::new(0usize));
+    let mut plain = None;
     loop {
         let accepted = stop.unless_stopped(listener.accept()).await;
         // Shutdown: the listener closes here; open connections finish on their own.
@@ -165,16 +166,30 @@ async fn accept_loop<H, F>(
             continue;
         }
         let open = OpenConnection::count(&open, &metrics);
-        let (limits, handler, stop) = (limits.clone(), handler.clone(), stop.clone());
         // A task per kind of connection, each sized for its own: a plain connection's task
         // carries none of the TLS states (handshake, rustls, HTTP/2 over TLS).
         match &tls {
             None => {
+                let serving = plain.get_or_insert_with(|| {
+                    Rc::new(PlainServing {
+                        limits: limits.clone(),
+                        handler: handler.clone(),
+                        on_error,
+                        stop: stop.clone(),
+                    })
+                });
                 let stream = PlainTcp::new(stream);
-                let served = http1::serve_connection(stream, limits, handler, on_error, stop);
-                spawn_connection(served, open);
+                let served = http1::serve_connection(
+                    stream,
+                    limits.clone(),
+                    handler.clone(),
+                    on_error,
+                    stop.clone(),
+                );
+                spawn_plain(served, open, serving.clone());
             }
             Some(acceptor) => {
+                let (limits, handler, stop) = (limits.clone(), handler.clone(), stop.clone());
                 let served = serve_tls(acceptor.clone(), stream, limits, handler, on_error, stop);
                 spawn_connection(served, open);
             }
@@ -190,6 +205,51 @@ fn spawn_connection(served: impl Future<Output = ()> + 'static, open: OpenConnec
         _open: open,
     };
     glommio::spawn_local(connection).detach();
+}
+
+/// What a plain listener's connections are served with, shared: a parked connection keeps a
+/// reference to be served again with.
+struct PlainServing<H> {
+    limits: ConnectionLimits,
+    handler: Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
+}
+
+/// Runs a plain connection on its own task, as [`spawn_connection`]; when its live response
+/// waits at the tail, the task ends and the connection is parked with its place in the count
+/// (`transport/http1/parked.rs`), to be served again by a new task when it must.
+fn spawn_plain<S, H, F>(served: S, open: OpenConnection, serving: Rc<PlainServing<H>>)
+where
+    S: Future<Output = Option<http1::Parked<PlainTcp>>> + 'static,
+    H: Fn(Request) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let connection = PlainConnection {
+        served: crate::panics::catch_panic(served),
+        open: Some(open),
+        serving,
+    };
+    glommio::spawn_local(connection).detach();
+}
+
+/// Serves a parked connection again, on a new task.
+fn resume_plain<H, F>(
+    parked: http1::Parked<PlainTcp>,
+    open: OpenConnection,
+    serving: Rc<PlainServing<H>>,
+) where
+    H: Fn(Request) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let served = http1::resume_connection(
+        parked,
+        serving.limits.clone(),
+        serving.handler.clone(),
+        serving.on_error,
+        serving.stop.clone(),
+    );
+    spawn_plain(served, open, serving);
 }
 
 /// Answers a connection past the core's limit with a `503` and closes it.
@@ -219,6 +279,40 @@ impl<F: Future> Future for Connection<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         self.project().served.poll(cx).map(|_| ())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A plain connection's task, as [`Connection`], which may end with the connection parked.
+    struct PlainConnection<F, H> {
+        #[pin]
+        served: F,
+        open: Option<OpenConnection>,
+        serving: Rc<PlainServing<H>>,
+    }
+}
+
+impl<F, H, R> Future for PlainConnection<F, H>
+where
+    F: Future<Output = Result<Option<http1::Parked<PlainTcp>>, ()>>,
+    H: Fn(Request) -> R + 'static,
+    R: Future<Output = Response> + 'static,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        let Poll::Ready(served) = this.served.poll(cx) else {
+            return Poll::Pending;
+        };
+        if let (Ok(Some(parked)), Some(open)) = (served, this.open.take()) {
+            let serving = this.serving.clone();
+            http1::park(
+                parked,
+                Box::new(move |parked| resume_plain(parked, open, serving)),
+            );
+        }
+        Poll::Ready(())
     }
 }
 

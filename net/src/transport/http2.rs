@@ -437,7 +437,7 @@ async fn send_response(
     }
     let no_body = head_only || response.status == 204 || response.status == 304;
     let body_len = response.body_len();
-    let streamed = matches!(response.body, Body::Stream(_));
+    let streamed = matches!(response.body, Body::Live(_));
     if !no_body && !streamed {
         builder = builder.header(http::header::CONTENT_LENGTH, body_len);
     }

@@ -6,6 +6,8 @@ use std::future::Future;
 
 use bytes::{Bytes, BytesMut};
 
+pub use crate::live::{LiveBody, LiveEvents};
+
 /// Small body parts are joined into writes of up to this many bytes.
 pub const WRITE_COALESCE_BYTES: usize = 64 * 1024;
 
@@ -34,8 +36,23 @@ impl Request {
     }
 }
 
-/// A body produced while it is sent (SSE): each item goes out as one chunk, right away.
+/// A body produced while it is sent (an SSE response over HTTP/2): each item goes out as one
+/// chunk, right away.
 pub type BodyStream = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Bytes>>>;
+
+/// The events of `live` as a stream that reads as it is polled.
+fn event_stream(live: LiveBody) -> BodyStream {
+    Box::pin(futures_lite::stream::unfold(live, |mut live| async move {
+        loop {
+            if let Some(event) = live.pop_event() {
+                return Some((event, live));
+            }
+            let request = live.next_read()?;
+            let read = crate::live::live_read(live.core(), live.stream_name(), &request).await;
+            live.answer(read.as_ref().map(|(batch, last)| (batch, *last)));
+        }
+    }))
+}
 
 /// A response's body, in the form it was produced in.
 pub enum Body {
@@ -44,9 +61,9 @@ pub enum Body {
     /// These buffers back to back (at least two, none empty): a read is served from the
     /// stored records' own buffers instead of a joined copy.
     Parts(Vec<Bytes>),
-    /// Sent while it is produced, with chunked transfer encoding (HTTP/1.1) or DATA frames
-    /// (HTTP/2), until it ends.
-    Stream(BodyStream),
+    /// A live response's events, sent while they are produced, with chunked transfer encoding
+    /// (HTTP/1.1) or DATA frames (HTTP/2), until it ends.
+    Live(LiveBody),
 }
 
 impl Body {
@@ -68,7 +85,7 @@ impl std::fmt::Debug for Response {
         let body = match &self.body {
             Body::Full(bytes) => format!("{bytes:?}"),
             Body::Parts(parts) => format!("{} parts", parts.len()),
-            Body::Stream(_) => "stream".to_string(),
+            Body::Live(_) => "live events".to_string(),
         };
         f.debug_struct("Response")
             .field("status", &self.status)
@@ -103,7 +120,7 @@ impl Response {
         match &self.body {
             Body::Full(bytes) => bytes.len(),
             Body::Parts(parts) => parts.iter().map(Bytes::len).sum(),
-            Body::Stream(_) => 0,
+            Body::Live(_) => 0,
         }
     }
 
@@ -120,15 +137,20 @@ impl Response {
         self.body = Body::empty();
     }
 
-    /// The event stream, if the body is one; the body is then empty.
-    pub fn take_stream(&mut self) -> Option<BodyStream> {
+    /// The live events, if the body is made of them; the body is then empty.
+    pub fn take_live(&mut self) -> Option<LiveBody> {
         match std::mem::replace(&mut self.body, Body::empty()) {
-            Body::Stream(stream) => Some(stream),
+            Body::Live(live) => Some(live),
             other => {
                 self.body = other;
                 None
             }
         }
+    }
+
+    /// The live events as a stream that reads as it is polled, if the body is made of them.
+    pub fn take_stream(&mut self) -> Option<BodyStream> {
+        self.take_live().map(event_stream)
     }
 
     /// The body's buffers ready for the socket: small neighbours joined into buffers of up to
@@ -139,8 +161,8 @@ impl Response {
             Body::Full(bytes) if bytes.is_empty() => return Vec::new(),
             Body::Full(bytes) => return vec![bytes],
             Body::Parts(parts) => parts,
-            stream @ Body::Stream(_) => {
-                self.body = stream;
+            live @ Body::Live(_) => {
+                self.body = live;
                 return Vec::new();
             }
         };
@@ -165,8 +187,8 @@ impl Response {
         out
     }
 
-    pub fn with_stream(mut self, stream: BodyStream) -> Response {
-        self.body = Body::Stream(stream);
+    pub fn with_live(mut self, live: LiveBody) -> Response {
+        self.body = Body::Live(live);
         self
     }
 

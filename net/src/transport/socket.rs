@@ -24,6 +24,13 @@ pub trait Socket: AsyncRead + AsyncWrite + Unpin + 'static {
     fn vectored(&self) -> bool {
         false
     }
+
+    /// Whether a live response waiting at the tail may leave its connection's task for the
+    /// core's parked subscribers (which write to the socket's descriptor themselves:
+    /// `transport/http1/parked.rs`). Not over TLS, whose records only the task can write.
+    fn parkable(&self) -> bool {
+        false
+    }
 }
 
 impl Socket for futures_rustls::server::TlsStream<TcpStream> {}
@@ -35,10 +42,32 @@ impl PlainTcp {
     pub fn new(stream: TcpStream) -> PlainTcp {
         PlainTcp(stream)
     }
+
+    /// The connection as its bare descriptor, for a parked connection to keep without
+    /// glommio's state (its poll of the socket, about 500 bytes). glommio's stream cannot give
+    /// its descriptor up, so it is duplicated and the stream closes its own.
+    pub(crate) fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
+        // SAFETY: the descriptor is the stream's, open for as long as `self`, which outlives
+        // the borrow.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0.as_raw_fd()) };
+        fd.try_clone_to_owned()
+    }
+
+    /// A connection again from the descriptor [`PlainTcp::into_fd`] gave.
+    pub(crate) fn from_fd(fd: std::os::fd::OwnedFd) -> PlainTcp {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        // SAFETY: the descriptor is an open TCP socket this process owns, and ownership moves
+        // to the stream (nothing else closes it).
+        PlainTcp(unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) })
+    }
 }
 
 impl Socket for PlainTcp {
     fn vectored(&self) -> bool {
+        true
+    }
+
+    fn parkable(&self) -> bool {
         true
     }
 }

@@ -7,6 +7,7 @@
 //! `413`, and the connection closes once the rest of the body was discarded, bounded, since it
 //! cannot be parsed as a next request).
 
+mod parked;
 mod parse;
 mod read;
 #[cfg(test)]
@@ -16,7 +17,7 @@ mod write;
 use std::future::Future;
 use std::rc::Rc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use crate::limits::{
@@ -24,23 +25,26 @@ use crate::limits::{
 };
 use crate::shutdown::CoreShutdown;
 use crate::transport::http2;
-use crate::transport::message::BodyStream;
-use crate::transport::message::{refusal, within, Request, Response};
+use crate::transport::message::{refusal, within, LiveBody, Request, Response};
+pub use parked::{park, Resume};
 use parse::read_request;
 pub use parse::ProtocolError;
 use read::{fill_idle, peer_gone};
-use write::{write_chunked, write_response};
+use write::{write_events, write_response, EventsWritten};
 
 /// Serves a connection until the peer closes or an error ends it: HTTP/2 when it opens with
 /// the h2 preface (prior knowledge), HTTP/1.1 otherwise. `handle` answers one request;
-/// `on_error` renders a protocol error in the listener's style.
+/// `on_error` renders a protocol error in the listener's style. On a socket that can be
+/// parked, a live response waiting at the tail ends the task: it is handed back as
+/// [`Parked`] for the core's parked subscribers to hold (`parked.rs`).
 pub async fn serve_connection<S, H, F>(
     mut stream: S,
     limits: ConnectionLimits,
     handle: Rc<H>,
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
-) where
+) -> Option<Parked<S>>
+where
     S: crate::transport::socket::Socket,
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
@@ -55,38 +59,125 @@ pub async fn serve_connection<S, H, F>(
             let stream = http2::Prefixed::new(buf, stream);
             // Boxed, so an HTTP/1.1 connection's future does not carry HTTP/2's state.
             let h2 = http2::serve_connection(stream, limits, handle, on_error, stop);
-            return Box::pin(h2).await;
+            Box::pin(h2).await;
+            return None;
         }
         let more = within(limits.request_timeout, fill_idle(&mut stream, &mut buf)).await;
         if !matches!(more, Some(Ok(true))) {
-            return;
+            return None;
         }
     }
     // By reference: what the connection owns is kept once, here, not again in the future
     // that serves it (an `async fn` keeps room for what it is given).
-    serve_http1(&mut stream, &mut buf, &limits, &*handle, on_error, &stop).await
+    let connection = Http1 {
+        limits: &limits,
+        handle: &*handle,
+        on_error,
+        stop: &stop,
+        parkable: stream.parkable(),
+    };
+    let streaming = serve_http1(&mut stream, &mut buf, connection, None).await?;
+    Some(Parked {
+        socket: stream,
+        streaming,
+    })
+}
+
+/// Serves a parked connection again from where its live response is (its events `unsent`
+/// first), then its next requests, as [`serve_connection`] does.
+pub async fn resume_connection<S, H, F>(
+    mut parked: Parked<S>,
+    limits: ConnectionLimits,
+    handle: Rc<H>,
+    on_error: fn(u16, &str) -> Response,
+    stop: CoreShutdown,
+) -> Option<Parked<S>>
+where
+    S: crate::transport::socket::Socket,
+    H: Fn(Request) -> F + 'static,
+    F: Future<Output = Response> + 'static,
+{
+    let mut buf = BytesMut::new();
+    let connection = Http1 {
+        limits: &limits,
+        handle: &*handle,
+        on_error,
+        stop: &stop,
+        parkable: parked.socket.parkable(),
+    };
+    let streaming = serve_http1(
+        &mut parked.socket,
+        &mut buf,
+        connection,
+        Some(parked.streaming),
+    );
+    parked.streaming = streaming.await?;
+    Some(parked)
+}
+
+/// A connection whose live response waits at the tail, its task ended: its socket, its
+/// response's state, and whether the connection goes on once the response ends.
+pub struct Parked<S> {
+    pub socket: S,
+    pub streaming: Box<Streaming>,
+}
+
+/// A live response being sent on an HTTP/1.1 connection.
+pub struct Streaming {
+    pub live: LiveBody,
+    /// Framed chunks to send before its next events.
+    pub unsent: Bytes,
+    /// The connection serves its next request once the response ends.
+    pub keep_alive: bool,
+    /// The peer sent bytes or hung up while the connection was parked: read them first.
+    pub stirred: bool,
+}
+
+/// What serving one HTTP/1.1 connection uses, borrowed from its owner.
+struct Http1<'a, H> {
+    limits: &'a ConnectionLimits,
+    handle: &'a H,
+    on_error: fn(u16, &str) -> Response,
+    stop: &'a CoreShutdown,
+    /// A live response waiting at the tail hands the connection back (see [`Parked`]).
+    parkable: bool,
 }
 
 async fn serve_http1<S, H, F>(
     stream: &mut S,
     buf: &mut BytesMut,
-    limits: &ConnectionLimits,
-    handle: &H,
-    on_error: fn(u16, &str) -> Response,
-    stop: &CoreShutdown,
-) where
+    connection: Http1<'_, H>,
+    mut streaming: Option<Box<Streaming>>,
+) -> Option<Box<Streaming>>
+where
     S: AsyncRead + AsyncWrite + Unpin,
     H: Fn(Request) -> F,
     F: Future<Output = Response>,
 {
+    let Http1 {
+        limits,
+        handle,
+        on_error,
+        stop,
+        parkable,
+    } = connection;
     loop {
+        if let Some(live) = streaming.take() {
+            // The request's future is given back before its events are written, for as long
+            // as the response lives: an SSE subscriber holds the response and this.
+            match Box::pin(stream_events(stream, buf, live, parkable)).await {
+                StreamEnded::AtTail(live) => return Some(live),
+                StreamEnded::Next => {}
+                StreamEnded::Close => return None,
+            }
+        }
         if buf.is_empty() {
             // Idle between requests: a shutdown closes the connection here, never mid-request.
             let first = stop
                 .unless_stopped(within(limits.request_timeout, fill_idle(stream, buf)))
                 .await;
             if !matches!(first, Some(Some(Ok(true)))) {
-                return;
+                return None;
             }
         }
         // A request is arriving. Its future (with the reading and handling phases boxed
@@ -94,18 +185,46 @@ async fn serve_http1<S, H, F>(
         // connection's own future stays a few hundred bytes instead of carrying that room for
         // the connection's whole life.
         let served = serve_request(stream, buf, limits, handle, on_error, stop);
-        let go_on = match Box::pin(served).await {
-            Served::Close => false,
-            Served::Next => true,
-            // The request's future is given back before its event stream is written, for as
-            // long as the stream lives: an SSE subscriber holds the stream and this.
-            Served::Streaming { events, keep_alive } => {
-                Box::pin(write_chunked(stream, buf, events)).await.is_ok() && keep_alive
+        match Box::pin(served).await {
+            Served::Close => return None,
+            Served::Next => {}
+            Served::Streaming { live, keep_alive } => {
+                streaming = Some(Box::new(Streaming {
+                    live,
+                    unsent: Bytes::new(),
+                    keep_alive,
+                    stirred: false,
+                }))
             }
-        };
-        if !go_on {
-            return;
         }
+    }
+}
+
+/// How writing a live response ended.
+enum StreamEnded {
+    /// It waits at the tail with nothing to send: the connection may be parked.
+    AtTail(Box<Streaming>),
+    /// The response is over and the connection goes on.
+    Next,
+    /// The connection closes.
+    Close,
+}
+
+/// Writes a live response's events (its unsent chunks first) until it ends or waits at the
+/// tail of a parkable connection.
+async fn stream_events<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    mut live: Box<Streaming>,
+    parkable: bool,
+) -> StreamEnded {
+    let unsent = std::mem::take(&mut live.unsent);
+    let stirred = std::mem::take(&mut live.stirred);
+    let written = write_events(stream, buf, &mut live.live, &unsent, parkable, stirred).await;
+    match written {
+        Ok(EventsWritten::AtTail) => StreamEnded::AtTail(live),
+        Ok(EventsWritten::Ended) if live.keep_alive => StreamEnded::Next,
+        Ok(EventsWritten::Ended) | Err(_) => StreamEnded::Close,
     }
 }
 
@@ -115,12 +234,9 @@ enum Served {
     Close,
     /// Answered: the next request may come.
     Next,
-    /// The head of an event stream is sent; its events are still to be written, and then the
-    /// connection goes on if `keep_alive`.
-    Streaming {
-        events: BodyStream,
-        keep_alive: bool,
-    },
+    /// The head of a live response is sent; its events are still to be written, and then
+    /// the connection goes on if `keep_alive`.
+    Streaming { live: LiveBody, keep_alive: bool },
 }
 
 /// Reads, handles and answers one request whose first bytes are in `buf` (an event stream's
@@ -219,7 +335,7 @@ where
     // Boxed like the other phases: inline, the writer's room (the response, its head's text)
     // was part of every parked long-poll's future, 2.5 KiB of its 3.
     match Box::pin(write_response(stream, response, head_only, keep_alive)).await {
-        Ok(Some(events)) => Served::Streaming { events, keep_alive },
+        Ok(Some(live)) => Served::Streaming { live, keep_alive },
         Ok(None) if keep_alive => Served::Next,
         Ok(None) | Err(_) => Served::Close,
     }

@@ -7,7 +7,8 @@ use bytes::BytesMut;
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::read::peer_gone;
-use crate::transport::message::{BodyStream, Response};
+use crate::live::live_read;
+use crate::transport::message::{LiveBody, Response};
 
 /// The status line's reason phrase (clients ignore it; RFC 9112 lets it be anything).
 pub(super) fn reason(status: u16) -> &'static str {
@@ -17,8 +18,8 @@ pub(super) fn reason(status: u16) -> &'static str {
         .unwrap_or("Status")
 }
 
-/// Sends `response`; for an event stream only its head, and hands the events back
-/// (`Ok(Some(events))`) for the caller to send with [`write_chunked`]. Written apart, the
+/// Sends `response`; for a live response only its head, and hands the events back
+/// (`Ok(Some(events))`) for the caller to send with [`write_events`]. Written apart, the
 /// stream does not keep this future and the request's alive for as long as it lives: an SSE
 /// subscriber held 1.2 KiB of them (BENCHMARKS.md, "SSE subscribers hold less").
 pub(super) async fn write_response<S: AsyncWrite + Unpin>(
@@ -26,7 +27,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     mut response: Response,
     head_only: bool,
     keep_alive: bool,
-) -> std::io::Result<Option<BodyStream>> {
+) -> std::io::Result<Option<LiveBody>> {
     use std::fmt::Write;
     let mut head = String::with_capacity(256);
     let _ = write!(
@@ -39,7 +40,7 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
         let _ = write!(head, "{name}: {value}\r\n");
     }
     let no_body_status = response.status == 204 || response.status == 304 || response.status < 200;
-    if let Some(body) = response.take_stream() {
+    if let Some(body) = response.take_live() {
         if head_only {
             head.push_str("\r\n");
             stream.write_all(head.as_bytes()).await?;
@@ -94,70 +95,92 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     stream.flush().await.map(|()| None)
 }
 
-/// Sends each item of `body` as one chunk, flushing after each write so events reach the client
-/// at once; a write error (the client went away) ends the stream. While the stream waits for
-/// its next event, what the peer sends is kept in `arrived` (a pipelined request), and the
-/// peer closing ends the stream at once. Items that are ready together go out in one write:
-/// an SSE data event and the control event behind it are one `send` and one TCP segment
-/// instead of two, and the client is woken once (10,000 subscribers on one stream pay this per
-/// record; BENCHMARKS.md, "Fan-out").
-pub(super) async fn write_chunked<S: AsyncRead + AsyncWrite + Unpin>(
+/// How writing a live response's events ended.
+pub(super) enum EventsWritten {
+    /// The response is over (its last chunk is sent).
+    Ended,
+    /// It waits at the tail with nothing left to send and the peer quiet: the connection may
+    /// be parked (only asked for with `parkable`).
+    AtTail,
+}
+
+/// Writes `unsent` (chunks already framed), then each event of `live` as one chunk, flushing
+/// after each write so events reach the client at once; a write error (the client went away)
+/// ends the response. While it waits for its next events, what the peer sends is kept in
+/// `arrived` (a pipelined request), and the peer closing ends the response at once. Events
+/// queued together go out in one write: an SSE data event and the control event behind it are
+/// one `send` and one TCP segment instead of two, and the client is woken once (10,000
+/// subscribers on one stream pay this per record; BENCHMARKS.md, "Fan-out").
+pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     arrived: &mut BytesMut,
-    mut body: BodyStream,
-) -> std::io::Result<()> {
-    use futures_lite::StreamExt;
-    loop {
-        let next = futures_lite::future::or(async { Some(body.next().await) }, async {
-            peer_gone(stream, arrived).await;
-            None
-        })
-        .await;
-        // The peer left: the event stream (and the read waiting under it) is dropped now,
-        // not at the next keep-alive.
-        let Some(next) = next else {
+    live: &mut LiveBody,
+    unsent: &[u8],
+    parkable: bool,
+    stirred: bool,
+) -> std::io::Result<EventsWritten> {
+    if stirred {
+        // Handed back because the peer sent bytes or hung up while parked: they are read (or
+        // the hang-up seen) before the response may park again, which would wake it again at
+        // once.
+        if futures_lite::future::poll_once(peer_gone(stream, arrived))
+            .await
+            .is_some()
+        {
             return Err(std::io::ErrorKind::ConnectionAborted.into());
-        };
-        let Some(chunk) = next else { break };
-        let mut out = Vec::with_capacity(chunk.len() + 16);
-        push_chunk(&mut out, &chunk);
-        let mut ended = false;
+        }
+    }
+    if !unsent.is_empty() {
+        stream.write_all(unsent).await?;
+        stream.flush().await?;
+    }
+    loop {
+        let mut out = Vec::new();
         while out.len() < COALESCED_CHUNKS_BYTES_MAX {
-            // The stream keeps a read it started here (an unfold holds its future), so a
-            // `Pending` loses nothing.
-            match futures_lite::future::poll_once(body.next()).await {
-                Some(Some(chunk)) => push_chunk(&mut out, &chunk),
-                Some(None) => {
-                    ended = true;
-                    break;
-                }
+            match live.pop_event() {
+                Some(event) => push_chunk(&mut out, &event),
                 None => break,
             }
-        }
-        if ended {
-            out.extend_from_slice(LAST_CHUNK);
         }
         if !out.is_empty() {
             stream.write_all(&out).await?;
             stream.flush().await?;
+            continue;
         }
-        if ended {
-            return Ok(());
+        if parkable && arrived.is_empty() && live.at_tail() {
+            return Ok(EventsWritten::AtTail);
         }
+        let Some(request) = live.next_read() else {
+            stream.write_all(LAST_CHUNK).await?;
+            stream.flush().await?;
+            return Ok(EventsWritten::Ended);
+        };
+        // Boxed: a task that drives its response (over TLS) holds the read's room only while
+        // it reads.
+        let read = Box::pin(live_read(live.core(), live.stream_name(), &request));
+        let read = futures_lite::future::or(async { Some(read.await) }, async {
+            peer_gone(stream, arrived).await;
+            None
+        })
+        .await;
+        // The peer left: the response (and the read waiting under it) is dropped now, not at
+        // the next keep-alive.
+        let Some(read) = read else {
+            return Err(std::io::ErrorKind::ConnectionAborted.into());
+        };
+        live.answer(read.as_ref().map(|(batch, last)| (batch, *last)));
     }
-    stream.write_all(LAST_CHUNK).await?;
-    stream.flush().await
 }
 
 /// The chunk that ends a chunked body (RFC 9112, 7.1).
-const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+pub(super) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
 /// Chunks that are ready at once are written together up to about this many bytes.
 const COALESCED_CHUNKS_BYTES_MAX: usize = 64 * 1024;
 
 /// `chunk` framed as one chunk of a chunked body; nothing for an empty one, whose frame would
 /// end the body.
-fn push_chunk(out: &mut Vec<u8>, chunk: &[u8]) {
+pub(super) fn push_chunk(out: &mut Vec<u8>, chunk: &[u8]) {
     use std::io::Write;
     if chunk.is_empty() {
         return;

@@ -106,6 +106,15 @@ fn yolo_sendmsg(
     }
 }
 
+/// Waits until `fd` is readable (or hung up, or failing): one poll through the executor's
+/// ring. A file descriptor that is not a socket of this module can be waited on too (an
+/// `epoll` instance, which is readable while it has events to report). Cancelled when
+/// dropped. (PicoMQ patch 5, `PATCHES.md`.)
+pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
+    let source = crate::executor().reactor().poll_read_ready(fd);
+    source.collect_rw().await.map(|_| ())
+}
+
 mod datagram;
 mod stream;
 mod tcp_socket;

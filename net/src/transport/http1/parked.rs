@@ -1,0 +1,565 @@
+//! Parked subscribers: live (SSE) responses on plain HTTP/1.1 connections that wait at the
+//! tail, held by their core without a task each.
+//!
+//! A subscriber waiting for new records was its connection's task: the task's future, the
+//! read it waited on, the writer's state and glommio's poll of its socket, about 4 KiB in all
+//! (BENCHMARKS.md, "Parked subscribers"). Parked, it is its socket's descriptor, its
+//! response's state ([`LiveEvents`]) and a few words here:
+//!
+//! - subscribers at the same offset of a stream that read alike form a group, and one task per
+//!   group reads for all of them (a read shared on the core, `engine/src/live.rs`), waiting
+//!   until the first of them is due a keep-alive or the end of its response;
+//! - the answer is turned into each member's events, written to its socket at once without
+//!   waiting (`send` with `MSG_DONTWAIT`), and the group moves on to the next offset;
+//! - one `epoll` instance per core watches the parked sockets for bytes or a hang-up, and one
+//!   task waits on it (`glommio::net::poll_readable`, vendor/glommio/PATCHES.md, change 5).
+//!
+//! Anything else hands the connection back to a task ([`Resume`]): a socket that does not take
+//! all of its events at once (the task writes the rest, waiting for room), a peer that sends
+//! bytes or leaves, a response that ends (its last chunk, then the connection's next request).
+//! The task parks it again once it waits at the tail with nothing to send.
+//!
+//! Only plain TCP parks: a TLS connection's records are written by rustls in its task.
+
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pico_engine::{CoreHandle, ReadBatch, ReadFrom, ReadRequest};
+
+use super::write::push_chunk;
+use super::{Parked, Streaming};
+use crate::live::live_read;
+use crate::transport::socket::PlainTcp;
+
+/// What serves a parked connection again: the listener's, spawning the connection's task (it
+/// carries the connection's place in the core's count of open connections).
+pub type Resume = Box<dyn FnOnce(Parked<PlainTcp>)>;
+
+/// The most readiness events taken from the `epoll` instance per wake-up.
+const EPOLL_EVENTS_PER_WAKE_MAX: usize = 64;
+
+/// A member due within this much of a shared read's answer takes its keep-alive with it,
+/// rather than a read of its own a moment later.
+const DUE_SLACK: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// This core's parked subscribers, made on the first park (`None` if the core cannot make
+    /// an `epoll` instance: its connections then stay tasks).
+    static PARKED: OnceCell<Option<Rc<Registry>>> = const { OnceCell::new() };
+}
+
+/// Parks a connection whose live response waits at the tail (its task has ended), or hands it
+/// straight back to `resume` when it cannot wait here.
+pub fn park(parked: Parked<PlainTcp>, resume: Resume) {
+    let registry = PARKED.with(|cell| cell.get_or_init(Registry::start).clone());
+    match registry {
+        Some(registry) => registry.park(parked, resume),
+        None => resume(parked),
+    }
+}
+
+/// What a group's members read alike: where, and the read's budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    from: u64,
+    max_records: usize,
+    max_bytes: usize,
+    with_content_type: bool,
+}
+
+impl Shape {
+    /// The shape of `request`, if a group can read it (from a known offset, unbounded).
+    fn of(request: &ReadRequest) -> Option<Shape> {
+        let ReadFrom::Offset(from) = request.from else {
+            return None;
+        };
+        request.bound.is_none().then_some(Shape {
+            from,
+            max_records: request.max_records,
+            max_bytes: request.max_bytes,
+            with_content_type: request.with_content_type,
+        })
+    }
+
+    fn request(self, wait_ms: u64) -> ReadRequest {
+        ReadRequest {
+            from: ReadFrom::Offset(self.from),
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            wait_ms: Some(wait_ms),
+            with_content_type: self.with_content_type,
+            bound: None,
+        }
+    }
+}
+
+/// A parked subscriber.
+struct Member {
+    /// The connection's socket, non-blocking (glommio's sockets are).
+    fd: OwnedFd,
+    streaming: Box<Streaming>,
+    resume: Resume,
+    /// When its round ends: its next keep-alive, or the end of its response.
+    due: Instant,
+}
+
+/// A member's place in the slots; the generation tells a later occupant of the same slot from
+/// it (a group, or the `epoll` instance, may still name a member that left).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MemberId {
+    index: u32,
+    generation: u32,
+}
+
+impl MemberId {
+    /// The member as an `epoll` event's data.
+    fn token(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    fn from_token(token: u64) -> MemberId {
+        MemberId {
+            index: token as u32,
+            generation: (token >> 32) as u32,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    member: Option<Member>,
+}
+
+/// The members that wait at one offset of one stream, and the read that waits for them.
+struct Group {
+    name: Rc<str>,
+    core: Rc<CoreHandle>,
+    shape: Cell<Shape>,
+    members: RefCell<Vec<MemberId>>,
+    /// When the read in flight stops waiting, while one is.
+    read_until: Cell<Option<Instant>>,
+    /// Wakes the group's task to start its read again: a member due sooner joined.
+    replan: Kick,
+}
+
+/// One core's parked subscribers.
+struct Registry {
+    epoll: OwnedFd,
+    slots: RefCell<Vec<Slot>>,
+    free: RefCell<Vec<u32>>,
+    groups: RefCell<HashMap<Rc<str>, Vec<Rc<Group>>>>,
+}
+
+impl Registry {
+    /// This core's registry and its task watching the parked sockets.
+    fn start() -> Option<Rc<Registry>> {
+        // SAFETY: plain system call; the descriptor it returns is owned below.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            log::warn!(
+                "parked subscribers off on this core (epoll_create1: {})",
+                io::Error::last_os_error()
+            );
+            return None;
+        }
+        let registry = Rc::new(Registry {
+            // SAFETY: a new descriptor, owned by nothing else.
+            epoll: unsafe { OwnedFd::from_raw_fd(epoll) },
+            slots: RefCell::default(),
+            free: RefCell::default(),
+            groups: RefCell::default(),
+        });
+        glommio::spawn_local(watch_peers(registry.clone())).detach();
+        Some(registry)
+    }
+
+    fn park(self: &Rc<Self>, mut parked: Parked<PlainTcp>, resume: Resume) {
+        let live = &mut parked.streaming.live;
+        let Some(request) = live.next_read() else {
+            return resume(parked);
+        };
+        let Some(shape) = Shape::of(&request) else {
+            return resume(parked);
+        };
+        let (name, core) = (live.stream_name().to_owned(), live.core().clone());
+        let due = Instant::now() + Duration::from_millis(request.wait_ms.unwrap_or(0));
+        // A connection whose descriptor cannot be taken (out of descriptors) is lost: it
+        // closes, and its client reconnects.
+        let Ok(fd) = parked.socket.into_fd() else {
+            return;
+        };
+        let member = Member {
+            fd,
+            streaming: parked.streaming,
+            resume,
+            due,
+        };
+        let id = self.insert(member);
+        if let Err(e) = self.watch(id) {
+            log::warn!("cannot park a subscriber: {e}");
+            self.hand_back(id, Bytes::new(), false);
+            return;
+        }
+        self.place(id, &name, &core, shape, due);
+    }
+
+    fn insert(&self, member: Member) -> MemberId {
+        let mut slots = self.slots.borrow_mut();
+        let index = match self.free.borrow_mut().pop() {
+            Some(index) => index,
+            None => {
+                slots.push(Slot::default());
+                u32::try_from(slots.len() - 1).expect("fewer parked subscribers than 2^32")
+            }
+        };
+        let slot = &mut slots[index as usize];
+        slot.member = Some(member);
+        MemberId {
+            index,
+            generation: slot.generation,
+        }
+    }
+
+    /// Takes a member out of its slot (`None` if it left already).
+    fn remove(&self, id: MemberId) -> Option<Member> {
+        let mut slots = self.slots.borrow_mut();
+        let slot = slots.get_mut(id.index as usize)?;
+        if slot.generation != id.generation {
+            return None;
+        }
+        let member = slot.member.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.borrow_mut().push(id.index);
+        Some(member)
+    }
+
+    /// Watches the member's socket for bytes or a hang-up.
+    fn watch(&self, id: MemberId) -> io::Result<()> {
+        let slots = self.slots.borrow();
+        let fd = slots[id.index as usize]
+            .member
+            .as_ref()
+            .map(|m| m.fd.as_raw_fd())
+            .ok_or(io::ErrorKind::NotFound)?;
+        let mut event = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: id.token(),
+        };
+        // SAFETY: both descriptors are open; `event` is read during the call only.
+        let added =
+            unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        if added < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn unwatch(&self, fd: &OwnedFd) {
+        // SAFETY: both descriptors are open; a null event is allowed for a removal.
+        unsafe {
+            libc::epoll_ctl(
+                self.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd.as_raw_fd(),
+                std::ptr::null_mut(),
+            );
+        }
+    }
+
+    /// Adds a member to the group that reads `shape` of the stream `name`, making the group
+    /// (and its task) if there is none.
+    fn place(
+        self: &Rc<Self>,
+        id: MemberId,
+        name: &str,
+        core: &Rc<CoreHandle>,
+        shape: Shape,
+        due: Instant,
+    ) {
+        let mut groups = self.groups.borrow_mut();
+        let existing = groups
+            .get(name)
+            .and_then(|list| list.iter().find(|g| g.shape.get() == shape))
+            .cloned();
+        let (group, new) = match existing {
+            Some(group) => (group, false),
+            None => {
+                let name: Rc<str> = Rc::from(name);
+                let group = Rc::new(Group {
+                    name: name.clone(),
+                    core: core.clone(),
+                    shape: Cell::new(shape),
+                    members: RefCell::default(),
+                    read_until: Cell::new(None),
+                    replan: Kick::default(),
+                });
+                groups.entry(name).or_default().push(group.clone());
+                (group, true)
+            }
+        };
+        // No borrow is held past here: a task spawned may run before `spawn_local` returns.
+        drop(groups);
+        group.members.borrow_mut().push(id);
+        if new {
+            let task = crate::panics::catch_panic(run_group(self.clone(), group));
+            glommio::spawn_local(async move {
+                if task.await.is_err() {
+                    log::error!("a group of parked subscribers failed");
+                }
+            })
+            .detach();
+        } else if group.read_until.get().is_some_and(|until| due < until) {
+            group.replan.kick();
+        }
+    }
+
+    /// The group's next due time (`None`: it has no members left); members that left are
+    /// dropped from its list.
+    fn earliest_due(&self, group: &Group) -> Option<Instant> {
+        let slots = self.slots.borrow();
+        let mut members = group.members.borrow_mut();
+        let mut earliest = None::<Instant>;
+        members.retain(|id| {
+            let slot = &slots[id.index as usize];
+            match &slot.member {
+                Some(member) if slot.generation == id.generation => {
+                    earliest = Some(earliest.map_or(member.due, |e| e.min(member.due)));
+                    true
+                }
+                _ => false,
+            }
+        });
+        earliest
+    }
+
+    /// Drops a group with no members from the map (its task ends).
+    fn forget(&self, group: &Rc<Group>) {
+        let mut groups = self.groups.borrow_mut();
+        if let Some(list) = groups.get_mut(&*group.name) {
+            list.retain(|g| !Rc::ptr_eq(g, group));
+            if list.is_empty() {
+                groups.remove(&*group.name);
+            }
+        }
+    }
+
+    /// Answers a group's members with its read: every member if there is news (records, the
+    /// stream closed or gone, the node stopping), else those whose round is over (a
+    /// keep-alive, or the end). Each is written to at once; a member stays parked if its
+    /// socket took everything and it waits at the tail again.
+    fn deliver(self: &Rc<Self>, group: &Rc<Group>, read: Option<(ReadBatch, bool)>) {
+        let now = Instant::now();
+        let news = match &read {
+            None => true,
+            Some((batch, last)) => {
+                !batch.records.is_empty() || batch.closed || batch.inherit.is_some() || *last
+            }
+        };
+        let answer = read.as_ref().map(|(batch, last)| (batch, *last));
+        let ids = std::mem::take(&mut *group.members.borrow_mut());
+        let mut waiting = Vec::new();
+        let mut staying = Vec::new();
+        let mut handed_back = Vec::new();
+        let mut closed = Vec::new();
+        let mut out = Vec::new();
+        {
+            let mut slots = self.slots.borrow_mut();
+            for id in ids {
+                let slot = &mut slots[id.index as usize];
+                if slot.generation != id.generation {
+                    continue;
+                }
+                let Some(member) = slot.member.as_mut() else {
+                    continue;
+                };
+                if !news && member.due > now + DUE_SLACK {
+                    waiting.push(id);
+                    continue;
+                }
+                let live = &mut member.streaming.live;
+                live.answer(answer);
+                out.clear();
+                while let Some(event) = live.pop_event() {
+                    push_chunk(&mut out, &event);
+                }
+                match send_now(&member.fd, &out) {
+                    Err(_) => closed.push(id),
+                    Ok(sent) if sent < out.len() => {
+                        handed_back.push((id, Bytes::copy_from_slice(&out[sent..])));
+                    }
+                    Ok(_) => {
+                        let next = live.at_tail().then(|| live.next_read()).flatten();
+                        match next.as_ref().and_then(Shape::of) {
+                            Some(shape) => {
+                                let wait = next.and_then(|r| r.wait_ms).unwrap_or(0);
+                                member.due = now + Duration::from_millis(wait);
+                                staying.push((id, shape, member.due));
+                            }
+                            None => handed_back.push((id, Bytes::new())),
+                        }
+                    }
+                }
+            }
+        }
+        group.members.borrow_mut().extend(waiting);
+        if news {
+            // The group moves on with its members (they all read the same answer), unless
+            // another group reads there already: its members then join that one.
+            if let Some(&(_, shape, _)) = staying.first() {
+                let taken = self
+                    .groups
+                    .borrow()
+                    .get(&*group.name)
+                    .is_some_and(|list| list.iter().any(|g| g.shape.get() == shape));
+                if !taken {
+                    group.shape.set(shape);
+                }
+            }
+        }
+        for (id, shape, due) in staying {
+            self.place(id, &group.name, &group.core, shape, due);
+        }
+        for id in closed {
+            if let Some(member) = self.remove(id) {
+                self.unwatch(&member.fd);
+            }
+        }
+        for (id, unsent) in handed_back {
+            self.hand_back(id, unsent, false);
+        }
+    }
+
+    /// Gives a member's connection back to a task, `unsent` to be written first; `stirred`
+    /// when its peer sent bytes or hung up.
+    fn hand_back(&self, id: MemberId, unsent: Bytes, stirred: bool) {
+        let Some(member) = self.remove(id) else {
+            return;
+        };
+        self.unwatch(&member.fd);
+        let Member {
+            fd,
+            mut streaming,
+            resume,
+            ..
+        } = member;
+        streaming.unsent = unsent;
+        streaming.stirred = stirred;
+        resume(Parked {
+            socket: PlainTcp::from_fd(fd),
+            streaming,
+        });
+    }
+}
+
+/// A group's task: reads for its members until none is left.
+async fn run_group(registry: Rc<Registry>, group: Rc<Group>) {
+    loop {
+        let Some(due) = registry.earliest_due(&group) else {
+            registry.forget(&group);
+            return;
+        };
+        let wait = due.saturating_duration_since(Instant::now());
+        let wait_ms = u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        let request = group.shape.get().request(wait_ms);
+        group.read_until.set(Some(due));
+        let read = futures_lite::future::or(
+            async { Some(live_read(&group.core, &group.name, &request).await) },
+            async {
+                group.replan.wait().await;
+                None
+            },
+        )
+        .await;
+        group.read_until.set(None);
+        if let Some(read) = read {
+            registry.deliver(&group, read);
+        }
+    }
+}
+
+/// The core's task watching its parked sockets: a peer that sends bytes or hangs up gets its
+/// connection back in a task, which reads them.
+async fn watch_peers(registry: Rc<Registry>) {
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS_PER_WAKE_MAX];
+    loop {
+        if let Err(e) = glommio::net::poll_readable(registry.epoll.as_raw_fd()).await {
+            log::error!("parked subscribers' watch failed: {e}");
+            return;
+        }
+        // SAFETY: `events` has room for the count given; the call does not wait.
+        let ready = unsafe {
+            libc::epoll_wait(
+                registry.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                EPOLL_EVENTS_PER_WAKE_MAX as i32,
+                0,
+            )
+        };
+        let ready = usize::try_from(ready).unwrap_or(0);
+        for event in &events[..ready] {
+            let id = MemberId::from_token(event.u64);
+            registry.hand_back(id, Bytes::new(), true);
+        }
+    }
+}
+
+/// Writes what the socket takes of `bytes` now: the count sent (0 when it is full).
+fn send_now(fd: &OwnedFd, bytes: &[u8]) -> io::Result<usize> {
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    loop {
+        // SAFETY: `bytes` is valid for its length during the call.
+        let sent = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent >= 0 {
+            return Ok(sent as usize);
+        }
+        let error = io::Error::last_os_error();
+        match error.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(error),
+        }
+    }
+}
+
+/// Wakes a waiting task once (set while none waits, it is kept for the next wait).
+#[derive(Default)]
+struct Kick {
+    kicked: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl Kick {
+    fn kick(&self) {
+        self.kicked.set(true);
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+
+    async fn wait(&self) {
+        std::future::poll_fn(|cx| {
+            if self.kicked.replace(false) {
+                return Poll::Ready(());
+            }
+            self.waker.set(Some(cx.waker().clone()));
+            Poll::Pending
+        })
+        .await
+    }
+}
