@@ -713,3 +713,160 @@ fn keep_alives_follow_the_long_poll_timeout_and_stop_at_the_cap() {
         controls.len()
     );
 }
+
+/// One sample of the server's `/metrics` page (`series` with its labels), or 0 if absent.
+fn metric(s: &Server, series: &str) -> u64 {
+    let page = Conn::connect(s.admin)
+        .expect("connect to the admin listener")
+        .request("GET", "/metrics", &[], b"")
+        .expect("GET /metrics")
+        .text();
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) until `series` reads `want`.
+#[track_caller]
+fn wait_for_metric(s: &Server, series: &str, want: u64) {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let have = metric(s, series);
+        if have == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} stayed at {have}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A subscriber waiting at the tail of a plain HTTP/1.1 connection is parked: its core holds
+/// its socket and its response's state, not a task (docs/architecture.md, "Parked
+/// subscribers"). Records still reach every one of them, and a client that hangs up while
+/// parked frees its response at once, not at its next keep-alive.
+#[test]
+fn subscribers_at_the_tail_are_parked_and_a_hang_up_frees_one_at_once() {
+    let s = Server::start(ONE_CORE);
+    req(&s, "PUT", "/parked", &[("content-type", "text/plain")], b"").expect(201);
+    let mut subscribers: Vec<Sse> = (0..8)
+        .map(|_| {
+            let mut sse = open_sse(&s, "/parked?live=sse", &[]);
+            assert_eq!(sse.next(), "retry: 1000");
+            assert_eq!(sse.next(), control(0, true, false));
+            sse
+        })
+        .collect();
+    wait_for_metric(&s, "pico_sse_parked", 8);
+    for (i, body) in [b"one", b"two"].iter().enumerate() {
+        append(&s, "/parked", &[], *body);
+        let next = i as u64 + 1;
+        let want = data(next, &json_read(&s, &format!("/parked?seq={i}")));
+        for sse in &mut subscribers {
+            assert_eq!(sse.next(), want);
+            assert_eq!(sse.next(), control(next, true, false));
+        }
+        // Delivered by the core that holds them: they stay parked.
+        wait_for_metric(&s, "pico_sse_parked", 8);
+    }
+    // Half of them hang up; the keep-alive is 25 s away, so only the watch on their sockets
+    // can notice.
+    subscribers.truncate(4);
+    wait_for_metric(&s, "pico_sse_parked", 4);
+    wait_for_metric(&s, "pico_sse_streams{core=\"0\"}", 4);
+    append(&s, "/parked", &[], b"three");
+    let want = data(3, &json_read(&s, "/parked?seq=2"));
+    for sse in &mut subscribers {
+        assert_eq!(sse.next(), want);
+        assert_eq!(sse.next(), control(3, true, false));
+    }
+}
+
+/// A subscriber whose socket cannot take its events at once (it is not reading) is handed
+/// back to a task that writes the rest as the socket drains: nothing is lost or reordered,
+/// and it is parked again once it is back at the tail.
+#[test]
+fn a_subscriber_that_reads_nothing_for_a_while_gets_every_event_in_order() {
+    let s = Server::start(ONE_CORE);
+    req(&s, "PUT", "/slow", &[("content-type", "text/plain")], b"").expect(201);
+    let mut sse = open_sse(&s, "/slow?live=sse", &[]);
+    assert_eq!(sse.next(), "retry: 1000");
+    assert_eq!(sse.next(), control(0, true, false));
+    wait_for_metric(&s, "pico_sse_parked", 1);
+    // 16 MiB of events while the client reads nothing: more than the socket buffers hold.
+    const RECORDS: u64 = 256;
+    let body = vec![b'x'; 64 * 1024];
+    for _ in 0..RECORDS {
+        append(&s, "/slow", &[], &body);
+    }
+    let mut next_expected = 1;
+    while next_expected <= RECORDS {
+        let event = parse(&sse.next());
+        match event.event.as_deref() {
+            Some("data") => {
+                let id: u64 = event.id.expect("an id").parse().expect("a number");
+                assert!(id >= next_expected, "event {id} after {next_expected}");
+                let records: Value =
+                    serde_json::from_str(&event.data.expect("data")).expect("JSON records");
+                let records = records.as_array().expect("an array");
+                assert_eq!(
+                    records.len() as u64,
+                    id - next_expected + 1,
+                    "ids without gaps"
+                );
+                for (i, record) in records.iter().enumerate() {
+                    assert_eq!(record["seq"], json!(next_expected - 1 + i as u64));
+                }
+                next_expected = id + 1;
+            }
+            Some("control") => {}
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    wait_for_metric(&s, "pico_sse_parked", 1);
+    assert!(!s.log().contains("panic"), "{}", s.log());
+}
+
+/// A request sent behind a parked response wakes it; the response goes on to its end (here
+/// the duration cap), and then the request is answered on the same connection.
+#[test]
+fn a_request_sent_behind_a_parked_response_is_answered_after_it() {
+    let s = Server::start(&["--cores", "1", "--sse-max-duration-sec", "2"]);
+    req(&s, "PUT", "/behind", &[("content-type", "text/plain")], b"").expect(201);
+    append(&s, "/behind", &[], b"a");
+    let mut sse = open_sse(&s, "/behind?live=sse", &[]);
+    assert_eq!(sse.next(), "retry: 1000");
+    assert_eq!(sse.next(), data(1, &json_read(&s, "/behind?seq=0")));
+    assert_eq!(sse.next(), control(1, true, false));
+    wait_for_metric(&s, "pico_sse_parked", 1);
+    let next = common::encode_request("GET", "/behind?seq=0", &[], b"");
+    sse.conn.raw(&next).expect("send the next request");
+    // Woken by the bytes, the response is no longer parked (it has a request to answer).
+    wait_for_metric(&s, "pico_sse_parked", 0);
+    loop {
+        match sse.next_raw(EVENT_TIMEOUT) {
+            None => break,
+            Some(event) => assert!(parse(&event).comment, "unexpected event {event:?}"),
+        }
+    }
+    // The answer follows the response's last chunk, maybe in the same read.
+    let mut answer = std::mem::take(&mut sse.raw);
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    let want = json_read(&s, "/behind?seq=0");
+    while !answer.ends_with(want.as_bytes()) {
+        read_some(
+            &mut sse.conn,
+            &mut answer,
+            deadline,
+            "the request behind the response",
+        );
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(
+        answer.contains(&format!("content-length: {}\r\n", want.len())),
+        "{answer}"
+    );
+}

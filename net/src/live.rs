@@ -86,6 +86,41 @@ pub trait LiveEvents {
     fn at_tail(&self) -> bool;
 }
 
+/// The events a live response has ready to send: at most two at a time (a data event and the
+/// control event behind it; Pico's first ones, the `retry:` hint and a control event), kept
+/// inline. A `VecDeque` kept a 128-byte buffer on the heap for every subscriber.
+#[derive(Default)]
+pub(crate) struct ReadyEvents {
+    first: Option<Bytes>,
+    second: Option<Bytes>,
+}
+
+impl ReadyEvents {
+    pub fn push(&mut self, event: Bytes) {
+        match (&mut self.first, &mut self.second) {
+            (first @ None, _) => *first = Some(event),
+            (_, second @ None) => *second = Some(event),
+            // Never more than two are queued; were a third, it joins the second.
+            (_, Some(second)) => {
+                let mut joined = Vec::with_capacity(second.len() + event.len());
+                joined.extend_from_slice(second);
+                joined.extend_from_slice(&event);
+                *second = joined.into();
+            }
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<Bytes> {
+        let event = self.first.take();
+        self.first = self.second.take();
+        event
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
 /// A live response's events, as the response's body.
 pub type LiveBody = Box<dyn LiveEvents>;
 
@@ -167,6 +202,25 @@ mod tests {
             made.set(made.get() + 1);
             Bytes::from(format!("{:?} {encoding:?}", batch.shared_read))
         })
+    }
+
+    #[test]
+    fn ready_events_leave_in_the_order_they_came() {
+        let mut ready = ReadyEvents::default();
+        assert!(ready.is_empty());
+        ready.push(Bytes::from_static(b"a"));
+        ready.push(Bytes::from_static(b"b"));
+        assert_eq!(ready.pop().as_deref(), Some(&b"a"[..]));
+        ready.push(Bytes::from_static(b"c"));
+        ready.push(Bytes::from_static(b"d"));
+        assert_eq!(ready.pop().as_deref(), Some(&b"b"[..]));
+        assert_eq!(
+            ready.pop().as_deref(),
+            Some(&b"cd"[..]),
+            "a third joins the second"
+        );
+        assert_eq!(ready.pop(), None);
+        assert!(ready.is_empty());
     }
 
     #[test]

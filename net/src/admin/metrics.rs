@@ -448,6 +448,17 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
             metrics.sse_streams.load(Ordering::Relaxed)
         );
     }
+    header(
+        &mut out,
+        "pico_sse_parked",
+        "gauge",
+        "Server-sent event responses waiting at the tail of a plain HTTP/1.1 connection, held by their core without a task (also counted in pico_sse_streams).",
+    );
+    let _ = writeln!(
+        out,
+        "pico_sse_parked {}",
+        crate::transport::http1::PARKED_SUBSCRIBERS.load(Ordering::Relaxed)
+    );
     out
 }
 

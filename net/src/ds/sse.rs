@@ -2,7 +2,6 @@
 //! records (base64 for binary streams) and `control` events carrying the next offset, the
 //! cursor and whether the reader is up to date.
 
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use base64::Engine as _;
@@ -13,7 +12,7 @@ use pico_proto::header::*;
 use super::encode::{encode, joined, next_cursor};
 use super::error::DsError;
 use super::params::{is_json, DsSettings};
-use crate::live::{encoded_once, EventEncoding, LiveEvents};
+use crate::live::{encoded_once, EventEncoding, LiveEvents, ReadyEvents};
 use crate::transport::message::{Request, Response};
 
 struct SseState {
@@ -33,7 +32,7 @@ struct SseState {
     /// The round of the read in flight is the response's last (its wait reaches the deadline).
     last_round: bool,
     /// Events to send: a data event and the control event behind it.
-    queue: VecDeque<Bytes>,
+    queue: ReadyEvents,
 }
 
 /// Starts an SSE response: `event: data` with the records of each read, each followed by an
@@ -72,7 +71,7 @@ pub(super) async fn sse(
         done: false,
         first: true,
         last_round: false,
-        queue: VecDeque::new(),
+        queue: ReadyEvents::default(),
     };
     let mut response = Response::new(200)
         .header("content-type", pico_proto::media::EVENT_STREAM)
@@ -98,7 +97,7 @@ impl LiveEvents for SseState {
     }
 
     fn pop_event(&mut self) -> Option<Bytes> {
-        self.queue.pop_front()
+        self.queue.pop()
     }
 
     fn next_read(&mut self) -> Option<ReadRequest> {
@@ -141,12 +140,12 @@ impl LiveEvents for SseState {
             } else {
                 data_event(batch, json, base64, self.skip_bytes)
             };
-            self.queue.push_back(data);
+            self.queue.push(data);
         }
         self.skip_bytes = 0;
         self.from = ReadFrom::Offset(batch.next_offset);
         let control = control_event(self, batch);
-        self.queue.push_back(control);
+        self.queue.push(control);
     }
 
     fn at_tail(&self) -> bool {

@@ -22,7 +22,6 @@
 //! long-poll answers then, an SSE response sends a keep-alive (Durable Streams: a control
 //! event). A proxy's idle timeout bounds both alike, so one setting tunes both.
 
-use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,7 @@ use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
 use crate::codec;
 use crate::live::{
-    encoded_once, EventEncoding, IdleRound, LiveBody, LiveEvents, KEEP_ALIVE_MIN_MS,
+    encoded_once, EventEncoding, IdleRound, LiveBody, LiveEvents, ReadyEvents, KEEP_ALIVE_MIN_MS,
 };
 
 /// The `retry:` hint.
@@ -48,7 +47,7 @@ struct State {
     done: bool,
     /// The round of the read in flight is the response's last (its wait reaches the deadline).
     last_round: bool,
-    queue: VecDeque<Bytes>,
+    queue: ReadyEvents,
 }
 
 /// The event stream from `from` (the tail already resolved to an offset); idle, it sends a
@@ -61,7 +60,7 @@ pub fn events(
     keep_alive_ms: u64,
     max_duration_ms: u64,
 ) -> LiveBody {
-    Box::new(State {
+    let mut state = Box::new(State {
         core,
         name,
         from,
@@ -71,8 +70,12 @@ pub fn events(
         announced_up_to_date: false,
         done: false,
         last_round: false,
-        queue: VecDeque::from([Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n"))]),
-    })
+        queue: ReadyEvents::default(),
+    });
+    state
+        .queue
+        .push(Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n")));
+    state
 }
 
 fn control_event(batch: &ReadBatch) -> Bytes {
@@ -96,7 +99,7 @@ impl LiveEvents for State {
     }
 
     fn pop_event(&mut self) -> Option<Bytes> {
-        self.queue.pop_front()
+        self.queue.pop()
     }
 
     fn next_read(&mut self) -> Option<ReadRequest> {
@@ -141,22 +144,21 @@ impl LiveEvents for State {
                 events.extend_from_slice(&control);
                 events.into()
             });
-            self.queue.push_back(events);
+            self.queue.push(events);
             self.announced_up_to_date = batch.up_to_date();
             self.done = batch.closed;
         } else if batch.closed {
-            self.queue.push_back(control_event(batch));
+            self.queue.push(control_event(batch));
             self.done = true;
         } else if !self.announced_up_to_date {
-            self.queue.push_back(control_event(batch));
+            self.queue.push(control_event(batch));
             self.announced_up_to_date = true;
         } else if self.last_round {
             // The wait ran to the deadline: the response ends, a keep-alive would be its last
             // word.
             self.done = true;
         } else {
-            self.queue
-                .push_back(Bytes::from_static(b": keep-alive\n\n"));
+            self.queue.push(Bytes::from_static(b": keep-alive\n\n"));
         }
         // An empty batch's next offset is where it read: a start resolved by the engine.
         self.from = ReadFrom::Offset(batch.next_offset);

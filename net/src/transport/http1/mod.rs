@@ -26,7 +26,7 @@ use crate::limits::{
 use crate::shutdown::CoreShutdown;
 use crate::transport::http2;
 use crate::transport::message::{refusal, within, LiveBody, Request, Response};
-pub use parked::{park, Resume};
+pub use parked::{park, Resume, PARKED_SUBSCRIBERS};
 use parse::read_request;
 pub use parse::ProtocolError;
 use read::{fill_idle, peer_gone};

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,9 @@ use super::write::push_chunk;
 use super::{Parked, Streaming};
 use crate::live::live_read;
 use crate::transport::socket::PlainTcp;
+
+/// Subscribers parked on all cores of this process (`pico_sse_parked` in the metrics).
+pub static PARKED_SUBSCRIBERS: AtomicU64 = AtomicU64::new(0);
 
 /// What serves a parked connection again: the listener's, spawning the connection's task (it
 /// carries the connection's place in the core's count of open connections).
@@ -221,6 +225,7 @@ impl Registry {
         };
         let slot = &mut slots[index as usize];
         slot.member = Some(member);
+        PARKED_SUBSCRIBERS.fetch_add(1, Ordering::Relaxed);
         MemberId {
             index,
             generation: slot.generation,
@@ -235,6 +240,7 @@ impl Registry {
             return None;
         }
         let member = slot.member.take()?;
+        PARKED_SUBSCRIBERS.fetch_sub(1, Ordering::Relaxed);
         slot.generation = slot.generation.wrapping_add(1);
         self.free.borrow_mut().push(id.index);
         Some(member)

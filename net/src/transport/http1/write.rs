@@ -119,17 +119,10 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
     parkable: bool,
     stirred: bool,
 ) -> std::io::Result<EventsWritten> {
-    if stirred {
-        // Handed back because the peer sent bytes or hung up while parked: they are read (or
-        // the hang-up seen) before the response may park again, which would wake it again at
-        // once.
-        if futures_lite::future::poll_once(peer_gone(stream, arrived))
-            .await
-            .is_some()
-        {
-            return Err(std::io::ErrorKind::ConnectionAborted.into());
-        }
-    }
+    // Handed back because the peer sent bytes or hung up while parked: it does not park again
+    // before its next read has watched the peer (reading those bytes, or seeing the hang-up),
+    // or the watch would wake it again at once.
+    let mut may_park = parkable && !stirred;
     if !unsent.is_empty() {
         stream.write_all(unsent).await?;
         stream.flush().await?;
@@ -147,7 +140,7 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
             stream.flush().await?;
             continue;
         }
-        if parkable && arrived.is_empty() && live.at_tail() {
+        if may_park && arrived.is_empty() && live.at_tail() {
             return Ok(EventsWritten::AtTail);
         }
         let Some(request) = live.next_read() else {
@@ -169,6 +162,7 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(std::io::ErrorKind::ConnectionAborted.into());
         };
         live.answer(read.as_ref().map(|(batch, last)| (batch, *last)));
+        may_park = parkable;
     }
 }
 
