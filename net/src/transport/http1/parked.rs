@@ -569,3 +569,42 @@ impl Kick {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a parked subscriber holds here, besides its response's state (`live.rs` tests
+    /// that): its slot, and its response's place in the connection (`Streaming`). A waiting
+    /// connection task held about 4 KiB (BENCHMARKS.md, "Parked subscribers").
+    #[test]
+    fn a_parked_subscriber_holds_a_few_words() {
+        let slot = std::mem::size_of::<Slot>();
+        let streaming = std::mem::size_of::<Streaming>();
+        assert!(slot <= 64, "a parked subscriber's slot takes {slot} bytes");
+        assert!(
+            streaming <= 64,
+            "its response's place takes {streaming} bytes"
+        );
+    }
+
+    #[test]
+    fn a_member_s_token_names_its_slot_and_generation() {
+        for id in [
+            MemberId {
+                index: 0,
+                generation: 0,
+            },
+            MemberId {
+                index: u32::MAX,
+                generation: 7,
+            },
+            MemberId {
+                index: 12,
+                generation: u32::MAX,
+            },
+        ] {
+            assert_eq!(MemberId::from_token(id.token()), id);
+        }
+    }
+}
