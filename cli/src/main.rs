@@ -73,6 +73,9 @@ fn main() -> ExitCode {
 extern "C" {
     /// mimalloc's `void mi_option_set(mi_option_t option, long value)`.
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+    /// mimalloc's `long mi_option_get(mi_option_t option)`.
+    #[cfg(test)]
+    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
 }
 
 /// `mi_option_arena_eager_commit` in mimalloc's `mi_option_t` (v2, `mimalloc.h`).
@@ -247,4 +250,16 @@ fn bench(args: &pico_bench::BenchArgs, config: &ClientConfig) -> Result<(), Fail
         pico_bench::Output::Json => println!("{}", summary.to_json()),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod allocator_tests {
+    /// The initializer ran before anything allocated: the arenas are committed on demand
+    /// (mimalloc's default is 2, "eagerly where the system overcommits").
+    #[test]
+    fn arenas_are_committed_on_demand() {
+        // SAFETY: a plain getter of the allocator linked in as the global allocator.
+        let eager = unsafe { super::mi_option_get(super::MI_OPTION_ARENA_EAGER_COMMIT) };
+        assert_eq!(eager, 0);
+    }
 }
