@@ -5,10 +5,10 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pico_engine::{CoreHandle, ReadBatch, ReadRequest};
+use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
 /// The shortest idle time between keep-alives: a `--long-poll-timeout-sec` of 0 (long-polls
 /// answer at once) must not turn an idle SSE response into a stream of keep-alives.
@@ -118,6 +118,68 @@ impl ReadyEvents {
 
     pub fn is_empty(&self) -> bool {
         self.first.is_none()
+    }
+}
+
+/// Where a live response is between reads, both protocols: the stream and the offset it reads
+/// from, its rounds (a keep-alive when one passes quiet, the end at the deadline) and the
+/// events ready to send.
+pub(crate) struct LiveCursor {
+    pub core: Rc<CoreHandle>,
+    pub name: String,
+    pub from: ReadFrom,
+    pub chunk_bytes: usize,
+    /// The longest quiet time before a keep-alive.
+    pub keep_alive_ms: u64,
+    /// When the response ends (the client reconnects).
+    pub deadline: Instant,
+    pub done: bool,
+    /// The round of the read in flight is the response's last (its wait reaches the deadline).
+    pub last_round: bool,
+    pub queue: ReadyEvents,
+}
+
+impl LiveCursor {
+    pub fn new(
+        core: Rc<CoreHandle>,
+        name: String,
+        from: ReadFrom,
+        chunk_bytes: usize,
+        keep_alive_ms: u64,
+        max_duration_ms: u64,
+    ) -> LiveCursor {
+        LiveCursor {
+            core,
+            name,
+            from,
+            chunk_bytes,
+            keep_alive_ms: keep_alive_ms.max(KEEP_ALIVE_MIN_MS),
+            deadline: Instant::now() + Duration::from_millis(max_duration_ms),
+            done: false,
+            last_round: false,
+            queue: ReadyEvents::default(),
+        }
+    }
+
+    /// The next read: waiting for the round (`wait`) or answered at once; `None` once the
+    /// response is over.
+    pub fn next_read(&mut self, wait: bool) -> Option<ReadRequest> {
+        if self.done {
+            return None;
+        }
+        let Some(round) = IdleRound::next(self.deadline, self.keep_alive_ms) else {
+            self.done = true;
+            return None;
+        };
+        self.last_round = round.last;
+        Some(ReadRequest {
+            from: self.from,
+            max_records: limits::RECORDS_PER_READ_MAX,
+            max_bytes: self.chunk_bytes,
+            wait_ms: Some(if wait { round.wait_ms } else { 0 }),
+            with_content_type: false,
+            bound: None,
+        })
     }
 }
 

@@ -6,33 +6,24 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
+use pico_engine::{CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 use pico_proto::header::*;
 
 use super::encode::{encode, joined, next_cursor};
 use super::error::DsError;
 use super::params::{is_json, DsSettings};
-use crate::live::{encoded_once, EventEncoding, LiveEvents, ReadyEvents};
+use crate::live::{encoded_once, EventEncoding, LiveCursor, LiveEvents};
 use crate::transport::message::{Request, Response};
 
 struct SseState {
-    core: Rc<CoreHandle>,
-    name: String,
-    from: ReadFrom,
+    /// Where it reads; its queue holds a data event and the control event behind it.
+    live: LiveCursor,
     skip_bytes: u64,
     json: bool,
     base64: bool,
-    chunk_bytes: usize,
-    idle_ms: u64,
-    deadline: std::time::Instant,
     cursor: Option<String>,
-    done: bool,
     /// The first read: answered without waiting so the client learns the tail at once.
     first: bool,
-    /// The round of the read in flight is the response's last (its wait reaches the deadline).
-    last_round: bool,
-    /// Events to send: a data event and the control event behind it.
-    queue: ReadyEvents,
 }
 
 /// Starts an SSE response: `event: data` with the records of each read, each followed by an
@@ -55,23 +46,19 @@ pub(super) async fn sse(
         .starts_with("text/");
     let base64 = !json && !text;
     let state = SseState {
-        core: core.clone(),
-        name: request.path.clone(),
-        from,
+        live: LiveCursor::new(
+            core.clone(),
+            request.path.clone(),
+            from,
+            settings.max_chunk_size,
+            settings.long_poll_timeout_ms,
+            settings.sse_max_duration_ms,
+        ),
         skip_bytes,
         json,
         base64,
-        chunk_bytes: settings.max_chunk_size,
-        idle_ms: settings
-            .long_poll_timeout_ms
-            .max(crate::live::KEEP_ALIVE_MIN_MS),
-        deadline: std::time::Instant::now()
-            + std::time::Duration::from_millis(settings.sse_max_duration_ms),
         cursor,
-        done: false,
         first: true,
-        last_round: false,
-        queue: ReadyEvents::default(),
     };
     let mut response = Response::new(200)
         .header("content-type", pico_proto::media::EVENT_STREAM)
@@ -89,46 +76,33 @@ pub(super) async fn sse(
 /// deleted, or at the reconnect interval.
 impl LiveEvents for SseState {
     fn core(&self) -> &Rc<CoreHandle> {
-        &self.core
+        &self.live.core
     }
 
     fn stream_name(&self) -> &str {
-        &self.name
+        &self.live.name
     }
 
     fn pop_event(&mut self) -> Option<Bytes> {
-        self.queue.pop()
+        self.live.queue.pop()
     }
 
     fn next_read(&mut self) -> Option<ReadRequest> {
-        if self.done {
-            return None;
-        }
-        let Some(round) = crate::live::IdleRound::next(self.deadline, self.idle_ms) else {
-            self.done = true;
-            return None;
-        };
-        self.last_round = round.last;
-        Some(ReadRequest {
-            from: self.from,
-            max_records: limits::RECORDS_PER_READ_MAX,
-            max_bytes: self.chunk_bytes,
-            wait_ms: Some(if self.first { 0 } else { round.wait_ms }),
-            with_content_type: false,
-            bound: None,
-        })
+        let wait = !self.first;
+        self.live.next_read(wait)
     }
 
     fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
         let first = std::mem::replace(&mut self.first, false);
+        let live = &mut self.live;
         let Some((batch, last)) = read else {
-            self.done = true;
+            live.done = true;
             return;
         };
-        self.done |= last;
-        if batch.records.is_empty() && !batch.closed && self.last_round && !first {
+        live.done |= last;
+        if batch.records.is_empty() && !batch.closed && live.last_round && !first {
             // The wait ran to the deadline: the response ends without another control event.
-            self.done = true;
+            live.done = true;
             return;
         }
         if !batch.records.is_empty() {
@@ -140,16 +114,17 @@ impl LiveEvents for SseState {
             } else {
                 data_event(batch, json, base64, self.skip_bytes)
             };
-            self.queue.push(data);
+            self.live.queue.push(data);
         }
         self.skip_bytes = 0;
-        self.from = ReadFrom::Offset(batch.next_offset);
+        self.live.from = ReadFrom::Offset(batch.next_offset);
         let control = control_event(self, batch);
-        self.queue.push(control);
+        self.live.queue.push(control);
     }
 
     fn at_tail(&self) -> bool {
-        !self.done && !self.first && self.queue.is_empty() && self.skip_bytes == 0
+        let live = &self.live;
+        !live.done && !self.first && live.queue.is_empty() && self.skip_bytes == 0
     }
 }
 
@@ -176,7 +151,7 @@ fn control_event(state: &mut SseState, batch: &ReadBatch) -> Bytes {
         out.extend_from_slice(b",\"upToDate\":true");
     }
     out.extend_from_slice(b"}\n\n");
-    state.done |= batch.closed;
+    state.live.done |= batch.closed;
     out.into()
 }
 

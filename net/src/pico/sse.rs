@@ -23,31 +23,19 @@
 //! event). A proxy's idle timeout bounds both alike, so one setting tunes both.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
+use pico_engine::{CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
 use crate::codec;
-use crate::live::{
-    encoded_once, EventEncoding, IdleRound, LiveBody, LiveEvents, ReadyEvents, KEEP_ALIVE_MIN_MS,
-};
+use crate::live::{encoded_once, EventEncoding, LiveBody, LiveCursor, LiveEvents};
 
 /// The `retry:` hint.
 pub const RETRY_HINT_MS: u64 = 1_000;
 
 struct State {
-    core: Rc<CoreHandle>,
-    name: String,
-    from: ReadFrom,
-    chunk_bytes: usize,
-    keep_alive_ms: u64,
-    deadline: Instant,
+    live: LiveCursor,
     announced_up_to_date: bool,
-    done: bool,
-    /// The round of the read in flight is the response's last (its wait reaches the deadline).
-    last_round: bool,
-    queue: ReadyEvents,
 }
 
 /// The event stream from `from` (the tail already resolved to an offset); idle, it sends a
@@ -61,20 +49,18 @@ pub fn events(
     max_duration_ms: u64,
 ) -> LiveBody {
     let mut state = Box::new(State {
-        core,
-        name,
-        from,
-        chunk_bytes,
-        keep_alive_ms: keep_alive_ms.max(KEEP_ALIVE_MIN_MS),
-        deadline: Instant::now() + Duration::from_millis(max_duration_ms),
+        live: LiveCursor::new(
+            core,
+            name,
+            from,
+            chunk_bytes,
+            keep_alive_ms,
+            max_duration_ms,
+        ),
         announced_up_to_date: false,
-        done: false,
-        last_round: false,
-        queue: ReadyEvents::default(),
     });
-    state
-        .queue
-        .push(Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n")));
+    let retry = Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n"));
+    state.live.queue.push(retry);
     state
 }
 
@@ -91,43 +77,26 @@ fn control_event(batch: &ReadBatch) -> Bytes {
 /// Reads (waiting for new records at the tail) and queues the events that result.
 impl LiveEvents for State {
     fn core(&self) -> &Rc<CoreHandle> {
-        &self.core
+        &self.live.core
     }
 
     fn stream_name(&self) -> &str {
-        &self.name
+        &self.live.name
     }
 
     fn pop_event(&mut self) -> Option<Bytes> {
-        self.queue.pop()
+        self.live.queue.pop()
     }
 
     fn next_read(&mut self) -> Option<ReadRequest> {
-        if self.done {
-            return None;
-        }
-        let Some(round) = IdleRound::next(self.deadline, self.keep_alive_ms) else {
-            self.done = true;
-            return None;
-        };
-        self.last_round = round.last;
-        Some(ReadRequest {
-            from: self.from,
-            max_records: limits::RECORDS_PER_READ_MAX,
-            max_bytes: self.chunk_bytes,
-            wait_ms: Some(if self.announced_up_to_date {
-                round.wait_ms
-            } else {
-                0
-            }),
-            with_content_type: false,
-            bound: None,
-        })
+        // Until it has said it is up to date, a read answers at once.
+        self.live.next_read(self.announced_up_to_date)
     }
 
     fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+        let live = &mut self.live;
         let Some((batch, last)) = read else {
-            self.done = true;
+            live.done = true;
             return;
         };
         if !batch.records.is_empty() {
@@ -144,29 +113,29 @@ impl LiveEvents for State {
                 events.extend_from_slice(&control);
                 events.into()
             });
-            self.queue.push(events);
+            live.queue.push(events);
             self.announced_up_to_date = batch.up_to_date();
-            self.done = batch.closed;
+            live.done = batch.closed;
         } else if batch.closed {
-            self.queue.push(control_event(batch));
-            self.done = true;
+            live.queue.push(control_event(batch));
+            live.done = true;
         } else if !self.announced_up_to_date {
-            self.queue.push(control_event(batch));
+            live.queue.push(control_event(batch));
             self.announced_up_to_date = true;
-        } else if self.last_round {
+        } else if live.last_round {
             // The wait ran to the deadline: the response ends, a keep-alive would be its last
             // word.
-            self.done = true;
+            live.done = true;
         } else {
-            self.queue.push(Bytes::from_static(b": keep-alive\n\n"));
+            live.queue.push(Bytes::from_static(b": keep-alive\n\n"));
         }
         // An empty batch's next offset is where it read: a start resolved by the engine.
-        self.from = ReadFrom::Offset(batch.next_offset);
-        self.done |= last;
+        live.from = ReadFrom::Offset(batch.next_offset);
+        live.done |= last;
     }
 
     fn at_tail(&self) -> bool {
-        !self.done && self.announced_up_to_date && self.queue.is_empty()
+        !self.live.done && self.announced_up_to_date && self.live.queue.is_empty()
     }
 }
 
