@@ -80,7 +80,7 @@ pub trait LiveEvents {
     fn next_read(&mut self) -> Option<ReadRequest>;
     /// What the read of the round gave (`None`: the stream is gone or failing, and the
     /// response ends). Its events are queued.
-    fn answer(&mut self, read: Option<(&ReadBatch, bool)>);
+    fn answer(&mut self, read: Option<&(ReadBatch, bool)>);
     /// Whether it waits at the tail: nothing is queued, the response is not over and its next
     /// read is one that waits for new records.
     fn at_tail(&self) -> bool;

@@ -73,7 +73,7 @@ fn counted(live: LiveBody, metrics: Arc<HttpMetrics>) -> LiveBody {
         fn next_read(&mut self) -> Option<ReadRequest> {
             self.inner.next_read()
         }
-        fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+        fn answer(&mut self, read: Option<&(ReadBatch, bool)>) {
             self.inner.answer(read)
         }
         fn at_tail(&self) -> bool {

@@ -60,14 +60,11 @@ pub(super) async fn sse(
         cursor,
         first: true,
     };
-    let mut response = Response::new(200)
-        .header("content-type", pico_proto::media::EVENT_STREAM)
-        .header("cache-control", "no-cache")
-        .header("x-accel-buffering", "no");
+    let mut response = Response::event_stream(Box::new(state));
     if base64 {
         response = response.header(STREAM_SSE_DATA_ENCODING, "base64");
     }
-    Ok(response.with_live(Box::new(state)))
+    Ok(response)
 }
 
 /// One read (waiting at the tail) and the events it gives: the control event, or the data
@@ -92,10 +89,10 @@ impl LiveEvents for SseState {
         self.live.next_read(wait)
     }
 
-    fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+    fn answer(&mut self, read: Option<&(ReadBatch, bool)>) {
         let first = std::mem::replace(&mut self.first, false);
         let live = &mut self.live;
-        let Some((batch, last)) = read else {
+        let Some(&(ref batch, last)) = read else {
             live.done = true;
             return;
         };

@@ -13,6 +13,7 @@ use super::error::ApiError;
 use super::settings::PicoSettings;
 use super::sse;
 use crate::codec;
+use crate::live::LiveCursor;
 use crate::params::{query_param, strict_u64};
 use crate::time::format_rfc3339_ms;
 use crate::transport::message::{Request, Response};
@@ -165,19 +166,15 @@ pub(super) async fn sse(
         }
         ReadFrom::Offset(_) => from,
     };
-    let events = sse::events(
+    let events = sse::events(LiveCursor::new(
         core.clone(),
         request.path.clone(),
         from,
         settings.max_chunk_size,
         settings.long_poll_timeout_ms,
         settings.sse_max_duration_ms,
-    );
-    Ok(Response::new(200)
-        .header("content-type", pico_proto::media::EVENT_STREAM)
-        .header("cache-control", "no-cache")
-        .header("x-accel-buffering", "no")
-        .with_live(events))
+    ));
+    Ok(Response::event_stream(events))
 }
 
 fn read_headers(mut response: Response, batch: &ReadBatch) -> Response {

@@ -38,25 +38,11 @@ struct State {
     announced_up_to_date: bool,
 }
 
-/// The event stream from `from` (the tail already resolved to an offset); idle, it sends a
-/// keep-alive every `keep_alive_ms`.
-pub fn events(
-    core: Rc<CoreHandle>,
-    name: String,
-    from: ReadFrom,
-    chunk_bytes: usize,
-    keep_alive_ms: u64,
-    max_duration_ms: u64,
-) -> LiveBody {
+/// The event stream of `live` (its start already resolved to an offset), the `retry:` hint
+/// first; idle, it sends a keep-alive every round.
+pub(crate) fn events(live: LiveCursor) -> LiveBody {
     let mut state = Box::new(State {
-        live: LiveCursor::new(
-            core,
-            name,
-            from,
-            chunk_bytes,
-            keep_alive_ms,
-            max_duration_ms,
-        ),
+        live,
         announced_up_to_date: false,
     });
     let retry = Bytes::from(format!("retry: {RETRY_HINT_MS}\n\n"));
@@ -93,9 +79,9 @@ impl LiveEvents for State {
         self.live.next_read(self.announced_up_to_date)
     }
 
-    fn answer(&mut self, read: Option<(&ReadBatch, bool)>) {
+    fn answer(&mut self, read: Option<&(ReadBatch, bool)>) {
         let live = &mut self.live;
-        let Some((batch, last)) = read else {
+        let Some(&(ref batch, last)) = read else {
             live.done = true;
             return;
         };

@@ -49,7 +49,7 @@ fn event_stream(live: LiveBody) -> BodyStream {
             }
             let request = live.next_read()?;
             let read = crate::live::live_read(live.core(), live.stream_name(), &request).await;
-            live.answer(read.as_ref().map(|(batch, last)| (batch, *last)));
+            live.answer(read.as_ref());
         }
     }))
 }
@@ -190,6 +190,16 @@ impl Response {
     pub fn with_live(mut self, live: LiveBody) -> Response {
         self.body = Body::Live(live);
         self
+    }
+
+    /// A `200` SSE response of `live`'s events, both protocols: `text/event-stream`, not to be
+    /// cached, and not buffered by a proxy (`x-accel-buffering`).
+    pub fn event_stream(live: LiveBody) -> Response {
+        Response::new(200)
+            .header("content-type", pico_proto::media::EVENT_STREAM)
+            .header("cache-control", "no-cache")
+            .header("x-accel-buffering", "no")
+            .with_live(live)
     }
 
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {

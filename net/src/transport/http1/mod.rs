@@ -69,13 +69,7 @@ where
     }
     // By reference: what the connection owns is kept once, here, not again in the future
     // that serves it (an `async fn` keeps room for what it is given).
-    let connection = Http1 {
-        limits: &limits,
-        handle: &*handle,
-        on_error,
-        stop: &stop,
-        parkable: stream.parkable(),
-    };
+    let connection = Http1::new(&limits, &handle, on_error, &stop, &stream);
     let streaming = serve_http1(&mut stream, &mut buf, connection, None).await?;
     Some(Parked {
         socket: stream,
@@ -98,13 +92,7 @@ where
     F: Future<Output = Response> + 'static,
 {
     let mut buf = BytesMut::new();
-    let connection = Http1 {
-        limits: &limits,
-        handle: &*handle,
-        on_error,
-        stop: &stop,
-        parkable: parked.socket.parkable(),
-    };
+    let connection = Http1::new(&limits, &handle, on_error, &stop, &parked.socket);
     let streaming = serve_http1(
         &mut parked.socket,
         &mut buf,
@@ -141,6 +129,24 @@ struct Http1<'a, H> {
     stop: &'a CoreShutdown,
     /// A live response waiting at the tail hands the connection back (see [`Parked`]).
     parkable: bool,
+}
+
+impl<'a, H> Http1<'a, H> {
+    fn new<S: crate::transport::socket::Socket>(
+        limits: &'a ConnectionLimits,
+        handle: &'a Rc<H>,
+        on_error: fn(u16, &str) -> Response,
+        stop: &'a CoreShutdown,
+        socket: &S,
+    ) -> Http1<'a, H> {
+        Http1 {
+            limits,
+            handle,
+            on_error,
+            stop,
+            parkable: socket.parkable(),
+        }
+    }
 }
 
 async fn serve_http1<S, H, F>(

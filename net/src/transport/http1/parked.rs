@@ -155,6 +155,17 @@ struct Group {
     replan: Kick,
 }
 
+impl Group {
+    /// Adds a member to this group; its read starts again if the member is due before it
+    /// ends.
+    fn join(&self, id: MemberId, due: Instant) {
+        self.members.borrow_mut().push(id);
+        if self.read_until.get().is_some_and(|until| due < until) {
+            self.replan.kick();
+        }
+    }
+}
+
 /// One core's parked subscribers.
 struct Registry {
     epoll: OwnedFd,
@@ -286,7 +297,7 @@ impl Registry {
     }
 
     /// Adds a member to the group that reads `shape` of the stream `name`, making the group
-    /// (and its task) if there is none.
+    /// (and its task) if there is none; returns the group.
     fn place(
         self: &Rc<Self>,
         id: MemberId,
@@ -294,7 +305,7 @@ impl Registry {
         core: &Rc<CoreHandle>,
         shape: Shape,
         due: Instant,
-    ) {
+    ) -> Rc<Group> {
         let mut groups = self.groups.borrow_mut();
         let existing = groups
             .get(name)
@@ -318,18 +329,19 @@ impl Registry {
         };
         // No borrow is held past here: a task spawned may run before `spawn_local` returns.
         drop(groups);
-        group.members.borrow_mut().push(id);
-        if new {
-            let task = crate::panics::catch_panic(run_group(self.clone(), group));
-            glommio::spawn_local(async move {
-                if task.await.is_err() {
-                    log::error!("a group of parked subscribers failed");
-                }
-            })
-            .detach();
-        } else if group.read_until.get().is_some_and(|until| due < until) {
-            group.replan.kick();
+        if !new {
+            group.join(id, due);
+            return group;
         }
+        group.members.borrow_mut().push(id);
+        let task = crate::panics::catch_panic(run_group(self.clone(), group.clone()));
+        glommio::spawn_local(async move {
+            if task.await.is_err() {
+                log::error!("a group of parked subscribers failed");
+            }
+        })
+        .detach();
+        group
     }
 
     /// The group's next due time (`None`: it has no members left); members that left are
@@ -374,7 +386,6 @@ impl Registry {
                 !batch.records.is_empty() || batch.closed || batch.inherit.is_some() || *last
             }
         };
-        let answer = read.as_ref().map(|(batch, last)| (batch, *last));
         let ids = std::mem::take(&mut *group.members.borrow_mut());
         let mut waiting = Vec::new();
         let mut staying = Vec::new();
@@ -396,7 +407,7 @@ impl Registry {
                     continue;
                 }
                 let live = &mut member.live;
-                live.answer(answer);
+                live.answer(read.as_ref());
                 out.clear();
                 while let Some(event) = live.pop_event() {
                     push_chunk(&mut out, &event);
@@ -435,8 +446,13 @@ impl Registry {
                 }
             }
         }
+        // They read alike as a rule: the group they join is looked up once, not per member.
+        let mut joined: Option<Rc<Group>> = None;
         for (id, shape, due) in staying {
-            self.place(id, &group.name, &group.core, shape, due);
+            match &joined {
+                Some(target) if target.shape.get() == shape => target.join(id, due),
+                _ => joined = Some(self.place(id, &group.name, &group.core, shape, due)),
+            }
         }
         for id in closed {
             if let Some(member) = self.remove(id) {

@@ -340,7 +340,7 @@ impl crate::live::LiveEvents for Queued {
     fn next_read(&mut self) -> Option<pico_engine::ReadRequest> {
         None
     }
-    fn answer(&mut self, _: Option<(&pico_engine::ReadBatch, bool)>) {}
+    fn answer(&mut self, _: Option<&(pico_engine::ReadBatch, bool)>) {}
     fn at_tail(&self) -> bool {
         false
     }

@@ -161,7 +161,7 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
         let Some(read) = read else {
             return Err(std::io::ErrorKind::ConnectionAborted.into());
         };
-        live.answer(read.as_ref().map(|(batch, last)| (batch, *last)));
+        live.answer(read.as_ref());
         may_park = parkable;
     }
 }
