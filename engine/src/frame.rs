@@ -296,6 +296,124 @@ pub fn frame_at(buf: &Bytes, pos: usize, header: &FrameHeader, len: usize) -> Fr
     }
 }
 
+/// Scans frames laid end to end over `pieces`: consecutive slices of one byte range, such as
+/// the cache blocks a sealed chunk spans. A frame inside one piece is a slice of it; only a frame
+/// cut by a piece boundary is copied, so a reader never joins whole blocks to read across them.
+/// The first error ends the scan (what follows a bad frame cannot be framed).
+pub struct SplitFrames<'a> {
+    pieces: &'a [Bytes],
+    piece: usize,
+    pos: usize,
+    verify_crc: bool,
+    /// The last frame cut by a boundary, copied whole.
+    joined: Bytes,
+    failed: bool,
+}
+
+/// One frame [`SplitFrames`] found: `header` and `len` as [`check_frame`] returns them, at
+/// `pos` of `buf` (give them to [`frame_at`]).
+pub struct SplitFrame<'b> {
+    pub buf: &'b Bytes,
+    pub pos: usize,
+    pub header: FrameHeader,
+    pub len: usize,
+}
+
+impl<'a> SplitFrames<'a> {
+    /// `verify_crc` as for [`check_frame`] (true) or [`check_frame_trusted`] (false).
+    pub fn new(pieces: &'a [Bytes], verify_crc: bool) -> SplitFrames<'a> {
+        SplitFrames {
+            pieces,
+            piece: 0,
+            pos: 0,
+            verify_crc,
+            joined: Bytes::new(),
+            failed: false,
+        }
+    }
+
+    /// The next frame, `None` at the end of the last piece, or the error that ends the scan.
+    pub fn next_frame(&mut self) -> Option<Result<SplitFrame<'_>, FrameError>> {
+        if self.failed {
+            return None;
+        }
+        while self.pos >= self.pieces.get(self.piece)?.len() {
+            self.piece += 1;
+            self.pos = 0;
+        }
+        let pieces = self.pieces;
+        let buf = &pieces[self.piece];
+        let (joined, checked) = match check_frame_with(buf, self.pos, self.verify_crc) {
+            Err(FrameError::Truncated) if self.piece + 1 < pieces.len() => (true, self.join()),
+            checked => (false, checked),
+        };
+        let (header, len) = match checked {
+            Ok(found) => found,
+            Err(e) => {
+                self.failed = true;
+                return Some(Err(e));
+            }
+        };
+        if joined {
+            return Some(Ok(SplitFrame {
+                buf: &self.joined,
+                pos: 0,
+                header,
+                len,
+            }));
+        }
+        let pos = self.pos;
+        self.pos += len;
+        Some(Ok(SplitFrame {
+            buf,
+            pos,
+            header,
+            len,
+        }))
+    }
+
+    /// Copies the frame that starts at the cursor and runs into the next pieces, as many
+    /// bytes as its `len` claims (at least a header, at most what is left), and checks it.
+    fn join(&mut self) -> Result<(FrameHeader, usize), FrameError> {
+        let rest = |piece: usize, pos: usize| {
+            self.pieces[piece..]
+                .iter()
+                .enumerate()
+                .flat_map(move |(i, b)| b[if i == 0 { pos } else { 0 }..].iter().copied())
+        };
+        let mut len_bytes = [0u8; 4];
+        let mut have = 0;
+        for (slot, byte) in len_bytes.iter_mut().zip(rest(self.piece, self.pos)) {
+            *slot = byte;
+            have += 1;
+        }
+        if have < len_bytes.len() {
+            return Err(FrameError::Truncated);
+        }
+        let left: usize = self.pieces[self.piece..]
+            .iter()
+            .map(Bytes::len)
+            .sum::<usize>()
+            - self.pos;
+        let want = (u32::from_le_bytes(len_bytes) as usize)
+            .max(FRAME_HEADER_LEN)
+            .min(left);
+        let mut joined = Vec::with_capacity(want);
+        while joined.len() < want {
+            let piece = &self.pieces[self.piece];
+            let take = (want - joined.len()).min(piece.len() - self.pos);
+            joined.extend_from_slice(&piece[self.pos..self.pos + take]);
+            self.pos += take;
+            if self.pos == piece.len() && self.piece + 1 < self.pieces.len() {
+                self.piece += 1;
+                self.pos = 0;
+            }
+        }
+        self.joined = Bytes::from(joined);
+        check_frame_with(&self.joined, 0, self.verify_crc)
+    }
+}
+
 /// Length of the longest prefix of `buf` made of valid frames that ends with a whole request
 /// (recovery keeps exactly that: a request cut by a crash was never acknowledged).
 pub fn valid_prefix_len(buf: &[u8]) -> usize {
@@ -383,6 +501,111 @@ mod tests {
                 prop_assert!(check_frame(&buf, 0).is_err());
             }
         }
+    }
+
+    /// Frames of `bodies` end to end, one stream, each its own request.
+    fn frames(bodies: &[Vec<u8>]) -> Vec<u8> {
+        let mut buf = Vec::new();
+        for (i, body) in bodies.iter().enumerate() {
+            encode_frame(&mut buf, record(3, i as u64, 9, true), &[], body);
+        }
+        buf
+    }
+
+    /// `buf` cut at `cuts` (any order, repeats and 0 allowed: empty pieces are legal).
+    fn split(buf: &[u8], cuts: &[usize]) -> Vec<Bytes> {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (buf.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for cut in cuts.into_iter().chain([buf.len()]) {
+            pieces.push(Bytes::copy_from_slice(&buf[from..cut]));
+            from = cut;
+        }
+        pieces
+    }
+
+    /// What a scan over pieces finds: (offset, body) per frame, then the error if one ended it.
+    fn scan(pieces: &[Bytes], verify_crc: bool) -> (Vec<(u64, Vec<u8>)>, Option<FrameError>) {
+        let mut found = Vec::new();
+        let mut frames = SplitFrames::new(pieces, verify_crc);
+        while let Some(next) = frames.next_frame() {
+            match next {
+                Ok(f) => {
+                    let frame = frame_at(f.buf, f.pos, &f.header, f.len);
+                    found.push((frame.offset, frame.body.to_vec()));
+                }
+                Err(e) => return (found, Some(e)),
+            }
+        }
+        (found, None)
+    }
+
+    proptest! {
+        #[test]
+        fn split_frames_match_one_buffer(
+            bodies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..12),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+            verify_crc: bool,
+        ) {
+            let buf = frames(&bodies);
+            let (found, error) = scan(&split(&buf, &cuts), verify_crc);
+            prop_assert_eq!(error, None);
+            let expected: Vec<(u64, Vec<u8>)> =
+                bodies.iter().enumerate().map(|(i, b)| (i as u64, b.clone())).collect();
+            prop_assert_eq!(found, expected);
+        }
+
+        #[test]
+        fn split_frames_stop_at_damage(
+            bodies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 1..8),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+            flip: usize,
+            cut_tail in 1usize..40,
+        ) {
+            let mut buf = frames(&bodies);
+            // A flipped byte past a frame's lengths and flags fails that frame's CRC; what
+            // precedes it is found, nothing after it.
+            let flip = flip % buf.len();
+            let mut starts = vec![0];
+            for b in &bodies[..bodies.len() - 1] {
+                starts.push(starts.last().unwrap() + FRAME_HEADER_LEN + b.len());
+            }
+            let hit = starts.iter().rposition(|s| *s <= flip).unwrap();
+            if flip - starts[hit] >= 16 {
+                buf[flip] ^= 0x41;
+                let (found, error) = scan(&split(&buf, &cuts), true);
+                prop_assert_eq!(found.len(), hit);
+                prop_assert_eq!(error, Some(FrameError::BadChecksum));
+                buf[flip] ^= 0x41;
+            }
+            // A torn tail: the whole frames before it, then Truncated.
+            let torn = &buf[..buf.len() - cut_tail.min(buf.len() - starts[bodies.len() - 1]).max(1)];
+            let (found, error) = scan(&split(torn, &cuts), true);
+            prop_assert_eq!(found.len(), bodies.len() - 1);
+            prop_assert_eq!(error, Some(FrameError::Truncated));
+        }
+    }
+
+    #[test]
+    fn split_frames_copy_only_frames_cut_by_a_boundary() {
+        let bodies: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 100]).collect();
+        let buf = frames(&bodies);
+        let frame = FRAME_HEADER_LEN + 100;
+        // Frame 1 is cut inside its header; frames 0, 2 and 3 lie whole in a piece.
+        let pieces = split(&buf, &[frame + 10]);
+        let mut frames = SplitFrames::new(&pieces, true);
+        let mut in_place = Vec::new();
+        while let Some(f) = frames.next_frame() {
+            let f = f.unwrap();
+            in_place.push(pieces.iter().any(|p| p.as_ptr() == f.buf.as_ptr()));
+        }
+        assert_eq!(in_place, [true, false, true, true]);
+        // A zero length across a boundary is the end marker, as in one buffer.
+        let mut ended = buf.clone();
+        ended.extend_from_slice(&[0; 8]);
+        let (found, error) = scan(&split(&ended, &[buf.len() + 2]), true);
+        assert_eq!((found.len(), error), (4, Some(FrameError::End)));
     }
 
     fn record(

@@ -140,6 +140,13 @@ pub const SEALED_CHUNK_BYTES_MAX: u64 = 1024 * 1024;
 /// Uploaded segments are read and cached in blocks of this many bytes: one ranged GET per
 /// block, or per readahead window of blocks.
 pub const CACHE_BLOCK_BYTES: usize = 1024 * 1024;
+/// A segment uploaded within this many milliseconds of a read of sealed data stays in memory
+/// for the readers behind the tail (`ReadCache::keep_uploaded`); else only the bucket has it.
+pub const SEALED_READ_RECENT_MS: u64 = 10_000;
+/// Checked byte ranges the read cache remembers per cached segment (`ReadCache::mark_checked`;
+/// 16 bytes each). A stream's chunks are ranges that merge as one reader reads on; past this
+/// many apart, further reads of the segment check their frames again.
+pub const CHECKED_RANGES_PER_SEGMENT_MAX: usize = 256;
 /// A sequential reader's readahead doubles per GET up to this many blocks, then stays there.
 pub const READAHEAD_BLOCKS_MAX: u64 = 8;
 /// Chunks a read keeps fetching from the bucket ahead of the one it decodes; further chunks

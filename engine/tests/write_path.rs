@@ -3,7 +3,8 @@
 //! from the WAL after a stop without a flush, of a torn last frame, and of WAL files written
 //! by another core count; sealing into a `file://` bucket with reads across every segment
 //! boundary; and the block cache (reads after eviction give the same bytes, a budget that
-//! holds everything serves a second pass without a GET).
+//! holds everything serves a second pass without a GET, uploaded segments kept in memory only
+//! while sealed data is read).
 
 mod common;
 
@@ -300,6 +301,119 @@ fn the_block_cache_evicts_within_its_budget_and_reads_back_the_same_bytes() {
     assert_eq!(
         again, 0,
         "a budget that holds everything serves the second pass"
+    );
+}
+
+/// An uploaded segment stays in memory only while readers read behind the open segments: with
+/// nobody reading sealed data, the first read after the uploads goes to the bucket; once one
+/// does (and keeps doing so), the segments uploaded next are served from memory.
+#[test]
+fn uploaded_segments_stay_in_memory_only_while_sealed_data_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (unread, read_behind, first, second) = run_returning(
+        config(&path, SEGMENT_BYTES, 64 << 20),
+        &path,
+        |core, node| async move {
+            let misses = || CoreMetrics::get(&node.metrics[0].cache_misses);
+            create(&core, "/s").await;
+            for i in 0..RECORDS {
+                append(&core, "/s", body(i, RECORD_BYTES)).await;
+            }
+            assert!(core.flush(Duration::from_secs(120)).await, "flushed");
+            let before = misses();
+            let first = read_all(&core, "/s", 10).await;
+            let unread = misses() - before;
+            // A reader behind the tail: record 0 (sealed) read after every append.
+            for i in RECORDS..2 * RECORDS {
+                append(&core, "/s", body(i, RECORD_BYTES)).await;
+                assert_eq!(read(&core, "/s", 0, 1).await.len(), 1);
+            }
+            assert!(core.flush(Duration::from_secs(120)).await, "flushed");
+            let before = misses();
+            let second = read_all(&core, "/s", 10).await;
+            (unread, misses() - before, first, second)
+        },
+    );
+    let want = |n: u64| -> Vec<_> { (0..n).map(|i| (i, body(i, RECORD_BYTES))).collect() };
+    assert_eq!(first, want(RECORDS));
+    assert_eq!(second, want(2 * RECORDS));
+    assert!(
+        unread > 0,
+        "segments uploaded while nobody read sealed data were still held in memory"
+    );
+    assert_eq!(
+        read_behind, 0,
+        "segments uploaded while a reader read behind the tail went to the bucket"
+    );
+}
+
+/// A segment damaged in the bucket is refused, not served: the read that reaches the damaged
+/// frame fails, and so does the next one (a failed check marks nothing as checked), while the
+/// records before the damage read back as written.
+#[test]
+fn a_segment_damaged_in_the_bucket_fails_the_reads_that_reach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    write_sealed(&path);
+    let mut objects: Vec<_> = std::fs::read_dir(path.join("objects/segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    objects.sort();
+    let victim = &objects[objects.len() / 2];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(victim, &bytes).unwrap();
+    let (good, errors) = run_returning(
+        config(&path, SEGMENT_BYTES, 64 << 20),
+        &path,
+        |core, _| async move {
+            let mut good = Vec::new();
+            let mut errors = Vec::new();
+            for _attempt in 0..2 {
+                let mut from = 0;
+                loop {
+                    let request = ReadRequest {
+                        from: ReadFrom::Offset(from),
+                        max_records: 1000,
+                        max_bytes: 10 * RECORD_BYTES,
+                        wait_ms: None,
+                        with_content_type: false,
+                        bound: None,
+                    };
+                    match core.read("/s", &request).await {
+                        Ok(batch) if batch.records.is_empty() => break,
+                        Ok(batch) => {
+                            good.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
+                            from = batch.next_offset;
+                        }
+                        Err(e) => {
+                            errors.push(e.to_string());
+                            break;
+                        }
+                    }
+                }
+            }
+            (good, errors)
+        },
+    );
+    assert_eq!(
+        errors.len(),
+        2,
+        "both passes stopped at the damage: {errors:?}"
+    );
+    assert!(
+        errors.iter().all(|e| e.contains("corrupt frame")),
+        "{errors:?}"
+    );
+    for (offset, body_read) in &good {
+        assert_eq!(*body_read, body(*offset, RECORD_BYTES), "record {offset}");
+    }
+    assert!(
+        !good.is_empty(),
+        "the records before the damage were served"
     );
 }
 

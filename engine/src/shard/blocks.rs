@@ -1,9 +1,10 @@
 //! The read cache of uploaded segments, as one owned part: whole segments still in memory
-//! since their seal, blocks fetched by ranged GETs (one GET per block in flight, its readers
+//! since their seal (only while readers read behind the open segments), blocks fetched by ranged GETs (one GET per block in flight, its readers
 //! waiting for it), sequential readahead, and eviction within one byte budget. It decides;
 //! `cache.rs` does the I/O.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_channel::oneshot;
@@ -55,12 +56,88 @@ pub(super) struct ReadCache {
     block_fifo: VecDeque<(u64, u64, usize)>,
     block_bytes: usize,
     readahead: HashMap<u64, Readahead>,
+    /// When a read last took frames of a sealed segment (in memory or uploaded), and whether
+    /// one did since the last upload: [`ReadCache::keep_uploaded`] asks.
+    sealed_read_at: Option<Instant>,
+    sealed_read_since_upload: bool,
+    /// Byte ranges of segments whose frames a read CRC-checked in the blocks cached now
+    /// (sorted, disjoint, at most `limits::CHECKED_RANGES_PER_SEGMENT_MAX` per segment): later
+    /// reads of them skip the check, as reads of bytes that never left memory do. Without it,
+    /// checking every frame on every read cost a quarter of a repeated catch-up read's rate.
+    checked: HashMap<u64, Vec<(u64, u64)>>,
+    /// Counts the blocks that left the cache: a check begun before one left cannot vouch for
+    /// what is cached now (a block fetched again may differ).
+    generation: u64,
 }
 
 impl ReadCache {
     /// Bytes both caches hold.
     pub(super) fn memory_bytes(&self) -> usize {
         self.segment_bytes + self.block_bytes
+    }
+
+    /// A read took frames of a sealed segment.
+    pub(super) fn note_sealed_read(&mut self, now: Instant) {
+        self.sealed_read_at = Some(now);
+        self.sealed_read_since_upload = true;
+    }
+
+    /// Whether the segment uploaded `now` stays in memory ([`ReadCache::hold_segment`]): only
+    /// while readers read behind the open segments (one did since the last upload, or within
+    /// `limits::SEALED_READ_RECENT_MS`), as they will reach it next. Readers at the tail read
+    /// open segments; with none behind it a held copy is memory only eviction frees (measured:
+    /// half of a 64 KiB-append run's peak), and a later reader's GETs fill the block cache.
+    pub(super) fn keep_uploaded(&mut self, now: Instant) -> bool {
+        let recent = Duration::from_millis(limits::SEALED_READ_RECENT_MS);
+        let keep = self.sealed_read_since_upload
+            || self
+                .sealed_read_at
+                .is_some_and(|at| now.saturating_duration_since(at) < recent);
+        self.sealed_read_since_upload = false;
+        keep
+    }
+
+    /// What a check of cached blocks begun now passes to [`ReadCache::mark_checked`].
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether a read CRC-checked every frame of bytes `start..end` of segment `no` as cached.
+    pub(super) fn is_checked(&self, no: u64, start: u64, end: u64) -> bool {
+        self.checked.get(&no).is_some_and(|ranges| {
+            let at = ranges.partition_point(|&(_, e)| e < end);
+            ranges.get(at).is_some_and(|&(s, e)| s <= start && end <= e)
+        })
+    }
+
+    /// A read CRC-checked every frame of `start..end` of segment `no` (frame-aligned, as a
+    /// chunk is), in blocks it took from the cache at `generation`. Ranges that touch merge:
+    /// frames lie end to end, so a union of aligned ranges is aligned.
+    pub(super) fn mark_checked(&mut self, no: u64, start: u64, end: u64, generation: u64) {
+        if generation != self.generation || start >= end {
+            return;
+        }
+        let ranges = self.checked.entry(no).or_default();
+        let (mut start, mut end) = (start, end);
+        ranges.retain(|&(s, e)| {
+            let touches = s <= end && start <= e;
+            if touches {
+                start = start.min(s);
+                end = end.max(e);
+            }
+            !touches
+        });
+        if ranges.len() >= limits::CHECKED_RANGES_PER_SEGMENT_MAX {
+            return;
+        }
+        let at = ranges.partition_point(|&(s, _)| s < start);
+        ranges.insert(at, (start, end));
+    }
+
+    /// Block(s) of segment `no` left the cache: nothing of it counts as checked.
+    fn unchecked(&mut self, no: u64) {
+        self.checked.remove(&no);
+        self.generation += 1;
     }
 
     /// Segment `no`, just uploaded, stays in memory (`len` bytes) until evicted.
@@ -180,6 +257,7 @@ impl ReadCache {
             };
             if matches!(self.blocks.get(&(no, index)), Some(Block::Ready(_))) {
                 self.blocks.remove(&(no, index));
+                self.unchecked(no);
             }
             self.block_bytes -= len;
         }
@@ -191,6 +269,7 @@ impl ReadCache {
     pub(super) fn forget(&mut self, gone: &[u64], kept: impl Fn(u64) -> bool) {
         for no in gone {
             self.readahead.remove(no);
+            self.unchecked(*no);
         }
         self.blocks.retain(|(no, _), _| !gone.contains(no));
         let mut freed = 0;

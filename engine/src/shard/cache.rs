@@ -3,6 +3,7 @@
 //! of both caches with its eviction order.
 
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_channel::oneshot;
@@ -15,14 +16,36 @@ use super::blocks::{BlockWaiter, Lookup};
 use super::state::{SegmentData, Shard};
 use super::stream::Chunk;
 
+/// A chunk's frames as [`Shard::chunk_bytes`] found them.
+pub(super) struct ChunkBytes {
+    pub(super) pieces: Vec<Bytes>,
+    /// Their CRCs need no check: the bytes never left this process's memory, or a read checked
+    /// them since their blocks were fetched.
+    pub(super) trusted: bool,
+    /// Blocks to check: the cache generation they were taken at, for
+    /// `ReadCache::mark_checked` once every frame passed.
+    pub(super) check_generation: Option<u64>,
+}
+
+impl ChunkBytes {
+    fn in_memory(bytes: Bytes) -> ChunkBytes {
+        ChunkBytes {
+            pieces: vec![bytes],
+            trusted: true,
+            check_generation: None,
+        }
+    }
+}
+
 impl Shard {
-    /// The frames of one chunk: a slice of a sealed segment in memory, a copy out of an open
-    /// segment, or blocks of an uploaded one from the block cache (ranged GETs on a miss).
-    /// The bytes, and whether they never left this process's memory (no CRC check needed).
+    /// The frames of one chunk, as consecutive pieces (scan them with `frame::SplitFrames`): a
+    /// slice of a sealed segment in memory, a copy out of an open segment, or slices of the
+    /// blocks of an uploaded one from the block cache (ranged GETs on a miss), one per block so
+    /// a chunk across blocks is not joined by copying.
     pub(super) async fn chunk_bytes(
         self: &Rc<Self>,
         chunk: &Chunk,
-    ) -> Result<(Bytes, bool), EngineError> {
+    ) -> Result<ChunkBytes, EngineError> {
         let (start, end) = (chunk.byte_start as usize, chunk.byte_end as usize);
         let (key, size) = {
             let segments = self.segments.borrow();
@@ -30,16 +53,24 @@ impl Shard {
                 EngineError::Storage(format!("segment {} is gone", chunk.segment))
             })?;
             match &slot.data {
-                SegmentData::Memory(bytes) => return Ok((bytes.slice(start..end), true)),
+                SegmentData::Memory(bytes) => {
+                    self.cache.borrow_mut().note_sealed_read(Instant::now());
+                    return Ok(ChunkBytes::in_memory(bytes.slice(start..end)));
+                }
                 SegmentData::Open => {
                     let log = self.log.borrow();
                     let open = log
                         .iter()
                         .find(|s| s.no == chunk.segment)
                         .ok_or_else(|| EngineError::Storage("open segment vanished".into()))?;
-                    return Ok((Bytes::copy_from_slice(&open.buf[start..end]), true));
+                    return Ok(ChunkBytes::in_memory(Bytes::copy_from_slice(
+                        &open.buf[start..end],
+                    )));
                 }
-                SegmentData::Remote => (slot.key.clone(), slot.size),
+                SegmentData::Remote => {
+                    self.cache.borrow_mut().note_sealed_read(Instant::now());
+                    (slot.key.clone(), slot.size)
+                }
             }
         };
         if end as u64 > size {
@@ -51,20 +82,29 @@ impl Shard {
             start / limits::CACHE_BLOCK_BYTES,
             (end - 1) / limits::CACHE_BLOCK_BYTES,
         );
-        if first == last {
-            let block = self.block(chunk.segment, &key, size, first as u64).await?;
-            let offset = first * limits::CACHE_BLOCK_BYTES;
-            return Ok((block.slice(start - offset..end - offset), false));
-        }
-        let mut out = bytes::BytesMut::with_capacity(end - start);
+        let generation = self.cache.borrow().generation();
+        let mut pieces = Vec::with_capacity(last + 1 - first);
         for index in first..=last {
             let block = self.block(chunk.segment, &key, size, index as u64).await?;
             let offset = index * limits::CACHE_BLOCK_BYTES;
             let from = start.max(offset) - offset;
             let to = end.min(offset + block.len()) - offset;
-            out.extend_from_slice(&block[from..to]);
+            if from > to {
+                return Err(EngineError::Storage(format!(
+                    "block {index} of segment {key} is shorter than the segment"
+                )));
+            }
+            pieces.push(block.slice(from..to));
         }
-        Ok((out.freeze(), false))
+        let trusted =
+            self.cache
+                .borrow()
+                .is_checked(chunk.segment, chunk.byte_start, chunk.byte_end);
+        Ok(ChunkBytes {
+            pieces,
+            trusted,
+            check_generation: (!trusted).then_some(generation),
+        })
     }
 
     /// One block of an uploaded segment: cached, being fetched (wait for that GET), or fetched

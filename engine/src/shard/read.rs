@@ -228,30 +228,24 @@ impl Shard {
                 self.prefetch(&chunks[prefetched]);
                 prefetched += 1;
             }
-            let (data, trusted) = self.chunk_bytes(chunk).await?;
-            let mut pos = 0usize;
+            let got = self.chunk_bytes(chunk).await?;
             let corrupt = |e| {
                 EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
             };
-            while pos < data.len() {
-                // A sealed segment's chunk may span other streams' frames: skip them by header.
-                // Frames still in this process's memory were CRC'd when written; what came
-                // back from the object store is checked.
-                let checked = if trusted {
-                    frame::check_frame_trusted(&data, pos)
-                } else {
-                    frame::check_frame(&data, pos)
-                };
-                let (header, len) = checked.map_err(corrupt)?;
-                let at = pos;
-                pos += len;
+            // A sealed segment's chunk may span other streams' frames: skip them by header.
+            // Frames still in this process's memory were CRC'd when written; what came back
+            // from the object store is checked, once while its blocks stay cached.
+            let mut frames = frame::SplitFrames::new(&got.pieces, !got.trusted);
+            while let Some(found) = frames.next_frame() {
+                let found = found.map_err(corrupt)?;
+                let (header, len) = (found.header, found.len);
                 if header.stream_id.get() != stream_id
                     || header.kind != FRAME_KIND_RECORD
                     || header.offset.get() < next
                 {
                     continue;
                 }
-                let frame = frame::frame_at(&data, at, &header, len);
+                let frame = frame::frame_at(found.buf, found.pos, &header, len);
                 if frame.offset >= tail
                     || records.len() >= max_records
                     || (!records.is_empty() && bytes + len > max_bytes)
@@ -266,6 +260,13 @@ impl Shard {
                     headers: frame.headers,
                     body: frame.body,
                 });
+            }
+            if let Some(generation) = got.check_generation {
+                // Every frame of the chunk passed (a read that stops inside one marks nothing).
+                let (start, end) = (chunk.byte_start, chunk.byte_end);
+                self.cache
+                    .borrow_mut()
+                    .mark_checked(chunk.segment, start, end, generation);
             }
         }
         if records.is_empty() {

@@ -20,7 +20,7 @@ use super::wal::WalFileError;
 use crate::api::RecordInput;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
-use crate::limits::CACHE_BLOCK_BYTES;
+use crate::limits::{self, CACHE_BLOCK_BYTES};
 use crate::state::{StreamConfig, StreamState};
 
 fn chunk(
@@ -590,6 +590,68 @@ fn eviction_drops_held_segments_oldest_first_then_blocks_first_filed_first() {
     assert!(cache.has_block(2, 0), "the GET in flight is not dropped");
     assert_eq!(cache.memory_bytes(), 100);
     assert!(matches!(cache.lookup(3, 0), Lookup::Hit(_)));
+}
+
+#[test]
+fn uploaded_segments_are_kept_only_while_sealed_data_is_read() {
+    let mut cache = ReadCache::default();
+    let start = std::time::Instant::now();
+    let recent = std::time::Duration::from_millis(limits::SEALED_READ_RECENT_MS);
+    assert!(!cache.keep_uploaded(start), "nothing was ever read");
+    cache.note_sealed_read(start);
+    let late = start + recent * 2;
+    assert!(cache.keep_uploaded(late), "read since the last upload");
+    assert!(
+        !cache.keep_uploaded(late),
+        "long ago, and not since that upload"
+    );
+    cache.note_sealed_read(late);
+    assert!(cache.keep_uploaded(late));
+    assert!(cache.keep_uploaded(late + recent / 2), "read lately");
+    assert!(!cache.keep_uploaded(late + recent));
+}
+
+#[test]
+fn checked_ranges_merge_and_go_with_their_blocks() {
+    let mut cache = ReadCache::default();
+    for no in [1, 2] {
+        cache.start_loading(no, 0, 1, None);
+        cache.finish(no, 0, 1, &Ok(block_of(no as u8)));
+    }
+    let at = cache.generation();
+    assert!(!cache.is_checked(1, 0, 10), "nothing checked yet");
+    cache.mark_checked(1, 10, 20, at);
+    cache.mark_checked(1, 30, 40, at);
+    assert!(cache.is_checked(1, 10, 20) && cache.is_checked(1, 32, 40));
+    assert!(!cache.is_checked(1, 15, 35), "a gap between two checks");
+    assert!(!cache.is_checked(2, 10, 20), "another segment");
+    cache.mark_checked(1, 20, 30, at);
+    assert!(cache.is_checked(1, 10, 40), "touching ranges merge");
+    cache.mark_checked(2, 0, 8, at);
+    // A block leaving the cache: its segment is unchecked, and a check begun before counts
+    // for nothing (the block may come back with other bytes).
+    let before = cache.generation();
+    assert_eq!(cache.evict(100), Vec::<u64>::new());
+    assert!(!cache.is_checked(1, 10, 20));
+    assert!(cache.is_checked(2, 0, 8), "segment 2 kept its block");
+    cache.mark_checked(1, 10, 20, before);
+    assert!(!cache.is_checked(1, 10, 20), "a stale check is refused");
+    cache.forget(&[2], |_| true);
+    assert!(!cache.is_checked(2, 0, 8));
+}
+
+#[test]
+fn checked_ranges_per_segment_are_bounded() {
+    let mut cache = ReadCache::default();
+    let at = cache.generation();
+    let max = limits::CHECKED_RANGES_PER_SEGMENT_MAX as u64;
+    for i in 0..max + 10 {
+        cache.mark_checked(7, i * 10, i * 10 + 5, at);
+    }
+    let kept = (0..max + 10)
+        .filter(|i| cache.is_checked(7, i * 10, i * 10 + 5))
+        .count();
+    assert_eq!(kept as u64, max);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::config::Durability;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
-use super::state::Shard;
+use super::state::{SegmentData, Shard};
 use super::wal::remove_wal;
 
 /// A sealed segment on its way to the bucket and the catalog.
@@ -147,8 +147,14 @@ impl Shard {
             self.release_acks();
             self.flush_when_free();
         }
-        self.cache.borrow_mut().hold_segment(no, bytes.len());
-        self.evict_cache();
+        let keep = self.cache.borrow_mut().keep_uploaded(Instant::now());
+        if keep {
+            self.cache.borrow_mut().hold_segment(no, bytes.len());
+            self.evict_cache();
+        } else if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
+            // Reads from now on fetch its blocks from the store.
+            slot.data = SegmentData::Remote;
+        }
     }
 
     /// Waits until segment `no` is the oldest sealed segment not yet in the catalog.
