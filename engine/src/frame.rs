@@ -216,12 +216,6 @@ pub fn check_frame(buf: &[u8], pos: usize) -> Result<(FrameHeader, usize), Frame
     check_frame_with(buf, pos, true)
 }
 
-/// [`check_frame`] without the CRC, for bytes this process framed itself and still holds in
-/// memory (nothing stored them in between that could have corrupted them).
-pub fn check_frame_trusted(buf: &[u8], pos: usize) -> Result<(FrameHeader, usize), FrameError> {
-    check_frame_with(buf, pos, false)
-}
-
 fn check_frame_with(
     buf: &[u8],
     pos: usize,
@@ -320,7 +314,8 @@ pub struct SplitFrame<'b> {
 }
 
 impl<'a> SplitFrames<'a> {
-    /// `verify_crc` as for [`check_frame`] (true) or [`check_frame_trusted`] (false).
+    /// `verify_crc` false skips the CRC, for bytes this process framed itself and still holds
+    /// in memory, or checked since it fetched them (nothing could have corrupted them since).
     pub fn new(pieces: &'a [Bytes], verify_crc: bool) -> SplitFrames<'a> {
         SplitFrames {
             pieces,

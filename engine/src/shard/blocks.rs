@@ -1,7 +1,8 @@
 //! The read cache of uploaded segments, as one owned part: whole segments still in memory
-//! since their seal (only while readers read behind the open segments), blocks fetched by ranged GETs (one GET per block in flight, its readers
-//! waiting for it), sequential readahead, and eviction within one byte budget. It decides;
-//! `cache.rs` does the I/O.
+//! since their seal (only while readers read behind the open segments), blocks fetched by
+//! ranged GETs (one GET per block in flight, its readers waiting for it), sequential readahead,
+//! the byte ranges whose CRCs a read already checked, and eviction within one byte budget. It
+//! decides; `cache.rs` does the I/O.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
