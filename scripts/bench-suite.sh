@@ -25,7 +25,11 @@ run_case() { # name, pico global flags, bench flags...
   work=$(mktemp -d /tmp/pico-suite.XXXXXX)
   # Below the kernel's ephemeral range (32768+), where the previous case's client sockets live.
   port=$((20000 + RANDOM % 12000))
-  "$PICO_BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+  # A Durable Streams client case needs a node that speaks it (`serve --protocol ds`): the
+  # default node answers Pico, and the DS fan-out rows measured that before.
+  local serve_protocol=()
+  [[ " $globals " == *" --protocol ds "* ]] && serve_protocol=(--protocol ds)
+  "$PICO_BIN" serve "${serve_protocol[@]}" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
     --meta-url "sqlite:$work/meta.db" --storage "${SUITE_STORAGE:-"-2@file://$work/objects"}" \
     --wal-dir "$work/wal" >"$work/server.out" 2>"$work/server.log" &
   server=$!

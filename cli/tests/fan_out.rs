@@ -64,3 +64,38 @@ fn every_durable_streams_subscriber_gets_every_record() {
     fan_out(&server, "ds", "sse");
     fan_out(&server, "ds", "long-poll");
 }
+
+/// A Durable Streams fan-out against a node that answers the Pico protocol (the default): its
+/// answers carry no `Stream-Next-Offset`, so each subscriber asked again from the start as
+/// fast as it could and reported only duplicates. It reports the mismatch instead.
+#[test]
+fn a_durable_streams_fan_out_against_a_pico_node_says_so() {
+    let server = Server::start(&["--cores", "1"]);
+    let endpoint = format!("http://{}", server.addr);
+    let out = common::pico(
+        server.dir(),
+        &[
+            "--endpoint",
+            &endpoint,
+            "--protocol",
+            "ds",
+            "bench",
+            "--fan-out",
+            "4",
+            "--live-mode",
+            "long-poll",
+            "--append-interval-ms",
+            "50",
+            "-d",
+            "1",
+            "-b",
+            "64",
+        ],
+    );
+    let (_, stdout, stderr) = outcome(&out);
+    let text = format!("{stdout}{stderr}");
+    assert!(
+        text.contains("without Stream-Next-Offset") && text.contains("--protocol ds"),
+        "{text}"
+    );
+}

@@ -500,8 +500,16 @@ async fn subscribe(ctx: Arc<Ctx>, index: usize) {
                 }
             }
             Protocol::DurableStreams => {
-                if let Some(offset) = offset_capture.take().or(head.ds_next_offset.clone()) {
-                    pos.ds_offset = offset;
+                match offset_capture.take().or(head.ds_next_offset.clone()) {
+                    Some(offset) => pos.ds_offset = offset,
+                    // Without it the next request asks for the same records again, as fast
+                    // as they come: a node answering the Pico protocol does that.
+                    None if head.status == 200 && !ctx.stopping.load(Ordering::Relaxed) => {
+                        ctx.note_error(index, NO_NEXT_OFFSET.to_owned());
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue;
+                    }
+                    None => {}
                 }
             }
         }
@@ -521,6 +529,9 @@ async fn subscribe(ctx: Arc<Ctx>, index: usize) {
     }
 }
 
+/// A Durable Streams live read answered without saying where to resume.
+const NO_NEXT_OFFSET: &str = "a live read was answered without Stream-Next-Offset: is the \
+     server speaking the Durable Streams protocol (`pico serve --protocol ds`)?";
 /// Bytes of an error response's body kept for the message.
 const ERROR_BODY_BYTES_MAX: usize = 512;
 /// The field of a Durable Streams SSE `control` event that names where to resume.
