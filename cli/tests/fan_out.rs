@@ -9,30 +9,40 @@ use common::Server;
 
 const SUBSCRIBERS: u64 = 50;
 
-fn fan_out(server: &Server, protocol: &str, mode: &str) {
+/// `pico bench --fan-out` of `subscribers` on `server`, one 64 B append every 50 ms for 2 s,
+/// then `extra` flags.
+fn bench(
+    server: &Server,
+    protocol: &str,
+    mode: &str,
+    subscribers: u64,
+    extra: &[&str],
+) -> std::process::Output {
     let endpoint = format!("http://{}", server.addr);
-    let out = common::pico(
-        server.dir(),
-        &[
-            "--endpoint",
-            &endpoint,
-            "--protocol",
-            protocol,
-            "bench",
-            "--fan-out",
-            &SUBSCRIBERS.to_string(),
-            "--live-mode",
-            mode,
-            "--append-interval-ms",
-            "50",
-            "-d",
-            "2",
-            "-b",
-            "64",
-            "--output",
-            "json",
-        ],
-    );
+    let subscribers = subscribers.to_string();
+    let mut args = vec![
+        "--endpoint",
+        &endpoint,
+        "--protocol",
+        protocol,
+        "bench",
+        "--fan-out",
+        &subscribers,
+        "--live-mode",
+        mode,
+        "--append-interval-ms",
+        "50",
+        "-d",
+        "2",
+        "-b",
+        "64",
+    ];
+    args.extend_from_slice(extra);
+    common::pico(server.dir(), &args)
+}
+
+fn fan_out(server: &Server, protocol: &str, mode: &str) {
+    let out = bench(server, protocol, mode, SUBSCRIBERS, &["--output", "json"]);
     let (code, stdout, stderr) = outcome(&out);
     assert_eq!(code, Some(0), "{protocol} {mode}: {stderr}");
     let summary: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
@@ -71,27 +81,7 @@ fn every_durable_streams_subscriber_gets_every_record() {
 #[test]
 fn a_durable_streams_fan_out_against_a_pico_node_says_so() {
     let server = Server::start(&["--cores", "1"]);
-    let endpoint = format!("http://{}", server.addr);
-    let out = common::pico(
-        server.dir(),
-        &[
-            "--endpoint",
-            &endpoint,
-            "--protocol",
-            "ds",
-            "bench",
-            "--fan-out",
-            "4",
-            "--live-mode",
-            "long-poll",
-            "--append-interval-ms",
-            "50",
-            "-d",
-            "1",
-            "-b",
-            "64",
-        ],
-    );
+    let out = bench(&server, "ds", "long-poll", 4, &[]);
     let (_, stdout, stderr) = outcome(&out);
     let text = format!("{stdout}{stderr}");
     assert!(

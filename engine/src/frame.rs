@@ -370,42 +370,39 @@ impl<'a> SplitFrames<'a> {
     /// Copies the frame that starts at the cursor and runs into the next pieces, as many
     /// bytes as its `len` claims (at least a header, at most what is left), and checks it.
     fn join(&mut self) -> Result<(FrameHeader, usize), FrameError> {
-        let rest = |piece: usize, pos: usize| {
-            self.pieces[piece..]
-                .iter()
-                .enumerate()
-                .flat_map(move |(i, b)| b[if i == 0 { pos } else { 0 }..].iter().copied())
-        };
-        let mut len_bytes = [0u8; 4];
-        let mut have = 0;
-        for (slot, byte) in len_bytes.iter_mut().zip(rest(self.piece, self.pos)) {
-            *slot = byte;
-            have += 1;
-        }
-        if have < len_bytes.len() {
-            return Err(FrameError::Truncated);
-        }
-        let left: usize = self.pieces[self.piece..]
+        let left = self.pieces[self.piece..]
             .iter()
             .map(Bytes::len)
             .sum::<usize>()
             - self.pos;
+        let mut joined = Vec::new();
+        self.take_into(&mut joined, left.min(4));
+        let Ok(len_bytes) = <[u8; 4]>::try_from(&joined[..]) else {
+            return Err(FrameError::Truncated);
+        };
         let want = (u32::from_le_bytes(len_bytes) as usize)
             .max(FRAME_HEADER_LEN)
             .min(left);
-        let mut joined = Vec::with_capacity(want);
-        while joined.len() < want {
+        self.take_into(&mut joined, want - len_bytes.len());
+        self.joined = Bytes::from(joined);
+        check_frame_with(&self.joined, 0, self.verify_crc)
+    }
+
+    /// Appends the next `count` bytes from the cursor (there are as many left) to `out`,
+    /// moving the cursor over piece boundaries.
+    fn take_into(&mut self, out: &mut Vec<u8>, mut count: usize) {
+        out.reserve(count);
+        while count > 0 {
             let piece = &self.pieces[self.piece];
-            let take = (want - joined.len()).min(piece.len() - self.pos);
-            joined.extend_from_slice(&piece[self.pos..self.pos + take]);
+            let take = count.min(piece.len() - self.pos);
+            out.extend_from_slice(&piece[self.pos..self.pos + take]);
             self.pos += take;
+            count -= take;
             if self.pos == piece.len() && self.piece + 1 < self.pieces.len() {
                 self.piece += 1;
                 self.pos = 0;
             }
         }
-        self.joined = Bytes::from(joined);
-        check_frame_with(&self.joined, 0, self.verify_crc)
     }
 }
 

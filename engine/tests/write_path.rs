@@ -54,16 +54,21 @@ async fn append(core: &CoreHandle, name: &str, body: Bytes) -> AppendAck {
     core.append(name, request).await.expect("append")
 }
 
-/// Up to `max_records` records from `from`, as (offset, body).
-async fn read(core: &CoreHandle, name: &str, from: u64, max_records: usize) -> Vec<(u64, Bytes)> {
-    let request = ReadRequest {
+/// A catch-up read of up to `max_records` records and `max_bytes` from `from`.
+fn page_request(from: u64, max_records: usize, max_bytes: usize) -> ReadRequest {
+    ReadRequest {
         from: ReadFrom::Offset(from),
         max_records,
-        max_bytes: 64 << 20,
+        max_bytes,
         wait_ms: None,
         with_content_type: false,
         bound: None,
-    };
+    }
+}
+
+/// Up to `max_records` records from `from`, as (offset, body).
+async fn read(core: &CoreHandle, name: &str, from: u64, max_records: usize) -> Vec<(u64, Bytes)> {
+    let request = page_request(from, max_records, 64 << 20);
     let batch = core.read(name, &request).await.expect("read");
     batch
         .records
@@ -375,14 +380,7 @@ fn a_segment_damaged_in_the_bucket_fails_the_reads_that_reach_it() {
             for _attempt in 0..2 {
                 let mut from = 0;
                 loop {
-                    let request = ReadRequest {
-                        from: ReadFrom::Offset(from),
-                        max_records: 1000,
-                        max_bytes: 10 * RECORD_BYTES,
-                        wait_ms: None,
-                        with_content_type: false,
-                        bound: None,
-                    };
+                    let request = page_request(from, 1000, 10 * RECORD_BYTES);
                     match core.read("/s", &request).await {
                         Ok(batch) if batch.records.is_empty() => break,
                         Ok(batch) => {

@@ -19,11 +19,10 @@ use super::stream::Chunk;
 /// A chunk's frames as [`Shard::chunk_bytes`] found them.
 pub(super) struct ChunkBytes {
     pub(super) pieces: Vec<Bytes>,
-    /// Their CRCs need no check: the bytes never left this process's memory, or a read checked
+    /// `Some` when their CRCs need checking: blocks from the store no read has checked yet,
+    /// with the cache generation they were taken at, for `ReadCache::mark_checked` once every
+    /// frame passed. `None` when the bytes never left this process's memory, or a read checked
     /// them since their blocks were fetched.
-    pub(super) trusted: bool,
-    /// Blocks to check: the cache generation they were taken at, for
-    /// `ReadCache::mark_checked` once every frame passed.
     pub(super) check_generation: Option<u64>,
 }
 
@@ -31,7 +30,6 @@ impl ChunkBytes {
     fn in_memory(bytes: Bytes) -> ChunkBytes {
         ChunkBytes {
             pieces: vec![bytes],
-            trusted: true,
             check_generation: None,
         }
     }
@@ -96,14 +94,13 @@ impl Shard {
             }
             pieces.push(block.slice(from..to));
         }
-        let trusted =
+        let checked =
             self.cache
                 .borrow()
                 .is_checked(chunk.segment, chunk.byte_start, chunk.byte_end);
         Ok(ChunkBytes {
             pieces,
-            trusted,
-            check_generation: (!trusted).then_some(generation),
+            check_generation: (!checked).then_some(generation),
         })
     }
 

@@ -235,7 +235,8 @@ impl Shard {
             // A sealed segment's chunk may span other streams' frames: skip them by header.
             // Frames still in this process's memory were CRC'd when written; what came back
             // from the object store is checked, once while its blocks stay cached.
-            let mut frames = frame::SplitFrames::new(&got.pieces, !got.trusted);
+            let verify_crc = got.check_generation.is_some();
+            let mut frames = frame::SplitFrames::new(&got.pieces, verify_crc);
             while let Some(found) = frames.next_frame() {
                 let found = found.map_err(corrupt)?;
                 let (header, len) = (found.header, found.len);
