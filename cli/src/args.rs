@@ -256,6 +256,10 @@ pub struct ServeArgs {
     #[argh(switch)]
     pub insecure_allow_remote: bool,
 
+    /// start past a damaged WAL file: keep what reads in order, close each stream that lost records at its first lost offset, move the file to <wal-dir>/damaged/ with a report (without it the node refuses to start) [env: PICO_WAL_SALVAGE]
+    #[argh(switch)]
+    pub wal_salvage: bool,
+
     /// PEM certificate chain: serve HTTPS (ALPN h2 and http/1.1) on every listener; needs --tls-key [env: PICO_TLS_CERT]
     #[argh(option, arg_name = "file")]
     pub tls_cert: Option<PathBuf>,

@@ -167,6 +167,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         auth_required: args.auth,
         auth_tokens: args.auth_tokens.clone(),
         insecure_allow_remote: args.insecure_allow_remote,
+        wal_salvage: args.wal_salvage,
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
         on_serving: Some(on_serving),

@@ -49,6 +49,9 @@ pub struct Boot {
     /// This node's membership, when the metadata log is shared (Postgres): its lease keeper
     /// runs from here on.
     pub cluster: Option<Arc<Cluster>>,
+    /// One line per damaged WAL file `--wal-salvage` brought the node up past: the file,
+    /// where it is kept and what each stream lost (for `/ready` and `/metrics`).
+    pub wal_salvaged: Vec<String>,
 }
 
 /// Opens the metadata log and the object store, recovers every WAL file left by a previous
@@ -158,6 +161,7 @@ pub fn boot(
         wal_lock,
         metrics,
         cluster,
+        wal_salvaged: recovered.salvaged,
     })
 }
 

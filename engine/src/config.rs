@@ -48,6 +48,10 @@ pub struct EngineConfig {
     /// Object durability: the flush PUTs the whole node may make per second (the cost
     /// control, `put_budget.rs`).
     pub object_puts_per_second: u32,
+    /// `--wal-salvage`: start past a damaged WAL file, keeping what can be read in order and
+    /// closing each stream that lost records (`recovery/salvage.rs`); without it the node
+    /// refuses to start on one.
+    pub wal_salvage: bool,
 }
 
 impl EngineConfig {
@@ -101,6 +105,7 @@ mod tests {
             unuploaded_bytes_max: limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
             gc_interval_ms: limits::GC_INTERVAL_MS_MIN,
             object_puts_per_second: limits::OBJECT_PUTS_PER_SECOND_MIN,
+            wal_salvage: false,
         }
     }
 

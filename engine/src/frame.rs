@@ -26,8 +26,10 @@
 //!  +-----------+-----------------------------------------------------------------+
 //! ```
 //!
-//! A `len` of zero marks the end of a WAL file: files are pre-allocated with zeros and DMA
-//! writes pad the last block with zeros.
+//! A `len` of zero is where the frames written so far end: WAL files are pre-allocated with
+//! zeros and DMA writes pad the last block with zeros. Only `wal_file::scan` decides whether
+//! that end is the file's true end, a torn write or damage. The WAL adds two kinds of its own
+//! (file header, commit record) that never reach a segment object (`wal_file.rs`).
 
 use bytes::Bytes;
 use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
@@ -407,7 +409,8 @@ impl<'a> SplitFrames<'a> {
 }
 
 /// Length of the longest prefix of `buf` made of valid frames that ends with a whole request
-/// (recovery keeps exactly that: a request cut by a crash was never acknowledged).
+/// (what recovery keeps of a torn version-1 WAL file, `wal_file.rs`: a request cut by a crash
+/// was never acknowledged).
 pub fn valid_prefix_len(buf: &[u8]) -> usize {
     let (mut pos, mut kept) = (0, 0);
     while let Ok((header, len)) = check_frame(buf, pos) {

@@ -31,6 +31,7 @@ mod recovery;
 mod route;
 mod shard;
 pub mod state;
+pub mod wal_file;
 
 pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,

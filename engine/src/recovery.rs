@@ -1,9 +1,12 @@
-//! Recovery of the WAL files a previous run left (whatever its core count): each file's valid
-//! prefix is stored as a segment object and indexed in the catalog, then the file is removed.
-//! A torn tail (frames after the last whole request, or a bad CRC) holds only unacknowledged
-//! data and is dropped. Runs on the main thread before any core starts (see `boot`).
+//! Recovery of the WAL files a previous run left (whatever its core count): each file's
+//! committed rounds are stored as a segment object and indexed in the catalog, then the file
+//! is removed. A torn last round was never acknowledged and is dropped; damage before
+//! acknowledged data stops the node (or, with `--wal-salvage`, is salvaged and written down).
+//! Runs on the main thread before any core starts (see `boot`). The format and the rules that
+//! tell a torn end from damage: `wal_file.rs`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use futures_channel::oneshot;
 use pico_meta::{
@@ -15,17 +18,29 @@ use crate::clock::now_ms;
 use crate::config::EngineConfig;
 use crate::frame::{self, FRAME_KIND_CLOSE};
 use crate::placement::{epoch_of, segment_key};
+use crate::wal_file::{self, Damage, WalEnd};
+
+mod salvage;
+
+use salvage::{Lost, Tails};
+
+/// Where damaged WAL files are kept for an operator, under the WAL directory.
+pub const DAMAGED_WAL_DIR: &str = "damaged";
 
 /// What recovery learned that the rest of boot needs.
 pub(crate) struct Recovered {
     /// The newest node epoch any WAL file or segment was named with: this run names its
     /// files above it.
     pub(crate) max_epoch_ms: u64,
+    /// One line per damaged WAL file this boot salvaged: the file, where it was kept and what
+    /// each stream lost (for `/ready`, `/metrics` and the log).
+    pub(crate) salvaged: Vec<String>,
 }
 
-/// Turns every WAL file into a committed segment: its valid prefix (frames up to the first
-/// bad CRC: a torn tail holds only unacknowledged data) is stored as an object and indexed in
-/// the catalog, then the file is removed. Idempotent: a crash midway redoes the same keys.
+/// Turns every WAL file into a committed segment: its committed rounds are stored as an object
+/// and indexed in the catalog, then the file is removed. Idempotent: a crash midway redoes the
+/// same keys, and a file whose segment the catalog already has is only removed (the object is
+/// the copy that counts; a damaged leftover never replaces it).
 pub(crate) fn recover_wal_files(
     config: &EngineConfig,
     meta: &MetaStore,
@@ -51,6 +66,9 @@ pub(crate) fn recover_wal_files(
         .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
         .collect();
     files.sort();
+    let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
+    let mut tails = Tails::new(snapshot);
+    let mut salvaged = Vec::new();
     for path in files {
         let stem = path
             .file_stem()
@@ -60,45 +78,227 @@ pub(crate) fn recover_wal_files(
         max_epoch_ms = max_epoch_ms.max(epoch_of(&stem).unwrap_or(0));
         let data = std::fs::read(&path)
             .map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
-        let valid = frame::valid_prefix_len(&data);
-        if valid > 0 {
-            let bytes = bytes::Bytes::copy_from_slice(&data[..valid]);
-            let record = index_segment(segment_key(config.node_id, &stem), &bytes);
-            wait(store.put(&record.key, bytes))?;
-            match fence {
-                None => wait(meta.commit_segment(record.clone()))?,
-                Some(node) => {
-                    let fence = pico_meta::SegmentFence {
-                        node,
-                        epochs: HashMap::new(),
-                    };
-                    let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;
-                    for id in fenced {
-                        // Data this node wrote before another node took the stream over: the
-                        // new owner has served the stream since, so these records cannot join
-                        // it. They stay in the object for an operator; say so loudly.
-                        let entry = record.streams.iter().find(|e| e.stream_id == id);
-                        let runs = entry.map(|e| format!("{:?}", e.runs)).unwrap_or_default();
-                        log::error!(
-                            "WAL file {}: stream {id} was taken over by another node while this \
-                             node was down; its records {runs} in object {} were not restored",
-                            path.display(),
-                            record.key
-                        );
-                    }
-                }
+        let scanned =
+            wal_file::scan(&data).map_err(|e| format!("WAL file {}: {e}", path.display()))?;
+        let key = segment_key(config.node_id, &stem);
+        if committed.contains(&key) {
+            // Stored and committed before the crash, which came before the file's removal.
+            if let WalEnd::Damaged(damage) = &scanned.end {
+                let kept = keep_damaged(config, &path, &describe(&path, damage, &tails))?;
+                log::warn!(
+                    "WAL file {} is damaged, but its segment {key} was stored before the                      crash: nothing is lost; the file was moved to {}",
+                    path.display(),
+                    kept.display()
+                );
+            } else {
+                remove(&path)?;
             }
             report.push(format!(
-                "recovered WAL file {} ({valid} bytes)",
+                "WAL file {} was already stored as {key}",
                 path.display()
+            ));
+            continue;
+        }
+        let (bytes, damaged) = match &scanned.end {
+            WalEnd::Damaged(damage) => {
+                let described = describe(&path, damage, &tails);
+                if !config.wal_salvage {
+                    return Err(format!(
+                        "{described}\nThe node does not start on a damaged WAL: acknowledged \
+                         records would be lost and their offsets handed out again. Keep a \
+                         copy of {dir}, then start with --wal-salvage (PICO_WAL_SALVAGE=1) to \
+                         keep what can be read in order, close each stream that lost records at \
+                         its first lost offset, and move the file to {dir}/{DAMAGED_WAL_DIR}/ \
+                         with a report of what was lost (docs/durability.md, \"Damaged WAL \
+                         files\").",
+                        dir = config.wal_dir.display()
+                    ));
+                }
+                let (bytes, lost) = tails.salvage(&data, damage, now_ms() as i64);
+                (bytes, Some((described, lost)))
+            }
+            _ => {
+                let mut bytes = Vec::new();
+                for frame in &scanned.committed {
+                    if tails.keep(frame) {
+                        bytes.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+                    }
+                }
+                (bytes, None)
+            }
+        };
+        if let WalEnd::Torn { dropped } = scanned.end {
+            report.push(format!(
+                "WAL file {}: {dropped} bytes of a write the crash cut (never acknowledged) \
+                 dropped",
+                path.display()
+            ));
+        }
+        if !bytes.is_empty() {
+            let bytes = bytes::Bytes::from(bytes);
+            let record = index_segment(key, &bytes);
+            wait(store.put(&record.key, bytes.clone()))?;
+            commit(meta, &record, fence, &path)?;
+            report.push(format!(
+                "recovered WAL file {} ({} bytes, format {})",
+                path.display(),
+                bytes.len(),
+                scanned.version
             ));
             snapshot.segments.retain(|s| s.key != record.key);
             snapshot.segments.push(record);
         }
-        std::fs::remove_file(&path)
-            .map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))?;
+        match damaged {
+            None => remove(&path)?,
+            Some((described, lost)) => {
+                let text = salvage_report(&described, &lost, &tails);
+                let kept = keep_damaged(config, &path, &text)?;
+                let line = format!(
+                    "salvaged damaged WAL file {} (kept as {}): {}",
+                    path.display(),
+                    kept.display(),
+                    lost_summary(&lost, &tails)
+                );
+                log::error!("{line}");
+                salvaged.push(line);
+            }
+        }
     }
-    Ok(Recovered { max_epoch_ms })
+    Ok(Recovered {
+        max_epoch_ms,
+        salvaged,
+    })
+}
+
+/// Commits a recovered segment; in a cluster, fenced by this node's ownership.
+fn commit(
+    meta: &MetaStore,
+    record: &SegmentRecord,
+    fence: Option<pico_meta::NodeId>,
+    path: &Path,
+) -> Result<(), String> {
+    let Some(node) = fence else {
+        return wait(meta.commit_segment(record.clone()));
+    };
+    let fence = pico_meta::SegmentFence {
+        node,
+        epochs: HashMap::new(),
+    };
+    let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;
+    for id in fenced {
+        // Data this node wrote before another node took the stream over: the new owner has
+        // served the stream since, so these records cannot join it.
+        let entry = record.streams.iter().find(|e| e.stream_id == id);
+        let runs = entry.map(|e| format!("{:?}", e.runs)).unwrap_or_default();
+        log::error!(
+            "WAL file {}: stream {id} was taken over by another node while this node was down; \
+             its records {runs} in object {} were not restored",
+            path.display(),
+            record.key
+        );
+    }
+    Ok(())
+}
+
+fn remove(path: &Path) -> Result<(), String> {
+    std::fs::remove_file(path)
+        .map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))
+}
+
+/// What a damaged file holds, for the error that stops the node and for the salvage report.
+fn describe(path: &Path, damage: &Damage, tails: &Tails) -> String {
+    let mut text = format!(
+        "WAL file {} is damaged at byte {}: {}.",
+        path.display(),
+        damage.at,
+        damage.why
+    );
+    match damage.resumes_at {
+        Some(next) => text.push_str(&format!(
+            " Bytes {}..{next} cannot be read; valid frames resume at byte {next}.",
+            damage.at
+        )),
+        None => text.push_str(" Nothing past it can be read."),
+    }
+    if let Some((stream_id, offset)) = damage.claimed {
+        text.push_str(&format!(
+            " The damaged frame's header names stream {} offset {offset}.",
+            tails.name(stream_id)
+        ));
+    }
+    let mut after: BTreeMap<u64, (u64, u64, usize)> = BTreeMap::new();
+    for frame in &damage.after {
+        let seen = after
+            .entry(frame.stream_id)
+            .or_insert((frame.offset, frame.offset, 0));
+        seen.0 = seen.0.min(frame.offset);
+        seen.1 = seen.1.max(frame.offset);
+        seen.2 += 1;
+    }
+    for (id, (first, last, count)) in after {
+        text.push_str(&format!(
+            "\n  past the damage: stream {} has {count} acknowledged frames at offsets \
+             {first}..={last}",
+            tails.name(id)
+        ));
+    }
+    text
+}
+
+fn lost_summary(lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
+    if lost.is_empty() {
+        return "no stream lost records that could be named (the damaged bytes named no stream)"
+            .into();
+    }
+    lost.iter()
+        .map(|(id, lost)| {
+            let to = lost
+                .seen_to
+                .map_or("?".to_string(), |to| format!("{}", to.saturating_sub(1)));
+            format!(
+                "stream {} lost offsets {}..={to} and was closed at {}",
+                tails.name(*id),
+                lost.from,
+                lost.from
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn salvage_report(described: &str, lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
+    format!(
+        "{described}\n\nSalvaged at {} ms since the epoch: every frame readable in order was \
+         restored; {}. A '?' upper bound means the damaged bytes held the stream's last \
+         records and how many cannot be known. A stream whose records the damaged bytes held \
+         but whose header was destroyed cannot be named; the byte range above is what was \
+         lost.\n",
+        now_ms(),
+        lost_summary(lost, tails)
+    )
+}
+
+/// Moves a damaged WAL file out of recovery's way into `<wal dir>/damaged/`, with `report`
+/// beside it (`<file>.txt`); both made durable. Returns where the file went.
+fn keep_damaged(config: &EngineConfig, path: &Path, report: &str) -> Result<PathBuf, String> {
+    let dir = config.wal_dir.join(DAMAGED_WAL_DIR);
+    let failed = |what: &str, e: std::io::Error| format!("cannot {what} in {}: {e}", dir.display());
+    std::fs::create_dir_all(&dir).map_err(|e| failed("create the directory", e))?;
+    let name = path.file_name().unwrap_or_default();
+    let kept = dir.join(name);
+    let mut report_path = kept.clone().into_os_string();
+    report_path.push(".txt");
+    std::fs::write(&report_path, report).map_err(|e| failed("write the report", e))?;
+    std::fs::File::open(&report_path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| failed("sync the report", e))?;
+    std::fs::rename(path, &kept).map_err(|e| failed("move the damaged WAL file", e))?;
+    for dir in [&dir, &config.wal_dir] {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| failed("sync the directory", e))?;
+    }
+    Ok(kept)
 }
 
 /// Blocks on a metadata or object-store answer (boot runs before any executor).

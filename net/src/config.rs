@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub auth_tokens: Option<PathBuf>,
     /// Allow a non-loopback listener without auth.
     pub insecure_allow_remote: bool,
+    /// `--wal-salvage` (`pico_engine::EngineConfig::wal_salvage`).
+    pub wal_salvage: bool,
     /// PEM certificate chain and private key: serve HTTPS (ALPN h2, http/1.1) on every listener.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -132,6 +134,7 @@ impl Default for ServerConfig {
             auth_required: false,
             auth_tokens: None,
             insecure_allow_remote: false,
+            wal_salvage: false,
             tls_cert: None,
             tls_key: None,
             on_serving: None,

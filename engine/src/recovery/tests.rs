@@ -59,52 +59,6 @@ fn index_rebuilds_runs_and_close() {
     assert!(!record.streams[1].closed);
 }
 
-/// Three one-record requests of stream 1 and where each frame ends.
-fn three_frames() -> (Vec<u8>, Vec<usize>) {
-    let mut buf = Vec::new();
-    let mut ends = Vec::new();
-    for (offset, body) in [b"first", b"other", b"third"].iter().enumerate() {
-        let meta = frame(FRAME_KIND_RECORD, 1, offset as u64, 10, None);
-        frame::encode_frame(&mut buf, meta, &[], &body[..]);
-        ends.push(buf.len());
-    }
-    (buf, ends)
-}
-
-#[test]
-fn a_garbled_frame_ends_the_valid_prefix_even_before_good_ones() {
-    let (mut buf, ends) = three_frames();
-    // A flipped body byte of the second frame: its CRC fails, and the third frame (intact)
-    // is not kept either, since the log is only trusted up to the first bad frame.
-    buf[ends[1] - 2] ^= 0xff;
-    assert_eq!(frame::valid_prefix_len(&buf), ends[0]);
-    let bytes = bytes::Bytes::copy_from_slice(&buf[..ends[0]]);
-    let record = index_segment("segments/t.seg".into(), &bytes);
-    assert_eq!(record.size_bytes, ends[0] as u64);
-    assert_eq!(record.streams[0].runs.len(), 1);
-    assert_eq!(record.streams[0].runs[0].next_offset, 1);
-}
-
-#[test]
-fn a_torn_or_zeroed_tail_is_cut_at_the_last_whole_frame() {
-    let (buf, ends) = three_frames();
-    for cut in ends[1] + 1..ends[2] {
-        assert_eq!(
-            frame::valid_prefix_len(&buf[..cut]),
-            ends[1],
-            "cut at {cut}"
-        );
-    }
-    // A pre-allocated file: zeros after the last frame.
-    let mut zeroed = buf.clone();
-    zeroed.resize(buf.len() + 8192, 0);
-    assert_eq!(frame::valid_prefix_len(&zeroed), ends[2]);
-    // Garbage where a header should be (a length no frame can have).
-    let mut garbage = buf[..ends[0]].to_vec();
-    garbage.extend_from_slice(&[0xff; 64]);
-    assert_eq!(frame::valid_prefix_len(&garbage), ends[0]);
-}
-
 #[test]
 fn an_index_of_nothing_is_empty() {
     let record = index_segment("segments/e.seg".into(), &bytes::Bytes::new());

@@ -101,22 +101,31 @@ impl Shard {
             self.seal_front(no);
             return Ok(true);
         }
-        let (file, start, len, buffer, path) = {
+        // `written_len`: the segment's bytes this round makes durable (appends that arrive
+        // during the write wait for the next round).
+        let (file, start, len, written_len, buffer, path, cursor) = {
             let log = self.log.borrow();
             let segment = log.iter().find(|s| s.no == no).expect("picked above");
-            let len = segment.buf.len();
+            let written_len = segment.buf.len();
             match &segment.wal {
-                None => (None, 0, len, None, None),
+                None => (None, 0, 0, written_len, None, None, None),
                 Some(file) => {
+                    // This round's frames, after the file's partial block (and, first, its
+                    // header), then its commit record (`wal_file.rs`).
                     let align = file.alignment() as usize;
-                    let start = segment.durable_len / align * align;
-                    let size = (len - start).div_ceil(align) * align;
-                    let mut buffer = file.alloc_dma_buffer(size);
+                    let frames = &segment.buf[segment.durable_len..written_len];
+                    let round = segment.wal_cursor.plan(frames.len(), align);
+                    let mut buffer = file.alloc_dma_buffer(round.len.div_ceil(align) * align);
                     let dst = buffer.as_bytes_mut();
-                    dst[..len - start].copy_from_slice(&segment.buf[start..len]);
-                    dst[len - start..].fill(0);
+                    let now = crate::clock::now_ms() as i64;
+                    segment
+                        .wal_cursor
+                        .fill(round, dst, frames, written_len as u64, now);
+                    let cursor = segment.wal_cursor.after(round, dst, align);
                     let path = segment.wal_path.clone();
-                    (Some(file.clone()), start, len, Some(buffer), path)
+                    let buffer = Some(buffer);
+                    let file = Some(file.clone());
+                    (file, round.start, round.len, written_len, buffer, path, Some(cursor))
                 }
             }
         };
@@ -132,10 +141,9 @@ impl Shard {
                 .write_at(buffer, start as u64)
                 .await
                 .map_err(|e| format!("WAL write to {shown}: {e}"))?;
-            if written < len - start {
+            if written < len {
                 return Err(format!(
-                    "WAL write to {shown}: {written} of {} bytes written",
-                    len - start
+                    "WAL write to {shown}: {written} of {len} bytes written"
                 ));
             }
             let synced = Instant::now();
@@ -153,7 +161,10 @@ impl Shard {
             }
         }
         if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
-            segment.durable_len = len;
+            segment.durable_len = written_len;
+            if let Some(cursor) = cursor {
+                segment.wal_cursor = cursor;
+            }
         }
         self.release_acks();
         self.flush_when_free();

@@ -55,15 +55,21 @@ impl Shard {
             durable_len: 0,
             wal: file,
             wal_path: path,
+            wal_cursor: Default::default(),
             opened: Instant::now(),
             index: BTreeMap::new(),
         });
     }
 
-    /// Starts a new active segment when `needed` more bytes would overflow the current one.
+    /// Starts a new active segment when `needed` more bytes would overflow the current one
+    /// (or its WAL file, which holds its commit records too).
     pub(super) fn maybe_rotate(&self, needed: usize) {
-        let len = self.log.borrow().back().map_or(0, |s| s.buf.len());
-        let full = len > 0 && len + needed > self.config.segment_size;
+        let (len, file_len) = self
+            .log
+            .borrow()
+            .back()
+            .map_or((0, 0), |s| (s.buf.len(), s.wal_len_after(needed)));
+        let full = len > 0 && (len + needed).max(file_len) > self.config.segment_size;
         if full {
             self.rotate();
         }

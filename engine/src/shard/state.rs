@@ -22,6 +22,7 @@ use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::put_budget::PutBudget;
 use crate::state::StreamState;
+use crate::wal_file::WalCursor;
 
 use super::blocks::ReadCache;
 use super::moves::Moves;
@@ -39,8 +40,22 @@ pub(super) struct OpenSegment {
     pub(super) durable_len: usize,
     pub(super) wal: Option<Rc<DmaFile>>,
     pub(super) wal_path: Option<PathBuf>,
+    /// What the WAL file holds so far (`wal_file.rs`: header, rounds, commit records).
+    pub(super) wal_cursor: WalCursor,
     pub(super) opened: Instant,
     pub(super) index: BTreeMap<u64, IndexEntry>,
+}
+
+impl OpenSegment {
+    /// Bytes its WAL file holds once `needed` more frame bytes are written in the next round
+    /// (without a WAL file, just its frames').
+    pub(super) fn wal_len_after(&self, needed: usize) -> usize {
+        let pending = self.buf.len() - self.durable_len + needed;
+        match self.wal {
+            Some(_) => self.wal_cursor.len_after(pending),
+            None => self.buf.len() + needed,
+        }
+    }
 }
 
 pub(super) enum SegmentData {

@@ -96,8 +96,12 @@ impl Shard {
                 out_of_space,
             } => {
                 // The active file was pre-allocated with this much room.
-                let active_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
-                if active_len + needed <= self.buffers.full_bytes() {
+                let file_len = self
+                    .log
+                    .borrow()
+                    .back()
+                    .map_or(0, |s| s.wal_len_after(needed));
+                if file_len <= self.buffers.full_bytes() {
                     return Ok(());
                 }
                 let message = format!("{message}; appends resume once it can be made");

@@ -124,7 +124,12 @@ pub fn core_load(engine: &CoreMetrics, http: &HttpMetrics) -> CoreLoad {
 }
 
 /// The Prometheus text exposition of every core's counters.
-pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) -> String {
+pub fn render(
+    engine: &NodeMetrics,
+    wal_salvaged_files: usize,
+    http: &[Arc<HttpMetrics>],
+    uptime_sec: f64,
+) -> String {
     let mut out = String::with_capacity(16 * 1024);
     let header = |out: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -146,6 +151,15 @@ pub fn render(engine: &NodeMetrics, http: &[Arc<HttpMetrics>], uptime_sec: f64) 
         "Seconds since the node started.",
     );
     let _ = writeln!(out, "pico_uptime_seconds {uptime_sec:.3}");
+
+    header(
+        &mut out,
+        "pico_wal_salvaged_files",
+        "gauge",
+        "Damaged WAL files this run was started past with --wal-salvage (acknowledged records \
+         were lost: see /ready and the kept reports).",
+    );
+    let _ = writeln!(out, "pico_wal_salvaged_files {wal_salvaged_files}");
 
     header(
         &mut out,
@@ -485,7 +499,7 @@ mod tests {
         metrics.respond(Protocol::DurableStreams, Response::new(204));
         metrics.respond(Protocol::DurableStreams, Response::new(299));
         let engine: NodeMetrics = Arc::new(vec![Arc::new(CoreMetrics::default())]);
-        let text = render(&engine, &[metrics], 1.0);
+        let text = render(&engine, 0, &[metrics], 1.0);
         assert!(
             text.contains("pico_http_responses_total{core=\"0\",protocol=\"pico\",code=\"200\"} 1")
         );

@@ -76,6 +76,11 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 body["degraded"] = json!(true);
                 body["storage"] = json!(storage);
             }
+            // Ready (the operator chose to start), but never quiet about what was lost.
+            if !state.facts.wal_salvaged.is_empty() {
+                body["degraded"] = json!(true);
+                body["walSalvaged"] = json!(state.facts.wal_salvaged);
+            }
             return json_response(if ready { 200 } else { 503 }, body);
         }
         _ => {}
@@ -104,6 +109,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
             .header("cache-control", "no-store")
             .with_body(metrics::render(
                 &state.engine_metrics,
+                state.facts.wal_salvaged.len(),
                 &state.http_metrics,
                 state.started.elapsed().as_secs_f64(),
             )),

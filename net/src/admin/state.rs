@@ -25,6 +25,8 @@ pub struct NodeFacts {
     pub storage: String,
     /// Shown with any password masked.
     pub meta_url: String,
+    /// Damaged WAL files `--wal-salvage` started the node past, each with what was lost.
+    pub wal_salvaged: Vec<String>,
 }
 
 /// Node state the admin listener reports.

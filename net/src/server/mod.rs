@@ -17,6 +17,7 @@ use std::time::Duration;
 use pico_engine::Cluster;
 
 use crate::admin::metrics::HttpMetrics;
+use crate::admin::state::NodeFacts;
 use crate::config::{Protocol, ServerConfig};
 use crate::shutdown::Shutdown;
 use cores::{AdminJob, NodeJob, Stopped};
@@ -59,7 +60,10 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
     let serving = Arc::new(AtomicBool::new(false));
     let admin = config.admin_listen.clone().map(|addr| AdminJob {
         addr,
-        facts: setup::node_facts(&config, cores, booted.node_epoch_ms),
+        facts: NodeFacts {
+            wal_salvaged: boot.wal_salvaged.clone(),
+            ..setup::node_facts(&config, cores, booted.node_epoch_ms)
+        },
         scheme,
         engine_metrics,
         http_metrics: http_metrics.clone(),

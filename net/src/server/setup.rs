@@ -159,6 +159,7 @@ pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, String> {
         unuploaded_bytes_max: config.unuploaded_bytes_max,
         gc_interval_ms: config.gc_interval_ms,
         object_puts_per_second: config.object_puts_per_second,
+        wal_salvage: config.wal_salvage,
     };
     let node_epoch_ms = engine_config.node_epoch_ms;
     let boot = pico_engine::boot(
@@ -298,5 +299,6 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         },
         storage: config.storage.clone(),
         meta_url: pico_engine::displayed_meta_url(&config.meta_url),
+        wal_salvaged: Vec::new(),
     }
 }

@@ -43,6 +43,7 @@ where
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 60_000,
         object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
+        wal_salvage: false,
     };
     let meta = format!("sqlite:{}", dir.path().join("meta.db").display());
     let storage = format!("-2@file://{}", dir.path().join("objects").display());

@@ -1,0 +1,400 @@
+//! The WAL file format, and the scan that tells what a WAL file holds after a crash: which
+//! frames were acknowledged, whether its end was torn by the crash, or whether it was damaged
+//! after it was written (a flipped bit, a bad sector) so that acknowledged records are lost.
+//!
+//! ```text
+//!  version 2 (written by this build):
+//!  +-------------+------------------------------------------+--------+------------------- ... -+------+
+//!  | file header | round 1: data frames (records, closes)   | commit | round 2 ...  | commit | 0 ...|
+//!  | 40 B        | exactly the bytes the segment object gets| 40 B   |              | 40 B   |      |
+//!  +-------------+------------------------------------------+--------+------------------- ... -+------+
+//!  file header: a frame header (`frame.rs`), kind FRAME_KIND_WAL_FILE, no payload,
+//!               stream_id = WAL_FORMAT_VERSION, offset = 0, timestamp_ms = creation time
+//!  commit:      a frame header, kind FRAME_KIND_WAL_COMMIT, no payload,
+//!               stream_id = round number (1, 2, ...), offset = segment bytes through this
+//!               round (the data frames of rounds 1..=n), timestamp_ms = when it was written
+//!  A round is one group commit: one write and one fdatasync. Nothing of a round is
+//!  acknowledged before its commit record is on disk with the rest of it.
+//!
+//!  version 1 (no file header; written before the format had versions): data frames only,
+//!  a request's last frame flagged FLAG_REQUEST_END, then zeros.
+//! ```
+//!
+//! Files are pre-allocated with zeros and written in order, one round at a time (the next
+//! round starts only after the previous one's fdatasync). A power cut can therefore tear only
+//! the last round; every round before it was whole on disk before the next one began. So when
+//! the scan meets bytes that are not a valid frame at position P:
+//! - no commit record of a later round lies anywhere past P: the crash tore the last round,
+//!   which was never acknowledged. The committed rounds are kept, the rest dropped.
+//! - a commit record of a round after P's round lies past P, or the round that P is in has
+//!   its commit record past P: P is inside a round that was (or may have been) acknowledged.
+//!   That is damage, never a clean end: the scan reports it with what it found past it.
+//!
+//! Damage inside the 40-byte commit record of the very last round cannot be told from a torn
+//! write of that record; docs/durability.md says so.
+
+use crate::frame::{
+    check_frame, encode_frame, FrameHeader, FrameMeta, FRAME_HEADER_LEN, FRAME_KIND_CLOSE,
+    FRAME_KIND_RECORD,
+};
+use zerocopy::byteorder::little_endian::{I64, U16, U32, U64};
+use zerocopy::IntoBytes;
+
+/// The WAL format this build writes; stable, persisted in each file's header.
+pub const WAL_FORMAT_VERSION: u64 = 2;
+/// Stable, persisted: a WAL file's header (never in a segment object).
+pub const FRAME_KIND_WAL_FILE: u8 = 3;
+/// Stable, persisted: the end of one group-commit round (never in a segment object).
+pub const FRAME_KIND_WAL_COMMIT: u8 = 4;
+/// Bytes of a file header and of a commit record.
+pub const WAL_MARKER_LEN: usize = FRAME_HEADER_LEN;
+
+/// A frame header with no payload (file header or commit record), CRC filled in.
+fn marker(kind: u8, stream_id: u64, offset: u64, timestamp_ms: i64) -> [u8; WAL_MARKER_LEN] {
+    let header = FrameHeader {
+        len: U32::new(WAL_MARKER_LEN as u32),
+        crc: U32::new(0),
+        kind,
+        flags: 0,
+        producer_len: U16::new(0),
+        headers_len: U32::new(0),
+        stream_id: U64::new(stream_id),
+        offset: U64::new(offset),
+        timestamp_ms: I64::new(timestamp_ms),
+    };
+    let mut bytes = [0u8; WAL_MARKER_LEN];
+    bytes.copy_from_slice(header.as_bytes());
+    let crc = crc32c::crc32c(&bytes[8..]);
+    bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// The header a version-2 WAL file starts with.
+pub fn file_header(created_ms: i64) -> [u8; WAL_MARKER_LEN] {
+    marker(FRAME_KIND_WAL_FILE, WAL_FORMAT_VERSION, 0, created_ms)
+}
+
+/// The commit record that ends round `round` (from 1), whose data frames bring the segment to
+/// `segment_len` bytes.
+pub fn commit_record(round: u64, segment_len: u64, now_ms: i64) -> [u8; WAL_MARKER_LEN] {
+    marker(FRAME_KIND_WAL_COMMIT, round, segment_len, now_ms)
+}
+
+/// The most bytes a WAL file holding `segment_len` bytes of frames in `rounds` rounds takes.
+pub fn file_len_bound(segment_len: usize, rounds: u64) -> usize {
+    WAL_MARKER_LEN + segment_len + rounds as usize * WAL_MARKER_LEN
+}
+
+/// One valid data frame the scan found: where it is in the file and what it says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FoundFrame {
+    pub pos: usize,
+    pub len: usize,
+    pub kind: u8,
+    pub stream_id: u64,
+    pub offset: u64,
+    /// The last frame of its request (what version 1 keeps whole).
+    pub request_end: bool,
+}
+
+/// Bytes past the last good frame that are not a valid frame, yet lie before data that was
+/// (or may have been) acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// File position of the first byte that is not a valid frame.
+    pub at: usize,
+    /// Where valid frames start again past it, if they do (the damaged bytes are `at..this`).
+    pub resumes_at: Option<usize>,
+    /// What was wrong at `at`, and why it is not a torn end.
+    pub why: String,
+    /// The stream and offset the damaged frame's header names, when its length leads exactly
+    /// to the next valid frame (only its payload was hit, so the header is likely right).
+    pub claimed: Option<(u64, u64)>,
+    /// The valid frames before `at`, in file order (kept by a salvage).
+    pub before: Vec<FoundFrame>,
+    /// The valid data frames found past the damage, in file order.
+    pub after: Vec<FoundFrame>,
+}
+
+/// How a WAL file ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalEnd {
+    /// After the last whole round there are only zeros.
+    Clean,
+    /// The last round was cut by the crash: `dropped` bytes past the last commit (never
+    /// acknowledged) are not kept.
+    Torn { dropped: usize },
+    /// Damaged: acknowledged records past `at` cannot be read in order.
+    Damaged(Damage),
+}
+
+/// What a WAL file holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scanned {
+    /// The file's format version (1 for files without a header).
+    pub version: u64,
+    /// The data frames of every whole round (version 1: every whole request) before the end
+    /// or the damage, in order: the bytes the segment object gets, as file positions.
+    pub committed: Vec<FoundFrame>,
+    pub end: WalEnd,
+}
+
+impl Scanned {
+    /// The committed frames' bytes, laid end to end as a segment object holds them.
+    pub fn segment_bytes(&self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.committed.iter().map(|f| f.len).sum());
+        for frame in &self.committed {
+            out.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+        }
+        out
+    }
+}
+
+fn found(header: &FrameHeader, pos: usize, len: usize) -> FoundFrame {
+    FoundFrame {
+        pos,
+        len,
+        kind: header.kind,
+        stream_id: header.stream_id.get(),
+        offset: header.offset.get(),
+        request_end: header.flags & crate::frame::FLAG_REQUEST_END != 0,
+    }
+}
+
+fn is_data(kind: u8) -> bool {
+    kind == FRAME_KIND_RECORD || kind == FRAME_KIND_CLOSE
+}
+
+/// Whether a valid frame of a known kind starts at `pos`. Cheap tests first, so a scan of
+/// every position past a damage stays linear in practice.
+fn valid_frame_at(data: &[u8], pos: usize) -> Option<(FrameHeader, usize)> {
+    let head = data.get(pos..pos + FRAME_HEADER_LEN)?;
+    let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
+    let kind = head[8];
+    let known_kind = is_data(kind) || kind == FRAME_KIND_WAL_COMMIT;
+    if !known_kind || head[9] & !7 != 0 || len < FRAME_HEADER_LEN || len > data.len() - pos {
+        return None;
+    }
+    check_frame(data, pos).ok()
+}
+
+/// The valid data frames past `from`, found by trying every position and then following
+/// frames from each one found; and where the first one starts.
+fn resync(data: &[u8], from: usize) -> (Option<usize>, Vec<FoundFrame>, u64) {
+    let (mut pos, mut first, mut frames, mut last_round) = (from, None, Vec::new(), 0);
+    while pos + FRAME_HEADER_LEN <= data.len() {
+        match valid_frame_at(data, pos) {
+            Some((header, len)) => {
+                first.get_or_insert(pos);
+                if is_data(header.kind) {
+                    frames.push(found(&header, pos, len));
+                } else {
+                    last_round = last_round.max(header.stream_id.get());
+                }
+                pos += len;
+            }
+            None => pos += 1,
+        }
+    }
+    (first, frames, last_round)
+}
+
+fn all_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| *b == 0)
+}
+
+/// Reads what a WAL file holds (see the module comment for the rules). `Err` for a file of a
+/// newer format than this build reads.
+pub fn scan(data: &[u8]) -> Result<Scanned, String> {
+    let header = check_frame(data, 0)
+        .ok()
+        .filter(|(h, len)| h.kind == FRAME_KIND_WAL_FILE && *len == WAL_MARKER_LEN);
+    let version = header.map_or(1, |(h, _)| h.stream_id.get());
+    if version != 1 && version != WAL_FORMAT_VERSION {
+        return Err(format!(
+            "WAL format version {version}, but this build reads versions 1 and \
+             {WAL_FORMAT_VERSION}: start the release that wrote it, or a newer one"
+        ));
+    }
+    let mut pos = if header.is_some() { WAL_MARKER_LEN } else { 0 };
+    let (mut committed, mut pending) = (Vec::new(), Vec::<FoundFrame>::new());
+    let (mut round, mut segment_len) = (0u64, 0u64);
+    // Why the walk stopped, when it stopped on a valid frame that breaks the rules.
+    let mut broken: Option<String> = None;
+    loop {
+        let (header, len) = match check_frame(data, pos) {
+            Ok(found) => found,
+            Err(_) => break,
+        };
+        let kind = header.kind;
+        if is_data(kind) {
+            let frame = found(&header, pos, len);
+            pending.push(frame);
+            if version == 1 && frame.request_end {
+                committed.append(&mut pending);
+            }
+        } else if kind == FRAME_KIND_WAL_COMMIT && version == WAL_FORMAT_VERSION {
+            let pending_len: u64 = pending.iter().map(|f| f.len as u64).sum();
+            let (claimed_round, claimed_len) = (header.stream_id.get(), header.offset.get());
+            if claimed_round != round + 1 || claimed_len != segment_len + pending_len {
+                broken = Some(format!(
+                    "commit record of round {claimed_round} ({claimed_len} segment bytes) \
+                     follows round {round} ({} bytes)",
+                    segment_len + pending_len
+                ));
+                break;
+            }
+            round += 1;
+            segment_len += pending_len;
+            committed.append(&mut pending);
+        } else {
+            broken = Some(format!("a frame of unknown kind {kind}"));
+            break;
+        }
+        pos += len;
+    }
+    let at = pos;
+    let rest = data.get(at..).unwrap_or_default();
+    let (resumes_at, after, last_round) = if all_zero(rest) {
+        (None, Vec::new(), 0)
+    } else {
+        resync(data, at + 1)
+    };
+    let damaged_why = if let Some(why) = broken {
+        Some(why)
+    } else if version == WAL_FORMAT_VERSION && last_round > round {
+        Some(format!(
+            "the bytes after round {round} are not a valid frame, yet round {last_round}'s \
+             commit record follows them"
+        ))
+    } else if version == 1 && !after.is_empty() {
+        Some("the bytes there are not a valid frame, yet valid frames follow them".to_string())
+    } else {
+        None
+    };
+    let Some(why) = damaged_why else {
+        let dropped = if all_zero(rest) {
+            pending.iter().map(|f| f.len).sum()
+        } else {
+            data.len() - committed.last().map_or(at, |f| f.pos + f.len)
+        };
+        let end = if dropped == 0 && pending.is_empty() {
+            WalEnd::Clean
+        } else {
+            WalEnd::Torn { dropped }
+        };
+        return Ok(Scanned {
+            version,
+            committed,
+            end,
+        });
+    };
+    let claimed = resumes_at.and_then(|next| {
+        let head = data.get(at..at + FRAME_HEADER_LEN)?;
+        let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
+        let header = zerocopy::FromBytes::read_from_bytes(head).ok();
+        let header: FrameHeader = header?;
+        (at + len == next && is_data(header.kind))
+            .then(|| (header.stream_id.get(), header.offset.get()))
+    });
+    let mut before = committed.clone();
+    before.extend_from_slice(&pending);
+    Ok(Scanned {
+        version,
+        committed,
+        end: WalEnd::Damaged(Damage {
+            at,
+            resumes_at,
+            why,
+            claimed,
+            before,
+            after,
+        }),
+    })
+}
+
+/// Where a core's WAL file stands: what each group-commit round writes and where. A round
+/// rewrites the file's last partial block (DMA writes whole blocks) with the bytes it already
+/// held, then the first round's file header, the round's data frames and its commit record.
+#[derive(Clone, Debug, Default)]
+pub struct WalCursor {
+    /// File bytes written and made durable.
+    written: usize,
+    /// Rounds written.
+    rounds: u64,
+    /// The file's bytes from the last block boundary up to `written`.
+    tail: Vec<u8>,
+}
+
+/// One round's write: its file position (block-aligned) and the bytes of content from there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Round {
+    pub start: usize,
+    pub len: usize,
+}
+
+impl WalCursor {
+    /// Bytes of the file once a round of `data_len` more frame bytes is written: what a
+    /// pre-allocated file must have room for.
+    pub fn len_after(&self, data_len: usize) -> usize {
+        let header = if self.rounds == 0 { WAL_MARKER_LEN } else { 0 };
+        self.written + header + data_len + WAL_MARKER_LEN
+    }
+
+    /// The write of the next round, of `data_len` frame bytes, in blocks of `align`.
+    pub fn plan(&self, data_len: usize, align: usize) -> Round {
+        let start = self.written / align * align;
+        Round {
+            start,
+            len: self.len_after(data_len) - start,
+        }
+    }
+
+    /// Lays the round out in `dst` (at least `round.len` bytes; the rest is zeroed): the
+    /// partial block, the header of a first round, `data`, and the commit record saying the
+    /// segment holds `segment_len` bytes after it.
+    pub fn fill(&self, round: Round, dst: &mut [u8], data: &[u8], segment_len: u64, now_ms: i64) {
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            dst[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        put(&self.tail);
+        if self.rounds == 0 {
+            put(&file_header(now_ms));
+        }
+        put(data);
+        put(&commit_record(self.rounds + 1, segment_len, now_ms));
+        debug_assert_eq!(at, round.len);
+        dst[at..].fill(0);
+    }
+
+    /// The cursor once `round`, laid out in `written` by [`WalCursor::fill`], is durable.
+    pub fn after(&self, round: Round, written: &[u8], align: usize) -> WalCursor {
+        let end = round.start + round.len;
+        let block = end / align * align;
+        WalCursor {
+            written: end,
+            rounds: self.rounds + 1,
+            tail: written[block - round.start..round.len].to_vec(),
+        }
+    }
+}
+
+/// A close frame for `stream_id` at `offset` (its next offset), as a salvage writes it for a
+/// stream that lost acknowledged records, so its lost offsets are never handed out again.
+pub fn salvage_close(out: &mut Vec<u8>, stream_id: u64, offset: u64, now_ms: i64) {
+    let meta = FrameMeta {
+        kind: FRAME_KIND_CLOSE,
+        stream_id,
+        offset,
+        timestamp_ms: now_ms,
+        request_end: true,
+        producer: None,
+        writer_seq: None,
+    };
+    encode_frame(out, meta, &[], &[]);
+}
+
+#[cfg(test)]
+mod tests;

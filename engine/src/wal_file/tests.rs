@@ -1,0 +1,247 @@
+use super::*;
+use crate::frame::FRAME_KIND_RECORD;
+
+/// A version-2 WAL file of `rounds` rounds of one-record requests `(stream, offset, body)`,
+/// padded with zeros as a pre-allocated file is; and each data frame's file position.
+fn wal_v2(rounds: &[&[(u64, u64, &[u8])]]) -> (Vec<u8>, Vec<usize>) {
+    let mut file = file_header(1).to_vec();
+    let (mut positions, mut segment_len) = (Vec::new(), 0u64);
+    for (i, round) in rounds.iter().enumerate() {
+        for (stream_id, offset, body) in round.iter() {
+            positions.push(file.len());
+            let before = file.len();
+            encode_frame(&mut file, record(*stream_id, *offset), &[], body);
+            segment_len += (file.len() - before) as u64;
+        }
+        // A timestamp with no zero byte, so a cut anywhere in the record changes it.
+        file.extend_from_slice(&commit_record(i as u64 + 1, segment_len, 0x1122_3344_5566_7788));
+    }
+    file.resize(file.len() + 4096, 0);
+    (file, positions)
+}
+
+fn record(stream_id: u64, offset: u64) -> FrameMeta<'static> {
+    FrameMeta {
+        kind: FRAME_KIND_RECORD,
+        stream_id,
+        offset,
+        timestamp_ms: 7,
+        request_end: true,
+        producer: None,
+        writer_seq: None,
+    }
+}
+
+fn offsets(frames: &[FoundFrame]) -> Vec<(u64, u64)> {
+    frames.iter().map(|f| (f.stream_id, f.offset)).collect()
+}
+
+const THREE_ROUNDS: &[&[(u64, u64, &[u8])]] = &[
+    &[(1, 0, b"a0"), (2, 0, b"b0")],
+    &[(1, 1, b"a1 is a longer body"), (1, 2, b"a2")],
+    &[(2, 1, b"b1"), (1, 3, b"a3")],
+];
+
+#[test]
+fn a_whole_file_keeps_every_round_and_ends_clean() {
+    let (file, _) = wal_v2(THREE_ROUNDS);
+    let scanned = scan(&file).unwrap();
+    assert_eq!(scanned.version, WAL_FORMAT_VERSION);
+    assert_eq!(scanned.end, WalEnd::Clean);
+    assert_eq!(
+        offsets(&scanned.committed),
+        [(1, 0), (2, 0), (1, 1), (1, 2), (2, 1), (1, 3)]
+    );
+    // The segment bytes are the data frames alone, as a running core uploads them.
+    let segment = scanned.segment_bytes(&file);
+    let mut pos = 0;
+    let mut count = 0;
+    while let Ok((header, len)) = check_frame(&segment, pos) {
+        assert_eq!(header.kind, FRAME_KIND_RECORD);
+        pos += len;
+        count += 1;
+    }
+    assert_eq!((pos, count), (segment.len(), 6));
+}
+
+#[test]
+fn an_empty_file_is_clean_and_holds_nothing() {
+    let scanned = scan(&[0u8; 8192]).unwrap();
+    assert_eq!((scanned.committed.len(), scanned.end), (0, WalEnd::Clean));
+    let header_only = [file_header(1).to_vec(), vec![0; 4096]].concat();
+    let scanned = scan(&header_only).unwrap();
+    assert_eq!((scanned.committed.len(), scanned.end), (0, WalEnd::Clean));
+}
+
+#[test]
+fn a_last_round_cut_anywhere_is_a_torn_end_and_keeps_the_rounds_before_it() {
+    let (file, positions) = wal_v2(THREE_ROUNDS);
+    let last_round_start = positions[4];
+    let last_commit_end = file.len() - 4096;
+    // Every cut inside the last round, its commit record included, as a crash leaves it
+    // (what was not written reads as the pre-allocated zeros).
+    for cut in last_round_start..last_commit_end {
+        let mut torn = file.clone();
+        torn[cut..].fill(0);
+        let scanned = scan(&torn).unwrap();
+        // (A cut right at the round's start left nothing of it: a clean end.)
+        let expected_torn = cut > last_round_start;
+        assert_eq!(
+            matches!(scanned.end, WalEnd::Torn { .. }),
+            expected_torn,
+            "cut at {cut}: {:?}",
+            scanned.end
+        );
+        assert_eq!(offsets(&scanned.committed), [(1, 0), (2, 0), (1, 1), (1, 2)]);
+    }
+    // A middle sector of the last round lost while the bytes after it landed (writes torn
+    // out of order) but its commit record did not: still a torn end.
+    let mut torn = file.clone();
+    torn[positions[4]..positions[4] + 30].fill(0);
+    torn[last_commit_end - WAL_MARKER_LEN..last_commit_end].fill(0);
+    let scanned = scan(&torn).unwrap();
+    assert!(matches!(scanned.end, WalEnd::Torn { .. }));
+    assert_eq!(scanned.committed.len(), 4);
+}
+
+#[test]
+fn a_flipped_byte_in_any_acknowledged_round_is_damage_never_a_clean_end() {
+    let (file, positions) = wal_v2(THREE_ROUNDS);
+    let data_end = file.len() - 4096;
+    // Every byte of rounds 1 and 2 (frames and commit records) and of round 3's frames: each
+    // flip is reported as damage, with what lies past it.
+    for at in WAL_MARKER_LEN..data_end - WAL_MARKER_LEN {
+        let mut damaged = file.clone();
+        damaged[at] ^= 0x10;
+        let scanned = scan(&damaged).unwrap();
+        let WalEnd::Damaged(damage) = &scanned.end else {
+            panic!("flip at {at}: {:?}", scanned.end);
+        };
+        assert!(damage.at <= at, "flip at {at} reported at {}", damage.at);
+        assert!(
+            !damage.after.is_empty() || at >= positions[5],
+            "flip at {at}: frames past the damage are found"
+        );
+    }
+}
+
+#[test]
+fn a_flipped_body_byte_names_the_record_it_hit_and_the_frames_after_it() {
+    let (file, positions) = wal_v2(THREE_ROUNDS);
+    let mut damaged = file.clone();
+    damaged[positions[2] + FRAME_HEADER_LEN + 3] ^= 1; // a1's body
+    let scanned = scan(&damaged).unwrap();
+    let WalEnd::Damaged(damage) = scanned.end else {
+        panic!("not damage")
+    };
+    assert_eq!(damage.at, positions[2]);
+    assert_eq!(damage.resumes_at, Some(positions[3]));
+    assert_eq!(damage.claimed, Some((1, 1)));
+    assert_eq!(offsets(&damage.before), [(1, 0), (2, 0)]);
+    assert_eq!(offsets(&damage.after), [(1, 2), (2, 1), (1, 3)]);
+    assert!(damage.why.contains("round 3"), "{}", damage.why);
+    // Only whole rounds count as committed.
+    assert_eq!(offsets(&scanned.committed), [(1, 0), (2, 0)]);
+}
+
+#[test]
+fn a_zeroed_frame_header_mid_file_is_damage_not_the_end() {
+    // A length of zero is how the end looks; mid-file, with rounds after it, it is damage.
+    let (file, positions) = wal_v2(THREE_ROUNDS);
+    let mut damaged = file.clone();
+    damaged[positions[2]..positions[2] + 4].fill(0);
+    let scanned = scan(&damaged).unwrap();
+    assert!(matches!(scanned.end, WalEnd::Damaged(_)), "{:?}", scanned.end);
+}
+
+#[test]
+fn damage_in_the_zeros_past_the_last_round_loses_nothing() {
+    let (file, _) = wal_v2(THREE_ROUNDS);
+    let mut damaged = file.clone();
+    let at = file.len() - 100;
+    damaged[at] = 0x5a;
+    let scanned = scan(&damaged).unwrap();
+    assert!(matches!(scanned.end, WalEnd::Torn { .. }), "{:?}", scanned.end);
+    assert_eq!(scanned.committed.len(), 6);
+}
+
+#[test]
+fn a_commit_record_out_of_sequence_is_damage() {
+    let (mut file, positions) = wal_v2(THREE_ROUNDS);
+    // Round 2's commit record says round 5 (with a valid CRC): not a torn write.
+    let commit_at = positions[4] - WAL_MARKER_LEN;
+    let segment_len = (positions[4] - WAL_MARKER_LEN * 3) as u64;
+    file[commit_at..positions[4]].copy_from_slice(&commit_record(5, segment_len, 2));
+    let scanned = scan(&file).unwrap();
+    let WalEnd::Damaged(damage) = scanned.end else {
+        panic!("not damage")
+    };
+    assert!(damage.why.contains("round 5"), "{}", damage.why);
+}
+
+#[test]
+fn a_newer_format_is_refused_with_both_versions_named() {
+    let mut file = marker(FRAME_KIND_WAL_FILE, 9, 0, 1).to_vec();
+    file.resize(4096, 0);
+    let e = scan(&file).unwrap_err();
+    assert!(e.contains("version 9") && e.contains("1 and 2"), "{e}");
+}
+
+/// A version-1 file (no header): three one-record requests.
+fn wal_v1() -> (Vec<u8>, Vec<usize>) {
+    let mut file = Vec::new();
+    let mut positions = Vec::new();
+    for (offset, body) in [b"first", b"other", b"third"].iter().enumerate() {
+        positions.push(file.len());
+        encode_frame(&mut file, record(1, offset as u64), &[], &body[..]);
+    }
+    file.resize(file.len() + 4096, 0);
+    (file, positions)
+}
+
+#[test]
+fn version_one_files_keep_whole_requests_and_report_damage_before_valid_frames() {
+    let (file, positions) = wal_v1();
+    let scanned = scan(&file).unwrap();
+    assert_eq!((scanned.version, scanned.committed.len()), (1, 3));
+    assert_eq!(scanned.end, WalEnd::Clean);
+    // A torn last frame: the first two are kept.
+    let mut torn = file.clone();
+    torn[positions[2] + 10..].fill(0);
+    let scanned = scan(&torn).unwrap();
+    assert!(matches!(scanned.end, WalEnd::Torn { .. }));
+    assert_eq!(scanned.committed.len(), 2);
+    // A flipped byte in the second frame, the third intact after it: damage.
+    let mut damaged = file.clone();
+    damaged[positions[1] + FRAME_HEADER_LEN + 1] ^= 0xff;
+    let WalEnd::Damaged(damage) = scan(&damaged).unwrap().end else {
+        panic!("not damage")
+    };
+    assert_eq!((damage.claimed, offsets(&damage.after)), (Some((1, 1)), vec![(1, 2)]));
+}
+
+#[test]
+fn rounds_written_through_the_cursor_read_back_as_the_segment_they_carry() {
+    // A pre-allocated file written round by round in 512-byte blocks, each round rewriting
+    // the last partial block: the scan finds exactly the segment's frames, whole.
+    let align = 512;
+    let mut file = vec![0u8; 64 * 1024];
+    let (mut cursor, mut segment) = (WalCursor::default(), Vec::new());
+    for round in 0..40u64 {
+        let from = segment.len();
+        for i in 0..round % 4 + 1 {
+            let body = vec![b'x'; (round * 37 + i * 11) as usize % 300];
+            encode_frame(&mut segment, record(round % 3, round * 10 + i), &[], &body);
+        }
+        let plan = cursor.plan(segment.len() - from, align);
+        assert_eq!(plan.start % align, 0);
+        assert_eq!(cursor.len_after(segment.len() - from), plan.start + plan.len);
+        let mut dst = vec![0xee; plan.len.div_ceil(align) * align];
+        cursor.fill(plan, &mut dst, &segment[from..], segment.len() as u64, 5);
+        file[plan.start..plan.start + dst.len()].copy_from_slice(&dst);
+        cursor = cursor.after(plan, &dst, align);
+        let scanned = scan(&file).unwrap();
+        assert_eq!(scanned.end, WalEnd::Clean, "after round {round}");
+        assert_eq!(scanned.segment_bytes(&file), segment, "after round {round}");
+    }
+}
