@@ -160,6 +160,7 @@ pub(crate) fn recover_wal_files(
                     lost_summary(&lost, &tails)
                 );
                 log::error!("{line}");
+                report.push(line.clone());
                 salvaged.push(line);
             }
         }

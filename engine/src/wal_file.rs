@@ -136,6 +136,9 @@ pub struct Scanned {
     /// The data frames of every whole round (version 1: every whole request) before the end
     /// or the damage, in order: the bytes the segment object gets, as file positions.
     pub committed: Vec<FoundFrame>,
+    /// File position just past the last whole round (its commit record; version 1: its last
+    /// whole request): where the next round would have started.
+    pub committed_end: usize,
     pub end: WalEnd,
 }
 
@@ -219,6 +222,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     let mut pos = if header.is_some() { WAL_MARKER_LEN } else { 0 };
     let (mut committed, mut pending) = (Vec::new(), Vec::<FoundFrame>::new());
     let (mut round, mut segment_len) = (0u64, 0u64);
+    let mut committed_end = pos;
     // Why the walk stopped, when it stopped on a valid frame that breaks the rules.
     let mut broken: Option<String> = None;
     loop {
@@ -232,6 +236,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             pending.push(frame);
             if version == 1 && frame.request_end {
                 committed.append(&mut pending);
+                committed_end = pos + len;
             }
         } else if kind == FRAME_KIND_WAL_COMMIT && version == WAL_FORMAT_VERSION {
             let pending_len: u64 = pending.iter().map(|f| f.len as u64).sum();
@@ -247,6 +252,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             round += 1;
             segment_len += pending_len;
             committed.append(&mut pending);
+            committed_end = pos + len;
         } else {
             broken = Some(format!("a frame of unknown kind {kind}"));
             break;
@@ -286,6 +292,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
         return Ok(Scanned {
             version,
             committed,
+            committed_end,
             end,
         });
     };
@@ -302,6 +309,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     Ok(Scanned {
         version,
         committed,
+        committed_end,
         end: WalEnd::Damaged(Damage {
             at,
             resumes_at,

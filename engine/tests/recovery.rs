@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{append_request, create_request, record, run, run_node, run_returning};
 use pico_engine::frame::{self, FrameMeta, FRAME_KIND_RECORD};
+use pico_engine::wal_file::{self, WalEnd};
 use pico_engine::{CoreHandle, EngineConfig};
 
 /// Segments seal by size only: what is not sealed stays in the WAL at the stop.
@@ -42,33 +43,39 @@ fn body(stream: usize, i: u64) -> Bytes {
     ))
 }
 
-/// The WAL files in `dir`, with the length of each one's valid prefix, largest first.
-fn wal_files(dir: &Path) -> Vec<(PathBuf, usize)> {
+/// The WAL files in `dir`, each with where its last whole round ends and the bytes of the
+/// segment its rounds hold, fullest first.
+fn wal_files(dir: &Path) -> Vec<(PathBuf, usize, usize)> {
     let mut files: Vec<_> = common::wal_files(dir)
         .into_iter()
         .map(|p| {
-            let valid = frame::valid_prefix_len(&std::fs::read(&p).unwrap());
-            (p, valid)
+            let data = std::fs::read(&p).unwrap();
+            let scanned = wal_file::scan(&data).unwrap();
+            assert_eq!(scanned.end, WalEnd::Clean, "{}", p.display());
+            let segment_len = scanned.segment_bytes(&data).len();
+            (p, scanned.committed_end, segment_len)
         })
         .collect();
-    files.sort_by_key(|(_, valid)| std::cmp::Reverse(*valid));
+    files.sort_by_key(|(_, _, segment_len)| std::cmp::Reverse(*segment_len));
     files
 }
 
-/// How a crash may leave the end of a WAL file after the last acknowledged request.
+/// How a crash may leave the end of a WAL file after the last acknowledged round.
 #[derive(Clone, Copy, Debug)]
 enum Tail {
-    /// Half of the next request's frame reached the disk.
+    /// Half of the next round's frame reached the disk.
     Torn,
-    /// The next request's frame is whole but its bytes are damaged (its CRC fails).
+    /// The next round's frame is whole but its bytes are damaged (its CRC fails), and its
+    /// commit record did not reach the disk.
     Garbled,
-    /// The first frame of a two-frame request, without the frame that ends the request.
+    /// The next round's frames are whole (the first of a two-frame request, even) but its
+    /// commit record did not reach the disk.
     Unended,
 }
 
-/// Writes the next record of stream `id` (at `offset`) after the valid prefix of the WAL file,
-/// damaged as `tail` says.
-fn damage(path: &Path, valid: usize, id: u64, offset: u64, tail: Tail) {
+/// Writes the next record of stream `id` (at `offset`) after the last whole round of the WAL
+/// file, as `tail` says.
+fn damage(path: &Path, end: usize, id: u64, offset: u64, tail: Tail) {
     let mut frame_bytes = Vec::new();
     let meta = FrameMeta {
         kind: FRAME_KIND_RECORD,
@@ -89,8 +96,7 @@ fn damage(path: &Path, valid: usize, id: u64, offset: u64, tail: Tail) {
         Tail::Unended => {}
     }
     let mut data = std::fs::read(path).unwrap();
-    data.truncate(valid);
-    data.extend_from_slice(&frame_bytes);
+    data[end..end + frame_bytes.len()].copy_from_slice(&frame_bytes);
     std::fs::write(path, data).unwrap();
 }
 
@@ -108,13 +114,14 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
     });
     // Twenty 1 KiB records fit one segment: they are all in the active WAL file.
     let files = wal_files(&path);
-    let (wal, valid) = files.first().cloned().expect("a WAL file");
-    assert!(valid > 20 * 1000, "the records are in {}", wal.display());
-    damage(&wal, valid, id, RECORDS, tail);
-    assert_eq!(
-        frame::valid_prefix_len(&std::fs::read(&wal).unwrap()),
-        valid,
-        "the damaged tail is not valid"
+    let (wal, end, segment_len) = files.first().cloned().expect("a WAL file");
+    assert!(segment_len > 20 * 1000, "the records are in {}", wal.display());
+    damage(&wal, end, id, RECORDS, tail);
+    let scanned = wal_file::scan(&std::fs::read(&wal).unwrap()).unwrap();
+    assert!(
+        matches!(scanned.end, WalEnd::Torn { .. }),
+        "{tail:?}: a torn end, not damage: {:?}",
+        scanned.end
     );
 
     let restarted = run_node(
@@ -140,8 +147,8 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
     assert!(
         report
             .iter()
-            .any(|line| line.contains(&format!("({valid} bytes)"))),
-        "{tail:?}: the WAL file's valid prefix was recovered: {report:?}"
+            .any(|line| line.contains(&format!("({segment_len} bytes, format 2)"))),
+        "{tail:?}: the WAL file's whole rounds were recovered: {report:?}"
     );
     assert!(!wal.exists(), "a recovered WAL file is removed");
 }
@@ -187,7 +194,7 @@ fn streams_and_records_survive_a_change_of_core_count() {
     assert!(
         wal_files(&path)
             .iter()
-            .filter(|(_, valid)| *valid > 0)
+            .filter(|(_, _, segment_len)| *segment_len > 0)
             .count()
             >= 3,
         "every core left data in its WAL"
@@ -233,4 +240,163 @@ fn streams_and_records_survive_a_change_of_core_count() {
             "{cores} cores append after the tail: {offsets:?}"
         );
     }
+}
+
+/// Two streams' records interleaved, one round each (every append waits for its ack), left
+/// in the WAL; returns the streams' ids.
+fn interleaved_in_the_wal(path: &Path, records: u64) -> (u64, u64) {
+    run_returning(config(path, 1), path, move |core, _| async move {
+        for name in ["/s", "/t"] {
+            core.create(name, create()).await.unwrap();
+        }
+        for i in 0..records {
+            for (s, name) in ["/s", "/t"].iter().enumerate() {
+                let ack = core.append(name, append(body(s, i))).await.unwrap();
+                assert_eq!(ack.start_offset, Some(i));
+            }
+        }
+        (
+            core.head("/s").await.unwrap().id,
+            core.head("/t").await.unwrap().id,
+        )
+    })
+}
+
+fn boot_error(path: &Path, config: EngineConfig) -> String {
+    let meta = format!("sqlite:{}", path.join("meta.db").display());
+    let storage = format!("-2@file://{}", path.join("objects").display());
+    match pico_engine::boot(config, &meta, &storage, None) {
+        Ok(_) => panic!("the boot went ahead"),
+        Err(e) => e,
+    }
+}
+
+/// A flipped byte in an acknowledged record, with acknowledged records after it: the node
+/// does not start (nothing is dropped, no offset handed out again, the file untouched); with
+/// `wal_salvage` it keeps what reads in order, closes the stream that lost records at its
+/// first lost offset, keeps the file and a report of the loss, and starts again without the
+/// flag afterwards.
+#[test]
+fn damage_before_acknowledged_records_stops_the_boot_and_a_salvage_closes_the_stream_at_the_loss()
+{
+    const RECORDS: u64 = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (s, t) = interleaved_in_the_wal(&path, RECORDS);
+    let (wal, _, _) = wal_files(&path).first().cloned().expect("a WAL file");
+    let mut data = std::fs::read(&wal).unwrap();
+    let scanned = wal_file::scan(&data).unwrap();
+    let hit = scanned
+        .committed
+        .iter()
+        .find(|f| f.stream_id == s && f.offset == 4)
+        .copied()
+        .expect("record 4 of /s");
+    data[hit.pos + hit.len - 10] ^= 0x20;
+    std::fs::write(&wal, &data).unwrap();
+
+    let error = boot_error(&path, config(&path, 1));
+    for needed in [
+        &wal.display().to_string(),
+        "damaged",
+        "/s",
+        "offset 4",
+        "--wal-salvage",
+    ] {
+        assert!(error.contains(needed), "{needed:?} in: {error}");
+    }
+    assert_eq!(std::fs::read(&wal).unwrap(), data, "the file is untouched");
+
+    let salvage = EngineConfig {
+        wal_salvage: true,
+        ..config(&path, 1)
+    };
+    let ((s_records, s_info, refused, t_records, t_ack), report) = run_node(
+        salvage,
+        &path,
+        |_| {},
+        move |core, _| async move {
+            let refused = core.append("/s", append(body(0, 99))).await.is_err();
+            let t_ack = core.append("/t", append(body(1, 99))).await.unwrap();
+            (
+                read_all(&core, "/s").await,
+                core.head("/s").await.unwrap(),
+                refused,
+                read_all(&core, "/t").await,
+                t_ack.start_offset,
+            )
+        },
+    );
+    let want_s: Vec<_> = (0..4).map(|i| (i, body(0, i))).collect();
+    assert_eq!(s_records, want_s, "/s keeps what precedes the damage");
+    assert!(s_info.closed, "/s is closed at its first lost offset");
+    assert_eq!(s_info.next_offset, 4);
+    assert!(refused, "no append takes a lost offset");
+    let mut want_t: Vec<_> = (0..RECORDS).map(|i| (i, body(1, i))).collect();
+    want_t.push((RECORDS, body(1, 99)));
+    assert_eq!(t_records, want_t, "/t lost nothing and goes on");
+    assert_eq!(t_ack, Some(RECORDS));
+    let line = report
+        .iter()
+        .find(|l| l.contains("salvaged damaged WAL file"))
+        .unwrap_or_else(|| panic!("a salvage line in {report:?}"));
+    assert!(line.contains("/s") && line.contains("lost offsets 4..=9"), "{line}");
+    assert!(!wal.exists(), "the damaged file left the WAL directory");
+    let kept = path
+        .join("wal/damaged")
+        .join(wal.file_name().unwrap());
+    assert_eq!(std::fs::read(&kept).unwrap(), data, "kept as it was found");
+    let mut report_path = kept.into_os_string();
+    report_path.push(".txt");
+    let written = std::fs::read_to_string(report_path).unwrap();
+    assert!(written.contains("lost offsets 4..=9"), "{written}");
+    let _ = t;
+
+    // Started again without the flag: the salvage is done and the stream stays closed.
+    let (again, _) = run_node(
+        config(&path, 1),
+        &path,
+        |_| {},
+        |core, _| async move { core.head("/s").await.unwrap() },
+    );
+    assert!(again.closed);
+    assert_eq!(again.next_offset, 4);
+}
+
+/// A crash after a segment was stored and committed but before its WAL file was removed,
+/// with the leftover file damaged: the stored object is what counts; the file does not
+/// replace it with fewer records, and is kept aside.
+#[test]
+fn a_damaged_leftover_of_a_stored_segment_never_replaces_it() {
+    const RECORDS: u64 = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    interleaved_in_the_wal(&path, RECORDS);
+    // Recovery stores the WAL's rounds; copy the file first, to put it back afterwards.
+    let (wal, _, _) = wal_files(&path).first().cloned().expect("a WAL file");
+    let mut data = std::fs::read(&wal).unwrap();
+    run(config(&path, 1), &path, |_| async {});
+    assert!(!wal.exists());
+    let scanned = wal_file::scan(&data).unwrap();
+    // A record in the middle: what follows it would be lost if the file were recovered.
+    let hit = scanned.committed[scanned.committed.len() / 2];
+    data[hit.pos + hit.len - 3] ^= 0x01;
+    std::fs::write(&wal, &data).unwrap();
+
+    let (records, report) = run_node(
+        config(&path, 1),
+        &path,
+        |_| {},
+        |core, _| async move { (read_all(&core, "/s").await, read_all(&core, "/t").await) },
+    );
+    let want = |s: usize| (0..RECORDS).map(|i| (i, body(s, i))).collect::<Vec<_>>();
+    assert_eq!(records, (want(0), want(1)), "every record, from the object");
+    assert!(
+        report.iter().any(|l| l.contains("was already stored")),
+        "{report:?}"
+    );
+    assert!(path
+        .join("wal/damaged")
+        .join(wal.file_name().unwrap())
+        .exists());
 }

@@ -189,21 +189,19 @@ fn recovery_drops_a_torn_last_frame_and_keeps_the_rest() {
             let data = std::fs::read(&f).unwrap();
             (f, data)
         })
-        .find(|(_, data)| pico_engine::frame::valid_prefix_len(data) > 0)
+        .find(|(_, data)| {
+            let scanned = pico_engine::wal_file::scan(data).unwrap();
+            !scanned.committed.is_empty()
+        })
         .expect("a WAL file with frames");
-    let bytes = Bytes::from(data.clone());
-    let mut frames = Vec::new();
-    let mut pos = 0;
-    while let Ok((_, len)) = pico_engine::frame::decode_frame(&bytes, pos) {
-        frames.push(pos);
-        pos += len;
-    }
-    assert_eq!(frames.len(), 20, "one frame per append");
-    let last = *frames.last().unwrap();
-    // Zero the second half of the last frame, as a write cut short would leave it.
+    let scanned = pico_engine::wal_file::scan(&data).unwrap();
+    assert_eq!(scanned.committed.len(), 20, "one frame per append");
+    let last = scanned.committed.last().unwrap();
+    // Zero the second half of the last frame and its round's commit record, as a write cut
+    // short would leave them.
     let mut torn = data;
-    let cut = last + (pos - last) / 2;
-    torn[cut..pos].fill(0);
+    let cut = last.pos + last.len / 2;
+    torn[cut..scanned.committed_end].fill(0);
     std::fs::write(&file, &torn).unwrap();
     let (records, next) = restarted(&path, "/t");
     let want: Vec<_> = (0..19).map(|i| (i, body(i, 200))).collect();
