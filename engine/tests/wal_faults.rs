@@ -193,3 +193,53 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
     assert_eq!(healed, HealthState::Ok);
     assert_eq!(after_restart(&path, "/s").len() as u64, acked + 1);
 }
+
+/// Requests that wait for an earlier append's durability instead of writing: a producer's
+/// retry of a sequence still in flight, and a repeated close. When that append's commit
+/// round fails, each is answered `Durability` (as the original is) instead of waiting for
+/// ever.
+#[test]
+fn requests_waiting_for_a_failed_round_are_answered_not_left_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let wal_dir = path.join("wal");
+    let (original, retry, close, close_again) = run(&path, move |core, _| async move {
+        core.create("/p", create()).await.unwrap();
+        core.create("/c", create()).await.unwrap();
+        let producer = pico_engine::frame::ProducerTuple {
+            id: "w".into(),
+            epoch: 0,
+            seq: 0,
+        };
+        let once = || AppendRequest {
+            producer: Some(producer.clone()),
+            ..append(b"once")
+        };
+        let closing = || append_request(Vec::new(), true);
+        faults::arm(&wal_dir, WalIo::Sync, libc::EIO);
+        // All four are written or judged before the commit round runs: the retry and the
+        // second close find their originals in flight and wait for them.
+        let answers = futures_util::future::join4(
+            core.append("/p", once()),
+            core.append("/p", once()),
+            core.append("/c", closing()),
+            core.append("/c", closing()),
+        );
+        let timeout = glommio::timer::sleep(Duration::from_secs(30));
+        match futures_util::future::select(Box::pin(answers), Box::pin(timeout)).await {
+            futures_util::future::Either::Left((answers, _)) => answers,
+            futures_util::future::Either::Right(_) => panic!("a request was left waiting"),
+        }
+    });
+    for (what, answer) in [
+        ("the original append", original),
+        ("the producer's retry", retry),
+        ("the first close", close),
+        ("the repeated close", close_again),
+    ] {
+        assert!(
+            matches!(answer, Err(EngineError::Durability(_))),
+            "{what}: {answer:?}"
+        );
+    }
+}

@@ -68,13 +68,24 @@ impl Shard {
         }
     }
 
-    /// The WAL failed: every append waiting for it fails with `message`.
+    /// The WAL failed: every append waiting for it fails with `message`, and every request
+    /// waiting for an earlier append's durability (a producer's retry, a repeated close) is
+    /// woken to find the WAL failed (`after_durable`), instead of waiting for ever.
     pub(super) fn fail_pending(&self, message: &str) {
         let pending = self.acks.borrow_mut().drain();
         for ack in pending {
             let _ = ack
                 .reply
                 .send(Err(EngineError::Durability(message.to_string())));
+        }
+        let waiters: Vec<_> = self
+            .streams
+            .borrow_mut()
+            .values_mut()
+            .flat_map(|stream| std::mem::take(&mut stream.waiters))
+            .collect();
+        for waiter in waiters {
+            let _ = waiter.send(());
         }
     }
 }

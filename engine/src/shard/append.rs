@@ -10,6 +10,7 @@ use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
 use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::health::WalHealth;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
@@ -462,6 +463,15 @@ impl Shard {
                 if stream.state.durable_offset >= offset && (!closed || stream.state.closed_durable)
                 {
                     return Ok(ack);
+                }
+                // The original's commit round failed (or one before it): it was answered
+                // `500`, and so is its retry, with the same promise: stored at most once,
+                // found after a restart or not at all.
+                if let WalHealth::Failed { message } = &self.wal.borrow().health {
+                    return Err(EngineError::Durability(format!(
+                        "{message}; the original of this request was not acknowledged and \
+                         may be found at most once after a restart"
+                    )));
                 }
                 let (tx, rx) = oneshot::channel();
                 stream.waiters.push(tx);
