@@ -114,8 +114,8 @@ pub(crate) fn recover_wal_files(
                         dir = config.wal_dir.display()
                     ));
                 }
-                let (bytes, lost) = tails.salvage(&data, damage, now_ms() as i64);
-                (bytes, Some((described, lost)))
+                let (bytes, lost) = tails.salvage(&data, damage, now_ms());
+                (bytes, Some((described, damage, lost)))
             }
             _ => {
                 let mut bytes = Vec::new();
@@ -150,14 +150,14 @@ pub(crate) fn recover_wal_files(
         }
         match damaged {
             None => remove(&path)?,
-            Some((described, lost)) => {
-                let text = salvage_report(&described, &lost, &tails);
+            Some((described, damage, lost)) => {
+                let text = salvage_report(&described, damage, &lost, &tails);
                 let kept = keep_damaged(config, &path, &text)?;
                 let line = format!(
                     "salvaged damaged WAL file {} (kept as {}): {}",
                     path.display(),
                     kept.display(),
-                    lost_summary(&lost, &tails)
+                    lost_summary(damage, &lost, &tails)
                 );
                 log::error!("{line}");
                 report.push(line.clone());
@@ -227,6 +227,9 @@ fn describe(path: &Path, damage: &Damage, tails: &Tails) -> String {
             tails.name(stream_id)
         ));
     }
+    if damage.commit_record_only {
+        text.push_str(" The damaged bytes are one commit record, with no record in them.");
+    }
     let mut after: BTreeMap<u64, (u64, u64, usize)> = BTreeMap::new();
     for frame in &damage.after {
         let seen = after
@@ -246,7 +249,12 @@ fn describe(path: &Path, damage: &Damage, tails: &Tails) -> String {
     text
 }
 
-fn lost_summary(lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
+fn lost_summary(damage: &Damage, lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
+    if lost.is_empty() && damage.commit_record_only {
+        return "the damaged bytes held one commit record and no record: every acknowledged \
+                record was restored"
+            .into();
+    }
     if lost.is_empty() {
         return "no stream lost records that could be named (the damaged bytes named no stream)"
             .into();
@@ -267,7 +275,12 @@ fn lost_summary(lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
         .join("; ")
 }
 
-fn salvage_report(described: &str, lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
+fn salvage_report(
+    described: &str,
+    damage: &Damage,
+    lost: &BTreeMap<u64, Lost>,
+    tails: &Tails,
+) -> String {
     format!(
         "{described}\n\nSalvaged at {} ms since the epoch: every frame readable in order was \
          restored; {}. A '?' upper bound means the damaged bytes held the stream's last \
@@ -275,7 +288,7 @@ fn salvage_report(described: &str, lost: &BTreeMap<u64, Lost>, tails: &Tails) ->
          but whose header was destroyed cannot be named; the byte range above is what was \
          lost.\n",
         now_ms(),
-        lost_summary(lost, tails)
+        lost_summary(damage, lost, tails)
     )
 }
 

@@ -110,6 +110,8 @@ pub struct Damage {
     /// The stream and offset the damaged frame's header names, when its length leads exactly
     /// to the next valid frame (only its payload was hit, so the header is likely right).
     pub claimed: Option<(u64, u64)>,
+    /// The damaged bytes are exactly one commit record (by its header): no record was in them.
+    pub commit_record_only: bool,
     /// The valid frames before `at`, in file order (kept by a salvage).
     pub before: Vec<FoundFrame>,
     /// The valid data frames found past the damage, in file order.
@@ -225,11 +227,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     let mut committed_end = pos;
     // Why the walk stopped, when it stopped on a valid frame that breaks the rules.
     let mut broken: Option<String> = None;
-    loop {
-        let (header, len) = match check_frame(data, pos) {
-            Ok(found) => found,
-            Err(_) => break,
-        };
+    while let Ok((header, len)) = check_frame(data, pos) {
         let kind = header.kind;
         if is_data(kind) {
             let frame = found(&header, pos, len);
@@ -296,14 +294,16 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             end,
         });
     };
-    let claimed = resumes_at.and_then(|next| {
+    // The damaged frame's own header, when its length leads exactly to the next valid frame.
+    let header_at = resumes_at.and_then(|next| {
         let head = data.get(at..at + FRAME_HEADER_LEN)?;
-        let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
-        let header = zerocopy::FromBytes::read_from_bytes(head).ok();
-        let header: FrameHeader = header?;
-        (at + len == next && is_data(header.kind))
-            .then(|| (header.stream_id.get(), header.offset.get()))
+        let header: FrameHeader = zerocopy::FromBytes::read_from_bytes(head).ok()?;
+        (at + header.len.get() as usize == next).then_some(header)
     });
+    let claimed = header_at
+        .filter(|h| is_data(h.kind))
+        .map(|h| (h.stream_id.get(), h.offset.get()));
+    let commit_record_only = header_at.is_some_and(|h| h.kind == FRAME_KIND_WAL_COMMIT);
     let mut before = committed.clone();
     before.extend_from_slice(&pending);
     Ok(Scanned {
@@ -315,6 +315,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             resumes_at,
             why,
             claimed,
+            commit_record_only,
             before,
             after,
         }),

@@ -115,7 +115,11 @@ fn a_damaged_wal_tail_loses_only_what_was_never_acknowledged(tail: Tail) {
     // Twenty 1 KiB records fit one segment: they are all in the active WAL file.
     let files = wal_files(&path);
     let (wal, end, segment_len) = files.first().cloned().expect("a WAL file");
-    assert!(segment_len > 20 * 1000, "the records are in {}", wal.display());
+    assert!(
+        segment_len > 20 * 1000,
+        "the records are in {}",
+        wal.display()
+    );
     damage(&wal, end, id, RECORDS, tail);
     let scanned = wal_file::scan(&std::fs::read(&wal).unwrap()).unwrap();
     assert!(
@@ -277,8 +281,7 @@ fn boot_error(path: &Path, config: EngineConfig) -> String {
 /// first lost offset, keeps the file and a report of the loss, and starts again without the
 /// flag afterwards.
 #[test]
-fn damage_before_acknowledged_records_stops_the_boot_and_a_salvage_closes_the_stream_at_the_loss()
-{
+fn damage_before_acknowledged_records_stops_the_boot_and_a_salvage_closes_the_stream_at_the_loss() {
     const RECORDS: u64 = 10;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
@@ -340,11 +343,12 @@ fn damage_before_acknowledged_records_stops_the_boot_and_a_salvage_closes_the_st
         .iter()
         .find(|l| l.contains("salvaged damaged WAL file"))
         .unwrap_or_else(|| panic!("a salvage line in {report:?}"));
-    assert!(line.contains("/s") && line.contains("lost offsets 4..=9"), "{line}");
+    assert!(
+        line.contains("/s") && line.contains("lost offsets 4..=9"),
+        "{line}"
+    );
     assert!(!wal.exists(), "the damaged file left the WAL directory");
-    let kept = path
-        .join("wal/damaged")
-        .join(wal.file_name().unwrap());
+    let kept = path.join("wal/damaged").join(wal.file_name().unwrap());
     assert_eq!(std::fs::read(&kept).unwrap(), data, "kept as it was found");
     let mut report_path = kept.into_os_string();
     report_path.push(".txt");

@@ -190,6 +190,17 @@ pub(crate) enum StreamUpdate {
     SetRetention([Option<i64>; 3]),
 }
 
+/// What a transaction whose COMMIT failed came to ([`Backend::resolve_commit`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CommitOutcome {
+    /// It committed: the answer was lost, not the transaction.
+    Committed,
+    /// It did not commit.
+    Failed,
+    /// The database could not be asked in time; the message says why.
+    Unknown(String),
+}
+
 /// The SQL side of the metadata thread. Errors of data statements are [`MetaError::Storage`]
 /// naming what was being done; transaction control reports a bare message that `batch.rs`
 /// prefixes.
@@ -207,6 +218,13 @@ pub(crate) trait Backend {
     /// Ends a transaction that failed, throwing its writes away; best effort (the connection
     /// may be gone, and then so is the transaction).
     fn rollback(&mut self);
+
+    /// Whether the batch's transaction committed, after its COMMIT failed. SQLite runs in this
+    /// process: a failed COMMIT did not commit. A database across a network may have committed
+    /// a transaction whose answer was lost; it is asked.
+    fn resolve_commit(&mut self) -> CommitOutcome {
+        CommitOutcome::Failed
+    }
 
     /// `Some(why)` when the database has already abandoned the open transaction on its own
     /// (SQLite does after I/O errors), so the commands applied in it must not be reported

@@ -10,7 +10,7 @@ use crossbeam_channel::Receiver;
 
 use crate::apply::{apply_command, load_snapshot, name_group, CreateArgs};
 use crate::backend;
-use crate::backend::Backend;
+use crate::backend::{Backend, CommitOutcome};
 use crate::command::{answer_closed, failed, pending, Command, Pending};
 use crate::fence::Ownership;
 use crate::limits::{MAX_BATCH_COMMANDS, MAX_CREATES_PER_GROUP};
@@ -92,7 +92,30 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
         return false;
     }
     let mut pending = Vec::with_capacity(batch.len());
-    let outcome = apply_in_transaction(db, batch, &mut pending);
+    let outcome = apply_in_transaction(db, batch, &mut pending).and_then(|()| {
+        let Err(error) = db.execute_batch(backend::COMMIT) else {
+            return Ok(());
+        };
+        // The COMMIT may have reached the server and committed, its answer lost: the answers
+        // are true or false depending on which, so the server is asked.
+        match db.resolve_commit() {
+            CommitOutcome::Committed => {
+                log::warn!(
+                    "metadata batch of {} commands: the answer to COMMIT was lost ({error}), \
+                     but the transaction committed",
+                    pending.len()
+                );
+                Ok(())
+            }
+            CommitOutcome::Failed => Err(format!("commit: {error}")),
+            CommitOutcome::Unknown(why) => {
+                let why = format!("commit: {error}; whether it committed is unknown: {why}");
+                log::error!("metadata batch of {} commands: {why}", pending.len());
+                pending.iter_mut().for_each(|entry| entry.unknown(&why));
+                Err(why)
+            }
+        }
+    });
     if let Err(why) = &outcome {
         db.rollback();
         log::error!("metadata batch of {} commands failed: {why}", pending.len());
@@ -106,9 +129,9 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
     outcome.is_ok()
 }
 
-/// The transactional part of [`apply_batch`]. Every command of `batch` ends up in `pending`,
-/// even on error, so every caller gets an answer; on error the transaction is still open (the
-/// caller rolls it back).
+/// The transactional part of [`apply_batch`] up to its COMMIT. Every command of `batch` ends
+/// up in `pending`, even on error, so every caller gets an answer; on error the transaction is
+/// still open (the caller rolls it back).
 fn apply_in_transaction(
     db: &mut dyn Backend,
     batch: Vec<Command>,
@@ -150,8 +173,7 @@ fn apply_in_transaction(
             return abandon(pending, commands, why);
         }
     }
-    db.execute_batch(backend::COMMIT)
-        .map_err(|error| format!("commit: {error}"))
+    Ok(())
 }
 
 type LookupReply =

@@ -94,7 +94,12 @@ pub(crate) struct Pending {
     /// Why the transaction did not commit, once known: a success computed inside it is not
     /// true any more.
     failed: Option<String>,
-    send: Box<dyn FnOnce(Option<String>) + Send>,
+    /// Whether it committed is not known: every answer, success or error, becomes
+    /// [`MetaError::Unknown`] (an error computed inside a transaction that may have committed
+    /// other commands' writes is still this command's own, but its savepoint is gone either
+    /// way, so it is kept).
+    unknown: bool,
+    send: Box<dyn FnOnce(Option<String>, bool) + Send>,
 }
 
 /// The [`Pending`] answer `result` to `reply`.
@@ -105,8 +110,10 @@ pub(crate) fn pending<T: Send + 'static>(
     Pending {
         ok: result.is_ok(),
         failed: None,
-        send: Box::new(move |why| {
+        unknown: false,
+        send: Box::new(move |why, unknown| {
             let result = match why {
+                Some(why) if unknown && result.is_ok() => Err(MetaError::Unknown(why)),
                 Some(why) if result.is_ok() => failed(&why),
                 _ => result,
             };
@@ -127,8 +134,15 @@ impl Pending {
         }
     }
 
+    /// The transaction may or may not have committed: a success becomes
+    /// [`MetaError::Unknown`] with `why`.
+    pub(crate) fn unknown(&mut self, why: &str) {
+        self.fail(why);
+        self.unknown = true;
+    }
+
     pub(crate) fn answer(self) {
-        (self.send)(self.failed)
+        (self.send)(self.failed, self.unknown)
     }
 }
 

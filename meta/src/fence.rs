@@ -132,9 +132,11 @@ pub(crate) fn commit_fenced(
         .collect();
     let owned = |entry: &SegmentStreamEntry| {
         let id = entry.stream_id as i64;
-        // A deleted row has no owner left to protect; its entry is harmless garbage.
+        // A deleted row takes no records: committing them would acknowledge appends to a
+        // stream that no longer exists (a delete whose answer was lost leaves the writer's
+        // core serving it), which the garbage collector then removes.
         let Some(&(node, epoch)) = owners.get(&id) else {
-            return true;
+            return false;
         };
         let expected = fence.epochs.get(&entry.stream_id).copied();
         fenced_unless_owner(id, node, epoch, fence.node, expected).is_ok()

@@ -219,6 +219,10 @@ pub enum MetaError {
     Rejected(String),
     /// What the request names does not exist.
     NotFound(String),
+    /// A write whose transaction may or may not have committed: the answer to its COMMIT was
+    /// lost and the server could not be asked in time. Neither a success nor a failure: the
+    /// caller reads the state back before it relies on it.
+    Unknown(String),
 }
 
 impl std::fmt::Display for MetaError {
@@ -230,6 +234,7 @@ impl std::fmt::Display for MetaError {
             | MetaError::Rejected(m)
             | MetaError::NotFound(m) => f.write_str(m),
             MetaError::Storage(m) => write!(f, "metadata store: {m}"),
+            MetaError::Unknown(m) => write!(f, "metadata store: outcome unknown: {m}"),
             MetaError::Closed => f.write_str("metadata store is shut down"),
         }
     }

@@ -34,6 +34,13 @@ pub(crate) const PG_RETRY_FIRST_MS: u64 = 100;
 /// The longest period between two Postgres reconnect attempts (see [`PG_RETRY_FIRST_MS`]).
 pub(crate) const PG_RETRY_LAST_MS: u64 = 5_000;
 
+/// How long a batch whose COMMIT got no answer (the connection broke at COMMIT: a fast
+/// shutdown, a network cut) keeps asking the server whether its transaction committed, by its
+/// transaction id on a new connection. Within it, every command of the batch gets its true
+/// answer; past it, [`MetaError::Unknown`](crate::MetaError::Unknown), never a guess. The
+/// metadata thread waits that long at most, once per such commit.
+pub(crate) const PG_COMMIT_RESOLVE_MS: u64 = 30_000;
+
 /// Default when the URL sets no `connect_timeout`: a dead address must not hang startup. When
 /// hit, opening the store (or the batch that reconnects) fails with
 /// [`MetaError::Storage`](crate::MetaError::Storage).

@@ -129,6 +129,48 @@ impl Server {
         self.second = second;
     }
 
+    /// Kills the server if it runs, then starts it again on the same directories with
+    /// `more_args` added for this start only (later restarts go back to the server's own).
+    pub fn restart_with(&mut self, more_args: &[&str]) {
+        self.kill();
+        let mut args = self.extra_args.clone();
+        args.extend(more_args.iter().map(|a| a.to_string()));
+        let (child, addr, admin, second) = spawn(self.dir.path(), &args, &self.extra_env);
+        self.child = Some(child);
+        self.addr = addr;
+        self.admin = admin;
+        self.second = second;
+    }
+
+    /// Kills the server if it runs, starts it again on the same directories and expects it to
+    /// refuse to start: waits (bounded) for it to exit; its exit status and what it wrote to
+    /// stderr in this attempt.
+    pub fn restart_refused(&mut self, within: Duration) -> (std::process::ExitStatus, String) {
+        self.kill();
+        let before = self.log().len();
+        let mut child = serve_command(self.dir.path(), &self.extra_args, &self.extra_env)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn pico serve");
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for pico serve") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "pico serve did not exit within {within:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let log = self.log();
+        (status, log.get(before..).unwrap_or_default().to_string())
+    }
+
     /// The server's stderr so far (logs), for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
@@ -233,12 +275,9 @@ pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
         .expect("run pico")
 }
 
-/// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
-fn spawn(
-    dir: &Path,
-    extra_args: &[String],
-    extra_env: &[(String, String)],
-) -> (Child, SocketAddr, SocketAddr, Option<SocketAddr>) {
+/// `pico serve` in `dir` with the test's flags (ephemeral ports, its own catalog, bucket and
+/// WAL unless `extra_args` names them), its stderr appended to `server.log`.
+fn serve_command(dir: &Path, extra_args: &[String], extra_env: &[(String, String)]) -> Command {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -282,7 +321,18 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
-    let mut child = command.spawn().expect("spawn pico serve");
+    command
+}
+
+/// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
+fn spawn(
+    dir: &Path,
+    extra_args: &[String],
+    extra_env: &[(String, String)],
+) -> (Child, SocketAddr, SocketAddr, Option<SocketAddr>) {
+    let mut child = serve_command(dir, extra_args, extra_env)
+        .spawn()
+        .expect("spawn pico serve");
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel::<String>();
     // Drains stdout for the life of the process so the server never blocks on a full pipe.

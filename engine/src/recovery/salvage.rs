@@ -197,7 +197,16 @@ mod tests {
     #[test]
     fn a_salvage_keeps_what_is_in_order_and_closes_each_stream_at_its_first_lost_offset() {
         // Streams 1 and 2 interleaved; stream 1's record 2 is damaged.
-        let records = [(1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3)];
+        let records = [
+            (1, 0),
+            (2, 0),
+            (1, 1),
+            (2, 1),
+            (1, 2),
+            (2, 2),
+            (1, 3),
+            (2, 3),
+        ];
         let (mut data, positions) = file(&records, 2);
         data[positions[4] + 42] ^= 4;
         let WalEnd::Damaged(damage) = scan(&data).unwrap().end else {

@@ -117,7 +117,7 @@ impl Shard {
                     let round = segment.wal_cursor.plan(frames.len(), align);
                     let mut buffer = file.alloc_dma_buffer(round.len.div_ceil(align) * align);
                     let dst = buffer.as_bytes_mut();
-                    let now = crate::clock::now_ms() as i64;
+                    let now = crate::clock::now_ms();
                     segment
                         .wal_cursor
                         .fill(round, dst, frames, written_len as u64, now);
@@ -125,7 +125,15 @@ impl Shard {
                     let path = segment.wal_path.clone();
                     let buffer = Some(buffer);
                     let file = Some(file.clone());
-                    (file, round.start, round.len, written_len, buffer, path, Some(cursor))
+                    (
+                        file,
+                        round.start,
+                        round.len,
+                        written_len,
+                        buffer,
+                        path,
+                        Some(cursor),
+                    )
                 }
             }
         };

@@ -36,6 +36,18 @@ impl Shard {
                 self.forget_stream(name, id, None);
                 Err(EngineError::NotOwner(format!("{message}; retry")))
             }
+            // The write may have committed or not: what this core holds of the stream may be
+            // wrong either way (a delete that did commit leaves a stream that must take no
+            // append). It lets the stream go, failing what is pending; the next request reads
+            // the row back from the catalog before anything is accepted.
+            Err(MetaError::Unknown(message)) => {
+                log::error!("core {}: {name}: {message}", self.core);
+                self.forget_stream(name, id, None);
+                Err(EngineError::NotOwner(format!(
+                    "whether this change was stored is unknown ({message}); the stream is read \
+                     back from the metadata log before it takes anything; retry"
+                )))
+            }
             Err(e) => Err(EngineError::Storage(e.to_string())),
         }
     }
@@ -96,15 +108,15 @@ impl Shard {
             .unwrap_or_default();
         if self.config.durability == Durability::Object {
             log::warn!(
-                "core {}: stream {id} moved to another node; its unacknowledged appends {runs} \
-                 were refused",
+                "core {}: stream {id} moved to another node or was deleted; its unacknowledged \
+                 appends {runs} were refused",
                 self.core
             );
         } else {
             log::error!(
-                "core {}: stream {id} moved to another node before segment {} was stored: \
-                 records {runs}, acknowledged with local durability, are not part of the stream \
-                 (they stay in that object)",
+                "core {}: stream {id} moved to another node or was deleted before segment {} \
+                 was stored: records {runs}, acknowledged with local durability, are not part of \
+                 the stream (they stay in that object)",
                 self.core,
                 record.key
             );

@@ -14,7 +14,11 @@ fn wal_v2(rounds: &[&[(u64, u64, &[u8])]]) -> (Vec<u8>, Vec<usize>) {
             segment_len += (file.len() - before) as u64;
         }
         // A timestamp with no zero byte, so a cut anywhere in the record changes it.
-        file.extend_from_slice(&commit_record(i as u64 + 1, segment_len, 0x1122_3344_5566_7788));
+        file.extend_from_slice(&commit_record(
+            i as u64 + 1,
+            segment_len,
+            0x1122_3344_5566_7788,
+        ));
     }
     file.resize(file.len() + 4096, 0);
     (file, positions)
@@ -92,7 +96,10 @@ fn a_last_round_cut_anywhere_is_a_torn_end_and_keeps_the_rounds_before_it() {
             "cut at {cut}: {:?}",
             scanned.end
         );
-        assert_eq!(offsets(&scanned.committed), [(1, 0), (2, 0), (1, 1), (1, 2)]);
+        assert_eq!(
+            offsets(&scanned.committed),
+            [(1, 0), (2, 0), (1, 1), (1, 2)]
+        );
     }
     // A middle sector of the last round lost while the bytes after it landed (writes torn
     // out of order) but its commit record did not: still a torn end.
@@ -151,7 +158,11 @@ fn a_zeroed_frame_header_mid_file_is_damage_not_the_end() {
     let mut damaged = file.clone();
     damaged[positions[2]..positions[2] + 4].fill(0);
     let scanned = scan(&damaged).unwrap();
-    assert!(matches!(scanned.end, WalEnd::Damaged(_)), "{:?}", scanned.end);
+    assert!(
+        matches!(scanned.end, WalEnd::Damaged(_)),
+        "{:?}",
+        scanned.end
+    );
 }
 
 #[test]
@@ -161,7 +172,11 @@ fn damage_in_the_zeros_past_the_last_round_loses_nothing() {
     let at = file.len() - 100;
     damaged[at] = 0x5a;
     let scanned = scan(&damaged).unwrap();
-    assert!(matches!(scanned.end, WalEnd::Torn { .. }), "{:?}", scanned.end);
+    assert!(
+        matches!(scanned.end, WalEnd::Torn { .. }),
+        "{:?}",
+        scanned.end
+    );
     assert_eq!(scanned.committed.len(), 6);
 }
 
@@ -217,7 +232,10 @@ fn version_one_files_keep_whole_requests_and_report_damage_before_valid_frames()
     let WalEnd::Damaged(damage) = scan(&damaged).unwrap().end else {
         panic!("not damage")
     };
-    assert_eq!((damage.claimed, offsets(&damage.after)), (Some((1, 1)), vec![(1, 2)]));
+    assert_eq!(
+        (damage.claimed, offsets(&damage.after)),
+        (Some((1, 1)), vec![(1, 2)])
+    );
 }
 
 #[test]
@@ -235,7 +253,10 @@ fn rounds_written_through_the_cursor_read_back_as_the_segment_they_carry() {
         }
         let plan = cursor.plan(segment.len() - from, align);
         assert_eq!(plan.start % align, 0);
-        assert_eq!(cursor.len_after(segment.len() - from), plan.start + plan.len);
+        assert_eq!(
+            cursor.len_after(segment.len() - from),
+            plan.start + plan.len
+        );
         let mut dst = vec![0xee; plan.len.div_ceil(align) * align];
         cursor.fill(plan, &mut dst, &segment[from..], segment.len() as u64, 5);
         file[plan.start..plan.start + dst.len()].copy_from_slice(&dst);

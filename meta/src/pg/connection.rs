@@ -32,6 +32,9 @@ pub(crate) struct Postgres {
     pub(super) retry_delay: Duration,
     /// Why the last reconnect failed, repeated to the commands failed until the next one.
     pub(super) last_error: String,
+    /// The open batch transaction's id (`txid_current()`), to ask whether it committed when
+    /// the answer to its COMMIT is lost.
+    pub(super) txid: Option<i64>,
 }
 
 impl Postgres {
@@ -68,6 +71,7 @@ impl Postgres {
             retry_at: Instant::now(),
             retry_delay: Duration::from_millis(PG_RETRY_FIRST_MS),
             last_error: String::new(),
+            txid: None,
         })
     }
 

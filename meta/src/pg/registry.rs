@@ -1,7 +1,7 @@
 //! The [`Backend`] statements on Postgres: transactions, the stream registry and the segment
 //! catalog.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::ToSql;
@@ -17,17 +17,21 @@ use crate::backend::segment_columns;
 use crate::backend::select_stream;
 use crate::backend::Backend;
 use crate::backend::ClusterSql;
+use crate::backend::CommitOutcome;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
 use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
+use crate::limits::{PG_COMMIT_RESOLVE_MS, PG_RETRY_FIRST_MS};
 use crate::MetaError;
 
 impl Backend for Postgres {
     fn begin(&mut self) -> Result<(), String> {
-        match self.connected()?.batch_execute("BEGIN") {
-            Ok(()) => Ok(()),
+        self.txid = None;
+        let begun = begin_with_txid(self.connected()?);
+        let txid = match begun {
+            Ok(txid) => txid,
             Err(error) => {
                 // Nothing of the batch ran yet, so a connection that died while idle (a
                 // restarted server, a dropped idle connection) costs one immediate reconnect,
@@ -39,11 +43,11 @@ impl Backend for Postgres {
                 );
                 self.disconnect();
                 self.retry_at = Instant::now();
-                self.connected()?
-                    .batch_execute("BEGIN")
-                    .map_err(|error| describe(&error))
+                begin_with_txid(self.connected()?).map_err(|error| describe(&error))?
             }
-        }
+        };
+        self.txid = txid;
+        Ok(())
     }
 
     fn begin_read(&mut self) -> Result<(), String> {
@@ -66,6 +70,44 @@ impl Backend for Postgres {
                 // The transaction cannot be ended, so the connection is of no further use.
                 self.disconnect();
             }
+        }
+    }
+
+    fn resolve_commit(&mut self) -> CommitOutcome {
+        let Some(txid) = self.txid.take() else {
+            return CommitOutcome::Unknown("the transaction has no id".into());
+        };
+        // The broken connection is of no use; a new one asks about the transaction by id.
+        self.disconnect();
+        let deadline = Instant::now() + Duration::from_millis(PG_COMMIT_RESOLVE_MS);
+        loop {
+            self.retry_at = Instant::now();
+            let why = match self.connected() {
+                Err(why) => why,
+                Ok(client) => match client.query_one("SELECT txid_status($1)", &[&txid]) {
+                    Ok(row) => match row.get::<_, Option<String>>(0).as_deref() {
+                        Some("committed") => return CommitOutcome::Committed,
+                        Some("aborted") => return CommitOutcome::Failed,
+                        // The server has not finished with it yet (the old session is still
+                        // ending): ask again.
+                        status => format!(
+                            "transaction {txid} is {}",
+                            status.unwrap_or("unknown to the server")
+                        ),
+                    },
+                    Err(error) => {
+                        self.disconnect();
+                        describe(&error)
+                    }
+                },
+            };
+            if Instant::now() >= deadline {
+                return CommitOutcome::Unknown(format!(
+                    "asked {} for {PG_COMMIT_RESOLVE_MS} ms: {why}",
+                    self.url
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(PG_RETRY_FIRST_MS));
         }
     }
 
@@ -345,4 +387,14 @@ impl Backend for Postgres {
         }
         Ok(())
     }
+}
+
+/// Starts a batch transaction and learns its id in the same round trip.
+fn begin_with_txid(client: &mut Client) -> Result<Option<i64>, postgres::Error> {
+    let answers = client.simple_query("BEGIN; SELECT txid_current()")?;
+    let txid = answers.iter().find_map(|answer| match answer {
+        postgres::SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+        _ => None,
+    });
+    Ok(txid)
 }

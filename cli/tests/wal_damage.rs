@@ -1,0 +1,197 @@
+//! A WAL file damaged on disk while the node was down (one flipped byte in the written part
+//! of its newest WAL file, after 200 acknowledged appends): the node refuses to start and
+//! names the damage; `--wal-salvage` brings it up with the stream closed at its first lost
+//! offset, no lost offset handed out again, the file and a report kept, and the loss shown on
+//! `/ready` and `/metrics` (docs/durability.md, "Damaged WAL files").
+
+mod common;
+
+use std::time::Duration;
+
+use common::{frames_prefix_len, read_all, Conn, Resp, Server};
+
+const RECORDS: u64 = 200;
+
+fn admin_get(server: &Server, path: &str) -> Resp {
+    Conn::connect(server.admin)
+        .and_then(|mut conn| conn.request("GET", path, &[], b""))
+        .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
+}
+
+fn body(i: u64) -> Vec<u8> {
+    format!("record {i:04} {}", "z".repeat(40)).into_bytes()
+}
+
+/// A node whose 200 acknowledged records of `/d` are all in its WAL when it is killed.
+fn killed_with_records_in_the_wal() -> Server {
+    // Segments never seal by age or size here: every record stays in the WAL.
+    let mut server = Server::start(&["--cores", "1", "--segment-max-age-ms", "600000"]);
+    server.put("/d", "text/plain").expect(201);
+    let mut conn = server.connect();
+    for i in 0..RECORDS {
+        let answer = conn.request("POST", "/d", &[], &body(i)).unwrap();
+        answer.expect(200);
+        assert_eq!(answer.h_u64("pico-start-seq"), i);
+    }
+    server.kill();
+    server
+}
+
+/// Where a byte is flipped.
+#[derive(Clone, Copy, Debug)]
+enum Flip {
+    /// At this fraction of the written part of the WAL file, whatever is there (a record, or
+    /// a group commit's commit record).
+    At(f64),
+    /// In the body of the first record at or after this fraction.
+    RecordBodyAfter(f64),
+}
+
+/// Flips one byte of the WAL file holding the records, as `flip` says.
+fn flip_a_byte(server: &Server, flip: Flip) -> std::path::PathBuf {
+    let mut files: Vec<_> = std::fs::read_dir(server.wal_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .map(|p| {
+            let written = frames_prefix_len(&std::fs::read(&p).unwrap());
+            (p, written)
+        })
+        .collect();
+    files.sort_by_key(|(_, written)| std::cmp::Reverse(*written));
+    let (path, written) = files.into_iter().next().expect("a WAL file");
+    assert!(
+        written > RECORDS as usize * 40,
+        "the records are in {path:?}"
+    );
+    let mut data = std::fs::read(&path).unwrap();
+    let at = match flip {
+        Flip::At(fraction) => (written as f64 * fraction) as usize,
+        Flip::RecordBodyAfter(fraction) => {
+            // Frames laid end to end: a header's `len` first, its kind at byte 8 (1: record).
+            let from = (written as f64 * fraction) as usize;
+            let mut pos = 0;
+            loop {
+                let len = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
+                if pos >= from && data[pos + 8] == 1 {
+                    break pos + len - 3;
+                }
+                pos += len;
+                assert!(pos < written, "a record after {from}");
+            }
+        }
+    };
+    data[at] ^= 0x04;
+    std::fs::write(&path, &data).unwrap();
+    path
+}
+
+fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
+    let mut server = killed_with_records_in_the_wal();
+    let wal = flip_a_byte(&server, flip);
+    let damaged = std::fs::read(&wal).unwrap();
+
+    // Refused, loudly, with nothing changed on disk; and again on a supervisor's restart.
+    for _ in 0..2 {
+        let (status, log) = server.restart_refused(Duration::from_secs(60));
+        assert!(
+            !status.success(),
+            "the node started on a damaged WAL: {log}"
+        );
+        for needed in ["is damaged at byte", "/d", "--wal-salvage"] {
+            assert!(log.contains(needed), "{needed:?} in the error: {log}");
+        }
+        assert_eq!(
+            std::fs::read(&wal).unwrap(),
+            damaged,
+            "the file is untouched"
+        );
+    }
+
+    server.restart_with(&["--wal-salvage"]);
+    let (records, next) = read_all(&server, "/d", 0);
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.seq, i as u64);
+        assert_eq!(
+            record.body,
+            body(i as u64),
+            "record {i} is what was written"
+        );
+    }
+    let head = server.head("/d");
+    let ready = admin_get(&server, "/ready");
+    ready.expect(200);
+    let ready = ready.json();
+    assert_eq!(ready["degraded"], true, "{ready}");
+    let salvaged = ready["walSalvaged"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if next == RECORDS {
+        // The flipped byte was in a commit record: no record lost, the stream goes on.
+        assert!(matches!(flip, Flip::At(_)), "a damaged record was restored");
+        assert!(
+            salvaged.contains("every acknowledged record was restored"),
+            "{salvaged}"
+        );
+        assert_eq!(head.header("pico-closed"), None, "{}", head.describe());
+        server.post("/d", b"after the salvage").expect(200);
+    } else {
+        assert_eq!(
+            head.header("pico-closed"),
+            Some("true"),
+            "{}",
+            head.describe()
+        );
+        assert_eq!(head.h_u64("pico-next-seq"), next);
+        // No lost offset is handed out again.
+        server
+            .post("/d", b"after the salvage")
+            .expect_error(409, "closed");
+        assert!(
+            salvaged.contains("/d") && salvaged.contains(&format!("lost offsets {next}..=199")),
+            "{salvaged}"
+        );
+    }
+    let metrics = admin_get(&server, "/metrics").text();
+    assert!(
+        metrics.lines().any(|l| l == "pico_wal_salvaged_files 1"),
+        "{metrics}"
+    );
+    let kept = server
+        .wal_dir()
+        .join("damaged")
+        .join(wal.file_name().unwrap());
+    assert_eq!(std::fs::read(&kept).unwrap(), damaged, "kept as found");
+    let mut report = kept.into_os_string();
+    report.push(".txt");
+    let report = std::fs::read_to_string(report).unwrap();
+    assert!(
+        report.contains(&salvaged[salvaged.find(": ").unwrap() + 2..]),
+        "{report}"
+    );
+    assert!(!wal.exists());
+
+    // A plain restart afterwards: nothing left to salvage, the stream as the salvage left it.
+    let (after, after_next) = read_all(&server, "/d", 0);
+    server.restart();
+    let (again, again_next) = read_all(&server, "/d", 0);
+    assert_eq!((again.len(), again_next), (after.len(), after_next));
+    let ready = admin_get(&server, "/ready").json();
+    assert!(ready.get("walSalvaged").is_none(), "{ready}");
+}
+
+#[test]
+fn a_byte_flipped_at_30_percent_of_the_wal_is_refused_then_salvaged() {
+    damaged_wal_is_refused_then_salvaged(Flip::At(0.3));
+}
+
+#[test]
+fn a_byte_flipped_at_50_percent_of_the_wal_is_refused_then_salvaged() {
+    damaged_wal_is_refused_then_salvaged(Flip::At(0.5));
+}
+
+#[test]
+fn a_record_damaged_at_30_percent_closes_the_stream_at_it_once_salvaged() {
+    damaged_wal_is_refused_then_salvaged(Flip::RecordBodyAfter(0.3));
+}
