@@ -100,10 +100,24 @@ pub fn boot(
                 cluster_config.slots,
                 state.nodes.len()
             ));
+            // The previous incarnation may still run (a replacement started beside it, or it
+            // is frozen): it cannot renew its lease any more, and acknowledges nothing once the
+            // lease lapses. Until then this one must not acknowledge anything either.
+            if state.previous_lease_left_ms > 0 {
+                let left = state.previous_lease_left_ms;
+                log::warn!(
+                    "node {node}: the previous incarnation's lease has {left} ms left; waiting \
+                     it out before serving (it may still be running)"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(left));
+                report.push(format!(
+                    "waited {left} ms for the previous incarnation's lease to lapse"
+                ));
+            }
             Some(Cluster::new(cluster_config, state))
         }
     };
-    let fence = cluster.as_ref().map(|c| c.node_id());
+    let fence = cluster.as_ref().map(|c| (c.node_id(), c.node_epoch()));
     let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report, fence)?;
     let mut epochs = HashMap::new();
     if let Some(cluster) = &cluster {

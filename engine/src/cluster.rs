@@ -86,6 +86,11 @@ impl Cluster {
         self.config.node_id
     }
 
+    /// This incarnation (`--node-epoch`): every fenced write names it.
+    pub fn node_epoch(&self) -> u64 {
+        self.config.node_epoch
+    }
+
     fn now_ms(&self) -> u64 {
         self.base.elapsed().as_millis() as u64
     }

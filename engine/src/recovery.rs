@@ -47,7 +47,7 @@ pub(crate) fn recover_wal_files(
     store: &ObjectStore,
     snapshot: &mut Snapshot,
     report: &mut Vec<String>,
-    fence: Option<pico_meta::NodeId>,
+    fence: Option<(pico_meta::NodeId, u64)>,
 ) -> Result<Recovered, String> {
     let mut max_epoch_ms = snapshot
         .segments
@@ -171,18 +171,19 @@ pub(crate) fn recover_wal_files(
     })
 }
 
-/// Commits a recovered segment; in a cluster, fenced by this node's ownership.
+/// Commits a recovered segment; in a cluster, fenced by this node incarnation's ownership.
 fn commit(
     meta: &MetaStore,
     record: &SegmentRecord,
-    fence: Option<pico_meta::NodeId>,
+    fence: Option<(pico_meta::NodeId, u64)>,
     path: &Path,
 ) -> Result<(), String> {
-    let Some(node) = fence else {
+    let Some((node, node_epoch)) = fence else {
         return wait(meta.commit_segment(record.clone()));
     };
     let fence = pico_meta::SegmentFence {
         node,
+        node_epoch,
         epochs: HashMap::new(),
     };
     let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;

@@ -337,6 +337,9 @@ pub(crate) trait ClusterSql {
     fn clock_ms(&mut self) -> Result<i64, MetaError>;
     /// The row of `node`, locked until the transaction ends.
     fn lock_node(&mut self, node: i64) -> Result<Option<NodeRow>, MetaError>;
+    /// The incarnation `node` is registered at, its row share-locked until the transaction
+    /// ends (a registration waits for it).
+    fn node_epoch(&mut self, node: i64) -> Result<Option<i64>, MetaError>;
     /// Inserts or replaces the row of `node`, its lease running `lease_ms` from now.
     fn upsert_node(
         &mut self,

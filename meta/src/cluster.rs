@@ -50,6 +50,10 @@ pub struct ClusterState {
     pub now_ms: i64,
     pub nodes: Vec<NodeRow>,
     pub transfers: Vec<PendingTransfer>,
+    /// Set by [`MetaStore::register_node`]: how much of the previous incarnation's lease was
+    /// left (database clock, ms). That incarnation may still run and acknowledge until its
+    /// lease lapses, so the new one acknowledges nothing before then.
+    pub previous_lease_left_ms: u64,
 }
 
 /// An accepted transfer request.
@@ -88,6 +92,7 @@ fn state(db: &mut dyn Backend, node: NodeId) -> Result<ClusterState, MetaError> 
         now_ms,
         nodes,
         transfers,
+        previous_lease_left_ms: 0,
     })
 }
 
@@ -141,6 +146,7 @@ impl MetaStore {
             let slots_i = storable(slots, || "slots".into())?;
             let lease_i = storable(lease_ms, || "lease".into())?;
             let sql = sql(db)?;
+            let mut previous_lease_left_ms = 0;
             if let Some(known) = sql.lock_node(node_i64(node))? {
                 if known.epoch >= epoch {
                     return Err(MetaError::Rejected(format!(
@@ -149,13 +155,17 @@ impl MetaStore {
                         known.epoch
                     )));
                 }
+                let left = known.lease_expires_ms.saturating_sub(sql.clock_ms()?);
+                previous_lease_left_ms = u64::try_from(left).unwrap_or(0);
             }
             sql.upsert_node(node_i64(node), epoch_i, &address, slots_i, lease_i)?;
             let adopted = sql.adopt_unowned(node_i64(node))?;
             if adopted > 0 {
                 log::info!("node {node} adopted {adopted} streams that no node owned");
             }
-            state(db, node)
+            let mut state = state(db, node)?;
+            state.previous_lease_left_ms = previous_lease_left_ms;
+            Ok(state)
         })
     }
 
@@ -362,6 +372,7 @@ impl MetaStore {
     /// changed meanwhile.
     pub fn complete_transfer(&self, id: u64, fence: Fence, to_node: NodeId) -> Reply<u64> {
         self.job(move |db| {
+            crate::fence::check_fence(db, id, Some(fence))?;
             let moved = sql(db)?.finish_transfer(
                 storable(id, || "stream id".into())?,
                 node_i64(fence.node),

@@ -10,10 +10,12 @@ use crate::backend::{Backend, ClusterSql, NodeId, StreamColumns};
 use crate::rows::{segment_entry, unsigned};
 use crate::{MetaError, SegmentRecord, SegmentStreamEntry};
 
-/// Who may write a stream: its owner node at the owner epoch it holds it at.
+/// Who may write a stream: its owner node, as the incarnation registered now (`node_epoch`,
+/// the node's `--node-epoch`), at the owner epoch it holds the stream at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fence {
     pub node: NodeId,
+    pub node_epoch: u64,
     pub epoch: u64,
 }
 
@@ -28,11 +30,28 @@ pub struct Ownership {
 }
 
 /// The fence of a segment commit: entries of streams `node` does not own are left out; for
-/// the ids in `epochs` the owner epoch must match too.
+/// the ids in `epochs` the owner epoch must match too. Every entry is left out when `node`
+/// is registered at another incarnation than `node_epoch` (a replacement started with the
+/// same id, while this one still runs or was frozen).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentFence {
     pub node: NodeId,
+    pub node_epoch: u64,
     pub epochs: HashMap<u64, u64>,
+}
+
+/// Refuses a write by a node incarnation that a newer one superseded (or that was never
+/// registered). The node's row is share-locked until the transaction ends, so a registration
+/// of a newer incarnation is ordered with this write: before it, or after and refused.
+fn check_incarnation(db: &mut dyn Backend, node: NodeId, node_epoch: u64) -> Result<(), MetaError> {
+    let registered = sql(db)?.node_epoch(node_i64(node))?;
+    if registered.is_some_and(|epoch| i64::try_from(node_epoch) == Ok(epoch)) {
+        return Ok(());
+    }
+    Err(MetaError::Fenced(format!(
+        "node {node} at epoch {node_epoch} was superseded by a newer incarnation ({})",
+        registered.map_or("none registered".to_string(), |e| format!("epoch {e}"))
+    )))
 }
 
 /// The committed segments holding stream `id`, each with only that stream's entry.
@@ -82,6 +101,7 @@ pub(crate) fn check_fence(
     let Some(fence) = fence else {
         return Ok(());
     };
+    check_incarnation(db, fence.node, fence.node_epoch)?;
     let Ok(id) = i64::try_from(id) else {
         return Ok(()); // no such row
     };
@@ -125,12 +145,16 @@ pub(crate) fn commit_fenced(
         .filter_map(|e| i64::try_from(e.stream_id).ok())
         .collect();
     ids.sort_unstable();
+    let superseded = check_incarnation(db, fence.node, fence.node_epoch).is_err();
     let owners: HashMap<i64, (Option<i64>, i64)> = sql(db)?
         .owners(&ids)?
         .into_iter()
         .map(|(id, node, epoch)| (id, (node, epoch)))
         .collect();
     let owned = |entry: &SegmentStreamEntry| {
+        if superseded {
+            return false;
+        }
         let id = entry.stream_id as i64;
         // A deleted row takes no records: committing them would acknowledge appends to a
         // stream that no longer exists (a delete whose answer was lost leaves the writer's

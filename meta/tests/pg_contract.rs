@@ -1247,7 +1247,15 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
         (Some(1), 1)
     );
     let id = created.row.id;
-    let by = |node, epoch| Some(pico_meta::Fence { node, epoch });
+    // Node 1 runs at incarnation 100, node 2 at 7.
+    let incarnation = |node| if node == 1 { 100 } else { 7 };
+    let by = |node, epoch| {
+        Some(pico_meta::Fence {
+            node,
+            node_epoch: incarnation(node),
+            epoch,
+        })
+    };
     wait(one.trim_stream_fenced(id, 0, by(1, 1))).unwrap();
     assert!(matches!(
         wait(two.close_stream_fenced(id, by(2, 1))),
@@ -1263,6 +1271,7 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
         .id;
     let fence = pico_meta::SegmentFence {
         node: 1,
+        node_epoch: 100,
         epochs: [(id, 1), (other, 1)].into_iter().collect(),
     };
     let entries = vec![
@@ -1305,10 +1314,10 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
         (id, 2)
     );
     assert!(matches!(
-        wait(one.complete_transfer(id, pico_meta::Fence { node: 1, epoch: 9 }, 2)),
+        wait(one.complete_transfer(id, by(1, 9).unwrap(), 2)),
         Err(MetaError::Fenced(_))
     ));
-    let epoch = wait(one.complete_transfer(id, pico_meta::Fence { node: 1, epoch: 1 }, 2)).unwrap();
+    let epoch = wait(one.complete_transfer(id, by(1, 1).unwrap(), 2)).unwrap();
     assert_eq!(epoch, 2);
     assert!(matches!(
         wait(one.trim_stream_fenced(id, 1, by(1, 1))),
@@ -1336,12 +1345,44 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
     wait(one.renew_lease(1, 100, lease_ms)).unwrap();
     assert!(!wait(one.owned_streams(1)).unwrap().contains_key(&third));
 
-    // A newer incarnation of node 1 supersedes the old one, whose renewals now fail.
-    wait(two.register_node(1, 101, "http://one", 1, lease_ms)).unwrap();
+    // A newer incarnation of node 1 supersedes the old one, whose renewals now fail, and so
+    // do its writes: a segment commit keeps none of its entries, a fenced write is refused.
+    let fourth = wait(one.create_stream_owned("/c/d", config("text/plain"), None, 5, Some(1)))
+        .unwrap()
+        .row
+        .id;
+    let registered = wait(two.register_node(1, 101, "http://one", 1, lease_ms)).unwrap();
+    assert!(
+        registered.previous_lease_left_ms > 0,
+        "the old incarnation's lease was still running"
+    );
     assert!(matches!(
         wait(one.renew_lease(1, 100, lease_ms)),
         Err(MetaError::Fenced(_))
     ));
+    let old = pico_meta::SegmentFence {
+        node: 1,
+        node_epoch: 100,
+        epochs: [(fourth, 1)].into_iter().collect(),
+    };
+    let stale = segment(
+        "segments/n1/stale.seg",
+        vec![entry(fourth, vec![run(0, 1, 0, 40)], 9, false)],
+    );
+    assert_eq!(
+        wait(one.commit_segment_fenced(stale, old)).unwrap(),
+        vec![fourth]
+    );
+    assert!(wait(two.load_stream(fourth))
+        .unwrap()
+        .unwrap()
+        .snapshot
+        .segments
+        .is_empty());
+    match wait(one.trim_stream_fenced(fourth, 0, by(1, 1))) {
+        Err(MetaError::Fenced(message)) => assert!(message.contains("superseded"), "{message}"),
+        other => panic!("a superseded incarnation's trim: {other:?}"),
+    }
     let node = wait(two.set_slots(1, 0)).unwrap();
     assert_eq!(node.slots, 0);
     assert!(matches!(
@@ -1372,6 +1413,7 @@ fn a_retried_commit_keeps_what_the_first_attempt_stored_after_the_stream_moved()
         .id;
     let fence = pico_meta::SegmentFence {
         node: 1,
+        node_epoch: 100,
         epochs: [(id, 1)].into_iter().collect(),
     };
     let record = segment(
@@ -1382,7 +1424,12 @@ fn a_retried_commit_keeps_what_the_first_attempt_stored_after_the_stream_moved()
     assert!(first.is_empty());
     // The stream moves to node 2 (its next owner epoch).
     wait(two.request_transfer("/r/s", 2)).unwrap();
-    let epoch = wait(one.complete_transfer(id, pico_meta::Fence { node: 1, epoch: 1 }, 2)).unwrap();
+    let fence_one = pico_meta::Fence {
+        node: 1,
+        node_epoch: 100,
+        epoch: 1,
+    };
+    let epoch = wait(one.complete_transfer(id, fence_one, 2)).unwrap();
     assert_eq!(epoch, 2);
     // Node 1 never got the first answer and commits the same segment again.
     let retried = wait(one.commit_segment_fenced(record, fence)).unwrap();

@@ -17,6 +17,7 @@ impl Shard {
     pub(super) fn fence(&self, stream: &Stream) -> Option<Fence> {
         self.cluster.as_ref().map(|cluster| Fence {
             node: cluster.node_id(),
+            node_epoch: cluster.node_epoch(),
             epoch: stream.epoch,
         })
     }

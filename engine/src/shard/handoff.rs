@@ -149,6 +149,7 @@ impl Shard {
                 .await;
         let fence = Fence {
             node: cluster.node_id(),
+            node_epoch: cluster.node_epoch(),
             epoch: transfer.epoch,
         };
         if stored {

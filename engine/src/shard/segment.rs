@@ -111,6 +111,7 @@ impl Shard {
         }
         let fence = self.cluster.as_ref().map(|cluster| SegmentFence {
             node: cluster.node_id(),
+            node_epoch: cluster.node_epoch(),
             epochs: segment
                 .index
                 .iter()

@@ -43,6 +43,18 @@ impl ClusterSql for Postgres {
             .map_err(storage("lock node"))
     }
 
+    fn node_epoch(&mut self, node: i64) -> Result<Option<i64>, MetaError> {
+        let rows = self.query(
+            "SELECT epoch FROM nodes WHERE node_id = $1 FOR SHARE",
+            &[&node],
+            "check the node's incarnation",
+        )?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("check the node's incarnation"))
+    }
+
     fn upsert_node(
         &mut self,
         node: i64,
