@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes an upgrade fixture for cli/tests/upgrade.rs: a data directory (SQLite catalog, segment
-# objects, WAL files) as a crash leaves it, written by the `pico` binary given, and
-# manifest.json, what that binary acknowledged, read back through it before the kill.
+# objects, WAL files, the Durable Streams subscriptions file) as a crash leaves it, written by
+# the `pico` binary given, and manifest.json, what that binary acknowledged, read back through
+# it before the kill.
 #
 #   scripts/make-upgrade-fixture.sh OLD_PICO_BINARY OUT_DIR LABEL
 #
@@ -15,8 +16,9 @@
 #       cli/tests/fixtures/v0.2-wal-v1 "commit 890fc16 (pico 0.2.0, WAL format 1)"
 #
 # The node runs on 127.0.0.1 (ephemeral ports) with 2 cores, local durability and 64 KiB
-# segments that seal only by size (a 10-minute age limit), so the bulk stream's first segments
-# are sealed, uploaded and in the catalog while the rest of every stream is only in the WAL.
+# segments that seal only by size (a 10-minute age limit): the core of the bulk stream seals
+# two segments (uploaded, in the catalog, with whatever that core wrote before them), and
+# everything written after them, on either core, is only in the WAL files.
 # Then it is killed with SIGKILL. The WAL files are pre-allocated and zero-filled: the fixture
 # keeps each one cut just after its last frame (the script checks that only zeros are cut).
 # The SQLite catalog is checkpointed into meta.db (SQLite's own -wal file, which a kill leaves
@@ -225,6 +227,15 @@ ds("PUT", "/ds/closed", 201, {"content-type": "text/plain"})
 ds("POST", "/ds/closed", 204, {"content-type": "text/plain"}, "first line\n")
 ds("POST", "/ds/closed", 204, {"content-type": "text/plain", "stream-closed": "true"}, "bye\n")
 
+# A Durable Streams subscription (kept in <wal-dir>/subscriptions.json with the node's signing
+# keys); its pattern matches no stream, so nothing is ever delivered to its URL.
+ds("PUT", "/__ds/subscriptions/hook", 201, {"content-type": "application/json"}, json.dumps({
+    "type": "webhook",
+    "pattern": "fx-none/*",
+    "webhook": {"url": "http://127.0.0.1:9/hook"},
+    "description": "kept across upgrades",
+}))
+
 # The sealed segments are uploaded in the background: wait (bounded) for two.
 deadline = time.time() + 60
 while len(glob.glob(f"{objects_dir}/**/*.seg", recursive=True)) < 2:
@@ -310,6 +321,8 @@ manifest = {
     "deleted": ["/fx/deleted"],
     "producers": producers,
     "ds": [ds_read_back(name) for name in ["/ds/json", "/ds/fork", "/ds/closed"]],
+    "subscriptions": [json.loads(ds("GET", "/__ds/subscriptions/hook", 200)[1])],
+    "jwks": json.loads(ds("GET", "/__ds/jwks.json", 200)[1]),
 }
 
 

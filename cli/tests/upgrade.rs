@@ -6,8 +6,9 @@
 //! frames only, no file header) and killed with SIGKILL: a SQLite catalog, two sealed segment
 //! objects, and WAL files holding the rest of the streams. Its `manifest.json` is what that
 //! release acknowledged, read back through it before the kill: every stream, every record
-//! (offset, timestamp, headers, body), closed flags, trims, a deleted stream, producer states
-//! and the Durable Streams views. `scripts/make-upgrade-fixture.sh` made both.
+//! (offset, timestamp, headers, body), closed flags, trims, a deleted stream, producer states,
+//! the Durable Streams views, a subscription and the node's signing key (kept in
+//! `subscriptions.json`). `scripts/make-upgrade-fixture.sh` made both.
 
 mod common;
 
@@ -39,6 +40,10 @@ struct Manifest {
     deleted: Vec<String>,
     producers: Vec<ManifestProducer>,
     ds: Vec<ManifestDs>,
+    /// `GET /__ds/subscriptions/{id}` of each Durable Streams subscription.
+    subscriptions: Vec<Value>,
+    /// `GET /__ds/jwks.json`: the node's signing key.
+    jwks: Value,
 }
 
 #[derive(Deserialize)]
@@ -89,6 +94,8 @@ struct Expected {
     deleted: Vec<String>,
     producers: Vec<ManifestProducer>,
     ds: Vec<ExpectedDs>,
+    subscriptions: Vec<Value>,
+    jwks: Value,
 }
 
 struct ExpectedStream {
@@ -167,6 +174,8 @@ impl Expected {
             deleted: manifest.deleted,
             producers: manifest.producers,
             ds,
+            subscriptions: manifest.subscriptions,
+            jwks: manifest.jwks,
         }
     }
 
@@ -242,8 +251,10 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// `pico serve` flags for a data directory laid out as the fixture's.
-fn serve_args(dir: &Path) -> Vec<String> {
+/// `pico serve` flags for a data directory laid out as the fixture's. Segments seal only at
+/// 64 KiB, so what this test appends stays in WAL files (of this build's format) across its
+/// restarts.
+fn serve_args(dir: &Path, cores: u32) -> Vec<String> {
     vec![
         "--meta-url".into(),
         format!("sqlite:{}", dir.join("data/meta.db").display()),
@@ -254,7 +265,7 @@ fn serve_args(dir: &Path) -> Vec<String> {
         "--durability".into(),
         "local".into(),
         "--cores".into(),
-        "2".into(),
+        cores.to_string(),
         "--segment-size".into(),
         "64KiB".into(),
         "--segment-max-age-ms".into(),
@@ -356,6 +367,32 @@ fn check(server: &Server, want: &Expected, context: &str) {
             DsBody::Text(text) => assert_eq!(&read.text(), text, "{what}"),
         }
     }
+    let jwks = ds(second, "GET", "/__ds/jwks.json", &[], b"");
+    jwks.expect(200);
+    assert_eq!(jwks.json(), want.jwks, "{context}: the same signing key");
+    for subscription in &want.subscriptions {
+        let id = subscription["id"].as_str().expect("an id");
+        let got = ds(
+            second,
+            "GET",
+            &format!("/__ds/subscriptions/{id}"),
+            &[],
+            b"",
+        );
+        got.expect(200);
+        let got = got.json();
+        let jwks_url = &got["webhook"]["signing"]["jwks_url"];
+        assert!(
+            jwks_url
+                .as_str()
+                .is_some_and(|u| u.ends_with("/__ds/jwks.json")),
+            "{context}: {got}"
+        );
+        // The JWKS URL is built from the request's Host, which differs from run to run.
+        let mut want = subscription.clone();
+        want["webhook"]["signing"]["jwks_url"] = jwks_url.clone();
+        assert_eq!(got, want, "{context}: subscription {id}");
+    }
 }
 
 /// Producer headers of the Pico protocol.
@@ -368,7 +405,8 @@ fn pico_producer<'a>(id: &'a str, epoch: &'a str, seq: &'a str) -> [(&'a str, &'
 }
 
 /// Every producer's last acknowledged request is known: its retry is a duplicate (nothing
-/// written), the sequence after the next one is a gap, an older epoch is fenced.
+/// written), the sequence after the next one is a gap, an older epoch is fenced; a Durable
+/// Streams producer's last Stream-Seq is known too. Appends to closed streams are refused.
 fn check_producers(server: &Server, want: &Expected, context: &str) {
     let second = server.second.expect("the Durable Streams listener");
     for producer in &want.producers {
@@ -473,6 +511,14 @@ fn record_at(server: &Server, name: &str, seq: u64) -> ReadRecord {
     records.remove(0)
 }
 
+/// An acknowledged append of [`append_round`], to read back.
+struct Appended {
+    stream: String,
+    seq: u64,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
 /// A Durable Streams append of a producer, with a Stream-Seq.
 fn ds_produce(
     addr: std::net::SocketAddr,
@@ -497,8 +543,7 @@ fn ds_produce(
 /// its body and headers and a later timestamp than the record before it; adds them to `want`.
 fn append_round(server: &Server, want: &mut Expected, round: u64) {
     let second = server.second.expect("the Durable Streams listener");
-    // (stream, offset, headers, body) of each append, to read back.
-    let mut appended: Vec<(String, u64, Vec<(String, String)>, Vec<u8>)> = Vec::new();
+    let mut appended: Vec<Appended> = Vec::new();
     for i in 0..want.producers.len() {
         let producer = &want.producers[i];
         let stream = producer.stream.clone();
@@ -529,7 +574,12 @@ fn append_round(server: &Server, want: &mut Expected, round: u64) {
         }
         want.producers[i].seq = seq;
         want.stream(&stream).next_seq = next + 1;
-        appended.push((stream, next, Vec::new(), body.into_bytes()));
+        appended.push(Appended {
+            stream,
+            seq: next,
+            headers: Vec::new(),
+            body: body.into_bytes(),
+        });
     }
     let plain: Vec<(String, String)> = want
         .streams
@@ -565,9 +615,20 @@ fn append_round(server: &Server, want: &mut Expected, round: u64) {
             assert_eq!(r.h_u64("pico-start-seq"), next, "{stream}: round {round}");
         }
         want.stream(&stream).next_seq = next + 1;
-        appended.push((stream, next, headers, body.into_bytes()));
+        appended.push(Appended {
+            stream,
+            seq: next,
+            headers,
+            body: body.into_bytes(),
+        });
     }
-    for (stream, seq, headers, body) in appended {
+    for Appended {
+        stream,
+        seq,
+        headers,
+        body,
+    } in appended
+    {
         let got = record_at(server, &stream, seq);
         assert_eq!(
             (&got.headers, &got.body),
@@ -602,7 +663,8 @@ fn a_data_directory_of_wal_format_1_is_recovered_whole() {
         .tempdir()
         .expect("a temporary directory");
     copy_tree(&fixture, copy.path());
-    let args = serve_args(copy.path());
+    // As many cores as the release that wrote it ran.
+    let args = serve_args(copy.path(), 2);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut server = Server::start(&args);
 
@@ -617,6 +679,14 @@ fn a_data_directory_of_wal_format_1_is_recovered_whole() {
     append_round(&server, &mut want, 2);
     check(&server, &want, "after the second appends");
     assert!(server.is_running(), "log:\n{}", server.log());
+
+    // Once more after kill -9, on one core: WAL files of both cores are read by one.
+    server.kill();
+    let args = serve_args(copy.path(), 1);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args);
+    check(&server, &want, "on one core");
+    check_producers(&server, &want, "on one core");
 }
 
 #[test]
@@ -691,7 +761,7 @@ fn a_wal_file_of_a_newer_format_is_refused_naming_both_versions() {
     let mut child = common::cli::pico_without_pico_env()
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-        .args(serve_args(dir.path()))
+        .args(serve_args(dir.path(), 1))
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
