@@ -654,19 +654,29 @@ fn append_round(server: &Server, want: &mut Expected, round: u64) {
     }
 }
 
-#[test]
-fn a_data_directory_of_wal_format_1_is_recovered_whole() {
+/// A copy of the fixture in a temporary directory, and what it holds.
+fn fixture_copy() -> (tempfile::TempDir, Expected) {
     let fixture = fixture(FIXTURE_V1);
-    let mut want = Expected::from_manifest(load_manifest(&fixture));
+    let want = Expected::from_manifest(load_manifest(&fixture));
     let copy = tempfile::Builder::new()
         .prefix("pico-upgrade-")
         .tempdir()
         .expect("a temporary directory");
     copy_tree(&fixture, copy.path());
-    // As many cores as the release that wrote it ran.
-    let args = serve_args(copy.path(), 2);
+    (copy, want)
+}
+
+fn start(dir: &Path, cores: u32) -> Server {
+    let args = serve_args(dir, cores);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut server = Server::start(&args);
+    Server::start(&args)
+}
+
+#[test]
+fn a_data_directory_of_wal_format_1_is_recovered_whole() {
+    let (copy, mut want) = fixture_copy();
+    // As many cores as the release that wrote it ran.
+    let mut server = start(copy.path(), 2);
 
     check(&server, &want, "first start on the format-1 directory");
     check_producers(&server, &want, "first start");
@@ -682,11 +692,44 @@ fn a_data_directory_of_wal_format_1_is_recovered_whole() {
 
     // Once more after kill -9, on one core: WAL files of both cores are read by one.
     server.kill();
-    let args = serve_args(copy.path(), 1);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let server = Server::start(&args);
+    let server = start(copy.path(), 1);
     check(&server, &want, "on one core");
     check_producers(&server, &want, "on one core");
+}
+
+/// The fixture as the release left it on disk: WAL files pre-allocated (zeros past their
+/// frames), and the WAL file of a segment that was stored and committed before the crash
+/// (which came before the file's removal) still there.
+#[test]
+fn a_format_1_directory_as_left_on_disk_is_recovered_whole() {
+    let (copy, want) = fixture_copy();
+    let wal_dir = copy.path().join("data/wal");
+    for entry in std::fs::read_dir(&wal_dir).expect("the WAL directory") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|e| e == "wal") {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open a WAL file");
+            file.set_len(V1_PREALLOCATED as u64)
+                .expect("pad the WAL file");
+        }
+    }
+    // Format 1 wrote a segment's frames to its WAL file exactly as the object holds them.
+    let mut sealed: Vec<PathBuf> = std::fs::read_dir(copy.path().join("objects/segments"))
+        .expect("the segment objects")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    sealed.sort();
+    let first = sealed.first().expect("a sealed segment");
+    let mut leftover = std::fs::read(first).expect("a segment object");
+    leftover.resize(V1_PREALLOCATED, 0);
+    let stem = first.file_stem().expect("a name").to_str().expect("UTF-8");
+    std::fs::write(wal_dir.join(format!("{stem}.wal")), leftover).expect("the leftover");
+
+    let server = start(copy.path(), 2);
+    check(&server, &want, "the directory as left on disk");
+    check_producers(&server, &want, "the directory as left on disk");
 }
 
 #[test]
