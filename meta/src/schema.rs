@@ -146,6 +146,11 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE streams ADD COLUMN retention_age_ms INTEGER;
      ALTER TABLE streams ADD COLUMN retention_bytes INTEGER;
      ALTER TABLE streams ADD COLUMN delete_on_empty_ms INTEGER;",
+    // 8: the WAL format the nodes of this catalog write (engine/src/wal_file.rs). Builds of
+    // schema 7 read format 2's file header and commit records as records; they refuse a
+    // catalog newer than theirs, so going back to one fails loudly instead.
+    "CREATE TABLE wal_format (version INTEGER NOT NULL);
+     INSERT INTO wal_format (version) VALUES (2);",
 ];
 
 /// The schema version this build writes.
@@ -345,8 +350,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7]);
-        assert_eq!(SCHEMA_VERSION, 7);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(SCHEMA_VERSION, 8);
     }
 
     #[test]
@@ -354,6 +359,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8]);
     }
 }

@@ -67,6 +67,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE streams ADD COLUMN retention_age_ms BIGINT;
      ALTER TABLE streams ADD COLUMN retention_bytes BIGINT;
      ALTER TABLE streams ADD COLUMN delete_on_empty_ms BIGINT;",
+    // 8: the WAL format the nodes of this catalog write (see the SQLite list).
+    "CREATE TABLE wal_format (version BIGINT NOT NULL);
+     INSERT INTO wal_format (version) VALUES (2);",
 ];
 
 /// The schema version this build writes.
