@@ -138,7 +138,7 @@ pub(crate) fn recover_wal_files(
             let bytes = bytes::Bytes::from(bytes);
             let record = index_segment(key, &bytes);
             wait(store.put(&record.key, bytes.clone()))?;
-            commit(meta, &record, fence, &path)?;
+            commit(meta, &record, fence, &scanned.epochs, &path)?;
             report.push(format!(
                 "recovered WAL file {} ({} bytes, format {})",
                 path.display(),
@@ -171,20 +171,25 @@ pub(crate) fn recover_wal_files(
     })
 }
 
-/// Commits a recovered segment; in a cluster, fenced by this node incarnation's ownership.
+/// Commits a recovered segment; in a cluster, fenced by this node incarnation's ownership at
+/// the owner epochs the WAL file names.
 fn commit(
     meta: &MetaStore,
     record: &SegmentRecord,
     fence: Option<(pico_meta::NodeId, u64)>,
+    epochs: &HashMap<u64, u64>,
     path: &Path,
 ) -> Result<(), String> {
     let Some((node, node_epoch)) = fence else {
         return wait(meta.commit_segment(record.clone()));
     };
+    // The owner epochs the file's frames were written at (format 2): a stream that moved away
+    // and came back while this node was down is held at a newer epoch, and these frames are
+    // not that incarnation's. A format-1 file has none, and is fenced by node alone.
     let fence = pico_meta::SegmentFence {
         node,
         node_epoch,
-        epochs: HashMap::new(),
+        epochs: epochs.clone(),
     };
     let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;
     for id in fenced {

@@ -13,6 +13,10 @@
 //!  commit:      a frame header, kind FRAME_KIND_WAL_COMMIT, no payload,
 //!               stream_id = round number (1, 2, ...), offset = segment bytes through this
 //!               round (the data frames of rounds 1..=n), timestamp_ms = when it was written
+//!  epoch:       (cluster nodes) a frame header, kind FRAME_KIND_WAL_EPOCH, no payload,
+//!               stream_id = a stream, offset = the owner epoch its frames in this file were
+//!               written at; in the round of the stream's first frame in the file, before the
+//!               commit record (a file never holds frames of two incarnations of a stream)
 //!  A round is one group commit: one write and one fdatasync. Nothing of a round is
 //!  acknowledged before its commit record is on disk with the rest of it.
 //!
@@ -46,6 +50,10 @@ pub const WAL_FORMAT_VERSION: u64 = 2;
 pub const FRAME_KIND_WAL_FILE: u8 = 3;
 /// Stable, persisted: the end of one group-commit round (never in a segment object).
 pub const FRAME_KIND_WAL_COMMIT: u8 = 4;
+/// Stable, persisted: the owner epoch of a stream's frames in this file (never in a segment
+/// object). Recovery fences the file's frames by it: a stream that moved away and back while
+/// this node was down is another incarnation, and these frames are not its.
+pub const FRAME_KIND_WAL_EPOCH: u8 = 5;
 /// Bytes of a file header and of a commit record.
 pub const WAL_MARKER_LEN: usize = FRAME_HEADER_LEN;
 
@@ -80,9 +88,9 @@ pub fn commit_record(round: u64, segment_len: u64, now_ms: i64) -> [u8; WAL_MARK
     marker(FRAME_KIND_WAL_COMMIT, round, segment_len, now_ms)
 }
 
-/// The most bytes a WAL file holding `segment_len` bytes of frames in `rounds` rounds takes.
-pub fn file_len_bound(segment_len: usize, rounds: u64) -> usize {
-    WAL_MARKER_LEN + segment_len + rounds as usize * WAL_MARKER_LEN
+/// The record saying stream `stream_id`'s frames in this file are of owner epoch `epoch`.
+pub fn epoch_record(stream_id: u64, epoch: u64) -> [u8; WAL_MARKER_LEN] {
+    marker(FRAME_KIND_WAL_EPOCH, stream_id, epoch, 0)
 }
 
 /// One valid data frame the scan found: where it is in the file and what it says.
@@ -141,6 +149,9 @@ pub struct Scanned {
     /// File position just past the last whole round (its commit record; version 1: its last
     /// whole request): where the next round would have started.
     pub committed_end: usize,
+    /// The owner epoch of each stream's frames, from the epoch records of whole rounds
+    /// (cluster nodes write them; empty otherwise).
+    pub epochs: std::collections::HashMap<u64, u64>,
     pub end: WalEnd,
 }
 
@@ -176,7 +187,7 @@ fn valid_frame_at(data: &[u8], pos: usize) -> Option<(FrameHeader, usize)> {
     let head = data.get(pos..pos + FRAME_HEADER_LEN)?;
     let len = u32::from_le_bytes(head[..4].try_into().ok()?) as usize;
     let kind = head[8];
-    let known_kind = is_data(kind) || kind == FRAME_KIND_WAL_COMMIT;
+    let known_kind = is_data(kind) || kind == FRAME_KIND_WAL_COMMIT || kind == FRAME_KIND_WAL_EPOCH;
     if !known_kind || head[9] & !7 != 0 || len < FRAME_HEADER_LEN || len > data.len() - pos {
         return None;
     }
@@ -223,6 +234,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     }
     let mut pos = if header.is_some() { WAL_MARKER_LEN } else { 0 };
     let (mut committed, mut pending) = (Vec::new(), Vec::<FoundFrame>::new());
+    let (mut epochs, mut pending_epochs) = (std::collections::HashMap::new(), Vec::new());
     let (mut round, mut segment_len) = (0u64, 0u64);
     let mut committed_end = pos;
     // Why the walk stopped, when it stopped on a valid frame that breaks the rules.
@@ -250,7 +262,10 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             round += 1;
             segment_len += pending_len;
             committed.append(&mut pending);
+            epochs.extend(pending_epochs.drain(..));
             committed_end = pos + len;
+        } else if kind == FRAME_KIND_WAL_EPOCH && version == WAL_FORMAT_VERSION {
+            pending_epochs.push((header.stream_id.get(), header.offset.get()));
         } else {
             broken = Some(format!("a frame of unknown kind {kind}"));
             break;
@@ -291,6 +306,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             version,
             committed,
             committed_end,
+            epochs,
             end,
         });
     };
@@ -310,6 +326,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
         version,
         committed,
         committed_end,
+        epochs,
         end: WalEnd::Damaged(Damage {
             at,
             resumes_at,
@@ -343,26 +360,36 @@ pub struct Round {
 }
 
 impl WalCursor {
-    /// Bytes of the file once a round of `data_len` more frame bytes is written: what a
-    /// pre-allocated file must have room for.
-    pub fn len_after(&self, data_len: usize) -> usize {
+    /// Bytes of the file once a round of `data_len` more frame bytes and `epochs` epoch
+    /// records is written: what a pre-allocated file must have room for.
+    pub fn len_after(&self, data_len: usize, epochs: usize) -> usize {
         let header = if self.rounds == 0 { WAL_MARKER_LEN } else { 0 };
-        self.written + header + data_len + WAL_MARKER_LEN
+        self.written + header + data_len + (epochs + 1) * WAL_MARKER_LEN
     }
 
-    /// The write of the next round, of `data_len` frame bytes, in blocks of `align`.
-    pub fn plan(&self, data_len: usize, align: usize) -> Round {
+    /// The write of the next round, of `data_len` frame bytes and `epochs` epoch records, in
+    /// blocks of `align`.
+    pub fn plan(&self, data_len: usize, epochs: usize, align: usize) -> Round {
         let start = self.written / align * align;
         Round {
             start,
-            len: self.len_after(data_len) - start,
+            len: self.len_after(data_len, epochs) - start,
         }
     }
 
     /// Lays the round out in `dst` (at least `round.len` bytes; the rest is zeroed): the
-    /// partial block, the header of a first round, `data`, and the commit record saying the
-    /// segment holds `segment_len` bytes after it.
-    pub fn fill(&self, round: Round, dst: &mut [u8], data: &[u8], segment_len: u64, now_ms: i64) {
+    /// partial block, the header of a first round, `data`, the epoch records of `epochs`
+    /// (stream id, owner epoch), and the commit record saying the segment holds `segment_len`
+    /// bytes after it.
+    pub fn fill(
+        &self,
+        round: Round,
+        dst: &mut [u8],
+        data: &[u8],
+        epochs: &[(u64, u64)],
+        segment_len: u64,
+        now_ms: i64,
+    ) {
         let mut at = 0;
         let mut put = |bytes: &[u8]| {
             dst[at..at + bytes.len()].copy_from_slice(bytes);
@@ -373,6 +400,9 @@ impl WalCursor {
             put(&file_header(now_ms));
         }
         put(data);
+        for (stream_id, epoch) in epochs {
+            put(&epoch_record(*stream_id, *epoch));
+        }
         put(&commit_record(self.rounds + 1, segment_len, now_ms));
         debug_assert_eq!(at, round.len);
         dst[at..].fill(0);

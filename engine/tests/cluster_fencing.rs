@@ -229,3 +229,137 @@ fn a_superseded_incarnation_commits_and_acknowledges_nothing() {
     );
     booted.meta.shutdown();
 }
+
+/// Boots node `NODE` at `node_epoch` with local durability on `db`, runs `f` on its one core,
+/// then stops without flushing (what a crash leaves: the appends in the WAL); the boot report.
+fn crash_after<F, Fut>(db: &PgDatabase, dir: &std::path::Path, node_epoch: u64, f: F) -> Vec<String>
+where
+    F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let config = EngineConfig {
+        durability: pico_engine::Durability::Local,
+        segment_max_age_ms: 600_000,
+        node_id: Some(NODE),
+        ..common::config(dir, 1)
+    };
+    let cluster = ClusterConfig {
+        node_id: NODE,
+        node_epoch,
+        address: "http://127.0.0.1:9".into(),
+        slots: 1,
+        lease_ms: LEASE_MS,
+        redirect: true,
+        cluster_id: "recovery".into(),
+    };
+    let storage = format!("-2@file://{}", dir.join("objects").display());
+    let booted = boot(config, db.url(), &storage, Some(cluster)).expect("boot");
+    let seed = booted.seeds.into_iter().next().expect("one core");
+    common::executor()
+        .spawn(move || async move {
+            let core = CoreHandle::start(seed).await.expect("core starts");
+            f(core).await
+        })
+        .expect("executor")
+        .join()
+        .expect("join");
+    booted.meta.shutdown();
+    booted.report
+}
+
+/// A cluster node's WAL records the owner epoch of its frames: a stream that another node took
+/// over while this one was down, wrote to, and handed back before this one recovered is held
+/// at a newer epoch, and the WAL's records of the old incarnation are not restored into it.
+/// Before, recovery was fenced by node alone: the stream read both owners' records at the
+/// same offsets.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
+    let Some(db) = PgDatabase::create("engine_wal_owner_epoch") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let first_epoch = pico_engine::now_ms() as u64;
+    crash_after(&db, dir.path(), first_epoch, |core| async move {
+        core.create("/m", create()).await.expect("created");
+        let ack = core.append("/m", append("a0")).await.expect("acknowledged");
+        assert_eq!(ack.start_offset, Some(0));
+    });
+    // While node 1 is down: its lease ends, node 2 takes /m over, stores its own record at
+    // offset 0, and hands /m back to node 1.
+    let (other, _) =
+        pico_engine::meta::MetaStore::open(&pico_engine::meta::MetaUrl::parse(db.url()).unwrap())
+            .unwrap();
+    wait(other.release_lease(NODE, first_epoch)).expect("lease released");
+    wait(other.register_node(OTHER, 1, "http://127.0.0.1:10", 1, LEASE_MS)).expect("registered");
+    let moved = wait(other.take_over(NODE, first_epoch)).expect("taken over");
+    assert_eq!(moved.len(), 1, "/m moved to node 2");
+    let (row, owner) = wait(other.lookup_stream("/m"))
+        .expect("looked up")
+        .expect("row");
+    assert_eq!(owner.node, Some(OTHER));
+    let theirs = pico_engine::meta::SegmentRecord {
+        key: "segments/n2/theirs.seg".into(),
+        size_bytes: 42,
+        created_ms: 1,
+        streams: vec![pico_engine::meta::SegmentStreamEntry {
+            stream_id: row.id,
+            runs: vec![pico_engine::meta::SegmentRun {
+                first_offset: 0,
+                next_offset: 1,
+                byte_start: 0,
+                byte_end: 42,
+            }],
+            last_timestamp_ms: 1,
+            closed: false,
+            producers: vec![],
+            closed_by: None,
+            writer_seq: None,
+        }],
+    };
+    let fence = pico_engine::meta::SegmentFence {
+        node: OTHER,
+        node_epoch: 1,
+        epochs: [(row.id, owner.epoch)].into_iter().collect(),
+    };
+    assert!(wait(other.commit_segment_fenced(theirs, fence))
+        .expect("stored")
+        .is_empty());
+    // Node 1's next incarnation registers (as its boot does, before it recovers), and /m is
+    // handed back to it at once.
+    wait(other.register_node(NODE, first_epoch + 1, "http://127.0.0.1:9", 1, LEASE_MS))
+        .expect("node 1 registered again");
+    wait(other.request_transfer("/m", NODE)).expect("transfer asked");
+    let back = Fence {
+        node: OTHER,
+        node_epoch: 1,
+        epoch: owner.epoch,
+    };
+    let epoch = wait(other.complete_transfer(row.id, back, NODE)).expect("handed back");
+    assert!(epoch > owner.epoch);
+
+    // That incarnation recovers its WAL (started here as the next one: the registration above
+    // stood in for its own).
+    wait(other.release_lease(NODE, first_epoch + 1)).expect("released");
+    let report = crash_after(&db, dir.path(), first_epoch + 2, |_| async {});
+    let load = wait(other.load_stream(row.id))
+        .expect("loaded")
+        .expect("row");
+    let keys: Vec<&str> = load
+        .snapshot
+        .segments
+        .iter()
+        .map(|s| s.key.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        ["segments/n2/theirs.seg"],
+        "only node 2's record holds offset 0 (report: {report:?})"
+    );
+    other.shutdown();
+}
+
+/// The answer to a metadata request, from outside any executor.
+fn wait<T>(reply: pico_engine::meta::Reply<T>) -> Result<T, pico_engine::meta::MetaError> {
+    futures_lite::future::block_on(reply).expect("answered")
+}

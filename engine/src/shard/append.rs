@@ -532,9 +532,14 @@ impl Shard {
             frame::encode_frame(&mut segment.buf, meta, &[], &[]);
         }
         let byte_end = segment.buf.len() as u64;
+        let wal_epochs = &mut segment.wal_epochs;
         let entry = segment.index.entry(id).or_default();
         if entry.name.is_none() {
             entry.name = Some(name.clone());
+            // A cluster node's WAL says which incarnation these frames belong to.
+            if self.cluster.is_some() {
+                wal_epochs.push((id, stream.epoch));
+            }
         }
         entry.epoch = stream.epoch;
         entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);

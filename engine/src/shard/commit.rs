@@ -104,8 +104,8 @@ impl Shard {
         // `written_len`: the segment's bytes this round makes durable (appends that arrive
         // during the write wait for the next round).
         let (file, start, len, written_len, buffer, path, cursor) = {
-            let log = self.log.borrow();
-            let segment = log.iter().find(|s| s.no == no).expect("picked above");
+            let mut log = self.log.borrow_mut();
+            let segment = log.iter_mut().find(|s| s.no == no).expect("picked above");
             let written_len = segment.buf.len();
             match &segment.wal {
                 None => (None, 0, 0, written_len, None, None, None),
@@ -114,13 +114,15 @@ impl Shard {
                     // header), then its commit record (`wal_file.rs`).
                     let align = file.alignment() as usize;
                     let frames = &segment.buf[segment.durable_len..written_len];
-                    let round = segment.wal_cursor.plan(frames.len(), align);
+                    // Taken: a failed round fails the WAL, and no round follows it.
+                    let epochs = std::mem::take(&mut segment.wal_epochs);
+                    let round = segment.wal_cursor.plan(frames.len(), epochs.len(), align);
                     let mut buffer = file.alloc_dma_buffer(round.len.div_ceil(align) * align);
                     let dst = buffer.as_bytes_mut();
                     let now = crate::clock::now_ms();
                     segment
                         .wal_cursor
-                        .fill(round, dst, frames, written_len as u64, now);
+                        .fill(round, dst, frames, &epochs, written_len as u64, now);
                     let cursor = segment.wal_cursor.after(round, dst, align);
                     let path = segment.wal_path.clone();
                     let buffer = Some(buffer);

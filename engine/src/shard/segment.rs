@@ -56,6 +56,7 @@ impl Shard {
             wal: file,
             wal_path: path,
             wal_cursor: Default::default(),
+            wal_epochs: Vec::new(),
             opened: Instant::now(),
             index: BTreeMap::new(),
         });

@@ -42,6 +42,9 @@ pub(super) struct OpenSegment {
     pub(super) wal_path: Option<PathBuf>,
     /// What the WAL file holds so far (`wal_file.rs`: header, rounds, commit records).
     pub(super) wal_cursor: WalCursor,
+    /// (Cluster) the owner epochs of streams whose first frame in this segment is not yet in
+    /// the WAL file: the next round writes them (`wal_file::epoch_record`).
+    pub(super) wal_epochs: Vec<(u64, u64)>,
     pub(super) opened: Instant,
     pub(super) index: BTreeMap<u64, IndexEntry>,
 }
@@ -52,7 +55,10 @@ impl OpenSegment {
     pub(super) fn wal_len_after(&self, needed: usize) -> usize {
         let pending = self.buf.len() - self.durable_len + needed;
         match self.wal {
-            Some(_) => self.wal_cursor.len_after(pending),
+            // (An append may be its stream's first in the segment: one more epoch record.)
+            Some(_) => self
+                .wal_cursor
+                .len_after(pending, self.wal_epochs.len() + usize::from(needed > 0)),
             None => self.buf.len() + needed,
         }
     }

@@ -251,18 +251,34 @@ fn rounds_written_through_the_cursor_read_back_as_the_segment_they_carry() {
             let body = vec![b'x'; (round * 37 + i * 11) as usize % 300];
             encode_frame(&mut segment, record(round % 3, round * 10 + i), &[], &body);
         }
-        let plan = cursor.plan(segment.len() - from, align);
+        // A cluster node's rounds carry epoch records now and then.
+        let epochs: Vec<(u64, u64)> = (0..round % 3).map(|s| (s, round)).collect();
+        let plan = cursor.plan(segment.len() - from, epochs.len(), align);
         assert_eq!(plan.start % align, 0);
         assert_eq!(
-            cursor.len_after(segment.len() - from),
+            cursor.len_after(segment.len() - from, epochs.len()),
             plan.start + plan.len
         );
         let mut dst = vec![0xee; plan.len.div_ceil(align) * align];
-        cursor.fill(plan, &mut dst, &segment[from..], segment.len() as u64, 5);
+        cursor.fill(
+            plan,
+            &mut dst,
+            &segment[from..],
+            &epochs,
+            segment.len() as u64,
+            5,
+        );
         file[plan.start..plan.start + dst.len()].copy_from_slice(&dst);
         cursor = cursor.after(plan, &dst, align);
         let scanned = scan(&file).unwrap();
         assert_eq!(scanned.end, WalEnd::Clean, "after round {round}");
         assert_eq!(scanned.segment_bytes(&file), segment, "after round {round}");
+        for (stream_id, epoch) in &epochs {
+            assert_eq!(
+                scanned.epochs.get(stream_id),
+                Some(epoch),
+                "after round {round}"
+            );
+        }
     }
 }
