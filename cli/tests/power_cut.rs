@@ -12,11 +12,15 @@
 //! acknowledged before its `fdatasync`, a missing directory sync or a rename never made durable
 //! all survive it. Only losing the disk's cache does.
 //!
-//! Writers: two plain Pico writers on one stream, an idempotent producer (`Pico-Producer-*`
-//! headers, resending a sequence number with the same body until it gets a `2xx`) on another,
-//! and a long-poll reader on each. Segments are small and young (`--segment-size 65536
-//! --segment-max-age-ms 200`), so a cut often lands in a seal, an object write and its rename,
-//! or a catalog commit.
+//! Three streams, each tailed by a long-poll reader: three plain Pico writers on the first; an
+//! idempotent producer (`Pico-Producer-*` headers, resending a sequence number with the same
+//! body until it gets a `2xx`, across cuts) on the second; a plain writer on the third, whose
+//! retention keeps 4 KiB, so that its oldest records are trimmed away every second and the
+//! garbage collector deletes their segments (`--gc-interval-ms 500`). Segments are small and
+//! young (`--segment-size 65536 --segment-max-age-ms 200`), so a cut often lands in a seal, an
+//! object write and its rename, a catalog commit, a trim or a delete. On the retained stream
+//! the rules hold from its start after the reboot: what retention took is not a loss, but a
+//! trim that a cut takes back must bring back every record it had trimmed, intact.
 //!
 //! Cases: `--durability local` (the single node's default) and `--durability object` on
 //! `file://`, each for `POWER_CUT_CYCLES` cycles (default 3; the long run is
@@ -45,10 +49,38 @@ use common::{decode_binary_read, Conn, Resp, XorShift};
 use pico_testkit::history::{check, Append, History, Outcome, Read, Violation};
 use vm::{DiskCache, Kit, Machine, Node};
 
-/// Two plain writers and a reader.
-const PLAIN_STREAM: &str = "/power/plain";
-/// An idempotent producer and a reader.
-const PRODUCER_STREAM: &str = "/power/producer";
+/// The streams: (name, `Pico-Retention-Bytes` at create).
+const STREAMS: [(&str, Option<u64>); 3] = [
+    ("/power/plain", None),
+    ("/power/producer", None),
+    ("/power/retained", Some(RETAINED_BYTES)),
+];
+/// What the retained stream keeps: about ten records, so that each retention round (one a
+/// second) trims it.
+const RETAINED_BYTES: u64 = 4 * 1024;
+
+/// What a client does, and on which stream (an index into [`STREAMS`]).
+#[derive(Clone, Copy, Debug)]
+enum Role {
+    /// Appends a body of its own per request, never resent.
+    Writer(usize),
+    /// An idempotent producer: resends a sequence number with the same body until a `2xx`.
+    Producer(usize),
+    /// Tails the stream with long-polls.
+    Reader(usize),
+}
+
+const CLIENTS: [Role; 8] = [
+    Role::Writer(0),
+    Role::Writer(0),
+    Role::Writer(0),
+    Role::Producer(1),
+    Role::Writer(2),
+    Role::Reader(0),
+    Role::Reader(1),
+    Role::Reader(2),
+];
+
 const PRODUCER_ID: &str = "power-cut";
 /// Bytes of padding per record: about 150 records fill a 64 KiB segment.
 const PAD: usize = 400;
@@ -64,8 +96,20 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a full read of a stream after a reboot may take.
 const READ_BOUND: Duration = Duration::from_secs(120);
 
-/// Small segments sealed young: cuts land in seals, object writes, renames, catalog commits.
-const SMALL_SEGMENTS: [&str; 4] = ["--segment-size", "65536", "--segment-max-age-ms", "200"];
+/// Every case's node: small segments sealed young, the garbage collector every 500 ms, short
+/// long-polls.
+const NODE_FLAGS: [&str; 10] = [
+    "--segment-size",
+    "65536",
+    "--segment-max-age-ms",
+    "200",
+    "--gc-interval-ms",
+    "500",
+    "--cores",
+    "2",
+    "--long-poll-timeout-sec",
+    "1",
+];
 
 #[ignore = "needs qemu, nbdkit and a kernel: scripts/power-cut-vm.sh"]
 #[test]
@@ -143,10 +187,19 @@ fn run_durable_case(test: &str, name: &str, flags: &[&str]) {
     }
     run.report("");
     assert_eq!(run.cycles, cycles, "[{name}] every cycle ran");
-    assert!(
-        run.acked_total() > 0,
-        "[{name}] no append was acknowledged: the test proved nothing"
-    );
+    if cycles > 0 {
+        assert!(
+            run.starts[2] > 0,
+            "[{name}] retention never trimmed {}: the cuts could not land in a trim",
+            STREAMS[2].0
+        );
+    }
+    for (i, (stream, _)) in STREAMS.iter().enumerate() {
+        assert!(
+            acked_and_lost(&run.histories[i], &[]).0 > 0,
+            "[{name}] no append to {stream} was acknowledged: the test proved nothing"
+        );
+    }
 }
 
 fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
@@ -176,7 +229,7 @@ fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
     );
 }
 
-/// One case: its machine, the clients' state and history across cycles.
+/// One case: its machine, the clients' state and the history of every stream across cycles.
 struct Run {
     name: String,
     machine: Machine,
@@ -184,30 +237,24 @@ struct Run {
     seed: u64,
     schedule: XorShift,
     cycles: u32,
-    plain: History,
-    producer: History,
-    state: ClientState,
+    /// One per stream of [`STREAMS`].
+    histories: Vec<History>,
+    /// Per client of [`CLIENTS`]: a writer's next body number, the producer's sequence
+    /// number not acknowledged yet, a reader's next offset.
+    positions: Vec<u64>,
     started: Instant,
     /// How long each boot took to `/ready`.
     boot_times: Vec<Duration>,
     answers: BTreeMap<u16, u64>,
+    /// Where each stream started after the latest reboot (above 0: trimmed).
+    starts: Vec<u64>,
 }
 
-/// What the clients carry from one cycle to the next.
-#[derive(Clone, Default)]
-struct ClientState {
-    /// The next body number of each plain writer.
-    plain_next: [u64; 2],
-    /// The producer's sequence number not acknowledged yet.
-    producer_seq: u64,
-    /// Where each reader goes on: the plain stream's, the producer stream's.
-    reader_next: [u64; 2],
-}
-
-/// What a check after a reboot found.
+/// What a check after a reboot found, over every stream.
 struct Verdict {
     violations: Vec<Violation>,
-    /// Acknowledged appends so far (a producer's sequence number counts once).
+    /// Acknowledged appends so far (a producer's sequence number counts once; what retention
+    /// trimmed away does not count).
     acked: usize,
     /// Of those, how many the streams do not hold.
     lost: usize,
@@ -221,21 +268,19 @@ impl Run {
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(XorShift::seed_from_time);
         let mut args: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
-        args.extend(SMALL_SEGMENTS.iter().map(|s| s.to_string()));
-        args.extend(["--cores", "2", "--long-poll-timeout-sec", "1"].map(String::from));
+        args.extend(NODE_FLAGS.iter().map(|s| s.to_string()));
         eprintln!("power cut [{name}]: pico serve {args:?}, disk {cache:?}, POWER_CUT_SEED={seed}");
         let mut machine = Machine::new(kit, name, &args, cache);
         let began = Instant::now();
         let node = machine.boot();
         let boot_time = began.elapsed();
-        for stream in [PLAIN_STREAM, PRODUCER_STREAM] {
-            let created = request(
-                node.pico,
-                "PUT",
-                stream,
-                &[("content-type", "application/octet-stream")],
-                b"",
-            );
+        for (stream, retained) in STREAMS {
+            let bytes = retained.map(|b| b.to_string());
+            let mut headers = vec![("content-type", "application/octet-stream")];
+            if let Some(bytes) = &bytes {
+                headers.push(("pico-retention-bytes", bytes));
+            }
+            let created = Client::new(node.pico).request("PUT", stream, &headers, b"");
             assert_eq!(
                 created.as_ref().map(|r| r.status),
                 Some(201),
@@ -251,12 +296,12 @@ impl Run {
             seed,
             schedule: XorShift::new(seed),
             cycles: 0,
-            plain: History::default(),
-            producer: History::default(),
-            state: ClientState::default(),
+            histories: vec![History::default(); STREAMS.len()],
+            positions: vec![0; CLIENTS.len()],
             started: Instant::now(),
             boot_times: vec![boot_time],
             answers: BTreeMap::new(),
+            starts: vec![0; STREAMS.len()],
         }
     }
 
@@ -265,28 +310,56 @@ impl Run {
     fn cycle(&mut self) -> Verdict {
         self.cycles += 1;
         let write_ms = self.schedule.range(WRITE_MS.0, WRITE_MS.1);
-        let clients = Clients::start(self.node, self.state.clone(), self.started);
+        let stop = Arc::new(AtomicBool::new(false));
+        let clients: Vec<_> = CLIENTS
+            .iter()
+            .zip(&self.positions)
+            .enumerate()
+            .map(|(id, (&role, &position))| {
+                let (stop, addr, started) = (stop.clone(), self.node.pico, self.started);
+                std::thread::spawn(move || {
+                    let mut client = ClientRun {
+                        client: Client::new(addr),
+                        name: format!("{role:?}-{id}"),
+                        stop,
+                        started,
+                        history: History::default(),
+                        tally: Tally::default(),
+                    };
+                    let position = match role {
+                        Role::Writer(stream) => client.writer(STREAMS[stream].0, position),
+                        Role::Producer(stream) => client.producer(STREAMS[stream].0, position),
+                        Role::Reader(stream) => client.reader(STREAMS[stream].0, position),
+                    };
+                    (position, client.history, client.tally)
+                })
+            })
+            .collect();
         std::thread::sleep(Duration::from_millis(write_ms));
         self.machine.power_cut();
-        let done = clients.stop();
-        self.state = done.state;
-        self.plain.appends.extend(done.plain.appends);
-        self.plain.reads.extend(done.plain.reads);
-        self.producer.appends.extend(done.producer.appends);
-        self.producer.reads.extend(done.producer.reads);
-        for (status, n) in done.answers {
-            *self.answers.entry(status).or_default() += n;
+        // The clients' requests fail at once now; they stop at the next.
+        stop.store(true, Ordering::Relaxed);
+        let mut surprises = Vec::new();
+        for (id, client) in clients.into_iter().enumerate() {
+            let (position, history, tally) = client.join().expect("a client thread");
+            self.positions[id] = position;
+            let stream = match CLIENTS[id] {
+                Role::Writer(s) | Role::Producer(s) | Role::Reader(s) => s,
+            };
+            self.histories[stream].appends.extend(history.appends);
+            self.histories[stream].reads.extend(history.reads);
+            for (status, n) in tally.statuses {
+                *self.answers.entry(status).or_default() += n;
+            }
+            surprises.extend(tally.surprises);
         }
+
         let began = Instant::now();
         self.node = self.machine.boot();
         self.boot_times.push(began.elapsed());
-
         let mut violations = Vec::new();
         let (mut acked, mut lost) = (0, 0);
-        for (stream, history) in [
-            (PLAIN_STREAM, &self.plain),
-            (PRODUCER_STREAM, &self.producer),
-        ] {
+        for (i, (stream, retained)) in STREAMS.iter().enumerate() {
             let last = read_stream(self.node.pico, stream).unwrap_or_else(|e| {
                 panic!(
                     "[{}] cycle {}: {e}\n--- console ---\n{}",
@@ -295,29 +368,35 @@ impl Run {
                     self.machine.console()
                 )
             });
-            violations.extend(check(history, &last));
-            let (a, l) = acked_and_lost(history, &last);
+            self.starts[i] = last.first().map_or(0, |&(start, _)| start);
+            let history = match (retained, last.first()) {
+                // What retention took is not a loss: the rules hold from the start.
+                (Some(_), Some(&(start, _))) => from_start(&self.histories[i], start),
+                _ => self.histories[i].clone(),
+            };
+            violations.extend(check(&history, &last).into_iter().map(|mut v| {
+                v.message = format!("{stream}: {}", v.message);
+                v
+            }));
+            let (a, l) = acked_and_lost(&history, &last);
             acked += a;
             lost += l;
         }
         eprintln!(
             "power cut [{}] cycle {}: wrote {write_ms} ms, rebooted in {:.1} s; {acked} \
-             acknowledged so far, {lost} lost, {} violations",
+             acknowledged so far, {lost} lost, {} violations; streams start at {:?}",
             self.name,
             self.cycles,
             self.boot_times.last().unwrap().as_secs_f64(),
-            violations.len()
+            violations.len(),
+            self.starts
         );
         Verdict {
             violations,
             acked,
             lost,
-            surprises: done.surprises,
+            surprises,
         }
-    }
-
-    fn acked_total(&self) -> usize {
-        acked_and_lost(&self.plain, &[]).0 + acked_and_lost(&self.producer, &[]).0
     }
 
     fn report(&self, kind: &str) {
@@ -326,19 +405,52 @@ impl Run {
             .iter()
             .map(|d| format!("{:.0}", d.as_secs_f64()))
             .collect();
-        let producer_acked = acked_and_lost(&self.producer, &[]).0;
+        let acked: Vec<String> = STREAMS
+            .iter()
+            .zip(&self.histories)
+            .map(|((stream, _), h)| format!("{stream} {}", acked_and_lost(h, &[]).0))
+            .collect();
         eprintln!(
-            "power cut [{}]{kind}: {} cycles, {} appends acknowledged ({producer_acked} by the \
-             producer) of {} sent, {} live reads; append answers {:?}; boots to /ready (s) {}",
+            "power cut [{}]{kind}: {} cycles; appends acknowledged: {} (of {} sent); {} live \
+             reads; append answers {:?}; boots to /ready (s): {}",
             self.name,
             self.cycles,
-            self.acked_total(),
-            self.plain.appends.len() + self.producer.appends.len(),
-            self.plain.reads.len() + self.producer.reads.len(),
+            acked.join(", "),
+            self.histories
+                .iter()
+                .map(|h| h.appends.len())
+                .sum::<usize>(),
+            self.histories.iter().map(|h| h.reads.len()).sum::<usize>(),
             self.answers,
             boots.join(" ")
         );
     }
+}
+
+/// `history` without what a stream starting at `start` no longer holds: appends acknowledged
+/// below it, and the records readers were served below it.
+fn from_start(history: &History, start: u64) -> History {
+    let appends = history
+        .appends
+        .iter()
+        .filter(|a| !matches!(a.outcome, Outcome::Acked { offset: Some(o) } if o < start))
+        .cloned()
+        .collect();
+    let reads = history
+        .reads
+        .iter()
+        .map(|r| Read {
+            from: r.from.max(start),
+            records: r
+                .records
+                .iter()
+                .filter(|(o, _)| *o >= start)
+                .cloned()
+                .collect(),
+            ..r.clone()
+        })
+        .collect();
+    History { appends, reads }
 }
 
 /// Acknowledged appends of `history` (one per body: a producer's retries acknowledged twice
@@ -355,24 +467,8 @@ fn acked_and_lost(history: &History, last: &[(u64, Vec<u8>)]) -> (usize, usize) 
     (acked.len(), lost)
 }
 
-/// The clients of one cycle: threads that run until [`Clients::stop`].
-struct Clients {
-    stop: Arc<AtomicBool>,
-    plain: [std::thread::JoinHandle<(u64, History, Tally)>; 2],
-    producer: std::thread::JoinHandle<(u64, History, Tally)>,
-    readers: [std::thread::JoinHandle<(u64, History)>; 2],
-}
-
-/// What the clients of one cycle did.
-struct Done {
-    state: ClientState,
-    plain: History,
-    producer: History,
-    answers: BTreeMap<u16, u64>,
-    surprises: Vec<String>,
-}
-
-/// The answers one writer got: how often each status (0: none), and the ones no cut explains.
+/// The answers one client got to its appends: how often each status (0: none), and the ones
+/// no cut explains.
 #[derive(Default)]
 struct Tally {
     statuses: BTreeMap<u16, u64>,
@@ -387,77 +483,10 @@ impl Tally {
             .or_default() += 1;
         if let Some(r) = response {
             // 500: the round whose fdatasync failed as the disk went away; 503: appends after
-            // it; 429: object durability's back-pressure.
+            // it; 429: back-pressure.
             if !matches!(r.status, 200 | 429 | 500 | 503) && self.surprises.len() < 10 {
                 self.surprises.push(format!("{client}: {}", r.describe()));
             }
-        }
-    }
-}
-
-impl Clients {
-    fn start(node: Node, state: ClientState, started: Instant) -> Clients {
-        let stop = Arc::new(AtomicBool::new(false));
-        let plain = [0, 1].map(|id| {
-            let (stop, next) = (stop.clone(), state.plain_next[id]);
-            std::thread::spawn(move || plain_writer(node.pico, id, next, &stop, started))
-        });
-        let producer = {
-            let (stop, seq) = (stop.clone(), state.producer_seq);
-            std::thread::spawn(move || producer(node.pico, seq, &stop, started))
-        };
-        let readers = [PLAIN_STREAM, PRODUCER_STREAM].map(|stream| {
-            let stop = stop.clone();
-            let next = state.reader_next[usize::from(stream == PRODUCER_STREAM)];
-            std::thread::spawn(move || reader(node.pico, stream, next, &stop, started))
-        });
-        Clients {
-            stop,
-            plain,
-            producer,
-            readers,
-        }
-    }
-
-    /// Stops the clients (after the cut: their requests fail at once) and collects them.
-    fn stop(self) -> Done {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut state = ClientState::default();
-        let mut plain = History::default();
-        let mut producer = History::default();
-        let mut answers = BTreeMap::new();
-        let mut surprises = Vec::new();
-        let mut tallied = |tally: Tally| {
-            for (status, n) in tally.statuses {
-                *answers.entry(status).or_default() += n;
-            }
-            surprises.extend(tally.surprises);
-        };
-        for (id, writer) in self.plain.into_iter().enumerate() {
-            let (next, history, tally) = writer.join().expect("a plain writer");
-            state.plain_next[id] = next;
-            plain.appends.extend(history.appends);
-            tallied(tally);
-        }
-        let (seq, history, tally) = self.producer.join().expect("the producer");
-        state.producer_seq = seq;
-        producer.appends.extend(history.appends);
-        tallied(tally);
-        for (i, reader) in self.readers.into_iter().enumerate() {
-            let (next, history) = reader.join().expect("a reader");
-            state.reader_next[i] = next;
-            if i == 0 {
-                plain.reads.extend(history.reads);
-            } else {
-                producer.reads.extend(history.reads);
-            }
-        }
-        Done {
-            state,
-            plain,
-            producer,
-            answers,
-            surprises,
         }
     }
 }
@@ -509,168 +538,159 @@ impl Client {
     }
 }
 
-/// One request on a fresh connection; `None` when it failed.
-fn request(
-    addr: SocketAddr,
-    method: &str,
-    target: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> Option<Resp> {
-    Client::new(addr).request(method, target, headers, body)
-}
-
-fn ms_since(started: Instant) -> u64 {
-    started.elapsed().as_millis() as u64
-}
-
-/// Appends a body of its own per request (never resent) until stopped; the next number.
-fn plain_writer(
-    addr: SocketAddr,
-    id: usize,
-    mut next: u64,
-    stop: &AtomicBool,
+/// One client thread of one cycle: what it did, until `stop`.
+struct ClientRun {
+    client: Client,
+    name: String,
+    stop: Arc<AtomicBool>,
     started: Instant,
-) -> (u64, History, Tally) {
-    let name = format!("plain-{id}");
-    let mut client = Client::new(addr);
-    let mut history = History::default();
-    let mut tally = Tally::default();
-    while !stop.load(Ordering::Relaxed) {
-        let body = format!("{name}-{next}-{}", "x".repeat(PAD));
-        next += 1;
-        let invoked_ms = ms_since(started);
-        let response = client.request("POST", PLAIN_STREAM, &[], body.as_bytes());
-        tally.count(&name, response.as_ref());
-        let outcome = match &response {
-            Some(r) if r.status == 200 => Outcome::Acked {
-                offset: Some(r.h_u64("pico-start-seq")),
-            },
-            _ => Outcome::NotAcked,
-        };
-        let acked = outcome != Outcome::NotAcked;
-        history.appends.push(Append {
-            client: name.clone(),
+    history: History,
+    tally: Tally,
+}
+
+impl ClientRun {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn record(&mut self, body: String, invoked_ms: u64, outcome: Outcome) {
+        self.history.appends.push(Append {
+            client: self.name.clone(),
             body: body.into_bytes(),
             invoked_ms,
-            completed_ms: ms_since(started),
+            completed_ms: self.now_ms(),
             outcome,
         });
-        if !acked {
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
-    (next, history, tally)
-}
 
-/// An idempotent producer: resends its sequence number, with the same body, until it is
-/// acknowledged, across cuts; the sequence number not acknowledged yet.
-fn producer(
-    addr: SocketAddr,
-    mut seq: u64,
-    stop: &AtomicBool,
-    started: Instant,
-) -> (u64, History, Tally) {
-    let mut client = Client::new(addr);
-    let mut history = History::default();
-    let mut tally = Tally::default();
-    while !stop.load(Ordering::Relaxed) {
-        let body = format!("producer-{seq}-{}", "x".repeat(PAD));
-        let seq_text = seq.to_string();
-        let headers = [
-            ("pico-producer-id", PRODUCER_ID),
-            ("pico-producer-epoch", "0"),
-            ("pico-producer-seq", seq_text.as_str()),
-        ];
-        let invoked_ms = ms_since(started);
-        let response = client.request("POST", PRODUCER_STREAM, &headers, body.as_bytes());
-        tally.count("producer", response.as_ref());
-        // A duplicate (the sequence number was stored before, its answer lost in a cut) is
-        // `200` without `Pico-Start-Seq`.
-        let outcome = match &response {
-            Some(r) if r.status == 200 => Outcome::Acked {
-                offset: r.header("pico-start-seq").and_then(|s| s.parse().ok()),
-            },
-            _ => Outcome::NotAcked,
-        };
-        let acked = outcome != Outcome::NotAcked;
-        history.appends.push(Append {
-            client: "producer".into(),
-            body: body.into_bytes(),
-            invoked_ms,
-            completed_ms: ms_since(started),
-            outcome,
-        });
-        if acked {
-            seq += 1;
-        } else if response.as_ref().is_some_and(|r| r.status == 409) {
-            // The node and the producer disagree on the sequence (kept as a surprise above):
-            // resending would only repeat it.
-            break;
-        } else {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    (seq, history, tally)
-}
-
-/// Tails a stream with long-polls from `next` until stopped; where it got to.
-fn reader(
-    addr: SocketAddr,
-    stream: &'static str,
-    mut next: u64,
-    stop: &AtomicBool,
-    started: Instant,
-) -> (u64, History) {
-    let name = format!("reader {stream}");
-    let mut client = Client::new(addr);
-    let mut history = History::default();
-    while !stop.load(Ordering::Relaxed) {
-        let target = format!("{stream}?seq={next}&format=binary&live=long-poll");
-        let invoked_ms = ms_since(started);
-        let Some(response) = client.request("GET", &target, &[], b"") else {
-            continue;
-        };
-        if response.status != 200 {
-            // 204: the long-poll timed out with nothing new.
-            if response.status != 204 {
+    /// Appends a body of its own per request, numbered from `next`; the next number.
+    fn writer(&mut self, stream: &str, mut next: u64) -> u64 {
+        while !self.stopped() {
+            let body = format!("{}-{next}-{}", self.name, "x".repeat(PAD));
+            next += 1;
+            let invoked_ms = self.now_ms();
+            let response = self.client.request("POST", stream, &[], body.as_bytes());
+            self.tally.count(&self.name, response.as_ref());
+            let outcome = match &response {
+                Some(r) if r.status == 200 => Outcome::Acked {
+                    offset: Some(r.h_u64("pico-start-seq")),
+                },
+                _ => Outcome::NotAcked,
+            };
+            let acked = outcome != Outcome::NotAcked;
+            self.record(body, invoked_ms, outcome);
+            if !acked {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            continue;
         }
-        let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
-            .into_iter()
-            .map(|r| (r.seq, r.body))
-            .collect();
-        let from = next;
-        next = response.h_u64("pico-next-seq").max(next);
-        history.reads.push(Read {
-            reader: name.clone(),
-            from,
-            records,
-            invoked_ms,
-            completed_ms: ms_since(started),
-        });
+        next
     }
-    (next, history)
+
+    /// An idempotent producer from sequence number `seq`, which it resends with the same body
+    /// until it is acknowledged (in a later cycle too); the sequence number not acknowledged
+    /// yet.
+    fn producer(&mut self, stream: &str, mut seq: u64) -> u64 {
+        while !self.stopped() {
+            let body = format!("producer-{seq}-{}", "x".repeat(PAD));
+            let seq_text = seq.to_string();
+            let headers = [
+                ("pico-producer-id", PRODUCER_ID),
+                ("pico-producer-epoch", "0"),
+                ("pico-producer-seq", seq_text.as_str()),
+            ];
+            let invoked_ms = self.now_ms();
+            let response = self
+                .client
+                .request("POST", stream, &headers, body.as_bytes());
+            self.tally.count(&self.name, response.as_ref());
+            // A duplicate (the sequence number was stored before, its answer lost in a cut)
+            // is `200` without `Pico-Start-Seq`.
+            let outcome = match &response {
+                Some(r) if r.status == 200 => Outcome::Acked {
+                    offset: r.header("pico-start-seq").and_then(|s| s.parse().ok()),
+                },
+                _ => Outcome::NotAcked,
+            };
+            let acked = outcome != Outcome::NotAcked;
+            self.record(body, invoked_ms, outcome);
+            if acked {
+                seq += 1;
+            } else if response.as_ref().is_some_and(|r| r.status == 409) {
+                // The node and the producer disagree on the sequence (a surprise, counted):
+                // resending would only repeat it.
+                break;
+            } else {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        seq
+    }
+
+    /// Tails the stream with long-polls from `next`; where it got to. Below a trimmed
+    /// stream's start (`410`) it goes on from the start.
+    fn reader(&mut self, stream: &str, mut next: u64) -> u64 {
+        while !self.stopped() {
+            let target = format!("{stream}?seq={next}&format=binary&live=long-poll");
+            let invoked_ms = self.now_ms();
+            let Some(response) = self.client.request("GET", &target, &[], b"") else {
+                continue;
+            };
+            match response.status {
+                200 => {}
+                // The long-poll timed out with nothing new.
+                204 => continue,
+                410 => {
+                    let start = response.json()["next_seq"].as_u64();
+                    next = start.expect("a 410 names the start").max(next);
+                    continue;
+                }
+                _ => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+            let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
+                .into_iter()
+                .map(|r| (r.seq, r.body))
+                .collect();
+            let from = next;
+            next = response.h_u64("pico-next-seq").max(next);
+            self.history.reads.push(Read {
+                reader: self.name.clone(),
+                from,
+                records,
+                invoked_ms,
+                completed_ms: self.now_ms(),
+            });
+        }
+        next
+    }
 }
 
-/// A whole stream as the node serves it now, read in binary pages; empty when the stream is
-/// gone (`404`: a disk that lost everything), an error when it cannot be read.
+/// A whole stream as the node serves it now, from its start, read in binary pages; empty when
+/// the stream is gone (`404`: a disk that lost everything), an error when it cannot be read.
 fn read_stream(addr: SocketAddr, stream: &str) -> Result<Vec<(u64, Vec<u8>)>, String> {
     let mut client = Client::new(addr);
     let mut records = Vec::new();
-    let mut next = 0u64;
+    // Negative: wherever the stream starts now.
+    let mut next: Option<u64> = None;
     let deadline = Instant::now() + READ_BOUND;
     let mut last = String::from("no answer");
     loop {
         if Instant::now() > deadline {
-            return Err(format!("reading {stream} at {next} did not finish: {last}"));
+            return Err(format!(
+                "reading {stream} at {next:?} did not finish: {last}"
+            ));
         }
-        let target = format!("{stream}?seq={next}&format=binary&bytes=1048576");
+        let seq = next.map_or("-1".to_string(), |n| n.to_string());
+        let target = format!("{stream}?seq={seq}&format=binary&bytes=1048576");
         let response = match client.request("GET", &target, &[], b"") {
             Some(r) if r.status == 200 => r,
-            Some(r) if r.status == 404 && next == 0 => return Ok(Vec::new()),
+            Some(r) if r.status == 404 && next.is_none() => return Ok(Vec::new()),
             Some(r) if r.status == 503 => {
                 last = r.describe();
                 std::thread::sleep(Duration::from_millis(100));
@@ -683,26 +703,32 @@ fn read_stream(addr: SocketAddr, stream: &str) -> Result<Vec<(u64, Vec<u8>)>, St
             }
         };
         let page = decode_binary_read(&response.body);
+        let page_next = response.h_u64("pico-next-seq");
+        let from = next.unwrap_or(page_next - page.len() as u64);
         if let Some(first) = page.first() {
-            if first.seq != next {
-                return Err(format!("a page of {stream} from {next} starts at {}", first.seq));
+            if first.seq != from {
+                return Err(format!(
+                    "a page of {stream} from {from} starts at {}",
+                    first.seq
+                ));
             }
         }
-        let page_next = response.h_u64("pico-next-seq");
-        if page_next != next + page.len() as u64 {
+        if page_next != from + page.len() as u64 {
             return Err(format!(
-                "a page of {stream} from {next} with {} records says next {page_next}",
+                "a page of {stream} from {from} with {} records says next {page_next}",
                 page.len()
             ));
         }
-        next = page_next;
+        next = Some(page_next);
         let empty = page.is_empty();
         records.extend(page.into_iter().map(|r| (r.seq, r.body)));
         if response.header("pico-up-to-date") == Some("true") {
             return Ok(records);
         }
         if empty {
-            return Err(format!("an empty page of {stream} at {next} that is not up to date"));
+            return Err(format!(
+                "an empty page of {stream} at {page_next} that is not up to date"
+            ));
         }
     }
 }
