@@ -20,7 +20,9 @@
 //! young (`--segment-size 65536 --segment-max-age-ms 200`), so a cut often lands in a seal, an
 //! object write and its rename, a catalog commit, a trim or a delete. On the retained stream
 //! the rules hold from its start after the reboot: what retention took is not a loss, but a
-//! trim that a cut takes back must bring back every record it had trimmed, intact.
+//! trim that a cut takes back must bring back every record it had trimmed, intact. Every third
+//! cycle, the boot after the cut is cut too, 0-4 s after `pico serve` started: in its
+//! recovery (WAL replay, uploads of sealed segments, catalog commits) or just after it.
 //!
 //! Cases: `--durability local` (the single node's default) and `--durability object` on
 //! `file://`, each for `POWER_CUT_CYCLES` cycles (default 3; the long run is
@@ -98,6 +100,9 @@ const PRODUCER_ID: &str = "power-cut";
 const PAD: usize = 400;
 /// How long the clients write before a cut: a random time in this range (ms).
 const WRITE_MS: (u64, u64) = (1000, 4000);
+/// A cut while the node starts (every third cycle) comes this long (at most, ms) after its
+/// init started `pico serve`: in its recovery, or just after.
+const START_CUT_MS: u64 = 4000;
 /// Cycles of each durable case unless `POWER_CUT_CYCLES` says.
 const CYCLES_DEFAULT: u32 = 3;
 /// A control that has seen no loss after this many cycles fails.
@@ -377,6 +382,15 @@ impl Run {
             surprises.extend(tally.surprises);
         }
 
+        // Every third cycle the next boot is cut too, while the node recovers and starts.
+        let start_cut = (self.cycles % 3 == 2).then(|| {
+            let after = self.schedule.range(0, START_CUT_MS);
+            let serving = self
+                .machine
+                .cut_while_starting(Duration::from_millis(after));
+            let when = if serving { "serving" } else { "starting" };
+            format!("cut again {after} ms into the next start (the node was {when}), ")
+        });
         let began = Instant::now();
         self.node = self.machine.boot();
         self.boot_times.push(began.elapsed());
@@ -406,10 +420,11 @@ impl Run {
             lost += l;
         }
         eprintln!(
-            "power cut [{}] cycle {}: wrote {write_ms} ms, rebooted in {:.1} s; {acked} \
+            "power cut [{}] cycle {}: wrote {write_ms} ms, {}rebooted in {:.1} s; {acked} \
              acknowledged so far, {lost} lost, {} violations; streams start at {:?}",
             self.name,
             self.cycles,
+            start_cut.unwrap_or_default(),
             self.boot_times.last().unwrap().as_secs_f64(),
             violations.len(),
             self.starts

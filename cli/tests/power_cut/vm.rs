@@ -35,6 +35,8 @@ const BOOT_BOUND: Duration = Duration::from_secs(240);
 /// The guest's ports the node listens on (forwarded from 127.0.0.1).
 const GUEST_PICO_PORT: u16 = 4437;
 const GUEST_ADMIN_PORT: u16 = 9090;
+/// What the guest's init prints just before it starts `pico serve`.
+const STARTING: &str = "pico-vm: starting pico serve";
 /// The data disk's size (a sparse file).
 const DISK_MIB: u64 = 1024;
 
@@ -145,9 +147,9 @@ if ! mount -t ext4 /dev/vda /data; then
   echo "pico-vm: cannot mount the data disk"
   poweroff -f
 fi
-echo "pico-vm: data disk mounted"
 ulimit -l unlimited
 cd /data
+echo "{STARTING}"
 /bin/pico serve --listen 0.0.0.0:{GUEST_PICO_PORT} --admin-listen 0.0.0.0:{GUEST_ADMIN_PORT} --insecure-allow-remote --meta-url sqlite:/data/meta.db --storage -2@file:///data/objects --wal-dir /data/wal {args}
 echo "pico-vm: pico serve exited with status $?"
 poweroff -f
@@ -302,6 +304,37 @@ impl Machine {
             }
         }
         panic!("qemu could not forward a port three times");
+    }
+
+    /// Boots the machine and cuts the power `after` its init started `pico serve`, so that
+    /// the cut lands in the node's recovery or start-up; whether the node was serving by
+    /// then (its `serving on` line). Panics when the guest does not get that far (bounded),
+    /// keeping the machine's directory.
+    pub fn cut_while_starting(&mut self, after: Duration) -> bool {
+        assert!(self.running.is_none(), "the machine runs already");
+        self.boots += 1;
+        let [pico, admin] = free_ports();
+        self.running = Some(self.start(Node { pico, admin }));
+        let deadline = Instant::now() + BOOT_BOUND;
+        while !self.console().contains(STARTING) {
+            let running = self.running.as_mut().expect("a boot");
+            let exited = matches!(running.qemu.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() > deadline {
+                let console = self.console();
+                self.stop();
+                let kept = self.keep();
+                panic!(
+                    "boot {} did not start pico serve (qemu exited: {exited}); the machine's \
+                     directory is kept at {kept}\n--- console ---\n{console}",
+                    self.boots
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(after);
+        let serving = self.console().contains("serving on ");
+        self.power_cut();
+        serving
     }
 
     fn start(&self, node: Node) -> Running {
