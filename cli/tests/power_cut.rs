@@ -12,7 +12,7 @@
 //! acknowledged before its `fdatasync`, a missing directory sync or a rename never made durable
 //! all survive it. Only losing the disk's cache does.
 //!
-//! Three streams, each tailed by a long-poll reader: three plain Pico writers on the first; an
+//! Three streams, each tailed by a long-poll reader: four plain Pico writers on the first; an
 //! idempotent producer (`Pico-Producer-*` headers, resending a sequence number with the same
 //! body until it gets a `2xx`, across cuts) on the second; a plain writer on the third, whose
 //! retention keeps 4 KiB, so that its oldest records are trimmed away every second and the
@@ -21,7 +21,7 @@
 //! object write and its rename, a catalog commit, a trim or a delete. On the retained stream
 //! the rules hold from its start after the reboot: what retention took is not a loss, but a
 //! trim that a cut takes back must bring back every record it had trimmed, intact. Every third
-//! cycle, the boot after the cut is cut too, 0-4 s after `pico serve` started: in its
+//! cycle, the boot after the cut is cut too, 0-2.5 s after `pico serve` started: in its
 //! recovery (WAL replay, uploads of sealed segments, catalog commits) or just after it.
 //!
 //! Cases: `--durability local` (the single node's default) and `--durability object` on
@@ -84,7 +84,8 @@ impl Role {
     }
 }
 
-const CLIENTS: [Role; 8] = [
+const CLIENTS: [Role; 9] = [
+    Role::Writer(0),
     Role::Writer(0),
     Role::Writer(0),
     Role::Writer(0),
@@ -102,7 +103,7 @@ const PAD: usize = 400;
 const WRITE_MS: (u64, u64) = (1000, 4000);
 /// A cut while the node starts (every third cycle) comes this long (at most, ms) after its
 /// init started `pico serve`: in its recovery, or just after.
-const START_CUT_MS: u64 = 4000;
+const START_CUT_MS: u64 = 2500;
 /// Cycles of each durable case unless `POWER_CUT_CYCLES` says.
 const CYCLES_DEFAULT: u32 = 3;
 /// A control that has seen no loss after this many cycles fails.
@@ -368,6 +369,7 @@ impl Run {
         // The clients' requests fail at once now; they stop at the next.
         stop.store(true, Ordering::Relaxed);
         let mut surprises = Vec::new();
+        let mut answers = BTreeMap::<u16, u64>::new();
         for (id, client) in clients.into_iter().enumerate() {
             let (position, history, tally) = client.join().expect("a client thread");
             self.positions[id] = position;
@@ -377,6 +379,7 @@ impl Run {
             self.histories[stream].appends.extend(history.appends);
             self.histories[stream].reads.extend(history.reads);
             for (status, n) in tally.statuses {
+                *answers.entry(status).or_default() += n;
                 *self.answers.entry(status).or_default() += n;
             }
             surprises.extend(tally.surprises);
@@ -420,8 +423,9 @@ impl Run {
             lost += l;
         }
         eprintln!(
-            "power cut [{}] cycle {}: wrote {write_ms} ms, {}rebooted in {:.1} s; {acked} \
-             acknowledged so far, {lost} lost, {} violations; streams start at {:?}",
+            "power cut [{}] cycle {}: wrote {write_ms} ms (append answers {answers:?}), \
+             {}rebooted in {:.1} s; {acked} acknowledged so far, {lost} lost, {} violations; \
+             streams start at {:?}",
             self.name,
             self.cycles,
             start_cut.unwrap_or_default(),
