@@ -339,6 +339,7 @@ impl Run {
     fn cycle(&mut self) -> Verdict {
         self.cycles += 1;
         let write_ms = self.schedule.range(WRITE_MS.0, WRITE_MS.1);
+        let cycle_began_ms = self.started.elapsed().as_millis() as u64;
         let stop = Arc::new(AtomicBool::new(false));
         let clients: Vec<_> = CLIENTS
             .iter()
@@ -370,12 +371,23 @@ impl Run {
         stop.store(true, Ordering::Relaxed);
         let mut surprises = Vec::new();
         let mut answers = BTreeMap::<u16, u64>::new();
+        // When the first append of the cycle was acknowledged, from the clients' start.
+        let mut first_ack_ms = None::<u64>;
         for (id, client) in clients.into_iter().enumerate() {
             let (position, history, tally) = client.join().expect("a client thread");
             self.positions[id] = position;
             let stream = match CLIENTS[id] {
                 Role::Writer(s) | Role::Producer(s) | Role::Reader(s) => s,
             };
+            let first = history
+                .appends
+                .iter()
+                .filter(|a| a.outcome != Outcome::NotAcked)
+                .map(|a| a.completed_ms - cycle_began_ms)
+                .min();
+            if let Some(first) = first {
+                first_ack_ms = Some(first_ack_ms.map_or(first, |f| f.min(first)));
+            }
             self.histories[stream].appends.extend(history.appends);
             self.histories[stream].reads.extend(history.reads);
             for (status, n) in tally.statuses {
@@ -423,11 +435,13 @@ impl Run {
             lost += l;
         }
         eprintln!(
-            "power cut [{}] cycle {}: wrote {write_ms} ms (append answers {answers:?}), \
+            "power cut [{}] cycle {}: wrote {write_ms} ms (append answers {answers:?}, the \
+             first acknowledged after {} ms), \
              {}rebooted in {:.1} s; {acked} acknowledged so far, {lost} lost, {} violations; \
              streams start at {:?}",
             self.name,
             self.cycles,
+            first_ack_ms.map_or("-".to_string(), |ms| ms.to_string()),
             start_cut.unwrap_or_default(),
             self.boot_times.last().unwrap().as_secs_f64(),
             violations.len(),
