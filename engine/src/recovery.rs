@@ -35,6 +35,8 @@ pub(crate) struct Recovered {
     /// One line per damaged WAL file this boot salvaged: the file, where it was kept and what
     /// each stream lost (for `/ready`, `/metrics` and the log).
     pub(crate) salvaged: Vec<String>,
+    /// The node epochs of the WAL files found (earlier incarnations of this node).
+    pub(crate) wal_epochs: Vec<u64>,
 }
 
 /// Turns every WAL file into a committed segment: its committed rounds are stored as an object
@@ -69,6 +71,7 @@ pub(crate) fn recover_wal_files(
     let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
     let mut tails = Tails::new(snapshot);
     let mut salvaged = Vec::new();
+    let mut wal_epochs = Vec::new();
     for path in files {
         let stem = path
             .file_stem()
@@ -76,6 +79,7 @@ pub(crate) fn recover_wal_files(
             .unwrap_or_default()
             .to_string();
         max_epoch_ms = max_epoch_ms.max(epoch_of(&stem).unwrap_or(0));
+        wal_epochs.extend(epoch_of(&stem));
         let data = std::fs::read(&path)
             .map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
         let scanned =
@@ -165,10 +169,65 @@ pub(crate) fn recover_wal_files(
             }
         }
     }
+    wal_epochs.sort_unstable();
+    wal_epochs.dedup();
     Ok(Recovered {
         max_epoch_ms,
         salvaged,
+        wal_epochs,
     })
+}
+
+/// Deletes the segment objects that earlier incarnations of this node stored but never got
+/// into the catalog (a crash between an object's PUT and its catalog commit), once recovery
+/// is done. Only under this node's key prefix and only for the epochs known to be this node's
+/// (its WAL files', and the newest in the catalog under its prefix): nothing else writes there,
+/// and an earlier incarnation can no longer commit (its WAL is recovered; in a cluster its
+/// node epoch is superseded, so its commits are refused). Listing by epoch prefix keeps this
+/// to a few small listings at start-up, however large the bucket. Returns how many went.
+pub(crate) fn sweep_orphans(
+    config: &EngineConfig,
+    meta: &MetaStore,
+    store: &ObjectStore,
+    snapshot: &Snapshot,
+    wal_epochs: &[u64],
+) -> Result<usize, String> {
+    let prefix = segment_key(config.node_id, "");
+    let prefix = prefix.trim_end_matches(".seg");
+    let committed: HashSet<&str> = snapshot.segments.iter().map(|s| s.key.as_str()).collect();
+    let newest_committed = snapshot
+        .segments
+        .iter()
+        .filter_map(|s| s.key.strip_prefix(prefix))
+        .filter(|rest| !rest.contains('/'))
+        .filter_map(epoch_of)
+        .max();
+    let mut epochs: Vec<u64> = wal_epochs.iter().copied().chain(newest_committed).collect();
+    epochs.sort_unstable();
+    epochs.dedup();
+    let mut removed = 0;
+    for epoch in epochs.into_iter().filter(|e| *e < config.node_epoch_ms) {
+        let listed = wait(store.list(&format!("{prefix}{epoch:016}-")))?;
+        let unknown: Vec<String> = listed
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| key.ends_with(".seg") && !committed.contains(key.as_str()))
+            .collect();
+        if unknown.is_empty() {
+            continue;
+        }
+        // Asked again now: the snapshot was read before this incarnation registered, and an
+        // earlier one may have committed in between.
+        let late: HashSet<String> = wait(meta.committed_segments(unknown.clone()))?
+            .into_iter()
+            .collect();
+        for key in unknown.iter().filter(|key| !late.contains(*key)) {
+            wait(store.delete(key))?;
+            log::info!("deleted segment object {key}: stored by an earlier run, never committed");
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Commits a recovered segment; in a cluster, fenced by this node incarnation's ownership at

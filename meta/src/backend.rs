@@ -279,6 +279,9 @@ pub(crate) trait Backend {
     /// Deletes the segment with this key and its entries.
     fn delete_segment(&mut self, key: &str) -> Result<(), MetaError>;
 
+    /// Whether a segment with this key is committed.
+    fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError>;
+
     /// Every stream row, by id.
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError>;
 

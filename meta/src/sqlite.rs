@@ -233,6 +233,16 @@ impl Backend for Sqlite {
         Ok(())
     }
 
+    fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM segments WHERE key = ?1)",
+                [key],
+                |row| row.get(0),
+            )
+            .map_err(storage("look up segment"))
+    }
+
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
         let mut query = self
             .conn

@@ -313,6 +313,19 @@ impl MetaStore {
         answer
     }
 
+    /// Which of `keys` the catalog has committed segments of, read now (not from a snapshot).
+    pub fn committed_segments(&self, keys: Vec<String>) -> Reply<Vec<String>> {
+        self.job(move |db| {
+            let mut found = Vec::new();
+            for key in keys {
+                if db.segment_exists(&key)? {
+                    found.push(key);
+                }
+            }
+            Ok(found)
+        })
+    }
+
     /// Forgets these segments (their objects must be deleted first: a row without its object
     /// is harmless garbage found again next time, an object without its row would leak).
     pub fn drop_segments(&self, keys: Vec<String>) -> Reply<()> {

@@ -335,6 +335,19 @@ impl Backend for Postgres {
         Ok(())
     }
 
+    fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError> {
+        let rows = self.query(
+            "SELECT EXISTS (SELECT 1 FROM segments WHERE key = $1)",
+            &[&key],
+            "look up segment",
+        )?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("look up segment"))
+            .map(|found| found.unwrap_or(false))
+    }
+
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
         const SQL: &str = concat!(select_stream!(), " ORDER BY id");
         let rows = self.query(SQL, &[], "load streams")?;
