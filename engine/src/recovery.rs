@@ -249,6 +249,7 @@ fn commit(
         node,
         node_epoch,
         epochs: epochs.clone(),
+        quarantine_refused: true,
     };
     let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;
     for id in fenced {

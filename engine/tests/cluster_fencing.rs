@@ -321,6 +321,7 @@ fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
         node: OTHER,
         node_epoch: 1,
         epochs: [(row.id, owner.epoch)].into_iter().collect(),
+        quarantine_refused: false,
     };
     assert!(wait(other.commit_segment_fenced(theirs, fence))
         .expect("stored")
@@ -355,6 +356,40 @@ fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
         keys,
         ["segments/n2/theirs.seg"],
         "only node 2's record holds offset 0 (report: {report:?})"
+    );
+    // The refused record was acknowledged: it is quarantined, the garbage collector keeps its
+    // segment, and an operator can read it back and then release it.
+    let quarantined = wait(other.quarantined()).expect("listed");
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    let entry = &quarantined[0];
+    assert_eq!(entry.stream_id, row.id);
+    assert_eq!(
+        (entry.runs[0].first_offset, entry.runs[0].next_offset),
+        (0, 1)
+    );
+    assert!(
+        entry.reason.contains("owned by node 1 at epoch"),
+        "{}",
+        entry.reason
+    );
+    let garbage = wait(other.garbage_segments(i64::MAX)).expect("garbage listed");
+    assert!(
+        !garbage.contains(&entry.segment_key),
+        "the quarantined segment is kept: {garbage:?}"
+    );
+    let storage = format!("-2@file://{}", dir.path().join("objects").display());
+    let uri = pico_s3::StorageUri::parse(&storage).expect("a storage URI");
+    let store = pico_s3::ObjectStore::open(&uri).expect("the bucket opens");
+    let records = futures_lite::future::block_on(pico_engine::quarantine::export(&store, entry))
+        .expect("exported");
+    assert_eq!(records.len(), 1);
+    assert_eq!((records[0].offset, &records[0].body[..]), (0, &b"a0"[..]));
+    assert!(wait(other.release_quarantined(&entry.segment_key, entry.stream_id)).unwrap());
+    assert!(wait(other.quarantined()).unwrap().is_empty());
+    let garbage = wait(other.garbage_segments(i64::MAX)).expect("garbage listed");
+    assert!(
+        garbage.contains(&entry.segment_key),
+        "released: garbage again"
     );
     other.shutdown();
 }

@@ -1273,6 +1273,7 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
         node: 1,
         node_epoch: 100,
         epochs: [(id, 1), (other, 1)].into_iter().collect(),
+        quarantine_refused: false,
     };
     let entries = vec![
         entry(id, vec![run(0, 2, 0, 50)], 9, false),
@@ -1364,6 +1365,7 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
         node: 1,
         node_epoch: 100,
         epochs: [(fourth, 1)].into_iter().collect(),
+        quarantine_refused: false,
     };
     let stale = segment(
         "segments/n1/stale.seg",
@@ -1415,6 +1417,7 @@ fn a_retried_commit_keeps_what_the_first_attempt_stored_after_the_stream_moved()
         node: 1,
         node_epoch: 100,
         epochs: [(id, 1)].into_iter().collect(),
+        quarantine_refused: false,
     };
     let record = segment(
         "segments/n1/retried.seg",
