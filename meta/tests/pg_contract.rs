@@ -1461,3 +1461,27 @@ fn sqlite_refuses_cluster_calls() {
     }
     store.shutdown();
 }
+
+/// A renewal that lands after the database expired the lease still renews (the node is that
+/// incarnation), but says so: other nodes may have taken its streams over in between, and
+/// the node revalidates before it acknowledges anything. A renewal in time says nothing.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn a_renewal_after_the_lease_expired_says_so() {
+    let Some(database) = PgDatabase::create("renewal_after_lapse") else {
+        return;
+    };
+    let (store, _) = MetaStore::open(&database.meta_url()).unwrap();
+    wait(store.register_node(1, 5, "http://one", 1, 60_000)).unwrap();
+    let renewed = wait(store.renew_lease(1, 5, 60_000)).unwrap();
+    assert!(!renewed.renewed_after_lapse, "renewed in time");
+    // A lease of 1 ms has expired by the next statement.
+    wait(store.renew_lease(1, 5, 1)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let late = wait(store.renew_lease(1, 5, 60_000)).unwrap();
+    assert!(
+        late.renewed_after_lapse,
+        "the lease had expired when it landed"
+    );
+    store.shutdown();
+}
