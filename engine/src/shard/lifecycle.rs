@@ -243,6 +243,12 @@ impl Shard {
         std::mem::take(&mut *self.fork_releases.borrow_mut())
     }
 
+    /// Releases that failed, to be tried again.
+    pub(crate) fn requeue_fork_releases(&self, failed: Vec<(String, u64)>) {
+        self.fork_releases.borrow_mut().extend(failed);
+        self.fork_released.notify();
+    }
+
     pub(super) async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {
         let fence = self
             .streams
