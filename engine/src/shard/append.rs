@@ -224,6 +224,7 @@ impl Shard {
                         chunks: Vec::new(),
                         waiters: Vec::new(),
                         epoch: outcome.ownership.epoch,
+                        retiring: false,
                     },
                 );
                 CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
@@ -343,6 +344,12 @@ impl Shard {
             if self.moves.borrow().handing_off(name) {
                 return Err(EngineError::NotOwner(
                     "the stream is moving to another node; retry".into(),
+                ));
+            }
+            if stream.retiring {
+                return Err(EngineError::NotOwner(
+                    "the stream is being deleted (empty past its delete-on-empty time); retry"
+                        .into(),
                 ));
             }
             let command = AppendCommand {

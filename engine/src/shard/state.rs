@@ -310,6 +310,7 @@ impl Shard {
                     chunks,
                     waiters: Vec::new(),
                     epoch: seed.epoch,
+                    retiring: false,
                 },
             );
         }
