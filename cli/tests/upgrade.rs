@@ -781,8 +781,8 @@ fn a_wal_file_of_a_newer_format_is_refused_naming_both_versions() {
     let created_ms = 1_796_428_189_475;
     assert_eq!(
         header_of_version(WAL_FORMAT_VERSION, created_ms),
-        file_header(created_ms),
-        "the header is built as this build's"
+        file_header(WAL_FORMAT_VERSION, created_ms),
+        "the header is built as the engine builds one"
     );
     let future = 9;
     assert_ne!(

@@ -16,7 +16,7 @@ use pico_s3::ObjectStore;
 
 use crate::clock::now_ms;
 use crate::config::EngineConfig;
-use crate::frame::{self, FRAME_KIND_CLOSE};
+use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::placement::{epoch_of, segment_key};
 use crate::wal_file::{self, Damage, WalEnd};
 
@@ -122,12 +122,23 @@ pub(crate) fn recover_wal_files(
                 (bytes, Some((described, damage, lost)))
             }
             _ => {
-                let mut bytes = Vec::new();
+                // The whole rounds as they are (what the running core would have stored),
+                // unless a salvage of an earlier file closed one of their streams: then their
+                // frames without that stream's.
+                let mut kept = Vec::new();
+                let mut all = true;
                 for frame in &scanned.committed {
                     if tails.keep(frame) {
-                        bytes.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+                        kept.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+                    } else {
+                        all = false;
                     }
                 }
+                let bytes = if all {
+                    scanned.segment_bytes(&data).to_vec()
+                } else {
+                    kept
+                };
                 (bytes, None)
             }
         };
@@ -395,6 +406,11 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
     let mut entries: std::collections::BTreeMap<u64, SegmentStreamEntry> = Default::default();
     let mut pos = 0;
     while let Ok((frame, len)) = frame::decode_frame(bytes, pos) {
+        // A WAL's commit and epoch records are no stream's.
+        if frame.kind != FRAME_KIND_RECORD && frame.kind != FRAME_KIND_CLOSE {
+            pos += len;
+            continue;
+        }
         let entry = entries
             .entry(frame.stream_id)
             .or_insert_with(|| SegmentStreamEntry {

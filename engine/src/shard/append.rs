@@ -544,7 +544,7 @@ impl Shard {
         if entry.name.is_none() {
             entry.name = Some(name.clone());
             // A cluster node's WAL says which incarnation these frames belong to.
-            if self.cluster.is_some() {
+            if self.cluster.is_some() && self.wal_enabled() {
                 wal_epochs.push((id, stream.epoch));
             }
         }

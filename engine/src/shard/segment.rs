@@ -55,7 +55,7 @@ impl Shard {
             durable_len: 0,
             wal: file,
             wal_path: path,
-            wal_cursor: Default::default(),
+            wal_rounds: 0,
             wal_epochs: Vec::new(),
             opened: Instant::now(),
             index: BTreeMap::new(),
