@@ -1082,7 +1082,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
          WHERE table_schema = current_schema() ORDER BY 1, 2",
     );
     assert_eq!(postgres_columns, sqlite_columns);
-    assert_eq!(postgres_columns.len(), 41);
+    assert_eq!(postgres_columns.len(), 47);
 
     let sqlite_versions: Vec<i64> = conn
         .prepare("SELECT version FROM schema_version ORDER BY version")
@@ -1132,7 +1132,8 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("4"),
             Some("5"),
             Some("6"),
-            Some("7")
+            Some("7"),
+            Some("8")
         ]
     );
 }
