@@ -508,7 +508,10 @@ impl Shard {
         self.maybe_rotate(needed);
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
-        reserve_frames(&mut segment.buf, needed, self.buffers.full_bytes());
+        // With room for the round's end too (`wal_len_after`), which the commit round appends
+        // without growing the buffer by a copy.
+        let room = segment.wal_len_after(needed) - segment.buf.len();
+        reserve_frames(&mut segment.buf, room, self.buffers.full_bytes());
         let id = stream.state.id;
         let byte_start = segment.buf.len() as u64;
         let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
