@@ -125,7 +125,7 @@ pub enum Fault {
 pub struct Stats {
     /// Connections accepted and forwarded.
     pub accepted: u64,
-    /// Connections closed at once ([`Fault::Refuse`], or [`CONNECTIONS_MAX`] open).
+    /// Connections closed at once ([`Fault::Refuse`], or 64 already open).
     pub refused: u64,
     /// Turns clients sent: Queries, Syncs and FunctionCalls.
     pub turns: u64,
@@ -238,7 +238,7 @@ impl PgProxy {
     }
 
     /// What the server answered to each COMMIT whose answer was lost, in order (the first
-    /// [`LOST_TAGS_MAX`]): its CommandComplete tag, `"COMMIT"` when it committed, or
+    /// 64): its CommandComplete tag, `"COMMIT"` when it committed, or
     /// `"ERROR"`.
     pub fn lost_answers(&self) -> Vec<String> {
         lock(&self.shared.lost_tags).clone()

@@ -193,17 +193,30 @@ fn held_answers_and_delayed_statements_arrive_late_and_in_order() {
     let server = FakeServer::start();
     let proxy = PgProxy::start(server.addr).unwrap();
     let mut client = RawClient::connect(proxy.addr(), false).unwrap();
-    let hold = Duration::from_millis(300);
+    // Long next to a round trip here, so that "before it ended" is never a race.
+    let hold = Duration::from_millis(1000);
 
     proxy.inject(Fault::HoldAnswers(hold));
     let started = Instant::now();
-    assert_eq!(client.query("SELECT 1").unwrap(), "SELECT");
+    client
+        .stream
+        .write_all(&message(b'Q', b"SELECT 1\0"))
+        .unwrap();
+    // The server has it at once: only its answer is held.
+    while server.queries().is_empty() {
+        assert!(
+            started.elapsed() < hold,
+            "the server did not get it at once"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(client.read_message().unwrap().0, b'C');
     assert!(
         started.elapsed() >= hold,
         "answered after {:?}",
         started.elapsed()
     );
-    // The server had it at once: only its answer was held.
+    assert_eq!(client.read_message().unwrap().0, b'Z');
     assert_eq!(server.queries(), ["SELECT 1"]);
 
     proxy.inject(Fault::DelayStatements(hold));
@@ -212,7 +225,7 @@ fn held_answers_and_delayed_statements_arrive_late_and_in_order() {
         .stream
         .write_all(&message(b'Q', b"INSERT 1\0"))
         .unwrap();
-    std::thread::sleep(hold / 3);
+    std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
         server.queries(),
         ["SELECT 1"],
