@@ -174,20 +174,11 @@ fn an_ambiguous_delete_never_acknowledges_an_append_into_a_deleted_row() {
         return;
     };
     let (proxy, url) = PgProxy::in_front_of(database.url()).expect("start the proxy");
-    // One core and no garbage collection pass: the next COMMIT after the appends is the
-    // DELETE's.
-    let mut server = Server::start(&[
-        "--meta-url",
-        &url,
-        "--cores",
-        "1",
-        "--gc-interval-ms",
-        "3600000",
-    ]);
+    let mut server = Server::start(&["--meta-url", &url]);
     server.put("/zombie", "text/plain").expect(201);
     server.post("/zombie", b"before").expect(200);
 
-    proxy.inject(Fault::LoseCommitAnswer);
+    proxy.inject(Fault::LoseCommitAnswerAfter("DELETE FROM streams"));
     let deleted = server.delete("/zombie");
     assert_eq!(proxy.lost_answers(), ["COMMIT"], "{}", deleted.describe());
     let rows = database.query("SELECT count(*) FROM streams WHERE name = '/zombie'");

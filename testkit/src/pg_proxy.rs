@@ -62,7 +62,10 @@
 //! A turn commits when its Query's last statement, or a statement its exchange Executes, starts
 //! with `COMMIT` or `END` ([`ends_with_commit`]). The `postgres` crate (the metadata store's
 //! client) sends its `COMMIT` as a Query: `batch_execute("COMMIT")` and `Transaction::commit`
-//! alike; `execute("COMMIT", &[])` sends Parse, Bind, Execute and Sync.
+//! alike; `execute("COMMIT", &[])` sends Parse, Bind, Execute and Sync. For
+//! [`Fault::LoseCommitAnswerAfter`] the proxy also remembers what each transaction ran: the
+//! text of every Query, and of every prepared statement a portal Executes (the metadata store
+//! prepares its data statements once per connection and runs them through Bind and Execute).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -88,6 +91,10 @@ const NEGOTIATIONS_MAX: usize = 2;
 /// (a COMMIT run through a forgotten one is then not recognised). Statements a client prepares
 /// once and reuses stay far below it.
 const NAMES_MAX: usize = 4096;
+/// Distinct statement texts remembered per transaction, for
+/// [`Fault::LoseCommitAnswerAfter`]; past it a transaction's later statements are not matched.
+/// A metadata batch runs a few distinct statements however many commands it holds.
+const RAN_MAX: usize = 256;
 /// Tags of lost answers kept for [`PgProxy::lost_answers`].
 const LOST_TAGS_MAX: usize = 64;
 /// How long connecting to the server may take.
@@ -108,6 +115,9 @@ pub enum Fault {
     /// read and thrown away, and that connection is cut: the client sees its connection close
     /// with the outcome unknown. Each injection arms one more.
     LoseCommitAnswer,
+    /// [`Fault::LoseCommitAnswer`] for the next COMMIT of a transaction that ran a statement
+    /// whose text contains this (`"DELETE FROM streams"`), whenever that comes.
+    LoseCommitAnswerAfter(&'static str),
     /// Nothing the server sends reaches the clients for this long from now: answers that
     /// arrive meanwhile are delivered, in order, when it ends.
     HoldAnswers(Duration),
@@ -156,6 +166,7 @@ impl PgProxy {
             stop: AtomicBool::new(false),
             refuse: AtomicBool::new(false),
             armed_losses: AtomicU64::new(0),
+            armed_after: Mutex::new(Vec::new()),
             answers_held_until: Mutex::new(None),
             statements_delayed_until: Mutex::new(None),
             links: Mutex::new(HashMap::new()),
@@ -203,6 +214,7 @@ impl PgProxy {
             Fault::LoseCommitAnswer => {
                 shared.armed_losses.fetch_add(1, Ordering::SeqCst);
             }
+            Fault::LoseCommitAnswerAfter(statement) => lock(&shared.armed_after).push(statement),
             Fault::HoldAnswers(period) => extend(&shared.answers_held_until, period),
             Fault::DelayStatements(period) => extend(&shared.statements_delayed_until, period),
             Fault::CutAll => shared.cut_all(),
@@ -214,14 +226,17 @@ impl PgProxy {
     pub fn heal(&self) {
         let shared = &self.shared;
         shared.armed_losses.store(0, Ordering::SeqCst);
+        lock(&shared.armed_after).clear();
         *lock(&shared.answers_held_until) = None;
         *lock(&shared.statements_delayed_until) = None;
         shared.refuse.store(false, Ordering::SeqCst);
     }
 
-    /// [`Fault::LoseCommitAnswer`]s injected and not used yet.
+    /// [`Fault::LoseCommitAnswer`]s and [`Fault::LoseCommitAnswerAfter`]s injected and not
+    /// used yet.
     pub fn armed_losses(&self) -> u64 {
-        self.shared.armed_losses.load(Ordering::SeqCst)
+        let after = lock(&self.shared.armed_after).len() as u64;
+        self.shared.armed_losses.load(Ordering::SeqCst) + after
     }
 
     pub fn stats(&self) -> Stats {
@@ -272,6 +287,8 @@ struct Shared {
     refuse: AtomicBool,
     /// [`Fault::LoseCommitAnswer`]s not used yet.
     armed_losses: AtomicU64,
+    /// [`Fault::LoseCommitAnswerAfter`]s not used yet, in the order injected.
+    armed_after: Mutex<Vec<&'static str>>,
     answers_held_until: Mutex<Option<Instant>>,
     statements_delayed_until: Mutex<Option<Instant>>,
     /// Open connections by id.
@@ -358,11 +375,18 @@ impl Shared {
         }
     }
 
-    /// A loss armed by [`Fault::LoseCommitAnswer`], used up; `false` when none is armed.
-    fn take_loss(&self) -> bool {
-        self.armed_losses
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+    /// A loss armed for a COMMIT of a transaction that ran `ran`, used up; `false` when none
+    /// is armed for it.
+    fn take_loss(&self, ran: &Ran) -> bool {
+        let any = self
+            .armed_losses
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if any.is_ok() {
+            return true;
+        }
+        let mut after = lock(&self.armed_after);
+        let matching = after.iter().position(|statement| ran.contains(statement));
+        matching.map(|at| after.remove(at)).is_some()
     }
 
     fn record_lost(&self, tag: String) {
@@ -424,9 +448,9 @@ impl Link {
         true
     }
 
-    /// The client sent one more turn; whether its answer is to be lost (then nothing after it
-    /// is forwarded).
-    fn sent_turn(&self, shared: &Shared, commits: bool) -> bool {
+    /// The client sent one more turn, after the statements of its transaction so far `ran`;
+    /// whether its answer is to be lost (then nothing after it is forwarded).
+    fn sent_turn(&self, shared: &Shared, commits: bool, ran: &Ran) -> bool {
         let mut turns = lock(&self.turns);
         turns.sent += 1;
         shared.turns.fetch_add(1, Ordering::SeqCst);
@@ -434,7 +458,7 @@ impl Link {
             return false;
         }
         shared.commits.fetch_add(1, Ordering::SeqCst);
-        if turns.lose.is_none() && shared.take_loss() {
+        if turns.lose.is_none() && shared.take_loss(ran) {
             turns.lose = Some(turns.sent);
             return true;
         }
@@ -513,8 +537,10 @@ fn forward_statements(shared: &Shared, link: &Link, mut client: TcpStream) -> io
     server.write_all(&startup)?;
     let mut frames = Frames::default();
     let mut names = Names::default();
-    // A commit Executed since the last Sync: that Sync's turn commits.
-    let mut executed_commit = false;
+    // What the transaction ran so far, and whether the turn being sent commits it (a Query
+    // that commits, or a commit Executed since the last Sync).
+    let mut ran = Ran::default();
+    let mut commits = false;
     loop {
         let whole = frames.fill(&mut client)?;
         let mut forward = whole;
@@ -524,32 +550,44 @@ fn forward_statements(shared: &Shared, link: &Link, mut client: TcpStream) -> io
             let message = next_message(&frames.buffer[at..whole])?.expect("whole messages");
             at += message.len;
             let turn = match message.kind {
-                b'Q' => Some(ends_with_commit(&text(message.body))),
+                b'Q' => {
+                    let sql: Arc<str> = text(message.body).into();
+                    commits = ends_with_commit(&sql);
+                    ran.add(sql);
+                    true
+                }
                 b'P' => {
                     names.parse(message.body);
-                    None
+                    false
                 }
                 b'B' => {
                     names.bind(message.body);
-                    None
+                    false
                 }
                 b'E' => {
-                    executed_commit |= names.executes_commit(message.body);
-                    None
+                    if let Some(sql) = names.executed(message.body) {
+                        commits |= ends_with_commit(&sql);
+                        ran.add(sql);
+                    }
+                    false
                 }
                 b'C' => {
                     names.close(message.body);
-                    None
+                    false
                 }
-                b'S' | b'F' => Some(std::mem::take(&mut executed_commit)),
-                _ => None,
+                b'S' | b'F' => true,
+                _ => false,
             };
-            if let Some(commits) = turn {
-                if link.sent_turn(shared, commits) {
+            if turn {
+                if link.sent_turn(shared, commits, &ran) {
                     forward = at;
                     losing = true;
                     break;
                 }
+                if commits || ran.rolled_back {
+                    ran = Ran::default();
+                }
+                commits = false;
             }
         }
         shared.wait_out(&shared.statements_delayed_until, link);
@@ -731,11 +769,44 @@ pub fn ends_with_commit(sql: &str) -> bool {
         .is_some_and(|word| word.eq_ignore_ascii_case("COMMIT") || word.eq_ignore_ascii_case("END"))
 }
 
-/// A connection's prepared statements and portals: whether each runs a commit.
+/// Whether a Query's text ends its transaction without a commit: its last statement is a
+/// `ROLLBACK` or `ABORT` (not a `ROLLBACK TO` a savepoint, which keeps the transaction going).
+fn ends_with_rollback(sql: &str) -> bool {
+    let last = sql.split(';').map(str::trim).rfind(|s| !s.is_empty());
+    let mut words = last.map(str::split_whitespace).into_iter().flatten();
+    let first = words.next().unwrap_or_default();
+    let second = words.next().unwrap_or_default();
+    (first.eq_ignore_ascii_case("ROLLBACK") && !second.eq_ignore_ascii_case("TO"))
+        || first.eq_ignore_ascii_case("ABORT")
+}
+
+/// The distinct statements a connection's current transaction ran (at most [`RAN_MAX`]), for
+/// [`Fault::LoseCommitAnswerAfter`]; reset after a turn that commits or rolls back.
+#[derive(Default)]
+struct Ran {
+    statements: std::collections::HashSet<Arc<str>>,
+    rolled_back: bool,
+}
+
+impl Ran {
+    fn add(&mut self, sql: Arc<str>) {
+        self.rolled_back |= ends_with_rollback(&sql);
+        if self.statements.len() < RAN_MAX {
+            self.statements.insert(sql);
+        }
+    }
+
+    /// Whether a statement's text contains `part`.
+    fn contains(&self, part: &str) -> bool {
+        self.statements.iter().any(|sql| sql.contains(part))
+    }
+}
+
+/// A connection's prepared statements and portals, with the text each runs.
 #[derive(Default)]
 struct Names {
-    statements: HashMap<Vec<u8>, bool>,
-    portals: HashMap<Vec<u8>, bool>,
+    statements: HashMap<Vec<u8>, Arc<str>>,
+    portals: HashMap<Vec<u8>, Arc<str>>,
 }
 
 impl Names {
@@ -745,24 +816,27 @@ impl Names {
         let (Some(name), Some(sql)) = (fields.next(), fields.next()) else {
             return;
         };
-        let commits = ends_with_commit(&String::from_utf8_lossy(sql));
-        remember(&mut self.statements, name, commits);
+        remember(&mut self.statements, name, text(sql).into());
     }
 
-    /// Bind: `portal\0 statement\0 ...`.
+    /// Bind: `portal\0 statement\0 ...`; a portal of an unknown statement is forgotten.
     fn bind(&mut self, body: &[u8]) {
         let mut fields = strings(body);
         let (Some(portal), Some(statement)) = (fields.next(), fields.next()) else {
             return;
         };
-        let commits = self.statements.get(statement).copied().unwrap_or(false);
-        remember(&mut self.portals, portal, commits);
+        match self.statements.get(statement).cloned() {
+            Some(sql) => remember(&mut self.portals, portal, sql),
+            None => {
+                self.portals.remove(portal);
+            }
+        }
     }
 
-    /// Execute: `portal\0 max_rows: u32`.
-    fn executes_commit(&self, body: &[u8]) -> bool {
+    /// Execute: `portal\0 max_rows: u32`; the text the portal runs, when known.
+    fn executed(&self, body: &[u8]) -> Option<Arc<str>> {
         let portal = strings(body).next().unwrap_or_default();
-        self.portals.get(portal).copied().unwrap_or(false)
+        self.portals.get(portal).cloned()
     }
 
     /// Close: `'S'|'P' name\0`.
@@ -779,11 +853,11 @@ impl Names {
     }
 }
 
-fn remember(names: &mut HashMap<Vec<u8>, bool>, name: &[u8], commits: bool) {
+fn remember(names: &mut HashMap<Vec<u8>, Arc<str>>, name: &[u8], sql: Arc<str>) {
     if names.len() >= NAMES_MAX && !names.contains_key(name) {
         names.clear();
     }
-    names.insert(name.to_vec(), commits);
+    names.insert(name.to_vec(), sql);
 }
 
 /// The `host:port` of a `postgres://` URL (port 5432 when it names none), and a function that
@@ -872,28 +946,51 @@ mod tests {
     }
 
     #[test]
-    fn an_executed_portal_commits_when_its_statement_does() {
+    fn an_executed_portal_runs_its_statements_text() {
         let mut names = Names::default();
+        let executed = |names: &Names, body: &[u8]| names.executed(body).map(|s| s.to_string());
         names.parse(b"\0COMMIT\0\0\0");
         names.parse(b"s1\0SELECT 1\0\0\0");
         names.bind(b"\0\0\0\0\0\0\0\0");
-        assert!(names.executes_commit(b"\0\0\0\0\0"));
+        assert_eq!(executed(&names, b"\0\0\0\0\0").as_deref(), Some("COMMIT"));
         names.bind(b"p1\0s1\0\0\0");
-        assert!(!names.executes_commit(b"p1\0\0\0\0\0"));
-        // The unnamed statement replaced: the unnamed portal bound again no longer commits.
+        assert_eq!(
+            executed(&names, b"p1\0\0\0\0\0").as_deref(),
+            Some("SELECT 1")
+        );
+        // The unnamed statement replaced: the unnamed portal bound again runs the new one.
         names.parse(b"\0SELECT 2\0\0\0");
         names.bind(b"\0\0\0\0");
-        assert!(!names.executes_commit(b"\0\0\0\0\0"));
-        // A portal of an unknown statement, a closed portal, a truncated body: no commit.
+        assert_eq!(executed(&names, b"\0\0\0\0\0").as_deref(), Some("SELECT 2"));
+        // A closed portal, a portal bound to an unknown statement: unknown.
         names.parse(b"c\0END\0\0\0");
         names.bind(b"pc\0c\0");
-        assert!(names.executes_commit(b"pc\0\0\0\0\0"));
+        assert_eq!(executed(&names, b"pc\0\0\0\0\0").as_deref(), Some("END"));
         names.close(b"Ppc\0");
-        assert!(!names.executes_commit(b"pc\0\0\0\0\0"));
-        names.bind(b"px\0nope\0");
-        assert!(!names.executes_commit(b"px\0"));
+        assert_eq!(executed(&names, b"pc\0\0\0\0\0"), None);
+        names.bind(b"p1\0nope\0");
+        assert_eq!(executed(&names, b"p1\0"), None);
+        // A truncated Bind changes nothing.
         names.bind(b"");
-        assert!(!names.executes_commit(b""));
+        assert_eq!(executed(&names, b"").as_deref(), Some("SELECT 2"));
+    }
+
+    #[test]
+    fn a_transaction_remembers_what_it_ran_and_whether_it_rolled_back() {
+        let mut ran = Ran::default();
+        ran.add("DELETE FROM streams WHERE id = $1".into());
+        ran.add("ROLLBACK TO SAVEPOINT command; RELEASE SAVEPOINT command".into());
+        assert!(ran.contains("DELETE FROM streams"));
+        assert!(!ran.contains("UPDATE nodes"));
+        assert!(!ran.rolled_back);
+        ran.add("rollback".into());
+        assert!(ran.rolled_back);
+        for i in 0..RAN_MAX + 10 {
+            ran.add(format!("SELECT {i}").into());
+        }
+        assert_eq!(ran.statements.len(), RAN_MAX);
+        assert!(ends_with_rollback("ABORT"));
+        assert!(!ends_with_rollback("ROLLBACK TO command"));
     }
 
     #[test]

@@ -189,6 +189,36 @@ fn a_lost_commit_answer_reaches_the_server_and_cuts_the_client_without_an_answer
 }
 
 #[test]
+fn a_targeted_loss_waits_for_a_commit_of_a_transaction_that_ran_its_statement() {
+    let server = FakeServer::start();
+    let proxy = PgProxy::start(server.addr).unwrap();
+    let mut client = RawClient::connect(proxy.addr(), false).unwrap();
+    proxy.inject(Fault::LoseCommitAnswerAfter("DELETE FROM t"));
+    for sql in ["BEGIN", "SELECT 1", "COMMIT"] {
+        client.query(sql).unwrap();
+    }
+    // Rolled back: what it ran does not count for the next transaction.
+    for sql in [
+        "BEGIN",
+        "DELETE FROM t",
+        "ROLLBACK",
+        "BEGIN",
+        "SELECT 2",
+        "COMMIT",
+    ] {
+        client.query(sql).unwrap();
+    }
+    assert_eq!(proxy.armed_losses(), 1);
+    for sql in ["BEGIN", "DELETE FROM t WHERE a = 1", "SELECT 3"] {
+        client.query(sql).unwrap();
+    }
+    assert!(client.query("COMMIT").is_err());
+    assert_eq!(proxy.lost_answers(), ["COMMIT"]);
+    assert_eq!(proxy.armed_losses(), 0);
+    assert_eq!(server.queries().last().map(String::as_str), Some("COMMIT"));
+}
+
+#[test]
 fn held_answers_and_delayed_statements_arrive_late_and_in_order() {
     let server = FakeServer::start();
     let proxy = PgProxy::start(server.addr).unwrap();
