@@ -16,19 +16,17 @@
 //! (kills, pauses, Postgres stopped and started, Garage killed and restarted); and three
 //! nodes on those as a cluster, the clients following `307`s to each stream's owner (the
 //! same faults, and pauses past the lease: failovers, and a fenced owner waking up).
-//!
-//! In both Postgres profiles the nodes reach Postgres through the fault proxy
-//! (`pico_testkit::pg_proxy`), and with `FAULT_PG_PROXY=1` the nemesis also uses it: a lost
-//! COMMIT answer (the commit went through, the node's connection is cut), held answers,
-//! delayed statements, and cut (sometimes refused) connections.
 //! CI runs all three for `FAULT_TEST_SEC` (default 40 s of faults each). The soak is
 //!
 //!     FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
 //!
 //! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies). Without
 //! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
-//! The proxy's faults are off by default until issue 34's "outcome unknown" is handled (they
-//! find violations today); `FAULT_PG_PROXY=1` turns them on.
+//!
+//! In both Postgres profiles the nodes reach Postgres through the fault proxy
+//! (`pico_testkit::pg_proxy`), and with `FAULT_PG_PROXY=1` the nemesis also uses it: a lost
+//! COMMIT answer (the commit went through, the node's connection is cut), held answers,
+//! delayed statements, and cut (sometimes refused) connections.
 
 mod common;
 
@@ -429,8 +427,9 @@ enum Fault {
     /// `kill -9` Garage, start it again 1 to 3 s later on the same data.
     StoreRestart,
     /// The answer to the next COMMIT of any node is lost after Postgres committed it, and that
-    /// node's connection cut (the proxy's [`pg_proxy::Fault::LoseCommitAnswer`]); the nemesis
-    /// waits up to 1 to 3 s for a COMMIT to come.
+    /// node's connection cut (the proxy's [`pg_proxy::Fault::LoseCommitAnswer`]); in a cluster
+    /// it may be aimed at a write of [`CLUSTER_COMMIT_TARGETS`]. The nemesis waits up to 1 to
+    /// 3 s for that COMMIT to come.
     MetaLostCommit,
     /// Postgres' answers reach no node for 1 to 3 s.
     MetaHeldAnswers,
@@ -447,6 +446,15 @@ const PROXY_FAULTS: [Fault; 4] = [
     Fault::MetaHeldAnswers,
     Fault::MetaDelayedStatements,
     Fault::MetaCut,
+];
+
+/// What a lost COMMIT answer is aimed at in a cluster: any COMMIT, a lease renewal's, or that
+/// of a change of a stream's owner (a takeover or a transfer). The texts are the metadata
+/// store's SQL (`meta/src/pg/cluster.rs`); the report counts the answers lost.
+const CLUSTER_COMMIT_TARGETS: [Option<&str>; 3] = [
+    None,
+    Some("UPDATE nodes SET lease_expires_ms"),
+    Some("owner_epoch = owner_epoch + 1"),
 ];
 
 /// Whether the nemesis uses the proxy's faults (`FAULT_PG_PROXY=1`).
@@ -741,7 +749,19 @@ fn run_fault_test(
             }
             Fault::MetaLostCommit => {
                 let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");
-                proxy.inject(pg_proxy::Fault::LoseCommitAnswer);
+                // Any COMMIT (most are segment commits), or in a cluster one of the rarer
+                // writes whose outcome matters there.
+                let targets = if lease_ms.is_some() {
+                    &CLUSTER_COMMIT_TARGETS[..]
+                } else {
+                    &[None][..]
+                };
+                match targets[schedule.next(targets.len() as u64) as usize] {
+                    None => proxy.inject(pg_proxy::Fault::LoseCommitAnswer),
+                    Some(statement) => {
+                        proxy.inject(pg_proxy::Fault::LoseCommitAnswerAfter(statement))
+                    }
+                }
                 // Nodes commit every few hundred ms (segments, leases); one that does not come
                 // within the outage leaves the loss armed for a later COMMIT.
                 let until = Instant::now() + outage;
