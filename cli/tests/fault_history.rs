@@ -24,9 +24,10 @@
 //! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
 //!
 //! In both Postgres profiles the nodes reach Postgres through the fault proxy
-//! (`pico_testkit::pg_proxy`), and with `FAULT_PG_PROXY=1` the nemesis also uses it: a lost
-//! COMMIT answer (the commit went through, the node's connection is cut), held answers,
-//! delayed statements, and cut (sometimes refused) connections.
+//! (`pico_testkit::pg_proxy`), and the nemesis also uses it: a lost COMMIT answer (the commit
+//! went through, the node's connection is cut), held answers, delayed statements, and cut
+//! (sometimes refused) connections. `FAULT_PG_PROXY=0` leaves those out (a seed replays the
+//! same schedule only with the same faults).
 
 mod common;
 
@@ -457,9 +458,10 @@ const CLUSTER_COMMIT_TARGETS: [Option<&str>; 3] = [
     Some("owner_epoch = owner_epoch + 1"),
 ];
 
-/// Whether the nemesis uses the proxy's faults (`FAULT_PG_PROXY=1`).
+/// Whether the nemesis uses the proxy's faults: unless `FAULT_PG_PROXY=0` (to replay a seed
+/// found before they were added, say).
 fn proxy_faults_on() -> bool {
-    std::env::var("FAULT_PG_PROXY").is_ok_and(|value| value == "1")
+    std::env::var("FAULT_PG_PROXY").map_or(true, |value| value != "0")
 }
 
 /// What the nodes run on, for the faults that need it.
@@ -567,7 +569,7 @@ fn every_promise_holds_on_a_three_node_cluster_through_failovers() {
     run_fault_test(nodes, &faults, services, Some(CLUSTER_LEASE_MS));
 }
 
-/// `faults`, and the proxy's when `FAULT_PG_PROXY=1`.
+/// `faults`, and the proxy's unless `FAULT_PG_PROXY=0`.
 fn with_proxy_faults(faults: &[Fault]) -> Vec<Fault> {
     let mut faults = faults.to_vec();
     if proxy_faults_on() {
