@@ -7,6 +7,10 @@
 //! `-- --include-ignored`. Inside the test, [`require`] (or [`require_program`]) returns what
 //! the test needs, or `None` after a skip note when it is missing, and panics instead when
 //! `CI=true`: a CI run can never pass without the services it is meant to test against.
+//!
+//! The modules: [`garage`] (a Garage of a test's own, to kill and restart), [`history`] (the
+//! fault test's history checker), [`pg_proxy`] (a fault proxy in front of Postgres: lost
+//! COMMIT answers, held answers, delayed statements, cut and refused connections).
 
 use std::path::Path;
 
@@ -92,6 +96,18 @@ pub fn require_program(test: &str, program: &str, how: &str) -> bool {
     found
 }
 
+/// Whether to run a test of a known, open bug (a test that fails until the bug is fixed, marked
+/// `#[ignore = "issue N: ..."]`): only when `PICOMQ_KNOWN_BUGS` is set and not empty. Otherwise
+/// it prints a skip note naming the issue, CI included: `.ci/run` runs ignored tests too, and
+/// stays green while the fix is under way. The fix removes the gate with the `ignore`.
+pub fn known_bug(test: &str, issue: &str) -> bool {
+    let run = std::env::var_os("PICOMQ_KNOWN_BUGS").is_some_and(|value| !value.is_empty());
+    if !run {
+        eprintln!("{test}: skipped: fails until {issue} is fixed (PICOMQ_KNOWN_BUGS=1 runs it)");
+    }
+    run
+}
+
 /// A test cannot get what it needs: a skip note, or under CI a failure that says what is
 /// missing.
 pub fn missing_service(test: &str, why: &str) {
@@ -141,8 +157,15 @@ mod tests {
             "{message}"
         );
         assert!(std::panic::catch_unwind(|| require_program("t", "pico-testkit-no", "x")).is_err());
+        // A known bug's test skips under CI too, unless asked for.
+        std::env::remove_var("PICOMQ_KNOWN_BUGS");
+        assert!(!known_bug("t", "issue 1"));
+        std::env::set_var("PICOMQ_KNOWN_BUGS", "1");
+        assert!(known_bug("t", "issue 1"));
+        std::env::remove_var("PICOMQ_KNOWN_BUGS");
         std::env::remove_var("CI");
     }
 }
 pub mod garage;
 pub mod history;
+pub mod pg_proxy;
