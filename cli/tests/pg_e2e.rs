@@ -163,13 +163,9 @@ fn an_unreachable_postgres_stops_startup_with_the_password_masked() {
 /// COMMIT went through but whose answer was lost (the fault proxy cuts the node's connection
 /// at that COMMIT). The rule: no append is acknowledged into a row that does not exist, so an
 /// append the node acknowledges after such a DELETE is there after a restart.
-#[ignore = "issue 34: fails until outcome-unknown handling lands"]
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn an_ambiguous_delete_never_acknowledges_an_append_into_a_deleted_row() {
-    let test = "an_ambiguous_delete_never_acknowledges_an_append_into_a_deleted_row";
-    if !pico_testkit::known_bug(test, "issue 34") {
-        return;
-    }
     let Some(database) = PgDatabase::create("pg_e2e_zombie") else {
         return;
     };
@@ -186,7 +182,7 @@ fn an_ambiguous_delete_never_acknowledges_an_append_into_a_deleted_row() {
 
     let appended = server.post("/zombie", b"after");
     eprintln!(
-        "{test}: DELETE answered {}; the append after it {}",
+        "DELETE answered {}; the append after it {}",
         deleted.describe(),
         appended.describe()
     );

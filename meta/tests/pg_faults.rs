@@ -3,9 +3,9 @@
 //! store's client), then what the metadata store does when the answer to its COMMIT is lost.
 //!
 //! Every test here needs Postgres (`PICOMQ_PG_URL`, `scripts/pg-up.sh`) and gets a database
-//! of its own; without the variable it prints a skip note, or fails under `CI=true`. The tests
-//! marked with issue 34 show what the store should do and does not yet: they fail today, and
-//! run only with `PICOMQ_KNOWN_BUGS=1` ([`pico_testkit::known_bug`]).
+//! of its own; without the variable it prints a skip note, or fails under `CI=true`. Issue 34:
+//! a write whose COMMIT answer was lost is answered as the database has it (the store asks the
+//! server by transaction id), never as a failure of something that was done.
 
 use std::time::{Duration, Instant};
 
@@ -246,13 +246,9 @@ fn the_store_reconnects_after_a_lost_commit_answer() {
 /// (an error: "nothing was acknowledged", the stream keeps being served); the row is gone.
 /// The store must not answer as if nothing happened: here it must know, by reading the row
 /// back, that the delete is done.
-#[ignore = "issue 34: fails until outcome-unknown handling lands"]
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn a_delete_whose_commit_answer_was_lost_is_reported_done() {
-    let test = "a_delete_whose_commit_answer_was_lost_is_reported_done";
-    if !pico_testkit::known_bug(test, "issue 34") {
-        return;
-    }
     let Some((database, proxy, url)) = proxied("ambiguous_delete") else {
         return;
     };
@@ -278,13 +274,9 @@ fn a_delete_whose_commit_answer_was_lost_is_reported_done() {
 /// Issue 34, every metadata write: each one's COMMIT answer is lost in turn, and the store's
 /// answer is compared with what the database then holds. Every disagreement is listed before
 /// the test fails.
-#[ignore = "issue 34: fails until outcome-unknown handling lands"]
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn every_write_whose_commit_answer_was_lost_is_answered_as_the_database_has_it() {
-    let test = "every_write_whose_commit_answer_was_lost_is_answered_as_the_database_has_it";
-    if !pico_testkit::known_bug(test, "issue 34") {
-        return;
-    }
     let Some((database, proxy, url)) = proxied("ambiguous_writes") else {
         return;
     };
@@ -299,7 +291,11 @@ fn every_write_whose_commit_answer_was_lost_is_answered_as_the_database_has_it()
     };
     let (plain, soft, gone, fenced) =
         (owned("/plain"), owned("/soft"), owned("/gone"), owned("/f"));
-    let fence = Some(Fence { node, epoch: 1 });
+    let fence = Some(Fence {
+        node,
+        node_epoch: 1,
+        epoch: 1,
+    });
     let retention = Retention {
         age_ms: Some(60_000),
         ..Retention::default()
@@ -383,7 +379,9 @@ fn every_write_whose_commit_answer_was_lost_is_answered_as_the_database_has_it()
     proxy.inject(Fault::LoseCommitAnswer);
     let segment_fence = SegmentFence {
         node,
+        node_epoch: 1,
         epochs: [(fenced, 1)].into(),
+        quarantine_refused: false,
     };
     let answer = shown(wait(
         store.commit_segment_fenced(segment("segments/b.seg", fenced), segment_fence),

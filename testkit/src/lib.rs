@@ -96,18 +96,6 @@ pub fn require_program(test: &str, program: &str, how: &str) -> bool {
     found
 }
 
-/// Whether to run a test of a known, open bug (a test that fails until the bug is fixed, marked
-/// `#[ignore = "issue N: ..."]`): only when `PICOMQ_KNOWN_BUGS` is set and not empty. Otherwise
-/// it prints a skip note naming the issue, CI included: `.ci/run` runs ignored tests too, and
-/// stays green while the fix is under way. The fix removes the gate with the `ignore`.
-pub fn known_bug(test: &str, issue: &str) -> bool {
-    let run = std::env::var_os("PICOMQ_KNOWN_BUGS").is_some_and(|value| !value.is_empty());
-    if !run {
-        eprintln!("{test}: skipped: fails until {issue} is fixed (PICOMQ_KNOWN_BUGS=1 runs it)");
-    }
-    run
-}
-
 /// A test cannot get what it needs: a skip note, or under CI a failure that says what is
 /// missing.
 pub fn missing_service(test: &str, why: &str) {
@@ -157,12 +145,6 @@ mod tests {
             "{message}"
         );
         assert!(std::panic::catch_unwind(|| require_program("t", "pico-testkit-no", "x")).is_err());
-        // A known bug's test skips under CI too, unless asked for.
-        std::env::remove_var("PICOMQ_KNOWN_BUGS");
-        assert!(!known_bug("t", "issue 1"));
-        std::env::set_var("PICOMQ_KNOWN_BUGS", "1");
-        assert!(known_bug("t", "issue 1"));
-        std::env::remove_var("PICOMQ_KNOWN_BUGS");
         std::env::remove_var("CI");
     }
 }
