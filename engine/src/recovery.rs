@@ -69,7 +69,9 @@ pub(crate) fn recover_wal_files(
         .collect();
     files.sort();
     let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
-    let mut tails = Tails::new(snapshot);
+    // Every stream's tail and name, read from the catalog only once a damaged file needs them
+    // (a start-up without damage does not walk every stream for nothing).
+    let mut tails: Option<Tails> = None;
     let mut salvaged = Vec::new();
     let mut wal_epochs = Vec::new();
     for path in files {
@@ -88,7 +90,8 @@ pub(crate) fn recover_wal_files(
         if committed.contains(&key) {
             // Stored and committed before the crash, which came before the file's removal.
             if let WalEnd::Damaged(damage) = &scanned.end {
-                let kept = keep_damaged(config, &path, &describe(&path, damage, &tails))?;
+                let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
+                let kept = keep_damaged(config, &path, &describe(&path, damage, tails))?;
                 log::warn!(
                     "WAL file {} is damaged, but its segment {key} was stored before the                      crash: nothing is lost; the file was moved to {}",
                     path.display(),
@@ -105,7 +108,8 @@ pub(crate) fn recover_wal_files(
         }
         let (bytes, damaged) = match &scanned.end {
             WalEnd::Damaged(damage) => {
-                let described = describe(&path, damage, &tails);
+                let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
+                let described = describe(&path, damage, tails);
                 if !config.wal_salvage {
                     return Err(format!(
                         "{described}\nThe node does not start on a damaged WAL: acknowledged \
@@ -125,19 +129,24 @@ pub(crate) fn recover_wal_files(
                 // The whole rounds as they are (what the running core would have stored),
                 // unless a salvage of an earlier file closed one of their streams: then their
                 // frames without that stream's.
-                let mut kept = Vec::new();
-                let mut all = true;
-                for frame in &scanned.committed {
-                    if tails.keep(frame) {
-                        kept.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
-                    } else {
-                        all = false;
+                let bytes = match tails.as_mut() {
+                    None => scanned.segment_bytes(&data).to_vec(),
+                    Some(tails) => {
+                        let mut kept = Vec::new();
+                        let mut all = true;
+                        for frame in &scanned.committed {
+                            if tails.keep(frame) {
+                                kept.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+                            } else {
+                                all = false;
+                            }
+                        }
+                        if all {
+                            scanned.segment_bytes(&data).to_vec()
+                        } else {
+                            kept
+                        }
                     }
-                }
-                let bytes = if all {
-                    scanned.segment_bytes(&data).to_vec()
-                } else {
-                    kept
                 };
                 (bytes, None)
             }
@@ -166,13 +175,14 @@ pub(crate) fn recover_wal_files(
         match damaged {
             None => remove(&path)?,
             Some((described, damage, lost)) => {
-                let text = salvage_report(&described, damage, &lost, &tails);
+                let tails = tails.as_ref().expect("made for the damaged file");
+                let text = salvage_report(&described, damage, &lost, tails);
                 let kept = keep_damaged(config, &path, &text)?;
                 let line = format!(
                     "salvaged damaged WAL file {} (kept as {}): {}",
                     path.display(),
                     kept.display(),
-                    lost_summary(damage, &lost, &tails)
+                    lost_summary(damage, &lost, tails)
                 );
                 log::error!("{line}");
                 report.push(line.clone());
