@@ -12,7 +12,7 @@ use pico_client::{http_client_builder, ApiError, ClientConfig, ClientError};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
-use crate::args::{AdminArgs, AdminCommand};
+use crate::args::{AdminArgs, AdminCommand, QuarantineCommand};
 use crate::Failure;
 
 pub const DEFAULT_ADMIN_ENDPOINT: &str = "http://127.0.0.1:9090";
@@ -72,6 +72,38 @@ pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Res
                 }
                 Ok(())
             }
+            AdminCommand::Quarantine(quarantine) => match &quarantine.command {
+                QuarantineCommand::Ls(_) => {
+                    let body = admin.call(Method::GET, "/admin/quarantine", None).await?;
+                    print(args.json, &body, quarantine_lines)
+                }
+                QuarantineCommand::Export(entry) => {
+                    let path = format!(
+                        "/admin/quarantine/records?{}",
+                        entry_query(&entry.segment, entry.stream_id)
+                    );
+                    let body = admin.call(Method::GET, &path, None).await?;
+                    print(args.json, &body, |body| {
+                        let records = body["records"].as_array().into_iter().flatten();
+                        records.map(Value::to_string).collect()
+                    })
+                }
+                QuarantineCommand::Release(entry) => {
+                    let path = format!(
+                        "/admin/quarantine?{}",
+                        entry_query(&entry.segment, entry.stream_id)
+                    );
+                    let body = admin.call(Method::DELETE, &path, None).await?;
+                    if args.json {
+                        print(true, &body, |_| Vec::new())?;
+                    }
+                    eprintln!(
+                        "released segment={} stream={}",
+                        entry.segment, entry.stream_id
+                    );
+                    Ok(())
+                }
+            },
             AdminCommand::SetSlots(set) => {
                 let request = json!({ "slots": set.slots });
                 let path = format!("/admin/nodes/{}", set.node);
@@ -208,6 +240,42 @@ fn print(json: bool, body: &Value, lines: fn(&Value) -> Vec<String>) -> Result<(
     }
     out.flush()?;
     Ok(())
+}
+
+/// `segment=KEY&stream=ID`, the key percent-encoded.
+fn entry_query(segment: &str, stream_id: u64) -> String {
+    let key: String = segment
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    format!("segment={key}&stream={stream_id}")
+}
+
+fn quarantine_lines(body: &Value) -> Vec<String> {
+    let entries = body["entries"].as_array().into_iter().flatten();
+    entries
+        .map(|e| {
+            let offsets: Vec<String> = e["offsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|range| format!("{}..{}", range[0], range[1]))
+                .collect();
+            format!(
+                "segment={} stream={} offsets={} records={} reason={:?}",
+                field(e, "segment"),
+                field(e, "streamId"),
+                offsets.join(","),
+                field(e, "records"),
+                field(e, "reason")
+            )
+        })
+        .collect()
 }
 
 fn cluster_lines(c: &Value) -> Vec<String> {

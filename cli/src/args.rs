@@ -570,6 +570,52 @@ pub enum AdminCommand {
     Stream(AdminStreamArgs),
     Transfer(AdminTransferArgs),
     SetSlots(AdminSetSlotsArgs),
+    Quarantine(AdminQuarantineArgs),
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "quarantine")]
+/// Records a segment commit refused after they were acknowledged, kept for an operator.
+pub struct AdminQuarantineArgs {
+    #[argh(subcommand)]
+    pub command: QuarantineCommand,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand)]
+pub enum QuarantineCommand {
+    Ls(QuarantineLsArgs),
+    Export(QuarantineExportArgs),
+    Release(QuarantineReleaseArgs),
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "ls")]
+/// Print one line per quarantined entry: segment, stream id, offsets, reason.
+pub struct QuarantineLsArgs {}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "export")]
+/// Print an entry's records, one JSON object per line (offset, timestampMs, headers, body or bodyBase64).
+pub struct QuarantineExportArgs {
+    #[argh(positional)]
+    /// segment key, as `ls` prints it
+    pub segment: String,
+    #[argh(positional)]
+    /// stream id, as `ls` prints it
+    pub stream_id: u64,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "release")]
+/// Drop an entry (export it first): its segment may then be garbage-collected.
+pub struct QuarantineReleaseArgs {
+    #[argh(positional)]
+    /// segment key, as `ls` prints it
+    pub segment: String,
+    #[argh(positional)]
+    /// stream id, as `ls` prints it
+    pub stream_id: u64,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

@@ -172,6 +172,7 @@ fn the_admin_api_needs_an_admin_token_when_auth_is_on() {
         "/metrics",
         "/admin/streams",
         "/admin/stats",
+        "/admin/quarantine",
     ] {
         let anonymous = get(&server, path);
         anonymous.expect(401);
@@ -203,4 +204,68 @@ fn the_admin_api_needs_an_admin_token_when_auth_is_on() {
     }
     // Tokens never reach the log.
     assert!(!server.log().contains("writer"));
+}
+
+/// The quarantine endpoints on a node with nothing quarantined: an empty list, and clear
+/// refusals for what is missing or malformed (the cluster tests fill it:
+/// engine/tests/cluster_fencing.rs); `pico admin quarantine` prints them.
+#[test]
+fn the_quarantine_lists_exports_and_releases_with_clear_refusals() {
+    let server = Server::start(&[]);
+    let list = get(&server, "/admin/quarantine");
+    list.expect(200);
+    assert_eq!(list.json()["entries"], serde_json::json!([]));
+    for (method, path, status) in [
+        ("GET", "/admin/quarantine/records", 400),
+        (
+            "GET",
+            "/admin/quarantine/records?segment=segments/x.seg&stream=x",
+            400,
+        ),
+        (
+            "GET",
+            "/admin/quarantine/records?segment=segments/x.seg&stream=7",
+            404,
+        ),
+        ("DELETE", "/admin/quarantine?segment=segments/x.seg", 400),
+        (
+            "DELETE",
+            "/admin/quarantine?segment=segments/x.seg&stream=7",
+            404,
+        ),
+        ("POST", "/admin/quarantine", 405),
+    ] {
+        let answer = admin(&server, method, path, &[], b"");
+        assert_eq!(
+            answer.status,
+            status,
+            "{method} {path}: {}",
+            answer.describe()
+        );
+        assert!(answer.json()["error"].is_string(), "{method} {path}");
+    }
+    let endpoint = format!("http://{}", server.admin);
+    let listed = common::pico(
+        server.dir(),
+        &["admin", "--admin-endpoint", &endpoint, "quarantine", "ls"],
+    );
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(listed.stdout.is_empty(), "nothing quarantined: {listed:?}");
+    let missing = common::pico(
+        server.dir(),
+        &[
+            "admin",
+            "--admin-endpoint",
+            &endpoint,
+            "quarantine",
+            "export",
+            "segments/x.seg",
+            "7",
+        ],
+    );
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("404"),
+        "{missing:?}"
+    );
 }

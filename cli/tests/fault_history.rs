@@ -22,6 +22,12 @@
 //!
 //! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies). Without
 //! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
+//!
+//! In both Postgres profiles the nodes reach Postgres through the fault proxy
+//! (`pico_testkit::pg_proxy`), and the nemesis also uses it: a lost COMMIT answer (the commit
+//! went through, the node's connection is cut), held answers, delayed statements, and cut
+//! (sometimes refused) connections. `FAULT_PG_PROXY=0` leaves those out (a seed replays the
+//! same schedule only with the same faults).
 
 mod common;
 
@@ -35,6 +41,7 @@ use common::services::{storage, PrivatePostgres};
 use common::{decode_binary_read, split_url, Conn, Resp, Server};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
+use pico_testkit::pg_proxy::{self, PgProxy};
 
 const PICO_STREAM: &str = "/h/pico";
 const DS_STREAM: &str = "/h/ds";
@@ -420,6 +427,41 @@ enum Fault {
     MetaRestart,
     /// `kill -9` Garage, start it again 1 to 3 s later on the same data.
     StoreRestart,
+    /// The answer to the next COMMIT of any node is lost after Postgres committed it, and that
+    /// node's connection cut (the proxy's [`pg_proxy::Fault::LoseCommitAnswer`]); in a cluster
+    /// it may be aimed at a write of [`CLUSTER_COMMIT_TARGETS`]. The nemesis waits up to 1 to
+    /// 3 s for that COMMIT to come.
+    MetaLostCommit,
+    /// Postgres' answers reach no node for 1 to 3 s.
+    MetaHeldAnswers,
+    /// The nodes' statements reach Postgres 1 to 3 s late.
+    MetaDelayedStatements,
+    /// Every connection to Postgres is cut; every other time new ones are refused for 1 to
+    /// 3 s as well.
+    MetaCut,
+}
+
+/// The faults of the Postgres fault proxy, for the Postgres profiles.
+const PROXY_FAULTS: [Fault; 4] = [
+    Fault::MetaLostCommit,
+    Fault::MetaHeldAnswers,
+    Fault::MetaDelayedStatements,
+    Fault::MetaCut,
+];
+
+/// What a lost COMMIT answer is aimed at in a cluster: any COMMIT, a lease renewal's, or that
+/// of a change of a stream's owner (a takeover or a transfer). The texts are the metadata
+/// store's SQL (`meta/src/pg/cluster.rs`); the report counts the answers lost.
+const CLUSTER_COMMIT_TARGETS: [Option<&str>; 3] = [
+    None,
+    Some("UPDATE nodes SET lease_expires_ms"),
+    Some("owner_epoch = owner_epoch + 1"),
+];
+
+/// Whether the nemesis uses the proxy's faults: unless `FAULT_PG_PROXY=0` (to replay a seed
+/// found before they were added, say).
+fn proxy_faults_on() -> bool {
+    std::env::var("FAULT_PG_PROXY").map_or(true, |value| value != "0")
 }
 
 /// What the nodes run on, for the faults that need it.
@@ -427,6 +469,10 @@ enum Fault {
 struct Services {
     tmpfs: Option<Tmpfs>,
     postgres: Option<PrivatePostgres>,
+    /// In front of `postgres`.
+    pg_proxy: Option<PgProxy>,
+    /// The nodes' `--meta-url`: `postgres` through `pg_proxy`.
+    meta_url: Option<String>,
     garage: Option<OwnGarage>,
 }
 
@@ -490,12 +536,12 @@ fn every_promise_holds_on_postgres_and_garage_while_they_restart() {
         return;
     };
     let args = cluster_node_flags(&services, None);
-    let faults = [
+    let faults = with_proxy_faults(&[
         Fault::Kill,
         Fault::Pause,
         Fault::MetaRestart,
         Fault::StoreRestart,
-    ];
+    ]);
     run_fault_test(vec![start_node(&args)], &faults, services, None);
 }
 
@@ -513,24 +559,37 @@ fn every_promise_holds_on_a_three_node_cluster_through_failovers() {
         .map(|id| start_node(&cluster_node_flags(&services, Some(id))))
         .collect();
     common::wait_until_formed(&nodes, &[1, 2, 3], CLUSTER_BOUND);
-    let faults = [
+    let faults = with_proxy_faults(&[
         Fault::Kill,
         Fault::Pause,
         Fault::PausePastLease,
         Fault::MetaRestart,
         Fault::StoreRestart,
-    ];
+    ]);
     run_fault_test(nodes, &faults, services, Some(CLUSTER_LEASE_MS));
 }
 
-/// A Postgres and a Garage of the test's own (so it may stop them), or `None` after a skip
-/// note.
+/// `faults`, and the proxy's unless `FAULT_PG_PROXY=0`.
+fn with_proxy_faults(faults: &[Fault]) -> Vec<Fault> {
+    let mut faults = faults.to_vec();
+    if proxy_faults_on() {
+        faults.extend(PROXY_FAULTS);
+    }
+    faults
+}
+
+/// A Postgres (with the fault proxy in front of it) and a Garage of the test's own (so it
+/// may stop them), or `None` after a skip note.
 fn cluster_services(test: &str) -> Option<Services> {
     pico_testkit::require(test, &pico_testkit::GARAGE)?;
     let postgres = PrivatePostgres::start(test)?;
     let garage = OwnGarage::start(test)?;
+    let (pg_proxy, meta_url) =
+        PgProxy::in_front_of(&postgres.url()).expect("start the Postgres proxy");
     Some(Services {
         postgres: Some(postgres),
+        pg_proxy: Some(pg_proxy),
+        meta_url: Some(meta_url),
         garage: Some(garage),
         ..Services::default()
     })
@@ -541,11 +600,10 @@ fn cluster_services(test: &str) -> Option<Services> {
 /// (object) is what the test holds to its promises.
 fn cluster_node_flags(services: &Services, node_id: Option<u32>) -> Vec<String> {
     let mut args: Vec<String> = NODE_FLAGS.iter().map(|s| s.to_string()).collect();
-    let postgres = services.postgres.as_ref().expect("Postgres");
     let garage = services.garage.as_ref().expect("Garage");
     args.extend([
         "--meta-url".to_string(),
-        postgres.url(),
+        services.meta_url.clone().expect("Postgres"),
         "--storage".to_string(),
         storage(&garage.endpoint()),
     ]);
@@ -691,6 +749,50 @@ fn run_fault_test(
                 std::thread::sleep(outage);
                 garage.up();
             }
+            Fault::MetaLostCommit => {
+                let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");
+                // Any COMMIT (most are segment commits), or in a cluster one of the rarer
+                // writes whose outcome matters there.
+                let targets = if lease_ms.is_some() {
+                    &CLUSTER_COMMIT_TARGETS[..]
+                } else {
+                    &[None][..]
+                };
+                match targets[schedule.next(targets.len() as u64) as usize] {
+                    None => proxy.inject(pg_proxy::Fault::LoseCommitAnswer),
+                    Some(statement) => {
+                        proxy.inject(pg_proxy::Fault::LoseCommitAnswerAfter(statement))
+                    }
+                }
+                // Nodes commit every few hundred ms (segments, leases); one that does not come
+                // within the outage leaves the loss armed for a later COMMIT.
+                let until = Instant::now() + outage;
+                while proxy.armed_losses() > 0 && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            Fault::MetaHeldAnswers => {
+                let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");
+                proxy.inject(pg_proxy::Fault::HoldAnswers(outage));
+                std::thread::sleep(outage);
+            }
+            Fault::MetaDelayedStatements => {
+                let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");
+                proxy.inject(pg_proxy::Fault::DelayStatements(outage));
+                std::thread::sleep(outage);
+            }
+            Fault::MetaCut => {
+                let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");
+                let refuse = schedule.next(2) == 0;
+                if refuse {
+                    proxy.inject(pg_proxy::Fault::Refuse(true));
+                }
+                proxy.inject(pg_proxy::Fault::CutAll);
+                if refuse {
+                    std::thread::sleep(outage);
+                    proxy.inject(pg_proxy::Fault::Refuse(false));
+                }
+            }
         }
         for (i, node) in nodes.iter_mut().enumerate() {
             assert!(node.is_running(), "node {i} exited\n{}", node.log());
@@ -699,6 +801,10 @@ fn run_fault_test(
     shared.stop.store(true, Ordering::Relaxed);
     for client in clients {
         client.join().expect("a client thread");
+    }
+    // A lost COMMIT still armed would hit the final restarts' and read's commits.
+    if let Some(proxy) = &services.pg_proxy {
+        proxy.heal();
     }
     let surprises = answers.surprises.lock().unwrap().clone();
     if !surprises.is_empty() {
@@ -730,9 +836,16 @@ fn run_fault_test(
         violations.extend(check(&history, &last));
     }
     let takeovers = logs().matches("stopped renewing its lease").count();
+    let proxy = services.pg_proxy.as_ref().map_or(String::new(), |proxy| {
+        format!(
+            "; Postgres proxy {:?}, lost answers {:?}",
+            proxy.stats(),
+            proxy.lost_answers()
+        )
+    });
     eprintln!(
         "fault test: {}; faults injected {injected:?}; append answers {:?}; {} redirects \
-         followed, {takeovers} takeovers; {} violations",
+         followed, {takeovers} takeovers{proxy}; {} violations",
         report.join("; "),
         answers.statuses.lock().unwrap(),
         shared.redirects.load(Ordering::Relaxed),

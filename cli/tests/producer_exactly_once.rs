@@ -158,7 +158,10 @@ fn body(i: usize) -> String {
 
 /// Runs the whole scenario with `in_flight` concurrent batches, over HTTP/1.1 or h2c.
 fn exactly_once_across_crashes(in_flight: usize, http2: bool) {
-    const RECORDS: usize = 5000;
+    // The last kill is well before the end: after a restart the producer's retried batches
+    // are acknowledged together, and on a busy machine the count was seen to jump by 900
+    // between two looks (the kill then came after the last record).
+    const RECORDS: usize = 6500;
     const KILLS_AT: [usize; 4] = [800, 1900, 3000, 4100];
 
     let mut node = Node::start();

@@ -195,8 +195,11 @@ fn the_beginning_of_a_trimmed_stream_is_its_first_readable_record() {
     pico_reads_from_start(&server, "/t", &[10]);
 }
 
+/// A fork read from the beginning starts at its own first readable record. Its source keeps
+/// every record the fork reads while the fork exists: a trim of the source is refused
+/// (`409`) and changes nothing the fork reads; the fork's own trims apply.
 #[test]
-fn a_fork_reads_from_its_own_start_or_its_sources() {
+fn a_fork_reads_from_its_own_start_and_its_source_keeps_what_it_reads() {
     let (server, ds_addr) = dual_server();
     stream_of(&server, "/src", 10);
     ds(
@@ -215,21 +218,39 @@ fn a_fork_reads_from_its_own_start_or_its_sources() {
     let all: Vec<u64> = (0..12).collect();
     pico_reads_from_start(&server, "/f", &all);
 
-    // Whichever start is higher, the fork's own or its source's, is where it begins.
+    // (stream trimmed, to, the fork's first record after it, what the fork reads)
     let steps: [(&str, u64, u64, &str); 5] = [
         ("/f", 2, 2, "r2r3r4r5r6r7r8r9f0f1"),
-        ("/src", 4, 4, "r4r5r6r7r8r9f0f1"),
+        ("/src", 4, 2, "r2r3r4r5r6r7r8r9f0f1"),
         ("/f", 6, 6, "r6r7r8r9f0f1"),
-        // The source trimmed to its tail, the fork point: only the fork's own records.
-        ("/src", 10, 10, "f0f1"),
+        ("/src", 10, 6, "r6r7r8r9f0f1"),
         ("/f", 11, 11, "f1"),
     ];
     for (trimmed, to, first, text) in steps {
-        trim(&server, trimmed, to);
+        if trimmed == "/src" {
+            let refused =
+                server.request("POST", "/src", &[("pico-trim-seq", &to.to_string())], b"");
+            refused.expect_error(409, "conflict");
+            pico_reads_from_start(&server, "/src", &(0..10).collect::<Vec<u64>>());
+        } else {
+            trim(&server, trimmed, to);
+        }
         let expected: Vec<u64> = (first..12).collect();
         pico_reads_from_start(&server, "/f", &expected);
         ds_reads_from_start(ds_addr, "/f", text);
     }
+    // Once the fork is gone, the source can be trimmed.
+    server.delete("/f").expect(204);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = server.request("POST", "/src", &[("pico-trim-seq", "4")], b"");
+        if r.status == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", r.describe());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    pico_reads_from_start(&server, "/src", &(4..10).collect::<Vec<u64>>());
 }
 
 #[test]

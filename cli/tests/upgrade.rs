@@ -14,7 +14,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{assert_records_eq, ds, ds_read, read_all, ReadRecord, Server};
 use pico_engine::frame::{encode_frame, FrameMeta};
@@ -781,8 +781,8 @@ fn a_wal_file_of_a_newer_format_is_refused_naming_both_versions() {
     let created_ms = 1_796_428_189_475;
     assert_eq!(
         header_of_version(WAL_FORMAT_VERSION, created_ms),
-        file_header(created_ms),
-        "the header is built as this build's"
+        file_header(WAL_FORMAT_VERSION, created_ms),
+        "the header is built as the engine builds one"
     );
     let future = 9;
     assert_ne!(
@@ -811,20 +811,11 @@ fn a_wal_file_of_a_newer_format_is_refused_naming_both_versions() {
         .stderr(std::fs::File::create(&log).expect("server.log"))
         .spawn()
         .expect("spawn pico serve");
-    let deadline = Instant::now() + REFUSAL_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for pico serve") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "pico serve started on a WAL file of format {future}; log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = common::exit_within(&mut child, REFUSAL_TIMEOUT) else {
+        panic!(
+            "pico serve started on a WAL file of format {future}; log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
     };
     let text = std::fs::read_to_string(&log).expect("server.log");
     assert!(!status.success(), "exit {status:?}; log:\n{text}");

@@ -16,7 +16,7 @@ use crate::limits;
 use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::placement::owner_core;
 use crate::put_budget::PutBudget;
-use crate::recovery::{recover_wal_files, wait};
+use crate::recovery::{recover_wal_files, sweep_orphans, wait};
 use crate::shard::stream_seeds_by_core;
 use crate::shard::StreamSeed;
 
@@ -126,6 +126,14 @@ pub fn boot(
         snapshot.streams.retain(|row| epochs.contains_key(&row.id));
     }
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
+    // Best effort: an object left behind costs space, not data; the next start tries again.
+    match sweep_orphans(&config, &meta, &store, &snapshot, &recovered.wal_epochs) {
+        Ok(0) => {}
+        Ok(removed) => report.push(format!(
+            "deleted {removed} segment objects that earlier runs stored but never committed"
+        )),
+        Err(e) => log::warn!("sweeping segment objects that were never committed: {e}"),
+    }
     let cores = config.cores;
     let streams_recovered = snapshot.streams.len();
     let mut per_core = stream_seeds_by_core(&mut snapshot, cores, |name| owner_core(name, cores));

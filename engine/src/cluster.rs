@@ -267,7 +267,10 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
         let sent = Instant::now();
         match wait(meta.renew_lease(config.node_id, config.node_epoch, config.lease_ms)) {
             Ok(state) => {
-                if lapsed {
+                // Lapsed by this node's clock, or by the database's when a slow renewal landed
+                // after the lease expired there (other nodes may have taken streams over in
+                // between, while this node still thought itself valid).
+                if lapsed || state.renewed_after_lapse {
                     // Streams may have moved while we were away: drop those before serving.
                     match wait(meta.owned_streams(config.node_id)) {
                         Ok(owned) => {
@@ -279,6 +282,7 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
                             );
                             let owned = Arc::new(owned);
                             let mut answers = Vec::new();
+                            let mut undelivered = 0;
                             for core in cores.iter_mut() {
                                 let (reply, answer) = futures_channel::oneshot::channel();
                                 let message = Message::Revalidate {
@@ -287,10 +291,25 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
                                 };
                                 if core.try_send(message).is_ok() {
                                     answers.push(answer);
+                                } else {
+                                    undelivered += 1;
                                 }
                             }
+                            let mut answered = true;
                             for answer in answers {
-                                let _ = futures_lite::future::block_on(answer);
+                                answered &= futures_lite::future::block_on(answer).is_ok();
+                            }
+                            // A core that did not revalidate (its inbox was full) may still
+                            // serve streams that moved: the lease stays lapsed, so nothing is
+                            // acknowledged, and the next round tries again.
+                            if undelivered > 0 || !answered {
+                                log::warn!(
+                                    "node {}: {undelivered} cores could not be asked to \
+                                     revalidate; the lease stays lapsed until they are",
+                                    config.node_id
+                                );
+                                std::thread::sleep(round);
+                                continue;
                             }
                         }
                         Err(e) => {

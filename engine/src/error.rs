@@ -14,6 +14,9 @@ pub enum EngineError {
     Gone,
     /// A fork was asked of a deleted source.
     SourceGone,
+    /// A trim of a stream that live forks read through: they keep its records while they
+    /// exist (its retention is paused for the same reason).
+    ReadByForks { forks: u64 },
     /// An append's content type differs from the stream's.
     ContentTypeMismatch { expected: String },
     /// An append's writer sequence does not sort after the last accepted one.
@@ -69,6 +72,11 @@ impl std::fmt::Display for EngineError {
             EngineError::Closed { .. } => f.write_str("stream is closed"),
             EngineError::Gone => f.write_str("stream was deleted"),
             EngineError::SourceGone => f.write_str("fork source was deleted"),
+            EngineError::ReadByForks { forks } => write!(
+                f,
+                "{forks} live fork(s) read this stream's records: it cannot be trimmed while they \
+                 exist (delete the forks first)"
+            ),
             EngineError::ContentTypeMismatch { expected } => {
                 write!(f, "content type does not match the stream's ({expected})")
             }

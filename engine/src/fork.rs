@@ -179,11 +179,21 @@ pub(crate) async fn create(
     let (origin, source_config) = router
         .fork_acquire(&spec.source, offset, partial_bytes)
         .await?;
-    let release = || router.fork_release(&spec.source, origin.source_id);
+    // A release that fails here is left to the release loop, which tries until it goes through.
+    let release = || async {
+        if router
+            .fork_release(&spec.source, origin.source_id)
+            .await
+            .is_err()
+        {
+            let retry = vec![(spec.source.clone(), origin.source_id)];
+            router.shard.requeue_fork_releases(retry);
+        }
+    };
     if config.content_type.is_empty() {
         config.content_type = source_config.content_type.clone();
     } else if !mime_base_eq(&config.content_type, &source_config.content_type) {
-        let _ = release().await;
+        release().await;
         return Err(EngineError::ConfigMismatch {
             message: format!(
                 "fork content type differs from the source's ({})",
@@ -199,19 +209,30 @@ pub(crate) async fn create(
     let fork = Some(origin.clone());
     let created = router.create(name, config, closed, records, fork).await;
     if !matches!(created, Ok(Created { created: true, .. })) {
-        let _ = release().await;
+        release().await;
     }
     created
 }
 
-/// Tells sources that a fork of theirs is gone (deleted or expired on this core).
+/// Tells sources that a fork of theirs is gone (deleted or expired on this core). A release
+/// that fails is tried again after [`limits::FORK_RELEASE_RETRY_MS`], until it goes through:
+/// trying again is safe, since a source's count stops at zero and its removal is idempotent.
 pub(crate) async fn release_loop(router: Rc<Router>) {
     loop {
         router.shard.fork_released.wait().await;
+        let mut failed = Vec::new();
         for (source, source_id) in router.shard.take_fork_releases() {
             if let Err(e) = router.fork_release(&source, source_id).await {
-                log::warn!("could not release a fork of {source}: {e}");
+                log::warn!("could not release a fork of {source} ({e}); trying again");
+                failed.push((source, source_id));
             }
+        }
+        if !failed.is_empty() {
+            glommio::timer::sleep(std::time::Duration::from_millis(
+                crate::limits::FORK_RELEASE_RETRY_MS,
+            ))
+            .await;
+            router.shard.requeue_fork_releases(failed);
         }
     }
 }

@@ -115,6 +115,11 @@ impl CoreHandle {
         self.router.shard.meta()
     }
 
+    /// The object store (the admin API reads quarantined records from it).
+    pub fn store(&self) -> &pico_s3::ObjectStore {
+        self.router.shard.store()
+    }
+
     /// A node that may have lost its streams serves none until it knows.
     async fn leased(&self) -> Result<(), EngineError> {
         match &self.cluster {

@@ -27,6 +27,7 @@ pub mod metrics;
 mod notify;
 mod placement;
 mod put_budget;
+pub mod quarantine;
 mod recovery;
 mod route;
 mod shard;

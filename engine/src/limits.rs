@@ -182,6 +182,10 @@ pub const HAND_OFF_FLUSH_TIMEOUT_MS: u64 = 30_000;
 pub const UPLOAD_RETRY_FIRST_MS: u64 = 50;
 /// Longest wait between two tries of a failed segment upload.
 pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;
+/// How long a fork release that failed (the source's core overloaded, its metadata write
+/// refused) waits before it is tried again; it is tried until it goes through, so a deleted
+/// source whose last fork went is always removed in the end.
+pub const FORK_RELEASE_RETRY_MS: u64 = 1_000;
 
 /// Shortest `--gc-interval-ms` (the pause between two garbage-collection rounds of core 0);
 /// a smaller one is refused at startup (`EngineConfig::check`): each round queries the catalog.

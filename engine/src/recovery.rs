@@ -16,7 +16,7 @@ use pico_s3::ObjectStore;
 
 use crate::clock::now_ms;
 use crate::config::EngineConfig;
-use crate::frame::{self, FRAME_KIND_CLOSE};
+use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::placement::{epoch_of, segment_key};
 use crate::wal_file::{self, Damage, WalEnd};
 
@@ -35,6 +35,8 @@ pub(crate) struct Recovered {
     /// One line per damaged WAL file this boot salvaged: the file, where it was kept and what
     /// each stream lost (for `/ready`, `/metrics` and the log).
     pub(crate) salvaged: Vec<String>,
+    /// The node epochs of the WAL files found (earlier incarnations of this node).
+    pub(crate) wal_epochs: Vec<u64>,
 }
 
 /// Turns every WAL file into a committed segment: its committed rounds are stored as an object
@@ -67,8 +69,11 @@ pub(crate) fn recover_wal_files(
         .collect();
     files.sort();
     let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
-    let mut tails = Tails::new(snapshot);
+    // Every stream's tail and name, read from the catalog only once a damaged file needs them
+    // (a start-up without damage does not walk every stream for nothing).
+    let mut tails: Option<Tails> = None;
     let mut salvaged = Vec::new();
+    let mut wal_epochs = Vec::new();
     for path in files {
         let stem = path
             .file_stem()
@@ -76,6 +81,7 @@ pub(crate) fn recover_wal_files(
             .unwrap_or_default()
             .to_string();
         max_epoch_ms = max_epoch_ms.max(epoch_of(&stem).unwrap_or(0));
+        wal_epochs.extend(epoch_of(&stem));
         let data = std::fs::read(&path)
             .map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
         let scanned =
@@ -84,7 +90,8 @@ pub(crate) fn recover_wal_files(
         if committed.contains(&key) {
             // Stored and committed before the crash, which came before the file's removal.
             if let WalEnd::Damaged(damage) = &scanned.end {
-                let kept = keep_damaged(config, &path, &describe(&path, damage, &tails))?;
+                let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
+                let kept = keep_damaged(config, &path, &describe(&path, damage, tails))?;
                 log::warn!(
                     "WAL file {} is damaged, but its segment {key} was stored before the                      crash: nothing is lost; the file was moved to {}",
                     path.display(),
@@ -101,7 +108,8 @@ pub(crate) fn recover_wal_files(
         }
         let (bytes, damaged) = match &scanned.end {
             WalEnd::Damaged(damage) => {
-                let described = describe(&path, damage, &tails);
+                let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
+                let described = describe(&path, damage, tails);
                 if !config.wal_salvage {
                     return Err(format!(
                         "{described}\nThe node does not start on a damaged WAL: acknowledged \
@@ -118,12 +126,28 @@ pub(crate) fn recover_wal_files(
                 (bytes, Some((described, damage, lost)))
             }
             _ => {
-                let mut bytes = Vec::new();
-                for frame in &scanned.committed {
-                    if tails.keep(frame) {
-                        bytes.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+                // The whole rounds as they are (what the running core would have stored),
+                // unless a salvage of an earlier file closed one of their streams: then their
+                // frames without that stream's.
+                let bytes = match tails.as_mut() {
+                    None => scanned.segment_bytes(&data).to_vec(),
+                    Some(tails) => {
+                        let mut kept = Vec::new();
+                        let mut all = true;
+                        for frame in &scanned.committed {
+                            if tails.keep(frame) {
+                                kept.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+                            } else {
+                                all = false;
+                            }
+                        }
+                        if all {
+                            scanned.segment_bytes(&data).to_vec()
+                        } else {
+                            kept
+                        }
                     }
-                }
+                };
                 (bytes, None)
             }
         };
@@ -151,13 +175,14 @@ pub(crate) fn recover_wal_files(
         match damaged {
             None => remove(&path)?,
             Some((described, damage, lost)) => {
-                let text = salvage_report(&described, damage, &lost, &tails);
+                let tails = tails.as_ref().expect("made for the damaged file");
+                let text = salvage_report(&described, damage, &lost, tails);
                 let kept = keep_damaged(config, &path, &text)?;
                 let line = format!(
                     "salvaged damaged WAL file {} (kept as {}): {}",
                     path.display(),
                     kept.display(),
-                    lost_summary(damage, &lost, &tails)
+                    lost_summary(damage, &lost, tails)
                 );
                 log::error!("{line}");
                 report.push(line.clone());
@@ -165,10 +190,65 @@ pub(crate) fn recover_wal_files(
             }
         }
     }
+    wal_epochs.sort_unstable();
+    wal_epochs.dedup();
     Ok(Recovered {
         max_epoch_ms,
         salvaged,
+        wal_epochs,
     })
+}
+
+/// Deletes the segment objects that earlier incarnations of this node stored but never got
+/// into the catalog (a crash between an object's PUT and its catalog commit), once recovery
+/// is done. Only under this node's key prefix and only for the epochs known to be this node's
+/// (its WAL files', and the newest in the catalog under its prefix): nothing else writes there,
+/// and an earlier incarnation can no longer commit (its WAL is recovered; in a cluster its
+/// node epoch is superseded, so its commits are refused). Listing by epoch prefix keeps this
+/// to a few small listings at start-up, however large the bucket. Returns how many went.
+pub(crate) fn sweep_orphans(
+    config: &EngineConfig,
+    meta: &MetaStore,
+    store: &ObjectStore,
+    snapshot: &Snapshot,
+    wal_epochs: &[u64],
+) -> Result<usize, String> {
+    let prefix = segment_key(config.node_id, "");
+    let prefix = prefix.trim_end_matches(".seg");
+    let committed: HashSet<&str> = snapshot.segments.iter().map(|s| s.key.as_str()).collect();
+    let newest_committed = snapshot
+        .segments
+        .iter()
+        .filter_map(|s| s.key.strip_prefix(prefix))
+        .filter(|rest| !rest.contains('/'))
+        .filter_map(epoch_of)
+        .max();
+    let mut epochs: Vec<u64> = wal_epochs.iter().copied().chain(newest_committed).collect();
+    epochs.sort_unstable();
+    epochs.dedup();
+    let mut removed = 0;
+    for epoch in epochs.into_iter().filter(|e| *e < config.node_epoch_ms) {
+        let listed = wait(store.list(&format!("{prefix}{epoch:016}-")))?;
+        let unknown: Vec<String> = listed
+            .into_iter()
+            .map(|(key, _)| key)
+            .filter(|key| key.ends_with(".seg") && !committed.contains(key.as_str()))
+            .collect();
+        if unknown.is_empty() {
+            continue;
+        }
+        // Asked again now: the snapshot was read before this incarnation registered, and an
+        // earlier one may have committed in between.
+        let late: HashSet<String> = wait(meta.committed_segments(unknown.clone()))?
+            .into_iter()
+            .collect();
+        for key in unknown.iter().filter(|key| !late.contains(*key)) {
+            wait(store.delete(key))?;
+            log::info!("deleted segment object {key}: stored by an earlier run, never committed");
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Commits a recovered segment; in a cluster, fenced by this node incarnation's ownership at
@@ -190,6 +270,7 @@ fn commit(
         node,
         node_epoch,
         epochs: epochs.clone(),
+        quarantine_refused: true,
     };
     let fenced = wait(meta.commit_segment_fenced(record.clone(), fence))?;
     for id in fenced {
@@ -335,6 +416,11 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
     let mut entries: std::collections::BTreeMap<u64, SegmentStreamEntry> = Default::default();
     let mut pos = 0;
     while let Ok((frame, len)) = frame::decode_frame(bytes, pos) {
+        // A WAL's commit and epoch records are no stream's.
+        if frame.kind != FRAME_KIND_RECORD && frame.kind != FRAME_KIND_CLOSE {
+            pos += len;
+            continue;
+        }
         let entry = entries
             .entry(frame.stream_id)
             .or_insert_with(|| SegmentStreamEntry {

@@ -3,25 +3,27 @@
 //! after it was written (a flipped bit, a bad sector) so that acknowledged records are lost.
 //!
 //! ```text
-//!  version 2 (written by this build):
-//!  +-------------+------------------------------------------+--------+------------------- ... -+------+
-//!  | file header | round 1: data frames (records, closes)   | commit | round 2 ...  | commit | 0 ...|
-//!  | 40 B        | exactly the bytes the segment object gets| 40 B   |              | 40 B   |      |
-//!  +-------------+------------------------------------------+--------+------------------- ... -+------+
-//!  file header: a frame header (`frame.rs`), kind FRAME_KIND_WAL_FILE, no payload,
-//!               stream_id = WAL_FORMAT_VERSION, offset = 0, timestamp_ms = creation time
-//!  commit:      a frame header, kind FRAME_KIND_WAL_COMMIT, no payload,
-//!               stream_id = round number (1, 2, ...), offset = segment bytes through this
-//!               round (the data frames of rounds 1..=n), timestamp_ms = when it was written
+//!  version 2 (written by this build): a segment's bytes, as its object gets them
+//!  +------------------------------------------+-------+--------+-------------- ... -+--------+------+
+//!  | round 1: data frames (records, closes)   | epoch | commit | round 2 ...        | commit | 0 ...|
+//!  |                                          | 40 B… | 40 B   |                    | 40 B   |      |
+//!  +------------------------------------------+-------+--------+-------------- ... -+--------+------+
+//!  commit:      a frame header (`frame.rs`), kind FRAME_KIND_WAL_COMMIT, no payload,
+//!               stream_id = round number (1, 2, ...), offset = this record's own position in
+//!               the file, timestamp_ms = when it was written
 //!  epoch:       (cluster nodes) a frame header, kind FRAME_KIND_WAL_EPOCH, no payload,
 //!               stream_id = a stream, offset = the owner epoch its frames in this file were
 //!               written at; in the round of the stream's first frame in the file, before the
 //!               commit record (a file never holds frames of two incarnations of a stream)
 //!  A round is one group commit: one write and one fdatasync. Nothing of a round is
-//!  acknowledged before its commit record is on disk with the rest of it.
+//!  acknowledged before its commit record is on disk with the rest of it. Readers of a
+//!  segment skip these records as they skip other streams' frames (by kind), so the sealed
+//!  WAL file is the segment object as it is (a file:// bucket links it).
+//!  A file header (kind FRAME_KIND_WAL_FILE, stream_id = its format version) is how a later
+//!  format announces itself; this build writes none and refuses any version but its own.
 //!
-//!  version 1 (no file header; written before the format had versions): data frames only,
-//!  a request's last frame flagged FLAG_REQUEST_END, then zeros.
+//!  version 1 (releases before commit records): data frames only, a request's last frame
+//!  flagged FLAG_REQUEST_END, then zeros. A file with any commit record is version 2.
 //! ```
 //!
 //! Files are pre-allocated with zeros and written in order, one round at a time (the next
@@ -46,15 +48,15 @@ use zerocopy::IntoBytes;
 
 /// The WAL format this build writes; stable, persisted in each file's header.
 pub const WAL_FORMAT_VERSION: u64 = 2;
-/// Stable, persisted: a WAL file's header (never in a segment object).
+/// Stable, persisted: the file header a later format starts with.
 pub const FRAME_KIND_WAL_FILE: u8 = 3;
-/// Stable, persisted: the end of one group-commit round (never in a segment object).
+/// Stable, persisted: the end of one group-commit round.
 pub const FRAME_KIND_WAL_COMMIT: u8 = 4;
-/// Stable, persisted: the owner epoch of a stream's frames in this file (never in a segment
-/// object). Recovery fences the file's frames by it: a stream that moved away and back while
-/// this node was down is another incarnation, and these frames are not its.
+/// Stable, persisted: the owner epoch of a stream's frames in this file. Recovery fences the
+/// file's frames by it: a stream that moved away and back while this node was down is another
+/// incarnation, and these frames are not its.
 pub const FRAME_KIND_WAL_EPOCH: u8 = 5;
-/// Bytes of a file header and of a commit record.
+/// Bytes of a file header, a commit record and an epoch record.
 pub const WAL_MARKER_LEN: usize = FRAME_HEADER_LEN;
 
 /// A frame header with no payload (file header or commit record), CRC filled in.
@@ -77,15 +79,25 @@ fn marker(kind: u8, stream_id: u64, offset: u64, timestamp_ms: i64) -> [u8; WAL_
     bytes
 }
 
-/// The header a version-2 WAL file starts with.
-pub fn file_header(created_ms: i64) -> [u8; WAL_MARKER_LEN] {
-    marker(FRAME_KIND_WAL_FILE, WAL_FORMAT_VERSION, 0, created_ms)
+/// The header of a WAL file of format `version` (this build writes none; a later format
+/// would, and this build refuses it).
+pub fn file_header(version: u64, created_ms: i64) -> [u8; WAL_MARKER_LEN] {
+    marker(FRAME_KIND_WAL_FILE, version, 0, created_ms)
 }
 
-/// The commit record that ends round `round` (from 1), whose data frames bring the segment to
-/// `segment_len` bytes.
-pub fn commit_record(round: u64, segment_len: u64, now_ms: i64) -> [u8; WAL_MARKER_LEN] {
-    marker(FRAME_KIND_WAL_COMMIT, round, segment_len, now_ms)
+/// The commit record that ends round `round` (from 1), written at file position `at`.
+pub fn commit_record(round: u64, at: u64, now_ms: i64) -> [u8; WAL_MARKER_LEN] {
+    marker(FRAME_KIND_WAL_COMMIT, round, at, now_ms)
+}
+
+/// Ends round `round` of a segment's bytes: the epoch records of `epochs` (stream id, owner
+/// epoch), then the commit record. What a commit round writes after its frames.
+pub fn end_round(buf: &mut Vec<u8>, round: u64, epochs: &[(u64, u64)], now_ms: i64) {
+    for (stream_id, epoch) in epochs {
+        buf.extend_from_slice(&epoch_record(*stream_id, *epoch));
+    }
+    let at = buf.len() as u64;
+    buf.extend_from_slice(&commit_record(round, at, now_ms));
 }
 
 /// The record saying stream `stream_id`'s frames in this file are of owner epoch `epoch`.
@@ -144,8 +156,10 @@ pub struct Scanned {
     /// The file's format version (1 for files without a header).
     pub version: u64,
     /// The data frames of every whole round (version 1: every whole request) before the end
-    /// or the damage, in order: the bytes the segment object gets, as file positions.
+    /// or the damage, in order, as file positions.
     pub committed: Vec<FoundFrame>,
+    /// Where the file's frames start (past a file header, if any).
+    pub start: usize,
     /// File position just past the last whole round (its commit record; version 1: its last
     /// whole request): where the next round would have started.
     pub committed_end: usize,
@@ -156,13 +170,10 @@ pub struct Scanned {
 }
 
 impl Scanned {
-    /// The committed frames' bytes, laid end to end as a segment object holds them.
-    pub fn segment_bytes(&self, data: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.committed.iter().map(|f| f.len).sum());
-        for frame in &self.committed {
-            out.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
-        }
-        out
+    /// The whole rounds' bytes, commit and epoch records included: the segment object a
+    /// running core would have stored of them.
+    pub fn segment_bytes<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        &data[self.start..self.committed_end]
     }
 }
 
@@ -219,52 +230,54 @@ fn all_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| *b == 0)
 }
 
-/// Reads what a WAL file holds (see the module comment for the rules). `Err` for a file of a
-/// newer format than this build reads.
+/// Reads what a WAL file holds (see the module comment for the rules). `Err` for a file of
+/// another format than this build reads.
 pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     let header = check_frame(data, 0)
         .ok()
         .filter(|(h, len)| h.kind == FRAME_KIND_WAL_FILE && *len == WAL_MARKER_LEN);
-    let version = header.map_or(1, |(h, _)| h.stream_id.get());
-    if version != 1 && version != WAL_FORMAT_VERSION {
-        return Err(format!(
-            "WAL format version {version}, but this build reads versions 1 and \
-             {WAL_FORMAT_VERSION}: start the release that wrote it, or a newer one"
-        ));
+    if let Some((header, _)) = header {
+        let version = header.stream_id.get();
+        if version != WAL_FORMAT_VERSION {
+            return Err(format!(
+                "WAL format version {version}, but this build reads versions 1 and \
+                 {WAL_FORMAT_VERSION}: start the release that wrote it, or a newer one"
+            ));
+        }
     }
-    let mut pos = if header.is_some() { WAL_MARKER_LEN } else { 0 };
-    let (mut committed, mut pending) = (Vec::new(), Vec::<FoundFrame>::new());
+    let start = if header.is_some() { WAL_MARKER_LEN } else { 0 };
+    let mut pos = start;
+    // Every data frame walked; how many of them whole rounds hold, and whole requests.
+    let mut frames: Vec<FoundFrame> = Vec::new();
+    let (mut in_rounds, mut in_requests) = (0, 0);
+    let (mut rounds_end, mut requests_end) = (pos, pos);
     let (mut epochs, mut pending_epochs) = (std::collections::HashMap::new(), Vec::new());
-    let (mut round, mut segment_len) = (0u64, 0u64);
-    let mut committed_end = pos;
+    let mut round = 0u64;
     // Why the walk stopped, when it stopped on a valid frame that breaks the rules.
     let mut broken: Option<String> = None;
     while let Ok((header, len)) = check_frame(data, pos) {
         let kind = header.kind;
         if is_data(kind) {
             let frame = found(&header, pos, len);
-            pending.push(frame);
-            if version == 1 && frame.request_end {
-                committed.append(&mut pending);
-                committed_end = pos + len;
+            frames.push(frame);
+            if frame.request_end {
+                in_requests = frames.len();
+                requests_end = pos + len;
             }
-        } else if kind == FRAME_KIND_WAL_COMMIT && version == WAL_FORMAT_VERSION {
-            let pending_len: u64 = pending.iter().map(|f| f.len as u64).sum();
-            let (claimed_round, claimed_len) = (header.stream_id.get(), header.offset.get());
-            if claimed_round != round + 1 || claimed_len != segment_len + pending_len {
+        } else if kind == FRAME_KIND_WAL_COMMIT {
+            let (claimed_round, claimed_at) = (header.stream_id.get(), header.offset.get());
+            if claimed_round != round + 1 || claimed_at != pos as u64 {
                 broken = Some(format!(
-                    "commit record of round {claimed_round} ({claimed_len} segment bytes) \
-                     follows round {round} ({} bytes)",
-                    segment_len + pending_len
+                    "commit record of round {claimed_round} (at byte {claimed_at}) follows \
+                     round {round}, at byte {pos}"
                 ));
                 break;
             }
             round += 1;
-            segment_len += pending_len;
-            committed.append(&mut pending);
+            in_rounds = frames.len();
+            rounds_end = pos + len;
             epochs.extend(pending_epochs.drain(..));
-            committed_end = pos + len;
-        } else if kind == FRAME_KIND_WAL_EPOCH && version == WAL_FORMAT_VERSION {
+        } else if kind == FRAME_KIND_WAL_EPOCH {
             pending_epochs.push((header.stream_id.get(), header.offset.get()));
         } else {
             broken = Some(format!("a frame of unknown kind {kind}"));
@@ -279,6 +292,21 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     } else {
         resync(data, at + 1)
     };
+    // Commit records anywhere make it version 2; without any it is version 1 (or a version-2
+    // file whose first round was cut: its whole requests were never acknowledged, and
+    // keeping them finds them at most once).
+    let version = if header.is_some() || round > 0 || last_round > 0 || broken.is_some() {
+        WAL_FORMAT_VERSION
+    } else {
+        1
+    };
+    let (kept, committed_end) = if version == 1 {
+        (in_requests, requests_end)
+    } else {
+        (in_rounds, rounds_end)
+    };
+    let pending = frames.split_off(kept);
+    let committed = frames;
     let damaged_why = if let Some(why) = broken {
         Some(why)
     } else if version == WAL_FORMAT_VERSION && last_round > round {
@@ -292,12 +320,11 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
         None
     };
     let Some(why) = damaged_why else {
-        let dropped = if all_zero(rest) {
-            pending.iter().map(|f| f.len).sum()
-        } else {
-            data.len() - committed.last().map_or(at, |f| f.pos + f.len)
-        };
-        let end = if dropped == 0 && pending.is_empty() {
+        let dropped = data[committed_end..]
+            .iter()
+            .rposition(|b| *b != 0)
+            .map_or(0, |i| i + 1);
+        let end = if dropped == 0 {
             WalEnd::Clean
         } else {
             WalEnd::Torn { dropped }
@@ -305,6 +332,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
         return Ok(Scanned {
             version,
             committed,
+            start,
             committed_end,
             epochs,
             end,
@@ -325,6 +353,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
     Ok(Scanned {
         version,
         committed,
+        start,
         committed_end,
         epochs,
         end: WalEnd::Damaged(Damage {
@@ -337,87 +366,6 @@ pub fn scan(data: &[u8]) -> Result<Scanned, String> {
             after,
         }),
     })
-}
-
-/// Where a core's WAL file stands: what each group-commit round writes and where. A round
-/// rewrites the file's last partial block (DMA writes whole blocks) with the bytes it already
-/// held, then the first round's file header, the round's data frames and its commit record.
-#[derive(Clone, Debug, Default)]
-pub struct WalCursor {
-    /// File bytes written and made durable.
-    written: usize,
-    /// Rounds written.
-    rounds: u64,
-    /// The file's bytes from the last block boundary up to `written`.
-    tail: Vec<u8>,
-}
-
-/// One round's write: its file position (block-aligned) and the bytes of content from there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Round {
-    pub start: usize,
-    pub len: usize,
-}
-
-impl WalCursor {
-    /// Bytes of the file once a round of `data_len` more frame bytes and `epochs` epoch
-    /// records is written: what a pre-allocated file must have room for.
-    pub fn len_after(&self, data_len: usize, epochs: usize) -> usize {
-        let header = if self.rounds == 0 { WAL_MARKER_LEN } else { 0 };
-        self.written + header + data_len + (epochs + 1) * WAL_MARKER_LEN
-    }
-
-    /// The write of the next round, of `data_len` frame bytes and `epochs` epoch records, in
-    /// blocks of `align`.
-    pub fn plan(&self, data_len: usize, epochs: usize, align: usize) -> Round {
-        let start = self.written / align * align;
-        Round {
-            start,
-            len: self.len_after(data_len, epochs) - start,
-        }
-    }
-
-    /// Lays the round out in `dst` (at least `round.len` bytes; the rest is zeroed): the
-    /// partial block, the header of a first round, `data`, the epoch records of `epochs`
-    /// (stream id, owner epoch), and the commit record saying the segment holds `segment_len`
-    /// bytes after it.
-    pub fn fill(
-        &self,
-        round: Round,
-        dst: &mut [u8],
-        data: &[u8],
-        epochs: &[(u64, u64)],
-        segment_len: u64,
-        now_ms: i64,
-    ) {
-        let mut at = 0;
-        let mut put = |bytes: &[u8]| {
-            dst[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        };
-        put(&self.tail);
-        if self.rounds == 0 {
-            put(&file_header(now_ms));
-        }
-        put(data);
-        for (stream_id, epoch) in epochs {
-            put(&epoch_record(*stream_id, *epoch));
-        }
-        put(&commit_record(self.rounds + 1, segment_len, now_ms));
-        debug_assert_eq!(at, round.len);
-        dst[at..].fill(0);
-    }
-
-    /// The cursor once `round`, laid out in `written` by [`WalCursor::fill`], is durable.
-    pub fn after(&self, round: Round, written: &[u8], align: usize) -> WalCursor {
-        let end = round.start + round.len;
-        let block = end / align * align;
-        WalCursor {
-            written: end,
-            rounds: self.rounds + 1,
-            tail: written[block - round.start..round.len].to_vec(),
-        }
-    }
 }
 
 /// A close frame for `stream_id` at `offset` (its next offset), as a salvage writes it for a

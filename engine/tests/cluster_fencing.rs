@@ -26,6 +26,35 @@ const LEASE_MS: u64 = 120_000;
 /// Bounds every wait of the test (never a margin the assertions depend on).
 const WAIT_BOUND: Duration = Duration::from_secs(60);
 
+/// Boots node `NODE` as incarnation `node_epoch` on `db`, one core in `dir`, with a lease too
+/// long to renew during a test.
+fn boot_node(
+    db: &PgDatabase,
+    dir: &std::path::Path,
+    node_epoch: u64,
+    durability: pico_engine::Durability,
+    segment_max_age_ms: u64,
+) -> pico_engine::Boot {
+    let config = EngineConfig {
+        durability,
+        segment_size: 1024 * 1024,
+        segment_max_age_ms,
+        node_id: Some(NODE),
+        ..common::config(dir, 1)
+    };
+    let cluster = ClusterConfig {
+        node_id: NODE,
+        node_epoch,
+        address: "http://127.0.0.1:9".into(),
+        slots: 1,
+        lease_ms: LEASE_MS,
+        redirect: true,
+        cluster_id: "fencing".into(),
+    };
+    let storage = format!("-2@file://{}", dir.join("objects").display());
+    boot(config, db.url(), &storage, Some(cluster)).expect("boot")
+}
+
 fn create() -> CreateRequest {
     create_request("text/plain")
 }
@@ -41,25 +70,14 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig {
-        durability: pico_engine::Durability::Object,
-        segment_size: 1024 * 1024,
-        segment_max_age_ms: 20,
-        node_id: Some(NODE),
-        ..common::config(dir.path(), 1)
-    };
     let node_epoch = pico_engine::now_ms() as u64;
-    let cluster = ClusterConfig {
-        node_id: NODE,
+    let booted = boot_node(
+        &db,
+        dir.path(),
         node_epoch,
-        address: "http://127.0.0.1:9".into(),
-        slots: 1,
-        lease_ms: LEASE_MS,
-        redirect: true,
-        cluster_id: "fencing".into(),
-    };
-    let storage = format!("-2@file://{}", dir.path().join("objects").display());
-    let booted = boot(config, db.url(), &storage, Some(cluster)).expect("boot");
+        pico_engine::Durability::Object,
+        20,
+    );
     let (meta, store) = (booted.meta.clone(), booted.store.clone());
     let seed = booted.seeds.into_iter().next().expect("one core");
     let names = ["/fenced/a", "/fenced/b", "/fenced/c"];
@@ -150,25 +168,14 @@ fn a_superseded_incarnation_commits_and_acknowledges_nothing() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig {
-        durability: pico_engine::Durability::Object,
-        segment_size: 1024 * 1024,
-        segment_max_age_ms: 20,
-        node_id: Some(NODE),
-        ..common::config(dir.path(), 1)
-    };
     let node_epoch = pico_engine::now_ms() as u64;
-    let cluster = ClusterConfig {
-        node_id: NODE,
+    let booted = boot_node(
+        &db,
+        dir.path(),
         node_epoch,
-        address: "http://127.0.0.1:9".into(),
-        slots: 1,
-        lease_ms: LEASE_MS,
-        redirect: true,
-        cluster_id: "incarnations".into(),
-    };
-    let storage = format!("-2@file://{}", dir.path().join("objects").display());
-    let booted = boot(config, db.url(), &storage, Some(cluster)).expect("boot");
+        pico_engine::Durability::Object,
+        20,
+    );
     let (meta, store) = (booted.meta.clone(), booted.store.clone());
     let seed = booted.seeds.into_iter().next().expect("one core");
     let (appended, deleted, stored) = common::executor()
@@ -237,23 +244,7 @@ where
     F: FnOnce(Rc<CoreHandle>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    let config = EngineConfig {
-        durability: pico_engine::Durability::Local,
-        segment_max_age_ms: 600_000,
-        node_id: Some(NODE),
-        ..common::config(dir, 1)
-    };
-    let cluster = ClusterConfig {
-        node_id: NODE,
-        node_epoch,
-        address: "http://127.0.0.1:9".into(),
-        slots: 1,
-        lease_ms: LEASE_MS,
-        redirect: true,
-        cluster_id: "recovery".into(),
-    };
-    let storage = format!("-2@file://{}", dir.join("objects").display());
-    let booted = boot(config, db.url(), &storage, Some(cluster)).expect("boot");
+    let booted = boot_node(db, dir, node_epoch, pico_engine::Durability::Local, 600_000);
     let seed = booted.seeds.into_iter().next().expect("one core");
     common::executor()
         .spawn(move || async move {
@@ -321,6 +312,7 @@ fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
         node: OTHER,
         node_epoch: 1,
         epochs: [(row.id, owner.epoch)].into_iter().collect(),
+        quarantine_refused: false,
     };
     assert!(wait(other.commit_segment_fenced(theirs, fence))
         .expect("stored")
@@ -355,6 +347,40 @@ fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
         keys,
         ["segments/n2/theirs.seg"],
         "only node 2's record holds offset 0 (report: {report:?})"
+    );
+    // The refused record was acknowledged: it is quarantined, the garbage collector keeps its
+    // segment, and an operator can read it back and then release it.
+    let quarantined = wait(other.quarantined()).expect("listed");
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    let entry = &quarantined[0];
+    assert_eq!(entry.stream_id, row.id);
+    assert_eq!(
+        (entry.runs[0].first_offset, entry.runs[0].next_offset),
+        (0, 1)
+    );
+    assert!(
+        entry.reason.contains("owned by node 1 at epoch"),
+        "{}",
+        entry.reason
+    );
+    let garbage = wait(other.garbage_segments(i64::MAX)).expect("garbage listed");
+    assert!(
+        !garbage.contains(&entry.segment_key),
+        "the quarantined segment is kept: {garbage:?}"
+    );
+    let storage = format!("-2@file://{}", dir.path().join("objects").display());
+    let uri = pico_s3::StorageUri::parse(&storage).expect("a storage URI");
+    let store = pico_s3::ObjectStore::open(&uri).expect("the bucket opens");
+    let records = futures_lite::future::block_on(pico_engine::quarantine::export(&store, entry))
+        .expect("exported");
+    assert_eq!(records.len(), 1);
+    assert_eq!((records[0].offset, &records[0].body[..]), (0, &b"a0"[..]));
+    assert!(wait(other.release_quarantined(&entry.segment_key, entry.stream_id)).unwrap());
+    assert!(wait(other.quarantined()).unwrap().is_empty());
+    let garbage = wait(other.garbage_segments(i64::MAX)).expect("garbage listed");
+    assert!(
+        garbage.contains(&entry.segment_key),
+        "released: garbage again"
     );
     other.shutdown();
 }

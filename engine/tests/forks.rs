@@ -69,3 +69,55 @@ fn forks_read_their_source_below_the_fork_point_and_their_own_records_after() {
     }
     assert!(matches!(missing, Err(EngineError::NotFound)), "{missing:?}");
 }
+
+/// A trim of a source that live forks read through is refused (the forks keep reading what
+/// they inherited, and a restart finds it too); once the forks are gone, the trim goes ahead.
+/// Before, the trim succeeded, the forks lost their inherited records, and the garbage
+/// collector deleted the objects.
+#[test]
+fn a_source_that_forks_read_is_not_trimmed_while_they_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let config = common::config(&path, 2);
+    let (refused, inherited, after_delete) =
+        run_returning(config, &path, move |core, _| async move {
+            core.create("/tsrc", create_request("text/plain"))
+                .await
+                .unwrap();
+            for body in ["a", "b", "c", "d"] {
+                let request = append_request(vec![record(body)], false);
+                core.append("/tsrc", request).await.unwrap();
+            }
+            core.create("/tfork", fork_of("/tsrc", Some(3)))
+                .await
+                .unwrap();
+            let refused = core.trim("/tsrc", 2).await;
+            let inherited: Vec<Bytes> = common::read_all(&core, "/tfork", 1 << 20)
+                .await
+                .into_iter()
+                .map(|r| r.body)
+                .collect();
+            core.delete("/tfork").await.unwrap();
+            // The fork's release reaches the source's core after the delete's answer.
+            let mut after_delete = core.trim("/tsrc", 2).await;
+            for _ in 0..200 {
+                if !matches!(after_delete, Err(EngineError::ReadByForks { .. })) {
+                    break;
+                }
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                after_delete = core.trim("/tsrc", 2).await;
+            }
+            (refused, inherited, after_delete)
+        });
+    assert!(
+        matches!(refused, Err(EngineError::ReadByForks { forks: 1 })),
+        "{refused:?}"
+    );
+    let want: Vec<Bytes> = vec!["a".into(), "b".into(), "c".into()];
+    assert_eq!(inherited, want, "the fork still reads what it inherited");
+    assert_eq!(
+        after_delete.unwrap(),
+        2,
+        "without forks the trim goes ahead"
+    );
+}

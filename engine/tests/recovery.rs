@@ -404,3 +404,60 @@ fn a_damaged_leftover_of_a_stored_segment_never_replaces_it() {
         .join(wal.file_name().unwrap())
         .exists());
 }
+
+/// A segment object stored by an earlier run that crashed before its catalog commit (an
+/// orphan: no catalog entry names it, so garbage collection never would) is deleted at the
+/// next start; committed objects stay, and so does an object of an epoch this node never used
+/// (another writer's, on a shared prefix).
+#[test]
+fn objects_an_earlier_run_stored_but_never_committed_are_deleted_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    // Small segments: some are sealed, stored and committed, the rest stay in the WAL.
+    let small = || EngineConfig {
+        segment_size: 64 * 1024,
+        ..config(&path, 1)
+    };
+    run(small(), &path, |core| async move {
+        core.create("/o", create()).await.unwrap();
+        for i in 0..100 {
+            core.append("/o", append(body(0, i))).await.unwrap();
+        }
+        glommio::timer::sleep(Duration::from_millis(300)).await;
+    });
+    let segments = path.join("objects/segments");
+    let stored: Vec<String> = std::fs::read_dir(&segments)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let epoch = stored.first().expect("a stored segment")[..16].to_string();
+    let orphan = segments.join(format!("{epoch}-000-0000009999.seg"));
+    let foreign = segments.join("0000000000001234-000-0000000001.seg");
+    std::fs::write(&orphan, b"stored, never committed").unwrap();
+    std::fs::write(&foreign, b"someone else's").unwrap();
+
+    let (records, report) = run_node(
+        small(),
+        &path,
+        |_| {},
+        |core, _| async move { read_all(&core, "/o").await },
+    );
+    assert_eq!(records.len(), 100, "every record is still served");
+    assert!(!orphan.exists(), "the orphan was deleted");
+    assert!(
+        foreign.exists(),
+        "an object of an epoch this node never used stays"
+    );
+    for name in &stored {
+        assert!(
+            segments.join(name).exists(),
+            "{name} is committed and stays"
+        );
+    }
+    assert!(
+        report
+            .iter()
+            .any(|l| l.contains("deleted 1 segment objects")),
+        "{report:?}"
+    );
+}

@@ -325,7 +325,13 @@ pub(crate) fn garbage(
         .into_iter()
         .map(|(id, start)| (id as u64, u64::try_from(start).unwrap_or(0)))
         .collect();
-    Ok(unneeded(&segments, &starts))
+    // Quarantined records are kept for an operator until released (rare: a refused commit of
+    // acknowledged records; the table is empty otherwise).
+    let quarantined: std::collections::HashSet<String> =
+        db.quarantined()?.into_iter().map(|(key, ..)| key).collect();
+    let mut keys = unneeded(&segments, &starts);
+    keys.retain(|key| !quarantined.contains(key));
+    Ok(keys)
 }
 
 /// The keys of `segments` that hold nothing a stream of `starts` (id → first readable offset)

@@ -190,6 +190,9 @@ pub(crate) enum StreamUpdate {
     SetRetention([Option<i64>; 3]),
 }
 
+/// A quarantine row as stored: segment key, stream id, packed runs, reason, created ms.
+pub(crate) type QuarantineColumns = (String, i64, Vec<u8>, String, i64);
+
 /// What a transaction whose COMMIT failed came to ([`Backend::resolve_commit`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum CommitOutcome {
@@ -278,6 +281,26 @@ pub(crate) trait Backend {
 
     /// Deletes the segment with this key and its entries.
     fn delete_segment(&mut self, key: &str) -> Result<(), MetaError>;
+
+    /// Whether a segment with this key is committed.
+    fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError>;
+
+    /// Keeps a refused entry's records (`runs` packed as in `segment_streams`) for an
+    /// operator; replaces an earlier row of the same segment and stream.
+    fn quarantine(
+        &mut self,
+        key: &str,
+        stream_id: i64,
+        runs: &[u8],
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), MetaError>;
+
+    /// Every quarantined entry: (segment key, stream id, packed runs, reason, created ms).
+    fn quarantined(&mut self) -> Result<Vec<QuarantineColumns>, MetaError>;
+
+    /// Drops one quarantined entry; whether there was one.
+    fn release_quarantined(&mut self, key: &str, stream_id: i64) -> Result<bool, MetaError>;
 
     /// Every stream row, by id.
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError>;

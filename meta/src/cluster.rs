@@ -54,6 +54,10 @@ pub struct ClusterState {
     /// left (database clock, ms). That incarnation may still run and acknowledge until its
     /// lease lapses, so the new one acknowledges nothing before then.
     pub previous_lease_left_ms: u64,
+    /// Set by [`MetaStore::renew_lease`]: the lease had already expired by the database clock
+    /// when the renewal landed (it was slow), so other nodes may have taken streams over
+    /// meanwhile: the node revalidates what it owns before it acknowledges anything.
+    pub renewed_after_lapse: bool,
 }
 
 /// An accepted transfer request.
@@ -93,6 +97,7 @@ fn state(db: &mut dyn Backend, node: NodeId) -> Result<ClusterState, MetaError> 
         nodes,
         transfers,
         previous_lease_left_ms: 0,
+        renewed_after_lapse: false,
     })
 }
 
@@ -173,6 +178,10 @@ impl MetaStore {
     /// registered since.
     pub fn renew_lease(&self, node: NodeId, epoch: u64, lease_ms: u64) -> Reply<ClusterState> {
         self.job(move |db| {
+            // Locked first, so a take-over (which locks it too) is ordered with this renewal.
+            let known = sql(db)?.lock_node(node_i64(node))?;
+            let now_ms = sql(db)?.clock_ms()?;
+            let lapsed = known.is_some_and(|row| row.lease_expires_ms <= now_ms);
             let renewed = sql(db)?.renew(
                 node_i64(node),
                 storable(epoch, || "node epoch".into())?,
@@ -183,7 +192,9 @@ impl MetaStore {
                     "node {node} at epoch {epoch} was superseded by a newer incarnation"
                 )));
             }
-            state(db, node)
+            let mut state = state(db, node)?;
+            state.renewed_after_lapse = lapsed;
+            Ok(state)
         })
     }
 

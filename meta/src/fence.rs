@@ -38,6 +38,11 @@ pub struct SegmentFence {
     pub node: NodeId,
     pub node_epoch: u64,
     pub epochs: HashMap<u64, u64>,
+    /// The refused entries hold acknowledged records (local durability, or a WAL's
+    /// recovery): each is kept in the quarantine with its reason, and the garbage collector
+    /// keeps the segment, until an operator releases it. With object durability nothing
+    /// refused was acknowledged, and nothing is kept.
+    pub quarantine_refused: bool,
 }
 
 /// Refuses a write by a node incarnation that a newer one superseded (or that was never
@@ -145,30 +150,38 @@ pub(crate) fn commit_fenced(
         .filter_map(|e| i64::try_from(e.stream_id).ok())
         .collect();
     ids.sort_unstable();
-    let superseded = check_incarnation(db, fence.node, fence.node_epoch).is_err();
+    let superseded = check_incarnation(db, fence.node, fence.node_epoch).err();
     let owners: HashMap<i64, (Option<i64>, i64)> = sql(db)?
         .owners(&ids)?
         .into_iter()
         .map(|(id, node, epoch)| (id, (node, epoch)))
         .collect();
-    let owned = |entry: &SegmentStreamEntry| {
-        if superseded {
-            return false;
+    // Why an entry is refused, or `None` when it is this writer's to commit.
+    let refused = |entry: &SegmentStreamEntry| -> Option<String> {
+        if let Some(superseded) = &superseded {
+            return Some(superseded.to_string());
         }
         let id = entry.stream_id as i64;
         // A deleted row takes no records: committing them would acknowledge appends to a
         // stream that no longer exists (a delete whose answer was lost leaves the writer's
         // core serving it), which the garbage collector then removes.
         let Some(&(node, epoch)) = owners.get(&id) else {
-            return false;
+            return Some(format!("stream {id} was deleted"));
         };
         let expected = fence.epochs.get(&entry.stream_id).copied();
-        fenced_unless_owner(id, node, epoch, fence.node, expected).is_ok()
+        fenced_unless_owner(id, node, epoch, fence.node, expected)
+            .err()
+            .map(|e| e.to_string())
     };
+    let mut reasons: HashMap<u64, String> = segment
+        .streams
+        .iter()
+        .filter_map(|entry| Some((entry.stream_id, refused(entry)?)))
+        .collect();
     let mut fenced: Vec<u64> = segment
         .streams
         .iter()
-        .filter(|entry| !owned(entry))
+        .filter(|entry| reasons.contains_key(&entry.stream_id))
         .map(|entry| entry.stream_id)
         .collect();
     if !fenced.is_empty() {
@@ -183,6 +196,18 @@ pub(crate) fn commit_fenced(
             .into_iter()
             .collect();
         fenced.retain(|id| !committed.contains(&(*id as i64)));
+    }
+    if fence.quarantine_refused {
+        let now_ms = sql(db)?.clock_ms()?;
+        for entry in segment
+            .streams
+            .iter()
+            .filter(|e| fenced.contains(&e.stream_id))
+        {
+            let reason = reasons.remove(&entry.stream_id).unwrap_or_default();
+            let runs = crate::runs::encode(&entry.runs);
+            db.quarantine(&segment.key, entry.stream_id as i64, &runs, &reason, now_ms)?;
+        }
     }
     segment
         .streams

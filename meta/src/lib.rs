@@ -199,6 +199,20 @@ pub enum MetaUrl {
     Postgres(String),
 }
 
+/// Records a segment commit refused after they were acknowledged (the stream moved to another
+/// node, was deleted, or the writing node incarnation was superseded), kept for an operator:
+/// the garbage collector keeps the segment until the entry is released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    pub segment_key: String,
+    pub stream_id: u64,
+    /// Where the records are in the segment object, as a catalog entry says it.
+    pub runs: Vec<SegmentRun>,
+    pub reason: String,
+    /// Database clock, Unix ms.
+    pub created_ms: i64,
+}
+
 /// Errors of the metadata store.
 #[derive(Debug)]
 pub enum MetaError {

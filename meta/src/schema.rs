@@ -148,9 +148,19 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE streams ADD COLUMN delete_on_empty_ms INTEGER;",
     // 8: the WAL format the nodes of this catalog write (engine/src/wal_file.rs). Builds of
     // schema 7 read format 2's file header and commit records as records; they refuse a
-    // catalog newer than theirs, so going back to one fails loudly instead.
+    // catalog newer than theirs, so going back to one fails loudly instead. Quarantine:
+    // records a segment commit refused (the stream moved, was deleted, or the writer was
+    // superseded) after they were acknowledged; the garbage collector keeps their segments.
     "CREATE TABLE wal_format (version INTEGER NOT NULL);
-     INSERT INTO wal_format (version) VALUES (2);",
+     INSERT INTO wal_format (version) VALUES (2);
+     CREATE TABLE quarantine (
+         segment_key TEXT    NOT NULL,
+         stream_id   INTEGER NOT NULL,
+         runs        BLOB    NOT NULL,
+         reason      TEXT    NOT NULL,
+         created_ms  INTEGER NOT NULL,
+         PRIMARY KEY (segment_key, stream_id)
+     );",
 ];
 
 /// The schema version this build writes.

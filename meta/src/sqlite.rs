@@ -14,6 +14,7 @@ use crate::backend::stream_columns;
 use crate::backend::Backend;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
+use crate::backend::QuarantineColumns;
 use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
@@ -231,6 +232,68 @@ impl Backend for Sqlite {
             .execute("DELETE FROM segments WHERE key = ?1", [key])
             .map_err(storage("drop segment"))?;
         Ok(())
+    }
+
+    fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM segments WHERE key = ?1)",
+                [key],
+                |row| row.get(0),
+            )
+            .map_err(storage("look up segment"))
+    }
+
+    fn quarantine(
+        &mut self,
+        key: &str,
+        stream_id: i64,
+        runs: &[u8],
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), MetaError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO quarantine (segment_key, stream_id, runs, reason, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![key, stream_id, runs, reason, now_ms],
+            )
+            .map_err(storage("quarantine refused records"))?;
+        Ok(())
+    }
+
+    fn quarantined(&mut self) -> Result<Vec<QuarantineColumns>, MetaError> {
+        let mut query = self
+            .conn
+            .prepare(
+                "SELECT segment_key, stream_id, runs, reason, created_ms FROM quarantine
+                 ORDER BY created_ms, segment_key, stream_id",
+            )
+            .map_err(storage("list the quarantine"))?;
+        let rows = query
+            .query_map([], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
+            })
+            .map_err(storage("list the quarantine"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(storage("list the quarantine"))
+    }
+
+    fn release_quarantined(&mut self, key: &str, stream_id: i64) -> Result<bool, MetaError> {
+        let changed = self
+            .conn
+            .execute(
+                "DELETE FROM quarantine WHERE segment_key = ?1 AND stream_id = ?2",
+                params![key, stream_id],
+            )
+            .map_err(storage("release quarantined records"))?;
+        Ok(changed > 0)
     }
 
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {

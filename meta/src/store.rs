@@ -313,6 +313,53 @@ impl MetaStore {
         answer
     }
 
+    /// Every quarantined entry, oldest first.
+    pub fn quarantined(&self) -> Reply<Vec<crate::Quarantined>> {
+        self.job(|db| {
+            db.quarantined()?
+                .into_iter()
+                .map(|(segment_key, stream_id, runs, reason, created_ms)| {
+                    let runs = crate::runs::decode(&runs).ok_or_else(|| {
+                        MetaError::Storage(format!(
+                            "quarantine entry {segment_key} / {stream_id}: bad runs"
+                        ))
+                    })?;
+                    Ok(crate::Quarantined {
+                        stream_id: u64::try_from(stream_id).unwrap_or_default(),
+                        segment_key,
+                        runs,
+                        reason,
+                        created_ms,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// Drops a quarantined entry (the operator has what they need); its segment is garbage
+    /// again once nothing else holds it. Whether there was one.
+    pub fn release_quarantined(&self, key: &str, stream_id: u64) -> Reply<bool> {
+        let key = key.to_string();
+        self.job(move |db| {
+            let id = i64::try_from(stream_id)
+                .map_err(|_| MetaError::NotFound(format!("no stream id {stream_id}")))?;
+            db.release_quarantined(&key, id)
+        })
+    }
+
+    /// Which of `keys` the catalog has committed segments of, read now (not from a snapshot).
+    pub fn committed_segments(&self, keys: Vec<String>) -> Reply<Vec<String>> {
+        self.job(move |db| {
+            let mut found = Vec::new();
+            for key in keys {
+                if db.segment_exists(&key)? {
+                    found.push(key);
+                }
+            }
+            Ok(found)
+        })
+    }
+
     /// Forgets these segments (their objects must be deleted first: a row without its object
     /// is harmless garbage found again next time, an object without its row would leak).
     pub fn drop_segments(&self, keys: Vec<String>) -> Reply<()> {

@@ -7,6 +7,10 @@
 //! `-- --include-ignored`. Inside the test, [`require`] (or [`require_program`]) returns what
 //! the test needs, or `None` after a skip note when it is missing, and panics instead when
 //! `CI=true`: a CI run can never pass without the services it is meant to test against.
+//!
+//! The modules: [`garage`] (a Garage of a test's own, to kill and restart), [`history`] (the
+//! fault test's history checker), [`pg_proxy`] (a fault proxy in front of Postgres: lost
+//! COMMIT answers, held answers, delayed statements, cut and refused connections).
 
 use std::path::Path;
 
@@ -146,3 +150,4 @@ mod tests {
 }
 pub mod garage;
 pub mod history;
+pub mod pg_proxy;

@@ -152,20 +152,11 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn pico serve");
-        let deadline = Instant::now() + within;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait for pico serve") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "pico serve did not exit within {within:?}; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = exit_within(&mut child, within) else {
+            panic!(
+                "pico serve did not exit within {within:?}; log:\n{}",
+                self.log()
+            );
         };
         let log = self.log();
         (status, log.get(before..).unwrap_or_default().to_string())
@@ -273,6 +264,23 @@ pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
         .stdin(Stdio::null())
         .output()
         .expect("run pico")
+}
+
+/// Waits (bounded) for `child` to exit on its own; its exit status, or `None` when it did
+/// not within `within` (it is killed then).
+pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the process") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `pico serve` in `dir` with the test's flags (ephemeral ports, its own catalog, bucket and

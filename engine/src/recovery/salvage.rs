@@ -156,11 +156,11 @@ impl Tails {
 mod tests {
     use super::*;
     use crate::frame::{check_frame, encode_frame, FrameMeta};
-    use crate::wal_file::{commit_record, file_header, scan, WalEnd};
+    use crate::wal_file::{end_round, scan, WalEnd};
 
     fn file(records: &[(u64, u64)], rounds_of: usize) -> (Vec<u8>, Vec<usize>) {
-        let mut out = file_header(1).to_vec();
-        let (mut positions, mut segment_len, mut round) = (Vec::new(), 0u64, 0u64);
+        let mut out = Vec::new();
+        let (mut positions, mut round) = (Vec::new(), 0u64);
         for (i, (stream_id, offset)) in records.iter().enumerate() {
             positions.push(out.len());
             let meta = FrameMeta {
@@ -172,12 +172,10 @@ mod tests {
                 producer: None,
                 writer_seq: None,
             };
-            let before = out.len();
             encode_frame(&mut out, meta, &[], b"body");
-            segment_len += (out.len() - before) as u64;
             if (i + 1) % rounds_of == 0 {
                 round += 1;
-                out.extend_from_slice(&commit_record(round, segment_len, 1));
+                end_round(&mut out, round, &[], 1);
             }
         }
         out.resize(out.len() + 512, 0);

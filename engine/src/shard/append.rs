@@ -224,6 +224,7 @@ impl Shard {
                         chunks: Vec::new(),
                         waiters: Vec::new(),
                         epoch: outcome.ownership.epoch,
+                        retiring: false,
                     },
                 );
                 CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
@@ -343,6 +344,12 @@ impl Shard {
             if self.moves.borrow().handing_off(name) {
                 return Err(EngineError::NotOwner(
                     "the stream is moving to another node; retry".into(),
+                ));
+            }
+            if stream.retiring {
+                return Err(EngineError::NotOwner(
+                    "the stream is being deleted (empty past its delete-on-empty time); retry"
+                        .into(),
                 ));
             }
             let command = AppendCommand {
@@ -501,7 +508,10 @@ impl Shard {
         self.maybe_rotate(needed);
         let mut log = self.log.borrow_mut();
         let segment = log.back_mut().expect("an active segment always exists");
-        reserve_frames(&mut segment.buf, needed, self.buffers.full_bytes());
+        // With room for the round's end too (`wal_len_after`), which the commit round appends
+        // without growing the buffer by a copy.
+        let room = segment.wal_len_after(needed) - segment.buf.len();
+        reserve_frames(&mut segment.buf, room, self.buffers.full_bytes());
         let id = stream.state.id;
         let byte_start = segment.buf.len() as u64;
         let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
@@ -537,7 +547,7 @@ impl Shard {
         if entry.name.is_none() {
             entry.name = Some(name.clone());
             // A cluster node's WAL says which incarnation these frames belong to.
-            if self.cluster.is_some() {
+            if self.cluster.is_some() && self.wal_enabled() {
                 wal_epochs.push((id, stream.epoch));
             }
         }

@@ -94,10 +94,14 @@ impl Shard {
             }
             pieces.push(block.slice(from..to));
         }
-        let checked =
-            self.cache
-                .borrow()
-                .is_checked(chunk.segment, chunk.byte_start, chunk.byte_end);
+        // Checked as cached now, and by the very blocks taken above: a block that left the
+        // cache while this read waited for another may be back as a fetch no read checked,
+        // while the range counts as checked for it (the generation moved on).
+        let checked = {
+            let cache = self.cache.borrow();
+            cache.generation() == generation
+                && cache.is_checked(chunk.segment, chunk.byte_start, chunk.byte_end)
+        };
         Ok(ChunkBytes {
             pieces,
             check_generation: (!checked).then_some(generation),

@@ -12,6 +12,7 @@ use crate::metrics::CoreMetrics;
 
 use super::state::Shard;
 use super::wal::same_file;
+use crate::wal_file::end_round;
 
 impl Shard {
     pub(super) async fn commit_loop(self: Rc<Self>) {
@@ -103,39 +104,32 @@ impl Shard {
         }
         // `written_len`: the segment's bytes this round makes durable (appends that arrive
         // during the write wait for the next round).
-        let (file, start, len, written_len, buffer, path, cursor) = {
+        let (file, start, len, written_len, buffer, path) = {
             let mut log = self.log.borrow_mut();
             let segment = log.iter_mut().find(|s| s.no == no).expect("picked above");
-            let written_len = segment.buf.len();
             match &segment.wal {
-                None => (None, 0, 0, written_len, None, None, None),
+                None => (None, 0, 0, segment.buf.len(), None, None),
                 Some(file) => {
-                    // This round's frames, after the file's partial block (and, first, its
-                    // header), then its commit record (`wal_file.rs`).
-                    let align = file.alignment() as usize;
-                    let frames = &segment.buf[segment.durable_len..written_len];
-                    // Taken: a failed round fails the WAL, and no round follows it.
+                    // The round's frames, then the epoch records of streams new to the segment
+                    // and its commit record, in the segment's own bytes (`wal_file.rs`). Taken:
+                    // a failed round fails the WAL, and no round follows it.
                     let epochs = std::mem::take(&mut segment.wal_epochs);
-                    let round = segment.wal_cursor.plan(frames.len(), epochs.len(), align);
-                    let mut buffer = file.alloc_dma_buffer(round.len.div_ceil(align) * align);
-                    let dst = buffer.as_bytes_mut();
+                    segment.wal_rounds += 1;
                     let now = crate::clock::now_ms();
-                    segment
-                        .wal_cursor
-                        .fill(round, dst, frames, &epochs, written_len as u64, now);
-                    let cursor = segment.wal_cursor.after(round, dst, align);
+                    end_round(&mut segment.buf, segment.wal_rounds, &epochs, now);
+                    let written_len = segment.buf.len();
+                    // DMA writes whole blocks: the round starts at the block holding the end
+                    // of the previous one, rewriting its bytes as they are.
+                    let align = file.alignment() as usize;
+                    let start = segment.durable_len / align * align;
+                    let size = (written_len - start).div_ceil(align) * align;
+                    let mut buffer = file.alloc_dma_buffer(size);
+                    let dst = buffer.as_bytes_mut();
+                    dst[..written_len - start].copy_from_slice(&segment.buf[start..written_len]);
+                    dst[written_len - start..].fill(0);
                     let path = segment.wal_path.clone();
-                    let buffer = Some(buffer);
-                    let file = Some(file.clone());
-                    (
-                        file,
-                        round.start,
-                        round.len,
-                        written_len,
-                        buffer,
-                        path,
-                        Some(cursor),
-                    )
+                    let (file, buffer) = (Some(file.clone()), Some(buffer));
+                    (file, start, written_len - start, written_len, buffer, path)
                 }
             }
         };
@@ -172,9 +166,6 @@ impl Shard {
         }
         if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
             segment.durable_len = written_len;
-            if let Some(cursor) = cursor {
-                segment.wal_cursor = cursor;
-            }
         }
         self.release_acks();
         self.flush_when_free();

@@ -117,7 +117,7 @@ impl Shard {
             log::error!(
                 "core {}: stream {id} moved to another node or was deleted before segment {} \
                  was stored: records {runs}, acknowledged with local durability, are not part of \
-                 the stream (they stay in that object)",
+                 the stream (quarantined: `pico admin quarantine ls`)",
                 self.core,
                 record.key
             );

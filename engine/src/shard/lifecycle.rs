@@ -88,7 +88,15 @@ impl Shard {
         let (start, fence) = {
             let streams = self.streams.borrow();
             let stream = streams.get(name).ok_or(EngineError::NotFound)?;
-            (stream.state.trimmed_start(offset), self.fence(stream))
+            let start = stream.state.trimmed_start(offset);
+            // Forks read this stream's records below their fork points, through this core's
+            // index and from its segments: a trim would take them away (and the garbage
+            // collector their objects). Retention skips such a stream for the same reason.
+            let forks = stream.state.extras().fork_refs;
+            if forks > 0 && start > stream.state.start_offset {
+                return Err(EngineError::ReadByForks { forks });
+            }
+            (start, self.fence(stream))
         };
         let trimmed = self
             .meta
@@ -233,6 +241,12 @@ impl Shard {
     /// Sources to tell that one of their forks is gone (drained by the node's release task).
     pub(crate) fn take_fork_releases(&self) -> Vec<(String, u64)> {
         std::mem::take(&mut *self.fork_releases.borrow_mut())
+    }
+
+    /// Releases that failed, to be tried again.
+    pub(crate) fn requeue_fork_releases(&self, failed: Vec<(String, u64)>) {
+        self.fork_releases.borrow_mut().extend(failed);
+        self.fork_released.notify();
     }
 
     pub(super) async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {

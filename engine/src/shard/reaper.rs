@@ -111,16 +111,42 @@ impl Shard {
                             Err(e) => log::debug!("retention trim of {name}: {e}"),
                         }
                     }
-                    RetentionAction::Delete { name } => match self.delete(&name).await {
-                        Ok(()) => {
-                            log::info!("retention: deleted {name} (empty)");
-                            CoreMetrics::add(&self.metrics.retention_deleted_streams, 1);
+                    RetentionAction::Delete { name } => {
+                        if !self.retire_if_still_empty(&name) {
+                            continue;
                         }
-                        Err(e) => log::debug!("retention delete of {name}: {e}"),
-                    },
+                        match self.delete(&name).await {
+                            Ok(()) => {
+                                log::info!("retention: deleted {name} (empty)");
+                                CoreMetrics::add(&self.metrics.retention_deleted_streams, 1);
+                            }
+                            Err(e) => {
+                                log::debug!("retention delete of {name}: {e}");
+                                if let Some(stream) = self.streams.borrow_mut().get_mut(&name) {
+                                    stream.retiring = false;
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// Judges a delete-on-empty again now (the round's decision may predate an append: a
+    /// trim before it awaited) and, if it stands, stops the stream taking appends until the
+    /// delete is done. No await between the two.
+    pub(super) fn retire_if_still_empty(&self, name: &Rc<str>) -> bool {
+        let mut streams = self.streams.borrow_mut();
+        let Some(stream) = streams.get_mut(name) else {
+            return false;
+        };
+        let due = matches!(
+            retention_action(name, stream, now_ms()),
+            Some(RetentionAction::Delete { .. })
+        );
+        stream.retiring = due;
+        due
     }
 
     /// One retention round's decisions, from memory; the name to resume after (`None`: the

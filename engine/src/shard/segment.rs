@@ -55,7 +55,7 @@ impl Shard {
             durable_len: 0,
             wal: file,
             wal_path: path,
-            wal_cursor: Default::default(),
+            wal_rounds: 0,
             wal_epochs: Vec::new(),
             opened: Instant::now(),
             index: BTreeMap::new(),
@@ -113,6 +113,8 @@ impl Shard {
         let fence = self.cluster.as_ref().map(|cluster| SegmentFence {
             node: cluster.node_id(),
             node_epoch: cluster.node_epoch(),
+            // Local durability acknowledged these records already: refused, they are kept.
+            quarantine_refused: self.config.durability != crate::config::Durability::Object,
             epochs: segment
                 .index
                 .iter()

@@ -22,7 +22,6 @@ use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
 use crate::put_budget::PutBudget;
 use crate::state::StreamState;
-use crate::wal_file::WalCursor;
 
 use super::blocks::ReadCache;
 use super::moves::Moves;
@@ -40,8 +39,9 @@ pub(super) struct OpenSegment {
     pub(super) durable_len: usize,
     pub(super) wal: Option<Rc<DmaFile>>,
     pub(super) wal_path: Option<PathBuf>,
-    /// What the WAL file holds so far (`wal_file.rs`: header, rounds, commit records).
-    pub(super) wal_cursor: WalCursor,
+    /// Commit rounds written to the WAL file (`wal_file.rs`: each ends with a commit record
+    /// in `buf`, so the file and the segment object are the same bytes).
+    pub(super) wal_rounds: u64,
     /// (Cluster) the owner epochs of streams whose first frame in this segment is not yet in
     /// the WAL file: the next round writes them (`wal_file::epoch_record`).
     pub(super) wal_epochs: Vec<(u64, u64)>,
@@ -50,17 +50,15 @@ pub(super) struct OpenSegment {
 }
 
 impl OpenSegment {
-    /// Bytes its WAL file holds once `needed` more frame bytes are written in the next round
-    /// (without a WAL file, just its frames').
+    /// Bytes it holds once `needed` more frame bytes are written and the next round ends:
+    /// with a WAL file, that round's epoch records and commit record too (an append may be its
+    /// stream's first in the segment: one more epoch record).
     pub(super) fn wal_len_after(&self, needed: usize) -> usize {
-        let pending = self.buf.len() - self.durable_len + needed;
-        match self.wal {
-            // (An append may be its stream's first in the segment: one more epoch record.)
-            Some(_) => self
-                .wal_cursor
-                .len_after(pending, self.wal_epochs.len() + usize::from(needed > 0)),
-            None => self.buf.len() + needed,
-        }
+        let markers = match self.wal {
+            Some(_) => (self.wal_epochs.len() + 2) * crate::wal_file::WAL_MARKER_LEN,
+            None => 0,
+        };
+        self.buf.len() + needed + markers
     }
 }
 
@@ -310,6 +308,7 @@ impl Shard {
                     chunks,
                     waiters: Vec::new(),
                     epoch: seed.epoch,
+                    retiring: false,
                 },
             );
         }

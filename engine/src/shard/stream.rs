@@ -36,6 +36,9 @@ pub(super) struct Stream {
     /// The owner epoch this node holds the stream at (cluster; 0 on a single node): every
     /// metadata write for the stream is fenced by it.
     pub(super) epoch: u64,
+    /// Retention is deleting it (empty past its delete-on-empty time): appends are refused
+    /// until the delete is done or failed, so none is acknowledged into a deleted stream.
+    pub(super) retiring: bool,
 }
 
 /// A recovered stream handed to its core at startup.

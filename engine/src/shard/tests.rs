@@ -169,6 +169,7 @@ fn stream(retention: Retention, stamps: &[i64], bytes: u64, durable: u64) -> Str
         waiters: Vec::new(),
         recorded_access_ms: 0,
         epoch: 0,
+        retiring: false,
     }
 }
 

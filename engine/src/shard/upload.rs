@@ -56,11 +56,17 @@ impl Shard {
         let started = Instant::now();
         loop {
             let result = async {
-                // A retry after a failed commit does not store the bytes again. (The WAL file
-                // is not the object's bytes: it holds its header and commit records too, so
-                // it cannot be linked into a file:// bucket.)
+                // The sealed WAL file holds these very bytes: a file:// bucket on the same
+                // filesystem links it instead of writing them again.
+                // A retry after a failed commit does not store the bytes again.
                 if !stored {
-                    let put = self.store.put(&record.key, bytes.clone());
+                    let put = match &path {
+                        Some(wal) => {
+                            self.store
+                                .put_with_local_copy(&record.key, bytes.clone(), wal.clone())
+                        }
+                        None => self.store.put(&record.key, bytes.clone()),
+                    };
                     let put_started = Instant::now();
                     put.await
                         .map_err(|_| "object store is shut down".to_string())?

@@ -4,21 +4,15 @@ use crate::frame::FRAME_KIND_RECORD;
 /// A version-2 WAL file of `rounds` rounds of one-record requests `(stream, offset, body)`,
 /// padded with zeros as a pre-allocated file is; and each data frame's file position.
 fn wal_v2(rounds: &[&[(u64, u64, &[u8])]]) -> (Vec<u8>, Vec<usize>) {
-    let mut file = file_header(1).to_vec();
-    let (mut positions, mut segment_len) = (Vec::new(), 0u64);
+    let mut file = Vec::new();
+    let mut positions = Vec::new();
     for (i, round) in rounds.iter().enumerate() {
         for (stream_id, offset, body) in round.iter() {
             positions.push(file.len());
-            let before = file.len();
             encode_frame(&mut file, record(*stream_id, *offset), &[], body);
-            segment_len += (file.len() - before) as u64;
         }
         // A timestamp with no zero byte, so a cut anywhere in the record changes it.
-        file.extend_from_slice(&commit_record(
-            i as u64 + 1,
-            segment_len,
-            0x1122_3344_5566_7788,
-        ));
+        end_round(&mut file, i as u64 + 1, &[], 0x1122_3344_5566_7788);
     }
     file.resize(file.len() + 4096, 0);
     (file, positions)
@@ -56,23 +50,23 @@ fn a_whole_file_keeps_every_round_and_ends_clean() {
         offsets(&scanned.committed),
         [(1, 0), (2, 0), (1, 1), (1, 2), (2, 1), (1, 3)]
     );
-    // The segment bytes are the data frames alone, as a running core uploads them.
+    // The segment's bytes are the whole rounds, commit records included, as a running core
+    // stores them; six of their frames are records.
     let segment = scanned.segment_bytes(&file);
-    let mut pos = 0;
-    let mut count = 0;
-    while let Ok((header, len)) = check_frame(&segment, pos) {
-        assert_eq!(header.kind, FRAME_KIND_RECORD);
+    assert_eq!(segment, &file[..file.len() - 4096]);
+    let (mut pos, mut records) = (0, 0);
+    while let Ok((header, len)) = check_frame(segment, pos) {
+        records += usize::from(header.kind == FRAME_KIND_RECORD);
         pos += len;
-        count += 1;
     }
-    assert_eq!((pos, count), (segment.len(), 6));
+    assert_eq!((pos, records), (segment.len(), 6));
 }
 
 #[test]
 fn an_empty_file_is_clean_and_holds_nothing() {
     let scanned = scan(&[0u8; 8192]).unwrap();
     assert_eq!((scanned.committed.len(), scanned.end), (0, WalEnd::Clean));
-    let header_only = [file_header(1).to_vec(), vec![0; 4096]].concat();
+    let header_only = [file_header(WAL_FORMAT_VERSION, 1).to_vec(), vec![0; 4096]].concat();
     let scanned = scan(&header_only).unwrap();
     assert_eq!((scanned.committed.len(), scanned.end), (0, WalEnd::Clean));
 }
@@ -117,7 +111,7 @@ fn a_flipped_byte_in_any_acknowledged_round_is_damage_never_a_clean_end() {
     let data_end = file.len() - 4096;
     // Every byte of rounds 1 and 2 (frames and commit records) and of round 3's frames: each
     // flip is reported as damage, with what lies past it.
-    for at in WAL_MARKER_LEN..data_end - WAL_MARKER_LEN {
+    for at in 0..data_end - WAL_MARKER_LEN {
         let mut damaged = file.clone();
         damaged[at] ^= 0x10;
         let scanned = scan(&damaged).unwrap();
@@ -185,8 +179,7 @@ fn a_commit_record_out_of_sequence_is_damage() {
     let (mut file, positions) = wal_v2(THREE_ROUNDS);
     // Round 2's commit record says round 5 (with a valid CRC): not a torn write.
     let commit_at = positions[4] - WAL_MARKER_LEN;
-    let segment_len = (positions[4] - WAL_MARKER_LEN * 3) as u64;
-    file[commit_at..positions[4]].copy_from_slice(&commit_record(5, segment_len, 2));
+    file[commit_at..positions[4]].copy_from_slice(&commit_record(5, commit_at as u64, 2));
     let scanned = scan(&file).unwrap();
     let WalEnd::Damaged(damage) = scanned.end else {
         panic!("not damage")
@@ -196,7 +189,7 @@ fn a_commit_record_out_of_sequence_is_damage() {
 
 #[test]
 fn a_newer_format_is_refused_with_both_versions_named() {
-    let mut file = marker(FRAME_KIND_WAL_FILE, 9, 0, 1).to_vec();
+    let mut file = file_header(9, 1).to_vec();
     file.resize(4096, 0);
     let e = scan(&file).unwrap_err();
     assert!(e.contains("version 9") && e.contains("1 and 2"), "{e}");
@@ -239,40 +232,32 @@ fn version_one_files_keep_whole_requests_and_report_damage_before_valid_frames()
 }
 
 #[test]
-fn rounds_written_through_the_cursor_read_back_as_the_segment_they_carry() {
+fn rounds_written_as_a_core_writes_them_read_back_whole_after_each_round() {
     // A pre-allocated file written round by round in 512-byte blocks, each round rewriting
-    // the last partial block: the scan finds exactly the segment's frames, whole.
+    // the last partial block, some with epoch records: after each, the scan finds every
+    // round whole, its records, and the epochs.
     let align = 512;
     let mut file = vec![0u8; 64 * 1024];
-    let (mut cursor, mut segment) = (WalCursor::default(), Vec::new());
-    for round in 0..40u64 {
-        let from = segment.len();
+    let (mut segment, mut durable, mut records) = (Vec::new(), 0, 0);
+    for round in 1..=40u64 {
         for i in 0..round % 4 + 1 {
             let body = vec![b'x'; (round * 37 + i * 11) as usize % 300];
             encode_frame(&mut segment, record(round % 3, round * 10 + i), &[], &body);
+            records += 1;
         }
-        // A cluster node's rounds carry epoch records now and then.
         let epochs: Vec<(u64, u64)> = (0..round % 3).map(|s| (s, round)).collect();
-        let plan = cursor.plan(segment.len() - from, epochs.len(), align);
-        assert_eq!(plan.start % align, 0);
-        assert_eq!(
-            cursor.len_after(segment.len() - from, epochs.len()),
-            plan.start + plan.len
-        );
-        let mut dst = vec![0xee; plan.len.div_ceil(align) * align];
-        cursor.fill(
-            plan,
-            &mut dst,
-            &segment[from..],
-            &epochs,
-            segment.len() as u64,
-            5,
-        );
-        file[plan.start..plan.start + dst.len()].copy_from_slice(&dst);
-        cursor = cursor.after(plan, &dst, align);
+        end_round(&mut segment, round, &epochs, 5);
+        let start = durable / align * align;
+        file[start..segment.len()].copy_from_slice(&segment[start..]);
+        durable = segment.len();
         let scanned = scan(&file).unwrap();
         assert_eq!(scanned.end, WalEnd::Clean, "after round {round}");
-        assert_eq!(scanned.segment_bytes(&file), segment, "after round {round}");
+        assert_eq!(
+            scanned.segment_bytes(&file),
+            &segment[..],
+            "after round {round}"
+        );
+        assert_eq!(scanned.committed.len(), records, "after round {round}");
         for (stream_id, epoch) in &epochs {
             assert_eq!(
                 scanned.epochs.get(stream_id),

@@ -67,9 +67,18 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE streams ADD COLUMN retention_age_ms BIGINT;
      ALTER TABLE streams ADD COLUMN retention_bytes BIGINT;
      ALTER TABLE streams ADD COLUMN delete_on_empty_ms BIGINT;",
-    // 8: the WAL format the nodes of this catalog write (see the SQLite list).
+    // 8: the WAL format the nodes of this catalog write, and the quarantine (see the SQLite
+    // list).
     "CREATE TABLE wal_format (version BIGINT NOT NULL);
-     INSERT INTO wal_format (version) VALUES (2);",
+     INSERT INTO wal_format (version) VALUES (2);
+     CREATE TABLE quarantine (
+         segment_key TEXT   NOT NULL,
+         stream_id   BIGINT NOT NULL,
+         runs        BYTEA  NOT NULL,
+         reason      TEXT   NOT NULL,
+         created_ms  BIGINT NOT NULL,
+         PRIMARY KEY (segment_key, stream_id)
+     );",
 ];
 
 /// The schema version this build writes.

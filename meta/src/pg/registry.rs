@@ -20,6 +20,7 @@ use crate::backend::ClusterSql;
 use crate::backend::CommitOutcome;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
+use crate::backend::QuarantineColumns;
 use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
@@ -333,6 +334,68 @@ impl Backend for Postgres {
             "drop segment",
         )?;
         Ok(())
+    }
+
+    fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError> {
+        let rows = self.query(
+            "SELECT EXISTS (SELECT 1 FROM segments WHERE key = $1)",
+            &[&key],
+            "look up segment",
+        )?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("look up segment"))
+            .map(|found| found.unwrap_or(false))
+    }
+
+    fn quarantine(
+        &mut self,
+        key: &str,
+        stream_id: i64,
+        runs: &[u8],
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), MetaError> {
+        self.execute(
+            "INSERT INTO quarantine (segment_key, stream_id, runs, reason, created_ms)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (segment_key, stream_id)
+             DO UPDATE SET runs = EXCLUDED.runs, reason = EXCLUDED.reason",
+            &[&key, &stream_id, &runs, &reason, &now_ms],
+            "quarantine refused records",
+        )?;
+        Ok(())
+    }
+
+    fn quarantined(&mut self) -> Result<Vec<QuarantineColumns>, MetaError> {
+        let rows = self.query(
+            "SELECT segment_key, stream_id, runs, reason, created_ms FROM quarantine
+             ORDER BY created_ms, segment_key, stream_id",
+            &[],
+            "list the quarantine",
+        )?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                    row.try_get(4)?,
+                ))
+            })
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("list the quarantine"))
+    }
+
+    fn release_quarantined(&mut self, key: &str, stream_id: i64) -> Result<bool, MetaError> {
+        let changed = self.execute(
+            "DELETE FROM quarantine WHERE segment_key = $1 AND stream_id = $2",
+            &[&key, &stream_id],
+            "release quarantined records",
+        )?;
+        Ok(changed > 0)
     }
 
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {

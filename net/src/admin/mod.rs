@@ -8,6 +8,7 @@
 pub mod cluster;
 pub mod dashboard;
 pub mod metrics;
+mod quarantine;
 pub mod state;
 
 use std::rc::Rc;
@@ -124,6 +125,9 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
             stream(state, &p["/admin/streams".len()..]).await
         }
         ("POST", "/admin/transfer") => transfer(state, &request).await,
+        ("GET", "/admin/quarantine") => quarantine::list(state).await,
+        ("GET", "/admin/quarantine/records") => quarantine::records(state, &request.query).await,
+        ("DELETE", "/admin/quarantine") => quarantine::release(state, &request.query).await,
         ("POST", p) if p.starts_with("/admin/nodes/") => set_slots(state, &request).await,
         ("GET" | "HEAD", p) => match dashboard::asset(p) {
             Some((content_type, body, cache)) => Response::new(200)

@@ -49,7 +49,9 @@ impl From<EngineError> for DsError {
             EngineError::NotFound => DsError::new(404, "NOT_FOUND", message),
             EngineError::Gone => DsError::new(410, "GONE", message),
             EngineError::ConfigMismatch { .. } => DsError::new(409, "CONFLICT", message),
-            EngineError::SourceGone => DsError::new(409, "CONFLICT", message),
+            EngineError::SourceGone | EngineError::ReadByForks { .. } => {
+                DsError::new(409, "CONFLICT", message)
+            }
             EngineError::ContentTypeMismatch { .. } => DsError::new(409, "CONFLICT", message),
             EngineError::WriterSeqRegression { .. } => DsError::new(409, "CONFLICT", message),
             EngineError::Closed { next_offset } => DsError::new(409, "STREAM_CLOSED", message)

@@ -57,6 +57,7 @@ impl From<EngineError> for ApiError {
             },
             EngineError::Gone => ApiError::new(410, "gone", message),
             EngineError::SourceGone
+            | EngineError::ReadByForks { .. }
             | EngineError::ContentTypeMismatch { .. }
             | EngineError::WriterSeqRegression { .. } => ApiError::new(409, "conflict", message),
             EngineError::MatchFailed { actual, .. } => ApiError {
