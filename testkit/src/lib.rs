@@ -10,7 +10,8 @@
 //!
 //! The modules: [`garage`] (a Garage of a test's own, to kill and restart), [`history`] (the
 //! fault test's history checker), [`pg_proxy`] (a fault proxy in front of Postgres: lost
-//! COMMIT answers, held answers, delayed statements, cut and refused connections).
+//! COMMIT answers, held answers, delayed statements, cut and refused connections), [`netns`] (a
+//! network of namespaces whose links a test cuts and heals).
 
 use std::path::Path;
 
@@ -150,4 +151,5 @@ mod tests {
 }
 pub mod garage;
 pub mod history;
+pub mod netns;
 pub mod pg_proxy;
