@@ -192,21 +192,7 @@ impl Network {
 
     /// Makes `command` run inside node `node`'s namespace.
     pub fn enter(&self, node: usize, command: &mut Command) {
-        use std::os::unix::process::CommandExt;
-        let path = format!("{NETNS_DIR}/{}", self.node_namespace(node));
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        // SAFETY: between fork and exec the child only calls setns(2) on a descriptor it
-        // inherited open (async-signal-safe, no allocation); the File outlives the spawn
-        // because the closure owns it.
-        unsafe {
-            command.pre_exec(move || {
-                use std::os::fd::AsRawFd;
-                if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        enter(&self.node_namespace(node), command);
     }
 
     /// Cuts node `node` off from `peer` (a service's or the clients' address): packets
@@ -310,6 +296,25 @@ impl Drop for Network {
                 let _ = run_ip(&["netns", "del", &name]);
             }
         }
+    }
+}
+
+/// Makes `command` run inside namespace `name` (made by `ip netns add`).
+pub fn enter(name: &str, command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let path = format!("{NETNS_DIR}/{name}");
+    let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: between fork and exec the child only calls setns(2) on a descriptor it inherited
+    // open (async-signal-safe, no allocation); the closure owns the File, so the descriptor
+    // stays open until the command is dropped.
+    unsafe {
+        command.pre_exec(move || {
+            use std::os::fd::AsRawFd;
+            if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

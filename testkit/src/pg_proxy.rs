@@ -191,6 +191,11 @@ impl PgProxy {
         })
     }
 
+    /// Where the proxy listens.
+    pub fn address(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// A proxy in front of the server a `postgres://` URL names, and that URL pointed at the
     /// proxy (user, password, database and parameters kept).
     pub fn in_front_of(url: &str) -> io::Result<(PgProxy, String)> {

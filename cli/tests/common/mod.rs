@@ -11,7 +11,7 @@ pub mod disk;
 pub mod services;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -21,6 +21,13 @@ use std::time::{Duration, Instant};
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Socket read/write timeout of the test client.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A network namespace a server runs in (`pico_testkit::netns`) and the address it binds there.
+#[derive(Clone, Debug)]
+pub struct Place {
+    pub namespace: String,
+    pub ip: IpAddr,
+}
 
 /// A running `pico serve` with its own temporary directory; killed (SIGKILL) on drop.
 pub struct Server {
@@ -34,6 +41,9 @@ pub struct Server {
     extra_args: Vec<String>,
     /// Variables set for the process on top of the test's environment (restarts too).
     extra_env: Vec<(String, String)>,
+    /// Where the process runs and its listeners bind: a network namespace and its address, or
+    /// the test's own namespace and 127.0.0.1.
+    place: Option<Place>,
     // Dropped last: the directory outlives the process.
     dir: tempfile::TempDir,
 }
@@ -47,6 +57,15 @@ impl Server {
     /// [`Server::start`] with these variables set for the server process alone, so tests of one
     /// binary can run side by side with different values (`RUST_LOG`, credentials).
     pub fn start_with_env(extra_args: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::start_placed(extra_args, env, None)
+    }
+
+    /// [`Server::start`] inside a network namespace, its listeners on that namespace's address.
+    pub fn start_in(place: Place, extra_args: &[&str]) -> Server {
+        Server::start_placed(extra_args, &[], Some(place))
+    }
+
+    fn start_placed(extra_args: &[&str], env: &[(&str, &str)], place: Option<Place>) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("pico-e2e-")
             .tempdir()
@@ -56,7 +75,8 @@ impl Server {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let (child, addr, admin, second) = spawn(dir.path(), &extra_args, &extra_env);
+        let (child, addr, admin, second) =
+            spawn(dir.path(), &extra_args, &extra_env, place.as_ref());
         Server {
             child: Some(child),
             addr,
@@ -64,6 +84,7 @@ impl Server {
             second,
             extra_args,
             extra_env,
+            place,
             dir,
         }
     }
@@ -121,8 +142,12 @@ impl Server {
     /// Kills the server if it runs, then starts it again on the same directories (new ports).
     pub fn restart(&mut self) {
         self.kill();
-        let (child, addr, admin, second) =
-            spawn(self.dir.path(), &self.extra_args, &self.extra_env);
+        let (child, addr, admin, second) = spawn(
+            self.dir.path(),
+            &self.extra_args,
+            &self.extra_env,
+            self.place.as_ref(),
+        );
         self.child = Some(child);
         self.addr = addr;
         self.admin = admin;
@@ -135,7 +160,8 @@ impl Server {
         self.kill();
         let mut args = self.extra_args.clone();
         args.extend(more_args.iter().map(|a| a.to_string()));
-        let (child, addr, admin, second) = spawn(self.dir.path(), &args, &self.extra_env);
+        let (child, addr, admin, second) =
+            spawn(self.dir.path(), &args, &self.extra_env, self.place.as_ref());
         self.child = Some(child);
         self.addr = addr;
         self.admin = admin;
@@ -148,10 +174,15 @@ impl Server {
     pub fn restart_refused(&mut self, within: Duration) -> (std::process::ExitStatus, String) {
         self.kill();
         let before = self.log().len();
-        let mut child = serve_command(self.dir.path(), &self.extra_args, &self.extra_env)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn pico serve");
+        let mut child = serve_command(
+            self.dir.path(),
+            &self.extra_args,
+            &self.extra_env,
+            self.place.as_ref(),
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn pico serve");
         let Some(status) = exit_within(&mut child, within) else {
             panic!(
                 "pico serve did not exit within {within:?}; log:\n{}",
@@ -285,7 +316,12 @@ pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::
 
 /// `pico serve` in `dir` with the test's flags (ephemeral ports, its own catalog, bucket and
 /// WAL unless `extra_args` names them), its stderr appended to `server.log`.
-fn serve_command(dir: &Path, extra_args: &[String], extra_env: &[(String, String)]) -> Command {
+fn serve_command(
+    dir: &Path,
+    extra_args: &[String],
+    extra_env: &[(String, String)],
+    place: Option<&Place>,
+) -> Command {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -293,9 +329,16 @@ fn serve_command(dir: &Path, extra_args: &[String], extra_env: &[(String, String
         .expect("open server.log");
     // The test environment must not configure the server behind our back.
     let mut command = cli::pico_without_pico_env();
+    let listen = format!(
+        "{}:0",
+        place.map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |place| place.ip)
+    );
+    if let Some(place) = place {
+        pico_testkit::netns::enter(&place.namespace, &mut command);
+    }
     command
         .arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--listen", &listen, "--admin-listen", &listen])
         .args(if extra_args.iter().any(|a| a == "--meta-url") {
             // The test names its own metadata log (e.g. postgres:// from PICOMQ_PG_URL).
             Vec::new()
@@ -329,6 +372,10 @@ fn serve_command(dir: &Path, extra_args: &[String], extra_env: &[(String, String
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
     command.envs(extra_env.iter().map(|(k, v)| (k, v)));
+    if place.is_some() {
+        // Only the test's own namespaces reach that address.
+        command.arg("--insecure-allow-remote");
+    }
     command
 }
 
@@ -337,8 +384,9 @@ fn spawn(
     dir: &Path,
     extra_args: &[String],
     extra_env: &[(String, String)],
+    place: Option<&Place>,
 ) -> (Child, SocketAddr, SocketAddr, Option<SocketAddr>) {
-    let mut child = serve_command(dir, extra_args, extra_env)
+    let mut child = serve_command(dir, extra_args, extra_env, place)
         .spawn()
         .expect("spawn pico serve");
     let stdout = child.stdout.take().expect("piped stdout");
@@ -500,7 +548,11 @@ pub struct Conn {
 
 impl Conn {
     pub fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+        Conn::over(TcpStream::connect_timeout(&addr, IO_TIMEOUT)?)
+    }
+
+    /// A connection over `stream` (one opened elsewhere, e.g. inside a network namespace).
+    pub fn over(stream: TcpStream) -> std::io::Result<Conn> {
         stream.set_read_timeout(Some(IO_TIMEOUT))?;
         stream.set_write_timeout(Some(IO_TIMEOUT))?;
         stream.set_nodelay(true)?;
