@@ -16,7 +16,11 @@
 //! (kills, pauses, Postgres stopped and started, Garage killed and restarted); and three
 //! nodes on those as a cluster, the clients following `307`s to each stream's owner (the
 //! same faults, and pauses past the lease: failovers, and a fenced owner waking up).
-//! CI runs all three for `FAULT_TEST_SEC` (default 40 s of faults each). The soak is
+//! A fourth profile runs that cluster with each node in a network namespace of its own
+//! (`pico_testkit::netns`) and partitions it: a node cut off from Postgres, the bucket or its
+//! clients, the cluster split for longer than a lease, flapping links; its control, with
+//! `--durability local`, must lose acknowledged appends in a split.
+//! CI runs every profile for `FAULT_TEST_SEC` (default 40 s of faults each). The soak is
 //!
 //!     FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
 //!
