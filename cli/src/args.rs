@@ -276,6 +276,14 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "size", from_str_fn(parse_size))]
     pub max_in_flight_bytes: Option<u64>,
 
+    /// idempotent producers the node keeps over all its streams (4096 per stream); a new one past either gets 429 (default 250000) [env: PICO_PRODUCERS_MAX]
+    #[argh(option, arg_name = "n")]
+    pub producers_max: Option<usize>,
+
+    /// an idempotent producer that has not written for this long is forgotten, in seconds (default 604800: 7 days) [env: PICO_PRODUCER_IDLE_EXPIRY_SEC]
+    #[argh(option, arg_name = "sec")]
+    pub producer_idle_expiry_sec: Option<u64>,
+
     /// how often segment objects that only hold deleted, expired or trimmed data are deleted, in ms (default 5000) [env: PICO_GC_INTERVAL_MS]
     #[argh(option, arg_name = "ms", default = "5000")]
     pub gc_interval_ms: u64,

@@ -181,6 +181,10 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             "--max-unuploaded-bytes",
             defaults.unuploaded_bytes_max,
         )?,
+        producers_max: args.producers_max.unwrap_or(defaults.producers_max),
+        producer_idle_expiry_sec: args
+            .producer_idle_expiry_sec
+            .unwrap_or(defaults.producer_idle_expiry_sec),
         segment_cache_bytes: optional_size(
             args.block_cache_size,
             "--block-cache-size",

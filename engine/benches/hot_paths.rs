@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pico_engine::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_RECORD};
+use pico_engine::producers::ProducerLimits;
 use pico_engine::state::{AppendCommand, StreamConfig, StreamState};
 
 fn meta(offset: u64, producer: Option<&ProducerTuple>) -> FrameMeta<'_> {
@@ -53,6 +54,7 @@ fn state_apply(c: &mut Criterion) {
         epoch: 0,
         seq: 0,
     };
+    let limits = ProducerLimits::default();
     c.bench_function("state/apply_append", |b| {
         let mut state = StreamState::new(1, config.clone(), false, 0);
         let mut now = 1_700_000_000_000i64;
@@ -65,6 +67,7 @@ fn state_apply(c: &mut Criterion) {
                 producer: None,
                 content_type: None,
                 writer_seq: None,
+                producer_limits: &limits,
             };
             std::hint::black_box(state.apply_append(command, now).unwrap())
         })
@@ -82,6 +85,7 @@ fn state_apply(c: &mut Criterion) {
                 producer: Some(&producer),
                 content_type: None,
                 writer_seq: None,
+                producer_limits: &limits,
             };
             let outcome = state.apply_append(command, now).unwrap();
             producer.seq += 1;

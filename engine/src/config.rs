@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::limits;
+use crate::producers::ProducerLimits;
 
 /// When an append is acknowledged (`--durability`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,6 +53,9 @@ pub struct EngineConfig {
     /// closing each stream that lost records (`recovery/salvage.rs`); without it the node
     /// refuses to start on one.
     pub wal_salvage: bool,
+    /// How many idempotent producers a stream and the node keep, and when an idle one is
+    /// forgotten (`producers.rs`).
+    pub producers: ProducerLimits,
 }
 
 impl EngineConfig {
@@ -106,6 +110,7 @@ mod tests {
             gc_interval_ms: limits::GC_INTERVAL_MS_MIN,
             object_puts_per_second: limits::OBJECT_PUTS_PER_SECOND_MIN,
             wal_salvage: false,
+            producers: ProducerLimits::default(),
         }
     }
 

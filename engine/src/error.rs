@@ -29,6 +29,13 @@ pub enum EngineError {
     UnknownProducer { received: u64 },
     /// An idempotent producer skipped sequence numbers.
     ProducerSequenceGap { expected: u64, received: u64 },
+    /// A new idempotent producer found no room: `scope` ("this stream", "this node") keeps
+    /// `limit` producers, and one idle for `idle_expiry_sec` makes room.
+    TooManyProducers {
+        scope: &'static str,
+        limit: usize,
+        idle_expiry_sec: u64,
+    },
     /// A read asked for a position past the tail.
     OffsetBeyondTail { requested: u64, tail: u64 },
     /// A read asked for a position below the first readable record.
@@ -92,6 +99,15 @@ impl std::fmt::Display for EngineError {
             EngineError::UnknownProducer { .. } => {
                 f.write_str("New epoch must start with sequence 0")
             }
+            EngineError::TooManyProducers {
+                scope,
+                limit,
+                idle_expiry_sec,
+            } => write!(
+                f,
+                "{scope} keeps {limit} idempotent producers, the most it may: a new producer is \
+                 refused until one has been idle for {idle_expiry_sec} s"
+            ),
             EngineError::OffsetBeyondTail { requested, tail } => {
                 write!(f, "offset {requested} is past the tail {tail}")
             }

@@ -26,6 +26,7 @@ mod live;
 pub mod metrics;
 mod notify;
 mod placement;
+pub mod producers;
 mod put_budget;
 pub mod quarantine;
 mod recovery;

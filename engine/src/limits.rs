@@ -66,6 +66,19 @@ pub const FORK_DEPTH_MAX: u32 = 64;
 /// Longest TTL a stream may have (100 years); a larger `Pico-TTL` / `Stream-TTL` is `400`.
 /// Keeps every deadline in range of millisecond arithmetic on `i64`.
 pub const TTL_SEC_MAX: u64 = 100 * 365 * 24 * 3600;
+/// Longest idempotent producer id (`Pico-Producer-Id`, `Producer-Id`), in bytes; a longer one
+/// is `400`. Every stored producer costs its id in memory and in each segment entry it writes
+/// to (`producers.rs`).
+pub const PRODUCER_ID_BYTES_MAX: usize = 256;
+/// Producers one stream keeps; a new one past it is `429` (`producers.rs`).
+pub const PRODUCERS_PER_STREAM_DEFAULT: usize = 4_096;
+/// Producers the node keeps over all its streams by default (`--producers-max`): at most about
+/// 100 MB with the longest ids. A new one past it is `429`.
+pub const PRODUCERS_PER_NODE_DEFAULT: usize = 250_000;
+/// A producer that has not written for this long is forgotten (`--producer-idle-expiry-sec`,
+/// 7 days, as Kafka expires transactional ids).
+pub const PRODUCER_IDLE_EXPIRY_SEC_DEFAULT: u64 = 7 * 24 * 3600;
+
 /// Streams returned by one listing call.
 pub const LIST_LIMIT_MAX: usize = 10_000;
 /// Default streams per listing call.

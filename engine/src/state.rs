@@ -3,11 +3,11 @@
 //! Both protocols translate their requests into these calls; the owning core applies them
 //! and then does the I/O (frames into the WAL, waiters, replies).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::EngineError;
 pub use crate::frame::ProducerTuple;
+use crate::producers::{Producer, ProducerLimits, Producers};
 
 /// Configuration fixed at create.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,8 +95,8 @@ pub struct StreamExtras {
     pub expires_at_ms: Option<i64>,
     /// What the stream keeps; changeable after create.
     pub retention: pico_meta::Retention,
-    /// Idempotent producers: id → (epoch, last accepted request sequence). Never pruned.
-    pub producers: BTreeMap<String, (u64, u64)>,
+    /// Idempotent producers by id (limited and expired: `producers.rs`).
+    pub producers: Producers,
     /// The producer tuple of the request that closed the stream, if a producer closed it.
     pub closed_by: Option<ProducerTuple>,
     /// The last writer sequence (`Stream-Seq`) accepted.
@@ -116,7 +116,7 @@ static NO_EXTRAS: StreamExtras = StreamExtras {
         bytes: None,
         delete_on_empty_ms: None,
     },
-    producers: BTreeMap::new(),
+    producers: Producers::new(),
     closed_by: None,
     writer_seq: None,
     fork: None,
@@ -138,6 +138,8 @@ pub struct AppendCommand<'a> {
     pub content_type: Option<&'a str>,
     /// Writer sequence: must sort (bytewise) after the last accepted one.
     pub writer_seq: Option<&'a str>,
+    /// What a new producer must fit in.
+    pub producer_limits: &'a ProducerLimits,
 }
 
 /// What an accepted append did.
@@ -292,6 +294,11 @@ impl StreamState {
             if let Some(duplicate) = self.check_producer(producer)? {
                 return Ok(duplicate);
             }
+            if self.extras().producers.get(&producer.id).is_none() {
+                self.extras_mut()
+                    .producers
+                    .admit(&producer.id, command.producer_limits, now_ms)?;
+            }
         }
         if self.closed {
             if command.records == 0 {
@@ -339,7 +346,7 @@ impl StreamState {
         if let Some(producer) = command.producer {
             self.extras_mut()
                 .producers
-                .insert(producer.id.clone(), (producer.epoch, producer.seq));
+                .record(producer, command.producer_limits, now_ms);
         }
         if command.close {
             self.closed = true;
@@ -378,22 +385,24 @@ impl StreamState {
                 received: producer.seq,
             }),
             None => Ok(None),
-            Some(&(epoch, _)) if producer.epoch < epoch => {
+            Some(&Producer { epoch, .. }) if producer.epoch < epoch => {
                 Err(EngineError::StaleProducerEpoch { current: epoch })
             }
-            Some(&(epoch, _)) if producer.epoch > epoch => {
+            Some(&Producer { epoch, .. }) if producer.epoch > epoch => {
                 if producer.seq == 0 {
                     Ok(None)
                 } else {
                     Err(new_epoch_error())
                 }
             }
-            Some(&(_, last)) if producer.seq <= last => Ok(Some(AppendOutcome::Duplicate {
-                next_offset: self.next_offset,
-                last_seq: last,
-                closed: self.closed,
-            })),
-            Some(&(_, last)) if producer.seq > last.saturating_add(1) => {
+            Some(&Producer { seq: last, .. }) if producer.seq <= last => {
+                Ok(Some(AppendOutcome::Duplicate {
+                    next_offset: self.next_offset,
+                    last_seq: last,
+                    closed: self.closed,
+                }))
+            }
+            Some(&Producer { seq: last, .. }) if producer.seq > last.saturating_add(1) => {
                 Err(EngineError::ProducerSequenceGap {
                     expected: last.saturating_add(1),
                     received: producer.seq,
@@ -561,7 +570,7 @@ mod tests {
                     Step::Append { records, close, match_tail, now } => {
                         let before = state.clone();
                         let match_offset = match_tail.then_some(state.next_offset);
-                        let result = state.apply_append(AppendCommand { records, close, match_offset, producer: None, content_type: None, writer_seq: None }, now);
+                        let result = state.apply_append(AppendCommand { records, close, match_offset, producer: None, content_type: None, writer_seq: None, producer_limits: &ProducerLimits::default() }, now);
                         match result {
                             Ok(AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, .. }) => {
                                 prop_assert!(!before.closed);
@@ -607,6 +616,7 @@ mod tests {
                 producer: producer.as_ref(),
                 content_type: None,
                 writer_seq: None,
+                producer_limits: &ProducerLimits::default(),
             },
             1,
         )
@@ -716,6 +726,7 @@ mod tests {
                     producer: None,
                     content_type: None,
                     writer_seq: None,
+                    producer_limits: &ProducerLimits::default(),
                 },
                 1,
             )
@@ -729,6 +740,7 @@ mod tests {
                     producer: None,
                     content_type: None,
                     writer_seq: None,
+                    producer_limits: &ProducerLimits::default(),
                 },
                 2,
             )
@@ -767,6 +779,7 @@ mod tests {
                     producer: None,
                     content_type: None,
                     writer_seq: None,
+                    producer_limits: &ProducerLimits::default(),
                 },
                 1,
             )

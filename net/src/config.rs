@@ -70,6 +70,10 @@ pub struct ServerConfig {
     pub in_flight_bytes_max: usize,
     /// Per core: bytes of sealed segments not yet uploaded before `429` (`--max-unuploaded-bytes`).
     pub unuploaded_bytes_max: usize,
+    /// Idempotent producers the node keeps over all its streams (`--producers-max`).
+    pub producers_max: usize,
+    /// An idempotent producer idle this long is forgotten (`--producer-idle-expiry-sec`).
+    pub producer_idle_expiry_sec: u64,
     /// Per core: uploaded segments kept in memory for reads (`--block-cache-size`).
     pub segment_cache_bytes: usize,
     /// On SIGINT/SIGTERM, `/ready` fails this long before the process exits.
@@ -127,6 +131,8 @@ impl Default for ServerConfig {
             cors_origin: "*".into(),
             in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
             unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
+            producers_max: pico_engine::limits::PRODUCERS_PER_NODE_DEFAULT,
+            producer_idle_expiry_sec: pico_engine::limits::PRODUCER_IDLE_EXPIRY_SEC_DEFAULT,
             segment_cache_bytes: 64 * 1024 * 1024,
             shutdown_drain_ms: 0,
             gc_interval_ms: 5_000,
@@ -162,6 +168,8 @@ impl ServerConfig {
             (self.segment_max_age_ms, "--segment-max-age-ms"),
             (self.in_flight_bytes_max as u64, "--max-in-flight-bytes"),
             (self.unuploaded_bytes_max as u64, "--max-unuploaded-bytes"),
+            (self.producers_max as u64, "--producers-max"),
+            (self.producer_idle_expiry_sec, "--producer-idle-expiry-sec"),
         ] {
             if value == 0 {
                 return Err(format!("{flag} must be greater than 0"));

@@ -286,11 +286,11 @@ impl Shard {
         } = request;
         if producer
             .as_ref()
-            .is_some_and(|p| p.id.len() > frame::PRODUCER_ID_LEN_MAX)
+            .is_some_and(|p| p.id.len() > limits::PRODUCER_ID_BYTES_MAX)
         {
             return Err(EngineError::Invalid(format!(
                 "producer id longer than {} bytes",
-                frame::PRODUCER_ID_LEN_MAX
+                limits::PRODUCER_ID_BYTES_MAX
             )));
         }
         if writer_seq
@@ -359,6 +359,7 @@ impl Shard {
                 producer: producer.as_ref(),
                 content_type: content_type.as_deref(),
                 writer_seq: writer_seq.as_deref(),
+                producer_limits: &self.config.producers,
             };
             let outcome = stream.state.apply_append(command, now)?;
             self.record_access(stream);

@@ -9,6 +9,7 @@ use pico_meta::Snapshot;
 
 use super::stream::StreamSeed;
 use crate::frame::ProducerTuple;
+use crate::producers::Producer;
 use crate::state::{ForkOrigin, StreamConfig};
 
 /// Each fork's depth (see [`crate::state::ForkOrigin::depth`]), by id. Walks every chain in a
@@ -126,8 +127,19 @@ pub(crate) fn stream_seeds_by_core(
             let seed = &mut per_core[core as usize][index as usize];
             seed.closed |= entry.closed;
             for producer in &entry.producers {
-                let state = seed.producers.entry(producer.id.clone()).or_insert((0, 0));
-                *state = (*state).max((producer.epoch, producer.seq));
+                let state = seed
+                    .producers
+                    .entry(producer.id.clone())
+                    .or_insert(Producer {
+                        epoch: 0,
+                        seq: 0,
+                        active_ms: i64::MIN,
+                    });
+                if (producer.epoch, producer.seq) >= (state.epoch, state.seq) {
+                    state.epoch = producer.epoch;
+                    state.seq = producer.seq;
+                }
+                state.active_ms = state.active_ms.max(entry.last_timestamp_ms);
             }
             if let Some(closer) = &entry.closed_by {
                 seed.closed_by = Some(ProducerTuple {

@@ -20,6 +20,7 @@ use crate::health::WalHealth;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::notify::{LocalBroadcast, LocalNotify};
+use crate::producers::Producers;
 use crate::put_budget::PutBudget;
 use crate::state::StreamState;
 
@@ -294,7 +295,11 @@ impl Shard {
             chunks.shrink_to_fit();
             if !seed.producers.is_empty() || seed.closed_by.is_some() || seed.writer_seq.is_some() {
                 let extras = state.extras_mut();
-                extras.producers = seed.producers;
+                extras.producers = Producers::seeded(
+                    seed.producers,
+                    &self.config().producers,
+                    crate::clock::now_ms(),
+                );
                 extras.closed_by = seed.closed_by;
                 extras.writer_seq = seed.writer_seq;
             }

@@ -58,7 +58,8 @@ pub struct StreamSeed {
     pub start_offset: u64,
     /// The idle clock as last recorded in the metadata log.
     pub last_access_ms: i64,
-    pub producers: BTreeMap<String, (u64, u64)>,
+    /// With the newest timestamp of the last segment each wrote to as its activity.
+    pub producers: BTreeMap<String, crate::producers::Producer>,
     pub closed_by: Option<ProducerTuple>,
     pub fork: Option<ForkOrigin>,
     /// Forks (live or soft-deleted) whose origin is this stream.

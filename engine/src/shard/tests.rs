@@ -751,9 +751,13 @@ fn rarely_set_fields_read_as_defaults_until_set() {
         producer: Some(&producer),
         content_type: None,
         writer_seq: Some("a"),
+        producer_limits: &crate::producers::ProducerLimits::default(),
     };
     state.apply_append(append, 5).expect("first append");
-    assert_eq!(state.extras().producers.get("p"), Some(&(0, 0)));
+    assert_eq!(
+        state.extras().producers.get("p").map(|p| (p.epoch, p.seq)),
+        Some((0, 0))
+    );
     assert_eq!(state.extras().closed_by.as_ref(), Some(&producer));
     assert_eq!(state.extras().writer_seq.as_deref(), Some("a"));
     // A retry of the same request is a duplicate, as before the fields moved.

@@ -33,6 +33,7 @@ pub fn config(dir: &Path, cores: usize) -> EngineConfig {
         gc_interval_ms: 60_000,
         object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
         wal_salvage: false,
+        producers: Default::default(),
     }
 }
 

@@ -71,6 +71,9 @@ impl From<EngineError> for DsError {
             EngineError::UnknownProducer { received } => DsError::new(409, "SEQUENCE_GAP", message)
                 .with(PRODUCER_EXPECTED_SEQ, "0")
                 .with(PRODUCER_RECEIVED_SEQ, received.to_string()),
+            EngineError::TooManyProducers { .. } => {
+                DsError::new(429, "TOO_MANY_PRODUCERS", message)
+            }
             EngineError::OffsetBeyondTail { .. } => DsError::bad_request(message),
             EngineError::OffsetGone { .. } => DsError::new(410, "OFFSET_GONE", message),
             EngineError::Overloaded {

@@ -75,6 +75,9 @@ impl From<EngineError> for ApiError {
                 ],
                 ..ApiError::new(409, "sequence_gap", message)
             },
+            EngineError::TooManyProducers { .. } => {
+                ApiError::new(429, "too_many_producers", message)
+            }
             EngineError::OffsetBeyondTail { .. } => ApiError::bad_request(message),
             EngineError::OffsetGone { start, .. } => ApiError {
                 next_seq: Some(start),

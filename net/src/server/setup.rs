@@ -160,6 +160,11 @@ pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, String> {
         gc_interval_ms: config.gc_interval_ms,
         object_puts_per_second: config.object_puts_per_second,
         wal_salvage: config.wal_salvage,
+        producers: pico_engine::producers::ProducerLimits::new(
+            pico_engine::limits::PRODUCERS_PER_STREAM_DEFAULT,
+            config.producers_max,
+            config.producer_idle_expiry_sec.saturating_mul(1000),
+        ),
     };
     let node_epoch_ms = engine_config.node_epoch_ms;
     let boot = pico_engine::boot(

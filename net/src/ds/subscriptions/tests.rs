@@ -44,6 +44,7 @@ where
         gc_interval_ms: 60_000,
         object_puts_per_second: pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT,
         wal_salvage: false,
+        producers: Default::default(),
     };
     let meta = format!("sqlite:{}", dir.path().join("meta.db").display());
     let storage = format!("-2@file://{}", dir.path().join("objects").display());
