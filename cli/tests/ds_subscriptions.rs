@@ -499,7 +499,10 @@ fn a_tenant_cannot_reach_another_roots_subscriptions() {
         ds(server.addr, method, path, &headers, body.as_bytes())
     };
     let text = |method: &str, path: &str, body: &[u8]| {
-        let headers = [("content-type", "text/plain"), ("authorization", "Bearer tb")];
+        let headers = [
+            ("content-type", "text/plain"),
+            ("authorization", "Bearer tb"),
+        ];
         ds(server.addr, method, path, &headers, body)
     };
     const A: &str = "/v1/stream/a/__ds/subscriptions";
@@ -522,12 +525,27 @@ fn a_tenant_cannot_reach_another_roots_subscriptions() {
         (unknown.status, unknown.json())
     );
     let streams = json!({"streams": ["events/b"]});
-    expect_not_found(&call("POST", &format!("{A}/x/streams"), "ta", Some(streams)));
-    expect_not_found(&call("DELETE", &format!("{A}/x/streams/events%2Fa"), "ta", None));
+    expect_not_found(&call(
+        "POST",
+        &format!("{A}/x/streams"),
+        "ta",
+        Some(streams),
+    ));
+    expect_not_found(&call(
+        "DELETE",
+        &format!("{A}/x/streams/events%2Fa"),
+        "ta",
+        None,
+    ));
     let worker = json!({"worker": "thief"});
     expect_not_found(&call("POST", &format!("{A}/x/claim"), "ta", Some(worker)));
     // Through its own root, the claim is there to take.
-    let claimed = call("POST", &format!("{B}/x/claim"), "tb", Some(json!({"worker": "w"})));
+    let claimed = call(
+        "POST",
+        &format!("{B}/x/claim"),
+        "tb",
+        Some(json!({"worker": "w"})),
+    );
     claimed.expect(200);
     let claimed = claimed.json();
     let token = claimed["token"].as_str().unwrap().to_string();
@@ -537,7 +555,12 @@ fn a_tenant_cannot_reach_another_roots_subscriptions() {
     let ack = json!({"wake_id": claimed["wake_id"], "generation": claimed["generation"],
         "acks": [{"path": "events/a", "offset": tail}], "done": true});
     for action in ["ack", "release", "callback"] {
-        expect_not_found(&call("POST", &format!("{A}/x/{action}"), &token, Some(ack.clone())));
+        expect_not_found(&call(
+            "POST",
+            &format!("{A}/x/{action}"),
+            &token,
+            Some(ack.clone()),
+        ));
     }
     let described = call("GET", &format!("{B}/x"), "tb", None);
     described.expect(200);
@@ -548,8 +571,14 @@ fn a_tenant_cannot_reach_another_roots_subscriptions() {
     // The same id under /a/ is /a/'s own, whatever /b/ configured.
     let other = json!({"type": "pull-wake", "pattern": "other/*", "wake_stream": "wake/a"});
     call("PUT", &format!("{A}/x"), "ta", Some(other)).expect(201);
-    assert_eq!(call("GET", &format!("{A}/x"), "ta", None).json()["pattern"], "other/*");
-    assert_eq!(call("GET", &format!("{B}/x"), "tb", None).json()["pattern"], "events/*");
+    assert_eq!(
+        call("GET", &format!("{A}/x"), "ta", None).json()["pattern"],
+        "other/*"
+    );
+    assert_eq!(
+        call("GET", &format!("{B}/x"), "tb", None).json()["pattern"],
+        "events/*"
+    );
     // And /a/'s token still gets nothing under /b/.
     call("GET", &format!("{B}/x"), "ta", None).expect(403);
     call("POST", &format!("{B}/x/ack"), &token, Some(ack)).expect(200);

@@ -880,7 +880,10 @@ fn requests_pipelined_behind_a_parked_long_poll_are_answered_in_order() {
 /// delivery, how many bytes it got to write after the head. Lives as long as the test process.
 fn hostile_receiver(head: &'static [u8], endless: bool) -> (String, mpsc::Receiver<usize>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
-    let url = format!("http://127.0.0.1:{}/hook", listener.local_addr().unwrap().port());
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        listener.local_addr().unwrap().port()
+    );
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
@@ -938,22 +941,33 @@ fn subscribe_and_write(server: &Server, id: &str, url: &str) {
         "webhook": {"url": url}, "lease_ttl_ms": 60_000});
     let json = [("content-type", "application/json")];
     let path = format!("/v1/stream/__ds/subscriptions/{id}");
-    common::ds(server.addr, "PUT", &path, &json, spec.to_string().as_bytes()).expect(201);
+    common::ds(
+        server.addr,
+        "PUT",
+        &path,
+        &json,
+        spec.to_string().as_bytes(),
+    )
+    .expect(201);
     common::ds(server.addr, "POST", "/v1/stream/events/a", &text, b"wake").expect(204);
 }
 
 /// Waits (20 s at most) for subscription `id` to say its deliveries fail.
 fn wait_failed(server: &Server, id: &str) {
-    common::wait_for("the subscription's failed status", Duration::from_secs(20), || {
-        let got = common::ds(
-            server.addr,
-            "GET",
-            &format!("/v1/stream/__ds/subscriptions/{id}"),
-            &[],
-            b"",
-        );
-        (got.status == 200 && got.json()["status"] == "failed").then_some(())
-    });
+    common::wait_for(
+        "the subscription's failed status",
+        Duration::from_secs(20),
+        || {
+            let got = common::ds(
+                server.addr,
+                "GET",
+                &format!("/v1/stream/__ds/subscriptions/{id}"),
+                &[],
+                b"",
+            );
+            (got.status == 200 && got.json()["status"] == "failed").then_some(())
+        },
+    );
 }
 
 /// Issue 36 item 1: a receiver answering with chunk size 2^64-1 overflowed the delivery
@@ -972,7 +986,10 @@ fn a_webhook_receiver_answering_chunk_size_2_64_neither_kills_nor_crash_loops_th
         .recv_timeout(Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("no delivery ({e}); log:\n{}", server.log()));
     wait_failed(&server, "hostile");
-    assert_serves(&mut server, "after a chunk size of 2^64-1 from a webhook receiver");
+    assert_serves(
+        &mut server,
+        "after a chunk size of 2^64-1 from a webhook receiver",
+    );
     assert!(
         server.log().contains("delivery 1 failed"),
         "{}",
@@ -983,7 +1000,12 @@ fn a_webhook_receiver_answering_chunk_size_2_64_neither_kills_nor_crash_loops_th
     server.restart();
     deliveries
         .recv_timeout(Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("no delivery after the restart ({e}); log:\n{}", server.log()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "no delivery after the restart ({e}); log:\n{}",
+                server.log()
+            )
+        });
     // The old node was gone within a second of the answer.
     std::thread::sleep(Duration::from_secs(1));
     assert_serves(&mut server, "after the restart and a second hostile answer");

@@ -53,10 +53,10 @@ pub fn install_hook() {
     }));
 }
 
-/// Runs `f`, with a panic in it caught (`Err`) rather than ending the process.
-pub fn catch_unwind<R>(f: impl FnOnce() -> R) -> Result<R, ()> {
+/// Runs `f`, with a panic in it caught (`None`) rather than ending the process.
+pub fn catch_unwind<R>(f: impl FnOnce() -> R) -> Option<R> {
     CATCHING.with(|c| c.set(c.get() + 1));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|_| ());
+    let result = std::panic::catch_unwind(AssertUnwindSafe(f)).ok();
     CATCHING.with(|c| c.set(c.get() - 1));
     result
 }

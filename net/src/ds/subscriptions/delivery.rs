@@ -151,7 +151,7 @@ fn work(shared: &Arc<Shared>) {
     while let Some(job) = shared.deliveries.take() {
         let deliver = shared.deliveries.deliver;
         let outcome = crate::panics::catch_unwind(|| deliver(shared, &job, &mut tls))
-            .unwrap_or_else(|()| {
+            .unwrap_or_else(|| {
                 DELIVERY_PANICS.fetch_add(1, Ordering::Relaxed);
                 Outcome::Failed(format!("{}: the delivery panicked", job.url))
             });
@@ -595,7 +595,10 @@ mod tests {
         }
     }
 
-    fn counted_exchange(url: &WebhookUrl) -> (Result<(u16, Vec<u8>), String>, u64, Duration) {
+    /// The exchange's result, the bytes it read and how long it took.
+    type Counted = (Result<(u16, Vec<u8>), String>, u64, Duration);
+
+    fn counted_exchange(url: &WebhookUrl) -> Counted {
         let read = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let tcp = connect(url, true, started + WEBHOOK_DEADLINE).unwrap();
