@@ -107,7 +107,8 @@ pub const CREATE_SCAN_STREAMS_MAX: usize = 100_000;
 /// `401`.
 pub const TOKEN_BYTES_MAX: usize = 1024;
 
-// Webhook deliveries (outgoing, so a slow or hostile receiver cannot hold the delivery thread).
+// Webhook deliveries (outgoing, so a slow or hostile receiver cannot hold the delivery threads;
+// docs/security.md, "Outbound").
 
 /// Failed POSTs of one wake before it is given up (the subscription is then `failed` until a
 /// delivery succeeds; the next write to a pending stream starts a new wake).

@@ -15,7 +15,7 @@
 //! stream's link, a wake's generation, a delivery's failed status) is written by the sweeper
 //! within `SWEEP_INTERVAL`, so the write path never waits for a disk; a crash may lose that
 //! much, which costs at most a duplicate wake, never an ack. A synchronous `done` reply to a
-//! webhook acks too; the delivery thread writes it at once.
+//! webhook acks too; the delivery thread that got it writes it at once.
 //!
 //! Not persisted: wakes, i.e. leases, claims and in-flight or retried deliveries. They are lost
 //! in a restart as if their leases had run out: tokens of those wakes are then `FENCED`, and
