@@ -256,6 +256,10 @@ pub struct ServeArgs {
     #[argh(switch)]
     pub insecure_allow_remote: bool,
 
+    /// let Durable Streams webhooks go to loopback hosts (localhost, 127.0.0.0/8, ::1) although the node listens beyond loopback; without it they may only when every protocol listener is loopback [env: PICO_WEBHOOK_ALLOW_LOOPBACK]
+    #[argh(switch)]
+    pub webhook_allow_loopback: bool,
+
     /// start past a damaged WAL file: keep what reads in order, close each stream that lost records at its first lost offset, move the file to <wal-dir>/damaged/ with a report (without it the node refuses to start) [env: PICO_WAL_SALVAGE]
     #[argh(switch)]
     pub wal_salvage: bool,

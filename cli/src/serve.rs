@@ -167,6 +167,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         auth_required: args.auth,
         auth_tokens: args.auth_tokens.clone(),
         insecure_allow_remote: args.insecure_allow_remote,
+        webhook_allow_loopback: args.webhook_allow_loopback,
         wal_salvage: args.wal_salvage,
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
@@ -380,8 +381,10 @@ mod tests {
             "8",
             "--wal-dir",
             "/tmp/w",
+            "--webhook-allow-loopback",
         ]);
         let config = server_config(&args, Protocol::DurableStreams).unwrap();
+        assert!(config.webhook_allow_loopback);
         assert_eq!(config.listen, "0.0.0.0:1");
         assert_eq!(config.admin_listen, None);
         assert_eq!(config.protocol, pico_net::Protocol::DurableStreams);

@@ -466,3 +466,120 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
     claim.expect(200);
     assert_eq!(claim.json()["streams"][0]["tail_offset"], tail.as_str());
 }
+
+/// Issue 36 item 3: subscription ids were node-wide and the admin grant was checked only on the
+/// request's own root, so a token with admin on `/a/` could describe, claim, ack, relink and
+/// delete `/b/`'s subscriptions through `/a/__ds/subscriptions/<id>`, and probe which ids
+/// exist. A subscription belongs to its root now: through another root every verb answers
+/// `404` exactly as for an id nobody uses (`DELETE`: `204`, as for any unknown id), and the
+/// same id under `/a/` is `/a/`'s own.
+fn expect_not_found(got: &Resp) {
+    got.expect(404);
+    assert_eq!(
+        got.json()["error"]["code"],
+        "SUBSCRIPTION_NOT_FOUND",
+        "{}",
+        got.describe()
+    );
+}
+
+#[test]
+fn a_tenant_cannot_reach_another_roots_subscriptions() {
+    let (server, _tokens) = common::start_with_tokens(
+        "ta /v1/stream/a/ read,append,admin\ntb /v1/stream/b/ read,append,admin\n",
+        &["--protocol", "ds"],
+    );
+    let call = |method: &str, path: &str, token: &str, body: Option<Value>| {
+        let auth = format!("Bearer {token}");
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", auth.as_str()),
+        ];
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        ds(server.addr, method, path, &headers, body.as_bytes())
+    };
+    let text = |method: &str, path: &str, body: &[u8]| {
+        let headers = [
+            ("content-type", "text/plain"),
+            ("authorization", "Bearer tb"),
+        ];
+        ds(server.addr, method, path, &headers, body)
+    };
+    const A: &str = "/v1/stream/a/__ds/subscriptions";
+    const B: &str = "/v1/stream/b/__ds/subscriptions";
+    text("PUT", "/v1/stream/b/events/a", b"").expect(201);
+    let spec = json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "wake/pool",
+        "lease_ttl_ms": 60_000});
+    call("PUT", &format!("{B}/x"), "tb", Some(spec.clone())).expect(201);
+    text("POST", "/v1/stream/b/events/a", b"one").expect(204);
+    let described = call("GET", &format!("{B}/x"), "tb", None);
+    described.expect(200);
+    let acked = described.json()["streams"][0]["acked_offset"].clone();
+
+    // A foreign id answers as an unknown one does, body and all.
+    let unknown = call("GET", &format!("{A}/nobody"), "ta", None);
+    let foreign = call("GET", &format!("{A}/x"), "ta", None);
+    expect_not_found(&foreign);
+    assert_eq!(
+        (foreign.status, foreign.json()),
+        (unknown.status, unknown.json())
+    );
+    let streams = json!({"streams": ["events/b"]});
+    expect_not_found(&call(
+        "POST",
+        &format!("{A}/x/streams"),
+        "ta",
+        Some(streams),
+    ));
+    expect_not_found(&call(
+        "DELETE",
+        &format!("{A}/x/streams/events%2Fa"),
+        "ta",
+        None,
+    ));
+    let worker = json!({"worker": "thief"});
+    expect_not_found(&call("POST", &format!("{A}/x/claim"), "ta", Some(worker)));
+    // Through its own root, the claim is there to take.
+    let claimed = call(
+        "POST",
+        &format!("{B}/x/claim"),
+        "tb",
+        Some(json!({"worker": "w"})),
+    );
+    claimed.expect(200);
+    let claimed = claimed.json();
+    let token = claimed["token"].as_str().unwrap().to_string();
+    let tail = claimed["streams"][0]["tail_offset"].clone();
+    // Even the lease's own token reaches it only through its root: no ack moves /b/'s cursor
+    // from /a/.
+    let ack = json!({"wake_id": claimed["wake_id"], "generation": claimed["generation"],
+        "acks": [{"path": "events/a", "offset": tail}], "done": true});
+    for action in ["ack", "release", "callback"] {
+        expect_not_found(&call(
+            "POST",
+            &format!("{A}/x/{action}"),
+            &token,
+            Some(ack.clone()),
+        ));
+    }
+    let described = call("GET", &format!("{B}/x"), "tb", None);
+    described.expect(200);
+    assert_eq!(described.json()["streams"][0]["acked_offset"], acked);
+    // Deleting an unknown id is 204 whoever asks; /b/'s subscription stays.
+    call("DELETE", &format!("{A}/x"), "ta", None).expect(204);
+    call("GET", &format!("{B}/x"), "tb", None).expect(200);
+    // The same id under /a/ is /a/'s own, whatever /b/ configured.
+    let other = json!({"type": "pull-wake", "pattern": "other/*", "wake_stream": "wake/a"});
+    call("PUT", &format!("{A}/x"), "ta", Some(other)).expect(201);
+    assert_eq!(
+        call("GET", &format!("{A}/x"), "ta", None).json()["pattern"],
+        "other/*"
+    );
+    assert_eq!(
+        call("GET", &format!("{B}/x"), "tb", None).json()["pattern"],
+        "events/*"
+    );
+    // And /a/'s token still gets nothing under /b/.
+    call("GET", &format!("{B}/x"), "ta", None).expect(403);
+    call("POST", &format!("{B}/x/ack"), &token, Some(ack)).expect(200);
+}

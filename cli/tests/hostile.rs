@@ -1,13 +1,15 @@
 //! A hostile client against a real `pico serve` over real sockets: requests built to crash,
 //! hang, bloat or open a node (docs/security.md). After each attack the node must still
 //! serve every core: [`assert_serves`] opens more connections than there are cores (the
-//! kernel spreads them over the cores' listeners) and checks each is answered.
+//! kernel spreads them over the cores' listeners) and checks each is answered. The last tests
+//! turn it round: a hostile webhook receiver answering the node's own deliveries.
 
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use common::{Conn, Resp, Server};
 
@@ -871,4 +873,176 @@ fn requests_pipelined_behind_a_parked_long_poll_are_answered_in_order() {
     let read = conn.read_response(false).unwrap();
     read.expect(200);
     assert_eq!(read.body, b"firstsecond");
+}
+
+/// A webhook receiver on loopback that reads each delivery and answers `head`; with `endless`,
+/// then 8 KiB blocks for as long as the node reads them (at most 256 MiB or 60 s). Sends, per
+/// delivery, how many bytes it got to write after the head. Lives as long as the test process.
+fn hostile_receiver(head: &'static [u8], endless: bool) -> (String, mpsc::Receiver<usize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        listener.local_addr().unwrap().port()
+    );
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+            // The request: its head, then as many bytes as its Content-Length says.
+            let mut data = Vec::new();
+            let mut chunk = [0u8; 8192];
+            while data.len() < 1 << 20 {
+                let text = String::from_utf8_lossy(&data);
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        break;
+                    }
+                }
+                match conn.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => data.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let mut sent = 0;
+            if conn.write_all(head).is_ok() && endless {
+                let block = [b'x'; 8192];
+                let until = Instant::now() + Duration::from_secs(60);
+                while sent < 256 << 20 && Instant::now() < until {
+                    match conn.write(&block) {
+                        Ok(n) => sent += n,
+                        Err(_) => break,
+                    }
+                }
+            }
+            if tx.send(sent).is_err() {
+                return;
+            }
+        }
+    });
+    (url, rx)
+}
+
+/// A webhook subscription `id` on `/v1/stream/events/*` of a `--protocol ds` node, delivering
+/// to `url`, and a first write to `events/a` that wakes it.
+fn subscribe_and_write(server: &Server, id: &str, url: &str) {
+    let text = [("content-type", "text/plain")];
+    common::ds(server.addr, "PUT", "/v1/stream/events/a", &text, b"").expect(201);
+    let spec = serde_json::json!({"type": "webhook", "pattern": "events/*",
+        "webhook": {"url": url}, "lease_ttl_ms": 60_000});
+    let json = [("content-type", "application/json")];
+    let path = format!("/v1/stream/__ds/subscriptions/{id}");
+    common::ds(
+        server.addr,
+        "PUT",
+        &path,
+        &json,
+        spec.to_string().as_bytes(),
+    )
+    .expect(201);
+    common::ds(server.addr, "POST", "/v1/stream/events/a", &text, b"wake").expect(204);
+}
+
+/// Waits (20 s at most) for subscription `id` to say its deliveries fail.
+fn wait_failed(server: &Server, id: &str) {
+    common::wait_for(
+        "the subscription's failed status",
+        Duration::from_secs(20),
+        || {
+            let got = common::ds(
+                server.addr,
+                "GET",
+                &format!("/v1/stream/__ds/subscriptions/{id}"),
+                &[],
+                b"",
+            );
+            (got.status == 200 && got.json()["status"] == "failed").then_some(())
+        },
+    );
+}
+
+/// Issue 36 item 1: a receiver answering with chunk size 2^64-1 overflowed the delivery
+/// thread's chunk arithmetic; the panic ended the node (status 101), and since the pending wake
+/// survived, every restart delivered it again and died within a second. Now the delivery fails
+/// (and is retried with back-off) and the node serves on, before and after a restart.
+#[test]
+fn a_webhook_receiver_answering_chunk_size_2_64_neither_kills_nor_crash_loops_the_node() {
+    let mut server = Server::start(&["--protocol", "ds"]);
+    let (url, deliveries) = hostile_receiver(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n{}",
+        false,
+    );
+    subscribe_and_write(&server, "hostile", &url);
+    deliveries
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("no delivery ({e}); log:\n{}", server.log()));
+    wait_failed(&server, "hostile");
+    assert_serves(
+        &mut server,
+        "after a chunk size of 2^64-1 from a webhook receiver",
+    );
+    assert!(
+        server.log().contains("delivery 1 failed"),
+        "{}",
+        server.log()
+    );
+
+    // The wake was pending when the node stopped: the restarted node delivers it again.
+    server.restart();
+    deliveries
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| {
+            panic!(
+                "no delivery after the restart ({e}); log:\n{}",
+                server.log()
+            )
+        });
+    // The old node was gone within a second of the answer.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_serves(&mut server, "after the restart and a second hostile answer");
+    wait_failed(&server, "hostile");
+}
+
+/// Issue 36 item 2: a chunk declared 7fffffffffffffff, then bytes as fast as the node read
+/// them, grew the node from 16 MB to 2.6 GB in 10 s. Now the node reads a bounded answer
+/// (WEBHOOK_RESPONSE_BYTES_MAX, 336 KiB), fails the delivery and closes the connection.
+#[test]
+fn a_webhook_receiver_streaming_without_end_is_read_only_up_to_the_cap() {
+    let mut server = Server::start(&["--protocol", "ds"]);
+    let before = rss_bytes(&server, "VmRSS:");
+    let (url, deliveries) = hostile_receiver(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7fffffffffffffff\r\n",
+        true,
+    );
+    let started = Instant::now();
+    subscribe_and_write(&server, "endless", &url);
+    let sent = deliveries
+        .recv_timeout(Duration::from_secs(70))
+        .unwrap_or_else(|e| panic!("no delivery ({e}); log:\n{}", server.log()));
+    let took = started.elapsed();
+    wait_failed(&server, "endless");
+    let after = rss_bytes(&server, "VmHWM:");
+    eprintln!(
+        "endless webhook answer: {sent} bytes written before the node closed, in {took:?}; RSS {} MiB before, peak {} MiB",
+        before >> 20,
+        after >> 20
+    );
+    // What the receiver wrote is the node's read cap plus what the sockets' kernel buffers
+    // hold, far below the 256 MiB it would write to a node that read on.
+    assert!(sent < 32 << 20, "{sent} bytes written");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(
+        after < before + (64 << 20),
+        "RSS {before} before, peak {after}"
+    );
+    assert_serves(&mut server, "after an endless webhook answer");
 }

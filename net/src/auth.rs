@@ -157,6 +157,22 @@ impl TokenTable {
     }
 }
 
+impl TokenTable {
+    /// The shortest prefix of `token`'s grants of `permission` that covers `name`: the scope a
+    /// request it allows counts against (per-tenant limits). `None` when none covers it.
+    pub fn scope(&self, token: &[u8], permission: Permission, name: &str) -> Option<&str> {
+        self.grants
+            .iter()
+            .filter(|grant| {
+                constant_time_eq(&grant.token, token)
+                    && grant.permissions & permission.bit() != 0
+                    && name.starts_with(&grant.prefix)
+            })
+            .map(|grant| grant.prefix.as_str())
+            .min_by_key(|prefix| prefix.len())
+    }
+}
+
 /// Equal-length comparison that does not stop at the first difference.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -241,6 +257,14 @@ impl CoreTokens {
             self.seen.set(generation);
         }
         self.table.borrow().check(token, permission, name)
+    }
+
+    /// [`TokenTable::scope`] of the table as of the last [`CoreTokens::check`].
+    pub fn scope(&self, token: &[u8], permission: Permission, name: &str) -> Option<String> {
+        self.table
+            .borrow()
+            .scope(token, permission, name)
+            .map(str::to_string)
     }
 }
 

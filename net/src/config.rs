@@ -88,6 +88,9 @@ pub struct ServerConfig {
     pub auth_tokens: Option<PathBuf>,
     /// Allow a non-loopback listener without auth.
     pub insecure_allow_remote: bool,
+    /// `--webhook-allow-loopback`: webhooks may go to loopback hosts even though the node
+    /// listens beyond loopback (they always may when every protocol listener is loopback).
+    pub webhook_allow_loopback: bool,
     /// `--wal-salvage` (`pico_engine::EngineConfig::wal_salvage`).
     pub wal_salvage: bool,
     /// PEM certificate chain and private key: serve HTTPS (ALPN h2, http/1.1) on every listener.
@@ -140,6 +143,7 @@ impl Default for ServerConfig {
             auth_required: false,
             auth_tokens: None,
             insecure_allow_remote: false,
+            webhook_allow_loopback: false,
             wal_salvage: false,
             tls_cert: None,
             tls_key: None,

@@ -68,8 +68,12 @@ pub const H2_HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
 // Durable Streams subscriptions (docs/api.md lists the error bodies; each refusal below is a
 // `400` naming the limit unless it says otherwise).
 
-/// Subscriptions per node; one more is `409 LIMIT_EXCEEDED`.
+/// Subscriptions per node; one more is `429 LIMIT_EXCEEDED`.
 pub const SUBSCRIPTIONS_PER_NODE_MAX: usize = 1024;
+/// Subscriptions under one scope: the prefix of the admin grant that allows the request (with
+/// auth), else the request's root. One tenant so takes at most a quarter of the node; one more
+/// is `429 LIMIT_EXCEEDED`.
+pub const SUBSCRIPTIONS_PER_SCOPE_MAX: usize = 256;
 /// Linked streams per subscription (explicit and pattern-matched together); also bounds the
 /// size of a wake notification, which lists them all. Past it an explicit link is refused;
 /// pattern matches past it are not linked (logged once).
@@ -103,22 +107,27 @@ pub const CREATE_SCAN_STREAMS_MAX: usize = 100_000;
 /// `401`.
 pub const TOKEN_BYTES_MAX: usize = 1024;
 
-// Webhook deliveries (outgoing, so a slow or hostile receiver cannot hold the delivery thread).
+// Webhook deliveries (outgoing, so a slow or hostile receiver cannot hold the delivery threads;
+// docs/security.md, "Outbound").
 
 /// Failed POSTs of one wake before it is given up (the subscription is then `failed` until a
 /// delivery succeeds; the next write to a pending stream starts a new wake).
 pub const DELIVERY_ATTEMPTS_MAX: u32 = 8;
-/// Deliveries waiting for the thread; past it a delivery counts as failed and is retried.
+/// Subscriptions with a delivery waiting for a thread (each has at most one waiting); past it a
+/// delivery counts as failed and is retried.
 pub const QUEUED_DELIVERIES_MAX: usize = 1024;
-/// Connecting to a webhook receiver.
+/// Threads delivering webhooks. A subscription has at most one delivery in flight, so one slow
+/// receiver holds at most one of them; the others serve the other subscriptions in turn.
+pub const WEBHOOK_DELIVERY_THREADS: usize = 4;
+/// Connecting to a webhook receiver (within [`WEBHOOK_DEADLINE`]).
 pub const WEBHOOK_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Per read or write of a delivery.
-pub const WEBHOOK_IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// The whole exchange, so a receiver dribbling bytes cannot hold the thread.
-pub const WEBHOOK_DEADLINE: Duration = Duration::from_secs(10);
-/// Response head kept of a delivery; a longer head fails the delivery.
+/// One whole delivery: connect, TLS handshake, request and answer (name resolution aside), so
+/// a receiver dribbling bytes cannot hold a thread longer.
+pub const WEBHOOK_DEADLINE: Duration = Duration::from_secs(5);
+/// Longest answer head (interim answers included) of a delivery; longer fails the delivery.
 pub const WEBHOOK_RESPONSE_HEAD_BYTES_MAX: usize = 16 * 1024;
-/// Response body kept of a delivery; only `{"done":true}` is looked for in it.
+/// Longest answer body of a delivery (only `{"done":true}` is looked for in it); longer, by
+/// `Content-Length`, chunk sizes or bytes sent, fails the delivery as soon as it shows.
 pub const WEBHOOK_RESPONSE_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// The limits every connection of a listener is served with.

@@ -5,6 +5,8 @@
 //! - A panic while a connection (or one HTTP/2 request) is being served is caught by
 //!   [`CatchPanic`]: that connection or request ends, the panic is logged once and counted in
 //!   `pico_connection_panics_total`, and the core keeps serving everyone else.
+//! - A panic in one webhook delivery is caught by [`catch_unwind`]: that delivery fails (and is
+//!   retried like any failed one), and the delivery thread goes on with the next.
 //! - A panic anywhere else (an engine task, the upload thread, start-up) ends the process at
 //!   once with a clear line on stderr, so a supervisor restarts the node instead of leaving a
 //!   dead core behind a live socket. [`install_hook`] sets this up for `pico serve`.
@@ -24,7 +26,8 @@ pub static CONNECTION_PANICS: AtomicU64 = AtomicU64::new(0);
 pub const PANIC_EXIT_STATUS: i32 = 101;
 
 thread_local! {
-    /// How many [`CatchPanic`] polls are on this thread's stack: a panic with none is fatal.
+    /// How many [`CatchPanic`] polls or [`catch_unwind`] calls are on this thread's stack: a
+    /// panic with none is fatal.
     static CATCHING: Cell<u32> = const { Cell::new(0) };
 }
 
@@ -36,7 +39,7 @@ pub fn install_hook() {
         let caught = CATCHING.try_with(Cell::get).unwrap_or(0) > 0;
         if caught {
             log::error!(
-                "panic while serving a connection (it was closed; the core serves on): {info}"
+                "panic caught (the connection, request or delivery it was in ended; the node serves on): {info}"
             );
             return;
         }
@@ -48,6 +51,14 @@ pub fn install_hook() {
         );
         std::process::exit(PANIC_EXIT_STATUS);
     }));
+}
+
+/// Runs `f`, with a panic in it caught (`None`) rather than ending the process.
+pub fn catch_unwind<R>(f: impl FnOnce() -> R) -> Option<R> {
+    CATCHING.with(|c| c.set(c.get() + 1));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(f)).ok();
+    CATCHING.with(|c| c.set(c.get() - 1));
+    result
 }
 
 /// `future`, with a panic in any of its polls caught: it then completes with `Err(())`, and

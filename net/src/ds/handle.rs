@@ -34,10 +34,16 @@ pub async fn handle(
             let root = &request.path[..at + 1];
             let rest = &request.path[at + "/__ds/".len()..];
             let base_url = base_url(settings, &request);
+            // What a subscription created here counts against: the admin grant that allows the
+            // request (the tenant), or the root without auth.
+            let scope = auth
+                .zip(bearer(request.header("authorization")))
+                .and_then(|(auth, token)| auth.scope(token, Permission::Admin, &request.path))
+                .unwrap_or_else(|| root.to_string());
             let response = Box::pin(
                 settings
                     .subscriptions
-                    .handle(core, &base_url, root, rest, &request),
+                    .handle(core, &base_url, root, &scope, rest, &request),
             )
             .await;
             return with_common(response, &settings.cors_origin);

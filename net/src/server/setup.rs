@@ -227,7 +227,37 @@ pub(super) fn log_startup(
 /// One registry per node: both protocols' writes wake the same subscriptions. Its state
 /// file is node-local like the WAL, and the WAL directory is already locked to this node.
 /// `--durability memory` keeps nothing across a crash, subscriptions included.
+/// Loopback webhooks are allowed when every protocol listener is loopback (local development,
+/// tests) or with `--webhook-allow-loopback`; otherwise a subscription creator could make the
+/// node POST to its own or its neighbours' local ports.
 pub(super) fn open_subscriptions(config: &ServerConfig) -> Result<Arc<Subscriptions>, String> {
+    let subscriptions = open_subscription_state(config)?;
+    let allowed = webhook_loopback_allowed(config)?;
+    subscriptions.set_webhook_loopback(allowed);
+    if !allowed {
+        log::info!(
+            "subscriptions: webhooks to loopback hosts are off (the node listens beyond loopback; --webhook-allow-loopback turns them on)"
+        );
+    }
+    Ok(subscriptions)
+}
+
+/// Whether webhooks may go to loopback hosts on a node of `config` (see `open_subscriptions`).
+pub(super) fn webhook_loopback_allowed(config: &ServerConfig) -> Result<bool, String> {
+    if config.webhook_allow_loopback {
+        return Ok(true);
+    }
+    let mut listeners = vec![config.listen.as_str()];
+    listeners.extend(config.ds_listen.as_deref());
+    for addr in listeners {
+        if !is_loopback(addr)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn open_subscription_state(config: &ServerConfig) -> Result<Arc<Subscriptions>, String> {
     Ok(Arc::new(if config.durability == Durability::Memory {
         log::info!("subscriptions: in memory (--durability memory)");
         Subscriptions::new()
@@ -305,5 +335,31 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         storage: config.storage.clone(),
         meta_url: pico_engine::displayed_meta_url(&config.meta_url),
         wal_salvaged: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 36 item 10: loopback webhooks are on for a node that only listens on loopback,
+    /// off for one that listens beyond it, unless `--webhook-allow-loopback` (no socket is
+    /// bound: the addresses are only resolved).
+    #[test]
+    fn loopback_webhooks_follow_the_listeners_and_the_flag() {
+        let config = |listen: &str, ds_listen: Option<&str>, flag: bool| ServerConfig {
+            listen: listen.into(),
+            ds_listen: ds_listen.map(str::to_string),
+            webhook_allow_loopback: flag,
+            ..ServerConfig::default()
+        };
+        let allowed = |c: ServerConfig| webhook_loopback_allowed(&c).unwrap();
+        assert!(allowed(ServerConfig::default()));
+        assert!(allowed(config("127.0.0.1:0", Some("[::1]:0"), false)));
+        assert!(allowed(config("localhost:0", None, false)));
+        assert!(!allowed(config("0.0.0.0:4437", None, false)));
+        assert!(!allowed(config("127.0.0.1:0", Some("0.0.0.0:4438"), false)));
+        assert!(!allowed(config("[::]:4437", None, false)));
+        assert!(allowed(config("0.0.0.0:4437", None, true)));
     }
 }

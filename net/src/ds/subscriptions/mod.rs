@@ -15,7 +15,7 @@
 //! stream's link, a wake's generation, a delivery's failed status) is written by the sweeper
 //! within `SWEEP_INTERVAL`, so the write path never waits for a disk; a crash may lose that
 //! much, which costs at most a duplicate wake, never an ack. A synchronous `done` reply to a
-//! webhook acks too; the delivery thread writes it at once.
+//! webhook acks too; the delivery thread that got it writes it at once.
 //!
 //! Not persisted: wakes, i.e. leases, claims and in-flight or retried deliveries. They are lost
 //! in a restart as if their leases had run out: tokens of those wakes are then `FENCED`, and
@@ -24,18 +24,27 @@
 //!
 //! Timers (lease expiry, delivery retries, the lagging writes) run in one sweeper task on the
 //! core that created the first subscription (or, after a restart, the first core to start); it
-//! stops when none is left. Webhook POSTs run on the `pico-webhooks` thread (see `delivery`).
+//! stops when none is left. Webhook POSTs run on the `pico-webhooks-*` threads (see `delivery`).
+//!
+//! Tenancy: a subscription belongs to the root it was created under (`{root}__ds/…`). The
+//! registry keys it by `root + id`, so the same id under two roots names two subscriptions, and
+//! a request reaches only the subscriptions of its own root: one of another root answers `404`
+//! like an unknown id. Creating one counts against the node
+//! ([`SUBSCRIPTIONS_PER_NODE_MAX`](crate::limits::SUBSCRIPTIONS_PER_NODE_MAX)) and against the
+//! scope of the request ([`SUBSCRIPTIONS_PER_SCOPE_MAX`](crate::limits::SUBSCRIPTIONS_PER_SCOPE_MAX)):
+//! the prefix of the admin grant that allowed it, or the root without auth.
 //!
 //! Files: this one holds the node's `Subscriptions`, wakes them after writes and runs the
 //! sweeper; `routes.rs` answers the control API; `registry/` is the state machine,
-//! `shared.rs` what the cores and the delivery thread share, `store.rs` the state file,
-//! `delivery.rs` the webhook thread.
+//! `shared.rs` what the cores and the delivery threads share, `store.rs` the state file,
+//! `delivery.rs` the webhook threads, `response.rs` the parser of receivers' answers.
 
 mod delivery;
 mod glob;
 mod keys;
 mod percent;
 mod registry;
+mod response;
 mod routes;
 mod shared;
 mod store;
@@ -43,7 +52,6 @@ mod store;
 mod tests;
 mod webhook_url;
 
-use pico_proto::header::*;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -51,12 +59,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use crossbeam_channel::{Sender, TrySendError};
 use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput};
 
-use crate::limits::QUEUED_DELIVERIES_MAX;
+use delivery::Queue;
 use keys::{SigningKey, TokenKey};
-use registry::{ApiError, Clock, Effect, Job, Outcome, Registry, ZERO_OFFSET};
+use registry::{ApiError, Clock, Effect, Job, Registry, ZERO_OFFSET};
 use shared::Shared;
 use store::Store;
 
@@ -66,7 +73,13 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// The node's subscriptions; one per node, shared by all cores.
 pub struct Subscriptions {
     shared: Arc<Shared>,
-    deliveries: Sender<Job>,
+}
+
+impl Drop for Subscriptions {
+    /// Ends the delivery threads once their current deliveries are over.
+    fn drop(&mut self) {
+        self.shared.deliveries.close();
+    }
 }
 
 impl Default for Subscriptions {
@@ -134,25 +147,43 @@ impl Subscriptions {
         Ok(Subscriptions::start(signing, registry, Some(store)))
     }
 
-    /// Starts the `pico-webhooks` delivery thread (it ends when this value is dropped).
+    /// The delivery threads start with the first delivery and end when this value is dropped.
     fn start(signing: SigningKey, registry: Registry, store: Option<Store>) -> Subscriptions {
+        Subscriptions::start_with(signing, registry, store, delivery::deliver)
+    }
+
+    fn start_with(
+        signing: SigningKey,
+        registry: Registry,
+        store: Option<Store>,
+        deliver: delivery::DeliverFn,
+    ) -> Subscriptions {
         let shared = Arc::new(Shared {
             active: AtomicUsize::new(registry.len()),
             registry: RwLock::new(registry),
             signing,
             sweeper_running: AtomicBool::new(false),
             store,
+            deliveries: Queue::new(deliver),
+            webhook_loopback: AtomicBool::new(true),
         });
-        let (deliveries, jobs) = crossbeam_channel::bounded(QUEUED_DELIVERIES_MAX);
-        let thread_shared = shared.clone();
-        if let Err(e) = std::thread::Builder::new()
-            .name(PICO_WEBHOOKS.into())
-            .spawn(move || delivery::run(thread_shared, jobs))
-        {
-            // Deliveries then fail (and are retried, then given up) instead of the node failing.
-            log::error!("cannot start the webhook delivery thread: {e}");
-        }
-        Subscriptions { shared, deliveries }
+        Subscriptions { shared }
+    }
+
+    /// In memory, with `deliver` doing each delivery (tests of the delivery threads).
+    #[cfg(test)]
+    fn with_delivery(deliver: delivery::DeliverFn) -> Subscriptions {
+        let (signing, tokens) = generate_keys();
+        Subscriptions::start_with(signing, Registry::new(tokens), None, deliver)
+    }
+
+    /// Whether webhooks may go to loopback hosts (`localhost`, 127.0.0.0/8, `::1`): checked when
+    /// a subscription is created and again at every delivery. On unless turned off; the server
+    /// turns it off when it listens beyond loopback without `--webhook-allow-loopback`.
+    pub fn set_webhook_loopback(&self, allowed: bool) {
+        self.shared
+            .webhook_loopback
+            .store(allowed, Ordering::Relaxed);
     }
 
     /// The number of subscriptions.
@@ -240,19 +271,7 @@ impl Subscriptions {
     }
 
     fn enqueue(&self, job: Job) {
-        if let Err(e) = self.deliveries.try_send(job) {
-            let (reason, job) = match e {
-                TrySendError::Full(job) => ("the delivery queue is full", job),
-                TrySendError::Disconnected(job) => ("the delivery thread is not running", job),
-            };
-            // Counts as a failed attempt: the sweeper retries it after the backoff.
-            let effects = self.shared.write().delivery_result(
-                &job,
-                Outcome::Failed(reason.into()),
-                Clock::now(),
-            );
-            debug_assert!(effects.is_empty());
-        }
+        delivery::enqueue(&self.shared, job);
     }
 
     /// Appends a pull-wake event (one JSON message) to the wake stream, then reports the write

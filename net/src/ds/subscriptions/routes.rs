@@ -1,6 +1,10 @@
 //! The control API under `{root}__ds/`: the JWKS, creating, describing and deleting
 //! subscriptions, linking streams, and the webhook callback, ack, claim and release calls.
 //! Each request changes the registry, then waits until the state file has the change.
+//!
+//! A request names a subscription by its root and id (`registry::key`): one created under
+//! another root is not found (`404`, the same answer as an id nobody uses, so ids cannot be
+//! probed across roots).
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -91,16 +95,18 @@ fn subscription_id(raw: &str) -> Result<String, ApiError> {
 impl Subscriptions {
     /// Answers a request whose path is `{root}__ds/{rest}`; `root` ends with '/'.
     /// `base_url` is e.g. "http://127.0.0.1:4437" (scheme + Host header), for absolute URLs in
-    /// bodies.
+    /// bodies. `scope` is what a subscription this request creates counts against (see
+    /// `Registry::create`).
     pub async fn handle(
         self: &Arc<Self>,
         core: &Rc<CoreHandle>,
         base_url: &str,
         root: &str,
+        scope: &str,
         rest: &str,
         request: &Request,
     ) -> Response {
-        match self.route(core, base_url, root, rest, request).await {
+        match self.route(core, base_url, root, scope, rest, request).await {
             Ok(response) => response,
             Err(e) => error_response(&e),
         }
@@ -111,6 +117,7 @@ impl Subscriptions {
         core: &Rc<CoreHandle>,
         base_url: &str,
         root: &str,
+        scope: &str,
         rest: &str,
         request: &Request,
     ) -> Result<Response, ApiError> {
@@ -129,14 +136,16 @@ impl Subscriptions {
         let route = rest.strip_prefix("subscriptions/").ok_or_else(not_found)?;
         let (raw_id, action) = route.split_once('/').unwrap_or((route, ""));
         let id = subscription_id(raw_id)?;
+        // Everything below names the subscription by its key: this root's only.
+        let key = registry::key(root, &id);
         match action {
             "" => match method {
-                "PUT" => self.create(core, base_url, root, &id, request).await,
-                "GET" => self.describe(base_url, root, &id),
+                "PUT" => self.create(core, base_url, root, scope, &id, request).await,
+                "GET" => self.describe(base_url, root, &key),
                 "DELETE" => {
                     {
                         let mut registry = self.shared.write();
-                        if registry.delete(&id) {
+                        if registry.delete(&key) {
                             self.shared.active.store(registry.len(), Ordering::SeqCst);
                         }
                     }
@@ -145,7 +154,7 @@ impl Subscriptions {
                 }
                 _ => Ok(method_not_allowed("GET, PUT, DELETE")),
             },
-            "streams" if method == "POST" => self.add_streams(core, &id, request).await,
+            "streams" if method == "POST" => self.add_streams(core, &key, request).await,
             "streams" => Ok(method_not_allowed("POST")),
             _ if action.starts_with("streams/") => {
                 if method != "DELETE" {
@@ -156,15 +165,15 @@ impl Subscriptions {
                 let path = decode_component(raw)
                     .ok_or_else(|| ApiError::invalid("malformed percent-encoding in the path"))
                     .and_then(|p| registry::normalize_path(&p))?;
-                self.shared.write().remove_explicit(&id, &path)?;
+                self.shared.write().remove_explicit(&key, &path)?;
                 self.persist().await?;
                 Ok(Response::new(204))
             }
             "callback" | "ack" | "release" | "claim" if method != "POST" => {
                 Ok(method_not_allowed("POST"))
             }
-            "callback" => self.settle(core, &id, Kind::Webhook, request).await,
-            "ack" => self.settle(core, &id, Kind::PullWake, request).await,
+            "callback" => self.settle(core, root, &key, Kind::Webhook, request).await,
+            "ack" => self.settle(core, root, &key, Kind::PullWake, request).await,
             "release" => {
                 let token = bearer(request)?;
                 let ack = parse_ack_request(&json_body(request)?)?;
@@ -172,7 +181,7 @@ impl Subscriptions {
                 let result =
                     self.shared
                         .write()
-                        .release(&id, token, &ack, Clock::now(), &mut effects);
+                        .release(&key, token, &ack, Clock::now(), &mut effects);
                 self.run_effects(core, effects);
                 result.map(|()| Response::new(204))
             }
@@ -190,7 +199,7 @@ impl Subscriptions {
                 let result = self
                     .shared
                     .write()
-                    .claim(&id, worker, Clock::now(), &mut effects);
+                    .claim(&key, worker, Clock::now(), &mut effects);
                 self.run_effects(core, effects);
                 result.map(|body| json_response(200, &body))
             }
@@ -198,12 +207,12 @@ impl Subscriptions {
         }
     }
 
-    fn describe(&self, base_url: &str, root: &str, id: &str) -> Result<Response, ApiError> {
+    fn describe(&self, base_url: &str, root: &str, key: &str) -> Result<Response, ApiError> {
         let jwks_url = format!("{base_url}{root}__ds/jwks.json");
         let body = self
             .shared
             .read()
-            .describe(id, self.shared.signing.kid(), &jwks_url)
+            .describe(key, self.shared.signing.kid(), &jwks_url)
             .ok_or_else(ApiError::not_found)?;
         Ok(json_response(200, &body))
     }
@@ -213,16 +222,18 @@ impl Subscriptions {
         core: &Rc<CoreHandle>,
         base_url: &str,
         root: &str,
+        scope: &str,
         id: &str,
         request: &Request,
     ) -> Result<Response, ApiError> {
+        let key = registry::key(root, id);
         let config = parse_config(&json_body(request)?)?;
         if let Some(url) = &config.webhook_url {
-            webhook_url::check(url)
+            webhook_url::check(url, self.shared.webhook_loopback_allowed())
                 .map_err(|message| ApiError::new(400, "WEBHOOK_URL_REJECTED", message))?;
         }
         // A re-confirmation needs no engine calls.
-        let known = self.shared.read().config(id).cloned();
+        let known = self.shared.read().config(&key).cloned();
         if known.is_none() {
             let links = self.initial_links(core, root, &config).await?;
             let created = {
@@ -230,6 +241,7 @@ impl Subscriptions {
                 let created = registry.create(
                     id,
                     root,
+                    scope,
                     &format!("{base_url}{root}"),
                     config,
                     links,
@@ -240,7 +252,7 @@ impl Subscriptions {
             };
             self.ensure_sweeper(core);
             self.persist().await?;
-            let response = self.describe(base_url, root, id)?;
+            let response = self.describe(base_url, root, &key)?;
             return Ok(Response {
                 status: if created { 201 } else { 200 },
                 ..response
@@ -255,7 +267,7 @@ impl Subscriptions {
         }
         // A re-confirmation after a failed write retries it.
         self.persist().await?;
-        self.describe(base_url, root, id)
+        self.describe(base_url, root, &key)
     }
 
     /// The streams a new subscription starts with, each at its current tail: the explicit ones
@@ -328,7 +340,7 @@ impl Subscriptions {
     async fn add_streams(
         &self,
         core: &CoreHandle,
-        id: &str,
+        key: &str,
         request: &Request,
     ) -> Result<Response, ApiError> {
         let body = json_body(request)?;
@@ -341,7 +353,7 @@ impl Subscriptions {
         let root = self
             .shared
             .read()
-            .root(id)
+            .root(key)
             .map(str::to_string)
             .ok_or_else(ApiError::not_found)?;
         let mut links = Vec::with_capacity(streams.len());
@@ -349,7 +361,7 @@ impl Subscriptions {
             let tail = tail_of(core, &format!("{root}{path}")).await?;
             links.push((path, tail));
         }
-        self.shared.write().add_explicit(id, links)?;
+        self.shared.write().add_explicit(key, links)?;
         self.persist().await?;
         Ok(Response::new(204))
     }
@@ -357,18 +369,16 @@ impl Subscriptions {
     async fn settle(
         self: &Arc<Self>,
         core: &Rc<CoreHandle>,
-        id: &str,
+        root: &str,
+        key: &str,
         kind: Kind,
         request: &Request,
     ) -> Result<Response, ApiError> {
         let token = bearer(request)?;
         let ack: AckRequest = parse_ack_request(&json_body(request)?)?;
-        let root = self
-            .shared
-            .read()
-            .root(id)
-            .map(str::to_string)
-            .ok_or_else(ApiError::not_found)?;
+        if self.shared.read().config(key).is_none() {
+            return Err(ApiError::not_found());
+        }
         let mut fresh = Vec::with_capacity(ack.acks.len());
         for (path, _) in &ack.acks {
             fresh.push((path.clone(), tail_of(core, &format!("{root}{path}")).await?));
@@ -376,8 +386,8 @@ impl Subscriptions {
         let mut effects = Vec::new();
         let result = {
             let mut registry = self.shared.write();
-            registry.refresh_tails(id, &fresh);
-            registry.settle(id, kind, token, &ack, Clock::now(), &mut effects)
+            registry.refresh_tails(key, &fresh);
+            registry.settle(key, kind, token, &ack, Clock::now(), &mut effects)
         };
         self.run_effects(core, effects);
         let next_wake = result?;

@@ -1,14 +1,15 @@
-//! What the cores and the webhook delivery thread share: the registry behind its lock, the
-//! count read without it, the signing key and the state file.
+//! What the cores and the webhook delivery threads share: the registry behind its lock, the
+//! count read without it, the signing key, the state file and the delivery queue.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::delivery::Queue;
 use super::keys::SigningKey;
 use super::registry::Registry;
 use super::store::Store;
 
-/// What the cores and the delivery thread share.
+/// What the cores and the delivery threads share.
 pub(super) struct Shared {
     /// The number of subscriptions, read without the lock on every write.
     pub(super) active: AtomicUsize,
@@ -17,6 +18,9 @@ pub(super) struct Shared {
     pub(super) sweeper_running: AtomicBool,
     /// The state file; `None` keeps everything in memory.
     pub(super) store: Option<Store>,
+    pub(super) deliveries: Queue,
+    /// Whether webhooks may go to loopback hosts (see `webhook_url`).
+    pub(super) webhook_loopback: AtomicBool,
 }
 
 impl Shared {
@@ -26,6 +30,10 @@ impl Shared {
 
     pub(super) fn write(&self) -> RwLockWriteGuard<'_, Registry> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn webhook_loopback_allowed(&self) -> bool {
+        self.webhook_loopback.load(Ordering::Relaxed)
     }
 
     /// Whether the state file is behind the registry.

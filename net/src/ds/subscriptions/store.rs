@@ -195,14 +195,18 @@ mod tests {
             "lease_ttl_ms": 5000, "description": "the webhook"}))
         .unwrap();
         let links = vec![("manual/a".to_string(), LinkKind::Explicit, offset(3))];
-        reg.create("hook", ROOT, BASE, hook, links, clock).unwrap();
+        reg.create("hook", ROOT, ROOT, BASE, hook, links, clock)
+            .unwrap();
         let pull = parse_config(&json!({"type": "pull-wake", "pattern": "events/*",
             "wake_stream": "wake/pool"}))
         .unwrap();
-        reg.create("pull", ROOT, BASE, pull, vec![], clock).unwrap();
+        reg.create("pull", ROOT, ROOT, BASE, pull, vec![], clock)
+            .unwrap();
         reg.on_write("/v1/stream/events/x", &offset(2), clock);
         let mut effects = Vec::new();
-        let claimed = reg.claim("pull", "w1", clock, &mut effects).unwrap();
+        let claimed = reg
+            .claim("/v1/stream/pull", "w1", clock, &mut effects)
+            .unwrap();
         let ack = AckRequest {
             wake_id: claimed["wake_id"].as_str().map(str::to_string),
             generation: claimed["generation"].as_u64(),
@@ -210,8 +214,15 @@ mod tests {
             done: false,
         };
         let token = claimed["token"].as_str().unwrap();
-        reg.settle("pull", Kind::PullWake, token, &ack, clock, &mut effects)
-            .unwrap();
+        reg.settle(
+            "/v1/stream/pull",
+            Kind::PullWake,
+            token,
+            &ack,
+            clock,
+            &mut effects,
+        )
+        .unwrap();
         reg
     }
 
@@ -227,7 +238,7 @@ mod tests {
         assert_eq!(signing2.jwks_json(), signing.jwks_json());
         assert_eq!(reg2.snapshot(), snapshot);
         assert_eq!(reg2.tokens().secret(), reg.tokens().secret());
-        for id in ["hook", "pull"] {
+        for id in ["/v1/stream/hook", "/v1/stream/pull"] {
             assert_eq!(
                 reg2.describe(id, "k", "u"),
                 reg.describe(id, "k", "u"),
@@ -267,7 +278,7 @@ mod tests {
         registry
             .write()
             .unwrap()
-            .create("s", ROOT, BASE, config, vec![], Clock::now())
+            .create("s", ROOT, ROOT, BASE, config, vec![], Clock::now())
             .unwrap();
         assert!(store.behind(registry.read().unwrap().version()));
         // A temporary file left by a crash mid-write is replaced, never read.
@@ -284,7 +295,7 @@ mod tests {
         assert_eq!(signing2.kid(), signing.kid());
         assert_eq!(reg2.snapshot(), registry.read().unwrap().snapshot());
         // A second state replaces the first whole.
-        registry.write().unwrap().delete("s");
+        registry.write().unwrap().delete("/v1/stream/s");
         store.save(&registry, &signing).unwrap();
         let (_, reg3) = store.load().unwrap().unwrap();
         assert_eq!(reg3.len(), 0);

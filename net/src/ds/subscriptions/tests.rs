@@ -98,7 +98,7 @@ impl Node {
         };
         let response = self
             .subs
-            .handle(&self.core, BASE, ROOT, rest, &request)
+            .handle(&self.core, BASE, ROOT, ROOT, rest, &request)
             .await;
         let body = response.full_body().cloned().unwrap_or_default();
         Answer {

@@ -1,7 +1,9 @@
 //! Which webhook URLs the node will POST to. Deliveries come from inside the operator's network,
 //! so a subscription must not be able to aim them at internal services (SSRF):
 //! - loopback hosts (`localhost`, 127.0.0.0/8, `::1`) are allowed with `http` or `https`, for
-//!   receivers on the same machine (local development, sidecars, the conformance suite);
+//!   receivers on the same machine (local development, sidecars, the conformance suite), when
+//!   the node allows them (`allow_loopback`: `pico serve` does when it listens on loopback only,
+//!   or with `--webhook-allow-loopback`); otherwise they are refused like private addresses;
 //! - any other host needs `https` and, when it is an IP literal, a public address;
 //! - a host name is resolved again at every delivery and only its allowed addresses are used
 //!   (`address_allowed`), so DNS cannot point an accepted name at a private address later.
@@ -137,9 +139,15 @@ fn host_name(host: &str) -> Result<String, String> {
 }
 
 /// Parses and applies the policy of the module comment (at subscription creation).
-pub fn check(url: &str) -> Result<WebhookUrl, String> {
+pub fn check(url: &str, allow_loopback: bool) -> Result<WebhookUrl, String> {
     let parsed = parse(url)?;
     if parsed.is_loopback_host() {
+        if !allow_loopback {
+            return Err(
+                "loopback webhooks (localhost, 127.0.0.0/8, ::1) are off on this node (pico serve --webhook-allow-loopback turns them on)"
+                    .into(),
+            );
+        }
         return Ok(parsed);
     }
     if !parsed.https {
@@ -159,9 +167,9 @@ pub fn check(url: &str) -> Result<WebhookUrl, String> {
 }
 
 /// Whether a delivery to `url` may connect to `ip` (an address its host resolved to).
-pub fn address_allowed(url: &WebhookUrl, ip: IpAddr) -> bool {
+pub fn address_allowed(url: &WebhookUrl, ip: IpAddr, allow_loopback: bool) -> bool {
     if url.is_loopback_host() {
-        is_loopback(ip)
+        allow_loopback && is_loopback(ip)
     } else {
         is_public(ip)
     }
@@ -233,24 +241,24 @@ mod tests {
         fn fuzz_webhook_url(url in crate::fuzzing::inputs("webhook_url")) {
             let url = String::from_utf8_lossy(&url);
             let _ = parse(&url);
-            let _ = check(&url);
+            let _ = check(&url, true);
         }
     }
 
     #[test]
     fn loopback_receivers_are_accepted_with_http() {
-        let url = check("http://127.0.0.1:43123/webhook").unwrap();
+        let url = check("http://127.0.0.1:43123/webhook", true).unwrap();
         assert!(!url.https);
         assert_eq!(url.host, Host::Ip("127.0.0.1".parse().unwrap()));
         assert_eq!(url.port, 43123);
         assert_eq!(url.target, "/webhook");
         assert_eq!(url.host_header(), "127.0.0.1:43123");
-        let url = check("http://LOCALHOST/?a=b").unwrap();
+        let url = check("http://LOCALHOST/?a=b", true).unwrap();
         assert_eq!(url.host, Host::Name("localhost".into()));
         assert_eq!((url.port, url.target.as_str()), (80, "/?a=b"));
         assert_eq!(url.host_header(), "localhost");
-        assert!(check("http://[::1]:8080/h").is_ok());
-        assert!(check("https://127.0.0.2/h").is_ok());
+        assert!(check("http://[::1]:8080/h", true).is_ok());
+        assert!(check("https://127.0.0.2/h", true).is_ok());
     }
 
     #[test]
@@ -287,28 +295,67 @@ mod tests {
             "https:example.com/",
             "https://example.com:0/",
         ] {
-            assert!(check(url).is_err(), "{url} should be rejected");
+            assert!(check(url, true).is_err(), "{url} should be rejected");
         }
     }
 
     #[test]
     fn public_https_targets_are_accepted() {
-        let url = check("https://Hooks.Example.com./a/b?c=d#frag").unwrap();
+        let url = check("https://Hooks.Example.com./a/b?c=d#frag", true).unwrap();
         assert_eq!(url.host, Host::Name("hooks.example.com".into()));
         assert_eq!((url.port, url.target.as_str()), (443, "/a/b?c=d"));
-        assert!(check("https://8.8.8.8:8443/h").is_ok());
-        assert!(check("https://[2606:4700::1111]/h").is_ok());
+        assert!(check("https://8.8.8.8:8443/h", true).is_ok());
+        assert!(check("https://[2606:4700::1111]/h", true).is_ok());
     }
 
     #[test]
     fn resolved_addresses_are_checked_per_host_kind() {
-        let public = check("https://hooks.example.com/").unwrap();
-        assert!(address_allowed(&public, "93.184.216.34".parse().unwrap()));
-        assert!(!address_allowed(&public, "127.0.0.1".parse().unwrap()));
-        assert!(!address_allowed(&public, "10.1.2.3".parse().unwrap()));
-        let local = check("http://localhost:9/").unwrap();
-        assert!(address_allowed(&local, "127.0.0.1".parse().unwrap()));
-        assert!(address_allowed(&local, "::1".parse().unwrap()));
-        assert!(!address_allowed(&local, "93.184.216.34".parse().unwrap()));
+        let public = check("https://hooks.example.com/", true).unwrap();
+        assert!(address_allowed(
+            &public,
+            "93.184.216.34".parse().unwrap(),
+            true
+        ));
+        assert!(!address_allowed(
+            &public,
+            "127.0.0.1".parse().unwrap(),
+            true
+        ));
+        assert!(!address_allowed(&public, "10.1.2.3".parse().unwrap(), true));
+        let local = check("http://localhost:9/", true).unwrap();
+        assert!(address_allowed(&local, "127.0.0.1".parse().unwrap(), true));
+        assert!(address_allowed(&local, "::1".parse().unwrap(), true));
+        assert!(!address_allowed(
+            &local,
+            "93.184.216.34".parse().unwrap(),
+            true
+        ));
+    }
+
+    /// Issue 36 item 10: a node listening beyond loopback does not POST to its own ports.
+    #[test]
+    fn loopback_receivers_are_refused_when_the_node_does_not_allow_them() {
+        for url in [
+            "http://127.0.0.1:9090/admin",
+            "https://127.0.0.2/h",
+            "http://localhost:4437/",
+            "http://[::1]:8080/h",
+        ] {
+            let err = check(url, false).unwrap_err();
+            assert!(err.contains("--webhook-allow-loopback"), "{url}: {err}");
+        }
+        // Resolved at delivery too: a subscription created while they were allowed stops.
+        let local = check("http://localhost:9/", true).unwrap();
+        assert!(!address_allowed(
+            &local,
+            "127.0.0.1".parse().unwrap(),
+            false
+        ));
+        let public = check("https://hooks.example.com/", false).unwrap();
+        assert!(address_allowed(
+            &public,
+            "93.184.216.34".parse().unwrap(),
+            false
+        ));
     }
 }

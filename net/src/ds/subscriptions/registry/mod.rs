@@ -10,6 +10,10 @@
 //! ack, synchronous webhook reply), a release, or its lease running out; then, if work is still
 //! pending, the next wake starts at once.
 //!
+//! Subscriptions are keyed by `root + id` ([`key`]): a subscription belongs to the root it was
+//! created under, and every call but `create` names it by that key, so a request can reach
+//! only the subscriptions of its own root.
+//!
 //! Files: `request.rs` parses what a request says, `state.rs` holds the subscriptions, this
 //! file runs the transitions (create, link, write, ack, claim, release, tick), `wake.rs` starts
 //! and ends wakes, `snapshot.rs` writes and restores the durable part.
@@ -30,6 +34,7 @@ use serde_json::{json, Value};
 use super::keys::TokenKey;
 use crate::limits::{
     DELIVERY_ATTEMPTS_MAX, STREAMS_PER_SUBSCRIPTION_MAX, SUBSCRIPTIONS_PER_NODE_MAX,
+    SUBSCRIPTIONS_PER_SCOPE_MAX,
 };
 use request::{is_offset, limit_streams};
 pub use request::{
@@ -41,6 +46,12 @@ pub use state::{
 };
 use state::{Delivery, Link, Sub};
 use wake::{retry_delay, Ctx};
+
+/// The registry key of subscription `id` under `root` (which ends with '/'; ids have no '/', so
+/// the key names one pair).
+pub fn key(root: &str, id: &str) -> String {
+    format!("{root}{id}")
+}
 
 /// Splits the borrow: `subs` mutably, the rest for a `Ctx`.
 macro_rules! ctx {
@@ -81,28 +92,41 @@ impl Registry {
         self.subs.len()
     }
 
-    pub fn config(&self, id: &str) -> Option<&Config> {
-        self.subs.get(id).map(|s| &s.config)
+    pub fn config(&self, key: &str) -> Option<&Config> {
+        self.subs.get(key).map(|s| &s.config)
+    }
+
+    /// The delivery state of a subscription's wake (`None` without one), for tests.
+    #[cfg(test)]
+    pub fn wake_delivery(&self, key: &str) -> Option<String> {
+        let wake = self.subs.get(key)?.wake.as_ref()?;
+        Some(format!("{:?}", wake.delivery))
     }
 
     /// The root a subscription's stream names start with.
-    pub fn root(&self, id: &str) -> Option<&str> {
-        self.subs.get(id).map(|s| s.root.as_str())
+    pub fn root(&self, key: &str) -> Option<&str> {
+        self.subs.get(key).map(|s| s.root.as_str())
     }
 
-    /// Creates a subscription with its initial links (streams that already exist, acked at
-    /// their current tails so only later writes are pending). `Ok(false)`: the same
-    /// configuration already existed.
+    /// Creates subscription `id` under `root` with its initial links (streams that already
+    /// exist, acked at their current tails so only later writes are pending). `Ok(false)`: the
+    /// same configuration already existed. A new one must fit the node's limit and its
+    /// `scope`'s: at most [`SUBSCRIPTIONS_PER_SCOPE_MAX`] subscriptions were created in one
+    /// scope (the prefix of the grant that allowed the request, or the root without auth), so
+    /// one tenant's count never includes another's.
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &mut self,
         id: &str,
         root: &str,
+        scope: &str,
         callback_base: &str,
         config: Config,
         links: Vec<(String, LinkKind, String)>,
         clock: Clock,
     ) -> Result<bool, ApiError> {
-        if let Some(existing) = self.subs.get(id) {
+        let key = key(root, id);
+        if let Some(existing) = self.subs.get(&key) {
             return if existing.config == config {
                 Ok(false)
             } else {
@@ -118,6 +142,14 @@ impl Registry {
                 429,
                 "LIMIT_EXCEEDED",
                 format!("this node holds at most {SUBSCRIPTIONS_PER_NODE_MAX} subscriptions"),
+            ));
+        }
+        let in_scope = self.subs.values().filter(|sub| sub.scope == scope).count();
+        if in_scope >= SUBSCRIPTIONS_PER_SCOPE_MAX {
+            return Err(ApiError::new(
+                429,
+                "LIMIT_EXCEEDED",
+                format!("at most {SUBSCRIPTIONS_PER_SCOPE_MAX} subscriptions under {scope}"),
             ));
         }
         let mut streams: BTreeMap<String, Link> = BTreeMap::new();
@@ -139,11 +171,12 @@ impl Registry {
         let mut incarnation = [0u8; 8];
         let _ = self.rng.fill(&mut incarnation);
         self.subs.insert(
-            id.to_string(),
+            key,
             Sub {
                 id: id.to_string(),
                 incarnation: u64::from_le_bytes(incarnation),
                 root: root.to_string(),
+                scope: scope.to_string(),
                 callback_base: callback_base.to_string(),
                 config,
                 created_at: crate::time::format_rfc3339_ms(clock.unix_ms),
@@ -160,8 +193,8 @@ impl Registry {
     }
 
     /// The JSON of `GET …/subscriptions/:id` (no secrets: tokens are never listed).
-    pub fn describe(&self, id: &str, kid: &str, jwks_url: &str) -> Option<Value> {
-        let sub = self.subs.get(id)?;
+    pub fn describe(&self, key: &str, kid: &str, jwks_url: &str) -> Option<Value> {
+        let sub = self.subs.get(key)?;
         let streams: Vec<Value> = sub
             .streams
             .iter()
@@ -196,8 +229,8 @@ impl Registry {
         Some(body)
     }
 
-    pub fn delete(&mut self, id: &str) -> bool {
-        let removed = self.subs.remove(id).is_some();
+    pub fn delete(&mut self, key: &str) -> bool {
+        let removed = self.subs.remove(key).is_some();
         if removed {
             self.version += 1;
         }
@@ -206,8 +239,12 @@ impl Registry {
 
     /// Links explicit streams, each with its current tail (an already linked stream keeps its
     /// acked offset).
-    pub fn add_explicit(&mut self, id: &str, links: Vec<(String, String)>) -> Result<(), ApiError> {
-        let sub = self.subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+    pub fn add_explicit(
+        &mut self,
+        key: &str,
+        links: Vec<(String, String)>,
+    ) -> Result<(), ApiError> {
+        let sub = self.subs.get_mut(key).ok_or_else(ApiError::not_found)?;
         let new = links
             .iter()
             .map(|(path, _)| path)
@@ -234,8 +271,8 @@ impl Registry {
     }
 
     /// Unlinks an explicit stream (a pattern link of the same stream stays).
-    pub fn remove_explicit(&mut self, id: &str, path: &str) -> Result<(), ApiError> {
-        let sub = self.subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+    pub fn remove_explicit(&mut self, key: &str, path: &str) -> Result<(), ApiError> {
+        let sub = self.subs.get_mut(key).ok_or_else(ApiError::not_found)?;
         if let Some(link) = sub.streams.get_mut(path) {
             link.explicit = false;
             if !link.glob {
@@ -318,8 +355,8 @@ impl Registry {
 
     /// Moves linked streams' tails forward to ones just read from the engine (before acks are
     /// checked against them: writes that bypassed the DS protocol were not reported).
-    pub fn refresh_tails(&mut self, id: &str, tails: &[(String, String)]) {
-        let Some(sub) = self.subs.get_mut(id) else {
+    pub fn refresh_tails(&mut self, key: &str, tails: &[(String, String)]) {
+        let Some(sub) = self.subs.get_mut(key) else {
             return;
         };
         for (path, tail) in tails {
@@ -335,7 +372,7 @@ impl Registry {
     /// lease, and with `done` ends the wake. Returns whether a next wake started.
     pub fn settle(
         &mut self,
-        id: &str,
+        key: &str,
         kind: Kind,
         token: &str,
         request: &AckRequest,
@@ -344,7 +381,7 @@ impl Registry {
     ) -> Result<bool, ApiError> {
         let claims = self.tokens.verify(token, clock.unix_secs());
         let (subs, mut ctx) = ctx!(self, clock, effects);
-        let sub = subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        let sub = subs.get_mut(key).ok_or_else(ApiError::not_found)?;
         if sub.config.kind != kind {
             return Err(ApiError::invalid(match kind {
                 Kind::Webhook => "Subscription is not a webhook subscription",
@@ -390,13 +427,13 @@ impl Registry {
     /// Takes the pull-wake lease for `worker`, starting a wake if none is outstanding.
     pub fn claim(
         &mut self,
-        id: &str,
+        key: &str,
         worker: &str,
         clock: Clock,
         effects: &mut Vec<Effect>,
     ) -> Result<Value, ApiError> {
         let (subs, mut ctx) = ctx!(self, clock, effects);
-        let sub = subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        let sub = subs.get_mut(key).ok_or_else(ApiError::not_found)?;
         if sub.config.kind != Kind::PullWake {
             return Err(ApiError::invalid("Subscription is not pull-wake"));
         }
@@ -433,7 +470,7 @@ impl Registry {
     /// Gives a pull-wake lease back without acking; pending work starts the next wake.
     pub fn release(
         &mut self,
-        id: &str,
+        key: &str,
         token: &str,
         request: &AckRequest,
         clock: Clock,
@@ -441,7 +478,7 @@ impl Registry {
     ) -> Result<(), ApiError> {
         let claims = self.tokens.verify(token, clock.unix_secs());
         let (subs, mut ctx) = ctx!(self, clock, effects);
-        let sub = subs.get_mut(id).ok_or_else(ApiError::not_found)?;
+        let sub = subs.get_mut(key).ok_or_else(ApiError::not_found)?;
         if sub.config.kind != Kind::PullWake {
             return Err(ApiError::invalid("Subscription is not pull-wake"));
         }

@@ -19,7 +19,7 @@ impl Registry {
     /// The subscriptions as JSON (without the keys, which `store` adds).
     pub fn snapshot(&self) -> Value {
         let mut subs: Vec<&Sub> = self.subs.values().collect();
-        subs.sort_by(|a, b| a.id.cmp(&b.id));
+        subs.sort_by(|a, b| (&a.root, &a.id).cmp(&(&b.root, &b.id)));
         let subs: Vec<Value> = subs
             .into_iter()
             .map(|sub| {
@@ -40,6 +40,7 @@ impl Registry {
                     "id": sub.id,
                     "incarnation": sub.incarnation,
                     "root": sub.root,
+                    "scope": sub.scope,
                     "callback_base": sub.callback_base,
                     "created_at": sub.created_at,
                     "config": config_body(&sub.config),
@@ -65,10 +66,11 @@ impl Registry {
         let mut registry = Registry::new(tokens);
         for (index, item) in items.iter().enumerate() {
             let sub = restore_sub(item).map_err(|e| format!("subscription {index}: {e}"))?;
-            if registry.subs.contains_key(&sub.id) {
+            let key = sub.key();
+            if registry.subs.contains_key(&key) {
                 return Err(format!("subscription {index}: duplicate id {:?}", sub.id));
             }
-            registry.subs.insert(sub.id.clone(), sub);
+            registry.subs.insert(key, sub);
         }
         registry.resume = !registry.subs.is_empty();
         Ok(registry)
@@ -79,7 +81,7 @@ impl Registry {
         self.resume
     }
 
-    /// Every linked stream per subscription, as (id, [(relative path, full name)]): for the
+    /// Every linked stream per subscription, as (key, [(relative path, full name)]): for the
     /// sweeper to read their tails from the engine before `resume`.
     pub fn linked_streams(&self) -> Vec<(String, Vec<(String, String)>)> {
         self.subs
@@ -90,7 +92,7 @@ impl Registry {
                     .keys()
                     .map(|path| (path.clone(), format!("{}{path}", sub.root)))
                     .collect();
-                (sub.id.clone(), streams)
+                (sub.key(), streams)
             })
             .collect()
     }
@@ -139,7 +141,7 @@ fn bool_field(value: &Value, field: &str) -> Result<bool, String> {
 
 fn restore_sub(item: &Value) -> Result<Sub, String> {
     let id = str_field(item, "id")?;
-    if id.is_empty() || id.len() > SUBSCRIPTION_ID_BYTES_MAX {
+    if id.is_empty() || id.len() > SUBSCRIPTION_ID_BYTES_MAX || id.contains('/') {
         return Err(format!("invalid id {id:?}"));
     }
     let config = parse_config(&item["config"]).map_err(|e| format!("config: {}", e.message))?;
@@ -175,6 +177,8 @@ fn restore_sub(item: &Value) -> Result<Sub, String> {
     Ok(Sub {
         id: id.to_string(),
         incarnation: u64_field(item, "incarnation")?,
+        // Files written before scopes count a subscription against its root.
+        scope: item["scope"].as_str().unwrap_or(root).to_string(),
         root: root.to_string(),
         callback_base: str_field(item, "callback_base")?.to_string(),
         config,

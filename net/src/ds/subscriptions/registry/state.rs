@@ -92,6 +92,9 @@ pub(super) struct Sub {
     pub(super) incarnation: u64,
     /// The DS root (ends with `/`); stream names are `root + relative path`.
     pub(super) root: String,
+    /// What the subscription counts against (`SUBSCRIPTIONS_PER_SCOPE_MAX`): the prefix of the
+    /// admin grant that created it, or its root without auth.
+    pub(super) scope: String,
     /// `base_url + root` of the creating request, for `callback_url`.
     pub(super) callback_base: String,
     pub(super) config: Config,
@@ -105,6 +108,11 @@ pub(super) struct Sub {
 }
 
 impl Sub {
+    /// The registry key (`root + id`).
+    pub(super) fn key(&self) -> String {
+        super::key(&self.root, &self.id)
+    }
+
     pub(super) fn pending(&self) -> Option<&str> {
         self.streams
             .iter()
@@ -166,9 +174,10 @@ impl Sub {
     }
 }
 
-/// A webhook POST for the delivery thread; the result comes back keyed by the generation.
+/// A webhook POST for the delivery threads; the result comes back keyed by the generation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {
+    /// The subscription's registry key (`root + id`).
     pub subscription: String,
     pub incarnation: u64,
     pub generation: u64,

@@ -24,6 +24,9 @@ proptest::proptest! {
 }
 
 const ROOT: &str = "/v1/stream/";
+/// The registry key of subscription "s" under `ROOT`.
+const S: &str = "/v1/stream/s";
+const P: &str = "/v1/stream/p";
 const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
 
 fn offset(n: u64) -> String {
@@ -106,18 +109,18 @@ fn create_confirms_identical_and_rejects_different_config() {
     let mut reg = registry();
     let clock = Clock::now();
     assert_eq!(
-        reg.create("s", ROOT, BASE, webhook(1000), vec![], clock),
+        reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock),
         Ok(true)
     );
     assert_eq!(
-        reg.create("s", ROOT, BASE, webhook(1000), vec![], clock),
+        reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock),
         Ok(false)
     );
     let err = reg
-        .create("s", ROOT, BASE, webhook(2000), vec![], clock)
+        .create("s", ROOT, ROOT, BASE, webhook(2000), vec![], clock)
         .unwrap_err();
     assert_eq!((err.status, err.code), (409, "SUBSCRIPTION_ALREADY_EXISTS"));
-    let described = reg.describe("s", "ds_k", "http://x/jwks").unwrap();
+    let described = reg.describe(S, "ds_k", "http://x/jwks").unwrap();
     assert_eq!(described["id"], "s");
     assert_eq!(described["type"], "webhook");
     assert_eq!(described["webhook"]["signing"]["kid"], "ds_k");
@@ -129,21 +132,119 @@ fn create_confirms_identical_and_rejects_different_config() {
 fn subscription_count_is_bounded() {
     let mut reg = registry();
     let clock = Clock::now();
+    // Spread over scopes so that only the node's limit applies.
+    let scopes = SUBSCRIPTIONS_PER_NODE_MAX / SUBSCRIPTIONS_PER_SCOPE_MAX;
     for i in 0..SUBSCRIPTIONS_PER_NODE_MAX {
-        reg.create(&format!("s{i}"), ROOT, BASE, webhook(1000), vec![], clock)
-            .unwrap();
+        let scope = format!("/t{}/", i % scopes);
+        reg.create(
+            &format!("s{i}"),
+            ROOT,
+            &scope,
+            BASE,
+            webhook(1000),
+            vec![],
+            clock,
+        )
+        .unwrap();
     }
     let err = reg
-        .create("one-more", ROOT, BASE, webhook(1000), vec![], clock)
+        .create(
+            "one-more",
+            ROOT,
+            "/other/",
+            BASE,
+            webhook(1000),
+            vec![],
+            clock,
+        )
         .unwrap_err();
     assert_eq!((err.status, err.code), (429, "LIMIT_EXCEEDED"));
+    assert!(
+        err.message.contains("this node holds at most"),
+        "{}",
+        err.message
+    );
+}
+
+/// Issue 36 item 6: one tenant (scope) cannot take every subscription of the node.
+#[test]
+fn one_scope_holds_at_most_its_share() {
+    let mut reg = registry();
+    let clock = Clock::now();
+    for i in 0..SUBSCRIPTIONS_PER_SCOPE_MAX {
+        // Under several roots of one grant: they count together.
+        let root = format!("/a/r{}/", i % 3);
+        reg.create(
+            &format!("s{i}"),
+            &root,
+            "/a/",
+            BASE,
+            webhook(1000),
+            vec![],
+            clock,
+        )
+        .unwrap();
+    }
+    let err = reg
+        .create("more", "/a/", "/a/", BASE, webhook(1000), vec![], clock)
+        .unwrap_err();
+    assert_eq!((err.status, err.code), (429, "LIMIT_EXCEEDED"));
+    assert!(err.message.contains("under /a/"), "{}", err.message);
+    // Another tenant still can.
+    reg.create("more", "/b/", "/b/", BASE, webhook(1000), vec![], clock)
+        .unwrap();
+    // A deleted one makes room again.
+    assert!(reg.delete("/a/r0/s0"));
+    reg.create("more", "/a/", "/a/", BASE, webhook(1000), vec![], clock)
+        .unwrap();
+}
+
+/// Issue 36 item 3: the same id under two roots names two subscriptions, each reachable only
+/// by its own key.
+#[test]
+fn subscriptions_belong_to_their_root() {
+    let mut reg = registry();
+    let clock = Clock::now();
+    assert_eq!(
+        reg.create("x", "/a/", "/a/", BASE, webhook(1000), vec![], clock),
+        Ok(true)
+    );
+    // Not "already exists with a different configuration": /b/ learns nothing of /a/'s ids.
+    assert_eq!(
+        reg.create("x", "/b/", "/b/", BASE, webhook(2000), vec![], clock),
+        Ok(true)
+    );
+    assert_eq!(
+        reg.describe("/a/x", "k", "u").unwrap()["lease_ttl_ms"],
+        1000
+    );
+    assert_eq!(
+        reg.describe("/b/x", "k", "u").unwrap()["lease_ttl_ms"],
+        2000
+    );
+    assert!(reg.describe("x", "k", "u").is_none());
+    assert!(reg.delete("/b/x"));
+    assert!(reg.describe("/a/x", "k", "u").is_some());
+    // The snapshot keeps them apart too.
+    reg.create("x", "/b/", "/b/", BASE, webhook(2000), vec![], clock)
+        .unwrap();
+    let restored = Registry::restore(
+        &reg.snapshot(),
+        TokenKey::from_secret(*reg.tokens().secret()),
+    )
+    .unwrap();
+    assert_eq!(restored.len(), 2);
+    assert_eq!(
+        restored.describe("/b/x", "k", "u").unwrap()["lease_ttl_ms"],
+        2000
+    );
 }
 
 #[test]
 fn webhook_done_reply_acks_the_snapshot() {
     let mut reg = registry();
     let clock = Clock::now();
-    reg.create("s", ROOT, BASE, webhook(1000), vec![], clock)
+    reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
     assert!(!reg.interested("/v1/stream/other/x"));
     assert!(!reg.interested("/v1/stream/__ds/x"));
@@ -173,7 +274,7 @@ fn webhook_done_reply_acks_the_snapshot() {
     // The late result of the first wake changes nothing.
     assert!(reg.delivery_result(&job, Outcome::Done, clock).is_empty());
     assert!(reg.delivery_result(&next, Outcome::Done, clock).is_empty());
-    let described = reg.describe("s", "k", "u").unwrap();
+    let described = reg.describe(S, "k", "u").unwrap();
     assert_eq!(described["streams"][0]["acked_offset"], offset(2));
     assert_eq!(described["streams"][0]["link_type"], "glob");
     assert_eq!(described["status"], "active");
@@ -187,7 +288,7 @@ fn token_of(body: &Value, field: &str) -> String {
 fn callback_acks_then_fences_the_finished_generation() {
     let mut reg = registry();
     let clock = Clock::now();
-    reg.create("s", ROOT, BASE, webhook(1000), vec![], clock)
+    reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
     let (job, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
     assert!(reg
@@ -197,7 +298,7 @@ fn callback_acks_then_fences_the_finished_generation() {
     let done = ack_request(&body, "events/x", &offset(1), true);
     let mut effects = Vec::new();
     let settle = |reg: &mut Registry, req: &AckRequest, token: &str, fx: &mut Vec<Effect>| {
-        reg.settle("s", Kind::Webhook, token, req, clock, fx)
+        reg.settle(S, Kind::Webhook, token, req, clock, fx)
     };
     // Bad acks are refused as a whole and leave the wake open.
     for (path, off) in [
@@ -240,8 +341,8 @@ fn callback_acks_then_fences_the_finished_generation() {
     let fresh = token_of(&body2, "callback_token");
     assert_eq!(settle(&mut reg, &stale, &fresh, &mut effects), Ok(false));
     // A recreated subscription of the same id rejects its predecessor's tokens.
-    reg.delete("s");
-    reg.create("s", ROOT, BASE, webhook(1000), vec![], clock)
+    reg.delete(S);
+    reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
     let err = settle(&mut reg, &stale, &fresh, &mut effects).unwrap_err();
     assert_eq!(err.code, "TOKEN_INVALID");
@@ -251,26 +352,26 @@ fn callback_acks_then_fences_the_finished_generation() {
 fn acks_may_reach_tails_refreshed_from_the_engine() {
     let mut reg = registry();
     let clock = Clock::now();
-    reg.create("s", ROOT, BASE, webhook(1000), vec![], clock)
+    reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
     let (_, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
     let token = token_of(&body, "callback_token");
     let ack = ack_request(&body, "events/x", &offset(3), false);
     let mut fx = Vec::new();
     let err = reg
-        .settle("s", Kind::Webhook, &token, &ack, clock, &mut fx)
+        .settle(S, Kind::Webhook, &token, &ack, clock, &mut fx)
         .unwrap_err();
     assert_eq!(err.code, "INVALID_OFFSET");
     // Tails never move back.
-    reg.refresh_tails("s", &[("events/x".into(), offset(3))]);
-    reg.refresh_tails("s", &[("events/x".into(), offset(2))]);
+    reg.refresh_tails(S, &[("events/x".into(), offset(3))]);
+    reg.refresh_tails(S, &[("events/x".into(), offset(2))]);
     assert_eq!(
-        reg.settle("s", Kind::Webhook, &token, &ack, clock, &mut fx),
+        reg.settle(S, Kind::Webhook, &token, &ack, clock, &mut fx),
         Ok(false)
     );
     let regress = ack_request(&body, "events/x", &offset(2), false);
     let err = reg
-        .settle("s", Kind::Webhook, &token, &regress, clock, &mut fx)
+        .settle(S, Kind::Webhook, &token, &regress, clock, &mut fx)
         .unwrap_err();
     assert_eq!(err.code, "INVALID_OFFSET");
 }
@@ -279,7 +380,7 @@ fn acks_may_reach_tails_refreshed_from_the_engine() {
 fn webhook_lease_expiry_redelivers_with_a_new_generation() {
     let mut reg = registry();
     let t0 = Clock::now();
-    reg.create("s", ROOT, BASE, webhook(1000), vec![], t0)
+    reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], t0)
         .unwrap();
     let (job, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), t0));
     reg.delivery_result(&job, Outcome::Accepted, t0);
@@ -293,7 +394,7 @@ fn webhook_lease_expiry_redelivers_with_a_new_generation() {
     let req = ack_request(&body, "events/x", &offset(1), true);
     let err = reg
         .settle(
-            "s",
+            S,
             Kind::Webhook,
             &token_of(&body, "callback_token"),
             &req,
@@ -308,14 +409,14 @@ fn webhook_lease_expiry_redelivers_with_a_new_generation() {
 fn failed_deliveries_back_off_then_give_up() {
     let mut reg = registry();
     let mut clock = Clock::now();
-    reg.create("s", ROOT, BASE, webhook(1000), vec![], clock)
+    reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
     let (mut job, _) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
     for attempt in 1..DELIVERY_ATTEMPTS_MAX {
         assert!(reg
             .delivery_result(&job, Outcome::Failed("refused".into()), clock)
             .is_empty());
-        assert_eq!(reg.describe("s", "k", "u").unwrap()["status"], "failed");
+        assert_eq!(reg.describe(S, "k", "u").unwrap()["status"], "failed");
         // Not before the backoff, then the same generation again.
         assert!(reg.tick(clock).is_empty());
         clock.now += retry_delay(attempt);
@@ -332,7 +433,7 @@ fn failed_deliveries_back_off_then_give_up() {
     let (job, _) = job_of(&reg.on_write("/v1/stream/events/x", &offset(2), clock));
     assert_eq!(job.generation, 2);
     reg.delivery_result(&job, Outcome::Accepted, clock);
-    assert_eq!(reg.describe("s", "k", "u").unwrap()["status"], "active");
+    assert_eq!(reg.describe(S, "k", "u").unwrap()["status"], "active");
     assert_eq!(retry_delay(1), Duration::from_secs(1));
     assert_eq!(retry_delay(3), Duration::from_secs(4));
     assert_eq!(retry_delay(30), Duration::from_secs(60));
@@ -342,10 +443,10 @@ fn failed_deliveries_back_off_then_give_up() {
 fn pull_wake_claim_ack_release() {
     let mut reg = registry();
     let clock = Clock::now();
-    reg.create("p", ROOT, BASE, pull(1000), vec![], clock)
+    reg.create("p", ROOT, ROOT, BASE, pull(1000), vec![], clock)
         .unwrap();
     let mut effects = Vec::new();
-    let err = reg.claim("p", "w1", clock, &mut effects).unwrap_err();
+    let err = reg.claim(P, "w1", clock, &mut effects).unwrap_err();
     assert_eq!(err.code, "NO_PENDING_WORK");
     // The subscription's own wake stream never links (it would wake itself forever).
     assert!(!reg.interested("/v1/stream/wake/pool"));
@@ -360,21 +461,21 @@ fn pull_wake_claim_ack_release() {
         (Some("p"), Some("events/a"))
     );
     let mut effects = Vec::new();
-    let claimed = reg.claim("p", "w1", clock, &mut effects).unwrap();
+    let claimed = reg.claim(P, "w1", clock, &mut effects).unwrap();
     assert!(effects.is_empty());
     assert_eq!(claimed["generation"], 1);
     assert_eq!(claimed["streams"][0]["tail_offset"], offset(1));
-    let busy = reg.claim("p", "w2", clock, &mut effects).unwrap_err();
+    let busy = reg.claim(P, "w2", clock, &mut effects).unwrap_err();
     assert_eq!((busy.status, busy.code), (409, "ALREADY_CLAIMED"));
     assert_eq!(busy.to_json()["error"]["current_holder"], "w1");
     let token = token_of(&claimed, "token");
     let done = ack_request(&claimed, "events/a", &offset(1), true);
     let err = reg
-        .settle("p", Kind::Webhook, &token, &done, clock, &mut effects)
+        .settle(P, Kind::Webhook, &token, &done, clock, &mut effects)
         .unwrap_err();
     assert_eq!(err.status, 400);
     assert_eq!(
-        reg.settle("p", Kind::PullWake, &token, &done, clock, &mut effects),
+        reg.settle(P, Kind::PullWake, &token, &done, clock, &mut effects),
         Ok(false)
     );
     // A write, a claim and a release: the work is still pending, so a new wake is announced.
@@ -382,12 +483,12 @@ fn pull_wake_claim_ack_release() {
         reg.on_write("/v1/stream/events/a", &offset(2), clock).len(),
         1
     );
-    let claimed = reg.claim("p", "w1", clock, &mut effects).unwrap();
+    let claimed = reg.claim(P, "w1", clock, &mut effects).unwrap();
     assert_eq!(claimed["generation"], 2);
     let release = ack_request(&claimed, "events/a", &offset(2), false);
     let mut effects = Vec::new();
     reg.release(
-        "p",
+        P,
         &token_of(&claimed, "token"),
         &release,
         clock,
@@ -397,7 +498,7 @@ fn pull_wake_claim_ack_release() {
     assert!(matches!(effects.as_slice(), [Effect::AppendWake { .. }]));
     let err = reg
         .release(
-            "p",
+            P,
             &token_of(&claimed, "token"),
             &release,
             clock,
@@ -411,22 +512,23 @@ fn pull_wake_claim_ack_release() {
 fn pull_wake_lease_expiry_frees_the_claim() {
     let mut reg = registry();
     let t0 = Clock::now();
-    reg.create("p", ROOT, BASE, pull(1000), vec![], t0).unwrap();
+    reg.create("p", ROOT, ROOT, BASE, pull(1000), vec![], t0)
+        .unwrap();
     reg.on_write("/v1/stream/events/a", &offset(1), t0);
     let mut effects = Vec::new();
-    let claimed = reg.claim("p", "w1", t0, &mut effects).unwrap();
+    let claimed = reg.claim(P, "w1", t0, &mut effects).unwrap();
     let later = Clock {
         now: t0.now + Duration::from_millis(1500),
         ..t0
     };
     // The claim checks the lease itself, before any sweep.
-    let claimed2 = reg.claim("p", "w2", later, &mut effects).unwrap();
+    let claimed2 = reg.claim(P, "w2", later, &mut effects).unwrap();
     assert_eq!(claimed2["generation"], 2);
     assert!(matches!(effects.as_slice(), [Effect::AppendWake { .. }]));
     let ack = ack_request(&claimed, "events/a", &offset(1), true);
     let err = reg
         .settle(
-            "p",
+            P,
             Kind::PullWake,
             &token_of(&claimed, "token"),
             &ack,
@@ -444,19 +546,19 @@ fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
     rng.fill(&mut secret).unwrap();
     let mut reg = Registry::new(TokenKey::from_secret(secret));
     let clock = Clock::now();
-    reg.create("p", ROOT, BASE, pull(1000), vec![], clock)
+    reg.create("p", ROOT, ROOT, BASE, pull(1000), vec![], clock)
         .unwrap();
     // Linked, nothing pending: not woken by the resume.
     let quiet = config(json!({"type": "pull-wake", "streams": ["quiet/x"],
         "wake_stream": "wake/quiet"}));
     let links = vec![("quiet/x".to_string(), LinkKind::Explicit, offset(4))];
-    reg.create("quiet", ROOT, BASE, quiet, links, clock)
+    reg.create("quiet", ROOT, ROOT, BASE, quiet, links, clock)
         .unwrap();
     let version = reg.version();
     reg.on_write("/v1/stream/events/a", &offset(1), clock);
     assert!(reg.version() > version, "a new link and a wake are durable");
     let mut effects = Vec::new();
-    let claimed = reg.claim("p", "w1", clock, &mut effects).unwrap();
+    let claimed = reg.claim(P, "w1", clock, &mut effects).unwrap();
     let token = token_of(&claimed, "token");
     // A write while the wake is out moves only a tail: nothing to write.
     let version = reg.version();
@@ -469,11 +571,11 @@ fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
     // The claim did not survive: its token is fenced, not invalid.
     let ack = ack_request(&claimed, "events/a", &offset(1), true);
     let err = restored
-        .settle("p", Kind::PullWake, &token, &ack, clock, &mut effects)
+        .settle(P, Kind::PullWake, &token, &ack, clock, &mut effects)
         .unwrap_err();
     assert_eq!(err.code, "FENCED");
     // The tails read from the engine, then the pending work is announced again, once.
-    restored.refresh_tails("p", &[("events/a".into(), offset(3))]);
+    restored.refresh_tails(P, &[("events/a".into(), offset(3))]);
     let effects = restored.resume(clock);
     let [Effect::AppendWake { stream, event }] = effects.as_slice() else {
         panic!("{effects:?}");
@@ -489,10 +591,10 @@ fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
     );
     assert!(restored.resume(clock).is_empty());
     let mut effects = Vec::new();
-    let claimed = restored.claim("p", "w1", clock, &mut effects).unwrap();
+    let claimed = restored.claim(P, "w1", clock, &mut effects).unwrap();
     assert_eq!(claimed["streams"][0]["tail_offset"], offset(3));
     assert_eq!(
-        restored.describe("quiet", "k", "u").unwrap()["streams"][0]["acked_offset"],
+        restored.describe("/v1/stream/quiet", "k", "u").unwrap()["streams"][0]["acked_offset"],
         offset(4)
     );
     assert!(Registry::restore(&json!({}), TokenKey::from_secret(secret)).is_err());
@@ -505,11 +607,11 @@ fn explicit_streams_link_and_unlink() {
     let c = config(json!({"type": "webhook", "streams": ["manual/a"],
         "webhook": {"url": "http://127.0.0.1:9/hook"}}));
     let links = vec![("manual/a".to_string(), LinkKind::Explicit, offset(5))];
-    reg.create("s", ROOT, BASE, c, links, clock).unwrap();
-    reg.add_explicit("s", vec![("manual/b".into(), ZERO_OFFSET.into())])
+    reg.create("s", ROOT, ROOT, BASE, c, links, clock).unwrap();
+    reg.add_explicit(S, vec![("manual/b".into(), ZERO_OFFSET.into())])
         .unwrap();
     let paths = |reg: &Registry| -> Vec<String> {
-        reg.describe("s", "k", "u").unwrap()["streams"]
+        reg.describe(S, "k", "u").unwrap()["streams"]
             .as_array()
             .unwrap()
             .iter()
@@ -517,15 +619,15 @@ fn explicit_streams_link_and_unlink() {
             .collect()
     };
     assert_eq!(paths(&reg), ["manual/a", "manual/b"]);
-    reg.remove_explicit("s", "manual/b").unwrap();
-    reg.remove_explicit("s", "never/linked").unwrap();
+    reg.remove_explicit(S, "manual/b").unwrap();
+    reg.remove_explicit(S, "never/linked").unwrap();
     assert_eq!(paths(&reg), ["manual/a"]);
     assert_eq!(
-        reg.describe("s", "k", "u").unwrap()["streams"][0]["link_type"],
+        reg.describe(S, "k", "u").unwrap()["streams"][0]["link_type"],
         "explicit"
     );
     assert_eq!(
-        reg.describe("s", "k", "u").unwrap()["streams"][0]["acked_offset"],
+        reg.describe(S, "k", "u").unwrap()["streams"][0]["acked_offset"],
         offset(5)
     );
     // Writes to unlinked streams do nothing; to a linked one, they wake.
@@ -542,7 +644,7 @@ fn explicit_streams_link_and_unlink() {
         .map(|i| (format!("m/{i}"), ZERO_OFFSET.to_string()))
         .collect();
     assert_eq!(
-        reg.add_explicit("s", many).unwrap_err().code,
+        reg.add_explicit(S, many).unwrap_err().code,
         "LIMIT_EXCEEDED"
     );
     reg.on_delete("/v1/stream/manual/a");

@@ -63,7 +63,7 @@ impl Ctx<'_> {
             "callback_token": self.token(sub),
         });
         Some(Job {
-            subscription: sub.id.clone(),
+            subscription: sub.key(),
             incarnation: sub.incarnation,
             generation: sub.generation,
             url: sub.config.webhook_url.clone()?,

@@ -1,0 +1,400 @@
+//! Parses a webhook receiver's answer: pure, over the bytes read so far, so the delivery client
+//! and the fuzz target run the same code. The receiver is untrusted: every size it declares is
+//! checked against the limits below before any arithmetic, and an answer that would pass one
+//! fails the delivery (`Err`) instead of being read on.
+//!
+//! - the head (status line, headers, interim `1xx` answers) is at most
+//!   [`WEBHOOK_RESPONSE_HEAD_BYTES_MAX`] bytes and [`RESPONSE_HEADERS_MAX`] headers;
+//! - the body is at most [`WEBHOOK_RESPONSE_BODY_BYTES_MAX`] bytes, whether its length comes
+//!   from `Content-Length`, from chunk sizes or from the connection closing;
+//! - a chunk-size line is at most [`CHUNK_SIZE_LINE_BYTES_MAX`] bytes and its size at most 16
+//!   hex digits;
+//! - the client stops reading at [`WEBHOOK_RESPONSE_BYTES_MAX`] bytes in all (chunk framing
+//!   included), so whatever the receiver sends, the node holds at most that much of it.
+
+use crate::limits::{
+    CHUNK_SIZE_LINE_BYTES_MAX, WEBHOOK_RESPONSE_BODY_BYTES_MAX, WEBHOOK_RESPONSE_HEAD_BYTES_MAX,
+};
+
+/// Headers of one answer; more fail the delivery.
+pub const RESPONSE_HEADERS_MAX: usize = 64;
+
+/// The most bytes of an answer the client reads: the head, the body and chunk framing. A chunked
+/// body of 1-byte chunks needs 6 bytes per body byte, and chunk extensions more: such an answer
+/// fails here rather than being read for as long as the receiver likes.
+pub const WEBHOOK_RESPONSE_BYTES_MAX: usize =
+    WEBHOOK_RESPONSE_HEAD_BYTES_MAX + 4 * WEBHOOK_RESPONSE_BODY_BYTES_MAX;
+
+/// A final answer.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// What the bytes read so far say.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// The answer is complete.
+    Complete(Answer),
+    /// More bytes are needed; `eof` was false.
+    Partial,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    UntilClose,
+    Empty,
+}
+
+/// Parses `buf`, all the bytes of the answer read so far; `eof`: the receiver closed the
+/// connection after them. `Err` names what was wrong (the delivery fails with it).
+pub fn parse(buf: &[u8], eof: bool) -> Result<Parsed, String> {
+    // Interim answers are skipped; each takes at least one byte, so the loop ends.
+    let mut at = 0;
+    let (status, framing) = loop {
+        let rest = &buf[at..];
+        let mut headers = [httparse::EMPTY_HEADER; RESPONSE_HEADERS_MAX];
+        let mut response = httparse::Response::new(&mut headers);
+        match response.parse(rest) {
+            Ok(httparse::Status::Complete(len)) => {
+                let status = response.code.unwrap_or(0);
+                if status < 100 {
+                    return Err(format!("bad answer: status {status}"));
+                }
+                let framing = framing(status, response.headers)?;
+                at = at.checked_add(len).ok_or("response head too large")?;
+                if at > WEBHOOK_RESPONSE_HEAD_BYTES_MAX {
+                    return Err(head_too_large());
+                }
+                if (100..200).contains(&status) {
+                    continue;
+                }
+                break (status, framing);
+            }
+            Ok(httparse::Status::Partial) => {
+                if buf.len() > WEBHOOK_RESPONSE_HEAD_BYTES_MAX {
+                    return Err(head_too_large());
+                }
+                return if eof {
+                    Err("the receiver closed the connection before a complete answer".into())
+                } else {
+                    Ok(Parsed::Partial)
+                };
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(format!(
+                    "the answer has more than {RESPONSE_HEADERS_MAX} headers"
+                ))
+            }
+            Err(e) => return Err(format!("bad answer: {e}")),
+        }
+    };
+    let body = &buf[at..];
+    let complete = |body: &[u8]| {
+        Ok(Parsed::Complete(Answer {
+            status,
+            body: body.to_vec(),
+        }))
+    };
+    match framing {
+        Framing::Empty => complete(&[]),
+        Framing::Length(len) => match body.get(..len) {
+            Some(body) => complete(body),
+            None if eof => Err("the receiver closed the connection inside the body".into()),
+            None => Ok(Parsed::Partial),
+        },
+        Framing::UntilClose if body.len() > WEBHOOK_RESPONSE_BODY_BYTES_MAX => {
+            Err(body_too_large())
+        }
+        Framing::UntilClose if eof => complete(body),
+        Framing::UntilClose => Ok(Parsed::Partial),
+        Framing::Chunked => match decode_chunks(body)? {
+            Some(decoded) => complete(&decoded),
+            None if eof => Err("the receiver closed the connection inside the body".into()),
+            None => Ok(Parsed::Partial),
+        },
+    }
+}
+
+fn head_too_large() -> String {
+    format!("the answer's head is longer than {WEBHOOK_RESPONSE_HEAD_BYTES_MAX} bytes")
+}
+
+fn body_too_large() -> String {
+    format!("the answer's body is longer than {WEBHOOK_RESPONSE_BODY_BYTES_MAX} bytes")
+}
+
+/// How the body of an answer with `status` and `headers` ends. `Transfer-Encoding` wins over
+/// `Content-Length` (RFC 9112 §6.3); a declared length over the limit fails at once.
+fn framing(status: u16, headers: &[httparse::Header<'_>]) -> Result<Framing, String> {
+    if (100..200).contains(&status) || status == 204 || status == 304 {
+        return Ok(Framing::Empty);
+    }
+    let mut length: Option<usize> = None;
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            let chunked = std::str::from_utf8(h.value).is_ok_and(|v| {
+                v.rsplit(',')
+                    .next()
+                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+            });
+            if !chunked {
+                return Err("the answer's Transfer-Encoding is not chunked".into());
+            }
+            return Ok(Framing::Chunked);
+        }
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let value = content_length(h.value)?;
+            if length.is_some_and(|l| l != value) {
+                return Err("the answer has conflicting Content-Length headers".into());
+            }
+            length = Some(value);
+        }
+    }
+    Ok(length.map_or(Framing::UntilClose, Framing::Length))
+}
+
+/// A `Content-Length` value: digits only, at most the body limit.
+fn content_length(value: &[u8]) -> Result<usize, String> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err("the answer has a bad Content-Length".into());
+    }
+    // Leading zeros aside, more digits than the limit has is over it (and would overflow).
+    let significant = digits
+        .iter()
+        .position(|&d| d != b'0')
+        .map_or(&digits[digits.len()..], |i| &digits[i..]);
+    if significant.len() > 9 {
+        return Err(body_too_large());
+    }
+    let mut length: usize = 0;
+    for &d in significant {
+        length = length
+            .checked_mul(10)
+            .and_then(|l| l.checked_add(usize::from(d - b'0')))
+            .ok_or_else(body_too_large)?;
+    }
+    if length > WEBHOOK_RESPONSE_BODY_BYTES_MAX {
+        return Err(body_too_large());
+    }
+    Ok(length)
+}
+
+/// Decodes a chunked body: `Some(body)` once the last chunk is in (trailers are not waited
+/// for: the node closes the connection), `None` while more bytes are needed.
+fn decode_chunks(buf: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    // Each round consumes at least a "0\r\n"-sized line or returns, so it ends.
+    loop {
+        let rest = &buf[at..];
+        let window = &rest[..rest.len().min(CHUNK_SIZE_LINE_BYTES_MAX + 2)];
+        let Some(line_len) = window.windows(2).position(|w| w == b"\r\n") else {
+            if rest.len() > CHUNK_SIZE_LINE_BYTES_MAX + 1 {
+                return Err(format!(
+                    "a chunk-size line of the answer is longer than {CHUNK_SIZE_LINE_BYTES_MAX} bytes"
+                ));
+            }
+            return Ok(None);
+        };
+        let size = chunk_size(&rest[..line_len])?;
+        // `line_len + 2 <= rest.len()`, so this is within `buf`.
+        at += line_len + 2;
+        if size == 0 {
+            return Ok(Some(out));
+        }
+        let room = WEBHOOK_RESPONSE_BODY_BYTES_MAX - out.len();
+        if size > room as u64 {
+            return Err(body_too_large());
+        }
+        // `size <= room <= WEBHOOK_RESPONSE_BODY_BYTES_MAX`: the sums below cannot overflow.
+        let size = size as usize;
+        let rest = &buf[at..];
+        let Some(data) = rest.get(..size) else {
+            return Ok(None);
+        };
+        match rest.get(size..size + 2) {
+            None if rest.len() <= size + 1 && rest[size..].iter().all(|&b| b == b'\r') => {
+                return Ok(None)
+            }
+            Some(b"\r\n") => {}
+            _ => return Err("a chunk of the answer does not end with CRLF".into()),
+        }
+        out.extend_from_slice(data);
+        at += size + 2;
+    }
+}
+
+/// The size of a chunk-size line (`hex[;extensions]`): 1 to 16 hex digits.
+fn chunk_size(line: &[u8]) -> Result<u64, String> {
+    let bad = || "the answer has a bad chunk size".to_string();
+    let hex = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or(&[])
+        .trim_ascii();
+    if hex.is_empty() || hex.len() > 16 || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return Err(bad());
+    }
+    let mut size: u64 = 0;
+    for &d in hex {
+        let digit = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            _ => d - b'A' + 10,
+        };
+        size = size
+            .checked_mul(16)
+            .and_then(|s| s.checked_add(u64::from(digit)))
+            .ok_or_else(bad)?;
+    }
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn complete(status: u16, body: &[u8]) -> Result<Parsed, String> {
+        Ok(Parsed::Complete(Answer {
+            status,
+            body: body.to_vec(),
+        }))
+    }
+
+    #[test]
+    fn reads_the_three_framings_after_interim_answers() {
+        let chunked = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"don\r\n8;x=y\r\ne\":true}\r\n0\r\n\r\n";
+        assert_eq!(parse(chunked, false), complete(202, b"{\"done\":true}"));
+        let length = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}extra";
+        assert_eq!(parse(length, false), complete(200, b"{}"));
+        assert_eq!(
+            parse(b"HTTP/1.1 500 Oops\r\n\r\nbroken", false),
+            Ok(Parsed::Partial)
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 500 Oops\r\n\r\nbroken", true),
+            complete(500, b"broken")
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 204 No Content\r\n\r\n", false),
+            complete(204, b"")
+        );
+    }
+
+    #[test]
+    fn every_prefix_of_an_answer_is_partial_until_it_is_complete() {
+        let answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        let done = answer.len() - 2;
+        for cut in 0..done {
+            assert_eq!(parse(&answer[..cut], false), Ok(Parsed::Partial), "{cut}");
+            assert!(parse(&answer[..cut], true).is_err(), "{cut}");
+        }
+        assert_eq!(parse(&answer[..done], false), complete(200, b"abc"));
+    }
+
+    /// Issue 36 item 1: `ffffffffffffffff` overflowed `at + size + 2` and the panic took the
+    /// node down; item 2: `7fffffffffffffff` made it buffer whatever followed.
+    #[test]
+    fn declared_sizes_past_the_limits_fail_before_any_arithmetic() {
+        for size in ["ffffffffffffffff", "7fffffffffffffff", "10001"] {
+            let answer =
+                format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{size}\r\nxx");
+            let err = parse(answer.as_bytes(), false).unwrap_err();
+            assert!(err.contains("longer than 65536"), "{size}: {err}");
+        }
+        // 17 digits, or a sign, are not chunk sizes.
+        for size in ["10000000000000000", "+1", "-1", "0x1", ""] {
+            let answer =
+                format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{size}\r\nx");
+            assert_eq!(
+                parse(answer.as_bytes(), false),
+                Err("the answer has a bad chunk size".into()),
+                "{size}"
+            );
+        }
+        // A body that only adds up past the limit.
+        let mut answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..2 {
+            answer.extend_from_slice(b"8000\r\n");
+            answer.extend_from_slice(&[b'x'; 0x8000]);
+            answer.extend_from_slice(b"\r\n");
+        }
+        answer.extend_from_slice(b"1\r\n");
+        assert!(parse(&answer, false).unwrap_err().contains("longer than"));
+        for length in ["65537", "18446744073709551616", "99999999999999999999999"] {
+            let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n");
+            assert!(
+                parse(answer.as_bytes(), false)
+                    .unwrap_err()
+                    .contains("longer than"),
+                "{length}"
+            );
+        }
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\n\r\n{}",
+            "x".repeat(WEBHOOK_RESPONSE_BODY_BYTES_MAX + 1)
+        );
+        assert!(parse(answer.as_bytes(), false)
+            .unwrap_err()
+            .contains("longer than"));
+    }
+
+    #[test]
+    fn malformed_answers_fail() {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\rX0\r\n\r\n",
+            b"SMTP ready\r\n\r\n",
+        ] {
+            assert!(
+                parse(answer, false).is_err(),
+                "{}",
+                String::from_utf8_lossy(answer)
+            );
+        }
+        let long_line = format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;{}",
+            "x".repeat(CHUNK_SIZE_LINE_BYTES_MAX)
+        );
+        assert!(parse(long_line.as_bytes(), false)
+            .unwrap_err()
+            .contains("chunk-size line"));
+        let long_head = format!(
+            "HTTP/1.1 200 OK\r\nX: {}",
+            "x".repeat(WEBHOOK_RESPONSE_HEAD_BYTES_MAX)
+        );
+        assert!(parse(long_head.as_bytes(), false)
+            .unwrap_err()
+            .contains("head"));
+        let many = format!("HTTP/1.1 200 OK\r\n{}\r\n", "X: y\r\n".repeat(65));
+        assert!(parse(many.as_bytes(), false)
+            .unwrap_err()
+            .contains("headers"));
+    }
+
+    proptest! {
+        #![proptest_config(crate::fuzzing::config())]
+
+        /// Fuzz target `webhook_response`: whatever a receiver answers, cut anywhere, parsing
+        /// never panics and a complete answer's body is within the limit.
+        #[test]
+        fn fuzz_webhook_response(input in crate::fuzzing::inputs("webhook_response"), cut in any::<usize>()) {
+            let cut = cut % (input.len() + 1);
+            for (bytes, eof) in [(&input[..], true), (&input[..], false), (&input[..cut], false)] {
+                if let Ok(Parsed::Complete(answer)) = parse(bytes, eof) {
+                    prop_assert!(answer.body.len() <= WEBHOOK_RESPONSE_BODY_BYTES_MAX);
+                    prop_assert!((200..1000).contains(&answer.status));
+                }
+            }
+        }
+    }
+}
