@@ -79,6 +79,10 @@ pub struct AppendRequest {
     pub content_type: Option<String>,
     /// A writer sequence (`Stream-Seq`) that must sort after the last one accepted.
     pub writer_seq: Option<String>,
+    /// The protocol checked that each record is one JSON value by [`crate::json::check_value`]
+    /// (a Durable Streams JSON-mode append); otherwise the owning core checks, when the stream
+    /// is JSON.
+    pub json_checked: bool,
 }
 
 /// A stream to create, as the protocols give it.

@@ -21,6 +21,7 @@ mod gc;
 mod handle;
 pub mod health;
 mod inbox;
+pub mod json;
 pub mod limits;
 mod live;
 pub mod metrics;

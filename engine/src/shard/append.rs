@@ -11,6 +11,7 @@ use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::health::WalHealth;
+use crate::json;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
@@ -240,6 +241,8 @@ impl Shard {
                 producer: None,
                 content_type: None,
                 writer_seq: None,
+                // A create's body is checked here (rare; one rule for both protocols).
+                json_checked: false,
             };
             first = Some(self.append(name, request).await?);
         }
@@ -283,6 +286,7 @@ impl Shard {
             producer,
             content_type,
             writer_seq,
+            json_checked,
         } = request;
         if producer
             .as_ref()
@@ -351,6 +355,17 @@ impl Shard {
                     "the stream is being deleted (empty past its delete-on-empty time); retry"
                         .into(),
                 ));
+            }
+            // One contract for both protocols: a JSON stream's records are JSON values.
+            if !json_checked && json::is_json(&stream.state.content_type) {
+                for (i, record) in records.iter().enumerate() {
+                    json::check_value(&record.body).map_err(|why| {
+                        EngineError::Invalid(format!(
+                            "record {i}: a record of this application/json stream must be one \
+                             JSON value ({why})"
+                        ))
+                    })?;
+                }
             }
             let command = AppendCommand {
                 records: records.len() as u64,

@@ -151,6 +151,7 @@ pub fn append_request(records: Vec<RecordInput>, close: bool) -> AppendRequest {
         producer: None,
         content_type: None,
         writer_seq: None,
+        json_checked: false,
     }
 }
 

@@ -28,7 +28,6 @@ pub struct DsSettings {
 
 /// Immutable catch-up chunks (they end before the tail) may be cached.
 pub(super) const CATCH_UP_CACHE: &str = "public, max-age=60, stale-while-revalidate=300";
-const JSON_TYPE: &str = pico_proto::media::JSON;
 
 /// The wire form of a position: record `seq`, `bytes` into it ([`pico_proto::offset`]).
 pub use pico_proto::offset::format as format_offset;
@@ -46,7 +45,7 @@ pub(super) fn base_url(settings: &DsSettings, request: &Request) -> String {
 }
 
 pub(super) fn is_json(content_type: &str) -> bool {
-    pico_engine::state::mime_base_eq(content_type, JSON_TYPE)
+    pico_engine::json::is_json(content_type)
 }
 
 /// The stream a `Stream-Forked-From` names: a path on this server, with or without our scheme

@@ -46,7 +46,12 @@ pub(super) fn body_records(
         let start = part.as_ptr() as usize - body.as_ptr() as usize;
         body.slice(start..start + part.len())
     };
+    let checked = |part: &str| {
+        pico_engine::json::check_parsed_value(part.as_bytes())
+            .map_err(|why| DsError::bad_request(format!("invalid JSON: {why}")))
+    };
     if !text.starts_with('[') {
+        checked(text)?;
         return Ok(vec![record(slice_of(text))]);
     }
     let too_many = std::cell::Cell::new(false);
@@ -71,10 +76,13 @@ pub(super) fn body_records(
         return Err(DsError::bad_request("empty JSON array"));
     }
     // `text` borrows `body` (serde_json::from_slice on a &[u8] borrows), so do its parts.
-    Ok(elements
+    elements
         .into_iter()
-        .map(|element| record(slice_of(element.get())))
-        .collect())
+        .map(|element| {
+            checked(element.get())?;
+            Ok(record(slice_of(element.get())))
+        })
+        .collect()
 }
 
 /// The elements of a JSON array as slices of it, at most `max` of them: a small body can
@@ -279,6 +287,7 @@ pub(super) async fn append(
         producer,
         content_type,
         writer_seq: request.header(STREAM_SEQ).map(str::to_string),
+        json_checked: json,
     };
     let ack = core.append(&request.path, append).await?;
     let next = format_offset(ack.next_offset, 0);

@@ -195,6 +195,7 @@ pub(super) async fn append(
         producer,
         content_type: None,
         writer_seq: None,
+        json_checked: false,
     };
     let ack = core.append(&request.path, append).await?;
     // Records were appended, or the stream was closed (a producer's duplicate close too).

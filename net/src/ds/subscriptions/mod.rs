@@ -287,6 +287,8 @@ impl Subscriptions {
             producer: None,
             content_type: None,
             writer_seq: None,
+            // The node wrote the event with serde_json: one JSON value.
+            json_checked: true,
         };
         match core.append(stream, append).await {
             Ok(ack) => self.on_stream_write(core, stream, ack.next_offset),

@@ -134,6 +134,7 @@ impl Node {
             producer: None,
             content_type: None,
             writer_seq: None,
+            json_checked: false,
         };
         let ack = self.core.append(&name, append).await.expect("append");
         let tail = offset_string(ack.next_offset);
