@@ -2,7 +2,8 @@
 //! `application/json` stream is one JSON value (at most 64 deep, no lone surrogate), whether
 //! a Durable Streams JSON-mode append or a Pico append wrote it. Before, a Pico append wrote
 //! anything into a JSON stream, and Durable Streams readers then got invalid JSON, one record
-//! read as two messages, or the array closed early.
+//! read as two messages, or the array closed early. And a create must outlast itself: no TTL of
+//! 0, no expiry in the past.
 
 mod common;
 
@@ -118,4 +119,52 @@ fn other_content_types_take_any_bytes_from_either_protocol() {
         b"]]]",
     )
     .expect(204);
+}
+
+/// A stream's lifetime must outlast its create (neighbours of the content-type contract: what
+/// a create promises). A TTL of 0 or an expiry already passed answered `201 Created`, then
+/// `404` to the next request.
+#[test]
+fn a_create_that_would_expire_at_once_is_refused_on_both_protocols() {
+    let (server, ds_addr) = server();
+    let refused = server.request("PUT", "/t0", &[("pico-ttl", "0")], b"");
+    refused.expect(400);
+    assert!(
+        refused.text().contains("Pico-TTL"),
+        "{}",
+        refused.describe()
+    );
+    server
+        .request(
+            "PUT",
+            "/past",
+            &[("pico-expires-at", "2001-01-01T00:00:00Z")],
+            b"",
+        )
+        .expect(400);
+    server
+        .request("PUT", "/t1", &[("pico-ttl", "1")], b"")
+        .expect(201);
+
+    let plain = ("content-type", "text/plain");
+    ds(ds_addr, "PUT", "/d0", &[plain, ("stream-ttl", "0")], b"").expect(400);
+    ds(
+        ds_addr,
+        "PUT",
+        "/dpast",
+        &[plain, ("stream-expires-at", "2001-01-01T00:00:00Z")],
+        b"",
+    )
+    .expect(400);
+    ds(
+        ds_addr,
+        "PUT",
+        "/dfuture",
+        &[plain, ("stream-expires-at", "2100-01-01T00:00:00Z")],
+        b"",
+    )
+    .expect(201);
+    for name in ["/t0", "/past"] {
+        server.head(name).expect(404);
+    }
 }

@@ -55,6 +55,25 @@ pub fn query_values(query: &str, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// A new stream's lifetime must outlast its create: a TTL of 0 or an expiry that has passed
+/// would answer `201 Created` and then `404` to the next request. `Err` says which header.
+pub fn check_expiry(
+    ttl_sec: Option<u64>,
+    expires_at_ms: Option<i64>,
+    ttl_header: &str,
+    expires_header: &str,
+) -> Result<(), String> {
+    if ttl_sec == Some(0) {
+        return Err(format!(
+            "{ttl_header} must be at least 1 second (0 would expire the stream at once)"
+        ));
+    }
+    if expires_at_ms.is_some_and(|at| at <= pico_engine::now_ms()) {
+        return Err(format!("{expires_header} is in the past"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

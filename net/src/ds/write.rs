@@ -135,6 +135,8 @@ fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> 
             "Stream-TTL and Stream-Expires-At are mutually exclusive",
         ));
     }
+    crate::params::check_expiry(ttl, expires, "Stream-TTL", "Stream-Expires-At")
+        .map_err(DsError::bad_request)?;
     Ok((ttl, expires))
 }
 

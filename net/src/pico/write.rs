@@ -97,6 +97,8 @@ pub(super) async fn create(
             "Pico-TTL and Pico-Expires-At both set",
         ));
     }
+    crate::params::check_expiry(ttl_sec, expires_at_ms, "Pico-TTL", "Pico-Expires-At")
+        .map_err(ApiError::bad_request)?;
     let closed = header_true(request, PICO_CLOSED);
     let config = StreamConfig {
         content_type: stream_content_type(request),
