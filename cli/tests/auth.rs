@@ -173,3 +173,44 @@ fn remote_listeners_need_auth_or_an_explicit_opt_in() {
     assert!(String::from_utf8_lossy(&output.stderr)
         .contains("--auth required needs --auth-tokens FILE"));
 }
+
+/// A token file that grants nothing would make a node that refuses every request: it does not
+/// start, and says why. A file saved "UTF-8 with BOM" works (the mark is not part of the first
+/// token), and a token no client could send (not visible ASCII) is named by its line.
+#[test]
+fn token_files_that_would_lock_everyone_out_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |file: &std::path::Path| {
+        let file = file.to_str().unwrap().to_string();
+        common::pico(
+            dir.path(),
+            &[
+                "serve",
+                "--auth",
+                "required",
+                "--auth-tokens",
+                &file,
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+            ],
+        )
+    };
+    for (name, text, expected) in [
+        ("empty", "# nobody yet\n\n", "no grants"),
+        ("nbsp", "tok\u{a0}en / read\n", "line 1"),
+        ("cyrillic", "ok / read\nt\u{43e}ken / read\n", "line 2"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let output = serve(&path);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+    }
+
+    let (server, _tokens) = common::start_with_tokens("\u{feff}writer / read,append\n", &[]);
+    let created = request(&server, "PUT", "/bom", Some("writer"), b"");
+    created.expect(201);
+}

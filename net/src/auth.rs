@@ -78,6 +78,8 @@ impl TokenTable {
     /// Parses the token file format (module docs); errors name the line.
     pub fn parse(text: &str) -> Result<TokenTable, String> {
         let mut grants = Vec::new();
+        // Editors that save "UTF-8 with BOM" put U+FEFF before the first token.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (number, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
             if line.is_empty() {
@@ -103,6 +105,14 @@ impl TokenTable {
                         ))
                     }
                 };
+            }
+            // A bearer token is visible ASCII (RFC 6750); anything else could never match
+            // what a client sends, and would fail every request silently.
+            if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "line {}: the token holds a character other than visible ASCII",
+                    number + 1
+                ));
             }
             if !prefix.starts_with('/') {
                 return Err(format!("line {}: the prefix must start with /", number + 1));

@@ -55,6 +55,15 @@ pub(super) fn load_tokens(config: &ServerConfig) -> Result<Option<Arc<SharedToke
     match (config.auth_required, &config.auth_tokens) {
         (true, Some(path)) => {
             let tokens = SharedTokens::load(path)?;
+            // A node that refuses every request is a mistake, not a configuration (emptying
+            // the file and reloading it, to revoke every token at once, stays possible).
+            if tokens.current_len() == 0 {
+                return Err(format!(
+                    "--auth-tokens {}: no grants, so every request would be refused: add lines \
+                     `token prefix permissions` (docs/security.md)",
+                    path.display()
+                ));
+            }
             Ok(Some(tokens))
         }
         (true, None) => Err("--auth required needs --auth-tokens FILE".into()),
