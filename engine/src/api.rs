@@ -249,7 +249,10 @@ pub(crate) enum Reply {
         start_offset: u64,
     },
     Configured(StreamInfo),
-    Deleted,
+    /// Deleted; for a fork, the source (name and id) whose reference the asker gives back.
+    Deleted {
+        fork_source: Option<(String, u64)>,
+    },
     /// A fork point validated and counted: where the fork starts, and the source's
     /// configuration (a fork inherits its content type and expiry when it gives none).
     ForkPoint {

@@ -154,12 +154,24 @@ impl Router {
         .await
     }
 
+    /// Deletes `name`. A fork's reference to its source is given back before the answer, so a
+    /// deleted source is gone (its name free) once its last fork's delete is answered; a
+    /// release that fails goes to the retry loop (`fork::release_loop`).
     pub(crate) async fn delete(&self, name: &str) -> Result<(), EngineError> {
-        self.ask(name, Op::Delete, |reply| match reply {
-            Reply::Deleted => Ok(()),
-            other => Err(Box::new(other)),
-        })
-        .await
+        let fork_source = self
+            .ask(name, Op::Delete, |reply| match reply {
+                Reply::Deleted { fork_source } => Ok(fork_source),
+                other => Err(Box::new(other)),
+            })
+            .await?;
+        if let Some((source, source_id)) = fork_source {
+            if let Err(e) = self.fork_release(&source, source_id).await {
+                log::warn!("could not release a fork of {source} ({e}); trying again");
+                self.shard.requeue_fork_releases(vec![(source, source_id)]);
+                self.shard.fork_released.notify();
+            }
+        }
+        Ok(())
     }
 
     /// Validates a fork point with the source and counts the reference: where the fork

@@ -156,7 +156,9 @@ impl Shard {
 
     /// Deletes a stream; one that forks still read is only deleted for clients (soft
     /// delete): `410` from then on, its name stays taken, its records stay for the forks.
-    pub(super) async fn delete(&self, name: &str) -> Result<(), EngineError> {
+    /// Deletes `name`; for a fork, the source it read (its reference is the caller's to give
+    /// back, so the source's name is free once the delete is answered).
+    pub(super) async fn delete(&self, name: &str) -> Result<Option<(String, u64)>, EngineError> {
         let id = self.live_stream_id(name, false).await?;
         let has_forks = self
             .streams
@@ -164,7 +166,7 @@ impl Shard {
             .get(name)
             .is_some_and(|s| s.state.extras().fork_refs > 0);
         if !has_forks {
-            return self.remove_stream(name, id).await;
+            return self.remove_stream_keeping_release(name, id).await;
         }
         let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
         let deleted = self
@@ -179,7 +181,7 @@ impl Shard {
                 let _ = waiter.send(());
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Validates a fork point on this (source) stream and counts the fork's reference.
@@ -249,7 +251,22 @@ impl Shard {
         self.fork_released.notify();
     }
 
+    /// Removes the stream; a fork's reference to its source is given back by the release loop.
     pub(super) async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {
+        if let Some(release) = self.remove_stream_keeping_release(name, id).await? {
+            self.fork_releases.borrow_mut().push(release);
+            self.fork_released.notify();
+        }
+        Ok(())
+    }
+
+    /// Removes the stream; a fork's source and source id are returned for the caller to
+    /// release.
+    async fn remove_stream_keeping_release(
+        &self,
+        name: &str,
+        id: u64,
+    ) -> Result<Option<(String, u64)>, EngineError> {
         let fence = self
             .streams
             .borrow()
@@ -270,14 +287,11 @@ impl Shard {
                     let _ = waiter.send(());
                 }
                 if let Some(origin) = stream.state.fork().cloned() {
-                    self.fork_releases
-                        .borrow_mut()
-                        .push((origin.source, origin.source_id));
-                    self.fork_released.notify();
+                    return Ok(Some((origin.source, origin.source_id)));
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {

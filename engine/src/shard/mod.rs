@@ -172,7 +172,10 @@ impl Shard {
             Op::Configure { change } => self.configure(name, change).await.map(Reply::Configured),
             Op::Read(request) => self.read(name, request).await.map(Reply::Read),
             Op::Head => self.head(name).await.map(Reply::Head),
-            Op::Delete => self.delete(name).await.map(|()| Reply::Deleted),
+            Op::Delete => self
+                .delete(name)
+                .await
+                .map(|fork_source| Reply::Deleted { fork_source }),
         }
     }
 }

@@ -116,7 +116,11 @@ impl Shard {
                             continue;
                         }
                         match self.delete(&name).await {
-                            Ok(()) => {
+                            Ok(fork_source) => {
+                                if let Some(release) = fork_source {
+                                    self.fork_releases.borrow_mut().push(release);
+                                    self.fork_released.notify();
+                                }
                                 log::info!("retention: deleted {name} (empty)");
                                 CoreMetrics::add(&self.metrics.retention_deleted_streams, 1);
                             }
