@@ -1,6 +1,6 @@
 //! Durable Streams subscriptions across a restart of a real `pico serve --protocol ds`: the
 //! definitions, links, acked offsets, wake generations and the node's keys are in the state
-//! file (`<wal-dir>/subscriptions.json`), so after a SIGKILL and a start on the same
+//! files (`<wal-dir>/subscriptions.json` and `subscriptions.d/`), so after a SIGKILL and a start on the same
 //! directories every subscription answers as before, the JWKS names the same key, a callback
 //! token of before the restart is fenced (not invalid), and writes wake the subscriptions again.
 
@@ -442,14 +442,17 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
     // Written by the sweeper, not by the write: the state file gets the link (and the wake,
     // made by the same write) without another request. Waited for, not slept on, so that a
     // busy machine's late sweep is not mistaken for a lost one.
-    let state_file = server.wal_dir().join("subscriptions.json");
+    // Each subscription has a file of its own in subscriptions.d.
+    let state_dir = server.wal_dir().join("subscriptions.d");
     wait_for(
         "the sweeper to write the link",
         Duration::from_secs(30),
         || {
-            std::fs::read_to_string(&state_file)
-                .ok()
-                .filter(|state| state.contains("jobs/new"))
+            let files = std::fs::read_dir(&state_dir).ok()?;
+            let state: String = files
+                .filter_map(|file| std::fs::read_to_string(file.ok()?.path()).ok())
+                .collect();
+            state.contains("jobs/new").then_some(())
         },
     );
     server.restart();

@@ -25,7 +25,7 @@ mod state;
 mod tests;
 mod wake;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -64,6 +64,7 @@ macro_rules! ctx {
                 clock: $clock,
                 effects: $effects,
                 version: &mut $self.version,
+                changed: &mut $self.changed,
             },
         )
     };
@@ -76,12 +77,30 @@ impl Registry {
             tokens,
             rng: SystemRandom::new(),
             version: 0,
+            changed: HashSet::new(),
             resume: false,
         }
     }
 
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Records that the durable state of subscription `key` changed (or that it is gone).
+    fn mark_changed(&mut self, key: &str) {
+        self.version += 1;
+        self.changed.insert(key.to_string());
+    }
+
+    /// The keys of the subscriptions changed (or deleted) since the last call: what the state
+    /// store writes again.
+    pub fn take_changed(&mut self) -> HashSet<String> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Gives back keys a failed write took: they are written with the next.
+    pub fn keep_changed(&mut self, keys: HashSet<String>) {
+        self.changed.extend(keys);
     }
 
     pub fn tokens(&self) -> &TokenKey {
@@ -170,6 +189,7 @@ impl Registry {
         }
         let mut incarnation = [0u8; 8];
         let _ = self.rng.fill(&mut incarnation);
+        self.mark_changed(&key);
         self.subs.insert(
             key,
             Sub {
@@ -188,7 +208,6 @@ impl Registry {
                 overflow_warned: false,
             },
         );
-        self.version += 1;
         Ok(true)
     }
 
@@ -232,7 +251,7 @@ impl Registry {
     pub fn delete(&mut self, key: &str) -> bool {
         let removed = self.subs.remove(key).is_some();
         if removed {
-            self.version += 1;
+            self.mark_changed(key);
         }
         removed
     }
@@ -266,7 +285,7 @@ impl Registry {
                 })
                 .explicit = true;
         }
-        self.version += 1;
+        self.mark_changed(key);
         Ok(())
     }
 
@@ -278,7 +297,7 @@ impl Registry {
             if !link.glob {
                 sub.streams.remove(path);
             }
-            self.version += 1;
+            self.mark_changed(key);
         }
         Ok(())
     }
@@ -321,14 +340,14 @@ impl Registry {
                         tail: ZERO_OFFSET.to_string(),
                     },
                 );
-                ctx.touch();
+                ctx.touch(sub);
             }
             let Some(link) = sub.streams.get_mut(rel) else {
                 continue;
             };
             if by_pattern && !link.glob {
                 link.glob = true;
-                ctx.touch();
+                ctx.touch_key(key(&sub.root, &sub.id));
             }
             // Writes on different cores may report out of order: tails only move forward.
             if tail > link.tail.as_str() {
@@ -344,10 +363,11 @@ impl Registry {
 
     /// The stream was deleted: a later stream of the same name starts from scratch.
     pub fn on_delete(&mut self, full_path: &str) {
-        for sub in self.subs.values_mut() {
+        for (key, sub) in self.subs.iter_mut() {
             if let Some(rel) = sub.relative(full_path) {
                 if sub.streams.remove(rel).is_some() {
                     self.version += 1;
+                    self.changed.insert(key.clone());
                 }
             }
         }
@@ -415,7 +435,7 @@ impl Registry {
             }
         }
         if !request.acks.is_empty() {
-            ctx.touch();
+            ctx.touch(sub);
         }
         let lease = sub.lease();
         if let Some(wake) = sub.wake.as_mut() {
@@ -535,14 +555,14 @@ impl Registry {
                         }
                     }
                 }
-                ctx.touch();
+                ctx.touch(sub);
                 sub.failed = false;
                 sub.attempts = 0;
                 ctx.end_wake(sub);
             }
             Outcome::Accepted => {
                 if sub.failed {
-                    ctx.touch();
+                    ctx.touch_key(job.subscription.clone());
                 }
                 sub.failed = false;
                 sub.attempts = 0;
@@ -552,7 +572,7 @@ impl Registry {
             }
             Outcome::Failed(reason) => {
                 if !sub.failed {
-                    ctx.touch();
+                    ctx.touch_key(job.subscription.clone());
                 }
                 sub.failed = true;
                 sub.attempts += 1;

@@ -16,47 +16,44 @@ use crate::limits::{
 /// restart they are simply gone, as if their leases had run out, and `resume` announces the
 /// pending work again with a new generation.
 impl Registry {
-    /// The subscriptions as JSON (without the keys, which `store` adds).
+    /// The subscriptions as JSON (without the keys, which `store` adds), by root and id.
+    #[cfg(test)]
     pub fn snapshot(&self) -> Value {
         let mut subs: Vec<&Sub> = self.subs.values().collect();
         subs.sort_by(|a, b| (&a.root, &a.id).cmp(&(&b.root, &b.id)));
-        let subs: Vec<Value> = subs
-            .into_iter()
-            .map(|sub| {
-                let streams: Vec<Value> = sub
-                    .streams
-                    .iter()
-                    .map(|(path, link)| {
-                        json!({
-                            "path": path,
-                            "explicit": link.explicit,
-                            "glob": link.glob,
-                            "acked": link.acked,
-                            "tail": link.tail,
-                        })
-                    })
-                    .collect();
-                json!({
-                    "id": sub.id,
-                    "incarnation": sub.incarnation,
-                    "root": sub.root,
-                    "scope": sub.scope,
-                    "callback_base": sub.callback_base,
-                    "created_at": sub.created_at,
-                    "config": config_body(&sub.config),
-                    "failed": sub.failed,
-                    "generation": sub.generation,
-                    "streams": streams,
-                })
-            })
-            .collect();
-        Value::Array(subs)
+        Value::Array(subs.into_iter().map(sub_json).collect())
+    }
+
+    /// One subscription as `snapshot` has it; `None` when there is none under `key`.
+    pub fn snapshot_of(&self, key: &str) -> Option<Value> {
+        self.subs.get(key).map(sub_json)
+    }
+
+    /// Marks every subscription changed (state read from a file of another format: the store
+    /// writes all of it again).
+    pub fn mark_all_changed(&mut self) {
+        self.version += 1;
+        self.changed.extend(self.subs.keys().cloned());
     }
 
     /// The registry `snapshot` wrote, with the token key of the same file. Anything missing or
     /// malformed is an error: a file this node did not write is not half-trusted.
     pub fn restore(snapshot: &Value, tokens: TokenKey) -> Result<Registry, String> {
         let items = snapshot.as_array().ok_or("subscriptions is not an array")?;
+        let labeled: Vec<(String, Value)> = items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| (format!("subscription {index}"), item.clone()))
+            .collect();
+        Registry::restore_labeled(&labeled, tokens)
+    }
+
+    /// [`Registry::restore`] of subscriptions given one by one, each with the label its errors
+    /// start with (a file name).
+    pub fn restore_labeled(
+        items: &[(String, Value)],
+        tokens: TokenKey,
+    ) -> Result<Registry, String> {
         if items.len() > SUBSCRIPTIONS_PER_NODE_MAX {
             return Err(format!(
                 "{} subscriptions, more than the {SUBSCRIPTIONS_PER_NODE_MAX} a node holds",
@@ -64,11 +61,11 @@ impl Registry {
             ));
         }
         let mut registry = Registry::new(tokens);
-        for (index, item) in items.iter().enumerate() {
-            let sub = restore_sub(item).map_err(|e| format!("subscription {index}: {e}"))?;
+        for (label, item) in items {
+            let sub = restore_sub(item).map_err(|e| format!("{label}: {e}"))?;
             let key = sub.key();
             if registry.subs.contains_key(&key) {
-                return Err(format!("subscription {index}: duplicate id {:?}", sub.id));
+                return Err(format!("{label}: duplicate id {:?}", sub.id));
             }
             registry.subs.insert(key, sub);
         }
@@ -96,6 +93,35 @@ impl Registry {
             })
             .collect()
     }
+}
+
+/// One subscription's durable state (wakes left out, see above).
+fn sub_json(sub: &Sub) -> Value {
+    let streams: Vec<Value> = sub
+        .streams
+        .iter()
+        .map(|(path, link)| {
+            json!({
+                "path": path,
+                "explicit": link.explicit,
+                "glob": link.glob,
+                "acked": link.acked,
+                "tail": link.tail,
+            })
+        })
+        .collect();
+    json!({
+        "id": sub.id,
+        "incarnation": sub.incarnation,
+        "root": sub.root,
+        "scope": sub.scope,
+        "callback_base": sub.callback_base,
+        "created_at": sub.created_at,
+        "config": config_body(&sub.config),
+        "failed": sub.failed,
+        "generation": sub.generation,
+        "streams": streams,
+    })
 }
 
 /// A `Config` as the `PUT` body that configures it, so `restore` reads it with `parse_config`

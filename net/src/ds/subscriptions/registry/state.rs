@@ -1,7 +1,7 @@
 //! The registry's state: each subscription with its linked streams (acked offset and last tail
 //! seen) and its outstanding wake, and the effects and jobs transitions hand the caller.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use ring::rand::SystemRandom;
@@ -211,6 +211,8 @@ pub struct Registry {
     /// Goes up whenever state that the state file keeps changes (see `snapshot`); the store
     /// compares it with the version it last wrote.
     pub(super) version: u64,
+    /// The subscriptions whose durable state changed since the store last took them.
+    pub(super) changed: HashSet<String>,
     /// Restored from a file: the wakes that were outstanding are gone, so pending work is to be
     /// announced again (`resume`).
     pub(super) resume: bool,

@@ -23,11 +23,20 @@ pub(super) struct Ctx<'a> {
     pub(super) effects: &'a mut Vec<Effect>,
     /// The registry's `version`: bumped when durable state changes.
     pub(super) version: &'a mut u64,
+    /// The registry's changed subscriptions (see `Registry::take_changed`).
+    pub(super) changed: &'a mut std::collections::HashSet<String>,
 }
 
 impl Ctx<'_> {
-    pub(super) fn touch(&mut self) {
+    /// `sub`'s durable state changed.
+    pub(super) fn touch(&mut self, sub: &Sub) {
+        self.touch_key(sub.key());
+    }
+
+    /// The durable state of the subscription with registry key `key` changed.
+    pub(super) fn touch_key(&mut self, key: String) {
         *self.version += 1;
+        self.changed.insert(key);
     }
 
     pub(super) fn token(&self, sub: &Sub) -> String {
@@ -75,7 +84,7 @@ impl Ctx<'_> {
         sub.generation += 1;
         // Persisted lazily: a generation lost in a crash is handed out again, but never with
         // the same wake id, so a token of the lost wake stays fenced.
-        self.touch();
+        self.touch(sub);
         let snapshot = sub
             .streams
             .iter()
