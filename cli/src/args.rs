@@ -79,8 +79,8 @@ pub struct ServeArgs {
     )]
     pub listen: String,
 
-    /// an extra listener speaking the other protocol (Durable Streams with the default --protocol pico) on the same node and data [env: PICO_DS_LISTEN]
-    #[argh(option, arg_name = "addr", from_str_fn(parse_socket_addr))]
+    /// listener of the Durable Streams protocol beside the Pico one, same node and data, or off (default: the host of --listen, port 4438; port 0 when --listen's is 0; with --protocol ds, where --listen speaks Durable Streams, an extra Pico listener and none by default) [env: PICO_DS_LISTEN]
+    #[argh(option, arg_name = "addr|off", from_str_fn(parse_listener_or_off))]
     pub ds_listen: Option<String>,
 
     /// admin listener address for /health and /ready (default 127.0.0.1:9090) [env: PICO_ADMIN_LISTEN]
@@ -763,6 +763,14 @@ pub fn parse_socket_addr(value: &str) -> Result<String, String> {
         }
         _ => Err("expected HOST:PORT, e.g. 127.0.0.1:4437".into()),
     }
+}
+
+/// `--ds-listen`: `HOST:PORT`, or `off` for no second listener.
+pub fn parse_listener_or_off(value: &str) -> Result<String, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok("off".into());
+    }
+    parse_socket_addr(value).map_err(|e| format!("{e}, or off"))
 }
 
 /// Byte sizes: a plain number, or one with a binary suffix (`64KiB`, `8MiB`, `1G`; `K`, `KB`

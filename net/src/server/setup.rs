@@ -293,6 +293,7 @@ pub(super) fn protocol_settings(
         auth,
         subscriptions: subscriptions.clone(),
         default_retention: config.default_retention,
+        durable_streams: Default::default(),
     };
     let ds_settings = DsSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
@@ -304,6 +305,7 @@ pub(super) fn protocol_settings(
         scheme,
         subscriptions,
         default_retention: config.default_retention,
+        pico: Default::default(),
     };
     (settings, ds_settings)
 }
