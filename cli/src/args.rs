@@ -28,7 +28,7 @@ pub struct Cli {
     #[argh(switch)]
     pub http2: bool,
 
-    /// saved profile to take endpoint, protocol and http2 defaults from [env: PICO_PROFILE]
+    /// saved profile to take endpoint, protocol, http2, token and ca-cert defaults from (default: the config file's default profile) [env: PICO_PROFILE]
     #[argh(option, arg_name = "name")]
     pub profile: Option<String>,
 
@@ -510,11 +510,15 @@ pub enum ConfigCommand {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "set")]
-/// Save the given global flags (--endpoint, --protocol, --http2) into a profile; the first saved profile becomes the default.
+/// Save the given global flags (--endpoint, --protocol, --http2, --token, --ca-cert) into a profile; plain commands use it only with --profile NAME, or once it is the default (--default here, or pico config use NAME).
 pub struct ConfigSetArgs {
     #[argh(positional)]
     /// profile name
     pub name: String,
+
+    /// also make it the default profile, which commands without --profile use [env: PICO_DEFAULT]
+    #[argh(switch)]
+    pub default: bool,
 
     /// save http2 = false in the profile [env: PICO_NO_HTTP2]
     #[argh(switch)]
@@ -523,7 +527,7 @@ pub struct ConfigSetArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "get")]
-/// Print a profile as <name>TAB<endpoint> <protocol> <http2> (- when unset); default: the default profile.
+/// Print a profile as <name>TAB<endpoint> <protocol> <http2> (- when unset), then token=(saved) and ca_cert=<path> when saved; default: the default profile.
 pub struct ConfigGetArgs {
     #[argh(positional)]
     /// profile name

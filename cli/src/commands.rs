@@ -280,7 +280,11 @@ fn print_page(out: &mut impl Write, page: &ReadPage) -> io::Result<(u64, u64)> {
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Failure {
-        Failure::Fatal(e.to_string())
+        match e {
+            // No answer at all: `main` says what to check and where the endpoint came from.
+            ClientError::Transport(_) => Failure::Unreachable(e.to_string()),
+            e => Failure::Fatal(e.to_string()),
+        }
     }
 }
 
