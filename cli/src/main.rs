@@ -31,6 +31,17 @@ use pico_client::{Client, ClientConfig, Protocol};
 
 use crate::args::{Cli, Command, DEFAULT_ENDPOINT};
 
+/// The release and the commit this binary was built from (`build.rs`).
+pub const BUILD: pico_net::config::BuildInfo = pico_net::config::BuildInfo {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("PICO_GIT_COMMIT"),
+};
+
+/// `pico --version`: one line, also what `pico -V` prints.
+fn version_line() -> String {
+    format!("pico {} (commit {})", BUILD.version, BUILD.commit)
+}
+
 /// How a command failed, which decides the message and the exit code.
 #[derive(Debug)]
 pub enum Failure {
@@ -119,6 +130,13 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
                 );
                 return Err(ExitCode::from(2));
             }
+        }
+    }
+    // argh has no version flag: answered before it parses, as the only word.
+    if let [only] = args.as_slice() {
+        if only == "--version" || only == "-V" {
+            println!("{}", version_line());
+            return Err(ExitCode::SUCCESS);
         }
     }
     let env = |name: &str| std::env::var(name).ok();

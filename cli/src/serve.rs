@@ -172,6 +172,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
         on_serving: Some(on_serving),
+        build: crate::BUILD,
         in_flight_bytes_max: optional_size(
             args.max_in_flight_bytes,
             "--max-in-flight-bytes",
@@ -382,6 +383,7 @@ mod tests {
         assert!(config.on_serving.is_some());
         let expected = ServerConfig {
             on_serving: config.on_serving,
+            build: crate::BUILD,
             ..ServerConfig::default()
         };
         assert_eq!(format!("{config:?}"), format!("{expected:?}"));

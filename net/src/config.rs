@@ -8,6 +8,25 @@ pub use pico_engine::Durability;
 /// The protocol a listener speaks.
 pub use pico_proto::Protocol;
 
+/// What build the node runs, as the start-up log, `/metrics` (`pico_build_info`), the admin
+/// API and the dashboard report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildInfo {
+    /// The release, e.g. `0.2.0`.
+    pub version: &'static str,
+    /// The short git commit it was built from, or `unknown`.
+    pub commit: &'static str,
+}
+
+impl Default for BuildInfo {
+    fn default() -> Self {
+        BuildInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: "unknown",
+        }
+    }
+}
+
 /// The port of the Durable Streams listener `pico serve` opens beside the Pico one.
 pub const DS_LISTEN_PORT_DEFAULT: u16 = 4438;
 
@@ -104,6 +123,8 @@ pub struct ServerConfig {
     /// then): `pico serve` hands freed memory back to the operating system there. The stop
     /// signals are blocked on that thread, and so on any thread it starts.
     pub on_serving: Option<fn()>,
+    /// The version and commit reported (`pico serve` sets the commit it was built from).
+    pub build: BuildInfo,
 }
 
 impl Default for ServerConfig {
@@ -152,6 +173,7 @@ impl Default for ServerConfig {
             tls_cert: None,
             tls_key: None,
             on_serving: None,
+            build: BuildInfo::default(),
         }
     }
 }

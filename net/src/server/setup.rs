@@ -188,6 +188,11 @@ pub(super) fn log_startup(
     report: &[String],
     auth: Option<&SharedTokens>,
 ) {
+    log::info!(
+        "pico {} (commit {})",
+        config.build.version,
+        config.build.commit
+    );
     for line in report {
         log::info!("{line}");
     }
@@ -337,6 +342,7 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         storage: config.storage.clone(),
         meta_url: pico_engine::displayed_meta_url(&config.meta_url),
         wal_salvaged: Vec::new(),
+        build: config.build,
     }
 }
 
