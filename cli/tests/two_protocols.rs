@@ -219,3 +219,90 @@ fn listeners_that_would_share_an_address_are_refused() {
         assert!(stderr.contains(expected), "{flags:?}: {stderr}");
     }
 }
+
+/// What the client says when it talks to the wrong kind of listener (issue 37, "Errors that
+/// say what to do"): nothing listening, `http://` to a TLS node, `https://` to a plain one, a
+/// Pico client on the Durable Streams listener and the reverse.
+#[test]
+fn client_errors_say_what_to_do() {
+    let plain = Server::start(&["--cores", "1"]);
+    let durable = plain.second.expect("the Durable Streams listener");
+    let certs = tempfile::tempdir().unwrap();
+    assert!(common::pico(certs.path(), &["cert", "--dir", "."])
+        .status
+        .success());
+    let tls = Server::start(&[
+        "--cores",
+        "1",
+        "--ds-listen",
+        "off",
+        "--tls-cert",
+        &certs.path().join("cert.pem").display().to_string(),
+        "--tls-key",
+        &certs.path().join("key.pem").display().to_string(),
+    ]);
+    let fails = |args: &[&str], wanted: &[&str]| {
+        let out = common::pico(plain.dir(), args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        for part in wanted {
+            assert!(stderr.contains(part), "{args:?}: {part:?} not in {stderr}");
+        }
+    };
+    // A port nothing listens on: one bound and closed at once.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let nowhere = format!("http://{closed}");
+    fails(
+        &["--endpoint", &nowhere, "head", "/s"],
+        &[&format!("is `pico serve` running at {nowhere}?")],
+    );
+    let tls_addr = tls.addr.to_string();
+    fails(
+        &["--endpoint", &format!("http://{tls_addr}"), "head", "/s"],
+        &[&format!(
+            "if the node serves TLS (pico serve --tls-cert), use https://{tls_addr}"
+        )],
+    );
+    let plain_addr = plain.addr.to_string();
+    fails(
+        &["--endpoint", &format!("https://{plain_addr}"), "head", "/s"],
+        &[&format!(
+            "answered in plain HTTP, not TLS: use http://{plain_addr}"
+        )],
+    );
+    // A Pico client on the Durable Streams listener: refused, naming the Pico listener; where
+    // the request is one both protocols share, the answer's missing headers are explained.
+    let on_ds = format!("http://{durable}");
+    fails(
+        &["--endpoint", &on_ds, "read", "/s"],
+        &[
+            "WRONG_PROTOCOL (400)",
+            &format!("this node serves the Pico protocol at http://{plain_addr}"),
+        ],
+    );
+    assert!(
+        common::pico(plain.dir(), &["--endpoint", &on_ds, "create", "/s"])
+            .status
+            .success()
+    );
+    fails(
+        &["--endpoint", &on_ds, "head", "/s"],
+        &["is it a Durable Streams listener? Use --protocol ds there"],
+    );
+    // And the reverse.
+    let on_pico = format!("http://{plain_addr}");
+    fails(
+        &["--protocol", "ds", "--endpoint", &on_pico, "read", "/s"],
+        &[
+            "wrong_protocol (400)",
+            &format!("this node serves Durable Streams at http://{durable}"),
+        ],
+    );
+    fails(
+        &["--protocol", "ds", "--endpoint", &on_pico, "head", "/s"],
+        &["is it a Pico listener? Use --protocol pico there"],
+    );
+}
