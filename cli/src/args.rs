@@ -70,7 +70,7 @@ pub enum Command {
 #[argh(subcommand, name = "serve")]
 /// Run a PicoMQ node.
 pub struct ServeArgs {
-    /// protocol listener address (default 127.0.0.1:4437) [env: PICO_LISTEN]
+    /// listener of the Pico protocol, or of Durable Streams with --protocol ds (default 127.0.0.1:4437) [env: PICO_LISTEN]
     #[argh(
         option,
         arg_name = "addr",

@@ -23,6 +23,7 @@ mod logger;
 mod profile;
 mod progress;
 mod serve;
+mod serve_help;
 
 use std::process::ExitCode;
 
@@ -151,7 +152,11 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
     let words: Vec<&str> = normalized.args.iter().map(String::as_str).collect();
     Cli::from_args(&["pico"], &words).map_err(|early_exit| match early_exit.status {
         Ok(()) => {
-            println!("{}", early_exit.output);
+            if normalized.command_path == ["serve"] {
+                println!("{}", serve_help::regroup(&early_exit.output));
+            } else {
+                println!("{}", early_exit.output);
+            }
             ExitCode::SUCCESS
         }
         Err(()) => {
