@@ -88,7 +88,9 @@ fn a_durable_streams_fan_out_against_a_pico_node_says_so() {
     let text = format!("{stdout}{stderr}");
     assert!(
         text.contains("wrong_protocol")
-            && text.contains(&format!("this node serves Durable Streams at http://{durable}")),
+            && text.contains(&format!(
+                "this node serves Durable Streams at http://{durable}"
+            )),
         "{text}"
     );
 }
