@@ -48,9 +48,10 @@ WORKDIR /var/lib/picomq
 VOLUME /var/lib/picomq
 USER picomq
 
-# 4437: the protocol listener (Pico, or Durable Streams with --protocol ds). 9090: the admin
-# listener (/health, /ready, /metrics, the dashboard and the admin API).
-EXPOSE 4437 9090
+# 4437: the Pico protocol listener. 4438: the Durable Streams listener (opened by default on
+# the host of --listen; --ds-listen off closes it). 9090: the admin listener (/health, /ready,
+# /metrics, the dashboard and the admin API).
+EXPOSE 4437 4438 9090
 
 # /ready answers 200 once every core serves. No curl in the image: bash's /dev/tcp does the
 # request. Assumes the admin listener on :9090 without TLS (disable with --no-healthcheck).

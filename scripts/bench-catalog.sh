@@ -40,7 +40,7 @@ run_catalog_case() { # backend (sqlite|postgres)
     meta_url="sqlite:$work/meta.db"
   fi
   # --durability local on both: the same segments and commit rounds, only the catalog differs.
-  "$PICO_BIN" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+  "$PICO_BIN" serve --listen "127.0.0.1:$port" --ds-listen off --admin-listen "127.0.0.1:$((port + 1))" \
     --meta-url "$meta_url" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
     --durability local >"$work/server.out" 2>"$work/server.log" &
   server=$!

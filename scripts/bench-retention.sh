@@ -19,7 +19,7 @@ run() {
     local work port pid
     work="$(mktemp -d)"
     port=$((20000 + RANDOM % 12000))
-    "$bin" serve --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
+    "$bin" serve --listen "127.0.0.1:$port" --ds-listen off --admin-listen 127.0.0.1:0 \
         --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" \
         --wal-dir "$work/wal" "${common[@]}" "$@" >"$work/out" 2>"$work/log" &
     pid=$!

@@ -44,7 +44,7 @@ echo "| RSS growth per stream after the creates, at once / 3 s later | $(((after
 kill -TERM "$node_pid"
 wait "$node_pid" 2>/dev/null || true
 began=$(now_ms)
-"$PICO_BIN" serve --listen "127.0.0.1:$port" --no-admin \
+"$PICO_BIN" serve --listen "127.0.0.1:$port" --ds-listen off --no-admin \
   --meta-url "sqlite:$node_dir/meta.db" --storage "-2@file://$node_dir/objects" \
   --wal-dir "$node_dir/wal" "$@" >>"$node_log" 2>&1 &
 node_pid=$!

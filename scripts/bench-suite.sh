@@ -29,7 +29,7 @@ run_case() { # name, pico global flags, bench flags...
   # default node answers Pico, and the DS fan-out rows measured that before.
   local serve_protocol=()
   [[ " $globals " == *" --protocol ds "* ]] && serve_protocol=(--protocol ds)
-  "$PICO_BIN" serve "${serve_protocol[@]}" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+  "$PICO_BIN" serve "${serve_protocol[@]}" --listen "127.0.0.1:$port" --ds-listen off --admin-listen "127.0.0.1:$((port + 1))" \
     --meta-url "sqlite:$work/meta.db" --storage "${SUITE_STORAGE:-"-2@file://$work/objects"}" \
     --wal-dir "$work/wal" >"$work/server.out" 2>"$work/server.log" &
   server=$!

@@ -35,7 +35,7 @@ pico=target/profiling/pico
 
 work=$(mktemp -d /tmp/pico-profile.XXXXXX)
 port=$((20000 + RANDOM % 20000))
-"$pico" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+"$pico" serve --listen "127.0.0.1:$port" --ds-listen off --admin-listen "127.0.0.1:$((port + 1))" \
   --meta-url "sqlite:$work/meta.db" --storage "-2@file://$work/objects" --wal-dir "$work/wal" \
   >"$work/server.out" 2>"$work/server.log" &
 server=$!

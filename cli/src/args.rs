@@ -28,7 +28,7 @@ pub struct Cli {
     #[argh(switch)]
     pub http2: bool,
 
-    /// saved profile to take endpoint, protocol and http2 defaults from [env: PICO_PROFILE]
+    /// saved profile to take endpoint, protocol, http2, token and ca-cert defaults from (default: the config file's default profile) [env: PICO_PROFILE]
     #[argh(option, arg_name = "name")]
     pub profile: Option<String>,
 
@@ -70,7 +70,7 @@ pub enum Command {
 #[argh(subcommand, name = "serve")]
 /// Run a PicoMQ node.
 pub struct ServeArgs {
-    /// protocol listener address (default 127.0.0.1:4437) [env: PICO_LISTEN]
+    /// listener of the Pico protocol, or of Durable Streams with --protocol ds (default 127.0.0.1:4437) [env: PICO_LISTEN]
     #[argh(
         option,
         arg_name = "addr",
@@ -79,8 +79,8 @@ pub struct ServeArgs {
     )]
     pub listen: String,
 
-    /// an extra listener speaking the other protocol (Durable Streams with the default --protocol pico) on the same node and data [env: PICO_DS_LISTEN]
-    #[argh(option, arg_name = "addr", from_str_fn(parse_socket_addr))]
+    /// listener of the Durable Streams protocol beside the Pico one, same node and data, or off (default: the host of --listen, port 4438; port 0 when --listen's is 0; with --protocol ds, where --listen speaks Durable Streams, an extra Pico listener and none by default) [env: PICO_DS_LISTEN]
+    #[argh(option, arg_name = "addr|off", from_str_fn(parse_listener_or_off))]
     pub ds_listen: Option<String>,
 
     /// admin listener address for /health and /ready (default 127.0.0.1:9090) [env: PICO_ADMIN_LISTEN]
@@ -510,11 +510,15 @@ pub enum ConfigCommand {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "set")]
-/// Save the given global flags (--endpoint, --protocol, --http2) into a profile; the first saved profile becomes the default.
+/// Save the given global flags (--endpoint, --protocol, --http2, --token, --ca-cert) into a profile; plain commands use it only with --profile NAME, or once it is the default (--default here, or pico config use NAME).
 pub struct ConfigSetArgs {
     #[argh(positional)]
     /// profile name
     pub name: String,
+
+    /// also make it the default profile, which commands without --profile use [env: PICO_DEFAULT]
+    #[argh(switch)]
+    pub default: bool,
 
     /// save http2 = false in the profile [env: PICO_NO_HTTP2]
     #[argh(switch)]
@@ -523,7 +527,7 @@ pub struct ConfigSetArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "get")]
-/// Print a profile as <name>TAB<endpoint> <protocol> <http2> (- when unset); default: the default profile.
+/// Print a profile as <name>TAB<endpoint> <protocol> <http2> (- when unset), then token=(saved) and ca_cert=<path> when saved; default: the default profile.
 pub struct ConfigGetArgs {
     #[argh(positional)]
     /// profile name
@@ -763,6 +767,14 @@ pub fn parse_socket_addr(value: &str) -> Result<String, String> {
         }
         _ => Err("expected HOST:PORT, e.g. 127.0.0.1:4437".into()),
     }
+}
+
+/// `--ds-listen`: `HOST:PORT`, or `off` for no second listener.
+pub fn parse_listener_or_off(value: &str) -> Result<String, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok("off".into());
+    }
+    parse_socket_addr(value).map_err(|e| format!("{e}, or off"))
 }
 
 /// Byte sizes: a plain number, or one with a binary suffix (`64KiB`, `8MiB`, `1G`; `K`, `KB`

@@ -280,7 +280,29 @@ fn print_page(out: &mut impl Write, page: &ReadPage) -> io::Result<(u64, u64)> {
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Failure {
-        Failure::Fatal(e.to_string())
+        match e {
+            // No answer at all: `main` says what to check and where the endpoint came from.
+            ClientError::Transport(_) => Failure::Unreachable(e.to_string()),
+            ClientError::InvalidResponse(ref message) => {
+                Failure::Fatal(format!("{e}{}", other_protocol_hint(message)))
+            }
+            e => Failure::Fatal(e.to_string()),
+        }
+    }
+}
+
+/// An answer without the protocol's own headers most often comes from the other protocol's
+/// listener (the server refuses what it can recognise with a `400` naming the right one; an
+/// answer to a request both protocols share cannot be refused): say so.
+fn other_protocol_hint(message: &str) -> &'static str {
+    if message.contains("missing pico-") {
+        "; the endpoint answered without Pico headers: is it a Durable Streams listener? Use \
+         --protocol ds there, or the node's Pico listener (port 4437 by default)"
+    } else if message.contains("missing stream-") {
+        "; the endpoint answered without Durable Streams headers: is it a Pico listener? Use \
+         --protocol pico there, or the node's Durable Streams listener (port 4438 by default)"
+    } else {
+        ""
     }
 }
 

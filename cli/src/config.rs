@@ -5,7 +5,7 @@ use std::io::Write;
 
 use pico_client::{Client, ClientConfig};
 
-use crate::args::{Cli, ConfigArgs, ConfigCommand};
+use crate::args::{Cli, ConfigArgs, ConfigCommand, ConfigSetArgs};
 use crate::profile::{self, ConfigFile, Profile};
 use crate::Failure;
 
@@ -22,10 +22,19 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> Result<(), Failure> {
         }
         ConfigCommand::Set(set) => {
             let mut config = profile::load(&path).map_err(Failure::Fatal)?;
-            let became_default = apply_set(&mut config, cli, &set.name, set.no_http2)?;
+            apply_set(&mut config, cli, set)?;
             profile::save(&path, &config).map_err(Failure::Fatal)?;
-            let note = if became_default { " (default)" } else { "" };
-            eprintln!("saved profile {}{note}", set.name);
+            let name = &set.name;
+            if config.default_profile.as_ref() == Some(name) {
+                eprintln!("saved profile {name} (default)");
+            } else {
+                // Saving never changes which profile plain commands use (issue 37): say how
+                // to use this one.
+                eprintln!(
+                    "saved profile {name}; use it with --profile {name}, or make it the \
+                     default with pico config use {name}"
+                );
+            }
         }
         ConfigCommand::Get(get) => {
             let config = profile::load(&path).map_err(Failure::Fatal)?;
@@ -79,14 +88,10 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `config set`: merges the given global flags into the profile. Returns whether the
-/// profile became the default (the first one saved).
-fn apply_set(
-    config: &mut ConfigFile,
-    cli: &Cli,
-    name: &str,
-    no_http2: bool,
-) -> Result<bool, Failure> {
+/// `config set`: merges the given global flags into the profile; it becomes the default only
+/// with `--default`.
+fn apply_set(config: &mut ConfigFile, cli: &Cli, set: &ConfigSetArgs) -> Result<(), Failure> {
+    let (name, no_http2) = (set.name.as_str(), set.no_http2);
     if name.is_empty() || name.chars().any(char::is_control) {
         return Err(Failure::Usage(format!("invalid profile name {name:?}")));
     }
@@ -95,9 +100,17 @@ fn apply_set(
             "--http2 and --no-http2 contradict each other".into(),
         ));
     }
-    if cli.endpoint.is_none() && cli.protocol.is_none() && !cli.http2 && !no_http2 {
+    let nothing = cli.endpoint.is_none()
+        && cli.protocol.is_none()
+        && !cli.http2
+        && !no_http2
+        && cli.token.is_none()
+        && cli.ca_cert.is_none();
+    if nothing && !(set.default && config.profiles.contains_key(name)) {
         return Err(Failure::Usage(
-            "nothing to save; pass --endpoint, --protocol, --http2 or --no-http2".into(),
+            "nothing to save; pass --endpoint, --protocol, --http2, --no-http2, --token or \
+             --ca-cert"
+                .into(),
         ));
     }
     if let Some(endpoint) = &cli.endpoint {
@@ -105,6 +118,18 @@ fn apply_set(
         Client::new(ClientConfig::new(endpoint.clone()))
             .map_err(|e| Failure::Usage(e.to_string()))?;
     }
+    let ca_cert = match &cli.ca_cert {
+        // Absolute, so the profile works from any directory; read now, so a typo is caught.
+        Some(path) => {
+            std::fs::metadata(path).map_err(|e| {
+                Failure::Fatal(format!("cannot read --ca-cert {}: {e}", path.display()))
+            })?;
+            Some(std::path::absolute(path).map_err(|e| {
+                Failure::Fatal(format!("cannot resolve --ca-cert {}: {e}", path.display()))
+            })?)
+        }
+        None => None,
+    };
     let profile = config.profiles.entry(name.to_owned()).or_default();
     if let Some(endpoint) = &cli.endpoint {
         profile.endpoint = Some(endpoint.clone());
@@ -117,11 +142,16 @@ fn apply_set(
     } else if no_http2 {
         profile.http2 = Some(false);
     }
-    let became_default = config.default_profile.is_none();
-    if became_default {
+    if let Some(token) = &cli.token {
+        profile.token = Some(token.clone());
+    }
+    if ca_cert.is_some() {
+        profile.ca_cert = ca_cert;
+    }
+    if set.default {
         config.default_profile = Some(name.to_owned());
     }
-    Ok(became_default)
+    Ok(())
 }
 
 fn existing<'c>(
@@ -135,16 +165,24 @@ fn existing<'c>(
         .ok_or_else(|| Failure::Fatal(format!("profile {name:?} not found in {}", path.display())))
 }
 
-/// `<endpoint> <protocol> <http2>`, `-` for what the profile does not set.
+/// `<endpoint> <protocol> <http2>`, `-` for what the profile does not set, then
+/// `token=(saved)` and `ca_cert=<path>` when it has them (never the token itself).
 fn describe(profile: &Profile) -> String {
-    format!(
+    let mut text = format!(
         "{} {} {}",
         profile.endpoint.as_deref().unwrap_or("-"),
         profile.protocol.map_or("-", |p| p.name()),
         profile
             .http2
             .map_or_else(|| "-".to_owned(), |h| h.to_string())
-    )
+    );
+    if profile.token.is_some() {
+        text.push_str(" token=(saved)");
+    }
+    if let Some(path) = &profile.ca_cert {
+        text.push_str(&format!(" ca_cert={}", path.display()));
+    }
+    text
 }
 
 #[cfg(test)]
@@ -158,7 +196,18 @@ mod tests {
             endpoint: Some("http://h:1".into()),
             protocol: Some(pico_client::Protocol::DurableStreams),
             http2: Some(false),
+            token: None,
+            ca_cert: None,
         };
         assert_eq!(describe(&profile), "http://h:1 ds false");
+        let secret = Profile {
+            token: Some("s3cret".into()),
+            ca_cert: Some("/etc/ca.pem".into()),
+            ..profile
+        };
+        assert_eq!(
+            describe(&secret),
+            "http://h:1 ds false token=(saved) ca_cert=/etc/ca.pem"
+        );
     }
 }

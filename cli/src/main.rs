@@ -23,6 +23,7 @@ mod logger;
 mod profile;
 mod progress;
 mod serve;
+mod serve_help;
 
 use std::process::ExitCode;
 
@@ -31,6 +32,17 @@ use pico_client::{Client, ClientConfig, Protocol};
 
 use crate::args::{Cli, Command, DEFAULT_ENDPOINT};
 
+/// The release and the commit this binary was built from (`build.rs`).
+pub const BUILD: pico_net::config::BuildInfo = pico_net::config::BuildInfo {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("PICO_GIT_COMMIT"),
+};
+
+/// `pico --version`: one line, also what `pico -V` prints.
+fn version_line() -> String {
+    format!("pico {} (commit {})", BUILD.version, BUILD.commit)
+}
+
 /// How a command failed, which decides the message and the exit code.
 #[derive(Debug)]
 pub enum Failure {
@@ -38,6 +50,9 @@ pub enum Failure {
     Usage(String),
     /// Anything else: `pico: <message>`, exit 1.
     Fatal(String),
+    /// No HTTP answer from the server (refused, unresolvable, TLS mismatch, ...): exit 1, with
+    /// what to check and where the endpoint came from added by `run` (`unreachable`).
+    Unreachable(String),
     /// stdout was closed by its reader (`pico read ... | head`): not an error.
     BrokenPipe,
 }
@@ -63,7 +78,7 @@ fn main() -> ExitCode {
             eprintln!("pico: {message}");
             ExitCode::from(2)
         }
-        Err(Failure::Fatal(message)) => {
+        Err(Failure::Fatal(message) | Failure::Unreachable(message)) => {
             eprintln!("pico: {message}");
             ExitCode::FAILURE
         }
@@ -118,6 +133,13 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
             }
         }
     }
+    // argh has no version flag: answered before it parses, as the only word.
+    if let [only] = args.as_slice() {
+        if only == "--version" || only == "-V" {
+            println!("{}", version_line());
+            return Err(ExitCode::SUCCESS);
+        }
+    }
     let env = |name: &str| std::env::var(name).ok();
     let normalized = match argv::normalize(&Cli::get_args_info(), &args, &env) {
         Ok(normalized) => normalized,
@@ -130,7 +152,11 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
     let words: Vec<&str> = normalized.args.iter().map(String::as_str).collect();
     Cli::from_args(&["pico"], &words).map_err(|early_exit| match early_exit.status {
         Ok(()) => {
-            println!("{}", early_exit.output);
+            if normalized.command_path == ["serve"] {
+                println!("{}", serve_help::regroup(&early_exit.output));
+            } else {
+                println!("{}", early_exit.output);
+            }
             ExitCode::SUCCESS
         }
         Err(()) => {
@@ -173,25 +199,32 @@ fn run(cli: Cli) -> Result<(), Failure> {
         return admin::run(args, cli.token.as_deref(), ca_cert.as_deref());
     }
     // Flag and environment are already in `cli`; the profile comes next, then the defaults.
-    let profile = profile::resolve(cli.profile.as_deref()).map_err(Failure::Fatal)?;
+    let resolved = profile::resolve(cli.profile.as_deref()).map_err(Failure::Fatal)?;
+    let profile = resolved.profile.clone();
     let protocol = cli.protocol.or(profile.protocol).unwrap_or(Protocol::Pico);
     if let Command::Serve(args) = &cli.command {
         logger::init(args.log_format);
         return serve::run(args, protocol);
     }
 
-    let mut config = ClientConfig::new(
-        cli.endpoint
-            .or(profile.endpoint)
-            .unwrap_or_else(|| DEFAULT_ENDPOINT.into()),
-    );
+    let source = EndpointSource::of(&cli, &resolved);
+    let endpoint = cli
+        .endpoint
+        .clone()
+        .or(profile.endpoint)
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.into());
+    let mut config = ClientConfig::new(endpoint.clone());
     config.protocol = protocol;
     // A profile can only turn http2 on: a bare switch cannot say "off".
     config.http2_prior_knowledge = cli.http2 || profile.http2 == Some(true);
-    config.token = cli.token.clone();
-    config.ca_cert_pem = read_ca_cert(cli.ca_cert.as_deref())?;
+    config.token = cli.token.clone().or(profile.token);
+    config.ca_cert_pem = read_ca_cert(cli.ca_cert.as_deref().or(profile.ca_cert.as_deref()))?;
+    let explain = |failure: Failure| match failure {
+        Failure::Unreachable(message) => Failure::Fatal(unreachable(&message, &endpoint, &source)),
+        other => other,
+    };
     if let Command::Bench(args) = &cli.command {
-        return bench(args, &config);
+        return bench(args, &config).map_err(explain);
     }
     let client = Client::new(config).map_err(|e| Failure::Usage(e.to_string()))?;
 
@@ -200,7 +233,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::Fatal(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         match &cli.command {
             Command::Serve(_)
             | Command::Config(_)
@@ -220,7 +253,86 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Command::Trim(args) => commands::trim(&client, args).await,
             Command::Retention(args) => commands::retention(&client, args).await,
         }
-    })
+    });
+    result.map_err(explain)
+}
+
+/// Where a client command's endpoint came from, to name it when the server cannot be reached.
+enum EndpointSource {
+    /// `--endpoint` or `PICO_ENDPOINT`.
+    Given,
+    /// A saved profile: its name, and whether it was the default one (no `--profile`).
+    Profile { name: String, by_default: bool },
+    /// The built-in default.
+    BuiltIn,
+}
+
+impl EndpointSource {
+    fn of(cli: &Cli, resolved: &profile::Resolved) -> EndpointSource {
+        match (&cli.endpoint, &resolved.name, &resolved.profile.endpoint) {
+            (Some(_), _, _) => EndpointSource::Given,
+            (None, Some(name), Some(_)) => EndpointSource::Profile {
+                name: name.clone(),
+                by_default: resolved.by_default,
+            },
+            _ => EndpointSource::BuiltIn,
+        }
+    }
+}
+
+/// A transport error made useful: what it likely means and what to do (a refused connection,
+/// plain HTTP to a TLS listener and the reverse), then where the endpoint came from, naming
+/// the profile (README.md, "Use it").
+fn unreachable(message: &str, endpoint: &str, source: &EndpointSource) -> String {
+    let lower = message.to_ascii_lowercase();
+    let https = endpoint.starts_with("https://");
+    let advice = if lower.contains("connection refused") {
+        format!("is `pico serve` running at {endpoint}? (nothing accepts connections there)")
+    } else if https
+        && (lower.contains("invalidcontenttype")
+            || lower.contains("corrupt message")
+            || lower.contains("wrong version number")
+            || lower.contains("record overflow"))
+    {
+        format!(
+            "{endpoint} answered in plain HTTP, not TLS: use http://{}",
+            endpoint.trim_start_matches("https://")
+        )
+    } else if !https
+        && (lower.contains("connection closed before message completed")
+            || lower.contains("invalid http version")
+            || lower.contains("connection reset")
+            || lower.contains("unexpected eof")
+            || lower.contains("incompletemessage"))
+    {
+        format!(
+            "if the node serves TLS (pico serve --tls-cert), use https://{}",
+            endpoint.trim_start_matches("http://")
+        )
+    } else if lower.contains("dns error") || lower.contains("failed to lookup") {
+        format!("the host of {endpoint} does not resolve")
+    } else {
+        String::new()
+    };
+    let origin = match source {
+        EndpointSource::Given => "--endpoint (or PICO_ENDPOINT)".to_string(),
+        EndpointSource::Profile { name, by_default } => format!(
+            "profile {name:?}{}; another with --profile NAME or --endpoint URL, \
+             the list with pico config ls",
+            if *by_default {
+                ", the default profile"
+            } else {
+                ""
+            }
+        ),
+        EndpointSource::BuiltIn => "the built-in default; another with --endpoint URL".to_string(),
+    };
+    let mut text = format!("cannot reach {endpoint}: {message}");
+    if !advice.is_empty() {
+        text.push_str(&format!("; {advice}"));
+    }
+    text.push_str(&format!(" [endpoint from {origin}]"));
+    text
 }
 
 /// The PEM of `--ca-cert`, if given.

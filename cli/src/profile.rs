@@ -10,6 +10,8 @@
 //! endpoint = "http://node2.internal:4437"
 //! protocol = "ds"        # "pico" or "ds"
 //! http2 = true
+//! token = "..."          # --token, sent as a bearer token
+//! ca_cert = "/etc/pico/ca.pem"
 //! ```
 //!
 //! Unknown keys are rejected, so a misspelt setting is an error rather than silently ignored.
@@ -35,6 +37,12 @@ pub struct Profile {
     pub protocol: Option<Protocol>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http2: Option<bool>,
+    /// Bearer token (`--token`); the file is private (0600), and `config get` never prints it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// CA certificate file (`--ca-cert`), saved as an absolute path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,16 +94,41 @@ pub fn config_path() -> Option<PathBuf> {
     Some(dir.join("pico").join("config.toml"))
 }
 
+/// The profile a command runs with, and which one it is, to name it when the command fails.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resolved {
+    pub profile: Profile,
+    /// `None`: no profile (none named and no default in the file).
+    pub name: Option<String>,
+    /// Whether it was taken as the file's `default_profile` rather than named by `--profile`.
+    pub by_default: bool,
+}
+
 /// The profile to use: the named one (an error if it does not exist), else the file's
 /// default (silently none if missing). A missing file is an empty config.
-pub fn resolve(name: Option<&str>) -> Result<Profile, String> {
+pub fn resolve(name: Option<&str>) -> Result<Resolved, String> {
     let path = config_path();
     let config = match &path {
         Some(path) => load(path)?,
         None => ConfigFile::default(),
     };
     let where_ = path.map_or_else(|| "the config file".to_owned(), |p| p.display().to_string());
-    select(&config, name, &where_)
+    let profile = select(&config, name, &where_)?;
+    let (name, by_default) = match name {
+        Some(name) => (Some(name.to_owned()), false),
+        None => (
+            config
+                .default_profile
+                .clone()
+                .filter(|d| config.profiles.contains_key(d)),
+            true,
+        ),
+    };
+    Ok(Resolved {
+        profile,
+        name,
+        by_default,
+    })
 }
 
 /// Reads and parses the file; a missing file is an empty config.
@@ -229,6 +262,8 @@ endpoint = "http://127.0.0.1:4437"
                 endpoint: Some("http://h:1/a\"b#c".into()),
                 protocol: Some(Protocol::Pico),
                 http2: Some(false),
+                token: Some("t\"k".into()),
+                ca_cert: Some(PathBuf::from("/etc/pico/ca.pem")),
             },
         );
         config.profiles.insert("empty".into(), Profile::default());

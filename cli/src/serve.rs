@@ -99,7 +99,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
     };
     let config = ServerConfig {
         listen: args.listen.clone(),
-        ds_listen: args.ds_listen.clone(),
+        ds_listen: second_listener(args, protocol)?,
         node_id: match args.node_id {
             None => None,
             Some(id) if id > 0 => Some(id as u32),
@@ -172,6 +172,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
         on_serving: Some(on_serving),
+        build: crate::BUILD,
         in_flight_bytes_max: optional_size(
             args.max_in_flight_bytes,
             "--max-in-flight-bytes",
@@ -194,6 +195,36 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
     };
     config.check()?;
     Ok(config)
+}
+
+/// `--ds-listen`: the address given, none for `off`, and by default, beside a Pico `--listen`,
+/// Durable Streams on the same host at port 4438 (a node listening on every address serves
+/// both protocols there; port 0 when `--listen` takes an ephemeral port, as tests do). A
+/// `--protocol ds` node speaks Durable Streams on `--listen` and opens no second listener
+/// unless asked.
+fn second_listener(args: &ServeArgs, protocol: Protocol) -> Result<Option<String>, String> {
+    match args.ds_listen.as_deref() {
+        Some("off") => return Ok(None),
+        Some(addr) => return Ok(Some(addr.to_string())),
+        None if protocol == Protocol::DurableStreams => return Ok(None),
+        None => {}
+    }
+    let (host, port) = args
+        .listen
+        .rsplit_once(':')
+        .ok_or_else(|| format!("--listen {} has no port", args.listen))?;
+    let ds_port = match port {
+        "0" => 0,
+        _ => pico_net::config::DS_LISTEN_PORT_DEFAULT,
+    };
+    if ds_port != 0 && port == ds_port.to_string() {
+        return Err(format!(
+            "--listen {} takes port {ds_port}, where Durable Streams listens by default: \
+             give --ds-listen ADDR, or --ds-listen off",
+            args.listen
+        ));
+    }
+    Ok(Some(format!("{host}:{ds_port}")))
 }
 
 /// Whether the node joins a cluster (its metadata log is Postgres).
@@ -352,6 +383,7 @@ mod tests {
         assert!(config.on_serving.is_some());
         let expected = ServerConfig {
             on_serving: config.on_serving,
+            build: crate::BUILD,
             ..ServerConfig::default()
         };
         assert_eq!(format!("{config:?}"), format!("{expected:?}"));
@@ -397,6 +429,45 @@ mod tests {
         assert_eq!(config.segment_max_age_ms, 10);
         assert_eq!(config.backlog, 8);
         assert_eq!(config.wal_dir, std::path::PathBuf::from("/tmp/w"));
+    }
+
+    /// Issue 37: Durable Streams is served by default beside a Pico `--listen`, on its host
+    /// at port 4438 (an ephemeral port beside an ephemeral one), `off` turns it off, and a
+    /// `--protocol ds` node opens no second listener unless asked.
+    #[test]
+    fn durable_streams_listens_beside_the_pico_listener_by_default() {
+        let second = |flags: &[&str], protocol| {
+            server_config(&serve_args(flags), protocol).map(|c| c.ds_listen)
+        };
+        let pico = Protocol::Pico;
+        assert_eq!(second(&[], pico), Ok(Some("127.0.0.1:4438".into())));
+        let everywhere = ["--listen", "0.0.0.0:4437"];
+        assert_eq!(second(&everywhere, pico), Ok(Some("0.0.0.0:4438".into())));
+        let v6 = ["--listen", "[::1]:7000"];
+        assert_eq!(second(&v6, pico), Ok(Some("[::1]:4438".into())));
+        let ephemeral = ["--listen", "127.0.0.1:0"];
+        assert_eq!(second(&ephemeral, pico), Ok(Some("127.0.0.1:0".into())));
+        assert_eq!(second(&["--ds-listen", "off"], pico), Ok(None));
+        let given = ["--ds-listen", "10.0.0.1:80"];
+        assert_eq!(second(&given, pico), Ok(Some("10.0.0.1:80".into())));
+        assert_eq!(second(&[], Protocol::DurableStreams), Ok(None));
+        let pico_beside = ["--ds-listen", "127.0.0.1:4436"];
+        assert_eq!(
+            second(&pico_beside, Protocol::DurableStreams),
+            Ok(Some("127.0.0.1:4436".into()))
+        );
+        let clash = second(&["--listen", "127.0.0.1:4438"], pico).unwrap_err();
+        assert!(clash.contains("--ds-listen off"), "{clash}");
+        let same = ["--listen", "127.0.0.1:5", "--ds-listen", "127.0.0.1:5"];
+        let err = second(&same, pico).unwrap_err();
+        assert!(
+            err.starts_with("--listen and --ds-listen are both"),
+            "{err}"
+        );
+        let mut all = vec!["serve", "--ds-listen", "of"];
+        assert!(Cli::from_args(&["pico"], &all).is_err());
+        all[2] = "OFF";
+        assert!(Cli::from_args(&["pico"], &all).is_ok());
     }
 
     #[test]

@@ -331,7 +331,7 @@ fn config_commands_round_trip_the_file() {
         &["config", "set", "prod"],
         2,
         "",
-        "pico: nothing to save; pass --endpoint, --protocol, --http2 or --no-http2\n",
+        "pico: nothing to save; pass --endpoint, --protocol, --http2, --no-http2, --token or --ca-cert\n",
     );
     assert!(!c.path.exists(), "nothing saved");
 
@@ -343,6 +343,17 @@ fn config_commands_round_trip_the_file() {
             "set",
             "prod",
         ],
+        0,
+        "",
+        "saved profile prod; use it with --profile prod, or make it the default with pico config use prod\n",
+    );
+    // Saving a profile never makes it the default by itself (issue 37): `--default` does.
+    assert_eq!(
+        c.text(),
+        "[profiles.prod]\nendpoint = \"http://node2.internal:4437\"\n"
+    );
+    c.expect(
+        &["config", "set", "prod", "--default"],
         0,
         "",
         "saved profile prod (default)\n",
@@ -362,13 +373,13 @@ fn config_commands_round_trip_the_file() {
         &["config", "set", "prod", "--protocol", "ds", "--http2"],
         0,
         "",
-        "saved profile prod\n",
+        "saved profile prod (default)\n",
     );
     c.expect(
         &["config", "set", "local", "--protocol", "pico", "--no-http2"],
         0,
         "",
-        "saved profile local\n",
+        "saved profile local; use it with --profile local, or make it the default with pico config use local\n",
     );
     assert_eq!(
         c.text(),
@@ -427,7 +438,13 @@ fn config_commands_round_trip_the_file() {
     // The environment counts like the flags.
     let mut command = pico(&c.path, &["config", "set", "envy"]);
     command.env("PICO_ENDPOINT", "http://env:1");
-    check(run_with(command, b""), "env", 0, "", "saved profile envy\n");
+    check(
+        run_with(command, b""),
+        "env",
+        0,
+        "",
+        "saved profile envy; use it with --profile envy, or make it the default with pico config use envy\n",
+    );
     c.expect(
         &["config", "get", "envy"],
         0,
@@ -446,7 +463,7 @@ fn config_commands_round_trip_the_file() {
         ],
         0,
         "",
-        "saved profile odd name.\"q\"\n",
+        "saved profile odd name.\"q\"; use it with --profile odd name.\"q\", or make it the default with pico config use odd name.\"q\"\n",
     );
     c.expect(
         &["config", "get", "odd name.\"q\""],
@@ -481,7 +498,7 @@ fn saved_profiles_drive_client_commands() {
     let c = Config::new();
     let endpoint = format!("http://{}", server.addr);
     c.expect(
-        &["--endpoint", &endpoint, "config", "set", "srv"],
+        &["--endpoint", &endpoint, "config", "set", "srv", "--default"],
         0,
         "",
         "saved profile srv (default)\n",
@@ -498,10 +515,18 @@ fn saved_profiles_drive_client_commands() {
         &["--endpoint", "http://127.0.0.1:1", "config", "set", "dead"],
         0,
         "",
-        "saved profile dead\n",
+        "saved profile dead; use it with --profile dead, or make it the default with pico config use dead\n",
     );
     let out = run_with(pico(&c.path, &["--profile", "dead", "head", "/p"]), b"");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // The failure says what to check and which profile the endpoint came from.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("pico: cannot reach http://127.0.0.1:1: ")
+            && stderr.contains("is `pico serve` running at http://127.0.0.1:1?")
+            && stderr.ends_with("[endpoint from profile \"dead\"; another with --profile NAME or --endpoint URL, the list with pico config ls]\n"),
+        "{stderr}"
+    );
     c.expect(
         &["--profile", "dead", "--endpoint", &endpoint, "head", "/p"],
         0,
@@ -513,7 +538,7 @@ fn saved_profiles_drive_client_commands() {
         &["--protocol", "ds", "config", "set", "srv"],
         0,
         "",
-        "saved profile srv\n",
+        "saved profile srv (default)\n",
     );
     c.expect(
         &["ls"],
@@ -737,4 +762,104 @@ fn progress_line_on_a_terminal() {
     } else {
         eprintln!("read took only {took:?}: the progress line was not required");
     }
+}
+
+/// Issue 37: `pico --endpoint URL config set prod` used to make `prod` the default on the
+/// spot, and every plain command then failed with a DNS error that never named it. Now saving
+/// leaves the default alone, and a failure to reach the endpoint names the profile.
+#[test]
+fn a_saved_profile_is_the_default_only_when_asked_and_failures_name_it() {
+    let c = Config::new();
+    let host = "http://pico-no-such-host.invalid:4437";
+    c.expect(
+        &["--endpoint", host, "config", "set", "prod"],
+        0,
+        "",
+        "saved profile prod; use it with --profile prod, or make it the default with pico config use prod\n",
+    );
+    c.expect(&["config", "ls"], 0, "prod\n", "");
+    c.expect(&["config", "use", "prod"], 0, "", "default profile prod\n");
+    let out = run_with(pico(&c.path, &["head", "/s"]), b"");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("pico: cannot reach {host}: "))
+            && stderr.contains("the host of http://pico-no-such-host.invalid:4437 does not resolve")
+            && stderr.ends_with(
+                "[endpoint from profile \"prod\", the default profile; another with --profile NAME or --endpoint URL, the list with pico config ls]\n"
+            ),
+        "{stderr}"
+    );
+}
+
+/// Profiles keep `--token` and `--ca-cert` too (the CA file as an absolute path, so the profile
+/// works from any directory), and `config get` never prints the token: a profile alone reaches
+/// a TLS node that requires a token.
+#[test]
+fn profiles_keep_the_token_and_the_ca_certificate() {
+    let certs = tempfile::tempdir().unwrap();
+    let out = common::pico(certs.path(), &["cert", "--dir", "."]);
+    assert!(out.status.success(), "{out:?}");
+    let (server, _tokens) = common::start_with_tokens(
+        "s3cret-token / read,append\n",
+        &[
+            "--cores",
+            "1",
+            "--tls-cert",
+            &certs.path().join("cert.pem").display().to_string(),
+            "--tls-key",
+            &certs.path().join("key.pem").display().to_string(),
+        ],
+    );
+    let c = Config::new();
+    let endpoint = format!("https://{}", server.addr);
+    let mut set = pico(
+        &c.path,
+        &[
+            "--endpoint",
+            &endpoint,
+            "--token",
+            "s3cret-token",
+            "--ca-cert",
+            "ca.pem",
+            "config",
+            "set",
+            "secure",
+            "--default",
+        ],
+    );
+    set.current_dir(certs.path());
+    check(
+        run_with(set, b""),
+        "set",
+        0,
+        "",
+        "saved profile secure (default)\n",
+    );
+    let ca = certs.path().join("ca.pem").display().to_string();
+    assert!(
+        c.text().contains("token = \"s3cret-token\"")
+            && c.text().contains(&format!("ca_cert = \"{ca}\"")),
+        "{}",
+        c.text()
+    );
+    c.expect(
+        &["config", "get"],
+        0,
+        &format!("secure\t{endpoint} - - token=(saved) ca_cert={ca}\n"),
+        "",
+    );
+    // From another directory, with nothing but the profile.
+    c.expect(&["create", "/t"], 0, "", "created=true\n");
+    c.expect(
+        &["head", "/t"],
+        0,
+        "start=0 next=0 closed=false type=application/octet-stream\n",
+        "",
+    );
+    // The flag still wins over the profile's token.
+    let out = run_with(pico(&c.path, &["--token", "wrong", "create", "/u"]), b"");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unauthorized (401)"), "{stderr}");
 }

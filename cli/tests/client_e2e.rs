@@ -264,7 +264,10 @@ fn flags_environment_and_usage_errors() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.starts_with("pico: transport error: ") && stderr.contains("refused"),
+        stderr.starts_with("pico: cannot reach http://127.0.0.1:1: transport error: ")
+            && stderr.contains("refused")
+            && stderr.contains("is `pico serve` running at http://127.0.0.1:1?")
+            && stderr.ends_with("[endpoint from --endpoint (or PICO_ENDPOINT)]\n"),
         "{stderr}"
     );
 }

@@ -75,17 +75,22 @@ fn every_durable_streams_subscriber_gets_every_record() {
     fan_out(&server, "ds", "long-poll");
 }
 
-/// A Durable Streams fan-out against a node that answers the Pico protocol (the default): its
-/// answers carry no `Stream-Next-Offset`, so each subscriber asked again from the start as
-/// fast as it could and reported only duplicates. It reports the mismatch instead.
+/// A Durable Streams fan-out against the Pico listener: its answers carried no
+/// `Stream-Next-Offset`, so each subscriber asked again from the start as fast as it could and
+/// reported only duplicates. The listener now refuses `?offset=` with a `400` naming the
+/// node's Durable Streams listener (issue 37), and the bench reports that first error.
 #[test]
 fn a_durable_streams_fan_out_against_a_pico_node_says_so() {
     let server = Server::start(&["--cores", "1"]);
+    let durable = server.second.expect("the Durable Streams listener");
     let out = bench(&server, "ds", "long-poll", 4, &[]);
     let (_, stdout, stderr) = outcome(&out);
     let text = format!("{stdout}{stderr}");
     assert!(
-        text.contains("without Stream-Next-Offset") && text.contains("--protocol ds"),
+        text.contains("wrong_protocol")
+            && text.contains(&format!(
+                "this node serves Durable Streams at http://{durable}"
+            )),
         "{text}"
     );
 }

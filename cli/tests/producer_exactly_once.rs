@@ -108,6 +108,7 @@ fn try_spawn(dir: &Path, port: u16, deadline: Instant) -> Result<Child, String> 
         .arg("serve")
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
+        .args(["--ds-listen", "off"])
         .arg("--no-admin")
         .arg("--meta-url")
         .arg(format!("sqlite:{}", dir.join("meta.db").display()))

@@ -66,6 +66,7 @@ function renderCluster(c) {
   text("object-count", fmtInt(c.objectCount));
   text("uptime", fmtDuration(c.uptimeMs));
   text("cores", `${c.cores} cores`);
+  text("version", `pico ${c.version} (commit ${c.commit})`);
 }
 
 function renderStats(stats) {

@@ -8,13 +8,36 @@ pub use pico_engine::Durability;
 /// The protocol a listener speaks.
 pub use pico_proto::Protocol;
 
+/// What build the node runs, as the start-up log, `/metrics` (`pico_build_info`), the admin
+/// API and the dashboard report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildInfo {
+    /// The release, e.g. `0.2.0`.
+    pub version: &'static str,
+    /// The short git commit it was built from, or `unknown`.
+    pub commit: &'static str,
+}
+
+impl Default for BuildInfo {
+    fn default() -> Self {
+        BuildInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: "unknown",
+        }
+    }
+}
+
+/// The port of the Durable Streams listener `pico serve` opens beside the Pico one.
+pub const DS_LISTEN_PORT_DEFAULT: u16 = 4438;
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// Protocol listener, e.g. `127.0.0.1:4437`.
     pub listen: String,
     /// What `listen` speaks.
     pub protocol: Protocol,
-    /// A second listener speaking the other protocol on the same node and data (`--ds-listen`).
+    /// A second listener speaking the other protocol on the same node and data (`--ds-listen`):
+    /// Durable Streams beside a Pico `listen`, by default on [`DS_LISTEN_PORT_DEFAULT`].
     pub ds_listen: Option<String>,
     /// `--node-id`: names this node's segment keys (`segments/n<id>/...`) and, in a cluster,
     /// the node (default 1 there).
@@ -100,6 +123,8 @@ pub struct ServerConfig {
     /// then): `pico serve` hands freed memory back to the operating system there. The stop
     /// signals are blocked on that thread, and so on any thread it starts.
     pub on_serving: Option<fn()>,
+    /// The version and commit reported (`pico serve` sets the commit it was built from).
+    pub build: BuildInfo,
 }
 
 impl Default for ServerConfig {
@@ -107,7 +132,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: "127.0.0.1:4437".into(),
             protocol: Protocol::Pico,
-            ds_listen: None,
+            ds_listen: Some(format!("127.0.0.1:{DS_LISTEN_PORT_DEFAULT}")),
             node_id: None,
             node_epoch: None,
             http_address: None,
@@ -148,6 +173,7 @@ impl Default for ServerConfig {
             tls_cert: None,
             tls_key: None,
             on_serving: None,
+            build: BuildInfo::default(),
         }
     }
 }
@@ -193,6 +219,16 @@ impl ServerConfig {
             SEGMENT_MAX_AGE_MS_MIN,
         )?;
         at_least("--gc-interval-ms", self.gc_interval_ms, GC_INTERVAL_MS_MIN)?;
+        // Listeners share their port across cores (SO_REUSEPORT), so two of this node's on
+        // one address would both bind and split its connections between the protocols.
+        if let Some(ds_listen) = &self.ds_listen {
+            if *ds_listen == self.listen && !ds_listen.ends_with(":0") {
+                return Err(format!(
+                    "--listen and --ds-listen are both {ds_listen}: give the second protocol \
+                     its own address, or --ds-listen off"
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -16,7 +16,10 @@ start_fresh_node() {
   node_log=$node_dir/server.log
   # glommio needs locked memory for its rings.
   ulimit -l unlimited 2>/dev/null || ulimit -l 8192 2>/dev/null || true
-  "$PICO_BIN" serve --listen "127.0.0.1:${FRESH_NODE_PORT:-0}" --no-admin \
+  # No Durable Streams listener on its default port 4438 unless the caller asks for one.
+  local second=(--ds-listen off)
+  [[ " $* " == *" --ds-listen "* ]] && second=()
+  "$PICO_BIN" serve --listen "127.0.0.1:${FRESH_NODE_PORT:-0}" "${second[@]}" --no-admin \
     --meta-url "sqlite:$node_dir/meta.db" --storage "-2@file://$node_dir/objects" \
     --wal-dir "$node_dir/wal" "$@" >"$node_log" 2>&1 &
   node_pid=$!

@@ -36,7 +36,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// Admin listener (`/health`, `/ready`).
     pub admin: SocketAddr,
-    /// The `--ds-listen` listener (the other protocol), when started with one.
+    /// The `--ds-listen` listener (the other protocol): Durable Streams on an ephemeral port
+    /// unless the test gives its own `--ds-listen` (or `off`) or `--protocol ds`.
     pub second: Option<SocketAddr>,
     extra_args: Vec<String>,
     /// Variables set for the process on top of the test's environment (restarts too).
@@ -339,6 +340,12 @@ fn serve_command(
     command
         .arg("serve")
         .args(["--listen", &listen, "--admin-listen", &listen])
+        // A node opens Durable Streams on port 4438 by default; tests run side by side.
+        .args(if gives_ds_listen(extra_args) || speaks_ds(extra_args) {
+            Vec::new()
+        } else {
+            vec!["--ds-listen".to_string(), listen.clone()]
+        })
         .args(if extra_args.iter().any(|a| a == "--meta-url") {
             // The test names its own metadata log (e.g. postgres:// from PICOMQ_PG_URL).
             Vec::new()
@@ -379,6 +386,18 @@ fn serve_command(
     command
 }
 
+/// Whether the test gives its own `--ds-listen`.
+fn gives_ds_listen(extra_args: &[String]) -> bool {
+    extra_args.iter().any(|a| a == "--ds-listen")
+}
+
+/// Whether `--listen` speaks Durable Streams (`--protocol ds`).
+fn speaks_ds(extra_args: &[String]) -> bool {
+    extra_args
+        .windows(2)
+        .any(|w| w[0] == "--protocol" && w[1] == "ds")
+}
+
 /// Starts `pico serve` in `dir` and waits (bounded) for its `serving on` / `admin on` lines.
 fn spawn(
     dir: &Path,
@@ -405,7 +424,15 @@ fn spawn(
     let mut addr = None;
     let mut admin = None;
     let mut second = None;
-    let wants_second = extra_args.iter().any(|a| a == "--ds-listen");
+    // The second listener's line is printed unless the test turned it off (or made `--listen`
+    // speak Durable Streams without asking for the Pico one).
+    let wants_second = if gives_ds_listen(extra_args) {
+        !extra_args
+            .windows(2)
+            .any(|w| w[0] == "--ds-listen" && w[1] == "off")
+    } else {
+        !speaks_ds(extra_args)
+    };
     while addr.is_none() || admin.is_none() || (wants_second && second.is_none()) {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.max(Duration::from_millis(1))) {

@@ -125,6 +125,7 @@ pub fn core_load(engine: &CoreMetrics, http: &HttpMetrics) -> CoreLoad {
 
 /// The Prometheus text exposition of every core's counters.
 pub fn render(
+    build: crate::config::BuildInfo,
     engine: &NodeMetrics,
     wal_salvaged_files: usize,
     http: &[Arc<HttpMetrics>],
@@ -144,6 +145,17 @@ pub fn render(
             let _ = writeln!(out, "{name}{{core=\"{core}\"}} {}", value(metrics));
         }
     };
+    header(
+        &mut out,
+        "pico_build_info",
+        "gauge",
+        "Always 1; its labels say which version and git commit the node runs.",
+    );
+    let _ = writeln!(
+        out,
+        "pico_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+        build.version, build.commit
+    );
     header(
         &mut out,
         "pico_uptime_seconds",
@@ -499,7 +511,13 @@ mod tests {
         metrics.respond(Protocol::DurableStreams, Response::new(204));
         metrics.respond(Protocol::DurableStreams, Response::new(299));
         let engine: NodeMetrics = Arc::new(vec![Arc::new(CoreMetrics::default())]);
-        let text = render(&engine, 0, &[metrics], 1.0);
+        let text = render(
+            crate::config::BuildInfo::default(),
+            &engine,
+            0,
+            &[metrics],
+            1.0,
+        );
         assert!(
             text.contains("pico_http_responses_total{core=\"0\",protocol=\"pico\",code=\"200\"} 1")
         );

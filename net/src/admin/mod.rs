@@ -109,6 +109,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             .header("cache-control", "no-store")
             .with_body(metrics::render(
+                state.facts.build,
                 &state.engine_metrics,
                 state.facts.wal_salvaged.len(),
                 &state.http_metrics,
@@ -189,6 +190,8 @@ async fn cluster(state: &AdminState) -> Response {
             "metaUrl": state.facts.meta_url,
             "cores": state.facts.cores,
             "uptimeMs": state.started.elapsed().as_millis() as u64,
+            "version": state.facts.build.version,
+            "commit": state.facts.build.commit,
     });
     if let Some(cluster) = state.core.cluster() {
         // The cluster's answers replace the single node's.

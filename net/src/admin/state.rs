@@ -27,6 +27,7 @@ pub struct NodeFacts {
     pub meta_url: String,
     /// Damaged WAL files `--wal-salvage` started the node past, each with what was lost.
     pub wal_salvaged: Vec<String>,
+    pub build: crate::config::BuildInfo,
 }
 
 /// Node state the admin listener reports.

@@ -49,13 +49,25 @@ pub async fn handle(
             return with_common(response, &settings.cors_origin);
         }
     }
-    let result = match authorize(auth, &request) {
+    let result = match authorize(auth, &request).and_then(|()| own_protocol(settings, &request)) {
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),
     };
     let mut response = result.unwrap_or_else(render_error);
     crate::routing::complete_redirect(&mut response, &request);
     with_common(response, &settings.cors_origin)
+}
+
+/// A Pico header or parameter is refused, not ignored (`crate::crossing`).
+fn own_protocol(settings: &DsSettings, request: &Request) -> Result<(), DsError> {
+    match crate::crossing::pico_only(request) {
+        None => Ok(()),
+        Some(what) => Err(DsError::new(
+            400,
+            "WRONG_PROTOCOL",
+            crate::crossing::on_durable_streams_listener(&what, settings.pico.url(request)),
+        )),
+    }
 }
 
 /// With `--auth required` every request but a preflight needs a token

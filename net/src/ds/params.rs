@@ -24,6 +24,9 @@ pub struct DsSettings {
     /// The protocol has no retention header: a stream created here gets the node's default
     /// (`--default-retention-*`), and a Pico `PATCH` can change it later.
     pub default_retention: pico_meta::Retention,
+    /// Where the node serves the Pico protocol, named when a request of that protocol comes
+    /// here (`crate::crossing`).
+    pub pico: crate::crossing::OtherListener,
 }
 
 /// Immutable catch-up chunks (they end before the tail) may be cached.

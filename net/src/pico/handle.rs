@@ -23,13 +23,25 @@ pub async fn handle(
     auth: Option<&CoreTokens>,
     request: Request,
 ) -> Response {
-    let result = match authorize(auth, &request) {
+    let result = match authorize(auth, &request).and_then(|()| own_protocol(settings, &request)) {
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),
     };
     let mut response = result.unwrap_or_else(render_error);
     crate::routing::complete_redirect(&mut response, &request);
     with_common(response, &settings.cors_origin)
+}
+
+/// A Durable Streams header or parameter is refused, not ignored (`crate::crossing`).
+fn own_protocol(settings: &PicoSettings, request: &Request) -> Result<(), ApiError> {
+    match crate::crossing::durable_streams_only(request) {
+        None => Ok(()),
+        Some(what) => Err(ApiError::new(
+            400,
+            "wrong_protocol",
+            crate::crossing::on_pico_listener(&what, settings.durable_streams.url(request)),
+        )),
+    }
 }
 
 /// With `--auth required`, every request but a CORS preflight needs a bearer token

@@ -15,4 +15,7 @@ pub struct PicoSettings {
     pub subscriptions: std::sync::Arc<crate::ds::subscriptions::Subscriptions>,
     /// `--default-retention-*`: each limit a create does not set.
     pub default_retention: Retention,
+    /// Where the node serves Durable Streams, named when a request of that protocol comes
+    /// here (`crate::crossing`).
+    pub durable_streams: crate::crossing::OtherListener,
 }

@@ -208,6 +208,14 @@ async fn run_core(job: CoreJob) {
         }
     };
     settings.subscriptions.start_on_core(&core);
+    // Each protocol's handlers name the other's listener to a request sent to the wrong one.
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    for (_, addr, protocol) in &bound {
+        match protocol {
+            Protocol::DurableStreams => settings.durable_streams.set(scheme, *addr),
+            Protocol::Pico => ds_settings.pico.set(scheme, *addr),
+        }
+    }
     let tls = tls.map(TlsAcceptor::from);
     let admin_tls = tls.clone();
     let stop = shutdown.on_this_core();

@@ -155,7 +155,7 @@ fn advertise(
                 if i == 0 {
                     advertised.to_string()
                 } else {
-                    format!("{scheme}://{addr}")
+                    second_listener_url(addr, advertised, scheme)
                 }
             })
     };
@@ -177,6 +177,29 @@ fn advertise(
         cluster.config.lease_ms
     );
     Ok(())
+}
+
+/// The URL other nodes send a client of the second listener's protocol to: its bound address,
+/// or, bound to every address (`0.0.0.0:4438`, the default beside `--listen 0.0.0.0:4437`),
+/// the host of the advertised URL (`--http-address`) with the listener's port.
+fn second_listener_url(addr: &str, advertised: &str, scheme: &str) -> String {
+    let bound: Option<SocketAddr> = addr.parse().ok();
+    match bound {
+        Some(bound) if bound.ip().is_unspecified() => {
+            let host = advertised
+                .split_once("://")
+                .map_or(advertised, |(_, rest)| rest)
+                .split('/')
+                .next()
+                .unwrap_or_default();
+            let host = match host.rsplit_once(':') {
+                Some((name, port)) if !name.is_empty() && !port.contains(']') => name,
+                _ => host,
+            };
+            format!("{scheme}://{host}:{}", bound.port())
+        }
+        _ => format!("{scheme}://{addr}"),
+    }
 }
 
 /// The addresses on stdout (for scripts and supervisors) and in the log.
@@ -246,4 +269,27 @@ fn announce(line: std::fmt::Arguments) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = out.write_fmt(line).and_then(|()| out.write_all(b"\n"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wildcard_second_listener_is_advertised_on_the_nodes_host() {
+        let url = |addr, advertised| second_listener_url(addr, advertised, "http");
+        assert_eq!(
+            url("0.0.0.0:4438", "http://node1.internal:4437"),
+            "http://node1.internal:4438"
+        );
+        assert_eq!(
+            url("[::]:4438", "http://[fd00::1]:4437"),
+            "http://[fd00::1]:4438"
+        );
+        assert_eq!(url("[::]:4438", "http://node2"), "http://node2:4438");
+        assert_eq!(
+            url("10.0.0.5:4438", "http://node1.internal:4437"),
+            "http://10.0.0.5:4438"
+        );
+    }
 }

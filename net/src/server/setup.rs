@@ -197,6 +197,11 @@ pub(super) fn log_startup(
     report: &[String],
     auth: Option<&SharedTokens>,
 ) {
+    log::info!(
+        "pico {} (commit {})",
+        config.build.version,
+        config.build.commit
+    );
     for line in report {
         log::info!("{line}");
     }
@@ -302,6 +307,7 @@ pub(super) fn protocol_settings(
         auth,
         subscriptions: subscriptions.clone(),
         default_retention: config.default_retention,
+        durable_streams: Default::default(),
     };
     let ds_settings = DsSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
@@ -313,6 +319,7 @@ pub(super) fn protocol_settings(
         scheme,
         subscriptions,
         default_retention: config.default_retention,
+        pico: Default::default(),
     };
     (settings, ds_settings)
 }
@@ -344,6 +351,7 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         storage: config.storage.clone(),
         meta_url: pico_engine::displayed_meta_url(&config.meta_url),
         wal_salvaged: Vec::new(),
+        build: config.build,
     }
 }
 

@@ -604,6 +604,7 @@ fn pico_settings(subs: &Arc<Subscriptions>) -> crate::pico::PicoSettings {
         auth: None,
         subscriptions: subs.clone(),
         default_retention: Default::default(),
+        durable_streams: Default::default(),
     }
 }
 
