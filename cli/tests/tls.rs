@@ -220,9 +220,9 @@ async fn open_connections(client: &reqwest::Client, admin: &str) -> u64 {
 /// other (issue 36): rustls writes its records through the socket's own timed writes.
 #[test]
 fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
+    use rustls::pki_types::pem::PemObject;
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
-    use rustls::pki_types::pem::PemObject;
 
     let certs = tempfile::tempdir().unwrap();
     let (cert, key, ca_path) = make_certificate(certs.path());

@@ -352,7 +352,12 @@ async fn serve_request<H, F>(
     // A read's answer counts against the core's and the connection's budgets until it is
     // handed to `h2` whole (which buffers at most `H2_SEND_BUFFER_BYTES` of it).
     let _answer_held = if is_get {
-        hold_answer(&mut response, &limits.answers, Some(&activity.answers), on_error)
+        hold_answer(
+            &mut response,
+            &limits.answers,
+            Some(&activity.answers),
+            on_error,
+        )
     } else {
         None
     };

@@ -233,8 +233,21 @@ pub(crate) fn valid_authority(value: &[u8]) -> bool {
         b.is_ascii_alphanumeric()
             || matches!(
                 b,
-                b'-' | b'.' | b'_' | b'~' | b'%' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')'
-                    | b'*' | b'+' | b',' | b';' | b'='
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
             )
     })
 }

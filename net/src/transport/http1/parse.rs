@@ -173,7 +173,10 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
                 if !text.eq_ignore_ascii_case("100-continue") {
                     return Err(protocol_error(
                         417,
-                        format!("unsupported expectation: {}", String::from_utf8_lossy(value)),
+                        format!(
+                            "unsupported expectation: {}",
+                            String::from_utf8_lossy(value)
+                        ),
                     ));
                 }
                 head.expect_continue = version == 1;
@@ -204,7 +207,10 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
     }
     // HTTP/1.0 has no `Host` requirement (RFC 9112 §3.2 is HTTP/1.1's).
     if hosts == 0 && version == 1 {
-        return Err(protocol_error(400, "an HTTP/1.1 request needs a Host header"));
+        return Err(protocol_error(
+            400,
+            "an HTTP/1.1 request needs a Host header",
+        ));
     }
     Ok(head)
 }

@@ -169,8 +169,20 @@ fn chunk_sizes_from_the_wire_never_overflow() {
 #[test]
 fn chunk_size_lines_are_strict() {
     for line in [
-        "+1", "-1", "0x1", " 1", "1 x", "", ";a", "1\na", "1 ", "1\t", "1;a\0", "1;\0",
-        "1;a=\"\x01\"", "1;a\x7f",
+        "+1",
+        "-1",
+        "0x1",
+        " 1",
+        "1 x",
+        "",
+        ";a",
+        "1\na",
+        "1 ",
+        "1\t",
+        "1;a\0",
+        "1;\0",
+        "1;a=\"\x01\"",
+        "1;a\x7f",
     ] {
         let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
         assert_eq!(
@@ -247,7 +259,8 @@ fn a_body_takes_no_more_memory_than_the_budget_was_charged() {
         chunked.extend_from_slice(b"\r\n");
     }
     chunked.extend_from_slice(b"0\r\n\r\n");
-    let mut plain = format!("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    let mut plain =
+        format!("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
     plain.extend(std::iter::repeat_n(b'p', size));
     for wire in [plain, chunked] {
         let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
@@ -282,7 +295,8 @@ fn a_body_past_the_budget_is_refused_while_another_is_held() {
     let mut first = limits.bodies.reservation();
     assert!(first.grow_to(512 << 10));
     let size = 600 << 10;
-    let mut wire = format!("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    let mut wire =
+        format!("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
     wire.extend(std::iter::repeat_n(b'p', size));
     let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
     let mut buf = BytesMut::new();
@@ -469,7 +483,8 @@ fn an_http1_1_request_has_one_valid_host() {
 #[test]
 fn expectations_other_than_100_continue_are_417() {
     let expect = |value: &str| {
-        let wire = format!("PUT /s HTTP/1.1\r\nHost: a\r\nExpect: {value}\r\nContent-Length: 0\r\n\r\n");
+        let wire =
+            format!("PUT /s HTTP/1.1\r\nHost: a\r\nExpect: {value}\r\nContent-Length: 0\r\n\r\n");
         parse_status(wire.as_bytes())
     };
     assert_eq!(expect("100-continue"), 0);
