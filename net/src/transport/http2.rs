@@ -239,7 +239,7 @@ struct Activity {
     last: Cell<Instant>,
     /// Answers waiting for flow-control window (or for `h2`'s buffer to drain to the socket).
     waiting: Cell<usize>,
-    /// When a waiting answer last got capacity, or the first of them started waiting.
+    /// When an answer last got capacity while one waited, or the first of them started waiting.
     progress_at: Cell<Instant>,
     /// This connection's share of the core's unsent answers.
     answers: BodyBudget,
@@ -614,7 +614,9 @@ async fn send_data(
         if granted == 0 {
             continue;
         }
-        if waiting.is_some() {
+        // Any answer that sends is the connection's progress (one waiting for a window of its
+        // own does not make the connection stalled while the others go on).
+        if activity.waiting.get() > 0 {
             activity.progress_at.set(Instant::now());
         }
         let chunk = data.split_to(granted.min(data.len()));
