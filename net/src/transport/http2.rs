@@ -137,9 +137,11 @@ pub async fn serve_connection<S, H, F>(
         answers: BodyBudget::new(H2_UNSENT_ANSWER_BYTES_PER_CONNECTION_MAX),
     });
     let stall = limits.send_stall_timeout;
-    // One timer per timeout period, not one per request: it is re-armed only when it fires
-    // and the connection turns out neither idle nor stalled.
-    let mut idle = Box::pin(glommio::timer::sleep(limits.request_timeout.min(stall / 2)));
+    // One timer per timeout period, not one per request: it is re-armed when it fires and the
+    // connection turns out neither idle nor stalled, and when a request starts while it is
+    // set further than a stall timeout away (to look for a stall in time).
+    let mut timer_at = Instant::now() + limits.request_timeout;
+    let mut idle = Box::pin(glommio::timer::sleep(limits.request_timeout));
     loop {
         let next = stop
             .unless_stopped(futures_lite::future::or(
@@ -164,11 +166,11 @@ pub async fn serve_connection<S, H, F>(
             // The timer fired: with requests in progress, or one ended within the timeout,
             // the connection is not idle; look again when it could be, or could be stalled.
             Some(None) if Instant::now() < activity.idle_at(limits.request_timeout) => {
-                let next = activity
+                timer_at = activity
                     .idle_at(limits.request_timeout)
                     .min(activity.stall_check_at(stall));
                 idle = Box::pin(glommio::timer::sleep(
-                    next.saturating_duration_since(Instant::now()),
+                    timer_at.saturating_duration_since(Instant::now()),
                 ));
                 continue;
             }
@@ -187,7 +189,14 @@ pub async fn serve_connection<S, H, F>(
         };
         match accepted {
             Ok((request, respond)) => {
-                spawn_request(request, respond, &activity, &limits, &handle, on_error)
+                spawn_request(request, respond, &activity, &limits, &handle, on_error);
+                // Its answer may come to wait for window: look for a stall half a stall
+                // timeout from now, unless the timer fires sooner anyway.
+                let soon = Instant::now() + stall / 2;
+                if timer_at > soon + stall / 2 {
+                    timer_at = soon;
+                    idle = Box::pin(glommio::timer::sleep(stall / 2));
+                }
             }
             Err(e) => {
                 log::debug!("h2 connection ended: {e}");
@@ -251,14 +260,17 @@ impl Activity {
         self.waiting.get() > 0 && self.progress_at.get().elapsed() >= stall
     }
 
-    /// When to look for a stall next: when the waiting answers would have waited `stall`, or,
-    /// while none waits, half a `stall` from now (a wait that starts meanwhile is seen within
-    /// one and a half).
+    /// When to look for a stall next: when the waiting answers would have waited `stall`;
+    /// while none waits but requests are in progress, half a `stall` from now (a wait that
+    /// starts meanwhile is seen within one and a half); with none in progress, never (a
+    /// request that starts re-arms the timer).
     fn stall_check_at(&self, stall: Duration) -> Instant {
         if self.waiting.get() > 0 {
             self.progress_at.get() + stall
-        } else {
+        } else if self.open.get() > 0 {
             Instant::now() + stall / 2
+        } else {
+            Instant::now() + Duration::from_secs(24 * 3600)
         }
     }
 
