@@ -946,23 +946,6 @@ fn peeked_answer(socket: &TcpStream) -> (u16, usize) {
     panic!("no answer head within a minute");
 }
 
-/// Reads what `socket` still gets until the server closes it (at most a minute): the bytes.
-fn drain_until_closed(mut socket: TcpStream) -> usize {
-    socket
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut total = 0;
-    let mut chunk = vec![0u8; 256 * 1024];
-    loop {
-        match socket.read(&mut chunk) {
-            Ok(0) => return total,
-            Ok(n) => total += n,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return total,
-            Err(e) => panic!("still open after a minute ({total} bytes read): {e}"),
-        }
-    }
-}
-
 #[test]
 fn http1_readers_that_never_read_hold_no_more_than_the_answer_budget_and_are_closed() {
     let mut server = large_answers_server(&[
@@ -996,22 +979,15 @@ fn http1_readers_that_never_read_hold_no_more_than_the_answer_budget_and_are_clo
     // allocator. Unbounded, the answers alone were 800 MiB.
     assert!(peak < 96 << 20, "RSS grew by {} MiB", peak >> 20);
     // Each answered reader's connection is closed after the stall timeout with its answer
-    // unsent (the refused ones stay open, idle; the admin request counts itself)...
+    // unsent, and the answer let go (the refused ones stay open, idle; the admin request
+    // counts itself). Not seen from the client: the kernel goes on sending what it had queued
+    // of a closed socket only as the reader's window allows.
     common::wait_for(
         "stalled connections closed",
         Duration::from_secs(60),
         || (metric_sum(&server, "pico_http_connections") <= refused as u64 + 1).then_some(()),
     );
-    // ...and reading now gets what the kernel had queued, then the end.
-    for (socket, (status, whole)) in readers.into_iter().zip(answers) {
-        if status == 200 {
-            let got = drain_until_closed(socket);
-            assert!(
-                got < whole,
-                "the whole answer ({got} bytes) reached a stalled reader"
-            );
-        }
-    }
+    drop(readers);
     // The refused ones may retry, and the node serves on.
     let retry = common::ds(server.addr, "GET", BIG_READ, &[], b"");
     assert_eq!(retry.status, 200, "retry: {}", retry.status);
@@ -1175,11 +1151,13 @@ fn a_stalled_sse_reader_is_closed_at_the_sse_max_duration() {
         Duration::from_secs(60),
         || (metric_sum(&server, "pico_sse_streams") == 0).then_some(()),
     );
-    let got = drain_until_closed(socket);
-    assert!(
-        got < 16 << 20,
-        "the whole stream ({got} bytes) reached a stalled reader"
+    // Its connection is closed too (the response could not end cleanly).
+    common::wait_for(
+        "the stalled SSE connection closed",
+        Duration::from_secs(60),
+        || (metric_sum(&server, "pico_http_connections") <= 1).then_some(()),
     );
+    drop(socket);
     assert_serves(&mut server, "after a stalled SSE reader");
 }
 
