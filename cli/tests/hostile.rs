@@ -1087,7 +1087,12 @@ async fn h2_zero_window_reads(addr: SocketAddr, reads: usize) -> ZeroWindowReads
 
 #[test]
 fn h2_readers_with_a_zero_window_hold_no_more_than_the_answer_budget_and_are_closed() {
-    let server = large_answers_server(&["--send-stall-timeout-sec", "5"]);
+    let server = large_answers_server(&[
+        "--max-unsent-bytes",
+        "32MiB",
+        "--send-stall-timeout-sec",
+        "5",
+    ]);
     let rss_before = rss_bytes(&server, "VmRSS:");
     let addr = server.addr;
     let pid = addr_pid(&server);
@@ -1099,23 +1104,25 @@ fn h2_readers_with_a_zero_window_hold_no_more_than_the_answer_budget_and_are_clo
             h2_zero_window_reads(addr, 256)
         );
         let peak = rss_bytes_of(pid, "VmHWM:").saturating_sub(rss_before);
-        for ZeroWindowReads { statuses, .. } in [&a, &b] {
-            let answered = statuses.iter().filter(|&&s| s == 200).count();
-            let refused = statuses.iter().filter(|&&s| s == 503).count();
-            eprintln!(
-                "{answered} answered, {refused} refused, peak RSS growth {} MiB",
-                peak >> 20
-            );
-            // 0: no head before the stall closed the connection (a slow machine).
-            assert!(
-                statuses.iter().all(|s| [0, 200, 503].contains(s)),
-                "{statuses:?}"
-            );
-            assert!(refused > 0, "no read was refused with 503");
-            // 16 MiB of unsent answers per connection: one answer of (nearly) 16 MiB.
-            assert_eq!(answered, 1, "answers held on one connection");
-        }
-        // Two connections' 16 MiB each, what is being built, room for the allocator.
+        let statuses: Vec<u16> = [&a, &b]
+            .iter()
+            .flat_map(|reads| reads.statuses.iter().copied())
+            .collect();
+        let answered = statuses.iter().filter(|&&s| s == 200).count();
+        let refused = statuses.iter().filter(|&&s| s == 503).count();
+        eprintln!(
+            "{answered} answered, {refused} refused, peak RSS growth {} MiB",
+            peak >> 20
+        );
+        // 0: no head before the stall closed the connection (a slow machine).
+        assert!(
+            statuses.iter().all(|s| [0, 200, 503].contains(s)),
+            "{statuses:?}"
+        );
+        assert!(refused > 0, "no read was refused with 503");
+        // 32 MiB of unsent answers on the core: two answers of (nearly) 16 MiB.
+        assert!((1..=2).contains(&answered), "{answered} answers held");
+        // The budget, an answer being built, room for the allocator.
         assert!(peak < 96 << 20, "RSS grew by {} MiB", peak >> 20);
         // Neither connection makes progress: both are closed after the stall timeout.
         for reads in [a, b] {

@@ -29,13 +29,8 @@ pub const SEND_STALL_TIMEOUT_SEC_DEFAULT: u64 = 30;
 /// (`--max-unsent-bytes`); past it a read is answered `503` with `Retry-After`.
 pub const UNSENT_ANSWER_BYTES_PER_CORE_DEFAULT: usize = 64 * 1024 * 1024;
 
-/// Bytes of unsent read answers one HTTP/2 connection may hold (one answer always fits, as in
-/// the core's budget); past it a read on that connection is answered `503` with `Retry-After`.
-/// An HTTP/1.1 connection holds one answer at a time.
-pub const H2_UNSENT_ANSWER_BYTES_PER_CONNECTION_MAX: usize = 16 * 1024 * 1024;
-
-/// Why a read was refused with `503`: the answers this core (or this HTTP/2 connection) built
-/// are still waiting for their readers.
+/// Why a read was refused with `503`: the answers this core built are still waiting for their
+/// readers.
 pub const ANSWERS_OVER_BUDGET: &str =
     "unsent answers per core: answers waiting for slow readers fill --max-unsent-bytes";
 

@@ -21,11 +21,10 @@ use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 
-use crate::limits::{BodyBudget, BodyReservation, ConnectionLimits};
+use crate::limits::{BodyReservation, ConnectionLimits};
 use crate::limits::{
     H2_CONCURRENT_STREAMS_MAX, H2_CONNECTION_WINDOW_BYTES, H2_FRAME_BYTES_MAX,
     H2_HEADER_LIST_BYTES_MAX, H2_SEND_BUFFER_BYTES, H2_STREAM_WINDOW_BYTES,
-    H2_UNSENT_ANSWER_BYTES_PER_CONNECTION_MAX,
 };
 use crate::shutdown::CoreShutdown;
 use crate::transport::message::{
@@ -134,7 +133,6 @@ pub async fn serve_connection<S, H, F>(
         last: Cell::new(Instant::now()),
         waiting: Cell::new(0),
         progress_at: Cell::new(Instant::now()),
-        answers: BodyBudget::new(H2_UNSENT_ANSWER_BYTES_PER_CONNECTION_MAX),
     });
     let stall = limits.send_stall_timeout;
     // One timer per timeout period, not one per request: it is re-armed when it fires and the
@@ -242,7 +240,7 @@ fn spawn_request<H, F>(
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Requests in progress on a connection, and when one last started or ended; answers waiting
-/// to be sent, and when one last could send; the unsent answers the connection holds.
+/// to be sent, and when one last could send.
 struct Activity {
     open: Cell<usize>,
     last: Cell<Instant>,
@@ -250,8 +248,6 @@ struct Activity {
     waiting: Cell<usize>,
     /// When an answer last got capacity while one waited, or the first of them started waiting.
     progress_at: Cell<Instant>,
-    /// This connection's share of the core's unsent answers.
-    answers: BodyBudget,
 }
 
 impl Activity {
@@ -341,7 +337,7 @@ async fn serve_request<H, F>(
     let cancellable = head_only || is_get;
     // `answer` is called in each branch, not held in a variable across them: a future kept
     // in a local and then moved into another is stored twice in this one's state.
-    let mut response = if is_get && (limits.answers.is_full() || activity.answers.is_full()) {
+    let mut response = if is_get && limits.answers.is_full() {
         // Answers already built fill the budget: this one is not even built.
         answers_over_budget(on_error)
     } else if cancellable {
@@ -361,15 +357,12 @@ async fn serve_request<H, F>(
     } else {
         answer(request, limits, handle, on_error).await
     };
-    // A read's answer counts against the core's and the connection's budgets until it is
-    // handed to `h2` whole (which buffers at most `H2_SEND_BUFFER_BYTES` of it).
+    // A read's answer counts against the core's budget until it is handed to `h2` whole
+    // (which buffers at most `H2_SEND_BUFFER_BYTES` of it ahead of the socket). A connection
+    // may hold many, as a client multiplexing large reads does; the budget bounds them all,
+    // and the send stall timeout closes a connection whose answers get no window.
     let _answer_held = if is_get {
-        hold_answer(
-            &mut response,
-            &limits.answers,
-            Some(&activity.answers),
-            on_error,
-        )
+        hold_answer(&mut response, &limits.answers, on_error)
     } else {
         None
     };

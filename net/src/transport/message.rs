@@ -262,34 +262,21 @@ pub(crate) fn refusal(on_error: fn(u16, &str) -> Response, status: u16, message:
     response
 }
 
-/// A read's answer held against the core's budget of unsent answers (and its connection's, on
-/// HTTP/2) until dropped, once its last byte left for the socket (`crate::limits`).
-pub(crate) struct HeldAnswer {
-    _core: BodyReservation,
-    _connection: Option<BodyReservation>,
-}
-
-/// Holds `response`'s body against `core` (and `connection`); when they cannot hold it, the
-/// response becomes a `503` with `Retry-After` (its body dropped now) and nothing is held.
-/// Only for reads (`GET`): an append's answer is small and must reach its client.
+/// Holds `response`'s body against the core's budget of unsent answers until the reservation
+/// is dropped, once its last byte left for the socket (`crate::limits`); when the budget cannot
+/// hold it, the response becomes a `503` with `Retry-After` (its body dropped now) and nothing
+/// is held. Only for reads (`GET`): an append's answer is small and must reach its client.
 pub(crate) fn hold_answer(
     response: &mut Response,
-    core: &BodyBudget,
-    connection: Option<&BodyBudget>,
+    budget: &BodyBudget,
     on_error: fn(u16, &str) -> Response,
-) -> Option<HeldAnswer> {
-    let bytes = response.body_len();
-    let mut held = core.reservation();
-    let mut held_here = connection.map(BodyBudget::reservation);
-    let fits = held.grow_to(bytes) && held_here.as_mut().is_none_or(|h| h.grow_to(bytes));
-    if !fits {
+) -> Option<BodyReservation> {
+    let mut held = budget.reservation();
+    if !held.grow_to(response.body_len()) {
         *response = answers_over_budget(on_error);
         return None;
     }
-    Some(HeldAnswer {
-        _core: held,
-        _connection: held_here,
-    })
+    Some(held)
 }
 
 /// The `503` of a read refused because unsent answers fill their budget.

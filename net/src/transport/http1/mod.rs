@@ -350,7 +350,7 @@ where
     // A read's answer counts against the core's budget until it is written (or the
     // connection is closed: a reader that stops reading is, after the send stall timeout).
     let _answer_held = if is_get {
-        hold_answer(&mut response, &limits.answers, None, on_error)
+        hold_answer(&mut response, &limits.answers, on_error)
     } else {
         None
     };
