@@ -195,6 +195,15 @@ pub struct ServeArgs {
     )]
     pub request_timeout_sec: f64,
 
+    /// seconds a connection may go without any write progress while it has an answer to send (a client that stopped reading, an HTTP/2 window that never opens); then it is closed, both HTTP versions, TLS and SSE alike, fractions allowed (default 30) [env: PICO_SEND_STALL_TIMEOUT_SEC]
+    #[argh(
+        option,
+        arg_name = "secs",
+        default = "30.0",
+        from_str_fn(parse_seconds)
+    )]
+    pub send_stall_timeout_sec: f64,
+
     /// a storage segment seals at this size (default 8MiB, at least 64KiB) [env: PICO_SEGMENT_SIZE]
     #[argh(
         option,
@@ -287,6 +296,9 @@ pub struct ServeArgs {
     /// an idempotent producer that has not written for this long is forgotten, in seconds (default 604800: 7 days) [env: PICO_PRODUCER_IDLE_EXPIRY_SEC]
     #[argh(option, arg_name = "sec")]
     pub producer_idle_expiry_sec: Option<u64>,
+    /// per core: bytes of read answers built but not yet written to their sockets (readers that read slowly or never) before reads get 503 with Retry-After (default 64MiB) [env: PICO_MAX_UNSENT_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub max_unsent_bytes: Option<u64>,
 
     /// how often segment objects that only hold deleted, expired or trimmed data are deleted, in ms (default 5000) [env: PICO_GC_INTERVAL_MS]
     #[argh(option, arg_name = "ms", default = "5000")]

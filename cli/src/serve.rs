@@ -146,6 +146,10 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             0 => return Err("--request-timeout-sec must be greater than 0".into()),
             ms => ms,
         },
+        send_stall_timeout_ms: match millis(args.send_stall_timeout_sec) {
+            0 => return Err("--send-stall-timeout-sec must be greater than 0".into()),
+            ms => ms,
+        },
         max_body_size: match positive(args.max_body_size, "--max-body-size")? {
             // Record lengths on the wire and on disk are u32 (pico_proto::batch).
             n if n > u64::from(u32::MAX) => {
@@ -177,6 +181,11 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             args.max_in_flight_bytes,
             "--max-in-flight-bytes",
             defaults.in_flight_bytes_max,
+        )?,
+        unsent_bytes_max: optional_size(
+            args.max_unsent_bytes,
+            "--max-unsent-bytes",
+            defaults.unsent_bytes_max,
         )?,
         unuploaded_bytes_max: optional_size(
             args.max_unuploaded_bytes,
@@ -414,6 +423,10 @@ mod tests {
             "--wal-dir",
             "/tmp/w",
             "--webhook-allow-loopback",
+            "--send-stall-timeout-sec",
+            "2.5",
+            "--max-unsent-bytes",
+            "8MiB",
         ]);
         let config = server_config(&args, Protocol::DurableStreams).unwrap();
         assert!(config.webhook_allow_loopback);
@@ -429,6 +442,8 @@ mod tests {
         assert_eq!(config.segment_max_age_ms, 10);
         assert_eq!(config.backlog, 8);
         assert_eq!(config.wal_dir, std::path::PathBuf::from("/tmp/w"));
+        assert_eq!(config.send_stall_timeout_ms, 2500);
+        assert_eq!(config.unsent_bytes_max, 8 << 20);
     }
 
     /// Issue 37: Durable Streams is served by default beside a Pico `--listen`, on its host

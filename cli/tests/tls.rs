@@ -198,3 +198,111 @@ fn bad_tls_files_stop_the_server_with_a_clear_message() {
         );
     }
 }
+
+/// The open HTTP connections of `admin`'s node (`pico_http_connections`, all cores; the
+/// request asking counts itself).
+async fn open_connections(client: &reqwest::Client, admin: &str) -> u64 {
+    let page = client
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    page.lines()
+        .filter(|line| line.starts_with("pico_http_connections{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A reader over TLS that stops reading is closed after `--send-stall-timeout-sec` like any
+/// other (issue 36): rustls writes its records through the socket's own timed writes.
+#[test]
+fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
+    use rustls::pki_types::pem::PemObject;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key, ca_path) = make_certificate(certs.path());
+    let server = Server::start(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--protocol",
+        "ds",
+        "--cores",
+        "1",
+        "--catch-up-read-size",
+        "16MiB",
+        "--send-stall-timeout-sec",
+        "2",
+    ]);
+    let ca = std::fs::read(&ca_path).unwrap();
+    let base = format!("https://{}", server.addr);
+    let admin = format!("https://{}", server.admin);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        // Its own client: dropped after, so its pooled connection does not stay counted.
+        let http = client(&ca, true);
+        let octets = ("content-type", "application/octet-stream");
+        let created = http.put(format!("{base}/big")).header(octets.0, octets.1);
+        assert_eq!(created.send().await.unwrap().status(), 201);
+        let record = vec![b'r'; 64 << 10];
+        for _ in 0..256 {
+            let append = http.post(format!("{base}/big")).header(octets.0, octets.1);
+            let appended = append.body(record.clone()).send().await.unwrap();
+            assert_eq!(appended.status(), 204);
+        }
+    });
+    // A TLS client asks for 16 MiB and reads only the answer's head.
+    let mut roots = rustls::RootCertStore::empty();
+    for der in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(der.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let socket = std::net::TcpStream::connect(server.addr).unwrap();
+    let size: libc::c_int = 4096;
+    // SAFETY: a valid socket and a c_int option value for the length given.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0);
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut tls = rustls::StreamOwned::new(connection, socket);
+    tls.write_all(b"GET /big?offset=-1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut head = [0u8; 12];
+    tls.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    // It reads no more: the connection is closed after the stall timeout, not held (only the
+    // metrics request's own connection is left).
+    let http = client(&ca, true);
+    runtime.block_on(async {
+        for _ in 0..600 {
+            if open_connections(&http, &admin).await <= 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the stalled TLS connection is still open after a minute");
+    });
+    drop(tls);
+}

@@ -81,6 +81,9 @@ pub struct ServerConfig {
     /// A request not received within this is `408`; an idle connection closes after it
     /// (`--request-timeout-sec`).
     pub request_timeout_ms: u64,
+    /// A connection with an answer to send that makes no write progress for this long is
+    /// closed (`--send-stall-timeout-sec`).
+    pub send_stall_timeout_ms: u64,
     /// A segment seals at this size (bytes).
     pub segment_size: usize,
     /// ... or at this age (ms) once it holds data.
@@ -91,6 +94,9 @@ pub struct ServerConfig {
     pub cors_origin: String,
     /// Per core: bytes of appends not yet durable before `429` (`--max-in-flight-bytes`).
     pub in_flight_bytes_max: usize,
+    /// Per core: bytes of read answers not yet written to their sockets before reads get
+    /// `503` (`--max-unsent-bytes`).
+    pub unsent_bytes_max: usize,
     /// Per core: bytes of sealed segments not yet uploaded before `429` (`--max-unuploaded-bytes`).
     pub unuploaded_bytes_max: usize,
     /// Idempotent producers the node keeps over all its streams (`--producers-max`).
@@ -153,11 +159,13 @@ impl Default for ServerConfig {
             default_retention: Default::default(),
             max_body_size: 8 * 1024 * 1024,
             request_timeout_ms: crate::limits::REQUEST_TIMEOUT_SEC_DEFAULT * 1000,
+            send_stall_timeout_ms: crate::limits::SEND_STALL_TIMEOUT_SEC_DEFAULT * 1000,
             segment_size: 8 * 1024 * 1024,
             segment_max_age_ms: 2_000,
             backlog: 1024,
             cors_origin: "*".into(),
             in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
+            unsent_bytes_max: crate::limits::UNSENT_ANSWER_BYTES_PER_CORE_DEFAULT,
             unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
             producers_max: pico_engine::limits::PRODUCERS_PER_NODE_DEFAULT,
             producer_idle_expiry_sec: pico_engine::limits::PRODUCER_IDLE_EXPIRY_SEC_DEFAULT,
@@ -197,6 +205,8 @@ impl ServerConfig {
         for (value, flag) in [
             (self.segment_max_age_ms, "--segment-max-age-ms"),
             (self.in_flight_bytes_max as u64, "--max-in-flight-bytes"),
+            (self.unsent_bytes_max as u64, "--max-unsent-bytes"),
+            (self.send_stall_timeout_ms, "--send-stall-timeout-sec"),
             (self.unuploaded_bytes_max as u64, "--max-unuploaded-bytes"),
             (self.producers_max as u64, "--producers-max"),
             (self.producer_idle_expiry_sec, "--producer-idle-expiry-sec"),

@@ -5,6 +5,12 @@
 //! Request bodies are counted from their first byte against the core's [`BodyBudget`], so the
 //! memory held by uploads in progress is bounded by `--max-in-flight-bytes` per core whatever
 //! clients do: a body that would pass it is refused with `429` instead of being buffered.
+//!
+//! Answers are bounded the same way on the way out: a read's answer (its whole body, built
+//! before it is written) counts against the core's [`BodyBudget`] of unsent answers from when
+//! it is built until its last byte left for the socket, so readers that never read hold at
+//! most `--max-unsent-bytes` per core (past it a read gets `503` with `Retry-After`), and a
+//! connection whose writes make no progress for `--send-stall-timeout-sec` is closed.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -13,6 +19,20 @@ use std::time::Duration;
 /// Default time a request (head and body) has to arrive, and an idle connection stays open
 /// (`--request-timeout-sec`).
 pub const REQUEST_TIMEOUT_SEC_DEFAULT: u64 = 120;
+
+/// Default time a connection may go without any write progress while it has something to send
+/// (a socket that takes no byte, an HTTP/2 answer the peer grants no window for); then it is
+/// closed (`--send-stall-timeout-sec`).
+pub const SEND_STALL_TIMEOUT_SEC_DEFAULT: u64 = 30;
+
+/// Default bytes of read answers built but not yet written to their sockets, per core
+/// (`--max-unsent-bytes`); past it a read is answered `503` with `Retry-After`.
+pub const UNSENT_ANSWER_BYTES_PER_CORE_DEFAULT: usize = 64 * 1024 * 1024;
+
+/// Why a read was refused with `503`: the answers this core built are still waiting for their
+/// readers.
+pub const ANSWERS_OVER_BUDGET: &str =
+    "unsent answers per core: answers waiting for slow readers fill --max-unsent-bytes";
 
 /// Why a body was refused with `429`: the core's [`BodyBudget`] cannot hold it.
 pub const BODIES_OVER_BUDGET: &str =
@@ -64,6 +84,10 @@ pub const H2_CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
 pub const H2_FRAME_BYTES_MAX: u32 = 256 * 1024;
 /// Largest accepted HTTP/2 header block; larger is `431`.
 pub const H2_HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
+/// Bytes of one response stream `h2` buffers ahead of the socket (its `max_send_buffer_size`;
+/// 400 KB by default): a peer that opens a large window and then stops reading the socket
+/// makes each of its requests hold at most this much there until the send stall closes it.
+pub const H2_SEND_BUFFER_BYTES: usize = 128 * 1024;
 
 // Durable Streams subscriptions (docs/api.md lists the error bodies; each refusal below is a
 // `400` naming the limit unless it says otherwise).
@@ -140,6 +164,10 @@ pub struct ConnectionLimits {
     pub request_timeout: Duration,
     /// Bodies being received on this core.
     pub bodies: BodyBudget,
+    /// Read answers built on this core and not yet written to their sockets.
+    pub answers: BodyBudget,
+    /// A connection whose writes make no progress for this long is closed.
+    pub send_stall_timeout: Duration,
 }
 
 impl ConnectionLimits {
@@ -149,12 +177,15 @@ impl ConnectionLimits {
             max_body_size,
             request_timeout: Duration::from_secs(REQUEST_TIMEOUT_SEC_DEFAULT),
             bodies: BodyBudget::new(usize::MAX),
+            answers: BodyBudget::new(usize::MAX),
+            send_stall_timeout: Duration::from_secs(SEND_STALL_TIMEOUT_SEC_DEFAULT),
         }
     }
 }
 
-/// Bytes of request bodies one core is receiving or handling, against a maximum. One per
-/// core, shared by its connections (so not `Send`).
+/// Bytes one core holds for its connections, against a maximum: request bodies being received
+/// or handled, or read answers not yet written. One of each per core, shared by its
+/// connections (so not `Send`).
 #[derive(Clone)]
 pub struct BodyBudget {
     shared: Rc<Budget>,
@@ -186,6 +217,11 @@ impl BodyBudget {
     /// Bytes held now, by all reservations.
     pub fn held_bytes(&self) -> usize {
         self.shared.held_bytes.get()
+    }
+
+    /// Whether the budget holds its maximum or more: nothing more fits next to what is held.
+    pub fn is_full(&self) -> bool {
+        self.shared.held_bytes.get() >= self.shared.max_bytes
     }
 }
 

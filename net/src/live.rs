@@ -14,6 +14,10 @@ use pico_engine::{limits, CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 /// answer at once) must not turn an idle SSE response into a stream of keep-alives.
 pub const KEEP_ALIVE_MIN_MS: u64 = 100;
 
+/// The last events of a live response, written at its deadline, may take this long to leave
+/// before the connection is closed instead (a reader that keeps up never waits for it).
+pub const END_WRITE_GRACE: Duration = Duration::from_secs(1);
+
 /// The wait of one round of a live SSE response (both protocols) that is idle at the tail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct IdleRound {
@@ -84,6 +88,12 @@ pub trait LiveEvents {
     /// Whether it waits at the tail: nothing is queued, the response is not over and its next
     /// read is one that waits for new records.
     fn at_tail(&self) -> bool;
+    /// When the response must be over (`--sse-max-duration-sec`, and [`END_WRITE_GRACE`] for
+    /// its last events): a write still waiting for its reader then closes the connection, so a
+    /// reader that stopped reading is not held past it. `None`: no deadline.
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
 }
 
 /// The events a live response has ready to send: at most two at a time (a data event and the
@@ -159,6 +169,11 @@ impl LiveCursor {
             last_round: false,
             queue: ReadyEvents::default(),
         }
+    }
+
+    /// When the response's writes must be over ([`LiveEvents::deadline`]).
+    pub fn write_deadline(&self) -> Instant {
+        self.deadline + END_WRITE_GRACE
     }
 
     /// The next read: waiting for the round (`wait`) or answered at once; `None` once the

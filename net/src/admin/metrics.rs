@@ -79,6 +79,9 @@ fn counted(live: LiveBody, metrics: Arc<HttpMetrics>) -> LiveBody {
         fn at_tail(&self) -> bool {
             self.inner.at_tail()
         }
+        fn deadline(&self) -> Option<std::time::Instant> {
+            self.inner.deadline()
+        }
     }
     impl Drop for Counted {
         fn drop(&mut self) {

@@ -122,8 +122,10 @@ pub(super) fn render_error(error: DsError) -> Response {
 pub fn connection_error(status: u16, message: &str) -> Response {
     let code = match status {
         413 => "PAYLOAD_TOO_LARGE",
+        417 => "EXPECTATION_FAILED",
         429 => "OVERLOADED",
         431 => "HEADERS_TOO_LARGE",
+        503 => "UNAVAILABLE",
         _ => "BAD_REQUEST",
     };
     with_common(render_error(DsError::new(status, code, message)), "*")

@@ -123,6 +123,10 @@ impl LiveEvents for SseState {
         let live = &self.live;
         !live.done && !self.first && live.queue.is_empty() && self.skip_bytes == 0
     }
+
+    fn deadline(&self) -> Option<std::time::Instant> {
+        Some(self.live.write_deadline())
+    }
 }
 
 /// The control event after a read: where to resume, the cursor (or that the stream is closed)

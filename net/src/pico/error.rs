@@ -146,8 +146,10 @@ pub(super) fn render_error(error: ApiError) -> Response {
 pub fn connection_error(status: u16, message: &str) -> Response {
     let code = match status {
         413 => "too_large",
+        417 => "expectation_failed",
         429 => "overloaded",
         501 => "not_implemented",
+        503 => "unavailable",
         _ => "bad_request",
     };
     with_common(error_response(status, code, message, None), "*")

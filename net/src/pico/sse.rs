@@ -123,6 +123,10 @@ impl LiveEvents for State {
     fn at_tail(&self) -> bool {
         !self.live.done && self.announced_up_to_date && self.live.queue.is_empty()
     }
+
+    fn deadline(&self) -> Option<std::time::Instant> {
+        Some(self.live.write_deadline())
+    }
 }
 
 /// What a subscriber's state between reads takes (tested in `live.rs`).

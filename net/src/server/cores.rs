@@ -57,7 +57,9 @@ pub(super) struct NodeJob {
     pub(super) ds_settings: DsSettings,
     pub(super) max_body_size: usize,
     pub(super) request_timeout: Duration,
+    pub(super) send_stall_timeout: Duration,
     pub(super) in_flight_bytes_max: usize,
+    pub(super) unsent_bytes_max: usize,
     pub(super) shutdown: Shutdown,
     pub(super) stopped: mpsc::Sender<Stopped>,
 }
@@ -169,7 +171,9 @@ async fn run_core(job: CoreJob) {
         ds_settings,
         max_body_size,
         request_timeout,
+        send_stall_timeout,
         in_flight_bytes_max,
+        unsent_bytes_max,
         shutdown,
         stopped,
     } = node;
@@ -179,6 +183,9 @@ async fn run_core(job: CoreJob) {
         max_body_size,
         request_timeout,
         bodies,
+        // One budget for the read answers all this core's connections hold unsent.
+        answers: BodyBudget::new(unsent_bytes_max),
+        send_stall_timeout,
     };
     let started = async {
         let core = CoreHandle::start(seed).await?;

@@ -38,6 +38,9 @@ pub(super) fn spawn_admin(
 ) {
     let admin_limits = ConnectionLimits {
         max_body_size: ADMIN_BODY_BYTES_MAX,
+        // The admin API's answers are its own: readers filling the protocol listeners' budget
+        // do not keep the operator from `/metrics`.
+        answers: crate::limits::BodyBudget::new(usize::MAX),
         ..limits.clone()
     };
     glommio::spawn_local(async move {

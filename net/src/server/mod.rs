@@ -75,7 +75,9 @@ pub fn run(config: ServerConfig) -> Result<(), String> {
         ds_settings,
         max_body_size: config.max_body_size,
         request_timeout: Duration::from_millis(config.request_timeout_ms),
+        send_stall_timeout: Duration::from_millis(config.send_stall_timeout_ms),
         in_flight_bytes_max: config.in_flight_bytes_max,
+        unsent_bytes_max: config.unsent_bytes_max,
         shutdown: shutdown.clone(),
         stopped: stopped_tx,
     };

@@ -24,10 +24,12 @@ use h2::{RecvStream, SendStream};
 use crate::limits::{BodyReservation, ConnectionLimits};
 use crate::limits::{
     H2_CONCURRENT_STREAMS_MAX, H2_CONNECTION_WINDOW_BYTES, H2_FRAME_BYTES_MAX,
-    H2_HEADER_LIST_BYTES_MAX, H2_STREAM_WINDOW_BYTES,
+    H2_HEADER_LIST_BYTES_MAX, H2_SEND_BUFFER_BYTES, H2_STREAM_WINDOW_BYTES,
 };
 use crate::shutdown::CoreShutdown;
-use crate::transport::message::{Body, Request, Response};
+use crate::transport::message::{
+    answers_over_budget, by_deadline, hold_answer, valid_authority, Body, Request, Response,
+};
 use crate::transport::socket::{Socket, TokioIo};
 
 /// The client connection preface that starts every HTTP/2 connection.
@@ -90,6 +92,10 @@ impl<S: Socket> Socket for Prefixed<S> {
     fn vectored(&self) -> bool {
         self.inner.vectored()
     }
+
+    fn set_send_stall_timeout(&self, timeout: Duration) {
+        self.inner.set_send_stall_timeout(timeout)
+    }
 }
 
 /// Serves HTTP/2 on `stream` until the peer goes away, or until it was idle (no request in
@@ -111,6 +117,7 @@ pub async fn serve_connection<S, H, F>(
         .initial_connection_window_size(H2_CONNECTION_WINDOW_BYTES)
         .max_header_list_size(H2_HEADER_LIST_BYTES_MAX)
         .max_frame_size(H2_FRAME_BYTES_MAX)
+        .max_send_buffer_size(H2_SEND_BUFFER_BYTES)
         .handshake::<_, Bytes>(TokioIo::new(stream));
     let connection = crate::transport::message::within(limits.request_timeout, handshake).await;
     let mut connection = match connection {
@@ -124,9 +131,14 @@ pub async fn serve_connection<S, H, F>(
     let activity = Rc::new(Activity {
         open: Cell::new(0),
         last: Cell::new(Instant::now()),
+        waiting: Cell::new(0),
+        progress_at: Cell::new(Instant::now()),
     });
-    // One idle timer per timeout period, not one per request: it is re-armed only when it
-    // fires and the connection turns out not to have been idle.
+    let stall = limits.send_stall_timeout;
+    // One timer per timeout period, not one per request: it is re-armed when it fires and the
+    // connection turns out neither idle nor stalled, and when a request starts while it is
+    // set further than a stall timeout away (to look for a stall in time).
+    let mut timer_at = Instant::now() + limits.request_timeout;
     let mut idle = Box::pin(glommio::timer::sleep(limits.request_timeout));
     loop {
         let next = stop
@@ -142,12 +154,21 @@ pub async fn serve_connection<S, H, F>(
             Some(Some(Some(accepted))) => accepted,
             // The peer closed the connection.
             Some(Some(None)) => return,
+            // Answers wait for window (or for the socket) and none got any for the send stall
+            // timeout: the peer stopped reading. The connection closes at once (no GOAWAY: it
+            // would not be read either), and its requests with it.
+            Some(None) if activity.stalled(stall) => {
+                log::debug!("h2 connection closed: no send progress for {stall:?}");
+                return;
+            }
             // The timer fired: with requests in progress, or one ended within the timeout,
-            // the connection is not idle; look again when it could be.
+            // the connection is not idle; look again when it could be, or could be stalled.
             Some(None) if Instant::now() < activity.idle_at(limits.request_timeout) => {
-                let idle_at = activity.idle_at(limits.request_timeout);
+                timer_at = activity
+                    .idle_at(limits.request_timeout)
+                    .min(activity.stall_check_at(stall));
                 idle = Box::pin(glommio::timer::sleep(
-                    idle_at.saturating_duration_since(Instant::now()),
+                    timer_at.saturating_duration_since(Instant::now()),
                 ));
                 continue;
             }
@@ -166,7 +187,14 @@ pub async fn serve_connection<S, H, F>(
         };
         match accepted {
             Ok((request, respond)) => {
-                spawn_request(request, respond, &activity, &limits, &handle, on_error)
+                spawn_request(request, respond, &activity, &limits, &handle, on_error);
+                // Its answer may come to wait for window: look for a stall half a stall
+                // timeout from now, unless the timer fires sooner anyway.
+                let soon = Instant::now() + stall / 2;
+                if timer_at > soon + stall / 2 {
+                    timer_at = soon;
+                    idle = Box::pin(glommio::timer::sleep(stall / 2));
+                }
             }
             Err(e) => {
                 log::debug!("h2 connection ended: {e}");
@@ -191,7 +219,6 @@ fn spawn_request<H, F>(
     let in_progress = InProgress::start(activity);
     let (handle, limits) = (handle.clone(), limits.clone());
     glommio::spawn_local(async move {
-        let _in_progress = in_progress;
         // A request's future is large (its handler reaches into the engine: ~13 KiB), and a
         // spawn moves its future several times; so the task starts small and puts the
         // request's future on the heap once, when it first runs.
@@ -199,6 +226,7 @@ fn spawn_request<H, F>(
         let serve = Box::pin(crate::panics::catch_panic(serve_request(
             request,
             respond,
+            &in_progress.0,
             &limits,
             handle.as_ref(),
             on_error,
@@ -211,13 +239,37 @@ fn spawn_request<H, F>(
 /// Longest a connection's requests may take to finish after its GOAWAY.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Requests in progress on a connection, and when one last started or ended.
+/// Requests in progress on a connection, and when one last started or ended; answers waiting
+/// to be sent, and when one last could send.
 struct Activity {
     open: Cell<usize>,
     last: Cell<Instant>,
+    /// Answers waiting for flow-control window (or for `h2`'s buffer to drain to the socket).
+    waiting: Cell<usize>,
+    /// When an answer last got capacity while one waited, or the first of them started waiting.
+    progress_at: Cell<Instant>,
 }
 
 impl Activity {
+    /// Whether answers wait and none could send anything for `stall`.
+    fn stalled(&self, stall: Duration) -> bool {
+        self.waiting.get() > 0 && self.progress_at.get().elapsed() >= stall
+    }
+
+    /// When to look for a stall next: when the waiting answers would have waited `stall`;
+    /// while none waits but requests are in progress, half a `stall` from now (a wait that
+    /// starts meanwhile is seen within one and a half); with none in progress, never (a
+    /// request that starts re-arms the timer).
+    fn stall_check_at(&self, stall: Duration) -> Instant {
+        if self.waiting.get() > 0 {
+            self.progress_at.get() + stall
+        } else if self.open.get() > 0 {
+            Instant::now() + stall / 2
+        } else {
+            Instant::now() + Duration::from_secs(24 * 3600)
+        }
+    }
+
     /// The earliest instant the connection could have been idle for `timeout`: never while a
     /// request is in progress (so a timeout from now), else a timeout after the last one.
     fn idle_at(&self, timeout: Duration) -> Instant {
@@ -226,6 +278,25 @@ impl Activity {
         } else {
             self.last.get() + timeout
         }
+    }
+}
+
+/// One answer waiting to send, counted in [`Activity`] until dropped.
+struct Waiting<'a>(&'a Activity);
+
+impl<'a> Waiting<'a> {
+    fn start(activity: &'a Activity) -> Waiting<'a> {
+        if activity.waiting.get() == 0 {
+            activity.progress_at.set(Instant::now());
+        }
+        activity.waiting.set(activity.waiting.get() + 1);
+        Waiting(activity)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.set(self.0.waiting.get().saturating_sub(1));
     }
 }
 
@@ -253,6 +324,7 @@ impl Drop for InProgress {
 async fn serve_request<H, F>(
     request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    activity: &Activity,
     limits: &ConnectionLimits,
     handle: &H,
     on_error: fn(u16, &str) -> Response,
@@ -261,10 +333,14 @@ async fn serve_request<H, F>(
     F: Future<Output = Response>,
 {
     let head_only = request.method() == http::Method::HEAD;
-    let cancellable = head_only || request.method() == http::Method::GET;
+    let is_get = request.method() == http::Method::GET;
+    let cancellable = head_only || is_get;
     // `answer` is called in each branch, not held in a variable across them: a future kept
     // in a local and then moved into another is stored twice in this one's state.
-    let response = if cancellable {
+    let mut response = if is_get && limits.answers.is_full() {
+        // Answers already built fill the budget: this one is not even built.
+        answers_over_budget(on_error)
+    } else if cancellable {
         let reset = std::future::poll_fn(|cx| respond.poll_reset(cx));
         let raced = futures_lite::future::or(
             async { Some(answer(request, limits, handle, on_error).await) },
@@ -281,7 +357,16 @@ async fn serve_request<H, F>(
     } else {
         answer(request, limits, handle, on_error).await
     };
-    if let Err(e) = send_response(respond, response, head_only).await {
+    // A read's answer counts against the core's budget until it is handed to `h2` whole
+    // (which buffers at most `H2_SEND_BUFFER_BYTES` of it ahead of the socket). A connection
+    // may hold many, as a client multiplexing large reads does; the budget bounds them all,
+    // and the send stall timeout closes a connection whose answers get no window.
+    let _answer_held = if is_get {
+        hold_answer(&mut response, &limits.answers, on_error)
+    } else {
+        None
+    };
+    if let Err(e) = send_response(respond, response, head_only, activity).await {
         log::debug!("h2 response not delivered: {e}");
     }
 }
@@ -410,6 +495,20 @@ async fn read_request(
             )
         })
         .collect();
+    // The host names the server in URLs built from it (Durable Streams' `Location`): one, and
+    // a valid authority, as over HTTP/1.1.
+    let mut hosts = headers.iter().filter(|(name, _)| name == "host");
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err((400, "more than one Host header".into()));
+    }
+    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
+    for value in [host.map(|(_, v)| &v[..]), authority].into_iter().flatten() {
+        if !valid_authority(value) {
+            let value = String::from_utf8_lossy(value);
+            return Err((400, format!("invalid Host: {value}")));
+        }
+    }
     // HTTP/2 carries the host in `:authority`; handlers read `host` for both versions.
     if let Some(authority) = parts.uri.authority() {
         if !headers.iter().any(|(name, _)| name == "host") {
@@ -435,6 +534,7 @@ async fn send_response(
     mut respond: SendResponse<Bytes>,
     mut response: Response,
     head_only: bool,
+    activity: &Activity,
 ) -> Result<(), h2::Error> {
     let mut builder = http::Response::builder().status(response.status);
     for (name, value) in &response.headers {
@@ -461,34 +561,61 @@ async fn send_response(
         return Ok(());
     }
     let mut send = respond.send_response(head, false)?;
-    match response.take_stream() {
-        Some(mut events) => loop {
-            // A reset stream ends the event stream at once (and the read waiting under it).
-            let next = futures_lite::future::or(async { Some(events.next().await) }, async {
-                let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
-                None
-            })
-            .await;
-            match next {
-                Some(Some(chunk)) => send_data(&mut send, chunk).await?,
-                Some(None) => break,
-                None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+    match response.take_live() {
+        Some(live) => {
+            // A reader that stopped reading does not hold the response past its end.
+            let deadline = live.deadline();
+            let mut events = crate::transport::message::event_stream(live);
+            loop {
+                // A reset stream ends the event stream at once (and the read waiting under it).
+                let next = futures_lite::future::or(async { Some(events.next().await) }, async {
+                    let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
+                    None
+                })
+                .await;
+                match next {
+                    Some(Some(chunk)) => {
+                        let sent = by_deadline(deadline, async {
+                            Ok(send_data(&mut send, chunk, activity).await)
+                        });
+                        match sent.await {
+                            Ok(sent) => sent?,
+                            Err(_) => return Err(h2::Error::from(h2::Reason::CANCEL)),
+                        }
+                    }
+                    Some(None) => break,
+                    None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+                }
             }
-        },
+        }
         None => {
             for buffer in response.take_body_buffers() {
-                send_data(&mut send, buffer).await?;
+                send_data(&mut send, buffer, activity).await?;
             }
         }
     }
     send.send_data(Bytes::new(), true)
 }
 
-/// Sends `data` as the peer's flow-control window allows.
-async fn send_data(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), h2::Error> {
+/// Sends `data` as the peer's flow-control window allows; while it waits for window, it
+/// counts in `activity` as waiting (a connection whose waiting answers get no window for the
+/// send stall timeout is closed).
+async fn send_data(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    activity: &Activity,
+) -> Result<(), h2::Error> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let granted = std::future::poll_fn(|cx| send.poll_capacity(cx)).await;
+        let mut waiting = None;
+        let granted = std::future::poll_fn(|cx| {
+            let granted = send.poll_capacity(cx);
+            if granted.is_pending() && waiting.is_none() {
+                waiting = Some(Waiting::start(activity));
+            }
+            granted
+        })
+        .await;
         let granted = match granted {
             Some(Ok(n)) => n,
             Some(Err(e)) => return Err(e),
@@ -496,6 +623,11 @@ async fn send_data(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), 
         };
         if granted == 0 {
             continue;
+        }
+        // Any answer that sends is the connection's progress (one waiting for a window of its
+        // own does not make the connection stalled while the others go on).
+        if activity.waiting.get() > 0 {
+            activity.progress_at.set(Instant::now());
         }
         let chunk = data.split_to(granted.min(data.len()));
         send.send_data(chunk, false)?;

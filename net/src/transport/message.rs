@@ -6,6 +6,7 @@ use std::future::Future;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::limits::{BodyBudget, BodyReservation};
 pub use crate::live::{LiveBody, LiveEvents};
 
 /// Small body parts are joined into writes of up to this many bytes.
@@ -41,7 +42,7 @@ impl Request {
 pub type BodyStream = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Bytes>>>;
 
 /// The events of `live` as a stream that reads as it is polled.
-fn event_stream(live: LiveBody) -> BodyStream {
+pub(crate) fn event_stream(live: LiveBody) -> BodyStream {
     Box::pin(futures_lite::stream::unfold(live, |mut live| async move {
         loop {
             if let Some(event) = live.pop_event() {
@@ -148,11 +149,6 @@ impl Response {
         }
     }
 
-    /// The live events as a stream that reads as it is polled, if the body is made of them.
-    pub fn take_stream(&mut self) -> Option<BodyStream> {
-        self.take_live().map(event_stream)
-    }
-
     /// The body's buffers ready for the socket: small neighbours joined into buffers of up to
     /// [`WRITE_COALESCE_BYTES`] (fewer writes and frames), large ones passed through as they are.
     /// An event stream is left in place (it has no buffers yet).
@@ -213,14 +209,99 @@ impl Response {
     }
 }
 
-/// A request the connection refused, rendered in the listener's style; a `429` also says when
-/// to retry. Both HTTP versions answer their refusals through this.
+/// Whether `value` is a `Host` (or `:authority`) this server takes: `uri-host [ ":" port ]`
+/// (RFC 9110 §7.2, RFC 3986 §3.2.2): an IPv6 literal in brackets, or a name or IPv4 address
+/// of unreserved, percent-encoded and sub-delimiter characters, then at most five port digits.
+/// Nothing that would change a URL built from it (`/`, `?`, `#`, `@`, white space, controls).
+pub(crate) fn valid_authority(value: &[u8]) -> bool {
+    let (host, port) = match value.iter().rposition(|&b| b == b':') {
+        // A colon inside an IPv6 literal is not the port's.
+        Some(at) if !value[at..].contains(&b']') => (&value[..at], &value[at + 1..]),
+        _ => (value, &[][..]),
+    };
+    if port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
+        return false;
+    }
+    if let Some(literal) = host.strip_prefix(b"[") {
+        return literal
+            .strip_suffix(b"]")
+            .and_then(|ip| std::str::from_utf8(ip).ok())
+            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    }
+    // A colon left in the host means two of them (an IPv6 address needs brackets).
+    host.iter().all(|&b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            )
+    })
+}
+
+/// A request the connection refused, rendered in the listener's style; a `429` or `503` also
+/// says when to retry. Both HTTP versions answer their refusals through this.
 pub(crate) fn refusal(on_error: fn(u16, &str) -> Response, status: u16, message: &str) -> Response {
     let mut response = on_error(status, message);
-    if status == 429 {
+    if status == 429 || status == 503 {
         response.headers.push(("retry-after", "1".into()));
     }
     response
+}
+
+/// Holds `response`'s body against the core's budget of unsent answers until the reservation
+/// is dropped, once its last byte left for the socket (`crate::limits`); when the budget cannot
+/// hold it, the response becomes a `503` with `Retry-After` (its body dropped now) and nothing
+/// is held. Only for reads (`GET`): an append's answer is small and must reach its client.
+pub(crate) fn hold_answer(
+    response: &mut Response,
+    budget: &BodyBudget,
+    on_error: fn(u16, &str) -> Response,
+) -> Option<BodyReservation> {
+    let mut held = budget.reservation();
+    if !held.grow_to(response.body_len()) {
+        *response = answers_over_budget(on_error);
+        return None;
+    }
+    Some(held)
+}
+
+/// The `503` of a read refused because unsent answers fill their budget.
+pub(crate) fn answers_over_budget(on_error: fn(u16, &str) -> Response) -> Response {
+    refusal(on_error, 503, crate::limits::ANSWERS_OVER_BUDGET)
+}
+
+/// `io`'s output, or `TimedOut` once `deadline` has passed (never with no deadline). Polled
+/// once first: what completes at once (a write the socket takes) arms no timer.
+pub(crate) async fn by_deadline<T>(
+    deadline: Option<std::time::Instant>,
+    io: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    let mut io = std::pin::pin!(io);
+    let Some(deadline) = deadline else {
+        return io.await;
+    };
+    if let Some(done) = futures_lite::future::poll_once(&mut io).await {
+        return done;
+    }
+    let rest = deadline.saturating_duration_since(std::time::Instant::now());
+    // Boxed: the timer's room is taken only by a write that had to wait.
+    Box::pin(within(rest, io))
+        .await
+        .unwrap_or_else(|| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// `future`'s output, or `None` once `limit` has passed.

@@ -31,16 +31,42 @@ pub trait Socket: AsyncRead + AsyncWrite + Unpin + 'static {
     fn parkable(&self) -> bool {
         false
     }
+
+    /// A write that makes no progress for `timeout` fails (`TimedOut`), and with it the
+    /// connection: glommio's write timer, armed only while a write waits for room in the
+    /// socket and disarmed by the next write that sends anything.
+    fn set_send_stall_timeout(&self, timeout: std::time::Duration);
 }
 
-impl Socket for futures_rustls::server::TlsStream<TcpStream> {}
+impl Socket for futures_rustls::server::TlsStream<TcpStream> {
+    fn set_send_stall_timeout(&self, timeout: std::time::Duration) {
+        // rustls writes its records through the TCP stream's own `poll_write`.
+        let _ = self.get_ref().0.set_write_timeout(Some(timeout));
+    }
+}
 
 /// An accepted plain TCP connection.
-pub struct PlainTcp(TcpStream);
+pub struct PlainTcp {
+    stream: TcpStream,
+    /// glommio's last write waited for room: its write timer may be armed, and only a write
+    /// through glommio disarms it, so the next write goes that way (not `sendmsg`). Else a
+    /// timer left armed by a wait that `sendmsg` then ended would fail a later wait early.
+    stalled: bool,
+}
 
 impl PlainTcp {
     pub fn new(stream: TcpStream) -> PlainTcp {
-        PlainTcp(stream)
+        PlainTcp {
+            stream,
+            stalled: false,
+        }
+    }
+
+    /// A write of `buf` through glommio's socket (its send stall timer included).
+    fn poll_write_glommio(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.stalled = written.is_pending();
+        written
     }
 
     /// The connection as its bare descriptor, for a parked connection to keep without
@@ -49,7 +75,7 @@ impl PlainTcp {
     pub(crate) fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
         // SAFETY: the descriptor is the stream's, open for as long as `self`, which outlives
         // the borrow.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0.as_raw_fd()) };
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.stream.as_raw_fd()) };
         fd.try_clone_to_owned()
     }
 
@@ -58,7 +84,7 @@ impl PlainTcp {
         use std::os::fd::{FromRawFd, IntoRawFd};
         // SAFETY: the descriptor is an open TCP socket this process owns, and ownership moves
         // to the stream (nothing else closes it).
-        PlainTcp(unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) })
+        PlainTcp::new(unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) })
     }
 }
 
@@ -70,6 +96,10 @@ impl Socket for PlainTcp {
     fn parkable(&self) -> bool {
         true
     }
+
+    fn set_send_stall_timeout(&self, timeout: std::time::Duration) {
+        let _ = self.stream.set_write_timeout(Some(timeout));
+    }
 }
 
 impl AsyncRead for PlainTcp {
@@ -78,7 +108,7 @@ impl AsyncRead for PlainTcp {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
@@ -88,7 +118,7 @@ impl AsyncWrite for PlainTcp {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        self.poll_write_glommio(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -97,7 +127,7 @@ impl AsyncWrite for PlainTcp {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let count = bufs.len().min(IOVECS_PER_SEND_MAX);
-        if count > 1 {
+        if count > 1 && !self.stalled {
             // SAFETY: an all-zero msghdr is valid (no address, no control data).
             let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
             // `IoSlice` is ABI-compatible with `iovec` on Unix; sendmsg only reads them.
@@ -107,7 +137,7 @@ impl AsyncWrite for PlainTcp {
                 // SAFETY: `message` points at `count` live buffers borrowed for this call.
                 let sent = unsafe {
                     libc::sendmsg(
-                        self.0.as_raw_fd(),
+                        self.stream.as_raw_fd(),
                         &message,
                         libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                     )
@@ -129,15 +159,15 @@ impl AsyncWrite for PlainTcp {
             .iter()
             .find(|b| !b.is_empty())
             .map_or(&[][..], |b| &**b);
-        Pin::new(&mut self.0).poll_write(cx, first)
+        self.poll_write_glommio(cx, first)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_close(cx)
+        Pin::new(&mut self.stream).poll_close(cx)
     }
 }
 

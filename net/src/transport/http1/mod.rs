@@ -25,7 +25,9 @@ use crate::limits::{
 };
 use crate::shutdown::CoreShutdown;
 use crate::transport::http2;
-use crate::transport::message::{refusal, within, LiveBody, Request, Response};
+use crate::transport::message::{
+    answers_over_budget, hold_answer, refusal, within, LiveBody, Request, Response,
+};
 pub use parked::{park, Resume, PARKED_SUBSCRIBERS};
 use parse::read_request;
 pub use parse::ProtocolError;
@@ -49,6 +51,7 @@ where
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
+    stream.set_send_stall_timeout(limits.send_stall_timeout);
     let mut buf = BytesMut::new();
     loop {
         let seen = buf.len().min(http2::PREFACE.len());
@@ -91,6 +94,10 @@ where
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
+    // A socket taken back from its descriptor starts without the timeout.
+    parked
+        .socket
+        .set_send_stall_timeout(limits.send_stall_timeout);
     let mut buf = BytesMut::new();
     let connection = Http1::new(&limits, &handle, on_error, &stop, &parked.socket);
     let streaming = serve_http1(
@@ -313,10 +320,14 @@ where
     };
     let (request, keep_alive, body_held) = parsed;
     let head_only = request.method == "HEAD";
+    let is_get = request.method == "GET";
     // A read can be dropped when its client leaves (a long-poll then leaves no waiter and
     // frees its connection slot); a write always runs to its end.
-    let cancellable = head_only || request.method == "GET";
-    let response = if cancellable {
+    let cancellable = head_only || is_get;
+    let mut response = if is_get && limits.answers.is_full() {
+        // Answers already built fill the core's budget: this one is not even built.
+        answers_over_budget(on_error)
+    } else if cancellable {
         // Boxed: once the handler answers, its room is given back before the response is
         // written (an SSE response is written for as long as it lives).
         let answer = Box::pin(futures_lite::future::or(
@@ -336,6 +347,13 @@ where
     };
     // The body was handled (its records are the engine's now, counted there).
     drop(body_held);
+    // A read's answer counts against the core's budget until it is written (or the
+    // connection is closed: a reader that stops reading is, after the send stall timeout).
+    let _answer_held = if is_get {
+        hold_answer(&mut response, &limits.answers, on_error)
+    } else {
+        None
+    };
     // Once the node is stopping, the response in hand is the connection's last.
     let keep_alive = keep_alive && !stop.is_set();
     // Boxed like the other phases: inline, the writer's room (the response, its head's text)

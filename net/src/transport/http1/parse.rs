@@ -8,7 +8,7 @@ use super::read::{fill, fill_spare, READ_CHUNK_BYTES};
 use crate::limits::{
     BodyReservation, ConnectionLimits, CHUNK_SIZE_LINE_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
 };
-use crate::transport::message::Request;
+use crate::transport::message::{valid_authority, Request};
 
 /// A request the connection cannot parse: answered with this status and message, then closed.
 #[derive(Debug)]
@@ -111,6 +111,7 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
             format!("request target must be a path: {target}"),
         ));
     }
+    let mut hosts = 0usize;
     let mut head = Head {
         method,
         path: path.to_string(),
@@ -166,7 +167,33 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
                 }
             }
             "expect" => {
-                head.expect_continue = value.eq_ignore_ascii_case(b"100-continue");
+                // RFC 9110 §10.1.1: `100-continue` is the only expectation there is; anything
+                // else is `417`, and HTTP/1.0 has none to meet.
+                let text = std::str::from_utf8(value).unwrap_or("").trim();
+                if !text.eq_ignore_ascii_case("100-continue") {
+                    return Err(protocol_error(
+                        417,
+                        format!(
+                            "unsupported expectation: {}",
+                            String::from_utf8_lossy(value)
+                        ),
+                    ));
+                }
+                head.expect_continue = version == 1;
+            }
+            "host" => {
+                // RFC 9112 §3.2: one `Host`, with a valid authority (it names the server in
+                // the URLs built from it, Durable Streams' `Location`).
+                hosts += 1;
+                if hosts > 1 {
+                    return Err(protocol_error(400, "more than one Host header"));
+                }
+                if !valid_authority(value) {
+                    return Err(protocol_error(
+                        400,
+                        format!("invalid Host: {}", String::from_utf8_lossy(value)),
+                    ));
+                }
             }
             _ => {}
         }
@@ -176,6 +203,13 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
         return Err(protocol_error(
             400,
             "both Content-Length and Transfer-Encoding given",
+        ));
+    }
+    // HTTP/1.0 has no `Host` requirement (RFC 9112 §3.2 is HTTP/1.1's).
+    if hosts == 0 && version == 1 {
+        return Err(protocol_error(
+            400,
+            "an HTTP/1.1 request needs a Host header",
         ));
     }
     Ok(head)
@@ -250,6 +284,10 @@ async fn read_chunked<S: AsyncRead + Unpin>(
     loop {
         let line_end = loop {
             if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                // Also when the whole line came in one read.
+                if i > CHUNK_SIZE_LINE_BYTES_MAX {
+                    return Err(protocol_error(400, "malformed chunk size line"));
+                }
                 break i;
             }
             if buf.len() > CHUNK_SIZE_LINE_BYTES_MAX {
@@ -359,8 +397,9 @@ fn make_room(
 const CHUNK_SIZE_DIGITS_MAX: usize = 16;
 
 /// A chunk-size line (RFC 9112 §7.1): `1*HEXDIG [ BWS ";" chunk-ext ]`. Signs, `0x`, leading
-/// white space and overlong sizes are refused: a lenient parser here reads a different body
-/// than a proxy in front of it would (request smuggling).
+/// or trailing white space (white space only comes before a `;`), control characters (NUL,
+/// CR, LF) in an extension and overlong sizes are refused: a lenient parser here reads a
+/// different body than a proxy in front of it would (request smuggling).
 fn parse_chunk_size(line: &[u8]) -> Result<usize, ProtocolError> {
     let malformed = || protocol_error(400, "malformed chunk size");
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
@@ -368,8 +407,13 @@ fn parse_chunk_size(line: &[u8]) -> Result<usize, ProtocolError> {
         return Err(malformed());
     }
     let rest = &line[digits..];
-    let ext = rest.iter().position(|b| !matches!(b, b' ' | b'\t'));
-    if ext.is_some_and(|i| rest[i] != b';') || rest.iter().any(|&b| b == b'\n' || b == b'\r') {
+    if !rest.is_empty() {
+        let ext = rest.iter().position(|b| !matches!(b, b' ' | b'\t'));
+        if ext.is_none_or(|i| rest[i] != b';') {
+            return Err(malformed());
+        }
+    }
+    if rest.iter().any(|&b| b.is_ascii_control() && b != b'\t') {
         return Err(malformed());
     }
     let text = std::str::from_utf8(&line[..digits]).map_err(|_| malformed())?;

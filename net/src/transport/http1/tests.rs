@@ -144,6 +144,12 @@ proptest::proptest! {
         if let Ok(Some((request, _, _))) = futures_lite::future::block_on(read) {
             proptest::prop_assert!(request.body.len() <= 4096);
             proptest::prop_assert!(request.path.starts_with('/'));
+            // At most one Host, and a valid authority (Durable Streams builds URLs of it).
+            let hosts: Vec<_> = request.headers.iter().filter(|(n, _)| n == "host").collect();
+            proptest::prop_assert!(hosts.len() <= 1);
+            proptest::prop_assert!(hosts
+                .iter()
+                .all(|(_, v)| crate::transport::message::valid_authority(v)));
         }
     }
 }
@@ -162,7 +168,22 @@ fn chunk_sizes_from_the_wire_never_overflow() {
 
 #[test]
 fn chunk_size_lines_are_strict() {
-    for line in ["+1", "-1", "0x1", " 1", "1 x", "", ";a", "1\na"] {
+    for line in [
+        "+1",
+        "-1",
+        "0x1",
+        " 1",
+        "1 x",
+        "",
+        ";a",
+        "1\na",
+        "1 ",
+        "1\t",
+        "1;a\0",
+        "1;\0",
+        "1;a=\"\x01\"",
+        "1;a\x7f",
+    ] {
         let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
         assert_eq!(
             parse_status(wire.as_bytes()),
@@ -170,7 +191,7 @@ fn chunk_size_lines_are_strict() {
             "chunk size line {line:?}"
         );
     }
-    for line in ["1", "1;name=value", "1 ;name", "01"] {
+    for line in ["1", "1;name=value", "1 ;name", "01", "1\t;a", "1;a=\"b c\""] {
         let wire = format!("{CHUNKED}{line}\r\na\r\n0\r\n\r\n");
         assert_eq!(parse_status(wire.as_bytes()), 0, "chunk size line {line:?}");
     }
@@ -180,13 +201,13 @@ fn chunk_size_lines_are_strict() {
 fn framing_that_proxies_read_differently_is_refused() {
     let http10 = "POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n";
     assert_eq!(parse_status(http10.as_bytes()), 400);
-    let twice = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    let twice = "POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
     assert_eq!(parse_status(twice.as_bytes()), 400);
     let bare_lf = "POST /x HTTP/1.1\nHost: a\nContent-Length: 1\n\na";
     assert_eq!(parse_status(bare_lf.as_bytes()), 400);
     let mixed = "GET /x HTTP/1.1\r\nHost: a\nX: y\r\n\r\n";
     assert_eq!(parse_status(mixed.as_bytes()), 400);
-    let signed = "POST /x HTTP/1.1\r\nContent-Length: +1\r\n\r\na";
+    let signed = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\na";
     assert_eq!(parse_status(signed.as_bytes()), 400);
     let fine = "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\na";
     assert_eq!(parse_status(fine.as_bytes()), 0);
@@ -238,7 +259,8 @@ fn a_body_takes_no_more_memory_than_the_budget_was_charged() {
         chunked.extend_from_slice(b"\r\n");
     }
     chunked.extend_from_slice(b"0\r\n\r\n");
-    let mut plain = format!("POST /x HTTP/1.1\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    let mut plain =
+        format!("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
     plain.extend(std::iter::repeat_n(b'p', size));
     for wire in [plain, chunked] {
         let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
@@ -273,7 +295,8 @@ fn a_body_past_the_budget_is_refused_while_another_is_held() {
     let mut first = limits.bodies.reservation();
     assert!(first.grow_to(512 << 10));
     let size = 600 << 10;
-    let mut wire = format!("POST /x HTTP/1.1\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    let mut wire =
+        format!("POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: {size}\r\n\r\n").into_bytes();
     wire.extend(std::iter::repeat_n(b'p', size));
     let mut stream = Trickle(futures_lite::io::Cursor::new(wire));
     let mut buf = BytesMut::new();
@@ -386,4 +409,87 @@ fn events_ready_together_leave_in_one_write() {
         ["1\r\nz\r\n", "1\r\na\r\n2\r\nbb\r\n", "0\r\n\r\n"],
         "one write per set of ready events"
     );
+}
+
+/// A chunk-size line longer than the limit is refused however it arrives: in pieces (the wait
+/// for its end stops at the limit), or whole in one read (it was taken before).
+#[test]
+fn an_overlong_chunk_size_line_is_refused_even_in_one_read() {
+    let long = format!(
+        "{CHUNKED}1;{}\r\na\r\n0\r\n\r\n",
+        "x".repeat(crate::limits::CHUNK_SIZE_LINE_BYTES_MAX + 10)
+    );
+    assert_eq!(parse_status(long.as_bytes()), 400);
+    let fits = format!(
+        "{CHUNKED}1;{}\r\na\r\n0\r\n\r\n",
+        "x".repeat(crate::limits::CHUNK_SIZE_LINE_BYTES_MAX - 10)
+    );
+    assert_eq!(parse_status(fits.as_bytes()), 0);
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request has exactly one `Host` (HTTP/1.0 may have none), and
+/// its value is an authority: it names the server in the URLs built from it.
+#[test]
+fn an_http1_1_request_has_one_valid_host() {
+    let with = |version: &str, hosts: &[&str]| {
+        let mut wire = format!("GET /s HTTP/{version}\r\n");
+        for host in hosts {
+            wire.push_str(&format!("Host: {host}\r\n"));
+        }
+        wire.push_str("\r\n");
+        parse_status(wire.as_bytes())
+    };
+    assert_eq!(with("1.1", &[]), 400, "no Host");
+    assert_eq!(with("1.1", &["a", "a"]), 400, "two Hosts, even alike");
+    assert_eq!(with("1.1", &["a", "b"]), 400, "two Hosts");
+    assert_eq!(with("1.0", &[]), 0, "HTTP/1.0 needs none");
+    assert_eq!(with("1.0", &["a", "b"]), 400, "but has at most one");
+    for good in [
+        "a",
+        "",
+        "example.com",
+        "example.com:4437",
+        "127.0.0.1:1",
+        "[::1]",
+        "[::1]:4437",
+        "[2001:db8::7]:80",
+        "xn--bcher-kva.example",
+        "my_host.local:",
+        "a%2Db",
+    ] {
+        assert_eq!(with("1.1", &[good]), 0, "Host {good:?}");
+    }
+    for bad in [
+        "evil.example/path",
+        "a?b",
+        "a#b",
+        "user@evil.example",
+        "a b",
+        "a:b",
+        "a:123456",
+        "::1",
+        "[::1",
+        "[not-ip]",
+        "[::1]x",
+        "a\"b",
+        "a<b>",
+        "a\\b",
+    ] {
+        assert_eq!(with("1.1", &[bad]), 400, "Host {bad:?}");
+    }
+}
+
+/// `100-continue` is the only expectation (RFC 9110 §10.1.1): any other is `417`.
+#[test]
+fn expectations_other_than_100_continue_are_417() {
+    let expect = |value: &str| {
+        let wire =
+            format!("PUT /s HTTP/1.1\r\nHost: a\r\nExpect: {value}\r\nContent-Length: 0\r\n\r\n");
+        parse_status(wire.as_bytes())
+    };
+    assert_eq!(expect("100-continue"), 0);
+    assert_eq!(expect("100-Continue"), 0);
+    for other in ["200-ok", "100-continue, foo", "foo", "\"100-continue\""] {
+        assert_eq!(expect(other), 417, "Expect: {other}");
+    }
 }

@@ -8,7 +8,7 @@ use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::read::peer_gone;
 use crate::live::live_read;
-use crate::transport::message::{LiveBody, Response};
+use crate::transport::message::{by_deadline, LiveBody, Response};
 
 /// The status line's reason phrase (clients ignore it; RFC 9112 lets it be anything).
 pub(super) fn reason(status: u16) -> &'static str {
@@ -123,9 +123,11 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
     // before its next read has watched the peer (reading those bytes, or seeing the hang-up),
     // or the watch would wake it again at once.
     let mut may_park = parkable && !stirred;
+    // A reader that stopped reading does not hold the response past its end: a write still
+    // waiting then closes the connection (the socket's send stall timeout bounds it too).
+    let deadline = live.deadline();
     if !unsent.is_empty() {
-        stream.write_all(unsent).await?;
-        stream.flush().await?;
+        by_deadline(deadline, send(stream, unsent)).await?;
     }
     loop {
         let mut out = Vec::new();
@@ -136,16 +138,14 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         if !out.is_empty() {
-            stream.write_all(&out).await?;
-            stream.flush().await?;
+            by_deadline(deadline, send(stream, &out)).await?;
             continue;
         }
         if may_park && arrived.is_empty() && live.at_tail() {
             return Ok(EventsWritten::AtTail);
         }
         let Some(request) = live.next_read() else {
-            stream.write_all(LAST_CHUNK).await?;
-            stream.flush().await?;
+            by_deadline(deadline, send(stream, LAST_CHUNK)).await?;
             return Ok(EventsWritten::Ended);
         };
         // Boxed: a task that drives its response (over TLS) holds the read's room only while
@@ -164,6 +164,12 @@ pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
         live.answer(read.as_ref());
         may_park = parkable;
     }
+}
+
+/// Writes `bytes` and flushes them (TLS writes its records then).
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }
 
 /// The chunk that ends a chunked body (RFC 9112, 7.1).
