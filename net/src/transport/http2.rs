@@ -426,6 +426,11 @@ async fn receive(
     read.map_err(|(status, message)| NotReceived::Refused(status, message))
 }
 
+/// A request DATA frame smaller than this is copied out of the connection's read buffer
+/// (see `read_request`), into buffers of [`SMALL_FRAMES_BUFFER_BYTES`].
+const SMALL_FRAME_BYTES: usize = 4 * 1024;
+const SMALL_FRAMES_BUFFER_BYTES: usize = 16 * 1024;
+
 async fn read_request(
     request: http::Request<RecvStream>,
     limits: &ConnectionLimits,
@@ -450,14 +455,13 @@ async fn read_request(
         return Err(too_large());
     }
     let mut held = limits.bodies.reservation();
-    // A body of one DATA frame is kept as received (no copy). From a second frame on, the
-    // frames are copied into one buffer: a frame's `Bytes` keeps the whole connection read
-    // buffer it was cut from alive, so holding many small frames (a client pacing a body one
-    // byte per frame) would cost far more memory than the bytes the budget counts. The buffer
-    // grows by doubling from what arrived (never from a declared length, a promise), and the
-    // budget counts its capacity.
-    let mut first: Option<Bytes> = None;
-    let mut joined = BytesMut::new();
+    // The DATA frames as received, joined once at the end: no buffer sized by a declared
+    // length (a promise, not bytes) and no copies while growing one. Small frames are copied
+    // into buffers of their own as they arrive: a frame's `Bytes` keeps the whole connection
+    // read buffer it was cut from alive, so keeping many tiny frames (a client pacing a body one
+    // byte per frame) would cost far more memory than the bytes the budget counts.
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut small = BytesMut::new();
     let mut total = 0usize;
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| (400, format!("request body: {e}")))?;
@@ -465,25 +469,41 @@ async fn read_request(
         if total > max_body_size {
             return Err(too_large());
         }
-        if first.is_none() && joined.is_empty() {
-            first = Some(chunk.clone());
-        } else {
-            if let Some(first) = first.take() {
-                joined.reserve(total.max(2 * first.len()));
-                joined.extend_from_slice(&first);
-            }
-            joined.extend_from_slice(&chunk);
-        }
-        if !held.grow_to(total.max(joined.capacity())) {
+        if !held.grow_to(total) {
             return Err((429, crate::limits::BODIES_OVER_BUDGET.into()));
         }
         // The window opens again only for bytes this core's budget holds: a client cannot
         // make the server buffer more than the budget, however many streams it opens.
         let _ = body.flow_control().release_capacity(chunk.len());
+        if chunk.len() >= SMALL_FRAME_BYTES {
+            if !small.is_empty() {
+                frames.push(small.split().freeze());
+            }
+            frames.push(chunk);
+            continue;
+        }
+        if small.is_empty() {
+            small.reserve(SMALL_FRAMES_BUFFER_BYTES);
+        }
+        small.extend_from_slice(&chunk);
+        if small.len() + SMALL_FRAME_BYTES > SMALL_FRAMES_BUFFER_BYTES {
+            frames.push(small.split().freeze());
+        }
     }
-    let body = match first {
-        Some(first) => first,
-        None => joined.freeze(),
+    if !small.is_empty() {
+        frames.push(small.freeze());
+    }
+    // A body that arrives in one DATA frame is kept as is (no copy).
+    let body = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().unwrap_or_default(),
+        _ => {
+            let mut joined = BytesMut::with_capacity(total);
+            for frame in frames {
+                joined.extend_from_slice(&frame);
+            }
+            joined.freeze()
+        }
     };
     let mut headers: Vec<(String, Bytes)> = parts
         .headers
