@@ -12,15 +12,16 @@
 # SCHEMATHESIS is the `st` executable (default: PICOMQ_SCHEMATHESIS, else `st` on PATH; install
 # with `pip install -r conformance/api/requirements.txt`). The run is reproducible: the seed is
 # fixed (API_CHECK_SEED, default 1), so a failure replays with the same seed; the log says which
-# seed it used. API_CHECK_MAX_EXAMPLES (default 25) bounds the requests per operation and phase,
+# seed it used. API_CHECK_MAX_EXAMPLES (default 50) bounds the requests per operation and phase,
 # which keeps the whole check under about two minutes on a busy 2-core machine.
 # API_CHECK_REPORT_DIR, when set, keeps schemathesis' JUnit report and cassettes there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 
 st=${SCHEMATHESIS:-${PICOMQ_SCHEMATHESIS:-st}}
 seed=${API_CHECK_SEED:-1}
-max_examples=${API_CHECK_MAX_EXAMPLES:-25}
+max_examples=${API_CHECK_MAX_EXAMPLES:-50}
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(pico durable-streams admin)
 
@@ -77,14 +78,15 @@ for spec in "${specs[@]}"; do
   esac
   report=()
   if [ -n "${API_CHECK_REPORT_DIR:-}" ]; then
-    report=(--report junit,vcr --report-dir "$API_CHECK_REPORT_DIR/$spec")
+    report=(--report junit,vcr --report-dir "$(realpath "$API_CHECK_REPORT_DIR")/$spec")
   fi
   echo "== docs/openapi/$spec.yaml against $url"
-  # --workers 1: the machine is small and shared; the seed makes the run repeatable.
-  if ! "$st" run "docs/openapi/$spec.yaml" --url "$url" \
+  # --workers 1: the machine is small and shared; the seed makes the run repeatable. Run from
+  # the node's directory, so schemathesis' own files (.hypothesis/) go away with it.
+  if ! (cd "$node_dir" && "$st" run "$repo/docs/openapi/$spec.yaml" --url "$url" \
     --checks "${API_CHECK_CHECKS:-not_a_server_error,status_code_conformance,response_schema_conformance}" \
     --max-examples "$max_examples" --seed "$seed" --workers 1 --request-timeout 10 \
-    --suppress-health-check all "${report[@]}"; then
+    --suppress-health-check all "${report[@]}"); then
     echo "api-check: docs/openapi/$spec.yaml: FAILED (replay: API_CHECK_SEED=$seed scripts/api-check.sh $spec)"
     status=1
   fi
