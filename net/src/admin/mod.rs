@@ -129,7 +129,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         ("GET", "/admin/quarantine/records") => quarantine::records(state, &request.query).await,
         ("DELETE", "/admin/quarantine") => quarantine::release(state, &request.query).await,
         ("POST", p) if p.starts_with("/admin/nodes/") => set_slots(state, &request).await,
-        ("GET" | "HEAD", p) => match dashboard::asset(p) {
+        ("GET" | "HEAD", p) if allowed_methods(p).is_none() => match dashboard::asset(p) {
             Some((content_type, body, cache)) => Response::new(200)
                 .header("content-type", content_type)
                 .header("cache-control", cache)
@@ -137,8 +137,28 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 .with_body(body),
             None => error(404, format!("no such path {p}")),
         },
-        _ => error(405, "method not allowed"),
+        // RFC 9110: a 405 lists the methods the resource supports.
+        (_, p) => error(405, "method not allowed")
+            .header("allow", allowed_methods(p).unwrap_or("GET, HEAD")),
     }
+}
+
+/// The methods the admin API serves at `path` (the `Allow` of its 405s); `None` for every
+/// other path, where the dashboard's `GET` and `HEAD` look for an asset.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/health" | "/ready" | "/metrics" => "GET, HEAD",
+        "/admin/transfer" => "POST",
+        "/admin/quarantine" => "GET, DELETE",
+        p if p.starts_with("/admin/nodes/") => "POST",
+        "/admin/cluster"
+        | "/admin/nodes"
+        | "/admin/stats"
+        | "/admin/streams"
+        | "/admin/quarantine/records" => "GET",
+        p if p.starts_with("/admin/streams/") => "GET",
+        _ => return None,
+    })
 }
 
 fn node_json(state: &AdminState) -> Value {
