@@ -21,6 +21,10 @@ repo=$PWD
 
 st=${SCHEMATHESIS:-${PICOMQ_SCHEMATHESIS:-st}}
 seed=${API_CHECK_SEED:-1}
+# No 5xx; every status code, content type, header and body as described; 405 (with Allow) for
+# a method a path does not take. API_CHECK_CHECKS replaces the list (`st run --help` has them).
+default_checks=not_a_server_error,status_code_conformance,content_type_conformance
+default_checks+=,response_schema_conformance,response_headers_conformance,unsupported_method
 max_examples=${API_CHECK_MAX_EXAMPLES:-50}
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(pico durable-streams admin)
@@ -84,7 +88,7 @@ for spec in "${specs[@]}"; do
   # --workers 1: the machine is small and shared; the seed makes the run repeatable. Run from
   # the node's directory, so schemathesis' own files (.hypothesis/) go away with it.
   if ! (cd "$node_dir" && "$st" run "$repo/docs/openapi/$spec.yaml" --url "$url" \
-    --checks "${API_CHECK_CHECKS:-not_a_server_error,status_code_conformance,response_schema_conformance,unsupported_method}" \
+    --checks "${API_CHECK_CHECKS:-$default_checks}" \
     --max-examples "$max_examples" --seed "$seed" --workers 1 --request-timeout 10 \
     --suppress-health-check all "${report[@]}"); then
     echo "api-check: docs/openapi/$spec.yaml: FAILED (replay: API_CHECK_SEED=$seed scripts/api-check.sh $spec)"
