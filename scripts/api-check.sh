@@ -73,6 +73,16 @@ echo "api-check: node at $pico_url (pico), $ds_url (durable streams), $admin_url
 echo "api-check: seed $seed, at most $max_examples examples per operation ($($st --version))"
 
 status=0
+# The descriptions are valid OpenAPI 3.1 first (schemathesis takes some that are not): the
+# validator installed next to `st` by conformance/api/requirements.txt, when there is one.
+validator=$(dirname "$(command -v "$st")")/openapi-spec-validator
+if [ -x "$validator" ]; then
+  for spec in "${specs[@]}"; do
+    "$validator" "docs/openapi/$spec.yaml" || status=1
+  done
+else
+  echo "api-check: no openapi-spec-validator beside $st: the descriptions' structure is not checked"
+fi
 for spec in "${specs[@]}"; do
   case $spec in
     pico) url=$pico_url ;;
