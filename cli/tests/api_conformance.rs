@@ -132,3 +132,76 @@ fn admin_integers_may_be_written_as_integral_numbers() {
         assert_eq!(r.json()["error"], message, "{body}");
     }
 }
+
+/// A subscription naming a stream that was deleted while a fork still reads it (a `410` for
+/// every request to it) was a `503 UNAVAILABLE`, a server error for a client's request, on
+/// create, on adding streams and on an ack. Such a stream is gone for clients, as one never
+/// created is: it is watched from the start, like a stream yet to be made.
+#[test]
+fn a_subscription_may_name_a_stream_deleted_under_its_forks() {
+    let server = Server::start(&["--ds-listen", "127.0.0.1:0"]);
+    let ds = server.second.expect("the Durable Streams listener");
+    let root = "/v1/stream/";
+    common::ds(
+        ds,
+        "PUT",
+        "/v1/stream/src",
+        &[("content-type", "text/plain")],
+        b"a",
+    )
+    .expect(201);
+    common::ds(
+        ds,
+        "PUT",
+        "/v1/stream/fork",
+        &[("stream-forked-from", "/v1/stream/src")],
+        b"",
+    )
+    .expect(201);
+    common::ds(ds, "DELETE", "/v1/stream/src", &[], b"").expect(204);
+    common::ds(ds, "HEAD", "/v1/stream/src", &[], b"").expect(410);
+    let json = [("content-type", "application/json")];
+    let subscriptions = format!("{root}__ds/subscriptions");
+    let created = common::ds(
+        ds,
+        "PUT",
+        &format!("{subscriptions}/s1"),
+        &json,
+        br#"{"type":"pull-wake","streams":["src"],"wake_stream":"wake"}"#,
+    );
+    assert_eq!(created.status, 201, "{}", created.describe());
+    let links = &created.json()["streams"];
+    assert_eq!(links[0]["path"], "src", "{}", created.describe());
+    assert_eq!(
+        links[0]["acked_offset"],
+        "0000000000000000_0000000000000000"
+    );
+    let created = common::ds(
+        ds,
+        "PUT",
+        &format!("{subscriptions}/s2"),
+        &json,
+        br#"{"type":"pull-wake","streams":["other"],"wake_stream":"wake"}"#,
+    );
+    assert_eq!(created.status, 201, "{}", created.describe());
+    let added = common::ds(
+        ds,
+        "POST",
+        &format!("{subscriptions}/s2/streams"),
+        &json,
+        br#"{"streams":["src"]}"#,
+    );
+    assert_eq!(added.status, 204, "{}", added.describe());
+    // An ack naming it gets as far as the token check.
+    let ack = common::ds(
+        ds,
+        "POST",
+        &format!("{subscriptions}/s2/ack"),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer x"),
+        ],
+        br#"{"acks":[{"stream":"src","offset":"0000000000000000_0000000000000000"}]}"#,
+    );
+    assert_eq!(ack.status, 401, "{}", ack.describe());
+}
