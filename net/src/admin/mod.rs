@@ -130,7 +130,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         ("GET", "/admin/quarantine/records") => quarantine::records(state, &request.query).await,
         ("DELETE", "/admin/quarantine") => quarantine::release(state, &request.query).await,
         ("POST", p) if p.starts_with("/admin/nodes/") => set_slots(state, &request).await,
-        ("GET" | "HEAD", p) => match dashboard::asset(p) {
+        ("GET" | "HEAD", p) if allowed_methods(p).is_none() => match dashboard::asset(p) {
             Some((content_type, body, cache)) => Response::new(200)
                 .header("content-type", content_type)
                 .header("cache-control", cache)
@@ -138,8 +138,28 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 .with_body(body),
             None => error(404, format!("no such path {p}")),
         },
-        _ => error(405, "method not allowed"),
+        // RFC 9110: a 405 lists the methods the resource supports.
+        (_, p) => error(405, "method not allowed")
+            .header("allow", allowed_methods(p).unwrap_or("GET, HEAD")),
     }
+}
+
+/// The methods the admin API serves at `path` (the `Allow` of its 405s); `None` for every
+/// other path, where the dashboard's `GET` and `HEAD` look for an asset.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    Some(match path {
+        "/health" | "/ready" | "/metrics" => "GET, HEAD",
+        "/admin/transfer" => "POST",
+        "/admin/quarantine" => "GET, DELETE",
+        p if p.starts_with("/admin/nodes/") => "POST",
+        "/admin/cluster"
+        | "/admin/nodes"
+        | "/admin/stats"
+        | "/admin/streams"
+        | "/admin/quarantine/records" => "GET",
+        p if p.starts_with("/admin/streams/") => "GET",
+        _ => return None,
+    })
 }
 
 fn node_json(state: &AdminState) -> Value {
@@ -317,6 +337,27 @@ fn body_json(request: &Request) -> Result<Value, Response> {
     serde_json::from_slice(&request.body).map_err(|e| error(400, format!("invalid JSON body: {e}")))
 }
 
+/// The non-negative integer `key` of a JSON body. `2.0` is one (an integer to JSON Schema, and
+/// so to the OpenAPI description and the clients generated from it); `2.5`, `-1` and `"2"` are
+/// not (400 saying so), and an absent key is `missing "key"`.
+fn body_u64(body: &Value, key: &str) -> Result<u64, Response> {
+    /// Above 2^53 a float no longer holds every integer.
+    const EXACT_MAX: f64 = 9_007_199_254_740_992.0;
+    let value = match body.get(key) {
+        None | Some(Value::Null) => return Err(error(400, format!("missing \"{key}\""))),
+        Some(value) => value,
+    };
+    value
+        .as_u64()
+        .or_else(|| {
+            value
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..=EXACT_MAX).contains(f))
+                .map(|f| f as u64)
+        })
+        .ok_or_else(|| error(400, format!("\"{key}\" must be a non-negative integer")))
+}
+
 /// `{"stream","toNode"}`: a single node owns every stream, so the only valid target is itself,
 /// which the transfer rules refuse ("target equals source").
 async fn transfer(state: &AdminState, request: &Request) -> Response {
@@ -327,8 +368,9 @@ async fn transfer(state: &AdminState, request: &Request) -> Response {
     let Some(name) = body.get("stream").and_then(Value::as_str) else {
         return error(400, "missing \"stream\"");
     };
-    let Some(to_node) = body.get("toNode").and_then(Value::as_u64) else {
-        return error(400, "missing \"toNode\"");
+    let to_node = match body_u64(&body, "toNode") {
+        Ok(to_node) => to_node,
+        Err(response) => return response,
     };
     if state.core.cluster().is_some() {
         return crate::admin::cluster::transfer(state, name, to_node).await;
@@ -356,8 +398,9 @@ async fn set_slots(state: &AdminState, request: &Request) -> Response {
         Ok(body) => body,
         Err(response) => return response,
     };
-    let Some(slots) = body.get("slots").and_then(Value::as_u64) else {
-        return error(400, "missing \"slots\"");
+    let slots = match body_u64(&body, "slots") {
+        Ok(slots) => slots,
+        Err(response) => return response,
     };
     if let Some(cluster) = state.core.cluster() {
         return crate::admin::cluster::set_slots(state, cluster, id, slots).await;

@@ -143,11 +143,13 @@ pub(super) async fn route(
             .header("access-control-allow-headers", ALLOW_HEADERS)
             .header("access-control-max-age", "86400")
             .header("cache-control", "no-store")),
-        _ if request.path == "/" => Err(DsError::new(
-            405,
-            "METHOD_NOT_ALLOWED",
-            "the root is not a stream",
-        )),
+        // RFC 9110: a 405 lists the methods the resource supports.
+        _ if request.path == "/" => {
+            Err(
+                DsError::new(405, "METHOD_NOT_ALLOWED", "the root is not a stream")
+                    .with("allow", "OPTIONS"),
+            )
+        }
         // Only reads wait (long-polls, SSE: thousands at once), so only a read's future is
         // inline; the others are on the heap while they run, not sizing every read's.
         "PUT" => Box::pin(create(core, settings, request)).await,
@@ -155,10 +157,9 @@ pub(super) async fn route(
         "GET" => read(core, settings, request).await,
         "HEAD" => Box::pin(head(core, request)).await,
         "DELETE" => Box::pin(delete(core, settings, request)).await,
-        _ => Err(DsError::new(
-            405,
-            "METHOD_NOT_ALLOWED",
-            "method not allowed",
-        )),
+        _ => Err(
+            DsError::new(405, "METHOD_NOT_ALLOWED", "method not allowed")
+                .with("allow", ALLOW_METHODS),
+        ),
     }
 }

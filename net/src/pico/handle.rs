@@ -14,6 +14,8 @@ use crate::params::query_param;
 use crate::transport::message::{Request, Response};
 
 pub(super) const ALLOW_METHODS: &str = "GET, PUT, POST, PATCH, DELETE, HEAD, OPTIONS";
+/// The methods `/` (the listing) supports.
+const ROOT_ALLOW_METHODS: &str = "GET, OPTIONS";
 pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty";
 
 /// Answers one Pico request.
@@ -94,11 +96,10 @@ pub(super) async fn route(
         "GET" if root => Box::pin(list(core, request)).await,
         "PUT" if root => Err(ApiError::bad_request("cannot create the root stream")),
         "POST" if root => Err(ApiError::bad_request("no stream in path")),
-        "HEAD" | "DELETE" | "PATCH" if root => Err(ApiError::new(
-            405,
-            "method_not_allowed",
-            "method not allowed on /",
-        )),
+        "HEAD" | "DELETE" | "PATCH" if root => Err(ApiError {
+            extra: vec![("allow", ROOT_ALLOW_METHODS.into())],
+            ..ApiError::new(405, "method_not_allowed", "method not allowed on /")
+        }),
         // Only reads wait (long-polls, SSE: thousands at once), so only a read's future is
         // inline; the others are on the heap while they run, not sizing every read's.
         "PUT" => Box::pin(create(core, settings, request)).await,
@@ -107,10 +108,18 @@ pub(super) async fn route(
         "HEAD" => Box::pin(head(core, request)).await,
         "DELETE" => Box::pin(delete(core, settings, request)).await,
         "PATCH" => Box::pin(configure(core, request)).await,
-        _ => Err(ApiError::new(
-            405,
-            "method_not_allowed",
-            "method not allowed",
-        )),
+        // RFC 9110: a 405 lists the methods the resource supports.
+        _ => Err(ApiError {
+            extra: vec![(
+                "allow",
+                if root {
+                    ROOT_ALLOW_METHODS
+                } else {
+                    ALLOW_METHODS
+                }
+                .into(),
+            )],
+            ..ApiError::new(405, "method_not_allowed", "method not allowed")
+        }),
     }
 }

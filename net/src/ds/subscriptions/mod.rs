@@ -96,7 +96,9 @@ fn offset_string(seq: u64) -> String {
 async fn tail_of(core: &CoreHandle, name: &str) -> Result<String, ApiError> {
     match core.head(name).await {
         Ok(info) => Ok(offset_string(info.next_offset)),
-        Err(EngineError::NotFound) => Ok(ZERO_OFFSET.to_string()),
+        // A stream deleted while forks still read it (`Gone`) is gone for clients as much as one
+        // never created: watched from the start, like a stream yet to be made.
+        Err(EngineError::NotFound | EngineError::Gone) => Ok(ZERO_OFFSET.to_string()),
         Err(e) => Err(engine_error(&e)),
     }
 }
