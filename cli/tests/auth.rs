@@ -214,3 +214,59 @@ fn token_files_that_would_lock_everyone_out_are_refused_at_start() {
     let created = request(&server, "PUT", "/bom", Some("writer"), b"");
     created.expect(201);
 }
+
+/// A live SSE response does not outlive a reload that revokes its token: it ends at its next
+/// read, so records appended after the reload never reach it, and its client reconnects into
+/// a `401`. Before, it streamed on for up to `--sse-max-duration-sec` (55 s).
+#[test]
+fn a_reload_that_revokes_a_token_ends_its_open_sse_responses() {
+    use std::io::{Read, Write};
+    let (server, tokens) =
+        common::start_with_tokens("reader /logs/ read\nwriter / read,append\n", &[]);
+    request(&server, "PUT", "/logs/live", Some("writer"), b"").expect(201);
+    request(&server, "POST", "/logs/live", Some("writer"), b"before").expect(200);
+    let mut sse = std::net::TcpStream::connect(server.addr).unwrap();
+    sse.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    sse.write_all(
+        b"GET /logs/live?live=sse HTTP/1.1\r\nhost: x\r\nauthorization: Bearer reader\r\n\r\n",
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let read_until = |sse: &mut std::net::TcpStream, seen: &mut Vec<u8>, what: &[u8]| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = [0u8; 4096];
+        while Instant::now() < deadline && !seen.windows(what.len()).any(|w| w == what) {
+            match sse.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+    };
+    read_until(&mut sse, &mut seen, b"before");
+    assert!(
+        String::from_utf8_lossy(&seen).contains("before"),
+        "{}",
+        String::from_utf8_lossy(&seen)
+    );
+
+    std::fs::write(&tokens.path, "writer / read,append\n").unwrap();
+    let pid = server.pid().unwrap();
+    // SAFETY: kill(2) on the pid of the server this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&server, "GET", "/logs/live", Some("reader"), b"").status != 401 {
+        assert!(Instant::now() < deadline, "the reload never took effect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    request(&server, "POST", "/logs/live", Some("writer"), b"after").expect(200);
+    // The response ends (its last chunk) without the record appended after the reload.
+    read_until(&mut sse, &mut seen, b"\r\n0\r\n\r\n");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(!text.contains("after"), "{text}");
+    assert!(
+        text.ends_with("\r\n0\r\n\r\n"),
+        "the response did not end: {text}"
+    );
+}

@@ -201,6 +201,16 @@ pub fn bearer(header: Option<&str>) -> Option<&[u8]> {
         .filter(|t| !t.is_empty())
 }
 
+/// Token tables this process loaded again (SIGHUP). A live response started before a reload
+/// ends at its next read (`live::LiveCursor`): its client reconnects and is checked against
+/// the new table, so a revoked token stops getting records within one keep-alive round.
+static TABLE_RELOADS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a token table was reloaded in this process.
+pub fn table_reloads() -> u64 {
+    TABLE_RELOADS.load(Ordering::Acquire)
+}
+
 /// The table shared by all cores, replaced on SIGHUP.
 pub struct SharedTokens {
     path: PathBuf,
@@ -224,6 +234,7 @@ impl SharedTokens {
         let count = table.len();
         *self.table.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         self.generation.fetch_add(1, Ordering::Release);
+        TABLE_RELOADS.fetch_add(1, Ordering::Release);
         Ok(count)
     }
 

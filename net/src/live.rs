@@ -147,6 +147,9 @@ pub(crate) struct LiveCursor {
     /// The round of the read in flight is the response's last (its wait reaches the deadline).
     pub last_round: bool,
     pub queue: ReadyEvents,
+    /// The token reloads when the response started (`auth::table_reloads`): after another,
+    /// the response ends at its next read, and its client is checked again as it reconnects.
+    pub token_reloads: u64,
 }
 
 impl LiveCursor {
@@ -168,7 +171,14 @@ impl LiveCursor {
             done: false,
             last_round: false,
             queue: ReadyEvents::default(),
+            token_reloads: crate::auth::table_reloads(),
         }
+    }
+
+    /// Whether the token table was reloaded since the response started: what it read since
+    /// is not sent, and it ends (its client is checked again when it reconnects).
+    pub fn tokens_reloaded(&self) -> bool {
+        crate::auth::table_reloads() != self.token_reloads
     }
 
     /// When the response's writes must be over ([`LiveEvents::deadline`]).
@@ -180,6 +190,10 @@ impl LiveCursor {
     /// response is over.
     pub fn next_read(&mut self, wait: bool) -> Option<ReadRequest> {
         if self.done {
+            return None;
+        }
+        if self.tokens_reloaded() {
+            self.done = true;
             return None;
         }
         let Some(round) = IdleRound::next(self.deadline, self.keep_alive_ms) else {

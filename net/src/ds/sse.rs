@@ -92,7 +92,7 @@ impl LiveEvents for SseState {
     fn answer(&mut self, read: Option<&(ReadBatch, bool)>) {
         let first = std::mem::replace(&mut self.first, false);
         let live = &mut self.live;
-        let Some(&(ref batch, last)) = read else {
+        let Some(&(ref batch, last)) = read.filter(|_| !live.tokens_reloaded()) else {
             live.done = true;
             return;
         };

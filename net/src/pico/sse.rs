@@ -81,7 +81,7 @@ impl LiveEvents for State {
 
     fn answer(&mut self, read: Option<&(ReadBatch, bool)>) {
         let live = &mut self.live;
-        let Some(&(ref batch, last)) = read else {
+        let Some(&(ref batch, last)) = read.filter(|_| !live.tokens_reloaded()) else {
             live.done = true;
             return;
         };
