@@ -73,7 +73,9 @@ const GROUPS: &[(&str, &[&str])] = &[
         &[
             "--max-body-size",
             "--request-timeout-sec",
+            "--send-stall-timeout-sec",
             "--max-in-flight-bytes",
+            "--max-unsent-bytes",
             "--max-unuploaded-bytes",
             "--producers-max",
             "--producer-idle-expiry-sec",
