@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -364,28 +364,7 @@ fn answer(mut socket: TcpStream, status: u16, body: &str) -> Option<Seen> {
     socket
         .set_read_timeout(Some(Duration::from_secs(10)))
         .ok()?;
-    let mut data = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        let n = socket.read(&mut chunk).ok().filter(|n| *n > 0)?;
-        data.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&data[..head_end]).into_owned();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    while data.len() < head_end + 4 + length {
-        let n = socket.read(&mut chunk).ok().filter(|n| *n > 0)?;
-        data.extend_from_slice(&chunk[..n]);
-    }
+    let (head, request_body) = common::read_request(&mut socket, 1 << 20)?;
     let response = format!(
         "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -393,7 +372,7 @@ fn answer(mut socket: TcpStream, status: u16, body: &str) -> Option<Seen> {
     socket.write_all(response.as_bytes()).ok()?;
     Some(Seen {
         request_line: head.lines().next().unwrap_or_default().to_owned(),
-        body: String::from_utf8_lossy(&data[head_end + 4..]).into_owned(),
+        body: String::from_utf8_lossy(&request_body).into_owned(),
         head,
     })
 }

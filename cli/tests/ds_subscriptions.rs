@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::mpsc;
@@ -36,43 +36,15 @@ fn receiver() -> (String, mpsc::Receiver<Delivery>) {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
             let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-            let mut data = Vec::new();
-            let mut chunk = [0u8; 8192];
-            let parsed = loop {
-                let n = match conn.read(&mut chunk) {
-                    Ok(0) | Err(_) => break None,
-                    Ok(n) => n,
-                };
-                data.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&data).into_owned();
-                let Some((head, body)) = text.split_once("\r\n\r\n") else {
-                    continue;
-                };
-                let length = head
-                    .lines()
-                    .find_map(|l| {
-                        let (name, value) = l.split_once(':')?;
-                        name.eq_ignore_ascii_case("content-length")
-                            .then(|| value.trim().parse::<usize>().ok())?
-                    })
-                    .unwrap_or(0);
-                if body.len() >= length {
-                    let signature = head
-                        .lines()
-                        .find_map(|l| {
-                            let (name, value) = l.split_once(':')?;
-                            name.eq_ignore_ascii_case("webhook-signature")
-                                .then(|| value.trim().to_string())
-                        })
-                        .unwrap_or_default();
-                    break Some((signature, body[..length].to_string()));
-                }
-            };
+            let parsed = common::read_request(&mut conn, 1 << 20).map(|(head, body)| {
+                let signature = common::header_of(&head, "webhook-signature").unwrap_or_default();
+                (signature.to_string(), body)
+            });
             let _ = conn.write_all(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
             );
             if let Some((signature, body)) = parsed {
-                let body = serde_json::from_str(&body).expect("a JSON delivery");
+                let body = serde_json::from_slice(&body).expect("a JSON delivery");
                 if tx.send(Delivery { signature, body }).is_err() {
                     return;
                 }

@@ -891,28 +891,7 @@ fn hostile_receiver(head: &'static [u8], endless: bool) -> (String, mpsc::Receiv
             let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
             let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
             // The request: its head, then as many bytes as its Content-Length says.
-            let mut data = Vec::new();
-            let mut chunk = [0u8; 8192];
-            while data.len() < 1 << 20 {
-                let text = String::from_utf8_lossy(&data);
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let length = head
-                        .lines()
-                        .find_map(|l| {
-                            let (name, value) = l.split_once(':')?;
-                            name.eq_ignore_ascii_case("content-length")
-                                .then(|| value.trim().parse::<usize>().ok())?
-                        })
-                        .unwrap_or(0);
-                    if body.len() >= length {
-                        break;
-                    }
-                }
-                match conn.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => data.extend_from_slice(&chunk[..n]),
-                }
-            }
+            let _ = common::read_request(&mut conn, 1 << 20);
             let mut sent = 0;
             if conn.write_all(head).is_ok() && endless {
                 let block = [b'x'; 8192];
@@ -1051,24 +1030,6 @@ fn a_webhook_receiver_streaming_without_end_is_read_only_up_to_the_cap() {
 // against the core's budget of unsent answers (`--max-unsent-bytes`), past it reads get `503`,
 // and a connection that makes no write progress for `--send-stall-timeout-sec` is closed.
 
-/// A socket's receive buffer made as small as the kernel allows, so a client that does not
-/// read stops the server's writes after a few KiB instead of the kernel taking megabytes.
-fn small_receive_buffer(socket: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let size: libc::c_int = 4096;
-    // SAFETY: a valid socket and a c_int option value for the length given.
-    let set = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(set, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
-}
-
 /// A Durable Streams server whose catch-up reads answer 16 MiB at once (more than the kernel's
 /// socket buffers take), with `flags`, and its stream `/big` of 16 MiB.
 fn large_answers_server(flags: &[&str]) -> Server {
@@ -1134,7 +1095,7 @@ fn http1_readers_that_never_read_hold_no_more_than_the_answer_budget_and_are_clo
     let readers: Vec<TcpStream> = (0..50)
         .map(|_| {
             let socket = TcpStream::connect(server.addr).unwrap();
-            small_receive_buffer(&socket);
+            common::small_receive_buffer(&socket);
             (&socket).write_all(request.as_bytes()).unwrap();
             socket
         })
@@ -1180,7 +1141,7 @@ fn a_read_past_the_answer_budget_is_503_with_retry_after() {
     ]);
     // One stalled reader holds an answer past the budget (one always fits)...
     let holder = TcpStream::connect(server.addr).unwrap();
-    small_receive_buffer(&holder);
+    common::small_receive_buffer(&holder);
     (&holder)
         .write_all(format!("GET {BIG_READ} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
         .unwrap();
@@ -1319,7 +1280,7 @@ fn a_stalled_sse_reader_is_closed_at_the_sse_max_duration() {
         "600",
     ]);
     let socket = TcpStream::connect(server.addr).unwrap();
-    small_receive_buffer(&socket);
+    common::small_receive_buffer(&socket);
     (&socket)
         .write_all(b"GET /big?offset=-1&live=sse HTTP/1.1\r\nHost: a\r\n\r\n")
         .unwrap();
@@ -1376,7 +1337,7 @@ fn slow_reader_reproductions_report_rss() {
         let readers: Vec<TcpStream> = (0..200)
             .map(|_| {
                 let socket = TcpStream::connect(server.addr).unwrap();
-                small_receive_buffer(&socket);
+                common::small_receive_buffer(&socket);
                 (&socket)
                     .write_all(b"GET /big?offset=-1 HTTP/1.1\r\nHost: a\r\n\r\n")
                     .unwrap();
@@ -1428,7 +1389,7 @@ fn slow_reader_reproductions_report_rss() {
     {
         let server = start(&["--sse-max-duration-sec", "5"]);
         let socket = TcpStream::connect(server.addr).unwrap();
-        small_receive_buffer(&socket);
+        common::small_receive_buffer(&socket);
         (&socket)
             .write_all(b"GET /big?offset=-1&live=sse HTTP/1.1\r\nHost: a\r\n\r\n")
             .unwrap();

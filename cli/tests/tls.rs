@@ -222,7 +222,6 @@ async fn open_connections(client: &reqwest::Client, admin: &str) -> u64 {
 fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
     use rustls::pki_types::pem::PemObject;
     use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
 
     let certs = tempfile::tempdir().unwrap();
     let (cert, key, ca_path) = make_certificate(certs.path());
@@ -271,18 +270,7 @@ fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
     let socket = std::net::TcpStream::connect(server.addr).unwrap();
-    let size: libc::c_int = 4096;
-    // SAFETY: a valid socket and a c_int option value for the length given.
-    let set = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&size as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(set, 0);
+    common::small_receive_buffer(&socket);
     socket
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();

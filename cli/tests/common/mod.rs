@@ -1060,3 +1060,54 @@ pub fn wait_until_formed(nodes: &[Server], ids: &[u64], within: Duration) {
         });
     }
 }
+
+/// One HTTP/1.1 request as a server of the test's own (a webhook receiver, say) reads it from
+/// `conn`: its head (request line and headers) and its `Content-Length` body. `None` when the
+/// connection ends, fails or times out first, or the request grows past `max_bytes`.
+pub fn read_request(conn: &mut TcpStream, max_bytes: usize) -> Option<(String, Vec<u8>)> {
+    let mut data = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(head_end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&data[..head_end]).into_owned();
+            let length: usize = header_of(&head, "content-length")
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0);
+            let body_start = head_end + 4;
+            if data.len() >= body_start + length {
+                return Some((head, data[body_start..body_start + length].to_vec()));
+            }
+        }
+        if data.len() >= max_bytes {
+            return None;
+        }
+        let n = conn.read(&mut chunk).ok().filter(|n| *n > 0)?;
+        data.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The value of header `name` (any case) in a request or response head, trimmed.
+pub fn header_of<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+/// A socket's receive buffer made as small as the kernel allows, so a client that does not
+/// read stops the server's writes after a few KiB instead of the kernel taking megabytes.
+pub fn small_receive_buffer(socket: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let size: libc::c_int = 4096;
+    // SAFETY: a valid socket and a c_int option value for the length given.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
+}
