@@ -687,16 +687,7 @@ fn partitioned_cluster(test: &str, more_flags: &[&str]) -> Option<(Vec<Server>, 
         .expect("the Postgres proxy")
         .address();
     let meta = network.add_service(proxy);
-    let garage_port: u16 = services
-        .garage
-        .as_ref()
-        .expect("Garage")
-        .endpoint()
-        .rsplit(':')
-        .next()
-        .and_then(|port| port.parse().ok())
-        .expect("Garage's port");
-    let store = network.add_service(SocketAddr::from(([127, 0, 0, 1], garage_port)));
+    let store = network.add_service(services.garage.as_ref().expect("Garage").address());
     let meta_url = services.meta_url.clone().expect("Postgres");
     services.meta_url = Some(meta_url.replacen(&proxy.to_string(), &meta.to_string(), 1));
     services.store_endpoint = Some(format!("http://{store}"));

@@ -187,7 +187,7 @@ pub(crate) async fn create(
             .is_err()
         {
             let retry = vec![(spec.source.clone(), origin.source_id)];
-            router.shard.requeue_fork_releases(retry);
+            router.shard.queue_fork_releases(retry);
         }
     };
     if config.content_type.is_empty() {
@@ -232,7 +232,7 @@ pub(crate) async fn release_loop(router: Rc<Router>) {
                 crate::limits::FORK_RELEASE_RETRY_MS,
             ))
             .await;
-            router.shard.requeue_fork_releases(failed);
+            router.shard.queue_fork_releases(failed);
         }
     }
 }

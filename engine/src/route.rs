@@ -167,8 +167,7 @@ impl Router {
         if let Some((source, source_id)) = fork_source {
             if let Err(e) = self.fork_release(&source, source_id).await {
                 log::warn!("could not release a fork of {source} ({e}); trying again");
-                self.shard.requeue_fork_releases(vec![(source, source_id)]);
-                self.shard.fork_released.notify();
+                self.shard.queue_fork_releases([(source, source_id)]);
             }
         }
         Ok(())

@@ -294,11 +294,9 @@ impl StreamState {
             if let Some(duplicate) = self.check_producer(producer)? {
                 return Ok(duplicate);
             }
-            if self.extras().producers.get(&producer.id).is_none() {
-                self.extras_mut()
-                    .producers
-                    .admit(&producer.id, command.producer_limits, now_ms)?;
-            }
+            self.extras_mut()
+                .producers
+                .admit(&producer.id, command.producer_limits, now_ms)?;
         }
         if self.closed {
             if command.records == 0 {

@@ -72,7 +72,12 @@ impl OwnGarage {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", self.address())
+    }
+
+    /// Where its S3 API listens.
+    pub fn address(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     pub fn pid(&self) -> Option<String> {

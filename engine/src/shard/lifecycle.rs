@@ -245,18 +245,21 @@ impl Shard {
         std::mem::take(&mut *self.fork_releases.borrow_mut())
     }
 
-    /// Releases that failed, to be tried again.
-    pub(crate) fn requeue_fork_releases(&self, failed: Vec<(String, u64)>) {
-        self.fork_releases.borrow_mut().extend(failed);
-        self.fork_released.notify();
+    /// Releases for the node's release task to make: new ones, or ones that failed and are
+    /// tried again.
+    pub(crate) fn queue_fork_releases(&self, releases: impl IntoIterator<Item = (String, u64)>) {
+        let mut queued = self.fork_releases.borrow_mut();
+        let before = queued.len();
+        queued.extend(releases);
+        if queued.len() > before {
+            self.fork_released.notify();
+        }
     }
 
     /// Removes the stream; a fork's reference to its source is given back by the release loop.
     pub(super) async fn remove_stream(&self, name: &str, id: u64) -> Result<(), EngineError> {
-        if let Some(release) = self.remove_stream_keeping_release(name, id).await? {
-            self.fork_releases.borrow_mut().push(release);
-            self.fork_released.notify();
-        }
+        let release = self.remove_stream_keeping_release(name, id).await?;
+        self.queue_fork_releases(release);
         Ok(())
     }
 

@@ -117,10 +117,7 @@ impl Shard {
                         }
                         match self.delete(&name).await {
                             Ok(fork_source) => {
-                                if let Some(release) = fork_source {
-                                    self.fork_releases.borrow_mut().push(release);
-                                    self.fork_released.notify();
-                                }
+                                self.queue_fork_releases(fork_source);
                                 log::info!("retention: deleted {name} (empty)");
                                 CoreMetrics::add(&self.metrics.retention_deleted_streams, 1);
                             }
