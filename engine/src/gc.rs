@@ -1,8 +1,10 @@
 //! Garbage collection of segment objects, run by core 0 for the node: segments that hold
 //! only deleted, expired or trimmed-away data are deleted from the object store, then from
 //! the catalog (in that order, so a crash in between leaves a row to find again, never an
-//! object nobody knows of).
+//! object nobody knows of). A backup holds the collector ([`GcGate`]) while it copies the
+//! objects its catalog copy names.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +14,59 @@ use crate::inbox::Message;
 use crate::limits;
 use crate::route::Router;
 
-/// Collects every `gc_interval_ms`, for the life of the core.
-pub(crate) async fn gc_loop(router: Rc<Router>) {
+/// Whether the collector may run a round: core 0's collector and whoever holds it (a
+/// backup, served by core 0's admin listener) share it on that core's thread.
+#[derive(Default)]
+pub(crate) struct GcGate {
+    /// Holds taken and not yet dropped; no round starts while any is.
+    holds: Cell<usize>,
+    /// A round is deleting objects and rows now.
+    round_running: Cell<bool>,
+}
+
+/// While alive, the collector deletes nothing: no round starts, and the hold was given only
+/// once a round in progress had ended (so no object named by a catalog read after that is
+/// deleted). Dropped, the collector resumes at its next interval.
+pub struct GcHold {
+    gate: Rc<GcGate>,
+}
+
+impl Drop for GcHold {
+    fn drop(&mut self) {
+        self.gate.holds.set(self.gate.holds.get().saturating_sub(1));
+    }
+}
+
+impl GcGate {
+    /// Holds the collector, once a round in progress ended.
+    pub(crate) async fn hold(self: &Rc<Self>) -> GcHold {
+        // Counted first, so no new round starts while this waits.
+        self.holds.set(self.holds.get() + 1);
+        let hold = GcHold { gate: self.clone() };
+        while self.round_running.get() {
+            glommio::timer::sleep(Duration::from_millis(limits::GC_HOLD_POLL_MS)).await;
+        }
+        hold
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        self.holds.get() > 0
+    }
+}
+
+/// Collects every `gc_interval_ms`, for the life of the core, unless held.
+pub(crate) async fn gc_loop(router: Rc<Router>, gate: Rc<GcGate>) {
     // At least `limits::GC_INTERVAL_MS_MIN`: `EngineConfig::check` refused a shorter one.
     let interval = Duration::from_millis(router.shard.config().gc_interval_ms);
     loop {
         glommio::timer::sleep(interval).await;
-        match collect_garbage(&router).await {
+        if gate.is_held() {
+            continue;
+        }
+        gate.round_running.set(true);
+        let collected = collect_garbage(&router).await;
+        gate.round_running.set(false);
+        match collected {
             Ok(0) => {}
             Ok(count) => log::info!("garbage collection removed {count} segments"),
             Err(e) => log::warn!("garbage collection: {e}"),

@@ -28,6 +28,8 @@ pub struct CoreHandle {
     cluster: Option<Arc<Cluster>>,
     /// Long-polls and SSE subscribers of this core waiting at the same place share a read.
     live: LiveReads,
+    /// Core 0's garbage collector, held by a backup.
+    gc: Rc<gc::GcGate>,
 }
 
 impl CoreHandle {
@@ -71,14 +73,16 @@ impl CoreHandle {
             shard,
             peers: Peers::new(peers),
         });
+        let gc = Rc::new(gc::GcGate::default());
         if core == 0 {
-            glommio::spawn_local(gc::gc_loop(router.clone())).detach();
+            glommio::spawn_local(gc::gc_loop(router.clone(), gc.clone())).detach();
         }
         glommio::spawn_local(fork::release_loop(router.clone())).detach();
         Ok(Rc::new(CoreHandle {
             router,
             cluster,
             live: LiveReads::default(),
+            gc,
         }))
     }
 
@@ -103,6 +107,48 @@ impl CoreHandle {
     /// within `timeout`.
     pub async fn flush(&self, timeout: std::time::Duration) -> bool {
         self.router.shard.flush(timeout).await
+    }
+
+    /// Holds this node's garbage collector until the hold is dropped (a backup copying the
+    /// objects its catalog copy names). `None` on any core but 0, which runs the collector.
+    pub async fn hold_gc(&self) -> Option<gc::GcHold> {
+        if self.router.core != 0 {
+            return None;
+        }
+        Some(self.gc.hold().await)
+    }
+
+    /// A backup's checkpoint: every core stores and commits what it held when asked, so the
+    /// bucket and the catalog hold every record acknowledged before this call. `Err` names
+    /// the cores that did not finish within `timeout` (their WAL still holds it all).
+    pub async fn checkpoint(&self, timeout: std::time::Duration) -> Result<(), String> {
+        let mut answers = Vec::new();
+        for core in self.router.others() {
+            let (reply, answer) = futures_channel::oneshot::channel();
+            self.router
+                .peers
+                .send(core, crate::inbox::Message::Checkpoint { timeout, reply })
+                .map_err(|e| format!("core {core}: {e}"))?;
+            answers.push((core, answer));
+        }
+        let mut late = Vec::new();
+        if !self.router.shard.checkpoint(timeout).await {
+            late.push(self.router.core);
+        }
+        for (core, answer) in answers {
+            if !answer.await.unwrap_or(false) {
+                late.push(core);
+            }
+        }
+        if late.is_empty() {
+            return Ok(());
+        }
+        late.sort_unstable();
+        Err(format!(
+            "cores {late:?} did not store and commit what they hold within {} ms (an object \
+             store or catalog outage, or a failed WAL)",
+            timeout.as_millis()
+        ))
     }
 
     /// This node's cluster membership (`None`: a single node).

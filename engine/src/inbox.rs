@@ -38,6 +38,12 @@ pub(crate) enum Message {
         owned: Arc<HashMap<u64, u64>>,
         reply: oneshot::Sender<()>,
     },
+    /// A backup's checkpoint: store and commit everything this core held when the message
+    /// arrived; `true` once done within `timeout`.
+    Checkpoint {
+        timeout: std::time::Duration,
+        reply: oneshot::Sender<bool>,
+    },
 }
 
 /// One core's senders to every core's inbox (its own included, unused), bounded by

@@ -17,7 +17,7 @@ pub mod error;
 pub mod faults;
 mod fork;
 pub mod frame;
-mod gc;
+pub mod gc;
 mod handle;
 pub mod health;
 mod inbox;

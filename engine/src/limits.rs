@@ -206,6 +206,8 @@ pub const GC_INTERVAL_MS_MIN: u64 = 100;
 /// Only segments sealed at least this long before a collection round are judged by it; younger
 /// ones wait for a later round (a segment is not collected while it is being sealed).
 pub const GC_SEALED_MARGIN_MS: i64 = 1_000;
+/// How often a backup taking the collector's hold looks whether a round in progress ended.
+pub const GC_HOLD_POLL_MS: u64 = 10;
 /// How often a request waiting for a lapsed lease looks again; the wait ends after one lease
 /// time with a `503` (`EngineError::NotOwner`).
 pub const LEASE_WAIT_POLL_MS: u64 = 20;

@@ -300,6 +300,13 @@ pub(crate) async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Mess
                 shard.revalidate(&owned);
                 let _ = reply.send(());
             }
+            Message::Checkpoint { timeout, reply } => {
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    let _ = reply.send(shard.checkpoint(timeout).await);
+                })
+                .detach();
+            }
         }
     }
 }

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 
 mod apply;
 mod backend;
+pub mod backup;
 mod batch;
 mod cluster;
 mod command;

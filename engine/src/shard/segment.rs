@@ -215,6 +215,14 @@ impl Shard {
         }
     }
 
+    /// A backup's checkpoint: every record this core acknowledged before the call (the WAL
+    /// alone may hold it, with `--durability local`) is in the bucket and the catalog once
+    /// this answers `true`. Appends go on meanwhile; `false` if `timeout` ran out or the WAL
+    /// failed.
+    pub(crate) async fn checkpoint(self: &Rc<Self>, timeout: Duration) -> bool {
+        self.flush_through_active(timeout).await
+    }
+
     /// Seals the active segment and waits until it and every older one are stored and
     /// committed (unlike `flush`, appends to other streams may go on meanwhile).
     pub(super) async fn flush_through_active(self: &Rc<Self>, timeout: Duration) -> bool {
