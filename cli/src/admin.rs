@@ -12,13 +12,17 @@ use pico_client::{http_client_builder, ApiError, ClientConfig, ClientError};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
-use crate::args::{AdminArgs, AdminCommand, QuarantineCommand};
+use crate::args::{AdminArgs, AdminBackupArgs, AdminCommand, AdminRestoreArgs, QuarantineCommand};
 use crate::Failure;
 
 pub const DEFAULT_ADMIN_ENDPOINT: &str = "http://127.0.0.1:9090";
 /// `transfer --wait`: how often the stream is looked at, and for how long.
 const WAIT_POLL: Duration = Duration::from_millis(250);
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
+/// How long a backup may take when `--timeout-sec` is not given (the node's default).
+const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = pico_net::limits::BACKUP_TIMEOUT_SEC_DEFAULT;
+/// How much longer than the backup's own time limit the command waits for the answer.
+const BACKUP_ANSWER_MARGIN_SEC: u64 = 30;
 
 /// The admin listener of one node.
 struct Admin {
@@ -28,6 +32,9 @@ struct Admin {
 }
 
 pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Result<(), Failure> {
+    if let AdminCommand::Restore(restore_args) = &args.command {
+        return restore(args.json, restore_args);
+    }
     let endpoint = args
         .admin_endpoint
         .as_deref()
@@ -104,6 +111,12 @@ pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Res
                     Ok(())
                 }
             },
+            AdminCommand::Backup(backup) => {
+                let body = admin.backup(backup).await?;
+                print(args.json, &body, backup_lines)
+            }
+            // Answered above: a restore does not talk to a node.
+            AdminCommand::Restore(_) => Ok(()),
             AdminCommand::SetSlots(set) => {
                 let request = json!({ "slots": set.slots });
                 let path = format!("/admin/nodes/{}", set.node);
@@ -144,9 +157,23 @@ impl Admin {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, Failure> {
+        self.call_with_timeout(method, path, body, None).await
+    }
+
+    /// [`Admin::call`], waiting `timeout` for the answer instead of the client's default.
+    async fn call_with_timeout(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        timeout: Option<Duration>,
+    ) -> Result<Value, Failure> {
         let url = Url::parse(&format!("{}{path}", self.base))
             .map_err(|e| Failure::Usage(format!("invalid admin path {path:?}: {e}")))?;
         let mut request = self.http.request(method, url);
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")
@@ -164,6 +191,31 @@ impl Admin {
                 "the admin listener answered {path} with no JSON: {e}"
             ))
         })
+    }
+
+    /// `POST /admin/backup`: waits as long as the backup may take (its `timeoutSec`) and a
+    /// little more, not the 30 s of other admin requests.
+    async fn backup(&self, args: &AdminBackupArgs) -> Result<Value, Failure> {
+        let to = std::path::absolute(&args.to)
+            .map_err(|e| Failure::Usage(format!("--to {}: {e}", args.to.display())))?;
+        let mut request = json!({ "to": to.display().to_string() });
+        if let Some(timeout_sec) = args.timeout_sec {
+            request["timeoutSec"] = json!(timeout_sec);
+        }
+        if let Some(rate) = args.max_bytes_per_second {
+            request["maxBytesPerSecond"] = json!(rate);
+        }
+        let wait = args
+            .timeout_sec
+            .unwrap_or(BACKUP_TIMEOUT_SEC_DEFAULT)
+            .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
+        self.call_with_timeout(
+            Method::POST,
+            "/admin/backup",
+            Some(request),
+            Some(Duration::from_secs(wait)),
+        )
+        .await
     }
 
     /// `GET /admin/streams/<name>`: the name is the path, as on the protocol listener.
@@ -254,6 +306,61 @@ fn entry_query(segment: &str, stream_id: u64) -> String {
         })
         .collect();
     format!("segment={key}&stream={stream_id}")
+}
+
+fn backup_lines(b: &Value) -> Vec<String> {
+    let f = |name| field(b, name);
+    vec![
+        format!(
+            "backup={} cutAtMs={} checkpointedAtMs={} finishedAtMs={}",
+            f("to"),
+            f("startedAtMs"),
+            f("checkpointedAtMs"),
+            f("finishedAtMs")
+        ),
+        format!(
+            "streams={} objects={} objectBytes={} subscriptions={}",
+            f("streams"),
+            f("objects"),
+            f("objectBytes"),
+            f("subscriptions")
+        ),
+    ]
+}
+
+/// `pico admin restore`: local work, no node involved.
+fn restore(json_output: bool, args: &AdminRestoreArgs) -> Result<(), Failure> {
+    let target = pico_net::backup::RestoreTarget {
+        dir: args.to.clone(),
+        storage: args.storage.clone(),
+    };
+    let summary = pico_net::backup::restore(&args.from, &target).map_err(Failure::Fatal)?;
+    let body = json!({
+        "metaUrl": summary.meta_url,
+        "storage": summary.storage,
+        "walDir": summary.wal_dir.display().to_string(),
+        "streams": summary.streams,
+        "objects": summary.objects,
+        "objectBytes": summary.object_bytes,
+        "cutAtMs": summary.started_at_ms,
+    });
+    print(json_output, &body, |b| {
+        vec![
+            format!(
+                "streams={} objects={} objectBytes={} cutAtMs={}",
+                field(b, "streams"),
+                field(b, "objects"),
+                field(b, "objectBytes"),
+                field(b, "cutAtMs")
+            ),
+            format!(
+                "pico serve --meta-url {} --storage {} --wal-dir {}",
+                field(b, "metaUrl"),
+                field(b, "storage"),
+                field(b, "walDir")
+            ),
+        ]
+    })
 }
 
 fn quarantine_lines(body: &Value) -> Vec<String> {

@@ -599,6 +599,42 @@ pub enum AdminCommand {
     Transfer(AdminTransferArgs),
     SetSlots(AdminSetSlotsArgs),
     Quarantine(AdminQuarantineArgs),
+    Backup(AdminBackupArgs),
+    Restore(AdminRestoreArgs),
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "backup")]
+/// Back the node up while it serves (docs/backup.md): every append acknowledged before the command reached the node, in a directory on the node's host; prints the cut and counts.
+pub struct AdminBackupArgs {
+    /// a new or empty directory on the node's host, absolute (relative paths are made absolute here) [env: PICO_TO]
+    #[argh(option, arg_name = "dir")]
+    pub to: std::path::PathBuf,
+
+    /// give up (no manifest is written) after this many seconds (default 3600, at most 86400) [env: PICO_TIMEOUT_SEC]
+    #[argh(option, arg_name = "secs")]
+    pub timeout_sec: Option<u64>,
+
+    /// read objects from the node's bucket at most this fast (default: no limit) [env: PICO_MAX_BYTES_PER_SECOND]
+    #[argh(option, arg_name = "n")]
+    pub max_bytes_per_second: Option<u64>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "restore")]
+/// Lay a backup out for a new node (runs here, not through the admin listener): checks the manifest and every object, then prints the pico serve flags to start it.
+pub struct AdminRestoreArgs {
+    /// the backup directory (refused without its manifest.json: an unfinished backup) [env: PICO_FROM]
+    #[argh(option, arg_name = "dir")]
+    pub from: std::path::PathBuf,
+
+    /// a new or empty directory for the node's catalog (meta.db), WAL directory (wal/) and, without --storage, its bucket (objects/) [env: PICO_TO]
+    #[argh(option, arg_name = "dir")]
+    pub to: std::path::PathBuf,
+
+    /// put the objects in this bucket instead, --storage's syntax (<id>@file://DIR or <id>@s3://BUCKET?...); it must hold no objects [env: PICO_STORAGE]
+    #[argh(option, arg_name = "uri")]
+    pub storage: Option<String>,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod backup;
 pub mod codec;
 pub mod config;
 pub mod crossing;

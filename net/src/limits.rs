@@ -65,6 +65,11 @@ pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
 pub const ADMIN_STREAMS_PAGE_DEFAULT: usize = 100;
 /// The most streams an `/admin/streams` page holds; a larger `limit` is lowered to it.
 pub const ADMIN_STREAMS_PAGE_MAX: usize = 1000;
+/// How long a backup (`POST /admin/backup`) may take when its request gives no `timeoutSec`;
+/// past it the backup stops without a manifest and the collector's hold is released.
+pub const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = 3_600;
+/// The largest `timeoutSec` a backup may ask for (a day): the collector is held meanwhile.
+pub const BACKUP_TIMEOUT_SEC_MAX: u64 = 86_400;
 
 // HTTP/2 (each sent to the client in SETTINGS; a client exceeding one gets a stream or
 // connection error from `h2`).

@@ -5,6 +5,7 @@
 //! Errors are `{"error":"<message>"}`. With `--auth required`, everything but `/health` and
 //! `/ready` needs a token with the `admin` grant.
 
+mod backup;
 pub mod cluster;
 pub mod dashboard;
 pub mod metrics;
@@ -126,6 +127,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
             stream(state, &p["/admin/streams".len()..]).await
         }
         ("POST", "/admin/transfer") => transfer(state, &request).await,
+        ("POST", "/admin/backup") => backup::backup(state, &request).await,
         ("GET", "/admin/quarantine") => quarantine::list(state).await,
         ("GET", "/admin/quarantine/records") => quarantine::records(state, &request.query).await,
         ("DELETE", "/admin/quarantine") => quarantine::release(state, &request.query).await,
@@ -149,7 +151,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
 fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
         "/health" | "/ready" | "/metrics" => "GET, HEAD",
-        "/admin/transfer" => "POST",
+        "/admin/transfer" | "/admin/backup" => "POST",
         "/admin/quarantine" => "GET, DELETE",
         p if p.starts_with("/admin/nodes/") => "POST",
         "/admin/cluster"

@@ -43,6 +43,10 @@ pub struct AdminState {
     /// Placement weight of this node (`POST /admin/nodes/{id}`); meaningful with clusters.
     pub slots: Cell<u64>,
     pub tokens: Option<Rc<CoreTokens>>,
+    /// The node's Durable Streams subscriptions, whose state a backup copies.
+    pub subscriptions: Option<Arc<crate::ds::subscriptions::Subscriptions>>,
+    /// A backup runs (one at a time).
+    pub backup_running: Rc<Cell<bool>>,
 }
 
 pub(crate) fn json_response(status: u16, body: Value) -> Response {

@@ -265,6 +265,8 @@ async fn run_core(job: CoreJob) {
             },
             slots: Cell::new(job.facts.cores as u64),
             tokens: tokens.clone(),
+            subscriptions: Some(settings.subscriptions.clone()),
+            backup_running: Rc::new(Cell::new(false)),
         });
         spawn_admin(
             admin_listener,

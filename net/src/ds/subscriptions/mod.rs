@@ -210,6 +210,16 @@ impl Subscriptions {
         }
     }
 
+    /// Brings the state files up to date, then copies them into `dest` (a backup); the
+    /// number of subscriptions copied (0 in memory). Blocks: call it off the cores.
+    pub fn back_up_to(&self, dest: &Path) -> Result<usize, String> {
+        self.shared.persist()?;
+        match &self.shared.store {
+            Some(store) => store.copy_to(dest),
+            None => Ok(0),
+        }
+    }
+
     /// Writes what the state file lags behind (at shutdown, once the cores stopped). Blocks.
     pub fn flush(&self) -> Result<(), String> {
         self.shared.persist()

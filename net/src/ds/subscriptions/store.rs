@@ -176,6 +176,44 @@ impl Store {
         Ok(())
     }
 
+    /// Copies the state files as they are now into `dest` (a backup: `dest/subscriptions.json`
+    /// and `dest/subscriptions.d/`), none changing meanwhile: a save waits for the copy. The
+    /// number of subscription files copied. Blocks: call it off the cores.
+    pub fn copy_to(&self, dest: &Path) -> Result<usize, String> {
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let failed =
+            |path: &Path, e: std::io::Error| format!("cannot copy {}: {e}", path.display());
+        match std::fs::metadata(&self.path) {
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(failed(&self.path, e)),
+            Ok(_) => {}
+        }
+        let dest_subs = dest.join(DIR_NAME);
+        std::fs::create_dir_all(&dest_subs).map_err(|e| failed(&dest_subs, e))?;
+        copy_durably(&self.path, &dest.join(FILE_NAME)).map_err(|e| failed(&self.path, e))?;
+        let mut copied = 0;
+        let entries = match std::fs::read_dir(&self.subs_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(failed(&self.subs_dir, e)),
+        };
+        for entry in entries {
+            let path = entry.map_err(|e| failed(&self.subs_dir, e))?.path();
+            if path.to_string_lossy().ends_with(TMP_SUFFIX) {
+                continue;
+            }
+            let name = path.file_name().unwrap_or_default();
+            copy_durably(&path, &dest_subs.join(name)).map_err(|e| failed(&path, e))?;
+            copied += 1;
+        }
+        for dir in [&dest_subs, &dest.to_path_buf()] {
+            File::open(dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| failed(dir, e))?;
+        }
+        Ok(copied)
+    }
+
     /// Replaces or removes each subscription file, then makes the directory durable.
     fn write_subscriptions(&self, files: &[(String, Option<Vec<u8>>)]) -> Result<(), String> {
         let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.subs_dir.display());
@@ -251,6 +289,18 @@ fn to_bytes(value: Value) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(&value).unwrap_or_default();
     bytes.push(b'\n');
     bytes
+}
+
+/// Copies `from` to the new file `to` (mode 0600, as every state file), fsynced.
+fn copy_durably(from: &Path, to: &Path) -> std::io::Result<()> {
+    let bytes = std::fs::read(from)?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    file.write_all(&bytes)?;
+    file.sync_all()
 }
 
 /// Replaces `path` (in `dir`) with `bytes`: a temporary file, fsync, rename.

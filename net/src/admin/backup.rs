@@ -1,0 +1,223 @@
+//! `POST /admin/backup` (docs/backup.md): a consistent backup of this node while it serves.
+//!
+//! Body `{"to": "/abs/dir", "timeoutSec": 3600, "maxBytesPerSecond": n}`. In order: the cut
+//! (the request's arrival), the garbage collector held, the subscription state copied, every
+//! core's checkpoint (what only the WAL held is stored and committed), the catalog copied,
+//! every object it names copied, the manifest written last. One backup at a time (`409`).
+//! The work runs in a task of its own: a client that goes away does not release the
+//! collector's hold before the copy ends (or its time runs out).
+
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use pico_meta::MetaUrl;
+use serde_json::{json, Value};
+
+use crate::admin::state::{error, json_response, AdminState};
+use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupJob};
+use crate::limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX};
+use crate::transport::message::{Request, Response};
+
+/// Clears the node's "a backup runs" flag when the backup's task ends, however it ends.
+struct Running(Rc<Cell<bool>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
+
+/// What a request asks for, checked.
+struct Asked {
+    to: PathBuf,
+    timeout: Duration,
+    max_bytes_per_second: Option<u64>,
+}
+
+pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Response {
+    let started_at_ms = pico_engine::now_ms();
+    let asked = match parse(request) {
+        Ok(asked) => asked,
+        Err(response) => return response,
+    };
+    let db =
+        match MetaUrl::parse(&state.facts.meta_url) {
+            Ok(MetaUrl::SqliteFile(db)) => db,
+            Ok(MetaUrl::SqliteMemory) => return error(
+                400,
+                "the catalog is in memory (sqlite::memory:): nothing a restart keeps to back up",
+            ),
+            Ok(MetaUrl::Postgres(_)) => return error(
+                501,
+                "a Postgres catalog (a cluster) is backed up with pg_dump: see docs/backup.md, \
+                 \"Clusters\"",
+            ),
+            Err(e) => return error(500, e.to_string()),
+        };
+    if state.backup_running.get() {
+        return error(409, "a backup of this node is running; one at a time");
+    }
+    if let Err(message) = prepare_empty_dir(&asked.to) {
+        return error(400, message);
+    }
+    state.backup_running.set(true);
+    let running = Running(state.backup_running.clone());
+    let (reply, answer) = futures_channel::oneshot::channel();
+    let task_state = state.clone();
+    glommio::spawn_local(async move {
+        let _running = running;
+        let result = run(&task_state, asked, db, started_at_ms).await;
+        let _ = reply.send(result);
+    })
+    .detach();
+    match answer.await {
+        Ok(Ok(body)) => json_response(200, body),
+        Ok(Err((status, message))) => {
+            log::warn!("backup failed: {message}");
+            error(status, message)
+        }
+        Err(_) => error(500, "the backup's task ended without an answer"),
+    }
+}
+
+fn parse(request: &Request) -> Result<Asked, Response> {
+    let body: Value = serde_json::from_slice(&request.body)
+        .map_err(|e| error(400, format!("invalid JSON body: {e}")))?;
+    let Some(to) = body.get("to").and_then(Value::as_str) else {
+        return Err(error(
+            400,
+            "missing \"to\" (a directory on the node's host)",
+        ));
+    };
+    let to = PathBuf::from(to);
+    if !to.is_absolute() {
+        return Err(error(
+            400,
+            format!("\"to\" must be an absolute path, not {}", to.display()),
+        ));
+    }
+    let timeout_sec = match body.get("timeoutSec") {
+        None | Some(Value::Null) => BACKUP_TIMEOUT_SEC_DEFAULT,
+        Some(value) => match value.as_u64() {
+            Some(n) if (1..=BACKUP_TIMEOUT_SEC_MAX).contains(&n) => n,
+            _ => {
+                return Err(error(
+                    400,
+                    format!("\"timeoutSec\" must be an integer from 1 to {BACKUP_TIMEOUT_SEC_MAX}"),
+                ))
+            }
+        },
+    };
+    let max_bytes_per_second = match body.get("maxBytesPerSecond") {
+        None | Some(Value::Null) => None,
+        Some(value) => match value.as_u64() {
+            Some(n) if n > 0 => Some(n),
+            _ => {
+                return Err(error(
+                    400,
+                    "\"maxBytesPerSecond\" must be a positive integer",
+                ))
+            }
+        },
+    };
+    Ok(Asked {
+        to,
+        timeout: Duration::from_secs(timeout_sec),
+        max_bytes_per_second,
+    })
+}
+
+/// The backup's steps; `Err((status, message))` on failure (the directory stays, without a
+/// manifest: an incomplete backup restore refuses).
+async fn run(
+    state: &Rc<AdminState>,
+    asked: Asked,
+    db: PathBuf,
+    started_at_ms: i64,
+) -> Result<Value, (u16, String)> {
+    let deadline = Instant::now() + asked.timeout;
+    let Some(hold) = state.core.hold_gc().await else {
+        return Err((
+            500,
+            "the admin listener runs on a core without the collector".into(),
+        ));
+    };
+    let to = asked.to.clone();
+    let subscriptions = state.subscriptions.clone();
+    let subscriptions = off_core(move || copy_subscriptions(&to, subscriptions.as_ref()))
+        .await
+        .map_err(|e| (500, format!("subscription state: {e}")))?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    state
+        .core
+        .checkpoint(left)
+        .await
+        .map_err(|e| (503, format!("checkpoint: {e}")))?;
+    let checkpointed_at_ms = pico_engine::now_ms();
+    let facts = json!({
+        "startedAtMs": started_at_ms,
+        "checkpointedAtMs": checkpointed_at_ms,
+        "node": {
+            "version": state.facts.build.version,
+            "commit": state.facts.build.commit,
+            "durability": state.facts.durability,
+            "storage": state.facts.storage,
+            "metaUrl": state.facts.meta_url,
+            "nodeEpoch": state.facts.node_epoch_ms,
+            "cores": state.facts.cores,
+        },
+    });
+    let job = BackupJob {
+        to: asked.to.clone(),
+        db,
+        source: state.core.store().clone(),
+        deadline,
+        max_bytes_per_second: asked.max_bytes_per_second,
+        facts,
+    };
+    let summary = off_core(move || write_backup(&job, subscriptions))
+        .await
+        .map_err(|e| (500, e))?;
+    // Held until every object was copied; the collector resumes at its next interval.
+    drop(hold);
+    let finished_at_ms = pico_engine::now_ms();
+    log::info!(
+        "backup to {}: {} streams, {} objects ({} bytes), cut at {started_at_ms}",
+        asked.to.display(),
+        summary.streams,
+        summary.objects,
+        summary.object_bytes
+    );
+    Ok(json!({
+        "to": asked.to.display().to_string(),
+        "manifest": asked.to.join(crate::backup::MANIFEST_FILE).display().to_string(),
+        "startedAtMs": started_at_ms,
+        "checkpointedAtMs": checkpointed_at_ms,
+        "catalogCopiedAtMs": summary.catalog_copied_at_ms,
+        "finishedAtMs": finished_at_ms,
+        "streams": summary.streams,
+        "objects": summary.objects,
+        "objectBytes": summary.object_bytes,
+        "subscriptions": subscriptions,
+        "skippedGarbage": summary.skipped_garbage,
+    }))
+}
+
+/// Runs blocking work on a thread of its own (a backup may copy for minutes; glommio's
+/// blocking pool is shared with the core's other file work) and awaits its answer.
+async fn off_core<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let (reply, answer) = futures_channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("pico-backup".into())
+        .spawn(move || {
+            let _ = reply.send(work());
+        })
+        .map_err(|e| format!("cannot start the backup thread: {e}"))?;
+    answer
+        .await
+        .map_err(|_| "the backup thread ended without an answer".to_string())?
+}
