@@ -367,8 +367,7 @@ fn a_backup_under_load_restores_every_append_acknowledged_before_it() {
     let producer = &acks[1].1;
     let last = producer
         .iter()
-        .filter(|a| a.at < cut)
-        .next_back()
+        .rfind(|a| a.at < cut)
         .expect("a producer request before the backup");
     let seq = last.producer_seq.expect("a producer seq").to_string();
     let retry = restored.request(
