@@ -196,9 +196,7 @@ impl Admin {
     /// `POST /admin/backup`: waits as long as the backup may take (its `timeoutSec`) and a
     /// little more, not the 30 s of other admin requests.
     async fn backup(&self, args: &AdminBackupArgs) -> Result<Value, Failure> {
-        let to = std::path::absolute(&args.to)
-            .map_err(|e| Failure::Usage(format!("--to {}: {e}", args.to.display())))?;
-        let mut request = json!({ "to": to.display().to_string() });
+        let mut request = json!({ "to": args.to.display().to_string() });
         if let Some(timeout_sec) = args.timeout_sec {
             request["timeoutSec"] = json!(timeout_sec);
         }

@@ -108,6 +108,14 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "dir", default = "PathBuf::from(\"./data/wal\")")]
     pub wal_dir: PathBuf,
 
+    /// directory that POST /admin/backup (pico admin backup) writes backups under; a backup's "to" names a new directory in it (default ./data/backups) [env: PICO_BACKUP_DIR]
+    #[argh(
+        option,
+        arg_name = "dir",
+        default = "PathBuf::from(\"./data/backups\")"
+    )]
+    pub backup_dir: PathBuf,
+
     /// executor cores to run, 0 = one per available CPU (default 0) [env: PICO_CORES]
     #[argh(option, arg_name = "n", default = "0")]
     pub cores: usize,
@@ -605,9 +613,9 @@ pub enum AdminCommand {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "backup")]
-/// Back the node up while it serves (docs/backup.md): every append acknowledged before the command reached the node, in a directory on the node's host; prints the cut and counts.
+/// Back the node up while it serves (docs/backup.md): every append acknowledged before the command reached the node, in a new directory under the node's --backup-dir; prints the cut and counts.
 pub struct AdminBackupArgs {
-    /// a new or empty directory on the node's host, absolute (relative paths are made absolute here) [env: PICO_TO]
+    /// the backup's directory, new or empty, under the node's --backup-dir: a name relative to it, or an absolute path inside it [env: PICO_TO]
     #[argh(option, arg_name = "dir")]
     pub to: std::path::PathBuf,
 

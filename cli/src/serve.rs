@@ -123,6 +123,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
         meta_url: args.meta_url.clone(),
         storage: args.storage.clone(),
         wal_dir: args.wal_dir.clone(),
+        backup_dir: args.backup_dir.clone(),
         cores: args.cores,
         durability: args.durability.unwrap_or(default_durability(args)),
         object_puts_per_second: object_puts_per_second(args)?,

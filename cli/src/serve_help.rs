@@ -34,6 +34,7 @@ const GROUPS: &[(&str, &[&str])] = &[
             "--meta-url",
             "--storage",
             "--wal-dir",
+            "--backup-dir",
             "--segment-size",
             "--segment-max-age-ms",
             "--block-cache-size",

@@ -124,6 +124,12 @@ fn admin(server: &Server, method: &str, path: &str, body: &Value) -> Resp {
     .unwrap_or_else(|e| panic!("{method} {path}: {e}\nserver log:\n{}", server.log()))
 }
 
+/// Where the backup named `name` of `server` goes: under its default `--backup-dir`
+/// (`./data/backups`, the node running in its directory).
+fn backup_path(server: &Server, name: &str) -> PathBuf {
+    server.dir().join("data/backups").join(name)
+}
+
 /// `pico admin restore --from FROM --to TO [more]`: its output.
 fn restore(work: &Path, from: &Path, to: &Path, more: &[&str]) -> std::process::Output {
     let (from, to) = (from.display().to_string(), to.display().to_string());
@@ -307,7 +313,7 @@ fn a_backup_under_load_restores_every_append_acknowledged_before_it() {
         "no segment was stored before the backup: the WAL alone holds the records"
     );
 
-    let backup_dir = server.dir().join("backup");
+    let backup_dir = backup_path(&server, "under-load");
     let cut = Instant::now();
     let out = pico(
         server.dir(),
@@ -317,7 +323,7 @@ fn a_backup_under_load_restores_every_append_acknowledged_before_it() {
             &format!("http://{}", server.admin),
             "backup",
             "--to",
-            &backup_dir.display().to_string(),
+            "under-load",
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -432,9 +438,9 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
     // ~400 KB read at 100 KB/s: the first backup takes about 4 s.
     fill(&server, "/limits/a", 400, 1_000);
     let work = server.dir().to_path_buf();
-    let first_dir = work.join("first");
+    let first_dir = backup_path(&server, "first");
     let first = {
-        let (admin_addr, to) = (server.admin, first_dir.display().to_string());
+        let (admin_addr, to) = (server.admin, "first");
         thread::spawn(move || {
             let mut conn = Conn::connect(admin_addr).expect("connect");
             conn.set_read_timeout(ADMIN_TIMEOUT);
@@ -444,12 +450,7 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
         })
     };
     thread::sleep(Duration::from_millis(500));
-    let second = admin(
-        &server,
-        "POST",
-        "/admin/backup",
-        &json!({"to": work.join("second").display().to_string()}),
-    );
+    let second = admin(&server, "POST", "/admin/backup", &json!({"to": "second"}));
     assert_eq!(second.status, 409, "{}", second.describe());
     assert!(second.json()["error"]
         .as_str()
@@ -475,22 +476,22 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
         assert!(error.contains(text), "{body}: {error}");
     };
     refused(json!({}), 400, "missing \"to\"");
-    refused(json!({"to": "relative/dir"}), 400, "absolute");
+    refused(json!({"to": "../outside"}), 400, "plain names");
+    refused(
+        json!({"to": "/etc/outside"}),
+        400,
+        "inside the node's --backup-dir",
+    );
+    // An absolute path inside --backup-dir is that directory.
+    refused(json!({"to": "first"}), 400, "not empty");
     refused(
         json!({"to": first_dir.display().to_string()}),
         400,
         "not empty",
     );
-    refused(
-        json!({"to": work.join("x").display().to_string(), "timeoutSec": 0}),
-        400,
-        "timeoutSec",
-    );
-    refused(
-        json!({"to": work.join("no/such/parent").display().to_string()}),
-        400,
-        "cannot create",
-    );
+    refused(json!({"to": "x", "timeoutSec": 0}), 400, "timeoutSec");
+    std::fs::write(backup_path(&server, "a-file"), b"not a directory").expect("a file");
+    refused(json!({"to": "a-file/below"}), 400, "cannot create");
     assert_eq!(
         admin(&server, "GET", "/admin/backup", &Value::Null).status,
         405
@@ -619,13 +620,13 @@ fn the_collector_deletes_nothing_a_backup_copies() {
         let head = server.head("/gc/trimmed");
         (head.h_u64("pico-start-seq") > 0).then_some(())
     });
-    let to = server.dir().join("backup");
+    let to = backup_path(&server, "gc");
     let started = Instant::now();
     let response = admin(
         &server,
         "POST",
         "/admin/backup",
-        &json!({"to": to.display().to_string(), "maxBytesPerSecond": 60_000}),
+        &json!({"to": "gc", "maxBytesPerSecond": 60_000}),
     );
     let took = started.elapsed();
     assert_eq!(
@@ -693,13 +694,8 @@ fn a_node_on_garage_is_backed_up_to_a_directory() {
         )
         .expect(200);
     let (original, _) = read_all(&server, "/garage/a", 0);
-    let to = server.dir().join("backup");
-    let response = admin(
-        &server,
-        "POST",
-        "/admin/backup",
-        &json!({"to": to.display().to_string()}),
-    );
+    let to = backup_path(&server, "garage");
+    let response = admin(&server, "POST", "/admin/backup", &json!({"to": "garage"}));
     assert_eq!(
         response.status,
         200,

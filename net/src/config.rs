@@ -63,6 +63,8 @@ pub struct ServerConfig {
     pub storage: String,
     /// Directory of the per-core write-ahead logs.
     pub wal_dir: PathBuf,
+    /// `--backup-dir`: backups (`POST /admin/backup`) are written under it, nowhere else.
+    pub backup_dir: PathBuf,
     /// Executors to run; 0 = one per available CPU.
     pub cores: usize,
     pub durability: Durability,
@@ -150,6 +152,7 @@ impl Default for ServerConfig {
             meta_url: "sqlite:./data/meta.db".into(),
             storage: "-2@file://./objects".into(),
             wal_dir: PathBuf::from("./data/wal"),
+            backup_dir: PathBuf::from("./data/backups"),
             cores: 0,
             durability: Durability::Local,
             long_poll_timeout_ms: 25_000,

@@ -1,6 +1,8 @@
 //! `POST /admin/backup` (docs/backup.md): a consistent backup of this node while it serves.
 //!
-//! Body `{"to": "/abs/dir", "timeoutSec": 3600, "maxBytesPerSecond": n}`. In order: the cut
+//! Body `{"to": "name", "timeoutSec": 3600, "maxBytesPerSecond": n}`: `to` is a new (or empty)
+//! directory under `--backup-dir`, named relative to it (or absolute, inside it); a backup
+//! never writes anywhere else, whatever an admin token asks. In order: the cut
 //! (the request's arrival), the garbage collector held, the subscription state copied, every
 //! core's checkpoint (what only the WAL held is stored and committed), the catalog copied,
 //! every object it names copied, the manifest written last. One backup at a time (`409`).
@@ -8,7 +10,7 @@
 //! collector's hold before the copy ends (or its time runs out).
 
 use std::cell::Cell;
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,9 @@ use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};
 use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupJob};
-use crate::limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX};
+use crate::limits::{
+    BACKUP_DESTINATION_BYTES_MAX, BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX,
+};
 use crate::transport::message::{Request, Response};
 
 /// Clears the node's "a backup runs" flag when the backup's task ends, however it ends.
@@ -38,7 +42,11 @@ struct Asked {
 
 pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Response {
     let started_at_ms = pico_engine::now_ms();
-    let asked = match parse(request) {
+    let backup_root = match std::path::absolute(&state.facts.backup_dir) {
+        Ok(root) => root,
+        Err(e) => return error(500, format!("--backup-dir: {e}")),
+    };
+    let asked = match parse(request, &backup_root) {
         Ok(asked) => asked,
         Err(response) => return response,
     };
@@ -58,6 +66,12 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
         };
     if state.backup_running.get() {
         return error(409, "a backup of this node is running; one at a time");
+    }
+    // The backup directory and the parents of `to` inside it are made as needed.
+    if let Some(parent) = asked.to.parent() {
+        if let Err(e) = std::fs::create_dir_all(parent) {
+            return error(400, format!("cannot create {}: {e}", parent.display()));
+        }
     }
     if let Err(message) = prepare_empty_dir(&asked.to) {
         return error(400, message);
@@ -82,22 +96,47 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
     }
 }
 
-fn parse(request: &Request) -> Result<Asked, Response> {
+/// The directory `to` names under `root` (`--backup-dir`, absolute): a relative path of plain
+/// names, or an absolute one inside `root`; never `..`, never outside.
+fn resolve_destination(root: &Path, to: &str) -> Result<PathBuf, String> {
+    if to.is_empty() || to.len() > BACKUP_DESTINATION_BYTES_MAX {
+        return Err(format!(
+            "\"to\" must name a directory in 1 to {BACKUP_DESTINATION_BYTES_MAX} bytes"
+        ));
+    }
+    let path = Path::new(to);
+    let relative = if path.is_absolute() {
+        path.strip_prefix(root).map_err(|_| {
+            format!(
+                "\"to\" must be inside the node's --backup-dir {}, not {to}",
+                root.display()
+            )
+        })?
+    } else {
+        path
+    };
+    let plain = relative
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)));
+    if !plain || relative.as_os_str().is_empty() {
+        return Err(format!(
+            "\"to\" must name a new directory under the node's --backup-dir with plain names \
+             (no \"..\" or \".\"), not {to:?}"
+        ));
+    }
+    Ok(root.join(relative))
+}
+
+fn parse(request: &Request, backup_root: &Path) -> Result<Asked, Response> {
     let body: Value = serde_json::from_slice(&request.body)
         .map_err(|e| error(400, format!("invalid JSON body: {e}")))?;
     let Some(to) = body.get("to").and_then(Value::as_str) else {
         return Err(error(
             400,
-            "missing \"to\" (a directory on the node's host)",
+            "missing \"to\" (a new directory under the node's --backup-dir)",
         ));
     };
-    let to = PathBuf::from(to);
-    if !to.is_absolute() {
-        return Err(error(
-            400,
-            format!("\"to\" must be an absolute path, not {}", to.display()),
-        ));
-    }
+    let to = resolve_destination(backup_root, to).map_err(|message| error(400, message))?;
     let timeout_sec = match body.get("timeoutSec") {
         None | Some(Value::Null) => BACKUP_TIMEOUT_SEC_DEFAULT,
         Some(value) => match value.as_u64() {

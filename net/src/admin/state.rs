@@ -28,6 +28,8 @@ pub struct NodeFacts {
     /// Damaged WAL files `--wal-salvage` started the node past, each with what was lost.
     pub wal_salvaged: Vec<String>,
     pub build: crate::config::BuildInfo,
+    /// `--backup-dir`: where backups go.
+    pub backup_dir: std::path::PathBuf,
 }
 
 /// Node state the admin listener reports.
