@@ -46,7 +46,8 @@ ulimit -l unlimited 2>/dev/null || ulimit -l 8192 2>/dev/null || true
 # so generated live reads finish quickly (the defaults, 25 s and 55 s, would time them out).
 "$PICO_BIN" serve --listen 127.0.0.1:0 --ds-listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
   --meta-url "sqlite:$node_dir/meta.db" --storage "-2@file://$node_dir/objects" \
-  --wal-dir "$node_dir/wal" --long-poll-timeout-sec 0.2 --sse-max-duration-sec 0.5 \
+  --wal-dir "$node_dir/wal" --backup-dir "$node_dir/backups" \
+  --long-poll-timeout-sec 0.2 --sse-max-duration-sec 0.5 \
   >"$node_log" 2>&1 &
 node_pid=$!
 stop_node() {
