@@ -115,6 +115,42 @@ pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Res
                 let body = admin.backup(backup).await?;
                 print(args.json, &body, backup_lines)
             }
+            AdminCommand::Checkpoint(checkpoint) => {
+                let mut request = json!({});
+                if let Some(timeout_sec) = checkpoint.timeout_sec {
+                    request["timeoutSec"] = json!(timeout_sec);
+                }
+                let wait = checkpoint
+                    .timeout_sec
+                    .unwrap_or(BACKUP_TIMEOUT_SEC_DEFAULT)
+                    .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
+                let body = admin
+                    .call_with_timeout(
+                        Method::POST,
+                        "/admin/checkpoint",
+                        Some(request),
+                        Some(Duration::from_secs(wait)),
+                    )
+                    .await?;
+                print(args.json, &body, |b| {
+                    vec![format!(
+                        "startedAtMs={} checkpointedAtMs={}",
+                        field(b, "startedAtMs"),
+                        field(b, "checkpointedAtMs")
+                    )]
+                })
+            }
+            AdminCommand::GcHold(hold) => {
+                let request = json!({ "seconds": hold.seconds });
+                let body = admin
+                    .call(Method::POST, "/admin/gc-hold", Some(request))
+                    .await?;
+                print(args.json, &body, gc_hold_lines)
+            }
+            AdminCommand::GcRelease(_) => {
+                let body = admin.call(Method::DELETE, "/admin/gc-hold", None).await?;
+                print(args.json, &body, gc_hold_lines)
+            }
             // Answered above: a restore does not talk to a node.
             AdminCommand::Restore(_) => Ok(()),
             AdminCommand::SetSlots(set) => {
@@ -304,6 +340,14 @@ fn entry_query(segment: &str, stream_id: u64) -> String {
         })
         .collect();
     format!("segment={key}&stream={stream_id}")
+}
+
+fn gc_hold_lines(b: &Value) -> Vec<String> {
+    vec![format!(
+        "held={} until={}",
+        field(b, "held"),
+        field(b, "untilMs")
+    )]
 }
 
 fn backup_lines(b: &Value) -> Vec<String> {

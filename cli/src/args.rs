@@ -609,7 +609,33 @@ pub enum AdminCommand {
     Quarantine(AdminQuarantineArgs),
     Backup(AdminBackupArgs),
     Restore(AdminRestoreArgs),
+    Checkpoint(AdminCheckpointArgs),
+    GcHold(AdminGcHoldArgs),
+    GcRelease(AdminGcReleaseArgs),
 }
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "checkpoint")]
+/// Store and commit what only the node's WAL holds (a cluster backup's step, docs/backup.md); prints the time it started and ended.
+pub struct AdminCheckpointArgs {
+    /// give up after this many seconds (default 3600) [env: PICO_TIMEOUT_SEC]
+    #[argh(option, arg_name = "secs")]
+    pub timeout_sec: Option<u64>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "gc-hold")]
+/// Hold the node's garbage collector (a cluster backup's step, docs/backup.md): it deletes no object until the hold runs out or gc-release; prints held=true until=<ms>.
+pub struct AdminGcHoldArgs {
+    /// how long the hold lasts at most, 1 to 86400 seconds [env: PICO_SECONDS]
+    #[argh(option, arg_name = "secs")]
+    pub seconds: u64,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "gc-release")]
+/// Release the hold gc-hold took; prints held=false.
+pub struct AdminGcReleaseArgs {}
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "backup")]

@@ -719,3 +719,87 @@ fn a_node_on_garage_is_backed_up_to_a_directory() {
         .post("/garage/closed", b"more")
         .expect_error(409, "closed");
 }
+
+/// The `.seg` objects under a node's `file://` bucket.
+fn segment_objects(server: &Server) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(server.dir().join("objects/segments")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect()
+}
+
+/// `pico admin ARGS` against `server`; its stdout, after checking it succeeded.
+fn pico_admin(server: &Server, args: &[&str]) -> String {
+    let endpoint = format!("http://{}", server.admin);
+    let mut all = vec!["admin", "--admin-endpoint", endpoint.as_str()];
+    all.extend_from_slice(args);
+    let out = pico(server.dir(), &all);
+    assert!(
+        out.status.success(),
+        "pico {all:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_cluster_backups_steps_checkpoint_and_hold_the_collector() {
+    // Nothing seals by itself (10 minutes of age); the collector looks every 100 ms.
+    let server = Server::start(&["--segment-max-age-ms", "600000", "--gc-interval-ms", "100"]);
+    server.put("/hold/a", "text/plain").expect(201);
+    for i in 0..5 {
+        server
+            .post("/hold/a", format!("a{i}").as_bytes())
+            .expect(200);
+    }
+    assert!(
+        segment_objects(&server).is_empty(),
+        "the WAL alone holds the records"
+    );
+    let out = pico_admin(&server, &["checkpoint"]);
+    assert!(out.starts_with("startedAtMs="), "{out}");
+    let stored = segment_objects(&server);
+    assert_eq!(
+        stored.len(),
+        1,
+        "the checkpoint stored the WAL's records: {stored:?}"
+    );
+
+    let out = pico_admin(&server, &["gc-hold", "--seconds", "600"]);
+    assert!(out.starts_with("held=true until="), "{out}");
+    assert_eq!(
+        admin(&server, "GET", "/admin/gc-hold", &Value::Null).json()["held"],
+        true
+    );
+    // Deleted, the stream leaves its segment garbage; held, the collector keeps it through
+    // many rounds (a segment is judged a second after its seal).
+    server.delete("/hold/a").expect(204);
+    thread::sleep(Duration::from_millis(2_500));
+    assert!(
+        stored[0].exists(),
+        "the held collector deleted {}",
+        stored[0].display()
+    );
+    let out = pico_admin(&server, &["gc-release"]);
+    assert_eq!(out.trim(), "held=false until=null");
+    common::wait_for(
+        "the collector to delete the segment",
+        Duration::from_secs(30),
+        || (!stored[0].exists()).then_some(()),
+    );
+
+    // A hold runs out by itself.
+    let held = admin(&server, "POST", "/admin/gc-hold", &json!({"seconds": 1}));
+    assert_eq!(held.status, 200, "{}", held.describe());
+    common::wait_for("the hold to run out", Duration::from_secs(30), || {
+        let status = admin(&server, "GET", "/admin/gc-hold", &Value::Null).json();
+        (status["held"] == false).then_some(())
+    });
+    let refused = admin(&server, "POST", "/admin/gc-hold", &json!({"seconds": 0}));
+    assert_eq!(refused.status, 400, "{}", refused.describe());
+}

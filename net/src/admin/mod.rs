@@ -8,6 +8,7 @@
 mod backup;
 pub mod cluster;
 pub mod dashboard;
+pub mod gc_hold;
 pub mod metrics;
 mod quarantine;
 pub mod state;
@@ -128,6 +129,10 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         }
         ("POST", "/admin/transfer") => transfer(state, &request).await,
         ("POST", "/admin/backup") => backup::backup(state, &request).await,
+        ("POST", "/admin/checkpoint") => gc_hold::checkpoint(state, &request).await,
+        ("GET", "/admin/gc-hold") => gc_hold::status(state),
+        ("POST", "/admin/gc-hold") => gc_hold::hold(state, &request).await,
+        ("DELETE", "/admin/gc-hold") => gc_hold::release(state),
         ("GET", "/admin/quarantine") => quarantine::list(state).await,
         ("GET", "/admin/quarantine/records") => quarantine::records(state, &request.query).await,
         ("DELETE", "/admin/quarantine") => quarantine::release(state, &request.query).await,
@@ -151,7 +156,8 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
 fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
         "/health" | "/ready" | "/metrics" => "GET, HEAD",
-        "/admin/transfer" | "/admin/backup" => "POST",
+        "/admin/transfer" | "/admin/backup" | "/admin/checkpoint" => "POST",
+        "/admin/gc-hold" => "GET, POST, DELETE",
         "/admin/quarantine" => "GET, DELETE",
         p if p.starts_with("/admin/nodes/") => "POST",
         "/admin/cluster"

@@ -49,6 +49,8 @@ pub struct AdminState {
     pub subscriptions: Option<Arc<crate::ds::subscriptions::Subscriptions>>,
     /// A backup runs (one at a time).
     pub backup_running: Rc<Cell<bool>>,
+    /// The collector's hold an operator took (`POST /admin/gc-hold`).
+    pub gc_holds: crate::admin::gc_hold::ManualHolds,
 }
 
 pub(crate) fn json_response(status: u16, body: Value) -> Response {

@@ -267,6 +267,7 @@ async fn run_core(job: CoreJob) {
             tokens: tokens.clone(),
             subscriptions: Some(settings.subscriptions.clone()),
             backup_running: Rc::new(Cell::new(false)),
+            gc_holds: Default::default(),
         });
         spawn_admin(
             admin_listener,
