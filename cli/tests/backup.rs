@@ -513,7 +513,7 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
     let out = restore(
         &work,
         &first_dir,
-        &work.join("elsewhere"),
+        &work.join("elsewhere-too"),
         &["--storage", &bucket],
     );
     assert!(!out.status.success());
@@ -522,6 +522,28 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // Into another bucket (empty): its objects there, the catalog and the state here.
+    let other_bucket = work.join("other-bucket");
+    let bucket = format!("-2@file://{}", other_bucket.display());
+    let out = restore(
+        &work,
+        &first_dir,
+        &work.join("elsewhere"),
+        &["--storage", &bucket],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(stdout.contains(&format!("--storage {bucket} ")), "{stdout}");
+    assert_eq!(
+        first_object(&other_bucket).file_name(),
+        first_object(&first_dir.join("objects")).file_name()
+    );
+    assert!(work.join("elsewhere/meta.db").exists());
 
     // A damaged object is found before anything is laid out.
     let damaged = work.join("damaged");
