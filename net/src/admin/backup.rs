@@ -260,3 +260,43 @@ async fn off_core<T: Send + 'static>(
         .await
         .map_err(|_| "the backup thread ended without an answer".to_string())?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_stays_under_the_backup_dir() {
+        let root = Path::new("/srv/backups");
+        assert_eq!(
+            resolve_destination(root, "nightly").unwrap(),
+            PathBuf::from("/srv/backups/nightly")
+        );
+        assert_eq!(
+            resolve_destination(root, "2026/12/05").unwrap(),
+            PathBuf::from("/srv/backups/2026/12/05")
+        );
+        assert_eq!(
+            resolve_destination(root, "/srv/backups/nightly").unwrap(),
+            PathBuf::from("/srv/backups/nightly")
+        );
+        for outside in [
+            "",
+            "..",
+            "../etc",
+            "a/../../etc",
+            "./a",
+            "/etc/passwd",
+            "/srv/backups",
+            "/srv/backups/../etc",
+            "/srv/backupsx/a",
+        ] {
+            assert!(
+                resolve_destination(root, outside).is_err(),
+                "{outside:?} was accepted"
+            );
+        }
+        let long = "a/".repeat(BACKUP_DESTINATION_BYTES_MAX);
+        assert!(resolve_destination(root, &long).is_err());
+    }
+}
