@@ -23,6 +23,8 @@ const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = pico_net::limits::BACKUP_TIMEOUT_SEC_DEFAULT;
 /// How much longer than the backup's own time limit the command waits for the answer.
 const BACKUP_ANSWER_MARGIN_SEC: u64 = 30;
+/// How often `pico admin backup` asks how its backup stands.
+const BACKUP_POLL: Duration = Duration::from_millis(200);
 
 /// The admin listener of one node.
 struct Admin {
@@ -229,8 +231,8 @@ impl Admin {
         })
     }
 
-    /// `POST /admin/backup`: waits as long as the backup may take (its `timeoutSec`) and a
-    /// little more, not the 30 s of other admin requests.
+    /// `POST /admin/backup`, then `GET /admin/backup` until this backup ended (at most its
+    /// `timeoutSec` and a little more); its summary, or its error as a failure.
     async fn backup(&self, args: &AdminBackupArgs) -> Result<Value, Failure> {
         let mut request = json!({ "to": args.to.display().to_string() });
         if let Some(timeout_sec) = args.timeout_sec {
@@ -243,13 +245,37 @@ impl Admin {
             .timeout_sec
             .unwrap_or(BACKUP_TIMEOUT_SEC_DEFAULT)
             .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
-        self.call_with_timeout(
-            Method::POST,
-            "/admin/backup",
-            Some(request),
-            Some(Duration::from_secs(wait)),
-        )
-        .await
+        let deadline = Instant::now() + Duration::from_secs(wait);
+        let started = self
+            .call(Method::POST, "/admin/backup", Some(request))
+            .await?;
+        loop {
+            tokio::time::sleep(BACKUP_POLL).await;
+            let status = self.call(Method::GET, "/admin/backup", None).await?;
+            if status["startedAtMs"] != started["startedAtMs"] || status["to"] != started["to"] {
+                return Err(Failure::Fatal(format!(
+                    "the node no longer reports the backup to {} (restarted?)",
+                    field(&started, "to")
+                )));
+            }
+            match status["state"].as_str() {
+                Some("running") if Instant::now() < deadline => continue,
+                Some("running") => {
+                    return Err(Failure::Fatal(format!(
+                        "the backup to {} still runs after {wait} s",
+                        field(&started, "to")
+                    )))
+                }
+                Some("complete") => return Ok(status),
+                _ => {
+                    return Err(Failure::Fatal(format!(
+                        "backup to {} failed: {}",
+                        field(&status, "to"),
+                        field(&status, "error")
+                    )))
+                }
+            }
+        }
     }
 
     /// `GET /admin/streams/<name>`: the name is the path, as on the protocol listener.

@@ -130,6 +130,29 @@ fn backup_path(server: &Server, name: &str) -> PathBuf {
     server.dir().join("data/backups").join(name)
 }
 
+/// `GET /admin/backup` until the backup running ends: how it ended.
+fn finished_backup(server: &Server) -> Value {
+    common::wait_for("the backup to end", ADMIN_TIMEOUT, || {
+        let status = admin(server, "GET", "/admin/backup", &Value::Null);
+        assert_eq!(status.status, 200, "{}", status.describe());
+        let status = status.json();
+        (status["state"] != "running").then_some(status)
+    })
+}
+
+/// Starts a backup (`202`) and waits for it to end: how it ended.
+fn backup(server: &Server, body: &Value) -> Value {
+    let started = admin(server, "POST", "/admin/backup", body);
+    assert_eq!(
+        started.status,
+        202,
+        "{}\n{}",
+        started.describe(),
+        server.log()
+    );
+    finished_backup(server)
+}
+
 /// `pico admin restore --from FROM --to TO [more]`: its output.
 fn restore(work: &Path, from: &Path, to: &Path, more: &[&str]) -> std::process::Output {
     let (from, to) = (from.display().to_string(), to.display().to_string());
@@ -439,31 +462,49 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
     fill(&server, "/limits/a", 400, 1_000);
     let work = server.dir().to_path_buf();
     let first_dir = backup_path(&server, "first");
-    let first = {
-        let (admin_addr, to) = (server.admin, "first");
-        thread::spawn(move || {
-            let mut conn = Conn::connect(admin_addr).expect("connect");
-            conn.set_read_timeout(ADMIN_TIMEOUT);
-            let body = json!({"to": to, "maxBytesPerSecond": 100_000}).to_string();
-            conn.request("POST", "/admin/backup", &[], body.as_bytes())
-                .expect("the first backup")
-        })
-    };
-    thread::sleep(Duration::from_millis(500));
+    let first = admin(
+        &server,
+        "POST",
+        "/admin/backup",
+        &json!({"to": "first", "maxBytesPerSecond": 100_000}),
+    );
+    assert_eq!(first.status, 202, "{}", first.describe());
+    assert_eq!(first.json()["state"], "running");
+    assert_eq!(
+        admin(&server, "GET", "/admin/backup", &Value::Null).json()["state"],
+        "running"
+    );
     let second = admin(&server, "POST", "/admin/backup", &json!({"to": "second"}));
     assert_eq!(second.status, 409, "{}", second.describe());
     assert!(second.json()["error"]
         .as_str()
         .unwrap_or_default()
         .contains("one at a time"));
-    let first = first.join().expect("the first backup's thread");
-    assert_eq!(first.status, 200, "{}\n{}", first.describe(), server.log());
-    let summary = first.json();
+    let summary = finished_backup(&server);
+    assert_eq!(summary["state"], "complete", "{summary}\n{}", server.log());
     assert!(summary["objects"].as_u64().unwrap_or(0) >= 1, "{summary}");
     assert!(
         summary["finishedAtMs"].as_i64() >= summary["startedAtMs"].as_i64(),
         "{summary}"
     );
+
+    // A backup that cannot finish in its time fails and leaves no manifest: restore refuses it.
+    let failed = backup(
+        &server,
+        &json!({"to": "too-slow", "timeoutSec": 1, "maxBytesPerSecond": 1_000}),
+    );
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.contains("ran out of time"), "{failed}");
+    let out = restore(
+        &work,
+        &backup_path(&server, "too-slow"),
+        &work.join("from-slow"),
+        &[],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no manifest.json"), "{stderr}");
 
     // Requests the node refuses.
     let refused = |body: Value, status: u16, text: &str| {
@@ -493,7 +534,7 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
     std::fs::write(backup_path(&server, "a-file"), b"not a directory").expect("a file");
     refused(json!({"to": "a-file/below"}), 400, "cannot create");
     assert_eq!(
-        admin(&server, "GET", "/admin/backup", &Value::Null).status,
+        admin(&server, "PUT", "/admin/backup", &Value::Null).status,
         405
     );
 
@@ -644,21 +685,9 @@ fn the_collector_deletes_nothing_a_backup_copies() {
     });
     let to = backup_path(&server, "gc");
     let started = Instant::now();
-    let response = admin(
-        &server,
-        "POST",
-        "/admin/backup",
-        &json!({"to": "gc", "maxBytesPerSecond": 60_000}),
-    );
+    let summary = backup(&server, &json!({"to": "gc", "maxBytesPerSecond": 60_000}));
     let took = started.elapsed();
-    assert_eq!(
-        response.status,
-        200,
-        "{}\n{}",
-        response.describe(),
-        server.log()
-    );
-    let summary = response.json();
+    assert_eq!(summary["state"], "complete", "{summary}\n{}", server.log());
     assert_eq!(summary["skippedGarbage"], json!([]), "{summary}");
     // The copy lasted long enough for the retention and the collector to act meanwhile.
     assert!(
@@ -717,15 +746,9 @@ fn a_node_on_garage_is_backed_up_to_a_directory() {
         .expect(200);
     let (original, _) = read_all(&server, "/garage/a", 0);
     let to = backup_path(&server, "garage");
-    let response = admin(&server, "POST", "/admin/backup", &json!({"to": "garage"}));
-    assert_eq!(
-        response.status,
-        200,
-        "{}\n{}",
-        response.describe(),
-        server.log()
-    );
-    assert!(response.json()["objects"].as_u64().unwrap_or(0) >= 1);
+    let summary = backup(&server, &json!({"to": "garage"}));
+    assert_eq!(summary["state"], "complete", "{summary}\n{}", server.log());
+    assert!(summary["objects"].as_u64().unwrap_or(0) >= 1, "{summary}");
     server.kill();
     let restored_dir = tempfile::tempdir().expect("a directory");
     let restored = restore_and_start(

@@ -126,7 +126,7 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
             object_bytes,
             job.max_bytes_per_second,
             job.deadline,
-        );
+        )?;
     }
     let skipped_garbage = check_missing(&catalog_path, missing)?;
     dest.shutdown();
@@ -197,18 +197,28 @@ fn check_missing(catalog: &Path, missing: Vec<String>) -> Result<Vec<String>, St
     Ok(missing)
 }
 
-/// Sleeps as long as it takes to keep the average read rate at `max_bytes_per_second`
-/// (never past `deadline`).
-fn throttle(started: Instant, bytes: u64, max_bytes_per_second: Option<u64>, deadline: Instant) {
+/// Sleeps as long as it takes to keep the average read rate at `max_bytes_per_second`; an
+/// error when that would go past `deadline` (the backup cannot finish in its time).
+fn throttle(
+    started: Instant,
+    bytes: u64,
+    max_bytes_per_second: Option<u64>,
+    deadline: Instant,
+) -> Result<(), String> {
     let Some(rate) = max_bytes_per_second.filter(|r| *r > 0) else {
-        return;
+        return Ok(());
     };
-    let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
+    let wake = started + Duration::from_secs_f64(bytes as f64 / rate as f64);
+    if wake > deadline {
+        return Err(format!(
+            "the backup ran out of time: {bytes} bytes at {rate} bytes per second take longer"
+        ));
+    }
     let now = Instant::now();
-    let wake = (started + due).min(deadline);
     if wake > now {
         std::thread::sleep(wake - now);
     }
+    Ok(())
 }
 
 fn open_file_bucket(dir: &Path) -> Result<ObjectStore, String> {

@@ -6,10 +6,13 @@
 //! (the request's arrival), the garbage collector held, the subscription state copied, every
 //! core's checkpoint (what only the WAL held is stored and committed), the catalog copied,
 //! every object it names copied, the manifest written last. One backup at a time (`409`).
-//! The work runs in a task of its own: a client that goes away does not release the
-//! collector's hold before the copy ends (or its time runs out).
+//!
+//! The request is answered `202` once the backup started; `GET /admin/backup` tells how the
+//! latest one stands (`running`, `complete` with its summary, `failed` with the error). The
+//! work runs in a task of its own, so no client holds the collector's hold: it lasts until
+//! the copy ends or its time runs out.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -24,13 +27,47 @@ use crate::limits::{
 };
 use crate::transport::message::{Request, Response};
 
-/// Clears the node's "a backup runs" flag when the backup's task ends, however it ends.
-struct Running(Rc<Cell<bool>>);
+/// The node's latest backup, as `GET /admin/backup` tells it.
+#[derive(Default)]
+pub struct BackupStatus(RefCell<Option<Value>>);
+
+impl BackupStatus {
+    fn running(&self) -> bool {
+        self.0
+            .borrow()
+            .as_ref()
+            .is_some_and(|status| status["state"] == "running")
+    }
+
+    fn set(&self, status: Value) {
+        *self.0.borrow_mut() = Some(status);
+    }
+
+    fn json(&self) -> Value {
+        self.0
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| json!({ "state": "none" }))
+    }
+}
+
+/// Marks the backup failed if its task ends without saying how it ended.
+struct Running(Rc<BackupStatus>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.set(false);
+        if self.0.running() {
+            let mut status = self.0.json();
+            status["state"] = json!("failed");
+            status["error"] = json!("the backup's task ended before the backup did");
+            self.0.set(status);
+        }
     }
+}
+
+/// `GET /admin/backup`.
+pub(super) fn status(state: &AdminState) -> Response {
+    json_response(200, state.backup.json())
 }
 
 /// What a request asks for, checked.
@@ -64,7 +101,7 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
             ),
             Err(e) => return error(500, e.to_string()),
         };
-    if state.backup_running.get() {
+    if state.backup.running() {
         return error(409, "a backup of this node is running; one at a time");
     }
     // The backup directory and the parents of `to` inside it are made as needed.
@@ -76,24 +113,32 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
     if let Err(message) = prepare_empty_dir(&asked.to) {
         return error(400, message);
     }
-    state.backup_running.set(true);
-    let running = Running(state.backup_running.clone());
-    let (reply, answer) = futures_channel::oneshot::channel();
+    let to = asked.to.display().to_string();
+    let running = json!({ "state": "running", "to": to, "startedAtMs": started_at_ms });
+    state.backup.set(running.clone());
+    let guard = Running(state.backup.clone());
     let task_state = state.clone();
     glommio::spawn_local(async move {
-        let _running = running;
-        let result = run(&task_state, asked, db, started_at_ms).await;
-        let _ = reply.send(result);
+        let guard = guard;
+        let ended = match run(&task_state, asked, db, started_at_ms).await {
+            Ok(mut summary) => {
+                summary["state"] = json!("complete");
+                summary
+            }
+            Err(message) => {
+                log::warn!("backup to {to} failed: {message}");
+                json!({
+                    "state": "failed",
+                    "to": to,
+                    "startedAtMs": started_at_ms,
+                    "error": message,
+                })
+            }
+        };
+        guard.0.set(ended);
     })
     .detach();
-    match answer.await {
-        Ok(Ok(body)) => json_response(200, body),
-        Ok(Err((status, message))) => {
-            log::warn!("backup failed: {message}");
-            error(status, message)
-        }
-        Err(_) => error(500, "the backup's task ended without an answer"),
-    }
+    json_response(202, running)
 }
 
 /// The directory `to` names under `root` (`--backup-dir`, absolute): a relative path of plain
@@ -168,32 +213,29 @@ fn parse(request: &Request, backup_root: &Path) -> Result<Asked, Response> {
     })
 }
 
-/// The backup's steps; `Err((status, message))` on failure (the directory stays, without a
+/// The backup's steps; `Err(message)` on failure (the directory stays, without a
 /// manifest: an incomplete backup restore refuses).
 async fn run(
     state: &Rc<AdminState>,
     asked: Asked,
     db: PathBuf,
     started_at_ms: i64,
-) -> Result<Value, (u16, String)> {
+) -> Result<Value, String> {
     let deadline = Instant::now() + asked.timeout;
     let Some(hold) = state.core.hold_gc().await else {
-        return Err((
-            500,
-            "the admin listener runs on a core without the collector".into(),
-        ));
+        return Err("the admin listener runs on a core without the collector".into());
     };
     let to = asked.to.clone();
     let subscriptions = state.subscriptions.clone();
     let subscriptions = off_core(move || copy_subscriptions(&to, subscriptions.as_ref()))
         .await
-        .map_err(|e| (500, format!("subscription state: {e}")))?;
+        .map_err(|e| format!("subscription state: {e}"))?;
     let left = deadline.saturating_duration_since(Instant::now());
     state
         .core
         .checkpoint(left)
         .await
-        .map_err(|e| (503, format!("checkpoint: {e}")))?;
+        .map_err(|e| format!("checkpoint: {e}"))?;
     let checkpointed_at_ms = pico_engine::now_ms();
     let facts = json!({
         "startedAtMs": started_at_ms,
@@ -216,9 +258,7 @@ async fn run(
         max_bytes_per_second: asked.max_bytes_per_second,
         facts,
     };
-    let summary = off_core(move || write_backup(&job, subscriptions))
-        .await
-        .map_err(|e| (500, e))?;
+    let summary = off_core(move || write_backup(&job, subscriptions)).await?;
     // Held until every object was copied; the collector resumes at its next interval.
     drop(hold);
     let finished_at_ms = pico_engine::now_ms();

@@ -5,7 +5,7 @@
 //! Errors are `{"error":"<message>"}`. With `--auth required`, everything but `/health` and
 //! `/ready` needs a token with the `admin` grant.
 
-mod backup;
+pub mod backup;
 pub mod cluster;
 pub mod dashboard;
 pub mod gc_hold;
@@ -129,6 +129,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         }
         ("POST", "/admin/transfer") => transfer(state, &request).await,
         ("POST", "/admin/backup") => backup::backup(state, &request).await,
+        ("GET", "/admin/backup") => backup::status(state),
         ("POST", "/admin/checkpoint") => gc_hold::checkpoint(state, &request).await,
         ("GET", "/admin/gc-hold") => gc_hold::status(state),
         ("POST", "/admin/gc-hold") => gc_hold::hold(state, &request).await,
@@ -156,7 +157,8 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
 fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
         "/health" | "/ready" | "/metrics" => "GET, HEAD",
-        "/admin/transfer" | "/admin/backup" | "/admin/checkpoint" => "POST",
+        "/admin/transfer" | "/admin/checkpoint" => "POST",
+        "/admin/backup" => "GET, POST",
         "/admin/gc-hold" => "GET, POST, DELETE",
         "/admin/quarantine" => "GET, DELETE",
         p if p.starts_with("/admin/nodes/") => "POST",

@@ -47,8 +47,8 @@ pub struct AdminState {
     pub tokens: Option<Rc<CoreTokens>>,
     /// The node's Durable Streams subscriptions, whose state a backup copies.
     pub subscriptions: Option<Arc<crate::ds::subscriptions::Subscriptions>>,
-    /// A backup runs (one at a time).
-    pub backup_running: Rc<Cell<bool>>,
+    /// The latest backup (one runs at a time).
+    pub backup: Rc<crate::admin::backup::BackupStatus>,
     /// The collector's hold an operator took (`POST /admin/gc-hold`).
     pub gc_holds: crate::admin::gc_hold::ManualHolds,
 }

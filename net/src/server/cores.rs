@@ -266,7 +266,7 @@ async fn run_core(job: CoreJob) {
             slots: Cell::new(job.facts.cores as u64),
             tokens: tokens.clone(),
             subscriptions: Some(settings.subscriptions.clone()),
-            backup_running: Rc::new(Cell::new(false)),
+            backup: Default::default(),
             gc_holds: Default::default(),
         });
         spawn_admin(
