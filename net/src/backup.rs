@@ -484,18 +484,18 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
 /// Copies `from` to the new file `to`, readable by its owner only (the subscription state
 /// holds keys), fsynced.
 fn copy_new_file(from: &Path, to: &Path) -> Result<(), String> {
-    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let bytes = std::fs::read(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+    let mut source =
+        std::fs::File::open(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(to)
         .map_err(|e| format!("cannot create {}: {e}", to.display()))?;
-    file.write_all(&bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", to.display()))
+    std::io::copy(&mut source, &mut file)
+        .and_then(|_| file.sync_all())
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))
 }
 
 /// Copies the regular files of `from` and its subdirectories (the subscription state) into
