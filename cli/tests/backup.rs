@@ -848,3 +848,127 @@ fn a_cluster_backups_steps_checkpoint_and_hold_the_collector() {
     let refused = admin(&server, "POST", "/admin/gc-hold", &json!({"seconds": 0}));
     assert_eq!(refused.status, 400, "{}", refused.describe());
 }
+
+/// The directory of the installed Postgres programs (`pg_dump`, `pg_restore`), or `None`
+/// after a skip note (a failure under `CI=true`).
+fn postgres_programs(test: &str) -> Option<PathBuf> {
+    let bin = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .and_then(|versions| {
+            versions
+                .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                .filter(|bin| bin.join("pg_dump").exists() && bin.join("pg_restore").exists())
+                .max()
+        });
+    if bin.is_none() {
+        pico_testkit::missing_service(test, "needs pg_dump and pg_restore (scripts/pg-up.sh)");
+    }
+    bin
+}
+
+fn run_program(program: &Path, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}{}",
+        program.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+fn a_cluster_is_backed_up_by_its_procedure() {
+    let test = "backup_cluster";
+    let Some(database) = pico_meta::testing::PgDatabase::create(test) else {
+        return;
+    };
+    let Some(bin) = postgres_programs(test) else {
+        return;
+    };
+    let bucket = tempfile::tempdir().expect("a directory");
+    let storage = format!("-2@file://{}", bucket.path().display());
+    let node = |meta_url: &str, storage: &str| {
+        Server::start(&[
+            "--meta-url",
+            meta_url,
+            "--storage",
+            storage,
+            "--node-id",
+            "1",
+            "--lease-ms",
+            "1500",
+        ])
+    };
+    let mut server = node(database.url(), &storage);
+    let refused = admin(&server, "POST", "/admin/backup", &json!({"to": "x"}));
+    assert_eq!(refused.status, 501, "{}", refused.describe());
+    server.put("/c/a", "text/plain").expect(201);
+    for i in 0..20 {
+        server.post("/c/a", format!("a{i}").as_bytes()).expect(200);
+    }
+    server.put("/c/closed", "text/plain").expect(201);
+    server
+        .request("POST", "/c/closed", &[("pico-closed", "true")], b"last")
+        .expect(200);
+    server.put("/c/trimmed", "text/plain").expect(201);
+    for i in 0..6 {
+        server
+            .post("/c/trimmed", format!("t{i}").as_bytes())
+            .expect(200);
+    }
+    server
+        .request("POST", "/c/trimmed", &[("pico-trim-seq", "3")], b"")
+        .expect(200);
+    let (original, _) = read_all(&server, "/c/a", 0);
+
+    // The procedure of docs/backup.md, "Clusters", on this one-node cluster.
+    let backup = tempfile::tempdir().expect("a directory");
+    pico_admin(&server, &["gc-hold", "--seconds", "600"]);
+    pico_admin(&server, &["checkpoint"]);
+    let dump = backup.path().join("catalog.dump");
+    let dump_arg = dump.display().to_string();
+    run_program(
+        &bin.join("pg_dump"),
+        &[
+            "--format=custom",
+            "--file",
+            &dump_arg,
+            "--dbname",
+            database.url(),
+        ],
+    );
+    let keys = database.query("SELECT key FROM segments UNION SELECT segment_key FROM quarantine");
+    assert!(!keys.is_empty(), "the catalog names objects");
+    for row in &keys {
+        let key = row[0].as_deref().expect("a key");
+        let to = backup.path().join("objects").join(key);
+        std::fs::create_dir_all(to.parent().expect("a parent")).expect("create");
+        std::fs::copy(bucket.path().join(key), &to).expect("copy an object");
+    }
+    pico_admin(&server, &["gc-release"]);
+    // After the backup: /c/a goes, and the collector deletes its objects from the bucket.
+    server.delete("/c/a").expect(204);
+    server.kill();
+
+    let restored_db = pico_meta::testing::PgDatabase::create("backup_cluster_restored")
+        .expect("a second database");
+    run_program(
+        &bin.join("pg_restore"),
+        &["--no-owner", "--dbname", restored_db.url(), &dump_arg],
+    );
+    let restored_storage = format!("-2@file://{}", backup.path().join("objects").display());
+    let restored = node(restored_db.url(), &restored_storage);
+    let (records, _) = read_all(&restored, "/c/a", 0);
+    assert_records_eq("/c/a", &records, &original);
+    assert_eq!(records.len(), 20);
+    restored
+        .post("/c/closed", b"more")
+        .expect_error(409, "closed");
+    let (trimmed, next) = read_all(&restored, "/c/trimmed", 3);
+    assert_eq!((trimmed.len(), next), (3, 6));
+}
