@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::clock::now_ms;
 use crate::inbox::Message;
@@ -38,15 +38,19 @@ impl Drop for GcHold {
 }
 
 impl GcGate {
-    /// Holds the collector, once a round in progress ended.
-    pub(crate) async fn hold(self: &Rc<Self>) -> GcHold {
+    /// Holds the collector, once a round in progress ended; `None` if it had not by
+    /// `deadline` (a round stuck on an object store or catalog outage), and then no hold.
+    pub(crate) async fn hold(self: &Rc<Self>, deadline: Instant) -> Option<GcHold> {
         // Counted first, so no new round starts while this waits.
         self.holds.set(self.holds.get() + 1);
         let hold = GcHold { gate: self.clone() };
         while self.round_running.get() {
+            if Instant::now() >= deadline {
+                return None;
+            }
             glommio::timer::sleep(Duration::from_millis(limits::GC_HOLD_POLL_MS)).await;
         }
-        hold
+        Some(hold)
     }
 
     pub(crate) fn is_held(&self) -> bool {

@@ -110,12 +110,22 @@ impl CoreHandle {
     }
 
     /// Holds this node's garbage collector until the hold is dropped (a backup copying the
-    /// objects its catalog copy names). `None` on any core but 0, which runs the collector.
-    pub async fn hold_gc(&self) -> Option<gc::GcHold> {
+    /// objects its catalog copy names), once a round in progress ended. `Err` on any core but
+    /// 0 (which runs the collector), or when the round did not end within `timeout`.
+    pub async fn hold_gc(&self, timeout: std::time::Duration) -> Result<gc::GcHold, String> {
         if self.router.core != 0 {
-            return None;
+            return Err("only core 0 holds the garbage collector".into());
         }
-        Some(self.gc.hold().await)
+        self.gc
+            .hold(std::time::Instant::now() + timeout)
+            .await
+            .ok_or_else(|| {
+                format!(
+                    "the garbage collector's round did not end within {} ms (an object store \
+                     or catalog outage?)",
+                    timeout.as_millis()
+                )
+            })
     }
 
     /// A backup's checkpoint: every core stores and commits what it held when asked, so the

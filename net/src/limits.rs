@@ -68,6 +68,9 @@ pub const ADMIN_STREAMS_PAGE_MAX: usize = 1000;
 /// How long a backup (`POST /admin/backup`) may take when its request gives no `timeoutSec`;
 /// past it the backup stops without a manifest and the collector's hold is released.
 pub const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = 3_600;
+/// How long `POST /admin/gc-hold` waits for a collection round in progress to end before it
+/// answers `503` (a round stuck on an outage).
+pub const GC_HOLD_WAIT_SEC: u64 = 30;
 /// The longest `to` of a backup request (a path under `--backup-dir`).
 pub const BACKUP_DESTINATION_BYTES_MAX: usize = 1_024;
 /// The largest `timeoutSec` a backup may ask for (a day): the collector is held meanwhile.

@@ -222,9 +222,10 @@ async fn run(
     started_at_ms: i64,
 ) -> Result<Value, String> {
     let deadline = Instant::now() + asked.timeout;
-    let Some(hold) = state.core.hold_gc().await else {
-        return Err("the admin listener runs on a core without the collector".into());
-    };
+    let hold = state
+        .core
+        .hold_gc(deadline.saturating_duration_since(Instant::now()))
+        .await?;
     let to = asked.to.clone();
     let subscriptions = state.subscriptions.clone();
     let subscriptions = off_core(move || copy_subscriptions(&to, subscriptions.as_ref()))

@@ -16,7 +16,7 @@ use pico_engine::gc::GcHold;
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};
-use crate::limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX};
+use crate::limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX, GC_HOLD_WAIT_SEC};
 use crate::transport::message::{Request, Response};
 
 /// A hold an operator took, released at `until_ms` unless released or renewed first.
@@ -74,11 +74,13 @@ pub(super) async fn hold(state: &Rc<AdminState>, request: &Request) -> Response 
         Ok(seconds) => seconds,
         Err(response) => return response,
     };
-    let Some(gc_hold) = state.core.hold_gc().await else {
-        return error(
-            500,
-            "the admin listener runs on a core without the collector",
-        );
+    let gc_hold = match state
+        .core
+        .hold_gc(Duration::from_secs(GC_HOLD_WAIT_SEC))
+        .await
+    {
+        Ok(hold) => hold,
+        Err(message) => return error(503, message),
     };
     let holds = &state.gc_holds;
     let generation = holds.generations.get() + 1;
