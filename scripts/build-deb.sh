@@ -7,6 +7,7 @@
 #   scripts/build-deb.sh                                   # release build of this checkout
 #   PICO_BIN=target/debug/pico scripts/build-deb.sh        # package a binary already built
 #   DEB_OUT_DIR=/tmp/debs scripts/build-deb.sh             # where the .deb goes
+#   DEB_COMPRESSION=none scripts/build-deb.sh              # xz (default), gzip or none
 #
 # Prints the path of the .deb on its last line. Needs dpkg-deb and dpkg-shlibdeps (package
 # dpkg-dev), which compute the shared-library dependencies of the binary; the version comes
@@ -80,6 +81,8 @@ shlibs=$(cd "$work/src" && dpkg-shlibdeps -O "$pkg/usr/bin/pico" 2>/dev/null |
 mkdir -p "$pkg/DEBIAN"
 install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debian/postrm "$pkg/DEBIAN/"
 echo /etc/default/picomq >"$pkg/DEBIAN/conffiles"
+# ca-certificates: the pico client builds its HTTP client with the system's roots and refuses
+# to start without any, plain http:// endpoints included.
 installed_kib=$(du -sk --exclude=DEBIAN "$pkg" | cut -f1)
 cat >"$pkg/DEBIAN/control" <<EOF
 Package: picomq
@@ -87,7 +90,7 @@ Version: $version
 Architecture: $arch
 Maintainer: PicoMQ maintainers <picomq@localhost>
 Installed-Size: $installed_kib
-Depends: adduser, $shlibs
+Depends: adduser, ca-certificates, $shlibs
 Section: net
 Priority: optional
 Description: durable, real-time streams over HTTP
@@ -103,5 +106,5 @@ Description: durable, real-time streams over HTTP
 EOF
 
 deb=$out_dir/picomq_${version}_${arch}.deb
-dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >&2
+dpkg-deb --root-owner-group -Z"${DEB_COMPRESSION:-xz}" --build "$pkg" "$deb" >&2
 echo "$deb"

@@ -16,9 +16,10 @@ set -euo pipefail
 cache=${PICOMQ_DEB_CACHE:-/var/cache/picomq-deb}
 suite=${DEB_CHECK_SUITE:-bookworm}
 mirror=${DEB_CHECK_MIRROR:-http://deb.debian.org/debian}
-# systemd as PID 1; adduser for the package's postinst (a Depends of it, not in minbase);
-# curl asks the node's /ready; dbus is what a Debian system with systemd has.
-packages=systemd,systemd-sysv,dbus,adduser,curl
+# systemd as PID 1; adduser and ca-certificates, the package's dependencies that minbase
+# lacks (the check's machine has no network to fetch them); curl asks the node's /ready; dbus
+# is what a Debian system with systemd has.
+packages=systemd,systemd-sysv,dbus,adduser,ca-certificates,curl
 
 updated=
 apt_update() {
