@@ -8,6 +8,7 @@
 #   PICO_BIN=target/debug/pico scripts/build-deb.sh        # package a binary already built
 #   DEB_OUT_DIR=/tmp/debs scripts/build-deb.sh             # where the .deb goes
 #   DEB_COMPRESSION=none scripts/build-deb.sh              # xz (default), gzip or none
+#   DEB_MAINTAINER='Name <address>' scripts/build-deb.sh   # the Maintainer field
 #
 # Prints the path of the .deb on its last line. Needs dpkg-deb and dpkg-shlibdeps (package
 # dpkg-dev), which compute the shared-library dependencies of the binary; the version comes
@@ -53,17 +54,18 @@ pkg=$work/pkg
 umask 022
 
 install -D -m 0755 "$PICO_BIN" "$pkg/usr/bin/pico"
-# Debug sections go (most of a debug build's size); the symbol table stays, so that a
-# backtrace still names its functions.
-strip --strip-debug "$pkg/usr/bin/pico"
+# Stripped as Debian ships binaries: a panic still says where (its message carries the file
+# and line), a backtrace no longer names functions.
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$pkg/usr/bin/pico"
 install -D -m 0644 packaging/systemd/picomq.service "$pkg/lib/systemd/system/picomq.service"
 install -D -m 0644 packaging/debian/picomq.default "$pkg/etc/default/picomq"
 install -D -m 0644 README.md "$pkg/usr/share/doc/picomq/README.md"
 install -D -m 0644 packaging/debian/copyright "$pkg/usr/share/doc/picomq/copyright"
 # A changelog of this build only: the project's history is its git log.
 date=$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}")
-printf 'picomq (%s) unstable; urgency=medium\n\n  * Built from the PicoMQ workspace %s.\n\n -- PicoMQ maintainers <picomq@localhost>  %s\n' \
-  "$version" "$upstream" "$date" | gzip -9n >"$work/changelog.Debian.gz"
+maintainer=${DEB_MAINTAINER:-PicoMQ maintainers <picomq@localhost>}
+printf 'picomq (%s) unstable; urgency=medium\n\n  * Built from the PicoMQ workspace %s.\n\n -- %s  %s\n' \
+  "$version" "$upstream" "$maintainer" "$date" | gzip -9n >"$work/changelog.Debian.gz"
 install -D -m 0644 "$work/changelog.Debian.gz" "$pkg/usr/share/doc/picomq/changelog.Debian.gz"
 
 # The binary's shared-library dependencies (libc6 (>= 2.34), ...), as dpkg-shlibdeps finds
@@ -88,7 +90,7 @@ cat >"$pkg/DEBIAN/control" <<EOF
 Package: picomq
 Version: $version
 Architecture: $arch
-Maintainer: PicoMQ maintainers <picomq@localhost>
+Maintainer: $maintainer
 Installed-Size: $installed_kib
 Depends: adduser, ca-certificates, $shlibs
 Section: net
