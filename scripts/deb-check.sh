@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # the single-quoted $ fields are awk's, in the machine
 # Installs the Debian package into a real Debian system running systemd and checks the service
 # end to end: a throwaway copy of the cached root file system of scripts/deb-rootfs.sh boots
 # under systemd-nspawn (its own network namespace, loopback only), and inside it:
@@ -11,6 +12,7 @@
 #   restart        with a setting from /etc/default/picomq (another admin port): a new
 #                  process, the records read back
 #   reload         SIGHUP, same process; kill -9: Restart=on-failure brings it back
+#   dpkg -i again  an upgrade restarts it, keeping the edited settings and the records
 #   dpkg -r        stops it, keeps data, user and /etc/default/picomq
 #   dpkg --purge   removes data, user, group and the settings file
 #
@@ -22,7 +24,6 @@
 # included) the machine is stopped and its copy removed. Prints `deb-check: ok` at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 started=$SECONDS
 
 suite=${DEB_CHECK_SUITE:-bookworm}
@@ -236,11 +237,20 @@ wait_new_main_pid "$pid2" >/dev/null
 wait_ready 9191
 expect_eq "records after kill -9" "$(guest pico read /deb/check)" "$expected_records"
 
+say "dpkg -i again (an upgrade)"
+pid3=$(main_pid)
+guest dpkg -i /root/picomq.deb >"$work/dpkg-upgrade.log" 2>&1 ||
+  { cat "$work/dpkg-upgrade.log" >&2; fail "dpkg -i over the installed package"; }
+wait_new_main_pid "$pid3" >/dev/null
+# The admin's edit of the conffile survives, so the admin port is still 9191.
+wait_ready 9191
+expect_eq "records after an upgrade" "$(guest pico read /deb/check)" "$expected_records"
+
 say "dpkg -r"
 guest dpkg -r picomq >"$work/dpkg-remove.log" 2>&1 || { cat "$work/dpkg-remove.log" >&2; fail "dpkg -r"; }
 expect_eq "state after dpkg -r" "$(guest systemctl is-active picomq || true)" inactive
 expect_eq "main process after dpkg -r" "$(main_pid)" 0
-left=$(guest sh -c "grep -l '^Uid:[[:space:]]*$uid[[:space:]]' /proc/[0-9]*/status 2>/dev/null || true")
+left=$(guest sh -c "grep -l '^Uid:[[:space:]]*${uid}[[:space:]]' /proc/[0-9]*/status 2>/dev/null || true")
 [ -z "$left" ] || fail "processes of picomq left after dpkg -r: $left"
 ! guest test -e /usr/bin/pico || fail "/usr/bin/pico is still there after dpkg -r"
 guest test -f /var/lib/picomq/data/meta.db || fail "dpkg -r removed the data"
