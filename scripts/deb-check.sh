@@ -51,32 +51,32 @@ guest() {
 
 work=$(mktemp -d /tmp/picomq-deb-check.XXXXXX)
 machine=picomq-deb-$$
+holder_pid=
 nspawn_pid=
-mounted=
 
 stop_machine() {
-  [ -n "$nspawn_pid" ] || return 0
-  # SIGTERM asks the container's systemd to halt; SIGKILL when it does not within 30 s.
-  kill -TERM "$nspawn_pid" 2>/dev/null || true
+  [ -n "$holder_pid" ] || return 0
+  # SIGTERM asks the container's systemd to halt; when it has not within 30 s, the holder
+  # goes, and the machine with it.
+  if [ -n "$nspawn_pid" ]; then
+    kill -TERM "$nspawn_pid" 2>/dev/null || true
+  fi
   local tries=0
-  while kill -0 "$nspawn_pid" 2>/dev/null && [ $tries -lt 300 ]; do
+  while kill -0 "$holder_pid" 2>/dev/null && [ $tries -lt 300 ]; do
     sleep 0.1
     tries=$((tries + 1))
   done
-  kill -KILL "$nspawn_pid" 2>/dev/null || true
-  wait "$nspawn_pid" 2>/dev/null || true
-  nspawn_pid=
+  kill -KILL "$holder_pid" 2>/dev/null || true
+  wait "$holder_pid" 2>/dev/null || true
+  holder_pid=
 }
 cleanup() {
   local status=$?
-  if [ "$status" != 0 ] && [ -n "$nspawn_pid" ] && [ -n "${init_pid:-}" ]; then
+  if [ "$status" != 0 ] && [ -n "$holder_pid" ] && [ -n "${init_pid:-}" ]; then
     say "the service's journal (tail):"
     guest journalctl -u picomq --no-pager -n 40 >&2 2>/dev/null || true
   fi
   stop_machine
-  if [ -n "$mounted" ]; then
-    umount "$work/root" 2>/dev/null || umount -l "$work/root" 2>/dev/null || true
-  fi
   if [ "$status" != 0 ] && [ -f "$work/console.log" ]; then
     say "the machine's console (tail):"
     tail -n 30 "$work/console.log" >&2 || true
@@ -99,32 +99,33 @@ fi
 [ -f "$deb" ] || fail "no package at $deb"
 say "package $(basename "$deb"); root file system $(readlink -f "$rootfs")"
 
-# The cached tree is the lower layer of an overlay, so a run never changes it; a copy where
-# overlayfs cannot be mounted.
 mkdir -p "$work/upper" "$work/overlay-work" "$work/root"
-if mount -t overlay overlay \
-  -o "lowerdir=$rootfs,upperdir=$work/upper,workdir=$work/overlay-work" "$work/root" 2>/dev/null; then
-  mounted=1
-else
-  say "overlayfs unavailable: copying the tree"
-  cp -a "$rootfs/." "$work/root/"
-fi
-
 # The container gets the locked-memory limit this process has: as high as root may raise it.
 ulimit -l unlimited 2>/dev/null || true
+# The machine runs in a mount and PID namespace of its own, held by unshare: when the holder
+# goes, killed outright included, nspawn gets SIGKILL (--kill-child) and the kernel ends every
+# process in the namespace and drops its mounts. Inside, the cached tree is the lower layer of
+# an overlay, so a run never changes it (a copy where overlayfs cannot be mounted).
 # --keep-unit --register=no: no systemd on the host to ask for a scope or a registration.
-systemd-nspawn --quiet --directory="$work/root" --machine="$machine" --boot \
-  --private-network --keep-unit --register=no --console=pipe \
-  --bind-ro="$deb:/root/picomq.deb" </dev/null >"$work/console.log" 2>&1 &
-nspawn_pid=$!
+unshare --mount --pid --fork --kill-child -- bash -c '
+  mount -t overlay overlay -o "lowerdir=$1,upperdir=$2/upper,workdir=$2/overlay-work" "$2/root" ||
+    { echo "deb-check: overlayfs unavailable: copying the tree" >&2; cp -a "$1/." "$2/root/"; }
+  exec systemd-nspawn --quiet --directory="$2/root" --machine="$3" --boot \
+    --private-network --keep-unit --register=no --console=pipe --bind-ro="$4:/root/picomq.deb"
+' deb-check-machine "$(readlink -f "$rootfs")" "$work" "$machine" "$deb" </dev/null >"$work/console.log" 2>&1 &
+holder_pid=$!
 
-# The container's init: nspawn's child in the host's process table.
+# `child_of PID`: the first child of PID, if any.
+child_of() { cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -m1 . || true; }
+# nspawn is the holder's child, the container's systemd nspawn's.
 init_pid=
 for _ in $(seq 1 200); do
-  init_pid=$(cat /proc/"$nspawn_pid"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -m1 . || true)
+  nspawn_pid=$(child_of "$holder_pid")
+  [ -n "$nspawn_pid" ] && [ "$(cat "/proc/$nspawn_pid/comm" 2>/dev/null)" = systemd-nspawn ] &&
+    init_pid=$(child_of "$nspawn_pid")
   [ -n "$init_pid" ] && [ "$(cat "/proc/$init_pid/comm" 2>/dev/null)" = systemd ] && break
   init_pid=
-  kill -0 "$nspawn_pid" 2>/dev/null || fail "systemd-nspawn exited"
+  kill -0 "$holder_pid" 2>/dev/null || fail "systemd-nspawn exited"
   sleep 0.1
 done
 [ -n "$init_pid" ] || fail "no systemd in the container within 20 s"
@@ -136,7 +137,7 @@ for _ in $(seq 1 300); do
   case $state in
     running | degraded) break ;;
   esac
-  kill -0 "$nspawn_pid" 2>/dev/null || fail "systemd-nspawn exited"
+  kill -0 "$holder_pid" 2>/dev/null || fail "systemd-nspawn exited"
   sleep 0.2
 done
 case $state in

@@ -37,7 +37,8 @@ fn the_debian_package_installs_a_service_that_serves_survives_restarts_and_purge
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = tempfile::NamedTempFile::new().expect("a file for the check's output");
     // A process group of its own, and SIGTERM when this process goes: either way the script's
-    // trap stops the machine and unmounts its copy of the tree.
+    // trap stops the machine. Killed outright, the machine still goes: it lives in namespaces
+    // that die with the script's unshare.
     let mut command = Command::new("bash");
     command
         .arg(root.join("scripts/deb-check.sh"))
