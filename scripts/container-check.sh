@@ -91,8 +91,9 @@ if [ "${1:-}" = --install-only ]; then
   if [ -n "$packages" ]; then
     say "installing $packages"
     apt-get update -qq
+    # dpkg's progress lines are left out; errors still reach stderr.
     # shellcheck disable=SC2086 # a list of package names
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null
   fi
   exit 0
 elif [ $# -gt 0 ]; then
