@@ -30,6 +30,8 @@
 #     -v "$PWD/tokens:/etc/picomq/tokens:ro" picomq
 # The compose files under harness/ set both (security_opt, ulimits).
 # scripts/container-check.sh builds the image both ways on a local base and runs it.
+# No `# syntax=` line: BuildKit would pull that frontend image from a registry, and the
+# built-in frontend (Docker 20.10 and later) has everything used here, cache mounts included.
 
 ARG BASE_IMAGE=debian:bookworm-slim
 # The toolchain the project is developed with; override with --build-arg RUST_VERSION=...

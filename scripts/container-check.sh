@@ -170,11 +170,12 @@ else
   fi
   mkdir -p "$own_state"
   # No bridge, iptables rules, masquerading or IP forwarding: every container here uses host
-  # networking, and the host's firewall and sysctls stay as they were.
+  # networking, and the host's firewall and sysctls stay as they were. The daemon does not
+  # inherit the lock (fd 9), so one left running cannot block the next check.
   setsid dockerd --data-root "$own_state/data" --exec-root "$own_run/exec" \
     --pidfile "$own_run/dockerd.pid" -H "$own_socket" \
     --bridge none --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
-    >"$own_state/dockerd.log" 2>&1 </dev/null &
+    >"$own_state/dockerd.log" 2>&1 </dev/null 9>&- &
   dockerd_pid=$!
   for _ in $(seq 1 $((DOCKERD_START_TIMEOUT_SEC * 10))); do
     docker version >/dev/null 2>&1 && break
