@@ -383,6 +383,16 @@ fn parse(path: &Path, text: &str, keys: &[Key]) -> Result<Vec<Setting>, String> 
                     ));
                 }
             }
+            other
+                if TOPICS.iter().any(|t| t.table == name)
+                    && !keys.iter().any(|k| k.name() == name) =>
+            {
+                let line = at(key.span().start);
+                return Err(format!(
+                    "{shown}:{line}: {name}: expected a table of settings ([{name}]), got {}",
+                    describe_value(other)
+                ));
+            }
             _ => entries.push((key.span().start, None, name, value)),
         }
     }
@@ -955,6 +965,10 @@ mod tests {
             ("no-admin = \"yes\"\n", "pico.toml:1: no-admin: expected true or false, got the string \"yes\""),
             ("backlog = 1.5\n", "pico.toml:1: backlog: expected an integer, got the float 1.5"),
             ("cores = [1]\n", "pico.toml:1: cores: expected an integer, got an array"),
+            (
+                "[[limits]]\n",
+                "pico.toml:1: limits: expected a table of settings ([limits]), got an array",
+            ),
             ("listen = { a = 1 }\n", "pico.toml:1: listen: expected a string, got a table"),
             ("config-file = \"x\"\n", "pico.toml:1: config-file: --config-file is given on the command line only"),
         ] {
