@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use argh::{CommandInfoWithArgs, FlagInfoKind, FromArgs};
+use argh::{CommandInfoWithArgs, FromArgs};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -165,6 +165,7 @@ pub struct Setting {
     pub flag: &'static str,
     /// The flag's value as on a command line; `true` or `false` for a switch.
     pub value: String,
+    pub switch: bool,
     /// 1-based line of the key.
     pub line: usize,
 }
@@ -274,10 +275,10 @@ pub fn apply(
         } else {
             &mut serve_words
         };
-        match setting.value.as_str() {
-            "true" if is_switch(root, setting.flag) => words.push(setting.flag.to_owned()),
-            "false" if is_switch(root, setting.flag) => {}
-            value => {
+        match (setting.switch, setting.value.as_str()) {
+            (true, "true") => words.push(setting.flag.to_owned()),
+            (true, _) => {}
+            (false, value) => {
                 words.push(setting.flag.to_owned());
                 words.push(value.to_owned());
             }
@@ -292,15 +293,6 @@ pub fn apply(
     provenance.file = Some(path);
     provenance.settings = settings;
     Ok(provenance)
-}
-
-fn is_switch(root: &CommandInfoWithArgs, flag: &str) -> bool {
-    serve_info(root).is_some_and(|serve| {
-        serve
-            .flags
-            .iter()
-            .any(|f| f.long == flag && matches!(f.kind, FlagInfoKind::Switch))
-    })
 }
 
 /// The file as text: at most `CONFIG_FILE_BYTES_MAX` bytes of UTF-8.
@@ -447,6 +439,7 @@ fn parse(path: &Path, text: &str, keys: &[Key]) -> Result<Vec<Setting>, String> 
         settings.push(Setting {
             flag: key.flag,
             value,
+            switch: key.value_type == ValueType::Boolean,
             line,
         });
     }
@@ -499,8 +492,8 @@ fn truncated(text: &str) -> String {
 fn check_value(path: &Path, setting: &Setting) -> Result<(), String> {
     let words: Vec<&str> = if GLOBAL_KEYS.contains(&setting.flag) {
         vec![setting.flag, &setting.value, "serve"]
-    } else if setting.value == "true" || setting.value == "false" {
-        // A switch: the type check was all there is, and switches take no value word.
+    } else if setting.switch {
+        // The type check was all there is: a switch takes no value word.
         return Ok(());
     } else {
         vec!["serve", setting.flag, &setting.value]
@@ -512,10 +505,11 @@ fn check_value(path: &Path, setting: &Setting) -> Result<(), String> {
             // argh: "Error parsing option '--listen' with value '4437': expected HOST:PORT".
             let why = output.split_once("': ").map_or(output, |(_, why)| why);
             Err(format!(
-                "{}:{}: {}: {why}",
+                "{}:{}: {}: {why} (got {})",
                 path.display(),
                 setting.line,
-                setting.flag.trim_start_matches('-')
+                setting.flag.trim_start_matches('-'),
+                truncated(&setting.value)
             ))
         }
     }
@@ -851,7 +845,7 @@ fn reference(root: &CommandInfoWithArgs) -> String {
 
 #[cfg(test)]
 mod tests {
-    use argh::ArgsInfo;
+    use argh::{ArgsInfo, FlagInfoKind};
 
     use super::*;
 
@@ -987,12 +981,13 @@ mod tests {
         let setting = |flag, value: &str| Setting {
             flag,
             value: value.into(),
+            switch: false,
             line: 7,
         };
         let path = Path::new("p.toml");
         assert_eq!(
             check_value(path, &setting("--listen", "nope")),
-            Err("p.toml:7: listen: expected HOST:PORT, e.g. 127.0.0.1:4437".into())
+            Err("p.toml:7: listen: expected HOST:PORT, e.g. 127.0.0.1:4437 (got nope)".into())
         );
         assert!(check_value(path, &setting("--protocol", "ds")).is_ok());
         assert!(check_value(path, &setting("--protocol", "amqp"))

@@ -336,7 +336,11 @@ fn every_kind_of_bad_file_is_refused_before_the_start() {
     );
     refused(
         b"listen = \"localhost\"\n",
-        "FILE:1: listen: expected HOST:PORT, e.g. 127.0.0.1:4437",
+        "FILE:1: listen: expected HOST:PORT, e.g. 127.0.0.1:4437 (got localhost)",
+    );
+    refused(
+        b"[limits]\nproducers-max = -5\n",
+        "FILE:2: producers-max: invalid digit found in string (got -5)",
     );
     refused(
         b"backlog = \n",
