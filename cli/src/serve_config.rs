@@ -307,8 +307,9 @@ fn read(path: &Path) -> Result<String, String> {
         .map_err(|e| format!("cannot read config file {shown}: {e}"))?;
     if bytes.len() as u64 > CONFIG_FILE_BYTES_MAX {
         return Err(format!(
-            "config file {shown} is larger than {} KiB, the most a config file may be",
-            CONFIG_FILE_BYTES_MAX >> 10
+            "config file {shown} is larger than {CONFIG_FILE_BYTES_MAX} bytes ({} MiB), the most \
+             a config file may be",
+            CONFIG_FILE_BYTES_MAX >> 20
         ));
     }
     String::from_utf8(bytes).map_err(|e| {

@@ -367,7 +367,7 @@ fn every_kind_of_bad_file_is_refused_before_the_start() {
     big.truncate((1 << 20) + 1);
     refused(
         &big,
-        "config file FILE is larger than 1024 KiB, the most a config file may be",
+        "config file FILE is larger than 1048576 bytes (1 MiB), the most a config file may be",
     );
     let dir = workdir();
     refused_at(
