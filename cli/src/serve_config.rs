@@ -351,6 +351,7 @@ fn parse(path: &Path, text: &str, keys: &[Key]) -> Result<Vec<Setting>, String> 
     let at = |offset: usize| line_and_column(text, offset).0;
     for (key, value) in document.get_ref().iter() {
         let name = key.get_ref().as_ref();
+        let shown_name = truncated(name);
         match value.get_ref() {
             DeValue::Table(table) => {
                 let Some(topic) = TOPICS.iter().find(|t| t.table == name) else {
@@ -362,7 +363,7 @@ fn parse(path: &Path, text: &str, keys: &[Key]) -> Result<Vec<Setting>, String> 
                             k.value_type.describe()
                         ),
                         None => format!(
-                            "{shown}:{line}: unknown table [{name}]{}",
+                            "{shown}:{line}: unknown table [{shown_name}]{}",
                             suggestion(name, TOPICS.iter().map(|t| t.table), "[", "]")
                         ),
                     });
@@ -394,8 +395,8 @@ fn parse(path: &Path, text: &str, keys: &[Key]) -> Result<Vec<Setting>, String> 
     for (offset, table, name, value) in entries {
         let line = at(offset);
         let shown_key = match table {
-            Some(table) => format!("{table}.{name}"),
-            None => name.to_string(),
+            Some(table) => format!("{table}.{}", truncated(name)),
+            None => truncated(name),
         };
         let place = format!("{shown}:{line}: {shown_key}");
         let Some(key) = keys.iter().find(|k| k.name() == name) else {
@@ -481,12 +482,27 @@ fn describe_value(value: &DeValue) -> String {
     }
 }
 
-/// At most 60 characters of `text`, for messages.
+/// At most 60 characters of `text` with its control characters escaped: a key or value of a
+/// file quoted in a one-line message.
 fn truncated(text: &str) -> String {
-    match text.char_indices().nth(60) {
-        Some((at, _)) => format!("{}...", &text[..at]),
-        None => text.to_string(),
+    let (kept, cut) = match text.char_indices().nth(60) {
+        Some((at, _)) => (&text[..at], true),
+        None => (text, false),
+    };
+    let mut out: String = kept
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    if cut {
+        out.push_str("...");
     }
+    out
 }
 
 /// Checks a setting with its flag's own parser (argh and the `from_str_fn` of `args.rs`).
@@ -947,6 +963,7 @@ mod tests {
                  kebab-case: long-poll-timeout-sec",
             ),
             ("zzz = 1\n", "pico.toml:1: zzz: unknown key"),
+            ("\"a\\nb\" = 1\n", "pico.toml:1: a\\nb: unknown key"),
             ("[listener]\nlisten = \"a:1\"\n", "pico.toml:1: unknown table [listener]; did you mean [listeners]?"),
             (
                 "[storage]\nlisten = \"a:1\"\n",
