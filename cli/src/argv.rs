@@ -465,6 +465,38 @@ mod tests {
     }
 
     #[test]
+    fn every_given_flag_is_recorded_with_its_origin() {
+        let env = env_of(&[
+            ("PICO_LISTEN", "0.0.0.0:5000"),
+            ("PICO_BACKLOG", "7"),
+            ("PICO_NO_ADMIN", "0"),
+        ]);
+        let normalized = normalize(
+            &Cli::get_args_info(),
+            &words("serve --listen 127.0.0.1:1 --wal-salvage"),
+            &env,
+        )
+        .unwrap();
+        let given: Vec<(&str, &str, Origin)> = normalized
+            .given
+            .iter()
+            .map(|g| (g.long, g.value.as_str(), g.origin))
+            .collect();
+        assert_eq!(
+            given,
+            [
+                ("--listen", "127.0.0.1:1", Origin::CommandLine),
+                ("--wal-salvage", "true", Origin::CommandLine),
+                ("--no-admin", "false", Origin::Environment),
+                ("--backlog", "7", Origin::Environment),
+            ]
+        );
+        assert_eq!(normalized.flags_end, normalized.args.len());
+        let with_positional = normalize(&Cli::get_args_info(), &words("head /s"), &no_env).unwrap();
+        assert_eq!(with_positional.args[with_positional.flags_end], "--");
+    }
+
+    #[test]
     fn only_the_chosen_commands_flags_come_from_the_environment() {
         let env = env_of(&[("PICO_BATCH", "7"), ("PICO_FROM", "3")]);
         let normalized = normalize(&Cli::get_args_info(), &words("append /s"), &env).unwrap();

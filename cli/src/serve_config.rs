@@ -750,7 +750,7 @@ pub fn render(
         Source::Default => "default".to_string(),
     };
     let mut out = String::from(
-        "# The settings of this `pico serve`, as a config file (docs/configuration.md);\n\
+        "# The settings this `pico serve` would start with, as a config file (docs/configuration.md);\n\
          # after each, where it came from: a flag, a PICO_* variable, a line of the config\n\
          # file or the default. Commented out: optional settings left to the node.\n",
     );
