@@ -8,8 +8,9 @@
 //!   (`pico read /s --endpoint URL`): it is moved back to the command that declares it.
 //! * **Environment.** Each flag absent from the command line is taken from
 //!   `PICO_<FLAG_NAME>` (`--admin-listen` → `PICO_ADMIN_LISTEN`) if that is set and non-empty,
-//!   so the precedence is flag > environment > (profile, applied later) > default. Switches
-//!   accept `1/true/yes/on` and `0/false/no/off`.
+//!   so the precedence is flag > environment > (serve's config file and the profile, applied
+//!   later) > default. Switches accept `1/true/yes/on` and `0/false/no/off`. Every flag given
+//!   either way is recorded with its origin (`Normalized::given`).
 //!
 //! The output is canonical: `[root flags] sub [sub flags] ... [-- positionals]`.
 

@@ -2,8 +2,8 @@
 //!
 //! Flow: argv → `argv::normalize` (global flags, `-`-values, `PICO_*` variables) → for `serve`,
 //! its `--config-file` (`serve_config`) → argh → profile resolution for the connection flags →
-//! the command. Exit codes: 0 success,
-//! 1 fatal error (`pico: <message>` on stderr), 2 usage error.
+//! the command. Exit codes: 0 success, 1 fatal error (`pico: <message>` on stderr), 2 usage
+//! error (a bad config file included).
 
 /// Every core allocates and frees per request (h2 header maps, response buffers). With glibc's
 /// malloc the server did 66–91k Durable Streams appends/s (h2load, 256 B, 64 streams); with

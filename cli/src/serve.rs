@@ -1,11 +1,10 @@
 //! `pico serve`: flags → `pico_net::ServerConfig`, then the server runs on this thread.
 
-use pico_client::Protocol;
-use pico_net::ServerConfig;
-
 use std::io::Write;
 
 use argh::ArgsInfo;
+use pico_client::Protocol;
+use pico_net::ServerConfig;
 
 use crate::args::{Cli, ServeArgs};
 use crate::serve_config::{Provenance, Source};
