@@ -181,7 +181,7 @@ pub struct ServeArgs {
     #[argh(
         option,
         arg_name = "size",
-        default = "8 << 20",
+        default = "pico_net::limits::BODY_BYTES_MAX_DEFAULT as u64",
         from_str_fn(parse_size)
     )]
     pub max_body_size: u64,
@@ -399,7 +399,7 @@ pub struct HeadArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "append")]
-/// Append stdin, one record per line; prints start=<s> next=<n> per request on stderr.
+/// Append stdin, one record per line, in batches of up to 1000 records or 1MiB sent as the input comes (a batch waits at most 5 ms for more); prints one summary line on stderr: records, bytes, requests, time, rate, start=<first> next=<after the last>. With --batch N, PicoMQ 0.1's behaviour: groups of N lines and start=<s> next=<n> per request instead.
 pub struct AppendArgs {
     #[argh(positional)]
     /// stream name
@@ -409,9 +409,25 @@ pub struct AppendArgs {
     #[argh(option, arg_name = "type")]
     pub content_type: Option<String>,
 
-    /// records per request, at least 1; Durable Streams takes only 1 (default 1) [env: PICO_BATCH]
-    #[argh(option, arg_name = "n", default = "1", from_str_fn(parse_batch))]
-    pub batch: usize,
+    /// the batching of PicoMQ 0.1: exactly N lines per request (the last may hold fewer), no time limit, start=<s> next=<n> per request on stderr and no summary; Durable Streams takes only 1 [env: PICO_BATCH]
+    #[argh(option, arg_name = "n", from_str_fn(parse_batch))]
+    pub batch: Option<usize>,
+
+    /// most records per request, 1 to 100000 (default 1000; 1 with Durable Streams, which appends one message per request) [env: PICO_BATCH_RECORDS]
+    #[argh(option, arg_name = "n")]
+    pub batch_records: Option<usize>,
+
+    /// most bytes per request, at most 8MiB (the server's default --max-body-size); a longer line is sent alone (default 1MiB) [env: PICO_BATCH_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub batch_bytes: Option<u64>,
+
+    /// milliseconds a batch waits for more input after its first record before it is sent, at most 60000 (default 5) [env: PICO_LINGER_MS]
+    #[argh(option, arg_name = "ms")]
+    pub linger_ms: Option<u64>,
+
+    /// one record per request, each sent as soon as its line is read (the same as --batch-records 1) [env: PICO_NO_BATCH]
+    #[argh(switch)]
+    pub no_batch: bool,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
