@@ -476,7 +476,7 @@ pub struct DeleteArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "ls")]
-/// List streams (Pico protocol): <name> start=<s> next=<n> closed=<bool> per line.
+/// List streams (Pico protocol): <name> start=<s> next=<n> closed=<bool> per line. Any node of a cluster lists every stream of the cluster (taken-over ones included); --owners adds owner=<node id>.
 pub struct LsArgs {
     /// list only names starting with this (default /) [env: PICO_PREFIX]
     #[argh(option, arg_name = "prefix")]
@@ -485,6 +485,10 @@ pub struct LsArgs {
     /// at most this many streams, 0 = the server's default of 1000 (default 0) [env: PICO_LIMIT]
     #[argh(option, arg_name = "n", default = "0")]
     pub limit: u64,
+
+    /// also print owner=<node id> per stream: the cluster node that serves it (- on a single node) [env: PICO_OWNERS]
+    #[argh(switch)]
+    pub owners: bool,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -669,7 +673,7 @@ pub struct AdminClusterArgs {}
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "nodes")]
-/// Print one line per registered node.
+/// Print one line per node ever registered: node=<id> epoch=<incarnation, grows at each start> address=<Pico listener URL> slots=<placement weight> opening=<streams it owns now> placed=<always 0> state=<live: holds its lease; expired: stopped renewing it (killed, paused or cut off), its streams move to live nodes once the lease lapsed; left: stopped cleanly and handed its streams over> lease=<+4.2s: expires in 4.2 s (renewed every third of --lease-ms); -12.3s: lapsed 12.3 s ago; -: none> and (this node) on the node asked. --json adds leaseExpiresAtMs, registeredAtMs and dsAddress.
 pub struct AdminNodesArgs {}
 
 #[derive(FromArgs, ArgsInfo, Debug)]

@@ -218,11 +218,18 @@ pub async fn ls(client: &Client, args: &LsArgs) -> Result<(), Failure> {
     let list = client.list(Some(prefix), None, Some(args.limit)).await?;
     let mut out = io::stdout().lock();
     for stream in &list.streams {
-        writeln!(
+        write!(
             out,
             "{} start={} next={} closed={}",
             stream.name, stream.start, stream.next, stream.closed
         )?;
+        if args.owners {
+            match stream.owner_node {
+                Some(node) => write!(out, " owner={node}")?,
+                None => write!(out, " owner=-")?,
+            }
+        }
+        writeln!(out)?;
     }
     out.flush()?;
     if list.has_more {

@@ -112,6 +112,14 @@ fn ls_lists_streams_with_their_positions() {
         "/other/x start=0 next=0 closed=false\n",
         "",
     );
+    // A single node's streams have no owner node to name.
+    cli.expect(
+        &["ls", "--prefix", "/other", "--owners"],
+        b"",
+        0,
+        "/other/x start=0 next=0 closed=false owner=-\n",
+        "",
+    );
     cli.expect(&["ls", "--prefix", "/none/"], b"", 0, "", "");
     cli.expect(
         &["ls", "--protocol", "ds"],
