@@ -186,7 +186,18 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
     // Input lines are numbered from 1; `sent_lines` of them went out in acknowledged requests.
     let mut sent_lines: u64 = 0;
     loop {
-        let (batch, at_end) = lines.next_batch(&batching).await?;
+        let (batch, at_end) = match lines.next_batch(&batching).await {
+            Ok(next) => next,
+            Err(e) => {
+                // Stdin failed: what was read before is either appended or dropped unsent.
+                progress.finish();
+                if done.requests > 0 {
+                    eprintln!("{}", done.summary(started.elapsed()));
+                    eprintln!("input lines 1-{sent_lines} are appended; nothing after was sent");
+                }
+                return Err(e);
+            }
+        };
         if !batch.is_empty() {
             let records = batch.len() as u64;
             let bytes: u64 = batch.iter().map(|b| b.len() as u64).sum();

@@ -134,6 +134,16 @@ fn every_command_prints_the_admin_api() {
         node["nodeEpoch"], server.addr, node["slots"]
     );
     check(&run(&["nodes"]), "nodes", 0, &expected, "");
+    // Its help explains every column.
+    let help = String::from_utf8_lossy(&run(&["nodes", "--help"]).stdout).into_owned();
+    for column in [
+        "node=", "epoch=", "address=", "slots=", "opening=", "placed=", "state=", "lease=",
+    ] {
+        assert!(help.contains(&format!("{column}<")), "{column} in {help}");
+    }
+    for state in ["live:", "expired:", "left:"] {
+        assert!(help.contains(state), "{state} in {help}");
+    }
     assert_eq!(
         json_stdout(&run(&["nodes", "--json"]), "nodes --json"),
         nodes
