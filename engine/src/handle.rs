@@ -247,11 +247,22 @@ impl CoreHandle {
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
         let more = rows.len() > limit;
+        // This node's loaded streams of the same range, from every core in one round: the
+        // catalog page's names of this node are among them unless not loaded yet (taken over
+        // or transferred here just now) or expired, which their `HEAD` tells apart.
+        let (loaded, _) = self
+            .router
+            .list(prefix, start_after, limit.saturating_add(1))
+            .await?;
+        let mut loaded: std::collections::HashMap<String, StreamInfo> =
+            loaded.into_iter().map(|s| (s.name, s.info)).collect();
         let now = crate::clock::now_ms();
         let mut page = Vec::with_capacity(rows.len().min(limit));
         for listed in rows.into_iter().take(limit) {
             let owner = listed.ownership.node;
-            let info = if owner == Some(me) {
+            let info = if let Some(info) = loaded.remove(&listed.row.name) {
+                info
+            } else if owner == Some(me) {
                 match self.head(&listed.row.name).await {
                     Ok(info) => info,
                     // Deleted or expired since the catalog was read.
