@@ -192,7 +192,9 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
                 // Stdin failed: what was read before is either appended or dropped unsent.
                 progress.finish();
                 if done.requests > 0 {
-                    eprintln!("{}", done.summary(started.elapsed()));
+                    if !batching.per_request_acks {
+                        eprintln!("{}", done.summary(started.elapsed()));
+                    }
                     eprintln!("input lines 1-{sent_lines} are appended; nothing after was sent");
                 }
                 return Err(e);
@@ -206,7 +208,10 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
                 Err(e) => {
                     progress.finish();
                     if done.requests > 0 {
-                        eprintln!("{}", done.summary(started.elapsed()));
+                        // With `--batch N` the lines per request said it already.
+                        if !batching.per_request_acks {
+                            eprintln!("{}", done.summary(started.elapsed()));
+                        }
                         eprintln!("{}", stopped_at(sent_lines, records, &e));
                     }
                     return Err(e.into());
@@ -235,9 +240,10 @@ fn stopped_at(acknowledged_lines: u64, failed_records: u64, error: &ClientError)
     let first_failed = acknowledged_lines + 1;
     let last_failed = acknowledged_lines + failed_records;
     let fate = match error {
-        // The server answered: the request was refused as a whole.
-        ClientError::Api(_) => "were not appended",
-        _ => "may or may not have been appended (no answer came back; pico head shows the tail)",
+        // The server refused the request as a whole.
+        ClientError::Api(refused) if refused.status < 500 => "were not appended",
+        // No answer, or a server failure: whether it took effect is not known.
+        _ => "may or may not have been appended (pico head shows the tail)",
     };
     let failed = if first_failed == last_failed {
         format!("line {first_failed}")
@@ -544,6 +550,8 @@ mod tests {
         );
         let lost = ClientError::InvalidResponse("connection reset".into());
         assert!(stopped_at(5, 1, &lost).contains("line 6, the failed request, may or may not"));
+        let failed = ClientError::Api(ApiError::from_status(503, "unavailable"));
+        assert!(stopped_at(5, 2, &failed).contains("lines 6-7, the failed request, may or may"));
     }
 
     #[test]
