@@ -45,7 +45,9 @@ mod store;
 pub mod testing;
 
 pub use backend::{NodeId, NodeRow};
-pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
+pub use cluster::{
+    place, CatalogStream, ClusterState, PendingTransfer, StreamLoad, TransferAccepted,
+};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;
