@@ -308,6 +308,9 @@ pub(crate) trait Backend {
     /// Every segment row, by seq.
     fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError>;
 
+    /// `(segment rows, sum of their size_bytes)`: what the catalog has in the bucket.
+    fn segment_totals(&mut self) -> Result<(i64, i64), MetaError>;
+
     /// `(id, start_offset)` of the streams among `ids` that have a row (deleted ones have
     /// none), in any order: what the garbage collector needs of the streams its segments name,
     /// without reading every stream.
@@ -353,6 +356,10 @@ impl NodeRow {
         self.lease_expires_ms > now_ms
     }
 }
+
+/// `(stream id, runs of its first entry, runs of its last entry)`, by commit order (packed as
+/// `runs.rs` stores them).
+pub(crate) type EdgeRuns = (i64, Vec<u8>, Vec<u8>);
 
 /// The SQL of a cluster; only a shared database (Postgres) has it.
 pub(crate) trait ClusterSql {
@@ -426,4 +433,14 @@ pub(crate) trait ClusterSql {
     fn owner_counts(&mut self) -> Result<Vec<(Option<i64>, u64)>, MetaError>;
     /// Every catalog entry of stream `id` with its segment, in commit order.
     fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError>;
+    /// At most `limit` rows whose names start with `prefix` and sort after `start_after` (bytewise,
+    /// exclusive), in name order, soft-deleted ones left out.
+    fn page_of_streams(
+        &mut self,
+        prefix: &str,
+        start_after: &str,
+        limit: i64,
+    ) -> Result<Vec<StreamColumns>, MetaError>;
+    /// The first and last catalog entries' runs of each of these streams that has entries.
+    fn edge_entries(&mut self, ids: &[i64]) -> Result<Vec<EdgeRuns>, MetaError>;
 }

@@ -46,7 +46,9 @@ mod store;
 pub mod testing;
 
 pub use backend::{NodeId, NodeRow};
-pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
+pub use cluster::{
+    place, CatalogStream, ClusterState, PendingTransfer, StreamLoad, TransferAccepted,
+};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;
@@ -198,6 +200,15 @@ pub enum MetaUrl {
     /// `postgres://…` or `postgresql://…`, a libpq-style URL (`user:password@host:port/db`,
     /// query parameters such as `connect_timeout` or `options` included).
     Postgres(String),
+}
+
+/// What the catalog lists in the bucket ([`MetaStore::catalog_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CatalogUsage {
+    /// Segment objects.
+    pub segments: u64,
+    /// Their sizes, summed.
+    pub bytes: u64,
 }
 
 /// Records a segment commit refused after they were acknowledged (the stream moved to another

@@ -30,6 +30,8 @@ pub struct NodeFacts {
     pub build: crate::config::BuildInfo,
     /// `--backup-dir`: where backups go.
     pub backup_dir: std::path::PathBuf,
+    /// Where the node keeps its files, for the disk usage it reports.
+    pub disk: crate::admin::usage::DiskPaths,
 }
 
 /// Node state the admin listener reports.
@@ -51,6 +53,8 @@ pub struct AdminState {
     pub backup: Rc<crate::admin::backup::BackupStatus>,
     /// The collector's hold an operator took (`POST /admin/gc-hold`).
     pub gc_holds: crate::admin::gc_hold::ManualHolds,
+    /// The last storage measurement (`usage.rs` refreshes it).
+    pub usage: Cell<crate::admin::usage::StorageUsage>,
 }
 
 pub(crate) fn json_response(status: u16, body: Value) -> Response {

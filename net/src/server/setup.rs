@@ -353,6 +353,7 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         wal_salvaged: Vec::new(),
         build: config.build,
         backup_dir: config.backup_dir.clone(),
+        disk: crate::admin::usage::DiskPaths::new(config.wal_dir.clone(), &config.meta_url),
     }
 }
 
