@@ -29,6 +29,7 @@ mod backend;
 mod batch;
 mod cluster;
 mod command;
+mod consumers;
 #[cfg(test)]
 mod create_group_tests;
 mod fence;
@@ -46,6 +47,7 @@ pub mod testing;
 
 pub use backend::{NodeId, NodeRow};
 pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
+pub use consumers::{ConsumerRead, ConsumerWrite};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;

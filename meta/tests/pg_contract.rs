@@ -1133,7 +1133,8 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("5"),
             Some("6"),
             Some("7"),
-            Some("8")
+            Some("8"),
+            Some("9")
         ]
     );
 }

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod auth;
 pub mod codec;
 pub mod config;
+pub mod consumers;
 pub mod crossing;
 pub mod ds;
 #[cfg(test)]
