@@ -30,6 +30,21 @@ pub struct ConsumerRead {
     pub scope_count: u64,
 }
 
+/// One stored consumer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredConsumer {
+    pub scope: String,
+    pub id: String,
+    pub document: String,
+}
+
+/// Every consumer, and the clock of the read.
+#[derive(Clone, Debug)]
+pub struct ConsumerList {
+    pub consumers: Vec<StoredConsumer>,
+    pub now_ms: i64,
+}
+
 impl MetaStore {
     /// Reads consumer `id` of `scope`, lets `decide` say what becomes of it and what to
     /// answer, and applies that write in the same transaction. The answer arrives once the
@@ -63,10 +78,23 @@ impl MetaStore {
         })
     }
 
-    /// Every consumer as (scope, id, document), by scope then id, with the clock they were
-    /// read at.
-    pub fn consumers(&self) -> Reply<(Vec<(String, String, String)>, i64)> {
-        self.job(|db| Ok((db.consumers()?, clock_ms(db)?)))
+    /// Every consumer, by scope then id, with the clock they were read at.
+    pub fn consumers(&self) -> Reply<ConsumerList> {
+        self.job(|db| {
+            let consumers = db
+                .consumers()?
+                .into_iter()
+                .map(|(scope, id, document)| StoredConsumer {
+                    scope,
+                    id,
+                    document,
+                })
+                .collect();
+            Ok(ConsumerList {
+                consumers,
+                now_ms: clock_ms(db)?,
+            })
+        })
     }
 }
 

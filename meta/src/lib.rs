@@ -47,7 +47,7 @@ pub mod testing;
 
 pub use backend::{NodeId, NodeRow};
 pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
-pub use consumers::{ConsumerRead, ConsumerWrite};
+pub use consumers::{ConsumerList, ConsumerRead, ConsumerWrite, StoredConsumer};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;

@@ -21,5 +21,6 @@
 
 mod routes;
 pub mod state;
+mod view;
 
-pub use routes::handle_ds;
+pub use routes::{handle_ds, handle_pico, is_pico_call};

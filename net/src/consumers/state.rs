@@ -44,9 +44,18 @@ pub struct Consumer {
     pub format: u32,
     pub streams: Vec<StreamCursor>,
     pub lease_ttl_ms: u64,
+    /// Single reader: +1 on every acquire. Group: +1 on every join (each member incarnation
+    /// has its own).
     pub epoch: u64,
+    /// Single reader: who holds the consumer.
     pub holder: Option<Holder>,
     pub created_ms: i64,
+    /// A group spreads its streams over its members, each stream held by one at a time.
+    #[serde(default)]
+    pub group: bool,
+    /// Group: the members whose leases ran at the last change, by id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<Member>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,10 +63,25 @@ pub struct StreamCursor {
     pub path: String,
     /// `[seq, bytes]` after the last processed byte; `None`: nothing processed.
     pub next: Option<(u64, u64)>,
+    /// Group: the member holding the stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Group: +1 on every hand-over of the stream.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
+    pub token_sha256: String,
+    pub lease_expires_ms: i64,
+}
+
+/// One member incarnation of a group: a join makes a new one (a new epoch and token).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: String,
+    pub epoch: u64,
     pub token_sha256: String,
     pub lease_expires_ms: i64,
 }
@@ -92,14 +116,35 @@ impl ConsumerError {
     }
 }
 
-/// What a request is answered with when it succeeds.
-pub type Answer = Result<(u16, Value), ConsumerError>;
+/// What a request that succeeded answers: the consumer as it now is (`None` once deleted),
+/// the new token of an acquire or a join, and the member the request was about.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: u16,
+    pub consumer: Option<Consumer>,
+    pub token: Option<String>,
+    pub member: Option<String>,
+    pub now_ms: i64,
+}
+
+pub type Answer = Result<Outcome, ConsumerError>;
+
+fn outcome(status: u16, consumer: &Consumer, now_ms: i64) -> Outcome {
+    Outcome {
+        status,
+        consumer: Some(consumer.clone()),
+        token: None,
+        member: None,
+        now_ms,
+    }
+}
 
 /// A registration's body, checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registration {
     pub streams: Vec<String>,
     pub lease_ttl_ms: Option<u64>,
+    pub group: bool,
 }
 
 /// An ack's body, checked for shape: `(path, offset)` pairs.
@@ -127,14 +172,22 @@ pub fn check_id(id: &str) -> Result<(), ConsumerError> {
 
 /// Parses `POST /consumers`: `{consumer_id, streams:[path...], lease_ttl_ms?}`.
 pub fn parse_registration(body: &Value) -> Result<(String, Registration), ConsumerError> {
-    let object = body
-        .as_object()
-        .ok_or_else(|| ConsumerError::invalid("the body must be a JSON object"))?;
-    let id = object
+    let id = body
         .get("consumer_id")
         .and_then(Value::as_str)
         .ok_or_else(|| ConsumerError::invalid("consumer_id (a string) is required"))?;
     check_id(id)?;
+    // A Durable Streams consumer is a single reader: groups are the Pico protocol's.
+    let registration = parse_settings(body, false)?;
+    Ok((id.to_string(), registration))
+}
+
+/// Parses a registration's settings, `{streams, lease_ttl_ms?, group?}` (`group` read only
+/// where `groups` allows it).
+pub fn parse_settings(body: &Value, groups: bool) -> Result<Registration, ConsumerError> {
+    let object = body
+        .as_object()
+        .ok_or_else(|| ConsumerError::invalid("the body must be a JSON object"))?;
     let list = object
         .get("streams")
         .and_then(Value::as_array)
@@ -169,13 +222,17 @@ pub fn parse_registration(body: &Value) -> Result<(String, Registration), Consum
                 })?,
         ),
     };
-    Ok((
-        id.to_string(),
-        Registration {
-            streams,
-            lease_ttl_ms,
-        },
-    ))
+    let group = match object.get("group") {
+        Some(_) if !groups => false,
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(group)) => *group,
+        Some(_) => return Err(ConsumerError::invalid("group must be true or false")),
+    };
+    Ok(Registration {
+        streams,
+        lease_ttl_ms,
+        group,
+    })
 }
 
 /// Parses an ack's `{offsets:[{path, offset}]}`; a malformed entry refuses the whole ack.
@@ -211,22 +268,6 @@ pub fn parse_ack(body: &Value) -> Result<AckOffsets, ConsumerError> {
     Ok(offsets)
 }
 
-/// The offset text of a cursor: `-1` before anything is processed.
-fn offset_text(next: Option<(u64, u64)>) -> String {
-    match next {
-        None => "-1".to_string(),
-        Some((seq, bytes)) => offset::format(seq, bytes),
-    }
-}
-
-/// A position as comparable `(seq, bytes)`; the start sorts first.
-fn position(at: Offset) -> Option<(u64, u64)> {
-    match at {
-        Offset::At { seq, bytes } => Some((seq, bytes)),
-        _ => None,
-    }
-}
-
 impl Consumer {
     fn parse(document: &str) -> Result<Consumer, ConsumerError> {
         let consumer: Consumer = serde_json::from_str(document).map_err(|e| {
@@ -249,36 +290,14 @@ impl Consumer {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Whether a holder's lease runs at `now_ms`.
+    /// Whether someone reads at `now_ms`: the holder's lease runs, or a member's (group).
     pub fn is_reading(&self, now_ms: i64) -> bool {
+        if self.group {
+            return self.members.iter().any(|m| m.lease_expires_ms > now_ms);
+        }
         self.holder
             .as_ref()
             .is_some_and(|h| h.lease_expires_ms > now_ms)
-    }
-
-    /// The answer of `GET /consumers/{id}` (and of the other calls).
-    pub fn view(&self, id: &str, now_ms: i64) -> Value {
-        let state = if self.is_reading(now_ms) {
-            "READING"
-        } else {
-            "REGISTERED"
-        };
-        let streams: Vec<Value> = self
-            .streams
-            .iter()
-            .map(|s| json!({"path": s.path, "offset": offset_text(s.next)}))
-            .collect();
-        let mut view = json!({
-            "consumer_id": id,
-            "state": state,
-            "epoch": self.epoch,
-            "lease_ttl_ms": self.lease_ttl_ms,
-            "streams": streams,
-        });
-        if let Some(holder) = self.holder.as_ref().filter(|_| state == "READING") {
-            view["lease_expires_in_ms"] = json!(holder.lease_expires_ms.saturating_sub(now_ms));
-        }
-        view
     }
 
     fn lease_until(&self, now_ms: i64) -> i64 {
@@ -293,7 +312,27 @@ fn stored(read: &ConsumerRead) -> Result<Consumer, ConsumerError> {
     }
 }
 
-/// `POST /consumers`: registers, or finds the same registration again.
+/// Runs `change` on the stored consumer: a refusal writes nothing, a success writes the
+/// consumer as `change` left it.
+fn changing(
+    read: &ConsumerRead,
+    change: impl FnOnce(&mut Consumer) -> Answer,
+) -> (ConsumerWrite, Answer) {
+    let mut consumer = match stored(read) {
+        Ok(c) => c,
+        Err(e) => return (ConsumerWrite::Keep, Err(e)),
+    };
+    match change(&mut consumer) {
+        Ok(mut outcome) => {
+            outcome.consumer = Some(consumer.clone());
+            (ConsumerWrite::Put(consumer.document()), Ok(outcome))
+        }
+        Err(e) => (ConsumerWrite::Keep, Err(e)),
+    }
+}
+
+/// Registers, or finds the same registration again (same streams in any order, same lease
+/// when one is named, same kind).
 pub fn register(
     read: ConsumerRead,
     id: &str,
@@ -312,19 +351,19 @@ pub fn register(
         let same_ttl = registration
             .lease_ttl_ms
             .is_none_or(|ttl| ttl == existing.lease_ttl_ms);
-        if !(same_streams && same_ttl) {
+        if !(same_streams && same_ttl && existing.group == registration.group) {
             return (
                 ConsumerWrite::Keep,
                 Err(ConsumerError::new(
                     409,
                     "CONSUMER_ALREADY_EXISTS",
-                    format!("consumer {id:?} exists with other streams or another lease"),
+                    format!("consumer {id:?} exists with other streams, lease or kind"),
                 )),
             );
         }
         return (
             ConsumerWrite::Keep,
-            Ok((200, existing.view(id, read.now_ms))),
+            Ok(outcome(200, &existing, read.now_ms)),
         );
     }
     if read.scope_count >= CONSUMERS_PER_SCOPE_MAX {
@@ -345,52 +384,165 @@ pub fn register(
             .map(|path| StreamCursor {
                 path: path.clone(),
                 next: None,
+                holder: None,
+                epoch: 0,
             })
             .collect(),
         lease_ttl_ms: registration.lease_ttl_ms.unwrap_or(LEASE_TTL_DEFAULT_MS),
         epoch: 0,
         holder: None,
         created_ms: read.now_ms,
+        group: registration.group,
+        members: Vec::new(),
     };
-    let view = consumer.view(id, read.now_ms);
-    (ConsumerWrite::Put(consumer.document()), Ok((201, view)))
+    let answer = outcome(201, &consumer, read.now_ms);
+    (ConsumerWrite::Put(consumer.document()), Ok(answer))
 }
 
-/// `GET /consumers/{id}`.
-pub fn describe(read: ConsumerRead, id: &str) -> (ConsumerWrite, Answer) {
-    let answer = stored(&read).map(|c| (200, c.view(id, read.now_ms)));
+/// Describes the consumer.
+pub fn describe(read: ConsumerRead) -> (ConsumerWrite, Answer) {
+    let answer = stored(&read).map(|c| outcome(200, &c, read.now_ms));
     (ConsumerWrite::Keep, answer)
 }
 
-/// `DELETE /consumers/{id}`.
+/// Deletes the consumer.
 pub fn delete(read: ConsumerRead) -> (ConsumerWrite, Answer) {
     match stored(&read) {
-        Ok(_) => (ConsumerWrite::Delete, Ok((204, Value::Null))),
+        Ok(_) => (
+            ConsumerWrite::Delete,
+            Ok(Outcome {
+                status: 204,
+                consumer: None,
+                token: None,
+                member: None,
+                now_ms: read.now_ms,
+            }),
+        ),
         Err(e) => (ConsumerWrite::Keep, Err(e)),
     }
 }
 
-/// `POST /consumers/{id}/acquire`: a new epoch holds the consumer; `token` is its bearer
-/// token (made by the caller from a system random source), of which only the digest is kept.
-pub fn acquire(read: ConsumerRead, id: &str, token: &Token) -> (ConsumerWrite, Answer) {
-    let mut consumer = match stored(&read) {
-        Ok(c) => c,
-        Err(e) => return (ConsumerWrite::Keep, Err(e)),
+/// Acquire (single reader) or join (group, as `member`): a new epoch, whose bearer `token`
+/// (drawn by the caller from the system's random source) is answered once and kept as a
+/// digest. A single reader's acquire supersedes the holder; a member's join supersedes that
+/// member's earlier incarnation and rebalances the group's streams.
+pub fn acquire(read: ConsumerRead, member: Option<&str>, token: &Token) -> (ConsumerWrite, Answer) {
+    let now_ms = read.now_ms;
+    changing(&read, |consumer| {
+        let epoch = consumer
+            .epoch
+            .checked_add(1)
+            .ok_or_else(|| ConsumerError::new(409, "CONFLICT", "epochs exhausted"))?;
+        let lease_expires_ms = consumer.lease_until(now_ms);
+        let member = if consumer.group {
+            let member = member
+                .ok_or_else(|| ConsumerError::invalid("a group is joined as a named member"))?;
+            check_id(member)?;
+            if consumer.members.len() >= MEMBERS_PER_GROUP_MAX
+                && !consumer.members.iter().any(|m| m.id == member)
+            {
+                consumer.members.retain(|m| m.lease_expires_ms > now_ms);
+                if consumer.members.len() >= MEMBERS_PER_GROUP_MAX {
+                    return Err(ConsumerError::new(
+                        429,
+                        "LIMIT_EXCEEDED",
+                        format!("a group has {MEMBERS_PER_GROUP_MAX} members at most"),
+                    ));
+                }
+            }
+            consumer.members.retain(|m| m.id != member);
+            // The incarnation it replaces held streams: they change hands, even if back to
+            // this member, so the old incarnation's acks name a stale epoch.
+            for stream in &mut consumer.streams {
+                if stream.holder.as_deref() == Some(member) {
+                    stream.holder = None;
+                    stream.epoch = stream.epoch.saturating_add(1);
+                }
+            }
+            consumer.members.push(Member {
+                id: member.to_string(),
+                epoch,
+                token_sha256: token.digest_for(epoch),
+                lease_expires_ms,
+            });
+            consumer.members.sort_by(|a, b| a.id.cmp(&b.id));
+            rebalance(consumer, now_ms);
+            Some(member.to_string())
+        } else {
+            consumer.holder = Some(Holder {
+                token_sha256: token.digest_for(epoch),
+                lease_expires_ms,
+            });
+            None
+        };
+        consumer.epoch = epoch;
+        Ok(Outcome {
+            status: 200,
+            consumer: None,
+            token: Some(token.text_for(epoch)),
+            member,
+            now_ms,
+        })
+    })
+}
+
+/// Members one group holds.
+pub const MEMBERS_PER_GROUP_MAX: usize = 1_024;
+
+/// Drops the members whose leases ran out and spreads the streams over the rest: each
+/// member keeps what it holds up to its share (`streams / members`, one more for the first
+/// `streams % members` that already hold that many), the rest go to the members holding
+/// fewest. Every change of hands bumps the stream's epoch.
+fn rebalance(consumer: &mut Consumer, now_ms: i64) {
+    consumer.members.retain(|m| m.lease_expires_ms > now_ms);
+    let live: Vec<String> = consumer.members.iter().map(|m| m.id.clone()).collect();
+    let streams = consumer.streams.len();
+    let mut counts = vec![0usize; live.len()];
+    let index = |holder: &Option<String>| {
+        holder
+            .as_deref()
+            .and_then(|h| live.iter().position(|m| m == h))
     };
-    let Some(epoch) = consumer.epoch.checked_add(1) else {
-        return (
-            ConsumerWrite::Keep,
-            Err(ConsumerError::new(409, "CONFLICT", "epochs exhausted")),
-        );
-    };
-    consumer.epoch = epoch;
-    consumer.holder = Some(Holder {
-        token_sha256: token.digest_for(epoch),
-        lease_expires_ms: consumer.lease_until(read.now_ms),
-    });
-    let mut view = consumer.view(id, read.now_ms);
-    view["token"] = json!(token.text_for(epoch));
-    (ConsumerWrite::Put(consumer.document()), Ok((200, view)))
+    let mut keep = vec![false; streams];
+    if !live.is_empty() {
+        let base = streams / live.len();
+        let mut extra = streams % live.len();
+        for (i, stream) in consumer.streams.iter().enumerate() {
+            if let Some(m) = index(&stream.holder) {
+                if counts[m] < base {
+                    counts[m] += 1;
+                    keep[i] = true;
+                }
+            }
+        }
+        for (i, stream) in consumer.streams.iter().enumerate() {
+            if let Some(m) = index(&stream.holder) {
+                if !keep[i] && counts[m] == base && extra > 0 {
+                    counts[m] += 1;
+                    extra -= 1;
+                    keep[i] = true;
+                }
+            }
+        }
+    }
+    for (i, stream) in consumer.streams.iter_mut().enumerate() {
+        if keep[i] {
+            continue;
+        }
+        let to = counts
+            .iter()
+            .enumerate()
+            .min_by_key(|(m, count)| (**count, *m))
+            .map(|(m, _)| m);
+        let holder = to.map(|m| {
+            counts[m] += 1;
+            live[m].clone()
+        });
+        if holder != stream.holder {
+            stream.holder = holder;
+            stream.epoch = stream.epoch.saturating_add(1);
+        }
+    }
 }
 
 /// A bearer token for one epoch: `<epoch>.<secret>`; the epoch in clear lets a superseded
@@ -420,51 +572,6 @@ fn digest(text: &str) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Checks a holder's bearer token: the consumer must be `READING` under that very epoch.
-fn check_holder(consumer: &Consumer, token: &str, now_ms: i64) -> Result<(), ConsumerError> {
-    let epoch = token
-        .split_once('.')
-        .and_then(|(epoch, _)| epoch.parse::<u64>().ok())
-        .ok_or_else(|| ConsumerError::new(401, "TOKEN_INVALID", "malformed consumer token"))?;
-    if epoch < consumer.epoch {
-        return Err(ConsumerError::new(
-            409,
-            "STALE_EPOCH",
-            format!(
-                "epoch {epoch} was superseded by epoch {}: acquire again",
-                consumer.epoch
-            ),
-        ));
-    }
-    let holder = consumer.holder.as_ref();
-    let matches = epoch == consumer.epoch
-        && holder.is_some_and(|h| constant_time_eq(&h.token_sha256, &digest(token)));
-    if !matches {
-        // A released or lapsed holder's token still names the current epoch; any other
-        // text is simply wrong.
-        if epoch == consumer.epoch && holder.is_none() {
-            return Err(ConsumerError::new(
-                409,
-                "CONSUMER_NOT_READING",
-                "the consumer is not held (released or lease lapsed): acquire it",
-            ));
-        }
-        return Err(ConsumerError::new(
-            401,
-            "TOKEN_INVALID",
-            "unknown consumer token",
-        ));
-    }
-    if !consumer.is_reading(now_ms) {
-        return Err(ConsumerError::new(
-            409,
-            "CONSUMER_NOT_READING",
-            "the lease lapsed: acquire the consumer again",
-        ));
-    }
-    Ok(())
-}
-
 fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
@@ -473,98 +580,192 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
             == 0
 }
 
-/// `POST /consumers/{id}/ack`: moves the named cursors, all or none; an empty list only
-/// extends the lease. `tails` gives each named stream's tail as `(seq, bytes)` (read before
-/// this transaction: tails only grow, so an offset within it stays within the tail), or
-/// `None` where the stream does not exist.
+fn token_epoch(token: &str) -> Result<u64, ConsumerError> {
+    token
+        .split_once('.')
+        .and_then(|(epoch, _)| epoch.parse::<u64>().ok())
+        .ok_or_else(|| ConsumerError::new(401, "TOKEN_INVALID", "malformed consumer token"))
+}
+
+fn not_reading(why: &str) -> ConsumerError {
+    ConsumerError::new(409, "CONSUMER_NOT_READING", why.to_string())
+}
+
+fn stale(message: String) -> ConsumerError {
+    ConsumerError::new(409, "STALE_EPOCH", message)
+}
+
+/// Who a holder's token names: `None` for a single reader's holder, the member's index in a
+/// group. The holder must be the current epoch (member incarnation) and its lease must run.
+fn check_token(
+    consumer: &Consumer,
+    token: &str,
+    now_ms: i64,
+) -> Result<Option<usize>, ConsumerError> {
+    let epoch = token_epoch(token)?;
+    let unknown = || ConsumerError::new(401, "TOKEN_INVALID", "unknown consumer token");
+    if consumer.group {
+        let Some(at) = consumer.members.iter().position(|m| m.epoch == epoch) else {
+            if epoch <= consumer.epoch {
+                return Err(stale(format!(
+                    "member incarnation {epoch} left the group or was superseded: join again"
+                )));
+            }
+            return Err(unknown());
+        };
+        let member = &consumer.members[at];
+        if !constant_time_eq(&member.token_sha256, &digest(token)) {
+            return Err(unknown());
+        }
+        if member.lease_expires_ms <= now_ms {
+            return Err(not_reading("the member's lease lapsed: join again"));
+        }
+        return Ok(Some(at));
+    }
+    if epoch < consumer.epoch {
+        return Err(stale(format!(
+            "epoch {epoch} was superseded by epoch {}: acquire again",
+            consumer.epoch
+        )));
+    }
+    let holder = consumer.holder.as_ref();
+    let matches = epoch == consumer.epoch
+        && holder.is_some_and(|h| constant_time_eq(&h.token_sha256, &digest(token)));
+    if !matches {
+        // A released holder's token still names the current epoch; any other text is wrong.
+        if epoch == consumer.epoch && holder.is_none() {
+            return Err(not_reading(
+                "the consumer is not held (released or lease lapsed): acquire it",
+            ));
+        }
+        return Err(unknown());
+    }
+    if !consumer.is_reading(now_ms) {
+        return Err(not_reading("the lease lapsed: acquire the consumer again"));
+    }
+    Ok(None)
+}
+
+/// Acknowledges: moves the named cursors, all or none, and extends the holder's lease (an
+/// empty list only extends it: a heartbeat). In a group each named stream must be held by
+/// the acknowledging member; the answer carries the group's assignment after the rebalance
+/// the ack ran. `tails` gives each named stream's tail as `(seq, bytes)`, read before this
+/// transaction (tails only grow, so an offset within it stays within), `None` where the
+/// stream does not exist.
 pub fn ack(
     read: ConsumerRead,
-    id: &str,
     token: &str,
     offsets: &AckOffsets,
     tails: &[Option<(u64, u64)>],
 ) -> (ConsumerWrite, Answer) {
-    let mut consumer = match stored(&read) {
-        Ok(c) => c,
-        Err(e) => return (ConsumerWrite::Keep, Err(e)),
-    };
-    if let Err(e) = check_holder(&consumer, token, read.now_ms) {
-        return (ConsumerWrite::Keep, Err(e));
-    }
-    let mut moves = Vec::with_capacity(offsets.len());
-    for ((path, at), tail) in offsets.iter().zip(tails) {
-        let Some(index) = consumer.streams.iter().position(|s| &s.path == path) else {
-            return (
-                ConsumerWrite::Keep,
-                Err(ConsumerError::new(
-                    400,
-                    "UNKNOWN_STREAM",
-                    format!("{path} is not a stream of consumer {id:?}"),
-                )),
-            );
-        };
-        let wanted = position(*at);
-        if wanted < consumer.streams[index].next {
-            return (
-                ConsumerWrite::Keep,
-                Err(ConsumerError::new(
+    let now_ms = read.now_ms;
+    changing(&read, |consumer| {
+        let member = check_token(consumer, token, now_ms)?;
+        let member_id = member.map(|m| consumer.members[m].id.clone());
+        let mut moves = Vec::with_capacity(offsets.len());
+        for ((path, at), tail) in offsets.iter().zip(tails) {
+            let index = consumer
+                .streams
+                .iter()
+                .position(|s| &s.path == path)
+                .ok_or_else(|| {
+                    ConsumerError::new(
+                        400,
+                        "UNKNOWN_STREAM",
+                        format!("{path} is not a stream of this consumer"),
+                    )
+                })?;
+            let cursor = &consumer.streams[index];
+            if let Some(member) = &member_id {
+                if cursor.holder.as_ref() != Some(member) {
+                    return Err(stale(format!(
+                        "{path} is held by another member now (stream epoch {})",
+                        cursor.epoch
+                    )));
+                }
+            }
+            let wanted = position(*at);
+            if wanted < cursor.next {
+                return Err(ConsumerError::new(
                     409,
                     "OFFSET_REGRESSION",
                     format!(
                         "{path}: offset {} is behind the committed {}",
                         offset_text(wanted),
-                        offset_text(consumer.streams[index].next)
+                        offset_text(cursor.next)
                     ),
-                )),
-            );
-        }
-        if let Some(wanted) = wanted {
-            if tail.is_none_or(|tail| wanted > tail) {
-                return (
-                    ConsumerWrite::Keep,
-                    Err(ConsumerError::new(
+                ));
+            }
+            if let Some(wanted) = wanted {
+                if tail.is_none_or(|tail| wanted > tail) {
+                    return Err(ConsumerError::new(
                         409,
                         "INVALID_OFFSET",
                         format!(
                             "{path}: offset {} is past the stream's tail",
                             offset_text(Some(wanted))
                         ),
-                    )),
-                );
+                    ));
+                }
+            }
+            moves.push((index, wanted));
+        }
+        for (index, wanted) in moves {
+            let cursor = &mut consumer.streams[index];
+            cursor.next = wanted.max(cursor.next);
+        }
+        let lease = consumer.lease_until(now_ms);
+        match member {
+            Some(m) => {
+                consumer.members[m].lease_expires_ms = lease;
+                rebalance(consumer, now_ms);
+            }
+            None => {
+                if let Some(holder) = consumer.holder.as_mut() {
+                    holder.lease_expires_ms = lease;
+                }
             }
         }
-        moves.push((index, wanted));
-    }
-    for (index, wanted) in moves {
-        consumer.streams[index].next = wanted.max(consumer.streams[index].next);
-    }
-    let lease = consumer.lease_until(read.now_ms);
-    if let Some(holder) = consumer.holder.as_mut() {
-        holder.lease_expires_ms = lease;
-    }
-    let view = consumer.view(id, read.now_ms);
-    (ConsumerWrite::Put(consumer.document()), Ok((200, view)))
+        Ok(Outcome {
+            status: 200,
+            consumer: None,
+            token: None,
+            member: member_id,
+            now_ms,
+        })
+    })
 }
 
-/// `POST /consumers/{id}/release`: back to `REGISTERED`, committed offsets kept.
-pub fn release(read: ConsumerRead, id: &str, token: &str) -> (ConsumerWrite, Answer) {
-    let mut consumer = match stored(&read) {
-        Ok(c) => c,
-        Err(e) => return (ConsumerWrite::Keep, Err(e)),
-    };
-    if let Err(e) = check_holder(&consumer, token, read.now_ms) {
-        return (ConsumerWrite::Keep, Err(e));
-    }
-    consumer.holder = None;
-    let view = consumer.view(id, read.now_ms);
-    (ConsumerWrite::Put(consumer.document()), Ok((200, view)))
+/// Releases: a single reader goes back to `REGISTERED`; a member leaves its group, whose
+/// streams go to the others. Committed offsets stay.
+pub fn release(read: ConsumerRead, token: &str) -> (ConsumerWrite, Answer) {
+    let now_ms = read.now_ms;
+    changing(&read, |consumer| {
+        match check_token(consumer, token, now_ms)? {
+            Some(m) => {
+                consumer.members.remove(m);
+                rebalance(consumer, now_ms);
+            }
+            None => consumer.holder = None,
+        }
+        Ok(outcome(200, consumer, now_ms))
+    })
 }
 
-/// The paths a consumer document follows (for the lag gauges), or nothing when unreadable.
-pub fn cursors(document: &str) -> Vec<StreamCursor> {
-    Consumer::parse(document)
-        .map(|c| c.streams)
-        .unwrap_or_default()
+/// The offset text of a cursor: `-1` before anything is processed.
+pub fn offset_text(next: Option<(u64, u64)>) -> String {
+    match next {
+        None => "-1".to_string(),
+        Some((seq, bytes)) => offset::format(seq, bytes),
+    }
+}
+
+/// A position as comparable `(seq, bytes)`; the start sorts first.
+fn position(at: Offset) -> Option<(u64, u64)> {
+    match at {
+        Offset::At { seq, bytes } => Some((seq, bytes)),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

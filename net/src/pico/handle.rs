@@ -25,6 +25,12 @@ pub async fn handle(
     auth: Option<&CoreTokens>,
     request: Request,
 ) -> Response {
+    if crate::consumers::is_pico_call(&request) && request.method != "OPTIONS" {
+        let response = Box::pin(crate::consumers::handle_pico(core, auth, &request)).await;
+        let mut response = response;
+        crate::routing::complete_redirect(&mut response, &request);
+        return with_common(response, &settings.cors_origin);
+    }
     let result = match authorize(auth, &request).and_then(|()| own_protocol(settings, &request)) {
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),
