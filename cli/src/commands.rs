@@ -140,6 +140,10 @@ pub async fn read(client: &Client, args: &ReadArgs) -> Result<(), Failure> {
         bytes += printed_bytes;
         progress.update(records, bytes);
         if page.up_to_date || page.is_empty() {
+            if args.follow && !page.closed {
+                drop(progress);
+                return follow(client, &args.stream, page.next, true, &mut out).await;
+            }
             return Ok(());
         }
         from = page.next;
@@ -174,19 +178,31 @@ async fn parse_position(
 }
 
 pub async fn tail(client: &Client, args: &TailArgs) -> Result<(), Failure> {
-    let mut from = match client.protocol() {
+    let from = match client.protocol() {
         Protocol::Pico => head_or_not_found(client, &args.stream).await?.next,
         // The protocol has a sentinel for the tail: no HEAD round trip (nor its race).
         Protocol::DurableStreams => Position::ds_now(),
     };
-    let mut cursor: Option<String> = None;
     let mut out = io::stdout().lock();
+    follow(client, &args.stream, from, args.follow, &mut out).await
+}
+
+/// Long-polls `stream` from `from`, printing what arrives, until it is up to date (`until_closed`
+/// false) or closed.
+async fn follow(
+    client: &Client,
+    stream: &str,
+    mut from: Position,
+    until_closed: bool,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    let mut cursor: Option<String> = None;
     loop {
         let page = client
-            .read_long_poll(&args.stream, &from, cursor.as_deref())
+            .read_long_poll(stream, &from, cursor.as_deref())
             .await?;
-        print_page(&mut out, &page)?;
-        if page.up_to_date && (page.closed || !args.follow) {
+        print_page(out, &page)?;
+        if page.up_to_date && (page.closed || !until_closed) {
             return Ok(());
         }
         if page.is_empty() {

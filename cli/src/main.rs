@@ -19,6 +19,7 @@ mod argv;
 mod cert;
 mod commands;
 mod config;
+mod consume;
 mod logger;
 mod profile;
 mod progress;
@@ -247,6 +248,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Command::Append(args) => commands::append(&client, args).await,
             Command::Read(args) => commands::read(&client, args).await,
             Command::Tail(args) => commands::tail(&client, args).await,
+            Command::Consume(args) => consume::consume(&client, args).await,
             Command::Ls(args) => commands::ls(&client, args).await,
             Command::Close(args) => commands::close(&client, args).await,
             Command::Delete(args) => commands::delete(&client, args).await,

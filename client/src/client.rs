@@ -539,6 +539,11 @@ impl Client {
         )
     }
 
+    /// The HTTP client every request of this client goes through.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     fn require_pico_for(&self, message: &str) -> Result<(), ClientError> {
         match self.protocol {
             Protocol::Pico => Ok(()),
