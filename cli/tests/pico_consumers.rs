@@ -229,6 +229,27 @@ fn a_single_reader_consumer_resumes_after_kill_9() {
         Some(json!({"offsets": [{"stream": "/logs", "offset": 2}]})),
     )
     .expect(200);
+    // Operators see where it stands: 5 records, 3 acknowledged.
+    let admin = |path: &str| {
+        common::Conn::connect(server.admin)
+            .unwrap()
+            .request("GET", path, &[], b"")
+            .unwrap()
+    };
+    let listed = admin("/admin/consumers");
+    listed.expect(200);
+    let consumer = listed.json()["consumers"][0].clone();
+    assert_eq!(consumer["consumer"], "/logs/shipper");
+    assert_eq!(consumer["protocol"], "pico");
+    assert_eq!(consumer["streams"][0]["lag"], 2);
+    let metrics = admin("/metrics").text();
+    assert!(metrics.contains("pico_consumers 1\n"), "{metrics}");
+    assert!(
+        metrics.contains(
+            "pico_consumer_lag_records{scope=\"\",consumer=\"/logs/shipper\",stream=\"/logs\"} 2\n"
+        ),
+        "{metrics}"
+    );
     server.kill();
     server.restart();
     let got = call(&server, "GET", q, None, None);

@@ -6,6 +6,7 @@
 //! `/ready` needs a token with the `admin` grant.
 
 pub mod cluster;
+mod consumers;
 pub mod dashboard;
 pub mod metrics;
 mod quarantine;
@@ -105,16 +106,21 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         }
     }
     match (method, path) {
-        ("GET" | "HEAD", "/metrics") => Response::new(200)
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .header("cache-control", "no-store")
-            .with_body(metrics::render(
+        ("GET" | "HEAD", "/metrics") => {
+            let mut body = metrics::render(
                 state.facts.build,
                 &state.engine_metrics,
                 state.facts.wal_salvaged.len(),
                 &state.http_metrics,
                 state.started.elapsed().as_secs_f64(),
-            )),
+            );
+            body.push_str(&consumers::metrics_text(state).await);
+            Response::new(200)
+                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                .header("cache-control", "no-store")
+                .with_body(body)
+        }
+        ("GET", "/admin/consumers") => consumers::list(state).await,
         ("GET", "/admin/cluster") => cluster(state).await,
         ("GET", "/admin/nodes") => match state.core.cluster() {
             Some(cluster) => crate::admin::cluster::nodes(state, cluster).await,
@@ -155,6 +161,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/admin/cluster"
         | "/admin/nodes"
         | "/admin/stats"
+        | "/admin/consumers"
         | "/admin/streams"
         | "/admin/quarantine/records" => "GET",
         p if p.starts_with("/admin/streams/") => "GET",

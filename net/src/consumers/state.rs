@@ -752,6 +752,18 @@ pub fn release(read: ConsumerRead, token: &str) -> (ConsumerWrite, Answer) {
     })
 }
 
+/// The streams of a stored consumer document (nothing when it is unreadable).
+pub fn cursors(document: &str) -> Vec<StreamCursor> {
+    Consumer::parse(document)
+        .map(|c| c.streams)
+        .unwrap_or_default()
+}
+
+/// Whether a stored consumer document is a group's.
+pub fn is_group(document: &str) -> bool {
+    Consumer::parse(document).is_ok_and(|c| c.group)
+}
+
 /// The offset text of a cursor: `-1` before anything is processed.
 pub fn offset_text(next: Option<(u64, u64)>) -> String {
     match next {
