@@ -459,6 +459,10 @@ pub struct ConsumeArgs {
     /// stop after this many records, acknowledged (default: follow until every stream is closed) [env: PICO_COUNT]
     #[argh(option, arg_name = "n")]
     pub count: Option<u64>,
+
+    /// records read, printed and acknowledged at a time: what a crash or a hand-over may print again, per stream (default 100) [env: PICO_PAGE_RECORDS]
+    #[argh(option, arg_name = "n", default = "100")]
+    pub page_records: u64,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

@@ -48,11 +48,7 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
             .clone()
             .unwrap_or_else(|| format!("{}-{}", host_name(), std::process::id()))
     });
-    let acquired = client.consumer_acquire(name, member.as_deref()).await?;
-    let token = acquired
-        .token
-        .clone()
-        .ok_or_else(|| Failure::Fatal("the server answered an acquire without a token".into()))?;
+    let (mut token, acquired) = acquire(client, name, member.as_deref()).await?;
     let beat_every = Duration::from_millis(acquired.lease_ttl_ms.max(LEASE_FLOOR_MS) / 3);
     let mut held = BTreeMap::new();
     update_held(&mut held, &acquired);
@@ -66,7 +62,13 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
             let Some(state) = held.get(&stream) else {
                 continue;
             };
-            let page = client.read(&stream, Position::Seq(state.next_seq)).await?;
+            let page = client
+                .read_at_most(
+                    &stream,
+                    Position::Seq(state.next_seq),
+                    args.page_records.max(1),
+                )
+                .await?;
             let taken = take(&page, args.count.map(|c| c.saturating_sub(records)));
             if let Some(last) = print(&mut out, &stream, several, &page, taken)? {
                 let view = client
@@ -74,9 +76,11 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
                     .await;
                 let view = match view {
                     Err(e) if is_stale(&e) => {
-                        // The group moved the stream to another member meanwhile: it
-                        // resumes from the last offset acknowledged.
+                        // The stream went to another member meanwhile (it resumes from the
+                        // last offset acknowledged), or this member's lease lapsed (a pause)
+                        // and it left the group: the heartbeat below tells which.
                         held.remove(&stream);
+                        last_beat = Instant::now() - beat_every;
                         continue;
                     }
                     other => other?,
@@ -97,7 +101,17 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
             break Ok(());
         }
         if last_beat.elapsed() >= beat_every {
-            let view = client.consumer_ack(name, &token, &[]).await?;
+            let view = match client.consumer_ack(name, &token, &[]).await {
+                Err(e) if is_stale(&e) => {
+                    // This incarnation is gone (its lease lapsed, or a newer one of the same
+                    // name joined): join again and go on from the acknowledged offsets.
+                    let (fresh, view) = acquire(client, name, member.as_deref()).await?;
+                    token = fresh;
+                    held.clear();
+                    view
+                }
+                other => other?,
+            };
             update_held(&mut held, &view);
             last_beat = Instant::now();
         }
@@ -113,9 +127,24 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
     outcome
 }
 
-/// A member's ack of a stream the group handed to another member.
+/// An ack refused because the stream or the holder moved on: another member holds the
+/// stream now, or this incarnation's lease lapsed.
 fn is_stale(e: &ClientError) -> bool {
-    e.code() == Some("stale_epoch")
+    matches!(e.code(), Some("stale_epoch" | "consumer_not_reading"))
+}
+
+/// Acquires the consumer (joins the group as `member`): its token and what it holds.
+async fn acquire(
+    client: &Client,
+    name: &str,
+    member: Option<&str>,
+) -> Result<(String, ConsumerView), Failure> {
+    let view = client.consumer_acquire(name, member).await?;
+    let token = view
+        .token
+        .clone()
+        .ok_or_else(|| Failure::Fatal("the server answered an acquire without a token".into()))?;
+    Ok((token, view))
 }
 
 /// Takes the streams a group member holds from an answer (a single reader holds them all),
