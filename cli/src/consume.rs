@@ -17,6 +17,31 @@ use crate::Failure;
 
 /// The shortest lease the loop paces itself by (a heartbeat every third of it).
 const LEASE_FLOOR_MS: u64 = 300;
+/// How long a call is tried again through answers that say "later" (`503`, `429`) and lost
+/// connections: a cluster's failover takes about a node lease.
+const RETRY_WINDOW: Duration = Duration::from_secs(60);
+const RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Runs `call` until it succeeds, fails for good, or [`RETRY_WINDOW`] has passed. Every call
+/// it repeats is idempotent: a read, or an acknowledgement of the same offset.
+async fn retrying<T, F, Fut>(mut call: F) -> Result<T, ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let deadline = Instant::now() + RETRY_WINDOW;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match call().await {
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                let wait = e.retry_after().unwrap_or(pause).min(RETRY_PAUSE_MAX);
+                tokio::time::sleep(wait).await;
+                pause = (pause * 2).min(RETRY_PAUSE_MAX);
+            }
+            other => return other,
+        }
+    }
+}
 
 /// Where one held stream stands.
 struct Held {
@@ -40,8 +65,7 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
         ));
     }
     let name = args.consumer.as_str();
-    client
-        .consumer_register(name, &args.streams, args.group, args.lease_ttl_ms)
+    retrying(|| client.consumer_register(name, &args.streams, args.group, args.lease_ttl_ms))
         .await?;
     let member = args.group.then(|| {
         args.member
@@ -62,18 +86,14 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
             let Some(state) = held.get(&stream) else {
                 continue;
             };
-            let page = client
-                .read_at_most(
-                    &stream,
-                    Position::Seq(state.next_seq),
-                    args.page_records.max(1),
-                )
-                .await?;
+            let from = Position::Seq(state.next_seq);
+            let page =
+                retrying(|| client.read_at_most(&stream, from.clone(), args.page_records.max(1)))
+                    .await?;
             let taken = take(&page, args.count.map(|c| c.saturating_sub(records)));
             if let Some(last) = print(&mut out, &stream, several, &page, taken)? {
-                let view = client
-                    .consumer_ack(name, &token, &[(stream.clone(), last)])
-                    .await;
+                let acked = [(stream.clone(), last)];
+                let view = retrying(|| client.consumer_ack(name, &token, &acked)).await;
                 let view = match view {
                     Err(e) if is_stale(&e) => {
                         // The stream went to another member meanwhile (it resumes from the
@@ -101,7 +121,7 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
             break Ok(());
         }
         if last_beat.elapsed() >= beat_every {
-            let view = match client.consumer_ack(name, &token, &[]).await {
+            let view = match retrying(|| client.consumer_ack(name, &token, &[])).await {
                 Err(e) if is_stale(&e) => {
                     // This incarnation is gone (its lease lapsed, or a newer one of the same
                     // name joined): join again and go on from the acknowledged offsets.
@@ -120,8 +140,11 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
         }
     };
     out.flush()?;
-    // Leaving at once hands a group's streams over now instead of after the lease.
-    client.consumer_release(name, &token).await?;
+    // Leaving at once hands a group's streams over now instead of after the lease; should
+    // that fail, the lease lapses by itself.
+    if let Err(e) = client.consumer_release(name, &token).await {
+        eprintln!("pico: the release failed ({e}); the lease lapses by itself");
+    }
     let who = member.map_or(String::new(), |m| format!(" as member {m}"));
     eprintln!("consumed {records} records as {name}{who}; acknowledged");
     outcome
@@ -139,7 +162,7 @@ async fn acquire(
     name: &str,
     member: Option<&str>,
 ) -> Result<(String, ConsumerView), Failure> {
-    let view = client.consumer_acquire(name, member).await?;
+    let view = retrying(|| client.consumer_acquire(name, member)).await?;
     let token = view
         .token
         .clone()

@@ -117,7 +117,7 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
     let observed = {
         let (server, stop, appended) = (server.clone(), stop.clone(), appended.clone());
         std::thread::spawn(move || {
-            let mut last = vec![0u64; STREAMS];
+            let mut last = [0u64; STREAMS];
             let mut samples = 0u64;
             while !stop.load(Ordering::SeqCst) {
                 let tails = appended.lock().unwrap().clone();

@@ -60,7 +60,18 @@ fn json_body(request: &Request) -> Result<Value, ConsumerError> {
     serde_json::from_slice(&request.body).map_err(|_| ConsumerError::invalid("Invalid JSON body"))
 }
 
+/// The header a holder's token may also travel in: unlike `Authorization`, clients keep it
+/// when they follow a redirect to another node (an ack of a stream another node serves).
+pub const CONSUMER_TOKEN_HEADER: &str = "pico-consumer-token";
+
 fn holder_token(request: &Request) -> Result<String, ConsumerError> {
+    if let Some(token) = request
+        .header(CONSUMER_TOKEN_HEADER)
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        return Ok(token.to_string());
+    }
     request
         .header("authorization")
         .and_then(|v| v.split_once(' '))
@@ -71,7 +82,8 @@ fn holder_token(request: &Request) -> Result<String, ConsumerError> {
             ConsumerError::new(
                 401,
                 "TOKEN_REQUIRED",
-                "this call needs the consumer's token: Authorization: Bearer <token from acquire>",
+                "this call needs the consumer's token: Authorization: Bearer <token from acquire> \
+                 (or Pico-Consumer-Token: <token>)",
             )
         })
 }

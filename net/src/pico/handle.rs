@@ -16,7 +16,7 @@ use crate::transport::message::{Request, Response};
 pub(super) const ALLOW_METHODS: &str = "GET, PUT, POST, PATCH, DELETE, HEAD, OPTIONS";
 /// The methods `/` (the listing) supports.
 const ROOT_ALLOW_METHODS: &str = "GET, OPTIONS";
-pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty";
+pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty, Pico-Consumer-Token";
 
 /// Answers one Pico request.
 pub async fn handle(
