@@ -238,7 +238,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "id")]
     pub cluster_id: Option<String>,
 
-    /// redirect: requests for other nodes' streams get 307 to their owner (default); local: never redirect (a routing proxy in front) [env: PICO_ROUTING]
+    /// redirect: requests for other nodes' streams get 307 to their owner; local: never redirect, for a routing proxy in front (default redirect) [env: PICO_ROUTING]
     #[argh(option, arg_name = "mode", from_str_fn(parse_routing))]
     pub routing: Option<String>,
 
@@ -337,6 +337,14 @@ pub struct ServeArgs {
         from_str_fn(parse_log_format)
     )]
     pub log_format: crate::logger::Format,
+
+    /// TOML file of serve settings, keyed by flag name (docs/configuration.md); flags and PICO_* variables win over it [env: PICO_CONFIG_FILE]
+    #[argh(option, arg_name = "file")]
+    pub config_file: Option<PathBuf>,
+
+    /// print the settings this node would start with as TOML, each with where it came from (flag, variable, config file or default), and exit without starting [env: PICO_PRINT_CONFIG]
+    #[argh(switch)]
+    pub print_config: bool,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

@@ -8,8 +8,9 @@
 //!   (`pico read /s --endpoint URL`): it is moved back to the command that declares it.
 //! * **Environment.** Each flag absent from the command line is taken from
 //!   `PICO_<FLAG_NAME>` (`--admin-listen` → `PICO_ADMIN_LISTEN`) if that is set and non-empty,
-//!   so the precedence is flag > environment > (profile, applied later) > default. Switches
-//!   accept `1/true/yes/on` and `0/false/no/off`.
+//!   so the precedence is flag > environment > (serve's config file and the profile, applied
+//!   later) > default. Switches accept `1/true/yes/on` and `0/false/no/off`. Every flag given
+//!   either way is recorded with its origin (`Normalized::given`).
 //!
 //! The output is canonical: `[root flags] sub [sub flags] ... [-- positionals]`.
 
@@ -24,6 +25,27 @@ pub struct Normalized {
     /// Subcommand names from the root, e.g. `["serve"]`.
     pub command_path: Vec<String>,
     pub help: bool,
+    /// Every flag on the rewritten line and where it came from, in order.
+    pub given: Vec<GivenFlag>,
+    /// Where the flags of `args` end (before `--` and the positionals): a flag inserted here
+    /// belongs to the innermost command.
+    pub flags_end: usize,
+}
+
+/// A flag of the rewritten line: its long name, its value (`true` or `false` for a switch) and
+/// whether the command line or its `PICO_*` variable gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GivenFlag {
+    pub long: &'static str,
+    pub value: String,
+    pub origin: Origin,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    CommandLine,
+    /// `PICO_<FLAG>` ([`env_var_name`]).
+    Environment,
 }
 
 /// The variable that stands in for a flag: `--admin-listen` → `PICO_ADMIN_LISTEN`.
@@ -45,6 +67,8 @@ struct Level<'i> {
     words: Vec<String>,
     /// Long names of the flags given, so the environment does not override them.
     given: HashSet<&'i str>,
+    /// The same flags with their values and origins, command line first.
+    origins: Vec<GivenFlag>,
     help: bool,
 }
 
@@ -55,6 +79,7 @@ impl<'i> Level<'i> {
             name,
             words: Vec::new(),
             given: HashSet::new(),
+            origins: Vec::new(),
             help: false,
         }
     }
@@ -101,7 +126,9 @@ pub fn normalize(
 
     let mut out = Vec::new();
     let mut command_path = Vec::new();
+    let mut given = Vec::new();
     for level in levels {
+        given.extend(level.origins);
         if let Some(name) = level.name {
             out.push(name.to_owned());
             command_path.push(name.to_owned());
@@ -111,6 +138,7 @@ pub fn normalize(
             out.push("--help".into());
         }
     }
+    let flags_end = out.len();
     if !help && !positionals.is_empty() {
         out.push("--".into());
         out.extend(positionals);
@@ -119,6 +147,8 @@ pub fn normalize(
         args: out,
         command_path,
         help,
+        given,
+        flags_end,
     })
 }
 
@@ -147,11 +177,11 @@ fn sort_words<'i>(
             let level = &mut levels[index];
             level.given.insert(flag.long);
             level.words.push(flag.long.to_owned());
-            match flag.kind {
+            let value = match flag.kind {
                 FlagInfoKind::Switch if inline_value.is_some() => {
                     return Err(format!("{} is a switch and takes no value", flag.long));
                 }
-                FlagInfoKind::Switch => {}
+                FlagInfoKind::Switch => "true".to_owned(),
                 FlagInfoKind::Option { .. } => {
                     let value = match inline_value {
                         Some(value) => value.to_owned(),
@@ -159,9 +189,15 @@ fn sort_words<'i>(
                             format!("No value provided for option '{}'.", flag.long)
                         })?,
                     };
-                    level.words.push(value);
+                    level.words.push(value.clone());
+                    value
                 }
-            }
+            };
+            level.origins.push(GivenFlag {
+                long: flag.long,
+                value,
+                origin: Origin::CommandLine,
+            });
             continue;
         }
         let current = levels.last_mut().expect("root level");
@@ -212,19 +248,28 @@ fn inject_env(level: &mut Level<'_>, env: &dyn Fn(&str) -> Option<String>) -> Re
         let Some(value) = env(&var).filter(|v| !v.is_empty()) else {
             continue;
         };
-        match flag.kind {
+        let value = match flag.kind {
             FlagInfoKind::Switch => {
-                if parse_bool(&value).ok_or_else(|| {
+                let on = parse_bool(&value).ok_or_else(|| {
                     format!("invalid {var}={value:?}: expected 1/true/yes or 0/false/no")
-                })? {
+                })?;
+                if on {
                     level.words.push(flag.long.to_owned());
                 }
+                // Recorded when off too: the variable was set, so nothing below it applies.
+                on.to_string()
             }
             FlagInfoKind::Option { .. } => {
                 level.words.push(flag.long.to_owned());
-                level.words.push(value);
+                level.words.push(value.clone());
+                value
             }
-        }
+        };
+        level.origins.push(GivenFlag {
+            long: flag.long,
+            value,
+            origin: Origin::Environment,
+        });
     }
     Ok(())
 }
@@ -418,6 +463,38 @@ mod tests {
         let err = normalize(&Cli::get_args_info(), &words("head /s"), &env).unwrap_err();
         assert!(err.message.contains("PICO_HTTP2"), "{err:?}");
         assert_eq!(err.command_path, words("head"));
+    }
+
+    #[test]
+    fn every_given_flag_is_recorded_with_its_origin() {
+        let env = env_of(&[
+            ("PICO_LISTEN", "0.0.0.0:5000"),
+            ("PICO_BACKLOG", "7"),
+            ("PICO_NO_ADMIN", "0"),
+        ]);
+        let normalized = normalize(
+            &Cli::get_args_info(),
+            &words("serve --listen 127.0.0.1:1 --wal-salvage"),
+            &env,
+        )
+        .unwrap();
+        let given: Vec<(&str, &str, Origin)> = normalized
+            .given
+            .iter()
+            .map(|g| (g.long, g.value.as_str(), g.origin))
+            .collect();
+        assert_eq!(
+            given,
+            [
+                ("--listen", "127.0.0.1:1", Origin::CommandLine),
+                ("--wal-salvage", "true", Origin::CommandLine),
+                ("--no-admin", "false", Origin::Environment),
+                ("--backlog", "7", Origin::Environment),
+            ]
+        );
+        assert_eq!(normalized.flags_end, normalized.args.len());
+        let with_positional = normalize(&Cli::get_args_info(), &words("head /s"), &no_env).unwrap();
+        assert_eq!(with_positional.args[with_positional.flags_end], "--");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `pico`: the PicoMQ server (`pico serve`) and command-line client.
 //!
-//! Flow: argv → `argv::normalize` (global flags, `-`-values, `PICO_*` variables) → argh →
-//! profile resolution for the connection flags → the command. Exit codes: 0 success,
-//! 1 fatal error (`pico: <message>` on stderr), 2 usage error.
+//! Flow: argv → `argv::normalize` (global flags, `-`-values, `PICO_*` variables) → for `serve`,
+//! its `--config-file` (`serve_config`) → argh → profile resolution for the connection flags →
+//! the command. Exit codes: 0 success, 1 fatal error (`pico: <message>` on stderr), 2 usage
+//! error (a bad config file included).
 
 /// Every core allocates and frees per request (h2 header maps, response buffers). With glibc's
 /// malloc the server did 66–91k Durable Streams appends/s (h2load, 256 B, 64 streams); with
@@ -24,6 +25,7 @@ mod logger;
 mod profile;
 mod progress;
 mod serve;
+mod serve_config;
 mod serve_help;
 
 use std::process::ExitCode;
@@ -69,11 +71,11 @@ impl From<std::io::Error> for Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = match parse_command_line() {
-        Ok(cli) => cli,
+    let (cli, provenance) = match parse_command_line() {
+        Ok(parsed) => parsed,
         Err(code) => return code,
     };
-    match run(cli) {
+    match run(cli, &provenance) {
         Ok(()) | Err(Failure::BrokenPipe) => ExitCode::SUCCESS,
         Err(Failure::Usage(message)) => {
             eprintln!("pico: {message}");
@@ -119,8 +121,9 @@ extern "C" fn commit_memory_on_demand() {
 #[unsafe(link_section = ".init_array")]
 static COMMIT_MEMORY_ON_DEMAND: extern "C" fn() = commit_memory_on_demand;
 
-/// argv → `Cli`, or the exit code after printing help (0) or a usage error (2).
-fn parse_command_line() -> Result<Cli, ExitCode> {
+/// argv → `Cli` and where serve's flags came from, or the exit code after printing help (0)
+/// or a usage error (2), a bad config file included.
+fn parse_command_line() -> Result<(Cli, serve_config::Provenance), ExitCode> {
     let mut args = Vec::new();
     for arg in std::env::args_os().skip(1) {
         match arg.into_string() {
@@ -142,7 +145,8 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
         }
     }
     let env = |name: &str| std::env::var(name).ok();
-    let normalized = match argv::normalize(&Cli::get_args_info(), &args, &env) {
+    let info = Cli::get_args_info();
+    let mut normalized = match argv::normalize(&info, &args, &env) {
         Ok(normalized) => normalized,
         Err(error) => {
             eprintln!("pico: {}", error.message);
@@ -150,8 +154,15 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
             return Err(ExitCode::from(2));
         }
     };
+    let mut provenance = serve_config::Provenance::default();
+    if normalized.command_path == ["serve"] && !normalized.help {
+        provenance = serve_config::apply(&info, &mut normalized).map_err(|message| {
+            eprintln!("pico: {message}");
+            ExitCode::from(2)
+        })?;
+    }
     let words: Vec<&str> = normalized.args.iter().map(String::as_str).collect();
-    Cli::from_args(&["pico"], &words).map_err(|early_exit| match early_exit.status {
+    let cli = Cli::from_args(&["pico"], &words).map_err(|early_exit| match early_exit.status {
         Ok(()) => {
             if normalized.command_path == ["serve"] {
                 println!("{}", serve_help::regroup(&early_exit.output));
@@ -168,7 +179,8 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
             print_usage_hint(&normalized.command_path);
             ExitCode::from(2)
         }
-    })
+    })?;
+    Ok((cli, provenance))
 }
 
 /// The `Usage:` line of the command (argh's own text) and where to get more.
@@ -184,7 +196,7 @@ fn print_usage_hint(command_path: &[String]) {
     eprintln!("Run pico{path} --help for more information.");
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
+fn run(cli: Cli, provenance: &serve_config::Provenance) -> Result<(), Failure> {
     // `config` edits the file the profiles come from: it must work even if the file is
     // broken or names a missing profile, so it does not resolve one.
     if let Command::Config(args) = &cli.command {
@@ -204,8 +216,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let profile = resolved.profile.clone();
     let protocol = cli.protocol.or(profile.protocol).unwrap_or(Protocol::Pico);
     if let Command::Serve(args) = &cli.command {
+        let protocol_source = match (provenance.source("--protocol"), &resolved.name) {
+            (serve_config::Source::Default, Some(name)) if profile.protocol.is_some() => {
+                serve_config::Source::Profile(name.clone())
+            }
+            (source, _) => source,
+        };
+        if args.print_config {
+            return serve::print_config(args, (protocol, protocol_source), provenance);
+        }
         logger::init(args.log_format);
-        return serve::run(args, protocol);
+        return serve::run(args, protocol, provenance);
     }
 
     let source = EndpointSource::of(&cli, &resolved);

@@ -1,22 +1,54 @@
 //! `pico serve`: flags → `pico_net::ServerConfig`, then the server runs on this thread.
 
+use std::io::Write;
+
+use argh::ArgsInfo;
 use pico_client::Protocol;
 use pico_net::ServerConfig;
 
-use crate::args::ServeArgs;
+use crate::args::{Cli, ServeArgs};
+use crate::serve_config::{Provenance, Source};
 use crate::Failure;
 
 /// What `--max-chunk-size 0` means.
 const DEFAULT_MAX_CHUNK_SIZE: usize = 64 * 1024;
 
-pub fn run(args: &ServeArgs, protocol: Protocol) -> Result<(), Failure> {
-    let config = server_config(args, protocol).map_err(Failure::Usage)?;
+pub fn run(args: &ServeArgs, protocol: Protocol, provenance: &Provenance) -> Result<(), Failure> {
+    let config =
+        server_config(args, protocol).map_err(|e| Failure::Usage(provenance.locate(&e)))?;
+    if let Some(file) = &args.config_file {
+        let (keys, overridden) = provenance.file_counts();
+        log::info!(
+            "config file {}: {keys} settings, {overridden} of them overridden by flags or PICO_* variables",
+            file.display()
+        );
+    }
     for warning in ignored_flag_warnings(args) {
         log::warn!("{warning}");
     }
     // A panic outside a connection ends the node rather than leaving a dead core serving.
     pico_net::panics::install_hook();
     pico_net::run(config).map_err(Failure::Fatal)
+}
+
+/// `pico serve --print-config`: the settings checked as for a start, then printed as a config
+/// file with where each came from; nothing starts.
+pub fn print_config(
+    args: &ServeArgs,
+    protocol: (Protocol, Source),
+    provenance: &Provenance,
+) -> Result<(), Failure> {
+    server_config(args, protocol.0).map_err(|e| Failure::Usage(provenance.locate(&e)))?;
+    let text = crate::serve_config::render(
+        &Cli::get_args_info(),
+        args,
+        (protocol.0.name(), protocol.1),
+        provenance,
+    );
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
 }
 
 /// The longest pause between two hand-backs of freed memory (`spawn_memory_return`).

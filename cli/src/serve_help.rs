@@ -13,11 +13,20 @@ pub const HIDDEN: &[&str] = &[
     "--object-flush-ms",
 ];
 
-/// Each heading and its flags, in the order shown.
-const GROUPS: &[(&str, &[&str])] = &[
-    (
-        "Listeners",
-        &[
+/// A topic of `pico serve --help`: its heading, the table of a config file that holds its
+/// settings (docs/configuration.md), and its flags in the order shown.
+pub struct Topic {
+    pub heading: &'static str,
+    pub table: &'static str,
+    pub flags: &'static [&'static str],
+}
+
+/// The topics in the order shown.
+pub const TOPICS: &[Topic] = &[
+    Topic {
+        heading: "Listeners",
+        table: "listeners",
+        flags: &[
             "--protocol",
             "--listen",
             "--ds-listen",
@@ -27,10 +36,11 @@ const GROUPS: &[(&str, &[&str])] = &[
             "--cors-origin",
             "--shutdown-drain-sec",
         ],
-    ),
-    (
-        "Storage",
-        &[
+    },
+    Topic {
+        heading: "Storage",
+        table: "storage",
+        flags: &[
             "--meta-url",
             "--storage",
             "--wal-dir",
@@ -39,14 +49,16 @@ const GROUPS: &[(&str, &[&str])] = &[
             "--block-cache-size",
             "--gc-interval-ms",
         ],
-    ),
-    (
-        "Durability",
-        &["--durability", "--object-puts-per-second", "--wal-salvage"],
-    ),
-    (
-        "Cluster (a postgres:// --meta-url)",
-        &[
+    },
+    Topic {
+        heading: "Durability",
+        table: "durability",
+        flags: &["--durability", "--object-puts-per-second", "--wal-salvage"],
+    },
+    Topic {
+        heading: "Cluster (a postgres:// --meta-url)",
+        table: "cluster",
+        flags: &[
             "--node-id",
             "--node-epoch",
             "--http-address",
@@ -55,10 +67,11 @@ const GROUPS: &[(&str, &[&str])] = &[
             "--slots",
             "--lease-ms",
         ],
-    ),
-    (
-        "Reads and retention",
-        &[
+    },
+    Topic {
+        heading: "Reads and retention",
+        table: "reads",
+        flags: &[
             "--long-poll-timeout-sec",
             "--sse-max-duration-sec",
             "--max-chunk-size",
@@ -67,10 +80,11 @@ const GROUPS: &[(&str, &[&str])] = &[
             "--default-retention-bytes",
             "--default-delete-on-empty",
         ],
-    ),
-    (
-        "Limits",
-        &[
+    },
+    Topic {
+        heading: "Limits",
+        table: "limits",
+        flags: &[
             "--max-body-size",
             "--request-timeout-sec",
             "--send-stall-timeout-sec",
@@ -80,18 +94,33 @@ const GROUPS: &[(&str, &[&str])] = &[
             "--producers-max",
             "--producer-idle-expiry-sec",
         ],
-    ),
-    (
-        "Auth",
-        &[
+    },
+    Topic {
+        heading: "Auth",
+        table: "auth",
+        flags: &[
             "--auth",
             "--auth-tokens",
             "--insecure-allow-remote",
             "--webhook-allow-loopback",
         ],
-    ),
-    ("TLS", &["--tls-cert", "--tls-key"]),
-    ("Process", &["--cores", "--log-format", "--help"]),
+    },
+    Topic {
+        heading: "TLS",
+        table: "tls",
+        flags: &["--tls-cert", "--tls-key"],
+    },
+    Topic {
+        heading: "Process",
+        table: "process",
+        flags: &[
+            "--cores",
+            "--log-format",
+            "--config-file",
+            "--print-config",
+            "--help",
+        ],
+    },
 ];
 
 /// The `--protocol` entry: a global flag (`pico --protocol ds serve`), which argh lists only
@@ -134,13 +163,13 @@ pub fn regroup(help: &str) -> String {
     }
     let mut out = format!("{head}\n");
     let mut shown: Vec<&str> = Vec::new();
-    for (heading, flags) in GROUPS {
-        out.push_str(&format!("\n{heading}:\n"));
-        if *heading == "Storage" {
+    for topic in TOPICS {
+        out.push_str(&format!("\n{}:\n", topic.heading));
+        if topic.heading == "Storage" {
             out.push_str(STORAGE_NOTE);
             out.push('\n');
         }
-        for flag in *flags {
+        for flag in topic.flags {
             if *flag == "--protocol" {
                 out.push_str(PROTOCOL_ENTRY);
                 out.push('\n');
@@ -218,7 +247,7 @@ mod tests {
             .find(|c| c.name == "serve")
             .expect("serve");
         for flag in serve.command.flags.iter() {
-            let grouped = GROUPS.iter().any(|(_, flags)| flags.contains(&flag.long));
+            let grouped = TOPICS.iter().any(|topic| topic.flags.contains(&flag.long));
             assert!(
                 grouped || HIDDEN.contains(&flag.long),
                 "{} has no topic",

@@ -158,6 +158,135 @@ fn metrics_count_operations_per_core_without_stream_labels() {
     assert!(!text.contains("/m/"), "no stream names in metrics");
 }
 
+/// `(files, bytes)` of the objects under a `file://` bucket's directory (a put's temporary
+/// file left out).
+fn objects_under(dir: &std::path::Path) -> (u64, u64) {
+    let (mut files, mut bytes) = (0, 0);
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            if metadata.is_dir() {
+                pending.push(entry.path());
+            } else if !entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".pico-tmp.")
+            {
+                files += 1;
+                bytes += metadata.len();
+            }
+        }
+    }
+    (files, bytes)
+}
+
+/// What the dashboard charts beyond the counters: the append and fsync latency histograms
+/// summed over the cores, the answers by kind (a refusal of the transport itself included),
+/// and the storage the node uses, which must match the files: the catalog's bucket bytes are
+/// the segment objects in the `file://` bucket.
+#[test]
+fn stats_and_metrics_report_latency_answers_and_storage_matching_the_files() {
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--max-body-size",
+        "4KiB",
+        "--segment-max-age-ms",
+        "200",
+    ]);
+    server.put("/s", "text/plain").expect(201);
+    for i in 0..10 {
+        server
+            .post("/s", format!("record {i}").as_bytes())
+            .expect(200);
+    }
+    // Refused by the HTTP layer before any handler: still counted.
+    server.post("/s", &[b'x'; 16 * 1024]).expect(413);
+    server.get("/nope").expect(404);
+
+    let objects = server.dir().join("objects");
+    let stats = common::wait_for(
+        "every segment uploaded and measured",
+        std::time::Duration::from_secs(30),
+        || {
+            let stats = get(&server, "/admin/stats").json();
+            let (files, bytes) = objects_under(&objects);
+            let storage = &stats["storage"];
+            let measured = files > 0
+                && storage["bucketSegments"] == files
+                && storage["bucketBytes"] == bytes
+                && storage["walBytes"].as_u64() > Some(0)
+                && storage["metaBytes"].as_u64() > Some(0)
+                && storage["measuredAtMs"].as_u64() > Some(0);
+            measured.then_some(stats)
+        },
+    );
+
+    let latency = &stats["latency"];
+    let bounds = latency["boundsUs"].as_array().unwrap();
+    for (name, expected_count) in [("append", Some(10)), ("fsync", None)] {
+        let histogram = &latency[name];
+        let buckets: Vec<u64> = histogram["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            buckets.len(),
+            bounds.len() + 1,
+            "{name}: one bucket above the bounds"
+        );
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{name}: cumulative"
+        );
+        let count = histogram["count"].as_u64().unwrap();
+        assert_eq!(*buckets.last().unwrap(), count, "{name}");
+        match expected_count {
+            Some(expected) => assert_eq!(count, expected, "{name}"),
+            None => assert!(count >= 1, "{name}: the WAL synced the appends"),
+        }
+        assert!(histogram["sumUs"].as_u64().unwrap() > 0, "{name}");
+    }
+
+    let responses = &stats["responses"];
+    assert_eq!(responses["total"], 13, "{responses}");
+    assert_eq!(responses["serverErrors"], 0, "{responses}");
+    assert_eq!(responses["clientErrors"], 1, "the 404: {responses}");
+    assert_eq!(
+        responses["refused"],
+        serde_json::json!({"413": 1, "429": 0, "431": 0, "503": 0, "507": 0})
+    );
+
+    let page = get(&server, "/metrics").text();
+    let storage = &stats["storage"];
+    assert_eq!(
+        sample(&page, "pico_bucket_bytes"),
+        storage["bucketBytes"].as_f64()
+    );
+    assert_eq!(
+        sample(&page, "pico_bucket_segments"),
+        storage["bucketSegments"].as_f64()
+    );
+    assert!(sample(&page, "pico_disk_bytes{dir=\"wal\"}").unwrap() > 0.0);
+    assert!(sample(&page, "pico_disk_bytes{dir=\"meta\"}").unwrap() > 0.0);
+    let refused: f64 = (0..2)
+        .filter_map(|core| {
+            sample(
+                &page,
+                &format!(
+                    "pico_http_responses_total{{core=\"{core}\",protocol=\"pico\",code=\"413\"}}"
+                ),
+            )
+        })
+        .sum();
+    assert_eq!(refused, 1.0);
+}
+
 #[test]
 fn the_admin_api_needs_an_admin_token_when_auth_is_on() {
     let (server, _tokens) = common::start_with_tokens("ops / admin\nwriter / read,append\n", &[]);

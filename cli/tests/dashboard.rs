@@ -30,6 +30,9 @@ const ATTEMPTS: usize = 3;
 const SCREENSHOT_AFTER: Duration = Duration::from_secs(10);
 /// Connections appending (and reading) while the screenshot is taken.
 const LOAD_CONNECTIONS: u64 = 4;
+/// `--max-body-size` of the nodes whose load includes refused appends, and such an append.
+const OVERSIZED_LIMIT: &str = "16KiB";
+const OVERSIZED_BYTES: usize = 20 * 1024;
 
 /// `chromium` (Debian) or `chromium-browser` from `PATH`.
 fn chromium() -> Option<PathBuf> {
@@ -190,6 +193,62 @@ fn rows(dom: &str, table_id: &str) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// The start tag of the line of `series` (its `data-series`) in the chart `chart_id`, once
+/// the chart is drawn.
+fn series_tag<'d>(dom: &'d str, chart_id: &str, series: &str) -> Option<&'d str> {
+    let chart = chart_markup(dom, chart_id);
+    let at = chart.find(&format!(" data-series=\"{series}\""))?;
+    let open = chart[..at].rfind('<')?;
+    let close = at + chart[at..].find('>')?;
+    Some(&chart[open..=close])
+}
+
+/// The markup of the `<svg>` chart with this id.
+fn chart_markup<'d>(dom: &'d str, chart_id: &str) -> &'d str {
+    let tag = start_tag(dom, chart_id);
+    let from = dom.find(tag).expect("the tag is in the DOM");
+    let len = dom[from..].find("</svg>").expect("the end of the chart");
+    &dom[from..from + len]
+}
+
+/// A drawn series' number of points and largest value (`data-points`, `data-max`); `(0, 0)`
+/// before the chart is drawn.
+fn series_points(dom: &str, chart_id: &str, series: &str) -> (u64, f64) {
+    let Some(tag) = series_tag(dom, chart_id, series) else {
+        return (0, 0.0);
+    };
+    let number = |name: &str| attr(tag, name).unwrap_or_else(|| panic!("{name} in {tag}"));
+    (
+        number("data-points").parse().expect("a point count"),
+        number("data-max").parse().expect("a value"),
+    )
+}
+
+/// The labels of a chart's time axis.
+fn time_labels(dom: &str, chart_id: &str) -> Vec<String> {
+    chart_markup(dom, chart_id)
+        .split("<text class=\"time\"")
+        .skip(1)
+        .map(|label| {
+            let from = label.find('>').expect("the end of a start tag") + 1;
+            let len = label[from..].find('<').expect("an end tag");
+            unescape(&label[from..from + len])
+        })
+        .collect()
+}
+
+/// `HH:MM:SS`, the page's clock format.
+fn is_clock_time(label: &str) -> bool {
+    let parts: Vec<&str> = label.split(':').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()))
+        && parts[0] < "24"
+        && parts[1] < "60"
+        && parts[2] < "60"
+}
+
 // ---- The page's number formats (app.js), to compare with the API's numbers. ----
 
 /// `Number.toLocaleString("en-US")` of an integer: thousands separated by commas.
@@ -246,7 +305,14 @@ fn the_dashboard_shows_what_the_admin_api_reports() {
     let browser = chromium_or_skip!();
     // Two cores, so the cores table has rows to tell apart; no age-based seals, so the
     // segment count holds still between the API call and the page's.
-    let server = Server::start(&["--cores", "2", "--segment-max-age-ms", "600000"]);
+    let server = Server::start(&[
+        "--cores",
+        "2",
+        "--segment-max-age-ms",
+        "600000",
+        "--max-body-size",
+        OVERSIZED_LIMIT,
+    ]);
     let streams: [(&str, &str, &[&str]); 4] = [
         (
             "/orders/eu",
@@ -313,6 +379,14 @@ fn the_dashboard_shows_what_the_admin_api_reports() {
     );
     assert_eq!(text(&dom, "advertised"), format!("http://{}", server.addr));
     assert_eq!(text(&dom, "cores"), "2 cores");
+    assert_eq!(
+        text(&dom, "version"),
+        format!(
+            "pico {} (commit {})",
+            cluster["version"].as_str().unwrap(),
+            cluster["commit"].as_str().unwrap()
+        )
+    );
     assert!(
         text(&dom, "status").starts_with("updated "),
         "{}",
@@ -429,6 +503,11 @@ fn screenshot_under_load(browser: &Path, server: &Server) {
                     if status != 200 {
                         return Err(format!("append {n}: status {status}"));
                     }
+                    // Now and then one too large (refused: the refusal chart has a line), on
+                    // a connection of its own.
+                    if n.is_multiple_of(25) {
+                        refused_append(addr).map_err(|e| format!("append {n}: {e}"))?;
+                    }
                     // A read after every other append.
                     if n & 1 == 0 {
                         let r = conn.request("GET", "/orders/us?seq=0&bytes=4096", &[], b"");
@@ -454,7 +533,7 @@ fn screenshot_under_load(browser: &Path, server: &Server) {
         &frame,
         &[
             // Tall enough for the whole page with a few streams, and no more.
-            "--window-size=1280,960".into(),
+            "--window-size=1280,1280".into(),
             format!("--screenshot={}", target.display()),
         ],
     );
@@ -477,6 +556,21 @@ fn screenshot_under_load(browser: &Path, server: &Server) {
         let docs = workspace_root().join("docs").join("dashboard.png");
         std::fs::copy(&target, &docs).expect("copy the screenshot to docs/");
         eprintln!("updated {}", docs.display());
+    }
+}
+
+/// An append too large for the node (`OVERSIZED_LIMIT`), on a new connection: it must be
+/// refused with `413`.
+fn refused_append(addr: std::net::SocketAddr) -> Result<(), String> {
+    let mut conn = Conn::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    let body = vec![b'x'; OVERSIZED_BYTES];
+    let status = conn
+        .request("POST", "/orders/us", &[], &body)
+        .map_err(|e| format!("oversized append: {e}"))?
+        .status;
+    match status {
+        413 => Ok(()),
+        other => Err(format!("oversized append: status {other}, not 413")),
     }
 }
 
@@ -577,4 +671,171 @@ fn with_auth_the_page_takes_the_admin_token_from_the_url() {
     assert_eq!(rows(&dom, "cores-table").len(), 1);
     // The token stays out of the page itself.
     assert!(!dom.contains("ops-token"), "the token is in the DOM");
+}
+
+/// Appends (and refused appends) on a thread until dropped: traffic between the page's polls.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<u64, String>>>,
+}
+
+impl Load {
+    fn start(addr: std::net::SocketAddr) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || -> Result<u64, String> {
+            let mut conn = Conn::connect(addr).map_err(|e| format!("connect: {e}"))?;
+            let deadline = Instant::now() + BROWSER_TIMEOUT * 2;
+            let mut n = 0u64;
+            while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
+                n += 1;
+                let status = conn
+                    .request("POST", "/orders/us", &[], b"{}")
+                    .map_err(|e| format!("append {n}: {e}"))?
+                    .status;
+                if status != 200 {
+                    return Err(format!("append {n}: status {status}"));
+                }
+                if n.is_multiple_of(4) {
+                    refused_append(addr)?;
+                }
+            }
+            Ok(n)
+        });
+        Load {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the load; how many appends it made, or what went wrong.
+    fn finish(mut self) -> Result<u64, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .expect("finished once")
+            .join()
+            .expect("the load thread")
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The charts while appends (some refused) run: latency percentiles from the histograms, the
+/// refusal rate, a time axis of clock times; the storage cards once measured; and after the
+/// WAL directory is taken away, the errors and refusals the appends then get, since the start.
+#[ignore = "needs Chromium: apt-get install chromium"]
+#[test]
+fn the_charts_show_latency_refusals_and_errors_on_a_time_axis() {
+    let browser = chromium_or_skip!();
+    let server = Server::start(&[
+        "--cores",
+        "1",
+        "--segment-max-age-ms",
+        "200",
+        "--max-body-size",
+        OVERSIZED_LIMIT,
+    ]);
+    server.put("/orders/us", "application/json").expect(201);
+    server.post("/orders/us", b"{}").expect(200);
+    // A segment in the bucket, and the node has measured it.
+    common::wait_for("the storage measured", Duration::from_secs(30), || {
+        let storage = api(&server, "/admin/stats")["storage"].clone();
+        let measured = storage["bucketBytes"].as_u64() > Some(0)
+            && storage["walBytes"].as_u64() > Some(0)
+            && storage["metaBytes"].as_u64() > Some(0);
+        measured.then_some(())
+    });
+
+    let url = format!("http://{}/?interval=200", server.admin);
+    let load = Load::start(server.addr);
+    let charted = |dom: &str| {
+        loaded(dom)
+            && series_points(dom, "latency-chart", "appendP99").0 > 0
+            && series_points(dom, "errors-chart", "refusals").1 > 0.0
+    };
+    let dom = dump_dom(&browser, &server, &url, charted);
+    let appends = load
+        .finish()
+        .unwrap_or_else(|e| panic!("the load failed: {e}; server log:\n{}", server.log()));
+    assert!(appends > 0);
+
+    // Latency: the append and fsync percentiles have points, and the tiles say milliseconds.
+    for series in ["appendP50", "appendP99", "fsyncP50", "fsyncP99"] {
+        let (points, max) = series_points(&dom, "latency-chart", series);
+        assert!(
+            points > 0 && max > 0.0,
+            "{series}: {points} points, max {max}"
+        );
+    }
+    for id in ["append-p50", "append-p99", "fsync-p50", "fsync-p99"] {
+        assert!(text(&dom, id).ends_with(" ms"), "#{id}: {}", text(&dom, id));
+    }
+    // Refusals: the rate had points above zero, and the 413s are listed by code.
+    let refusals = series_points(&dom, "errors-chart", "refusals");
+    assert!(refusals.0 > 0 && refusals.1 > 0.0, "{refusals:?}");
+    let listed = start_tag(&dom, "refusal-codes");
+    assert!(listed.starts_with("<ul"), "{listed}");
+    let codes = &dom[dom.find(listed).unwrap()..];
+    let codes = &codes[..codes.find("</ul>").unwrap()];
+    assert!(codes.contains("data-code=\"413\""), "{codes}");
+    assert_eq!(text(&dom, "error-total"), "0");
+    assert!(
+        text(&dom, "refusal-total").parse::<u64>().unwrap() >= 1,
+        "{}",
+        text(&dom, "refusal-total")
+    );
+    // Every chart runs on a time axis of clock times.
+    for chart in ["traffic-chart", "latency-chart", "errors-chart"] {
+        let labels = time_labels(&dom, chart);
+        assert!(labels.len() >= 2, "#{chart}: {labels:?}");
+        assert!(
+            labels.iter().all(|l| is_clock_time(l)),
+            "#{chart}: {labels:?}"
+        );
+        let window = attr(start_tag(&dom, chart), "data-window").unwrap_or_default();
+        assert!(window.starts_with("last "), "#{chart}: {window}");
+    }
+    // Storage: measured, in bytes.
+    for id in ["disk-bytes", "bucket-bytes"] {
+        assert!(text(&dom, id).ends_with('B'), "#{id}: {}", text(&dom, id));
+    }
+    assert!(text(&dom, "disk-detail").starts_with("WAL "));
+    assert!(text(&dom, "bucket-segments").ends_with(" segments in the catalog"));
+
+    // Errors: without its WAL directory the node fails the next append (500 or 503) and
+    // refuses the ones after it (503); the page shows the counts the API has.
+    std::fs::remove_dir_all(server.wal_dir()).expect("remove the WAL directory");
+    for _ in 0..2 {
+        let status = server.post("/orders/us", b"{}").status;
+        assert!(status == 500 || status == 503, "status {status}");
+    }
+    let responses = api(&server, "/admin/stats")["responses"].clone();
+    let unavailable = responses["refused"]["503"].as_u64().unwrap();
+    let errors = responses["serverErrors"].as_u64().unwrap();
+    assert_eq!(errors + unavailable, 2, "{responses}");
+    let dom = dump_dom(&browser, &server, &url, loaded);
+    assert_eq!(
+        text(&dom, "error-total"),
+        fmt_int(&responses["serverErrors"])
+    );
+    let refused_total: u64 = responses["refused"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(text(&dom, "refusal-total"), fmt_int(&refused_total.into()));
+    if unavailable > 0 {
+        let codes = &dom[dom.find("id=\"refusal-codes\"").unwrap()..];
+        let codes = &codes[..codes.find("</ul>").unwrap()];
+        assert!(
+            codes.contains(&format!("data-code=\"503\" data-count=\"{unavailable}\"")),
+            "{codes}"
+        );
+    }
 }

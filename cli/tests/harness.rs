@@ -1,8 +1,9 @@
 //! The Docker harness stays in step with the command line: every `--flag` that the Dockerfile's
 //! CMD/ENTRYPOINT and the compose files' `command:`/`entrypoint:` pass to `pico` must be a flag
 //! of the real binary's `pico serve --help` (or a global flag of `pico --help`, which serve
-//! takes too), and every `PICO_*` name anywhere in those files and in the `.env.example` files
-//! must be the variable of such a flag. Renaming a flag without updating the harness fails here.
+//! takes too), and every `PICO_*` name anywhere in those files, in the `.env.example` files and
+//! in the Debian package's unit and `/etc/default/picomq` (`packaging/`) must be the variable of
+//! such a flag. Renaming a flag without updating the harness fails here.
 //!
 //! The files are read line by line (no YAML parser): enough for the shapes they use, a flow
 //! list (`["a", "b"]`), a block list (`- "a"`) or a plain string after `command:`, and exec- or
@@ -478,6 +479,16 @@ fn harness_uses_only_real_flags_and_variables() {
     for path in &env_files {
         let text = std::fs::read_to_string(path).expect("read .env.example");
         problems.extend(check_file(&relative(path), &text, &[], &flags));
+    }
+
+    // The Debian package's unit and its settings file (/etc/default/picomq).
+    for file in [
+        "packaging/systemd/picomq.service",
+        "packaging/debian/picomq.default",
+    ] {
+        let text =
+            std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
+        problems.extend(check_file(file, &text, &[], &flags));
     }
 
     assert!(

@@ -331,6 +331,9 @@ pub(crate) trait Backend {
     /// Every segment row, by seq.
     fn segments(&mut self) -> Result<Vec<SegmentColumns>, MetaError>;
 
+    /// `(segment rows, sum of their size_bytes)`: what the catalog has in the bucket.
+    fn segment_totals(&mut self) -> Result<(i64, i64), MetaError>;
+
     /// `(id, start_offset)` of the streams among `ids` that have a row (deleted ones have
     /// none), in any order: what the garbage collector needs of the streams its segments name,
     /// without reading every stream.

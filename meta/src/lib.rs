@@ -201,6 +201,15 @@ pub enum MetaUrl {
     Postgres(String),
 }
 
+/// What the catalog lists in the bucket ([`MetaStore::catalog_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CatalogUsage {
+    /// Segment objects.
+    pub segments: u64,
+    /// Their sizes, summed.
+    pub bytes: u64,
+}
+
 /// Records a segment commit refused after they were acknowledged (the stream moved to another
 /// node, was deleted, or the writing node incarnation was superseded), kept for an operator:
 /// the garbage collector keeps the segment until the entry is released.

@@ -381,6 +381,16 @@ impl Backend for Sqlite {
             .map_err(storage("load segments"))
     }
 
+    fn segment_totals(&mut self) -> Result<(i64, i64), MetaError> {
+        self.conn
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM segments",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .map_err(storage("sum segment sizes"))
+    }
+
     fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
         // One indexed look-up per id: in-process, a few microseconds each.
         let mut query = self

@@ -313,6 +313,23 @@ impl MetaStore {
         answer
     }
 
+    /// How many segments the catalog lists and their bytes: the objects it keeps in the
+    /// bucket (those garbage collection has not deleted yet included). One aggregate query.
+    pub fn catalog_usage(&self) -> Reply<crate::CatalogUsage> {
+        self.job(|db| {
+            let (segments, bytes) = db.segment_totals()?;
+            let count = |value: i64, what: &str| {
+                u64::try_from(value).map_err(|_| {
+                    MetaError::Storage(format!("the catalog's {what} is negative: {value}"))
+                })
+            };
+            Ok(crate::CatalogUsage {
+                segments: count(segments, "segment count")?,
+                bytes: count(bytes, "segment byte sum")?,
+            })
+        })
+    }
+
     /// Every quarantined entry, oldest first.
     pub fn quarantined(&self) -> Reply<Vec<crate::Quarantined>> {
         self.job(|db| {

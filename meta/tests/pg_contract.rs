@@ -135,6 +135,7 @@ contract!(
     dropping_the_last_handle_finishes_queued_work,
     calls_after_shutdown_answer_closed,
     garbage_is_what_no_live_stream_needs_and_drop_forgets_it,
+    catalog_usage_sums_the_listed_segments,
     reopening_migrates_nothing_and_a_newer_schema_is_refused,
     retention_is_set_at_create_replaced_by_configure_and_survives_reopen,
     consumer_changes_from_two_nodes_take_turns,
@@ -903,6 +904,53 @@ fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it(db: &Db) {
         ]
     );
 }
+/// The dashboard's bucket bytes: the segments the catalog lists and their sizes, a
+/// re-commit counted once at its new size, a dropped segment no longer.
+fn catalog_usage_sums_the_listed_segments(db: &Db) {
+    let (store, _) = db.open();
+    assert_eq!(
+        wait(store.catalog_usage()).unwrap(),
+        pico_meta::CatalogUsage::default()
+    );
+    let stream = wait(store.create_stream("/s", config("text/plain"), 1))
+        .unwrap()
+        .row;
+    let segment = |key: &str, size_bytes: u64, first: u64| SegmentRecord {
+        key: key.into(),
+        size_bytes,
+        created_ms: 10,
+        streams: vec![entry(
+            stream.id,
+            vec![run(first, first + 1, 0, size_bytes)],
+            1,
+            false,
+        )],
+    };
+    // Above 2^32, so a 32-bit sum anywhere would show.
+    let large = 5_000_000_000;
+    wait(store.commit_segment(segment("segments/a.seg", 100, 0))).unwrap();
+    wait(store.commit_segment(segment("segments/b.seg", large, 1))).unwrap();
+    wait(store.commit_segment(segment("segments/c.seg", 7, 2))).unwrap();
+    // A retried commit replaces the row.
+    wait(store.commit_segment(segment("segments/c.seg", 9, 2))).unwrap();
+    assert_eq!(
+        wait(store.catalog_usage()).unwrap(),
+        pico_meta::CatalogUsage {
+            segments: 3,
+            bytes: 100 + large + 9
+        }
+    );
+    wait(store.drop_segments(vec!["segments/a.seg".into()])).unwrap();
+    assert_eq!(
+        wait(store.catalog_usage()).unwrap(),
+        pico_meta::CatalogUsage {
+            segments: 2,
+            bytes: large + 9
+        }
+    );
+    store.shutdown();
+}
+
 fn forks_and_soft_deletes_survive_reopen(db: &Db) {
     let (store, _) = db.open();
     let source = wait(store.create_stream("/source", config("text/plain"), 1))

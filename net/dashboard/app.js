@@ -2,8 +2,18 @@
 "use strict";
 
 const POLL_MS = Number(new URLSearchParams(location.search).get("interval") || 1000);
-const HISTORY = 120; // samples kept for the chart
-const history = []; // { t, appends, reads }
+// The charts keep up to the longest window of samples (and never more than HISTORY_MAX).
+const WINDOW_MAX_MS = 15 * 60 * 1000;
+const HISTORY_MAX = 5000;
+// A chart spans at least this much time, so its first points do not fill it edge to edge.
+const SPAN_MIN_MS = 30 * 1000;
+const TICK_STEPS_MS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600].map((s) => s * 1000);
+const TICKS_MAX = 6;
+// Status codes by which the node declines work (a limit or its state): net/src/admin/metrics.rs.
+const REFUSALS = { 413: "body too large", 429: "too much in flight", 431: "head too large",
+  503: "unavailable", 507: "out of storage" };
+const history = []; // { t (node's clock, ms), appends, reads, appendP50, ..., errors, refusals }
+let windowMs = 5 * 60 * 1000;
 let previous = null; // last /admin/stats answer, for rates
 let selected = null; // stream shown in the detail panel
 
@@ -36,6 +46,41 @@ function fmtDuration(ms) {
   return h ? `${h}h ${m}m` : m ? `${m}m ${s % 60}s` : `${s}s`;
 }
 const rate = (now, before, key, seconds) => Math.max(0, (now[key] - before[key]) / seconds);
+function fmtRate(v) {
+  if (v >= 1000) return `${(v / 1000).toFixed(1)}k`;
+  return v >= 10 || v === 0 ? String(Math.round(v)) : v.toFixed(1);
+}
+function fmtMs(ms) {
+  if (ms == null) return "–";
+  if (ms === 0) return "0 ms";
+  return ms >= 100 ? `${Math.round(ms)} ms` : ms >= 1 ? `${ms.toFixed(1)} ms` : `${ms.toFixed(2)} ms`;
+}
+const pad2 = (n) => String(n).padStart(2, "0");
+const fmtClock = (t) => { const d = new Date(t); return `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`; };
+const fmtSpan = (ms) => ms >= 60000 ? `${Math.round(ms / 60000)} min` : `${Math.round(ms / 1000)} s`;
+
+// The q-quantile (0..1) in µs of the samples a cumulative histogram gained since `before`
+// (same shape; null: since the start), interpolated inside its bucket like Prometheus'
+// histogram_quantile; null without samples. Above the last bound it answers that bound.
+function quantileUs(bounds, now, before, q) {
+  const delta = now.buckets.map((c, i) => c - (before ? before.buckets[i] : 0));
+  const total = delta[delta.length - 1];
+  if (!(total > 0)) return null;
+  const rank = q * total;
+  for (let i = 0; i < delta.length; i += 1) {
+    if (delta[i] < rank) continue;
+    if (i >= bounds.length) return bounds[bounds.length - 1];
+    const lower = i === 0 ? 0 : bounds[i - 1];
+    const below = i === 0 ? 0 : delta[i - 1];
+    const inside = delta[i] - below;
+    return lower + (bounds[i] - lower) * (inside > 0 ? (rank - below) / inside : 1);
+  }
+  return null;
+}
+const quantileMs = (latency, key, before, q) => {
+  const us = quantileUs(latency.boundsUs, latency[key], before ? before[key] : null, q);
+  return us == null ? null : us / 1000;
+};
 
 function text(id, value) { $(id).textContent = value; }
 
@@ -73,18 +118,36 @@ function renderStats(stats) {
   const t = stats.total;
   text("records-appended", fmtInt(t.recordsAppended));
   text("upload-backlog", fmtBytes(t.uploadBacklogBytes));
+  renderStorage(stats.storage);
+  renderResponseTotals(stats.responses);
   if (previous) {
     const seconds = Math.max(0.001, (stats.uptimeMs - previous.uptimeMs) / 1000);
     const p = previous.total;
-    const appends = rate(t, p, "appends", seconds);
-    const reads = rate(t, p, "reads", seconds);
-    text("append-rate", fmtInt(Math.round(appends)));
-    text("read-rate", fmtInt(Math.round(reads)));
+    const r = stats.responses, pr = previous.responses;
+    const refused = (answers) => Object.values(answers.refused).reduce((a, b) => a + b, 0);
+    const sample = {
+      t: stats.nowMs,
+      appends: rate(t, p, "appends", seconds),
+      reads: rate(t, p, "reads", seconds),
+      appendP50: quantileMs(stats.latency, "append", previous.latency, 0.5),
+      appendP99: quantileMs(stats.latency, "append", previous.latency, 0.99),
+      fsyncP50: quantileMs(stats.latency, "fsync", previous.latency, 0.5),
+      fsyncP99: quantileMs(stats.latency, "fsync", previous.latency, 0.99),
+      errors: rate(r, pr, "serverErrors", seconds),
+      clientErrors: rate(r, pr, "clientErrors", seconds),
+      refusals: Math.max(0, (refused(r) - refused(pr)) / seconds),
+    };
+    text("append-rate", fmtInt(Math.round(sample.appends)));
+    text("read-rate", fmtInt(Math.round(sample.reads)));
     text("bytes-in-rate", (rate(t, p, "bytesAppended", seconds) / 1048576).toFixed(2));
     text("bytes-out-rate", (rate(t, p, "bytesRead", seconds) / 1048576).toFixed(2));
-    history.push({ appends, reads });
-    if (history.length > HISTORY) history.shift();
-    drawChart();
+    text("error-rate", fmtRate(sample.errors));
+    text("refusal-rate", fmtRate(sample.refusals));
+    text("client-error-rate", fmtRate(sample.clientErrors));
+    history.push(sample);
+    while (history.length > HISTORY_MAX || (history.length && history[0].t < sample.t - WINDOW_MAX_MS)) history.shift();
+    renderLatencyTiles();
+    drawCharts();
   }
   previous = stats;
   const body = $("cores-table").tBodies[0];
@@ -94,27 +157,110 @@ function renderStats(stats) {
   ], { "data-core": c.core })));
 }
 
-function drawChart() {
-  const canvas = $("chart");
-  const ctx = canvas.getContext("2d");
-  const { width, height } = canvas;
-  ctx.clearRect(0, 0, width, height);
-  const max = Math.max(1, ...history.map((h) => Math.max(h.appends, h.reads)));
-  const x = (i) => (i / (HISTORY - 1)) * width;
-  const y = (v) => height - 4 - (v / max) * (height - 18);
-  ctx.fillStyle = "#888";
-  ctx.font = "11px sans-serif";
-  ctx.fillText(`${fmtInt(Math.round(max))}/s`, 4, 11);
-  for (const [key, color] of [["appends", "#2f7de1"], ["reads", "#e1882f"]]) {
-    ctx.strokeStyle = color;
-    ctx.lineWidth = 2;
-    ctx.beginPath();
-    history.forEach((h, i) => {
-      const px = x(i + HISTORY - history.length);
-      if (i === 0) ctx.moveTo(px, y(h[key])); else ctx.lineTo(px, y(h[key]));
-    });
-    ctx.stroke();
+function renderStorage(storage) {
+  const known = [storage.walBytes, storage.metaBytes].filter((b) => b != null);
+  text("disk-bytes", known.length ? fmtBytes(known.reduce((a, b) => a + b, 0)) : "–");
+  const parts = [];
+  if (storage.walBytes != null) parts.push(`WAL ${fmtBytes(storage.walBytes)}`);
+  if (storage.metaBytes != null) parts.push(`catalog ${fmtBytes(storage.metaBytes)}`);
+  text("disk-detail", parts.length ? parts.join(" · ") : "not measured yet");
+  text("bucket-bytes", storage.bucketBytes == null ? "–" : fmtBytes(storage.bucketBytes));
+  text("bucket-segments", storage.bucketSegments == null ? "not measured yet"
+    : `${fmtInt(storage.bucketSegments)} segments in the catalog`);
+}
+
+function renderResponseTotals(responses) {
+  text("error-total", fmtInt(responses.serverErrors));
+  const codes = Object.entries(responses.refused);
+  text("refusal-total", fmtInt(codes.reduce((sum, [, n]) => sum + n, 0)));
+  $("refusal-codes").replaceChildren(...codes.filter(([, n]) => n > 0).map(([code, n]) => {
+    const li = document.createElement("li");
+    li.dataset.code = code;
+    li.dataset.count = n;
+    li.textContent = `${code} ${REFUSALS[code] ?? ""}: ${fmtInt(n)}`;
+    return li;
+  }));
+}
+
+// The latest percentile each series has (an interval without appends has none).
+function renderLatencyTiles() {
+  for (const [id, key] of [["append-p50", "appendP50"], ["append-p99", "appendP99"],
+    ["fsync-p50", "fsyncP50"], ["fsync-p99", "fsyncP99"]]) {
+    const last = [...history].reverse().find((h) => h[key] != null);
+    text(id, fmtMs(last ? last[key] : null));
   }
+}
+
+// The smallest 1-2-5 number at or above v.
+function niceCeil(v) {
+  if (!(v > 0)) return 1;
+  const power = 10 ** Math.floor(Math.log10(v));
+  return [1, 2, 5, 10].map((m) => m * power).find((n) => n >= v * (1 - 1e-9));
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+function svg(name, attrs, content) {
+  const el = document.createElementNS(SVG_NS, name);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (content != null) el.textContent = content;
+  return el;
+}
+
+// A line chart of `series` ({ key, cls }) over the history, on a time axis ending at the last
+// sample: the window, or less while the history is shorter (at least SPAN_MIN_MS).
+function drawChart(id, series, fmtValue) {
+  const chart = $(id);
+  const [width, height] = chart.getAttribute("viewBox").split(" ").slice(2).map(Number);
+  const box = { left: 58, right: width - 10, top: 10, bottom: height - 22 };
+  const now = history.length ? history[history.length - 1].t : Date.now();
+  const span = Math.min(windowMs, Math.max(SPAN_MIN_MS, now - (history.length ? history[0].t : now)));
+  const from = now - span;
+  const shown = history.filter((h) => h.t >= from);
+  const max = niceCeil(Math.max(0, ...shown.flatMap((h) => series.map((s) => h[s.key] ?? 0))));
+  const x = (t) => box.left + ((t - from) / span) * (box.right - box.left);
+  const y = (v) => box.bottom - (v / max) * (box.bottom - box.top);
+  const parts = [];
+  for (const v of [0, max / 2, max]) {
+    parts.push(svg("line", { class: "grid", x1: box.left, x2: box.right, y1: y(v), y2: y(v) }));
+    parts.push(svg("text", { class: "y-label", x: box.left - 6, y: y(v) + 4, "text-anchor": "end" }, fmtValue(v)));
+  }
+  const step = TICK_STEPS_MS.find((s) => span / s <= TICKS_MAX) ?? TICK_STEPS_MS[TICK_STEPS_MS.length - 1];
+  const axis = svg("g", { class: "x-axis", "data-span-ms": span });
+  for (let t = Math.ceil(from / step) * step; t <= now; t += step) {
+    axis.appendChild(svg("line", { class: "tick", x1: x(t), x2: x(t), y1: box.bottom, y2: box.bottom + 4 }));
+    axis.appendChild(svg("text", { class: "time", x: x(t), y: height - 6, "text-anchor": "middle" }, fmtClock(t)));
+  }
+  axis.appendChild(svg("line", { class: "axis", x1: box.left, x2: box.right, y1: box.bottom, y2: box.bottom }));
+  parts.push(axis);
+  for (const s of series) {
+    // A sample without a value (no appends in that interval) breaks the line.
+    let d = "", points = 0, pen = "M", top = 0;
+    for (const h of shown) {
+      const v = h[s.key];
+      if (v == null) { pen = "M"; continue; }
+      d += `${pen}${x(h.t).toFixed(1)},${y(v).toFixed(1)} `;
+      pen = "L";
+      points += 1;
+      top = Math.max(top, v);
+    }
+    parts.push(svg("path", {
+      class: `series ${s.cls}`, "data-series": s.key, "data-points": points, "data-max": top, d: d.trim() || "M0,0",
+    }));
+  }
+  chart.dataset.window = `last ${fmtSpan(span)}`;
+  chart.replaceChildren(...parts);
+}
+
+function drawCharts() {
+  drawChart("traffic-chart", [{ key: "appends", cls: "appends" }, { key: "reads", cls: "reads" }], (v) => `${fmtRate(v)}/s`);
+  drawChart("latency-chart", [
+    { key: "appendP50", cls: "append-p50" }, { key: "appendP99", cls: "append-p99" },
+    { key: "fsyncP50", cls: "fsync-p50" }, { key: "fsyncP99", cls: "fsync-p99" },
+  ], fmtMs);
+  drawChart("errors-chart", [
+    { key: "errors", cls: "errors" }, { key: "refusals", cls: "refusals" },
+    { key: "clientErrors", cls: "client-errors" },
+  ], (v) => `${fmtRate(v)}/s`);
 }
 
 async function loadStreams() {
@@ -194,6 +340,13 @@ $("token").addEventListener("change", () => {
   sessionStorage.setItem("pico-admin-token", $("token").value.trim());
   poll();
 });
+for (const button of document.querySelectorAll("[data-window-ms]")) {
+  button.addEventListener("click", () => {
+    windowMs = Number(button.dataset.windowMs);
+    for (const b of document.querySelectorAll("[data-window-ms]")) b.setAttribute("aria-pressed", String(b === button));
+    drawCharts();
+  });
+}
 $("search").addEventListener("input", () => loadStreams().then(renderStreams).catch(() => {}));
 const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
 if (fromHash) sessionStorage.setItem("pico-admin-token", fromHash);

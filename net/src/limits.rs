@@ -54,6 +54,16 @@ pub const OVERSIZED_BODY_DRAIN_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// See [`OVERSIZED_BODY_DRAIN_BYTES_MAX`].
 pub const OVERSIZED_BODY_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often the admin core measures the storage the node uses (WAL directory, SQLite
+/// catalog file, the catalog's bucket bytes): one directory walk off the core and one
+/// aggregate catalog query each time, so not per scrape.
+pub const STORAGE_USAGE_REFRESH_MS: u64 = 5_000;
+/// Directory entries one disk measurement looks at, at most (the WAL directory holds a few
+/// files per core; a directory filled by something else must not stall the measurement).
+pub const DISK_USAGE_ENTRIES_MAX: usize = 100_000;
+/// Directory levels below the WAL directory one disk measurement descends.
+pub const DISK_USAGE_DEPTH_MAX: usize = 4;
+
 /// How long a client may take to finish the TLS handshake; then the connection is closed.
 pub const TLS_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
 /// Open connections per core; past it new connections get `503` and are closed.

@@ -481,6 +481,19 @@ impl Backend for Postgres {
             .map_err(storage("load segments"))
     }
 
+    fn segment_totals(&mut self) -> Result<(i64, i64), MetaError> {
+        // SUM of BIGINT is NUMERIC in PostgreSQL: cast back (sizes stay far below 2^63).
+        const SQL: &str = "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0)::BIGINT FROM segments";
+        let rows = self.query(SQL, &[], "sum segment sizes")?;
+        let row = rows
+            .first()
+            .ok_or_else(|| MetaError::Storage("sum segment sizes: no row".into()))?;
+        Ok((
+            row.try_get(0).map_err(storage("sum segment sizes"))?,
+            row.try_get(1).map_err(storage("sum segment sizes"))?,
+        ))
+    }
+
     fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
         const SQL: &str = "SELECT id, start_offset FROM streams WHERE id = ANY($1)";
         let rows = self.query(SQL, &[&ids], "look up stream starts")?;

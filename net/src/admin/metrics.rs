@@ -3,6 +3,7 @@
 //! Like the engine's, each core writes only its own [`HttpMetrics`]; the admin listener reads
 //! them all. Labels are core, protocol, operation and status code: bounded, never per stream.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,14 +14,21 @@ use bytes::Bytes;
 use pico_engine::metrics::{CoreMetrics, Histogram, NodeMetrics, OpKind, LATENCY_BUCKETS_US};
 use pico_engine::{CoreHandle, ReadBatch, ReadRequest};
 
+use crate::admin::usage::StorageUsage;
 use crate::config::Protocol;
 use crate::transport::message::{Body, LiveBody, LiveEvents, Response};
 
 /// Status codes counted one by one; anything else is counted as `other`.
-const STATUS_CODES: [u16; 22] = [
-    200, 201, 202, 204, 304, 307, 400, 401, 403, 404, 405, 408, 409, 410, 412, 413, 429, 431, 500,
-    501, 503, 505,
+const STATUS_CODES: [u16; 25] = [
+    200, 201, 202, 204, 304, 307, 400, 401, 403, 404, 405, 408, 409, 410, 412, 413, 417, 429, 431,
+    500, 501, 502, 503, 505, 507,
 ];
+
+/// The answers by which the node declines work because of a limit or its own state, not
+/// because the request was wrong or the node failed: a body too large (`413`), too much in
+/// flight (`429`), a head too large (`431`), unavailable or shedding load (`503`), out of
+/// storage (`507`). The dashboard's refusal rate counts these.
+pub const REFUSAL_CODES: [u16; 5] = [413, 429, 431, 503, 507];
 const PROTOCOLS: [(Protocol, &str); 2] =
     [(Protocol::Pico, "pico"), (Protocol::DurableStreams, "ds")];
 
@@ -38,19 +46,126 @@ pub struct HttpMetrics {
 impl HttpMetrics {
     /// Counts a response; an event stream also counts as an SSE stream for as long as it lasts.
     pub fn respond(self: &Arc<Self>, protocol: Protocol, mut response: Response) -> Response {
+        self.count(protocol, response.status);
+        if let Some(live) = response.take_live() {
+            response.body = Body::Live(counted(live, self.clone()));
+        }
+        response
+    }
+}
+
+/// Responses of every core and protocol, by status code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResponseCounts {
+    /// `(code, count)` of the codes counted one by one, in code order.
+    pub by_code: Vec<(u16, u64)>,
+    /// Codes not counted one by one.
+    pub other: u64,
+}
+
+impl ResponseCounts {
+    pub fn of(http: &[Arc<HttpMetrics>]) -> ResponseCounts {
+        let mut counts = ResponseCounts {
+            by_code: STATUS_CODES.iter().map(|&code| (code, 0)).collect(),
+            other: 0,
+        };
+        for metrics in http {
+            for per_protocol in &metrics.responses {
+                for (s, counter) in per_protocol.iter().enumerate() {
+                    let n = counter.load(Ordering::Relaxed);
+                    match counts.by_code.get_mut(s) {
+                        Some((_, count)) => *count = count.saturating_add(n),
+                        None => counts.other = counts.other.saturating_add(n),
+                    }
+                }
+            }
+        }
+        counts
+    }
+
+    fn sum(&self, include: impl Fn(u16) -> bool) -> u64 {
+        self.by_code
+            .iter()
+            .filter(|(code, _)| include(*code))
+            .fold(0u64, |sum, (_, n)| sum.saturating_add(*n))
+    }
+
+    pub fn total(&self) -> u64 {
+        self.sum(|_| true).saturating_add(self.other)
+    }
+
+    /// `5xx` answers that are not refusals: the node failed.
+    pub fn server_errors(&self) -> u64 {
+        self.sum(|code| code >= 500 && !REFUSAL_CODES.contains(&code))
+    }
+
+    /// `4xx` answers that are not refusals: the request was wrong (or named nothing).
+    pub fn client_errors(&self) -> u64 {
+        self.sum(|code| (400..500).contains(&code) && !REFUSAL_CODES.contains(&code))
+    }
+
+    /// The refusals, by code (every one of [`REFUSAL_CODES`], zeros included).
+    pub fn refusals(&self) -> Vec<(u16, u64)> {
+        REFUSAL_CODES
+            .iter()
+            .map(|&code| (code, self.sum(|c| c == code)))
+            .collect()
+    }
+}
+
+/// Every core's samples of one histogram, added up: `(cumulative buckets, sum µs, count)`.
+pub fn merged_histogram<'a>(
+    histograms: impl Iterator<Item = &'a Histogram>,
+) -> (Vec<u64>, u64, u64) {
+    let mut buckets = vec![0u64; LATENCY_BUCKETS_US.len() + 1];
+    let (mut sum_us, mut count) = (0u64, 0u64);
+    for histogram in histograms {
+        let (cumulative, sum, n) = histogram.snapshot();
+        for (total, value) in buckets.iter_mut().zip(cumulative) {
+            *total = total.saturating_add(value);
+        }
+        sum_us = sum_us.saturating_add(sum);
+        count = count.saturating_add(n);
+    }
+    (buckets, sum_us, count)
+}
+
+thread_local! {
+    /// This core's counters, for the answers its connections give without a handler: the
+    /// transport's refusals (a body or head too large, a request too slow, no budget left).
+    static CORE_HTTP_METRICS: RefCell<Option<Arc<HttpMetrics>>> = const { RefCell::new(None) };
+}
+
+impl HttpMetrics {
+    /// Makes these the counters of [`count_connection_error`] on the calling core's thread.
+    pub fn install_on_this_core(self: &Arc<Self>) {
+        CORE_HTTP_METRICS.with(|slot| *slot.borrow_mut() = Some(self.clone()));
+    }
+}
+
+/// Counts an answer the transport gave in `protocol`'s style (its `connection_error`), on the
+/// counters installed on this core; nothing where none are (unit tests). A read answer the
+/// transport replaces with the `503` of a full unsent-answers budget was counted when its
+/// handler answered, and is counted again as that `503`.
+pub fn count_connection_error(protocol: Protocol, status: u16) {
+    CORE_HTTP_METRICS.with(|slot| {
+        if let Some(metrics) = slot.borrow().as_ref() {
+            metrics.count(protocol, status);
+        }
+    });
+}
+
+impl HttpMetrics {
+    fn count(&self, protocol: Protocol, status: u16) {
         let p = PROTOCOLS
             .iter()
             .position(|(known, _)| *known == protocol)
             .unwrap_or(0);
         let s = STATUS_CODES
             .iter()
-            .position(|&code| code == response.status)
+            .position(|&code| code == status)
             .unwrap_or(STATUS_CODES.len());
         self.responses[p][s].fetch_add(1, Ordering::Relaxed);
-        if let Some(live) = response.take_live() {
-            response.body = Body::Live(counted(live, self.clone()));
-        }
-        response
     }
 }
 
@@ -132,6 +247,7 @@ pub fn render(
     engine: &NodeMetrics,
     wal_salvaged_files: usize,
     http: &[Arc<HttpMetrics>],
+    usage: &StorageUsage,
     uptime_sec: f64,
 ) -> String {
     let mut out = String::with_capacity(16 * 1024);
@@ -422,6 +538,39 @@ pub fn render(
 
     header(
         &mut out,
+        "pico_disk_bytes",
+        "gauge",
+        "Bytes the node's files take on its disk (allocated, as du counts), by dir: wal (the \
+         WAL directory with the node's state files) and meta (the SQLite catalog). Measured \
+         every few seconds; absent until measured.",
+    );
+    for (dir, bytes) in [("wal", usage.wal_bytes), ("meta", usage.meta_bytes)] {
+        if let Some(bytes) = bytes {
+            let _ = writeln!(out, "pico_disk_bytes{{dir=\"{dir}\"}} {bytes}");
+        }
+    }
+    // Each family's samples follow its own header (the text format groups them).
+    for (name, help, value) in [
+        (
+            "pico_bucket_bytes",
+            "Bytes of the segment objects the catalog lists in the bucket (cluster-wide with a \
+             shared catalog; garbage not yet collected included). Measured every few seconds.",
+            usage.bucket.map(|b| b.bytes),
+        ),
+        (
+            "pico_bucket_segments",
+            "Segment objects the catalog lists in the bucket.",
+            usage.bucket.map(|b| b.segments),
+        ),
+    ] {
+        header(&mut out, name, "gauge", help);
+        if let Some(value) = value {
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
+
+    header(
+        &mut out,
         "pico_http_responses_total",
         "counter",
         "HTTP responses by core, protocol and status code.",
@@ -519,6 +668,7 @@ mod tests {
             &engine,
             0,
             &[metrics],
+            &StorageUsage::default(),
             1.0,
         );
         assert!(
@@ -542,5 +692,81 @@ mod tests {
                 .trim_end_matches("_count");
             assert!(text.contains(&format!("# TYPE {family} ")), "{line}");
         }
+    }
+
+    #[test]
+    fn storage_usage_is_rendered_once_measured() {
+        let engine: NodeMetrics = Arc::new(vec![Arc::new(CoreMetrics::default())]);
+        let http = [Arc::new(HttpMetrics::default())];
+        let build = crate::config::BuildInfo::default();
+        let unmeasured = render(build, &engine, 0, &http, &StorageUsage::default(), 1.0);
+        assert!(unmeasured.contains("# TYPE pico_disk_bytes gauge"));
+        assert!(!unmeasured.contains("pico_disk_bytes{"));
+        assert!(!unmeasured.contains("\npico_bucket_bytes "));
+        let usage = StorageUsage {
+            wal_bytes: Some(4096),
+            meta_bytes: None,
+            bucket: Some(pico_meta::CatalogUsage {
+                segments: 3,
+                bytes: 5_000_000_000,
+            }),
+            measured_at_ms: Some(1),
+        };
+        let text = render(build, &engine, 0, &http, &usage, 1.0);
+        assert!(text.contains("\npico_disk_bytes{dir=\"wal\"} 4096\n"));
+        assert!(!text.contains("pico_disk_bytes{dir=\"meta\"}"));
+        assert!(text.contains("\npico_bucket_bytes 5000000000\n"));
+        assert!(text.contains("\npico_bucket_segments 3\n"));
+        // Each family's samples directly follow its own header.
+        let at = |needle: &str| text.find(needle).unwrap();
+        assert!(at("# TYPE pico_bucket_bytes") < at("\npico_bucket_bytes "));
+        assert!(at("\npico_bucket_bytes ") < at("# HELP pico_bucket_segments"));
+    }
+
+    #[test]
+    fn refusals_errors_and_client_errors_are_told_apart() {
+        let (a, b) = (
+            Arc::new(HttpMetrics::default()),
+            Arc::new(HttpMetrics::default()),
+        );
+        for (metrics, protocol, code) in [
+            (&a, Protocol::Pico, 200),
+            (&a, Protocol::Pico, 404),
+            (&b, Protocol::DurableStreams, 400),
+            (&a, Protocol::Pico, 413),
+            (&b, Protocol::DurableStreams, 429),
+            (&b, Protocol::Pico, 429),
+            (&a, Protocol::Pico, 503),
+            (&b, Protocol::Pico, 507),
+            (&a, Protocol::Pico, 500),
+            (&b, Protocol::DurableStreams, 502),
+            (&b, Protocol::Pico, 299),
+        ] {
+            metrics.respond(protocol, Response::new(code));
+        }
+        let counts = ResponseCounts::of(&[a, b]);
+        assert_eq!(counts.total(), 11);
+        assert_eq!(counts.other, 1);
+        assert_eq!(counts.server_errors(), 2, "500 and 502");
+        assert_eq!(counts.client_errors(), 2, "404 and 400");
+        assert_eq!(
+            counts.refusals(),
+            [(413, 1), (429, 2), (431, 0), (503, 1), (507, 1)]
+        );
+    }
+
+    #[test]
+    fn merged_histograms_add_every_cores_samples() {
+        let (a, b) = (Histogram::default(), Histogram::default());
+        a.observe(std::time::Duration::from_micros(40));
+        b.observe(std::time::Duration::from_micros(40));
+        b.observe(std::time::Duration::from_millis(2));
+        let (buckets, sum_us, count) = merged_histogram([&a, &b].into_iter());
+        assert_eq!(count, 3);
+        assert_eq!(sum_us, 2_080);
+        assert_eq!(buckets.len(), LATENCY_BUCKETS_US.len() + 1);
+        assert_eq!(buckets[0], 2, "≤ 50 µs");
+        assert_eq!(buckets[5], 3, "≤ 2.5 ms");
+        assert_eq!(*buckets.last().unwrap(), 3);
     }
 }

@@ -11,6 +11,7 @@ pub mod dashboard;
 pub mod metrics;
 mod quarantine;
 pub mod state;
+pub mod usage;
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -112,6 +113,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 &state.engine_metrics,
                 state.facts.wal_salvaged.len(),
                 &state.http_metrics,
+                &state.usage.get(),
                 state.started.elapsed().as_secs_f64(),
             );
             body.push_str(&consumers::metrics_text(state).await);
@@ -268,12 +270,59 @@ fn stats(state: &AdminState) -> Value {
     }
     json!({
         "uptimeMs": state.started.elapsed().as_millis() as u64,
+        "nowMs": pico_engine::now_ms(),
+        "latency": latency_json(state),
+        "responses": responses_json(&metrics::ResponseCounts::of(&state.http_metrics)),
+        "storage": storage_json(&state.usage.get()),
         "cores": loads.iter().enumerate().map(|(core, load)| {
             let mut value = load_json(load);
             value["core"] = json!(core);
             value
         }).collect::<Vec<_>>(),
         "total": load_json(&total),
+    })
+}
+
+/// The append and WAL fsync latency histograms of every core, added up: cumulative bucket
+/// counts under `boundsUs` (the last bucket is everything above), for the dashboard to take
+/// percentiles of the samples between two polls.
+fn latency_json(state: &AdminState) -> Value {
+    use pico_engine::metrics::{OpKind, LATENCY_BUCKETS_US};
+    let histogram = |(buckets, sum_us, count): (Vec<u64>, u64, u64)| json!({ "buckets": buckets, "sumUs": sum_us, "count": count });
+    let cores = || state.engine_metrics.iter();
+    json!({
+        "boundsUs": LATENCY_BUCKETS_US,
+        "append": histogram(metrics::merged_histogram(
+            cores().map(|m| &m.op(OpKind::Append).latency)
+        )),
+        "fsync": histogram(metrics::merged_histogram(cores().map(|m| &m.wal_fsync_latency))),
+    })
+}
+
+/// Protocol answers since the start: all, the node's errors, the clients' errors and the
+/// refusals by code (`metrics::REFUSAL_CODES`).
+fn responses_json(counts: &metrics::ResponseCounts) -> Value {
+    let refused: serde_json::Map<String, Value> = counts
+        .refusals()
+        .into_iter()
+        .map(|(code, n)| (code.to_string(), json!(n)))
+        .collect();
+    json!({
+        "total": counts.total(),
+        "serverErrors": counts.server_errors(),
+        "clientErrors": counts.client_errors(),
+        "refused": refused,
+    })
+}
+
+/// The last storage measurement; `null` for what was not measured.
+fn storage_json(usage: &usage::StorageUsage) -> Value {
+    json!({
+        "walBytes": usage.wal_bytes,
+        "metaBytes": usage.meta_bytes,
+        "bucketBytes": usage.bucket.map(|b| b.bytes),
+        "bucketSegments": usage.bucket.map(|b| b.segments),
+        "measuredAtMs": usage.measured_at_ms,
     })
 }
 

@@ -28,6 +28,8 @@ pub struct NodeFacts {
     /// Damaged WAL files `--wal-salvage` started the node past, each with what was lost.
     pub wal_salvaged: Vec<String>,
     pub build: crate::config::BuildInfo,
+    /// Where the node keeps its files, for the disk usage it reports.
+    pub disk: crate::admin::usage::DiskPaths,
 }
 
 /// Node state the admin listener reports.
@@ -43,6 +45,8 @@ pub struct AdminState {
     /// Placement weight of this node (`POST /admin/nodes/{id}`); meaningful with clusters.
     pub slots: Cell<u64>,
     pub tokens: Option<Rc<CoreTokens>>,
+    /// The last storage measurement (`usage.rs` refreshes it).
+    pub usage: Cell<crate::admin::usage::StorageUsage>,
 }
 
 pub(crate) fn json_response(status: u16, body: Value) -> Response {

@@ -119,7 +119,9 @@ pub(super) fn render_error(error: DsError) -> Response {
 }
 
 /// Protocol errors found by the HTTP layer (malformed requests, oversized bodies).
+/// Counted in `pico_http_responses_total` here: no handler's answer passes `respond` for these.
 pub fn connection_error(status: u16, message: &str) -> Response {
+    crate::admin::metrics::count_connection_error(crate::config::Protocol::DurableStreams, status);
     let code = match status {
         413 => "PAYLOAD_TOO_LARGE",
         417 => "EXPECTATION_FAILED",

@@ -143,7 +143,9 @@ pub(super) fn render_error(error: ApiError) -> Response {
 }
 
 /// Protocol errors found by the HTTP layer (malformed requests, oversized bodies).
+/// Counted in `pico_http_responses_total` here: no handler's answer passes `respond` for these.
 pub fn connection_error(status: u16, message: &str) -> Response {
+    crate::admin::metrics::count_connection_error(crate::config::Protocol::Pico, status);
     let code = match status {
         413 => "too_large",
         417 => "expectation_failed",

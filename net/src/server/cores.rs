@@ -247,6 +247,7 @@ async fn run_core(job: CoreJob) {
             });
         })
     };
+    http.install_on_this_core();
     let tokens = settings.auth.clone().map(CoreTokens::new);
     if let (Some(admin_listener), Some(job)) = (admin_listener, admin) {
         let advertised = bound
@@ -265,7 +266,9 @@ async fn run_core(job: CoreJob) {
             },
             slots: Cell::new(job.facts.cores as u64),
             tokens: tokens.clone(),
+            usage: Cell::new(Default::default()),
         });
+        glommio::spawn_local(crate::admin::usage::refresh_loop(state.clone())).detach();
         spawn_admin(
             admin_listener,
             admin_tls,

@@ -352,6 +352,7 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         meta_url: pico_engine::displayed_meta_url(&config.meta_url),
         wal_salvaged: Vec::new(),
         build: config.build,
+        disk: crate::admin::usage::DiskPaths::new(config.wal_dir.clone(), &config.meta_url),
     }
 }
 
