@@ -4,13 +4,16 @@
 //! along. The checks:
 //!
 //! - a committed offset never moves backwards and never passes its stream's tail;
-//! - every appended record is printed by some member (at least once);
-//! - one member incarnation prints each stream's records in order, never one twice;
+//! - every appended record is printed by some member (at least once), with its own body;
 //! - the records printed more than once are bounded by what was in flight at the faults
-//!   (at most one page per fault and stream).
+//!   (at most one page per fault and stream). A member may print a record twice itself: a
+//!   page whose acknowledgement failed is printed again by whoever holds the stream next,
+//!   which can be the same member after a rebalance.
 //!
-//! The run lasts `CONSUMER_HISTORY_SEC` seconds (default 12), with `CONSUMER_HISTORY_SEED` to
-//! replay a schedule.
+//! Two profiles: one node; and a 3-node cluster on Postgres (`PICOMQ_PG_URL`) whose nodes are
+//! killed and restarted too, members attached to any node. Each run lasts
+//! `CONSUMER_HISTORY_SEC` seconds (default 12), with `CONSUMER_HISTORY_SEED` to replay a
+//! schedule.
 
 mod common;
 
@@ -22,7 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::pico_without_pico_env;
-use common::{Server, XorShift};
+use common::{split_url, Conn, Resp, Server, XorShift};
+use pico_meta::testing::PgDatabase;
 
 const STREAMS: usize = 4;
 const MEMBERS: usize = 3;
@@ -40,12 +44,12 @@ struct Member {
     paused_until: Option<Instant>,
 }
 
-fn start_member(server: &Server, dir: &std::path::Path, name: &str, incarnation: usize) -> Member {
+fn start_member(endpoint: &str, dir: &std::path::Path, name: &str, incarnation: usize) -> Member {
     let out = File::create(dir.join(format!("{name}.{incarnation}.out"))).unwrap();
     let err = File::create(dir.join(format!("{name}.{incarnation}.err"))).unwrap();
     let mut args = vec![
         "--endpoint".to_string(),
-        format!("http://{}", server.addr),
+        endpoint.to_string(),
         "consume".into(),
         "--consumer".into(),
         CONSUMER.into(),
@@ -76,8 +80,111 @@ fn signal(child: &Child, name: &str) {
         .status();
 }
 
+/// The nodes a run talks to: one, or a cluster sharing a Postgres metadata log.
+struct Nodes {
+    servers: Vec<Server>,
+    _database: Option<PgDatabase>,
+    _objects: tempfile::TempDir,
+}
+
+impl Nodes {
+    fn url(&self, i: usize) -> String {
+        format!("http://{}", self.servers[i % self.servers.len()].addr)
+    }
+
+    fn urls(&self) -> Vec<String> {
+        (0..self.servers.len()).map(|i| self.url(i)).collect()
+    }
+}
+
+/// A request through node `first` (or the next live one), following redirects to the owner
+/// and retrying refusals (`503`) and dead nodes for up to 60 s. The nodes are looked up again
+/// at every try (a restarted node has new ports) and not held meanwhile.
+fn request(
+    nodes: &Mutex<Nodes>,
+    first: usize,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut node = first;
+    let mut headers = headers.to_vec();
+    headers.push(("content-type", "text/plain"));
+    loop {
+        let urls = nodes.lock().unwrap().urls();
+        let mut url = format!("{}{target}", urls[node % urls.len()]);
+        for _ in 0..5 {
+            let (addr, path) = split_url(&url);
+            let answer = Conn::connect(addr).and_then(|mut conn| {
+                conn.set_read_timeout(Duration::from_secs(10));
+                conn.request(method, &path, &headers, body)
+            });
+            match answer {
+                Ok(resp) if resp.status == 307 => url = resp.h("location").to_string(),
+                Ok(resp) if resp.status == 503 => break,
+                Ok(resp) => return resp,
+                Err(_) => break,
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{method} {target}: no node answered"
+        );
+        node += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_group_processes_every_record_through_kills_and_pauses() {
+    let nodes = Nodes {
+        servers: vec![Server::start(&[])],
+        _database: None,
+        _objects: tempfile::tempdir().unwrap(),
+    };
+    run(nodes, false);
+}
+
+/// The same on a 3-node cluster, whose nodes are killed and restarted as well.
+#[test]
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+fn a_group_processes_every_record_through_member_and_node_kills_in_a_cluster() {
+    let Some(database) = PgDatabase::create("consumer_history") else {
+        return;
+    };
+    let objects = tempfile::tempdir().unwrap();
+    let storage = format!("-2@file://{}", objects.path().display());
+    let servers: Vec<Server> = (0..3u64)
+        .map(|i| {
+            let id = (91 + i).to_string();
+            Server::start(&[
+                "--meta-url",
+                database.url(),
+                "--storage",
+                &storage,
+                "--node-id",
+                &id,
+                "--ds-listen",
+                "off",
+                "--cores",
+                "2",
+                "--lease-ms",
+                "1500",
+            ])
+        })
+        .collect();
+    common::wait_until_formed(&servers, &[91, 92, 93], Duration::from_secs(60));
+    let nodes = Nodes {
+        servers,
+        _database: Some(database),
+        _objects: objects,
+    };
+    run(nodes, true);
+}
+
+fn run(nodes: Nodes, kill_nodes: bool) {
     let seconds: u64 = std::env::var("CONSUMER_HISTORY_SEC")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -88,9 +195,11 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
         .unwrap_or_else(XorShift::seed_from_time);
     eprintln!("CONSUMER_HISTORY_SEED={seed}");
     let mut rng = XorShift::new(seed);
-    let server = Arc::new(Server::start(&[]));
+    let nodes = Arc::new(Mutex::new(nodes));
+    let node_count = nodes.lock().unwrap().servers.len();
     for i in 0..STREAMS {
-        server.put(&stream(i), "text/plain").expect(201);
+        let created = request(&nodes, i, "PUT", &stream(i), &[], b"");
+        created.expect(201);
     }
     let dir = tempfile::tempdir().unwrap();
 
@@ -98,14 +207,29 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
     let stop = Arc::new(AtomicBool::new(false));
     let appended = Arc::new(Mutex::new(vec![0u64; STREAMS]));
     let writer = {
-        let (server, stop, appended) = (server.clone(), stop.clone(), appended.clone());
+        let (nodes, stop, appended) = (nodes.clone(), stop.clone(), appended.clone());
         std::thread::spawn(move || {
             let mut n = 0usize;
             while !stop.load(Ordering::SeqCst) {
                 let i = n % STREAMS;
                 let seq = appended.lock().unwrap()[i];
-                let written = server.post(&stream(i), format!("{i}-{seq}").as_bytes());
-                written.expect(200);
+                // `Pico-Match-Seq`: a retry after an unknown outcome cannot write the record
+                // twice; a `412` says the first try did.
+                let match_seq = seq.to_string();
+                let body = format!("{i}-{seq}");
+                let written = request(
+                    &nodes,
+                    n,
+                    "POST",
+                    &stream(i),
+                    &[("pico-match-seq", &match_seq)],
+                    body.as_bytes(),
+                );
+                assert!(
+                    matches!(written.status, 200 | 412),
+                    "{}",
+                    written.describe()
+                );
                 appended.lock().unwrap()[i] += 1;
                 n += 1;
                 std::thread::sleep(Duration::from_millis(3));
@@ -115,13 +239,20 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
 
     // The observer: committed offsets never go back nor past what was appended.
     let observed = {
-        let (server, stop, appended) = (server.clone(), stop.clone(), appended.clone());
+        let (nodes, stop, appended) = (nodes.clone(), stop.clone(), appended.clone());
         std::thread::spawn(move || {
             let mut last = [0u64; STREAMS];
             let mut samples = 0u64;
             while !stop.load(Ordering::SeqCst) {
                 let tails = appended.lock().unwrap().clone();
-                let got = server.get(&format!("/?consumer={CONSUMER}"));
+                let got = request(
+                    &nodes,
+                    samples as usize,
+                    "GET",
+                    &format!("/?consumer={CONSUMER}"),
+                    &[],
+                    b"",
+                );
                 if got.status == 200 {
                     for cursor in got.json()["streams"].as_array().unwrap() {
                         let i = (0..STREAMS)
@@ -153,16 +284,37 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
     };
 
     let mut incarnations = 0usize;
+    let endpoint = |m: usize| nodes.lock().unwrap().url(m % node_count);
     let mut members: Vec<Member> = (0..MEMBERS)
         .map(|m| {
             incarnations += 1;
-            start_member(&server, dir.path(), &format!("m{m}"), incarnations)
+            start_member(&endpoint(m), dir.path(), &format!("m{m}"), incarnations)
         })
         .collect();
-    let (mut kills, mut pauses) = (0u32, 0u32);
+    let (mut kills, mut pauses, mut node_kills) = (0u32, 0u32, 0u32);
+    let mut dead_node: Option<(usize, Instant)> = None;
     let until = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.range(300, 900)));
+        if kill_nodes {
+            match dead_node {
+                Some((node, at)) if Instant::now() >= at => {
+                    nodes.lock().unwrap().servers[node].restart();
+                    dead_node = None;
+                }
+                None if rng.range(0, 4) == 0 => {
+                    let node = rng.range(0, node_count as u64) as usize;
+                    nodes.lock().unwrap().servers[node].kill();
+                    node_kills += 1;
+                    dead_node = Some((
+                        node,
+                        Instant::now() + Duration::from_millis(rng.range(1_000, 4_000)),
+                    ));
+                    continue;
+                }
+                _ => {}
+            }
+        }
         let m = rng.range(0, MEMBERS as u64) as usize;
         let member = &mut members[m];
         if let Some(at) = member.paused_until {
@@ -178,7 +330,8 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
             kills += 1;
             incarnations += 1;
             let name = member.name.clone();
-            *member = start_member(&server, dir.path(), &name, incarnations);
+            let at = rng.range(0, node_count as u64) as usize;
+            *member = start_member(&endpoint(at), dir.path(), &name, incarnations);
         } else {
             signal(&member.child, "STOP");
             member.paused_until = Some(Instant::now() + Duration::from_millis(LEASE_MS * 2));
@@ -190,6 +343,17 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
             signal(&member.child, "CONT");
         }
     }
+    if let Some((node, _)) = dead_node {
+        nodes.lock().unwrap().servers[node].restart();
+    }
+    // A member whose node died gave up after its retries: start it again, on a live node.
+    for member in &mut members {
+        if member.child.try_wait().unwrap().is_some() {
+            incarnations += 1;
+            let name = member.name.clone();
+            *member = start_member(&endpoint(incarnations), dir.path(), &name, incarnations);
+        }
+    }
     stop.store(true, Ordering::SeqCst);
     writer.join().expect("the writer");
     let samples = observed.join().expect("the observer saw no violation");
@@ -198,7 +362,15 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
     // Quiet now: the members drain every stream.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let got = server.get(&format!("/?consumer={CONSUMER}")).json();
+        let got = request(
+            &nodes,
+            0,
+            "GET",
+            &format!("/?consumer={CONSUMER}"),
+            &[],
+            b"",
+        )
+        .json();
         let done = got["streams"].as_array().unwrap().iter().all(|c| {
             let i = (0..STREAMS)
                 .find(|i| c["stream"] == stream(*i).as_str())
@@ -227,7 +399,6 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        let mut last_of: BTreeMap<usize, u64> = BTreeMap::new();
         for line in text.lines() {
             let mut fields = line.splitn(3, '\t');
             let (Some(name), Some(seq), Some(body)) = (fields.next(), fields.next(), fields.next())
@@ -240,14 +411,6 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
                 .expect("a known stream");
             let seq: u64 = seq.parse().unwrap();
             assert_eq!(body, format!("{i}-{seq}"), "{}", path.display());
-            if let Some(last) = last_of.get(&i) {
-                assert!(
-                    seq > *last,
-                    "{}: {name} printed {seq} after {last}",
-                    path.display()
-                );
-            }
-            last_of.insert(i, seq);
             *printed.entry((i, seq)).or_default() += 1;
         }
     }
@@ -263,14 +426,14 @@ fn a_group_processes_every_record_through_kills_and_pauses() {
     let duplicates: usize = printed.values().map(|n| n - 1).sum();
     let total: u64 = appended.iter().sum();
     eprintln!(
-        "consumer history: {total} records, {kills} kills, {pauses} pauses, {incarnations} incarnations, \
-         {duplicates} printed again, {samples} observations"
+        "consumer history: {total} records, {kills} kills, {pauses} pauses, {node_kills} node kills, \
+         {incarnations} incarnations, {duplicates} printed again, {samples} observations"
     );
     assert!(samples > 0, "the observer never read the consumer");
     // What a fault can print again is what was in flight: a page (`--page-records`, 100) of
     // each stream the member held, printed and not yet acknowledged. A kill changes hands
     // twice (the lapse or the new incarnation, then the rejoin), a pause once.
-    let hand_overs = (2 * kills + pauses + 1) as usize;
+    let hand_overs = (2 * kills + pauses + 2 * node_kills * MEMBERS as u32 + 1) as usize;
     assert!(
         duplicates <= hand_overs * STREAMS * 100,
         "{duplicates} printed again for {kills} kills and {pauses} pauses"
