@@ -6,7 +6,7 @@ export PICO_ENDPOINT=${1:-${PICO_ENDPOINT:-http://127.0.0.1:4437}}
 stream=/examples/orders-$$
 
 pico create "$stream" --content-type text/plain
-seq 1 1000 | pico append "$stream" --batch 100
+seq 1 1000 | pico append "$stream"              # batched: one request here
 pico read "$stream" | head -3
 echo "..."
 pico read "$stream" | tail -2

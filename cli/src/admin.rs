@@ -315,13 +315,15 @@ fn nodes_lines(body: &Value) -> Vec<String> {
         .map(|n| {
             let f = |name| field(n, name);
             format!(
-                "node={} epoch={} address={} slots={} opening={} placed={}{}",
+                "node={} epoch={} address={} slots={} opening={} placed={} state={} lease={}{}",
                 f("nodeId"),
                 f("nodeEpoch"),
                 f("advertisedAddress"),
                 f("slots"),
                 f("openingCount"),
                 f("placedCount"),
+                f("state"),
+                lease(&n["leaseExpiresInMs"]),
                 if n["local"] == true {
                     " (this node)"
                 } else {
@@ -330,6 +332,15 @@ fn nodes_lines(body: &Value) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// `lease=`: `+4.2s` expires in 4.2 s, `-12.3s` lapsed 12.3 s ago, `-` none (a node that left,
+/// or one without a cluster).
+fn lease(expires_in_ms: &Value) -> String {
+    match expires_in_ms.as_i64() {
+        Some(ms) => format!("{:+.1}s", ms as f64 / 1000.0),
+        None => "-".into(),
+    }
 }
 
 fn stream_lines(s: &Value) -> Vec<String> {
@@ -390,15 +401,23 @@ mod tests {
     fn nodes_mark_this_node_and_print_null_addresses() {
         let body = json!({"nodes": [
             {"nodeId": 1, "nodeEpoch": 5, "advertisedAddress": "http://a", "slots": 1,
-             "local": true, "openingCount": 2, "placedCount": 0},
+             "local": true, "openingCount": 2, "placedCount": 0, "state": "live",
+             "leaseExpiresInMs": 4210},
             {"nodeId": 2, "nodeEpoch": 6, "advertisedAddress": null, "slots": 0,
-             "local": false, "openingCount": 0, "placedCount": 1},
+             "local": false, "openingCount": 0, "placedCount": 1, "state": "expired",
+             "leaseExpiresInMs": -12_345},
+            {"nodeId": 3, "nodeEpoch": 7, "advertisedAddress": "http://c", "slots": 1,
+             "local": false, "openingCount": 0, "placedCount": 0, "state": "left",
+             "leaseExpiresInMs": null},
         ]});
         assert_eq!(
             nodes_lines(&body),
             [
-                "node=1 epoch=5 address=http://a slots=1 opening=2 placed=0 (this node)",
-                "node=2 epoch=6 address=null slots=0 opening=0 placed=1",
+                "node=1 epoch=5 address=http://a slots=1 opening=2 placed=0 state=live \
+                 lease=+4.2s (this node)",
+                "node=2 epoch=6 address=null slots=0 opening=0 placed=1 state=expired \
+                 lease=-12.3s",
+                "node=3 epoch=7 address=http://c slots=1 opening=0 placed=0 state=left lease=-",
             ]
         );
     }

@@ -182,7 +182,7 @@ pub struct ServeArgs {
     #[argh(
         option,
         arg_name = "size",
-        default = "8 << 20",
+        default = "pico_net::limits::BODY_BYTES_MAX_DEFAULT as u64",
         from_str_fn(parse_size)
     )]
     pub max_body_size: u64,
@@ -408,7 +408,7 @@ pub struct HeadArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "append")]
-/// Append stdin, one record per line; prints start=<s> next=<n> per request on stderr.
+/// Append stdin, one record per line, in batches of up to 1000 records or 1MiB sent as the input comes (a batch waits at most 5 ms for more); prints one summary line on stderr: records, bytes, requests, time, rate, start=<first> next=<after the last>. With --batch N, PicoMQ 0.1's behaviour: groups of N lines and start=<s> next=<n> per request instead.
 pub struct AppendArgs {
     #[argh(positional)]
     /// stream name
@@ -418,9 +418,25 @@ pub struct AppendArgs {
     #[argh(option, arg_name = "type")]
     pub content_type: Option<String>,
 
-    /// records per request, at least 1; Durable Streams takes only 1 (default 1) [env: PICO_BATCH]
-    #[argh(option, arg_name = "n", default = "1", from_str_fn(parse_batch))]
-    pub batch: usize,
+    /// the batching of PicoMQ 0.1: exactly N lines per request (the last may hold fewer), no time limit, start=<s> next=<n> per request on stderr and no summary; Durable Streams takes only 1 [env: PICO_BATCH]
+    #[argh(option, arg_name = "n", from_str_fn(parse_batch))]
+    pub batch: Option<usize>,
+
+    /// most records per request, 1 to 100000 (default 1000; 1 with Durable Streams, which appends one message per request) [env: PICO_BATCH_RECORDS]
+    #[argh(option, arg_name = "n")]
+    pub batch_records: Option<usize>,
+
+    /// most bytes per request, at most 8MiB (the server's default --max-body-size); a longer line is sent alone (default 1MiB) [env: PICO_BATCH_BYTES]
+    #[argh(option, arg_name = "size", from_str_fn(parse_size))]
+    pub batch_bytes: Option<u64>,
+
+    /// milliseconds a batch waits for more input after its first record before it is sent, at most 60000 (default 5) [env: PICO_LINGER_MS]
+    #[argh(option, arg_name = "ms")]
+    pub linger_ms: Option<u64>,
+
+    /// one record per request, each sent as soon as its line is read (the same as --batch-records 1) [env: PICO_NO_BATCH]
+    #[argh(switch)]
+    pub no_batch: bool,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -506,7 +522,7 @@ pub struct DeleteArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "ls")]
-/// List streams (Pico protocol): <name> start=<s> next=<n> closed=<bool> per line.
+/// List streams (Pico protocol): <name> start=<s> next=<n> closed=<bool> per line. Any node of a cluster lists every stream of the cluster (taken-over ones included); --owners adds owner=<node id>.
 pub struct LsArgs {
     /// list only names starting with this (default /) [env: PICO_PREFIX]
     #[argh(option, arg_name = "prefix")]
@@ -515,6 +531,10 @@ pub struct LsArgs {
     /// at most this many streams, 0 = the server's default of 1000 (default 0) [env: PICO_LIMIT]
     #[argh(option, arg_name = "n", default = "0")]
     pub limit: u64,
+
+    /// also print owner=<node id> per stream: the cluster node that serves it (- on a single node) [env: PICO_OWNERS]
+    #[argh(switch)]
+    pub owners: bool,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]
@@ -699,7 +719,7 @@ pub struct AdminClusterArgs {}
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "nodes")]
-/// Print one line per registered node.
+/// Print one line per node ever registered: node=<id> epoch=<incarnation, grows at each start> address=<Pico listener URL> slots=<placement weight> opening=<streams it owns now> placed=<always 0> state=<live: holds its lease; expired: stopped renewing it (killed, paused or cut off), its streams move to live nodes once the lease lapsed; left: stopped cleanly and handed its streams over> lease=<+4.2s: expires in 4.2 s (renewed every third of --lease-ms); -12.3s: lapsed 12.3 s ago; -: none> and (this node) on the node asked. --json adds leaseExpiresAtMs, registeredAtMs and dsAddress.
 pub struct AdminNodesArgs {}
 
 #[derive(FromArgs, ArgsInfo, Debug)]

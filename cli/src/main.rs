@@ -15,6 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[macro_use]
 mod output;
 mod admin;
+mod append;
 mod args;
 mod argv;
 mod cert;
@@ -266,7 +267,7 @@ fn run(cli: Cli, provenance: &serve_config::Provenance) -> Result<(), Failure> {
             }
             Command::Create(args) => commands::create(&client, args).await,
             Command::Head(args) => commands::head(&client, args).await,
-            Command::Append(args) => commands::append(&client, args).await,
+            Command::Append(args) => append::append(&client, args).await,
             Command::Read(args) => commands::read(&client, args).await,
             Command::Tail(args) => commands::tail(&client, args).await,
             Command::Consume(args) => consume::consume(&client, args).await,

@@ -2,7 +2,9 @@
 //! of a large input show `read 120000 records, 11.4 MiB, 2.1s` on stderr, redrawn in place,
 //! **only when stderr is a terminal** (never in pipes, files or tests). It appears once the
 //! operation has run for a while, so short commands print nothing extra, and it is erased
-//! before any other stderr line and at the end.
+//! before any other stderr line and at the end. `read` and `tail` then end the display with a
+//! summary line (also on a terminal only: their stderr is otherwise silent, as in PicoMQ 0.1);
+//! `append` prints its summary always, in place of 0.1's acknowledgement per request.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -52,6 +54,16 @@ impl Progress {
         write_stderr(&format!("{erase}{line}\n"));
     }
 
+    /// Whether the display is on (stderr is a terminal).
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Time since the operation started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// Erases the line (at the end of the operation, or before an error message).
     pub fn finish(&mut self) {
         if let Some(text) = self.erase() {
@@ -78,6 +90,37 @@ impl Progress {
     }
 }
 
+/// `1200 records, 34.5 KiB`.
+pub fn amount(records: u64, bytes: u64) -> String {
+    let noun = if records == 1 { "record" } else { "records" };
+    format!("{records} {noun}, {}", size(bytes))
+}
+
+/// `0.05s, 24000 records/s, 0.7 MiB/s`: the elapsed time and the average rates over it.
+pub fn pace(records: u64, bytes: u64, elapsed: Duration) -> String {
+    // A run too short to time says so rather than dividing by (nearly) zero.
+    let secs = elapsed.as_secs_f64();
+    if secs < 0.001 {
+        return format!("{secs:.2}s");
+    }
+    format!(
+        "{secs:.2}s, {:.0} records/s, {}/s",
+        records as f64 / secs,
+        size((bytes as f64 / secs) as u64)
+    )
+}
+
+/// Bytes with a binary unit: `512 B`, `34.5 KiB`, `3.0 MiB`, `1.2 GiB`.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 3] = [("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    for (unit, shift) in UNITS {
+        if bytes >= 1 << shift {
+            return format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
 impl Drop for Progress {
     fn drop(&mut self) {
         self.finish();
@@ -93,6 +136,20 @@ fn write_stderr(text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amounts_sizes_and_rates() {
+        assert_eq!(amount(1, 5), "1 record, 5 B");
+        assert_eq!(amount(1200, 35_328), "1200 records, 34.5 KiB");
+        assert_eq!(size(3 << 20), "3.0 MiB");
+        assert_eq!(size((5 << 30) / 4), "1.2 GiB");
+        assert_eq!(size(1023), "1023 B");
+        assert_eq!(
+            pace(1000, 2 << 20, Duration::from_millis(500)),
+            "0.50s, 2000 records/s, 4.0 MiB/s"
+        );
+        assert_eq!(pace(5, 5, Duration::from_micros(10)), "0.00s");
+    }
 
     #[test]
     fn disabled_progress_prints_nothing() {

@@ -52,6 +52,8 @@ fn every_admin_endpoint_answers_with_the_reference_shapes() {
     let node = &nodes["nodes"][0];
     assert_eq!(node["nodeId"], 1);
     assert_eq!(node["local"], true);
+    assert_eq!(node["state"], "live");
+    assert_eq!(node["live"], true);
 
     // A page of streams by prefix, with live offsets.
     let page = get(&server, "/admin/streams?prefix=/orders/&limit=1").json();

@@ -130,10 +130,20 @@ fn every_command_prints_the_admin_api() {
     );
     let node = &nodes["nodes"][0];
     let expected = format!(
-        "node=1 epoch={} address=http://{} slots={} opening=2 placed=0 (this node)\n",
+        "node=1 epoch={} address=http://{} slots={} opening=2 placed=0 state=live lease=- (this node)\n",
         node["nodeEpoch"], server.addr, node["slots"]
     );
     check(&run(&["nodes"]), "nodes", 0, &expected, "");
+    // Its help explains every column.
+    let help = String::from_utf8_lossy(&run(&["nodes", "--help"]).stdout).into_owned();
+    for column in [
+        "node=", "epoch=", "address=", "slots=", "opening=", "placed=", "state=", "lease=",
+    ] {
+        assert!(help.contains(&format!("{column}<")), "{column} in {help}");
+    }
+    for state in ["live:", "expired:", "left:"] {
+        assert!(help.contains(state), "{state} in {help}");
+    }
     assert_eq!(
         json_stdout(&run(&["nodes", "--json"]), "nodes --json"),
         nodes
@@ -246,7 +256,7 @@ fn the_endpoint_comes_from_the_environment_and_profiles_do_not_apply() {
         "nodes via PICO_ADMIN_ENDPOINT",
         0,
         &format!(
-            "node=1 epoch={} address=http://{} slots={} opening=0 placed=0 (this node)\n",
+            "node=1 epoch={} address=http://{} slots={} opening=0 placed=0 state=live lease=- (this node)\n",
             node["nodeEpoch"], server.addr, node["slots"],
         ),
         "",

@@ -112,6 +112,14 @@ fn ls_lists_streams_with_their_positions() {
         "/other/x start=0 next=0 closed=false\n",
         "",
     );
+    // A single node's streams have no owner node to name.
+    cli.expect(
+        &["ls", "--prefix", "/other", "--owners"],
+        b"",
+        0,
+        "/other/x start=0 next=0 closed=false owner=-\n",
+        "",
+    );
     cli.expect(&["ls", "--prefix", "/none/"], b"", 0, "", "");
     cli.expect(
         &["ls", "--protocol", "ds"],
@@ -756,12 +764,28 @@ fn progress_line_on_a_terminal() {
         assert!(tty.contains("\r\x1b[2Kread "), "{took:?}: {tty:?}");
         assert!(tty.contains(" records, "), "{tty:?}");
         assert!(
-            tty.ends_with("\r\x1b[2K"),
-            "the line is erased at the end: {tty:?}"
+            tty.contains("\r\x1b[2Kread 600000 records, "),
+            "the line is erased before the summary: {tty:?}"
         );
     } else {
         eprintln!("read took only {took:?}: the progress line was not required");
     }
+    // However short the read, a terminal gets the summary: what was read and where to resume.
+    let summary = tty.lines().last().unwrap_or_default().trim_end();
+    assert!(
+        summary.contains("read 600000 records, 4.6 MiB, ")
+            && summary.ends_with("/s: next=600000 (resume with --from 600000)"),
+        "{tty:?}"
+    );
+    let (_, code, tty) = on_a_terminal(format!("{bin} read /tty --from 599998"));
+    assert_eq!(code, Some(0), "{tty}");
+    assert!(tty.contains("599999\t00599999"), "{tty:?}");
+    assert!(tty.contains("read 2 records, 16 B, "), "{tty:?}");
+    assert!(
+        tty.trim_end()
+            .ends_with("next=600000 (resume with --from 600000)"),
+        "{tty:?}"
+    );
 }
 
 /// Issue 37: `pico --endpoint URL config set prod` used to make `prod` the default on the
@@ -862,4 +886,191 @@ fn profiles_keep_the_token_and_the_ca_certificate() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unauthorized (401)"), "{stderr}");
+}
+
+/// `(records, requests, rest)` of `pico append`'s summary line
+/// (`appended N records, SIZE in R requests, TIME...: start=S next=N`).
+fn append_summary(stderr: &str) -> (u64, u64, String) {
+    let line = stderr.strip_suffix('\n').unwrap_or(stderr);
+    assert_eq!(line.lines().count(), 1, "one summary line: {stderr:?}");
+    let words: Vec<&str> = line.split(' ').collect();
+    assert_eq!(words[0], "appended", "{line}");
+    let records = words[1].parse().expect("record count");
+    let at = words
+        .iter()
+        .position(|w| *w == "in")
+        .expect("in R requests");
+    let requests = words[at + 1].parse().expect("request count");
+    let positions = line.rsplit_once(": ").map_or("", |(_, p)| p).to_owned();
+    (records, requests, positions)
+}
+
+/// Issue 37: `pico append` batches by default, by count, bytes and linger, and ends with one
+/// summary line; `--no-batch` sends a request per record.
+#[test]
+fn append_batches_by_default_and_prints_one_summary_line() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/batched"], b"", 0, "", "created=true\n");
+    let input: String = (0..2500).map(|i| format!("line-{i}\n")).collect();
+
+    // Defaults: the whole input is there at once, so batches fill up long before the 5 ms
+    // linger; however slow the machine, far fewer requests than records.
+    let out = cli.run(&["append", "/batched"], input.as_bytes());
+    let (code, stdout, stderr) = common::cli::outcome(&out);
+    assert_eq!((code, stdout.as_str()), (Some(0), ""), "{stderr}");
+    let (records, requests, positions) = append_summary(&stderr);
+    assert_eq!(records, 2500);
+    assert!((3..=250).contains(&requests), "{stderr}");
+    assert_eq!(positions, "start=0 next=2500");
+    assert!(stderr.contains(" records/s, "), "{stderr}");
+
+    // By count, the linger out of the way: exactly 1000 + 1000 + 500.
+    let out = cli.run(
+        &["append", "/batched", "--linger-ms", "60000"],
+        input.as_bytes(),
+    );
+    let (records, requests, positions) = append_summary(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!((records, requests), (2500, 3));
+    assert_eq!(positions, "start=2500 next=5000");
+
+    // By bytes: 100-byte lines are 108 bytes in a batch (5 bytes of its own): 9 fit in 1 KiB.
+    let line = "x".repeat(100);
+    let input: String = (0..100).map(|_| format!("{line}\n")).collect();
+    let out = cli.run(
+        &[
+            "append",
+            "/batched",
+            "--batch-bytes",
+            "1KiB",
+            "--linger-ms",
+            "60000",
+        ],
+        input.as_bytes(),
+    );
+    let (records, requests, _) = append_summary(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!((records, requests), (100, 12));
+
+    let out = cli.run(&["append", "/batched", "--no-batch"], b"a\nb\nc\nd\ne\n");
+    let (records, requests, positions) = append_summary(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!((records, requests), (5, 5));
+    assert_eq!(positions, "start=5100 next=5105");
+
+    // Every record once, in input order.
+    let out = cli.run(&["read", "/batched"], b"");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5105);
+    assert_eq!(lines[0], "0\tline-0");
+    assert_eq!(lines[4999], "4999\tline-2499");
+    assert_eq!(lines[5104], "5104\te");
+
+    // Flags out of range, or mixed with PicoMQ 0.1's --batch: usage errors.
+    for args in [
+        &["append", "/batched", "--batch-records", "0"][..],
+        &["append", "/batched", "--batch-records", "100001"],
+        &["append", "/batched", "--batch-bytes", "9MiB"],
+        &["append", "/batched", "--linger-ms", "60001"],
+        &["append", "/batched", "--batch", "2", "--linger-ms", "1"],
+        &["append", "/batched", "--no-batch", "--batch-records", "2"],
+    ] {
+        let out = cli.run(args, b"z\n");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+    cli.expect(
+        &["head", "/batched"],
+        b"",
+        0,
+        "start=0 next=5105 closed=false type=application/octet-stream\n",
+        "",
+    );
+}
+
+/// A line waits at most the linger for company: with the input still open, it is appended.
+#[test]
+fn append_sends_a_lingering_batch_while_the_input_stays_open() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/slow"], b"", 0, "", "created=true\n");
+    let mut child = cli
+        .command(&["append", "/slow", "--linger-ms", "20"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"first\n").unwrap();
+    stdin.flush().unwrap();
+    let appended = (0..200).any(|_| {
+        let out = cli.run(&["head", "/slow"], b"");
+        if String::from_utf8_lossy(&out.stdout).contains(" next=1 ") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        false
+    });
+    assert!(
+        appended,
+        "the first line was not sent while the input stayed open"
+    );
+    stdin.write_all(b"second\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let (records, requests, positions) = append_summary(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!((records, requests), (2, 2));
+    assert_eq!(positions, "start=0 next=2");
+}
+
+/// A failure half-way says which input lines are appended and where to resume.
+#[test]
+fn a_failed_append_says_where_to_resume() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/cut"], b"", 0, "", "created=true\n");
+    let mut child = cli
+        .command(&[
+            "append",
+            "/cut",
+            "--batch-records",
+            "3",
+            "--linger-ms",
+            "60000",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"1\n2\n3\n").unwrap();
+    stdin.flush().unwrap();
+    let appended = (0..200).any(|_| {
+        let out = cli.run(&["head", "/cut"], b"");
+        if String::from_utf8_lossy(&out.stdout).contains(" next=3 ") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        false
+    });
+    assert!(appended, "the first batch of three was not sent");
+    cli.expect(&["close", "/cut"], b"", 0, "", "closed next=3\n");
+    stdin.write_all(b"4\n5\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(
+        lines[0].starts_with("appended 3 records, 3 B in 1 request, ")
+            && lines[0].ends_with(": start=0 next=3"),
+        "{stderr}"
+    );
+    assert_eq!(
+        lines[1],
+        "input lines 1-3 are appended; lines 4-5, the failed request, were not appended; \
+         nothing after line 5 was sent. Resume from line 4: tail -n +4 INPUT | pico append ..."
+    );
+    assert!(lines[2].starts_with("pico: closed (409): "), "{stderr}");
 }

@@ -133,13 +133,22 @@ fn create_head_append_and_read_speak_durable_streams() {
         "",
     );
 
-    // One message per line, each acknowledged with the new tail (the only offset DS gives).
+    // One message per line, each acknowledged with the new tail (the only offset DS gives):
+    // with --batch 1, PicoMQ 0.1's line per request; by default, one summary line.
     ds.expect(
-        &["append", s, text[0], text[1]],
-        b"one\ntwo\n",
+        &["append", s, text[0], text[1], "--batch", "1"],
+        b"one\n",
         0,
         "",
-        &format!("start={0} next={0}\nstart={1} next={1}\n", off(1), off(2)),
+        &format!("start={0} next={0}\n", off(1)),
+    );
+    let out = ds.run_with(&["append", s, text[0], text[1]], b"two\n");
+    let (code, _, stderr) = outcome(&out);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.starts_with("appended 1 record, 3 B in 1 request, ")
+            && stderr.ends_with(&format!(": next={}\n", off(2))),
+        "{stderr}"
     );
     // The type must match the stream's; --batch > 1 is refused before anything is sent.
     ds.expect_failure(&["append", s], b"three\n", "pico: CONFLICT (409)");
@@ -191,7 +200,7 @@ fn create_head_append_and_read_speak_durable_streams() {
     let bin = "/ds/bin";
     ds.expect(&["create", bin], b"", 0, "", "created=true\n");
     ds.expect(
-        &["append", bin],
+        &["append", bin, "--batch", "1"],
         b"\xff\xfe\n",
         0,
         "",
@@ -251,7 +260,7 @@ fn json_streams_read_as_arrays() {
     );
     // A top-level array is flattened one level: `[2,3]` is two messages.
     ds.expect(
-        &["append", s, json[0], json[1]],
+        &["append", s, json[0], json[1], "--batch", "1"],
         b"{\"a\":1}\n[2,3]\n",
         0,
         "",

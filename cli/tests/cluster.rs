@@ -767,7 +767,7 @@ fn a_clean_stop_hands_the_streams_over_without_waiting_for_the_lease() {
 #[test]
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 fn a_consumer_group_keeps_its_offsets_through_a_failover() {
-    let Some(mut cluster) = Cluster::start_lapsing("cluster_consumers", 71, &[1, 1, 1]) else {
+    let Some(mut cluster) = Cluster::start_lapsing("cluster_consumers", 101, &[1, 1, 1]) else {
         return;
     };
     let urls: Vec<String> = (0..3).map(|i| cluster.url(i)).collect();
@@ -861,8 +861,8 @@ fn a_consumer_group_keeps_its_offsets_through_a_failover() {
     };
     wait_committed(10, &mut last, &logs);
     assert!(
-        names.iter().any(|n| owner_of(&cluster, n) == Some(71)),
-        "placement gave node 71 some streams"
+        names.iter().any(|n| owner_of(&cluster, n) == Some(101)),
+        "placement gave node 101 some streams"
     );
     cluster.nodes[0].kill();
     write(10..20);
@@ -890,4 +890,202 @@ fn a_consumer_group_keeps_its_offsets_through_a_failover() {
             );
         }
     }
+
+/// `pico ARGS` against `endpoint` (no input); exit code and stdout, stderr in the panic.
+fn pico_out(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = pico_with_input(dir, args, "");
+    assert!(
+        out.status.success(),
+        "pico {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `name → (next, owner)` of `pico ls --owners` lines (`<name> start=.. next=N closed=..
+/// owner=O`).
+fn listed(stdout: &str) -> std::collections::BTreeMap<String, (u64, u64)> {
+    stdout
+        .lines()
+        .map(|line| {
+            let mut words = line.split(' ');
+            let name = words.next().unwrap().to_string();
+            let field = |key: &str| -> u64 {
+                line.split(' ')
+                    .find_map(|w| w.strip_prefix(key))
+                    .unwrap_or_else(|| panic!("{key} in {line:?}"))
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{key} in {line:?}: {e}"))
+            };
+            (name, (field("next="), field("owner=")))
+        })
+        .collect()
+}
+
+/// `node id → (state, lease)` of `pico admin nodes` lines.
+fn node_states(stdout: &str) -> std::collections::BTreeMap<u64, (String, String)> {
+    stdout
+        .lines()
+        .map(|line| {
+            let field = |key: &str| {
+                line.split(' ')
+                    .find_map(|w| w.strip_prefix(key))
+                    .unwrap_or_else(|| panic!("{key} in {line:?}"))
+                    .to_string()
+            };
+            (
+                field("node=").parse().unwrap(),
+                (field("state="), field("lease=")),
+            )
+        })
+        .collect()
+}
+
+/// Issue 37: any node lists every stream of the cluster with its owner, from the shared
+/// catalog: streams on other nodes, and a killed node's streams before and right after their
+/// takeover (with every acknowledged record counted); `pico admin nodes` says which node is
+/// live, which expired (killed) and which left (stopped cleanly).
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn any_node_lists_every_stream_of_the_cluster_with_its_owner() {
+    let Some(mut cluster) = Cluster::start("cluster_listing", 91, &[1, 1, 1]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let urls: Vec<String> = (0..3).map(|i| cluster.url(i)).collect();
+    let admins: Vec<String> = (0..3)
+        .map(|i| format!("http://{}", cluster.nodes[i].admin))
+        .collect();
+    let names: Vec<String> = (0..12).map(|i| format!("/ls/s{i:02}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let (resp, _) = follow(&format!("{}{name}", urls[i % 3]), "PUT", &[], b"");
+        assert_eq!(resp.status, 201, "{}", resp.describe());
+        // i % 3 + 1 records, each appended through another node.
+        for (round, url) in urls.iter().enumerate().take(i % 3 + 1) {
+            let (resp, _) = follow(
+                &format!("{url}{name}"),
+                "POST",
+                &[],
+                format!("r{round}").as_bytes(),
+            );
+            assert_eq!(resp.status, 200, "{}", resp.describe());
+        }
+    }
+    let want = |owner_of_name: &dyn Fn(&str) -> u64| {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), ((i % 3 + 1) as u64, owner_of_name(n))))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let owners: std::collections::BTreeMap<String, u64> = names
+        .iter()
+        .map(|n| (n.clone(), owner_of(&cluster, n).expect("an owner")))
+        .collect();
+    let on = |node: u64| owners.values().filter(|&&o| o == node).count();
+    assert!(on(91) > 0 && on(92) > 0 && on(93) > 0, "{owners:?}");
+
+    // Every node lists all twelve, each with its owner and its acknowledged tail.
+    for url in &urls {
+        let stdout = pico_out(
+            dir.path(),
+            &["--endpoint", url, "ls", "--prefix", "/ls/", "--owners"],
+        );
+        assert_eq!(listed(&stdout), want(&|n: &str| owners[n]), "{url}");
+    }
+    // Pages follow on across nodes' streams: 5 + 5 + 2.
+    let (resp, _) = follow(
+        &format!("{}/?prefix=/ls/&limit=5", urls[1]),
+        "GET",
+        &[],
+        b"",
+    );
+    let page = resp.json();
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["streams"].as_array().unwrap().len(), 5);
+    assert_eq!(page["streams"][4]["name"], "/ls/s04");
+    let (resp, _) = follow(
+        &format!("{}/?prefix=/ls/&limit=5&start_after=/ls/s09", urls[2]),
+        "GET",
+        &[],
+        b"",
+    );
+    let page = resp.json();
+    assert_eq!(page["has_more"], false);
+    let rest: Vec<&str> = page["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(rest, ["/ls/s10", "/ls/s11"]);
+
+    let states = node_states(&pico_out(
+        dir.path(),
+        &["admin", "--admin-endpoint", &admins[1], "nodes"],
+    ));
+    assert_eq!(states.len(), 3, "{states:?}");
+    for (node, (state, lease)) in &states {
+        assert_eq!(state, "live", "node {node}");
+        assert!(lease.starts_with('+') && lease.ends_with('s'), "{lease}");
+    }
+
+    // Node 91 dies: it is listed as expired, and its streams stay listed all along, first
+    // with their dead owner, then with the survivor that took each over.
+    cluster.nodes[0].kill();
+    let stdout = pico_out(
+        dir.path(),
+        &["--endpoint", &urls[1], "ls", "--prefix", "/ls/", "--owners"],
+    );
+    assert_eq!(listed(&stdout).len(), 12, "{stdout}");
+    let survivors = wait_for("node 91's streams to be taken over", TAKEOVER_BOUND, || {
+        let now: std::collections::BTreeMap<String, u64> = names
+            .iter()
+            .map(|n| {
+                (
+                    n.clone(),
+                    owner_of_admin(cluster.nodes[1].admin, n).unwrap_or(91),
+                )
+            })
+            .collect();
+        now.values().all(|&o| o != 91).then_some(now)
+    });
+    let stdout = pico_out(
+        dir.path(),
+        &["--endpoint", &urls[1], "ls", "--prefix", "/ls/", "--owners"],
+    );
+    assert_eq!(
+        listed(&stdout),
+        want(&|n: &str| survivors[n]),
+        "{}",
+        cluster.logs()
+    );
+    let states = node_states(&pico_out(
+        dir.path(),
+        &["admin", "--admin-endpoint", &admins[1], "nodes"],
+    ));
+    assert_eq!(states[&91].0, "expired", "{states:?}");
+    assert!(states[&91].1.starts_with('-'), "lapsed: {states:?}");
+    assert_eq!(states[&92].0, "live", "{states:?}");
+
+    // Node 93 stops cleanly: it left, and node 92 lists everything as its own.
+    assert!(cluster.nodes[2]
+        .terminate(Duration::from_secs(30))
+        .success());
+    let states = node_states(&pico_out(
+        dir.path(),
+        &["admin", "--admin-endpoint", &admins[1], "nodes"],
+    ));
+    assert_eq!(
+        states[&93],
+        ("left".to_string(), "-".to_string()),
+        "{states:?}"
+    );
+    wait_for("node 92 to own every stream", TAKEOVER_BOUND, || {
+        let stdout = pico_out(
+            dir.path(),
+            &["--endpoint", &urls[1], "ls", "--prefix", "/ls/", "--owners"],
+        );
+        (listed(&stdout) == want(&|_: &str| 92)).then_some(())
+    });
 }

@@ -158,7 +158,7 @@ fn a_group_processes_every_record_through_member_and_node_kills_in_a_cluster() {
     let storage = format!("-2@file://{}", objects.path().display());
     let servers: Vec<Server> = (0..3u64)
         .map(|i| {
-            let id = (91 + i).to_string();
+            let id = (111 + i).to_string();
             Server::start(&[
                 "--meta-url",
                 database.url(),
@@ -175,7 +175,7 @@ fn a_group_processes_every_record_through_member_and_node_kills_in_a_cluster() {
             ])
         })
         .collect();
-    common::wait_until_formed(&servers, &[91, 92, 93], Duration::from_secs(60));
+    common::wait_until_formed(&servers, &[111, 112, 113], Duration::from_secs(60));
     let nodes = Nodes {
         servers,
         _database: Some(database),

@@ -103,6 +103,8 @@ pub struct ListedStream {
     pub closed: bool,
     pub ttl_secs: Option<u64>,
     pub expires_at: Option<String>,
+    /// The node that owns the stream, in a cluster's listing (`owner_node`).
+    pub owner_node: Option<u64>,
 }
 
 /// One page of a listing.

@@ -48,6 +48,7 @@ pub(crate) fn parse_list(body: &[u8]) -> Result<StreamList, ClientError> {
                 .unwrap_or(false),
             ttl_secs: number("ttl"),
             expires_at: text("expires_at"),
+            owner_node: number("owner_node"),
         });
     }
     let has_more = json

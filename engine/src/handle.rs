@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use pico_meta::MetaStore;
+use pico_meta::{CatalogStream, MetaStore, NodeId};
 
 use crate::api::{
     AppendAck, AppendRequest, CreateRequest, Created, ReadBatch, ReadRequest, RetentionChange,
@@ -220,5 +220,79 @@ impl CoreHandle {
         limit: usize,
     ) -> Result<(Vec<StreamSummary>, bool), EngineError> {
         self.router.list(prefix, start_after, limit).await
+    }
+
+    /// [`CoreHandle::list`] over the whole cluster, each stream with its owner node: the page
+    /// comes from the catalog, which every node shares, so a stream is listed by any node,
+    /// taken-over ones as soon as the metadata log moved them. Offsets are live for this
+    /// node's streams (their `HEAD`); for other nodes' they are the catalog's committed ones,
+    /// which with object durability (a cluster's default) are every acknowledged append. Of
+    /// other nodes' streams only those past a fixed expiry are left out: a sliding TTL is
+    /// their owner's to judge. A single node lists its own streams, with no owner.
+    pub async fn list_cluster_wide(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> Result<(Vec<(StreamSummary, Option<NodeId>)>, bool), EngineError> {
+        let Some(cluster) = &self.cluster else {
+            let (page, more) = self.router.list(prefix, start_after, limit).await?;
+            return Ok((page.into_iter().map(|s| (s, None)).collect(), more));
+        };
+        let me = cluster.node_id();
+        let rows = self
+            .meta()
+            .list_streams(prefix, start_after, limit.saturating_add(1))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let more = rows.len() > limit;
+        // This node's loaded streams of the same range, from every core in one round: the
+        // catalog page's names of this node are among them unless not loaded yet (taken over
+        // or transferred here just now) or expired, which their `HEAD` tells apart.
+        let (loaded, _) = self
+            .router
+            .list(prefix, start_after, limit.saturating_add(1))
+            .await?;
+        let mut loaded: std::collections::HashMap<String, StreamInfo> =
+            loaded.into_iter().map(|s| (s.name, s.info)).collect();
+        let now = crate::clock::now_ms();
+        let mut page = Vec::with_capacity(rows.len().min(limit));
+        for listed in rows.into_iter().take(limit) {
+            let owner = listed.ownership.node;
+            let info = if let Some(info) = loaded.remove(&listed.row.name) {
+                info
+            } else if owner == Some(me) {
+                match self.head(&listed.row.name).await {
+                    Ok(info) => info,
+                    // Deleted or expired since the catalog was read.
+                    Err(EngineError::NotFound | EngineError::Gone) => continue,
+                    // Moved away meanwhile, or not servable now: what the catalog says.
+                    Err(_) => committed_info(&listed),
+                }
+            } else if listed.row.config.expires_at_ms.is_some_and(|at| at <= now) {
+                continue;
+            } else {
+                committed_info(&listed)
+            };
+            let name = listed.row.name;
+            page.push((StreamSummary { name, info }, owner));
+        }
+        Ok((page, more))
+    }
+}
+
+/// A stream's [`StreamInfo`] as the catalog has it.
+fn committed_info(listed: &CatalogStream) -> StreamInfo {
+    let config = &listed.row.config;
+    StreamInfo {
+        id: listed.row.id,
+        content_type: config.content_type.clone(),
+        ttl_sec: config.ttl_sec,
+        expires_at_ms: config.expires_at_ms,
+        start_offset: listed.start_offset,
+        next_offset: listed.next_offset,
+        closed: config.closed,
+        retention: config.retention,
     }
 }

@@ -380,6 +380,10 @@ impl NodeRow {
     }
 }
 
+/// `(stream id, runs of its first entry, runs of its last entry)`, by commit order (packed as
+/// `runs.rs` stores them).
+pub(crate) type EdgeRuns = (i64, Vec<u8>, Vec<u8>);
+
 /// The SQL of a cluster; only a shared database (Postgres) has it.
 pub(crate) trait ClusterSql {
     /// The database clock, Unix ms.
@@ -452,4 +456,14 @@ pub(crate) trait ClusterSql {
     fn owner_counts(&mut self) -> Result<Vec<(Option<i64>, u64)>, MetaError>;
     /// Every catalog entry of stream `id` with its segment, in commit order.
     fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError>;
+    /// At most `limit` rows whose names start with `prefix` and sort after `start_after` (bytewise,
+    /// exclusive), in name order, soft-deleted ones left out.
+    fn page_of_streams(
+        &mut self,
+        prefix: &str,
+        start_after: &str,
+        limit: i64,
+    ) -> Result<Vec<StreamColumns>, MetaError>;
+    /// The first and last catalog entries' runs of each of these streams that has entries.
+    fn edge_entries(&mut self, ids: &[i64]) -> Result<Vec<EdgeRuns>, MetaError>;
 }

@@ -33,6 +33,19 @@ use crate::Reply;
 use crate::Snapshot;
 use crate::StreamRow;
 
+/// One stream of a cluster-wide listing, as the catalog has it: the row, its owner, and its
+/// offsets as committed (under object durability, every acknowledged append; under local
+/// durability, what has been uploaded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogStream {
+    pub row: StreamRow,
+    pub ownership: Ownership,
+    /// First readable offset, as a node loading the stream would compute it.
+    pub start_offset: u64,
+    /// One past the last committed record.
+    pub next_offset: u64,
+}
+
 /// A stream of this node that an operator asked to move elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingTransfer {
@@ -432,6 +445,43 @@ impl MetaStore {
         })
     }
 
+    /// At most `limit` streams of the whole cluster whose names start with `prefix` and sort
+    /// after `start_after` (bytewise), in name order, with their owners and committed offsets;
+    /// soft-deleted streams are left out.
+    pub fn list_streams(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> Reply<Vec<CatalogStream>> {
+        let (prefix, start_after) = (prefix.to_string(), start_after.to_string());
+        self.job(move |db| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let sql = sql(db)?;
+            let page = sql.page_of_streams(&prefix, &start_after, limit)?;
+            let ids: Vec<i64> = page.iter().map(|c| c.id).collect();
+            let edges: HashMap<i64, (Vec<u8>, Vec<u8>)> = sql
+                .edge_entries(&ids)?
+                .into_iter()
+                .map(|(id, first, last)| (id, (first, last)))
+                .collect();
+            page.into_iter()
+                .map(|columns| {
+                    let ownership = ownership(&columns);
+                    let edge = edges.get(&columns.id);
+                    let row = stream_row(columns)?;
+                    let (start_offset, next_offset) = committed_offsets(&row, edge)?;
+                    Ok(CatalogStream {
+                        row,
+                        ownership,
+                        start_offset,
+                        next_offset,
+                    })
+                })
+                .collect()
+        })
+    }
+
     /// How many streams each node owns (`None`: rows no node owns).
     pub fn owner_counts(&self) -> Reply<Vec<(Option<NodeId>, u64)>> {
         self.job(move |db| {
@@ -442,6 +492,34 @@ impl MetaStore {
                 .collect())
         })
     }
+}
+
+/// A stream's `(start, next)` from its row and the runs of its first and last catalog entries,
+/// the way a node loading the stream computes them: the tail is the last run's end (never
+/// below the fork point nor the trim point); the start is the trim point, or the first stored
+/// record once older segments were collected, never past the tail.
+fn committed_offsets(
+    row: &StreamRow,
+    edge: Option<&(Vec<u8>, Vec<u8>)>,
+) -> Result<(u64, u64), MetaError> {
+    let base = row.fork.as_ref().map_or(0, |f| {
+        f.offset.saturating_add(u64::from(f.partial_bytes > 0))
+    });
+    let corrupt = || MetaError::Storage(format!("unreadable runs of stream {}", row.id));
+    let (first_stored, last_next) = match edge {
+        None => (base, 0),
+        Some((first, last)) => {
+            let first = crate::runs::decode(first).ok_or_else(corrupt)?;
+            let last = crate::runs::decode(last).ok_or_else(corrupt)?;
+            (
+                first.iter().map(|r| r.first_offset).min().unwrap_or(base),
+                last.iter().map(|r| r.next_offset).max().unwrap_or(0),
+            )
+        }
+    };
+    let next = last_next.max(base).max(row.start_offset);
+    let first_stored = if base > 0 { 0 } else { first_stored };
+    Ok((row.start_offset.max(first_stored).min(next), next))
 }
 
 #[cfg(test)]
@@ -458,6 +536,84 @@ mod tests {
             lease_expires_ms,
             registered_ms: 0,
         }
+    }
+
+    fn row(start_offset: u64, fork: Option<(u64, u64)>) -> StreamRow {
+        StreamRow {
+            id: 7,
+            name: "/s".into(),
+            config: crate::StreamConfig {
+                content_type: "text/plain".into(),
+                ttl_sec: None,
+                expires_at_ms: None,
+                closed: false,
+                retention: Default::default(),
+            },
+            created_ms: 0,
+            start_offset,
+            last_access_ms: 0,
+            fork: fork.map(|(offset, partial_bytes)| crate::ForkRow {
+                source: "/src".into(),
+                source_id: 1,
+                offset,
+                partial_bytes,
+            }),
+            soft_deleted: false,
+        }
+    }
+
+    fn runs(offsets: &[(u64, u64)]) -> Vec<u8> {
+        let runs: Vec<crate::SegmentRun> = offsets
+            .iter()
+            .scan(0, |bytes, &(first_offset, next_offset)| {
+                let byte_start = *bytes;
+                *bytes += 10 * (next_offset - first_offset);
+                Some(crate::SegmentRun {
+                    first_offset,
+                    next_offset,
+                    byte_start,
+                    byte_end: *bytes,
+                })
+            })
+            .collect();
+        crate::runs::encode(&runs)
+    }
+
+    #[test]
+    fn committed_offsets_follow_the_first_and_last_entries() {
+        // No entry yet: empty at 0, or at the fork point (one past a partly inherited record).
+        assert_eq!(committed_offsets(&row(0, None), None).unwrap(), (0, 0));
+        assert_eq!(
+            committed_offsets(&row(0, Some((5, 0))), None).unwrap(),
+            (0, 5)
+        );
+        assert_eq!(
+            committed_offsets(&row(0, Some((5, 3))), None).unwrap(),
+            (0, 6)
+        );
+        // The tail is the last entry's end; the start the trim point.
+        let edge = (runs(&[(0, 4)]), runs(&[(9, 12), (12, 20)]));
+        assert_eq!(
+            committed_offsets(&row(0, None), Some(&edge)).unwrap(),
+            (0, 20)
+        );
+        assert_eq!(
+            committed_offsets(&row(15, None), Some(&edge)).unwrap(),
+            (15, 20)
+        );
+        // Older segments collected: the first stored record is the start.
+        let collected = (runs(&[(10, 12)]), runs(&[(12, 20)]));
+        assert_eq!(
+            committed_offsets(&row(3, None), Some(&collected)).unwrap(),
+            (10, 20)
+        );
+        // Trimmed past every stored record (all collected): empty at the trim point.
+        assert_eq!(
+            committed_offsets(&row(30, None), Some(&collected)).unwrap(),
+            (30, 30)
+        );
+        let garbage = (vec![1, 2, 3], runs(&[(0, 1)]));
+        assert!(committed_offsets(&row(0, None), Some(&garbage)).is_err());
     }
 
     #[test]

@@ -46,7 +46,9 @@ mod store;
 pub mod testing;
 
 pub use backend::{NodeId, NodeRow};
-pub use cluster::{place, ClusterState, PendingTransfer, StreamLoad, TransferAccepted};
+pub use cluster::{
+    place, CatalogStream, ClusterState, PendingTransfer, StreamLoad, TransferAccepted,
+};
 pub use consumers::{ConsumerList, ConsumerRead, ConsumerWrite, StoredConsumer};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;

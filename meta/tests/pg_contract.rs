@@ -1597,3 +1597,66 @@ fn a_renewal_after_the_lease_expired_says_so() {
     );
     store.shutdown();
 }
+
+/// The cluster-wide listing: every node's rows by prefix in bytewise order (`_` and `%` are
+/// plain characters, `Z` sorts before `a`), paged with `start_after`, soft-deleted rows left
+/// out, each with its owner and its committed offsets (the last entry's tail, the trim point).
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn the_catalog_lists_every_node_s_streams_in_byte_order() {
+    let Some(database) = PgDatabase::create("catalog_listing") else {
+        return;
+    };
+    let (one, _) = MetaStore::open(&database.meta_url()).unwrap();
+    let (two, _) = MetaStore::open(&database.meta_url()).unwrap();
+    wait(one.register_node(1, 100, "http://one", 1, 60_000)).unwrap();
+    wait(two.register_node(2, 100, "http://two", 1, 60_000)).unwrap();
+    let create = |store: &MetaStore, name: &str, node| {
+        wait(store.create_stream_owned(name, config("text/plain"), None, 5, Some(node)))
+            .unwrap()
+            .row
+            .id
+    };
+    let a = create(&one, "/l/a", 1);
+    let upper = create(&two, "/l/Z", 2);
+    let literal = create(&two, "/l/_%", 2);
+    create(&one, "/lx", 1);
+    let gone = create(&one, "/l/gone", 1);
+    wait(one.soft_delete_stream(gone)).unwrap();
+    let fence = |node, id| pico_meta::SegmentFence {
+        node,
+        node_epoch: 100,
+        epochs: [(id, 1)].into_iter().collect(),
+        quarantine_refused: false,
+    };
+    for (key, runs) in [
+        ("segments/n1/l1.seg", vec![run(0, 3, 0, 30)]),
+        ("segments/n1/l2.seg", vec![run(3, 7, 0, 40)]),
+    ] {
+        let record = segment(key, vec![entry(a, runs, 9, false)]);
+        wait(one.commit_segment_fenced(record, fence(1, a))).unwrap();
+    }
+    wait(one.trim_stream(a, 2)).unwrap();
+
+    let all = wait(two.list_streams("/l/", "", 10)).unwrap();
+    let names: Vec<&str> = all.iter().map(|s| s.row.name.as_str()).collect();
+    assert_eq!(names, ["/l/Z", "/l/_%", "/l/a"]);
+    let owners: Vec<Option<u32>> = all.iter().map(|s| s.ownership.node).collect();
+    assert_eq!(owners, [Some(2), Some(2), Some(1)]);
+    let offsets: Vec<(u64, u64)> = all
+        .iter()
+        .map(|s| (s.start_offset, s.next_offset))
+        .collect();
+    assert_eq!(offsets, [(0, 0), (0, 0), (2, 7)]);
+    assert_eq!((all[0].row.id, all[1].row.id), (upper, literal));
+
+    let first = wait(one.list_streams("/l/", "", 2)).unwrap();
+    assert_eq!(first.len(), 2);
+    let rest = wait(one.list_streams("/l/", &first[1].row.name, 2)).unwrap();
+    let rest: Vec<&str> = rest.iter().map(|s| s.row.name.as_str()).collect();
+    assert_eq!(rest, ["/l/a"]);
+    let literal_prefix = wait(one.list_streams("/l/_", "", 10)).unwrap();
+    assert_eq!(literal_prefix.len(), 1, "_ is no wildcard");
+    one.shutdown();
+    two.shutdown();
+}

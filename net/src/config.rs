@@ -157,7 +157,7 @@ impl Default for ServerConfig {
             max_chunk_size: 64 * 1024,
             catch_up_read_size: pico_engine::limits::CATCH_UP_READ_BYTES_DEFAULT,
             default_retention: Default::default(),
-            max_body_size: 8 * 1024 * 1024,
+            max_body_size: crate::limits::BODY_BYTES_MAX_DEFAULT,
             request_timeout_ms: crate::limits::REQUEST_TIMEOUT_SEC_DEFAULT * 1000,
             send_stall_timeout_ms: crate::limits::SEND_STALL_TIMEOUT_SEC_DEFAULT * 1000,
             segment_size: 8 * 1024 * 1024,

@@ -16,6 +16,9 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
+/// Default largest request body (`--max-body-size`); larger is `413`.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 8 * 1024 * 1024;
+
 /// Default time a request (head and body) has to arrive, and an idle connection stays open
 /// (`--request-timeout-sec`).
 pub const REQUEST_TIMEOUT_SEC_DEFAULT: u64 = 120;

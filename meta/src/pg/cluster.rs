@@ -6,7 +6,9 @@ use super::errors::storage;
 use super::rows::{node_row, stream_columns, triples};
 use crate::backend::entry_columns;
 use crate::backend::select_stream;
-use crate::backend::{Backend, ClusterSql, EntryColumns, NodeRow, SegmentColumns, StreamColumns};
+use crate::backend::{
+    Backend, ClusterSql, EdgeRuns, EntryColumns, NodeRow, SegmentColumns, StreamColumns,
+};
 use crate::MetaError;
 
 /// The database clock in Unix ms (`clock_timestamp`, not the transaction's start: a batch
@@ -311,6 +313,46 @@ impl ClusterSql for Postgres {
             })
             .collect::<Result<_, postgres::Error>>()
             .map_err(storage("count streams per node"))
+    }
+
+    fn page_of_streams(
+        &mut self,
+        prefix: &str,
+        start_after: &str,
+        limit: i64,
+    ) -> Result<Vec<StreamColumns>, MetaError> {
+        // `COLLATE "C"`: bytewise, the order of a single node's listing and of `start_after`.
+        const SQL: &str = concat!(
+            select_stream!(),
+            " WHERE NOT soft_deleted AND starts_with(name, $1) AND name COLLATE \"C\" > $2
+              ORDER BY name COLLATE \"C\" LIMIT $3"
+        );
+        let rows = self.query(SQL, &[&prefix, &start_after, &limit], "list streams")?;
+        rows.iter()
+            .map(stream_columns)
+            .collect::<Result<_, _>>()
+            .map_err(storage("list streams"))
+    }
+
+    fn edge_entries(&mut self, ids: &[i64]) -> Result<Vec<EdgeRuns>, MetaError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
+        let rows = self.query(
+            "SELECT f.stream_id, f.runs, l.runs
+             FROM (SELECT DISTINCT ON (stream_id) stream_id, runs FROM segment_streams
+                   WHERE stream_id = ANY($1) ORDER BY stream_id, segment_seq) f
+             JOIN (SELECT DISTINCT ON (stream_id) stream_id, runs FROM segment_streams
+                   WHERE stream_id = ANY($1) ORDER BY stream_id, segment_seq DESC) l
+               ON l.stream_id = f.stream_id",
+            &[&ids],
+            "read streams' first and last entries",
+        )?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("read streams' first and last entries"))
     }
 
     fn entries_of(&mut self, id: i64) -> Result<Vec<(SegmentColumns, EntryColumns)>, MetaError> {

@@ -35,7 +35,33 @@ pub fn registered(cluster: &Cluster) -> bool {
     })
 }
 
-fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Value {
+/// A node's liveness by its lease (`now_ms`: the database clock the lease is kept on):
+/// `live` holds an unexpired lease; `left` released it on a clean stop (its streams were handed
+/// over at once); `expired` stopped renewing it, killed or cut off (its streams were taken over
+/// once it lapsed).
+fn node_state(node: &NodeRow, now_ms: i64) -> &'static str {
+    if node.lease_expires_ms == 0 {
+        "left"
+    } else if node.is_live(now_ms) {
+        "live"
+    } else {
+        "expired"
+    }
+}
+
+/// A node as this node's view has it (`view_now_ms`: the database clock of that view), its
+/// lease as the database has it now (`lease`: its row and the clock of a fresh read; the view's
+/// when the database did not answer). `live` is the view's, what this node routes by; `state`
+/// and the lease times are current.
+fn node_json(
+    cluster: &Cluster,
+    node: &NodeRow,
+    view_now_ms: i64,
+    lease: (&NodeRow, i64),
+    owned: u64,
+) -> Value {
+    let (current, now_ms) = lease;
+    let state = node_state(current, now_ms);
     json!({
         "nodeId": node.id,
         "nodeEpoch": node.epoch,
@@ -43,11 +69,26 @@ fn node_json(cluster: &Cluster, node: &NodeRow, now_ms: i64, owned: u64) -> Valu
         "dsAddress": if node.ds_address.is_empty() { Value::Null } else { json!(node.ds_address) },
         "slots": node.slots,
         "local": node.id == cluster.node_id(),
-        "live": node.is_live(now_ms),
-        "leaseExpiresAtMs": node.lease_expires_ms,
+        "state": state,
+        "live": node.is_live(view_now_ms),
+        "leaseExpiresAtMs": current.lease_expires_ms,
+        // Negative: lapsed that long ago.
+        "leaseExpiresInMs": match state {
+            "left" => Value::Null,
+            _ => json!(current.lease_expires_ms.saturating_sub(now_ms)),
+        },
+        "registeredAtMs": node.registered_ms,
         "openingCount": owned,
         "placedCount": 0,
     })
+}
+
+/// Streams owned by `node` in `counts`.
+fn owned_by(counts: &[(Option<NodeId>, u64)], node: NodeId) -> u64 {
+    counts
+        .iter()
+        .find(|(n, _)| *n == Some(node))
+        .map_or(0, |(_, c)| *c)
 }
 
 async fn owner_counts(state: &AdminState) -> Result<Vec<(Option<NodeId>, u64)>, Response> {
@@ -62,16 +103,20 @@ pub async fn nodes(state: &AdminState, cluster: &Arc<Cluster>) -> Response {
         Err(response) => return response,
     };
     let view = cluster.view();
-    let owned = |id: NodeId| {
-        counts
-            .iter()
-            .find(|(n, _)| *n == Some(id))
-            .map_or(0, |(_, c)| *c)
-    };
+    // The leases read now, not as of the view's lease round (a third of a lease ago at most).
+    let fresh = wait(state.core.meta().cluster_state(cluster.node_id()))
+        .await
+        .ok();
     let nodes: Vec<Value> = view
         .nodes
         .iter()
-        .map(|n| node_json(cluster, n, view.now_ms, owned(n.id)))
+        .map(|n| {
+            let lease = fresh
+                .as_ref()
+                .and_then(|f| f.nodes.iter().find(|r| r.id == n.id).map(|r| (r, f.now_ms)))
+                .unwrap_or((n, view.now_ms));
+            node_json(cluster, n, view.now_ms, lease, owned_by(&counts, n.id))
+        })
         .collect();
     json_response(200, json!({ "nodes": nodes }))
 }
@@ -203,8 +248,11 @@ pub async fn set_slots(
     };
     match wait(state.core.meta().set_slots(node, slots)).await {
         Ok(row) => {
+            let counts = owner_counts(state).await.unwrap_or_default();
             let view = cluster.view();
-            json_response(200, node_json(cluster, &row, view.now_ms, 0))
+            let owned = owned_by(&counts, row.id);
+            let lease = (&row, view.now_ms);
+            json_response(200, node_json(cluster, &row, view.now_ms, lease, owned))
         }
         Err(e) => meta_error(e),
     }

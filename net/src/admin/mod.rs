@@ -179,6 +179,9 @@ fn node_json(state: &AdminState) -> Value {
         "advertisedAddress": state.facts.advertised_address,
         "slots": state.slots.get(),
         "local": true,
+        // A node without a cluster holds no lease: answering, it is live.
+        "state": "live",
+        "live": true,
         "openingCount": streams,
         "placedCount": 0,
         "cores": state.facts.cores,

@@ -305,10 +305,10 @@ pub(super) async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Res
             None => return Err(ApiError::bad_request("invalid limit")),
         },
     };
-    let (streams, has_more) = core.list(&prefix, &start_after, limit).await?;
+    let (streams, has_more) = core.list_cluster_wide(&prefix, &start_after, limit).await?;
     let mut body = Vec::with_capacity(64 + streams.len() * 128);
     body.extend_from_slice(b"{\"streams\":[");
-    for (i, stream) in streams.iter().enumerate() {
+    for (i, (stream, owner)) in streams.iter().enumerate() {
         if i > 0 {
             body.push(b',');
         }
@@ -330,6 +330,9 @@ pub(super) async fn list(core: &Rc<CoreHandle>, request: &Request) -> Result<Res
             body.extend_from_slice(
                 format!(",\"expires_at\":\"{}\"", format_rfc3339_ms(at)).as_bytes(),
             );
+        }
+        if let Some(owner) = owner {
+            body.extend_from_slice(format!(",\"owner_node\":{owner}").as_bytes());
         }
         body.push(b'}');
     }
