@@ -890,6 +890,7 @@ fn a_consumer_group_keeps_its_offsets_through_a_failover() {
             );
         }
     }
+}
 
 /// `pico ARGS` against `endpoint` (no input); exit code and stdout, stderr in the panic.
 fn pico_out(dir: &std::path::Path, args: &[&str]) -> String {
