@@ -55,6 +55,7 @@ pub enum Command {
     Append(AppendArgs),
     Read(ReadArgs),
     Tail(TailArgs),
+    Consume(ConsumeArgs),
     Ls(LsArgs),
     Close(CloseArgs),
     Delete(DeleteArgs),
@@ -457,6 +458,43 @@ pub struct ReadArgs {
     /// position to start from: a sequence (Pico) or an offset (Durable Streams); -1 is the beginning (the default), now the tail [env: PICO_FROM]
     #[argh(option, arg_name = "pos")]
     pub from: Option<String>,
+
+    /// after catching up, keep following new records with long-polls until the stream is closed [env: PICO_FOLLOW]
+    #[argh(switch, short = 'f')]
+    pub follow: bool,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "consume")]
+/// Read streams as a named consumer the server remembers (Pico protocol): prints records, acknowledges each page after printing it (at least once), resumes where the consumer stopped and follows live; with --group, members of one consumer share its streams.
+pub struct ConsumeArgs {
+    #[argh(positional)]
+    /// the streams the consumer reads (the same ones on every run: the server keeps them with the consumer)
+    pub streams: Vec<String>,
+
+    /// the consumer's name, a path such as /billing/invoicer [env: PICO_CONSUMER]
+    #[argh(option, arg_name = "name")]
+    pub consumer: String,
+
+    /// make the consumer a group and join it: each stream is read by one member at a time, and streams move when members join, leave or go silent [env: PICO_GROUP]
+    #[argh(switch)]
+    pub group: bool,
+
+    /// this member's name in a group (default: host name and process id) [env: PICO_MEMBER]
+    #[argh(option, arg_name = "name")]
+    pub member: Option<String>,
+
+    /// lease of the consumer or member in ms: unheard of for that long, it is released and its streams move (default 30000; set at the first registration) [env: PICO_LEASE_TTL_MS]
+    #[argh(option, arg_name = "ms")]
+    pub lease_ttl_ms: Option<u64>,
+
+    /// stop after this many records, acknowledged (default: follow until every stream is closed) [env: PICO_COUNT]
+    #[argh(option, arg_name = "n")]
+    pub count: Option<u64>,
+
+    /// records read, printed and acknowledged at a time: what a crash or a hand-over may print again, per stream (default 100) [env: PICO_PAGE_RECORDS]
+    #[argh(option, arg_name = "n", default = "100")]
+    pub page_records: u64,
 }
 
 #[derive(FromArgs, ArgsInfo, Debug)]

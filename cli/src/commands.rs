@@ -86,6 +86,15 @@ pub async fn read(client: &Client, args: &ReadArgs) -> Result<(), Failure> {
         progress.update(records, bytes);
         from = page.next.clone();
         if page.up_to_date || page.is_empty() {
+            if args.follow && !page.closed {
+                let mut live = Live {
+                    progress,
+                    verb: "read",
+                    records,
+                    bytes,
+                };
+                return follow(client, &args.stream, from, true, &mut out, &mut live).await;
+            }
             end_with_summary(&mut progress, "read", records, bytes, &from);
             return Ok(());
         }
@@ -154,27 +163,58 @@ async fn parse_position(
 }
 
 pub async fn tail(client: &Client, args: &TailArgs) -> Result<(), Failure> {
-    let mut from = match client.protocol() {
+    let from = match client.protocol() {
         Protocol::Pico => head_or_not_found(client, &args.stream).await?.next,
         // The protocol has a sentinel for the tail: no HEAD round trip (nor its race).
         Protocol::DurableStreams => Position::ds_now(),
     };
-    let mut cursor: Option<String> = None;
     let mut out = io::stdout().lock();
-    let mut progress = Progress::new("tailed");
-    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut live = Live {
+        progress: Progress::new("tailed"),
+        verb: "tailed",
+        records: 0,
+        bytes: 0,
+    };
+    follow(client, &args.stream, from, args.follow, &mut out, &mut live).await
+}
+
+/// What a live read has printed, for its progress display and summary.
+struct Live {
+    progress: Progress,
+    verb: &'static str,
+    records: u64,
+    bytes: u64,
+}
+
+/// Long-polls `stream` from `from`, printing what arrives, until it is up to date
+/// (`until_closed` false) or closed; then the summary.
+async fn follow(
+    client: &Client,
+    stream: &str,
+    mut from: Position,
+    until_closed: bool,
+    out: &mut impl Write,
+    live: &mut Live,
+) -> Result<(), Failure> {
+    let mut cursor: Option<String> = None;
     loop {
         let page = client
-            .read_long_poll(&args.stream, &from, cursor.as_deref())
+            .read_long_poll(stream, &from, cursor.as_deref())
             .await?;
-        let (printed, printed_bytes) = print_page(&mut out, &page)?;
-        records += printed;
-        bytes += printed_bytes;
-        if args.follow {
-            progress.update(records, bytes);
+        let (printed, printed_bytes) = print_page(out, &page)?;
+        live.records += printed;
+        live.bytes += printed_bytes;
+        if until_closed {
+            live.progress.update(live.records, live.bytes);
         }
-        if page.up_to_date && (page.closed || !args.follow) {
-            end_with_summary(&mut progress, "tailed", records, bytes, &page.next);
+        if page.up_to_date && (page.closed || !until_closed) {
+            end_with_summary(
+                &mut live.progress,
+                live.verb,
+                live.records,
+                live.bytes,
+                &page.next,
+            );
             return Ok(());
         }
         if page.is_empty() {

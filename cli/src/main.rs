@@ -21,6 +21,7 @@ mod argv;
 mod cert;
 mod commands;
 mod config;
+mod consume;
 mod logger;
 mod profile;
 mod progress;
@@ -269,6 +270,7 @@ fn run(cli: Cli, provenance: &serve_config::Provenance) -> Result<(), Failure> {
             Command::Append(args) => append::append(&client, args).await,
             Command::Read(args) => commands::read(&client, args).await,
             Command::Tail(args) => commands::tail(&client, args).await,
+            Command::Consume(args) => consume::consume(&client, args).await,
             Command::Ls(args) => commands::ls(&client, args).await,
             Command::Close(args) => commands::close(&client, args).await,
             Command::Delete(args) => commands::delete(&client, args).await,

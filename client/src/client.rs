@@ -410,6 +410,22 @@ impl Client {
         self.read_page(self.http.get(url)).await
     }
 
+    /// One catch-up read from `from` of at most `count` records (Pico; Durable Streams has no
+    /// record count and reads a chunk as [`Client::read`] does).
+    pub async fn read_at_most(
+        &self,
+        stream: &str,
+        from: impl Into<Position>,
+        count: u64,
+    ) -> Result<ReadPage, ClientError> {
+        let mut url = self.read_url(stream, &from.into(), None)?;
+        if self.protocol == Protocol::Pico {
+            url.query_pairs_mut()
+                .append_pair("count", &count.to_string());
+        }
+        self.read_page(self.http.get(url)).await
+    }
+
     /// One long-poll from `from`: answers at once if records are there, else waits up to the
     /// server's long-poll timeout. A timeout (204) is an empty page with `up_to_date`.
     /// Pass the previous page's `cursor` back so successive polls have distinct URLs.
@@ -537,6 +553,11 @@ impl Client {
         self.require_pico_for(
             "binary batches and producers are Pico protocol operations; use --protocol pico",
         )
+    }
+
+    /// The HTTP client every request of this client goes through.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     fn require_pico_for(&self, message: &str) -> Result<(), ClientError> {

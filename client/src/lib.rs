@@ -17,6 +17,7 @@
 mod answers;
 mod client;
 pub mod codec;
+mod consumers;
 mod error;
 mod parse;
 mod position;
@@ -28,6 +29,7 @@ pub use answers::{
 };
 pub use client::{http_client_builder, Client, ClientConfig, Protocol};
 pub use codec::{CodecError, NewRecord, Record};
+pub use consumers::{ConsumerCursor, ConsumerView};
 pub use error::{kind_for_status, transport_message, ApiError, ClientError, ErrorKind};
 pub use position::Position;
 pub use producer::{Producer, ProducerConfig, SendHandle};

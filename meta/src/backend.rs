@@ -302,6 +302,29 @@ pub(crate) trait Backend {
     /// Drops one quarantined entry; whether there was one.
     fn release_quarantined(&mut self, key: &str, stream_id: i64) -> Result<bool, MetaError>;
 
+    /// The document of consumer `id` in `scope` and when it last changed, locked for the
+    /// rest of the transaction where the database has row locks (Postgres: `FOR UPDATE`), so
+    /// two nodes changing one consumer take turns.
+    fn consumer(&mut self, scope: &str, id: &str) -> Result<Option<String>, MetaError>;
+
+    /// Writes (inserts or replaces) consumer `id`'s document.
+    fn put_consumer(
+        &mut self,
+        scope: &str,
+        id: &str,
+        document: &str,
+        now_ms: i64,
+    ) -> Result<(), MetaError>;
+
+    /// Deletes consumer `id`; whether there was one.
+    fn delete_consumer(&mut self, scope: &str, id: &str) -> Result<bool, MetaError>;
+
+    /// Every consumer: (scope, id, document), by scope then id.
+    fn consumers(&mut self) -> Result<Vec<(String, String, String)>, MetaError>;
+
+    /// How many consumers `scope` has.
+    fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError>;
+
     /// Every stream row, by id.
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError>;
 

@@ -30,6 +30,7 @@ pub mod backup;
 mod batch;
 mod cluster;
 mod command;
+mod consumers;
 #[cfg(test)]
 mod create_group_tests;
 mod fence;
@@ -49,6 +50,7 @@ pub use backend::{NodeId, NodeRow};
 pub use cluster::{
     place, CatalogStream, ClusterState, PendingTransfer, StreamLoad, TransferAccepted,
 };
+pub use consumers::{ConsumerList, ConsumerRead, ConsumerWrite, StoredConsumer};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;

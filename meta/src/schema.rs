@@ -56,6 +56,13 @@
 //!   writer_seq    TEXT NULL                  (v5)  last Stream-Seq accepted; NULL = none
 //!   PRIMARY KEY (segment_seq, ord), UNIQUE (segment_seq, stream_id)
 //!   all columns replaced as a whole when the segment is re-committed
+//!
+//! consumers        named consumers (v9): one row per consumer    row deleted on consumer delete
+//!   scope         TEXT NOT NULL       the root (or auth scope) it belongs to
+//!   id            TEXT NOT NULL       the consumer's id within its scope
+//!   document      TEXT NOT NULL       JSON, rewritten whole on every change (net: consumers)
+//!   updated_ms    INTEGER NOT NULL    the clock of the last change
+//!   PRIMARY KEY (scope, id)
 //! ```
 //!
 //! Why AUTOINCREMENT on `streams.id`: without it SQLite may hand out `max(id) + 1` again after the
@@ -161,6 +168,16 @@ const MIGRATIONS: &[&str] = &[
          created_ms  INTEGER NOT NULL,
          PRIMARY KEY (segment_key, stream_id)
      );",
+    // 9: named consumers: one JSON document per consumer (its streams, committed offsets,
+    // epoch, lease and token digest), keyed by the scope it belongs to and its id; the
+    // document's format is the net crate's (`consumers/state.rs`), opaque here.
+    "CREATE TABLE consumers (
+         scope      TEXT    NOT NULL,
+         id         TEXT    NOT NULL,
+         document   TEXT    NOT NULL,
+         updated_ms INTEGER NOT NULL,
+         PRIMARY KEY (scope, id)
+     ) WITHOUT ROWID;",
 ];
 
 /// The schema version this build writes.
@@ -360,8 +377,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(SCHEMA_VERSION, 8);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(SCHEMA_VERSION, 9);
     }
 
     #[test]
@@ -369,6 +386,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
     }
 }

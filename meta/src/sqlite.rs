@@ -296,6 +296,69 @@ impl Backend for Sqlite {
         Ok(changed > 0)
     }
 
+    fn consumer(&mut self, scope: &str, id: &str) -> Result<Option<String>, MetaError> {
+        self.conn
+            .query_row(
+                "SELECT document FROM consumers WHERE scope = ?1 AND id = ?2",
+                params![scope, id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(storage("read a consumer"))
+    }
+
+    fn put_consumer(
+        &mut self,
+        scope: &str,
+        id: &str,
+        document: &str,
+        now_ms: i64,
+    ) -> Result<(), MetaError> {
+        self.conn
+            .execute(
+                "INSERT INTO consumers (scope, id, document, updated_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (scope, id) DO UPDATE
+                 SET document = excluded.document, updated_ms = excluded.updated_ms",
+                params![scope, id, document, now_ms],
+            )
+            .map_err(storage("write a consumer"))?;
+        Ok(())
+    }
+
+    fn delete_consumer(&mut self, scope: &str, id: &str) -> Result<bool, MetaError> {
+        let changed = self
+            .conn
+            .execute(
+                "DELETE FROM consumers WHERE scope = ?1 AND id = ?2",
+                params![scope, id],
+            )
+            .map_err(storage("delete a consumer"))?;
+        Ok(changed > 0)
+    }
+
+    fn consumers(&mut self) -> Result<Vec<(String, String, String)>, MetaError> {
+        let mut query = self
+            .conn
+            .prepare("SELECT scope, id, document FROM consumers ORDER BY scope, id")
+            .map_err(storage("list the consumers"))?;
+        query
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(storage("list the consumers"))
+    }
+
+    fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError> {
+        let count: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM consumers WHERE scope = ?1",
+                params![scope],
+                |row| row.get(0),
+            )
+            .map_err(storage("count the consumers"))?;
+        Ok(count.max(0) as u64)
+    }
+
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
         let mut query = self
             .conn

@@ -138,7 +138,69 @@ contract!(
     catalog_usage_sums_the_listed_segments,
     reopening_migrates_nothing_and_a_newer_schema_is_refused,
     retention_is_set_at_create_replaced_by_configure_and_survives_reopen,
+    consumer_changes_from_two_nodes_take_turns,
 );
+
+/// Two stores on one database (two nodes of a cluster on Postgres) change one consumer
+/// document concurrently: each change reads, decides and writes in one transaction under the
+/// consumer's row lock, so none is lost and no two see the same version; a delete removes it
+/// and a decision that keeps the document writes nothing.
+fn consumer_changes_from_two_nodes_take_turns(db: &Db) {
+    use pico_meta::ConsumerWrite;
+    const CHANGES_PER_THREAD: u64 = 40;
+    let (first, _) = db.open();
+    let (second, _) = db.open();
+    let created = wait(first.change_consumer("/r/".into(), "c".into(), |read| {
+        assert!(read.document.is_none());
+        assert_eq!(read.scope_count, 0);
+        (ConsumerWrite::Put("0".into()), read.now_ms)
+    }))
+    .unwrap();
+    assert!(created > 0, "the clock of the metadata log");
+    let threads: Vec<_> = [&first, &second, &first, &second]
+        .into_iter()
+        .map(|store| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                (0..CHANGES_PER_THREAD)
+                    .map(|_| {
+                        wait(store.change_consumer("/r/".into(), "c".into(), |read| {
+                            let seen: u64 = read.document.unwrap().parse().unwrap();
+                            (ConsumerWrite::Put((seen + 1).to_string()), seen)
+                        }))
+                        .unwrap()
+                    })
+                    .collect::<Vec<u64>>()
+            })
+        })
+        .collect();
+    let mut seen: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..4 * CHANGES_PER_THREAD).collect::<Vec<_>>());
+    // Another scope, another consumer of the same id.
+    wait(
+        second.change_consumer("/other/".into(), "c".into(), |read| {
+            assert!(read.document.is_none());
+            (ConsumerWrite::Keep, ())
+        }),
+    )
+    .unwrap();
+    let list = wait(second.consumers()).unwrap();
+    assert_eq!(list.consumers.len(), 1);
+    assert_eq!(
+        list.consumers[0].document,
+        (4 * CHANGES_PER_THREAD).to_string()
+    );
+    wait(first.change_consumer("/r/".into(), "c".into(), |_| (ConsumerWrite::Delete, ()))).unwrap();
+    first.shutdown();
+    second.shutdown();
+    let (reopened, _) = db.open();
+    assert!(wait(reopened.consumers()).unwrap().consumers.is_empty());
+    reopened.shutdown();
+}
 
 fn config(content_type: &str) -> StreamConfig {
     StreamConfig {
@@ -1181,7 +1243,8 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("5"),
             Some("6"),
             Some("7"),
-            Some("8")
+            Some("8"),
+            Some("9")
         ]
     );
 }

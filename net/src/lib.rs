@@ -8,6 +8,7 @@ pub mod auth;
 pub mod backup;
 pub mod codec;
 pub mod config;
+pub mod consumers;
 pub mod crossing;
 pub mod ds;
 #[cfg(test)]

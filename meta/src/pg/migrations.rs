@@ -79,6 +79,14 @@ const MIGRATIONS: &[&str] = &[
          created_ms  BIGINT NOT NULL,
          PRIMARY KEY (segment_key, stream_id)
      );",
+    // 9: named consumers (see the SQLite list).
+    "CREATE TABLE consumers (
+         scope      TEXT   NOT NULL,
+         id         TEXT   NOT NULL,
+         document   TEXT   NOT NULL,
+         updated_ms BIGINT NOT NULL,
+         PRIMARY KEY (scope, id)
+     );",
 ];
 
 /// The schema version this build writes.

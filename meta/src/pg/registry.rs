@@ -398,6 +398,71 @@ impl Backend for Postgres {
         Ok(changed > 0)
     }
 
+    fn consumer(&mut self, scope: &str, id: &str) -> Result<Option<String>, MetaError> {
+        let rows = self.query(
+            "SELECT document FROM consumers WHERE scope = $1 AND id = $2 FOR UPDATE",
+            &[&scope, &id],
+            "read a consumer",
+        )?;
+        rows.first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("read a consumer"))
+    }
+
+    fn put_consumer(
+        &mut self,
+        scope: &str,
+        id: &str,
+        document: &str,
+        now_ms: i64,
+    ) -> Result<(), MetaError> {
+        self.execute(
+            "INSERT INTO consumers (scope, id, document, updated_ms) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (scope, id) DO UPDATE
+             SET document = excluded.document, updated_ms = excluded.updated_ms",
+            &[&scope, &id, &document, &now_ms],
+            "write a consumer",
+        )?;
+        Ok(())
+    }
+
+    fn delete_consumer(&mut self, scope: &str, id: &str) -> Result<bool, MetaError> {
+        let changed = self.execute(
+            "DELETE FROM consumers WHERE scope = $1 AND id = $2",
+            &[&scope, &id],
+            "delete a consumer",
+        )?;
+        Ok(changed > 0)
+    }
+
+    fn consumers(&mut self) -> Result<Vec<(String, String, String)>, MetaError> {
+        let rows = self.query(
+            "SELECT scope, id, document FROM consumers ORDER BY scope, id",
+            &[],
+            "list the consumers",
+        )?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("list the consumers"))
+    }
+
+    fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError> {
+        let rows = self.query(
+            "SELECT count(*) FROM consumers WHERE scope = $1",
+            &[&scope],
+            "count the consumers",
+        )?;
+        let count: i64 = rows
+            .first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("count the consumers"))?
+            .unwrap_or(0);
+        Ok(count.max(0) as u64)
+    }
+
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {
         const SQL: &str = concat!(select_stream!(), " ORDER BY id");
         let rows = self.query(SQL, &[], "load streams")?;

@@ -7,6 +7,7 @@
 
 pub mod backup;
 pub mod cluster;
+mod consumers;
 pub mod dashboard;
 pub mod gc_hold;
 pub mod metrics;
@@ -108,17 +109,22 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         }
     }
     match (method, path) {
-        ("GET" | "HEAD", "/metrics") => Response::new(200)
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .header("cache-control", "no-store")
-            .with_body(metrics::render(
+        ("GET" | "HEAD", "/metrics") => {
+            let mut body = metrics::render(
                 state.facts.build,
                 &state.engine_metrics,
                 state.facts.wal_salvaged.len(),
                 &state.http_metrics,
                 &state.usage.get(),
                 state.started.elapsed().as_secs_f64(),
-            )),
+            );
+            body.push_str(&consumers::metrics_text(state).await);
+            Response::new(200)
+                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                .header("cache-control", "no-store")
+                .with_body(body)
+        }
+        ("GET", "/admin/consumers") => consumers::list(state).await,
         ("GET", "/admin/cluster") => cluster(state).await,
         ("GET", "/admin/nodes") => match state.core.cluster() {
             Some(cluster) => crate::admin::cluster::nodes(state, cluster).await,
@@ -167,6 +173,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/admin/cluster"
         | "/admin/nodes"
         | "/admin/stats"
+        | "/admin/consumers"
         | "/admin/streams"
         | "/admin/quarantine/records" => "GET",
         p if p.starts_with("/admin/streams/") => "GET",

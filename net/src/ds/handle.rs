@@ -25,6 +25,16 @@ pub async fn handle(
     request: Request,
 ) -> Response {
     if let Some(at) = request.path.find("/__ds/") {
+        let rest = &request.path[at + "/__ds/".len()..];
+        if request.method != "OPTIONS" && (rest == "consumers" || rest.starts_with("consumers/")) {
+            let root = &request.path[..at + 1];
+            let mut response = Box::pin(crate::consumers::handle_ds(
+                core, auth, root, rest, &request,
+            ))
+            .await;
+            crate::routing::complete_redirect(&mut response, &request);
+            return with_common(response, &settings.cors_origin);
+        }
         if request.method != "OPTIONS" {
             // Subscriptions watch many streams: with auth on they need an admin grant, except
             // the webhook callback and the lease calls, which carry their own bearer tokens.

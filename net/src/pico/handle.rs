@@ -16,7 +16,7 @@ use crate::transport::message::{Request, Response};
 pub(super) const ALLOW_METHODS: &str = "GET, PUT, POST, PATCH, DELETE, HEAD, OPTIONS";
 /// The methods `/` (the listing) supports.
 const ROOT_ALLOW_METHODS: &str = "GET, OPTIONS";
-pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty";
+pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, last-event-id, Pico-Match-Seq, Pico-Trim-Seq, Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty, Pico-Consumer-Token";
 
 /// Answers one Pico request.
 pub async fn handle(
@@ -25,6 +25,12 @@ pub async fn handle(
     auth: Option<&CoreTokens>,
     request: Request,
 ) -> Response {
+    if crate::consumers::is_pico_call(&request) && request.method != "OPTIONS" {
+        let response = Box::pin(crate::consumers::handle_pico(core, auth, &request)).await;
+        let mut response = response;
+        crate::routing::complete_redirect(&mut response, &request);
+        return with_common(response, &settings.cors_origin);
+    }
     let result = match authorize(auth, &request).and_then(|()| own_protocol(settings, &request)) {
         Ok(()) => route(core, settings, &request).await,
         Err(error) => Err(error),

@@ -5,7 +5,7 @@
 //! enters at [`handle`] (`handle.rs`), which routes it to `write.rs` or `read.rs`; live
 //! reads stream from `sse.rs`, failures render through `error.rs`.
 
-mod error;
+pub(crate) mod error;
 mod handle;
 mod read;
 mod settings;

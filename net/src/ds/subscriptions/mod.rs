@@ -42,7 +42,7 @@
 mod delivery;
 mod glob;
 mod keys;
-mod percent;
+pub(crate) mod percent;
 mod registry;
 mod response;
 mod routes;

@@ -1,0 +1,110 @@
+//! Named consumers' documents: the metadata log stores each consumer as one opaque JSON
+//! document (its format and rules are the net crate's, `net/src/consumers`), read, decided on
+//! and rewritten in one transaction of the metadata thread, so every change is atomic and, in
+//! a cluster, serialized by the row lock of the consumer it changes.
+
+use crate::backend::Backend;
+use crate::MetaError;
+use crate::MetaStore;
+use crate::Reply;
+
+/// What a decision does to the document it read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConsumerWrite {
+    /// Nothing changes (a read, a refused request, an idempotent repeat).
+    Keep,
+    /// The document becomes this one (made when there was none).
+    Put(String),
+    /// The consumer is deleted.
+    Delete,
+}
+
+/// What a decision is given: the stored document (`None`: no such consumer), the clock every
+/// node of the metadata log agrees on (the database's for Postgres, this node's for SQLite),
+/// and how many consumers the scope has (counted only when there is no document, where a
+/// create needs it).
+#[derive(Debug)]
+pub struct ConsumerRead {
+    pub document: Option<String>,
+    pub now_ms: i64,
+    pub scope_count: u64,
+}
+
+/// One stored consumer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredConsumer {
+    pub scope: String,
+    pub id: String,
+    pub document: String,
+}
+
+/// Every consumer, and the clock of the read.
+#[derive(Clone, Debug)]
+pub struct ConsumerList {
+    pub consumers: Vec<StoredConsumer>,
+    pub now_ms: i64,
+}
+
+impl MetaStore {
+    /// Reads consumer `id` of `scope`, lets `decide` say what becomes of it and what to
+    /// answer, and applies that write in the same transaction. The answer arrives once the
+    /// transaction committed (a decision whose write did not commit answers an error).
+    pub fn change_consumer<T: Send + 'static>(
+        &self,
+        scope: String,
+        id: String,
+        decide: impl FnOnce(ConsumerRead) -> (ConsumerWrite, T) + Send + 'static,
+    ) -> Reply<T> {
+        self.job(move |db| {
+            let document = db.consumer(&scope, &id)?;
+            let now_ms = clock_ms(db)?;
+            let scope_count = match document {
+                Some(_) => 0,
+                None => db.consumer_count(&scope)?,
+            };
+            let (write, answer) = decide(ConsumerRead {
+                document,
+                now_ms,
+                scope_count,
+            });
+            match write {
+                ConsumerWrite::Keep => {}
+                ConsumerWrite::Put(document) => db.put_consumer(&scope, &id, &document, now_ms)?,
+                ConsumerWrite::Delete => {
+                    db.delete_consumer(&scope, &id)?;
+                }
+            }
+            Ok(answer)
+        })
+    }
+
+    /// Every consumer, by scope then id, with the clock they were read at.
+    pub fn consumers(&self) -> Reply<ConsumerList> {
+        self.job(|db| {
+            let consumers = db
+                .consumers()?
+                .into_iter()
+                .map(|(scope, id, document)| StoredConsumer {
+                    scope,
+                    id,
+                    document,
+                })
+                .collect();
+            Ok(ConsumerList {
+                consumers,
+                now_ms: clock_ms(db)?,
+            })
+        })
+    }
+}
+
+/// The clock leases are judged by: the database's in a cluster, so nodes with skewed clocks
+/// agree; this node's otherwise.
+fn clock_ms(db: &mut dyn Backend) -> Result<i64, MetaError> {
+    match db.cluster() {
+        Some(cluster) => cluster.clock_ms(),
+        None => Ok(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))),
+    }
+}

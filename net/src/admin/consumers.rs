@@ -1,0 +1,143 @@
+//! Named consumers for operators: `GET /admin/consumers` (every consumer with its state,
+//! members and, per stream, where it stands, the stream's tail and the lag between them) and
+//! the lag gauges of `/metrics`. Both read the metadata log's consumer documents and the
+//! tails of the streams this node serves; a stream another node serves shows no tail here
+//! (its node reports it).
+
+use serde_json::{json, Value};
+
+use crate::admin::state::{error, json_response, AdminState};
+use crate::consumers::state::{cursors, is_group, StreamCursor};
+use crate::transport::message::Response;
+
+/// Consumers one answer or one scrape reports at most (ordered by scope and id): the
+/// metadata log holds up to `CONSUMERS_PER_SCOPE_MAX` per scope, more than a scrape should
+/// carry.
+pub const CONSUMERS_REPORTED_MAX: usize = 1_000;
+
+/// One stream of one consumer, with the lag where the tail is known here.
+struct Row {
+    scope: String,
+    id: String,
+    group: bool,
+    stream: String,
+    next_seq: u64,
+    tail: Option<u64>,
+}
+
+async fn rows(state: &AdminState) -> Result<(Vec<Row>, usize), String> {
+    let list = state
+        .core
+        .meta()
+        .consumers()
+        .await
+        .map_err(|_| "the metadata log is closed".to_string())?
+        .map_err(|e| e.to_string())?;
+    let total = list.consumers.len();
+    let mut rows = Vec::new();
+    for consumer in list.consumers.into_iter().take(CONSUMERS_REPORTED_MAX) {
+        let group = is_group(&consumer.document);
+        for StreamCursor { path, next, .. } in cursors(&consumer.document) {
+            let tail = match state.core.head(&path).await {
+                Ok(info) => Some(info.next_offset),
+                Err(_) => None,
+            };
+            rows.push(Row {
+                scope: consumer.scope.clone(),
+                id: consumer.id.clone(),
+                group,
+                stream: path,
+                next_seq: next.map_or(0, |(seq, _)| seq),
+                tail,
+            });
+        }
+    }
+    Ok((rows, total))
+}
+
+/// `GET /admin/consumers`.
+pub async fn list(state: &AdminState) -> Response {
+    let (rows, total) = match rows(state).await {
+        Ok(found) => found,
+        Err(e) => return error(503, format!("consumers: {e}")),
+    };
+    let mut consumers: Vec<Value> = Vec::new();
+    for row in rows {
+        let stream = json!({
+            "stream": row.stream,
+            "next_seq": row.next_seq,
+            "tail": row.tail,
+            "lag": row.tail.map(|t| t.saturating_sub(row.next_seq)),
+        });
+        let same = consumers
+            .last()
+            .is_some_and(|c| c["scope"] == row.scope.as_str() && c["consumer"] == row.id.as_str());
+        if same {
+            if let Some(streams) = consumers
+                .last_mut()
+                .and_then(|c| c["streams"].as_array_mut())
+            {
+                streams.push(stream);
+            }
+        } else {
+            consumers.push(json!({
+                "scope": row.scope,
+                "protocol": if row.scope.is_empty() { "pico" } else { "durable-streams" },
+                "consumer": row.id,
+                "group": row.group,
+                "streams": [stream],
+            }));
+        }
+    }
+    json_response(
+        200,
+        json!({
+            "consumers": consumers,
+            "total": total,
+            "hasMore": total > CONSUMERS_REPORTED_MAX,
+        }),
+    )
+}
+
+/// The consumer lines of `/metrics`: how many consumers there are, and the lag of each
+/// consumer's stream whose tail this node knows.
+pub async fn metrics_text(state: &AdminState) -> String {
+    let Ok((rows, total)) = rows(state).await else {
+        return String::new();
+    };
+    let mut out = String::new();
+    out.push_str("# HELP pico_consumers Named consumers in the metadata log.\n");
+    out.push_str("# TYPE pico_consumers gauge\n");
+    out.push_str(&format!("pico_consumers {total}\n"));
+    out.push_str(
+        "# HELP pico_consumer_lag_records Records of a stream past its consumer's committed offset (streams this node serves).\n",
+    );
+    out.push_str("# TYPE pico_consumer_lag_records gauge\n");
+    for row in rows {
+        let Some(tail) = row.tail else { continue };
+        out.push_str(&format!(
+            "pico_consumer_lag_records{{scope=\"{}\",consumer=\"{}\",stream=\"{}\"}} {}\n",
+            label(&row.scope),
+            label(&row.id),
+            label(&row.stream),
+            tail.saturating_sub(row.next_seq)
+        ));
+    }
+    out
+}
+
+/// A Prometheus label value: backslash, double quote and line feed escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(super::label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

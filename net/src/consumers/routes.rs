@@ -1,0 +1,456 @@
+//! The routes of named consumers in both protocols: each request is parsed into a [`Call`],
+//! authorized, given the tails an ack needs, and decided by the metadata thread in its
+//! transaction (`state.rs`); the answer is rendered in the request's dialect (`view.rs`).
+//!
+//! Durable Streams: `{root}__ds/consumers[/{id}[/acquire|ack|release|wake]]` (see `mod.rs`).
+//! Pico, on the reserved root `/` (a stream cannot be named `/`, so no stream name is
+//! taken): `PUT|GET|DELETE /?consumer=NAME`, `POST /?consumer=NAME&action=acquire[&member=M]`,
+//! `POST /?consumer=NAME&action=ack|release`. A Pico consumer's NAME is a path, and a token
+//! reaches it where its grant covers that path.
+
+use std::rc::Rc;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use pico_engine::{CoreHandle, EngineError};
+use pico_proto::offset::Offset;
+use ring::rand::SecureRandom;
+use serde_json::Value;
+
+use super::state::{self, AckOffsets, ConsumerError, Registration, Token};
+use super::view::{self, Dialect};
+use crate::auth::{bearer, CoreTokens, Permission};
+use crate::limits::CONTROL_BODY_BYTES_MAX;
+use crate::params::query_param;
+use crate::transport::message::{Request, Response};
+
+/// Bytes of randomness in a holder's token.
+const TOKEN_SECRET_BYTES: usize = 32;
+/// The metadata-log scope of Pico consumers (Durable Streams ones are scoped by their root,
+/// which starts with '/', so the two never meet).
+const PICO_SCOPE: &str = "";
+
+/// One consumer request, parsed.
+enum Call {
+    Register(Registration),
+    Describe,
+    Delete,
+    Acquire { member: Option<String> },
+    Ack { token: String, offsets: AckOffsets },
+    Release { token: String },
+}
+
+enum Reply {
+    Answer(u16, Value),
+    /// An ack names a stream another node owns: that node knows its tail.
+    Moved(String),
+}
+
+fn json_body(request: &Request) -> Result<Value, ConsumerError> {
+    if request.body.len() > CONTROL_BODY_BYTES_MAX {
+        return Err(ConsumerError::new(
+            413,
+            "LIMIT_EXCEEDED",
+            format!("control request bodies are at most {CONTROL_BODY_BYTES_MAX} bytes"),
+        ));
+    }
+    if request.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_slice(&request.body).map_err(|_| ConsumerError::invalid("Invalid JSON body"))
+}
+
+/// The header a holder's token may also travel in: unlike `Authorization`, clients keep it
+/// when they follow a redirect to another node (an ack of a stream another node serves).
+pub const CONSUMER_TOKEN_HEADER: &str = "pico-consumer-token";
+
+fn holder_token(request: &Request) -> Result<String, ConsumerError> {
+    if let Some(token) = request
+        .header(CONSUMER_TOKEN_HEADER)
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        return Ok(token.to_string());
+    }
+    request
+        .header("authorization")
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ConsumerError::new(
+                401,
+                "TOKEN_REQUIRED",
+                "this call needs the consumer's token: Authorization: Bearer <token from acquire> \
+                 (or Pico-Consumer-Token: <token>)",
+            )
+        })
+}
+
+fn not_allowed(allow: &'static str) -> ConsumerError {
+    ConsumerError::new(405, "METHOD_NOT_ALLOWED", format!("allowed: {allow}"))
+}
+
+fn not_found_route() -> ConsumerError {
+    ConsumerError::new(404, "NOT_FOUND", "consumer route not found")
+}
+
+/// The node's grants: every call but the holder's own needs `read` on each of `paths`.
+fn authorize(
+    auth: Option<&CoreTokens>,
+    request: &Request,
+    paths: &[&str],
+) -> Result<(), ConsumerError> {
+    let Some(auth) = auth else { return Ok(()) };
+    let token = bearer(request.header("authorization"));
+    for path in paths {
+        auth.check(token, Permission::Read, path).map_err(|_| {
+            let (status, code) = match token {
+                None => (401, "UNAUTHORIZED"),
+                Some(_) => (403, "FORBIDDEN"),
+            };
+            ConsumerError::new(
+                status,
+                code,
+                format!("consumers need a token that may read {path}"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Answers `{root}__ds/{rest}` where `rest` is `consumers` or starts `consumers/`; `root`
+/// ends with '/'.
+pub async fn handle_ds(
+    core: &Rc<CoreHandle>,
+    auth: Option<&CoreTokens>,
+    root: &str,
+    rest: &str,
+    request: &Request,
+) -> Response {
+    let answer = async {
+        let (id, call) = parse_ds(root, rest, request)?;
+        match &call {
+            Call::Register(registration) => {
+                let mut paths = vec![request.path.as_str()];
+                paths.extend(registration.streams.iter().map(String::as_str));
+                authorize(auth, request, &paths)?;
+            }
+            Call::Ack { .. } | Call::Release { .. } => {}
+            _ => authorize(auth, request, &[request.path.as_str()])?,
+        }
+        run(core, root, &id, call, Dialect::DurableStreams).await
+    }
+    .await;
+    respond(answer, Dialect::DurableStreams)
+}
+
+fn parse_ds(root: &str, rest: &str, request: &Request) -> Result<(String, Call), ConsumerError> {
+    let method = request.method.as_str();
+    if rest == "consumers" {
+        if method != "POST" {
+            return Err(not_allowed("POST"));
+        }
+        let (id, registration) = state::parse_registration(&json_body(request)?)?;
+        if let Some(outside) = registration.streams.iter().find(|p| !p.starts_with(root)) {
+            return Err(ConsumerError::invalid(format!(
+                "{outside} is not under this consumer's root {root}"
+            )));
+        }
+        return Ok((id, Call::Register(registration)));
+    }
+    let route = rest
+        .strip_prefix("consumers/")
+        .ok_or_else(not_found_route)?;
+    let (raw_id, action) = route.split_once('/').unwrap_or((route, ""));
+    let id = crate::ds::subscriptions::percent::decode_component(raw_id)
+        .ok_or_else(|| ConsumerError::invalid("malformed percent-encoding in the consumer id"))?;
+    state::check_id(&id)?;
+    let call = match (action, method) {
+        ("", "GET") => Call::Describe,
+        ("", "DELETE") => Call::Delete,
+        ("", _) => return Err(not_allowed("GET, DELETE")),
+        ("acquire", "POST") => Call::Acquire { member: None },
+        ("ack", "POST") => Call::Ack {
+            token: holder_token(request)?,
+            offsets: state::parse_ack(&json_body(request)?)?,
+        },
+        ("release", "POST") => Call::Release {
+            token: holder_token(request)?,
+        },
+        ("wake", "PUT") => {
+            return Err(ConsumerError::new(
+                501,
+                "NOT_IMPLEMENTED",
+                "wake webhooks for consumers are not served yet: poll, or use a subscription",
+            ))
+        }
+        ("acquire" | "ack" | "release", _) => return Err(not_allowed("POST")),
+        ("wake", _) => return Err(not_allowed("PUT")),
+        _ => return Err(not_found_route()),
+    };
+    Ok((id, call))
+}
+
+/// Whether a Pico request is a consumer call: `/` with a `consumer` parameter.
+pub fn is_pico_call(request: &Request) -> bool {
+    request.path == "/" && query_param(&request.query, "consumer").is_some()
+}
+
+/// Answers a Pico consumer call ([`is_pico_call`]).
+pub async fn handle_pico(
+    core: &Rc<CoreHandle>,
+    auth: Option<&CoreTokens>,
+    request: &Request,
+) -> Response {
+    let answer = async {
+        let (name, call) = parse_pico(request)?;
+        match &call {
+            Call::Register(registration) => {
+                let mut paths = vec![name.as_str()];
+                paths.extend(registration.streams.iter().map(String::as_str));
+                authorize(auth, request, &paths)?;
+            }
+            Call::Ack { .. } | Call::Release { .. } => {}
+            _ => authorize(auth, request, &[name.as_str()])?,
+        }
+        run(core, PICO_SCOPE, &name, call, Dialect::Pico).await
+    }
+    .await;
+    respond(answer, Dialect::Pico)
+}
+
+fn parse_pico(request: &Request) -> Result<(String, Call), ConsumerError> {
+    let name = query_param(&request.query, "consumer").unwrap_or_default();
+    if !name.starts_with('/') {
+        return Err(ConsumerError::invalid(
+            "a consumer is named by a path: ?consumer=/team/billing",
+        ));
+    }
+    state::check_id(&name)?;
+    let action = query_param(&request.query, "action");
+    let call = match (request.method.as_str(), action.as_deref()) {
+        ("PUT", None) => Call::Register(state::parse_settings(&json_body(request)?, true)?),
+        ("GET", None) => Call::Describe,
+        ("DELETE", None) => Call::Delete,
+        ("POST", Some("acquire")) => Call::Acquire {
+            member: query_param(&request.query, "member"),
+        },
+        ("POST", Some("ack")) => Call::Ack {
+            token: holder_token(request)?,
+            offsets: parse_pico_ack(&json_body(request)?)?,
+        },
+        ("POST", Some("release")) => Call::Release {
+            token: holder_token(request)?,
+        },
+        ("POST", Some(other)) => {
+            return Err(ConsumerError::invalid(format!(
+                "unknown action {other:?}: acquire, ack or release"
+            )))
+        }
+        ("POST", None) => {
+            return Err(ConsumerError::invalid(
+                "a POST to a consumer names its action: &action=acquire|ack|release",
+            ))
+        }
+        (_, Some(_)) => return Err(not_allowed("POST")),
+        _ => return Err(not_allowed("PUT, GET, DELETE, POST")),
+    };
+    if !matches!(call, Call::Acquire { .. }) && query_param(&request.query, "member").is_some() {
+        return Err(ConsumerError::invalid("member belongs to action=acquire"));
+    }
+    Ok((name, call))
+}
+
+/// A Pico ack: `{"offsets":[{"stream": PATH, "offset": N}]}`, `N` the last record processed
+/// (inclusive; `-1`: none).
+fn parse_pico_ack(body: &Value) -> Result<AckOffsets, ConsumerError> {
+    let list = body
+        .get("offsets")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ConsumerError::invalid("offsets (an array) is required"))?;
+    if list.len() > state::STREAMS_PER_CONSUMER_MAX {
+        return Err(ConsumerError::invalid(format!(
+            "an ack names at most {} streams",
+            state::STREAMS_PER_CONSUMER_MAX
+        )));
+    }
+    list.iter()
+        .map(|entry| {
+            let stream = entry.get("stream").and_then(Value::as_str);
+            let offset = entry.get("offset").and_then(Value::as_i64);
+            match (stream, offset) {
+                (Some(stream), Some(-1)) => Ok((stream.to_string(), Offset::Start)),
+                (Some(stream), Some(last)) if last >= 0 => Ok((
+                    stream.to_string(),
+                    Offset::At {
+                        // `last` is at most i64::MAX, so `+ 1` fits a u64.
+                        seq: last as u64 + 1,
+                        bytes: 0,
+                    },
+                )),
+                _ => Err(ConsumerError::invalid(
+                    "every offsets entry needs a stream (a path) and an offset (an integer >= -1)",
+                )),
+            }
+        })
+        .collect()
+}
+
+fn respond(answer: Result<Reply, ConsumerError>, dialect: Dialect) -> Response {
+    match answer {
+        Ok(Reply::Answer(status, body)) => {
+            let response = Response::new(status).header("cache-control", "no-store");
+            if status == 204 {
+                return response;
+            }
+            response
+                .header("content-type", "application/json")
+                .with_body(body.to_string())
+        }
+        Ok(Reply::Moved(location)) => Response::new(crate::routing::REDIRECT_STATUS)
+            .header("location", location)
+            .header("cache-control", "no-store"),
+        Err(error) => error_response(&error, dialect),
+    }
+}
+
+fn error_response(error: &ConsumerError, dialect: Dialect) -> Response {
+    let mut response = match dialect {
+        Dialect::DurableStreams => Response::new(error.status)
+            .header("content-type", "application/json")
+            .header("cache-control", "no-store")
+            .with_body(error.to_json().to_string()),
+        Dialect::Pico => crate::pico::error::error_response(
+            error.status,
+            &view::pico_code(error),
+            &error.message,
+            None,
+        ),
+    };
+    if error.status == 401 {
+        response = response.header("www-authenticate", "Bearer");
+    }
+    if error.status == 503 || error.status == 429 {
+        response = response.header("retry-after", "1");
+    }
+    if error.status == 405 {
+        let allow = error.message.trim_start_matches("allowed: ").to_string();
+        response = response.header("allow", allow);
+    }
+    response
+}
+
+/// Runs `call` on consumer `id` of `scope`.
+async fn run(
+    core: &Rc<CoreHandle>,
+    scope: &str,
+    id: &str,
+    call: Call,
+    dialect: Dialect,
+) -> Result<Reply, ConsumerError> {
+    let meta = core.meta();
+    let (scope, key) = (scope.to_string(), id.to_string());
+    let decided = match call {
+        Call::Register(registration) => {
+            let id = id.to_string();
+            meta.change_consumer(scope, key, move |read| {
+                state::register(read, &id, &registration)
+            })
+            .await
+        }
+        Call::Describe => meta.change_consumer(scope, key, state::describe).await,
+        Call::Delete => meta.change_consumer(scope, key, state::delete).await,
+        Call::Acquire { member } => {
+            let token = Token::new(secret()?);
+            meta.change_consumer(scope, key, move |read| {
+                state::acquire(read, member.as_deref(), &token)
+            })
+            .await
+        }
+        Call::Ack { token, offsets } => {
+            let tails = match tails(core, &offsets, dialect).await? {
+                Ok(tails) => tails,
+                Err(location) => return Ok(Reply::Moved(location)),
+            };
+            meta.change_consumer(scope, key, move |read| {
+                state::ack(read, &token, &offsets, &tails)
+            })
+            .await
+        }
+        Call::Release { token } => {
+            meta.change_consumer(scope, key, move |read| state::release(read, &token))
+                .await
+        }
+    };
+    let outcome = decided
+        .map_err(|_| meta_error(&pico_meta::MetaError::Closed))?
+        .map_err(|e| meta_error(&e))??;
+    let body = view::render(&outcome, id, dialect);
+    Ok(Reply::Answer(outcome.status, body))
+}
+
+fn meta_error(e: &pico_meta::MetaError) -> ConsumerError {
+    ConsumerError::new(
+        503,
+        "UNAVAILABLE",
+        format!("metadata log: {e} (where the outcome is unknown, read the consumer back)"),
+    )
+}
+
+/// An unguessable token secret from the system's random source.
+fn secret() -> Result<String, ConsumerError> {
+    let mut bytes = [0u8; TOKEN_SECRET_BYTES];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| ConsumerError::new(503, "UNAVAILABLE", "no randomness for a token"))?;
+    Ok(URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// The tail of every stream an ack names (`None`: no such stream), read from the owning cores;
+/// `Err(location)` when another node owns one (it answers the ack, knowing the tail).
+async fn tails(
+    core: &Rc<CoreHandle>,
+    offsets: &AckOffsets,
+    dialect: Dialect,
+) -> Result<Result<Vec<Option<(u64, u64)>>, String>, ConsumerError> {
+    let mut tails = Vec::with_capacity(offsets.len());
+    for (path, at) in offsets {
+        if *at == Offset::Start {
+            // `-1` is within every stream, existing or not.
+            tails.push(None);
+            continue;
+        }
+        match core.head(path).await {
+            Ok(info) => tails.push(Some((info.next_offset, 0))),
+            Err(EngineError::NotFound | EngineError::Gone) => tails.push(None),
+            Err(EngineError::Moved {
+                address,
+                ds_address,
+                ..
+            }) => {
+                let location = match dialect {
+                    Dialect::DurableStreams => ds_address,
+                    Dialect::Pico => address,
+                };
+                if location.is_empty() {
+                    return Err(ConsumerError::new(
+                        503,
+                        "UNAVAILABLE",
+                        format!("{path} is served by a node without this protocol's listener"),
+                    ));
+                }
+                return Ok(Err(location));
+            }
+            Err(e) => {
+                return Err(ConsumerError::new(
+                    503,
+                    "UNAVAILABLE",
+                    format!("the tail of {path} is not known: {e}"),
+                ))
+            }
+        }
+    }
+    Ok(Ok(tails))
+}
