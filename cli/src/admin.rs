@@ -8,7 +8,7 @@
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use pico_client::{http_client_builder, ApiError, ClientConfig, ClientError};
+use pico_client::{build_http_client, ApiError, ClientConfig, ClientError};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
@@ -179,11 +179,14 @@ impl Admin {
         config.request_timeout = Duration::from_secs(30);
         config.token = token.map(str::to_owned);
         config.ca_cert_pem = ca_cert.map(<[u8]>::to_vec);
-        let (base, builder) = http_client_builder(&config, "--admin-endpoint")
-            .map_err(|e| Failure::Usage(e.to_string()))?;
-        let http = builder
-            .build()
-            .map_err(|e| Failure::Fatal(format!("cannot build the HTTP client: {e}")))?;
+        let (base, http) = build_http_client(&config, "--admin-endpoint").map_err(|e| {
+            let message = e.to_string();
+            if message.starts_with("invalid --admin-endpoint") {
+                Failure::Usage(message)
+            } else {
+                Failure::Fatal(message)
+            }
+        })?;
         Ok(Admin { http, base })
     }
 

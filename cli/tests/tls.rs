@@ -294,3 +294,54 @@ fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
     });
     drop(tls);
 }
+
+/// A machine without a system CA store (no `ca-certificates`): the client still reaches a
+/// plain node and a TLS node whose CA it is given, and says what is missing for any other
+/// `https://` endpoint (it used to fail every command with "cannot build the HTTP client").
+#[test]
+fn a_machine_without_system_certificates_still_reaches_plain_and_private_ca_nodes() {
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key, ca_path) = make_certificate(certs.path());
+    let tls = Server::start(&["--tls-cert", &cert, "--tls-key", &key]);
+    let plain = Server::start(&[]);
+    let empty = tempfile::tempdir().unwrap();
+    let pico = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_pico"))
+            .args(args)
+            .current_dir(certs.path())
+            .env_clear()
+            .env("SSL_CERT_FILE", empty.path().join("none.pem"))
+            .env("SSL_CERT_DIR", empty.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run pico")
+    };
+    let plain_url = format!("http://{}", plain.addr);
+    let created = pico(&["--endpoint", &plain_url, "create", "/plain"]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let tls_url = format!("https://{}", tls.addr);
+    let created = pico(&[
+        "--endpoint",
+        &tls_url,
+        "--ca-cert",
+        &ca_path,
+        "create",
+        "/private",
+    ]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let refused = pico(&["--endpoint", &tls_url, "head", "/private"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("ca-certificates") && stderr.contains("--ca-cert"),
+        "{stderr}"
+    );
+}

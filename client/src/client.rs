@@ -82,6 +82,42 @@ pub fn http_client_builder(
     config: &ClientConfig,
     endpoint_name: &str,
 ) -> Result<(String, reqwest::ClientBuilder), ClientError> {
+    builder_with_roots(config, endpoint_name, true)
+}
+
+/// Builds the HTTP client of [`http_client_builder`]. A machine without a system CA store
+/// (no `ca-certificates`) makes the system verifier fail to load: the client is then built
+/// with the `--ca-cert` roots alone (none without one), so `http://` endpoints and `https://`
+/// ones signed by the given CA still work, and any other `https://` endpoint is refused when
+/// it is reached, saying why.
+pub fn build_http_client(
+    config: &ClientConfig,
+    endpoint_name: &str,
+) -> Result<(String, reqwest::Client), ClientError> {
+    let (base, builder) = builder_with_roots(config, endpoint_name, true)?;
+    match builder.build() {
+        Ok(client) => Ok((base, client)),
+        Err(system) => {
+            let (base, builder) = builder_with_roots(config, endpoint_name, false)?;
+            let client = builder.build().map_err(|e| {
+                ClientError::InvalidArgument(format!("cannot build the HTTP client: {e}"))
+            })?;
+            if base.starts_with("https://") && config.ca_cert_pem.is_none() {
+                return Err(ClientError::InvalidArgument(format!(
+                    "no CA certificates to check {base} with: the system's could not be loaded \
+                     ({system}); install them (Debian: ca-certificates) or pass --ca-cert FILE"
+                )));
+            }
+            Ok((base, client))
+        }
+    }
+}
+
+fn builder_with_roots(
+    config: &ClientConfig,
+    endpoint_name: &str,
+    system_roots: bool,
+) -> Result<(String, reqwest::ClientBuilder), ClientError> {
     let base = config.endpoint.trim_end_matches('/').to_owned();
     let invalid = |why: String| {
         ClientError::InvalidArgument(format!(
@@ -126,17 +162,20 @@ pub fn http_client_builder(
                 "invalid CA certificate: no PEM certificate found".into(),
             ));
         }
-        builder = builder.tls_certs_merge(certs);
+        builder = if system_roots {
+            builder.tls_certs_merge(certs)
+        } else {
+            builder.tls_certs_only(certs)
+        };
+    } else if !system_roots {
+        builder = builder.tls_certs_only(Vec::new());
     }
     Ok((base, builder))
 }
 
 impl Client {
     pub fn new(config: ClientConfig) -> Result<Client, ClientError> {
-        let (base, builder) = http_client_builder(&config, "endpoint")?;
-        let http = builder.build().map_err(|e| {
-            ClientError::InvalidArgument(format!("cannot build the HTTP client: {e}"))
-        })?;
+        let (base, http) = build_http_client(&config, "endpoint")?;
         Ok(Client {
             http,
             base,

@@ -27,7 +27,7 @@ pub use answers::{
     AppendAck, ListedStream, ProducerAck, ReadPage, Retention, StreamInfo, StreamList,
     DEFAULT_CONTENT_TYPE,
 };
-pub use client::{http_client_builder, Client, ClientConfig, Protocol};
+pub use client::{build_http_client, http_client_builder, Client, ClientConfig, Protocol};
 pub use codec::{CodecError, NewRecord, Record};
 pub use consumers::{ConsumerCursor, ConsumerView};
 pub use error::{kind_for_status, transport_message, ApiError, ClientError, ErrorKind};

@@ -1192,7 +1192,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
          WHERE table_schema = current_schema() ORDER BY 1, 2",
     );
     assert_eq!(postgres_columns, sqlite_columns);
-    assert_eq!(postgres_columns.len(), 47);
+    assert_eq!(postgres_columns.len(), 51);
 
     let sqlite_versions: Vec<i64> = conn
         .prepare("SELECT version FROM schema_version ORDER BY version")
