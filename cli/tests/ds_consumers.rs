@@ -20,28 +20,13 @@ fn control(
     token: Option<&str>,
     body: Option<Value>,
 ) -> Resp {
-    control_raw(
+    common::json_request(
         addr,
         method,
         &format!("{ROOT}__ds/{rest}"),
         token,
         body.map(|b| b.to_string()).unwrap_or_default().as_bytes(),
     )
-}
-
-fn control_raw(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: &[u8],
-) -> Resp {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(auth) = &auth {
-        headers.push(("authorization", auth.as_str()));
-    }
-    ds(addr, method, path, &headers, body)
 }
 
 /// Creates `name` under the root with `records` text records; the offset after each.
@@ -145,7 +130,7 @@ fn the_consumer_api_answers_every_status_it_lists() {
     ] {
         control(addr, "POST", "consumers", None, Some(bad)).expect_ds_error(400, "INVALID_REQUEST");
     }
-    control_raw(
+    common::json_request(
         addr,
         "POST",
         &format!("{ROOT}__ds/consumers"),
@@ -243,7 +228,7 @@ fn the_consumer_api_answers_every_status_it_lists() {
     control(addr, "GET", "consumers/billing/acquire", None, None).expect(405);
 
     // Another root has consumers of its own: this one is not found there.
-    control_raw(addr, "GET", "/other/__ds/consumers/billing", None, b"")
+    common::json_request(addr, "GET", "/other/__ds/consumers/billing", None, b"")
         .expect_ds_error(404, "CONSUMER_NOT_FOUND");
 
     control(addr, "DELETE", "consumers/billing", None, None).expect(204);
@@ -363,7 +348,7 @@ fn a_token_reaches_the_consumers_of_its_grant_only() {
     }
     let team_root = format!("{ROOT}team/");
     let register = |root: &str, streams: Value| {
-        control_raw(
+        common::json_request(
             addr,
             "POST",
             &format!("{root}__ds/consumers"),
@@ -375,7 +360,7 @@ fn a_token_reaches_the_consumers_of_its_grant_only() {
     };
     // Under the grant's prefix: allowed.
     register(&team_root, json!([format!("{team_root}a")])).expect(201);
-    control_raw(
+    common::json_request(
         addr,
         "GET",
         &format!("{team_root}__ds/consumers/c"),
@@ -385,7 +370,7 @@ fn a_token_reaches_the_consumers_of_its_grant_only() {
     .expect(200);
     // A consumer at the wider root, or of a stream outside the grant: refused.
     register(ROOT, json!([format!("{ROOT}other")])).expect(403);
-    control_raw(
+    common::json_request(
         addr,
         "GET",
         &format!("{team_root}__ds/consumers/c"),

@@ -66,17 +66,12 @@ fn control(
     token: Option<&str>,
     body: Option<Value>,
 ) -> Resp {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(auth) = &auth {
-        headers.push(("authorization", auth.as_str()));
-    }
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    ds(
+    common::json_request(
         addr,
         method,
         &format!("{ROOT}__ds/{rest}"),
-        &headers,
+        token,
         body.as_bytes(),
     )
 }

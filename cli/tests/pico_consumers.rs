@@ -14,13 +14,25 @@ fn call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> Resp {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(auth) = &auth {
-        headers.push(("authorization", auth.as_str()));
-    }
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    server.request(method, &format!("/?{query}"), &headers, body.as_bytes())
+    common::json_request(
+        server.addr,
+        method,
+        &format!("/?{query}"),
+        token,
+        body.as_bytes(),
+    )
+}
+
+/// An ack of consumer query `q` with `token` (none: no token) of `offsets`.
+fn ack(server: &Server, q: &str, token: Option<&str>, offsets: Value) -> Resp {
+    call(
+        server,
+        "POST",
+        &format!("{q}&action=ack"),
+        token,
+        Some(json!({ "offsets": offsets })),
+    )
 }
 
 fn stream_with(server: &Server, name: &str, records: usize) {
@@ -93,25 +105,18 @@ fn a_group_shares_its_streams_and_refuses_stale_members() {
     assert_eq!(b_streams.len(), 2);
 
     // a learns of the rebalance at its next ack (a heartbeat).
-    let beat = call(
-        &server,
-        "POST",
-        &format!("{q}&action=ack"),
-        Some(&a_token),
-        Some(json!({"offsets": []})),
-    );
+    let beat = ack(&server, q, Some(&a_token), json!([]));
     beat.expect(200);
     let a_streams = assignment(&beat.json());
     assert_eq!(a_streams.len(), 2);
     assert!(a_streams.iter().all(|s| !b_streams.contains(s)));
 
     // Acks name the last record processed; a stream b holds is refused to a.
-    let acked = call(
+    let acked = ack(
         &server,
-        "POST",
-        &format!("{q}&action=ack"),
+        q,
         Some(&a_token),
-        Some(json!({"offsets": [{"stream": a_streams[0], "offset": 1}]})),
+        json!([{"stream": a_streams[0], "offset": 1}]),
     );
     acked.expect(200);
     let cursor = acked.json()["streams"]
@@ -125,38 +130,28 @@ fn a_group_shares_its_streams_and_refuses_stale_members() {
         (cursor["offset"].as_i64(), cursor["next_seq"].as_u64()),
         (Some(1), Some(2))
     );
-    call(
+    ack(
         &server,
-        "POST",
-        &format!("{q}&action=ack"),
+        q,
         Some(&a_token),
-        Some(json!({"offsets": [{"stream": b_streams[0], "offset": 0}]})),
+        json!([{"stream": b_streams[0], "offset": 0}]),
     )
     .expect_error(409, "stale_epoch");
-    call(
+    ack(
         &server,
-        "POST",
-        &format!("{q}&action=ack"),
+        q,
         Some(&a_token),
-        Some(json!({"offsets": [{"stream": a_streams[0], "offset": 0}]})),
+        json!([{"stream": a_streams[0], "offset": 0}]),
     )
     .expect_error(409, "offset_regression");
-    call(
+    ack(
         &server,
-        "POST",
-        &format!("{q}&action=ack"),
+        q,
         Some(&a_token),
-        Some(json!({"offsets": [{"stream": a_streams[0], "offset": 3}]})),
+        json!([{"stream": a_streams[0], "offset": 3}]),
     )
     .expect_error(409, "invalid_offset");
-    call(
-        &server,
-        "POST",
-        &format!("{q}&action=ack"),
-        None,
-        Some(json!({"offsets": []})),
-    )
-    .expect_error(401, "unauthorized");
+    ack(&server, q, None, json!([])).expect_error(401, "unauthorized");
 
     // b leaves: a holds everything again; b's token is stale.
     call(
@@ -167,22 +162,9 @@ fn a_group_shares_its_streams_and_refuses_stale_members() {
         None,
     )
     .expect(200);
-    let beat = call(
-        &server,
-        "POST",
-        &format!("{q}&action=ack"),
-        Some(&a_token),
-        Some(json!({"offsets": []})),
-    );
+    let beat = ack(&server, q, Some(&a_token), json!([]));
     assert_eq!(assignment(&beat.json()).len(), 4);
-    call(
-        &server,
-        "POST",
-        &format!("{q}&action=ack"),
-        Some(&b_token),
-        Some(json!({"offsets": []})),
-    )
-    .expect_error(409, "stale_epoch");
+    ack(&server, q, Some(&b_token), json!([])).expect_error(409, "stale_epoch");
 
     // Reading resumes where the consumer stands.
     let got = call(&server, "GET", q, None, None);
@@ -221,12 +203,11 @@ fn a_single_reader_consumer_resumes_after_kill_9() {
     let acquired = call(&server, "POST", &format!("{q}&action=acquire"), None, None);
     acquired.expect(200);
     let token = acquired.json()["token"].as_str().unwrap().to_string();
-    call(
+    ack(
         &server,
-        "POST",
-        &format!("{q}&action=ack"),
+        q,
         Some(&token),
-        Some(json!({"offsets": [{"stream": "/logs", "offset": 2}]})),
+        json!([{"stream": "/logs", "offset": 2}]),
     )
     .expect(200);
     // Operators see where it stands: 5 records, 3 acknowledged.
@@ -257,12 +238,11 @@ fn a_single_reader_consumer_resumes_after_kill_9() {
     let view = got.json();
     assert_eq!(view["state"], "READING");
     assert_eq!(view["streams"][0]["next_seq"], 3);
-    call(
+    ack(
         &server,
-        "POST",
-        &format!("{q}&action=ack"),
+        q,
         Some(&token),
-        Some(json!({"offsets": [{"stream": "/logs", "offset": 4}]})),
+        json!([{"stream": "/logs", "offset": 4}]),
     )
     .expect(200);
 }

@@ -281,6 +281,23 @@ pub fn ds(
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
+/// One JSON request on a fresh connection, with `Authorization: Bearer TOKEN` when a token is
+/// given: the control APIs (subscriptions, consumers) of both protocols.
+pub fn json_request(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> Resp {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(auth) = &auth {
+        headers.push(("authorization", auth.as_str()));
+    }
+    ds(addr, method, target, &headers, body)
+}
+
 /// A Durable Streams read of `path` from `offset` (`-1`: the start).
 pub fn ds_read(addr: SocketAddr, path: &str, offset: &str) -> Resp {
     ds(addr, "GET", &format!("{path}?offset={offset}"), &[], b"")
