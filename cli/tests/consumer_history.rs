@@ -351,7 +351,7 @@ fn run(nodes: Nodes, kill_nodes: bool) {
     }
     // A member whose node was killed talks to ports nobody serves any more (it retries, then
     // gives up): start it again on a live node, as an operator's load balancer would.
-    let mut revive = |members: &mut Vec<Member>, incarnations: &mut usize| {
+    let revive = |members: &mut [Member], incarnations: &mut usize| {
         let live = nodes.lock().unwrap().urls();
         for member in members.iter_mut() {
             let stranded = !live.contains(&member.endpoint);
