@@ -335,6 +335,33 @@ fn the_dashboard_shows_what_the_admin_api_reports() {
     }
     server.get("/orders/eu").expect(200);
     server.get("/logs/app").expect(200);
+    // A named consumer of /orders/eu that processed two of its five records: lag 3.
+    let consumer = |method: &str, query: &str, token: Option<&str>, body: &str| {
+        common::json_request(
+            server.addr,
+            method,
+            &format!("/?{query}"),
+            token,
+            body.as_bytes(),
+        )
+    };
+    consumer(
+        "PUT",
+        "consumer=/billing",
+        None,
+        r#"{"streams":["/orders/eu"]}"#,
+    )
+    .expect(201);
+    let acquired = consumer("POST", "consumer=/billing&action=acquire", None, "");
+    acquired.expect(200);
+    let token = acquired.json()["token"].as_str().unwrap().to_string();
+    consumer(
+        "POST",
+        "consumer=/billing&action=ack",
+        Some(&token),
+        r#"{"offsets":[{"stream":"/orders/eu","offset":1}]}"#,
+    )
+    .expect(200);
     // The per-core gauges refresh within a moment; wait until they have.
     let stats = common::wait_for("the stream gauges", Duration::from_secs(10), || {
         let stats = api(&server, "/admin/stats");
@@ -476,6 +503,19 @@ fn the_dashboard_shows_what_the_admin_api_reports() {
     assert_eq!(next_of("/logs/app").as_deref(), Some("3"));
     assert_eq!(next_of("/empty").as_deref(), Some("0"));
     assert_eq!(attr(start_tag(&dom, "more"), "hidden").as_deref(), Some(""));
+    // The consumer's row, as GET /admin/consumers has it.
+    let consumers = rows(&dom, "consumers-table");
+    assert_eq!(consumers.len(), 1, "{consumers:?}");
+    assert_eq!(
+        consumers[0].1,
+        ["/billing", "pico", "single", "/orders/eu", "2", "5", "3"],
+        "{consumers:?}"
+    );
+    assert_eq!(attr(&consumers[0].0, "data-lag").as_deref(), Some("3"));
+    assert_eq!(
+        attr(start_tag(&dom, "consumers-more"), "hidden").as_deref(),
+        Some("")
+    );
     // No stream is selected, so the detail panel stays hidden.
     assert!(attr(start_tag(&dom, "detail"), "hidden").is_some());
 

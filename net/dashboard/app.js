@@ -279,6 +279,18 @@ function renderStreams(body) {
   $("more").hidden = !body.hasMore;
 }
 
+// One row per stream of each named consumer (docs/consumers.md): where it stands, the
+// stream's tail where this node serves it, and the lag between them.
+function renderConsumers(body) {
+  const dash = (v) => (v == null ? "–" : fmtInt(v));
+  $("consumers-table").tBodies[0].replaceChildren(...body.consumers.flatMap((c) =>
+    c.streams.map((s) => row(
+      [c.consumer, c.protocol, c.group ? "group" : "single", s.stream, fmtInt(s.next_seq), dash(s.tail), dash(s.lag)],
+      { "data-consumer": c.consumer, "data-lag": s.lag ?? "" },
+    ))));
+  $("consumers-more").hidden = !body.hasMore;
+}
+
 async function loadDetail() {
   return selected ? (await api(`/admin/streams${selected}`)).body : null;
 }
@@ -321,11 +333,13 @@ async function poll() {
     const cluster = (await api("/admin/cluster")).body;
     const stats = (await api("/admin/stats")).body;
     const streams = await loadStreams();
+    const consumers = (await api("/admin/consumers")).body;
     const detail = await loadDetail();
     renderReady(ready.status, ready.body);
     renderCluster(cluster);
     renderStats(stats);
     renderStreams(streams);
+    renderConsumers(consumers);
     renderDetail(detail);
     text("status", `updated ${new Date().toLocaleTimeString()}`);
     document.body.dataset.loaded = "true";
