@@ -74,6 +74,35 @@ pub fn check_expiry(
     Ok(())
 }
 
+/// Why a control API's JSON body was refused: `(status, code, message)` in the words both
+/// control APIs (subscriptions, consumers) answer with, each in its own error type.
+pub type ControlBodyError = (u16, &'static str, String);
+
+/// A control API's JSON body: at most [`CONTROL_BODY_BYTES_MAX`] bytes (`413`), and an empty
+/// or blank body reads as `{}`, so a request with no settings needs none.
+///
+/// [`CONTROL_BODY_BYTES_MAX`]: crate::limits::CONTROL_BODY_BYTES_MAX
+pub fn control_json(body: &[u8]) -> Result<serde_json::Value, ControlBodyError> {
+    use crate::limits::CONTROL_BODY_BYTES_MAX;
+    if body.len() > CONTROL_BODY_BYTES_MAX {
+        return Err((
+            413,
+            "LIMIT_EXCEEDED",
+            format!("control request bodies are at most {CONTROL_BODY_BYTES_MAX} bytes"),
+        ));
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Value::Object(Default::default()));
+    }
+    serde_json::from_slice(body)
+        .map_err(|_| (400, "INVALID_REQUEST", "Invalid JSON body".to_string()))
+}
+
+/// The bearer token of `Authorization: Bearer <token>`, as text.
+pub fn bearer_text(request: &Request) -> Option<&str> {
+    crate::auth::bearer(request.header("authorization")).and_then(|t| std::str::from_utf8(t).ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,7 +20,6 @@ use serde_json::Value;
 use super::state::{self, AckOffsets, ConsumerError, Registration, Token};
 use super::view::{self, Dialect};
 use crate::auth::{bearer, CoreTokens, Permission};
-use crate::limits::CONTROL_BODY_BYTES_MAX;
 use crate::params::query_param;
 use crate::transport::message::{Request, Response};
 
@@ -47,17 +46,8 @@ enum Reply {
 }
 
 fn json_body(request: &Request) -> Result<Value, ConsumerError> {
-    if request.body.len() > CONTROL_BODY_BYTES_MAX {
-        return Err(ConsumerError::new(
-            413,
-            "LIMIT_EXCEEDED",
-            format!("control request bodies are at most {CONTROL_BODY_BYTES_MAX} bytes"),
-        ));
-    }
-    if request.body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Value::Object(Default::default()));
-    }
-    serde_json::from_slice(&request.body).map_err(|_| ConsumerError::invalid("Invalid JSON body"))
+    crate::params::control_json(&request.body)
+        .map_err(|(status, code, message)| ConsumerError::new(status, code, message))
 }
 
 /// The header a holder's token may also travel in: unlike `Authorization`, clients keep it
@@ -72,12 +62,8 @@ fn holder_token(request: &Request) -> Result<String, ConsumerError> {
     {
         return Ok(token.to_string());
     }
-    request
-        .header("authorization")
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim().to_string())
-        .filter(|t| !t.is_empty())
+    crate::params::bearer_text(request)
+        .map(str::to_string)
         .ok_or_else(|| {
             ConsumerError::new(
                 401,

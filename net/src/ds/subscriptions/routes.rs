@@ -20,8 +20,8 @@ use super::registry::{
 use super::{engine_error, offset_string, tail_of, Subscriptions};
 use super::{glob, registry, webhook_url};
 use crate::limits::{
-    CONTROL_BODY_BYTES_MAX, CREATE_SCAN_STREAMS_MAX, STREAMS_PER_SUBSCRIPTION_MAX,
-    SUBSCRIPTION_ID_BYTES_MAX, WORKER_NAME_BYTES_MAX,
+    CREATE_SCAN_STREAMS_MAX, STREAMS_PER_SUBSCRIPTION_MAX, SUBSCRIPTION_ID_BYTES_MAX,
+    WORKER_NAME_BYTES_MAX,
 };
 use crate::transport::message::{Request, Response};
 
@@ -46,35 +46,19 @@ fn method_not_allowed(allow: &'static str) -> Response {
         .with_body("Method not allowed")
 }
 
-/// An empty body reads as `{}`, so a request with no settings needs no body.
 fn json_body(request: &Request) -> Result<Value, ApiError> {
-    if request.body.len() > CONTROL_BODY_BYTES_MAX {
-        return Err(ApiError::new(
-            413,
-            "LIMIT_EXCEEDED",
-            format!("control request bodies are at most {CONTROL_BODY_BYTES_MAX} bytes"),
-        ));
-    }
-    if request.body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Value::Object(Default::default()));
-    }
-    serde_json::from_slice(&request.body).map_err(|_| ApiError::invalid("Invalid JSON body"))
+    crate::params::control_json(&request.body)
+        .map_err(|(status, code, message)| ApiError::new(status, code, message))
 }
 
 fn bearer(request: &Request) -> Result<&str, ApiError> {
-    request
-        .header("authorization")
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim())
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| {
-            ApiError::new(
-                401,
-                "TOKEN_INVALID",
-                "Missing or malformed Authorization header",
-            )
-        })
+    crate::params::bearer_text(request).ok_or_else(|| {
+        ApiError::new(
+            401,
+            "TOKEN_INVALID",
+            "Missing or malformed Authorization header",
+        )
+    })
 }
 
 fn subscription_id(raw: &str) -> Result<String, ApiError> {
