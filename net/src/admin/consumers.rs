@@ -7,7 +7,9 @@
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};
-use crate::consumers::state::{cursors, is_group, StreamCursor};
+use std::collections::HashMap;
+
+use crate::consumers::state::{outline, StreamCursor};
 use crate::transport::message::Response;
 
 /// Consumers one answer or one scrape reports at most (ordered by scope and id): the
@@ -35,12 +37,23 @@ async fn rows(state: &AdminState) -> Result<(Vec<Row>, usize), String> {
         .map_err(|e| e.to_string())?;
     let total = list.consumers.len();
     let mut rows = Vec::new();
+    // Consumers often share streams: each stream's tail is asked once per answer.
+    let mut tails: HashMap<String, Option<u64>> = HashMap::new();
     for consumer in list.consumers.into_iter().take(CONSUMERS_REPORTED_MAX) {
-        let group = is_group(&consumer.document);
-        for StreamCursor { path, next, .. } in cursors(&consumer.document) {
-            let tail = match state.core.head(&path).await {
-                Ok(info) => Some(info.next_offset),
-                Err(_) => None,
+        let (group, streams) = outline(&consumer.document).unwrap_or_default();
+        for StreamCursor { path, next, .. } in streams {
+            let tail = match tails.get(&path) {
+                Some(tail) => *tail,
+                None => {
+                    let tail = state
+                        .core
+                        .head(&path)
+                        .await
+                        .ok()
+                        .map(|info| info.next_offset);
+                    tails.insert(path.clone(), tail);
+                    tail
+                }
             };
             rows.push(Row {
                 scope: consumer.scope.clone(),

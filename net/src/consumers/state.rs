@@ -752,16 +752,9 @@ pub fn release(read: ConsumerRead, token: &str) -> (ConsumerWrite, Answer) {
     })
 }
 
-/// The streams of a stored consumer document (nothing when it is unreadable).
-pub fn cursors(document: &str) -> Vec<StreamCursor> {
-    Consumer::parse(document)
-        .map(|c| c.streams)
-        .unwrap_or_default()
-}
-
-/// Whether a stored consumer document is a group's.
-pub fn is_group(document: &str) -> bool {
-    Consumer::parse(document).is_ok_and(|c| c.group)
+/// A stored consumer document's kind (group or not) and streams; `None` when unreadable.
+pub fn outline(document: &str) -> Option<(bool, Vec<StreamCursor>)> {
+    Consumer::parse(document).ok().map(|c| (c.group, c.streams))
 }
 
 /// The offset text of a cursor: `-1` before anything is processed.
