@@ -121,6 +121,28 @@ fn a_consumer_resumes_where_it_stopped() {
     assert_eq!(view.json()["streams"][0]["next_seq"], 6);
 }
 
+/// The same over HTTP/2 (h2c prior knowledge): the consumer calls and the reads share the
+/// client's connection.
+#[test]
+fn a_consumer_resumes_over_http2_too() {
+    let server = Server::start(&[]);
+    server.put("/h2", "text/plain").expect(201);
+    append(&server, "/h2", 0..4);
+    let args = [
+        "--http2",
+        "consume",
+        "--consumer",
+        "/workers/h2",
+        "--count",
+        "2",
+        "/h2",
+    ];
+    assert_eq!(lines(&pico(&server, &args)), ["0\tr0", "1\tr1"]);
+    assert_eq!(lines(&pico(&server, &args)), ["2\tr2", "3\tr3"]);
+    let view = server.get("/?consumer=/workers/h2");
+    assert_eq!(view.json()["streams"][0]["next_seq"], 4);
+}
+
 #[test]
 fn a_killed_consumer_repeats_at_most_what_it_had_not_acknowledged() {
     let server = Server::start(&[]);
