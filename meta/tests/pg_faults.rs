@@ -403,10 +403,22 @@ fn every_write_whose_commit_answer_was_lost_is_answered_as_the_database_has_it()
     );
     lose("renew_lease", answer, renewed);
 
-    assert_eq!(proxy.stats().commit_answers_lost, 10);
+    proxy.inject(Fault::LoseCommitAnswer);
+    let answer = shown(wait(store.change_consumer(
+        "/r/".into(),
+        "c".into(),
+        |_| (pico_meta::ConsumerWrite::Put("{\"acked\":1}".into()), ()),
+    )));
+    let written = is(
+        "SELECT document FROM consumers WHERE scope = '/r/' AND id = 'c'".into(),
+        "{\"acked\":1}",
+    );
+    lose("change_consumer", answer, written);
+
+    assert_eq!(proxy.stats().commit_answers_lost, 11);
     assert!(
         disagreements.is_empty(),
-        "{} of 10 writes were answered unlike the database has them:\n{}",
+        "{} of 11 writes were answered unlike the database has them:\n{}",
         disagreements.len(),
         disagreements.join("\n")
     );
