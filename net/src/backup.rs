@@ -23,7 +23,7 @@ use pico_meta::MetaStore;
 use pico_s3::{ObjectStore, StorageUri, StoreError};
 use serde_json::{json, Value};
 
-use crate::ds::subscriptions::Subscriptions;
+use crate::subscriptions::Subscriptions;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const CATALOG_FILE: &str = "meta.db";

@@ -21,6 +21,7 @@ pub mod pico;
 pub mod routing;
 pub mod server;
 pub mod shutdown;
+pub mod subscriptions;
 pub mod time;
 pub mod transport;
 

@@ -48,7 +48,7 @@ pub struct AdminState {
     pub slots: Cell<u64>,
     pub tokens: Option<Rc<CoreTokens>>,
     /// The node's Durable Streams subscriptions, whose state a backup copies.
-    pub subscriptions: Option<Arc<crate::ds::subscriptions::Subscriptions>>,
+    pub subscriptions: Option<Arc<crate::subscriptions::Subscriptions>>,
     /// The latest backup (one runs at a time).
     pub backup: Rc<crate::admin::backup::BackupStatus>,
     /// The collector's hold an operator took (`POST /admin/gc-hold`).

@@ -150,7 +150,7 @@ fn parse_ds(root: &str, rest: &str, request: &Request) -> Result<(String, Call),
         .strip_prefix("consumers/")
         .ok_or_else(not_found_route)?;
     let (raw_id, action) = route.split_once('/').unwrap_or((route, ""));
-    let id = crate::ds::subscriptions::percent::decode_component(raw_id)
+    let id = crate::subscriptions::percent::decode_component(raw_id)
         .ok_or_else(|| ConsumerError::invalid("malformed percent-encoding in the consumer id"))?;
     state::check_id(&id)?;
     let call = match (action, method) {

@@ -30,7 +30,6 @@ mod handle;
 mod params;
 mod read;
 mod sse;
-pub mod subscriptions;
 #[cfg(test)]
 mod tests;
 mod write;

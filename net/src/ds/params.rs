@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::error::DsError;
-use super::subscriptions::Subscriptions;
+use crate::subscriptions::Subscriptions;
 use crate::transport::message::Request;
 
 /// Settings of the Durable Streams handlers.

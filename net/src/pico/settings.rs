@@ -12,7 +12,7 @@ pub struct PicoSettings {
     /// `--auth required`: the token table shared by the cores.
     pub auth: Option<std::sync::Arc<crate::auth::SharedTokens>>,
     /// Durable Streams subscriptions watch the same streams: Pico writes wake them too.
-    pub subscriptions: std::sync::Arc<crate::ds::subscriptions::Subscriptions>,
+    pub subscriptions: std::sync::Arc<crate::subscriptions::Subscriptions>,
     /// `--default-retention-*`: each limit a create does not set.
     pub default_retention: Retention,
     /// Where the node serves Durable Streams, named when a request of that protocol comes

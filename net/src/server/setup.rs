@@ -10,7 +10,7 @@ use pico_engine::{Boot, ClusterConfig, EngineConfig};
 use crate::admin::NodeFacts;
 use crate::auth::SharedTokens;
 use crate::config::{Durability, Protocol, ServerConfig};
-use crate::ds::subscriptions::Subscriptions;
+use crate::subscriptions::Subscriptions;
 use crate::ds::DsSettings;
 use crate::pico::PicoSettings;
 use crate::transport::tls;

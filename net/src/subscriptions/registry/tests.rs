@@ -542,7 +542,7 @@ fn pull_wake_lease_expiry_frees_the_claim() {
 #[test]
 fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
     let rng = SystemRandom::new();
-    let mut secret = [0u8; crate::ds::subscriptions::keys::TOKEN_KEY_LEN];
+    let mut secret = [0u8; crate::subscriptions::keys::TOKEN_KEY_LEN];
     rng.fill(&mut secret).unwrap();
     let mut reg = Registry::new(TokenKey::from_secret(secret));
     let clock = Clock::now();

@@ -451,7 +451,7 @@ mod tests {
         );
         let handle = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            let request = crate::ds::subscriptions::tests::read_http_request(&mut conn);
+            let request = crate::subscriptions::tests::read_http_request(&mut conn);
             conn.write_all(response).unwrap();
             request
         });
@@ -526,7 +526,7 @@ mod tests {
         .unwrap();
         let handle = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            crate::ds::subscriptions::tests::read_http_request(&mut conn);
+            crate::subscriptions::tests::read_http_request(&mut conn);
             let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
             if conn.write_all(head).is_err() || body_chunk.is_empty() {
                 return 0;

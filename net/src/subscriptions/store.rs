@@ -383,7 +383,7 @@ mod tests {
     use ring::rand::SystemRandom;
 
     use super::*;
-    use crate::ds::subscriptions::registry::{parse_config, AckRequest, Clock, Kind, LinkKind};
+    use crate::subscriptions::registry::{parse_config, AckRequest, Clock, Kind, LinkKind};
 
     const ROOT: &str = "/v1/stream/";
     const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
@@ -669,13 +669,13 @@ mod tests {
                 "{what}: {err}"
             );
         }
-        let err = crate::ds::subscriptions::Subscriptions::open(dir.path())
+        let err = crate::subscriptions::Subscriptions::open(dir.path())
             .err()
             .unwrap();
         assert!(err.contains(FILE_NAME), "{err}");
         std::fs::write(store.path(), text).unwrap();
         assert_eq!(store.load().unwrap().unwrap().1.len(), 2);
-        let opened = crate::ds::subscriptions::Subscriptions::open(dir.path()).unwrap();
+        let opened = crate::subscriptions::Subscriptions::open(dir.path()).unwrap();
         assert_eq!(opened.len(), 2);
         // Unreadable (a directory where the file should be) is an error too, not a fresh start.
         let other = tempfile::tempdir().unwrap();
