@@ -216,15 +216,17 @@ fn the_consumer_api_answers_every_status_it_lists() {
     ack(addr, "billing", Some(&second), json!([])).expect_ds_error(409, "CONSUMER_NOT_READING");
     control(addr, "POST", "consumers/billing/release", None, None).expect(401);
 
-    // Wake webhooks are refused plainly rather than accepted and never delivered.
-    control(
-        addr,
-        "PUT",
-        "consumers/billing/wake",
-        None,
-        Some(json!({"type": "webhook", "url": "http://127.0.0.1:9/"})),
-    )
-    .expect(501);
+    // A wake webhook of a type the API does not list, or to a URL the policy refuses, is a
+    // bad request (`consumer_wakes.rs` tests the deliveries).
+    for bad in [
+        json!({"type": "email", "url": "http://127.0.0.1:9/"}),
+        json!({"type": "webhook", "url": "http://10.0.0.1/"}),
+        json!({"type": "webhook"}),
+    ] {
+        control(addr, "PUT", "consumers/billing/wake", None, Some(bad))
+            .expect_ds_error(400, "INVALID_REQUEST");
+    }
+    control(addr, "POST", "consumers/billing/wake", None, None).expect(405);
     control(addr, "GET", "consumers/billing/acquire", None, None).expect(405);
 
     // Another root has consumers of its own: this one is not found there.

@@ -193,6 +193,9 @@ pub(crate) enum StreamUpdate {
 /// A quarantine row as stored: segment key, stream id, packed runs, reason, created ms.
 pub(crate) type QuarantineColumns = (String, i64, Vec<u8>, String, i64);
 
+/// A consumer row: (scope, id, document, wake).
+pub(crate) type ConsumerColumns = (String, String, String, Option<String>);
+
 /// What a transaction whose COMMIT failed came to ([`Backend::resolve_commit`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum CommitOutcome {
@@ -302,25 +305,30 @@ pub(crate) trait Backend {
     /// Drops one quarantined entry; whether there was one.
     fn release_quarantined(&mut self, key: &str, stream_id: i64) -> Result<bool, MetaError>;
 
-    /// The document of consumer `id` in `scope` and when it last changed, locked for the
-    /// rest of the transaction where the database has row locks (Postgres: `FOR UPDATE`), so
-    /// two nodes changing one consumer take turns.
-    fn consumer(&mut self, scope: &str, id: &str) -> Result<Option<String>, MetaError>;
+    /// The document and wake of consumer `id` in `scope`, locked for the rest of the
+    /// transaction where the database has row locks (Postgres: `FOR UPDATE`), so two nodes
+    /// changing one consumer take turns.
+    fn consumer(
+        &mut self,
+        scope: &str,
+        id: &str,
+    ) -> Result<Option<(String, Option<String>)>, MetaError>;
 
-    /// Writes (inserts or replaces) consumer `id`'s document.
+    /// Writes (inserts or replaces) consumer `id`'s document and wake.
     fn put_consumer(
         &mut self,
         scope: &str,
         id: &str,
         document: &str,
+        wake: Option<&str>,
         now_ms: i64,
     ) -> Result<(), MetaError>;
 
     /// Deletes consumer `id`; whether there was one.
     fn delete_consumer(&mut self, scope: &str, id: &str) -> Result<bool, MetaError>;
 
-    /// Every consumer: (scope, id, document), by scope then id.
-    fn consumers(&mut self) -> Result<Vec<(String, String, String)>, MetaError>;
+    /// Every consumer (only those with a wake when `waking_only`), by scope then id.
+    fn consumers(&mut self, waking_only: bool) -> Result<Vec<ConsumerColumns>, MetaError>;
 
     /// How many consumers `scope` has.
     fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError>;

@@ -13,8 +13,10 @@ use crate::Reply;
 pub enum ConsumerWrite {
     /// Nothing changes (a read, a refused request, an idempotent repeat).
     Keep,
-    /// The document becomes this one (made when there was none).
+    /// The document becomes this one (made when there was none); the wake stays as read.
     Put(String),
+    /// The document becomes this one and the wake this one (`None`: no wake webhook).
+    PutWithWake(String, Option<String>),
     /// The consumer is deleted.
     Delete,
 }
@@ -26,6 +28,8 @@ pub enum ConsumerWrite {
 #[derive(Debug)]
 pub struct ConsumerRead {
     pub document: Option<String>,
+    /// The consumer's wake webhook (JSON, the net crate's format), if it has one.
+    pub wake: Option<String>,
     pub now_ms: i64,
     pub scope_count: u64,
 }
@@ -36,6 +40,7 @@ pub struct StoredConsumer {
     pub scope: String,
     pub id: String,
     pub document: String,
+    pub wake: Option<String>,
 }
 
 /// Every consumer, and the clock of the read.
@@ -56,7 +61,8 @@ impl MetaStore {
         decide: impl FnOnce(ConsumerRead) -> (ConsumerWrite, T) + Send + 'static,
     ) -> Reply<T> {
         self.job(move |db| {
-            let document = db.consumer(&scope, &id)?;
+            let (document, wake) = db.consumer(&scope, &id)?.unzip();
+            let wake = wake.flatten();
             let now_ms = clock_ms(db)?;
             let scope_count = match document {
                 Some(_) => 0,
@@ -64,12 +70,18 @@ impl MetaStore {
             };
             let (write, answer) = decide(ConsumerRead {
                 document,
+                wake: wake.clone(),
                 now_ms,
                 scope_count,
             });
             match write {
                 ConsumerWrite::Keep => {}
-                ConsumerWrite::Put(document) => db.put_consumer(&scope, &id, &document, now_ms)?,
+                ConsumerWrite::Put(document) => {
+                    db.put_consumer(&scope, &id, &document, wake.as_deref(), now_ms)?
+                }
+                ConsumerWrite::PutWithWake(document, wake) => {
+                    db.put_consumer(&scope, &id, &document, wake.as_deref(), now_ms)?
+                }
                 ConsumerWrite::Delete => {
                     db.delete_consumer(&scope, &id)?;
                 }
@@ -80,14 +92,24 @@ impl MetaStore {
 
     /// Every consumer, by scope then id, with the clock they were read at.
     pub fn consumers(&self) -> Reply<ConsumerList> {
-        self.job(|db| {
+        self.list_consumers(false)
+    }
+
+    /// The consumers with a wake webhook, by scope then id, with the clock of the read.
+    pub fn waking_consumers(&self) -> Reply<ConsumerList> {
+        self.list_consumers(true)
+    }
+
+    fn list_consumers(&self, waking_only: bool) -> Reply<ConsumerList> {
+        self.job(move |db| {
             let consumers = db
-                .consumers()?
+                .consumers(waking_only)?
                 .into_iter()
-                .map(|(scope, id, document)| StoredConsumer {
+                .map(|(scope, id, document, wake)| StoredConsumer {
                     scope,
                     id,
                     document,
+                    wake,
                 })
                 .collect();
             Ok(ConsumerList {

@@ -62,7 +62,8 @@
 //!   id            TEXT NOT NULL       the consumer's id within its scope
 //!   document      TEXT NOT NULL       JSON, rewritten whole on every change (net: consumers)
 //!   updated_ms    INTEGER NOT NULL    the clock of the last change
-//!   PRIMARY KEY (scope, id)
+//!   wake          TEXT NULL           (v10) JSON {type, url, callback}; NULL = no wake webhook
+//!   PRIMARY KEY (scope, id); consumers_wake: (scope) WHERE wake IS NOT NULL
 //! ```
 //!
 //! Why AUTOINCREMENT on `streams.id`: without it SQLite may hand out `max(id) + 1` again after the
@@ -178,6 +179,11 @@ const MIGRATIONS: &[&str] = &[
          updated_ms INTEGER NOT NULL,
          PRIMARY KEY (scope, id)
      ) WITHOUT ROWID;",
+    // 10: a consumer's wake webhook, a column of its own so the nodes can list the consumers
+    // with one (every node reloads them to wake them on appends it takes) without reading
+    // every document.
+    "ALTER TABLE consumers ADD COLUMN wake TEXT;
+     CREATE INDEX consumers_wake ON consumers (scope) WHERE wake IS NOT NULL;",
 ];
 
 /// The schema version this build writes.
@@ -377,8 +383,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
-        assert_eq!(SCHEMA_VERSION, 9);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(SCHEMA_VERSION, 10);
     }
 
     #[test]
@@ -386,6 +392,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     }
 }

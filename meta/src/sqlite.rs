@@ -12,6 +12,7 @@ use crate::backend::segment_columns;
 use crate::backend::select_stream;
 use crate::backend::stream_columns;
 use crate::backend::Backend;
+use crate::backend::ConsumerColumns;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
 use crate::backend::QuarantineColumns;
@@ -296,12 +297,16 @@ impl Backend for Sqlite {
         Ok(changed > 0)
     }
 
-    fn consumer(&mut self, scope: &str, id: &str) -> Result<Option<String>, MetaError> {
+    fn consumer(
+        &mut self,
+        scope: &str,
+        id: &str,
+    ) -> Result<Option<(String, Option<String>)>, MetaError> {
         self.conn
             .query_row(
-                "SELECT document FROM consumers WHERE scope = ?1 AND id = ?2",
+                "SELECT document, wake FROM consumers WHERE scope = ?1 AND id = ?2",
                 params![scope, id],
-                |row| row.get(0),
+                |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .optional()
             .map_err(storage("read a consumer"))
@@ -312,14 +317,16 @@ impl Backend for Sqlite {
         scope: &str,
         id: &str,
         document: &str,
+        wake: Option<&str>,
         now_ms: i64,
     ) -> Result<(), MetaError> {
         self.conn
             .execute(
-                "INSERT INTO consumers (scope, id, document, updated_ms) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (scope, id) DO UPDATE
-                 SET document = excluded.document, updated_ms = excluded.updated_ms",
-                params![scope, id, document, now_ms],
+                "INSERT INTO consumers (scope, id, document, wake, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (scope, id) DO UPDATE SET document = excluded.document,
+                 wake = excluded.wake, updated_ms = excluded.updated_ms",
+                params![scope, id, document, wake, now_ms],
             )
             .map_err(storage("write a consumer"))?;
         Ok(())
@@ -336,13 +343,21 @@ impl Backend for Sqlite {
         Ok(changed > 0)
     }
 
-    fn consumers(&mut self) -> Result<Vec<(String, String, String)>, MetaError> {
+    fn consumers(&mut self, waking_only: bool) -> Result<Vec<ConsumerColumns>, MetaError> {
+        let sql = if waking_only {
+            "SELECT scope, id, document, wake FROM consumers WHERE wake IS NOT NULL
+             ORDER BY scope, id"
+        } else {
+            "SELECT scope, id, document, wake FROM consumers ORDER BY scope, id"
+        };
         let mut query = self
             .conn
-            .prepare("SELECT scope, id, document FROM consumers ORDER BY scope, id")
+            .prepare(sql)
             .map_err(storage("list the consumers"))?;
         query
-            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .query_map([], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
             .and_then(|rows| rows.collect())
             .map_err(storage("list the consumers"))
     }

@@ -139,7 +139,65 @@ contract!(
     reopening_migrates_nothing_and_a_newer_schema_is_refused,
     retention_is_set_at_create_replaced_by_configure_and_survives_reopen,
     consumer_changes_from_two_nodes_take_turns,
+    a_consumer_wake_is_kept_beside_its_document_and_listed_alone,
 );
+
+/// A consumer's wake is written with `PutWithWake`, kept by a plain `Put` of the document,
+/// removed with `PutWithWake(_, None)` and by deleting the consumer; `waking_consumers` lists
+/// the consumers with one only, across a reopen.
+fn a_consumer_wake_is_kept_beside_its_document_and_listed_alone(db: &Db) {
+    use pico_meta::ConsumerWrite;
+    let (store, _) = db.open();
+    let change = |id: &str, write: ConsumerWrite| {
+        wait(store.change_consumer("/r/".into(), id.into(), move |read| (write, read.wake)))
+            .unwrap()
+    };
+    assert_eq!(change("plain", ConsumerWrite::Put("p".into())), None);
+    assert_eq!(
+        change(
+            "woken",
+            ConsumerWrite::PutWithWake("w".into(), Some("hook".into()))
+        ),
+        None
+    );
+    // A document change keeps the wake.
+    assert_eq!(
+        change("woken", ConsumerWrite::Put("w2".into())),
+        Some("hook".to_string())
+    );
+    store.shutdown();
+    let (store, _) = db.open();
+    let waking = wait(store.waking_consumers()).unwrap().consumers;
+    assert_eq!(waking.len(), 1, "{waking:?}");
+    assert_eq!(
+        (waking[0].id.as_str(), waking[0].document.as_str()),
+        ("woken", "w2")
+    );
+    assert_eq!(waking[0].wake.as_deref(), Some("hook"));
+    assert_eq!(wait(store.consumers()).unwrap().consumers.len(), 2);
+    let unwake = wait(store.change_consumer("/r/".into(), "woken".into(), |read| {
+        (ConsumerWrite::PutWithWake(read.document.unwrap(), None), ())
+    }));
+    unwake.unwrap();
+    assert!(wait(store.waking_consumers()).unwrap().consumers.is_empty());
+    wait(store.change_consumer("/r/".into(), "woken".into(), |read| {
+        (
+            ConsumerWrite::PutWithWake(read.document.unwrap(), Some("again".into())),
+            (),
+        )
+    }))
+    .unwrap();
+    wait(store.change_consumer("/r/".into(), "woken".into(), |_| {
+        (ConsumerWrite::Delete, ())
+    }))
+    .unwrap();
+    assert!(wait(store.waking_consumers()).unwrap().consumers.is_empty());
+    wait(store.change_consumer("/r/".into(), "plain".into(), |_| {
+        (ConsumerWrite::Delete, ())
+    }))
+    .unwrap();
+    store.shutdown();
+}
 
 /// Two stores on one database (two nodes of a cluster on Postgres) change one consumer
 /// document concurrently: each change reads, decides and writes in one transaction under the
@@ -1192,7 +1250,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
          WHERE table_schema = current_schema() ORDER BY 1, 2",
     );
     assert_eq!(postgres_columns, sqlite_columns);
-    assert_eq!(postgres_columns.len(), 51);
+    assert_eq!(postgres_columns.len(), 52);
 
     let sqlite_versions: Vec<i64> = conn
         .prepare("SELECT version FROM schema_version ORDER BY version")
@@ -1244,7 +1302,8 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("6"),
             Some("7"),
             Some("8"),
-            Some("9")
+            Some("9"),
+            Some("10")
         ]
     );
 }

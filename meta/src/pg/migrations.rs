@@ -87,6 +87,9 @@ const MIGRATIONS: &[&str] = &[
          updated_ms BIGINT NOT NULL,
          PRIMARY KEY (scope, id)
      );",
+    // 10: a consumer's wake webhook (see the SQLite list).
+    "ALTER TABLE consumers ADD COLUMN wake TEXT;
+     CREATE INDEX consumers_wake ON consumers (scope) WHERE wake IS NOT NULL;",
 ];
 
 /// The schema version this build writes.

@@ -18,6 +18,7 @@ use crate::backend::select_stream;
 use crate::backend::Backend;
 use crate::backend::ClusterSql;
 use crate::backend::CommitOutcome;
+use crate::backend::ConsumerColumns;
 use crate::backend::EntryColumns;
 use crate::backend::NewStream;
 use crate::backend::QuarantineColumns;
@@ -398,14 +399,18 @@ impl Backend for Postgres {
         Ok(changed > 0)
     }
 
-    fn consumer(&mut self, scope: &str, id: &str) -> Result<Option<String>, MetaError> {
+    fn consumer(
+        &mut self,
+        scope: &str,
+        id: &str,
+    ) -> Result<Option<(String, Option<String>)>, MetaError> {
         let rows = self.query(
-            "SELECT document FROM consumers WHERE scope = $1 AND id = $2 FOR UPDATE",
+            "SELECT document, wake FROM consumers WHERE scope = $1 AND id = $2 FOR UPDATE",
             &[&scope, &id],
             "read a consumer",
         )?;
         rows.first()
-            .map(|row| row.try_get(0))
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
             .transpose()
             .map_err(storage("read a consumer"))
     }
@@ -415,13 +420,15 @@ impl Backend for Postgres {
         scope: &str,
         id: &str,
         document: &str,
+        wake: Option<&str>,
         now_ms: i64,
     ) -> Result<(), MetaError> {
         self.execute(
-            "INSERT INTO consumers (scope, id, document, updated_ms) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (scope, id) DO UPDATE
-             SET document = excluded.document, updated_ms = excluded.updated_ms",
-            &[&scope, &id, &document, &now_ms],
+            "INSERT INTO consumers (scope, id, document, wake, updated_ms)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (scope, id) DO UPDATE SET document = excluded.document,
+             wake = excluded.wake, updated_ms = excluded.updated_ms",
+            &[&scope, &id, &document, &wake, &now_ms],
             "write a consumer",
         )?;
         Ok(())
@@ -436,14 +443,23 @@ impl Backend for Postgres {
         Ok(changed > 0)
     }
 
-    fn consumers(&mut self) -> Result<Vec<(String, String, String)>, MetaError> {
-        let rows = self.query(
-            "SELECT scope, id, document FROM consumers ORDER BY scope, id",
-            &[],
-            "list the consumers",
-        )?;
+    fn consumers(&mut self, waking_only: bool) -> Result<Vec<ConsumerColumns>, MetaError> {
+        let sql = if waking_only {
+            "SELECT scope, id, document, wake FROM consumers WHERE wake IS NOT NULL
+             ORDER BY scope, id"
+        } else {
+            "SELECT scope, id, document, wake FROM consumers ORDER BY scope, id"
+        };
+        let rows = self.query(sql, &[], "list the consumers")?;
         rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                ))
+            })
             .collect::<Result<_, postgres::Error>>()
             .map_err(storage("list the consumers"))
     }

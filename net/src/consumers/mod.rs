@@ -10,6 +10,8 @@
 //! POST   {root}__ds/consumers/{id}/acquire   new epoch + bearer token, state READING
 //! POST   {root}__ds/consumers/{id}/ack       Bearer token; {offsets:[{path, offset}]}
 //! POST   {root}__ds/consumers/{id}/release   Bearer token; back to REGISTERED
+//! PUT    {root}__ds/consumers/{id}/wake      {type:"webhook", url}: appends wake it
+//! DELETE {root}__ds/consumers/{id}/wake
 //! ```
 //!
 //! State lives in the metadata log, one document per consumer (`state.rs` has its format and
@@ -18,9 +20,15 @@
 //! node reads the same rows). A consumer belongs to the root it was registered under and
 //! follows streams under that root only, so a token granted a prefix reaches the consumers
 //! of that prefix only.
+//!
+//! A consumer with a wake webhook is woken on appends (`wake.rs` the rules and the body,
+//! `waker.rs` the node's service that hears the writes and delivers).
 
 mod routes;
 pub mod state;
 mod view;
+mod wake;
+mod waker;
 
-pub use routes::{handle_ds, handle_pico, is_pico_call};
+pub use routes::{handle_ds, handle_pico, is_pico_call, Node};
+pub use waker::ConsumerWakes;

@@ -19,8 +19,12 @@ use serde_json::Value;
 
 use super::state::{self, AckOffsets, ConsumerError, Registration, Token};
 use super::view::{self, Dialect};
+use super::wake::{self, Wake};
+use super::waker::ConsumerWakes;
 use crate::auth::{bearer, CoreTokens, Permission};
 use crate::params::query_param;
+use crate::subscriptions::percent::encode_component;
+use crate::subscriptions::Subscriptions;
 use crate::transport::message::{Request, Response};
 
 /// Bytes of randomness in a holder's token.
@@ -34,9 +38,29 @@ enum Call {
     Register(Registration),
     Describe,
     Delete,
-    Acquire { member: Option<String> },
-    Ack { token: String, offsets: AckOffsets },
-    Release { token: String },
+    Acquire {
+        member: Option<String>,
+    },
+    Ack {
+        token: String,
+        offsets: AckOffsets,
+    },
+    Release {
+        token: String,
+    },
+    /// Sets (`Some`) or removes the wake webhook.
+    SetWake(Option<Wake>),
+}
+
+/// What a consumer request needs from the node beyond its core.
+pub struct Node<'a> {
+    pub core: &'a Rc<CoreHandle>,
+    pub auth: Option<&'a CoreTokens>,
+    /// The node's webhook service: wake URLs follow its policy.
+    pub subscriptions: &'a Subscriptions,
+    pub wakes: &'a ConsumerWakes,
+    /// `scheme://host` of the request, for the callback a wake names.
+    pub base_url: String,
 }
 
 enum Reply {
@@ -108,15 +132,10 @@ fn authorize(
 
 /// Answers `{root}__ds/{rest}` where `rest` is `consumers` or starts `consumers/`; `root`
 /// ends with '/'.
-pub async fn handle_ds(
-    core: &Rc<CoreHandle>,
-    auth: Option<&CoreTokens>,
-    root: &str,
-    rest: &str,
-    request: &Request,
-) -> Response {
+pub async fn handle_ds(node: Node<'_>, root: &str, rest: &str, request: &Request) -> Response {
+    let auth = node.auth;
     let answer = async {
-        let (id, call) = parse_ds(root, rest, request)?;
+        let (id, call) = parse_ds(&node, root, rest, request)?;
         match &call {
             Call::Register(registration) => {
                 let mut paths = vec![request.path.as_str()];
@@ -126,13 +145,31 @@ pub async fn handle_ds(
             Call::Ack { .. } | Call::Release { .. } => {}
             _ => authorize(auth, request, &[request.path.as_str()])?,
         }
-        run(core, root, &id, call, Dialect::DurableStreams).await
+        run(&node, root, &id, call, Dialect::DurableStreams).await
     }
     .await;
     respond(answer, Dialect::DurableStreams)
 }
 
-fn parse_ds(root: &str, rest: &str, request: &Request) -> Result<(String, Call), ConsumerError> {
+/// The wake a `PUT …/wake` body asks for, its URL checked against the webhook URL policy.
+fn wake_of(node: &Node<'_>, request: &Request, callback: String) -> Result<Wake, ConsumerError> {
+    let url = wake::parse_request(&json_body(request)?)?;
+    node.subscriptions
+        .check_webhook_url(&url)
+        .map_err(|e| ConsumerError::invalid(format!("url: {e}")))?;
+    Ok(Wake {
+        kind: "webhook".into(),
+        url,
+        callback,
+    })
+}
+
+fn parse_ds(
+    node: &Node<'_>,
+    root: &str,
+    rest: &str,
+    request: &Request,
+) -> Result<(String, Call), ConsumerError> {
     let method = request.method.as_str();
     if rest == "consumers" {
         if method != "POST" {
@@ -166,14 +203,16 @@ fn parse_ds(root: &str, rest: &str, request: &Request) -> Result<(String, Call),
             token: holder_token(request)?,
         },
         ("wake", "PUT") => {
-            return Err(ConsumerError::new(
-                501,
-                "NOT_IMPLEMENTED",
-                "wake webhooks for consumers are not served yet: poll, or use a subscription",
-            ))
+            let callback = format!(
+                "{}{root}__ds/consumers/{}/ack",
+                node.base_url,
+                encode_component(&id)
+            );
+            Call::SetWake(Some(wake_of(node, request, callback)?))
         }
+        ("wake", "DELETE") => Call::SetWake(None),
         ("acquire" | "ack" | "release", _) => return Err(not_allowed("POST")),
-        ("wake", _) => return Err(not_allowed("PUT")),
+        ("wake", _) => return Err(not_allowed("PUT, DELETE")),
         _ => return Err(not_found_route()),
     };
     Ok((id, call))
@@ -185,13 +224,10 @@ pub fn is_pico_call(request: &Request) -> bool {
 }
 
 /// Answers a Pico consumer call ([`is_pico_call`]).
-pub async fn handle_pico(
-    core: &Rc<CoreHandle>,
-    auth: Option<&CoreTokens>,
-    request: &Request,
-) -> Response {
+pub async fn handle_pico(node: Node<'_>, request: &Request) -> Response {
+    let auth = node.auth;
     let answer = async {
-        let (name, call) = parse_pico(request)?;
+        let (name, call) = parse_pico(&node, request)?;
         match &call {
             Call::Register(registration) => {
                 let mut paths = vec![name.as_str()];
@@ -201,13 +237,13 @@ pub async fn handle_pico(
             Call::Ack { .. } | Call::Release { .. } => {}
             _ => authorize(auth, request, &[name.as_str()])?,
         }
-        run(core, PICO_SCOPE, &name, call, Dialect::Pico).await
+        run(&node, PICO_SCOPE, &name, call, Dialect::Pico).await
     }
     .await;
     respond(answer, Dialect::Pico)
 }
 
-fn parse_pico(request: &Request) -> Result<(String, Call), ConsumerError> {
+fn parse_pico(node: &Node<'_>, request: &Request) -> Result<(String, Call), ConsumerError> {
     let name = query_param(&request.query, "consumer").unwrap_or_default();
     if !name.starts_with('/') {
         return Err(ConsumerError::invalid(
@@ -230,6 +266,15 @@ fn parse_pico(request: &Request) -> Result<(String, Call), ConsumerError> {
         ("POST", Some("release")) => Call::Release {
             token: holder_token(request)?,
         },
+        ("PUT", Some("wake")) => {
+            let callback = format!(
+                "{}/?consumer={}&action=ack",
+                node.base_url,
+                encode_component(&name)
+            );
+            Call::SetWake(Some(wake_of(node, request, callback)?))
+        }
+        ("DELETE", Some("wake")) => Call::SetWake(None),
         ("POST", Some(other)) => {
             return Err(ConsumerError::invalid(format!(
                 "unknown action {other:?}: acquire, ack or release"
@@ -240,6 +285,7 @@ fn parse_pico(request: &Request) -> Result<(String, Call), ConsumerError> {
                 "a POST to a consumer names its action: &action=acquire|ack|release",
             ))
         }
+        (_, Some("wake")) => return Err(not_allowed("PUT, DELETE")),
         (_, Some(_)) => return Err(not_allowed("POST")),
         _ => return Err(not_allowed("PUT, GET, DELETE, POST")),
     };
@@ -330,13 +376,15 @@ fn error_response(error: &ConsumerError, dialect: Dialect) -> Response {
 
 /// Runs `call` on consumer `id` of `scope`.
 async fn run(
-    core: &Rc<CoreHandle>,
+    node: &Node<'_>,
     scope: &str,
     id: &str,
     call: Call,
     dialect: Dialect,
 ) -> Result<Reply, ConsumerError> {
+    let core = node.core;
     let meta = core.meta();
+    let scope_name = scope;
     let (scope, key) = (scope.to_string(), id.to_string());
     let decided = match call {
         Call::Register(registration) => {
@@ -369,10 +417,15 @@ async fn run(
             meta.change_consumer(scope, key, move |read| state::release(read, &token))
                 .await
         }
+        Call::SetWake(wake) => {
+            meta.change_consumer(scope, key, move |read| wake::set(read, wake))
+                .await
+        }
     };
     let outcome = decided
         .map_err(|_| meta_error(&pico_meta::MetaError::Closed))?
         .map_err(|e| meta_error(&e))??;
+    node.wakes.observe(scope_name, id, &outcome);
     let body = view::render(&outcome, id, dialect);
     Ok(Reply::Answer(outcome.status, body))
 }
@@ -386,7 +439,7 @@ fn meta_error(e: &pico_meta::MetaError) -> ConsumerError {
 }
 
 /// An unguessable token secret from the system's random source.
-fn secret() -> Result<String, ConsumerError> {
+pub(super) fn secret() -> Result<String, ConsumerError> {
     let mut bytes = [0u8; TOKEN_SECRET_BYTES];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)

@@ -107,7 +107,7 @@ impl ConsumerError {
         ConsumerError::new(400, "INVALID_REQUEST", message)
     }
 
-    fn not_found() -> ConsumerError {
+    pub(super) fn not_found() -> ConsumerError {
         ConsumerError::new(404, "CONSUMER_NOT_FOUND", "Consumer not found")
     }
 
@@ -125,6 +125,8 @@ pub struct Outcome {
     pub token: Option<String>,
     pub member: Option<String>,
     pub now_ms: i64,
+    /// The consumer's wake webhook as stored (`wake.rs`), shown with the consumer.
+    pub wake: Option<String>,
 }
 
 pub type Answer = Result<Outcome, ConsumerError>;
@@ -136,6 +138,7 @@ fn outcome(status: u16, consumer: &Consumer, now_ms: i64) -> Outcome {
         token: None,
         member: None,
         now_ms,
+        wake: None,
     }
 }
 
@@ -269,7 +272,7 @@ pub fn parse_ack(body: &Value) -> Result<AckOffsets, ConsumerError> {
 }
 
 impl Consumer {
-    fn parse(document: &str) -> Result<Consumer, ConsumerError> {
+    pub(super) fn parse(document: &str) -> Result<Consumer, ConsumerError> {
         let consumer: Consumer = serde_json::from_str(document).map_err(|e| {
             ConsumerError::new(500, "INTERNAL", format!("stored consumer unreadable: {e}"))
         })?;
@@ -286,7 +289,7 @@ impl Consumer {
         Ok(consumer)
     }
 
-    fn document(&self) -> String {
+    pub(super) fn document(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
 
@@ -300,12 +303,12 @@ impl Consumer {
             .is_some_and(|h| h.lease_expires_ms > now_ms)
     }
 
-    fn lease_until(&self, now_ms: i64) -> i64 {
+    pub(super) fn lease_until(&self, now_ms: i64) -> i64 {
         now_ms.saturating_add(i64::try_from(self.lease_ttl_ms).unwrap_or(i64::MAX))
     }
 }
 
-fn stored(read: &ConsumerRead) -> Result<Consumer, ConsumerError> {
+pub(super) fn stored(read: &ConsumerRead) -> Result<Consumer, ConsumerError> {
     match &read.document {
         Some(document) => Consumer::parse(document),
         None => Err(ConsumerError::not_found()),
@@ -325,6 +328,7 @@ fn changing(
     match change(&mut consumer) {
         Ok(mut outcome) => {
             outcome.consumer = Some(consumer.clone());
+            outcome.wake = read.wake.clone();
             (ConsumerWrite::Put(consumer.document()), Ok(outcome))
         }
         Err(e) => (ConsumerWrite::Keep, Err(e)),
@@ -401,7 +405,10 @@ pub fn register(
 
 /// Describes the consumer.
 pub fn describe(read: ConsumerRead) -> (ConsumerWrite, Answer) {
-    let answer = stored(&read).map(|c| outcome(200, &c, read.now_ms));
+    let answer = stored(&read).map(|c| Outcome {
+        wake: read.wake.clone(),
+        ..outcome(200, &c, read.now_ms)
+    });
     (ConsumerWrite::Keep, answer)
 }
 
@@ -416,6 +423,7 @@ pub fn delete(read: ConsumerRead) -> (ConsumerWrite, Answer) {
                 token: None,
                 member: None,
                 now_ms: read.now_ms,
+                wake: None,
             }),
         ),
         Err(e) => (ConsumerWrite::Keep, Err(e)),
@@ -482,6 +490,7 @@ pub fn acquire(read: ConsumerRead, member: Option<&str>, token: &Token) -> (Cons
             token: Some(token.text_for(epoch)),
             member,
             now_ms,
+            wake: None,
         })
     })
 }
@@ -558,11 +567,11 @@ impl Token {
         Token { secret }
     }
 
-    fn text_for(&self, epoch: u64) -> String {
+    pub(super) fn text_for(&self, epoch: u64) -> String {
         format!("{epoch}.{}", self.secret)
     }
 
-    fn digest_for(&self, epoch: u64) -> String {
+    pub(super) fn digest_for(&self, epoch: u64) -> String {
         digest(&self.text_for(epoch))
     }
 }
@@ -732,6 +741,7 @@ pub fn ack(
             token: None,
             member: member_id,
             now_ms,
+            wake: None,
         })
     })
 }

@@ -35,6 +35,7 @@ impl Harness {
 
     fn read(&self) -> ConsumerRead {
         ConsumerRead {
+            wake: None,
             document: self.document.clone(),
             now_ms: self.now_ms,
             scope_count: u64::from(self.document.is_some()),
@@ -49,7 +50,9 @@ impl Harness {
         }
         match write {
             ConsumerWrite::Keep => {}
-            ConsumerWrite::Put(document) => self.document = Some(document),
+            ConsumerWrite::Put(document) | ConsumerWrite::PutWithWake(document, _) => {
+                self.document = Some(document)
+            }
             ConsumerWrite::Delete => self.document = None,
         }
         if answer.is_err() {

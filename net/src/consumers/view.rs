@@ -62,6 +62,9 @@ pub fn render(outcome: &Outcome, id: &str, dialect: Dialect) -> Value {
             })
             .collect();
     }
+    if let Some(wake) = &outcome.wake {
+        view["wake"] = super::wake::Wake::view(wake);
+    }
     if let Some(token) = &outcome.token {
         view["token"] = json!(token);
     }

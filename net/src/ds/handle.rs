@@ -28,10 +28,15 @@ pub async fn handle(
         let rest = &request.path[at + "/__ds/".len()..];
         if request.method != "OPTIONS" && (rest == "consumers" || rest.starts_with("consumers/")) {
             let root = &request.path[..at + 1];
-            let mut response = Box::pin(crate::consumers::handle_ds(
-                core, auth, root, rest, &request,
-            ))
-            .await;
+            let node = crate::consumers::Node {
+                core,
+                auth,
+                subscriptions: &settings.subscriptions,
+                wakes: &settings.consumer_wakes,
+                base_url: base_url(settings, &request),
+            };
+            let mut response =
+                Box::pin(crate::consumers::handle_ds(node, root, rest, &request)).await;
             crate::routing::complete_redirect(&mut response, &request);
             return with_common(response, &settings.cors_origin);
         }

@@ -21,6 +21,8 @@ pub struct DsSettings {
     /// `https` when the listener serves TLS (for absolute URLs in `Location`).
     pub scheme: &'static str,
     pub subscriptions: Arc<Subscriptions>,
+    /// The node's waker of named consumers (their wake webhooks).
+    pub consumer_wakes: crate::consumers::ConsumerWakes,
     /// The protocol has no retention header: a stream created here gets the node's default
     /// (`--default-retention-*`), and a Pico `PATCH` can change it later.
     pub default_retention: pico_meta::Retention,

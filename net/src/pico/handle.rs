@@ -26,8 +26,18 @@ pub async fn handle(
     request: Request,
 ) -> Response {
     if crate::consumers::is_pico_call(&request) && request.method != "OPTIONS" {
-        let response = Box::pin(crate::consumers::handle_pico(core, auth, &request)).await;
-        let mut response = response;
+        let node = crate::consumers::Node {
+            core,
+            auth,
+            subscriptions: &settings.subscriptions,
+            wakes: &settings.consumer_wakes,
+            base_url: format!(
+                "{}://{}",
+                settings.scheme,
+                request.header("host").unwrap_or("localhost")
+            ),
+        };
+        let mut response = Box::pin(crate::consumers::handle_pico(node, &request)).await;
         crate::routing::complete_redirect(&mut response, &request);
         return with_common(response, &settings.cors_origin);
     }

@@ -13,6 +13,10 @@ pub struct PicoSettings {
     pub auth: Option<std::sync::Arc<crate::auth::SharedTokens>>,
     /// Durable Streams subscriptions watch the same streams: Pico writes wake them too.
     pub subscriptions: std::sync::Arc<crate::subscriptions::Subscriptions>,
+    /// The node's waker of named consumers (their wake webhooks).
+    pub consumer_wakes: crate::consumers::ConsumerWakes,
+    /// `https` when the listener serves TLS (for the callbacks of consumer wakes).
+    pub scheme: &'static str,
     /// `--default-retention-*`: each limit a create does not set.
     pub default_retention: Retention,
     /// Where the node serves Durable Streams, named when a request of that protocol comes

@@ -10,9 +10,10 @@ use pico_engine::{Boot, ClusterConfig, EngineConfig};
 use crate::admin::NodeFacts;
 use crate::auth::SharedTokens;
 use crate::config::{Durability, Protocol, ServerConfig};
-use crate::subscriptions::Subscriptions;
+use crate::consumers::ConsumerWakes;
 use crate::ds::DsSettings;
 use crate::pico::PicoSettings;
+use crate::subscriptions::Subscriptions;
 use crate::transport::tls;
 
 /// glommio refuses to start below this much locked memory.
@@ -295,6 +296,9 @@ pub(super) fn protocol_settings(
     subscriptions: Arc<Subscriptions>,
     scheme: &'static str,
 ) -> (PicoSettings, DsSettings) {
+    // Told of the same writes as the subscriptions, and delivering on their threads.
+    let consumer_wakes = ConsumerWakes::new();
+    subscriptions.set_watcher(Arc::new(consumer_wakes.clone()));
     let settings = PicoSettings {
         long_poll_timeout_ms: config.long_poll_timeout_ms,
         max_chunk_size: if config.max_chunk_size == 0 {
@@ -306,6 +310,8 @@ pub(super) fn protocol_settings(
         cors_origin: config.cors_origin.clone(),
         auth,
         subscriptions: subscriptions.clone(),
+        consumer_wakes: consumer_wakes.clone(),
+        scheme,
         default_retention: config.default_retention,
         durable_streams: Default::default(),
     };
@@ -318,6 +324,7 @@ pub(super) fn protocol_settings(
         cors_origin: config.cors_origin.clone(),
         scheme,
         subscriptions,
+        consumer_wakes,
         default_retention: config.default_retention,
         pico: Default::default(),
     };

@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::registry::{Clock, Effect, Job, Outcome};
+use super::registry::{Clock, Effect, Job, Origin, Outcome};
 use super::response::{self, Parsed, WEBHOOK_RESPONSE_BYTES_MAX};
 use super::shared::Shared;
 use super::webhook_url::{self, Host, WebhookUrl};
+use super::DeliveryReport;
 use crate::limits::{
     QUEUED_DELIVERIES_MAX, WEBHOOK_CONNECT_TIMEOUT, WEBHOOK_DEADLINE, WEBHOOK_DELIVERY_THREADS,
 };
@@ -155,6 +156,15 @@ fn work(shared: &Arc<Shared>) {
                 DELIVERY_PANICS.fetch_add(1, Ordering::Relaxed);
                 Outcome::Failed(format!("{}: the delivery panicked", job.url))
             });
+        if job.origin == Origin::Caller {
+            shared.report(DeliveryReport {
+                key: job.subscription.clone(),
+                generation: job.generation,
+                outcome,
+            });
+            shared.deliveries.finish(&job.subscription);
+            continue;
+        }
         let acked = outcome == Outcome::Done;
         let effects = shared.write().delivery_result(&job, outcome, Clock::now());
         if acked {

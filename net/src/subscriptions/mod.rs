@@ -55,7 +55,7 @@ mod webhook_url;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -63,7 +63,8 @@ use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput};
 
 use delivery::Queue;
 use keys::{SigningKey, TokenKey};
-use registry::{ApiError, Clock, Effect, Job, Registry, ZERO_OFFSET};
+pub use registry::Outcome as DeliveryOutcome;
+use registry::{ApiError, Clock, Effect, Job, Origin, Registry, ZERO_OFFSET};
 use shared::Shared;
 use store::Store;
 
@@ -73,6 +74,33 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 /// The node's subscriptions; one per node, shared by all cores.
 pub struct Subscriptions {
     shared: Arc<Shared>,
+    /// Another service told of the same writes (named consumers' wake webhooks).
+    watcher: OnceLock<Arc<dyn StreamWatcher>>,
+}
+
+/// A service that wants the writes and deletions the subscriptions see, and the delivery
+/// threads for its own webhooks ([`Subscriptions::deliver_for`]).
+pub trait StreamWatcher: Send + Sync {
+    /// A write to `full_path` was acknowledged; `next_offset` is the stream's new tail.
+    fn on_stream_write(
+        &self,
+        hooks: &Arc<Subscriptions>,
+        core: &Rc<CoreHandle>,
+        full_path: &str,
+        next_offset: u64,
+    );
+    /// `full_path` was deleted.
+    fn on_stream_deleted(&self, full_path: &str);
+    /// A core started (`Subscriptions::start_on_core`).
+    fn start_on_core(&self, hooks: &Arc<Subscriptions>, core: &Rc<CoreHandle>);
+}
+
+/// How a delivery asked with [`Subscriptions::deliver_for`] went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryReport {
+    pub key: String,
+    pub generation: u64,
+    pub outcome: DeliveryOutcome,
 }
 
 impl Drop for Subscriptions {
@@ -168,8 +196,60 @@ impl Subscriptions {
             store,
             deliveries: Queue::new(deliver),
             webhook_loopback: AtomicBool::new(true),
+            reports: Mutex::new(Vec::new()),
         });
-        Subscriptions { shared }
+        Subscriptions {
+            shared,
+            watcher: OnceLock::new(),
+        }
+    }
+
+    /// Tells `watcher` of every write and deletion from now on (once per node).
+    pub fn set_watcher(&self, watcher: Arc<dyn StreamWatcher>) {
+        if self.watcher.set(watcher).is_err() {
+            log::error!("subscriptions: a second stream watcher is ignored");
+        }
+    }
+
+    /// Queues a signed webhook POST of another service on the delivery threads (the same
+    /// bounds, URL policy and signature as subscriptions' own). `key` names what it is for
+    /// (it must not start with '/', which the subscriptions' own keys do): one delivery per key
+    /// waits at a time, a newer one replacing it. The result comes back from
+    /// [`take_reports`](Self::take_reports) with `key` and `generation`. `Err`: not queued.
+    pub fn deliver_for(
+        &self,
+        key: String,
+        generation: u64,
+        url: String,
+        body: String,
+    ) -> Result<(), &'static str> {
+        debug_assert!(!key.starts_with('/'), "{key}");
+        let job = Job {
+            subscription: key,
+            incarnation: 0,
+            generation,
+            url,
+            body,
+            origin: Origin::Caller,
+        };
+        Queue::push(&self.shared, job).map_err(|(_, reason)| reason)
+    }
+
+    /// The results of [`deliver_for`](Self::deliver_for) deliveries since the last call.
+    pub fn take_reports(&self) -> Vec<DeliveryReport> {
+        std::mem::take(
+            &mut *self
+                .shared
+                .reports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
+    }
+
+    /// Checks `url` against the webhook URL policy (`webhook_url`) as a subscription's is
+    /// checked when created; every delivery checks it again, resolved addresses included.
+    pub fn check_webhook_url(&self, url: &str) -> Result<(), String> {
+        webhook_url::check(url, self.shared.webhook_loopback_allowed()).map(|_| ())
     }
 
     /// In memory, with `deliver` doing each delivery (tests of the delivery threads).
@@ -205,6 +285,9 @@ impl Subscriptions {
     /// Called by every core once it runs: with restored subscriptions, starts the sweeper
     /// (leases, retries, lagging writes) and through it the announcement of pending work.
     pub fn start_on_core(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        if let Some(watcher) = self.watcher.get() {
+            watcher.start_on_core(self, core);
+        }
         if self.shared.active.load(Ordering::Acquire) > 0 {
             self.ensure_sweeper(core);
         }
@@ -248,6 +331,9 @@ impl Subscriptions {
         full_path: &str,
         next_offset: u64,
     ) {
+        if let Some(watcher) = self.watcher.get() {
+            watcher.on_stream_write(self, core, full_path, next_offset);
+        }
         if self.shared.active.load(Ordering::Acquire) == 0
             || !self.shared.read().interested(full_path)
         {
@@ -261,6 +347,9 @@ impl Subscriptions {
     /// Called after a stream was deleted, so that a new stream of the same name is linked
     /// afresh (its offsets start over).
     pub fn on_stream_deleted(&self, full_path: &str) {
+        if let Some(watcher) = self.watcher.get() {
+            watcher.on_stream_deleted(full_path);
+        }
         if self.shared.active.load(Ordering::Acquire) == 0 {
             return;
         }

@@ -2,12 +2,14 @@
 //! count read without it, the signing key, the state file and the delivery queue.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::delivery::Queue;
 use super::keys::SigningKey;
 use super::registry::Registry;
 use super::store::Store;
+use super::DeliveryReport;
+use crate::limits::QUEUED_DELIVERIES_MAX;
 
 /// What the cores and the delivery threads share.
 pub(super) struct Shared {
@@ -21,6 +23,8 @@ pub(super) struct Shared {
     pub(super) deliveries: Queue,
     /// Whether webhooks may go to loopback hosts (see `webhook_url`).
     pub(super) webhook_loopback: AtomicBool,
+    /// Results of other services' deliveries (`Subscriptions::deliver_for`), until taken.
+    pub(super) reports: Mutex<Vec<DeliveryReport>>,
 }
 
 impl Shared {
@@ -30,6 +34,16 @@ impl Shared {
 
     pub(super) fn write(&self) -> RwLockWriteGuard<'_, Registry> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the result of another service's delivery until it takes it. Bounded like the
+    /// queue: a service that never takes its results loses the oldest, never the node's memory.
+    pub(super) fn report(&self, report: DeliveryReport) {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        if reports.len() >= QUEUED_DELIVERIES_MAX {
+            reports.remove(0);
+        }
+        reports.push(report);
     }
 
     pub(super) fn webhook_loopback_allowed(&self) -> bool {

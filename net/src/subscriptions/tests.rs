@@ -603,6 +603,8 @@ fn pico_settings(subs: &Arc<Subscriptions>) -> crate::pico::PicoSettings {
         cors_origin: "*".into(),
         auth: None,
         subscriptions: subs.clone(),
+        consumer_wakes: Default::default(),
+        scheme: "http",
         default_retention: Default::default(),
         durable_streams: Default::default(),
     }

@@ -42,7 +42,7 @@ pub use request::{
     Kind,
 };
 pub use state::{
-    Clock, Effect, Job, LinkKind, Outcome, Registry, BEFORE_FIRST_OFFSET, ZERO_OFFSET,
+    Clock, Effect, Job, LinkKind, Origin, Outcome, Registry, BEFORE_FIRST_OFFSET, ZERO_OFFSET,
 };
 use state::{Delivery, Link, Sub};
 use wake::{retry_delay, Ctx};

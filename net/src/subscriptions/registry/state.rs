@@ -183,6 +183,17 @@ pub struct Job {
     pub generation: u64,
     pub url: String,
     pub body: String,
+    /// Who gets the result: the registry, or a caller of `Subscriptions::deliver_for`.
+    pub origin: Origin,
+}
+
+/// Who a delivery's result goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The registry's own wake: the result moves its state machine.
+    Registry,
+    /// Another service's webhook (`Subscriptions::deliver_for`): the result is kept for it.
+    Caller,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

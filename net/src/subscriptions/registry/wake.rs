@@ -10,7 +10,7 @@ use serde_json::json;
 use super::super::keys::{Claims, TokenKey, TOKEN_TTL_SECS};
 use super::super::percent::encode_component;
 use super::request::Kind;
-use super::state::{Clock, Delivery, Effect, Job, Sub, Wake};
+use super::state::{Clock, Delivery, Effect, Job, Origin, Sub, Wake};
 
 const RETRY_BASE_MS: u64 = 1_000;
 const MAX_RETRY_DELAY_MS: u64 = 60_000;
@@ -77,6 +77,7 @@ impl Ctx<'_> {
             generation: sub.generation,
             url: sub.config.webhook_url.clone()?,
             body: body.to_string(),
+            origin: Origin::Registry,
         })
     }
 

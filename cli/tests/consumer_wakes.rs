@@ -1,0 +1,368 @@
+//! Wake webhooks of named consumers over a real `pico serve`: an append past a consumer's
+//! committed offset POSTs a new epoch's token to the receiver (signed, with the ack callback),
+//! a running lease wakes nobody, a failed delivery gives the lease back and is retried, work
+//! pending before the wake was set (or before a `kill -9`) is found, and both protocols serve
+//! it.
+
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use common::{ds, Resp, Server};
+use serde_json::{json, Value};
+
+const ROOT: &str = "/v1/stream/";
+
+/// A wake POST as the receiver got it.
+struct Delivery {
+    signature: String,
+    body: Value,
+}
+
+/// A receiver on loopback answering every POST with the status in `status` (200 unless the
+/// test changes it); hands over every delivery, whatever it answered.
+fn receiver() -> (String, Arc<AtomicU16>, mpsc::Receiver<Delivery>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
+    let url = format!(
+        "http://127.0.0.1:{}/wake",
+        listener.local_addr().unwrap().port()
+    );
+    let status = Arc::new(AtomicU16::new(200));
+    let answer = status.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let parsed = common::read_request(&mut conn, 1 << 20).map(|(head, body)| {
+                let signature = common::header_of(&head, "webhook-signature").unwrap_or_default();
+                (signature.to_string(), body)
+            });
+            let status = answer.load(Ordering::SeqCst);
+            let _ = conn.write_all(
+                format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+                )
+                .as_bytes(),
+            );
+            if let Some((signature, body)) = parsed {
+                let body = serde_json::from_slice(&body).expect("a JSON delivery");
+                if tx.send(Delivery { signature, body }).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (url, status, rx)
+}
+
+fn next_delivery(rx: &mpsc::Receiver<Delivery>, server: &Server) -> Delivery {
+    rx.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("no wake delivery ({e}); log:\n{}", server.log()))
+}
+
+/// No delivery within `window` (the node wakes within a few hundred milliseconds when it does).
+fn no_delivery(rx: &mpsc::Receiver<Delivery>, window: Duration) {
+    if let Ok(delivery) = rx.recv_timeout(window) {
+        panic!("an unexpected wake: {}", delivery.body);
+    }
+}
+
+fn control(addr: SocketAddr, method: &str, rest: &str, token: Option<&str>, body: Value) -> Resp {
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    common::json_request(
+        addr,
+        method,
+        &format!("{ROOT}__ds/{rest}"),
+        token,
+        body.as_bytes(),
+    )
+}
+
+fn append(addr: SocketAddr, name: &str, text: &str) -> String {
+    let appended = ds(
+        addr,
+        "POST",
+        &format!("{ROOT}{name}"),
+        &[("content-type", "text/plain")],
+        text.as_bytes(),
+    );
+    appended.expect(204);
+    appended.h("stream-next-offset").to_string()
+}
+
+fn create(addr: SocketAddr, name: &str) {
+    ds(
+        addr,
+        "PUT",
+        &format!("{ROOT}{name}"),
+        &[("content-type", "text/plain")],
+        b"",
+    )
+    .expect(201);
+}
+
+/// The path of a callback URL (`http://host/path`), to call it on `addr`.
+fn path_of(url: &str) -> String {
+    let after_scheme = url.split_once("://").expect("an absolute URL").1;
+    after_scheme[after_scheme.find('/').expect("a path")..].to_string()
+}
+
+fn register(addr: SocketAddr, id: &str, streams: &[&str]) {
+    let paths: Vec<String> = streams.iter().map(|s| format!("{ROOT}{s}")).collect();
+    control(
+        addr,
+        "POST",
+        "consumers",
+        None,
+        json!({"consumer_id": id, "streams": paths, "lease_ttl_ms": 5000}),
+    )
+    .expect(201);
+}
+
+#[test]
+fn an_append_wakes_the_consumer_with_a_token_and_a_running_lease_wakes_nobody() {
+    let server = Server::start(&[]);
+    let addr = server.second.expect("a Durable Streams listener");
+    create(addr, "a");
+    create(addr, "b");
+    register(addr, "billing", &["a", "b"]);
+    let (url, _status, rx) = receiver();
+
+    let set = control(
+        addr,
+        "PUT",
+        "consumers/billing/wake",
+        None,
+        json!({"type": "webhook", "url": url}),
+    );
+    set.expect(200);
+    assert_eq!(set.json()["wake"], json!({"type": "webhook", "url": url}));
+    let described = control(addr, "GET", "consumers/billing", None, Value::Null);
+    assert_eq!(described.json()["wake"]["url"], url.as_str());
+    // Nothing to process yet: nobody is woken.
+    no_delivery(&rx, Duration::from_millis(800));
+
+    let tail = append(addr, "b", "first");
+    let wake = next_delivery(&rx, &server);
+    assert!(!wake.signature.is_empty(), "wakes are signed");
+    let body = &wake.body;
+    assert_eq!(body["consumer_id"], "billing");
+    assert_eq!(body["primary_stream"], format!("{ROOT}b"));
+    assert_eq!(body["epoch"], 1);
+    let token = body["token"].as_str().expect("a token").to_string();
+    let callback = body["callback"].as_str().expect("a callback").to_string();
+    assert!(
+        callback.ends_with(&format!("{ROOT}__ds/consumers/billing/ack")),
+        "{callback}"
+    );
+    // The wake took the lease for the receiver.
+    let view = control(addr, "GET", "consumers/billing", None, Value::Null).json();
+    assert_eq!(view["state"], "READING");
+
+    // While the receiver holds it, appends wake nobody.
+    append(addr, "a", "second");
+    no_delivery(&rx, Duration::from_millis(1200));
+
+    // The receiver acks at the callback with the token and releases.
+    let acked = common::json_request(
+        addr,
+        "POST",
+        &path_of(&callback),
+        Some(&token),
+        json!({"offsets": [{"path": format!("{ROOT}b"), "offset": tail}]})
+            .to_string()
+            .as_bytes(),
+    );
+    acked.expect(200);
+    control(
+        addr,
+        "POST",
+        "consumers/billing/release",
+        Some(&token),
+        Value::Null,
+    )
+    .expect(200);
+    // `a` has a record it has not processed: released, the consumer is woken again for it,
+    // with a new epoch (the old token is stale).
+    let again = next_delivery(&rx, &server);
+    assert_eq!(again.body["primary_stream"], format!("{ROOT}a"));
+    assert_eq!(again.body["epoch"], 2);
+    let stale = control(
+        addr,
+        "POST",
+        "consumers/billing/ack",
+        Some(&token),
+        json!({"offsets": []}),
+    );
+    stale.expect(409);
+    assert_eq!(stale.json()["error"]["code"], "STALE_EPOCH");
+
+    // Without its wake, the consumer is woken no more.
+    let token = again.body["token"].as_str().unwrap().to_string();
+    control(
+        addr,
+        "POST",
+        "consumers/billing/release",
+        Some(&token),
+        Value::Null,
+    )
+    .expect(200);
+    control(addr, "DELETE", "consumers/billing/wake", None, Value::Null).expect(200);
+    let view = control(addr, "GET", "consumers/billing", None, Value::Null).json();
+    assert!(view.get("wake").is_none(), "{view}");
+    append(addr, "a", "third");
+    no_delivery(&rx, Duration::from_millis(1200));
+}
+
+#[test]
+fn a_failed_delivery_gives_the_lease_back_and_is_retried() {
+    let server = Server::start(&[]);
+    let addr = server.second.expect("a Durable Streams listener");
+    create(addr, "a");
+    register(addr, "c", &["a"]);
+    let (url, status, rx) = receiver();
+    status.store(500, Ordering::SeqCst);
+    control(
+        addr,
+        "PUT",
+        "consumers/c/wake",
+        None,
+        json!({"type": "webhook", "url": url}),
+    )
+    .expect(200);
+    append(addr, "a", "x");
+    let failed = next_delivery(&rx, &server);
+    assert_eq!(failed.body["epoch"], 1);
+    // The lease the wake took is given back: nobody reads for a receiver that failed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = control(addr, "GET", "consumers/c", None, Value::Null).json();
+        if view["state"] == "REGISTERED" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {view} after a failed wake"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Tried again after the back-off, with a new epoch; the receiver now takes it.
+    status.store(200, Ordering::SeqCst);
+    let retried = next_delivery(&rx, &server);
+    assert!(
+        retried.body["epoch"].as_u64().unwrap() >= 2,
+        "{}",
+        retried.body
+    );
+    let view = control(addr, "GET", "consumers/c", None, Value::Null).json();
+    assert_eq!(view["state"], "READING");
+}
+
+#[test]
+fn work_pending_before_the_wake_or_a_kill_9_is_found() {
+    let mut server = Server::start(&[]);
+    let addr = server.second.expect("a Durable Streams listener");
+    create(addr, "a");
+    register(addr, "late", &["a"]);
+    append(addr, "a", "before the wake");
+    let (url, _status, rx) = receiver();
+    control(
+        addr,
+        "PUT",
+        "consumers/late/wake",
+        None,
+        json!({"type": "webhook", "url": url}),
+    )
+    .expect(200);
+    // No append after the wake was set: the node finds the record by itself.
+    let first = next_delivery(&rx, &server);
+    let token = first.body["token"].as_str().unwrap().to_string();
+    control(
+        addr,
+        "POST",
+        "consumers/late/release",
+        Some(&token),
+        Value::Null,
+    )
+    .expect(200);
+    // The wake survives a kill -9; the work pending is found again after the restart.
+    server.kill();
+    server.restart();
+    let addr = server.second.expect("a Durable Streams listener");
+    let after = next_delivery(&rx, &server);
+    assert_eq!(after.body["consumer_id"], "late");
+    assert!(after.body["epoch"].as_u64().unwrap() >= 2);
+    let view = control(addr, "GET", "consumers/late", None, Value::Null).json();
+    assert_eq!(view["wake"]["url"], url.as_str());
+}
+
+#[test]
+fn pico_consumers_have_wakes_too_and_groups_refuse_them() {
+    let server = Server::start(&[]);
+    server.put("/team/s", "text/plain").expect(201);
+    let pico = |method: &str, query: &str, body: Value| {
+        server.request(
+            method,
+            &format!("/?{query}"),
+            &[("content-type", "application/json")],
+            body.to_string().as_bytes(),
+        )
+    };
+    pico(
+        "PUT",
+        "consumer=/team/billing",
+        json!({"streams": ["/team/s"]}),
+    )
+    .expect(201);
+    let (url, _status, rx) = receiver();
+    pico(
+        "PUT",
+        "consumer=/team/billing&action=wake",
+        json!({"type": "webhook", "url": url}),
+    )
+    .expect(200);
+    server.post("/team/s", b"hello").expect(200);
+    let wake = next_delivery(&rx, &server);
+    assert_eq!(wake.body["primary_stream"], "/team/s");
+    let callback = wake.body["callback"].as_str().unwrap();
+    assert!(
+        callback.ends_with("/?consumer=%2Fteam%2Fbilling&action=ack"),
+        "{callback}"
+    );
+    let token = wake.body["token"].as_str().unwrap();
+    let acked = server.request(
+        "POST",
+        &path_of(callback),
+        &[
+            ("content-type", "application/json"),
+            ("pico-consumer-token", token),
+        ],
+        json!({"offsets": [{"stream": "/team/s", "offset": 0}]})
+            .to_string()
+            .as_bytes(),
+    );
+    acked.expect(200);
+    assert_eq!(acked.json()["streams"][0]["next_seq"], 1);
+
+    pico(
+        "PUT",
+        "consumer=/team/workers",
+        json!({"streams": ["/team/s"], "group": true}),
+    )
+    .expect(201);
+    pico(
+        "PUT",
+        "consumer=/team/workers&action=wake",
+        json!({"type": "webhook", "url": url}),
+    )
+    .expect(400);
+}
