@@ -265,6 +265,21 @@ fn a_failed_delivery_gives_the_lease_back_and_is_retried() {
     );
     let view = control(addr, "GET", "consumers/c", None, Value::Null).json();
     assert_eq!(view["state"], "READING");
+    // Operators see both.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = common::ds(server.admin, "GET", "/metrics", &[], b"").text();
+        let delivered = metrics.contains("pico_consumer_wakes_total{result=\"delivered\"} 1\n");
+        if delivered {
+            assert!(
+                !metrics.contains("pico_consumer_wakes_total{result=\"failed\"} 0\n"),
+                "{metrics}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -123,6 +123,19 @@ pub async fn metrics_text(state: &AdminState) -> String {
     out.push_str("# TYPE pico_consumers gauge\n");
     out.push_str(&format!("pico_consumers {total}\n"));
     out.push_str(
+        "# HELP pico_consumer_wakes_total Wake webhooks of named consumers this node POSTed, by result (a failed one gives its lease back and is retried).\n",
+    );
+    out.push_str("# TYPE pico_consumer_wakes_total counter\n");
+    for (result, count) in [
+        ("delivered", &crate::consumers::WAKES_DELIVERED),
+        ("failed", &crate::consumers::WAKES_FAILED),
+    ] {
+        out.push_str(&format!(
+            "pico_consumer_wakes_total{{result=\"{result}\"}} {}\n",
+            count.load(std::sync::atomic::Ordering::Relaxed)
+        ));
+    }
+    out.push_str(
         "# HELP pico_consumer_lag_records Records of a stream past its consumer's committed offset (streams this node serves).\n",
     );
     out.push_str("# TYPE pico_consumer_lag_records gauge\n");

@@ -31,4 +31,4 @@ mod wake;
 mod waker;
 
 pub use routes::{handle_ds, handle_pico, is_pico_call, Node};
-pub use waker::ConsumerWakes;
+pub use waker::{ConsumerWakes, WAKES_DELIVERED, WAKES_FAILED};

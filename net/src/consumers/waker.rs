@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,11 @@ const WAKE_RETRY_FIRST: Duration = Duration::from_secs(1);
 const WAKE_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Tails the ticker reads per tick (a node with many unknown streams learns them over ticks).
 const TAIL_READS_PER_TICK: usize = 256;
+
+/// Wake POSTs a receiver took (a 2xx answer), since start.
+pub static WAKES_DELIVERED: AtomicU64 = AtomicU64::new(0);
+/// Wake POSTs that failed or could not be queued (each gives its lease back), since start.
+pub static WAKES_FAILED: AtomicU64 = AtomicU64::new(0);
 
 /// `(scope, id)`.
 type Key = (String, String);
@@ -354,6 +359,7 @@ impl ConsumerWakes {
     /// Gives up the lease a failed delivery took, so the consumer is not `READING` for nobody,
     /// and backs off.
     async fn release(&self, core: &Rc<CoreHandle>, key: Key, token: String) {
+        WAKES_FAILED.fetch_add(1, Ordering::Relaxed);
         let released = core
             .meta()
             .change_consumer(key.0.clone(), key.1.clone(), move |read| {
@@ -384,6 +390,7 @@ impl ConsumerWakes {
                     let token = token.clone();
                     match &report.outcome {
                         DeliveryOutcome::Done | DeliveryOutcome::Accepted => {
+                            WAKES_DELIVERED.fetch_add(1, Ordering::Relaxed);
                             known.attempt = Attempt::Idle;
                             known.failures = 0;
                             known.retry_at = None;
