@@ -1090,3 +1090,64 @@ fn any_node_lists_every_stream_of_the_cluster_with_its_owner() {
         (listed(&stdout) == want(&|_: &str| 92)).then_some(())
     });
 }
+
+/// A consumer's wake set through one node is served by the node that takes the appends: the
+/// owner of the stream hears of the wake from the metadata log, takes the lease for the
+/// receiver, and the receiver's ack through the callback (on the node the wake was set on)
+/// reaches the owner.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn a_wake_set_through_one_node_is_served_by_the_owner_of_the_appended_stream() {
+    // Node 0 takes no streams: the owner of every stream is node 1.
+    let Some(cluster) = Cluster::start("cluster_wakes", 111, &[0, 1]) else {
+        return;
+    };
+    let (entry, owner) = (cluster.url(0), cluster.url(1));
+    let json = [("content-type", "application/json")];
+    let (resp, _) = follow(&format!("{entry}/w/s"), "PUT", &[], b"");
+    assert_eq!(resp.status, 201, "{}", resp.describe());
+    assert_eq!(owner_of(&cluster, "/w/s"), Some(112));
+    let (resp, _) = follow(
+        &format!("{entry}/?consumer=/w/c"),
+        "PUT",
+        &json,
+        br#"{"streams":["/w/s"]}"#,
+    );
+    assert_eq!(resp.status, 201, "{}", resp.describe());
+    let (url, _status, rx) = common::receiver();
+    let wake = serde_json::json!({"type": "webhook", "url": url}).to_string();
+    let (resp, _) = follow(
+        &format!("{entry}/?consumer=/w/c&action=wake"),
+        "PUT",
+        &json,
+        wake.as_bytes(),
+    );
+    assert_eq!(resp.status, 200, "{}", resp.describe());
+
+    let (resp, _) = follow(&format!("{owner}/w/s"), "POST", &[], b"one");
+    assert_eq!(resp.status, 200, "{}", resp.describe());
+    let delivery = rx
+        .recv_timeout(TAKEOVER_BOUND)
+        .unwrap_or_else(|e| panic!("no wake ({e}):\n{}", cluster.logs()));
+    assert_eq!(delivery.body["primary_stream"], "/w/s");
+    let token = delivery.body["token"].as_str().unwrap();
+    // The callback names the node the wake was set through, by the Host its request carried
+    // (this test's client sends none with a port): called there.
+    let callback = delivery.body["callback"].as_str().unwrap();
+    let callback_path = &callback[callback.find("/?").expect("a Pico consumer URL")..];
+    assert_eq!(callback_path, "/?consumer=%2Fw%2Fc&action=ack");
+    let callback = format!("{entry}{callback_path}");
+    let ack = serde_json::json!({"offsets": [{"stream": "/w/s", "offset": 0}]}).to_string();
+    let (resp, answered_by) = follow(
+        &callback,
+        "POST",
+        &[
+            ("content-type", "application/json"),
+            ("pico-consumer-token", token),
+        ],
+        ack.as_bytes(),
+    );
+    assert_eq!(resp.status, 200, "{}", resp.describe());
+    assert!(answered_by.starts_with(&owner), "{answered_by}");
+    assert_eq!(resp.json()["streams"][0]["next_seq"], 1);
+}

@@ -6,59 +6,15 @@
 
 mod common;
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{mpsc, Arc};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{ds, Resp, Server};
+use common::{ds, receiver, Delivery, Resp, Server};
 use serde_json::{json, Value};
 
 const ROOT: &str = "/v1/stream/";
-
-/// A wake POST as the receiver got it.
-struct Delivery {
-    signature: String,
-    body: Value,
-}
-
-/// A receiver on loopback answering every POST with the status in `status` (200 unless the
-/// test changes it); hands over every delivery, whatever it answered.
-fn receiver() -> (String, Arc<AtomicU16>, mpsc::Receiver<Delivery>) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
-    let url = format!(
-        "http://127.0.0.1:{}/wake",
-        listener.local_addr().unwrap().port()
-    );
-    let status = Arc::new(AtomicU16::new(200));
-    let answer = status.clone();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-            let parsed = common::read_request(&mut conn, 1 << 20).map(|(head, body)| {
-                let signature = common::header_of(&head, "webhook-signature").unwrap_or_default();
-                (signature.to_string(), body)
-            });
-            let status = answer.load(Ordering::SeqCst);
-            let _ = conn.write_all(
-                format!(
-                    "HTTP/1.1 {status} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
-                )
-                .as_bytes(),
-            );
-            if let Some((signature, body)) = parsed {
-                let body = serde_json::from_slice(&body).expect("a JSON delivery");
-                if tx.send(Delivery { signature, body }).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    (url, status, rx)
-}
 
 fn next_delivery(rx: &mpsc::Receiver<Delivery>, server: &Server) -> Delivery {
     rx.recv_timeout(Duration::from_secs(20))

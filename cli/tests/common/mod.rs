@@ -1128,3 +1128,53 @@ pub fn small_receive_buffer(socket: &TcpStream) {
     };
     assert_eq!(set, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
 }
+
+/// A webhook POST as a [`receiver`] got it.
+pub struct Delivery {
+    pub signature: String,
+    pub body: serde_json::Value,
+}
+
+/// A webhook receiver on loopback answering every POST with the status in the returned cell
+/// (200 unless the test changes it); hands over every delivery, whatever it answered. Lives
+/// as long as the test process.
+pub fn receiver() -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicU16>,
+    std::sync::mpsc::Receiver<Delivery>,
+) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
+    let url = format!(
+        "http://127.0.0.1:{}/wake",
+        listener.local_addr().unwrap().port()
+    );
+    let status = std::sync::Arc::new(AtomicU16::new(200));
+    let answer = status.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+            let parsed = read_request(&mut conn, 1 << 20).map(|(head, body)| {
+                let signature = header_of(&head, "webhook-signature").unwrap_or_default();
+                (signature.to_string(), body)
+            });
+            let status = answer.load(Ordering::SeqCst);
+            let _ = conn.write_all(
+                format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+                )
+                .as_bytes(),
+            );
+            if let Some((signature, body)) = parsed {
+                let body = serde_json::from_slice(&body).expect("a JSON delivery");
+                if tx.send(Delivery { signature, body }).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (url, status, rx)
+}
