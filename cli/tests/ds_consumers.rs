@@ -338,8 +338,10 @@ fn committed_offsets_and_the_holder_survive_kill_9() {
 
 #[test]
 fn a_token_reaches_the_consumers_of_its_grant_only() {
-    let (server, _tokens) =
-        common::start_with_tokens("writer / read,append\nteam /v1/stream/team/ read\n", &[]);
+    let (server, _tokens) = common::start_with_tokens(
+        "writer / read,append\nteam /v1/stream/team/ read\nstranger /elsewhere/ read\n",
+        &[],
+    );
     let addr = server.second.expect("a Durable Streams listener");
     let writer = [
         ("authorization", "Bearer writer"),
@@ -380,4 +382,10 @@ fn a_token_reaches_the_consumers_of_its_grant_only() {
         b"",
     )
     .expect(401);
+    // Pointing its wake somewhere is the grant's too: refused without it, allowed with it.
+    let wake = json!({"type": "webhook", "url": "http://127.0.0.1:9/"}).to_string();
+    let wake_path = format!("{team_root}__ds/consumers/c/wake");
+    common::json_request(addr, "PUT", &wake_path, None, wake.as_bytes()).expect(401);
+    common::json_request(addr, "PUT", &wake_path, Some("stranger"), wake.as_bytes()).expect(403);
+    common::json_request(addr, "PUT", &wake_path, Some("team"), wake.as_bytes()).expect(200);
 }
