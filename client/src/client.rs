@@ -19,7 +19,7 @@ use crate::codec::{self, BATCH_CONTENT_TYPE};
 use crate::error::ClientError;
 use crate::parse::{
     check, flag, is_json_type, optional_u64, parse_list, required_i64, required_offset,
-    required_u64, send, text,
+    required_u64, send, send_following, text,
 };
 use crate::position::Position;
 
@@ -137,7 +137,9 @@ fn builder_with_roots(
     INSTALL_CRYPTO.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+    // Redirects are followed by `parse::send_following`, which keeps the bearer token.
     let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(config.connect_timeout)
         .timeout(config.request_timeout);
     if config.http2_prior_knowledge {
@@ -243,7 +245,7 @@ impl Client {
 
     /// Stream metadata, `None` if the stream does not exist.
     pub async fn head(&self, stream: &str) -> Result<Option<StreamInfo>, ClientError> {
-        let response = self.request(Method::HEAD, stream)?.send().await?;
+        let response = send_following(self.request(Method::HEAD, stream)?).await?;
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -580,7 +582,7 @@ impl Client {
 
     /// Deletes the stream and its records. `Ok(false)` if it did not exist.
     pub async fn delete(&self, stream: &str) -> Result<bool, ClientError> {
-        let response = self.request(Method::DELETE, stream)?.send().await?;
+        let response = send_following(self.request(Method::DELETE, stream)?).await?;
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(false);
         }

@@ -64,8 +64,9 @@ impl Client {
     ) -> Result<ConsumerView, ClientError> {
         let mut request = self.http().request(method, url);
         if let Some(token) = token {
-            // Not `Authorization`: a client drops that on a redirect to another node (an ack
-            // of a stream another node of a cluster serves), and it carries the node's token.
+            // Not `Authorization`: that carries the node's token, and HTTP clients other than
+            // this one drop it on a redirect to another node (an ack of a stream another node
+            // of a cluster serves).
             request = request.header("pico-consumer-token", token);
         }
         if let Some(body) = body {

@@ -1,16 +1,65 @@
 //! Reading answers: the status check that turns a refusal into [`ClientError::Api`], the
 //! listing's JSON body, and the typed response headers.
 
-use reqwest::header::HeaderMap;
-use reqwest::{RequestBuilder, Response};
+use reqwest::header::{HeaderMap, LOCATION};
+use reqwest::{RequestBuilder, Response, StatusCode};
 
 use crate::answers::{ListedStream, StreamList, DEFAULT_CONTENT_TYPE};
 use crate::error::{ApiError, ClientError};
 use crate::position::Position;
 use pico_proto::header::*;
 
+/// Redirects followed per request: a cluster answers with one (to the node that serves the
+/// stream), a takeover meanwhile with another.
+const REDIRECTS_MAX: usize = 5;
+
+/// Sends `request` and passes 2xx through ([`check`]).
 pub(crate) async fn send(request: RequestBuilder) -> Result<Response, ClientError> {
-    check(request.send().await?).await
+    check(send_following(request).await?).await
+}
+
+/// Sends `request`, following a cluster's `307`/`308` to the node that serves the stream with
+/// the same method, body and headers, the bearer token included: the redirect comes from a
+/// node of the cluster the endpoint belongs to, trusted with the token already, and the node
+/// it names checks the same grants. (HTTP clients drop `Authorization` on a redirect to
+/// another host, which made every authorized request through a node that does not serve the
+/// stream fail with `401`.) A redirect from `https` to `http` is refused rather than followed,
+/// so the token never travels in clear; a body that cannot be sent twice (a stream) is not
+/// redirected: the `307` is the answer.
+pub(crate) async fn send_following(request: RequestBuilder) -> Result<Response, ClientError> {
+    let (client, request) = request.build_split();
+    let mut request = request?;
+    for _ in 0..=REDIRECTS_MAX {
+        let again = request.try_clone();
+        let response = client.execute(request).await?;
+        if !matches!(
+            response.status(),
+            StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT
+        ) {
+            return Ok(response);
+        }
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .and_then(|l| l.to_str().ok());
+        let (Some(mut next), Some(location)) = (again, location) else {
+            return Ok(response);
+        };
+        let target = next.url().join(location).map_err(|e| {
+            ClientError::InvalidResponse(format!("a redirect to {location:?}: {e}"))
+        })?;
+        if next.url().scheme() == "https" && target.scheme() != "https" {
+            return Err(ClientError::InvalidResponse(format!(
+                "refusing to follow a redirect from {} to {target}: the token would travel in clear",
+                next.url()
+            )));
+        }
+        *next.url_mut() = target;
+        request = next;
+    }
+    Err(ClientError::InvalidResponse(format!(
+        "more than {REDIRECTS_MAX} redirects"
+    )))
 }
 
 /// Passes 2xx through; turns anything else into [`ClientError::Api`].

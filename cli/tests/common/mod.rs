@@ -1061,11 +1061,21 @@ pub fn split_url(url: &str) -> (SocketAddr, String) {
 /// Returns once every node's admin API lists every node of `ids` live with an address
 /// (bounded by `within`), so that a test does not race the cluster's forming.
 pub fn wait_until_formed(nodes: &[Server], ids: &[u64], within: Duration) {
+    wait_until_formed_as(nodes, ids, within, None)
+}
+
+/// [`wait_until_formed`] on nodes with `--auth required`, asking with the admin `token`.
+pub fn wait_until_formed_as(nodes: &[Server], ids: &[u64], within: Duration, token: Option<&str>) {
+    let authorization = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = authorization
+        .iter()
+        .map(|a| ("authorization", a.as_str()))
+        .collect();
     for node in nodes {
         wait_for("the cluster to form", within, || {
             let listed = Conn::connect(node.admin)
                 .ok()?
-                .request("GET", "/admin/nodes", &[], b"")
+                .request("GET", "/admin/nodes", &headers, b"")
                 .ok()?;
             let live: Vec<u64> = listed.json()["nodes"]
                 .as_array()?
