@@ -289,7 +289,7 @@ where
             let response = refusal(on_error, e.status, &e.message);
             let _ = Box::pin(write_response(stream, response, false, false)).await;
             // What was received of a refused request is not kept while the rest drains
-            // (the core's body budget no longer counts it).
+            // (the core's body budget stops counting it here).
             drop(std::mem::take(buf));
             if e.status == 413 || e.status == 429 {
                 // Closing with the body still arriving would reset the connection before
