@@ -287,7 +287,7 @@ fn default_durability(args: &ServeArgs) -> pico_net::Durability {
 }
 
 /// `--object-puts-per-second`, or the cap an `--object-flush-ms` of earlier scripts stands
-/// for: one flush per N ms was its most, so 1000/N PUTs per second, never more.
+/// for: one flush per N ms at most, so 1000/N PUTs per second, never more.
 fn object_puts_per_second(args: &ServeArgs) -> Result<u32, String> {
     match (args.object_puts_per_second, args.object_flush_ms) {
         (Some(_), Some(_)) => Err(

@@ -90,7 +90,7 @@ impl SegmentBuffers {
 
     /// An empty buffer for a new segment: a spare one, or a small one that grows on demand (a
     /// flush under object durability seals a few hundred bytes, and committing a full
-    /// segment's pages up front took 4.5 ms per segment, most of a lone writer's
+    /// segment's pages up front takes 4.5 ms per segment, most of a lone writer's
     /// acknowledgement).
     pub(super) fn take(&self) -> Vec<u8> {
         self.last_taken.set(Instant::now());
