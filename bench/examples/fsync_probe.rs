@@ -1,6 +1,6 @@
 //! The disk's raw durability cost: append 4 KiB to a file and `fdatasync` it, many times, and
 //! report the latency percentiles. A WAL acknowledgement cannot be faster than this; compare
-//! single-writer append latency against it in the same session.
+//! single-writer append latency against it on the same disk, at the same time.
 //!
 //! `cargo run --release -p pico-bench --example fsync_probe -- [DIR] [COUNT]`
 //! (default: the current directory, 2000 rounds).

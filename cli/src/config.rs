@@ -28,7 +28,7 @@ pub fn run(cli: &Cli, args: &ConfigArgs) -> Result<(), Failure> {
             if config.default_profile.as_ref() == Some(name) {
                 eprintln!("saved profile {name} (default)");
             } else {
-                // Saving never changes which profile plain commands use (issue 37): say how
+                // Saving never changes which profile plain commands use: say how
                 // to use this one.
                 eprintln!(
                     "saved profile {name}; use it with --profile {name}, or make it the \

@@ -5,9 +5,9 @@
 //! the command. Exit codes: 0 success, 1 fatal error (`pico: <message>` on stderr), 2 usage
 //! error (a bad config file included).
 
-/// Every core allocates and frees per request (h2 header maps, response buffers). With glibc's
-/// malloc the server did 66–91k Durable Streams appends/s (h2load, 256 B, 64 streams); with
-/// mimalloc's per-thread free lists, 93–99k in the same session (BENCHMARKS.md).
+/// Every core allocates and frees per request (h2 header maps, response buffers): mimalloc's
+/// per-thread free lists serve that faster than glibc's malloc
+/// (docs/decisions/2026-12-mimalloc.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -103,9 +103,8 @@ const MI_OPTION_ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
 /// mimalloc commits its arenas whole by default on Linux (overcommit is on), and then hands
 /// freed pages back with `MADV_FREE`: the kernel takes them only under memory pressure, so
 /// they stay in the node's RSS. Committed on demand instead, freed pages are decommitted and
-/// leave the RSS: 10,000 parked SSE subscribers grew it by 0.43-0.47 KiB each instead of
-/// 1.0-1.7 KiB (their heap is 0.45 KiB), and W3's peak fell from 165 to 139-145 MiB with no
-/// loss of speed (BENCHMARKS.md, "Parked subscribers").
+/// leave the RSS: 10,000 parked SSE subscribers grow it by about their heap, 0.45 KiB each,
+/// where eager arenas kept 1.0-1.7 KiB (docs/decisions/2026-12-mimalloc.md).
 ///
 /// The option applies to arenas reserved after it is set, and the first is reserved by the
 /// first allocation, before `main`: so it is set by an initializer the loader runs before

@@ -63,9 +63,9 @@ extern "C" {
 /// Once every core serves, on the main thread: the start's memory goes back, and the thread
 /// that returns memory from then on starts. Started here, not before the node runs: this
 /// thread blocks the stop signals (`pico_net` waits for them on it), and a thread inherits
-/// that. The memory thread used to start first, with them unblocked; a SIGTERM that came while
-/// the main thread was not waiting (reloading tokens on a SIGHUP, say) went to it and killed
-/// the node on the spot, without its shutdown.
+/// that. Were it started first, with them unblocked, a SIGTERM that came while the main
+/// thread was not waiting (reloading tokens on a SIGHUP, say) could go to it and kill the
+/// node on the spot, without its shutdown.
 fn on_serving() {
     return_start_memory();
     spawn_memory_return();
@@ -76,8 +76,8 @@ fn on_serving() {
 /// seeds (about a kilobyte per stream), and the cores freed them as they took their streams;
 /// in mimalloc, memory freed by other threads goes back only when its owning thread collects,
 /// and the main thread does not allocate again. Without this, a restart of a million streams
-/// stayed at 675 MiB until the periodic collection a few seconds later brought it to 369 MiB
-/// (BENCHMARKS.md, "A million streams").
+/// stays at 675 MiB until the periodic collection a few seconds later brings it to 369 MiB
+/// (docs/decisions/2026-12-collect-freed-memory.md).
 fn return_start_memory() {
     // SAFETY: `mi_collect` is part of the mimalloc library linked in as the global allocator
     // (`main.rs`); it takes a plain bool and is safe to call from any thread.
@@ -87,11 +87,11 @@ fn return_start_memory() {
 /// Hands memory the node freed back to the operating system: 1, 2, 4, ... seconds after the
 /// start, then once a minute. mimalloc returns free pages only when the thread that owns them
 /// allocates again, after a delay: the snapshot and seeds a restart loads (about a kilobyte
-/// per stream, freed as soon as the cores hold their streams) stayed resident in an idle node,
-/// 1.5 KiB per stream over 300,000 streams where the streams themselves take under 400 B
-/// (BENCHMARKS.md, "A million streams"). Early and often right after the start, when that
-/// happens; rarely later, so a busy node's reused buffers are not handed back and faulted in
-/// again every second.
+/// per stream, freed as soon as the cores hold their streams) would stay resident in an idle
+/// node, 1.5 KiB per stream over 300,000 streams where the streams themselves take under
+/// 400 B (docs/decisions/2026-12-collect-freed-memory.md). Early and often right after the
+/// start, when that happens; rarely later, so a busy node's reused buffers are not handed back
+/// and faulted in again every second.
 fn spawn_memory_return() {
     let spawned = std::thread::Builder::new()
         .name("pico-memory".into())
@@ -287,7 +287,7 @@ fn default_durability(args: &ServeArgs) -> pico_net::Durability {
 }
 
 /// `--object-puts-per-second`, or the cap an `--object-flush-ms` of earlier scripts stands
-/// for: one flush per N ms was its most, so 1000/N PUTs per second, never more.
+/// for: one flush per N ms at most, so 1000/N PUTs per second, never more.
 fn object_puts_per_second(args: &ServeArgs) -> Result<u32, String> {
     match (args.object_puts_per_second, args.object_flush_ms) {
         (Some(_), Some(_)) => Err(
@@ -479,7 +479,7 @@ mod tests {
         assert_eq!(config.unsent_bytes_max, 8 << 20);
     }
 
-    /// Issue 37: Durable Streams is served by default beside a Pico `--listen`, on its host
+    /// Durable Streams is served by default beside a Pico `--listen`, on its host
     /// at port 4438 (an ephemeral port beside an ephemeral one), `off` turns it off, and a
     /// `--protocol ds` node opens no second listener unless asked.
     #[test]
@@ -599,7 +599,7 @@ mod tests {
             Ok(pico_engine::limits::OBJECT_PUTS_PER_SECOND_DEFAULT)
         );
         assert_eq!(puts(&["--object-puts-per-second", "80"]), Ok(80));
-        // One flush per 20 ms at most was the old promise: 50 PUTs per second, never more.
+        // `--object-flush-ms N` promises at most one flush per N ms: 1000/N PUTs per second.
         assert_eq!(puts(&["--object-flush-ms", "20"]), Ok(50));
         assert_eq!(puts(&["--object-flush-ms", "1000"]), Ok(1));
         let both = puts(&["--object-flush-ms", "20", "--object-puts-per-second", "80"]);

@@ -1,4 +1,4 @@
-//! Which build a node runs (issue 37, "A node that says what it is"): `pico --version` and
+//! Which build a node runs: `pico --version` and
 //! `-V`, the start-up log, `/metrics` (`pico_build_info`), the admin API and the dashboard all
 //! name the same version and git commit.
 

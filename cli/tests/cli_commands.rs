@@ -355,7 +355,7 @@ fn config_commands_round_trip_the_file() {
         "",
         "saved profile prod; use it with --profile prod, or make it the default with pico config use prod\n",
     );
-    // Saving a profile never makes it the default by itself (issue 37): `--default` does.
+    // Saving a profile never makes it the default by itself: `--default` does.
     assert_eq!(
         c.text(),
         "[profiles.prod]\nendpoint = \"http://node2.internal:4437\"\n"
@@ -788,9 +788,9 @@ fn progress_line_on_a_terminal() {
     );
 }
 
-/// Issue 37: `pico --endpoint URL config set prod` used to make `prod` the default on the
-/// spot, and every plain command then failed with a DNS error that never named it. Now saving
-/// leaves the default alone, and a failure to reach the endpoint names the profile.
+/// `pico --endpoint URL config set prod` leaves the default profile alone (were `prod` made
+/// the default on the spot, every plain command would fail with a DNS error that never names
+/// it), and a failure to reach the endpoint names the profile.
 #[test]
 fn a_saved_profile_is_the_default_only_when_asked_and_failures_name_it() {
     let c = Config::new();
@@ -905,7 +905,7 @@ fn append_summary(stderr: &str) -> (u64, u64, String) {
     (records, requests, positions)
 }
 
-/// Issue 37: `pico append` batches by default, by count, bytes and linger, and ends with one
+/// `pico append` batches by default, by count, bytes and linger, and ends with one
 /// summary line; `--no-batch` sends a request per record.
 #[test]
 fn append_batches_by_default_and_prints_one_summary_line() {

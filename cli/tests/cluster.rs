@@ -953,7 +953,7 @@ fn node_states(stdout: &str) -> std::collections::BTreeMap<u64, (String, String)
         .collect()
 }
 
-/// Issue 37: any node lists every stream of the cluster with its owner, from the shared
+/// Any node lists every stream of the cluster with its owner, from the shared
 /// catalog: streams on other nodes, and a killed node's streams before and right after their
 /// takeover (with every acknowledged record counted); `pico admin nodes` says which node is
 /// live, which expired (killed) and which left (stopped cleanly).

@@ -437,10 +437,10 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
     assert_eq!(claim.json()["streams"][0]["tail_offset"], tail.as_str());
 }
 
-/// Issue 36 item 3: subscription ids were node-wide and the admin grant was checked only on the
-/// request's own root, so a token with admin on `/a/` could describe, claim, ack, relink and
-/// delete `/b/`'s subscriptions through `/a/__ds/subscriptions/<id>`, and probe which ids
-/// exist. A subscription belongs to its root now: through another root every verb answers
+/// A subscription belongs to its root, so a token with admin on `/a/` can neither describe,
+/// claim, ack, relink or delete `/b/`'s subscriptions through `/a/__ds/subscriptions/<id>` nor
+/// probe which ids exist (as it could were ids node-wide and the grant checked only on the
+/// request's own root): through another root every verb answers
 /// `404` exactly as for an id nobody uses (`DELETE`: `204`, as for any unknown id), and the
 /// same id under `/a/` is `/a/`'s own.
 fn expect_not_found(got: &Resp) {

@@ -949,9 +949,9 @@ fn wait_failed(server: &Server, id: &str) {
     );
 }
 
-/// Issue 36 item 1: a receiver answering with chunk size 2^64-1 overflowed the delivery
-/// thread's chunk arithmetic; the panic ended the node (status 101), and since the pending wake
-/// survived, every restart delivered it again and died within a second. Now the delivery fails
+/// A receiver answering with chunk size 2^64-1 must not overflow the delivery thread's chunk
+/// arithmetic: a panic there would end the node (status 101), and since the pending wake
+/// survives, every restart would deliver it again and die within a second. The delivery fails
 /// (and is retried with back-off) and the node serves on, before and after a restart.
 #[test]
 fn a_webhook_receiver_answering_chunk_size_2_64_neither_kills_nor_crash_loops_the_node() {
@@ -985,14 +985,14 @@ fn a_webhook_receiver_answering_chunk_size_2_64_neither_kills_nor_crash_loops_th
                 server.log()
             )
         });
-    // The old node was gone within a second of the answer.
+    // A node that died of the answer would be gone within a second of it.
     std::thread::sleep(Duration::from_secs(1));
     assert_serves(&mut server, "after the restart and a second hostile answer");
     wait_failed(&server, "hostile");
 }
 
-/// Issue 36 item 2: a chunk declared 7fffffffffffffff, then bytes as fast as the node read
-/// them, grew the node from 16 MB to 2.6 GB in 10 s. Now the node reads a bounded answer
+/// A chunk declared 7fffffffffffffff, then bytes as fast as the node reads them (unbounded,
+/// that took a node from 16 MB to 2.6 GB in 10 s): the node reads a bounded answer
 /// (WEBHOOK_RESPONSE_BYTES_MAX, 336 KiB), fails the delivery and closes the connection.
 #[test]
 fn a_webhook_receiver_streaming_without_end_is_read_only_up_to_the_cap() {
@@ -1026,7 +1026,7 @@ fn a_webhook_receiver_streaming_without_end_is_read_only_up_to_the_cap() {
     assert_serves(&mut server, "after an endless webhook answer");
 }
 
-// Readers that never read (issue 36, item 4): every answer waiting for its reader counts
+// Readers that never read: every answer waiting for its reader counts
 // against the core's budget of unsent answers (`--max-unsent-bytes`), past it reads get `503`,
 // and a connection that makes no write progress for `--send-stall-timeout-sec` is closed.
 
@@ -1303,10 +1303,9 @@ fn a_stalled_sse_reader_is_closed_at_the_sse_max_duration() {
     assert_serves(&mut server, "after a stalled SSE reader");
 }
 
-/// The reproductions of issue 36, item 4, measured (not asserted): RSS before and while
-/// readers that never read hold their answers, and whether their connections are closed.
-/// Default flags only, so it runs against any build (`--ignored --nocapture`; the figures are
-/// in the branch's report).
+/// Readers that never read, measured (not asserted): RSS before and while they hold their
+/// answers, and whether their connections are closed. Default flags only, so it runs against
+/// any build (`--ignored --nocapture`; figures in BENCHMARKS.md, "Readers that never read").
 #[test]
 #[ignore = "a measurement: run by hand"]
 fn slow_reader_reproductions_report_rss() {

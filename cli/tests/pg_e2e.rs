@@ -159,7 +159,7 @@ fn an_unreachable_postgres_stops_startup_with_the_password_masked() {
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
 
-/// Issue 34, "an ambiguous metadata commit leaves a zombie stream", end to end: a DELETE whose
+/// An ambiguous metadata commit must not leave a zombie stream, end to end: a DELETE whose
 /// COMMIT went through but whose answer was lost (the fault proxy cuts the node's connection
 /// at that COMMIT). The rule: no append is acknowledged into a row that does not exist, so an
 /// append the node acknowledges after such a DELETE is there after a restart.

@@ -1158,8 +1158,8 @@ fn body_size_limit() {
     assert!(conn.at_eof(), "connection still open after 413");
 
     // A body that follows its refusal is discarded, as far as its Content-Length goes, and
-    // then the connection closes at once: it used to wait out the drain's 5 s for more bytes
-    // a client keeping the connection open never sends, which raced this check's own 5 s.
+    // then the connection closes at once, without waiting out the drain's 5 s for more bytes
+    // a client keeping the connection open never sends (which would race this check's 5 s).
     let mut conn = s.connect();
     conn.raw(b"POST /big HTTP/1.1\r\nhost: x\r\ncontent-length: 3000\r\n\r\n")
         .unwrap();

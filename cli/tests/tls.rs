@@ -217,7 +217,7 @@ async fn open_connections(client: &reqwest::Client, admin: &str) -> u64 {
 }
 
 /// A reader over TLS that stops reading is closed after `--send-stall-timeout-sec` like any
-/// other (issue 36): rustls writes its records through the socket's own timed writes.
+/// other: rustls writes its records through the socket's own timed writes.
 #[test]
 fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
     use rustls::pki_types::pem::PemObject;
@@ -297,7 +297,8 @@ fn a_tls_reader_that_never_reads_is_closed_after_the_send_stall_timeout() {
 
 /// A machine without a system CA store (no `ca-certificates`): the client still reaches a
 /// plain node and a TLS node whose CA it is given, and says what is missing for any other
-/// `https://` endpoint (it used to fail every command with "cannot build the HTTP client").
+/// `https://` endpoint (rather than failing every command with "cannot build the HTTP
+/// client").
 #[test]
 fn a_machine_without_system_certificates_still_reaches_plain_and_private_ca_nodes() {
     let certs = tempfile::tempdir().unwrap();

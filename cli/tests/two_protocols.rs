@@ -1,5 +1,5 @@
-//! One node, both protocols (issue 37, "A Durable Streams client pointed at the default port
-//! silently misbehaves"): `pico serve` opens a Durable Streams listener beside the Pico one by
+//! One node, both protocols, so that a Durable Streams client pointed at the default port does
+//! not silently misbehave: `pico serve` opens a Durable Streams listener beside the Pico one by
 //! default, and each listener refuses the other protocol's headers and parameters with a `400`
 //! naming where that protocol is served, instead of ignoring them.
 
@@ -220,8 +220,8 @@ fn listeners_that_would_share_an_address_are_refused() {
     }
 }
 
-/// What the client says when it talks to the wrong kind of listener (issue 37, "Errors that
-/// say what to do"): nothing listening, `http://` to a TLS node, `https://` to a plain one, a
+/// What the client says, and what to do, when it talks to the wrong kind of listener: nothing
+/// listening, `http://` to a TLS node, `https://` to a plain one, a
 /// Pico client on the Durable Streams listener and the reverse.
 #[test]
 fn client_errors_say_what_to_do() {

@@ -1,4 +1,4 @@
-//! Upgrades keep data (issue 34): a node of this build started on a data directory that an
+//! Upgrades keep data: a node of this build started on a data directory that an
 //! earlier release wrote and left by a crash recovers every record that release acknowledged,
 //! or refuses to start with a message naming both versions; never a silent misread.
 //!

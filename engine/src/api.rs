@@ -108,8 +108,7 @@ pub struct Created {
 }
 
 /// An operation on one stream, executed by its owning core: what crosses between cores (see
-/// `inbox.rs`). Callers use the typed methods of `CoreHandle`; public only until the
-/// protocol layers stop calling the transitional `CoreHandle::call`, then crate-private.
+/// `inbox.rs`). Crate-private: callers use the typed methods of `CoreHandle`.
 #[derive(Clone, Debug)]
 pub(crate) enum Op {
     Create {
@@ -233,8 +232,7 @@ impl ReadBatch {
     }
 }
 
-/// The answer to an [`Op`], of the kind matching it (`route.rs` takes it apart); public for
-/// as long as [`Op`] is.
+/// The answer to an [`Op`], of the kind matching it (`route.rs` takes it apart).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Reply {
     Created {

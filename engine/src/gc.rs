@@ -80,8 +80,8 @@ pub(crate) async fn gc_loop(router: Rc<Router>, gate: Rc<GcGate>) {
 
 async fn collect_garbage(router: &Router) -> Result<usize, String> {
     // Which streams need a segment is the catalog's to say (a trim reaches it right after the
-    // owning core): the cores no longer list every stream they hold for each round, work and
-    // memory that grew with the streams, not with the garbage.
+    // owning core), so a round's work and memory grow with the garbage, not with the streams
+    // the cores hold.
     let sealed_before_ms = now_ms() - limits::GC_SEALED_MARGIN_MS;
     let (meta, store) = (router.shard.meta(), router.shard.store());
     let keys = meta

@@ -83,9 +83,9 @@ impl Peers {
     /// A live read (long-poll or SSE) on another core (`owner`): it waits for room in the
     /// owner's queue instead of being refused. Each subscriber has at most one read in flight,
     /// and their number is bounded where they are admitted (connections per core, waiters per
-    /// stream), so this cannot grow the queue without bound; refusing them turned a burst of
-    /// subscribers re-parking after an append (10,000 on one stream, half on another core)
-    /// into `429`s the clients had to retry (BENCHMARKS.md, "Fan-out").
+    /// stream), so this cannot grow the queue without bound; refusing them would turn a burst
+    /// of subscribers re-parking after an append (10,000 on one stream, half on another core)
+    /// into `429`s the clients have to retry (docs/decisions/2026-12-shared-live-reads.md).
     pub(crate) async fn call_live(
         &self,
         owner: usize,

@@ -48,8 +48,8 @@ pub const LEASE_MS_MIN: u64 = 300;
 pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 10;
 /// Default `--object-puts-per-second`: the node's flush PUTs under object durability
 /// (`put_budget.rs`). At 500 a lone writer's flush waits at most 2 ms for its slot, and a
-/// 2-core node under load is held back by its PUT latency, not the budget (BENCHMARKS.md,
-/// "Object durability at object-store speed"); a node appending without pause makes at most
+/// 2-core node under load is held back by its PUT latency, not the budget
+/// (docs/decisions/2026-12-object-put-budget.md); a node appending without pause makes at most
 /// 43.2 million flush PUTs a day. Lower it to trade latency for fewer billed requests.
 pub const OBJECT_PUTS_PER_SECOND_DEFAULT: u32 = 500;
 /// Bounds of `--object-puts-per-second`: at least one flush a second (an acknowledgement

@@ -1,11 +1,12 @@
 //! Live reads shared per core: all the long-polls and SSE subscribers of one core that wait
 //! at the same offset of the same stream wait on one read.
 //!
-//! Without this, each of 10,000 subscribers parked its own waiter on the stream's owning core.
-//! An append woke all of them, and each read the same records again; a subscriber on another
-//! core also crossed to the owner and back, each way a message and an `eventfd` wake-up
-//! (BENCHMARKS.md, "Fan-out"). Now one read per core waits on the owner, and when it returns,
-//! every subscriber of that core takes a copy of its batch (the records are shared `Bytes`).
+//! Without this, each of 10,000 subscribers would park its own waiter on the stream's owning
+//! core, an append would wake all of them to read the same records again, and a subscriber on
+//! another core would cross to the owner and back, each way a message and an `eventfd` wake-up
+//! (docs/decisions/2026-12-shared-live-reads.md). One read per core waits on the owner; when
+//! it returns, every subscriber of that core takes a copy of its batch (the records are shared
+//! `Bytes`).
 //! The batch carries the read's number (`ReadBatch::shared_read`), so the protocols encode
 //! its events once per core (net/src/live.rs), not once per subscriber.
 //!

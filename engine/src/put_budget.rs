@@ -1,5 +1,5 @@
-//! The node's budget of object-store PUTs for flushes under object durability: the cost
-//! control that replaced a fixed flush window.
+//! The node's budget of object-store PUTs for flushes under object durability: what bounds
+//! their cost, where a fixed flush window would make every lone writer wait it out.
 //!
 //! A core flushes its active segment as soon as its uploader is free (`shard/flush.rs`), so a
 //! lone writer waits one PUT and one catalog commit, not a window. Left alone, a fast store

@@ -47,10 +47,10 @@ impl ForkOrigin {
 /// Everything the owning core knows about a stream's offsets and lifecycle.
 ///
 /// A core holds one per stream it owns, so its size is most of what an idle stream costs
-/// (BENCHMARKS.md, "A million streams"): the fields every stream uses are inline, the content
-/// type is shared with the core's other streams of that type, and what few streams set (an
-/// expiry, retention, producers, a writer sequence, a fork) lives in [`StreamExtras`], boxed
-/// only once one of them is set.
+/// (docs/decisions/2026-12-small-idle-streams.md): the fields every stream uses are inline,
+/// the content type is shared with the core's other streams of that type, and what few
+/// streams set (an expiry, retention, producers, a writer sequence, a fork) lives in
+/// [`StreamExtras`], boxed only once one of them is set.
 ///
 /// ```text
 ///   StreamState (96 B)                      StreamExtras (boxed, 240 B, most streams: none)

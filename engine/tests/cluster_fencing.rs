@@ -147,8 +147,8 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
         .expect("join");
     assert_eq!(answers.len(), names.len());
     for (name, answer) in &answers {
-        // Before the fix only the first stream's append failed: forgetting it released the
-        // segment's other acknowledgements as stored.
+        // Every stream's append fails, not only the first's: forgetting that one must not
+        // release the segment's other acknowledgements as stored.
         assert!(
             answer.as_ref().is_err_and(|e| e.starts_with("not owner")),
             "{name}: {answer:?} (every answer: {answers:?})"

@@ -301,9 +301,9 @@ fn update(db: &mut dyn Backend, id: u64, update: StreamUpdate) -> Result<(), Met
 
 /// The keys of the segments sealed before `sealed_before_ms` that no stream needs (see
 /// [`MetaStore::garbage_segments`]). It reads the segments and their entries, then the start
-/// of each stream they name, never the whole stream table: a node of a million idle streams
-/// loaded every row of it, on the metadata thread, every `--gc-interval-ms` (BENCHMARKS.md,
-/// "A million streams").
+/// of each stream they name, never the whole stream table, which for a node of a million idle
+/// streams would be every row loaded on the metadata thread every `--gc-interval-ms`
+/// (docs/decisions/2026-12-small-idle-streams.md).
 pub(crate) fn garbage(
     db: &mut dyn Backend,
     sealed_before_ms: i64,

@@ -3,7 +3,7 @@
 //! store's client), then what the metadata store does when the answer to its COMMIT is lost.
 //!
 //! Every test here needs Postgres (`PICOMQ_PG_URL`, `scripts/pg-up.sh`) and gets a database
-//! of its own; without the variable it prints a skip note, or fails under `CI=true`. Issue 34:
+//! of its own; without the variable it prints a skip note, or fails under `CI=true`. The rule:
 //! a write whose COMMIT answer was lost is answered as the database has it (the store asks the
 //! server by transaction id), never as a failure of something that was done.
 
@@ -241,7 +241,7 @@ fn the_store_reconnects_after_a_lost_commit_answer() {
     assert!(proxy.stats().accepted >= 2, "a new connection was made");
 }
 
-/// Issue 34, "an ambiguous metadata commit leaves a zombie stream": a delete whose COMMIT
+/// An ambiguous metadata commit must not leave a zombie stream: a delete whose COMMIT
 /// went through but whose answer was lost. The engine treats the store's answer as the truth
 /// (an error: "nothing was acknowledged", the stream keeps being served); the row is gone.
 /// The store must not answer as if nothing happened: here it must know, by reading the row
@@ -271,7 +271,7 @@ fn a_delete_whose_commit_answer_was_lost_is_reported_done() {
     );
 }
 
-/// Issue 34, every metadata write: each one's COMMIT answer is lost in turn, and the store's
+/// Every metadata write: each one's COMMIT answer is lost in turn, and the store's
 /// answer is compared with what the database then holds. Every disagreement is listed before
 /// the test fails.
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]

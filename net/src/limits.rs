@@ -101,8 +101,9 @@ pub const H2_STREAM_WINDOW_BYTES: u32 = 1 << 20;
 pub const H2_CONNECTION_WINDOW_BYTES: u32 = 8 << 20;
 /// Largest DATA frame a client may send (SETTINGS_MAX_FRAME_SIZE; the protocol's default is
 /// 16 KiB); a larger one is `FRAME_SIZE_ERROR`. A 64 KiB append then arrives as one frame and is
-/// kept as received, where 16 KiB frames had to be gathered into a new buffer; clients that
-/// honour the setting (h2, hyper, `pico bench`) write 9–13 % more this way (BENCHMARKS.md).
+/// kept as received, where 16 KiB frames would have to be gathered into a new buffer; clients
+/// that honour the setting (h2, hyper, `pico bench`) write 9–13 % more this way
+/// (docs/decisions/2026-12-inbound-h2-frames.md).
 /// Each connection buffers at most one frame of this size while reading it.
 pub const H2_FRAME_BYTES_MAX: u32 = 256 * 1024;
 /// Largest accepted HTTP/2 header block; larger is `431`.

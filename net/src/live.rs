@@ -98,7 +98,7 @@ pub trait LiveEvents {
 
 /// The events a live response has ready to send: at most two at a time (a data event and the
 /// control event behind it; Pico's first ones, the `retry:` hint and a control event), kept
-/// inline. A `VecDeque` kept a 128-byte buffer on the heap for every subscriber.
+/// inline, where a `VecDeque` would keep a 128-byte buffer on the heap for every subscriber.
 #[derive(Default)]
 pub(crate) struct ReadyEvents {
     first: Option<Bytes>,
@@ -363,8 +363,8 @@ mod tests {
     /// state, `transport/http1/parked.rs`), in both protocols.
     #[test]
     fn a_subscriber_between_reads_holds_a_small_state() {
-        // 184 and 152 bytes when written; a waiting subscriber held an 888-byte read future
-        // and a 152-byte state inside its connection's task before it could be parked.
+        // 184 and 152 bytes when written; a waiting subscriber that is a connection task
+        // holds an 888-byte read future and a 152-byte state besides.
         for (protocol, bytes) in [
             ("Durable Streams", crate::ds::STATE_BYTES),
             ("Pico", crate::pico::STATE_BYTES),

@@ -1,9 +1,9 @@
 //! The wire formats of PicoMQ, written once.
 //!
 //! The server (`pico-net`), the client library (`pico-client`) and the load generator
-//! (`pico-bench`) all speak these formats; each used to carry its own copy, and the copies
-//! disagreed (one ignored bytes after a batch, another refused them). Everything a peer on the
-//! other end of a socket must agree on lives here, next to its drawing:
+//! (`pico-bench`) all speak these formats from this one copy, so they cannot disagree (one
+//! ignoring bytes after a batch, another refusing them). Everything a peer on the other end of
+//! a socket must agree on lives here, next to its drawing:
 //!
 //! - [`batch`]: the Pico binary append batch (`application/vnd.picomq.batch`);
 //! - [`page`]: the Pico binary read page (`GET ...?format=binary`);

@@ -51,7 +51,7 @@ impl Delivery {
             attempts += 1;
             // Whether an earlier batch was still unacknowledged when this one left: then a
             // refusal may be ordering even if that batch is acknowledged by the time the
-            // refusal arrives (checking only afterwards made that race a failure).
+            // refusal arrives (checking only afterwards would make that race a failure).
             let overtaking = self.progress.borrow().done_below < self.seq;
             let send = self.client.append_as_producer(
                 &self.stream,

@@ -462,8 +462,9 @@ impl Shard {
         // original stored. If the stream is dropped (fenced: the original's append is refused)
         // and loaded again here from the catalog, the new incarnation's tail passing `offset`
         // says nothing about the original, which may never have been stored; answering then
-        // would tell a producer a sequence number is stored that no one has (found by the
-        // fault test's cluster profile: the producer was then refused with a sequence gap).
+        // would tell a producer a sequence number is stored that no one has (the fault
+        // test's cluster profile covers it: the producer would then be refused with a
+        // sequence gap).
         let incarnation = self
             .streams
             .borrow()

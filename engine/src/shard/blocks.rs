@@ -64,7 +64,7 @@ pub(super) struct ReadCache {
     /// Byte ranges of segments whose frames a read CRC-checked in the blocks cached now
     /// (sorted, disjoint, at most `limits::CHECKED_RANGES_PER_SEGMENT_MAX` per segment): later
     /// reads of them skip the check, as reads of bytes that never left memory do. Without it,
-    /// checking every frame on every read cost a quarter of a repeated catch-up read's rate.
+    /// checking every frame on every read costs a quarter of a repeated catch-up read's rate.
     checked: HashMap<u64, Vec<(u64, u64)>>,
     /// Counts the blocks that left the cache: a check begun before one left cannot vouch for
     /// what is cached now (a block fetched again may differ).

@@ -24,9 +24,10 @@ impl Shard {
         if self.config.durability != Durability::Object || self.flush_pending.get() {
             return;
         }
-        // One flush in flight per core: a second PUT beside it was tried and lost (a
-        // 256-in-flight run fell from 29.7k to 25.8k appends/s: more, smaller PUTs for the
-        // same CPU), so appends wait for the PUT before them and ride the next one together.
+        // One flush in flight per core: a second PUT beside it loses (a 256-in-flight run
+        // makes 25.8k appends/s against 29.7k: more, smaller PUTs for the same CPU;
+        // docs/decisions/2026-12-object-put-budget.md), so appends wait for the PUT before
+        // them and ride the next one together.
         let busy = !self.sealed.borrow().is_empty() || self.log.borrow().len() > 1;
         if busy || !self.active_has_frames() {
             return;

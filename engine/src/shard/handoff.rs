@@ -36,8 +36,8 @@ impl Shard {
         if plain_create && cluster.place(name).is_none_or(|n| n == me) {
             // A create this node would place here asks the metadata log once, in the create
             // itself: it registers the name, or finds it registered and by whom, and `create`
-            // sends the client there (or adopts it). A look-up first made every create two
-            // metadata transactions, half a cluster's create rate (BENCHMARKS.md, "Creates").
+            // sends the client there (or adopts it). A look-up first would make every create
+            // two metadata transactions (docs/decisions/2026-12-create-groups.md).
             self.moves.borrow_mut().forget(name);
             return Ok(());
         }

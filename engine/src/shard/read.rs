@@ -289,7 +289,7 @@ impl Shard {
 /// Adds `waiter` to a stream's waiters unless `max` live ones wait already (`false`). The
 /// waiters of readers that left (`gone`) are dropped only when the list is full to its
 /// capacity, and the capacity then doubles past what stays, so parking is amortized O(1):
-/// pruning at every park made 10,000 subscribers re-parking after each append cost 50
+/// pruning at every park would make 10,000 subscribers re-parking after each append cost 50
 /// million checks per append.
 pub(super) fn park<T>(
     waiters: &mut Vec<T>,

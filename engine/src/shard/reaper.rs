@@ -185,7 +185,7 @@ impl Shard {
 
     /// Deletes expired streams nobody touches, so their metadata does not linger. Each round
     /// looks at up to `REAPER_SCAN_STREAMS_PER_ROUND` streams, resuming after the last one:
-    /// looking at all of them every round cost an idle node of a million streams a scan of
+    /// looking at all of them every round would cost an idle node of a million streams a scan of
     /// the whole map per core every second. An expired stream is answered as gone from the
     /// moment it expires (`live_stream_id`); the reaper only tidies up after it.
     pub(super) async fn reaper_loop(self: Rc<Self>) {

@@ -56,11 +56,10 @@ pub(crate) fn stream_seeds(snapshot: &Snapshot) -> Vec<StreamSeed> {
 
 /// [`stream_seeds`] for a whole node, each seed put straight into the list of the core `place`
 /// gives its name (`place` must answer below `cores`). It takes the stream rows out of
-/// `snapshot`, moving their strings into the seeds: a restart of a million streams built the
-/// seeds in a map by id, then in a list, then in per-core lists, each a copy of ~370 bytes per
-/// stream, and spent most of its time having the kernel zero those pages (BENCHMARKS.md, "A
-/// million streams"). What remains besides the seeds is a 16-byte entry per stream to find a
-/// segment entry's seed by id.
+/// `snapshot`, moving their strings into the seeds: built once, so a restart of a million
+/// streams makes no intermediate copies of ~370 bytes per stream for the kernel to zero
+/// (docs/decisions/2026-12-small-idle-streams.md). What remains besides the seeds is a 16-byte
+/// entry per stream to find a segment entry's seed by id.
 pub(crate) fn stream_seeds_by_core(
     snapshot: &mut Snapshot,
     cores: usize,

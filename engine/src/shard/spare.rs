@@ -1,12 +1,12 @@
 //! Segment buffers kept for reuse.
 //!
 //! A segment's buffer grows, by doubling, to the segment size plus its slack as frames arrive.
-//! Made fresh for every segment, its pages were faulted in and zeroed by the kernel, and copied
-//! at every doubling: 7 % of a node's CPU under 256-byte appends (BENCHMARKS.md, "Segment
-//! buffers reused"). Freed, a buffer that large goes back to the operating system, so the next
-//! one paid again.
+//! Made fresh for every segment, its pages would be faulted in and zeroed by the kernel, and
+//! copied at every doubling: 7 % of a node's CPU under 256-byte appends
+//! (docs/decisions/2026-12-spare-segment-buffers.md). Freed, a buffer that large goes back to
+//! the operating system, so the next one would pay again.
 //!
-//! Now a sealed segment's buffer comes back here when the last holder of its bytes lets go (the
+//! So a sealed segment's buffer comes back here when the last holder of its bytes lets go (the
 //! read cache evicting it, an upload, a response still being written), and the next segment
 //! takes it with its pages in place. A core keeps at most [`SPARE_BUFFERS_MAX`] of them, and
 //! none once it has opened no segment for [`SPARE_IDLE_MS`]: an idle node does not hold them.
@@ -90,7 +90,7 @@ impl SegmentBuffers {
 
     /// An empty buffer for a new segment: a spare one, or a small one that grows on demand (a
     /// flush under object durability seals a few hundred bytes, and committing a full
-    /// segment's pages up front took 4.5 ms per segment, most of a lone writer's
+    /// segment's pages up front takes 4.5 ms per segment, most of a lone writer's
     /// acknowledgement).
     pub(super) fn take(&self) -> Vec<u8> {
         self.last_taken.set(Instant::now());

@@ -177,12 +177,12 @@ fn connect(config: &postgres::Config) -> Result<Client, String> {
     }
     // Plan each execution of a prepared statement for the tables as they are then. A generic
     // plan is made once, early, for the tables as they were: a fresh cluster's look-ups by
-    // name (`name = ANY($1)`) kept the sequential scan planned for an empty `streams` table
-    // while it grew to thousands of rows, 8.7 ms a look-up, until autovacuum's first
-    // ANALYZE replaced the plan; creates ran at 2,700/s or 9,800/s depending on when that
-    // came (BENCHMARKS.md, "Creates"). Planning a metadata statement costs microseconds;
-    // the metadata thread runs a few per batch. PostgreSQL before 12 has no such setting
-    // and keeps its default.
+    // name (`name = ANY($1)`) would keep the sequential scan planned for an empty `streams`
+    // table while it grows to thousands of rows, 8.7 ms a look-up, until autovacuum's first
+    // ANALYZE replaces the plan: creates run at 2,700/s or 9,800/s depending on when that
+    // comes (docs/decisions/2026-12-create-groups.md). Planning a metadata statement costs
+    // microseconds; the metadata thread runs a few per batch. PostgreSQL before 12 has no such
+    // setting and keeps its default.
     if let Err(error) = client.batch_execute("SET plan_cache_mode TO force_custom_plan") {
         log::info!(
             "metadata log: PostgreSQL keeps generic plans ({})",

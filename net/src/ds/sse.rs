@@ -133,8 +133,9 @@ impl LiveEvents for SseState {
 /// and whether the reader is up to date.
 fn control_event(state: &mut SseState, batch: &ReadBatch) -> Bytes {
     let mut out = Vec::with_capacity(CONTROL_EVENT_BYTES_MAX);
-    // The keys in the order serde_json writes a map's (sorted), as before this was written by
-    // hand; offsets and cursors are digits and `_`, which JSON strings take as they are.
+    // The keys in the order serde_json writes a map's (sorted), so the event reads as other
+    // encoders write it; offsets and cursors are digits and `_`, which JSON strings take as
+    // they are.
     out.extend_from_slice(b"event: control\ndata:{");
     if batch.closed {
         out.extend_from_slice(b"\"streamClosed\":true,");

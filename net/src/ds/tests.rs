@@ -139,7 +139,7 @@ fn future_size<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
 
 /// A parked long-poll holds its handler's future for as long as it waits (thousands at once):
 /// an SSE response's setup is boxed, as are writes, so that future is a read's. In both
-/// protocols it was over 2,500 bytes when the SSE setup was inline.
+/// protocols it would be over 2,500 bytes with the SSE setup inline.
 #[test]
 fn a_parked_long_poll_holds_a_small_future() {
     use std::rc::Rc;

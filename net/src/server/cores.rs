@@ -32,13 +32,13 @@ const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(15);
 const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
 /// The longest a core runs queued tasks before it looks at its I/O completions and at what
 /// other cores sent it. glommio does both only between runs of a task queue, and its default
-/// (100 ms) let one run of 5,000 SSE deliveries hold back every message from the other core:
-/// an append whose connection was on one core and whose stream on the other waited 37-73 ms
-/// for its acknowledgement under fan-out, 2.4-3.4 ms at 1-2 ms (BENCHMARKS.md, "A busy core
-/// still hears the others"). A run cut short costs one timer rearm, not a task switch. A timer
-/// this short expires before a run more often; the vendored glommio runs at least one task per
-/// run, so that cannot leave the core asleep with work queued (vendor/glommio/PATCHES.md,
-/// change 4).
+/// (100 ms) lets one run of 5,000 SSE deliveries hold back every message from the other core:
+/// an append whose connection is on one core and whose stream on the other waits 37-73 ms for
+/// its acknowledgement under fan-out at 100 ms, 2.4-3.4 ms at 1-2 ms
+/// (docs/decisions/2026-12-core-preemption-timer.md). A run cut short costs one timer rearm,
+/// not a task switch. A timer this short expires before a run more often; the vendored glommio
+/// runs at least one task per run, so that cannot leave the core asleep with work queued
+/// (vendor/glommio/PATCHES.md, change 4).
 const CORE_PREEMPT_INTERVAL_MS: u64 = 2;
 
 /// What a core reports once it listens.
@@ -354,7 +354,7 @@ mod tests {
             .unwrap();
         started_rx.recv_timeout(Duration::from_secs(30)).unwrap();
         // Read after sending would be later than the real moment of sending; read before, it
-        // can only be earlier, which errs towards failing on the old code, never on the new.
+        // can only be earlier, which errs towards failing, never towards passing by luck.
         let sent_at = spins.load(Ordering::Relaxed);
         message_tx.send(sent_at).unwrap();
         std::thread::sleep(Duration::from_millis(WATCH_MS));
@@ -377,10 +377,11 @@ mod tests {
     /// An executor whose preemption timer expired before it ran its queued tasks (its thread
     /// was taken off the CPU between arming the timer and running them, as on a machine with
     /// more runnable threads than CPUs) runs them, instead of going to sleep with them queued.
-    /// glommio took that case for "nothing to run" and slept until an unrelated event woke
-    /// it: a node's core 1 did not start within 30 s once, under CI with both CPUs hogged
-    /// (vendor/glommio/PATCHES.md, change 4). A timer of 1 µs expires before the check nearly
-    /// every time, so the old code hangs within a few rounds; the deadline bounds the wait.
+    /// Unpatched, glommio takes that case for "nothing to run" and sleeps until an unrelated
+    /// event wakes it: a node's core 1 would not start within 30 s under CI with both CPUs
+    /// hogged (vendor/glommio/PATCHES.md, change 4). A timer of 1 µs expires before the check
+    /// nearly every time, so an executor without the fix hangs within a few rounds; the
+    /// deadline bounds the wait.
     #[test]
     fn an_early_preemption_never_leaves_tasks_queued_while_the_core_sleeps() {
         let (done_tx, done_rx) = mpsc::channel();

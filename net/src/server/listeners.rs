@@ -400,7 +400,7 @@ mod tests {
     }
 
     /// Every open plain connection's task holds its serving state once, and no room for
-    /// TLS: its task was an `async` block choosing between the two, 1,512 bytes.
+    /// TLS (an `async` block choosing between the two would take 1,512 bytes).
     #[test]
     fn a_connection_task_holds_its_state_once() {
         let serve = http1::serve_connection::<PlainTcp, Handler, std::future::Ready<Response>>;

@@ -368,7 +368,7 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
 mod tests {
     use super::*;
 
-    /// Issue 36 item 10: loopback webhooks are on for a node that only listens on loopback,
+    /// Loopback webhooks are on for a node that only listens on loopback,
     /// off for one that listens beyond it, unless `--webhook-allow-loopback` (no socket is
     /// bound: the addresses are only resolved).
     #[test]

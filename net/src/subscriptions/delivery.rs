@@ -558,8 +558,8 @@ mod tests {
         (url, handle)
     }
 
-    /// Issue 36 item 1: chunk size `ffffffffffffffff` overflowed the chunk arithmetic, and the
-    /// panic ended the process. It is a failed delivery now, at once.
+    /// Chunk size `ffffffffffffffff` is a failed delivery, at once: it must not overflow the
+    /// chunk arithmetic, whose panic would end the process.
     #[test]
     fn a_chunk_size_past_every_limit_fails_the_delivery() {
         for head in [
@@ -620,8 +620,8 @@ mod tests {
         (result, read.load(Ordering::Relaxed), started.elapsed())
     }
 
-    /// Issue 36 item 2: a chunk declared `7fffffffffffffff`, then bytes as fast as they were
-    /// read, grew the node to 2.6 GB. The client reads at most WEBHOOK_RESPONSE_BYTES_MAX.
+    /// A chunk declared `7fffffffffffffff`, then bytes as fast as they are read (unbounded,
+    /// that took a node to 2.6 GB): the client reads at most WEBHOOK_RESPONSE_BYTES_MAX.
     #[test]
     fn an_endless_answer_is_read_only_up_to_the_cap() {
         for head in [
@@ -708,8 +708,8 @@ mod tests {
         Outcome::Accepted
     }
 
-    /// Issue 36 item 1, second half: had a delivery panicked, the thread (and with the panic
-    /// hook, the process) ended. Now the delivery fails and the threads go on.
+    /// A delivery that panics fails, and the threads go on: the panic must not end the thread
+    /// (nor, with the panic hook, the process).
     #[test]
     fn a_panicking_delivery_fails_and_the_threads_go_on() {
         let subs = super::super::Subscriptions::with_delivery(panicking);
@@ -746,9 +746,9 @@ mod tests {
         assert!(DELIVERY_PANICS.load(Ordering::Relaxed) >= before + keys.len() as u64);
     }
 
-    /// Issue 36 item 7: one receiver that never answers held the only delivery thread for
-    /// 10 s per attempt, and every other subscription waited. It holds one thread now, and
-    /// only one: its later wakes wait for it instead of taking more threads.
+    /// One receiver that never answers holds one delivery thread (10 s per attempt), and only
+    /// one: its later wakes wait for it instead of taking more threads, and every other
+    /// subscription is delivered meanwhile.
     #[test]
     fn a_silent_receiver_holds_one_thread_and_the_others_deliver() {
         let subs = super::super::Subscriptions::new();

@@ -298,8 +298,8 @@ mod tests {
         assert_eq!(parse(&answer[..done], false), complete(200, b"abc"));
     }
 
-    /// Issue 36 item 1: `ffffffffffffffff` overflowed `at + size + 2` and the panic took the
-    /// node down; item 2: `7fffffffffffffff` made it buffer whatever followed.
+    /// `ffffffffffffffff` would overflow `at + size + 2` (a panic that takes the node down),
+    /// and `7fffffffffffffff` would make it buffer whatever follows: both fail first.
     #[test]
     fn declared_sizes_past_the_limits_fail_before_any_arithmetic() {
         for size in ["ffffffffffffffff", "7fffffffffffffff", "10001"] {

@@ -332,7 +332,7 @@ mod tests {
         ));
     }
 
-    /// Issue 36 item 10: a node listening beyond loopback does not POST to its own ports.
+    /// A node listening beyond loopback does not POST to its own ports.
     #[test]
     fn loopback_receivers_are_refused_when_the_node_does_not_allow_them() {
         for url in [

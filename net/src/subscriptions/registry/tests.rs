@@ -166,7 +166,7 @@ fn subscription_count_is_bounded() {
     );
 }
 
-/// Issue 36 item 6: one tenant (scope) cannot take every subscription of the node.
+/// One tenant (scope) cannot take every subscription of the node.
 #[test]
 fn one_scope_holds_at_most_its_share() {
     let mut reg = registry();
@@ -199,7 +199,7 @@ fn one_scope_holds_at_most_its_share() {
         .unwrap();
 }
 
-/// Issue 36 item 3: the same id under two roots names two subscriptions, each reachable only
+/// The same id under two roots names two subscriptions, each reachable only
 /// by its own key.
 #[test]
 fn subscriptions_belong_to_their_root() {

@@ -289,7 +289,7 @@ where
             let response = refusal(on_error, e.status, &e.message);
             let _ = Box::pin(write_response(stream, response, false, false)).await;
             // What was received of a refused request is not kept while the rest drains
-            // (the core's body budget no longer counts it).
+            // (the core's body budget stops counting it here).
             drop(std::mem::take(buf));
             if e.status == 413 || e.status == 429 {
                 // Closing with the body still arriving would reset the connection before
@@ -312,7 +312,7 @@ where
                     }
                 };
                 // Boxed: only a refused request drains, and inline its room (about 200
-                // bytes) was part of every request's future, parked long-polls included.
+                // bytes) would be part of every request's future, parked long-polls included.
                 Box::pin(within(OVERSIZED_BODY_DRAIN_TIMEOUT, discard)).await;
             }
             return Served::Close;
@@ -357,7 +357,7 @@ where
     // Once the node is stopping, the response in hand is the connection's last.
     let keep_alive = keep_alive && !stop.is_set();
     // Boxed like the other phases: inline, the writer's room (the response, its head's text)
-    // was part of every parked long-poll's future, 2.5 KiB of its 3.
+    // would be part of every parked long-poll's future, 2.5 KiB of its 3.
     match Box::pin(write_response(stream, response, head_only, keep_alive)).await {
         Ok(Some(live)) => Served::Streaming { live, keep_alive },
         Ok(None) if keep_alive => Served::Next,

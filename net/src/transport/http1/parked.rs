@@ -1,10 +1,10 @@
 //! Parked subscribers: live (SSE) responses on plain HTTP/1.1 connections that wait at the
 //! tail, held by their core without a task each.
 //!
-//! A subscriber waiting for new records was its connection's task: the task's future, the
-//! read it waited on, the writer's state and glommio's poll of its socket, about 4 KiB in all
-//! (BENCHMARKS.md, "Parked subscribers"). Parked, it is its socket's descriptor, its
-//! response's state ([`LiveEvents`]) and a few words here:
+//! As its connection's task, a subscriber waiting for new records would hold the task's
+//! future, the read it waits on, the writer's state and glommio's poll of its socket, about
+//! 4 KiB in all (docs/decisions/2026-12-parked-subscribers.md). Parked, it is its socket's
+//! descriptor, its response's state ([`LiveEvents`]) and a few words here:
 //!
 //! - subscribers at the same offset of a stream that read alike form a group, and one task per
 //!   group reads for all of them (a read shared on the core, `engine/src/live.rs`), waiting
@@ -601,8 +601,8 @@ mod tests {
     use super::*;
 
     /// What a parked subscriber holds here, besides its response's state (`live.rs` tests
-    /// that): its slot. A waiting connection task held about 4 KiB (BENCHMARKS.md, "Parked
-    /// subscribers").
+    /// that): its slot, where a waiting connection task holds about 4 KiB
+    /// (docs/decisions/2026-12-parked-subscribers.md).
     #[test]
     fn a_parked_subscriber_holds_a_few_words() {
         let slot = std::mem::size_of::<Slot>();

@@ -22,8 +22,8 @@ where
 
 /// An idle HTTP/1.1 connection holds its own small future only: the request's (here a
 /// handler holding 32 KiB across an await) is on the heap while it runs. Inline, every
-/// connection would carry that room for its whole life (124 KiB per idle connection
-/// before, measured with 2,000 of them; BENCHMARKS.md).
+/// connection would carry that room for its whole life (124 KiB per idle connection, measured
+/// with 2,000 of them; docs/decisions/2026-12-small-connection-futures.md).
 #[test]
 fn an_idle_connection_does_not_carry_a_request_s_future() {
     let handle = |_request: Request| async {
@@ -32,17 +32,16 @@ fn an_idle_connection_does_not_carry_a_request_s_future() {
         Response::new(200).with_body(Bytes::copy_from_slice(&scratch[..1]))
     };
     let bytes = connection_size(&handle);
-    // 1,288 bytes when the HTTP/1.1 part took the connection's socket, buffer and limits by
-    // value (a second copy of each), and 1,016 while `within` and `unless_stopped` awaited
-    // the future they wrap in an `async` block (room for it twice).
+    // Taking the connection's socket, buffer and limits by value (a second copy of each)
+    // makes it 1,288 bytes, and awaiting the future `within` and `unless_stopped` wrap inside
+    // an `async` block (room for it twice) 1,016.
     assert!(bytes < 800, "a connection's future takes {bytes} bytes");
 }
 
 /// A request parked in its handler (a long-poll) or streaming its response (SSE) holds the
 /// handler's future plus little else: reading the request, handling it, writing the answer
 /// and draining a refused body are boxed phases, and watching for the peer leaving keeps no
-/// buffer of its own. (With a trivial handler: 12,048 bytes before, when the phases were
-/// inline.)
+/// buffer of its own. (With a trivial handler and the phases inline: 12,048 bytes.)
 #[test]
 fn a_parked_request_holds_little_besides_its_handler() {
     let (request, watch, write, stream_events) = glommio::LocalExecutor::default().run(async {
@@ -85,8 +84,8 @@ fn a_parked_request_holds_little_besides_its_handler() {
     assert!(watch < 256, "watching for the peer takes {watch} bytes");
     assert!(write < 1024, "writing a response takes {write} bytes");
     // What an SSE subscriber holds while its events are written, besides its connection's
-    // future and the event stream: 1,192 bytes before, when the request's future and the
-    // writer's (with the event stream's writing inline) stayed under it.
+    // future and the event stream (1,192 bytes if the request's future and the writer's, with
+    // the event stream's writing inline, stayed under it).
     assert!(
         stream_events < 512,
         "writing an event stream takes {stream_events} bytes"

@@ -21,7 +21,7 @@ pub(super) fn reason(status: u16) -> &'static str {
 /// Sends `response`; for a live response only its head, and hands the events back
 /// (`Ok(Some(events))`) for the caller to send with [`write_events`]. Written apart, the
 /// stream does not keep this future and the request's alive for as long as it lives: an SSE
-/// subscriber held 1.2 KiB of them (BENCHMARKS.md, "SSE subscribers hold less").
+/// subscriber would hold 1.2 KiB of them (docs/decisions/2026-12-small-connection-futures.md).
 pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     stream: &mut S,
     mut response: Response,
@@ -110,7 +110,7 @@ pub(super) enum EventsWritten {
 /// `arrived` (a pipelined request), and the peer closing ends the response at once. Events
 /// queued together go out in one write: an SSE data event and the control event behind it are
 /// one `send` and one TCP segment instead of two, and the client is woken once (10,000
-/// subscribers on one stream pay this per record; BENCHMARKS.md, "Fan-out").
+/// subscribers on one stream pay this per record; docs/decisions/2026-12-shared-live-reads.md).
 pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     arrived: &mut BytesMut,
