@@ -92,10 +92,12 @@ enum Attempt {
     Idle,
     /// The transaction of `wake::start` runs.
     Starting,
-    /// The POST of epoch `epoch` is queued or in flight; `token` releases it if it fails.
+    /// The POST of epoch `epoch` is queued or in flight since `since`; `token` releases it if
+    /// it fails.
     Delivering {
         epoch: u64,
         token: String,
+        since: Instant,
     },
 }
 
@@ -122,11 +124,18 @@ impl Known {
         left_ms > elapsed_ms
     }
 
-    /// Whether a wake may start now (the transaction decides whether it does).
+    /// Whether a wake may start now (the transaction decides whether it does). A POST whose
+    /// result never came (its report was dropped, or it waited in the queue) is given up once
+    /// the lease it took would have lapsed: its token is of no use by then.
     fn may_start(&self, now: Instant) -> bool {
-        self.attempt == Attempt::Idle
-            && self.retry_at.is_none_or(|at| at <= now)
-            && !self.lease_runs(now)
+        let settled = match &self.attempt {
+            Attempt::Idle => true,
+            Attempt::Starting => false,
+            Attempt::Delivering { since, .. } => {
+                now.duration_since(*since) > Duration::from_millis(self.consumer.lease_ttl_ms)
+            }
+        };
+        settled && self.retry_at.is_none_or(|at| at <= now) && !self.lease_runs(now)
     }
 
     fn refresh(&mut self, consumer: Consumer, read_ms: i64) {
@@ -310,6 +319,7 @@ impl ConsumerWakes {
                         known.attempt = Attempt::Delivering {
                             epoch,
                             token: token.clone(),
+                            since: Instant::now(),
                         };
                         Some(Some((epoch, wake.url, body)))
                     }
@@ -381,7 +391,7 @@ impl ConsumerWakes {
             let found = {
                 let mut state = self.lock();
                 state.consumers.iter_mut().find_map(|(key, known)| {
-                    let Attempt::Delivering { epoch, token } = &known.attempt else {
+                    let Attempt::Delivering { epoch, token, .. } = &known.attempt else {
                         return None;
                     };
                     if *epoch != report.generation || delivery_key(key) != report.key {
@@ -569,6 +579,37 @@ impl StreamWatcher for ConsumerWakes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn known(lease_ttl_ms: u64) -> Known {
+        let document = serde_json::json!({"format": 1, "streams": [{"path": "/s", "next": null}],
+            "lease_ttl_ms": lease_ttl_ms, "epoch": 1, "holder": null, "created_ms": 0});
+        let wake = Wake {
+            kind: "webhook".into(),
+            url: "http://127.0.0.1:9/".into(),
+            callback: "cb".into(),
+        };
+        Known::new(wake, Consumer::parse(&document.to_string()).unwrap(), 0)
+    }
+
+    #[test]
+    fn a_post_whose_result_never_comes_is_given_up_with_its_lease() {
+        let mut known = known(100);
+        let now = Instant::now();
+        assert!(known.may_start(now));
+        known.attempt = Attempt::Delivering {
+            epoch: 2,
+            token: "2.x".into(),
+            since: now,
+        };
+        assert!(!known.may_start(now + Duration::from_millis(50)));
+        assert!(known.may_start(now + Duration::from_millis(150)));
+        known.attempt = Attempt::Starting;
+        assert!(!known.may_start(now + Duration::from_secs(3600)));
+        known.attempt = Attempt::Idle;
+        known.retry_at = Some(now + Duration::from_secs(1));
+        assert!(!known.may_start(now));
+        assert!(known.may_start(now + Duration::from_secs(1)));
+    }
 
     #[test]
     fn retries_back_off_to_a_ceiling() {
