@@ -405,7 +405,8 @@ fn restore(json_output: bool, args: &AdminRestoreArgs) -> Result<(), Failure> {
         dir: args.to.clone(),
         storage: args.storage.clone(),
     };
-    let summary = pico_net::backup::restore(&args.from, &target).map_err(Failure::Fatal)?;
+    let summary = pico_net::backup::restore(&args.from, &target)
+        .map_err(|e| Failure::Fatal(e.to_string()))?;
     let body = json!({
         "metaUrl": summary.meta_url,
         "storage": summary.storage,

@@ -28,7 +28,7 @@ pub fn run(args: &ServeArgs, protocol: Protocol, provenance: &Provenance) -> Res
     }
     // A panic outside a connection ends the node rather than leaving a dead core serving.
     pico_net::panics::install_hook();
-    pico_net::run(config).map_err(Failure::Fatal)
+    pico_net::run(config).map_err(|e| Failure::Fatal(e.to_string()))
 }
 
 /// `pico serve --print-config`: the settings checked as for a start, then printed as a config
@@ -235,7 +235,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             defaults.segment_cache_bytes,
         )?,
     };
-    config.check()?;
+    config.check().map_err(|e| e.to_string())?;
     Ok(config)
 }
 

@@ -9,6 +9,7 @@
 
 pub mod api;
 mod boot;
+mod checkpoint;
 mod clock;
 pub mod cluster;
 mod config;
@@ -40,7 +41,8 @@ pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,
     ReadRequest, RecordInput, RecordView, RetentionChange, StreamInfo, StreamSummary,
 };
-pub use boot::{boot, Boot, CoreSeed};
+pub use boot::{boot, Boot, BootError, CoreSeed};
+pub use checkpoint::CheckpointError;
 pub use clock::now_ms;
 pub use cluster::{Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
@@ -49,4 +51,5 @@ pub use handle::CoreHandle;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
 pub use placement::owner_core;
+pub use recovery::{RecoveryError, StorageError};
 pub use state::{ForkOrigin, StreamConfig};

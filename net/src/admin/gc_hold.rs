@@ -80,7 +80,7 @@ pub(super) async fn hold(state: &Rc<AdminState>, request: &Request) -> Response 
         .await
     {
         Ok(hold) => hold,
-        Err(message) => return error(503, message),
+        Err(e) => return error(503, e.to_string()),
     };
     let holds = &state.gc_holds;
     let generation = holds.generations.get() + 1;
@@ -143,6 +143,6 @@ pub(super) async fn checkpoint(state: &AdminState, request: &Request) -> Respons
                 "checkpointedAtMs": pico_engine::now_ms(),
             }),
         ),
-        Err(message) => error(503, message),
+        Err(e) => error(503, e.to_string()),
     }
 }
