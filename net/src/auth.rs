@@ -208,10 +208,6 @@ impl TokenTable {
         self.grants.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.grants.is_empty()
-    }
-
     /// Decides a request for `permission` on `name` (a stream name or listing prefix).
     pub fn check(
         &self,

@@ -243,7 +243,7 @@ fn parse(request: &Request, backup_root: &Path) -> Result<Asked, Response> {
 #[derive(Debug)]
 enum RunError {
     /// The garbage collector could not be held.
-    Hold(pico_engine::gc::HoldError),
+    Hold(pico_engine::HoldError),
     /// The subscription state could not be copied.
     Subscriptions(BackupError),
     /// A core did not store and commit what it held in time.

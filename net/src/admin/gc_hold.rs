@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use pico_engine::gc::GcHold;
+use pico_engine::GcHold;
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};

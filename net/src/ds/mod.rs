@@ -30,14 +30,19 @@ mod handle;
 mod params;
 mod read;
 mod sse;
+// `Subscriptions::is_empty` has no caller now that the crate exports none of this module;
+// the module is moving out of `ds/` (issue 38, point 4), which removes this attribute.
+#[expect(dead_code, reason = "Subscriptions::is_empty is unused")]
 pub mod subscriptions;
 #[cfg(test)]
 mod tests;
 mod write;
 
-pub use error::{connection_error, DsError};
+pub use error::connection_error;
 pub use handle::handle;
-pub use params::{format_offset, DsSettings};
+#[cfg(test)]
+pub(crate) use params::format_offset;
+pub use params::DsSettings;
 #[cfg(test)]
 #[cfg(test)]
 pub(crate) use sse::STATE_BYTES;

@@ -46,7 +46,7 @@ pub enum StartError {
     /// A core started but could not serve.
     Core(CoreStartError),
     /// The node's addresses could not be published to the cluster.
-    Advertise(pico_engine::cluster::AdvertiseError),
+    Advertise(pico_engine::AdvertiseError),
 }
 
 /// Why one core could not start serving (sent from its thread).
@@ -178,5 +178,5 @@ from! {
     TlsError => Tls,
     pico_engine::BootError => Boot,
     CoreStartError => Core,
-    pico_engine::cluster::AdvertiseError => Advertise,
+    pico_engine::AdvertiseError => Advertise,
 }
