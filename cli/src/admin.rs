@@ -20,7 +20,7 @@ pub const DEFAULT_ADMIN_ENDPOINT: &str = "http://127.0.0.1:9090";
 const WAIT_POLL: Duration = Duration::from_millis(250);
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 /// How long a backup may take when `--timeout-sec` is not given (the node's default).
-const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = pico_net::limits::BACKUP_TIMEOUT_SEC_DEFAULT;
+const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = pico_net::BACKUP_TIMEOUT_SEC_DEFAULT;
 /// How much longer than the backup's own time limit the command waits for the answer.
 const BACKUP_ANSWER_MARGIN_SEC: u64 = 30;
 /// How often `pico admin backup` asks how its backup stands.
@@ -401,11 +401,12 @@ fn backup_lines(b: &Value) -> Vec<String> {
 
 /// `pico admin restore`: local work, no node involved.
 fn restore(json_output: bool, args: &AdminRestoreArgs) -> Result<(), Failure> {
-    let target = pico_net::backup::RestoreTarget {
+    let target = pico_net::RestoreTarget {
         dir: args.to.clone(),
         storage: args.storage.clone(),
     };
-    let summary = pico_net::backup::restore(&args.from, &target).map_err(Failure::Fatal)?;
+    let summary =
+        pico_net::restore(&args.from, &target).map_err(|e| Failure::Fatal(e.to_string()))?;
     let body = json!({
         "metaUrl": summary.meta_url,
         "storage": summary.storage,

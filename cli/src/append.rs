@@ -29,7 +29,7 @@ pub const BATCH_RECORDS_MAX: usize = pico_engine::limits::RECORDS_PER_APPEND_MAX
 /// Default encoded bytes per request.
 pub const BATCH_BYTES_DEFAULT: u64 = 1 << 20;
 /// Most encoded bytes per request: the server's default `--max-body-size`.
-pub const BATCH_BYTES_MAX: u64 = pico_net::limits::BODY_BYTES_MAX_DEFAULT as u64;
+pub const BATCH_BYTES_MAX: u64 = pico_net::BODY_BYTES_MAX_DEFAULT as u64;
 /// Default time a batch waits for more input once it has a record.
 pub const LINGER_MS_DEFAULT: u64 = 5;
 /// Longest `--linger-ms`.

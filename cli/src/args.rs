@@ -190,7 +190,7 @@ pub struct ServeArgs {
     #[argh(
         option,
         arg_name = "size",
-        default = "pico_net::limits::BODY_BYTES_MAX_DEFAULT as u64",
+        default = "pico_net::BODY_BYTES_MAX_DEFAULT as u64",
         from_str_fn(parse_size)
     )]
     pub max_body_size: u64,

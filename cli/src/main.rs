@@ -37,7 +37,7 @@ use pico_client::{Client, ClientConfig, Protocol};
 use crate::args::{Cli, Command, DEFAULT_ENDPOINT};
 
 /// The release and the commit this binary was built from (`build.rs`).
-pub const BUILD: pico_net::config::BuildInfo = pico_net::config::BuildInfo {
+pub const BUILD: pico_net::BuildInfo = pico_net::BuildInfo {
     version: env!("CARGO_PKG_VERSION"),
     commit: env!("PICO_GIT_COMMIT"),
 };

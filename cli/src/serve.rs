@@ -27,8 +27,8 @@ pub fn run(args: &ServeArgs, protocol: Protocol, provenance: &Provenance) -> Res
         log::warn!("{warning}");
     }
     // A panic outside a connection ends the node rather than leaving a dead core serving.
-    pico_net::panics::install_hook();
-    pico_net::run(config).map_err(Failure::Fatal)
+    pico_net::install_panic_hook();
+    pico_net::run(config).map_err(|e| Failure::Fatal(e.to_string()))
 }
 
 /// `pico serve --print-config`: the settings checked as for a start, then printed as a config
@@ -235,7 +235,7 @@ pub fn server_config(args: &ServeArgs, protocol: Protocol) -> Result<ServerConfi
             defaults.segment_cache_bytes,
         )?,
     };
-    config.check()?;
+    config.check().map_err(|e| e.to_string())?;
     Ok(config)
 }
 
@@ -257,7 +257,7 @@ fn second_listener(args: &ServeArgs, protocol: Protocol) -> Result<Option<String
         .ok_or_else(|| format!("--listen {} has no port", args.listen))?;
     let ds_port = match port {
         "0" => 0,
-        _ => pico_net::config::DS_LISTEN_PORT_DEFAULT,
+        _ => pico_net::DS_LISTEN_PORT_DEFAULT,
     };
     if ds_port != 0 && port == ds_port.to_string() {
         return Err(format!(

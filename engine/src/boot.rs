@@ -3,20 +3,21 @@
 //! across the cores into one [`CoreSeed`] each (started by `CoreHandle::start`).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_channel::mpsc;
-use pico_meta::{MetaStore, MetaUrl};
-use pico_s3::{ObjectStore, StorageUri};
+use pico_meta::{MetaError, MetaStore, MetaUrl};
+use pico_s3::{ObjectStore, StorageUri, StoreError};
 
 use crate::cluster::{start_keeper, Cluster, ClusterConfig};
 use crate::config::EngineConfig;
 use crate::inbox::Message;
-use crate::limits;
+use crate::limits::{self, SettingError};
 use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::placement::owner_core;
 use crate::put_budget::PutBudget;
-use crate::recovery::{recover_wal_files, sweep_orphans, wait};
+use crate::recovery::{recover_wal_files, sweep_orphans, wait, RecoveryError, StorageError};
 use crate::shard::stream_seeds_by_core;
 use crate::shard::StreamSeed;
 
@@ -54,6 +55,92 @@ pub struct Boot {
     pub wal_salvaged: Vec<String>,
 }
 
+/// Why a node could not start; each says what to fix.
+#[derive(Debug)]
+pub enum BootError {
+    /// A setting out of its range (`EngineConfig::check`, `ClusterConfig::check`).
+    Setting(SettingError),
+    CreateWalDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// The WAL directory's lock file could not be opened.
+    OpenLock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Another node holds the WAL directory's lock.
+    Locked {
+        dir: PathBuf,
+        lock: PathBuf,
+    },
+    /// `--meta-url` is not understood, or the metadata log does not open.
+    Meta(MetaError),
+    /// `--storage` is not understood, or the object store does not open.
+    Store(StoreError),
+    /// Registering in the cluster, or reading what this node owns, failed.
+    Storage(StorageError),
+    Recovery(RecoveryError),
+}
+
+impl std::fmt::Display for BootError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BootError::Setting(e) => e.fmt(f),
+            BootError::CreateWalDir { dir, source } => {
+                write!(f, "cannot create WAL directory {}: {source}", dir.display())
+            }
+            BootError::OpenLock { path, source } => {
+                write!(f, "cannot open {}: {source}", path.display())
+            }
+            BootError::Locked { dir, lock } => write!(
+                f,
+                "{} is in use by another pico serve (lock {}); give each node its own --wal-dir",
+                dir.display(),
+                lock.display()
+            ),
+            BootError::Meta(e) => e.fmt(f),
+            BootError::Store(e) => e.fmt(f),
+            BootError::Storage(e) => e.fmt(f),
+            BootError::Recovery(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for BootError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BootError::Setting(e) => Some(e),
+            BootError::CreateWalDir { source, .. } | BootError::OpenLock { source, .. } => {
+                Some(source)
+            }
+            BootError::Locked { .. } => None,
+            BootError::Meta(e) => Some(e),
+            BootError::Store(e) => Some(e),
+            BootError::Storage(e) => Some(e),
+            BootError::Recovery(e) => Some(e),
+        }
+    }
+}
+
+impl From<SettingError> for BootError {
+    fn from(e: SettingError) -> BootError {
+        BootError::Setting(e)
+    }
+}
+
+impl From<StorageError> for BootError {
+    fn from(e: StorageError) -> BootError {
+        BootError::Storage(e)
+    }
+}
+
+impl From<RecoveryError> for BootError {
+    fn from(e: RecoveryError) -> BootError {
+        BootError::Recovery(e)
+    }
+}
+
 /// Opens the metadata log and the object store, recovers every WAL file left by a previous
 /// run (whatever its core count), and splits the streams across `config.cores` cores.
 /// Runs on the main thread before any executor starts.
@@ -62,23 +149,21 @@ pub fn boot(
     meta_url: &str,
     storage: &str,
     cluster: Option<ClusterConfig>,
-) -> Result<Boot, String> {
+) -> Result<Boot, BootError> {
     config.check()?;
     if let Some(cluster) = &cluster {
         cluster.check()?;
     }
-    std::fs::create_dir_all(&config.wal_dir).map_err(|e| {
-        format!(
-            "cannot create WAL directory {}: {e}",
-            config.wal_dir.display()
-        )
+    std::fs::create_dir_all(&config.wal_dir).map_err(|source| BootError::CreateWalDir {
+        dir: config.wal_dir.clone(),
+        source,
     })?;
     // Two nodes on one WAL directory would recover (and delete) each other's live files.
     let wal_lock = lock_dir(&config.wal_dir)?;
-    let url = MetaUrl::parse(meta_url).map_err(|e| e.to_string())?;
-    let (meta, mut snapshot) = MetaStore::open(&url).map_err(|e| e.to_string())?;
-    let uri = StorageUri::parse(storage).map_err(|e| e.to_string())?;
-    let store = ObjectStore::open(&uri).map_err(|e| e.to_string())?;
+    let url = MetaUrl::parse(meta_url).map_err(BootError::Meta)?;
+    let (meta, mut snapshot) = MetaStore::open(&url).map_err(BootError::Meta)?;
+    let uri = StorageUri::parse(storage).map_err(BootError::Store)?;
+    let store = ObjectStore::open(&uri).map_err(BootError::Store)?;
     let mut report = Vec::new();
     let cluster = match cluster {
         None => None,
@@ -189,7 +274,7 @@ pub fn boot(
 
 /// Takes an exclusive `flock` on `<dir>/LOCK`, released when the process exits (even by
 /// SIGKILL), so a second node on the same directory refuses to start.
-fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, BootError> {
     use std::os::fd::AsRawFd;
     let path = dir.join("LOCK");
     let file = std::fs::OpenOptions::new()
@@ -197,15 +282,17 @@ fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(|source| BootError::OpenLock {
+            path: path.clone(),
+            source,
+        })?;
     // SAFETY: flock on a descriptor we own; no memory is involved.
     let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
     if !locked {
-        return Err(format!(
-            "{} is in use by another pico serve (lock {}); give each node its own --wal-dir",
-            dir.display(),
-            path.display()
-        ));
+        return Err(BootError::Locked {
+            dir: dir.to_path_buf(),
+            lock: path,
+        });
     }
     Ok(file)
 }

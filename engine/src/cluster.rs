@@ -62,7 +62,7 @@ pub struct Cluster {
 
 impl ClusterConfig {
     /// The engine's rules for a cluster member's settings, checked by [`crate::boot`].
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), limits::SettingError> {
         limits::at_least("lease_ms (--lease-ms)", self.lease_ms, limits::LEASE_MS_MIN)
     }
 }
@@ -188,14 +188,17 @@ impl Cluster {
         meta: &MetaStore,
         address: &str,
         ds_address: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), AdvertiseError> {
         let state = wait(meta.advertise(
             self.config.node_id,
             self.config.node_epoch,
             address,
             ds_address,
         ))
-        .map_err(|e| format!("cannot advertise {address}: {e}"))?;
+        .map_err(|source| AdvertiseError {
+            address: address.to_string(),
+            source,
+        })?;
         self.set_view(state);
         Ok(())
     }
@@ -247,6 +250,25 @@ pub(crate) fn start_keeper(
         .name("pico-lease".into())
         .spawn(move || keeper(cluster, meta, cores))
         .expect("spawn the lease keeper thread")
+}
+
+/// The metadata log refused or failed to publish this node's address.
+#[derive(Debug)]
+pub struct AdvertiseError {
+    pub address: String,
+    pub source: MetaError,
+}
+
+impl std::fmt::Display for AdvertiseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot advertise {}: {}", self.address, self.source)
+    }
+}
+
+impl std::error::Error for AdvertiseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 fn wait<T>(reply: pico_meta::Reply<T>) -> Result<T, MetaError> {
@@ -413,7 +435,10 @@ mod tests {
         };
         assert_eq!(config(limits::LEASE_MS_MIN).check(), Ok(()));
         assert_eq!(
-            config(limits::LEASE_MS_MIN - 1).check().unwrap_err(),
+            config(limits::LEASE_MS_MIN - 1)
+                .check()
+                .unwrap_err()
+                .to_string(),
             format!(
                 "lease_ms (--lease-ms) must be at least {}, got {}",
                 limits::LEASE_MS_MIN,

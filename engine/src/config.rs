@@ -61,7 +61,7 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// The engine's rules for its settings, checked by [`crate::boot`]: `Err` says which
     /// value is out of range and what it must be (the server checks its flags with these too).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), limits::SettingError> {
         limits::at_least("cores (--cores)", self.cores as u64, 1)?;
         limits::at_least(
             "segment_max_age_ms (--segment-max-age-ms)",
@@ -122,7 +122,7 @@ mod tests {
             ..valid()
         };
         assert_eq!(
-            no_cores.check().unwrap_err(),
+            no_cores.check().unwrap_err().to_string(),
             "cores (--cores) must be at least 1, got 0"
         );
         let fast_gc = EngineConfig {
@@ -130,7 +130,7 @@ mod tests {
             ..valid()
         };
         assert_eq!(
-            fast_gc.check().unwrap_err(),
+            fast_gc.check().unwrap_err().to_string(),
             format!(
                 "gc_interval_ms (--gc-interval-ms) must be at least {}, got {}",
                 limits::GC_INTERVAL_MS_MIN,
@@ -144,13 +144,14 @@ mod tests {
         assert!(young
             .check()
             .unwrap_err()
+            .to_string()
             .starts_with("segment_max_age_ms (--segment-max-age-ms"));
         let no_puts = EngineConfig {
             object_puts_per_second: 0,
             ..valid()
         };
         assert_eq!(
-            no_puts.check().unwrap_err(),
+            no_puts.check().unwrap_err().to_string(),
             "object_puts_per_second (--object-puts-per-second) must be between 1 and 3500, got 0"
         );
         let many_puts = EngineConfig {

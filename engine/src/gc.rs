@@ -9,6 +9,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pico_meta::MetaError;
+use pico_s3::StoreError;
+
 use crate::clock::now_ms;
 use crate::inbox::Message;
 use crate::limits;
@@ -34,6 +37,50 @@ pub struct GcHold {
 impl Drop for GcHold {
     fn drop(&mut self) {
         self.gate.holds.set(self.gate.holds.get().saturating_sub(1));
+    }
+}
+
+/// Why a backup did not get the collector's hold ([`crate::CoreHandle::hold_gc`]).
+#[derive(Debug)]
+pub enum HoldError {
+    /// Asked of a core other than 0, which does not run the collector.
+    NotCollectorCore,
+    /// A round in progress did not end within the timeout.
+    RoundRunning { timeout_ms: u128 },
+}
+
+impl std::fmt::Display for HoldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HoldError::NotCollectorCore => f.write_str("only core 0 holds the garbage collector"),
+            HoldError::RoundRunning { timeout_ms } => write!(
+                f,
+                "the garbage collector's round did not end within {timeout_ms} ms (an object \
+                 store or catalog outage?)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HoldError {}
+
+/// Why a collection round stopped (logged; the next round starts over).
+#[derive(Debug)]
+enum RoundError {
+    MetaStopped,
+    Meta(MetaError),
+    StoreStopped,
+    Delete { key: String, source: StoreError },
+}
+
+impl std::fmt::Display for RoundError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RoundError::MetaStopped => f.write_str("metadata store stopped"),
+            RoundError::Meta(e) => e.fmt(f),
+            RoundError::StoreStopped => f.write_str("object store stopped"),
+            RoundError::Delete { key, source } => write!(f, "deleting {key}: {source}"),
+        }
     }
 }
 
@@ -78,7 +125,7 @@ pub(crate) async fn gc_loop(router: Rc<Router>, gate: Rc<GcGate>) {
     }
 }
 
-async fn collect_garbage(router: &Router) -> Result<usize, String> {
+async fn collect_garbage(router: &Router) -> Result<usize, RoundError> {
     // Which streams need a segment is the catalog's to say (a trim reaches it right after the
     // owning core), so a round's work and memory grow with the garbage, not with the streams
     // the cores hold.
@@ -87,22 +134,27 @@ async fn collect_garbage(router: &Router) -> Result<usize, String> {
     let keys = meta
         .garbage_segments(sealed_before_ms)
         .await
-        .map_err(|_| "metadata store stopped".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| RoundError::MetaStopped)?
+        .map_err(RoundError::Meta)?;
     if keys.is_empty() {
         return Ok(0);
     }
     for key in &keys {
         match store.delete(key).await {
             Ok(Ok(())) | Ok(Err(pico_s3::StoreError::NotFound(_))) => {}
-            Ok(Err(e)) => return Err(format!("deleting {key}: {e}")),
-            Err(_) => return Err("object store stopped".into()),
+            Ok(Err(source)) => {
+                return Err(RoundError::Delete {
+                    key: key.clone(),
+                    source,
+                })
+            }
+            Err(_) => return Err(RoundError::StoreStopped),
         }
     }
     meta.drop_segments(keys.clone())
         .await
-        .map_err(|_| "metadata store stopped".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| RoundError::MetaStopped)?
+        .map_err(RoundError::Meta)?;
     router.shard.count_collected(keys.len());
     let keys = Arc::new(keys);
     router.shard.forget_segments(&keys);

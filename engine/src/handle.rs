@@ -12,6 +12,7 @@ use crate::api::{
     StreamInfo, StreamSummary,
 };
 use crate::boot::CoreSeed;
+use crate::checkpoint::CheckpointError;
 use crate::cluster::Cluster;
 use crate::error::EngineError;
 use crate::fork;
@@ -112,33 +113,29 @@ impl CoreHandle {
     /// Holds this node's garbage collector until the hold is dropped (a backup copying the
     /// objects its catalog copy names), once a round in progress ended. `Err` on any core but
     /// 0 (which runs the collector), or when the round did not end within `timeout`.
-    pub async fn hold_gc(&self, timeout: std::time::Duration) -> Result<gc::GcHold, String> {
+    pub async fn hold_gc(&self, timeout: std::time::Duration) -> Result<gc::GcHold, gc::HoldError> {
         if self.router.core != 0 {
-            return Err("only core 0 holds the garbage collector".into());
+            return Err(gc::HoldError::NotCollectorCore);
         }
         self.gc
             .hold(std::time::Instant::now() + timeout)
             .await
-            .ok_or_else(|| {
-                format!(
-                    "the garbage collector's round did not end within {} ms (an object store \
-                     or catalog outage?)",
-                    timeout.as_millis()
-                )
+            .ok_or(gc::HoldError::RoundRunning {
+                timeout_ms: timeout.as_millis(),
             })
     }
 
     /// A backup's checkpoint: every core stores and commits what it held when asked, so the
     /// bucket and the catalog hold every record acknowledged before this call. `Err` names
     /// the cores that did not finish within `timeout` (their WAL still holds it all).
-    pub async fn checkpoint(&self, timeout: std::time::Duration) -> Result<(), String> {
+    pub async fn checkpoint(&self, timeout: std::time::Duration) -> Result<(), CheckpointError> {
         let mut answers = Vec::new();
         for core in self.router.others() {
             let (reply, answer) = futures_channel::oneshot::channel();
             self.router
                 .peers
                 .send(core, crate::inbox::Message::Checkpoint { timeout, reply })
-                .map_err(|e| format!("core {core}: {e}"))?;
+                .map_err(|source| CheckpointError::Ask { core, source })?;
             answers.push((core, answer));
         }
         let mut late = Vec::new();
@@ -154,11 +151,10 @@ impl CoreHandle {
             return Ok(());
         }
         late.sort_unstable();
-        Err(format!(
-            "cores {late:?} did not store and commit what they hold within {} ms (an object \
-             store or catalog outage, or a failed WAL)",
-            timeout.as_millis()
-        ))
+        Err(CheckpointError::Late {
+            cores: late,
+            timeout_ms: timeout.as_millis(),
+        })
     }
 
     /// This node's cluster membership (`None`: a single node).

@@ -16,16 +16,56 @@ pub fn is_json(content_type: &str) -> bool {
         .is_some_and(|base| base.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// Why a record is not a JSON stream's record.
+#[derive(Debug)]
+pub enum JsonError {
+    /// Not exactly one JSON value (serde_json says where and why).
+    NotOneValue(serde_json::Error),
+    /// Arrays and objects nested deeper than [`JSON_DEPTH_MAX`].
+    TooDeep,
+    /// A `\u` escape of a surrogate that is not half of a pair.
+    LoneSurrogate,
+    /// A string without its closing quote.
+    Unterminated,
+    /// A `\u` escape cut short by the end of the text.
+    ShortEscape,
+    /// A `\u` escape whose four characters are not hexadecimal digits.
+    BadEscape,
+}
+
+impl std::fmt::Display for JsonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JsonError::NotOneValue(e) => write!(f, "not one JSON value: {e}"),
+            JsonError::TooDeep => write!(f, "JSON nested deeper than {JSON_DEPTH_MAX}"),
+            JsonError::LoneSurrogate => {
+                f.write_str("a JSON string holds a lone surrogate (\\uD800-\\uDFFF)")
+            }
+            JsonError::Unterminated => f.write_str("an unterminated JSON string"),
+            JsonError::ShortEscape => f.write_str("a short \\u escape"),
+            JsonError::BadEscape => f.write_str("a bad \\u escape"),
+        }
+    }
+}
+
+impl std::error::Error for JsonError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            JsonError::NotOneValue(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// `Ok` when `bytes` is one JSON value within the rules above; otherwise why not.
-pub fn check_value(bytes: &[u8]) -> Result<(), String> {
-    serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
-        .map_err(|e| format!("not one JSON value: {e}"))?;
+pub fn check_value(bytes: &[u8]) -> Result<(), JsonError> {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(JsonError::NotOneValue)?;
     check_parsed_value(bytes)
 }
 
 /// The rules serde_json does not check, on text it parsed as one value already: nesting depth
 /// (its skipping of a value has no limit) and surrogate escapes (it accepts a lone one).
-pub fn check_parsed_value(bytes: &[u8]) -> Result<(), String> {
+pub fn check_parsed_value(bytes: &[u8]) -> Result<(), JsonError> {
     let mut depth = 0usize;
     let mut i = 0usize;
     while i < bytes.len() {
@@ -33,7 +73,7 @@ pub fn check_parsed_value(bytes: &[u8]) -> Result<(), String> {
             b'[' | b'{' => {
                 depth += 1;
                 if depth > JSON_DEPTH_MAX {
-                    return Err(format!("JSON nested deeper than {JSON_DEPTH_MAX}"));
+                    return Err(JsonError::TooDeep);
                 }
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
@@ -46,8 +86,8 @@ pub fn check_parsed_value(bytes: &[u8]) -> Result<(), String> {
 }
 
 /// The index of the closing quote of the string starting at `i`, checking its `\u` escapes.
-fn string_end(bytes: &[u8], mut i: usize) -> Result<usize, String> {
-    let lone = || Err("a JSON string holds a lone surrogate (\\uD800-\\uDFFF)".to_string());
+fn string_end(bytes: &[u8], mut i: usize) -> Result<usize, JsonError> {
+    let lone = || Err(JsonError::LoneSurrogate);
     while i < bytes.len() {
         match bytes[i] {
             b'"' => return Ok(i),
@@ -72,15 +112,15 @@ fn string_end(bytes: &[u8], mut i: usize) -> Result<usize, String> {
             _ => i += 1,
         }
     }
-    Err("an unterminated JSON string".into())
+    Err(JsonError::Unterminated)
 }
 
-fn hex4(bytes: &[u8], at: usize) -> Result<u16, String> {
+fn hex4(bytes: &[u8], at: usize) -> Result<u16, JsonError> {
     let digits = bytes
         .get(at..at + 4)
         .and_then(|d| std::str::from_utf8(d).ok())
-        .ok_or("a short \\u escape")?;
-    u16::from_str_radix(digits, 16).map_err(|_| "a bad \\u escape".to_string())
+        .ok_or(JsonError::ShortEscape)?;
+    u16::from_str_radix(digits, 16).map_err(|_| JsonError::BadEscape)
 }
 
 #[cfg(test)]
@@ -96,9 +136,8 @@ mod tests {
             b"\"\\ud83d\\ude00 \\\\u0041 \\\"\"",
             b"null",
         ] {
-            assert_eq!(
-                check_value(good),
-                Ok(()),
+            assert!(
+                check_value(good).is_ok(),
                 "{}",
                 String::from_utf8_lossy(good)
             );
@@ -125,11 +164,11 @@ mod tests {
     #[test]
     fn nesting_stops_at_its_limit() {
         let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        assert_eq!(check_value(nested(JSON_DEPTH_MAX).as_bytes()), Ok(()));
+        assert!(check_value(nested(JSON_DEPTH_MAX).as_bytes()).is_ok());
         assert!(check_value(nested(JSON_DEPTH_MAX + 1).as_bytes()).is_err());
         // Brackets inside strings do not count.
         let quoted = format!("\"{}\"", "[".repeat(1000));
-        assert_eq!(check_value(quoted.as_bytes()), Ok(()));
+        assert!(check_value(quoted.as_bytes()).is_ok());
         // Deep input is refused without recursion, however deep.
         assert!(check_value(nested(1_000_000).as_bytes()).is_err());
     }

@@ -9,15 +9,16 @@
 
 pub mod api;
 mod boot;
+mod checkpoint;
 mod clock;
-pub mod cluster;
+mod cluster;
 mod config;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 mod fork;
 pub mod frame;
-pub mod gc;
+mod gc;
 mod handle;
 pub mod health;
 mod inbox;
@@ -40,13 +41,16 @@ pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,
     ReadRequest, RecordInput, RecordView, RetentionChange, StreamInfo, StreamSummary,
 };
-pub use boot::{boot, Boot, CoreSeed};
+pub use boot::{boot, Boot, BootError, CoreSeed};
+pub use checkpoint::CheckpointError;
 pub use clock::now_ms;
-pub use cluster::{Cluster, ClusterConfig};
+pub use cluster::{AdvertiseError, Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
 pub use error::EngineError;
+pub use gc::{GcHold, HoldError};
 pub use handle::CoreHandle;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
 pub use placement::owner_core;
+pub use recovery::{RecoveryError, StorageError};
 pub use state::{ForkOrigin, StreamConfig};

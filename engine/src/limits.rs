@@ -111,21 +111,58 @@ pub fn retention_bytes(bytes: u64) -> Result<Option<u64>, u64> {
     }
 }
 
-/// A setting checked against its floor at startup: `Err` naming it (`setting`, with its flag)
-/// when `value` is below `min`. Out-of-range settings are refused, never raised silently.
-pub fn at_least(setting: &str, value: u64, min: u64) -> Result<(), String> {
+/// A setting out of its allowed range at startup: named (`setting`, with its flag), with the
+/// value given and the range it must be in. Out-of-range settings are refused, never raised
+/// silently.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingError {
+    pub setting: &'static str,
+    pub value: u64,
+    pub min: u64,
+    /// `None`: the setting has a floor only.
+    pub max: Option<u64>,
+}
+
+impl std::fmt::Display for SettingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let SettingError {
+            setting,
+            value,
+            min,
+            max,
+        } = self;
+        match max {
+            None => write!(f, "{setting} must be at least {min}, got {value}"),
+            Some(max) => write!(f, "{setting} must be between {min} and {max}, got {value}"),
+        }
+    }
+}
+
+impl std::error::Error for SettingError {}
+
+/// A setting checked against its floor at startup: `Err` naming it when `value` is below
+/// `min`.
+pub fn at_least(setting: &'static str, value: u64, min: u64) -> Result<(), SettingError> {
     if value < min {
-        return Err(format!("{setting} must be at least {min}, got {value}"));
+        return Err(SettingError {
+            setting,
+            value,
+            min,
+            max: None,
+        });
     }
     Ok(())
 }
 
 /// `Err` naming `setting` when `value` is outside `min..=max`.
-pub fn within(setting: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+pub fn within(setting: &'static str, value: u64, min: u64, max: u64) -> Result<(), SettingError> {
     if value < min || value > max {
-        return Err(format!(
-            "{setting} must be between {min} and {max}, got {value}"
-        ));
+        return Err(SettingError {
+            setting,
+            value,
+            min,
+            max: Some(max),
+        });
     }
     Ok(())
 }

@@ -10,15 +10,15 @@ use std::path::{Path, PathBuf};
 
 use futures_channel::oneshot;
 use pico_meta::{
-    MetaStore, ProducerState, SegmentRecord, SegmentRun, SegmentStreamEntry, Snapshot,
+    MetaError, MetaStore, ProducerState, SegmentRecord, SegmentRun, SegmentStreamEntry, Snapshot,
 };
-use pico_s3::ObjectStore;
+use pico_s3::{ObjectStore, StoreError};
 
 use crate::clock::now_ms;
 use crate::config::EngineConfig;
 use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::placement::{epoch_of, segment_key};
-use crate::wal_file::{self, Damage, WalEnd};
+use crate::wal_file::{self, Damage, ScanError, WalEnd};
 
 mod salvage;
 
@@ -26,6 +26,136 @@ use salvage::{Lost, Tails};
 
 /// Where damaged WAL files are kept for an operator, under the WAL directory.
 pub const DAMAGED_WAL_DIR: &str = "damaged";
+
+/// Why the WAL files could not be recovered: the node does not start.
+#[derive(Debug)]
+pub enum RecoveryError {
+    /// The WAL directory could not be listed.
+    ListDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// A WAL file could not be read.
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A WAL file of a format this build does not read.
+    Format { path: PathBuf, source: ScanError },
+    /// A WAL file is damaged before acknowledged data and `--wal-salvage` is off: `report`
+    /// says what the file holds.
+    Damaged { report: String, wal_dir: PathBuf },
+    /// A recovered WAL file could not be removed.
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A damaged WAL file could not be moved aside with its report (`action` failed in
+    /// `dir`).
+    KeepDamaged {
+        action: &'static str,
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// The metadata log or the object store failed.
+    Storage(StorageError),
+}
+
+impl std::fmt::Display for RecoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryError::ListDir { dir, source } => {
+                write!(f, "cannot list WAL directory {}: {source}", dir.display())
+            }
+            RecoveryError::Read { path, source } => {
+                write!(f, "cannot read WAL file {}: {source}", path.display())
+            }
+            RecoveryError::Format { path, source } => {
+                write!(f, "WAL file {}: {source}", path.display())
+            }
+            RecoveryError::Damaged { report, wal_dir } => write!(
+                f,
+                "{report}\nThe node does not start on a damaged WAL: acknowledged records would \
+                 be lost and their offsets handed out again. Keep a copy of {dir}, then start \
+                 with --wal-salvage (PICO_WAL_SALVAGE=1) to keep what can be read in order, \
+                 close each stream that lost records at its first lost offset, and move the \
+                 file to {dir}/{DAMAGED_WAL_DIR}/ with a report of what was lost \
+                 (docs/durability.md, \"Damaged WAL files\").",
+                dir = wal_dir.display()
+            ),
+            RecoveryError::Remove { path, source } => {
+                write!(f, "cannot remove WAL file {}: {source}", path.display())
+            }
+            RecoveryError::KeepDamaged {
+                action,
+                dir,
+                source,
+            } => write!(f, "cannot {action} in {}: {source}", dir.display()),
+            RecoveryError::Storage(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for RecoveryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RecoveryError::ListDir { source, .. }
+            | RecoveryError::Read { source, .. }
+            | RecoveryError::Remove { source, .. }
+            | RecoveryError::KeepDamaged { source, .. } => Some(source),
+            RecoveryError::Format { source, .. } => Some(source),
+            RecoveryError::Storage(e) => Some(e),
+            RecoveryError::Damaged { .. } => None,
+        }
+    }
+}
+
+impl From<StorageError> for RecoveryError {
+    fn from(e: StorageError) -> RecoveryError {
+        RecoveryError::Storage(e)
+    }
+}
+
+/// A metadata or object-store call made before the cores start, which failed.
+#[derive(Debug)]
+pub enum StorageError {
+    /// The storage thread stopped before it answered.
+    Stopped,
+    Meta(MetaError),
+    Store(StoreError),
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorageError::Stopped => f.write_str("storage thread stopped during recovery"),
+            StorageError::Meta(e) => e.fmt(f),
+            StorageError::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StorageError::Stopped => None,
+            StorageError::Meta(e) => Some(e),
+            StorageError::Store(e) => Some(e),
+        }
+    }
+}
+
+impl From<MetaError> for StorageError {
+    fn from(e: MetaError) -> StorageError {
+        StorageError::Meta(e)
+    }
+}
+
+impl From<StoreError> for StorageError {
+    fn from(e: StoreError) -> StorageError {
+        StorageError::Store(e)
+    }
+}
 
 /// What recovery learned that the rest of boot needs.
 pub(crate) struct Recovered {
@@ -50,7 +180,7 @@ pub(crate) fn recover_wal_files(
     snapshot: &mut Snapshot,
     report: &mut Vec<String>,
     fence: Option<(pico_meta::NodeId, u64)>,
-) -> Result<Recovered, String> {
+) -> Result<Recovered, RecoveryError> {
     let mut max_epoch_ms = snapshot
         .segments
         .iter()
@@ -58,11 +188,9 @@ pub(crate) fn recover_wal_files(
         .max()
         .unwrap_or(0);
     let mut files: Vec<_> = std::fs::read_dir(&config.wal_dir)
-        .map_err(|e| {
-            format!(
-                "cannot list WAL directory {}: {e}",
-                config.wal_dir.display()
-            )
+        .map_err(|source| RecoveryError::ListDir {
+            dir: config.wal_dir.clone(),
+            source,
         })?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
@@ -82,10 +210,14 @@ pub(crate) fn recover_wal_files(
             .to_string();
         max_epoch_ms = max_epoch_ms.max(epoch_of(&stem).unwrap_or(0));
         wal_epochs.extend(epoch_of(&stem));
-        let data = std::fs::read(&path)
-            .map_err(|e| format!("cannot read WAL file {}: {e}", path.display()))?;
-        let scanned =
-            wal_file::scan(&data).map_err(|e| format!("WAL file {}: {e}", path.display()))?;
+        let data = std::fs::read(&path).map_err(|source| RecoveryError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let scanned = wal_file::scan(&data).map_err(|source| RecoveryError::Format {
+            path: path.clone(),
+            source,
+        })?;
         let key = segment_key(config.node_id, &stem);
         if committed.contains(&key) {
             // Stored and committed before the crash, which came before the file's removal.
@@ -111,16 +243,10 @@ pub(crate) fn recover_wal_files(
                 let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
                 let described = describe(&path, damage, tails);
                 if !config.wal_salvage {
-                    return Err(format!(
-                        "{described}\nThe node does not start on a damaged WAL: acknowledged \
-                         records would be lost and their offsets handed out again. Keep a \
-                         copy of {dir}, then start with --wal-salvage (PICO_WAL_SALVAGE=1) to \
-                         keep what can be read in order, close each stream that lost records at \
-                         its first lost offset, and move the file to {dir}/{DAMAGED_WAL_DIR}/ \
-                         with a report of what was lost (docs/durability.md, \"Damaged WAL \
-                         files\").",
-                        dir = config.wal_dir.display()
-                    ));
+                    return Err(RecoveryError::Damaged {
+                        report: described,
+                        wal_dir: config.wal_dir.clone(),
+                    });
                 }
                 let (bytes, lost) = tails.salvage(&data, damage, now_ms());
                 (bytes, Some((described, damage, lost)))
@@ -212,7 +338,7 @@ pub(crate) fn sweep_orphans(
     store: &ObjectStore,
     snapshot: &Snapshot,
     wal_epochs: &[u64],
-) -> Result<usize, String> {
+) -> Result<usize, StorageError> {
     let prefix = segment_key(config.node_id, "");
     let prefix = prefix.trim_end_matches(".seg");
     let committed: HashSet<&str> = snapshot.segments.iter().map(|s| s.key.as_str()).collect();
@@ -259,7 +385,7 @@ fn commit(
     fence: Option<(pico_meta::NodeId, u64)>,
     epochs: &HashMap<u64, u64>,
     path: &Path,
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let Some((node, node_epoch)) = fence else {
         return wait(meta.commit_segment(record.clone()));
     };
@@ -288,9 +414,11 @@ fn commit(
     Ok(())
 }
 
-fn remove(path: &Path) -> Result<(), String> {
-    std::fs::remove_file(path)
-        .map_err(|e| format!("cannot remove WAL file {}: {e}", path.display()))
+fn remove(path: &Path) -> Result<(), RecoveryError> {
+    std::fs::remove_file(path).map_err(|source| RecoveryError::Remove {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// What a damaged file holds, for the error that stops the node and for the salvage report.
@@ -381,9 +509,17 @@ fn salvage_report(
 
 /// Moves a damaged WAL file out of recovery's way into `<wal dir>/damaged/`, with `report`
 /// beside it (`<file>.txt`); both made durable. Returns where the file went.
-fn keep_damaged(config: &EngineConfig, path: &Path, report: &str) -> Result<PathBuf, String> {
+fn keep_damaged(
+    config: &EngineConfig,
+    path: &Path,
+    report: &str,
+) -> Result<PathBuf, RecoveryError> {
     let dir = config.wal_dir.join(DAMAGED_WAL_DIR);
-    let failed = |what: &str, e: std::io::Error| format!("cannot {what} in {}: {e}", dir.display());
+    let failed = |action: &'static str, source: std::io::Error| RecoveryError::KeepDamaged {
+        action,
+        dir: dir.clone(),
+        source,
+    };
     std::fs::create_dir_all(&dir).map_err(|e| failed("create the directory", e))?;
     let name = path.file_name().unwrap_or_default();
     let kept = dir.join(name);
@@ -403,12 +539,12 @@ fn keep_damaged(config: &EngineConfig, path: &Path, report: &str) -> Result<Path
 }
 
 /// Blocks on a metadata or object-store answer (boot runs before any executor).
-pub(crate) fn wait<T, E: std::fmt::Display>(
+pub(crate) fn wait<T, E: Into<StorageError>>(
     reply: oneshot::Receiver<Result<T, E>>,
-) -> Result<T, String> {
+) -> Result<T, StorageError> {
     futures_lite::future::block_on(reply)
-        .map_err(|_| "storage thread stopped during recovery".to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(|_| StorageError::Stopped)?
+        .map_err(Into::into)
 }
 
 /// Builds a segment's catalog entry from its frames.
@@ -453,18 +589,14 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
         if frame.kind == FRAME_KIND_CLOSE {
             entry.closed = true;
         } else {
-            let (start, end) = (pos as u64, (pos + len) as u64);
-            match entry.runs.last_mut() {
-                Some(run) if run.byte_end == start && run.next_offset == frame.offset => {
-                    run.next_offset += 1;
-                    run.byte_end = end;
-                }
-                _ => entry.runs.push(SegmentRun {
-                    first_offset: frame.offset,
-                    next_offset: frame.offset + 1,
-                    byte_start: start,
-                    byte_end: end,
-                }),
+            let run = SegmentRun {
+                first_offset: frame.offset,
+                next_offset: frame.offset + 1,
+                byte_start: pos as u64,
+                byte_end: (pos + len) as u64,
+            };
+            if !entry.runs.last_mut().is_some_and(|last| last.extend(&run)) {
+                entry.runs.push(run);
             }
         }
         pos += len;

@@ -9,6 +9,8 @@ use crate::error::EngineError;
 pub use crate::frame::ProducerTuple;
 use crate::producers::{Producer, ProducerLimits, Producers};
 
+mod catalog;
+
 /// Configuration fixed at create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamConfig {

@@ -230,19 +230,37 @@ fn all_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| *b == 0)
 }
 
+/// A WAL file this build cannot read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScanError {
+    /// Its header names a format version this build does not read (a newer release wrote it).
+    UnknownVersion { version: u64 },
+}
+
+impl std::fmt::Display for ScanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScanError::UnknownVersion { version } => write!(
+                f,
+                "WAL format version {version}, but this build reads versions 1 and \
+                 {WAL_FORMAT_VERSION}: start the release that wrote it, or a newer one"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
 /// Reads what a WAL file holds (see the module comment for the rules). `Err` for a file of
 /// another format than this build reads.
-pub fn scan(data: &[u8]) -> Result<Scanned, String> {
+pub fn scan(data: &[u8]) -> Result<Scanned, ScanError> {
     let header = check_frame(data, 0)
         .ok()
         .filter(|(h, len)| h.kind == FRAME_KIND_WAL_FILE && *len == WAL_MARKER_LEN);
     if let Some((header, _)) = header {
         let version = header.stream_id.get();
         if version != WAL_FORMAT_VERSION {
-            return Err(format!(
-                "WAL format version {version}, but this build reads versions 1 and \
-                 {WAL_FORMAT_VERSION}: start the release that wrote it, or a newer one"
-            ));
+            return Err(ScanError::UnknownVersion { version });
         }
     }
     let start = if header.is_some() { WAL_MARKER_LEN } else { 0 };

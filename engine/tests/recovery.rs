@@ -266,7 +266,7 @@ fn interleaved_in_the_wal(path: &Path, records: u64) -> (u64, u64) {
     })
 }
 
-fn boot_error(path: &Path, config: EngineConfig) -> String {
+fn boot_error(path: &Path, config: EngineConfig) -> pico_engine::BootError {
     let meta = format!("sqlite:{}", path.join("meta.db").display());
     let storage = format!("-2@file://{}", path.join("objects").display());
     match pico_engine::boot(config, &meta, &storage, None) {
@@ -299,6 +299,14 @@ fn damage_before_acknowledged_records_stops_the_boot_and_a_salvage_closes_the_st
     std::fs::write(&wal, &data).unwrap();
 
     let error = boot_error(&path, config(&path, 1));
+    assert!(
+        matches!(
+            error,
+            pico_engine::BootError::Recovery(pico_engine::RecoveryError::Damaged { .. })
+        ),
+        "{error:?}"
+    );
+    let error = error.to_string();
     for needed in [
         &wal.display().to_string(),
         "damaged",

@@ -142,6 +142,19 @@ pub struct SegmentRun {
     pub byte_end: u64,
 }
 
+impl SegmentRun {
+    /// Joins `next` to this run when it continues it (its first offset and first byte are
+    /// where this run ends): `true` if joined, `false` and nothing changed otherwise.
+    pub fn extend(&mut self, next: &SegmentRun) -> bool {
+        let follows = self.next_offset == next.first_offset && self.byte_end == next.byte_start;
+        if follows {
+            self.next_offset = next.next_offset;
+            self.byte_end = next.byte_end;
+        }
+        follows
+    }
+}
+
 /// What one segment holds of one stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentStreamEntry {

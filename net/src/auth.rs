@@ -74,9 +74,83 @@ pub enum Denied {
     Forbidden,
 }
 
+/// What is wrong with one line of a token file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LineProblem {
+    /// Not three fields.
+    Fields,
+    /// A permission other than `read`, `append`, `admin`.
+    Permission(String),
+    /// A token with a character other than visible ASCII.
+    Token,
+    /// A prefix that does not start with `/`.
+    Prefix,
+}
+
+/// A token file line that is not a grant (`line` counts from 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenLineError {
+    pub line: usize,
+    pub problem: LineProblem,
+}
+
+impl std::fmt::Display for TokenLineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: ", self.line)?;
+        match &self.problem {
+            LineProblem::Fields => f.write_str("expected `token prefix permissions`"),
+            LineProblem::Permission(other) => write!(
+                f,
+                "unknown permission {other:?} (expected read, append, admin)"
+            ),
+            LineProblem::Token => {
+                f.write_str("the token holds a character other than visible ASCII")
+            }
+            LineProblem::Prefix => f.write_str("the prefix must start with /"),
+        }
+    }
+}
+
+impl std::error::Error for TokenLineError {}
+
+/// Why `--auth-tokens` could not be loaded.
+#[derive(Debug)]
+pub enum TokenFileError {
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    Invalid {
+        path: PathBuf,
+        source: TokenLineError,
+    },
+}
+
+impl std::fmt::Display for TokenFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenFileError::Read { path, source } => {
+                write!(f, "cannot read --auth-tokens {}: {source}", path.display())
+            }
+            TokenFileError::Invalid { path, source } => {
+                write!(f, "--auth-tokens {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for TokenFileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TokenFileError::Read { source, .. } => Some(source),
+            TokenFileError::Invalid { source, .. } => Some(source),
+        }
+    }
+}
+
 impl TokenTable {
     /// Parses the token file format (module docs); errors name the line.
-    pub fn parse(text: &str) -> Result<TokenTable, String> {
+    pub fn parse(text: &str) -> Result<TokenTable, TokenLineError> {
         let mut grants = Vec::new();
         // Editors that save "UTF-8 with BOM" put U+FEFF before the first token.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -86,11 +160,12 @@ impl TokenTable {
                 continue;
             }
             let fields: Vec<&str> = line.split_whitespace().collect();
+            let refused = |problem| TokenLineError {
+                line: number + 1,
+                problem,
+            };
             let [token, prefix, permissions] = fields[..] else {
-                return Err(format!(
-                    "line {}: expected `token prefix permissions`",
-                    number + 1
-                ));
+                return Err(refused(LineProblem::Fields));
             };
             let mut bits = 0;
             for permission in permissions.split(',') {
@@ -98,24 +173,16 @@ impl TokenTable {
                     "read" => Permission::Read.bit(),
                     "append" => Permission::Append.bit(),
                     "admin" => Permission::Admin.bit(),
-                    other => {
-                        return Err(format!(
-                            "line {}: unknown permission {other:?} (expected read, append, admin)",
-                            number + 1
-                        ))
-                    }
+                    other => return Err(refused(LineProblem::Permission(other.to_string()))),
                 };
             }
             // A bearer token is visible ASCII (RFC 6750); anything else could never match
             // what a client sends, and would fail every request silently.
             if !token.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
-                    "line {}: the token holds a character other than visible ASCII",
-                    number + 1
-                ));
+                return Err(refused(LineProblem::Token));
             }
             if !prefix.starts_with('/') {
-                return Err(format!("line {}: the prefix must start with /", number + 1));
+                return Err(refused(LineProblem::Prefix));
             }
             grants.push(Grant {
                 token: token.as_bytes().to_vec(),
@@ -126,18 +193,19 @@ impl TokenTable {
         Ok(TokenTable { grants })
     }
 
-    pub fn load(path: &Path) -> Result<TokenTable, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --auth-tokens {}: {e}", path.display()))?;
-        TokenTable::parse(&text).map_err(|e| format!("--auth-tokens {}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<TokenTable, TokenFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        TokenTable::parse(&text).map_err(|source| TokenFileError::Invalid {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     pub fn len(&self) -> usize {
         self.grants.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.grants.is_empty()
     }
 
     /// Decides a request for `permission` on `name` (a stream name or listing prefix).
@@ -219,7 +287,7 @@ pub struct SharedTokens {
 }
 
 impl SharedTokens {
-    pub fn load(path: &Path) -> Result<Arc<SharedTokens>, String> {
+    pub fn load(path: &Path) -> Result<Arc<SharedTokens>, TokenFileError> {
         let table = TokenTable::load(path)?;
         Ok(Arc::new(SharedTokens {
             path: path.to_path_buf(),
@@ -229,7 +297,7 @@ impl SharedTokens {
     }
 
     /// Re-reads the file; a bad file keeps the previous table (and says why).
-    pub fn reload(&self) -> Result<usize, String> {
+    pub fn reload(&self) -> Result<usize, TokenFileError> {
         let table = TokenTable::load(&self.path)?;
         let count = table.len();
         *self.table.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
@@ -334,12 +402,20 @@ mod tests {
 
     #[test]
     fn bad_files_name_the_line() {
-        assert!(TokenTable::parse("t /\n").unwrap_err().contains("line 1"));
-        assert!(TokenTable::parse("t / read\nu / write\n")
+        assert!(TokenTable::parse("t /\n")
             .unwrap_err()
-            .contains("line 2"));
+            .to_string()
+            .contains("line 1"));
+        let unknown = TokenTable::parse("t / read\nu / write\n").unwrap_err();
+        assert_eq!(
+            unknown.problem,
+            LineProblem::Permission("write".into()),
+            "{unknown}"
+        );
+        assert!(unknown.to_string().contains("line 2"));
         assert!(TokenTable::parse("t logs read\n")
             .unwrap_err()
+            .to_string()
             .contains("must start with /"));
     }
 

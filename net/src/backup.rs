@@ -25,6 +25,11 @@ use serde_json::{json, Value};
 
 use crate::subscriptions::Subscriptions;
 
+mod error;
+
+use error::file;
+pub use error::{BackupError, FileAction};
+
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const CATALOG_FILE: &str = "meta.db";
 pub const OBJECTS_DIR: &str = "objects";
@@ -69,21 +74,22 @@ pub struct BackupSummary {
 pub fn copy_subscriptions(
     to: &Path,
     subscriptions: Option<&Arc<Subscriptions>>,
-) -> Result<usize, String> {
+) -> Result<usize, BackupError> {
     let dir = to.join(STATE_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(file(FileAction::Create, &dir))?;
     match subscriptions {
-        Some(subscriptions) => subscriptions.back_up_to(&dir),
+        Some(subscriptions) => subscriptions
+            .back_up_to(&dir)
+            .map_err(BackupError::Subscriptions),
         None => Ok(0),
     }
 }
 
 /// The catalog copy, every object it names, then the manifest. Blocking (file and bucket
 /// I/O): run it off the cores. On an error the directory stays without a manifest.
-pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSummary, String> {
+pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSummary, BackupError> {
     let catalog_path = job.to.join(CATALOG_FILE);
-    let catalog =
-        copy_sqlite_catalog(&job.db, &catalog_path).map_err(|e| format!("catalog copy: {e}"))?;
+    let catalog = copy_sqlite_catalog(&job.db, &catalog_path).map_err(BackupError::CatalogCopy)?;
     let catalog_copied_at_ms = pico_engine::now_ms();
     let objects_dir = job.to.join(OBJECTS_DIR);
     let dest = open_file_bucket(&objects_dir)?;
@@ -93,11 +99,10 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
     let mut object_bytes: u64 = 0;
     for (key, size) in &catalog.objects {
         if Instant::now() >= job.deadline {
-            return Err(format!(
-                "the backup ran out of time after {} of {} objects",
-                copied.len(),
-                catalog.objects.len()
-            ));
+            return Err(BackupError::OutOfTime {
+                copied: copied.len(),
+                total: catalog.objects.len(),
+            });
         }
         let bytes = match block_on(job.source.get(key)) {
             Ok(Ok(bytes)) => bytes,
@@ -105,15 +110,21 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
                 missing.push(key.clone());
                 continue;
             }
-            Ok(Err(e)) => return Err(format!("reading {key}: {e}")),
-            Err(_) => return Err("the node's object store is shut down".into()),
+            Ok(Err(source)) => {
+                return Err(BackupError::ReadObject {
+                    key: key.clone(),
+                    source,
+                })
+            }
+            Err(_) => return Err(BackupError::SourceStopped),
         };
         if let Some(size) = size {
             if bytes.len() as u64 != *size {
-                return Err(format!(
-                    "{key} holds {} bytes where the catalog says {size}",
-                    bytes.len()
-                ));
+                return Err(BackupError::SizeMismatch {
+                    key: key.clone(),
+                    holds: bytes.len(),
+                    catalog: *size,
+                });
             }
         }
         let digest = sha256_hex(&bytes);
@@ -176,23 +187,25 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
 /// rows went, before the backup held the collector); anything else is data the backup cannot
 /// hold. Asked of the copy itself, not the node's catalog: a segment the node no longer needs
 /// may be one the copy's streams (trimmed less far) still read.
-fn check_missing(catalog: &Path, missing: Vec<String>) -> Result<Vec<String>, String> {
+fn check_missing(catalog: &Path, missing: Vec<String>) -> Result<Vec<String>, BackupError> {
     if missing.is_empty() {
         return Ok(missing);
     }
     let url = pico_meta::MetaUrl::SqliteFile(catalog.to_path_buf());
-    let (copy, _) = MetaStore::open(&url).map_err(|e| format!("{}: {e}", catalog.display()))?;
+    let (copy, _) = MetaStore::open(&url).map_err(|source| BackupError::Catalog {
+        path: catalog.to_path_buf(),
+        source,
+    })?;
     let garbage = block_on(copy.garbage_segments(i64::MAX));
     copy.shutdown();
     let garbage = garbage
-        .map_err(|_| "the catalog copy's store stopped".to_string())?
-        .map_err(|e| format!("asking the catalog copy about missing objects: {e}"))?;
+        .map_err(|_| BackupError::CatalogStopped)?
+        .map_err(BackupError::MissingObjects)?;
     let garbage: std::collections::HashSet<String> = garbage.into_iter().collect();
     if let Some(needed) = missing.iter().find(|key| !garbage.contains(*key)) {
-        return Err(format!(
-            "{needed} is named by the catalog and needed by a stream, but the bucket does not \
-             have it"
-        ));
+        return Err(BackupError::Needed {
+            key: needed.clone(),
+        });
     }
     Ok(missing)
 }
@@ -204,15 +217,13 @@ fn throttle(
     bytes: u64,
     max_bytes_per_second: Option<u64>,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), BackupError> {
     let Some(rate) = max_bytes_per_second.filter(|r| *r > 0) else {
         return Ok(());
     };
     let wake = started + Duration::from_secs_f64(bytes as f64 / rate as f64);
     if wake > deadline {
-        return Err(format!(
-            "the backup ran out of time: {bytes} bytes at {rate} bytes per second take longer"
-        ));
+        return Err(BackupError::TooSlow { bytes, rate });
     }
     let now = Instant::now();
     if wake > now {
@@ -221,19 +232,26 @@ fn throttle(
     Ok(())
 }
 
-fn open_file_bucket(dir: &Path) -> Result<ObjectStore, String> {
+fn open_file_bucket(dir: &Path) -> Result<ObjectStore, BackupError> {
     let uri = StorageUri {
         bucket_id: RESTORED_BUCKET_ID,
         location: pico_s3::StorageLocation::File(dir.to_path_buf()),
     };
-    ObjectStore::open(&uri).map_err(|e| format!("cannot open {}: {e}", dir.display()))
+    ObjectStore::open(&uri).map_err(|source| BackupError::OpenBucket {
+        dir: dir.to_path_buf(),
+        source,
+    })
 }
 
-fn put(store: &ObjectStore, key: &str, bytes: Bytes) -> Result<(), String> {
+fn put(store: &ObjectStore, key: &str, bytes: Bytes) -> Result<(), BackupError> {
+    let failed = |source| BackupError::WriteObject {
+        key: key.to_string(),
+        source,
+    };
     match block_on(store.put(key, bytes)) {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("writing {key}: {e}")),
-        Err(_) => Err(format!("writing {key}: the object store is shut down")),
+        Ok(Err(e)) => Err(failed(Some(e))),
+        Err(_) => Err(failed(None)),
     }
 }
 
@@ -244,8 +262,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Every directory under `root` (and `root`) fsynced, so the names of the files in them are
 /// durable before the manifest says the backup is whole.
-fn sync_tree(root: &Path) -> Result<(), String> {
-    let failed = |path: &Path, e: std::io::Error| format!("cannot sync {}: {e}", path.display());
+fn sync_tree(root: &Path) -> Result<(), BackupError> {
+    let failed = |path: &Path, e: std::io::Error| file(FileAction::Sync, path)(e);
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
         let entries = match std::fs::read_dir(&dir) {
@@ -267,20 +285,20 @@ fn sync_tree(root: &Path) -> Result<(), String> {
 }
 
 /// The manifest, written last: a temporary file, fsync, rename, directory fsync.
-fn write_manifest(dir: &Path, manifest: &Value) -> Result<(), String> {
+fn write_manifest(dir: &Path, manifest: &Value) -> Result<(), BackupError> {
     use std::io::Write;
     let path = dir.join(MANIFEST_FILE);
     let tmp = dir.join(format!("{MANIFEST_FILE}.tmp"));
-    let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-    let mut bytes = serde_json::to_vec_pretty(manifest).map_err(|e| e.to_string())?;
+    let failed = file(FileAction::Write, &path);
+    let mut bytes = serde_json::to_vec_pretty(manifest).map_err(BackupError::Encode)?;
     bytes.push(b'\n');
-    let mut file = std::fs::File::create(&tmp).map_err(failed)?;
-    file.write_all(&bytes).map_err(failed)?;
-    file.sync_all().map_err(failed)?;
-    std::fs::rename(&tmp, &path).map_err(failed)?;
+    let mut out = std::fs::File::create(&tmp).map_err(&failed)?;
+    out.write_all(&bytes).map_err(&failed)?;
+    out.sync_all().map_err(&failed)?;
+    std::fs::rename(&tmp, &path).map_err(&failed)?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(failed)
+        .map_err(&failed)
 }
 
 /// Where a restore puts the node's files.
@@ -308,30 +326,36 @@ pub struct RestoreSummary {
 
 /// Checks the backup at `from` (manifest present and of a known format, catalog and objects
 /// as it lists them, each object's size and SHA-256) and lays it out for a new node. Blocking.
-pub fn restore(from: &Path, target: &RestoreTarget) -> Result<RestoreSummary, String> {
+pub fn restore(from: &Path, target: &RestoreTarget) -> Result<RestoreSummary, BackupError> {
     let manifest = read_manifest(from)?;
     let catalog_path = from.join(CATALOG_FILE);
-    let catalog =
-        read_catalog_copy(&catalog_path).map_err(|e| format!("{}: {e}", catalog_path.display()))?;
+    let catalog = read_catalog_copy(&catalog_path).map_err(|source| BackupError::Catalog {
+        path: catalog_path.clone(),
+        source,
+    })?;
     let listed = listed_objects(&manifest)?;
     check_catalog_against_manifest(&catalog, &listed, &manifest)?;
     prepare_empty_dir(&target.dir)?;
     let source = open_file_bucket(&from.join(OBJECTS_DIR))?;
     let (dest, storage) = match &target.storage {
         Some(uri) => {
-            let parsed = StorageUri::parse(uri).map_err(|e| e.to_string())?;
-            let store = ObjectStore::open(&parsed).map_err(|e| format!("{uri}: {e}"))?;
+            let bucket = |source| BackupError::Bucket {
+                uri: uri.clone(),
+                source,
+            };
+            let parsed = StorageUri::parse(uri).map_err(BackupError::StorageUri)?;
+            let store = ObjectStore::open(&parsed).map_err(|e| bucket(Some(e)))?;
             // A node's bucket holds one catalog's objects: never mix two.
             match block_on(store.list("")) {
                 Ok(Ok(listed)) if listed.is_empty() => {}
                 Ok(Ok(listed)) => {
-                    return Err(format!(
-                        "{uri} holds {} objects already; restore into an empty bucket",
-                        listed.len()
-                    ))
+                    return Err(BackupError::BucketNotEmpty {
+                        uri: uri.clone(),
+                        objects: listed.len(),
+                    })
                 }
-                Ok(Err(e)) => return Err(format!("{uri}: {e}")),
-                Err(_) => return Err(format!("{uri}: the object store is shut down")),
+                Ok(Err(e)) => return Err(bucket(Some(e))),
+                Err(_) => return Err(bucket(None)),
             }
             (store, uri.clone())
         }
@@ -348,13 +372,21 @@ pub fn restore(from: &Path, target: &RestoreTarget) -> Result<RestoreSummary, St
     for (key, size, sha256) in &listed {
         let bytes = match block_on(source.get(key)) {
             Ok(Ok(bytes)) => bytes,
-            Ok(Err(e)) => return Err(format!("the backup's {key}: {e}")),
-            Err(_) => return Err("the backup's object store is shut down".into()),
+            Ok(Err(e)) => {
+                return Err(BackupError::BackupObject {
+                    key: key.clone(),
+                    source: Some(e),
+                })
+            }
+            Err(_) => {
+                return Err(BackupError::BackupObject {
+                    key: key.clone(),
+                    source: None,
+                })
+            }
         };
         if bytes.len() as u64 != *size || sha256_hex(&bytes) != *sha256 {
-            return Err(format!(
-                "the backup's {key} does not match its manifest (size or SHA-256): damaged"
-            ));
+            return Err(BackupError::Damaged { key: key.clone() });
         }
         object_bytes = object_bytes.saturating_add(*size);
         put(&dest, key, bytes)?;
@@ -378,42 +410,37 @@ pub fn restore(from: &Path, target: &RestoreTarget) -> Result<RestoreSummary, St
 }
 
 /// The manifest of the backup at `dir`; a missing one is an incomplete backup.
-pub fn read_manifest(dir: &Path) -> Result<Value, String> {
+pub fn read_manifest(dir: &Path) -> Result<Value, BackupError> {
     let path = dir.join(MANIFEST_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!(
-                "{} has no {MANIFEST_FILE}: not a complete backup (a backup writes its \
-                 manifest last; this one did not finish), refused",
-                dir.display()
-            ))
+            return Err(BackupError::Incomplete {
+                dir: dir.to_path_buf(),
+            })
         }
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(file(FileAction::Read, &path)(e)),
     };
-    let manifest: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{}: not valid JSON ({e})", path.display()))?;
+    let manifest: Value =
+        serde_json::from_slice(&bytes).map_err(|source| BackupError::ManifestJson {
+            path: path.clone(),
+            source,
+        })?;
     if manifest["kind"] != MANIFEST_KIND {
-        return Err(format!(
-            "{} is not a PicoMQ backup manifest",
-            path.display()
-        ));
+        return Err(BackupError::NotAManifest { path });
     }
     match manifest["format"].as_u64() {
         Some(format) if (1..=MANIFEST_FORMAT).contains(&format) => Ok(manifest),
-        Some(format) => Err(format!(
-            "{}: backup format {format} is newer than this build reads ({MANIFEST_FORMAT})",
-            path.display()
-        )),
-        None => Err(format!("{}: no backup format", path.display())),
+        Some(format) => Err(BackupError::NewerFormat { path, format }),
+        None => Err(BackupError::NoFormat { path }),
     }
 }
 
 /// `(key, size, sha256)` of each object the manifest lists.
-fn listed_objects(manifest: &Value) -> Result<Vec<(String, u64, String)>, String> {
+fn listed_objects(manifest: &Value) -> Result<Vec<(String, u64, String)>, BackupError> {
     let objects = manifest["objects"]
         .as_array()
-        .ok_or("the manifest lists no objects")?;
+        .ok_or(BackupError::NoObjects)?;
     objects
         .iter()
         .map(|object| {
@@ -425,7 +452,9 @@ fn listed_objects(manifest: &Value) -> Result<Vec<(String, u64, String)>, String
                 (Some(key), Some(size), Some(sha256)) => {
                     Ok((key.to_string(), size, sha256.to_string()))
                 }
-                _ => Err(format!("a manifest object entry is malformed: {object}")),
+                _ => Err(BackupError::MalformedEntry {
+                    entry: object.to_string(),
+                }),
             }
         })
         .collect()
@@ -437,7 +466,7 @@ fn check_catalog_against_manifest(
     catalog: &CatalogCopy,
     listed: &[(String, u64, String)],
     manifest: &Value,
-) -> Result<(), String> {
+) -> Result<(), BackupError> {
     let listed: std::collections::HashSet<&str> =
         listed.iter().map(|(k, _, _)| k.as_str()).collect();
     let skipped: std::collections::HashSet<&str> = manifest["skippedGarbage"]
@@ -448,10 +477,7 @@ fn check_catalog_against_manifest(
         .collect();
     for (key, _) in &catalog.objects {
         if !listed.contains(key.as_str()) && !skipped.contains(key.as_str()) {
-            return Err(format!(
-                "the backup's catalog names {key}, which its manifest does not list: the \
-                 catalog and the manifest are not of one backup"
-            ));
+            return Err(BackupError::NotOneBackup { key: key.clone() });
         }
     }
     Ok(())
@@ -459,60 +485,69 @@ fn check_catalog_against_manifest(
 
 /// Creates `dir`, or accepts it empty; anything else is refused (a restore never mixes with
 /// other files).
-pub fn prepare_empty_dir(dir: &Path) -> Result<(), String> {
+pub fn prepare_empty_dir(dir: &Path) -> Result<(), BackupError> {
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                return Err(format!(
-                    "{} is not empty; give a new or empty directory",
-                    dir.display()
-                ));
+                return Err(BackupError::NotEmpty {
+                    dir: dir.to_path_buf(),
+                });
             }
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))
+            std::fs::create_dir(dir).map_err(file(FileAction::Create, dir))
         }
-        Err(e) => Err(format!("{}: {e}", dir.display())),
+        Err(source) => Err(BackupError::Path {
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
 }
 
-fn absolute(path: &Path) -> Result<PathBuf, String> {
-    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+fn absolute(path: &Path) -> Result<PathBuf, BackupError> {
+    std::path::absolute(path).map_err(|source| BackupError::Path {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Copies `from` to the new file `to`, readable by its owner only (the subscription state
 /// holds keys), fsynced.
-fn copy_new_file(from: &Path, to: &Path) -> Result<(), String> {
+fn copy_new_file(from: &Path, to: &Path) -> Result<(), BackupError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut source =
-        std::fs::File::open(from).map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-    let mut file = std::fs::OpenOptions::new()
+    let mut source = std::fs::File::open(from).map_err(file(FileAction::Read, from))?;
+    let mut copy = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(to)
-        .map_err(|e| format!("cannot create {}: {e}", to.display()))?;
-    std::io::copy(&mut source, &mut file)
-        .and_then(|_| file.sync_all())
-        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))
+        .map_err(file(FileAction::Create, to))?;
+    std::io::copy(&mut source, &mut copy)
+        .and_then(|_| copy.sync_all())
+        .map_err(|source| BackupError::Copy {
+            from: from.to_path_buf(),
+            to: to.to_path_buf(),
+            source,
+        })
 }
 
 /// Copies the regular files of `from` and its subdirectories (the subscription state) into
 /// the new directory `to`.
-fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(to).map_err(|e| format!("cannot create {}: {e}", to.display()))?;
+fn copy_dir(from: &Path, to: &Path) -> Result<(), BackupError> {
+    std::fs::create_dir_all(to).map_err(file(FileAction::Create, to))?;
     let entries = match std::fs::read_dir(from) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("cannot read {}: {e}", from.display())),
+        Err(e) => return Err(file(FileAction::Read, from)(e)),
     };
     for entry in entries {
-        let entry = entry.map_err(|e| format!("cannot read {}: {e}", from.display()))?;
+        let entry = entry.map_err(file(FileAction::Read, from))?;
         let (path, dest) = (entry.path(), to.join(entry.file_name()));
-        let kind = entry
-            .file_type()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let kind = entry.file_type().map_err(|source| BackupError::Path {
+            path: path.clone(),
+            source,
+        })?;
         if kind.is_dir() {
             copy_dir(&path, &dest)?;
         } else if kind.is_file() {

@@ -9,16 +9,40 @@ use pico_proto::page::PageWriter;
 
 pub use pico_proto::media::{BATCH as BINARY_BATCH_TYPE, BATCH_JSON as JSON_BATCH_TYPE};
 
-/// Decodes a binary append batch ([`pico_proto::batch`]); the message is the 400's.
-pub fn decode_binary_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
-    pico_proto::batch::decode(body, max_records)
-        .map(into_engine)
-        .map_err(|e| e.to_string())
+/// Why an append batch was refused (`400`; its message is the answer's).
+#[derive(Debug)]
+pub enum BatchError {
+    Binary(pico_proto::DecodeError),
+    /// The JSON batch decoder's message.
+    Json(String),
 }
 
-/// Decodes a JSON append batch ([`pico_proto::json`]); the message is the 400's.
-pub fn decode_json_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, String> {
-    pico_proto::json::decode_batch(body, max_records).map(into_engine)
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchError::Binary(e) => e.fmt(f),
+            BatchError::Json(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+/// Decodes a binary append batch ([`pico_proto::batch`]).
+pub fn decode_binary_batch(
+    body: &Bytes,
+    max_records: usize,
+) -> Result<Vec<RecordInput>, BatchError> {
+    pico_proto::batch::decode(body, max_records)
+        .map(into_engine)
+        .map_err(BatchError::Binary)
+}
+
+/// Decodes a JSON append batch ([`pico_proto::json`]).
+pub fn decode_json_batch(body: &Bytes, max_records: usize) -> Result<Vec<RecordInput>, BatchError> {
+    pico_proto::json::decode_batch(body, max_records)
+        .map(into_engine)
+        .map_err(BatchError::Json)
 }
 
 /// Record headers are a map: duplicate names collapse (last wins), sorted by name.

@@ -189,20 +189,65 @@ impl Default for ServerConfig {
     }
 }
 
+/// A flag the node cannot run with, named as it was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// `--segment-size` below [`pico_engine::limits::SEGMENT_BYTES_MIN`].
+    SegmentSize { got: usize },
+    /// Out of the range the engine allows.
+    Setting(pico_engine::limits::SettingError),
+    /// A flag that must be greater than 0.
+    Zero { flag: &'static str },
+    /// `--listen` and `--ds-listen` name one address.
+    SameListen { addr: String },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::SegmentSize { got } => write!(
+                f,
+                "--segment-size must be at least {} KiB, got {got}",
+                pico_engine::limits::SEGMENT_BYTES_MIN / 1024
+            ),
+            ConfigError::Setting(e) => e.fmt(f),
+            ConfigError::Zero { flag } => write!(f, "{flag} must be greater than 0"),
+            ConfigError::SameListen { addr } => write!(
+                f,
+                "--listen and --ds-listen are both {addr}: give the second protocol its own \
+                 address, or --ds-listen off"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Setting(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<pico_engine::limits::SettingError> for ConfigError {
+    fn from(e: pico_engine::limits::SettingError) -> ConfigError {
+        ConfigError::Setting(e)
+    }
+}
+
 impl ServerConfig {
     /// Refuses values the node cannot run with, naming the flag, rather than quietly running
     /// with another value.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         use pico_engine::limits::{
             at_least, within, GC_INTERVAL_MS_MIN, LEASE_MS_MIN, OBJECT_PUTS_PER_SECOND_MAX,
             OBJECT_PUTS_PER_SECOND_MIN, SEGMENT_BYTES_MIN, SEGMENT_MAX_AGE_MS_MIN,
         };
         if self.segment_size < SEGMENT_BYTES_MIN {
-            return Err(format!(
-                "--segment-size must be at least {} KiB, got {}",
-                SEGMENT_BYTES_MIN / 1024,
-                self.segment_size
-            ));
+            return Err(ConfigError::SegmentSize {
+                got: self.segment_size,
+            });
         }
         at_least("--lease-ms", self.lease_ms, LEASE_MS_MIN)?;
         for (value, flag) in [
@@ -215,7 +260,7 @@ impl ServerConfig {
             (self.producer_idle_expiry_sec, "--producer-idle-expiry-sec"),
         ] {
             if value == 0 {
-                return Err(format!("{flag} must be greater than 0"));
+                return Err(ConfigError::Zero { flag });
             }
         }
         // The engine refuses these too when it boots (EngineConfig::check); refused here
@@ -236,10 +281,9 @@ impl ServerConfig {
         // one address would both bind and split its connections between the protocols.
         if let Some(ds_listen) = &self.ds_listen {
             if *ds_listen == self.listen && !ds_listen.ends_with(":0") {
-                return Err(format!(
-                    "--listen and --ds-listen are both {ds_listen}: give the second protocol \
-                     its own address, or --ds-listen off"
-                ));
+                return Err(ConfigError::SameListen {
+                    addr: ds_listen.clone(),
+                });
             }
         }
         Ok(())
@@ -260,13 +304,14 @@ mod tests {
         assert!(small
             .check()
             .unwrap_err()
+            .to_string()
             .starts_with("--segment-size must be at least"));
         let no_puts = ServerConfig {
             object_puts_per_second: 0,
             ..ServerConfig::default()
         };
         assert_eq!(
-            no_puts.check().unwrap_err(),
+            no_puts.check().unwrap_err().to_string(),
             "--object-puts-per-second must be between 1 and 3500, got 0"
         );
     }

@@ -195,7 +195,8 @@ pub struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// Limits for tests and tools: a body limit, the default timeout, an unshared budget.
+    /// Limits for tests: a body limit, the default timeout, an unshared budget.
+    #[cfg(test)]
     pub fn with_body_limit(max_body_size: usize) -> ConnectionLimits {
         ConnectionLimits {
             max_body_size,
@@ -239,6 +240,7 @@ impl BodyBudget {
     }
 
     /// Bytes held now, by all reservations.
+    #[cfg(test)]
     pub fn held_bytes(&self) -> usize {
         self.shared.held_bytes.get()
     }

@@ -55,21 +55,44 @@ pub fn query_values(query: &str, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// A new stream's lifetime that ends at its create (`400`), naming the header that set it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpiryError {
+    /// A TTL of 0.
+    ZeroTtl { header: &'static str },
+    /// An expiry time that has passed.
+    Past { header: &'static str },
+}
+
+impl std::fmt::Display for ExpiryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExpiryError::ZeroTtl { header } => write!(
+                f,
+                "{header} must be at least 1 second (0 would expire the stream at once)"
+            ),
+            ExpiryError::Past { header } => write!(f, "{header} is in the past"),
+        }
+    }
+}
+
+impl std::error::Error for ExpiryError {}
+
 /// A new stream's lifetime must outlast its create: a TTL of 0 or an expiry that has passed
 /// would answer `201 Created` and then `404` to the next request. `Err` says which header.
 pub fn check_expiry(
     ttl_sec: Option<u64>,
     expires_at_ms: Option<i64>,
-    ttl_header: &str,
-    expires_header: &str,
-) -> Result<(), String> {
+    ttl_header: &'static str,
+    expires_header: &'static str,
+) -> Result<(), ExpiryError> {
     if ttl_sec == Some(0) {
-        return Err(format!(
-            "{ttl_header} must be at least 1 second (0 would expire the stream at once)"
-        ));
+        return Err(ExpiryError::ZeroTtl { header: ttl_header });
     }
     if expires_at_ms.is_some_and(|at| at <= pico_engine::now_ms()) {
-        return Err(format!("{expires_header} is in the past"));
+        return Err(ExpiryError::Past {
+            header: expires_header,
+        });
     }
     Ok(())
 }

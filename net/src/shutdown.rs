@@ -29,10 +29,6 @@ impl Shutdown {
         self.flag.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_set(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
-    }
-
     /// The core-local view; call on the core's executor (it starts the core's watcher task).
     pub fn on_this_core(&self) -> CoreShutdown {
         let local = CoreShutdown {

@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use futures_channel::oneshot;
-use pico_meta::{SegmentRun, StreamConfig as MetaConfig};
+use pico_meta::SegmentRun;
 
 use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
 use crate::clock::now_ms;
@@ -142,20 +142,9 @@ impl Shard {
         if !records.is_empty() {
             self.check_writable(frames_len(&records, None, None))?;
         }
-        let meta_config = MetaConfig {
-            content_type: config.content_type.clone(),
-            ttl_sec: config.ttl_sec,
-            expires_at_ms: config.expires_at_ms,
-            // A body given with a closing create is appended first, then the close.
-            closed: closed && records.is_empty(),
-            retention: config.retention,
-        };
-        let fork_row = fork.as_ref().map(|f| pico_meta::ForkRow {
-            source: f.source.clone(),
-            source_id: f.source_id,
-            offset: f.offset,
-            partial_bytes: f.partial_bytes,
-        });
+        // A body given with a closing create is appended first, then the close.
+        let meta_config = config.to_row(closed && records.is_empty());
+        let fork_row = fork.as_ref().map(pico_meta::ForkRow::from);
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
@@ -589,21 +578,10 @@ impl Shard {
                 byte_start,
                 byte_end,
             };
-            match entry.runs.last_mut() {
-                Some(last) if last.byte_end == byte_start && last.next_offset == first_offset => {
-                    last.next_offset = run.next_offset;
-                    last.byte_end = run.byte_end;
-                }
-                _ => entry.runs.push(run),
+            if !entry.runs.last_mut().is_some_and(|last| last.extend(&run)) {
+                entry.runs.push(run);
             }
-            let chunk = Chunk {
-                first_offset,
-                next_offset: ack.next_offset,
-                segment: segment.no,
-                byte_start,
-                byte_end,
-                last_timestamp_ms: timestamp,
-            };
+            let chunk = Chunk::new(run, segment.no, timestamp);
             match stream.chunks.last_mut() {
                 Some(last)
                     if last.segment == chunk.segment

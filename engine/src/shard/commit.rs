@@ -11,7 +11,7 @@ use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
 use crate::metrics::CoreMetrics;
 
 use super::state::Shard;
-use super::wal::same_file;
+use super::wal::{same_file, WalIoError};
 use crate::wal_file::end_round;
 
 impl Shard {
@@ -22,7 +22,8 @@ impl Shard {
                 match self.commit_round().await {
                     Ok(true) => continue,
                     Ok(false) => break,
-                    Err(message) => {
+                    Err(e) => {
+                        let message = e.to_string();
                         self.set_health(WalHealth::Failed {
                             message: message.clone(),
                         });
@@ -36,7 +37,7 @@ impl Shard {
 
     /// Makes the oldest open segment with unwritten bytes durable, seals a finished one, and
     /// keeps a spare WAL file ready. Returns whether there may be more to do.
-    pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, String> {
+    pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, WalIoError> {
         // The spare WAL file is created while idle, or right away once the active segment is
         // half full, so creating it rarely delays an acknowledgement and a rotation never
         // waits for it.
@@ -134,30 +135,45 @@ impl Shard {
             }
         };
         if let (Some(file), Some(buffer)) = (file, buffer) {
-            let shown = path.as_deref().unwrap_or(Path::new("?")).display();
+            let shown = || path.clone().unwrap_or_else(|| Path::new("?").to_path_buf());
             #[cfg(feature = "fault-injection")]
-            if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Write)
+            if let Some(source) =
+                crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Write)
             {
-                return Err(format!("WAL write to {shown}: {e}"));
+                return Err(WalIoError::Write {
+                    path: shown(),
+                    source,
+                });
             }
             // A short write is an error too: the bytes past it are not on disk.
-            let written = file
-                .write_at(buffer, start as u64)
-                .await
-                .map_err(|e| format!("WAL write to {shown}: {e}"))?;
+            let written =
+                file.write_at(buffer, start as u64)
+                    .await
+                    .map_err(|e| WalIoError::Write {
+                        path: shown(),
+                        source: e.into(),
+                    })?;
             if written < len {
-                return Err(format!(
-                    "WAL write to {shown}: {written} of {len} bytes written"
-                ));
+                return Err(WalIoError::ShortWrite {
+                    path: shown(),
+                    written,
+                    len,
+                });
             }
             let synced = Instant::now();
             #[cfg(feature = "fault-injection")]
-            if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync) {
-                return Err(format!("WAL fdatasync of {shown}: {e}"));
+            if let Some(source) =
+                crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync)
+            {
+                return Err(WalIoError::Fdatasync {
+                    path: shown(),
+                    source,
+                });
             }
-            file.fdatasync()
-                .await
-                .map_err(|e| format!("WAL fdatasync of {shown}: {e}"))?;
+            file.fdatasync().await.map_err(|e| WalIoError::Fdatasync {
+                path: shown(),
+                source: e.into(),
+            })?;
             CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
             self.metrics.wal_fsync_latency.observe(synced.elapsed());
             if let Some(path) = &path {

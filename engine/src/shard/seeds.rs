@@ -83,14 +83,9 @@ pub(crate) fn stream_seeds_by_core(
         let depth = fork_depths.get(&row.id).copied().unwrap_or(1);
         let seed = StreamSeed {
             id: row.id,
-            config: StreamConfig {
-                content_type: row.config.content_type,
-                ttl_sec: row.config.ttl_sec,
-                expires_at_ms: row.config.expires_at_ms,
-                retention: row.config.retention,
-            },
-            created_ms: row.created_ms,
             closed: row.config.closed,
+            config: StreamConfig::from(row.config),
+            created_ms: row.created_ms,
             next_offset: 0,
             last_timestamp_ms: 0,
             runs: Vec::new(),
@@ -98,13 +93,7 @@ pub(crate) fn stream_seeds_by_core(
             last_access_ms: row.last_access_ms,
             producers: Default::default(),
             closed_by: None,
-            fork: row.fork.map(|f| ForkOrigin {
-                source: f.source,
-                source_id: f.source_id,
-                offset: f.offset,
-                partial_bytes: f.partial_bytes,
-                depth,
-            }),
+            fork: row.fork.map(|f| ForkOrigin::from_row(f, depth)),
             fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
             soft_deleted: row.soft_deleted,
             writer_seq: None,

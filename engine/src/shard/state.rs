@@ -268,14 +268,7 @@ impl Shard {
                     );
                     no
                 });
-                chunks.push(Chunk {
-                    first_offset: run.first_offset,
-                    next_offset: run.next_offset,
-                    segment: no,
-                    byte_start: run.byte_start,
-                    byte_end: run.byte_end,
-                    last_timestamp_ms,
-                });
+                chunks.push(Chunk::new(run, no, last_timestamp_ms));
             }
             // A fork's own records start at its fork point; below it the source's are read.
             if seed.fork.is_some() || seed.fork_refs > 0 {

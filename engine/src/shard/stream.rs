@@ -25,6 +25,21 @@ pub(super) struct Chunk {
     pub(super) last_timestamp_ms: i64,
 }
 
+impl Chunk {
+    /// Where `run` of local segment `segment` lies, its newest record written at
+    /// `last_timestamp_ms`: the one place a catalog run becomes a chunk.
+    pub(super) fn new(run: SegmentRun, segment: u64, last_timestamp_ms: i64) -> Chunk {
+        Chunk {
+            first_offset: run.first_offset,
+            next_offset: run.next_offset,
+            segment,
+            byte_start: run.byte_start,
+            byte_end: run.byte_end,
+            last_timestamp_ms,
+        }
+    }
+}
+
 pub(super) struct Stream {
     pub(super) state: StreamState,
     /// Sorted by offset, contiguous.

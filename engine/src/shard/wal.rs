@@ -34,6 +34,79 @@ impl WalFileError {
     }
 }
 
+/// Why a WAL write round failed; the WAL fails with it (appends stop until a restart).
+#[derive(Debug)]
+pub(super) enum WalIoError {
+    /// The open file's name no longer exists.
+    Gone {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The name now names another file.
+    Replaced { path: PathBuf },
+    SyncDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Fewer bytes were written than the round holds.
+    ShortWrite {
+        path: PathBuf,
+        written: usize,
+        len: usize,
+    },
+    Fdatasync {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for WalIoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalIoError::Gone { path, source } => write!(
+                f,
+                "WAL file {} is gone ({source}): it was removed while in use",
+                path.display()
+            ),
+            WalIoError::Replaced { path } => write!(
+                f,
+                "WAL file {} was replaced by another file while in use",
+                path.display()
+            ),
+            WalIoError::SyncDir { dir, source } => {
+                write!(f, "cannot sync WAL directory {}: {source}", dir.display())
+            }
+            WalIoError::Write { path, source } => {
+                write!(f, "WAL write to {}: {source}", path.display())
+            }
+            WalIoError::ShortWrite { path, written, len } => write!(
+                f,
+                "WAL write to {}: {written} of {len} bytes written",
+                path.display()
+            ),
+            WalIoError::Fdatasync { path, source } => {
+                write!(f, "WAL fdatasync of {}: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for WalIoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WalIoError::Gone { source, .. }
+            | WalIoError::SyncDir { source, .. }
+            | WalIoError::Write { source, .. }
+            | WalIoError::Fdatasync { source, .. } => Some(source),
+            WalIoError::Replaced { .. } | WalIoError::ShortWrite { .. } => None,
+        }
+    }
+}
+
 impl Shard {
     pub(super) fn wal_path(&self, counter: u64) -> (PathBuf, String) {
         let stem = format!(
@@ -66,8 +139,8 @@ impl Shard {
         // Room for the most a segment's buffer grows to, so its frames always fit.
         let size = self.buffers.full_bytes() as u64;
         let made = match file.pre_allocate(size, false).await {
-            Ok(()) => sync_dir(&self.config.wal_dir).map_err(|message| WalFileError {
-                message,
+            Ok(()) => sync_dir(&self.config.wal_dir).map_err(|e| WalFileError {
+                message: e.to_string(),
                 out_of_space: false,
             }),
             Err(e) => Err(WalFileError::new(
@@ -157,13 +230,11 @@ pub(super) async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>)
 /// Whether `path` still names the open WAL `file`. A file removed or replaced under the node
 /// (its directory deleted, say) takes writes that recovery will never read: acknowledging
 /// them would be a lie.
-pub(super) fn same_file(file: &DmaFile, path: &Path) -> Result<(), String> {
+pub(super) fn same_file(file: &DmaFile, path: &Path) -> Result<(), WalIoError> {
     use std::os::unix::fs::MetadataExt;
-    let named = std::fs::metadata(path).map_err(|e| {
-        format!(
-            "WAL file {} is gone ({e}): it was removed while in use",
-            path.display()
-        )
+    let named = std::fs::metadata(path).map_err(|source| WalIoError::Gone {
+        path: path.to_path_buf(),
+        source,
     })?;
     let same = named.ino() == file.inode()
         && libc::major(named.dev()) == file.dev_major()
@@ -171,15 +242,17 @@ pub(super) fn same_file(file: &DmaFile, path: &Path) -> Result<(), String> {
     if same {
         Ok(())
     } else {
-        Err(format!(
-            "WAL file {} was replaced by another file while in use",
-            path.display()
-        ))
+        Err(WalIoError::Replaced {
+            path: path.to_path_buf(),
+        })
     }
 }
 
-pub(super) fn sync_dir(dir: &Path) -> Result<(), String> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), WalIoError> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| format!("cannot sync WAL directory {}: {e}", dir.display()))
+        .map_err(|source| WalIoError::SyncDir {
+            dir: dir.to_path_buf(),
+            source,
+        })
 }

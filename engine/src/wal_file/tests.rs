@@ -191,7 +191,7 @@ fn a_commit_record_out_of_sequence_is_damage() {
 fn a_newer_format_is_refused_with_both_versions_named() {
     let mut file = file_header(9, 1).to_vec();
     file.resize(4096, 0);
-    let e = scan(&file).unwrap_err();
+    let e = scan(&file).unwrap_err().to_string();
     assert!(e.contains("version 9") && e.contains("1 and 2"), "{e}");
 }
 

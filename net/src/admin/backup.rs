@@ -21,7 +21,7 @@ use pico_meta::MetaUrl;
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};
-use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupJob};
+use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupError, BackupJob};
 use crate::limits::{
     BACKUP_DESTINATION_BYTES_MAX, BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX,
 };
@@ -110,8 +110,8 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
             return error(400, format!("cannot create {}: {e}", parent.display()));
         }
     }
-    if let Err(message) = prepare_empty_dir(&asked.to) {
-        return error(400, message);
+    if let Err(e) = prepare_empty_dir(&asked.to) {
+        return error(400, e.to_string());
     }
     let to = asked.to.display().to_string();
     let running = json!({ "state": "running", "to": to, "startedAtMs": started_at_ms });
@@ -125,13 +125,13 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
                 summary["state"] = json!("complete");
                 summary
             }
-            Err(message) => {
-                log::warn!("backup to {to} failed: {message}");
+            Err(e) => {
+                log::warn!("backup to {to} failed: {e}");
                 json!({
                     "state": "failed",
                     "to": to,
                     "startedAtMs": started_at_ms,
-                    "error": message,
+                    "error": e.to_string(),
                 })
             }
         };
@@ -141,22 +141,51 @@ pub(super) async fn backup(state: &Rc<AdminState>, request: &Request) -> Respons
     json_response(202, running)
 }
 
+/// Why a request's `"to"` names no place for a backup (`400`).
+#[derive(Debug)]
+enum DestinationError {
+    /// Empty, or longer than [`BACKUP_DESTINATION_BYTES_MAX`].
+    Length,
+    /// An absolute path outside `--backup-dir`.
+    Outside { root: PathBuf, to: String },
+    /// A path with `..`, `.` or no name at all.
+    NotPlain { to: String },
+}
+
+impl std::fmt::Display for DestinationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DestinationError::Length => write!(
+                f,
+                "\"to\" must name a directory in 1 to {BACKUP_DESTINATION_BYTES_MAX} bytes"
+            ),
+            DestinationError::Outside { root, to } => write!(
+                f,
+                "\"to\" must be inside the node's --backup-dir {}, not {to}",
+                root.display()
+            ),
+            DestinationError::NotPlain { to } => write!(
+                f,
+                "\"to\" must name a new directory under the node's --backup-dir with plain \
+                 names (no \"..\" or \".\"), not {to:?}"
+            ),
+        }
+    }
+}
+
 /// The directory `to` names under `root` (`--backup-dir`, absolute): a relative path of plain
 /// names, or an absolute one inside `root`; never `..`, never outside.
-fn resolve_destination(root: &Path, to: &str) -> Result<PathBuf, String> {
+fn resolve_destination(root: &Path, to: &str) -> Result<PathBuf, DestinationError> {
     if to.is_empty() || to.len() > BACKUP_DESTINATION_BYTES_MAX {
-        return Err(format!(
-            "\"to\" must name a directory in 1 to {BACKUP_DESTINATION_BYTES_MAX} bytes"
-        ));
+        return Err(DestinationError::Length);
     }
     let path = Path::new(to);
     let relative = if path.is_absolute() {
-        path.strip_prefix(root).map_err(|_| {
-            format!(
-                "\"to\" must be inside the node's --backup-dir {}, not {to}",
-                root.display()
-            )
-        })?
+        path.strip_prefix(root)
+            .map_err(|_| DestinationError::Outside {
+                root: root.to_path_buf(),
+                to: to.to_string(),
+            })?
     } else {
         path
     };
@@ -164,10 +193,7 @@ fn resolve_destination(root: &Path, to: &str) -> Result<PathBuf, String> {
         .components()
         .all(|c| matches!(c, Component::Normal(_)));
     if !plain || relative.as_os_str().is_empty() {
-        return Err(format!(
-            "\"to\" must name a new directory under the node's --backup-dir with plain names \
-             (no \"..\" or \".\"), not {to:?}"
-        ));
+        return Err(DestinationError::NotPlain { to: to.to_string() });
     }
     Ok(root.join(relative))
 }
@@ -181,7 +207,7 @@ fn parse(request: &Request, backup_root: &Path) -> Result<Asked, Response> {
             "missing \"to\" (a new directory under the node's --backup-dir)",
         ));
     };
-    let to = resolve_destination(backup_root, to).map_err(|message| error(400, message))?;
+    let to = resolve_destination(backup_root, to).map_err(|e| error(400, e.to_string()))?;
     let timeout_sec = match body.get("timeoutSec") {
         None | Some(Value::Null) => BACKUP_TIMEOUT_SEC_DEFAULT,
         Some(value) => match value.as_u64() {
@@ -213,30 +239,73 @@ fn parse(request: &Request, backup_root: &Path) -> Result<Asked, Response> {
     })
 }
 
-/// The backup's steps; `Err(message)` on failure (the directory stays, without a
-/// manifest: an incomplete backup restore refuses).
+/// Why a backup failed, as `GET /admin/backup` and the log tell it.
+#[derive(Debug)]
+enum RunError {
+    /// The garbage collector could not be held.
+    Hold(pico_engine::HoldError),
+    /// The subscription state could not be copied.
+    Subscriptions(BackupError),
+    /// A core did not store and commit what it held in time.
+    Checkpoint(pico_engine::CheckpointError),
+    /// The catalog, objects or manifest could not be written.
+    Backup(BackupError),
+    /// The backup's thread could not start.
+    Thread(std::io::Error),
+    /// The backup's thread ended without an answer (it panicked).
+    NoAnswer,
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Hold(e) => e.fmt(f),
+            RunError::Subscriptions(e) => write!(f, "subscription state: {e}"),
+            RunError::Checkpoint(e) => write!(f, "checkpoint: {e}"),
+            RunError::Backup(e) => e.fmt(f),
+            RunError::Thread(e) => write!(f, "cannot start the backup thread: {e}"),
+            RunError::NoAnswer => f.write_str("the backup thread ended without an answer"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Hold(e) => Some(e),
+            RunError::Subscriptions(e) | RunError::Backup(e) => Some(e),
+            RunError::Checkpoint(e) => Some(e),
+            RunError::Thread(e) => Some(e),
+            RunError::NoAnswer => None,
+        }
+    }
+}
+
+/// The backup's steps; `Err` on failure (the directory stays, without a manifest: an
+/// incomplete backup restore refuses).
 async fn run(
     state: &Rc<AdminState>,
     asked: Asked,
     db: PathBuf,
     started_at_ms: i64,
-) -> Result<Value, String> {
+) -> Result<Value, RunError> {
     let deadline = Instant::now() + asked.timeout;
     let hold = state
         .core
         .hold_gc(deadline.saturating_duration_since(Instant::now()))
-        .await?;
+        .await
+        .map_err(RunError::Hold)?;
     let to = asked.to.clone();
     let subscriptions = state.subscriptions.clone();
     let subscriptions = off_core(move || copy_subscriptions(&to, subscriptions.as_ref()))
-        .await
-        .map_err(|e| format!("subscription state: {e}"))?;
+        .await?
+        .map_err(RunError::Subscriptions)?;
     let left = deadline.saturating_duration_since(Instant::now());
     state
         .core
         .checkpoint(left)
         .await
-        .map_err(|e| format!("checkpoint: {e}"))?;
+        .map_err(RunError::Checkpoint)?;
     let checkpointed_at_ms = pico_engine::now_ms();
     let facts = json!({
         "startedAtMs": started_at_ms,
@@ -259,7 +328,9 @@ async fn run(
         max_bytes_per_second: asked.max_bytes_per_second,
         facts,
     };
-    let summary = off_core(move || write_backup(&job, subscriptions)).await?;
+    let summary = off_core(move || write_backup(&job, subscriptions))
+        .await?
+        .map_err(RunError::Backup)?;
     // Held until every object was copied; the collector resumes at its next interval.
     drop(hold);
     let finished_at_ms = pico_engine::now_ms();
@@ -286,20 +357,19 @@ async fn run(
 }
 
 /// Runs blocking work on a thread of its own (a backup may copy for minutes; glommio's
-/// blocking pool is shared with the core's other file work) and awaits its answer.
+/// blocking pool is shared with the core's other file work) and awaits its answer; `Err`
+/// when the thread could not start or gave no answer.
 async fn off_core<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RunError> {
     let (reply, answer) = futures_channel::oneshot::channel();
     std::thread::Builder::new()
         .name("pico-backup".into())
         .spawn(move || {
             let _ = reply.send(work());
         })
-        .map_err(|e| format!("cannot start the backup thread: {e}"))?;
-    answer
-        .await
-        .map_err(|_| "the backup thread ended without an answer".to_string())?
+        .map_err(RunError::Thread)?;
+    answer.await.map_err(|_| RunError::NoAnswer)
 }
 
 #[cfg(test)]

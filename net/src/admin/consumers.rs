@@ -4,6 +4,7 @@
 //! tails of the streams this node serves; a stream another node serves shows no tail here
 //! (its node reports it).
 
+use pico_meta::MetaError;
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};
@@ -27,14 +28,13 @@ struct Row {
     tail: Option<u64>,
 }
 
-async fn rows(state: &AdminState) -> Result<(Vec<Row>, usize), String> {
+async fn rows(state: &AdminState) -> Result<(Vec<Row>, usize), MetaError> {
     let list = state
         .core
         .meta()
         .consumers()
         .await
-        .map_err(|_| "the metadata log is closed".to_string())?
-        .map_err(|e| e.to_string())?;
+        .unwrap_or(Err(MetaError::Closed))?;
     let total = list.consumers.len();
     let mut rows = Vec::new();
     // Consumers often share streams: each stream's tail is asked once per answer.

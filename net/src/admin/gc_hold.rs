@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use pico_engine::gc::GcHold;
+use pico_engine::GcHold;
 use serde_json::{json, Value};
 
 use crate::admin::state::{error, json_response, AdminState};
@@ -80,7 +80,7 @@ pub(super) async fn hold(state: &Rc<AdminState>, request: &Request) -> Response 
         .await
     {
         Ok(hold) => hold,
-        Err(message) => return error(503, message),
+        Err(e) => return error(503, e.to_string()),
     };
     let holds = &state.gc_holds;
     let generation = holds.generations.get() + 1;
@@ -143,6 +143,6 @@ pub(super) async fn checkpoint(state: &AdminState, request: &Request) -> Respons
                 "checkpointedAtMs": pico_engine::now_ms(),
             }),
         ),
-        Err(message) => error(503, message),
+        Err(e) => error(503, e.to_string()),
     }
 }

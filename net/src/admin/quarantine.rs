@@ -75,7 +75,7 @@ pub(super) async fn records(state: &AdminState, query: &str) -> Response {
     };
     let records = match pico_engine::quarantine::export(state.core.store(), &entry).await {
         Ok(records) => records,
-        Err(e) => return error(502, e),
+        Err(e) => return error(502, e.to_string()),
     };
     let records: Vec<Value> = records
         .iter()

@@ -34,9 +34,11 @@ mod sse;
 mod tests;
 mod write;
 
-pub use error::{connection_error, DsError};
+pub use error::connection_error;
 pub use handle::handle;
-pub use params::{format_offset, DsSettings};
+#[cfg(test)]
+pub(crate) use params::format_offset;
+pub use params::DsSettings;
 #[cfg(test)]
 #[cfg(test)]
 pub(crate) use sse::STATE_BYTES;

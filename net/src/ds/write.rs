@@ -136,7 +136,7 @@ fn ttl_header(request: &Request) -> Result<(Option<u64>, Option<i64>), DsError> 
         ));
     }
     crate::params::check_expiry(ttl, expires, "Stream-TTL", "Stream-Expires-At")
-        .map_err(DsError::bad_request)?;
+        .map_err(|e| DsError::bad_request(e.to_string()))?;
     Ok((ttl, expires))
 }
 

@@ -12,7 +12,7 @@ mod settings;
 mod sse;
 mod write;
 
-pub use error::{connection_error, error_response, ApiError};
+pub use error::connection_error;
 pub use handle::handle;
 pub use settings::PicoSettings;
 #[cfg(test)]

@@ -98,7 +98,7 @@ pub(super) async fn create(
         ));
     }
     crate::params::check_expiry(ttl_sec, expires_at_ms, "Pico-TTL", "Pico-Expires-At")
-        .map_err(ApiError::bad_request)?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let closed = header_true(request, PICO_CLOSED);
     let config = StreamConfig {
         content_type: stream_content_type(request),
@@ -174,11 +174,11 @@ pub(super) async fn append(
         match base.as_str() {
             codec::BINARY_BATCH_TYPE => {
                 codec::decode_binary_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
-                    .map_err(ApiError::bad_request)?
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?
             }
             codec::JSON_BATCH_TYPE => {
                 codec::decode_json_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
-                    .map_err(ApiError::bad_request)?
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?
             }
             _ => vec![RecordInput {
                 headers: Vec::new(),

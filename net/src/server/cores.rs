@@ -14,7 +14,8 @@ use glommio::net::TcpListener;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use pico_engine::{CoreHandle, CoreSeed};
 
-use super::listeners::{explain_bind_error, spawn_admin, spawn_data_listener, DataServing};
+use super::error::{CoreStartError, StartError};
+use super::listeners::{spawn_admin, spawn_data_listener, DataServing};
 use crate::admin::metrics::HttpMetrics;
 use crate::admin::{AdminState, NodeFacts};
 use crate::auth::CoreTokens;
@@ -70,7 +71,7 @@ struct CoreJob {
     listeners: Vec<(String, Protocol)>,
     admin: Option<AdminJob>,
     http: Arc<HttpMetrics>,
-    ready: mpsc::Sender<Result<Started, String>>,
+    ready: mpsc::Sender<Result<Started, CoreStartError>>,
     node: NodeJob,
 }
 
@@ -100,9 +101,9 @@ pub(super) fn start_cores(
     node: NodeJob,
     mut admin: Option<AdminJob>,
     http_metrics: &[Arc<HttpMetrics>],
-) -> Result<(Vec<ExecutorJoinHandle<()>>, Option<SocketAddr>), String> {
+) -> Result<(Vec<ExecutorJoinHandle<()>>, Option<SocketAddr>), StartError> {
     let cores = seeds.len();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, String>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<Started, CoreStartError>>();
     let mut admin_addr = None;
     let mut handles = Vec::new();
     for (index, seed) in seeds.into_iter().enumerate() {
@@ -121,11 +122,11 @@ pub(super) fn start_cores(
         };
         let handle = core_executor(placement, index)
             .spawn(move || run_core(job))
-            .map_err(|e| explain_executor_error(&e.to_string()))?;
+            .map_err(StartError::Executor)?;
         handles.push(handle);
         let started = ready_rx
             .recv_timeout(Duration::from_secs(30))
-            .map_err(|_| format!("core {index} did not start within 30 s"))??;
+            .map_err(|_| StartError::CoreTimeout { core: index })??;
         if index == 0 {
             for (listener, addr) in listeners.iter_mut().zip(&started.listens) {
                 listener.0 = addr.to_string();
@@ -142,17 +143,6 @@ fn core_executor(placement: Placement, index: usize) -> LocalExecutorBuilder {
         .name(&format!("pico-core-{index}"))
         .io_memory(IO_MEMORY_PER_CORE_BYTES)
         .preempt_timer(Duration::from_millis(CORE_PREEMPT_INTERVAL_MS))
-}
-
-fn explain_executor_error(error: &str) -> String {
-    if error.contains("io_uring")
-        || error.contains("Operation not permitted")
-        || error.contains("ENOSYS")
-    {
-        format!("cannot start an io_uring executor: {error}. io_uring may be disabled (kernel < 5.8, sysctl kernel.io_uring_disabled, or a container seccomp profile blocking io_uring_setup)")
-    } else {
-        format!("cannot start an executor: {error}")
-    }
 }
 
 async fn run_core(job: CoreJob) {
@@ -188,23 +178,27 @@ async fn run_core(job: CoreJob) {
         send_stall_timeout,
     };
     let started = async {
-        let core = CoreHandle::start(seed).await?;
+        let core = CoreHandle::start(seed)
+            .await
+            .map_err(CoreStartError::Engine)?;
+        let bind = |addr: &String| {
+            TcpListener::bind(addr).map_err(|source| CoreStartError::Bind {
+                addr: addr.clone(),
+                source,
+            })
+        };
         let mut bound = Vec::new();
         for (addr, protocol) in &listeners {
-            let listener =
-                TcpListener::bind(addr).map_err(|e| explain_bind_error(addr, &e.to_string()))?;
-            let local = listener.local_addr().map_err(|e| e.to_string())?;
+            let listener = bind(addr)?;
+            let local = listener.local_addr().map_err(CoreStartError::LocalAddr)?;
             bound.push((listener, local, *protocol));
         }
         let admin_listener = match &admin {
-            Some(job) => Some(
-                TcpListener::bind(&job.addr)
-                    .map_err(|e| explain_bind_error(&job.addr, &e.to_string()))?,
-            ),
+            Some(job) => Some(bind(&job.addr)?),
             None => None,
         };
         let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
-        Ok::<_, String>((core, bound, admin_listener, admin_addr))
+        Ok::<_, CoreStartError>((core, bound, admin_listener, admin_addr))
     }
     .await;
     let (core, bound, admin_listener, admin_addr) = match started {

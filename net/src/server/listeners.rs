@@ -378,10 +378,6 @@ async fn serve_tls<H, F>(
     }
 }
 
-pub(super) fn explain_bind_error(addr: &str, error: &str) -> String {
-    format!("cannot listen on {addr}: {error} (is another server using it? pick another with --listen, --ds-listen (or --ds-listen off) or --admin-listen)")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

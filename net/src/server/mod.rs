@@ -5,6 +5,7 @@
 //! executors (whose accept loops are `listeners.rs`), `signals.rs` waits, then the stop.
 
 mod cores;
+mod error;
 mod listeners;
 mod setup;
 mod signals;
@@ -21,12 +22,14 @@ use crate::admin::state::NodeFacts;
 use crate::config::{Protocol, ServerConfig};
 use crate::shutdown::Shutdown;
 use cores::{AdminJob, NodeJob, Stopped};
+pub use error::{CoreStartError, StartError};
 
 /// The bound on the whole stop (after the drain window).
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Runs a node until SIGINT/SIGTERM. Returns a one-line, user-facing reason on failure.
-pub fn run(config: ServerConfig) -> Result<(), String> {
+/// Runs a node until SIGINT/SIGTERM. `Err` says why it could not start, in one line for the
+/// operator.
+pub fn run(config: ServerConfig) -> Result<(), StartError> {
     config.check()?;
     // Blocked before any thread starts (the metadata and upload threads inherit the mask), so
     // only the main thread's sigwait ever takes SIGINT/SIGTERM/SIGHUP.
@@ -147,7 +150,7 @@ fn advertise(
     listeners: &[(String, Protocol)],
     advertised: &str,
     scheme: &str,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let url_of = |wanted: Protocol| {
         listeners
             .iter()

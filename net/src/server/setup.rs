@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pico_engine::{Boot, ClusterConfig, EngineConfig};
 
+use super::error::StartError;
 use crate::admin::NodeFacts;
 use crate::auth::SharedTokens;
 use crate::config::{Durability, Protocol, ServerConfig};
@@ -21,7 +22,7 @@ const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 
 /// glommio needs locked memory for its rings; raise the soft limit to the hard one, and say
 /// how to fix it when that is still too low.
-pub(super) fn check_memlock() -> Result<(), String> {
+pub(super) fn check_memlock() -> Result<(), StartError> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -42,32 +43,27 @@ pub(super) fn check_memlock() -> Result<(), String> {
         }
     }
     if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < MEMLOCK_MIN_BYTES {
-        return Err(format!(
-            "locked-memory limit is {} KiB but io_uring needs at least {} KiB: run `ulimit -l 8192` (or set LimitMEMLOCK= in systemd, --ulimit memlock= in Docker)",
-            limit.rlim_cur / 1024,
-            MEMLOCK_MIN_BYTES / 1024
-        ));
+        return Err(StartError::Memlock {
+            limit_kib: limit.rlim_cur / 1024,
+            needed_kib: MEMLOCK_MIN_BYTES / 1024,
+        });
     }
     Ok(())
 }
 
 /// `--auth required`: the token table, loaded from `--auth-tokens`.
-pub(super) fn load_tokens(config: &ServerConfig) -> Result<Option<Arc<SharedTokens>>, String> {
+pub(super) fn load_tokens(config: &ServerConfig) -> Result<Option<Arc<SharedTokens>>, StartError> {
     match (config.auth_required, &config.auth_tokens) {
         (true, Some(path)) => {
             let tokens = SharedTokens::load(path)?;
             // A node that refuses every request is a mistake, not a configuration (emptying
             // the file and reloading it, to revoke every token at once, stays possible).
             if tokens.current_len() == 0 {
-                return Err(format!(
-                    "--auth-tokens {}: no grants, so every request would be refused: add lines \
-                     `token prefix permissions` (docs/security.md)",
-                    path.display()
-                ));
+                return Err(StartError::NoGrants { path: path.clone() });
             }
             Ok(Some(tokens))
         }
-        (true, None) => Err("--auth required needs --auth-tokens FILE".into()),
+        (true, None) => Err(StartError::TokensNeeded),
         (false, _) => Ok(None),
     }
 }
@@ -76,16 +72,14 @@ pub(super) fn load_tokens(config: &ServerConfig) -> Result<Option<Arc<SharedToke
 pub(super) fn refuse_open_remote_listeners(
     config: &ServerConfig,
     authenticated: bool,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     if !authenticated && !config.insecure_allow_remote {
         let mut listeners = vec![config.listen.clone()];
         listeners.extend(config.ds_listen.clone());
         listeners.extend(config.admin_listen.clone());
         for addr in listeners {
             if !is_loopback(&addr)? {
-                return Err(format!(
-                    "refusing to listen on {addr} without authentication: use --auth required --auth-tokens FILE, or --insecure-allow-remote to expose it anyway"
-                ));
+                return Err(StartError::OpenRemote { addr });
             }
         }
     }
@@ -93,11 +87,14 @@ pub(super) fn refuse_open_remote_listeners(
 }
 
 /// Whether every address `addr` resolves to is a loopback address.
-fn is_loopback(addr: &str) -> Result<bool, String> {
+fn is_loopback(addr: &str) -> Result<bool, StartError> {
     use std::net::ToSocketAddrs;
     let resolved: Vec<SocketAddr> = addr
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve listen address {addr}: {e}"))?
+        .map_err(|source| StartError::Resolve {
+            addr: addr.to_string(),
+            source,
+        })?
         .collect();
     Ok(!resolved.is_empty() && resolved.iter().all(|a| a.ip().is_loopback()))
 }
@@ -105,11 +102,11 @@ fn is_loopback(addr: &str) -> Result<bool, String> {
 /// `--tls-cert` and `--tls-key`: the TLS set-up every listener then serves.
 pub(super) fn tls_config(
     config: &ServerConfig,
-) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+) -> Result<Option<Arc<rustls::ServerConfig>>, StartError> {
     match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Ok(Some(tls::server_config(cert, key)?)),
         (None, None) => Ok(None),
-        _ => Err("--tls-cert and --tls-key go together".into()),
+        _ => Err(StartError::TlsHalf),
     }
 }
 
@@ -125,7 +122,7 @@ pub(super) struct Booted {
 
 /// Opens the metadata log and the object store and recovers the WAL (`pico_engine::boot`),
 /// as a cluster member when the metadata log is shared.
-pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, String> {
+pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, StartError> {
     let available = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -245,7 +242,7 @@ pub(super) fn log_startup(
 /// Loopback webhooks are allowed when every protocol listener is loopback (local development,
 /// tests) or with `--webhook-allow-loopback`; otherwise a subscription creator could make the
 /// node POST to its own or its neighbours' local ports.
-pub(super) fn open_subscriptions(config: &ServerConfig) -> Result<Arc<Subscriptions>, String> {
+pub(super) fn open_subscriptions(config: &ServerConfig) -> Result<Arc<Subscriptions>, StartError> {
     let subscriptions = open_subscription_state(config)?;
     let allowed = webhook_loopback_allowed(config)?;
     subscriptions.set_webhook_loopback(allowed);
@@ -258,7 +255,7 @@ pub(super) fn open_subscriptions(config: &ServerConfig) -> Result<Arc<Subscripti
 }
 
 /// Whether webhooks may go to loopback hosts on a node of `config` (see `open_subscriptions`).
-pub(super) fn webhook_loopback_allowed(config: &ServerConfig) -> Result<bool, String> {
+pub(super) fn webhook_loopback_allowed(config: &ServerConfig) -> Result<bool, StartError> {
     if config.webhook_allow_loopback {
         return Ok(true);
     }
@@ -272,12 +269,13 @@ pub(super) fn webhook_loopback_allowed(config: &ServerConfig) -> Result<bool, St
     Ok(true)
 }
 
-fn open_subscription_state(config: &ServerConfig) -> Result<Arc<Subscriptions>, String> {
+fn open_subscription_state(config: &ServerConfig) -> Result<Arc<Subscriptions>, StartError> {
     Ok(Arc::new(if config.durability == Durability::Memory {
         log::info!("subscriptions: in memory (--durability memory)");
         Subscriptions::new()
     } else {
-        let subscriptions = Subscriptions::open(&config.wal_dir)?;
+        let subscriptions =
+            Subscriptions::open(&config.wal_dir).map_err(StartError::Subscriptions)?;
         if let Some(path) = subscriptions.state_path() {
             log::info!(
                 "subscriptions: {} loaded from {}",

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use pico_proto::header::PICO_SIGNALS;
 
+use super::error::StartError;
 use crate::auth::SharedTokens;
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it starts, so `sigwait`
 /// here receives them.
-pub(super) fn block_shutdown_signals() -> Result<libc::sigset_t, String> {
+pub(super) fn block_shutdown_signals() -> Result<libc::sigset_t, StartError> {
     // SAFETY: plain signal-set manipulation on a zeroed, then initialised, set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -18,7 +19,7 @@ pub(super) fn block_shutdown_signals() -> Result<libc::sigset_t, String> {
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGHUP);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err("cannot block shutdown signals".into());
+            return Err(StartError::BlockSignals);
         }
         Ok(set)
     }
@@ -47,7 +48,7 @@ pub(super) fn wait_for_stop(signals: &libc::sigset_t, auth: Option<&Arc<SharedTo
 }
 
 /// A second SIGINT/SIGTERM while stopping means "now".
-pub(super) fn exit_on_second_stop(signals: libc::sigset_t) -> Result<(), String> {
+pub(super) fn exit_on_second_stop(signals: libc::sigset_t) -> Result<(), StartError> {
     std::thread::Builder::new()
         .name(PICO_SIGNALS.into())
         .spawn(move || loop {
@@ -58,5 +59,5 @@ pub(super) fn exit_on_second_stop(signals: libc::sigset_t) -> Result<(), String>
             }
         })
         .map(drop)
-        .map_err(|e| format!("cannot start the signal thread: {e}"))
+        .map_err(StartError::SignalThread)
 }

@@ -269,12 +269,9 @@ impl Subscriptions {
     }
 
     /// The number of subscriptions.
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.shared.active.load(Ordering::Acquire)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The state file, unless in memory.

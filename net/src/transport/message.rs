@@ -126,6 +126,7 @@ impl Response {
     }
 
     /// The body as one buffer, if it is one (tests read answers with it).
+    #[cfg(test)]
     pub fn full_body(&self) -> Option<&Bytes> {
         match &self.body {
             Body::Full(bytes) => Some(bytes),

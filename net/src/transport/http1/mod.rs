@@ -28,9 +28,8 @@ use crate::transport::http2;
 use crate::transport::message::{
     answers_over_budget, hold_answer, refusal, within, LiveBody, Request, Response,
 };
-pub use parked::{park, Resume, PARKED_SUBSCRIBERS};
+pub use parked::{park, PARKED_SUBSCRIBERS};
 use parse::read_request;
-pub use parse::ProtocolError;
 use read::{fill_idle, peer_gone};
 use write::{write_events, write_response, EventsWritten};
 
