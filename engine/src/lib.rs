@@ -26,6 +26,7 @@ pub mod limits;
 mod live;
 pub mod metrics;
 mod notify;
+mod ops;
 mod placement;
 pub mod producers;
 mod put_budget;

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use pico_meta::{Fence, MetaError, PendingTransfer};
 
 use super::seeds::stream_seeds;
-use crate::api::Op;
 use crate::cluster::Cluster;
 use crate::error::EngineError;
 use crate::limits;
+use crate::ops::RouteAs;
 
 use super::state::Shard;
 use super::stream::StreamSeed;
@@ -21,7 +21,7 @@ impl Shard {
     /// Before an operation on a stream this core does not hold: find who serves it. Ours but
     /// not loaded (taken over, transferred here): load it. Another live node's: redirect. A new
     /// name: create it here if placement says so.
-    pub(super) async fn route(self: &Rc<Self>, name: &str, op: &Op) -> Result<(), EngineError> {
+    pub(super) async fn route(self: &Rc<Self>, name: &str, op: RouteAs) -> Result<(), EngineError> {
         let Some(cluster) = self.cluster.clone() else {
             return Ok(());
         };
@@ -29,10 +29,10 @@ impl Shard {
         while self.moves.borrow().handing_off(name) {
             self.handed_off.wait().await;
         }
-        if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
+        if self.streams.borrow().contains_key(name) || op == RouteAs::Anywhere {
             return Ok(());
         }
-        let plain_create = matches!(op, Op::Create { fork: None, .. });
+        let plain_create = op == RouteAs::PlainCreate;
         if plain_create && cluster.place(name).is_none_or(|n| n == me) {
             // A create this node would place here asks the metadata log once, in the create
             // itself: it registers the name, or finds it registered and by whom, and `create`
