@@ -89,7 +89,7 @@ impl Peers {
         owner: usize,
         name: &str,
         op: O,
-    ) -> Result<O::Answer, EngineError> {
+    ) -> Result<O::Answer, O::Error> {
         // A clone has a slot of its own in a bounded `mpsc` channel (capacity = buffer +
         // senders), so it waits only while the queue holds more than that.
         let mut sender = self.senders.borrow()[owner].clone();
@@ -109,14 +109,14 @@ impl Peers {
         owner: usize,
         name: &str,
         op: O,
-    ) -> Result<O::Answer, EngineError> {
+    ) -> Result<O::Answer, O::Error> {
         let (message, answer) = op_message(name, op);
         self.send(owner, message)?;
         answer.await.map_err(|_| EngineError::ShuttingDown)?
     }
 }
 
-type Answer<O> = oneshot::Receiver<Result<<O as StreamOp>::Answer, EngineError>>;
+type Answer<O> = oneshot::Receiver<Result<<O as StreamOp>::Answer, <O as StreamOp>::Error>>;
 
 /// The message that runs `op` on `name`'s core, and where its reply arrives.
 fn op_message<O: StreamOp>(name: &str, op: O) -> (Message, Answer<O>) {

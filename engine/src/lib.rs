@@ -45,7 +45,7 @@ pub use boot::{boot, Boot, CoreSeed};
 pub use clock::now_ms;
 pub use cluster::{Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
-pub use error::EngineError;
+pub use error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 pub use handle::CoreHandle;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;

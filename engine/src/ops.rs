@@ -8,7 +8,7 @@ use crate::api::{
     AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, RecordInput, RetentionChange,
     StreamInfo,
 };
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::metrics::OpKind;
 use crate::state::{ForkOrigin, StreamConfig};
 
@@ -16,6 +16,8 @@ use crate::state::{ForkOrigin, StreamConfig};
 /// answer it gets.
 pub(crate) trait StreamOp: Sized + Send + 'static {
     type Answer: Send + 'static;
+    /// Why it can fail: at least what any operation can meet on its way ([`EngineError`]).
+    type Error: From<EngineError> + Send + 'static;
     /// Under which operation its metrics count it.
     const KIND: OpKind;
     /// Asked across cores, it is dropped with its waiter when the asker goes away (a
@@ -99,7 +101,7 @@ pub(crate) struct ForkRelease {
 pub(crate) struct Sent<O: StreamOp> {
     pub(crate) name: String,
     pub(crate) op: O,
-    pub(crate) reply: oneshot::Sender<Result<O::Answer, EngineError>>,
+    pub(crate) reply: oneshot::Sender<Result<O::Answer, O::Error>>,
 }
 
 /// Each operation on a stream that crosses between cores, with its typed reply channel.
@@ -117,6 +119,7 @@ pub(crate) enum StreamRequest {
 
 impl StreamOp for Create {
     type Answer = Created;
+    type Error = CreateError;
     const KIND: OpKind = OpKind::Create;
 
     fn route(&self) -> RouteAs {
@@ -134,6 +137,7 @@ impl StreamOp for Create {
 
 impl StreamOp for AppendRequest {
     type Answer = AppendAck;
+    type Error = AppendError;
     const KIND: OpKind = OpKind::Append;
 
     fn message(sent: Sent<Self>) -> StreamRequest {
@@ -143,6 +147,7 @@ impl StreamOp for AppendRequest {
 
 impl StreamOp for ReadRequest {
     type Answer = ReadBatch;
+    type Error = ReadError;
     const KIND: OpKind = OpKind::Read;
     const CANCELLABLE: bool = true;
 
@@ -157,6 +162,7 @@ impl StreamOp for ReadRequest {
 
 impl StreamOp for Head {
     type Answer = StreamInfo;
+    type Error = EngineError;
     const KIND: OpKind = OpKind::Head;
     const CANCELLABLE: bool = true;
 
@@ -167,6 +173,7 @@ impl StreamOp for Head {
 
 impl StreamOp for Trim {
     type Answer = u64;
+    type Error = TrimError;
     const KIND: OpKind = OpKind::Trim;
 
     fn message(sent: Sent<Self>) -> StreamRequest {
@@ -176,6 +183,7 @@ impl StreamOp for Trim {
 
 impl StreamOp for Configure {
     type Answer = StreamInfo;
+    type Error = EngineError;
     const KIND: OpKind = OpKind::Configure;
 
     fn message(sent: Sent<Self>) -> StreamRequest {
@@ -186,6 +194,7 @@ impl StreamOp for Configure {
 impl StreamOp for Delete {
     /// For a fork, its source (name and id), whose reference the asker gives back.
     type Answer = Option<(String, u64)>;
+    type Error = EngineError;
     const KIND: OpKind = OpKind::Delete;
 
     fn message(sent: Sent<Self>) -> StreamRequest {
@@ -195,6 +204,7 @@ impl StreamOp for Delete {
 
 impl StreamOp for ForkAcquire {
     type Answer = (ForkOrigin, StreamConfig);
+    type Error = CreateError;
     const KIND: OpKind = OpKind::Fork;
 
     fn message(sent: Sent<Self>) -> StreamRequest {
@@ -204,6 +214,7 @@ impl StreamOp for ForkAcquire {
 
 impl StreamOp for ForkRelease {
     type Answer = ();
+    type Error = EngineError;
     const KIND: OpKind = OpKind::Fork;
 
     fn route(&self) -> RouteAs {

@@ -12,7 +12,7 @@ use crate::api::{
     AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, RecordInput, RetentionChange,
     StreamInfo, StreamSummary,
 };
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::inbox::{Message, Peers};
 use crate::ops::{
     Configure, Create, Delete, ForkAcquire, ForkRelease, Head, Sent, StreamRequest, Trim,
@@ -40,7 +40,7 @@ impl Router {
     }
 
     /// Runs `op` on the stream's owning core.
-    pub(crate) async fn run<O: Run>(&self, name: &str, op: O) -> Result<O::Answer, EngineError> {
+    pub(crate) async fn run<O: Run>(&self, name: &str, op: O) -> Result<O::Answer, O::Error> {
         let owner = owner_core(name, self.cores());
         if owner == self.core {
             return self.shard.execute(name, op).await;
@@ -57,7 +57,7 @@ impl Router {
         closed: bool,
         records: Vec<RecordInput>,
         fork: Option<ForkOrigin>,
-    ) -> Result<Created, EngineError> {
+    ) -> Result<Created, CreateError> {
         let op = Create {
             config,
             closed,
@@ -71,7 +71,7 @@ impl Router {
         &self,
         name: &str,
         request: AppendRequest,
-    ) -> Result<AppendAck, EngineError> {
+    ) -> Result<AppendAck, AppendError> {
         self.run(name, request).await
     }
 
@@ -82,7 +82,7 @@ impl Router {
         &self,
         name: &str,
         request: ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         let owner = owner_core(name, self.cores());
         if owner == self.core {
             return self.shard.execute(name, request).await;
@@ -99,7 +99,7 @@ impl Router {
     }
 
     /// The stream's first readable offset after the trim.
-    pub(crate) async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
+    pub(crate) async fn trim(&self, name: &str, offset: u64) -> Result<u64, TrimError> {
         self.run(name, Trim { offset }).await
     }
 
@@ -132,7 +132,7 @@ impl Router {
         source: &str,
         offset: u64,
         partial_bytes: u64,
-    ) -> Result<(ForkOrigin, StreamConfig), EngineError> {
+    ) -> Result<(ForkOrigin, StreamConfig), CreateError> {
         let op = ForkAcquire {
             offset,
             partial_bytes,

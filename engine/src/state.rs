@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, ReadError};
 pub use crate::frame::ProducerTuple;
 use crate::producers::{Producer, ProducerLimits, Producers};
 
@@ -274,7 +274,7 @@ impl StreamState {
         &mut self,
         command: AppendCommand,
         now_ms: i64,
-    ) -> Result<AppendOutcome, EngineError> {
+    ) -> Result<AppendOutcome, AppendError> {
         let outcome = self.assign_append(command, now_ms)?;
         self.touch(now_ms);
         Ok(outcome)
@@ -284,9 +284,9 @@ impl StreamState {
         &mut self,
         command: AppendCommand,
         now_ms: i64,
-    ) -> Result<AppendOutcome, EngineError> {
+    ) -> Result<AppendOutcome, AppendError> {
         if command.records == 0 && !command.close {
-            return Err(EngineError::Invalid("empty body".into()));
+            return Err(AppendError::Invalid("empty body".into()));
         }
         // Producer outcomes come before the closed check, so a retry of a request that was
         // applied (even the one that closed the stream) still succeeds.
@@ -305,7 +305,7 @@ impl StreamState {
                     _ => false,
                 };
                 if other_closer {
-                    return Err(EngineError::Closed {
+                    return Err(AppendError::Closed {
                         next_offset: self.next_offset,
                     });
                 }
@@ -314,25 +314,25 @@ impl StreamState {
                     newly: false,
                 });
             }
-            return Err(EngineError::Closed {
+            return Err(AppendError::Closed {
                 next_offset: self.next_offset,
             });
         }
         if let Some(given) = command.content_type {
             if command.records > 0 && !mime_base_eq(given, &self.content_type) {
-                return Err(EngineError::ContentTypeMismatch {
+                return Err(AppendError::ContentTypeMismatch {
                     expected: self.content_type.to_string(),
                 });
             }
         }
         if let (Some(given), Some(last)) = (command.writer_seq, &self.extras().writer_seq) {
             if given.as_bytes() <= last.as_bytes() {
-                return Err(EngineError::WriterSeqRegression { last: last.clone() });
+                return Err(AppendError::WriterSeqRegression { last: last.clone() });
             }
         }
         if let Some(expected) = command.match_offset {
             if expected != self.next_offset {
-                return Err(EngineError::MatchFailed {
+                return Err(AppendError::MatchFailed {
                     expected,
                     actual: self.next_offset,
                 });
@@ -375,16 +375,16 @@ impl StreamState {
     fn check_producer(
         &self,
         producer: &ProducerTuple,
-    ) -> Result<Option<AppendOutcome>, EngineError> {
+    ) -> Result<Option<AppendOutcome>, AppendError> {
         let new_epoch_error =
-            || EngineError::Invalid("New epoch must start with sequence 0".into());
+            || AppendError::Invalid("New epoch must start with sequence 0".into());
         match self.extras().producers.get(&producer.id) {
-            None if producer.seq != 0 => Err(EngineError::UnknownProducer {
+            None if producer.seq != 0 => Err(AppendError::UnknownProducer {
                 received: producer.seq,
             }),
             None => Ok(None),
             Some(&Producer { epoch, .. }) if producer.epoch < epoch => {
-                Err(EngineError::StaleProducerEpoch { current: epoch })
+                Err(AppendError::StaleProducerEpoch { current: epoch })
             }
             Some(&Producer { epoch, .. }) if producer.epoch > epoch => {
                 if producer.seq == 0 {
@@ -401,7 +401,7 @@ impl StreamState {
                 }))
             }
             Some(&Producer { seq: last, .. }) if producer.seq > last.saturating_add(1) => {
-                Err(EngineError::ProducerSequenceGap {
+                Err(AppendError::ProducerSequenceGap {
                     expected: last.saturating_add(1),
                     received: producer.seq,
                 })
@@ -433,15 +433,15 @@ impl StreamState {
     }
 
     /// Checks a read position against the readable range.
-    pub fn check_read(&self, from: u64) -> Result<(), EngineError> {
+    pub fn check_read(&self, from: u64) -> Result<(), ReadError> {
         if from < self.start_offset {
-            return Err(EngineError::OffsetGone {
+            return Err(ReadError::OffsetGone {
                 requested: from,
                 start: self.start_offset,
             });
         }
         if from > self.durable_offset {
-            return Err(EngineError::OffsetBeyondTail {
+            return Err(ReadError::OffsetBeyondTail {
                 requested: from,
                 tail: self.durable_offset,
             });
@@ -460,14 +460,14 @@ impl StreamState {
         config: &StreamConfig,
         closed: bool,
         fork: Option<&ForkOrigin>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<(), CreateError> {
         if self.soft_deleted {
-            return Err(EngineError::ConfigMismatch {
+            return Err(CreateError::ConfigMismatch {
                 message: "a deleted stream with live forks still holds this name".into(),
                 next_offset: self.durable_offset,
             });
         }
-        let mismatch = |message: String| EngineError::ConfigMismatch {
+        let mismatch = |message: String| CreateError::ConfigMismatch {
             message,
             next_offset: self.durable_offset,
         };
@@ -600,7 +600,7 @@ mod tests {
         records: u64,
         close: bool,
         producer: Option<(&str, u64, u64)>,
-    ) -> Result<AppendOutcome, EngineError> {
+    ) -> Result<AppendOutcome, AppendError> {
         let producer = producer.map(|(id, epoch, seq)| ProducerTuple {
             id: id.into(),
             epoch,
@@ -626,7 +626,7 @@ mod tests {
         assert!(
             matches!(
                 append(&mut state, 1, false, Some(("p", 0, 1))),
-                Err(EngineError::UnknownProducer { received: 1 })
+                Err(AppendError::UnknownProducer { received: 1 })
             ),
             "unknown id must start at 0"
         );
@@ -652,7 +652,7 @@ mod tests {
         ));
         assert_eq!(
             append(&mut state, 1, false, Some(("p", 0, 3))).unwrap_err(),
-            EngineError::ProducerSequenceGap {
+            AppendError::ProducerSequenceGap {
                 expected: 2,
                 received: 3
             }
@@ -660,7 +660,7 @@ mod tests {
         assert!(
             matches!(
                 append(&mut state, 1, false, Some(("p", 1, 1))),
-                Err(EngineError::Invalid(_))
+                Err(AppendError::Invalid(_))
             ),
             "new epoch must start at 0"
         );
@@ -670,7 +670,7 @@ mod tests {
         ));
         assert_eq!(
             append(&mut state, 1, false, Some(("p", 0, 2))).unwrap_err(),
-            EngineError::StaleProducerEpoch { current: 1 }
+            AppendError::StaleProducerEpoch { current: 1 }
         );
         assert_eq!(state.next_offset, 3);
     }
@@ -686,11 +686,11 @@ mod tests {
         ));
         assert!(matches!(
             append(&mut state, 1, false, Some(("q", 0, 0))),
-            Err(EngineError::Closed { .. })
+            Err(AppendError::Closed { .. })
         ));
         assert!(matches!(
             append(&mut state, 0, true, Some(("q", 0, 0))),
-            Err(EngineError::Closed { .. })
+            Err(AppendError::Closed { .. })
         ));
         assert!(matches!(
             append(&mut state, 0, true, None),
@@ -708,7 +708,7 @@ mod tests {
         assert_eq!(state.trim(10), 3, "clamped to the durable tail");
         assert!(matches!(
             state.check_read(2),
-            Err(EngineError::OffsetGone { start: 3, .. })
+            Err(ReadError::OffsetGone { start: 3, .. })
         ));
     }
 
@@ -745,7 +745,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err,
-            EngineError::MatchFailed {
+            AppendError::MatchFailed {
                 expected: 5,
                 actual: 2
             }
@@ -784,7 +784,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             state.check_read(1),
-            Err(EngineError::OffsetBeyondTail { .. })
+            Err(ReadError::OffsetBeyondTail { .. })
         ));
         state.mark_durable(3, false);
         assert!(state.check_read(3).is_ok());

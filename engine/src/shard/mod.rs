@@ -54,7 +54,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use crate::api::{AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, StreamInfo};
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::metrics::{CoreMetrics, OpKind};
 use crate::ops::{Configure, Create, Delete, ForkAcquire, ForkRelease, Head, StreamOp, Trim};
 use crate::state::{ForkOrigin, StreamConfig};
@@ -86,7 +86,7 @@ impl Shard {
         self: &Rc<Self>,
         name: &str,
         op: O,
-    ) -> Result<O::Answer, EngineError> {
+    ) -> Result<O::Answer, O::Error> {
         let timed = op.timed();
         let started = Instant::now();
         if self.cluster.is_some() {
@@ -117,11 +117,11 @@ pub(crate) trait Run: StreamOp {
         self,
         shard: &Rc<Shard>,
         name: &str,
-    ) -> impl Future<Output = Result<Self::Answer, EngineError>>;
+    ) -> impl Future<Output = Result<Self::Answer, Self::Error>>;
 }
 
 impl Run for Create {
-    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<Created, EngineError> {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<Created, CreateError> {
         let Create {
             config,
             closed,
@@ -134,13 +134,13 @@ impl Run for Create {
 }
 
 impl Run for AppendRequest {
-    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<AppendAck, EngineError> {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<AppendAck, AppendError> {
         shard.append(name, self).await
     }
 }
 
 impl Run for ReadRequest {
-    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<ReadBatch, EngineError> {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<ReadBatch, ReadError> {
         let batch = shard.read(name, self).await?;
         let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
         CoreMetrics::add(&shard.metrics.records_read, batch.records.len() as u64);
@@ -156,7 +156,7 @@ impl Run for Head {
 }
 
 impl Run for Trim {
-    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<u64, EngineError> {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<u64, TrimError> {
         shard.trim(name, self.offset).await
     }
 }
@@ -182,7 +182,7 @@ impl Run for ForkAcquire {
         self,
         shard: &Rc<Shard>,
         name: &str,
-    ) -> Result<(ForkOrigin, StreamConfig), EngineError> {
+    ) -> Result<(ForkOrigin, StreamConfig), CreateError> {
         shard
             .fork_acquire(name, self.offset, self.partial_bytes)
             .await

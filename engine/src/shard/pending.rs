@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use futures_channel::oneshot;
 
-use crate::error::EngineError;
+use crate::error::AppendError;
 
 /// One append waiting until its frames (which end at byte `end` of segment `segment`) are
 /// durable.
@@ -21,7 +21,7 @@ pub(super) struct PendingAck {
     pub(super) next_offset: u64,
     pub(super) closed: bool,
     pub(super) body_bytes: usize,
-    pub(super) reply: oneshot::Sender<Result<(), EngineError>>,
+    pub(super) reply: oneshot::Sender<Result<(), AppendError>>,
 }
 
 /// How a released acknowledgement is answered.

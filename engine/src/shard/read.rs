@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_channel::oneshot;
 
 use crate::api::{ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordView};
-use crate::error::EngineError;
+use crate::error::{EngineError, ReadError};
 use crate::frame::{self, FRAME_KIND_RECORD};
 use crate::limits;
 use crate::metrics::GaugeGuard;
@@ -19,7 +19,7 @@ impl Shard {
         self: &Rc<Self>,
         name: &str,
         request: ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         if let Some(bound) = request.bound {
             return Box::pin(self.read_bounded(name, bound, &request)).await;
         }
@@ -76,7 +76,8 @@ impl Shard {
                     return Err(EngineError::Overloaded {
                         limit: "waiters per stream",
                         retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
-                    });
+                    }
+                    .into());
                 }
                 rx
             };
@@ -129,7 +130,7 @@ impl Shard {
         name: &str,
         bound: ReadBound,
         request: &ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         let end = bound.until + u64::from(bound.partial_bytes > 0);
         let from = {
             let streams = self.streams.borrow();
@@ -140,7 +141,8 @@ impl Shard {
             if end > stream.state.durable_offset {
                 return Err(EngineError::Storage(format!(
                     "fork source {name} holds fewer records than its forks inherited"
-                )));
+                ))
+                .into());
             }
             match request.from {
                 ReadFrom::Offset(offset) => offset,
@@ -190,7 +192,7 @@ impl Shard {
         name: &str,
         from: u64,
         request: &ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
         let max_bytes = request.max_bytes.max(1);
         let (chunks, tail, closed_durable, stream_id, content_type) = {
