@@ -55,6 +55,7 @@ impl CoreHandle {
             metrics,
             cluster: cluster.clone(),
             put_budget,
+            clock: crate::clock::Clock::real(),
         };
         let shard = Shard::start(parts, streams).await?;
         let inbox_shard = shard.clone();
@@ -312,7 +313,7 @@ impl CoreHandle {
             .await?;
         let mut loaded: std::collections::HashMap<String, StreamInfo> =
             loaded.into_iter().map(|s| (s.name, s.info)).collect();
-        let now = crate::clock::now_ms();
+        let now = self.router.shard.clock().now_ms();
         let mut page = Vec::with_capacity(rows.len().min(limit));
         for listed in rows.into_iter().take(limit) {
             let owner = listed.ownership.node;

@@ -42,7 +42,7 @@ pub use api::{
     ReadRequest, RecordInput, RecordView, RetentionChange, StreamInfo, StreamSummary,
 };
 pub use boot::{boot, Boot, CoreSeed};
-pub use clock::now_ms;
+pub use clock::{now_ms, Clock};
 pub use cluster::{Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
 pub use error::{AppendError, CreateError, EngineError, ReadError, TrimError};

@@ -7,7 +7,6 @@ use futures_channel::oneshot;
 use pico_meta::{SegmentRun, StreamConfig as MetaConfig};
 
 use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
-use crate::clock::now_ms;
 use crate::error::{AppendError, CreateError, EngineError};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::health::WalHealth;
@@ -159,7 +158,7 @@ impl Shard {
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
-            .create_stream_owned(name, meta_config, fork_row, now_ms(), me)
+            .create_stream_owned(name, meta_config, fork_row, self.clock.now_ms(), me)
             .await
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -336,7 +335,7 @@ impl Shard {
         ))?;
         let id = self.live_stream_id(name, false).await?;
         self.one_incarnation_per_segment(name, id)?;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         // Judged first, then written: no await between, so the state the plan was made from
         // is the one the frames go into.
         let (key, plan) = {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pico_meta::{Fence, MetaError, PendingTransfer};
 
@@ -60,7 +60,7 @@ impl Shard {
         plain_create: bool,
     ) -> Result<(), EngineError> {
         let me = cluster.node_id();
-        let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
+        let deadline = self.clock.now() + Duration::from_millis(cluster.config.lease_ms * 2);
         loop {
             let found = meta_answer(self.meta.lookup_stream(name).await)?;
             let Some((row, ownership)) = found else {
@@ -80,7 +80,7 @@ impl Shard {
                     return Err(cluster.moved(node));
                 }
                 owner => {
-                    if Instant::now() >= deadline {
+                    if self.clock.now() >= deadline {
                         return Err(EngineError::NotOwner(format!(
                             "stream {name} is owned by {}, which does not renew its lease, \
                              and no node took it over yet; retry",

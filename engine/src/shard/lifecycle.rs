@@ -2,7 +2,6 @@
 //! changes, delete (soft while forks read it), fork references, listing and shutdown.
 
 use crate::api::{StreamInfo, StreamSummary};
-use crate::clock::now_ms;
 use crate::error::{CreateError, EngineError, TrimError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
@@ -15,7 +14,7 @@ impl Shard {
     /// Looks a stream up, deleting it first if it expired (lazy expiry). An expired stream
     /// that forks still read is kept for them but is gone for clients.
     pub(super) async fn live_stream_id(&self, name: &str, touch: bool) -> Result<u64, EngineError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let (id, expired) = {
             let mut streams = self.streams.borrow_mut();
             let Some(stream) = streams.get_mut(name) else {
@@ -232,7 +231,7 @@ impl Shard {
             let extras = stream.state.extras_mut();
             extras.fork_refs = extras.fork_refs.saturating_sub(1);
             extras.fork_refs == 0
-                && (stream.state.soft_deleted || stream.state.is_expired(now_ms()))
+                && (stream.state.soft_deleted || stream.state.is_expired(self.clock.now_ms()))
         };
         if remove {
             self.remove_stream(name, source_id).await?;
@@ -298,7 +297,7 @@ impl Shard {
     }
 
     pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let streams = self.streams.borrow();
         let lower = if start_after >= prefix {
             start_after

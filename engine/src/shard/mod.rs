@@ -88,7 +88,7 @@ impl Shard {
         op: O,
     ) -> Result<O::Answer, O::Error> {
         let timed = op.timed();
-        let started = Instant::now();
+        let started = self.clock.now();
         if self.cluster.is_some() {
             // Boxed: only a cluster routes, and its future would size every operation's.
             Box::pin(self.route(name, op.route())).await?;
@@ -106,7 +106,9 @@ impl Shard {
             CoreMetrics::add(&metrics.errors, 1);
         }
         if let Some(started) = started {
-            metrics.latency.observe(started.elapsed());
+            metrics
+                .latency
+                .observe(self.clock.now().saturating_duration_since(started));
         }
     }
 }

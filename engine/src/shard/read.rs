@@ -2,7 +2,7 @@
 //! the stream's waiters, and fork reads of what a fork inherited.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_channel::oneshot;
 
@@ -25,7 +25,7 @@ impl Shard {
         }
         let deadline = request
             .wait_ms
-            .map(|ms| Instant::now() + Duration::from_millis(ms));
+            .map(|ms| self.clock.now() + Duration::from_millis(ms));
         let mut from = match request.from {
             ReadFrom::Offset(offset) => offset,
             ReadFrom::AtLeast(offset) => {
@@ -58,7 +58,7 @@ impl Shard {
             if !batch.records.is_empty() || batch.closed || from < batch.tail {
                 return Ok(batch);
             }
-            let now = Instant::now();
+            let now = self.clock.now();
             if now >= deadline || self.stopping.get() {
                 return Ok(batch);
             }
