@@ -107,44 +107,6 @@ pub struct Created {
     pub first: Option<AppendAck>,
 }
 
-/// An operation on one stream, executed by its owning core: what crosses between cores (see
-/// `inbox.rs`). Crate-private: callers use the typed methods of `CoreHandle`.
-#[derive(Clone, Debug)]
-pub(crate) enum Op {
-    Create {
-        /// For a fork, an empty content type means the source's.
-        config: StreamConfig,
-        closed: bool,
-        /// Appended right after the create (a create with a body).
-        records: Vec<RecordInput>,
-        /// A fork, its fork point already resolved with the source (see `fork.rs`).
-        fork: Option<ForkOrigin>,
-    },
-    Append(AppendRequest),
-    /// A fork is being created from this stream: validate the fork point and count the
-    /// reference (the stream's records stay readable for the fork until it is released).
-    ForkAcquire {
-        offset: u64,
-        partial_bytes: u64,
-    },
-    /// A fork of this stream is gone (or was never created).
-    ForkRelease {
-        source_id: u64,
-    },
-    /// Changes the stream's retention policy (recorded in the metadata log before the
-    /// answer; the next retention pass applies it).
-    Configure {
-        change: RetentionChange,
-    },
-    /// Raise the first readable offset (clamped to the durable tail).
-    Trim {
-        offset: u64,
-    },
-    Read(ReadRequest),
-    Head,
-    Delete,
-}
-
 /// A stream's externally visible state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamInfo {
@@ -229,49 +191,6 @@ pub struct ReadBatch {
 impl ReadBatch {
     pub fn up_to_date(&self) -> bool {
         self.next_offset >= self.tail
-    }
-}
-
-/// The answer to an [`Op`], of the kind matching it (`route.rs` takes it apart).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Reply {
-    Created {
-        created: bool,
-        info: StreamInfo,
-        first: Option<AppendAck>,
-    },
-    Appended(AppendAck),
-    Read(ReadBatch),
-    Head(StreamInfo),
-    Trimmed {
-        start_offset: u64,
-    },
-    Configured(StreamInfo),
-    /// Deleted; for a fork, the source (name and id) whose reference the asker gives back.
-    Deleted {
-        fork_source: Option<(String, u64)>,
-    },
-    /// A fork point validated and counted: where the fork starts, and the source's
-    /// configuration (a fork inherits its content type and expiry when it gives none).
-    ForkPoint {
-        origin: ForkOrigin,
-        config: StreamConfig,
-    },
-    Released,
-}
-
-impl From<Created> for Reply {
-    fn from(created: Created) -> Reply {
-        let Created {
-            created,
-            info,
-            first,
-        } = created;
-        Reply::Created {
-            created,
-            info,
-            first,
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::rc::Rc;
 
 use crate::api::{Created, ForkSpec, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput};
-use crate::error::EngineError;
+use crate::error::{CreateError, EngineError, ReadError};
 use crate::route::Router;
 use crate::state::{mime_base_eq, ForkOrigin, StreamConfig};
 
@@ -16,7 +16,7 @@ pub(crate) async fn read(
     router: &Router,
     name: &str,
     request: ReadRequest,
-) -> Result<ReadBatch, EngineError> {
+) -> Result<ReadBatch, ReadError> {
     // Each level down the chain: the fork read, its request and where its source ends.
     struct Level {
         name: String,
@@ -99,7 +99,8 @@ pub(crate) async fn read(
                 return Err(EngineError::Storage(format!(
                     "{}: a read from its own first offset named its source again",
                     level.name
-                )));
+                ))
+                .into());
             }
             if !own.records.is_empty() {
                 stitched.next_offset = own.next_offset;
@@ -122,19 +123,19 @@ pub(crate) async fn create(
     closed: bool,
     records: Vec<RecordInput>,
     spec: ForkSpec,
-) -> Result<Created, EngineError> {
+) -> Result<Created, CreateError> {
     let source = match router.head(&spec.source).await {
-        Err(EngineError::Gone) => return Err(EngineError::SourceGone),
+        Err(EngineError::Gone) => return Err(CreateError::SourceGone),
         other => other?,
     };
     if spec.offset_bytes > 0 {
-        return Err(EngineError::Invalid(
+        return Err(CreateError::Invalid(
             "Stream-Fork-Offset is not an offset this server issued".into(),
         ));
     }
     let offset = spec.offset.unwrap_or(source.next_offset);
     if offset > source.next_offset {
-        return Err(EngineError::Invalid(format!(
+        return Err(CreateError::Invalid(format!(
             "fork offset is past the source's tail ({})",
             source.next_offset
         )));
@@ -145,14 +146,14 @@ pub(crate) async fn create(
         // JSON: the sub-offset counts messages, which are records.
         let at = offset.checked_add(spec.sub_offset);
         let Some(at) = at.filter(|&at| at <= source.next_offset) else {
-            return Err(EngineError::Invalid(
+            return Err(CreateError::Invalid(
                 "Stream-Fork-Sub-Offset is past the source's last message".into(),
             ));
         };
         (at, 0)
     } else {
         if offset >= source.next_offset {
-            return Err(EngineError::Invalid(
+            return Err(CreateError::Invalid(
                 "Stream-Fork-Sub-Offset needs a record after the fork offset".into(),
             ));
         }
@@ -168,7 +169,7 @@ pub(crate) async fn create(
         let length = record.records.first().map_or(0, |r| r.body.len() as u64);
         match spec.sub_offset.cmp(&length) {
             std::cmp::Ordering::Greater => {
-                return Err(EngineError::Invalid(
+                return Err(CreateError::Invalid(
                     "Stream-Fork-Sub-Offset is past the end of the record".into(),
                 ))
             }
@@ -194,7 +195,7 @@ pub(crate) async fn create(
         config.content_type = source_config.content_type.clone();
     } else if !mime_base_eq(&config.content_type, &source_config.content_type) {
         release().await;
-        return Err(EngineError::ConfigMismatch {
+        return Err(CreateError::ConfigMismatch {
             message: format!(
                 "fork content type differs from the source's ({})",
                 source_config.content_type

@@ -14,7 +14,7 @@ use crate::api::{
 use crate::boot::CoreSeed;
 use crate::checkpoint::CheckpointError;
 use crate::cluster::Cluster;
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::fork;
 use crate::gc;
 use crate::inbox::Peers;
@@ -56,6 +56,7 @@ impl CoreHandle {
             metrics,
             cluster: cluster.clone(),
             put_budget,
+            clock: crate::clock::Clock::real(),
         };
         let shard = Shard::start(parts, streams).await?;
         let inbox_shard = shard.clone();
@@ -183,7 +184,7 @@ impl CoreHandle {
     /// Creates a stream (idempotently: an existing one with the same configuration is
     /// `created: false`), with its first records if given; a fork first resolves its fork
     /// point with the source.
-    pub async fn create(&self, name: &str, request: CreateRequest) -> Result<Created, EngineError> {
+    pub async fn create(&self, name: &str, request: CreateRequest) -> Result<Created, CreateError> {
         self.leased().await?;
         let CreateRequest {
             config,
@@ -218,7 +219,7 @@ impl CoreHandle {
         &self,
         name: &str,
         request: AppendRequest,
-    ) -> Result<AppendAck, EngineError> {
+    ) -> Result<AppendAck, AppendError> {
         self.leased().await?;
         self.router.append(name, request).await
     }
@@ -227,7 +228,7 @@ impl CoreHandle {
     /// reads waiting at the same place share one read (`live.rs`).
     /// `request` by reference: a by-value argument is held by the future for its whole life,
     /// and a live read (thousands wait at once) would carry a copy at each level.
-    pub async fn read(&self, name: &str, request: &ReadRequest) -> Result<ReadBatch, EngineError> {
+    pub async fn read(&self, name: &str, request: &ReadRequest) -> Result<ReadBatch, ReadError> {
         self.leased().await?;
         if let Some(answer) = self.live.read(&self.router, name, request).await {
             return answer;
@@ -243,7 +244,7 @@ impl CoreHandle {
     }
 
     /// Raises the first readable offset (clamped to the durable tail); the new one.
-    pub async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
+    pub async fn trim(&self, name: &str, offset: u64) -> Result<u64, TrimError> {
         self.leased().await?;
         self.router.trim(name, offset).await
     }
@@ -308,7 +309,7 @@ impl CoreHandle {
             .await?;
         let mut loaded: std::collections::HashMap<String, StreamInfo> =
             loaded.into_iter().map(|s| (s.name, s.info)).collect();
-        let now = crate::clock::now_ms();
+        let now = self.router.shard.clock().now_ms();
         let mut page = Vec::with_capacity(rows.len().min(limit));
         for listed in rows.into_iter().take(limit) {
             let owner = listed.ownership.node;

@@ -9,16 +9,14 @@ use std::sync::Arc;
 
 use futures_channel::{mpsc, oneshot};
 
-use crate::api::{Op, Reply, StreamSummary};
+use crate::api::StreamSummary;
 use crate::error::EngineError;
 use crate::limits;
+use crate::ops::{Sent, StreamOp, StreamRequest};
 
 pub(crate) enum Message {
-    Op {
-        name: String,
-        op: Op,
-        reply: oneshot::Sender<Result<Reply, EngineError>>,
-    },
+    /// An operation on one stream this core owns.
+    Stream(StreamRequest),
     /// These segments were garbage-collected: drop what is cached of them.
     Forget { keys: Arc<Vec<String>> },
     List {
@@ -86,12 +84,12 @@ impl Peers {
     /// stream), so this cannot grow the queue without bound; refusing them would turn a burst
     /// of subscribers re-parking after an append (10,000 on one stream, half on another core)
     /// into `429`s the clients have to retry (docs/decisions/2026-12-shared-live-reads.md).
-    pub(crate) async fn call_live(
+    pub(crate) async fn call_live<O: StreamOp>(
         &self,
         owner: usize,
         name: &str,
-        op: Op,
-    ) -> Result<Reply, EngineError> {
+        op: O,
+    ) -> Result<O::Answer, O::Error> {
         // A clone has a slot of its own in a bounded `mpsc` channel (capacity = buffer +
         // senders), so it waits only while the queue holds more than that.
         let mut sender = self.senders.borrow()[owner].clone();
@@ -106,27 +104,29 @@ impl Peers {
     }
 
     /// `op` on another core (`owner`), answered through a one-shot.
-    pub(crate) async fn call(
+    pub(crate) async fn call<O: StreamOp>(
         &self,
         owner: usize,
         name: &str,
-        op: Op,
-    ) -> Result<Reply, EngineError> {
+        op: O,
+    ) -> Result<O::Answer, O::Error> {
         let (message, answer) = op_message(name, op);
         self.send(owner, message)?;
         answer.await.map_err(|_| EngineError::ShuttingDown)?
     }
 }
 
+type Answer<O> = oneshot::Receiver<Result<<O as StreamOp>::Answer, <O as StreamOp>::Error>>;
+
 /// The message that runs `op` on `name`'s core, and where its reply arrives.
-fn op_message(name: &str, op: Op) -> (Message, oneshot::Receiver<Result<Reply, EngineError>>) {
+fn op_message<O: StreamOp>(name: &str, op: O) -> (Message, Answer<O>) {
     let (reply, answer) = oneshot::channel();
-    let message = Message::Op {
+    let sent = Sent {
         name: name.to_string(),
         op,
         reply,
     };
-    (message, answer)
+    (Message::Stream(O::message(sent)), answer)
 }
 
 #[cfg(test)]
@@ -139,46 +139,38 @@ mod tests {
     use futures_lite::StreamExt;
 
     use super::*;
+    use crate::ops::Head;
 
     #[test]
     fn a_live_read_waits_for_room_where_a_request_is_refused() {
         let (sender, mut inbox) = mpsc::channel(0);
         let peers = Peers::new(vec![sender]);
         // The queue's one slot (buffer 0 + one sender) is taken.
-        let (first, _first_reply) = oneshot::channel();
-        peers
-            .send(
-                0,
-                Message::Op {
-                    name: "/a".into(),
-                    op: Op::Head,
-                    reply: first,
-                },
-            )
-            .unwrap();
+        let (first, _first_answer) = op_message("/a", Head);
+        peers.send(0, first).unwrap();
         assert!(matches!(
-            block_on(peers.call(0, "/a", Op::Head)),
+            block_on(peers.call(0, "/a", Head)),
             Err(EngineError::Overloaded { .. })
         ));
-        let mut live = pin!(peers.call_live(0, "/live", Op::Head));
+        let mut live = pin!(peers.call_live(0, "/live", Head));
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(live.as_mut().poll(&mut cx).is_pending(), "it waits");
         // The core takes the first message and the live read's, then answers the live read.
         block_on(async {
-            let Some(Message::Op { name, .. }) = inbox.next().await else {
+            let Some(Message::Stream(StreamRequest::Head(sent))) = inbox.next().await else {
                 panic!("the first message")
             };
-            assert_eq!(name, "/a");
+            assert_eq!(sent.name, "/a");
         });
         assert!(
             live.as_mut().poll(&mut cx).is_pending(),
             "queued, not answered"
         );
-        let Some(Message::Op { name, reply, .. }) = block_on(inbox.next()) else {
+        let Some(Message::Stream(StreamRequest::Head(sent))) = block_on(inbox.next()) else {
             panic!("the live read's message")
         };
-        assert_eq!(name, "/live");
-        reply.send(Err(EngineError::NotFound)).unwrap();
+        assert_eq!(sent.name, "/live");
+        sent.reply.send(Err(EngineError::NotFound)).unwrap();
         assert!(matches!(
             live.as_mut().poll(&mut cx),
             Poll::Ready(Err(EngineError::NotFound))

@@ -27,6 +27,7 @@ pub mod limits;
 mod live;
 pub mod metrics;
 mod notify;
+mod ops;
 mod placement;
 pub mod producers;
 mod put_budget;
@@ -43,10 +44,10 @@ pub use api::{
 };
 pub use boot::{boot, Boot, BootError, CoreSeed};
 pub use checkpoint::CheckpointError;
-pub use clock::now_ms;
+pub use clock::{now_ms, Clock};
 pub use cluster::{AdvertiseError, Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
-pub use error::EngineError;
+pub use error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 pub use gc::{GcHold, HoldError};
 pub use handle::CoreHandle;
 /// The metadata types the layers above see (cluster state, URLs).

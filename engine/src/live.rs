@@ -35,12 +35,12 @@ use futures_util::future::{LocalBoxFuture, Shared, WeakShared};
 use futures_util::FutureExt as _;
 
 use crate::api::{ReadBatch, ReadFrom, ReadRequest};
-use crate::error::EngineError;
+use crate::error::ReadError;
 use crate::fork;
 use crate::metrics::GaugeGuard;
 use crate::route::Router;
 
-type Read = LocalBoxFuture<'static, Result<ReadBatch, EngineError>>;
+type Read = LocalBoxFuture<'static, Result<ReadBatch, ReadError>>;
 type SharedRead = Shared<Read>;
 
 /// One shared read in flight, with what makes two live reads of a stream the same read (the
@@ -103,7 +103,7 @@ impl LiveReads {
         router: &Rc<Router>,
         name: &str,
         request: &ReadRequest,
-    ) -> Option<Result<ReadBatch, EngineError>> {
+    ) -> Option<Result<ReadBatch, ReadError>> {
         let wait_ms = request.wait_ms.filter(|&ms| ms >= SHARED_WAIT_MIN_MS)?;
         if request.bound.is_some() {
             return None;
@@ -230,7 +230,7 @@ async fn read_without_waiting(
     router: &Router,
     name: &str,
     request: &ReadRequest,
-) -> Result<ReadBatch, EngineError> {
+) -> Result<ReadBatch, ReadError> {
     let now = ReadRequest {
         wait_ms: Some(0),
         ..request.clone()

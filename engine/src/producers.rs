@@ -7,7 +7,7 @@
 //! - a stream keeps at most [`ProducerLimits::per_stream_max`] producers and the node about
 //!   [`ProducerLimits::node_max`] (a core may overshoot by the producers other cores admit in
 //!   the same instant); a new producer past either is refused with
-//!   [`EngineError::TooManyProducers`] (`429`), after the stream's idle producers are dropped;
+//!   [`AppendError::TooManyProducers`] (`429`), after the stream's idle producers are dropped;
 //! - a producer that has not written for [`ProducerLimits::idle_expiry_ms`] is forgotten when
 //!   room is needed and at every start (its activity then is the newest timestamp of the last
 //!   segment it wrote to). Coming back, it starts a new epoch at sequence 0 as any new producer;
@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::error::EngineError;
+use crate::error::AppendError;
 use crate::frame::ProducerTuple;
 use crate::limits;
 
@@ -146,7 +146,7 @@ impl Producers {
         id: &str,
         limits: &ProducerLimits,
         now_ms: i64,
-    ) -> Result<(), EngineError> {
+    ) -> Result<(), AppendError> {
         if self.by_id.contains_key(id) {
             return Ok(());
         }
@@ -154,14 +154,14 @@ impl Producers {
             self.drop_idle(limits, now_ms);
         }
         if self.by_id.len() >= limits.per_stream_max {
-            return Err(EngineError::TooManyProducers {
+            return Err(AppendError::TooManyProducers {
                 scope: "this stream",
                 limit: limits.per_stream_max,
                 idle_expiry_sec: limits.idle_expiry_ms / 1000,
             });
         }
         if limits.held() >= limits.node_max {
-            return Err(EngineError::TooManyProducers {
+            return Err(AppendError::TooManyProducers {
                 scope: "this node",
                 limit: limits.node_max,
                 idle_expiry_sec: limits.idle_expiry_ms / 1000,
@@ -254,7 +254,7 @@ mod tests {
         producers.admit("a", &limits, 900).unwrap();
         assert_eq!(
             producers.admit("c", &limits, 900),
-            Err(EngineError::TooManyProducers {
+            Err(AppendError::TooManyProducers {
                 scope: "this stream",
                 limit: 2,
                 idle_expiry_sec: 1
@@ -281,7 +281,7 @@ mod tests {
         }
         assert!(matches!(
             two.admit("d", &limits, 1),
-            Err(EngineError::TooManyProducers {
+            Err(AppendError::TooManyProducers {
                 scope: "this node",
                 ..
             })

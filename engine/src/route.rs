@@ -1,8 +1,7 @@
 //! Running an operation where its stream lives: on this core's shard, or across the inbox of
-//! the owning core (`inbox.rs`), and the receiving end of that inbox. The typed operations
-//! here are the one place where a [`Reply`] is matched to its [`Op`]: a reply of another kind
-//! is a bug, answered as an internal error (and logged) rather than a panic that would take
-//! the core down.
+//! the owning core (`inbox.rs`), and the receiving end of that inbox. Each operation is its
+//! own type (`ops.rs`) naming the answer it gets, so the reply crossing between cores is
+//! typed by the operation that asked for it.
 
 use std::rc::Rc;
 
@@ -10,13 +9,16 @@ use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
 
 use crate::api::{
-    AppendAck, AppendRequest, Created, Op, ReadBatch, ReadRequest, RecordInput, Reply,
-    RetentionChange, StreamInfo, StreamSummary,
+    AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, RecordInput, RetentionChange,
+    StreamInfo, StreamSummary,
 };
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::inbox::{Message, Peers};
+use crate::ops::{
+    Configure, Create, Delete, ForkAcquire, ForkRelease, Head, Sent, StreamRequest, Trim,
+};
 use crate::placement::owner_core;
-use crate::shard::Shard;
+use crate::shard::{Run, Shard};
 use crate::state::{ForkOrigin, StreamConfig};
 
 /// This core's shard and its way to every other core's.
@@ -37,25 +39,13 @@ impl Router {
         (0..self.cores()).filter(move |&c| c != me)
     }
 
-    /// Runs `op` on the stream's owning core, as is.
-    pub(crate) async fn run(&self, name: &str, op: Op) -> Result<Reply, EngineError> {
+    /// Runs `op` on the stream's owning core.
+    pub(crate) async fn run<O: Run>(&self, name: &str, op: O) -> Result<O::Answer, O::Error> {
         let owner = owner_core(name, self.cores());
         if owner == self.core {
             return self.shard.execute(name, op).await;
         }
         self.peers.call(owner, name, op).await
-    }
-
-    /// `op` on the owning core, its reply taken apart by `pick` (`Err`: another kind, boxed
-    /// since it is only ever a bug).
-    async fn ask<T>(
-        &self,
-        name: &str,
-        op: Op,
-        pick: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
-    ) -> Result<T, EngineError> {
-        let what = op_name(&op);
-        picked(what, self.run(name, op).await?, pick)
     }
 
     /// One create on the owning core, as a fork of `fork` (a fork point the source has
@@ -67,79 +57,50 @@ impl Router {
         closed: bool,
         records: Vec<RecordInput>,
         fork: Option<ForkOrigin>,
-    ) -> Result<Created, EngineError> {
-        let op = Op::Create {
+    ) -> Result<Created, CreateError> {
+        let op = Create {
             config,
             closed,
             records,
             fork,
         };
-        self.ask(name, op, |reply| match reply {
-            Reply::Created {
-                created,
-                info,
-                first,
-            } => Ok(Created {
-                created,
-                info,
-                first,
-            }),
-            other => Err(Box::new(other)),
-        })
-        .await
+        self.run(name, op).await
     }
 
     pub(crate) async fn append(
         &self,
         name: &str,
         request: AppendRequest,
-    ) -> Result<AppendAck, EngineError> {
-        self.ask(name, Op::Append(request), |reply| match reply {
-            Reply::Appended(ack) => Ok(ack),
-            other => Err(Box::new(other)),
-        })
-        .await
+    ) -> Result<AppendAck, AppendError> {
+        self.run(name, request).await
     }
 
-    /// One read on the owning core, as is (no stitching of forks: see `fork.rs`).
+    /// One read on the owning core, as is (no stitching of forks: see `fork.rs`). A live read
+    /// on another core waits for room in its queue instead of being refused
+    /// (`Peers::call_live`).
     pub(crate) async fn read(
         &self,
         name: &str,
         request: ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         let owner = owner_core(name, self.cores());
         if owner == self.core {
-            return self.shard.execute_read(name, request).await;
+            return self.shard.execute(name, request).await;
         }
-        let live = request.wait_ms.is_some();
-        let op = Op::Read(request);
-        let what = op_name(&op);
-        let reply = if live {
-            self.peers.call_live(owner, name, op).await?
+        if request.wait_ms.is_some() {
+            self.peers.call_live(owner, name, request).await
         } else {
-            self.peers.call(owner, name, op).await?
-        };
-        picked(what, reply, |reply| match reply {
-            Reply::Read(batch) => Ok(batch),
-            other => Err(Box::new(other)),
-        })
+            self.peers.call(owner, name, request).await
+        }
     }
 
     pub(crate) async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {
-        self.ask(name, Op::Head, |reply| match reply {
-            Reply::Head(info) => Ok(info),
-            other => Err(Box::new(other)),
-        })
-        .await
+        self.run(name, Head).await
     }
 
     /// The stream's first readable offset after the trim.
-    pub(crate) async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
-        self.ask(name, Op::Trim { offset }, |reply| match reply {
-            Reply::Trimmed { start_offset } => Ok(start_offset),
-            other => Err(Box::new(other)),
-        })
-        .await
+    pub(crate) async fn trim(&self, name: &str, offset: u64) -> Result<u64, TrimError> {
+        self.run(name, Trim { offset }).await
     }
 
     pub(crate) async fn configure(
@@ -147,23 +108,14 @@ impl Router {
         name: &str,
         change: RetentionChange,
     ) -> Result<StreamInfo, EngineError> {
-        self.ask(name, Op::Configure { change }, |reply| match reply {
-            Reply::Configured(info) => Ok(info),
-            other => Err(Box::new(other)),
-        })
-        .await
+        self.run(name, Configure { change }).await
     }
 
     /// Deletes `name`. A fork's reference to its source is given back before the answer, so a
     /// deleted source is gone (its name free) once its last fork's delete is answered; a
     /// release that fails goes to the retry loop (`fork::release_loop`).
     pub(crate) async fn delete(&self, name: &str) -> Result<(), EngineError> {
-        let fork_source = self
-            .ask(name, Op::Delete, |reply| match reply {
-                Reply::Deleted { fork_source } => Ok(fork_source),
-                other => Err(Box::new(other)),
-            })
-            .await?;
+        let fork_source = self.run(name, Delete).await?;
         if let Some((source, source_id)) = fork_source {
             if let Err(e) = self.fork_release(&source, source_id).await {
                 log::warn!("could not release a fork of {source} ({e}); trying again");
@@ -180,16 +132,12 @@ impl Router {
         source: &str,
         offset: u64,
         partial_bytes: u64,
-    ) -> Result<(ForkOrigin, StreamConfig), EngineError> {
-        let op = Op::ForkAcquire {
+    ) -> Result<(ForkOrigin, StreamConfig), CreateError> {
+        let op = ForkAcquire {
             offset,
             partial_bytes,
         };
-        self.ask(source, op, |reply| match reply {
-            Reply::ForkPoint { origin, config } => Ok((origin, config)),
-            other => Err(Box::new(other)),
-        })
-        .await
+        self.run(source, op).await
     }
 
     /// Tells `source` that a fork of its stream `source_id` is gone (or was never created).
@@ -198,11 +146,7 @@ impl Router {
         source: &str,
         source_id: u64,
     ) -> Result<(), EngineError> {
-        self.ask(source, Op::ForkRelease { source_id }, |reply| match reply {
-            Reply::Released => Ok(()),
-            other => Err(Box::new(other)),
-        })
-        .await
+        self.run(source, ForkRelease { source_id }).await
     }
 
     /// Streams whose names start with `prefix` and sort after `start_after`, from every core,
@@ -234,51 +178,21 @@ impl Router {
     }
 }
 
-/// The operation's name in a log line.
-fn op_name(op: &Op) -> &'static str {
-    match op {
-        Op::Create { .. } => "create",
-        Op::Append(_) => "append",
-        Op::ForkAcquire { .. } => "fork acquire",
-        Op::ForkRelease { .. } => "fork release",
-        Op::Configure { .. } => "configure",
-        Op::Trim { .. } => "trim",
-        Op::Read(_) => "read",
-        Op::Head => "head",
-        Op::Delete => "delete",
-    }
-}
-
 /// The receiving end of this core's inbox: each message runs on the shard.
 pub(crate) async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Message>) {
     while let Some(message) = inbox.next().await {
         match message {
-            Message::Op {
-                name,
-                op,
-                mut reply,
-            } => {
-                let shard = shard.clone();
-                // A read whose requester went away (a long-poll's client left) is dropped
-                // with its waiter; any other operation runs to its end.
-                let cancellable = matches!(op, Op::Read(_) | Op::Head);
-                glommio::spawn_local(async move {
-                    let run = async { Some(shard.execute(&name, op).await) };
-                    let result = if cancellable {
-                        let gone = async {
-                            reply.cancellation().await;
-                            None
-                        };
-                        futures_lite::future::or(run, gone).await
-                    } else {
-                        run.await
-                    };
-                    if let Some(result) = result {
-                        let _ = reply.send(result);
-                    }
-                })
-                .detach();
-            }
+            Message::Stream(request) => match request {
+                StreamRequest::Create(sent) => spawn_run(&shard, sent),
+                StreamRequest::Append(sent) => spawn_run(&shard, sent),
+                StreamRequest::Read(sent) => spawn_run(&shard, sent),
+                StreamRequest::Head(sent) => spawn_run(&shard, sent),
+                StreamRequest::Trim(sent) => spawn_run(&shard, sent),
+                StreamRequest::Configure(sent) => spawn_run(&shard, sent),
+                StreamRequest::Delete(sent) => spawn_run(&shard, sent),
+                StreamRequest::ForkAcquire(sent) => spawn_run(&shard, sent),
+                StreamRequest::ForkRelease(sent) => spawn_run(&shard, sent),
+            },
             Message::List {
                 prefix,
                 start_after,
@@ -311,14 +225,28 @@ pub(crate) async fn serve_inbox(shard: Rc<Shard>, mut inbox: mpsc::Receiver<Mess
     }
 }
 
-/// A reply taken apart by `pick` (`Err`: another kind, boxed since it is only ever a bug).
-fn picked<T>(
-    what: &str,
-    reply: Reply,
-    pick: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
-) -> Result<T, EngineError> {
-    pick(reply).map_err(|other| {
-        log::error!("engine: a {what} was answered with {other:?}");
-        EngineError::Storage(format!("internal error: a {what} got an unexpected reply"))
+/// Runs an operation another core sent, in a task of its own, and answers it.
+fn spawn_run<O: Run>(shard: &Rc<Shard>, sent: Sent<O>) {
+    let shard = shard.clone();
+    let Sent {
+        name,
+        op,
+        mut reply,
+    } = sent;
+    glommio::spawn_local(async move {
+        let run = async { Some(shard.execute(&name, op).await) };
+        let result = if O::CANCELLABLE {
+            let gone = async {
+                reply.cancellation().await;
+                None
+            };
+            futures_lite::future::or(run, gone).await
+        } else {
+            run.await
+        };
+        if let Some(result) = result {
+            let _ = reply.send(result);
+        }
     })
+    .detach();
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, ReadError};
 pub use crate::frame::ProducerTuple;
 use crate::producers::{Producer, ProducerLimits, Producers};
 
@@ -276,7 +276,7 @@ impl StreamState {
         &mut self,
         command: AppendCommand,
         now_ms: i64,
-    ) -> Result<AppendOutcome, EngineError> {
+    ) -> Result<AppendOutcome, AppendError> {
         let outcome = self.assign_append(command, now_ms)?;
         self.touch(now_ms);
         Ok(outcome)
@@ -286,9 +286,9 @@ impl StreamState {
         &mut self,
         command: AppendCommand,
         now_ms: i64,
-    ) -> Result<AppendOutcome, EngineError> {
+    ) -> Result<AppendOutcome, AppendError> {
         if command.records == 0 && !command.close {
-            return Err(EngineError::Invalid("empty body".into()));
+            return Err(AppendError::Invalid("empty body".into()));
         }
         // Producer outcomes come before the closed check, so a retry of a request that was
         // applied (even the one that closed the stream) still succeeds.
@@ -307,7 +307,7 @@ impl StreamState {
                     _ => false,
                 };
                 if other_closer {
-                    return Err(EngineError::Closed {
+                    return Err(AppendError::Closed {
                         next_offset: self.next_offset,
                     });
                 }
@@ -316,25 +316,25 @@ impl StreamState {
                     newly: false,
                 });
             }
-            return Err(EngineError::Closed {
+            return Err(AppendError::Closed {
                 next_offset: self.next_offset,
             });
         }
         if let Some(given) = command.content_type {
             if command.records > 0 && !mime_base_eq(given, &self.content_type) {
-                return Err(EngineError::ContentTypeMismatch {
+                return Err(AppendError::ContentTypeMismatch {
                     expected: self.content_type.to_string(),
                 });
             }
         }
         if let (Some(given), Some(last)) = (command.writer_seq, &self.extras().writer_seq) {
             if given.as_bytes() <= last.as_bytes() {
-                return Err(EngineError::WriterSeqRegression { last: last.clone() });
+                return Err(AppendError::WriterSeqRegression { last: last.clone() });
             }
         }
         if let Some(expected) = command.match_offset {
             if expected != self.next_offset {
-                return Err(EngineError::MatchFailed {
+                return Err(AppendError::MatchFailed {
                     expected,
                     actual: self.next_offset,
                 });
@@ -377,16 +377,16 @@ impl StreamState {
     fn check_producer(
         &self,
         producer: &ProducerTuple,
-    ) -> Result<Option<AppendOutcome>, EngineError> {
+    ) -> Result<Option<AppendOutcome>, AppendError> {
         let new_epoch_error =
-            || EngineError::Invalid("New epoch must start with sequence 0".into());
+            || AppendError::Invalid("New epoch must start with sequence 0".into());
         match self.extras().producers.get(&producer.id) {
-            None if producer.seq != 0 => Err(EngineError::UnknownProducer {
+            None if producer.seq != 0 => Err(AppendError::UnknownProducer {
                 received: producer.seq,
             }),
             None => Ok(None),
             Some(&Producer { epoch, .. }) if producer.epoch < epoch => {
-                Err(EngineError::StaleProducerEpoch { current: epoch })
+                Err(AppendError::StaleProducerEpoch { current: epoch })
             }
             Some(&Producer { epoch, .. }) if producer.epoch > epoch => {
                 if producer.seq == 0 {
@@ -403,7 +403,7 @@ impl StreamState {
                 }))
             }
             Some(&Producer { seq: last, .. }) if producer.seq > last.saturating_add(1) => {
-                Err(EngineError::ProducerSequenceGap {
+                Err(AppendError::ProducerSequenceGap {
                     expected: last.saturating_add(1),
                     received: producer.seq,
                 })
@@ -435,15 +435,15 @@ impl StreamState {
     }
 
     /// Checks a read position against the readable range.
-    pub fn check_read(&self, from: u64) -> Result<(), EngineError> {
+    pub fn check_read(&self, from: u64) -> Result<(), ReadError> {
         if from < self.start_offset {
-            return Err(EngineError::OffsetGone {
+            return Err(ReadError::OffsetGone {
                 requested: from,
                 start: self.start_offset,
             });
         }
         if from > self.durable_offset {
-            return Err(EngineError::OffsetBeyondTail {
+            return Err(ReadError::OffsetBeyondTail {
                 requested: from,
                 tail: self.durable_offset,
             });
@@ -462,14 +462,14 @@ impl StreamState {
         config: &StreamConfig,
         closed: bool,
         fork: Option<&ForkOrigin>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<(), CreateError> {
         if self.soft_deleted {
-            return Err(EngineError::ConfigMismatch {
+            return Err(CreateError::ConfigMismatch {
                 message: "a deleted stream with live forks still holds this name".into(),
                 next_offset: self.durable_offset,
             });
         }
-        let mismatch = |message: String| EngineError::ConfigMismatch {
+        let mismatch = |message: String| CreateError::ConfigMismatch {
             message,
             next_offset: self.durable_offset,
         };
@@ -510,298 +510,4 @@ pub fn mime_base_eq(a: &str, b: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn config() -> StreamConfig {
-        StreamConfig {
-            content_type: "text/plain".into(),
-            ttl_sec: None,
-            expires_at_ms: None,
-            retention: Default::default(),
-        }
-    }
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        Append {
-            records: u64,
-            close: bool,
-            match_tail: bool,
-            now: i64,
-        },
-        Durable,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            (
-                0u64..5,
-                proptest::bool::weighted(0.05),
-                any::<bool>(),
-                0i64..1000
-            )
-                .prop_map(|(records, close, match_tail, now)| Step::Append {
-                    records,
-                    close,
-                    match_tail,
-                    now
-                }),
-            Just(Step::Durable),
-        ]
-    }
-
-    proptest! {
-        /// Offsets are dense and increasing, timestamps strictly increase, nothing is appended
-        /// after a close, and errors leave the state unchanged.
-        #[test]
-        fn invariants_hold(steps in proptest::collection::vec(step(), 1..200)) {
-            let mut state = StreamState::new(1, config(), false, 0);
-            let mut expected_next = 0u64;
-            let mut last_ts = 0i64;
-            for step in steps {
-                match step {
-                    Step::Durable => {
-                        let (next, closed) = (state.next_offset, state.closed);
-                        state.mark_durable(next, closed);
-                        prop_assert_eq!(state.durable_offset, state.next_offset);
-                    }
-                    Step::Append { records, close, match_tail, now } => {
-                        let before = state.clone();
-                        let match_offset = match_tail.then_some(state.next_offset);
-                        let result = state.apply_append(AppendCommand { records, close, match_offset, producer: None, content_type: None, writer_seq: None, producer_limits: &ProducerLimits::default() }, now);
-                        match result {
-                            Ok(AppendOutcome::Appended { start_offset, next_offset, timestamp_ms, .. }) => {
-                                prop_assert!(!before.closed);
-                                prop_assert_eq!(start_offset, expected_next);
-                                prop_assert_eq!(next_offset, start_offset + records);
-                                prop_assert!(timestamp_ms > last_ts);
-                                prop_assert!(timestamp_ms >= now);
-                                last_ts = timestamp_ms;
-                                expected_next = next_offset;
-                            }
-                            Ok(AppendOutcome::Closed { next_offset, newly }) => {
-                                prop_assert_eq!(records, 0);
-                                prop_assert_eq!(next_offset, expected_next);
-                                prop_assert_eq!(newly, !before.closed);
-                                prop_assert!(state.closed);
-                            }
-                            Ok(AppendOutcome::Duplicate { .. }) => prop_assert!(false, "no producer was given"),
-                            Err(_) => prop_assert_eq!(&state, &before),
-                        }
-                    }
-                }
-                prop_assert!(state.durable_offset <= state.next_offset);
-            }
-        }
-    }
-
-    fn append(
-        state: &mut StreamState,
-        records: u64,
-        close: bool,
-        producer: Option<(&str, u64, u64)>,
-    ) -> Result<AppendOutcome, EngineError> {
-        let producer = producer.map(|(id, epoch, seq)| ProducerTuple {
-            id: id.into(),
-            epoch,
-            seq,
-        });
-        state.apply_append(
-            AppendCommand {
-                records,
-                close,
-                match_offset: None,
-                producer: producer.as_ref(),
-                content_type: None,
-                writer_seq: None,
-                producer_limits: &ProducerLimits::default(),
-            },
-            1,
-        )
-    }
-
-    #[test]
-    fn producer_decision_table() {
-        let mut state = StreamState::new(1, config(), false, 0);
-        assert!(
-            matches!(
-                append(&mut state, 1, false, Some(("p", 0, 1))),
-                Err(EngineError::UnknownProducer { received: 1 })
-            ),
-            "unknown id must start at 0"
-        );
-        assert!(matches!(
-            append(&mut state, 1, false, Some(("p", 0, 0))),
-            Ok(AppendOutcome::Appended { .. })
-        ));
-        assert!(matches!(
-            append(&mut state, 1, false, Some(("p", 0, 1))),
-            Ok(AppendOutcome::Appended { .. })
-        ));
-        assert!(matches!(
-            append(&mut state, 1, false, Some(("p", 0, 1))),
-            Ok(AppendOutcome::Duplicate {
-                last_seq: 1,
-                next_offset: 2,
-                closed: false
-            })
-        ));
-        assert!(matches!(
-            append(&mut state, 1, false, Some(("p", 0, 0))),
-            Ok(AppendOutcome::Duplicate { last_seq: 1, .. })
-        ));
-        assert_eq!(
-            append(&mut state, 1, false, Some(("p", 0, 3))).unwrap_err(),
-            EngineError::ProducerSequenceGap {
-                expected: 2,
-                received: 3
-            }
-        );
-        assert!(
-            matches!(
-                append(&mut state, 1, false, Some(("p", 1, 1))),
-                Err(EngineError::Invalid(_))
-            ),
-            "new epoch must start at 0"
-        );
-        assert!(matches!(
-            append(&mut state, 1, false, Some(("p", 1, 0))),
-            Ok(AppendOutcome::Appended { .. })
-        ));
-        assert_eq!(
-            append(&mut state, 1, false, Some(("p", 0, 2))).unwrap_err(),
-            EngineError::StaleProducerEpoch { current: 1 }
-        );
-        assert_eq!(state.next_offset, 3);
-    }
-
-    #[test]
-    fn closing_producer_may_retry_others_may_not() {
-        let mut state = StreamState::new(1, config(), false, 0);
-        append(&mut state, 2, true, Some(("p", 0, 0))).unwrap();
-        assert!(state.closed);
-        assert!(matches!(
-            append(&mut state, 2, true, Some(("p", 0, 0))),
-            Ok(AppendOutcome::Duplicate { closed: true, .. })
-        ));
-        assert!(matches!(
-            append(&mut state, 1, false, Some(("q", 0, 0))),
-            Err(EngineError::Closed { .. })
-        ));
-        assert!(matches!(
-            append(&mut state, 0, true, Some(("q", 0, 0))),
-            Err(EngineError::Closed { .. })
-        ));
-        assert!(matches!(
-            append(&mut state, 0, true, None),
-            Ok(AppendOutcome::Closed { newly: false, .. })
-        ));
-    }
-
-    #[test]
-    fn trim_clamps_to_the_durable_tail() {
-        let mut state = StreamState::new(1, config(), false, 0);
-        append(&mut state, 5, false, None).unwrap();
-        state.mark_durable(3, false);
-        assert_eq!(state.trim(2), 2);
-        assert_eq!(state.trim(1), 2, "never lowered");
-        assert_eq!(state.trim(10), 3, "clamped to the durable tail");
-        assert!(matches!(
-            state.check_read(2),
-            Err(EngineError::OffsetGone { start: 3, .. })
-        ));
-    }
-
-    #[test]
-    fn match_failure_reports_the_tail() {
-        let mut state = StreamState::new(1, config(), false, 0);
-        state
-            .apply_append(
-                AppendCommand {
-                    records: 2,
-                    close: false,
-                    match_offset: None,
-                    producer: None,
-                    content_type: None,
-                    writer_seq: None,
-                    producer_limits: &ProducerLimits::default(),
-                },
-                1,
-            )
-            .unwrap();
-        let err = state
-            .apply_append(
-                AppendCommand {
-                    records: 1,
-                    close: false,
-                    match_offset: Some(5),
-                    producer: None,
-                    content_type: None,
-                    writer_seq: None,
-                    producer_limits: &ProducerLimits::default(),
-                },
-                2,
-            )
-            .unwrap_err();
-        assert_eq!(
-            err,
-            EngineError::MatchFailed {
-                expected: 5,
-                actual: 2
-            }
-        );
-    }
-
-    #[test]
-    fn sliding_ttl_and_fixed_expiry() {
-        let mut cfg = config();
-        cfg.ttl_sec = Some(10);
-        let mut state = StreamState::new(1, cfg, false, 1_000);
-        assert!(!state.is_expired(10_999));
-        state.touch(5_000);
-        assert!(!state.is_expired(14_999));
-        assert!(state.is_expired(15_000));
-        state.extras_mut().expires_at_ms = Some(12_000);
-        assert!(state.is_expired(12_000));
-    }
-
-    #[test]
-    fn reads_are_bounded_by_the_durable_tail() {
-        let mut state = StreamState::new(1, config(), false, 0);
-        state
-            .apply_append(
-                AppendCommand {
-                    records: 3,
-                    close: false,
-                    match_offset: None,
-                    producer: None,
-                    content_type: None,
-                    writer_seq: None,
-                    producer_limits: &ProducerLimits::default(),
-                },
-                1,
-            )
-            .unwrap();
-        assert!(matches!(
-            state.check_read(1),
-            Err(EngineError::OffsetBeyondTail { .. })
-        ));
-        state.mark_durable(3, false);
-        assert!(state.check_read(3).is_ok());
-        assert!(state.check_read(4).is_err());
-    }
-
-    #[test]
-    fn recreate_compares_configuration() {
-        let state = StreamState::new(1, config(), false, 0);
-        assert!(state.check_recreate(&config(), false, None).is_ok());
-        let mut other = config();
-        other.content_type = "TEXT/PLAIN; charset=utf-8".into();
-        assert!(state.check_recreate(&other, false, None).is_ok());
-        other.content_type = "application/json".into();
-        assert!(state.check_recreate(&other, false, None).is_err());
-        assert!(state.check_recreate(&config(), true, None).is_err());
-    }
-}
+mod tests;

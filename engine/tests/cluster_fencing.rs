@@ -15,7 +15,8 @@ use common::{append_request, create_request, record};
 use pico_engine::meta::testing::PgDatabase;
 use pico_engine::meta::Fence;
 use pico_engine::{
-    boot, AppendRequest, ClusterConfig, CoreHandle, CreateRequest, EngineConfig, EngineError,
+    boot, AppendError, AppendRequest, ClusterConfig, CoreHandle, CreateRequest, EngineConfig,
+    EngineError,
 };
 
 const NODE: u32 = 1;
@@ -100,7 +101,9 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
                     glommio::spawn_local(async move {
                         let answer = core.append(name, append(name)).await;
                         let answer = answer.map(|_| ()).map_err(|e| match e {
-                            EngineError::NotOwner(m) => format!("not owner: {m}"),
+                            AppendError::Engine(EngineError::NotOwner(m)) => {
+                                format!("not owner: {m}")
+                            }
                             other => format!("unexpected: {other}"),
                         });
                         (name, answer)
@@ -217,7 +220,7 @@ fn a_superseded_incarnation_commits_and_acknowledges_nothing() {
         .join()
         .expect("join");
     assert!(
-        matches!(appended, Err(EngineError::NotOwner(_))),
+        matches!(appended, Err(AppendError::Engine(EngineError::NotOwner(_)))),
         "the old incarnation's append: {appended:?}"
     );
     assert!(

@@ -6,7 +6,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{append_request, create_request, record, run_returning};
-use pico_engine::{CreateRequest, EngineError, ForkSpec};
+use pico_engine::{CreateError, CreateRequest, EngineError, ForkSpec, TrimError};
 
 fn fork_of(source: &str, offset: Option<u64>) -> CreateRequest {
     CreateRequest {
@@ -67,7 +67,10 @@ fn forks_read_their_source_below_the_fork_point_and_their_own_records_after() {
         let want: Vec<Bytes> = vec!["a".into(), "b".into(), format!("own-{i}").into()];
         assert_eq!(bodies, want);
     }
-    assert!(matches!(missing, Err(EngineError::NotFound)), "{missing:?}");
+    assert!(
+        matches!(missing, Err(CreateError::Engine(EngineError::NotFound))),
+        "{missing:?}"
+    );
 }
 
 /// A trim of a source that live forks read through is refused (the forks keep reading what
@@ -101,7 +104,7 @@ fn a_source_that_forks_read_is_not_trimmed_while_they_exist() {
             // The fork's release reaches the source's core after the delete's answer.
             let mut after_delete = core.trim("/tsrc", 2).await;
             for _ in 0..200 {
-                if !matches!(after_delete, Err(EngineError::ReadByForks { .. })) {
+                if !matches!(after_delete, Err(TrimError::ReadByForks { .. })) {
                     break;
                 }
                 glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
@@ -110,7 +113,7 @@ fn a_source_that_forks_read_is_not_trimmed_while_they_exist() {
             (refused, inherited, after_delete)
         });
     assert!(
-        matches!(refused, Err(EngineError::ReadByForks { forks: 1 })),
+        matches!(refused, Err(TrimError::ReadByForks { forks: 1 })),
         "{refused:?}"
     );
     let want: Vec<Bytes> = vec!["a".into(), "b".into(), "c".into()];
@@ -160,7 +163,7 @@ fn a_deleted_source_is_gone_once_its_last_fork_delete_is_answered() {
     });
     for (round, (while_forked, after)) in results.into_iter().enumerate() {
         assert!(
-            matches!(while_forked, Some(EngineError::ConfigMismatch { .. })),
+            matches!(while_forked, Some(CreateError::ConfigMismatch { .. })),
             "round {round}: the name is taken while forks read it: {while_forked:?}"
         );
         assert_eq!(

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use common::*;
 use glommio::Task;
 use pico_engine::metrics::{CoreMetrics, NodeMetrics};
-use pico_engine::{owner_core, CoreHandle, EngineError, ReadBatch, ReadFrom, ReadRequest};
+use pico_engine::{owner_core, CoreHandle, ReadBatch, ReadError, ReadFrom, ReadRequest};
 
 const SUBSCRIBERS: usize = 200;
 
@@ -82,14 +82,14 @@ fn subscribe(
     core: &Rc<CoreHandle>,
     name: &str,
     request: ReadRequest,
-) -> Task<Result<ReadBatch, EngineError>> {
+) -> Task<Result<ReadBatch, ReadError>> {
     let (core, name) = (core.clone(), name.to_string());
     glommio::spawn_local(async move { core.read(&name, &request).await })
 }
 
 /// Every one of `readers` answers with exactly the record `body` at `offset`; their answers.
 async fn each_gets(
-    readers: impl IntoIterator<Item = Task<Result<ReadBatch, EngineError>>>,
+    readers: impl IntoIterator<Item = Task<Result<ReadBatch, ReadError>>>,
     offset: u64,
     body: &'static str,
 ) -> Vec<ReadBatch> {

@@ -14,7 +14,9 @@ use bytes::Bytes;
 use common::{append_request, create_request, record};
 use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
-use pico_engine::{AppendRequest, CoreHandle, CreateRequest, EngineError, RecordInput};
+use pico_engine::{
+    AppendError, AppendRequest, CoreHandle, CreateError, CreateRequest, EngineError, RecordInput,
+};
 
 const SEGMENT_BYTES: usize = 64 * 1024;
 
@@ -81,7 +83,10 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
         let refused_create = core.create("/with-body", with_body).await;
         let left = core.head("/with-body").await;
         assert!(
-            matches!(refused_create, Err(EngineError::WritesStopped(_))),
+            matches!(
+                refused_create,
+                Err(CreateError::Append(AppendError::WritesStopped(_)))
+            ),
             "{refused_create:?}"
         );
         assert!(matches!(left, Err(EngineError::NotFound)), "{left:?}");
@@ -98,11 +103,11 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
     });
     let (failed, after, reads, head_ok, health, reason, created, deleted) = found;
     assert!(
-        matches!(failed, Err(EngineError::Durability(ref m)) if m.contains("Input/output error")),
+        matches!(failed, Err(AppendError::Durability(ref m)) if m.contains("Input/output error")),
         "the append the failed I/O carried is failed: {failed:?}"
     );
     assert!(
-        matches!(after, Err(EngineError::WritesStopped(ref m)) if m.contains("restart")),
+        matches!(after, Err(AppendError::WritesStopped(ref m)) if m.contains("restart")),
         "later appends are refused, not retried as if durable: {after:?}"
     );
     assert_eq!(reads, vec![(0, Bytes::from_static(b"kept"))], "reads go on");
@@ -180,7 +185,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         "only {acked} appends before the refusal"
     );
     assert!(
-        matches!(refused, Some(EngineError::OutOfSpace(ref m)) if m.contains("No space left")),
+        matches!(refused, Some(AppendError::OutOfSpace(ref m)) if m.contains("No space left")),
         "{refused:?}"
     );
     assert_eq!(state, HealthState::Degraded);
@@ -238,7 +243,7 @@ fn requests_waiting_for_a_failed_round_are_answered_not_left_waiting() {
         ("the repeated close", close_again),
     ] {
         assert!(
-            matches!(answer, Err(EngineError::Durability(_))),
+            matches!(answer, Err(AppendError::Durability(_))),
             "{what}: {answer:?}"
         );
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::config::Durability;
-use crate::error::EngineError;
+use crate::error::{AppendError, EngineError};
 
 use super::pending::Release;
 use super::state::Shard;
@@ -42,7 +42,8 @@ impl Shard {
                     "the stream moved to another node before this append was stored; \
                      it was not appended"
                         .into(),
-                )));
+                )
+                .into()));
                 continue;
             }
             let waiters = {
@@ -76,7 +77,7 @@ impl Shard {
         for ack in pending {
             let _ = ack
                 .reply
-                .send(Err(EngineError::Durability(message.to_string())));
+                .send(Err(AppendError::Durability(message.to_string())));
         }
         let waiters: Vec<_> = self
             .streams

@@ -7,8 +7,7 @@ use futures_channel::oneshot;
 use pico_meta::SegmentRun;
 
 use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
-use crate::clock::now_ms;
-use crate::error::EngineError;
+use crate::error::{AppendError, CreateError, EngineError};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::health::WalHealth;
 use crate::json;
@@ -111,10 +110,10 @@ impl Shard {
         closed: bool,
         records: Vec<RecordInput>,
         fork: Option<ForkOrigin>,
-    ) -> Result<Created, EngineError> {
+    ) -> Result<Created, CreateError> {
         // The protocols refuse larger TTLs with their own wording; this guards every caller.
         if config.ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
-            return Err(EngineError::Invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "a TTL must be at most {} seconds",
                 limits::TTL_SEC_MAX
             )));
@@ -129,7 +128,7 @@ impl Shard {
         }
         if found.is_err() && self.streams.borrow().contains_key(name) {
             // Expired, but forks still read it: the name stays taken until they are gone.
-            return Err(EngineError::ConfigMismatch {
+            return Err(CreateError::ConfigMismatch {
                 message: "an expired stream with live forks still holds this name".into(),
                 next_offset: 0,
             });
@@ -148,7 +147,7 @@ impl Shard {
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
-            .create_stream_owned(name, meta_config, fork_row, now_ms(), me)
+            .create_stream_owned(name, meta_config, fork_row, self.clock.now_ms(), me)
             .await
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(|e| EngineError::Storage(e.to_string()))?;
@@ -161,15 +160,15 @@ impl Shard {
                     .node
                     .is_some_and(|node| cluster.live_node(node).is_some());
                 if owner_live {
-                    return Err(cluster.moved_to(outcome.ownership.node));
+                    return Err(cluster.moved_to(outcome.ownership.node).into());
                 }
                 // Its owner's lease lapsed: wait, as any request does, for the keeper to hand
                 // the stream on, then answer as the node that holds it.
                 self.resolve_owner(cluster, name, false).await?;
                 if !self.streams.borrow().contains_key(name) {
-                    return Err(EngineError::NotOwner(
+                    return Err(CreateError::Engine(EngineError::NotOwner(
                         "the stream changed hands while it was created; retry".into(),
-                    ));
+                    )));
                 }
                 return self.already_created(name, &config, closed, fork.as_ref());
             }
@@ -252,7 +251,7 @@ impl Shard {
         config: &StreamConfig,
         closed: bool,
         fork: Option<&ForkOrigin>,
-    ) -> Result<Created, EngineError> {
+    ) -> Result<Created, CreateError> {
         let streams = self.streams.borrow();
         let stream = streams.get(name).ok_or(EngineError::NotFound)?;
         stream.state.check_recreate(config, closed, fork)?;
@@ -267,7 +266,7 @@ impl Shard {
         self: &Rc<Self>,
         name: &str,
         request: AppendRequest,
-    ) -> Result<AppendAck, EngineError> {
+    ) -> Result<AppendAck, AppendError> {
         let AppendRequest {
             records,
             close,
@@ -281,7 +280,7 @@ impl Shard {
             .as_ref()
             .is_some_and(|p| p.id.len() > limits::PRODUCER_ID_BYTES_MAX)
         {
-            return Err(EngineError::Invalid(format!(
+            return Err(AppendError::Invalid(format!(
                 "producer id longer than {} bytes",
                 limits::PRODUCER_ID_BYTES_MAX
             )));
@@ -290,13 +289,13 @@ impl Shard {
             .as_ref()
             .is_some_and(|w| w.len() > frame::WRITER_SEQ_LEN_MAX)
         {
-            return Err(EngineError::Invalid(format!(
+            return Err(AppendError::Invalid(format!(
                 "Stream-Seq longer than {} bytes",
                 frame::WRITER_SEQ_LEN_MAX
             )));
         }
         if records.len() > limits::RECORDS_PER_APPEND_MAX {
-            return Err(EngineError::Invalid(format!(
+            return Err(AppendError::Invalid(format!(
                 "at most {} records per append",
                 limits::RECORDS_PER_APPEND_MAX
             )));
@@ -307,13 +306,15 @@ impl Shard {
             return Err(EngineError::Overloaded {
                 limit: "in-flight bytes per core",
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
-            });
+            }
+            .into());
         }
         if self.unstored_bytes() > self.config.unuploaded_bytes_max {
             return Err(EngineError::Overloaded {
                 limit: "unuploaded bytes per core (the object store is behind)",
                 retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
-            });
+            }
+            .into());
         }
         // Before the stream's state moves: a refused append has no offset.
         self.check_writable(frames_len(
@@ -323,7 +324,7 @@ impl Shard {
         ))?;
         let id = self.live_stream_id(name, false).await?;
         self.one_incarnation_per_segment(name, id)?;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         // Judged first, then written: no await between, so the state the plan was made from
         // is the one the frames go into.
         let (key, plan) = {
@@ -337,19 +338,21 @@ impl Shard {
             if self.moves.borrow().handing_off(name) {
                 return Err(EngineError::NotOwner(
                     "the stream is moving to another node; retry".into(),
-                ));
+                )
+                .into());
             }
             if stream.retiring {
                 return Err(EngineError::NotOwner(
                     "the stream is being deleted (empty past its delete-on-empty time); retry"
                         .into(),
-                ));
+                )
+                .into());
             }
             // One contract for both protocols: a JSON stream's records are JSON values.
             if !json_checked && json::is_json(&stream.state.content_type) {
                 for (i, record) in records.iter().enumerate() {
                     json::check_value(&record.body).map_err(|why| {
-                        EngineError::Invalid(format!(
+                        AppendError::Invalid(format!(
                             "record {i}: a record of this application/json stream must be one \
                              JSON value ({why})"
                         ))
@@ -391,7 +394,7 @@ impl Shard {
         match ack_rx.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(EngineError::ShuttingDown),
+            Err(_) => return Err(EngineError::ShuttingDown.into()),
         }
         if let Some(start) = ack.start_offset {
             CoreMetrics::add(&self.metrics.records_appended, ack.next_offset - start);
@@ -445,7 +448,7 @@ impl Shard {
         self: &Rc<Self>,
         name: &str,
         ack: AppendAck,
-    ) -> Result<AppendAck, EngineError> {
+    ) -> Result<AppendAck, AppendError> {
         let (offset, closed) = (ack.next_offset, ack.closed);
         // The incarnation whose state made this a retry: only its own durable tail proves the
         // original stored. If the stream is dropped (fenced: the original's append is refused)
@@ -464,13 +467,14 @@ impl Shard {
                 let mut streams = self.streams.borrow_mut();
                 let stream = match streams.get_mut(name) {
                     Some(s) if Some((s.state.id, s.epoch)) == incarnation => s,
-                    None if self.cluster.is_none() => return Err(EngineError::NotFound),
+                    None if self.cluster.is_none() => return Err(EngineError::NotFound.into()),
                     _ => {
                         return Err(EngineError::NotOwner(
                             "the stream moved before the original of this retry was stored; \
                              retry"
                                 .into(),
-                        ))
+                        )
+                        .into())
                     }
                 };
                 if stream.state.durable_offset >= offset && (!closed || stream.state.closed_durable)
@@ -481,7 +485,7 @@ impl Shard {
                 // `500`, and so is its retry, with the same promise: stored at most once,
                 // found after a restart or not at all.
                 if let WalHealth::Failed { message } = &self.wal.borrow().health {
-                    return Err(EngineError::Durability(format!(
+                    return Err(AppendError::Durability(format!(
                         "{message}; the original of this request was not acknowledged and \
                          may be found at most once after a restart"
                     )));
@@ -503,7 +507,7 @@ impl Shard {
         frames: Frames<'_>,
         ack: &AppendAck,
         body_bytes: usize,
-    ) -> oneshot::Receiver<Result<(), EngineError>> {
+    ) -> oneshot::Receiver<Result<(), AppendError>> {
         let Frames {
             records,
             close,

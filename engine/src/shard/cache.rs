@@ -3,7 +3,6 @@
 //! of both caches with its eviction order.
 
 use std::rc::Rc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use futures_channel::oneshot;
@@ -52,7 +51,7 @@ impl Shard {
             })?;
             match &slot.data {
                 SegmentData::Memory(bytes) => {
-                    self.cache.borrow_mut().note_sealed_read(Instant::now());
+                    self.cache.borrow_mut().note_sealed_read(self.clock.now());
                     return Ok(ChunkBytes::in_memory(bytes.slice(start..end)));
                 }
                 SegmentData::Open => {
@@ -66,7 +65,7 @@ impl Shard {
                     )));
                 }
                 SegmentData::Remote => {
-                    self.cache.borrow_mut().note_sealed_read(Instant::now());
+                    self.cache.borrow_mut().note_sealed_read(self.clock.now());
                     (slot.key.clone(), slot.size)
                 }
             }

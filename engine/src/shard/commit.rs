@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::Durability;
 use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
@@ -52,7 +52,7 @@ impl Shard {
             .wal
             .borrow()
             .retry_at
-            .is_none_or(|at| Instant::now() >= at);
+            .is_none_or(|at| self.clock.now() >= at);
         if self.wal_enabled() && self.wal.borrow().spare.is_none() && wanted && due {
             // A spare that cannot be made fails no append: the active file was made with
             // room for its segment, and only appends past that room are refused.
@@ -73,7 +73,7 @@ impl Shard {
                 }
                 // The round goes on: what the active file holds is still made durable.
                 Err(e) => {
-                    let retry_at = Instant::now() + Duration::from_millis(WAL_FILE_RETRY_MS);
+                    let retry_at = self.clock.now() + Duration::from_millis(WAL_FILE_RETRY_MS);
                     self.wal.borrow_mut().retry_at = Some(retry_at);
                     self.set_health(WalHealth::NoNextFile {
                         message: e.message,
@@ -116,7 +116,7 @@ impl Shard {
                     // a failed round fails the WAL, and no round follows it.
                     let epochs = std::mem::take(&mut segment.wal_epochs);
                     segment.wal_rounds += 1;
-                    let now = crate::clock::now_ms();
+                    let now = self.clock.now_ms();
                     end_round(&mut segment.buf, segment.wal_rounds, &epochs, now);
                     let written_len = segment.buf.len();
                     // DMA writes whole blocks: the round starts at the block holding the end
@@ -160,7 +160,7 @@ impl Shard {
                     len,
                 });
             }
-            let synced = Instant::now();
+            let synced = self.clock.now();
             #[cfg(feature = "fault-injection")]
             if let Some(source) =
                 crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync)
@@ -175,7 +175,9 @@ impl Shard {
                 source: e.into(),
             })?;
             CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
-            self.metrics.wal_fsync_latency.observe(synced.elapsed());
+            self.metrics
+                .wal_fsync_latency
+                .observe(self.clock.now().saturating_duration_since(synced));
             if let Some(path) = &path {
                 same_file(&file, path)?;
             }
@@ -204,7 +206,7 @@ impl Shard {
                 let log = self.log.borrow();
                 let active = log.back().expect("an active segment always exists");
                 !active.buf.is_empty()
-                    && active.opened.elapsed()
+                    && self.clock.now().saturating_duration_since(active.opened)
                         >= Duration::from_millis(self.config.segment_max_age_ms)
             };
             if old {

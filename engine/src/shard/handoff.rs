@@ -4,15 +4,15 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pico_meta::{Fence, MetaError, PendingTransfer};
 
 use super::seeds::stream_seeds;
-use crate::api::Op;
 use crate::cluster::Cluster;
 use crate::error::EngineError;
 use crate::limits;
+use crate::ops::RouteAs;
 
 use super::state::Shard;
 use super::stream::StreamSeed;
@@ -21,7 +21,7 @@ impl Shard {
     /// Before an operation on a stream this core does not hold: find who serves it. Ours but
     /// not loaded (taken over, transferred here): load it. Another live node's: redirect. A new
     /// name: create it here if placement says so.
-    pub(super) async fn route(self: &Rc<Self>, name: &str, op: &Op) -> Result<(), EngineError> {
+    pub(super) async fn route(self: &Rc<Self>, name: &str, op: RouteAs) -> Result<(), EngineError> {
         let Some(cluster) = self.cluster.clone() else {
             return Ok(());
         };
@@ -29,10 +29,10 @@ impl Shard {
         while self.moves.borrow().handing_off(name) {
             self.handed_off.wait().await;
         }
-        if self.streams.borrow().contains_key(name) || matches!(op, Op::ForkRelease { .. }) {
+        if self.streams.borrow().contains_key(name) || op == RouteAs::Anywhere {
             return Ok(());
         }
-        let plain_create = matches!(op, Op::Create { fork: None, .. });
+        let plain_create = op == RouteAs::PlainCreate;
         if plain_create && cluster.place(name).is_none_or(|n| n == me) {
             // A create this node would place here asks the metadata log once, in the create
             // itself: it registers the name, or finds it registered and by whom, and `create`
@@ -60,7 +60,7 @@ impl Shard {
         plain_create: bool,
     ) -> Result<(), EngineError> {
         let me = cluster.node_id();
-        let deadline = Instant::now() + Duration::from_millis(cluster.config.lease_ms * 2);
+        let deadline = self.clock.now() + Duration::from_millis(cluster.config.lease_ms * 2);
         loop {
             let found = meta_answer(self.meta.lookup_stream(name).await)?;
             let Some((row, ownership)) = found else {
@@ -80,7 +80,7 @@ impl Shard {
                     return Err(cluster.moved(node));
                 }
                 owner => {
-                    if Instant::now() >= deadline {
+                    if self.clock.now() >= deadline {
                         return Err(EngineError::NotOwner(format!(
                             "stream {name} is owned by {}, which does not renew its lease, \
                              and no node took it over yet; retry",

@@ -2,8 +2,7 @@
 //! changes, delete (soft while forks read it), fork references, listing and shutdown.
 
 use crate::api::{StreamInfo, StreamSummary};
-use crate::clock::now_ms;
-use crate::error::EngineError;
+use crate::error::{CreateError, EngineError, TrimError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{ForkOrigin, StreamConfig};
@@ -15,7 +14,7 @@ impl Shard {
     /// Looks a stream up, deleting it first if it expired (lazy expiry). An expired stream
     /// that forks still read is kept for them but is gone for clients.
     pub(super) async fn live_stream_id(&self, name: &str, touch: bool) -> Result<u64, EngineError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let (id, expired) = {
             let mut streams = self.streams.borrow_mut();
             let Some(stream) = streams.get_mut(name) else {
@@ -70,7 +69,7 @@ impl Shard {
     }
 
     /// Trim: readers see the new start at once; the catalog records it before the answer.
-    pub(super) async fn trim(&self, name: &str, offset: u64) -> Result<u64, EngineError> {
+    pub(super) async fn trim(&self, name: &str, offset: u64) -> Result<u64, TrimError> {
         self.trim_to(name, offset, true).await
     }
 
@@ -81,7 +80,7 @@ impl Shard {
         name: &str,
         offset: u64,
         touch: bool,
-    ) -> Result<u64, EngineError> {
+    ) -> Result<u64, TrimError> {
         let id = self.live_stream_id(name, touch).await?;
         // The metadata log first, then memory: a start readers saw must be the one a restart
         // finds (a kill between the two brought trimmed records back).
@@ -94,7 +93,7 @@ impl Shard {
             // collector their objects). Retention skips such a stream for the same reason.
             let forks = stream.state.extras().fork_refs;
             if forks > 0 && start > stream.state.start_offset {
-                return Err(EngineError::ReadByForks { forks });
+                return Err(TrimError::ReadByForks { forks });
             }
             (start, self.fence(stream))
         };
@@ -190,23 +189,23 @@ impl Shard {
         name: &str,
         offset: u64,
         partial_bytes: u64,
-    ) -> Result<(ForkOrigin, StreamConfig), EngineError> {
+    ) -> Result<(ForkOrigin, StreamConfig), CreateError> {
         match self.live_stream_id(name, false).await {
-            Err(EngineError::Gone) => return Err(EngineError::SourceGone),
+            Err(EngineError::Gone) => return Err(CreateError::SourceGone),
             other => other?,
         };
         let mut streams = self.streams.borrow_mut();
         let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
         let source_depth = stream.state.fork().map_or(0, |f| f.depth);
         if source_depth >= limits::FORK_DEPTH_MAX {
-            return Err(EngineError::Invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "fork chains are at most {} forks deep, and this source is a fork at that depth",
                 limits::FORK_DEPTH_MAX
             )));
         }
         let end = offset.saturating_add(u64::from(partial_bytes > 0));
         if end > stream.state.durable_offset {
-            return Err(EngineError::Invalid(format!(
+            return Err(CreateError::Invalid(format!(
                 "fork offset is past the source's tail ({})",
                 stream.state.durable_offset
             )));
@@ -232,7 +231,7 @@ impl Shard {
             let extras = stream.state.extras_mut();
             extras.fork_refs = extras.fork_refs.saturating_sub(1);
             extras.fork_refs == 0
-                && (stream.state.soft_deleted || stream.state.is_expired(now_ms()))
+                && (stream.state.soft_deleted || stream.state.is_expired(self.clock.now_ms()))
         };
         if remove {
             self.remove_stream(name, source_id).await?;
@@ -298,7 +297,7 @@ impl Shard {
     }
 
     pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let streams = self.streams.borrow();
         let lower = if start_after >= prefix {
             start_after

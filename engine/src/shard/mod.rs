@@ -1,5 +1,5 @@
 //! One core's slice of the engine: the streams it owns, their waiters, its segment builder
-//! and its write-ahead log, and the one dispatch of the operations it is sent.
+//! and its write-ahead log, and how it runs each operation it is sent (`Run`).
 //!
 //! Write path: an append is checked by the pure state machine, framed once into the active
 //! segment buffer, and parked on a pending-ack queue (`append.rs`). The commit loop writes
@@ -49,12 +49,15 @@ pub(crate) use self::state::{Shard, ShardParts};
 pub(crate) use self::stream::coarsen_runs;
 pub use self::stream::StreamSeed;
 
+use std::future::Future;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::api::{Op, ReadBatch, ReadRequest, Reply};
-use crate::error::EngineError;
+use crate::api::{AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, StreamInfo};
+use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::metrics::{CoreMetrics, OpKind};
+use crate::ops::{Configure, Create, Delete, ForkAcquire, ForkRelease, Head, StreamOp, Trim};
+use crate::state::{ForkOrigin, StreamConfig};
 
 impl Shard {
     pub(crate) async fn start(
@@ -78,34 +81,20 @@ impl Shard {
         Ok(shard)
     }
 
-    pub(crate) async fn execute(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
-        match op {
-            Op::Read(request) => self.execute_read(name, request).await.map(Reply::Read),
-            op => Box::pin(self.execute_counted(name, op)).await,
-        }
-    }
-
-    /// A read, counted. Its own path, without the `Op` and `Reply` wrapping the other
-    /// operations take: a read may park at the tail (a long-poll, an SSE subscriber, thousands
-    /// at once), and every layer's copy of its request would stay with it.
-    pub(crate) async fn execute_read(
+    /// Runs `op` on `name`, routed first in a cluster, counted, and timed when it does work.
+    pub(crate) async fn execute<O: Run>(
         self: &Rc<Self>,
         name: &str,
-        request: ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
-        // A live read's time is mostly waiting for data, not work: its latency is not recorded.
-        let timed = request.wait_ms.is_none_or(|ms| ms == 0);
-        let started = Instant::now();
+        op: O,
+    ) -> Result<O::Answer, O::Error> {
+        let timed = op.timed();
+        let started = self.clock.now();
         if self.cluster.is_some() {
-            Box::pin(self.route(name, &Op::Read(request.clone()))).await?;
+            // Boxed: only a cluster routes, and its future would size every operation's.
+            Box::pin(self.route(name, op.route())).await?;
         }
-        let result = self.read(name, request).await;
-        if let Ok(batch) = &result {
-            let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
-            CoreMetrics::add(&self.metrics.records_read, batch.records.len() as u64);
-            CoreMetrics::add(&self.metrics.bytes_read, bytes as u64);
-        }
-        self.count_op(OpKind::Read, result.is_err(), timed.then_some(started));
+        let result = op.run(self, name).await;
+        self.count_op(O::KIND, result.is_err(), timed.then_some(started));
         result
     }
 
@@ -117,65 +106,93 @@ impl Shard {
             CoreMetrics::add(&metrics.errors, 1);
         }
         if let Some(started) = started {
-            metrics.latency.observe(started.elapsed());
+            metrics
+                .latency
+                .observe(self.clock.now().saturating_duration_since(started));
         }
     }
+}
 
-    /// Every operation but a read, counted (boxed by `execute`).
-    async fn execute_counted(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
-        let kind = match &op {
-            Op::Create { .. } => OpKind::Create,
-            Op::Append(_) => OpKind::Append,
-            Op::Read(_) => OpKind::Read,
-            Op::Head => OpKind::Head,
-            Op::Delete => OpKind::Delete,
-            Op::Trim { .. } => OpKind::Trim,
-            Op::Configure { .. } => OpKind::Configure,
-            Op::ForkAcquire { .. } | Op::ForkRelease { .. } => OpKind::Fork,
-        };
-        let started = Instant::now();
-        let result = self.execute_op(name, op).await;
-        self.count_op(kind, result.is_err(), Some(started));
-        result
+/// An operation as this shard runs it, once routing put it here (`Shard::execute` counts it).
+pub(crate) trait Run: StreamOp {
+    fn run(
+        self,
+        shard: &Rc<Shard>,
+        name: &str,
+    ) -> impl Future<Output = Result<Self::Answer, Self::Error>>;
+}
+
+impl Run for Create {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<Created, CreateError> {
+        let Create {
+            config,
+            closed,
+            records,
+            fork,
+        } = self;
+        // Boxed: a create's future is the largest, and rare next to appends and reads.
+        Box::pin(shard.create(name, config, closed, records, fork)).await
     }
+}
 
-    async fn execute_op(self: &Rc<Self>, name: &str, op: Op) -> Result<Reply, EngineError> {
-        if self.cluster.is_some() {
-            self.route(name, &op).await?;
-        }
-        match op {
-            Op::Create {
-                config,
-                closed,
-                records,
-                fork,
-            } => {
-                let created = self.create(name, config, closed, records, fork).await?;
-                Ok(created.into())
-            }
-            Op::Append(request) => self.append(name, request).await.map(Reply::Appended),
-            Op::ForkAcquire {
-                offset,
-                partial_bytes,
-            } => {
-                let (origin, config) = self.fork_acquire(name, offset, partial_bytes).await?;
-                Ok(Reply::ForkPoint { origin, config })
-            }
-            Op::ForkRelease { source_id } => {
-                self.fork_release(name, source_id).await?;
-                Ok(Reply::Released)
-            }
-            Op::Trim { offset } => self
-                .trim(name, offset)
-                .await
-                .map(|start_offset| Reply::Trimmed { start_offset }),
-            Op::Configure { change } => self.configure(name, change).await.map(Reply::Configured),
-            Op::Read(request) => self.read(name, request).await.map(Reply::Read),
-            Op::Head => self.head(name).await.map(Reply::Head),
-            Op::Delete => self
-                .delete(name)
-                .await
-                .map(|fork_source| Reply::Deleted { fork_source }),
-        }
+impl Run for AppendRequest {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<AppendAck, AppendError> {
+        shard.append(name, self).await
+    }
+}
+
+impl Run for ReadRequest {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<ReadBatch, ReadError> {
+        let batch = shard.read(name, self).await?;
+        let bytes: usize = batch.records.iter().map(|r| r.body.len()).sum();
+        CoreMetrics::add(&shard.metrics.records_read, batch.records.len() as u64);
+        CoreMetrics::add(&shard.metrics.bytes_read, bytes as u64);
+        Ok(batch)
+    }
+}
+
+impl Run for Head {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<StreamInfo, EngineError> {
+        shard.head(name).await
+    }
+}
+
+impl Run for Trim {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<u64, TrimError> {
+        shard.trim(name, self.offset).await
+    }
+}
+
+impl Run for Configure {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<StreamInfo, EngineError> {
+        shard.configure(name, self.change).await
+    }
+}
+
+impl Run for Delete {
+    async fn run(
+        self,
+        shard: &Rc<Shard>,
+        name: &str,
+    ) -> Result<Option<(String, u64)>, EngineError> {
+        shard.delete(name).await
+    }
+}
+
+impl Run for ForkAcquire {
+    async fn run(
+        self,
+        shard: &Rc<Shard>,
+        name: &str,
+    ) -> Result<(ForkOrigin, StreamConfig), CreateError> {
+        shard
+            .fork_acquire(name, self.offset, self.partial_bytes)
+            .await
+    }
+}
+
+impl Run for ForkRelease {
+    async fn run(self, shard: &Rc<Shard>, name: &str) -> Result<(), EngineError> {
+        shard.fork_release(name, self.source_id).await
     }
 }

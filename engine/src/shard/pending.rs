@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use futures_channel::oneshot;
 
-use crate::error::EngineError;
+use crate::error::AppendError;
 
 /// One append waiting until its frames (which end at byte `end` of segment `segment`) are
 /// durable.
@@ -21,7 +21,7 @@ pub(super) struct PendingAck {
     pub(super) next_offset: u64,
     pub(super) closed: bool,
     pub(super) body_bytes: usize,
-    pub(super) reply: oneshot::Sender<Result<(), EngineError>>,
+    pub(super) reply: oneshot::Sender<Result<(), AppendError>>,
 }
 
 /// How a released acknowledgement is answered.
@@ -33,10 +33,11 @@ pub(super) enum Release {
     Fenced,
 }
 
-/// Invariants: `in_flight_bytes` is the sum of the queued appends' body bytes (until
-/// [`AckQueue::drain`]); acknowledgements leave in queue order, so a stream's durable tail
-/// only moves forward; `fenced` names only incarnations some queued append belongs to, once
-/// a release round has run.
+/// Invariants (checked in debug builds, `AckQueue::check`): `in_flight_bytes` is the sum of
+/// the queued appends' body bytes (until [`AckQueue::drain`]); the queue is in write order
+/// (segment, then end byte), and acknowledgements leave in that order, so a stream's durable
+/// tail only moves forward; `fenced` names only incarnations some queued append belongs to,
+/// once a release round has run.
 #[derive(Default)]
 pub(super) struct AckQueue {
     queue: VecDeque<PendingAck>,
@@ -46,13 +47,49 @@ pub(super) struct AckQueue {
     /// epoch, not id: the stream may be loaded here again, and its new appends are not the
     /// old incarnation's. Pruned once no pending acknowledgement names an entry.
     fenced: HashSet<(u64, u64)>,
+    /// Drained after a WAL failure: the bytes stay counted, the queue is empty.
+    drained: bool,
 }
 
 impl AckQueue {
     /// Queues an append written after every one already queued.
     pub(super) fn push(&mut self, ack: PendingAck) {
+        debug_assert!(
+            self.queue
+                .back()
+                .is_none_or(|last| (last.segment, last.end) <= (ack.segment, ack.end)),
+            "an acknowledgement is queued in write order"
+        );
         self.in_flight_bytes += ack.body_bytes;
         self.queue.push_back(ack);
+    }
+
+    /// Asserts the invariants in debug builds (a walk of the queue: once per release round).
+    fn check(&self) {
+        if cfg!(debug_assertions) {
+            if !self.drained {
+                let queued: usize = self.queue.iter().map(|ack| ack.body_bytes).sum();
+                assert_eq!(
+                    self.in_flight_bytes, queued,
+                    "in-flight bytes are the queued"
+                );
+            }
+            let mut order = self.queue.iter().map(|ack| (ack.segment, ack.end));
+            if let Some(mut last) = order.next() {
+                for next in order {
+                    assert!(last <= next, "the queue is in write order");
+                    last = next;
+                }
+            }
+            for key in &self.fenced {
+                assert!(
+                    self.queue
+                        .iter()
+                        .any(|ack| (ack.stream_id, ack.epoch) == *key),
+                    "a fenced incarnation has a queued append"
+                );
+            }
+        }
     }
 
     /// Body bytes of the appends accepted but not yet answered.
@@ -100,12 +137,14 @@ impl AckQueue {
                 .collect();
             self.fenced.retain(|key| named.contains(key));
         }
+        self.check();
         released
     }
 
     /// Takes every queued acknowledgement (the WAL failed: they all fail). Their bytes stay
     /// counted in flight: the core takes no append after this.
     pub(super) fn drain(&mut self) -> Vec<PendingAck> {
+        self.drained = true;
         self.queue.drain(..).collect()
     }
 }

@@ -2,12 +2,12 @@
 //! the stream's waiters, and fork reads of what a fork inherited.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_channel::oneshot;
 
 use crate::api::{ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordView};
-use crate::error::EngineError;
+use crate::error::{EngineError, ReadError};
 use crate::frame::{self, FRAME_KIND_RECORD};
 use crate::limits;
 use crate::metrics::GaugeGuard;
@@ -19,13 +19,13 @@ impl Shard {
         self: &Rc<Self>,
         name: &str,
         request: ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         if let Some(bound) = request.bound {
             return Box::pin(self.read_bounded(name, bound, &request)).await;
         }
         let deadline = request
             .wait_ms
-            .map(|ms| Instant::now() + Duration::from_millis(ms));
+            .map(|ms| self.clock.now() + Duration::from_millis(ms));
         let mut from = match request.from {
             ReadFrom::Offset(offset) => offset,
             ReadFrom::AtLeast(offset) => {
@@ -58,7 +58,7 @@ impl Shard {
             if !batch.records.is_empty() || batch.closed || from < batch.tail {
                 return Ok(batch);
             }
-            let now = Instant::now();
+            let now = self.clock.now();
             if now >= deadline || self.stopping.get() {
                 return Ok(batch);
             }
@@ -76,7 +76,8 @@ impl Shard {
                     return Err(EngineError::Overloaded {
                         limit: "waiters per stream",
                         retry_after_sec: limits::OVERLOADED_RETRY_AFTER_SEC,
-                    });
+                    }
+                    .into());
                 }
                 rx
             };
@@ -129,7 +130,7 @@ impl Shard {
         name: &str,
         bound: ReadBound,
         request: &ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         let end = bound.until + u64::from(bound.partial_bytes > 0);
         let from = {
             let streams = self.streams.borrow();
@@ -140,7 +141,8 @@ impl Shard {
             if end > stream.state.durable_offset {
                 return Err(EngineError::Storage(format!(
                     "fork source {name} holds fewer records than its forks inherited"
-                )));
+                ))
+                .into());
             }
             match request.from {
                 ReadFrom::Offset(offset) => offset,
@@ -190,7 +192,7 @@ impl Shard {
         name: &str,
         from: u64,
         request: &ReadRequest,
-    ) -> Result<ReadBatch, EngineError> {
+    ) -> Result<ReadBatch, ReadError> {
         let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
         let max_bytes = request.max_bytes.max(1);
         let (chunks, tail, closed_durable, stream_id, content_type) = {

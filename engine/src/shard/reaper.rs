@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::clock::now_ms;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
@@ -98,7 +97,7 @@ impl Shard {
             if self.stopping.get() {
                 return;
             }
-            let (actions, next) = self.retention_round(after.as_deref(), now_ms());
+            let (actions, next) = self.retention_round(after.as_deref(), self.clock.now_ms());
             after = next;
             for action in actions {
                 match action {
@@ -143,7 +142,7 @@ impl Shard {
             return false;
         };
         let due = matches!(
-            retention_action(name, stream, now_ms()),
+            retention_action(name, stream, self.clock.now_ms()),
             Some(RetentionAction::Delete { .. })
         );
         stream.retiring = due;
@@ -192,7 +191,11 @@ impl Shard {
         let mut after: Option<Rc<str>> = None;
         loop {
             glommio::timer::sleep(Duration::from_millis(limits::REAPER_INTERVAL_MS)).await;
-            let (expired, next) = expired_round(&self.streams.borrow(), after.as_deref(), now_ms());
+            let (expired, next) = expired_round(
+                &self.streams.borrow(),
+                after.as_deref(),
+                self.clock.now_ms(),
+            );
             after = next;
             for (name, id) in expired {
                 if let Err(e) = self.remove_stream(&name, id).await {

@@ -4,11 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pico_meta::{ProducerState, SegmentFence, SegmentRecord, SegmentStreamEntry};
-
-use crate::clock::now_ms;
 
 use super::state::{OpenSegment, SegmentData, SegmentSlot, Shard, WalFile};
 use super::stream::{coarsen, coarsen_runs, IndexEntry};
@@ -57,7 +55,7 @@ impl Shard {
             wal_path: path,
             wal_rounds: 0,
             wal_epochs: Vec::new(),
-            opened: Instant::now(),
+            opened: self.clock.now(),
             index: BTreeMap::new(),
         });
     }
@@ -129,7 +127,7 @@ impl Shard {
         let record = SegmentRecord {
             key: segment.key.clone(),
             size_bytes: bytes.len() as u64,
-            created_ms: now_ms(),
+            created_ms: self.clock.now_ms(),
             streams: segment
                 .index
                 .into_iter()
@@ -187,7 +185,7 @@ impl Shard {
     /// in the object store and its WAL file gone: a clean stop leaves nothing to recover.
     /// `false` if time ran out (the WAL still has it: nothing is lost either way).
     pub(crate) async fn flush(self: &Rc<Self>, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = self.clock.now() + timeout;
         let has_data = self.log.borrow().back().is_some_and(|s| !s.buf.is_empty());
         if has_data {
             self.rotate();
@@ -203,7 +201,7 @@ impl Shard {
             if settled || self.wal_failed() {
                 return settled;
             }
-            if Instant::now() >= deadline {
+            if self.clock.now() >= deadline {
                 return false;
             }
             // A rotation may have waited for a spare WAL file; ask again.
@@ -226,7 +224,7 @@ impl Shard {
     /// Seals the active segment and waits until it and every older one are stored and
     /// committed (unlike `flush`, appends to other streams may go on meanwhile).
     pub(super) async fn flush_through_active(self: &Rc<Self>, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = self.clock.now() + timeout;
         let target = self.log.borrow().back().map_or(0, |s| s.no);
         loop {
             let active_has_it = self
@@ -251,7 +249,7 @@ impl Shard {
             if settled {
                 return true;
             }
-            if Instant::now() >= deadline || self.wal_failed() {
+            if self.clock.now() >= deadline || self.wal_failed() {
                 return false;
             }
             self.commit_wanted.notify();

@@ -14,6 +14,7 @@ use glommio::io::DmaFile;
 use pico_meta::MetaStore;
 use pico_s3::ObjectStore;
 
+use crate::clock::Clock;
 use crate::cluster::Cluster;
 use crate::config::EngineConfig;
 use crate::health::WalHealth;
@@ -159,6 +160,8 @@ pub(crate) struct Shard {
     pub(super) put_budget: Arc<PutBudget>,
     /// Object durability: a flush waits for its slot in `put_budget` (`flush.rs`).
     pub(super) flush_pending: Cell<bool>,
+    /// Every time the shard reads: deadlines, ages, record timestamps and expiry.
+    pub(super) clock: Clock,
 }
 
 /// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it
@@ -183,6 +186,8 @@ pub(crate) struct ShardParts {
     pub(crate) metrics: Arc<CoreMetrics>,
     pub(crate) cluster: Option<Arc<Cluster>>,
     pub(crate) put_budget: Arc<PutBudget>,
+    /// Where the shard reads the time (real outside tests).
+    pub(crate) clock: Clock,
 }
 
 impl Shard {
@@ -196,6 +201,7 @@ impl Shard {
             metrics,
             cluster,
             put_budget,
+            clock,
         } = parts;
         Shard {
             core,
@@ -222,6 +228,7 @@ impl Shard {
             handed_off: LocalBroadcast::default(),
             put_budget,
             flush_pending: Cell::new(false),
+            clock,
         }
     }
 
@@ -291,7 +298,7 @@ impl Shard {
                 extras.producers = Producers::seeded(
                     seed.producers,
                     &self.config().producers,
-                    crate::clock::now_ms(),
+                    self.clock.now_ms(),
                 );
                 extras.closed_by = seed.closed_by;
                 extras.writer_seq = seed.writer_seq;
@@ -315,6 +322,11 @@ impl Shard {
 
     pub(crate) fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Where this shard reads the time.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     pub(crate) fn meta(&self) -> &MetaStore {

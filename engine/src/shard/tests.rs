@@ -18,7 +18,7 @@ use super::sealed::SealQueue;
 use super::stream::{coarsen, coarsen_runs, Chunk, Stream};
 use super::wal::WalFileError;
 use crate::api::RecordInput;
-use crate::error::EngineError;
+use crate::error::{AppendError, EngineError};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::limits::{self, CACHE_BLOCK_BYTES};
 use crate::state::{StreamConfig, StreamState};
@@ -368,7 +368,7 @@ fn ack(
     id: u64,
     epoch: u64,
     body_bytes: usize,
-) -> (PendingAck, oneshot::Receiver<Result<(), EngineError>>) {
+) -> (PendingAck, oneshot::Receiver<Result<(), AppendError>>) {
     let (reply, rx) = oneshot::channel();
     let pending = PendingAck {
         segment,

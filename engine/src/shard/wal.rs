@@ -7,7 +7,7 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use crate::config::Durability;
-use crate::error::EngineError;
+use crate::error::AppendError;
 use crate::health::WalHealth;
 use crate::placement::segment_key;
 
@@ -158,10 +158,10 @@ impl Shard {
     }
 
     /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
-    pub(super) fn check_writable(&self, needed: usize) -> Result<(), EngineError> {
+    pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
         match &self.wal.borrow().health {
             WalHealth::Ok => Ok(()),
-            WalHealth::Failed { message } => Err(EngineError::WritesStopped(format!(
+            WalHealth::Failed { message } => Err(AppendError::WritesStopped(format!(
                 "{message}; this core takes appends again after a restart"
             ))),
             WalHealth::NoNextFile {
@@ -179,9 +179,9 @@ impl Shard {
                 }
                 let message = format!("{message}; appends resume once it can be made");
                 Err(if *out_of_space {
-                    EngineError::OutOfSpace(message)
+                    AppendError::OutOfSpace(message)
                 } else {
-                    EngineError::WritesStopped(message)
+                    AppendError::WritesStopped(message)
                 })
             }
         }

@@ -3,7 +3,7 @@
 //! headers every answer carries.
 
 use pico_engine::health::WAL_RETRY_AFTER_SEC;
-use pico_engine::EngineError;
+use pico_engine::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use pico_proto::header::*;
 use pico_proto::offset::format as format_offset;
 
@@ -41,55 +41,22 @@ impl DsError {
     }
 }
 
-/// The one mapping from engine errors to the Durable Streams protocol.
+/// The mapping from the errors any operation can meet to the Durable Streams protocol; each
+/// operation's own errors below add theirs.
 impl From<EngineError> for DsError {
     fn from(error: EngineError) -> DsError {
         let message = error.to_string();
         match error {
             EngineError::NotFound => DsError::new(404, "NOT_FOUND", message),
             EngineError::Gone => DsError::new(410, "GONE", message),
-            EngineError::ConfigMismatch { .. } => DsError::new(409, "CONFLICT", message),
-            EngineError::SourceGone | EngineError::ReadByForks { .. } => {
-                DsError::new(409, "CONFLICT", message)
-            }
-            EngineError::ContentTypeMismatch { .. } => DsError::new(409, "CONFLICT", message),
-            EngineError::WriterSeqRegression { .. } => DsError::new(409, "CONFLICT", message),
-            EngineError::Closed { next_offset } => DsError::new(409, "STREAM_CLOSED", message)
-                .with(STREAM_CLOSED, "true")
-                .with(STREAM_NEXT_OFFSET, format_offset(next_offset, 0)),
-            EngineError::MatchFailed { actual, .. } => DsError::new(409, "CONFLICT", message)
-                .with(STREAM_NEXT_OFFSET, format_offset(actual, 0)),
-            EngineError::StaleProducerEpoch { current } => {
-                DsError::new(403, "STALE_EPOCH", message).with(PRODUCER_EPOCH, current.to_string())
-            }
-            EngineError::ProducerSequenceGap { expected, received } => {
-                DsError::new(409, "SEQUENCE_GAP", message)
-                    .with(PRODUCER_EXPECTED_SEQ, expected.to_string())
-                    .with(PRODUCER_RECEIVED_SEQ, received.to_string())
-            }
-            // The protocol's table: an unknown producer must start at 0, answered like a gap.
-            EngineError::UnknownProducer { received } => DsError::new(409, "SEQUENCE_GAP", message)
-                .with(PRODUCER_EXPECTED_SEQ, "0")
-                .with(PRODUCER_RECEIVED_SEQ, received.to_string()),
-            EngineError::TooManyProducers { .. } => {
-                DsError::new(429, "TOO_MANY_PRODUCERS", message)
-            }
-            EngineError::OffsetBeyondTail { .. } => DsError::bad_request(message),
-            EngineError::OffsetGone { .. } => DsError::new(410, "OFFSET_GONE", message),
             EngineError::Overloaded {
                 retry_after_sec, ..
             } => DsError::new(429, "OVERLOADED", message)
                 .with("retry-after", retry_after_sec.to_string()),
-            EngineError::Invalid(_) => DsError::bad_request(message),
-            EngineError::Durability(_) => DsError::new(500, "DURABILITY", message),
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
             EngineError::Storage(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
             }
-            EngineError::OutOfSpace(_) => DsError::new(507, "INSUFFICIENT_STORAGE", message)
-                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
-            EngineError::WritesStopped(_) => DsError::new(503, "UNAVAILABLE", message)
-                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
             EngineError::ShuttingDown | EngineError::NotOwner(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")
             }
@@ -103,6 +70,79 @@ impl From<EngineError> for DsError {
                 DsError::new(crate::routing::REDIRECT_STATUS, "MOVED", message)
                     .with("location", ds_address)
             }
+        }
+    }
+}
+
+impl From<AppendError> for DsError {
+    fn from(error: AppendError) -> DsError {
+        let message = error.to_string();
+        match error {
+            AppendError::Engine(e) => e.into(),
+            AppendError::ContentTypeMismatch { .. } => DsError::new(409, "CONFLICT", message),
+            AppendError::WriterSeqRegression { .. } => DsError::new(409, "CONFLICT", message),
+            AppendError::Closed { next_offset } => DsError::new(409, "STREAM_CLOSED", message)
+                .with(STREAM_CLOSED, "true")
+                .with(STREAM_NEXT_OFFSET, format_offset(next_offset, 0)),
+            AppendError::MatchFailed { actual, .. } => DsError::new(409, "CONFLICT", message)
+                .with(STREAM_NEXT_OFFSET, format_offset(actual, 0)),
+            AppendError::StaleProducerEpoch { current } => {
+                DsError::new(403, "STALE_EPOCH", message).with(PRODUCER_EPOCH, current.to_string())
+            }
+            AppendError::ProducerSequenceGap { expected, received } => {
+                DsError::new(409, "SEQUENCE_GAP", message)
+                    .with(PRODUCER_EXPECTED_SEQ, expected.to_string())
+                    .with(PRODUCER_RECEIVED_SEQ, received.to_string())
+            }
+            // The protocol's table: an unknown producer must start at 0, answered like a gap.
+            AppendError::UnknownProducer { received } => DsError::new(409, "SEQUENCE_GAP", message)
+                .with(PRODUCER_EXPECTED_SEQ, "0")
+                .with(PRODUCER_RECEIVED_SEQ, received.to_string()),
+            AppendError::TooManyProducers { .. } => {
+                DsError::new(429, "TOO_MANY_PRODUCERS", message)
+            }
+            AppendError::Invalid(_) => DsError::bad_request(message),
+            AppendError::Durability(_) => DsError::new(500, "DURABILITY", message),
+            AppendError::OutOfSpace(_) => DsError::new(507, "INSUFFICIENT_STORAGE", message)
+                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
+            AppendError::WritesStopped(_) => DsError::new(503, "UNAVAILABLE", message)
+                .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
+        }
+    }
+}
+
+impl From<ReadError> for DsError {
+    fn from(error: ReadError) -> DsError {
+        let message = error.to_string();
+        match error {
+            ReadError::Engine(e) => e.into(),
+            ReadError::OffsetBeyondTail { .. } => DsError::bad_request(message),
+            ReadError::OffsetGone { .. } => DsError::new(410, "OFFSET_GONE", message),
+        }
+    }
+}
+
+impl From<CreateError> for DsError {
+    fn from(error: CreateError) -> DsError {
+        let message = error.to_string();
+        match error {
+            CreateError::Engine(e) => e.into(),
+            CreateError::ConfigMismatch { .. } | CreateError::SourceGone => {
+                DsError::new(409, "CONFLICT", message)
+            }
+            CreateError::Invalid(_) => DsError::bad_request(message),
+            CreateError::Append(e) => e.into(),
+            CreateError::ForkPoint(e) => e.into(),
+        }
+    }
+}
+
+impl From<TrimError> for DsError {
+    fn from(error: TrimError) -> DsError {
+        let message = error.to_string();
+        match error {
+            TrimError::Engine(e) => e.into(),
+            TrimError::ReadByForks { .. } => DsError::new(409, "CONFLICT", message),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! status codes and JSON bodies (docs/api.md, "Errors"), and the headers every answer carries.
 
 use pico_engine::health::WAL_RETRY_AFTER_SEC;
-use pico_engine::EngineError;
+use pico_engine::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use pico_proto::header::*;
 
 use crate::transport::message::Response;
@@ -40,70 +40,23 @@ impl ApiError {
     }
 }
 
-/// The one mapping from engine errors to the Pico protocol.
+/// The mapping from the errors any operation can meet to the Pico protocol; each
+/// operation's own errors below add theirs.
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> ApiError {
         let message = error.to_string();
         match error {
             EngineError::NotFound => ApiError::new(404, "not_found", message),
-            EngineError::ConfigMismatch { next_offset, .. } => ApiError {
-                next_seq: Some(next_offset),
-                ..ApiError::new(409, "conflict", message)
-            },
-            EngineError::Closed { next_offset } => ApiError {
-                next_seq: Some(next_offset),
-                extra: vec![(PICO_CLOSED, "true".into())],
-                ..ApiError::new(409, "closed", message)
-            },
             EngineError::Gone => ApiError::new(410, "gone", message),
-            EngineError::SourceGone
-            | EngineError::ReadByForks { .. }
-            | EngineError::ContentTypeMismatch { .. }
-            | EngineError::WriterSeqRegression { .. } => ApiError::new(409, "conflict", message),
-            EngineError::MatchFailed { actual, .. } => ApiError {
-                next_seq: Some(actual),
-                ..ApiError::new(412, "match_failed", message)
-            },
-            EngineError::StaleProducerEpoch { current } => ApiError {
-                extra: vec![(PICO_PRODUCER_EPOCH, current.to_string())],
-                ..ApiError::new(403, "fenced", message)
-            },
-            EngineError::ProducerSequenceGap { expected, received } => ApiError {
-                extra: vec![
-                    (PICO_EXPECTED_SEQ, expected.to_string()),
-                    (PICO_RECEIVED_SEQ, received.to_string()),
-                ],
-                ..ApiError::new(409, "sequence_gap", message)
-            },
-            EngineError::TooManyProducers { .. } => {
-                ApiError::new(429, "too_many_producers", message)
-            }
-            EngineError::OffsetBeyondTail { .. } => ApiError::bad_request(message),
-            EngineError::OffsetGone { start, .. } => ApiError {
-                next_seq: Some(start),
-                ..ApiError::new(410, "offset_gone", message)
-            },
             EngineError::Overloaded {
                 retry_after_sec, ..
             } => ApiError {
                 extra: vec![("retry-after", retry_after_sec.to_string())],
                 ..ApiError::new(429, "overloaded", message)
             },
-            EngineError::Invalid(_) | EngineError::UnknownProducer { .. } => {
-                ApiError::bad_request(message)
-            }
-            EngineError::Durability(_) => ApiError::new(500, "durability", message),
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
             EngineError::Storage(_) => ApiError {
                 extra: vec![("retry-after", "1".into())],
-                ..ApiError::new(503, "unavailable", message)
-            },
-            EngineError::OutOfSpace(_) => ApiError {
-                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
-                ..ApiError::new(507, "insufficient_storage", message)
-            },
-            EngineError::WritesStopped(_) => ApiError {
-                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
                 ..ApiError::new(503, "unavailable", message)
             },
             EngineError::ShuttingDown | EngineError::NotOwner(_) => ApiError {
@@ -119,6 +72,94 @@ impl From<EngineError> for ApiError {
                 extra: vec![("location", address)],
                 ..ApiError::new(crate::routing::REDIRECT_STATUS, "moved", message)
             },
+        }
+    }
+}
+
+impl From<AppendError> for ApiError {
+    fn from(error: AppendError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            AppendError::Engine(e) => e.into(),
+            AppendError::Closed { next_offset } => ApiError {
+                next_seq: Some(next_offset),
+                extra: vec![(PICO_CLOSED, "true".into())],
+                ..ApiError::new(409, "closed", message)
+            },
+            AppendError::ContentTypeMismatch { .. } | AppendError::WriterSeqRegression { .. } => {
+                ApiError::new(409, "conflict", message)
+            }
+            AppendError::MatchFailed { actual, .. } => ApiError {
+                next_seq: Some(actual),
+                ..ApiError::new(412, "match_failed", message)
+            },
+            AppendError::StaleProducerEpoch { current } => ApiError {
+                extra: vec![(PICO_PRODUCER_EPOCH, current.to_string())],
+                ..ApiError::new(403, "fenced", message)
+            },
+            AppendError::ProducerSequenceGap { expected, received } => ApiError {
+                extra: vec![
+                    (PICO_EXPECTED_SEQ, expected.to_string()),
+                    (PICO_RECEIVED_SEQ, received.to_string()),
+                ],
+                ..ApiError::new(409, "sequence_gap", message)
+            },
+            AppendError::TooManyProducers { .. } => {
+                ApiError::new(429, "too_many_producers", message)
+            }
+            AppendError::Invalid(_) | AppendError::UnknownProducer { .. } => {
+                ApiError::bad_request(message)
+            }
+            AppendError::Durability(_) => ApiError::new(500, "durability", message),
+            AppendError::OutOfSpace(_) => ApiError {
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
+                ..ApiError::new(507, "insufficient_storage", message)
+            },
+            AppendError::WritesStopped(_) => ApiError {
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
+                ..ApiError::new(503, "unavailable", message)
+            },
+        }
+    }
+}
+
+impl From<ReadError> for ApiError {
+    fn from(error: ReadError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            ReadError::Engine(e) => e.into(),
+            ReadError::OffsetBeyondTail { .. } => ApiError::bad_request(message),
+            ReadError::OffsetGone { start, .. } => ApiError {
+                next_seq: Some(start),
+                ..ApiError::new(410, "offset_gone", message)
+            },
+        }
+    }
+}
+
+impl From<CreateError> for ApiError {
+    fn from(error: CreateError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            CreateError::Engine(e) => e.into(),
+            CreateError::ConfigMismatch { next_offset, .. } => ApiError {
+                next_seq: Some(next_offset),
+                ..ApiError::new(409, "conflict", message)
+            },
+            CreateError::SourceGone => ApiError::new(409, "conflict", message),
+            CreateError::Invalid(_) => ApiError::bad_request(message),
+            CreateError::Append(e) => e.into(),
+            CreateError::ForkPoint(e) => e.into(),
+        }
+    }
+}
+
+impl From<TrimError> for ApiError {
+    fn from(error: TrimError) -> ApiError {
+        let message = error.to_string();
+        match error {
+            TrimError::Engine(e) => e.into(),
+            TrimError::ReadByForks { .. } => ApiError::new(409, "conflict", message),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use pico_engine::{limits, CoreHandle, EngineError, ReadBatch, ReadFrom, ReadRequest, StreamInfo};
+use pico_engine::{limits, CoreHandle, ReadBatch, ReadError, ReadFrom, ReadRequest, StreamInfo};
 use pico_meta::Retention;
 use pico_proto::header::*;
 
@@ -151,14 +151,14 @@ pub(super) async fn sse(
         // The engine finds the start (a fork's may lie in its source).
         ReadFrom::AtLeast(_) => from,
         ReadFrom::Offset(offset) if offset < info.start_offset => {
-            return Err(EngineError::OffsetGone {
+            return Err(ReadError::OffsetGone {
                 requested: offset,
                 start: info.start_offset,
             }
             .into())
         }
         ReadFrom::Offset(offset) if offset > info.next_offset => {
-            return Err(EngineError::OffsetBeyondTail {
+            return Err(ReadError::OffsetBeyondTail {
                 requested: offset,
                 tail: info.next_offset,
             }
