@@ -2,6 +2,7 @@
 //! operation, run on the stream's owning core (`route.rs`), forks stitched (`fork.rs`), and
 //! nothing served while a cluster node does not hold its lease.
 
+use std::cell::OnceCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -31,6 +32,17 @@ pub struct CoreHandle {
     live: LiveReads,
     /// Core 0's garbage collector, held by a backup.
     gc: Rc<gc::GcGate>,
+    /// Told of every write and deletion this handle acknowledged ([`WriteObserver`]).
+    observer: OnceCell<Rc<dyn WriteObserver>>,
+}
+
+/// What the node does after the engine acknowledged a write: subscriptions and wake webhooks
+/// hear of it here, once, whichever protocol or service wrote.
+pub trait WriteObserver {
+    /// `name` took records or was closed; `next_offset` is its new tail.
+    fn on_write(&self, name: &str, next_offset: u64);
+    /// `name` was deleted.
+    fn on_delete(&self, name: &str);
 }
 
 impl CoreHandle {
@@ -85,6 +97,7 @@ impl CoreHandle {
             cluster,
             live: LiveReads::default(),
             gc,
+            observer: OnceCell::new(),
         }))
     }
 
@@ -184,7 +197,34 @@ impl CoreHandle {
     /// Creates a stream (idempotently: an existing one with the same configuration is
     /// `created: false`), with its first records if given; a fork first resolves its fork
     /// point with the source.
+    /// Tells `observer` of every write and deletion acknowledged from now on (once per core).
+    pub fn observe_writes(&self, observer: Rc<dyn WriteObserver>) {
+        if self.observer.set(observer).is_err() {
+            log::error!("a second write observer is ignored");
+        }
+    }
+
+    fn wrote(&self, name: &str, next_offset: u64) {
+        if let Some(observer) = self.observer.get() {
+            observer.on_write(name, next_offset);
+        }
+    }
+
+    /// Creates a stream (a fork with `request.fork`); the observer hears of a create that
+    /// wrote records or made the stream closed.
     pub async fn create(&self, name: &str, request: CreateRequest) -> Result<Created, CreateError> {
+        let created = self.create_stream(name, request).await?;
+        if created.first.is_some() || created.info.closed {
+            self.wrote(name, created.info.next_offset);
+        }
+        Ok(created)
+    }
+
+    async fn create_stream(
+        &self,
+        name: &str,
+        request: CreateRequest,
+    ) -> Result<Created, CreateError> {
         self.leased().await?;
         let CreateRequest {
             config,
@@ -221,7 +261,12 @@ impl CoreHandle {
         request: AppendRequest,
     ) -> Result<AppendAck, AppendError> {
         self.leased().await?;
-        self.router.append(name, request).await
+        let ack = self.router.append(name, request).await?;
+        // Records taken or the stream closed (a producer's duplicate close too).
+        if ack.start_offset.is_some() || ack.closed {
+            self.wrote(name, ack.next_offset);
+        }
+        Ok(ack)
     }
 
     /// Reads records; a fork read below its fork point is stitched from its source. Live
@@ -261,7 +306,11 @@ impl CoreHandle {
 
     pub async fn delete(&self, name: &str) -> Result<(), EngineError> {
         self.leased().await?;
-        self.router.delete(name).await
+        self.router.delete(name).await?;
+        if let Some(observer) = self.observer.get() {
+            observer.on_delete(name);
+        }
+        Ok(())
     }
 
     /// Streams whose names start with `prefix` and sort after `start_after`, from every core,

@@ -168,10 +168,10 @@ pub(super) async fn route(
         // Only reads wait (long-polls, SSE: thousands at once), so only a read's future is
         // inline; the others are on the heap while they run, not sizing every read's.
         "PUT" => Box::pin(create(core, settings, request)).await,
-        "POST" => Box::pin(append(core, settings, request)).await,
+        "POST" => Box::pin(append(core, request)).await,
         "GET" => read(core, settings, request).await,
         "HEAD" => Box::pin(head(core, request)).await,
-        "DELETE" => Box::pin(delete(core, settings, request)).await,
+        "DELETE" => Box::pin(delete(core, request)).await,
         _ => Err(
             DsError::new(405, "METHOD_NOT_ALLOWED", "method not allowed")
                 .with("allow", ALLOW_METHODS),

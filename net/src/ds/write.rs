@@ -200,7 +200,6 @@ pub(super) async fn create(
         (None, None) => pico_proto::media::OCTET_STREAM.to_string(),
     };
     let records = body_records(&request.body, is_json(&content_type), true)?;
-    let wrote = !records.is_empty();
     let create = CreateRequest {
         config: StreamConfig {
             content_type,
@@ -214,11 +213,6 @@ pub(super) async fn create(
     };
     let Created { created, info, .. } = core.create(&request.path, create).await?;
     let next = format_offset(info.next_offset, 0);
-    if created && wrote {
-        settings
-            .subscriptions
-            .on_stream_write(core, &request.path, info.next_offset);
-    }
     let mut response = Response::new(if created { 201 } else { 200 })
         .header("content-type", info.content_type.clone())
         .header(STREAM_NEXT_OFFSET, next)
@@ -256,11 +250,7 @@ pub(super) fn producer_headers(request: &Request) -> Result<Option<ProducerTuple
     })
 }
 
-pub(super) async fn append(
-    core: &Rc<CoreHandle>,
-    settings: &DsSettings,
-    request: &Request,
-) -> Result<Response, DsError> {
+pub(super) async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, DsError> {
     let producer = producer_headers(request)?;
     let close = header_true(request, STREAM_CLOSED);
     let body = &request.body;
@@ -293,12 +283,6 @@ pub(super) async fn append(
     };
     let ack = core.append(&request.path, append).await?;
     let next = format_offset(ack.next_offset, 0);
-    let wrote = ack.start_offset.is_some() || (ack.closed && ack.duplicate_of_seq.is_none());
-    if wrote {
-        settings
-            .subscriptions
-            .on_stream_write(core, &request.path, ack.next_offset);
-    }
     // A producer's new data is 200; a duplicate, a close-only and a plain append are 204.
     let status = match (&echo, ack.start_offset, ack.duplicate_of_seq) {
         (Some(_), Some(_), None) => 200,
@@ -321,12 +305,7 @@ pub(super) async fn append(
     Ok(response)
 }
 
-pub(super) async fn delete(
-    core: &Rc<CoreHandle>,
-    settings: &DsSettings,
-    request: &Request,
-) -> Result<Response, DsError> {
+pub(super) async fn delete(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, DsError> {
     core.delete(&request.path).await?;
-    settings.subscriptions.on_stream_deleted(&request.path);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }

@@ -121,11 +121,7 @@ pub(super) async fn create(
         records,
         fork: None,
     };
-    let Created {
-        created,
-        info,
-        first,
-    } = core.create(&request.path, create).await?;
+    let Created { created, info, .. } = core.create(&request.path, create).await?;
     let mut response = Response::new(if created { 201 } else { 200 })
         .header(PICO_NEXT_SEQ, info.next_offset.to_string())
         .header("content-type", info.content_type.clone())
@@ -136,20 +132,10 @@ pub(super) async fn create(
     if created {
         response = response.header("location", request.path.clone());
     }
-    // A create wakes subscriptions when it wrote a first record or answers a closed stream.
-    if first.is_some() || info.closed {
-        settings
-            .subscriptions
-            .on_stream_write(core, &request.path, info.next_offset);
-    }
     Ok(response)
 }
 
-pub(super) async fn append(
-    core: &Rc<CoreHandle>,
-    settings: &PicoSettings,
-    request: &Request,
-) -> Result<Response, ApiError> {
+pub(super) async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     let match_offset = header_u64(request, PICO_MATCH_SEQ, "Pico-Match-Seq")?;
     let producer = producer_headers(request)?;
     if let Some(raw) = request.header(PICO_TRIM_SEQ) {
@@ -200,12 +186,6 @@ pub(super) async fn append(
         json_checked: false,
     };
     let ack = core.append(&request.path, append).await?;
-    // Records were appended, or the stream was closed (a producer's duplicate close too).
-    if (ack.start_offset.is_some() && ack.timestamp_ms.is_some()) || ack.closed {
-        settings
-            .subscriptions
-            .on_stream_write(core, &request.path, ack.next_offset);
-    }
     let mut response = Response::new(200)
         .header(PICO_NEXT_SEQ, ack.next_offset.to_string())
         .header("cache-control", "no-store");
@@ -254,12 +234,7 @@ pub(super) async fn trim(
         .header("cache-control", "no-store"))
 }
 
-pub(super) async fn delete(
-    core: &Rc<CoreHandle>,
-    settings: &PicoSettings,
-    request: &Request,
-) -> Result<Response, ApiError> {
+pub(super) async fn delete(core: &Rc<CoreHandle>, request: &Request) -> Result<Response, ApiError> {
     core.delete(&request.path).await?;
-    settings.subscriptions.on_stream_deleted(&request.path);
     Ok(Response::new(204).header("cache-control", "no-store"))
 }

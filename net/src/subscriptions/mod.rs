@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput};
+use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput, WriteObserver};
 
 use delivery::Queue;
 use keys::{SigningKey, TokenKey};
@@ -93,6 +93,26 @@ pub trait StreamWatcher: Send + Sync {
     fn on_stream_deleted(&self, full_path: &str);
     /// A core started (`Subscriptions::start_on_core`).
     fn start_on_core(&self, hooks: &Arc<Subscriptions>, core: &Rc<CoreHandle>);
+}
+
+/// One core's observer of the writes its engine handle acknowledged: they wake the
+/// subscriptions and the [`StreamWatcher`].
+struct CoreWrites {
+    subscriptions: Arc<Subscriptions>,
+    /// Weak: the handle holds this observer.
+    core: std::rc::Weak<CoreHandle>,
+}
+
+impl WriteObserver for CoreWrites {
+    fn on_write(&self, name: &str, next_offset: u64) {
+        if let Some(core) = self.core.upgrade() {
+            self.subscriptions.on_stream_write(&core, name, next_offset);
+        }
+    }
+
+    fn on_delete(&self, name: &str) {
+        self.subscriptions.on_stream_deleted(name);
+    }
 }
 
 /// How a delivery asked with [`Subscriptions::deliver_for`] went.
@@ -282,6 +302,10 @@ impl Subscriptions {
     /// Called by every core once it runs: with restored subscriptions, starts the sweeper
     /// (leases, retries, lagging writes) and through it the announcement of pending work.
     pub fn start_on_core(self: &Arc<Self>, core: &Rc<CoreHandle>) {
+        core.observe_writes(Rc::new(CoreWrites {
+            subscriptions: self.clone(),
+            core: Rc::downgrade(core),
+        }));
         if let Some(watcher) = self.watcher.get() {
             watcher.start_on_core(self, core);
         }
@@ -318,7 +342,8 @@ impl Subscriptions {
             .map_err(persist_error)
     }
 
-    /// The one wake-up after a write, whichever protocol took it: called with the stream
+    /// The one wake-up after a write, whichever protocol or service took it (the engine's
+    /// [`WriteObserver`], `CoreWrites`): called with the stream
     /// `full_path` and the `next_offset` of the engine's acknowledgement (its new tail). Free
     /// when there are no subscriptions (the offset is formatted only for a linked stream);
     /// takes the write lock only when a subscription links the stream.
@@ -388,9 +413,10 @@ impl Subscriptions {
             // The node wrote the event with serde_json: one JSON value.
             json_checked: true,
         };
-        match core.append(stream, append).await {
-            Ok(ack) => self.on_stream_write(core, stream, ack.next_offset),
-            Err(e) => log::warn!("cannot append a wake event to {stream}: {e}"),
+        // Its acknowledgement reaches `on_stream_write` like any other (another subscription
+        // may watch the wake stream).
+        if let Err(e) = core.append(stream, append).await {
+            log::warn!("cannot append a wake event to {stream}: {e}");
         }
     }
 

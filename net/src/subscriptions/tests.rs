@@ -74,6 +74,13 @@ struct Answer {
 }
 
 impl Node {
+    /// A node's subscriptions, told of the core's writes as `pico serve` tells them.
+    fn new(core: Rc<CoreHandle>) -> Node {
+        let subs = Arc::new(Subscriptions::new());
+        subs.start_on_core(&core);
+        Node { core, subs }
+    }
+
     async fn request(&self, method: &str, rest: &str, token: Option<&str>, body: Value) -> Answer {
         let mut headers = vec![(
             "content-type".to_string(),
@@ -136,11 +143,9 @@ impl Node {
             writer_seq: None,
             json_checked: false,
         };
+        // The engine's acknowledgement wakes the subscriptions (`CoreWrites`).
         let ack = self.core.append(&name, append).await.expect("append");
-        let tail = offset_string(ack.next_offset);
-        self.subs
-            .on_stream_write(&self.core, &name, ack.next_offset);
-        tail
+        offset_string(ack.next_offset)
     }
 
     async fn messages(&self, path: &str) -> Vec<Value> {
@@ -259,10 +264,7 @@ fn webhook_sub_with_lease(url: &str, lease_ms: u64) -> Value {
 #[test]
 fn conformance_scenarios() {
     run_node(|core| async move {
-        let node = Node {
-            core,
-            subs: Arc::new(Subscriptions::new()),
-        };
+        let node = Node::new(core);
         creates_and_reconfirms(&node).await;
         rejects_unsafe_urls(&node).await;
         synchronous_done_acks(&node).await;
@@ -651,10 +653,7 @@ where
 #[test]
 fn a_pico_append_wakes_a_subscription() {
     run_node(|core| async move {
-        let node = Node {
-            core,
-            subs: Arc::new(Subscriptions::new()),
-        };
+        let node = Node::new(core);
         let settings = pico_settings(&node.subs);
         let core = &node.core;
         woken_by(&node, "p2", "pico/*", || async {
@@ -679,10 +678,7 @@ fn a_pico_append_wakes_a_subscription() {
 #[test]
 fn a_pico_create_with_a_body_wakes_a_subscription() {
     run_node(|core| async move {
-        let node = Node {
-            core,
-            subs: Arc::new(Subscriptions::new()),
-        };
+        let node = Node::new(core);
         let settings = pico_settings(&node.subs);
         let core = &node.core;
         woken_by(&node, "p3", "first/*", || async {
