@@ -73,7 +73,7 @@ pub fn copy_subscriptions(
     let dir = to.join(STATE_DIR);
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     match subscriptions {
-        Some(subscriptions) => subscriptions.back_up_to(&dir),
+        Some(subscriptions) => subscriptions.back_up_to(&dir).map_err(|e| e.to_string()),
         None => Ok(0),
     }
 }

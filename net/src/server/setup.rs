@@ -277,7 +277,7 @@ fn open_subscription_state(config: &ServerConfig) -> Result<Arc<Subscriptions>, 
         log::info!("subscriptions: in memory (--durability memory)");
         Subscriptions::new()
     } else {
-        let subscriptions = Subscriptions::open(&config.wal_dir)?;
+        let subscriptions = Subscriptions::open(&config.wal_dir).map_err(|e| e.to_string())?;
         if let Some(path) = subscriptions.state_path() {
             log::info!(
                 "subscriptions: {} loaded from {}",

@@ -33,8 +33,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::keys::{SigningKey, TokenKey, TOKEN_KEY_LEN};
-use super::registry::Registry;
+use super::keys::{InvalidKey, SigningKey, TokenKey, TOKEN_KEY_LEN};
+use super::registry::{Registry, SnapshotError};
 
 pub const FILE_NAME: &str = "subscriptions.json";
 /// The directory of the subscriptions' own files.
@@ -44,6 +44,128 @@ const TMP_SUFFIX: &str = ".tmp";
 pub const FORMAT_VERSION: u64 = 2;
 /// The format of earlier releases (every subscription in the main file), read and converted.
 const FORMAT_WHOLE: u64 = 1;
+
+/// Why the state files cannot be read or written.
+#[derive(Debug)]
+pub enum StoreError {
+    /// `action` on `path` failed.
+    Io {
+        action: Action,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file `path` holds no state this node reads.
+    Contents { path: PathBuf, error: StateError },
+    /// A subscription's file holds no subscription (the error names the file).
+    Subscription(SnapshotError),
+}
+
+/// What was done to a file when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Create,
+    Read,
+    Remove,
+    Write,
+    Copy,
+}
+
+impl StoreError {
+    fn io(action: Action, path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+        move |source| StoreError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Io {
+                action,
+                path,
+                source,
+            } => {
+                let action = match action {
+                    Action::Create => "create",
+                    Action::Read => "read",
+                    Action::Remove => "remove",
+                    Action::Write => "write",
+                    Action::Copy => "copy",
+                };
+                write!(f, "cannot {action} {}: {source}", path.display())
+            }
+            StoreError::Contents { path, error } => write!(f, "{}: {error}", path.display()),
+            StoreError::Subscription(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Contents { error, .. } => Some(error),
+            StoreError::Subscription(error) => Some(error),
+        }
+    }
+}
+
+/// What is wrong in the contents of a main file (or a format-1 document).
+#[derive(Debug)]
+pub enum StateError {
+    Json(serde_json::Error),
+    /// A `format` this node does not read.
+    UnknownFormat(u64),
+    /// Not format 1, where a whole state (keys and subscriptions) is expected.
+    NotWhole(u64),
+    NoFormat,
+    Pkcs8NotBase64,
+    SigningKey(InvalidKey),
+    /// `signing_key.kid` names another key than `pkcs8` (the kid of that key).
+    KidMismatch(String),
+    /// `token_key` is not [`TOKEN_KEY_LEN`] bytes of base64.
+    TokenKey,
+    Subscriptions(SnapshotError),
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::Json(e) => write!(f, "not valid JSON ({e})"),
+            StateError::UnknownFormat(format) => write!(
+                f,
+                "format {format} is not a format this version reads ({FORMAT_WHOLE} or \
+                 {FORMAT_VERSION})"
+            ),
+            StateError::NotWhole(format) => write!(
+                f,
+                "format {format} is not the format {FORMAT_WHOLE} of a whole state"
+            ),
+            StateError::NoFormat => f.write_str("no format version"),
+            StateError::Pkcs8NotBase64 => f.write_str("signing_key.pkcs8 is not base64"),
+            StateError::SigningKey(e) => write!(f, "signing_key: {e}"),
+            StateError::KidMismatch(kid) => {
+                write!(f, "signing_key.kid does not name its key (expected {kid})")
+            }
+            StateError::TokenKey => write!(f, "token_key is not {TOKEN_KEY_LEN} bytes of base64"),
+            StateError::Subscriptions(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StateError::Json(e) => Some(e),
+            StateError::SigningKey(e) => Some(e),
+            StateError::Subscriptions(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 pub struct Store {
     dir: PathBuf,
@@ -80,19 +202,23 @@ impl Store {
     }
 
     /// The keys and subscriptions on disk; `None` if there is no main file yet.
-    pub fn load(&self) -> Result<Option<(SigningKey, Registry)>, String> {
+    pub fn load(&self) -> Result<Option<(SigningKey, Registry)>, StoreError> {
         let bytes = match std::fs::read(&self.path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+            Err(e) => return Err(StoreError::io(Action::Read, &self.path)(e)),
         };
-        let named = |e: String| format!("{}: {e}", self.path.display());
+        let named = |error: StateError| StoreError::Contents {
+            path: self.path.clone(),
+            error,
+        };
         let state: Value =
-            serde_json::from_slice(&bytes).map_err(|e| named(format!("not valid JSON ({e})")))?;
+            serde_json::from_slice(&bytes).map_err(|e| named(StateError::Json(e)))?;
         match state["format"].as_u64() {
             Some(FORMAT_VERSION) => {
                 let (signing, tokens) = decode_keys(&state).map_err(named)?;
-                let registry = Registry::restore_labeled(&self.read_subscriptions()?, tokens)?;
+                let registry = Registry::restore_labeled(&self.read_subscriptions()?, tokens)
+                    .map_err(StoreError::Subscription)?;
                 self.layout_written.store(true, Ordering::Release);
                 Ok(Some((signing, registry)))
             }
@@ -102,35 +228,39 @@ impl Store {
                 registry.mark_all_changed();
                 Ok(Some((signing, registry)))
             }
-            Some(other) => Err(named(format!(
-                "format {other} is not a format this version reads ({FORMAT_WHOLE} or \
-                 {FORMAT_VERSION})"
-            ))),
-            None => Err(named("no format version".into())),
+            Some(other) => Err(named(StateError::UnknownFormat(other))),
+            None => Err(named(StateError::NoFormat)),
         }
     }
 
     /// Every subscription file, labelled by its path for errors; leftovers of a crash
     /// mid-write (`*.tmp`, never renamed, so never the state of an answer) are removed.
-    fn read_subscriptions(&self) -> Result<Vec<(String, Value)>, String> {
+    fn read_subscriptions(&self) -> Result<Vec<(String, Value)>, StoreError> {
         let entries = match std::fs::read_dir(&self.subs_dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(format!("cannot read {}: {e}", self.subs_dir.display())),
+            Err(e) => return Err(StoreError::io(Action::Read, &self.subs_dir)(e)),
         };
         let mut items = Vec::new();
         for entry in entries {
             let path = entry
-                .map_err(|e| format!("cannot read {}: {e}", self.subs_dir.display()))?
+                .map_err(StoreError::io(Action::Read, &self.subs_dir))?
                 .path();
             let label = path.display().to_string();
             if label.ends_with(TMP_SUFFIX) {
-                std::fs::remove_file(&path).map_err(|e| format!("cannot remove {label}: {e}"))?;
+                std::fs::remove_file(&path).map_err(StoreError::io(Action::Remove, &path))?;
                 continue;
             }
-            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {label}: {e}"))?;
-            let item = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{label}: not valid JSON ({e})"))?;
+            let bytes = std::fs::read(&path).map_err(StoreError::io(Action::Read, &path))?;
+            let item = match serde_json::from_slice(&bytes) {
+                Ok(item) => item,
+                Err(e) => {
+                    return Err(StoreError::Contents {
+                        path,
+                        error: StateError::Json(e),
+                    })
+                }
+            };
             items.push((label, item));
         }
         items.sort_by(|a, b| a.0.cmp(&b.0));
@@ -143,7 +273,7 @@ impl Store {
         &self,
         registry: &std::sync::RwLock<Registry>,
         signing: &SigningKey,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let (version, changed, files, tokens_secret) = {
             let mut registry = registry.write().unwrap_or_else(|e| e.into_inner());
@@ -179,10 +309,9 @@ impl Store {
     /// Copies the state files as they are now into `dest` (a backup: `dest/subscriptions.json`
     /// and `dest/subscriptions.d/`), none changing meanwhile: a save waits for the copy. The
     /// number of subscription files copied. Blocks: call it off the cores.
-    pub fn copy_to(&self, dest: &Path) -> Result<usize, String> {
+    pub fn copy_to(&self, dest: &Path) -> Result<usize, StoreError> {
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let failed =
-            |path: &Path, e: std::io::Error| format!("cannot copy {}: {e}", path.display());
+        let failed = |path: &Path, e: std::io::Error| StoreError::io(Action::Copy, path)(e);
         match std::fs::metadata(&self.path) {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(failed(&self.path, e)),
@@ -215,8 +344,8 @@ impl Store {
     }
 
     /// Replaces or removes each subscription file, then makes the directory durable.
-    fn write_subscriptions(&self, files: &[(String, Option<Vec<u8>>)]) -> Result<(), String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.subs_dir.display());
+    fn write_subscriptions(&self, files: &[(String, Option<Vec<u8>>)]) -> Result<(), StoreError> {
+        let failed = |e| StoreError::io(Action::Write, &self.subs_dir)(e);
         for (name, bytes) in files {
             let path = self.subs_dir.join(name);
             match bytes {
@@ -240,8 +369,8 @@ impl Store {
         files: &[(String, Option<Vec<u8>>)],
         signing: &SigningKey,
         token_secret: &[u8; TOKEN_KEY_LEN],
-    ) -> Result<(), String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.subs_dir.display());
+    ) -> Result<(), StoreError> {
+        let failed = |e| StoreError::io(Action::Write, &self.subs_dir)(e);
         match std::fs::create_dir(&self.subs_dir) {
             Err(e) if e.kind() != ErrorKind::AlreadyExists => return Err(failed(e)),
             _ => {}
@@ -268,7 +397,7 @@ impl Store {
         }));
         replace(&self.dir, &self.path, &main)
             .and_then(|()| File::open(&self.dir)?.sync_all())
-            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
+            .map_err(StoreError::io(Action::Write, &self.path))?;
         self.layout_written.store(true, Ordering::Release);
         Ok(())
     }
@@ -336,42 +465,35 @@ pub fn encode(registry: &Registry, signing: &SigningKey) -> Vec<u8> {
 }
 
 /// The keys of a main file (either format).
-fn decode_keys(state: &Value) -> Result<(SigningKey, TokenKey), String> {
+fn decode_keys(state: &Value) -> Result<(SigningKey, TokenKey), StateError> {
     let key = &state["signing_key"];
     let pkcs8 = key["pkcs8"]
         .as_str()
         .and_then(|b| STANDARD.decode(b).ok())
-        .ok_or("signing_key.pkcs8 is not base64")?;
-    let signing = SigningKey::from_pkcs8(&pkcs8).map_err(|e| format!("signing_key: {e}"))?;
+        .ok_or(StateError::Pkcs8NotBase64)?;
+    let signing = SigningKey::from_pkcs8(&pkcs8).map_err(StateError::SigningKey)?;
     if key["kid"].as_str() != Some(signing.kid()) {
-        return Err(format!(
-            "signing_key.kid does not name its key (expected {})",
-            signing.kid()
-        ));
+        return Err(StateError::KidMismatch(signing.kid().to_string()));
     }
     let secret: [u8; TOKEN_KEY_LEN] = state["token_key"]
         .as_str()
         .and_then(|b| STANDARD.decode(b).ok())
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| format!("token_key is not {TOKEN_KEY_LEN} bytes of base64"))?;
+        .ok_or(StateError::TokenKey)?;
     Ok((signing, TokenKey::from_secret(secret)))
 }
 
 /// A format-1 document: the keys and every subscription.
-pub fn decode(bytes: &[u8]) -> Result<(SigningKey, Registry), String> {
-    let state: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON ({e})"))?;
+pub fn decode(bytes: &[u8]) -> Result<(SigningKey, Registry), StateError> {
+    let state: Value = serde_json::from_slice(bytes).map_err(StateError::Json)?;
     match state["format"].as_u64() {
         Some(FORMAT_WHOLE) => {}
-        Some(other) => {
-            return Err(format!(
-                "format {other} is not the format {FORMAT_WHOLE} of a whole state"
-            ))
-        }
-        None => return Err("no format version".into()),
+        Some(other) => return Err(StateError::NotWhole(other)),
+        None => return Err(StateError::NoFormat),
     }
     let (signing, tokens) = decode_keys(&state)?;
-    let registry = Registry::restore(&state["subscriptions"], tokens)?;
+    let registry =
+        Registry::restore(&state["subscriptions"], tokens).map_err(StateError::Subscriptions)?;
     Ok((signing, registry))
 }
 
@@ -383,7 +505,9 @@ mod tests {
     use ring::rand::SystemRandom;
 
     use super::*;
-    use crate::subscriptions::registry::{parse_config, AckRequest, Clock, Kind, LinkKind};
+    use crate::subscriptions::registry::{
+        parse_config, AckRequest, Clock, FieldError, Kind, LinkKind,
+    };
 
     const ROOT: &str = "/v1/stream/";
     const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
@@ -611,10 +735,22 @@ mod tests {
         let bad = dir.path().join(DIR_NAME).join(file_name("/v1/stream/hook"));
         std::fs::write(&bad, b"{\"id\": 1}").unwrap();
         let err = Store::new(dir.path()).load().err().unwrap();
-        assert!(err.starts_with(&bad.display().to_string()), "{err}");
+        assert!(
+            matches!(&err, StoreError::Subscription(SnapshotError::Subscription { label, .. })
+                if *label == bad.display().to_string()),
+            "{err}"
+        );
+        assert!(
+            err.to_string().starts_with(&bad.display().to_string()),
+            "{err}"
+        );
         std::fs::write(&bad, b"{not json").unwrap();
         let err = Store::new(dir.path()).load().err().unwrap();
-        assert!(err.contains("not valid JSON"), "{err}");
+        assert!(
+            matches!(&err, StoreError::Contents { path, error: StateError::Json(_) } if *path == bad),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
     }
 
     #[test]
@@ -640,39 +776,97 @@ mod tests {
         let first = duplicate["subscriptions"][0].clone();
         duplicate["subscriptions"][1] = first;
         let text = good.to_string();
-        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        type Check = fn(&StateError) -> bool;
+        let cases: Vec<(&str, Vec<u8>, &str, Check)> = vec![
             (
                 "truncated",
                 text.as_bytes()[..text.len() / 2].to_vec(),
                 "not valid JSON",
+                |e| matches!(e, StateError::Json(_)),
             ),
-            ("empty", Vec::new(), "not valid JSON"),
-            ("wrong kid", wrong_kid.to_string().into_bytes(), "kid"),
-            ("future format", future.to_string().into_bytes(), "format"),
+            ("empty", Vec::new(), "not valid JSON", |e| {
+                matches!(e, StateError::Json(_))
+            }),
+            (
+                "wrong kid",
+                wrong_kid.to_string().into_bytes(),
+                "kid",
+                |e| matches!(e, StateError::KidMismatch(_)),
+            ),
+            (
+                "future format",
+                future.to_string().into_bytes(),
+                "format",
+                |e| matches!(e, StateError::UnknownFormat(f) if *f == FORMAT_VERSION + 1),
+            ),
             (
                 "short token key",
                 short_key.to_string().into_bytes(),
                 "token_key",
+                |e| matches!(e, StateError::TokenKey),
             ),
-            ("missing ack", bad_ack.to_string().into_bytes(), "acked"),
-            ("bad config", bad_config.to_string().into_bytes(), "config"),
-            ("duplicate", duplicate.to_string().into_bytes(), "duplicate"),
+            (
+                "missing ack",
+                bad_ack.to_string().into_bytes(),
+                "acked",
+                |e| {
+                    matches!(
+                        e,
+                        StateError::Subscriptions(SnapshotError::Subscription {
+                            error: FieldError::NotAString("acked"),
+                            ..
+                        })
+                    )
+                },
+            ),
+            (
+                "bad config",
+                bad_config.to_string().into_bytes(),
+                "config",
+                |e| {
+                    matches!(
+                        e,
+                        StateError::Subscriptions(SnapshotError::Subscription {
+                            error: FieldError::Config(_),
+                            ..
+                        })
+                    )
+                },
+            ),
+            (
+                "duplicate",
+                duplicate.to_string().into_bytes(),
+                "duplicate",
+                |e| {
+                    matches!(
+                        e,
+                        StateError::Subscriptions(SnapshotError::DuplicateId { .. })
+                    )
+                },
+            ),
         ];
-        for (what, bytes, needle) in cases {
+        for (what, bytes, needle, check) in cases {
             std::fs::write(store.path(), bytes).unwrap();
             let err = store
                 .load()
                 .err()
                 .unwrap_or_else(|| panic!("{what} loaded"));
             assert!(
-                err.starts_with(&store.path().display().to_string()) && err.contains(needle),
-                "{what}: {err}"
+                matches!(&err, StoreError::Contents { path, error } if path == store.path() && check(error)),
+                "{what}: {err:?}"
+            );
+            // The operator reads the file's name first, then what is wrong in it.
+            let message = err.to_string();
+            assert!(
+                message.starts_with(&store.path().display().to_string())
+                    && message.contains(needle),
+                "{what}: {message}"
             );
         }
         let err = crate::subscriptions::Subscriptions::open(dir.path())
             .err()
             .unwrap();
-        assert!(err.contains(FILE_NAME), "{err}");
+        assert!(err.to_string().contains(FILE_NAME), "{err}");
         std::fs::write(store.path(), text).unwrap();
         assert_eq!(store.load().unwrap().unwrap().1.len(), 2);
         let opened = crate::subscriptions::Subscriptions::open(dir.path()).unwrap();
@@ -681,6 +875,9 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         std::fs::create_dir(other.path().join(FILE_NAME)).unwrap();
         let err = Store::new(other.path()).load().err().unwrap();
-        assert!(err.contains(FILE_NAME), "{err}");
+        assert!(
+            matches!(&err, StoreError::Io { action: Action::Read, path, .. } if path.ends_with(FILE_NAME)),
+            "{err}"
+        );
     }
 }

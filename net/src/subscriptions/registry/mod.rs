@@ -41,6 +41,7 @@ pub use request::{
     normalize_path, parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Config,
     Kind,
 };
+pub use snapshot::{FieldError, SnapshotError};
 pub use state::{
     Clock, Effect, Job, LinkKind, Origin, Outcome, Registry, BEFORE_FIRST_OFFSET, ZERO_OFFSET,
 };
