@@ -359,6 +359,39 @@ mod tests {
     }
 
     #[test]
+    fn each_refusal_says_why() {
+        let long = format!("https://example.com/{}", "a".repeat(WEBHOOK_URL_BYTES_MAX));
+        for (url, error) in [
+            (long.as_str(), UrlError::TooLong),
+            ("https://exa mple.com/", UrlError::NotPrintable),
+            ("ftp://example.com/", UrlError::Scheme),
+            ("https:///path", UrlError::NoHost),
+            ("https://user:pw@example.com/", UrlError::Credentials),
+            ("https://example.com:0/", UrlError::PortZero),
+            (
+                "https://0x7f000001/",
+                UrlError::IpSpelling("0x7f000001".into()),
+            ),
+            (
+                "https://ex_ample.com/",
+                UrlError::HostName("ex_ample.com".into()),
+            ),
+            ("http://example.com/hook", UrlError::PlainHttp),
+            (
+                "https://10.0.0.1/hook",
+                UrlError::NotPublic("10.0.0.1".parse().unwrap()),
+            ),
+        ] {
+            assert_eq!(check(url, true), Err(error), "{url}");
+        }
+        let err = check("https://[::1/", true).unwrap_err();
+        assert!(matches!(err, UrlError::Invalid(_)), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
+        // Named generically: the same check serves consumers' wake `url`.
+        assert_eq!(UrlError::NoHost.to_string(), "the webhook URL has no host");
+    }
+
+    #[test]
     fn public_https_targets_are_accepted() {
         let url = check("https://Hooks.Example.com./a/b?c=d#frag", true).unwrap();
         assert_eq!(url.host, Host::Name("hooks.example.com".into()));

@@ -66,6 +66,11 @@
 //! [`Fault::LoseCommitAnswerAfter`] the proxy also remembers what each transaction ran: the
 //! text of every Query, and of every prepared statement a portal Executes (the metadata store
 //! prepares its data statements once per connection and runs them through Bind and Execute).
+//!
+//! Files: this one holds the handle ([`PgProxy`], [`Fault`], [`Stats`]); `fault.rs` the state
+//! the handle and the threads share (armed faults, holds, open connections, counts);
+//! `link.rs` the acceptor and the two threads of each connection; `wire.rs` the protocol
+//! frames and statement texts.
 
 mod fault;
 mod link;
