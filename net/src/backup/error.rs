@@ -51,7 +51,7 @@ pub enum BackupError {
         source: std::io::Error,
     },
     /// The subscription state could not be copied (its store's own message).
-    Subscriptions(String),
+    Subscriptions(crate::subscriptions::StoreError),
     /// The node's catalog could not be copied.
     CatalogCopy(MetaError),
     /// A catalog copy (the backup's, or the one just made) could not be opened or read.
@@ -140,7 +140,7 @@ impl std::fmt::Display for BackupError {
                 from.display(),
                 to.display()
             ),
-            E::Subscriptions(message) => f.write_str(message),
+            E::Subscriptions(e) => write!(f, "{e}"),
             E::CatalogCopy(e) => write!(f, "catalog copy: {e}"),
             E::Catalog { path, source } => write!(f, "{}: {source}", path.display()),
             E::CatalogStopped => f.write_str("the catalog copy's store stopped"),

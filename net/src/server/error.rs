@@ -38,7 +38,7 @@ pub enum StartError {
     /// The engine did not boot (settings, WAL directory, metadata, object store, recovery).
     Boot(pico_engine::BootError),
     /// The subscription state could not be loaded (its store's message).
-    Subscriptions(String),
+    Subscriptions(crate::subscriptions::StoreError),
     /// A core's executor could not start.
     Executor(glommio::GlommioError<()>),
     /// A core did not report within the start timeout.
@@ -120,7 +120,7 @@ impl std::fmt::Display for StartError {
             StartError::Tls(e) => e.fmt(f),
             StartError::TlsHalf => f.write_str("--tls-cert and --tls-key go together"),
             StartError::Boot(e) => e.fmt(f),
-            StartError::Subscriptions(message) => f.write_str(message),
+            StartError::Subscriptions(e) => write!(f, "{e}"),
             StartError::Executor(e) => {
                 let error = e.to_string();
                 if error.contains("io_uring")

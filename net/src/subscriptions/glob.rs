@@ -38,22 +38,45 @@ fn literal_eq(literal: &str, segment: &str) -> bool {
     }
 }
 
+/// Why a subscription pattern is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PatternError {
+    Empty,
+    /// More than [`PATTERN_SEGMENTS_MAX`] segments.
+    TooManySegments,
+    /// A segment with `*` that is not `*` or `**` (the segment).
+    PartialWildcard(String),
+}
+
+impl std::fmt::Display for PatternError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PatternError::Empty => f.write_str("pattern must not be empty"),
+            PatternError::TooManySegments => {
+                write!(f, "pattern has more than {PATTERN_SEGMENTS_MAX} segments")
+            }
+            PatternError::PartialWildcard(seg) => write!(
+                f,
+                "pattern segment {seg:?}: `*` and `**` must be whole segments"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PatternError {}
+
 /// Checks a normalized pattern: wildcards must be whole segments (`ev*` is refused rather than
 /// silently treated as a literal).
-pub fn validate(pattern: &str) -> Result<(), String> {
+pub fn validate(pattern: &str) -> Result<(), PatternError> {
     let count = segments(pattern).count();
     if count == 0 {
-        return Err("pattern must not be empty".into());
+        return Err(PatternError::Empty);
     }
     if count > PATTERN_SEGMENTS_MAX {
-        return Err(format!(
-            "pattern has more than {PATTERN_SEGMENTS_MAX} segments"
-        ));
+        return Err(PatternError::TooManySegments);
     }
     if let Some(seg) = segments(pattern).find(|s| s.contains('*') && *s != "*" && *s != "**") {
-        return Err(format!(
-            "pattern segment {seg:?}: `*` and `**` must be whole segments"
-        ));
+        return Err(PatternError::PartialWildcard(seg.to_string()));
     }
     Ok(())
 }
@@ -113,9 +136,15 @@ mod tests {
     fn validation() {
         assert!(validate("events/*").is_ok());
         assert!(validate("**").is_ok());
-        assert!(validate("ev*").is_err());
-        assert!(validate("").is_err());
-        assert!(validate(&vec!["a"; PATTERN_SEGMENTS_MAX + 1].join("/")).is_err());
+        assert_eq!(
+            validate("ev*"),
+            Err(PatternError::PartialWildcard("ev*".into()))
+        );
+        assert_eq!(validate(""), Err(PatternError::Empty));
+        assert_eq!(
+            validate(&vec!["a"; PATTERN_SEGMENTS_MAX + 1].join("/")),
+            Err(PatternError::TooManySegments)
+        );
     }
 
     #[test]

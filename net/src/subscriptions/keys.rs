@@ -21,6 +21,18 @@ pub const TOKEN_TTL_SECS: u64 = 3600;
 /// Bytes of the callback-token HMAC-SHA256 key.
 pub const TOKEN_KEY_LEN: usize = 32;
 
+/// Bytes that are not an Ed25519 PKCS#8 v2 key, with ring's reason.
+#[derive(Debug)]
+pub struct InvalidKey(pub ring::error::KeyRejected);
+
+impl std::fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not an Ed25519 PKCS#8 v2 key: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidKey {}
+
 pub struct SigningKey {
     pair: Ed25519KeyPair,
     /// The PKCS#8 v2 document the pair was made from, for the state file.
@@ -36,9 +48,8 @@ impl SigningKey {
     }
 
     /// The key of a PKCS#8 v2 document (as `pkcs8` returns it).
-    pub fn from_pkcs8(pkcs8: &[u8]) -> Result<SigningKey, String> {
-        let pair = Ed25519KeyPair::from_pkcs8(pkcs8)
-            .map_err(|e| format!("not an Ed25519 PKCS#8 v2 key: {e}"))?;
+    pub fn from_pkcs8(pkcs8: &[u8]) -> Result<SigningKey, InvalidKey> {
+        let pair = Ed25519KeyPair::from_pkcs8(pkcs8).map_err(InvalidKey)?;
         let x = URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
         // The RFC 7638 thumbprint (required members in lexicographic order, no spaces) names the
         // key; `ds_` marks it as a Durable Streams webhook key.

@@ -65,8 +65,11 @@ use delivery::Queue;
 use keys::{SigningKey, TokenKey};
 pub use registry::Outcome as DeliveryOutcome;
 use registry::{ApiError, Clock, Effect, Job, Origin, Registry, ZERO_OFFSET};
+
 use shared::Shared;
 use store::Store;
+pub use store::{Action as StoreAction, StoreError};
+pub use webhook_url::UrlError;
 
 /// How often the sweeper looks for expired leases and due retries.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
@@ -155,7 +158,7 @@ fn engine_error(e: &EngineError) -> ApiError {
     ApiError::new(503, "UNAVAILABLE", format!("stream engine: {e}"))
 }
 
-fn persist_error(message: String) -> ApiError {
+fn persist_error(message: StoreError) -> ApiError {
     log::error!("subscriptions: {message}");
     ApiError::new(
         503,
@@ -183,9 +186,12 @@ impl Subscriptions {
     /// One per node: the subscriptions and keys of the state file `dir/subscriptions.json`,
     /// or a fresh start with new keys when there is no such file (it is written with the
     /// first subscription). A file that cannot be read or parsed is an error naming it.
-    pub fn open(dir: &Path) -> Result<Subscriptions, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    pub fn open(dir: &Path) -> Result<Subscriptions, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            action: StoreAction::Create,
+            path: dir.to_path_buf(),
+            source,
+        })?;
         let store = Store::new(dir);
         let (signing, registry) = match store.load()? {
             Some(loaded) => loaded,
@@ -268,7 +274,7 @@ impl Subscriptions {
 
     /// Checks `url` against the webhook URL policy (`webhook_url`) as a subscription's is
     /// checked when created; every delivery checks it again, resolved addresses included.
-    pub fn check_webhook_url(&self, url: &str) -> Result<(), String> {
+    pub fn check_webhook_url(&self, url: &str) -> Result<(), UrlError> {
         webhook_url::check(url, self.shared.webhook_loopback_allowed()).map(|_| ())
     }
 
@@ -316,7 +322,7 @@ impl Subscriptions {
 
     /// Brings the state files up to date, then copies them into `dest` (a backup); the
     /// number of subscriptions copied (0 in memory). Blocks: call it off the cores.
-    pub fn back_up_to(&self, dest: &Path) -> Result<usize, String> {
+    pub fn back_up_to(&self, dest: &Path) -> Result<usize, StoreError> {
         self.shared.persist()?;
         match &self.shared.store {
             Some(store) => store.copy_to(dest),
@@ -325,7 +331,7 @@ impl Subscriptions {
     }
 
     /// Writes what the state file lags behind (at shutdown, once the cores stopped). Blocks.
-    pub fn flush(&self) -> Result<(), String> {
+    pub fn flush(&self) -> Result<(), StoreError> {
         self.shared.persist()
     }
 

@@ -214,7 +214,7 @@ impl Subscriptions {
         let config = parse_config(&json_body(request)?)?;
         if let Some(url) = &config.webhook_url {
             webhook_url::check(url, self.shared.webhook_loopback_allowed())
-                .map_err(|message| ApiError::new(400, "WEBHOOK_URL_REJECTED", message))?;
+                .map_err(|e| ApiError::new(400, "WEBHOOK_URL_REJECTED", e.to_string()))?;
         }
         // A re-confirmation needs no engine calls.
         let known = self.shared.read().config(&key).cloned();

@@ -7,7 +7,7 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use super::delivery::Queue;
 use super::keys::SigningKey;
 use super::registry::Registry;
-use super::store::Store;
+use super::store::{Store, StoreError};
 use super::DeliveryReport;
 use crate::limits::QUEUED_DELIVERIES_MAX;
 
@@ -58,7 +58,7 @@ impl Shared {
     }
 
     /// Brings the state file up to date. Blocks on file I/O: never call it on a core.
-    pub(super) fn persist(&self) -> Result<(), String> {
+    pub(super) fn persist(&self) -> Result<(), StoreError> {
         match &self.store {
             Some(store) => store.save(&self.registry, &self.signing),
             None => Ok(()),

@@ -33,8 +33,8 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::keys::{SigningKey, TokenKey, TOKEN_KEY_LEN};
-use super::registry::Registry;
+use super::keys::{InvalidKey, SigningKey, TokenKey, TOKEN_KEY_LEN};
+use super::registry::{Registry, SnapshotError};
 
 pub const FILE_NAME: &str = "subscriptions.json";
 /// The directory of the subscriptions' own files.
@@ -44,6 +44,128 @@ const TMP_SUFFIX: &str = ".tmp";
 pub const FORMAT_VERSION: u64 = 2;
 /// The format of earlier releases (every subscription in the main file), read and converted.
 const FORMAT_WHOLE: u64 = 1;
+
+/// Why the state files cannot be read or written.
+#[derive(Debug)]
+pub enum StoreError {
+    /// `action` on `path` failed.
+    Io {
+        action: Action,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The file `path` holds no state this node reads.
+    Contents { path: PathBuf, error: StateError },
+    /// A subscription's file holds no subscription (the error names the file).
+    Subscription(SnapshotError),
+}
+
+/// What was done to a file when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Create,
+    Read,
+    Remove,
+    Write,
+    Copy,
+}
+
+impl StoreError {
+    fn io(action: Action, path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+        move |source| StoreError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Io {
+                action,
+                path,
+                source,
+            } => {
+                let action = match action {
+                    Action::Create => "create",
+                    Action::Read => "read",
+                    Action::Remove => "remove",
+                    Action::Write => "write",
+                    Action::Copy => "copy",
+                };
+                write!(f, "cannot {action} {}: {source}", path.display())
+            }
+            StoreError::Contents { path, error } => write!(f, "{}: {error}", path.display()),
+            StoreError::Subscription(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Io { source, .. } => Some(source),
+            StoreError::Contents { error, .. } => Some(error),
+            StoreError::Subscription(error) => Some(error),
+        }
+    }
+}
+
+/// What is wrong in the contents of a main file (or a format-1 document).
+#[derive(Debug)]
+pub enum StateError {
+    Json(serde_json::Error),
+    /// A `format` this node does not read.
+    UnknownFormat(u64),
+    /// Not format 1, where a whole state (keys and subscriptions) is expected.
+    NotWhole(u64),
+    NoFormat,
+    Pkcs8NotBase64,
+    SigningKey(InvalidKey),
+    /// `signing_key.kid` names another key than `pkcs8` (the kid of that key).
+    KidMismatch(String),
+    /// `token_key` is not [`TOKEN_KEY_LEN`] bytes of base64.
+    TokenKey,
+    Subscriptions(SnapshotError),
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::Json(e) => write!(f, "not valid JSON ({e})"),
+            StateError::UnknownFormat(format) => write!(
+                f,
+                "format {format} is not a format this version reads ({FORMAT_WHOLE} or \
+                 {FORMAT_VERSION})"
+            ),
+            StateError::NotWhole(format) => write!(
+                f,
+                "format {format} is not the format {FORMAT_WHOLE} of a whole state"
+            ),
+            StateError::NoFormat => f.write_str("no format version"),
+            StateError::Pkcs8NotBase64 => f.write_str("signing_key.pkcs8 is not base64"),
+            StateError::SigningKey(e) => write!(f, "signing_key: {e}"),
+            StateError::KidMismatch(kid) => {
+                write!(f, "signing_key.kid does not name its key (expected {kid})")
+            }
+            StateError::TokenKey => write!(f, "token_key is not {TOKEN_KEY_LEN} bytes of base64"),
+            StateError::Subscriptions(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StateError::Json(e) => Some(e),
+            StateError::SigningKey(e) => Some(e),
+            StateError::Subscriptions(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 pub struct Store {
     dir: PathBuf,
@@ -80,19 +202,23 @@ impl Store {
     }
 
     /// The keys and subscriptions on disk; `None` if there is no main file yet.
-    pub fn load(&self) -> Result<Option<(SigningKey, Registry)>, String> {
+    pub fn load(&self) -> Result<Option<(SigningKey, Registry)>, StoreError> {
         let bytes = match std::fs::read(&self.path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+            Err(e) => return Err(StoreError::io(Action::Read, &self.path)(e)),
         };
-        let named = |e: String| format!("{}: {e}", self.path.display());
+        let named = |error: StateError| StoreError::Contents {
+            path: self.path.clone(),
+            error,
+        };
         let state: Value =
-            serde_json::from_slice(&bytes).map_err(|e| named(format!("not valid JSON ({e})")))?;
+            serde_json::from_slice(&bytes).map_err(|e| named(StateError::Json(e)))?;
         match state["format"].as_u64() {
             Some(FORMAT_VERSION) => {
                 let (signing, tokens) = decode_keys(&state).map_err(named)?;
-                let registry = Registry::restore_labeled(&self.read_subscriptions()?, tokens)?;
+                let registry = Registry::restore_labeled(&self.read_subscriptions()?, tokens)
+                    .map_err(StoreError::Subscription)?;
                 self.layout_written.store(true, Ordering::Release);
                 Ok(Some((signing, registry)))
             }
@@ -102,35 +228,39 @@ impl Store {
                 registry.mark_all_changed();
                 Ok(Some((signing, registry)))
             }
-            Some(other) => Err(named(format!(
-                "format {other} is not a format this version reads ({FORMAT_WHOLE} or \
-                 {FORMAT_VERSION})"
-            ))),
-            None => Err(named("no format version".into())),
+            Some(other) => Err(named(StateError::UnknownFormat(other))),
+            None => Err(named(StateError::NoFormat)),
         }
     }
 
     /// Every subscription file, labelled by its path for errors; leftovers of a crash
     /// mid-write (`*.tmp`, never renamed, so never the state of an answer) are removed.
-    fn read_subscriptions(&self) -> Result<Vec<(String, Value)>, String> {
+    fn read_subscriptions(&self) -> Result<Vec<(String, Value)>, StoreError> {
         let entries = match std::fs::read_dir(&self.subs_dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(format!("cannot read {}: {e}", self.subs_dir.display())),
+            Err(e) => return Err(StoreError::io(Action::Read, &self.subs_dir)(e)),
         };
         let mut items = Vec::new();
         for entry in entries {
             let path = entry
-                .map_err(|e| format!("cannot read {}: {e}", self.subs_dir.display()))?
+                .map_err(StoreError::io(Action::Read, &self.subs_dir))?
                 .path();
             let label = path.display().to_string();
             if label.ends_with(TMP_SUFFIX) {
-                std::fs::remove_file(&path).map_err(|e| format!("cannot remove {label}: {e}"))?;
+                std::fs::remove_file(&path).map_err(StoreError::io(Action::Remove, &path))?;
                 continue;
             }
-            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {label}: {e}"))?;
-            let item = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{label}: not valid JSON ({e})"))?;
+            let bytes = std::fs::read(&path).map_err(StoreError::io(Action::Read, &path))?;
+            let item = match serde_json::from_slice(&bytes) {
+                Ok(item) => item,
+                Err(e) => {
+                    return Err(StoreError::Contents {
+                        path,
+                        error: StateError::Json(e),
+                    })
+                }
+            };
             items.push((label, item));
         }
         items.sort_by(|a, b| a.0.cmp(&b.0));
@@ -143,7 +273,7 @@ impl Store {
         &self,
         registry: &std::sync::RwLock<Registry>,
         signing: &SigningKey,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let (version, changed, files, tokens_secret) = {
             let mut registry = registry.write().unwrap_or_else(|e| e.into_inner());
@@ -179,10 +309,9 @@ impl Store {
     /// Copies the state files as they are now into `dest` (a backup: `dest/subscriptions.json`
     /// and `dest/subscriptions.d/`), none changing meanwhile: a save waits for the copy. The
     /// number of subscription files copied. Blocks: call it off the cores.
-    pub fn copy_to(&self, dest: &Path) -> Result<usize, String> {
+    pub fn copy_to(&self, dest: &Path) -> Result<usize, StoreError> {
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let failed =
-            |path: &Path, e: std::io::Error| format!("cannot copy {}: {e}", path.display());
+        let failed = |path: &Path, e: std::io::Error| StoreError::io(Action::Copy, path)(e);
         match std::fs::metadata(&self.path) {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(failed(&self.path, e)),
@@ -215,8 +344,8 @@ impl Store {
     }
 
     /// Replaces or removes each subscription file, then makes the directory durable.
-    fn write_subscriptions(&self, files: &[(String, Option<Vec<u8>>)]) -> Result<(), String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.subs_dir.display());
+    fn write_subscriptions(&self, files: &[(String, Option<Vec<u8>>)]) -> Result<(), StoreError> {
+        let failed = |e| StoreError::io(Action::Write, &self.subs_dir)(e);
         for (name, bytes) in files {
             let path = self.subs_dir.join(name);
             match bytes {
@@ -240,8 +369,8 @@ impl Store {
         files: &[(String, Option<Vec<u8>>)],
         signing: &SigningKey,
         token_secret: &[u8; TOKEN_KEY_LEN],
-    ) -> Result<(), String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.subs_dir.display());
+    ) -> Result<(), StoreError> {
+        let failed = |e| StoreError::io(Action::Write, &self.subs_dir)(e);
         match std::fs::create_dir(&self.subs_dir) {
             Err(e) if e.kind() != ErrorKind::AlreadyExists => return Err(failed(e)),
             _ => {}
@@ -268,7 +397,7 @@ impl Store {
         }));
         replace(&self.dir, &self.path, &main)
             .and_then(|()| File::open(&self.dir)?.sync_all())
-            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
+            .map_err(StoreError::io(Action::Write, &self.path))?;
         self.layout_written.store(true, Ordering::Release);
         Ok(())
     }
@@ -336,351 +465,38 @@ pub fn encode(registry: &Registry, signing: &SigningKey) -> Vec<u8> {
 }
 
 /// The keys of a main file (either format).
-fn decode_keys(state: &Value) -> Result<(SigningKey, TokenKey), String> {
+fn decode_keys(state: &Value) -> Result<(SigningKey, TokenKey), StateError> {
     let key = &state["signing_key"];
     let pkcs8 = key["pkcs8"]
         .as_str()
         .and_then(|b| STANDARD.decode(b).ok())
-        .ok_or("signing_key.pkcs8 is not base64")?;
-    let signing = SigningKey::from_pkcs8(&pkcs8).map_err(|e| format!("signing_key: {e}"))?;
+        .ok_or(StateError::Pkcs8NotBase64)?;
+    let signing = SigningKey::from_pkcs8(&pkcs8).map_err(StateError::SigningKey)?;
     if key["kid"].as_str() != Some(signing.kid()) {
-        return Err(format!(
-            "signing_key.kid does not name its key (expected {})",
-            signing.kid()
-        ));
+        return Err(StateError::KidMismatch(signing.kid().to_string()));
     }
     let secret: [u8; TOKEN_KEY_LEN] = state["token_key"]
         .as_str()
         .and_then(|b| STANDARD.decode(b).ok())
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| format!("token_key is not {TOKEN_KEY_LEN} bytes of base64"))?;
+        .ok_or(StateError::TokenKey)?;
     Ok((signing, TokenKey::from_secret(secret)))
 }
 
 /// A format-1 document: the keys and every subscription.
-pub fn decode(bytes: &[u8]) -> Result<(SigningKey, Registry), String> {
-    let state: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON ({e})"))?;
+pub fn decode(bytes: &[u8]) -> Result<(SigningKey, Registry), StateError> {
+    let state: Value = serde_json::from_slice(bytes).map_err(StateError::Json)?;
     match state["format"].as_u64() {
         Some(FORMAT_WHOLE) => {}
-        Some(other) => {
-            return Err(format!(
-                "format {other} is not the format {FORMAT_WHOLE} of a whole state"
-            ))
-        }
-        None => return Err("no format version".into()),
+        Some(other) => return Err(StateError::NotWhole(other)),
+        None => return Err(StateError::NoFormat),
     }
     let (signing, tokens) = decode_keys(&state)?;
-    let registry = Registry::restore(&state["subscriptions"], tokens)?;
+    let registry =
+        Registry::restore(&state["subscriptions"], tokens).map_err(StateError::Subscriptions)?;
     Ok((signing, registry))
 }
 
 #[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-    use std::sync::RwLock;
-
-    use ring::rand::SystemRandom;
-
-    use super::*;
-    use crate::subscriptions::registry::{parse_config, AckRequest, Clock, Kind, LinkKind};
-
-    const ROOT: &str = "/v1/stream/";
-    const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
-
-    fn offset(n: u64) -> String {
-        crate::ds::format_offset(n, 0)
-    }
-
-    fn keys() -> (SigningKey, TokenKey) {
-        let rng = SystemRandom::new();
-        (
-            SigningKey::generate(&rng).unwrap(),
-            TokenKey::generate(&rng).unwrap(),
-        )
-    }
-
-    /// A webhook and a pull-wake subscription with explicit and pattern links, an ack, a
-    /// finished wake and one still outstanding.
-    fn populated(tokens: TokenKey) -> Registry {
-        let mut reg = Registry::new(tokens);
-        let clock = Clock::now();
-        let hook = parse_config(&json!({"type": "webhook", "pattern": "events/*",
-            "streams": ["manual/a"], "webhook": {"url": "http://127.0.0.1:9/hook"},
-            "lease_ttl_ms": 5000, "description": "the webhook"}))
-        .unwrap();
-        let links = vec![("manual/a".to_string(), LinkKind::Explicit, offset(3))];
-        reg.create("hook", ROOT, ROOT, BASE, hook, links, clock)
-            .unwrap();
-        let pull = parse_config(&json!({"type": "pull-wake", "pattern": "events/*",
-            "wake_stream": "wake/pool"}))
-        .unwrap();
-        reg.create("pull", ROOT, ROOT, BASE, pull, vec![], clock)
-            .unwrap();
-        reg.on_write("/v1/stream/events/x", &offset(2), clock);
-        let mut effects = Vec::new();
-        let claimed = reg
-            .claim("/v1/stream/pull", "w1", clock, &mut effects)
-            .unwrap();
-        let ack = AckRequest {
-            wake_id: claimed["wake_id"].as_str().map(str::to_string),
-            generation: claimed["generation"].as_u64(),
-            acks: vec![("events/x".into(), offset(1))],
-            done: false,
-        };
-        let token = claimed["token"].as_str().unwrap();
-        reg.settle(
-            "/v1/stream/pull",
-            Kind::PullWake,
-            token,
-            &ack,
-            clock,
-            &mut effects,
-        )
-        .unwrap();
-        reg
-    }
-
-    #[test]
-    fn state_round_trips_through_the_encoding() {
-        let (signing, tokens) = keys();
-        let reg = populated(tokens);
-        let snapshot = reg.snapshot();
-        assert_eq!(snapshot.as_array().unwrap().len(), 2);
-        let bytes = encode(&reg, &signing);
-        let (signing2, reg2) = decode(&bytes).unwrap();
-        assert_eq!(signing2.kid(), signing.kid());
-        assert_eq!(signing2.jwks_json(), signing.jwks_json());
-        assert_eq!(reg2.snapshot(), snapshot);
-        assert_eq!(reg2.tokens().secret(), reg.tokens().secret());
-        for id in ["/v1/stream/hook", "/v1/stream/pull"] {
-            assert_eq!(
-                reg2.describe(id, "k", "u"),
-                reg.describe(id, "k", "u"),
-                "{id}"
-            );
-            assert_eq!(reg2.config(id), reg.config(id));
-        }
-        let pull = snapshot
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == "pull")
-            .unwrap();
-        assert_eq!(pull["generation"], 1);
-        assert_eq!(
-            pull["streams"],
-            json!([{"path": "events/x", "explicit": false, "glob": true,
-                "acked": offset(1), "tail": offset(2)}])
-        );
-        // Encoding is deterministic: the same state, the same bytes.
-        assert_eq!(encode(&reg2, &signing2), bytes);
-    }
-
-    #[test]
-    fn save_replaces_the_file_atomically_and_privately() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
-        assert!(store.load().unwrap().is_none());
-        let (signing, tokens) = keys();
-        let registry = RwLock::new(Registry::new(tokens));
-        // Nothing changed yet: nothing is written.
-        store.save(&registry, &signing).unwrap();
-        assert!(!store.path().exists());
-        let config = parse_config(&json!({"type": "pull-wake", "streams": ["a"],
-            "wake_stream": "w"}))
-        .unwrap();
-        registry
-            .write()
-            .unwrap()
-            .create("s", ROOT, ROOT, BASE, config, vec![], Clock::now())
-            .unwrap();
-        assert!(store.behind(registry.read().unwrap().version()));
-        // A temporary file left by a crash mid-write is replaced, never read.
-        let tmp = dir.path().join(format!("{FILE_NAME}{TMP_SUFFIX}"));
-        std::fs::write(&tmp, b"torn").unwrap();
-        store.save(&registry, &signing).unwrap();
-        assert!(!store.behind(registry.read().unwrap().version()));
-        assert!(!tmp.exists());
-        let mode = std::fs::metadata(store.path())
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let (signing2, reg2) = Store::new(dir.path()).load().unwrap().unwrap();
-        assert_eq!(signing2.kid(), signing.kid());
-        assert_eq!(reg2.snapshot(), registry.read().unwrap().snapshot());
-        // A second state replaces the first whole.
-        registry.write().unwrap().delete("/v1/stream/s");
-        store.save(&registry, &signing).unwrap();
-        let (_, reg3) = store.load().unwrap().unwrap();
-        assert_eq!(reg3.len(), 0);
-        let mut names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        assert_eq!(names, [DIR_NAME, FILE_NAME]);
-        assert_eq!(
-            std::fs::read_dir(dir.path().join(DIR_NAME))
-                .unwrap()
-                .count(),
-            0,
-            "a deleted subscription's file is removed"
-        );
-    }
-
-    fn inodes(dir: &Path) -> std::collections::BTreeMap<String, u64> {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::read_dir(dir.join(DIR_NAME))
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (
-                    e.file_name().into_string().unwrap(),
-                    e.metadata().unwrap().ino(),
-                )
-            })
-            .collect()
-    }
-
-    /// A change rewrites the file of its subscription and no other (the whole state was
-    /// rewritten on every change: 131 MB per ack with 60 subscriptions of 1,000 long paths).
-    #[test]
-    fn a_change_rewrites_only_its_subscriptions_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
-        let (signing, tokens) = keys();
-        let registry = RwLock::new(populated(tokens));
-        store.save(&registry, &signing).unwrap();
-        let before = inodes(dir.path());
-        assert_eq!(before.len(), 2);
-        registry
-            .write()
-            .unwrap()
-            .remove_explicit("/v1/stream/hook", "manual/a")
-            .unwrap();
-        store.save(&registry, &signing).unwrap();
-        let after = inodes(dir.path());
-        let hook = file_name("/v1/stream/hook");
-        for (name, inode) in &before {
-            if *name == hook {
-                assert_ne!(after[name], *inode, "the changed subscription is rewritten");
-            } else {
-                assert_eq!(after[name], *inode, "{name} is left alone");
-            }
-        }
-        let (_, loaded) = store.load().unwrap().unwrap();
-        assert_eq!(loaded.snapshot(), registry.read().unwrap().snapshot());
-    }
-
-    /// A state file of format 1 (earlier releases) is read whole, and the first save writes
-    /// it as format 2; a conversion a crash interrupted is simply done again.
-    #[test]
-    fn a_format_1_file_is_read_and_written_again_as_format_2() {
-        let dir = tempfile::tempdir().unwrap();
-        let (signing, tokens) = keys();
-        let old = populated(tokens);
-        std::fs::write(dir.path().join(FILE_NAME), encode(&old, &signing)).unwrap();
-        // Left by a conversion that did not finish: replaced.
-        std::fs::create_dir(dir.path().join(DIR_NAME)).unwrap();
-        std::fs::write(dir.path().join(DIR_NAME).join("stale.json"), b"{}").unwrap();
-        let store = Store::new(dir.path());
-        let (signing2, registry) = store.load().unwrap().unwrap();
-        assert_eq!(registry.snapshot(), old.snapshot());
-        let registry = RwLock::new(registry);
-        store.save(&registry, &signing2).unwrap();
-        let main: Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join(FILE_NAME)).unwrap()).unwrap();
-        assert_eq!(main["format"], FORMAT_VERSION);
-        assert!(main.get("subscriptions").is_none());
-        assert_eq!(inodes(dir.path()).len(), 2);
-        let (signing3, reloaded) = Store::new(dir.path()).load().unwrap().unwrap();
-        assert_eq!(signing3.kid(), signing.kid());
-        assert_eq!(reloaded.snapshot(), old.snapshot());
-        assert_eq!(reloaded.tokens().secret(), old.tokens().secret());
-    }
-
-    #[test]
-    fn a_bad_subscription_file_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
-        let (signing, tokens) = keys();
-        let registry = RwLock::new(populated(tokens));
-        store.save(&registry, &signing).unwrap();
-        let bad = dir.path().join(DIR_NAME).join(file_name("/v1/stream/hook"));
-        std::fs::write(&bad, b"{\"id\": 1}").unwrap();
-        let err = Store::new(dir.path()).load().err().unwrap();
-        assert!(err.starts_with(&bad.display().to_string()), "{err}");
-        std::fs::write(&bad, b"{not json").unwrap();
-        let err = Store::new(dir.path()).load().err().unwrap();
-        assert!(err.contains("not valid JSON"), "{err}");
-    }
-
-    #[test]
-    fn a_bad_file_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
-        let (signing, tokens) = keys();
-        let good: Value = serde_json::from_slice(&encode(&populated(tokens), &signing)).unwrap();
-        let mut wrong_kid = good.clone();
-        wrong_kid["signing_key"]["kid"] = json!("ds_other");
-        let mut future = good.clone();
-        future["format"] = json!(FORMAT_VERSION + 1);
-        let mut short_key = good.clone();
-        short_key["token_key"] = json!(STANDARD.encode([0u8; 16]));
-        let mut bad_ack = good.clone();
-        bad_ack["subscriptions"][0]["streams"][0]
-            .as_object_mut()
-            .unwrap()
-            .remove("acked");
-        let mut bad_config = good.clone();
-        bad_config["subscriptions"][1]["config"]["type"] = json!("carrier-pigeon");
-        let mut duplicate = good.clone();
-        let first = duplicate["subscriptions"][0].clone();
-        duplicate["subscriptions"][1] = first;
-        let text = good.to_string();
-        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-            (
-                "truncated",
-                text.as_bytes()[..text.len() / 2].to_vec(),
-                "not valid JSON",
-            ),
-            ("empty", Vec::new(), "not valid JSON"),
-            ("wrong kid", wrong_kid.to_string().into_bytes(), "kid"),
-            ("future format", future.to_string().into_bytes(), "format"),
-            (
-                "short token key",
-                short_key.to_string().into_bytes(),
-                "token_key",
-            ),
-            ("missing ack", bad_ack.to_string().into_bytes(), "acked"),
-            ("bad config", bad_config.to_string().into_bytes(), "config"),
-            ("duplicate", duplicate.to_string().into_bytes(), "duplicate"),
-        ];
-        for (what, bytes, needle) in cases {
-            std::fs::write(store.path(), bytes).unwrap();
-            let err = store
-                .load()
-                .err()
-                .unwrap_or_else(|| panic!("{what} loaded"));
-            assert!(
-                err.starts_with(&store.path().display().to_string()) && err.contains(needle),
-                "{what}: {err}"
-            );
-        }
-        let err = crate::subscriptions::Subscriptions::open(dir.path())
-            .err()
-            .unwrap();
-        assert!(err.contains(FILE_NAME), "{err}");
-        std::fs::write(store.path(), text).unwrap();
-        assert_eq!(store.load().unwrap().unwrap().1.len(), 2);
-        let opened = crate::subscriptions::Subscriptions::open(dir.path()).unwrap();
-        assert_eq!(opened.len(), 2);
-        // Unreadable (a directory where the file should be) is an error too, not a fresh start.
-        let other = tempfile::tempdir().unwrap();
-        std::fs::create_dir(other.path().join(FILE_NAME)).unwrap();
-        let err = Store::new(other.path()).load().err().unwrap();
-        assert!(err.contains(FILE_NAME), "{err}");
-    }
-}
+#[path = "store_tests.rs"]
+mod tests;

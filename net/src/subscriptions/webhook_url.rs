@@ -51,51 +51,120 @@ impl WebhookUrl {
     }
 }
 
+/// Why a webhook URL is refused. The messages name "the webhook URL" whatever field held it
+/// (a subscription's `webhook.url`, a named consumer's wake `url`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UrlError {
+    /// Longer than [`WEBHOOK_URL_BYTES_MAX`] bytes.
+    TooLong,
+    /// A byte that is not printable ASCII (spaces included).
+    NotPrintable,
+    /// Not a URL by the WHATWG rules.
+    Invalid(url::ParseError),
+    /// Neither `http` nor `https`.
+    Scheme,
+    NoHost,
+    /// A user name or password.
+    Credentials,
+    PortZero,
+    /// An IPv4 address spelled other than as a dotted quad (the host as written).
+    IpSpelling(String),
+    /// A host name that is not letters, digits and hyphens (the host as written).
+    HostName(String),
+    /// A loopback host while the node does not allow them.
+    LoopbackOff,
+    /// `http` to a host that is not loopback.
+    PlainHttp,
+    /// An IP literal that is private, link-local or reserved.
+    NotPublic(IpAddr),
+}
+
+impl std::fmt::Display for UrlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UrlError::TooLong => write!(
+                f,
+                "the webhook URL is longer than {WEBHOOK_URL_BYTES_MAX} bytes"
+            ),
+            UrlError::NotPrintable => {
+                f.write_str("the webhook URL must be printable ASCII without spaces")
+            }
+            UrlError::Invalid(e) => write!(f, "the webhook URL is not a valid URL: {e}"),
+            UrlError::Scheme => f.write_str("the webhook URL must be an http or https URL"),
+            UrlError::NoHost => f.write_str("the webhook URL has no host"),
+            UrlError::Credentials => f.write_str("the webhook URL must not contain credentials"),
+            UrlError::PortZero => f.write_str("the webhook URL has an invalid port 0"),
+            UrlError::IpSpelling(host) => write!(
+                f,
+                "the webhook URL host {host:?} is not a valid IP address"
+            ),
+            UrlError::HostName(host) => write!(
+                f,
+                "the webhook URL host {host:?} is not a valid host name"
+            ),
+            UrlError::LoopbackOff => f.write_str(
+                "loopback webhooks (localhost, 127.0.0.0/8, ::1) are off on this node (pico serve --webhook-allow-loopback turns them on)",
+            ),
+            UrlError::PlainHttp => f.write_str(
+                "plain http webhooks are only allowed for loopback hosts (localhost, 127.0.0.0/8, ::1); use https",
+            ),
+            UrlError::NotPublic(ip) => write!(
+                f,
+                "the webhook URL must not target a private, link-local or reserved address ({ip})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UrlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            UrlError::Invalid(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Parses an absolute `http(s)://host[:port][/path][?query]` URL with the `url` crate (the
 /// WHATWG rules browsers and resolvers follow, so `https://2130706433/` is the IPv4 address
 /// the policy then judges, not a name). On top of it: only printable ASCII (the target goes
 /// into the request line), no credentials, no port 0, and a host name must be plain
 /// letters, digits and hyphens.
-pub fn parse(text: &str) -> Result<WebhookUrl, String> {
+pub fn parse(text: &str) -> Result<WebhookUrl, UrlError> {
     if text.len() > WEBHOOK_URL_BYTES_MAX {
-        return Err(format!(
-            "webhook.url is longer than {WEBHOOK_URL_BYTES_MAX} bytes"
-        ));
+        return Err(UrlError::TooLong);
     }
     if !text.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("webhook.url must be printable ASCII without spaces".into());
+        return Err(UrlError::NotPrintable);
     }
-    let url = url::Url::parse(text).map_err(|e| format!("webhook.url is not a valid URL: {e}"))?;
+    let url = url::Url::parse(text).map_err(UrlError::Invalid)?;
     let https = match url.scheme() {
         "https" => true,
         "http" => false,
-        _ => return Err("webhook.url must be an http or https URL".into()),
+        _ => return Err(UrlError::Scheme),
     };
     // WHATWG skips extra slashes (`https:///x` is host `x`); a URL written so is a mistake.
     let after_scheme = &text[url.scheme().len() + 1..];
     if !after_scheme.starts_with("//") || after_scheme[2..].starts_with('/') {
-        return Err("webhook.url has no host".into());
+        return Err(UrlError::NoHost);
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err("webhook.url must not contain credentials".into());
+        return Err(UrlError::Credentials);
     }
     let port = match url.port_or_known_default() {
-        Some(0) | None => return Err("webhook.url has an invalid port 0".into()),
+        Some(0) | None => return Err(UrlError::PortZero),
         Some(port) => port,
     };
     let host = match url.host() {
         // Only a plain dotted quad is taken as an IPv4 address: `2130706433`, `0x7f.1` or
         // `10.1` are addresses to a resolver too, and spelled so only to slip past a reader.
         Some(url::Host::Ipv4(ip)) if written_host(after_scheme) != ip.to_string() => {
-            return Err(format!(
-                "webhook.url host {:?} is not a valid IP address",
-                written_host(after_scheme)
-            ))
+            return Err(UrlError::IpSpelling(written_host(after_scheme).to_string()))
         }
         Some(url::Host::Ipv4(ip)) => Host::Ip(IpAddr::V4(ip)),
         Some(url::Host::Ipv6(ip)) => Host::Ip(IpAddr::V6(ip)),
         Some(url::Host::Domain(name)) => Host::Name(host_name(name)?),
-        None => return Err("webhook.url has no host".into()),
+        None => return Err(UrlError::NoHost),
     };
     let target = match url.query() {
         Some(query) => format!("{}?{query}", url.path()),
@@ -121,7 +190,7 @@ fn written_host(after_scheme: &str) -> &str {
 }
 
 /// A DNS name of letters, digits and hyphens, lowercased, without its trailing dot.
-fn host_name(host: &str) -> Result<String, String> {
+fn host_name(host: &str) -> Result<String, UrlError> {
     let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
     let valid_label = |l: &str| {
         !l.is_empty()
@@ -131,36 +200,26 @@ fn host_name(host: &str) -> Result<String, String> {
             && !l.ends_with('-')
     };
     if name.len() > 253 || !name.split('.').all(valid_label) {
-        return Err(format!(
-            "webhook.url host {host:?} is not a valid host name"
-        ));
+        return Err(UrlError::HostName(host.to_string()));
     }
     Ok(name)
 }
 
 /// Parses and applies the policy of the module comment (at subscription creation).
-pub fn check(url: &str, allow_loopback: bool) -> Result<WebhookUrl, String> {
+pub fn check(url: &str, allow_loopback: bool) -> Result<WebhookUrl, UrlError> {
     let parsed = parse(url)?;
     if parsed.is_loopback_host() {
         if !allow_loopback {
-            return Err(
-                "loopback webhooks (localhost, 127.0.0.0/8, ::1) are off on this node (pico serve --webhook-allow-loopback turns them on)"
-                    .into(),
-            );
+            return Err(UrlError::LoopbackOff);
         }
         return Ok(parsed);
     }
     if !parsed.https {
-        return Err(
-            "plain http webhooks are only allowed for loopback hosts (localhost, 127.0.0.0/8, ::1); use https"
-                .into(),
-        );
+        return Err(UrlError::PlainHttp);
     }
     if let Host::Ip(ip) = parsed.host {
         if !is_public(ip) {
-            return Err(format!(
-                "webhook.url must not target a private, link-local or reserved address ({ip})"
-            ));
+            return Err(UrlError::NotPublic(ip));
         }
     }
     Ok(parsed)
@@ -300,6 +359,39 @@ mod tests {
     }
 
     #[test]
+    fn each_refusal_says_why() {
+        let long = format!("https://example.com/{}", "a".repeat(WEBHOOK_URL_BYTES_MAX));
+        for (url, error) in [
+            (long.as_str(), UrlError::TooLong),
+            ("https://exa mple.com/", UrlError::NotPrintable),
+            ("ftp://example.com/", UrlError::Scheme),
+            ("https:///path", UrlError::NoHost),
+            ("https://user:pw@example.com/", UrlError::Credentials),
+            ("https://example.com:0/", UrlError::PortZero),
+            (
+                "https://0x7f000001/",
+                UrlError::IpSpelling("0x7f000001".into()),
+            ),
+            (
+                "https://ex_ample.com/",
+                UrlError::HostName("ex_ample.com".into()),
+            ),
+            ("http://example.com/hook", UrlError::PlainHttp),
+            (
+                "https://10.0.0.1/hook",
+                UrlError::NotPublic("10.0.0.1".parse().unwrap()),
+            ),
+        ] {
+            assert_eq!(check(url, true), Err(error), "{url}");
+        }
+        let err = check("https://[::1/", true).unwrap_err();
+        assert!(matches!(err, UrlError::Invalid(_)), "{err}");
+        assert!(std::error::Error::source(&err).is_some());
+        // Named generically: the same check serves consumers' wake `url`.
+        assert_eq!(UrlError::NoHost.to_string(), "the webhook URL has no host");
+    }
+
+    #[test]
     fn public_https_targets_are_accepted() {
         let url = check("https://Hooks.Example.com./a/b?c=d#frag", true).unwrap();
         assert_eq!(url.host, Host::Name("hooks.example.com".into()));
@@ -342,7 +434,11 @@ mod tests {
             "http://[::1]:8080/h",
         ] {
             let err = check(url, false).unwrap_err();
-            assert!(err.contains("--webhook-allow-loopback"), "{url}: {err}");
+            assert_eq!(err, UrlError::LoopbackOff, "{url}");
+            assert!(
+                err.to_string().contains("--webhook-allow-loopback"),
+                "{err}"
+            );
         }
         // Resolved at delivery too: a subscription created while they were allowed stops.
         let local = check("http://localhost:9/", true).unwrap();

@@ -41,6 +41,9 @@ pub use request::{
     normalize_path, parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Config,
     Kind,
 };
+#[cfg(test)]
+pub use snapshot::FieldError;
+pub use snapshot::SnapshotError;
 pub use state::{
     Clock, Effect, Job, LinkKind, Origin, Outcome, Registry, BEFORE_FIRST_OFFSET, ZERO_OFFSET,
 };

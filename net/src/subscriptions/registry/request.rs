@@ -175,7 +175,7 @@ pub fn parse_config(body: &Value) -> Result<Config, ApiError> {
                     "pattern is longer than {SUBSCRIPTION_PATH_BYTES_MAX} bytes"
                 )));
             }
-            glob::validate(&pattern).map_err(ApiError::invalid)?;
+            glob::validate(&pattern).map_err(|e| ApiError::invalid(e.to_string()))?;
             Some(pattern)
         }
     };

@@ -38,8 +38,8 @@ impl Registry {
 
     /// The registry `snapshot` wrote, with the token key of the same file. Anything missing or
     /// malformed is an error: a file this node did not write is not half-trusted.
-    pub fn restore(snapshot: &Value, tokens: TokenKey) -> Result<Registry, String> {
-        let items = snapshot.as_array().ok_or("subscriptions is not an array")?;
+    pub fn restore(snapshot: &Value, tokens: TokenKey) -> Result<Registry, SnapshotError> {
+        let items = snapshot.as_array().ok_or(SnapshotError::NotAnArray)?;
         let labeled: Vec<(String, Value)> = items
             .iter()
             .enumerate()
@@ -53,19 +53,22 @@ impl Registry {
     pub fn restore_labeled(
         items: &[(String, Value)],
         tokens: TokenKey,
-    ) -> Result<Registry, String> {
+    ) -> Result<Registry, SnapshotError> {
         if items.len() > SUBSCRIPTIONS_PER_NODE_MAX {
-            return Err(format!(
-                "{} subscriptions, more than the {SUBSCRIPTIONS_PER_NODE_MAX} a node holds",
-                items.len()
-            ));
+            return Err(SnapshotError::TooMany(items.len()));
         }
         let mut registry = Registry::new(tokens);
         for (label, item) in items {
-            let sub = restore_sub(item).map_err(|e| format!("{label}: {e}"))?;
+            let sub = restore_sub(item).map_err(|error| SnapshotError::Subscription {
+                label: label.clone(),
+                error,
+            })?;
             let key = sub.key();
             if registry.subs.contains_key(&key) {
-                return Err(format!("{label}: duplicate id {:?}", sub.id));
+                return Err(SnapshotError::DuplicateId {
+                    label: label.clone(),
+                    id: sub.id,
+                });
             }
             registry.subs.insert(key, sub);
         }
@@ -147,44 +150,125 @@ fn config_body(config: &Config) -> Value {
     body
 }
 
-fn str_field<'a>(value: &'a Value, field: &str) -> Result<&'a str, String> {
-    value[field]
-        .as_str()
-        .ok_or_else(|| format!("{field} is not a string"))
+/// Why a snapshot (a state file's subscriptions) cannot be restored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotError {
+    /// A format-1 file's `subscriptions` is not an array.
+    NotAnArray,
+    /// More subscriptions than a node holds (their number).
+    TooMany(usize),
+    /// One subscription is malformed; `label` names it (its file, or its index).
+    Subscription { label: String, error: FieldError },
+    /// Two subscriptions of one root with the same id.
+    DuplicateId { label: String, id: String },
 }
 
-fn u64_field(value: &Value, field: &str) -> Result<u64, String> {
+impl std::fmt::Display for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SnapshotError::NotAnArray => f.write_str("subscriptions is not an array"),
+            SnapshotError::TooMany(count) => write!(
+                f,
+                "{count} subscriptions, more than the {SUBSCRIPTIONS_PER_NODE_MAX} a node holds"
+            ),
+            SnapshotError::Subscription { label, error } => write!(f, "{label}: {error}"),
+            SnapshotError::DuplicateId { label, id } => {
+                write!(f, "{label}: duplicate id {id:?}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SnapshotError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SnapshotError::Subscription { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// What is wrong in one subscription of a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldError {
+    NotAString(&'static str),
+    NotAnUnsignedInteger(&'static str),
+    NotABoolean(&'static str),
+    /// An empty id, one too long or with a '/'.
+    InvalidId(String),
+    /// The configuration fails the checks of a `PUT` body (their message).
+    Config(String),
+    /// A root not ending with '/'.
+    Root(String),
+    StreamsNotAnArray,
+    /// More linked streams than a subscription has (their number).
+    TooManyStreams(usize),
+    /// A linked stream's path fails the checks of a request's (their message).
+    StreamPath(String),
+    /// A stream linked neither explicitly nor by the pattern.
+    Unlinked(String),
+    DuplicateStream(String),
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FieldError::NotAString(field) => write!(f, "{field} is not a string"),
+            FieldError::NotAnUnsignedInteger(field) => {
+                write!(f, "{field} is not an unsigned integer")
+            }
+            FieldError::NotABoolean(field) => write!(f, "{field} is not a boolean"),
+            FieldError::InvalidId(id) => write!(f, "invalid id {id:?}"),
+            FieldError::Config(message) => write!(f, "config: {message}"),
+            FieldError::Root(root) => write!(f, "root {root:?} does not end with '/'"),
+            FieldError::StreamsNotAnArray => f.write_str("streams is not an array"),
+            FieldError::TooManyStreams(count) => write!(f, "{count} linked streams"),
+            FieldError::StreamPath(message) => write!(f, "stream path: {message}"),
+            FieldError::Unlinked(path) => write!(
+                f,
+                "stream {path:?} is linked neither explicitly nor by pattern"
+            ),
+            FieldError::DuplicateStream(path) => write!(f, "stream {path:?} is listed twice"),
+        }
+    }
+}
+
+impl std::error::Error for FieldError {}
+
+fn str_field<'a>(value: &'a Value, field: &'static str) -> Result<&'a str, FieldError> {
+    value[field].as_str().ok_or(FieldError::NotAString(field))
+}
+
+fn u64_field(value: &Value, field: &'static str) -> Result<u64, FieldError> {
     value[field]
         .as_u64()
-        .ok_or_else(|| format!("{field} is not an unsigned integer"))
+        .ok_or(FieldError::NotAnUnsignedInteger(field))
 }
 
-fn bool_field(value: &Value, field: &str) -> Result<bool, String> {
-    value[field]
-        .as_bool()
-        .ok_or_else(|| format!("{field} is not a boolean"))
+fn bool_field(value: &Value, field: &'static str) -> Result<bool, FieldError> {
+    value[field].as_bool().ok_or(FieldError::NotABoolean(field))
 }
 
-fn restore_sub(item: &Value) -> Result<Sub, String> {
+fn restore_sub(item: &Value) -> Result<Sub, FieldError> {
     let id = str_field(item, "id")?;
     if id.is_empty() || id.len() > SUBSCRIPTION_ID_BYTES_MAX || id.contains('/') {
-        return Err(format!("invalid id {id:?}"));
+        return Err(FieldError::InvalidId(id.to_string()));
     }
-    let config = parse_config(&item["config"]).map_err(|e| format!("config: {}", e.message))?;
+    let config = parse_config(&item["config"]).map_err(|e| FieldError::Config(e.message))?;
     let root = str_field(item, "root")?;
     if !root.ends_with('/') {
-        return Err(format!("root {root:?} does not end with '/'"));
+        return Err(FieldError::Root(root.to_string()));
     }
     let items = item["streams"]
         .as_array()
-        .ok_or("streams is not an array")?;
+        .ok_or(FieldError::StreamsNotAnArray)?;
     if items.len() > STREAMS_PER_SUBSCRIPTION_MAX {
-        return Err(format!("{} linked streams", items.len()));
+        return Err(FieldError::TooManyStreams(items.len()));
     }
     let mut streams = BTreeMap::new();
     for stream in items {
         let path = normalize_path(str_field(stream, "path")?)
-            .map_err(|e| format!("stream path: {}", e.message))?;
+            .map_err(|e| FieldError::StreamPath(e.message))?;
         let link = Link {
             explicit: bool_field(stream, "explicit")?,
             glob: bool_field(stream, "glob")?,
@@ -192,13 +276,12 @@ fn restore_sub(item: &Value) -> Result<Sub, String> {
             tail: str_field(stream, "tail")?.to_string(),
         };
         if !link.explicit && !link.glob {
-            return Err(format!(
-                "stream {path:?} is linked neither explicitly nor by pattern"
-            ));
+            return Err(FieldError::Unlinked(path));
         }
-        if streams.insert(path.clone(), link).is_some() {
-            return Err(format!("stream {path:?} is listed twice"));
+        if streams.contains_key(&path) {
+            return Err(FieldError::DuplicateStream(path));
         }
+        streams.insert(path, link);
     }
     Ok(Sub {
         id: id.to_string(),

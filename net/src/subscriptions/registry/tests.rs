@@ -597,7 +597,10 @@ fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
         restored.describe("/v1/stream/quiet", "k", "u").unwrap()["streams"][0]["acked_offset"],
         offset(4)
     );
-    assert!(Registry::restore(&json!({}), TokenKey::from_secret(secret)).is_err());
+    assert_eq!(
+        Registry::restore(&json!({}), TokenKey::from_secret(secret)).err(),
+        Some(SnapshotError::NotAnArray)
+    );
 }
 
 #[test]
