@@ -46,6 +46,7 @@ pub use cluster::{Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
 pub use error::EngineError;
 pub use handle::CoreHandle;
+pub use live::ReadShape;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
 pub use placement::owner_core;
