@@ -164,8 +164,9 @@ impl LiveReads {
         // `request.from` is `from` from here on, passed apart: a copy of the request (or of its
         // shape) with it would be held by every waiting subscriber.
         loop {
-            let shape = ReadShape::at(from, request);
-            let (shared, shared_deadline) = self.join(router, name, shape, deadline);
+            // A temporary: a named shape would be kept across the wait below.
+            let (shared, shared_deadline) =
+                self.join(router, name, ReadShape::at(from, request), deadline);
             let answer = if shared_deadline <= deadline {
                 // The shared read ends first: no timer of this request's own (10,000
                 // subscribers would each file one in the reactor per record).
