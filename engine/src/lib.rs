@@ -50,6 +50,7 @@ pub use config::{displayed_meta_url, Durability, EngineConfig};
 pub use error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 pub use gc::{GcHold, HoldError};
 pub use handle::{CoreHandle, WriteObserver};
+pub use live::ReadShape;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
 pub use placement::owner_core;

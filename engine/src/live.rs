@@ -1,17 +1,16 @@
 //! Live reads shared per core: all the long-polls and SSE subscribers of one core that wait
 //! at the same offset of the same stream wait on one read.
 //!
-//! Without this, each of 10,000 subscribers would park its own waiter on the stream's owning
-//! core, an append would wake all of them to read the same records again, and a subscriber on
-//! another core would cross to the owner and back, each way a message and an `eventfd` wake-up
-//! (docs/decisions/2026-12-shared-live-reads.md). One read per core waits on the owner; when
-//! it returns, every subscriber of that core takes a copy of its batch (the records are shared
-//! `Bytes`).
-//! The batch carries the read's number (`ReadBatch::shared_read`), so the protocols encode
-//! its events once per core (net/src/live.rs), not once per subscriber.
+//! One read per core waits on the stream's owner, and when it returns, every subscriber of
+//! that core takes a copy of its batch (the records are shared `Bytes`): 10,000 subscribers
+//! each waiting on the owner would each be woken, read the same records again, and, from
+//! another core, cross to the owner and back (docs/decisions/2026-12-shared-live-reads.md). The batch carries
+//! the read's number (`ReadBatch::shared_read`), so the protocols encode its events once per
+//! core (net/src/live.rs), not once per subscriber.
 //!
-//! Two requests share a read when everything that shapes the answer is the same: the stream,
-//! the start offset, the budgets and whether the content type is asked for. How long each
+//! Two requests share a read when they have the same stream and [`ReadShape`]: everything
+//! that shapes the answer (the start offset, the budgets, whether the content type is asked
+//! for). How long each
 //! waits is its own: a read is started with the wait of the request that started it, and
 //!
 //! - a request whose own wait ends first keeps a timer of its own, stops waiting at it and
@@ -43,13 +42,57 @@ use crate::route::Router;
 type Read = LocalBoxFuture<'static, Result<ReadBatch, ReadError>>;
 type SharedRead = Shared<Read>;
 
-/// One shared read in flight, with what makes two live reads of a stream the same read (the
-/// wait aside).
+/// What makes two live reads of a stream the same read, their waits aside: where they start
+/// and the budgets that shape the answer. Every layer that shares live reads groups them by
+/// this key alone: the shared reads here, and the network layer's parked subscribers
+/// (`net/src/transport/http1/parked.rs`), whose group reads through one of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReadShape {
+    pub from: u64,
+    pub max_records: usize,
+    pub max_bytes: usize,
+    pub with_content_type: bool,
+}
+
+impl ReadShape {
+    /// The shape of `request`, if it can be shared: from a known offset, unbounded (a fork's
+    /// read of what it inherited is its own).
+    pub fn of(request: &ReadRequest) -> Option<ReadShape> {
+        let ReadFrom::Offset(from) = request.from else {
+            return None;
+        };
+        request
+            .bound
+            .is_none()
+            .then(|| ReadShape::at(from, request))
+    }
+
+    /// `request`'s budgets, reading from `from`.
+    fn at(from: u64, request: &ReadRequest) -> ReadShape {
+        ReadShape {
+            from,
+            max_records: request.max_records,
+            max_bytes: request.max_bytes,
+            with_content_type: request.with_content_type,
+        }
+    }
+
+    /// The read of this shape that waits up to `wait_ms` for new records.
+    pub fn request(self, wait_ms: u64) -> ReadRequest {
+        ReadRequest {
+            from: ReadFrom::Offset(self.from),
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            wait_ms: Some(wait_ms),
+            with_content_type: self.with_content_type,
+            bound: None,
+        }
+    }
+}
+
+/// One shared read in flight.
 struct InFlight {
-    from: u64,
-    max_records: usize,
-    max_bytes: usize,
-    with_content_type: bool,
+    shape: ReadShape,
     /// When the read stops waiting.
     deadline: Instant,
     /// Weak: a read none waits on any more is dropped, not kept alive by this map.
@@ -57,13 +100,6 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn reads_as(&self, from: u64, request: &ReadRequest) -> bool {
-        self.from == from
-            && self.max_records == request.max_records
-            && self.max_bytes == request.max_bytes
-            && self.with_content_type == request.with_content_type
-    }
-
     /// The read, if some request still waits on it and it has not answered yet (an answer
     /// given before a request came is not one for it).
     fn pending(&self) -> Option<SharedRead> {
@@ -125,10 +161,12 @@ impl LiveReads {
                 batch.next_offset
             }
         };
-        // `request.from` is `from` from here on, passed apart: a copy of the request with it
-        // would be held by every waiting subscriber.
+        // `request.from` is `from` from here on, passed apart: a copy of the request (or of its
+        // shape) with it would be held by every waiting subscriber.
         loop {
-            let (shared, shared_deadline) = self.join(router, name, from, request, deadline);
+            // A temporary: a named shape would be kept across the wait below.
+            let (shared, shared_deadline) =
+                self.join(router, name, ReadShape::at(from, request), deadline);
             let answer = if shared_deadline <= deadline {
                 // The shared read ends first: no timer of this request's own (10,000
                 // subscribers would each file one in the reactor per record).
@@ -156,23 +194,22 @@ impl LiveReads {
             future::yield_now().await;
         }
         // This request's own wait is over: what is there now.
-        let from = ReadFrom::Offset(from);
-        Some(read_without_waiting(router, name, &ReadRequest { from, ..*request }).await)
+        let now = ReadShape::at(from, request).request(0);
+        Some(read_without_waiting(router, name, &now).await)
     }
 
-    /// The read in flight for these records and when it stops waiting, or a new one waiting
-    /// until `deadline`.
+    /// The read in flight of `shape` and when it stops waiting, or a new one waiting until
+    /// `deadline`.
     fn join(
         &self,
         router: &Rc<Router>,
         name: &str,
-        from: u64,
-        request: &ReadRequest,
+        shape: ReadShape,
         deadline: Instant,
     ) -> (SharedRead, Instant) {
         let mut reads = self.reads.borrow_mut();
         if let Some(in_flight) = reads.get(name) {
-            let same = in_flight.iter().filter(|r| r.reads_as(from, request));
+            let same = in_flight.iter().filter(|r| r.shape == shape);
             if let Some((read, ends)) = same.filter_map(|r| Some((r.pending()?, r.deadline))).next()
             {
                 return (read, ends);
@@ -189,11 +226,8 @@ impl LiveReads {
             self.sweep_at.set(stays * 2);
         }
         let wait = deadline.saturating_duration_since(Instant::now());
-        let shared_request = ReadRequest {
-            from: ReadFrom::Offset(from),
-            wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)),
-            ..request.clone()
-        };
+        let shared_request =
+            shape.request(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1));
         let (router, owned_name) = (router.clone(), name.to_string());
         let number = SHARED_READS.fetch_add(1, Ordering::Relaxed);
         let read: Read = Box::pin(async move {
@@ -206,10 +240,7 @@ impl LiveReads {
         let shared = read.shared();
         if let Some(weak) = shared.downgrade() {
             let in_flight = InFlight {
-                from,
-                max_records: request.max_records,
-                max_bytes: request.max_bytes,
-                with_content_type: request.with_content_type,
+                shape,
                 deadline,
                 read: weak,
             };

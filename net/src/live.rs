@@ -68,10 +68,11 @@ pub(crate) async fn live_read(
 }
 
 /// A live SSE response between reads (both protocols): what it reads next and the events each
-/// answer makes. It holds no future: a task drives it (HTTP/2's writer, or HTTP/1.1's),
-/// or, while it waits at the tail of a plain HTTP/1.1 connection, the core's parked
-/// subscribers do (`transport/http1/parked.rs`), so a waiting subscriber is this state, its
-/// socket and little else.
+/// answer makes. It holds no future: the one driver (`transport/drive.rs`) runs it in its
+/// connection's task over any transport, or, while it waits at the tail of a plain HTTP/1.1
+/// connection, the core's parked subscribers take the same steps for it
+/// (`transport/http1/parked.rs`), so a waiting subscriber is this state, its socket and
+/// little else.
 pub trait LiveEvents {
     /// The core that reads for it.
     fn core(&self) -> &Rc<CoreHandle>;
@@ -232,7 +233,10 @@ pub(crate) enum EventEncoding {
 const ENCODED_EVENTS_KEPT: usize = 8;
 
 thread_local! {
-    /// This core's last encoded events: (shared read, encoding, bytes), newest last.
+    /// This core's last encoded events: (shared read, encoding, bytes), newest last. A shared
+    /// read is named by its number, not grouped again: the engine formed it of the requests
+    /// with one `pico_engine::ReadShape`, and every subscriber it answered, parked or driven
+    /// by a task, holds a batch carrying that number.
     static ENCODED_EVENTS: RefCell<VecDeque<(u64, EventEncoding, Bytes)>> =
         const { RefCell::new(VecDeque::new()) };
 }

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncRead, AsyncWrite, StreamExt};
+use futures_lite::{AsyncRead, AsyncWrite};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 
@@ -27,8 +27,9 @@ use crate::limits::{
     H2_HEADER_LIST_BYTES_MAX, H2_SEND_BUFFER_BYTES, H2_STREAM_WINDOW_BYTES,
 };
 use crate::shutdown::CoreShutdown;
+use crate::transport::drive::{drive, EventFrames, EventWriter};
 use crate::transport::message::{
-    answers_over_budget, by_deadline, hold_answer, valid_authority, Body, Request, Response,
+    answers_over_budget, hold_answer, valid_authority, Body, Request, Response,
 };
 use crate::transport::socket::{Socket, TokioIo};
 
@@ -581,40 +582,87 @@ async fn send_response(
         return Ok(());
     }
     let mut send = respond.send_response(head, false)?;
-    match response.take_live() {
-        Some(live) => {
-            // A reader that stopped reading does not hold the response past its end.
-            let deadline = live.deadline();
-            let mut events = crate::transport::message::event_stream(live);
-            loop {
-                // A reset stream ends the event stream at once (and the read waiting under it).
-                let next = futures_lite::future::or(async { Some(events.next().await) }, async {
-                    let _ = std::future::poll_fn(|cx| send.poll_reset(cx)).await;
-                    None
-                })
-                .await;
-                match next {
-                    Some(Some(chunk)) => {
-                        let sent = by_deadline(deadline, async {
-                            Ok(send_data(&mut send, chunk, activity).await)
-                        });
-                        match sent.await {
-                            Ok(sent) => sent?,
-                            Err(_) => return Err(h2::Error::from(h2::Reason::CANCEL)),
-                        }
-                    }
-                    Some(None) => break,
-                    None => return Err(h2::Error::from(h2::Reason::CANCEL)),
-                }
-            }
-        }
-        None => {
-            for buffer in response.take_body_buffers() {
-                send_data(&mut send, buffer, activity).await?;
-            }
-        }
+    if let Some(mut live) = response.take_live() {
+        let mut writer = DataFrames {
+            send: &mut send,
+            activity,
+            staged: Vec::new(),
+            staged_bytes: 0,
+            failed: None,
+        };
+        return match drive(&mut live, &mut writer, false, false).await {
+            Ok(_) => Ok(()),
+            // A stream the peer reset, or a write not done by the response's deadline.
+            Err(_) => Err(writer
+                .failed
+                .take()
+                .unwrap_or_else(|| h2::Error::from(h2::Reason::CANCEL))),
+        };
+    }
+    for buffer in response.take_body_buffers() {
+        send_data(&mut send, buffer, activity).await?;
     }
     send.send_data(Bytes::new(), true)
+}
+
+/// A live response on an HTTP/2 stream ([`drive`]'s writer): each set of ready events goes
+/// out as DATA frames as the peer's window allows, the events' own buffers (shared by the
+/// core's subscribers) passed as they are; a reset stream ends it.
+struct DataFrames<'a> {
+    send: &'a mut SendStream<Bytes>,
+    activity: &'a Activity,
+    staged: Vec<Bytes>,
+    staged_bytes: usize,
+    /// What `h2` said when a write failed.
+    failed: Option<h2::Error>,
+}
+
+impl DataFrames<'_> {
+    fn sent(&mut self, sent: Result<(), h2::Error>) -> std::io::Result<()> {
+        sent.map_err(|e| {
+            let error = std::io::Error::other(e.to_string());
+            self.failed = Some(e);
+            error
+        })
+    }
+}
+
+impl EventFrames for DataFrames<'_> {
+    fn stage(&mut self, event: Bytes) {
+        if !event.is_empty() {
+            self.staged_bytes += event.len();
+            self.staged.push(event);
+        }
+    }
+
+    fn staged(&self) -> usize {
+        self.staged_bytes
+    }
+}
+
+impl EventWriter for DataFrames<'_> {
+    async fn send(&mut self) -> std::io::Result<()> {
+        self.staged_bytes = 0;
+        for event in std::mem::take(&mut self.staged) {
+            let sent = send_data(self.send, event, self.activity).await;
+            self.sent(sent)?;
+        }
+        Ok(())
+    }
+
+    async fn end(&mut self) -> std::io::Result<()> {
+        let sent = self.send.send_data(Bytes::new(), true);
+        self.sent(sent)
+    }
+
+    async fn peer_gone(&mut self) {
+        let _ = std::future::poll_fn(|cx| self.send.poll_reset(cx)).await;
+    }
+
+    fn quiet(&self) -> bool {
+        // Never parked: the connection's task serves all its streams.
+        false
+    }
 }
 
 /// Sends `data` as the peer's flow-control window allows; while it waits for window, it

@@ -37,24 +37,6 @@ impl Request {
     }
 }
 
-/// A body produced while it is sent (an SSE response over HTTP/2): each item goes out as one
-/// chunk, right away.
-pub type BodyStream = std::pin::Pin<Box<dyn futures_lite::Stream<Item = Bytes>>>;
-
-/// The events of `live` as a stream that reads as it is polled.
-pub(crate) fn event_stream(live: LiveBody) -> BodyStream {
-    Box::pin(futures_lite::stream::unfold(live, |mut live| async move {
-        loop {
-            if let Some(event) = live.pop_event() {
-                return Some((event, live));
-            }
-            let request = live.next_read()?;
-            let read = crate::live::live_read(live.core(), live.stream_name(), &request).await;
-            live.answer(read.as_ref());
-        }
-    }))
-}
-
 /// A response's body, in the form it was produced in.
 pub enum Body {
     /// One buffer; empty when the response has no body.

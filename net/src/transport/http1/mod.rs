@@ -24,6 +24,7 @@ use crate::limits::{
     ConnectionLimits, OVERSIZED_BODY_DRAIN_BYTES_MAX, OVERSIZED_BODY_DRAIN_TIMEOUT,
 };
 use crate::shutdown::CoreShutdown;
+use crate::transport::drive::{drive, Driven};
 use crate::transport::http2;
 use crate::transport::message::{
     answers_over_budget, hold_answer, refusal, within, LiveBody, Request, Response,
@@ -31,7 +32,7 @@ use crate::transport::message::{
 pub use parked::{park, PARKED_SUBSCRIBERS};
 use parse::read_request;
 use read::{fill_idle, peer_gone};
-use write::{write_events, write_response, EventsWritten};
+use write::{write_response, ChunkedWriter, Chunks};
 
 /// Serves a connection until the peer closes or an error ends it: HTTP/2 when it opens with
 /// the h2 preface (prior knowledge), HTTP/1.1 otherwise. `handle` answers one request;
@@ -222,8 +223,8 @@ enum StreamEnded {
     Close,
 }
 
-/// Writes a live response's events (its unsent chunks first) until it ends or waits at the
-/// tail of a parkable connection.
+/// Drives a live response (its unsent chunks first) until it ends or waits at the tail of a
+/// parkable connection.
 async fn stream_events<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -232,11 +233,15 @@ async fn stream_events<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> StreamEnded {
     let unsent = std::mem::take(&mut live.unsent);
     let stirred = std::mem::take(&mut live.stirred);
-    let written = write_events(stream, buf, &mut live.live, &unsent, parkable, stirred).await;
-    match written {
-        Ok(EventsWritten::AtTail) => StreamEnded::AtTail(live),
-        Ok(EventsWritten::Ended) if live.keep_alive => StreamEnded::Next,
-        Ok(EventsWritten::Ended) | Err(_) => StreamEnded::Close,
+    let mut writer = ChunkedWriter {
+        stream,
+        arrived: buf,
+        chunks: Chunks(unsent.into()),
+    };
+    match drive(&mut live.live, &mut writer, parkable, stirred).await {
+        Ok(Driven::AtTail) => StreamEnded::AtTail(live),
+        Ok(Driven::Ended) if live.keep_alive => StreamEnded::Next,
+        Ok(Driven::Ended) | Err(_) => StreamEnded::Close,
     }
 }
 

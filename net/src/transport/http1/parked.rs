@@ -1,16 +1,18 @@
 //! Parked subscribers: live (SSE) responses on plain HTTP/1.1 connections that wait at the
 //! tail, held by their core without a task each.
 //!
-//! As its connection's task, a subscriber waiting for new records would hold the task's
-//! future, the read it waits on, the writer's state and glommio's poll of its socket, about
-//! 4 KiB in all (docs/decisions/2026-12-parked-subscribers.md). Parked, it is its socket's
-//! descriptor, its response's state ([`LiveEvents`]) and a few words here:
+//! A subscriber waiting for new records in its connection's task holds the task's future, the
+//! read it waits on, the writer's state and glommio's poll of its socket, about 4 KiB in all
+//! (docs/decisions/2026-12-parked-subscribers.md). Parked, it is its socket's descriptor, its
+//! response's state ([`LiveEvents`]) and a few words here:
 //!
-//! - subscribers at the same offset of a stream that read alike form a group, and one task per
-//!   group reads for all of them (a read shared on the core, `engine/src/live.rs`), waiting
-//!   until the first of them is due a keep-alive or the end of its response;
-//! - the answer is turned into each member's events, written to its socket at once without
-//!   waiting (`send` with `MSG_DONTWAIT`), and the group moves on to the next offset;
+//! - subscribers of a stream with the same next read (`pico_engine::ReadShape`, the key the
+//!   engine shares reads by) form a group, and one task per group reads for all of them
+//!   (through the engine's shared read of that shape, `engine/src/live.rs`), waiting until
+//!   the first of them is due a keep-alive or the end of its response;
+//! - each member takes the driver's steps with the answer (`transport/drive.rs`): its events,
+//!   written to its socket at once without waiting (`send` with `MSG_DONTWAIT`), then its
+//!   next read; the group moves on to the next offset;
 //! - one `epoll` instance per core watches the parked sockets for bytes or a hang-up, and one
 //!   task waits on it (`glommio::net::poll_readable`, vendor/glommio/PATCHES.md, change 5).
 //!
@@ -31,11 +33,12 @@ use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pico_engine::{CoreHandle, ReadBatch, ReadFrom, ReadRequest};
+use pico_engine::{CoreHandle, ReadBatch, ReadShape};
 
-use super::write::push_chunk;
+use super::write::Chunks;
 use super::{Parked, Streaming};
 use crate::live::{live_read, LiveBody};
+use crate::transport::drive::{stage_ready, tail_read};
 use crate::transport::socket::PlainTcp;
 
 /// Subscribers parked on all cores of this process (`pico_sse_parked` in the metrics).
@@ -65,41 +68,6 @@ pub fn park(parked: Parked<PlainTcp>, resume: Resume) {
     match registry {
         Some(registry) => registry.park(parked, resume),
         None => resume(parked),
-    }
-}
-
-/// What a group's members read alike: where, and the read's budgets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Shape {
-    from: u64,
-    max_records: usize,
-    max_bytes: usize,
-    with_content_type: bool,
-}
-
-impl Shape {
-    /// The shape of `request`, if a group can read it (from a known offset, unbounded).
-    fn of(request: &ReadRequest) -> Option<Shape> {
-        let ReadFrom::Offset(from) = request.from else {
-            return None;
-        };
-        request.bound.is_none().then_some(Shape {
-            from,
-            max_records: request.max_records,
-            max_bytes: request.max_bytes,
-            with_content_type: request.with_content_type,
-        })
-    }
-
-    fn request(self, wait_ms: u64) -> ReadRequest {
-        ReadRequest {
-            from: ReadFrom::Offset(self.from),
-            max_records: self.max_records,
-            max_bytes: self.max_bytes,
-            wait_ms: Some(wait_ms),
-            with_content_type: self.with_content_type,
-            bound: None,
-        }
     }
 }
 
@@ -147,7 +115,7 @@ struct Slot {
 struct Group {
     name: Rc<str>,
     core: Rc<CoreHandle>,
-    shape: Cell<Shape>,
+    shape: Cell<ReadShape>,
     members: RefCell<Vec<MemberId>>,
     /// When the read in flight stops waiting, while one is.
     read_until: Cell<Option<Instant>>,
@@ -199,14 +167,11 @@ impl Registry {
 
     fn park(self: &Rc<Self>, mut parked: Parked<PlainTcp>, resume: Resume) {
         let live = &mut parked.streaming.live;
-        let Some(request) = live.next_read() else {
-            return resume(parked);
-        };
-        let Some(shape) = Shape::of(&request) else {
+        let Some((shape, wait_ms)) = tail_read(live) else {
             return resume(parked);
         };
         let (name, core) = (live.stream_name().to_owned(), live.core().clone());
-        let due = Instant::now() + Duration::from_millis(request.wait_ms.unwrap_or(0));
+        let due = Instant::now() + Duration::from_millis(wait_ms);
         // A connection whose descriptor cannot be taken (out of descriptors) is lost: it
         // closes, and its client reconnects.
         let Ok(fd) = parked.socket.into_fd() else {
@@ -303,7 +268,7 @@ impl Registry {
         id: MemberId,
         name: &str,
         core: &Rc<CoreHandle>,
-        shape: Shape,
+        shape: ReadShape,
         due: Instant,
     ) -> Rc<Group> {
         let mut groups = self.groups.borrow_mut();
@@ -391,7 +356,7 @@ impl Registry {
         let mut staying = Vec::new();
         let mut handed_back = Vec::new();
         let mut closed = Vec::new();
-        let mut out = Vec::new();
+        let mut out = Chunks::default();
         {
             let mut slots = self.slots.borrow_mut();
             for id in ids {
@@ -406,28 +371,24 @@ impl Registry {
                     waiting.push(id);
                     continue;
                 }
+                // The steps of `drive` (`transport/drive.rs`), the read made by the group and
+                // the write made without waiting.
                 let live = &mut member.live;
                 live.answer(read.as_ref());
-                out.clear();
-                while let Some(event) = live.pop_event() {
-                    push_chunk(&mut out, &event);
-                }
-                match send_now(&member.fd, &out) {
+                out.0.clear();
+                stage_ready(live, &mut out, usize::MAX);
+                match send_now(&member.fd, &out.0) {
                     Err(_) => closed.push(id),
-                    Ok(sent) if sent < out.len() => {
-                        handed_back.push((id, Bytes::copy_from_slice(&out[sent..])));
+                    Ok(sent) if sent < out.0.len() => {
+                        handed_back.push((id, Bytes::copy_from_slice(&out.0[sent..])));
                     }
-                    Ok(_) => {
-                        let next = live.at_tail().then(|| live.next_read()).flatten();
-                        match next.as_ref().and_then(Shape::of) {
-                            Some(shape) => {
-                                let wait = next.and_then(|r| r.wait_ms).unwrap_or(0);
-                                member.due = now + Duration::from_millis(wait);
-                                staying.push((id, shape, member.due));
-                            }
-                            None => handed_back.push((id, Bytes::new())),
+                    Ok(_) => match tail_read(live) {
+                        Some((shape, wait_ms)) => {
+                            member.due = now + Duration::from_millis(wait_ms);
+                            staying.push((id, shape, member.due));
                         }
-                    }
+                        None => handed_back.push((id, Bytes::new())),
+                    },
                 }
             }
         }

@@ -66,14 +66,12 @@ fn a_parked_request_holds_little_besides_its_handler() {
         let response = Response::new(200);
         let write = std::mem::size_of_val(&write_response(&mut stream, response, false, false));
         let mut live: LiveBody = Box::new(Queued(Default::default()));
-        let stream_events = std::mem::size_of_val(&write_events(
-            &mut stream,
-            &mut buf,
-            &mut live,
-            &[],
-            true,
-            false,
-        ));
+        let mut writer = ChunkedWriter {
+            stream: &mut stream,
+            arrived: &mut buf,
+            chunks: Chunks::default(),
+        };
+        let stream_events = std::mem::size_of_val(&drive(&mut live, &mut writer, true, false));
         (request, watch, write, stream_events)
     });
     // 1,184 bytes while the write was inline, 784 while draining a refused body was.
@@ -385,17 +383,15 @@ fn events_ready_together_leave_in_one_write() {
             .await
             .expect("head written")
             .expect("live events");
-        let ended = write_events(
-            &mut socket,
-            &mut BytesMut::new(),
-            &mut live,
-            b"1\r\nz\r\n",
-            true,
-            false,
-        )
-        .await
-        .expect("written");
-        assert!(matches!(ended, EventsWritten::Ended));
+        let mut writer = ChunkedWriter {
+            stream: &mut socket,
+            arrived: &mut BytesMut::new(),
+            chunks: Chunks(b"1\r\nz\r\n".to_vec()),
+        };
+        let ended = drive(&mut live, &mut writer, true, false)
+            .await
+            .expect("written");
+        assert!(matches!(ended, Driven::Ended));
         socket.0
     });
     let writes: Vec<String> = writes

@@ -1,14 +1,15 @@
 //! Writing one HTTP/1.1 response: status line and headers, then a sized body in as few
-//! writes as the socket takes, or an event stream as chunks until it ends or the peer leaves.
+//! writes as the socket takes, or a live response's events as chunks (HTTP/1.1's part of
+//! driving it, `transport/drive.rs`).
 
 use std::io::IoSlice;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::read::peer_gone;
-use crate::live::live_read;
-use crate::transport::message::{by_deadline, LiveBody, Response};
+use crate::transport::drive::{EventFrames, EventWriter};
+use crate::transport::message::{LiveBody, Response};
 
 /// The status line's reason phrase (clients ignore it; RFC 9112 lets it be anything).
 pub(super) fn reason(status: u16) -> &'static str {
@@ -19,7 +20,7 @@ pub(super) fn reason(status: u16) -> &'static str {
 }
 
 /// Sends `response`; for a live response only its head, and hands the events back
-/// (`Ok(Some(events))`) for the caller to send with [`write_events`]. Written apart, the
+/// (`Ok(Some(events))`) for the caller to drive (`transport/drive.rs`). Written apart, the
 /// stream does not keep this future and the request's alive for as long as it lives: an SSE
 /// subscriber would hold 1.2 KiB of them (docs/decisions/2026-12-small-connection-futures.md).
 pub(super) async fn write_response<S: AsyncWrite + Unpin>(
@@ -95,74 +96,59 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     stream.flush().await.map(|()| None)
 }
 
-/// How writing a live response's events ended.
-pub(super) enum EventsWritten {
-    /// The response is over (its last chunk is sent).
-    Ended,
-    /// It waits at the tail with nothing left to send and the peer quiet: the connection may
-    /// be parked (only asked for with `parkable`).
-    AtTail,
+/// A live response's events as chunks of a chunked body, staged for one write (HTTP/1.1's
+/// [`EventFrames`], plain, TLS and parked alike).
+#[derive(Default)]
+pub(super) struct Chunks(pub Vec<u8>);
+
+impl EventFrames for Chunks {
+    fn stage(&mut self, event: Bytes) {
+        push_chunk(&mut self.0, &event);
+    }
+
+    fn staged(&self) -> usize {
+        self.0.len()
+    }
 }
 
-/// Writes `unsent` (chunks already framed), then each event of `live` as one chunk, flushing
-/// after each write so events reach the client at once; a write error (the client went away)
-/// ends the response. While it waits for its next events, what the peer sends is kept in
-/// `arrived` (a pipelined request), and the peer closing ends the response at once. Events
-/// queued together go out in one write: an SSE data event and the control event behind it are
-/// one `send` and one TCP segment instead of two, and the client is woken once (10,000
-/// subscribers on one stream pay this per record; docs/decisions/2026-12-shared-live-reads.md).
-pub(super) async fn write_events<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    arrived: &mut BytesMut,
-    live: &mut LiveBody,
-    unsent: &[u8],
-    parkable: bool,
-    stirred: bool,
-) -> std::io::Result<EventsWritten> {
-    // Handed back because the peer sent bytes or hung up while parked: it does not park again
-    // before its next read has watched the peer (reading those bytes, or seeing the hang-up),
-    // or the watch would wake it again at once.
-    let mut may_park = parkable && !stirred;
-    // A reader that stopped reading does not hold the response past its end: a write still
-    // waiting then closes the connection (the socket's send stall timeout bounds it too).
-    let deadline = live.deadline();
-    if !unsent.is_empty() {
-        by_deadline(deadline, send(stream, unsent)).await?;
+/// A live response on an HTTP/1.1 connection's task ([`drive`]'s writer): its events are
+/// written as chunks, flushed after each write so they reach the client at once; while it
+/// waits for its next read, what the peer sends is kept in `arrived` (a pipelined request),
+/// and the peer closing ends the response at once.
+pub(super) struct ChunkedWriter<'a, S> {
+    pub stream: &'a mut S,
+    pub arrived: &'a mut BytesMut,
+    /// Staged chunks; their room is given back after each write (a subscriber waiting on a
+    /// TLS connection keeps no buffer between events).
+    pub chunks: Chunks,
+}
+
+impl<S> EventFrames for ChunkedWriter<'_, S> {
+    fn stage(&mut self, event: Bytes) {
+        self.chunks.stage(event);
     }
-    loop {
-        let mut out = Vec::new();
-        while out.len() < COALESCED_CHUNKS_BYTES_MAX {
-            match live.pop_event() {
-                Some(event) => push_chunk(&mut out, &event),
-                None => break,
-            }
-        }
-        if !out.is_empty() {
-            by_deadline(deadline, send(stream, &out)).await?;
-            continue;
-        }
-        if may_park && arrived.is_empty() && live.at_tail() {
-            return Ok(EventsWritten::AtTail);
-        }
-        let Some(request) = live.next_read() else {
-            by_deadline(deadline, send(stream, LAST_CHUNK)).await?;
-            return Ok(EventsWritten::Ended);
-        };
-        // Boxed: a task that drives its response (over TLS) holds the read's room only while
-        // it reads.
-        let read = Box::pin(live_read(live.core(), live.stream_name(), &request));
-        let read = futures_lite::future::or(async { Some(read.await) }, async {
-            peer_gone(stream, arrived).await;
-            None
-        })
-        .await;
-        // The peer left: the response (and the read waiting under it) is dropped now, not at
-        // the next keep-alive.
-        let Some(read) = read else {
-            return Err(std::io::ErrorKind::ConnectionAborted.into());
-        };
-        live.answer(read.as_ref());
-        may_park = parkable;
+
+    fn staged(&self) -> usize {
+        self.chunks.staged()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> EventWriter for ChunkedWriter<'_, S> {
+    async fn send(&mut self) -> std::io::Result<()> {
+        let chunks = std::mem::take(&mut self.chunks.0);
+        send(self.stream, &chunks).await
+    }
+
+    async fn end(&mut self) -> std::io::Result<()> {
+        send(self.stream, LAST_CHUNK).await
+    }
+
+    async fn peer_gone(&mut self) {
+        peer_gone(self.stream, self.arrived).await;
+    }
+
+    fn quiet(&self) -> bool {
+        self.arrived.is_empty()
     }
 }
 
@@ -174,9 +160,6 @@ async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::R
 
 /// The chunk that ends a chunked body (RFC 9112, 7.1).
 pub(super) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
-
-/// Chunks that are ready at once are written together up to about this many bytes.
-const COALESCED_CHUNKS_BYTES_MAX: usize = 64 * 1024;
 
 /// `chunk` framed as one chunk of a chunked body; nothing for an empty one, whose frame would
 /// end the body.
