@@ -25,6 +25,7 @@ mod append;
 mod blocks;
 mod cache;
 mod commit;
+mod compact;
 mod fence;
 mod flush;
 mod handoff;

@@ -159,6 +159,8 @@ pub(crate) struct Shard {
     pub(super) put_budget: Arc<PutBudget>,
     /// Object durability: a flush waits for its slot in `put_budget` (`flush.rs`).
     pub(super) flush_pending: Cell<bool>,
+    /// Object durability: merges small stored segments (`compact.rs`).
+    pub(super) compaction: super::compact::Compaction,
 }
 
 /// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it
@@ -222,6 +224,7 @@ impl Shard {
             handed_off: LocalBroadcast::default(),
             put_budget,
             flush_pending: Cell::new(false),
+            compaction: Default::default(),
         }
     }
 
