@@ -178,6 +178,10 @@ fn a_lone_writers_64_mib_is_read_back_from_at_most_16_objects_after_compaction()
             )
         });
     let holding = catalog_of(dir.path(), id, COUNT);
+    eprintln!(
+        "{COUNT} appends of {LEN} B: {COUNT} flush PUTs, {puts} compaction PUTs, \
+         {compacted} segments merged, {holding} objects left"
+    );
     assert!(holding <= 16, "a catch-up reads {holding} objects");
     assert!(compacted >= COUNT - 16, "{compacted} segments merged");
     // Each byte rewritten about once per size class (32 KiB → 8 MiB: a few), not per merge.
