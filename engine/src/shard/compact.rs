@@ -16,8 +16,9 @@
 //! a swap whose answer is lost is asked again (answered `AlreadySwapped` if it had
 //! committed); the old objects outlive the swap by the grace, so a read that picked its chunks
 //! before it still finds them, and are deleted by the collector (a crash there is a row found
-//! again next round). What is picked: a run of this core's stored segments in seal order, each
-//! smaller than `--segment-size`; `COMPACT_FANOUT` of one size class side by side (or as many
+//! again next round). What is picked: a run of this core's stored segments of one stream in
+//! seal order (so a merged object is garbage when that stream's records are), each smaller
+//! than `--segment-size`; `COMPACT_FANOUT` of one size class side by side (or as many
 //! of them as fill a segment), or, once the core stored nothing for `COMPACT_IDLE_MS`, any
 //! such run. Each byte is rewritten about once per size class (a factor of `COMPACT_FANOUT`
 //! each) between the smallest objects and `--segment-size`.
@@ -54,6 +55,10 @@ pub(super) struct Compaction {
     refused: RefCell<HashSet<u64>>,
     /// A merged object's place in seal order: that of the first segment it holds.
     order: RefCell<HashMap<u64, u64>>,
+    /// The one stream a stored segment holds (`None`: several, or none left): only one
+    /// stream's segments are merged, so a merged object is garbage once that stream's records
+    /// are, as its segments would have been.
+    owner: RefCell<HashMap<u64, Option<u64>>>,
 }
 
 /// A picked segment: table number, key, size.
@@ -183,51 +188,119 @@ impl Shard {
         self.compaction.running.set(true);
         let this = self.clone();
         glommio::spawn_local(async move {
-            if let Err(why) = this.compact(&picked).await {
-                CoreMetrics::add(&this.metrics.compaction_failures, 1);
-                log::warn!(
-                    "core {}: compaction of {} segments: {why}",
-                    this.core,
-                    picked.len()
-                );
-            }
+            let result = this.compact(&picked).await;
             this.compaction.running.set(false);
-            // More may be due (a long run, or segments stored meanwhile).
-            this.compact_when_due();
+            match result {
+                // More may be due (a long run, or segments stored meanwhile).
+                Ok(()) => this.compact_when_due(),
+                // Tried again at the next upload or idle round, not at once: a store or
+                // catalog outage is not hammered.
+                Err(why) => {
+                    CoreMetrics::add(&this.metrics.compaction_failures, 1);
+                    log::warn!(
+                        "core {}: compaction of {} segments: {why}",
+                        this.core,
+                        picked.len()
+                    );
+                }
+            }
         })
         .detach();
     }
 
-    /// The segments to merge now, in seal order, if any.
+    /// Segment `no` was sealed holding the streams of `ids`.
+    pub(super) fn note_sealed(&self, no: u64, mut ids: impl Iterator<Item = u64>) {
+        if self.config.durability != Durability::Object {
+            return;
+        }
+        let one = match (ids.next(), ids.next()) {
+            (Some(id), None) => Some(id),
+            _ => None,
+        };
+        self.compaction.owner.borrow_mut().insert(no, one);
+    }
+
+    /// Learns the stream of every stored segment not noted at its seal (those loaded at
+    /// start-up): one pass over the streams' chunks, once after a restart.
+    fn learn_owners(&self) {
+        let segments = self.segments.borrow();
+        let mut owner = self.compaction.owner.borrow_mut();
+        owner.retain(|no, _| segments.contains_key(no));
+        let unknown = |no: &u64| !owner.contains_key(no);
+        if !segments
+            .iter()
+            .any(|(no, slot)| slot.uploaded && unknown(no))
+        {
+            return;
+        }
+        let mut seen: HashMap<u64, Option<u64>> = HashMap::new();
+        for stream in self.streams.borrow().values() {
+            for chunk in &stream.chunks {
+                seen.entry(chunk.segment)
+                    .and_modify(|one| {
+                        if *one != Some(stream.state.id) {
+                            *one = None;
+                        }
+                    })
+                    .or_insert(Some(stream.state.id));
+            }
+        }
+        for (no, _) in segments.iter().filter(|(_, slot)| slot.uploaded) {
+            owner
+                .entry(*no)
+                .or_insert_with(|| seen.get(no).copied().flatten());
+        }
+    }
+
+    /// The segments to merge now, in seal order, if any: consecutive segments of one stream.
     fn pick(&self, idle: bool) -> Option<Vec<Picked>> {
+        self.learn_owners();
         let target = self.config.segment_size as u64;
         let segments = self.segments.borrow();
         let retired = self.compaction.retired.borrow();
         let refused = self.compaction.refused.borrow();
         let order = self.compaction.order.borrow();
+        let owner = self.compaction.owner.borrow();
         let mut all: Vec<(u64, u64, &SegmentSlot)> = segments
             .iter()
             .filter(|(no, _)| !retired.contains(no))
             .map(|(no, slot)| (order.get(no).copied().unwrap_or(*no), *no, slot))
             .collect();
         all.sort_unstable_by_key(|(place, ..)| *place);
-        let mut run: Vec<Picked> = Vec::new();
+        // Each stream's run of small segments; another stream's segment between two of
+        // them does not end it (the catalog holds nothing of this stream there), a segment
+        // of several streams (or unknown ones) ends every run, as one of the stream's own
+        // that is not small ends its run.
+        let mut runs: HashMap<u64, Vec<Picked>> = HashMap::new();
+        let mut due = None;
+        let mut close = |run: &mut Vec<Picked>| {
+            if due.is_none() {
+                due = choose(run, target, idle).map(|range| run[range].to_vec());
+            }
+            run.clear();
+        };
         for (_, no, slot) in all {
             let small = slot.uploaded
                 && !matches!(slot.data, SegmentData::Open)
                 && slot.size > 0
                 && slot.size < target
                 && !refused.contains(&no);
-            if small {
-                run.push((no, slot.key.clone(), slot.size));
-                continue;
+            match owner.get(&no).copied().flatten() {
+                Some(of) if small => {
+                    runs.entry(of)
+                        .or_default()
+                        .push((no, slot.key.clone(), slot.size))
+                }
+                Some(of) => {
+                    if let Some(run) = runs.get_mut(&of) {
+                        close(run);
+                    }
+                }
+                None => runs.values_mut().for_each(&mut close),
             }
-            if let Some(range) = choose(&run, target, idle) {
-                return Some(run[range].to_vec());
-            }
-            run.clear();
         }
-        choose(&run, target, idle).map(|range| run[range].to_vec())
+        runs.values_mut().for_each(&mut close);
+        due
     }
 
     /// Merges `picked` (see the module comment); `Err` leaves the catalog as it was or as
@@ -243,13 +316,11 @@ impl Shard {
         if stop_at(self, CompactStep::FailPut) {
             return Err("injected PUT failure".into());
         }
-        let started = Instant::now();
         self.store
             .put(&key, merged)
             .await
             .map_err(|_| "object store is shut down".to_string())?
             .map_err(|e| format!("storing {key}: {e}"))?;
-        self.metrics.object_put_latency.observe(started.elapsed());
         CoreMetrics::add(&self.metrics.compaction_puts, 1);
         if stop_at(self, CompactStep::AfterPut) {
             // A crash test: this compactor does nothing more, as if the process died here.
@@ -336,16 +407,26 @@ impl Shard {
                         .map_err(|_| "object store is shut down".to_string())?
                         .map_err(|e| format!("reading {key}: {e}"))?,
                 };
-                if bytes.len() as u64 != size {
-                    return Err(format!(
-                        "{key} has {} bytes, the catalog says {size}",
+                let damaged = if bytes.len() as u64 != size {
+                    Some(format!(
+                        "has {} bytes, the catalog says {size}",
                         bytes.len()
-                    ));
-                }
-                let pieces = [bytes.clone()];
-                let mut frames = SplitFrames::new(&pieces, true);
-                while let Some(frame) = frames.next_frame() {
-                    frame.map_err(|e| format!("{key}: damaged frame: {e:?}"))?;
+                    ))
+                } else {
+                    let pieces = [bytes.clone()];
+                    let mut frames = SplitFrames::new(&pieces, true);
+                    std::iter::from_fn(|| frames.next_frame().map(|f| f.err()))
+                        .flatten()
+                        .next()
+                        .map(|e| format!("holds a damaged frame ({e:?})"))
+                };
+                if let Some(why) = damaged {
+                    // Never merged (reads report the damage); the others go on.
+                    self.compaction
+                        .refused
+                        .borrow_mut()
+                        .extend(picked.iter().map(|(no, ..)| *no));
+                    return Err(format!("{key} {why}: its run is left as it is"));
                 }
                 merged.extend_from_slice(&bytes);
             }
@@ -397,6 +478,14 @@ impl Shard {
             if moved {
                 coarsen(&mut stream.chunks, Some(no));
             }
+        }
+        {
+            let mut owner = self.compaction.owner.borrow_mut();
+            let one = owner.get(&picked[0].0).copied().flatten();
+            for (old, ..) in picked {
+                owner.remove(old);
+            }
+            owner.insert(no, one);
         }
         {
             let first = picked[0].0;
