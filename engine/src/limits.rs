@@ -214,8 +214,10 @@ pub const COMPACT_FANOUT: usize = 8;
 /// many times `COMPACT_FANOUT` larger.
 pub const COMPACT_TIER_BASE_BYTES: u64 = 16 * 1024;
 /// A core that stored no segment for this long merges whatever small segments lie side by
-/// side, whatever their sizes (a writer that stopped leaves no tail of small objects).
-pub const COMPACT_IDLE_MS: u64 = 2_000;
+/// side, whatever their sizes (a writer that stopped leaves no tail of small objects). Long
+/// enough that the collector takes a deleted or trimmed stream's segments first: merged, the
+/// retired ones would wait out `COMPACT_RETIRE_GRACE_MS`.
+pub const COMPACT_IDLE_MS: u64 = 10_000;
 /// The most segments one compaction merges (its GETs and its catalog swap stay bounded).
 pub const COMPACT_SEGMENTS_MAX: usize = 512;
 /// GETs one compaction keeps in flight while it reads the segments it merges.

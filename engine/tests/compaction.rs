@@ -68,9 +68,10 @@ async fn check_all(core: &CoreHandle, name: &str, count: u64, len: usize) {
     }
 }
 
-/// Waits until compaction has been quiet for a while (nothing merged for 3 idle periods).
+/// Waits until compaction has been quiet for a while (nothing merged for an idle period and
+/// 3 s).
 async fn settle(metrics: &NodeMetrics) {
-    let quiet = Duration::from_millis(3 * pico_engine::limits::COMPACT_IDLE_MS);
+    let quiet = Duration::from_millis(pico_engine::limits::COMPACT_IDLE_MS + 3_000);
     let mut last = (u64::MAX, u64::MAX);
     let mut since = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(120);

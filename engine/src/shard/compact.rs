@@ -49,6 +49,9 @@ pub(super) struct Compaction {
     timer_armed: Cell<bool>,
     /// When this core last stored a segment.
     last_upload: Cell<Option<Instant>>,
+    /// After a failed compaction, none starts before this (a store or catalog outage is not
+    /// hammered).
+    not_before: Cell<Option<Instant>>,
     /// Table entries of retired objects, kept for reads already under way; never picked.
     retired: RefCell<HashSet<u64>>,
     /// Segments a swap refused (the catalog disagreed): left as they are.
@@ -157,8 +160,19 @@ impl Shard {
             self.compaction.timer_armed.set(true);
             let this = self.clone();
             glommio::spawn_local(async move {
+                let idle = Duration::from_millis(limits::COMPACT_IDLE_MS);
                 loop {
-                    glommio::timer::sleep(Duration::from_millis(limits::COMPACT_IDLE_MS)).await;
+                    // Wakes when the core has been idle for the period since its last upload.
+                    let since = this.compaction.last_upload.get().map(|at| at.elapsed());
+                    let paused = this
+                        .compaction
+                        .not_before
+                        .get()
+                        .map(|at| at - Instant::now());
+                    let wait = idle
+                        .saturating_sub(since.unwrap_or_default())
+                        .max(paused.unwrap_or_default());
+                    glommio::timer::sleep(wait.max(Duration::from_millis(100))).await;
                     if this.stopping.get() {
                         break;
                     }
@@ -174,7 +188,12 @@ impl Shard {
     }
 
     fn compact_when_due(self: &Rc<Self>) {
-        if self.compaction.running.get() {
+        let waiting = self
+            .compaction
+            .not_before
+            .get()
+            .is_some_and(|at| Instant::now() < at);
+        if self.compaction.running.get() || waiting {
             return;
         }
         let idle = self
@@ -192,10 +211,13 @@ impl Shard {
             this.compaction.running.set(false);
             match result {
                 // More may be due (a long run, or segments stored meanwhile).
-                Ok(()) => this.compact_when_due(),
-                // Tried again at the next upload or idle round, not at once: a store or
-                // catalog outage is not hammered.
+                Ok(()) => {
+                    this.compaction.not_before.set(None);
+                    this.compact_when_due();
+                }
                 Err(why) => {
+                    let pause = Duration::from_millis(limits::COMPACT_IDLE_MS);
+                    this.compaction.not_before.set(Some(Instant::now() + pause));
                     CoreMetrics::add(&this.metrics.compaction_failures, 1);
                     log::warn!(
                         "core {}: compaction of {} segments: {why}",
