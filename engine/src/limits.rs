@@ -218,6 +218,11 @@ pub const COMPACT_TIER_BASE_BYTES: u64 = 16 * 1024;
 /// enough that the collector takes a deleted or trimmed stream's segments first: merged, the
 /// retired ones would wait out `COMPACT_RETIRE_GRACE_MS`.
 pub const COMPACT_IDLE_MS: u64 = 10_000;
+/// While its core still stores segments, compaction writes objects of at most this many bytes;
+/// larger merges (up to `--segment-size`) wait until the core is idle: a multi-MiB PUT beside a
+/// lone writer's flushes raised its acknowledgement p99 from 10 to 54-67 ms against a Garage on
+/// the same 2 CPUs (BENCHMARKS.md, "Compaction of small objects").
+pub const COMPACT_ACTIVE_BYTES_MAX: u64 = 1024 * 1024;
 /// The most segments one compaction merges (its GETs and its catalog swap stay bounded).
 pub const COMPACT_SEGMENTS_MAX: usize = 512;
 /// GETs one compaction keeps in flight while it reads the segments it merges.

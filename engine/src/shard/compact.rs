@@ -19,8 +19,8 @@
 //! again next round). What is picked: a run of this core's stored segments of one stream in
 //! seal order (so a merged object is garbage when that stream's records are), each smaller
 //! than `--segment-size`; `COMPACT_FANOUT` of one size class side by side (or as many
-//! of them as fill a segment), or, once the core stored nothing for `COMPACT_IDLE_MS`, any
-//! such run. Each byte is rewritten about once per size class (a factor of `COMPACT_FANOUT`
+//! of them as fill `COMPACT_ACTIVE_BYTES_MAX`), or, once the core stored nothing for
+//! `COMPACT_IDLE_MS`, any such run up to `--segment-size`. Each byte is rewritten about once per size class (a factor of `COMPACT_FANOUT`
 //! each) between the smallest objects and `--segment-size`.
 
 use std::cell::{Cell, RefCell};
@@ -117,16 +117,21 @@ fn tier(size: u64) -> u32 {
 fn choose(run: &[Picked], target: u64, idle: bool) -> Option<std::ops::Range<usize>> {
     let max = limits::COMPACT_SEGMENTS_MAX;
     if idle {
-        let mut sum = 0;
-        let end = run
-            .iter()
-            .take(max)
-            .take_while(|(_, _, size)| {
-                sum += size;
-                sum <= target
-            })
-            .count();
-        return (end >= 2).then_some(0..end);
+        for start in 0..run.len() {
+            let mut sum = 0;
+            let count = run[start..]
+                .iter()
+                .take(max)
+                .take_while(|(_, _, size)| {
+                    sum += size;
+                    sum <= target
+                })
+                .count();
+            if count >= 2 {
+                return Some(start..start + count);
+            }
+        }
+        return None;
     }
     for start in 0..run.len() {
         let class = tier(run[start].2);
@@ -278,6 +283,11 @@ impl Shard {
     fn pick(&self, idle: bool) -> Option<Vec<Picked>> {
         self.learn_owners();
         let target = self.config.segment_size as u64;
+        // While the core is busy, only small merges (see `COMPACT_ACTIVE_BYTES_MAX`).
+        let cap = match idle {
+            true => target,
+            false => target.min(limits::COMPACT_ACTIVE_BYTES_MAX),
+        };
         let segments = self.segments.borrow();
         let retired = self.compaction.retired.borrow();
         let refused = self.compaction.refused.borrow();
@@ -297,7 +307,7 @@ impl Shard {
         let mut due = None;
         let mut close = |run: &mut Vec<Picked>| {
             if due.is_none() {
-                due = choose(run, target, idle).map(|range| run[range].to_vec());
+                due = choose(run, cap, idle).map(|range| run[range].to_vec());
             }
             run.clear();
         };
@@ -589,6 +599,8 @@ mod tests {
         assert_eq!(choose(&run(&[100, 900, 50]), target, true), Some(0..2));
         assert_eq!(choose(&run(&[100]), target, true), None);
         assert_eq!(choose(&run(&[900, 200]), target, true), None);
+        // A merged object that cannot take its neighbour does not hold up the ones after it.
+        assert_eq!(choose(&run(&[900, 200, 300]), target, true), Some(1..3));
     }
 
     #[test]
