@@ -49,6 +49,9 @@ pub(super) struct Compaction {
     timer_armed: Cell<bool>,
     /// When this core last stored a segment.
     last_upload: Cell<Option<Instant>>,
+    /// The core stores segments closer together than `COMPACT_BUSY_GAP_MS`: it merges only
+    /// once idle.
+    busy: Cell<bool>,
     /// After a failed compaction, none starts before this (a store or catalog outage is not
     /// hammered).
     not_before: Cell<Option<Instant>>,
@@ -159,6 +162,10 @@ impl Shard {
         if self.config.durability != Durability::Object {
             return;
         }
+        let gap = self.compaction.last_upload.get().map(|at| at.elapsed());
+        self.compaction
+            .busy
+            .set(gap.is_some_and(|gap| gap < Duration::from_millis(limits::COMPACT_BUSY_GAP_MS)));
         self.compaction.last_upload.set(Some(Instant::now()));
         self.compact_when_due();
         if !self.compaction.timer_armed.get() {
@@ -206,6 +213,11 @@ impl Shard {
             .last_upload
             .get()
             .is_none_or(|at| at.elapsed() >= Duration::from_millis(limits::COMPACT_IDLE_MS));
+        // A busy core's flushes already reach the store at a PUT per flush's worth of bytes;
+        // merging beside them would take their metadata commits and PUT slots.
+        if !idle && self.compaction.busy.get() {
+            return;
+        }
         let Some(picked) = self.pick(idle) else {
             return;
         };
