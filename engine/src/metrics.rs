@@ -144,6 +144,14 @@ pub struct CoreMetrics {
     pub retention_deleted_streams: AtomicU64,
     /// Segments garbage collection deleted from the bucket and the catalog (core 0 runs it).
     pub gc_segments_deleted: AtomicU64,
+    /// Compaction (object durability): merged objects written, the segments they replaced,
+    /// their bytes, the PUTs it made (each within the node's PUT budget) and the compactions
+    /// that failed or were refused (nothing lost: the segments stay as they were).
+    pub compactions: AtomicU64,
+    pub compacted_segments: AtomicU64,
+    pub compacted_bytes: AtomicU64,
+    pub compaction_puts: AtomicU64,
+    pub compaction_failures: AtomicU64,
 }
 
 impl CoreMetrics {

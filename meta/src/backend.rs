@@ -92,6 +92,17 @@ pub(crate) const SELECT_ENTRIES: &str =
             writer_seq
      FROM segment_streams ORDER BY segment_seq, ord";
 
+/// The entries of the segments in a range of seqs (`$1`, `$2`, both included), columns as
+/// [`SELECT_ENTRIES`]'s; SQLite takes `$n` parameters too.
+pub(crate) const SELECT_ENTRIES_BETWEEN: &str =
+    "SELECT segment_seq, stream_id, runs, last_timestamp_ms, closed, producers, closed_by,
+            writer_seq
+     FROM segment_streams WHERE segment_seq BETWEEN $1 AND $2 ORDER BY segment_seq, ord";
+
+/// One segment's row by key (`$1`), columns as [`SELECT_SEGMENTS`]'s.
+pub(crate) const SELECT_SEGMENT_BY_KEY: &str =
+    "SELECT seq, key, size_bytes, created_ms FROM segments WHERE key = $1";
+
 /// An [`EntryColumns`] from a row of [`SELECT_ENTRIES`] (see [`stream_columns`]).
 macro_rules! entry_columns {
     ($row:expr, $get:ident) => {
@@ -287,6 +298,19 @@ pub(crate) trait Backend {
 
     /// Whether a segment with this key is committed.
     fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError>;
+
+    /// The row of the segment with this key, if committed.
+    fn segment_row(&mut self, key: &str) -> Result<Option<SegmentColumns>, MetaError>;
+
+    /// Calls `visit` with every entry of the segments whose seq is in `first..=last`, by
+    /// segment seq then position (as [`Backend::for_each_entry`]): what a compaction's swap
+    /// reads of the segments it merges and those committed between them.
+    fn for_each_entry_between(
+        &mut self,
+        first: i64,
+        last: i64,
+        visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError>;
 
     /// Keeps a refused entry's records (`runs` packed as in `segment_streams`) for an
     /// operator; replaces an earlier row of the same segment and stream.

@@ -30,6 +30,7 @@ pub mod backup;
 mod batch;
 mod cluster;
 mod command;
+mod compact;
 mod consumers;
 #[cfg(test)]
 mod create_group_tests;
@@ -50,6 +51,7 @@ pub use backend::{NodeId, NodeRow};
 pub use cluster::{
     place, CatalogStream, ClusterState, PendingTransfer, StreamLoad, TransferAccepted,
 };
+pub use compact::{CompactOutcome, CompactRequest};
 pub use consumers::{ConsumerList, ConsumerRead, ConsumerWrite, StoredConsumer};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;

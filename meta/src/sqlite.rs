@@ -425,6 +425,41 @@ impl Backend for Sqlite {
         Ok(starts)
     }
 
+    fn segment_row(&mut self, key: &str) -> Result<Option<SegmentColumns>, MetaError> {
+        self.conn
+            .prepare_cached(backend::SELECT_SEGMENT_BY_KEY)
+            .and_then(|mut query| {
+                query
+                    .query_row([key], |row| Ok(segment_columns!(row, get)))
+                    .optional()
+            })
+            .map_err(storage("look up segment"))
+    }
+
+    fn for_each_entry_between(
+        &mut self,
+        first: i64,
+        last: i64,
+        visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
+        let mut query = self
+            .conn
+            .prepare_cached(backend::SELECT_ENTRIES_BETWEEN)
+            .map_err(storage("prepare segment entry range"))?;
+        let mut rows = query
+            .query([first, last])
+            .map_err(storage("load segment entries"))?;
+        while let Some(row) = rows.next().map_err(storage("load segment entries"))? {
+            let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
+            let columns = (|| Ok(entry_columns!(row, get)))();
+            visit(
+                seq,
+                columns.map_err(|error: rusqlite::Error| error.to_string()),
+            )?;
+        }
+        Ok(())
+    }
+
     fn for_each_entry(
         &mut self,
         visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,

@@ -385,6 +385,15 @@ impl MetaStore {
         answer
     }
 
+    /// Swaps consecutive committed segments of one writer for one entry under the first one's
+    /// key, whose object must already hold all their bytes in order (`compact.rs` says why
+    /// under that key, and what is checked); the others stay as rows without entries until
+    /// the garbage collector deletes their objects after `retire_at_ms`. Idempotent: a repeat
+    /// after a lost answer answers [`crate::CompactOutcome::AlreadySwapped`].
+    pub fn compact_segments(&self, request: crate::CompactRequest) -> Reply<crate::CompactOutcome> {
+        self.job(move |db| crate::compact::compact(db, &request))
+    }
+
     /// Records a sealed segment and what it holds of each stream, in one transaction.
     ///
     /// Call it only after the object is stored: the catalog must never point at a missing

@@ -16,7 +16,7 @@
 //! ack queue), `blocks.rs` (the read cache), `sealed.rs` (seal order and upload backlog),
 //! `spare.rs` (segment buffers kept for reuse); `state.rs` (the `Shard` made of them) over
 //! those. Then the `impl Shard` files, each using
-//! only those below it: `acks`, `wal`, `cache`, `fence`, `upload`, `segment`, `commit`,
+//! only those below it: `acks`, `wal`, `cache`, `fence`, `compact`, `upload`, `segment`, `commit`,
 //! `lifecycle`, `handoff`, `append`, `read`, `reaper`, and this file on top. Everything here
 //! runs on one executor: `RefCell`s are never held across an `.await`.
 
@@ -25,6 +25,7 @@ mod append;
 mod blocks;
 mod cache;
 mod commit;
+mod compact;
 mod fence;
 mod flush;
 mod handoff;

@@ -153,6 +153,7 @@ impl Shard {
                 })
                 .collect(),
         };
+        self.note_sealed(no, record.streams.iter().map(|e| e.stream_id));
         self.sealed.borrow_mut().sealed(no, bytes.len());
         let this = self.clone();
         let (file, path) = (segment.wal, segment.wal_path);

@@ -162,6 +162,8 @@ pub(crate) struct Shard {
     pub(super) flush_pending: Cell<bool>,
     /// Every time the shard reads: deadlines, ages, record timestamps and expiry.
     pub(super) clock: Clock,
+    /// Object durability: merges small stored segments (`compact.rs`).
+    pub(super) compaction: super::compact::Compaction,
 }
 
 /// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it
@@ -229,6 +231,7 @@ impl Shard {
             put_budget,
             flush_pending: Cell::new(false),
             clock,
+            compaction: Default::default(),
         }
     }
 

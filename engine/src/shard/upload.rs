@@ -146,6 +146,7 @@ impl Shard {
         if self.config.durability == Durability::Object {
             self.release_acks();
             self.flush_when_free();
+            self.compact_after_upload();
         }
         let keep = self.cache.borrow_mut().keep_uploaded(Instant::now());
         if keep {

@@ -523,6 +523,34 @@ impl Backend for Postgres {
         Some(self)
     }
 
+    fn segment_row(&mut self, key: &str) -> Result<Option<SegmentColumns>, MetaError> {
+        let doing = "look up segment";
+        let rows = self.query(backend::SELECT_SEGMENT_BY_KEY, &[&key], doing)?;
+        rows.first()
+            .map(|row| Ok(segment_columns!(row, try_get)))
+            .transpose()
+            .map_err(storage(doing))
+    }
+
+    fn for_each_entry_between(
+        &mut self,
+        first: i64,
+        last: i64,
+        visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
+        let doing = "load segment entries";
+        let rows = self.query(backend::SELECT_ENTRIES_BETWEEN, &[&first, &last], doing)?;
+        for row in rows {
+            let seq: i64 = row.try_get(0).map_err(storage("read segment entry"))?;
+            let columns = (|| Ok(entry_columns!(row, try_get)))();
+            visit(
+                seq,
+                columns.map_err(|error: postgres::Error| describe(&error)),
+            )?;
+        }
+        Ok(())
+    }
+
     fn for_each_entry(
         &mut self,
         visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,

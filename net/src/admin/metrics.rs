@@ -369,6 +369,35 @@ pub fn render(
         "Segments garbage collection deleted from the bucket and the catalog (nothing readable left in them: deleted, expired, trimmed or retained-away data).",
         &|m| CoreMetrics::get(&m.gc_segments_deleted),
     );
+    for (name, help, counter) in [
+        (
+            "pico_compactions_total",
+            "Merged objects compaction wrote (object durability: small segments of a core merged into one, within the node's PUT budget).",
+            (|m: &CoreMetrics| CoreMetrics::get(&m.compactions)) as fn(&CoreMetrics) -> u64,
+        ),
+        (
+            "pico_compacted_segments_total",
+            "Segment objects compaction merged into others (retired; garbage collection deletes them after a grace).",
+            |m| CoreMetrics::get(&m.compacted_segments),
+        ),
+        (
+            "pico_compacted_bytes_total",
+            "Bytes compaction rewrote into merged objects.",
+            |m| CoreMetrics::get(&m.compacted_bytes),
+        ),
+        (
+            "pico_compaction_puts_total",
+            "PUTs compaction made (each takes a slot of --object-puts-per-second, as flushes do).",
+            |m| CoreMetrics::get(&m.compaction_puts),
+        ),
+        (
+            "pico_compaction_failures_total",
+            "Compactions that failed or that the catalog refused (the segments stay as they were; nothing is lost).",
+            |m| CoreMetrics::get(&m.compaction_failures),
+        ),
+    ] {
+        per_core(&mut out, name, "counter", help, &counter);
+    }
     per_core(
         &mut out,
         "pico_bytes_appended_total",
