@@ -23,7 +23,6 @@
 //! `COMPACT_IDLE_MS`, any such run up to `--segment-size`. Each byte is rewritten about once per size class (a factor of `COMPACT_FANOUT`
 //! each) between the smallest objects and `--segment-size`.
 
-use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -39,33 +38,6 @@ use crate::metrics::CoreMetrics;
 
 use super::state::{SegmentData, SegmentSlot, Shard};
 use super::stream::coarsen;
-
-/// One core's compactor.
-#[derive(Default)]
-pub(super) struct Compaction {
-    /// A compaction is under way (one at a time per core).
-    running: Cell<bool>,
-    /// A timer will look again once the core has been idle.
-    timer_armed: Cell<bool>,
-    /// When this core last stored a segment.
-    last_upload: Cell<Option<Instant>>,
-    /// The core stores segments closer together than `COMPACT_BUSY_GAP_MS`: it merges only
-    /// once idle.
-    busy: Cell<bool>,
-    /// After a failed compaction, none starts before this (a store or catalog outage is not
-    /// hammered).
-    not_before: Cell<Option<Instant>>,
-    /// Table entries of retired objects, kept for reads already under way; never picked.
-    retired: RefCell<HashSet<u64>>,
-    /// Segments a swap refused (the catalog disagreed): left as they are.
-    refused: RefCell<HashSet<u64>>,
-    /// A merged object's place in seal order: that of the first segment it holds.
-    order: RefCell<HashMap<u64, u64>>,
-    /// The one stream a stored segment holds (`None`: several, or none left): only one
-    /// stream's segments are merged, so a merged object is garbage once that stream's records
-    /// are, as its segments would have been.
-    owner: RefCell<HashMap<u64, Option<u64>>>,
-}
 
 /// A picked segment: table number, key, size.
 type Picked = (u64, Rc<str>, u64);

@@ -26,6 +26,7 @@ mod blocks;
 mod cache;
 mod commit;
 mod compact;
+mod compaction;
 mod fence;
 mod flush;
 mod handoff;

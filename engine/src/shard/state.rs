@@ -163,7 +163,7 @@ pub(crate) struct Shard {
     /// Every time the shard reads: deadlines, ages, record timestamps and expiry.
     pub(super) clock: Clock,
     /// Object durability: merges small stored segments (`compact.rs`).
-    pub(super) compaction: super::compact::Compaction,
+    pub(super) compaction: super::compaction::Compaction,
 }
 
 /// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it

@@ -12,7 +12,6 @@
 //! work runs in a task of its own, so no client holds the collector's hold: it lasts until
 //! the copy ends or its time runs out.
 
-use std::cell::RefCell;
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -20,16 +19,12 @@ use std::time::{Duration, Instant};
 use pico_meta::MetaUrl;
 use serde_json::{json, Value};
 
-use crate::admin::state::{error, json_response, AdminState};
+use crate::admin::state::{error, json_response, AdminState, BackupStatus};
 use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupError, BackupJob};
 use crate::limits::{
     BACKUP_DESTINATION_BYTES_MAX, BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX,
 };
 use crate::transport::message::{Request, Response};
-
-/// The node's latest backup, as `GET /admin/backup` tells it.
-#[derive(Default)]
-pub struct BackupStatus(RefCell<Option<Value>>);
 
 impl BackupStatus {
     fn running(&self) -> bool {

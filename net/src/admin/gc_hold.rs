@@ -8,31 +8,14 @@
 //!   its WAL held; once answered, the catalog and the bucket hold every append this node
 //!   acknowledged before the request.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use pico_engine::GcHold;
 use serde_json::{json, Value};
 
-use crate::admin::state::{error, json_response, AdminState};
+use crate::admin::state::{error, json_response, AdminState, ManualHold, ManualHolds};
 use crate::limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX, GC_HOLD_WAIT_SEC};
 use crate::transport::message::{Request, Response};
-
-/// A hold an operator took, released at `until_ms` unless released or renewed first.
-pub struct ManualHold {
-    _hold: GcHold,
-    until_ms: i64,
-    /// Which `POST` set it: the timer of an earlier one leaves a renewed hold alone.
-    generation: u64,
-}
-
-/// The node's manual hold, if one is taken, and the number of the last `POST`.
-#[derive(Default)]
-pub struct ManualHolds {
-    current: RefCell<Option<ManualHold>>,
-    generations: std::cell::Cell<u64>,
-}
 
 fn seconds_field(body: &Value, key: &str, default: Option<u64>) -> Result<u64, Response> {
     match body.get(key) {

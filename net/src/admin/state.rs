@@ -1,7 +1,7 @@
 //! What the admin listener's handlers share: the node state they report and the JSON answer
 //! shapes. Both `mod.rs` (one node) and `cluster.rs` (the cluster's view) build on it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -50,11 +50,31 @@ pub struct AdminState {
     /// The node's Durable Streams subscriptions, whose state a backup copies.
     pub subscriptions: Option<Arc<crate::subscriptions::Subscriptions>>,
     /// The latest backup (one runs at a time).
-    pub backup: Rc<crate::admin::backup::BackupStatus>,
+    pub backup: Rc<BackupStatus>,
     /// The collector's hold an operator took (`POST /admin/gc-hold`).
-    pub gc_holds: crate::admin::gc_hold::ManualHolds,
+    pub gc_holds: ManualHolds,
     /// The last storage measurement (`usage.rs` refreshes it).
     pub usage: Cell<crate::admin::usage::StorageUsage>,
+}
+
+/// The node's latest backup, as `GET /admin/backup` tells it (`backup.rs` runs them).
+#[derive(Default)]
+pub struct BackupStatus(pub(super) RefCell<Option<Value>>);
+
+/// A hold an operator took, released at `until_ms` unless released or renewed first
+/// (`gc_hold.rs`).
+pub struct ManualHold {
+    pub(super) _hold: pico_engine::GcHold,
+    pub(super) until_ms: i64,
+    /// Which `POST` set it: the timer of an earlier one leaves a renewed hold alone.
+    pub(super) generation: u64,
+}
+
+/// The node's manual hold, if one is taken, and the number of the last `POST`.
+#[derive(Default)]
+pub struct ManualHolds {
+    pub(super) current: RefCell<Option<ManualHold>>,
+    pub(super) generations: Cell<u64>,
 }
 
 pub(crate) fn json_response(status: u16, body: Value) -> Response {

@@ -10,11 +10,8 @@
 
 use std::rc::Rc;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use pico_engine::{CoreHandle, EngineError};
 use pico_proto::offset::Offset;
-use ring::rand::SecureRandom;
 use serde_json::Value;
 
 use super::state::{self, AckOffsets, ConsumerError, Registration, Token};
@@ -27,8 +24,6 @@ use crate::subscriptions::percent::encode_component;
 use crate::subscriptions::Subscriptions;
 use crate::transport::message::{Request, Response};
 
-/// Bytes of randomness in a holder's token.
-const TOKEN_SECRET_BYTES: usize = 32;
 /// The metadata-log scope of Pico consumers (Durable Streams ones are scoped by their root,
 /// which starts with '/', so the two never meet).
 const PICO_SCOPE: &str = "";
@@ -397,7 +392,7 @@ async fn run(
         Call::Describe => meta.change_consumer(scope, key, state::describe).await,
         Call::Delete => meta.change_consumer(scope, key, state::delete).await,
         Call::Acquire { member } => {
-            let token = Token::new(secret()?);
+            let token = Token::random()?;
             meta.change_consumer(scope, key, move |read| {
                 state::acquire(read, member.as_deref(), &token)
             })
@@ -436,15 +431,6 @@ fn meta_error(e: &pico_meta::MetaError) -> ConsumerError {
         "UNAVAILABLE",
         format!("metadata log: {e} (where the outcome is unknown, read the consumer back)"),
     )
-}
-
-/// An unguessable token secret from the system's random source.
-pub(super) fn secret() -> Result<String, ConsumerError> {
-    let mut bytes = [0u8; TOKEN_SECRET_BYTES];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| ConsumerError::new(503, "UNAVAILABLE", "no randomness for a token"))?;
-    Ok(URL_SAFE_NO_PAD.encode(bytes))
 }
 
 /// The tail of every stream an ack names (`None`: no such stream), read from the owning cores;

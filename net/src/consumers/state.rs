@@ -567,6 +567,18 @@ impl Token {
         Token { secret }
     }
 
+    /// A token with 32 bytes of the system's randomness.
+    pub fn random() -> Result<Token, ConsumerError> {
+        use base64::Engine;
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 32];
+        ring::rand::SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|_| ConsumerError::new(503, "UNAVAILABLE", "no randomness for a token"))?;
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        Ok(Token::new(secret))
+    }
+
     pub(super) fn text_for(&self, epoch: u64) -> String {
         format!("{epoch}.{}", self.secret)
     }

@@ -273,8 +273,8 @@ impl ConsumerWakes {
                 None => return,
             }
         };
-        let token = match super::routes::secret() {
-            Ok(secret) => Token::new(secret),
+        let token = match Token::random() {
+            Ok(token) => token,
             Err(e) => {
                 log::error!("consumer wake: {}", e.message);
                 self.failed(&key, None);
