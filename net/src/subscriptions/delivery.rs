@@ -2,7 +2,7 @@
 //! wake notifications with a small blocking HTTP/1.1 client, so no core ever blocks on a
 //! receiver. Results go back into the registry, which schedules bounded retries.
 //!
-//! Fair across subscriptions: the queue holds at most one waiting delivery per subscription (a
+//! Fair across subscriptions: the queue (`queue.rs`) holds at most one waiting delivery per key (a
 //! newer wake's replaces an older one's, whose result the registry would ignore anyway) and at
 //! most one in flight, and serves subscriptions in turn. A slow or silent receiver so holds one
 //! thread for at most [`WEBHOOK_DEADLINE`] per attempt, and the others serve everyone else.
@@ -12,29 +12,22 @@
 //! arithmetic and read up to [`WEBHOOK_RESPONSE_BYTES_MAX`] bytes. Anything wrong is a failed
 //! delivery, retried with back-off; a panic in one is caught and counts as a failed delivery.
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::registry::{Clock, Effect, Job, Origin, Outcome};
 use super::response::{self, AnswerError, Parsed, WEBHOOK_RESPONSE_BYTES_MAX};
-use super::shared::Shared;
+use super::shared::{Shared, TlsCache};
 use super::webhook_url::{self, Host, UrlError, WebhookUrl};
 use super::DeliveryReport;
-use crate::limits::{
-    QUEUED_DELIVERIES_MAX, WEBHOOK_CONNECT_TIMEOUT, WEBHOOK_DEADLINE, WEBHOOK_DELIVERY_THREADS,
-};
+use crate::limits::{WEBHOOK_CONNECT_TIMEOUT, WEBHOOK_DEADLINE, WEBHOOK_DELIVERY_THREADS};
 use pico_proto::header::PICO_WEBHOOKS;
 
 /// Deliveries that panicked (each caught and counted as a failed delivery), since start.
 pub static DELIVERY_PANICS: AtomicU64 = AtomicU64::new(0);
-
-/// The TLS client settings, built by a thread on its first https delivery (`None` inside: no
-/// CA bundle was found).
-type TlsCache = Option<Option<Arc<rustls::ClientConfig>>>;
 
 /// Why a delivery failed before its receiver answered with a status.
 #[derive(Debug)]
@@ -161,122 +154,34 @@ fn io_error(e: std::io::Error, other: fn(std::io::Error) -> DeliveryError) -> De
     }
 }
 
-/// What one delivery does: [`deliver`], or a stand-in in tests.
-pub(super) type DeliverFn = fn(&Shared, &Job, &mut TlsCache) -> Outcome;
-
-/// The deliveries waiting for a thread, and the threads once started.
-pub(super) struct Queue {
-    state: Mutex<QueueState>,
-    wakeup: Condvar,
-    deliver: DeliverFn,
+/// Queues `job`, starting the threads with the first one. `Err` gives the job back when
+/// [`QUEUED_DELIVERIES_MAX`](crate::limits::QUEUED_DELIVERIES_MAX) keys are already waiting or
+/// no thread runs.
+pub(super) fn push(shared: &Arc<Shared>, job: Job) -> Result<(), (Job, &'static str)> {
+    shared.deliveries.push(job, || start_threads(shared))
 }
 
-#[derive(Default)]
-struct QueueState {
-    /// Subscription (registry key) → its one waiting delivery.
-    waiting: HashMap<String, Job>,
-    /// Subscriptions with a waiting delivery and none in flight, in the order they are served.
-    turns: VecDeque<String>,
-    in_flight: HashSet<String>,
-    threads_started: bool,
-    closed: bool,
-}
-
-impl Queue {
-    pub(super) fn new(deliver: DeliverFn) -> Queue {
-        Queue {
-            state: Mutex::new(QueueState::default()),
-            wakeup: Condvar::new(),
-            deliver,
+/// Starts the delivery threads; how many started.
+fn start_threads(shared: &Arc<Shared>) -> usize {
+    let mut started = 0;
+    for n in 0..WEBHOOK_DELIVERY_THREADS {
+        let shared = shared.clone();
+        match std::thread::Builder::new()
+            .name(format!("{PICO_WEBHOOKS}-{n}"))
+            .spawn(move || work(&shared))
+        {
+            Ok(_) => started += 1,
+            Err(e) => log::error!("cannot start a webhook delivery thread: {e}"),
         }
     }
-
-    fn lock(&self) -> MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Queues `job`, starting the threads with the first one. `Err` gives the job back when
-    /// [`QUEUED_DELIVERIES_MAX`] subscriptions are already waiting or no thread runs.
-    pub(super) fn push(shared: &Arc<Shared>, job: Job) -> Result<(), (Job, &'static str)> {
-        let queue = &shared.deliveries;
-        let mut state = queue.lock();
-        if state.closed {
-            return Err((job, "the node is shutting down"));
-        }
-        if !state.threads_started {
-            state.threads_started = true;
-            let mut started = 0;
-            for n in 0..WEBHOOK_DELIVERY_THREADS {
-                let shared = shared.clone();
-                match std::thread::Builder::new()
-                    .name(format!("{PICO_WEBHOOKS}-{n}"))
-                    .spawn(move || work(&shared))
-                {
-                    Ok(_) => started += 1,
-                    Err(e) => log::error!("cannot start a webhook delivery thread: {e}"),
-                }
-            }
-            if started == 0 {
-                // Deliveries then fail (and are retried, then given up) instead of the node.
-                state.threads_started = false;
-                return Err((job, "no webhook delivery thread is running"));
-            }
-        }
-        let key = job.subscription.clone();
-        if let Some(waiting) = state.waiting.get_mut(&key) {
-            *waiting = job;
-            return Ok(());
-        }
-        if state.waiting.len() >= QUEUED_DELIVERIES_MAX {
-            return Err((job, "the delivery queue is full"));
-        }
-        state.waiting.insert(key.clone(), job);
-        if !state.in_flight.contains(&key) {
-            state.turns.push_back(key);
-            queue.wakeup.notify_one();
-        }
-        Ok(())
-    }
-
-    /// The next delivery, in turn; `None` once closed.
-    fn take(&self) -> Option<Job> {
-        let mut state = self.lock();
-        loop {
-            if state.closed {
-                return None;
-            }
-            while let Some(key) = state.turns.pop_front() {
-                if let Some(job) = state.waiting.remove(&key) {
-                    state.in_flight.insert(key);
-                    return Some(job);
-                }
-            }
-            state = self.wakeup.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// The delivery of subscription `key` is over: a delivery that waited meanwhile gets a turn.
-    fn finish(&self, key: &str) {
-        let mut state = self.lock();
-        state.in_flight.remove(key);
-        if state.waiting.contains_key(key) {
-            state.turns.push_back(key.to_string());
-            self.wakeup.notify_one();
-        }
-    }
-
-    /// Ends the threads once their current deliveries are over.
-    pub(super) fn close(&self) {
-        self.lock().closed = true;
-        self.wakeup.notify_all();
-    }
+    started
 }
 
 /// A thread's loop: deliveries in turn until the queue closes.
 fn work(shared: &Arc<Shared>) {
     let mut tls: TlsCache = None;
     while let Some(job) = shared.deliveries.take() {
-        let deliver = shared.deliveries.deliver;
+        let deliver = shared.deliver;
         let outcome = crate::panics::catch_unwind(|| deliver(shared, &job, &mut tls))
             .unwrap_or_else(|| {
                 DELIVERY_PANICS.fetch_add(1, Ordering::Relaxed);
@@ -316,7 +221,7 @@ fn work(shared: &Arc<Shared>) {
 /// Queues a delivery; one that cannot be queued counts as a failed attempt, which the sweeper
 /// retries after the back-off.
 pub(super) fn enqueue(shared: &Arc<Shared>, job: Job) {
-    if let Err((job, reason)) = Queue::push(shared, job) {
+    if let Err((job, reason)) = push(shared, job) {
         let effects =
             shared
                 .write()

@@ -43,6 +43,7 @@ mod delivery;
 mod glob;
 mod keys;
 pub(crate) mod percent;
+mod queue;
 mod registry;
 mod response;
 mod routes;
@@ -61,8 +62,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput, WriteObserver};
 
-use delivery::Queue;
 use keys::{SigningKey, TokenKey};
+use queue::Queue;
 pub use registry::Outcome as DeliveryOutcome;
 use registry::{ApiError, Clock, Effect, Job, Origin, Registry, ZERO_OFFSET};
 
@@ -212,7 +213,7 @@ impl Subscriptions {
         signing: SigningKey,
         registry: Registry,
         store: Option<Store>,
-        deliver: delivery::DeliverFn,
+        deliver: shared::DeliverFn,
     ) -> Subscriptions {
         let shared = Arc::new(Shared {
             active: AtomicUsize::new(registry.len()),
@@ -220,7 +221,8 @@ impl Subscriptions {
             signing,
             sweeper_running: AtomicBool::new(false),
             store,
-            deliveries: Queue::new(deliver),
+            deliveries: Queue::new(),
+            deliver,
             webhook_loopback: AtomicBool::new(true),
             reports: Mutex::new(Vec::new()),
         });
@@ -258,7 +260,7 @@ impl Subscriptions {
             body,
             origin: Origin::Caller,
         };
-        Queue::push(&self.shared, job).map_err(|(_, reason)| reason)
+        delivery::push(&self.shared, job).map_err(|(_, reason)| reason)
     }
 
     /// The results of [`deliver_for`](Self::deliver_for) deliveries since the last call.
@@ -280,7 +282,7 @@ impl Subscriptions {
 
     /// In memory, with `deliver` doing each delivery (tests of the delivery threads).
     #[cfg(test)]
-    fn with_delivery(deliver: delivery::DeliverFn) -> Subscriptions {
+    fn with_delivery(deliver: shared::DeliverFn) -> Subscriptions {
         let (signing, tokens) = generate_keys();
         Subscriptions::start_with(signing, Registry::new(tokens), None, deliver)
     }

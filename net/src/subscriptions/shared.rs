@@ -4,12 +4,20 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::delivery::Queue;
 use super::keys::SigningKey;
+use super::queue::Queue;
 use super::registry::Registry;
+use super::registry::{Job, Outcome};
 use super::store::{Store, StoreError};
 use super::DeliveryReport;
 use crate::limits::QUEUED_DELIVERIES_MAX;
+
+/// The TLS client settings, built by a delivery thread on its first https delivery (`None`
+/// inside: no CA bundle was found).
+pub(super) type TlsCache = Option<Option<std::sync::Arc<rustls::ClientConfig>>>;
+
+/// What one delivery does, on a delivery thread.
+pub(super) type DeliverFn = fn(&Shared, &Job, &mut TlsCache) -> Outcome;
 
 /// What the cores and the delivery threads share.
 pub(super) struct Shared {
@@ -21,6 +29,8 @@ pub(super) struct Shared {
     /// The state file; `None` keeps everything in memory.
     pub(super) store: Option<Store>,
     pub(super) deliveries: Queue,
+    /// What one delivery does: `delivery::deliver`, or a stand-in in tests.
+    pub(super) deliver: DeliverFn,
     /// Whether webhooks may go to loopback hosts (see `webhook_url`).
     pub(super) webhook_loopback: AtomicBool,
     /// Results of other services' deliveries (`Subscriptions::deliver_for`), until taken.
