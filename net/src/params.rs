@@ -42,6 +42,13 @@ pub fn producer_tuple(
 }
 
 /// The first value of a query parameter, percent-decoded with `+` as space.
+/// `scheme://host` of a request, by its `Host` header (`localhost` without one): the base of
+/// absolute URLs a node hands out (`Location`, webhook callbacks).
+pub fn base_url(scheme: &str, request: &Request) -> String {
+    let host = request.header("host").unwrap_or("localhost");
+    format!("{scheme}://{host}")
+}
+
 pub fn query_param(query: &str, key: &str) -> Option<String> {
     query_values(query, key).into_iter().next()
 }

@@ -160,6 +160,25 @@ impl State {
         self.tails.retain(|path, _| followed.contains_key(path));
     }
 
+    /// Of `keys`, the consumers a wake may start for now, with work pending on a stream whose
+    /// tail this node knows: marked `Starting`.
+    fn take_due(&mut self, keys: Vec<Key>, now: Instant) -> Vec<Key> {
+        let mut due = Vec::new();
+        for key in keys {
+            let Some(known) = self.consumers.get(&key) else {
+                continue;
+            };
+            let pending = wake::pending_stream(&known.consumer, &self.tails_of(&known.consumer));
+            if pending.is_some() && known.may_start(now) {
+                if let Some(known) = self.consumers.get_mut(&key) {
+                    known.attempt = Attempt::Starting;
+                }
+                due.push(key);
+            }
+        }
+        due
+    }
+
     /// The tails this node knows of `consumer`'s streams.
     fn tails_of(&self, consumer: &Consumer) -> Vec<(String, u64)> {
         consumer
@@ -213,16 +232,14 @@ impl ConsumerWakes {
         let mut state = self.lock();
         match (outcome.consumer.as_ref(), wake) {
             (Some(consumer), Some(wake)) if !consumer.group => {
-                match state.consumers.get_mut(&key) {
-                    Some(known) => {
-                        known.wake = wake;
-                        known.refresh(consumer.clone(), outcome.now_ms);
-                    }
-                    None => {
-                        let known = Known::new(wake, consumer.clone(), outcome.now_ms);
-                        state.consumers.insert(key, known);
-                    }
+                if let Some(known) = state.consumers.get_mut(&key) {
+                    // A consumer's streams are fixed at registration: the index stands.
+                    known.wake = wake;
+                    known.refresh(consumer.clone(), outcome.now_ms);
+                    return;
                 }
+                let known = Known::new(wake, consumer.clone(), outcome.now_ms);
+                state.consumers.insert(key, known);
             }
             _ => {
                 if state.consumers.remove(&key).is_none() {
@@ -236,29 +253,19 @@ impl ConsumerWakes {
 
     /// Starts the wakes `write` makes due: `path`'s tail is now `tail`.
     fn on_write(&self, hooks: &Arc<Subscriptions>, core: &Rc<CoreHandle>, path: &str, tail: u64) {
-        let now = Instant::now();
-        let due: Vec<Key> = {
+        let due = {
             let mut state = self.lock();
-            let Some(keys) = state.by_stream.get(path) else {
+            let Some(keys) = state.by_stream.get(path).cloned() else {
                 return;
             };
-            let keys = keys.clone();
             state.tails.insert(path.to_string(), tail);
-            let mut due = Vec::new();
-            for key in keys {
-                let Some(known) = state.consumers.get_mut(&key) else {
-                    continue;
-                };
-                let pending =
-                    wake::pending_stream(&known.consumer, &[(path.to_string(), tail)]).is_some();
-                if pending && known.may_start(now) {
-                    known.attempt = Attempt::Starting;
-                    due.push(key);
-                }
-            }
-            due
+            state.take_due(keys, Instant::now())
         };
-        for key in due {
+        self.start_all(hooks, core, due);
+    }
+
+    fn start_all(&self, hooks: &Arc<Subscriptions>, core: &Rc<CoreHandle>, keys: Vec<Key>) {
+        for key in keys {
             let (this, hooks, core) = (self.clone(), hooks.clone(), core.clone());
             glommio::spawn_local(async move { this.start(&hooks, &core, key).await }).detach();
         }
@@ -497,38 +504,25 @@ impl ConsumerWakes {
             };
             let mut state = self.lock();
             match tail {
-                Some(tail) => state.tails.entry(path).or_insert(tail),
+                // A write heard meanwhile knows better.
+                Some(tail) => {
+                    state.tails.entry(path).or_insert(tail);
+                }
                 None => {
                     state.not_here.insert(path);
-                    continue;
                 }
-            };
+            }
         }
     }
 
     /// Wakes every consumer with work pending on the streams this node serves and no lease.
     fn start_due(&self, hooks: &Arc<Subscriptions>, core: &Rc<CoreHandle>) {
-        let now = Instant::now();
-        let due: Vec<Key> = {
+        let due = {
             let mut state = self.lock();
-            let mut due = Vec::new();
-            let keys: Vec<Key> = state.consumers.keys().cloned().collect();
-            for key in keys {
-                let tails = state.tails_of(&state.consumers[&key].consumer);
-                let Some(known) = state.consumers.get_mut(&key) else {
-                    continue;
-                };
-                if known.may_start(now) && wake::pending_stream(&known.consumer, &tails).is_some() {
-                    known.attempt = Attempt::Starting;
-                    due.push(key);
-                }
-            }
-            due
+            let keys = state.consumers.keys().cloned().collect();
+            state.take_due(keys, Instant::now())
         };
-        for key in due {
-            let (this, hooks, core) = (self.clone(), hooks.clone(), core.clone());
-            glommio::spawn_local(async move { this.start(&hooks, &core, key).await }).detach();
-        }
+        self.start_all(hooks, core, due);
     }
 
     async fn tick(self, hooks: Arc<Subscriptions>, core: Rc<CoreHandle>) {

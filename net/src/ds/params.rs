@@ -45,8 +45,7 @@ pub(super) fn parse_offset(text: &str) -> Result<Position, DsError> {
 }
 
 pub(super) fn base_url(settings: &DsSettings, request: &Request) -> String {
-    let host = request.header("host").unwrap_or("localhost");
-    format!("{}://{host}", settings.scheme)
+    crate::params::base_url(settings.scheme, request)
 }
 
 pub(super) fn is_json(content_type: &str) -> bool {

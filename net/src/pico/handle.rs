@@ -31,11 +31,7 @@ pub async fn handle(
             auth,
             subscriptions: &settings.subscriptions,
             wakes: &settings.consumer_wakes,
-            base_url: format!(
-                "{}://{}",
-                settings.scheme,
-                request.header("host").unwrap_or("localhost")
-            ),
+            base_url: crate::params::base_url(settings.scheme, &request),
         };
         let mut response = Box::pin(crate::consumers::handle_pico(node, &request)).await;
         crate::routing::complete_redirect(&mut response, &request);
