@@ -26,9 +26,7 @@ impl Shard {
             return Ok(());
         };
         let me = cluster.node_id();
-        while self.moves.borrow().handing_off(name) {
-            self.handed_off.wait().await;
-        }
+        self.streams.wait_hand_off(name).await;
         if self.streams.borrow().contains_key(name) || op == RouteAs::Anywhere {
             return Ok(());
         }
@@ -38,7 +36,7 @@ impl Shard {
             // itself: it registers the name, or finds it registered and by whom, and `create`
             // sends the client there (or adopts it). A look-up first would make every create
             // two metadata transactions (docs/decisions/2026-12-create-groups.md).
-            self.moves.borrow_mut().forget(name);
+            self.streams.forget_moved(name);
             return Ok(());
         }
         self.resolve_owner(&cluster, name, plain_create).await
@@ -64,7 +62,7 @@ impl Shard {
         loop {
             let found = meta_answer(self.meta.lookup_stream(name).await)?;
             let Some((row, ownership)) = found else {
-                self.moves.borrow_mut().forget(name);
+                self.streams.forget_moved(name);
                 // A fork is created where its source lives (this node: the source's core just
                 // resolved the fork point here), so a family is never split.
                 if plain_create {
@@ -142,7 +140,7 @@ impl Shard {
         if held.is_some_and(|(id, epoch)| id != transfer.stream_id || epoch != transfer.epoch) {
             return; // not the row the transfer names: the next lease round has the news
         }
-        self.moves.borrow_mut().begin_hand_off(name.clone());
+        self.streams.begin_hand_off(name.clone());
         let stored = held.is_none()
             || self
                 .flush_through_active(Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS))
@@ -177,8 +175,7 @@ impl Shard {
                 Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS)
             );
         }
-        self.moves.borrow_mut().end_hand_off(&name);
-        self.handed_off.notify();
+        self.streams.end_hand_off(&name);
     }
 
     /// After this node's lease lapsed and was renewed: keep only the streams it still owns
