@@ -105,6 +105,11 @@ pub(super) struct Closed {
     pub(super) wal_path: Option<PathBuf>,
 }
 
+/// One core's journal. Invariants, asserted in debug builds: segment numbers increase from
+/// the front of `log` to its back (the active segment); every segment's `durable_len` is at
+/// most its `buf.len()` and only grows; only the front segment is sealed, once durable and no
+/// longer active; acknowledgements are queued in write order, through bytes of the active
+/// segment.
 pub(super) struct Journal {
     /// Open segments, oldest first; the last one is active (takes new frames).
     log: RefCell<VecDeque<OpenSegment>>,

@@ -45,6 +45,10 @@ pub(super) enum Located {
     Remote(Rc<str>, u64),
 }
 
+/// One core's segment table. Invariants: a number names one segment for the table's life; a
+/// slot is added `Open` (the journal's) or `Remote` (recovered, merged); an open one becomes
+/// `Memory` when sealed, then `Remote` once uploaded and no longer held for reads; a slot
+/// leaves the table when sealed empty, collected, or merged (after a grace).
 #[derive(Default)]
 pub(super) struct SegmentTable {
     slots: RefCell<HashMap<u64, SegmentSlot>>,
