@@ -124,7 +124,7 @@ impl Shard {
                 .state
                 .check_recreate(&config, closed, fork.as_ref())?;
         }
-        if found.is_err() && self.streams.borrow().contains_key(name) {
+        if found.is_err() && self.streams.holds(name) {
             // Expired, but forks still read it: the name stays taken until they are gone.
             return Err(CreateError::ConfigMismatch {
                 message: "an expired stream with live forks still holds this name".into(),
@@ -163,7 +163,7 @@ impl Shard {
                 // Its owner's lease lapsed: wait, as any request does, for the keeper to hand
                 // the stream on, then answer as the node that holds it.
                 self.resolve_owner(cluster, name, false).await?;
-                if !self.streams.borrow().contains_key(name) {
+                if !self.streams.holds(name) {
                     return Err(CreateError::Engine(EngineError::NotOwner(
                         "the stream changed hands while it was created; retry".into(),
                     )));
@@ -419,7 +419,7 @@ impl Shard {
         name: &str,
         id: u64,
     ) -> Result<(), EngineError> {
-        let Some(epoch) = self.streams.borrow().get(name).map(|s| s.epoch) else {
+        let Some((_, epoch)) = self.streams.incarnation(name) else {
             return Ok(());
         };
         let mixed = || self.journal.active_epoch(id).is_some_and(|e| e != epoch);
@@ -449,11 +449,7 @@ impl Shard {
         // would tell a producer a sequence number is stored that no one has (the fault
         // test's cluster profile covers it: the producer would then be refused with a
         // sequence gap).
-        let incarnation = self
-            .streams
-            .borrow()
-            .get(name)
-            .map(|s| (s.state.id, s.epoch));
+        let incarnation = self.streams.incarnation(name);
         loop {
             let rx = {
                 let mut streams = self.streams.borrow_mut();

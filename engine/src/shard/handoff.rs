@@ -27,7 +27,7 @@ impl Shard {
         };
         let me = cluster.node_id();
         self.streams.wait_hand_off(name).await;
-        if self.streams.borrow().contains_key(name) || op == RouteAs::Anywhere {
+        if self.streams.holds(name) || op == RouteAs::Anywhere {
             return Ok(());
         }
         let plain_create = op == RouteAs::PlainCreate;
@@ -104,7 +104,7 @@ impl Shard {
             let cluster = self.cluster.as_ref().expect("adopt runs in a cluster");
             return Err(cluster.moved_to(load.ownership.node));
         }
-        if self.streams.borrow().contains_key(name) {
+        if self.streams.holds(name) {
             return Ok(()); // another request loaded it meanwhile
         }
         let seeds: Vec<StreamSeed> = stream_seeds(&load.snapshot)
@@ -132,11 +132,7 @@ impl Shard {
             return;
         };
         let name: Rc<str> = Rc::from(transfer.name.as_str());
-        let held = self
-            .streams
-            .borrow()
-            .get(&*name)
-            .map(|s| (s.state.id, s.epoch));
+        let held = self.streams.incarnation(&name);
         if held.is_some_and(|(id, epoch)| id != transfer.stream_id || epoch != transfer.epoch) {
             return; // not the row the transfer names: the next lease round has the news
         }

@@ -41,6 +41,16 @@ impl Streams {
         self.map.borrow_mut()
     }
 
+    /// Whether stream `name` is held here.
+    pub(super) fn holds(&self, name: &str) -> bool {
+        self.map.borrow().contains_key(name)
+    }
+
+    /// The incarnation (stream id, owner epoch) of stream `name` held here.
+    pub(super) fn incarnation(&self, name: &str) -> Option<(u64, u64)> {
+        self.map.borrow().get(name).map(|s| (s.state.id, s.epoch))
+    }
+
     /// The copy of `content_type` a new stream holds, shared with the other streams of that
     /// type: a million streams of a few types then hold a few copies of it, not a million. A
     /// client cannot grow the table past `limits::INTERNED_CONTENT_TYPES_MAX`: later types are
