@@ -2,8 +2,6 @@
 //! upload with object durability), never while this node's lease is in doubt, and failed
 //! when the stream moved to another node meanwhile (the queue itself is `pending.rs`).
 
-use std::collections::HashMap;
-
 use crate::config::Durability;
 use crate::error::{AppendError, EngineError};
 
@@ -13,29 +11,16 @@ use super::state::Shard;
 impl Shard {
     /// Answers, in order, every append whose bytes are now durable.
     pub(super) fn release_acks(&self) {
-        let durable: HashMap<u64, usize> = self
-            .log
-            .borrow()
-            .iter()
-            .map(|s| (s.no, s.durable_len))
-            .collect();
-        let uploaded = |no: u64| {
-            self.segments
-                .borrow()
-                .get(&no)
-                .is_some_and(|slot| slot.uploaded)
-        };
         // A node that may have lost its streams (its lease lapsed: paused, cut off) does not
         // acknowledge local writes until the lease is renewed and ownership rechecked.
         let lease_lapsed = self.config.durability != Durability::Object
             && self.cluster.as_ref().is_some_and(|c| !c.lease_valid());
-        let released = self.acks.borrow_mut().take_released(lease_lapsed, |ack| {
-            if self.config.durability == Durability::Object {
-                uploaded(ack.segment)
-            } else {
-                durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
-            }
-        });
+        let released = if self.config.durability == Durability::Object {
+            self.journal
+                .take_uploaded(lease_lapsed, |no| self.segments.uploaded(no))
+        } else {
+            self.journal.take_durable(lease_lapsed)
+        };
         for (ack, release) in released {
             if release == Release::Fenced {
                 let _ = ack.reply.send(Err(EngineError::NotOwner(
@@ -73,7 +58,7 @@ impl Shard {
     /// waiting for an earlier append's durability (a producer's retry, a repeated close) is
     /// woken to find the WAL failed (`after_durable`), instead of waiting for ever.
     pub(super) fn fail_pending(&self, message: &str) {
-        let pending = self.acks.borrow_mut().drain();
+        let pending = self.journal.drain_acks();
         for ack in pending {
             let _ = ack
                 .reply

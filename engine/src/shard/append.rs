@@ -9,14 +9,12 @@ use pico_meta::SegmentRun;
 use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
 use crate::error::{AppendError, CreateError, EngineError};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
-use crate::health::WalHealth;
 use crate::json;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 
 use super::pending::PendingAck;
-use super::segment::reserve_frames;
 use super::state::Shard;
 use super::stream::{info_of, Chunk, Stream};
 
@@ -126,7 +124,7 @@ impl Shard {
                 .state
                 .check_recreate(&config, closed, fork.as_ref())?;
         }
-        if found.is_err() && self.streams.borrow().contains_key(name) {
+        if found.is_err() && self.streams.holds(name) {
             // Expired, but forks still read it: the name stays taken until they are gone.
             return Err(CreateError::ConfigMismatch {
                 message: "an expired stream with live forks still holds this name".into(),
@@ -165,7 +163,7 @@ impl Shard {
                 // Its owner's lease lapsed: wait, as any request does, for the keeper to hand
                 // the stream on, then answer as the node that holds it.
                 self.resolve_owner(cluster, name, false).await?;
-                if !self.streams.borrow().contains_key(name) {
+                if !self.streams.holds(name) {
                     return Err(CreateError::Engine(EngineError::NotOwner(
                         "the stream changed hands while it was created; retry".into(),
                     )));
@@ -301,7 +299,7 @@ impl Shard {
             )));
         }
         let body_bytes: usize = records.iter().map(|r| r.body.len()).sum();
-        let in_flight_bytes = self.acks.borrow().in_flight_bytes();
+        let in_flight_bytes = self.journal.in_flight_bytes();
         if in_flight_bytes + body_bytes > self.config.in_flight_bytes_max && in_flight_bytes > 0 {
             return Err(EngineError::Overloaded {
                 limit: "in-flight bytes per core",
@@ -335,7 +333,7 @@ impl Shard {
                 .0
                 .clone();
             let stream = streams.get_mut(&key).expect("looked up above");
-            if self.moves.borrow().handing_off(name) {
+            if self.streams.handing_off(name) {
                 return Err(EngineError::NotOwner(
                     "the stream is moving to another node; retry".into(),
                 )
@@ -390,7 +388,7 @@ impl Shard {
             }
             AppendPlan::Nothing(ack) => return self.after_durable(name, ack).await,
         };
-        self.commit_wanted.notify();
+        self.journal.wake_commit();
         match ack_rx.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
@@ -421,16 +419,10 @@ impl Shard {
         name: &str,
         id: u64,
     ) -> Result<(), EngineError> {
-        let Some(epoch) = self.streams.borrow().get(name).map(|s| s.epoch) else {
+        let Some((_, epoch)) = self.streams.incarnation(name) else {
             return Ok(());
         };
-        let mixed = || {
-            self.log
-                .borrow()
-                .back()
-                .and_then(|segment| segment.index.get(&id))
-                .is_some_and(|entry| entry.epoch != epoch)
-        };
+        let mixed = || self.journal.active_epoch(id).is_some_and(|e| e != epoch);
         if mixed() {
             self.rotate();
             if mixed() {
@@ -457,11 +449,7 @@ impl Shard {
         // would tell a producer a sequence number is stored that no one has (the fault
         // test's cluster profile covers it: the producer would then be refused with a
         // sequence gap).
-        let incarnation = self
-            .streams
-            .borrow()
-            .get(name)
-            .map(|s| (s.state.id, s.epoch));
+        let incarnation = self.streams.incarnation(name);
         loop {
             let rx = {
                 let mut streams = self.streams.borrow_mut();
@@ -484,7 +472,7 @@ impl Shard {
                 // The original's commit round failed (or one before it): it was answered
                 // `500`, and so is its retry, with the same promise: stored at most once,
                 // found after a restart or not at all.
-                if let WalHealth::Failed { message } = &self.wal.borrow().health {
+                if let Some(message) = self.journal.failure() {
                     return Err(AppendError::Durability(format!(
                         "{message}; the original of this request was not acknowledged and \
                          may be found at most once after a restart"
@@ -516,96 +504,93 @@ impl Shard {
         } = frames;
         let needed = frames_len(records, producer, writer_seq);
         self.maybe_rotate(needed);
-        let mut log = self.log.borrow_mut();
-        let segment = log.back_mut().expect("an active segment always exists");
-        // With room for the round's end too (`wal_len_after`), which the commit round appends
-        // without growing the buffer by a copy.
-        let room = segment.wal_len_after(needed) - segment.buf.len();
-        reserve_frames(&mut segment.buf, room, self.buffers.full_bytes());
-        let id = stream.state.id;
-        let byte_start = segment.buf.len() as u64;
-        let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
-        let first_offset = ack.start_offset.unwrap_or(ack.next_offset);
-        for (i, record) in records.iter().enumerate() {
-            let last = i + 1 == records.len() && !close;
-            let meta = FrameMeta {
-                kind: FRAME_KIND_RECORD,
-                stream_id: id,
-                offset: first_offset + i as u64,
-                timestamp_ms: timestamp,
-                request_end: last,
-                producer: if last { producer } else { None },
-                writer_seq: if last { writer_seq } else { None },
-            };
-            frame::encode_frame(&mut segment.buf, meta, &record.headers, &record.body);
-        }
-        if close {
-            let meta = FrameMeta {
-                kind: FRAME_KIND_CLOSE,
-                stream_id: id,
-                offset: ack.next_offset,
-                timestamp_ms: timestamp,
-                request_end: true,
-                producer,
-                writer_seq,
-            };
-            frame::encode_frame(&mut segment.buf, meta, &[], &[]);
-        }
-        let byte_end = segment.buf.len() as u64;
-        let wal_epochs = &mut segment.wal_epochs;
-        let entry = segment.index.entry(id).or_default();
-        if entry.name.is_none() {
-            entry.name = Some(name.clone());
-            // A cluster node's WAL says which incarnation these frames belong to.
-            if self.cluster.is_some() && self.wal_enabled() {
-                wal_epochs.push((id, stream.epoch));
+        let (no, end) = self.journal.write_active(needed, |segment| {
+            let id = stream.state.id;
+            let byte_start = segment.buf.len() as u64;
+            let timestamp = ack.timestamp_ms.unwrap_or(stream.state.last_timestamp_ms);
+            let first_offset = ack.start_offset.unwrap_or(ack.next_offset);
+            for (i, record) in records.iter().enumerate() {
+                let last = i + 1 == records.len() && !close;
+                let meta = FrameMeta {
+                    kind: FRAME_KIND_RECORD,
+                    stream_id: id,
+                    offset: first_offset + i as u64,
+                    timestamp_ms: timestamp,
+                    request_end: last,
+                    producer: if last { producer } else { None },
+                    writer_seq: if last { writer_seq } else { None },
+                };
+                frame::encode_frame(&mut segment.buf, meta, &record.headers, &record.body);
             }
-        }
-        entry.epoch = stream.epoch;
-        entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
-        entry.closed |= close;
-        if let Some(writer_seq) = writer_seq {
-            entry.writer_seq = Some(writer_seq.to_string());
-        }
-        if let Some(producer) = producer {
-            entry
-                .producers
-                .insert(producer.id.clone(), (producer.epoch, producer.seq));
             if close {
-                entry.closed_by = Some(producer.clone());
+                let meta = FrameMeta {
+                    kind: FRAME_KIND_CLOSE,
+                    stream_id: id,
+                    offset: ack.next_offset,
+                    timestamp_ms: timestamp,
+                    request_end: true,
+                    producer,
+                    writer_seq,
+                };
+                frame::encode_frame(&mut segment.buf, meta, &[], &[]);
             }
-        }
-        if !records.is_empty() {
-            let run = SegmentRun {
-                first_offset,
-                next_offset: ack.next_offset,
-                byte_start,
-                byte_end,
-            };
-            if !entry.runs.last_mut().is_some_and(|last| last.extend(&run)) {
-                entry.runs.push(run);
-            }
-            let chunk = Chunk::new(run, segment.no, timestamp);
-            match stream.chunks.last_mut() {
-                Some(last)
-                    if last.segment == chunk.segment
-                        && last.byte_end == byte_start
-                        && last.next_offset == first_offset
-                        && last.byte_end - last.byte_start < limits::CHUNK_BYTES_MAX =>
-                {
-                    last.next_offset = chunk.next_offset;
-                    last.byte_end = chunk.byte_end;
-                    last.last_timestamp_ms = chunk.last_timestamp_ms;
+            let byte_end = segment.buf.len() as u64;
+            let wal_epochs = &mut segment.wal_epochs;
+            let entry = segment.index.entry(id).or_default();
+            if entry.name.is_none() {
+                entry.name = Some(name.clone());
+                // A cluster node's WAL says which incarnation these frames belong to.
+                if self.cluster.is_some() && self.wal_enabled() {
+                    wal_epochs.push((id, stream.epoch));
                 }
-                _ => stream.chunks.push(chunk),
             }
-        }
+            entry.epoch = stream.epoch;
+            entry.last_timestamp_ms = entry.last_timestamp_ms.max(timestamp);
+            entry.closed |= close;
+            if let Some(writer_seq) = writer_seq {
+                entry.writer_seq = Some(writer_seq.to_string());
+            }
+            if let Some(producer) = producer {
+                entry
+                    .producers
+                    .insert(producer.id.clone(), (producer.epoch, producer.seq));
+                if close {
+                    entry.closed_by = Some(producer.clone());
+                }
+            }
+            if !records.is_empty() {
+                let run = SegmentRun {
+                    first_offset,
+                    next_offset: ack.next_offset,
+                    byte_start,
+                    byte_end,
+                };
+                if !entry.runs.last_mut().is_some_and(|last| last.extend(&run)) {
+                    entry.runs.push(run);
+                }
+                let chunk = Chunk::new(run, segment.no, timestamp);
+                match stream.chunks.last_mut() {
+                    Some(last)
+                        if last.segment == chunk.segment
+                            && last.byte_end == byte_start
+                            && last.next_offset == first_offset
+                            && last.byte_end - last.byte_start < limits::CHUNK_BYTES_MAX =>
+                    {
+                        last.next_offset = chunk.next_offset;
+                        last.byte_end = chunk.byte_end;
+                        last.last_timestamp_ms = chunk.last_timestamp_ms;
+                    }
+                    _ => stream.chunks.push(chunk),
+                }
+            }
+            (segment.no, segment.buf.len())
+        });
         let (tx, rx) = oneshot::channel();
-        self.acks.borrow_mut().push(PendingAck {
-            segment: segment.no,
-            end: segment.buf.len(),
+        self.journal.queue_ack(PendingAck {
+            segment: no,
+            end,
             name: name.clone(),
-            stream_id: id,
+            stream_id: stream.state.id,
             epoch: stream.epoch,
             next_offset: ack.next_offset,
             closed: close,

@@ -1,6 +1,6 @@
-//! Where a chunk's bytes come from: an open segment, a sealed one in memory, or blocks of an
-//! uploaded one (ranged GETs with readahead, one GET per block in flight), and the byte budget
-//! of both caches with its eviction order.
+//! Where a chunk's bytes come from: an open segment (the journal's), a sealed one in memory, or
+//! blocks of an uploaded one (ranged GETs with readahead, one GET per block in flight) through
+//! the segment table's read cache, which keeps both caches within their byte budget.
 
 use std::rc::Rc;
 
@@ -12,8 +12,9 @@ use crate::limits;
 use crate::metrics::CoreMetrics;
 
 use super::blocks::{BlockWaiter, Lookup};
-use super::state::{SegmentData, Shard};
+use super::state::Shard;
 use super::stream::Chunk;
+use super::table::Located;
 
 /// A chunk's frames as [`Shard::chunk_bytes`] found them.
 pub(super) struct ChunkBytes {
@@ -44,31 +45,19 @@ impl Shard {
         chunk: &Chunk,
     ) -> Result<ChunkBytes, EngineError> {
         let (start, end) = (chunk.byte_start as usize, chunk.byte_end as usize);
-        let (key, size) = {
-            let segments = self.segments.borrow();
-            let slot = segments.get(&chunk.segment).ok_or_else(|| {
-                EngineError::Storage(format!("segment {} is gone", chunk.segment))
-            })?;
-            match &slot.data {
-                SegmentData::Memory(bytes) => {
-                    self.cache.borrow_mut().note_sealed_read(self.clock.now());
-                    return Ok(ChunkBytes::in_memory(bytes.slice(start..end)));
-                }
-                SegmentData::Open => {
-                    let log = self.log.borrow();
-                    let open = log
-                        .iter()
-                        .find(|s| s.no == chunk.segment)
-                        .ok_or_else(|| EngineError::Storage("open segment vanished".into()))?;
-                    return Ok(ChunkBytes::in_memory(Bytes::copy_from_slice(
-                        &open.buf[start..end],
-                    )));
-                }
-                SegmentData::Remote => {
-                    self.cache.borrow_mut().note_sealed_read(self.clock.now());
-                    (slot.key.clone(), slot.size)
-                }
+        let located = self
+            .segments
+            .locate(chunk.segment, start, end, self.clock.now())?;
+        let (key, size) = match located {
+            Located::Memory(bytes) => return Ok(ChunkBytes::in_memory(bytes)),
+            Located::Open => {
+                let bytes = self
+                    .journal
+                    .open_slice(chunk.segment, start, end)
+                    .ok_or_else(|| EngineError::Storage("open segment vanished".into()))?;
+                return Ok(ChunkBytes::in_memory(bytes));
             }
+            Located::Remote(key, size) => (key, size),
         };
         if end as u64 > size {
             return Err(EngineError::Storage(format!(
@@ -79,7 +68,7 @@ impl Shard {
             start / limits::CACHE_BLOCK_BYTES,
             (end - 1) / limits::CACHE_BLOCK_BYTES,
         );
-        let generation = self.cache.borrow().generation();
+        let generation = self.segments.generation();
         let mut pieces = Vec::with_capacity(last + 1 - first);
         for index in first..=last {
             let block = self.block(chunk.segment, &key, size, index as u64).await?;
@@ -96,11 +85,9 @@ impl Shard {
         // Checked as cached now, and by the very blocks taken above: a block that left the
         // cache while this read waited for another may be back as a fetch no read checked,
         // while the range counts as checked for it (the generation moved on).
-        let checked = {
-            let cache = self.cache.borrow();
-            cache.generation() == generation
-                && cache.is_checked(chunk.segment, chunk.byte_start, chunk.byte_end)
-        };
+        let checked =
+            self.segments
+                .checked_at(generation, chunk.segment, chunk.byte_start, chunk.byte_end);
         Ok(ChunkBytes {
             pieces,
             check_generation: (!checked).then_some(generation),
@@ -117,7 +104,7 @@ impl Shard {
         size: u64,
         index: u64,
     ) -> Result<Bytes, EngineError> {
-        let found = self.cache.borrow_mut().lookup(no, index);
+        let found = self.segments.lookup(no, index);
         let rx = match found {
             Lookup::Hit(bytes) => {
                 CoreMetrics::add(&self.metrics.cache_hits, 1);
@@ -146,10 +133,7 @@ impl Shard {
         waiter: Option<BlockWaiter>,
     ) {
         let block_count = size.div_ceil(limits::CACHE_BLOCK_BYTES as u64);
-        let count = self
-            .cache
-            .borrow_mut()
-            .start_loading(no, index, block_count, waiter);
+        let count = self.segments.start_loading(no, index, block_count, waiter);
         let start = index * limits::CACHE_BLOCK_BYTES as u64;
         let end = ((index + count) * limits::CACHE_BLOCK_BYTES as u64).min(size);
         let fetch = self.store.get_range(key, start, end);
@@ -170,14 +154,8 @@ impl Shard {
     /// Starts the GETs of a chunk's blocks that are neither cached nor loading, without
     /// waiting for them: a catch-up read keeps [`limits::READ_CHUNKS_AHEAD`] chunks in flight.
     pub(super) fn prefetch(self: &Rc<Self>, chunk: &Chunk) {
-        let (key, size) = {
-            let segments = self.segments.borrow();
-            match segments.get(&chunk.segment) {
-                Some(slot) if matches!(slot.data, SegmentData::Remote) => {
-                    (slot.key.clone(), slot.size)
-                }
-                _ => return,
-            }
+        let Some((key, size)) = self.segments.remote(chunk.segment) else {
+            return;
         };
         if chunk.byte_end > size || chunk.byte_end <= chunk.byte_start {
             // chunk_bytes reports it.
@@ -186,7 +164,7 @@ impl Shard {
         let first = chunk.byte_start / limits::CACHE_BLOCK_BYTES as u64;
         let last = (chunk.byte_end - 1) / limits::CACHE_BLOCK_BYTES as u64;
         for index in first..=last {
-            if !self.cache.borrow().has_block(chunk.segment, index) {
+            if !self.segments.has_block(chunk.segment, index) {
                 CoreMetrics::add(&self.metrics.cache_misses, 1);
                 self.start_fetch(chunk.segment, &key, size, index, None);
             }
@@ -202,8 +180,9 @@ impl Shard {
         count: u64,
         result: Result<Bytes, EngineError>,
     ) {
-        let wake = self.cache.borrow_mut().finish(no, first, count, &result);
-        self.evict_cache();
+        let wake =
+            self.segments
+                .finish_blocks(no, first, count, &result, self.config.segment_cache_bytes);
         for (waiters, outcome) in wake {
             for waiter in waiters {
                 let _ = waiter.send(outcome.clone());
@@ -211,38 +190,10 @@ impl Shard {
         }
     }
 
-    /// Keeps the read caches within `--block-cache-size` together: whole uploaded segments still
-    /// held since their seal go first (oldest first), then blocks fetched from the store.
-    pub(super) fn evict_cache(&self) {
-        let dropped = self
-            .cache
-            .borrow_mut()
-            .evict(self.config.segment_cache_bytes);
-        let mut segments = self.segments.borrow_mut();
-        for no in dropped {
-            if let Some(slot) = segments.get_mut(&no) {
-                if slot.uploaded && matches!(slot.data, SegmentData::Memory(_)) {
-                    slot.data = SegmentData::Remote;
-                }
-            }
-        }
-    }
-
     /// Drops the table entries (and cached bytes) of garbage-collected segments.
     pub(crate) fn forget_segments(&self, keys: &[String]) {
         let keys: std::collections::HashSet<&str> = keys.iter().map(String::as_str).collect();
-        let mut segments = self.segments.borrow_mut();
-        let gone: Vec<u64> = segments
-            .iter()
-            .filter(|(_, slot)| slot.uploaded && keys.contains(&*slot.key))
-            .map(|(no, _)| *no)
-            .collect();
-        for no in &gone {
-            segments.remove(no);
-        }
-        self.cache
-            .borrow_mut()
-            .forget(&gone, |no| segments.contains_key(&no));
+        self.segments.forget_keys(&keys);
     }
 
     /// Garbage collection deleted `count` segments.

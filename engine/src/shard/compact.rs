@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pico_meta::{CompactOutcome, CompactRequest};
@@ -36,8 +36,9 @@ use crate::frame::SplitFrames;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
-use super::state::{SegmentData, SegmentSlot, Shard};
+use super::state::Shard;
 use super::stream::coarsen;
+use super::table::{SegmentData, SegmentSlot};
 
 /// A picked segment: table number, key, size.
 type Picked = (u64, Rc<str>, u64);
@@ -134,11 +135,16 @@ impl Shard {
         if self.config.durability != Durability::Object {
             return;
         }
-        let gap = self.compaction.last_upload.get().map(|at| at.elapsed());
+        let now = self.clock.now();
+        let gap = self
+            .compaction
+            .last_upload
+            .get()
+            .map(|at| now.saturating_duration_since(at));
         self.compaction
             .busy
             .set(gap.is_some_and(|gap| gap < Duration::from_millis(limits::COMPACT_BUSY_GAP_MS)));
-        self.compaction.last_upload.set(Some(Instant::now()));
+        self.compaction.last_upload.set(Some(now));
         self.compact_when_due();
         if !self.compaction.timer_armed.get() {
             self.compaction.timer_armed.set(true);
@@ -147,12 +153,17 @@ impl Shard {
                 let idle = Duration::from_millis(limits::COMPACT_IDLE_MS);
                 loop {
                     // Wakes when the core has been idle for the period since its last upload.
-                    let since = this.compaction.last_upload.get().map(|at| at.elapsed());
+                    let now = this.clock.now();
+                    let since = this
+                        .compaction
+                        .last_upload
+                        .get()
+                        .map(|at| now.saturating_duration_since(at));
                     let paused = this
                         .compaction
                         .not_before
                         .get()
-                        .map(|at| at - Instant::now());
+                        .map(|at| at.saturating_duration_since(now));
                     let wait = idle
                         .saturating_sub(since.unwrap_or_default())
                         .max(paused.unwrap_or_default());
@@ -176,15 +187,14 @@ impl Shard {
             .compaction
             .not_before
             .get()
-            .is_some_and(|at| Instant::now() < at);
+            .is_some_and(|at| self.clock.now() < at);
         if self.compaction.running.get() || waiting {
             return;
         }
-        let idle = self
-            .compaction
-            .last_upload
-            .get()
-            .is_none_or(|at| at.elapsed() >= Duration::from_millis(limits::COMPACT_IDLE_MS));
+        let idle = self.compaction.last_upload.get().is_none_or(|at| {
+            self.clock.now().saturating_duration_since(at)
+                >= Duration::from_millis(limits::COMPACT_IDLE_MS)
+        });
         // A busy core's flushes already reach the store at a PUT per flush's worth of bytes;
         // merging beside them would take their metadata commits and PUT slots.
         if !idle && self.compaction.busy.get() {
@@ -206,7 +216,9 @@ impl Shard {
                 }
                 Err(why) => {
                     let pause = Duration::from_millis(limits::COMPACT_IDLE_MS);
-                    this.compaction.not_before.set(Some(Instant::now() + pause));
+                    this.compaction
+                        .not_before
+                        .set(Some(this.clock.now() + pause));
                     CoreMetrics::add(&this.metrics.compaction_failures, 1);
                     log::warn!(
                         "core {}: compaction of {} segments: {why}",
@@ -234,7 +246,7 @@ impl Shard {
     /// Learns the stream of every stored segment not noted at its seal (those loaded at
     /// start-up): one pass over the streams' chunks, once after a restart.
     fn learn_owners(&self) {
-        let segments = self.segments.borrow();
+        let segments = self.segments.slots();
         let mut owner = self.compaction.owner.borrow_mut();
         owner.retain(|no, _| segments.contains_key(no));
         let unknown = |no: &u64| !owner.contains_key(no);
@@ -272,7 +284,7 @@ impl Shard {
             true => target,
             false => target.min(limits::COMPACT_ACTIVE_BYTES_MAX),
         };
-        let segments = self.segments.borrow();
+        let segments = self.segments.slots();
         let retired = self.compaction.retired.borrow();
         let refused = self.compaction.refused.borrow();
         let order = self.compaction.order.borrow();
@@ -405,12 +417,7 @@ impl Shard {
         for group in picked.chunks(limits::COMPACT_GETS_IN_FLIGHT) {
             let mut replies = Vec::with_capacity(group.len());
             for (no, key, size) in group {
-                let held = match self.segments.borrow().get(no).map(|s| &s.data) {
-                    Some(SegmentData::Memory(bytes)) if bytes.len() as u64 >= *size => {
-                        Some(bytes.slice(..*size as usize))
-                    }
-                    _ => None,
-                };
+                let held = self.segments.held(*no, *size);
                 let reply = held.is_none().then(|| self.store.get_range(key, 0, *size));
                 replies.push((key, *size, held, reply));
             }
@@ -464,17 +471,12 @@ impl Shard {
     /// The swap committed: this core's chunks move to the merged object (a new table entry),
     /// and the old entries stay for reads under way until the grace is over.
     fn switch_to_merged(self: &Rc<Self>, picked: &[Picked], key: Rc<str>, total: u64, grace: u64) {
-        let no = self.next_segment_no.get();
-        self.next_segment_no.set(no + 1);
-        self.segments.borrow_mut().insert(
-            no,
-            SegmentSlot {
-                key,
-                data: SegmentData::Remote,
-                uploaded: true,
-                size: total,
-            },
-        );
+        let no = self.segments.add(SegmentSlot {
+            key,
+            data: SegmentData::Remote,
+            uploaded: true,
+            size: total,
+        });
         let mut base = HashMap::with_capacity(picked.len());
         let mut offset = 0;
         for (old, _, size) in picked {
@@ -517,15 +519,7 @@ impl Shard {
         let this = self.clone();
         glommio::spawn_local(async move {
             glommio::timer::sleep(Duration::from_millis(grace)).await;
-            {
-                let mut segments = this.segments.borrow_mut();
-                for old in &olds {
-                    segments.remove(old);
-                }
-                this.cache
-                    .borrow_mut()
-                    .forget(&olds, |n| segments.contains_key(&n));
-            }
+            this.segments.forget(&olds);
             let mut retired = this.compaction.retired.borrow_mut();
             for old in &olds {
                 retired.remove(old);

@@ -56,8 +56,7 @@ impl Shard {
     /// What a request for a stream this core does not hold gets: a redirect when another node
     /// is known to serve it, else not found.
     pub(super) fn missing(&self, name: &str) -> EngineError {
-        let (Some(cluster), Some(node)) = (&self.cluster, self.moves.borrow().moved_to(name))
-        else {
+        let (Some(cluster), Some(node)) = (&self.cluster, self.streams.moved_to(name)) else {
             return EngineError::NotFound;
         };
         if node == 0 {
@@ -79,9 +78,9 @@ impl Shard {
                 None
             }
         };
-        self.moves.borrow_mut().remember(name, to.unwrap_or(0));
+        self.streams.remember_moved(name, to.unwrap_or(0));
         if let Some(stream) = removed {
-            self.acks.borrow_mut().fence(id, stream.epoch);
+            self.journal.fence_acks(id, stream.epoch);
             CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
             for waiter in stream.waiters {
                 let _ = waiter.send(());

@@ -21,14 +21,14 @@ impl Shard {
     /// on its way to the bucket, and the node's PUT budget has a slot (or arms a timer for the
     /// slot it took). Called after each commit round and after each upload.
     pub(super) fn flush_when_free(self: &Rc<Self>) {
-        if self.config.durability != Durability::Object || self.flush_pending.get() {
+        if self.config.durability != Durability::Object || self.journal.flush_pending() {
             return;
         }
         // One flush in flight per core: a second PUT beside it loses (a 256-in-flight run
         // makes 25.8k appends/s against 29.7k: more, smaller PUTs for the same CPU;
         // docs/decisions/2026-12-object-put-budget.md), so appends wait for the PUT before
         // them and ride the next one together.
-        let busy = !self.sealed.borrow().is_empty() || self.log.borrow().len() > 1;
+        let busy = !self.segments.none_sealed() || self.journal.open_count() > 1;
         if busy || !self.active_has_frames() {
             return;
         }
@@ -37,14 +37,14 @@ impl Shard {
             self.rotate();
             return;
         }
-        self.flush_pending.set(true);
+        self.journal.set_flush_pending(true);
         let this = self.clone();
         glommio::spawn_local(async move {
             glommio::timer::sleep(wait).await;
-            this.flush_pending.set(false);
+            this.journal.set_flush_pending(false);
             // A size rotation may have sealed meanwhile: the slot goes unused, and that
             // upload's end flushes what came after it.
-            let free = this.sealed.borrow().is_empty() && this.log.borrow().len() == 1;
+            let free = this.segments.none_sealed() && this.journal.open_count() == 1;
             if free && this.active_has_frames() {
                 this.rotate();
             }
@@ -56,15 +56,14 @@ impl Shard {
     /// on their way, and with object durability the open ones too, which wait for the PUT
     /// in flight (an outage holds them there, not in sealed segments).
     pub(super) fn unstored_bytes(&self) -> usize {
-        let sealed = self.sealed.borrow().unuploaded_bytes();
+        let sealed = self.segments.unuploaded_bytes();
         if self.config.durability != Durability::Object {
             return sealed;
         }
-        let open: usize = self.log.borrow().iter().map(|s| s.buf.len()).sum();
-        sealed + open
+        sealed + self.journal.open_bytes()
     }
 
     fn active_has_frames(&self) -> bool {
-        self.log.borrow().back().is_some_and(|s| !s.buf.is_empty())
+        self.journal.active_has_frames()
     }
 }

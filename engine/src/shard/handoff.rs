@@ -26,10 +26,8 @@ impl Shard {
             return Ok(());
         };
         let me = cluster.node_id();
-        while self.moves.borrow().handing_off(name) {
-            self.handed_off.wait().await;
-        }
-        if self.streams.borrow().contains_key(name) || op == RouteAs::Anywhere {
+        self.streams.wait_hand_off(name).await;
+        if self.streams.holds(name) || op == RouteAs::Anywhere {
             return Ok(());
         }
         let plain_create = op == RouteAs::PlainCreate;
@@ -38,7 +36,7 @@ impl Shard {
             // itself: it registers the name, or finds it registered and by whom, and `create`
             // sends the client there (or adopts it). A look-up first would make every create
             // two metadata transactions (docs/decisions/2026-12-create-groups.md).
-            self.moves.borrow_mut().forget(name);
+            self.streams.forget_moved(name);
             return Ok(());
         }
         self.resolve_owner(&cluster, name, plain_create).await
@@ -64,7 +62,7 @@ impl Shard {
         loop {
             let found = meta_answer(self.meta.lookup_stream(name).await)?;
             let Some((row, ownership)) = found else {
-                self.moves.borrow_mut().forget(name);
+                self.streams.forget_moved(name);
                 // A fork is created where its source lives (this node: the source's core just
                 // resolved the fork point here), so a family is never split.
                 if plain_create {
@@ -106,7 +104,7 @@ impl Shard {
             let cluster = self.cluster.as_ref().expect("adopt runs in a cluster");
             return Err(cluster.moved_to(load.ownership.node));
         }
-        if self.streams.borrow().contains_key(name) {
+        if self.streams.holds(name) {
             return Ok(()); // another request loaded it meanwhile
         }
         let seeds: Vec<StreamSeed> = stream_seeds(&load.snapshot)
@@ -134,15 +132,11 @@ impl Shard {
             return;
         };
         let name: Rc<str> = Rc::from(transfer.name.as_str());
-        let held = self
-            .streams
-            .borrow()
-            .get(&*name)
-            .map(|s| (s.state.id, s.epoch));
+        let held = self.streams.incarnation(&name);
         if held.is_some_and(|(id, epoch)| id != transfer.stream_id || epoch != transfer.epoch) {
             return; // not the row the transfer names: the next lease round has the news
         }
-        self.moves.borrow_mut().begin_hand_off(name.clone());
+        self.streams.begin_hand_off(name.clone());
         let stored = held.is_none()
             || self
                 .flush_through_active(Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS))
@@ -177,8 +171,7 @@ impl Shard {
                 Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS)
             );
         }
-        self.moves.borrow_mut().end_hand_off(&name);
-        self.handed_off.notify();
+        self.streams.end_hand_off(&name);
     }
 
     /// After this node's lease lapsed and was renewed: keep only the streams it still owns

@@ -4,8 +4,8 @@
 //! Write path: an append is checked by the pure state machine, framed once into the active
 //! segment buffer, and parked on a pending-ack queue (`append.rs`). The commit loop writes
 //! everything that arrived since the last round to the segment's WAL file with one DMA write
-//! and one `fdatasync` (group commit, `commit.rs` over `wal.rs`), then releases the acks in
-//! order and wakes the readers waiting on those streams (`acks.rs`). A segment that is full
+//! and one `fdatasync` (group commit, `commit.rs` over `journal.rs` and `wal.rs`), then
+//! releases the acks in order and wakes the readers waiting on those streams (`acks.rs`). A segment that is full
 //! (or old) is sealed (`segment.rs`): its bytes go to the object store, its index to the
 //! metadata log, and only then is its WAL file removed (`upload.rs`). Reads (`read.rs`) take
 //! a stream's chunks from open segments, sealed ones in memory, or uploaded ones by blocks
@@ -14,8 +14,11 @@
 //! The files build on each other without a loop. At the bottom the types and owned parts,
 //! which import no sibling: `stream.rs` (a stream, its chunks, its seed), `pending.rs` (the
 //! ack queue), `blocks.rs` (the read cache), `sealed.rs` (seal order and upload backlog),
-//! `spare.rs` (segment buffers kept for reuse); `state.rs` (the `Shard` made of them) over
-//! those. Then the `impl Shard` files, each using
+//! `spare.rs` (segment buffers kept for reuse), `moves.rs` (streams moving between nodes).
+//! Over them the three owners of a core's mutable state, each with private fields:
+//! `journal.rs` (open segments, WAL, group commit, acknowledgements), `streams.rs` (the
+//! streams) and `table.rs` (the segment table, read cache and seal queue); `state.rs` (the
+//! `Shard` made of them) over those. Then the `impl Shard` files, each using
 //! only those below it: `acks`, `wal`, `cache`, `fence`, `compact`, `upload`, `segment`, `commit`,
 //! `lifecycle`, `handoff`, `append`, `read`, `reaper`, and this file on top. Everything here
 //! runs on one executor: `RefCell`s are never held across an `.await`.
@@ -30,6 +33,7 @@ mod compaction;
 mod fence;
 mod flush;
 mod handoff;
+mod journal;
 mod lifecycle;
 mod moves;
 mod pending;
@@ -41,6 +45,8 @@ mod segment;
 mod spare;
 mod state;
 mod stream;
+mod streams;
+mod table;
 #[cfg(test)]
 mod tests;
 mod upload;

@@ -267,8 +267,7 @@ impl Shard {
             if let Some(generation) = got.check_generation {
                 // Every frame of the chunk passed (a read that stops inside one marks nothing).
                 let (start, end) = (chunk.byte_start, chunk.byte_end);
-                self.cache
-                    .borrow_mut()
+                self.segments
                     .mark_checked(chunk.segment, start, end, generation);
             }
         }

@@ -168,16 +168,13 @@ impl Shard {
     /// Refreshes the gauges the admin listener reads (at most a moment stale).
     pub(super) async fn gauges_loop(self: Rc<Self>) {
         loop {
-            self.buffers.trim_idle();
-            let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
-            let memory =
-                log_bytes + self.cache.borrow().memory_bytes() + self.buffers.spare_bytes();
+            let memory = self.journal.memory_bytes(self.clock.now()) + self.segments.cache_bytes();
             CoreMetrics::set(&self.metrics.memory_bytes, memory as u64);
             CoreMetrics::set(
                 &self.metrics.upload_backlog_bytes,
-                self.sealed.borrow().unuploaded_bytes() as u64,
+                self.segments.unuploaded_bytes() as u64,
             );
-            CoreMetrics::set(&self.metrics.segments, self.segments.borrow().len() as u64);
+            CoreMetrics::set(&self.metrics.segments, self.segments.len() as u64);
             glommio::timer::sleep(Duration::from_millis(limits::GAUGE_REFRESH_MS)).await;
         }
     }

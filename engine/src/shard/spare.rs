@@ -71,7 +71,8 @@ pub(crate) struct SegmentBuffers {
 }
 
 impl SegmentBuffers {
-    pub(crate) fn new(segment_size: usize) -> SegmentBuffers {
+    /// A core's buffers for segments of `segment_size`, made at `now`.
+    pub(crate) fn new(segment_size: usize, now: Instant) -> SegmentBuffers {
         let full_bytes = segment_size + limits::SEGMENT_SLACK_BYTES;
         SegmentBuffers {
             spares: Arc::new(Spares {
@@ -79,7 +80,7 @@ impl SegmentBuffers {
                 full_bytes,
                 kept_max: SPARE_BUFFERS_MAX.min(SPARE_BYTES_MAX / full_bytes),
             }),
-            last_taken: Cell::new(Instant::now()),
+            last_taken: Cell::new(now),
         }
     }
 
@@ -92,8 +93,8 @@ impl SegmentBuffers {
     /// flush under object durability seals a few hundred bytes, and committing a full
     /// segment's pages up front takes 4.5 ms per segment, most of a lone writer's
     /// acknowledgement).
-    pub(super) fn take(&self) -> Vec<u8> {
-        self.last_taken.set(Instant::now());
+    pub(super) fn take(&self, now: Instant) -> Vec<u8> {
+        self.last_taken.set(now);
         self.spares.lock().pop().unwrap_or_else(|| {
             Vec::with_capacity(limits::SEGMENT_BUFFER_INITIAL_BYTES.min(self.full_bytes()))
         })
@@ -119,8 +120,9 @@ impl SegmentBuffers {
     }
 
     /// Drops the spares of a core that has opened no segment for [`SPARE_IDLE_MS`].
-    pub(super) fn trim_idle(&self) {
-        if self.last_taken.get().elapsed() >= Duration::from_millis(SPARE_IDLE_MS) {
+    pub(super) fn trim_idle(&self, now: Instant) {
+        let idle = now.saturating_duration_since(self.last_taken.get());
+        if idle >= Duration::from_millis(SPARE_IDLE_MS) {
             let dropped = std::mem::take(&mut *self.spares.lock());
             drop(dropped);
         }
@@ -166,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_full_segment_s_buffer_comes_back_when_its_bytes_are_dropped() {
-        let buffers = SegmentBuffers::new(SEGMENT);
+        let buffers = SegmentBuffers::new(SEGMENT, Instant::now());
         let buf = full(&buffers, buffers.full_bytes() - 10);
         let at = buf.as_ptr();
         let bytes = buffers.seal(buf);
@@ -177,7 +179,7 @@ mod tests {
         assert!(slice.iter().all(|&b| b == 7));
         drop(slice);
         assert_eq!(buffers.spare_bytes(), buffers.full_bytes());
-        let again = buffers.take();
+        let again = buffers.take(Instant::now());
         assert_eq!(
             (again.as_ptr(), again.len()),
             (at, 0),
@@ -187,7 +189,7 @@ mod tests {
 
     #[test]
     fn a_mostly_empty_buffer_is_copied_to_its_length_and_kept() {
-        let buffers = SegmentBuffers::new(SEGMENT);
+        let buffers = SegmentBuffers::new(SEGMENT, Instant::now());
         let buf = full(&buffers, 300);
         let bytes = buffers.seal(buf);
         assert_eq!(bytes.len(), 300);
@@ -197,8 +199,8 @@ mod tests {
 
     #[test]
     fn small_and_oversized_buffers_are_not_kept() {
-        let buffers = SegmentBuffers::new(SEGMENT);
-        let growing = buffers.take();
+        let buffers = SegmentBuffers::new(SEGMENT, Instant::now());
+        let growing = buffers.take(Instant::now());
         assert!(growing.capacity() < buffers.full_bytes());
         drop(buffers.seal(growing));
         let mut oversized = Vec::with_capacity(buffers.full_bytes() * 2);
@@ -209,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_core_keeps_a_few_spares_and_drops_them_when_idle() {
-        let buffers = SegmentBuffers::new(SEGMENT);
+        let buffers = SegmentBuffers::new(SEGMENT, Instant::now());
         let sealed: Vec<Bytes> = (0..5)
             .map(|_| buffers.seal(full(&buffers, buffers.full_bytes())))
             .collect();
@@ -218,7 +220,7 @@ mod tests {
             buffers.spare_bytes(),
             SPARE_BUFFERS_MAX * buffers.full_bytes()
         );
-        buffers.trim_idle();
+        buffers.trim_idle(Instant::now());
         assert_eq!(
             buffers.spare_bytes(),
             SPARE_BUFFERS_MAX * buffers.full_bytes(),
@@ -227,15 +229,21 @@ mod tests {
         buffers
             .last_taken
             .set(Instant::now() - Duration::from_millis(SPARE_IDLE_MS));
-        buffers.trim_idle();
+        buffers.trim_idle(Instant::now());
         assert_eq!(buffers.spare_bytes(), 0);
     }
 
     #[test]
     fn large_segments_keep_fewer_spares_or_none() {
-        let two = SegmentBuffers::new(SPARE_BYTES_MAX / 2 - limits::SEGMENT_SLACK_BYTES);
-        let one = SegmentBuffers::new(SPARE_BYTES_MAX - limits::SEGMENT_SLACK_BYTES);
-        let none = SegmentBuffers::new(SPARE_BYTES_MAX);
+        let two = SegmentBuffers::new(
+            SPARE_BYTES_MAX / 2 - limits::SEGMENT_SLACK_BYTES,
+            Instant::now(),
+        );
+        let one = SegmentBuffers::new(
+            SPARE_BYTES_MAX - limits::SEGMENT_SLACK_BYTES,
+            Instant::now(),
+        );
+        let none = SegmentBuffers::new(SPARE_BYTES_MAX, Instant::now());
         for (buffers, kept) in [(two, 2), (one, 1), (none, 0)] {
             let sealed: Vec<Bytes> = (0..3)
                 .map(|_| buffers.seal(full(&buffers, buffers.full_bytes())))
@@ -247,7 +255,7 @@ mod tests {
 
     #[test]
     fn bytes_dropped_on_another_thread_come_back_too() {
-        let buffers = SegmentBuffers::new(SEGMENT);
+        let buffers = SegmentBuffers::new(SEGMENT, Instant::now());
         let bytes = buffers.seal(full(&buffers, buffers.full_bytes()));
         std::thread::spawn(move || drop(bytes)).join().unwrap();
         assert_eq!(buffers.spare_bytes(), buffers.full_bytes());
@@ -255,7 +263,7 @@ mod tests {
 
     #[test]
     fn bytes_outliving_their_core_are_freed() {
-        let buffers = SegmentBuffers::new(SEGMENT);
+        let buffers = SegmentBuffers::new(SEGMENT, Instant::now());
         let bytes = buffers.seal(full(&buffers, buffers.full_bytes()));
         drop(buffers);
         assert_eq!(bytes.len(), SEGMENT + limits::SEGMENT_SLACK_BYTES);

@@ -1,148 +1,45 @@
-//! The state a core holds: the `Shard` with its streams, open segments and segment table,
-//! its owned parts (read cache, ack queue, seal queue), WAL file and cluster bookkeeping;
-//! made empty, then filled from recovered streams (`load_seeds`).
+//! The state a core holds: the `Shard`, made of its owners (the journal, the streams, the
+//! segment table), its immutable parts (config, stores, metrics, cluster, clock) and a little
+//! bookkeeping; made empty, then filled from recovered streams (`load_seeds`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
 
-use bytes::Bytes;
-use glommio::io::DmaFile;
 use pico_meta::MetaStore;
 use pico_s3::ObjectStore;
 
 use crate::clock::Clock;
 use crate::cluster::Cluster;
 use crate::config::EngineConfig;
-use crate::health::WalHealth;
-use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::notify::{LocalBroadcast, LocalNotify};
+use crate::notify::LocalNotify;
 use crate::producers::Producers;
 use crate::put_budget::PutBudget;
 use crate::state::StreamState;
 
-use super::blocks::ReadCache;
-use super::moves::Moves;
-use super::pending::AckQueue;
-use super::sealed::SealQueue;
-use super::spare::SegmentBuffers;
-use super::stream::{coarsen, Chunk, IndexEntry, Stream, StreamSeed};
+use super::journal::Journal;
+use super::stream::{coarsen, Chunk, Stream, StreamSeed};
+use super::streams::Streams;
+use super::table::{SegmentData, SegmentSlot, SegmentTable};
 
-/// A segment whose frames are still being written to its WAL file.
-pub(super) struct OpenSegment {
-    pub(super) no: u64,
-    pub(super) key: String,
-    pub(super) buf: Vec<u8>,
-    /// Bytes of `buf` known to be on disk.
-    pub(super) durable_len: usize,
-    pub(super) wal: Option<Rc<DmaFile>>,
-    pub(super) wal_path: Option<PathBuf>,
-    /// Commit rounds written to the WAL file (`wal_file.rs`: each ends with a commit record
-    /// in `buf`, so the file and the segment object are the same bytes).
-    pub(super) wal_rounds: u64,
-    /// (Cluster) the owner epochs of streams whose first frame in this segment is not yet in
-    /// the WAL file: the next round writes them (`wal_file::epoch_record`).
-    pub(super) wal_epochs: Vec<(u64, u64)>,
-    pub(super) opened: Instant,
-    pub(super) index: BTreeMap<u64, IndexEntry>,
-}
-
-impl OpenSegment {
-    /// Bytes it holds once `needed` more frame bytes are written and the next round ends:
-    /// with a WAL file, that round's epoch records and commit record too (an append may be its
-    /// stream's first in the segment: one more epoch record).
-    pub(super) fn wal_len_after(&self, needed: usize) -> usize {
-        let markers = match self.wal {
-            Some(_) => (self.wal_epochs.len() + 2) * crate::wal_file::WAL_MARKER_LEN,
-            None => 0,
-        };
-        self.buf.len() + needed + markers
-    }
-}
-
-pub(super) enum SegmentData {
-    /// Still an [`OpenSegment`] in the log.
-    Open,
-    /// Sealed and held in memory (uploaded or not yet).
-    Memory(Bytes),
-    /// Only in the object store: read by blocks (ranged GETs) through the block cache.
-    Remote,
-}
-
-pub(super) struct SegmentSlot {
-    pub(super) key: Rc<str>,
-    pub(super) data: SegmentData,
-    pub(super) uploaded: bool,
-    /// Object size in bytes (known once sealed): bounds the last block's range.
-    pub(super) size: u64,
-}
-
-/// A WAL file ready to take a segment: the file, its path, and the counter naming it.
-pub(super) type WalFile = (Rc<DmaFile>, PathBuf, u64);
-
-/// The WAL's files and health. With memory or object durability there are no files, and
-/// only the counter is used (it names the segments).
-pub(super) struct WalFiles {
-    /// Names the next WAL file and segment (`<epoch>-<core>-<counter>`).
-    counter: u64,
-    /// A WAL file created ahead of time so a rotation never waits for the filesystem.
-    pub(super) spare: Option<WalFile>,
-    /// Whether the WAL takes appends (`crate::health`).
-    pub(super) health: WalHealth,
-    /// When the next WAL file may be tried again after it could not be made.
-    pub(super) retry_at: Option<Instant>,
-}
-
-impl WalFiles {
-    fn new() -> WalFiles {
-        WalFiles {
-            counter: 0,
-            spare: None,
-            health: WalHealth::Ok,
-            retry_at: None,
-        }
-    }
-
-    /// The counter of the next WAL file or segment; each is used once.
-    pub(super) fn next_counter(&mut self) -> u64 {
-        let counter = self.counter;
-        self.counter += 1;
-        counter
-    }
-}
-
-/// One core's engine. Fields are visible to the `impl Shard` files beside this one; the
-/// parts with invariants of their own (`ReadCache`, `AckQueue`, `SealQueue`) keep their
-/// fields private and change only through their methods.
+/// One core's engine. Its mutable state lives in owners that keep their fields private and
+/// change only through their methods: the `Journal` (open segments, WAL, group commit,
+/// acknowledgements), the `Streams` and the `SegmentTable` (with the read cache and the seal
+/// queue); the `impl Shard` files beside this one compose them into operations.
 pub(crate) struct Shard {
     pub(super) core: usize,
     pub(super) config: EngineConfig,
     pub(super) meta: MetaStore,
     pub(super) store: ObjectStore,
-    pub(super) streams: RefCell<BTreeMap<Rc<str>, Stream>>,
-    /// The content types this core's streams share (`shared_content_type`), at most
-    /// `limits::INTERNED_CONTENT_TYPES_MAX`.
-    pub(super) content_types: RefCell<Vec<Arc<str>>>,
-    /// Open segments, oldest first; the last one is active (takes new frames).
-    pub(super) log: RefCell<VecDeque<OpenSegment>>,
-    /// Buffers of sealed segments kept for the next ones (`spare.rs`).
-    pub(super) buffers: SegmentBuffers,
-    pub(super) segments: RefCell<HashMap<u64, SegmentSlot>>,
-    /// Uploaded segments and blocks held in memory for reads, within one budget.
-    pub(super) cache: RefCell<ReadCache>,
-    /// Appends waiting for their acknowledgement.
-    pub(super) acks: RefCell<AckQueue>,
-    /// Sealed segments not yet stored and committed, in seal order.
-    pub(super) sealed: RefCell<SealQueue>,
-    pub(super) next_segment_no: Cell<u64>,
-    /// The WAL's files, spare and health.
-    pub(super) wal: RefCell<WalFiles>,
-    /// Wakes the commit loop: frames were written, a segment rotated, or a flush waits.
-    pub(super) commit_wanted: LocalNotify,
+    /// The open segments, WAL, group commit and acknowledgements (`journal.rs`).
+    pub(super) journal: Journal,
+    /// The streams, their shared content types and their moves between nodes (`streams.rs`).
+    pub(super) streams: Streams,
+    /// Every segment the streams' chunks point into, the read cache and the seal queue
+    /// (`table.rs`).
+    pub(super) segments: SegmentTable,
     /// Sources whose fork went away (deleted or expired here): the node's release task
     /// tells their cores, which may then drop a soft-deleted source.
     pub(super) fork_releases: RefCell<Vec<(String, u64)>>,
@@ -152,31 +49,12 @@ pub(crate) struct Shard {
     pub(super) stopping: Cell<bool>,
     /// This node's cluster membership (`None`: a single node).
     pub(super) cluster: Option<Arc<Cluster>>,
-    /// Streams let go to other nodes, or being handed to one.
-    pub(super) moves: RefCell<Moves>,
-    /// Wakes the operations that waited for a hand-off.
-    pub(super) handed_off: LocalBroadcast,
     /// Object durability: the node's flush PUTs, shared with the other cores.
     pub(super) put_budget: Arc<PutBudget>,
-    /// Object durability: a flush waits for its slot in `put_budget` (`flush.rs`).
-    pub(super) flush_pending: Cell<bool>,
     /// Every time the shard reads: deadlines, ages, record timestamps and expiry.
     pub(super) clock: Clock,
     /// Object durability: merges small stored segments (`compact.rs`).
     pub(super) compaction: super::compaction::Compaction,
-}
-
-/// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it
-/// holds fewer than `limits::INTERNED_CONTENT_TYPES_MAX` types.
-pub(super) fn intern(known: &mut Vec<Arc<str>>, content_type: &str) -> Arc<str> {
-    if let Some(shared) = known.iter().find(|t| ***t == *content_type) {
-        return shared.clone();
-    }
-    let copy: Arc<str> = Arc::from(content_type);
-    if known.len() < limits::INTERNED_CONTENT_TYPES_MAX {
-        known.push(copy.clone());
-    }
-    copy
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -207,46 +85,31 @@ impl Shard {
         } = parts;
         Shard {
             core,
-            buffers: SegmentBuffers::new(config.segment_size),
+            journal: Journal::new(config.segment_size, clock.now()),
             config,
             meta,
             store,
-            streams: RefCell::new(BTreeMap::new()),
-            content_types: RefCell::new(Vec::new()),
-            log: RefCell::new(VecDeque::new()),
-            segments: RefCell::new(HashMap::new()),
-            cache: RefCell::new(ReadCache::default()),
-            acks: RefCell::new(AckQueue::default()),
-            sealed: RefCell::new(SealQueue::default()),
-            next_segment_no: Cell::new(0),
-            wal: RefCell::new(WalFiles::new()),
-            commit_wanted: LocalNotify::default(),
+            streams: Streams::default(),
+            segments: SegmentTable::default(),
             fork_releases: RefCell::new(Vec::new()),
             fork_released: LocalNotify::default(),
             metrics,
             stopping: Cell::new(false),
             cluster,
-            moves: RefCell::new(Moves::default()),
-            handed_off: LocalBroadcast::default(),
             put_budget,
-            flush_pending: Cell::new(false),
             clock,
             compaction: Default::default(),
         }
     }
 
-    /// The copy of `content_type` a new stream of this core holds, shared with the core's other
-    /// streams of that type: a million streams of a few types then hold a few copies of it, not
-    /// a million. A client cannot grow the table past `limits::INTERNED_CONTENT_TYPES_MAX`:
-    /// later types are simply not shared.
+    /// The copy of `content_type` a new stream of this core holds (`Streams::shared_content_type`).
     pub(super) fn shared_content_type(&self, content_type: &str) -> Arc<str> {
-        intern(&mut self.content_types.borrow_mut(), content_type)
+        self.streams.shared_content_type(content_type)
     }
 
     pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
         let mut keys: HashMap<std::sync::Arc<str>, u64> = HashMap::new();
         let mut streams = self.streams.borrow_mut();
-        let mut segments = self.segments.borrow_mut();
         for seed in seeds {
             let config = &seed.config;
             let mut state = StreamState::with_content_type(
@@ -265,18 +128,12 @@ impl Shard {
             let mut chunks = Vec::with_capacity(seed.runs.len());
             for (key, segment_size, run, last_timestamp_ms) in seed.runs {
                 let no = *keys.entry(key.clone()).or_insert_with(|| {
-                    let no = self.next_segment_no.get();
-                    self.next_segment_no.set(no + 1);
-                    segments.insert(
-                        no,
-                        SegmentSlot {
-                            key: Rc::from(&*key),
-                            data: SegmentData::Remote,
-                            uploaded: true,
-                            size: segment_size,
-                        },
-                    );
-                    no
+                    self.segments.add(SegmentSlot {
+                        key: Rc::from(&*key),
+                        data: SegmentData::Remote,
+                        uploaded: true,
+                        size: segment_size,
+                    })
                 });
                 chunks.push(Chunk::new(run, no, last_timestamp_ms));
             }
@@ -307,7 +164,7 @@ impl Shard {
                 extras.writer_seq = seed.writer_seq;
             }
             let name: Rc<str> = Rc::from(seed.name.as_str());
-            self.moves.borrow_mut().forget(&name);
+            self.streams.forget_moved(&name);
             streams.insert(
                 name,
                 Stream {

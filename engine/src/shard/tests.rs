@@ -785,12 +785,12 @@ fn rarely_set_fields_read_as_defaults_until_set() {
 fn content_types_are_shared_up_to_a_bound() {
     use std::sync::Arc;
     let mut known = Vec::new();
-    let first = super::state::intern(&mut known, "application/json");
-    let second = super::state::intern(&mut known, &String::from("application/json"));
+    let first = super::streams::intern(&mut known, "application/json");
+    let second = super::streams::intern(&mut known, &String::from("application/json"));
     assert!(Arc::ptr_eq(&first, &second), "one copy for one type");
     for i in 0..crate::limits::INTERNED_CONTENT_TYPES_MAX * 2 {
         let fresh = format!("x/{i}");
-        let got = super::state::intern(&mut known, &fresh);
+        let got = super::streams::intern(&mut known, &fresh);
         assert_eq!(&*got, fresh.as_str());
     }
     assert_eq!(
@@ -799,7 +799,7 @@ fn content_types_are_shared_up_to_a_bound() {
         "a client sending new types cannot grow the table"
     );
     assert!(Arc::ptr_eq(
-        &super::state::intern(&mut known, "application/json"),
+        &super::streams::intern(&mut known, "application/json"),
         &first
     ));
 }

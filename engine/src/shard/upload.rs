@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use glommio::io::DmaFile;
@@ -14,7 +14,7 @@ use crate::config::Durability;
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
-use super::state::{SegmentData, Shard};
+use super::state::Shard;
 use super::wal::remove_wal;
 
 /// A sealed segment on its way to the bucket and the catalog.
@@ -53,7 +53,7 @@ impl Shard {
         let mut fenced = Vec::new();
         let mut stored = false;
         CoreMetrics::add(&self.metrics.segment_seals, 1);
-        let started = Instant::now();
+        let started = self.clock.now();
         loop {
             let result = async {
                 // The sealed WAL file holds these very bytes: a file:// bucket on the same
@@ -67,17 +67,17 @@ impl Shard {
                         }
                         None => self.store.put(&record.key, bytes.clone()),
                     };
-                    let put_started = Instant::now();
+                    let put_started = self.clock.now();
                     put.await
                         .map_err(|_| "object store is shut down".to_string())?
                         .map_err(|e| e.to_string())?;
                     self.metrics
                         .object_put_latency
-                        .observe(put_started.elapsed());
+                        .observe(self.clock.now().saturating_duration_since(put_started));
                     stored = true;
                 }
                 self.commit_turn(no).await;
-                let commit_started = Instant::now();
+                let commit_started = self.clock.now();
                 let committed = match &fence {
                     None => self
                         .meta
@@ -98,7 +98,7 @@ impl Shard {
                 if committed.is_ok() {
                     self.metrics
                         .meta_commit_latency
-                        .observe(commit_started.elapsed());
+                        .observe(self.clock.now().saturating_duration_since(commit_started));
                 }
                 committed
             }
@@ -130,38 +130,36 @@ impl Shard {
             })
             .collect();
         for &(id, epoch) in &lost {
-            self.acks.borrow_mut().fence(id, epoch);
+            self.journal.fence_acks(id, epoch);
         }
         for &(id, epoch) in &lost {
             self.lost_at_commit(id, epoch, names.get(&id), &record);
         }
         CoreMetrics::add(&self.metrics.uploads, 1);
         CoreMetrics::add(&self.metrics.meta_commits, 1);
-        self.metrics.upload_latency.observe(started.elapsed());
-        self.sealed.borrow_mut().stored(bytes.len());
+        self.metrics
+            .upload_latency
+            .observe(self.clock.now().saturating_duration_since(started));
+        self.segments.stored(bytes.len());
         remove_wal(file, path).await;
-        if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
-            slot.uploaded = true;
-        }
+        self.segments.mark_uploaded(no);
         if self.config.durability == Durability::Object {
             self.release_acks();
             self.flush_when_free();
             self.compact_after_upload();
         }
-        let keep = self.cache.borrow_mut().keep_uploaded(Instant::now());
-        if keep {
-            self.cache.borrow_mut().hold_segment(no, bytes.len());
-            self.evict_cache();
-        } else if let Some(slot) = self.segments.borrow_mut().get_mut(&no) {
-            // Reads from now on fetch its blocks from the store.
-            slot.data = SegmentData::Remote;
-        }
+        self.segments.keep_or_release(
+            no,
+            bytes.len(),
+            self.clock.now(),
+            self.config.segment_cache_bytes,
+        );
     }
 
     /// Waits until segment `no` is the oldest sealed segment not yet in the catalog.
     pub(super) async fn commit_turn(&self, no: u64) {
         loop {
-            let wait = self.sealed.borrow_mut().turn(no);
+            let wait = self.segments.commit_turn(no);
             let Some(rx) = wait else {
                 return;
             };
@@ -172,7 +170,7 @@ impl Shard {
 
     /// Segment `no` is in the catalog: the next one may commit.
     pub(super) fn end_commit_turn(&self, no: u64) {
-        let waiters = self.sealed.borrow_mut().end_turn(no);
+        let waiters = self.segments.end_commit_turn(no);
         for waiter in waiters {
             let _ = waiter.send(());
         }

@@ -1,5 +1,6 @@
 //! WAL files: their names, creation (pre-allocated, directory entry durable), removal and
-//! identity checks, and the WAL's health (whether appends may go to it, see `crate::health`).
+//! identity checks, and changes of the WAL's health (whether appends may go to it, see
+//! `crate::health`), logged and published here and held by the journal.
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -11,7 +12,8 @@ use crate::error::AppendError;
 use crate::health::WalHealth;
 use crate::placement::segment_key;
 
-use super::state::{Shard, WalFile};
+use super::journal::WalFile;
+use super::state::Shard;
 
 /// Why a WAL file could not be made.
 pub(super) struct WalFileError {
@@ -121,7 +123,7 @@ impl Shard {
 
     /// Creates the next WAL file (pre-allocated and with its directory entry durable).
     pub(super) async fn create_wal_file(&self) -> Result<Option<WalFile>, WalFileError> {
-        let counter = self.wal.borrow_mut().next_counter();
+        let counter = self.journal.next_counter();
         if !self.wal_enabled() {
             return Ok(None);
         }
@@ -137,7 +139,7 @@ impl Shard {
             .await
             .map_err(|e| cannot_create(e.into()))?;
         // Room for the most a segment's buffer grows to, so its frames always fit.
-        let size = self.buffers.full_bytes() as u64;
+        let size = self.journal.full_bytes() as u64;
         let made = match file.pre_allocate(size, false).await {
             Ok(()) => sync_dir(&self.config.wal_dir).map_err(|e| WalFileError {
                 message: e.to_string(),
@@ -159,41 +161,16 @@ impl Shard {
 
     /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
     pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
-        match &self.wal.borrow().health {
-            WalHealth::Ok => Ok(()),
-            WalHealth::Failed { message } => Err(AppendError::WritesStopped(format!(
-                "{message}; this core takes appends again after a restart"
-            ))),
-            WalHealth::NoNextFile {
-                message,
-                out_of_space,
-            } => {
-                // The active file was pre-allocated with this much room.
-                let file_len = self
-                    .log
-                    .borrow()
-                    .back()
-                    .map_or(0, |s| s.wal_len_after(needed));
-                if file_len <= self.buffers.full_bytes() {
-                    return Ok(());
-                }
-                let message = format!("{message}; appends resume once it can be made");
-                Err(if *out_of_space {
-                    AppendError::OutOfSpace(message)
-                } else {
-                    AppendError::WritesStopped(message)
-                })
-            }
-        }
+        self.journal.check_writable(needed)
     }
 
     pub(super) fn wal_failed(&self) -> bool {
-        matches!(self.wal.borrow().health, WalHealth::Failed { .. })
+        self.journal.failed()
     }
 
     /// Records a change of WAL health: logged once, published for `/ready` and `/metrics`.
     pub(super) fn set_health(&self, health: WalHealth) {
-        if self.wal.borrow().health == health {
+        if self.journal.health_is(&health) {
             return;
         }
         match &health {
@@ -208,7 +185,7 @@ impl Shard {
             ),
         }
         self.metrics.wal_health.publish(&health);
-        self.wal.borrow_mut().health = health;
+        self.journal.set_health(health);
     }
 
     /// Local durability writes a WAL; memory and object durability do not (object durability

@@ -1,0 +1,620 @@
+//! The journal: one core's open segments, their WAL files and health, the commit rounds that
+//! make them durable and the appends waiting for that, owned in one place. Callers append
+//! frames to the active segment, take the next commit round, mark it written, release the
+//! acknowledgements it allows and take the front segment to seal; the fields stay private so
+//! its invariants (segment numbers increasing, `durable_len <= buf.len()`, acknowledgements
+//! in write order) hold by construction and are asserted in debug builds.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use glommio::io::{DmaBuffer, DmaFile};
+
+use crate::error::AppendError;
+use crate::health::WalHealth;
+use crate::notify::LocalNotify;
+use crate::wal_file::end_round;
+
+use super::pending::{AckQueue, PendingAck, Release};
+use super::spare::SegmentBuffers;
+use super::stream::IndexEntry;
+
+/// A segment whose frames are still being written to its WAL file. A writer given the
+/// active one (`Journal::write_active`) appends frames to `buf` and notes them in `index` and
+/// `wal_epochs`; the rest is the journal's.
+pub(super) struct OpenSegment {
+    pub(super) no: u64,
+    key: String,
+    pub(super) buf: Vec<u8>,
+    /// Bytes of `buf` known to be on disk (only the journal moves it).
+    durable_len: usize,
+    wal: Option<Rc<DmaFile>>,
+    wal_path: Option<PathBuf>,
+    /// Commit rounds written to the WAL file (`wal_file.rs`: each ends with a commit record
+    /// in `buf`, so the file and the segment object are the same bytes).
+    wal_rounds: u64,
+    /// (Cluster) the owner epochs of streams whose first frame in this segment is not yet in
+    /// the WAL file: the next round writes them (`wal_file::epoch_record`).
+    pub(super) wal_epochs: Vec<(u64, u64)>,
+    opened: Instant,
+    pub(super) index: BTreeMap<u64, IndexEntry>,
+}
+
+impl OpenSegment {
+    /// Bytes it holds once `needed` more frame bytes are written and the next round ends:
+    /// with a WAL file, that round's epoch records and commit record too (an append may be its
+    /// stream's first in the segment: one more epoch record).
+    fn wal_len_after(&self, needed: usize) -> usize {
+        let markers = match self.wal {
+            Some(_) => (self.wal_epochs.len() + 2) * crate::wal_file::WAL_MARKER_LEN,
+            None => 0,
+        };
+        self.buf.len() + needed + markers
+    }
+}
+
+/// A WAL file ready to take a segment: the file, its path, and the counter naming it.
+pub(super) type WalFile = (Rc<DmaFile>, PathBuf, u64);
+
+/// The WAL's files and health. With memory or object durability there are no files, and
+/// only the counter is used (it names the segments).
+struct WalFiles {
+    /// Names the next WAL file and segment (`<epoch>-<core>-<counter>`).
+    counter: u64,
+    /// A WAL file created ahead of time so a rotation never waits for the filesystem.
+    spare: Option<WalFile>,
+    /// Whether the WAL takes appends (`crate::health`).
+    health: WalHealth,
+    /// When the next WAL file may be tried again after it could not be made.
+    retry_at: Option<Instant>,
+}
+
+/// What the next commit round does.
+pub(super) enum Round {
+    /// Every open segment is durable and only the active one is open.
+    Idle,
+    /// The front segment is durable and no longer active: seal it.
+    Seal(u64),
+    /// Make segment `no` durable through `written_len` bytes; with a WAL file, by `write`.
+    Write {
+        no: u64,
+        written_len: usize,
+        write: Option<RoundWrite>,
+    },
+}
+
+/// One round's DMA write: whole blocks from `start`, of which `len` bytes are the segment's.
+pub(super) struct RoundWrite {
+    pub(super) file: Rc<DmaFile>,
+    pub(super) start: usize,
+    pub(super) len: usize,
+    pub(super) buffer: DmaBuffer,
+    pub(super) path: Option<PathBuf>,
+}
+
+/// The front segment taken out of the journal to be sealed.
+pub(super) struct Closed {
+    pub(super) key: String,
+    pub(super) bytes: Bytes,
+    pub(super) index: BTreeMap<u64, IndexEntry>,
+    pub(super) wal: Option<Rc<DmaFile>>,
+    pub(super) wal_path: Option<PathBuf>,
+}
+
+/// One core's journal. Invariants, asserted in debug builds: segment numbers increase from
+/// the front of `log` to its back (the active segment); every segment's `durable_len` is at
+/// most its `buf.len()` and only grows; only the front segment is sealed, once durable and no
+/// longer active; acknowledgements are queued in write order, through bytes of the active
+/// segment.
+pub(super) struct Journal {
+    /// Open segments, oldest first; the last one is active (takes new frames).
+    log: RefCell<VecDeque<OpenSegment>>,
+    /// Buffers of sealed segments kept for the next ones (`spare.rs`).
+    buffers: SegmentBuffers,
+    /// Appends waiting for their acknowledgement.
+    acks: RefCell<AckQueue>,
+    /// The WAL's files, spare and health.
+    wal: RefCell<WalFiles>,
+    /// Wakes the commit loop: frames were written, a segment rotated, or a flush waits.
+    commit_wanted: LocalNotify,
+    /// Object durability: a flush waits for its slot in the PUT budget (`flush.rs`).
+    flush_pending: Cell<bool>,
+}
+
+impl Journal {
+    /// An empty journal for segments of `segment_size`, made at `now`.
+    pub(super) fn new(segment_size: usize, now: Instant) -> Journal {
+        Journal {
+            log: RefCell::new(VecDeque::new()),
+            buffers: SegmentBuffers::new(segment_size, now),
+            acks: RefCell::new(AckQueue::default()),
+            wal: RefCell::new(WalFiles {
+                counter: 0,
+                spare: None,
+                health: WalHealth::Ok,
+                retry_at: None,
+            }),
+            commit_wanted: LocalNotify::default(),
+            flush_pending: Cell::new(false),
+        }
+    }
+
+    // --- Segments -------------------------------------------------------------------------
+
+    /// Opens the next active segment, `no` (above every open one), at `key`, written to `wal`
+    /// when given.
+    pub(super) fn open(
+        &self,
+        no: u64,
+        key: String,
+        wal: Option<(Rc<DmaFile>, PathBuf)>,
+        now: Instant,
+    ) {
+        let (file, path) = match wal {
+            Some((file, path)) => (Some(file), Some(path)),
+            None => (None, None),
+        };
+        let mut log = self.log.borrow_mut();
+        debug_assert!(
+            log.back().is_none_or(|last| last.no < no),
+            "segment numbers increase along the log"
+        );
+        log.push_back(OpenSegment {
+            no,
+            key,
+            buf: self.buffers.take(now),
+            durable_len: 0,
+            wal: file,
+            wal_path: path,
+            wal_rounds: 0,
+            wal_epochs: Vec::new(),
+            opened: now,
+            index: BTreeMap::new(),
+        });
+    }
+
+    /// Whether `needed` more frame bytes overflow the active segment (or its WAL file, which
+    /// holds its commit records too) past `segment_size`; an empty segment takes any frame.
+    pub(super) fn active_would_overflow(&self, needed: usize, segment_size: usize) -> bool {
+        let (len, file_len) = self
+            .log
+            .borrow()
+            .back()
+            .map_or((0, 0), |s| (s.buf.len(), s.wal_len_after(needed)));
+        len > 0 && (len + needed).max(file_len) > segment_size
+    }
+
+    /// Runs `write` on the active segment once its buffer has room for `needed` more frame
+    /// bytes and the round's end (`wal_len_after`), which the commit round then appends
+    /// without growing the buffer by a copy. `write` only appends to the buffer.
+    pub(super) fn write_active<R>(
+        &self,
+        needed: usize,
+        write: impl FnOnce(&mut OpenSegment) -> R,
+    ) -> R {
+        let mut log = self.log.borrow_mut();
+        let segment = log.back_mut().expect("an active segment always exists");
+        let room = segment.wal_len_after(needed) - segment.buf.len();
+        reserve_frames(&mut segment.buf, room, self.buffers.full_bytes());
+        let written = write(segment);
+        debug_assert!(
+            segment.durable_len <= segment.buf.len(),
+            "frames are only appended"
+        );
+        written
+    }
+
+    /// The active segment's number.
+    pub(super) fn active_no(&self) -> u64 {
+        self.log.borrow().back().map_or(0, |s| s.no)
+    }
+
+    /// Whether the active segment holds frames.
+    pub(super) fn active_has_frames(&self) -> bool {
+        self.log.borrow().back().is_some_and(|s| !s.buf.is_empty())
+    }
+
+    /// Whether the active segment, numbered `target` or below, holds frames.
+    pub(super) fn active_holds_frames_through(&self, target: u64) -> bool {
+        self.log
+            .borrow()
+            .back()
+            .is_some_and(|s| s.no <= target && !s.buf.is_empty())
+    }
+
+    /// Whether no open segment numbered `target` or below holds frames.
+    pub(super) fn empty_through(&self, target: u64) -> bool {
+        self.log
+            .borrow()
+            .iter()
+            .all(|s| s.no > target || s.buf.is_empty())
+    }
+
+    /// When the active segment opened, if it holds frames.
+    pub(super) fn active_opened_with_frames(&self) -> Option<Instant> {
+        let log = self.log.borrow();
+        let active = log.back().expect("an active segment always exists");
+        (!active.buf.is_empty()).then_some(active.opened)
+    }
+
+    /// The owner epoch the active segment holds stream `id`'s frames at, if any.
+    pub(super) fn active_epoch(&self, id: u64) -> Option<u64> {
+        self.log
+            .borrow()
+            .back()
+            .and_then(|segment| segment.index.get(&id))
+            .map(|entry| entry.epoch)
+    }
+
+    /// Whether the active segment has reached `size` bytes.
+    pub(super) fn active_reached(&self, size: usize) -> bool {
+        self.log
+            .borrow()
+            .back()
+            .is_some_and(|s| s.buf.len() >= size)
+    }
+
+    /// How many segments are open (the active one and those not yet sealed).
+    pub(super) fn open_count(&self) -> usize {
+        self.log.borrow().len()
+    }
+
+    /// Bytes the open segments hold.
+    pub(super) fn open_bytes(&self) -> usize {
+        self.log.borrow().iter().map(|s| s.buf.len()).sum()
+    }
+
+    /// A copy of bytes `start..end` of open segment `no`, if it is open.
+    pub(super) fn open_slice(&self, no: u64, start: usize, end: usize) -> Option<Bytes> {
+        let log = self.log.borrow();
+        let open = log.iter().find(|s| s.no == no)?;
+        Some(Bytes::copy_from_slice(&open.buf[start..end]))
+    }
+
+    /// Nothing to commit or acknowledge: one open segment, empty, and no append waiting.
+    pub(super) fn settled(&self) -> bool {
+        let log = self.log.borrow();
+        log.len() == 1
+            && log.back().is_some_and(|s| s.buf.is_empty())
+            && self.acks.borrow().is_empty()
+    }
+
+    /// Memory the open segments and the spare buffers hold at `now`; spares idle too long are
+    /// let go first.
+    pub(super) fn memory_bytes(&self, now: Instant) -> usize {
+        self.buffers.trim_idle(now);
+        let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
+        log_bytes + self.buffers.spare_bytes()
+    }
+
+    /// The most a segment's buffer grows to, unless one frame needs more: the room a WAL file
+    /// is made with.
+    pub(super) fn full_bytes(&self) -> usize {
+        self.buffers.full_bytes()
+    }
+
+    /// Takes the front segment `no` (durable, no longer active) out to be sealed, its bytes
+    /// shared with the buffer they were written in.
+    pub(super) fn take_front(&self, no: u64) -> Closed {
+        let segment = {
+            let mut log = self.log.borrow_mut();
+            debug_assert_eq!(log.front().map(|s| s.no), Some(no));
+            debug_assert!(log.len() > 1, "the active segment is not sealed");
+            log.pop_front().expect("sealing the front segment")
+        };
+        debug_assert_eq!(
+            segment.durable_len,
+            segment.buf.len(),
+            "sealed once durable"
+        );
+        Closed {
+            key: segment.key,
+            bytes: self.buffers.seal(segment.buf),
+            index: segment.index,
+            wal: segment.wal,
+            wal_path: segment.wal_path,
+        }
+    }
+
+    // --- Commit rounds --------------------------------------------------------------------
+
+    /// Wakes the commit loop.
+    pub(super) fn wake_commit(&self) {
+        self.commit_wanted.notify();
+    }
+
+    /// Waits until the commit loop is woken.
+    pub(super) async fn commit_wanted(&self) {
+        self.commit_wanted.wait().await;
+    }
+
+    /// The next round: the oldest open segment with unwritten bytes is written (with a WAL
+    /// file, its frames then the epoch records of streams new to it and its commit record at
+    /// `now_ms`, in the segment's own bytes: `wal_file.rs`), else a durable one no longer
+    /// active is sealed. A written round's end is taken from the segment: a failed round
+    /// fails the WAL, and no round follows it.
+    pub(super) fn next_round(&self, now_ms: i64) -> Round {
+        let mut log = self.log.borrow_mut();
+        let count = log.len();
+        let job = log.iter().enumerate().find_map(|(i, segment)| {
+            let sealed = i + 1 < count;
+            if segment.durable_len < segment.buf.len() {
+                Some((i, false))
+            } else if sealed {
+                Some((i, true))
+            } else {
+                None
+            }
+        });
+        let Some((i, seal)) = job else {
+            return Round::Idle;
+        };
+        let segment = &mut log[i];
+        if seal {
+            return Round::Seal(segment.no);
+        }
+        // `written_len`: the segment's bytes this round makes durable (appends that arrive
+        // during the write wait for the next round).
+        let Some(file) = &segment.wal else {
+            return Round::Write {
+                no: segment.no,
+                written_len: segment.buf.len(),
+                write: None,
+            };
+        };
+        let epochs = std::mem::take(&mut segment.wal_epochs);
+        segment.wal_rounds += 1;
+        end_round(&mut segment.buf, segment.wal_rounds, &epochs, now_ms);
+        let written_len = segment.buf.len();
+        // DMA writes whole blocks: the round starts at the block holding the end of the
+        // previous one, rewriting its bytes as they are.
+        let align = file.alignment() as usize;
+        let start = segment.durable_len / align * align;
+        let size = (written_len - start).div_ceil(align) * align;
+        let mut buffer = file.alloc_dma_buffer(size);
+        let dst = buffer.as_bytes_mut();
+        dst[..written_len - start].copy_from_slice(&segment.buf[start..written_len]);
+        dst[written_len - start..].fill(0);
+        Round::Write {
+            no: segment.no,
+            written_len,
+            write: Some(RoundWrite {
+                file: file.clone(),
+                start,
+                len: written_len - start,
+                buffer,
+                path: segment.wal_path.clone(),
+            }),
+        }
+    }
+
+    /// A round made segment `no` durable through `written_len` bytes.
+    pub(super) fn round_written(&self, no: u64, written_len: usize) {
+        if let Some(segment) = self.log.borrow_mut().iter_mut().find(|s| s.no == no) {
+            debug_assert!(
+                segment.durable_len <= written_len && written_len <= segment.buf.len(),
+                "a round makes durable what the segment holds, past what was"
+            );
+            segment.durable_len = written_len;
+        }
+    }
+
+    /// Whether no open segment has bytes waiting for a round.
+    pub(super) fn all_durable(&self) -> bool {
+        self.log
+            .borrow()
+            .iter()
+            .all(|s| s.durable_len == s.buf.len())
+    }
+
+    // --- Acknowledgements -----------------------------------------------------------------
+
+    /// Queues the acknowledgement of an append just written, through byte `ack.end` of
+    /// segment `ack.segment`.
+    pub(super) fn queue_ack(&self, ack: PendingAck) {
+        debug_assert!(
+            self.log
+                .borrow()
+                .back()
+                .is_some_and(|s| s.no == ack.segment && ack.end <= s.buf.len()),
+            "an append is acknowledged through bytes of the active segment"
+        );
+        self.acks.borrow_mut().push(ack);
+    }
+
+    /// Takes, in order, the acknowledgements whose bytes are durable in the WAL (or need none)
+    /// and the fenced ones (`AckQueue::take_released`); `hold` holds back all but the fenced.
+    pub(super) fn take_durable(&self, hold: bool) -> Vec<(PendingAck, Release)> {
+        let durable: HashMap<u64, usize> = self
+            .log
+            .borrow()
+            .iter()
+            .map(|s| (s.no, s.durable_len))
+            .collect();
+        self.acks.borrow_mut().take_released(hold, |ack| {
+            durable.get(&ack.segment).is_none_or(|&len| len >= ack.end)
+        })
+    }
+
+    /// Object durability: takes, in order, the acknowledgements whose segment is `uploaded`,
+    /// and the fenced ones; `hold` holds back all but the fenced.
+    pub(super) fn take_uploaded(
+        &self,
+        hold: bool,
+        uploaded: impl Fn(u64) -> bool,
+    ) -> Vec<(PendingAck, Release)> {
+        self.acks
+            .borrow_mut()
+            .take_released(hold, |ack| uploaded(ack.segment))
+    }
+
+    /// Bytes of the appends waiting for acknowledgement.
+    pub(super) fn in_flight_bytes(&self) -> usize {
+        self.acks.borrow().in_flight_bytes()
+    }
+
+    /// Whether any append waits for its acknowledgement.
+    pub(super) fn acks_pending(&self) -> bool {
+        !self.acks.borrow().is_empty()
+    }
+
+    /// The waiting appends of incarnation `(id, epoch)` fail at the next release.
+    pub(super) fn fence_acks(&self, id: u64, epoch: u64) {
+        self.acks.borrow_mut().fence(id, epoch);
+    }
+
+    /// Takes every waiting acknowledgement (the WAL failed: they all fail).
+    pub(super) fn drain_acks(&self) -> Vec<PendingAck> {
+        self.acks.borrow_mut().drain()
+    }
+
+    // --- WAL files and health -------------------------------------------------------------
+
+    /// The counter of the next WAL file or segment; each is used once.
+    pub(super) fn next_counter(&self) -> u64 {
+        let mut wal = self.wal.borrow_mut();
+        let counter = wal.counter;
+        wal.counter += 1;
+        counter
+    }
+
+    /// Whether a spare WAL file is ready.
+    pub(super) fn has_spare(&self) -> bool {
+        self.wal.borrow().spare.is_some()
+    }
+
+    /// Takes the spare WAL file for a new segment.
+    pub(super) fn take_spare(&self) -> Option<WalFile> {
+        self.wal.borrow_mut().spare.take()
+    }
+
+    /// A spare WAL file was made (`None`: the WAL has no files).
+    pub(super) fn set_spare(&self, spare: Option<WalFile>) {
+        let mut wal = self.wal.borrow_mut();
+        wal.retry_at = None;
+        wal.spare = spare;
+    }
+
+    /// Whether making the next WAL file may be tried at `now`.
+    pub(super) fn spare_due(&self, now: Instant) -> bool {
+        self.wal.borrow().retry_at.is_none_or(|at| now >= at)
+    }
+
+    /// The next WAL file could not be made: tried again at `at`.
+    pub(super) fn retry_spare_at(&self, at: Instant) {
+        self.wal.borrow_mut().retry_at = Some(at);
+    }
+
+    /// Whether the WAL's health is `health`.
+    pub(super) fn health_is(&self, health: &WalHealth) -> bool {
+        self.wal.borrow().health == *health
+    }
+
+    pub(super) fn set_health(&self, health: WalHealth) {
+        self.wal.borrow_mut().health = health;
+    }
+
+    /// Why the WAL failed, if it did (appends stop until a restart).
+    pub(super) fn failure(&self) -> Option<String> {
+        match &self.wal.borrow().health {
+            WalHealth::Failed { message } => Some(message.clone()),
+            _ => None,
+        }
+    }
+
+    pub(super) fn failed(&self) -> bool {
+        matches!(self.wal.borrow().health, WalHealth::Failed { .. })
+    }
+
+    /// Whether the next WAL file could not be made (it is tried again).
+    pub(super) fn no_next_file(&self) -> bool {
+        matches!(self.wal.borrow().health, WalHealth::NoNextFile { .. })
+    }
+
+    /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
+    pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
+        match &self.wal.borrow().health {
+            WalHealth::Ok => Ok(()),
+            WalHealth::Failed { message } => Err(AppendError::WritesStopped(format!(
+                "{message}; this core takes appends again after a restart"
+            ))),
+            WalHealth::NoNextFile {
+                message,
+                out_of_space,
+            } => {
+                // The active file was pre-allocated with this much room.
+                let file_len = self
+                    .log
+                    .borrow()
+                    .back()
+                    .map_or(0, |s| s.wal_len_after(needed));
+                if file_len <= self.buffers.full_bytes() {
+                    return Ok(());
+                }
+                let message = format!("{message}; appends resume once it can be made");
+                Err(if *out_of_space {
+                    AppendError::OutOfSpace(message)
+                } else {
+                    AppendError::WritesStopped(message)
+                })
+            }
+        }
+    }
+
+    // --- Object durability's flushes ------------------------------------------------------
+
+    /// Whether a flush waits for its slot in the PUT budget.
+    pub(super) fn flush_pending(&self) -> bool {
+        self.flush_pending.get()
+    }
+
+    pub(super) fn set_flush_pending(&self, pending: bool) {
+        self.flush_pending.set(pending);
+    }
+}
+
+/// Makes room in a segment buffer for `needed` more bytes: doubling, to amortize the copies,
+/// but never past `full` (a full segment plus its slack) unless one frame needs it.
+pub(super) fn reserve_frames(buf: &mut Vec<u8>, needed: usize, full: usize) {
+    let want = buf.len().saturating_add(needed);
+    if want <= buf.capacity() {
+        return;
+    }
+    let target = want.max(buf.capacity().saturating_mul(2).min(full));
+    buf.reserve_exact(target - buf.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reserve_frames;
+
+    #[test]
+    fn a_segment_buffer_doubles_up_to_its_full_size_and_no_further() {
+        let full = 1000;
+        let mut buf = Vec::with_capacity(100);
+        buf.resize(90, 0);
+        reserve_frames(&mut buf, 20, full);
+        assert_eq!(buf.capacity(), 200, "doubled");
+        buf.resize(600, 0);
+        reserve_frames(&mut buf, 500, full);
+        assert_eq!(
+            buf.capacity(),
+            1100,
+            "one frame past the full size gets its room"
+        );
+        let mut near_full = Vec::with_capacity(800);
+        near_full.resize(790, 0);
+        reserve_frames(&mut near_full, 20, full);
+        assert_eq!(
+            near_full.capacity(),
+            1000,
+            "doubling stops at the full size"
+        );
+        reserve_frames(&mut near_full, 5, full);
+        assert_eq!(near_full.capacity(), 1000, "room left: nothing to do");
+    }
+}

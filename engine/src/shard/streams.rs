@@ -1,0 +1,113 @@
+//! The streams a core holds, as one owned part: the map of streams by name, the content types
+//! they share, and (cluster) the streams on the move to or from other nodes with the wake-up
+//! of the operations that wait for a hand-off. Operations take the map for as long as one
+//! step of theirs needs it (never across an `.await`); the rest changes only through the
+//! methods here.
+
+use std::cell::{Ref, RefCell, RefMut};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use pico_meta::NodeId;
+
+use crate::limits;
+use crate::notify::LocalBroadcast;
+
+use super::moves::Moves;
+use super::stream::Stream;
+
+#[derive(Default)]
+pub(super) struct Streams {
+    map: RefCell<BTreeMap<Rc<str>, Stream>>,
+    /// The content types the streams share (`shared_content_type`), at most
+    /// `limits::INTERNED_CONTENT_TYPES_MAX`.
+    content_types: RefCell<Vec<Arc<str>>>,
+    /// Streams let go to other nodes, or being handed to one.
+    moves: RefCell<Moves>,
+    /// Wakes the operations that waited for a hand-off.
+    handed_off: LocalBroadcast,
+}
+
+impl Streams {
+    /// The streams by name, to read.
+    pub(super) fn borrow(&self) -> Ref<'_, BTreeMap<Rc<str>, Stream>> {
+        self.map.borrow()
+    }
+
+    /// The streams by name, to change one, add or remove one (the caller then publishes the
+    /// count).
+    pub(super) fn borrow_mut(&self) -> RefMut<'_, BTreeMap<Rc<str>, Stream>> {
+        self.map.borrow_mut()
+    }
+
+    /// Whether stream `name` is held here.
+    pub(super) fn holds(&self, name: &str) -> bool {
+        self.map.borrow().contains_key(name)
+    }
+
+    /// The incarnation (stream id, owner epoch) of stream `name` held here.
+    pub(super) fn incarnation(&self, name: &str) -> Option<(u64, u64)> {
+        self.map.borrow().get(name).map(|s| (s.state.id, s.epoch))
+    }
+
+    /// The copy of `content_type` a new stream holds, shared with the other streams of that
+    /// type: a million streams of a few types then hold a few copies of it, not a million. A
+    /// client cannot grow the table past `limits::INTERNED_CONTENT_TYPES_MAX`: later types are
+    /// simply not shared.
+    pub(super) fn shared_content_type(&self, content_type: &str) -> Arc<str> {
+        intern(&mut self.content_types.borrow_mut(), content_type)
+    }
+
+    // --- Moves (cluster) ------------------------------------------------------------------
+
+    /// Stream `name` left for `node` (0: not known): late requests are sent there.
+    pub(super) fn remember_moved(&self, name: &str, node: NodeId) {
+        self.moves.borrow_mut().remember(name, node);
+    }
+
+    /// Stream `name` is served here (again), or nowhere: nothing to redirect to.
+    pub(super) fn forget_moved(&self, name: &str) {
+        self.moves.borrow_mut().forget(name);
+    }
+
+    /// The node stream `name` left for, if remembered (0: not known).
+    pub(super) fn moved_to(&self, name: &str) -> Option<NodeId> {
+        self.moves.borrow().moved_to(name)
+    }
+
+    /// Whether stream `name` is being handed to another node.
+    pub(super) fn handing_off(&self, name: &str) -> bool {
+        self.moves.borrow().handing_off(name)
+    }
+
+    pub(super) fn begin_hand_off(&self, name: Rc<str>) {
+        self.moves.borrow_mut().begin_hand_off(name);
+    }
+
+    /// The hand-off of `name` is over (done or not): the operations waiting for it go on.
+    pub(super) fn end_hand_off(&self, name: &str) {
+        self.moves.borrow_mut().end_hand_off(name);
+        self.handed_off.notify();
+    }
+
+    /// Waits until stream `name` is not being handed off.
+    pub(super) async fn wait_hand_off(&self, name: &str) {
+        while self.handing_off(name) {
+            self.handed_off.wait().await;
+        }
+    }
+}
+
+/// `content_type` as one of `known` when it is there; else a new copy, added to `known` while it
+/// holds fewer than `limits::INTERNED_CONTENT_TYPES_MAX` types.
+pub(super) fn intern(known: &mut Vec<Arc<str>>, content_type: &str) -> Arc<str> {
+    if let Some(shared) = known.iter().find(|t| ***t == *content_type) {
+        return shared.clone();
+    }
+    let copy: Arc<str> = Arc::from(content_type);
+    if known.len() < limits::INTERNED_CONTENT_TYPES_MAX {
+        known.push(copy.clone());
+    }
+    copy
+}
