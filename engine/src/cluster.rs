@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use futures_channel::mpsc;
 use pico_meta::{ClusterState, MetaError, MetaStore, NodeId, NodeRow};
 
-use crate::error::EngineError;
+use crate::error::{EngineError, NotOwnerReason};
 use crate::inbox::Message;
 use crate::limits;
 use crate::placement::owner_core;
@@ -116,11 +116,9 @@ impl Cluster {
                 return Ok(());
             }
             if self.superseded.load(Ordering::Acquire) || Instant::now() >= deadline {
-                return Err(EngineError::NotOwner(format!(
-                    "node {} does not hold its cluster lease (the metadata database is \
-                     unreachable, or a newer incarnation took over); retry",
-                    self.config.node_id
-                )));
+                return Err(EngineError::NotOwner(NotOwnerReason::NoLease {
+                    node: self.config.node_id,
+                }));
             }
             glommio::timer::sleep(Duration::from_millis(limits::LEASE_WAIT_POLL_MS)).await;
         }
@@ -172,12 +170,10 @@ impl Cluster {
                     ds_address: row.ds_address.trim_end_matches('/').to_string(),
                 }
             }
-            _ if !self.config.redirect => EngineError::NotOwner(format!(
-                "the stream is served by node {node} (this node runs --routing local)"
-            )),
-            _ => EngineError::NotOwner(format!(
-                "the stream is served by node {node}, which is not reachable yet; retry"
-            )),
+            _ if !self.config.redirect => {
+                EngineError::NotOwner(NotOwnerReason::LocalRouting { node })
+            }
+            _ => EngineError::NotOwner(NotOwnerReason::OwnerUnreachable { node }),
         }
     }
 
@@ -219,7 +215,7 @@ impl Cluster {
     pub fn moved_to(&self, owner: Option<NodeId>) -> EngineError {
         match owner {
             Some(node) => self.moved(node),
-            None => EngineError::NotOwner("the stream has no owner yet; retry".into()),
+            None => EngineError::NotOwner(NotOwnerReason::NoOwnerYet),
         }
     }
 

@@ -15,7 +15,7 @@ use crate::api::{
 use crate::boot::CoreSeed;
 use crate::checkpoint::CheckpointError;
 use crate::cluster::Cluster;
-use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
+use crate::error::{AppendError, CreateError, EngineError, ReadError, StartError, TrimError};
 use crate::fork;
 use crate::gc;
 use crate::inbox::Peers;
@@ -47,7 +47,7 @@ pub trait WriteObserver {
 
 impl CoreHandle {
     /// Starts this core's shard and its inbox. Call on the core's executor.
-    pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, String> {
+    pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, StartError> {
         let CoreSeed {
             core,
             config,
@@ -80,7 +80,7 @@ impl CoreHandle {
             "pico-inbox",
         );
         glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
-            .map_err(|e| format!("cannot start core {core} inbox: {e}"))?
+            .map_err(|source| StartError::Inbox { core, source })?
             .detach();
         let router = Rc::new(Router {
             core,
@@ -347,7 +347,7 @@ impl CoreHandle {
             .list_streams(prefix, start_after, limit.saturating_add(1))
             .await
             .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+            .map_err(EngineError::from)?;
         let more = rows.len() > limit;
         // This node's loaded streams of the same range, from every core in one round: the
         // catalog page's names of this node are among them unless not loaded yet (taken over

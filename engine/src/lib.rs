@@ -47,7 +47,10 @@ pub use checkpoint::CheckpointError;
 pub use clock::{now_ms, Clock};
 pub use cluster::{AdvertiseError, Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
-pub use error::{AppendError, CreateError, EngineError, ReadError, TrimError};
+pub use error::{
+    AppendError, CreateError, EngineError, InvalidAppend, InvalidCreate, Mismatch, NotOwnerReason,
+    ReadError, Resume, StartError, StorageFault, TrimError,
+};
 pub use gc::{GcHold, HoldError};
 pub use handle::{CoreHandle, WriteObserver};
 pub use live::ReadShape;

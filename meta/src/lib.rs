@@ -243,7 +243,7 @@ pub struct Quarantined {
 }
 
 /// Errors of the metadata store.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaError {
     /// `--meta-url` could not be understood; the message says what is expected.
     BadUrl(String),

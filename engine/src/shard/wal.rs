@@ -7,7 +7,7 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use crate::config::Durability;
-use crate::error::AppendError;
+use crate::error::{AppendError, Resume};
 use crate::health::WalHealth;
 use crate::placement::segment_key;
 
@@ -161,9 +161,10 @@ impl Shard {
     pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
         match &self.wal.borrow().health {
             WalHealth::Ok => Ok(()),
-            WalHealth::Failed { message } => Err(AppendError::WritesStopped(format!(
-                "{message}; this core takes appends again after a restart"
-            ))),
+            WalHealth::Failed { message } => Err(AppendError::WritesStopped {
+                fault: message.clone(),
+                until: Resume::Restart,
+            }),
             WalHealth::NoNextFile {
                 message,
                 out_of_space,
@@ -177,11 +178,14 @@ impl Shard {
                 if file_len <= self.buffers.full_bytes() {
                     return Ok(());
                 }
-                let message = format!("{message}; appends resume once it can be made");
+                let fault = message.clone();
                 Err(if *out_of_space {
-                    AppendError::OutOfSpace(message)
+                    AppendError::OutOfSpace { fault }
                 } else {
-                    AppendError::WritesStopped(message)
+                    AppendError::WritesStopped {
+                        fault,
+                        until: Resume::NextFile,
+                    }
                 })
             }
         }
