@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use futures_channel::mpsc;
 use pico_meta::{ClusterState, MetaError, MetaStore, NodeId, NodeRow};
 
+use crate::clock::Clock;
 use crate::error::{EngineError, NotOwnerReason};
 use crate::inbox::Message;
 use crate::limits;
@@ -55,6 +56,8 @@ pub struct Cluster {
     /// This node may serve until this many ms after `base` (its own clock).
     valid_until_ms: AtomicU64,
     base: Instant,
+    /// Where the lease's own time is read.
+    clock: Clock,
     /// A newer incarnation of this node id registered: this process must not serve again.
     superseded: AtomicBool,
     stopping: AtomicBool,
@@ -68,17 +71,19 @@ impl ClusterConfig {
 }
 
 impl Cluster {
-    pub fn new(config: ClusterConfig, state: ClusterState) -> Arc<Cluster> {
+    pub fn new(config: ClusterConfig, state: ClusterState, clock: Clock) -> Arc<Cluster> {
+        let now = clock.now();
         let cluster = Arc::new(Cluster {
             view: Mutex::new(Arc::new(state)),
             valid_until_ms: AtomicU64::new(0),
-            base: Instant::now(),
+            base: now,
+            clock,
             superseded: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             config,
         });
         // Registration just renewed the lease.
-        cluster.extend_lease(Instant::now());
+        cluster.extend_lease(now);
         cluster
     }
 
@@ -92,7 +97,10 @@ impl Cluster {
     }
 
     fn now_ms(&self) -> u64 {
-        self.base.elapsed().as_millis() as u64
+        self.clock
+            .now()
+            .saturating_duration_since(self.base)
+            .as_millis() as u64
     }
 
     fn extend_lease(&self, sent: Instant) {
@@ -110,12 +118,12 @@ impl Cluster {
     /// Waits (bounded by one lease time) for the lease to be valid again; the error for a
     /// request that cannot be served meanwhile.
     pub async fn wait_for_lease(&self) -> Result<(), EngineError> {
-        let deadline = Instant::now() + Duration::from_millis(self.config.lease_ms);
+        let deadline = self.clock.now() + Duration::from_millis(self.config.lease_ms);
         loop {
             if self.lease_valid() {
                 return Ok(());
             }
-            if self.superseded.load(Ordering::Acquire) || Instant::now() >= deadline {
+            if self.superseded.load(Ordering::Acquire) || self.clock.now() >= deadline {
                 return Err(EngineError::NotOwner(NotOwnerReason::NoLease {
                     node: self.config.node_id,
                 }));
@@ -282,7 +290,7 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
             return; // `Cluster::release` ends the lease once the cores flushed.
         }
         let lapsed = !cluster.lease_valid();
-        let sent = Instant::now();
+        let sent = cluster.clock.now();
         match wait(meta.renew_lease(config.node_id, config.node_epoch, config.lease_ms)) {
             Ok(state) => {
                 // Lapsed by this node's clock, or by the database's when a slow renewal landed

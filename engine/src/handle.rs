@@ -59,6 +59,7 @@ impl CoreHandle {
             metrics,
             cluster,
             put_budget,
+            clock,
         } = seed;
         let parts = ShardParts {
             core,
@@ -68,7 +69,7 @@ impl CoreHandle {
             metrics,
             cluster: cluster.clone(),
             put_budget,
-            clock: crate::clock::Clock::real(),
+            clock: clock.clone(),
         };
         let shard = Shard::start(parts, streams).await?;
         let inbox_shard = shard.clone();
@@ -87,7 +88,7 @@ impl CoreHandle {
             shard,
             peers: Peers::new(peers),
         });
-        let gc = Rc::new(gc::GcGate::default());
+        let gc = Rc::new(gc::GcGate::new(clock.clone()));
         if core == 0 {
             glommio::spawn_local(gc::gc_loop(router.clone(), gc.clone())).detach();
         }
@@ -95,7 +96,7 @@ impl CoreHandle {
         Ok(Rc::new(CoreHandle {
             router,
             cluster,
-            live: LiveReads::default(),
+            live: LiveReads::new(clock),
             gc,
             observer: OnceCell::new(),
         }))
@@ -132,7 +133,7 @@ impl CoreHandle {
             return Err(gc::HoldError::NotCollectorCore);
         }
         self.gc
-            .hold(std::time::Instant::now() + timeout)
+            .hold(timeout)
             .await
             .ok_or(gc::HoldError::RoundRunning {
                 timeout_ms: timeout.as_millis(),

@@ -42,7 +42,7 @@ pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,
     ReadRequest, RecordInput, RecordView, RetentionChange, StreamInfo, StreamSummary,
 };
-pub use boot::{boot, Boot, BootError, CoreSeed};
+pub use boot::{boot, boot_with_clock, Boot, BootError, CoreSeed};
 pub use checkpoint::CheckpointError;
 pub use clock::{now_ms, Clock};
 pub use cluster::{AdvertiseError, Cluster, ClusterConfig};
