@@ -395,7 +395,7 @@ fn committed_info(listed: &CatalogStream) -> StreamInfo {
         expires_at_ms: config.expires_at_ms,
         start_offset: listed.start_offset,
         next_offset: listed.next_offset,
-        closed: config.closed,
+        closed: listed.row.closed,
         retention: config.retention,
     }
 }

@@ -11,18 +11,9 @@ use crate::producers::{Producer, ProducerLimits, Producers};
 
 mod catalog;
 
-/// Configuration fixed at create.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamConfig {
-    pub content_type: String,
-    /// Sliding idle expiry: reads and appends move the deadline to `now + ttl`.
-    pub ttl_sec: Option<u64>,
-    /// Fixed expiry instant (Unix ms).
-    pub expires_at_ms: Option<i64>,
-    /// What the stream keeps; not part of a re-create's comparison (a `PUT` of an existing
-    /// stream neither checks nor changes it: a configure does).
-    pub retention: pico_meta::Retention,
-}
+/// Configuration fixed at create (but for the retention): the registry's own type, one shape
+/// from the protocols to the catalog.
+pub use pico_meta::StreamConfig;
 
 /// Where a fork's inherited records come from: records `0..offset` of the source, plus the
 /// first `partial_bytes` bytes of its record `offset` when non-zero. The fork's own records

@@ -142,12 +142,19 @@ impl Shard {
             self.check_writable(frames_len(&records, None, None))?;
         }
         // A body given with a closing create is appended first, then the close.
-        let meta_config = config.to_row(closed && records.is_empty());
+        let (meta_config, meta_closed) = (config.clone(), closed && records.is_empty());
         let fork_row = fork.as_ref().map(pico_meta::ForkRow::from);
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
-            .create_stream_owned(name, meta_config, fork_row, self.clock.now_ms(), me)
+            .create_stream_owned(
+                name,
+                meta_config,
+                meta_closed,
+                fork_row,
+                self.clock.now_ms(),
+                me,
+            )
             .await
             .map_err(|_| EngineError::ShuttingDown)?
             .map_err(EngineError::from)?;
@@ -192,7 +199,7 @@ impl Shard {
                         row_config.expires_at_ms,
                         row_config.retention,
                     ),
-                    row_config.closed,
+                    row.closed,
                     row.created_ms,
                 );
                 if let Some(origin) = &fork {
