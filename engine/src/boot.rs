@@ -156,8 +156,8 @@ pub fn boot(
     boot_with_clock(config, meta_url, storage, cluster, Clock::real())
 }
 
-/// [`boot`] with the clock the node's lease, PUT budget and cores read (a test's simulated
-/// one).
+/// [`boot`] with the clock the node reads: recovery's timestamps, the lease, the PUT budget and
+/// every core (a test's simulated one).
 pub fn boot_with_clock(
     mut config: EngineConfig,
     meta_url: &str,
@@ -218,7 +218,15 @@ pub fn boot_with_clock(
         }
     };
     let fence = cluster.as_ref().map(|c| (c.node_id(), c.node_epoch()));
-    let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report, fence)?;
+    let recovered = recover_wal_files(
+        &config,
+        &meta,
+        &store,
+        &mut snapshot,
+        &mut report,
+        fence,
+        &clock,
+    )?;
     let mut epochs = HashMap::new();
     if let Some(cluster) = &cluster {
         // Only what this node owns; the other nodes' streams are theirs to serve.
