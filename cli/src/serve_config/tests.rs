@@ -194,7 +194,7 @@ fn strings_are_escaped_for_toml() {
 #[test]
 fn the_configuration_doc_lists_every_option() {
     const BEGIN: &str =
-        "<!-- options: generated from `pico serve --help`; see serve_config.rs -->\n";
+        "<!-- options: generated from `pico serve --help`; see cli/src/serve_config/render.rs -->\n";
     const END: &str = "\n<!-- end of options -->";
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md");
     let doc = std::fs::read_to_string(&path).expect("docs/configuration.md");
