@@ -426,9 +426,8 @@ fn summarize(moved: &[(u64, NodeId)]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_lease_below_its_floor_is_refused_not_raised() {
-        let config = |lease_ms| ClusterConfig {
+    fn config(lease_ms: u64) -> ClusterConfig {
+        ClusterConfig {
             node_id: 1,
             node_epoch: 1,
             address: String::new(),
@@ -436,7 +435,11 @@ mod tests {
             lease_ms,
             redirect: true,
             cluster_id: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_lease_below_its_floor_is_refused_not_raised() {
         assert_eq!(config(limits::LEASE_MS_MIN).check(), Ok(()));
         assert_eq!(
             config(limits::LEASE_MS_MIN - 1)
@@ -449,5 +452,20 @@ mod tests {
                 limits::LEASE_MS_MIN - 1
             )
         );
+    }
+
+    /// The lease is judged by the node's clock: a simulated one lapses it when moved past
+    /// three quarters of the lease, with no time passing.
+    #[test]
+    fn the_lease_lapses_by_the_nodes_clock() {
+        let clock = Clock::simulated(1_700_000_000_000);
+        let cluster = Cluster::new(config(4_000), ClusterState::default(), clock.clone());
+        assert!(cluster.lease_valid(), "registration renewed it");
+        clock.advance(Duration::from_millis(2_999));
+        assert!(cluster.lease_valid());
+        clock.advance(Duration::from_millis(1));
+        assert!(!cluster.lease_valid(), "3/4 of the lease went by");
+        cluster.extend_lease(clock.now());
+        assert!(cluster.lease_valid(), "a renewal sent now extends it");
     }
 }

@@ -96,6 +96,21 @@ mod tests {
         assert_eq!(budget.take_at(10_000_000), Duration::from_millis(10));
     }
 
+    /// A simulated clock drives the budget: slots free up only as it is advanced.
+    #[test]
+    fn the_budget_reads_its_clock() {
+        let clock = Clock::simulated(0);
+        let budget = PutBudget::new(100, 1, clock.clone());
+        assert_eq!(budget.take(), Duration::ZERO);
+        assert_eq!(budget.take(), Duration::from_millis(10));
+        clock.advance(Duration::from_millis(25));
+        assert_eq!(
+            budget.take(),
+            Duration::ZERO,
+            "the second slot went by at 20 ms"
+        );
+    }
+
     #[test]
     fn the_rate_holds_over_many_takes_from_many_threads() {
         let budget = std::sync::Arc::new(PutBudget::new(1_000, 4, Clock::real()));
