@@ -10,6 +10,7 @@ use futures_channel::mpsc;
 use pico_meta::{MetaError, MetaStore, MetaUrl};
 use pico_s3::{ObjectStore, StorageUri, StoreError};
 
+use crate::clock::Clock;
 use crate::cluster::{start_keeper, Cluster, ClusterConfig};
 use crate::config::EngineConfig;
 use crate::inbox::Message;
@@ -34,6 +35,8 @@ pub struct CoreSeed {
     pub(crate) cluster: Option<Arc<Cluster>>,
     /// The node's object-store PUTs for flushes, shared by its cores.
     pub(crate) put_budget: Arc<PutBudget>,
+    /// Where the core reads the time (the node's one clock).
+    pub(crate) clock: Clock,
 }
 
 /// The result of [`boot`]: one seed per core plus the shared handles.
@@ -145,10 +148,22 @@ impl From<RecoveryError> for BootError {
 /// run (whatever its core count), and splits the streams across `config.cores` cores.
 /// Runs on the main thread before any executor starts.
 pub fn boot(
+    config: EngineConfig,
+    meta_url: &str,
+    storage: &str,
+    cluster: Option<ClusterConfig>,
+) -> Result<Boot, BootError> {
+    boot_with_clock(config, meta_url, storage, cluster, Clock::real())
+}
+
+/// [`boot`] with the clock the node reads: recovery's timestamps, the lease, the PUT budget and
+/// every core (a test's simulated one).
+pub fn boot_with_clock(
     mut config: EngineConfig,
     meta_url: &str,
     storage: &str,
     cluster: Option<ClusterConfig>,
+    clock: Clock,
 ) -> Result<Boot, BootError> {
     config.check()?;
     if let Some(cluster) = &cluster {
@@ -199,11 +214,19 @@ pub fn boot(
                     "waited {left} ms for the previous incarnation's lease to lapse"
                 ));
             }
-            Some(Cluster::new(cluster_config, state))
+            Some(Cluster::new(cluster_config, state, clock.clone()))
         }
     };
     let fence = cluster.as_ref().map(|c| (c.node_id(), c.node_epoch()));
-    let recovered = recover_wal_files(&config, &meta, &store, &mut snapshot, &mut report, fence)?;
+    let recovered = recover_wal_files(
+        &config,
+        &meta,
+        &store,
+        &mut snapshot,
+        &mut report,
+        fence,
+        &clock,
+    )?;
     let mut epochs = HashMap::new();
     if let Some(cluster) = &cluster {
         // Only what this node owns; the other nodes' streams are theirs to serve.
@@ -238,7 +261,11 @@ pub fn boot(
             .collect(),
     );
     // One PUT per core may go at once; beyond that the cores share the node's rate.
-    let put_budget = Arc::new(PutBudget::new(config.object_puts_per_second, config.cores));
+    let put_budget = Arc::new(PutBudget::new(
+        config.object_puts_per_second,
+        config.cores,
+        clock.clone(),
+    ));
     let seeds = receivers
         .into_iter()
         .zip(per_core)
@@ -254,6 +281,7 @@ pub fn boot(
             metrics: metrics[core].clone(),
             cluster: cluster.clone(),
             put_budget: put_budget.clone(),
+            clock: clock.clone(),
         })
         .collect();
     if let Some(cluster) = &cluster {

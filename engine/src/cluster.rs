@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use futures_channel::mpsc;
 use pico_meta::{ClusterState, MetaError, MetaStore, NodeId, NodeRow};
 
-use crate::error::EngineError;
+use crate::clock::Clock;
+use crate::error::{EngineError, NotOwnerReason};
 use crate::inbox::Message;
 use crate::limits;
 use crate::placement::owner_core;
@@ -55,6 +56,8 @@ pub struct Cluster {
     /// This node may serve until this many ms after `base` (its own clock).
     valid_until_ms: AtomicU64,
     base: Instant,
+    /// Where the lease's own time is read.
+    clock: Clock,
     /// A newer incarnation of this node id registered: this process must not serve again.
     superseded: AtomicBool,
     stopping: AtomicBool,
@@ -68,17 +71,19 @@ impl ClusterConfig {
 }
 
 impl Cluster {
-    pub fn new(config: ClusterConfig, state: ClusterState) -> Arc<Cluster> {
+    pub fn new(config: ClusterConfig, state: ClusterState, clock: Clock) -> Arc<Cluster> {
+        let now = clock.now();
         let cluster = Arc::new(Cluster {
             view: Mutex::new(Arc::new(state)),
             valid_until_ms: AtomicU64::new(0),
-            base: Instant::now(),
+            base: now,
+            clock,
             superseded: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             config,
         });
         // Registration just renewed the lease.
-        cluster.extend_lease(Instant::now());
+        cluster.extend_lease(now);
         cluster
     }
 
@@ -92,7 +97,10 @@ impl Cluster {
     }
 
     fn now_ms(&self) -> u64 {
-        self.base.elapsed().as_millis() as u64
+        self.clock
+            .now()
+            .saturating_duration_since(self.base)
+            .as_millis() as u64
     }
 
     fn extend_lease(&self, sent: Instant) {
@@ -110,17 +118,15 @@ impl Cluster {
     /// Waits (bounded by one lease time) for the lease to be valid again; the error for a
     /// request that cannot be served meanwhile.
     pub async fn wait_for_lease(&self) -> Result<(), EngineError> {
-        let deadline = Instant::now() + Duration::from_millis(self.config.lease_ms);
+        let deadline = self.clock.now() + Duration::from_millis(self.config.lease_ms);
         loop {
             if self.lease_valid() {
                 return Ok(());
             }
-            if self.superseded.load(Ordering::Acquire) || Instant::now() >= deadline {
-                return Err(EngineError::NotOwner(format!(
-                    "node {} does not hold its cluster lease (the metadata database is \
-                     unreachable, or a newer incarnation took over); retry",
-                    self.config.node_id
-                )));
+            if self.superseded.load(Ordering::Acquire) || self.clock.now() >= deadline {
+                return Err(EngineError::NotOwner(NotOwnerReason::NoLease {
+                    node: self.config.node_id,
+                }));
             }
             glommio::timer::sleep(Duration::from_millis(limits::LEASE_WAIT_POLL_MS)).await;
         }
@@ -172,12 +178,10 @@ impl Cluster {
                     ds_address: row.ds_address.trim_end_matches('/').to_string(),
                 }
             }
-            _ if !self.config.redirect => EngineError::NotOwner(format!(
-                "the stream is served by node {node} (this node runs --routing local)"
-            )),
-            _ => EngineError::NotOwner(format!(
-                "the stream is served by node {node}, which is not reachable yet; retry"
-            )),
+            _ if !self.config.redirect => {
+                EngineError::NotOwner(NotOwnerReason::LocalRouting { node })
+            }
+            _ => EngineError::NotOwner(NotOwnerReason::OwnerUnreachable { node }),
         }
     }
 
@@ -219,7 +223,7 @@ impl Cluster {
     pub fn moved_to(&self, owner: Option<NodeId>) -> EngineError {
         match owner {
             Some(node) => self.moved(node),
-            None => EngineError::NotOwner("the stream has no owner yet; retry".into()),
+            None => EngineError::NotOwner(NotOwnerReason::NoOwnerYet),
         }
     }
 
@@ -286,7 +290,7 @@ fn keeper(cluster: Arc<Cluster>, meta: MetaStore, mut cores: Vec<mpsc::Sender<Me
             return; // `Cluster::release` ends the lease once the cores flushed.
         }
         let lapsed = !cluster.lease_valid();
-        let sent = Instant::now();
+        let sent = cluster.clock.now();
         match wait(meta.renew_lease(config.node_id, config.node_epoch, config.lease_ms)) {
             Ok(state) => {
                 // Lapsed by this node's clock, or by the database's when a slow renewal landed
@@ -422,9 +426,8 @@ fn summarize(moved: &[(u64, NodeId)]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_lease_below_its_floor_is_refused_not_raised() {
-        let config = |lease_ms| ClusterConfig {
+    fn config(lease_ms: u64) -> ClusterConfig {
+        ClusterConfig {
             node_id: 1,
             node_epoch: 1,
             address: String::new(),
@@ -432,7 +435,11 @@ mod tests {
             lease_ms,
             redirect: true,
             cluster_id: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_lease_below_its_floor_is_refused_not_raised() {
         assert_eq!(config(limits::LEASE_MS_MIN).check(), Ok(()));
         assert_eq!(
             config(limits::LEASE_MS_MIN - 1)
@@ -445,5 +452,20 @@ mod tests {
                 limits::LEASE_MS_MIN - 1
             )
         );
+    }
+
+    /// The lease is judged by the node's clock: a simulated one lapses it when moved past
+    /// three quarters of the lease, with no time passing.
+    #[test]
+    fn the_lease_lapses_by_the_nodes_clock() {
+        let clock = Clock::simulated(1_700_000_000_000);
+        let cluster = Cluster::new(config(4_000), ClusterState::default(), clock.clone());
+        assert!(cluster.lease_valid(), "registration renewed it");
+        clock.advance(Duration::from_millis(2_999));
+        assert!(cluster.lease_valid());
+        clock.advance(Duration::from_millis(1));
+        assert!(!cluster.lease_valid(), "3/4 of the lease went by");
+        cluster.extend_lease(clock.now());
+        assert!(cluster.lease_valid(), "a renewal sent now extends it");
     }
 }

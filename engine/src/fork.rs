@@ -5,7 +5,7 @@
 use std::rc::Rc;
 
 use crate::api::{Created, ForkSpec, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput};
-use crate::error::{CreateError, EngineError, ReadError};
+use crate::error::{CreateError, EngineError, InvalidCreate, Mismatch, ReadError, StorageFault};
 use crate::route::Router;
 use crate::state::{mime_base_eq, ForkOrigin, StreamConfig};
 
@@ -96,10 +96,9 @@ pub(crate) async fn read(
             // Boxed: only forks get here, and it would size every read's future.
             let own = Box::pin(router.read(&level.name, own_request)).await?;
             if own.inherit.is_some() {
-                return Err(EngineError::Storage(format!(
-                    "{}: a read from its own first offset named its source again",
-                    level.name
-                ))
+                return Err(EngineError::Storage(StorageFault::ForkReadLoop {
+                    fork: level.name.clone(),
+                })
                 .into());
             }
             if !own.records.is_empty() {
@@ -129,16 +128,13 @@ pub(crate) async fn create(
         other => other?,
     };
     if spec.offset_bytes > 0 {
-        return Err(CreateError::Invalid(
-            "Stream-Fork-Offset is not an offset this server issued".into(),
-        ));
+        return Err(CreateError::Invalid(InvalidCreate::ForeignForkOffset));
     }
     let offset = spec.offset.unwrap_or(source.next_offset);
     if offset > source.next_offset {
-        return Err(CreateError::Invalid(format!(
-            "fork offset is past the source's tail ({})",
-            source.next_offset
-        )));
+        return Err(CreateError::Invalid(InvalidCreate::ForkPastTail {
+            tail: source.next_offset,
+        }));
     }
     let (offset, partial_bytes) = if spec.sub_offset == 0 {
         (offset, 0)
@@ -147,15 +143,13 @@ pub(crate) async fn create(
         let at = offset.checked_add(spec.sub_offset);
         let Some(at) = at.filter(|&at| at <= source.next_offset) else {
             return Err(CreateError::Invalid(
-                "Stream-Fork-Sub-Offset is past the source's last message".into(),
+                InvalidCreate::SubOffsetPastLastMessage,
             ));
         };
         (at, 0)
     } else {
         if offset >= source.next_offset {
-            return Err(CreateError::Invalid(
-                "Stream-Fork-Sub-Offset needs a record after the fork offset".into(),
-            ));
+            return Err(CreateError::Invalid(InvalidCreate::SubOffsetWithoutRecord));
         }
         let request = ReadRequest {
             from: ReadFrom::Offset(offset),
@@ -169,9 +163,7 @@ pub(crate) async fn create(
         let length = record.records.first().map_or(0, |r| r.body.len() as u64);
         match spec.sub_offset.cmp(&length) {
             std::cmp::Ordering::Greater => {
-                return Err(CreateError::Invalid(
-                    "Stream-Fork-Sub-Offset is past the end of the record".into(),
-                ))
+                return Err(CreateError::Invalid(InvalidCreate::SubOffsetPastRecord))
             }
             std::cmp::Ordering::Equal => (offset + 1, 0),
             std::cmp::Ordering::Less => (offset, spec.sub_offset),
@@ -196,10 +188,9 @@ pub(crate) async fn create(
     } else if !mime_base_eq(&config.content_type, &source_config.content_type) {
         release().await;
         return Err(CreateError::ConfigMismatch {
-            message: format!(
-                "fork content type differs from the source's ({})",
-                source_config.content_type
-            ),
+            reason: Mismatch::ForkContentType {
+                source: source_config.content_type.clone(),
+            },
             next_offset: 0,
         });
     }

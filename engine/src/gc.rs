@@ -7,12 +7,12 @@
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pico_meta::MetaError;
 use pico_s3::StoreError;
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::inbox::Message;
 use crate::limits;
 use crate::route::Router;
@@ -21,6 +21,8 @@ use crate::route::Router;
 /// backup, served by core 0's admin listener) share it on that core's thread.
 #[derive(Default)]
 pub(crate) struct GcGate {
+    /// Where a hold's deadline is read.
+    clock: Clock,
     /// Holds taken and not yet dropped; no round starts while any is.
     holds: Cell<usize>,
     /// A round is deleting objects and rows now.
@@ -85,14 +87,22 @@ impl std::fmt::Display for RoundError {
 }
 
 impl GcGate {
+    pub(crate) fn new(clock: Clock) -> GcGate {
+        GcGate {
+            clock,
+            ..GcGate::default()
+        }
+    }
+
     /// Holds the collector, once a round in progress ended; `None` if it had not by
     /// `deadline` (a round stuck on an object store or catalog outage), and then no hold.
-    pub(crate) async fn hold(self: &Rc<Self>, deadline: Instant) -> Option<GcHold> {
+    pub(crate) async fn hold(self: &Rc<Self>, timeout: Duration) -> Option<GcHold> {
+        let deadline = self.clock.now() + timeout;
         // Counted first, so no new round starts while this waits.
         self.holds.set(self.holds.get() + 1);
         let hold = GcHold { gate: self.clone() };
         while self.round_running.get() {
-            if Instant::now() >= deadline {
+            if self.clock.now() >= deadline {
                 return None;
             }
             glommio::timer::sleep(Duration::from_millis(limits::GC_HOLD_POLL_MS)).await;
@@ -129,7 +139,7 @@ async fn collect_garbage(router: &Router) -> Result<usize, RoundError> {
     // Which streams need a segment is the catalog's to say (a trim reaches it right after the
     // owning core), so a round's work and memory grow with the garbage, not with the streams
     // the cores hold.
-    let sealed_before_ms = now_ms() - limits::GC_SEALED_MARGIN_MS;
+    let sealed_before_ms = router.shard.clock().now_ms() - limits::GC_SEALED_MARGIN_MS;
     let (meta, store) = (router.shard.meta(), router.shard.store());
     let keys = meta
         .garbage_segments(sealed_before_ms)

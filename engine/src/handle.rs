@@ -15,7 +15,7 @@ use crate::api::{
 use crate::boot::CoreSeed;
 use crate::checkpoint::CheckpointError;
 use crate::cluster::Cluster;
-use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
+use crate::error::{AppendError, CreateError, EngineError, ReadError, StartError, TrimError};
 use crate::fork;
 use crate::gc;
 use crate::inbox::Peers;
@@ -47,7 +47,7 @@ pub trait WriteObserver {
 
 impl CoreHandle {
     /// Starts this core's shard and its inbox. Call on the core's executor.
-    pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, String> {
+    pub async fn start(seed: CoreSeed) -> Result<Rc<CoreHandle>, StartError> {
         let CoreSeed {
             core,
             config,
@@ -59,6 +59,7 @@ impl CoreHandle {
             metrics,
             cluster,
             put_budget,
+            clock,
         } = seed;
         let parts = ShardParts {
             core,
@@ -68,7 +69,7 @@ impl CoreHandle {
             metrics,
             cluster: cluster.clone(),
             put_budget,
-            clock: crate::clock::Clock::real(),
+            clock: clock.clone(),
         };
         let shard = Shard::start(parts, streams).await?;
         let inbox_shard = shard.clone();
@@ -80,14 +81,14 @@ impl CoreHandle {
             "pico-inbox",
         );
         glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
-            .map_err(|e| format!("cannot start core {core} inbox: {e}"))?
+            .map_err(|source| StartError::Inbox { core, source })?
             .detach();
         let router = Rc::new(Router {
             core,
             shard,
             peers: Peers::new(peers),
         });
-        let gc = Rc::new(gc::GcGate::default());
+        let gc = Rc::new(gc::GcGate::new(clock.clone()));
         if core == 0 {
             glommio::spawn_local(gc::gc_loop(router.clone(), gc.clone())).detach();
         }
@@ -95,7 +96,7 @@ impl CoreHandle {
         Ok(Rc::new(CoreHandle {
             router,
             cluster,
-            live: LiveReads::default(),
+            live: LiveReads::new(clock),
             gc,
             observer: OnceCell::new(),
         }))
@@ -132,7 +133,7 @@ impl CoreHandle {
             return Err(gc::HoldError::NotCollectorCore);
         }
         self.gc
-            .hold(std::time::Instant::now() + timeout)
+            .hold(timeout)
             .await
             .ok_or(gc::HoldError::RoundRunning {
                 timeout_ms: timeout.as_millis(),
@@ -347,7 +348,7 @@ impl CoreHandle {
             .list_streams(prefix, start_after, limit.saturating_add(1))
             .await
             .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+            .map_err(EngineError::from)?;
         let more = rows.len() > limit;
         // This node's loaded streams of the same range, from every core in one round: the
         // catalog page's names of this node are among them unless not loaded yet (taken over
@@ -394,7 +395,7 @@ fn committed_info(listed: &CatalogStream) -> StreamInfo {
         expires_at_ms: config.expires_at_ms,
         start_offset: listed.start_offset,
         next_offset: listed.next_offset,
-        closed: config.closed,
+        closed: listed.row.closed,
         retention: config.retention,
     }
 }

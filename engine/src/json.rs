@@ -48,6 +48,21 @@ impl std::fmt::Display for JsonError {
     }
 }
 
+/// Equal when the same check failed at the same place (serde_json's errors compare by their
+/// category and position).
+impl PartialEq for JsonError {
+    fn eq(&self, other: &JsonError) -> bool {
+        match (self, other) {
+            (JsonError::NotOneValue(a), JsonError::NotOneValue(b)) => {
+                a.classify() == b.classify() && a.line() == b.line() && a.column() == b.column()
+            }
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
+}
+
+impl Eq for JsonError {}
+
 impl std::error::Error for JsonError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

@@ -42,12 +42,15 @@ pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,
     ReadRequest, RecordInput, RecordView, RetentionChange, StreamInfo, StreamSummary,
 };
-pub use boot::{boot, Boot, BootError, CoreSeed};
+pub use boot::{boot, boot_with_clock, Boot, BootError, CoreSeed};
 pub use checkpoint::CheckpointError;
 pub use clock::{now_ms, Clock};
 pub use cluster::{AdvertiseError, Cluster, ClusterConfig};
 pub use config::{displayed_meta_url, Durability, EngineConfig};
-pub use error::{AppendError, CreateError, EngineError, ReadError, TrimError};
+pub use error::{
+    AppendError, CreateError, EngineError, InvalidAppend, InvalidCreate, Mismatch, NotOwnerReason,
+    ReadError, Resume, StartError, StorageFault, TrimError,
+};
 pub use gc::{GcHold, HoldError};
 pub use handle::{CoreHandle, WriteObserver};
 pub use live::ReadShape;

@@ -34,6 +34,7 @@ use futures_util::future::{LocalBoxFuture, Shared, WeakShared};
 use futures_util::FutureExt as _;
 
 use crate::api::{ReadBatch, ReadFrom, ReadRequest};
+use crate::clock::Clock;
 use crate::error::ReadError;
 use crate::fork;
 use crate::metrics::GaugeGuard;
@@ -110,6 +111,8 @@ impl InFlight {
 /// This core's live reads in flight, by stream name (looked up without a copy of the name).
 #[derive(Default)]
 pub(crate) struct LiveReads {
+    /// Where the reads' deadlines are read.
+    clock: Clock,
     reads: RefCell<HashMap<Box<str>, Vec<InFlight>>>,
     /// Reads filed since the map was last swept of finished ones.
     filed: Cell<usize>,
@@ -129,6 +132,13 @@ const SWEEP_AT_MIN: usize = 64;
 static SHARED_READS: AtomicU64 = AtomicU64::new(0);
 
 impl LiveReads {
+    pub(crate) fn new(clock: Clock) -> LiveReads {
+        LiveReads {
+            clock,
+            ..LiveReads::default()
+        }
+    }
+
     /// `request` answered through a read shared with this core's other requests for the same
     /// records, or `None` when it is not a live read (the caller reads it alone). A read from
     /// the tail or from the first readable record learns its offset first, from a read that
@@ -144,7 +154,7 @@ impl LiveReads {
         if request.bound.is_some() {
             return None;
         }
-        let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        let deadline = self.clock.now() + Duration::from_millis(wait_ms);
         let _waiting = GaugeGuard::enter(&router.shard.metrics().live_waiters);
         let from = match request.from {
             ReadFrom::Offset(from) => from,
@@ -172,7 +182,7 @@ impl LiveReads {
                 // subscribers would each file one in the reactor per record).
                 Some(shared.await)
             } else {
-                let rest = deadline.saturating_duration_since(Instant::now());
+                let rest = deadline.saturating_duration_since(self.clock.now());
                 async { Some(shared.await) }
                     .or(async {
                         glommio::timer::sleep(rest).await;
@@ -187,7 +197,7 @@ impl LiveReads {
                         && !batch.closed
                         && batch.inherit.is_none()
                         && !router.shard.is_stopping()
-                        && Instant::now() < deadline => {}
+                        && self.clock.now() < deadline => {}
                 Some(answer) => return Some(answer),
                 None => break,
             }
@@ -225,7 +235,7 @@ impl LiveReads {
             self.filed.set(0);
             self.sweep_at.set(stays * 2);
         }
-        let wait = deadline.saturating_duration_since(Instant::now());
+        let wait = deadline.saturating_duration_since(self.clock.now());
         let shared_request =
             shape.request(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1));
         let (router, owned_name) = (router.clone(), name.to_string());

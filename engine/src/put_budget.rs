@@ -17,9 +17,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
+
 /// Shared by every core of a node (an `Arc` in each core's seed).
 pub(crate) struct PutBudget {
     origin: Instant,
+    /// Where `origin` and now are read.
+    clock: Clock,
     spacing_us: u64,
     /// How far ahead of the clock slots may be handed out without waiting.
     burst_us: u64,
@@ -29,11 +33,12 @@ pub(crate) struct PutBudget {
 
 impl PutBudget {
     /// `puts_per_second` is at least 1 (`EngineConfig::check`); `burst` PUTs may go at once.
-    pub(crate) fn new(puts_per_second: u32, burst: usize) -> PutBudget {
+    pub(crate) fn new(puts_per_second: u32, burst: usize, clock: Clock) -> PutBudget {
         let spacing_us = 1_000_000 / u64::from(puts_per_second.max(1));
         let burst = burst.max(1) as u64;
         PutBudget {
-            origin: Instant::now(),
+            origin: clock.now(),
+            clock,
             spacing_us,
             burst_us: spacing_us.saturating_mul(burst - 1),
             next_free_us: AtomicU64::new(0),
@@ -42,7 +47,8 @@ impl PutBudget {
 
     /// Takes the next slot: how long the caller must wait before its PUT starts.
     pub(crate) fn take(&self) -> Duration {
-        let now_us = self.origin.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        let elapsed = self.clock.now().saturating_duration_since(self.origin);
+        let now_us = elapsed.as_micros().min(u128::from(u64::MAX)) as u64;
         self.take_at(now_us)
     }
 
@@ -74,7 +80,7 @@ mod tests {
     #[test]
     fn slots_are_spaced_by_the_rate_after_the_burst() {
         // 200 PUTs/s: a slot every 5 ms; two may go at once.
-        let budget = PutBudget::new(200, 2);
+        let budget = PutBudget::new(200, 2, Clock::real());
         assert_eq!(budget.take_at(1_000), Duration::ZERO);
         assert_eq!(budget.take_at(1_000), Duration::ZERO);
         assert_eq!(budget.take_at(1_000), Duration::from_millis(5));
@@ -83,16 +89,31 @@ mod tests {
 
     #[test]
     fn an_idle_budget_does_not_save_up_more_than_its_burst() {
-        let budget = PutBudget::new(100, 1);
+        let budget = PutBudget::new(100, 1, Clock::real());
         assert_eq!(budget.take_at(0), Duration::ZERO);
         // Ten seconds idle: the next slot is free at once, but only one.
         assert_eq!(budget.take_at(10_000_000), Duration::ZERO);
         assert_eq!(budget.take_at(10_000_000), Duration::from_millis(10));
     }
 
+    /// A simulated clock drives the budget: slots free up only as it is advanced.
+    #[test]
+    fn the_budget_reads_its_clock() {
+        let clock = Clock::simulated(0);
+        let budget = PutBudget::new(100, 1, clock.clone());
+        assert_eq!(budget.take(), Duration::ZERO);
+        assert_eq!(budget.take(), Duration::from_millis(10));
+        clock.advance(Duration::from_millis(25));
+        assert_eq!(
+            budget.take(),
+            Duration::ZERO,
+            "the second slot went by at 20 ms"
+        );
+    }
+
     #[test]
     fn the_rate_holds_over_many_takes_from_many_threads() {
-        let budget = std::sync::Arc::new(PutBudget::new(1_000, 4));
+        let budget = std::sync::Arc::new(PutBudget::new(1_000, 4, Clock::real()));
         let waits: Vec<Duration> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4)
                 .map(|_| {

@@ -14,7 +14,7 @@ use pico_meta::{
 };
 use pico_s3::{ObjectStore, StoreError};
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::placement::{epoch_of, segment_key};
@@ -180,6 +180,7 @@ pub(crate) fn recover_wal_files(
     snapshot: &mut Snapshot,
     report: &mut Vec<String>,
     fence: Option<(pico_meta::NodeId, u64)>,
+    clock: &Clock,
 ) -> Result<Recovered, RecoveryError> {
     let mut max_epoch_ms = snapshot
         .segments
@@ -248,7 +249,7 @@ pub(crate) fn recover_wal_files(
                         wal_dir: config.wal_dir.clone(),
                     });
                 }
-                let (bytes, lost) = tails.salvage(&data, damage, now_ms());
+                let (bytes, lost) = tails.salvage(&data, damage, clock.now_ms());
                 (bytes, Some((described, damage, lost)))
             }
             _ => {
@@ -286,7 +287,7 @@ pub(crate) fn recover_wal_files(
         }
         if !bytes.is_empty() {
             let bytes = bytes::Bytes::from(bytes);
-            let record = index_segment(key, &bytes);
+            let record = index_segment(key, &bytes, clock.now_ms());
             wait(store.put(&record.key, bytes.clone()))?;
             commit(meta, &record, fence, &scanned.epochs, &path)?;
             report.push(format!(
@@ -302,7 +303,7 @@ pub(crate) fn recover_wal_files(
             None => remove(&path)?,
             Some((described, damage, lost)) => {
                 let tails = tails.as_ref().expect("made for the damaged file");
-                let text = salvage_report(&described, damage, &lost, tails);
+                let text = salvage_report(&described, damage, &lost, tails, clock.now_ms());
                 let kept = keep_damaged(config, &path, &text)?;
                 let line = format!(
                     "salvaged damaged WAL file {} (kept as {}): {}",
@@ -495,6 +496,7 @@ fn salvage_report(
     damage: &Damage,
     lost: &BTreeMap<u64, Lost>,
     tails: &Tails,
+    now_ms: i64,
 ) -> String {
     format!(
         "{described}\n\nSalvaged at {} ms since the epoch: every frame readable in order was \
@@ -502,7 +504,7 @@ fn salvage_report(
          records and how many cannot be known. A stream whose records the damaged bytes held \
          but whose header was destroyed cannot be named; the byte range above is what was \
          lost.\n",
-        now_ms(),
+        now_ms,
         lost_summary(damage, lost, tails)
     )
 }
@@ -547,8 +549,8 @@ pub(crate) fn wait<T, E: Into<StorageError>>(
         .map_err(Into::into)
 }
 
-/// Builds a segment's catalog entry from its frames.
-pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord {
+/// Builds a segment's catalog entry from its frames, made at `created_ms`.
+pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes, created_ms: i64) -> SegmentRecord {
     let mut entries: std::collections::BTreeMap<u64, SegmentStreamEntry> = Default::default();
     let mut pos = 0;
     while let Ok((frame, len)) = frame::decode_frame(bytes, pos) {
@@ -609,7 +611,7 @@ pub(crate) fn index_segment(key: String, bytes: &bytes::Bytes) -> SegmentRecord 
     SegmentRecord {
         key,
         size_bytes: pos as u64,
-        created_ms: now_ms(),
+        created_ms,
         streams: entries.into_values().collect(),
     }
 }

@@ -5,24 +5,15 @@
 
 use std::sync::Arc;
 
-use crate::error::{AppendError, CreateError, ReadError};
+use crate::error::{AppendError, CreateError, InvalidAppend, Mismatch, ReadError};
 pub use crate::frame::ProducerTuple;
 use crate::producers::{Producer, ProducerLimits, Producers};
 
 mod catalog;
 
-/// Configuration fixed at create.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamConfig {
-    pub content_type: String,
-    /// Sliding idle expiry: reads and appends move the deadline to `now + ttl`.
-    pub ttl_sec: Option<u64>,
-    /// Fixed expiry instant (Unix ms).
-    pub expires_at_ms: Option<i64>,
-    /// What the stream keeps; not part of a re-create's comparison (a `PUT` of an existing
-    /// stream neither checks nor changes it: a configure does).
-    pub retention: pico_meta::Retention,
-}
+/// Configuration fixed at create (but for the retention): the registry's own type, one shape
+/// from the protocols to the catalog.
+pub use pico_meta::StreamConfig;
 
 /// Where a fork's inherited records come from: records `0..offset` of the source, plus the
 /// first `partial_bytes` bytes of its record `offset` when non-zero. The fork's own records
@@ -288,7 +279,7 @@ impl StreamState {
         now_ms: i64,
     ) -> Result<AppendOutcome, AppendError> {
         if command.records == 0 && !command.close {
-            return Err(AppendError::Invalid("empty body".into()));
+            return Err(AppendError::Invalid(InvalidAppend::EmptyBody));
         }
         // Producer outcomes come before the closed check, so a retry of a request that was
         // applied (even the one that closed the stream) still succeeds.
@@ -378,8 +369,7 @@ impl StreamState {
         &self,
         producer: &ProducerTuple,
     ) -> Result<Option<AppendOutcome>, AppendError> {
-        let new_epoch_error =
-            || AppendError::Invalid("New epoch must start with sequence 0".into());
+        let new_epoch_error = || AppendError::Invalid(InvalidAppend::NewEpochNotAtZero);
         match self.extras().producers.get(&producer.id) {
             None if producer.seq != 0 => Err(AppendError::UnknownProducer {
                 received: producer.seq,
@@ -465,12 +455,12 @@ impl StreamState {
     ) -> Result<(), CreateError> {
         if self.soft_deleted {
             return Err(CreateError::ConfigMismatch {
-                message: "a deleted stream with live forks still holds this name".into(),
+                reason: Mismatch::DeletedWithForks,
                 next_offset: self.durable_offset,
             });
         }
-        let mismatch = |message: String| CreateError::ConfigMismatch {
-            message,
+        let mismatch = |reason: Mismatch| CreateError::ConfigMismatch {
+            reason,
             next_offset: self.durable_offset,
         };
         let extras = self.extras();
@@ -478,20 +468,15 @@ impl StreamState {
             || extras.expires_at_ms != config.expires_at_ms
             || self.closed != closed
         {
-            return Err(mismatch(
-                "stream exists with a different configuration".into(),
-            ));
+            return Err(mismatch(Mismatch::Config));
         }
         if self.fork() != fork {
-            return Err(mismatch(
-                "stream exists with a different fork origin".into(),
-            ));
+            return Err(mismatch(Mismatch::ForkOrigin));
         }
         if !mime_base_eq(&self.content_type, &config.content_type) {
-            return Err(mismatch(format!(
-                "stream exists with content type {}",
-                self.content_type
-            )));
+            return Err(mismatch(Mismatch::ContentType {
+                existing: self.content_type.to_string(),
+            }));
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ use pico_engine::meta::testing::PgDatabase;
 use pico_engine::meta::Fence;
 use pico_engine::{
     boot, AppendError, AppendRequest, ClusterConfig, CoreHandle, CreateRequest, EngineConfig,
-    EngineError,
+    EngineError, NotOwnerReason,
 };
 
 const NODE: u32 = 1;
@@ -224,7 +224,7 @@ fn a_superseded_incarnation_commits_and_acknowledges_nothing() {
         "the old incarnation's append: {appended:?}"
     );
     assert!(
-        matches!(deleted, Err(EngineError::NotOwner(ref m)) if m.contains("superseded")),
+        matches!(deleted, Err(EngineError::NotOwner(NotOwnerReason::Fenced(ref m))) if m.contains("superseded")),
         "the old incarnation's delete: {deleted:?}"
     );
     let (row, _) = stored.expect("the stream is still registered");

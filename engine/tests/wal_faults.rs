@@ -16,6 +16,7 @@ use pico_engine::faults::{self, WalIo};
 use pico_engine::health::HealthState;
 use pico_engine::{
     AppendError, AppendRequest, CoreHandle, CreateError, CreateRequest, EngineError, RecordInput,
+    Resume,
 };
 
 const SEGMENT_BYTES: usize = 64 * 1024;
@@ -85,7 +86,7 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
         assert!(
             matches!(
                 refused_create,
-                Err(CreateError::Append(AppendError::WritesStopped(_)))
+                Err(CreateError::Append(AppendError::WritesStopped { .. }))
             ),
             "{refused_create:?}"
         );
@@ -103,11 +104,17 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
     });
     let (failed, after, reads, head_ok, health, reason, created, deleted) = found;
     assert!(
-        matches!(failed, Err(AppendError::Durability(ref m)) if m.contains("Input/output error")),
+        matches!(failed, Err(AppendError::Durability { ref fault, .. }) if fault.contains("Input/output error")),
         "the append the failed I/O carried is failed: {failed:?}"
     );
     assert!(
-        matches!(after, Err(AppendError::WritesStopped(ref m)) if m.contains("restart")),
+        matches!(
+            after,
+            Err(AppendError::WritesStopped {
+                until: Resume::Restart,
+                ..
+            })
+        ),
         "later appends are refused, not retried as if durable: {after:?}"
     );
     assert_eq!(reads, vec![(0, Bytes::from_static(b"kept"))], "reads go on");
@@ -185,7 +192,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         "only {acked} appends before the refusal"
     );
     assert!(
-        matches!(refused, Some(AppendError::OutOfSpace(ref m)) if m.contains("No space left")),
+        matches!(refused, Some(AppendError::OutOfSpace { ref fault }) if fault.contains("No space left")),
         "{refused:?}"
     );
     assert_eq!(state, HealthState::Degraded);
@@ -243,7 +250,7 @@ fn requests_waiting_for_a_failed_round_are_answered_not_left_waiting() {
         ("the repeated close", close_again),
     ] {
         assert!(
-            matches!(answer, Err(AppendError::Durability(_))),
+            matches!(answer, Err(AppendError::Durability { .. })),
             "{what}: {answer:?}"
         );
     }

@@ -30,6 +30,7 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
         Command::Create {
             name,
             config,
+            closed,
             fork,
             now_ms,
             owner,
@@ -38,6 +39,7 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
             let create = CreateArgs {
                 name,
                 config,
+                closed,
                 fork,
                 now_ms,
                 owner,
@@ -98,6 +100,7 @@ pub(crate) fn retention_columns(retention: &Retention) -> Result<[Option<i64>; 3
 pub(crate) struct CreateArgs {
     pub(crate) name: String,
     pub(crate) config: StreamConfig,
+    pub(crate) closed: bool,
     pub(crate) fork: Option<ForkRow>,
     pub(crate) now_ms: i64,
     pub(crate) owner: Option<NodeId>,
@@ -118,6 +121,7 @@ fn new_stream(create: &CreateArgs) -> Result<NewStream<'_>, MetaError> {
     let CreateArgs {
         name,
         config,
+        closed,
         fork,
         now_ms,
         owner,
@@ -142,7 +146,7 @@ fn new_stream(create: &CreateArgs) -> Result<NewStream<'_>, MetaError> {
         content_type: &config.content_type,
         ttl_sec,
         expires_at_ms: config.expires_at_ms,
-        closed: config.closed,
+        closed: *closed,
         created_ms: *now_ms,
         fork_source: fork_columns.0,
         fork_source_id: fork_columns.1,
@@ -267,6 +271,7 @@ fn created(create: CreateArgs, id: i64) -> CreateOutcome {
         id: id as u64,
         name: create.name,
         config: create.config,
+        closed: create.closed,
         created_ms: create.now_ms,
         start_offset: 0, // the column's default
         last_access_ms: create.now_ms,

@@ -206,7 +206,6 @@ mod tests {
             content_type: "text/plain".into(),
             ttl_sec: None,
             expires_at_ms: None,
-            closed: false,
             retention: Retention::default(),
         }
     }

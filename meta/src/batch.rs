@@ -208,6 +208,7 @@ fn take_group(
             Command::Create {
                 name,
                 config,
+                closed,
                 fork,
                 now_ms,
                 owner,
@@ -217,6 +218,7 @@ fn take_group(
                 group.creates.push(CreateArgs {
                     name,
                     config,
+                    closed,
                     fork,
                     now_ms,
                     owner,

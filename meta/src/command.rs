@@ -21,6 +21,7 @@ pub(crate) enum Command {
     Create {
         name: String,
         config: StreamConfig,
+        closed: bool,
         fork: Option<ForkRow>,
         now_ms: i64,
         owner: Option<NodeId>,

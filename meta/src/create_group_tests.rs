@@ -19,7 +19,6 @@ fn config(content_type: &str) -> StreamConfig {
         content_type: content_type.to_string(),
         ttl_sec: None,
         expires_at_ms: None,
-        closed: false,
         retention: Default::default(),
     }
 }

@@ -57,18 +57,20 @@ pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;
 
-/// A stream's configuration as stored in the registry.
+/// A stream's configuration, fixed at create but for its retention: what the protocols give,
+/// the engine keeps and the registry stores (whether the stream is closed is its state,
+/// [`StreamRow::closed`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamConfig {
     /// The user's content type, verbatim (parameters included).
     pub content_type: String,
-    /// Sliding idle expiry in seconds, if set.
+    /// Sliding idle expiry in seconds, if set: reads and appends move the deadline to
+    /// `now + ttl`.
     pub ttl_sec: Option<u64>,
     /// Absolute expiry instant in Unix milliseconds, if set.
     pub expires_at_ms: Option<i64>,
-    /// Closed streams accept no more appends; permanent for the name.
-    pub closed: bool,
-    /// What the stream keeps (docs/api.md, Retention); changeable after create.
+    /// What the stream keeps (docs/api.md, Retention); changeable after create (a configure
+    /// changes it; a re-create neither checks nor changes it).
     pub retention: Retention,
 }
 
@@ -98,6 +100,8 @@ pub struct StreamRow {
     /// The stream name (the request path, e.g. `/streams/orders`).
     pub name: String,
     pub config: StreamConfig,
+    /// Closed streams accept no more appends; permanent for the name.
+    pub closed: bool,
     pub created_ms: i64,
     /// First readable offset: raised by [`MetaStore::trim_stream`], never lowered.
     pub start_offset: u64,
@@ -243,7 +247,7 @@ pub struct Quarantined {
 }
 
 /// Errors of the metadata store.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetaError {
     /// `--meta-url` could not be understood; the message says what is expected.
     BadUrl(String),

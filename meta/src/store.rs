@@ -129,7 +129,7 @@ impl MetaStore {
         ))
     }
 
-    /// Registers `name` unless a live stream already has it.
+    /// Registers `name`, open, unless a live stream already has it.
     ///
     /// Atomic (the thread is the only writer and the name is `UNIQUE`): of two racing creates
     /// exactly one gets `created: true`; the other gets the winner's row and `created: false`, and
@@ -152,15 +152,16 @@ impl MetaStore {
         fork: Option<ForkRow>,
         now_ms: i64,
     ) -> Reply<CreateOutcome> {
-        self.create_stream_owned(name, config, fork, now_ms, None)
+        self.create_stream_owned(name, config, false, fork, now_ms, None)
     }
 
-    /// [`MetaStore::create_fork_stream`] in a cluster: a new row is owned by `owner` at epoch 1;
-    /// the outcome tells who owns the row that holds the name.
+    /// [`MetaStore::create_fork_stream`] of a stream `closed` or not, in a cluster: a new row is
+    /// owned by `owner` at epoch 1; the outcome tells who owns the row that holds the name.
     pub fn create_stream_owned(
         &self,
         name: &str,
         config: StreamConfig,
+        closed: bool,
         fork: Option<ForkRow>,
         now_ms: i64,
         owner: Option<NodeId>,
@@ -169,6 +170,7 @@ impl MetaStore {
         self.send(Command::Create {
             name: name.to_string(),
             config,
+            closed,
             fork,
             now_ms,
             owner,

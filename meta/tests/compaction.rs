@@ -24,7 +24,6 @@ fn config() -> StreamConfig {
         content_type: "text/plain".into(),
         ttl_sec: None,
         expires_at_ms: None,
-        closed: false,
         retention: Default::default(),
     }
 }
@@ -309,7 +308,7 @@ mod postgres {
         let (store, _) = MetaStore::open(&url).expect("open");
         let node = 1;
         wait(store.register_node(node, 1, "http://127.0.0.1:1", 1, 60_000)).unwrap();
-        let a = wait(store.create_stream_owned("/a", config(), None, 1, Some(node)))
+        let a = wait(store.create_stream_owned("/a", config(), false, None, 1, Some(node)))
             .unwrap()
             .row
             .id;

@@ -265,7 +265,6 @@ fn config(content_type: &str) -> StreamConfig {
         content_type: content_type.into(),
         ttl_sec: None,
         expires_at_ms: None,
-        closed: false,
         retention: Default::default(),
     }
 }
@@ -317,7 +316,6 @@ fn create_duplicate_delete_recreate(db: &Db) {
         content_type: "application/json; charset=utf-8".into(),
         ttl_sec: Some(60),
         expires_at_ms: Some(1_900_000_000_000),
-        closed: false,
         retention: Default::default(),
     };
     let first = wait(store.create_stream("/streams/orders", json.clone(), 1_000)).unwrap();
@@ -402,12 +400,12 @@ fn close_is_persistent_and_idempotent(db: &Db) {
     // A duplicate create reports the stored (closed) config.
     let again = wait(store.create_stream("/s", config("application/octet-stream"), 6)).unwrap();
     assert!(!again.created);
-    assert!(again.row.config.closed);
+    assert!(again.row.closed);
     store.shutdown();
 
     let snapshot = db.reopen_snapshot();
     assert_eq!(snapshot.streams.len(), 1);
-    assert!(snapshot.streams[0].config.closed);
+    assert!(snapshot.streams[0].closed);
 }
 
 fn retention_is_set_at_create_replaced_by_configure_and_survives_reopen(db: &Db) {
@@ -1411,7 +1409,8 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
 
     // Creates record their owner at epoch 1; fenced writes by the owner pass, others fail.
     let created =
-        wait(one.create_stream_owned("/c/a", config("text/plain"), None, 5, Some(1))).unwrap();
+        wait(one.create_stream_owned("/c/a", config("text/plain"), false, None, 5, Some(1)))
+            .unwrap();
     assert!(created.created);
     assert_eq!(
         (created.ownership.node, created.ownership.epoch),
@@ -1433,13 +1432,14 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
         Err(MetaError::Fenced(_))
     ));
     let lookup = wait(two.lookup_stream("/c/a")).unwrap().unwrap();
-    assert!(!lookup.0.config.closed, "the fenced close wrote nothing");
+    assert!(!lookup.0.closed, "the fenced close wrote nothing");
 
     // A segment commit keeps the entries of streams the committer owns and names the others.
-    let other = wait(two.create_stream_owned("/c/b", config("text/plain"), None, 5, Some(2)))
-        .unwrap()
-        .row
-        .id;
+    let other =
+        wait(two.create_stream_owned("/c/b", config("text/plain"), false, None, 5, Some(2)))
+            .unwrap()
+            .row
+            .id;
     let fence = pico_meta::SegmentFence {
         node: 1,
         node_epoch: 100,
@@ -1500,10 +1500,11 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
 
     // Takeover: nothing moves while node 1 is live; once its lease ended, its streams go to
     // the live node at the next epoch, and only to a node with slots.
-    let third = wait(one.create_stream_owned("/c/c", config("text/plain"), None, 5, Some(1)))
-        .unwrap()
-        .row
-        .id;
+    let third =
+        wait(one.create_stream_owned("/c/c", config("text/plain"), false, None, 5, Some(1)))
+            .unwrap()
+            .row
+            .id;
     assert!(wait(two.take_over(1, 100)).unwrap().is_empty());
     wait(one.release_lease(1, 100)).unwrap();
     assert!(
@@ -1519,10 +1520,11 @@ fn postgres_cluster_leases_ownership_fencing_and_transfers() {
 
     // A newer incarnation of node 1 supersedes the old one, whose renewals now fail, and so
     // do its writes: a segment commit keeps none of its entries, a fenced write is refused.
-    let fourth = wait(one.create_stream_owned("/c/d", config("text/plain"), None, 5, Some(1)))
-        .unwrap()
-        .row
-        .id;
+    let fourth =
+        wait(one.create_stream_owned("/c/d", config("text/plain"), false, None, 5, Some(1)))
+            .unwrap()
+            .row
+            .id;
     let registered = wait(two.register_node(1, 101, "http://one", 1, lease_ms)).unwrap();
     assert!(
         registered.previous_lease_left_ms > 0,
@@ -1580,7 +1582,7 @@ fn a_retried_commit_keeps_what_the_first_attempt_stored_after_the_stream_moved()
     let lease_ms = 60_000;
     wait(one.register_node(1, 100, "http://one", 1, lease_ms)).unwrap();
     wait(two.register_node(2, 100, "http://two", 1, lease_ms)).unwrap();
-    let id = wait(one.create_stream_owned("/r/s", config("text/plain"), None, 5, Some(1)))
+    let id = wait(one.create_stream_owned("/r/s", config("text/plain"), false, None, 5, Some(1)))
         .unwrap()
         .row
         .id;
@@ -1671,7 +1673,7 @@ fn the_catalog_lists_every_node_s_streams_in_byte_order() {
     wait(one.register_node(1, 100, "http://one", 1, 60_000)).unwrap();
     wait(two.register_node(2, 100, "http://two", 1, 60_000)).unwrap();
     let create = |store: &MetaStore, name: &str, node| {
-        wait(store.create_stream_owned(name, config("text/plain"), None, 5, Some(node)))
+        wait(store.create_stream_owned(name, config("text/plain"), false, None, 5, Some(node)))
             .unwrap()
             .row
             .id

@@ -179,7 +179,6 @@ fn config() -> StreamConfig {
         content_type: "text/plain".into(),
         ttl_sec: Some(3600),
         expires_at_ms: None,
-        closed: false,
         retention: Retention::default(),
     }
 }
@@ -284,7 +283,7 @@ fn every_write_whose_commit_answer_was_lost_is_answered_as_the_database_has_it()
     let node = 1;
     wait(store.register_node(node, 1, "http://127.0.0.1:1", 1, 60_000)).unwrap();
     let owned = |name: &str| {
-        wait(store.create_stream_owned(name, config(), None, 1, Some(node)))
+        wait(store.create_stream_owned(name, config(), false, None, 1, Some(node)))
             .unwrap()
             .row
             .id

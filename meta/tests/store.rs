@@ -54,7 +54,6 @@ fn in_memory_store_works() {
             content_type: "text/plain".into(),
             ttl_sec: None,
             expires_at_ms: None,
-            closed: false,
             retention: Default::default(),
         },
         0,

@@ -61,7 +61,7 @@ pub enum StorageLocation {
     Memory(String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// The URI could not be understood; the message says what is expected.
     BadUri(String),

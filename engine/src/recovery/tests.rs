@@ -39,7 +39,7 @@ fn index_rebuilds_runs_and_close() {
         b"",
     );
     let bytes = bytes::Bytes::from(buf);
-    let record = index_segment("segments/x.seg".into(), &bytes);
+    let record = index_segment("segments/x.seg".into(), &bytes, crate::clock::now_ms());
     assert_eq!(record.streams.len(), 2);
     let one = &record.streams[0];
     // Offsets 0..2 and 2..3 lie on either side of stream 2's frame: one span covers both.
@@ -61,7 +61,7 @@ fn index_rebuilds_runs_and_close() {
 
 #[test]
 fn an_index_of_nothing_is_empty() {
-    let record = index_segment("segments/e.seg".into(), &bytes::Bytes::new());
+    let record = index_segment("segments/e.seg".into(), &bytes::Bytes::new(), 0);
     assert!(record.streams.is_empty());
     assert_eq!(record.size_bytes, 0);
 }

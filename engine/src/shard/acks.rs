@@ -3,7 +3,7 @@
 //! when the stream moved to another node meanwhile (the queue itself is `pending.rs`).
 
 use crate::config::Durability;
-use crate::error::{AppendError, EngineError};
+use crate::error::{AppendError, EngineError, NotOwnerReason};
 
 use super::pending::Release;
 use super::state::Shard;
@@ -23,12 +23,9 @@ impl Shard {
         };
         for (ack, release) in released {
             if release == Release::Fenced {
-                let _ = ack.reply.send(Err(EngineError::NotOwner(
-                    "the stream moved to another node before this append was stored; \
-                     it was not appended"
-                        .into(),
-                )
-                .into()));
+                let _ = ack.reply.send(Err(
+                    EngineError::from(NotOwnerReason::MovedBeforeStored).into()
+                ));
                 continue;
             }
             let waiters = {
@@ -60,9 +57,11 @@ impl Shard {
     pub(super) fn fail_pending(&self, message: &str) {
         let pending = self.journal.drain_acks();
         for ack in pending {
-            let _ = ack
-                .reply
-                .send(Err(AppendError::Durability(message.to_string())));
+            let fault = message.to_string();
+            let _ = ack.reply.send(Err(AppendError::Durability {
+                fault,
+                retry: false,
+            }));
         }
         let waiters: Vec<_> = self
             .streams

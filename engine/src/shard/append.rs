@@ -7,7 +7,9 @@ use futures_channel::oneshot;
 use pico_meta::SegmentRun;
 
 use crate::api::{AppendAck, AppendRequest, Created, RecordInput};
-use crate::error::{AppendError, CreateError, EngineError};
+use crate::error::{
+    AppendError, CreateError, EngineError, InvalidAppend, InvalidCreate, Mismatch, NotOwnerReason,
+};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::json;
 use crate::limits;
@@ -111,10 +113,8 @@ impl Shard {
     ) -> Result<Created, CreateError> {
         // The protocols refuse larger TTLs with their own wording; this guards every caller.
         if config.ttl_sec.is_some_and(|ttl| ttl > limits::TTL_SEC_MAX) {
-            return Err(CreateError::Invalid(format!(
-                "a TTL must be at most {} seconds",
-                limits::TTL_SEC_MAX
-            )));
+            let max = limits::TTL_SEC_MAX;
+            return Err(CreateError::Invalid(InvalidCreate::TtlTooLarge { max }));
         }
         let found = self.live_stream_id(name, false).await;
         if let Err(EngineError::Gone) = found {
@@ -127,7 +127,7 @@ impl Shard {
         if found.is_err() && self.streams.holds(name) {
             // Expired, but forks still read it: the name stays taken until they are gone.
             return Err(CreateError::ConfigMismatch {
-                message: "an expired stream with live forks still holds this name".into(),
+                reason: Mismatch::ExpiredWithForks,
                 next_offset: 0,
             });
         }
@@ -140,15 +140,22 @@ impl Shard {
             self.check_writable(frames_len(&records, None, None))?;
         }
         // A body given with a closing create is appended first, then the close.
-        let meta_config = config.to_row(closed && records.is_empty());
+        let (meta_config, meta_closed) = (config.clone(), closed && records.is_empty());
         let fork_row = fork.as_ref().map(pico_meta::ForkRow::from);
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
-            .create_stream_owned(name, meta_config, fork_row, self.clock.now_ms(), me)
+            .create_stream_owned(
+                name,
+                meta_config,
+                meta_closed,
+                fork_row,
+                self.clock.now_ms(),
+                me,
+            )
             .await
             .map_err(|_| EngineError::ShuttingDown)?
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+            .map_err(EngineError::from)?;
         if let (Some(cluster), false) = (&self.cluster, outcome.created) {
             // Registered meanwhile by another node (or by this one before a restart): serve
             // it where it lives.
@@ -164,9 +171,7 @@ impl Shard {
                 // the stream on, then answer as the node that holds it.
                 self.resolve_owner(cluster, name, false).await?;
                 if !self.streams.holds(name) {
-                    return Err(CreateError::Engine(EngineError::NotOwner(
-                        "the stream changed hands while it was created; retry".into(),
-                    )));
+                    return Err(EngineError::from(NotOwnerReason::ChangedHandsDuringCreate).into());
                 }
                 return self.already_created(name, &config, closed, fork.as_ref());
             }
@@ -192,7 +197,7 @@ impl Shard {
                         row_config.expires_at_ms,
                         row_config.retention,
                     ),
-                    row_config.closed,
+                    row.closed,
                     row.created_ms,
                 );
                 if let Some(origin) = &fork {
@@ -278,25 +283,23 @@ impl Shard {
             .as_ref()
             .is_some_and(|p| p.id.len() > limits::PRODUCER_ID_BYTES_MAX)
         {
-            return Err(AppendError::Invalid(format!(
-                "producer id longer than {} bytes",
-                limits::PRODUCER_ID_BYTES_MAX
-            )));
+            let max = limits::PRODUCER_ID_BYTES_MAX;
+            return Err(AppendError::Invalid(InvalidAppend::ProducerIdTooLong {
+                max,
+            }));
         }
         if writer_seq
             .as_ref()
             .is_some_and(|w| w.len() > frame::WRITER_SEQ_LEN_MAX)
         {
-            return Err(AppendError::Invalid(format!(
-                "Stream-Seq longer than {} bytes",
-                frame::WRITER_SEQ_LEN_MAX
-            )));
+            let max = frame::WRITER_SEQ_LEN_MAX;
+            return Err(AppendError::Invalid(InvalidAppend::WriterSeqTooLong {
+                max,
+            }));
         }
         if records.len() > limits::RECORDS_PER_APPEND_MAX {
-            return Err(AppendError::Invalid(format!(
-                "at most {} records per append",
-                limits::RECORDS_PER_APPEND_MAX
-            )));
+            let max = limits::RECORDS_PER_APPEND_MAX;
+            return Err(AppendError::Invalid(InvalidAppend::TooManyRecords { max }));
         }
         let body_bytes: usize = records.iter().map(|r| r.body.len()).sum();
         let in_flight_bytes = self.journal.in_flight_bytes();
@@ -334,26 +337,17 @@ impl Shard {
                 .clone();
             let stream = streams.get_mut(&key).expect("looked up above");
             if self.streams.handing_off(name) {
-                return Err(EngineError::NotOwner(
-                    "the stream is moving to another node; retry".into(),
-                )
-                .into());
+                return Err(EngineError::from(NotOwnerReason::Moving).into());
             }
             if stream.retiring {
-                return Err(EngineError::NotOwner(
-                    "the stream is being deleted (empty past its delete-on-empty time); retry"
-                        .into(),
-                )
-                .into());
+                return Err(EngineError::from(NotOwnerReason::Retiring).into());
             }
             // One contract for both protocols: a JSON stream's records are JSON values.
             if !json_checked && json::is_json(&stream.state.content_type) {
                 for (i, record) in records.iter().enumerate() {
-                    json::check_value(&record.body).map_err(|why| {
-                        AppendError::Invalid(format!(
-                            "record {i}: a record of this application/json stream must be one \
-                             JSON value ({why})"
-                        ))
+                    json::check_value(&record.body).map_err(|error| {
+                        let error = std::sync::Arc::new(error);
+                        AppendError::Invalid(InvalidAppend::NotJson { record: i, error })
                     })?;
                 }
             }
@@ -426,9 +420,7 @@ impl Shard {
         if mixed() {
             self.rotate();
             if mixed() {
-                return Err(EngineError::NotOwner(
-                    "the stream was just loaded again on this node; retry".into(),
-                ));
+                return Err(NotOwnerReason::Reloaded.into());
             }
         }
         Ok(())
@@ -457,12 +449,7 @@ impl Shard {
                     Some(s) if Some((s.state.id, s.epoch)) == incarnation => s,
                     None if self.cluster.is_none() => return Err(EngineError::NotFound.into()),
                     _ => {
-                        return Err(EngineError::NotOwner(
-                            "the stream moved before the original of this retry was stored; \
-                             retry"
-                                .into(),
-                        )
-                        .into())
+                        return Err(EngineError::from(NotOwnerReason::MovedBeforeRetryStored).into())
                     }
                 };
                 if stream.state.durable_offset >= offset && (!closed || stream.state.closed_durable)
@@ -473,10 +460,8 @@ impl Shard {
                 // `500`, and so is its retry, with the same promise: stored at most once,
                 // found after a restart or not at all.
                 if let Some(message) = self.journal.failure() {
-                    return Err(AppendError::Durability(format!(
-                        "{message}; the original of this request was not acknowledged and \
-                         may be found at most once after a restart"
-                    )));
+                    let fault = message.clone();
+                    return Err(AppendError::Durability { fault, retry: true });
                 }
                 let (tx, rx) = oneshot::channel();
                 stream.waiters.push(tx);

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use futures_channel::oneshot;
 
-use crate::error::EngineError;
+use crate::error::{EngineError, StorageFault};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
@@ -54,15 +54,14 @@ impl Shard {
                 let bytes = self
                     .journal
                     .open_slice(chunk.segment, start, end)
-                    .ok_or_else(|| EngineError::Storage("open segment vanished".into()))?;
+                    .ok_or(EngineError::Storage(StorageFault::OpenSegmentGone))?;
                 return Ok(ChunkBytes::in_memory(bytes));
             }
             Located::Remote(key, size) => (key, size),
         };
         if end as u64 > size {
-            return Err(EngineError::Storage(format!(
-                "segment {key} is shorter ({size} bytes) than its catalog entry"
-            )));
+            let key = key.to_string();
+            return Err(StorageFault::SegmentShort { key, size }.into());
         }
         let (first, last) = (
             start / limits::CACHE_BLOCK_BYTES,
@@ -76,9 +75,8 @@ impl Shard {
             let from = start.max(offset) - offset;
             let to = end.min(offset + block.len()) - offset;
             if from > to {
-                return Err(EngineError::Storage(format!(
-                    "block {index} of segment {key} is shorter than the segment"
-                )));
+                let key = key.to_string();
+                return Err(StorageFault::BlockShort { key, index }.into());
             }
             pieces.push(block.slice(from..to));
         }
@@ -143,7 +141,7 @@ impl Shard {
         glommio::spawn_local(async move {
             let result = match fetch.await {
                 Ok(Ok(bytes)) => Ok(bytes),
-                Ok(Err(e)) => Err(EngineError::Storage(format!("reading {key}: {e}"))),
+                Ok(Err(error)) => Err(StorageFault::Object { key, error }.into()),
                 Err(_) => Err(EngineError::ShuttingDown),
             };
             this.finish_blocks(no, index, count, result);

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use pico_meta::{Fence, MetaError, NodeId, SegmentRecord};
 
 use crate::config::Durability;
-use crate::error::EngineError;
+use crate::error::{EngineError, NotOwnerReason};
 use crate::metrics::CoreMetrics;
 
 use super::state::Shard;
@@ -35,7 +35,7 @@ impl Shard {
             Err(MetaError::Fenced(message)) => {
                 log::warn!("core {}: {name}: {message}", self.core);
                 self.forget_stream(name, id, None);
-                Err(EngineError::NotOwner(format!("{message}; retry")))
+                Err(NotOwnerReason::Fenced(message).into())
             }
             // The write may have committed or not: what this core holds of the stream may be
             // wrong either way (a delete that did commit leaves a stream that must take no
@@ -44,12 +44,9 @@ impl Shard {
             Err(MetaError::Unknown(message)) => {
                 log::error!("core {}: {name}: {message}", self.core);
                 self.forget_stream(name, id, None);
-                Err(EngineError::NotOwner(format!(
-                    "whether this change was stored is unknown ({message}); the stream is read \
-                     back from the metadata log before it takes anything; retry"
-                )))
+                Err(NotOwnerReason::OutcomeUnknown(message).into())
             }
-            Err(e) => Err(EngineError::Storage(e.to_string())),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -60,7 +57,7 @@ impl Shard {
             return EngineError::NotFound;
         };
         if node == 0 {
-            EngineError::NotOwner("the stream moved to another node; retry".into())
+            EngineError::NotOwner(NotOwnerReason::MovedAway)
         } else {
             cluster.moved(node)
         }

@@ -10,7 +10,7 @@ use pico_meta::{Fence, MetaError, PendingTransfer};
 
 use super::seeds::stream_seeds;
 use crate::cluster::Cluster;
-use crate::error::EngineError;
+use crate::error::{EngineError, NotOwnerReason};
 use crate::limits;
 use crate::ops::RouteAs;
 
@@ -79,11 +79,8 @@ impl Shard {
                 }
                 owner => {
                     if self.clock.now() >= deadline {
-                        return Err(EngineError::NotOwner(format!(
-                            "stream {name} is owned by {}, which does not renew its lease, \
-                             and no node took it over yet; retry",
-                            owner.map_or("no node".to_string(), |n| format!("node {n}"))
-                        )));
+                        let stream = name.to_string();
+                        return Err(NotOwnerReason::OwnerLapsed { stream, owner }.into());
                     }
                     glommio::timer::sleep(Duration::from_millis(100)).await;
                 }
@@ -202,5 +199,5 @@ pub(super) fn meta_answer<T>(
 ) -> Result<T, EngineError> {
     answer
         .map_err(|_| EngineError::ShuttingDown)?
-        .map_err(|e| EngineError::Storage(e.to_string()))
+        .map_err(EngineError::from)
 }

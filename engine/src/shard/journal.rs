@@ -14,7 +14,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use glommio::io::{DmaBuffer, DmaFile};
 
-use crate::error::AppendError;
+use crate::error::{AppendError, Resume};
 use crate::health::WalHealth;
 use crate::notify::LocalNotify;
 use crate::wal_file::end_round;
@@ -539,9 +539,10 @@ impl Journal {
     pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
         match &self.wal.borrow().health {
             WalHealth::Ok => Ok(()),
-            WalHealth::Failed { message } => Err(AppendError::WritesStopped(format!(
-                "{message}; this core takes appends again after a restart"
-            ))),
+            WalHealth::Failed { message } => Err(AppendError::WritesStopped {
+                fault: message.clone(),
+                until: Resume::Restart,
+            }),
             WalHealth::NoNextFile {
                 message,
                 out_of_space,
@@ -555,11 +556,14 @@ impl Journal {
                 if file_len <= self.buffers.full_bytes() {
                     return Ok(());
                 }
-                let message = format!("{message}; appends resume once it can be made");
+                let fault = message.clone();
                 Err(if *out_of_space {
-                    AppendError::OutOfSpace(message)
+                    AppendError::OutOfSpace { fault }
                 } else {
-                    AppendError::WritesStopped(message)
+                    AppendError::WritesStopped {
+                        fault,
+                        until: Resume::NextFile,
+                    }
                 })
             }
         }

@@ -2,7 +2,7 @@
 //! changes, delete (soft while forks read it), fork references, listing and shutdown.
 
 use crate::api::{StreamInfo, StreamSummary};
-use crate::error::{CreateError, EngineError, TrimError};
+use crate::error::{CreateError, EngineError, InvalidCreate, TrimError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{ForkOrigin, StreamConfig};
@@ -198,17 +198,13 @@ impl Shard {
         let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
         let source_depth = stream.state.fork().map_or(0, |f| f.depth);
         if source_depth >= limits::FORK_DEPTH_MAX {
-            return Err(CreateError::Invalid(format!(
-                "fork chains are at most {} forks deep, and this source is a fork at that depth",
-                limits::FORK_DEPTH_MAX
-            )));
+            let max = limits::FORK_DEPTH_MAX;
+            return Err(CreateError::Invalid(InvalidCreate::ForkTooDeep { max }));
         }
         let end = offset.saturating_add(u64::from(partial_bytes > 0));
         if end > stream.state.durable_offset {
-            return Err(CreateError::Invalid(format!(
-                "fork offset is past the source's tail ({})",
-                stream.state.durable_offset
-            )));
+            let tail = stream.state.durable_offset;
+            return Err(CreateError::Invalid(InvalidCreate::ForkPastTail { tail }));
         }
         stream.state.extras_mut().fork_refs += 1;
         let origin = ForkOrigin {

@@ -62,7 +62,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use crate::api::{AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, StreamInfo};
-use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
+use crate::error::{AppendError, CreateError, EngineError, ReadError, StartError, TrimError};
 use crate::metrics::{CoreMetrics, OpKind};
 use crate::ops::{Configure, Create, Delete, ForkAcquire, ForkRelease, Head, StreamOp, Trim};
 use crate::state::{ForkOrigin, StreamConfig};
@@ -71,10 +71,13 @@ impl Shard {
     pub(crate) async fn start(
         parts: ShardParts,
         seeds: Vec<StreamSeed>,
-    ) -> Result<Rc<Shard>, String> {
+    ) -> Result<Rc<Shard>, StartError> {
         let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
-        let first = shard.create_wal_file().await.map_err(|e| e.message)?;
+        let first = shard
+            .create_wal_file()
+            .await
+            .map_err(|e| StartError::WalFile(e.message))?;
         shard.open_segment(first);
         let commit = shard.clone();
         glommio::spawn_local(async move { commit.commit_loop().await }).detach();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_channel::oneshot;
 
 use crate::api::{ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordView};
-use crate::error::{EngineError, ReadError};
+use crate::error::{EngineError, ReadError, StorageFault};
 use crate::frame::{self, FRAME_KIND_RECORD};
 use crate::limits;
 use crate::metrics::GaugeGuard;
@@ -139,10 +139,8 @@ impl Shard {
                 .filter(|s| s.state.id == bound.source_id)
                 .ok_or(EngineError::NotFound)?;
             if end > stream.state.durable_offset {
-                return Err(EngineError::Storage(format!(
-                    "fork source {name} holds fewer records than its forks inherited"
-                ))
-                .into());
+                let source = name.to_string();
+                return Err(EngineError::from(StorageFault::ForkSourceShort { source }).into());
             }
             match request.from {
                 ReadFrom::Offset(offset) => offset,
@@ -231,8 +229,11 @@ impl Shard {
                 prefetched += 1;
             }
             let got = self.chunk_bytes(chunk).await?;
-            let corrupt = |e| {
-                EngineError::Storage(format!("corrupt frame in segment {}: {e:?}", chunk.segment))
+            let corrupt = |error| {
+                EngineError::from(StorageFault::CorruptFrame {
+                    segment: chunk.segment,
+                    error,
+                })
             };
             // A sealed segment's chunk may span other streams' frames: skip them by header.
             // Frames still in this process's memory were CRC'd when written; what came back

@@ -10,7 +10,7 @@ use pico_meta::Snapshot;
 use super::stream::StreamSeed;
 use crate::frame::ProducerTuple;
 use crate::producers::Producer;
-use crate::state::{ForkOrigin, StreamConfig};
+use crate::state::ForkOrigin;
 
 /// Each fork's depth (see [`crate::state::ForkOrigin::depth`]), by id. Walks every chain in a
 /// loop, remembering depths already known, so a long chain costs no stack and each stream is
@@ -83,8 +83,8 @@ pub(crate) fn stream_seeds_by_core(
         let depth = fork_depths.get(&row.id).copied().unwrap_or(1);
         let seed = StreamSeed {
             id: row.id,
-            closed: row.config.closed,
-            config: StreamConfig::from(row.config),
+            closed: row.closed,
+            config: row.config,
             created_ms: row.created_ms,
             next_offset: 0,
             last_timestamp_ms: 0,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_channel::oneshot;
 
-use crate::error::EngineError;
+use crate::error::{EngineError, StorageFault};
 
 use super::blocks::{BlockWaiter, Lookup, ReadCache, Wakes};
 use super::sealed::SealQueue;
@@ -111,7 +111,9 @@ impl SegmentTable {
         let slots = self.slots.borrow();
         let slot = slots
             .get(&no)
-            .ok_or_else(|| EngineError::Storage(format!("segment {no} is gone")))?;
+            .ok_or(EngineError::Storage(StorageFault::SegmentGone {
+                segment: no,
+            }))?;
         match &slot.data {
             SegmentData::Memory(bytes) => {
                 self.cache.borrow_mut().note_sealed_read(now);

@@ -548,7 +548,8 @@ fn a_failed_get_caches_nothing_and_fails_its_readers() {
     let mut cache = ReadCache::default();
     let (tx, mut rx) = oneshot::channel();
     cache.start_loading(1, 0, 1, Some(tx));
-    let wakes = cache.finish(1, 0, 1, &Err(EngineError::Storage("boom".into())));
+    let failed = crate::error::StorageFault::SegmentGone { segment: 1 };
+    let wakes = cache.finish(1, 0, 1, &Err(EngineError::Storage(failed)));
     for (waiters, outcome) in wakes {
         for waiter in waiters {
             let _ = waiter.send(outcome.clone());

@@ -1,33 +1,7 @@
-//! A stream's configuration and fork origin as the catalog stores them, and the one place
-//! each converts to and from the engine's own.
+//! A fork origin as the catalog stores it, and the one place it converts to and from the
+//! engine's own (its depth is derived, not stored).
 
-use super::{ForkOrigin, StreamConfig};
-
-/// The catalog's row holds the configuration and, beside it, whether the stream is closed
-/// (lifecycle state the engine keeps in [`super::StreamState`], not in the configuration).
-impl From<pico_meta::StreamConfig> for StreamConfig {
-    fn from(row: pico_meta::StreamConfig) -> StreamConfig {
-        StreamConfig {
-            content_type: row.content_type,
-            ttl_sec: row.ttl_sec,
-            expires_at_ms: row.expires_at_ms,
-            retention: row.retention,
-        }
-    }
-}
-
-impl StreamConfig {
-    /// The catalog row's configuration of a stream with this configuration, `closed` or not.
-    pub fn to_row(&self, closed: bool) -> pico_meta::StreamConfig {
-        pico_meta::StreamConfig {
-            content_type: self.content_type.clone(),
-            ttl_sec: self.ttl_sec,
-            expires_at_ms: self.expires_at_ms,
-            closed,
-            retention: self.retention,
-        }
-    }
-}
+use super::ForkOrigin;
 
 /// What the catalog stores of a fork (its depth is derived when the catalog is loaded).
 impl From<&ForkOrigin> for pico_meta::ForkRow {

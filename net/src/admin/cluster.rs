@@ -190,7 +190,7 @@ fn stream_json(
             .find(|r| r.id == n)
             .map(|r| r.address.clone())
     });
-    let closed = local.map_or(row.config.closed, |i| i.closed);
+    let closed = local.map_or(row.closed, |i| i.closed);
     json!({
         "name": name,
         "streamId": row.id,

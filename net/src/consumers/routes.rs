@@ -400,8 +400,8 @@ async fn run(
         }
         Call::Ack { token, offsets } => {
             let tails = match tails(core, &offsets, dialect).await? {
-                Ok(tails) => tails,
-                Err(location) => return Ok(Reply::Moved(location)),
+                Tails::Here(tails) => tails,
+                Tails::Moved(location) => return Ok(Reply::Moved(location)),
             };
             meta.change_consumer(scope, key, move |read| {
                 state::ack(read, &token, &offsets, &tails)
@@ -433,13 +433,20 @@ fn meta_error(e: &pico_meta::MetaError) -> ConsumerError {
     )
 }
 
-/// The tail of every stream an ack names (`None`: no such stream), read from the owning cores;
-/// `Err(location)` when another node owns one (it answers the ack, knowing the tail).
+/// Where the tails of the streams an ack names are known.
+enum Tails {
+    /// On this node: each stream's tail (`None`: no such stream).
+    Here(Vec<Option<(u64, u64)>>),
+    /// Another node owns one of them, at this location: it answers the ack, knowing the tail.
+    Moved(String),
+}
+
+/// The tail of every stream an ack names, read from the owning cores.
 async fn tails(
     core: &Rc<CoreHandle>,
     offsets: &AckOffsets,
     dialect: Dialect,
-) -> Result<Result<Vec<Option<(u64, u64)>>, String>, ConsumerError> {
+) -> Result<Tails, ConsumerError> {
     let mut tails = Vec::with_capacity(offsets.len());
     for (path, at) in offsets {
         if *at == Offset::Start {
@@ -466,7 +473,7 @@ async fn tails(
                         format!("{path} is served by a node without this protocol's listener"),
                     ));
                 }
-                return Ok(Err(location));
+                return Ok(Tails::Moved(location));
             }
             Err(e) => {
                 return Err(ConsumerError::new(
@@ -477,5 +484,5 @@ async fn tails(
             }
         }
     }
-    Ok(Ok(tails))
+    Ok(Tails::Here(tails))
 }

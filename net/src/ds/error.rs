@@ -102,10 +102,10 @@ impl From<AppendError> for DsError {
                 DsError::new(429, "TOO_MANY_PRODUCERS", message)
             }
             AppendError::Invalid(_) => DsError::bad_request(message),
-            AppendError::Durability(_) => DsError::new(500, "DURABILITY", message),
-            AppendError::OutOfSpace(_) => DsError::new(507, "INSUFFICIENT_STORAGE", message)
+            AppendError::Durability { .. } => DsError::new(500, "DURABILITY", message),
+            AppendError::OutOfSpace { .. } => DsError::new(507, "INSUFFICIENT_STORAGE", message)
                 .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
-            AppendError::WritesStopped(_) => DsError::new(503, "UNAVAILABLE", message)
+            AppendError::WritesStopped { .. } => DsError::new(503, "UNAVAILABLE", message)
                 .with("retry-after", WAL_RETRY_AFTER_SEC.to_string()),
         }
     }

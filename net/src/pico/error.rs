@@ -110,12 +110,12 @@ impl From<AppendError> for ApiError {
             AppendError::Invalid(_) | AppendError::UnknownProducer { .. } => {
                 ApiError::bad_request(message)
             }
-            AppendError::Durability(_) => ApiError::new(500, "durability", message),
-            AppendError::OutOfSpace(_) => ApiError {
+            AppendError::Durability { .. } => ApiError::new(500, "durability", message),
+            AppendError::OutOfSpace { .. } => ApiError {
                 extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
                 ..ApiError::new(507, "insufficient_storage", message)
             },
-            AppendError::WritesStopped(_) => ApiError {
+            AppendError::WritesStopped { .. } => ApiError {
                 extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
                 ..ApiError::new(503, "unavailable", message)
             },

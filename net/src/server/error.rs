@@ -52,8 +52,8 @@ pub enum StartError {
 /// Why one core could not start serving (sent from its thread).
 #[derive(Debug)]
 pub enum CoreStartError {
-    /// The engine's shard for the core did not start (its message).
-    Engine(String),
+    /// The engine's shard for the core did not start.
+    Engine(pico_engine::StartError),
     /// A listener could not be bound.
     Bind {
         addr: String,
@@ -66,7 +66,7 @@ pub enum CoreStartError {
 impl std::fmt::Display for CoreStartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CoreStartError::Engine(message) => f.write_str(message),
+            CoreStartError::Engine(e) => e.fmt(f),
             CoreStartError::Bind { addr, source } => write!(
                 f,
                 "cannot listen on {addr}: {source} (is another server using it? pick another \
@@ -80,7 +80,7 @@ impl std::fmt::Display for CoreStartError {
 impl std::error::Error for CoreStartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CoreStartError::Engine(_) => None,
+            CoreStartError::Engine(e) => Some(e),
             CoreStartError::Bind { source, .. } | CoreStartError::LocalAddr(source) => Some(source),
         }
     }
