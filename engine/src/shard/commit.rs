@@ -10,9 +10,10 @@ use crate::config::Durability;
 use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
 use crate::metrics::CoreMetrics;
 
+use super::journal::WalFile;
 use super::journal::{Round, RoundWrite};
 use super::state::Shard;
-use super::wal::{same_file, WalIoError};
+use super::wal::{same_file, WalFileError, WalFill, WalIoError};
 
 impl Shard {
     pub(super) async fn commit_loop(self: Rc<Self>) {
@@ -40,31 +41,25 @@ impl Shard {
     pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, WalIoError> {
         // The spare WAL file is created while idle, or right away once the active segment is
         // half full, so creating it rarely delays an acknowledgement and a rotation never
-        // waits for it.
+        // waits for it. A file written through with zeros (`WalFill`) takes a while: it is
+        // made beside the rounds, which go on meanwhile.
         let journal = &self.journal;
         let wanted = journal.all_durable() || journal.active_reached(self.config.segment_size / 2);
         let due = journal.spare_due(self.clock.now());
-        if self.wal_enabled() && !journal.has_spare() && wanted && due {
-            // A spare that cannot be made fails no append: the active file was made with
-            // room for its segment, and only appends past that room are refused.
-            match self.create_wal_file().await {
-                Ok(spare) => {
-                    // (A failed WAL ends the commit loop: no round runs after it.)
-                    self.set_health(WalHealth::Ok);
-                    journal.set_spare(spare);
-                    if journal.active_reached(self.config.segment_size) {
-                        self.rotate();
-                    }
-                }
-                // The round goes on: what the active file holds is still made durable.
-                Err(e) => {
-                    let retry_at = self.clock.now() + Duration::from_millis(WAL_FILE_RETRY_MS);
-                    journal.retry_spare_at(retry_at);
-                    self.set_health(WalHealth::NoNextFile {
-                        message: e.message,
-                        out_of_space: e.out_of_space,
-                    });
-                }
+        if self.wal_enabled() && !journal.has_spare() && !journal.making_spare() && wanted && due {
+            if journal.filling(self.config.segment_size / 2) {
+                journal.set_making_spare(true);
+                let shard = self.clone();
+                glommio::spawn_local(async move {
+                    let made = shard.create_wal_file(WalFill::Written).await;
+                    shard.journal.set_making_spare(false);
+                    shard.spare_made(made);
+                    shard.journal.wake_commit();
+                })
+                .detach();
+            } else {
+                let made = self.create_wal_file(WalFill::Allocated).await;
+                self.spare_made(made);
             }
         }
         let (no, written_len, write) = match journal.next_round(self.clock.now_ms()) {
@@ -138,6 +133,34 @@ impl Shard {
         self.release_acks();
         self.flush_when_free();
         Ok(true)
+    }
+
+    /// Takes the outcome of making the spare WAL file. A spare that cannot be made fails no
+    /// append: the active file was made with room for its segment, and only appends past
+    /// that room are refused until a retry succeeds.
+    fn spare_made(&self, made: Result<Option<WalFile>, WalFileError>) {
+        let journal = &self.journal;
+        match made {
+            Ok(spare) => {
+                // A failed WAL stays failed: it takes appends again only after a restart.
+                if !self.wal_failed() {
+                    self.set_health(WalHealth::Ok);
+                }
+                journal.set_spare(spare);
+                if journal.active_reached(self.config.segment_size) {
+                    self.rotate();
+                }
+            }
+            // The rounds go on: what the active file holds is still made durable.
+            Err(e) => {
+                let retry_at = self.clock.now() + Duration::from_millis(WAL_FILE_RETRY_MS);
+                journal.retry_spare_at(retry_at);
+                self.set_health(WalHealth::NoNextFile {
+                    message: e.message,
+                    out_of_space: e.out_of_space,
+                });
+            }
+        }
     }
 
     pub(super) async fn age_loop(self: Rc<Self>) {

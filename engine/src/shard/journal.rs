@@ -16,6 +16,7 @@ use glommio::io::{DmaBuffer, DmaFile};
 
 use crate::error::{AppendError, Resume};
 use crate::health::WalHealth;
+use crate::limits;
 use crate::notify::LocalNotify;
 use crate::wal_file::end_round;
 
@@ -71,6 +72,11 @@ struct WalFiles {
     health: WalHealth,
     /// When the next WAL file may be tried again after it could not be made.
     retry_at: Option<Instant>,
+    /// The last segment left behind held at least half a segment: its writer fills segments
+    /// by size (`wal::WalFill`).
+    filling: bool,
+    /// A spare WAL file is being written through with zeros beside the commit rounds.
+    making_spare: bool,
 }
 
 /// What the next commit round does.
@@ -137,6 +143,8 @@ impl Journal {
                 spare: None,
                 health: WalHealth::Ok,
                 retry_at: None,
+                filling: false,
+                making_spare: false,
             }),
             commit_wanted: LocalNotify::default(),
             flush_pending: Cell::new(false),
@@ -487,9 +495,38 @@ impl Journal {
         self.wal.borrow().spare.is_some()
     }
 
-    /// Takes the spare WAL file for a new segment.
-    pub(super) fn take_spare(&self) -> Option<WalFile> {
-        self.wal.borrow_mut().spare.take()
+    /// Takes the spare WAL file for a new segment, noting whether the segment left behind
+    /// was filled in small rounds ([`Journal::filling`]).
+    pub(super) fn take_spare(&self, half_segment: usize) -> Option<WalFile> {
+        let filling = self.active_filled_in_small_rounds(half_segment);
+        let mut wal = self.wal.borrow_mut();
+        wal.filling = filling;
+        wal.spare.take()
+    }
+
+    /// Whether a spare WAL file is being made beside the commit rounds.
+    pub(super) fn making_spare(&self) -> bool {
+        self.wal.borrow().making_spare
+    }
+
+    pub(super) fn set_making_spare(&self, making: bool) {
+        self.wal.borrow_mut().making_spare = making;
+    }
+
+    /// Whether the writer fills segments in small commit rounds, so that the next WAL file is
+    /// written through (`wal::WalFill`): the active segment, or the last one left behind,
+    /// holds `half_segment` bytes or more, written in rounds of at most
+    /// `limits::WAL_FILL_ROUND_BYTES_MAX` on average.
+    pub(super) fn filling(&self, half_segment: usize) -> bool {
+        self.wal.borrow().filling || self.active_filled_in_small_rounds(half_segment)
+    }
+
+    fn active_filled_in_small_rounds(&self, half_segment: usize) -> bool {
+        self.log.borrow().back().is_some_and(|s| {
+            let len = s.buf.len() as u64;
+            let small = (limits::WAL_FILL_ROUND_BYTES_MAX as u64).saturating_mul(s.wal_rounds);
+            len >= half_segment as u64 && s.wal_rounds > 0 && len <= small
+        })
     }
 
     /// A spare WAL file was made (`None`: the WAL has no files).

@@ -75,7 +75,7 @@ impl Shard {
         let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
         let first = shard
-            .create_wal_file()
+            .create_wal_file(wal::WalFill::Allocated)
             .await
             .map_err(|e| StartError::WalFile(e.message))?;
         shard.open_segment(first);

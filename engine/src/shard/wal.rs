@@ -1,4 +1,5 @@
-//! WAL files: their names, creation (pre-allocated, directory entry durable), removal and
+//! WAL files: their names, creation (pre-allocated, written through with zeros for a writer
+//! that fills segments by size, directory entry durable), removal and
 //! identity checks, and changes of the WAL's health (whether appends may go to it, see
 //! `crate::health`), logged and published here and held by the journal.
 
@@ -14,6 +15,27 @@ use crate::placement::segment_key;
 
 use super::journal::WalFile;
 use super::state::Shard;
+
+/// How a new WAL file's blocks are made ready.
+///
+/// A pre-allocated file's extents are *unwritten* (ext4, XFS): the first write to each block
+/// converts it, so a commit round's DMA write cannot complete in io_uring's submitting call
+/// (it is handed to a kernel worker thread), and its `fdatasync` also writes the changed
+/// extent map. Written through with zeros once, a file takes every round as a plain
+/// overwrite: one device write and one cache flush. That costs the file's size in writes, so
+/// only a writer that fills segments by size gets it (at most doubling the bytes it writes);
+/// a slow writer's segments seal by age long before they fill, and its files are only
+/// reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WalFill {
+    /// Blocks reserved only (`fallocate`).
+    Allocated,
+    /// Blocks reserved, then written with zeros and made durable.
+    Written,
+}
+
+/// Bytes of zeros one write of [`WalFill::Written`] puts down.
+const ZERO_WRITE_BYTES: usize = 1 << 20;
 
 /// Why a WAL file could not be made.
 pub(super) struct WalFileError {
@@ -109,6 +131,26 @@ impl std::error::Error for WalIoError {
     }
 }
 
+/// Writes `size` bytes of zeros over `file` from its start, then makes them durable.
+async fn write_zeros(file: &DmaFile, size: u64) -> std::io::Result<()> {
+    let align = file.alignment() as usize;
+    let mut at = 0u64;
+    while at < size {
+        let len = ((size - at).min(ZERO_WRITE_BYTES as u64) as usize).div_ceil(align) * align;
+        let mut zeros = file.alloc_dma_buffer(len);
+        zeros.as_bytes_mut().fill(0);
+        let written = file.write_at(zeros, at).await?;
+        if written < len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short write of zeros: {written} of {len} bytes at {at}"),
+            ));
+        }
+        at += len as u64;
+    }
+    file.fdatasync().await.map_err(Into::into)
+}
+
 impl Shard {
     pub(super) fn wal_path(&self, counter: u64) -> (PathBuf, String) {
         let stem = format!(
@@ -121,8 +163,12 @@ impl Shard {
         )
     }
 
-    /// Creates the next WAL file (pre-allocated and with its directory entry durable).
-    pub(super) async fn create_wal_file(&self) -> Result<Option<WalFile>, WalFileError> {
+    /// Creates the next WAL file (pre-allocated, written through with zeros when `fill` says
+    /// so, and with its directory entry durable).
+    pub(super) async fn create_wal_file(
+        &self,
+        fill: WalFill,
+    ) -> Result<Option<WalFile>, WalFileError> {
         let counter = self.journal.next_counter();
         if !self.wal_enabled() {
             return Ok(None);
@@ -141,15 +187,24 @@ impl Shard {
         // Room for the most a segment's buffer grows to, so its frames always fit.
         let size = self.journal.full_bytes() as u64;
         let made = match file.pre_allocate(size, false).await {
-            Ok(()) => sync_dir(&self.config.wal_dir).map_err(|e| WalFileError {
-                message: e.to_string(),
-                out_of_space: false,
-            }),
+            Ok(()) => Ok(()),
             Err(e) => Err(WalFileError::new(
                 format!("cannot pre-allocate WAL file {}", path.display()),
                 e.into(),
             )),
         };
+        let made = match made {
+            Ok(()) if fill == WalFill::Written => write_zeros(&file, size).await.map_err(|e| {
+                WalFileError::new(format!("cannot write WAL file {}", path.display()), e)
+            }),
+            other => other,
+        };
+        let made = made.and_then(|()| {
+            sync_dir(&self.config.wal_dir).map_err(|e| WalFileError {
+                message: e.to_string(),
+                out_of_space: false,
+            })
+        });
         if let Err(e) = made {
             // Nothing was written to it: a half-made file only takes space.
             let _ = file.remove().await;
