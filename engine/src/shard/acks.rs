@@ -29,12 +29,12 @@ impl Shard {
                 continue;
             }
             let waiters = {
-                let mut streams = self.streams.borrow_mut();
-                match streams
-                    .get_mut(&*ack.name)
+                match self
+                    .streams
+                    .get_mut(&ack.name)
                     .filter(|stream| stream.state.id == ack.stream_id)
                 {
-                    Some(stream) => {
+                    Some(mut stream) => {
                         stream.state.mark_durable(ack.next_offset, ack.closed);
                         std::mem::take(&mut stream.waiters)
                     }
@@ -63,12 +63,9 @@ impl Shard {
                 retry: false,
             }));
         }
-        let waiters: Vec<_> = self
-            .streams
-            .borrow_mut()
-            .values_mut()
-            .flat_map(|stream| std::mem::take(&mut stream.waiters))
-            .collect();
+        let mut waiters = Vec::new();
+        self.streams
+            .for_each_mut(|stream| waiters.extend(std::mem::take(&mut stream.waiters)));
         for waiter in waiters {
             let _ = waiter.send(());
         }

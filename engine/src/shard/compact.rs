@@ -257,17 +257,19 @@ impl Shard {
             return;
         }
         let mut seen: HashMap<u64, Option<u64>> = HashMap::new();
-        for stream in self.streams.borrow().values() {
-            for chunk in &stream.chunks {
-                seen.entry(chunk.segment)
-                    .and_modify(|one| {
-                        if *one != Some(stream.state.id) {
-                            *one = None;
-                        }
-                    })
-                    .or_insert(Some(stream.state.id));
+        self.streams.scan(|streams| {
+            for stream in streams.values() {
+                for chunk in &stream.chunks {
+                    seen.entry(chunk.segment)
+                        .and_modify(|one| {
+                            if *one != Some(stream.state.id) {
+                                *one = None;
+                            }
+                        })
+                        .or_insert(Some(stream.state.id));
+                }
             }
-        }
+        });
         for (no, _) in segments.iter().filter(|(_, slot)| slot.uploaded) {
             owner
                 .entry(*no)
@@ -460,12 +462,13 @@ impl Shard {
     /// Every stream of this core with chunks in `picked`, with its owner epoch.
     fn streams_in(&self, picked: &[Picked]) -> HashMap<u64, u64> {
         let nos: HashSet<u64> = picked.iter().map(|(no, ..)| *no).collect();
-        self.streams
-            .borrow()
-            .values()
-            .filter(|s| s.chunks.iter().any(|c| nos.contains(&c.segment)))
-            .map(|s| (s.state.id, s.epoch))
-            .collect()
+        self.streams.scan(|streams| {
+            streams
+                .values()
+                .filter(|s| s.chunks.iter().any(|c| nos.contains(&c.segment)))
+                .map(|s| (s.state.id, s.epoch))
+                .collect()
+        })
     }
 
     /// The swap committed: this core's chunks move to the merged object (a new table entry),
@@ -483,7 +486,7 @@ impl Shard {
             base.insert(*old, offset);
             offset += size;
         }
-        for stream in self.streams.borrow_mut().values_mut() {
+        self.streams.for_each_mut(|stream| {
             let mut moved = false;
             for chunk in &mut stream.chunks {
                 if let Some(&at) = base.get(&chunk.segment) {
@@ -496,7 +499,7 @@ impl Shard {
             if moved {
                 coarsen(&mut stream.chunks, Some(no));
             }
-        }
+        });
         {
             let mut owner = self.compaction.owner.borrow_mut();
             let one = owner.get(&picked[0].0).copied().flatten();
