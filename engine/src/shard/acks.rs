@@ -4,6 +4,7 @@
 
 use crate::config::Durability;
 use crate::error::{AppendError, EngineError, NotOwnerReason};
+use crate::health::WalFault;
 
 use super::pending::Release;
 use super::state::Shard;
@@ -51,13 +52,13 @@ impl Shard {
         }
     }
 
-    /// The WAL failed: every append waiting for it fails with `message`, and every request
+    /// The WAL failed: every append waiting for it fails with `fault`, and every request
     /// waiting for an earlier append's durability (a producer's retry, a repeated close) is
     /// woken to find the WAL failed (`after_durable`), instead of waiting for ever.
-    pub(super) fn fail_pending(&self, message: &str) {
+    pub(super) fn fail_pending(&self, fault: &WalFault) {
         let pending = self.journal.drain_acks();
         for ack in pending {
-            let fault = message.to_string();
+            let fault = fault.clone();
             let _ = ack.reply.send(Err(AppendError::Durability {
                 fault,
                 retry: false,

@@ -457,8 +457,7 @@ impl Shard {
                 // The original's commit round failed (or one before it): it was answered
                 // `500`, and so is its retry, with the same promise: stored at most once,
                 // found after a restart or not at all.
-                if let Some(message) = self.journal.failure() {
-                    let fault = message.clone();
+                if let Some(fault) = self.journal.failure() {
                     return Err(AppendError::Durability { fault, retry: true });
                 }
                 let (tx, rx) = oneshot::channel();

@@ -74,10 +74,7 @@ impl Shard {
     ) -> Result<Rc<Shard>, StartError> {
         let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
-        let first = shard
-            .create_wal_file()
-            .await
-            .map_err(|e| StartError::WalFile(e.message))?;
+        let first = shard.create_wal_file().await.map_err(StartError::WalFile)?;
         shard.open_segment(first);
         let commit = shard.clone();
         glommio::spawn_local(async move { commit.commit_loop().await }).detach();
