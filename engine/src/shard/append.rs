@@ -140,7 +140,7 @@ impl Shard {
         }
         // A body given with a closing create is appended first, then the close.
         let (meta_config, meta_closed) = (config.clone(), closed && records.is_empty());
-        let fork_row = fork.as_ref().map(pico_meta::ForkRow::from);
+        let fork_row = fork.as_ref().map(|origin| origin.row.clone());
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta

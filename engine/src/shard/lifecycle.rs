@@ -6,6 +6,7 @@ use crate::error::{CreateError, EngineError, InvalidCreate, TrimError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{ForkOrigin, StreamConfig};
+use pico_meta::ForkRow;
 
 use super::state::Shard;
 use super::stream::{info_of, Stream};
@@ -201,10 +202,12 @@ impl Shard {
         }
         stream.state.extras_mut().fork_refs += 1;
         let origin = ForkOrigin {
-            source: name.to_string(),
-            source_id: stream.state.id,
-            offset,
-            partial_bytes,
+            row: ForkRow {
+                source: name.to_string(),
+                source_id: stream.state.id,
+                offset,
+                partial_bytes,
+            },
             depth: source_depth + 1,
         };
         Ok((origin, stream.state.config()))
@@ -277,7 +280,7 @@ impl Shard {
                 let _ = waiter.send(());
             }
             if let Some(origin) = stream.state.fork().cloned() {
-                return Ok(Some((origin.source, origin.source_id)));
+                return Ok(Some((origin.row.source, origin.row.source_id)));
             }
         }
         Ok(None)

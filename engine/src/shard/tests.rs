@@ -245,10 +245,12 @@ fn retention_leaves_forks_their_sources_and_deleted_streams_alone() {
     assert!(retention_action(&name, &deleted, NOW_MS).is_none());
     let mut fork = stream(tiny, &[1, 2, 3], 10, 3);
     fork.state.extras_mut().fork = Some(crate::state::ForkOrigin {
-        source: "/src".into(),
-        source_id: 1,
-        offset: 0,
-        partial_bytes: 0,
+        row: pico_meta::ForkRow {
+            source: "/src".into(),
+            source_id: 1,
+            offset: 0,
+            partial_bytes: 0,
+        },
         depth: 1,
     });
     assert!(retention_action(&name, &fork, NOW_MS).is_none());
