@@ -85,16 +85,18 @@ pub struct AppendRequest {
     pub json_checked: bool,
 }
 
-/// A stream to create, as the protocols give it.
+/// A stream to create: as the protocols give it, a fork's point as requested ([`ForkSpec`]);
+/// as its owning core runs it, the point resolved with the source (`CreateRequest<ForkOrigin>`,
+/// see `fork.rs`).
 #[derive(Clone, Debug)]
-pub struct CreateRequest {
+pub struct CreateRequest<Fork = ForkSpec> {
     /// For a fork, an empty content type means the source's.
     pub config: StreamConfig,
     pub closed: bool,
     /// Appended right after the create (a create with a body).
     pub records: Vec<RecordInput>,
     /// Create the stream as a fork of another one.
-    pub fork: Option<ForkSpec>,
+    pub fork: Option<Fork>,
 }
 
 /// The answer to a create.

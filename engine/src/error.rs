@@ -9,6 +9,7 @@ use pico_meta::{MetaError, NodeId};
 use pico_s3::StoreError;
 
 use crate::frame::FrameError;
+use crate::health::WalFault;
 use crate::json::JsonError;
 
 /// What can stop any operation on a stream; each operation's own error type adds the causes
@@ -150,17 +151,17 @@ pub enum AppendError {
     /// happened); the append is not acknowledged. `retry`: the request is a producer's retry
     /// of one that failed so.
     Durability {
-        fault: String,
+        fault: WalFault,
         retry: bool,
     },
     /// The WAL's filesystem has no room for this append (`fault`: why its next file cannot be
     /// made); retry once space is freed (the node resumes on its own).
     OutOfSpace {
-        fault: String,
+        fault: WalFault,
     },
     /// This core takes no appends now (`fault`: the WAL's failure), until `until`.
     WritesStopped {
-        fault: String,
+        fault: WalFault,
         until: Resume,
     },
 }
@@ -279,9 +280,9 @@ pub enum TrimError {
 /// Why a core's engine did not start.
 #[derive(Debug)]
 pub enum StartError {
-    /// Its first WAL file could not be made: the WAL's account of what failed (the file and
-    /// the filesystem's answer), the one `/ready` would show.
-    WalFile(String),
+    /// Its first WAL file could not be made: the file and the filesystem's answer, shown as
+    /// `/ready` would show them.
+    WalFile(WalFault),
     /// Its inbox task could not be spawned.
     Inbox {
         core: usize,
@@ -292,7 +293,7 @@ pub enum StartError {
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StartError::WalFile(account) => f.write_str(account),
+            StartError::WalFile(fault) => fault.fmt(f),
             StartError::Inbox { core, source } => {
                 write!(f, "cannot start core {core} inbox: {source}")
             }
@@ -303,7 +304,7 @@ impl std::fmt::Display for StartError {
 impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            StartError::WalFile(_) => None,
+            StartError::WalFile(fault) => Some(fault),
             StartError::Inbox { source, .. } => Some(source),
         }
     }

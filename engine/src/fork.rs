@@ -34,7 +34,7 @@ pub(crate) async fn read(
             break batch;
         };
         // The inherited part, bounded by both the fork point and any bound of our own.
-        let fork_end = (origin.offset, origin.partial_bytes);
+        let fork_end = (origin.row.offset, origin.row.partial_bytes);
         let own_bound = request.bound.map(|b| (b.until, b.partial_bytes));
         let (until, partial_bytes) = match own_bound {
             Some(bound) if bound < fork_end => bound,
@@ -50,13 +50,13 @@ pub(crate) async fn read(
             wait_ms: None,
             with_content_type: false,
             bound: Some(ReadBound {
-                source_id: origin.source_id,
+                source_id: origin.row.source_id,
                 until,
                 partial_bytes,
             }),
             ..request.clone()
         };
-        let source = origin.source.clone();
+        let source = origin.row.source.clone();
         levels.push(Level {
             name: std::mem::replace(&mut name, source),
             request: std::mem::replace(&mut request, source_request),
@@ -175,11 +175,11 @@ pub(crate) async fn create(
     // A release that fails here is left to the release loop, which tries until it goes through.
     let release = || async {
         if router
-            .fork_release(&spec.source, origin.source_id)
+            .fork_release(&spec.source, origin.row.source_id)
             .await
             .is_err()
         {
-            let retry = vec![(spec.source.clone(), origin.source_id)];
+            let retry = vec![(spec.source.clone(), origin.row.source_id)];
             router.shard.queue_fork_releases(retry);
         }
     };

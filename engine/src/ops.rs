@@ -5,7 +5,7 @@
 use futures_channel::oneshot;
 
 use crate::api::{
-    AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, RecordInput, RetentionChange,
+    AppendAck, AppendRequest, CreateRequest, Created, ReadBatch, ReadRequest, RetentionChange,
     StreamInfo,
 };
 use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
@@ -49,16 +49,8 @@ pub(crate) enum RouteAs {
     Anywhere,
 }
 
-/// A create; a fork's point is already resolved with its source (see `fork.rs`).
-#[derive(Debug)]
-pub(crate) struct Create {
-    /// For a fork, an empty content type means the source's.
-    pub(crate) config: StreamConfig,
-    pub(crate) closed: bool,
-    /// Appended right after the create (a create with a body).
-    pub(crate) records: Vec<RecordInput>,
-    pub(crate) fork: Option<ForkOrigin>,
-}
+/// A create, a fork's point already resolved with its source (see `fork.rs`).
+pub(crate) type Create = CreateRequest<ForkOrigin>;
 
 /// The stream's state.
 #[derive(Debug)]

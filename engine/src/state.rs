@@ -9,21 +9,17 @@ use crate::error::{AppendError, CreateError, InvalidAppend, Mismatch, ReadError}
 pub use crate::frame::ProducerTuple;
 use crate::producers::{Producer, ProducerLimits, Producers};
 
-mod catalog;
-
 /// Configuration fixed at create (but for the retention): the registry's own type, one shape
 /// from the protocols to the catalog.
 pub use pico_meta::StreamConfig;
 
-/// Where a fork's inherited records come from: records `0..offset` of the source, plus the
-/// first `partial_bytes` bytes of its record `offset` when non-zero. The fork's own records
-/// start at [`ForkOrigin::base`]; offsets are shared, never translated.
+/// A fork's origin: where its inherited records come from, as the catalog stores it (records
+/// `0..offset` of the source, plus the first `partial_bytes` bytes of its record `offset` when
+/// non-zero), and how deep the fork is. The fork's own records start at
+/// [`ForkOrigin::base`]; offsets are shared, never translated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForkOrigin {
-    pub source: String,
-    pub source_id: u64,
-    pub offset: u64,
-    pub partial_bytes: u64,
+    pub row: pico_meta::ForkRow,
     /// Forks from a stream that is no fork down to this one, this one included (1: the source
     /// is no fork). Derived when the catalog is loaded, not stored; see
     /// [`crate::limits::FORK_DEPTH_MAX`].
@@ -33,7 +29,7 @@ pub struct ForkOrigin {
 impl ForkOrigin {
     /// The first offset the fork's own records get.
     pub fn base(&self) -> u64 {
-        self.offset + u64::from(self.partial_bytes > 0)
+        self.row.offset + u64::from(self.row.partial_bytes > 0)
     }
 }
 

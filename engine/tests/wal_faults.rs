@@ -104,7 +104,9 @@ fn failed_fsync_or_write_stops_appends_until_restart(io: WalIo) {
     });
     let (failed, after, reads, head_ok, health, reason, created, deleted) = found;
     assert!(
-        matches!(failed, Err(AppendError::Durability { ref fault, .. }) if fault.contains("Input/output error")),
+        matches!(failed, Err(AppendError::Durability { ref fault, .. })
+            if fault.io_error().and_then(|e| e.raw_os_error()) == Some(libc::EIO)
+                && fault.to_string().contains("Input/output error")),
         "the append the failed I/O carried is failed: {failed:?}"
     );
     assert!(
@@ -192,7 +194,8 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
         "only {acked} appends before the refusal"
     );
     assert!(
-        matches!(refused, Some(AppendError::OutOfSpace { ref fault }) if fault.contains("No space left")),
+        matches!(refused, Some(AppendError::OutOfSpace { ref fault })
+            if fault.out_of_space() && fault.to_string().contains("No space left")),
         "{refused:?}"
     );
     assert_eq!(state, HealthState::Degraded);

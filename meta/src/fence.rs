@@ -188,8 +188,8 @@ pub(crate) fn commit_fenced(
         // A retry of a commit whose answer was lost (the connection dropped at COMMIT, which
         // may have succeeded): what that attempt committed under the fence stays, even if the
         // stream has moved since. The new owner may have loaded those records and appended
-        // after them; dropping the entries now would leave a hole in its offsets (found by the
-        // fault test's cluster profile). Those appends are stored, so they are not fenced.
+        // after them; dropping the entries now would leave a hole in its offsets (the fault
+        // test's cluster profile checks it). Those appends are stored, so they are not fenced.
         // Asked only when something would be fenced: the common commit pays no extra query.
         let committed: HashSet<i64> = sql(db)?
             .committed_streams(&segment.key)?

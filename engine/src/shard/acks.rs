@@ -4,6 +4,7 @@
 
 use crate::config::Durability;
 use crate::error::{AppendError, EngineError, NotOwnerReason};
+use crate::health::WalFault;
 
 use super::pending::Release;
 use super::state::Shard;
@@ -29,12 +30,12 @@ impl Shard {
                 continue;
             }
             let waiters = {
-                let mut streams = self.streams.borrow_mut();
-                match streams
-                    .get_mut(&*ack.name)
+                match self
+                    .streams
+                    .get_mut(&ack.name)
                     .filter(|stream| stream.state.id == ack.stream_id)
                 {
-                    Some(stream) => {
+                    Some(mut stream) => {
                         stream.state.mark_durable(ack.next_offset, ack.closed);
                         std::mem::take(&mut stream.waiters)
                     }
@@ -51,24 +52,21 @@ impl Shard {
         }
     }
 
-    /// The WAL failed: every append waiting for it fails with `message`, and every request
+    /// The WAL failed: every append waiting for it fails with `fault`, and every request
     /// waiting for an earlier append's durability (a producer's retry, a repeated close) is
     /// woken to find the WAL failed (`after_durable`), instead of waiting for ever.
-    pub(super) fn fail_pending(&self, message: &str) {
+    pub(super) fn fail_pending(&self, fault: &WalFault) {
         let pending = self.journal.drain_acks();
         for ack in pending {
-            let fault = message.to_string();
+            let fault = fault.clone();
             let _ = ack.reply.send(Err(AppendError::Durability {
                 fault,
                 retry: false,
             }));
         }
-        let waiters: Vec<_> = self
-            .streams
-            .borrow_mut()
-            .values_mut()
-            .flat_map(|stream| std::mem::take(&mut stream.waiters))
-            .collect();
+        let mut waiters = Vec::new();
+        self.streams
+            .for_each_mut(|stream| waiters.extend(std::mem::take(&mut stream.waiters)));
         for waiter in waiters {
             let _ = waiter.send(());
         }

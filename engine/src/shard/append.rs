@@ -118,8 +118,7 @@ impl Shard {
         }
         let found = self.live_stream_id(name, false).await;
         if let Err(EngineError::Gone) = found {
-            let streams = self.streams.borrow();
-            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
             stream
                 .state
                 .check_recreate(&config, closed, fork.as_ref())?;
@@ -141,7 +140,7 @@ impl Shard {
         }
         // A body given with a closing create is appended first, then the close.
         let (meta_config, meta_closed) = (config.clone(), closed && records.is_empty());
-        let fork_row = fork.as_ref().map(pico_meta::ForkRow::from);
+        let fork_row = fork.as_ref().map(|origin| origin.row.clone());
         let me = self.cluster.as_ref().map(|c| c.node_id());
         let outcome = self
             .meta
@@ -179,15 +178,19 @@ impl Shard {
             return self.already_created(name, &config, closed, fork.as_ref());
         }
         let row = outcome.row;
-        let created = {
-            let mut streams = self.streams.borrow_mut();
-            if let Some(existing) = streams.get(name) {
-                // Another create of the same name on this core won the race.
-                existing
-                    .state
-                    .check_recreate(&config, closed, fork.as_ref())?;
+        // Another create of the same name on this core may have won the race: no await
+        // between this look and the insert below.
+        let existing = self.streams.get(name).map(|existing| {
+            existing
+                .state
+                .check_recreate(&config, closed, fork.as_ref())
+        });
+        let created = match existing {
+            Some(matches) => {
+                matches?;
                 false
-            } else {
+            }
+            None => {
                 let row_config = &row.config;
                 let mut state = StreamState::with_content_type(
                     row.id,
@@ -208,7 +211,7 @@ impl Shard {
                 if !outcome.created {
                     state.check_recreate(&config, closed, fork.as_ref())?;
                 }
-                streams.insert(
+                self.streams.insert(
                     Rc::from(name),
                     Stream {
                         recorded_access_ms: state.last_access_ms,
@@ -219,7 +222,6 @@ impl Shard {
                         retiring: false,
                     },
                 );
-                CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
                 outcome.created
             }
         };
@@ -237,8 +239,7 @@ impl Shard {
             };
             first = Some(self.append(name, request).await?);
         }
-        let streams = self.streams.borrow();
-        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
         Ok(Created {
             created,
             info: info_of(&stream.state),
@@ -255,8 +256,7 @@ impl Shard {
         closed: bool,
         fork: Option<&ForkOrigin>,
     ) -> Result<Created, CreateError> {
-        let streams = self.streams.borrow();
-        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
         stream.state.check_recreate(config, closed, fork)?;
         Ok(Created {
             created: false,
@@ -329,13 +329,10 @@ impl Shard {
         // Judged first, then written: no await between, so the state the plan was made from
         // is the one the frames go into.
         let (key, plan) = {
-            let mut streams = self.streams.borrow_mut();
-            let key = streams
-                .get_key_value(name)
-                .ok_or(EngineError::NotFound)?
-                .0
-                .clone();
-            let stream = streams.get_mut(&key).expect("looked up above");
+            let (key, mut stream) = self
+                .streams
+                .get_named_mut(name)
+                .ok_or(EngineError::NotFound)?;
             if self.streams.handing_off(name) {
                 return Err(EngineError::from(NotOwnerReason::Moving).into());
             }
@@ -361,7 +358,7 @@ impl Shard {
                 producer_limits: &self.config.producers,
             };
             let outcome = stream.state.apply_append(command, now)?;
-            self.record_access(stream);
+            self.record_access(&mut stream);
             (key, AppendPlan::from(outcome))
         };
         let (ack_rx, ack) = match plan {
@@ -369,15 +366,17 @@ impl Shard {
                 ack,
                 keep_writer_seq,
             } => {
-                let mut streams = self.streams.borrow_mut();
-                let stream = streams.get_mut(&key).expect("judged above, no await since");
+                let mut stream = self
+                    .streams
+                    .get_mut(&key)
+                    .expect("judged above, no await since");
                 let frames = Frames {
                     records: &records,
                     close: ack.closed,
                     producer: producer.as_ref(),
                     writer_seq: writer_seq.as_deref().filter(|_| keep_writer_seq),
                 };
-                let rx = self.write_frames(&key, stream, frames, &ack, body_bytes);
+                let rx = self.write_frames(&key, &mut stream, frames, &ack, body_bytes);
                 (rx, ack)
             }
             AppendPlan::Nothing(ack) => return self.after_durable(name, ack).await,
@@ -395,7 +394,7 @@ impl Shard {
         if ack.closed {
             if let Ok(id) = self.live_stream_id(name, false).await {
                 // Durable already through the WAL close frame; the registry follows for listings.
-                let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+                let fence = self.streams.get(name).and_then(|s| self.fence(&s));
                 drop(self.meta.close_stream_fenced(id, fence));
             }
         }
@@ -444,8 +443,7 @@ impl Shard {
         let incarnation = self.streams.incarnation(name);
         loop {
             let rx = {
-                let mut streams = self.streams.borrow_mut();
-                let stream = match streams.get_mut(name) {
+                let mut stream = match self.streams.get_mut(name) {
                     Some(s) if Some((s.state.id, s.epoch)) == incarnation => s,
                     None if self.cluster.is_none() => return Err(EngineError::NotFound.into()),
                     _ => {
@@ -459,8 +457,7 @@ impl Shard {
                 // The original's commit round failed (or one before it): it was answered
                 // `500`, and so is its retry, with the same promise: stored at most once,
                 // found after a restart or not at all.
-                if let Some(message) = self.journal.failure() {
-                    let fault = message.clone();
+                if let Some(fault) = self.journal.failure() {
                     return Err(AppendError::Durability { fault, retry: true });
                 }
                 let (tx, rx) = oneshot::channel();

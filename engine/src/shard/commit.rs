@@ -4,16 +4,17 @@
 
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Durability;
-use crate::health::{WalHealth, WAL_FILE_RETRY_MS};
+use crate::health::{WalFault, WalHealth, WAL_FILE_RETRY_MS};
 use crate::metrics::CoreMetrics;
 
 use super::journal::WalFile;
 use super::journal::{Round, RoundWrite};
 use super::state::Shard;
-use super::wal::{same_file, WalFileError, WalFill, WalIoError};
+use super::wal::{same_file, WalFill};
 
 impl Shard {
     pub(super) async fn commit_loop(self: Rc<Self>) {
@@ -23,12 +24,11 @@ impl Shard {
                 match self.commit_round().await {
                     Ok(true) => continue,
                     Ok(false) => break,
-                    Err(e) => {
-                        let message = e.to_string();
+                    Err(fault) => {
                         self.set_health(WalHealth::Failed {
-                            message: message.clone(),
+                            fault: fault.clone(),
                         });
-                        self.fail_pending(&message);
+                        self.fail_pending(&fault);
                         return;
                     }
                 }
@@ -38,7 +38,7 @@ impl Shard {
 
     /// Makes the oldest open segment with unwritten bytes durable, seals a finished one, and
     /// keeps a spare WAL file ready. Returns whether there may be more to do.
-    pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, WalIoError> {
+    pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, WalFault> {
         // The spare WAL file is created while idle, or right away once the active segment is
         // half full, so creating it rarely delays an acknowledgement and a rotation never
         // waits for it. A file written through with zeros (`WalFill`) takes a while: it is
@@ -87,21 +87,21 @@ impl Shard {
             if let Some(source) =
                 crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Write)
             {
-                return Err(WalIoError::Write {
+                return Err(WalFault::Write {
                     path: shown(),
-                    source,
+                    source: Arc::new(source),
                 });
             }
             // A short write is an error too: the bytes past it are not on disk.
             let written =
                 file.write_at(buffer, start as u64)
                     .await
-                    .map_err(|e| WalIoError::Write {
+                    .map_err(|e| WalFault::Write {
                         path: shown(),
-                        source: e.into(),
+                        source: Arc::new(e.into()),
                     })?;
             if written < len {
-                return Err(WalIoError::ShortWrite {
+                return Err(WalFault::ShortWrite {
                     path: shown(),
                     written,
                     len,
@@ -112,14 +112,14 @@ impl Shard {
             if let Some(source) =
                 crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync)
             {
-                return Err(WalIoError::Fdatasync {
+                return Err(WalFault::Fdatasync {
                     path: shown(),
-                    source,
+                    source: Arc::new(source),
                 });
             }
-            file.fdatasync().await.map_err(|e| WalIoError::Fdatasync {
+            file.fdatasync().await.map_err(|e| WalFault::Fdatasync {
                 path: shown(),
-                source: e.into(),
+                source: Arc::new(e.into()),
             })?;
             CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
             self.metrics
@@ -138,12 +138,14 @@ impl Shard {
     /// Takes the outcome of making the spare WAL file. A spare that cannot be made fails no
     /// append: the active file was made with room for its segment, and only appends past
     /// that room are refused until a retry succeeds.
-    fn spare_made(&self, made: Result<Option<WalFile>, WalFileError>) {
+    fn spare_made(&self, made: Result<Option<WalFile>, WalFault>) {
         let journal = &self.journal;
+        // A failed WAL stays failed (a file made beside the rounds may come after the
+        // failure): it takes appends again only after a restart.
+        let failed = self.wal_failed();
         match made {
             Ok(spare) => {
-                // A failed WAL stays failed: it takes appends again only after a restart.
-                if !self.wal_failed() {
+                if !failed {
                     self.set_health(WalHealth::Ok);
                 }
                 journal.set_spare(spare);
@@ -152,13 +154,12 @@ impl Shard {
                 }
             }
             // The rounds go on: what the active file holds is still made durable.
-            Err(e) => {
+            Err(fault) => {
                 let retry_at = self.clock.now() + Duration::from_millis(WAL_FILE_RETRY_MS);
                 journal.retry_spare_at(retry_at);
-                self.set_health(WalHealth::NoNextFile {
-                    message: e.message,
-                    out_of_space: e.out_of_space,
-                });
+                if !failed {
+                    self.set_health(WalHealth::NoNextFile { fault });
+                }
             }
         }
     }

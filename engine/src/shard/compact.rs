@@ -28,11 +28,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use pico_meta::{CompactOutcome, CompactRequest};
+use pico_meta::{CompactOutcome, CompactRequest, MetaError};
+use pico_s3::StoreError;
 
 use crate::clock::now_ms;
 use crate::config::Durability;
-use crate::frame::SplitFrames;
+use crate::frame::{FrameError, SplitFrames};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
@@ -42,6 +43,71 @@ use super::table::{SegmentData, SegmentSlot};
 
 /// A picked segment: table number, key, size.
 type Picked = (u64, Rc<str>, u64);
+
+/// Why a compaction stopped: logged, and the core tries again after a pause.
+#[derive(Debug)]
+enum CompactError {
+    /// A crash test's fault (`faults::CompactStep`).
+    Injected(&'static str),
+    /// The object store is stopping.
+    StoreClosed,
+    /// The metadata store is stopping.
+    MetaClosed,
+    /// Object `key` could not be stored (`put`) or read.
+    Store {
+        put: bool,
+        key: Rc<str>,
+        source: StoreError,
+    },
+    /// The catalog could not be asked for the swap (asked again; this only reaches the log).
+    Meta(MetaError),
+    /// Segment `key` is neither held here nor readable from the store.
+    NothingToRead { key: Rc<str> },
+    /// The catalog is not what the swap expects (its account).
+    Refused(String),
+    /// Segment `key` is damaged: never merged.
+    Damaged { key: Rc<str>, damage: Damage },
+}
+
+/// How a picked segment is damaged.
+#[derive(Debug)]
+enum Damage {
+    /// It has `len` bytes where the catalog says `size`.
+    Size {
+        len: usize,
+        size: u64,
+    },
+    Frame(FrameError),
+}
+
+impl std::fmt::Display for CompactError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompactError::Injected(what) => f.write_str(what),
+            CompactError::StoreClosed => f.write_str("object store is shut down"),
+            CompactError::MetaClosed => f.write_str("metadata store is shut down"),
+            CompactError::Store { put, key, source } => {
+                let doing = if *put { "storing" } else { "reading" };
+                write!(f, "{doing} {key}: {source}")
+            }
+            CompactError::Meta(e) => e.fmt(f),
+            CompactError::NothingToRead { key } => write!(f, "{key}: nothing to read"),
+            CompactError::Refused(why) => write!(f, "the catalog refused the swap: {why}"),
+            CompactError::Damaged { key, damage } => {
+                write!(f, "{key} {damage}: its run is left as it is")
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Damage::Size { len, size } => write!(f, "has {len} bytes, the catalog says {size}"),
+            Damage::Frame(e) => write!(f, "holds a damaged frame ({e:?})"),
+        }
+    }
+}
 
 #[cfg(feature = "fault-injection")]
 use crate::faults::CompactStep;
@@ -257,17 +323,19 @@ impl Shard {
             return;
         }
         let mut seen: HashMap<u64, Option<u64>> = HashMap::new();
-        for stream in self.streams.borrow().values() {
-            for chunk in &stream.chunks {
-                seen.entry(chunk.segment)
-                    .and_modify(|one| {
-                        if *one != Some(stream.state.id) {
-                            *one = None;
-                        }
-                    })
-                    .or_insert(Some(stream.state.id));
+        self.streams.scan(|streams| {
+            for stream in streams.values() {
+                for chunk in &stream.chunks {
+                    seen.entry(chunk.segment)
+                        .and_modify(|one| {
+                            if *one != Some(stream.state.id) {
+                                *one = None;
+                            }
+                        })
+                        .or_insert(Some(stream.state.id));
+                }
             }
-        }
+        });
         for (no, _) in segments.iter().filter(|(_, slot)| slot.uploaded) {
             owner
                 .entry(*no)
@@ -333,7 +401,7 @@ impl Shard {
 
     /// Merges `picked` (see the module comment); `Err` leaves the catalog as it was or as
     /// the swap made it, and this core's chunks on objects that hold their bytes either way.
-    async fn compact(self: &Rc<Self>, picked: &[Picked]) -> Result<(), String> {
+    async fn compact(self: &Rc<Self>, picked: &[Picked]) -> Result<(), CompactError> {
         let merged = self.read_picked(picked).await?;
         let key = picked[0].1.clone();
         let total = merged.len() as u64;
@@ -342,13 +410,17 @@ impl Shard {
             glommio::timer::sleep(wait).await;
         }
         if stop_at(self, CompactStep::FailPut) {
-            return Err("injected PUT failure".into());
+            return Err(CompactError::Injected("injected PUT failure"));
         }
         self.store
             .put(&key, merged)
             .await
-            .map_err(|_| "object store is shut down".to_string())?
-            .map_err(|e| format!("storing {key}: {e}"))?;
+            .map_err(|_| CompactError::StoreClosed)?
+            .map_err(|source| CompactError::Store {
+                put: true,
+                key: key.clone(),
+                source,
+            })?;
         CoreMetrics::add(&self.metrics.compaction_puts, 1);
         if stop_at(self, CompactStep::AfterPut) {
             // A crash test: this compactor does nothing more, as if the process died here.
@@ -368,16 +440,14 @@ impl Shard {
                 .meta
                 .compact_segments(request)
                 .await
-                .map_err(|_| "metadata store is shut down".to_string())?;
+                .map_err(|_| CompactError::MetaClosed)?;
             let answer = match answer {
                 Ok(_) if stop_at(self, CompactStep::LoseSwapAnswer) => {
-                    Err("injected loss of the swap's answer".to_string())
+                    Err(CompactError::Injected("injected loss of the swap's answer"))
                 }
                 Ok(outcome) => Ok(outcome),
-                Err(pico_meta::MetaError::Closed) => {
-                    return Err("metadata store is shut down".into())
-                }
-                Err(e) => Err(e.to_string()),
+                Err(MetaError::Closed) => return Err(CompactError::MetaClosed),
+                Err(e) => Err(CompactError::Meta(e)),
             };
             match answer {
                 Ok(outcome) => break outcome,
@@ -396,7 +466,7 @@ impl Shard {
                     .refused
                     .borrow_mut()
                     .extend(picked.iter().map(|(no, ..)| *no));
-                return Err(format!("the catalog refused the swap: {why}"));
+                return Err(CompactError::Refused(why));
             }
         }
         if stop_at(self, CompactStep::AfterSwap) {
@@ -411,7 +481,7 @@ impl Shard {
 
     /// The picked segments' bytes end to end, each CRC-checked frame by frame: a damaged
     /// object is never copied into a merged one.
-    async fn read_picked(self: &Rc<Self>, picked: &[Picked]) -> Result<Bytes, String> {
+    async fn read_picked(self: &Rc<Self>, picked: &[Picked]) -> Result<Bytes, CompactError> {
         let total: u64 = picked.iter().map(|p| p.2).sum();
         let mut merged = BytesMut::with_capacity(total as usize);
         for group in picked.chunks(limits::COMPACT_GETS_IN_FLIGHT) {
@@ -424,32 +494,40 @@ impl Shard {
             for (key, size, held, reply) in replies {
                 let bytes = match (held, reply) {
                     (Some(bytes), _) => bytes,
-                    (None, None) => return Err(format!("{key}: nothing to read")),
+                    (None, None) => {
+                        let key = key.clone();
+                        return Err(CompactError::NothingToRead { key });
+                    }
                     (None, Some(reply)) => reply
                         .await
-                        .map_err(|_| "object store is shut down".to_string())?
-                        .map_err(|e| format!("reading {key}: {e}"))?,
+                        .map_err(|_| CompactError::StoreClosed)?
+                        .map_err(|source| CompactError::Store {
+                            put: false,
+                            key: key.clone(),
+                            source,
+                        })?,
                 };
                 let damaged = if bytes.len() as u64 != size {
-                    Some(format!(
-                        "has {} bytes, the catalog says {size}",
-                        bytes.len()
-                    ))
+                    Some(Damage::Size {
+                        len: bytes.len(),
+                        size,
+                    })
                 } else {
                     let pieces = [bytes.clone()];
                     let mut frames = SplitFrames::new(&pieces, true);
                     std::iter::from_fn(|| frames.next_frame().map(|f| f.err()))
                         .flatten()
                         .next()
-                        .map(|e| format!("holds a damaged frame ({e:?})"))
+                        .map(Damage::Frame)
                 };
-                if let Some(why) = damaged {
+                if let Some(damage) = damaged {
                     // Never merged (reads report the damage); the others go on.
                     self.compaction
                         .refused
                         .borrow_mut()
                         .extend(picked.iter().map(|(no, ..)| *no));
-                    return Err(format!("{key} {why}: its run is left as it is"));
+                    let key = key.clone();
+                    return Err(CompactError::Damaged { key, damage });
                 }
                 merged.extend_from_slice(&bytes);
             }
@@ -460,12 +538,13 @@ impl Shard {
     /// Every stream of this core with chunks in `picked`, with its owner epoch.
     fn streams_in(&self, picked: &[Picked]) -> HashMap<u64, u64> {
         let nos: HashSet<u64> = picked.iter().map(|(no, ..)| *no).collect();
-        self.streams
-            .borrow()
-            .values()
-            .filter(|s| s.chunks.iter().any(|c| nos.contains(&c.segment)))
-            .map(|s| (s.state.id, s.epoch))
-            .collect()
+        self.streams.scan(|streams| {
+            streams
+                .values()
+                .filter(|s| s.chunks.iter().any(|c| nos.contains(&c.segment)))
+                .map(|s| (s.state.id, s.epoch))
+                .collect()
+        })
     }
 
     /// The swap committed: this core's chunks move to the merged object (a new table entry),
@@ -483,7 +562,7 @@ impl Shard {
             base.insert(*old, offset);
             offset += size;
         }
-        for stream in self.streams.borrow_mut().values_mut() {
+        self.streams.for_each_mut(|stream| {
             let mut moved = false;
             for chunk in &mut stream.chunks {
                 if let Some(&at) = base.get(&chunk.segment) {
@@ -496,7 +575,7 @@ impl Shard {
             if moved {
                 coarsen(&mut stream.chunks, Some(no));
             }
-        }
+        });
         {
             let mut owner = self.compaction.owner.borrow_mut();
             let one = owner.get(&picked[0].0).copied().flatten();

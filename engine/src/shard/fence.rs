@@ -7,7 +7,6 @@ use pico_meta::{Fence, MetaError, NodeId, SegmentRecord};
 
 use crate::config::Durability;
 use crate::error::{EngineError, NotOwnerReason};
-use crate::metrics::CoreMetrics;
 
 use super::state::Shard;
 use super::stream::Stream;
@@ -67,18 +66,10 @@ impl Shard {
     /// its pending appends fail, its readers wake up and are sent on (`to`: the new owner when
     /// known).
     pub(super) fn forget_stream(&self, name: &str, id: u64, to: Option<NodeId>) {
-        let removed = {
-            let mut streams = self.streams.borrow_mut();
-            if streams.get(name).is_some_and(|s| s.state.id == id) {
-                streams.remove(name)
-            } else {
-                None
-            }
-        };
+        let removed = self.streams.remove(name, id);
         self.streams.remember_moved(name, to.unwrap_or(0));
         if let Some(stream) = removed {
             self.journal.fence_acks(id, stream.epoch);
-            CoreMetrics::set(&self.metrics.streams, self.streams.borrow().len() as u64);
             for waiter in stream.waiters {
                 let _ = waiter.send(());
             }
@@ -122,8 +113,7 @@ impl Shard {
         // A newer incarnation loaded here since is not the refused one: it stays.
         let refused_is_live = self
             .streams
-            .borrow()
-            .get(&**name)
+            .get(name)
             .is_some_and(|s| s.state.id == id && s.epoch == epoch);
         if refused_is_live {
             self.forget_stream(name, id, None);

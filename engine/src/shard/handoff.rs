@@ -174,13 +174,13 @@ impl Shard {
     /// After this node's lease lapsed and was renewed: keep only the streams it still owns
     /// at the same epoch (`owned`: id → owner epoch), let the others go.
     pub(crate) fn revalidate(&self, owned: &HashMap<u64, u64>) {
-        let lost: Vec<(Rc<str>, u64)> = self
-            .streams
-            .borrow()
-            .iter()
-            .filter(|(_, s)| owned.get(&s.state.id) != Some(&s.epoch))
-            .map(|(name, s)| (name.clone(), s.state.id))
-            .collect();
+        let lost: Vec<(Rc<str>, u64)> = self.streams.scan(|streams| {
+            streams
+                .iter()
+                .filter(|(_, s)| owned.get(&s.state.id) != Some(&s.epoch))
+                .map(|(name, s)| (name.clone(), s.state.id))
+                .collect()
+        });
         for (name, id) in lost {
             log::warn!(
                 "core {}: {name} (stream {id}) moved to another node while this node's lease \

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use glommio::io::{DmaBuffer, DmaFile};
 
 use crate::error::{AppendError, Resume};
-use crate::health::WalHealth;
+use crate::health::{WalFault, WalHealth};
 use crate::limits;
 use crate::notify::LocalNotify;
 use crate::wal_file::end_round;
@@ -556,9 +556,9 @@ impl Journal {
     }
 
     /// Why the WAL failed, if it did (appends stop until a restart).
-    pub(super) fn failure(&self) -> Option<String> {
+    pub(super) fn failure(&self) -> Option<WalFault> {
         match &self.wal.borrow().health {
-            WalHealth::Failed { message } => Some(message.clone()),
+            WalHealth::Failed { fault } => Some(fault.clone()),
             _ => None,
         }
     }
@@ -576,14 +576,11 @@ impl Journal {
     pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
         match &self.wal.borrow().health {
             WalHealth::Ok => Ok(()),
-            WalHealth::Failed { message } => Err(AppendError::WritesStopped {
-                fault: message.clone(),
+            WalHealth::Failed { fault } => Err(AppendError::WritesStopped {
+                fault: fault.clone(),
                 until: Resume::Restart,
             }),
-            WalHealth::NoNextFile {
-                message,
-                out_of_space,
-            } => {
+            WalHealth::NoNextFile { fault } => {
                 // The active file was pre-allocated with this much room.
                 let file_len = self
                     .log
@@ -593,8 +590,9 @@ impl Journal {
                 if file_len <= self.buffers.full_bytes() {
                     return Ok(());
                 }
-                let fault = message.clone();
-                Err(if *out_of_space {
+                let out_of_space = fault.out_of_space();
+                let fault = fault.clone();
+                Err(if out_of_space {
                     AppendError::OutOfSpace { fault }
                 } else {
                     AppendError::WritesStopped {

@@ -6,6 +6,7 @@ use crate::error::{CreateError, EngineError, InvalidCreate, TrimError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 use crate::state::{ForkOrigin, StreamConfig};
+use pico_meta::ForkRow;
 
 use super::state::Shard;
 use super::stream::{info_of, Stream};
@@ -16,8 +17,7 @@ impl Shard {
     pub(super) async fn live_stream_id(&self, name: &str, touch: bool) -> Result<u64, EngineError> {
         let now = self.clock.now_ms();
         let (id, expired) = {
-            let mut streams = self.streams.borrow_mut();
-            let Some(stream) = streams.get_mut(name) else {
+            let Some(mut stream) = self.streams.get_mut(name) else {
                 return Err(self.missing(name));
             };
             if stream.state.soft_deleted {
@@ -29,7 +29,7 @@ impl Shard {
             }
             if touch && !expired {
                 stream.state.touch(now);
-                self.record_access(stream);
+                self.record_access(&mut stream);
             }
             (stream.state.id, expired)
         };
@@ -63,8 +63,7 @@ impl Shard {
 
     pub(super) async fn head(&self, name: &str) -> Result<StreamInfo, EngineError> {
         self.live_stream_id(name, false).await?;
-        let streams = self.streams.borrow();
-        let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+        let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
         Ok(info_of(&stream.state))
     }
 
@@ -85,8 +84,7 @@ impl Shard {
         // The metadata log first, then memory: a start readers saw must be the one a restart
         // finds (a kill between the two brought trimmed records back).
         let (start, fence) = {
-            let streams = self.streams.borrow();
-            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
             let start = stream.state.trimmed_start(offset);
             // Forks read this stream's records below their fork points, through this core's
             // index and from its segments: a trim would take them away (and the garbage
@@ -95,7 +93,7 @@ impl Shard {
             if forks > 0 && start > stream.state.start_offset {
                 return Err(TrimError::ReadByForks { forks });
             }
-            (start, self.fence(stream))
+            (start, self.fence(&stream))
         };
         let trimmed = self
             .meta
@@ -103,8 +101,8 @@ impl Shard {
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
         self.meta_result(name, id, trimmed)?;
-        let mut streams = self.streams.borrow_mut();
-        let stream = streams
+        let mut stream = self
+            .streams
             .get_mut(name)
             .filter(|s| s.state.id == id)
             .ok_or(EngineError::NotFound)?;
@@ -126,12 +124,11 @@ impl Shard {
     ) -> Result<StreamInfo, EngineError> {
         let id = self.live_stream_id(name, false).await?;
         let (before, after, fence) = {
-            let mut streams = self.streams.borrow_mut();
-            let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+            let mut stream = self.streams.get_mut(name).ok_or(EngineError::NotFound)?;
             let before = stream.state.extras().retention;
             let after = change.apply(before);
             stream.state.extras_mut().retention = after;
-            (before, after, self.fence(stream))
+            (before, after, self.fence(&stream))
         };
         let configured = self
             .meta
@@ -139,13 +136,12 @@ impl Shard {
             .await
             .map_err(|_| EngineError::ShuttingDown);
         let outcome = configured.and_then(|answer| self.meta_result(name, id, answer));
-        let mut streams = self.streams.borrow_mut();
-        let stream = streams.get_mut(name).filter(|s| s.state.id == id);
+        let stream = self.streams.get_mut(name).filter(|s| s.state.id == id);
         match (outcome, stream) {
             (Ok(()), Some(stream)) => Ok(info_of(&stream.state)),
             (Ok(()), None) => Err(EngineError::NotFound),
             (Err(e), stream) => {
-                if let Some(stream) = stream.filter(|s| s.state.extras().retention == after) {
+                if let Some(mut stream) = stream.filter(|s| s.state.extras().retention == after) {
                     stream.state.extras_mut().retention = before;
                 }
                 Err(e)
@@ -161,20 +157,19 @@ impl Shard {
         let id = self.live_stream_id(name, false).await?;
         let has_forks = self
             .streams
-            .borrow()
             .get(name)
             .is_some_and(|s| s.state.extras().fork_refs > 0);
         if !has_forks {
             return self.remove_stream_keeping_release(name, id).await;
         }
-        let fence = self.streams.borrow().get(name).and_then(|s| self.fence(s));
+        let fence = self.streams.get(name).and_then(|s| self.fence(&s));
         let deleted = self
             .meta
             .soft_delete_stream_fenced(id, fence)
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
         self.meta_result(name, id, deleted)?;
-        if let Some(stream) = self.streams.borrow_mut().get_mut(name) {
+        if let Some(mut stream) = self.streams.get_mut(name) {
             stream.state.soft_deleted = true;
             for waiter in stream.waiters.drain(..) {
                 let _ = waiter.send(());
@@ -194,8 +189,7 @@ impl Shard {
             Err(EngineError::Gone) => return Err(CreateError::SourceGone),
             other => other?,
         };
-        let mut streams = self.streams.borrow_mut();
-        let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+        let mut stream = self.streams.get_mut(name).ok_or(EngineError::NotFound)?;
         let source_depth = stream.state.fork().map_or(0, |f| f.depth);
         if source_depth >= limits::FORK_DEPTH_MAX {
             let max = limits::FORK_DEPTH_MAX;
@@ -208,10 +202,12 @@ impl Shard {
         }
         stream.state.extras_mut().fork_refs += 1;
         let origin = ForkOrigin {
-            source: name.to_string(),
-            source_id: stream.state.id,
-            offset,
-            partial_bytes,
+            row: ForkRow {
+                source: name.to_string(),
+                source_id: stream.state.id,
+                offset,
+                partial_bytes,
+            },
             depth: source_depth + 1,
         };
         Ok((origin, stream.state.config()))
@@ -220,8 +216,11 @@ impl Shard {
     /// A fork of this stream is gone: the last one takes a deleted or expired source with it.
     pub(super) async fn fork_release(&self, name: &str, source_id: u64) -> Result<(), EngineError> {
         let remove = {
-            let mut streams = self.streams.borrow_mut();
-            let Some(stream) = streams.get_mut(name).filter(|s| s.state.id == source_id) else {
+            let Some(mut stream) = self
+                .streams
+                .get_mut(name)
+                .filter(|s| s.state.id == source_id)
+            else {
                 return Ok(());
             };
             let extras = stream.state.extras_mut();
@@ -267,26 +266,21 @@ impl Shard {
     ) -> Result<Option<(String, u64)>, EngineError> {
         let fence = self
             .streams
-            .borrow()
             .get(name)
             .filter(|s| s.state.id == id)
-            .and_then(|s| self.fence(s));
+            .and_then(|s| self.fence(&s));
         let deleted = self
             .meta
             .delete_stream_fenced(id, fence)
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
         self.meta_result(name, id, deleted)?;
-        let mut streams = self.streams.borrow_mut();
-        if streams.get(name).is_some_and(|s| s.state.id == id) {
-            if let Some(stream) = streams.remove(name) {
-                CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
-                for waiter in stream.waiters {
-                    let _ = waiter.send(());
-                }
-                if let Some(origin) = stream.state.fork().cloned() {
-                    return Ok(Some((origin.source, origin.source_id)));
-                }
+        if let Some(stream) = self.streams.remove(name, id) {
+            for waiter in stream.waiters {
+                let _ = waiter.send(());
+            }
+            if let Some(origin) = stream.state.fork().cloned() {
+                return Ok(Some((origin.row.source, origin.row.source_id)));
             }
         }
         Ok(None)
@@ -294,34 +288,35 @@ impl Shard {
 
     pub(crate) fn list(&self, prefix: &str, start_after: &str, limit: usize) -> Vec<StreamSummary> {
         let now = self.clock.now_ms();
-        let streams = self.streams.borrow();
         let lower = if start_after >= prefix {
             start_after
         } else {
             prefix
         };
-        streams
-            .range::<str, _>((std::ops::Bound::Included(lower), std::ops::Bound::Unbounded))
-            .filter(|(name, _)| &***name != start_after)
-            .take_while(|(name, _)| name.starts_with(prefix))
-            .filter(|(_, stream)| !stream.state.is_expired(now))
-            .take(limit)
-            .map(|(name, stream)| StreamSummary {
-                name: name.to_string(),
-                info: info_of(&stream.state),
-            })
-            .collect()
+        self.streams.scan(|streams| {
+            streams
+                .range::<str, _>((std::ops::Bound::Included(lower), std::ops::Bound::Unbounded))
+                .filter(|(name, _)| &***name != start_after)
+                .take_while(|(name, _)| name.starts_with(prefix))
+                .filter(|(_, stream)| !stream.state.is_expired(now))
+                .take(limit)
+                .map(|(name, stream)| StreamSummary {
+                    name: name.to_string(),
+                    info: info_of(&stream.state),
+                })
+                .collect()
+        })
     }
 
     /// Graceful shutdown: parked readers get their (possibly empty) answer now, and no read
     /// waits from here on.
     pub(crate) fn begin_shutdown(&self) {
         self.stopping.set(true);
-        for stream in self.streams.borrow_mut().values_mut() {
+        self.streams.for_each_mut(|stream| {
             for waiter in stream.waiters.drain(..) {
                 let _ = waiter.send(());
             }
-        }
+        });
     }
 
     pub(crate) fn is_stopping(&self) -> bool {

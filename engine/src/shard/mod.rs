@@ -77,7 +77,7 @@ impl Shard {
         let first = shard
             .create_wal_file(wal::WalFill::Allocated)
             .await
-            .map_err(|e| StartError::WalFile(e.message))?;
+            .map_err(StartError::WalFile)?;
         shard.open_segment(first);
         let commit = shard.clone();
         glommio::spawn_local(async move { commit.commit_loop().await }).detach();

@@ -30,18 +30,13 @@ impl Shard {
             ReadFrom::Offset(offset) => offset,
             ReadFrom::AtLeast(offset) => {
                 self.live_stream_id(name, false).await?;
-                let streams = self.streams.borrow();
-                let state = &streams.get(name).ok_or(EngineError::NotFound)?.state;
-                offset.max(state.start_offset)
+                let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
+                offset.max(stream.state.start_offset)
             }
             ReadFrom::Tail => {
                 self.live_stream_id(name, false).await?;
-                let streams = self.streams.borrow();
-                streams
-                    .get(name)
-                    .ok_or(EngineError::NotFound)?
-                    .state
-                    .durable_offset
+                let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
+                stream.state.durable_offset
             }
         };
         loop {
@@ -63,8 +58,7 @@ impl Shard {
                 return Ok(batch);
             }
             let rx = {
-                let mut streams = self.streams.borrow_mut();
-                let stream = streams.get_mut(name).ok_or(EngineError::NotFound)?;
+                let mut stream = self.streams.get_mut(name).ok_or(EngineError::NotFound)?;
                 let (tx, rx) = oneshot::channel();
                 let parked = park(
                     &mut stream.waiters,
@@ -105,8 +99,8 @@ impl Shard {
         from: u64,
         request: &ReadRequest,
     ) -> Option<ReadBatch> {
-        let streams = self.streams.borrow();
-        let state = &streams.get(name)?.state;
+        let stream = self.streams.get(name)?;
+        let state = &stream.state;
         let origin = state.fork().filter(|o| from < o.base())?;
         Some(ReadBatch {
             from,
@@ -133,8 +127,8 @@ impl Shard {
     ) -> Result<ReadBatch, ReadError> {
         let end = bound.until + u64::from(bound.partial_bytes > 0);
         let from = {
-            let streams = self.streams.borrow();
-            let stream = streams
+            let stream = self
+                .streams
                 .get(name)
                 .filter(|s| s.state.id == bound.source_id)
                 .ok_or(EngineError::NotFound)?;
@@ -194,8 +188,7 @@ impl Shard {
         let max_records = request.max_records.clamp(1, limits::RECORDS_PER_READ_MAX);
         let max_bytes = request.max_bytes.max(1);
         let (chunks, tail, closed_durable, stream_id, content_type) = {
-            let streams = self.streams.borrow();
-            let stream = streams.get(name).ok_or(EngineError::NotFound)?;
+            let stream = self.streams.get(name).ok_or(EngineError::NotFound)?;
             stream.state.check_read(from)?;
             let tail = stream.state.durable_offset;
             let first = stream.chunks.partition_point(|c| c.next_offset <= from);

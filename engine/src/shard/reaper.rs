@@ -122,7 +122,7 @@ impl Shard {
                             }
                             Err(e) => {
                                 log::debug!("retention delete of {name}: {e}");
-                                if let Some(stream) = self.streams.borrow_mut().get_mut(&name) {
+                                if let Some(mut stream) = self.streams.get_mut(&name) {
                                     stream.retiring = false;
                                 }
                             }
@@ -137,12 +137,11 @@ impl Shard {
     /// trim before it awaited) and, if it stands, stops the stream taking appends until the
     /// delete is done. No await between the two.
     pub(super) fn retire_if_still_empty(&self, name: &Rc<str>) -> bool {
-        let mut streams = self.streams.borrow_mut();
-        let Some(stream) = streams.get_mut(name) else {
+        let Some(mut stream) = self.streams.get_mut(name) else {
             return false;
         };
         let due = matches!(
-            retention_action(name, stream, self.clock.now_ms()),
+            retention_action(name, &stream, self.clock.now_ms()),
             Some(RetentionAction::Delete { .. })
         );
         stream.retiring = due;
@@ -156,13 +155,15 @@ impl Shard {
         after: Option<&str>,
         now_ms: i64,
     ) -> (Vec<RetentionAction>, Option<Rc<str>>) {
-        scan_round(
-            &self.streams.borrow(),
-            after,
-            limits::RETENTION_STREAMS_PER_ROUND,
-            limits::RETENTION_ACTIONS_PER_ROUND,
-            |name, stream| retention_action(name, stream, now_ms),
-        )
+        self.streams.scan(|streams| {
+            scan_round(
+                streams,
+                after,
+                limits::RETENTION_STREAMS_PER_ROUND,
+                limits::RETENTION_ACTIONS_PER_ROUND,
+                |name, stream| retention_action(name, stream, now_ms),
+            )
+        })
     }
 
     /// Refreshes the gauges the admin listener reads (at most a moment stale).
@@ -188,11 +189,10 @@ impl Shard {
         let mut after: Option<Rc<str>> = None;
         loop {
             glommio::timer::sleep(Duration::from_millis(limits::REAPER_INTERVAL_MS)).await;
-            let (expired, next) = expired_round(
-                &self.streams.borrow(),
-                after.as_deref(),
-                self.clock.now_ms(),
-            );
+            let now_ms = self.clock.now_ms();
+            let (expired, next) = self
+                .streams
+                .scan(|streams| expired_round(streams, after.as_deref(), now_ms));
             after = next;
             for (name, id) in expired {
                 if let Err(e) = self.remove_stream(&name, id).await {

@@ -93,7 +93,7 @@ pub(crate) fn stream_seeds_by_core(
             last_access_ms: row.last_access_ms,
             producers: Default::default(),
             closed_by: None,
-            fork: row.fork.map(|f| ForkOrigin::from_row(f, depth)),
+            fork: row.fork.map(|row| ForkOrigin { row, depth }),
             fork_refs: fork_refs.get(&row.id).copied().unwrap_or(0),
             soft_deleted: row.soft_deleted,
             writer_seq: None,

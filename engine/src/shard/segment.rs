@@ -131,10 +131,9 @@ impl Shard {
     /// request: reads skip the other streams' frames by header, and the memory per stream
     /// follows the segment count, not the request count.
     pub(super) fn coarsen_sealed(&self, no: u64, index: &BTreeMap<u64, IndexEntry>) {
-        let mut streams = self.streams.borrow_mut();
         for (id, entry) in index {
             let Some(name) = &entry.name else { continue };
-            if let Some(stream) = streams.get_mut(&**name) {
+            if let Some(mut stream) = self.streams.get_mut(name) {
                 if stream.state.id == *id {
                     coarsen(&mut stream.chunks, Some(no));
                 }

@@ -89,7 +89,7 @@ impl Shard {
             config,
             meta,
             store,
-            streams: Streams::default(),
+            streams: Streams::new(metrics.clone()),
             segments: SegmentTable::default(),
             fork_releases: RefCell::new(Vec::new()),
             fork_released: LocalNotify::default(),
@@ -109,7 +109,6 @@ impl Shard {
 
     pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
         let mut keys: HashMap<std::sync::Arc<str>, u64> = HashMap::new();
-        let mut streams = self.streams.borrow_mut();
         for seed in seeds {
             let config = &seed.config;
             let mut state = StreamState::with_content_type(
@@ -165,7 +164,7 @@ impl Shard {
             }
             let name: Rc<str> = Rc::from(seed.name.as_str());
             self.streams.forget_moved(&name);
-            streams.insert(
+            self.streams.insert(
                 name,
                 Stream {
                     recorded_access_ms: state.last_access_ms,
@@ -177,7 +176,6 @@ impl Shard {
                 },
             );
         }
-        CoreMetrics::set(&self.metrics.streams, streams.len() as u64);
     }
 
     pub(crate) fn config(&self) -> &EngineConfig {

@@ -1,8 +1,9 @@
 //! The streams a core holds, as one owned part: the map of streams by name, the content types
 //! they share, and (cluster) the streams on the move to or from other nodes with the wake-up
-//! of the operations that wait for a hand-off. Operations take the map for as long as one
-//! step of theirs needs it (never across an `.await`); the rest changes only through the
-//! methods here.
+//! of the operations that wait for a hand-off. Streams are added and removed only here, which
+//! keeps the published stream count right; operations reach one stream (`get`, `get_mut`) or
+//! all of them (`scan`, `for_each_mut`) for as long as one step of theirs needs it, never
+//! across an `.await`.
 
 use std::cell::{Ref, RefCell, RefMut};
 use std::collections::BTreeMap;
@@ -12,13 +13,14 @@ use std::sync::Arc;
 use pico_meta::NodeId;
 
 use crate::limits;
+use crate::metrics::CoreMetrics;
 use crate::notify::LocalBroadcast;
 
 use super::moves::Moves;
 use super::stream::Stream;
 
-#[derive(Default)]
 pub(super) struct Streams {
+    /// Invariant: `metrics.streams` is its length (set by `insert` and `remove`).
     map: RefCell<BTreeMap<Rc<str>, Stream>>,
     /// The content types the streams share (`shared_content_type`), at most
     /// `limits::INTERNED_CONTENT_TYPES_MAX`.
@@ -27,18 +29,71 @@ pub(super) struct Streams {
     moves: RefCell<Moves>,
     /// Wakes the operations that waited for a hand-off.
     handed_off: LocalBroadcast,
+    /// Where the stream count is published.
+    metrics: Arc<CoreMetrics>,
 }
 
 impl Streams {
-    /// The streams by name, to read.
-    pub(super) fn borrow(&self) -> Ref<'_, BTreeMap<Rc<str>, Stream>> {
-        self.map.borrow()
+    /// No streams yet; the count goes to `metrics.streams`.
+    pub(super) fn new(metrics: Arc<CoreMetrics>) -> Streams {
+        Streams {
+            map: RefCell::default(),
+            content_types: RefCell::default(),
+            moves: RefCell::default(),
+            handed_off: LocalBroadcast::default(),
+            metrics,
+        }
     }
 
-    /// The streams by name, to change one, add or remove one (the caller then publishes the
-    /// count).
-    pub(super) fn borrow_mut(&self) -> RefMut<'_, BTreeMap<Rc<str>, Stream>> {
-        self.map.borrow_mut()
+    /// Stream `name`, to read.
+    pub(super) fn get(&self, name: &str) -> Option<Ref<'_, Stream>> {
+        Ref::filter_map(self.map.borrow(), |map| map.get(name)).ok()
+    }
+
+    /// Stream `name`, to change.
+    pub(super) fn get_mut(&self, name: &str) -> Option<RefMut<'_, Stream>> {
+        RefMut::filter_map(self.map.borrow_mut(), |map| map.get_mut(name)).ok()
+    }
+
+    /// Stream `name` with the name as the map holds it (shared by the acknowledgements and
+    /// the segment index that name it), to change.
+    pub(super) fn get_named_mut(&self, name: &str) -> Option<(Rc<str>, RefMut<'_, Stream>)> {
+        let map = self.map.borrow_mut();
+        let key = map.get_key_value(name)?.0.clone();
+        let stream = RefMut::map(map, |map| map.get_mut(name).expect("looked up above"));
+        Some((key, stream))
+    }
+
+    /// Adds (or replaces) stream `name` and publishes the count.
+    pub(super) fn insert(&self, name: Rc<str>, stream: Stream) {
+        let mut map = self.map.borrow_mut();
+        map.insert(name, stream);
+        CoreMetrics::set(&self.metrics.streams, map.len() as u64);
+    }
+
+    /// Removes stream `name` if it is incarnation `id` (a stream of that name created since is
+    /// left alone) and publishes the count.
+    pub(super) fn remove(&self, name: &str, id: u64) -> Option<Stream> {
+        let mut map = self.map.borrow_mut();
+        if map.get(name).is_none_or(|s| s.state.id != id) {
+            return None;
+        }
+        let removed = map.remove(name);
+        CoreMetrics::set(&self.metrics.streams, map.len() as u64);
+        removed
+    }
+
+    /// `look` at every stream, by name in order (listings, rounds of retention and reaping,
+    /// ownership checks), without changing any.
+    pub(super) fn scan<R>(&self, look: impl FnOnce(&BTreeMap<Rc<str>, Stream>) -> R) -> R {
+        look(&self.map.borrow())
+    }
+
+    /// Changes every stream with `change`.
+    pub(super) fn for_each_mut(&self, mut change: impl FnMut(&mut Stream)) {
+        for stream in self.map.borrow_mut().values_mut() {
+            change(stream);
+        }
     }
 
     /// Whether stream `name` is held here.

@@ -4,6 +4,7 @@
 //! readahead and eviction.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_channel::oneshot;
@@ -16,10 +17,10 @@ use super::pending::{AckQueue, PendingAck, Release};
 use super::reaper::{retention_action, RetentionAction};
 use super::sealed::SealQueue;
 use super::stream::{coarsen, coarsen_runs, Chunk, Stream};
-use super::wal::WalFileError;
 use crate::api::RecordInput;
 use crate::error::{AppendError, EngineError};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::health::WalFault;
 use crate::limits::{self, CACHE_BLOCK_BYTES};
 use crate::state::{StreamConfig, StreamState};
 
@@ -244,10 +245,12 @@ fn retention_leaves_forks_their_sources_and_deleted_streams_alone() {
     assert!(retention_action(&name, &deleted, NOW_MS).is_none());
     let mut fork = stream(tiny, &[1, 2, 3], 10, 3);
     fork.state.extras_mut().fork = Some(crate::state::ForkOrigin {
-        source: "/src".into(),
-        source_id: 1,
-        offset: 0,
-        partial_bytes: 0,
+        row: pico_meta::ForkRow {
+            source: "/src".into(),
+            source_id: 1,
+            offset: 0,
+            partial_bytes: 0,
+        },
         depth: 1,
     });
     assert!(retention_action(&name, &fork, NOW_MS).is_none());
@@ -341,21 +344,30 @@ fn the_frame_budget_of_an_append_bounds_what_it_writes() {
 }
 
 #[test]
-fn a_wal_file_error_tells_a_full_disk_from_other_failures() {
-    let full = WalFileError::new(
-        "cannot create".into(),
-        std::io::Error::from_raw_os_error(libc::ENOSPC),
-    );
-    assert!(full.out_of_space);
+fn a_wal_fault_tells_a_full_disk_from_other_failures() {
+    let create = |errno| WalFault::Create {
+        path: "/wal/x.wal".into(),
+        source: Arc::new(std::io::Error::from_raw_os_error(errno)),
+    };
+    let full = create(libc::ENOSPC);
+    assert!(full.out_of_space());
+    let shown = full.to_string();
     assert!(
-        full.message.starts_with("cannot create: "),
-        "{}",
-        full.message
+        shown.starts_with("cannot create WAL file /wal/x.wal: "),
+        "{shown}"
     );
-    let quota = WalFileError::new("x".into(), std::io::Error::from_raw_os_error(libc::EDQUOT));
-    assert!(quota.out_of_space);
-    let io = WalFileError::new("x".into(), std::io::Error::from_raw_os_error(libc::EIO));
-    assert!(!io.out_of_space);
+    assert_eq!(
+        full.io_error().and_then(|e| e.raw_os_error()),
+        Some(libc::ENOSPC)
+    );
+    assert!(create(libc::EDQUOT).out_of_space());
+    assert!(!create(libc::EIO).out_of_space());
+    // Out of space only says why the next file cannot be made.
+    let sync = WalFault::Fdatasync {
+        path: "/wal/x.wal".into(),
+        source: Arc::new(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+    };
+    assert!(!sync.out_of_space());
 }
 
 // ---------------------------------------------------------------- acknowledgements

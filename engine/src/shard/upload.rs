@@ -35,7 +35,8 @@ impl Shard {
     /// commit only once every segment sealed before it on this core has committed. Otherwise
     /// a slow PUT (a retry) lets a later segment's records into the catalog before earlier
     /// offsets of the same stream, and if the node dies or is fenced meanwhile, the stream's
-    /// offsets have a hole that no one can fill (found by the fault test's cluster profile).
+    /// offsets have a hole that no one can fill (the fault test's cluster profile checks it;
+    /// docs/decisions/2026-12-cluster-profile-findings.md).
     pub(super) async fn upload(
         self: Rc<Self>,
         sealed: Sealed,
@@ -120,8 +121,9 @@ impl Shard {
         self.end_commit_turn(no);
         // Fence every refused entry before anything can release acknowledgements (the
         // `forget_stream` of the first one does): a later id of the same segment would
-        // otherwise be acknowledged as stored once the segment counts as uploaded (found by
-        // the fault test's cluster profile: a producer told stored, then a sequence gap).
+        // otherwise be acknowledged as stored once the segment counts as uploaded: a producer
+        // told stored, then refused with a sequence gap by the next owner (the fault test's
+        // cluster profile checks it).
         let lost: Vec<(u64, u64)> = fenced
             .iter()
             .map(|id| {
