@@ -5,7 +5,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pico_engine::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_RECORD};
 use pico_engine::producers::ProducerLimits;
-use pico_engine::state::{AppendCommand, StreamConfig, StreamState};
+use pico_engine::rules::{AppendCommand, StreamConfig, StreamState};
 
 fn meta(offset: u64, producer: Option<&ProducerTuple>) -> FrameMeta<'_> {
     FrameMeta {

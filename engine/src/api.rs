@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::frame::RecordHeader;
-use crate::state::{ForkOrigin, ProducerTuple, StreamConfig};
+use crate::rules::{ForkOrigin, ProducerTuple, StreamConfig};
 
 /// One record of an append, as decoded by a protocol layer.
 #[derive(Clone, Debug, PartialEq, Eq)]

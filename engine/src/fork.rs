@@ -7,7 +7,7 @@ use std::rc::Rc;
 use crate::api::{Created, ForkSpec, ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordInput};
 use crate::error::{CreateError, EngineError, InvalidCreate, Mismatch, ReadError, StorageFault};
 use crate::route::Router;
-use crate::state::{mime_base_eq, ForkOrigin, StreamConfig};
+use crate::rules::{mime_base_eq, ForkOrigin, StreamConfig};
 
 /// A read, stitched across forks: a fork read below its fork point continues in its
 /// source (bounded by the fork point), then in the fork's own records. Walks a chain of

@@ -34,8 +34,8 @@ mod put_budget;
 pub mod quarantine;
 mod recovery;
 mod route;
+pub mod rules;
 mod shard;
-pub mod state;
 pub mod wal_file;
 
 pub use api::{
@@ -58,4 +58,4 @@ pub use live::ReadShape;
 pub use pico_meta as meta;
 pub use placement::owner_core;
 pub use recovery::{RecoveryError, StorageError};
-pub use state::{ForkOrigin, StreamConfig};
+pub use rules::{ForkOrigin, StreamConfig};

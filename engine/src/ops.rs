@@ -10,7 +10,7 @@ use crate::api::{
 };
 use crate::error::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use crate::metrics::OpKind;
-use crate::state::{ForkOrigin, StreamConfig};
+use crate::rules::{ForkOrigin, StreamConfig};
 
 /// One operation on one stream, run by the stream's owning core (`Shard::execute`), and the
 /// answer it gets.

@@ -18,8 +18,8 @@ use crate::ops::{
     Configure, Create, Delete, ForkAcquire, ForkRelease, Head, Sent, StreamRequest, Trim,
 };
 use crate::placement::owner_core;
+use crate::rules::{ForkOrigin, StreamConfig};
 use crate::shard::{Run, Shard};
-use crate::state::{ForkOrigin, StreamConfig};
 
 /// This core's shard and its way to every other core's.
 pub(crate) struct Router {

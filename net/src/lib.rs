@@ -14,7 +14,7 @@ mod ds;
 #[cfg(test)]
 mod fuzzing;
 mod limits;
-mod live;
+mod live_response;
 mod panics;
 mod params;
 mod pico;

@@ -1,7 +1,7 @@
 //! Request parameters both protocols parse the same way: query strings, boolean headers,
 //! strict integers.
 
-use pico_engine::state::ProducerTuple;
+use pico_engine::rules::ProducerTuple;
 
 use crate::transport::message::Request;
 

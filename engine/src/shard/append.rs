@@ -14,7 +14,7 @@ use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_
 use crate::json;
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::state::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
+use crate::rules::{AppendCommand, AppendOutcome, ForkOrigin, StreamConfig, StreamState};
 
 use super::pending::PendingAck;
 use super::state::Shard;

@@ -5,7 +5,7 @@ use crate::api::{StreamInfo, StreamSummary};
 use crate::error::{CreateError, EngineError, InvalidCreate, TrimError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
-use crate::state::{ForkOrigin, StreamConfig};
+use crate::rules::{ForkOrigin, StreamConfig};
 use pico_meta::ForkRow;
 
 use super::state::Shard;

@@ -65,7 +65,7 @@ use crate::api::{AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, Stre
 use crate::error::{AppendError, CreateError, EngineError, ReadError, StartError, TrimError};
 use crate::metrics::{CoreMetrics, OpKind};
 use crate::ops::{Configure, Create, Delete, ForkAcquire, ForkRelease, Head, StreamOp, Trim};
-use crate::state::{ForkOrigin, StreamConfig};
+use crate::rules::{ForkOrigin, StreamConfig};
 
 impl Shard {
     pub(crate) async fn start(

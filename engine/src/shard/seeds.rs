@@ -10,9 +10,9 @@ use pico_meta::Snapshot;
 use super::stream::StreamSeed;
 use crate::frame::ProducerTuple;
 use crate::producers::Producer;
-use crate::state::ForkOrigin;
+use crate::rules::ForkOrigin;
 
-/// Each fork's depth (see [`crate::state::ForkOrigin::depth`]), by id. Walks every chain in a
+/// Each fork's depth (see [`crate::rules::ForkOrigin::depth`]), by id. Walks every chain in a
 /// loop, remembering depths already known, so a long chain costs no stack and each stream is
 /// visited about once; a source missing from the snapshot ends its chain.
 fn fork_depths(snapshot: &Snapshot) -> HashMap<u64, u32> {

@@ -17,7 +17,7 @@ use crate::metrics::CoreMetrics;
 use crate::notify::LocalNotify;
 use crate::producers::Producers;
 use crate::put_budget::PutBudget;
-use crate::state::StreamState;
+use crate::rules::StreamState;
 
 use super::journal::Journal;
 use super::stream::{coarsen, Chunk, Stream, StreamSeed};

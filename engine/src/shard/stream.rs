@@ -10,7 +10,7 @@ use pico_meta::SegmentRun;
 use crate::api::StreamInfo;
 use crate::frame::ProducerTuple;
 use crate::limits;
-use crate::state::{ForkOrigin, StreamConfig, StreamState};
+use crate::rules::{ForkOrigin, StreamConfig, StreamState};
 
 /// Where one stream's records `first_offset..next_offset` lie: bytes `byte_start..byte_end`
 /// of local segment `segment`.

@@ -22,7 +22,7 @@ use crate::error::{AppendError, EngineError};
 use crate::frame::{self, FrameMeta, ProducerTuple, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::health::WalFault;
 use crate::limits::{self, CACHE_BLOCK_BYTES};
-use crate::state::{StreamConfig, StreamState};
+use crate::rules::{StreamConfig, StreamState};
 
 fn chunk(
     first_offset: u64,
@@ -244,7 +244,7 @@ fn retention_leaves_forks_their_sources_and_deleted_streams_alone() {
     deleted.state.soft_deleted = true;
     assert!(retention_action(&name, &deleted, NOW_MS).is_none());
     let mut fork = stream(tiny, &[1, 2, 3], 10, 3);
-    fork.state.extras_mut().fork = Some(crate::state::ForkOrigin {
+    fork.state.extras_mut().fork = Some(crate::rules::ForkOrigin {
         row: pico_meta::ForkRow {
             source: "/src".into(),
             source_id: 1,
@@ -757,7 +757,7 @@ fn rarely_set_fields_read_as_defaults_until_set() {
         epoch: 0,
         seq: 0,
     };
-    let append = crate::state::AppendCommand {
+    let append = crate::rules::AppendCommand {
         records: 1,
         close: true,
         match_offset: None,
@@ -777,7 +777,7 @@ fn rarely_set_fields_read_as_defaults_until_set() {
     let outcome = state.apply_append(append, 6).expect("retry");
     assert!(matches!(
         outcome,
-        crate::state::AppendOutcome::Duplicate { last_seq: 0, .. }
+        crate::rules::AppendOutcome::Duplicate { last_seq: 0, .. }
     ));
     let expiring = StreamState::new(
         8,

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use pico_meta::MetaUrl;
 use serde_json::{json, Value};
 
-use crate::admin::state::{error, json_response, AdminState, BackupStatus};
+use crate::admin::shared::{error, json_response, AdminState, BackupStatus};
 use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupError, BackupJob};
 use crate::limits::{
     BACKUP_DESTINATION_BYTES_MAX, BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX,

@@ -11,7 +11,7 @@ use pico_engine::{Cluster, EngineError, StreamInfo};
 use pico_meta::{MetaError, NodeId, NodeRow, Ownership};
 use serde_json::{json, Value};
 
-use crate::admin::state::{error, json_response, retention_json, AdminState};
+use crate::admin::shared::{error, json_response, retention_json, AdminState};
 use crate::time::format_rfc3339_ms;
 use crate::transport::message::Response;
 

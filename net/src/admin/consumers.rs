@@ -7,10 +7,10 @@
 use pico_meta::MetaError;
 use serde_json::{json, Value};
 
-use crate::admin::state::{error, json_response, AdminState};
+use crate::admin::shared::{error, json_response, AdminState};
 use std::collections::HashMap;
 
-use crate::consumers::state::{outline, StreamCursor};
+use crate::consumers::rules::{outline, StreamCursor};
 use crate::transport::message::Response;
 
 /// Consumers one answer or one scrape reports at most (ordered by scope and id): the

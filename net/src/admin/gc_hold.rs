@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::admin::state::{error, json_response, AdminState, ManualHold, ManualHolds};
+use crate::admin::shared::{error, json_response, AdminState, ManualHold, ManualHolds};
 use crate::limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX, GC_HOLD_WAIT_SEC};
 use crate::transport::message::{Request, Response};
 

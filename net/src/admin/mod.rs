@@ -12,7 +12,7 @@ pub mod dashboard;
 pub mod gc_hold;
 pub mod metrics;
 mod quarantine;
-pub mod state;
+pub mod shared;
 pub mod usage;
 
 use std::rc::Rc;
@@ -30,8 +30,8 @@ use metrics::CoreLoad;
 /// This build runs one node; the cluster work gives nodes their own ids.
 const NODE_ID: u64 = 1;
 
-use crate::admin::state::{error, json_response, retention_json};
-pub use crate::admin::state::{AdminState, NodeFacts};
+use crate::admin::shared::{error, json_response, retention_json};
+pub use crate::admin::shared::{AdminState, NodeFacts};
 use crate::limits::{ADMIN_STREAMS_PAGE_DEFAULT, ADMIN_STREAMS_PAGE_MAX};
 
 pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {

@@ -11,7 +11,7 @@ use base64::Engine as _;
 use pico_engine::frame::parse_headers;
 use serde_json::{json, Map, Value};
 
-use crate::admin::state::{error, json_response, AdminState};
+use crate::admin::shared::{error, json_response, AdminState};
 use crate::params::{query_param, strict_u64};
 use crate::transport::message::Response;
 

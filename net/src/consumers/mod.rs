@@ -14,7 +14,7 @@
 //! DELETE {root}__ds/consumers/{id}/wake
 //! ```
 //!
-//! State lives in the metadata log, one document per consumer (`state.rs` has its format and
+//! State lives in the metadata log, one document per consumer (`rules.rs` has its format and
 //! every rule), changed in one transaction per request: a committed offset survives what the
 //! metadata log survives (kill -9, power cuts, a node's failover in a cluster, where every
 //! node reads the same rows). A consumer belongs to the root it was registered under and
@@ -25,7 +25,7 @@
 //! `waker.rs` the node's service that hears the writes and delivers).
 
 mod routes;
-pub mod state;
+pub mod rules;
 mod view;
 mod wake;
 mod waker;

@@ -1,6 +1,6 @@
 //! The routes of named consumers in both protocols: each request is parsed into a [`Call`],
 //! authorized, given the tails an ack needs, and decided by the metadata thread in its
-//! transaction (`state.rs`); the answer is rendered in the request's dialect (`view.rs`).
+//! transaction (`rules.rs`); the answer is rendered in the request's dialect (`view.rs`).
 //!
 //! Durable Streams: `{root}__ds/consumers[/{id}[/acquire|ack|release|wake]]` (see `mod.rs`).
 //! Pico, on the reserved root `/` (a stream cannot be named `/`, so no stream name is
@@ -14,7 +14,7 @@ use pico_engine::{CoreHandle, EngineError};
 use pico_proto::offset::Offset;
 use serde_json::Value;
 
-use super::state::{self, AckOffsets, ConsumerError, Registration, Token};
+use super::rules::{self, AckOffsets, ConsumerError, Registration, Token};
 use super::view::{self, Dialect};
 use super::wake::{self, Wake};
 use super::waker::ConsumerWakes;
@@ -170,7 +170,7 @@ fn parse_ds(
         if method != "POST" {
             return Err(not_allowed("POST"));
         }
-        let (id, registration) = state::parse_registration(&json_body(request)?)?;
+        let (id, registration) = rules::parse_registration(&json_body(request)?)?;
         if let Some(outside) = registration.streams.iter().find(|p| !p.starts_with(root)) {
             return Err(ConsumerError::invalid(format!(
                 "{outside} is not under this consumer's root {root}"
@@ -184,7 +184,7 @@ fn parse_ds(
     let (raw_id, action) = route.split_once('/').unwrap_or((route, ""));
     let id = crate::subscriptions::percent::decode_component(raw_id)
         .ok_or_else(|| ConsumerError::invalid("malformed percent-encoding in the consumer id"))?;
-    state::check_id(&id)?;
+    rules::check_id(&id)?;
     let call = match (action, method) {
         ("", "GET") => Call::Describe,
         ("", "DELETE") => Call::Delete,
@@ -192,7 +192,7 @@ fn parse_ds(
         ("acquire", "POST") => Call::Acquire { member: None },
         ("ack", "POST") => Call::Ack {
             token: holder_token(request)?,
-            offsets: state::parse_ack(&json_body(request)?)?,
+            offsets: rules::parse_ack(&json_body(request)?)?,
         },
         ("release", "POST") => Call::Release {
             token: holder_token(request)?,
@@ -245,10 +245,10 @@ fn parse_pico(node: &Node<'_>, request: &Request) -> Result<(String, Call), Cons
             "a consumer is named by a path: ?consumer=/team/billing",
         ));
     }
-    state::check_id(&name)?;
+    rules::check_id(&name)?;
     let action = query_param(&request.query, "action");
     let call = match (request.method.as_str(), action.as_deref()) {
-        ("PUT", None) => Call::Register(state::parse_settings(&json_body(request)?, true)?),
+        ("PUT", None) => Call::Register(rules::parse_settings(&json_body(request)?, true)?),
         ("GET", None) => Call::Describe,
         ("DELETE", None) => Call::Delete,
         ("POST", Some("acquire")) => Call::Acquire {
@@ -297,10 +297,10 @@ fn parse_pico_ack(body: &Value) -> Result<AckOffsets, ConsumerError> {
         .get("offsets")
         .and_then(Value::as_array)
         .ok_or_else(|| ConsumerError::invalid("offsets (an array) is required"))?;
-    if list.len() > state::STREAMS_PER_CONSUMER_MAX {
+    if list.len() > rules::STREAMS_PER_CONSUMER_MAX {
         return Err(ConsumerError::invalid(format!(
             "an ack names at most {} streams",
-            state::STREAMS_PER_CONSUMER_MAX
+            rules::STREAMS_PER_CONSUMER_MAX
         )));
     }
     list.iter()
@@ -385,16 +385,16 @@ async fn run(
         Call::Register(registration) => {
             let id = id.to_string();
             meta.change_consumer(scope, key, move |read| {
-                state::register(read, &id, &registration)
+                rules::register(read, &id, &registration)
             })
             .await
         }
-        Call::Describe => meta.change_consumer(scope, key, state::describe).await,
-        Call::Delete => meta.change_consumer(scope, key, state::delete).await,
+        Call::Describe => meta.change_consumer(scope, key, rules::describe).await,
+        Call::Delete => meta.change_consumer(scope, key, rules::delete).await,
         Call::Acquire { member } => {
             let token = Token::random()?;
             meta.change_consumer(scope, key, move |read| {
-                state::acquire(read, member.as_deref(), &token)
+                rules::acquire(read, member.as_deref(), &token)
             })
             .await
         }
@@ -404,12 +404,12 @@ async fn run(
                 Tails::Moved(location) => return Ok(Reply::Moved(location)),
             };
             meta.change_consumer(scope, key, move |read| {
-                state::ack(read, &token, &offsets, &tails)
+                rules::ack(read, &token, &offsets, &tails)
             })
             .await
         }
         Call::Release { token } => {
-            meta.change_consumer(scope, key, move |read| state::release(read, &token))
+            meta.change_consumer(scope, key, move |read| rules::release(read, &token))
                 .await
         }
         Call::SetWake(wake) => {

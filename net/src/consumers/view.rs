@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::state::{offset_text, Consumer, ConsumerError, Outcome, StreamCursor};
+use super::rules::{offset_text, Consumer, ConsumerError, Outcome, StreamCursor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dialect {

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 use pico_meta::{ConsumerRead, ConsumerWrite};
 
-use super::state::{offset_text, stored, Answer, Consumer, ConsumerError, Holder, Outcome, Token};
+use super::rules::{offset_text, stored, Answer, Consumer, ConsumerError, Holder, Outcome, Token};
 
 /// The longest wake URL accepted.
 pub const WAKE_URL_BYTES_MAX: usize = 2048;
@@ -204,7 +204,7 @@ pub fn pending_stream(consumer: &Consumer, tails: &[(String, u64)]) -> Option<St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::state::{self, parse_registration};
+    use crate::consumers::rules::{self, parse_registration};
 
     const NOW: i64 = 1_000_000;
 
@@ -217,7 +217,7 @@ mod tests {
             now_ms: NOW,
             scope_count: 0,
         };
-        let (write, answer) = state::register(empty, &id, &registration);
+        let (write, answer) = rules::register(empty, &id, &registration);
         answer.unwrap();
         let ConsumerWrite::Put(document) = write else {
             panic!("register writes")

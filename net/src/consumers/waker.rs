@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use pico_engine::{CoreHandle, EngineError};
 
-use super::state::{self, Consumer, Outcome, Token};
+use super::rules::{self, Consumer, Outcome, Token};
 use super::wake::{self, Start, Wake};
 use crate::subscriptions::{DeliveryOutcome, StreamWatcher, Subscriptions};
 
@@ -380,7 +380,7 @@ impl ConsumerWakes {
         let released = core
             .meta()
             .change_consumer(key.0.clone(), key.1.clone(), move |read| {
-                let (write, answer) = state::release(read, &token);
+                let (write, answer) = rules::release(read, &token);
                 (
                     write,
                     answer.ok().and_then(|o| Some((o.consumer?, o.now_ms))),

@@ -12,7 +12,7 @@ use pico_proto::header::*;
 use super::encode::{encode, joined, next_cursor};
 use super::error::DsError;
 use super::params::{is_json, DsSettings};
-use crate::live::{encoded_once, EventEncoding, LiveCursor, LiveEvents};
+use crate::live_response::{encoded_once, EventEncoding, LiveCursor, LiveEvents};
 use crate::transport::message::{Request, Response};
 
 struct SseState {
@@ -203,6 +203,6 @@ pub(super) fn data_lines(out: &mut Vec<u8>, payload: &[u8]) {
     line(out, &payload[start..]);
 }
 
-/// What a subscriber's state between reads takes (tested in `live.rs`).
+/// What a subscriber's state between reads takes (tested in `live_response.rs`).
 #[cfg(test)]
 pub(crate) const STATE_BYTES: usize = std::mem::size_of::<SseState>();

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use pico_engine::{
-    limits, state::ProducerTuple, AppendRequest, CoreHandle, CreateRequest, Created, ForkSpec,
+    limits, rules::ProducerTuple, AppendRequest, CoreHandle, CreateRequest, Created, ForkSpec,
     RecordInput, StreamConfig,
 };
 use pico_proto::header::*;

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::settings::PicoSettings;
 use super::sse;
 use crate::codec;
-use crate::live::LiveCursor;
+use crate::live_response::LiveCursor;
 use crate::params::{query_param, strict_u64};
 use crate::time::format_rfc3339_ms;
 use crate::transport::message::{Request, Response};

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use pico_engine::{CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
 use crate::codec;
-use crate::live::{encoded_once, EventEncoding, LiveBody, LiveCursor, LiveEvents};
+use crate::live_response::{encoded_once, EventEncoding, LiveBody, LiveCursor, LiveEvents};
 
 /// The `retry:` hint.
 pub const RETRY_HINT_MS: u64 = 1_000;
@@ -129,6 +129,6 @@ impl LiveEvents for State {
     }
 }
 
-/// What a subscriber's state between reads takes (tested in `live.rs`).
+/// What a subscriber's state between reads takes (tested in `live_response.rs`).
 #[cfg(test)]
 pub(crate) const STATE_BYTES: usize = std::mem::size_of::<State>();

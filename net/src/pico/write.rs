@@ -5,7 +5,7 @@
 use std::rc::Rc;
 
 use pico_engine::{
-    limits, state::ProducerTuple, AppendRequest, CoreHandle, CreateRequest, Created, RecordInput,
+    limits, rules::ProducerTuple, AppendRequest, CoreHandle, CreateRequest, Created, RecordInput,
     RetentionChange, StreamConfig,
 };
 use pico_proto::header::*;

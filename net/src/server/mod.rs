@@ -18,7 +18,7 @@ use std::time::Duration;
 use pico_engine::Cluster;
 
 use crate::admin::metrics::HttpMetrics;
-use crate::admin::state::NodeFacts;
+use crate::admin::shared::NodeFacts;
 use crate::config::{Protocol, ServerConfig};
 use crate::shutdown::Shutdown;
 use cores::{AdminJob, NodeJob, Stopped};

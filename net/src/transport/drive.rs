@@ -19,7 +19,7 @@ use std::io;
 use bytes::Bytes;
 use pico_engine::ReadShape;
 
-use crate::live::{live_read, LiveBody};
+use crate::live_response::{live_read, LiveBody};
 use crate::transport::message::{by_deadline, SomeOf};
 
 /// Events that are ready at once are written together up to about this many bytes: an SSE
@@ -141,7 +141,7 @@ mod tests {
     use pico_engine::{CoreHandle, ReadBatch, ReadFrom, ReadRequest};
 
     use super::*;
-    use crate::live::LiveEvents;
+    use crate::live_response::LiveEvents;
 
     /// Queued events, then one read of `next`, without a core.
     struct Scripted {

@@ -7,7 +7,7 @@ use std::future::Future;
 use bytes::{Bytes, BytesMut};
 
 use crate::limits::{BodyBudget, BodyReservation};
-pub use crate::live::{LiveBody, LiveEvents};
+pub use crate::live_response::{LiveBody, LiveEvents};
 
 /// Small body parts are joined into writes of up to this many bytes.
 pub const WRITE_COALESCE_BYTES: usize = 64 * 1024;

@@ -37,7 +37,7 @@ use pico_engine::{CoreHandle, ReadBatch, ReadShape};
 
 use super::write::Chunks;
 use super::{Parked, Streaming};
-use crate::live::{live_read, LiveBody};
+use crate::live_response::{live_read, LiveBody};
 use crate::transport::drive::{stage_ready, tail_read};
 use crate::transport::socket::PlainTcp;
 
@@ -561,7 +561,7 @@ impl Kick {
 mod tests {
     use super::*;
 
-    /// What a parked subscriber holds here, besides its response's state (`live.rs` tests
+    /// What a parked subscriber holds here, besides its response's state (`live_response.rs` tests
     /// that): its slot, where a waiting connection task holds about 4 KiB
     /// (docs/decisions/2026-12-parked-subscribers.md).
     #[test]

@@ -347,7 +347,7 @@ impl futures_lite::AsyncWrite for Writes {
 /// Live events that are all queued from the start (no reads).
 struct Queued(std::collections::VecDeque<Bytes>);
 
-impl crate::live::LiveEvents for Queued {
+impl crate::live_response::LiveEvents for Queued {
     fn core(&self) -> &std::rc::Rc<pico_engine::CoreHandle> {
         unreachable!("queued events make no read")
     }

@@ -796,5 +796,5 @@ fn position(at: Offset) -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
-#[path = "state_tests.rs"]
+#[path = "rules_tests.rs"]
 mod tests;
