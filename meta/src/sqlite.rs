@@ -450,12 +450,7 @@ impl Backend for Sqlite {
             .query([first, last])
             .map_err(storage("load segment entries"))?;
         while let Some(row) = rows.next().map_err(storage("load segment entries"))? {
-            let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
-            let columns = (|| Ok(entry_columns!(row, get)))();
-            visit(
-                seq,
-                columns.map_err(|error: rusqlite::Error| error.to_string()),
-            )?;
+            visit_entry(row, visit)?;
         }
         Ok(())
     }
@@ -470,13 +465,22 @@ impl Backend for Sqlite {
             .map_err(storage("prepare segment entry load"))?;
         let mut rows = query.query([]).map_err(storage("load segment entries"))?;
         while let Some(row) = rows.next().map_err(storage("load segment entries"))? {
-            let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
-            let columns = (|| Ok(entry_columns!(row, get)))();
-            visit(
-                seq,
-                columns.map_err(|error: rusqlite::Error| error.to_string()),
-            )?;
+            visit_entry(row, visit)?;
         }
         Ok(())
     }
+}
+
+/// Hands one row of the segment entry queries to `visit`: its sequence number, and its
+/// columns or why they could not be read.
+fn visit_entry(
+    row: &rusqlite::Row<'_>,
+    visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+) -> Result<(), MetaError> {
+    let seq: i64 = row.get(0).map_err(storage("read segment entry"))?;
+    let columns = (|| Ok(entry_columns!(row, get)))();
+    visit(
+        seq,
+        columns.map_err(|error: rusqlite::Error| error.to_string()),
+    )
 }

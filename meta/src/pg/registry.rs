@@ -541,12 +541,7 @@ impl Backend for Postgres {
         let doing = "load segment entries";
         let rows = self.query(backend::SELECT_ENTRIES_BETWEEN, &[&first, &last], doing)?;
         for row in rows {
-            let seq: i64 = row.try_get(0).map_err(storage("read segment entry"))?;
-            let columns = (|| Ok(entry_columns!(row, try_get)))();
-            visit(
-                seq,
-                columns.map_err(|error: postgres::Error| describe(&error)),
-            )?;
+            visit_entry(&row, visit)?;
         }
         Ok(())
     }
@@ -563,15 +558,24 @@ impl Backend for Postgres {
             .query_raw(&statement, no_params)
             .map_err(storage(doing))?;
         while let Some(row) = rows.next().map_err(storage(doing))? {
-            let seq: i64 = row.try_get(0).map_err(storage("read segment entry"))?;
-            let columns = (|| Ok(entry_columns!(row, try_get)))();
-            visit(
-                seq,
-                columns.map_err(|error: postgres::Error| describe(&error)),
-            )?;
+            visit_entry(&row, visit)?;
         }
         Ok(())
     }
+}
+
+/// Hands one row of the segment entry queries to `visit`: its sequence number, and its
+/// columns or why they could not be read.
+fn visit_entry(
+    row: &postgres::Row,
+    visit: &mut dyn FnMut(i64, Result<EntryColumns, String>) -> Result<(), MetaError>,
+) -> Result<(), MetaError> {
+    let seq: i64 = row.try_get(0).map_err(storage("read segment entry"))?;
+    let columns = (|| Ok(entry_columns!(row, try_get)))();
+    visit(
+        seq,
+        columns.map_err(|error: postgres::Error| describe(&error)),
+    )
 }
 
 /// Starts a batch transaction and learns its id in the same round trip.
