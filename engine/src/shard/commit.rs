@@ -11,8 +11,7 @@ use crate::config::Durability;
 use crate::health::{WalFault, WalHealth, WAL_FILE_RETRY_MS};
 use crate::metrics::CoreMetrics;
 
-use super::journal::WalFile;
-use super::journal::{Round, RoundWrite};
+use super::journal::{Round, RoundWrite, WalFile};
 use super::state::Shard;
 use super::wal::{same_file, WalFill};
 

@@ -91,27 +91,26 @@ impl Shard {
             .map_err(|e| cannot_create(e.into()))?;
         // Room for the most a segment's buffer grows to, so its frames always fit.
         let size = self.journal.full_bytes() as u64;
-        let made = match file.pre_allocate(size, false).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(WalFault::PreAllocate {
-                path: path.clone(),
-                source: Arc::new(e.into()),
-            }),
-        };
-        let made = match made {
-            Ok(()) if fill == WalFill::Written => {
+        let made = async {
+            file.pre_allocate(size, false)
+                .await
+                .map_err(|e| WalFault::PreAllocate {
+                    path: path.clone(),
+                    source: Arc::new(e.into()),
+                })?;
+            if fill == WalFill::Written {
                 write_zeros(&file, size)
                     .await
                     .map_err(|e| WalFault::WriteZeros {
                         path: path.clone(),
                         source: Arc::new(e),
-                    })
+                    })?;
             }
-            other => other,
-        };
-        let made = made.and_then(|()| sync_dir(&self.config.wal_dir));
+            sync_dir(&self.config.wal_dir)
+        }
+        .await;
         if let Err(e) = made {
-            // Nothing was written to it: a half-made file only takes space.
+            // No frame was written to it: a half-made file only takes space.
             let _ = file.remove().await;
             let _ = file.close().await;
             return Err(e);
