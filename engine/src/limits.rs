@@ -287,7 +287,7 @@ pub const LEASE_WAIT_POLL_MS: u64 = 20;
 /// this often instead of after the executor's throughput slice.
 pub const INBOX_LATENCY_MS: u64 = 1;
 
-/// Distinct content types a core shares among its streams (`Shard::shared_content_type`):
+/// Distinct content types a core shares among its streams (`Streams::shared_content_type`):
 /// each stream of a shared type points at one copy instead of holding its own. Types past this
 /// many are kept per stream, so hostile creates of ever new types cost only their own streams.
 pub const INTERNED_CONTENT_TYPES_MAX: usize = 64;

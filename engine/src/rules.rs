@@ -171,7 +171,7 @@ impl StreamState {
     }
 
     /// [`StreamState::new`] with its content type given as the copy to share (the owning
-    /// core's, `Shard::shared_content_type`) and the rest of the configuration as
+    /// core's, `Streams::shared_content_type`) and the rest of the configuration as
     /// `(ttl_sec, expires_at_ms, retention)`.
     pub fn with_content_type(
         id: u64,

@@ -136,7 +136,8 @@ impl Shard {
         // A create with a body the WAL cannot take is refused whole, not left half done (a
         // stream without its records).
         if !records.is_empty() {
-            self.check_writable(frames_len(&records, None, None))?;
+            self.journal
+                .check_writable(frames_len(&records, None, None))?;
         }
         // A body given with a closing create is appended first, then the close.
         let (meta_config, meta_closed) = (config.clone(), closed && records.is_empty());
@@ -194,7 +195,7 @@ impl Shard {
                 let row_config = &row.config;
                 let mut state = StreamState::with_content_type(
                     row.id,
-                    self.shared_content_type(&row_config.content_type),
+                    self.streams.shared_content_type(&row_config.content_type),
                     (
                         row_config.ttl_sec,
                         row_config.expires_at_ms,
@@ -318,7 +319,7 @@ impl Shard {
             .into());
         }
         // Before the stream's state moves: a refused append has no offset.
-        self.check_writable(frames_len(
+        self.journal.check_writable(frames_len(
             &records,
             producer.as_ref(),
             writer_seq.as_deref(),

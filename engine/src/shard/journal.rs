@@ -563,6 +563,7 @@ impl Journal {
         }
     }
 
+    /// Whether the WAL failed: it takes appends again only after a restart.
     pub(super) fn failed(&self) -> bool {
         matches!(self.wal.borrow().health, WalHealth::Failed { .. })
     }

@@ -151,7 +151,7 @@ impl Shard {
         }
         loop {
             let settled = self.journal.settled() && self.segments.unuploaded_bytes() == 0;
-            if settled || self.wal_failed() {
+            if settled || self.journal.failed() {
                 return settled;
             }
             if self.clock.now() >= deadline {
@@ -188,7 +188,7 @@ impl Shard {
             if settled {
                 return true;
             }
-            if self.clock.now() >= deadline || self.wal_failed() {
+            if self.clock.now() >= deadline || self.journal.failed() {
                 return false;
             }
             self.journal.wake_commit();

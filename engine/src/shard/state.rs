@@ -102,18 +102,13 @@ impl Shard {
         }
     }
 
-    /// The copy of `content_type` a new stream of this core holds (`Streams::shared_content_type`).
-    pub(super) fn shared_content_type(&self, content_type: &str) -> Arc<str> {
-        self.streams.shared_content_type(content_type)
-    }
-
     pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
         let mut keys: HashMap<std::sync::Arc<str>, u64> = HashMap::new();
         for seed in seeds {
             let config = &seed.config;
             let mut state = StreamState::with_content_type(
                 seed.id,
-                self.shared_content_type(&config.content_type),
+                self.streams.shared_content_type(&config.content_type),
                 (config.ttl_sec, config.expires_at_ms, config.retention),
                 seed.closed,
                 seed.created_ms,

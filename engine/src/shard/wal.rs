@@ -10,7 +10,6 @@ use std::sync::Arc;
 use glommio::io::DmaFile;
 
 use crate::config::Durability;
-use crate::error::AppendError;
 use crate::health::{WalFault, WalHealth};
 use crate::placement::segment_key;
 
@@ -116,15 +115,6 @@ impl Shard {
             return Err(e);
         }
         Ok(Some((Rc::new(file), path, counter)))
-    }
-
-    /// Whether an append of `needed` frame bytes may go to the WAL now (`crate::health`).
-    pub(super) fn check_writable(&self, needed: usize) -> Result<(), AppendError> {
-        self.journal.check_writable(needed)
-    }
-
-    pub(super) fn wal_failed(&self) -> bool {
-        self.journal.failed()
     }
 
     /// Records a change of WAL health: logged once, published for `/ready` and `/metrics`.
