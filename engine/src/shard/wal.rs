@@ -37,15 +37,26 @@ pub(super) enum WalFill {
 /// Bytes of zeros one write of [`WalFill::Written`] puts down.
 const ZERO_WRITE_BYTES: usize = 1 << 20;
 
-/// Writes `size` bytes of zeros over `file` from its start, then makes them durable.
+/// Writes `size` bytes of zeros over `file` from its start, then makes them durable. One
+/// buffer of zeros serves every whole chunk; only a shorter last chunk gets its own.
 async fn write_zeros(file: &DmaFile, size: u64) -> std::io::Result<()> {
     let align = file.alignment() as usize;
+    let zeroed = |len: usize| {
+        let mut zeros = file.alloc_dma_buffer(len.div_ceil(align) * align);
+        zeros.as_bytes_mut().fill(0);
+        zeros
+    };
+    let chunk = Rc::new(zeroed(ZERO_WRITE_BYTES.min(size as usize)));
     let mut at = 0u64;
     while at < size {
-        let len = ((size - at).min(ZERO_WRITE_BYTES as u64) as usize).div_ceil(align) * align;
-        let mut zeros = file.alloc_dma_buffer(len);
-        zeros.as_bytes_mut().fill(0);
-        let written = file.write_at(zeros, at).await?;
+        let left = (size - at) as usize;
+        let (written, len) = if left >= chunk.len() {
+            (file.write_rc_at(chunk.clone(), at).await?, chunk.len())
+        } else {
+            let tail = zeroed(left);
+            let len = tail.len();
+            (file.write_at(tail, at).await?, len)
+        };
         if written < len {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::WriteZero,
