@@ -171,10 +171,14 @@ impl Journal {
             log.back().is_none_or(|last| last.no < no),
             "segment numbers increase along the log"
         );
+        // The segment left behind reached half its full size: its writer fills segments.
+        let filling = log
+            .back()
+            .is_some_and(|last| last.buf.len() >= self.buffers.full_bytes() / 2);
         log.push_back(OpenSegment {
             no,
             key,
-            buf: self.buffers.take(now),
+            buf: self.buffers.take(now, filling),
             durable_len: 0,
             wal: file,
             wal_path: path,
