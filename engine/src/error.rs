@@ -283,9 +283,10 @@ pub enum StartError {
     /// Its first WAL file could not be made: the file and the filesystem's answer, shown as
     /// `/ready` would show them.
     WalFile(WalFault),
-    /// Its inbox task could not be spawned.
-    Inbox {
+    /// One of its tasks (`task`: the inbox, the commit loop) could not be spawned.
+    Spawn {
         core: usize,
+        task: &'static str,
         source: glommio::GlommioError<()>,
     },
 }
@@ -294,8 +295,8 @@ impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StartError::WalFile(fault) => fault.fmt(f),
-            StartError::Inbox { core, source } => {
-                write!(f, "cannot start core {core} inbox: {source}")
+            StartError::Spawn { core, task, source } => {
+                write!(f, "cannot start core {core} {task}: {source}")
             }
         }
     }
@@ -305,7 +306,7 @@ impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StartError::WalFile(fault) => Some(fault),
-            StartError::Inbox { source, .. } => Some(source),
+            StartError::Spawn { source, .. } => Some(source),
         }
     }
 }

@@ -81,7 +81,11 @@ impl CoreHandle {
             "pico-inbox",
         );
         glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
-            .map_err(|source| StartError::Inbox { core, source })?
+            .map_err(|source| StartError::Spawn {
+                core,
+                task: "inbox",
+                source,
+            })?
             .detach();
         let router = Rc::new(Router {
             core,

@@ -39,27 +39,27 @@ impl Shard {
     /// keeps a spare WAL file ready. Returns whether there may be more to do.
     pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, WalFault> {
         // The spare WAL file is created while idle, or right away once the active segment is
-        // half full, so creating it rarely delays an acknowledgement and a rotation never
-        // waits for it. A file written through with zeros (`WalFill`) takes a while: it is
-        // made beside the rounds, which go on meanwhile.
+        // half full, so a rotation rarely waits for it. It is made beside the rounds, which go
+        // on meanwhile: creating, reserving and syncing a file takes about a millisecond (a
+        // file written through with zeros, `WalFill`, far longer), which a writer filling
+        // segments would otherwise pay once per segment in some acknowledgements.
         let journal = &self.journal;
         let wanted = journal.all_durable() || journal.active_reached(self.config.segment_size / 2);
         let due = journal.spare_due(self.clock.now());
         if self.wal_enabled() && !journal.has_spare() && !journal.making_spare() && wanted && due {
-            if journal.filling(self.config.segment_size / 2) {
-                journal.set_making_spare(true);
-                let shard = self.clone();
-                glommio::spawn_local(async move {
-                    let made = shard.create_wal_file(WalFill::Written).await;
-                    shard.journal.set_making_spare(false);
-                    shard.spare_made(made);
-                    shard.journal.wake_commit();
-                })
-                .detach();
-            } else {
-                let made = self.create_wal_file(WalFill::Allocated).await;
-                self.spare_made(made);
-            }
+            let fill = match journal.filling(self.config.segment_size / 2) {
+                true => WalFill::Written,
+                false => WalFill::Allocated,
+            };
+            journal.set_making_spare(true);
+            let shard = self.clone();
+            glommio::spawn_local(async move {
+                let made = shard.create_wal_file(fill).await;
+                shard.journal.set_making_spare(false);
+                shard.spare_made(made);
+                shard.journal.wake_commit();
+            })
+            .detach();
         }
         let (no, written_len, write) = match journal.next_round(self.clock.now_ms()) {
             Round::Idle => return Ok(false),
@@ -92,13 +92,14 @@ impl Shard {
                 });
             }
             // A short write is an error too: the bytes past it are not on disk.
-            let written =
-                file.write_at(buffer, start as u64)
-                    .await
-                    .map_err(|e| WalFault::Write {
-                        path: shown(),
-                        source: Arc::new(e.into()),
-                    })?;
+            let written = file
+                .write_rc_at(buffer.clone(), start as u64)
+                .await
+                .map_err(|e| WalFault::Write {
+                    path: shown(),
+                    source: Arc::new(e.into()),
+                })?;
+            journal.round_buffer_written(buffer, self.clock.now());
             if written < len {
                 return Err(WalFault::ShortWrite {
                     path: shown(),

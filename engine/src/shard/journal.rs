@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use glommio::io::{DmaBuffer, DmaFile};
@@ -21,7 +21,7 @@ use crate::notify::LocalNotify;
 use crate::wal_file::end_round;
 
 use super::pending::{AckQueue, PendingAck, Release};
-use super::spare::SegmentBuffers;
+use super::spare::{SegmentBuffers, SPARE_IDLE_MS};
 use super::stream::IndexEntry;
 
 /// A segment whose frames are still being written to its WAL file. A writer given the
@@ -75,7 +75,7 @@ struct WalFiles {
     /// The last segment left behind held at least half a segment: its writer fills segments
     /// by size (`wal::WalFill`).
     filling: bool,
-    /// A spare WAL file is being written through with zeros beside the commit rounds.
+    /// A spare WAL file is being made beside the commit rounds.
     making_spare: bool,
 }
 
@@ -94,13 +94,18 @@ pub(super) enum Round {
 }
 
 /// One round's DMA write: whole blocks from `start`, of which `len` bytes are the segment's.
+/// The buffer goes back to the journal once written (`Journal::round_buffer_written`).
 pub(super) struct RoundWrite {
     pub(super) file: Rc<DmaFile>,
     pub(super) start: usize,
     pub(super) len: usize,
-    pub(super) buffer: DmaBuffer,
+    pub(super) buffer: Rc<DmaBuffer>,
     pub(super) path: Option<PathBuf>,
 }
+
+/// A round's buffer is allocated in steps of this many bytes, so rounds of about the same size
+/// reuse one buffer.
+const ROUND_BUFFER_STEP_BYTES: usize = 256 * 1024;
 
 /// The front segment taken out of the journal to be sealed.
 pub(super) struct Closed {
@@ -129,6 +134,12 @@ pub(super) struct Journal {
     commit_wanted: LocalNotify,
     /// Object durability: a flush waits for its slot in the PUT budget (`flush.rs`).
     flush_pending: Cell<bool>,
+    /// The DMA buffer of the last round, kept for the next: a fresh one of a few MiB is
+    /// faulted in and zeroed by the kernel at every round, on the way to the disk. Let go
+    /// once no round was written for `spare::SPARE_IDLE_MS`.
+    round_buffer: RefCell<Option<DmaBuffer>>,
+    /// When the last round was written.
+    round_buffer_used: Cell<Instant>,
 }
 
 impl Journal {
@@ -148,6 +159,8 @@ impl Journal {
             }),
             commit_wanted: LocalNotify::default(),
             flush_pending: Cell::new(false),
+            round_buffer: RefCell::new(None),
+            round_buffer_used: Cell::new(now),
         }
     }
 
@@ -299,8 +312,17 @@ impl Journal {
     /// let go first.
     pub(super) fn memory_bytes(&self, now: Instant) -> usize {
         self.buffers.trim_idle(now);
+        let idle = now.saturating_duration_since(self.round_buffer_used.get());
+        if idle >= Duration::from_millis(SPARE_IDLE_MS) {
+            self.round_buffer.borrow_mut().take();
+        }
         let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
-        log_bytes + self.buffers.spare_bytes()
+        let round_bytes = self
+            .round_buffer
+            .borrow()
+            .as_ref()
+            .map_or(0, DmaBuffer::capacity);
+        log_bytes + self.buffers.spare_bytes() + round_bytes
     }
 
     /// The most a segment's buffer grows to, unless one frame needs more: the room a WAL file
@@ -387,7 +409,15 @@ impl Journal {
         let align = file.alignment() as usize;
         let start = segment.durable_len / align * align;
         let size = (written_len - start).div_ceil(align) * align;
-        let mut buffer = file.alloc_dma_buffer(size);
+        let kept = self
+            .round_buffer
+            .borrow_mut()
+            .take()
+            .filter(|kept| kept.capacity() >= size);
+        let mut buffer = kept.unwrap_or_else(|| {
+            file.alloc_dma_buffer(size.div_ceil(ROUND_BUFFER_STEP_BYTES) * ROUND_BUFFER_STEP_BYTES)
+        });
+        buffer.set_len(size);
         let dst = buffer.as_bytes_mut();
         dst[..written_len - start].copy_from_slice(&segment.buf[start..written_len]);
         dst[written_len - start..].fill(0);
@@ -398,7 +428,7 @@ impl Journal {
                 file: file.clone(),
                 start,
                 len: written_len - start,
-                buffer,
+                buffer: Rc::new(buffer),
                 path: segment.wal_path.clone(),
             }),
         }
@@ -412,6 +442,15 @@ impl Journal {
                 "a round makes durable what the segment holds, past what was"
             );
             segment.durable_len = written_len;
+        }
+    }
+
+    /// A round's buffer, written at `now`, is kept for the next round (unless its write still
+    /// holds it).
+    pub(super) fn round_buffer_written(&self, buffer: Rc<DmaBuffer>, now: Instant) {
+        self.round_buffer_used.set(now);
+        if let Ok(buffer) = Rc::try_unwrap(buffer) {
+            *self.round_buffer.borrow_mut() = Some(buffer);
         }
     }
 
@@ -634,7 +673,75 @@ pub(super) fn reserve_frames(buf: &mut Vec<u8>, needed: usize, full: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::reserve_frames;
+    use std::rc::Rc;
+    use std::time::{Duration, Instant};
+
+    use glommio::io::DmaFile;
+
+    use super::{reserve_frames, Journal, Round, SPARE_IDLE_MS};
+
+    /// Writes `bytes` frame bytes to the active segment and takes the round that writes them.
+    fn round_of(journal: &Journal, bytes: usize) -> super::RoundWrite {
+        journal.write_active(bytes, |segment| {
+            segment.buf.resize(segment.buf.len() + bytes, 7)
+        });
+        match journal.next_round(0) {
+            Round::Write {
+                write: Some(write), ..
+            } => write,
+            _ => panic!("a round with a WAL write"),
+        }
+    }
+
+    #[test]
+    fn a_round_s_buffer_is_reused_by_the_next_and_let_go_when_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        glommio::LocalExecutorBuilder::default()
+            .make()
+            .unwrap()
+            .run(async move {
+                let file = Rc::new(DmaFile::create(&path).await.unwrap());
+                let start = Instant::now();
+                let journal = Journal::new(1 << 20, start);
+                journal.open(0, "k".into(), Some((file.clone(), path)), start);
+
+                let first = round_of(&journal, 10_000);
+                let at = first.buffer.as_ptr();
+                assert!(first.buffer.len() >= 10_000);
+                let written = file.write_rc_at(first.buffer.clone(), 0).await.unwrap();
+                assert_eq!(written, first.buffer.len());
+                journal.round_buffer_written(first.buffer, start);
+                let counted = journal.memory_bytes(start);
+                assert!(
+                    counted >= journal.open_bytes() + super::ROUND_BUFFER_STEP_BYTES,
+                    "the kept buffer is counted: {counted}"
+                );
+
+                // A buffer still held by its write is not taken by the next round.
+                let second = round_of(&journal, 20_000);
+                assert_eq!(second.buffer.as_ptr(), at, "the same pages, written again");
+                let held = second.buffer.clone();
+                journal.round_buffer_written(second.buffer, start);
+                let third = round_of(&journal, 1_000);
+                assert_ne!(third.buffer.as_ptr(), at, "held by a write: not reused");
+                drop(held);
+
+                // A round larger than the kept buffer gets a larger one.
+                journal.round_buffer_written(third.buffer, start);
+                let large = round_of(&journal, 300_000);
+                assert!(large.buffer.len() >= 300_000);
+                journal.round_buffer_written(large.buffer, start);
+
+                let later = start + Duration::from_millis(SPARE_IDLE_MS);
+                let kept = journal.memory_bytes(start);
+                let idle = journal.memory_bytes(later);
+                assert!(
+                    idle + super::ROUND_BUFFER_STEP_BYTES <= kept,
+                    "let go once idle: {kept} -> {idle}"
+                );
+            });
+    }
 
     #[test]
     fn a_segment_buffer_doubles_up_to_its_full_size_and_no_further() {

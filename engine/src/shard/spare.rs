@@ -26,7 +26,7 @@ const SPARE_BUFFERS_MAX: usize = 2;
 /// or none.
 const SPARE_BYTES_MAX: usize = 32 * 1024 * 1024;
 /// Spares are dropped once no segment was opened for this long.
-const SPARE_IDLE_MS: u64 = 10_000;
+pub(super) const SPARE_IDLE_MS: u64 = 10_000;
 
 /// One core's spare buffers, shared with the bytes of its sealed segments, which may be
 /// dropped on any thread (the upload runtime, another core that read them). Locked once per

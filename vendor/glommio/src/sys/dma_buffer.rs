@@ -87,6 +87,8 @@ pub struct DmaBuffer {
     // Invariant: trim + size are at most one byte past the original allocation.
     trim: usize,
     size: usize,
+    // The original allocation's size.
+    capacity: usize,
 }
 
 impl DmaBuffer {
@@ -95,6 +97,7 @@ impl DmaBuffer {
             storage: BufferStorage::Sys(SysAlloc::new(size)?),
             size,
             trim: 0,
+            capacity: size,
         })
     }
 
@@ -103,6 +106,7 @@ impl DmaBuffer {
             storage,
             size,
             trim: 0,
+            capacity: size,
         }
     }
 
@@ -120,6 +124,19 @@ impl DmaBuffer {
     pub fn trim_to_size(&mut self, newsize: usize) {
         assert!(newsize <= self.size);
         self.size = newsize;
+    }
+
+    /// (PicoMQ) Sets the length of this buffer to `newsize`, up to what its allocation holds
+    /// past its trimmed start: a buffer is reused for writes of different sizes. Bytes made
+    /// addressable again keep whatever they held.
+    pub fn set_len(&mut self, newsize: usize) {
+        assert!(self.trim + newsize <= self.capacity);
+        self.size = newsize;
+    }
+
+    /// (PicoMQ) The most [`set_len`](#method.set_len) accepts.
+    pub fn capacity(&self) -> usize {
+        self.capacity - self.trim
     }
 
     /// Returns a representation of the current addressable contents of this
