@@ -283,10 +283,9 @@ pub enum StartError {
     /// Its first WAL file could not be made: the file and the filesystem's answer, shown as
     /// `/ready` would show them.
     WalFile(WalFault),
-    /// One of its tasks (`task`: the inbox, the commit loop) could not be spawned.
-    Spawn {
+    /// Its inbox task could not be spawned.
+    Inbox {
         core: usize,
-        task: &'static str,
         source: glommio::GlommioError<()>,
     },
 }
@@ -295,8 +294,8 @@ impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StartError::WalFile(fault) => fault.fmt(f),
-            StartError::Spawn { core, task, source } => {
-                write!(f, "cannot start core {core} {task}: {source}")
+            StartError::Inbox { core, source } => {
+                write!(f, "cannot start core {core} inbox: {source}")
             }
         }
     }
@@ -306,7 +305,7 @@ impl std::error::Error for StartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             StartError::WalFile(fault) => Some(fault),
-            StartError::Spawn { source, .. } => Some(source),
+            StartError::Inbox { source, .. } => Some(source),
         }
     }
 }

@@ -81,11 +81,7 @@ impl CoreHandle {
             "pico-inbox",
         );
         glommio::spawn_local_into(serve_inbox(inbox_shard, inbox), queue)
-            .map_err(|source| StartError::Spawn {
-                core,
-                task: "inbox",
-                source,
-            })?
+            .map_err(|source| StartError::Inbox { core, source })?
             .detach();
         let router = Rc::new(Router {
             core,

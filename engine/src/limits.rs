@@ -286,9 +286,6 @@ pub const LEASE_WAIT_POLL_MS: u64 = 20;
 /// Latency a core's inbox asks of glommio: messages from other cores are polled for at least
 /// this often instead of after the executor's throughput slice.
 pub const INBOX_LATENCY_MS: u64 = 1;
-/// Latency a core's commit loop asks of glommio: once a round's fdatasync finishes, the next
-/// round is written within this long even while connections keep the core busy.
-pub const COMMIT_LATENCY_MS: u64 = 1;
 
 /// Distinct content types a core shares among its streams (`Streams::shared_content_type`):
 /// each stream of a shared type points at one copy instead of holding its own. Types past this

@@ -79,24 +79,8 @@ impl Shard {
             .await
             .map_err(StartError::WalFile)?;
         shard.open_segment(first);
-        // The commit loop runs in a queue of its own: woken by a finished fdatasync, it writes
-        // the next round before the connections' tasks that became ready meanwhile run, so
-        // the disk does not wait for them (W3: the WAL was busy 60 % of the time otherwise).
-        let queue = glommio::executor().create_task_queue(
-            glommio::Shares::default(),
-            glommio::Latency::Matters(std::time::Duration::from_millis(
-                crate::limits::COMMIT_LATENCY_MS,
-            )),
-            "pico-commit",
-        );
         let commit = shard.clone();
-        glommio::spawn_local_into(async move { commit.commit_loop().await }, queue)
-            .map_err(|source| StartError::Spawn {
-                core: shard.core,
-                task: "commit loop",
-                source,
-            })?
-            .detach();
+        glommio::spawn_local(async move { commit.commit_loop().await }).detach();
         let ager = shard.clone();
         glommio::spawn_local(async move { ager.age_loop().await }).detach();
         let reaper = shard.clone();
