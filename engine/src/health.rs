@@ -38,7 +38,7 @@ pub enum WalFault {
         path: PathBuf,
         source: Arc<io::Error>,
     },
-    /// The next WAL file could not be written through with zeros (`WalFill::Written`).
+    /// The next WAL file could not be written through with zeros (`WalFill`).
     WriteZeros {
         path: PathBuf,
         source: Arc<io::Error>,

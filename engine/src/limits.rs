@@ -216,6 +216,10 @@ pub const SEGMENT_SLACK_BYTES: usize = 1024 * 1024;
 /// 64 KiB appends make rounds of 64 KiB and more, where the zeros cost more than they save
 /// (W3: 20 % fewer appends per second).
 pub const WAL_FILL_ROUND_BYTES_MAX: usize = 64 * 1024;
+/// Bytes at the start of every WAL file written through with zeros at least (`shard/wal.rs`
+/// `WalFill`), so a slow writer's rounds are plain overwrites too: a writer of 64 B every
+/// 10 ms fills ~30 KiB before its segment seals by age (2 s).
+pub const WAL_HEAD_WRITTEN_BYTES: usize = 256 * 1024;
 /// A new segment's buffer; it doubles as frames arrive, up to the segment size plus slack.
 pub const SEGMENT_BUFFER_INITIAL_BYTES: usize = 64 * 1024;
 /// How often each core refreshes the gauges of `CoreMetrics` (they are at most this stale).

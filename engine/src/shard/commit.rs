@@ -13,7 +13,7 @@ use crate::metrics::CoreMetrics;
 
 use super::journal::{Round, RoundWrite, WalFile};
 use super::state::Shard;
-use super::wal::{same_file, WalFill};
+use super::wal::same_file;
 
 impl Shard {
     pub(super) async fn commit_loop(self: Rc<Self>) {
@@ -47,10 +47,7 @@ impl Shard {
         let wanted = journal.all_durable() || journal.active_reached(self.config.segment_size / 2);
         let due = journal.spare_due(self.clock.now());
         if self.wal_enabled() && !journal.has_spare() && !journal.making_spare() && wanted && due {
-            let fill = match journal.filling(self.config.segment_size / 2) {
-                true => WalFill::Written,
-                false => WalFill::Allocated,
-            };
+            let fill = journal.next_fill(self.config.segment_size / 2);
             journal.set_making_spare(true);
             let shard = self.clone();
             glommio::spawn_local(async move {

@@ -23,6 +23,7 @@ use crate::wal_file::end_round;
 use super::pending::{AckQueue, PendingAck, Release};
 use super::spare::{SegmentBuffers, SPARE_IDLE_MS};
 use super::stream::IndexEntry;
+use super::wal::WalFill;
 
 /// A segment whose frames are still being written to its WAL file. A writer given the
 /// active one (`Journal::write_active`) appends frames to `buf` and notes them in `index` and
@@ -75,6 +76,8 @@ struct WalFiles {
     /// The last segment left behind held at least half a segment: its writer fills segments
     /// by size (`wal::WalFill`).
     filling: bool,
+    /// Bytes the last segment left behind held.
+    left_behind_len: usize,
     /// A spare WAL file is being made beside the commit rounds.
     making_spare: bool,
 }
@@ -155,6 +158,7 @@ impl Journal {
                 health: WalHealth::Ok,
                 retry_at: None,
                 filling: false,
+                left_behind_len: 0,
                 making_spare: false,
             }),
             commit_wanted: LocalNotify::default(),
@@ -538,13 +542,30 @@ impl Journal {
         self.wal.borrow().spare.is_some()
     }
 
-    /// Takes the spare WAL file for a new segment, noting whether the segment left behind
-    /// was filled in small rounds ([`Journal::filling`]).
+    /// Takes the spare WAL file for a new segment, noting how much the segment left behind
+    /// holds and whether it was filled in small rounds ([`Journal::filling`]).
     pub(super) fn take_spare(&self, half_segment: usize) -> Option<WalFile> {
         let filling = self.active_filled_in_small_rounds(half_segment);
+        let left_behind_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
         let mut wal = self.wal.borrow_mut();
         wal.filling = filling;
+        wal.left_behind_len = left_behind_len;
         wal.spare.take()
+    }
+
+    /// How the next WAL file is made ready ([`WalFill`]): written through whole for a writer
+    /// that fills segments in small rounds ([`Journal::filling`]); else its head, as far as
+    /// twice what the last segment held when that one sealed short of half full (by age: a
+    /// slow writer's next segment likely holds as much), `limits::WAL_HEAD_WRITTEN_BYTES` at
+    /// least. A writer of large rounds that fills segments gets the least: the zeros would
+    /// compete with its rounds for the disk.
+    pub(super) fn next_fill(&self, half_segment: usize) -> WalFill {
+        if self.filling(half_segment) {
+            return WalFill::Written;
+        }
+        let left = self.wal.borrow().left_behind_len;
+        let expected = if left < half_segment { left * 2 } else { 0 };
+        WalFill::Head(expected.max(limits::WAL_HEAD_WRITTEN_BYTES))
     }
 
     /// Whether a spare WAL file is being made beside the commit rounds.
@@ -560,7 +581,7 @@ impl Journal {
     /// written through (`wal::WalFill`): the active segment, or the last one left behind,
     /// holds `half_segment` bytes or more, written in rounds of at most
     /// `limits::WAL_FILL_ROUND_BYTES_MAX` on average.
-    pub(super) fn filling(&self, half_segment: usize) -> bool {
+    fn filling(&self, half_segment: usize) -> bool {
         self.wal.borrow().filling || self.active_filled_in_small_rounds(half_segment)
     }
 
@@ -691,6 +712,39 @@ mod tests {
             } => write,
             _ => panic!("a round with a WAL write"),
         }
+    }
+
+    #[test]
+    fn the_next_wal_file_s_head_covers_what_a_slow_writer_s_last_segment_held() {
+        use super::WalFill;
+        use crate::limits::WAL_HEAD_WRITTEN_BYTES;
+        let now = Instant::now();
+        let half = 512 * 1024;
+        let journal = Journal::new(2 * half, now);
+        let left_behind = |len: usize, no: u64| {
+            journal.open(no, format!("k{no}"), None, now);
+            journal.write_active(len, |segment| segment.buf.resize(len, 1));
+            journal.take_spare(half);
+        };
+        assert_eq!(
+            journal.next_fill(half),
+            WalFill::Head(WAL_HEAD_WRITTEN_BYTES)
+        );
+        // Sealed by age short of half full: twice what it held.
+        left_behind(200 * 1024, 0);
+        assert_eq!(journal.next_fill(half), WalFill::Head(400 * 1024));
+        // Little: the head at least.
+        left_behind(1000, 1);
+        assert_eq!(
+            journal.next_fill(half),
+            WalFill::Head(WAL_HEAD_WRITTEN_BYTES)
+        );
+        // Filled past half in one large round: the head only.
+        left_behind(600 * 1024, 2);
+        assert_eq!(
+            journal.next_fill(half),
+            WalFill::Head(WAL_HEAD_WRITTEN_BYTES)
+        );
     }
 
     #[test]

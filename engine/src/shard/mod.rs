@@ -75,7 +75,7 @@ impl Shard {
         let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
         let first = shard
-            .create_wal_file(wal::WalFill::Allocated)
+            .create_wal_file(wal::WalFill::Head(crate::limits::WAL_HEAD_WRITTEN_BYTES))
             .await
             .map_err(StartError::WalFile)?;
         shard.open_segment(first);
