@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Live delivery, side by side (BENCHMARKS.md, "Live delivery"): one Durable Streams writer
+# appends a timestamped record every 10 ms and one live reader (long-poll, then SSE) follows
+# the stream over HTTP/1.1 (`pico --protocol ds bench --fan-out 1`, on CPU 1), against a fresh
+# server on CPU 0, every acknowledgement after fdatasync. Prints one Markdown row per mode and
+# server: PicoMQ, and the comparison server when it is installed (`cargo install --locked
+# durable-streams@0.1.5`, or PEER_BIN=/path/to/durable-streams-server; PEER_BIN=none leaves it
+# out), with the append latency and the append-to-delivery latency (send to delivered).
+#
+#   scripts/bench-live.sh [SECONDS] [RECORD_BYTES]      (defaults 10 and 64)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-10}
+record_bytes=${2:-64}
+if [ -z "${PICO_BIN:-}" ]; then
+  cargo build --release -p pico-cli >/dev/null
+  PICO_BIN=target/release/pico
+fi
+peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
+[ "$peer" = none ] && peer=
+[ -z "${PEER_BIN:-}" ] && [ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
+work=$(mktemp -d /tmp/pico-live.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# `one NAME MODE server command...` (PORT and DIR are substituted in the command).
+one() {
+  local name=$1 mode=$2 port dir pid
+  shift 2
+  port=$((20000 + RANDOM % 12000))
+  dir=$(mktemp -d "$work/server.XXXXXX")
+  local args=("${@//PORT/$port}")
+  args=("${args[@]//DIR/$dir}")
+  taskset -c 0 "${args[@]}" >"$dir/server.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null -m 1 "http://127.0.0.1:$port/" && break
+    sleep 0.1
+  done
+  taskset -c 1 "$PICO_BIN" --endpoint "http://127.0.0.1:$port" --protocol ds bench --fan-out 1 \
+    --live-mode "$mode" --append-interval-ms 10 -d "$seconds" -b "$record_bytes" --interval 0 \
+    >"$dir/bench.out" 2>&1 || true
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  # "Append latency: p50 0.58ms p90 ... p99 1.14ms ..." and "Append-to-delivery: ..." lines.
+  local append delivery
+  append=$(awk '/^Append latency:/ { print $4, "/", $8 }' "$dir/bench.out")
+  delivery=$(awk '/^Append-to-delivery:/ { print $3, "/", $7 }' "$dir/bench.out")
+  echo "| $mode | $name | ${append:-failed} | ${delivery:-failed} |"
+}
+
+echo "| mode | server | append p50 / p99 | append-to-delivery p50 / p99 |"
+echo "|---|---|---:|---:|"
+for mode in long-poll sse; do
+  one "PicoMQ" "$mode" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
+    --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal
+  if [ -n "$peer" ]; then
+    one "durable-streams-server 0.1.5" "$mode" "$peer" --host 127.0.0.1 --port PORT \
+      --data-dir DIR --durability wal
+  fi
+done
