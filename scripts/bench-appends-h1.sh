@@ -15,13 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v h2load >/dev/null || { echo "appends over HTTP/1.1: skipped (h2load is not installed)"; exit 0; }
 requests=${1:-100000}
-if [ -z "${PICO_BIN:-}" ]; then
-  cargo build --release -p pico-cli >/dev/null
-  PICO_BIN=target/release/pico
-fi
-peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
-[ "$peer" = none ] && peer=
-[ -z "${PEER_BIN:-}" ] && [ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
+. scripts/lib/side-by-side.sh
+find_servers
 work=$(mktemp -d /tmp/pico-appends-h1.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 head -c 256 /dev/zero | tr '\0' x >"$work/small"

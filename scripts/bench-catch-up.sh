@@ -13,13 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-8}
 shift || true
-if [ -z "${PICO_BIN:-}" ]; then
-  cargo build --release -p pico-cli >/dev/null
-  PICO_BIN=target/release/pico
-fi
-peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
-[ "$peer" = none ] && peer=
-[ -z "${PEER_BIN:-}" ] && [ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
+. scripts/lib/side-by-side.sh
+find_servers
 
 one_server() { # name, then the server's command line (PORT and DIR are substituted)
   local name=$1 work port url server next offset headers n start end

@@ -12,13 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-10}
 record_bytes=${2:-64}
-if [ -z "${PICO_BIN:-}" ]; then
-  cargo build --release -p pico-cli >/dev/null
-  PICO_BIN=target/release/pico
-fi
-peer=${PEER_BIN:-$(command -v durable-streams-server || true)}
-[ "$peer" = none ] && peer=
-[ -z "${PEER_BIN:-}" ] && [ -z "$peer" ] && [ -x /opt/ds-0.1.5/bin/durable-streams-server ] && peer=/opt/ds-0.1.5/bin/durable-streams-server
+. scripts/lib/side-by-side.sh
+find_servers
 work=$(mktemp -d /tmp/pico-live.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
