@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the side-by-side benchmarks (bench-appends-h1.sh, bench-catch-up.sh,
 # bench-live.sh), run from the checkout's root: `find_servers` sets `PICO_BIN` (as given, else
 # a release build of this checkout, built now) and `peer`, the comparison server: `PEER_BIN`
