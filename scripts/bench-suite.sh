@@ -123,8 +123,14 @@ if [ -x target/release/examples/fsync_probe ]; then
   target/release/examples/fsync_probe /tmp 2000
 fi
 echo
-# Catch-up reads, side by side with the comparison server when it is installed.
+# Appends over HTTP/1.1 (W1-W3), side by side with the comparison server when it is installed.
+PICO_BIN=$PICO_BIN scripts/bench-appends-h1.sh
+echo
+# Catch-up reads, side by side likewise.
 PICO_BIN=$PICO_BIN scripts/bench-catch-up.sh 4
+echo
+# Live delivery (one writer, one long-poll or SSE reader), side by side likewise.
+PICO_BIN=$PICO_BIN scripts/bench-live.sh "$duration"
 echo
 # The segment catalog's size and the metadata bytes written per MiB of segments (SQLite, and
 # Postgres when PICOMQ_PG_URL is set).
