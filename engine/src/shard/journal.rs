@@ -73,11 +73,6 @@ struct WalFiles {
     health: WalHealth,
     /// When the next WAL file may be tried again after it could not be made.
     retry_at: Option<Instant>,
-    /// The last segment left behind held at least half a segment: its writer fills segments
-    /// by size (`wal::WalFill`).
-    filling: bool,
-    /// Bytes the last segment left behind held.
-    left_behind_len: usize,
     /// A spare WAL file is being made beside the commit rounds.
     making_spare: bool,
 }
@@ -104,6 +99,22 @@ pub(super) struct RoundWrite {
     pub(super) len: usize,
     pub(super) buffer: Rc<DmaBuffer>,
     pub(super) path: Option<PathBuf>,
+}
+
+/// What the last segment left behind held when the next one opened: its writer's pace, which
+/// the next segments' buffers and WAL files are made for.
+#[derive(Clone, Copy, Default)]
+struct LeftBehind {
+    len: usize,
+    wal_rounds: u64,
+}
+
+/// Whether a segment of `len` bytes written in `wal_rounds` commit rounds was filled by size
+/// in small rounds: `half_segment` bytes or more, in rounds of at most
+/// `limits::WAL_FILL_ROUND_BYTES_MAX` on average.
+fn filled_in_small_rounds(len: usize, wal_rounds: u64, half_segment: usize) -> bool {
+    let small = (limits::WAL_FILL_ROUND_BYTES_MAX as u64).saturating_mul(wal_rounds);
+    len >= half_segment && wal_rounds > 0 && len as u64 <= small
 }
 
 /// A round's buffer is allocated in steps of this many bytes, so rounds of about the same size
@@ -137,6 +148,8 @@ pub(super) struct Journal {
     commit_wanted: LocalNotify,
     /// Object durability: a flush waits for its slot in the PUT budget (`flush.rs`).
     flush_pending: Cell<bool>,
+    /// The segment before the active one, as it was left.
+    left_behind: Cell<LeftBehind>,
     /// The DMA buffer of the last round, kept for the next: a fresh one of a few MiB is
     /// faulted in and zeroed by the kernel at every round, on the way to the disk. Let go
     /// once no round was written for `spare::SPARE_IDLE_MS`.
@@ -157,12 +170,11 @@ impl Journal {
                 spare: None,
                 health: WalHealth::Ok,
                 retry_at: None,
-                filling: false,
-                left_behind_len: 0,
                 making_spare: false,
             }),
             commit_wanted: LocalNotify::default(),
             flush_pending: Cell::new(false),
+            left_behind: Cell::new(LeftBehind::default()),
             round_buffer: RefCell::new(None),
             round_buffer_used: Cell::new(now),
         }
@@ -188,10 +200,13 @@ impl Journal {
             log.back().is_none_or(|last| last.no < no),
             "segment numbers increase along the log"
         );
+        let left = log.back().map_or(LeftBehind::default(), |last| LeftBehind {
+            len: last.buf.len(),
+            wal_rounds: last.wal_rounds,
+        });
+        self.left_behind.set(left);
         // The segment left behind reached half its full size: its writer fills segments.
-        let filling = log
-            .back()
-            .is_some_and(|last| last.buf.len() >= self.buffers.full_bytes() / 2);
+        let filling = left.len >= self.buffers.full_bytes() / 2;
         log.push_back(OpenSegment {
             no,
             key,
@@ -542,15 +557,9 @@ impl Journal {
         self.wal.borrow().spare.is_some()
     }
 
-    /// Takes the spare WAL file for a new segment, noting how much the segment left behind
-    /// holds and whether it was filled in small rounds ([`Journal::filling`]).
-    pub(super) fn take_spare(&self, half_segment: usize) -> Option<WalFile> {
-        let filling = self.active_filled_in_small_rounds(half_segment);
-        let left_behind_len = self.log.borrow().back().map_or(0, |s| s.buf.len());
-        let mut wal = self.wal.borrow_mut();
-        wal.filling = filling;
-        wal.left_behind_len = left_behind_len;
-        wal.spare.take()
+    /// Takes the spare WAL file for a new segment.
+    pub(super) fn take_spare(&self) -> Option<WalFile> {
+        self.wal.borrow_mut().spare.take()
     }
 
     /// How the next WAL file is made ready ([`WalFill`]): written through whole for a writer
@@ -563,7 +572,7 @@ impl Journal {
         if self.filling(half_segment) {
             return WalFill::Written;
         }
-        let left = self.wal.borrow().left_behind_len;
+        let left = self.left_behind.get().len;
         let expected = if left < half_segment { left * 2 } else { 0 };
         WalFill::Head(expected.max(limits::WAL_HEAD_WRITTEN_BYTES))
     }
@@ -578,19 +587,14 @@ impl Journal {
     }
 
     /// Whether the writer fills segments in small commit rounds, so that the next WAL file is
-    /// written through (`wal::WalFill`): the active segment, or the last one left behind,
-    /// holds `half_segment` bytes or more, written in rounds of at most
-    /// `limits::WAL_FILL_ROUND_BYTES_MAX` on average.
+    /// written through (`wal::WalFill`): the active segment or the last one left behind was
+    /// ([`filled_in_small_rounds`]).
     fn filling(&self, half_segment: usize) -> bool {
-        self.wal.borrow().filling || self.active_filled_in_small_rounds(half_segment)
-    }
-
-    fn active_filled_in_small_rounds(&self, half_segment: usize) -> bool {
-        self.log.borrow().back().is_some_and(|s| {
-            let len = s.buf.len() as u64;
-            let small = (limits::WAL_FILL_ROUND_BYTES_MAX as u64).saturating_mul(s.wal_rounds);
-            len >= half_segment as u64 && s.wal_rounds > 0 && len <= small
-        })
+        let left = self.left_behind.get();
+        filled_in_small_rounds(left.len, left.wal_rounds, half_segment)
+            || self.log.borrow().back().is_some_and(|active| {
+                filled_in_small_rounds(active.buf.len(), active.wal_rounds, half_segment)
+            })
     }
 
     /// A spare WAL file was made (`None`: the WAL has no files).
@@ -721,11 +725,12 @@ mod tests {
         let now = Instant::now();
         let half = 512 * 1024;
         let journal = Journal::new(2 * half, now);
+        // Segment `no` holds `len` bytes when segment `no + 1` opens.
         let left_behind = |len: usize, no: u64| {
-            journal.open(no, format!("k{no}"), None, now);
             journal.write_active(len, |segment| segment.buf.resize(len, 1));
-            journal.take_spare(half);
+            journal.open(no + 1, format!("k{}", no + 1), None, now);
         };
+        journal.open(0, "k0".into(), None, now);
         assert_eq!(
             journal.next_fill(half),
             WalFill::Head(WAL_HEAD_WRITTEN_BYTES)

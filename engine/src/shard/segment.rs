@@ -51,7 +51,7 @@ impl Shard {
             return;
         }
         // Without a spare WAL file the segment grows into its slack until one is ready.
-        let spare = self.journal.take_spare(self.config.segment_size / 2);
+        let spare = self.journal.take_spare();
         if let Some(spare) = spare {
             self.open_segment(Some(spare));
         }
