@@ -139,7 +139,7 @@ impl Shard {
         let journal = &self.journal;
         // A failed WAL stays failed (a file made beside the rounds may come after the
         // failure): it takes appends again only after a restart.
-        let failed = self.journal.failed();
+        let failed = journal.failed();
         match made {
             Ok(spare) => {
                 if !failed {

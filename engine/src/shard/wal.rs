@@ -1,5 +1,5 @@
-//! WAL files: their names, creation (pre-allocated, written through with zeros for a writer
-//! that fills segments in small rounds, directory entry durable), removal and
+//! WAL files: their names, creation (pre-allocated, their head or all of them written through
+//! with zeros, directory entry durable), removal and
 //! identity checks, and changes of the WAL's health (whether appends may go to it, see
 //! `crate::health`), logged and published here and held by the journal.
 
