@@ -24,27 +24,19 @@ head -c 65536 /dev/urandom >"$work/large"
 
 # `one NAME WORKLOAD server command...` (PORT and DIR are substituted in the command).
 one() {
-  local name=$1 workload=$2 port dir pid streams=1 body=$work/small n=$requests conns=256
+  local name=$1 workload=$2 dir streams=1 body=$work/small n=$requests conns=256
   shift 2
-  port=$((20000 + RANDOM % 12000))
   dir=$(mktemp -d "$work/server.XXXXXX")
-  local args=("${@//PORT/$port}")
-  args=("${args[@]//DIR/$dir}")
   case $workload in
     W2) streams=64 ;;
     W3) body=$work/large n=$((requests / 10)) conns=64 ;;
   esac
-  ulimit -l unlimited 2>/dev/null || true
-  taskset -c 0 "${args[@]}" >"$dir/server.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 100); do
-    curl -s -o /dev/null -m 1 "http://127.0.0.1:$port/" && break
-    sleep 0.1
-  done
+  start_pinned "$dir" "$@"
+  local pid=$server_pid
   : >"$dir/uris"
   for s in $(seq 1 "$streams"); do
-    curl -s -o /dev/null -X PUT -H 'content-type: application/octet-stream' "http://127.0.0.1:$port/w/s$s"
-    echo "http://127.0.0.1:$port/w/s$s" >>"$dir/uris"
+    curl -s -o /dev/null -X PUT -H 'content-type: application/octet-stream' "$server_url/w/s$s"
+    echo "$server_url/w/s$s" >>"$dir/uris"
   done
   local before after
   before=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
@@ -53,8 +45,7 @@ one() {
   after=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
   local peak_mib
   peak_mib=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  stop_pinned
   local rate mean ok
   rate=$(sed -n 's/^finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' "$dir/h2load.out")
   mean=$(awk '/time for request/ { print $6 }' "$dir/h2load.out")

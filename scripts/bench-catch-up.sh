@@ -17,19 +17,11 @@ shift || true
 find_servers
 
 one_server() { # name, then the server's command line (PORT and DIR are substituted)
-  local name=$1 work port url server next offset headers n start end
+  local name=$1 work url next offset headers n start end
   shift
   work=$(mktemp -d /tmp/pico-catch-up.XXXXXX)
-  port=$((20000 + RANDOM % 12000))
-  local args=("${@//PORT/$port}")
-  args=("${args[@]//DIR/$work}")
-  taskset -c 0 "${args[@]}" >"$work/server.log" 2>&1 &
-  server=$!
-  url=http://127.0.0.1:$port/w4
-  for _ in $(seq 1 100); do
-    curl -s -o /dev/null -m 1 "http://127.0.0.1:$port/" && break
-    sleep 0.1
-  done
+  start_pinned "$work" "$@"
+  url=$server_url/w4
   curl -s -o /dev/null -X PUT -H 'content-type: application/octet-stream' "$url"
   head -c 65536 /dev/urandom >"$work/record"
   for i in $(seq 1 1024); do
@@ -55,9 +47,8 @@ one_server() { # name, then the server's command line (PORT and DIR are substitu
   taskset -c 1 curl -s --parallel --parallel-max 8 -K "$work/reads" 2>/dev/null
   end=$(date +%s.%N)
   local peak_mib
-  peak_mib=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$server/status")
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
+  peak_mib=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$server_pid/status")
+  stop_pinned
   rm -rf "$work"
   python3 -c "
 secs = $end - $start

@@ -19,23 +19,14 @@ trap 'rm -rf "$work"' EXIT
 
 # `one NAME MODE server command...` (PORT and DIR are substituted in the command).
 one() {
-  local name=$1 mode=$2 port dir pid
+  local name=$1 mode=$2 dir
   shift 2
-  port=$((20000 + RANDOM % 12000))
   dir=$(mktemp -d "$work/server.XXXXXX")
-  local args=("${@//PORT/$port}")
-  args=("${args[@]//DIR/$dir}")
-  taskset -c 0 "${args[@]}" >"$dir/server.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 100); do
-    curl -s -o /dev/null -m 1 "http://127.0.0.1:$port/" && break
-    sleep 0.1
-  done
-  taskset -c 1 "$PICO_BIN" --endpoint "http://127.0.0.1:$port" --protocol ds bench --fan-out 1 \
+  start_pinned "$dir" "$@"
+  taskset -c 1 "$PICO_BIN" --endpoint "$server_url" --protocol ds bench --fan-out 1 \
     --live-mode "$mode" --append-interval-ms 10 -d "$seconds" -b "$record_bytes" --interval 0 \
     >"$dir/bench.out" 2>&1 || true
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  stop_pinned
   # "Append latency: p50 0.58ms p90 ... p99 1.14ms ..." and "Append-to-delivery: ..." lines.
   local append delivery
   append=$(awk '/^Append latency:/ { print $4, "/", $8 }' "$dir/bench.out")
