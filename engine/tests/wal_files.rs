@@ -96,6 +96,17 @@ fn extent_bytes(path: &Path) -> Option<(u64, u64)> {
 /// Each WAL file with its written and unwritten extent bytes (`None`: no extent map).
 type WalMaps = Vec<(PathBuf, Option<(u64, u64)>)>;
 
+/// The files of `maps` that have an extent map, with their written and unwritten bytes;
+/// `None` (the test is skipped, and says so) when none has one.
+fn mapped(maps: &WalMaps) -> Option<Vec<(&PathBuf, (u64, u64))>> {
+    let mapped: Vec<_> = maps.iter().filter_map(|(p, m)| Some((p, (*m)?))).collect();
+    if mapped.is_empty() {
+        eprintln!("skipped: the test directory's filesystem has no extent map (FIEMAP)");
+        return None;
+    }
+    Some(mapped)
+}
+
 /// A one-core engine with 64 KiB segments, sealed by age after `age_ms`.
 fn config(dir: &Path, age_ms: u64) -> EngineConfig {
     EngineConfig {
@@ -161,11 +172,9 @@ fn a_writer_that_fills_segments_gets_wal_files_written_through() {
     let (count, size) = (160, 4096);
     let (maps, bodies) = write_then_map(dir.path(), config(dir.path(), 60_000), count, size, 0);
     assert_read_back(&bodies, count, size);
-    let mapped: Vec<_> = maps.iter().filter_map(|(p, m)| Some((p, (*m)?))).collect();
-    if mapped.is_empty() {
-        eprintln!("skipped: the test directory's filesystem has no extent map (FIEMAP)");
+    let Some(mapped) = mapped(&maps) else {
         return;
-    }
+    };
     // The first file is made at start, before anything is known of the writer; each one made
     // after a full segment was left behind is written through, the spare included.
     let later: Vec<_> = mapped.iter().skip(1).collect();
@@ -189,11 +198,9 @@ fn a_slow_writers_wal_files_have_their_head_written_through() {
     let (count, size) = (8, 100);
     let (maps, bodies) = write_then_map(dir.path(), config(dir.path(), 50), count, size, 60);
     assert_read_back(&bodies, count, size);
-    let mapped: Vec<_> = maps.iter().filter_map(|(p, m)| Some((p, (*m)?))).collect();
-    if mapped.is_empty() {
-        eprintln!("skipped: the test directory's filesystem has no extent map (FIEMAP)");
+    let Some(mapped) = mapped(&maps) else {
         return;
-    }
+    };
     let head = WAL_HEAD_WRITTEN_BYTES as u64;
     for (path, (written, unwritten)) in mapped {
         // Written: the head, where the rounds (a few records and commit records each) land.
@@ -222,11 +229,9 @@ fn a_writer_of_large_rounds_gets_wal_files_reserved_past_their_head() {
     };
     let (maps, bodies) = write_then_map(dir.path(), config, count, size, 0);
     assert_read_back(&bodies, count, size);
-    let mapped: Vec<_> = maps.iter().filter_map(|(p, m)| Some((p, (*m)?))).collect();
-    if mapped.is_empty() {
-        eprintln!("skipped: the test directory's filesystem has no extent map (FIEMAP)");
+    let Some(mapped) = mapped(&maps) else {
         return;
-    }
+    };
     assert!(mapped.len() >= 2, "no WAL file after the first: {maps:?}");
     for (path, (written, unwritten)) in mapped {
         assert!(
