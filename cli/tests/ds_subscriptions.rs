@@ -409,7 +409,8 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
     // Written by the sweeper, not by the write: the state file gets the link (and the wake,
     // made by the same write) without another request. Waited for, not slept on, so that a
     // busy machine's late sweep is not mistaken for a lost one.
-    // Each subscription has a file of its own in subscriptions.d.
+    // Each subscription has a file of its own in subscriptions.d. Only renamed files count: a
+    // `*.tmp` is a write still under way (a kill now would leave it unread by the restart).
     let state_dir = server.wal_dir().join("subscriptions.d");
     wait_for(
         "the sweeper to write the link",
@@ -417,7 +418,11 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
         || {
             let files = std::fs::read_dir(&state_dir).ok()?;
             let state: String = files
-                .filter_map(|file| std::fs::read_to_string(file.ok()?.path()).ok())
+                .filter_map(|file| {
+                    let path = file.ok()?.path();
+                    let written = path.extension().is_none_or(|ext| ext != "tmp");
+                    written.then(|| std::fs::read_to_string(path).ok())?
+                })
                 .collect();
             state.contains("jobs/new").then_some(())
         },
