@@ -63,3 +63,34 @@ fn in_flight_bytes_limit_answers_429_with_retry_after() {
     let next: usize = head.header("pico-next-seq").unwrap().parse().unwrap();
     assert_eq!(next, accepted.load(Ordering::Relaxed));
 }
+
+/// io_uring's registered buffers are pinned from the start: resident whether used or not, and
+/// charged to the locked-memory limit once per ring (three rings a core). A node keeps them at
+/// glommio's minimum, since the WAL's DMA buffers (256 KiB steps and up) never came from them.
+#[test]
+fn an_idle_node_pins_little_memory() {
+    const CORES: u64 = 2;
+    /// 3 rings × 64 KiB a core, with room to spare; 1 MiB a core pinned 3 MiB.
+    const PINNED_PER_CORE_MAX_BYTES: u64 = 256 << 10;
+    let server = Server::start(&["--cores", "2"]);
+    assert_eq!(
+        server
+            .put("/limits/idle", "application/octet-stream")
+            .status,
+        201
+    );
+    let appended = server.post("/limits/idle", &[b'x'; 4096]);
+    assert_eq!(appended.status, 200);
+    let pid = server.pid().expect("the server runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let pinned_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmPin in /proc/PID/status");
+    assert!(
+        pinned_kib * 1024 <= CORES * PINNED_PER_CORE_MAX_BYTES,
+        "{pinned_kib} KiB pinned by an idle node of {CORES} cores"
+    );
+}

@@ -29,8 +29,12 @@ use crate::shutdown::Shutdown;
 /// upload may take.
 const SHUTDOWN_CONNECTIONS_WAIT: Duration = Duration::from_secs(10);
 const SHUTDOWN_FLUSH_WAIT: Duration = Duration::from_secs(15);
-/// io_uring registered-buffer memory per core: small, so the default 8 MiB memlock suffices.
-const IO_MEMORY_PER_CORE_BYTES: usize = 1 << 20;
+/// io_uring registered-buffer memory per core: glommio's minimum. Registering pins it from
+/// the start (resident, and charged to the locked-memory limit once for each of a core's three
+/// rings), while the DMA buffers the WAL asks for (256 KiB steps and up) never fit in it:
+/// 1 MiB a core pinned 3 MiB and kept 1.4 MiB of a 2-core node's 15 MB idle RSS, for no
+/// measurable gain in W1, W3 or a lone writer's latency (BENCHMARKS.md, "Idle memory").
+const IO_MEMORY_PER_CORE_BYTES: usize = 64 << 10;
 /// The longest a core runs queued tasks before it looks at its I/O completions and at what
 /// other cores sent it. glommio does both only between runs of a task queue, and its default
 /// (100 ms) lets one run of 5,000 SSE deliveries hold back every message from the other core:
