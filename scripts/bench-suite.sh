@@ -132,6 +132,9 @@ echo
 # Live delivery (one writer, one long-poll or SSE reader), side by side likewise.
 PICO_BIN=$PICO_BIN scripts/bench-live.sh "$duration"
 echo
+# An idle node's memory, side by side likewise.
+PICO_BIN=$PICO_BIN scripts/bench-idle-memory.sh
+echo
 # The segment catalog's size and the metadata bytes written per MiB of segments (SQLite, and
 # Postgres when PICOMQ_PG_URL is set).
 PICO_BIN=$PICO_BIN scripts/bench-catalog.sh "$duration"
