@@ -401,4 +401,50 @@ mod tests {
             .expect("the executor slept with tasks queued");
         core.join().unwrap();
     }
+
+    /// How long the test below waits for the write to reach the file.
+    const SUBMITTED_WRITE_WAIT: Duration = Duration::from_secs(20);
+
+    /// A DMA write (a commit round's) goes to the kernel when the task asks for it, not when
+    /// the task queue's run ends: the disk then works while the core answers the round's
+    /// appends and reads the next requests (vendor/glommio/PATCHES.md, change 7). The task
+    /// polls the write once and then holds its thread, never yielding, until the bytes are in
+    /// the file; unpatched, the request waits in glommio's queue for the run to end and the
+    /// deadline fails the test.
+    #[test]
+    fn a_dma_write_reaches_the_kernel_before_its_task_yields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("submitted-at-once");
+        let core = LocalExecutorBuilder::new(Placement::Unbound)
+            .spawn(move || async move {
+                let file = glommio::io::DmaFile::create(&path).await.unwrap();
+                let mut block = file.alloc_dma_buffer(4096);
+                block.as_bytes_mut().fill(0x5a);
+                let mut write = std::pin::pin!(file.write_at(block, 0));
+                // One poll hands the request over; the loop below blocks the thread.
+                let early = futures_lite::future::poll_once(write.as_mut()).await;
+                let deadline = std::time::Instant::now() + SUBMITTED_WRITE_WAIT;
+                let reached = loop {
+                    let bytes = std::fs::read(&path).unwrap();
+                    if bytes.len() == 4096 && bytes.iter().all(|&b| b == 0x5a) {
+                        break true;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                };
+                let written = match early {
+                    Some(written) => written,
+                    None => write.await,
+                };
+                assert_eq!(written.unwrap(), 4096);
+                reached
+            })
+            .unwrap();
+        assert!(
+            core.join().unwrap(),
+            "the write did not reach the file within {SUBMITTED_WRITE_WAIT:?} while its task held the thread"
+        );
+    }
 }

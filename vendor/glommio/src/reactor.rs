@@ -344,6 +344,9 @@ impl Reactor {
             Some(stats),
         );
         self.sys.write_dma(&source, pos);
+        // PicoMQ patch (PATCHES.md, change 7): submitted at once, not when the task queue's
+        // run ends.
+        self.sys.submit_now(&source);
         source
     }
 
@@ -639,6 +642,8 @@ impl Reactor {
     pub(crate) fn fdatasync(&self, raw: RawFd) -> Source {
         let source = self.new_source(raw, SourceType::FdataSync, None);
         self.sys.fdatasync(&source);
+        // PicoMQ patch (PATCHES.md, change 7), as for `write_dma`.
+        self.sys.submit_now(&source);
         source
     }
 

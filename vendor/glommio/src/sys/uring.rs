@@ -1795,6 +1795,13 @@ impl Reactor {
         Ok(())
     }
 
+    /// Hands the requests queued for `src`'s ring to the kernel now (PATCHES.md, change 7).
+    /// Completions are left for the next poll. A submission the kernel refuses for now
+    /// (`EBUSY`, `EAGAIN`, `EINTR`) stays queued and goes with the next one.
+    pub(crate) fn submit_now(&self, src: &Source) {
+        let _ = self.ring_for_source(src).consume_submission_queue();
+    }
+
     pub(crate) fn rush_dispatch(&self, src: &Source, woke: &mut usize) -> io::Result<()> {
         let ring = &mut *self.ring_for_source(src);
         if ring.may_rush() {
