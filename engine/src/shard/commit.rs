@@ -114,7 +114,16 @@ impl Shard {
                     source: Arc::new(source),
                 });
             }
-            file.fdatasync().await.map_err(|e| WalFault::Fdatasync {
+            // The `fdatasync` goes to the kernel at its first poll; while it is on its way, what
+            // arrived during the write is copied for the next round.
+            let mut sync = std::pin::pin!(file.fdatasync());
+            let early = futures_lite::future::poll_once(sync.as_mut()).await;
+            journal.stage_next_round(no, written_len);
+            let synced_now = match early {
+                Some(outcome) => outcome,
+                None => sync.await,
+            };
+            synced_now.map_err(|e| WalFault::Fdatasync {
                 path: shown(),
                 source: Arc::new(e.into()),
             })?;

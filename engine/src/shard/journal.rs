@@ -156,6 +156,19 @@ pub(super) struct Journal {
     round_buffer: RefCell<Option<DmaBuffer>>,
     /// When the last round was written.
     round_buffer_used: Cell<Instant>,
+    /// What the kept round buffer already holds of the next round (`stage_next_round`).
+    staged: Cell<Option<Staged>>,
+}
+
+/// The kept round buffer holds segment `no`'s bytes `start..upto` at its start: copied while
+/// the previous round's `fdatasync` was on its way, so the next round copies only what came
+/// after (the copy of a round of a few MiB took about 0.2 ms between one round's `fdatasync`
+/// and the next round's write, with the disk idle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Staged {
+    no: u64,
+    start: usize,
+    upto: usize,
 }
 
 impl Journal {
@@ -177,6 +190,7 @@ impl Journal {
             left_behind: Cell::new(LeftBehind::default()),
             round_buffer: RefCell::new(None),
             round_buffer_used: Cell::new(now),
+            staged: Cell::new(None),
         }
     }
 
@@ -334,6 +348,7 @@ impl Journal {
         let idle = now.saturating_duration_since(self.round_buffer_used.get());
         if idle >= Duration::from_millis(SPARE_IDLE_MS) {
             self.round_buffer.borrow_mut().take();
+            self.staged.set(None);
         }
         let log_bytes: usize = self.log.borrow().iter().map(|s| s.buf.capacity()).sum();
         let round_bytes = self
@@ -428,17 +443,33 @@ impl Journal {
         let align = file.alignment() as usize;
         let start = segment.durable_len / align * align;
         let size = (written_len - start).div_ceil(align) * align;
+        let staged = self.staged.take();
         let kept = self
             .round_buffer
             .borrow_mut()
             .take()
             .filter(|kept| kept.capacity() >= size);
+        // Where the copy starts: past what was staged for this very round, if anything was.
+        let from = match (&kept, staged) {
+            (Some(_), Some(staged))
+                if staged.no == segment.no
+                    && staged.start == start
+                    && staged.upto <= written_len =>
+            {
+                staged.upto
+            }
+            _ => start,
+        };
         let mut buffer = kept.unwrap_or_else(|| {
             file.alloc_dma_buffer(size.div_ceil(ROUND_BUFFER_STEP_BYTES) * ROUND_BUFFER_STEP_BYTES)
         });
         buffer.set_len(size);
         let dst = buffer.as_bytes_mut();
-        dst[..written_len - start].copy_from_slice(&segment.buf[start..written_len]);
+        debug_assert!(
+            dst[..from - start] == segment.buf[start..from],
+            "the staged bytes are the segment's"
+        );
+        dst[from - start..written_len - start].copy_from_slice(&segment.buf[from..written_len]);
         dst[written_len - start..].fill(0);
         Round::Write {
             no: segment.no,
@@ -468,9 +499,47 @@ impl Journal {
     /// holds it).
     pub(super) fn round_buffer_written(&self, buffer: Rc<DmaBuffer>, now: Instant) {
         self.round_buffer_used.set(now);
+        self.staged.set(None);
         if let Ok(buffer) = Rc::try_unwrap(buffer) {
             *self.round_buffer.borrow_mut() = Some(buffer);
         }
+    }
+
+    /// Copies into the kept round buffer what segment `no` holds past `durable_len` (what the
+    /// round whose `fdatasync` is on its way makes durable), from the block the next round
+    /// starts at. Segments only grow at their end, so those bytes are the next round's as they
+    /// are; `next_round` then copies only what came after. A kept buffer too small for them
+    /// is replaced by one twice their size (at most the segment's full size).
+    pub(super) fn stage_next_round(&self, no: u64, durable_len: usize) {
+        let log = self.log.borrow();
+        let Some(segment) = log.iter().find(|s| s.no == no) else {
+            return;
+        };
+        let Some(file) = &segment.wal else {
+            return;
+        };
+        let upto = segment.buf.len();
+        if upto <= durable_len {
+            return;
+        }
+        let align = file.alignment() as usize;
+        let start = durable_len / align * align;
+        let len = upto - start;
+        let mut kept = self.round_buffer.borrow_mut();
+        if kept.as_ref().is_none_or(|buffer| buffer.capacity() < len) {
+            let want = (2 * len).min(self.full_bytes().max(len));
+            *kept = Some(file.alloc_dma_buffer(
+                want.div_ceil(ROUND_BUFFER_STEP_BYTES) * ROUND_BUFFER_STEP_BYTES,
+            ));
+        }
+        let Some(buffer) = kept.as_mut() else {
+            return;
+        };
+        buffer.set_len(len);
+        buffer
+            .as_bytes_mut()
+            .copy_from_slice(&segment.buf[start..upto]);
+        self.staged.set(Some(Staged { no, start, upto }));
     }
 
     /// Whether no open segment has bytes waiting for a round.
@@ -799,6 +868,87 @@ mod tests {
                     idle + super::ROUND_BUFFER_STEP_BYTES <= kept,
                     "let go once idle: {kept} -> {idle}"
                 );
+            });
+    }
+
+    /// A round whose bytes were partly staged while the previous round's `fdatasync` was on
+    /// its way writes exactly what a round copied whole would: the segment's bytes from the
+    /// block it starts at, then zeros. Staged for another start (or a buffer too small, or a
+    /// round that was written meanwhile), the round copies everything again.
+    #[test]
+    fn a_staged_round_writes_what_a_round_copied_whole_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        glommio::LocalExecutorBuilder::default()
+            .make()
+            .unwrap()
+            .run(async move {
+                let file = Rc::new(DmaFile::create(&path).await.unwrap());
+                let now = Instant::now();
+                let journal = Journal::new(1 << 20, now);
+                journal.open(0, "k".into(), Some((file.clone(), path)), now);
+                let append = |bytes: usize, fill: u8| {
+                    journal.write_active(bytes, |segment| {
+                        segment.buf.resize(segment.buf.len() + bytes, fill)
+                    })
+                };
+                let round = || match journal.next_round(0) {
+                    Round::Write {
+                        no,
+                        written_len,
+                        write: Some(write),
+                    } => (no, written_len, write),
+                    _ => panic!("a round with a WAL write"),
+                };
+                // What a round must hold: the segment from `start`, zeros to the block's end.
+                let expected = |write: &super::RoundWrite, written_len: usize| {
+                    let log = journal.log.borrow();
+                    let mut bytes = log[0].buf[write.start..written_len].to_vec();
+                    bytes.resize(write.buffer.len(), 0);
+                    bytes
+                };
+
+                append(10_000, 1);
+                let (no, written_len, first) = round(); // not a multiple of the block
+                assert_eq!(first.buffer.as_bytes(), expected(&first, written_len));
+                let pages = first.buffer.as_ptr();
+                journal.round_buffer_written(first.buffer, now);
+                // Arrived during the write: staged while the `fdatasync` is on its way.
+                append(30_000, 2);
+                journal.stage_next_round(no, written_len);
+                let staged = journal.staged.get().expect("staged");
+                assert_eq!(staged.upto, journal.log.borrow()[0].buf.len());
+                assert!(staged.start <= written_len && written_len - staged.start < 4096);
+                journal.round_written(no, written_len);
+                // Arrived during the `fdatasync`: copied by the round itself.
+                append(5_000, 3);
+                let (no, written_len, second) = round();
+                assert_eq!(
+                    second.buffer.as_ptr(),
+                    pages,
+                    "the staged buffer is the round's"
+                );
+                assert!(second.start > 0 && second.start < 10_000 + 1024);
+                assert_eq!(second.buffer.as_bytes(), expected(&second, written_len));
+
+                // More than the kept buffer holds: staged in a larger one.
+                journal.round_buffer_written(second.buffer, now);
+                append(600_000, 4);
+                journal.stage_next_round(no, written_len);
+                journal.round_written(no, written_len);
+                let (no, written_len, third) = round();
+                assert_ne!(third.buffer.as_ptr(), pages);
+                assert_eq!(third.buffer.as_bytes(), expected(&third, written_len));
+
+                // Staged for a round that never came (its `fdatasync` failed, say): the next
+                // round starts elsewhere and copies everything.
+                journal.round_buffer_written(third.buffer, now);
+                append(7_000, 5);
+                journal.stage_next_round(no, 0);
+                journal.round_written(no, written_len);
+                append(3_000, 6);
+                let (_, written_len, fourth) = round();
+                assert_eq!(fourth.buffer.as_bytes(), expected(&fourth, written_len));
             });
     }
 
