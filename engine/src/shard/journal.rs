@@ -821,8 +821,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_round_s_buffer_is_reused_by_the_next_and_let_go_when_idle() {
+    /// Runs `test` on an executor, with a journal whose active segment has a WAL file.
+    fn with_wal_journal<F, Fut>(test: F)
+    where
+        F: FnOnce(Journal, Rc<DmaFile>, Instant) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
         glommio::LocalExecutorBuilder::default()
@@ -833,42 +837,48 @@ mod tests {
                 let start = Instant::now();
                 let journal = Journal::new(1 << 20, start);
                 journal.open(0, "k".into(), Some((file.clone(), path)), start);
-
-                let first = round_of(&journal, 10_000);
-                let at = first.buffer.as_ptr();
-                assert!(first.buffer.len() >= 10_000);
-                let written = file.write_rc_at(first.buffer.clone(), 0).await.unwrap();
-                assert_eq!(written, first.buffer.len());
-                journal.round_buffer_written(first.buffer, start);
-                let counted = journal.memory_bytes(start);
-                assert!(
-                    counted >= journal.open_bytes() + super::ROUND_BUFFER_STEP_BYTES,
-                    "the kept buffer is counted: {counted}"
-                );
-
-                // A buffer still held by its write is not taken by the next round.
-                let second = round_of(&journal, 20_000);
-                assert_eq!(second.buffer.as_ptr(), at, "the same pages, written again");
-                let held = second.buffer.clone();
-                journal.round_buffer_written(second.buffer, start);
-                let third = round_of(&journal, 1_000);
-                assert_ne!(third.buffer.as_ptr(), at, "held by a write: not reused");
-                drop(held);
-
-                // A round larger than the kept buffer gets a larger one.
-                journal.round_buffer_written(third.buffer, start);
-                let large = round_of(&journal, 300_000);
-                assert!(large.buffer.len() >= 300_000);
-                journal.round_buffer_written(large.buffer, start);
-
-                let later = start + Duration::from_millis(SPARE_IDLE_MS);
-                let kept = journal.memory_bytes(start);
-                let idle = journal.memory_bytes(later);
-                assert!(
-                    idle + super::ROUND_BUFFER_STEP_BYTES <= kept,
-                    "let go once idle: {kept} -> {idle}"
-                );
+                test(journal, file, start).await;
             });
+    }
+
+    #[test]
+    fn a_round_s_buffer_is_reused_by_the_next_and_let_go_when_idle() {
+        with_wal_journal(|journal, file, start| async move {
+            let first = round_of(&journal, 10_000);
+            let at = first.buffer.as_ptr();
+            assert!(first.buffer.len() >= 10_000);
+            let written = file.write_rc_at(first.buffer.clone(), 0).await.unwrap();
+            assert_eq!(written, first.buffer.len());
+            journal.round_buffer_written(first.buffer, start);
+            let counted = journal.memory_bytes(start);
+            assert!(
+                counted >= journal.open_bytes() + super::ROUND_BUFFER_STEP_BYTES,
+                "the kept buffer is counted: {counted}"
+            );
+
+            // A buffer still held by its write is not taken by the next round.
+            let second = round_of(&journal, 20_000);
+            assert_eq!(second.buffer.as_ptr(), at, "the same pages, written again");
+            let held = second.buffer.clone();
+            journal.round_buffer_written(second.buffer, start);
+            let third = round_of(&journal, 1_000);
+            assert_ne!(third.buffer.as_ptr(), at, "held by a write: not reused");
+            drop(held);
+
+            // A round larger than the kept buffer gets a larger one.
+            journal.round_buffer_written(third.buffer, start);
+            let large = round_of(&journal, 300_000);
+            assert!(large.buffer.len() >= 300_000);
+            journal.round_buffer_written(large.buffer, start);
+
+            let later = start + Duration::from_millis(SPARE_IDLE_MS);
+            let kept = journal.memory_bytes(start);
+            let idle = journal.memory_bytes(later);
+            assert!(
+                idle + super::ROUND_BUFFER_STEP_BYTES <= kept,
+                "let go once idle: {kept} -> {idle}"
+            );
+        });
     }
 
     /// A round whose bytes were partly staged while the previous round's `fdatasync` was on
@@ -877,79 +887,70 @@ mod tests {
     /// round that was written meanwhile), the round copies everything again.
     #[test]
     fn a_staged_round_writes_what_a_round_copied_whole_would() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wal");
-        glommio::LocalExecutorBuilder::default()
-            .make()
-            .unwrap()
-            .run(async move {
-                let file = Rc::new(DmaFile::create(&path).await.unwrap());
-                let now = Instant::now();
-                let journal = Journal::new(1 << 20, now);
-                journal.open(0, "k".into(), Some((file.clone(), path)), now);
-                let append = |bytes: usize, fill: u8| {
-                    journal.write_active(bytes, |segment| {
-                        segment.buf.resize(segment.buf.len() + bytes, fill)
-                    })
-                };
-                let round = || match journal.next_round(0) {
-                    Round::Write {
-                        no,
-                        written_len,
-                        write: Some(write),
-                    } => (no, written_len, write),
-                    _ => panic!("a round with a WAL write"),
-                };
-                // What a round must hold: the segment from `start`, zeros to the block's end.
-                let expected = |write: &super::RoundWrite, written_len: usize| {
-                    let log = journal.log.borrow();
-                    let mut bytes = log[0].buf[write.start..written_len].to_vec();
-                    bytes.resize(write.buffer.len(), 0);
-                    bytes
-                };
+        with_wal_journal(|journal, _file, now| async move {
+            let append = |bytes: usize, fill: u8| {
+                journal.write_active(bytes, |segment| {
+                    segment.buf.resize(segment.buf.len() + bytes, fill)
+                })
+            };
+            let round = || match journal.next_round(0) {
+                Round::Write {
+                    no,
+                    written_len,
+                    write: Some(write),
+                } => (no, written_len, write),
+                _ => panic!("a round with a WAL write"),
+            };
+            // What a round must hold: the segment from `start`, zeros to the block's end.
+            let expected = |write: &super::RoundWrite, written_len: usize| {
+                let log = journal.log.borrow();
+                let mut bytes = log[0].buf[write.start..written_len].to_vec();
+                bytes.resize(write.buffer.len(), 0);
+                bytes
+            };
 
-                append(10_000, 1);
-                let (no, written_len, first) = round(); // not a multiple of the block
-                assert_eq!(first.buffer.as_bytes(), expected(&first, written_len));
-                let pages = first.buffer.as_ptr();
-                journal.round_buffer_written(first.buffer, now);
-                // Arrived during the write: staged while the `fdatasync` is on its way.
-                append(30_000, 2);
-                journal.stage_next_round(no, written_len);
-                let staged = journal.staged.get().expect("staged");
-                assert_eq!(staged.upto, journal.log.borrow()[0].buf.len());
-                assert!(staged.start <= written_len && written_len - staged.start < 4096);
-                journal.round_written(no, written_len);
-                // Arrived during the `fdatasync`: copied by the round itself.
-                append(5_000, 3);
-                let (no, written_len, second) = round();
-                assert_eq!(
-                    second.buffer.as_ptr(),
-                    pages,
-                    "the staged buffer is the round's"
-                );
-                assert!(second.start > 0 && second.start < 10_000 + 1024);
-                assert_eq!(second.buffer.as_bytes(), expected(&second, written_len));
+            append(10_000, 1);
+            let (no, written_len, first) = round(); // not a multiple of the block
+            assert_eq!(first.buffer.as_bytes(), expected(&first, written_len));
+            let pages = first.buffer.as_ptr();
+            journal.round_buffer_written(first.buffer, now);
+            // Arrived during the write: staged while the `fdatasync` is on its way.
+            append(30_000, 2);
+            journal.stage_next_round(no, written_len);
+            let staged = journal.staged.get().expect("staged");
+            assert_eq!(staged.upto, journal.log.borrow()[0].buf.len());
+            assert!(staged.start <= written_len && written_len - staged.start < 4096);
+            journal.round_written(no, written_len);
+            // Arrived during the `fdatasync`: copied by the round itself.
+            append(5_000, 3);
+            let (no, written_len, second) = round();
+            assert_eq!(
+                second.buffer.as_ptr(),
+                pages,
+                "the staged buffer is the round's"
+            );
+            assert!(second.start > 0 && second.start < 10_000 + 1024);
+            assert_eq!(second.buffer.as_bytes(), expected(&second, written_len));
 
-                // More than the kept buffer holds: staged in a larger one.
-                journal.round_buffer_written(second.buffer, now);
-                append(600_000, 4);
-                journal.stage_next_round(no, written_len);
-                journal.round_written(no, written_len);
-                let (no, written_len, third) = round();
-                assert_ne!(third.buffer.as_ptr(), pages);
-                assert_eq!(third.buffer.as_bytes(), expected(&third, written_len));
+            // More than the kept buffer holds: staged in a larger one.
+            journal.round_buffer_written(second.buffer, now);
+            append(600_000, 4);
+            journal.stage_next_round(no, written_len);
+            journal.round_written(no, written_len);
+            let (no, written_len, third) = round();
+            assert_ne!(third.buffer.as_ptr(), pages);
+            assert_eq!(third.buffer.as_bytes(), expected(&third, written_len));
 
-                // Staged for a round that never came (its `fdatasync` failed, say): the next
-                // round starts elsewhere and copies everything.
-                journal.round_buffer_written(third.buffer, now);
-                append(7_000, 5);
-                journal.stage_next_round(no, 0);
-                journal.round_written(no, written_len);
-                append(3_000, 6);
-                let (_, written_len, fourth) = round();
-                assert_eq!(fourth.buffer.as_bytes(), expected(&fourth, written_len));
-            });
+            // Staged for a round that never came (its `fdatasync` failed, say): the next
+            // round starts elsewhere and copies everything.
+            journal.round_buffer_written(third.buffer, now);
+            append(7_000, 5);
+            journal.stage_next_round(no, 0);
+            journal.round_written(no, written_len);
+            append(3_000, 6);
+            let (_, written_len, fourth) = round();
+            assert_eq!(fourth.buffer.as_bytes(), expected(&fourth, written_len));
+        });
     }
 
     #[test]
