@@ -74,14 +74,12 @@ one() {
 }
 
 pico_one() {
-  one "PicoMQ" "$1" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
-    --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal
+  one "PicoMQ" "$1" "$PICO_BIN" "${pico_serve[@]}"
   pico_rate=$last_rate
 }
 
 peer_one() {
-  one "durable-streams-server 0.1.5" "$1" "$peer" --host 127.0.0.1 --port PORT \
-    --data-dir DIR --durability wal
+  one "durable-streams-server 0.1.5" "$1" "$peer" "${peer_serve[@]}"
   peer_rate=$last_rate
 }
 

@@ -61,6 +61,5 @@ one_server "PicoMQ ${*:-(defaults)}" "$PICO_BIN" serve --protocol ds --cores 1 \
   --listen 127.0.0.1:PORT --admin-listen 127.0.0.1:0 --meta-url sqlite:DIR/meta.db \
   --storage -2@file://DIR/objects --wal-dir DIR/wal --block-cache-size 256MiB "$@"
 if [ -n "$peer" ]; then
-  one_server "durable-streams-server 0.1.5 (--durability wal)" "$peer" --host 127.0.0.1 \
-    --port PORT --data-dir DIR --durability wal
+  one_server "durable-streams-server 0.1.5 (--durability wal)" "$peer" "${peer_serve[@]}"
 fi

@@ -54,9 +54,7 @@ PY
 
 echo "| server | RSS | anonymous | file-backed | own code and data | pinned |"
 echo "|---|---:|---:|---:|---:|---:|"
-one "PicoMQ" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
-  --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal
+one "PicoMQ" "$PICO_BIN" "${pico_serve[@]}"
 if [ -n "$peer" ]; then
-  one "durable-streams-server 0.1.5" "$peer" --host 127.0.0.1 --port PORT --data-dir DIR \
-    --durability wal
+  one "durable-streams-server 0.1.5" "$peer" "${peer_serve[@]}"
 fi

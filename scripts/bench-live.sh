@@ -37,10 +37,8 @@ one() {
 echo "| mode | server | append p50 / p99 | append-to-delivery p50 / p99 |"
 echo "|---|---|---:|---:|"
 for mode in long-poll sse; do
-  one "PicoMQ" "$mode" "$PICO_BIN" serve --protocol ds --listen 127.0.0.1:PORT --no-admin \
-    --meta-url sqlite:DIR/meta.db --storage -2@file://DIR/objects --wal-dir DIR/wal
+  one "PicoMQ" "$mode" "$PICO_BIN" "${pico_serve[@]}"
   if [ -n "$peer" ]; then
-    one "durable-streams-server 0.1.5" "$mode" "$peer" --host 127.0.0.1 --port PORT \
-      --data-dir DIR --durability wal
+    one "durable-streams-server 0.1.5" "$mode" "$peer" "${peer_serve[@]}"
   fi
 done

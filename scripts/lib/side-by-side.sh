@@ -18,6 +18,13 @@ find_servers() {
   return 0
 }
 
+# The two servers as every side-by-side benchmark runs them (PORT and DIR are substituted by
+# `start_pinned`): PicoMQ speaking Durable Streams on the embedded default (SQLite, `file://`,
+# acknowledgements after `fdatasync`), and the comparison server with its WAL, likewise.
+pico_serve=(serve --protocol ds --listen 127.0.0.1:PORT --no-admin --meta-url sqlite:DIR/meta.db
+  --storage -2@file://DIR/objects --wal-dir DIR/wal)
+peer_serve=(--host 127.0.0.1 --port PORT --data-dir DIR --durability wal)
+
 # `start_pinned DIR command...` runs a server's command on CPU 0 with PORT (a random one) and
 # DIR (its data directory) substituted, its output in DIR/server.log, and waits up to 10 s
 # until it answers HTTP. Sets `server_pid` and `server_url` (http://127.0.0.1:PORT).
