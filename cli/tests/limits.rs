@@ -72,7 +72,7 @@ fn an_idle_node_pins_little_memory() {
     const CORES: u64 = 2;
     /// 3 rings × 64 KiB a core, with room to spare; 1 MiB a core pinned 3 MiB.
     const PINNED_PER_CORE_MAX_BYTES: u64 = 256 << 10;
-    let server = Server::start(&["--cores", "2"]);
+    let server = Server::start(&["--cores", &CORES.to_string()]);
     assert_eq!(
         server
             .put("/limits/idle", "application/octet-stream")

@@ -121,6 +121,18 @@ fn filled_in_small_rounds(len: usize, wal_rounds: u64, half_segment: usize) -> b
 /// reuse one buffer.
 const ROUND_BUFFER_STEP_BYTES: usize = 256 * 1024;
 
+/// Where the round after `durable_len` durable bytes starts: DMA writes whole blocks, so at
+/// the block holding the end of the previous round, rewriting its bytes as they are.
+fn round_start(durable_len: usize, file: &DmaFile) -> usize {
+    let align = file.alignment() as usize;
+    durable_len / align * align
+}
+
+/// A round buffer of at least `bytes`, in steps of [`ROUND_BUFFER_STEP_BYTES`].
+fn round_buffer_of(file: &DmaFile, bytes: usize) -> DmaBuffer {
+    file.alloc_dma_buffer(bytes.div_ceil(ROUND_BUFFER_STEP_BYTES) * ROUND_BUFFER_STEP_BYTES)
+}
+
 /// The front segment taken out of the journal to be sealed.
 pub(super) struct Closed {
     pub(super) key: String,
@@ -438,10 +450,8 @@ impl Journal {
         segment.wal_rounds += 1;
         end_round(&mut segment.buf, segment.wal_rounds, &epochs, now_ms);
         let written_len = segment.buf.len();
-        // DMA writes whole blocks: the round starts at the block holding the end of the
-        // previous one, rewriting its bytes as they are.
         let align = file.alignment() as usize;
-        let start = segment.durable_len / align * align;
+        let start = round_start(segment.durable_len, file);
         let size = (written_len - start).div_ceil(align) * align;
         let staged = self.staged.take();
         let kept = self
@@ -460,9 +470,7 @@ impl Journal {
             }
             _ => start,
         };
-        let mut buffer = kept.unwrap_or_else(|| {
-            file.alloc_dma_buffer(size.div_ceil(ROUND_BUFFER_STEP_BYTES) * ROUND_BUFFER_STEP_BYTES)
-        });
+        let mut buffer = kept.unwrap_or_else(|| round_buffer_of(file, size));
         buffer.set_len(size);
         let dst = buffer.as_bytes_mut();
         debug_assert!(
@@ -522,19 +530,15 @@ impl Journal {
         if upto <= durable_len {
             return;
         }
-        let align = file.alignment() as usize;
-        let start = durable_len / align * align;
+        let start = round_start(durable_len, file);
         let len = upto - start;
         let mut kept = self.round_buffer.borrow_mut();
-        if kept.as_ref().is_none_or(|buffer| buffer.capacity() < len) {
-            let want = (2 * len).min(self.full_bytes().max(len));
-            *kept = Some(file.alloc_dma_buffer(
-                want.div_ceil(ROUND_BUFFER_STEP_BYTES) * ROUND_BUFFER_STEP_BYTES,
-            ));
+        if kept.as_ref().is_some_and(|buffer| buffer.capacity() < len) {
+            *kept = None;
         }
-        let Some(buffer) = kept.as_mut() else {
-            return;
-        };
+        let buffer = kept.get_or_insert_with(|| {
+            round_buffer_of(file, (2 * len).min(self.full_bytes().max(len)))
+        });
         buffer.set_len(len);
         buffer
             .as_bytes_mut()
