@@ -50,6 +50,27 @@ pub(crate) trait EventWriter: EventFrames {
     /// Whether nothing the peer sent waits to be read: only then may the connection be
     /// parked (a parked connection's bytes would wake it again at once).
     fn quiet(&self) -> bool;
+    /// Bytes written that the transport still holds unsent (a TCP socket's send queue the
+    /// peer's window has not admitted); 0 where it cannot tell, or where the transport's own
+    /// flow control stalls the writes themselves (HTTP/2).
+    fn unsent(&self) -> usize {
+        0
+    }
+}
+
+/// The longest pause between two looks at a socket that still holds a response's last bytes.
+const SENT_OFF_PAUSE_MAX_MS: u64 = 100;
+
+/// Resolves once `writer`'s transport holds nothing unsent: at once for a reader that takes
+/// its bytes, else by looking again after growing pauses (1 ms, doubling, at most
+/// [`SENT_OFF_PAUSE_MAX_MS`]). Bounded by its caller's deadline.
+async fn sent_off(writer: &impl EventWriter) -> io::Result<()> {
+    let mut pause_ms = 1;
+    while writer.unsent() > 0 {
+        glommio::timer::sleep(std::time::Duration::from_millis(pause_ms)).await;
+        pause_ms = (pause_ms * 2).min(SENT_OFF_PAUSE_MAX_MS);
+    }
+    Ok(())
 }
 
 /// How driving a live response ended.
@@ -93,7 +114,11 @@ pub(crate) fn tail_read(live: &mut LiveBody) -> Option<(ReadShape, u64)> {
 /// write, then its next read, until the response ends ([`Driven::Ended`], its end written) or,
 /// with `parkable`, waits at the tail ([`Driven::AtTail`]). An error ends the response: a
 /// write that failed, did not finish by the response's deadline (a reader that stopped
-/// reading is not held past its end), or a peer that left while it waited.
+/// reading is not held past its end), or a peer that left while it waited. A response with a
+/// deadline is over only once its bytes left the socket, not when the socket took them: a
+/// reader that stopped reading leaves the end of the response in the send queue (a write
+/// that does not wait fills the queue further than one that waits for room), and its
+/// connection must close at the deadline rather than wait for a next request.
 ///
 /// `stirred`: the connection was handed back because its peer sent bytes or hung up while
 /// parked; it does not park again before its next read has watched the peer (reading those
@@ -116,6 +141,9 @@ pub(crate) async fn drive<W: EventWriter>(
         }
         let Some(request) = live.next_read() else {
             by_deadline(deadline, writer.end()).await?;
+            if deadline.is_some() {
+                by_deadline(deadline, sent_off(writer)).await?;
+            }
             return Ok(Driven::Ended);
         };
         // Boxed: a task that drives its response holds the read's room only while it reads.
@@ -147,6 +175,7 @@ mod tests {
     struct Scripted {
         events: VecDeque<Bytes>,
         next: Option<ReadRequest>,
+        deadline: Option<std::time::Instant>,
     }
 
     impl LiveEvents for Scripted {
@@ -165,6 +194,9 @@ mod tests {
         fn answer(&mut self, _: Option<&(ReadBatch, bool)>) {}
         fn at_tail(&self) -> bool {
             self.events.is_empty() && self.next.is_some()
+        }
+        fn deadline(&self) -> Option<std::time::Instant> {
+            self.deadline
         }
     }
 
@@ -198,6 +230,7 @@ mod tests {
         let mut live: LiveBody = Box::new(Scripted {
             events: [big, Bytes::from_static(b"control")].into(),
             next: Some(read_at(ReadFrom::Offset(7), 250)),
+            deadline: None,
         });
         let mut staged = Staged::default();
         assert!(stage_ready(
@@ -223,7 +256,87 @@ mod tests {
         let mut from_tail: LiveBody = Box::new(Scripted {
             events: VecDeque::new(),
             next: Some(read_at(ReadFrom::Tail, 250)),
+            deadline: None,
         });
         assert_eq!(tail_read(&mut from_tail), None);
+    }
+
+    /// A transport whose writes all succeed at once, and whose socket holds what they wrote
+    /// unsent for its first `held_looks` looks (forever with `usize::MAX`).
+    #[derive(Default)]
+    struct Holding {
+        staged: Staged,
+        written: usize,
+        held_looks: std::cell::Cell<usize>,
+    }
+
+    impl EventFrames for Holding {
+        fn stage(&mut self, event: Bytes) {
+            self.staged.stage(event);
+        }
+        fn staged(&self) -> usize {
+            self.staged.staged()
+        }
+    }
+
+    impl EventWriter for Holding {
+        async fn send(&mut self) -> io::Result<()> {
+            self.written += std::mem::take(&mut self.staged.0).len();
+            Ok(())
+        }
+        async fn end(&mut self) -> io::Result<()> {
+            self.written += 1;
+            Ok(())
+        }
+        async fn peer_gone(&mut self) {
+            futures_lite::future::pending::<()>().await;
+        }
+        fn quiet(&self) -> bool {
+            true
+        }
+        fn unsent(&self) -> usize {
+            let left = self.held_looks.get();
+            self.held_looks.set(left.saturating_sub(1));
+            usize::from(left > 0)
+        }
+    }
+
+    /// Drives a response of one event that is over once sent, its deadline `deadline_ms`
+    /// away (none with `None`), on a socket holding its bytes for `held_looks` looks.
+    fn drive_held(deadline_ms: Option<u64>, held_looks: usize) -> io::Result<()> {
+        glommio::LocalExecutor::default().run(async move {
+            let deadline = deadline_ms
+                .map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms));
+            let mut live: LiveBody = Box::new(Scripted {
+                events: [Bytes::from_static(b"data")].into(),
+                next: None,
+                deadline,
+            });
+            let mut writer = Holding {
+                held_looks: held_looks.into(),
+                ..Holding::default()
+            };
+            let driven = drive(&mut live, &mut writer, false, false).await?;
+            assert!(matches!(driven, Driven::Ended));
+            assert_eq!(writer.written, 2, "the event and the end");
+            Ok(())
+        })
+    }
+
+    /// A live response with a deadline is over when its socket has sent its bytes, not when
+    /// it took them: a reader that stopped reading leaves them in the socket, and the response
+    /// then fails at its deadline (its connection closes) instead of ending cleanly.
+    #[test]
+    fn a_response_is_over_once_its_socket_has_sent_it() {
+        assert_eq!(drive_held(Some(60_000), 0).map_err(|e| e.kind()), Ok(()));
+        // Sent off after a few looks (1, 2, 4 ms apart): ended.
+        assert_eq!(drive_held(Some(60_000), 3).map_err(|e| e.kind()), Ok(()));
+        // Never sent off: the deadline fails it.
+        assert_eq!(
+            drive_held(Some(300), usize::MAX).map_err(|e| e.kind()),
+            Err(io::ErrorKind::TimedOut)
+        );
+        // Without a deadline, the socket taking the bytes is enough.
+        assert_eq!(drive_held(None, usize::MAX).map_err(|e| e.kind()), Ok(()));
     }
 }

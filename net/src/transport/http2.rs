@@ -97,6 +97,10 @@ impl<S: Socket> Socket for Prefixed<S> {
     fn set_send_stall_timeout(&self, timeout: Duration) {
         self.inner.set_send_stall_timeout(timeout)
     }
+
+    fn unsent_bytes(&self) -> usize {
+        self.inner.unsent_bytes()
+    }
 }
 
 /// Serves HTTP/2 on `stream` until the peer goes away, or until it was idle (no request in

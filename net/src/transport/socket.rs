@@ -36,12 +36,36 @@ pub trait Socket: AsyncRead + AsyncWrite + Unpin + 'static {
     /// connection: glommio's write timer, armed only while a write waits for room in the
     /// socket and disarmed by the next write that sends anything.
     fn set_send_stall_timeout(&self, timeout: std::time::Duration);
+
+    /// Bytes written to the socket that it has not sent yet: the peer's receive window is
+    /// full (a reader that stopped reading) or the network is slow. 0 where it cannot tell.
+    fn unsent_bytes(&self) -> usize {
+        0
+    }
+}
+
+/// The bytes a TCP socket holds that it has not sent (`SIOCOUTQNSD`: written, not yet sent;
+/// sent and unacknowledged bytes are not counted). 0 if the kernel cannot tell.
+fn tcp_unsent_bytes(stream: &TcpStream) -> usize {
+    let mut unsent: libc::c_int = 0;
+    // SAFETY: the descriptor is the stream's, open while it is borrowed; the call writes one
+    // int into `unsent`.
+    let asked = unsafe { libc::ioctl(stream.as_raw_fd(), libc::SIOCOUTQNSD, &mut unsent) };
+    if asked < 0 {
+        return 0;
+    }
+    usize::try_from(unsent).unwrap_or(0)
 }
 
 impl Socket for futures_rustls::server::TlsStream<TcpStream> {
     fn set_send_stall_timeout(&self, timeout: std::time::Duration) {
         // rustls writes its records through the TCP stream's own `poll_write`.
         let _ = self.get_ref().0.set_write_timeout(Some(timeout));
+    }
+
+    fn unsent_bytes(&self) -> usize {
+        // Each write is flushed: rustls's records are in the TCP socket by then.
+        tcp_unsent_bytes(&self.get_ref().0)
     }
 }
 
@@ -99,6 +123,10 @@ impl Socket for PlainTcp {
 
     fn set_send_stall_timeout(&self, timeout: std::time::Duration) {
         let _ = self.stream.set_write_timeout(Some(timeout));
+    }
+
+    fn unsent_bytes(&self) -> usize {
+        tcp_unsent_bytes(&self.stream)
     }
 }
 

@@ -163,7 +163,7 @@ async fn serve_http1<S, H, F>(
     mut streaming: Option<Box<Streaming>>,
 ) -> Option<Box<Streaming>>
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: crate::transport::socket::Socket,
     H: Fn(Request) -> F,
     F: Future<Output = Response>,
 {
@@ -225,7 +225,7 @@ enum StreamEnded {
 
 /// Drives a live response (its unsent chunks first) until it ends or waits at the tail of a
 /// parkable connection.
-async fn stream_events<S: AsyncRead + AsyncWrite + Unpin>(
+async fn stream_events<S: crate::transport::socket::Socket>(
     stream: &mut S,
     buf: &mut BytesMut,
     mut live: Box<Streaming>,

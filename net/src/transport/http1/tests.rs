@@ -311,6 +311,15 @@ fn a_body_past_the_budget_is_refused_while_another_is_held() {
 #[derive(Default)]
 struct Writes(Vec<Vec<u8>>);
 
+impl crate::transport::socket::Socket for Writes {
+    fn set_send_stall_timeout(&self, _: std::time::Duration) {}
+}
+
+/// A buffer as a connection's socket, for sizing futures.
+impl crate::transport::socket::Socket for futures_lite::io::Cursor<Vec<u8>> {
+    fn set_send_stall_timeout(&self, _: std::time::Duration) {}
+}
+
 impl futures_lite::AsyncRead for Writes {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,

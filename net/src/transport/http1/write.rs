@@ -5,11 +5,12 @@
 use std::io::IoSlice;
 
 use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use futures_lite::{AsyncWrite, AsyncWriteExt};
 
 use super::read::peer_gone;
 use crate::transport::drive::{EventFrames, EventWriter};
 use crate::transport::message::{LiveBody, Response};
+use crate::transport::socket::Socket;
 
 /// The status line's reason phrase (clients ignore it; RFC 9112 lets it be anything).
 pub(super) fn reason(status: u16) -> &'static str {
@@ -133,7 +134,7 @@ impl<S> EventFrames for ChunkedWriter<'_, S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> EventWriter for ChunkedWriter<'_, S> {
+impl<S: Socket> EventWriter for ChunkedWriter<'_, S> {
     async fn send(&mut self) -> std::io::Result<()> {
         let chunks = std::mem::take(&mut self.chunks.0);
         send(self.stream, &chunks).await
@@ -149,6 +150,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> EventWriter for ChunkedWriter<'_, S> {
 
     fn quiet(&self) -> bool {
         self.arrived.is_empty()
+    }
+
+    fn unsent(&self) -> usize {
+        self.stream.unsent_bytes()
     }
 }
 
