@@ -65,7 +65,7 @@ impl Socket for futures_rustls::server::TlsStream<TcpStream> {
 
     fn unsent_bytes(&self) -> usize {
         // Each write is flushed: rustls's records are in the TCP socket by then.
-        tcp_unsent_bytes(&self.get_ref().0)
+        tcp_unsent_bytes(self.get_ref().0)
     }
 }
 
