@@ -43,7 +43,7 @@ const ZERO_WRITE_BYTES: usize = 1 << 20;
 /// Writes `size` bytes of zeros over `file` from its start, then makes them durable. One
 /// buffer of zeros serves every whole chunk; only a shorter last chunk gets its own.
 async fn write_zeros(file: &DmaFile, size: u64) -> std::io::Result<()> {
-    let align = file.alignment() as usize;
+    let align = super::journal::wal_block_bytes(file);
     let zeroed = |len: usize| {
         let mut zeros = file.alloc_dma_buffer(len.div_ceil(align) * align);
         zeros.as_bytes_mut().fill(0);
