@@ -5,7 +5,7 @@
 //! Release builds also link `pico` with `hot-code.ld`, which places the functions a node runs
 //! ahead of the rest of its code (`hot_code_layout`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
@@ -66,7 +66,7 @@ fn links_with(link_arg: &str) -> bool {
     let mut rustc = Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()));
     rustc
         .args(["--crate-type=bin", "--crate-name=hot_code_probe", "-o"])
-        .arg(out_dir.join(Path::new("hot_code_probe")))
+        .arg(out_dir.join("hot_code_probe"))
         .arg(&source)
         .arg(format!("-Clink-arg={link_arg}"));
     if let Ok(target) = std::env::var("TARGET") {

@@ -129,7 +129,7 @@ const ROUND_BUFFER_STEP_BYTES: usize = 256 * 1024;
 /// 2 MiB round written from a 512-byte boundary took 4-6 ms there, one from a 4 KiB boundary
 /// 1.4 ms. A round rewriting the whole physical sector that holds the previous round's end
 /// also never leaves that sector half old and half new.
-pub(super) const WAL_BLOCK_BYTES_MIN: usize = 4096;
+const WAL_BLOCK_BYTES_MIN: usize = 4096;
 
 /// The block a WAL file's writes are aligned to: the device's direct I/O alignment, at least
 /// [`WAL_BLOCK_BYTES_MIN`].
@@ -901,10 +901,6 @@ mod tests {
         });
     }
 
-    /// A round whose bytes were partly staged while the previous round's `fdatasync` was on
-    /// its way writes exactly what a round copied whole would: the segment's bytes from the
-    /// block it starts at, then zeros. Staged for another start (or a buffer too small, or a
-    /// round that was written meanwhile), the round copies everything again.
     /// Every round's write covers whole 4 KiB blocks from a 4 KiB boundary, also where the
     /// device takes 512-byte direct writes (ext4 would serialise it otherwise).
     #[test]
@@ -943,6 +939,10 @@ mod tests {
         });
     }
 
+    /// A round whose bytes were partly staged while the previous round's `fdatasync` was on
+    /// its way writes exactly what a round copied whole would: the segment's bytes from the
+    /// block it starts at, then zeros. Staged for another start (or a buffer too small, or a
+    /// round that was written meanwhile), the round copies everything again.
     #[test]
     fn a_staged_round_writes_what_a_round_copied_whole_would() {
         with_wal_journal(|journal, _file, now| async move {
