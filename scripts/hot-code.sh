@@ -106,7 +106,7 @@ curl -s -o /dev/null "$admin_url/health"
 sleep 3
 dump 2
 
-python3 - "$bin" "$work/callgrind.out.1" "$work/callgrind.out.2" >cli/hot-code.ld <<'PY'
+python3 - "$bin" "$work/callgrind.out.1" "$work/callgrind.out.2" >"$work/hot-code.ld" <<'PY'
 import re, subprocess, sys
 binary, dumps = sys.argv[1], sys.argv[2:]
 # Own instructions (Ir) of each function of the binary in each phase, from callgrind's
@@ -118,16 +118,18 @@ for dump in dumps:
     cost.append({})
     names, objects, obj, fn, after_call = {}, {}, None, None, False
     for line in open(dump):
-        m = re.match(r"^(c?ob|c?fn|c?fi|c?fe)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+        m = re.match(r"^(c?ob|c?fn)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
         if m:
             kind, ident, name = m.groups()
-            table = objects if kind.endswith("ob") else names if kind.endswith("fn") else None
-            if table is not None and name:
-                table[ident] = name
+            if name:
+                (objects if kind.endswith("ob") else names)[ident] = name
             if kind == "ob":
                 obj = objects.get(ident)
             elif kind == "fn":
-                fn = names.get(ident) if obj == binary else None
+                # valgrind names the object of code outside `.text` (the `.text.hot` this
+                # script lays out, in a build that has it) "???"; the symbol check below keeps
+                # the binary's own functions.
+                fn = names.get(ident) if obj in (binary, "???") else None
                 if fn:
                     cost[-1].setdefault(fn, 0)
             continue
@@ -182,4 +184,6 @@ for phase, title in enumerate(["An idle node's functions.", "A working node's ot
         print(f"    *(.text.{p} .text.unlikely.{p})")
 print("  }\n}\nINSERT BEFORE .text;")
 PY
+# Replaced only once the script is whole.
+mv "$work/hot-code.ld" cli/hot-code.ld
 echo "hot-code: $(grep -c '^    \*(' cli/hot-code.ld) patterns in cli/hot-code.ld" >&2
