@@ -1303,6 +1303,46 @@ fn a_stalled_sse_reader_is_closed_at_the_sse_max_duration() {
     assert_serves(&mut server, "after a stalled SSE reader");
 }
 
+/// The same for the Pico protocol's SSE, with a stream small enough for the node's socket to
+/// take all of it: the response sends everything, waits at the tail, and writes its end at
+/// `--sse-max-duration-sec` without waiting. Its reader having read almost nothing, the
+/// response is not over then, and its connection closes, long before the request timeout.
+#[test]
+fn a_stalled_pico_sse_reader_is_closed_at_the_sse_max_duration() {
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--sse-max-duration-sec",
+        "3",
+        "--send-stall-timeout-sec",
+        "600",
+    ]);
+    server.put("/small", "application/octet-stream").expect(201);
+    let record = vec![b'r'; 8 << 10];
+    for _ in 0..16 {
+        server.post("/small", &record).expect(200);
+    }
+    let socket = TcpStream::connect(server.addr).unwrap();
+    common::small_receive_buffer(&socket);
+    (&socket)
+        .write_all(b"GET /small?seq=-1&live=sse HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    assert_eq!(peeked_answer(&socket).0, 200);
+    assert_eq!(metric_sum(&server, "pico_sse_streams"), 1);
+    common::wait_for(
+        "the stalled SSE response to end",
+        Duration::from_secs(60),
+        || (metric_sum(&server, "pico_sse_streams") == 0).then_some(()),
+    );
+    common::wait_for(
+        "the stalled SSE connection closed",
+        Duration::from_secs(60),
+        || (metric_sum(&server, "pico_http_connections") <= 1).then_some(()),
+    );
+    drop(socket);
+    assert_serves(&mut server, "after a stalled Pico SSE reader");
+}
+
 /// Readers that never read, measured (not asserted): RSS before and while they hold their
 /// answers, and whether their connections are closed. Default flags only, so it runs against
 /// any build (`--ignored --nocapture`; figures in BENCHMARKS.md, "Readers that never read").
