@@ -17,6 +17,7 @@ pub fn complete_redirect(response: &mut Response, request: &Request) {
         return;
     }
     if let Some((_, location)) = response.headers.iter_mut().find(|(n, _)| *n == "location") {
+        let location = location.to_mut();
         location.push_str(&request.path);
         if !request.query.is_empty() {
             location.push('?');
@@ -47,7 +48,7 @@ mod tests {
         complete_redirect(&mut response, &request);
         let location = response.headers.iter().find(|(n, _)| *n == "location");
         assert_eq!(
-            location.map(|(_, v)| v.as_str()),
+            location.map(|(_, v)| v.as_ref()),
             Some("http://127.0.0.1:9/logs/a?offset=3&live=sse")
         );
         assert_eq!(response.body_len(), 0);

@@ -8,7 +8,7 @@ use pico_proto::header::*;
 use pico_proto::offset::format as format_offset;
 
 use crate::auth::Denied;
-use crate::transport::message::Response;
+use crate::transport::message::{allow_origin, HeaderValue, Response};
 
 pub(super) const EXPOSE_HEADERS: &str = "Stream-Next-Offset, Stream-Up-To-Date, Stream-Closed, Stream-Cursor, Stream-TTL, Stream-Expires-At, Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, stream-sse-data-encoding, etag, content-type, location";
 
@@ -18,7 +18,7 @@ pub struct DsError {
     pub(super) status: u16,
     pub(super) code: &'static str,
     pub(super) message: String,
-    pub(super) headers: Vec<(&'static str, String)>,
+    pub(super) headers: Vec<(&'static str, HeaderValue)>,
 }
 
 impl DsError {
@@ -35,7 +35,7 @@ impl DsError {
         DsError::new(400, "BAD_REQUEST", message)
     }
 
-    pub(super) fn with(mut self, name: &'static str, value: impl Into<String>) -> DsError {
+    pub(super) fn with(mut self, name: &'static str, value: impl Into<HeaderValue>) -> DsError {
         self.headers.push((name, value.into()));
         self
     }
@@ -175,10 +175,10 @@ pub fn connection_error(status: u16, message: &str) -> Response {
 
 pub(super) fn with_common(mut response: Response, origin: &str) -> Response {
     response.headers.extend([
-        ("x-content-type-options", "nosniff".to_string()),
-        ("cross-origin-resource-policy", "cross-origin".to_string()),
-        ("access-control-allow-origin", origin.to_string()),
-        ("access-control-expose-headers", EXPOSE_HEADERS.to_string()),
+        ("x-content-type-options", "nosniff".into()),
+        ("cross-origin-resource-policy", "cross-origin".into()),
+        ("access-control-allow-origin", allow_origin(origin)),
+        ("access-control-expose-headers", EXPOSE_HEADERS.into()),
     ]);
     response
 }

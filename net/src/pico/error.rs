@@ -5,7 +5,7 @@ use pico_engine::health::WAL_RETRY_AFTER_SEC;
 use pico_engine::{AppendError, CreateError, EngineError, ReadError, TrimError};
 use pico_proto::header::*;
 
-use crate::transport::message::Response;
+use crate::transport::message::{allow_origin, HeaderValue, Response};
 
 pub(super) const EXPOSE_HEADERS: &str = "Pico-Start-Seq, Pico-Next-Seq, Pico-Timestamp, Pico-Cursor, Pico-Up-To-Date, Pico-Closed, Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Expected-Seq, Pico-Received-Seq, Pico-TTL, Pico-Expires-At, Pico-Retention-Age, Pico-Retention-Bytes, Pico-Delete-On-Empty, etag, content-type, location";
 
@@ -15,7 +15,7 @@ pub struct ApiError {
     pub(super) code: &'static str,
     pub(super) message: String,
     pub(super) next_seq: Option<u64>,
-    pub(super) extra: Vec<(&'static str, String)>,
+    pub(super) extra: Vec<(&'static str, HeaderValue)>,
 }
 
 impl ApiError {
@@ -51,7 +51,7 @@ impl From<EngineError> for ApiError {
             EngineError::Overloaded {
                 retry_after_sec, ..
             } => ApiError {
-                extra: vec![("retry-after", retry_after_sec.to_string())],
+                extra: vec![("retry-after", retry_after_sec.to_string().into())],
                 ..ApiError::new(429, "overloaded", message)
             },
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
@@ -69,7 +69,7 @@ impl From<EngineError> for ApiError {
                 format!("{message}, which serves no Pico listener"),
             ),
             EngineError::Moved { address, .. } => ApiError {
-                extra: vec![("location", address)],
+                extra: vec![("location", address.into())],
                 ..ApiError::new(crate::routing::REDIRECT_STATUS, "moved", message)
             },
         }
@@ -94,13 +94,13 @@ impl From<AppendError> for ApiError {
                 ..ApiError::new(412, "match_failed", message)
             },
             AppendError::StaleProducerEpoch { current } => ApiError {
-                extra: vec![(PICO_PRODUCER_EPOCH, current.to_string())],
+                extra: vec![(PICO_PRODUCER_EPOCH, current.to_string().into())],
                 ..ApiError::new(403, "fenced", message)
             },
             AppendError::ProducerSequenceGap { expected, received } => ApiError {
                 extra: vec![
-                    (PICO_EXPECTED_SEQ, expected.to_string()),
-                    (PICO_RECEIVED_SEQ, received.to_string()),
+                    (PICO_EXPECTED_SEQ, expected.to_string().into()),
+                    (PICO_RECEIVED_SEQ, received.to_string().into()),
                 ],
                 ..ApiError::new(409, "sequence_gap", message)
             },
@@ -112,11 +112,11 @@ impl From<AppendError> for ApiError {
             }
             AppendError::Durability { .. } => ApiError::new(500, "durability", message),
             AppendError::OutOfSpace { .. } => ApiError {
-                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string().into())],
                 ..ApiError::new(507, "insufficient_storage", message)
             },
             AppendError::WritesStopped { .. } => ApiError {
-                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string())],
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string().into())],
                 ..ApiError::new(503, "unavailable", message)
             },
         }
@@ -207,7 +207,7 @@ pub(super) fn with_common(mut response: Response, origin: &str) -> Response {
         .push(("cross-origin-resource-policy", "same-origin".into()));
     response
         .headers
-        .push(("access-control-allow-origin", origin.into()));
+        .push(("access-control-allow-origin", allow_origin(origin)));
     response
         .headers
         .push(("access-control-expose-headers", EXPOSE_HEADERS.into()));

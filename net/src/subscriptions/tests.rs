@@ -69,7 +69,7 @@ struct Node {
 
 struct Answer {
     status: u16,
-    headers: Vec<(&'static str, String)>,
+    headers: Vec<(&'static str, crate::transport::message::HeaderValue)>,
     body: Value,
 }
 

@@ -563,7 +563,7 @@ async fn send_response(
 ) -> Result<(), h2::Error> {
     let mut builder = http::Response::builder().status(response.status);
     for (name, value) in &response.headers {
-        builder = builder.header(*name, value.as_str());
+        builder = builder.header(*name, value.as_ref());
     }
     let no_body = head_only || response.status == 204 || response.status == 304;
     let body_len = response.body_len();

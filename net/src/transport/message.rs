@@ -57,9 +57,21 @@ impl Body {
 }
 
 /// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
+/// A response header's value: most are constants (the CORS and content-type headers of every
+/// answer), which a response then carries without allocating.
+pub type HeaderValue = std::borrow::Cow<'static, str>;
+
+/// The `Access-Control-Allow-Origin` value for `origin`, borrowed when it is `*` (most answers).
+pub fn allow_origin(origin: &str) -> HeaderValue {
+    match origin {
+        "*" => HeaderValue::Borrowed("*"),
+        origin => HeaderValue::Owned(origin.to_owned()),
+    }
+}
+
 pub struct Response {
     pub status: u16,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<(&'static str, HeaderValue)>,
     pub body: Body,
 }
 
@@ -181,7 +193,7 @@ impl Response {
             .with_live(live)
     }
 
-    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Response {
+    pub fn header(mut self, name: &'static str, value: impl Into<HeaderValue>) -> Response {
         self.headers.push((name, value.into()));
         self
     }

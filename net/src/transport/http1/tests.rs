@@ -497,3 +497,41 @@ fn expectations_other_than_100_continue_are_417() {
         assert_eq!(expect(other), 417, "Expect: {other}");
     }
 }
+
+/// A response's head is its status line, its headers in order (constant and built values
+/// alike), `content-length` for a body and no length for a status without one; the body
+/// follows in the same write when it is small.
+#[test]
+fn a_response_head_is_written_in_order_with_its_length() {
+    let writes = glommio::LocalExecutor::default().run(async {
+        let mut socket = Writes::default();
+        let created = Response::new(201)
+            .header("location", format!("/s/{}", 7))
+            .header("cache-control", "no-store")
+            .with_body(Bytes::from(vec![b'x'; 1234]));
+        super::write::write_response(&mut socket, created, false, true)
+            .await
+            .expect("written");
+        let empty = Response::new(204).header("stream-next-offset", "0_0");
+        super::write::write_response(&mut socket, empty, false, false)
+            .await
+            .expect("written");
+        socket.0
+    });
+    let writes: Vec<String> = writes
+        .into_iter()
+        .map(|w| String::from_utf8(w).unwrap())
+        .collect();
+    assert_eq!(
+        writes[0],
+        format!(
+            "HTTP/1.1 201 Created\r\nlocation: /s/7\r\ncache-control: no-store\r\n\
+             content-length: 1234\r\n\r\n{}",
+            "x".repeat(1234)
+        )
+    );
+    assert_eq!(
+        writes[1],
+        "HTTP/1.1 204 No Content\r\nstream-next-offset: 0_0\r\nconnection: close\r\n\r\n"
+    );
+}

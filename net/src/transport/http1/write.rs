@@ -20,6 +20,21 @@ pub(super) fn reason(status: u16) -> &'static str {
         .unwrap_or("Status")
 }
 
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
 /// Sends `response`; for a live response only its head, and hands the events back
 /// (`Ok(Some(events))`) for the caller to drive (`transport/drive.rs`). Written apart, the
 /// stream does not keep this future and the request's alive for as long as it lives: an SSE
@@ -30,16 +45,19 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     head_only: bool,
     keep_alive: bool,
 ) -> std::io::Result<Option<LiveBody>> {
-    use std::fmt::Write;
-    let mut head = String::with_capacity(256);
-    let _ = write!(
-        head,
-        "HTTP/1.1 {} {}\r\n",
-        response.status,
-        reason(response.status)
-    );
+    // Pushed piece by piece: `write!` costs more per header than the copy (its share of a
+    // small append's CPU was 2 %).
+    let mut head = String::with_capacity(512);
+    head.push_str("HTTP/1.1 ");
+    push_decimal(&mut head, u64::from(response.status));
+    head.push(' ');
+    head.push_str(reason(response.status));
+    head.push_str("\r\n");
     for (name, value) in &response.headers {
-        let _ = write!(head, "{name}: {value}\r\n");
+        head.push_str(name);
+        head.push_str(": ");
+        head.push_str(value);
+        head.push_str("\r\n");
     }
     let no_body_status = response.status == 204 || response.status == 304 || response.status < 200;
     if let Some(body) = response.take_live() {
@@ -59,7 +77,9 @@ pub(super) async fn write_response<S: AsyncWrite + Unpin>(
     }
     let body_len = response.body_len();
     if !no_body_status {
-        let _ = write!(head, "content-length: {body_len}\r\n");
+        head.push_str("content-length: ");
+        push_decimal(&mut head, body_len as u64);
+        head.push_str("\r\n");
     }
     if !keep_alive {
         head.push_str("connection: close\r\n");
