@@ -478,16 +478,18 @@ impl StreamState {
     }
 }
 
-/// Compares the MIME base types (before `;`), case-insensitively.
+/// Compares the MIME base types (before `;`), case-insensitively. Every append with a
+/// content type asks, so it allocates nothing.
 pub fn mime_base_eq(a: &str, b: &str) -> bool {
-    let base = |s: &str| {
-        s.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase()
-    };
-    base(a) == base(b)
+    mime_base(a).eq_ignore_ascii_case(mime_base(b))
+}
+
+/// A content type's base type: what comes before its parameters, trimmed.
+pub fn mime_base(content_type: &str) -> &str {
+    content_type
+        .split_once(';')
+        .map_or(content_type, |(base, _)| base)
+        .trim()
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +35,7 @@ impl Shutdown {
         let local = CoreShutdown {
             inner: Rc::new(Local {
                 set: Cell::new(false),
-                waiters: RefCell::new(HashMap::new()),
+                waiters: RefCell::new(HashMap::default()),
                 next_id: Cell::new(0),
             }),
         };
@@ -56,8 +57,31 @@ impl Shutdown {
 struct Local {
     set: Cell<bool>,
     /// Tasks waiting for the signal, by wait id (a dropped wait removes its entry).
-    waiters: RefCell<HashMap<u64, Waker>>,
+    waiters: RefCell<HashMap<u64, Waker, BuildHasherDefault<WaitIdHasher>>>,
     next_id: Cell<u64>,
+}
+
+/// Hashes a wait id by one multiplication. The ids are the core's own counter, never a peer's
+/// input, so they need none of SipHash's resistance to chosen keys; every request waits once,
+/// and SipHash cost more than the rest of its wait.
+#[derive(Default)]
+struct WaitIdHasher(u64);
+
+impl Hasher for WaitIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(self.0 ^ u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        // Fibonacci hashing: consecutive ids spread over the high bits hashbrown tags with.
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// One core's view of the stop signal.

@@ -293,3 +293,16 @@ fn recreate_compares_configuration() {
     assert!(state.check_recreate(&other, false, None).is_err());
     assert!(state.check_recreate(&config(), true, None).is_err());
 }
+
+#[test]
+fn content_types_compare_by_base_type_whatever_the_case_and_parameters() {
+    assert!(mime_base_eq(
+        "application/json",
+        "Application/JSON; charset=utf-8"
+    ));
+    assert!(mime_base_eq(" text/plain ", "text/plain;format=flowed"));
+    assert!(mime_base_eq("", ";x=y"));
+    assert!(!mime_base_eq("application/json", "application/json-seq"));
+    assert!(!mime_base_eq("text/plain", "text/html; charset=utf-8"));
+    assert_eq!(mime_base("Text/Plain ; charset=utf-8"), "Text/Plain");
+}
