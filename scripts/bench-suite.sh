@@ -135,6 +135,9 @@ echo
 # An idle node's memory, side by side likewise.
 PICO_BIN=$PICO_BIN scripts/bench-idle-memory.sh
 echo
+# User-space instructions per small append (callgrind; skipped without valgrind).
+PICO_BIN=$PICO_BIN scripts/bench-instructions.sh
+echo
 # The segment catalog's size and the metadata bytes written per MiB of segments (SQLite, and
 # Postgres when PICOMQ_PG_URL is set).
 PICO_BIN=$PICO_BIN scripts/bench-catalog.sh "$duration"
