@@ -1279,28 +1279,38 @@ fn a_stalled_sse_reader_is_closed_at_the_sse_max_duration() {
         "--send-stall-timeout-sec",
         "600",
     ]);
+    assert_stalled_sse_reader_closed(
+        &mut server,
+        "/big?offset=-1&live=sse",
+        "after a stalled SSE reader",
+    );
+}
+
+/// Opens an SSE read of `target` on a connection that never reads, and waits until the
+/// response has ended and its connection is closed; then checks the node still serves.
+fn assert_stalled_sse_reader_closed(server: &mut Server, target: &str, context: &str) {
     let socket = TcpStream::connect(server.addr).unwrap();
     common::small_receive_buffer(&socket);
     (&socket)
-        .write_all(b"GET /big?offset=-1&live=sse HTTP/1.1\r\nHost: a\r\n\r\n")
+        .write_all(format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
         .unwrap();
     assert_eq!(peeked_answer(&socket).0, 200);
-    assert_eq!(metric_sum(&server, "pico_sse_streams"), 1);
+    assert_eq!(metric_sum(server, "pico_sse_streams"), 1);
     // 3 s, and a second for its last events: the response (and its reads) are gone well
     // before the stall timeout, though its reader never read.
     common::wait_for(
         "the stalled SSE response to end",
         Duration::from_secs(60),
-        || (metric_sum(&server, "pico_sse_streams") == 0).then_some(()),
+        || (metric_sum(server, "pico_sse_streams") == 0).then_some(()),
     );
     // Its connection is closed too (the response could not end cleanly).
     common::wait_for(
         "the stalled SSE connection closed",
         Duration::from_secs(60),
-        || (metric_sum(&server, "pico_http_connections") <= 1).then_some(()),
+        || (metric_sum(server, "pico_http_connections") <= 1).then_some(()),
     );
     drop(socket);
-    assert_serves(&mut server, "after a stalled SSE reader");
+    assert_serves(server, context);
 }
 
 /// The same for the Pico protocol's SSE, with a stream small enough for the node's socket to
@@ -1322,25 +1332,11 @@ fn a_stalled_pico_sse_reader_is_closed_at_the_sse_max_duration() {
     for _ in 0..16 {
         server.post("/small", &record).expect(200);
     }
-    let socket = TcpStream::connect(server.addr).unwrap();
-    common::small_receive_buffer(&socket);
-    (&socket)
-        .write_all(b"GET /small?seq=-1&live=sse HTTP/1.1\r\nHost: a\r\n\r\n")
-        .unwrap();
-    assert_eq!(peeked_answer(&socket).0, 200);
-    assert_eq!(metric_sum(&server, "pico_sse_streams"), 1);
-    common::wait_for(
-        "the stalled SSE response to end",
-        Duration::from_secs(60),
-        || (metric_sum(&server, "pico_sse_streams") == 0).then_some(()),
+    assert_stalled_sse_reader_closed(
+        &mut server,
+        "/small?seq=-1&live=sse",
+        "after a stalled Pico SSE reader",
     );
-    common::wait_for(
-        "the stalled SSE connection closed",
-        Duration::from_secs(60),
-        || (metric_sum(&server, "pico_http_connections") <= 1).then_some(()),
-    );
-    drop(socket);
-    assert_serves(&mut server, "after a stalled Pico SSE reader");
 }
 
 /// Readers that never read, measured (not asserted): RSS before and while they hold their
