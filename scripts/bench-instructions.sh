@@ -2,10 +2,11 @@
 # User-space instructions per request (BENCHMARKS.md, "Instructions per request"): a node on
 # one core under valgrind's callgrind takes small appends over HTTP/1.1 (`h2load --h1`, 16
 # connections, one request in flight on each), and the instructions all of its threads ran
-# while it answered them are divided by their count. Unlike requests/s, the figure does not
-# move with the machine's load or a virtual CPU's neighbours (run to run it moves by under
-# 1 %), so it shows what a change to the request path costs or saves; it leaves out the
-# kernel's share (half of a small append's CPU time, see W1) and says nothing of waiting.
+# while it answered them are divided by their count. Unlike requests/s, the figure barely
+# moves with the machine's load or a virtual CPU's neighbours (run to run by under 1 % on an
+# idle machine, 1.5 % beside a build), so it shows what a change to the request path costs or
+# saves; it leaves out the kernel's share (half of a small append's CPU time, see W1) and says
+# nothing of waiting.
 #
 #   scripts/bench-instructions.sh [REQUESTS]      (default 20000, after 2,000 to warm up)
 #   PICO_BIN=/path/to/pico compares another build (default: a release build of this checkout).
