@@ -1370,3 +1370,24 @@ fn large_reads_on_one_keep_alive_connection_arrive_intact() {
         assert!(r.body == expected, "bytes differ from seq {start}");
     }
 }
+
+/// A batch's content type is recognised by its base type, whatever its case and parameters:
+/// a JSON batch sent so is two records, not one record of JSON text.
+#[test]
+fn batch_content_types_match_whatever_the_case_and_parameters() {
+    let s = Server::start(&[]);
+    s.put("/b", "application/octet-stream").expect(201);
+    let json_batch = [(
+        "content-type",
+        " Application/VND.PicoMQ.Batch+JSON ; charset=utf-8",
+    )];
+    let r = req(
+        &s,
+        "POST",
+        "/b",
+        &json_batch,
+        b"{\"records\":[{\"body\":\"a\"},{\"body\":\"b\"}]}",
+    );
+    r.expect(200);
+    assert_eq!(r.h_u64("pico-next-seq") - r.h_u64("pico-start-seq"), 2);
+}

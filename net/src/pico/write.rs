@@ -150,26 +150,18 @@ pub(super) async fn append(core: &Rc<CoreHandle>, request: &Request) -> Result<R
     let records = if request.body.is_empty() {
         Vec::new()
     } else {
-        let content_type = request.header("content-type").unwrap_or("");
-        let base = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        match base.as_str() {
-            codec::BINARY_BATCH_TYPE => {
-                codec::decode_binary_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
-                    .map_err(|e| ApiError::bad_request(e.to_string()))?
-            }
-            codec::JSON_BATCH_TYPE => {
-                codec::decode_json_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
-                    .map_err(|e| ApiError::bad_request(e.to_string()))?
-            }
-            _ => vec![RecordInput {
+        let base = pico_engine::rules::mime_base(request.header("content-type").unwrap_or(""));
+        if base.eq_ignore_ascii_case(codec::BINARY_BATCH_TYPE) {
+            codec::decode_binary_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?
+        } else if base.eq_ignore_ascii_case(codec::JSON_BATCH_TYPE) {
+            codec::decode_json_batch(&request.body, limits::RECORDS_PER_APPEND_MAX)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?
+        } else {
+            vec![RecordInput {
                 headers: Vec::new(),
                 body: request.body.clone(),
-            }],
+            }]
         }
     };
     if records.is_empty() && !close {

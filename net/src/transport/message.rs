@@ -56,7 +56,6 @@ impl Body {
     }
 }
 
-/// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
 /// A response header's value: most are constants (the CORS and content-type headers of every
 /// answer), which a response then carries without allocating.
 pub type HeaderValue = std::borrow::Cow<'static, str>;
@@ -69,6 +68,7 @@ pub fn allow_origin(origin: &str) -> HeaderValue {
     }
 }
 
+/// A response; `head_only` drops the body on the wire but keeps its length (HEAD).
 pub struct Response {
     pub status: u16,
     pub headers: Vec<(&'static str, HeaderValue)>,
