@@ -63,7 +63,7 @@ struct Local {
 
 /// Hashes a wait id by one multiplication. The ids are the core's own counter, never a peer's
 /// input, so they need none of SipHash's resistance to chosen keys; every request waits once,
-/// and SipHash cost more than the rest of its wait.
+/// and SipHash costs more than the rest of its wait.
 #[derive(Default)]
 struct WaitIdHasher(u64);
 

@@ -18,8 +18,8 @@ pub(super) const ALLOW_METHODS: &str = "GET, POST, PUT, DELETE, HEAD, OPTIONS";
 pub(super) const ALLOW_HEADERS: &str = "content-type, authorization, if-none-match, Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, Producer-Seq";
 
 /// Where `/__ds/` (consumers and subscriptions) starts in `path`, if it does. A plain window
-/// scan: `str::find` prepares a substring searcher first, which cost more than the scan of a
-/// stream's path in every request.
+/// scan: `str::find` prepares a substring searcher first, which costs more than scanning a
+/// stream's path, in every request.
 fn control_at(path: &str) -> Option<usize> {
     path.as_bytes().windows(6).position(|w| w == b"/__ds/")
 }

@@ -91,7 +91,8 @@ impl std::fmt::Debug for Response {
 }
 
 /// Headers a response has room for from the start: a Durable Streams answer carries six to
-/// eight (its own and the four CORS headers), which grown from empty took three allocations.
+/// eight (its own and the four CORS headers), which grown from empty would take three
+/// allocations.
 const RESPONSE_HEADERS_RESERVED: usize = 8;
 
 impl Response {

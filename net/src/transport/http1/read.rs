@@ -65,10 +65,9 @@ async fn read_arriving<S: AsyncRead + Unpin>(
 }
 
 thread_local! {
-    /// [`read_arriving`]'s scratch, one per thread (a core's connections take turns with it):
-    /// zeroed once instead of at every poll. Zeroing 4 KiB on the stack twice per request was
-    /// a quarter of the user-space instructions of a small append. Only the bytes a read put
-    /// in it are ever copied out.
+    /// [`read_arriving`]'s scratch, one per thread (a core's connections take turns with it),
+    /// zeroed once: zeroing 4 KiB at every poll, twice a request, would be a quarter of a small
+    /// append's user-space instructions. Only the bytes a read put in it are ever copied out.
     static ARRIVING_SCRATCH: std::cell::RefCell<Box<[u8; ARRIVING_READ_BYTES_MAX]>> =
         std::cell::RefCell::new(Box::new([0; ARRIVING_READ_BYTES_MAX]));
 }
