@@ -24,7 +24,9 @@
 //!
 //!     FAULT_TEST_SEC=1800 cargo test -p pico-cli --test fault_history -- --include-ignored --nocapture
 //!
-//! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies). Without
+//! and `FAULT_SEED=<n>` replays a schedule of faults (thread timing still varies);
+//! `FAULT_KINDS=Kill,StoreRestart` keeps only the faults it names. Each fault is printed with
+//! its time, on the clock the history's times use. Without
 //! root (no tmpfs) the disk-full fault is left out, with a note (a failure under `CI=true`).
 //!
 //! In both Postgres profiles the nodes reach Postgres through the fault proxy
@@ -522,6 +524,25 @@ struct Services {
     store_endpoint: Option<String>,
 }
 
+/// `kinds`, or those of them `FAULT_KINDS` names (`FAULT_KINDS=Kill,StoreRestart`), to chase a
+/// failure with fewer faults around it.
+fn only_kinds(kinds: &[Fault]) -> Vec<Fault> {
+    let Ok(names) = std::env::var("FAULT_KINDS") else {
+        return kinds.to_vec();
+    };
+    let wanted: Vec<&str> = names.split(',').map(str::trim).collect();
+    let kept: Vec<Fault> = kinds
+        .iter()
+        .copied()
+        .filter(|kind| wanted.contains(&format!("{kind:?}").as_str()))
+        .collect();
+    assert!(
+        !kept.is_empty(),
+        "FAULT_KINDS={names} names none of {kinds:?}"
+    );
+    kept
+}
+
 fn duration_and_seed() -> (Duration, u64) {
     let duration = Duration::from_secs(
         std::env::var("FAULT_TEST_SEC")
@@ -830,6 +851,8 @@ fn run_fault_test(
     expect: Expect,
 ) {
     let (duration, seed) = duration_and_seed();
+    let kinds = only_kinds(kinds);
+    let kinds = kinds.as_slice();
     // A control needs a few faults to show its loss, not a soak's worth.
     let duration = match expect {
         Expect::Kept => duration,
@@ -880,6 +903,10 @@ fn run_fault_test(
         *injected.entry(kind).or_default() += 1;
         let outage = Duration::from_millis(1000 + schedule.next(2000));
         let victim = schedule.next(nodes.len() as u64) as usize;
+        eprintln!(
+            "fault test: {} ms: {kind:?} (node {victim}, outage {outage:?})",
+            shared.now_ms()
+        );
         // A control's splits take the nodes in turn: within three of them the owner of every
         // written stream has been cut off, so its short run shows the loss whichever node the
         // placement chose (a random victim can spare the owner every time).

@@ -176,7 +176,20 @@ pub fn boot_with_clock(
     // Two nodes on one WAL directory would recover (and delete) each other's live files.
     let wal_lock = lock_dir(&config.wal_dir)?;
     let url = MetaUrl::parse(meta_url).map_err(BootError::Meta)?;
-    let (meta, mut snapshot) = MetaStore::open(&url).map_err(BootError::Meta)?;
+    // A cluster node reads the catalog only once it has registered (below): from then on no
+    // earlier incarnation of it can commit, and the snapshot holds everything one did commit.
+    // Read before, a segment an earlier incarnation was committing meanwhile (still running,
+    // frozen, or killed with its COMMIT on the wire) would be acknowledged there and missing
+    // here, and this node would hand out its offsets again.
+    let (meta, early_snapshot) = if cluster.is_some() {
+        (
+            MetaStore::open_unloaded(&url).map_err(BootError::Meta)?,
+            None,
+        )
+    } else {
+        let (meta, snapshot) = MetaStore::open(&url).map_err(BootError::Meta)?;
+        (meta, Some(snapshot))
+    };
     let uri = StorageUri::parse(storage).map_err(BootError::Store)?;
     let store = ObjectStore::open(&uri).map_err(BootError::Store)?;
     let mut report = Vec::new();
@@ -216,6 +229,10 @@ pub fn boot_with_clock(
             }
             Some(Cluster::new(cluster_config, state, clock.clone()))
         }
+    };
+    let mut snapshot = match early_snapshot {
+        Some(snapshot) => snapshot,
+        None => wait(meta.load_snapshot())?,
     };
     let fence = cluster.as_ref().map(|c| (c.node_id(), c.node_epoch()));
     let recovered = recover_wal_files(

@@ -80,7 +80,9 @@ pub(crate) fn apply_command(db: &mut dyn Backend, command: Command) -> Pending {
         } => pending(reply, garbage(db, sealed_before_ms)),
         Command::DropSegments { keys, reply } => pending(reply, drop_segments(db, &keys)),
         Command::Job(job) => job.run(db),
-        Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
+        Command::Snapshot { .. } | Command::Shutdown => {
+            unreachable!("run() splits the batch at Snapshot and Shutdown")
+        }
     }
 }
 

@@ -51,11 +51,13 @@ pub(crate) fn startup_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaErr
 }
 
 /// The thread's loop: block for one command, drain what else is queued, apply as one batch.
+/// A snapshot is read in a read transaction of its own, after the commands before it; a
+/// shutdown answers the commands after it as closed and ends the loop.
 /// `committed` counts the transactions that committed (see `MetaStore::transactions_committed`).
 pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committed: &AtomicU64) {
     let mut batch = Vec::with_capacity(MAX_BATCH_COMMANDS);
     // `recv` fails only when every handle is gone and the queue is empty: nothing left to do.
-    while let Ok(first) = receiver.recv() {
+    'commands: while let Ok(first) = receiver.recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH_COMMANDS {
             match receiver.try_recv() {
@@ -63,18 +65,28 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committ
                 Err(_) => break,
             }
         }
-        let shutdown_at = batch
-            .iter()
-            .position(|command| matches!(command, Command::Shutdown));
-        let after_shutdown = shutdown_at.map(|at| batch.split_off(at));
-        if apply_batch(db.as_mut(), std::mem::take(&mut batch)) {
-            committed.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(rest) = after_shutdown {
-            // Commands that raced the shutdown: answered, never silently dropped.
-            rest.into_iter().for_each(answer_closed);
-            receiver.try_iter().for_each(answer_closed);
-            break;
+        loop {
+            let stop_at = batch.iter().position(|command| {
+                matches!(command, Command::Snapshot { .. } | Command::Shutdown)
+            });
+            let after = stop_at.map_or_else(Vec::new, |at| batch.split_off(at));
+            if apply_batch(db.as_mut(), std::mem::take(&mut batch)) {
+                committed.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut after = after.into_iter();
+            match after.next() {
+                None => break,
+                Some(Command::Snapshot { reply }) => {
+                    let _ = reply.send(startup_snapshot(db.as_mut()));
+                    batch.extend(after);
+                }
+                Some(_shutdown) => {
+                    // Commands that raced the shutdown: answered, never silently dropped.
+                    after.for_each(answer_closed);
+                    receiver.try_iter().for_each(answer_closed);
+                    break 'commands;
+                }
+            }
         }
     }
     log::debug!("{THREAD_NAME} thread stopped");
@@ -326,7 +338,9 @@ fn abandon(
             | Command::Commit { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Garbage { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Job(job) => job.refuse(MetaError::Storage(why.clone())),
-            Command::Shutdown => unreachable!("run() splits the batch at Shutdown"),
+            Command::Snapshot { .. } | Command::Shutdown => {
+                unreachable!("run() splits the batch at Snapshot and Shutdown")
+            }
         }
     }
     Err(why)

@@ -13,6 +13,7 @@ use crate::CreateOutcome;
 use crate::ForkRow;
 use crate::MetaError;
 use crate::SegmentRecord;
+use crate::Snapshot;
 use crate::StreamConfig;
 use crate::StreamRow;
 
@@ -59,6 +60,11 @@ pub(crate) enum Command {
     /// Any other command: runs in the batch's transaction like the rest, and answers its
     /// caller itself (see [`pending`]).
     Job(Box<dyn Job>),
+    /// A [`Snapshot`] of the whole catalog, read in a read transaction of its own after the
+    /// commands queued before this one (`MetaStore::load_snapshot`).
+    Snapshot {
+        reply: oneshot::Sender<Result<Snapshot, MetaError>>,
+    },
     /// Stop after the commands queued before this one.
     Shutdown,
 }
@@ -165,6 +171,7 @@ pub(crate) fn answer_closed(command: Command) {
             job.refuse(MetaError::Closed);
             Ok(())
         }
+        Command::Snapshot { reply } => reply.send(Err(MetaError::Closed)).map_err(drop),
         Command::Shutdown => Ok(()),
     };
 }

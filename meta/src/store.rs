@@ -77,6 +77,31 @@ impl MetaStore {
     /// executors run, not from one. The connection is made on the metadata thread itself, which
     /// owns it from then on.
     pub fn open(url: &MetaUrl) -> Result<(MetaStore, Snapshot), MetaError> {
+        let (store, snapshot) = MetaStore::start(url, true)?;
+        let snapshot = snapshot.ok_or_else(|| {
+            MetaError::Storage("the metadata thread loaded no snapshot".to_string())
+        })?;
+        Ok((store, snapshot))
+    }
+
+    /// [`MetaStore::open`] without the snapshot: a cluster node reads it with
+    /// [`MetaStore::load_snapshot`] once it has registered, so that nothing an earlier
+    /// incarnation of it commits can be missing from it (registering fences that incarnation).
+    pub fn open_unloaded(url: &MetaUrl) -> Result<MetaStore, MetaError> {
+        MetaStore::start(url, false).map(|(store, _)| store)
+    }
+
+    /// The whole catalog as one [`Snapshot`], read in a read transaction of its own once every
+    /// command queued before this call is answered. Reads every stream and segment: for a
+    /// node's start, not for serving.
+    pub fn load_snapshot(&self) -> Reply<Snapshot> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Snapshot { reply });
+        answer
+    }
+
+    /// Opens the metadata log (see [`MetaStore::open`]), with the startup snapshot when `load`.
+    fn start(url: &MetaUrl, load: bool) -> Result<(MetaStore, Option<Snapshot>), MetaError> {
         let url = url.clone();
         let (ready, started) = mpsc::sync_channel(1);
         let (commands, receiver) = crossbeam_channel::unbounded();
@@ -86,7 +111,11 @@ impl MetaStore {
             .name(THREAD_NAME.to_string())
             .spawn(move || {
                 let opened = open_backend(&url).and_then(|mut db| {
-                    let snapshot = startup_snapshot(db.as_mut())?;
+                    let snapshot = if load {
+                        Some(startup_snapshot(db.as_mut())?)
+                    } else {
+                        None
+                    };
                     Ok((db, snapshot))
                 });
                 match opened {

@@ -12,6 +12,10 @@ pub(super) struct Shared {
     pub(super) armed_losses: AtomicU64,
     /// [`Fault::LoseCommitAnswerAfter`]s not used yet, in the order injected.
     pub(super) armed_after: Mutex<Vec<&'static str>>,
+    /// [`Fault::DelayStatementsFrom`]s not used yet, in the order injected.
+    pub(super) armed_delays: Mutex<Vec<(&'static str, Duration)>>,
+    /// [`Fault::DelayStatementsFrom`]s that found their statement.
+    pub(super) delays_started: AtomicU64,
     pub(super) answers_held_until: Mutex<Option<Instant>>,
     pub(super) statements_delayed_until: Mutex<Option<Instant>>,
     /// Open connections by id.
@@ -110,6 +114,17 @@ impl Shared {
         let mut after = lock(&self.armed_after);
         let matching = after.iter().position(|statement| ran.contains(statement));
         matching.map(|at| after.remove(at)).is_some()
+    }
+
+    /// The delay armed for a statement of text `sql`, used up; `None` when none is armed for
+    /// it.
+    pub(super) fn take_delay(&self, sql: &str) -> Option<Duration> {
+        let mut armed = lock(&self.armed_delays);
+        let at = armed
+            .iter()
+            .position(|(statement, _)| sql.contains(statement))?;
+        self.delays_started.fetch_add(1, Ordering::SeqCst);
+        Some(armed.remove(at).1)
     }
 
     pub(super) fn record_lost(&self, tag: String) {

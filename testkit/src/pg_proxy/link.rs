@@ -26,6 +26,9 @@ pub(super) struct Link {
     pub(super) server: TcpStream,
     pub(super) closed: AtomicBool,
     pub(super) turns: Mutex<Turns>,
+    /// Set by a [`Fault::DelayStatementsFrom`] that found its statement here: nothing more
+    /// is forwarded to the server until then.
+    pub(super) delayed_until: Mutex<Option<Instant>>,
 }
 
 /// Which answer belongs to which statement (see the module's doc).
@@ -92,6 +95,7 @@ pub(super) fn run_link(shared: &Arc<Shared>, client: TcpStream) {
         server,
         closed: AtomicBool::new(false),
         turns: Mutex::new(Turns::default()),
+        delayed_until: Mutex::new(None),
     });
     let id = shared.next_link.fetch_add(1, Ordering::SeqCst);
     {
@@ -156,12 +160,27 @@ pub(super) fn forward_statements(
         let mut forward = whole;
         let mut losing = false;
         let mut at = 0;
+        // Bytes of the buffer already written to the server (those before a delayed statement).
+        let mut written = 0;
         while at < whole {
             let message = next_message(&frames.buffer[at..whole])?.expect("whole messages");
+            let starts = at;
             at += message.len;
+            let executed: Option<Arc<str>> = match message.kind {
+                b'Q' => Some(text(message.body).into()),
+                b'E' => names.executed(message.body),
+                _ => None,
+            };
+            if let Some(delay) = executed.as_deref().and_then(|sql| shared.take_delay(sql)) {
+                shared.wait_out(&shared.statements_delayed_until, link);
+                server.write_all(&frames.buffer[written..starts])?;
+                written = starts;
+                extend(&link.delayed_until, delay);
+            }
+            shared.wait_out(&link.delayed_until, link);
             let turn = match message.kind {
                 b'Q' => {
-                    let sql: Arc<str> = text(message.body).into();
+                    let sql: Arc<str> = executed.expect("a Query's text");
                     commits = ends_with_commit(&sql);
                     ran.add(sql);
                     true
@@ -175,7 +194,7 @@ pub(super) fn forward_statements(
                     false
                 }
                 b'E' => {
-                    if let Some(sql) = names.executed(message.body) {
+                    if let Some(sql) = executed {
                         commits |= ends_with_commit(&sql);
                         ran.add(sql);
                     }
@@ -201,7 +220,7 @@ pub(super) fn forward_statements(
             }
         }
         shared.wait_out(&shared.statements_delayed_until, link);
-        server.write_all(&frames.buffer[..forward])?;
+        server.write_all(&frames.buffer[written..forward])?;
         if losing {
             return Ok(Ended::Losing);
         }

@@ -1,7 +1,8 @@
 //! A fault proxy in front of Postgres, for tests: it forwards each client connection to the
 //! real server and, when a test says so, loses the answer to a COMMIT (the server committed,
 //! the client sees its connection cut: the outcome is unknown to it), holds the server's
-//! answers, delays the client's statements, cuts every open connection, or refuses new ones.
+//! answers, delays the client's statements (all of them, or one connection's from a given
+//! statement on), cuts every open connection, or refuses new ones.
 //!
 //! ```text
 //!   test ── PgProxy::inject(Fault) ──▶ Shared: armed losses, hold deadlines, open links
@@ -140,6 +141,12 @@ pub enum Fault {
     /// Nothing the clients send reaches the server for this long from now: statements sent
     /// meanwhile reach it, in order, when it ends.
     DelayStatements(Duration),
+    /// The next statement (on any connection) whose text contains this, and everything its
+    /// connection sends after it, reach the server this much later (a Query's text, or a
+    /// prepared statement's when a portal Executes it). Statements sent before it, on that
+    /// connection and the others, go on: one client is held at one point (a node's
+    /// registration, say) while the others run.
+    DelayStatementsFrom(&'static str, Duration),
     /// Every open connection is cut now, both ways (new ones are accepted).
     CutAll,
     /// While `true`, new connections are closed as soon as they are accepted.
@@ -183,6 +190,8 @@ impl PgProxy {
             refuse: AtomicBool::new(false),
             armed_losses: AtomicU64::new(0),
             armed_after: Mutex::new(Vec::new()),
+            armed_delays: Mutex::new(Vec::new()),
+            delays_started: AtomicU64::new(0),
             answers_held_until: Mutex::new(None),
             statements_delayed_until: Mutex::new(None),
             links: Mutex::new(HashMap::new()),
@@ -238,19 +247,32 @@ impl PgProxy {
             Fault::LoseCommitAnswerAfter(statement) => lock(&shared.armed_after).push(statement),
             Fault::HoldAnswers(period) => extend(&shared.answers_held_until, period),
             Fault::DelayStatements(period) => extend(&shared.statements_delayed_until, period),
+            Fault::DelayStatementsFrom(statement, period) => {
+                lock(&shared.armed_delays).push((statement, period));
+            }
             Fault::CutAll => shared.cut_all(),
             Fault::Refuse(refuse) => shared.refuse.store(refuse, Ordering::SeqCst),
         }
     }
 
-    /// Ends every fault still in force: armed losses, holds and delays, refusing.
+    /// Ends every fault still in force: armed losses, holds and delays (a connection held by
+    /// [`Fault::DelayStatementsFrom`] goes on at once), refusing.
     pub fn heal(&self) {
         let shared = &self.shared;
         shared.armed_losses.store(0, Ordering::SeqCst);
         lock(&shared.armed_after).clear();
+        lock(&shared.armed_delays).clear();
+        for link in lock(&shared.links).values() {
+            *lock(&link.delayed_until) = None;
+        }
         *lock(&shared.answers_held_until) = None;
         *lock(&shared.statements_delayed_until) = None;
         shared.refuse.store(false, Ordering::SeqCst);
+    }
+
+    /// How many [`Fault::DelayStatementsFrom`]s found their statement (their delay began).
+    pub fn delays_started(&self) -> u64 {
+        self.shared.delays_started.load(Ordering::SeqCst)
     }
 
     /// [`Fault::LoseCommitAnswer`]s and [`Fault::LoseCommitAnswerAfter`]s injected and not
