@@ -96,6 +96,9 @@ pub enum NotOwnerReason {
     Retiring,
     /// The stream was just loaded again on this node.
     Reloaded,
+    /// Appends to a stream this core let go are still on their way to the catalog, which the
+    /// stream's state is loaded from once they are committed or refused.
+    Unsettled,
     /// The metadata log fenced this node's write (another node or a newer incarnation took
     /// over); the metadata store's message.
     Fenced(String),
@@ -401,6 +404,10 @@ impl std::fmt::Display for NotOwnerReason {
             NotOwnerReason::Reloaded => {
                 f.write_str("the stream was just loaded again on this node; retry")
             }
+            NotOwnerReason::Unsettled => f.write_str(
+                "appends this node took before it let the stream go are still on their way to \
+                 the metadata log; retry",
+            ),
             NotOwnerReason::Fenced(message) => write!(f, "{message}; retry"),
             NotOwnerReason::OutcomeUnknown(message) => write!(
                 f,

@@ -386,6 +386,148 @@ fn a_replacement_serves_what_the_incarnation_before_it_acknowledged_while_it_sta
     old.meta.shutdown();
 }
 
+/// A fenced metadata write whose outcome stays unknown (its COMMIT went through, the answer was
+/// lost and Postgres stayed out of reach while the node asked) makes the core let the stream go
+/// and read it back from the catalog before it takes anything. An append already on its way
+/// then (its segment's PUT held) is answered by its segment's commit, and the stream is read
+/// back only once that commit is done: nothing after it takes its offset. Before, the append
+/// was failed as "not appended" although its segment committed later, and the stream, read
+/// back before that commit, handed its offset to the next append: two committed segments
+/// claimed one offset, and a restart served the first in place of the acknowledged second.
+/// Takes about 30 s: the node asks that long whether the COMMIT went through.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn appends_on_their_way_when_a_stream_is_let_go_keep_their_offsets() {
+    use pico_testkit::pg_proxy::{Fault, PgProxy};
+    let Some(db) = PgDatabase::create("engine_unknown_outcome_settles") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let objects = dir.path().join("objects");
+    let (proxy, proxied_url) = PgProxy::in_front_of(db.url()).expect("start the Postgres proxy");
+    let node_epoch = pico_engine::now_ms() as u64;
+    let booted = boot_node_at(
+        &proxied_url,
+        dir.path(),
+        &objects,
+        node_epoch,
+        pico_engine::Durability::Object,
+        20,
+        LEASE_MS,
+    )
+    .expect("boot");
+    let store = booted.store.clone();
+    let seed = booted.seeds.into_iter().next().expect("one core");
+    let proxy = std::sync::Arc::new(proxy);
+    let faults = proxy.clone();
+    let (configured, answers, bodies) = common::executor()
+        .spawn(move || async move {
+            let core: Rc<CoreHandle> = CoreHandle::start(seed).await.expect("core starts");
+            core.create("/unknown/a", create()).await.expect("created");
+            let zero = core.append("/unknown/a", append("zero")).await;
+            store.faults().hold_next_put();
+            let one = {
+                let core = core.clone();
+                glommio::spawn_local(async move { core.append("/unknown/a", append("one")).await })
+            };
+            let deadline = Instant::now() + WAIT_BOUND;
+            while !store.faults().put_is_held() {
+                assert!(Instant::now() < deadline, "the segment's PUT was not held");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+            // A retention change commits, its answer is lost, and the node cannot ask again.
+            faults.inject(Fault::LoseCommitAnswerAfter("SET retention_age_ms"));
+            faults.inject(Fault::Refuse(true));
+            let change = pico_engine::RetentionChange {
+                age_ms: Some(Some(86_400_000)),
+                ..Default::default()
+            };
+            let configured = core
+                .configure("/unknown/a", change)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            faults.inject(Fault::Refuse(false));
+            // The next append reads the stream back from the catalog; it is refused (to retry)
+            // while the node reconnects to Postgres.
+            let two = {
+                let core = core.clone();
+                glommio::spawn_local(async move {
+                    loop {
+                        let answer = core.append("/unknown/a", append("two")).await;
+                        let refused = matches!(
+                            answer,
+                            Err(AppendError::Engine(
+                                EngineError::NotOwner(_) | EngineError::Storage(_)
+                            ))
+                        );
+                        if !refused || Instant::now() >= deadline {
+                            return answer;
+                        }
+                        glommio::timer::sleep(Duration::from_millis(100)).await;
+                    }
+                })
+            };
+            glommio::timer::sleep(Duration::from_millis(200)).await;
+            store.faults().release_held_put();
+            let answers = [zero, one.await, two.await];
+            let bodies = common::read_bodies(&core, "/unknown/a", 1 << 20).await;
+            (configured, answers, bodies)
+        })
+        .expect("executor")
+        .join()
+        .expect("join");
+    assert!(
+        configured
+            .as_ref()
+            .is_err_and(|e| e.contains("whether this change was stored is unknown")),
+        "the retention change's outcome: {configured:?}"
+    );
+    let offsets: Vec<Result<Option<u64>, String>> = answers
+        .iter()
+        .map(|answer| {
+            answer
+                .as_ref()
+                .map(|a| a.start_offset)
+                .map_err(|e| e.to_string())
+        })
+        .collect();
+    assert_eq!(offsets, [Ok(Some(0)), Ok(Some(1)), Ok(Some(2))]);
+    let bodies: Vec<(u64, String)> = bodies
+        .into_iter()
+        .map(|(offset, body)| (offset, String::from_utf8_lossy(&body).into_owned()))
+        .collect();
+    assert_eq!(
+        bodies,
+        [(0, "zero".into()), (1, "one".into()), (2, "two".into())]
+    );
+    // What a restart reads: the catalog holds each offset once.
+    let (row, _) = futures_lite::future::block_on(booted.meta.lookup_stream("/unknown/a"))
+        .expect("answered")
+        .expect("looked up")
+        .expect("registered");
+    let load = futures_lite::future::block_on(booted.meta.load_stream(row.id))
+        .expect("answered")
+        .expect("loaded")
+        .expect("the stream's row");
+    let mut runs: Vec<(u64, u64)> = load
+        .snapshot
+        .segments
+        .iter()
+        .flat_map(|segment| &segment.streams)
+        .flat_map(|entry| &entry.runs)
+        .map(|run| (run.first_offset, run.next_offset))
+        .collect();
+    runs.sort_unstable();
+    let mut next = 0;
+    for &(first, end) in &runs {
+        assert_eq!(first, next, "the catalog's runs of the stream: {runs:?}");
+        next = end;
+    }
+    assert_eq!(next, 3, "the catalog's runs of the stream: {runs:?}");
+    booted.meta.shutdown();
+}
+
 /// Boots node `NODE` at `node_epoch` with local durability on `db`, runs `f` on its one core,
 /// then stops without flushing (what a crash leaves: the appends in the WAL); the boot report.
 fn crash_after<F, Fut>(db: &PgDatabase, dir: &std::path::Path, node_epoch: u64, f: F) -> Vec<String>

@@ -38,11 +38,15 @@ impl Shard {
             }
             // The write may have committed or not: what this core holds of the stream may be
             // wrong either way (a delete that did commit leaves a stream that must take no
-            // append). It lets the stream go, failing what is pending; the next request reads
-            // the row back from the catalog before anything is accepted.
+            // append). It lets the stream go; the next request reads the row back from the
+            // catalog before anything is accepted, once the appends already on their way are
+            // committed or refused. Those are answered by their own segment's commit: the
+            // stream still belongs here at the same epoch, so they are stored unless the
+            // catalog refuses them (a delete that did commit), never failed as not stored
+            // while their commit may still land.
             Err(MetaError::Unknown(message)) => {
                 log::error!("core {}: {name}: {message}", self.core);
-                self.forget_stream(name, id, None);
+                self.let_go(name, id, None, false);
                 Err(NotOwnerReason::OutcomeUnknown(message).into())
             }
             Err(e) => Err(e.into()),
@@ -66,10 +70,31 @@ impl Shard {
     /// its pending appends fail, its readers wake up and are sent on (`to`: the new owner when
     /// known).
     pub(super) fn forget_stream(&self, name: &str, id: u64, to: Option<NodeId>) {
+        self.let_go(name, id, to, true);
+    }
+
+    /// Drops stream `name` (incarnation `id`) from this core; its readers wake up and are sent
+    /// on (`to`: the new owner when known). With `fence`, its pending appends fail; without,
+    /// each is answered by its segment's commit. Either way a load of any stream from the
+    /// catalog here first waits until the segments holding its frames are committed or
+    /// refused (`adopt`): read before, the catalog would lack those frames, and a stream
+    /// loaded again at the same owner epoch would hand their offsets out a second time.
+    fn let_go(&self, name: &str, id: u64, to: Option<NodeId>, fence: bool) {
         let removed = self.streams.remove(name, id);
         self.streams.remember_moved(name, to.unwrap_or(0));
         if let Some(stream) = removed {
-            self.journal.fence_acks(id, stream.epoch);
+            let unsettled = stream
+                .chunks
+                .iter()
+                .map(|chunk| chunk.segment)
+                .filter(|&no| !self.segments.uploaded(no))
+                .max();
+            if let Some(no) = unsettled {
+                self.streams.reload_after(no);
+            }
+            if fence {
+                self.journal.fence_acks(id, stream.epoch);
+            }
             for waiter in stream.waiters {
                 let _ = waiter.send(());
             }

@@ -93,6 +93,7 @@ impl Shard {
     /// acknowledged only what was stored, with object durability).
     pub(super) async fn adopt(self: &Rc<Self>, name: &str, id: u64) -> Result<(), EngineError> {
         let me = self.cluster.as_ref().map(|c| c.node_id());
+        self.settle_let_go().await?;
         let load = meta_answer(self.meta.load_stream(id).await)?;
         let Some(load) = load else {
             return Ok(()); // deleted meanwhile: not found
@@ -118,6 +119,22 @@ impl Shard {
             load.ownership.epoch
         );
         self.load_seeds(seeds);
+        Ok(())
+    }
+
+    /// Waits until the segments holding frames of streams this core let go are committed or
+    /// refused ([`Streams::reload_barrier`](super::streams::Streams::reload_barrier)), so that
+    /// a load from the catalog finds them; `Unsettled` (retry) when that takes longer than a
+    /// hand-off's flush may.
+    async fn settle_let_go(self: &Rc<Self>) -> Result<(), EngineError> {
+        let Some(barrier) = self.streams.reload_barrier() else {
+            return Ok(());
+        };
+        let timeout = Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS);
+        if !self.flush_through(barrier, timeout).await {
+            return Err(NotOwnerReason::Unsettled.into());
+        }
+        self.streams.settled_through(barrier);
         Ok(())
     }
 

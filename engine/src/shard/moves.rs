@@ -17,6 +17,11 @@ pub(super) struct Moves {
     remote: HashMap<Rc<str>, NodeId>,
     /// Streams being handed to another node.
     handing_off: HashSet<Rc<str>>,
+    /// The newest segment of this core that held frames of a stream it let go while they
+    /// were not in the catalog yet: no stream is loaded from the catalog here until every
+    /// segment up to it is committed or refused (`Shard::adopt`). One number for the core, not
+    /// one per stream: it only ever waits for segments already on their way.
+    reload_after: Option<u64>,
 }
 
 impl Moves {
@@ -48,5 +53,22 @@ impl Moves {
 
     pub(super) fn handing_off(&self, name: &str) -> bool {
         self.handing_off.contains(name)
+    }
+
+    /// Segment `no` held frames of a stream let go before they reached the catalog.
+    pub(super) fn reload_after(&mut self, no: u64) {
+        self.reload_after = Some(self.reload_after.map_or(no, |after| after.max(no)));
+    }
+
+    /// The segment loads from the catalog wait for, if any.
+    pub(super) fn reload_barrier(&self) -> Option<u64> {
+        self.reload_after
+    }
+
+    /// Every segment up to `no` is committed or refused.
+    pub(super) fn settled_through(&mut self, no: u64) {
+        if self.reload_after.is_some_and(|after| after <= no) {
+            self.reload_after = None;
+        }
     }
 }

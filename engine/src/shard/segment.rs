@@ -177,8 +177,14 @@ impl Shard {
     /// Seals the active segment and waits until it and every older one are stored and
     /// committed (unlike `flush`, appends to other streams may go on meanwhile).
     pub(super) async fn flush_through_active(self: &Rc<Self>, timeout: Duration) -> bool {
+        self.flush_through(self.journal.active_no(), timeout).await
+    }
+
+    /// Waits until segment `target` and every older one are stored and committed (or their
+    /// entries refused), sealing the active segment when it is one of them; `false` if
+    /// `timeout` ran out or the WAL failed.
+    pub(super) async fn flush_through(self: &Rc<Self>, target: u64, timeout: Duration) -> bool {
         let deadline = self.clock.now() + timeout;
-        let target = self.journal.active_no();
         loop {
             if self.journal.active_holds_frames_through(target) {
                 self.rotate();

@@ -146,6 +146,22 @@ impl Streams {
         self.handed_off.notify();
     }
 
+    /// Segment `no` held frames of a stream let go before they reached the catalog: loads
+    /// from the catalog wait until it is settled ([`Streams::reload_barrier`]).
+    pub(super) fn reload_after(&self, no: u64) {
+        self.moves.borrow_mut().reload_after(no);
+    }
+
+    /// The newest segment a load from the catalog must wait for (committed or refused), if any.
+    pub(super) fn reload_barrier(&self) -> Option<u64> {
+        self.moves.borrow().reload_barrier()
+    }
+
+    /// Every segment up to `no` is committed or refused.
+    pub(super) fn settled_through(&self, no: u64) {
+        self.moves.borrow_mut().settled_through(no);
+    }
+
     /// Waits until stream `name` is not being handed off.
     pub(super) async fn wait_hand_off(&self, name: &str) {
         while self.handing_off(name) {
