@@ -466,6 +466,14 @@ pub(crate) trait ClusterSql {
     /// The streams that already have an entry in the committed segment with this key (none
     /// when it is not committed).
     fn committed_streams(&mut self, key: &str) -> Result<Vec<i64>, MetaError>;
+    /// For each of these streams with entries in committed segments other than `except_key`:
+    /// the stream id, the key of the newest such segment (by commit order) and that entry's
+    /// runs (packed as `runs.rs` stores them).
+    fn newest_entries(
+        &mut self,
+        ids: &[i64],
+        except_key: &str,
+    ) -> Result<Vec<(i64, String, Vec<u8>)>, MetaError>;
     /// Moves these rows to `node` at their next owner epoch, clearing any pending transfer.
     fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError>;
     fn set_transfer(&mut self, id: i64, to: Option<i64>) -> Result<(), MetaError>;

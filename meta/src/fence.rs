@@ -178,6 +178,9 @@ pub(crate) fn commit_fenced(
         .iter()
         .filter_map(|entry| Some((entry.stream_id, refused(entry)?)))
         .collect();
+    for (id, overlap) in overlaps(db, &segment)? {
+        reasons.entry(id).or_insert(overlap);
+    }
     let mut fenced: Vec<u64> = segment
         .streams
         .iter()
@@ -214,6 +217,48 @@ pub(crate) fn commit_fenced(
         .retain(|entry| !fenced.contains(&entry.stream_id));
     crate::rows::commit(db, &segment)?;
     Ok(fenced)
+}
+
+/// The entries of `segment` whose records begin below the end of what the catalog already
+/// holds of their stream (its newest entry in another segment), each with why. Offsets are
+/// handed out once, so a writer whose view of a stream was stale (a bug, or a fault no fence
+/// caught) would commit a second record at an offset already committed, and a restart would
+/// serve one of them in place of the other: that entry is refused like a fenced one (its
+/// appends fail, or are quarantined with local durability) and said loudly. A commit of the
+/// same key again (a retry after a lost answer) is measured against the others.
+fn overlaps(
+    db: &mut dyn Backend,
+    segment: &SegmentRecord,
+) -> Result<Vec<(u64, String)>, MetaError> {
+    let firsts: HashMap<i64, u64> = segment
+        .streams
+        .iter()
+        .filter_map(|entry| {
+            let first = entry.runs.iter().map(|run| run.first_offset).min()?;
+            Some((i64::try_from(entry.stream_id).ok()?, first))
+        })
+        .collect();
+    let ids: Vec<i64> = firsts.keys().copied().collect();
+    let mut found = Vec::new();
+    for (id, key, runs) in sql(db)?.newest_entries(&ids, &segment.key)? {
+        let runs = crate::runs::decode(&runs).ok_or_else(|| {
+            MetaError::Storage(format!("segment {key}: stream {id}: damaged runs"))
+        })?;
+        let committed_end = runs.iter().map(|run| run.next_offset).max().unwrap_or(0);
+        let Some(&first) = firsts.get(&id) else {
+            continue;
+        };
+        if first < committed_end {
+            let why = format!(
+                "stream {id}: segment {}'s records from offset {first} overlap segment {key}'s, \
+                 committed to offset {committed_end}",
+                segment.key
+            );
+            log::error!("segment commit refused for {why}");
+            found.push((id as u64, why));
+        }
+    }
+    Ok(found)
 }
 
 pub(crate) fn node_i64(node: NodeId) -> i64 {

@@ -55,6 +55,7 @@
 //!   closed_by     BLOB NULL                  (v2)  one packed producer; NULL = none
 //!   writer_seq    TEXT NULL                  (v5)  last Stream-Seq accepted; NULL = none
 //!   PRIMARY KEY (segment_seq, ord), UNIQUE (segment_seq, stream_id)
+//!   segment_streams_stream_seq: (stream_id, segment_seq)  (v11; v6-v10: (stream_id))
 //!   all columns replaced as a whole when the segment is re-committed
 //!
 //! consumers        named consumers (v9): one row per consumer    row deleted on consumer delete
@@ -184,6 +185,11 @@ const MIGRATIONS: &[&str] = &[
     // every document.
     "ALTER TABLE consumers ADD COLUMN wake TEXT;
      CREATE INDEX consumers_wake ON consumers (scope) WHERE wake IS NOT NULL;",
+    // 11: a stream's entries by commit order, so a cluster's segment commit finds a stream's
+    // newest entry in one index step (its records must come after it: `fence.rs`); it serves
+    // the look-ups by stream alone that the index it replaces served.
+    "DROP INDEX segment_streams_stream;
+     CREATE INDEX segment_streams_stream_seq ON segment_streams (stream_id, segment_seq);",
 ];
 
 /// The schema version this build writes.
@@ -383,8 +389,8 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-        assert_eq!(SCHEMA_VERSION, 10);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(SCHEMA_VERSION, 11);
     }
 
     #[test]
@@ -392,6 +398,6 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
     }
 }

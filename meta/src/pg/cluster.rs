@@ -231,6 +231,33 @@ impl ClusterSql for Postgres {
             .map_err(storage("check a segment's committed entries"))
     }
 
+    fn newest_entries(
+        &mut self,
+        ids: &[i64],
+        except_key: &str,
+    ) -> Result<Vec<(i64, String, Vec<u8>)>, MetaError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
+        // One backward step of segment_streams_stream_seq per stream (past this key's entry,
+        // when it is a re-commit).
+        let rows = self.query(
+            "SELECT i.id, n.key, n.runs
+             FROM unnest($1::BIGINT[]) AS i (id)
+             CROSS JOIN LATERAL (
+                 SELECT s.key, e.runs FROM segment_streams e JOIN segments s ON s.seq = e.segment_seq
+                 WHERE e.stream_id = i.id AND s.key <> $2
+                 ORDER BY e.segment_seq DESC LIMIT 1) n",
+            &[&ids, &except_key],
+            "read streams' newest entries",
+        )?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("read streams' newest entries"))
+    }
+
     fn reassign(&mut self, ids: &[i64], node: i64) -> Result<(), MetaError> {
         let ids = ids.to_vec();
         self.execute(

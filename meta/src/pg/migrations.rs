@@ -90,6 +90,9 @@ const MIGRATIONS: &[&str] = &[
     // 10: a consumer's wake webhook (see the SQLite list).
     "ALTER TABLE consumers ADD COLUMN wake TEXT;
      CREATE INDEX consumers_wake ON consumers (scope) WHERE wake IS NOT NULL;",
+    // 11: a stream's entries by commit order (see the SQLite list).
+    "DROP INDEX segment_streams_stream;
+     CREATE INDEX segment_streams_stream_seq ON segment_streams (stream_id, segment_seq);",
 ];
 
 /// The schema version this build writes.
