@@ -121,15 +121,16 @@ impl Shard {
             .unwrap_or_default();
         if self.config.durability == Durability::Object {
             log::warn!(
-                "core {}: stream {id} moved to another node or was deleted; its unacknowledged \
-                 appends {runs} were refused",
+                "core {}: the catalog refused stream {id}'s records {runs} (it moved to another \
+                 node, was deleted, or they overlap committed ones); those appends failed",
                 self.core
             );
         } else {
             log::error!(
-                "core {}: stream {id} moved to another node or was deleted before segment {} \
-                 was stored: records {runs}, acknowledged with local durability, are not part of \
-                 the stream (quarantined: `pico admin quarantine ls`)",
+                "core {}: the catalog refused stream {id}'s records in segment {} (it moved to \
+                 another node or was deleted before they were stored, or they overlap committed \
+                 ones): records {runs}, acknowledged with local durability, are not part of the \
+                 stream (quarantined with the reason: `pico admin quarantine ls`)",
                 self.core,
                 record.key
             );
