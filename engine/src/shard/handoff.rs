@@ -131,7 +131,9 @@ impl Shard {
             return Ok(());
         };
         let timeout = Duration::from_millis(limits::HAND_OFF_FLUSH_TIMEOUT_MS);
-        if !self.flush_through(barrier, timeout).await {
+        // A failed WAL takes no append any more, so no offset can be handed out twice here:
+        // the stream is loaded for its readers.
+        if !self.flush_through(barrier, timeout).await && !self.journal.failed() {
             return Err(NotOwnerReason::Unsettled.into());
         }
         self.streams.settled_through(barrier);
