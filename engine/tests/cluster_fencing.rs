@@ -88,6 +88,30 @@ fn append(body: &str) -> AppendRequest {
     append_request(vec![record(body.to_owned())], false)
 }
 
+/// Where an append landed: its first offset, or its error in words.
+fn landed(ack: &Result<pico_engine::AppendAck, AppendError>) -> Result<Option<u64>, String> {
+    ack.as_ref()
+        .map(|a| a.start_offset)
+        .map_err(|e| e.to_string())
+}
+
+/// `(offset, body)` pairs with the bodies as text.
+fn texts(bodies: Vec<(u64, bytes::Bytes)>) -> Vec<(u64, String)> {
+    bodies
+        .into_iter()
+        .map(|(offset, body)| (offset, String::from_utf8_lossy(&body).into_owned()))
+        .collect()
+}
+
+/// Waits (bounded) until a PUT of `store` is held by `hold_next_put`.
+async fn until_put_held(store: &pico_s3::ObjectStore) {
+    let deadline = Instant::now() + WAIT_BOUND;
+    while !store.faults().put_is_held() {
+        assert!(Instant::now() < deadline, "the segment's PUT was not held");
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
@@ -134,11 +158,7 @@ fn no_append_of_a_segment_refused_at_commit_is_acknowledged() {
                     })
                 })
                 .collect();
-            let deadline = Instant::now() + WAIT_BOUND;
-            while !store.faults().put_is_held() {
-                assert!(Instant::now() < deadline, "the segment's PUT was not held");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
+            until_put_held(&store).await;
             // Each stream moves to node 2 the way a hand-off records it.
             for name in names {
                 let (row, ownership) = meta
@@ -215,11 +235,7 @@ fn a_superseded_incarnation_commits_and_acknowledges_nothing() {
                 let core = core.clone();
                 glommio::spawn_local(async move { core.append("/inc/a", append("old")).await })
             };
-            let deadline = Instant::now() + WAIT_BOUND;
-            while !store.faults().put_is_held() {
-                assert!(Instant::now() < deadline, "the segment's PUT was not held");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
+            until_put_held(&store).await;
             // The replacement registers: same id, newer epoch.
             let state = meta
                 .register_node(NODE, node_epoch + 1, "http://127.0.0.1:11", 1, LEASE_MS)
@@ -340,14 +356,9 @@ fn a_replacement_serves_what_the_incarnation_before_it_acknowledged_while_it_sta
         .expect("executor")
         .join()
         .expect("join");
-    let offset = |ack: &Result<pico_engine::AppendAck, AppendError>| {
-        ack.as_ref()
-            .map(|a| a.start_offset)
-            .map_err(|e| e.to_string())
-    };
-    assert_eq!(offset(&before), Ok(Some(0)));
+    assert_eq!(landed(&before), Ok(Some(0)));
     assert_eq!(
-        offset(&during),
+        landed(&during),
         Ok(Some(1)),
         "the old incarnation acknowledges while the replacement is not registered yet"
     );
@@ -366,16 +377,12 @@ fn a_replacement_serves_what_the_incarnation_before_it_acknowledged_while_it_sta
         .join()
         .expect("join");
     assert_eq!(
-        offset(&after),
+        landed(&after),
         Ok(Some(2)),
         "the replacement's first append comes after everything acknowledged before it"
     );
-    let bodies: Vec<(u64, String)> = bodies
-        .into_iter()
-        .map(|(offset, body)| (offset, String::from_utf8_lossy(&body).into_owned()))
-        .collect();
     assert_eq!(
-        bodies,
+        texts(bodies),
         [
             (0, "before".into()),
             (1, "during".into()),
@@ -430,11 +437,7 @@ fn appends_on_their_way_when_a_stream_is_let_go_keep_their_offsets() {
                 let core = core.clone();
                 glommio::spawn_local(async move { core.append("/unknown/a", append("one")).await })
             };
-            let deadline = Instant::now() + WAIT_BOUND;
-            while !store.faults().put_is_held() {
-                assert!(Instant::now() < deadline, "the segment's PUT was not held");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
+            until_put_held(&store).await;
             // A retention change commits, its answer is lost, and the node cannot ask again.
             faults.inject(Fault::LoseCommitAnswerAfter("SET retention_age_ms"));
             faults.inject(Fault::Refuse(true));
@@ -450,6 +453,7 @@ fn appends_on_their_way_when_a_stream_is_let_go_keep_their_offsets() {
             faults.inject(Fault::Refuse(false));
             // The next append reads the stream back from the catalog; it is refused (to retry)
             // while the node reconnects to Postgres.
+            let deadline = Instant::now() + WAIT_BOUND;
             let two = {
                 let core = core.clone();
                 glommio::spawn_local(async move {
@@ -483,22 +487,10 @@ fn appends_on_their_way_when_a_stream_is_let_go_keep_their_offsets() {
             .is_err_and(|e| e.contains("whether this change was stored is unknown")),
         "the retention change's outcome: {configured:?}"
     );
-    let offsets: Vec<Result<Option<u64>, String>> = answers
-        .iter()
-        .map(|answer| {
-            answer
-                .as_ref()
-                .map(|a| a.start_offset)
-                .map_err(|e| e.to_string())
-        })
-        .collect();
+    let offsets: Vec<_> = answers.iter().map(landed).collect();
     assert_eq!(offsets, [Ok(Some(0)), Ok(Some(1)), Ok(Some(2))]);
-    let bodies: Vec<(u64, String)> = bodies
-        .into_iter()
-        .map(|(offset, body)| (offset, String::from_utf8_lossy(&body).into_owned()))
-        .collect();
     assert_eq!(
-        bodies,
+        texts(bodies),
         [(0, "zero".into()), (1, "one".into()), (2, "two".into())]
     );
     // What a restart reads: the catalog holds each offset once.
