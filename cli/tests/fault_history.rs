@@ -453,6 +453,10 @@ enum Fault {
     MetaLostCommit,
     /// Postgres' answers reach no node for 1 to 3 s.
     MetaHeldAnswers,
+    /// The next COMMIT any node sends reaches Postgres a second late, and the node is
+    /// `kill -9`ed and started again meanwhile: its last commit lands while its next
+    /// incarnation starts (a segment it committed must be in what that one reads).
+    KillAtCommit,
     /// The nodes' statements reach Postgres 1 to 3 s late.
     MetaDelayedStatements,
     /// Every connection to Postgres is cut; every other time new ones are refused for 1 to
@@ -483,8 +487,9 @@ const PARTITION_FAULTS: [Fault; 6] = [
 ];
 
 /// The faults of the Postgres fault proxy, for the Postgres profiles.
-const PROXY_FAULTS: [Fault; 4] = [
+const PROXY_FAULTS: [Fault; 5] = [
     Fault::MetaLostCommit,
+    Fault::KillAtCommit,
     Fault::MetaHeldAnswers,
     Fault::MetaDelayedStatements,
     Fault::MetaCut,
@@ -980,6 +985,24 @@ fn run_fault_test(
                 while proxy.armed_losses() > 0 && Instant::now() < until {
                     std::thread::sleep(Duration::from_millis(10));
                 }
+            }
+            Fault::KillAtCommit => {
+                let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");
+                let started = proxy.delays_started();
+                proxy.inject(pg_proxy::Fault::DelayStatementsFrom(
+                    "COMMIT",
+                    Duration::from_millis(1000),
+                ));
+                // Nodes commit every few hundred ms (segments, leases).
+                let until = Instant::now() + outage;
+                while proxy.delays_started() == started && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let node = &mut nodes[victim];
+                node.kill();
+                node.restart();
+                shared.addrs.lock().unwrap()[victim] = addrs_of(node);
+                proxy.heal_delays();
             }
             Fault::MetaHeldAnswers => {
                 let proxy = services.pg_proxy.as_ref().expect("the Postgres proxy");

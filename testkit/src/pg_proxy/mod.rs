@@ -261,13 +261,20 @@ impl PgProxy {
         let shared = &self.shared;
         shared.armed_losses.store(0, Ordering::SeqCst);
         lock(&shared.armed_after).clear();
+        self.heal_delays();
+        *lock(&shared.answers_held_until) = None;
+        *lock(&shared.statements_delayed_until) = None;
+        shared.refuse.store(false, Ordering::SeqCst);
+    }
+
+    /// Takes back the [`Fault::DelayStatementsFrom`]s that found no statement yet, and ends
+    /// the delays of connections one of them holds.
+    pub fn heal_delays(&self) {
+        let shared = &self.shared;
         lock(&shared.armed_delays).clear();
         for link in lock(&shared.links).values() {
             *lock(&link.delayed_until) = None;
         }
-        *lock(&shared.answers_held_until) = None;
-        *lock(&shared.statements_delayed_until) = None;
-        shared.refuse.store(false, Ordering::SeqCst);
     }
 
     /// How many [`Fault::DelayStatementsFrom`]s found their statement (their delay began).
