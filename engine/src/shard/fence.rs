@@ -74,26 +74,31 @@ impl Shard {
     }
 
     /// Drops stream `name` (incarnation `id`) from this core; its readers wake up and are sent
-    /// on (`to`: the new owner when known). With `fence`, its pending appends fail; without,
-    /// each is answered by its segment's commit. Either way a load of any stream from the
-    /// catalog here first waits until the segments holding its frames are committed or
-    /// refused (`adopt`): read before, the catalog would lack those frames, and a stream
-    /// loaded again at the same owner epoch would hand their offsets out a second time.
+    /// on (`to`: the new owner when known).
+    ///
+    /// With `fence` the stream moved on (another owner, or a newer epoch): its pending appends
+    /// fail, and the catalog refuses their frames, which carry the old epoch. Without, it may
+    /// still be this core's at the same epoch: each pending append is answered by its
+    /// segment's commit, and a load of any stream from the catalog here first waits until the
+    /// segments holding its frames are committed or refused (`adopt`). Read before, the
+    /// catalog would lack those frames, and the stream loaded again would hand their offsets
+    /// out a second time.
     fn let_go(&self, name: &str, id: u64, to: Option<NodeId>, fence: bool) {
         let removed = self.streams.remove(name, id);
         self.streams.remember_moved(name, to.unwrap_or(0));
         if let Some(stream) = removed {
-            let unsettled = stream
-                .chunks
-                .iter()
-                .map(|chunk| chunk.segment)
-                .filter(|&no| !self.segments.uploaded(no))
-                .max();
-            if let Some(no) = unsettled {
-                self.streams.reload_after(no);
-            }
             if fence {
                 self.journal.fence_acks(id, stream.epoch);
+            } else {
+                let unsettled = stream
+                    .chunks
+                    .iter()
+                    .map(|chunk| chunk.segment)
+                    .filter(|&no| !self.segments.uploaded(no))
+                    .max();
+                if let Some(no) = unsettled {
+                    self.streams.reload_after(no);
+                }
             }
             for waiter in stream.waiters {
                 let _ = waiter.send(());
