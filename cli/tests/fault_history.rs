@@ -453,9 +453,10 @@ enum Fault {
     MetaLostCommit,
     /// Postgres' answers reach no node for 1 to 3 s.
     MetaHeldAnswers,
-    /// The next COMMIT any node sends reaches Postgres a second late, and the node is
-    /// `kill -9`ed and started again meanwhile: its last commit lands while its next
-    /// incarnation starts (a segment it committed must be in what that one reads).
+    /// The next COMMIT any node sends reaches Postgres a second late, and the victim is
+    /// `kill -9`ed and started again meanwhile. With one node (or when the victim sent it) its
+    /// last commit lands while its next incarnation starts: a segment it committed must be in
+    /// what that one reads.
     KillAtCommit,
     /// The nodes' statements reach Postgres 1 to 3 s late.
     MetaDelayedStatements,
@@ -998,8 +999,8 @@ fn run_fault_test(
                 while proxy.delays_started() == started && Instant::now() < until {
                     std::thread::sleep(Duration::from_millis(5));
                 }
+                // `restart` is the `kill -9` and the start, with no pause between them.
                 let node = &mut nodes[victim];
-                node.kill();
                 node.restart();
                 shared.addrs.lock().unwrap()[victim] = addrs_of(node);
                 proxy.heal_delays();
