@@ -10,7 +10,7 @@ pub const JSON_DEPTH_MAX: usize = 64;
 
 /// Whether `content_type` names JSON (`application/json`, any parameters, any case).
 pub fn is_json(content_type: &str) -> bool {
-    crate::rules::mime_base(content_type).eq_ignore_ascii_case("application/json")
+    crate::rules::mime_base_is(content_type, "application/json")
 }
 
 /// Why a record is not a JSON stream's record.

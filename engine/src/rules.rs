@@ -479,9 +479,26 @@ impl StreamState {
 }
 
 /// Compares the MIME base types (before `;`), case-insensitively. Every append with a
-/// content type asks, so it allocates nothing.
+/// content type asks, so it allocates nothing, and two content types written alike (an
+/// append's and its stream's, nearly always) are equal without finding their bases.
 pub fn mime_base_eq(a: &str, b: &str) -> bool {
-    mime_base(a).eq_ignore_ascii_case(mime_base(b))
+    a.eq_ignore_ascii_case(b) || mime_base(a).eq_ignore_ascii_case(mime_base(b))
+}
+
+/// Whether `content_type`'s base type is `base` (lowercase ASCII without spaces or `;`),
+/// case-insensitively. A content type that starts with another visible ASCII character
+/// than `base` is told apart by its first bytes, without a scan for `;`.
+pub fn mime_base_is(content_type: &str, base: &str) -> bool {
+    let bytes = content_type.as_bytes();
+    let opens_with_base = bytes
+        .get(..base.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(base.as_bytes()));
+    // A base type found at byte 0 that is `base` opens the content type; one found later
+    // follows whitespace, which is not a visible ASCII character.
+    if !opens_with_base && bytes.first().is_some_and(u8::is_ascii_graphic) {
+        return false;
+    }
+    mime_base(content_type).eq_ignore_ascii_case(base)
 }
 
 /// A content type's base type: what comes before its parameters, trimmed. The `;` is found

@@ -306,3 +306,37 @@ fn content_types_compare_by_base_type_whatever_the_case_and_parameters() {
     assert!(!mime_base_eq("text/plain", "text/html; charset=utf-8"));
     assert_eq!(mime_base("Text/Plain ; charset=utf-8"), "Text/Plain");
 }
+
+#[test]
+fn a_base_type_is_told_apart_as_the_full_comparison_tells_it() {
+    let bases = ["application/json", "text/plain"];
+    let given = [
+        "application/json",
+        "Application/JSON; charset=utf-8",
+        "  application/json ;x=y",
+        "\tapplication/json",
+        "\u{a0}application/json",
+        "application/jsonx",
+        "application/json-seq",
+        "application/jso",
+        "application/octet-stream",
+        "text/plain",
+        "TEXT/PLAIN ",
+        "text/plainer",
+        ";application/json",
+        "",
+        " ",
+        "é",
+    ];
+    for base in bases {
+        for content_type in given {
+            assert_eq!(
+                mime_base_is(content_type, base),
+                mime_base(content_type).eq_ignore_ascii_case(base),
+                "{content_type:?} against {base:?}"
+            );
+        }
+    }
+    // Written alike, or alike but for case: equal without finding the bases.
+    assert!(mime_base_eq("text/plain; a=1", "TEXT/PLAIN; A=1"));
+}
