@@ -796,6 +796,63 @@ fn idle_and_stalled_h2_connections_are_closed_after_the_request_timeout() {
     assert_eq!(server.head("/slow").expect(200).h("pico-next-seq"), "0");
 }
 
+/// Reads one answer of a keep-alive exchange (`Content-Length`-framed, as every answer to a
+/// HEAD here is), so the connection can be used again.
+fn read_answer_head(socket: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            socket.read(&mut byte).unwrap(),
+            1,
+            "closed mid-answer: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+#[test]
+fn idle_http1_connections_are_closed_after_the_request_timeout_and_busy_ones_are_not() {
+    let server = Server::start(&["--request-timeout-sec", "1"]);
+    server.put("/idle", "text/plain").expect(201);
+    let request = b"HEAD /idle HTTP/1.1\r\nHost: a\r\n\r\n";
+
+    // A request every 300 ms for three times the timeout: each starts the idle time again.
+    let mut busy = TcpStream::connect(server.addr).unwrap();
+    busy.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        busy.write_all(request).unwrap();
+        let head = read_answer_head(&mut busy);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // Then idle: closed once the timeout passed, not before.
+    let idle_from = Instant::now();
+    let mut rest = Vec::new();
+    busy.read_to_end(&mut rest)
+        .expect("the idle connection was not closed");
+    let idle_for = idle_from.elapsed();
+    assert!(rest.is_empty(), "unexpected bytes: {rest:?}");
+    // 300 ms of the timeout passed in the sleep after the last answer.
+    assert!(
+        idle_for >= Duration::from_millis(600),
+        "closed after {idle_for:?} idle"
+    );
+
+    // A connection that never sends a byte is closed too.
+    let mut silent = TcpStream::connect(server.addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let opened = Instant::now();
+    assert_eq!(silent.read(&mut [0u8; 16]).expect("not closed"), 0);
+    assert!(opened.elapsed() >= Duration::from_millis(900));
+}
+
 #[test]
 fn http1_bodies_that_never_end_hold_no_more_than_the_core_budget() {
     let mut server = Server::start(&["--cores", "1", "--max-in-flight-bytes", "16MiB"]);

@@ -1,23 +1,31 @@
-//! The node-wide stop signal of a graceful shutdown.
+//! The node-wide stop signal of a graceful shutdown, and each core's idle deadlines.
 //!
 //! The main thread sets [`Shutdown`] once (after the drain window). Each core turns it into a
 //! [`CoreShutdown`]: one task per core looks at the flag every few milliseconds and wakes the
 //! core's waiting tasks (idle connections, accept loops), so ten thousand idle connections cost
-//! one timer, not ten thousand.
+//! one timer, not ten thousand. The same task ends the waits of connections idle past their
+//! limit ([`CoreShutdown::unless_stopped_within`]): a keep-alive connection waits for its next
+//! request once per request, and a timer of its own (inserted into and removed from the
+//! executor's ordered timer map) cost more than parsing the request.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use slab::Slab;
 
 /// How often each core looks at the flag.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Every this many looks at the flag, the core also ends the waits past their deadline: an
+/// idle limit (whole seconds, at least one) is kept to within about 100 ms, and a scan of the
+/// waits costs a few instructions per idle connection ten times a second.
+const DEADLINE_SCAN_EVERY: u32 = 5;
 
 /// Set by the main thread; shared with every core.
 #[derive(Clone, Default)]
@@ -35,18 +43,22 @@ impl Shutdown {
         let local = CoreShutdown {
             inner: Rc::new(Local {
                 set: Cell::new(false),
-                waiters: RefCell::new(HashMap::default()),
-                next_id: Cell::new(0),
+                waiters: RefCell::new(Slab::new()),
             }),
         };
         let (flag, watcher) = (self.flag.clone(), local.inner.clone());
         glommio::spawn_local(async move {
+            let mut looks = 0u32;
             while !flag.load(Ordering::SeqCst) {
                 glommio::timer::sleep(POLL_INTERVAL).await;
+                looks = looks.wrapping_add(1);
+                if looks.is_multiple_of(DEADLINE_SCAN_EVERY) {
+                    watcher.end_waits_past(Instant::now());
+                }
             }
             watcher.set.set(true);
-            for (_, waker) in watcher.waiters.borrow_mut().drain() {
-                waker.wake();
+            for (_, waiting) in watcher.waiters.borrow_mut().iter_mut() {
+                waiting.waker.wake_by_ref();
             }
         })
         .detach();
@@ -56,31 +68,65 @@ impl Shutdown {
 
 struct Local {
     set: Cell<bool>,
-    /// Tasks waiting for the signal, by wait id (a dropped wait removes its entry).
-    waiters: RefCell<HashMap<u64, Waker, BuildHasherDefault<WaitIdHasher>>>,
-    next_id: Cell<u64>,
+    /// Tasks waiting for the signal or for a deadline (a dropped wait removes its entry).
+    waiters: RefCell<Slab<Waiting>>,
 }
 
-/// Hashes a wait id by one multiplication. The ids are the core's own counter, never a peer's
-/// input, so they need none of SipHash's resistance to chosen keys; every request waits once,
-/// and SipHash costs more than the rest of its wait.
-#[derive(Default)]
-struct WaitIdHasher(u64);
+/// A task waiting for the stop signal, or for whichever of it and its deadline comes first.
+struct Waiting {
+    waker: Waker,
+    deadline: Option<Instant>,
+    /// The deadline passed: the wait is over.
+    expired: bool,
+}
 
-impl Hasher for WaitIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(self.0 ^ u64::from(byte));
+impl Local {
+    /// Ends (and wakes) the waits whose deadline is `now` or earlier.
+    fn end_waits_past(&self, now: Instant) {
+        for (_, waiting) in self.waiters.borrow_mut().iter_mut() {
+            if !waiting.expired && waiting.deadline.is_some_and(|deadline| deadline <= now) {
+                waiting.expired = true;
+                waiting.waker.wake_by_ref();
+            }
         }
     }
 
-    fn write_u64(&mut self, id: u64) {
-        // Fibonacci hashing: consecutive ids spread over the high bits hashbrown tags with.
-        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    /// Registers a wait (its key), or updates the waker of the registered one; whether its
+    /// deadline has passed.
+    fn register(&self, key: &mut Option<usize>, waker: &Waker, limit: Option<Duration>) -> bool {
+        let mut waiters = self.waiters.borrow_mut();
+        match *key {
+            Some(at) => {
+                let waiting = &mut waiters[at];
+                if !waiting.waker.will_wake(waker) {
+                    waiting.waker = waker.clone();
+                }
+                waiting.expired
+            }
+            None => {
+                let deadline = limit.map(|limit| Instant::now() + limit);
+                *key = Some(waiters.insert(Waiting {
+                    waker: waker.clone(),
+                    deadline,
+                    expired: false,
+                }));
+                false
+            }
+        }
+    }
+}
+
+/// A registered wait, removed when dropped.
+struct Registration {
+    local: Rc<Local>,
+    key: Option<usize>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(key) = self.key {
+            self.local.waiters.borrow_mut().remove(key);
+        }
     }
 }
 
@@ -97,51 +143,174 @@ impl CoreShutdown {
 
     /// `future`'s output, or `None` if the shutdown begins first (the future is dropped). Not
     /// an `async fn`, which would hold `future` twice (see `transport::message::within`).
-    pub fn unless_stopped<'a, T>(
-        &'a self,
-        future: impl std::future::Future<Output = T> + 'a,
-    ) -> impl std::future::Future<Output = Option<T>> + 'a {
-        let future = crate::transport::message::SomeOf { future };
-        futures_lite::future::or(future, async move {
-            self.wait().await;
-            None
-        })
+    pub fn unless_stopped<T>(
+        &self,
+        future: impl std::future::Future<Output = T>,
+    ) -> impl std::future::Future<Output = Option<T>> {
+        self.stopped_or(None, future)
+    }
+
+    /// `future`'s output, or `None` if the shutdown begins first or `limit` passes while it
+    /// waits (kept to within about 100 ms, see [`DEADLINE_SCAN_EVERY`]; `limit` is meant for
+    /// idle limits of seconds, not for precise timing). `future` is polled first, so one that
+    /// is ready at once costs no registration.
+    pub fn unless_stopped_within<T>(
+        &self,
+        limit: Duration,
+        future: impl std::future::Future<Output = T>,
+    ) -> impl std::future::Future<Output = Option<T>> {
+        self.stopped_or(Some(limit), future)
+    }
+
+    fn stopped_or<F: Future>(&self, limit: Option<Duration>, future: F) -> StoppedOr<F> {
+        StoppedOr {
+            future,
+            limit,
+            registration: Registration {
+                local: self.inner.clone(),
+                key: None,
+            },
+        }
     }
 
     /// Resolves once the shutdown began.
     pub fn wait(&self) -> Wait {
-        let id = self.inner.next_id.get();
-        self.inner.next_id.set(id + 1);
         Wait {
-            local: self.inner.clone(),
-            id,
+            registration: Registration {
+                local: self.inner.clone(),
+                key: None,
+            },
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`CoreShutdown::unless_stopped`] and [`CoreShutdown::unless_stopped_within`].
+    pub struct StoppedOr<F> {
+        #[pin]
+        future: F,
+        limit: Option<Duration>,
+        registration: Registration,
+    }
+}
+
+impl<F: Future> Future for StoppedOr<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        let registration = this.registration;
+        if registration.local.set.get() {
+            return Poll::Ready(None);
+        }
+        let expired = registration
+            .local
+            .register(&mut registration.key, cx.waker(), *this.limit);
+        if expired {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     }
 }
 
 /// The future of [`CoreShutdown::wait`].
 pub struct Wait {
-    local: Rc<Local>,
-    id: u64,
+    registration: Registration,
 }
 
 impl Future for Wait {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.local.set.get() {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let registration = &mut self.registration;
+        if registration.local.set.get() {
             return Poll::Ready(());
         }
-        self.local
-            .waiters
-            .borrow_mut()
-            .insert(self.id, cx.waker().clone());
+        registration
+            .local
+            .register(&mut registration.key, cx.waker(), None);
         Poll::Pending
     }
 }
 
-impl Drop for Wait {
-    fn drop(&mut self) {
-        self.local.waiters.borrow_mut().remove(&self.id);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waits(stop: &CoreShutdown) -> usize {
+        stop.inner.waiters.borrow().len()
+    }
+
+    #[test]
+    fn a_wait_within_a_limit_ends_once_the_limit_passed_and_leaves_no_entry() {
+        glommio::LocalExecutor::default().run(async {
+            let stop = Shutdown::default().on_this_core();
+            // Ready at once: nothing is registered.
+            assert_eq!(
+                stop.unless_stopped_within(Duration::from_secs(60), async { 7 })
+                    .await,
+                Some(7)
+            );
+            assert_eq!(waits(&stop), 0);
+
+            let started = Instant::now();
+            let never = futures_lite::future::pending::<()>();
+            let ended = stop
+                .unless_stopped_within(Duration::from_millis(300), never)
+                .await;
+            let waited = started.elapsed();
+            assert_eq!(ended, None);
+            assert!(
+                waited >= Duration::from_millis(300),
+                "ended early, after {waited:?}"
+            );
+            // A generous bound: the scan runs every 100 ms, but a busy machine delays timers.
+            assert!(waited < Duration::from_secs(10), "ended after {waited:?}");
+            assert_eq!(waits(&stop), 0);
+
+            // A wait dropped before its deadline takes its entry with it.
+            let dropped = stop.unless_stopped_within(
+                Duration::from_secs(60),
+                futures_lite::future::pending::<()>(),
+            );
+            let mut dropped = Box::pin(dropped);
+            assert!(futures_lite::future::poll_once(dropped.as_mut())
+                .await
+                .is_none());
+            assert_eq!(waits(&stop), 1);
+            drop(dropped);
+            assert_eq!(waits(&stop), 0);
+        });
+    }
+
+    #[test]
+    fn the_shutdown_ends_waits_long_before_their_limit() {
+        glommio::LocalExecutor::default().run(async {
+            let shutdown = Shutdown::default();
+            let stop = shutdown.on_this_core();
+            let waiting = glommio::spawn_local({
+                let stop = stop.clone();
+                async move {
+                    let within = stop.unless_stopped_within(
+                        Duration::from_secs(600),
+                        futures_lite::future::pending::<()>(),
+                    );
+                    let plain = stop.unless_stopped(futures_lite::future::pending::<()>());
+                    futures_lite::future::zip(within, plain).await
+                }
+            });
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+            assert_eq!(waits(&stop), 2);
+            let started = Instant::now();
+            shutdown.begin();
+            assert_eq!(waiting.await, (None, None));
+            assert!(started.elapsed() < Duration::from_secs(10));
+            assert_eq!(waits(&stop), 0);
+            // Once stopped, a new wait ends at once.
+            stop.wait().await;
+        });
     }
 }

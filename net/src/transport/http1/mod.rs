@@ -187,9 +187,9 @@ where
         if buf.is_empty() {
             // Idle between requests: a shutdown closes the connection here, never mid-request.
             let first = stop
-                .unless_stopped(within(limits.request_timeout, fill_idle(stream, buf)))
+                .unless_stopped_within(limits.request_timeout, fill_idle(stream, buf))
                 .await;
-            if !matches!(first, Some(Some(Ok(true)))) {
+            if !matches!(first, Some(Ok(true))) {
                 return None;
             }
         }
