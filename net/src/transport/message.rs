@@ -229,10 +229,19 @@ pub(crate) fn valid_authority(value: &[u8]) -> bool {
             .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
     }
     // A colon left in the host means two of them (an IPv6 address needs brackets).
-    host.iter().all(|&b| {
-        b.is_ascii_alphanumeric()
+    host.iter().all(|&b| HOST_BYTES[usize::from(b)])
+}
+
+/// The bytes a host name or IPv4 address may hold, by value: unreserved, percent-encoded and
+/// sub-delimiter characters (RFC 3986 §3.2.2). A table, as every request's `Host` is checked.
+const HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
             || matches!(
-                b,
+                c,
                 b'-' | b'.'
                     | b'_'
                     | b'~'
@@ -248,9 +257,11 @@ pub(crate) fn valid_authority(value: &[u8]) -> bool {
                     | b','
                     | b';'
                     | b'='
-            )
-    })
-}
+            );
+        b += 1;
+    }
+    table
+};
 
 /// A request the connection refused, rendered in the listener's style; a `429` or `503` also
 /// says when to retry. Both HTTP versions answer their refusals through this.
@@ -342,6 +353,41 @@ impl<F: Future> Future for SomeOf<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_holds_unreserved_percent_and_sub_delimiter_bytes_only() {
+        let allowed: Vec<u8> = (0..=255u8)
+            .filter(|&b| HOST_BYTES[usize::from(b)])
+            .collect();
+        let mut expected: Vec<u8> = (b'0'..=b'9')
+            .chain(b'A'..=b'Z')
+            .chain(b'a'..=b'z')
+            .collect();
+        expected.extend_from_slice(b"-._~%!$&'()*+,;=");
+        expected.sort_unstable();
+        assert_eq!(allowed, expected);
+        for good in [
+            &b"example.com"[..],
+            b"127.0.0.1:8080",
+            b"[::1]:443",
+            b"a",
+            b"x_y~z:1",
+        ] {
+            assert!(valid_authority(good), "{}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b"a/b"[..],
+            b"a b",
+            b"a@b",
+            b"a:b:c",
+            b"a:123456",
+            b"\xc3\xa9",
+            b"a?",
+            b"[::1",
+        ] {
+            assert!(!valid_authority(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
 
     #[test]
     fn body_parts_keep_large_buffers_and_join_small_ones() {
