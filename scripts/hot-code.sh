@@ -50,7 +50,7 @@ valgrind --tool=callgrind --demangle=no --callgrind-out-file="$work/callgrind.ou
   >"$work/node.log" 2>&1 &
 node_pid=$!
 for _ in $(seq 1 120); do
-  curl -s -o /dev/null -m 1 "$admin_url/ready" && break
+  curl -sf -o /dev/null -m 1 "$admin_url/ready" && break
   sleep 0.5
 done
 curl -sf -o /dev/null "$admin_url/ready" || { cat "$work/node.log" >&2; exit 1; }
