@@ -854,7 +854,7 @@ fn the_charts_show_latency_refusals_and_errors_on_a_time_axis() {
 
     // Errors: without its WAL directory the node fails the next append (500 or 503) and
     // refuses the ones after it (503); the page shows the counts the API has.
-    std::fs::remove_dir_all(server.wal_dir()).expect("remove the WAL directory");
+    server.remove_wal_dir();
     for _ in 0..2 {
         let status = server.post("/orders/us", b"{}").status;
         assert!(status == 500 || status == 503, "status {status}");

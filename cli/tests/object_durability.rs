@@ -105,7 +105,7 @@ fn crash_and_lose_the_disk(extra: &[&str]) {
             "round {round}: object durability wrote WAL files"
         );
         server.kill();
-        std::fs::remove_dir_all(server.wal_dir()).unwrap();
+        server.remove_wal_dir();
         server.restart();
         check_all_present(&server, &stream, &acked);
     }

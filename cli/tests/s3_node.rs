@@ -482,7 +482,7 @@ fn a_garage_outage_under_load_back_pressures_and_loses_nothing() {
     check_acked(&server, &acked, "after the outage");
     // Cold: the node's disk is gone, everything comes from the bucket.
     server.kill();
-    std::fs::remove_dir_all(server.wal_dir()).expect("delete the WAL directory");
+    server.remove_wal_dir();
     server.restart();
     check_acked(
         &server,
@@ -618,7 +618,7 @@ fn a_cold_read_of_many_segments_through_a_small_block_cache() {
     );
 
     server.kill();
-    std::fs::remove_dir_all(server.wal_dir()).expect("delete the WAL directory");
+    server.remove_wal_dir();
     server.restart();
     let log = server.log();
     let segments: usize = log
@@ -767,7 +767,7 @@ fn garbage_collection_deletes_segment_objects_from_garage() {
 
     // Cold: the kept data comes from the bucket, the collected streams stay as they were.
     server.kill();
-    std::fs::remove_dir_all(server.wal_dir()).expect("delete the WAL directory");
+    server.remove_wal_dir();
     server.restart();
     assert_eq!(server.get("/gc/kept?format=raw").body, kept_body);
     let head = server.head("/gc/trimmed");

@@ -145,7 +145,7 @@ fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
     server.put("/s", "text/plain").expect(201);
     server.post("/s", b"a").expect(200);
     server.post("/s", b"b").expect(200);
-    std::fs::remove_dir_all(server.wal_dir()).unwrap();
+    server.remove_wal_dir();
     // The first append after the deletion is written to a file no restart will read: it
     // must not be acknowledged. Neither is any later one.
     let first = server.post("/s", b"c");

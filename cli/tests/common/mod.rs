@@ -100,6 +100,25 @@ impl Server {
         self.dir.path().join("wal")
     }
 
+    /// Removes the running node's WAL directory (a disk fault as the node sees it). The node
+    /// may create a file in it meanwhile (a WAL file made ahead, a state file written by
+    /// rename), which makes one removal fail with "directory not empty": it is tried again,
+    /// up to 5 s.
+    pub fn remove_wal_dir(&self) {
+        let dir = self.wal_dir();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => return,
+                Err(e) if std::time::Instant::now() >= deadline => {
+                    panic!("remove the WAL directory {}: {e}", dir.display())
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
     /// The server's process id, to SIGKILL it from another thread while load runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
