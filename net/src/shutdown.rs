@@ -23,8 +23,8 @@ use slab::Slab;
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Every this many looks at the flag, the core also ends the waits past their deadline: an
-/// idle limit (whole seconds, at least one) is kept to within about 100 ms, and a scan of the
-/// waits costs a few instructions per idle connection ten times a second.
+/// idle limit is kept to within about 100 ms, and a scan of the waits costs a few
+/// instructions per idle connection ten times a second.
 const DEADLINE_SCAN_EVERY: u32 = 5;
 
 /// Set by the main thread; shared with every core.

@@ -106,12 +106,12 @@ impl Server {
     /// up to 5 s.
     pub fn remove_wal_dir(&self) {
         let dir = self.wal_dir();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => return,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() => return,
-                Err(e) if std::time::Instant::now() >= deadline => {
+                Err(e) if Instant::now() >= deadline => {
                     panic!("remove the WAL directory {}: {e}", dir.display())
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
