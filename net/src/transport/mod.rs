@@ -6,5 +6,6 @@ pub(crate) mod drive;
 pub mod http1;
 pub mod http2;
 pub mod message;
+mod readiness;
 pub mod socket;
 pub mod tls;

@@ -14,6 +14,8 @@ use std::task::{Context, Poll};
 use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 
+use super::readiness::Registration;
+
 /// At most this many buffers go into one `sendmsg` (well under `IOV_MAX`).
 const IOVECS_PER_SEND_MAX: usize = 64;
 
@@ -71,6 +73,9 @@ impl Socket for futures_rustls::server::TlsStream<TcpStream> {
 
 /// An accepted plain TCP connection.
 pub struct PlainTcp {
+    /// How reads wait for bytes. Declared before `stream`: a registration leaves the core's
+    /// `epoll` instance while the descriptor is still open.
+    reads: ReadPath,
     stream: TcpStream,
     /// glommio's last write waited for room: its write timer may be armed, and only a write
     /// through glommio disarms it, so the next write goes that way (not `sendmsg`). Else a
@@ -81,6 +86,7 @@ pub struct PlainTcp {
 impl PlainTcp {
     pub fn new(stream: TcpStream) -> PlainTcp {
         PlainTcp {
+            reads: ReadPath::Unregistered,
             stream,
             stalled: false,
         }
@@ -130,13 +136,38 @@ impl Socket for PlainTcp {
     }
 }
 
+/// How a [`PlainTcp`] waits for bytes (`transport/readiness.rs`).
+enum ReadPath {
+    /// Not waited yet: registered at the first read.
+    Unregistered,
+    /// Through the core's `epoll` instance.
+    Epoll(Registration),
+    /// Through glommio's poll of the socket (the core has no instance, or its watch failed).
+    Glommio,
+}
+
 impl AsyncRead for PlainTcp {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        loop {
+            match &this.reads {
+                ReadPath::Epoll(registration) => match registration.poll_read(cx, buf) {
+                    Some(read) => return read,
+                    None => this.reads = ReadPath::Glommio,
+                },
+                ReadPath::Unregistered => {
+                    this.reads = match Registration::new(this.stream.as_raw_fd()) {
+                        Some(registration) => ReadPath::Epoll(registration),
+                        None => ReadPath::Glommio,
+                    }
+                }
+                ReadPath::Glommio => return Pin::new(&mut this.stream).poll_read(cx, buf),
+            }
+        }
     }
 }
 
