@@ -100,8 +100,8 @@ impl PlainTcp {
     }
 
     /// The connection as its bare descriptor, for a parked connection to keep without
-    /// glommio's state (its poll of the socket, about 500 bytes). glommio's stream cannot give
-    /// its descriptor up, so it is duplicated and the stream closes its own.
+    /// glommio's stream or this core's readiness entry. glommio's stream cannot give its
+    /// descriptor up, so it is duplicated and the stream closes its own.
     pub(crate) fn into_fd(self) -> io::Result<std::os::fd::OwnedFd> {
         // SAFETY: the descriptor is the stream's, open for as long as `self`, which outlives
         // the borrow.

@@ -2,7 +2,7 @@
 //! tail, held by their core without a task each.
 //!
 //! A subscriber waiting for new records in its connection's task holds the task's future, the
-//! read it waits on, the writer's state and glommio's poll of its socket, about 4 KiB in all
+//! read it waits on, the writer's state and glommio's stream, about 4 KiB in all
 //! (docs/decisions/2026-12-parked-subscribers.md). Parked, it is its socket's descriptor, its
 //! response's state ([`LiveEvents`]) and a few words here:
 //!
