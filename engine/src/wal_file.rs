@@ -15,7 +15,7 @@
 //!               stream_id = a stream, offset = the owner epoch its frames in this file were
 //!               written at; in the round of the stream's first frame in the file, before the
 //!               commit record (a file never holds frames of two incarnations of a stream)
-//!  A round is one group commit: one write and one fdatasync. Nothing of a round is
+//!  A round is one group commit: one durable write (RWF_DSYNC). Nothing of a round is
 //!  acknowledged before its commit record is on disk with the rest of it. Readers of a
 //!  segment skip these records as they skip other streams' frames (by kind), so the sealed
 //!  WAL file is the segment object as it is (a file:// bucket links it).
@@ -27,8 +27,8 @@
 //! ```
 //!
 //! Files are pre-allocated with zeros and written in order, one round at a time (the next
-//! round starts only after the previous one's fdatasync). A power cut can therefore tear only
-//! the last round; every round before it was whole on disk before the next one began. So when
+//! round starts only after the previous one's durable write completed). A power cut can
+//! therefore tear only the last round; every round before it was whole on disk before the next one began. So when
 //! the scan meets bytes that are not a valid frame at position P:
 //! - no commit record of a later round lies anywhere past P: the crash tore the last round,
 //!   which was never acknowledged. The committed rounds are kept, the rest dropped.

@@ -1,6 +1,6 @@
 //! Group commit: the commit loop writes what arrived since its last round to the WAL with one
-//! write and one `fdatasync`, seals finished segments and keeps a spare WAL file ready; the
-//! age loop seals segments that grew old.
+//! write that is durable when it completes (`RWF_DSYNC`), seals finished segments and keeps a
+//! spare WAL file ready; the age loop seals segments that grew old.
 
 use std::path::Path;
 use std::rc::Rc;
@@ -88,9 +88,13 @@ impl Shard {
                     source: Arc::new(source),
                 });
             }
-            // A short write is an error too: the bytes past it are not on disk.
+            // One write that completes once its bytes are durable (`RWF_DSYNC`: as a write and
+            // an `fdatasync` of its range, in one request instead of two, the second of which
+            // a kernel worker thread ran). A short write is an error too: the bytes past it are
+            // not on disk.
+            let durable_from = self.clock.now();
             let written = file
-                .write_rc_at(buffer.clone(), start as u64)
+                .write_rc_at_durable(buffer.clone(), start as u64)
                 .await
                 .map_err(|e| WalFault::Write {
                     path: shown(),
@@ -104,7 +108,8 @@ impl Shard {
                     len,
                 });
             }
-            let synced = self.clock.now();
+            // The fault point of the durability step: a failure the device reports for the
+            // flush comes back with the write itself.
             #[cfg(feature = "fault-injection")]
             if let Some(source) =
                 crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Sync)
@@ -114,23 +119,13 @@ impl Shard {
                     source: Arc::new(source),
                 });
             }
-            // The `fdatasync` goes to the kernel at its first poll; while it is on its way, what
-            // arrived during the write is copied for the next round.
-            let mut sync = std::pin::pin!(file.fdatasync());
-            let early = futures_lite::future::poll_once(sync.as_mut()).await;
+            // What arrived during the write goes into the kept buffer now, so the next round
+            // copies only what comes after.
             journal.stage_next_round(no, written_len);
-            let synced_now = match early {
-                Some(outcome) => outcome,
-                None => sync.await,
-            };
-            synced_now.map_err(|e| WalFault::Fdatasync {
-                path: shown(),
-                source: Arc::new(e.into()),
-            })?;
             CoreMetrics::add(&self.metrics.wal_fsyncs, 1);
             self.metrics
                 .wal_fsync_latency
-                .observe(self.clock.now().saturating_duration_since(synced));
+                .observe(self.clock.now().saturating_duration_since(durable_from));
             if let Some(path) = &path {
                 same_file(&file, path)?;
             }

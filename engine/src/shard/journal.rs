@@ -188,10 +188,8 @@ pub(super) struct Journal {
     staged: Cell<Option<Staged>>,
 }
 
-/// The kept round buffer holds segment `no`'s bytes `start..upto` at its start: copied while
-/// the previous round's `fdatasync` was on its way, so the next round copies only what came
-/// after (the copy of a round of a few MiB took about 0.2 ms between one round's `fdatasync`
-/// and the next round's write, with the disk idle).
+/// The kept round buffer holds segment `no`'s bytes `start..upto` at its start: copied once the
+/// previous round's write completed, so the next round copies only what came after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Staged {
     no: u64,
@@ -530,7 +528,7 @@ impl Journal {
     }
 
     /// Copies into the kept round buffer what segment `no` holds past `durable_len` (what the
-    /// round whose `fdatasync` is on its way makes durable), from the block the next round
+    /// round just written made durable), from the block the next round
     /// starts at. Segments only grow at their end, so those bytes are the next round's as they
     /// are; `next_round` then copies only what came after. A kept buffer too small for them
     /// is replaced by one twice their size (at most the segment's full size).

@@ -446,14 +446,14 @@ pub fn render(
         &mut out,
         "pico_wal_fsyncs_total",
         "counter",
-        "WAL fdatasync calls (one per group commit).",
+        "WAL group commits (one durable write each: RWF_DSYNC, as a write and an fdatasync).",
         &|m| CoreMetrics::get(&m.wal_fsyncs),
     );
     header(
         &mut out,
         "pico_wal_fsync_latency_seconds",
         "histogram",
-        "WAL fdatasync latency.",
+        "Latency of a WAL group commit's durable write (the write and the device's flush).",
     );
     for (core, metrics) in engine.iter().enumerate() {
         histogram(

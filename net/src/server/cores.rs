@@ -447,4 +447,36 @@ mod tests {
             "the write did not reach the file within {SUBMITTED_WRITE_WAIT:?} while its task held the thread"
         );
     }
+
+    /// A commit round's durable write (`RWF_DSYNC`, vendor/glommio/PATCHES.md, change 10) from
+    /// a buffer of the core's registered I/O memory and from one too large for it: the kernel
+    /// takes the flag on both paths, and the bytes are in the file when the write completes.
+    /// What survives a power cut is the power-cut test's (`cli/tests/power_cut.rs`).
+    #[test]
+    fn a_durable_write_from_registered_and_plain_buffers_holds_its_bytes_when_it_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("durable");
+        let core = core_executor(Placement::Unbound, 0)
+            .spawn(move || async move {
+                let file = glommio::io::DmaFile::create(&path).await.unwrap();
+                let mut written = Vec::new();
+                let mut at = 0u64;
+                for (len, byte) in [(4096, 0x11u8), (IO_MEMORY_PER_CORE_BYTES * 4, 0x22)] {
+                    let mut block = file.alloc_dma_buffer(len);
+                    block.as_bytes_mut().fill(byte);
+                    let block = std::rc::Rc::new(block);
+                    let wrote = file.write_rc_at_durable(block, at).await.unwrap();
+                    assert_eq!(wrote, len);
+                    written.extend(std::iter::repeat_n(byte, len));
+                    at += len as u64;
+                    assert!(
+                        std::fs::read(&path).unwrap() == written,
+                        "the file holds what was written durably ({len} bytes of {byte:#x})"
+                    );
+                }
+                file.close().await.unwrap();
+            })
+            .unwrap();
+        core.join().unwrap();
+    }
 }

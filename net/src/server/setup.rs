@@ -207,7 +207,7 @@ pub(super) fn log_startup(
     log::info!(
         "durability: {}",
         match config.durability {
-            Durability::Local => "local (acknowledged after the WAL fdatasync)".to_string(),
+            Durability::Local => "local (acknowledged once the WAL write is durable)".to_string(),
             Durability::Object => format!(
                 "object (acknowledged once stored in the bucket; a core flushes as soon as its \
                  previous PUT is done, at most {} PUTs/s for the node)",

@@ -320,12 +320,15 @@ impl Reactor {
         self.sys.alloc_dma_buffer(size)
     }
 
+    /// `durable`: the write completes once its bytes are durable (`RWF_DSYNC`, as if followed
+    /// by an `fdatasync` of the range; PicoMQ patch 10, `PATCHES.md`).
     pub(crate) fn write_dma(
         &self,
         raw: RawFd,
         buf: DmaSource,
         pos: u64,
         pollable: PollableStatus,
+        durable: bool,
     ) -> Source {
         let stats = StatsCollection {
             fulfilled: Some(|result, stats, op_count| {
@@ -343,7 +346,7 @@ impl Reactor {
             SourceType::Write(pollable, IoBuffer::DmaSource(buf)),
             Some(stats),
         );
-        self.sys.write_dma(&source, pos);
+        self.sys.write_dma(&source, pos, durable);
         // PicoMQ patch (PATCHES.md, change 7): submitted at once, not when the task queue's
         // run ends.
         self.sys.submit_now(&source);

@@ -308,6 +308,7 @@ impl DmaFile {
             DmaSource::Owned(buf),
             pos,
             self.pollable,
+            false,
         );
         enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
     }
@@ -368,6 +369,23 @@ impl DmaFile {
             DmaSource::Shared(buf),
             pos,
             self.pollable,
+            false,
+        );
+        enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
+    }
+
+    /// [`DmaFile::write_rc_at`] that completes only once the bytes written are durable: one
+    /// write with `RWF_DSYNC`, which the kernel makes durable as an `fdatasync` of the range
+    /// would (a device write with FUA, or a write and a cache flush, and the file's metadata
+    /// where the write changed it). One request instead of a write and an `fdatasync`, which
+    /// a kernel worker thread runs. (PicoMQ patch 10, `PATCHES.md`.)
+    pub async fn write_rc_at_durable(&self, buf: Rc<DmaBuffer>, pos: u64) -> Result<usize> {
+        let source = self.file.reactor.upgrade().unwrap().write_dma(
+            self.as_raw_fd(),
+            DmaSource::Shared(buf),
+            pos,
+            self.pollable,
+            true,
         );
         enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
     }

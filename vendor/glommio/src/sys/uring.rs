@@ -61,6 +61,9 @@ enum UringOpDescriptor {
     Cancel(u64),
     Write(*const u8, usize, u64),
     WriteFixed(*const u8, usize, u64, u32),
+    /// A write that is durable when it completes (`RWF_DSYNC`), from a registered buffer when
+    /// it has an index (PicoMQ patch 10, `PATCHES.md`).
+    DurableWrite(*const u8, usize, u64, Option<u32>),
     ReadFixed(u64, usize),
     Read(u64, usize),
     Open(*const u8, libc::c_int, u32),
@@ -377,6 +380,16 @@ fn fill_sqe<F>(
             UringOpDescriptor::WriteFixed(ptr, len, pos, buf_index) => {
                 let buf = std::slice::from_raw_parts(ptr, len);
                 sqe.prep_write_fixed(op.fd, buf, pos, buf_index as _);
+            }
+
+            UringOpDescriptor::DurableWrite(ptr, len, pos, buf_index) => {
+                let buf = std::slice::from_raw_parts(ptr, len);
+                match buf_index {
+                    Some(index) => sqe.prep_write_fixed(op.fd, buf, pos, index as _),
+                    None => sqe.prep_write(op.fd, buf, pos),
+                }
+                // Set after the prep, which leaves the flags zero.
+                sqe.raw_mut().cmd_flags.rw_flags = libc::RWF_DSYNC;
             }
 
             UringOpDescriptor::SockSend(ptr, len, flags) => {
@@ -1450,12 +1463,19 @@ impl Reactor {
         poll_ring.alloc_dma_buffer(size)
     }
 
-    pub(crate) fn write_dma(&self, source: &Source, pos: u64) {
+    pub(crate) fn write_dma(&self, source: &Source, pos: u64, durable: bool) {
         let op = match &*source.source_type() {
             SourceType::Write(
                 PollableStatus::NonPollable(DirectIo::Disabled),
                 IoBuffer::DmaSource(buf),
+            ) if durable => UringOpDescriptor::DurableWrite(buf.as_ptr(), buf.len(), pos, None),
+            SourceType::Write(
+                PollableStatus::NonPollable(DirectIo::Disabled),
+                IoBuffer::DmaSource(buf),
             ) => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
+            SourceType::Write(_, IoBuffer::DmaSource(buf)) if durable => {
+                UringOpDescriptor::DurableWrite(buf.as_ptr(), buf.len(), pos, buf.uring_buffer_id())
+            }
             SourceType::Write(_, IoBuffer::DmaSource(buf)) => match buf.uring_buffer_id() {
                 Some(id) => UringOpDescriptor::WriteFixed(buf.as_ptr(), buf.len(), pos, id),
                 None => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
