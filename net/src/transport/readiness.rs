@@ -17,7 +17,7 @@
 //!
 //! A core that cannot make the instance, or whose watch fails, reads through glommio.
 
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
@@ -30,8 +30,26 @@ use slab::Slab;
 const EVENTS_PER_WAKE_MAX: usize = 128;
 
 thread_local! {
-    /// This core's instance, made on the first wait (`None` if it cannot be made).
-    static READINESS: OnceCell<Option<Rc<Readiness>>> = const { OnceCell::new() };
+    /// This core's instance, made on the first wait (`None` if it cannot be made), with the
+    /// executor whose task watches it: a thread that runs another executor later (tests do)
+    /// gets a new one.
+    static READINESS: RefCell<Option<(usize, Option<Rc<Readiness>>)>> = const { RefCell::new(None) };
+}
+
+/// This thread's executor's instance, made on first use.
+fn this_core() -> Option<Rc<Readiness>> {
+    let executor = glommio::executor().id();
+    READINESS.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        match &*cell {
+            Some((made_for, readiness)) if *made_for == executor => readiness.clone(),
+            _ => {
+                let readiness = Readiness::start();
+                *cell = Some((executor, readiness.clone()));
+                readiness
+            }
+        }
+    })
 }
 
 struct Readiness {
@@ -124,7 +142,7 @@ impl Registration {
     /// Adds `fd` (a non-blocking socket) to this core's instance; `None` if this core reads
     /// through glommio.
     pub(crate) fn new(fd: RawFd) -> Option<Registration> {
-        let readiness = READINESS.with(|cell| cell.get_or_init(Readiness::start).clone())?;
+        let readiness = this_core()?;
         if readiness.failed.get() {
             return None;
         }
@@ -231,8 +249,9 @@ impl Drop for Registration {
 #[cfg(test)]
 fn registered_sockets() -> usize {
     READINESS.with(|cell| {
-        cell.get()
-            .and_then(|r| r.as_ref())
+        cell.borrow()
+            .as_ref()
+            .and_then(|(_, r)| r.as_ref())
             .map_or(0, |r| r.sockets.borrow().len())
     })
 }
@@ -240,8 +259,7 @@ fn registered_sockets() -> usize {
 /// Fails this core's watch as a failed poll would: waiting reads go to glommio.
 #[cfg(test)]
 fn fail_watch() {
-    let readiness = READINESS.with(|cell| cell.get().cloned().flatten());
-    let readiness = readiness.expect("the instance is made");
+    let readiness = this_core().expect("the instance is made");
     readiness.failed.set(true);
     let waiters: Vec<Waker> = readiness
         .sockets
@@ -268,6 +286,16 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
         (listener, addr)
+    }
+
+    /// `read`'s outcome, or a failure after 30 s: a lost wake-up fails the test instead of
+    /// hanging it.
+    async fn bounded<T>(read: impl std::future::Future<Output = T>) -> T {
+        futures_lite::future::or(read, async {
+            glommio::timer::sleep(Duration::from_secs(30)).await;
+            panic!("a read was not woken within 30 s");
+        })
+        .await
     }
 
     /// A client on its own thread: `talk` gets the connected socket.
@@ -378,7 +406,7 @@ mod tests {
             go.send(()).expect("client");
             let started = Instant::now();
             for reader in readers {
-                assert_eq!(reader.await, 1);
+                assert_eq!(bounded(reader).await, 1);
             }
             assert!(started.elapsed() < Duration::from_secs(30));
             go.send(()).expect("client");
@@ -417,6 +445,33 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_that_runs_a_second_executor_watches_its_sockets_there() {
+        for round in 0..2 {
+            glommio::LocalExecutor::default().run(async move {
+                let (listener, addr) = listener();
+                let (go, wait) = std::sync::mpsc::channel::<()>();
+                let talking = client(addr, move |mut socket| {
+                    wait.recv().expect("waiting");
+                    socket.write_all(b"late").expect("send");
+                    wait.recv().expect("read");
+                });
+                let mut socket = PlainTcp::new(listener.accept().await.expect("accept"));
+                let reader = glommio::spawn_local(async move {
+                    let mut buf = [0u8; 8];
+                    let n = socket.read(&mut buf).await.expect("read");
+                    buf[..n].to_vec()
+                });
+                // The read waits on this executor's instance, which an event must wake.
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+                go.send(()).expect("client");
+                assert_eq!(bounded(reader).await, b"late", "round {round}");
+                go.send(()).expect("client");
+                talking.join().expect("client");
+            });
+        }
+    }
+
+    #[test]
     fn a_failed_watch_hands_waiting_reads_to_glommio() {
         glommio::LocalExecutor::default().run(async {
             let (listener, addr) = listener();
@@ -436,7 +491,7 @@ mod tests {
             assert_eq!(registered_sockets(), 1);
             fail_watch();
             go.send(()).expect("client");
-            let (read, registered) = reader.await;
+            let (read, registered) = bounded(reader).await;
             assert_eq!(read, b"after");
             assert_eq!(registered, 0, "the socket left the instance");
             go.send(()).expect("client");
