@@ -364,14 +364,7 @@ impl DmaFile {
     /// });
     /// ```
     pub async fn write_rc_at(&self, buf: Rc<DmaBuffer>, pos: u64) -> Result<usize> {
-        let source = self.file.reactor.upgrade().unwrap().write_dma(
-            self.as_raw_fd(),
-            DmaSource::Shared(buf),
-            pos,
-            self.pollable,
-            false,
-        );
-        enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
+        self.write_shared_at(buf, pos, false).await
     }
 
     /// [`DmaFile::write_rc_at`] that completes only once the bytes written are durable: one
@@ -380,12 +373,16 @@ impl DmaFile {
     /// where the write changed it). One request instead of a write and an `fdatasync`, which
     /// a kernel worker thread runs. (PicoMQ patch 10, `PATCHES.md`.)
     pub async fn write_rc_at_durable(&self, buf: Rc<DmaBuffer>, pos: u64) -> Result<usize> {
+        self.write_shared_at(buf, pos, true).await
+    }
+
+    async fn write_shared_at(&self, buf: Rc<DmaBuffer>, pos: u64, durable: bool) -> Result<usize> {
         let source = self.file.reactor.upgrade().unwrap().write_dma(
             self.as_raw_fd(),
             DmaSource::Shared(buf),
             pos,
             self.pollable,
-            true,
+            durable,
         );
         enhanced_try!(source.collect_rw().await, "Writing", self.file).map_err(Into::into)
     }

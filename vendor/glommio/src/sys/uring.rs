@@ -1464,23 +1464,21 @@ impl Reactor {
     }
 
     pub(crate) fn write_dma(&self, source: &Source, pos: u64, durable: bool) {
-        let op = match &*source.source_type() {
+        // A buffered file's write never uses a registered buffer.
+        let (ptr, len, fixed) = match &*source.source_type() {
             SourceType::Write(
                 PollableStatus::NonPollable(DirectIo::Disabled),
                 IoBuffer::DmaSource(buf),
-            ) if durable => UringOpDescriptor::DurableWrite(buf.as_ptr(), buf.len(), pos, None),
-            SourceType::Write(
-                PollableStatus::NonPollable(DirectIo::Disabled),
-                IoBuffer::DmaSource(buf),
-            ) => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
-            SourceType::Write(_, IoBuffer::DmaSource(buf)) if durable => {
-                UringOpDescriptor::DurableWrite(buf.as_ptr(), buf.len(), pos, buf.uring_buffer_id())
+            ) => (buf.as_ptr(), buf.len(), None),
+            SourceType::Write(_, IoBuffer::DmaSource(buf)) => {
+                (buf.as_ptr(), buf.len(), buf.uring_buffer_id())
             }
-            SourceType::Write(_, IoBuffer::DmaSource(buf)) => match buf.uring_buffer_id() {
-                Some(id) => UringOpDescriptor::WriteFixed(buf.as_ptr(), buf.len(), pos, id),
-                None => UringOpDescriptor::Write(buf.as_ptr(), buf.len(), pos),
-            },
             x => panic!("Unexpected source type for write: {:?}", x),
+        };
+        let op = match (durable, fixed) {
+            (true, fixed) => UringOpDescriptor::DurableWrite(ptr, len, pos, fixed),
+            (false, Some(id)) => UringOpDescriptor::WriteFixed(ptr, len, pos, id),
+            (false, None) => UringOpDescriptor::Write(ptr, len, pos),
         };
         queue_request_into_ring(
             &mut *self.ring_for_source(source),
