@@ -25,8 +25,7 @@ use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
 
-/// The most readiness events taken from the `epoll` instance per wake-up (more stay on its
-/// ready list, and the instance is readable again at once).
+/// The most readiness events taken from the `epoll` instance per wake-up.
 const EVENTS_PER_WAKE_MAX: usize = 128;
 
 thread_local! {
@@ -66,25 +65,60 @@ struct Socket {
     waiter: Option<Waker>,
 }
 
+/// A new `epoll` instance (this module's, and the parked subscribers' in `http1/parked.rs`).
+pub(crate) fn epoll_instance() -> io::Result<OwnedFd> {
+    // SAFETY: plain system call; the descriptor it returns is owned below.
+    let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if epoll < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(epoll) })
+}
+
+/// Waits until `epoll` has events, then takes up to `events.len()` of them without waiting:
+/// one poll through the core's ring per wake-up. More stay on its ready list, and it is
+/// readable again at once.
+pub(crate) async fn next_events<'a>(
+    epoll: &OwnedFd,
+    events: &'a mut [libc::epoll_event],
+) -> io::Result<&'a [libc::epoll_event]> {
+    glommio::net::poll_readable(epoll.as_raw_fd()).await?;
+    let room = i32::try_from(events.len()).unwrap_or(i32::MAX);
+    // SAFETY: `events` has room for the count given; the call does not wait.
+    let reported = unsafe { libc::epoll_wait(epoll.as_raw_fd(), events.as_mut_ptr(), room, 0) };
+    Ok(&events[..usize::try_from(reported).unwrap_or(0)])
+}
+
 impl Readiness {
     fn start() -> Option<Rc<Readiness>> {
-        // SAFETY: plain system call; the descriptor it returns is owned below.
-        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epoll < 0 {
-            log::warn!(
-                "socket reads wait through glommio on this core (epoll_create1: {})",
-                io::Error::last_os_error()
-            );
-            return None;
-        }
+        let epoll = match epoll_instance() {
+            Ok(epoll) => epoll,
+            Err(e) => {
+                log::warn!("socket reads wait through glommio on this core (epoll_create1: {e})");
+                return None;
+            }
+        };
         let readiness = Rc::new(Readiness {
-            // SAFETY: a new descriptor, owned by nothing else.
-            epoll: unsafe { OwnedFd::from_raw_fd(epoll) },
+            epoll,
             sockets: RefCell::default(),
             failed: Cell::new(false),
         });
         glommio::spawn_local(watch(readiness.clone())).detach();
         Some(readiness)
+    }
+
+    /// The watch failed: every registration reads through glommio from now on, and every
+    /// waiting task tries again (and goes there).
+    fn fail(&self) {
+        self.failed.set(true);
+        let waiters: Vec<Waker> = self
+            .sockets
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(|(_, s)| s.waiter.take())
+            .collect();
+        waiters.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -93,28 +127,16 @@ async fn watch(readiness: Rc<Readiness>) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS_PER_WAKE_MAX];
     let mut woken = Vec::new();
     loop {
-        if let Err(e) = glommio::net::poll_readable(readiness.epoll.as_raw_fd()).await {
-            log::error!("socket readiness watch failed, reads wait through glommio: {e}");
-            readiness.failed.set(true);
-            // Every waiting task tries again, and goes to glommio.
-            let mut sockets = readiness.sockets.borrow_mut();
-            woken.extend(sockets.iter_mut().filter_map(|(_, s)| s.waiter.take()));
-            drop(sockets);
-            woken.drain(..).for_each(Waker::wake);
-            return;
-        }
-        // SAFETY: `events` has room for the count given; the call does not wait.
-        let reported = unsafe {
-            libc::epoll_wait(
-                readiness.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                EVENTS_PER_WAKE_MAX as i32,
-                0,
-            )
+        let reported = match next_events(&readiness.epoll, &mut events).await {
+            Ok(reported) => reported,
+            Err(e) => {
+                log::error!("socket readiness watch failed, reads wait through glommio: {e}");
+                readiness.fail();
+                return;
+            }
         };
-        let reported = usize::try_from(reported).unwrap_or(0);
         let mut sockets = readiness.sockets.borrow_mut();
-        for event in &events[..reported] {
+        for event in reported {
             // A socket leaves the instance before its entry goes, so the key is its own.
             if let Some(socket) = usize::try_from(event.u64)
                 .ok()
@@ -259,15 +281,7 @@ fn registered_sockets() -> usize {
 /// Fails this core's watch as a failed poll would: waiting reads go to glommio.
 #[cfg(test)]
 fn fail_watch() {
-    let readiness = this_core().expect("the instance is made");
-    readiness.failed.set(true);
-    let waiters: Vec<Waker> = readiness
-        .sockets
-        .borrow_mut()
-        .iter_mut()
-        .filter_map(|(_, s)| s.waiter.take())
-        .collect();
-    waiters.into_iter().for_each(Waker::wake);
+    this_core().expect("the instance is made").fail();
 }
 
 #[cfg(test)]

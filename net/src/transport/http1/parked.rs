@@ -26,7 +26,7 @@
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Poll, Waker};
@@ -39,6 +39,7 @@ use super::write::Chunks;
 use super::{Parked, Streaming};
 use crate::live_response::{live_read, LiveBody};
 use crate::transport::drive::{stage_ready, tail_read};
+use crate::transport::readiness::{epoll_instance, next_events};
 use crate::transport::socket::PlainTcp;
 
 /// Subscribers parked on all cores of this process (`pico_sse_parked` in the metrics).
@@ -145,18 +146,15 @@ struct Registry {
 impl Registry {
     /// This core's registry and its task watching the parked sockets.
     fn start() -> Option<Rc<Registry>> {
-        // SAFETY: plain system call; the descriptor it returns is owned below.
-        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epoll < 0 {
-            log::warn!(
-                "parked subscribers off on this core (epoll_create1: {})",
-                io::Error::last_os_error()
-            );
-            return None;
-        }
+        let epoll = match epoll_instance() {
+            Ok(epoll) => epoll,
+            Err(e) => {
+                log::warn!("parked subscribers off on this core (epoll_create1: {e})");
+                return None;
+            }
+        };
         let registry = Rc::new(Registry {
-            // SAFETY: a new descriptor, owned by nothing else.
-            epoll: unsafe { OwnedFd::from_raw_fd(epoll) },
+            epoll,
             slots: RefCell::default(),
             free: RefCell::default(),
             groups: RefCell::default(),
@@ -482,21 +480,14 @@ async fn run_group(registry: Rc<Registry>, group: Rc<Group>) {
 async fn watch_peers(registry: Rc<Registry>) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS_PER_WAKE_MAX];
     loop {
-        if let Err(e) = glommio::net::poll_readable(registry.epoll.as_raw_fd()).await {
-            log::error!("parked subscribers' watch failed: {e}");
-            return;
-        }
-        // SAFETY: `events` has room for the count given; the call does not wait.
-        let ready = unsafe {
-            libc::epoll_wait(
-                registry.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                EPOLL_EVENTS_PER_WAKE_MAX as i32,
-                0,
-            )
+        let ready = match next_events(&registry.epoll, &mut events).await {
+            Ok(ready) => ready,
+            Err(e) => {
+                log::error!("parked subscribers' watch failed: {e}");
+                return;
+            }
         };
-        let ready = usize::try_from(ready).unwrap_or(0);
-        for event in &events[..ready] {
+        for event in ready {
             let id = MemberId::from_token(event.u64);
             registry.hand_back(id, Bytes::new(), true);
         }
