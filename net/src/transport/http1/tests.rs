@@ -40,7 +40,7 @@ fn an_idle_connection_does_not_carry_a_request_s_future() {
 
 /// Reading a request is a future of a few hundred bytes, boxed per request: httparse's room
 /// for the headers is a synchronous function's, not kept in it across the body's awaits
-/// (3,896 bytes when it was, a 3.9 KiB allocation and copy per request).
+/// (there it would make the future about 3.9 KiB, allocated and copied per request).
 #[test]
 fn reading_a_request_keeps_no_room_for_the_headers_parser() {
     let mut stream = futures_lite::io::Cursor::new(Vec::<u8>::new());
