@@ -93,13 +93,23 @@ impl Shard {
             // a kernel worker thread ran). A short write is an error too: the bytes past it are
             // not on disk.
             let durable_from = self.clock.now();
-            let written = file
-                .write_rc_at_durable(buffer.clone(), start as u64)
-                .await
-                .map_err(|e| WalFault::Write {
-                    path: shown(),
-                    source: Arc::new(e.into()),
-                })?;
+            let mut write = std::pin::pin!(file.write_rc_at_durable(buffer.clone(), start as u64));
+            // Polled once, the write is in the kernel (vendored glommio submits DMA writes at
+            // once), and the file's name is checked while the device works rather than after
+            // it, off the acknowledgement's path. A file removed during the write is one
+            // removed just after an acknowledgement: the check stops the next round.
+            let early = futures_lite::future::poll_once(write.as_mut()).await;
+            if let Some(path) = &path {
+                same_file(&file, path)?;
+            }
+            let written = match early {
+                Some(done) => done,
+                None => write.await,
+            }
+            .map_err(|e| WalFault::Write {
+                path: shown(),
+                source: Arc::new(e.into()),
+            })?;
             journal.round_buffer_written(buffer, self.clock.now());
             if written < len {
                 return Err(WalFault::ShortWrite {
@@ -126,9 +136,6 @@ impl Shard {
             self.metrics
                 .wal_fsync_latency
                 .observe(self.clock.now().saturating_duration_since(durable_from));
-            if let Some(path) = &path {
-                same_file(&file, path)?;
-            }
         }
         journal.round_written(no, written_len);
         self.release_acks();

@@ -448,6 +448,43 @@ mod tests {
         );
     }
 
+    /// Sleeps of the test below, each of 1 ms.
+    const TIMED_SLEEPS: u64 = 200;
+
+    /// `io_uring_enter` calls a core may make for one sleep and the pass that follows it:
+    /// arming its preemption timer on waking, and, to sleep again, swapping that timer for the
+    /// next user timer in one submission and submitting the rings' link while it waits in one
+    /// call, with one spare for a timer that fired on a busy machine.
+    const ENTERS_PER_SLEEP_MAX: u64 = 4;
+
+    /// A core that wakes, runs a task and sleeps again keeps its timers armed while they
+    /// still serve, instead of cancelling and arming them on every pass of its run loop
+    /// (vendor/glommio/PATCHES.md, change 11): a lone request costs a core two such cycles, on
+    /// its arrival and on its write's completion. Unpatched, each cycle made six calls to
+    /// submit (a cancellation, the throughput timer's re-arming and a new preemption timer
+    /// on each pass, then the rings' link) besides the wait itself.
+    #[test]
+    fn a_core_that_wakes_and_sleeps_again_keeps_its_timers_armed() {
+        let core = core_executor(Placement::Unbound, 0)
+            .spawn(|| async {
+                let executor = glommio::executor();
+                // Warm up, then count from zero (reading the statistics resets them).
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+                let _ = executor.io_stats();
+                for _ in 0..TIMED_SLEEPS {
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                }
+                let stats = executor.io_stats();
+                stats.main_ring.kernel_enters() + stats.latency_ring.kernel_enters()
+            })
+            .unwrap();
+        let enters = core.join().unwrap();
+        assert!(
+            enters <= ENTERS_PER_SLEEP_MAX * TIMED_SLEEPS,
+            "{enters} calls to io_uring_enter for {TIMED_SLEEPS} sleeps"
+        );
+    }
+
     /// A commit round's durable write (`RWF_DSYNC`, vendor/glommio/PATCHES.md, change 10) from
     /// a buffer of the core's registered I/O memory and from one too large for it: the kernel
     /// takes the flag on both paths, and the bytes are in the file when the write completes.

@@ -538,6 +538,8 @@ pub struct RingIoStats {
     pub(crate) file_bytes_written: u64,
     pub(crate) file_buffered_writes: u64,
     pub(crate) file_buffered_bytes_written: u64,
+    /// `io_uring_enter` calls made on the ring (PicoMQ patch, PATCHES.md change 11).
+    pub(crate) kernel_enters: u64,
 
     // Distributions
     pub(crate) pre_reactor_io_scheduler_latency_us: sketches_ddsketch::DDSketch,
@@ -560,6 +562,7 @@ impl Default for RingIoStats {
             file_bytes_written: 0,
             file_buffered_writes: 0,
             file_buffered_bytes_written: 0,
+            kernel_enters: 0,
             pre_reactor_io_scheduler_latency_us: sketches_ddsketch::DDSketch::new(
                 sketches_ddsketch::Config::new(0.01, 2048, 1.0e-9),
             ),
@@ -591,11 +594,18 @@ impl Debug for RingIoStats {
                 "file_buffered_bytes_written",
                 &self.file_buffered_bytes_written,
             )
+            .field("kernel_enters", &self.kernel_enters)
             .finish_non_exhaustive()
     }
 }
 
 impl RingIoStats {
+    /// The `io_uring_enter` calls made on this ring so far, to submit, to wait or to run
+    /// pending task work (PicoMQ patch, PATCHES.md change 11).
+    pub fn kernel_enters(&self) -> u64 {
+        self.kernel_enters
+    }
+
     /// The total amount of files opened in this executor so far.
     ///
     /// [`files_opened`] - [`files_closed`] gives the current open files count

@@ -1119,16 +1119,19 @@ impl SleepableRing {
                 &mut self.source_map.borrow_mut(),
             );
 
-            // We have now prepared the SQE that links the two rings. We now need to submit
-            // it successfully to be able to safely sleep.
-
-            if self
-                .submit_sqes()
+            // We have now prepared the SQE that links the two rings. It is submitted and the
+            // thread waits in one `io_uring_enter` (PicoMQ patch, PATCHES.md change 11): the
+            // kernel waits only once the submission went in, and otherwise returns at once.
+            self.stats.kernel_enters += 1;
+            let submitted = self
+                .ring
+                .submit_sqes_and_wait(1)
+                .map(|submitted| submitted as usize)
                 .or_else(Reactor::busy_ok)
                 .or_else(Reactor::again_ok)
-                .or_else(Reactor::intr_ok)?
-                != 1
-            {
+                .or_else(Reactor::intr_ok)?;
+            self.in_kernel += submitted;
+            if submitted != 1 {
                 // We failed to submit the `SQE` that links the rings. Just can't sleep.
                 // Waiting here is unsafe because we could end up waiting much longer than
                 // needed.
@@ -1136,14 +1139,8 @@ impl SleepableRing {
                 unsafe { crate::uring_sys::io_uring_prep_nop(sqe_ptr) };
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             } else {
-                // The rings are linked. Goodnight!
-                self.ring
-                    .cq()
-                    .wait(1)
-                    .map(|_| 1)
-                    .or_else(Reactor::busy_ok)
-                    .or_else(Reactor::again_ok)
-                    .or_else(Reactor::intr_ok)
+                // The rings were linked, and the thread slept until a completion came.
+                Ok(1)
             }
         } else {
             // Can't link rings because we ran out of `CQE`s. Just can't sleep.
@@ -1169,6 +1166,7 @@ impl UringCommon for SleepableRing {
                 .load(std::sync::atomic::Ordering::Acquire)
         };
         if flags & SQ_TASKRUN != 0 {
+            self.stats.kernel_enters += 1;
             // SAFETY: a plain `io_uring_enter` on this ring's own descriptor, submitting
             // nothing and waiting for nothing: it only runs the pending task work.
             unsafe {
@@ -1234,6 +1232,7 @@ impl UringCommon for SleepableRing {
     }
 
     fn submit_sqes(&mut self) -> io::Result<usize> {
+        self.stats.kernel_enters += 1;
         let x = self.ring.submit_sqes()? as usize;
         self.in_kernel += x;
         Ok(x)
@@ -1290,13 +1289,20 @@ impl UringCommon for SleepableRing {
     }
 }
 
+/// The timer armed on the latency ring (PicoMQ patch, change 11): its source, and when it
+/// expires at the latest as this thread's clock reads it.
+struct LatencyTimer {
+    source: Source,
+    expires: Instant,
+}
+
 pub(crate) struct Reactor {
     // FIXME: it is starting to feel we should clean this up to a Inner pattern
     main_ring: RefCell<SleepableRing>,
     latency_ring: RefCell<SleepableRing>,
     poll_ring: RefCell<PollRing>,
 
-    latency_preemption_timeout_src: Cell<Option<Source>>,
+    latency_preemption_timeout_src: Cell<Option<LatencyTimer>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1901,22 +1907,57 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // Cancel the old timer regardless of whether we can sleep:
-        // if we won't sleep, we will register the new timer with its new
-        // value.
+        // PicoMQ patch (PATCHES.md, change 11): the rings' timers stay armed while they still
+        // serve, instead of being cancelled and armed again on every pass (three
+        // `io_uring_enter` per pass, five per sleep, for a lone request's two passes).
         //
-        // But if we will sleep, there might be a timer registered that needs
-        // to be removed otherwise we'll wake up when it expires.
-        drop(self.latency_preemption_timeout_src.take());
+        // The throughput timer counts completions on the main ring; it is armed again only
+        // once it has fired. Kept, it fires after `ring_depth` completions since it was armed
+        // rather than since this pass: a preemption a little sooner, at most once per
+        // `ring_depth` completions.
+        let throughput = self
+            .throughput_preemption_timeout_src
+            .take()
+            .filter(|timer| timer.result().is_none());
+        self.throughput_preemption_timeout_src
+            .set(Some(throughput.unwrap_or_else(|| {
+                main_ring.prepare_throughput_preemption_timer(
+                    self.ring_depth() as u32,
+                    self.eventfd_src.raw(),
+                )
+            })));
 
-        // Schedule the throughput-based timeout immediately: it won't matter if we end
-        // up sleeping.
-        self.throughput_preemption_timeout_src.replace(Some(
-            main_ring.prepare_throughput_preemption_timer(
-                self.ring_depth() as u32,
-                self.eventfd_src.raw(),
-            ),
-        ));
+        // The latency ring's timer is the preemption timer while tasks run, and the next user
+        // timer when the executor may sleep. An armed one that has not fired is kept when it
+        // expires no later than the one wanted: for preemption, a run then ends a little
+        // sooner; for a user timer, only if it expires at most 1/16 of the wait early, so an
+        // early wake-up is rare. Otherwise it is cancelled and the one wanted armed, both in
+        // the same submission below.
+        let preempt = preempt_timer();
+        let wanted = preempt.or(user_timer);
+        let now = Instant::now();
+        let armed = self
+            .latency_preemption_timeout_src
+            .take()
+            .filter(|timer| timer.source.result().is_none());
+        let keep = match (&armed, preempt, user_timer) {
+            (Some(timer), Some(preempt), _) => timer.expires <= now + preempt,
+            (Some(timer), None, Some(user)) => {
+                timer.expires <= now + user && timer.expires + user / 16 >= now + user
+            }
+            _ => false,
+        };
+        if keep {
+            self.latency_preemption_timeout_src.set(armed);
+        } else {
+            drop(armed);
+            if let Some(wanted) = wanted {
+                self.latency_preemption_timeout_src.set(Some(LatencyTimer {
+                    source: lat_ring.prepare_latency_preemption_timer(wanted),
+                    expires: now + wanted,
+                }));
+            }
+        }
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1928,20 +1969,15 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
-        let should_sleep = preempt_timer().is_none()
+        let should_sleep = preempt.is_none()
             && (woke == 0)
             && poll_ring.can_sleep()
             && main_ring.can_sleep()
             && lat_ring.can_sleep();
 
         if should_sleep {
-            // We are about to go to sleep. It's ok to sleep, but if there
-            // is a timer set, we need to make sure we wake up to handle it.
-            if let Some(dur) = user_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(dur)));
-                assert!(flush_rings!(lat_ring)? > 0);
-            }
+            // The user timer, if any, is armed above: it wakes the executor when it is due.
+            //
             // From this moment on the remote executors are aware that we are sleeping
             // We have to sweep the remote channels function once more because since
             // last time until now it could be that something happened in a remote executor
@@ -1964,12 +2000,6 @@ impl Reactor {
                 // Woke up, so no need to notify us anymore.
                 self.notifier.wake_up();
             }
-        }
-
-        if let Some(preempt) = preempt_timer() {
-            self.latency_preemption_timeout_src
-                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-            flush_rings!(lat_ring, main_ring)?;
         }
 
         // A Note about `need_preempt`:
