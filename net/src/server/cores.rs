@@ -485,6 +485,104 @@ mod tests {
         );
     }
 
+    /// Rounds of the test below, each a timer and a wake-up just before it expires.
+    const TIMER_RACE_ROUNDS: u64 = 2_000;
+    /// How long a round's timer waits at least.
+    const TIMER_RACE_WAIT_US: u64 = 150;
+    /// How long the other thread waits for a round's timer to fire before it calls it lost.
+    const TIMER_LOST_AFTER: Duration = Duration::from_secs(10);
+
+    /// A core woken by I/O just before its timer expires, that goes back to sleep with the
+    /// timer still armed, still wakes for the timer (vendor/glommio/PATCHES.md, change 11).
+    /// A kept timer can fire between the reactor's first look at its rings and the look just
+    /// before it sleeps; that second look takes the completion, and a core that then slept
+    /// would wait for a timer no longer armed, until some unrelated event (an object-durability
+    /// append waited out its client's deadline). Each round arms a timer and has another
+    /// thread send the core a byte within 40 µs of its expiry, then nothing until the timer
+    /// fires: a lost timer leaves the round waiting, and the thread gives up after
+    /// `TIMER_LOST_AFTER`.
+    #[test]
+    fn a_timer_that_expires_as_the_core_goes_back_to_sleep_still_wakes_it() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let (mut sender, mut receiver) = std::os::unix::net::UnixStream::pair().unwrap();
+        receiver.set_nonblocking(true).unwrap();
+        let base = std::time::Instant::now();
+        // The round under way (counted from 1) and its timer's deadline, in ns from `base`.
+        let (round_now, deadline_ns) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (fired_tx, fired_rx) = mpsc::channel::<u64>();
+        let (published_round, published_deadline) = (round_now.clone(), deadline_ns.clone());
+        let core = core_executor(Placement::Unbound, 0)
+            .spawn(move || async move {
+                let reader = glommio::spawn_local(async move {
+                    let mut bytes = [0u8; 64];
+                    loop {
+                        if glommio::net::poll_readable(receiver.as_raw_fd())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        match receiver.read(&mut bytes) {
+                            Ok(0) => return,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .detach();
+                for round in 0..TIMER_RACE_ROUNDS {
+                    let wait = Duration::from_micros(TIMER_RACE_WAIT_US + round % 50);
+                    let deadline = std::time::Instant::now() + wait;
+                    published_deadline
+                        .store((deadline - base).as_nanos() as u64, Ordering::Relaxed);
+                    published_round.store(round + 1, Ordering::Release);
+                    glommio::timer::sleep(wait).await;
+                    if fired_tx.send(round).is_err() {
+                        break;
+                    }
+                }
+                reader.cancel();
+            })
+            .unwrap();
+        let mut lost = None;
+        for round in 0..TIMER_RACE_ROUNDS {
+            // The round's deadline, then a byte within 40 µs of it. A thread late enough that
+            // the round's timer already fired sends its byte at once.
+            let published_by = std::time::Instant::now() + TIMER_LOST_AFTER;
+            while round_now.load(Ordering::Acquire) <= round
+                && std::time::Instant::now() < published_by
+            {
+                std::hint::spin_loop();
+            }
+            let deadline = deadline_ns.load(Ordering::Relaxed);
+            let send_at = base + Duration::from_nanos(deadline.saturating_sub(round % 40 * 1_000));
+            while std::time::Instant::now() < send_at
+                && round_now.load(Ordering::Acquire) == round + 1
+            {
+                std::hint::spin_loop();
+            }
+            sender.write_all(&[1]).unwrap();
+            match fired_rx.recv_timeout(TIMER_LOST_AFTER) {
+                Ok(fired) => assert_eq!(fired, round),
+                Err(_) => {
+                    lost = Some(round);
+                    break;
+                }
+            }
+        }
+        // A lost timer's round ends with the next event: this byte, or the stream's end.
+        drop(fired_rx);
+        let _ = sender.write_all(&[1]);
+        drop(sender);
+        core.join().unwrap();
+        assert_eq!(
+            lost, None,
+            "a round's timer did not wake the core within {TIMER_LOST_AFTER:?}"
+        );
+    }
+
     /// A commit round's durable write (`RWF_DSYNC`, vendor/glommio/PATCHES.md, change 10) from
     /// a buffer of the core's registered I/O memory and from one too large for it: the kernel
     /// takes the flag on both paths, and the bytes are in the file when the write completes.

@@ -1968,9 +1968,24 @@ impl Reactor {
         // pick up the results of any cancellations
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
+        // A kept timer that fired after the first look at the rings had its completion taken
+        // just now: sleeping would wait for a timer no longer armed. The next pass arms the
+        // one wanted again.
+        let timer_armed = wanted.is_none()
+            || self
+                .latency_preemption_timeout_src
+                .take()
+                .map(|timer| {
+                    let pending = timer.source.result().is_none();
+                    self.latency_preemption_timeout_src.set(Some(timer));
+                    pending
+                })
+                .unwrap_or(false);
+
         // If we generated any event so far, we can't sleep. Need to handle them.
         let should_sleep = preempt.is_none()
             && (woke == 0)
+            && timer_armed
             && poll_ring.can_sleep()
             && main_ring.can_sleep()
             && lat_ring.can_sleep();
