@@ -56,6 +56,10 @@ const EPOLL_EVENTS_PER_WAKE_MAX: usize = 64;
 /// rather than a read of its own a moment later.
 const DUE_SLACK: Duration = Duration::from_millis(1);
 
+/// Members a group answers between looks at the core's preemption timer: a few hundred
+/// microseconds of socket writes.
+const DELIVER_CHUNK_MEMBERS: usize = 64;
+
 thread_local! {
     /// This core's parked subscribers, made on the first park (`None` if the core cannot make
     /// an `epoll` instance: its connections then stay tasks).
@@ -340,8 +344,11 @@ impl Registry {
     /// Answers a group's members with its read: every member if there is news (records, the
     /// stream closed or gone, the node stopping), else those whose round is over (a
     /// keep-alive, or the end). Each is written to at once; a member stays parked if its
-    /// socket took everything and it waits at the tail again.
-    fn deliver(self: &Rc<Self>, group: &Rc<Group>, read: Option<(ReadBatch, bool)>) {
+    /// socket took everything and it waits at the tail again. Between every
+    /// `DELIVER_CHUNK_MEMBERS` members the task yields if the core's preemption timer has
+    /// fired: thousands of members take tens of milliseconds of writes, and the core's other
+    /// tasks (a writer's acknowledgement, another core's message) would wait for all of them.
+    async fn deliver(self: &Rc<Self>, group: &Rc<Group>, read: Option<(ReadBatch, bool)>) {
         let now = Instant::now();
         let news = match &read {
             None => true,
@@ -355,9 +362,11 @@ impl Registry {
         let mut handed_back = Vec::new();
         let mut closed = Vec::new();
         let mut out = Chunks::default();
-        {
+        for chunk in ids.chunks(DELIVER_CHUNK_MEMBERS) {
+            // A member may have left while the task yielded: its slot's generation moved on.
+            glommio::yield_if_needed().await;
             let mut slots = self.slots.borrow_mut();
-            for id in ids {
+            for &id in chunk {
                 let slot = &mut slots[id.index as usize];
                 if slot.generation != id.generation {
                     continue;
@@ -470,7 +479,7 @@ async fn run_group(registry: Rc<Registry>, group: Rc<Group>) {
         .await;
         group.read_until.set(None);
         if let Some(read) = read {
-            registry.deliver(&group, read);
+            registry.deliver(&group, read).await;
         }
     }
 }
