@@ -359,12 +359,12 @@ impl Registry {
         let ids = std::mem::take(&mut *group.members.borrow_mut());
         let mut waiting = Vec::new();
         let mut staying = Vec::new();
-        let mut handed_back = Vec::new();
-        let mut closed = Vec::new();
         let mut out = Chunks::default();
         for chunk in ids.chunks(DELIVER_CHUNK_MEMBERS) {
             // A member may have left while the task yielded: its slot's generation moved on.
             glommio::yield_if_needed().await;
+            let mut handed_back = Vec::new();
+            let mut closed = Vec::new();
             let mut slots = self.slots.borrow_mut();
             for &id in chunk {
                 let slot = &mut slots[id.index as usize];
@@ -398,6 +398,18 @@ impl Registry {
                     },
                 }
             }
+            drop(slots);
+            // Before the task can yield again: a member whose socket did not take all of its
+            // answer gets its connection back with the rest now, or the watch could hand it
+            // back without it (its peer sent bytes) and the rest would be lost.
+            for id in closed {
+                if let Some(member) = self.remove(id) {
+                    self.unwatch(&member.fd);
+                }
+            }
+            for (id, unsent) in handed_back {
+                self.hand_back(id, unsent, false);
+            }
         }
         group.members.borrow_mut().extend(waiting);
         if news {
@@ -421,14 +433,6 @@ impl Registry {
                 Some(target) if target.shape.get() == shape => target.join(id, due),
                 _ => joined = Some(self.place(id, &group.name, &group.core, shape, due)),
             }
-        }
-        for id in closed {
-            if let Some(member) = self.remove(id) {
-                self.unwatch(&member.fd);
-            }
-        }
-        for (id, unsent) in handed_back {
-            self.hand_back(id, unsent, false);
         }
     }
 
