@@ -1908,8 +1908,7 @@ impl Reactor {
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
         // PicoMQ patch (PATCHES.md, change 11): the rings' timers stay armed while they still
-        // serve, instead of being cancelled and armed again on every pass (three
-        // `io_uring_enter` per pass, five per sleep, for a lone request's two passes).
+        // serve, so a pass that has nothing to submit does not enter the kernel.
         //
         // The throughput timer counts completions on the main ring; it is armed again only
         // once it has fired. Kept, it fires after `ring_depth` completions since it was armed
@@ -1936,27 +1935,23 @@ impl Reactor {
         let preempt = preempt_timer();
         let wanted = preempt.or(user_timer);
         let now = Instant::now();
-        let armed = self
+        let mut timer = self
             .latency_preemption_timeout_src
             .take()
             .filter(|timer| timer.source.result().is_none());
-        let keep = match (&armed, preempt, user_timer) {
+        let keep = match (&timer, preempt, user_timer) {
             (Some(timer), Some(preempt), _) => timer.expires <= now + preempt,
             (Some(timer), None, Some(user)) => {
                 timer.expires <= now + user && timer.expires + user / 16 >= now + user
             }
             _ => false,
         };
-        if keep {
-            self.latency_preemption_timeout_src.set(armed);
-        } else {
-            drop(armed);
-            if let Some(wanted) = wanted {
-                self.latency_preemption_timeout_src.set(Some(LatencyTimer {
-                    source: lat_ring.prepare_latency_preemption_timer(wanted),
-                    expires: now + wanted,
-                }));
-            }
+        if !keep {
+            // Dropping the one armed queues its cancellation.
+            timer = wanted.map(|wanted| LatencyTimer {
+                source: lat_ring.prepare_latency_preemption_timer(wanted),
+                expires: now + wanted,
+            });
         }
 
         // This will only dispatch if we run out of sqes. Which means until
@@ -1972,15 +1967,10 @@ impl Reactor {
         // just now: sleeping would wait for a timer no longer armed. The next pass arms the
         // one wanted again.
         let timer_armed = wanted.is_none()
-            || self
-                .latency_preemption_timeout_src
-                .take()
-                .map(|timer| {
-                    let pending = timer.source.result().is_none();
-                    self.latency_preemption_timeout_src.set(Some(timer));
-                    pending
-                })
-                .unwrap_or(false);
+            || timer
+                .as_ref()
+                .is_some_and(|timer| timer.source.result().is_none());
+        self.latency_preemption_timeout_src.set(timer);
 
         // If we generated any event so far, we can't sleep. Need to handle them.
         let should_sleep = preempt.is_none()
