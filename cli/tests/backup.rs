@@ -610,6 +610,40 @@ fn one_backup_at_a_time_and_an_unfinished_or_damaged_backup_is_refused() {
     assert!(!work.join("from-unfinished").exists(), "nothing laid out");
 }
 
+#[test]
+fn a_backup_refuses_a_damaged_segment_object_and_names_it() {
+    let server = Server::start(&["--cores", "1", "--segment-max-age-ms", "200"]);
+    fill(&server, "/b", 50, 1_000);
+    let object = common::wait_for("an uploaded segment", ADMIN_TIMEOUT, || {
+        let metrics = admin(&server, "GET", "/metrics", &Value::Null).text();
+        let uploaded = metrics
+            .lines()
+            .find(|l| l.starts_with("pico_uploads_total{core=\"0\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1);
+        uploaded.then(|| segment_objects(&server).into_iter().next())?
+    });
+    let mut bytes = std::fs::read(&object).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&object, &bytes).unwrap();
+
+    let failed = backup(&server, &json!({"to": "damaged"}));
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    let key = object.file_name().unwrap().to_str().unwrap();
+    assert!(error.contains(key), "{failed}");
+    assert!(error.contains("is damaged"), "{failed}");
+    // No manifest: the damaged copy can never be restored as a backup.
+    let out = restore(
+        server.dir(),
+        &backup_path(&server, "damaged"),
+        &server.dir().join("from-damaged"),
+        &[],
+    );
+    assert!(!out.status.success());
+}
+
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("create");
     for entry in std::fs::read_dir(from).expect("read").flatten() {

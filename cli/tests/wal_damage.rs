@@ -67,19 +67,7 @@ fn flip_a_byte(server: &Server, flip: Flip) -> std::path::PathBuf {
     let mut data = std::fs::read(&path).unwrap();
     let at = match flip {
         Flip::At(fraction) => (written as f64 * fraction) as usize,
-        Flip::RecordBodyAfter(fraction) => {
-            // Frames laid end to end: a header's `len` first, its kind at byte 8 (1: record).
-            let from = (written as f64 * fraction) as usize;
-            let mut pos = 0;
-            loop {
-                let len = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
-                if pos >= from && data[pos + 8] == 1 {
-                    break pos + len - 3;
-                }
-                pos += len;
-                assert!(pos < written, "a record after {from}");
-            }
-        }
+        Flip::RecordBodyAfter(fraction) => common::record_body_byte_after(&data, fraction),
     };
     data[at] ^= 0x04;
     std::fs::write(&path, &data).unwrap();

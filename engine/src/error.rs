@@ -65,6 +65,31 @@ pub enum StorageFault {
     ForkReadLoop { fork: String },
 }
 
+impl StorageFault {
+    /// Whether the stored bytes themselves are damaged (a frame failing its CRC, an object
+    /// shorter than the catalog says): asking again reads the same bytes, so the answer is a
+    /// server error to report, not an outage to wait out.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            StorageFault::CorruptFrame { .. }
+                | StorageFault::SegmentShort { .. }
+                | StorageFault::BlockShort { .. }
+                | StorageFault::Object {
+                    error: StoreError::Short { .. },
+                    ..
+                }
+        )
+    }
+}
+
+impl EngineError {
+    /// Whether this is damage of the stored bytes ([`StorageFault::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, EngineError::Storage(fault) if fault.is_damage())
+    }
+}
+
 /// Why this node cannot serve a stream right now; each is retried by the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotOwnerReason {

@@ -408,6 +408,20 @@ impl<'a> SplitFrames<'a> {
     }
 }
 
+/// Where the first damaged frame of `buf` starts, and why it is: `buf` holds frames end to
+/// end (a segment object, every byte of it a frame), each checked with its CRC. `None` when
+/// every frame is whole.
+pub fn first_damage(buf: &[u8]) -> Option<(usize, FrameError)> {
+    let mut pos = 0;
+    while pos < buf.len() {
+        match check_frame(buf, pos) {
+            Ok((_, len)) => pos += len,
+            Err(error) => return Some((pos, error)),
+        }
+    }
+    None
+}
+
 /// Length of the longest prefix of `buf` made of valid frames that ends with a whole request
 /// (what recovery keeps of a torn version-1 WAL file, `wal_file.rs`: a request cut by a crash
 /// was never acknowledged).

@@ -193,6 +193,11 @@ pub const CACHE_BLOCK_BYTES: usize = 1024 * 1024;
 /// A segment uploaded within this many milliseconds of a read of sealed data stays in memory
 /// for the readers behind the tail (`ReadCache::keep_uploaded`); else only the bucket has it.
 pub const SEALED_READ_RECENT_MS: u64 = 10_000;
+/// A core logs the damaged stored bytes its reads meet at most once per this many
+/// milliseconds (each is counted in `pico_damaged_reads_total`): a reader retrying a damaged
+/// range must not flood the log.
+pub const DAMAGE_LOG_INTERVAL_MS: u64 = 10_000;
+
 /// Checked byte ranges the read cache remembers per cached segment (`ReadCache::mark_checked`;
 /// 16 bytes each). A stream's chunks are ranges that merge as one reader reads on; past this
 /// many apart, further reads of the segment check their frames again.

@@ -129,6 +129,9 @@ pub struct CoreMetrics {
     /// Sealed bytes not yet in the object store.
     pub upload_backlog_bytes: AtomicU64,
     pub meta_commits: AtomicU64,
+    /// Reads that met damaged stored bytes (`StorageFault::is_damage`); each is logged,
+    /// at most one line per `limits::DAMAGE_LOG_INTERVAL_MS`.
+    pub damaged_reads: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     /// Segment buffers and cached blocks held in memory.

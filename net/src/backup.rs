@@ -134,6 +134,15 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
                 });
             }
         }
+        // A damaged object copied as it is would make the backup a second copy of the damage,
+        // found only when someone reads it after a restore: refused here, naming it.
+        if let Some((at, error)) = pico_engine::frame::first_damage(&bytes) {
+            return Err(BackupError::DamagedObject {
+                key: key.clone(),
+                at,
+                error: format!("{error:?}"),
+            });
+        }
         let digest = sha256_hex(&bytes);
         let length = bytes.len() as u64;
         put(&dest, key, bytes)?;

@@ -110,9 +110,12 @@ impl Backend {
 /// segment that only fails later, at a CRC check far from the cause.
 pub(crate) fn check_range(key: &str, start: u64, end: u64, size: u64) -> Result<(), StoreError> {
     if end > size {
-        return Err(StoreError::Io(format!(
-            "range {start}..{end} is past the end of {key} ({size} bytes)"
-        )));
+        return Err(StoreError::Short {
+            key: key.to_string(),
+            start,
+            end,
+            size,
+        });
     }
     Ok(())
 }

@@ -69,6 +69,14 @@ pub enum StoreError {
     NotFound(String),
     /// The backend failed; the message carries the cause.
     Io(String),
+    /// The object at `key` is `size` bytes, and ends before the range `start..end` asked of
+    /// it: what was stored is shorter than what was written (never served as a short read).
+    Short {
+        key: String,
+        start: u64,
+        end: u64,
+        size: u64,
+    },
     /// The upload thread is gone.
     Closed,
 }
@@ -79,6 +87,15 @@ impl std::fmt::Display for StoreError {
             StoreError::BadUri(m) => f.write_str(m),
             StoreError::NotFound(k) => write!(f, "object {k} not found"),
             StoreError::Io(m) => write!(f, "object store: {m}"),
+            StoreError::Short {
+                key,
+                start,
+                end,
+                size,
+            } => write!(
+                f,
+                "object store: range {start}..{end} is past the end of {key} ({size} bytes)"
+            ),
             StoreError::Closed => f.write_str("object store is shut down"),
         }
     }

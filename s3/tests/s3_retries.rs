@@ -301,7 +301,8 @@ fn a_short_range_answer_is_an_error_not_a_short_read() {
     )]);
     let store = open(&endpoint, S3Options::default());
     match wait(store.get_range("k", 5, 12)) {
-        Err(StoreError::Io(message)) => {
+        Err(error @ StoreError::Short { size: 10, .. }) => {
+            let message = error.to_string();
             assert!(
                 message.contains("past the end of k (10 bytes)"),
                 "{message}"

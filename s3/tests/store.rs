@@ -49,7 +49,8 @@ fn exercise(store: &ObjectStore) {
     );
 
     match wait(store.get_range("segments/0001.seg", 5, 11)) {
-        Err(StoreError::Io(message)) => {
+        Err(error @ StoreError::Short { size: 10, .. }) => {
+            let message = error.to_string();
             assert!(message.contains("past the end"), "{message}");
             assert!(message.contains("10 bytes"), "{message}");
         }

@@ -1014,6 +1014,23 @@ pub fn frames_prefix_len(data: &[u8]) -> usize {
     pos
 }
 
+/// Where a byte of the body of the first record frame at or after `fraction` of `data`'s
+/// frames lies (a WAL file or a segment object: frames laid end to end, each header's `len`
+/// first and its kind at byte 8, 1 for a record; the body ends the frame).
+pub fn record_body_byte_after(data: &[u8], fraction: f64) -> usize {
+    let written = frames_prefix_len(data);
+    let from = (written as f64 * fraction) as usize;
+    let mut pos = 0;
+    loop {
+        let len = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
+        if pos >= from && data[pos + 8] == 1 {
+            return pos + len - 3;
+        }
+        pos += len;
+        assert!(pos < written, "a record frame after byte {from}");
+    }
+}
+
 /// Bytes of frames per core index, over the WAL files (`<epoch>-<core>-<n>.wal`) and the
 /// sealed segments (`objects/segments/<epoch>-<core>-<n>.seg`) of a server directory.
 pub fn frame_bytes_per_core(dir: &Path) -> std::collections::BTreeMap<String, usize> {

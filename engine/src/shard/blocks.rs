@@ -265,6 +265,21 @@ impl ReadCache {
         dropped
     }
 
+    /// Drops the cached blocks holding bytes `start..end` of segment `no` (`start < end`),
+    /// which a read found damaged: the next read fetches them again, so bytes damaged on
+    /// their way from the store are not served from the cache for as long as it keeps them.
+    /// Blocks being fetched stay; the dropped ones' bytes stay counted until the FIFO
+    /// reaches them, as a collected segment's do.
+    pub(super) fn drop_blocks(&mut self, no: u64, start: u64, end: u64) {
+        let block = limits::CACHE_BLOCK_BYTES as u64;
+        for index in start / block..=end.saturating_sub(1) / block {
+            if matches!(self.blocks.get(&(no, index)), Some(Block::Ready(_))) {
+                self.blocks.remove(&(no, index));
+            }
+        }
+        self.unchecked(no);
+    }
+
     /// Forgets the garbage-collected segments `gone`: their blocks and readahead go now
     /// (their bytes as the FIFO reaches them), and the held segments `kept` refuses.
     pub(super) fn forget(&mut self, gone: &[u64], kept: impl Fn(u64) -> bool) {

@@ -33,7 +33,7 @@ use pico_s3::StoreError;
 
 use crate::clock::now_ms;
 use crate::config::Durability;
-use crate::frame::{FrameError, SplitFrames};
+use crate::frame::{first_damage, FrameError};
 use crate::limits;
 use crate::metrics::CoreMetrics;
 
@@ -513,12 +513,7 @@ impl Shard {
                         size,
                     })
                 } else {
-                    let pieces = [bytes.clone()];
-                    let mut frames = SplitFrames::new(&pieces, true);
-                    std::iter::from_fn(|| frames.next_frame().map(|f| f.err()))
-                        .flatten()
-                        .next()
-                        .map(Damage::Frame)
+                    first_damage(&bytes).map(|(_, error)| Damage::Frame(error))
                 };
                 if let Some(damage) = damaged {
                     // Never merged (reads report the damage); the others go on.

@@ -1,8 +1,9 @@
 //! Reads: one pass over a stream's chunks within the request's budgets, long-polls parked on
 //! the stream's waiters, and fork reads of what a fork inherited.
 
+use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
 
@@ -10,9 +11,10 @@ use crate::api::{ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordView};
 use crate::error::{EngineError, ReadError, StorageFault};
 use crate::frame::{self, FRAME_KIND_RECORD};
 use crate::limits;
-use crate::metrics::GaugeGuard;
+use crate::metrics::{CoreMetrics, GaugeGuard};
 
 use super::state::Shard;
+use super::stream::Chunk;
 
 impl Shard {
     pub(super) async fn read(
@@ -216,17 +218,22 @@ impl Shard {
         let mut bytes = 0usize;
         let mut next = from;
         let mut prefetched = 0;
+        // Why the pass stopped short of its budgets, if it did: the records before it are
+        // answered, and the error only when there are none (a reader gets everything up to
+        // damaged or unreachable bytes, then the error from there on).
+        let mut stopped: Option<EngineError> = None;
         'chunks: for (i, chunk) in chunks.iter().enumerate() {
             while prefetched < chunks.len().min(i + limits::READ_CHUNKS_AHEAD) {
                 self.prefetch(&chunks[prefetched]);
                 prefetched += 1;
             }
-            let got = self.chunk_bytes(chunk).await?;
-            let corrupt = |error| {
-                EngineError::from(StorageFault::CorruptFrame {
-                    segment: chunk.segment,
-                    error,
-                })
+            let got = match self.chunk_bytes(chunk).await {
+                Ok(got) => got,
+                Err(error) => {
+                    self.report_damage(name, next, chunk, &error);
+                    stopped = Some(error);
+                    break 'chunks;
+                }
             };
             // A sealed segment's chunk may span other streams' frames: skip them by header.
             // Frames still in this process's memory were CRC'd when written; what came back
@@ -234,7 +241,18 @@ impl Shard {
             let verify_crc = got.check_generation.is_some();
             let mut frames = frame::SplitFrames::new(&got.pieces, verify_crc);
             while let Some(found) = frames.next_frame() {
-                let found = found.map_err(corrupt)?;
+                let found = match found {
+                    Ok(found) => found,
+                    Err(error) => {
+                        let error = EngineError::from(StorageFault::CorruptFrame {
+                            segment: chunk.segment,
+                            error,
+                        });
+                        self.report_damage(name, next, chunk, &error);
+                        stopped = Some(error);
+                        break 'chunks;
+                    }
+                };
                 let (header, len) = (found.header, found.len);
                 if header.stream_id.get() != stream_id
                     || header.kind != FRAME_KIND_RECORD
@@ -266,6 +284,9 @@ impl Shard {
             }
         }
         if records.is_empty() {
+            if let Some(error) = stopped {
+                return Err(error.into());
+            }
             next = from;
         }
         Ok(ReadBatch {
@@ -278,6 +299,66 @@ impl Shard {
             inherit: None,
             shared_read: None,
         })
+    }
+}
+
+/// When a core last logged damaged stored bytes, and how many damaged reads it met since.
+#[derive(Default)]
+pub(super) struct DamageLog {
+    logged_at: Cell<Option<Instant>>,
+    unlogged: Cell<u64>,
+}
+
+impl DamageLog {
+    /// Whether a damaged read met `now` gets a log line (none in the last
+    /// `limits::DAMAGE_LOG_INTERVAL_MS`), with how many went unlogged before it; otherwise
+    /// it is counted for the next line.
+    fn due(&self, now: Instant) -> Option<u64> {
+        let interval = Duration::from_millis(limits::DAMAGE_LOG_INTERVAL_MS);
+        if self
+            .logged_at
+            .get()
+            .is_some_and(|at| now.saturating_duration_since(at) < interval)
+        {
+            self.unlogged.set(self.unlogged.get() + 1);
+            return None;
+        }
+        self.logged_at.set(Some(now));
+        Some(self.unlogged.replace(0))
+    }
+}
+
+impl Shard {
+    /// A read of `stream` from `offset` stopped at `chunk` with `error`. Damage of the stored
+    /// bytes is counted, logged (rate-limited) and dropped from the read cache, so the next
+    /// read fetches those bytes again; other errors are the caller's answer alone.
+    fn report_damage(&self, stream: &str, offset: u64, chunk: &Chunk, error: &EngineError) {
+        if !error.is_damage() {
+            return;
+        }
+        CoreMetrics::add(&self.metrics.damaged_reads, 1);
+        self.segments
+            .drop_damaged(chunk.segment, chunk.byte_start, chunk.byte_end);
+        let Some(unlogged) = self.damage_log.due(self.clock.now()) else {
+            return;
+        };
+        let key = self
+            .segments
+            .remote(chunk.segment)
+            .map_or_else(|| "(held in memory)".into(), |(key, _)| key.to_string());
+        let also = if unlogged > 0 {
+            format!(" ({unlogged} more damaged reads on this core since the last such line)")
+        } else {
+            String::new()
+        };
+        log::error!(
+            "core {}: stream {stream}: stored data is damaged at or after offset {offset} \
+             (object {key}, bytes {}..{}): {error}; reads from there fail until the object \
+             is restored{also}",
+            self.core,
+            chunk.byte_start,
+            chunk.byte_end,
+        );
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) struct Shard {
     pub(super) clock: Clock,
     /// Object durability: merges small stored segments (`compact.rs`).
     pub(super) compaction: super::compaction::Compaction,
+    /// When this core last logged damaged stored bytes, and how many it met since (`read.rs`).
+    pub(super) damage_log: super::read::DamageLog,
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -99,6 +101,7 @@ impl Shard {
             put_budget,
             clock,
             compaction: Default::default(),
+            damage_log: Default::default(),
         }
     }
 

@@ -270,6 +270,11 @@ impl SegmentTable {
             .mark_checked(no, start, end, generation);
     }
 
+    /// A read found bytes `start..end` of segment `no` damaged (`ReadCache::drop_blocks`).
+    pub(super) fn drop_damaged(&self, no: u64, start: u64, end: u64) {
+        self.cache.borrow_mut().drop_blocks(no, start, end);
+    }
+
     /// Block `index` of segment `no` (`ReadCache::lookup`).
     pub(super) fn lookup(&self, no: u64, index: u64) -> Lookup {
         self.cache.borrow_mut().lookup(no, index)

@@ -479,6 +479,14 @@ pub fn render(
     );
     per_core(
         &mut out,
+        "pico_damaged_reads_total",
+        "counter",
+        "Reads that found stored bytes damaged (a frame failing its CRC, an object shorter \
+         than the catalog says); the node's log names the stream, offset and object.",
+        &|m| CoreMetrics::get(&m.damaged_reads),
+    );
+    per_core(
+        &mut out,
         "pico_upload_failures_total",
         "counter",
         "Failed upload attempts (each is retried).",

@@ -70,6 +70,13 @@ pub enum BackupError {
     ReadObject { key: String, source: StoreError },
     /// The node's object store is shut down.
     SourceStopped,
+    /// An object of the node's bucket holds a frame that fails its checks (its CRC) at byte
+    /// `at`.
+    DamagedObject {
+        key: String,
+        at: usize,
+        error: String,
+    },
     /// An object's size differs from the catalog's.
     SizeMismatch {
         key: String,
@@ -162,6 +169,11 @@ impl std::fmt::Display for BackupError {
             ),
             E::ReadObject { key, source } => write!(f, "reading {key}: {source}"),
             E::SourceStopped => f.write_str("the node's object store is shut down"),
+            E::DamagedObject { key, at, error } => write!(
+                f,
+                "{key} is damaged: its frame at byte {at} fails its checks ({error}); restore \
+                 it from an earlier backup (docs/durability.md)"
+            ),
             E::SizeMismatch {
                 key,
                 holds,

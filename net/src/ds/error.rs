@@ -53,6 +53,11 @@ impl From<EngineError> for DsError {
                 retry_after_sec, ..
             } => DsError::new(429, "OVERLOADED", message)
                 .with("retry-after", retry_after_sec.to_string()),
+            // The stored bytes are damaged: asking again reads them again (the node's log
+            // and `pico_damaged_reads_total` tell the operator).
+            EngineError::Storage(ref fault) if fault.is_damage() => {
+                DsError::new(500, "DAMAGED", message)
+            }
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
             EngineError::Storage(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")

@@ -54,6 +54,11 @@ impl From<EngineError> for ApiError {
                 extra: vec![("retry-after", retry_after_sec.to_string().into())],
                 ..ApiError::new(429, "overloaded", message)
             },
+            // The stored bytes are damaged: asking again reads them again (the node's log
+            // and `pico_damaged_reads_total` tell the operator).
+            EngineError::Storage(ref fault) if fault.is_damage() => {
+                ApiError::new(500, "damaged", message)
+            }
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
             EngineError::Storage(_) => ApiError {
                 extra: vec![("retry-after", "1".into())],

@@ -1,0 +1,185 @@
+//! Damaged bytes in a stored segment object (a `file://` bucket on the node's own disk), on a
+//! real node over real sockets (docs/durability.md, "Damaged segment objects"): a read answers
+//! every record before the damage, then a `500` naming it in both protocols, never a clean end
+//! and never the damaged bytes; the node logs it, counts it in `pico_damaged_reads_total`,
+//! and drops the damaged blocks from its read cache, so a restored object reads again without
+//! a restart.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{
+    decode_binary_read, ds_read, encode_binary_batch, read_all, wait_for, BatchRecord, Conn, Resp,
+    Server,
+};
+
+const RECORDS: u64 = 300;
+
+fn body(i: u64) -> Vec<u8> {
+    format!("record {i:04} {}", "z".repeat(40)).into_bytes()
+}
+
+fn admin_get(server: &Server, path: &str) -> Resp {
+    Conn::connect(server.admin)
+        .and_then(|mut conn| conn.request("GET", path, &[], b""))
+        .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
+}
+
+/// The value of the `pico_damaged_reads_total` line of core 0.
+fn damaged_reads(server: &Server) -> u64 {
+    let metrics = admin_get(server, "/metrics").text();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("pico_damaged_reads_total{core=\"0\"}"))
+        .unwrap_or_else(|| panic!("pico_damaged_reads_total in /metrics:\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// A node on one core whose stream `/d` holds `RECORDS` records in one uploaded segment
+/// object, restarted so that its reads fetch that object from the bucket (nothing of it left
+/// in memory); returns the node (stopped) and the object's path.
+fn a_stopped_node_with_one_stored_segment() -> (Server, PathBuf) {
+    let mut server = Server::start(&["--cores", "1", "--segment-max-age-ms", "200"]);
+    server.put("/d", "text/plain").expect(201);
+    // One batch: one commit round, so one segment whatever the machine's pace.
+    let bodies: Vec<Vec<u8>> = (0..RECORDS).map(body).collect();
+    let batch: Vec<BatchRecord> = bodies
+        .iter()
+        .map(|body| BatchRecord { headers: &[], body })
+        .collect();
+    server
+        .request(
+            "POST",
+            "/d",
+            &[("content-type", "application/vnd.picomq.batch")],
+            &encode_binary_batch(&batch),
+        )
+        .expect(200);
+    let segments = server.dir().join("objects/segments");
+    let object = wait_for("the segment's upload", Duration::from_secs(30), || {
+        let uploads = admin_get(&server, "/metrics")
+            .text()
+            .lines()
+            .find(|l| l.starts_with("pico_uploads_total{core=\"0\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())?;
+        (uploads >= 1).then_some(())?;
+        std::fs::read_dir(&segments)
+            .ok()?
+            .map(|e| e.unwrap().path())
+            .find(|p| std::fs::read(p).is_ok_and(|d| d.len() > RECORDS as usize * 50))
+    });
+    server.terminate(Duration::from_secs(30));
+    (server, object)
+}
+
+fn flip(path: &PathBuf, at: usize) {
+    let mut data = std::fs::read(path).unwrap();
+    data[at] ^= 0x10;
+    std::fs::write(path, &data).unwrap();
+}
+
+fn pico_read(server: &Server, from: u64) -> Resp {
+    let path = format!("/d?seq={from}&format=binary&bytes=1048576");
+    server.connect().request("GET", &path, &[], b"").unwrap()
+}
+
+#[test]
+fn a_damaged_record_is_refused_with_500_after_every_record_before_it_and_heals_with_the_object() {
+    let (mut server, object) = a_stopped_node_with_one_stored_segment();
+    let at = common::record_body_byte_after(&std::fs::read(&object).unwrap(), 0.5);
+    flip(&object, at);
+    server.restart();
+
+    // Pico: the first page holds the records before the damage, exactly, and is not up to
+    // date; the next read, from the damaged record, is a 500 that names it.
+    let page = pico_read(&server, 0);
+    page.expect(200);
+    let records = decode_binary_read(&page.body);
+    let damaged = page.h_u64("pico-next-seq");
+    assert!(
+        damaged > 0 && damaged < RECORDS,
+        "the page stops at the damage: {}",
+        page.describe()
+    );
+    assert_eq!(records.len() as u64, damaged);
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.body, body(i as u64), "record {i}");
+    }
+    assert_ne!(page.header("pico-up-to-date"), Some("true"));
+    let refused = pico_read(&server, damaged);
+    let error = refused.expect_error(500, "damaged");
+    assert!(
+        error["message"].as_str().unwrap().contains("corrupt frame"),
+        "{error}"
+    );
+    assert!(refused.header("retry-after").is_none());
+
+    // Durable Streams: the same records, then the same refusal at the offset it was given.
+    let ds_addr = server.second.expect("a Durable Streams listener");
+    let first = ds_read(ds_addr, "/d", "-1");
+    first.expect(200);
+    assert!(first.body.starts_with(&body(0)));
+    assert!(first
+        .text()
+        .contains(&String::from_utf8(body(damaged - 1)).unwrap()));
+    assert!(!first
+        .text()
+        .contains(&String::from_utf8(body(damaged + 1)).unwrap()));
+    assert_ne!(first.header("stream-up-to-date"), Some("true"));
+    let next = first.h("stream-next-offset").to_string();
+    let ds_refused = ds_read(ds_addr, "/d", &next);
+    assert_eq!(ds_refused.status, 500, "{}", ds_refused.describe());
+    assert_eq!(
+        ds_refused.json()["error"]["code"],
+        "DAMAGED",
+        "{}",
+        ds_refused.text()
+    );
+
+    // Counted, and logged with the stream, the offset and the object.
+    assert!(damaged_reads(&server) >= 2);
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("stored data is damaged"))
+        .unwrap_or_else(|| panic!("a log line of the damage:\n{log}"));
+    let name = object.file_name().unwrap().to_str().unwrap();
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("stream /d"), "{line}");
+    assert!(line.contains(&format!("offset {damaged}")), "{line}");
+    assert!(line.contains(name), "{line}");
+
+    // The object restored in place: the next read fetches it again, and every record reads
+    // back, without a restart.
+    flip(&object, at);
+    let (all, next) = read_all(&server, "/d", 0);
+    assert_eq!(next, RECORDS);
+    for (i, record) in all.iter().enumerate() {
+        assert_eq!(record.body, body(i as u64), "record {i}");
+    }
+}
+
+#[test]
+fn a_segment_object_cut_short_is_refused_with_500_not_read_as_an_end() {
+    let (mut server, object) = a_stopped_node_with_one_stored_segment();
+    let data = std::fs::read(&object).unwrap();
+    let cut = common::record_body_byte_after(&data, 0.5);
+    std::fs::write(&object, &data[..cut]).unwrap();
+    server.restart();
+
+    let refused = pico_read(&server, 0);
+    let error = refused.expect_error(500, "damaged");
+    assert!(
+        error["message"].as_str().unwrap().contains("past the end"),
+        "{error}"
+    );
+    let ds_refused = ds_read(server.second.unwrap(), "/d", "-1");
+    assert_eq!(ds_refused.status, 500, "{}", ds_refused.describe());
+    assert!(damaged_reads(&server) >= 2);
+    // The stream's metadata is intact: its tail is where the appends left it.
+    let head = server.head("/d");
+    head.expect(200);
+    assert_eq!(head.h_u64("pico-next-seq"), RECORDS);
+}
