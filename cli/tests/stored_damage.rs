@@ -1,5 +1,5 @@
-//! Damaged bytes in a stored segment object (a `file://` bucket on the node's own disk), on a
-//! real node over real sockets (docs/durability.md, "Damaged segment objects"): a read answers
+//! Damaged bytes in a stored segment object (a `file://` bucket on the node's own disk), or an
+//! object gone from it, on a real node over real sockets (docs/durability.md, "Damaged segment objects"): a read answers
 //! every record before the damage, then a `500` naming it in both protocols, never a clean end
 //! and never the damaged bytes; the node logs it, counts it in `pico_damaged_reads_total`,
 //! and drops the damaged blocks from its read cache, so a restored object reads again without
@@ -182,4 +182,26 @@ fn a_segment_object_cut_short_is_refused_with_500_not_read_as_an_end() {
     let head = server.head("/d");
     head.expect(200);
     assert_eq!(head.h_u64("pico-next-seq"), RECORDS);
+}
+
+#[test]
+fn a_segment_object_gone_from_the_bucket_is_refused_with_500_and_counted() {
+    let (mut server, object) = a_stopped_node_with_one_stored_segment();
+    std::fs::remove_file(&object).unwrap();
+    server.restart();
+
+    let refused = pico_read(&server, 0);
+    let error = refused.expect_error(500, "damaged");
+    assert!(
+        error["message"].as_str().unwrap().contains("is missing"),
+        "{error}"
+    );
+    assert!(refused.header("retry-after").is_none());
+    assert_eq!(damaged_reads(&server), 1);
+    let log = server.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("stored data is damaged") && l.contains("stream /d")),
+        "{log}"
+    );
 }

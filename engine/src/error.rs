@@ -49,6 +49,8 @@ pub enum StorageFault {
     Meta(MetaError),
     /// The object store could not return a range of the segment stored at `key`.
     Object { key: String, error: StoreError },
+    /// The object at `key` is not in the bucket, while a stream's records still lie in it.
+    ObjectMissing { key: String },
     /// A chunk names a segment this core no longer holds.
     SegmentGone { segment: u64 },
     /// A chunk names an open segment that is no longer in the WAL's log.
@@ -67,12 +69,13 @@ pub enum StorageFault {
 
 impl StorageFault {
     /// Whether the stored bytes themselves are damaged (a frame failing its CRC, an object
-    /// shorter than the catalog says): asking again reads the same bytes, so the answer is a
+    /// shorter than the catalog says, or gone while records lie in it): asking again reads the same bytes, so the answer is a
     /// server error to report, not an outage to wait out.
     pub fn is_damage(&self) -> bool {
         matches!(
             self,
             StorageFault::CorruptFrame { .. }
+                | StorageFault::ObjectMissing { .. }
                 | StorageFault::SegmentShort { .. }
                 | StorageFault::BlockShort { .. }
                 | StorageFault::Object {
@@ -359,6 +362,10 @@ impl std::fmt::Display for StorageFault {
         match self {
             StorageFault::Meta(e) => e.fmt(f),
             StorageFault::Object { key, error } => write!(f, "reading {key}: {error}"),
+            StorageFault::ObjectMissing { key } => write!(
+                f,
+                "segment object {key} is missing from the bucket, and records still lie in it"
+            ),
             StorageFault::SegmentGone { segment } => write!(f, "segment {segment} is gone"),
             StorageFault::OpenSegmentGone => f.write_str("open segment vanished"),
             StorageFault::SegmentShort { key, size } => write!(

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_channel::oneshot;
+use pico_s3::StoreError;
 
 use crate::api::{ReadBatch, ReadBound, ReadFrom, ReadRequest, RecordView};
 use crate::error::{EngineError, ReadError, StorageFault};
@@ -230,6 +231,7 @@ impl Shard {
             let got = match self.chunk_bytes(chunk).await {
                 Ok(got) => got,
                 Err(error) => {
+                    let error = self.missing_if_still_read(name, chunk, error);
                     self.report_damage(name, next, chunk, &error);
                     stopped = Some(error);
                     break 'chunks;
@@ -329,6 +331,34 @@ impl DamageLog {
 }
 
 impl Shard {
+    /// `error` as a missing object ([`StorageFault::ObjectMissing`], damage) when the bucket
+    /// has no object for `chunk` while `stream` still reads from its segment. An object gone
+    /// because its records are (a trim, retention, a compaction's swap racing the read) stays
+    /// the store's `NotFound`.
+    fn missing_if_still_read(
+        &self,
+        stream: &str,
+        chunk: &Chunk,
+        error: EngineError,
+    ) -> EngineError {
+        let EngineError::Storage(StorageFault::Object {
+            key,
+            error: StoreError::NotFound(_),
+        }) = &error
+        else {
+            return error;
+        };
+        let still_read = self.streams.get(stream).is_some_and(|s| {
+            s.chunks
+                .iter()
+                .any(|c| c.segment == chunk.segment && c.byte_start == chunk.byte_start)
+        });
+        if !still_read {
+            return error;
+        }
+        StorageFault::ObjectMissing { key: key.clone() }.into()
+    }
+
     /// A read of `stream` from `offset` stopped at `chunk` with `error`. Damage of the stored
     /// bytes is counted, logged (rate-limited) and dropped from the read cache, so the next
     /// read fetches those bytes again; other errors are the caller's answer alone.
