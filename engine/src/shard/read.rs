@@ -1,7 +1,8 @@
 //! Reads: one pass over a stream's chunks within the request's budgets, long-polls parked on
 //! the stream's waiters, and fork reads of what a fork inherited.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -304,14 +305,43 @@ impl Shard {
     }
 }
 
-/// When a core last logged damaged stored bytes, and how many damaged reads it met since.
+/// When a core last logged damaged stored bytes, how many damaged reads it met since, and
+/// when it last dropped each damaged segment's blocks from the read cache.
 #[derive(Default)]
 pub(super) struct DamageLog {
     logged_at: Cell<Option<Instant>>,
     unlogged: Cell<u64>,
+    /// Segment number → when its blocks last left the cache for a fetch again (at most
+    /// `limits::DAMAGED_SEGMENTS_MAX`).
+    refetched_at: RefCell<HashMap<u64, Instant>>,
 }
 
 impl DamageLog {
+    /// Whether segment `no`, found damaged `now`, leaves the read cache to be fetched again:
+    /// not within `limits::DAMAGE_REFETCH_INTERVAL_MS` of the last time it did.
+    fn refetch_due(&self, no: u64, now: Instant) -> bool {
+        let interval = Duration::from_millis(limits::DAMAGE_REFETCH_INTERVAL_MS);
+        let mut refetched = self.refetched_at.borrow_mut();
+        if refetched
+            .get(&no)
+            .is_some_and(|at| now.saturating_duration_since(*at) < interval)
+        {
+            return false;
+        }
+        if refetched.len() >= limits::DAMAGED_SEGMENTS_MAX {
+            refetched.retain(|_, at| now.saturating_duration_since(*at) < interval);
+            if refetched.len() >= limits::DAMAGED_SEGMENTS_MAX {
+                let oldest = refetched
+                    .iter()
+                    .min_by_key(|(_, at)| **at)
+                    .map(|(no, _)| *no);
+                refetched.remove(&oldest.expect("a full map"));
+            }
+        }
+        refetched.insert(no, now);
+        true
+    }
+
     /// Whether a damaged read met `now` gets a log line (none in the last
     /// `limits::DAMAGE_LOG_INTERVAL_MS`), with how many went unlogged before it; otherwise
     /// it is counted for the next line.
@@ -360,16 +390,20 @@ impl Shard {
     }
 
     /// A read of `stream` from `offset` stopped at `chunk` with `error`. Damage of the stored
-    /// bytes is counted, logged (rate-limited) and dropped from the read cache, so the next
-    /// read fetches those bytes again; other errors are the caller's answer alone.
+    /// bytes is counted, logged (rate-limited) and dropped from the read cache (at most once
+    /// per `limits::DAMAGE_REFETCH_INTERVAL_MS` per segment), so a later read fetches those
+    /// bytes again; other errors are the caller's answer alone.
     fn report_damage(&self, stream: &str, offset: u64, chunk: &Chunk, error: &EngineError) {
         if !error.is_damage() {
             return;
         }
         CoreMetrics::add(&self.metrics.damaged_reads, 1);
-        self.segments
-            .drop_damaged(chunk.segment, chunk.byte_start, chunk.byte_end);
-        let Some(unlogged) = self.damage_log.due(self.clock.now()) else {
+        let now = self.clock.now();
+        if self.damage_log.refetch_due(chunk.segment, now) {
+            self.segments
+                .drop_damaged(chunk.segment, chunk.byte_start, chunk.byte_end);
+        }
+        let Some(unlogged) = self.damage_log.due(now) else {
             return;
         };
         let key = self
