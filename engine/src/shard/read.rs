@@ -330,12 +330,14 @@ impl DamageLog {
         }
         if refetched.len() >= limits::DAMAGED_SEGMENTS_MAX {
             refetched.retain(|_, at| now.saturating_duration_since(*at) < interval);
-            if refetched.len() >= limits::DAMAGED_SEGMENTS_MAX {
-                let oldest = refetched
-                    .iter()
-                    .min_by_key(|(_, at)| **at)
-                    .map(|(no, _)| *no);
-                refetched.remove(&oldest.expect("a full map"));
+        }
+        if refetched.len() >= limits::DAMAGED_SEGMENTS_MAX {
+            let oldest = refetched
+                .iter()
+                .min_by_key(|(_, at)| **at)
+                .map(|(no, _)| *no);
+            if let Some(oldest) = oldest {
+                refetched.remove(&oldest);
             }
         }
         refetched.insert(no, now);
@@ -490,5 +492,36 @@ mod tests {
             !park(&mut waiters, false, 3, |gone| *gone),
             "three live waiters"
         );
+    }
+}
+
+#[cfg(test)]
+mod damage_log_tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_segment_is_fetched_again_once_per_interval_and_the_map_stays_bounded() {
+        let log = DamageLog::default();
+        let start = Instant::now();
+        let interval = Duration::from_millis(limits::DAMAGE_REFETCH_INTERVAL_MS);
+        assert!(log.refetch_due(7, start));
+        assert!(!log.refetch_due(7, start + interval / 2));
+        assert!(log.refetch_due(8, start + interval / 2));
+        assert!(log.refetch_due(7, start + interval));
+        for no in 0..limits::DAMAGED_SEGMENTS_MAX as u64 + 10 {
+            assert!(log.refetch_due(1_000 + no, start + interval));
+            assert!(log.refetched_at.borrow().len() <= limits::DAMAGED_SEGMENTS_MAX);
+        }
+    }
+
+    #[test]
+    fn damage_is_logged_once_per_interval_with_the_count_of_the_reads_in_between() {
+        let log = DamageLog::default();
+        let start = Instant::now();
+        let interval = Duration::from_millis(limits::DAMAGE_LOG_INTERVAL_MS);
+        assert_eq!(log.due(start), Some(0));
+        assert_eq!(log.due(start + interval / 3), None);
+        assert_eq!(log.due(start + interval / 2), None);
+        assert_eq!(log.due(start + interval), Some(2));
     }
 }
