@@ -121,9 +121,12 @@ fn a_damaged_record_is_refused_with_500_after_every_record_before_it_and_heals_w
     assert_ne!(page.header("pico-up-to-date"), Some("true"));
     let refused = pico_read(&server, damaged);
     let error = refused.expect_error(500, "damaged");
+    let message = error["message"].as_str().unwrap();
+    let name = object.file_name().unwrap().to_str().unwrap();
+    assert!(message.contains("corrupt frame"), "{error}");
     assert!(
-        error["message"].as_str().unwrap().contains("corrupt frame"),
-        "{error}"
+        message.contains(name),
+        "the message names the object: {error}"
     );
     assert!(refused.header("retry-after").is_none());
 
@@ -156,7 +159,6 @@ fn a_damaged_record_is_refused_with_500_after_every_record_before_it_and_heals_w
         .lines()
         .find(|l| l.contains("stored data is damaged"))
         .unwrap_or_else(|| panic!("a log line of the damage:\n{log}"));
-    let name = object.file_name().unwrap().to_str().unwrap();
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("stream /d"), "{line}");
     assert!(line.contains(&format!("offset {damaged}")), "{line}");

@@ -59,8 +59,8 @@ pub enum StorageFault {
     SegmentShort { key: String, size: u64 },
     /// Block `index` of the uploaded segment at `key` ends before the segment does.
     BlockShort { key: String, index: usize },
-    /// A frame of `segment` did not decode.
-    CorruptFrame { segment: u64, error: FrameError },
+    /// A frame of the segment stored at `key` did not decode, or failed its CRC.
+    CorruptFrame { key: String, error: FrameError },
     /// The fork source `source` holds fewer records than its forks inherited.
     ForkSourceShort { source: String },
     /// A fork's read from its own first offset named its source again.
@@ -378,8 +378,8 @@ impl std::fmt::Display for StorageFault {
                     "block {index} of segment {key} is shorter than the segment"
                 )
             }
-            StorageFault::CorruptFrame { segment, error } => {
-                write!(f, "corrupt frame in segment {segment}: {error:?}")
+            StorageFault::CorruptFrame { key, error } => {
+                write!(f, "corrupt frame in segment object {key}: {error:?}")
             }
             StorageFault::ForkSourceShort { source } => write!(
                 f,

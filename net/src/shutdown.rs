@@ -1,64 +1,98 @@
 //! The node-wide stop signal of a graceful shutdown, and each core's idle deadlines.
 //!
-//! The main thread sets [`Shutdown`] once (after the drain window). Each core turns it into a
-//! [`CoreShutdown`]: one task per core looks at the flag every few milliseconds and wakes the
-//! core's waiting tasks (idle connections, accept loops), so ten thousand idle connections cost
-//! one timer, not ten thousand. The same task ends the waits of connections idle past their
-//! limit ([`CoreShutdown::unless_stopped_within`]): a keep-alive connection waits for its next
-//! request once per request, and a timer of its own (inserted into and removed from the
-//! executor's ordered timer map) cost more than parsing the request.
+//! The main thread sets [`Shutdown`] once (after the drain window) and wakes one task per core
+//! (a foreign wake: the core's executor is woken through its event descriptor), which wakes
+//! the core's waiting tasks (idle connections, accept loops): ten thousand idle connections
+//! cost one registration, not ten thousand. An idle core sleeps until the signal; nothing
+//! looks at a flag on a timer. A second task per core ends the waits of connections idle past
+//! their limit ([`CoreShutdown::unless_stopped_within`]), scanning every
+//! [`DEADLINE_SCAN_INTERVAL`] only while some wait has a limit: a keep-alive connection waits
+//! for its next request once per request, and a timer of its own (inserted into and removed
+//! from the executor's ordered timer map) cost more than parsing the request.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-/// How often each core looks at the flag.
-const POLL_INTERVAL: Duration = Duration::from_millis(20);
-
-/// Every this many looks at the flag, the core also ends the waits past their deadline: an
-/// idle limit is kept to within about 100 ms, and a scan of the waits costs a few
-/// instructions per idle connection ten times a second.
-const DEADLINE_SCAN_EVERY: u32 = 5;
+/// How often a core ends the waits past their deadline while any wait has one: an idle limit
+/// is kept to within about 100 ms, and a scan costs a few instructions per idle connection.
+const DEADLINE_SCAN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Set by the main thread; shared with every core.
 #[derive(Clone, Default)]
 pub struct Shutdown {
-    flag: Arc<AtomicBool>,
+    inner: Arc<Signal>,
+}
+
+#[derive(Default)]
+struct Signal {
+    flag: AtomicBool,
+    /// The waker of each core's signal task (a slot per core, emptied when the task ends).
+    cores: Mutex<Slab<Waker>>,
 }
 
 impl Shutdown {
+    /// Sets the signal and wakes every core's signal task (from any thread).
     pub fn begin(&self) {
-        self.flag.store(true, Ordering::SeqCst);
+        self.inner.flag.store(true, Ordering::SeqCst);
+        let wakers: Vec<Waker> = self.cores().drain().collect();
+        for waker in wakers {
+            waker.wake();
+        }
     }
 
-    /// The core-local view; call on the core's executor (it starts the core's watcher task).
+    fn cores(&self) -> std::sync::MutexGuard<'_, Slab<Waker>> {
+        // A poisoned lock still holds valid wakers: a panic elsewhere must not keep the
+        // signal from the cores.
+        self.inner
+            .cores
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The core-local view; call on the core's executor (it starts the core's two tasks).
     pub fn on_this_core(&self) -> CoreShutdown {
         let local = CoreShutdown {
             inner: Rc::new(Local {
                 set: Cell::new(false),
                 waiters: RefCell::new(Slab::new()),
+                deadline_scan: RefCell::new(None),
             }),
         };
-        let (flag, watcher) = (self.flag.clone(), local.inner.clone());
+        let (signal, watcher) = (
+            SignalWait {
+                shutdown: self.clone(),
+                slot: None,
+            },
+            local.inner.clone(),
+        );
         glommio::spawn_local(async move {
-            let mut looks = 0u32;
-            while !flag.load(Ordering::SeqCst) {
-                glommio::timer::sleep(POLL_INTERVAL).await;
-                looks = looks.wrapping_add(1);
-                if looks.is_multiple_of(DEADLINE_SCAN_EVERY) {
-                    watcher.end_waits_past(Instant::now());
-                }
-            }
+            signal.await;
             watcher.set.set(true);
             for (_, waiting) in watcher.waiters.borrow_mut().iter_mut() {
                 waiting.waker.wake_by_ref();
+            }
+            if let Some(scan) = watcher.deadline_scan.borrow_mut().take() {
+                scan.wake();
+            }
+        })
+        .detach();
+        let scanner = local.inner.clone();
+        glommio::spawn_local(async move {
+            while !scanner.set.get() {
+                if scanner.has_deadlines() {
+                    glommio::timer::sleep(DEADLINE_SCAN_INTERVAL).await;
+                    scanner.end_waits_past(Instant::now());
+                } else {
+                    DeadlineRegistered { local: &scanner }.await;
+                }
             }
         })
         .detach();
@@ -66,10 +100,72 @@ impl Shutdown {
     }
 }
 
+/// A core's wait for the signal: its waker sits in its slot of [`Signal::cores`] while it
+/// waits, and leaves it when the wait ends or is dropped (the core's executor ending).
+struct SignalWait {
+    shutdown: Shutdown,
+    slot: Option<usize>,
+}
+
+impl Future for SignalWait {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.shutdown.inner.flag.load(Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        {
+            let mut cores = self.shutdown.cores();
+            match self.slot {
+                Some(slot) if cores.contains(slot) => cores[slot] = cx.waker().clone(),
+                _ => {
+                    let slot = cores.insert(cx.waker().clone());
+                    drop(cores);
+                    self.slot = Some(slot);
+                }
+            }
+        }
+        // `begin` may have set the flag and taken the wakers just before this one was filed.
+        if self.shutdown.inner.flag.load(Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for SignalWait {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            // `try_remove`: `begin` may have drained the slot already.
+            let taken = self.shutdown.cores().try_remove(slot);
+            drop(taken);
+        }
+    }
+}
+
+/// Resolves once a wait with a deadline is registered (or the shutdown began).
+struct DeadlineRegistered<'a> {
+    local: &'a Local,
+}
+
+impl Future for DeadlineRegistered<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.local.set.get() || self.local.has_deadlines() {
+            return Poll::Ready(());
+        }
+        *self.local.deadline_scan.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
 struct Local {
     set: Cell<bool>,
     /// Tasks waiting for the signal or for a deadline (a dropped wait removes its entry).
     waiters: RefCell<Slab<Waiting>>,
+    /// The deadline task, waiting for a wait with a deadline: woken by the next one.
+    deadline_scan: RefCell<Option<Waker>>,
 }
 
 /// A task waiting for the stop signal, or for whichever of it and its deadline comes first.
@@ -81,6 +177,14 @@ struct Waiting {
 }
 
 impl Local {
+    /// Whether a wait with a deadline that has not passed is registered.
+    fn has_deadlines(&self) -> bool {
+        self.waiters
+            .borrow()
+            .iter()
+            .any(|(_, waiting)| waiting.deadline.is_some() && !waiting.expired)
+    }
+
     /// Ends (and wakes) the waits whose deadline is `now` or earlier.
     fn end_waits_past(&self, now: Instant) {
         for (_, waiting) in self.waiters.borrow_mut().iter_mut() {
@@ -110,6 +214,11 @@ impl Local {
                     deadline,
                     expired: false,
                 }));
+                if deadline.is_some() {
+                    if let Some(scan) = self.deadline_scan.borrow_mut().take() {
+                        scan.wake();
+                    }
+                }
                 false
             }
         }
@@ -151,7 +260,7 @@ impl CoreShutdown {
     }
 
     /// `future`'s output, or `None` if the shutdown begins first or `limit` passes while it
-    /// waits (kept to within about 100 ms, see [`DEADLINE_SCAN_EVERY`]; `limit` is meant for
+    /// waits (kept to within about 100 ms, see [`DEADLINE_SCAN_INTERVAL`]; `limit` is meant for
     /// idle limits of seconds, not for precise timing). `future` is polled first, so one that
     /// is ready at once costs no registration.
     pub fn unless_stopped_within<T>(
@@ -283,6 +392,43 @@ mod tests {
             assert_eq!(waits(&stop), 1);
             drop(dropped);
             assert_eq!(waits(&stop), 0);
+        });
+    }
+
+    #[test]
+    fn a_core_without_deadlines_waits_on_no_timer_and_another_thread_wakes_it() {
+        glommio::LocalExecutor::default().run(async {
+            let shutdown = Shutdown::default();
+            let stop = shutdown.on_this_core();
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+            // Both tasks wait for an event, not a timer: the signal task in the node-wide
+            // list, the deadline task for a wait with a deadline.
+            assert_eq!(shutdown.cores().len(), 1);
+            assert!(stop.inner.deadline_scan.borrow().is_some());
+            // A wait with a deadline wakes the deadline task; once it ended, the task waits
+            // for the next one again.
+            let ended = stop
+                .unless_stopped_within(
+                    Duration::from_millis(150),
+                    futures_lite::future::pending::<()>(),
+                )
+                .await;
+            assert_eq!(ended, None);
+            glommio::timer::sleep(DEADLINE_SCAN_INTERVAL * 3).await;
+            assert!(stop.inner.deadline_scan.borrow().is_some());
+
+            // The main thread's `begin` wakes the core through its executor.
+            let from_another_thread = shutdown.clone();
+            let started = Instant::now();
+            let thread = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                from_another_thread.begin();
+            });
+            stop.wait().await;
+            assert!(started.elapsed() < Duration::from_secs(10));
+            thread.join().unwrap();
+            assert!(stop.is_set());
+            assert_eq!(shutdown.cores().len(), 0);
         });
     }
 

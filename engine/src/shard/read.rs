@@ -248,7 +248,7 @@ impl Shard {
                     Ok(found) => found,
                     Err(error) => {
                         let error = EngineError::from(StorageFault::CorruptFrame {
-                            segment: chunk.segment,
+                            key: self.segment_key(chunk.segment),
                             error,
                         });
                         self.report_damage(name, next, chunk, &error);
@@ -391,6 +391,15 @@ impl Shard {
         StorageFault::ObjectMissing { key: key.clone() }.into()
     }
 
+    /// The object key of segment `no`, for messages: a segment not (only) in the bucket is
+    /// named by its number.
+    fn segment_key(&self, no: u64) -> String {
+        self.segments.remote(no).map_or_else(
+            || format!("(segment {no}, in memory)"),
+            |(key, _)| key.to_string(),
+        )
+    }
+
     /// A read of `stream` from `offset` stopped at `chunk` with `error`. Damage of the stored
     /// bytes is counted, logged (rate-limited) and dropped from the read cache (at most once
     /// per `limits::DAMAGE_REFETCH_INTERVAL_MS` per segment), so a later read fetches those
@@ -408,10 +417,7 @@ impl Shard {
         let Some(unlogged) = self.damage_log.due(now) else {
             return;
         };
-        let key = self
-            .segments
-            .remote(chunk.segment)
-            .map_or_else(|| "(held in memory)".into(), |(key, _)| key.to_string());
+        let key = self.segment_key(chunk.segment);
         let also = if unlogged > 0 {
             format!(" ({unlogged} more damaged reads on this core since the last such line)")
         } else {
