@@ -27,25 +27,24 @@ fn admin_get(server: &Server, path: &str) -> Resp {
         .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
 }
 
-/// The value of the `pico_damaged_reads_total` line of core 0.
-fn damaged_reads(server: &Server) -> u64 {
+/// The value of counter `name` for core 0 in `/metrics`.
+fn core_0_counter(server: &Server, name: &str) -> u64 {
     let metrics = admin_get(server, "/metrics").text();
+    let start = format!("{name}{{core=\"0\"}} ");
     let line = metrics
         .lines()
-        .find(|l| l.starts_with("pico_damaged_reads_total{core=\"0\"}"))
-        .unwrap_or_else(|| panic!("pico_damaged_reads_total in /metrics:\n{metrics}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+        .find(|l| l.starts_with(&start))
+        .unwrap_or_else(|| panic!("{start} in /metrics:\n{metrics}"));
+    line[start.len()..].parse().unwrap()
 }
 
-/// The value of the `pico_cache_misses_total` line of core 0: the block fetches its reads
-/// started.
+fn damaged_reads(server: &Server) -> u64 {
+    core_0_counter(server, "pico_damaged_reads_total")
+}
+
+/// The block fetches core 0's reads started.
 fn cache_misses(server: &Server) -> u64 {
-    let metrics = admin_get(server, "/metrics").text();
-    let line = metrics
-        .lines()
-        .find(|l| l.starts_with("pico_cache_misses_total{core=\"0\"}"))
-        .unwrap_or_else(|| panic!("pico_cache_misses_total in /metrics:\n{metrics}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    core_0_counter(server, "pico_cache_misses_total")
 }
 
 /// A node on one core whose stream `/d` holds `RECORDS` records in one uploaded segment
@@ -70,12 +69,7 @@ fn a_stopped_node_with_one_stored_segment() -> (Server, PathBuf) {
         .expect(200);
     let segments = server.dir().join("objects/segments");
     let object = wait_for("the segment's upload", Duration::from_secs(30), || {
-        let uploads = admin_get(&server, "/metrics")
-            .text()
-            .lines()
-            .find(|l| l.starts_with("pico_uploads_total{core=\"0\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())?;
-        (uploads >= 1).then_some(())?;
+        (core_0_counter(&server, "pico_uploads_total") >= 1).then_some(())?;
         std::fs::read_dir(&segments)
             .ok()?
             .map(|e| e.unwrap().path())
@@ -191,6 +185,16 @@ fn a_damaged_record_is_refused_with_500_after_every_record_before_it_and_heals_w
     }
 }
 
+/// A Pico read of `/d` from its start is `500 damaged` without `Retry-After`, its message
+/// saying `says`.
+fn refused_as_damaged(server: &Server, says: &str) {
+    let refused = pico_read(server, 0);
+    let error = refused.expect_error(500, "damaged");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(says), "{error}");
+    assert!(refused.header("retry-after").is_none());
+}
+
 #[test]
 fn a_segment_object_cut_short_is_refused_with_500_not_read_as_an_end() {
     let (mut server, object) = a_stopped_node_with_one_stored_segment();
@@ -199,12 +203,7 @@ fn a_segment_object_cut_short_is_refused_with_500_not_read_as_an_end() {
     std::fs::write(&object, &data[..cut]).unwrap();
     server.restart();
 
-    let refused = pico_read(&server, 0);
-    let error = refused.expect_error(500, "damaged");
-    assert!(
-        error["message"].as_str().unwrap().contains("past the end"),
-        "{error}"
-    );
+    refused_as_damaged(&server, "past the end");
     let ds_refused = ds_read(server.second.unwrap(), "/d", "-1");
     assert_eq!(ds_refused.status, 500, "{}", ds_refused.describe());
     assert!(damaged_reads(&server) >= 2);
@@ -220,13 +219,7 @@ fn a_segment_object_gone_from_the_bucket_is_refused_with_500_and_counted() {
     std::fs::remove_file(&object).unwrap();
     server.restart();
 
-    let refused = pico_read(&server, 0);
-    let error = refused.expect_error(500, "damaged");
-    assert!(
-        error["message"].as_str().unwrap().contains("is missing"),
-        "{error}"
-    );
-    assert!(refused.header("retry-after").is_none());
+    refused_as_damaged(&server, "is missing");
     assert_eq!(damaged_reads(&server), 1);
     let log = server.log();
     assert!(
