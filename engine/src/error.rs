@@ -69,8 +69,9 @@ pub enum StorageFault {
 
 impl StorageFault {
     /// Whether the stored bytes themselves are damaged (a frame failing its CRC, an object
-    /// shorter than the catalog says, or gone while records lie in it): asking again reads the same bytes, so the answer is a
-    /// server error to report, not an outage to wait out.
+    /// shorter than the catalog says, or gone while records lie in it): asking again finds
+    /// the same stored bytes, so the answer is a server error to report, not an outage to
+    /// wait out.
     pub fn is_damage(&self) -> bool {
         matches!(
             self,

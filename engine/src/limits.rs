@@ -197,17 +197,14 @@ pub const SEALED_READ_RECENT_MS: u64 = 10_000;
 /// milliseconds (each is counted in `pico_damaged_reads_total`): a reader retrying a damaged
 /// range must not flood the log.
 pub const DAMAGE_LOG_INTERVAL_MS: u64 = 10_000;
-
 /// A damaged segment's blocks leave the read cache (so the next read fetches them again) at
 /// most once per this many milliseconds per segment: a reader retrying a damaged range costs
 /// the bucket one GET per interval, not one per request, and an object restored in place
 /// reads again within it.
 pub const DAMAGE_REFETCH_INTERVAL_MS: u64 = 5_000;
-
 /// Damaged segments whose last refetch a core remembers; past this many the ones whose
 /// interval is over are forgotten, and if none is, the oldest.
 pub const DAMAGED_SEGMENTS_MAX: usize = 1024;
-
 /// Checked byte ranges the read cache remembers per cached segment (`ReadCache::mark_checked`;
 /// 16 bytes each). A stream's chunks are ranges that merge as one reader reads on; past this
 /// many apart, further reads of the segment check their frames again.
