@@ -360,3 +360,79 @@ fn puts_stay_within_the_budget_whatever_the_append_rate() {
     );
     assert!(appended > puts * 4, "{appended} appends rode {puts} PUTs");
 }
+
+/// A damaged small object (a flipped byte in the bucket) is left out of every merge, counted
+/// and logged as damage, and the objects beside it are still merged around it: one damaged
+/// object does not keep its neighbours small. Reads answer the records before it.
+#[test]
+fn a_damaged_object_is_left_out_and_its_neighbours_are_merged_around_it() {
+    const LEN: usize = 2 * 1024;
+    const COUNT: u64 = 48;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 3_500);
+    let path = dir.path().to_path_buf();
+    let (merged, failures, damaged, read) =
+        run_returning(config, dir.path(), |core, node| async move {
+            create(&core, "s").await;
+            write_slowly(&core, "s", 0, COUNT, LEN).await;
+            // One object per append, named in order: damage the middle one's last byte (its
+            // record's body, which its frame's CRC covers) before the node is idle enough
+            // to merge them.
+            let segments: Vec<String> = objects(&path)
+                .into_iter()
+                .filter(|k| k.ends_with(".seg"))
+                .collect();
+            assert_eq!(segments.len() as u64, COUNT, "{segments:?}");
+            let victim = path.join("objects").join(&segments[COUNT as usize / 2]);
+            let mut bytes = std::fs::read(&victim).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x01;
+            std::fs::write(&victim, &bytes).unwrap();
+            settle(&node.metrics, 2).await;
+            let mut read = Vec::new();
+            let mut from = 0;
+            let error = loop {
+                let request = common::page_request(from, 1000, 1 << 20);
+                match core.read("s", &request).await {
+                    Ok(batch) if batch.records.is_empty() => break None,
+                    Ok(batch) => {
+                        read.extend(batch.records.iter().map(|r| (r.offset, r.body.clone())));
+                        from = batch.next_offset;
+                    }
+                    Err(error) => break Some(error.to_string()),
+                }
+            };
+            assert!(
+                error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("corrupt frame")),
+                "{error:?}"
+            );
+            (
+                sum(&node.metrics, |m| &m.compacted_segments),
+                sum(&node.metrics, |m| &m.compaction_failures),
+                sum(&node.metrics, |m| &m.damaged_reads),
+                read,
+            )
+        });
+    assert!(failures >= 1, "the damaged object failed a compaction");
+    assert!(
+        damaged >= 2,
+        "compaction's and the read's damage counted: {damaged}"
+    );
+    // Every other object was merged, on both sides of the damaged one.
+    assert_eq!(
+        merged,
+        COUNT - 1,
+        "{merged} of {} objects merged",
+        COUNT - 1
+    );
+    assert_eq!(
+        read.len() as u64,
+        COUNT / 2,
+        "the records before the damage"
+    );
+    for (offset, got) in &read {
+        assert!(*got == body(*offset, LEN), "record {offset}'s bytes");
+    }
+}

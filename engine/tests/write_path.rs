@@ -11,9 +11,11 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{append_request, create_request, read_bodies, record, run_returning, wal_files};
+use common::{
+    append_request, create_request, page_request, read_bodies, record, run_returning, wal_files,
+};
 use pico_engine::metrics::CoreMetrics;
-use pico_engine::{AppendAck, CoreHandle, EngineConfig, ReadFrom, ReadRequest};
+use pico_engine::{AppendAck, CoreHandle, EngineConfig};
 
 fn config(dir: &std::path::Path, segment_size: usize, cache_bytes: usize) -> EngineConfig {
     EngineConfig {
@@ -52,18 +54,6 @@ async fn create(core: &CoreHandle, name: &str) {
 async fn append(core: &CoreHandle, name: &str, body: Bytes) -> AppendAck {
     let request = append_request(vec![record(body)], false);
     core.append(name, request).await.expect("append")
-}
-
-/// A catch-up read of up to `max_records` records and `max_bytes` from `from`.
-fn page_request(from: u64, max_records: usize, max_bytes: usize) -> ReadRequest {
-    ReadRequest {
-        from: ReadFrom::Offset(from),
-        max_records,
-        max_bytes,
-        wait_ms: None,
-        with_content_type: false,
-        bound: None,
-    }
 }
 
 /// Up to `max_records` records from `from`, as (offset, body).

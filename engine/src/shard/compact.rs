@@ -94,7 +94,7 @@ impl std::fmt::Display for CompactError {
             CompactError::NothingToRead { key } => write!(f, "{key}: nothing to read"),
             CompactError::Refused(why) => write!(f, "the catalog refused the swap: {why}"),
             CompactError::Damaged { key, damage } => {
-                write!(f, "{key} {damage}: its run is left as it is")
+                write!(f, "{key} {damage}")
             }
         }
     }
@@ -286,11 +286,22 @@ impl Shard {
                         .not_before
                         .set(Some(this.clock.now() + pause));
                     CoreMetrics::add(&this.metrics.compaction_failures, 1);
-                    log::warn!(
-                        "core {}: compaction of {} segments: {why}",
-                        this.core,
-                        picked.len()
-                    );
+                    if matches!(why, CompactError::Damaged { .. }) {
+                        // Stored data is damaged: the operator's signal, as a read's is.
+                        CoreMetrics::add(&this.metrics.damaged_reads, 1);
+                        log::error!(
+                            "core {}: compaction found stored data damaged: {why}; the object \
+                             is left out of every merge, and reads of it fail until it is \
+                             restored",
+                            this.core
+                        );
+                    } else {
+                        log::warn!(
+                            "core {}: compaction of {} segments: {why}",
+                            this.core,
+                            picked.len()
+                        );
+                    }
                 }
             }
         })
@@ -489,9 +500,9 @@ impl Shard {
             for (no, key, size) in group {
                 let held = self.segments.held(*no, *size);
                 let reply = held.is_none().then(|| self.store.get_range(key, 0, *size));
-                replies.push((key, *size, held, reply));
+                replies.push((*no, key, *size, held, reply));
             }
-            for (key, size, held, reply) in replies {
+            for (no, key, size, held, reply) in replies {
                 let bytes = match (held, reply) {
                     (Some(bytes), _) => bytes,
                     (None, None) => {
@@ -516,11 +527,9 @@ impl Shard {
                     first_damage(&bytes).map(|(_, error)| Damage::Frame(error))
                 };
                 if let Some(damage) = damaged {
-                    // Never merged (reads report the damage); the others go on.
-                    self.compaction
-                        .refused
-                        .borrow_mut()
-                        .extend(picked.iter().map(|(no, ..)| *no));
+                    // Never merged (reads report the damage); the segments beside it are
+                    // merged by the next compactions, around it.
+                    self.compaction.refused.borrow_mut().insert(no);
                     let key = key.clone();
                     return Err(CompactError::Damaged { key, damage });
                 }

@@ -22,7 +22,7 @@ pub(super) struct Compaction {
     pub(super) not_before: Cell<Option<Instant>>,
     /// Table entries of retired objects, kept for reads already under way; never picked.
     pub(super) retired: RefCell<HashSet<u64>>,
-    /// Segments a swap refused (the catalog disagreed): left as they are.
+    /// Segments a swap refused (the catalog disagreed), and damaged ones: left as they are.
     pub(super) refused: RefCell<HashSet<u64>>,
     /// A merged object's place in seal order: that of the first segment it holds.
     pub(super) order: RefCell<HashMap<u64, u64>>,

@@ -155,19 +155,24 @@ pub fn append_request(records: Vec<RecordInput>, close: bool) -> AppendRequest {
     }
 }
 
+/// A catch-up read of up to `max_records` records and `max_bytes` from `from`.
+pub fn page_request(from: u64, max_records: usize, max_bytes: usize) -> ReadRequest {
+    ReadRequest {
+        from: ReadFrom::Offset(from),
+        max_records,
+        max_bytes,
+        wait_ms: None,
+        with_content_type: false,
+        bound: None,
+    }
+}
+
 /// Every record of `name` from offset 0, read in pages of at most `page_bytes`.
 pub async fn read_all(core: &CoreHandle, name: &str, page_bytes: usize) -> Vec<RecordView> {
     let mut out = Vec::new();
     let mut from = 0;
     loop {
-        let request = ReadRequest {
-            from: ReadFrom::Offset(from),
-            max_records: 1000,
-            max_bytes: page_bytes,
-            wait_ms: None,
-            with_content_type: false,
-            bound: None,
-        };
+        let request = page_request(from, 1000, page_bytes);
         let batch = core.read(name, &request).await.expect("read");
         out.extend(batch.records.iter().cloned());
         if batch.records.is_empty() || batch.up_to_date() {
