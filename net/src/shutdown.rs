@@ -66,13 +66,11 @@ impl Shutdown {
                 deadline_scan: RefCell::new(None),
             }),
         };
-        let (signal, watcher) = (
-            SignalWait {
-                shutdown: self.clone(),
-                slot: None,
-            },
-            local.inner.clone(),
-        );
+        let signal = SignalWait {
+            shutdown: self.clone(),
+            slot: None,
+        };
+        let watcher = local.inner.clone();
         glommio::spawn_local(async move {
             signal.await;
             watcher.set.set(true);
@@ -86,12 +84,16 @@ impl Shutdown {
         .detach();
         let scanner = local.inner.clone();
         glommio::spawn_local(async move {
+            // Whether some wait has a deadline still to come: each scan says, so an interval
+            // walks the waits once.
+            let mut pending = scanner.has_deadlines();
             while !scanner.set.get() {
-                if scanner.has_deadlines() {
+                if pending {
                     glommio::timer::sleep(DEADLINE_SCAN_INTERVAL).await;
-                    scanner.end_waits_past(Instant::now());
+                    pending = scanner.end_waits_past(Instant::now());
                 } else {
                     DeadlineRegistered { local: &scanner }.await;
+                    pending = true;
                 }
             }
         })
@@ -111,22 +113,18 @@ impl Future for SignalWait {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.shutdown.inner.flag.load(Ordering::SeqCst) {
+        let this = &mut *self;
+        if this.shutdown.inner.flag.load(Ordering::SeqCst) {
             return Poll::Ready(());
         }
-        {
-            let mut cores = self.shutdown.cores();
-            match self.slot {
-                Some(slot) if cores.contains(slot) => cores[slot] = cx.waker().clone(),
-                _ => {
-                    let slot = cores.insert(cx.waker().clone());
-                    drop(cores);
-                    self.slot = Some(slot);
-                }
-            }
+        let mut cores = this.shutdown.cores();
+        match this.slot {
+            Some(slot) if cores.contains(slot) => cores[slot] = cx.waker().clone(),
+            _ => this.slot = Some(cores.insert(cx.waker().clone())),
         }
+        drop(cores);
         // `begin` may have set the flag and taken the wakers just before this one was filed.
-        if self.shutdown.inner.flag.load(Ordering::SeqCst) {
+        if this.shutdown.inner.flag.load(Ordering::SeqCst) {
             return Poll::Ready(());
         }
         Poll::Pending
@@ -185,14 +183,21 @@ impl Local {
             .any(|(_, waiting)| waiting.deadline.is_some() && !waiting.expired)
     }
 
-    /// Ends (and wakes) the waits whose deadline is `now` or earlier.
-    fn end_waits_past(&self, now: Instant) {
+    /// Ends (and wakes) the waits whose deadline is `now` or earlier; whether a wait with a
+    /// later deadline remains.
+    fn end_waits_past(&self, now: Instant) -> bool {
+        let mut later = false;
         for (_, waiting) in self.waiters.borrow_mut().iter_mut() {
-            if !waiting.expired && waiting.deadline.is_some_and(|deadline| deadline <= now) {
-                waiting.expired = true;
-                waiting.waker.wake_by_ref();
+            match waiting.deadline {
+                Some(deadline) if !waiting.expired && deadline <= now => {
+                    waiting.expired = true;
+                    waiting.waker.wake_by_ref();
+                }
+                Some(_) if !waiting.expired => later = true,
+                _ => {}
             }
         }
+        later
     }
 
     /// Registers a wait (its key), or updates the waker of the registered one; whether its
