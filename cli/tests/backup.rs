@@ -615,11 +615,8 @@ fn a_backup_refuses_a_damaged_segment_object_and_names_it() {
     let server = Server::start(&["--cores", "1", "--segment-max-age-ms", "200"]);
     fill(&server, "/b", 50, 1_000);
     let object = common::wait_for("an uploaded segment", ADMIN_TIMEOUT, || {
-        let metrics = admin(&server, "GET", "/metrics", &Value::Null).text();
-        let uploaded = metrics
-            .lines()
-            .find(|l| l.starts_with("pico_uploads_total{core=\"0\"}"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        let uploaded = server
+            .metric_sample("pico_uploads_total{core=\"0\"}")
             .is_some_and(|n| n >= 1);
         uploaded.then(|| segment_objects(&server).into_iter().next())?
     });

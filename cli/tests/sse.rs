@@ -716,14 +716,7 @@ fn keep_alives_follow_the_long_poll_timeout_and_stop_at_the_cap() {
 
 /// One sample of the server's `/metrics` page (`series` with its labels), or 0 if absent.
 fn metric(s: &Server, series: &str) -> u64 {
-    let page = Conn::connect(s.admin)
-        .expect("connect to the admin listener")
-        .request("GET", "/metrics", &[], b"")
-        .expect("GET /metrics")
-        .text();
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0)
+    s.metric_sample(series).unwrap_or(0)
 }
 
 /// Waits (bounded) until `series` reads `want`.

@@ -9,13 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::disk::{Filler, Tmpfs};
-use common::{read_all, Conn, Resp, Server};
-
-fn admin_get(server: &Server, path: &str) -> Resp {
-    Conn::connect(server.admin)
-        .and_then(|mut conn| conn.request("GET", path, &[], b""))
-        .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
-}
+use common::{read_all, Server};
 
 /// `/s` holds exactly `acked`, in order, from offset 0.
 fn assert_holds_exactly(server: &Server, acked: &[Vec<u8>]) {
@@ -25,7 +19,7 @@ fn assert_holds_exactly(server: &Server, acked: &[Vec<u8>]) {
 }
 
 fn metric(server: &Server, line_start: &str) -> String {
-    let metrics = admin_get(server, "/metrics");
+    let metrics = server.admin_get("/metrics");
     metrics
         .text()
         .lines()
@@ -101,7 +95,7 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
     assert_eq!(server.head("/s").expect(200).h_u64("pico-next-seq"), next);
     server.put("/t", "text/plain").expect(201);
     server.delete("/t").expect(204);
-    let ready = admin_get(&server, "/ready");
+    let ready = server.admin_get("/ready");
     ready.expect(200);
     let ready = ready.json();
     assert_eq!(ready["degraded"], true, "{ready}");
@@ -123,10 +117,7 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(resumed, "appends resumed on their own");
-    assert!(admin_get(&server, "/ready")
-        .json()
-        .get("degraded")
-        .is_none());
+    assert!(server.admin_get("/ready").json().get("degraded").is_none());
     assert_eq!(
         metric(&server, "pico_wal_health{core=\"0\"}"),
         "pico_wal_health{core=\"0\"} 0"
@@ -163,7 +154,7 @@ fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
             .contains("restart"),
         "{error}"
     );
-    let ready = admin_get(&server, "/ready");
+    let ready = server.admin_get("/ready");
     ready.expect(503);
     let ready = ready.json();
     assert_eq!(ready["storage"][0]["state"], "failed", "{ready}");

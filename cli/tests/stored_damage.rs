@@ -11,8 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{
-    decode_binary_read, ds_read, encode_binary_batch, read_all, wait_for, BatchRecord, Conn, Resp,
-    Server,
+    decode_binary_read, ds_read, encode_binary_batch, read_all, wait_for, BatchRecord, Resp, Server,
 };
 
 const RECORDS: u64 = 300;
@@ -21,21 +20,12 @@ fn body(i: u64) -> Vec<u8> {
     format!("record {i:04} {}", "z".repeat(40)).into_bytes()
 }
 
-fn admin_get(server: &Server, path: &str) -> Resp {
-    Conn::connect(server.admin)
-        .and_then(|mut conn| conn.request("GET", path, &[], b""))
-        .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
-}
-
 /// The value of counter `name` for core 0 in `/metrics`.
 fn core_0_counter(server: &Server, name: &str) -> u64 {
-    let metrics = admin_get(server, "/metrics").text();
-    let start = format!("{name}{{core=\"0\"}} ");
-    let line = metrics
-        .lines()
-        .find(|l| l.starts_with(&start))
-        .unwrap_or_else(|| panic!("{start} in /metrics:\n{metrics}"));
-    line[start.len()..].parse().unwrap()
+    let series = format!("{name}{{core=\"0\"}}");
+    server
+        .metric_sample(&series)
+        .unwrap_or_else(|| panic!("{series} in /metrics"))
 }
 
 fn damaged_reads(server: &Server) -> u64 {

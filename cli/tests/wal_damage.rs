@@ -8,15 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{frames_prefix_len, read_all, Conn, Resp, Server};
+use common::{frames_prefix_len, read_all, Server};
 
 const RECORDS: u64 = 200;
-
-fn admin_get(server: &Server, path: &str) -> Resp {
-    Conn::connect(server.admin)
-        .and_then(|mut conn| conn.request("GET", path, &[], b""))
-        .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
-}
 
 fn body(i: u64) -> Vec<u8> {
     format!("record {i:04} {}", "z".repeat(40)).into_bytes()
@@ -107,7 +101,7 @@ fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
         );
     }
     let head = server.head("/d");
-    let ready = admin_get(&server, "/ready");
+    let ready = server.admin_get("/ready");
     ready.expect(200);
     let ready = ready.json();
     assert_eq!(ready["degraded"], true, "{ready}");
@@ -141,7 +135,7 @@ fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
             "{salvaged}"
         );
     }
-    let metrics = admin_get(&server, "/metrics").text();
+    let metrics = server.admin_get("/metrics").text();
     assert!(
         metrics.lines().any(|l| l == "pico_wal_salvaged_files 1"),
         "{metrics}"
@@ -165,7 +159,7 @@ fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
     server.restart();
     let (again, again_next) = read_all(&server, "/d", 0);
     assert_eq!((again.len(), again_next), (after.len(), after_next));
-    let ready = admin_get(&server, "/ready").json();
+    let ready = server.admin_get("/ready").json();
     assert!(ready.get("walSalvaged").is_none(), "{ready}");
 }
 

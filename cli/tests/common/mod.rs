@@ -226,6 +226,22 @@ impl Server {
         }
     }
 
+    /// `GET path` on the admin listener, on a fresh connection.
+    pub fn admin_get(&self, path: &str) -> Resp {
+        Conn::connect(self.admin)
+            .and_then(|mut conn| conn.request("GET", path, &[], b""))
+            .unwrap_or_else(|e| panic!("GET {path} on the admin listener: {e}"))
+    }
+
+    /// One sample of the admin listener's `/metrics`: `series` with its labels (say
+    /// `pico_uploads_total{core="0"}`), or `None` if the page has no such line.
+    pub fn metric_sample(&self, series: &str) -> Option<u64> {
+        self.admin_get("/metrics")
+            .text()
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
     /// A new keep-alive connection to the protocol listener.
     pub fn connect(&self) -> Conn {
         Conn::connect(self.addr).expect("connect to the server")
