@@ -361,23 +361,21 @@ fn puts_stay_within_the_budget_whatever_the_append_rate() {
     assert!(appended > puts * 4, "{appended} appends rode {puts} PUTs");
 }
 
-/// A damaged small object (a flipped byte in the bucket) is left out of every merge, counted
-/// and logged as damage, and the objects beside it are still merged around it: one damaged
-/// object does not keep its neighbours small. Reads answer the records before it.
-#[test]
-fn a_damaged_object_is_left_out_and_its_neighbours_are_merged_around_it() {
+/// A damaged small object in the bucket is left out of every merge, counted and logged as
+/// damage, and the objects beside it are still merged around it: one damaged object does not
+/// keep its neighbours small. Reads answer the records before it, then `read_error`.
+fn a_damaged_object_is_left_out(damage: fn(&mut Vec<u8>), read_error: &'static str) {
     const LEN: usize = 2 * 1024;
     const COUNT: u64 = 48;
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), 3_500);
     let path = dir.path().to_path_buf();
     let (merged, failures, damaged, read) =
-        run_returning(config, dir.path(), |core, node| async move {
+        run_returning(config, dir.path(), move |core, node| async move {
             create(&core, "s").await;
             write_slowly(&core, "s", 0, COUNT, LEN).await;
-            // One object per append, named in order: damage the middle one's last byte (its
-            // record's body, which its frame's CRC covers) before the node is idle enough
-            // to merge them.
+            // One object per append, named in order: damage the middle one before the node is
+            // idle enough to merge them.
             let segments: Vec<String> = objects(&path)
                 .into_iter()
                 .filter(|k| k.ends_with(".seg"))
@@ -385,8 +383,7 @@ fn a_damaged_object_is_left_out_and_its_neighbours_are_merged_around_it() {
             assert_eq!(segments.len() as u64, COUNT, "{segments:?}");
             let victim = path.join("objects").join(&segments[COUNT as usize / 2]);
             let mut bytes = std::fs::read(&victim).unwrap();
-            let last = bytes.len() - 1;
-            bytes[last] ^= 0x01;
+            damage(&mut bytes);
             std::fs::write(&victim, &bytes).unwrap();
             settle(&node.metrics, 2).await;
             let mut read = Vec::new();
@@ -403,9 +400,7 @@ fn a_damaged_object_is_left_out_and_its_neighbours_are_merged_around_it() {
                 }
             };
             assert!(
-                error
-                    .as_deref()
-                    .is_some_and(|e| e.contains("corrupt frame")),
+                error.as_deref().is_some_and(|e| e.contains(read_error)),
                 "{error:?}"
             );
             (
@@ -435,4 +430,15 @@ fn a_damaged_object_is_left_out_and_its_neighbours_are_merged_around_it() {
     for (offset, got) in &read {
         assert!(*got == body(*offset, LEN), "record {offset}'s bytes");
     }
+}
+
+#[test]
+fn a_damaged_object_is_left_out_and_its_neighbours_are_merged_around_it() {
+    // The object's last byte: its record's body, which its frame's CRC covers.
+    a_damaged_object_is_left_out(|bytes| *bytes.last_mut().unwrap() ^= 0x01, "corrupt frame");
+}
+
+#[test]
+fn an_object_cut_short_is_left_out_and_its_neighbours_are_merged_around_it() {
+    a_damaged_object_is_left_out(|bytes| bytes.truncate(bytes.len() / 2), "past the end");
 }

@@ -504,27 +504,40 @@ impl Shard {
             }
             for (no, key, size, held, reply) in replies {
                 let bytes = match (held, reply) {
-                    (Some(bytes), _) => bytes,
+                    (Some(bytes), _) => Ok(bytes),
                     (None, None) => {
                         let key = key.clone();
                         return Err(CompactError::NothingToRead { key });
                     }
-                    (None, Some(reply)) => reply
-                        .await
-                        .map_err(|_| CompactError::StoreClosed)?
-                        .map_err(|source| CompactError::Store {
-                            put: false,
-                            key: key.clone(),
-                            source,
-                        })?,
+                    (None, Some(reply)) => {
+                        match reply.await.map_err(|_| CompactError::StoreClosed)? {
+                            Ok(bytes) => Ok(bytes),
+                            // The object ends before its catalog size: damage, as reads see it.
+                            Err(StoreError::Short { size: len, .. }) => Err(Damage::Size {
+                                len: len as usize,
+                                size,
+                            }),
+                            Err(source) => {
+                                let key = key.clone();
+                                return Err(CompactError::Store {
+                                    put: false,
+                                    key,
+                                    source,
+                                });
+                            }
+                        }
+                    }
                 };
-                let damaged = if bytes.len() as u64 != size {
-                    Some(Damage::Size {
-                        len: bytes.len(),
-                        size,
-                    })
-                } else {
-                    first_damage(&bytes).map(|(_, error)| Damage::Frame(error))
+                let (bytes, damaged) = match bytes {
+                    Err(damage) => (Bytes::new(), Some(damage)),
+                    Ok(bytes) if bytes.len() as u64 != size => {
+                        let len = bytes.len();
+                        (bytes, Some(Damage::Size { len, size }))
+                    }
+                    Ok(bytes) => {
+                        let damaged = first_damage(&bytes).map(|(_, error)| Damage::Frame(error));
+                        (bytes, damaged)
+                    }
                 };
                 if let Some(damage) = damaged {
                     // Never merged (reads report the damage); the segments beside it are
