@@ -12,7 +12,9 @@ use pico_client::{build_http_client, ApiError, ClientConfig, ClientError};
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 
-use crate::args::{AdminArgs, AdminBackupArgs, AdminCommand, AdminRestoreArgs, QuarantineCommand};
+use crate::args::{
+    AdminArgs, AdminBackupArgs, AdminCommand, AdminRestoreArgs, AdminVerifyArgs, QuarantineCommand,
+};
 use crate::Failure;
 
 pub const DEFAULT_ADMIN_ENDPOINT: &str = "http://127.0.0.1:9090";
@@ -23,8 +25,10 @@ const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const BACKUP_TIMEOUT_SEC_DEFAULT: u64 = pico_net::BACKUP_TIMEOUT_SEC_DEFAULT;
 /// How much longer than the backup's own time limit the command waits for the answer.
 const BACKUP_ANSWER_MARGIN_SEC: u64 = 30;
-/// How often `pico admin backup` asks how its backup stands.
-const BACKUP_POLL: Duration = Duration::from_millis(200);
+/// How long a verify may take when `--timeout-sec` is not given (the node's default).
+const VERIFY_TIMEOUT_SEC_DEFAULT: u64 = pico_net::VERIFY_TIMEOUT_SEC_DEFAULT;
+/// How often `pico admin backup` and `verify` ask how their job stands.
+const JOB_POLL: Duration = Duration::from_millis(200);
 
 /// The admin listener of one node.
 struct Admin {
@@ -116,6 +120,18 @@ pub fn run(args: &AdminArgs, token: Option<&str>, ca_cert: Option<&[u8]>) -> Res
             AdminCommand::Backup(backup) => {
                 let body = admin.backup(backup).await?;
                 print(args.json, &body, backup_lines)
+            }
+            AdminCommand::Verify(verify) => {
+                let report = admin.verify(verify).await?;
+                print(args.json, &report, verify_lines)?;
+                let damaged = report["damagedObjects"].as_u64().unwrap_or(0);
+                let unreadable = report["unreadableObjects"].as_u64().unwrap_or(0);
+                if damaged + unreadable > 0 {
+                    return Err(Failure::Fatal(format!(
+                        "the verify found {damaged} damaged and {unreadable} unreadable objects"
+                    )));
+                }
+                Ok(())
             }
             AdminCommand::Checkpoint(checkpoint) => {
                 let mut request = json!({});
@@ -248,32 +264,59 @@ impl Admin {
             .timeout_sec
             .unwrap_or(BACKUP_TIMEOUT_SEC_DEFAULT)
             .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
-        let deadline = Instant::now() + Duration::from_secs(wait);
-        let started = self
-            .call(Method::POST, "/admin/backup", Some(request))
-            .await?;
+        let what = format!("the backup to {}", args.to.display());
+        self.run_to_end("/admin/backup", request, wait, &what).await
+    }
+
+    /// `POST /admin/verify`, then `GET /admin/verify` until it ended; its report, or its
+    /// error as a failure.
+    async fn verify(&self, args: &AdminVerifyArgs) -> Result<Value, Failure> {
+        let mut request = json!({});
+        if let Some(timeout_sec) = args.timeout_sec {
+            request["timeoutSec"] = json!(timeout_sec);
+        }
+        if let Some(rate) = args.max_bytes_per_second {
+            request["maxBytesPerSecond"] = json!(rate);
+        }
+        let wait = args
+            .timeout_sec
+            .unwrap_or(VERIFY_TIMEOUT_SEC_DEFAULT)
+            .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
+        self.run_to_end("/admin/verify", request, wait, "the verify")
+            .await
+    }
+
+    /// `POST path` starts a job of the node's (a backup, a verify); `GET path` until it is no
+    /// longer `running` (at most `wait_sec`): its last status when `complete`, else its error
+    /// as a failure.
+    async fn run_to_end(
+        &self,
+        path: &str,
+        request: Value,
+        wait_sec: u64,
+        what: &str,
+    ) -> Result<Value, Failure> {
+        let deadline = Instant::now() + Duration::from_secs(wait_sec);
+        let started = self.call(Method::POST, path, Some(request)).await?;
         loop {
-            tokio::time::sleep(BACKUP_POLL).await;
-            let status = self.call(Method::GET, "/admin/backup", None).await?;
+            tokio::time::sleep(JOB_POLL).await;
+            let status = self.call(Method::GET, path, None).await?;
             if status["startedAtMs"] != started["startedAtMs"] || status["to"] != started["to"] {
                 return Err(Failure::Fatal(format!(
-                    "the node no longer reports the backup to {} (restarted?)",
-                    field(&started, "to")
+                    "the node no longer reports {what} (restarted?)"
                 )));
             }
             match status["state"].as_str() {
                 Some("running") if Instant::now() < deadline => continue,
                 Some("running") => {
                     return Err(Failure::Fatal(format!(
-                        "the backup to {} still runs after {wait} s",
-                        field(&started, "to")
+                        "{what} still runs after {wait_sec} s"
                     )))
                 }
                 Some("complete") => return Ok(status),
                 _ => {
                     return Err(Failure::Fatal(format!(
-                        "backup to {} failed: {}",
-                        field(&status, "to"),
+                        "{what} failed: {}",
                         field(&status, "error")
                     )))
                 }
@@ -397,6 +440,47 @@ fn backup_lines(b: &Value) -> Vec<String> {
             f("subscriptions")
         ),
     ]
+}
+
+fn verify_lines(b: &Value) -> Vec<String> {
+    let f = |name| field(b, name);
+    let mut lines = vec![format!(
+        "objects={} bytes={} intact={} damaged={} unreadable={} collected={} startedAtMs={} finishedAtMs={}",
+        f("objectsChecked"),
+        f("bytesChecked"),
+        f("intactObjects"),
+        f("damagedObjects"),
+        f("unreadableObjects"),
+        f("collectedObjects"),
+        f("startedAtMs"),
+        f("finishedAtMs")
+    )];
+    for damaged in b["damaged"].as_array().into_iter().flatten() {
+        let d = |name| field(damaged, name);
+        lines.push(format!(
+            "damaged object={} atByte={} cause={}",
+            d("key"),
+            d("atByte"),
+            damaged["cause"]
+        ));
+        for lost in damaged["lost"].as_array().into_iter().flatten() {
+            let l = |name| field(lost, name);
+            lines.push(format!(
+                "  lost stream={} from={} next={}",
+                l("stream"),
+                l("fromOffset"),
+                l("nextOffset")
+            ));
+        }
+    }
+    for unreadable in b["unreadable"].as_array().into_iter().flatten() {
+        lines.push(format!(
+            "unreadable object={} error={}",
+            field(unreadable, "key"),
+            unreadable["error"]
+        ));
+    }
+    lines
 }
 
 /// `pico admin restore`: local work, no node involved.

@@ -218,3 +218,91 @@ fn a_segment_object_gone_from_the_bucket_is_refused_with_500_and_counted() {
         "{log}"
     );
 }
+
+/// `pico admin verify --json` against `server`: its exit success and its report.
+fn verify(server: &Server) -> (bool, serde_json::Value) {
+    let endpoint = format!("http://{}", server.admin);
+    let out = common::pico(
+        server.dir(),
+        &["admin", "--admin-endpoint", &endpoint, "--json", "verify"],
+    );
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "a JSON report ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.success(), report)
+}
+
+#[test]
+fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
+    let (mut server, damaged) = a_stopped_node_with_one_stored_segment();
+    server.restart();
+    // A second stream with an object of its own, and nothing read yet.
+    server.put("/e", "text/plain").expect(201);
+    server.post("/e", b"kept").expect(200);
+    let segments = server.dir().join("objects/segments");
+    let other = wait_for("/e's upload", Duration::from_secs(30), || {
+        std::fs::read_dir(&segments)
+            .ok()?
+            .map(|e| e.unwrap().path())
+            .find(|p| *p != damaged)
+    });
+
+    let (ok, report) = verify(&server);
+    assert!(ok, "{report}");
+    assert_eq!(report["state"], "complete");
+    assert_eq!(report["objectsChecked"], 2, "{report}");
+    assert_eq!(report["intactObjects"], 2, "{report}");
+    assert_eq!(report["damagedObjects"], 0, "{report}");
+    assert_eq!(server.metric_sample("pico_verify_damaged_objects"), Some(0));
+
+    let at = common::record_body_byte_after(&std::fs::read(&damaged).unwrap(), 0.5);
+    flip(&damaged, at);
+    std::fs::remove_file(&other).unwrap();
+    let (ok, report) = verify(&server);
+    assert!(!ok, "a verify that found damage exits 1: {report}");
+    assert_eq!(report["damagedObjects"], 2, "{report}");
+    let listed = report["damaged"].as_array().unwrap();
+    let name = |path: &PathBuf| format!("segments/{}", path.file_name().unwrap().to_str().unwrap());
+    let flipped = listed.iter().find(|d| d["key"] == name(&damaged)).unwrap();
+    assert!(
+        flipped["cause"]
+            .as_str()
+            .unwrap()
+            .contains("fails its checks"),
+        "{flipped}"
+    );
+    assert!(flipped["atByte"].as_u64().unwrap() <= at as u64);
+    // What it costs: the records of /d from the damaged one to the end of its run.
+    let lost = flipped["lost"].as_array().unwrap();
+    assert_eq!(lost.len(), 1, "{flipped}");
+    assert_eq!(lost[0]["stream"], "/d");
+    assert_eq!(lost[0]["nextOffset"], RECORDS);
+    let lost_from = lost[0]["fromOffset"].as_u64().unwrap();
+    assert!(lost_from > 0 && lost_from < RECORDS, "{flipped}");
+    let missing = listed.iter().find(|d| d["key"] == name(&other)).unwrap();
+    assert!(
+        missing["cause"].as_str().unwrap().contains("missing"),
+        "{missing}"
+    );
+    assert_eq!(missing["lost"][0]["stream"], "/e");
+    assert_eq!(missing["lost"][0]["fromOffset"], 0);
+    assert_eq!(server.metric_sample("pico_verify_damaged_objects"), Some(2));
+    let log = server.log();
+    for key in [name(&damaged), name(&other)] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("ERROR") && l.contains("verify") && l.contains(&key)),
+            "a log line names {key}:\n{log}"
+        );
+    }
+    // Found by the verify, not by a reader: no read met it. A reader then stops where the
+    // verify said the loss begins.
+    assert_eq!(damaged_reads(&server), 0);
+    let page = pico_read(&server, 0);
+    page.expect(200);
+    assert_eq!(page.h_u64("pico-next-seq"), lost_from);
+}

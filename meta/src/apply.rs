@@ -345,7 +345,17 @@ pub(crate) fn garbage(
 /// needs: no readable record, close marker, producer state or writer sequence of a stream with
 /// a row.
 fn unneeded(segments: &[SegmentRecord], starts: &HashMap<u64, u64>) -> Vec<String> {
-    let needed = |entry: &SegmentStreamEntry| match starts.get(&entry.stream_id) {
+    segments
+        .iter()
+        .filter(|segment| !segment.streams.iter().any(|entry| needed(entry, starts)))
+        .map(|segment| segment.key.clone())
+        .collect()
+}
+
+/// Whether a stream of `starts` (id → first readable offset) needs what `entry` holds: a
+/// readable record, its close marker, producer state or writer sequence.
+pub(crate) fn needed(entry: &SegmentStreamEntry, starts: &HashMap<u64, u64>) -> bool {
+    match starts.get(&entry.stream_id) {
         None => false,
         Some(&start) => {
             let records_readable = entry.runs.iter().any(|run| run.next_offset > start);
@@ -355,12 +365,7 @@ fn unneeded(segments: &[SegmentRecord], starts: &HashMap<u64, u64>) -> Vec<Strin
                 || entry.writer_seq.is_some()
                 || !entry.producers.is_empty()
         }
-    };
-    segments
-        .iter()
-        .filter(|segment| !segment.streams.iter().any(needed))
-        .map(|segment| segment.key.clone())
-        .collect()
+    }
 }
 
 fn drop_segments(db: &mut dyn Backend, keys: &[String]) -> Result<(), MetaError> {
@@ -382,7 +387,7 @@ pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError>
 
 /// The committed segments `keep` picks, in commit order, each with its entries in the order
 /// they were given.
-fn load_segments(
+pub(crate) fn load_segments(
     db: &mut dyn Backend,
     keep: impl Fn(&SegmentColumns) -> bool,
 ) -> Result<Vec<SegmentRecord>, MetaError> {

@@ -371,6 +371,9 @@ pub(crate) trait Backend {
     /// without reading every stream.
     fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError>;
 
+    /// `(id, name)` of each stream of `ids` that has a row.
+    fn stream_names(&mut self, ids: &[i64]) -> Result<Vec<(i64, String)>, MetaError>;
+
     /// Calls `visit` with every entry, by segment seq then position: the entry's segment seq
     /// and its columns, or why they could not be read.
     fn for_each_entry(

@@ -46,6 +46,7 @@ mod store;
 #[doc(hidden)]
 #[cfg(feature = "testing")]
 pub mod testing;
+mod verify;
 
 pub use backend::{NodeId, NodeRow};
 pub use cluster::{
@@ -56,6 +57,7 @@ pub use consumers::{ConsumerList, ConsumerRead, ConsumerWrite, StoredConsumer};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
 pub use store::MetaStore;
+pub use verify::{StoredObject, StoredRun};
 
 /// A stream's configuration, fixed at create but for its retention: what the protocols give,
 /// the engine keeps and the registry stores (whether the stream is closed is its state,

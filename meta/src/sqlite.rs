@@ -425,6 +425,24 @@ impl Backend for Sqlite {
         Ok(starts)
     }
 
+    fn stream_names(&mut self, ids: &[i64]) -> Result<Vec<(i64, String)>, MetaError> {
+        let mut query = self
+            .conn
+            .prepare_cached("SELECT name FROM streams WHERE id = ?1")
+            .map_err(storage("prepare stream name look-up"))?;
+        let mut names = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let name: Option<String> = query
+                .query_row([id], |row| row.get(0))
+                .optional()
+                .map_err(storage("look up stream name"))?;
+            if let Some(name) = name {
+                names.push((id, name));
+            }
+        }
+        Ok(names)
+    }
+
     fn segment_row(&mut self, key: &str) -> Result<Option<SegmentColumns>, MetaError> {
         self.conn
             .prepare_cached(backend::SELECT_SEGMENT_BY_KEY)

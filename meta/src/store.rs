@@ -361,6 +361,29 @@ impl MetaStore {
         })
     }
 
+    /// The objects `pico admin verify` reads: every catalog object a stream still reads (what
+    /// [`MetaStore::garbage_segments`] would not collect) and every quarantined object, each
+    /// with the runs readers reach in it; with `only`, that key's (empty once nothing needs
+    /// it). Reads the segments and the streams they name, like a collection pass.
+    pub fn stored_objects(&self, only: Option<String>) -> Reply<Vec<crate::StoredObject>> {
+        self.job(move |db| crate::verify::stored_objects(db, only.as_deref()))
+    }
+
+    /// The names of the streams of `ids` that have a row, by id (for reports).
+    pub fn stream_names(&self, ids: Vec<u64>) -> Reply<Vec<(u64, String)>> {
+        self.job(move |db| {
+            let ids: Vec<i64> = ids
+                .iter()
+                .filter_map(|&id| i64::try_from(id).ok())
+                .collect();
+            Ok(db
+                .stream_names(&ids)?
+                .into_iter()
+                .map(|(id, name)| (id as u64, name))
+                .collect())
+        })
+    }
+
     /// Every quarantined entry, oldest first.
     pub fn quarantined(&self) -> Reply<Vec<crate::Quarantined>> {
         self.job(|db| {

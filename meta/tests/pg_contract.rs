@@ -135,6 +135,7 @@ contract!(
     dropping_the_last_handle_finishes_queued_work,
     calls_after_shutdown_answer_closed,
     garbage_is_what_no_live_stream_needs_and_drop_forgets_it,
+    a_verify_lists_what_the_collector_keeps_with_the_runs_readers_reach,
     catalog_usage_sums_the_listed_segments,
     reopening_migrates_nothing_and_a_newer_schema_is_refused,
     retention_is_set_at_create_replaced_by_configure_and_survives_reopen,
@@ -875,7 +876,9 @@ fn touch_only_moves_the_idle_clock_forward_and_survives_reopen(db: &Db) {
     assert_eq!(snapshot.streams[0].last_access_ms, 5_000);
 }
 
-fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it(db: &Db) {
+/// Three streams and six segments (`too-new.seg` sealed at 500, the rest at 10): `/gone`
+/// deleted, `/soft` soft-deleted (forks read it), `/kept` trimmed to 4; their ids in that order.
+fn streams_and_segments_some_garbage(db: &Db) -> (MetaStore, [u64; 3]) {
     let (store, _) = db.open();
     let gone = wait(store.create_stream("/gone", config("text/plain"), 1))
         .unwrap()
@@ -933,6 +936,11 @@ fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it(db: &Db) {
     wait(store.soft_delete_stream(soft.id)).unwrap();
     // /kept is trimmed to 4: the first segment of it holds nothing readable any more.
     wait(store.trim_stream(kept.id, 4)).unwrap();
+    (store, [gone.id, kept.id, soft.id])
+}
+
+fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it(db: &Db) {
+    let (store, _) = streams_and_segments_some_garbage(db);
     let mut garbage = wait(store.garbage_segments(100)).unwrap();
     garbage.sort();
     assert_eq!(
@@ -960,6 +968,54 @@ fn garbage_is_what_no_live_stream_needs_and_drop_forgets_it(db: &Db) {
         ]
     );
 }
+/// `pico admin verify`'s list: the objects the collector would keep, whatever their age, each
+/// with the runs readers still reach; one key asked alone; the names of the streams by id.
+fn a_verify_lists_what_the_collector_keeps_with_the_runs_readers_reach(db: &Db) {
+    let (store, [gone, kept, soft]) = streams_and_segments_some_garbage(db);
+    let objects = wait(store.stored_objects(None)).unwrap();
+    /// An object's key and its `(stream, first, next)` runs.
+    type Listed<'a> = (&'a str, Vec<(u64, u64, u64)>);
+    let listed: Vec<Listed> = objects
+        .iter()
+        .map(|o| {
+            let runs = o
+                .runs
+                .iter()
+                .map(|r| (r.stream_id, r.run.first_offset, r.run.next_offset))
+                .collect();
+            (o.key.as_str(), runs)
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            // Kept for its producer state; its records are trimmed away.
+            ("segments/producer.seg", vec![]),
+            ("segments/soft-deleted.seg", vec![(soft, 0, 1)]),
+            ("segments/readable.seg", vec![(kept, 2, 9)]),
+        ]
+    );
+    assert!(objects.iter().all(|o| o.size_bytes == Some(100)));
+    let one = wait(store.stored_objects(Some("segments/readable.seg".into()))).unwrap();
+    assert_eq!(one, objects[2..]);
+    for gone_key in [
+        "segments/deleted.seg",
+        "segments/too-new.seg",
+        "segments/none.seg",
+    ] {
+        assert!(wait(store.stored_objects(Some(gone_key.into())))
+            .unwrap()
+            .is_empty());
+    }
+    let mut names = wait(store.stream_names(vec![gone, kept, soft])).unwrap();
+    names.sort();
+    assert_eq!(
+        names,
+        [(kept, "/kept".to_string()), (soft, "/soft".to_string())]
+    );
+    store.shutdown();
+}
+
 /// The dashboard's bucket bytes: the segments the catalog lists and their sizes, a
 /// re-commit counted once at its new size, a dropped segment no longer.
 fn catalog_usage_sums_the_listed_segments(db: &Db) {

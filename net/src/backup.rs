@@ -226,6 +226,17 @@ fn check_missing(catalog: &Path, missing: Vec<String>) -> Result<Vec<String>, Ba
     Ok(missing)
 }
 
+/// When a reader that started at `started` and has read `bytes` may read on, to keep its
+/// average rate at `max_bytes_per_second` (`None`: no limit).
+pub(crate) fn pace_until(
+    started: Instant,
+    bytes: u64,
+    max_bytes_per_second: Option<u64>,
+) -> Option<Instant> {
+    let rate = max_bytes_per_second.filter(|r| *r > 0)?;
+    Some(started + Duration::from_secs_f64(bytes as f64 / rate as f64))
+}
+
 /// Sleeps as long as it takes to keep the average read rate at `max_bytes_per_second`; an
 /// error when that would go past `deadline` (the backup cannot finish in its time).
 fn throttle(
@@ -234,12 +245,14 @@ fn throttle(
     max_bytes_per_second: Option<u64>,
     deadline: Instant,
 ) -> Result<(), BackupError> {
-    let Some(rate) = max_bytes_per_second.filter(|r| *r > 0) else {
+    let Some(wake) = pace_until(started, bytes, max_bytes_per_second) else {
         return Ok(());
     };
-    let wake = started + Duration::from_secs_f64(bytes as f64 / rate as f64);
     if wake > deadline {
-        return Err(BackupError::TooSlow { bytes, rate });
+        return Err(BackupError::TooSlow {
+            bytes,
+            rate: max_bytes_per_second.unwrap_or(0),
+        });
     }
     let now = Instant::now();
     if wake > now {

@@ -30,7 +30,7 @@ pub use backup::{restore, BackupError, FileAction, RestoreSummary, RestoreTarget
 pub use config::{
     BuildInfo, ConfigError, Durability, Protocol, ServerConfig, DS_LISTEN_PORT_DEFAULT,
 };
-pub use limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BODY_BYTES_MAX_DEFAULT};
+pub use limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BODY_BYTES_MAX_DEFAULT, VERIFY_TIMEOUT_SEC_DEFAULT};
 pub use panics::install_hook as install_panic_hook;
 pub use server::{run, CoreStartError, StartError};
 pub use transport::tls::TlsError;

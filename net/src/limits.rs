@@ -88,6 +88,16 @@ pub const GC_HOLD_WAIT_SEC: u64 = 30;
 pub const BACKUP_DESTINATION_BYTES_MAX: usize = 1_024;
 /// The largest `timeoutSec` a backup may ask for (a day): the collector is held meanwhile.
 pub const BACKUP_TIMEOUT_SEC_MAX: u64 = 86_400;
+/// How long a verify of the stored objects (`POST /admin/verify`) may take when its request
+/// gives no `timeoutSec`, and the most it may ask for (a week: at 50 MB/s, 30 TB).
+pub const VERIFY_TIMEOUT_SEC_DEFAULT: u64 = 86_400;
+pub const VERIFY_TIMEOUT_SEC_MAX: u64 = 604_800;
+/// Damaged objects a verify's report lists (all are counted), and logs one line each.
+pub const VERIFY_LISTED_DAMAGE_MAX: usize = 1_000;
+pub const VERIFY_LOGGED_DAMAGE_MAX: usize = 100;
+/// A verify stops, failed, once this many objects in a row could not be read (the bucket is
+/// down: every later GET would fail too).
+pub const VERIFY_UNREADABLE_IN_A_ROW_MAX: u32 = 16;
 
 // HTTP/2 (each sent to the client in SETTINGS; a client exceeding one gets a stream or
 // connection error from `h2`).

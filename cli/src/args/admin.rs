@@ -102,6 +102,7 @@ pub enum AdminCommand {
     SetSlots(AdminSetSlotsArgs),
     Quarantine(AdminQuarantineArgs),
     Backup(AdminBackupArgs),
+    Verify(AdminVerifyArgs),
     Restore(AdminRestoreArgs),
     Checkpoint(AdminCheckpointArgs),
     GcHold(AdminGcHoldArgs),
@@ -140,6 +141,19 @@ pub struct AdminBackupArgs {
     pub to: std::path::PathBuf,
 
     /// give up (no manifest is written) after this many seconds (default 3600, at most 86400) [env: PICO_TIMEOUT_SEC]
+    #[argh(option, arg_name = "secs")]
+    pub timeout_sec: Option<u64>,
+
+    /// read objects from the node's bucket at most this fast (default: no limit) [env: PICO_MAX_BYTES_PER_SECOND]
+    #[argh(option, arg_name = "n")]
+    pub max_bytes_per_second: Option<u64>,
+}
+
+#[derive(FromArgs, ArgsInfo, Debug)]
+#[argh(subcommand, name = "verify")]
+/// Read every stored object a stream still reads and check it as a reader would (size, every frame's CRC, presence), before a reader needs it (docs/durability.md); prints the counts and each damaged object with the records it costs; exits 1 if any is damaged or unreadable.
+pub struct AdminVerifyArgs {
+    /// give up after this many seconds (default 86400, at most 604800) [env: PICO_TIMEOUT_SEC]
     #[argh(option, arg_name = "secs")]
     pub timeout_sec: Option<u64>,
 

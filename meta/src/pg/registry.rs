@@ -519,6 +519,15 @@ impl Backend for Postgres {
             .map_err(storage("look up stream starts"))
     }
 
+    fn stream_names(&mut self, ids: &[i64]) -> Result<Vec<(i64, String)>, MetaError> {
+        const SQL: &str = "SELECT id, name FROM streams WHERE id = ANY($1)";
+        let rows = self.query(SQL, &[&ids], "look up stream names")?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("look up stream names"))
+    }
+
     fn cluster(&mut self) -> Option<&mut dyn ClusterSql> {
         Some(self)
     }

@@ -14,6 +14,7 @@ pub mod metrics;
 mod quarantine;
 pub mod shared;
 pub mod usage;
+pub mod verify;
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -119,6 +120,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 state.started.elapsed().as_secs_f64(),
             );
             body.push_str(&consumers::metrics_text(state).await);
+            body.push_str(&state.verify.metrics_text());
             Response::new(200)
                 .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
                 .header("cache-control", "no-store")
@@ -138,6 +140,8 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
         ("POST", "/admin/transfer") => transfer(state, &request).await,
         ("POST", "/admin/backup") => backup::backup(state, &request).await,
         ("GET", "/admin/backup") => backup::status(state),
+        ("POST", "/admin/verify") => verify::verify(state, &request),
+        ("GET", "/admin/verify") => verify::status(state),
         ("POST", "/admin/checkpoint") => gc_hold::checkpoint(state, &request).await,
         ("GET", "/admin/gc-hold") => gc_hold::status(state),
         ("POST", "/admin/gc-hold") => gc_hold::hold(state, &request).await,
@@ -166,7 +170,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
     Some(match path {
         "/health" | "/ready" | "/metrics" => "GET, HEAD",
         "/admin/transfer" | "/admin/checkpoint" => "POST",
-        "/admin/backup" => "GET, POST",
+        "/admin/backup" | "/admin/verify" => "GET, POST",
         "/admin/gc-hold" => "GET, POST, DELETE",
         "/admin/quarantine" => "GET, DELETE",
         p if p.starts_with("/admin/nodes/") => "POST",

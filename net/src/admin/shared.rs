@@ -51,6 +51,8 @@ pub struct AdminState {
     pub subscriptions: Option<Arc<crate::subscriptions::Subscriptions>>,
     /// The latest backup (one runs at a time).
     pub backup: Rc<BackupStatus>,
+    /// The latest verify of the stored objects (one runs at a time).
+    pub verify: crate::admin::verify::VerifyStatus,
     /// The collector's hold an operator took (`POST /admin/gc-hold`).
     pub gc_holds: ManualHolds,
     /// The last storage measurement (`usage.rs` refreshes it).

@@ -266,6 +266,7 @@ async fn run_core(job: CoreJob) {
             tokens: tokens.clone(),
             subscriptions: Some(settings.subscriptions.clone()),
             backup: Default::default(),
+            verify: Default::default(),
             gc_holds: Default::default(),
             usage: Cell::new(Default::default()),
         });
