@@ -251,6 +251,27 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
             .find(|p| *p != damaged)
     });
 
+    // Bad bounds are refused, naming the field.
+    for body in [
+        &br#"{"timeoutSec": 0}"#[..],
+        br#"{"timeoutSec": 604801}"#,
+        br#"{"maxBytesPerSecond": -1}"#,
+        b"[1]",
+        b"{",
+    ] {
+        let refused = common::Conn::connect(server.admin)
+            .unwrap()
+            .request(
+                "POST",
+                "/admin/verify",
+                &[("content-type", "application/json")],
+                body,
+            )
+            .unwrap();
+        assert_eq!(refused.status, 400, "{}", refused.describe());
+    }
+    assert_eq!(server.admin_get("/admin/verify").json()["state"], "none");
+
     let (ok, report) = verify(&server);
     assert!(ok, "{report}");
     assert_eq!(report["state"], "complete");
@@ -299,6 +320,25 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
             "a log line names {key}:\n{log}"
         );
     }
+    // One at a time: a verify paced at a byte a second is still running when another is asked.
+    let post = |body: &[u8]| {
+        common::Conn::connect(server.admin)
+            .unwrap()
+            .request(
+                "POST",
+                "/admin/verify",
+                &[("content-type", "application/json")],
+                body,
+            )
+            .unwrap()
+    };
+    let slow = post(br#"{"maxBytesPerSecond": 1, "timeoutSec": 604800}"#);
+    assert_eq!(slow.status, 202, "{}", slow.describe());
+    assert_eq!(post(b"").status, 409);
+    assert_eq!(server.admin_get("/admin/verify").json()["state"], "running");
+    // The finished verify's findings stay in /metrics while another runs.
+    assert_eq!(server.metric_sample("pico_verify_damaged_objects"), Some(2));
+
     // Found by the verify, not by a reader: no read met it. A reader then stops where the
     // verify said the loss begins.
     assert_eq!(damaged_reads(&server), 0);

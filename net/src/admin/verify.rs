@@ -37,6 +37,9 @@ use crate::transport::message::{Request, Response};
 pub struct VerifyStatus {
     /// `None` before the first verify.
     report: RefCell<Option<Value>>,
+    /// The latest complete verify's damaged objects and when it finished (Unix ms): what
+    /// `/metrics` keeps while the next one runs.
+    last_complete: std::cell::Cell<Option<(u64, i64)>>,
     progress: Arc<Progress>,
 }
 
@@ -69,28 +72,18 @@ impl VerifyStatus {
 
     /// `pico_verify_*` lines of `/metrics`: the latest complete verify's findings.
     pub fn metrics_text(&self) -> String {
-        let report = self.report.borrow();
-        let Some(report) = report.as_ref().filter(|r| r["state"] == "complete") else {
+        let Some((damaged, finished_ms)) = self.last_complete.get() else {
             return String::new();
         };
-        let mut out = String::new();
-        out.push_str(
-            "# HELP pico_verify_damaged_objects Stored objects the latest complete verify found damaged or missing (pico admin verify).\n",
-        );
-        out.push_str("# TYPE pico_verify_damaged_objects gauge\n");
-        out.push_str(&format!(
-            "pico_verify_damaged_objects {}\n",
-            report["damagedObjects"].as_u64().unwrap_or(0)
-        ));
-        out.push_str(
-            "# HELP pico_verify_completed_timestamp_seconds When the latest verify completed (Unix time).\n",
-        );
-        out.push_str("# TYPE pico_verify_completed_timestamp_seconds gauge\n");
-        out.push_str(&format!(
-            "pico_verify_completed_timestamp_seconds {:.3}\n",
-            report["finishedAtMs"].as_i64().unwrap_or(0) as f64 / 1000.0
-        ));
-        out
+        format!(
+            "# HELP pico_verify_damaged_objects Stored objects the latest complete verify found damaged or missing (pico admin verify).\n\
+             # TYPE pico_verify_damaged_objects gauge\n\
+             pico_verify_damaged_objects {damaged}\n\
+             # HELP pico_verify_completed_timestamp_seconds When the latest complete verify finished (Unix time).\n\
+             # TYPE pico_verify_completed_timestamp_seconds gauge\n\
+             pico_verify_completed_timestamp_seconds {:.3}\n",
+            finished_ms as f64 / 1000.0
+        )
     }
 }
 
@@ -132,9 +125,15 @@ pub(super) fn verify(state: &Rc<AdminState>, request: &Request) -> Response {
     glommio::spawn_local(async move {
         let ended = match off_core(move || run(&job)).await {
             Ok(Ok(mut report)) => {
+                let finished_at_ms = pico_engine::now_ms();
+                let damaged = report["damagedObjects"].as_u64().unwrap_or(0);
+                task_state
+                    .verify
+                    .last_complete
+                    .set(Some((damaged, finished_at_ms)));
                 report["state"] = json!("complete");
                 report["startedAtMs"] = json!(started_at_ms);
-                report["finishedAtMs"] = json!(pico_engine::now_ms());
+                report["finishedAtMs"] = json!(finished_at_ms);
                 report
             }
             Ok(Err(e)) | Err(e) => {
