@@ -314,6 +314,16 @@ fn run(job: &Job) -> Result<Value, String> {
     let mut unreadable: Vec<Value> = Vec::new();
     let mut unreadable_in_a_row = 0;
     for object in objects {
+        // Paced before each read, so the last one's answer is not held back.
+        if let Some(wake) = pace_until(started, bytes, job.max_bytes_per_second) {
+            if wake > job.deadline {
+                return Err(format!(
+                    "{bytes} bytes at maxBytesPerSecond {} do not fit in timeoutSec",
+                    job.max_bytes_per_second.unwrap_or(0)
+                ));
+            }
+            std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+        }
         if Instant::now() >= job.deadline {
             return Err(format!(
                 "out of time after {} of the objects; raise timeoutSec",
@@ -366,15 +376,6 @@ fn run(job: &Job) -> Result<Value, String> {
                 }
                 unreadable.push(json!({ "key": object.key, "error": why }));
             }
-        }
-        if let Some(wake) = pace_until(started, bytes, job.max_bytes_per_second) {
-            if wake > job.deadline {
-                return Err(format!(
-                    "{bytes} bytes at --max-bytes-per-second {} do not fit in timeoutSec",
-                    job.max_bytes_per_second.unwrap_or(0)
-                ));
-            }
-            std::thread::sleep(wake.saturating_duration_since(Instant::now()));
         }
     }
     let mut ids: Vec<u64> = damaged
