@@ -67,8 +67,6 @@ pub enum DeliveryError {
     Tls(rustls::Error),
     /// The host is no TLS server name.
     ServerName(rustls_pki_types::InvalidDnsNameError),
-    /// The socket's timeouts could not be set.
-    Socket(std::io::Error),
     /// Writing the request failed.
     Send(std::io::Error),
     /// Reading the answer failed.
@@ -108,7 +106,6 @@ impl std::fmt::Display for DeliveryError {
             DeliveryError::TlsSetup(e) => write!(f, "TLS setup: {e}"),
             DeliveryError::Tls(e) => e.fmt(f),
             DeliveryError::ServerName(e) => write!(f, "invalid TLS server name: {e}"),
-            DeliveryError::Socket(e) => e.fmt(f),
             DeliveryError::Send(e) => write!(f, "sending: {e}"),
             DeliveryError::Receive(e) => write!(f, "receiving: {e}"),
         }
@@ -126,7 +123,7 @@ impl std::error::Error for DeliveryError {
             DeliveryError::CaFile { source, .. } => Some(source),
             DeliveryError::TlsSetup(e) | DeliveryError::Tls(e) => Some(e),
             DeliveryError::ServerName(e) => Some(e),
-            DeliveryError::Socket(e) | DeliveryError::Send(e) | DeliveryError::Receive(e) => {
+            DeliveryError::Send(e) | DeliveryError::Receive(e) => {
                 Some(e)
             }
             _ => None,
@@ -327,8 +324,9 @@ pub fn post(
     )
     .into_bytes();
     request.extend_from_slice(body);
+    let tcp = Deadlined { tcp, deadline };
     match tls {
-        None => exchange(tcp, &request, deadline),
+        None => exchange(tcp, &request),
         Some(config) => {
             let name = match &url.host {
                 Host::Ip(ip) => rustls_pki_types::ServerName::IpAddress((*ip).into()),
@@ -336,7 +334,7 @@ pub fn post(
                     .map_err(DeliveryError::ServerName)?,
             };
             let conn = rustls::ClientConnection::new(config, name).map_err(DeliveryError::Tls)?;
-            exchange(rustls::StreamOwned::new(conn, tcp), &request, deadline)
+            exchange(rustls::StreamOwned::new(conn, tcp), &request)
         }
     }
 }
@@ -386,35 +384,45 @@ fn client_config_from(pem_path: &str) -> Result<Arc<rustls::ClientConfig>, Deliv
     Ok(Arc::new(config))
 }
 
-/// A connection whose socket's timeouts the exchange sets before each read and write, to the
-/// time left of the delivery.
-pub(super) trait Timed: Read + Write {
-    fn tcp(&self) -> &TcpStream;
+/// A socket each read and write of which ends by the delivery's deadline: its timeout is set
+/// to the time left before every call, so a receiver that dribbles bytes, or a TLS handshake
+/// the peer never answers (rustls reads inside its writes), holds a delivery thread no longer
+/// than [`WEBHOOK_DEADLINE`].
+pub(super) struct Deadlined {
+    pub(super) tcp: TcpStream,
+    pub(super) deadline: Instant,
 }
 
-impl Timed for TcpStream {
-    fn tcp(&self) -> &TcpStream {
-        self
+impl Deadlined {
+    fn left(&self) -> std::io::Result<Duration> {
+        remaining(self.deadline).map_err(|_| std::io::Error::from(ErrorKind::TimedOut))
     }
 }
 
-impl Timed for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    fn tcp(&self) -> &TcpStream {
-        &self.sock
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.left()?))?;
+        self.tcp.read(buf)
     }
 }
 
-/// Writes the request and reads one answer, at most [`WEBHOOK_RESPONSE_BYTES_MAX`] bytes of it,
-/// by `deadline`.
-fn exchange<S: Timed>(
+impl Write for Deadlined {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.left()?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
+/// Writes the request and reads one answer, at most [`WEBHOOK_RESPONSE_BYTES_MAX`] bytes of it
+/// (by the deadline of `stream`'s socket, [`Deadlined`]).
+fn exchange<S: Read + Write>(
     mut stream: S,
     request: &[u8],
-    deadline: Instant,
 ) -> Result<(u16, Vec<u8>), DeliveryError> {
-    stream
-        .tcp()
-        .set_write_timeout(Some(remaining(deadline)?))
-        .map_err(DeliveryError::Socket)?;
     stream
         .write_all(request)
         .and_then(|()| stream.flush())
@@ -429,21 +437,13 @@ fn exchange<S: Timed>(
             Parsed::Partial if buf.len() >= WEBHOOK_RESPONSE_BYTES_MAX => {
                 return Err(DeliveryError::AnswerTooLong)
             }
-            Parsed::Partial => eof = fill(&mut stream, &mut buf, deadline)?,
+            Parsed::Partial => eof = fill(&mut stream, &mut buf)?,
         }
     }
 }
 
 /// Reads more into `buf`, never past [`WEBHOOK_RESPONSE_BYTES_MAX`]; `true` at end of stream.
-fn fill<S: Timed>(
-    stream: &mut S,
-    buf: &mut Vec<u8>,
-    deadline: Instant,
-) -> Result<bool, DeliveryError> {
-    stream
-        .tcp()
-        .set_read_timeout(Some(remaining(deadline)?))
-        .map_err(DeliveryError::Socket)?;
+fn fill<S: Read>(stream: &mut S, buf: &mut Vec<u8>) -> Result<bool, DeliveryError> {
     let mut chunk = [0u8; 8192];
     let room = WEBHOOK_RESPONSE_BYTES_MAX
         .saturating_sub(buf.len())

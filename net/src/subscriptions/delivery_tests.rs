@@ -64,7 +64,11 @@ fn refused_connections_and_slow_receivers_fail() {
     // Past the deadline, the exchange stops before waiting on a silent receiver.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let err = exchange(stream, b"x", Instant::now()).unwrap_err();
+    let stream = Deadlined {
+        tcp: stream,
+        deadline: Instant::now(),
+    };
+    let err = exchange(stream, b"x").unwrap_err();
     assert!(matches!(err, DeliveryError::Deadline), "{err}");
 }
 
@@ -133,7 +137,7 @@ fn a_chunk_size_past_every_limit_fails_the_delivery() {
 }
 
 /// A stream wrapper counting the bytes the client read.
-struct Counting(TcpStream, Arc<AtomicU64>);
+struct Counting(Deadlined, Arc<AtomicU64>);
 
 impl Read for Counting {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -152,23 +156,17 @@ impl Write for Counting {
     }
 }
 
-impl Timed for Counting {
-    fn tcp(&self) -> &TcpStream {
-        &self.0
-    }
-}
-
 /// The exchange's result, the bytes it read and how long it took.
 type Counted = (Result<(u16, Vec<u8>), DeliveryError>, u64, Duration);
 
 fn counted_exchange(url: &WebhookUrl) -> Counted {
     let read = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let tcp = connect(url, true, started + WEBHOOK_DEADLINE).unwrap();
+    let deadline = started + WEBHOOK_DEADLINE;
+    let tcp = connect(url, true, deadline).unwrap();
     let result = exchange(
-        Counting(tcp, read.clone()),
+        Counting(Deadlined { tcp, deadline }, read.clone()),
         b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
-        started + WEBHOOK_DEADLINE,
     );
     (result, read.load(Ordering::Relaxed), started.elapsed())
 }
@@ -441,4 +439,52 @@ fn posts_over_https_to_a_trusted_receiver_only() {
 fn localhost_resolves_only_to_loopback() {
     let url = webhook_url::check("http://localhost:9/", true).unwrap();
     assert!(allowed_ips(&url).iter().all(|ip| ip.is_loopback()));
+}
+
+/// An https receiver that accepts the connection and never answers the TLS handshake (rustls
+/// reads the server's hello inside the request's write), and one that answers it a byte at a
+/// time: both fail at the delivery's deadline, not when the peer lets go.
+#[test]
+fn a_tls_handshake_the_receiver_never_finishes_ends_at_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    make_certificates(dir.path());
+    let trusted = client_config_from(&dir.path().join("ca.pem").display().to_string()).unwrap();
+    for dribble in [false, true] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = webhook_url::check(
+            &format!(
+                "https://127.0.0.1:{}/hook",
+                listener.local_addr().unwrap().port()
+            ),
+            true,
+        )
+        .unwrap();
+        // Held 3 deadlines at most, then let go: the client must have given up long before.
+        let held = WEBHOOK_DEADLINE * 3;
+        let handle = std::thread::spawn(move || {
+            let (mut tcp, _) = listener.accept().unwrap();
+            tcp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            let until = Instant::now() + held;
+            let mut hello = [0u8; 4096];
+            while Instant::now() < until {
+                // A byte of a TLS record header every 200 ms: each read of the client gets
+                // something before its timeout.
+                if dribble && tcp.write_all(&[0x16]).is_err() {
+                    break;
+                }
+                // The client's hello is read and never answered; its close ends the wait.
+                if let Ok(0) = tcp.read(&mut hello) {
+                    break;
+                }
+            }
+        });
+        let started = Instant::now();
+        let err = post(&url, true, b"{}", "sig", Some(trusted.clone())).unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < WEBHOOK_DEADLINE + Duration::from_secs(2),
+            "dribble={dribble}: {took:?} ({err})"
+        );
+        handle.join().unwrap();
+    }
 }
