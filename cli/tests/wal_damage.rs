@@ -177,3 +177,68 @@ fn a_byte_flipped_at_50_percent_of_the_wal_is_refused_then_salvaged() {
 fn a_record_damaged_at_30_percent_closes_the_stream_at_it_once_salvaged() {
     damaged_wal_is_refused_then_salvaged(Flip::RecordBodyAfter(0.3));
 }
+
+/// The WAL file holding the records, found as `flip_a_byte` finds it.
+fn the_records_wal_file(server: &Server) -> std::path::PathBuf {
+    std::fs::read_dir(server.wal_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .max_by_key(|p| frames_prefix_len(&std::fs::read(p).unwrap()))
+        .expect("a WAL file")
+}
+
+/// A WAL file cut short while the node was down (`truncate`, a copy that stopped): a crash
+/// never shortens a pre-allocated WAL file, so the node refuses to start and names the cut,
+/// instead of reading it as a torn end and handing the lost offsets out again; cut to nothing
+/// (its core made a later file, so it was whole once), the same. `--wal-salvage` then closes
+/// the stream at its first lost offset.
+#[test]
+fn a_wal_file_cut_short_is_refused_then_salvaged_with_no_offset_handed_out_twice() {
+    for to_nothing in [false, true] {
+        let mut server = killed_with_records_in_the_wal();
+        let wal = the_records_wal_file(&server);
+        let data = std::fs::read(&wal).unwrap();
+        let cut = if to_nothing {
+            0
+        } else {
+            common::record_body_byte_after(&data, 0.5)
+        };
+        std::fs::write(&wal, &data[..cut]).unwrap();
+
+        let (status, log) = server.restart_refused(Duration::from_secs(60));
+        assert!(!status.success(), "the node started on a cut WAL: {log}");
+        for needed in ["is damaged at byte", "cut", "--wal-salvage"] {
+            assert!(log.contains(needed), "{needed:?} in the error: {log}");
+        }
+        assert_eq!(
+            std::fs::read(&wal).unwrap().len(),
+            cut,
+            "the file is untouched"
+        );
+
+        server.restart_with(&["--wal-salvage"]);
+        let (records, next) = read_all(&server, "/d", 0);
+        assert!(next < RECORDS, "to_nothing={to_nothing}: {next}");
+        for (i, record) in records.iter().enumerate() {
+            assert_eq!(record.body, body(i as u64), "record {i}");
+        }
+        if !to_nothing {
+            // The records before the cut are kept and the stream is closed after them: no
+            // lost offset is handed out again.
+            assert!(next > 0);
+            let head = server.head("/d");
+            assert_eq!(
+                head.header("pico-closed"),
+                Some("true"),
+                "{}",
+                head.describe()
+            );
+            server
+                .post("/d", b"after the salvage")
+                .expect_error(409, "closed");
+        }
+        let ready = server.admin_get("/ready").json();
+        assert_eq!(ready["degraded"], true, "{ready}");
+    }
+}

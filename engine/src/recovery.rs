@@ -203,6 +203,16 @@ pub(crate) fn recover_wal_files(
     let mut tails: Option<Tails> = None;
     let mut salvaged = Vec::new();
     let mut wal_epochs = Vec::new();
+    // The `<epoch>-<core>` of each file: a core's files are made one after another, each
+    // pre-allocated before the next is made.
+    let core_of = |path: &Path| -> Option<String> {
+        let stem = path.file_stem()?.to_str()?;
+        Some(stem.get(..stem.rfind('-')?)?.to_string())
+    };
+    let newest_of_core: HashMap<String, PathBuf> = files
+        .iter()
+        .filter_map(|path| Some((core_of(path)?, path.clone())))
+        .collect();
     for path in files {
         let stem = path
             .file_stem()
@@ -215,10 +225,30 @@ pub(crate) fn recover_wal_files(
             path: path.clone(),
             source,
         })?;
-        let scanned = wal_file::scan(&data).map_err(|source| RecoveryError::Format {
+        let mut scanned = wal_file::scan(&data).map_err(|source| RecoveryError::Format {
             path: path.clone(),
             source,
         })?;
+        // Empty, yet its core made a file after it: it was pre-allocated before that one was
+        // made, so it was cut to nothing after it was written.
+        let later_of_its_core = core_of(&path)
+            .and_then(|core| newest_of_core.get(&core))
+            .is_some_and(|newest| *newest != path);
+        if data.is_empty() && later_of_its_core {
+            scanned.end = WalEnd::Damaged(wal_file::Damage {
+                at: 0,
+                resumes_at: None,
+                why: "the file is empty, yet its core made a later WAL file, which it does only \
+                      once this one was pre-allocated: it was cut to nothing after it was \
+                      written, and the streams whose records it held cannot be named"
+                    .to_string(),
+                claimed: None,
+                commit_record_only: false,
+                cut: true,
+                before: Vec::new(),
+                after: Vec::new(),
+            });
+        }
         let key = segment_key(config.node_id, &stem);
         if committed.contains(&key) {
             // Stored and committed before the crash, which came before the file's removal.

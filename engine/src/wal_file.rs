@@ -132,6 +132,9 @@ pub struct Damage {
     pub claimed: Option<(u64, u64)>,
     /// The damaged bytes are exactly one commit record (by its header): no record was in them.
     pub commit_record_only: bool,
+    /// The file was cut short (its bytes end inside a frame or a round): every round after
+    /// `at` is gone with its bytes, so which streams lost records there cannot be known.
+    pub cut: bool,
     /// The valid frames before `at`, in file order (kept by a salvage).
     pub before: Vec<FoundFrame>,
     /// The valid data frames found past the damage, in file order.
@@ -230,6 +233,21 @@ fn all_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| *b == 0)
 }
 
+/// Whether the frame `rest` starts with declares more bytes than the file has left (or the
+/// file ends inside its length field). Every frame a node writes fits in its pre-allocated
+/// file, so only a cut file has one. The rest of its header must hold something: a length
+/// alone in zeros is a flipped bit past the last round, not a frame.
+fn runs_past_end(rest: &[u8]) -> bool {
+    match rest.get(..4) {
+        None => true,
+        Some(len) => {
+            let header_rest = &rest[4..rest.len().min(FRAME_HEADER_LEN)];
+            u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize > rest.len()
+                && (header_rest.is_empty() || !all_zero(header_rest))
+        }
+    }
+}
+
 /// A WAL file this build cannot read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScanError {
@@ -325,8 +343,28 @@ pub fn scan(data: &[u8]) -> Result<Scanned, ScanError> {
     };
     let pending = frames.split_off(kept);
     let committed = frames;
+    // A WAL file is pre-allocated when it is made, and only ever cut at the end of a whole
+    // round (a file:// bucket's upload links the sealed file as its object). A crash tears a
+    // round inside the file's length and leaves zeros past it; bytes that run out inside a
+    // frame, or frames past the last whole round that reach the very end of the file, mean
+    // the file was cut after it was written.
+    let cut = !all_zero(rest) && runs_past_end(rest) || (at == data.len() && at > committed_end);
     let damaged_why = if let Some(why) = broken {
         Some(why)
+    } else if cut {
+        Some(format!(
+            "the file ends at byte {}, inside {}: a WAL file is pre-allocated and never \
+             shortened by a crash, so it was cut after it was written, and what followed is gone",
+            data.len(),
+            if at == data.len() {
+                format!(
+                    "round {} (its frames reach the end, its commit record is missing)",
+                    round + 1
+                )
+            } else {
+                format!("the frame that starts at byte {at}")
+            }
+        ))
     } else if version == WAL_FORMAT_VERSION && last_round > round {
         Some(format!(
             "the bytes after round {round} are not a valid frame, yet round {last_round}'s \
@@ -356,11 +394,16 @@ pub fn scan(data: &[u8]) -> Result<Scanned, ScanError> {
             end,
         });
     };
-    // The damaged frame's own header, when its length leads exactly to the next valid frame.
-    let header_at = resumes_at.and_then(|next| {
-        let head = data.get(at..at + FRAME_HEADER_LEN)?;
+    // The damaged frame's own header, when its length leads exactly to the next valid frame
+    // (or, in a cut file, past the end: the frame the cut went through).
+    let header_at = data.get(at..at + FRAME_HEADER_LEN).and_then(|head| {
         let header: FrameHeader = zerocopy::FromBytes::read_from_bytes(head).ok()?;
-        (at + header.len.get() as usize == next).then_some(header)
+        let end = at + header.len.get() as usize;
+        let believed = match resumes_at {
+            Some(next) => end == next,
+            None => cut && end > data.len(),
+        };
+        believed.then_some(header)
     });
     let claimed = header_at
         .filter(|h| is_data(h.kind))
@@ -380,6 +423,7 @@ pub fn scan(data: &[u8]) -> Result<Scanned, ScanError> {
             why,
             claimed,
             commit_record_only,
+            cut,
             before,
             after,
         }),

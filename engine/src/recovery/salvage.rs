@@ -108,6 +108,24 @@ impl Tails {
                 );
             }
         }
+        // A cut file lost every round after the cut, of streams that cannot be known: each
+        // stream it holds frames of may have had records there, so each is closed at its tail.
+        if damage.cut {
+            for frame in &damage.before {
+                let id = frame.stream_id;
+                if self.closed.contains_key(&id) || lost.contains_key(&id) {
+                    continue;
+                }
+                let from = self.next.get(&id).copied().unwrap_or(frame.offset);
+                lost.insert(
+                    id,
+                    Lost {
+                        from,
+                        seen_to: None,
+                    },
+                );
+            }
+        }
         for frame in &damage.after {
             let id = frame.stream_id;
             if self.closed.contains_key(&id) {

@@ -267,3 +267,55 @@ fn rounds_written_as_a_core_writes_them_read_back_whole_after_each_round() {
         }
     }
 }
+
+/// A WAL file is pre-allocated and a crash never shortens it: a file whose bytes end inside a
+/// frame or inside a round (`truncate`, a copy cut short) lost what followed, acknowledged or
+/// not, and is damage naming the frame cut through, never a torn end. Cut exactly at a round's
+/// end it is what a `file://` upload leaves (the sealed file linked as its object): clean.
+#[test]
+fn a_file_cut_short_is_damage_never_a_torn_end() {
+    let (file, positions) = wal_v2(THREE_ROUNDS);
+    let second_round_end = positions[4];
+    // (Inside the first round, a cut at a frame's end reads as a version-1 file: one without
+    // commit records, whose every whole request counts.)
+    for cut in positions[2] + 1..file.len() - 4096 {
+        let scanned = scan(&file[..cut]).unwrap();
+        let round_end = [positions[2], second_round_end, file.len() - 4096]
+            .iter()
+            .any(|end| cut == *end);
+        match scanned.end {
+            WalEnd::Damaged(damage) => {
+                assert!(!round_end, "cut at {cut}, a round's end: {damage:?}");
+                assert!(damage.cut, "cut at {cut}: {damage:?}");
+                assert!(damage.why.contains("cut"), "{}", damage.why);
+            }
+            end => assert!(round_end, "cut at {cut}: {end:?}"),
+        }
+    }
+    // Inside the first round's second frame.
+    assert!(
+        matches!(scan(&file[..positions[1] + 7]).unwrap().end, WalEnd::Damaged(ref d) if d.cut)
+    );
+    // Cut inside the second round's second record: its header names it.
+    let WalEnd::Damaged(damage) = scan(&file[..positions[3] + FRAME_HEADER_LEN + 1])
+        .unwrap()
+        .end
+    else {
+        panic!("not damage")
+    };
+    assert_eq!(damage.claimed, Some((1, 2)));
+    assert_eq!(offsets(&damage.before), [(1, 0), (2, 0), (1, 1)]);
+    // Cut right after a round's records, before its commit record: damage too.
+    let WalEnd::Damaged(damage) = scan(&file[..second_round_end - WAL_MARKER_LEN])
+        .unwrap()
+        .end
+    else {
+        panic!("not damage")
+    };
+    assert!(damage.cut);
+    // A flipped bit in the zeros right past the last round, where a length would be: not a cut.
+    let mut flipped = file.clone();
+    flipped[file.len() - 4096 + 2] = 0x40;
+    assert_eq!(scan(&flipped).unwrap().committed.len(), 6);
+    assert!(!matches!(scan(&flipped).unwrap().end, WalEnd::Damaged(_)));
+}

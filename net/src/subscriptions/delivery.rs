@@ -123,9 +123,7 @@ impl std::error::Error for DeliveryError {
             DeliveryError::CaFile { source, .. } => Some(source),
             DeliveryError::TlsSetup(e) | DeliveryError::Tls(e) => Some(e),
             DeliveryError::ServerName(e) => Some(e),
-            DeliveryError::Send(e) | DeliveryError::Receive(e) => {
-                Some(e)
-            }
+            DeliveryError::Send(e) | DeliveryError::Receive(e) => Some(e),
             _ => None,
         }
     }

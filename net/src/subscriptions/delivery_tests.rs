@@ -463,7 +463,8 @@ fn a_tls_handshake_the_receiver_never_finishes_ends_at_the_deadline() {
         let held = WEBHOOK_DEADLINE * 3;
         let handle = std::thread::spawn(move || {
             let (mut tcp, _) = listener.accept().unwrap();
-            tcp.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
             let until = Instant::now() + held;
             let mut hello = [0u8; 4096];
             while Instant::now() < until {
