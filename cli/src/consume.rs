@@ -87,9 +87,33 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
                 continue;
             };
             let from = Position::Seq(state.next_seq);
+            let page_records = args.page_records.max(1);
             let page =
-                retrying(|| client.read_at_most(&stream, from.clone(), args.page_records.max(1)))
-                    .await?;
+                match retrying(|| client.read_at_most(&stream, from.clone(), page_records)).await {
+                    // A trim or retention moved the stream's start past this consumer's position
+                    // before it read there: what is left begins at the first readable record.
+                    Err(e) if e.code() == Some("offset_gone") => {
+                        let start = Position::Offset(Position::DS_BEGINNING.into());
+                        let page =
+                            retrying(|| client.read_at_most(&stream, start.clone(), page_records))
+                                .await?;
+                        let first = page.records.first().map(|r| r.seq);
+                        let resumes = match (first, &page.next) {
+                            (Some(seq), _) | (None, Position::Seq(seq)) => *seq,
+                            _ => state.next_seq,
+                        };
+                        eprintln!(
+                        "pico: {stream}: records {}..{resumes} were trimmed before {name} read \
+                         them; it goes on from {resumes}, the stream's first readable record",
+                        state.next_seq
+                    );
+                        if let Some(state) = held.get_mut(&stream) {
+                            state.next_seq = state.next_seq.max(resumes);
+                        }
+                        page
+                    }
+                    other => other?,
+                };
             let taken = take(&page, args.count.map(|c| c.saturating_sub(records)));
             if let Some(last) = print(&mut out, &stream, several, &page, taken)? {
                 let acked = [(stream.clone(), last)];

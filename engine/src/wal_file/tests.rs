@@ -280,9 +280,7 @@ fn a_file_cut_short_is_damage_never_a_torn_end() {
     // commit records, whose every whole request counts.)
     for cut in positions[2] + 1..file.len() - 4096 {
         let scanned = scan(&file[..cut]).unwrap();
-        let round_end = [positions[2], second_round_end, file.len() - 4096]
-            .iter()
-            .any(|end| cut == *end);
+        let round_end = [positions[2], second_round_end, file.len() - 4096].contains(&cut);
         match scanned.end {
             WalEnd::Damaged(damage) => {
                 assert!(!round_end, "cut at {cut}, a round's end: {damage:?}");
