@@ -99,7 +99,8 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
                                 .await?;
                         let first = page.records.first().map(|r| r.seq);
                         let resumes = match (first, &page.next) {
-                            (Some(seq), _) | (None, Position::Seq(seq)) => *seq,
+                            (Some(seq), _) => seq,
+                            (None, Position::Seq(seq)) => *seq,
                             _ => state.next_seq,
                         };
                         eprintln!(

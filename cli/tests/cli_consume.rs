@@ -287,3 +287,46 @@ fn read_follow_catches_up_then_follows_until_the_close() {
         common::exit_within(&mut reader, Duration::from_secs(20)).expect("read ends at the close");
     assert!(status.success());
 }
+
+/// A trim (or retention) that moved a stream's start past a consumer's position before it
+/// read there: the consumer goes on from the first readable record and says what it missed,
+/// instead of failing with `410` on every run (README's "Use it" trims, then consumes).
+#[test]
+fn a_consumer_goes_on_from_the_first_readable_record_after_a_trim() {
+    let server = Server::start(&[]);
+    server.put("/orders", "text/plain").expect(201);
+    append(&server, "/orders", 0..8);
+    let trimmed = pico(&server, &["trim", "/orders", "--seq", "5"]);
+    assert!(
+        trimmed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trimmed.stderr)
+    );
+    let args = [
+        "consume",
+        "--consumer",
+        "/shipping/labels",
+        "--count",
+        "3",
+        "/orders",
+    ];
+    let first = pico(&server, &args);
+    assert_eq!(lines(&first), ["5\tr5", "6\tr6", "7\tr7"]);
+    let said = String::from_utf8_lossy(&first.stderr);
+    assert!(said.contains("records 0..5 were trimmed"), "{said}");
+    // Acknowledged: the next run starts after them, with nothing trimmed to report.
+    append(&server, "/orders", 8..9);
+    let second = pico(
+        &server,
+        &[
+            "consume",
+            "--consumer",
+            "/shipping/labels",
+            "--count",
+            "1",
+            "/orders",
+        ],
+    );
+    assert_eq!(lines(&second), ["8\tr8"]);
+    assert!(!String::from_utf8_lossy(&second.stderr).contains("trimmed"));
+}
