@@ -254,16 +254,12 @@ impl Admin {
     /// `timeoutSec` and a little more); its summary, or its error as a failure.
     async fn backup(&self, args: &AdminBackupArgs) -> Result<Value, Failure> {
         let mut request = json!({ "to": args.to.display().to_string() });
-        if let Some(timeout_sec) = args.timeout_sec {
-            request["timeoutSec"] = json!(timeout_sec);
-        }
-        if let Some(rate) = args.max_bytes_per_second {
-            request["maxBytesPerSecond"] = json!(rate);
-        }
-        let wait = args
-            .timeout_sec
-            .unwrap_or(BACKUP_TIMEOUT_SEC_DEFAULT)
-            .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
+        let wait = job_bounds(
+            &mut request,
+            args.timeout_sec,
+            args.max_bytes_per_second,
+            BACKUP_TIMEOUT_SEC_DEFAULT,
+        );
         let what = format!("the backup to {}", args.to.display());
         self.run_to_end("/admin/backup", request, wait, &what).await
     }
@@ -272,16 +268,12 @@ impl Admin {
     /// error as a failure.
     async fn verify(&self, args: &AdminVerifyArgs) -> Result<Value, Failure> {
         let mut request = json!({});
-        if let Some(timeout_sec) = args.timeout_sec {
-            request["timeoutSec"] = json!(timeout_sec);
-        }
-        if let Some(rate) = args.max_bytes_per_second {
-            request["maxBytesPerSecond"] = json!(rate);
-        }
-        let wait = args
-            .timeout_sec
-            .unwrap_or(VERIFY_TIMEOUT_SEC_DEFAULT)
-            .saturating_add(BACKUP_ANSWER_MARGIN_SEC);
+        let wait = job_bounds(
+            &mut request,
+            args.timeout_sec,
+            args.max_bytes_per_second,
+            VERIFY_TIMEOUT_SEC_DEFAULT,
+        );
         self.run_to_end("/admin/verify", request, wait, "the verify")
             .await
     }
@@ -347,6 +339,25 @@ impl Admin {
             tokio::time::sleep(WAIT_POLL).await;
         }
     }
+}
+
+/// Puts a job's `--timeout-sec` and `--max-bytes-per-second` into its `request`; how long to
+/// wait for it to end (its time limit, the node's default without one, and a margin).
+fn job_bounds(
+    request: &mut Value,
+    timeout_sec: Option<u64>,
+    max_bytes_per_second: Option<u64>,
+    timeout_default_sec: u64,
+) -> u64 {
+    if let Some(timeout_sec) = timeout_sec {
+        request["timeoutSec"] = json!(timeout_sec);
+    }
+    if let Some(rate) = max_bytes_per_second {
+        request["maxBytesPerSecond"] = json!(rate);
+    }
+    timeout_sec
+        .unwrap_or(timeout_default_sec)
+        .saturating_add(BACKUP_ANSWER_MARGIN_SEC)
 }
 
 /// Stream names are paths; a missing leading `/` is added, as the stream commands do.

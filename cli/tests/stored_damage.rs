@@ -219,6 +219,19 @@ fn a_segment_object_gone_from_the_bucket_is_refused_with_500_and_counted() {
     );
 }
 
+/// `POST /admin/verify` with `body` on `server`'s admin listener.
+fn post_verify(server: &Server, body: &[u8]) -> Resp {
+    common::Conn::connect(server.admin)
+        .unwrap()
+        .request(
+            "POST",
+            "/admin/verify",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .unwrap()
+}
+
 /// `pico admin verify --json` against `server`: its exit success and its report.
 fn verify(server: &Server) -> (bool, serde_json::Value) {
     let endpoint = format!("http://{}", server.admin);
@@ -259,15 +272,7 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
         b"[1]",
         b"{",
     ] {
-        let refused = common::Conn::connect(server.admin)
-            .unwrap()
-            .request(
-                "POST",
-                "/admin/verify",
-                &[("content-type", "application/json")],
-                body,
-            )
-            .unwrap();
+        let refused = post_verify(&server, body);
         assert_eq!(refused.status, 400, "{}", refused.describe());
     }
     assert_eq!(server.admin_get("/admin/verify").json()["state"], "none");
@@ -321,17 +326,7 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
         );
     }
     // One at a time: a verify paced at a byte a second is still running when another is asked.
-    let post = |body: &[u8]| {
-        common::Conn::connect(server.admin)
-            .unwrap()
-            .request(
-                "POST",
-                "/admin/verify",
-                &[("content-type", "application/json")],
-                body,
-            )
-            .unwrap()
-    };
+    let post = |body: &[u8]| post_verify(&server, body);
     let slow = post(br#"{"maxBytesPerSecond": 1, "timeoutSec": 604800}"#);
     assert_eq!(slow.status, 202, "{}", slow.describe());
     assert_eq!(post(b"").status, 409);

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use pico_meta::MetaUrl;
 use serde_json::{json, Value};
 
-use crate::admin::shared::{error, json_response, AdminState, BackupStatus};
+use crate::admin::shared::{error, job_bounds, json_response, AdminState, BackupStatus};
 use crate::backup::{copy_subscriptions, prepare_empty_dir, write_backup, BackupError, BackupJob};
 use crate::limits::{
     BACKUP_DESTINATION_BYTES_MAX, BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX,
@@ -203,33 +203,11 @@ fn parse(request: &Request, backup_root: &Path) -> Result<Asked, Response> {
         ));
     };
     let to = resolve_destination(backup_root, to).map_err(|e| error(400, e.to_string()))?;
-    let timeout_sec = match body.get("timeoutSec") {
-        None | Some(Value::Null) => BACKUP_TIMEOUT_SEC_DEFAULT,
-        Some(value) => match value.as_u64() {
-            Some(n) if (1..=BACKUP_TIMEOUT_SEC_MAX).contains(&n) => n,
-            _ => {
-                return Err(error(
-                    400,
-                    format!("\"timeoutSec\" must be an integer from 1 to {BACKUP_TIMEOUT_SEC_MAX}"),
-                ))
-            }
-        },
-    };
-    let max_bytes_per_second = match body.get("maxBytesPerSecond") {
-        None | Some(Value::Null) => None,
-        Some(value) => match value.as_u64() {
-            Some(n) if n > 0 => Some(n),
-            _ => {
-                return Err(error(
-                    400,
-                    "\"maxBytesPerSecond\" must be a positive integer",
-                ))
-            }
-        },
-    };
+    let (timeout, max_bytes_per_second) =
+        job_bounds(&body, BACKUP_TIMEOUT_SEC_DEFAULT, BACKUP_TIMEOUT_SEC_MAX)?;
     Ok(Asked {
         to,
-        timeout: Duration::from_secs(timeout_sec),
+        timeout,
         max_bytes_per_second,
     })
 }

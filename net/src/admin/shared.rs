@@ -98,3 +98,41 @@ pub(crate) fn retention_json(retention: &pico_meta::Retention) -> Value {
         "deleteOnEmptySeconds": retention.delete_on_empty_ms.map(|ms| ms / 1000),
     })
 }
+
+/// A job's bounds from its request body (`POST /admin/backup`, `POST /admin/verify`):
+/// `timeoutSec` from 1 to `timeout_max_sec` (absent: `timeout_default_sec`), and an optional
+/// positive `maxBytesPerSecond`; a `400` naming the field otherwise.
+pub(crate) fn job_bounds(
+    body: &Value,
+    timeout_default_sec: u64,
+    timeout_max_sec: u64,
+) -> Result<(std::time::Duration, Option<u64>), Response> {
+    let timeout_sec = match body.get("timeoutSec") {
+        None | Some(Value::Null) => timeout_default_sec,
+        Some(value) => match value.as_u64() {
+            Some(n) if (1..=timeout_max_sec).contains(&n) => n,
+            _ => {
+                return Err(error(
+                    400,
+                    format!("\"timeoutSec\" must be an integer from 1 to {timeout_max_sec}"),
+                ))
+            }
+        },
+    };
+    let max_bytes_per_second = match body.get("maxBytesPerSecond") {
+        None | Some(Value::Null) => None,
+        Some(value) => match value.as_u64() {
+            Some(n) if n > 0 => Some(n),
+            _ => {
+                return Err(error(
+                    400,
+                    "\"maxBytesPerSecond\" must be a positive integer",
+                ))
+            }
+        },
+    };
+    Ok((
+        std::time::Duration::from_secs(timeout_sec),
+        max_bytes_per_second,
+    ))
+}

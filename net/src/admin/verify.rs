@@ -24,7 +24,7 @@ use pico_meta::{MetaStore, StoredObject};
 use pico_s3::{ObjectStore, StoreError};
 use serde_json::{json, Value};
 
-use crate::admin::shared::{error, json_response, AdminState};
+use crate::admin::shared::{error, job_bounds, json_response, AdminState};
 use crate::backup::pace_until;
 use crate::limits::{
     VERIFY_LISTED_DAMAGE_MAX, VERIFY_LOGGED_DAMAGE_MAX, VERIFY_TIMEOUT_SEC_DEFAULT,
@@ -162,32 +162,10 @@ fn parse(request: &Request) -> Result<Asked, Response> {
     if !body.is_object() {
         return Err(error(400, "the body must be a JSON object"));
     }
-    let timeout_sec = match body.get("timeoutSec") {
-        None | Some(Value::Null) => VERIFY_TIMEOUT_SEC_DEFAULT,
-        Some(value) => match value.as_u64() {
-            Some(n) if (1..=VERIFY_TIMEOUT_SEC_MAX).contains(&n) => n,
-            _ => {
-                return Err(error(
-                    400,
-                    format!("\"timeoutSec\" must be an integer from 1 to {VERIFY_TIMEOUT_SEC_MAX}"),
-                ))
-            }
-        },
-    };
-    let max_bytes_per_second = match body.get("maxBytesPerSecond") {
-        None | Some(Value::Null) => None,
-        Some(value) => match value.as_u64() {
-            Some(n) if n > 0 => Some(n),
-            _ => {
-                return Err(error(
-                    400,
-                    "\"maxBytesPerSecond\" must be a positive integer",
-                ))
-            }
-        },
-    };
+    let (timeout, max_bytes_per_second) =
+        job_bounds(&body, VERIFY_TIMEOUT_SEC_DEFAULT, VERIFY_TIMEOUT_SEC_MAX)?;
     Ok(Asked {
-        timeout: Duration::from_secs(timeout_sec),
+        timeout,
         max_bytes_per_second,
     })
 }
