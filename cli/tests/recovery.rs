@@ -7,6 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use common::{encode_binary_batch, read_all, BatchRecord, ReadRecord, Server};
 
@@ -393,4 +394,54 @@ fn node_id_names_the_segment_keys() {
         stray.is_empty(),
         "no segment outside segments/n7/: {stray:?}"
     );
+}
+
+/// The segment objects in the server's `file://` bucket.
+fn bucket_objects(s: &Server) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(s.dir().join("objects/segments"))
+        .map(|dir| dir.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// A catalog that lost its newest commits (its `-wal` file deleted after a `kill -9`) is
+/// refused at start, naming what it lost, and the bucket is left as it was: served, it would
+/// have brought a deleted stream back, forgotten acknowledged records and deleted their
+/// segment objects as never committed. A clean stop leaves the whole catalog in `meta.db`.
+#[test]
+fn a_catalog_that_went_back_is_refused_and_the_bucket_is_left_alone() {
+    let mut s = Server::start(&["--cores", "1", "--segment-max-age-ms", "100"]);
+    for name in ["/r1", "/r2", "/r3"] {
+        s.put(name, "text/plain").expect(201);
+        s.post(name, b"first").expect(200);
+    }
+    // A clean stop checkpoints the catalog into meta.db: nothing lives only in its -wal file.
+    assert!(s.terminate(Duration::from_secs(30)).success());
+    assert!(
+        !s.dir().join("meta.db-wal").exists(),
+        "checkpointed at the stop"
+    );
+    s.restart();
+    s.delete("/r1").expect(204);
+    for i in 0..40 {
+        s.post("/r3", format!("later {i}").as_bytes()).expect(200);
+    }
+    common::wait_for("/r3's segment upload", Duration::from_secs(30), || {
+        (s.metric_sample("pico_uploads_total{core=\"0\"}")? >= 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    s.kill();
+    let objects = bucket_objects(&s);
+    for lost in ["meta.db-wal", "meta.db-shm"] {
+        let _ = std::fs::remove_file(s.dir().join(lost));
+    }
+
+    let (status, log) = s.restart_refused(Duration::from_secs(60));
+    assert!(
+        !status.success(),
+        "the node served a catalog that went back: {log}"
+    );
+    assert!(log.contains("went back"), "{log}");
+    assert_eq!(bucket_objects(&s), objects, "no object deleted");
 }

@@ -243,6 +243,10 @@ pub(crate) trait Backend {
         CommitOutcome::Failed
     }
 
+    /// Called after a batch's transaction committed and its commands were answered (SQLite
+    /// keeps its high-water mark, `high_water.rs`).
+    fn committed(&mut self) {}
+
     /// `Some(why)` when the database has already abandoned the open transaction on its own
     /// (SQLite does after I/O errors), so the commands applied in it must not be reported
     /// committed.

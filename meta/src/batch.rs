@@ -72,6 +72,7 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committ
             let after = stop_at.map_or_else(Vec::new, |at| batch.split_off(at));
             if apply_batch(db.as_mut(), std::mem::take(&mut batch)) {
                 committed.fetch_add(1, Ordering::Relaxed);
+                db.committed();
             }
             let mut after = after.into_iter();
             match after.next() {

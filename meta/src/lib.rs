@@ -35,6 +35,7 @@ mod consumers;
 #[cfg(test)]
 mod create_group_tests;
 mod fence;
+mod high_water;
 mod limits;
 mod pg;
 mod producers;

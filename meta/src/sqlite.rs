@@ -19,12 +19,15 @@ use crate::backend::QuarantineColumns;
 use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
+use crate::high_water;
 use crate::schema;
 use crate::schema::storage;
 use crate::MetaError;
 
 pub(crate) struct Sqlite {
     conn: Connection,
+    /// The database file (`None` in memory) and the high-water mark last written beside it.
+    file: Option<(std::path::PathBuf, high_water::Mark)>,
 }
 
 impl Sqlite {
@@ -41,7 +44,10 @@ impl Sqlite {
         }
         let conn = Connection::open(path)
             .map_err(|error| MetaError::Storage(format!("open {}: {error}", path.display())))?;
-        Sqlite::prepare(conn, false)
+        let mut db = Sqlite::prepare(conn, false)?;
+        let mark = high_water::check(path, &db.conn)?;
+        db.file = Some((path.to_path_buf(), mark));
+        Ok(db)
     }
 
     /// A fresh database in memory (gone with the process).
@@ -53,7 +59,7 @@ impl Sqlite {
     fn prepare(mut conn: Connection, in_memory: bool) -> Result<Sqlite, MetaError> {
         schema::configure(&conn, in_memory)?;
         schema::migrate(&mut conn)?;
-        Ok(Sqlite { conn })
+        Ok(Sqlite { conn, file: None })
     }
 }
 
@@ -62,6 +68,20 @@ fn stream_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamColumns> {
 }
 
 impl Backend for Sqlite {
+    fn committed(&mut self) {
+        let Some((path, written)) = &mut self.file else {
+            return;
+        };
+        match high_water::Mark::of(&self.conn) {
+            Ok(mark) if mark != *written => {
+                high_water::write(path, &mark);
+                *written = mark;
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("the catalog's high-water mark: {e}"),
+        }
+    }
+
     fn begin(&mut self) -> Result<(), String> {
         // IMMEDIATE takes the write lock now instead of at the first write, so a concurrent
         // reader cannot turn it into a mid-batch SQLITE_BUSY.

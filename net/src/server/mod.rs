@@ -139,6 +139,10 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     if let Err(e) = subscriptions.flush() {
         log::error!("subscriptions: {e}");
     }
+    // The metadata thread ends once what was queued is committed; its SQLite connection, the
+    // last one, closes, which checkpoints the catalog into its database file: a stopped node's
+    // `meta.db` holds the whole catalog, not just what the last automatic checkpoint left.
+    meta.shutdown();
     Ok(())
 }
 
