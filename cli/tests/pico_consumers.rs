@@ -282,3 +282,47 @@ fn a_token_reaches_the_consumers_its_grant_covers() {
     .expect_error(403, "forbidden");
     call(&server, "GET", "consumer=/team/c", None, None).expect_error(401, "unauthorized");
 }
+
+/// Consumers that each follow 256 streams of long names: the admin report and the scrape
+/// read the consumers a page at a time and stop at their bounds (10,000 consumer streams),
+/// saying the report is cut, instead of loading every document and writing a series per
+/// consumer and stream (1,000 such consumers took a node's scrape to 1 GB).
+#[test]
+fn the_consumer_report_and_scrape_stay_bounded_however_many_streams_consumers_follow() {
+    let server = Server::start(&[]);
+    let long = "n".repeat(200);
+    let streams: Vec<String> = (0..256).map(|i| format!("/wide/{long}/{i:03}")).collect();
+    for stream in &streams {
+        server.put(stream, "text/plain").expect(201);
+    }
+    let consumers = 41; // 41 × 256 = 10,496 consumer streams
+    for c in 0..consumers {
+        call(
+            &server,
+            "PUT",
+            &format!("consumer=/wide/c{c:02}"),
+            None,
+            Some(json!({ "streams": streams })),
+        )
+        .expect(201);
+    }
+    let listed = server.admin_get("/admin/consumers");
+    listed.expect(200);
+    let listed = listed.json();
+    assert_eq!(listed["total"], consumers);
+    assert_eq!(listed["hasMore"], true, "cut at its bound");
+    let reported: usize = listed["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["streams"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(reported, 10_000);
+    let metrics = server.admin_get("/metrics").text();
+    let series = metrics
+        .lines()
+        .filter(|l| l.starts_with("pico_consumer_lag_records{"))
+        .count();
+    assert_eq!(series, 10_000);
+    assert!(metrics.contains(&format!("pico_consumers {consumers}\n")));
+}

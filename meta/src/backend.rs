@@ -361,6 +361,17 @@ pub(crate) trait Backend {
     /// How many consumers `scope` has.
     fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError>;
 
+    /// At most `limit` consumers after `(scope, id)` (from the first without it), by scope
+    /// then id: a page of the listing, so a report never loads every document at once.
+    fn consumers_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<ConsumerColumns>, MetaError>;
+
+    /// How many consumers there are, in every scope.
+    fn consumer_total(&mut self) -> Result<u64, MetaError>;
+
     /// Every stream row, by id.
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError>;
 

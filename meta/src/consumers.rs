@@ -100,6 +100,29 @@ impl MetaStore {
         self.list_consumers(true)
     }
 
+    /// At most `limit` consumers after `(scope, id)` (from the first without it), by scope
+    /// then id, and how many there are in all: a page of a report.
+    pub fn consumer_page(
+        &self,
+        after: Option<(String, String)>,
+        limit: u32,
+    ) -> Reply<(Vec<StoredConsumer>, u64)> {
+        self.job(move |db| {
+            let after = after.as_ref().map(|(s, i)| (s.as_str(), i.as_str()));
+            let page = db
+                .consumers_after(after, limit)?
+                .into_iter()
+                .map(|(scope, id, document, wake)| StoredConsumer {
+                    scope,
+                    id,
+                    document,
+                    wake,
+                })
+                .collect();
+            Ok((page, db.consumer_total()?))
+        })
+    }
+
     fn list_consumers(&self, waking_only: bool) -> Reply<ConsumerList> {
         self.job(move |db| {
             let consumers = db

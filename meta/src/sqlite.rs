@@ -382,6 +382,35 @@ impl Backend for Sqlite {
             .map_err(storage("list the consumers"))
     }
 
+    fn consumers_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<ConsumerColumns>, MetaError> {
+        let (scope, id) = after.unwrap_or(("", ""));
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT scope, id, document, wake FROM consumers
+                 WHERE ?1 = 0 OR (scope, id) > (?2, ?3) ORDER BY scope, id LIMIT ?4",
+            )
+            .map_err(storage("list a page of consumers"))?;
+        query
+            .query_map(params![after.is_some(), scope, id, limit], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(storage("list a page of consumers"))
+    }
+
+    fn consumer_total(&mut self) -> Result<u64, MetaError> {
+        let count: i64 = self
+            .conn
+            .query_row("SELECT count(*) FROM consumers", [], |row| row.get(0))
+            .map_err(storage("count the consumers"))?;
+        Ok(count.max(0) as u64)
+    }
+
     fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError> {
         let count: i64 = self
             .conn

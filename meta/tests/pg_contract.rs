@@ -141,6 +141,7 @@ contract!(
     retention_is_set_at_create_replaced_by_configure_and_survives_reopen,
     consumer_changes_from_two_nodes_take_turns,
     a_consumer_wake_is_kept_beside_its_document_and_listed_alone,
+    consumers_are_listed_a_page_at_a_time_by_scope_then_id,
 );
 
 /// A consumer's wake is written with `PutWithWake`, kept by a plain `Put` of the document,
@@ -197,6 +198,31 @@ fn a_consumer_wake_is_kept_beside_its_document_and_listed_alone(db: &Db) {
         (ConsumerWrite::Delete, ())
     }))
     .unwrap();
+    store.shutdown();
+}
+
+/// A report's pages: at most `limit` consumers after the last one seen, by scope then id,
+/// with how many there are in all.
+fn consumers_are_listed_a_page_at_a_time_by_scope_then_id(db: &Db) {
+    use pico_meta::ConsumerWrite;
+    let (store, _) = db.open();
+    for (scope, id) in [("/b/", "x"), ("", "z"), ("/a/", "y"), ("/a/", "x")] {
+        wait(store.change_consumer(scope.into(), id.into(), |_| {
+            (ConsumerWrite::Put("{}".into()), ())
+        }))
+        .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let (page, total) = wait(store.consumer_page(after.clone(), 3)).unwrap();
+        assert_eq!(total, 4);
+        assert!(page.len() <= 3);
+        let Some(last) = page.last() else { break };
+        after = Some((last.scope.clone(), last.id.clone()));
+        seen.extend(page.into_iter().map(|c| format!("{}{}", c.scope, c.id)));
+    }
+    assert_eq!(seen, ["z", "/a/x", "/a/y", "/b/x"]);
     store.shutdown();
 }
 

@@ -464,6 +464,42 @@ impl Backend for Postgres {
             .map_err(storage("list the consumers"))
     }
 
+    fn consumers_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<ConsumerColumns>, MetaError> {
+        let (scope, id) = after.unwrap_or(("", ""));
+        let rows = self.query(
+            "SELECT scope, id, document, wake FROM consumers
+             WHERE NOT $1 OR (scope, id) > ($2, $3) ORDER BY scope, id LIMIT $4",
+            &[&after.is_some(), &scope, &id, &i64::from(limit)],
+            "list a page of consumers",
+        )?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?,
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                ))
+            })
+            .collect::<Result<_, postgres::Error>>()
+            .map_err(storage("list a page of consumers"))
+    }
+
+    fn consumer_total(&mut self) -> Result<u64, MetaError> {
+        let rows = self.query("SELECT count(*) FROM consumers", &[], "count the consumers")?;
+        let count: i64 = rows
+            .first()
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage("count the consumers"))?
+            .unwrap_or(0);
+        Ok(count.max(0) as u64)
+    }
+
     fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError> {
         let rows = self.query(
             "SELECT count(*) FROM consumers WHERE scope = $1",

@@ -17,6 +17,14 @@ use crate::transport::message::Response;
 /// metadata log holds up to `CONSUMERS_PER_SCOPE_MAX` per scope, more than a scrape should
 /// carry.
 pub const CONSUMERS_REPORTED_MAX: usize = 1_000;
+/// Streams of consumers (lag series) one answer or scrape reports at most: a consumer follows
+/// up to 256 streams, so 1,000 consumers could be 256,000 series of long names.
+pub const CONSUMER_STREAMS_REPORTED_MAX: usize = 10_000;
+/// Consumer documents read for one answer or scrape, in bytes at most: a document of 256 long
+/// stream names is hundreds of KiB, and a report holds every one it read until it is sent.
+pub const CONSUMER_DOCUMENT_BYTES_REPORTED_MAX: usize = 16 << 20;
+/// Consumers read from the metadata log at a time.
+const CONSUMERS_PAGE: u32 = 32;
 
 /// One stream of one consumer, with the lag where the tail is known here.
 struct Row {
@@ -28,49 +36,86 @@ struct Row {
     tail: Option<u64>,
 }
 
-async fn rows(state: &AdminState) -> Result<(Vec<Row>, usize), MetaError> {
-    let list = state
-        .core
-        .meta()
-        .consumers()
-        .await
-        .unwrap_or(Err(MetaError::Closed))?;
-    let total = list.consumers.len();
+/// What a report holds: its rows, how many consumers there are, and whether some consumers or
+/// streams were left out (past a bound above).
+struct Rows {
+    rows: Vec<Row>,
+    total: u64,
+    truncated: bool,
+}
+
+async fn rows(state: &AdminState) -> Result<Rows, MetaError> {
+    let meta = state.core.meta();
     let mut rows = Vec::new();
+    let (mut consumers, mut document_bytes) = (0usize, 0usize);
+    let (mut total, mut truncated): (u64, bool);
+    let mut after: Option<(String, String)> = None;
     // Consumers often share streams: each stream's tail is asked once per answer.
     let mut tails: HashMap<String, Option<u64>> = HashMap::new();
-    for consumer in list.consumers.into_iter().take(CONSUMERS_REPORTED_MAX) {
-        let (group, streams) = outline(&consumer.document).unwrap_or_default();
-        for StreamCursor { path, next, .. } in streams {
-            let tail = match tails.get(&path) {
-                Some(tail) => *tail,
-                None => {
-                    let tail = state
-                        .core
-                        .head(&path)
-                        .await
-                        .ok()
-                        .map(|info| info.next_offset);
-                    tails.insert(path.clone(), tail);
-                    tail
+    'pages: loop {
+        truncated = true;
+        let (page, all) = meta
+            .consumer_page(after.clone(), CONSUMERS_PAGE)
+            .await
+            .unwrap_or(Err(MetaError::Closed))?;
+        total = all;
+        let Some(last) = page.last() else {
+            truncated = false;
+            break;
+        };
+        after = Some((last.scope.clone(), last.id.clone()));
+        for consumer in page {
+            let bounded = consumers >= CONSUMERS_REPORTED_MAX
+                || document_bytes >= CONSUMER_DOCUMENT_BYTES_REPORTED_MAX;
+            if bounded {
+                break 'pages;
+            }
+            consumers += 1;
+            document_bytes = document_bytes.saturating_add(consumer.document.len());
+            let (group, streams) = outline(&consumer.document).unwrap_or_default();
+            for StreamCursor { path, next, .. } in streams {
+                if rows.len() >= CONSUMER_STREAMS_REPORTED_MAX {
+                    break 'pages;
                 }
-            };
-            rows.push(Row {
-                scope: consumer.scope.clone(),
-                id: consumer.id.clone(),
-                group,
-                stream: path,
-                next_seq: next.map_or(0, |(seq, _)| seq),
-                tail,
-            });
+                let tail = match tails.get(&path) {
+                    Some(tail) => *tail,
+                    None => {
+                        let tail = state
+                            .core
+                            .head(&path)
+                            .await
+                            .ok()
+                            .map(|info| info.next_offset);
+                        tails.insert(path.clone(), tail);
+                        tail
+                    }
+                };
+                rows.push(Row {
+                    scope: consumer.scope.clone(),
+                    id: consumer.id.clone(),
+                    group,
+                    stream: path,
+                    next_seq: next.map_or(0, |(seq, _)| seq),
+                    tail,
+                });
+            }
         }
     }
-    Ok((rows, total))
+    Ok(Rows {
+        // Cut by a bound, or consumers registered while the pages were read.
+        truncated: truncated || (consumers as u64) < total,
+        rows,
+        total,
+    })
 }
 
 /// `GET /admin/consumers`.
 pub async fn list(state: &AdminState) -> Response {
-    let (rows, total) = match rows(state).await {
+    let Rows {
+        rows,
+        total,
+        truncated,
+    } = match rows(state).await {
         Ok(found) => found,
         Err(e) => return error(503, format!("consumers: {e}")),
     };
@@ -107,7 +152,7 @@ pub async fn list(state: &AdminState) -> Response {
         json!({
             "consumers": consumers,
             "total": total,
-            "hasMore": total > CONSUMERS_REPORTED_MAX,
+            "hasMore": truncated,
         }),
     )
 }
@@ -115,7 +160,7 @@ pub async fn list(state: &AdminState) -> Response {
 /// The consumer lines of `/metrics`: how many consumers there are, and the lag of each
 /// consumer's stream whose tail this node knows.
 pub async fn metrics_text(state: &AdminState) -> String {
-    let Ok((rows, total)) = rows(state).await else {
+    let Ok(Rows { rows, total, .. }) = rows(state).await else {
         return String::new();
     };
     let mut out = String::new();
