@@ -79,89 +79,103 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
     let several = args.streams.len() > 1;
     let mut out = io::stdout().lock();
     let (mut records, mut last_beat) = (0u64, Instant::now());
-    let outcome = loop {
-        // Catch up on every held stream, a page at a time, acknowledging each.
-        let mut moved = false;
-        for stream in held.keys().cloned().collect::<Vec<_>>() {
-            let Some(state) = held.get(&stream) else {
-                continue;
-            };
-            let from = Position::Seq(state.next_seq);
-            let page_records = args.page_records.max(1);
-            let page =
-                match retrying(|| client.read_at_most(&stream, from.clone(), page_records)).await {
-                    // A trim or retention moved the stream's start past this consumer's position
-                    // before it read there: what is left begins at the first readable record.
-                    Err(e) if e.code() == Some("offset_gone") => {
-                        let start = Position::Offset(Position::DS_BEGINNING.into());
-                        let page =
-                            retrying(|| client.read_at_most(&stream, start.clone(), page_records))
-                                .await?;
-                        let first = page.records.first().map(|r| r.seq);
-                        let resumes = match (first, &page.next) {
-                            (Some(seq), _) => seq,
-                            (None, Position::Seq(seq)) => *seq,
-                            _ => state.next_seq,
-                        };
-                        eprintln!(
+    let work = async {
+        loop {
+            // Catch up on every held stream, a page at a time, acknowledging each.
+            let mut moved = false;
+            for stream in held.keys().cloned().collect::<Vec<_>>() {
+                let Some(state) = held.get(&stream) else {
+                    continue;
+                };
+                let from = Position::Seq(state.next_seq);
+                let page_records = args.page_records.max(1);
+                let page =
+                    match retrying(|| client.read_at_most(&stream, from.clone(), page_records))
+                        .await
+                    {
+                        // A trim or retention moved the stream's start past this consumer's position
+                        // before it read there: what is left begins at the first readable record.
+                        Err(e) if e.code() == Some("offset_gone") => {
+                            let start = Position::Offset(Position::DS_BEGINNING.into());
+                            let page = retrying(|| {
+                                client.read_at_most(&stream, start.clone(), page_records)
+                            })
+                            .await?;
+                            let first = page.records.first().map(|r| r.seq);
+                            let resumes = match (first, &page.next) {
+                                (Some(seq), _) => seq,
+                                (None, Position::Seq(seq)) => *seq,
+                                _ => state.next_seq,
+                            };
+                            eprintln!(
                         "pico: {stream}: records {}..{resumes} were trimmed before {name} read \
                          them; it goes on from {resumes}, the stream's first readable record",
                         state.next_seq
                     );
-                        if let Some(state) = held.get_mut(&stream) {
-                            state.next_seq = state.next_seq.max(resumes);
+                            if let Some(state) = held.get_mut(&stream) {
+                                state.next_seq = state.next_seq.max(resumes);
+                            }
+                            page
                         }
-                        page
-                    }
-                    other => other?,
-                };
-            let taken = take(&page, args.count.map(|c| c.saturating_sub(records)));
-            if let Some(last) = print(&mut out, &stream, several, &page, taken)? {
-                let acked = [(stream.clone(), last)];
-                let view = retrying(|| client.consumer_ack(name, &token, &acked)).await;
-                let view = match view {
-                    Err(e) if is_stale(&e) => {
-                        // The stream went to another member meanwhile (it resumes from the
-                        // last offset acknowledged), or this member's lease lapsed (a pause)
-                        // and it left the group: the heartbeat below tells which.
-                        held.remove(&stream);
-                        last_beat = Instant::now() - beat_every;
-                        continue;
-                    }
-                    other => other?,
-                };
-                records += taken as u64;
-                last_beat = Instant::now();
-                moved = true;
-                update_held(&mut held, &view);
-            }
-            if let Some(state) = held.get_mut(&stream) {
-                state.closed = page.closed && page.up_to_date && taken == page.records.len();
-            }
-        }
-        if args.count.is_some_and(|count| records >= count) {
-            break Ok(());
-        }
-        if !args.group && !held.is_empty() && held.values().all(|s| s.closed) {
-            break Ok(());
-        }
-        if last_beat.elapsed() >= beat_every {
-            let view = match retrying(|| client.consumer_ack(name, &token, &[])).await {
-                Err(e) if is_stale(&e) => {
-                    // This incarnation is gone (its lease lapsed, or a newer one of the same
-                    // name joined): join again and go on from the acknowledged offsets.
-                    let (fresh, view) = acquire(client, name, member.as_deref()).await?;
-                    token = fresh;
-                    held.clear();
-                    view
+                        other => other?,
+                    };
+                let taken = take(&page, args.count.map(|c| c.saturating_sub(records)));
+                if let Some(last) = print(&mut out, &stream, several, &page, taken)? {
+                    let acked = [(stream.clone(), last)];
+                    let view = retrying(|| client.consumer_ack(name, &token, &acked)).await;
+                    let view = match view {
+                        Err(e) if is_stale(&e) => {
+                            // The stream went to another member meanwhile (it resumes from the
+                            // last offset acknowledged), or this member's lease lapsed (a pause)
+                            // and it left the group: the heartbeat below tells which.
+                            held.remove(&stream);
+                            last_beat = Instant::now() - beat_every;
+                            continue;
+                        }
+                        other => other?,
+                    };
+                    records += taken as u64;
+                    last_beat = Instant::now();
+                    moved = true;
+                    update_held(&mut held, &view);
                 }
-                other => other?,
-            };
-            update_held(&mut held, &view);
-            last_beat = Instant::now();
+                if let Some(state) = held.get_mut(&stream) {
+                    state.closed = page.closed && page.up_to_date && taken == page.records.len();
+                }
+            }
+            if args.count.is_some_and(|count| records >= count) {
+                break Ok(());
+            }
+            if !args.group && !held.is_empty() && held.values().all(|s| s.closed) {
+                break Ok(());
+            }
+            if last_beat.elapsed() >= beat_every {
+                let view = match retrying(|| client.consumer_ack(name, &token, &[])).await {
+                    Err(e) if is_stale(&e) => {
+                        // This incarnation is gone (its lease lapsed, or a newer one of the same
+                        // name joined): join again and go on from the acknowledged offsets.
+                        let (fresh, view) = acquire(client, name, member.as_deref()).await?;
+                        token = fresh;
+                        held.clear();
+                        view
+                    }
+                    other => other?,
+                };
+                update_held(&mut held, &view);
+                last_beat = Instant::now();
+            }
+            if !moved {
+                wait_for_records(client, &held, beat_every).await;
+            }
         }
-        if !moved {
-            wait_for_records(client, &held, beat_every).await;
+    };
+    // A signal (Ctrl-C, `kill`, a service manager's stop) ends the work where it waits, and
+    // the consumer still releases: a group hands its streams over now, not after the lease.
+    let (outcome, signal) = {
+        tokio::pin!(work);
+        tokio::select! {
+            outcome = &mut work => (outcome, None),
+            signal = stop_signal() => (Ok(()), Some(signal)),
         }
     };
     out.flush()?;
@@ -172,7 +186,26 @@ pub async fn consume(client: &Client, args: &ConsumeArgs) -> Result<(), Failure>
     }
     let who = member.map_or(String::new(), |m| format!(" as member {m}"));
     eprintln!("consumed {records} records as {name}{who}; acknowledged");
+    if let Some(status) = signal {
+        std::process::exit(status);
+    }
     outcome
+}
+
+/// The first SIGINT or SIGTERM, as the exit status a shell reports for it (130, 143).
+async fn stop_signal() -> i32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without the handlers the default action (the process ends) stays.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => 130,
+        _ = terminate.recv() => 143,
+    }
 }
 
 /// An ack refused because the stream or the holder moved on: another member holds the

@@ -330,3 +330,38 @@ fn a_consumer_goes_on_from_the_first_readable_record_after_a_trim() {
     assert_eq!(lines(&second), ["8\tr8"]);
     assert!(!String::from_utf8_lossy(&second.stderr).contains("trimmed"));
 }
+
+/// A consumer stopped by a signal (Ctrl-C, `kill`, a service manager's stop) releases before
+/// it exits with the shell's status for the signal: its streams are free at once, not after
+/// the lease.
+#[test]
+fn a_consumer_stopped_by_a_signal_releases_its_lease() {
+    let server = Server::start(&[]);
+    server.put("/signal/a", "text/plain").expect(201);
+    append(&server, "/signal/a", 0..2);
+    for (signal, status) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let consumer = format!("/signal/c{status}");
+        let mut child = spawn(
+            &server,
+            &[
+                "consume",
+                "--consumer",
+                &consumer,
+                "--lease-ttl-ms",
+                "600000",
+                "/signal/a",
+            ],
+        );
+        let rx = stdout_lines(&mut child);
+        assert_eq!(next_line(&rx, &server), "0\tr0");
+        assert_eq!(next_line(&rx, &server), "1\tr1");
+        let query = format!("/?consumer={consumer}");
+        assert_eq!(server.get(&query).json()["state"], "READING");
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let exited = common::exit_within(&mut child, Duration::from_secs(20)).expect("it exits");
+        assert_eq!(exited.code(), Some(status));
+        let view = server.get(&query).json();
+        assert_ne!(view["state"], "READING", "released: {view}");
+    }
+}
