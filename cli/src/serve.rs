@@ -38,7 +38,12 @@ pub fn print_config(
     protocol: (Protocol, Source),
     provenance: &Provenance,
 ) -> Result<(), Failure> {
-    server_config(args, protocol.0).map_err(|e| Failure::Usage(provenance.locate(&e)))?;
+    let config =
+        server_config(args, protocol.0).map_err(|e| Failure::Usage(provenance.locate(&e)))?;
+    pico_net::check(&config).map_err(|e| Failure::Usage(provenance.locate(&e.to_string())))?;
+    for warning in ignored_flag_warnings(args) {
+        eprintln!("pico: warning: {warning}");
+    }
     let text = crate::serve_config::render(
         &Cli::get_args_info(),
         args,

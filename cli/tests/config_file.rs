@@ -501,3 +501,28 @@ fn the_example_file_starts_a_node() {
     );
     assert!(Path::new(&wal).exists(), "the node's WAL directory");
 }
+
+/// `--print-config` runs the checks a start runs before it binds anything: settings that only
+/// go together, or a certificate it cannot load, are refused as a start refuses them.
+#[test]
+fn print_config_refuses_what_a_start_refuses() {
+    let dir = workdir();
+    let file = write(dir.path(), "half.toml", "[tls]\ntls-cert = \"cert.pem\"\n");
+    for args in [
+        vec!["--print-config", "--tls-cert", "cert.pem"],
+        vec!["--print-config", "--config-file", file.to_str().unwrap()],
+        vec![
+            "--print-config",
+            "--tls-cert",
+            "none.pem",
+            "--tls-key",
+            "none.pem",
+        ],
+    ] {
+        let out = run(dir.path(), &args, &[]);
+        let (code, stdout, stderr) = outcome(&out);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+        assert!(stderr.contains("tls"), "{args:?}: {stderr}");
+    }
+}

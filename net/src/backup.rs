@@ -443,6 +443,9 @@ pub fn read_manifest(dir: &Path) -> Result<Value, BackupError> {
     let path = dir.join(MANIFEST_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !dir.is_dir() => {
+            return Err(file(FileAction::Read, dir)(e))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(BackupError::Incomplete {
                 dir: dir.to_path_buf(),

@@ -32,5 +32,5 @@ pub use config::{
 };
 pub use limits::{BACKUP_TIMEOUT_SEC_DEFAULT, BODY_BYTES_MAX_DEFAULT, VERIFY_TIMEOUT_SEC_DEFAULT};
 pub use panics::install_hook as install_panic_hook;
-pub use server::{run, CoreStartError, StartError};
+pub use server::{check, run, CoreStartError, StartError};
 pub use transport::tls::TlsError;

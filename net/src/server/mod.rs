@@ -29,6 +29,17 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs a node until SIGINT/SIGTERM. `Err` says why it could not start, in one line for the
 /// operator.
+/// The checks of a start that need no listener, thread or data: the settings and how they go
+/// together, the token file, remote listeners without authentication, the TLS certificate and
+/// key (`pico serve --print-config` runs them too).
+pub fn check(config: &ServerConfig) -> Result<(), StartError> {
+    config.check()?;
+    let auth = setup::load_tokens(config)?;
+    setup::refuse_open_remote_listeners(config, auth.is_some())?;
+    setup::tls_config(config)?;
+    Ok(())
+}
+
 pub fn run(config: ServerConfig) -> Result<(), StartError> {
     config.check()?;
     // Blocked before any thread starts (the metadata and upload threads inherit the mask), so
