@@ -185,6 +185,17 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
     let mut done = Acknowledged::new(client.protocol());
     // Input lines are numbered from 1; `sent_lines` of them went out in acknowledged requests.
     let mut sent_lines: u64 = 0;
+    // Durable Streams refuses a record typed unlike its stream: without --content-type, the
+    // stream's own type (one HEAD first; a missing stream fails at the first append).
+    let content_type = match (client.protocol(), &args.content_type) {
+        (Protocol::DurableStreams, None) => client
+            .head(&args.stream)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|info| info.content_type),
+        (_, given) => given.clone(),
+    };
     loop {
         let (batch, at_end) = match lines.next_batch(&batching).await {
             Ok(next) => next,
@@ -203,7 +214,7 @@ pub async fn append(client: &Client, args: &AppendArgs) -> Result<(), Failure> {
         if !batch.is_empty() {
             let records = batch.len() as u64;
             let bytes: u64 = batch.iter().map(|b| b.len() as u64).sum();
-            let ack = match send(client, args, &batch).await {
+            let ack = match send(client, args, content_type.as_deref(), &batch).await {
                 Ok(ack) => ack,
                 Err(e) => {
                     progress.finish();
@@ -260,6 +271,7 @@ fn stopped_at(acknowledged_lines: u64, failed_records: u64, error: &ClientError)
 async fn send(
     client: &Client,
     args: &AppendArgs,
+    content_type: Option<&str>,
     batch: &[Bytes],
 ) -> Result<AppendAck, ClientError> {
     match client.protocol() {
@@ -268,7 +280,7 @@ async fn send(
         // Durable Streams: each line raw, typed like the stream (batches hold one record).
         Protocol::DurableStreams => {
             client
-                .append_single(&args.stream, batch[0].clone(), args.content_type.as_deref())
+                .append_single(&args.stream, batch[0].clone(), content_type)
                 .await
         }
     }

@@ -144,7 +144,7 @@ pub struct AppendArgs {
     /// stream name
     pub stream: String,
 
-    /// content type of each record (Durable Streams only; Pico sends binary batches) [env: PICO_CONTENT_TYPE]
+    /// content type of each record (Durable Streams only, default the stream's own; Pico sends binary batches) [env: PICO_CONTENT_TYPE]
     #[argh(option, arg_name = "type")]
     pub content_type: Option<String>,
 

@@ -150,8 +150,16 @@ fn create_head_append_and_read_speak_durable_streams() {
             && stderr.ends_with(&format!(": next={}\n", off(2))),
         "{stderr}"
     );
-    // The type must match the stream's; --batch > 1 is refused before anything is sent.
-    ds.expect_failure(&["append", s], b"three\n", "pico: CONFLICT (409)");
+    // Without --content-type, the stream's own; another is refused. --batch > 1 is refused
+    // before anything is sent.
+    ds.expect_failure(
+        &["append", s, "--content-type", "application/json"],
+        b"{}\n",
+        "pico: CONFLICT (409)",
+    );
+    let out = ds.run_with(&["append", s], b"three\n");
+    let (code, _, stderr) = outcome(&out);
+    assert_eq!(code, Some(0), "{stderr}");
     ds.expect(
         &["append", s, text[0], text[1], "--batch", "2"],
         b"a\nb\n",
@@ -163,23 +171,23 @@ fn create_head_append_and_read_speak_durable_streams() {
         &["head", s],
         b"",
         0,
-        &format!("start=-1 next={} closed=false type=text/plain\n", off(2)),
+        &format!("start=-1 next={} closed=false type=text/plain\n", off(3)),
         "",
     );
 
     // A read is one chunk per request, printed at the offset that follows it.
-    let all = format!("{}\tonetwo\n", off(2));
+    let all = format!("{}\tonetwothree\n", off(3));
     ds.expect(&["read", s], b"", 0, &all, "");
     ds.expect(&["read", s, "--from", "-1"], b"", 0, &all, "");
     ds.expect(
         &["read", s, "--from", &off(1)],
         b"",
         0,
-        &format!("{}\ttwo\n", off(2)),
+        &format!("{}\ttwothree\n", off(3)),
         "",
     );
     ds.expect(&["read", s, "--from", "now"], b"", 0, "", "");
-    ds.expect(&["read", s, "--from", &off(2)], b"", 0, "", "");
+    ds.expect(&["read", s, "--from", &off(3)], b"", 0, "", "");
     ds.expect_failure(
         &["read", s, "--from", "bogus"],
         b"",
