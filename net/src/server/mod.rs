@@ -153,7 +153,13 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     // The metadata thread ends once what was queued is committed; its SQLite connection, the
     // last one, closes, which checkpoints the catalog into its database file: a stopped node's
     // `meta.db` holds the whole catalog, not just what the last automatic checkpoint left.
-    meta.shutdown();
+    // (Postgres needs nothing of the kind, and a stop must not wait on an unreachable server.)
+    if matches!(
+        pico_meta::MetaUrl::parse(&config.meta_url),
+        Ok(pico_meta::MetaUrl::SqliteFile(_))
+    ) {
+        meta.shutdown();
+    }
     Ok(())
 }
 
