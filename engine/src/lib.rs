@@ -25,6 +25,7 @@ mod inbox;
 pub mod json;
 pub mod limits;
 mod live;
+mod log_limit;
 pub mod metrics;
 mod notify;
 mod ops;

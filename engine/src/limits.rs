@@ -255,6 +255,9 @@ pub const HAND_OFF_FLUSH_TIMEOUT_MS: u64 = 30_000;
 pub const UPLOAD_RETRY_FIRST_MS: u64 = 50;
 /// Longest wait between two tries of a failed segment upload.
 pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;
+/// A core logs its failed uploads at most once per this interval (`pico_upload_failures_total`
+/// counts every one).
+pub const UPLOAD_FAILURE_LOG_INTERVAL_MS: u64 = 10_000;
 /// How long a fork release that failed (the source's core overloaded, its metadata write
 /// refused) waits before it is tried again; it is tried until it goes through, so a deleted
 /// source whose last fork went is always removed in the end.

@@ -1,7 +1,7 @@
 //! Reads: one pass over a stream's chunks within the request's budgets, long-polls parked on
 //! the stream's waiters, and fork reads of what a fork inherited.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -307,13 +307,20 @@ impl Shard {
 
 /// When a core last logged damaged stored bytes, how many damaged reads it met since, and
 /// when it last dropped each damaged segment's blocks from the read cache.
-#[derive(Default)]
 pub(super) struct DamageLog {
-    logged_at: Cell<Option<Instant>>,
-    unlogged: Cell<u64>,
+    lines: crate::log_limit::LogLimit,
     /// Segment number → when its blocks last left the cache for a fetch again (at most
     /// `limits::DAMAGED_SEGMENTS_MAX`).
     refetched_at: RefCell<HashMap<u64, Instant>>,
+}
+
+impl Default for DamageLog {
+    fn default() -> DamageLog {
+        DamageLog {
+            lines: crate::log_limit::LogLimit::new(limits::DAMAGE_LOG_INTERVAL_MS),
+            refetched_at: RefCell::default(),
+        }
+    }
 }
 
 impl DamageLog {
@@ -348,17 +355,7 @@ impl DamageLog {
     /// `limits::DAMAGE_LOG_INTERVAL_MS`), with how many went unlogged before it; otherwise
     /// it is counted for the next line.
     fn due(&self, now: Instant) -> Option<u64> {
-        let interval = Duration::from_millis(limits::DAMAGE_LOG_INTERVAL_MS);
-        if self
-            .logged_at
-            .get()
-            .is_some_and(|at| now.saturating_duration_since(at) < interval)
-        {
-            self.unlogged.set(self.unlogged.get() + 1);
-            return None;
-        }
-        self.logged_at.set(Some(now));
-        Some(self.unlogged.replace(0))
+        self.lines.due(now)
     }
 }
 
@@ -518,16 +515,5 @@ mod damage_log_tests {
             assert!(log.refetch_due(1_000 + no, start + interval));
             assert!(log.refetched_at.borrow().len() <= limits::DAMAGED_SEGMENTS_MAX);
         }
-    }
-
-    #[test]
-    fn damage_is_logged_once_per_interval_with_the_count_of_the_reads_in_between() {
-        let log = DamageLog::default();
-        let start = Instant::now();
-        let interval = Duration::from_millis(limits::DAMAGE_LOG_INTERVAL_MS);
-        assert_eq!(log.due(start), Some(0));
-        assert_eq!(log.due(start + interval / 3), None);
-        assert_eq!(log.due(start + interval / 2), None);
-        assert_eq!(log.due(start + interval), Some(2));
     }
 }

@@ -57,6 +57,8 @@ pub(crate) struct Shard {
     pub(super) compaction: super::compaction::Compaction,
     /// When this core last logged damaged stored bytes, and how many it met since (`read.rs`).
     pub(super) damage_log: super::read::DamageLog,
+    /// The upload failures' log lines (`upload.rs`): one per `limits::UPLOAD_FAILURE_LOG_INTERVAL_MS`.
+    pub(super) upload_failure_log: crate::log_limit::LogLimit,
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -102,6 +104,9 @@ impl Shard {
             clock,
             compaction: Default::default(),
             damage_log: Default::default(),
+            upload_failure_log: crate::log_limit::LogLimit::new(
+                crate::limits::UPLOAD_FAILURE_LOG_INTERVAL_MS,
+            ),
         }
     }
 

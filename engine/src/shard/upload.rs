@@ -108,11 +108,20 @@ impl Shard {
                 Ok(()) => break,
                 Err(message) => {
                     CoreMetrics::add(&self.metrics.upload_failures, 1);
-                    log::warn!(
-                        "core {}: upload of {} failed, retrying: {message}",
-                        self.core,
-                        record.key
-                    );
+                    // Every pending segment retries on its own: hundreds of them while the
+                    // bucket is full or away, so one line per interval, with the count.
+                    if let Some(unlogged) = self.upload_failure_log.due(self.clock.now()) {
+                        let more = if unlogged > 0 {
+                            format!(" ({unlogged} more failed uploads since the last line)")
+                        } else {
+                            String::new()
+                        };
+                        log::warn!(
+                            "core {}: upload of {} failed, retrying: {message}{more}",
+                            self.core,
+                            record.key
+                        );
+                    }
                     glommio::timer::sleep(Duration::from_millis(backoff_ms)).await;
                     backoff_ms = (backoff_ms * 2).min(limits::UPLOAD_RETRY_MAX_MS);
                 }
