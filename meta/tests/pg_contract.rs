@@ -1385,6 +1385,7 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("9"),
             Some("10"),
             Some("11"),
+            Some("12"),
         ]
     );
 }

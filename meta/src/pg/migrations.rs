@@ -93,6 +93,8 @@ const MIGRATIONS: &[&str] = &[
     // 11: a stream's entries by commit order (see the SQLite list).
     "DROP INDEX segment_streams_stream;
      CREATE INDEX segment_streams_stream_seq ON segment_streams (stream_id, segment_seq);",
+    // 12: a scope's consumers counted without reading their documents (see the SQLite list).
+    "CREATE INDEX consumers_scope ON consumers (scope, id);",
 ];
 
 /// The schema version this build writes.
