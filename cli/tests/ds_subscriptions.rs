@@ -558,3 +558,49 @@ fn a_tenant_cannot_reach_another_roots_subscriptions() {
     call("GET", &format!("{B}/x"), "ta", None).expect(403);
     call("POST", &format!("{B}/x/ack"), &token, Some(ack)).expect(200);
 }
+
+/// A webhook that points at the node's own Durable Streams listener: its deliveries fail
+/// (the log says why) instead of appending each wake, callback token and all, to the stream
+/// it watches, which wakes it again, for ever.
+#[test]
+fn a_webhook_to_the_node_itself_is_refused_not_looped() {
+    let server = Server::start(&["--protocol", "ds"]);
+    let created = ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}loop"),
+        &[("content-type", "application/json")],
+        b"",
+    );
+    assert_eq!(created.status, 201, "{}", created.describe());
+    let own = format!("http://{}{ROOT}loop", server.addr);
+    let subscription = control(
+        server.addr,
+        "PUT",
+        "subscriptions/loop",
+        None,
+        Some(json!({
+            "type": "webhook", "webhook": {"url": own}, "streams": ["loop"],
+            "lease_ttl_ms": 1000,
+        })),
+    );
+    assert!(subscription.status < 300, "{}", subscription.describe());
+    let appended = ds(
+        server.addr,
+        "POST",
+        &format!("{ROOT}loop"),
+        &[("content-type", "application/json")],
+        b"[{\"n\":1}]",
+    );
+    assert!(appended.status < 300, "{}", appended.describe());
+    wait_for(
+        "the delivery's refusal in the log",
+        Duration::from_secs(20),
+        || server.log().contains("own listener").then_some(()),
+    );
+    // Some tries later, the stream still holds the one append.
+    std::thread::sleep(Duration::from_secs(3));
+    let read = ds_read(server.addr, &format!("{ROOT}loop"), "-1");
+    read.expect(200);
+    assert_eq!(read.json(), json!([{"n": 1}]), "{}", read.text());
+}

@@ -421,7 +421,8 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert!(
-            plan.iter().any(|step| step.contains("COVERING INDEX consumers_scope")),
+            plan.iter()
+                .any(|step| step.contains("COVERING INDEX consumers_scope")),
             "{plan:?}"
         );
     }

@@ -117,6 +117,15 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     if let Some(on_serving) = config.on_serving {
         on_serving();
     }
+    // Deliveries never go to this node itself: a wake posted to its own listener is a write
+    // that wakes again, and one posted to its admin listener an operator's request.
+    subscriptions.set_own_listeners(
+        listeners
+            .iter()
+            .filter_map(|(addr, _)| addr.parse().ok())
+            .chain(admin_addr)
+            .collect(),
+    );
     announce_listeners(&listeners, admin_addr, &advertised, scheme);
     signals::wait_for_stop(&signals, auth.as_ref());
     announce(format_args!("shutting down"));

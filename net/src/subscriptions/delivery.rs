@@ -67,6 +67,8 @@ pub enum DeliveryError {
     Tls(rustls::Error),
     /// The host is no TLS server name.
     ServerName(rustls_pki_types::InvalidDnsNameError),
+    /// The URL leads to one of this node's own listeners.
+    OwnListener(SocketAddr),
     /// Writing the request failed.
     Send(std::io::Error),
     /// Reading the answer failed.
@@ -88,6 +90,11 @@ impl std::fmt::Display for DeliveryError {
             DeliveryError::NoAllowedAddress => {
                 f.write_str("the host has no address deliveries may go to")
             }
+            DeliveryError::OwnListener(addr) => write!(
+                f,
+                "{addr} is this node's own listener: a wake posted to it would write to a \
+                 stream and wake again, for ever"
+            ),
             DeliveryError::Connect { addr, source } => {
                 write!(f, "cannot connect to {addr}: {source}")
             }
@@ -231,6 +238,7 @@ pub(super) fn deliver(shared: &Shared, job: &Job, tls: &mut TlsCache) -> Outcome
         .signing
         .signature_header(job.body.as_bytes(), unix_secs());
     let allow_loopback = shared.webhook_loopback_allowed();
+    let own = shared.own_listeners();
     let result = webhook_url::parse(&job.url)
         .map_err(DeliveryError::Url)
         .and_then(|url| {
@@ -240,7 +248,14 @@ pub(super) fn deliver(shared: &Shared, job: &Job, tls: &mut TlsCache) -> Outcome
             } else {
                 None
             };
-            post(&url, allow_loopback, job.body.as_bytes(), &signature, tls)
+            post(
+                &url,
+                allow_loopback,
+                &own,
+                job.body.as_bytes(),
+                &signature,
+                tls,
+            )
         });
     match result {
         Ok((status, body)) if (200..300).contains(&status) => {
@@ -269,10 +284,22 @@ fn remaining(deadline: Instant) -> Result<Duration, DeliveryError> {
         .ok_or(DeliveryError::Deadline)
 }
 
-/// Connects to the first address of the URL's host that its policy allows.
+/// Whether `addr` is one of this node's own listeners (`own`, as bound; an unspecified
+/// address listens on every address of its port, loopback included).
+fn is_own(addr: &SocketAddr, own: &[SocketAddr]) -> bool {
+    own.iter().any(|listener| {
+        listener.port() == addr.port()
+            && (listener.ip() == addr.ip()
+                || (listener.ip().is_unspecified() && addr.ip().is_loopback()))
+    })
+}
+
+/// Connects to the first address of the URL's host that its policy allows: never one of the
+/// node's own listeners (`own`), whose answer to a wake would be a write that wakes again.
 fn connect(
     url: &WebhookUrl,
     allow_loopback: bool,
+    own: &[SocketAddr],
     deadline: Instant,
 ) -> Result<TcpStream, DeliveryError> {
     let candidates: Vec<SocketAddr> = match &url.host {
@@ -289,6 +316,9 @@ fn connect(
         .into_iter()
         .filter(|addr| webhook_url::address_allowed(url, addr.ip(), allow_loopback))
         .collect();
+    if let Some(addr) = allowed.iter().find(|addr| is_own(addr, own)) {
+        return Err(DeliveryError::OwnListener(*addr));
+    }
     let mut last = DeliveryError::NoAllowedAddress;
     for addr in allowed {
         let timeout = remaining(deadline)?.min(WEBHOOK_CONNECT_TIMEOUT);
@@ -308,12 +338,13 @@ fn connect(
 pub fn post(
     url: &WebhookUrl,
     allow_loopback: bool,
+    own: &[SocketAddr],
     body: &[u8],
     signature: &str,
     tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Result<(u16, Vec<u8>), DeliveryError> {
     let deadline = Instant::now() + WEBHOOK_DEADLINE;
-    let tcp = connect(url, allow_loopback, deadline)?;
+    let tcp = connect(url, allow_loopback, own, deadline)?;
     let mut request = format!(
         "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nWebhook-Signature: {signature}\r\nUser-Agent: picomq-webhooks\r\nConnection: close\r\n\r\n",
         url.target,

@@ -24,7 +24,15 @@ fn posts_signed_json_and_reads_content_length_replies() {
     let (url, handle) =
         receiver(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"done\":true}");
     let parsed = webhook_url::check(&url, true).unwrap();
-    let (status, body) = post(&parsed, true, b"{\"a\":1}", "t=1,kid=k,ed25519=s", None).unwrap();
+    let (status, body) = post(
+        &parsed,
+        true,
+        &[],
+        b"{\"a\":1}",
+        "t=1,kid=k,ed25519=s",
+        None,
+    )
+    .unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"{\"done\":true}"[..]));
     let request = String::from_utf8(handle.join().unwrap()).unwrap();
     assert!(
@@ -42,13 +50,13 @@ fn reads_chunked_and_close_delimited_replies_after_interim_ones() {
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"don\r\n8;x=y\r\ne\":true}\r\n0\r\n\r\n",
     );
     let parsed = webhook_url::check(&url, true).unwrap();
-    let (status, body) = post(&parsed, true, b"{}", "sig", None).unwrap();
+    let (status, body) = post(&parsed, true, &[], b"{}", "sig", None).unwrap();
     assert_eq!((status, body.as_slice()), (202, &b"{\"done\":true}"[..]));
     handle.join().unwrap();
     let (url, handle) = receiver(b"HTTP/1.1 500 Oops\r\n\r\nbroken");
     let parsed = webhook_url::check(&url, true).unwrap();
     assert_eq!(
-        post(&parsed, true, b"{}", "sig", None).unwrap(),
+        post(&parsed, true, &[], b"{}", "sig", None).unwrap(),
         (500, b"broken".to_vec())
     );
     handle.join().unwrap();
@@ -60,7 +68,7 @@ fn refused_connections_and_slow_receivers_fail() {
     let port = listener.local_addr().unwrap().port();
     drop(listener);
     let url = webhook_url::check(&format!("http://127.0.0.1:{port}/"), true).unwrap();
-    assert!(post(&url, true, b"{}", "sig", None).is_err());
+    assert!(post(&url, true, &[], b"{}", "sig", None).is_err());
     // Past the deadline, the exchange stops before waiting on a silent receiver.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
@@ -123,7 +131,7 @@ fn a_chunk_size_past_every_limit_fails_the_delivery() {
     ] {
         let (url, handle) = hostile(head, b"", Duration::ZERO);
         let started = Instant::now();
-        let err = post(&url, true, b"{}", "sig", None).unwrap_err();
+        let err = post(&url, true, &[], b"{}", "sig", None).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -163,7 +171,7 @@ fn counted_exchange(url: &WebhookUrl) -> Counted {
     let read = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + WEBHOOK_DEADLINE;
-    let tcp = connect(url, true, deadline).unwrap();
+    let tcp = connect(url, true, &[], deadline).unwrap();
     let result = exchange(
         Counting(Deadlined { tcp, deadline }, read.clone()),
         b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
@@ -422,11 +430,11 @@ fn posts_over_https_to_a_trusted_receiver_only() {
         }
     });
     let trusted = client_config_from(&dir.path().join("ca.pem").display().to_string()).unwrap();
-    let (status, body) = post(&url, true, b"{}", "sig", Some(trusted)).unwrap();
+    let (status, body) = post(&url, true, &[], b"{}", "sig", Some(trusted)).unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"{\"done\":true}"[..]));
     // A client without the private CA refuses the receiver's certificate.
     let other = client_config_from(&dir.path().join("cert.pem").display().to_string()).unwrap();
-    let err = post(&url, true, b"{}", "sig", Some(other)).unwrap_err();
+    let err = post(&url, true, &[], b"{}", "sig", Some(other)).unwrap_err();
     assert!(
         matches!(err, DeliveryError::Send(_) | DeliveryError::Receive(_)),
         "{err}"
@@ -480,7 +488,7 @@ fn a_tls_handshake_the_receiver_never_finishes_ends_at_the_deadline() {
             }
         });
         let started = Instant::now();
-        let err = post(&url, true, b"{}", "sig", Some(trusted.clone())).unwrap_err();
+        let err = post(&url, true, &[], b"{}", "sig", Some(trusted.clone())).unwrap_err();
         let took = started.elapsed();
         assert!(
             took < WEBHOOK_DEADLINE + Duration::from_secs(2),
@@ -488,4 +496,26 @@ fn a_tls_handshake_the_receiver_never_finishes_ends_at_the_deadline() {
         );
         handle.join().unwrap();
     }
+}
+
+/// The node's own listeners are never a delivery's address: the one it bound, and any
+/// loopback address of a port it listens on everywhere.
+#[test]
+fn a_delivery_never_connects_to_the_nodes_own_listeners() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let bound = listener.local_addr().unwrap();
+    let url = webhook_url::check(&format!("http://{bound}/v1/stream/loop"), true).unwrap();
+    let deadline = Instant::now() + WEBHOOK_DEADLINE;
+    let err = connect(&url, true, &[bound], deadline).unwrap_err();
+    assert!(
+        matches!(err, DeliveryError::OwnListener(addr) if addr == bound),
+        "{err}"
+    );
+    let everywhere: SocketAddr = format!("0.0.0.0:{}", bound.port()).parse().unwrap();
+    assert!(connect(&url, true, &[everywhere], deadline).is_err());
+    // Another port of the same host is someone else.
+    let other: SocketAddr = format!("127.0.0.1:{}", bound.port().wrapping_add(1))
+        .parse()
+        .unwrap();
+    assert!(connect(&url, true, &[other], deadline).is_ok());
 }

@@ -224,6 +224,7 @@ impl Subscriptions {
             deliveries: Queue::new(),
             deliver,
             webhook_loopback: AtomicBool::new(true),
+            own_listeners: RwLock::new(Vec::new()),
             reports: Mutex::new(Vec::new()),
         });
         Subscriptions {
@@ -294,6 +295,15 @@ impl Subscriptions {
         self.shared
             .webhook_loopback
             .store(allowed, Ordering::Relaxed);
+    }
+
+    /// This node's listeners, as bound: deliveries never go to them.
+    pub fn set_own_listeners(&self, listeners: Vec<std::net::SocketAddr>) {
+        *self
+            .shared
+            .own_listeners
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = listeners;
     }
 
     /// The number of subscriptions.

@@ -33,6 +33,8 @@ pub(super) struct Shared {
     pub(super) deliver: DeliverFn,
     /// Whether webhooks may go to loopback hosts (see `webhook_url`).
     pub(super) webhook_loopback: AtomicBool,
+    /// This node's listeners, as bound: deliveries never go to them.
+    pub(super) own_listeners: RwLock<Vec<std::net::SocketAddr>>,
     /// Results of other services' deliveries (`Subscriptions::deliver_for`), until taken.
     pub(super) reports: Mutex<Vec<DeliveryReport>>,
 }
@@ -58,6 +60,13 @@ impl Shared {
 
     pub(super) fn webhook_loopback_allowed(&self) -> bool {
         self.webhook_loopback.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn own_listeners(&self) -> Vec<std::net::SocketAddr> {
+        self.own_listeners
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// Whether the state file is behind the registry.
