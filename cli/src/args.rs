@@ -24,7 +24,8 @@ pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4437";
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 /// PicoMQ: durable streams over HTTP. Global flags may appear before or after the command;
-/// every flag can also be set with the PICO_* variable shown next to it.
+/// every flag can also be set with the PICO_* variable shown next to it. pico --version (or
+/// -V) prints the version and the commit it was built from.
 pub struct Cli {
     /// server base URL for client commands (default http://127.0.0.1:4437) [env: PICO_ENDPOINT]
     #[argh(option, arg_name = "url")]

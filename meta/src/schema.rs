@@ -257,9 +257,19 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<(), MetaError> {
         )
         .map_err(storage("record schema version"))?;
         tx.commit().map_err(storage("commit migration"))?;
-        log::info!("metadata schema migrated to version {version}");
+        log::debug!("metadata schema migrated to version {version}");
     }
+    log_migrated(current, SCHEMA_VERSION);
     Ok(())
+}
+
+/// One line for what a start did to the schema: made it, or moved it on.
+pub(crate) fn log_migrated(from: i64, to: i64) {
+    match from {
+        0 => log::info!("metadata schema created (version {to})"),
+        from if from < to => log::info!("metadata schema migrated from version {from} to {to}"),
+        _ => {}
+    }
 }
 
 /// Wraps a rusqlite error with what we were doing, for [`MetaError::Storage`].

@@ -105,6 +105,8 @@ const MIGRATION_LOCK: i64 = 0x7069_636f_6d65_7461;
 /// Brings the schema to [`SCHEMA_VERSION`], one migration per transaction, each under the
 /// advisory lock; a no-op on an up-to-date database.
 pub(super) fn migrate(client: &mut Client) -> Result<(), String> {
+    // The version this start found (another node may migrate between our transactions).
+    let mut found: Option<i64> = None;
     loop {
         let mut tx = client.transaction().map_err(failed("begin migration"))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
@@ -128,8 +130,11 @@ pub(super) fn migrate(client: &mut Client) -> Result<(), String> {
                  {SCHEMA_VERSION}; upgrade pico"
             ));
         }
+        let found = *found.get_or_insert(current);
         if current == SCHEMA_VERSION {
-            return tx.commit().map_err(failed("end migration check"));
+            tx.commit().map_err(failed("end migration check"))?;
+            crate::schema::log_migrated(found, SCHEMA_VERSION);
+            return Ok(());
         }
         let version = current + 1;
         tx.batch_execute(MIGRATIONS[current as usize])
@@ -140,6 +145,6 @@ pub(super) fn migrate(client: &mut Client) -> Result<(), String> {
         )
         .map_err(failed("record schema version"))?;
         tx.commit().map_err(failed("commit migration"))?;
-        log::info!("metadata schema migrated to version {version}");
+        log::debug!("metadata schema migrated to version {version}");
     }
 }
