@@ -236,6 +236,7 @@ impl Admin {
                 .header("content-type", "application/json")
                 .body(body.to_string());
         }
+        let transport = |e: reqwest::Error| self.transport(e);
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(transport)?;
@@ -369,9 +370,25 @@ fn stream_name(name: &str) -> String {
     }
 }
 
-fn transport(e: reqwest::Error) -> Failure {
-    // pico-client digs the useful cause ("Connection refused") out of reqwest's chain.
-    Failure::Fatal(format!("admin request failed: {}", ClientError::from(e)))
+impl Admin {
+    /// No answer from the admin listener: the cause, and where the endpoint came from.
+    fn transport(&self, e: reqwest::Error) -> Failure {
+        let hint = if e.is_connect() {
+            format!(
+                "; is `pico serve` running with its admin listener at {}? (--admin-endpoint or \
+                 PICO_ADMIN_ENDPOINT; `pico serve --admin-listen` sets where it listens, \
+                 default {DEFAULT_ADMIN_ENDPOINT})",
+                self.base
+            )
+        } else {
+            String::new()
+        };
+        // pico-client digs the useful cause ("Connection refused") out of reqwest's chain.
+        Failure::Fatal(format!(
+            "admin request failed: {}{hint}",
+            ClientError::from(e)
+        ))
+    }
 }
 
 /// The `error` of an admin error body, else the body as text, else the reason phrase.

@@ -284,6 +284,12 @@ fn the_endpoint_comes_from_the_environment_and_profiles_do_not_apply() {
         stderr.starts_with("pico: admin request failed: ") && stderr.contains("refused"),
         "{stderr}"
     );
+    // With what to check and where the endpoint came from.
+    assert!(
+        stderr.contains("admin listener at http://127.0.0.1:1?")
+            && stderr.contains("--admin-endpoint"),
+        "{stderr}"
+    );
     // Not an HTTP URL: a usage error.
     let out = pico(
         dir.path(),
