@@ -172,7 +172,7 @@ pub struct AppendArgs {
 
 #[derive(FromArgs, ArgsInfo, Debug)]
 #[argh(subcommand, name = "read")]
-/// Print records as <position>TAB<body> until the reader is up to date.
+/// Print records as <position>TAB<body> until the reader is up to date (Durable Streams, which frames no records: one line per chunk read, at the offset after it).
 pub struct ReadArgs {
     #[argh(positional)]
     /// stream name

@@ -1077,6 +1077,20 @@ fn request_errors() {
     }
     let r = req(&s, "GET", "/nope", &[], b"");
     error_message(&r, 404, "not_found", "no such stream");
+    // The CLI's `7d` is not the header's syntax: the refusal says what is.
+    let r = req(
+        &s,
+        "PUT",
+        "/week",
+        &[("content-type", "text/plain"), ("pico-retention-age", "7d")],
+        b"",
+    );
+    error_message(
+        &r,
+        400,
+        "bad_request",
+        "invalid Pico-Retention-Age: expected whole seconds (604800 is 7 days); 0 turns the limit off",
+    );
     let r = req(&s, "POST", "/nope", &[], b"x");
     error_message(&r, 404, "not_found", "no such stream");
     let r = req(&s, "POST", "/e", &[], b"");

@@ -36,8 +36,15 @@ fn stream_content_type(request: &Request) -> String {
 /// request sets (`0` turns one off).
 fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
     type Policy = fn(u64) -> Result<Option<u64>, u64>;
-    let limit = |name: &str, display: &str, policy: Policy| {
-        header_u64(request, name, display)?
+    // `unit`: what the whole number counts, for the refusal of anything else (`7d` is the
+    // CLI's syntax, not the header's).
+    let limit = |name: &str, display: &str, unit: &str, policy: Policy| {
+        header_u64(request, name, display)
+            .map_err(|_| {
+                ApiError::bad_request(format!(
+                    "invalid {display}: expected {unit}; 0 turns the limit off"
+                ))
+            })?
             .map(|value| {
                 policy(value).map_err(|max| {
                     ApiError::bad_request(format!("{display} must be at most {max}"))
@@ -49,16 +56,19 @@ fn retention_headers(request: &Request) -> Result<RetentionChange, ApiError> {
         age_ms: limit(
             PICO_RETENTION_AGE,
             "Pico-Retention-Age",
+            "whole seconds (604800 is 7 days)",
             limits::retention_secs,
         )?,
         bytes: limit(
             PICO_RETENTION_BYTES,
             "Pico-Retention-Bytes",
+            "a whole number of bytes",
             limits::retention_bytes,
         )?,
         delete_on_empty_ms: limit(
             PICO_DELETE_ON_EMPTY,
             "Pico-Delete-On-Empty",
+            "whole seconds",
             limits::retention_secs,
         )?,
     })
