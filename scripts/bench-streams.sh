@@ -50,11 +50,11 @@ began=$(now_ms)
 node_pid=$!
 last=$base$((n - 1))
 for _ in $(seq 1 6000); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$last?offset=-1" || true)" = 200 ] && break
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$last?seq=-1" || true)" = 200 ] && break
   sleep 0.01
 done
 took=$(($(now_ms) - began))
-[ "$(curl -s -o /dev/null -w '%{http_code}' "$last?offset=-1")" = 200 ] ||
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$last?seq=-1")" = 200 ] ||
   { tail "$node_log"; echo "not served again in 60 s" >&2; exit 1; }
 restarted=$(rss_kib "$node_pid")
 # And once the node has been idle a few seconds (the allocator hands freed memory back late).

@@ -9,14 +9,16 @@
 //! commits as never committed. SQLite cannot tell: each file is valid on its own.
 //!
 //! ```text
-//! <dir>/.<db file name>.high-water     one line, rewritten (temp file, rename) after a
+//! <dir>/.<db file name>.high-water     one line of fixed width, rewritten in place after a
 //!                                      commit that raised either number:
-//! streams <n> segments <m>\n           n, m: `sqlite_sequence` of `streams` and `segments`
-//!                                      (AUTOINCREMENT: they only grow, deletes included)
+//! streams <n:020> segments <m:020>\n   n, m: `sqlite_sequence` of `streams` and `segments`
+//!                                      (AUTOINCREMENT: they only grow, deletes included),
+//!                                      20 digits with leading zeros
 //! ```
 //!
 //! The mark is written after the commit, without an fsync: a crash can leave it behind the
-//! catalog (a weaker check, never a false one), never ahead. Its name starts with a dot so a
+//! catalog (a weaker check, never a false one), never ahead. Its 48 bytes are one write
+//! within one sector; a mark that does not parse checks nothing. Its name starts with a dot so a
 //! `rm meta.db*` of the database's files leaves it. A missing or unreadable mark checks
 //! nothing (a catalog from before marks, a new one).
 
@@ -106,17 +108,59 @@ pub(crate) fn check(db: &Path, conn: &Connection) -> Result<Mark, MetaError> {
     }
 }
 
-/// Rewrites the mark of the database at `db` to `mark`. Best effort: a mark that could not be
-/// written only weakens the next start's check, and is logged.
-pub(crate) fn write(db: &Path, mark: &Mark) {
-    let path = path_of(db);
-    let temp = path.with_extension("high-water.tmp");
-    let text = format!("streams {} segments {}\n", mark.streams, mark.segments);
-    if let Err(e) = std::fs::write(&temp, text).and_then(|()| std::fs::rename(&temp, &path)) {
-        log::warn!(
-            "cannot write the catalog's high-water mark {}: {e}",
-            path.display()
+/// The open mark of one database, rewritten in place.
+pub(crate) struct MarkFile {
+    path: PathBuf,
+    /// `None` when it could not be opened (logged once): the next start's check is weaker.
+    file: Option<std::fs::File>,
+    written: Mark,
+}
+
+impl MarkFile {
+    /// Opens (creating it) the mark of the database at `db`, whose numbers are `now`.
+    pub(crate) fn open(db: &Path, now: Mark) -> MarkFile {
+        let path = path_of(db);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| {
+                log::warn!(
+                    "cannot open the catalog's high-water mark {}: {e}",
+                    path.display()
+                )
+            })
+            .ok();
+        let mut mark = MarkFile {
+            path,
+            file,
+            written: Mark::default(),
+        };
+        mark.raise(now);
+        mark
+    }
+
+    /// Rewrites the mark when `now` differs from what it holds: one write in place of fixed
+    /// width (a commit of creates pays a `pwrite`, not a file made and renamed). Best effort:
+    /// a mark that could not be written only weakens the next start's check, and is logged.
+    pub(crate) fn raise(&mut self, now: Mark) {
+        use std::os::unix::fs::FileExt;
+        if now == self.written {
+            return;
+        }
+        let Some(file) = &self.file else { return };
+        let text = format!(
+            "streams {:020} segments {:020}\n",
+            now.streams, now.segments
         );
+        match file.write_all_at(text.as_bytes(), 0) {
+            Ok(()) => self.written = now,
+            Err(e) => log::warn!(
+                "cannot write the catalog's high-water mark {}: {e}",
+                self.path.display()
+            ),
+        }
     }
 }
 
@@ -146,20 +190,17 @@ mod tests {
                 segments: 1
             }
         );
-        write(&db, &now);
+        let mut file = MarkFile::open(&db, now);
         assert_eq!(read(&path_of(&db)), Some(now));
         // Deletes do not lower the numbers: still fine.
         conn.execute_batch("DELETE FROM streams; DELETE FROM segments;")
             .unwrap();
         check(&db, &conn).unwrap();
         // A mark ahead of the catalog: it went back.
-        write(
-            &db,
-            &Mark {
-                streams: 2,
-                segments: 5,
-            },
-        );
+        file.raise(Mark {
+            streams: 2,
+            segments: 5,
+        });
         let err = check(&db, &conn).unwrap_err().to_string();
         assert!(
             err.contains("went back") && err.contains("segments 5"),

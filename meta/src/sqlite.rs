@@ -26,8 +26,8 @@ use crate::MetaError;
 
 pub(crate) struct Sqlite {
     conn: Connection,
-    /// The database file (`None` in memory) and the high-water mark last written beside it.
-    file: Option<(std::path::PathBuf, high_water::Mark)>,
+    /// The high-water mark beside the database file (`None` in memory).
+    mark: Option<high_water::MarkFile>,
 }
 
 impl Sqlite {
@@ -45,8 +45,8 @@ impl Sqlite {
         let conn = Connection::open(path)
             .map_err(|error| MetaError::Storage(format!("open {}: {error}", path.display())))?;
         let mut db = Sqlite::prepare(conn, false)?;
-        let mark = high_water::check(path, &db.conn)?;
-        db.file = Some((path.to_path_buf(), mark));
+        let now = high_water::check(path, &db.conn)?;
+        db.mark = Some(high_water::MarkFile::open(path, now));
         Ok(db)
     }
 
@@ -59,7 +59,7 @@ impl Sqlite {
     fn prepare(mut conn: Connection, in_memory: bool) -> Result<Sqlite, MetaError> {
         schema::configure(&conn, in_memory)?;
         schema::migrate(&mut conn)?;
-        Ok(Sqlite { conn, file: None })
+        Ok(Sqlite { conn, mark: None })
     }
 }
 
@@ -69,15 +69,11 @@ fn stream_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamColumns> {
 
 impl Backend for Sqlite {
     fn committed(&mut self) {
-        let Some((path, written)) = &mut self.file else {
+        let Some(mark) = &mut self.mark else {
             return;
         };
         match high_water::Mark::of(&self.conn) {
-            Ok(mark) if mark != *written => {
-                high_water::write(path, &mark);
-                *written = mark;
-            }
-            Ok(_) => {}
+            Ok(now) => mark.raise(now),
             Err(e) => log::warn!("the catalog's high-water mark: {e}"),
         }
     }
