@@ -112,12 +112,7 @@ impl MetaStore {
             let page = db
                 .consumers_after(after, limit)?
                 .into_iter()
-                .map(|(scope, id, document, wake)| StoredConsumer {
-                    scope,
-                    id,
-                    document,
-                    wake,
-                })
+                .map(stored)
                 .collect();
             Ok((page, db.consumer_total()?))
         })
@@ -125,16 +120,7 @@ impl MetaStore {
 
     fn list_consumers(&self, waking_only: bool) -> Reply<ConsumerList> {
         self.job(move |db| {
-            let consumers = db
-                .consumers(waking_only)?
-                .into_iter()
-                .map(|(scope, id, document, wake)| StoredConsumer {
-                    scope,
-                    id,
-                    document,
-                    wake,
-                })
-                .collect();
+            let consumers = db.consumers(waking_only)?.into_iter().map(stored).collect();
             Ok(ConsumerList {
                 consumers,
                 now_ms: clock_ms(db)?,
@@ -145,6 +131,15 @@ impl MetaStore {
 
 /// The clock leases are judged by: the database's in a cluster, so nodes with skewed clocks
 /// agree; this node's otherwise.
+fn stored((scope, id, document, wake): crate::backend::ConsumerColumns) -> StoredConsumer {
+    StoredConsumer {
+        scope,
+        id,
+        document,
+        wake,
+    }
+}
+
 fn clock_ms(db: &mut dyn Backend) -> Result<i64, MetaError> {
     match db.cluster() {
         Some(cluster) => cluster.clock_ms(),

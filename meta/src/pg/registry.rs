@@ -451,17 +451,7 @@ impl Backend for Postgres {
             "SELECT scope, id, document, wake FROM consumers ORDER BY scope, id"
         };
         let rows = self.query(sql, &[], "list the consumers")?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                ))
-            })
-            .collect::<Result<_, postgres::Error>>()
-            .map_err(storage("list the consumers"))
+        super::rows::consumers(&rows, "list the consumers")
     }
 
     fn consumers_after(
@@ -476,28 +466,12 @@ impl Backend for Postgres {
             &[&after.is_some(), &scope, &id, &i64::from(limit)],
             "list a page of consumers",
         )?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                ))
-            })
-            .collect::<Result<_, postgres::Error>>()
-            .map_err(storage("list a page of consumers"))
+        super::rows::consumers(&rows, "list a page of consumers")
     }
 
     fn consumer_total(&mut self) -> Result<u64, MetaError> {
         let rows = self.query("SELECT count(*) FROM consumers", &[], "count the consumers")?;
-        let count: i64 = rows
-            .first()
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(storage("count the consumers"))?
-            .unwrap_or(0);
-        Ok(count.max(0) as u64)
+        super::rows::count(&rows, "count the consumers")
     }
 
     fn consumer_count(&mut self, scope: &str) -> Result<u64, MetaError> {
@@ -506,13 +480,7 @@ impl Backend for Postgres {
             &[&scope],
             "count the consumers",
         )?;
-        let count: i64 = rows
-            .first()
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(storage("count the consumers"))?
-            .unwrap_or(0);
-        Ok(count.max(0) as u64)
+        super::rows::count(&rows, "count the consumers")
     }
 
     fn streams(&mut self) -> Result<Vec<StreamColumns>, MetaError> {

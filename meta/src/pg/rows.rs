@@ -5,7 +5,7 @@ use postgres::Row;
 
 use super::errors::storage;
 use crate::backend::stream_columns;
-use crate::backend::{NodeId, NodeRow, StreamColumns};
+use crate::backend::{ConsumerColumns, NodeId, NodeRow, StreamColumns};
 use crate::MetaError;
 
 /// Rows of three columns as tuples (a column of another type is a storage error).
@@ -19,6 +19,32 @@ where
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
         .collect::<Result<_, postgres::Error>>()
         .map_err(storage(doing))
+}
+
+/// Consumer rows (`scope, id, document, wake`).
+pub(super) fn consumers(rows: &[Row], doing: &str) -> Result<Vec<ConsumerColumns>, MetaError> {
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get(0)?,
+                row.try_get(1)?,
+                row.try_get(2)?,
+                row.try_get(3)?,
+            ))
+        })
+        .collect::<Result<_, postgres::Error>>()
+        .map_err(storage(doing))
+}
+
+/// The one `count(*)` of a query's answer, never negative.
+pub(super) fn count(rows: &[Row], doing: &str) -> Result<u64, MetaError> {
+    let count: i64 = rows
+        .first()
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(storage(doing))?
+        .unwrap_or(0);
+    Ok(count.max(0) as u64)
 }
 
 pub(super) fn stream_columns(row: &Row) -> Result<StreamColumns, postgres::Error> {
