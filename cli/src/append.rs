@@ -261,11 +261,26 @@ fn stopped_at(acknowledged_lines: u64, failed_records: u64, error: &ClientError)
     } else {
         format!("lines {first_failed}-{last_failed}")
     };
+    // The server names a refused record by its place in the request ("record 499: ..."):
+    // here that is an input line.
+    let culprit = match error {
+        ClientError::Api(refused) => refused_record(&refused.message)
+            .filter(|record| *record < failed_records)
+            .map(|record| format!(" (the server refused input line {})", first_failed + record))
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
     format!(
-        "input lines 1-{acknowledged_lines} are appended; {failed}, the failed request, {fate}; \
-         nothing after line {last_failed} was sent. Resume from line {first_failed}: tail -n \
-         +{first_failed} INPUT | pico append ..."
+        "input lines 1-{acknowledged_lines} are appended; {failed}, the failed request, {fate}\
+         {culprit}; nothing after line {last_failed} was sent. Resume from line {first_failed}: \
+         tail -n +{first_failed} INPUT | pico append ..."
     )
+}
+
+/// `N` of a refusal that begins `record N:` (the record's place in its request, from 0).
+fn refused_record(message: &str) -> Option<u64> {
+    let (number, _) = message.strip_prefix("record ")?.split_once(':')?;
+    number.parse().ok()
 }
 
 async fn send(

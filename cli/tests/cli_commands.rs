@@ -1074,3 +1074,57 @@ fn a_failed_append_says_where_to_resume() {
     );
     assert!(lines[2].starts_with("pico: closed (409): "), "{stderr}");
 }
+
+/// A record the server refuses by its place in the request (`record 1: ...`, a JSON stream's
+/// record that is not JSON) is named by its input line.
+#[test]
+fn a_refused_record_is_named_by_its_input_line() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(
+        &["create", "/json", "--content-type", "application/json"],
+        b"",
+        0,
+        "",
+        "created=true\n",
+    );
+    let mut child = cli
+        .command(&[
+            "append",
+            "/json",
+            "--batch-records",
+            "3",
+            "--linger-ms",
+            "60000",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    let appended = (0..200).any(|_| {
+        let out = cli.run(&["head", "/json"], b"");
+        if String::from_utf8_lossy(&out.stdout).contains(" next=3 ") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        false
+    });
+    assert!(appended, "the first batch of three was not sent");
+    stdin.write_all(b"{\"a\":4}\nnot json\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "lines 4-5, the failed request, were not appended (the server refused input line 5);"
+        ),
+        "{stderr}"
+    );
+}
