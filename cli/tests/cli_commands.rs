@@ -1022,16 +1022,19 @@ fn append_sends_a_lingering_batch_while_the_input_stays_open() {
     assert_eq!(positions, "start=0 next=2");
 }
 
-/// A failure half-way says which input lines are appended and where to resume.
-#[test]
-fn a_failed_append_says_where_to_resume() {
-    let server = Server::start(FLAGS);
-    let cli = Cli::new(&server);
-    cli.expect(&["create", "/cut"], b"", 0, "", "created=true\n");
+/// `pico append STREAM` in requests of three lines: `first` (three lines) sent and
+/// acknowledged, then `between`, then `second` and the end of the input; its output.
+fn append_in_two_batches(
+    cli: &Cli,
+    stream: &str,
+    first: &[u8],
+    between: impl FnOnce(),
+    second: &[u8],
+) -> std::process::Output {
     let mut child = cli
         .command(&[
             "append",
-            "/cut",
+            stream,
             "--batch-records",
             "3",
             "--linger-ms",
@@ -1043,10 +1046,10 @@ fn a_failed_append_says_where_to_resume() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"1\n2\n3\n").unwrap();
+    stdin.write_all(first).unwrap();
     stdin.flush().unwrap();
     let appended = (0..200).any(|_| {
-        let out = cli.run(&["head", "/cut"], b"");
+        let out = cli.run(&["head", stream], b"");
         if String::from_utf8_lossy(&out.stdout).contains(" next=3 ") {
             return true;
         }
@@ -1054,10 +1057,25 @@ fn a_failed_append_says_where_to_resume() {
         false
     });
     assert!(appended, "the first batch of three was not sent");
-    cli.expect(&["close", "/cut"], b"", 0, "", "closed next=3\n");
-    stdin.write_all(b"4\n5\n").unwrap();
+    between();
+    stdin.write_all(second).unwrap();
     drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A failure half-way says which input lines are appended and where to resume.
+#[test]
+fn a_failed_append_says_where_to_resume() {
+    let server = Server::start(FLAGS);
+    let cli = Cli::new(&server);
+    cli.expect(&["create", "/cut"], b"", 0, "", "created=true\n");
+    let out = append_in_two_batches(
+        &cli,
+        "/cut",
+        b"1\n2\n3\n",
+        || cli.expect(&["close", "/cut"], b"", 0, "", "closed next=3\n"),
+        b"4\n5\n",
+    );
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().collect();
@@ -1088,37 +1106,13 @@ fn a_refused_record_is_named_by_its_input_line() {
         "",
         "created=true\n",
     );
-    let mut child = cli
-        .command(&[
-            "append",
-            "/json",
-            "--batch-records",
-            "3",
-            "--linger-ms",
-            "60000",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin
-        .write_all(b"{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n")
-        .unwrap();
-    stdin.flush().unwrap();
-    let appended = (0..200).any(|_| {
-        let out = cli.run(&["head", "/json"], b"");
-        if String::from_utf8_lossy(&out.stdout).contains(" next=3 ") {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        false
-    });
-    assert!(appended, "the first batch of three was not sent");
-    stdin.write_all(b"{\"a\":4}\nnot json\n").unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let out = append_in_two_batches(
+        &cli,
+        "/json",
+        b"{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n",
+        || {},
+        b"{\"a\":4}\nnot json\n",
+    );
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

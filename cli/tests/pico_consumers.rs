@@ -286,7 +286,7 @@ fn a_token_reaches_the_consumers_its_grant_covers() {
 /// Consumers that each follow 256 streams of long names: the admin report and the scrape
 /// read the consumers a page at a time and stop at their bounds (10,000 consumer streams),
 /// saying the report is cut, instead of loading every document and writing a series per
-/// consumer and stream (1,000 such consumers took a node's scrape to 1 GB).
+/// consumer and stream (a scrape of 1,000 such consumers would hold about 1 GB).
 #[test]
 fn the_consumer_report_and_scrape_stay_bounded_however_many_streams_consumers_follow() {
     let server = Server::start(&[]);

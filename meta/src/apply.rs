@@ -316,22 +316,15 @@ pub(crate) fn garbage(
     sealed_before_ms: i64,
 ) -> Result<Vec<String>, MetaError> {
     let segments = load_segments(db, |columns| columns.created_ms < sealed_before_ms)?;
-    let mut ids: Vec<i64> = segments
-        .iter()
-        .flat_map(|segment| &segment.streams)
-        .filter_map(|entry| i64::try_from(entry.stream_id).ok())
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
     // Every stream with a row counts, also those this node does not hold (another node's in a
     // cluster, a soft-deleted one that forks read): a node never collects what one serves.
     // The catalog's start is at most the owning core's (a trim moves the core first), so a
     // segment a trim just emptied waits for the next pass at worst.
-    let starts: HashMap<u64, u64> = db
-        .stream_starts(&ids)?
-        .into_iter()
-        .map(|(id, start)| (id as u64, u64::try_from(start).unwrap_or(0)))
-        .collect();
+    let ids = segments
+        .iter()
+        .flat_map(|s| &s.streams)
+        .map(|e| e.stream_id);
+    let starts = stream_starts(db, ids)?;
     // Quarantined records are kept for an operator until released (rare: a refused commit of
     // acknowledged records; the table is empty otherwise).
     let quarantined: std::collections::HashSet<String> =
@@ -339,6 +332,21 @@ pub(crate) fn garbage(
     let mut keys = unneeded(&segments, &starts);
     keys.retain(|key| !quarantined.contains(key));
     Ok(keys)
+}
+
+/// The first readable offset of each stream of `ids` (repeats allowed) that has a row.
+pub(crate) fn stream_starts(
+    db: &mut dyn Backend,
+    ids: impl Iterator<Item = u64>,
+) -> Result<HashMap<u64, u64>, MetaError> {
+    let mut ids: Vec<i64> = ids.filter_map(|id| i64::try_from(id).ok()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(db
+        .stream_starts(&ids)?
+        .into_iter()
+        .map(|(id, start)| (id as u64, u64::try_from(start).unwrap_or(0)))
+        .collect())
 }
 
 /// The keys of `segments` that hold nothing a stream of `starts` (id → first readable offset)

@@ -193,8 +193,8 @@ const MIGRATIONS: &[&str] = &[
     // 12: a scope's consumers counted without reading their documents. The table is WITHOUT
     // ROWID, so its primary key's cells hold whole rows, and a step over a cell whose row
     // overflows its page reads the row (a document of 256 long stream names is hundreds of
-    // KiB): counting a scope of 1,000 such consumers, as each new registration does, read
-    // every one of them.
+    // KiB): on the key, counting a scope of 1,000 such consumers, as each new registration
+    // does, would read every one of them.
     "CREATE INDEX consumers_scope ON consumers (scope, id);",
 ];
 

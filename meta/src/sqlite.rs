@@ -67,6 +67,33 @@ fn stream_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<StreamColumns> {
     Ok(stream_columns!(row, get))
 }
 
+impl Sqlite {
+    /// `(id, value)` of each stream of `ids` that has a row, `sql` selecting the value of the
+    /// row `?1`: one indexed look-up per id (in-process, a few microseconds each).
+    fn per_stream<T: rusqlite::types::FromSql>(
+        &mut self,
+        sql: &str,
+        ids: &[i64],
+        what: &str,
+    ) -> Result<Vec<(i64, T)>, MetaError> {
+        let mut query = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(storage(&format!("prepare the {what} look-up")))?;
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let value: Option<T> = query
+                .query_row([id], |row| row.get(0))
+                .optional()
+                .map_err(storage(&format!("look up a {what}")))?;
+            if let Some(value) = value {
+                found.push((id, value));
+            }
+        }
+        Ok(found)
+    }
+}
+
 impl Backend for Sqlite {
     fn committed(&mut self) {
         let Some(mark) = &mut self.mark else {
@@ -457,40 +484,15 @@ impl Backend for Sqlite {
     }
 
     fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
-        // One indexed look-up per id: in-process, a few microseconds each.
-        let mut query = self
-            .conn
-            .prepare_cached("SELECT start_offset FROM streams WHERE id = ?1")
-            .map_err(storage("prepare stream start look-up"))?;
-        let mut starts = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let start: Option<i64> = query
-                .query_row([id], |row| row.get(0))
-                .optional()
-                .map_err(storage("look up stream start"))?;
-            if let Some(start) = start {
-                starts.push((id, start));
-            }
-        }
-        Ok(starts)
+        self.per_stream(
+            "SELECT start_offset FROM streams WHERE id = ?1",
+            ids,
+            "stream start",
+        )
     }
 
     fn stream_names(&mut self, ids: &[i64]) -> Result<Vec<(i64, String)>, MetaError> {
-        let mut query = self
-            .conn
-            .prepare_cached("SELECT name FROM streams WHERE id = ?1")
-            .map_err(storage("prepare stream name look-up"))?;
-        let mut names = Vec::with_capacity(ids.len());
-        for &id in ids {
-            let name: Option<String> = query
-                .query_row([id], |row| row.get(0))
-                .optional()
-                .map_err(storage("look up stream name"))?;
-            if let Some(name) = name {
-                names.push((id, name));
-            }
-        }
-        Ok(names)
+        self.per_stream("SELECT name FROM streams WHERE id = ?1", ids, "stream name")
     }
 
     fn segment_row(&mut self, key: &str) -> Result<Option<SegmentColumns>, MetaError> {

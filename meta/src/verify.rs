@@ -6,9 +6,9 @@
 //! "Still reads" is the garbage collector's rule turned round (`apply::garbage`): an object the
 //! next collection would delete is not worth a GET, and damage in it harms no reader.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use crate::apply::{load_segments, needed};
+use crate::apply::{load_segments, needed, stream_starts};
 use crate::backend::Backend;
 use crate::MetaError;
 use crate::SegmentRun;
@@ -42,20 +42,12 @@ pub(crate) fn stored_objects(
 ) -> Result<Vec<StoredObject>, MetaError> {
     let segments = load_segments(db, |columns| only.is_none_or(|key| columns.key == key))?;
     let quarantined = db.quarantined()?;
-    let mut ids: Vec<i64> = segments
+    let ids = segments
         .iter()
         .flat_map(|segment| &segment.streams)
         .map(|entry| entry.stream_id)
-        .chain(quarantined.iter().map(|q| q.1 as u64))
-        .filter_map(|id| i64::try_from(id).ok())
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let starts: HashMap<u64, u64> = db
-        .stream_starts(&ids)?
-        .into_iter()
-        .map(|(id, start)| (id as u64, u64::try_from(start).unwrap_or(0)))
-        .collect();
+        .chain(quarantined.iter().map(|q| q.1 as u64));
+    let starts = stream_starts(db, ids)?;
     let readable = |entry: &SegmentStreamEntry| -> Vec<StoredRun> {
         let Some(&start) = starts.get(&entry.stream_id) else {
             return Vec::new();

@@ -158,17 +158,7 @@ impl ClusterSql for Postgres {
             &[&node],
             "list pending transfers",
         )?;
-        rows.iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?,
-                    row.try_get(2)?,
-                    row.try_get(3)?,
-                ))
-            })
-            .collect::<Result<_, postgres::Error>>()
-            .map_err(storage("list pending transfers"))
+        super::rows::quadruples(&rows, "list pending transfers")
     }
 
     fn all_transfers(&mut self) -> Result<Vec<(i64, Option<i64>, i64)>, MetaError> {

@@ -451,7 +451,7 @@ impl Backend for Postgres {
             "SELECT scope, id, document, wake FROM consumers ORDER BY scope, id"
         };
         let rows = self.query(sql, &[], "list the consumers")?;
-        super::rows::consumers(&rows, "list the consumers")
+        super::rows::quadruples(&rows, "list the consumers")
     }
 
     fn consumers_after(
@@ -466,7 +466,7 @@ impl Backend for Postgres {
             &[&after.is_some(), &scope, &id, &i64::from(limit)],
             "list a page of consumers",
         )?;
-        super::rows::consumers(&rows, "list a page of consumers")
+        super::rows::quadruples(&rows, "list a page of consumers")
     }
 
     fn consumer_total(&mut self) -> Result<u64, MetaError> {

@@ -5,7 +5,7 @@ use postgres::Row;
 
 use super::errors::storage;
 use crate::backend::stream_columns;
-use crate::backend::{ConsumerColumns, NodeId, NodeRow, StreamColumns};
+use crate::backend::{NodeId, NodeRow, StreamColumns};
 use crate::MetaError;
 
 /// Rows of three columns as tuples (a column of another type is a storage error).
@@ -21,8 +21,17 @@ where
         .map_err(storage(doing))
 }
 
-/// Consumer rows (`scope, id, document, wake`).
-pub(super) fn consumers(rows: &[Row], doing: &str) -> Result<Vec<ConsumerColumns>, MetaError> {
+/// Rows of four columns as tuples (a column of another type is a storage error).
+pub(super) fn quadruples<A, B, C, D>(
+    rows: &[Row],
+    doing: &str,
+) -> Result<Vec<(A, B, C, D)>, MetaError>
+where
+    A: FromSqlOwned,
+    B: FromSqlOwned,
+    C: FromSqlOwned,
+    D: FromSqlOwned,
+{
     rows.iter()
         .map(|row| {
             Ok((

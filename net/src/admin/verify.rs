@@ -391,14 +391,14 @@ fn run(job: &Job) -> Result<Value, String> {
             lost_text(d, &names)
         );
     }
+    let checked = intact + damaged.len() as u64 + unreadable.len() as u64 + collected;
     log::info!(
-        "verify: {} objects ({bytes} bytes) read, {intact} intact, {} damaged, {} unreadable, {collected} collected meanwhile",
-        intact + damaged.len() as u64 + unreadable.len() as u64 + collected,
+        "verify: {checked} objects ({bytes} bytes) read, {intact} intact, {} damaged, {} unreadable, {collected} collected meanwhile",
         damaged.len(),
         unreadable.len()
     );
     Ok(json!({
-        "objectsChecked": intact + damaged.len() as u64 + unreadable.len() as u64 + collected,
+        "objectsChecked": checked,
         "bytesChecked": bytes,
         "intactObjects": intact,
         "damagedObjects": damaged.len(),
