@@ -129,7 +129,9 @@ impl DmaFile {
     ) -> io::Result<DmaFile> {
         let file = GlommioFile::open_at(dir, path, flags, mode).await?;
         let (major, minor) = (file.dev_major as usize, file.dev_minor as usize);
-        let buf = statfs(path).unwrap();
+        // The path may be gone already (its directory removed under a running node): an
+        // error for the caller, never a panic of the executor.
+        let buf = statfs(path).map_err(io::Error::from)?;
         let fstype = buf.filesystem_type();
         let max_sectors_size = sysfs::BlockDevice::max_sectors_size(major, minor);
         let max_segment_size = sysfs::BlockDevice::max_segment_size(major, minor);
