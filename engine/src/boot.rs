@@ -18,7 +18,10 @@ use crate::limits::{self, SettingError};
 use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::placement::owner_core;
 use crate::put_budget::PutBudget;
-use crate::recovery::{recover_wal_files, sweep_orphans, wait, RecoveryError, StorageError};
+use crate::recovery::{
+    recover_wal_files, store_in_background, sweep_orphans, wait, RecoveryBacklog, RecoveryError,
+    StorageError,
+};
 use crate::shard::stream_seeds_by_core;
 use crate::shard::StreamSeed;
 
@@ -37,6 +40,8 @@ pub struct CoreSeed {
     pub(crate) put_budget: Arc<PutBudget>,
     /// Where the core reads the time (the node's one clock).
     pub(crate) clock: Clock,
+    /// Recovered WAL files the bucket did not take at start, shared by the cores.
+    pub(crate) recovery: Arc<RecoveryBacklog>,
 }
 
 /// The result of [`boot`]: one seed per core plus the shared handles.
@@ -56,6 +61,9 @@ pub struct Boot {
     /// One line per damaged WAL file `--wal-salvage` brought the node up past: the file,
     /// where it is kept and what each stream lost (for `/ready` and `/metrics`).
     pub wal_salvaged: Vec<String>,
+    /// Recovered WAL files the bucket did not take at start: served from memory, stored by a
+    /// thread of their own (for `/ready` and `/metrics`).
+    pub recovery_backlog: Arc<RecoveryBacklog>,
 }
 
 /// Why a node could not start; each says what to fix.
@@ -259,6 +267,15 @@ pub fn boot_with_clock(
         )),
         Err(e) => log::warn!("sweeping segment objects that were never committed: {e}"),
     }
+    // Its segments are in `snapshot` already, so the sweep above left their objects alone.
+    let recovery = store_in_background(recovered.deferred, &meta, &store, fence);
+    if recovery.unstored_segments() > 0 {
+        report.push(format!(
+            "{} recovered WAL files wait for the bucket: served from memory, stored in order \
+             before any newer segment",
+            recovery.unstored_segments()
+        ));
+    }
     let cores = config.cores;
     let streams_recovered = snapshot.streams.len();
     let mut per_core = stream_seeds_by_core(&mut snapshot, cores, |name| owner_core(name, cores));
@@ -299,6 +316,7 @@ pub fn boot_with_clock(
             cluster: cluster.clone(),
             put_budget: put_budget.clone(),
             clock: clock.clone(),
+            recovery: recovery.clone(),
         })
         .collect();
     if let Some(cluster) = &cluster {
@@ -314,6 +332,7 @@ pub fn boot_with_clock(
         metrics,
         cluster,
         wal_salvaged: recovered.salvaged,
+        recovery_backlog: recovery,
     })
 }
 

@@ -60,6 +60,7 @@ impl CoreHandle {
             cluster,
             put_budget,
             clock,
+            recovery,
         } = seed;
         let parts = ShardParts {
             core,
@@ -70,6 +71,7 @@ impl CoreHandle {
             cluster: cluster.clone(),
             put_budget,
             clock: clock.clone(),
+            recovery,
         };
         let shard = Shard::start(parts, streams).await?;
         let inbox_shard = shard.clone();

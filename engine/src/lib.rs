@@ -58,5 +58,5 @@ pub use live::ReadShape;
 /// The metadata types the layers above see (cluster state, URLs).
 pub use pico_meta as meta;
 pub use placement::owner_core;
-pub use recovery::{RecoveryError, StorageError};
+pub use recovery::{RecoveryBacklog, RecoveryError, StorageError};
 pub use rules::{ForkOrigin, StreamConfig};

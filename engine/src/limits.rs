@@ -255,6 +255,9 @@ pub const HAND_OFF_FLUSH_TIMEOUT_MS: u64 = 30_000;
 pub const UPLOAD_RETRY_FIRST_MS: u64 = 50;
 /// Longest wait between two tries of a failed segment upload.
 pub const UPLOAD_RETRY_MAX_MS: u64 = 5_000;
+/// While recovered WAL files wait for the bucket, how often a core looks whether they are
+/// stored (its commits wait for all of them; its slots of each turn into stored ones).
+pub const RECOVERY_BACKLOG_POLL_MS: u64 = 100;
 /// A core logs its failed uploads at most once per this interval (`pico_upload_failures_total`
 /// counts every one).
 pub const UPLOAD_FAILURE_LOG_INTERVAL_MS: u64 = 10_000;

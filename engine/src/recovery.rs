@@ -20,8 +20,11 @@ use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::placement::{epoch_of, segment_key};
 use crate::wal_file::{self, Damage, ScanError, WalEnd};
 
+mod deferred;
 mod salvage;
 
+pub use deferred::RecoveryBacklog;
+pub(crate) use deferred::{store_in_background, DeferredSegment};
 use salvage::{Lost, Tails};
 
 /// Where damaged WAL files are kept for an operator, under the WAL directory.
@@ -50,6 +53,9 @@ pub enum RecoveryError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A damaged WAL file is to be salvaged while the bucket does not take writes: a salvage
+    /// is stored before its file is moved aside, so it waits for the bucket.
+    SalvageNeedsBucket { path: PathBuf, why: String },
     /// A damaged WAL file could not be moved aside with its report (`action` failed in
     /// `dir`).
     KeepDamaged {
@@ -86,6 +92,13 @@ impl std::fmt::Display for RecoveryError {
             RecoveryError::Remove { path, source } => {
                 write!(f, "cannot remove WAL file {}: {source}", path.display())
             }
+            RecoveryError::SalvageNeedsBucket { path, why } => write!(
+                f,
+                "cannot salvage damaged WAL file {}: the bucket does not take writes ({why}). \
+                 A salvage is stored in the bucket before the file is moved aside; start \
+                 again once the bucket takes writes (nothing was changed)",
+                path.display()
+            ),
             RecoveryError::KeepDamaged {
                 action,
                 dir,
@@ -105,7 +118,7 @@ impl std::error::Error for RecoveryError {
             | RecoveryError::KeepDamaged { source, .. } => Some(source),
             RecoveryError::Format { source, .. } => Some(source),
             RecoveryError::Storage(e) => Some(e),
-            RecoveryError::Damaged { .. } => None,
+            RecoveryError::Damaged { .. } | RecoveryError::SalvageNeedsBucket { .. } => None,
         }
     }
 }
@@ -167,12 +180,18 @@ pub(crate) struct Recovered {
     pub(crate) salvaged: Vec<String>,
     /// The node epochs of the WAL files found (earlier incarnations of this node).
     pub(crate) wal_epochs: Vec<u64>,
+    /// The files whose segment the bucket did not take, in file order: stored by a thread
+    /// of their own once the node serves (`deferred.rs`).
+    pub(crate) deferred: Vec<DeferredSegment>,
 }
 
 /// Turns every WAL file into a committed segment: its committed rounds are stored as an object
 /// and indexed in the catalog, then the file is removed. Idempotent: a crash midway redoes the
 /// same keys, and a file whose segment the catalog already has is only removed (the object is
 /// the copy that counts; a damaged leftover never replaces it).
+///
+/// When the bucket refuses a segment, that file and every later one are deferred: indexed in
+/// `snapshot` (the cores serve them) but stored later, in order, by `store_in_background`.
 pub(crate) fn recover_wal_files(
     config: &EngineConfig,
     meta: &MetaStore,
@@ -203,6 +222,7 @@ pub(crate) fn recover_wal_files(
     let mut tails: Option<Tails> = None;
     let mut salvaged = Vec::new();
     let mut wal_epochs = Vec::new();
+    let mut deferred: Vec<DeferredSegment> = Vec::new();
     // The `<epoch>-<core>` of each file: a core's files are made one after another, each
     // pre-allocated before the next is made.
     let core_of = |path: &Path| -> Option<String> {
@@ -315,21 +335,61 @@ pub(crate) fn recover_wal_files(
                 path.display()
             ));
         }
+        let mut kept_for_later = false;
         if !bytes.is_empty() {
             let bytes = bytes::Bytes::from(bytes);
             let record = index_segment(key, &bytes, clock.now_ms());
-            wait(store.put(&record.key, bytes.clone()))?;
-            commit(meta, &record, fence, &scanned.epochs, &path)?;
-            report.push(format!(
-                "recovered WAL file {} ({} bytes, format {})",
-                path.display(),
-                bytes.len(),
-                scanned.version
-            ));
+            // Once one file waits for the bucket, every later one waits behind it: the
+            // catalog takes each stream's records in offset order.
+            let refused = match deferred.last() {
+                Some(first) => Some(format!("{} waits before it", first.path.display())),
+                None => match wait(store.put(&record.key, bytes.clone())) {
+                    Ok(()) => None,
+                    Err(StorageError::Store(e)) => Some(e.to_string()),
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            match refused {
+                None => {
+                    commit(meta, &record, fence, &scanned.epochs, &path)?;
+                    report.push(format!(
+                        "recovered WAL file {} ({} bytes, format {})",
+                        path.display(),
+                        bytes.len(),
+                        scanned.version
+                    ));
+                }
+                Some(why) if damaged.is_some() => {
+                    return Err(RecoveryError::SalvageNeedsBucket { path, why });
+                }
+                Some(why) => {
+                    log::warn!(
+                        "WAL file {}: the bucket did not take its segment {} ({why}); its \
+                         records are served from memory and stored once the bucket takes \
+                         writes, before anything newer",
+                        path.display(),
+                        record.key
+                    );
+                    report.push(format!(
+                        "recovered WAL file {} ({} bytes, format {}); not yet stored",
+                        path.display(),
+                        bytes.len(),
+                        scanned.version
+                    ));
+                    deferred.push(DeferredSegment {
+                        path: path.clone(),
+                        record: record.clone(),
+                        bytes,
+                        epochs: scanned.epochs.clone(),
+                    });
+                    kept_for_later = true;
+                }
+            }
             snapshot.segments.retain(|s| s.key != record.key);
             snapshot.segments.push(record);
         }
         match damaged {
+            None if kept_for_later => {}
             None => remove(&path)?,
             Some((described, damage, lost)) => {
                 let tails = tails.as_ref().expect("made for the damaged file");
@@ -353,6 +413,7 @@ pub(crate) fn recover_wal_files(
         max_epoch_ms,
         salvaged,
         wal_epochs,
+        deferred,
     })
 }
 

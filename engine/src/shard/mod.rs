@@ -89,6 +89,10 @@ impl Shard {
         glommio::spawn_local(async move { retainer.retention_loop().await }).detach();
         let gauges = shard.clone();
         glommio::spawn_local(async move { gauges.gauges_loop().await }).detach();
+        if !shard.recovered_unstored.borrow().is_empty() {
+            let recovered = shard.clone();
+            glommio::spawn_local(async move { recovered.recovered_stored_loop().await }).detach();
+        }
         Ok(shard)
     }
 

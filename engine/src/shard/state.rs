@@ -17,6 +17,7 @@ use crate::metrics::CoreMetrics;
 use crate::notify::LocalNotify;
 use crate::producers::Producers;
 use crate::put_budget::PutBudget;
+use crate::recovery::RecoveryBacklog;
 use crate::rules::StreamState;
 
 use super::journal::Journal;
@@ -59,6 +60,11 @@ pub(crate) struct Shard {
     pub(super) damage_log: super::read::DamageLog,
     /// The upload failures' log lines (`upload.rs`): one per `limits::UPLOAD_FAILURE_LOG_INTERVAL_MS`.
     pub(super) upload_failure_log: crate::log_limit::LogLimit,
+    /// Recovered WAL files the bucket did not take at start (`recovery/deferred.rs`): no
+    /// segment of this core commits before they are all stored.
+    pub(super) recovery: Arc<RecoveryBacklog>,
+    /// This core's slots of those segments, read from memory until each is stored.
+    pub(super) recovered_unstored: RefCell<Vec<(u64, Rc<str>)>>,
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -72,6 +78,8 @@ pub(crate) struct ShardParts {
     pub(crate) put_budget: Arc<PutBudget>,
     /// Where the shard reads the time (real outside tests).
     pub(crate) clock: Clock,
+    /// Recovered segments not yet stored, shared by the node's cores.
+    pub(crate) recovery: Arc<RecoveryBacklog>,
 }
 
 impl Shard {
@@ -86,6 +94,7 @@ impl Shard {
             cluster,
             put_budget,
             clock,
+            recovery,
         } = parts;
         Shard {
             core,
@@ -107,6 +116,8 @@ impl Shard {
             upload_failure_log: crate::log_limit::LogLimit::new(
                 crate::limits::UPLOAD_FAILURE_LOG_INTERVAL_MS,
             ),
+            recovery,
+            recovered_unstored: RefCell::new(Vec::new()),
         }
     }
 
@@ -130,12 +141,20 @@ impl Shard {
             let mut chunks = Vec::with_capacity(seed.runs.len());
             for (key, segment_size, run, last_timestamp_ms) in seed.runs {
                 let no = *keys.entry(key.clone()).or_insert_with(|| {
-                    self.segments.add(SegmentSlot {
-                        key: Rc::from(&*key),
-                        data: SegmentData::Remote,
-                        uploaded: true,
+                    let key: Rc<str> = Rc::from(&*key);
+                    // A recovered segment the bucket has not taken yet is read from memory.
+                    let held = self.recovery.held(&key);
+                    let unstored = held.is_some();
+                    let no = self.segments.add(SegmentSlot {
+                        key: key.clone(),
+                        data: held.map_or(SegmentData::Remote, SegmentData::Memory),
+                        uploaded: !unstored,
                         size: segment_size,
-                    })
+                    });
+                    if unstored {
+                        self.recovered_unstored.borrow_mut().push((no, key));
+                    }
+                    no
                 });
                 chunks.push(Chunk::new(run, no, last_timestamp_ms));
             }

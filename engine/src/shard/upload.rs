@@ -77,6 +77,7 @@ impl Shard {
                         .observe(self.clock.now().saturating_duration_since(put_started));
                     stored = true;
                 }
+                self.recovered_first().await;
                 self.commit_turn(no).await;
                 let commit_started = self.clock.now();
                 let committed = match &fence {
@@ -165,6 +166,47 @@ impl Shard {
             self.clock.now(),
             self.config.segment_cache_bytes,
         );
+    }
+
+    /// Waits until every recovered WAL file the bucket did not take at start is stored: the
+    /// catalog learns each stream's records in offset order (`recovery/deferred.rs`).
+    async fn recovered_first(&self) {
+        while !self.recovery.is_drained() {
+            glommio::timer::sleep(Duration::from_millis(limits::RECOVERY_BACKLOG_POLL_MS)).await;
+        }
+    }
+
+    /// Marks this core's slots of recovered segments stored as the recovery thread stores
+    /// them, so they are read (and cached) like any other stored segment from then on.
+    pub(super) async fn recovered_stored_loop(self: Rc<Self>) {
+        loop {
+            let stored: Vec<(u64, Rc<str>)> = {
+                let mut unstored = self.recovered_unstored.borrow_mut();
+                let (stored, left) = std::mem::take(&mut *unstored)
+                    .into_iter()
+                    .partition(|(_, key)| self.recovery.is_stored(key));
+                *unstored = left;
+                stored
+            };
+            for (no, _) in stored {
+                let size = self
+                    .segments
+                    .slots()
+                    .get(&no)
+                    .map_or(0, |slot| slot.size as usize);
+                self.segments.mark_uploaded(no);
+                self.segments.keep_or_release(
+                    no,
+                    size,
+                    self.clock.now(),
+                    self.config.segment_cache_bytes,
+                );
+            }
+            if self.recovered_unstored.borrow().is_empty() || self.is_stopping() {
+                return;
+            }
+            glommio::timer::sleep(Duration::from_millis(limits::RECOVERY_BACKLOG_POLL_MS)).await;
+        }
     }
 
     /// Waits until segment `no` is the oldest sealed segment not yet in the catalog.

@@ -246,6 +246,7 @@ pub fn render(
     build: crate::config::BuildInfo,
     engine: &NodeMetrics,
     wal_salvaged_files: usize,
+    recovered_unstored_files: usize,
     http: &[Arc<HttpMetrics>],
     usage: &StorageUsage,
     uptime_sec: f64,
@@ -291,6 +292,17 @@ pub fn render(
          were lost: see /ready and the kept reports).",
     );
     let _ = writeln!(out, "pico_wal_salvaged_files {wal_salvaged_files}");
+    header(
+        &mut out,
+        "pico_recovered_wal_files_unstored",
+        "gauge",
+        "WAL files recovered at start that the bucket has not taken yet: their records are \
+         served from memory, and no newer segment is stored before them.",
+    );
+    let _ = writeln!(
+        out,
+        "pico_recovered_wal_files_unstored {recovered_unstored_files}"
+    );
 
     header(
         &mut out,

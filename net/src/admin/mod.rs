@@ -87,6 +87,12 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 body["degraded"] = json!(true);
                 body["walSalvaged"] = json!(state.facts.wal_salvaged);
             }
+            // Served from memory until the bucket takes them; nothing newer is stored before.
+            let unstored = state.facts.recovery_backlog.unstored_segments();
+            if unstored > 0 {
+                body["degraded"] = json!(true);
+                body["recoveredUnstored"] = json!(unstored);
+            }
             return json_response(if ready { 200 } else { 503 }, body);
         }
         _ => {}
@@ -115,6 +121,7 @@ pub async fn handle(state: &Rc<AdminState>, request: Request) -> Response {
                 state.facts.build,
                 &state.engine_metrics,
                 state.facts.wal_salvaged.len(),
+                state.facts.recovery_backlog.unstored_segments(),
                 &state.http_metrics,
                 &state.usage.get(),
                 state.started.elapsed().as_secs_f64(),

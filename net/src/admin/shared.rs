@@ -27,6 +27,8 @@ pub struct NodeFacts {
     pub meta_url: String,
     /// Damaged WAL files `--wal-salvage` started the node past, each with what was lost.
     pub wal_salvaged: Vec<String>,
+    /// Recovered WAL files the bucket has not taken yet (served from memory meanwhile).
+    pub recovery_backlog: Arc<pico_engine::RecoveryBacklog>,
     pub build: crate::config::BuildInfo,
     /// `--backup-dir`: where backups go.
     pub backup_dir: std::path::PathBuf,

@@ -76,6 +76,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
         addr,
         facts: NodeFacts {
             wal_salvaged: boot.wal_salvaged.clone(),
+            recovery_backlog: boot.recovery_backlog.clone(),
             ..setup::node_facts(&config, cores, booted.node_epoch_ms)
         },
         scheme,

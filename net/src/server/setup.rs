@@ -356,6 +356,7 @@ pub(super) fn node_facts(config: &ServerConfig, cores: usize, node_epoch_ms: u64
         storage: config.storage.clone(),
         meta_url: pico_engine::displayed_meta_url(&config.meta_url),
         wal_salvaged: Vec::new(),
+        recovery_backlog: Default::default(),
         build: config.build,
         backup_dir: config.backup_dir.clone(),
         disk: crate::admin::usage::DiskPaths::new(config.wal_dir.clone(), &config.meta_url),

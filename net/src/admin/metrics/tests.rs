@@ -13,6 +13,7 @@ fn responses_are_counted_by_protocol_and_code() {
         crate::config::BuildInfo::default(),
         &engine,
         0,
+        0,
         &[metrics],
         &StorageUsage::default(),
         1.0,
@@ -37,7 +38,7 @@ fn storage_usage_is_rendered_once_measured() {
     let engine: NodeMetrics = Arc::new(vec![Arc::new(CoreMetrics::default())]);
     let http = [Arc::new(HttpMetrics::default())];
     let build = crate::config::BuildInfo::default();
-    let unmeasured = render(build, &engine, 0, &http, &StorageUsage::default(), 1.0);
+    let unmeasured = render(build, &engine, 0, 0, &http, &StorageUsage::default(), 1.0);
     assert!(unmeasured.contains("# TYPE pico_disk_bytes gauge"));
     assert!(!unmeasured.contains("pico_disk_bytes{"));
     assert!(!unmeasured.contains("\npico_bucket_bytes "));
@@ -50,7 +51,7 @@ fn storage_usage_is_rendered_once_measured() {
         }),
         measured_at_ms: Some(1),
     };
-    let text = render(build, &engine, 0, &http, &usage, 1.0);
+    let text = render(build, &engine, 0, 0, &http, &usage, 1.0);
     assert!(text.contains("\npico_disk_bytes{dir=\"wal\"} 4096\n"));
     assert!(!text.contains("pico_disk_bytes{dir=\"meta\"}"));
     assert!(text.contains("\npico_bucket_bytes 5000000000\n"));
