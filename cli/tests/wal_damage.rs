@@ -242,3 +242,72 @@ fn a_wal_file_cut_short_is_refused_then_salvaged_with_no_offset_handed_out_twice
         assert_eq!(ready["degraded"], true, "{ready}");
     }
 }
+
+/// A WAL file deleted whole while the node was down, with a later WAL file holding the same
+/// stream's next records: the records go on past a gap, which only a lost file explains. The
+/// node refuses to start instead of serving the stream with a hole; `--wal-salvage` closes it
+/// where the records before the gap end, so no lost offset is handed out again.
+#[test]
+fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
+    // Small segments, and a bucket that takes no object (its segments directory is a file):
+    // every segment's WAL file stays.
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--segment-size",
+        "64KiB",
+        "--segment-max-age-ms",
+        "600000",
+    ]);
+    let segments = server.dir().join("objects/segments");
+    let _ = std::fs::remove_dir_all(&segments);
+    std::fs::write(&segments, b"").unwrap();
+    server.put("/g", "text/plain").expect(201);
+    let big = |i: u64| format!("record {i:04} {}", "g".repeat(2000)).into_bytes();
+    let mut conn = server.connect();
+    for i in 0..100 {
+        conn.request("POST", "/g", &[], &big(i))
+            .unwrap()
+            .expect(200);
+    }
+    server.kill();
+    std::fs::remove_file(&segments).unwrap();
+    let mut holding: Vec<std::path::PathBuf> = std::fs::read_dir(server.wal_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .filter(|p| frames_prefix_len(&std::fs::read(p).unwrap()) > 0)
+        .collect();
+    holding.sort();
+    assert!(
+        holding.len() >= 3,
+        "records in several WAL files: {holding:?}"
+    );
+    std::fs::remove_file(&holding[1]).unwrap();
+
+    let (status, log) = server.restart_refused(Duration::from_secs(60));
+    assert!(
+        !status.success(),
+        "the node started past a lost WAL file: {log}"
+    );
+    for needed in ["skip offsets", "/g", "--wal-salvage"] {
+        assert!(log.contains(needed), "{needed:?} in the error: {log}");
+    }
+
+    server.restart_with(&["--wal-salvage"]);
+    let (records, next) = read_all(&server, "/g", 0);
+    assert!(next > 0 && next < 100, "{next}");
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.body, big(i as u64), "record {i}");
+    }
+    let head = server.head("/g");
+    assert_eq!(
+        head.header("pico-closed"),
+        Some("true"),
+        "{}",
+        head.describe()
+    );
+    server.post("/g", b"after").expect_error(409, "closed");
+    let ready = server.admin_get("/ready").json();
+    assert_eq!(ready["degraded"], true, "{ready}");
+}

@@ -25,7 +25,7 @@ mod salvage;
 
 pub use deferred::RecoveryBacklog;
 pub(crate) use deferred::{store_in_background, DeferredSegment};
-use salvage::{Lost, Tails};
+use salvage::{Gap, Lost, Tails};
 
 /// Where damaged WAL files are kept for an operator, under the WAL directory.
 pub const DAMAGED_WAL_DIR: &str = "damaged";
@@ -217,8 +217,8 @@ pub(crate) fn recover_wal_files(
         .collect();
     files.sort();
     let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
-    // Every stream's tail and name, read from the catalog only once a damaged file needs them
-    // (a start-up without damage does not walk every stream for nothing).
+    // Every stream's tail and name, read from the catalog only once a file with records needs
+    // them (a clean stop leaves no such file, so its start does not walk every stream).
     let mut tails: Option<Tails> = None;
     let mut salvaged = Vec::new();
     let mut wal_epochs = Vec::new();
@@ -289,6 +289,17 @@ pub(crate) fn recover_wal_files(
             ));
             continue;
         }
+        // A single node's streams go on from the catalog's tails without a gap; one that skips
+        // offsets lost them with a WAL file that is gone. (A cluster's streams move between
+        // nodes: their frames are fenced by owner epoch instead.)
+        let intact = !matches!(scanned.end, WalEnd::Damaged(_));
+        let gaps = if intact && fence.is_none() && !scanned.committed.is_empty() {
+            tails
+                .get_or_insert_with(|| Tails::new(snapshot))
+                .gaps(&scanned.committed)
+        } else {
+            Vec::new()
+        };
         let (bytes, damaged) = match &scanned.end {
             WalEnd::Damaged(damage) => {
                 let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
@@ -300,6 +311,29 @@ pub(crate) fn recover_wal_files(
                     });
                 }
                 let (bytes, lost) = tails.salvage(&data, damage, clock.now_ms());
+                (bytes, Some((described, damage.clone(), lost)))
+            }
+            _ if !gaps.is_empty() => {
+                let tails = tails.as_mut().expect("made for the gaps");
+                let described = describe_gaps(&path, &gaps, tails);
+                if !config.wal_salvage {
+                    return Err(RecoveryError::Damaged {
+                        report: described,
+                        wal_dir: config.wal_dir.clone(),
+                    });
+                }
+                let (bytes, lost) =
+                    tails.salvage_gaps(&data, &scanned.committed, &gaps, clock.now_ms());
+                let damage = Damage {
+                    at: scanned.start,
+                    resumes_at: None,
+                    why: "its records skip offsets".to_string(),
+                    claimed: None,
+                    commit_record_only: false,
+                    cut: false,
+                    before: Vec::new(),
+                    after: Vec::new(),
+                };
                 (bytes, Some((described, damage, lost)))
             }
             _ => {
@@ -393,13 +427,13 @@ pub(crate) fn recover_wal_files(
             None => remove(&path)?,
             Some((described, damage, lost)) => {
                 let tails = tails.as_ref().expect("made for the damaged file");
-                let text = salvage_report(&described, damage, &lost, tails, clock.now_ms());
+                let text = salvage_report(&described, &damage, &lost, tails, clock.now_ms());
                 let kept = keep_damaged(config, &path, &text)?;
                 let line = format!(
                     "salvaged damaged WAL file {} (kept as {}): {}",
                     path.display(),
                     kept.display(),
-                    lost_summary(damage, &lost, tails)
+                    lost_summary(&damage, &lost, tails)
                 );
                 log::error!("{line}");
                 report.push(line.clone());
@@ -551,6 +585,28 @@ fn describe(path: &Path, damage: &Damage, tails: &Tails) -> String {
             "\n  past the damage: stream {} has {count} acknowledged frames at offsets \
              {first}..={last}",
             tails.name(id)
+        ));
+    }
+    text
+}
+
+/// What an intact file whose records skip offsets lost, for the error that stops the node and
+/// for the salvage report.
+fn describe_gaps(path: &Path, gaps: &[Gap], tails: &Tails) -> String {
+    let mut text = format!(
+        "WAL file {} reads whole, but its records skip offsets: the records in between were \
+         acknowledged in a WAL file that is gone (deleted, or lost with part of the disk).",
+        path.display()
+    );
+    for gap in gaps {
+        text.push_str(&format!(
+            "\n  stream {} goes on at offset {}, while the catalog and the WAL files before \
+             this one end at {}: offsets {}..={} are lost",
+            tails.name(gap.stream_id),
+            gap.found,
+            gap.expected,
+            gap.expected,
+            gap.found - 1
         ));
     }
     text

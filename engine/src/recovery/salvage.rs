@@ -20,6 +20,20 @@ pub(crate) struct Lost {
     pub(crate) seen_to: Option<u64>,
 }
 
+/// A stream whose records in an intact WAL file start past where the catalog and the WAL files
+/// before it end: the records in between were acknowledged in a WAL file that is gone
+/// (deleted, or lost with part of the disk).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Gap {
+    pub(crate) stream_id: u64,
+    /// Where the stream's records should have gone on: its first lost offset.
+    pub(crate) expected: u64,
+    /// The offset its records in the file start at.
+    pub(crate) found: u64,
+    /// One past the highest offset the file holds for it.
+    pub(crate) seen_to: u64,
+}
+
 /// The streams' next offsets as recovery learns them, and the streams a salvage closed, over
 /// all the WAL files of one boot (a later file must not add records past a close).
 pub(crate) struct Tails {
@@ -29,13 +43,26 @@ pub(crate) struct Tails {
 }
 
 impl Tails {
+    /// Every live stream's tail as the catalog has it (as a start seeds it: its stored
+    /// records, its trim point, a fork's first own offset); a stream without one is deleted.
     pub(crate) fn new(snapshot: &Snapshot) -> Tails {
-        let mut next = HashMap::new();
+        let mut next: HashMap<u64, u64> = snapshot
+            .streams
+            .iter()
+            .map(|row| {
+                let fork_base = row
+                    .fork
+                    .as_ref()
+                    .map_or(0, |f| f.offset + u64::from(f.partial_bytes > 0));
+                (row.id, row.start_offset.max(fork_base))
+            })
+            .collect();
         for segment in &snapshot.segments {
             for entry in &segment.streams {
                 let end = entry.runs.iter().map(|r| r.next_offset).max().unwrap_or(0);
-                let tail = next.entry(entry.stream_id).or_insert(0);
-                *tail = end.max(*tail);
+                if let Some(tail) = next.get_mut(&entry.stream_id) {
+                    *tail = end.max(*tail);
+                }
             }
         }
         let names = snapshot
@@ -58,13 +85,75 @@ impl Tails {
         }
     }
 
+    /// The streams whose records in `frames` (an intact file's, in order) skip offsets past
+    /// their tail. Deleted streams are not checked: nothing of theirs is read again.
+    pub(crate) fn gaps(&self, frames: &[FoundFrame]) -> Vec<Gap> {
+        let mut next: HashMap<u64, u64> = HashMap::new();
+        let mut gaps: BTreeMap<u64, Gap> = BTreeMap::new();
+        for frame in frames {
+            let id = frame.stream_id;
+            if self.closed.contains_key(&id) {
+                continue;
+            }
+            let after = next_after(frame);
+            if let Some(gap) = gaps.get_mut(&id) {
+                gap.seen_to = gap.seen_to.max(after);
+                continue;
+            }
+            let expected = next.get(&id).or_else(|| self.next.get(&id)).copied();
+            if let Some(expected) = expected.filter(|e| frame.offset > *e) {
+                gaps.insert(
+                    id,
+                    Gap {
+                        stream_id: id,
+                        expected,
+                        found: frame.offset,
+                        seen_to: after,
+                    },
+                );
+                continue;
+            }
+            next.insert(id, after);
+        }
+        gaps.into_values().collect()
+    }
+
+    /// The segment bytes a salvage keeps of an intact file with `gaps`: every frame but the
+    /// gapped streams', then a close frame for each at its first lost offset, so no lost
+    /// offset is handed out again; and what each lost.
+    pub(crate) fn salvage_gaps(
+        &mut self,
+        data: &[u8],
+        frames: &[FoundFrame],
+        gaps: &[Gap],
+        now_ms: i64,
+    ) -> (Vec<u8>, BTreeMap<u64, Lost>) {
+        let mut lost = BTreeMap::new();
+        for gap in gaps {
+            self.closed.insert(gap.stream_id, gap.expected);
+            self.next.insert(gap.stream_id, gap.expected);
+            lost.insert(
+                gap.stream_id,
+                Lost {
+                    from: gap.expected,
+                    seen_to: Some(gap.seen_to),
+                },
+            );
+        }
+        let mut out = Vec::new();
+        for frame in frames {
+            if self.keep(frame) {
+                out.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+            }
+        }
+        for gap in gaps {
+            salvage_close(&mut out, gap.stream_id, gap.expected, now_ms);
+        }
+        (out, lost)
+    }
+
     fn saw(&mut self, frame: &FoundFrame) {
-        let next = if frame.kind == FRAME_KIND_RECORD {
-            frame.offset + 1
-        } else {
-            frame.offset
-        };
-        self.next.insert(frame.stream_id, next);
+        self.next.insert(frame.stream_id, next_after(frame));
     }
 
     /// Whether a frame of an intact file may be kept: not one of a stream a salvage closed.
@@ -167,6 +256,15 @@ impl Tails {
             self.next.insert(*id, lost.from);
         }
         (out, lost)
+    }
+}
+
+/// The stream's next offset once `frame` is in: past a record, at a close.
+fn next_after(frame: &FoundFrame) -> u64 {
+    if frame.kind == FRAME_KIND_RECORD {
+        frame.offset + 1
+    } else {
+        frame.offset
     }
 }
 
@@ -294,5 +392,107 @@ mod tests {
             })
         );
         assert_eq!(frames(&segment).last(), Some(&(FRAME_KIND_CLOSE, 1, 1)));
+    }
+
+    fn live(id: u64, start_offset: u64, fork_offset: Option<u64>) -> pico_meta::StreamRow {
+        pico_meta::StreamRow {
+            id,
+            name: format!("/s/{id}"),
+            config: pico_meta::StreamConfig {
+                content_type: "text/plain".into(),
+                ttl_sec: None,
+                expires_at_ms: None,
+                retention: Default::default(),
+            },
+            closed: false,
+            created_ms: 1,
+            start_offset,
+            last_access_ms: 1,
+            fork: fork_offset.map(|offset| pico_meta::ForkRow {
+                source: "/s/0".into(),
+                source_id: 0,
+                offset,
+                partial_bytes: 0,
+            }),
+            soft_deleted: false,
+        }
+    }
+
+    #[test]
+    fn records_that_skip_past_a_streams_tail_are_a_gap_and_a_salvage_closes_it_there() {
+        // Stream 1 has records 0..5 in the catalog; stream 2 is a fork whose own records start
+        // at 10; stream 3 was trimmed to 7 (its segments collected); stream 4 is deleted.
+        let snapshot = Snapshot {
+            streams: vec![live(1, 0, None), live(2, 0, Some(10)), live(3, 7, None)],
+            segments: vec![pico_meta::SegmentRecord {
+                key: "k".into(),
+                size_bytes: 100,
+                created_ms: 1,
+                streams: vec![pico_meta::SegmentStreamEntry {
+                    stream_id: 1,
+                    runs: vec![pico_meta::SegmentRun {
+                        first_offset: 0,
+                        next_offset: 5,
+                        byte_start: 0,
+                        byte_end: 100,
+                    }],
+                    last_timestamp_ms: 1,
+                    closed: false,
+                    producers: Vec::new(),
+                    closed_by: None,
+                    writer_seq: None,
+                }],
+            }],
+        };
+        let in_order = [(1, 5), (2, 10), (3, 7), (4, 99), (1, 6), (2, 11)];
+        let (data, _) = file(&in_order, 2);
+        let tails = Tails::new(&snapshot);
+        assert_eq!(tails.gaps(&scan(&data).unwrap().committed), []);
+
+        // Stream 1 goes on at 7 (5 and 6 are lost); stream 2 at 12 (10 and 11).
+        let (data, _) = file(&[(1, 7), (2, 12), (3, 7), (1, 8), (2, 13), (3, 8)], 2);
+        let scanned = scan(&data).unwrap();
+        let mut tails = Tails::new(&snapshot);
+        let gaps = tails.gaps(&scanned.committed);
+        assert_eq!(
+            gaps,
+            [
+                Gap {
+                    stream_id: 1,
+                    expected: 5,
+                    found: 7,
+                    seen_to: 9
+                },
+                Gap {
+                    stream_id: 2,
+                    expected: 10,
+                    found: 12,
+                    seen_to: 14
+                },
+            ]
+        );
+        let (segment, lost) = tails.salvage_gaps(&data, &scanned.committed, &gaps, 9);
+        assert_eq!(
+            frames(&segment),
+            [
+                (FRAME_KIND_RECORD, 3, 7),
+                (FRAME_KIND_RECORD, 3, 8),
+                (FRAME_KIND_CLOSE, 1, 5),
+                (FRAME_KIND_CLOSE, 2, 10),
+            ]
+        );
+        assert_eq!(
+            lost[&1],
+            Lost {
+                from: 5,
+                seen_to: Some(9)
+            }
+        );
+        // A later file's records of a closed stream are neither a gap nor kept.
+        let (later, _) = file(&[(1, 9), (3, 9)], 2);
+        let later = scan(&later).unwrap().committed;
+        assert_eq!(tails.gaps(&later), []);
+        assert!(!tails.keep(&later[0]));
+        assert!(tails.keep(&later[1]));
     }
 }
