@@ -859,3 +859,112 @@ fn retention_reclaims_segment_objects_from_garage() {
         b"/ret/kept-0/ret/kept-1/ret/kept-2"
     );
 }
+
+/// A node restarted while its bucket is down (its Garage killed) still starts: it serves the
+/// records only its WAL held, acknowledges appends after them, and once the bucket is back
+/// stores the recovered WAL files before anything newer. Nothing acknowledged is lost. A
+/// node with no data of its own still refuses to start on a bucket it cannot reach.
+#[ignore = "needs Garage: PICOMQ_S3_ENDPOINT, AWS_* (scripts/garage-up.sh)"]
+#[test]
+fn a_restart_while_the_bucket_is_down_serves_what_the_node_holds() {
+    if shared_endpoint("restart_bucket_down").is_none() {
+        return;
+    }
+    let Some(garage) = OwnGarage::start("restart_bucket_down") else {
+        return;
+    };
+    let storage = storage(&garage.endpoint());
+    let mut server = Server::start(&[
+        "--storage",
+        &storage,
+        "--cores",
+        "1",
+        "--segment-max-age-ms",
+        "600000",
+    ]);
+    let name = "/down/a";
+    server.put(name, "text/plain").expect(201);
+    let mut want: Vec<String> = Vec::new();
+    let append = |server: &Server, want: &mut Vec<String>, body: String| {
+        let r = server.post(name, body.as_bytes());
+        r.expect(200);
+        assert_eq!(r.h_u64("pico-start-seq"), want.len() as u64, "{body}");
+        want.push(body);
+    };
+    for i in 0..20 {
+        append(&server, &mut want, format!("before {i}"));
+    }
+    server.kill();
+    garage.kill();
+
+    server.restart();
+    let bodies = |server: &Server| -> Vec<String> {
+        let (records, next) = common::read_all(server, name, 0);
+        assert_eq!(next, records.len() as u64);
+        records
+            .into_iter()
+            .map(|r| String::from_utf8(r.body).unwrap())
+            .collect()
+    };
+    assert_eq!(bodies(&server), want, "served while the bucket is down");
+    let ready = server.admin_get("/ready");
+    ready.expect(200);
+    assert!(
+        ready.json()["recoveredUnstored"].as_u64().unwrap() >= 1,
+        "{}",
+        ready.text()
+    );
+    assert!(
+        server.log().contains("cannot be reached"),
+        "{}",
+        server.log()
+    );
+    for i in 0..5 {
+        append(&server, &mut want, format!("while down {i}"));
+    }
+
+    garage.up();
+    common::wait_for(
+        "the recovered WAL files stored",
+        Duration::from_secs(90),
+        || (server.metric_sample("pico_recovered_wal_files_unstored")? == 0).then_some(()),
+    );
+    append(&server, &mut want, "after".to_string());
+    server.restart();
+    assert_eq!(bodies(&server), want, "after the bucket came back");
+
+    // No data of its own: an unreachable bucket is a setting to fix, not an outage to ride.
+    garage.kill();
+    let fresh = tempfile::tempdir().unwrap();
+    let stderr_path = fresh.path().join("stderr");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
+    command
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--ds-listen", "off", "--storage", &storage])
+        .arg("--wal-dir")
+        .arg(fresh.path().join("wal"))
+        .arg("--meta-url")
+        .arg(format!("sqlite:{}", fresh.path().join("meta.db").display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("PICO_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command.spawn().expect("spawn pico serve");
+    let status = common::exit_within(&mut child, Duration::from_secs(90));
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "a fresh node started on an unreachable bucket: {stderr}"
+    );
+    assert!(stderr.contains("gave up"), "{stderr}");
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use futures_channel::mpsc;
 use pico_meta::{MetaError, MetaStore, MetaUrl};
-use pico_s3::{ObjectStore, StorageUri, StoreError};
+use pico_s3::{ObjectStore, ObjectStoreOptions, S3Options, StorageUri, StoreError};
 
 use crate::clock::Clock;
 use crate::cluster::{start_keeper, Cluster, ClusterConfig};
@@ -199,8 +199,29 @@ pub fn boot_with_clock(
         (meta, Some(snapshot))
     };
     let uri = StorageUri::parse(storage).map_err(BootError::Store)?;
-    let store = ObjectStore::open(&uri).map_err(BootError::Store)?;
+    // A node with data of its own starts while its bucket cannot be reached, and serves what
+    // it holds (reads keep working when writes cannot); a wrong secret or bucket still stops
+    // it, as does an unreachable bucket at a first start, where a typo is likelier.
+    let has_data = has_wal_files(&config.wal_dir)
+        || early_snapshot
+            .as_ref()
+            .is_some_and(|snapshot| !snapshot.streams.is_empty());
+    let options = ObjectStoreOptions {
+        s3: S3Options {
+            open_when_unreachable: has_data,
+            ..S3Options::default()
+        },
+        ..ObjectStoreOptions::default()
+    };
+    let store = ObjectStore::open_with(&uri, options).map_err(BootError::Store)?;
     let mut report = Vec::new();
+    if let Some(why) = store.unreachable_at_open() {
+        log::warn!(
+            "the bucket cannot be reached ({why}); serving what this node holds meanwhile: \
+             reads of stored segments fail and uploads retry until it answers"
+        );
+        report.push("started while the bucket could not be reached".to_string());
+    }
     let cluster = match cluster {
         None => None,
         Some(cluster_config) => {
@@ -252,6 +273,7 @@ pub fn boot_with_clock(
         fence,
         &clock,
     )?;
+    let bucket_reached = store.unreachable_at_open().is_none();
     let mut epochs = HashMap::new();
     if let Some(cluster) = &cluster {
         // Only what this node owns; the other nodes' streams are theirs to serve.
@@ -260,7 +282,12 @@ pub fn boot_with_clock(
     }
     config.node_epoch_ms = config.node_epoch_ms.max(recovered.max_epoch_ms + 1);
     // Best effort: an object left behind costs space, not data; the next start tries again.
-    match sweep_orphans(&config, &meta, &store, &snapshot, &recovered.wal_epochs) {
+    let swept = if bucket_reached {
+        sweep_orphans(&config, &meta, &store, &snapshot, &recovered.wal_epochs)
+    } else {
+        Ok(0)
+    };
+    match swept {
         Ok(0) => {}
         Ok(removed) => report.push(format!(
             "deleted {removed} segment objects that earlier runs stored but never committed"
@@ -333,6 +360,15 @@ pub fn boot_with_clock(
         cluster,
         wal_salvaged: recovered.salvaged,
         recovery_backlog: recovery,
+    })
+}
+
+/// Whether `dir` holds a WAL file (an earlier run's data, to recover and serve).
+fn has_wal_files(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .filter_map(Result::ok)
+            .any(|entry| entry.path().extension().is_some_and(|ext| ext == "wal"))
     })
 }
 

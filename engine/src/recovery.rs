@@ -375,9 +375,10 @@ pub(crate) fn recover_wal_files(
             let record = index_segment(key, &bytes, clock.now_ms());
             // Once one file waits for the bucket, every later one waits behind it: the
             // catalog takes each stream's records in offset order.
-            let refused = match deferred.last() {
-                Some(first) => Some(format!("{} waits before it", first.path.display())),
-                None => match wait(store.put(&record.key, bytes.clone())) {
+            let refused = match (deferred.last(), store.unreachable_at_open()) {
+                (Some(first), _) => Some(format!("{} waits before it", first.path.display())),
+                (None, Some(why)) => Some(format!("the bucket could not be reached: {why}")),
+                (None, None) => match wait(store.put(&record.key, bytes.clone())) {
                     Ok(()) => None,
                     Err(StorageError::Store(e)) => Some(e.to_string()),
                     Err(e) => return Err(e.into()),

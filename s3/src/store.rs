@@ -39,6 +39,7 @@ use crate::backend::MemoryBucket;
 use crate::key::validate_key;
 use crate::key::validate_prefix;
 use crate::limits::DEFAULT_MAX_IN_FLIGHT;
+use crate::s3_bucket::ProbeError;
 use crate::s3_bucket::S3Bucket;
 use crate::s3_bucket::S3Config;
 use crate::s3_bucket::S3Options;
@@ -92,6 +93,9 @@ struct Inner {
     uri: StorageUri,
     requests: mpsc::UnboundedSender<Request>,
     faults: Arc<Faults>,
+    /// Why the bucket could not be reached when it was opened
+    /// ([`S3Options::open_when_unreachable`]).
+    unreachable_at_open: Option<String>,
     /// Taken by the first shutdown, so later ones (and `Drop`) do not join twice.
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -150,6 +154,7 @@ impl ObjectStore {
     ) -> Result<ObjectStore, StoreError> {
         let max_in_flight = options.max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
         let mut probe = false;
+        let open_when_unreachable = options.s3.open_when_unreachable;
         let target = match &uri.location {
             StorageLocation::File(root) => {
                 Target::Local(Arc::new(Backend::File(FileBucket::open(root)?)))
@@ -193,6 +198,15 @@ impl ObjectStore {
                         (Target::S3(bucket), true) => bucket.probe().await,
                         _ => Ok(()),
                     };
+                    let outcome = match outcome {
+                        Ok(()) => Ok(None),
+                        Err(ProbeError::Unreachable(error)) if open_when_unreachable => {
+                            Ok(Some(error.to_string()))
+                        }
+                        Err(ProbeError::Unreachable(error) | ProbeError::Refused(error)) => {
+                            Err(error)
+                        }
+                    };
                     let failed = outcome.is_err();
                     let _ = ready.send(outcome);
                     if !failed {
@@ -206,19 +220,30 @@ impl ObjectStore {
                 "the {THREAD_NAME} thread died while opening {uri}"
             )))
         });
-        if let Err(error) = outcome {
-            let _ = thread.join();
-            return Err(error);
-        }
+        let unreachable_at_open = match outcome {
+            Ok(unreachable) => unreachable,
+            Err(error) => {
+                let _ = thread.join();
+                return Err(error);
+            }
+        };
         let inner = Inner {
             uri: uri.clone(),
             requests,
             faults,
+            unreachable_at_open,
             thread: Mutex::new(Some(thread)),
         };
         Ok(ObjectStore {
             inner: Arc::new(inner),
         })
+    }
+
+    /// Why the bucket could not be reached when it was opened, when
+    /// [`S3Options::open_when_unreachable`] let it open anyway; `None` when it answered (or was
+    /// not probed).
+    pub fn unreachable_at_open(&self) -> Option<&str> {
+        self.inner.unreachable_at_open.as_deref()
     }
 
     /// The URI this store was opened with (its `bucket_id` goes into object attributes).

@@ -431,3 +431,66 @@ fn multipart_uploads_parts_and_aborts_on_failure() {
         .expect("an abort");
     assert_eq!(abort.target, "/bkt/big?uploadId=up-1");
 }
+
+/// Opens `endpoint` with the probe on, a short deadline, and `open_when_unreachable`.
+fn open_probed(endpoint: &str, open_when_unreachable: bool) -> Result<ObjectStore, StoreError> {
+    let uri = StorageUri::parse(&format!(
+        "-3@s3://bkt?region=test-1&endpoint={endpoint}&pathStyle=true"
+    ))
+    .unwrap();
+    ObjectStore::open_with(
+        &uri,
+        ObjectStoreOptions {
+            s3: S3Options {
+                credentials: Some(S3Credentials {
+                    access_key_id: "AKTEST".into(),
+                    secret_access_key: "secret".into(),
+                    session_token: None,
+                }),
+                probe_at_open: true,
+                open_when_unreachable,
+                deadline: Duration::from_secs(2),
+                base_backoff: Duration::from_millis(5),
+                max_backoff: Duration::from_millis(20),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+}
+
+/// A bucket that cannot be reached at open (nothing listens, or only `503`s) opens anyway when
+/// the node has data of its own to serve, saying why; without that, or when the store refuses
+/// (a wrong secret), the open fails.
+#[test]
+fn an_unreachable_bucket_opens_only_when_asked_and_a_refusal_never_does() {
+    let closed = {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    assert!(open_probed(&closed, false).is_err());
+    let store = open_probed(&closed, true).expect("opens while unreachable");
+    let why = store
+        .unreachable_at_open()
+        .expect("says it was unreachable");
+    assert!(why.contains("gave up"), "{why}");
+    // The requests after the open go out as usual, and fail while nothing answers.
+    assert!(wait(store.list("")).is_err());
+
+    let (busy, _) = serve(vec![(503, vec![], error("SlowDown"))]);
+    let store = open_probed(&busy, true).expect("opens while only 503s come");
+    assert!(store.unreachable_at_open().is_some());
+
+    let (refusing, _) = serve(vec![(403, vec![], error("InvalidAccessKeyId"))]);
+    let refused = open_probed(&refusing, true)
+        .err()
+        .expect("a refusal fails the open");
+    assert!(
+        refused.to_string().contains("AWS_ACCESS_KEY_ID"),
+        "{refused}"
+    );
+
+    let (answering, _) = serve(vec![(200, vec![], String::new())]);
+    let store = open_probed(&answering, true).unwrap();
+    assert_eq!(store.unreachable_at_open(), None);
+}

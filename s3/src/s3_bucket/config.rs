@@ -34,6 +34,12 @@ pub struct S3Options {
     /// Check the bucket and the credentials at open (ListObjectsV2, max-keys=1), so a wrong
     /// secret or a missing bucket fails at startup.
     pub probe_at_open: bool,
+    /// A probe that finds the store unreachable (no answer but transient ones within the
+    /// call's deadline) is logged and the store opens anyway, with
+    /// [`crate::ObjectStore::unreachable_at_open`] saying so: for a node that has data of its
+    /// own to serve meanwhile. A definite refusal (a wrong secret, no such bucket) still fails
+    /// the open.
+    pub open_when_unreachable: bool,
     /// `None`: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` from the
     /// environment.
     pub credentials: Option<S3Credentials>,
@@ -52,6 +58,7 @@ impl Default for S3Options {
             base_backoff: Duration::from_millis(limits::S3_BASE_BACKOFF_MS),
             max_backoff: Duration::from_millis(limits::S3_MAX_BACKOFF_MS),
             probe_at_open: true,
+            open_when_unreachable: false,
             credentials: None,
         }
     }

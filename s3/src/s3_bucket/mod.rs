@@ -20,6 +20,7 @@ mod objects;
 pub(crate) use client::S3Bucket;
 pub(crate) use config::S3Config;
 pub use config::S3Options;
+pub(crate) use objects::ProbeError;
 
 #[cfg(test)]
 mod tests;

@@ -13,19 +13,33 @@ use crate::backend::check_range;
 use crate::xml;
 use crate::StoreError;
 
+/// Why a bucket's probe at open failed.
+pub(crate) enum ProbeError {
+    /// No answer but transient ones: the bucket may be away for a while.
+    Unreachable(StoreError),
+    /// The store answered no: a setting is wrong.
+    Refused(StoreError),
+}
+
 impl S3Bucket {
     /// Lists at most one key: proves the endpoint answers, the bucket exists and the
-    /// credentials are accepted.
-    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+    /// credentials are accepted. An endpoint that gave no answer but transient ones (no
+    /// connection, timeouts, `5xx`, `429`) within the call's deadline is
+    /// [`ProbeError::Unreachable`]; a definite refusal (a wrong secret, no such bucket) is
+    /// [`ProbeError::Refused`].
+    pub(crate) async fn probe(&self) -> Result<(), ProbeError> {
         let call = Call::new(Method::GET, None)
             .query("list-type", "2")
             .query("max-keys", "1");
         let what = format!("open {}", self.config.describe());
-        let answer = self.execute(&what, &call).await?;
+        let answer = self
+            .execute(&what, &call)
+            .await
+            .map_err(ProbeError::Unreachable)?;
         if answer.status.is_success() {
             Ok(())
         } else {
-            Err(self.failure(&what, &answer))
+            Err(ProbeError::Refused(self.failure(&what, &answer)))
         }
     }
 
