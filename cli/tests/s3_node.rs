@@ -877,6 +877,8 @@ fn a_restart_while_the_bucket_is_down_serves_what_the_node_holds() {
     let mut server = Server::start(&[
         "--storage",
         &storage,
+        "--durability",
+        "local",
         "--cores",
         "1",
         "--segment-max-age-ms",
