@@ -589,3 +589,60 @@ fn a_restart_while_the_bucket_refuses_writes_serves_and_stores_later() {
         assert_eq!(bodies(&s, name), want[name], "{name} at the end");
     }
 }
+
+/// Starts a second `pico serve` beside `first`, on `meta_url` and `wal_dir`, and expects it to
+/// refuse: its exit (bounded) and stderr.
+fn second_node_refused(first: &Server, meta_url: &str, wal_dir: &std::path::Path) -> String {
+    let stderr_path = first.dir().join("second.stderr");
+    let mut command = common::cli::pico_without_pico_env();
+    command
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--ds-listen", "off", "--meta-url", meta_url])
+        .arg("--wal-dir")
+        .arg(wal_dir)
+        .arg("--storage")
+        .arg(format!(
+            "-2@file://{}",
+            first.dir().join("objects").display()
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap());
+    let mut child = command.spawn().expect("spawn pico serve");
+    let status = common::exit_within(&mut child, Duration::from_secs(60));
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "a second node started beside the first: {stderr}"
+    );
+    stderr
+}
+
+/// Two nodes on one SQLite catalog, each with a WAL directory of its own, would each hand out
+/// a stream's next offsets to records of their own, and one node's would be lost at the next
+/// start: the second is refused, as is a second node on one WAL directory, and the first
+/// serves on.
+#[test]
+fn a_second_node_on_the_same_catalog_or_wal_directory_is_refused() {
+    let s = Server::start(&["--cores", "1"]);
+    s.put("/twin", "text/plain").expect(201);
+    s.post("/twin", b"first").expect(200);
+    let catalog = format!("sqlite:{}", s.dir().join("meta.db").display());
+    let other = tempfile::tempdir().unwrap();
+
+    let stderr = second_node_refused(&s, &catalog, &other.path().join("wal"));
+    assert!(stderr.contains("in use by another process"), "{stderr}");
+    let own_catalog = format!("sqlite:{}", other.path().join("meta.db").display());
+    let stderr = second_node_refused(&s, &own_catalog, &s.wal_dir());
+    assert!(stderr.contains("LOCK"), "{stderr}");
+
+    let r = s.post("/twin", b"second");
+    r.expect(200);
+    assert_eq!(r.h_u64("pico-start-seq"), 1);
+}

@@ -108,17 +108,21 @@ pub(crate) fn check(db: &Path, conn: &Connection) -> Result<Mark, MetaError> {
     }
 }
 
-/// The open mark of one database, rewritten in place.
+/// The open mark of one database, rewritten in place. Its file is also the catalog's lock:
+/// held (`flock`) for as long as this lives, so one process at a time serves a SQLite catalog.
 pub(crate) struct MarkFile {
     path: PathBuf,
-    /// `None` when it could not be opened (logged once): the next start's check is weaker.
-    file: Option<std::fs::File>,
+    file: std::fs::File,
     written: Mark,
 }
 
 impl MarkFile {
-    /// Opens (creating it) the mark of the database at `db`, whose numbers are `now`.
-    pub(crate) fn open(db: &Path, now: Mark) -> MarkFile {
+    /// Opens (creating it) the mark of the database at `db` and locks it, before the database
+    /// is opened: two nodes on one SQLite catalog (each with its own WAL directory) would each
+    /// hand out a stream's next offsets to records of their own, and one's would be lost.
+    /// Refused while another process holds it; the kernel lets go when this process ends,
+    /// `kill -9` included.
+    pub(crate) fn lock(db: &Path) -> Result<MarkFile, MetaError> {
         let path = path_of(db);
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -126,19 +130,38 @@ impl MarkFile {
             .write(true)
             .open(&path)
             .map_err(|e| {
-                log::warn!(
-                    "cannot open the catalog's high-water mark {}: {e}",
+                MetaError::Storage(format!(
+                    "cannot open the catalog's lock {}: {e}",
                     path.display()
-                )
-            })
-            .ok();
-        let mut mark = MarkFile {
+                ))
+            })?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        match (locked != 0).then(std::io::Error::last_os_error) {
+            None => {}
+            Some(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                return Err(MetaError::Storage(format!(
+                    "the catalog {} is in use by another process (it holds {}): two nodes on \
+                     one SQLite catalog would hand out the same offsets to different records. \
+                     Stop the other node, or give this one a catalog of its own (--meta-url); \
+                     nodes share a catalog only through Postgres, as a cluster",
+                    db.display(),
+                    path.display()
+                )))
+            }
+            Some(e) => {
+                return Err(MetaError::Storage(format!(
+                    "cannot lock the catalog's lock {}: {e}",
+                    path.display()
+                )))
+            }
+        }
+        Ok(MarkFile {
             path,
             file,
             written: Mark::default(),
-        };
-        mark.raise(now);
-        mark
+        })
     }
 
     /// Rewrites the mark when `now` differs from what it holds: one write in place of fixed
@@ -149,7 +172,7 @@ impl MarkFile {
         if now == self.written {
             return;
         }
-        let Some(file) = &self.file else { return };
+        let file = &self.file;
         let text = format!(
             "streams {:020} segments {:020}\n",
             now.streams, now.segments
@@ -190,7 +213,8 @@ mod tests {
                 segments: 1
             }
         );
-        let mut file = MarkFile::open(&db, now);
+        let mut file = MarkFile::lock(&db).unwrap();
+        file.raise(now);
         assert_eq!(read(&path_of(&db)), Some(now));
         // Deletes do not lower the numbers: still fine.
         conn.execute_batch("DELETE FROM streams; DELETE FROM segments;")
@@ -209,5 +233,21 @@ mod tests {
         // An unreadable mark checks nothing.
         std::fs::write(path_of(&db), "garbage").unwrap();
         check(&db, &conn).unwrap();
+    }
+
+    #[test]
+    fn one_process_at_a_time_holds_a_catalog() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("meta.db");
+        let held = MarkFile::lock(&db).unwrap();
+        // Another open of the lock is refused while it is held (flock is per open file, so
+        // this stands for a second process), and says what to do.
+        let refused = MarkFile::lock(&db).err().expect("refused while held");
+        assert!(
+            refused.to_string().contains("in use by another process"),
+            "{refused}"
+        );
+        drop(held);
+        MarkFile::lock(&db).unwrap();
     }
 }

@@ -42,11 +42,14 @@ impl Sqlite {
                 MetaError::Storage(format!("create directory {}: {error}", parent.display()))
             })?;
         }
+        // Locked before anything is read or migrated; held while the database is open.
+        let mut mark = high_water::MarkFile::lock(path)?;
         let conn = Connection::open(path)
             .map_err(|error| MetaError::Storage(format!("open {}: {error}", path.display())))?;
         let mut db = Sqlite::prepare(conn, false)?;
         let now = high_water::check(path, &db.conn)?;
-        db.mark = Some(high_water::MarkFile::open(path, now));
+        mark.raise(now);
+        db.mark = Some(mark);
         Ok(db)
     }
 

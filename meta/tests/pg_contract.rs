@@ -226,6 +226,26 @@ fn consumers_are_listed_a_page_at_a_time_by_scope_then_id(db: &Db) {
     store.shutdown();
 }
 
+/// Two stores on one database as two nodes have them: on Postgres, two of them. A SQLite
+/// catalog is one process's at a time (a second open is refused, checked here), so there both
+/// are the one store, and its callers still race.
+fn two_stores(db: &Db) -> (MetaStore, MetaStore) {
+    let (first, _) = db.open();
+    match db {
+        Db::Sqlite { .. } => {
+            let refused = MetaStore::open(&db.url())
+                .err()
+                .expect("a second open of a SQLite catalog is refused");
+            assert!(
+                refused.to_string().contains("in use by another process"),
+                "{refused}"
+            );
+            (first.clone(), first)
+        }
+        Db::Postgres(_) => (first, db.open().0),
+    }
+}
+
 /// Two stores on one database (two nodes of a cluster on Postgres) change one consumer
 /// document concurrently: each change reads, decides and writes in one transaction under the
 /// consumer's row lock, so none is lost and no two see the same version; a delete removes it
@@ -233,8 +253,7 @@ fn consumers_are_listed_a_page_at_a_time_by_scope_then_id(db: &Db) {
 fn consumer_changes_from_two_nodes_take_turns(db: &Db) {
     use pico_meta::ConsumerWrite;
     const CHANGES_PER_THREAD: u64 = 40;
-    let (first, _) = db.open();
-    let (second, _) = db.open();
+    let (first, second) = two_stores(db);
     let created = wait(first.change_consumer("/r/".into(), "c".into(), |read| {
         assert!(read.document.is_none());
         assert_eq!(read.scope_count, 0);
@@ -1204,13 +1223,14 @@ fn damaged_producer_state_is_an_error_naming_the_segment(db: &Db) {
     }
 }
 
-/// Two stores on one database (two nodes sharing a Postgres, or two processes on one SQLite
-/// file) and many callers create the same name at once: one row, created exactly once, and
-/// every caller sees it.
+/// Two stores on one database (two nodes sharing a Postgres; on SQLite, the one store a
+/// process may hold) and many callers create the same name at once: one row, created exactly
+/// once, and every caller sees it.
 fn racing_creates_of_one_name_register_it_once(db: &Db) {
     const CALLERS: usize = 4;
     const ROUNDS: usize = 25;
-    let stores = [db.open().0, db.open().0];
+    let (first, second) = two_stores(db);
+    let stores = [first, second];
     let start = Arc::new(Barrier::new(CALLERS));
     let callers: Vec<_> = (0..CALLERS)
         .map(|caller| {
