@@ -591,36 +591,22 @@ fn a_restart_while_the_bucket_refuses_writes_serves_and_stores_later() {
 }
 
 /// Starts a second `pico serve` beside `first`, on `meta_url` and `wal_dir`, and expects it to
-/// refuse: its exit (bounded) and stderr.
+/// refuse: its stderr.
 fn second_node_refused(first: &Server, meta_url: &str, wal_dir: &std::path::Path) -> String {
-    let stderr_path = first.dir().join("second.stderr");
-    let mut command = common::cli::pico_without_pico_env();
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--ds-listen", "off", "--meta-url", meta_url])
-        .arg("--wal-dir")
-        .arg(wal_dir)
-        .arg("--storage")
-        .arg(format!(
-            "-2@file://{}",
-            first.dir().join("objects").display()
-        ))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap());
-    let mut child = command.spawn().expect("spawn pico serve");
-    let status = common::exit_within(&mut child, Duration::from_secs(60));
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    assert!(
-        status.is_some_and(|s| !s.success()),
-        "a second node started beside the first: {stderr}"
+    let wal_dir = wal_dir.display().to_string();
+    let storage = format!("-2@file://{}", first.dir().join("objects").display());
+    let (refused, stderr) = common::serve_refused(
+        &[
+            "--meta-url",
+            meta_url,
+            "--wal-dir",
+            &wal_dir,
+            "--storage",
+            &storage,
+        ],
+        Duration::from_secs(60),
     );
+    assert!(refused, "a second node started beside the first: {stderr}");
     stderr
 }
 

@@ -938,34 +938,21 @@ fn a_restart_while_the_bucket_is_down_serves_what_the_node_holds() {
     // No data of its own: an unreachable bucket is a setting to fix, not an outage to ride.
     garage.kill();
     let fresh = tempfile::tempdir().unwrap();
-    let stderr_path = fresh.path().join("stderr");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_pico"));
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--ds-listen", "off", "--storage", &storage])
-        .arg("--wal-dir")
-        .arg(fresh.path().join("wal"))
-        .arg("--meta-url")
-        .arg(format!("sqlite:{}", fresh.path().join("meta.db").display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap());
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PICO_") {
-            command.env_remove(key);
-        }
-    }
-    let mut child = command.spawn().expect("spawn pico serve");
-    let status = common::exit_within(&mut child, Duration::from_secs(90));
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let wal_dir = fresh.path().join("wal").display().to_string();
+    let catalog = format!("sqlite:{}", fresh.path().join("meta.db").display());
+    let (refused, stderr) = common::serve_refused(
+        &[
+            "--storage",
+            &storage,
+            "--wal-dir",
+            &wal_dir,
+            "--meta-url",
+            &catalog,
+        ],
+        Duration::from_secs(90),
+    );
     assert!(
-        status.is_some_and(|s| !s.success()),
+        refused,
         "a fresh node started on an unreachable bucket: {stderr}"
     );
     assert!(stderr.contains("gave up"), "{stderr}");

@@ -100,6 +100,18 @@ fn serve(script: Script) -> (String, Arc<Mutex<Vec<Seen>>>) {
 }
 
 fn open(endpoint: &str, s3: S3Options) -> ObjectStore {
+    try_open(
+        endpoint,
+        S3Options {
+            probe_at_open: false,
+            ..s3
+        },
+    )
+    .unwrap()
+}
+
+/// Opens `endpoint` with the test's credentials and short backoffs, as `s3` says otherwise.
+fn try_open(endpoint: &str, s3: S3Options) -> Result<ObjectStore, StoreError> {
     let uri = StorageUri::parse(&format!(
         "-3@s3://bkt?region=test-1&endpoint={endpoint}&pathStyle=true"
     ))
@@ -113,7 +125,6 @@ fn open(endpoint: &str, s3: S3Options) -> ObjectStore {
                     secret_access_key: "secret".into(),
                     session_token: Some("session".into()),
                 }),
-                probe_at_open: false,
                 base_backoff: Duration::from_millis(5),
                 // Short backoffs keep these tests quick, unless the test sets its own cap.
                 max_backoff: if s3.max_backoff == S3Options::default().max_backoff {
@@ -126,7 +137,6 @@ fn open(endpoint: &str, s3: S3Options) -> ObjectStore {
             ..Default::default()
         },
     )
-    .unwrap()
 }
 
 fn wait<T>(reply: pico_s3::Reply<T>) -> Result<T, StoreError> {
@@ -434,26 +444,11 @@ fn multipart_uploads_parts_and_aborts_on_failure() {
 
 /// Opens `endpoint` with the probe on, a short deadline, and `open_when_unreachable`.
 fn open_probed(endpoint: &str, open_when_unreachable: bool) -> Result<ObjectStore, StoreError> {
-    let uri = StorageUri::parse(&format!(
-        "-3@s3://bkt?region=test-1&endpoint={endpoint}&pathStyle=true"
-    ))
-    .unwrap();
-    ObjectStore::open_with(
-        &uri,
-        ObjectStoreOptions {
-            s3: S3Options {
-                credentials: Some(S3Credentials {
-                    access_key_id: "AKTEST".into(),
-                    secret_access_key: "secret".into(),
-                    session_token: None,
-                }),
-                probe_at_open: true,
-                open_when_unreachable,
-                deadline: Duration::from_secs(2),
-                base_backoff: Duration::from_millis(5),
-                max_backoff: Duration::from_millis(20),
-                ..Default::default()
-            },
+    try_open(
+        endpoint,
+        S3Options {
+            open_when_unreachable,
+            deadline: Duration::from_secs(2),
             ..Default::default()
         },
     )

@@ -352,6 +352,27 @@ pub fn pico(dir: &Path, args: &[&str]) -> std::process::Output {
 
 /// Waits (bounded) for `child` to exit on its own; its exit status, or `None` when it did
 /// not within `within` (it is killed then).
+/// Runs `pico serve` on loopback ports of its own (no Durable Streams listener) with `args`
+/// (its catalog, WAL directory and bucket), expecting it to refuse to start: waits up to
+/// `within`; whether it exited with a failure, and its stderr. One that runs is killed.
+pub fn serve_refused(args: &[&str], within: Duration) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let stderr_path = dir.path().join("stderr");
+    let mut child = cli::pico_without_pico_env()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--admin-listen", "127.0.0.1:0", "--ds-listen", "off"])
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("create the stderr file"))
+        .spawn()
+        .expect("spawn pico serve");
+    let status = exit_within(&mut child, within);
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    (status.is_some_and(|s| !s.success()), stderr)
+}
+
 pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     loop {
