@@ -303,6 +303,11 @@ pub(crate) trait Backend {
     /// Whether a segment with this key is committed.
     fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError>;
 
+    /// Gives the segment row with key `from` the key `to` (no row has it), keeping its `seq`
+    /// and its entries: compaction's merged object takes the first old segment's place in
+    /// commit order.
+    fn rename_segment(&mut self, from: &str, to: &str) -> Result<(), MetaError>;
+
     /// The row of the segment with this key, if committed.
     fn segment_row(&mut self, key: &str) -> Result<Option<SegmentColumns>, MetaError>;
 

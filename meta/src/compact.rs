@@ -1,16 +1,21 @@
-//! Compaction's catalog swap: consecutive small segments of one writer become one entry of
-//! their first segment's key, in one transaction ([`crate::MetaStore::compact_segments`]).
+//! Compaction's catalog swap: consecutive small segments of one writer become one entry of a
+//! new key, in their first segment's place in commit order, in one transaction
+//! ([`crate::MetaStore::compact_segments`]).
 //!
-//! The merged object is the old objects' bytes end to end, stored under the FIRST old key: its
-//! first bytes are that object's, so every run the catalog names there stays true whichever of
-//! the two objects a reader gets, and a crash after the PUT and before this swap leaves a
-//! catalog that is right as it stands. The swap then, in the batch's transaction:
+//! The merged object is the old objects' bytes end to end, stored under a key of its own that
+//! no row names (the compacting core's next segment key), never over an old object: two
+//! compactors of the same segments (an owner that lost its stream while paused, and the next
+//! owner) would otherwise overwrite each other's merged objects, and one catalog row would
+//! name an object of another length. A crash after the PUT and before this swap leaves an
+//! object no row names, which the node's start-up sweep deletes. The swap then, in the
+//! batch's transaction:
 //!
 //! ```text
-//!   key 1        re-committed (keeps its seq, its place in commit order) with every old
-//!                entry merged: runs shifted by the bytes before their object, producers,
-//!                close, timestamps and writer sequences as the later segment has them
-//!   keys 2..n    kept as rows with no entries ("retired"), created at `retire_at_ms`:
+//!   merged key   the first old segment's row, renamed (keeps its seq, its place in commit
+//!                order) and re-committed with every old entry merged: runs shifted by the
+//!                bytes before their object, producers, close, timestamps and writer
+//!                sequences as the later segment has them
+//!   keys 1..n    kept as rows with no entries ("retired"), created at `retire_at_ms`:
 //!                the garbage collector deletes their objects once that time is past
 //!                (`GC_SEALED_MARGIN_MS` later), and only then their rows
 //! ```
@@ -32,8 +37,10 @@ use crate::{MetaError, ProducerState, SegmentRecord, SegmentRun, SegmentStreamEn
 #[derive(Clone, Debug)]
 pub struct CompactRequest {
     /// The segments to merge, in commit order, with the size the catalog has for each: the
-    /// merged object is their bytes in this order, stored under the first key.
+    /// merged object is their bytes in this order.
     pub olds: Vec<(String, u64)>,
+    /// Where the merged object is stored: a key no row names.
+    pub merged_key: String,
     /// The streams the compacting core holds, each with the owner epoch it holds it at (0 on
     /// a single node). An entry of any other stream that still has a row refuses the swap:
     /// another core or node may read the old objects for it.
@@ -67,6 +74,15 @@ pub(crate) fn compact(
         return refuse("fewer than two segments".into());
     }
     let total: u64 = request.olds.iter().map(|(_, size)| size).sum();
+    if let Some(row) = db.segment_row(&request.merged_key)? {
+        return match u64::try_from(row.size_bytes) {
+            Ok(size) if size == total => Ok(CompactOutcome::AlreadySwapped),
+            _ => refuse(format!(
+                "the merged key {} is a segment of {} bytes already",
+                request.merged_key, row.size_bytes
+            )),
+        };
+    }
     let mut rows: Vec<Option<SegmentColumns>> = Vec::with_capacity(request.olds.len());
     for (key, _) in &request.olds {
         rows.push(db.segment_row(key)?);
@@ -75,9 +91,6 @@ pub(crate) fn compact(
         .iter()
         .map(|row| row.as_ref().and_then(|r| u64::try_from(r.size_bytes).ok()))
         .collect();
-    if sizes[0] == Some(total) && already_retired(db, &rows[1..])? {
-        return Ok(CompactOutcome::AlreadySwapped);
-    }
     let mut seqs = Vec::with_capacity(rows.len());
     for ((key, size), (row, found)) in request.olds.iter().zip(rows.iter().zip(&sizes)) {
         match row {
@@ -150,7 +163,7 @@ pub(crate) fn compact(
         }
     }
     let record = SegmentRecord {
-        key: request.olds[0].0.clone(),
+        key: request.merged_key.clone(),
         size_bytes: total,
         created_ms: request.now_ms,
         streams: merge_entries(&request.olds, merged),
@@ -158,31 +171,14 @@ pub(crate) fn compact(
     if let Err(MetaError::Storage(why)) = validate_segment(&record) {
         return refuse(why);
     }
+    db.rename_segment(&request.olds[0].0, &request.merged_key)?;
     commit(db, &record)?;
-    for (key, size) in &request.olds[1..] {
+    for (key, size) in &request.olds {
         let size = storable(*size, || format!("segment {key}: size"))?;
         let seq = db.upsert_segment(key, size, request.retire_at_ms)?;
         db.replace_entries(seq, &[])?;
     }
     Ok(CompactOutcome::Swapped)
-}
-
-/// Whether every one of these rows is retired (no row, or a row with no entries).
-fn already_retired(
-    db: &mut dyn Backend,
-    rows: &[Option<SegmentColumns>],
-) -> Result<bool, MetaError> {
-    for row in rows.iter().flatten() {
-        let mut any = false;
-        db.for_each_entry_between(row.seq, row.seq, &mut |_, _| {
-            any = true;
-            Ok(())
-        })?;
-        if any {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// One entry per stream, in the order the streams first appear: runs shifted by the bytes of

@@ -281,6 +281,16 @@ impl Backend for Sqlite {
         Ok(())
     }
 
+    fn rename_segment(&mut self, from: &str, to: &str) -> Result<(), MetaError> {
+        self.conn
+            .execute(
+                "UPDATE segments SET key = ?1 WHERE key = ?2",
+                params![to, from],
+            )
+            .map(drop)
+            .map_err(storage("rename segment"))
+    }
+
     fn segment_exists(&mut self, key: &str) -> Result<bool, MetaError> {
         self.conn
             .query_row(

@@ -110,6 +110,7 @@ fn request(segments: &[SegmentRecord], streams: &[u64]) -> CompactRequest {
             .iter()
             .map(|s| (s.key.clone(), s.size_bytes))
             .collect(),
+        merged_key: "segments/m1".into(),
         streams: streams.iter().map(|id| (*id, 0)).collect(),
         node: None,
         retire_at_ms: 5_000,
@@ -117,11 +118,12 @@ fn request(segments: &[SegmentRecord], streams: &[u64]) -> CompactRequest {
     }
 }
 
-/// What the catalog holds after `three_segments` is compacted.
+/// What the catalog holds after `three_segments` is compacted: the merged object in s1's
+/// place in commit order, then the retired rows.
 fn merged(a: u64, b: u64) -> Vec<SegmentRecord> {
     vec![
         SegmentRecord {
-            key: "segments/s1".into(),
+            key: "segments/m1".into(),
             size_bytes: 230,
             created_ms: 1_000,
             streams: vec![
@@ -143,6 +145,10 @@ fn merged(a: u64, b: u64) -> Vec<SegmentRecord> {
         SegmentRecord {
             created_ms: 5_000,
             ..segment("segments/s3", 30, vec![])
+        },
+        SegmentRecord {
+            created_ms: 5_000,
+            ..segment("segments/s1", 150, vec![])
         },
     ]
 }
@@ -173,7 +179,11 @@ fn swap_merges_retires_and_is_idempotent(url: MetaUrl) {
     );
     assert_eq!(
         wait(store.garbage_segments(5_001)).unwrap(),
-        vec!["segments/s2".to_string(), "segments/s3".to_string()]
+        vec![
+            "segments/s2".to_string(),
+            "segments/s3".to_string(),
+            "segments/s1".to_string()
+        ]
     );
     store.shutdown();
     assert_eq!(catalog(&url), merged(a, b), "the same after a restart");
@@ -217,6 +227,10 @@ fn a_changed_catalog_refuses_the_swap_and_keeps_it(url: MetaUrl) {
         request(&[segments[2].clone(), s5], &[a, b]),
         "committed between",
     );
+    // The merged object never goes over one the catalog names.
+    let mut taken = request(&segments, &[a, b]);
+    taken.merged_key = "segments/s4".into();
+    refused(taken, "already");
     store.shutdown();
     let after = catalog(&url);
     assert_eq!(after[..3], segments[..], "nothing changed");
@@ -278,7 +292,7 @@ mod postgres {
         let first = wait(store.compact_segments(asked.clone()));
         assert_eq!(proxy.armed_losses(), 0, "the fault hit the swap");
         let in_database = database
-            .query("SELECT size_bytes::text FROM segments WHERE key = 'segments/s1'")
+            .query("SELECT size_bytes::text FROM segments WHERE key = 'segments/m1'")
             .into_iter()
             .map(|mut row| row.remove(0))
             .collect::<Vec<_>>();

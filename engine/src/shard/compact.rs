@@ -4,15 +4,18 @@
 //! PUT budget like flushes do.
 //!
 //! ```text
-//!   pick ─▶ GET the old objects (CRC-checked) ─▶ PUT their bytes end to end under the FIRST
-//!   old key ─▶ catalog swap (meta `compact.rs`: one transaction, idempotent, retried until
-//!   answered) ─▶ chunks move to the merged object ─▶ the old objects are retired: the
-//!   collector deletes them after `COMPACT_RETIRE_GRACE_MS`, the table entries go then too
+//!   pick ─▶ GET the old objects (CRC-checked) ─▶ PUT their bytes end to end under a NEW key
+//!   (the core's next segment key) ─▶ catalog swap (meta `compact.rs`: one transaction,
+//!   idempotent, retried until answered) ─▶ chunks move to the merged object ─▶ the old
+//!   objects are retired: the collector deletes them after `COMPACT_RETIRE_GRACE_MS`, the
+//!   table entries go then too
 //! ```
 //!
-//! Why every step is safe to stop at: the merged object's first bytes are the first old
-//! object's, so until the swap the catalog is right with either object under that key (a crash
-//! after the PUT leaves nothing to clean up); the swap moves every entry at once or nothing;
+//! Why every step is safe to stop at: the merged object overwrites nothing, so until the swap
+//! the catalog is right as it stands, whoever else compacts the same segments (an owner that
+//! lost the stream while paused, and the next owner); a refused swap deletes the merged
+//! object, and one a crash left is deleted by the next start's sweep (an object of this node's
+//! that no row names); the swap moves every entry at once or nothing;
 //! a swap whose answer is lost is asked again (answered `AlreadySwapped` if it had
 //! committed); the old objects outlive the swap by the grace, so a read that picked its chunks
 //! before it still finds them, and are deleted by the collector (a crash there is a row found
@@ -414,7 +417,8 @@ impl Shard {
     /// the swap made it, and this core's chunks on objects that hold their bytes either way.
     async fn compact(self: &Rc<Self>, picked: &[Picked]) -> Result<(), CompactError> {
         let merged = self.read_picked(picked).await?;
-        let key = picked[0].1.clone();
+        let (_, key) = self.wal_path(self.journal.next_counter());
+        let key: Rc<str> = Rc::from(key.as_str());
         let total = merged.len() as u64;
         let wait = self.put_budget.take();
         if !wait.is_zero() {
@@ -442,6 +446,7 @@ impl Shard {
         let outcome = loop {
             let request = CompactRequest {
                 olds: picked.iter().map(|(_, k, s)| (k.to_string(), *s)).collect(),
+                merged_key: key.to_string(),
                 streams: self.streams_in(picked),
                 node: self.cluster.as_ref().map(|c| (c.node_id(), c.node_epoch())),
                 retire_at_ms: now_ms() + grace as i64,
@@ -477,6 +482,14 @@ impl Shard {
                     .refused
                     .borrow_mut()
                     .extend(picked.iter().map(|(no, ..)| *no));
+                // No row names the merged object: nothing reads it. One left by a failed
+                // delete goes with the next start's sweep.
+                if let Ok(Err(e)) = self.store.delete(&key).await {
+                    log::warn!(
+                        "core {}: deleting unused merged object {key}: {e}",
+                        self.core
+                    );
+                }
                 return Err(CompactError::Refused(why));
             }
         }

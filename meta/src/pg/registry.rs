@@ -282,6 +282,15 @@ impl Backend for Postgres {
         }
     }
 
+    fn rename_segment(&mut self, from: &str, to: &str) -> Result<(), MetaError> {
+        self.execute(
+            "UPDATE segments SET key = $1 WHERE key = $2",
+            &[&to, &from],
+            "rename segment",
+        )
+        .map(drop)
+    }
+
     fn replace_entries(&mut self, seq: i64, entries: &[EntryColumns]) -> Result<(), MetaError> {
         self.execute(
             "DELETE FROM segment_streams WHERE segment_seq = $1",
