@@ -311,3 +311,54 @@ fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
     let ready = server.admin_get("/ready").json();
     assert_eq!(ready["degraded"], true, "{ready}");
 }
+
+/// A salvage is stored in the bucket before its damaged file is moved aside: while the bucket
+/// refuses the salvaged segment, `--wal-salvage` refuses to start, says why, and leaves the
+/// file as it was; once the bucket takes it, the salvage goes through.
+#[test]
+fn a_salvage_waits_for_a_bucket_that_refuses_its_segment() {
+    let mut server = killed_with_records_in_the_wal();
+    let wal = flip_a_byte(&server, Flip::RecordBodyAfter(0.3));
+    let damaged = std::fs::read(&wal).unwrap();
+    // A non-empty directory where the salvaged segment's object would be renamed to.
+    let stem = wal.file_stem().unwrap().to_str().unwrap().to_string();
+    let block = server.dir().join(format!("objects/segments/{stem}.seg"));
+    std::fs::create_dir_all(&block).unwrap();
+    std::fs::write(block.join("refused"), b"").unwrap();
+
+    let catalog = format!("sqlite:{}", server.dir().join("meta.db").display());
+    let wal_dir = server.wal_dir().display().to_string();
+    let storage = format!("-2@file://{}", server.dir().join("objects").display());
+    let (refused, stderr) = common::serve_refused(
+        &[
+            "--cores",
+            "1",
+            "--wal-salvage",
+            "--meta-url",
+            &catalog,
+            "--wal-dir",
+            &wal_dir,
+            "--storage",
+            &storage,
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(refused, "salvaged without the bucket: {stderr}");
+    assert!(stderr.contains("does not take writes"), "{stderr}");
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        damaged,
+        "the file is untouched"
+    );
+
+    std::fs::remove_dir_all(&block).unwrap();
+    server.restart_with(&["--wal-salvage"]);
+    let head = server.head("/d");
+    assert_eq!(
+        head.header("pico-closed"),
+        Some("true"),
+        "{}",
+        head.describe()
+    );
+    assert!(!wal.exists(), "moved aside once salvaged");
+}
