@@ -68,6 +68,19 @@ fn flip_a_byte(server: &Server, flip: Flip) -> std::path::PathBuf {
     path
 }
 
+/// Restarts `server` (killed) and expects it to refuse to start, its error naming each of
+/// `needed`.
+fn refused_naming(server: &mut Server, needed: &[&str]) {
+    let (status, log) = server.restart_refused(Duration::from_secs(60));
+    assert!(
+        !status.success(),
+        "the node started on a damaged WAL: {log}"
+    );
+    for needed in needed {
+        assert!(log.contains(needed), "{needed:?} in the error: {log}");
+    }
+}
+
 fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
     let mut server = killed_with_records_in_the_wal();
     let wal = flip_a_byte(&server, flip);
@@ -75,14 +88,7 @@ fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
 
     // Refused, loudly, with nothing changed on disk; and again on a supervisor's restart.
     for _ in 0..2 {
-        let (status, log) = server.restart_refused(Duration::from_secs(60));
-        assert!(
-            !status.success(),
-            "the node started on a damaged WAL: {log}"
-        );
-        for needed in ["is damaged at byte", "/d", "--wal-salvage"] {
-            assert!(log.contains(needed), "{needed:?} in the error: {log}");
-        }
+        refused_naming(&mut server, &["is damaged at byte", "/d", "--wal-salvage"]);
         assert_eq!(
             std::fs::read(&wal).unwrap(),
             damaged,
@@ -206,11 +212,7 @@ fn a_wal_file_cut_short_is_refused_then_salvaged_with_no_offset_handed_out_twice
         };
         std::fs::write(&wal, &data[..cut]).unwrap();
 
-        let (status, log) = server.restart_refused(Duration::from_secs(60));
-        assert!(!status.success(), "the node started on a cut WAL: {log}");
-        for needed in ["is damaged at byte", "cut", "--wal-salvage"] {
-            assert!(log.contains(needed), "{needed:?} in the error: {log}");
-        }
+        refused_naming(&mut server, &["is damaged at byte", "cut", "--wal-salvage"]);
         assert_eq!(
             std::fs::read(&wal).unwrap().len(),
             cut,
@@ -285,14 +287,7 @@ fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
     );
     std::fs::remove_file(&holding[1]).unwrap();
 
-    let (status, log) = server.restart_refused(Duration::from_secs(60));
-    assert!(
-        !status.success(),
-        "the node started past a lost WAL file: {log}"
-    );
-    for needed in ["skip offsets", "/g", "--wal-salvage"] {
-        assert!(log.contains(needed), "{needed:?} in the error: {log}");
-    }
+    refused_naming(&mut server, &["skip offsets", "/g", "--wal-salvage"]);
 
     server.restart_with(&["--wal-salvage"]);
     let (records, next) = read_all(&server, "/g", 0);

@@ -19,8 +19,8 @@ use crate::metrics::{CoreMetrics, NodeMetrics};
 use crate::placement::owner_core;
 use crate::put_budget::PutBudget;
 use crate::recovery::{
-    recover_wal_files, store_in_background, sweep_orphans, wait, RecoveryBacklog, RecoveryError,
-    StorageError,
+    recover_wal_files, store_in_background, sweep_orphans, wait, wal_files, RecoveryBacklog,
+    RecoveryError, StorageError,
 };
 use crate::shard::stream_seeds_by_core;
 use crate::shard::StreamSeed;
@@ -202,7 +202,7 @@ pub fn boot_with_clock(
     // A node with data of its own starts while its bucket cannot be reached, and serves what
     // it holds (reads keep working when writes cannot); a wrong secret or bucket still stops
     // it, as does an unreachable bucket at a first start, where a typo is likelier.
-    let has_data = has_wal_files(&config.wal_dir)
+    let has_data = wal_files(&config.wal_dir).is_ok_and(|files| !files.is_empty())
         || early_snapshot
             .as_ref()
             .is_some_and(|snapshot| !snapshot.streams.is_empty());
@@ -360,15 +360,6 @@ pub fn boot_with_clock(
         cluster,
         wal_salvaged: recovered.salvaged,
         recovery_backlog: recovery,
-    })
-}
-
-/// Whether `dir` holds a WAL file (an earlier run's data, to recover and serve).
-fn has_wal_files(dir: &std::path::Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries
-            .filter_map(Result::ok)
-            .any(|entry| entry.path().extension().is_some_and(|ext| ext == "wal"))
     })
 }
 

@@ -207,15 +207,10 @@ pub(crate) fn recover_wal_files(
         .filter_map(|s| epoch_of(s.key.rsplit('/').next().unwrap_or_default()))
         .max()
         .unwrap_or(0);
-    let mut files: Vec<_> = std::fs::read_dir(&config.wal_dir)
-        .map_err(|source| RecoveryError::ListDir {
-            dir: config.wal_dir.clone(),
-            source,
-        })?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
-        .collect();
-    files.sort();
+    let files = wal_files(&config.wal_dir).map_err(|source| RecoveryError::ListDir {
+        dir: config.wal_dir.clone(),
+        source,
+    })?;
     let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
     // Every stream's tail and name, read from the catalog only once a file with records needs
     // them (a clean stop leaves no such file, so its start does not walk every stream).
@@ -311,7 +306,7 @@ pub(crate) fn recover_wal_files(
                     });
                 }
                 let (bytes, lost) = tails.salvage(&data, damage, clock.now_ms());
-                (bytes, Some((described, damage.clone(), lost)))
+                (bytes, Some((described, damage.commit_record_only, lost)))
             }
             _ if !gaps.is_empty() => {
                 let tails = tails.as_mut().expect("made for the gaps");
@@ -324,17 +319,7 @@ pub(crate) fn recover_wal_files(
                 }
                 let (bytes, lost) =
                     tails.salvage_gaps(&data, &scanned.committed, &gaps, clock.now_ms());
-                let damage = Damage {
-                    at: scanned.start,
-                    resumes_at: None,
-                    why: "its records skip offsets".to_string(),
-                    claimed: None,
-                    commit_record_only: false,
-                    cut: false,
-                    before: Vec::new(),
-                    after: Vec::new(),
-                };
-                (bytes, Some((described, damage, lost)))
+                (bytes, Some((described, false, lost)))
             }
             _ => {
                 // The whole rounds as they are (what the running core would have stored),
@@ -342,22 +327,10 @@ pub(crate) fn recover_wal_files(
                 // frames without that stream's.
                 let bytes = match tails.as_mut() {
                     None => scanned.segment_bytes(&data).to_vec(),
-                    Some(tails) => {
-                        let mut kept = Vec::new();
-                        let mut all = true;
-                        for frame in &scanned.committed {
-                            if tails.keep(frame) {
-                                kept.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
-                            } else {
-                                all = false;
-                            }
-                        }
-                        if all {
-                            scanned.segment_bytes(&data).to_vec()
-                        } else {
-                            kept
-                        }
-                    }
+                    Some(tails) => match tails.kept(&data, &scanned.committed) {
+                        (_, true) => scanned.segment_bytes(&data).to_vec(),
+                        (kept, false) => kept,
+                    },
                 };
                 (bytes, None)
             }
@@ -426,15 +399,16 @@ pub(crate) fn recover_wal_files(
         match damaged {
             None if kept_for_later => {}
             None => remove(&path)?,
-            Some((described, damage, lost)) => {
+            Some((described, commit_record_only, lost)) => {
                 let tails = tails.as_ref().expect("made for the damaged file");
-                let text = salvage_report(&described, &damage, &lost, tails, clock.now_ms());
+                let summary = lost_summary(commit_record_only, &lost, tails);
+                let text = salvage_report(&described, &summary, clock.now_ms());
                 let kept = keep_damaged(config, &path, &text)?;
                 let line = format!(
                     "salvaged damaged WAL file {} (kept as {}): {}",
                     path.display(),
                     kept.display(),
-                    lost_summary(&damage, &lost, tails)
+                    summary
                 );
                 log::error!("{line}");
                 report.push(line.clone());
@@ -450,6 +424,16 @@ pub(crate) fn recover_wal_files(
         wal_epochs,
         deferred,
     })
+}
+
+/// The WAL files (`*.wal`) in `dir`, sorted by name: each core's in the order it made them.
+pub(crate) fn wal_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// Deletes the segment objects that earlier incarnations of this node stored but never got
@@ -613,8 +597,10 @@ fn describe_gaps(path: &Path, gaps: &[Gap], tails: &Tails) -> String {
     text
 }
 
-fn lost_summary(damage: &Damage, lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
-    if lost.is_empty() && damage.commit_record_only {
+/// What each stream lost, in one line; `commit_record_only`: the damaged bytes were one commit
+/// record.
+fn lost_summary(commit_record_only: bool, lost: &BTreeMap<u64, Lost>, tails: &Tails) -> String {
+    if lost.is_empty() && commit_record_only {
         return "the damaged bytes held one commit record and no record: every acknowledged \
                 record was restored"
             .into();
@@ -639,21 +625,13 @@ fn lost_summary(damage: &Damage, lost: &BTreeMap<u64, Lost>, tails: &Tails) -> S
         .join("; ")
 }
 
-fn salvage_report(
-    described: &str,
-    damage: &Damage,
-    lost: &BTreeMap<u64, Lost>,
-    tails: &Tails,
-    now_ms: i64,
-) -> String {
+fn salvage_report(described: &str, summary: &str, now_ms: i64) -> String {
     format!(
-        "{described}\n\nSalvaged at {} ms since the epoch: every frame readable in order was \
-         restored; {}. A '?' upper bound means the damaged bytes held the stream's last \
-         records and how many cannot be known. A stream whose records the damaged bytes held \
-         but whose header was destroyed cannot be named; the byte range above is what was \
-         lost.\n",
-        now_ms,
-        lost_summary(damage, lost, tails)
+        "{described}\n\nSalvaged at {now_ms} ms since the epoch: every frame readable in order \
+         was restored; {summary}. A '?' upper bound means the damaged bytes held the stream's \
+         last records and how many cannot be known. A stream whose records the damaged bytes \
+         held but whose header was destroyed cannot be named; the byte range above is what was \
+         lost.\n"
     )
 }
 

@@ -29,7 +29,12 @@ pub struct ForkOrigin {
 impl ForkOrigin {
     /// The first offset the fork's own records get.
     pub fn base(&self) -> u64 {
-        self.row.offset + u64::from(self.row.partial_bytes > 0)
+        ForkOrigin::base_of(&self.row)
+    }
+
+    /// The first offset a fork of `row` gives its own records: past a record it forked inside.
+    pub fn base_of(row: &pico_meta::ForkRow) -> u64 {
+        row.offset + u64::from(row.partial_bytes > 0)
     }
 }
 

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use pico_meta::Snapshot;
 
 use crate::frame::{FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
+use crate::rules::ForkOrigin;
 use crate::wal_file::{salvage_close, Damage, FoundFrame};
 
 /// What one stream lost.
@@ -50,10 +51,7 @@ impl Tails {
             .streams
             .iter()
             .map(|row| {
-                let fork_base = row
-                    .fork
-                    .as_ref()
-                    .map_or(0, |f| f.offset + u64::from(f.partial_bytes > 0));
+                let fork_base = row.fork.as_ref().map_or(0, ForkOrigin::base_of);
                 (row.id, row.start_offset.max(fork_base))
             })
             .collect();
@@ -140,16 +138,26 @@ impl Tails {
                 },
             );
         }
-        let mut out = Vec::new();
-        for frame in frames {
-            if self.keep(frame) {
-                out.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
-            }
-        }
+        let (mut out, _) = self.kept(data, frames);
         for gap in gaps {
             salvage_close(&mut out, gap.stream_id, gap.expected, now_ms);
         }
         (out, lost)
+    }
+
+    /// The bytes of the `frames` of `data` that may be kept (`keep`), end to end, and whether
+    /// every one was.
+    pub(crate) fn kept(&mut self, data: &[u8], frames: &[FoundFrame]) -> (Vec<u8>, bool) {
+        let mut out = Vec::new();
+        let mut all = true;
+        for frame in frames {
+            if self.keep(frame) {
+                out.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
+            } else {
+                all = false;
+            }
+        }
+        (out, all)
     }
 
     fn saw(&mut self, frame: &FoundFrame) {
@@ -174,16 +182,11 @@ impl Tails {
         damage: &Damage,
         now_ms: i64,
     ) -> (Vec<u8>, BTreeMap<u64, Lost>) {
-        let mut out = Vec::new();
+        let (mut out, _) = self.kept(data, &damage.before);
         let mut lost: BTreeMap<u64, Lost> = BTreeMap::new();
         let keep = |out: &mut Vec<u8>, frame: &FoundFrame| {
             out.extend_from_slice(&data[frame.pos..frame.pos + frame.len]);
         };
-        for frame in &damage.before {
-            if self.keep(frame) {
-                keep(&mut out, frame);
-            }
-        }
         // The record the damaged frame held, when its header can be believed.
         if let Some((stream_id, offset)) = damage.claimed {
             if !self.closed.contains_key(&stream_id) {
