@@ -286,7 +286,15 @@ fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
         "records in several WAL files: {holding:?}"
     );
     std::fs::remove_file(&holding[1]).unwrap();
+    let missing = holding[1].file_name().unwrap().to_str().unwrap();
+    refused_naming(
+        &mut server,
+        &["WAL files missing", missing, "--wal-salvage"],
+    );
 
+    // Without the core's ledger (a WAL directory of an older build, or the ledger deleted
+    // too), the gap in the stream's offsets still gives the lost file away.
+    remove_ledgers(&server);
     refused_naming(&mut server, &["skip offsets", "/g", "--wal-salvage"]);
 
     server.restart_with(&["--wal-salvage"]);
@@ -305,6 +313,69 @@ fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
     server.post("/g", b"after").expect_error(409, "closed");
     let ready = server.admin_get("/ready").json();
     assert_eq!(ready["degraded"], true, "{ready}");
+}
+
+/// Deletes every WAL ledger of `server`'s WAL directory.
+fn remove_ledgers(server: &Server) {
+    for entry in std::fs::read_dir(server.wal_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "ledger") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}
+
+/// The WAL file holding a stream's newest records deleted whole while the node was down (no
+/// later file shows a gap), or every WAL file: the core's ledger lists each file it made until
+/// the file's segment is stored, so the node refuses to start and names the files, instead of
+/// handing the lost offsets out again. `--wal-salvage` starts it without them, with the loss
+/// on `/ready`; the start after that is a plain one.
+#[test]
+fn a_wal_file_deleted_whole_is_found_by_its_cores_ledger() {
+    for every_file in [false, true] {
+        let mut server = killed_with_records_in_the_wal();
+        let records_file = the_records_wal_file(&server);
+        let deleted: Vec<std::path::PathBuf> = match every_file {
+            false => vec![records_file],
+            true => std::fs::read_dir(server.wal_dir())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+                .collect(),
+        };
+        for path in &deleted {
+            std::fs::remove_file(path).unwrap();
+        }
+        let names: Vec<&str> = deleted
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect();
+        let mut needed = vec!["WAL files missing", "--wal-salvage"];
+        needed.extend(&names);
+        refused_naming(&mut server, &needed);
+        // Refused again: nothing was changed.
+        refused_naming(&mut server, &needed);
+
+        server.restart_with(&["--wal-salvage"]);
+        let ready = server.admin_get("/ready").json();
+        assert_eq!(ready["degraded"], true, "{ready}");
+        let salvaged = ready["walSalvaged"].to_string();
+        assert!(
+            salvaged.contains("missing") && salvaged.contains(names[0]),
+            "{ready}"
+        );
+        server.post("/d", b"after the salvage").expect(200);
+        // The salvage is done: the next start after a crash is a plain one.
+        server.restart();
+        assert!(server
+            .admin_get("/ready")
+            .json()
+            .get("walSalvaged")
+            .is_none());
+        let (records, next) = read_all(&server, "/d", 0);
+        assert_eq!(records.last().unwrap().body, b"after the salvage");
+        assert_eq!(next, records.len() as u64);
+    }
 }
 
 /// A salvage is stored in the bucket before its damaged file is moved aside: while the bucket

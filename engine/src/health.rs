@@ -69,6 +69,12 @@ pub enum WalFault {
         path: PathBuf,
         source: Arc<io::Error>,
     },
+    /// The core's WAL ledger (`wal_ledger.rs`, at `path`) could not be written: a new file is
+    /// not handed out before the ledger lists it.
+    Ledger {
+        path: PathBuf,
+        source: Arc<io::Error>,
+    },
 }
 
 impl WalFault {
@@ -78,7 +84,8 @@ impl WalFault {
         match self {
             WalFault::Create { source, .. }
             | WalFault::PreAllocate { source, .. }
-            | WalFault::WriteZeros { source, .. } => matches!(
+            | WalFault::WriteZeros { source, .. }
+            | WalFault::Ledger { source, .. } => matches!(
                 source.kind(),
                 io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
             ),
@@ -97,7 +104,8 @@ impl WalFault {
             | WalFault::Replaced { path }
             | WalFault::Write { path, .. }
             | WalFault::ShortWrite { path, .. }
-            | WalFault::Fdatasync { path, .. } => path,
+            | WalFault::Fdatasync { path, .. }
+            | WalFault::Ledger { path, .. } => path,
         }
     }
 
@@ -110,7 +118,8 @@ impl WalFault {
             | WalFault::SyncDir { source, .. }
             | WalFault::Gone { source, .. }
             | WalFault::Write { source, .. }
-            | WalFault::Fdatasync { source, .. } => Some(source),
+            | WalFault::Fdatasync { source, .. }
+            | WalFault::Ledger { source, .. } => Some(source),
             WalFault::Replaced { .. } | WalFault::ShortWrite { .. } => None,
         }
     }
@@ -155,6 +164,9 @@ impl std::fmt::Display for WalFault {
             ),
             WalFault::Fdatasync { path, source } => {
                 write!(f, "WAL fdatasync of {}: {source}", path.display())
+            }
+            WalFault::Ledger { path, source } => {
+                write!(f, "cannot write WAL ledger {}: {source}", path.display())
             }
         }
     }

@@ -38,6 +38,7 @@ mod route;
 pub mod rules;
 mod shard;
 pub mod wal_file;
+mod wal_ledger;
 
 pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,

@@ -19,6 +19,7 @@ use crate::config::EngineConfig;
 use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
 use crate::placement::{epoch_of, segment_key};
 use crate::wal_file::{self, Damage, ScanError, WalEnd};
+use crate::wal_ledger::{self, MissingFile};
 
 mod deferred;
 mod salvage;
@@ -48,6 +49,9 @@ pub enum RecoveryError {
     /// A WAL file is damaged before acknowledged data and `--wal-salvage` is off: `report`
     /// says what the file holds.
     Damaged { report: String, wal_dir: PathBuf },
+    /// WAL files a core's ledger lists are gone and `--wal-salvage` is off: `report` names
+    /// them.
+    Missing { report: String, wal_dir: PathBuf },
     /// A recovered WAL file could not be removed.
     Remove {
         path: PathBuf,
@@ -89,6 +93,17 @@ impl std::fmt::Display for RecoveryError {
                  (docs/durability.md, \"Damaged WAL files\").",
                 dir = wal_dir.display()
             ),
+            RecoveryError::Missing { report, wal_dir } => write!(
+                f,
+                "{report}\nThe node does not start with WAL files missing: acknowledged \
+                 records would be lost and their offsets handed out again. Put the files back \
+                 (is the volume of {dir} mounted? did --wal-dir change?) and start again. To go \
+                 on without them, start with --wal-salvage (PICO_WAL_SALVAGE=1): the node \
+                 starts from the catalog and the other WAL files, closes each stream whose \
+                 records in a later file show the gap, and reports the loss \
+                 (docs/durability.md, \"Missing WAL files\").",
+                dir = wal_dir.display()
+            ),
             RecoveryError::Remove { path, source } => {
                 write!(f, "cannot remove WAL file {}: {source}", path.display())
             }
@@ -118,7 +133,9 @@ impl std::error::Error for RecoveryError {
             | RecoveryError::KeepDamaged { source, .. } => Some(source),
             RecoveryError::Format { source, .. } => Some(source),
             RecoveryError::Storage(e) => Some(e),
-            RecoveryError::Damaged { .. } | RecoveryError::SalvageNeedsBucket { .. } => None,
+            RecoveryError::Damaged { .. }
+            | RecoveryError::Missing { .. }
+            | RecoveryError::SalvageNeedsBucket { .. } => None,
         }
     }
 }
@@ -211,11 +228,41 @@ pub(crate) fn recover_wal_files(
         dir: config.wal_dir.clone(),
         source,
     })?;
+    let list_failed = |source| RecoveryError::ListDir {
+        dir: config.wal_dir.clone(),
+        source,
+    };
+    let ledgers = wal_ledger::ledgers(&config.wal_dir).map_err(list_failed)?;
+    let mut salvaged = Vec::new();
+    let missing = wal_ledger::missing_files(&config.wal_dir, &ledgers, &files);
+    if !missing.is_empty() {
+        let described = describe_missing(&missing);
+        if !config.wal_salvage {
+            return Err(RecoveryError::Missing {
+                report: described,
+                wal_dir: config.wal_dir.clone(),
+            });
+        }
+        for file in &missing {
+            std::fs::remove_file(&file.ledger)
+                .or_else(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(e),
+                })
+                .map_err(|source| RecoveryError::Remove {
+                    path: file.ledger.clone(),
+                    source,
+                })?;
+        }
+        let line = format!("salvaged past missing WAL files: {described}");
+        log::error!("{line}");
+        report.push(line.clone());
+        salvaged.push(line);
+    }
     let committed: HashSet<String> = snapshot.segments.iter().map(|s| s.key.clone()).collect();
     // Every stream's tail and name, read from the catalog only once a file with records needs
     // them (a clean stop leaves no such file, so its start does not walk every stream).
     let mut tails: Option<Tails> = None;
-    let mut salvaged = Vec::new();
     let mut wal_epochs = Vec::new();
     let mut deferred: Vec<DeferredSegment> = Vec::new();
     // The `<epoch>-<core>` of each file: a core's files are made one after another, each
@@ -416,6 +463,19 @@ pub(crate) fn recover_wal_files(
             }
         }
     }
+    // The ledgers of files all stored are gone with their first file; what is left lists
+    // nothing or waits for the bucket with its deferred files.
+    for (group, (ledger, _)) in &ledgers {
+        let waiting = deferred
+            .iter()
+            .any(|d| wal_ledger::group_and_counter(&d.path).is_some_and(|(g, _)| g == group));
+        if !waiting {
+            wal_ledger::forget(&config.wal_dir, group).map_err(|source| RecoveryError::Remove {
+                path: ledger.clone(),
+                source,
+            })?;
+        }
+    }
     wal_epochs.sort_unstable();
     wal_epochs.dedup();
     Ok(Recovered {
@@ -525,11 +585,34 @@ fn commit(
     Ok(())
 }
 
+/// Removes a recovered WAL file, its core's ledger first (`wal_ledger.rs`).
 fn remove(path: &Path) -> Result<(), RecoveryError> {
-    std::fs::remove_file(path).map_err(|source| RecoveryError::Remove {
+    let failed = |source| RecoveryError::Remove {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    wal_ledger::unlist(path).map_err(failed)?;
+    std::fs::remove_file(path).map_err(failed)
+}
+
+/// What the missing WAL files were, for the error that stops the node and the salvage line.
+fn describe_missing(missing: &[MissingFile]) -> String {
+    let names: Vec<String> = missing
+        .iter()
+        .map(|file| {
+            format!(
+                "{} (listed in {})",
+                file.path.display(),
+                file.ledger.display()
+            )
+        })
+        .collect();
+    format!(
+        "WAL files missing: {}. A core's ledger lists each WAL file it made until the file's \
+         segment is stored: each of these held acknowledged records of streams that cannot be \
+         named, or was the core's next file, ready for them.",
+        names.join(", ")
+    )
 }
 
 /// What a damaged file holds, for the error that stops the node and for the salvage report.
@@ -654,6 +737,7 @@ fn keep_damaged(
     let mut report_path = kept.clone().into_os_string();
     report_path.push(".txt");
     std::fs::write(&report_path, report).map_err(|e| failed("write the report", e))?;
+    wal_ledger::unlist(path).map_err(|e| failed("remove the file's WAL ledger", e))?;
     std::fs::File::open(&report_path)
         .and_then(|f| f.sync_all())
         .map_err(|e| failed("sync the report", e))?;

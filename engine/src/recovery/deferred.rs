@@ -164,7 +164,9 @@ fn store_one(
             }
         }
     }
-    if let Err(e) = std::fs::remove_file(&segment.path) {
+    let removed =
+        crate::wal_ledger::unlist(&segment.path).and_then(|()| std::fs::remove_file(&segment.path));
+    if let Err(e) = removed {
         // Stored and committed: the next start finds the segment in the catalog and only
         // removes the file.
         log::warn!(

@@ -59,13 +59,16 @@ pub use self::stream::StreamSeed;
 
 use std::future::Future;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::api::{AppendAck, AppendRequest, Created, ReadBatch, ReadRequest, StreamInfo};
 use crate::error::{AppendError, CreateError, EngineError, ReadError, StartError, TrimError};
+use crate::health::WalFault;
 use crate::metrics::{CoreMetrics, OpKind};
 use crate::ops::{Configure, Create, Delete, ForkAcquire, ForkRelease, Head, StreamOp, Trim};
 use crate::rules::{ForkOrigin, StreamConfig};
+use crate::wal_ledger::WalLedger;
 
 impl Shard {
     pub(crate) async fn start(
@@ -74,6 +77,20 @@ impl Shard {
     ) -> Result<Rc<Shard>, StartError> {
         let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
+        if shard.wal_enabled() {
+            let ledger = WalLedger::create(&shard.config.wal_dir, &shard.wal_group())
+                .await
+                .map_err(|e| {
+                    StartError::WalFile(WalFault::Ledger {
+                        path: crate::wal_ledger::ledger_path(
+                            &shard.config.wal_dir,
+                            &shard.wal_group(),
+                        ),
+                        source: Arc::new(e),
+                    })
+                })?;
+            let _ = shard.ledger.set(ledger);
+        }
         let first = shard
             .create_wal_file(wal::WalFill::Head(crate::limits::WAL_HEAD_WRITTEN_BYTES))
             .await

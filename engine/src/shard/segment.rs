@@ -13,7 +13,6 @@ use super::state::Shard;
 use super::stream::{coarsen, coarsen_runs, IndexEntry};
 use super::table::{SegmentData, SegmentSlot};
 use super::upload::Sealed;
-use super::wal::remove_wal;
 
 impl Shard {
     pub(super) fn open_segment(&self, wal: Option<WalFile>) {
@@ -65,7 +64,8 @@ impl Shard {
         let bytes = segment.bytes;
         if !self.segments.sealed(no, &bytes) {
             let (file, path) = (segment.wal, segment.wal_path);
-            glommio::spawn_local(async move { remove_wal(file, path).await }).detach();
+            let shard = self.clone();
+            glommio::spawn_local(async move { shard.retire_wal(file, path).await }).detach();
             return;
         }
         let fence = self.cluster.as_ref().map(|cluster| SegmentFence {

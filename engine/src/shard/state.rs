@@ -65,6 +65,8 @@ pub(crate) struct Shard {
     pub(super) recovery: Arc<RecoveryBacklog>,
     /// This core's slots of those segments, read from memory until each is stored.
     pub(super) recovered_unstored: RefCell<Vec<(u64, Rc<str>)>>,
+    /// Local durability: the WAL files this core made and has not retired (`wal_ledger.rs`).
+    pub(super) ledger: std::cell::OnceCell<crate::wal_ledger::WalLedger>,
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -118,6 +120,7 @@ impl Shard {
             ),
             recovery,
             recovered_unstored: RefCell::new(Vec::new()),
+            ledger: std::cell::OnceCell::new(),
         }
     }
 

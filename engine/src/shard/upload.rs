@@ -15,7 +15,6 @@ use crate::limits;
 use crate::metrics::CoreMetrics;
 
 use super::state::Shard;
-use super::wal::remove_wal;
 
 /// A sealed segment on its way to the bucket and the catalog.
 pub(super) struct Sealed {
@@ -153,7 +152,7 @@ impl Shard {
             .upload_latency
             .observe(self.clock.now().saturating_duration_since(started));
         self.segments.stored(bytes.len());
-        remove_wal(file, path).await;
+        self.retire_wal(file, path).await;
         self.segments.mark_uploaded(no);
         if self.config.durability == Durability::Object {
             self.release_acks();

@@ -72,11 +72,13 @@ async fn write_zeros(file: &DmaFile, size: u64) -> std::io::Result<()> {
 }
 
 impl Shard {
+    /// What this core's WAL files of this run are named by: `<epoch>-<core>`.
+    pub(super) fn wal_group(&self) -> String {
+        format!("{:016}-{:03}", self.config.node_epoch_ms, self.core)
+    }
+
     pub(super) fn wal_path(&self, counter: u64) -> (PathBuf, String) {
-        let stem = format!(
-            "{:016}-{:03}-{:010}",
-            self.config.node_epoch_ms, self.core, counter
-        );
+        let stem = format!("{}-{counter:010}", self.wal_group());
         (
             self.config.wal_dir.join(format!("{stem}.wal")),
             segment_key(self.config.node_id, &stem),
@@ -84,7 +86,7 @@ impl Shard {
     }
 
     /// Creates the next WAL file (pre-allocated, written through with zeros as far as `fill`
-    /// says, and with its directory entry durable).
+    /// says, with its directory entry durable, and listed in the core's ledger).
     pub(super) async fn create_wal_file(&self, fill: WalFill) -> Result<Option<WalFile>, WalFault> {
         let counter = self.journal.next_counter();
         if !self.wal_enabled() {
@@ -121,7 +123,14 @@ impl Shard {
                     path: path.clone(),
                     source: Arc::new(e),
                 })?;
-            sync_dir(&self.config.wal_dir)
+            sync_dir(&self.config.wal_dir)?;
+            match self.ledger.get() {
+                Some(ledger) => ledger.add(counter).await.map_err(|e| WalFault::Ledger {
+                    path: ledger.path().to_path_buf(),
+                    source: Arc::new(e),
+                }),
+                None => Ok(()),
+            }
         }
         .await;
         if let Err(e) = made {
@@ -158,11 +167,27 @@ impl Shard {
     pub(super) fn wal_enabled(&self) -> bool {
         self.config.durability == Durability::Local
     }
-}
 
-pub(super) async fn remove_wal(file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
-    drop(file);
-    if let Some(path) = path {
+    /// Removes a WAL file whose segment is stored (or held nothing), once the core's ledger
+    /// no longer lists it. A file the ledger cannot let go of stays: the next start finds its
+    /// segment stored and removes it.
+    pub(super) async fn retire_wal(&self, file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+        drop(file);
+        let Some(path) = path else {
+            return;
+        };
+        let counter = crate::wal_ledger::group_and_counter(&path).map(|(_, counter)| counter);
+        if let (Some(ledger), Some(counter)) = (self.ledger.get(), counter) {
+            if let Err(e) = ledger.retire(counter).await {
+                log::warn!(
+                    "cannot take WAL file {} out of ledger {}: {e}; the file stays until the \
+                     next start",
+                    path.display(),
+                    ledger.path().display()
+                );
+                return;
+            }
+        }
         if let Err(e) = std::fs::remove_file(&path) {
             log::warn!("cannot remove WAL file {}: {e}", path.display());
         }
