@@ -465,13 +465,13 @@ pub(crate) fn recover_wal_files(
     }
     // The ledgers of files all stored are gone with their first file; what is left lists
     // nothing or waits for the bucket with its deferred files.
-    for (group, (ledger, _)) in &ledgers {
+    for (group, ledger) in &ledgers {
         let waiting = deferred
             .iter()
             .any(|d| wal_ledger::group_and_counter(&d.path).is_some_and(|(g, _)| g == group));
         if !waiting {
             wal_ledger::forget(&config.wal_dir, group).map_err(|source| RecoveryError::Remove {
-                path: ledger.clone(),
+                path: ledger.path.clone(),
                 source,
             })?;
         }

@@ -139,10 +139,15 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<BTreeSet<u64>> {
         .map(|(_, live)| live)
 }
 
-/// Every ledger in `wal_dir`: its group and what it lists (`None`: it does not read).
-pub(crate) fn ledgers(
-    wal_dir: &Path,
-) -> std::io::Result<BTreeMap<String, (PathBuf, Option<BTreeSet<u64>>)>> {
+/// A ledger found in a WAL directory.
+pub(crate) struct FoundLedger {
+    pub(crate) path: PathBuf,
+    /// What it lists; `None` when neither slot reads (it checks nothing).
+    pub(crate) listed: Option<BTreeSet<u64>>,
+}
+
+/// Every ledger in `wal_dir`, by group.
+pub(crate) fn ledgers(wal_dir: &Path) -> std::io::Result<BTreeMap<String, FoundLedger>> {
     let mut found = BTreeMap::new();
     for entry in std::fs::read_dir(wal_dir)? {
         let path = entry?.path();
@@ -157,7 +162,7 @@ pub(crate) fn ledgers(
             continue;
         };
         let listed = std::fs::read(&path).ok().and_then(|bytes| decode(&bytes));
-        found.insert(group, (path, listed));
+        found.insert(group, FoundLedger { path, listed });
     }
     Ok(found)
 }
@@ -189,18 +194,18 @@ pub(crate) struct MissingFile {
 /// The WAL files the ledgers in `wal_dir` list that are not among `present`.
 pub(crate) fn missing_files(
     wal_dir: &Path,
-    ledgers: &BTreeMap<String, (PathBuf, Option<BTreeSet<u64>>)>,
+    ledgers: &BTreeMap<String, FoundLedger>,
     present: &[PathBuf],
 ) -> Vec<MissingFile> {
     let present: std::collections::HashSet<&Path> = present.iter().map(PathBuf::as_path).collect();
     let mut missing = Vec::new();
-    for (group, (ledger, listed)) in ledgers {
-        for counter in listed.iter().flatten() {
+    for (group, ledger) in ledgers {
+        for counter in ledger.listed.iter().flatten() {
             let path = wal_dir.join(format!("{group}-{counter:010}.wal"));
             if !present.contains(path.as_path()) {
                 missing.push(MissingFile {
                     path,
-                    ledger: ledger.clone(),
+                    ledger: ledger.path.clone(),
                 });
             }
         }
@@ -230,7 +235,7 @@ impl WalLedger {
     pub(crate) async fn create(wal_dir: &Path, group: &str) -> std::io::Result<WalLedger> {
         let path = ledger_path(wal_dir, group);
         let file = DmaFile::create(&path).await?;
-        if LEDGER_SLOT_BYTES % file.alignment() as usize != 0 {
+        if !LEDGER_SLOT_BYTES.is_multiple_of(file.alignment() as usize) {
             return Err(std::io::Error::other(format!(
                 "{}: blocks of {} bytes are larger than a ledger slot",
                 path.display(),
