@@ -134,8 +134,16 @@ impl Shard {
         }
         .await;
         if let Err(e) = made {
-            // No frame was written to it: a half-made file only takes space.
-            let _ = file.remove().await;
+            // No frame was written to it: a half-made file only takes space. A failed ledger
+            // write may still have listed it, so it goes only once the ledger says it does
+            // not (else the next start finds it empty and removes it).
+            let unlisted = match (&e, self.ledger.get()) {
+                (WalFault::Ledger { .. }, Some(ledger)) => ledger.retire(counter).await.is_ok(),
+                _ => true,
+            };
+            if unlisted {
+                let _ = file.remove().await;
+            }
             let _ = file.close().await;
             return Err(e);
         }
