@@ -105,6 +105,21 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
         "pico_wal_health{core=\"0\"} 1"
     );
 
+    // The node retries making its next WAL file every second, under the same name: the full
+    // disk is one fault, logged once, not a line per retry.
+    for _ in 0..50 {
+        assert_eq!(append_next(&server, &mut acked).status, 507);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let logged = server
+        .log()
+        .matches("appends past the active WAL file are refused")
+        .count();
+    assert!(
+        (1..=2).contains(&logged),
+        "the full disk logged {logged} times"
+    );
+
     // Space comes back: appends resume without a restart (the node retries every second;
     // bounded wait, no timing asserted).
     filler.release();

@@ -639,6 +639,14 @@ impl Journal {
         counter
     }
 
+    /// Gives `counter` back when it was the last taken and nothing was made under its name.
+    pub(super) fn give_back_counter(&self, counter: u64) {
+        let mut wal = self.wal.borrow_mut();
+        if wal.counter == counter + 1 {
+            wal.counter = counter;
+        }
+    }
+
     /// Whether a spare WAL file is ready.
     pub(super) fn has_spare(&self) -> bool {
         self.wal.borrow().spare.is_some()

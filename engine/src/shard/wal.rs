@@ -99,11 +99,16 @@ impl Shard {
         };
         #[cfg(feature = "fault-injection")]
         if let Some(e) = crate::faults::take(&self.config.wal_dir, crate::faults::WalIo::Create) {
+            self.journal.give_back_counter(counter);
             return Err(cannot_create(e));
         }
-        let file = DmaFile::create(&path)
-            .await
-            .map_err(|e| cannot_create(e.into()))?;
+        let file = match DmaFile::create(&path).await {
+            Ok(file) => file,
+            Err(e) => {
+                self.journal.give_back_counter(counter);
+                return Err(cannot_create(e.into()));
+            }
+        };
         // Room for the most a segment's buffer grows to, so its frames always fit.
         let size = self.journal.full_bytes() as u64;
         let made = async {
@@ -141,8 +146,10 @@ impl Shard {
                 (WalFault::Ledger { .. }, Some(ledger)) => ledger.retire(counter).await.is_ok(),
                 _ => true,
             };
-            if unlisted {
-                let _ = file.remove().await;
+            // A file removed gives its name back: the retry makes the same one, so a full disk
+            // is one fault, logged once, not a new one every retry.
+            if unlisted && file.remove().await.is_ok() {
+                self.journal.give_back_counter(counter);
             }
             let _ = file.close().await;
             return Err(e);
