@@ -17,6 +17,8 @@ pub enum WalIo {
     Write,
     /// The `fdatasync` after the write.
     Sync,
+    /// A write of a core's WAL ledger (`wal_ledger.rs`).
+    Ledger,
 }
 
 static ARMED: Mutex<Vec<(PathBuf, WalIo, i32)>> = Mutex::new(Vec::new());

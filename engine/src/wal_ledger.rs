@@ -292,6 +292,14 @@ impl WalLedger {
         if self.durable.get() >= wanted {
             return Ok(());
         }
+        #[cfg(feature = "fault-injection")]
+        if let Some(e) = self
+            .path
+            .parent()
+            .and_then(|dir| crate::faults::take(dir, crate::faults::WalIo::Ledger))
+        {
+            return Err(e);
+        }
         let change = self.changes.get();
         let seq = self.seq.get() + 1;
         let mut slot = self.file.alloc_dma_buffer(LEDGER_SLOT_BYTES);

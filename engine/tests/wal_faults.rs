@@ -209,6 +209,62 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
     assert_eq!(after_restart(&path, "/s").len() as u64, acked + 1);
 }
 
+/// A core's WAL ledger that cannot be written (once, then for as long as the fault lasts):
+/// the next WAL file is not handed out before the ledger lists it, so this is a WAL file
+/// that cannot be made: only what the active file cannot hold is refused, appends resume
+/// once the ledger takes writes, and the restart finds every file the ledger lists (no
+/// file it listed was removed, no file made meanwhile is missing).
+#[test]
+fn a_ledger_that_cannot_be_written_refuses_only_what_the_active_file_cannot_hold() {
+    for armed in [1, 1000] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let wal_dir = path.join("wal");
+        let (acked, refused, resumed) = run(&path, move |core, _| async move {
+            core.create("/s", create()).await.unwrap();
+            for _ in 0..armed {
+                faults::arm(&wal_dir, WalIo::Ledger, libc::ENOSPC);
+            }
+            let record = vec![b'l'; 4096];
+            let mut acked = 0u64;
+            let mut refused = None;
+            for _ in 0..2000 {
+                match core.append("/s", append(&record)).await {
+                    Ok(_) => acked += 1,
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+            while faults::disarm(&wal_dir, WalIo::Ledger) {}
+            let mut resumed = false;
+            for _ in 0..200 {
+                if core.append("/s", append(&record)).await.is_ok() {
+                    resumed = true;
+                    acked += 1;
+                    break;
+                }
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+            }
+            (acked, refused, resumed)
+        });
+        if armed > 1 {
+            assert!(
+                matches!(refused, Some(AppendError::OutOfSpace { ref fault })
+                    if fault.to_string().contains("ledger")),
+                "{refused:?}"
+            );
+        }
+        assert!(resumed, "armed {armed}: appends resume");
+        assert_eq!(
+            after_restart(&path, "/s").len() as u64,
+            acked,
+            "armed {armed}"
+        );
+    }
+}
+
 /// Requests that wait for an earlier append's durability instead of writing: a producer's
 /// retry of a sequence still in flight, and a repeated close. When that append's commit
 /// round fails, each is answered `Durability` (as the original is) instead of waiting for
