@@ -1,7 +1,8 @@
 //! The WAL's error paths in process, through the `fault-injection` seam (`src/faults.rs`):
 //! a failed `fdatasync` or write fails the appends it carried and stops appends until a
-//! restart, while reads go on; a WAL file that cannot be made (a full disk) refuses only
-//! the appends the active file has no room for, and appends resume once it can be made.
+//! restart, while reads go on; a WAL file that cannot be made (a full disk, or a ledger that
+//! cannot be written) refuses only the appends the active file has no room for, and appends
+//! resume once it can be made.
 //! The real-disk versions (a full tmpfs, a deleted WAL directory) are in
 //! `cli/tests/storage_faults.rs`.
 
