@@ -152,7 +152,10 @@ impl Shard {
             .upload_latency
             .observe(self.clock.now().saturating_duration_since(started));
         self.segments.stored(bytes.len());
-        self.retire_wal(file, path).await;
+        // The file goes beside what follows: the segment's bytes are released (and its
+        // buffer reused) without waiting for the ledger's write.
+        let shard = self.clone();
+        glommio::spawn_local(async move { shard.retire_wal(file, path).await }).detach();
         self.segments.mark_uploaded(no);
         if self.config.durability == Durability::Object {
             self.release_acks();
