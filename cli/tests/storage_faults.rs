@@ -191,3 +191,76 @@ fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
         "{records:?}"
     );
 }
+
+/// The catalog's disk full (its SQLite database on a tmpfs kept full): creates and deletes are
+/// refused with a `503` that says so, appends to existing streams are acknowledged from the
+/// WAL as before, every read is served, and the node's log says so once per interval, not
+/// once per refused request (a client's retries would otherwise fill the log at their rate).
+/// Space back, creates work again without a restart; after `kill -9` every acknowledged
+/// append is there.
+#[test]
+fn a_full_catalog_disk_refuses_creates_keeps_appending_and_logs_once_an_interval() {
+    let test = "a_full_catalog_disk_refuses_creates_keeps_appending_and_logs_once_an_interval";
+    let Some(tmpfs) = Tmpfs::mount(test, 8) else {
+        return;
+    };
+    let meta_url = format!("sqlite:{}", tmpfs.path.join("meta.db").display());
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--meta-url",
+        &meta_url,
+        "--segment-max-age-ms",
+        "200",
+    ]);
+    server.put("/s", "application/octet-stream").expect(201);
+    let filler = Filler::start(&tmpfs.path);
+    filler.wait_full();
+
+    let mut acked = Vec::new();
+    let mut refused = 0;
+    for i in 0..60 {
+        let create = server.put(&format!("/new-{i}"), "text/plain");
+        if create.status == 201 {
+            // SQLite may still have room in a page it holds.
+            continue;
+        }
+        let error = create.expect_error(503, "unavailable");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("full"),
+            "{error}"
+        );
+        refused += 1;
+        let body = format!("record {i}").into_bytes();
+        let append = server.post("/s", &body);
+        append.expect(200);
+        assert_eq!(append.h_u64("pico-start-seq"), acked.len() as u64);
+        acked.push(body);
+    }
+    assert!(refused >= 50, "only {refused} creates were refused");
+    assert_holds_exactly(&server, &acked);
+    let logged = server.log().matches("metadata batch of").count();
+    assert!(
+        (1..=2).contains(&logged),
+        "{refused} refused creates logged {logged} times"
+    );
+
+    filler.release();
+    let mut created = false;
+    for _ in 0..100 {
+        if server.put("/after", "text/plain").status == 201 {
+            created = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(created, "creates work again once there is space");
+    server.restart();
+    assert_holds_exactly(&server, &acked);
+    server.head("/after").expect(200);
+    drop(server);
+    drop(tmpfs);
+}

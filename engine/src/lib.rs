@@ -25,7 +25,6 @@ mod inbox;
 pub mod json;
 pub mod limits;
 mod live;
-mod log_limit;
 pub mod metrics;
 mod notify;
 mod ops;

@@ -13,7 +13,8 @@ use crate::backend;
 use crate::backend::{Backend, CommitOutcome};
 use crate::command::{answer_closed, failed, pending, Command, Pending};
 use crate::fence::Ownership;
-use crate::limits::{MAX_BATCH_COMMANDS, MAX_CREATES_PER_GROUP};
+use crate::limits::{BATCH_FAILURE_LOG_INTERVAL_MS, MAX_BATCH_COMMANDS, MAX_CREATES_PER_GROUP};
+use crate::log_limit::LogLimit;
 use crate::pg::Postgres;
 use crate::sqlite::Sqlite;
 use crate::CreateOutcome;
@@ -56,6 +57,7 @@ pub(crate) fn startup_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaErr
 /// `committed` counts the transactions that committed (see `MetaStore::transactions_committed`).
 pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committed: &AtomicU64) {
     let mut batch = Vec::with_capacity(MAX_BATCH_COMMANDS);
+    let failure_log = LogLimit::new(BATCH_FAILURE_LOG_INTERVAL_MS);
     // `recv` fails only when every handle is gone and the queue is empty: nothing left to do.
     'commands: while let Ok(first) = receiver.recv() {
         batch.push(first);
@@ -70,7 +72,7 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committ
                 matches!(command, Command::Snapshot { .. } | Command::Shutdown)
             });
             let after = stop_at.map_or_else(Vec::new, |at| batch.split_off(at));
-            if apply_batch(db.as_mut(), std::mem::take(&mut batch)) {
+            if apply_batch(db.as_mut(), std::mem::take(&mut batch), &failure_log) {
                 committed.fetch_add(1, Ordering::Relaxed);
                 db.committed();
             }
@@ -100,7 +102,7 @@ pub(crate) fn run(mut db: Box<dyn Backend>, receiver: Receiver<Command>, committ
 /// constraint) is rolled back alone and the others still commit. Only a failure of the
 /// transaction itself (BEGIN, COMMIT, an I/O error that made SQLite abandon the transaction, a
 /// lost connection to Postgres) fails every command of the batch.
-fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
+fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>, failure_log: &LogLimit) -> bool {
     if batch.is_empty() {
         return false;
     }
@@ -131,12 +133,25 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>) -> bool {
     });
     if let Err(why) = &outcome {
         db.rollback();
-        log::error!("metadata batch of {} commands failed: {why}", pending.len());
+        if let Some(unlogged) = failure_log.due(std::time::Instant::now()) {
+            log::error!(
+                "metadata batch of {} commands failed ({unlogged} more failed batches or \
+                 commands since the last line): {why}",
+                pending.len()
+            );
+        }
         pending.iter_mut().for_each(|entry| entry.fail(why));
-    }
-    let failed = pending.iter().filter(|entry| !entry.is_ok()).count();
-    if failed > 0 {
-        log::warn!("{failed} of {} metadata commands failed", pending.len());
+    } else {
+        let failed = pending.iter().filter(|entry| !entry.is_ok()).count();
+        if failed > 0 {
+            if let Some(unlogged) = failure_log.due(std::time::Instant::now()) {
+                log::warn!(
+                    "{failed} of {} metadata commands failed ({unlogged} more failed batches \
+                     or commands since the last line)",
+                    pending.len()
+                );
+            }
+        }
     }
     pending.into_iter().for_each(Pending::answer);
     outcome.is_ok()

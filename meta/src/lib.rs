@@ -37,6 +37,7 @@ mod create_group_tests;
 mod fence;
 mod high_water;
 mod limits;
+mod log_limit;
 mod pg;
 mod producers;
 mod rows;
@@ -57,6 +58,7 @@ pub use compact::{CompactOutcome, CompactRequest};
 pub use consumers::{ConsumerList, ConsumerRead, ConsumerWrite, StoredConsumer};
 pub use fence::{Fence, Ownership, SegmentFence};
 pub use limits::MAX_BATCH_COMMANDS;
+pub use log_limit::LogLimit;
 pub use store::MetaStore;
 pub use verify::{StoredObject, StoredRun};
 

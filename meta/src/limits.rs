@@ -27,6 +27,10 @@ pub(crate) const PRODUCER_ID_MAX_BYTES: usize = u16::MAX as usize;
 /// "database is locked" (a [`MetaError::Storage`](crate::MetaError::Storage)).
 pub(crate) const SQLITE_BUSY_TIMEOUT_SECS: u64 = 5;
 
+/// Failed metadata batches get one log line per this many ms, counting the others: a full
+/// disk fails every create, at the rate clients send them.
+pub(crate) const BATCH_FAILURE_LOG_INTERVAL_MS: u64 = 10_000;
+
 /// Postgres reconnects while the server is away: the first attempt at once, then at most one per
 /// period, which doubles from this first period to [`PG_RETRY_LAST_MS`]. Until a reconnect
 /// succeeds, each batch fails at once with [`MetaError::Storage`](crate::MetaError::Storage).

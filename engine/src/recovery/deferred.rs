@@ -19,7 +19,7 @@ use pico_s3::{ObjectStore, StoreError};
 
 use super::{commit, wait, StorageError};
 use crate::limits;
-use crate::log_limit::LogLimit;
+use pico_meta::LogLimit;
 
 /// One recovered WAL file whose segment is not yet in the bucket and the catalog.
 pub(crate) struct DeferredSegment {

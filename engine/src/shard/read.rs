@@ -308,7 +308,7 @@ impl Shard {
 /// When a core last logged damaged stored bytes, how many damaged reads it met since, and
 /// when it last dropped each damaged segment's blocks from the read cache.
 pub(super) struct DamageLog {
-    lines: crate::log_limit::LogLimit,
+    lines: pico_meta::LogLimit,
     /// Segment number → when its blocks last left the cache for a fetch again (at most
     /// `limits::DAMAGED_SEGMENTS_MAX`).
     refetched_at: RefCell<HashMap<u64, Instant>>,
@@ -317,7 +317,7 @@ pub(super) struct DamageLog {
 impl Default for DamageLog {
     fn default() -> DamageLog {
         DamageLog {
-            lines: crate::log_limit::LogLimit::new(limits::DAMAGE_LOG_INTERVAL_MS),
+            lines: pico_meta::LogLimit::new(limits::DAMAGE_LOG_INTERVAL_MS),
             refetched_at: RefCell::default(),
         }
     }

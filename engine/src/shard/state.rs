@@ -59,7 +59,7 @@ pub(crate) struct Shard {
     /// When this core last logged damaged stored bytes, and how many it met since (`read.rs`).
     pub(super) damage_log: super::read::DamageLog,
     /// The upload failures' log lines (`upload.rs`): one per `limits::UPLOAD_FAILURE_LOG_INTERVAL_MS`.
-    pub(super) upload_failure_log: crate::log_limit::LogLimit,
+    pub(super) upload_failure_log: pico_meta::LogLimit,
     /// Recovered WAL files the bucket did not take at start (`recovery/deferred.rs`): no
     /// segment of this core commits before they are all stored.
     pub(super) recovery: Arc<RecoveryBacklog>,
@@ -115,7 +115,7 @@ impl Shard {
             clock,
             compaction: Default::default(),
             damage_log: Default::default(),
-            upload_failure_log: crate::log_limit::LogLimit::new(
+            upload_failure_log: pico_meta::LogLimit::new(
                 crate::limits::UPLOAD_FAILURE_LOG_INTERVAL_MS,
             ),
             recovery,

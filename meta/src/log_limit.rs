@@ -1,5 +1,6 @@
 //! Log lines a fault repeats at a rate no one reads (every damaged read, every failed upload
-//! retry of hundreds of pending segments), cut to one line per interval that counts the ones
+//! retry of hundreds of pending segments, every metadata batch a full disk fails, at the rate
+//! clients send requests), cut to one line per interval that counts the ones
 //! it left out: an operator sees the fault and its scale, and a disk that is full already is
 //! not filled further by the log.
 
@@ -7,14 +8,14 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 /// At most one line per `interval`, counting the events in between.
-pub(crate) struct LogLimit {
+pub struct LogLimit {
     interval: Duration,
     logged_at: Cell<Option<Instant>>,
     unlogged: Cell<u64>,
 }
 
 impl LogLimit {
-    pub(crate) fn new(interval_ms: u64) -> LogLimit {
+    pub fn new(interval_ms: u64) -> LogLimit {
         LogLimit {
             interval: Duration::from_millis(interval_ms),
             logged_at: Cell::new(None),
@@ -24,7 +25,7 @@ impl LogLimit {
 
     /// Whether an event met `now` gets a line (none in the last interval), with how many went
     /// unlogged before it; otherwise it is counted for the next line.
-    pub(crate) fn due(&self, now: Instant) -> Option<u64> {
+    pub fn due(&self, now: Instant) -> Option<u64> {
         if self
             .logged_at
             .get()
