@@ -632,3 +632,95 @@ fn a_second_node_on_the_same_catalog_or_wal_directory_is_refused() {
     r.expect(200);
     assert_eq!(r.h_u64("pico-start-seq"), 1);
 }
+
+/// A node started on another catalog than the one it ran with (a wrong `--meta-url`, a new
+/// file): with acknowledged records in its WAL it refuses, naming a WAL file and how far the
+/// catalog's stream ids reach, and changes nothing (recovered into that catalog, the records
+/// would have been dropped as a deleted stream's and their files removed). After a clean stop
+/// (nothing in the WAL) it starts on that catalog, and deletes none of the objects its earlier
+/// runs stored: unknown to that catalog, they are not a crash's leftovers. Back on its own
+/// catalog, every record is served.
+#[test]
+fn a_start_on_another_catalog_refuses_or_deletes_nothing() {
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--segment-size",
+        "64KiB",
+        "--segment-max-age-ms",
+        "600000",
+    ]);
+    server.put("/c", "text/plain").expect(201);
+    let big = |i: u64| format!("record {i:04} {}", "c".repeat(2000)).into_bytes();
+    let mut conn = server.connect();
+    for i in 0..100 {
+        conn.request("POST", "/c", &[], &big(i))
+            .unwrap()
+            .expect(200);
+    }
+    server.kill();
+    let segments_dir = server.dir().join("objects/segments");
+    let objects = || -> Vec<std::path::PathBuf> {
+        let mut found: Vec<_> = std::fs::read_dir(&segments_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        found.sort();
+        found
+    };
+    let stored = objects();
+    assert!(!stored.is_empty(), "sealed segments were stored");
+    let other = format!("sqlite:{}", server.dir().join("other/meta.db").display());
+    let wal = server.wal_dir().display().to_string();
+    let bucket = format!("-2@file://{}", server.dir().join("objects").display());
+    let on_other = [
+        "--cores",
+        "1",
+        "--meta-url",
+        &other,
+        "--wal-dir",
+        &wal,
+        "--storage",
+        &bucket,
+    ];
+    let (refused, stderr) = common::serve_refused(&on_other, Duration::from_secs(60));
+    assert!(refused, "started on another catalog: {stderr}");
+    assert!(
+        stderr.contains("never handed out a stream id above 0") && stderr.contains("--meta-url"),
+        "{stderr}"
+    );
+    assert_eq!(objects(), stored, "nothing was changed");
+
+    // On its own catalog this run stores segments of its own, and a clean stop stores the
+    // rest: the WAL files it leaves hold no record.
+    server.restart();
+    let mut conn = server.connect();
+    for i in 100..200 {
+        conn.request("POST", "/c", &[], &big(i))
+            .unwrap()
+            .expect(200);
+    }
+    let (records, next) = read_all(&server, "/c", 0);
+    assert_eq!((records.len(), next), (200, 200));
+    assert!(server.terminate(Duration::from_secs(60)).success());
+    let stored = objects();
+
+    let mut elsewhere = common::Server::start(&on_other);
+    elsewhere.head("/c").expect(404);
+    elsewhere.kill();
+    for object in &stored {
+        assert!(
+            object.exists(),
+            "{object:?} was deleted by a start on another catalog"
+        );
+    }
+    let log = elsewhere.log();
+    assert!(log.contains("left in place"), "{log}");
+
+    server.restart();
+    let (records, next) = read_all(&server, "/c", 0);
+    assert_eq!((records.len(), next), (200, 200));
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.body, big(i as u64), "record {i}");
+    }
+}

@@ -52,6 +52,13 @@ pub enum RecoveryError {
     /// WAL files a core's ledger lists are gone and `--wal-salvage` is off: `report` names
     /// them.
     Missing { report: String, wal_dir: PathBuf },
+    /// A WAL file holds records of a stream id the catalog never handed out: it was written
+    /// with another catalog.
+    ForeignCatalog {
+        path: PathBuf,
+        stream_id: u64,
+        reached: u64,
+    },
     /// A recovered WAL file could not be removed.
     Remove {
         path: PathBuf,
@@ -104,6 +111,19 @@ impl std::fmt::Display for RecoveryError {
                  (docs/durability.md, \"Missing WAL files\").",
                 dir = wal_dir.display()
             ),
+            RecoveryError::ForeignCatalog {
+                path,
+                stream_id,
+                reached,
+            } => write!(
+                f,
+                "WAL file {} holds acknowledged records of stream id {stream_id}, but the \
+                 catalog (--meta-url) never handed out a stream id above {reached}: it is not \
+                 the catalog this node ran with (a wrong --meta-url, or a new or older copy of \
+                 it). Started on it, the node would drop those records and hand their offsets \
+                 out again. Start with the catalog this node used; nothing was changed",
+                path.display()
+            ),
             RecoveryError::Remove { path, source } => {
                 write!(f, "cannot remove WAL file {}: {source}", path.display())
             }
@@ -135,6 +155,7 @@ impl std::error::Error for RecoveryError {
             RecoveryError::Storage(e) => Some(e),
             RecoveryError::Damaged { .. }
             | RecoveryError::Missing { .. }
+            | RecoveryError::ForeignCatalog { .. }
             | RecoveryError::SalvageNeedsBucket { .. } => None,
         }
     }
@@ -232,6 +253,9 @@ pub(crate) fn recover_wal_files(
         dir: config.wal_dir.clone(),
         source,
     };
+    if let Some(reached) = snapshot.stream_ids_reached {
+        check_catalog_reach(&files, reached)?;
+    }
     let ledgers = wal_ledger::ledgers(&config.wal_dir).map_err(list_failed)?;
     let mut salvaged = Vec::new();
     let missing = wal_ledger::missing_files(&config.wal_dir, &ledgers, &files);
@@ -503,6 +527,12 @@ pub(crate) fn wal_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// and an earlier incarnation can no longer commit (its WAL is recovered; in a cluster its
 /// node epoch is superseded, so its commits are refused). Listing by epoch prefix keeps this
 /// to a few small listings at start-up, however large the bucket. Returns how many went.
+///
+/// Only an incarnation the catalog holds committed segments of is swept: an object unknown to
+/// a catalog that holds nothing of its incarnation proves no crash, only that this is not the
+/// catalog it committed to (a wrong `--meta-url`, a new file); deleting there would destroy
+/// that incarnation's stored records. Its objects stay, with a warning; a crash's leftovers
+/// of an incarnation that committed nothing cost space, not data.
 pub(crate) fn sweep_orphans(
     config: &EngineConfig,
     meta: &MetaStore,
@@ -513,13 +543,14 @@ pub(crate) fn sweep_orphans(
     let prefix = segment_key(config.node_id, "");
     let prefix = prefix.trim_end_matches(".seg");
     let committed: HashSet<&str> = snapshot.segments.iter().map(|s| s.key.as_str()).collect();
-    let newest_committed = snapshot
+    let committed_epochs: HashSet<u64> = snapshot
         .segments
         .iter()
         .filter_map(|s| s.key.strip_prefix(prefix))
         .filter(|rest| !rest.contains('/'))
         .filter_map(epoch_of)
-        .max();
+        .collect();
+    let newest_committed = committed_epochs.iter().max().copied();
     let mut epochs: Vec<u64> = wal_epochs.iter().copied().chain(newest_committed).collect();
     epochs.sort_unstable();
     epochs.dedup();
@@ -532,6 +563,15 @@ pub(crate) fn sweep_orphans(
             .filter(|key| key.ends_with(".seg") && !committed.contains(key.as_str()))
             .collect();
         if unknown.is_empty() {
+            continue;
+        }
+        if !committed_epochs.contains(&epoch) {
+            log::warn!(
+                "{} segment objects of this node's run {epoch} (its WAL files are here) are in \
+                 no catalog row, and the catalog holds nothing of that run: left in place. Is \
+                 --meta-url the catalog this node ran with?",
+                unknown.len()
+            );
             continue;
         }
         // Asked again now: the snapshot was read before this incarnation registered, and an
@@ -581,6 +621,33 @@ fn commit(
             path.display(),
             record.key
         );
+    }
+    Ok(())
+}
+
+/// Refuses WAL files written with another catalog, before recovery changes anything: a frame
+/// of a stream id above the highest the catalog ever handed out (ids only grow, deleted
+/// streams' included). Recovered into this catalog, such records would be dropped as a deleted
+/// stream's and their files removed, and the sweep would then take their incarnation's objects
+/// for a crash's leftovers. Files that do not scan are left to the recovery that follows.
+fn check_catalog_reach(files: &[PathBuf], reached: u64) -> Result<(), RecoveryError> {
+    for path in files {
+        let data = std::fs::read(path).map_err(|source| RecoveryError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let Ok(scanned) = wal_file::scan(&data) else {
+            continue;
+        };
+        if let Some(stream_id) = scanned.committed.iter().map(|f| f.stream_id).max() {
+            if stream_id > reached {
+                return Err(RecoveryError::ForeignCatalog {
+                    path: path.clone(),
+                    stream_id,
+                    reached,
+                });
+            }
+        }
     }
     Ok(())
 }

@@ -390,7 +390,12 @@ pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError>
         .map(stream_row)
         .collect::<Result<Vec<_>, _>>()?;
     let segments = load_segments(db, |_| true)?;
-    Ok(Snapshot { streams, segments })
+    let reached = db.stream_ids_reached()?;
+    Ok(Snapshot {
+        streams,
+        segments,
+        stream_ids_reached: u64::try_from(reached).ok(),
+    })
 }
 
 /// The committed segments `keep` picks, in commit order, each with its entries in the order

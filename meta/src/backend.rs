@@ -386,6 +386,10 @@ pub(crate) trait Backend {
     /// `(segment rows, sum of their size_bytes)`: what the catalog has in the bucket.
     fn segment_totals(&mut self) -> Result<(i64, i64), MetaError>;
 
+    /// The highest stream id the catalog ever handed out (0 for none), deleted streams
+    /// included: ids only grow.
+    fn stream_ids_reached(&mut self) -> Result<i64, MetaError>;
+
     /// `(id, start_offset)` of the streams among `ids` that have a row (deleted ones have
     /// none), in any order: what the garbage collector needs of the streams its segments name,
     /// without reading every stream.

@@ -315,6 +315,7 @@ impl MetaStore {
                 snapshot: Snapshot {
                     streams: vec![row],
                     segments,
+                    stream_ids_reached: None,
                 },
                 ownership: owner,
                 fork_refs,

@@ -214,6 +214,9 @@ pub struct Snapshot {
     pub streams: Vec<StreamRow>,
     /// Committed segments in commit order; entries of deleted streams may be present.
     pub segments: Vec<SegmentRecord>,
+    /// The highest stream id the catalog ever handed out, when read: a WAL frame of a higher
+    /// one was written with another catalog.
+    pub stream_ids_reached: Option<u64>,
 }
 
 /// Where the metadata log lives (`--meta-url`).

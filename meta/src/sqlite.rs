@@ -496,6 +496,17 @@ impl Backend for Sqlite {
             .map_err(storage("sum segment sizes"))
     }
 
+    fn stream_ids_reached(&mut self) -> Result<i64, MetaError> {
+        // AUTOINCREMENT keeps the highest id ever given in `sqlite_sequence` (schema.rs).
+        self.conn
+            .query_row(
+                "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'streams'), 0)",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(storage("read the stream id sequence"))
+    }
+
     fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
         self.per_stream(
             "SELECT start_offset FROM streams WHERE id = ?1",

@@ -332,6 +332,7 @@ mod tests {
         let snapshot = Snapshot {
             streams: Vec::new(),
             segments: Vec::new(),
+            ..Default::default()
         };
         let mut tails = Tails::new(&snapshot);
         let (segment, lost) = tails.salvage(&data, &damage, 9);
@@ -385,6 +386,7 @@ mod tests {
         let snapshot = Snapshot {
             streams: Vec::new(),
             segments: Vec::new(),
+            ..Default::default()
         };
         let (segment, lost) = Tails::new(&snapshot).salvage(&data, &damage, 9);
         assert_eq!(
@@ -446,6 +448,7 @@ mod tests {
                     writer_seq: None,
                 }],
             }],
+            ..Default::default()
         };
         let in_order = [(1, 5), (2, 10), (3, 7), (4, 99), (1, 6), (2, 11)];
         let (data, _) = file(&in_order, 2);

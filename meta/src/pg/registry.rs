@@ -510,6 +510,18 @@ impl Backend for Postgres {
             .map_err(storage("load segments"))
     }
 
+    fn stream_ids_reached(&mut self) -> Result<i64, MetaError> {
+        // The identity column's sequence: NULL until it first gave an id.
+        const SQL: &str = "SELECT COALESCE(pg_sequence_last_value(\
+                           pg_get_serial_sequence('streams', 'id')), 0)";
+        let rows = self.query(SQL, &[], "read the stream id sequence")?;
+        let row = rows
+            .first()
+            .ok_or_else(|| MetaError::Storage("read the stream id sequence: no row".into()))?;
+        row.try_get(0)
+            .map_err(storage("read the stream id sequence"))
+    }
+
     fn segment_totals(&mut self) -> Result<(i64, i64), MetaError> {
         // SUM of BIGINT is NUMERIC in PostgreSQL: cast back (sizes stay far below 2^63).
         const SQL: &str = "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0)::BIGINT FROM segments";

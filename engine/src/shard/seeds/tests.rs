@@ -69,6 +69,7 @@ fn fork_depths_follow_chains_and_stop_at_a_missing_source() {
             row(4, Some(99)),
         ],
         segments: Vec::new(),
+        ..Default::default()
     };
     let depths = fork_depths(&snapshot);
     assert_eq!(depths.get(&1), None, "a plain stream has no depth");
@@ -95,6 +96,7 @@ fn seeds_gather_runs_in_offset_order_and_keep_the_tail_above_a_trim() {
             // A deleted stream's entry: no seed.
             segment("segments/c.seg", entry(9, vec![run(0, 1)], 5)),
         ],
+        ..Default::default()
     };
     let mut trimmed = snapshot.clone();
     trimmed.streams[1].start_offset = 12;
@@ -123,6 +125,7 @@ fn seeds_go_to_the_core_their_name_is_placed_on_with_their_own_runs() {
             segment("segments/b.seg", entry(10, vec![run(0, 4)], 7)),
             segment("segments/c.seg", entry(30, vec![run(0, 1)], 8)),
         ],
+        ..Default::default()
     };
     let place = |name: &str| match name {
         "/s/10" => 2,
