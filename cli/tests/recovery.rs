@@ -642,23 +642,8 @@ fn a_second_node_on_the_same_catalog_or_wal_directory_is_refused() {
 /// catalog, every record is served.
 #[test]
 fn a_start_on_another_catalog_refuses_or_deletes_nothing() {
-    let mut server = Server::start(&[
-        "--cores",
-        "1",
-        "--segment-size",
-        "64KiB",
-        "--segment-max-age-ms",
-        "600000",
-    ]);
-    server.put("/c", "text/plain").expect(201);
-    let big = |i: u64| format!("record {i:04} {}", "c".repeat(2000)).into_bytes();
-    let mut conn = server.connect();
-    for i in 0..100 {
-        conn.request("POST", "/c", &[], &big(i))
-            .unwrap()
-            .expect(200);
-    }
-    server.kill();
+    let mut server = common::killed_after_big_records("/c", |_| {});
+    let big = common::big_record;
     let segments_dir = server.dir().join("objects/segments");
     let objects = || -> Vec<std::path::PathBuf> {
         let mut found: Vec<_> = std::fs::read_dir(&segments_dir)

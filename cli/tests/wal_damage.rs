@@ -253,27 +253,13 @@ fn a_wal_file_cut_short_is_refused_then_salvaged_with_no_offset_handed_out_twice
 fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
     // Small segments, and a bucket that takes no object (its segments directory is a file):
     // every segment's WAL file stays.
-    let mut server = Server::start(&[
-        "--cores",
-        "1",
-        "--segment-size",
-        "64KiB",
-        "--segment-max-age-ms",
-        "600000",
-    ]);
-    let segments = server.dir().join("objects/segments");
-    let _ = std::fs::remove_dir_all(&segments);
-    std::fs::write(&segments, b"").unwrap();
-    server.put("/g", "text/plain").expect(201);
-    let big = |i: u64| format!("record {i:04} {}", "g".repeat(2000)).into_bytes();
-    let mut conn = server.connect();
-    for i in 0..100 {
-        conn.request("POST", "/g", &[], &big(i))
-            .unwrap()
-            .expect(200);
-    }
-    server.kill();
-    std::fs::remove_file(&segments).unwrap();
+    let mut server = common::killed_after_big_records("/g", |server| {
+        let segments = server.dir().join("objects/segments");
+        let _ = std::fs::remove_dir_all(&segments);
+        std::fs::write(&segments, b"").unwrap();
+    });
+    std::fs::remove_file(server.dir().join("objects/segments")).unwrap();
+    let big = common::big_record;
     let mut holding: Vec<std::path::PathBuf> = std::fs::read_dir(server.wal_dir())
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -51,6 +51,19 @@ fn append(body: &[u8]) -> AppendRequest {
     append_request(vec![record(Bytes::copy_from_slice(body))], false)
 }
 
+/// Appends `record` to `/s` until an append is refused (at most 2,000): how many were
+/// acknowledged, and the refusal.
+async fn append_until_refused(core: &CoreHandle, record: &[u8]) -> (u64, Option<AppendError>) {
+    let mut acked = 0u64;
+    for _ in 0..2000 {
+        match core.append("/s", append(record)).await {
+            Ok(_) => acked += 1,
+            Err(e) => return (acked, Some(e)),
+        }
+    }
+    (acked, None)
+}
+
 async fn read_bodies(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
     common::read_bodies(core, name, 64 << 20).await
 }
@@ -157,17 +170,7 @@ fn no_room_for_the_next_wal_file_refuses_only_what_the_active_file_cannot_hold()
             faults::arm(&wal_dir, WalIo::Create, libc::ENOSPC);
         }
         let record = vec![b'r'; 4096];
-        let mut acked = 0u64;
-        let mut refused = None;
-        for _ in 0..2000 {
-            match core.append("/s", append(&record)).await {
-                Ok(_) => acked += 1,
-                Err(e) => {
-                    refused = Some(e);
-                    break;
-                }
-            }
-        }
+        let (acked, refused) = append_until_refused(&core, &record).await;
         let degraded = (
             metrics[0].wal_health.state(),
             metrics[0].wal_health.reason(),
@@ -227,17 +230,7 @@ fn a_ledger_that_cannot_be_written_refuses_only_what_the_active_file_cannot_hold
                 faults::arm(&wal_dir, WalIo::Ledger, libc::ENOSPC);
             }
             let record = vec![b'l'; 4096];
-            let mut acked = 0u64;
-            let mut refused = None;
-            for _ in 0..2000 {
-                match core.append("/s", append(&record)).await {
-                    Ok(_) => acked += 1,
-                    Err(e) => {
-                        refused = Some(e);
-                        break;
-                    }
-                }
-            }
+            let (mut acked, refused) = append_until_refused(&core, &record).await;
             while faults::disarm(&wal_dir, WalIo::Ledger) {}
             let mut resumed = false;
             for _ in 0..200 {

@@ -1261,3 +1261,32 @@ pub fn receiver() -> (
     });
     (url, status, rx)
 }
+
+/// Record `i` of [`killed_after_big_records`]: about 2 KiB, naming its index.
+pub fn big_record(i: u64) -> Vec<u8> {
+    format!("record {i:04} {}", "b".repeat(2000)).into_bytes()
+}
+
+/// A one-core node with 64 KiB segments that never seal by age: `name` created, `before`
+/// run, then 100 [`big_record`]s appended, each acknowledged, and the node `kill -9`ed. The
+/// segments that filled were stored; the rest is in the WAL.
+pub fn killed_after_big_records(name: &str, before: impl FnOnce(&Server)) -> Server {
+    let mut server = Server::start(&[
+        "--cores",
+        "1",
+        "--segment-size",
+        "64KiB",
+        "--segment-max-age-ms",
+        "600000",
+    ]);
+    server.put(name, "text/plain").expect(201);
+    before(&server);
+    let mut conn = server.connect();
+    for i in 0..100 {
+        conn.request("POST", name, &[], &big_record(i))
+            .unwrap()
+            .expect(200);
+    }
+    server.kill();
+    server
+}
