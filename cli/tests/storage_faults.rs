@@ -145,6 +145,10 @@ fn a_full_wal_disk_refuses_appends_with_507_serves_the_rest_and_heals_by_itself(
     drop(tmpfs);
 }
 
+/// The WAL directory deleted under the running node: the first append after it is not
+/// acknowledged, nor any later one, until a restart; reads go on. The restart is refused while
+/// the directory is gone (its acknowledged records with it), and `--wal-salvage` goes on
+/// without it.
 #[test]
 fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
     let mut server = Server::start(&["--cores", "1", "--segment-max-age-ms", "600000"]);
@@ -183,13 +187,39 @@ fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
         [b"a", b"b"]
     );
     server.head("/s").expect(200);
-    // A restart never finds what was refused.
-    server.restart();
+    // The acknowledged records went with the directory: a restart on what is there now (a
+    // new, empty directory) is refused, since the catalog's witness says the directory it
+    // last ran with may hold records it lacks.
+    server.kill();
+    std::fs::create_dir_all(server.wal_dir()).unwrap();
+    let (status, log) = server.restart_refused(Duration::from_secs(60));
+    assert!(
+        !status.success(),
+        "started without its WAL directory: {log}"
+    );
+    assert!(
+        log.contains("may hold acknowledged records not yet stored")
+            && log.contains("--wal-salvage"),
+        "{log}"
+    );
+    // Going on without it, on purpose: the loss is reported, and a refused append is never
+    // found.
+    server.restart_with(&["--wal-salvage"]);
+    let ready = server.admin_get("/ready").json();
+    assert!(
+        ready["walSalvaged"]
+            .to_string()
+            .contains("lost WAL directory"),
+        "{ready}"
+    );
     let (records, _) = read_all(&server, "/s", 0);
     assert!(
         records.iter().all(|r| r.body != b"c" && r.body != b"d"),
         "{records:?}"
     );
+    // The next start is a plain one.
+    server.restart();
+    server.head("/s").expect(200);
 }
 
 /// The catalog's disk full (its SQLite database on a tmpfs kept full): creates and deletes are

@@ -12,7 +12,7 @@ use pico_s3::{ObjectStore, ObjectStoreOptions, S3Options, StorageUri, StoreError
 
 use crate::clock::Clock;
 use crate::cluster::{start_keeper, Cluster, ClusterConfig};
-use crate::config::EngineConfig;
+use crate::config::{Durability, EngineConfig};
 use crate::inbox::Message;
 use crate::limits::{self, SettingError};
 use crate::metrics::{CoreMetrics, NodeMetrics};
@@ -24,6 +24,7 @@ use crate::recovery::{
 };
 use crate::shard::stream_seeds_by_core;
 use crate::shard::StreamSeed;
+use crate::wal_witness::{ForeignWalDir, WalWitness};
 
 /// Everything one core needs to start its shard; `Send`, handed to the core's thread.
 pub struct CoreSeed {
@@ -64,6 +65,9 @@ pub struct Boot {
     /// Recovered WAL files the bucket did not take at start: served from memory, stored by a
     /// thread of their own (for `/ready` and `/metrics`).
     pub recovery_backlog: Arc<RecoveryBacklog>,
+    /// The catalog's witness of this WAL directory (a SQLite file catalog): told after a clean
+    /// stop that stored everything.
+    pub wal_witness: Option<WalWitness>,
 }
 
 /// Why a node could not start; each says what to fix.
@@ -92,6 +96,10 @@ pub enum BootError {
     /// Registering in the cluster, or reading what this node owns, failed.
     Storage(StorageError),
     Recovery(RecoveryError),
+    /// The catalog last ran with another WAL directory, which may hold unstored records.
+    ForeignWalDir(ForeignWalDir),
+    /// The catalog's witness of the WAL directory could not be written.
+    Witness(std::io::Error),
 }
 
 impl std::fmt::Display for BootError {
@@ -114,6 +122,8 @@ impl std::fmt::Display for BootError {
             BootError::Store(e) => e.fmt(f),
             BootError::Storage(e) => e.fmt(f),
             BootError::Recovery(e) => e.fmt(f),
+            BootError::ForeignWalDir(e) => e.fmt(f),
+            BootError::Witness(e) => write!(f, "cannot write the catalog's WAL witness: {e}"),
         }
     }
 }
@@ -130,6 +140,8 @@ impl std::error::Error for BootError {
             BootError::Store(e) => Some(e),
             BootError::Storage(e) => Some(e),
             BootError::Recovery(e) => Some(e),
+            BootError::ForeignWalDir(e) => Some(e),
+            BootError::Witness(e) => Some(e),
         }
     }
 }
@@ -184,6 +196,9 @@ pub fn boot_with_clock(
     // Two nodes on one WAL directory would recover (and delete) each other's live files.
     let wal_lock = lock_dir(&config.wal_dir)?;
     let url = MetaUrl::parse(meta_url).map_err(BootError::Meta)?;
+    // Before the catalog is opened or anything recovered: a refusal changes nothing.
+    let (wal_witness, wal_dir_lost) = WalWitness::check(&url, &config.wal_dir, config.wal_salvage)
+        .map_err(BootError::ForeignWalDir)?;
     // A cluster node reads the catalog only once it has registered (below): from then on no
     // earlier incarnation of it can commit, and the snapshot holds everything one did commit.
     // Read before, a segment an earlier incarnation was committing meanwhile (still running,
@@ -273,6 +288,12 @@ pub fn boot_with_clock(
         fence,
         &clock,
     )?;
+    let mut wal_salvaged = recovered.salvaged;
+    if let Some(line) = wal_dir_lost {
+        log::error!("{line}");
+        report.push(line.clone());
+        wal_salvaged.push(line);
+    }
     let bucket_reached = store.unreachable_at_open().is_none();
     let mut epochs = HashMap::new();
     if let Some(cluster) = &cluster {
@@ -302,6 +323,11 @@ pub fn boot_with_clock(
              before any newer segment",
             recovery.unstored_segments()
         ));
+    }
+    if let Some(witness) = &wal_witness {
+        // From here on the WAL may take appends the catalog does not have yet.
+        let unstored = config.durability == Durability::Local || recovery.unstored_segments() > 0;
+        witness.open(unstored).map_err(BootError::Witness)?;
     }
     let cores = config.cores;
     let streams_recovered = snapshot.streams.len();
@@ -358,8 +384,9 @@ pub fn boot_with_clock(
         wal_lock,
         metrics,
         cluster,
-        wal_salvaged: recovered.salvaged,
+        wal_salvaged,
         recovery_backlog: recovery,
+        wal_witness,
     })
 }
 

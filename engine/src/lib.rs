@@ -38,6 +38,7 @@ pub mod rules;
 mod shard;
 pub mod wal_file;
 mod wal_ledger;
+pub mod wal_witness;
 
 pub use api::{
     AppendAck, AppendRequest, CreateRequest, Created, ForkSpec, ReadBatch, ReadBound, ReadFrom,

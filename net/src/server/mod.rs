@@ -59,6 +59,8 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
         .map(|_| Arc::new(HttpMetrics::default()))
         .collect();
     let _wal_lock = boot.wal_lock;
+    let wal_witness = boot.wal_witness;
+    let recovery_backlog = boot.recovery_backlog.clone();
     setup::log_startup(&config, cores, &boot.report, auth.as_deref());
     let scheme = if tls_config.is_some() {
         "https"
@@ -146,6 +148,13 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     signals::exit_on_second_stop(signals)?;
     let clean = wait_for_cores(&stopped_rx, cores);
     log::info!("stopped: {clean} of {cores} cores flushed everything to the object store");
+    if clean == cores && recovery_backlog.unstored_segments() == 0 {
+        // The WAL holds nothing the catalog lacks: a start on another WAL directory loses
+        // nothing.
+        if let Some(Err(e)) = wal_witness.as_ref().map(|w| w.clean()) {
+            log::warn!("cannot tell the catalog the WAL is stored: {e}");
+        }
+    }
     if let Some(cluster) = &cluster {
         if clean == cores {
             // Everything is stored: the others may take this node's streams over right away.
