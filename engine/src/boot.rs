@@ -196,9 +196,6 @@ pub fn boot_with_clock(
     // Two nodes on one WAL directory would recover (and delete) each other's live files.
     let wal_lock = lock_dir(&config.wal_dir)?;
     let url = MetaUrl::parse(meta_url).map_err(BootError::Meta)?;
-    // Before the catalog is opened or anything recovered: a refusal changes nothing.
-    let (wal_witness, wal_dir_lost) = WalWitness::check(&url, &config.wal_dir, config.wal_salvage)
-        .map_err(BootError::ForeignWalDir)?;
     // A cluster node reads the catalog only once it has registered (below): from then on no
     // earlier incarnation of it can commit, and the snapshot holds everything one did commit.
     // Read before, a segment an earlier incarnation was committing meanwhile (still running,
@@ -213,6 +210,10 @@ pub fn boot_with_clock(
         let (meta, snapshot) = MetaStore::open(&url).map_err(BootError::Meta)?;
         (meta, Some(snapshot))
     };
+    // Once the catalog is this node's (its lock taken) and before anything is recovered: a
+    // refusal changes nothing.
+    let (wal_witness, wal_dir_lost) = WalWitness::check(&url, &config.wal_dir, config.wal_salvage)
+        .map_err(BootError::ForeignWalDir)?;
     let uri = StorageUri::parse(storage).map_err(BootError::Store)?;
     // A node with data of its own starts while its bucket cannot be reached, and serves what
     // it holds (reads keep working when writes cannot); a wrong secret or bucket still stops
