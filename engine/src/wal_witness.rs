@@ -24,6 +24,8 @@ use pico_meta::MetaUrl;
 
 /// The WAL directory's id file.
 const WAL_ID_FILE: &str = "wal-id";
+/// The id a witness names when the WAL directory has none (it held nothing unstored).
+const NO_WAL_ID: &str = "00000000000000000000000000000000";
 /// Bytes of a witness line: `wal `, 32 hex digits, ` unstored `, one digit, a newline.
 const WITNESS_BYTES: usize = 4 + 32 + 10 + 1 + 1;
 
@@ -173,12 +175,14 @@ impl WalWitness {
         }
     }
 
-    /// Writes the WAL directory's id (made if it has none) and whether it may now hold
-    /// unstored records, durably: before the node takes any append.
+    /// Writes whether the WAL directory may now hold unstored records, durably, before the
+    /// node takes any append; with its id, made if it has none, when it may (a directory that
+    /// holds nothing the catalog lacks needs none).
     pub(crate) fn open(&self, unstored: bool) -> std::io::Result<()> {
-        let id = match read_wal_id(&self.wal_dir) {
-            Some(id) => id,
-            None => {
+        let id = match (read_wal_id(&self.wal_dir), unstored) {
+            (Some(id), _) => id,
+            (None, false) => NO_WAL_ID.to_string(),
+            (None, true) => {
                 let id = new_id()?;
                 write_new(
                     &self.wal_dir.join(WAL_ID_FILE),
@@ -193,10 +197,8 @@ impl WalWitness {
     /// After a clean stop that stored everything: the WAL directory holds nothing the
     /// catalog lacks, so a start on another one loses nothing.
     pub fn clean(&self) -> std::io::Result<()> {
-        match read_wal_id(&self.wal_dir) {
-            Some(id) => self.write(&id, false),
-            None => Ok(()),
-        }
+        let id = read_wal_id(&self.wal_dir).unwrap_or_else(|| NO_WAL_ID.to_string());
+        self.write(&id, false)
     }
 
     fn write(&self, wal_id: &str, unstored: bool) -> std::io::Result<()> {
