@@ -171,8 +171,11 @@ pub(crate) fn ledgers(wal_dir: &Path) -> std::io::Result<BTreeMap<String, FoundL
 /// (a ledger left listing a removed file would stop the next start). Gone already is fine.
 pub(crate) fn forget(wal_dir: &Path, group: &str) -> std::io::Result<()> {
     match std::fs::remove_file(ledger_path(wal_dir, group)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+        // Durably gone before any of its files goes: a crash must not keep the ledger and
+        // lose a file it lists.
+        Ok(()) => std::fs::File::open(wal_dir)?.sync_all(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
