@@ -75,6 +75,14 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// The directory `path` is in (`.` for a bare file name, as `sqlite:meta.db` gives).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
 /// Writes `bytes` to `path` whole and durably: a temporary file, synced, renamed over it,
 /// its directory synced.
 fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -83,7 +91,7 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.write_all(bytes)?;
     file.sync_all()?;
     std::fs::rename(&temporary, path)?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
+    sync_dir(dir_of(path))
 }
 
 /// A fresh directory id: 128 random bits.

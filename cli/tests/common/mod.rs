@@ -1078,6 +1078,10 @@ pub fn frame_bytes_per_core(dir: &Path) -> std::collections::BTreeMap<String, us
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            // WAL files and segments only (not the ledgers, the WAL directory's id, the lock).
+            if !path.extension().is_some_and(|e| e == "wal" || e == "seg") {
+                continue;
+            }
             let stem = path
                 .file_stem()
                 .and_then(|s| s.to_str())
