@@ -112,39 +112,48 @@ impl Shard {
         // Room for the most a segment's buffer grows to, so its frames always fit.
         let size = self.journal.full_bytes() as u64;
         let made = async {
-            file.pre_allocate(size, false)
-                .await
-                .map_err(|e| WalFault::PreAllocate {
-                    path: path.clone(),
-                    source: Arc::new(e.into()),
-                })?;
-            let zeros = match fill {
-                WalFill::Head(bytes) => size.min(bytes as u64),
-                WalFill::Written => size,
-            };
-            write_zeros(&file, zeros)
-                .await
-                .map_err(|e| WalFault::WriteZeros {
-                    path: path.clone(),
-                    source: Arc::new(e),
-                })?;
+            // The directory entry first, durably: the ledger may then list the file while its
+            // room is made (a crash between leaves a listed file with no frames, which
+            // recovery removes), so the ledger's write costs the spare no time of its own.
             sync_dir(&self.config.wal_dir)?;
-            match self.ledger.get() {
-                Some(ledger) => ledger.add(counter).await.map_err(|e| WalFault::Ledger {
-                    path: ledger.path().to_path_buf(),
-                    source: Arc::new(e),
-                }),
-                None => Ok(()),
-            }
+            let room = async {
+                file.pre_allocate(size, false)
+                    .await
+                    .map_err(|e| WalFault::PreAllocate {
+                        path: path.clone(),
+                        source: Arc::new(e.into()),
+                    })?;
+                let zeros = match fill {
+                    WalFill::Head(bytes) => size.min(bytes as u64),
+                    WalFill::Written => size,
+                };
+                write_zeros(&file, zeros)
+                    .await
+                    .map_err(|e| WalFault::WriteZeros {
+                        path: path.clone(),
+                        source: Arc::new(e),
+                    })
+            };
+            let listed = async {
+                match self.ledger.get() {
+                    Some(ledger) => ledger.add(counter).await.map_err(|e| WalFault::Ledger {
+                        path: ledger.path().to_path_buf(),
+                        source: Arc::new(e),
+                    }),
+                    None => Ok(()),
+                }
+            };
+            let (room, listed) = futures_util::future::join(room, listed).await;
+            room.and(listed)
         }
         .await;
         if let Err(e) = made {
-            // No frame was written to it: a half-made file only takes space. A failed ledger
-            // write may still have listed it, so it goes only once the ledger says it does
-            // not (else the next start finds it empty and removes it).
-            let unlisted = match (&e, self.ledger.get()) {
-                (WalFault::Ledger { .. }, Some(ledger)) => ledger.retire(counter).await.is_ok(),
-                _ => true,
+            // No frame was written to it: a half-made file only takes space. The ledger may
+            // list it (its write may have gone through, or failed after), so it goes only once
+            // the ledger says it does not (else the next start finds it empty and removes it).
+            let unlisted = match self.ledger.get() {
+                Some(ledger) => ledger.retire(counter).await.is_ok(),
+                None => true,
             };
             // A file removed gives its name back: the retry makes the same one, so a full disk
             // is one fault, logged once, not a new one every retry.
