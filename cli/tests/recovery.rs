@@ -593,19 +593,7 @@ fn a_restart_while_the_bucket_refuses_writes_serves_and_stores_later() {
 /// Starts a second `pico serve` beside `first`, on `meta_url` and `wal_dir`, and expects it to
 /// refuse: its stderr.
 fn second_node_refused(first: &Server, meta_url: &str, wal_dir: &std::path::Path) -> String {
-    let wal_dir = wal_dir.display().to_string();
-    let storage = format!("-2@file://{}", first.dir().join("objects").display());
-    let (refused, stderr) = common::serve_refused(
-        &[
-            "--meta-url",
-            meta_url,
-            "--wal-dir",
-            &wal_dir,
-            "--storage",
-            &storage,
-        ],
-        Duration::from_secs(60),
-    );
+    let (refused, stderr) = common::serve_refused_on(first, meta_url, wal_dir, &[]);
     assert!(refused, "a second node started beside the first: {stderr}");
     stderr
 }

@@ -68,6 +68,21 @@ fn flip_a_byte(server: &Server, flip: Flip) -> std::path::PathBuf {
     path
 }
 
+/// `name` is closed (a salvage closed it at its first lost offset): its HEAD says so and an
+/// append is refused, so no lost offset is handed out again.
+fn assert_closed(server: &Server, name: &str) {
+    let head = server.head(name);
+    assert_eq!(
+        head.header("pico-closed"),
+        Some("true"),
+        "{}",
+        head.describe()
+    );
+    server
+        .post(name, b"after the salvage")
+        .expect_error(409, "closed");
+}
+
 /// Restarts `server` (killed) and expects it to refuse to start, its error naming each of
 /// `needed`.
 fn refused_naming(server: &mut Server, needed: &[&str]) {
@@ -125,17 +140,8 @@ fn damaged_wal_is_refused_then_salvaged(flip: Flip) {
         assert_eq!(head.header("pico-closed"), None, "{}", head.describe());
         server.post("/d", b"after the salvage").expect(200);
     } else {
-        assert_eq!(
-            head.header("pico-closed"),
-            Some("true"),
-            "{}",
-            head.describe()
-        );
         assert_eq!(head.h_u64("pico-next-seq"), next);
-        // No lost offset is handed out again.
-        server
-            .post("/d", b"after the salvage")
-            .expect_error(409, "closed");
+        assert_closed(&server, "/d");
         assert!(
             salvaged.contains("/d") && salvaged.contains(&format!("lost offsets {next}..=199")),
             "{salvaged}"
@@ -229,16 +235,7 @@ fn a_wal_file_cut_short_is_refused_then_salvaged_with_no_offset_handed_out_twice
             // The records before the cut are kept and the stream is closed after them: no
             // lost offset is handed out again.
             assert!(next > 0);
-            let head = server.head("/d");
-            assert_eq!(
-                head.header("pico-closed"),
-                Some("true"),
-                "{}",
-                head.describe()
-            );
-            server
-                .post("/d", b"after the salvage")
-                .expect_error(409, "closed");
+            assert_closed(&server, "/d");
         }
         let ready = server.admin_get("/ready").json();
         assert_eq!(ready["degraded"], true, "{ready}");
@@ -289,14 +286,7 @@ fn a_wal_file_deleted_whole_is_found_by_the_gap_it_leaves() {
     for (i, record) in records.iter().enumerate() {
         assert_eq!(record.body, big(i as u64), "record {i}");
     }
-    let head = server.head("/g");
-    assert_eq!(
-        head.header("pico-closed"),
-        Some("true"),
-        "{}",
-        head.describe()
-    );
-    server.post("/g", b"after").expect_error(409, "closed");
+    assert_closed(&server, "/g");
     let ready = server.admin_get("/ready").json();
     assert_eq!(ready["degraded"], true, "{ready}");
 }
@@ -379,21 +369,11 @@ fn a_salvage_waits_for_a_bucket_that_refuses_its_segment() {
     std::fs::write(block.join("refused"), b"").unwrap();
 
     let catalog = format!("sqlite:{}", server.dir().join("meta.db").display());
-    let wal_dir = server.wal_dir().display().to_string();
-    let storage = format!("-2@file://{}", server.dir().join("objects").display());
-    let (refused, stderr) = common::serve_refused(
-        &[
-            "--cores",
-            "1",
-            "--wal-salvage",
-            "--meta-url",
-            &catalog,
-            "--wal-dir",
-            &wal_dir,
-            "--storage",
-            &storage,
-        ],
-        Duration::from_secs(60),
+    let (refused, stderr) = common::serve_refused_on(
+        &server,
+        &catalog,
+        &server.wal_dir(),
+        &["--cores", "1", "--wal-salvage"],
     );
     assert!(refused, "salvaged without the bucket: {stderr}");
     assert!(stderr.contains("does not take writes"), "{stderr}");
@@ -405,12 +385,6 @@ fn a_salvage_waits_for_a_bucket_that_refuses_its_segment() {
 
     std::fs::remove_dir_all(&block).unwrap();
     server.restart_with(&["--wal-salvage"]);
-    let head = server.head("/d");
-    assert_eq!(
-        head.header("pico-closed"),
-        Some("true"),
-        "{}",
-        head.describe()
-    );
+    assert_closed(&server, "/d");
     assert!(!wal.exists(), "moved aside once salvaged");
 }

@@ -245,14 +245,11 @@ pub(crate) fn recover_wal_files(
         .filter_map(|s| epoch_of(s.key.rsplit('/').next().unwrap_or_default()))
         .max()
         .unwrap_or(0);
-    let files = wal_files(&config.wal_dir).map_err(|source| RecoveryError::ListDir {
-        dir: config.wal_dir.clone(),
-        source,
-    })?;
     let list_failed = |source| RecoveryError::ListDir {
         dir: config.wal_dir.clone(),
         source,
     };
+    let files = wal_files(&config.wal_dir).map_err(list_failed)?;
     if let Some(reached) = snapshot.stream_ids_reached {
         check_catalog_reach(&files, reached)?;
     }
@@ -267,16 +264,12 @@ pub(crate) fn recover_wal_files(
                 wal_dir: config.wal_dir.clone(),
             });
         }
+        // Salvaged past: their ledgers go, or the next start would refuse again.
         for file in &missing {
-            std::fs::remove_file(&file.ledger)
-                .or_else(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => Ok(()),
-                    _ => Err(e),
-                })
-                .map_err(|source| RecoveryError::Remove {
-                    path: file.ledger.clone(),
-                    source,
-                })?;
+            wal_ledger::unlist(&file.path).map_err(|source| RecoveryError::Remove {
+                path: file.ledger.clone(),
+                source,
+            })?;
         }
         let line = format!("salvaged past missing WAL files: {described}");
         log::error!("{line}");

@@ -373,6 +373,28 @@ pub fn serve_refused(args: &[&str], within: Duration) -> (bool, String) {
     (status.is_some_and(|s| !s.success()), stderr)
 }
 
+/// [`serve_refused`] on `server`'s bucket, with the catalog `meta_url`, the WAL directory
+/// `wal_dir` and `more` flags.
+pub fn serve_refused_on(
+    server: &Server,
+    meta_url: &str,
+    wal_dir: &Path,
+    more: &[&str],
+) -> (bool, String) {
+    let wal_dir = wal_dir.display().to_string();
+    let storage = format!("-2@file://{}", server.dir().join("objects").display());
+    let mut args = vec![
+        "--meta-url",
+        meta_url,
+        "--wal-dir",
+        &wal_dir,
+        "--storage",
+        &storage,
+    ];
+    args.extend(more);
+    serve_refused(&args, Duration::from_secs(60))
+}
+
 pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     loop {

@@ -40,10 +40,11 @@ impl Shard {
     pub(super) async fn commit_round(self: &Rc<Self>) -> Result<bool, WalFault> {
         // The spare WAL file is created while idle, or right away once the active segment is
         // a quarter full, so a rotation rarely waits for it (one that does lets the segment
-        // grow into its slack, and past it a writer's buffer doubles: W3's peak memory). It is made beside the rounds, which go
-        // on meanwhile: creating, reserving and syncing a file takes about a millisecond (a
-        // file written through with zeros, `WalFill`, far longer), which a writer filling
-        // segments would otherwise pay once per segment in some acknowledgements.
+        // grow into its slack, and past it a writer's buffer doubles). It is made beside the
+        // rounds, which go on meanwhile: creating, reserving and syncing a file takes about a
+        // millisecond (a file written through with zeros, `WalFill`, far longer), which a
+        // writer filling segments would otherwise pay once per segment in some
+        // acknowledgements.
         let journal = &self.journal;
         let wanted = journal.all_durable() || journal.active_reached(self.config.segment_size / 4);
         let due = journal.spare_due(self.clock.now());

@@ -78,14 +78,12 @@ impl Shard {
         let shard = Rc::new(Shard::new(parts));
         shard.load_seeds(seeds);
         if shard.wal_enabled() {
-            let ledger = WalLedger::create(&shard.config.wal_dir, &shard.wal_group())
+            let group = shard.wal_group();
+            let ledger = WalLedger::create(&shard.config.wal_dir, &group)
                 .await
                 .map_err(|e| {
                     StartError::WalFile(WalFault::Ledger {
-                        path: crate::wal_ledger::ledger_path(
-                            &shard.config.wal_dir,
-                            &shard.wal_group(),
-                        ),
+                        path: crate::wal_ledger::ledger_path(&shard.config.wal_dir, &group),
                         source: Arc::new(e),
                     })
                 })?;
