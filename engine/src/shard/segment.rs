@@ -63,9 +63,7 @@ impl Shard {
         self.coarsen_sealed(no, &segment.index);
         let bytes = segment.bytes;
         if !self.segments.sealed(no, &bytes) {
-            let (file, path) = (segment.wal, segment.wal_path);
-            let shard = self.clone();
-            glommio::spawn_local(async move { shard.retire_wal(file, path).await }).detach();
+            self.spawn_retire_wal(segment.wal, segment.wal_path);
             return;
         }
         let fence = self.cluster.as_ref().map(|cluster| SegmentFence {
@@ -150,7 +148,9 @@ impl Shard {
             self.rotate();
         }
         loop {
-            let settled = self.journal.settled() && self.segments.unuploaded_bytes() == 0;
+            let settled = self.journal.settled()
+                && self.segments.unuploaded_bytes() == 0
+                && self.retiring.get() == 0;
             if settled || self.journal.failed() {
                 return settled;
             }

@@ -67,6 +67,9 @@ pub(crate) struct Shard {
     pub(super) recovered_unstored: RefCell<Vec<(u64, Rc<str>)>>,
     /// Local durability: the WAL files this core made and has not retired (`wal_ledger.rs`).
     pub(super) ledger: std::cell::OnceCell<crate::wal_ledger::WalLedger>,
+    /// WAL files being retired (their ledger write, then their removal): a clean stop waits
+    /// for them, so it leaves no stored segment's file behind.
+    pub(super) retiring: Cell<usize>,
 }
 
 /// What a core's shard is made of, handed over by its seed (`boot.rs`).
@@ -121,6 +124,7 @@ impl Shard {
             recovery,
             recovered_unstored: RefCell::new(Vec::new()),
             ledger: std::cell::OnceCell::new(),
+            retiring: Cell::new(0),
         }
     }
 

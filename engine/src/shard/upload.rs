@@ -154,8 +154,7 @@ impl Shard {
         self.segments.stored(bytes.len());
         // The file goes beside what follows: the segment's bytes are released (and its
         // buffer reused) without waiting for the ledger's write.
-        let shard = self.clone();
-        glommio::spawn_local(async move { shard.retire_wal(file, path).await }).detach();
+        self.spawn_retire_wal(file, path);
         self.segments.mark_uploaded(no);
         if self.config.durability == Durability::Object {
             self.release_acks();

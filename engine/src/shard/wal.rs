@@ -192,10 +192,26 @@ impl Shard {
         self.config.durability == Durability::Local
     }
 
+    /// Retires a WAL file beside what follows ([`Shard::retire_wal`] on a task of its own),
+    /// counted in `retiring` until it is done.
+    pub(super) fn spawn_retire_wal(
+        self: &Rc<Self>,
+        file: Option<Rc<DmaFile>>,
+        path: Option<PathBuf>,
+    ) {
+        self.retiring.set(self.retiring.get() + 1);
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            shard.retire_wal(file, path).await;
+            shard.retiring.set(shard.retiring.get() - 1);
+        })
+        .detach();
+    }
+
     /// Removes a WAL file whose segment is stored (or held nothing), once the core's ledger
     /// no longer lists it. A file the ledger cannot let go of stays: the next start finds its
     /// segment stored and removes it.
-    pub(super) async fn retire_wal(&self, file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
+    async fn retire_wal(&self, file: Option<Rc<DmaFile>>, path: Option<PathBuf>) {
         drop(file);
         let Some(path) = path else {
             return;
