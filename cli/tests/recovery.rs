@@ -697,3 +697,82 @@ fn a_start_on_another_catalog_refuses_or_deletes_nothing() {
         assert_eq!(record.body, big(i as u64), "record {i}");
     }
 }
+
+/// A start on another bucket than the one the catalog's segments are in (a typo in
+/// `--storage`, another prefix, a volume not mounted) is refused before recovery stores
+/// anything there; on its own bucket every record reads back. `--wal-salvage` starts on the
+/// other one, says what it lacks on `/ready`, fails reads of the missing objects rather than
+/// serving them as empty, and hands out no offset again.
+#[test]
+fn a_start_on_another_bucket_is_refused_and_a_salvage_reports_it() {
+    let mut server = common::killed_after_big_records("/b", |_| {});
+    let big = common::big_record;
+    let other = server.dir().join("other-objects");
+    let other_bucket = format!("-2@file://{}", other.display());
+    let meta = format!("sqlite:{}", server.dir().join("meta.db").display());
+    let wal = server.wal_dir().display().to_string();
+    let wal_before: Vec<(PathBuf, Vec<u8>)> = wal_files(&server)
+        .into_iter()
+        .map(|p| {
+            let data = std::fs::read(&p).unwrap();
+            (p, data)
+        })
+        .collect();
+    assert!(!wal_before.is_empty(), "records wait in the WAL");
+    let on_other = [
+        "--cores",
+        "1",
+        "--meta-url",
+        &meta,
+        "--wal-dir",
+        &wal,
+        "--storage",
+        &other_bucket,
+    ];
+    let (refused, stderr) = common::serve_refused(&on_other, Duration::from_secs(60));
+    assert!(refused, "started on another bucket: {stderr}");
+    assert!(
+        stderr.contains("holds none of the catalog's newest segment objects")
+            && stderr.contains("--storage")
+            && stderr.contains("--wal-salvage"),
+        "{stderr}"
+    );
+    for (path, data) in &wal_before {
+        assert_eq!(&std::fs::read(path).unwrap(), data, "{path:?} was changed");
+    }
+    let stored_there = std::fs::read_dir(other.join("segments")).map_or(0, |d| d.count());
+    assert_eq!(stored_there, 0, "recovery stored into the other bucket");
+
+    server.restart();
+    let (records, next) = read_all(&server, "/b", 0);
+    assert_eq!((records.len(), next), (100, 100));
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(record.body, big(i as u64), "record {i}");
+    }
+
+    server.restart_with(&["--storage", &other_bucket, "--wal-salvage"]);
+    let ready = server.admin_get("/ready");
+    assert!(
+        ready.json()["walSalvaged"]
+            .as_array()
+            .is_some_and(|lines| lines.iter().any(|l| l
+                .as_str()
+                .is_some_and(|l| l.contains("lacks the catalog's segments")))),
+        "{}",
+        ready.text()
+    );
+    let read = server.get("/b");
+    assert!(
+        read.status >= 500,
+        "a read of missing objects: {}",
+        read.status
+    );
+    assert!(read.text().contains("missing"), "{}", read.text());
+    let appended = server.post("/b", b"after");
+    appended.expect(200);
+    assert_eq!(
+        appended.h_u64("pico-start-seq"),
+        100,
+        "no offset is handed out again"
+    );
+}

@@ -10,6 +10,7 @@ use futures_channel::mpsc;
 use pico_meta::{MetaError, MetaStore, MetaUrl};
 use pico_s3::{ObjectStore, ObjectStoreOptions, S3Options, StorageUri, StoreError};
 
+use crate::bucket_check::{check_bucket, BucketCheck, ForeignBucket};
 use crate::clock::Clock;
 use crate::cluster::{start_keeper, Cluster, ClusterConfig};
 use crate::config::{Durability, EngineConfig};
@@ -100,6 +101,8 @@ pub enum BootError {
     ForeignWalDir(ForeignWalDir),
     /// The catalog's witness of the WAL directory could not be written.
     Witness(std::io::Error),
+    /// The bucket holds none of the catalog's newest segments.
+    ForeignBucket(ForeignBucket),
 }
 
 impl std::fmt::Display for BootError {
@@ -124,6 +127,7 @@ impl std::fmt::Display for BootError {
             BootError::Recovery(e) => e.fmt(f),
             BootError::ForeignWalDir(e) => e.fmt(f),
             BootError::Witness(e) => write!(f, "cannot write the catalog's WAL witness: {e}"),
+            BootError::ForeignBucket(e) => e.fmt(f),
         }
     }
 }
@@ -142,6 +146,7 @@ impl std::error::Error for BootError {
             BootError::Recovery(e) => Some(e),
             BootError::ForeignWalDir(e) => Some(e),
             BootError::Witness(e) => Some(e),
+            BootError::ForeignBucket(e) => Some(e),
         }
     }
 }
@@ -279,6 +284,21 @@ pub fn boot_with_clock(
         Some(snapshot) => snapshot,
         None => wait(meta.load_snapshot())?,
     };
+    // Before recovery stores anything there: a bucket holding none of the catalog's newest
+    // segments is not the one this catalog's node stored to.
+    let mut bucket_lost = None;
+    if store.unreachable_at_open().is_none() {
+        match check_bucket(&meta, &store, &snapshot) {
+            BucketCheck::Holds => {}
+            BucketCheck::Unanswered(e) => {
+                log::warn!("could not check that the bucket holds the catalog's segments: {e}")
+            }
+            BucketCheck::Foreign(foreign) if config.wal_salvage => {
+                bucket_lost = Some(foreign.salvaged())
+            }
+            BucketCheck::Foreign(foreign) => return Err(BootError::ForeignBucket(foreign)),
+        }
+    }
     let fence = cluster.as_ref().map(|c| (c.node_id(), c.node_epoch()));
     let recovered = recover_wal_files(
         &config,
@@ -290,7 +310,7 @@ pub fn boot_with_clock(
         &clock,
     )?;
     let mut wal_salvaged = recovered.salvaged;
-    if let Some(line) = wal_dir_lost {
+    for line in wal_dir_lost.into_iter().chain(bucket_lost) {
         log::error!("{line}");
         report.push(line.clone());
         wal_salvaged.push(line);

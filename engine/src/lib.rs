@@ -9,6 +9,7 @@
 
 pub mod api;
 mod boot;
+pub mod bucket_check;
 mod checkpoint;
 mod clock;
 mod cluster;

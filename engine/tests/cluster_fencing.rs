@@ -597,6 +597,10 @@ fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
         epochs: [(row.id, owner.epoch)].into_iter().collect(),
         quarantine_refused: false,
     };
+    // Node 2 stored its object in the shared bucket before the commit, as a node does.
+    let theirs_object = dir.path().join("objects/segments/n2/theirs.seg");
+    std::fs::create_dir_all(theirs_object.parent().unwrap()).unwrap();
+    std::fs::write(&theirs_object, [0u8; 42]).unwrap();
     assert!(wait(other.commit_segment_fenced(theirs, fence))
         .expect("stored")
         .is_empty());

@@ -217,7 +217,7 @@ pub struct ServeArgs {
     #[argh(switch)]
     pub webhook_allow_loopback: bool,
 
-    /// start past a damaged or missing WAL file: keep what reads in order, close each stream that lost records at its first lost offset, move a damaged file to <wal-dir>/damaged/ with a report (without it the node refuses to start) [env: PICO_WAL_SALVAGE]
+    /// start past a damaged or missing WAL file, or a bucket without the catalog's segments: keep what reads in order, close each stream that lost records at its first lost offset, move a damaged file to <wal-dir>/damaged/ with a report (without it the node refuses to start) [env: PICO_WAL_SALVAGE]
     #[argh(switch)]
     pub wal_salvage: bool,
 
