@@ -288,8 +288,18 @@ pub fn boot_with_clock(
     // segments is not the one this catalog's node stored to.
     let mut bucket_lost = None;
     if store.unreachable_at_open().is_none() {
-        match check_bucket(&meta, &store, &snapshot) {
+        match check_bucket(&url, &meta, &store, &snapshot) {
             BucketCheck::Holds => {}
+            BucketCheck::Lost(missing) => {
+                let line = format!(
+                    "the bucket holds this catalog's marker but none of its newest segment \
+                     objects ({}): they are lost from it, and reads of their records fail \
+                     until they are restored",
+                    missing.join(", ")
+                );
+                log::error!("{line}");
+                report.push(line);
+            }
             BucketCheck::Unanswered(e) => {
                 log::warn!("could not check that the bucket holds the catalog's segments: {e}")
             }

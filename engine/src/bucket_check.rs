@@ -1,20 +1,35 @@
 //! Whether `--storage` names the bucket the catalog's segments are in, checked at start before
 //! recovery stores anything: the newest segments the catalog lists are looked up, and a bucket
-//! holding none of them is refused. Started on it (a typo in `--storage`, another prefix, a
-//! `file://` directory that did not mount), the node would answer every read of stored records
-//! with an error, store its recovered WAL files and every new segment there, and leave the
-//! streams split between two buckets.
+//! holding none of them is refused, unless it holds the catalog's marker. Started on another
+//! bucket (a typo in `--storage`, another prefix, a `file://` directory that did not mount), the
+//! node would answer every read of stored records with an error, store its recovered WAL files
+//! and every new segment there, and leave the streams split between two buckets.
 //!
 //! One object found is enough: a bucket that lost some objects is damaged, not another bucket,
 //! and reads report each object they miss. Segments holding only garbage are not asked for
 //! (the collector deletes their objects before their rows, so a crash in between leaves rows
 //! whose objects are rightly gone). A bucket that does not answer checks nothing: the node
 //! starts and serves what it holds.
+//!
+//! A bucket that lost every segment looked up looks like an empty one. A SQLite file catalog
+//! has an id, and its bucket a marker named by it, so that the two can be told apart:
+//!
+//! ```text
+//! <catalog dir>/.<db file name>.id   made once, fsynced: catalog <id:032x>\n
+//! <bucket>/catalogs/<id:032x>        PUT once the bucket is known to be the catalog's (its
+//!                                    segments found, or none listed): catalog <id:032x>\n
+//! ```
+//!
+//! A catalog without an id file (a Postgres one, an earlier release's before its first start
+//! here) is checked by its segments alone.
 
-use pico_meta::{MetaStore, Snapshot};
+use std::path::{Path, PathBuf};
+
+use pico_meta::{MetaStore, MetaUrl, Snapshot};
 use pico_s3::{ObjectStore, StoreError};
 
 use crate::recovery::{wait, StorageError};
+use crate::wal_witness::{dir_of, new_id, write_new};
 
 /// Segments looked up, newest first: enough that a few objects gone from a right bucket never
 /// look like a wrong one, few enough that a start makes only a handful of requests.
@@ -65,28 +80,105 @@ impl std::error::Error for ForeignBucket {}
 pub(crate) enum BucketCheck {
     /// The bucket holds a segment the catalog lists, or the catalog lists none worth asking for.
     Holds,
+    /// The bucket holds the catalog's marker but none of these segments: it lost them, and
+    /// reads of their records fail until they are restored.
+    Lost(Vec<String>),
     /// The bucket could not be asked; the node starts on it.
     Unanswered(StorageError),
-    /// None of the segments asked for is in the bucket.
+    /// None of the segments asked for is in the bucket, nor the catalog's marker.
     Foreign(ForeignBucket),
 }
 
 /// Looks the catalog's newest segments up in `store`: at most [`PROBED_SEGMENTS_MAX`], then,
-/// when none is there, the newest that hold more than garbage.
+/// when none is there, the newest that hold more than garbage, then the catalog's marker. A
+/// bucket found to be the catalog's gets the marker if it lacks it.
 pub(crate) fn check_bucket(
+    url: &MetaUrl,
     meta: &MetaStore,
     store: &ObjectStore,
     snapshot: &Snapshot,
 ) -> BucketCheck {
-    match probe(meta, store, snapshot) {
-        Ok(None) => BucketCheck::Holds,
-        Ok(Some(missing)) => BucketCheck::Foreign(ForeignBucket {
-            bucket: store.uri().to_string(),
-            segments: snapshot.segments.len(),
-            missing,
-        }),
-        Err(e) => BucketCheck::Unanswered(e),
+    let catalog_id = match url {
+        MetaUrl::SqliteFile(db) => catalog_id(db)
+            .map_err(|e| log::warn!("cannot read or make the catalog's id file: {e}"))
+            .ok(),
+        _ => None,
+    };
+    let missing = match probe(meta, store, snapshot) {
+        Ok(missing) => missing,
+        Err(e) => return BucketCheck::Unanswered(e),
+    };
+    let Some(id) = catalog_id else {
+        return match missing {
+            None => BucketCheck::Holds,
+            Some(missing) => BucketCheck::Foreign(foreign(store, snapshot, missing)),
+        };
+    };
+    let marker = marker_key(&id);
+    let marked = match present(store, &marker) {
+        Ok(marked) => marked,
+        Err(e) => return BucketCheck::Unanswered(e),
+    };
+    match (missing, marked) {
+        (None, true) => BucketCheck::Holds,
+        (None, false) => {
+            let text = format!("catalog {id}\n");
+            if let Err(e) = wait(store.put(&marker, text.into())) {
+                log::warn!("cannot store the catalog's marker {marker} in the bucket: {e}");
+            }
+            BucketCheck::Holds
+        }
+        (Some(missing), true) => BucketCheck::Lost(missing),
+        (Some(missing), false) => BucketCheck::Foreign(foreign(store, snapshot, missing)),
     }
+}
+
+fn foreign(store: &ObjectStore, snapshot: &Snapshot, missing: Vec<String>) -> ForeignBucket {
+    ForeignBucket {
+        bucket: store.uri().to_string(),
+        segments: snapshot.segments.len(),
+        missing,
+    }
+}
+
+/// The bucket object that says the bucket is this catalog's.
+fn marker_key(catalog_id: &str) -> String {
+    format!("catalogs/{catalog_id}")
+}
+
+/// The id file of the SQLite catalog at `db`.
+fn id_path(db: &Path) -> PathBuf {
+    let name = db
+        .file_name()
+        .map_or_else(|| "meta.db".into(), |n| n.to_string_lossy().into_owned());
+    db.with_file_name(format!(".{name}.id"))
+}
+
+/// The catalog's id, made (durably) on its first start here.
+fn catalog_id(db: &Path) -> std::io::Result<String> {
+    let path = id_path(db);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_id(&text).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} does not hold 'catalog <32 hex digits>'", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir_of(&path))?;
+            let id = new_id()?;
+            write_new(&path, format!("catalog {id}\n").as_bytes())?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn parse_id(text: &str) -> Option<String> {
+    let mut words = text.split_whitespace();
+    (words.next()? == "catalog").then_some(())?;
+    let id = words.next()?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// The keys asked for and missing, or `None` once one is found (or none is worth asking for).
@@ -144,5 +236,27 @@ fn present(store: &ObjectStore, key: &str) -> Result<bool, StorageError> {
         Ok(listed) => Ok(listed.iter().any(|(listed, _)| listed == key)),
         Err(StorageError::Store(StoreError::NotFound(_))) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_catalog_id_is_made_once_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("data/meta.db");
+        let id = catalog_id(&db).unwrap();
+        assert_eq!(id.len(), 32);
+        assert_eq!(catalog_id(&db).unwrap(), id, "the same id on every start");
+        assert!(dir.path().join("data/.meta.db.id").exists());
+        assert_eq!(marker_key(&id), format!("catalogs/{id}"));
+        std::fs::write(id_path(&db), "catalog 12\n").unwrap();
+        assert!(
+            catalog_id(&db).is_err(),
+            "a damaged id file is not replaced"
+        );
+        assert_eq!(parse_id("wal 0123456789abcdef0123456789abcdef"), None);
     }
 }

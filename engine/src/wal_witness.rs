@@ -76,7 +76,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// The directory `path` is in (`.` for a bare file name, as `sqlite:meta.db` gives).
-fn dir_of(path: &Path) -> &Path {
+pub(crate) fn dir_of(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -85,7 +85,7 @@ fn dir_of(path: &Path) -> &Path {
 
 /// Writes `bytes` to `path` whole and durably: a temporary file, synced, renamed over it,
 /// its directory synced.
-fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let temporary = path.with_extension("new");
     let mut file = std::fs::File::create(&temporary)?;
     file.write_all(bytes)?;
@@ -95,7 +95,7 @@ fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// A fresh directory id: 128 random bits.
-fn new_id() -> std::io::Result<String> {
+pub(crate) fn new_id() -> std::io::Result<String> {
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())

@@ -495,8 +495,9 @@ fn wal_contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 
 /// A bucket holding none of the catalog's newest segments (another `--storage`, a volume not
 /// mounted) is refused before recovery stores anything there; a bucket whose newest objects
-/// only the collector's crash window removed (rows of a deleted stream left behind) is not;
-/// `wal_salvage` starts on the empty bucket and reports it.
+/// only the collector's crash window removed (rows of a deleted stream left behind) is not,
+/// nor the catalog's own bucket that lost every segment (its marker tells it apart);
+/// `wal_salvage` starts on an empty bucket and reports it.
 #[test]
 fn a_bucket_without_the_catalogs_segments_is_refused_unless_only_garbage_is_gone() {
     const RECORDS: u64 = 400;
@@ -577,7 +578,28 @@ fn a_bucket_without_the_catalogs_segments_is_refused_unless_only_garbage_is_gone
         assert_eq!((*offset, record), (i as u64, &body(0, i as u64)));
     }
 
-    // Salvaged: the node starts on the empty bucket and says what it lacks.
+    // The same bucket with every segment object lost (its marker left): damaged, not another
+    // bucket. The node starts and says what it lost; reads fail rather than come back empty.
+    for name in stored_segments(&path) {
+        std::fs::remove_file(objects.join("segments").join(name)).unwrap();
+    }
+    let (read, report) = common::run_node(
+        small(),
+        &path,
+        |_| {},
+        |core, _| async move {
+            core.read("/live", &common::page_request(0, 1000, 1 << 20))
+                .await
+                .is_err()
+        },
+    );
+    assert!(read, "a read of a lost object fails");
+    assert!(
+        report.iter().any(|l| l.contains("lost from it")),
+        "{report:?}"
+    );
+
+    // Salvaged: the node starts on an empty bucket and says what it lacks.
     std::fs::rename(&objects, &moved).unwrap();
     let report = run(
         EngineConfig {
