@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use pico_meta::{MetaStore, MetaUrl, Snapshot};
-use pico_s3::{ObjectStore, StoreError};
+use pico_s3::ObjectStore;
 
 use crate::recovery::{wait, StorageError};
 use crate::wal_witness::{dir_of, new_id, write_new};
@@ -230,13 +230,12 @@ fn newest_keys(snapshot: &Snapshot, keep: impl Fn(&str) -> bool) -> Vec<&str> {
         .collect()
 }
 
-/// Whether `key` is in the bucket (a listing by the key itself: one request on every backend).
+/// Whether `key` is in the bucket (a listing by the key itself: one request on every backend,
+/// which answers an empty list for a missing key; any error, a missing bucket's included, is
+/// no answer).
 fn present(store: &ObjectStore, key: &str) -> Result<bool, StorageError> {
-    match wait(store.list(key)) {
-        Ok(listed) => Ok(listed.iter().any(|(listed, _)| listed == key)),
-        Err(StorageError::Store(StoreError::NotFound(_))) => Ok(false),
-        Err(e) => Err(e),
-    }
+    let listed = wait(store.list(key))?;
+    Ok(listed.iter().any(|(listed, _)| listed == key))
 }
 
 #[cfg(test)]
