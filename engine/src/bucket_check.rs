@@ -29,7 +29,7 @@ use pico_meta::{MetaStore, MetaUrl, Snapshot};
 use pico_s3::ObjectStore;
 
 use crate::recovery::{wait, StorageError};
-use crate::wal_witness::{dir_of, new_id, write_new};
+use crate::wal_witness::{beside_catalog, dir_of, new_id, write_new};
 
 /// Segments looked up, newest first: enough that a few objects gone from a right bucket never
 /// look like a wrong one, few enough that a start makes only a handful of requests.
@@ -148,10 +148,7 @@ fn marker_key(catalog_id: &str) -> String {
 
 /// The id file of the SQLite catalog at `db`.
 fn id_path(db: &Path) -> PathBuf {
-    let name = db
-        .file_name()
-        .map_or_else(|| "meta.db".into(), |n| n.to_string_lossy().into_owned());
-    db.with_file_name(format!(".{name}.id"))
+    beside_catalog(db, "id")
 }
 
 /// The catalog's id, made (durably) on its first start here.

@@ -59,10 +59,15 @@ fn line(wal_id: &str, unstored: bool) -> String {
 
 /// The witness file of the SQLite catalog at `db`.
 fn witness_path(db: &Path) -> PathBuf {
+    beside_catalog(db, "wal")
+}
+
+/// The hidden file `.<db file name>.<suffix>` beside the SQLite catalog at `db`.
+pub(crate) fn beside_catalog(db: &Path, suffix: &str) -> PathBuf {
     let name = db
         .file_name()
         .map_or_else(|| "meta.db".into(), |n| n.to_string_lossy().into_owned());
-    db.with_file_name(format!(".{name}.wal"))
+    db.with_file_name(format!(".{name}.{suffix}"))
 }
 
 fn read_wal_id(wal_dir: &Path) -> Option<String> {

@@ -31,6 +31,15 @@ fn append(body: Bytes) -> pico_engine::AppendRequest {
     append_request(vec![record(body)], false)
 }
 
+/// One core, segments of 64 KiB: some are sealed, stored and committed, the rest stay in the
+/// WAL.
+fn small_segments(dir: &Path) -> EngineConfig {
+    EngineConfig {
+        segment_size: 64 * 1024,
+        ..config(dir, 1)
+    }
+}
+
 /// Every record of `name`, as `(offset, body)`.
 async fn read_all(core: &CoreHandle, name: &str) -> Vec<(u64, Bytes)> {
     common::read_bodies(core, name, 256 * 1024).await
@@ -421,11 +430,7 @@ fn a_damaged_leftover_of_a_stored_segment_never_replaces_it() {
 fn objects_an_earlier_run_stored_but_never_committed_are_deleted_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    // Small segments: some are sealed, stored and committed, the rest stay in the WAL.
-    let small = || EngineConfig {
-        segment_size: 64 * 1024,
-        ..config(&path, 1)
-    };
+    let small = || small_segments(&path);
     run(small(), &path, |core| async move {
         core.create("/o", create()).await.unwrap();
         for i in 0..100 {
@@ -503,10 +508,7 @@ fn a_bucket_without_the_catalogs_segments_is_refused_unless_only_garbage_is_gone
     const RECORDS: u64 = 400;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    let small = || EngineConfig {
-        segment_size: 64 * 1024,
-        ..config(&path, 1)
-    };
+    let small = || small_segments(&path);
     run(small(), &path, |core| async move {
         core.create("/live", create()).await.unwrap();
         for i in 0..RECORDS {
