@@ -37,6 +37,16 @@ pub(crate) const S3_PARTS_IN_FLIGHT: usize = 4;
 /// runtime thread keeps serving; smaller ones are hashed in place.
 pub(crate) const HASH_OFF_THREAD_MIN_BYTES: usize = 256 << 10;
 
+/// Most bytes read of a successful answer that is not an object's data (a listing page, a
+/// multipart upload's XML, a PUT's answer): a ListObjectsV2 page of 1,000 keys of 1,024 bytes,
+/// each percent-encoded, fits with room to spare. A longer answer fails the call (it is not
+/// retried) and the connection is dropped unread.
+pub(crate) const S3_ANSWER_BYTES_MAX: usize = 16 << 20;
+
+/// Most bytes read of an error answer's body, which only feeds the error message; the rest is
+/// dropped unread.
+pub(crate) const S3_ERROR_ANSWER_BYTES_MAX: usize = 64 << 10;
+
 /// Default `S3Options::list_page_size`: keys asked per ListObjectsV2 page (S3's maximum); a
 /// longer listing takes more pages.
 pub(crate) const S3_LIST_PAGE_KEYS: u32 = 1000;

@@ -489,3 +489,141 @@ fn an_unreachable_bucket_opens_only_when_asked_and_a_refusal_never_does() {
     let store = open_probed(&answering, true).unwrap();
     assert_eq!(store.unreachable_at_open(), None);
 }
+
+/// What [`serve_endless`] sends after the request.
+#[derive(Clone, Copy)]
+enum Endless {
+    /// `200` with a `Content-Length` of a gigabyte: a store that ignores the range.
+    WholeObject,
+    /// `206` whose chunked body never ends.
+    Partial,
+    /// `200` to a listing, a chunked body that never ends.
+    Listing,
+    /// `500` with a chunked body that never ends.
+    Error,
+}
+
+const ENDLESS_BYTES_MAX: u64 = 1 << 30;
+
+/// A store that answers every request with a body of up to [`ENDLESS_BYTES_MAX`] bytes (byte
+/// `i` is `i % 251`), until the client stops reading; returns the bytes it got out per
+/// connection, as the count of what the client could have read.
+fn serve_endless(kind: Endless) -> (String, Arc<Mutex<Vec<u64>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let log = sent.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(16) {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim_end().is_empty() {
+                    break;
+                }
+            }
+            let chunked = "Transfer-Encoding: chunked\r\n";
+            let head = match kind {
+                Endless::WholeObject => {
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {ENDLESS_BYTES_MAX}\r\n\r\n")
+                }
+                Endless::Partial => format!(
+                    "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-4095/{ENDLESS_BYTES_MAX}\r\n{chunked}\r\n"
+                ),
+                Endless::Listing => format!("HTTP/1.1 200 OK\r\n{chunked}\r\n"),
+                Endless::Error => format!("HTTP/1.1 500 Internal Server Error\r\n{chunked}\r\n"),
+            };
+            if stream.write_all(head.as_bytes()).is_err() {
+                continue;
+            }
+            let block: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+            let mut written = 0u64;
+            while written < ENDLESS_BYTES_MAX {
+                let ok = if matches!(kind, Endless::WholeObject) {
+                    stream.write_all(&block)
+                } else {
+                    stream
+                        .write_all(format!("{:x}\r\n", block.len()).as_bytes())
+                        .and_then(|()| stream.write_all(&block))
+                        .and_then(|()| stream.write_all(b"\r\n"))
+                };
+                if ok.is_err() {
+                    break;
+                }
+                written += block.len() as u64;
+            }
+            log.lock().unwrap().push(written);
+        }
+    });
+    (endpoint, sent)
+}
+
+/// Waits (bounded) until the server has finished `connections` answers; what each sent.
+fn sent_by(sent: &Arc<Mutex<Vec<u64>>>, connections: usize) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = sent.lock().unwrap().clone();
+        if now.len() >= connections || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The store is a peer like any other: a body without end (a range it ignores on a large
+/// object, a listing or an error that never ends) is read only as far as the call needs, and
+/// the connection is dropped. Before, every answer was read whole into memory.
+#[test]
+fn an_endless_answer_is_read_only_as_far_as_the_call_needs() {
+    // Most bytes one call may have drawn from the server: its limit, plus what the sockets'
+    // buffers hold on loopback.
+    const DRAWN_MAX: u64 = 48 << 20;
+    let one_attempt = S3Options {
+        max_attempts: 1,
+        ..S3Options::default()
+    };
+
+    let (endpoint, sent) = serve_endless(Endless::WholeObject);
+    let store = open(&endpoint, one_attempt.clone());
+    let bytes = wait(store.get_range("k", 100, 4196)).expect("the range, cut from the object");
+    let expected: Vec<u8> = (100..4196).map(|i| (i % (64 * 1024) % 251) as u8).collect();
+    assert_eq!(&bytes[..], &expected[..]);
+    let drawn = sent_by(&sent, 1);
+    assert!(drawn.iter().all(|n| *n < DRAWN_MAX), "{drawn:?}");
+
+    let (endpoint, sent) = serve_endless(Endless::Partial);
+    let store = open(&endpoint, one_attempt.clone());
+    let error = wait(store.get_range("k", 0, 4096)).expect_err("a 206 longer than the range");
+    assert!(
+        error.to_string().contains("longer than the 4096 bytes"),
+        "{error}"
+    );
+    let drawn = sent_by(&sent, 1);
+    assert!(drawn.iter().all(|n| *n < DRAWN_MAX), "{drawn:?}");
+
+    let (endpoint, sent) = serve_endless(Endless::Listing);
+    let store = open(&endpoint, one_attempt);
+    let error = wait(store.list("")).expect_err("a listing without end");
+    assert!(error.to_string().contains("longer than"), "{error}");
+    let drawn = sent_by(&sent, 1);
+    assert!(drawn.iter().all(|n| *n < DRAWN_MAX), "{drawn:?}");
+
+    // An error's body only feeds its message: each attempt reads a little and goes on.
+    let (endpoint, sent) = serve_endless(Endless::Error);
+    let store = open(
+        &endpoint,
+        S3Options {
+            max_attempts: 3,
+            ..S3Options::default()
+        },
+    );
+    let error = wait(store.get("k")).expect_err("an error answer");
+    assert!(
+        error.to_string().contains("gave up after 3 attempts"),
+        "{error}"
+    );
+    let drawn = sent_by(&sent, 3);
+    assert_eq!(drawn.len(), 3, "{drawn:?}");
+    assert!(drawn.iter().all(|n| *n < DRAWN_MAX), "{drawn:?}");
+}

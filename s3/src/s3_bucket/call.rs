@@ -6,7 +6,7 @@ use reqwest::header::HeaderMap;
 use reqwest::Method;
 use reqwest::StatusCode;
 
-use crate::limits::HASH_OFF_THREAD_MIN_BYTES;
+use crate::limits::{HASH_OFF_THREAD_MIN_BYTES, S3_ANSWER_BYTES_MAX, S3_ERROR_ANSWER_BYTES_MAX};
 use crate::sigv4;
 use crate::xml;
 
@@ -23,6 +23,36 @@ pub(super) struct Call {
     pub(super) payload_hash: String,
     /// CompleteMultipartUpload can fail with a 200 whose body is an `<Error>`.
     pub(super) error_in_ok_body: bool,
+    /// How much of a successful answer's body is read.
+    pub(super) answer_limit: AnswerLimit,
+}
+
+/// How much of a successful answer's body is read: the store is a peer like any other, and a
+/// body it sends without end (or a range it ignores on a large object) must not fill memory.
+/// An error answer's body is read up to [`S3_ERROR_ANSWER_BYTES_MAX`] and cut there (it only
+/// feeds the error message).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum AnswerLimit {
+    /// Longer is a failure of the call (`Answer::truncated`).
+    Bytes(usize),
+    /// A GET of bytes `start..end`: a `206` holds `end - start` bytes and no more; a `200` (a
+    /// store that ignores ranges sends the whole object) is read up to `end` and cut there.
+    Range { start: u64, end: u64 },
+}
+
+impl AnswerLimit {
+    /// The most bytes read of an answer with `status`.
+    pub(super) fn bytes_max(self, status: StatusCode) -> usize {
+        let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        match self {
+            _ if !status.is_success() => S3_ERROR_ANSWER_BYTES_MAX,
+            AnswerLimit::Bytes(max) => max,
+            AnswerLimit::Range { start, end } if status == StatusCode::PARTIAL_CONTENT => {
+                cap(end.saturating_sub(start))
+            }
+            AnswerLimit::Range { end, .. } => cap(end),
+        }
+    }
 }
 
 impl Call {
@@ -35,7 +65,13 @@ impl Call {
             body: Bytes::new(),
             payload_hash: sigv4::UNSIGNED_PAYLOAD.to_string(),
             error_in_ok_body: false,
+            answer_limit: AnswerLimit::Bytes(S3_ANSWER_BYTES_MAX),
         }
+    }
+
+    pub(super) fn answer_limit(mut self, limit: AnswerLimit) -> Call {
+        self.answer_limit = limit;
+        self
     }
 
     pub(super) fn query(mut self, name: &str, value: &str) -> Call {
@@ -73,6 +109,8 @@ pub(super) struct Answer {
     pub(super) status: StatusCode,
     pub(super) headers: HeaderMap,
     pub(super) body: Bytes,
+    /// The body went on past the call's [`AnswerLimit`]; `body` holds what came before.
+    pub(super) truncated: bool,
 }
 
 impl Answer {

@@ -6,9 +6,9 @@ use std::time::Duration;
 use std::time::Instant;
 use std::time::SystemTime;
 
-use reqwest::Method;
+use reqwest::{Method, StatusCode};
 
-use super::call::{transient, Answer, Call};
+use super::call::{transient, Answer, AnswerLimit, Call};
 use super::config::{S3Config, S3Options};
 use crate::limits::S3_POOL_IDLE_TIMEOUT_SECS;
 use crate::sigv4;
@@ -49,6 +49,40 @@ impl S3Bucket {
     }
 }
 
+/// A successful answer cut at its limit, except the whole object a store that ignores ranges
+/// sends, which is meant to be cut (an error answer's body is only a message).
+fn overlong(limit: AnswerLimit, answer: &Answer) -> bool {
+    answer.truncated
+        && answer.status.is_success()
+        && !(matches!(limit, AnswerLimit::Range { .. }) && answer.status == StatusCode::OK)
+}
+
+/// Reads `response`'s body up to `bytes_max` bytes; `true` when it went on past them (the
+/// rest is left unread and the connection dropped). A body whose `Content-Length` fits is read
+/// whole (hyper refuses one longer than it says).
+async fn read_body(
+    mut response: reqwest::Response,
+    bytes_max: usize,
+) -> Result<(bytes::Bytes, bool), String> {
+    let declared = response
+        .content_length()
+        .and_then(|length| usize::try_from(length).ok());
+    if declared.is_some_and(|length| length <= bytes_max) {
+        let body = response.bytes().await.map_err(describe_transport)?;
+        return Ok((body, false));
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(0).min(bytes_max).min(1 << 20));
+    while let Some(chunk) = response.chunk().await.map_err(describe_transport)? {
+        let room = bytes_max - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body.into(), true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body.into(), false))
+}
+
 impl S3Bucket {
     /// Sends `call` until it gets a non-transient answer, retrying transient failures with
     /// backoff. `Ok` carries any final answer, success or not; `Err` means retries ran out.
@@ -63,6 +97,15 @@ impl S3Bucket {
             let timeout = self.options.attempt_timeout.min(remaining);
             let mut asked_wait = Duration::ZERO;
             let reason = match self.attempt(call, timeout).await {
+                Ok(answer) if overlong(call.answer_limit, &answer) => {
+                    return Err(StoreError::Io(format!(
+                        "{what} at {}: the store's answer (HTTP {}) is longer than the {} bytes \
+                         it may be",
+                        self.config.describe(),
+                        answer.status,
+                        call.answer_limit.bytes_max(answer.status)
+                    )));
+                }
                 Ok(answer) => match transient(&answer, call.error_in_ok_body) {
                     None => return Ok(answer),
                     Some(reason) => {
@@ -171,11 +214,12 @@ impl S3Bucket {
         let response = builder.send().await.map_err(describe_transport)?;
         let status = response.status();
         let headers = response.headers().clone();
-        let body = response.bytes().await.map_err(describe_transport)?;
+        let (body, truncated) = read_body(response, call.answer_limit.bytes_max(status)).await?;
         Ok(Answer {
             status,
             headers,
             body,
+            truncated,
         })
     }
 

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use reqwest::Method;
 use reqwest::StatusCode;
 
-use super::call::Call;
+use super::call::{AnswerLimit, Call};
 use super::client::S3Bucket;
 use crate::backend::check_range;
 use crate::xml;
@@ -59,9 +59,9 @@ impl S3Bucket {
 
     pub(crate) async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
         let what = format!("get {key}");
-        let answer = self
-            .execute(&what, &Call::new(Method::GET, Some(key)))
-            .await?;
+        // A whole object: as large as the node made it (`--segment-size`, compaction).
+        let call = Call::new(Method::GET, Some(key)).answer_limit(AnswerLimit::Bytes(usize::MAX));
+        let answer = self.execute(&what, &call).await?;
         match answer.status {
             status if status.is_success() => Ok(answer.body),
             StatusCode::NOT_FOUND if answer.error().0 != "NoSuchBucket" => {
@@ -91,7 +91,8 @@ impl S3Bucket {
         }
         let what = format!("get {key} bytes {start}..{end}");
         let call = Call::new(Method::GET, Some(key))
-            .header("range", &format!("bytes={start}-{}", end - 1));
+            .header("range", &format!("bytes={start}-{}", end - 1))
+            .answer_limit(AnswerLimit::Range { start, end });
         let answer = self.execute(&what, &call).await?;
         let wanted = (end - start) as usize;
         match answer.status {

@@ -156,6 +156,7 @@ fn transient_answers() {
         status: StatusCode::from_u16(status).unwrap(),
         headers: HeaderMap::new(),
         body: Bytes::from_static(body.as_bytes()),
+        truncated: false,
     };
     for status in [500, 502, 503, 504, 429, 408] {
         assert!(transient(&answer(status, ""), false).is_some(), "{status}");
