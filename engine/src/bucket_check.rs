@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use pico_meta::{MetaStore, MetaUrl, Snapshot};
-use pico_s3::ObjectStore;
+use pico_s3::{ObjectStore, StoreError};
 
 use crate::recovery::{wait, StorageError};
 use crate::wal_witness::{beside_catalog, dir_of, new_id, write_new};
@@ -227,12 +227,15 @@ fn newest_keys(snapshot: &Snapshot, keep: impl Fn(&str) -> bool) -> Vec<&str> {
         .collect()
 }
 
-/// Whether `key` is in the bucket (a listing by the key itself: one request on every backend,
-/// which answers an empty list for a missing key; any error, a missing bucket's included, is
-/// no answer).
+/// Whether `key` is in the bucket: its first byte read (a read of an object just written finds
+/// it on every S3-compatible store, where a listing may lag). Any error but "not found" (a
+/// missing bucket's included) is no answer.
 fn present(store: &ObjectStore, key: &str) -> Result<bool, StorageError> {
-    let listed = wait(store.list(key))?;
-    Ok(listed.iter().any(|(listed, _)| listed == key))
+    match wait(store.get_range(key, 0, 1)) {
+        Ok(_) | Err(StorageError::Store(StoreError::Short { .. })) => Ok(true),
+        Err(StorageError::Store(StoreError::NotFound(_))) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
