@@ -209,7 +209,8 @@ fn stats_and_metrics_report_latency_answers_and_storage_matching_the_files() {
     server.post("/s", &[b'x'; 16 * 1024]).expect(413);
     server.get("/nope").expect(404);
 
-    let objects = server.dir().join("objects");
+    // The catalog's segments; its marker (`catalogs/`) is no segment.
+    let objects = server.dir().join("objects/segments");
     let stats = common::wait_for(
         "every segment uploaded and measured",
         std::time::Duration::from_secs(30),

@@ -254,12 +254,19 @@ fn the_meta_url_password_never_reaches_the_log() {
         .expect("PICOMQ_PG_URL has user@host");
     let url = format!("postgres://{role}:{password}@{host}");
 
-    let logs = logs_of(&["--meta-url", &url], &[], &|server| {
-        // The second node (the other format) finds the stream the first created.
-        let created = server.put("/pg/a", "text/plain").status;
-        assert!(created == 201 || created == 200, "{created}");
-        server.post("/pg/a", b"one").expect(200);
-    });
+    // Both nodes on the catalog's one bucket, as nodes of one catalog must be.
+    let objects = tempfile::tempdir().unwrap();
+    let storage = format!("-2@file://{}", objects.path().display());
+    let logs = logs_of(
+        &["--meta-url", &url, "--storage", &storage],
+        &[],
+        &|server| {
+            // The second node (the other format) finds the stream the first created.
+            let created = server.put("/pg/a", "text/plain").status;
+            assert!(created == 201 || created == 200, "{created}");
+            server.post("/pg/a", b"one").expect(200);
+        },
+    );
     for (format, log) in &logs {
         assert!(log.contains(&format!("{role}:***@")), "{format}:\n{log}");
     }

@@ -288,7 +288,7 @@ pub fn boot_with_clock(
     // segments is not the one this catalog's node stored to.
     let mut bucket_lost = None;
     if store.unreachable_at_open().is_none() {
-        match check_bucket(&url, &meta, &store, &snapshot) {
+        match check_bucket(&meta, &store, &snapshot) {
             BucketCheck::Holds => {}
             BucketCheck::Lost(missing) => {
                 let line = format!(

@@ -11,25 +11,22 @@
 //! whose objects are rightly gone). A bucket that does not answer checks nothing: the node
 //! starts and serves what it holds.
 //!
-//! A bucket that lost every segment looked up looks like an empty one. A SQLite file catalog
-//! has an id, and its bucket a marker named by it, so that the two can be told apart:
+//! A bucket that lost every segment looked up looks like an empty one. The catalog has an id
+//! (made once by its schema, `catalog_identity`), and its bucket a marker named by it, so
+//! that the two can be told apart:
 //!
 //! ```text
-//! <catalog dir>/.<db file name>.id   made once, fsynced: catalog <id:032x>\n
-//! <bucket>/catalogs/<id:032x>        PUT once the bucket is known to be the catalog's (its
-//!                                    segments found, or none listed): catalog <id:032x>\n
+//! <bucket>/catalogs/<catalog id:032x>   PUT once the bucket is known to be the catalog's (its
+//!                                       segments found, or none listed): catalog <id>\n
 //! ```
 //!
-//! A catalog without an id file (a Postgres one, an earlier release's before its first start
-//! here) is checked by its segments alone.
+//! Markers are per catalog, so buckets shared by several catalogs stay possible. A catalog
+//! without an id (its row gone) is checked by its segments alone.
 
-use std::path::{Path, PathBuf};
-
-use pico_meta::{MetaStore, MetaUrl, Snapshot};
+use pico_meta::{MetaStore, Snapshot};
 use pico_s3::{ObjectStore, StoreError};
 
 use crate::recovery::{wait, StorageError};
-use crate::wal_witness::{beside_catalog, dir_of, new_id, write_new};
 
 /// Segments looked up, newest first: enough that a few objects gone from a right bucket never
 /// look like a wrong one, few enough that a start makes only a handful of requests.
@@ -93,28 +90,21 @@ pub(crate) enum BucketCheck {
 /// when none is there, the newest that hold more than garbage, then the catalog's marker. A
 /// bucket found to be the catalog's gets the marker if it lacks it.
 pub(crate) fn check_bucket(
-    url: &MetaUrl,
     meta: &MetaStore,
     store: &ObjectStore,
     snapshot: &Snapshot,
 ) -> BucketCheck {
-    let catalog_id = match url {
-        MetaUrl::SqliteFile(db) => catalog_id(db)
-            .map_err(|e| log::warn!("cannot read or make the catalog's id file: {e}"))
-            .ok(),
-        _ => None,
-    };
     let missing = match probe(meta, store, snapshot) {
         Ok(missing) => missing,
         Err(e) => return BucketCheck::Unanswered(e),
     };
-    let Some(id) = catalog_id else {
+    let Some(id) = &snapshot.catalog_id else {
         return match missing {
             None => BucketCheck::Holds,
             Some(missing) => BucketCheck::Foreign(foreign(store, snapshot, missing)),
         };
     };
-    let marker = marker_key(&id);
+    let marker = marker_key(id);
     let marked = match present(store, &marker) {
         Ok(marked) => marked,
         Err(e) => return BucketCheck::Unanswered(e),
@@ -144,38 +134,6 @@ fn foreign(store: &ObjectStore, snapshot: &Snapshot, missing: Vec<String>) -> Fo
 /// The bucket object that says the bucket is this catalog's.
 fn marker_key(catalog_id: &str) -> String {
     format!("catalogs/{catalog_id}")
-}
-
-/// The id file of the SQLite catalog at `db`.
-fn id_path(db: &Path) -> PathBuf {
-    beside_catalog(db, "id")
-}
-
-/// The catalog's id, made (durably) on its first start here.
-fn catalog_id(db: &Path) -> std::io::Result<String> {
-    let path = id_path(db);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => parse_id(&text).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{} does not hold 'catalog <32 hex digits>'", path.display()),
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(dir_of(&path))?;
-            let id = new_id()?;
-            write_new(&path, format!("catalog {id}\n").as_bytes())?;
-            Ok(id)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn parse_id(text: &str) -> Option<String> {
-    let mut words = text.split_whitespace();
-    (words.next()? == "catalog").then_some(())?;
-    let id = words.next()?;
-    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// The keys asked for and missing, or `None` once one is found (or none is worth asking for).
@@ -235,27 +193,5 @@ fn present(store: &ObjectStore, key: &str) -> Result<bool, StorageError> {
         Ok(_) | Err(StorageError::Store(StoreError::Short { .. })) => Ok(true),
         Err(StorageError::Store(StoreError::NotFound(_))) => Ok(false),
         Err(e) => Err(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_catalog_id_is_made_once_and_read_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("data/meta.db");
-        let id = catalog_id(&db).unwrap();
-        assert_eq!(id.len(), 32);
-        assert_eq!(catalog_id(&db).unwrap(), id, "the same id on every start");
-        assert!(dir.path().join("data/.meta.db.id").exists());
-        assert_eq!(marker_key(&id), format!("catalogs/{id}"));
-        std::fs::write(id_path(&db), "catalog 12\n").unwrap();
-        assert!(
-            catalog_id(&db).is_err(),
-            "a damaged id file is not replaced"
-        );
-        assert_eq!(parse_id("wal 0123456789abcdef0123456789abcdef"), None);
     }
 }

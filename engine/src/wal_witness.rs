@@ -59,15 +59,10 @@ fn line(wal_id: &str, unstored: bool) -> String {
 
 /// The witness file of the SQLite catalog at `db`.
 fn witness_path(db: &Path) -> PathBuf {
-    beside_catalog(db, "wal")
-}
-
-/// The hidden file `.<db file name>.<suffix>` beside the SQLite catalog at `db`.
-pub(crate) fn beside_catalog(db: &Path, suffix: &str) -> PathBuf {
     let name = db
         .file_name()
         .map_or_else(|| "meta.db".into(), |n| n.to_string_lossy().into_owned());
-    db.with_file_name(format!(".{name}.{suffix}"))
+    db.with_file_name(format!(".{name}.wal"))
 }
 
 fn read_wal_id(wal_dir: &Path) -> Option<String> {
@@ -81,7 +76,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// The directory `path` is in (`.` for a bare file name, as `sqlite:meta.db` gives).
-pub(crate) fn dir_of(path: &Path) -> &Path {
+fn dir_of(path: &Path) -> &Path {
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -90,7 +85,7 @@ pub(crate) fn dir_of(path: &Path) -> &Path {
 
 /// Writes `bytes` to `path` whole and durably: a temporary file, synced, renamed over it,
 /// its directory synced.
-pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let temporary = path.with_extension("new");
     let mut file = std::fs::File::create(&temporary)?;
     file.write_all(bytes)?;
@@ -100,7 +95,7 @@ pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// A fresh directory id: 128 random bits.
-pub(crate) fn new_id() -> std::io::Result<String> {
+fn new_id() -> std::io::Result<String> {
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())

@@ -125,7 +125,7 @@ fn catalog_of(dir: &Path, id: u64, count: u64) -> usize {
     holding
 }
 
-/// Objects in the bucket directory.
+/// Segment objects in the bucket directory (the catalog's marker beside them left out).
 fn objects(dir: &Path) -> BTreeSet<String> {
     fn walk(at: &Path, root: &Path, out: &mut BTreeSet<String>) {
         for entry in std::fs::read_dir(at).into_iter().flatten().flatten() {
@@ -146,7 +146,11 @@ fn objects(dir: &Path) -> BTreeSet<String> {
         }
     }
     let mut out = BTreeSet::new();
-    walk(&dir.join("objects"), &dir.join("objects"), &mut out);
+    walk(
+        &dir.join("objects/segments"),
+        &dir.join("objects"),
+        &mut out,
+    );
     out
 }
 

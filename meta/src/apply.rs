@@ -395,6 +395,7 @@ pub(crate) fn load_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError>
         streams,
         segments,
         stream_ids_reached: u64::try_from(reached).ok(),
+        catalog_id: db.catalog_id()?,
     })
 }
 

@@ -390,6 +390,9 @@ pub(crate) trait Backend {
     /// included: ids only grow.
     fn stream_ids_reached(&mut self) -> Result<i64, MetaError>;
 
+    /// The catalog's identity (schema version 13), made once; `None` when its row is gone.
+    fn catalog_id(&mut self) -> Result<Option<String>, MetaError>;
+
     /// `(id, start_offset)` of the streams among `ids` that have a row (deleted ones have
     /// none), in any order: what the garbage collector needs of the streams its segments name,
     /// without reading every stream.

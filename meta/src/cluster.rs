@@ -316,6 +316,7 @@ impl MetaStore {
                     streams: vec![row],
                     segments,
                     stream_ids_reached: None,
+                    catalog_id: None,
                 },
                 ownership: owner,
                 fork_refs,

@@ -217,6 +217,9 @@ pub struct Snapshot {
     /// The highest stream id the catalog ever handed out, when read: a WAL frame of a higher
     /// one was written with another catalog.
     pub stream_ids_reached: Option<u64>,
+    /// The catalog's identity, when read (schema version 13): its bucket holds a marker named
+    /// by it.
+    pub catalog_id: Option<String>,
 }
 
 /// Where the metadata log lives (`--meta-url`).

@@ -58,6 +58,9 @@
 //!   segment_streams_stream_seq: (stream_id, segment_seq)  (v11; v6-v10: (stream_id))
 //!   all columns replaced as a whole when the segment is re-committed
 //!
+//! catalog_identity the catalog's id (v13): one row, made by the migration    never changed
+//!   id            TEXT NOT NULL       32 lowercase hex digits (128 random bits)
+//!
 //! consumers        named consumers (v9): one row per consumer    row deleted on consumer delete
 //!   scope         TEXT NOT NULL       the root (or auth scope) it belongs to
 //!   id            TEXT NOT NULL       the consumer's id within its scope
@@ -196,6 +199,11 @@ const MIGRATIONS: &[&str] = &[
     // KiB): on the key, counting a scope of 1,000 such consumers, as each new registration
     // does, would read every one of them.
     "CREATE INDEX consumers_scope ON consumers (scope, id);",
+    // 13: the catalog's identity, 128 random bits made once: a node's bucket holds a marker
+    // named by it (`engine/src/bucket_check.rs`), which tells the catalog's own bucket that
+    // lost its segments from another bucket.
+    "CREATE TABLE catalog_identity (id TEXT NOT NULL);
+     INSERT INTO catalog_identity (id) VALUES (lower(hex(randomblob(16))));",
 ];
 
 /// The schema version this build writes.
@@ -405,16 +413,25 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
-        assert_eq!(SCHEMA_VERSION, 12);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+        assert_eq!(SCHEMA_VERSION, 13);
     }
 
     #[test]
     fn migrating_twice_is_a_no_op() {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
+        let id: String = conn
+            .query_row("SELECT id FROM catalog_identity", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+        let again: String = conn
+            .query_row("SELECT id FROM catalog_identity", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(again, id, "the id is made once");
     }
 
     /// Counting a scope's consumers (each registration of a new one does) steps over the

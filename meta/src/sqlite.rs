@@ -507,6 +507,12 @@ impl Backend for Sqlite {
             .map_err(storage("read the stream id sequence"))
     }
 
+    fn catalog_id(&mut self) -> Result<Option<String>, MetaError> {
+        self.conn
+            .query_row("SELECT MIN(id) FROM catalog_identity", [], |row| row.get(0))
+            .map_err(storage("read the catalog's identity"))
+    }
+
     fn stream_starts(&mut self, ids: &[i64]) -> Result<Vec<(i64, i64)>, MetaError> {
         self.per_stream(
             "SELECT start_offset FROM streams WHERE id = ?1",

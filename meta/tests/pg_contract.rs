@@ -356,10 +356,18 @@ fn producer(id: &str, epoch: u64, seq: u64) -> ProducerState {
 
 fn create_duplicate_delete_recreate(db: &Db) {
     let (store, snapshot) = db.open();
+    // A new catalog has an identity of its own (its bucket's marker is named by it).
+    let catalog_id = snapshot.catalog_id.clone().expect("a catalog id");
+    assert_eq!(catalog_id.len(), 32, "{catalog_id}");
+    assert!(
+        catalog_id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{catalog_id}"
+    );
     assert_eq!(
         snapshot,
         Snapshot {
             stream_ids_reached: Some(0),
+            catalog_id: Some(catalog_id.clone()),
             ..Snapshot::default()
         }
     );
@@ -422,6 +430,11 @@ fn create_duplicate_delete_recreate(db: &Db) {
     reopened.streams.sort_by_key(|row| row.id);
     assert_eq!(reopened.streams, vec![other.row, recreated.row]);
     assert_eq!(reopened.stream_ids_reached, Some(reached));
+    assert_eq!(
+        reopened.catalog_id,
+        Some(catalog_id),
+        "the same id on every open"
+    );
 }
 
 /// Deletes stream `id`, the newest: the catalog's reach stays at it.
@@ -1371,7 +1384,7 @@ fn postgres_has_the_sqlite_tables_and_columns() {
          WHERE table_schema = current_schema() ORDER BY 1, 2",
     );
     assert_eq!(postgres_columns, sqlite_columns);
-    assert_eq!(postgres_columns.len(), 52);
+    assert_eq!(postgres_columns.len(), 53);
 
     let sqlite_versions: Vec<i64> = conn
         .prepare("SELECT version FROM schema_version ORDER BY version")
@@ -1427,8 +1440,11 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("10"),
             Some("11"),
             Some("12"),
+            Some("13"),
         ]
     );
+    let ids = database.query("SELECT id FROM catalog_identity");
+    assert_eq!(ids.len(), 1, "one catalog id, made once: {ids:?}");
 }
 
 /// A dropped connection fails the commands that need it while the server stays away, never

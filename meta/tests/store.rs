@@ -33,10 +33,12 @@ fn the_file_and_its_directory_are_created_in_wal_mode() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_path(dir.path());
     let (store, snapshot) = open(&path);
+    assert!(snapshot.catalog_id.is_some(), "a new catalog has an id");
     assert_eq!(
         snapshot,
         Snapshot {
             stream_ids_reached: Some(0),
+            catalog_id: snapshot.catalog_id.clone(),
             ..Snapshot::default()
         }
     );
@@ -57,6 +59,7 @@ fn in_memory_store_works() {
         snapshot,
         Snapshot {
             stream_ids_reached: Some(0),
+            catalog_id: snapshot.catalog_id.clone(),
             ..Snapshot::default()
         }
     );

@@ -95,6 +95,9 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX segment_streams_stream_seq ON segment_streams (stream_id, segment_seq);",
     // 12: a scope's consumers counted without reading their documents (see the SQLite list).
     "CREATE INDEX consumers_scope ON consumers (scope, id);",
+    // 13: the catalog's identity (see the SQLite list).
+    "CREATE TABLE catalog_identity (id TEXT NOT NULL);
+     INSERT INTO catalog_identity (id) VALUES (md5(random()::text || clock_timestamp()::text));",
 ];
 
 /// The schema version this build writes.

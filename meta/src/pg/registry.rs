@@ -522,6 +522,16 @@ impl Backend for Postgres {
             .map_err(storage("read the stream id sequence"))
     }
 
+    fn catalog_id(&mut self) -> Result<Option<String>, MetaError> {
+        const SQL: &str = "SELECT MIN(id) FROM catalog_identity";
+        let rows = self.query(SQL, &[], "read the catalog's identity")?;
+        let row = rows
+            .first()
+            .ok_or_else(|| MetaError::Storage("read the catalog's identity: no row".into()))?;
+        row.try_get(0)
+            .map_err(storage("read the catalog's identity"))
+    }
+
     fn segment_totals(&mut self) -> Result<(i64, i64), MetaError> {
         // SUM of BIGINT is NUMERIC in PostgreSQL: cast back (sizes stay far below 2^63).
         const SQL: &str = "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0)::BIGINT FROM segments";
