@@ -699,7 +699,7 @@ fn a_start_on_another_catalog_refuses_or_deletes_nothing() {
 }
 
 /// A start on another bucket than the one the catalog's segments are in (a typo in
-/// `--storage`, another prefix, a volume not mounted) is refused before recovery stores
+/// `--storage`, another endpoint, a volume not mounted) is refused before recovery stores
 /// anything there; on its own bucket every record reads back. `--wal-salvage` starts on the
 /// other one, says what it lacks on `/ready`, fails reads of the missing objects rather than
 /// serving them as empty, and hands out no offset again.

@@ -1,7 +1,7 @@
 //! Whether `--storage` names the bucket the catalog's segments are in, checked at start before
 //! recovery stores anything: the newest segments the catalog lists are looked up, and a bucket
 //! holding none of them is refused, unless it holds the catalog's marker. Started on another
-//! bucket (a typo in `--storage`, another prefix, a `file://` directory that did not mount), the
+//! bucket (a typo in `--storage`, another endpoint, a `file://` directory that did not mount), the
 //! node would answer every read of stored records with an error, store its recovered WAL files
 //! and every new segment there, and leave the streams split between two buckets.
 //!
@@ -46,8 +46,9 @@ impl std::fmt::Display for ForeignBucket {
             f,
             "bucket {} holds none of the catalog's newest segment objects ({}; the catalog lists \
              {} segments). Started on it, the node would fail every read of stored records and \
-             store new segments apart from the old ones. Is --storage the bucket (and prefix) \
-             this catalog's node stored to, and is its volume mounted? Start with that bucket; \
+             store new segments apart from the old ones. Is --storage the bucket this catalog's \
+             node stored to (its endpoint, name or directory), and is its volume mounted? Start \
+             with that bucket; \
              or, if its objects are lost, start with --wal-salvage (PICO_WAL_SALVAGE=1), which \
              reports the loss. Nothing was changed",
             self.bucket,
