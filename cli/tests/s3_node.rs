@@ -973,24 +973,7 @@ fn a_start_on_another_stores_bucket_is_refused() {
         return;
     };
     let own = storage(&endpoint);
-    let mut server = Server::start(&[
-        "--storage",
-        &own,
-        "--cores",
-        "1",
-        "--segment-size",
-        "64KiB",
-        "--segment-max-age-ms",
-        "600000",
-    ]);
-    server.put("/g", "text/plain").expect(201);
-    let mut conn = server.connect();
-    for i in 0..100 {
-        conn.request("POST", "/g", &[], &common::big_record(i))
-            .unwrap()
-            .expect(200);
-    }
-    server.kill();
+    let mut server = common::killed_after_big_records_with(&["--storage", &own], "/g", |_| {});
     let meta = format!("sqlite:{}", server.dir().join("meta.db").display());
     let wal = server.wal_dir().display().to_string();
     let elsewhere = storage(&other.endpoint());

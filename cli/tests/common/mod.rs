@@ -1297,14 +1297,25 @@ pub fn big_record(i: u64) -> Vec<u8> {
 /// run, then 100 [`big_record`]s appended, each acknowledged, and the node `kill -9`ed. The
 /// segments that filled were stored; the rest is in the WAL.
 pub fn killed_after_big_records(name: &str, before: impl FnOnce(&Server)) -> Server {
-    let mut server = Server::start(&[
+    killed_after_big_records_with(&[], name, before)
+}
+
+/// [`killed_after_big_records`] with `more` flags (another `--storage`, say).
+pub fn killed_after_big_records_with(
+    more: &[&str],
+    name: &str,
+    before: impl FnOnce(&Server),
+) -> Server {
+    let mut args = vec![
         "--cores",
         "1",
         "--segment-size",
         "64KiB",
         "--segment-max-age-ms",
         "600000",
-    ]);
+    ];
+    args.extend(more);
+    let mut server = Server::start(&args);
     server.put(name, "text/plain").expect(201);
     before(&server);
     let mut conn = server.connect();

@@ -151,6 +151,19 @@ impl Postgres {
         client.query(&statement, params).map_err(storage(doing))
     }
 
+    /// The first column of the one row `sql` answers (an aggregate's).
+    pub(super) fn query_value<T: for<'a> postgres::types::FromSql<'a>>(
+        &mut self,
+        sql: &'static str,
+        doing: &str,
+    ) -> Result<T, MetaError> {
+        let rows = self.query(sql, &[], doing)?;
+        let row = rows
+            .first()
+            .ok_or_else(|| MetaError::Storage(format!("{doing}: no row")))?;
+        row.try_get(0).map_err(storage(doing))
+    }
+
     pub(super) fn execute(
         &mut self,
         sql: &'static str,

@@ -514,22 +514,14 @@ impl Backend for Postgres {
         // The identity column's sequence: NULL until it first gave an id.
         const SQL: &str = "SELECT COALESCE(pg_sequence_last_value(\
                            pg_get_serial_sequence('streams', 'id')), 0)";
-        let rows = self.query(SQL, &[], "read the stream id sequence")?;
-        let row = rows
-            .first()
-            .ok_or_else(|| MetaError::Storage("read the stream id sequence: no row".into()))?;
-        row.try_get(0)
-            .map_err(storage("read the stream id sequence"))
+        self.query_value(SQL, "read the stream id sequence")
     }
 
     fn catalog_id(&mut self) -> Result<Option<String>, MetaError> {
-        const SQL: &str = "SELECT MIN(id) FROM catalog_identity";
-        let rows = self.query(SQL, &[], "read the catalog's identity")?;
-        let row = rows
-            .first()
-            .ok_or_else(|| MetaError::Storage("read the catalog's identity: no row".into()))?;
-        row.try_get(0)
-            .map_err(storage("read the catalog's identity"))
+        self.query_value(
+            "SELECT MIN(id) FROM catalog_identity",
+            "read the catalog's identity",
+        )
     }
 
     fn segment_totals(&mut self) -> Result<(i64, i64), MetaError> {
