@@ -286,8 +286,9 @@ pub fn boot_with_clock(
     };
     // Before recovery stores anything there: a bucket holding none of the catalog's newest
     // segments is not the one this catalog's node stored to.
+    let bucket_reached = store.unreachable_at_open().is_none();
     let mut bucket_lost = None;
-    if store.unreachable_at_open().is_none() {
+    if bucket_reached {
         match check_bucket(&meta, &store, &snapshot) {
             BucketCheck::Holds => {}
             BucketCheck::Lost(missing) => {
@@ -325,7 +326,6 @@ pub fn boot_with_clock(
         report.push(line.clone());
         wal_salvaged.push(line);
     }
-    let bucket_reached = store.unreachable_at_open().is_none();
     let mut epochs = HashMap::new();
     if let Some(cluster) = &cluster {
         // Only what this node owns; the other nodes' streams are theirs to serve.

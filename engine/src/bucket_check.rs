@@ -48,9 +48,8 @@ impl std::fmt::Display for ForeignBucket {
              {} segments). Started on it, the node would fail every read of stored records and \
              store new segments apart from the old ones. Is --storage the bucket this catalog's \
              node stored to (its endpoint, name or directory), and is its volume mounted? Start \
-             with that bucket; \
-             or, if its objects are lost, start with --wal-salvage (PICO_WAL_SALVAGE=1), which \
-             reports the loss. Nothing was changed",
+             with that bucket; or, if its objects are lost, start with --wal-salvage \
+             (PICO_WAL_SALVAGE=1), which reports the loss. Nothing was changed",
             self.bucket,
             self.missing.join(", "),
             self.segments,
