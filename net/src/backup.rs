@@ -23,6 +23,7 @@ use pico_meta::MetaStore;
 use pico_s3::{ObjectStore, StorageUri, StoreError};
 use serde_json::{json, Value};
 
+use crate::limits::UNSIZED_OBJECT_BYTES_MAX;
 use crate::subscriptions::Subscriptions;
 
 mod error;
@@ -104,7 +105,7 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
                 total: catalog.objects.len(),
             });
         }
-        let bytes = match block_on(job.source.get(key)) {
+        let bytes = match read_cataloged(&job.source, key, *size) {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(StoreError::NotFound(_))) => {
                 missing.push(key.clone());
@@ -117,13 +118,6 @@ pub fn write_backup(job: &BackupJob, subscriptions: usize) -> Result<BackupSumma
                 })
             }
             Err(_) => return Err(BackupError::SourceStopped),
-        };
-        // A compaction stores its merged object under the first merged key before its catalog
-        // swap: that object may be longer than this catalog copy says, and its first bytes
-        // are the ones the copy names (engine `shard/compact.rs`). The copy takes those.
-        let bytes = match size {
-            Some(size) if bytes.len() as u64 > *size => bytes.slice(..*size as usize),
-            _ => bytes,
         };
         if let Some(size) = size {
             if bytes.len() as u64 != *size {
@@ -228,6 +222,32 @@ fn check_missing(catalog: &Path, missing: Vec<String>) -> Result<Vec<String>, Ba
 
 /// When a reader that started at `started` and has read `bytes` may read on, to keep its
 /// average rate at `max_bytes_per_second` (`None`: no limit).
+/// An object the catalog names, read no further than its row says it holds: a compaction
+/// stores its merged object under the first merged key before its catalog swap (engine
+/// `shard/compact.rs`), longer than the row says, its first bytes the ones the row names. An
+/// object without a size (a quarantined segment) is read up to [`UNSIZED_OBJECT_BYTES_MAX`]
+/// and is an error past it: the store's answer is not trusted to end. `Err`: the bucket
+/// client stopped.
+pub(crate) fn read_cataloged(
+    store: &ObjectStore,
+    key: &str,
+    size_bytes: Option<u64>,
+) -> Result<Result<Bytes, StoreError>, futures_channel::oneshot::Canceled> {
+    let bytes_max = match size_bytes {
+        Some(size) => usize::try_from(size).unwrap_or(usize::MAX),
+        None => UNSIZED_OBJECT_BYTES_MAX.saturating_add(1),
+    };
+    Ok(block_on(store.get(key, bytes_max))?.and_then(|bytes| {
+        if size_bytes.is_none() && bytes.len() > UNSIZED_OBJECT_BYTES_MAX {
+            return Err(StoreError::Io(format!(
+                "{key} has no catalog size and is longer than the {UNSIZED_OBJECT_BYTES_MAX} \
+                 bytes read of such an object"
+            )));
+        }
+        Ok(bytes)
+    }))
+}
+
 pub(crate) fn pace_until(
     started: Instant,
     bytes: u64,
@@ -399,7 +419,9 @@ pub fn restore(from: &Path, target: &RestoreTarget) -> Result<RestoreSummary, Ba
     };
     let mut object_bytes: u64 = 0;
     for (key, size, sha256) in &listed {
-        let bytes = match block_on(source.get(key)) {
+        // One byte more than the manifest says, so a longer object is found.
+        let bytes_max = usize::try_from(size.saturating_add(1)).unwrap_or(usize::MAX);
+        let bytes = match block_on(source.get(key, bytes_max)) {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(e)) => {
                 return Err(BackupError::BackupObject {

@@ -98,6 +98,9 @@ pub const VERIFY_LOGGED_DAMAGE_MAX: usize = 100;
 /// A verify stops, failed, once this many objects in a row could not be read (the bucket is
 /// down: every later GET would fail too).
 pub const VERIFY_UNREADABLE_IN_A_ROW_MAX: u32 = 16;
+/// The most a verify or a backup reads of an object no catalog row gives a size (a
+/// quarantined segment): the store's answer is not trusted to end. Longer is an error.
+pub const UNSIZED_OBJECT_BYTES_MAX: usize = 1 << 30;
 
 // HTTP/2 (each sent to the client in SETTINGS; a client exceeding one gets a stream or
 // connection error from `h2`).

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
+use std::io::Read;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -47,15 +48,16 @@ impl Backend {
         }
     }
 
-    pub(crate) fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+    /// The object's first `bytes_max` bytes (all of it if shorter).
+    pub(crate) fn get(&self, key: &str, bytes_max: usize) -> Result<Bytes, StoreError> {
         match self {
-            Backend::File(bucket) => bucket.get(key),
+            Backend::File(bucket) => bucket.get(key, bytes_max),
             Backend::Memory(bucket) => {
                 let objects = bucket.objects();
-                objects
+                let object = objects
                     .get(key)
-                    .cloned()
-                    .ok_or_else(|| StoreError::NotFound(key.to_string()))
+                    .ok_or_else(|| StoreError::NotFound(key.to_string()))?;
+                Ok(object.slice(..object.len().min(bytes_max)))
             }
         }
     }
@@ -283,18 +285,23 @@ impl FileBucket {
         Ok(())
     }
 
-    fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+    fn get(&self, key: &str, bytes_max: usize) -> Result<Bytes, StoreError> {
         let path = self.path(key);
         if path.is_dir() {
             return Err(StoreError::NotFound(key.to_string())); // a key prefix, not an object
         }
-        match std::fs::read(&path) {
-            Ok(data) => Ok(Bytes::from(data)),
+        let file = match File::open(&path) {
+            Ok(file) => file,
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                Err(StoreError::NotFound(key.to_string()))
+                return Err(StoreError::NotFound(key.to_string()))
             }
-            Err(error) => Err(io_error("read", &path, error)),
-        }
+            Err(error) => return Err(io_error("open", &path, error)),
+        };
+        let mut data = Vec::new();
+        file.take(u64::try_from(bytes_max).unwrap_or(u64::MAX))
+            .read_to_end(&mut data)
+            .map_err(|error| io_error("read", &path, error))?;
+        Ok(Bytes::from(data))
     }
 
     fn get_range(&self, key: &str, start: u64, end: u64) -> Result<Bytes, StoreError> {

@@ -111,6 +111,7 @@ enum Request {
     },
     Get {
         key: String,
+        bytes_max: usize,
         reply: oneshot::Sender<Result<Bytes, StoreError>>,
     },
     GetRange {
@@ -280,12 +281,15 @@ impl ObjectStore {
         answer
     }
 
-    /// The whole object; [`StoreError::NotFound`] if there is none.
-    pub fn get(&self, key: &str) -> Reply<Bytes> {
+    /// The object's first `bytes_max` bytes, or all of it if it is shorter;
+    /// [`StoreError::NotFound`] if there is none. Nothing past `bytes_max` is read into memory,
+    /// whatever the store sends: the caller says how large the object may be (its catalog row).
+    pub fn get(&self, key: &str, bytes_max: usize) -> Reply<Bytes> {
         let (reply, answer) = oneshot::channel();
         match validate_key(key) {
             Ok(()) => self.send(Request::Get {
                 key: key.to_string(),
+                bytes_max,
                 reply,
             }),
             Err(error) => drop(reply.send(Err(error))),
@@ -463,11 +467,17 @@ async fn execute(target: Target, faults: &Faults, request: Request) {
             };
             let _ = reply.send(result);
         }
-        Request::Get { key, reply } => {
+        Request::Get {
+            key,
+            bytes_max,
+            reply,
+        } => {
             let result = match (faults.apply(Operation::Get).await, target) {
                 (Err(error), _) => Err(error),
-                (Ok(()), Target::Local(backend)) => blocking(backend, move |b| b.get(&key)).await,
-                (Ok(()), Target::S3(bucket)) => bucket.get(&key).await,
+                (Ok(()), Target::Local(backend)) => {
+                    blocking(backend, move |b| b.get(&key, bytes_max)).await
+                }
+                (Ok(()), Target::S3(bucket)) => bucket.get(&key, bytes_max).await,
             };
             let _ = reply.send(result);
         }

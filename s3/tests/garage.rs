@@ -99,10 +99,13 @@ fn put_get_range_delete_list_round_trips() {
     wait(store.put(&key("top"), Bytes::from_static(b"t"))).unwrap();
 
     assert_eq!(
-        wait(store.get(&key("segments/0001.seg"))).unwrap(),
+        wait(store.get(&key("segments/0001.seg"), usize::MAX)).unwrap(),
         "0123456789"
     );
-    assert_eq!(wait(store.get(&key("wal/node-1/a"))).unwrap(), "");
+    assert_eq!(
+        wait(store.get(&key("wal/node-1/a"), usize::MAX)).unwrap(),
+        ""
+    );
     let range = |start, end| wait(store.get_range(&key("segments/0001.seg"), start, end));
     assert_eq!(range(2, 5).unwrap(), "234");
     assert_eq!(range(0, 10).unwrap(), "0123456789");
@@ -127,7 +130,9 @@ fn put_get_range_delete_list_round_trips() {
     ));
 
     let missing = key("segments/none");
-    assert!(matches!(wait(store.get(&missing)), Err(StoreError::NotFound(k)) if k == missing));
+    assert!(
+        matches!(wait(store.get(&missing, usize::MAX)), Err(StoreError::NotFound(k)) if k == missing)
+    );
     assert!(matches!(
         wait(store.get_range(&missing, 0, 1)),
         Err(StoreError::NotFound(_))
@@ -137,13 +142,16 @@ fn put_get_range_delete_list_round_trips() {
         Err(StoreError::NotFound(_))
     ));
     assert!(matches!(
-        wait(store.get(&key("segments"))),
+        wait(store.get(&key("segments"), usize::MAX)),
         Err(StoreError::NotFound(_))
     ));
 
     // Overwrite replaces the whole object.
     wait(store.put(&key("segments/0002.seg"), Bytes::from_static(b"v2"))).unwrap();
-    assert_eq!(wait(store.get(&key("segments/0002.seg"))).unwrap(), "v2");
+    assert_eq!(
+        wait(store.get(&key("segments/0002.seg"), usize::MAX)).unwrap(),
+        "v2"
+    );
 
     let expected: Vec<(String, u64)> = [
         ("segments/0001.seg", 10),
@@ -168,7 +176,7 @@ fn put_get_range_delete_list_round_trips() {
     wait(store.delete(&key("segments/0001.seg"))).unwrap(); // missing is fine
     wait(store.delete(&key("never/existed"))).unwrap();
     assert!(matches!(
-        wait(store.get(&key("segments/0001.seg"))),
+        wait(store.get(&key("segments/0001.seg"), usize::MAX)),
         Err(StoreError::NotFound(_))
     ));
     let keys: Vec<_> = wait(store.list(&p))
@@ -197,7 +205,7 @@ fn multipart_put_of_40_mib_reads_back() {
     wait(store.put(&key, data.clone())).unwrap();
     let put = started.elapsed();
     let started = Instant::now();
-    let back = wait(store.get(&key)).unwrap();
+    let back = wait(store.get(&key, usize::MAX)).unwrap();
     let get = started.elapsed();
     assert_eq!(back.len(), data.len());
     assert!(back == data, "the 40 MiB object came back different");
@@ -225,7 +233,7 @@ fn multipart_put_of_40_mib_reads_back() {
         let key = format!("{p}{name}");
         let data = patterned(len, len as u64);
         wait(store.put(&key, data.clone())).unwrap();
-        assert!(wait(store.get(&key)).unwrap() == data, "{name}");
+        assert!(wait(store.get(&key, usize::MAX)).unwrap() == data, "{name}");
     }
     clean(&store, &p);
 }
@@ -250,7 +258,7 @@ fn keys_with_spaces_unicode_and_punctuation() {
         let key = format!("{p}{name}");
         wait(store.put(&key, Bytes::from(format!("value {index}")))).unwrap();
         assert_eq!(
-            wait(store.get(&key)).unwrap(),
+            wait(store.get(&key, usize::MAX)).unwrap(),
             format!("value {index}"),
             "{key}"
         );
@@ -361,7 +369,7 @@ fn a_wrong_secret_fails_fast_with_a_clear_error() {
     let p = unique_prefix("wrong-secret");
     let outcomes = [
         wait(store.put(&format!("{p}k"), Bytes::from_static(b"v"))).map(drop),
-        wait(store.get(&format!("{p}k"))).map(drop),
+        wait(store.get(&format!("{p}k"), usize::MAX)).map(drop),
         wait(store.get_range(&format!("{p}k"), 0, 1)).map(drop),
         wait(store.delete(&format!("{p}k"))),
         wait(store.list(&p)).map(drop),
@@ -446,7 +454,7 @@ fn put_latency_for_the_record() {
             wait(store.put(&key, data.clone())).unwrap();
             puts.push(started.elapsed());
             let started = Instant::now();
-            assert_eq!(wait(store.get(&key)).unwrap().len(), size);
+            assert_eq!(wait(store.get(&key, usize::MAX)).unwrap().len(), size);
             gets.push(started.elapsed());
         }
         puts.sort();
@@ -496,8 +504,14 @@ fn a_put_rides_out_a_garage_restart() {
         "put across a garage restart answered after {:?}",
         started.elapsed()
     );
-    assert_eq!(wait(store.get("restart/before")).unwrap(), "before");
-    assert_eq!(wait(store.get("restart/during")).unwrap(), "during");
+    assert_eq!(
+        wait(store.get("restart/before", usize::MAX)).unwrap(),
+        "before"
+    );
+    assert_eq!(
+        wait(store.get("restart/during", usize::MAX)).unwrap(),
+        "during"
+    );
 
     // Down for longer than the deadline: a clear error, in bounded time.
     garage.kill();
@@ -579,7 +593,7 @@ fn dropped_connections_are_retried() {
         std::thread::sleep(Duration::from_millis(120));
         let key = format!("{p}k{i}");
         wait(store.put(&key, Bytes::from(vec![i as u8; 1000]))).unwrap();
-        assert_eq!(wait(store.get(&key)).unwrap().len(), 1000);
+        assert_eq!(wait(store.get(&key, usize::MAX)).unwrap().len(), 1000);
     }
     clean(&store, &p);
     let dropped = dropped.load(std::sync::atomic::Ordering::SeqCst);

@@ -210,7 +210,7 @@ fn retry_after_is_honoured_up_to_the_backoff_cap() {
 fn forbidden_is_not_retried_and_says_why() {
     let (endpoint, seen) = serve(vec![(403, vec![], error("SignatureDoesNotMatch"))]);
     let store = open(&endpoint, S3Options::default());
-    match wait(store.get("k")) {
+    match wait(store.get("k", usize::MAX)) {
         Err(StoreError::Io(message)) => {
             assert!(
                 message.contains("access denied: check AWS_SECRET_ACCESS_KEY"),
@@ -278,9 +278,11 @@ fn empty_bodies_ranges_and_missing_objects() {
     let store = open(&endpoint, S3Options::default());
     wait(store.put("empty", Bytes::new())).unwrap();
     assert_eq!(wait(store.get_range("k", 2, 5)).unwrap(), "234");
-    assert!(matches!(wait(store.get("gone")), Err(StoreError::NotFound(k)) if k == "gone"));
+    assert!(
+        matches!(wait(store.get("gone", usize::MAX)), Err(StoreError::NotFound(k)) if k == "gone")
+    );
     wait(store.delete("gone")).unwrap();
-    match wait(store.get("k")) {
+    match wait(store.get("k", usize::MAX)) {
         Err(StoreError::Io(message)) => assert!(message.contains("does not exist"), "{message}"),
         other => panic!("{other:?}"),
     }
@@ -592,6 +594,15 @@ fn an_endless_answer_is_read_only_as_far_as_the_call_needs() {
     let drawn = sent_by(&sent, 1);
     assert!(drawn.iter().all(|n| *n < DRAWN_MAX), "{drawn:?}");
 
+    // A whole-object read is bounded by the size its caller knows (a verify: the catalog's).
+    let (endpoint, sent) = serve_endless(Endless::WholeObject);
+    let store = open(&endpoint, one_attempt.clone());
+    let bytes = wait(store.get("k", 4096)).expect("the object's first bytes");
+    let first: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
+    assert_eq!(&bytes[..], &first[..]);
+    let drawn = sent_by(&sent, 1);
+    assert!(drawn.iter().all(|n| *n < DRAWN_MAX), "{drawn:?}");
+
     let (endpoint, sent) = serve_endless(Endless::Partial);
     let store = open(&endpoint, one_attempt.clone());
     let error = wait(store.get_range("k", 0, 4096)).expect_err("a 206 longer than the range");
@@ -618,7 +629,7 @@ fn an_endless_answer_is_read_only_as_far_as_the_call_needs() {
             ..S3Options::default()
         },
     );
-    let error = wait(store.get("k")).expect_err("an error answer");
+    let error = wait(store.get("k", usize::MAX)).expect_err("an error answer");
     assert!(
         error.to_string().contains("gave up after 3 attempts"),
         "{error}"

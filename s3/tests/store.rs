@@ -33,8 +33,11 @@ fn exercise(store: &ObjectStore) {
     wait(store.put("wal/node-1/a", Bytes::new())).unwrap();
     wait(store.put("top", Bytes::from_static(b"t"))).unwrap();
 
-    assert_eq!(wait(store.get("segments/0001.seg")).unwrap(), "0123456789");
-    assert_eq!(wait(store.get("wal/node-1/a")).unwrap(), "");
+    assert_eq!(
+        wait(store.get("segments/0001.seg", usize::MAX)).unwrap(),
+        "0123456789"
+    );
+    assert_eq!(wait(store.get("wal/node-1/a", usize::MAX)).unwrap(), "");
     assert_eq!(
         wait(store.get_range("segments/0001.seg", 2, 5)).unwrap(),
         "234"
@@ -61,7 +64,7 @@ fn exercise(store: &ObjectStore) {
         Err(StoreError::Io(_))
     ));
     assert!(
-        matches!(wait(store.get("segments/none")), Err(StoreError::NotFound(key)) if key == "segments/none")
+        matches!(wait(store.get("segments/none", usize::MAX)), Err(StoreError::NotFound(key)) if key == "segments/none")
     );
     assert!(matches!(
         wait(store.get_range("nothing", 0, 1)),
@@ -69,13 +72,16 @@ fn exercise(store: &ObjectStore) {
     ));
     // A key prefix is not an object.
     assert!(matches!(
-        wait(store.get("segments")),
+        wait(store.get("segments", usize::MAX)),
         Err(StoreError::NotFound(_))
     ));
 
     // Overwrite replaces the whole object, shorter or longer.
     wait(store.put("segments/0002.seg", Bytes::from_static(b"v2"))).unwrap();
-    assert_eq!(wait(store.get("segments/0002.seg")).unwrap(), "v2");
+    assert_eq!(
+        wait(store.get("segments/0002.seg", usize::MAX)).unwrap(),
+        "v2"
+    );
 
     let all = wait(store.list("")).unwrap();
     let expected = [
@@ -105,7 +111,7 @@ fn exercise(store: &ObjectStore) {
     wait(store.delete("segments/0001.seg")).unwrap(); // missing is fine
     wait(store.delete("never/existed")).unwrap();
     assert!(matches!(
-        wait(store.get("segments/0001.seg")),
+        wait(store.get("segments/0001.seg", usize::MAX)),
         Err(StoreError::NotFound(_))
     ));
     let keys: Vec<_> = wait(store.list(""))
@@ -139,7 +145,7 @@ fn file_bucket_operations() {
 
     // Reopening finds what was stored.
     let store = file_store(&root);
-    assert_eq!(wait(store.get("top")).unwrap(), "t");
+    assert_eq!(wait(store.get("top", usize::MAX)).unwrap(), "t");
 }
 
 #[test]
@@ -150,14 +156,14 @@ fn memory_bucket_operations_and_sharing_by_name() {
     store.shutdown();
     let again = ObjectStore::open(&uri).unwrap();
     assert_eq!(
-        wait(again.get("top")).unwrap(),
+        wait(again.get("top", usize::MAX)).unwrap(),
         "t",
         "same name, same objects"
     );
     let other =
         ObjectStore::open(&StorageUri::parse("9@mem://tests-other-bucket").unwrap()).unwrap();
     assert!(matches!(
-        wait(other.get("top")),
+        wait(other.get("top", usize::MAX)),
         Err(StoreError::NotFound(_))
     ));
 }
@@ -195,7 +201,7 @@ fn bad_keys_are_refused_without_touching_the_disk() {
             other => panic!("put {key:?} gave {other:?}"),
         }
         assert!(
-            matches!(wait(store.get(key)), Err(StoreError::BadUri(_))),
+            matches!(wait(store.get(key, usize::MAX)), Err(StoreError::BadUri(_))),
             "{key:?}"
         );
         assert!(
@@ -249,10 +255,13 @@ fn concurrent_puts_from_several_threads() {
         for i in 0..PER_THREAD {
             let key = format!("t{thread}/o{i:03}");
             let expected = format!("thread {thread} object {i}").repeat(i + 1);
-            assert_eq!(wait(store.get(&key)).unwrap(), expected.as_bytes());
+            assert_eq!(
+                wait(store.get(&key, usize::MAX)).unwrap(),
+                expected.as_bytes()
+            );
         }
     }
-    let shared = wait(store.get("shared")).unwrap();
+    let shared = wait(store.get("shared", usize::MAX)).unwrap();
     assert_eq!(shared.len(), 4096);
     assert!(shared.iter().all(|byte| *byte == shared[0]));
 }
@@ -276,7 +285,7 @@ fn a_slow_request_does_not_block_the_others() {
     let started = Instant::now();
     // Eight 1 s requests: one at a time they cannot finish in under 8 s, so the bound below
     // tests concurrency, not the machine's speed (it leaves 6.5 s for a loaded machine).
-    let replies: Vec<_> = (0..8).map(|_| store.get("k")).collect();
+    let replies: Vec<_> = (0..8).map(|_| store.get("k", usize::MAX)).collect();
     for reply in replies {
         assert_eq!(wait(reply).unwrap(), "v");
     }
@@ -304,7 +313,10 @@ fn injected_failures() {
         }
     }
     assert!(
-        matches!(wait(store.get("k")), Err(StoreError::NotFound(_))),
+        matches!(
+            wait(store.get("k", usize::MAX)),
+            Err(StoreError::NotFound(_))
+        ),
         "a failed put stores nothing"
     );
     wait(store.put("k", Bytes::from_static(b"v"))).unwrap();
@@ -313,7 +325,7 @@ fn injected_failures() {
         wait(store.get_range("k", 0, 1)),
         Err(StoreError::Io(_))
     ));
-    assert_eq!(wait(store.get("k")).unwrap(), "v");
+    assert_eq!(wait(store.get("k", usize::MAX)).unwrap(), "v");
 }
 
 #[test]
@@ -329,7 +341,10 @@ fn shutdown_finishes_queued_work_then_answers_closed() {
     for reply in queued {
         wait(reply).unwrap();
     }
-    assert!(matches!(wait(clone.get("k0")), Err(StoreError::Closed)));
+    assert!(matches!(
+        wait(clone.get("k0", usize::MAX)),
+        Err(StoreError::Closed)
+    ));
     assert!(matches!(
         wait(clone.put("k0", Bytes::new())),
         Err(StoreError::Closed)
@@ -410,24 +425,30 @@ fn a_put_with_a_local_copy_links_it_into_a_file_bucket() {
     );
     // The WAL file goes once the catalog knows the segment; the object stays.
     std::fs::remove_file(&wal).unwrap();
-    assert_eq!(wait(store.get("segments/n1/a.seg")).unwrap(), data);
+    assert_eq!(
+        wait(store.get("segments/n1/a.seg", usize::MAX)).unwrap(),
+        data
+    );
     assert_eq!(
         wait(store.list("segments/n1/")).unwrap(),
         vec![("segments/n1/a.seg".to_string(), data.len() as u64)]
     );
     // A retried upload of the same key (recovery re-puts from the WAL) replaces the object.
     wait(store.put("segments/n1/a.seg", Bytes::from_static(b"again"))).unwrap();
-    assert_eq!(wait(store.get("segments/n1/a.seg")).unwrap(), "again");
+    assert_eq!(
+        wait(store.get("segments/n1/a.seg", usize::MAX)).unwrap(),
+        "again"
+    );
 
     // Nothing to link from: the bytes are written instead.
     let missing = dir.path().join("gone.wal");
     wait(store.put_with_local_copy("segments/b.seg", data.clone(), missing)).unwrap();
-    assert_eq!(wait(store.get("segments/b.seg")).unwrap(), data);
+    assert_eq!(wait(store.get("segments/b.seg", usize::MAX)).unwrap(), data);
 
     let memory = ObjectStore::open(&StorageUri::parse("-2@mem://link-test").unwrap()).unwrap();
     let other = dir.path().join("other.wal");
     std::fs::write(&other, &file).unwrap();
     wait(memory.put_with_local_copy("k", data.clone(), other.clone())).unwrap();
-    assert_eq!(wait(memory.get("k")).unwrap(), data);
+    assert_eq!(wait(memory.get("k", usize::MAX)).unwrap(), data);
     assert_eq!(std::fs::metadata(&other).unwrap().len(), 4096, "untouched");
 }

@@ -25,7 +25,7 @@ use pico_s3::{ObjectStore, StoreError};
 use serde_json::{json, Value};
 
 use crate::admin::shared::{error, job_bounds, json_response, AdminState};
-use crate::backup::pace_until;
+use crate::backup::{pace_until, read_cataloged};
 use crate::limits::{
     VERIFY_LISTED_DAMAGE_MAX, VERIFY_LOGGED_DAMAGE_MAX, VERIFY_TIMEOUT_SEC_DEFAULT,
     VERIFY_TIMEOUT_SEC_MAX, VERIFY_UNREADABLE_IN_A_ROW_MAX,
@@ -198,19 +198,13 @@ enum Finding {
 
 /// Reads `object` whole and checks it as a reader would; `bytes` read.
 fn check(store: &ObjectStore, object: &StoredObject) -> Result<(Finding, u64), String> {
-    let bytes = match block_on(store.get(&object.key)) {
+    let bytes = match read_cataloged(store, &object.key, object.size_bytes) {
         Ok(Ok(bytes)) => bytes,
         Ok(Err(StoreError::NotFound(_))) => return Ok((Finding::Gone, 0)),
         Ok(Err(e)) => return Ok((Finding::Unreadable(e.to_string()), 0)),
         Err(_) => return Err("the node's bucket client stopped".to_string()),
     };
     let read = bytes.len() as u64;
-    // A compaction stores its merged object under the first merged key before its catalog
-    // swap: longer than the row says, its first bytes the ones the row names.
-    let bytes = match object.size_bytes {
-        Some(size) if read > size => bytes.slice(..size as usize),
-        _ => bytes,
-    };
     let damage = pico_engine::frame::first_damage(&bytes);
     let (at, cause) = match (object.size_bytes, damage) {
         (Some(size), damage) if read < size => (

@@ -38,6 +38,8 @@ pub(super) enum AnswerLimit {
     /// A GET of bytes `start..end`: a `206` holds `end - start` bytes and no more; a `200` (a
     /// store that ignores ranges sends the whole object) is read up to `end` and cut there.
     Range { start: u64, end: u64 },
+    /// A GET of an object's first bytes: read up to this many and cut there.
+    Prefix(usize),
 }
 
 impl AnswerLimit {
@@ -46,7 +48,7 @@ impl AnswerLimit {
         let cap = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         match self {
             _ if !status.is_success() => S3_ERROR_ANSWER_BYTES_MAX,
-            AnswerLimit::Bytes(max) => max,
+            AnswerLimit::Bytes(max) | AnswerLimit::Prefix(max) => max,
             AnswerLimit::Range { start, end } if status == StatusCode::PARTIAL_CONTENT => {
                 cap(end.saturating_sub(start))
             }

@@ -49,12 +49,16 @@ impl S3Bucket {
     }
 }
 
-/// A successful answer cut at its limit, except the whole object a store that ignores ranges
-/// sends, which is meant to be cut (an error answer's body is only a message).
+/// A successful answer cut at its limit, except an object's bytes past what the call reads
+/// (a prefix, or the whole object a store that ignores ranges sends), which are meant to be
+/// cut (an error answer's body is only a message).
 fn overlong(limit: AnswerLimit, answer: &Answer) -> bool {
-    answer.truncated
-        && answer.status.is_success()
-        && !(matches!(limit, AnswerLimit::Range { .. }) && answer.status == StatusCode::OK)
+    let cut_on_purpose = match limit {
+        AnswerLimit::Bytes(_) => false,
+        AnswerLimit::Prefix(_) => true,
+        AnswerLimit::Range { .. } => answer.status == StatusCode::OK,
+    };
+    answer.truncated && answer.status.is_success() && !cut_on_purpose
 }
 
 /// Reads `response`'s body up to `bytes_max` bytes; `true` when it went on past them (the

@@ -57,10 +57,11 @@ impl S3Bucket {
         }
     }
 
-    pub(crate) async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+    /// The object's first `bytes_max` bytes (all of it if shorter): a plain GET whose body is
+    /// cut at `bytes_max` and its connection dropped.
+    pub(crate) async fn get(&self, key: &str, bytes_max: usize) -> Result<Bytes, StoreError> {
         let what = format!("get {key}");
-        // A whole object: as large as the node made it (`--segment-size`, compaction).
-        let call = Call::new(Method::GET, Some(key)).answer_limit(AnswerLimit::Bytes(usize::MAX));
+        let call = Call::new(Method::GET, Some(key)).answer_limit(AnswerLimit::Prefix(bytes_max));
         let answer = self.execute(&what, &call).await?;
         match answer.status {
             status if status.is_success() => Ok(answer.body),
