@@ -44,19 +44,7 @@ fn a_stopped_node_with_one_stored_segment() -> (Server, PathBuf) {
     let mut server = Server::start(&["--cores", "1", "--segment-max-age-ms", "200"]);
     server.put("/d", "text/plain").expect(201);
     // One batch: one commit round, so one segment whatever the machine's pace.
-    let bodies: Vec<Vec<u8>> = (0..RECORDS).map(body).collect();
-    let batch: Vec<BatchRecord> = bodies
-        .iter()
-        .map(|body| BatchRecord { headers: &[], body })
-        .collect();
-    server
-        .request(
-            "POST",
-            "/d",
-            &[("content-type", "application/vnd.picomq.batch")],
-            &encode_binary_batch(&batch),
-        )
-        .expect(200);
+    post_batch(&server, "/d", RECORDS);
     let segments = server.dir().join("objects/segments");
     let object = wait_for("the segment's upload", Duration::from_secs(30), || {
         (core_0_counter(&server, "pico_uploads_total") >= 1).then_some(())?;
@@ -67,6 +55,23 @@ fn a_stopped_node_with_one_stored_segment() -> (Server, PathBuf) {
     });
     server.terminate(Duration::from_secs(30));
     (server, object)
+}
+
+/// Appends `body(0)..body(records)` to `path` in one batch (one commit round).
+fn post_batch(server: &Server, path: &str, records: u64) {
+    let bodies: Vec<Vec<u8>> = (0..records).map(body).collect();
+    let batch: Vec<BatchRecord> = bodies
+        .iter()
+        .map(|body| BatchRecord { headers: &[], body })
+        .collect();
+    server
+        .request(
+            "POST",
+            path,
+            &[("content-type", "application/vnd.picomq.batch")],
+            &encode_binary_batch(&batch),
+        )
+        .expect(200);
 }
 
 fn flip(path: &PathBuf, at: usize) {
@@ -340,4 +345,111 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
     let page = pico_read(&server, 0);
     page.expect(200);
     assert_eq!(page.h_u64("pico-next-seq"), lost_from);
+}
+
+/// A catalog row that names the wrong segment (one flipped bit of its segment number, as a
+/// damaged catalog page gives) places a stream's records in bytes that hold another stream's,
+/// and a lost row leaves records no entry places: a read answers `500 damaged` naming the
+/// record, never an empty page or a jump past the records as if they had never been written.
+/// Before, a read of either stream skipped them.
+#[test]
+fn records_a_damaged_catalog_misplaces_are_refused_with_500_not_skipped() {
+    let mut server = Server::start(&["--cores", "1", "--segment-max-age-ms", "200"]);
+    server.put("/d", "text/plain").expect(201);
+    server.put("/e", "text/plain").expect(201);
+    let uploads = |server: &Server, at_least: u64| {
+        wait_for("the segment's upload", Duration::from_secs(30), || {
+            (core_0_counter(server, "pico_uploads_total") >= at_least).then_some(())
+        })
+    };
+    // Segment 1: /d's 100 records; segment 2: /e's 50 records, its bytes within segment 1's;
+    // segments 3 to 5: /f's records 0..50, 50..100 and 100..150.
+    post_batch(&server, "/d", 100);
+    uploads(&server, 1);
+    post_batch(&server, "/e", 50);
+    uploads(&server, 2);
+    server.put("/f", "text/plain").expect(201);
+    for n in 3..=5 {
+        post_batch(&server, "/f", 50);
+        uploads(&server, n);
+    }
+    server.terminate(Duration::from_secs(30));
+    {
+        let db = rusqlite::Connection::open(server.dir().join("meta.db")).unwrap();
+        let id = |name: &str| -> i64 {
+            db.query_row("SELECT id FROM streams WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .unwrap()
+        };
+        let segment_of = |stream: i64| -> i64 {
+            db.query_row(
+                "SELECT segment_seq FROM segment_streams WHERE stream_id = ?1",
+                [stream],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let (d, e) = (id("/d"), id("/e"));
+        let (first, second) = (segment_of(d), segment_of(e));
+        assert_ne!(first, second, "two segments");
+        let moved = db
+            .execute(
+                "UPDATE segment_streams SET segment_seq = ?1, ord = 1000 \
+                 WHERE segment_seq = ?2 AND stream_id = ?3",
+                [first, second, e],
+            )
+            .unwrap();
+        assert_eq!(moved, 1);
+        // /f's middle row lost: records 50..100 have no place in the catalog.
+        let lost = db
+            .execute(
+                "DELETE FROM segment_streams WHERE stream_id = ?1 AND segment_seq = \
+                 (SELECT segment_seq FROM segment_streams WHERE stream_id = ?1 \
+                  ORDER BY segment_seq LIMIT 1 OFFSET 1)",
+                [id("/f")],
+            )
+            .unwrap();
+        assert_eq!(lost, 1);
+    }
+    server.restart();
+
+    // /e's records are not where its catalog says: refused, from its start and from within.
+    for from in [0, 10] {
+        let path = format!("/e?seq={from}&format=binary&bytes=1048576");
+        let refused = server.connect().request("GET", &path, &[], b"").unwrap();
+        let error = refused.expect_error(500, "damaged");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("does not hold record {from} of stream")),
+            "{error}"
+        );
+    }
+    let ds_refused = ds_read(server.second.unwrap(), "/e", "-1");
+    assert_eq!(ds_refused.status, 500, "{}", ds_refused.describe());
+    // /f reads its first 50 records, then refuses the record no entry places, never jumping
+    // to record 100 as if 50..100 had never been written.
+    let page = server
+        .connect()
+        .request("GET", "/f?seq=0&format=binary&bytes=1048576", &[], b"")
+        .unwrap();
+    page.expect(200);
+    assert_eq!(page.h_u64("pico-next-seq"), 50, "{}", page.describe());
+    assert_eq!(decode_binary_read(&page.body).len(), 50);
+    for from in [50, 60] {
+        let path = format!("/f?seq={from}&format=binary&bytes=1048576");
+        let refused = server.connect().request("GET", &path, &[], b"").unwrap();
+        let error = refused.expect_error(500, "damaged");
+        let message = error["message"].as_str().unwrap();
+        assert!(
+            message.contains("no catalog entry places record"),
+            "{error}"
+        );
+    }
+    // /d is untouched: every record reads back.
+    let (all, next) = read_all(&server, "/d", 0);
+    assert_eq!(next, 100);
+    for (i, record) in all.iter().enumerate() {
+        assert_eq!(record.body, body(i as u64), "record {i}");
+    }
 }

@@ -61,6 +61,17 @@ pub enum StorageFault {
     BlockShort { key: String, index: usize },
     /// A frame of the segment stored at `key` did not decode, or failed its CRC.
     CorruptFrame { key: String, error: FrameError },
+    /// The catalog places record `offset` of stream `stream_id` in the segment at `key`, and
+    /// the bytes it names there hold no such record (a damaged catalog row, or a segment that
+    /// is not the one the row was written for): never read past as if it were not written.
+    RecordMissing {
+        key: String,
+        stream_id: u64,
+        offset: u64,
+    },
+    /// No catalog entry places record `offset` of stream `stream_id`, below its tail, while
+    /// later records have one (a damaged catalog row).
+    RecordUnplaced { stream_id: u64, offset: u64 },
     /// The fork source `source` holds fewer records than its forks inherited.
     ForkSourceShort { source: String },
     /// A fork's read from its own first offset named its source again.
@@ -76,6 +87,8 @@ impl StorageFault {
         matches!(
             self,
             StorageFault::CorruptFrame { .. }
+                | StorageFault::RecordMissing { .. }
+                | StorageFault::RecordUnplaced { .. }
                 | StorageFault::ObjectMissing { .. }
                 | StorageFault::SegmentShort { .. }
                 | StorageFault::BlockShort { .. }
@@ -382,6 +395,20 @@ impl std::fmt::Display for StorageFault {
             StorageFault::CorruptFrame { key, error } => {
                 write!(f, "corrupt frame in segment object {key}: {error:?}")
             }
+            StorageFault::RecordMissing {
+                key,
+                stream_id,
+                offset,
+            } => write!(
+                f,
+                "segment {key} does not hold record {offset} of stream {stream_id}, which its \
+                 catalog entry places there"
+            ),
+            StorageFault::RecordUnplaced { stream_id, offset } => write!(
+                f,
+                "no catalog entry places record {offset} of stream {stream_id}, below its tail, \
+                 while later records have one"
+            ),
             StorageFault::ForkSourceShort { source } => write!(
                 f,
                 "fork source {source} holds fewer records than its forks inherited"

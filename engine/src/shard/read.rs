@@ -229,6 +229,19 @@ impl Shard {
                 self.prefetch(&chunks[prefetched]);
                 prefetched += 1;
             }
+            // The catalog tiles a stream's records from its start
+            // (`check_read`: the read is at or past it; a fork's reads below its own records go
+            // to its source), so a chunk that begins past the record wanted means a record no
+            // catalog entry places.
+            if chunk.first_offset > next {
+                let error = EngineError::from(StorageFault::RecordUnplaced {
+                    stream_id,
+                    offset: next,
+                });
+                self.report_damage(name, next, chunk, &error);
+                stopped = Some(error);
+                break 'chunks;
+            }
             let got = match self.chunk_bytes(chunk).await {
                 Ok(got) => got,
                 Err(error) => {
@@ -243,6 +256,19 @@ impl Shard {
             // from the object store is checked, once while its blocks stay cached.
             let verify_crc = got.check_generation.is_some();
             let mut frames = frame::SplitFrames::new(&got.pieces, verify_crc);
+            // The chunk holds this stream's records `first_offset..next_offset`, each once and
+            // in order: the one the read wants next, and every one up to the chunk's end (or the
+            // durable tail), or the catalog and the bytes disagree. Read past, such a gap would
+            // answer a later record as if the missing ones had never been written.
+            let mut wanted = next;
+            let wanted_end = chunk.next_offset.min(tail);
+            let missing = |offset| {
+                EngineError::from(StorageFault::RecordMissing {
+                    key: self.segment_key(chunk.segment),
+                    stream_id,
+                    offset,
+                })
+            };
             while let Some(found) = frames.next_frame() {
                 let found = match found {
                     Ok(found) => found,
@@ -270,14 +296,27 @@ impl Shard {
                 {
                     break 'chunks;
                 }
+                if frame.offset > wanted && wanted < wanted_end {
+                    let error = missing(wanted);
+                    self.report_damage(name, next, chunk, &error);
+                    stopped = Some(error);
+                    break 'chunks;
+                }
                 bytes += len;
                 next = frame.offset + 1;
+                wanted = next;
                 records.push(RecordView {
                     offset: frame.offset,
                     timestamp_ms: frame.timestamp_ms,
                     headers: frame.headers,
                     body: frame.body,
                 });
+            }
+            if wanted < wanted_end {
+                let error = missing(wanted);
+                self.report_damage(name, next, chunk, &error);
+                stopped = Some(error);
+                break 'chunks;
             }
             if let Some(generation) = got.check_generation {
                 // Every frame of the chunk passed (a read that stops inside one marks nothing).
