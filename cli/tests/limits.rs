@@ -94,3 +94,93 @@ fn an_idle_node_pins_little_memory() {
         "{pinned_kib} KiB pinned by an idle node of {CORES} cores"
     );
 }
+
+/// A client's connections never take the descriptors the node needs for its own files: the
+/// node raises its soft open-file limit to the hard one and takes only the connections that
+/// limit leaves room for, and a connection past them gets `503` at once. Before, a flood past
+/// the limit left every later connection waiting unanswered in the backlog, and the node
+/// itself out of descriptors for its WAL and segment files.
+#[test]
+fn connections_past_the_open_file_limit_are_refused_and_the_node_keeps_its_files() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    const OPEN_FILES: u64 = 512;
+    // One core: 512 less 256 kept back less the admin listener's 64.
+    const TAKEN: usize = 192;
+    const FLOOD: usize = 600;
+    let server = Server::start_with_env(
+        &["--cores", "1", "--segment-size", "64KiB"],
+        &[(common::OPEN_FILES_LIMIT, &OPEN_FILES.to_string())],
+    );
+    assert!(
+        server.log().contains(&format!(
+            "open files: {OPEN_FILES}; connections: up to {TAKEN} a core"
+        )),
+        "{}",
+        server.log()
+    );
+    assert_eq!(server.put("/fds/s", "application/octet-stream").status, 201);
+    let mut writer = server.connect();
+    assert_eq!(
+        writer.request("POST", "/fds/s", &[], b"0").unwrap().status,
+        200
+    );
+
+    // Connections that send nothing: the node takes what its limit leaves and refuses the rest.
+    let flood: Vec<TcpStream> = (0..FLOOD)
+        .map(|_| TcpStream::connect(server.addr).expect("connect"))
+        .collect();
+    let mut answered = vec![false; FLOOD];
+    let mut refused = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused < FLOOD - TAKEN && Instant::now() < deadline {
+        for (socket, done) in flood.iter().zip(answered.iter_mut()).filter(|(_, d)| !**d) {
+            socket.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 512];
+            match (&*socket).read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+                    assert!(text.contains("too many connections"), "{text}");
+                    *done = true;
+                    refused += 1;
+                }
+                _ => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The writer's connection and the create's (if not closed yet) count too.
+    assert!(
+        (FLOOD - TAKEN..=FLOOD - TAKEN + 2).contains(&refused),
+        "{refused} of {FLOOD} connections refused; the node takes {TAKEN}"
+    );
+
+    // Meanwhile the node seals segments (64 KiB each) and stores them as files.
+    for i in 1..=400 {
+        let body = format!("{i:04096}");
+        let status = writer
+            .request("POST", "/fds/s", &[], body.as_bytes())
+            .unwrap()
+            .status;
+        assert_eq!(status, 200, "append {i}: {}", server.log());
+    }
+    drop(flood);
+    let next: u64 = server.head("/fds/s").h_u64("pico-next-seq");
+    assert_eq!(next, 401);
+    let stored_deadline = Instant::now() + Duration::from_secs(30);
+    let segments = || {
+        std::fs::read_dir(server.dir().join("objects/segments"))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    };
+    while segments() < 10 && Instant::now() < stored_deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(segments() >= 10, "{} segments stored", segments());
+    assert!(
+        !server.log().contains("os error 24"),
+        "the node ran out of descriptors:\n{}",
+        server.log()
+    );
+}

@@ -69,8 +69,38 @@ pub const DISK_USAGE_DEPTH_MAX: usize = 4;
 
 /// How long a client may take to finish the TLS handshake; then the connection is closed.
 pub const TLS_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
-/// Open connections per core; past it new connections get `503` and are closed.
+/// Open connections per core on the protocol listeners, at most; past the core's limit new
+/// connections get `503` and are closed. The limit is lower where the process's open-file
+/// limit is (`connections_per_core_max`): a client's connections must never take the
+/// descriptors the node needs for its own files.
 pub const CONNECTIONS_PER_CORE_MAX: usize = 10_000;
+/// At most one log line per this interval about failed `accept`s of one listener (out of
+/// descriptors, each try fails again until a connection closes).
+pub const ACCEPT_FAILURE_LOG_INTERVAL_MS: u64 = 10_000;
+/// The fewest connections a core takes, whatever the open-file limit (a start logs a warning
+/// when the limit leaves less).
+pub const CONNECTIONS_PER_CORE_MIN: usize = 16;
+/// Open connections on the admin listener; its own budget, so clients filling the protocol
+/// listeners do not keep the operator from `/metrics`.
+pub const ADMIN_CONNECTIONS_MAX: usize = 64;
+/// Descriptors kept back from clients' connections for the node's own: WAL and segment files,
+/// the catalog, connections to the bucket, database and webhooks, listeners, rings and event
+/// descriptors (an idle node holds about 35). An eighth of the open-file limit when that is
+/// more.
+pub const OPEN_FILES_RESERVED_MIN: u64 = 256;
+
+/// The most connections one of `cores` cores takes with an open-file limit of `open_files`:
+/// what is left after the node's own descriptors and the admin listener's connections, shared
+/// by the cores, within [`CONNECTIONS_PER_CORE_MIN`]..=[`CONNECTIONS_PER_CORE_MAX`].
+pub fn connections_per_core_max(open_files: u64, cores: usize) -> usize {
+    let reserved = OPEN_FILES_RESERVED_MIN
+        .max(open_files / 8)
+        .saturating_add(ADMIN_CONNECTIONS_MAX as u64);
+    let per_core = open_files.saturating_sub(reserved) / cores.max(1) as u64;
+    usize::try_from(per_core)
+        .unwrap_or(usize::MAX)
+        .clamp(CONNECTIONS_PER_CORE_MIN, CONNECTIONS_PER_CORE_MAX)
+}
 /// Largest request body the admin listener takes (its API takes small JSON documents); larger
 /// is `413`.
 pub const ADMIN_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -205,6 +235,8 @@ pub struct ConnectionLimits {
     pub answers: BodyBudget,
     /// A connection whose writes make no progress for this long is closed.
     pub send_stall_timeout: Duration,
+    /// The open connections of this core's listeners that share it.
+    pub connections: ConnectionBudget,
 }
 
 impl ConnectionLimits {
@@ -217,7 +249,47 @@ impl ConnectionLimits {
             bodies: BodyBudget::new(usize::MAX),
             answers: BodyBudget::new(usize::MAX),
             send_stall_timeout: Duration::from_secs(SEND_STALL_TIMEOUT_SEC_DEFAULT),
+            connections: ConnectionBudget::new(usize::MAX),
         }
+    }
+}
+
+/// Open connections against a maximum: one per core for the protocol listeners, one for the
+/// admin listener. Shared by the listeners' accept loops on one core (so not `Send`).
+#[derive(Clone)]
+pub struct ConnectionBudget {
+    open: Rc<Cell<usize>>,
+    max: usize,
+}
+
+impl ConnectionBudget {
+    pub fn new(max: usize) -> ConnectionBudget {
+        ConnectionBudget {
+            open: Rc::new(Cell::new(0)),
+            max,
+        }
+    }
+
+    /// Counts one more open connection until the returned guard drops; `None` at the maximum.
+    pub fn open_one(&self) -> Option<OpenConnectionSlot> {
+        if self.open.get() >= self.max {
+            return None;
+        }
+        self.open.set(self.open.get() + 1);
+        Some(OpenConnectionSlot {
+            open: self.open.clone(),
+        })
+    }
+}
+
+/// One connection's place in its [`ConnectionBudget`], given back when dropped.
+pub struct OpenConnectionSlot {
+    open: Rc<Cell<usize>>,
+}
+
+impl Drop for OpenConnectionSlot {
+    fn drop(&mut self) {
+        self.open.set(self.open.get() - 1);
     }
 }
 

@@ -473,12 +473,40 @@ fn serve_command(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
-    command.envs(extra_env.iter().map(|(k, v)| (k, v)));
+    for (key, value) in extra_env {
+        match key.as_str() {
+            OPEN_FILES_LIMIT => limit_open_files(&mut command, value.parse().expect("a limit")),
+            _ => drop(command.env(key, value)),
+        }
+    }
     if place.is_some() {
         // Only the test's own namespaces reach that address.
         command.arg("--insecure-allow-remote");
     }
     command
+}
+
+/// Not a variable: an `env` entry with this key sets the server process's open-file limit
+/// (soft and hard) to its value, so the node cannot raise it.
+pub const OPEN_FILES_LIMIT: &str = "test:open-files";
+
+fn limit_open_files(command: &mut Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec the closure calls only setrlimit, which is
+    // async-signal-safe, on a struct on its own stack.
+    unsafe {
+        command.pre_exec(move || {
+            let rlimit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
 }
 
 /// Whether the test gives its own `--ds-listen`.

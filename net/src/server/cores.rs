@@ -21,7 +21,7 @@ use crate::admin::{AdminState, NodeFacts};
 use crate::auth::CoreTokens;
 use crate::config::Protocol;
 use crate::ds::DsSettings;
-use crate::limits::{BodyBudget, ConnectionLimits};
+use crate::limits::{BodyBudget, ConnectionBudget, ConnectionLimits};
 use crate::pico::PicoSettings;
 use crate::shutdown::Shutdown;
 
@@ -65,6 +65,8 @@ pub(super) struct NodeJob {
     pub(super) send_stall_timeout: Duration,
     pub(super) in_flight_bytes_max: usize,
     pub(super) unsent_bytes_max: usize,
+    /// Open connections a core's protocol listeners take together.
+    pub(super) connections_per_core_max: usize,
     pub(super) shutdown: Shutdown,
     pub(super) stopped: mpsc::Sender<Stopped>,
 }
@@ -168,6 +170,7 @@ async fn run_core(job: CoreJob) {
         send_stall_timeout,
         in_flight_bytes_max,
         unsent_bytes_max,
+        connections_per_core_max,
         shutdown,
         stopped,
     } = node;
@@ -180,6 +183,8 @@ async fn run_core(job: CoreJob) {
         // One budget for the read answers all this core's connections hold unsent.
         answers: BodyBudget::new(unsent_bytes_max),
         send_stall_timeout,
+        // One count for the connections of all this core's protocol listeners.
+        connections: ConnectionBudget::new(connections_per_core_max),
     };
     let started = async {
         let core = CoreHandle::start(seed)

@@ -2,7 +2,6 @@
 //! caught per connection) hands its connections to HTTP/1.1 or HTTP/2 with the handler of its
 //! protocol: Pico, Durable Streams or the admin API.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -20,7 +19,10 @@ use crate::admin::{self, AdminState};
 use crate::auth::CoreTokens;
 use crate::config::Protocol;
 use crate::ds::{self, DsSettings};
-use crate::limits::{ConnectionLimits, ADMIN_BODY_BYTES_MAX, CONNECTIONS_PER_CORE_MAX};
+use crate::limits::{
+    ConnectionBudget, ConnectionLimits, OpenConnectionSlot, ACCEPT_FAILURE_LOG_INTERVAL_MS,
+    ADMIN_BODY_BYTES_MAX, ADMIN_CONNECTIONS_MAX,
+};
 use crate::pico::{self, PicoSettings};
 use crate::shutdown::CoreShutdown;
 use crate::transport::message::{within, Request, Response};
@@ -41,6 +43,7 @@ pub(super) fn spawn_admin(
         // The admin API's answers are its own: readers filling the protocol listeners' budget
         // do not keep the operator from `/metrics`.
         answers: crate::limits::BodyBudget::new(usize::MAX),
+        connections: ConnectionBudget::new(ADMIN_CONNECTIONS_MAX),
         ..limits.clone()
     };
     glommio::spawn_local(async move {
@@ -149,8 +152,8 @@ async fn accept_loop<H, F>(
     H: Fn(Request) -> F + 'static,
     F: Future<Output = Response> + 'static,
 {
-    let open = Rc::new(Cell::new(0usize));
     let mut plain = None;
+    let mut accept_failures = AcceptFailures::default();
     loop {
         let accepted = stop.unless_stopped(listener.accept()).await;
         // Shutdown: the listener closes here; open connections finish on their own.
@@ -158,17 +161,19 @@ async fn accept_loop<H, F>(
         let stream = match accepted {
             Ok(stream) => stream,
             Err(e) => {
-                log::warn!("accept failed: {e}");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
+                // Out of descriptors (`EMFILE`, `ENFILE`) or memory: the connection waits in
+                // the backlog; one line per interval, not one per try.
+                accept_failures.log(&e);
+                glommio::timer::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        if open.get() >= CONNECTIONS_PER_CORE_MAX {
+        let Some(slot) = limits.connections.open_one() else {
             glommio::spawn_local(refuse_overloaded(stream)).detach();
             continue;
-        }
-        let open = OpenConnection::count(&open, &metrics);
+        };
+        let open = OpenConnection::count(slot, &metrics);
         // A task per kind of connection, each sized for its own: a plain connection's task
         // carries none of the TLS states (handshake, rustls, HTTP/2 over TLS).
         match &tls {
@@ -322,16 +327,15 @@ where
 /// One open connection in its core's count and in the metrics, until dropped: when the
 /// connection ends, and also when its task is dropped unfinished (the executor stopping).
 struct OpenConnection {
-    open: Rc<Cell<usize>>,
+    _slot: OpenConnectionSlot,
     metrics: Arc<HttpMetrics>,
 }
 
 impl OpenConnection {
-    fn count(open: &Rc<Cell<usize>>, metrics: &Arc<HttpMetrics>) -> OpenConnection {
-        open.set(open.get() + 1);
+    fn count(slot: OpenConnectionSlot, metrics: &Arc<HttpMetrics>) -> OpenConnection {
         metrics.connections.fetch_add(1, Ordering::Relaxed);
         OpenConnection {
-            open: open.clone(),
+            _slot: slot,
             metrics: metrics.clone(),
         }
     }
@@ -339,8 +343,36 @@ impl OpenConnection {
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.open.set(self.open.get() - 1);
         self.metrics.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long an accept loop waits after a failed `accept` before it tries again.
+const ACCEPT_RETRY_MS: u64 = 10;
+
+/// Failed `accept`s since the last line about them.
+#[derive(Default)]
+struct AcceptFailures {
+    logged_at: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl AcceptFailures {
+    fn log(&mut self, error: &dyn std::fmt::Display) {
+        let due = self
+            .logged_at
+            .is_none_or(|at| at.elapsed() >= Duration::from_millis(ACCEPT_FAILURE_LOG_INTERVAL_MS));
+        if !due {
+            self.unlogged += 1;
+            return;
+        }
+        let more = match self.unlogged {
+            0 => String::new(),
+            n => format!(" ({n} more since the last such line)"),
+        };
+        log::warn!("accept failed: {error}{more}; new connections wait in the backlog");
+        self.logged_at = Some(std::time::Instant::now());
+        self.unlogged = 0;
     }
 }
 

@@ -46,6 +46,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     // only the main thread's sigwait ever takes SIGINT/SIGTERM/SIGHUP.
     let signals = signals::block_shutdown_signals()?;
     setup::check_memlock()?;
+    let open_files = setup::raise_open_files();
     let auth = setup::load_tokens(&config)?;
     setup::refuse_open_remote_listeners(&config, auth.is_some())?;
     let tls_config = setup::tls_config(&config)?;
@@ -62,6 +63,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     let wal_witness = boot.wal_witness;
     let recovery_backlog = boot.recovery_backlog.clone();
     setup::log_startup(&config, cores, &boot.report, auth.as_deref());
+    let connections_per_core_max = setup::connections_per_core(open_files, cores);
     let scheme = if tls_config.is_some() {
         "https"
     } else {
@@ -95,6 +97,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
         send_stall_timeout: Duration::from_millis(config.send_stall_timeout_ms),
         in_flight_bytes_max: config.in_flight_bytes_max,
         unsent_bytes_max: config.unsent_bytes_max,
+        connections_per_core_max,
         shutdown: shutdown.clone(),
         stopped: stopped_tx,
     };

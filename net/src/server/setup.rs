@@ -51,6 +51,69 @@ pub(super) fn check_memlock() -> Result<(), StartError> {
     Ok(())
 }
 
+/// The process's open-file limit, raised from its soft value to its hard one (a shell's
+/// default is often 1,024 of a hard 524,288 or more): every connection and file is one.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpenFiles {
+    pub(super) limit: u64,
+    pub(super) raised_from: Option<u64>,
+}
+
+pub(super) fn raise_open_files() -> OpenFiles {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return OpenFiles {
+                limit: libc::RLIM_INFINITY,
+                raised_from: None,
+            };
+        }
+        let before = limit.rlim_cur;
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return OpenFiles {
+                    limit: raised.rlim_cur,
+                    raised_from: Some(before),
+                };
+            }
+        }
+    }
+    OpenFiles {
+        limit: limit.rlim_cur,
+        raised_from: None,
+    }
+}
+
+/// The connections each core's protocol listeners take, from the open-file limit; logged,
+/// with a warning when the limit is so low that the cores take only their minimum.
+pub(super) fn connections_per_core(open_files: OpenFiles, cores: usize) -> usize {
+    let per_core = crate::limits::connections_per_core_max(open_files.limit, cores);
+    let raised = match open_files.raised_from {
+        Some(from) => format!(" (raised from {from})"),
+        None => String::new(),
+    };
+    log::info!(
+        "open files: {}{raised}; connections: up to {per_core} a core",
+        open_files.limit
+    );
+    if per_core == crate::limits::CONNECTIONS_PER_CORE_MIN {
+        log::warn!(
+            "the open-file limit ({}) leaves {per_core} connections a core: raise it (`ulimit -n`, \
+             LimitNOFILE= in systemd)",
+            open_files.limit
+        );
+    }
+    per_core
+}
+
 /// `--auth required`: the token table, loaded from `--auth-tokens`.
 pub(super) fn load_tokens(config: &ServerConfig) -> Result<Option<Arc<SharedTokens>>, StartError> {
     match (config.auth_required, &config.auth_tokens) {
