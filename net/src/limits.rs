@@ -235,8 +235,6 @@ pub struct ConnectionLimits {
     pub answers: BodyBudget,
     /// A connection whose writes make no progress for this long is closed.
     pub send_stall_timeout: Duration,
-    /// The open connections of this core's listeners that share it.
-    pub connections: ConnectionBudget,
 }
 
 impl ConnectionLimits {
@@ -249,13 +247,13 @@ impl ConnectionLimits {
             bodies: BodyBudget::new(usize::MAX),
             answers: BodyBudget::new(usize::MAX),
             send_stall_timeout: Duration::from_secs(SEND_STALL_TIMEOUT_SEC_DEFAULT),
-            connections: ConnectionBudget::new(usize::MAX),
         }
     }
 }
 
 /// Open connections against a maximum: one per core for the protocol listeners, one for the
-/// admin listener. Shared by the listeners' accept loops on one core (so not `Send`).
+/// admin listener. Shared by the listeners' accept loops on one core (so not `Send`), and kept
+/// out of [`ConnectionLimits`], which every connection's task holds a copy of.
 #[derive(Clone)]
 pub struct ConnectionBudget {
     open: Rc<Cell<usize>>,

@@ -183,8 +183,6 @@ async fn run_core(job: CoreJob) {
         // One budget for the read answers all this core's connections hold unsent.
         answers: BodyBudget::new(unsent_bytes_max),
         send_stall_timeout,
-        // One count for the connections of all this core's protocol listeners.
-        connections: ConnectionBudget::new(connections_per_core_max),
     };
     let started = async {
         let core = CoreHandle::start(seed)
@@ -296,6 +294,8 @@ async fn run_core(job: CoreJob) {
         settings: Rc::new(settings),
         ds_settings: Rc::new(ds_settings),
         limits,
+        // One count for the connections of all this core's protocol listeners.
+        connections: ConnectionBudget::new(connections_per_core_max),
         http,
         stop,
     };

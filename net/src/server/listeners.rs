@@ -43,7 +43,6 @@ pub(super) fn spawn_admin(
         // The admin API's answers are its own: readers filling the protocol listeners' budget
         // do not keep the operator from `/metrics`.
         answers: crate::limits::BodyBudget::new(usize::MAX),
-        connections: ConnectionBudget::new(ADMIN_CONNECTIONS_MAX),
         ..limits.clone()
     };
     glommio::spawn_local(async move {
@@ -55,9 +54,12 @@ pub(super) fn spawn_admin(
             listener,
             tls,
             admin_limits,
+            OpenConnections {
+                budget: ConnectionBudget::new(ADMIN_CONNECTIONS_MAX),
+                metrics: http,
+            },
             handler,
             admin::connection_error,
-            http,
             stop,
         )
         .await
@@ -73,6 +75,7 @@ pub(super) struct DataServing {
     pub(super) settings: Rc<PicoSettings>,
     pub(super) ds_settings: Rc<DsSettings>,
     pub(super) limits: ConnectionLimits,
+    pub(super) connections: ConnectionBudget,
     pub(super) http: Arc<HttpMetrics>,
     pub(super) stop: CoreShutdown,
 }
@@ -91,6 +94,7 @@ pub(super) fn spawn_data_listener(
         settings,
         ds_settings,
         limits,
+        connections,
         http,
         stop,
     } = serving;
@@ -111,9 +115,12 @@ pub(super) fn spawn_data_listener(
                 listener,
                 tls,
                 limits.clone(),
+                OpenConnections {
+                    budget: connections.clone(),
+                    metrics: http.clone(),
+                },
                 handler,
                 pico::connection_error,
-                http.clone(),
                 stop.clone(),
             ))
         }
@@ -131,9 +138,12 @@ pub(super) fn spawn_data_listener(
                 listener,
                 tls,
                 limits.clone(),
+                OpenConnections {
+                    budget: connections.clone(),
+                    metrics: http.clone(),
+                },
                 handler,
                 ds::connection_error,
-                http.clone(),
                 stop.clone(),
             ))
         }
@@ -144,9 +154,9 @@ async fn accept_loop<H, F>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     limits: ConnectionLimits,
+    open: OpenConnections,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> Response,
-    metrics: Arc<HttpMetrics>,
     stop: CoreShutdown,
 ) where
     H: Fn(Request) -> F + 'static,
@@ -169,11 +179,11 @@ async fn accept_loop<H, F>(
             }
         };
         let _ = stream.set_nodelay(true);
-        let Some(slot) = limits.connections.open_one() else {
+        let Some(slot) = open.budget.open_one() else {
             glommio::spawn_local(refuse_overloaded(stream)).detach();
             continue;
         };
-        let open = OpenConnection::count(slot, &metrics);
+        let open = OpenConnection::count(slot, &open.metrics);
         // A task per kind of connection, each sized for its own: a plain connection's task
         // carries none of the TLS states (handshake, rustls, HTTP/2 over TLS).
         match &tls {
@@ -322,6 +332,13 @@ where
         }
         Poll::Ready(())
     }
+}
+
+/// Where a listener counts its open connections: the budget it admits them against, and the
+/// core's metrics.
+struct OpenConnections {
+    budget: ConnectionBudget,
+    metrics: Arc<HttpMetrics>,
 }
 
 /// One open connection in its core's count and in the metrics, until dropped: when the
