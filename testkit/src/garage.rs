@@ -45,30 +45,42 @@ impl OwnGarage {
     }
 
     /// Starts (or restarts, on the same data) the instance; the script waits until it answers.
+    /// A Garage that dies while starting is started again, up to [`GARAGE_STARTS_MAX`] times:
+    /// right after a `kill -9` on a busy machine one occasionally aborts before it logs a line
+    /// (its data directory still settling), which is the test store's trouble, not the test's.
     pub fn up(&self) {
-        let output = Command::new("bash")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/garage-up.sh"))
-            .env("GARAGE_DIR", self.dir.path())
-            .env("GARAGE_S3_PORT", self.port.to_string())
-            .env("GARAGE_RPC_PORT", self.rpc_port.to_string())
-            .env(
-                "S3_AK",
-                std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_default(),
-            )
-            .env(
-                "S3_SK",
-                std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default(),
-            )
-            .env("S3_BUCKET", bucket())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/garage-up.sh");
-        assert!(
-            output.status.success(),
-            "garage-up.sh failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let mut failures = Vec::new();
+        for attempt in 1..=GARAGE_STARTS_MAX {
+            let output = Command::new("bash")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/garage-up.sh"))
+                .env("GARAGE_DIR", self.dir.path())
+                .env("GARAGE_S3_PORT", self.port.to_string())
+                .env("GARAGE_RPC_PORT", self.rpc_port.to_string())
+                .env(
+                    "S3_AK",
+                    std::env::var("AWS_ACCESS_KEY_ID").unwrap_or_default(),
+                )
+                .env(
+                    "S3_SK",
+                    std::env::var("AWS_SECRET_ACCESS_KEY").unwrap_or_default(),
+                )
+                .env("S3_BUCKET", bucket())
+                .stdin(Stdio::null())
+                .output()
+                .expect("run scripts/garage-up.sh");
+            if output.status.success() {
+                return;
+            }
+            let failure = format!(
+                "attempt {attempt}: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            eprintln!("garage-up.sh failed, {failure}");
+            failures.push(failure);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        panic!("garage-up.sh failed {GARAGE_STARTS_MAX} times: {failures:?}");
     }
 
     pub fn endpoint(&self) -> String {
@@ -100,6 +112,9 @@ impl OwnGarage {
         }
     }
 }
+
+/// Starts of one instance tried before a test gives up on it.
+const GARAGE_STARTS_MAX: u32 = 3;
 
 impl Drop for OwnGarage {
     fn drop(&mut self) {
