@@ -375,6 +375,8 @@ fn records_a_damaged_catalog_misplaces_are_refused_with_500_not_skipped() {
     }
     server.terminate(Duration::from_secs(30));
     {
+        // Edited through the catalog's page checksums, as a damaged row reads to the node.
+        pico_meta::use_page_checksums().unwrap();
         let db = rusqlite::Connection::open(server.dir().join("meta.db")).unwrap();
         let id = |name: &str| -> i64 {
             db.query_row("SELECT id FROM streams WHERE name = ?1", [name], |r| {
@@ -452,4 +454,36 @@ fn records_a_damaged_catalog_misplaces_are_refused_with_500_not_skipped() {
     for (i, record) in all.iter().enumerate() {
         assert_eq!(record.body, body(i as u64), "record {i}");
     }
+}
+
+/// One flipped bit in a catalog row the node reads at start (a run of `segment_streams`, which
+/// says where a stream's records are and how far they go): the start is refused, naming the
+/// damage, instead of serving a catalog that says something else. Before, the node started
+/// and its reads (or its next offsets) followed the changed row.
+#[test]
+fn a_flipped_bit_in_the_catalog_file_refuses_the_start() {
+    let (mut server, _object) = a_stopped_node_with_one_stored_segment();
+    let path = server.dir().join("meta.db");
+    let runs: Vec<u8> = {
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+        let db = rusqlite::Connection::open_with_flags(&path, flags).unwrap();
+        db.query_row("SELECT runs FROM segment_streams", [], |r| r.get(0))
+            .unwrap()
+    };
+    let mut file = std::fs::read(&path).unwrap();
+    let found: Vec<usize> = file
+        .windows(runs.len())
+        .enumerate()
+        .filter(|(_, w)| *w == runs.as_slice())
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(found.len(), 1, "the run's bytes once in {}", path.display());
+    // The run's last byte: its byte length (the compact layout's last varint).
+    file[found[0] + runs.len() - 1] ^= 0x01;
+    std::fs::write(&path, &file).unwrap();
+
+    let (status, log) = server.restart_refused(Duration::from_secs(30));
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("fails its checksum"), "{log}");
+    assert!(log.contains("restore it from a backup"), "{log}");
 }

@@ -63,6 +63,8 @@ pub fn copy_sqlite_catalog(db: &Path, dest: &Path) -> Result<CatalogCopy, MetaEr
     // Read-write without create: a reader of a WAL database maps its -shm file, and a
     // missing database is an error here, not a new empty one.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    // The copy is written with the catalog's page checksums, and the catalog checked as read.
+    crate::page_checksums::register()?;
     let conn = Connection::open_with_flags(db, flags)
         .map_err(|e| MetaError::Storage(format!("open {}: {e}", db.display())))?;
     conn.busy_timeout(std::time::Duration::from_secs(SQLITE_BUSY_TIMEOUT_SECS))
@@ -80,6 +82,7 @@ pub fn copy_sqlite_catalog(db: &Path, dest: &Path) -> Result<CatalogCopy, MetaEr
 /// What the catalog copy at `path` names; opened read-only, never changed.
 pub fn read_catalog_copy(path: &Path) -> Result<CatalogCopy, MetaError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    crate::page_checksums::register()?;
     let conn = Connection::open_with_flags(path, flags)
         .map_err(|e| MetaError::Storage(format!("open {}: {e}", path.display())))?;
     let schema_version: i64 = conn

@@ -38,6 +38,7 @@ mod fence;
 mod high_water;
 mod limits;
 mod log_limit;
+mod page_checksums;
 mod pg;
 mod producers;
 mod rows;
@@ -49,6 +50,13 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod verify;
+
+/// Makes this process's SQLite connections write and check the catalog's page checksums, as
+/// a node's do once it opens a catalog: for a tool or test that edits a catalog file itself
+/// (pages it wrote without them would read as damaged).
+pub fn use_page_checksums() -> Result<(), MetaError> {
+    page_checksums::register()
+}
 
 pub use backend::{NodeId, NodeRow};
 pub use cluster::{

@@ -58,6 +58,8 @@
 //!   segment_streams_stream_seq: (stream_id, segment_seq)  (v11; v6-v10: (stream_id))
 //!   all columns replaced as a whole when the segment is re-committed
 //!
+//! every page        (v14) the last 8 bytes: its checksum (`page_checksums.rs`)
+//!
 //! catalog_identity the catalog's id (v13): one row, made by the migration    never changed
 //!   id            TEXT NOT NULL       32 lowercase hex digits (128 random bits)
 //!
@@ -204,6 +206,11 @@ const MIGRATIONS: &[&str] = &[
     // lost its segments from another bucket.
     "CREATE TABLE catalog_identity (id TEXT NOT NULL);
      INSERT INTO catalog_identity (id) VALUES (lower(hex(randomblob(16))));",
+    // 14: no table changes: a catalog file this build opens has page checksums
+    // (`page_checksums.rs`), and a build before them, which would write pages without their
+    // checksums, must refuse it as a newer schema. `user_version` mirrors the version for an
+    // operator's `sqlite3` shell.
+    "PRAGMA user_version = 14;",
 ];
 
 /// The schema version this build writes.
@@ -282,7 +289,13 @@ pub(crate) fn log_migrated(from: i64, to: i64) {
 
 /// Wraps a rusqlite error with what we were doing, for [`MetaError::Storage`].
 pub(crate) fn storage(doing: &str) -> impl Fn(rusqlite::Error) -> MetaError + '_ {
-    move |error| MetaError::Storage(format!("{doing}: {error}"))
+    move |error| match error.sqlite_error().map(|e| e.extended_code) {
+        Some(rusqlite::ffi::SQLITE_IOERR_DATA) => MetaError::Storage(format!(
+            "{doing}: a page of the catalog fails its checksum: the file is damaged (a flipped \
+             bit, a bad sector); restore it from a backup (pico admin restore)"
+        )),
+        _ => MetaError::Storage(format!("{doing}: {error}")),
+    }
 }
 
 #[cfg(test)]
@@ -413,8 +426,11 @@ mod tests {
         );
         assert_eq!(snapshot.segments, vec![segment]);
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
-        assert_eq!(SCHEMA_VERSION, 13);
+        assert_eq!(
+            versions(&conn),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        );
+        assert_eq!(SCHEMA_VERSION, 14);
     }
 
     #[test]
@@ -427,7 +443,10 @@ mod tests {
         assert_eq!(id.len(), 32, "{id}");
         assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
         migrate(&mut conn).unwrap();
-        assert_eq!(versions(&conn), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+        assert_eq!(
+            versions(&conn),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        );
         let again: String = conn
             .query_row("SELECT id FROM catalog_identity", [], |row| row.get(0))
             .unwrap();

@@ -20,12 +20,13 @@ use crate::backend::SegmentColumns;
 use crate::backend::StreamColumns;
 use crate::backend::StreamUpdate;
 use crate::high_water;
+use crate::page_checksums;
 use crate::schema;
 use crate::schema::storage;
 use crate::MetaError;
 
 pub(crate) struct Sqlite {
-    conn: Connection,
+    pub(crate) conn: Connection,
     /// The high-water mark beside the database file (`None` in memory).
     mark: Option<high_water::MarkFile>,
 }
@@ -44,8 +45,10 @@ impl Sqlite {
         }
         // Locked before anything is read or migrated; held while the database is open.
         let mut mark = high_water::MarkFile::lock(path)?;
+        page_checksums::register()?;
         let conn = Connection::open(path)
             .map_err(|error| MetaError::Storage(format!("open {}: {error}", path.display())))?;
+        page_checksums::ensure(&conn, path)?;
         let mut db = Sqlite::prepare(conn, false)?;
         let now = high_water::check(path, &db.conn)?;
         mark.raise(now);

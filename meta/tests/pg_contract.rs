@@ -1441,6 +1441,7 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("11"),
             Some("12"),
             Some("13"),
+            Some("14"),
         ]
     );
     let ids = database.query("SELECT id FROM catalog_identity");
