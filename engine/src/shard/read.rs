@@ -229,10 +229,9 @@ impl Shard {
                 self.prefetch(&chunks[prefetched]);
                 prefetched += 1;
             }
-            // The catalog tiles a stream's records from its start
-            // (`check_read`: the read is at or past it; a fork's reads below its own records go
-            // to its source), so a chunk that begins past the record wanted means a record no
-            // catalog entry places.
+            // The catalog tiles a stream's records from its start (`check_read`: the read is at
+            // or past it; a fork's reads below its own records go to its source), so a chunk
+            // that begins past the record wanted next means a record no catalog entry places.
             if chunk.first_offset > next {
                 let error = EngineError::from(StorageFault::RecordUnplaced {
                     stream_id,
@@ -260,8 +259,7 @@ impl Shard {
             // in order: the one the read wants next, and every one up to the chunk's end (or the
             // durable tail), or the catalog and the bytes disagree. Read past, such a gap would
             // answer a later record as if the missing ones had never been written.
-            let mut wanted = next;
-            let wanted_end = chunk.next_offset.min(tail);
+            let chunk_end = chunk.next_offset.min(tail);
             let missing = |offset| {
                 EngineError::from(StorageFault::RecordMissing {
                     key: self.segment_key(chunk.segment),
@@ -296,15 +294,14 @@ impl Shard {
                 {
                     break 'chunks;
                 }
-                if frame.offset > wanted && wanted < wanted_end {
-                    let error = missing(wanted);
+                if frame.offset > next && next < chunk_end {
+                    let error = missing(next);
                     self.report_damage(name, next, chunk, &error);
                     stopped = Some(error);
                     break 'chunks;
                 }
                 bytes += len;
                 next = frame.offset + 1;
-                wanted = next;
                 records.push(RecordView {
                     offset: frame.offset,
                     timestamp_ms: frame.timestamp_ms,
@@ -312,8 +309,8 @@ impl Shard {
                     body: frame.body,
                 });
             }
-            if wanted < wanted_end {
-                let error = missing(wanted);
+            if next < chunk_end {
+                let error = missing(next);
                 self.report_damage(name, next, chunk, &error);
                 stopped = Some(error);
                 break 'chunks;
