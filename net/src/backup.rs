@@ -220,8 +220,6 @@ fn check_missing(catalog: &Path, missing: Vec<String>) -> Result<Vec<String>, Ba
     Ok(missing)
 }
 
-/// When a reader that started at `started` and has read `bytes` may read on, to keep its
-/// average rate at `max_bytes_per_second` (`None`: no limit).
 /// An object the catalog names, read no further than its row says it holds: a compaction
 /// stores its merged object under the first merged key before its catalog swap (engine
 /// `shard/compact.rs`), longer than the row says, its first bytes the ones the row names. An
@@ -248,6 +246,8 @@ pub(crate) fn read_cataloged(
     }))
 }
 
+/// When a reader that started at `started` and has read `bytes` may read on, to keep its
+/// average rate at `max_bytes_per_second` (`None`: no limit).
 pub(crate) fn pace_until(
     started: Instant,
     bytes: u64,

@@ -154,7 +154,7 @@ async fn accept_loop<H, F>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     limits: ConnectionLimits,
-    open: OpenConnections,
+    connections: OpenConnections,
     handler: Rc<H>,
     on_error: fn(u16, &str) -> Response,
     stop: CoreShutdown,
@@ -163,7 +163,7 @@ async fn accept_loop<H, F>(
     F: Future<Output = Response> + 'static,
 {
     let mut plain = None;
-    let mut accept_failures = AcceptFailures::default();
+    let accept_failures = pico_meta::LogLimit::new(ACCEPT_FAILURE_LOG_INTERVAL_MS);
     loop {
         let accepted = stop.unless_stopped(listener.accept()).await;
         // Shutdown: the listener closes here; open connections finish on their own.
@@ -173,17 +173,21 @@ async fn accept_loop<H, F>(
             Err(e) => {
                 // Out of descriptors (`EMFILE`, `ENFILE`) or memory: the connection waits in
                 // the backlog; one line per interval, not one per try.
-                accept_failures.log(&e);
+                if let Some(unlogged) = accept_failures.due(std::time::Instant::now()) {
+                    log::warn!(
+                        "accept failed: {e} ({unlogged} more since the last such line); new \
+                         connections wait in the backlog"
+                    );
+                }
                 glommio::timer::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        let Some(slot) = open.budget.open_one() else {
+        let Some(open) = connections.admit() else {
             glommio::spawn_local(refuse_overloaded(stream)).detach();
             continue;
         };
-        let open = OpenConnection::count(slot, &open.metrics);
         // A task per kind of connection, each sized for its own: a plain connection's task
         // carries none of the TLS states (handshake, rustls, HTTP/2 over TLS).
         match &tls {
@@ -341,21 +345,23 @@ struct OpenConnections {
     metrics: Arc<HttpMetrics>,
 }
 
+impl OpenConnections {
+    /// One more open connection, counted until it drops; `None` when the budget is spent.
+    fn admit(&self) -> Option<OpenConnection> {
+        let slot = self.budget.open_one()?;
+        self.metrics.connections.fetch_add(1, Ordering::Relaxed);
+        Some(OpenConnection {
+            _slot: slot,
+            metrics: self.metrics.clone(),
+        })
+    }
+}
+
 /// One open connection in its core's count and in the metrics, until dropped: when the
 /// connection ends, and also when its task is dropped unfinished (the executor stopping).
 struct OpenConnection {
     _slot: OpenConnectionSlot,
     metrics: Arc<HttpMetrics>,
-}
-
-impl OpenConnection {
-    fn count(slot: OpenConnectionSlot, metrics: &Arc<HttpMetrics>) -> OpenConnection {
-        metrics.connections.fetch_add(1, Ordering::Relaxed);
-        OpenConnection {
-            _slot: slot,
-            metrics: metrics.clone(),
-        }
-    }
 }
 
 impl Drop for OpenConnection {
@@ -366,32 +372,6 @@ impl Drop for OpenConnection {
 
 /// How long an accept loop waits after a failed `accept` before it tries again.
 const ACCEPT_RETRY_MS: u64 = 10;
-
-/// Failed `accept`s since the last line about them.
-#[derive(Default)]
-struct AcceptFailures {
-    logged_at: Option<std::time::Instant>,
-    unlogged: u64,
-}
-
-impl AcceptFailures {
-    fn log(&mut self, error: &dyn std::fmt::Display) {
-        let due = self
-            .logged_at
-            .is_none_or(|at| at.elapsed() >= Duration::from_millis(ACCEPT_FAILURE_LOG_INTERVAL_MS));
-        if !due {
-            self.unlogged += 1;
-            return;
-        }
-        let more = match self.unlogged {
-            0 => String::new(),
-            n => format!(" ({n} more since the last such line)"),
-        };
-        log::warn!("accept failed: {error}{more}; new connections wait in the backlog");
-        self.logged_at = Some(std::time::Instant::now());
-        self.unlogged = 0;
-    }
-}
 
 /// Completes the TLS handshake (bounded in time), then serves the protocol ALPN chose.
 async fn serve_tls<H, F>(

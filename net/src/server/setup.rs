@@ -20,31 +20,40 @@ use crate::transport::tls;
 /// glommio refuses to start below this much locked memory.
 const MEMLOCK_MIN_BYTES: u64 = 512 * 1024;
 
-/// glommio needs locked memory for its rings; raise the soft limit to the hard one, and say
-/// how to fix it when that is still too low.
-pub(super) fn check_memlock() -> Result<(), StartError> {
+/// Raises the soft limit of `resource` to its hard one; the soft limit then, and the one before
+/// when it was raised. `None` when the limits cannot be read.
+fn raise_soft_limit(resource: libc::__rlimit_resource_t) -> Option<(u64, Option<u64>)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
-            return Ok(());
+        if libc::getrlimit(resource, &mut limit) != 0 {
+            return None;
         }
         if limit.rlim_cur < limit.rlim_max {
             let raised = libc::rlimit {
                 rlim_cur: limit.rlim_max,
                 rlim_max: limit.rlim_max,
             };
-            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) == 0 {
-                limit = raised;
+            if libc::setrlimit(resource, &raised) == 0 {
+                return Some((raised.rlim_cur, Some(limit.rlim_cur)));
             }
         }
     }
-    if limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur < MEMLOCK_MIN_BYTES {
+    Some((limit.rlim_cur, None))
+}
+
+/// glommio needs locked memory for its rings; raise the soft limit to the hard one, and say
+/// how to fix it when that is still too low.
+pub(super) fn check_memlock() -> Result<(), StartError> {
+    let Some((limit, _)) = raise_soft_limit(libc::RLIMIT_MEMLOCK) else {
+        return Ok(());
+    };
+    if limit != libc::RLIM_INFINITY && limit < MEMLOCK_MIN_BYTES {
         return Err(StartError::Memlock {
-            limit_kib: limit.rlim_cur / 1024,
+            limit_kib: limit / 1024,
             needed_kib: MEMLOCK_MIN_BYTES / 1024,
         });
     }
@@ -60,35 +69,12 @@ pub(super) struct OpenFiles {
 }
 
 pub(super) fn raise_open_files() -> OpenFiles {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return OpenFiles {
-                limit: libc::RLIM_INFINITY,
-                raised_from: None,
-            };
-        }
-        let before = limit.rlim_cur;
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return OpenFiles {
-                    limit: raised.rlim_cur,
-                    raised_from: Some(before),
-                };
-            }
-        }
-    }
-    OpenFiles {
-        limit: limit.rlim_cur,
-        raised_from: None,
+    match raise_soft_limit(libc::RLIMIT_NOFILE) {
+        Some((limit, raised_from)) => OpenFiles { limit, raised_from },
+        None => OpenFiles {
+            limit: libc::RLIM_INFINITY,
+            raised_from: None,
+        },
     }
 }
 
