@@ -395,6 +395,18 @@ pub fn serve_refused_on(
     serve_refused(&args, Duration::from_secs(60))
 }
 
+/// The flags that give a `pico serve` its own catalog, bucket and WAL directory in `dir`.
+pub fn data_in(dir: &Path) -> [String; 6] {
+    [
+        "--meta-url".to_string(),
+        format!("sqlite:{}", dir.join("meta.db").display()),
+        "--storage".to_string(),
+        format!("-2@file://{}", dir.join("objects").display()),
+        "--wal-dir".to_string(),
+        dir.join("wal").display().to_string(),
+    ]
+}
+
 pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + within;
     loop {

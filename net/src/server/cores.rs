@@ -3,7 +3,8 @@
 //! ready, serves until shutdown, then drains its connections and uploads what it holds.
 
 use std::cell::Cell;
-use std::net::SocketAddr;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -16,6 +17,7 @@ use pico_engine::{CoreHandle, CoreSeed};
 
 use super::error::{CoreStartError, StartError};
 use super::listeners::{spawn_admin, spawn_data_listener, DataServing};
+use super::port_check;
 use crate::admin::metrics::HttpMetrics;
 use crate::admin::{AdminState, NodeFacts};
 use crate::auth::CoreTokens;
@@ -73,6 +75,8 @@ pub(super) struct NodeJob {
 
 /// One core's job: its engine seed, the listeners, its counters, core 0's admin listener.
 struct CoreJob {
+    /// Core 0: it binds the listeners first and checks that no other socket listens there.
+    first: bool,
     seed: CoreSeed,
     listeners: Vec<(String, Protocol)>,
     admin: Option<AdminJob>,
@@ -119,6 +123,7 @@ pub(super) fn start_cores(
             Placement::Unbound
         };
         let job = CoreJob {
+            first: index == 0,
             seed,
             listeners: listeners.to_vec(),
             admin: if index == 0 { admin.take() } else { None },
@@ -153,6 +158,7 @@ fn core_executor(placement: Placement, index: usize) -> LocalExecutorBuilder {
 
 async fn run_core(job: CoreJob) {
     let CoreJob {
+        first,
         seed,
         listeners,
         admin,
@@ -189,10 +195,25 @@ async fn run_core(job: CoreJob) {
             .await
             .map_err(CoreStartError::Engine)?;
         let bind = |addr: &String| {
-            TcpListener::bind(addr).map_err(|source| CoreStartError::Bind {
+            let bind_error = |source| CoreStartError::Bind {
                 addr: addr.clone(),
                 source,
-            })
+            };
+            let resolved = addr
+                .to_socket_addrs()
+                .map_err(|e| bind_error(e.into()))?
+                .next()
+                .ok_or_else(|| bind_error(io::Error::from(io::ErrorKind::NotFound).into()))?;
+            // Core 0 binds first; the others join the port it holds.
+            if first {
+                if let Some(holder) = port_check::listener_on(resolved) {
+                    return Err(CoreStartError::PortTaken {
+                        addr: resolved,
+                        holder,
+                    });
+                }
+            }
+            TcpListener::bind(resolved).map_err(bind_error)
         };
         let mut bound = Vec::new();
         for (addr, protocol) in &listeners {

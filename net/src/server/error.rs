@@ -1,6 +1,7 @@
 //! Why a node did not start or stopped serving ([`StartError`]): each message is one line for
 //! the operator, naming the flag, file or address to fix (`pico serve` prints it and exits).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::auth::TokenFileError;
@@ -31,6 +32,16 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    /// Two of the node's listen addresses on one port.
+    ListenersOverlap {
+        first: (&'static str, SocketAddr),
+        second: (&'static str, SocketAddr),
+    },
+    /// Another socket already listens where a listener would.
+    PortTaken {
+        addr: SocketAddr,
+        holder: SocketAddr,
+    },
     /// `--tls-cert`/`--tls-key` unusable.
     Tls(TlsError),
     /// Only one of `--tls-cert` and `--tls-key`.
@@ -54,6 +65,11 @@ pub enum StartError {
 pub enum CoreStartError {
     /// The engine's shard for the core did not start.
     Engine(pico_engine::StartError),
+    /// Another socket already listens where a listener would.
+    PortTaken {
+        addr: SocketAddr,
+        holder: SocketAddr,
+    },
     /// A listener could not be bound.
     Bind {
         addr: String,
@@ -72,6 +88,7 @@ impl std::fmt::Display for CoreStartError {
                 "cannot listen on {addr}: {source} (is another server using it? pick another \
                  with --listen, --ds-listen (or --ds-listen off) or --admin-listen)"
             ),
+            CoreStartError::PortTaken { addr, holder } => port_taken(f, *addr, *holder),
             CoreStartError::LocalAddr(e) => e.fmt(f),
         }
     }
@@ -81,6 +98,7 @@ impl std::error::Error for CoreStartError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CoreStartError::Engine(e) => Some(e),
+            CoreStartError::PortTaken { .. } => None,
             CoreStartError::Bind { source, .. } | CoreStartError::LocalAddr(source) => Some(source),
         }
     }
@@ -117,6 +135,15 @@ impl std::fmt::Display for StartError {
             StartError::Resolve { addr, source } => {
                 write!(f, "cannot resolve listen address {addr}: {source}")
             }
+            StartError::ListenersOverlap {
+                first: (first_flag, first),
+                second: (second_flag, second),
+            } => write!(
+                f,
+                "{first_flag} {first} and {second_flag} {second} are one port: its connections \
+                 would be split between the two listeners; give each a port of its own"
+            ),
+            StartError::PortTaken { addr, holder } => port_taken(f, *addr, *holder),
             StartError::Tls(e) => e.fmt(f),
             StartError::TlsHalf => f.write_str("--tls-cert and --tls-key go together"),
             StartError::Boot(e) => e.fmt(f),
@@ -179,4 +206,21 @@ from! {
     pico_engine::BootError => Boot,
     CoreStartError => Core,
     pico_engine::AdvertiseError => Advertise,
+}
+
+/// Refused rather than shared: the kernel would let both listen and give each process a part
+/// of the port's connections (`SO_REUSEPORT`).
+fn port_taken(
+    f: &mut std::fmt::Formatter<'_>,
+    addr: SocketAddr,
+    holder: SocketAddr,
+) -> std::fmt::Result {
+    write!(
+        f,
+        "cannot listen on {addr}: another socket already listens on {holder} (`ss -ltnp \
+         'sport = :{port}'` names its process); sharing the port would give each server a part \
+         of its connections, so stop the other server or pick another port with --listen, \
+         --ds-listen (or --ds-listen off) or --admin-listen",
+        port = addr.port()
+    )
 }

@@ -7,6 +7,7 @@
 mod cores;
 mod error;
 mod listeners;
+mod port_check;
 mod setup;
 mod signals;
 
@@ -36,6 +37,7 @@ pub fn check(config: &ServerConfig) -> Result<(), StartError> {
     config.check()?;
     let auth = setup::load_tokens(config)?;
     setup::refuse_open_remote_listeners(config, auth.is_some())?;
+    setup::listen_addresses(config)?;
     setup::tls_config(config)?;
     Ok(())
 }
@@ -49,6 +51,9 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     let open_files = setup::raise_open_files();
     let auth = setup::load_tokens(&config)?;
     setup::refuse_open_remote_listeners(&config, auth.is_some())?;
+    // Looked at before the engine boots, so a second server on the port is refused at once;
+    // core 0 looks again right before it binds.
+    setup::refuse_taken_ports(&setup::listen_addresses(&config)?)?;
     let tls_config = setup::tls_config(&config)?;
     let booted = setup::boot_engine(&config)?;
     let cores = booted.cores;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use pico_engine::{Boot, ClusterConfig, EngineConfig};
 
 use super::error::StartError;
+use super::port_check;
 use crate::admin::NodeFacts;
 use crate::auth::SharedTokens;
 use crate::config::{Durability, Protocol, ServerConfig};
@@ -130,6 +131,61 @@ pub(super) fn refuse_open_remote_listeners(
             if !is_loopback(&addr)? {
                 return Err(StartError::OpenRemote { addr });
             }
+        }
+    }
+    Ok(())
+}
+
+/// The addresses the listeners will bind, by the flag that names each (a name's first
+/// address, the one its bind takes). Two on one port are refused: the cores' sharing of a port
+/// (`SO_REUSEPORT`) would let both bind and split the port's connections between them.
+pub(super) fn listen_addresses(
+    config: &ServerConfig,
+) -> Result<Vec<(&'static str, SocketAddr)>, StartError> {
+    use std::net::ToSocketAddrs;
+    let named = [
+        ("--listen", Some(&config.listen)),
+        ("--ds-listen", config.ds_listen.as_ref()),
+        ("--admin-listen", config.admin_listen.as_ref()),
+    ];
+    let mut addresses: Vec<(&'static str, SocketAddr)> = Vec::new();
+    for (flag, addr) in named {
+        let Some(addr) = addr else { continue };
+        let resolve_error = |source| StartError::Resolve {
+            addr: addr.clone(),
+            source,
+        };
+        let resolved = addr
+            .to_socket_addrs()
+            .map_err(resolve_error)?
+            .next()
+            .ok_or_else(|| {
+                resolve_error(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no address",
+                ))
+            })?;
+        if let Some(&earlier) = addresses
+            .iter()
+            .find(|(_, earlier)| resolved.port() != 0 && port_check::overlaps(*earlier, resolved))
+        {
+            return Err(StartError::ListenersOverlap {
+                first: earlier,
+                second: (flag, resolved),
+            });
+        }
+        addresses.push((flag, resolved));
+    }
+    Ok(addresses)
+}
+
+/// Refuses to start where another socket already listens (see [`port_check`]).
+pub(super) fn refuse_taken_ports(
+    addresses: &[(&'static str, SocketAddr)],
+) -> Result<(), StartError> {
+    for &(_, addr) in addresses {
+        if let Some(holder) = port_check::listener_on(addr) {
+            return Err(StartError::PortTaken { addr, holder });
         }
     }
     Ok(())
