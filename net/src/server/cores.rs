@@ -11,13 +11,12 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use futures_rustls::TlsAcceptor;
-use glommio::net::TcpListener;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use pico_engine::{CoreHandle, CoreSeed};
 
 use super::error::{CoreStartError, StartError};
 use super::listeners::{spawn_admin, spawn_data_listener, DataServing};
-use super::port_check;
+use super::ports;
 use crate::admin::metrics::HttpMetrics;
 use crate::admin::{AdminState, NodeFacts};
 use crate::auth::CoreTokens;
@@ -69,6 +68,8 @@ pub(super) struct NodeJob {
     pub(super) unsent_bytes_max: usize,
     /// Open connections a core's protocol listeners take together.
     pub(super) connections_per_core_max: usize,
+    /// The accept queue of each listener (`--backlog`).
+    pub(super) backlog: u32,
     pub(super) shutdown: Shutdown,
     pub(super) stopped: mpsc::Sender<Stopped>,
 }
@@ -177,6 +178,7 @@ async fn run_core(job: CoreJob) {
         in_flight_bytes_max,
         unsent_bytes_max,
         connections_per_core_max,
+        backlog,
         shutdown,
         stopped,
     } = node;
@@ -206,14 +208,14 @@ async fn run_core(job: CoreJob) {
                 .ok_or_else(|| bind_error(io::Error::from(io::ErrorKind::NotFound).into()))?;
             // Core 0 binds first; the others join the port it holds.
             if first {
-                if let Some(holder) = port_check::listener_on(resolved) {
+                if let Some(holder) = ports::listener_on(resolved) {
                     return Err(CoreStartError::PortTaken {
                         addr: resolved,
                         holder,
                     });
                 }
             }
-            TcpListener::bind(resolved).map_err(bind_error)
+            ports::listen_shared(resolved, backlog).map_err(|e| bind_error(e.into()))
         };
         let mut bound = Vec::new();
         for (addr, protocol) in &listeners {

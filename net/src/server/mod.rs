@@ -7,7 +7,7 @@
 mod cores;
 mod error;
 mod listeners;
-mod port_check;
+mod ports;
 mod setup;
 mod signals;
 
@@ -103,6 +103,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
         in_flight_bytes_max: config.in_flight_bytes_max,
         unsent_bytes_max: config.unsent_bytes_max,
         connections_per_core_max,
+        backlog: config.backlog,
         shutdown: shutdown.clone(),
         stopped: stopped_tx,
     };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pico_engine::{Boot, ClusterConfig, EngineConfig};
 
 use super::error::StartError;
-use super::port_check;
+use super::ports;
 use crate::admin::NodeFacts;
 use crate::auth::SharedTokens;
 use crate::config::{Durability, Protocol, ServerConfig};
@@ -167,7 +167,7 @@ pub(super) fn listen_addresses(
             })?;
         if let Some(&earlier) = addresses
             .iter()
-            .find(|(_, earlier)| resolved.port() != 0 && port_check::overlaps(*earlier, resolved))
+            .find(|(_, earlier)| resolved.port() != 0 && ports::overlaps(*earlier, resolved))
         {
             return Err(StartError::ListenersOverlap {
                 first: earlier,
@@ -179,12 +179,12 @@ pub(super) fn listen_addresses(
     Ok(addresses)
 }
 
-/// Refuses to start where another socket already listens (see [`port_check`]).
+/// Refuses to start where another socket already listens (see [`ports`]).
 pub(super) fn refuse_taken_ports(
     addresses: &[(&'static str, SocketAddr)],
 ) -> Result<(), StartError> {
     for &(_, addr) in addresses {
-        if let Some(holder) = port_check::listener_on(addr) {
+        if let Some(holder) = ports::listener_on(addr) {
             return Err(StartError::PortTaken { addr, holder });
         }
     }

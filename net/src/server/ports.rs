@@ -1,10 +1,11 @@
-//! One port, one server. A node's cores share each listener's port through `SO_REUSEPORT`,
-//! and the kernel grants that sharing to any socket of the same user that asks for it: a
-//! second `pico serve` with a data directory of its own, or another server that sets the
-//! option, would bind the same port without an error and take a share of its connections,
-//! so a client would find its streams on one process and not the other. A start therefore
-//! looks, right before it binds, whether anything already listens on each address, and
-//! refuses instead; and two of its own listeners may not share a port.
+//! The node's listening sockets: shared by its cores, never with another server. Each core
+//! binds each listener's port with `SO_REUSEPORT`, and the kernel grants that sharing to any
+//! socket of the same user that asks for it: a second `pico serve` with a data directory of its
+//! own, or another server that sets the option, would bind the same port without an error and
+//! take a part of its connections, so a client would find its streams on one process and not
+//! on the other. A start therefore looks, right before it binds, whether anything already
+//! listens on each address, and refuses instead; and two of its own listeners may not share a
+//! port.
 //!
 //! The kernel's answer to a plain `bind` (no `SO_REUSEADDR`, no `SO_REUSEPORT`) says whether
 //! the port is free; when it is not, the socket table tells a listener (refused) from a
@@ -21,6 +22,9 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{FromRawFd, IntoRawFd};
+
+use glommio::net::TcpListener;
 
 /// The kernel's socket tables of this network namespace.
 const SOCKET_TABLES: [&str; 2] = ["/proc/net/tcp", "/proc/net/tcp6"];
@@ -43,6 +47,19 @@ pub(super) fn listener_on(addr: SocketAddr) -> Option<SocketAddr> {
             .find_map(|table| listening_overlap(&table, addr)),
         _ => None,
     }
+}
+
+/// A listener on `addr` that this node's other cores can join (`SO_REUSEPORT`), its accept
+/// queue `backlog` connections long (the kernel caps it at `net.core.somaxconn`).
+pub(super) fn listen_shared(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    // SAFETY: the descriptor is a bound, listening TCP socket that `into_raw_fd` gave up; the
+    // listener takes sole ownership of it (and closes it when dropped).
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
 }
 
 /// Binds a socket without sharing options (never listening, closed at once).

@@ -3,7 +3,8 @@
 //! `pico serve` with a data directory of its own, a foreign server sharing the port, or two of
 //! one node's listeners on one port are refused at start, never left to split the port's
 //! connections (clients would find a stream on one process and not on the other). A restart
-//! whose old connections wait in `TIME_WAIT` still takes its port.
+//! whose old connections wait in `TIME_WAIT` still takes its port. Every listener's accept
+//! queue is `--backlog` long.
 
 mod common;
 
@@ -280,4 +281,37 @@ fn a_restart_right_after_a_stop_takes_its_port_while_old_connections_wait() {
         std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default()
     );
     assert_eq!(read.unwrap().body, b"kept");
+}
+
+/// The accept queue of each listening socket: `ss -ltn` shows it as the Send-Q of a listener.
+fn accept_queues(port: u16) -> Option<Vec<u32>> {
+    let out = std::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(
+        text.lines()
+            .filter_map(|line| line.split_whitespace().nth(2)?.parse().ok())
+            .collect(),
+    )
+}
+
+#[test]
+fn every_listener_takes_the_backlog_it_is_given() {
+    let server = Server::start(&["--cores", "2", "--backlog", "77"]);
+    let Some(data) = accept_queues(server.addr.port()) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "`ss` (iproute2) is needed under CI"
+        );
+        eprintln!("skipped: no `ss` (iproute2) on this machine");
+        return;
+    };
+    // One listening socket a core, each with the queue asked for (it was 1,024 whatever
+    // --backlog said).
+    assert_eq!(data, vec![77, 77], "the Pico listener's sockets");
+    let ds = server.second.expect("the Durable Streams listener").port();
+    assert_eq!(accept_queues(ds), Some(vec![77, 77]));
+    assert_eq!(accept_queues(server.admin.port()), Some(vec![77]));
 }
