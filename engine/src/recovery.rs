@@ -335,7 +335,8 @@ pub(crate) fn recover_wal_files(
                 let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
                 let kept = keep_damaged(config, &path, &describe(&path, damage, tails))?;
                 log::warn!(
-                    "WAL file {} is damaged, but its segment {key} was stored before the                      crash: nothing is lost; the file was moved to {}",
+                    "WAL file {} is damaged, but its segment {key} was stored before the \
+                     crash: nothing is lost; the file was moved to {}",
                     path.display(),
                     kept.display()
                 );
