@@ -328,7 +328,7 @@ fn a_backup_under_load_restores_every_append_acknowledged_before_it() {
     })
     .collect();
     thread::sleep(WRITE_BEFORE);
-    let sealed = std::fs::read_dir(server.dir().join("objects/segments"))
+    let sealed = std::fs::read_dir(common::segments_dir(server.dir()))
         .map(|entries| entries.count())
         .unwrap_or(0);
     assert_eq!(
@@ -798,7 +798,7 @@ fn a_node_on_garage_is_backed_up_to_a_directory() {
 
 /// The `.seg` objects under a node's `file://` bucket.
 fn segment_objects(server: &Server) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(server.dir().join("objects/segments")) else {
+    let Ok(entries) = std::fs::read_dir(common::segments_dir(server.dir())) else {
         return Vec::new();
     };
     entries

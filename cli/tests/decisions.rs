@@ -1031,7 +1031,7 @@ fn producer_state_survives_kill_9() {
     create(&s, "/pk-sealed", &[("content-type", "text/plain")], b"");
     applied(&produce(&s, "/pk-sealed", ("k", 2, 0), &[], b"a"), 0, 1);
     applied(&produce(&s, "/pk-sealed", ("k", 2, 1), &[], b"b"), 1, 2);
-    let sealed_dir = s.dir().join("objects").join("segments");
+    let sealed_dir = common::segments_dir(s.dir());
     wait_for("a sealed segment", Duration::from_secs(20), || {
         std::fs::read_dir(&sealed_dir)
             .ok()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::Server;
 
 fn segment_files(dir: &Path) -> Vec<String> {
-    let mut files: Vec<String> = std::fs::read_dir(dir.join("objects/segments"))
+    let mut files: Vec<String> = std::fs::read_dir(common::segments_dir(dir))
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok())

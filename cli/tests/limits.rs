@@ -170,7 +170,7 @@ fn connections_past_the_open_file_limit_are_refused_and_the_node_keeps_its_files
     assert_eq!(next, 401);
     let stored_deadline = Instant::now() + Duration::from_secs(30);
     let segments = || {
-        std::fs::read_dir(server.dir().join("objects/segments"))
+        std::fs::read_dir(common::segments_dir(server.dir()))
             .map(|dir| dir.count())
             .unwrap_or(0)
     };

@@ -60,7 +60,7 @@ fn metric(server: &Server, series: &str) -> u64 {
 }
 
 fn segment_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir.join("objects/segments"))
+    std::fs::read_dir(common::segments_dir(dir))
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok())

@@ -721,8 +721,9 @@ fn garbage_collection_deletes_segment_objects_from_garage() {
         assert!(!new.is_empty(), "{name}: no segment appeared in the bucket");
         for key in &new {
             let stem = key
-                .strip_prefix("segments/")
-                .and_then(|k| k.strip_suffix(".seg"))
+                .strip_prefix("segments/c")
+                .and_then(|k| k.split_once('/'))
+                .and_then(|(_, k)| k.strip_suffix(".seg"))
                 .unwrap_or_else(|| panic!("unexpected key {key}"));
             assert_eq!(
                 stem.split('-').count(),

@@ -45,7 +45,7 @@ fn a_stopped_node_with_one_stored_segment() -> (Server, PathBuf) {
     server.put("/d", "text/plain").expect(201);
     // One batch: one commit round, so one segment whatever the machine's pace.
     post_batch(&server, "/d", RECORDS);
-    let segments = server.dir().join("objects/segments");
+    let segments = common::segments_dir(server.dir());
     let object = wait_for("the segment's upload", Duration::from_secs(30), || {
         (core_0_counter(&server, "pico_uploads_total") >= 1).then_some(())?;
         std::fs::read_dir(&segments)
@@ -261,7 +261,7 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
     // A second stream with an object of its own, and nothing read yet.
     server.put("/e", "text/plain").expect(201);
     server.post("/e", b"kept").expect(200);
-    let segments = server.dir().join("objects/segments");
+    let segments = common::segments_dir(server.dir());
     let other = wait_for("/e's upload", Duration::from_secs(30), || {
         std::fs::read_dir(&segments)
             .ok()?
@@ -297,7 +297,8 @@ fn a_verify_finds_a_flipped_bit_and_a_missing_object_before_any_reader_does() {
     assert!(!ok, "a verify that found damage exits 1: {report}");
     assert_eq!(report["damagedObjects"], 2, "{report}");
     let listed = report["damaged"].as_array().unwrap();
-    let name = |path: &PathBuf| format!("segments/{}", path.file_name().unwrap().to_str().unwrap());
+    let objects = server.dir().join("objects");
+    let name = |path: &PathBuf| path.strip_prefix(&objects).unwrap().display().to_string();
     let flipped = listed.iter().find(|d| d["key"] == name(&damaged)).unwrap();
     assert!(
         flipped["cause"]

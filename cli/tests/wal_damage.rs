@@ -364,7 +364,7 @@ fn a_salvage_waits_for_a_bucket_that_refuses_its_segment() {
     let damaged = std::fs::read(&wal).unwrap();
     // A non-empty directory where the salvaged segment's object would be renamed to.
     let stem = wal.file_stem().unwrap().to_str().unwrap().to_string();
-    let block = server.dir().join(format!("objects/segments/{stem}.seg"));
+    let block = common::segments_dir(server.dir()).join(format!("{stem}.seg"));
     std::fs::create_dir_all(&block).unwrap();
     std::fs::write(block.join("refused"), b"").unwrap();
 

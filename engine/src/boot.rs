@@ -284,6 +284,7 @@ pub fn boot_with_clock(
         Some(snapshot) => snapshot,
         None => wait(meta.load_snapshot())?,
     };
+    config.catalog_id = snapshot.catalog_id.clone();
     // Before recovery stores anything there: a bucket holding none of the catalog's newest
     // segments is not the one this catalog's node stored to.
     let bucket_reached = store.unreachable_at_open().is_none();

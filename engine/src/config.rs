@@ -36,9 +36,12 @@ pub struct EngineConfig {
     pub segment_cache_bytes: usize,
     /// Names this run's WAL files and segments; raised above any name already used.
     pub node_epoch_ms: u64,
-    /// `--node-id`: segment keys go under `segments/n<id>/`, so nodes sharing a bucket can
-    /// never write the same key; `None` keeps the single-node layout `segments/<name>`.
+    /// `--node-id`: segment keys go under `.../n<id>/`, so nodes sharing a catalog and bucket
+    /// can never write the same key; `None` is the single-node layout.
     pub node_id: Option<u32>,
+    /// The catalog's id, which segment keys go under (`placement::segment_key`): set by
+    /// [`crate::boot`] from the catalog it opens; a value given here is replaced.
+    pub catalog_id: Option<String>,
     /// Bytes of appends a core holds before they are durable; past it appends get `429`.
     pub in_flight_bytes_max: usize,
     /// Bytes of sealed segments a core holds before the object store took them; past it
@@ -105,6 +108,7 @@ mod tests {
             segment_cache_bytes: 0,
             node_epoch_ms: 1,
             node_id: None,
+            catalog_id: None,
             in_flight_bytes_max: limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
             unuploaded_bytes_max: limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
             gc_interval_ms: limits::GC_INTERVAL_MS_MIN,

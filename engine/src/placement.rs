@@ -19,17 +19,35 @@ pub fn owner_core(name: &str, cores: usize) -> usize {
     (stream_hash(name) % cores as u64) as usize
 }
 
-/// The object key of the segment whose WAL file is `<stem>.wal`:
+/// The object key of the segment whose WAL file is `<stem>.wal`, under the id of the catalog
+/// that names it: catalogs sharing a bucket never write one key, even when two of their nodes
+/// took the same millisecond as their run's epoch.
 ///
 /// ```text
-/// segments/<epoch ms:016>-<core:03>-<counter:010>.seg            single node
-/// segments/n<node id>/<epoch ms:016>-<core:03>-<counter:010>.seg  with --node-id
+/// segments/c<catalog id>/<epoch ms:016>-<core:03>-<counter:010>.seg              single node
+/// segments/c<catalog id>/n<node id>/<epoch ms:016>-<core:03>-<counter:010>.seg   with --node-id
+/// segments/[n<node id>/]<stem>.seg   a catalog without an id, and every segment stored before
+///                                    schema 15 (rows hold whole keys: they read as they are)
 /// ```
-pub(crate) fn segment_key(node_id: Option<u32>, stem: &str) -> String {
-    match node_id {
-        Some(id) => format!("segments/n{id}/{stem}.seg"),
-        None => format!("segments/{stem}.seg"),
+pub(crate) fn segment_key(catalog_id: Option<&str>, node_id: Option<u32>, stem: &str) -> String {
+    let catalog = catalog_id.map(|id| format!("c{id}/")).unwrap_or_default();
+    let node = node_id.map(|id| format!("n{id}/")).unwrap_or_default();
+    format!("segments/{catalog}{node}{stem}.seg")
+}
+
+/// The keys a segment of `stem` may have been stored under: [`segment_key`]'s, then, for a
+/// catalog with an id, the one a build before schema 15 gave it (a WAL file of that build's
+/// run, recovered by this one).
+pub(crate) fn segment_keys(
+    catalog_id: Option<&str>,
+    node_id: Option<u32>,
+    stem: &str,
+) -> Vec<String> {
+    let mut keys = vec![segment_key(catalog_id, node_id, stem)];
+    if catalog_id.is_some() {
+        keys.push(segment_key(None, node_id, stem));
     }
+    keys
 }
 
 /// The node epoch (ms) a WAL file or segment stem starts with (`<epoch>-<core>-<counter>`).
@@ -72,12 +90,28 @@ mod tests {
     fn segment_keys_follow_the_wal_stem() {
         let stem = "0000001700000000-002-0000000042";
         assert_eq!(
-            segment_key(None, stem),
+            segment_key(None, None, stem),
             "segments/0000001700000000-002-0000000042.seg"
         );
         assert_eq!(
-            segment_key(Some(3), stem),
+            segment_key(None, Some(3), stem),
             "segments/n3/0000001700000000-002-0000000042.seg"
+        );
+        let catalog = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            segment_key(Some(catalog), None, stem),
+            "segments/c0123456789abcdef0123456789abcdef/0000001700000000-002-0000000042.seg"
+        );
+        assert_eq!(
+            segment_keys(Some(catalog), Some(3), stem),
+            [
+                "segments/c0123456789abcdef0123456789abcdef/n3/0000001700000000-002-0000000042.seg",
+                "segments/n3/0000001700000000-002-0000000042.seg"
+            ]
+        );
+        assert_eq!(
+            segment_keys(None, Some(3), stem),
+            ["segments/n3/0000001700000000-002-0000000042.seg"]
         );
         assert_eq!(epoch_of(stem), Some(1_700_000_000));
         assert_eq!(epoch_of("junk"), None);

@@ -17,7 +17,7 @@ use pico_s3::{ObjectStore, StoreError};
 use crate::clock::Clock;
 use crate::config::EngineConfig;
 use crate::frame::{self, FRAME_KIND_CLOSE, FRAME_KIND_RECORD};
-use crate::placement::{epoch_of, segment_key};
+use crate::placement::{epoch_of, segment_keys};
 use crate::wal_file::{self, Damage, ScanError, WalEnd};
 use crate::wal_ledger::{self, MissingFile};
 
@@ -328,8 +328,8 @@ pub(crate) fn recover_wal_files(
                 after: Vec::new(),
             });
         }
-        let key = segment_key(config.node_id, &stem);
-        if committed.contains(&key) {
+        let mut keys = segment_keys(config.catalog_id.as_deref(), config.node_id, &stem);
+        if let Some(key) = keys.iter().find(|key| committed.contains(*key)) {
             // Stored and committed before the crash, which came before the file's removal.
             if let WalEnd::Damaged(damage) = &scanned.end {
                 let tails = tails.get_or_insert_with(|| Tails::new(snapshot));
@@ -349,6 +349,9 @@ pub(crate) fn recover_wal_files(
             ));
             continue;
         }
+        // Stored now under this build's key (an object a crash left under the earlier one is
+        // the sweep's).
+        let key = keys.swap_remove(0);
         // A single node's streams go on from the catalog's tails without a gap; one that skips
         // offsets lost them with a WAL file that is gone. (A cluster's streams move between
         // nodes: their frames are fenced by owner epoch instead.)
@@ -534,9 +537,28 @@ pub(crate) fn sweep_orphans(
     snapshot: &Snapshot,
     wal_epochs: &[u64],
 ) -> Result<usize, StorageError> {
-    let prefix = segment_key(config.node_id, "");
-    let prefix = prefix.trim_end_matches(".seg");
     let committed: HashSet<&str> = snapshot.segments.iter().map(|s| s.key.as_str()).collect();
+    let mut removed = 0;
+    // This build's key prefix, then the one before schema 15 (runs of an earlier build).
+    for layout in segment_keys(config.catalog_id.as_deref(), config.node_id, "") {
+        let prefix = layout.trim_end_matches(".seg");
+        removed += sweep_prefix(
+            config, meta, store, snapshot, &committed, prefix, wal_epochs,
+        )?;
+    }
+    Ok(removed)
+}
+
+/// [`sweep_orphans`] under one key prefix (`segments/.../`).
+fn sweep_prefix(
+    config: &EngineConfig,
+    meta: &MetaStore,
+    store: &ObjectStore,
+    snapshot: &Snapshot,
+    committed: &HashSet<&str>,
+    prefix: &str,
+    wal_epochs: &[u64],
+) -> Result<usize, StorageError> {
     let committed_epochs: HashSet<u64> = snapshot
         .segments
         .iter()

@@ -146,11 +146,7 @@ fn objects(dir: &Path) -> BTreeSet<String> {
         }
     }
     let mut out = BTreeSet::new();
-    walk(
-        &dir.join("objects/segments"),
-        &dir.join("objects"),
-        &mut out,
-    );
+    walk(&common::segments_dir(dir), &dir.join("objects"), &mut out);
     out
 }
 

@@ -275,6 +275,30 @@ fn interleaved_in_the_wal(path: &Path, records: u64) -> (u64, u64) {
     })
 }
 
+/// [`interleaved_in_the_wal`], then a start that stores the WAL file's segment and removes
+/// the file: the file's path and the bytes it had, to put back as a crash would have left it.
+fn stored_with_a_copy_of_its_wal_file(path: &Path, records: u64) -> (PathBuf, Vec<u8>) {
+    interleaved_in_the_wal(path, records);
+    let (wal, _, _) = wal_files(path).first().cloned().expect("a WAL file");
+    let data = std::fs::read(&wal).unwrap();
+    run(config(path, 1), path, |_| async {});
+    assert!(!wal.exists(), "recovered and removed");
+    (wal, data)
+}
+
+/// A stream's records as `(offset, body)`.
+type Records = Vec<(u64, Bytes)>;
+
+/// Every record of `/s` and `/t` after a start, and the start's report.
+fn both_streams(path: &Path) -> ((Records, Records), Vec<String>) {
+    run_node(
+        config(path, 1),
+        path,
+        |_| {},
+        |core, _| async move { (read_all(&core, "/s").await, read_all(&core, "/t").await) },
+    )
+}
+
 fn boot_error(path: &Path, config: EngineConfig) -> pico_engine::BootError {
     let meta = format!("sqlite:{}", path.join("meta.db").display());
     let storage = format!("-2@file://{}", path.join("objects").display());
@@ -392,24 +416,15 @@ fn a_damaged_leftover_of_a_stored_segment_never_replaces_it() {
     const RECORDS: u64 = 6;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
-    interleaved_in_the_wal(&path, RECORDS);
-    // Recovery stores the WAL's rounds; copy the file first, to put it back afterwards.
-    let (wal, _, _) = wal_files(&path).first().cloned().expect("a WAL file");
-    let mut data = std::fs::read(&wal).unwrap();
-    run(config(&path, 1), &path, |_| async {});
-    assert!(!wal.exists());
+    // Recovery stores the WAL's rounds; the file is copied first, to put it back afterwards.
+    let (wal, mut data) = stored_with_a_copy_of_its_wal_file(&path, RECORDS);
     let scanned = wal_file::scan(&data).unwrap();
     // A record in the middle: what follows it would be lost if the file were recovered.
     let hit = scanned.committed[scanned.committed.len() / 2];
     data[hit.pos + hit.len - 3] ^= 0x01;
     std::fs::write(&wal, &data).unwrap();
 
-    let (records, report) = run_node(
-        config(&path, 1),
-        &path,
-        |_| {},
-        |core, _| async move { (read_all(&core, "/s").await, read_all(&core, "/t").await) },
-    );
+    let (records, report) = both_streams(&path);
     let want = |s: usize| (0..RECORDS).map(|i| (i, body(s, i))).collect::<Vec<_>>();
     assert_eq!(records, (want(0), want(1)), "every record, from the object");
     assert!(
@@ -438,7 +453,7 @@ fn objects_an_earlier_run_stored_but_never_committed_are_deleted_at_start() {
         }
         glommio::timer::sleep(Duration::from_millis(300)).await;
     });
-    let segments = path.join("objects/segments");
+    let segments = common::segments_dir(&path);
     let stored: Vec<String> = std::fs::read_dir(&segments)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -477,7 +492,7 @@ fn objects_an_earlier_run_stored_but_never_committed_are_deleted_at_start() {
 
 /// The names of the segment objects in the bucket at `path`, sorted.
 fn stored_segments(path: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(path.join("objects/segments"))
+    let mut names: Vec<String> = std::fs::read_dir(common::segments_dir(path))
         .map(|dir| {
             dir.map(|e| e.unwrap().file_name().into_string().unwrap())
                 .collect()
@@ -536,7 +551,7 @@ fn a_bucket_without_the_catalogs_segments_is_refused_unless_only_garbage_is_gone
         .collect();
     assert!(gone_segments.len() >= 4, "{gone_segments:?}");
     for name in &gone_segments {
-        std::fs::remove_file(path.join("objects/segments").join(name)).unwrap();
+        std::fs::remove_file(common::segments_dir(&path).join(name)).unwrap();
     }
     let records = run_returning(small(), &path, |core, _| async move {
         read_all(&core, "/live").await
@@ -583,7 +598,7 @@ fn a_bucket_without_the_catalogs_segments_is_refused_unless_only_garbage_is_gone
     // The same bucket with every segment object lost (its marker left): damaged, not another
     // bucket. The node starts and says what it lost; reads fail rather than come back empty.
     for name in stored_segments(&path) {
-        std::fs::remove_file(objects.join("segments").join(name)).unwrap();
+        std::fs::remove_file(common::segments_dir(&path).join(name)).unwrap();
     }
     let (read, report) = common::run_node(
         small(),
@@ -616,5 +631,126 @@ fn a_bucket_without_the_catalogs_segments_is_refused_unless_only_garbage_is_gone
             .iter()
             .any(|l| l.contains("lacks the catalog's segments") && l.contains(newest.as_str())),
         "{report:?}"
+    );
+}
+
+/// Two single nodes, each with a catalog of its own, share one bucket and start in the same
+/// millisecond, so their runs have one node epoch and their WAL files the same names: each
+/// stores its segments under its catalog's id, and neither overwrites nor sweeps the other's
+/// objects. Before, both wrote `segments/<epoch>-000-<n>.seg`, each over the other's.
+#[test]
+fn catalogs_sharing_a_bucket_keep_their_segments_apart_in_one_epoch() {
+    const RECORDS: u64 = 300;
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (a.path().to_path_buf(), b.path().to_path_buf());
+    std::fs::create_dir_all(a.join("objects")).unwrap();
+    std::os::unix::fs::symlink(a.join("objects"), b.join("objects")).unwrap();
+    let epoch = pico_engine::now_ms() as u64;
+    let in_epoch = |path: &Path| EngineConfig {
+        node_epoch_ms: epoch,
+        ..small_segments(path)
+    };
+    for (node, path) in [(0, &a), (1, &b)] {
+        run(in_epoch(path), path, move |core| async move {
+            core.create("/s", create()).await.unwrap();
+            for i in 0..RECORDS {
+                core.append("/s", append(body(node, i))).await.unwrap();
+            }
+        });
+    }
+    // Each restart recovers its WAL files into the bucket and sweeps it; then each reads its own.
+    for (node, path) in [(0, &a), (1, &b)] {
+        let records = run_returning(small_segments(path), path, |core, _| async move {
+            read_all(&core, "/s").await
+        });
+        let want: Vec<_> = (0..RECORDS).map(|i| (i, body(node, i))).collect();
+        let not_its_own = records
+            .iter()
+            .zip(&want)
+            .position(|(got, want)| got != want);
+        assert!(
+            records.len() == want.len() && not_its_own.is_none(),
+            "node {node} reads {} records; the first that is not its own: {not_its_own:?}",
+            records.len()
+        );
+    }
+    let directories: Vec<_> = std::fs::read_dir(a.join("objects/segments"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(directories.len(), 2, "one per catalog: {directories:?}");
+    for node in [&a, &b] {
+        let records = run_returning(small_segments(node), node, |core, _| async move {
+            read_all(&core, "/s").await.len() as u64
+        });
+        assert_eq!(
+            records, RECORDS,
+            "the other node's restart swept nothing of this one's"
+        );
+    }
+}
+
+/// An earlier build stored segments under `segments/<stem>.seg`, without the catalog's id. A
+/// WAL file it committed but had not yet removed at a crash is found stored under that key, not
+/// stored and committed a second time; an object it stored under that key without committing
+/// it is swept; its committed objects stay and are read.
+#[test]
+fn segments_stored_under_the_earlier_key_are_recognised_and_swept() {
+    const RECORDS: u64 = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (wal, data) = stored_with_a_copy_of_its_wal_file(&path, RECORDS);
+    let stem = wal.file_stem().unwrap().to_str().unwrap().to_string();
+    // Made what the earlier build left: the object and its row under the key without the
+    // catalog's id, the WAL file back (a crash between the commit and the removal), and an
+    // object of the same run stored but never committed.
+    let objects = path.join("objects");
+    let new_key = format!(
+        "segments/{}/{stem}.seg",
+        common::segments_dir(&path)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
+    let old_key = format!("segments/{stem}.seg");
+    std::fs::rename(objects.join(&new_key), objects.join(&old_key)).unwrap();
+    pico_meta::use_page_checksums().expect("the checksummed SQLite VFS");
+    let db = rusqlite::Connection::open(path.join("meta.db")).unwrap();
+    let renamed = db
+        .execute(
+            "UPDATE segments SET key = ?1 WHERE key = ?2",
+            [&old_key, &new_key],
+        )
+        .unwrap();
+    assert_eq!(renamed, 1);
+    drop(db);
+    std::fs::write(&wal, &data).unwrap();
+    let epoch = &stem[..16];
+    let orphan = objects.join(format!("segments/{epoch}-000-0000009999.seg"));
+    std::fs::write(&orphan, b"stored, never committed").unwrap();
+
+    let (records, report) = both_streams(&path);
+    let want = |s: usize| (0..RECORDS).map(|i| (i, body(s, i))).collect::<Vec<_>>();
+    assert_eq!(
+        records,
+        (want(0), want(1)),
+        "every record once, from the object"
+    );
+    assert!(
+        report
+            .iter()
+            .any(|l| l.contains(&format!("was already stored as {old_key}"))),
+        "{report:?}"
+    );
+    assert!(!wal.exists(), "the leftover WAL file was removed");
+    assert!(!objects.join(&new_key).exists(), "not stored a second time");
+    assert!(
+        !orphan.exists(),
+        "the earlier build's uncommitted object was swept"
+    );
+    assert!(
+        objects.join(&old_key).exists(),
+        "its committed object stays"
     );
 }

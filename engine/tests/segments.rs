@@ -79,7 +79,7 @@ fn segments_survive_sealing_eviction_and_restart() {
         (read_all(&core, "/a").await, read_all(&core, "/b").await)
     });
     assert_eq!(warm_a.len() as u64 + warm_b.len() as u64, RECORDS);
-    let objects = std::fs::read_dir(path.join("objects/segments"))
+    let objects = std::fs::read_dir(common::segments_dir(&path))
         .unwrap()
         .count();
     assert!(objects > 5, "expected many sealed segments, got {objects}");
@@ -127,7 +127,7 @@ fn cold_reads_by_blocks_with_readahead_and_eviction() {
         }
         glommio::timer::sleep(std::time::Duration::from_millis(300)).await;
     });
-    let sizes: Vec<u64> = std::fs::read_dir(path.join("objects/segments"))
+    let sizes: Vec<u64> = std::fs::read_dir(common::segments_dir(&path))
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().len())
         .collect();
@@ -177,7 +177,7 @@ fn a_cold_read_over_many_small_segments_keeps_gets_in_flight() {
                 .unwrap();
         }
     });
-    let objects = std::fs::read_dir(path.join("objects/segments"))
+    let objects = std::fs::read_dir(common::segments_dir(&path))
         .unwrap()
         .count();
     // Two records a segment make 120; a segment grows into its slack while its core's next
@@ -241,7 +241,7 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
         durability: pico_engine::Durability::Object,
         ..config_sized(&path, 4 * 1024, 1024 * 1024)
     };
-    let objects = path.join("objects/segments");
+    let bucket = path.clone();
     run_node(
         config.clone(),
         &path,
@@ -260,7 +260,8 @@ fn a_slow_put_holds_back_the_catalog_commits_after_it() {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             // The first segment's PUT is held, and later segments are stored.
             loop {
-                let stored = std::fs::read_dir(&objects).map_or(0, |d| d.count());
+                let stored =
+                    std::fs::read_dir(common::segments_dir(&bucket)).map_or(0, |d| d.count());
                 if store.faults().put_is_held() && stored >= 3 {
                     break;
                 }

@@ -79,7 +79,7 @@ fn body(i: u64, len: usize) -> Bytes {
 }
 
 fn objects(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir.join("objects/segments")).map_or(0, |d| d.count())
+    std::fs::read_dir(common::segments_dir(dir)).map_or(0, |d| d.count())
 }
 
 const APPENDS: u64 = 400;
@@ -349,7 +349,7 @@ fn a_segment_damaged_in_the_bucket_fails_the_reads_that_reach_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     write_sealed(&path);
-    let mut objects: Vec<_> = std::fs::read_dir(path.join("objects/segments"))
+    let mut objects: Vec<_> = std::fs::read_dir(common::segments_dir(&path))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();

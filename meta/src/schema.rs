@@ -40,6 +40,8 @@
 //! segments         the catalog: one row per committed segment object
 //!   seq           INTEGER PRIMARY KEY AUTOINCREMENT          commit order; kept on re-commit
 //!   key           TEXT NOT NULL UNIQUE                       object key; the idempotency key
+//!                                                              (v15: new ones under
+//!                                                              segments/c<catalog id>/)
 //!   size_bytes    INTEGER NOT NULL                           replaced on re-commit
 //!   created_ms    INTEGER NOT NULL                           replaced on re-commit
 //!
@@ -211,6 +213,11 @@ const MIGRATIONS: &[&str] = &[
     // checksums, must refuse it as a newer schema. `user_version` mirrors the version for an
     // operator's `sqlite3` shell.
     "PRAGMA user_version = 14;",
+    // 15: no table changes: this build stores new segments under the catalog's id
+    // (`engine/src/placement.rs`) and recovers a WAL file by either key; a build before it,
+    // which knows only the key without the id, would store a WAL file this build had already
+    // committed a second time, so it must refuse the catalog as a newer schema.
+    "PRAGMA user_version = 15;",
 ];
 
 /// The schema version this build writes.
@@ -428,9 +435,9 @@ mod tests {
         let conn = Connection::open(&path).unwrap();
         assert_eq!(
             versions(&conn),
-            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
         );
-        assert_eq!(SCHEMA_VERSION, 14);
+        assert_eq!(SCHEMA_VERSION, 15);
     }
 
     #[test]
@@ -445,7 +452,7 @@ mod tests {
         migrate(&mut conn).unwrap();
         assert_eq!(
             versions(&conn),
-            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
         );
         let again: String = conn
             .query_row("SELECT id FROM catalog_identity", [], |row| row.get(0))

@@ -1442,6 +1442,7 @@ fn postgres_nodes_starting_at_once_migrate_once() {
             Some("12"),
             Some("13"),
             Some("14"),
+            Some("15"),
         ]
     );
     let ids = database.query("SELECT id FROM catalog_identity");

@@ -39,7 +39,7 @@ pub struct ServerConfig {
     /// A second listener speaking the other protocol on the same node and data (`--ds-listen`):
     /// Durable Streams beside a Pico `listen`, by default on [`DS_LISTEN_PORT_DEFAULT`].
     pub ds_listen: Option<String>,
-    /// `--node-id`: names this node's segment keys (`segments/n<id>/...`) and, in a cluster,
+    /// `--node-id`: names this node's segment keys (`segments/c<catalog id>/n<id>/...`) and, in a cluster,
     /// the node (default 1 there).
     pub node_id: Option<u32>,
     /// `--node-epoch`: this incarnation's fencing token (default: the start time in ms).

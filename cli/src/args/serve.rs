@@ -169,7 +169,7 @@ pub struct ServeArgs {
     #[argh(option, arg_name = "n", default = "1024")]
     pub backlog: u32,
 
-    /// cluster-unique node id (positive; default 1 with a postgres:// --meta-url); names the node and its segment objects (segments/n<id>/) [env: PICO_NODE_ID]
+    /// cluster-unique node id (positive; default 1 with a postgres:// --meta-url); names the node and its segment objects (segments/c<catalog id>/n<id>/) [env: PICO_NODE_ID]
     #[argh(option, arg_name = "id")]
     pub node_id: Option<i32>,
 

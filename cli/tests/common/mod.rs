@@ -1130,12 +1130,28 @@ pub fn record_body_byte_after(data: &[u8], fraction: f64) -> usize {
     }
 }
 
+/// Where the `file://` bucket of the server directory `dir` holds the segment objects of its
+/// SQLite catalog: `objects/segments/c<catalog id>/` (`engine/src/placement.rs`), the id read
+/// from `dir/meta.db`.
+pub fn segments_dir(dir: &Path) -> PathBuf {
+    pico_meta::use_page_checksums().expect("the checksummed SQLite VFS");
+    let db = rusqlite::Connection::open_with_flags(
+        dir.join("meta.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .expect("open the catalog");
+    let id: String = db
+        .query_row("SELECT id FROM catalog_identity", [], |row| row.get(0))
+        .expect("the catalog's id");
+    dir.join("objects/segments").join(format!("c{id}"))
+}
+
 /// Bytes of frames per core index, over the WAL files (`<epoch>-<core>-<n>.wal`) and the
-/// sealed segments (`objects/segments/<epoch>-<core>-<n>.seg`) of a server directory.
+/// sealed segments (`<epoch>-<core>-<n>.seg` in [`segments_dir`]) of a server directory.
 pub fn frame_bytes_per_core(dir: &Path) -> std::collections::BTreeMap<String, usize> {
     let mut out = std::collections::BTreeMap::new();
-    for sub in ["wal", "objects/segments"] {
-        let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
+    for sub in [dir.join("wal"), segments_dir(dir)] {
+        let Ok(entries) = std::fs::read_dir(sub) else {
             continue;
         };
         for entry in entries.flatten() {

@@ -81,7 +81,11 @@ impl Shard {
         let stem = format!("{}-{counter:010}", self.wal_group());
         (
             self.config.wal_dir.join(format!("{stem}.wal")),
-            segment_key(self.config.node_id, &stem),
+            segment_key(
+                self.config.catalog_id.as_deref(),
+                self.config.node_id,
+                &stem,
+            ),
         )
     }
 

@@ -28,6 +28,7 @@ pub fn config(dir: &Path, cores: usize) -> EngineConfig {
         segment_cache_bytes: 1 << 20,
         node_epoch_ms: pico_engine::now_ms() as u64,
         node_id: None,
+        catalog_id: None,
         in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 60_000,
@@ -198,4 +199,24 @@ pub fn wal_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// The directory of a single node's segment objects in the `file://` bucket of `dir`:
+/// `objects/segments/c<catalog id>/` (`placement::segment_key`); a path that does not exist
+/// while no segment is stored.
+pub fn segments_dir(dir: &Path) -> PathBuf {
+    let root = dir.join("objects/segments");
+    std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| {
+            path.is_dir()
+                && path
+                    .file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with('c'))
+        })
+        .unwrap_or_else(|| root.join("c-none-stored-yet"))
 }

@@ -267,6 +267,7 @@ pub(super) fn boot_engine(config: &ServerConfig) -> Result<Booted, StartError> {
         segment_cache_bytes: config.segment_cache_bytes,
         node_epoch_ms: node_epoch,
         node_id,
+        catalog_id: None,
         in_flight_bytes_max: config.in_flight_bytes_max,
         unuploaded_bytes_max: config.unuploaded_bytes_max,
         gc_interval_ms: config.gc_interval_ms,

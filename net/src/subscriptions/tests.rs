@@ -39,6 +39,7 @@ where
         segment_cache_bytes: 1 << 20,
         node_epoch_ms: pico_engine::now_ms() as u64,
         node_id: None,
+        catalog_id: None,
         in_flight_bytes_max: pico_engine::limits::IN_FLIGHT_BYTES_PER_CORE_DEFAULT,
         unuploaded_bytes_max: pico_engine::limits::UNUPLOADED_BYTES_PER_CORE_DEFAULT,
         gc_interval_ms: 60_000,
