@@ -206,7 +206,8 @@ async fn run_core(job: CoreJob) {
                 .map_err(|e| bind_error(e.into()))?
                 .next()
                 .ok_or_else(|| bind_error(io::Error::from(io::ErrorKind::NotFound).into()))?;
-            // Core 0 binds first; the others join the port it holds.
+            // Core 0 binds first, and looks before and after (a server that bound in between);
+            // the others join the port it holds.
             if first {
                 if let Some(holder) = ports::listener_on(resolved) {
                     return Err(CoreStartError::PortTaken {
@@ -215,7 +216,14 @@ async fn run_core(job: CoreJob) {
                     });
                 }
             }
-            ports::listen_shared(resolved, backlog).map_err(|e| bind_error(e.into()))
+            match ports::listen_shared(resolved, backlog, first) {
+                Ok((listener, None)) => Ok(listener),
+                Ok((_, Some(holder))) => Err(CoreStartError::PortTaken {
+                    addr: resolved,
+                    holder,
+                }),
+                Err(e) => Err(bind_error(e.into())),
+            }
         };
         let mut bound = Vec::new();
         for (addr, protocol) in &listeners {

@@ -15,14 +15,14 @@
 //! /proc/net/tcp (tcp6 alike, the address as four words)
 //!   sl  local_address rem_address   st ...
 //!    0: 0100007F:1155 00000000:0000 0A ...
-//!       │        │                  └ state, hex: 0A = LISTEN
+//!       │        │                  └ state, hex: 0A = LISTEN; the 10th column: the inode
 //!       │        └ port, hex, host order (0x1155 = 4437)
 //!       └ address, hex of the network-order bytes read as a native u32 (127.0.0.1)
 //! ```
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 
 use glommio::net::TcpListener;
 
@@ -31,6 +31,9 @@ const SOCKET_TABLES: [&str; 2] = ["/proc/net/tcp", "/proc/net/tcp6"];
 
 /// `TCP_LISTEN` in the tables' state column.
 const STATE_LISTEN: u8 = 0x0A;
+
+/// The inode column: `sl local rem st tx:rx tr:when retrnsmt uid timeout inode`.
+const INODE_FIELD: usize = 9;
 
 /// A socket already listening where `addr` would listen (its port, and its address or a
 /// wildcard either side), or `None` when the port is free or only connections hold it. Port 0
@@ -41,25 +44,53 @@ pub(super) fn listener_on(addr: SocketAddr) -> Option<SocketAddr> {
         return None;
     }
     match plain_bind(addr) {
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => SOCKET_TABLES
-            .iter()
-            .filter_map(|table| std::fs::read_to_string(table).ok())
-            .find_map(|table| listening_overlap(&table, addr)),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => listening_beside(addr, None),
         _ => None,
     }
 }
 
+/// Another socket listening where the socket `own` (just bound to `addr`) listens.
+fn listener_beside(addr: SocketAddr, own: RawFd) -> Option<SocketAddr> {
+    use std::os::unix::fs::MetadataExt;
+    // A descriptor's entry in /proc stats as its socket, whose inode the tables name.
+    let own_inode = std::fs::metadata(format!("/proc/self/fd/{own}"))
+        .ok()?
+        .ino();
+    listening_beside(addr, Some(own_inode))
+}
+
+/// The first listening socket of the kernel's tables that overlaps `addr`, other than the
+/// socket of inode `except`.
+fn listening_beside(addr: SocketAddr, except: Option<u64>) -> Option<SocketAddr> {
+    SOCKET_TABLES
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .find_map(|table| listening_overlap(&table, addr, except))
+}
+
 /// A listener on `addr` that this node's other cores can join (`SO_REUSEPORT`), its accept
-/// queue `backlog` connections long (the kernel caps it at `net.core.somaxconn`).
-pub(super) fn listen_shared(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+/// queue `backlog` connections long (the kernel caps it at `net.core.somaxconn`). With
+/// `look_beside` (core 0, which binds first), also another socket found listening beside it: a
+/// server that bound the port between [`listener_on`]'s look and this bind (of two such
+/// starts, each finds the other).
+pub(super) fn listen_shared(
+    addr: SocketAddr,
+    backlog: u32,
+    look_beside: bool,
+) -> io::Result<(TcpListener, Option<SocketAddr>)> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_port(true)?;
     socket.bind(&addr.into())?;
     socket.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    let beside = match socket.local_addr()?.as_socket() {
+        Some(bound) if look_beside => listener_beside(bound, socket.as_raw_fd()),
+        _ => None,
+    };
     // SAFETY: the descriptor is a bound, listening TCP socket that `into_raw_fd` gave up; the
     // listener takes sole ownership of it (and closes it when dropped).
-    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+    let listener = unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) };
+    Ok((listener, beside))
 }
 
 /// Binds a socket without sharing options (never listening, closed at once).
@@ -70,12 +101,23 @@ fn plain_bind(addr: SocketAddr) -> io::Result<()> {
 }
 
 /// The first listening socket of `table` (a `/proc/net/tcp*` text) that overlaps `addr`.
-fn listening_overlap(table: &str, addr: SocketAddr) -> Option<SocketAddr> {
+/// With `except` (after this node's bind, the inode of its own socket, passed over), only
+/// sockets of `addr`'s family count: a wildcard of the other family the kernel let the bind
+/// go beside may be IPv6-only, and take none of its connections.
+fn listening_overlap(table: &str, addr: SocketAddr, except: Option<u64>) -> Option<SocketAddr> {
     table.lines().skip(1).find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let local = parse_local(fields.nth(1)?)?;
-        let state = u8::from_str_radix(fields.nth(1)?, 16).ok()?;
-        (state == STATE_LISTEN && overlaps(addr, local)).then_some(local)
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let local = parse_local(fields.get(1)?)?;
+        let state = u8::from_str_radix(fields.get(3)?, 16).ok()?;
+        let inode = fields.get(INODE_FIELD).and_then(|f| f.parse::<u64>().ok());
+        let counts = match except {
+            None => true,
+            Some(own) => {
+                inode != Some(own)
+                    && local.ip().to_canonical().is_ipv4() == addr.ip().to_canonical().is_ipv4()
+            }
+        };
+        (state == STATE_LISTEN && counts && overlaps(addr, local)).then_some(local)
     })
 }
 
@@ -126,36 +168,68 @@ mod tests {
 
     #[test]
     fn the_socket_tables_addresses_are_read_as_the_kernel_writes_them() {
-        let table = "  sl  local_address rem_address   st tx_queue\n\
-             0: 0100007F:1155 00000000:0000 0A 00000000:00000000\n\
-             1: 0100007F:1156 0100007F:9C40 06 00000000:00000000\n";
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when \
+                     retrnsmt   uid  timeout inode\n   \
+             0: 0100007F:1155 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0  0 4101 1\n   \
+             1: 0100007F:1155 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0  0 4102 1\n   \
+             2: 0100007F:1156 0100007F:9C40 06 00000000:00000000 03:00000F6E 00000000  0  0 0 3\n";
+        let own = at("127.0.0.1:4437");
+        assert_eq!(listening_overlap(table, own, None), Some(own));
+        // Past the first socket (this node's own), the second is another's.
+        assert_eq!(listening_overlap(table, own, Some(4101)), Some(own));
         assert_eq!(
-            listening_overlap(table, at("127.0.0.1:4437")),
-            Some(at("127.0.0.1:4437"))
+            listening_overlap(&table.replace(" 4102 ", " 9 "), own, Some(9)),
+            Some(own)
         );
+        let alone = table.lines().take(2).collect::<Vec<_>>().join("\n");
+        assert_eq!(listening_overlap(&alone, own, Some(4101)), None);
         // The socket on 4438 is in TIME_WAIT (06), not listening.
-        assert_eq!(listening_overlap(table, at("127.0.0.1:4438")), None);
+        assert_eq!(listening_overlap(table, at("127.0.0.1:4438"), None), None);
         assert_eq!(
-            listening_overlap(table, at("0.0.0.0:4437")),
-            Some(at("127.0.0.1:4437"))
+            listening_overlap(table, at("0.0.0.0:4437"), None),
+            Some(own)
         );
-        assert_eq!(listening_overlap(table, at("10.0.0.1:4437")), None);
+        assert_eq!(listening_overlap(table, at("10.0.0.1:4437"), None), None);
         let v6 = "  sl  local_address                         remote_address  st\n\
              0: 00000000000000000000000001000000:1155 00000000000000000000000000000000:0000 0A\n\
              1: 00000000000000000000000000000000:1157 00000000000000000000000000000000:0000 0A\n";
         assert_eq!(
-            listening_overlap(v6, at("[::1]:4437")),
+            listening_overlap(v6, at("[::1]:4437"), None),
             Some(at("[::1]:4437"))
         );
-        assert_eq!(listening_overlap(v6, at("127.0.0.1:4437")), None);
+        assert_eq!(listening_overlap(v6, at("127.0.0.1:4437"), None), None);
         assert_eq!(
-            listening_overlap(v6, at("127.0.0.1:4439")),
+            listening_overlap(v6, at("127.0.0.1:4439"), None),
             Some(at("[::]:4439"))
         );
+        // After a bind the kernel allowed beside it, `[::]` is IPv6-only: not counted.
+        assert_eq!(listening_overlap(v6, at("127.0.0.1:4439"), Some(1)), None);
         assert_eq!(
-            listening_overlap("garbage\n0: zz:1 x 0A\n", at("[::1]:1")),
+            listening_overlap("garbage\n0: zz:1 x 0A\n", at("[::1]:1"), None),
             None
         );
+    }
+
+    /// Two servers that both looked before either bound: each finds the other beside it.
+    #[test]
+    fn a_listener_that_joined_the_port_is_found_beside_the_own() {
+        // Made as `listen_shared` makes them (a glommio listener needs an executor).
+        use socket2::{Domain, Socket, Type};
+        let socket = |addr: SocketAddr| {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+            socket.set_reuse_port(true).unwrap();
+            socket.bind(&addr.into()).unwrap();
+            socket.listen(16).unwrap();
+            socket
+        };
+        let own = socket(at("127.0.0.1:0"));
+        let addr = own.local_addr().unwrap().as_socket().unwrap();
+        assert_eq!(listener_beside(addr, own.as_raw_fd()), None, "alone");
+        let other = socket(addr);
+        assert_eq!(listener_beside(addr, own.as_raw_fd()), Some(addr));
+        assert_eq!(listener_beside(addr, other.as_raw_fd()), Some(addr));
+        drop(other);
+        assert_eq!(listener_beside(addr, own.as_raw_fd()), None);
     }
 
     #[test]
