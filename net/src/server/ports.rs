@@ -3,13 +3,15 @@
 //! socket of the same user that asks for it: a second `pico serve` with a data directory of its
 //! own, or another server that sets the option, would bind the same port without an error and
 //! take a part of its connections, so a client would find its streams on one process and not
-//! on the other. A start therefore looks, right before it binds, whether anything already
-//! listens on each address, and refuses instead; and two of its own listeners may not share a
-//! port.
+//! on the other. A start therefore looks whether anything already listens on each address
+//! (before the engine boots, and again in core 0 right before the bind), and refuses instead;
+//! core 0 looks once more right after its bind, for a server that bound in between; and two of
+//! the node's own listeners may not share a port.
 //!
 //! The kernel's answer to a plain `bind` (no `SO_REUSEADDR`, no `SO_REUSEPORT`) says whether
 //! the port is free; when it is not, the socket table tells a listener (refused) from a
 //! connection of an earlier run waiting in `TIME_WAIT`, which the node's own bind passes.
+//! After the bind, the table's inode column tells the node's own socket from another's.
 //!
 //! ```text
 //! /proc/net/tcp (tcp6 alike, the address as four words)
