@@ -17,10 +17,21 @@ use common::{cli, Conn, Server};
 
 const REFUSAL_WAIT: Duration = Duration::from_secs(60);
 
+/// A `pico serve` process, killed (SIGKILL) when dropped, so a failed assertion leaves none
+/// running.
+struct Node(Child);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `pico serve` with its own catalog, WAL and bucket in `dir` and these listeners; stderr
 /// to `dir/stderr`.
-fn serve_in(dir: &Path, listen: &str, ds_listen: &str, admin_listen: &str, more: &[&str]) -> Child {
-    cli::pico_without_pico_env()
+fn serve_in(dir: &Path, listen: &str, ds_listen: &str, admin_listen: &str, more: &[&str]) -> Node {
+    let child = cli::pico_without_pico_env()
         .args(["serve", "--listen", listen, "--ds-listen", ds_listen])
         .args(["--admin-listen", admin_listen])
         .args(common::data_in(dir))
@@ -30,15 +41,16 @@ fn serve_in(dir: &Path, listen: &str, ds_listen: &str, admin_listen: &str, more:
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("stderr")).expect("create the stderr file"))
         .spawn()
-        .expect("spawn pico serve")
+        .expect("spawn pico serve");
+    Node(child)
 }
 
 /// Runs a second server with these listeners, expecting it to refuse to start: whether it
 /// exited with a failure within [`REFUSAL_WAIT`] (one still running is killed) and its stderr.
 fn refused(listen: &str, ds_listen: &str, admin_listen: &str, more: &[&str]) -> (bool, String) {
     let dir = tempfile::tempdir().expect("create a temporary directory");
-    let mut child = serve_in(dir.path(), listen, ds_listen, admin_listen, more);
-    let status = common::exit_within(&mut child, REFUSAL_WAIT);
+    let mut node = serve_in(dir.path(), listen, ds_listen, admin_listen, more);
+    let status = common::exit_within(&mut node.0, REFUSAL_WAIT);
     let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
     (status.is_some_and(|s| !s.success()), stderr)
 }
@@ -141,10 +153,9 @@ fn a_foreign_listener_on_the_port_is_refused_whether_or_not_it_shares() {
     // Every port free: the same node starts.
     let dir = tempfile::tempdir().unwrap();
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut child = serve_in(dir.path(), "127.0.0.1:0", "off", &admin.to_string(), &[]);
-    let ready = wait_for_health(admin, &mut child);
-    let _ = child.kill();
-    let _ = child.wait();
+    let mut node = serve_in(dir.path(), "127.0.0.1:0", "off", &admin.to_string(), &[]);
+    let ready = wait_for_health(admin, &mut node.0);
+    drop(node);
     assert!(
         ready,
         "{}",
@@ -229,7 +240,7 @@ fn a_restart_right_after_a_stop_takes_its_port_while_old_connections_wait() {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin_port));
     let mut first = serve_in(dir.path(), &listen, "off", &admin, &[]);
-    assert!(wait_for_health(admin_addr, &mut first), "the first start");
+    assert!(wait_for_health(admin_addr, &mut first.0), "the first start");
     let mut conn = Conn::connect(addr).unwrap();
     assert_eq!(
         conn.request("PUT", "/restart/s", &[("content-type", "text/plain")], b"")
@@ -251,8 +262,8 @@ fn a_restart_right_after_a_stop_takes_its_port_while_old_connections_wait() {
     // SIGTERM: the node closes its connections first, so their sockets on its port wait in
     // TIME_WAIT once the clients close theirs.
     // SAFETY: a plain kill(2) of the child's pid.
-    assert_eq!(unsafe { libc::kill(first.id() as i32, libc::SIGTERM) }, 0);
-    let stopped = common::exit_within(&mut first, Duration::from_secs(40));
+    assert_eq!(unsafe { libc::kill(first.0.id() as i32, libc::SIGTERM) }, 0);
+    let stopped = common::exit_within(&mut first.0, Duration::from_secs(40));
     assert!(
         stopped.is_some_and(|s| s.success()),
         "a clean stop: {stopped:?}"
@@ -271,10 +282,9 @@ fn a_restart_right_after_a_stop_takes_its_port_while_old_connections_wait() {
         "the node's side of its connections waits in TIME_WAIT"
     );
     let mut second = serve_in(dir.path(), &listen, "off", &admin, &[]);
-    let ready = wait_for_health(admin_addr, &mut second);
+    let ready = wait_for_health(admin_addr, &mut second.0);
     let read = ready.then(|| get(addr, "/restart/s?seq=0&format=raw"));
-    let _ = second.kill();
-    let _ = second.wait();
+    drop(second);
     assert!(
         ready,
         "the restart takes its port: {}",
