@@ -3,8 +3,7 @@
 //! ready, serves until shutdown, then drains its connections and uploads what it holds.
 
 use std::cell::Cell;
-use std::io;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -79,7 +78,7 @@ struct CoreJob {
     /// Core 0: it binds the listeners first and checks that no other socket listens there.
     first: bool,
     seed: CoreSeed,
-    listeners: Vec<(String, Protocol)>,
+    listeners: Vec<(SocketAddr, Protocol)>,
     admin: Option<AdminJob>,
     http: Arc<HttpMetrics>,
     ready: mpsc::Sender<Result<Started, CoreStartError>>,
@@ -95,20 +94,20 @@ pub(super) struct Stopped {
 
 /// What core 0 needs to run the admin listener.
 pub(super) struct AdminJob {
-    pub(super) addr: String,
+    pub(super) addr: SocketAddr,
     pub(super) facts: NodeFacts,
     pub(super) scheme: &'static str,
     pub(super) engine_metrics: pico_engine::metrics::NodeMetrics,
     pub(super) http_metrics: Vec<Arc<HttpMetrics>>,
 }
 
-/// Starts one executor per seed, one at a time: core 0 resolves the listeners' addresses
-/// (port 0 picks a free one), written back into `listeners`, and the others share them.
+/// Starts one executor per seed, one at a time: core 0 binds the listeners' addresses (port 0
+/// picks a free one), written back into `listeners`, and the others share them.
 /// Core 0 also runs `admin`. Returns the executors and the admin listener's address.
 pub(super) fn start_cores(
     seeds: Vec<CoreSeed>,
     available: usize,
-    listeners: &mut [(String, Protocol)],
+    listeners: &mut [(SocketAddr, Protocol)],
     node: NodeJob,
     mut admin: Option<AdminJob>,
     http_metrics: &[Arc<HttpMetrics>],
@@ -141,7 +140,7 @@ pub(super) fn start_cores(
             .map_err(|_| StartError::CoreTimeout { core: index })??;
         if index == 0 {
             for (listener, addr) in listeners.iter_mut().zip(&started.listens) {
-                listener.0 = addr.to_string();
+                listener.0 = *addr;
             }
             admin_addr = started.admin;
         }
@@ -196,43 +195,31 @@ async fn run_core(job: CoreJob) {
         let core = CoreHandle::start(seed)
             .await
             .map_err(CoreStartError::Engine)?;
-        let bind = |addr: &String| {
-            let bind_error = |source| CoreStartError::Bind {
-                addr: addr.clone(),
-                source,
-            };
-            let resolved = addr
-                .to_socket_addrs()
-                .map_err(|e| bind_error(e.into()))?
-                .next()
-                .ok_or_else(|| bind_error(io::Error::from(io::ErrorKind::NotFound).into()))?;
+        let bind = |addr: SocketAddr| {
             // Core 0 binds first, and looks before and after (a server that bound in between);
             // the others join the port it holds.
             if first {
-                if let Some(holder) = ports::listener_on(resolved) {
-                    return Err(CoreStartError::PortTaken {
-                        addr: resolved,
-                        holder,
-                    });
+                if let Some(holder) = ports::listener_on(addr) {
+                    return Err(CoreStartError::PortTaken { addr, holder });
                 }
             }
-            match ports::listen_shared(resolved, backlog, first) {
+            match ports::listen_shared(addr, backlog, first) {
                 Ok((listener, None)) => Ok(listener),
-                Ok((_, Some(holder))) => Err(CoreStartError::PortTaken {
-                    addr: resolved,
-                    holder,
+                Ok((_, Some(holder))) => Err(CoreStartError::PortTaken { addr, holder }),
+                Err(e) => Err(CoreStartError::Bind {
+                    addr,
+                    source: e.into(),
                 }),
-                Err(e) => Err(bind_error(e.into())),
             }
         };
         let mut bound = Vec::new();
         for (addr, protocol) in &listeners {
-            let listener = bind(addr)?;
+            let listener = bind(*addr)?;
             let local = listener.local_addr().map_err(CoreStartError::LocalAddr)?;
             bound.push((listener, local, *protocol));
         }
         let admin_listener = match &admin {
-            Some(job) => Some(bind(&job.addr)?),
+            Some(job) => Some(bind(job.addr)?),
             None => None,
         };
         let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());

@@ -72,7 +72,7 @@ pub enum CoreStartError {
     },
     /// A listener could not be bound.
     Bind {
-        addr: String,
+        addr: SocketAddr,
         source: glommio::GlommioError<()>,
     },
     /// A bound listener's address could not be read.

@@ -53,7 +53,8 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     setup::refuse_open_remote_listeners(&config, auth.is_some())?;
     // Looked at before the engine boots, so a second server on the port is refused at once;
     // core 0 looks again right before it binds.
-    setup::refuse_taken_ports(&setup::listen_addresses(&config)?)?;
+    let addresses = setup::listen_addresses(&config)?;
+    setup::refuse_taken_ports(&addresses)?;
     let tls_config = setup::tls_config(&config)?;
     let booted = setup::boot_engine(&config)?;
     let cores = booted.cores;
@@ -77,11 +78,11 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     let subscriptions = setup::open_subscriptions(&config)?;
     let (settings, ds_settings) =
         setup::protocol_settings(&config, auth.clone(), subscriptions.clone(), scheme);
-    let mut listeners = setup::data_listeners(&config);
+    let mut listeners = addresses.data;
     let (stopped_tx, stopped_rx) = mpsc::channel::<Stopped>();
     let shutdown = Shutdown::default();
     let serving = Arc::new(AtomicBool::new(false));
-    let admin = config.admin_listen.clone().map(|addr| AdminJob {
+    let admin = addresses.admin.map(|addr| AdminJob {
         addr,
         facts: NodeFacts {
             wal_salvaged: boot.wal_salvaged.clone(),
@@ -134,7 +135,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
     subscriptions.set_own_listeners(
         listeners
             .iter()
-            .filter_map(|(addr, _)| addr.parse().ok())
+            .map(|(addr, _)| *addr)
             .chain(admin_addr)
             .collect(),
     );
@@ -196,7 +197,7 @@ pub fn run(config: ServerConfig) -> Result<(), StartError> {
 fn advertise(
     cluster: &Cluster,
     meta: &pico_meta::MetaStore,
-    listeners: &[(String, Protocol)],
+    listeners: &[(SocketAddr, Protocol)],
     advertised: &str,
     scheme: &str,
 ) -> Result<(), StartError> {
@@ -209,7 +210,7 @@ fn advertise(
                 if i == 0 {
                     advertised.to_string()
                 } else {
-                    second_listener_url(addr, advertised, scheme)
+                    second_listener_url(*addr, advertised, scheme)
                 }
             })
     };
@@ -236,29 +237,26 @@ fn advertise(
 /// The URL other nodes send a client of the second listener's protocol to: its bound address,
 /// or, bound to every address (`0.0.0.0:4438`, the default beside `--listen 0.0.0.0:4437`),
 /// the host of the advertised URL (`--http-address`) with the listener's port.
-fn second_listener_url(addr: &str, advertised: &str, scheme: &str) -> String {
-    let bound: Option<SocketAddr> = addr.parse().ok();
-    match bound {
-        Some(bound) if bound.ip().is_unspecified() => {
-            let host = advertised
-                .split_once("://")
-                .map_or(advertised, |(_, rest)| rest)
-                .split('/')
-                .next()
-                .unwrap_or_default();
-            let host = match host.rsplit_once(':') {
-                Some((name, port)) if !name.is_empty() && !port.contains(']') => name,
-                _ => host,
-            };
-            format!("{scheme}://{host}:{}", bound.port())
-        }
-        _ => format!("{scheme}://{addr}"),
+fn second_listener_url(bound: SocketAddr, advertised: &str, scheme: &str) -> String {
+    if !bound.ip().is_unspecified() {
+        return format!("{scheme}://{bound}");
     }
+    let host = advertised
+        .split_once("://")
+        .map_or(advertised, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let host = match host.rsplit_once(':') {
+        Some((name, port)) if !name.is_empty() && !port.contains(']') => name,
+        _ => host,
+    };
+    format!("{scheme}://{host}:{}", bound.port())
 }
 
 /// The addresses on stdout (for scripts and supervisors) and in the log.
 fn announce_listeners(
-    listeners: &[(String, Protocol)],
+    listeners: &[(SocketAddr, Protocol)],
     admin_addr: Option<SocketAddr>,
     advertised: &str,
     scheme: &str,
@@ -331,7 +329,9 @@ mod tests {
 
     #[test]
     fn a_wildcard_second_listener_is_advertised_on_the_nodes_host() {
-        let url = |addr, advertised| second_listener_url(addr, advertised, "http");
+        let url = |addr: &str, advertised| {
+            second_listener_url(addr.parse().expect("an address"), advertised, "http")
+        };
         assert_eq!(
             url("0.0.0.0:4438", "http://node1.internal:4437"),
             "http://node1.internal:4438"

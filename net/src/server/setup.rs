@@ -136,20 +136,41 @@ pub(super) fn refuse_open_remote_listeners(
     Ok(())
 }
 
-/// The addresses the listeners will bind, by the flag that names each (a name's first
-/// address, the one its bind takes). Two on one port are refused: the cores' sharing of a port
-/// (`SO_REUSEPORT`) would let both bind and split the port's connections between them.
-pub(super) fn listen_addresses(
-    config: &ServerConfig,
-) -> Result<Vec<(&'static str, SocketAddr)>, StartError> {
+/// Where the node's listeners bind, resolved once: the checks look at these addresses and the
+/// cores bind them.
+pub(super) struct ListenAddresses {
+    /// The protocol listeners: `--listen` (speaking `--protocol`), then `--ds-listen` (the
+    /// other protocol, on the same data).
+    pub(super) data: Vec<(SocketAddr, Protocol)>,
+    pub(super) admin: Option<SocketAddr>,
+}
+
+impl ListenAddresses {
+    fn all(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.data.iter().map(|(addr, _)| *addr).chain(self.admin)
+    }
+}
+
+/// Each listener's address (a name's first address, the one a bind takes). Two on one port
+/// are refused: the cores' sharing of a port (`SO_REUSEPORT`) would let both bind and split
+/// the port's connections between them.
+pub(super) fn listen_addresses(config: &ServerConfig) -> Result<ListenAddresses, StartError> {
     use std::net::ToSocketAddrs;
+    let other = match config.protocol {
+        Protocol::Pico => Protocol::DurableStreams,
+        Protocol::DurableStreams => Protocol::Pico,
+    };
     let named = [
-        ("--listen", Some(&config.listen)),
-        ("--ds-listen", config.ds_listen.as_ref()),
-        ("--admin-listen", config.admin_listen.as_ref()),
+        ("--listen", Some(&config.listen), Some(config.protocol)),
+        ("--ds-listen", config.ds_listen.as_ref(), Some(other)),
+        ("--admin-listen", config.admin_listen.as_ref(), None),
     ];
-    let mut addresses: Vec<(&'static str, SocketAddr)> = Vec::new();
-    for (flag, addr) in named {
+    let mut seen: Vec<(&'static str, SocketAddr)> = Vec::new();
+    let mut addresses = ListenAddresses {
+        data: Vec::new(),
+        admin: None,
+    };
+    for (flag, addr, protocol) in named {
         let Some(addr) = addr else { continue };
         let resolve_error = |source| StartError::Resolve {
             addr: addr.clone(),
@@ -165,7 +186,7 @@ pub(super) fn listen_addresses(
                     "no address",
                 ))
             })?;
-        if let Some(&earlier) = addresses
+        if let Some(&earlier) = seen
             .iter()
             .find(|(_, earlier)| resolved.port() != 0 && ports::overlaps(*earlier, resolved))
         {
@@ -174,16 +195,18 @@ pub(super) fn listen_addresses(
                 second: (flag, resolved),
             });
         }
-        addresses.push((flag, resolved));
+        seen.push((flag, resolved));
+        match protocol {
+            Some(protocol) => addresses.data.push((resolved, protocol)),
+            None => addresses.admin = Some(resolved),
+        }
     }
     Ok(addresses)
 }
 
 /// Refuses to start where another socket already listens (see [`ports`]).
-pub(super) fn refuse_taken_ports(
-    addresses: &[(&'static str, SocketAddr)],
-) -> Result<(), StartError> {
-    for &(_, addr) in addresses {
+pub(super) fn refuse_taken_ports(addresses: &ListenAddresses) -> Result<(), StartError> {
+    for addr in addresses.all() {
         if let Some(holder) = ports::listener_on(addr) {
             return Err(StartError::PortTaken { addr, holder });
         }
@@ -433,19 +456,6 @@ pub(super) fn protocol_settings(
         pico: Default::default(),
     };
     (settings, ds_settings)
-}
-
-/// `--listen` speaks `--protocol`; `--ds-listen` adds the other one on the same data.
-pub(super) fn data_listeners(config: &ServerConfig) -> Vec<(String, Protocol)> {
-    let other = match config.protocol {
-        Protocol::Pico => Protocol::DurableStreams,
-        Protocol::DurableStreams => Protocol::Pico,
-    };
-    let mut listeners: Vec<(String, Protocol)> = vec![(config.listen.clone(), config.protocol)];
-    if let Some(addr) = &config.ds_listen {
-        listeners.push((addr.clone(), other));
-    }
-    listeners
 }
 
 /// What the admin API says about the node (the advertised address is filled in once bound).
