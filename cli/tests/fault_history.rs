@@ -9,7 +9,10 @@
 //!
 //! Writers: two plain Pico writers, a Durable Streams idempotent producer (it retries a
 //! sequence number until it gets an answer) and a plain Durable Streams writer. Readers: a
-//! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream.
+//! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream. A
+//! lifecycle client creates names of its own, appends to them, closes, deletes, creates
+//! again and trims them, one operation at a time (`pico_testkit::lifecycle::plan`); at the
+//! end each name must be in a state its acknowledged operations lead to.
 //!
 //! Three profiles: a node on SQLite and `file://` with its WAL on a tmpfs (kills, pauses, a
 //! full disk); a node on a Postgres and a Garage of the test's own, with object durability
@@ -47,6 +50,7 @@ use common::services::{storage, PrivatePostgres};
 use common::{decode_binary_read, split_url, Conn, Place, Resp, Server};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
+use pico_testkit::lifecycle::{self, State, Step};
 use pico_testkit::netns::Network;
 use pico_testkit::pg_proxy::{self, PgProxy};
 
@@ -214,6 +218,11 @@ impl Answers {
     /// Counts an append's answer; a refusal (a full disk, a stopped core) is followed by a
     /// short pause, so a writer does not spin on it.
     fn tally(&self, response: Option<&Resp>, acked: bool) {
+        self.tally_expecting(response, acked, &[]);
+    }
+
+    /// [`Answers::tally`], with answers `expected` besides the ones any fault explains.
+    fn tally_expecting(&self, response: Option<&Resp>, acked: bool, expected: &[u16]) {
         *self
             .statuses
             .lock()
@@ -222,7 +231,7 @@ impl Answers {
             .or_default() += 1;
         if let Some(r) = response {
             let unexplained_503 = r.status == 503 && r.header("retry-after").is_none();
-            if !expected_status(r.status) || unexplained_503 {
+            if !(expected_status(r.status) || expected.contains(&r.status)) || unexplained_503 {
                 let mut surprises = self.surprises.lock().unwrap();
                 // The first few tell what happened; a writer stuck on one would repeat it.
                 if surprises.len() < SURPRISES_KEPT {
@@ -327,6 +336,78 @@ fn ds_writer(shared: Arc<Shared>, producer: bool, log: Log, answers: Answers) {
             return;
         }
     }
+}
+
+/// Every name of the lifecycle client with its steps.
+type Lives = Arc<Mutex<Vec<(String, Vec<Step>)>>>;
+
+/// The lifecycle client's pause between two names: the names checked at the end (a `HEAD`
+/// and a read each) stay a few thousand in a long soak.
+const LIFE_PAUSE: Duration = Duration::from_millis(50);
+
+/// Works through `lifecycle::plan`'s names (`/h/life-<n>`), each operation after the previous
+/// one's answer; a name ends at its first operation whose outcome is unknown.
+fn life_client(shared: Arc<Shared>, lives: Lives, answers: Answers) {
+    let mut client = Client::new(&shared, false);
+    for n in 0..OPS_PER_CLIENT_MAX {
+        if shared.stopped() {
+            return;
+        }
+        let name = format!("/h/life-{n}");
+        let mut steps = Vec::new();
+        for (op, expected) in lifecycle::plan(&name, n) {
+            let (method, headers, body) = op.pico_request();
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            let response = client.request(method, &name, &headers, body);
+            let outcome = lifecycle::pico_outcome(
+                response.as_ref().map(|r| r.status),
+                response.as_ref().and_then(|r| r.header("pico-start-seq")),
+            );
+            let acked = matches!(outcome, lifecycle::Outcome::Acked { .. });
+            answers.tally_expecting(response.as_ref(), acked, expected);
+            let unknown = outcome == lifecycle::Outcome::Unknown;
+            steps.push(Step { op, outcome });
+            if unknown {
+                break;
+            }
+        }
+        lives.lock().unwrap().push((name, steps));
+        std::thread::sleep(LIFE_PAUSE);
+    }
+}
+
+/// A name as the nodes serve it now: absent (`404`), or open or closed with its start, its
+/// next offset and its records.
+fn observe(shared: &Arc<Shared>, name: &str) -> Result<State, String> {
+    let mut client = Client::new(shared, false);
+    let deadline = Instant::now() + CLUSTER_BOUND;
+    let mut last = String::from("no answer");
+    let head = loop {
+        if Instant::now() > deadline {
+            return Err(format!("HEAD {name} did not answer: {last}"));
+        }
+        match client.request("HEAD", name, &[], b"") {
+            Some(r) if r.status == 503 => {
+                last = r.describe();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Some(r) => break r,
+            None => last = "no answer".into(),
+        }
+    };
+    match head.status {
+        404 => return Ok(State::Absent),
+        200 => {}
+        _ => return Err(format!("HEAD {name}: {}", head.describe())),
+    }
+    let start = head.h_u64("pico-start-seq");
+    Ok(State::Present {
+        closed: head.header("pico-closed") == Some("true"),
+        start,
+        next: head.h_u64("pico-next-seq"),
+        records: read_stream(shared, name, start)?,
+    })
 }
 
 fn pico_reader(shared: Arc<Shared>, log: Log) {
@@ -896,6 +977,11 @@ fn run_fault_test(
     clients.push(std::thread::spawn(move || pico_reader(reader_shared, log)));
     let (reader_shared, log) = (shared.clone(), ds_log.clone());
     clients.push(std::thread::spawn(move || ds_reader(reader_shared, log)));
+    let lives: Lives = Arc::default();
+    let (life_shared, life_log, life_answers) = (shared.clone(), lives.clone(), answers.clone());
+    clients.push(std::thread::spawn(move || {
+        life_client(life_shared, life_log, life_answers)
+    }));
 
     // The nemesis. Pauses short of a cluster's lease stay short of its 3/4 (the node's own
     // view of it), so only PausePastLease makes the others take over.
@@ -1106,7 +1192,7 @@ fn run_fault_test(
     let mut violations = Vec::new();
     let mut report = Vec::new();
     for (name, log) in [(PICO_STREAM, &pico_log), (DS_STREAM, &ds_log)] {
-        let last = read_stream(&shared, name).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+        let last = read_stream(&shared, name, 0).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
         let history = log.lock().unwrap();
         let acked = history
             .appends
@@ -1121,6 +1207,20 @@ fn run_fault_test(
         ));
         violations.extend(check(&history, &last));
     }
+    let lives = lives.lock().unwrap();
+    let mut life_violations = 0;
+    for (name, steps) in lives.iter() {
+        let found = observe(&shared, name).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+        if let Some(message) = lifecycle::check(name, steps, &found) {
+            life_violations += 1;
+            violations.push(pico_testkit::history::Violation { rule: 7, message });
+        }
+    }
+    report.push(format!(
+        "the lifecycle client: {} names, {} steps, {life_violations} violations",
+        lives.len(),
+        lives.iter().map(|(_, steps)| steps.len()).sum::<usize>()
+    ));
     let takeovers = logs().matches("stopped renewing its lease").count();
     let proxy = services.pg_proxy.as_ref().map_or(String::new(), |proxy| {
         format!(
@@ -1170,15 +1270,15 @@ fn node_logs(nodes: &[Server]) -> String {
         .collect()
 }
 
-/// A whole stream as the nodes serve it now, read in binary pages through the redirect-
+/// A whole stream as the nodes serve it now from `from`, read in binary pages through the redirect-
 /// following client (retrying, bounded, while a restarted cluster settles); the last answer
 /// when it cannot. Each page has `CLUSTER_BOUND` to come (the bound restarts with every page
 /// that makes progress, and every page does or the read fails): a long soak's stream, read
 /// cold from thousands of small segments, takes longer than any one fixed bound.
-fn read_stream(shared: &Arc<Shared>, name: &str) -> Result<Vec<(u64, Vec<u8>)>, String> {
+fn read_stream(shared: &Arc<Shared>, name: &str, from: u64) -> Result<Vec<(u64, Vec<u8>)>, String> {
     let mut client = Client::new(shared, false);
     let mut records = Vec::new();
-    let mut next = 0u64;
+    let mut next = from;
     let mut last = String::from("no answer");
     let mut deadline = Instant::now() + CLUSTER_BOUND;
     loop {

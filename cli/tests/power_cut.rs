@@ -20,14 +20,19 @@
 //! young (`--segment-size 65536 --segment-max-age-ms 200`), so a cut often lands in a seal, an
 //! object write and its rename, a catalog commit, a trim or a delete. On the retained stream
 //! the rules hold from its start after the reboot: what retention took is not a loss, but a
-//! trim that a cut takes back must bring back every record it had trimmed, intact. Every third
+//! trim that a cut takes back must bring back every record it had trimmed, intact. A lifecycle
+//! client creates names of its own, appends to them, closes, deletes, creates again and trims
+//! them, one operation at a time; after each reboot every name so far must be in a state its
+//! acknowledged operations lead to (`pico_testkit::lifecycle`), and in the same state as after
+//! the first reboot that followed them. Every third
 //! cycle, the boot after the cut is cut too, 0-2.5 s after `pico serve` started: in its
 //! recovery (WAL replay, uploads of sealed segments, catalog commits) or just after it.
 //!
 //! Cases: `--durability local` (the single node's default) and `--durability object` on
 //! `file://`, each for `POWER_CUT_CYCLES` cycles (default 3; the long run is
 //! `POWER_CUT_CYCLES=200`). Two controls must see a loss, or the test fails: a disk that
-//! ignores flushes, and `--durability memory` (acknowledged before any `fdatasync`). Each
+//! ignores flushes (which must lose acknowledged lifecycle operations too), and `--durability
+//! memory` (acknowledged before any `fdatasync`). Each
 //! control stops at its first cycle with a loss. `POWER_CUT_SEED` replays a schedule of cut
 //! times (thread timing still varies).
 //!
@@ -49,6 +54,7 @@ use std::time::{Duration, Instant};
 
 use common::{decode_binary_read, Conn, Resp, XorShift};
 use pico_testkit::history::{check, Append, History, Outcome, Read, Violation};
+use pico_testkit::lifecycle::{self, Op, State, Step};
 use vm::{DiskCache, Kit, Machine, Node};
 
 /// The streams: (name, `Pico-Retention-Bytes` at create).
@@ -70,6 +76,9 @@ enum Role {
     Producer(usize),
     /// Tails the stream with long-polls.
     Reader(usize),
+    /// Creates, appends to, closes, deletes, creates again and trims names of its own
+    /// (`/power/life-<n>`, `pico_testkit::lifecycle::plan`), one operation at a time.
+    Lifecycle,
 }
 
 impl Role {
@@ -79,12 +88,13 @@ impl Role {
             Role::Writer(_) => "writer",
             Role::Producer(_) => "producer",
             Role::Reader(_) => "reader",
+            Role::Lifecycle => "lifecycle",
         };
         format!("{role}-{id}")
     }
 }
 
-const CLIENTS: [Role; 9] = [
+const CLIENTS: [Role; 10] = [
     Role::Writer(0),
     Role::Writer(0),
     Role::Writer(0),
@@ -94,7 +104,20 @@ const CLIENTS: [Role; 9] = [
     Role::Reader(0),
     Role::Reader(1),
     Role::Reader(2),
+    Role::Lifecycle,
 ];
+
+/// The lifecycle client's pause between two names, so that the names checked after each
+/// reboot (every name so far, each a `HEAD` and a read) stay a few hundred.
+const LIFE_PAUSE: Duration = Duration::from_millis(25);
+
+/// One name of the lifecycle client: its steps, and the state the node served for it after
+/// the first reboot that followed them (a later reboot must serve the same).
+struct Life {
+    name: String,
+    steps: Vec<Step>,
+    found: Option<(u32, State)>,
+}
 
 const PRODUCER_ID: &str = "power-cut";
 /// Bytes of padding per record: about 150 records fill a 64 KiB segment.
@@ -225,10 +248,23 @@ fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
         return;
     };
     let mut run = Run::start(&kit, name, flags, cache);
-    // A loss the checker reports: an acknowledged append missing (rule 1).
+    // A loss the checker reports: an acknowledged append missing (rule 1). A disk that ignores
+    // flushes also loses what the lifecycle client was told was done (rule 7): the creates,
+    // closes and deletes of the catalog.
+    let lifecycle_loss_expected = cache == DiskCache::IgnoresFlushes;
     let mut seen = None;
-    while seen.is_none() && run.cycles < CONTROL_CYCLES_MAX {
+    let mut lifecycle_loss = None;
+    while (seen.is_none() || (lifecycle_loss_expected && lifecycle_loss.is_none()))
+        && run.cycles < CONTROL_CYCLES_MAX
+    {
         let verdict = run.cycle();
+        if lifecycle_loss.is_none() {
+            lifecycle_loss = verdict
+                .violations
+                .iter()
+                .find(|v| v.rule == 7)
+                .map(|v| v.message[..v.message.len().min(160)].to_string());
+        }
         eprintln!(
             "power cut [{name}] control, cycle {}: {} of {} acknowledged appends lost, {} violations",
             run.cycles,
@@ -236,11 +272,21 @@ fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
             verdict.acked,
             verdict.violations.len()
         );
-        if verdict.lost > 0 && verdict.violations.iter().any(|v| v.rule == 1) {
+        if seen.is_none() && verdict.lost > 0 && verdict.violations.iter().any(|v| v.rule == 1) {
             seen = Some(verdict);
         }
     }
     run.report(" (control)");
+    if lifecycle_loss_expected {
+        let Some(example) = lifecycle_loss else {
+            panic!(
+                "[{name}] the control lost no create, close or delete in {} cycles: the test \
+                 cannot see such a loss (POWER_CUT_SEED={})",
+                run.cycles, run.seed
+            );
+        };
+        eprintln!("power cut [{name}] control: the lifecycle check saw the loss, e.g. {example}");
+    }
     let Some(verdict) = seen else {
         panic!(
             "[{name}] the control lost nothing in {} cycles: the test cannot see a loss \
@@ -277,6 +323,8 @@ struct Run {
     answers: BTreeMap<u16, u64>,
     /// Where each stream started after the latest reboot (above 0: trimmed).
     starts: Vec<u64>,
+    /// Every name the lifecycle client worked on, across cycles.
+    lives: Vec<Life>,
 }
 
 /// What a check after a reboot found, over every stream.
@@ -331,6 +379,7 @@ impl Run {
             boot_times: vec![boot_time],
             answers: BTreeMap::new(),
             starts: vec![0; STREAMS.len()],
+            lives: Vec::new(),
         }
     }
 
@@ -355,13 +404,15 @@ impl Run {
                         started,
                         history: History::default(),
                         tally: Tally::default(),
+                        lives: Vec::new(),
                     };
                     let position = match role {
                         Role::Writer(stream) => client.writer(STREAMS[stream].0, position),
                         Role::Producer(stream) => client.producer(STREAMS[stream].0, position),
                         Role::Reader(stream) => client.reader(STREAMS[stream].0, position),
+                        Role::Lifecycle => client.lifecycle(position),
                     };
-                    (position, client.history, client.tally)
+                    (position, client.history, client.tally, client.lives)
                 })
             })
             .collect();
@@ -374,10 +425,23 @@ impl Run {
         // When the first append of the cycle was acknowledged, from the clients' start.
         let mut first_ack_ms = None::<u64>;
         for (id, client) in clients.into_iter().enumerate() {
-            let (position, history, tally) = client.join().expect("a client thread");
+            let (position, history, tally, lives) = client.join().expect("a client thread");
             self.positions[id] = position;
+            for (name, steps) in lives {
+                self.lives.push(Life {
+                    name,
+                    steps,
+                    found: None,
+                });
+            }
+            for (status, n) in tally.statuses {
+                *answers.entry(status).or_default() += n;
+                *self.answers.entry(status).or_default() += n;
+            }
+            surprises.extend(tally.surprises);
             let stream = match CLIENTS[id] {
                 Role::Writer(s) | Role::Producer(s) | Role::Reader(s) => s,
+                Role::Lifecycle => continue,
             };
             let first = history
                 .appends
@@ -390,11 +454,6 @@ impl Run {
             }
             self.histories[stream].appends.extend(history.appends);
             self.histories[stream].reads.extend(history.reads);
-            for (status, n) in tally.statuses {
-                *answers.entry(status).or_default() += n;
-                *self.answers.entry(status).or_default() += n;
-            }
-            surprises.extend(tally.surprises);
         }
 
         // Every third cycle the next boot is cut too, while the node recovers and starts.
@@ -434,10 +493,14 @@ impl Run {
             acked += a;
             lost += l;
         }
+        let lives = self.check_lives();
+        let (lives_checked, lives_violations) = (self.lives.len(), lives.len());
+        violations.extend(lives);
         eprintln!(
-            "power cut [{}] cycle {}: wrote {write_ms} ms (append answers {answers:?}, the \
-             first acknowledged after {} ms), \
-             {}rebooted in {:.1} s; {acked} acknowledged so far, {lost} lost, {} violations; \
+            "power cut [{}] cycle {}: wrote {write_ms} ms (answers {answers:?}, the \
+             first append acknowledged after {} ms), \
+             {}rebooted in {:.1} s; {acked} acknowledged so far, {lost} lost, {} violations \
+             ({lives_violations} of them in the {lives_checked} names of the lifecycle client); \
              streams start at {:?}",
             self.name,
             self.cycles,
@@ -453,6 +516,38 @@ impl Run {
             lost,
             surprises,
         }
+    }
+
+    /// Holds every name of the lifecycle client against what the node serves now: a state
+    /// its steps allow, and the one it served after the first reboot that followed them.
+    fn check_lives(&mut self) -> Vec<Violation> {
+        let mut violations = Vec::new();
+        for life in &mut self.lives {
+            let found = observe(self.node.pico, &life.name).unwrap_or_else(|e| {
+                panic!(
+                    "[{}] cycle {}: {e}\n--- console ---\n{}",
+                    self.name,
+                    self.cycles,
+                    self.machine.console()
+                )
+            });
+            let message = match &life.found {
+                Some((cycle, first)) if *first != found => Some(format!(
+                    "{}: served {} after cycle {cycle}, {} after cycle {}",
+                    life.name,
+                    lifecycle::describe(first),
+                    lifecycle::describe(&found),
+                    self.cycles
+                )),
+                Some(_) => None,
+                None => lifecycle::check(&life.name, &life.steps, &found),
+            };
+            if let Some(message) = message {
+                violations.push(Violation { rule: 7, message });
+            }
+            life.found.get_or_insert((self.cycles, found));
+        }
+        violations
     }
 
     fn report(&self, kind: &str) {
@@ -540,7 +635,8 @@ struct Tally {
 }
 
 impl Tally {
-    fn count(&mut self, client: &str, response: Option<&Resp>) {
+    /// Counts an answer; one neither `expected` nor explained by a cut is a surprise.
+    fn count(&mut self, client: &str, response: Option<&Resp>, expected: &[u16]) {
         *self
             .statuses
             .entry(response.map_or(0, |r| r.status))
@@ -548,7 +644,8 @@ impl Tally {
         if let Some(r) = response {
             // 500: the round whose fdatasync failed as the disk went away; 503: appends after
             // it; 429: back-pressure.
-            if !matches!(r.status, 200 | 429 | 500 | 503) && self.surprises.len() < 10 {
+            let explained = expected.contains(&r.status) || matches!(r.status, 429 | 500 | 503);
+            if !explained && self.surprises.len() < 10 {
                 self.surprises.push(format!("{client}: {}", r.describe()));
             }
         }
@@ -610,6 +707,8 @@ struct ClientRun {
     started: Instant,
     history: History,
     tally: Tally,
+    /// The lifecycle client's names and their steps.
+    lives: Vec<(String, Vec<Step>)>,
 }
 
 impl ClientRun {
@@ -638,7 +737,7 @@ impl ClientRun {
             next += 1;
             let invoked_ms = self.now_ms();
             let response = self.client.request("POST", stream, &[], body.as_bytes());
-            self.tally.count(&self.name, response.as_ref());
+            self.tally.count(&self.name, response.as_ref(), &[200]);
             let outcome = match &response {
                 Some(r) if r.status == 200 => Outcome::Acked {
                     offset: Some(r.h_u64("pico-start-seq")),
@@ -670,7 +769,7 @@ impl ClientRun {
             let response = self
                 .client
                 .request("POST", stream, &headers, body.as_bytes());
-            self.tally.count(&self.name, response.as_ref());
+            self.tally.count(&self.name, response.as_ref(), &[200]);
             // A duplicate (the sequence number was stored before, its answer lost in a cut)
             // is `200` without `Pico-Start-Seq`.
             let outcome = match &response {
@@ -692,6 +791,39 @@ impl ClientRun {
             }
         }
         seq
+    }
+
+    /// Works through the names of `lifecycle::plan` from the `n`th, each operation after the
+    /// previous one's answer; a name ends at its first operation whose outcome is unknown.
+    /// The next name's number.
+    fn lifecycle(&mut self, mut n: u64) -> u64 {
+        while !self.stopped() {
+            let name = format!("/power/life-{n}");
+            let mut steps = Vec::new();
+            for (op, expected) in lifecycle::plan(&name, n) {
+                let outcome = self.life_step(&name, &op, expected);
+                let unknown = outcome == lifecycle::Outcome::Unknown;
+                steps.push(Step { op, outcome });
+                if unknown {
+                    break;
+                }
+            }
+            self.lives.push((name, steps));
+            n += 1;
+            std::thread::sleep(LIFE_PAUSE);
+        }
+        n
+    }
+
+    fn life_step(&mut self, name: &str, op: &Op, expected: &[u16]) -> lifecycle::Outcome {
+        let (method, headers, body) = op.pico_request();
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let response = self.client.request(method, name, &headers, body);
+        self.tally.count(&self.name, response.as_ref(), expected);
+        lifecycle::pico_outcome(
+            response.as_ref().map(|r| r.status),
+            response.as_ref().and_then(|r| r.header("pico-start-seq")),
+        )
     }
 
     /// Tails the stream with long-polls from `next`; where it got to. Below a trimmed
@@ -733,6 +865,35 @@ impl ClientRun {
         }
         next
     }
+}
+
+/// A name as the node serves it now: absent (`404`), or open or closed with its start, its
+/// next offset and its records.
+fn observe(addr: SocketAddr, name: &str) -> Result<State, String> {
+    let mut client = Client::new(addr);
+    let deadline = Instant::now() + READ_BOUND;
+    let head = loop {
+        if Instant::now() > deadline {
+            return Err(format!("HEAD {name} did not answer"));
+        }
+        match client.request("HEAD", name, &[], b"") {
+            Some(r) if r.status == 503 => std::thread::sleep(Duration::from_millis(100)),
+            Some(r) => break r,
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    match head.status {
+        404 => return Ok(State::Absent),
+        200 => {}
+        _ => return Err(format!("HEAD {name}: {}", head.describe())),
+    }
+    let records = read_stream(addr, name)?;
+    Ok(State::Present {
+        closed: head.header("pico-closed") == Some("true"),
+        start: head.h_u64("pico-start-seq"),
+        next: head.h_u64("pico-next-seq"),
+        records,
+    })
 }
 
 /// A whole stream as the node serves it now, from its start, read in binary pages; empty when

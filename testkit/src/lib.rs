@@ -9,7 +9,8 @@
 //! `CI=true`: a CI run can never pass without the services it is meant to test against.
 //!
 //! The modules: [`garage`] (a Garage of a test's own, to kill and restart), [`history`] (the
-//! fault test's history checker), [`pg_proxy`] (a fault proxy in front of Postgres: lost
+//! fault test's history checker), [`lifecycle`] (what creates, closes, deletes and trims
+//! promise across faults), [`pg_proxy`] (a fault proxy in front of Postgres: lost
 //! COMMIT answers, held answers, delayed statements, cut and refused connections), [`netns`] (a
 //! network of namespaces whose links a test cuts and heals).
 
@@ -151,5 +152,6 @@ mod tests {
 }
 pub mod garage;
 pub mod history;
+pub mod lifecycle;
 pub mod netns;
 pub mod pg_proxy;
