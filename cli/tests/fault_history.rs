@@ -50,7 +50,7 @@ use common::services::{storage, PrivatePostgres};
 use common::{decode_binary_read, split_url, Conn, Place, Resp, Server};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
-use pico_testkit::lifecycle::{self, State, Step};
+use pico_testkit::lifecycle::{self, Protocol, State, Step, World};
 use pico_testkit::netns::Network;
 use pico_testkit::pg_proxy::{self, PgProxy};
 
@@ -338,43 +338,53 @@ fn ds_writer(shared: Arc<Shared>, producer: bool, log: Log, answers: Answers) {
     }
 }
 
-/// Every name of the lifecycle client with its steps.
-type Lives = Arc<Mutex<Vec<(String, Vec<Step>)>>>;
+/// The steps of each of the lifecycle client's plans.
+type Lives = Arc<Mutex<Vec<Vec<Step>>>>;
 
-/// The lifecycle client's pause between two names: the names checked at the end (a `HEAD`
+/// The lifecycle client's pause between two plans: the names checked at the end (a `HEAD`
 /// and a read each) stay a few thousand in a long soak.
 const LIFE_PAUSE: Duration = Duration::from_millis(50);
 
-/// Works through `lifecycle::plan`'s names (`/h/life-<n>`), each operation after the previous
-/// one's answer; a name ends at its first operation whose outcome is unknown.
+/// Works through `lifecycle::plan`'s plans (`/h/life-<n>`, forks included), each over its
+/// protocol's client.
 fn life_client(shared: Arc<Shared>, lives: Lives, answers: Answers) {
-    let mut client = Client::new(&shared, false);
+    let mut pico = Client::new(&shared, false);
+    let mut ds = Client::new(&shared, true);
     for n in 0..OPS_PER_CLIENT_MAX {
         if shared.stopped() {
             return;
         }
-        let name = format!("/h/life-{n}");
-        let mut steps = Vec::new();
-        for (op, expected) in lifecycle::plan(&name, n) {
-            let (method, headers, body) = op.pico_request();
-            let headers: Vec<(&str, &str)> =
-                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            let response = client.request(method, &name, &headers, body);
-            let outcome = lifecycle::pico_outcome(
-                response.as_ref().map(|r| r.status),
-                response.as_ref().and_then(|r| r.header("pico-start-seq")),
-            );
-            let acked = matches!(outcome, lifecycle::Outcome::Acked { .. });
-            answers.tally_expecting(response.as_ref(), acked, expected);
-            let unknown = outcome == lifecycle::Outcome::Unknown;
-            steps.push(Step { op, outcome });
-            if unknown {
-                break;
-            }
-        }
-        lives.lock().unwrap().push((name, steps));
+        let steps = lifecycle::work_through(
+            "/h/life-",
+            n,
+            true,
+            |protocol, planned, method, headers, body| {
+                let client = match protocol {
+                    Protocol::Pico => &mut pico,
+                    Protocol::DurableStreams => &mut ds,
+                };
+                let response = client.request(method, &planned.name, headers, body);
+                let acked = response
+                    .as_ref()
+                    .is_some_and(|r| (200..300).contains(&r.status));
+                answers.tally_expecting(response.as_ref(), acked, planned.expected);
+                response.map(|r| lifecycle::Answer {
+                    status: r.status,
+                    headers: r.headers,
+                })
+            },
+        );
+        lives.lock().unwrap().push(steps);
         std::thread::sleep(LIFE_PAUSE);
     }
+}
+
+/// The names `steps` work on, as the nodes serve them now.
+fn observe_all(shared: &Arc<Shared>, steps: &[Step]) -> Result<World, String> {
+    lifecycle::names(steps)
+        .into_iter()
+        .map(|name| Ok((name.clone(), observe(shared, &name)?)))
+        .collect()
 }
 
 /// A name as the nodes serve it now: absent (`404`), or open or closed with its start, its
@@ -398,6 +408,7 @@ fn observe(shared: &Arc<Shared>, name: &str) -> Result<State, String> {
     };
     match head.status {
         404 => return Ok(State::Absent),
+        410 => return Ok(State::Gone),
         200 => {}
         _ => return Err(format!("HEAD {name}: {}", head.describe())),
     }
@@ -1209,17 +1220,30 @@ fn run_fault_test(
     }
     let lives = lives.lock().unwrap();
     let mut life_violations = 0;
-    for (name, steps) in lives.iter() {
-        let found = observe(&shared, name).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
-        if let Some(message) = lifecycle::check(name, steps, &found) {
+    for steps in lives.iter() {
+        let found = observe_all(&shared, steps).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+        if let Some(message) = lifecycle::check(steps, &found) {
             life_violations += 1;
             violations.push(pico_testkit::history::Violation { rule: 7, message });
         }
     }
+    let acknowledged = |op: fn(&lifecycle::Op) -> bool| {
+        lives
+            .iter()
+            .flatten()
+            .filter(|s| op(&s.op) && matches!(s.outcome, lifecycle::Outcome::Acked { .. }))
+            .count()
+    };
     report.push(format!(
-        "the lifecycle client: {} names, {} steps, {life_violations} violations",
+        "the lifecycle client: {} plans, {} steps ({} creates, {} forks, {} deletes, {} closes, \
+         {} trims acknowledged), {life_violations} violations",
         lives.len(),
-        lives.iter().map(|(_, steps)| steps.len()).sum::<usize>()
+        lives.iter().map(Vec::len).sum::<usize>(),
+        acknowledged(|op| *op == lifecycle::Op::Create),
+        acknowledged(|op| matches!(op, lifecycle::Op::Fork { .. })),
+        acknowledged(|op| *op == lifecycle::Op::Delete),
+        acknowledged(|op| *op == lifecycle::Op::Close),
+        acknowledged(|op| matches!(op, lifecycle::Op::Trim(_))),
     ));
     let takeovers = logs().matches("stopped renewing its lease").count();
     let proxy = services.pg_proxy.as_ref().map_or(String::new(), |proxy| {

@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use common::{decode_binary_read, Conn, Resp, XorShift};
 use pico_testkit::history::{check, Append, History, Outcome, Read, Violation};
-use pico_testkit::lifecycle::{self, Op, State, Step};
+use pico_testkit::lifecycle::{self, Protocol, State, Step, World};
 use vm::{DiskCache, Kit, Machine, Node};
 
 /// The streams: (name, `Pico-Retention-Bytes` at create).
@@ -77,7 +77,8 @@ enum Role {
     /// Tails the stream with long-polls.
     Reader(usize),
     /// Creates, appends to, closes, deletes, creates again and trims names of its own
-    /// (`/power/life-<n>`, `pico_testkit::lifecycle::plan`), one operation at a time.
+    /// (`/power/life-<n>`, `pico_testkit::lifecycle::plan`: the Pico protocol's plans, the
+    /// Durable Streams port is not forwarded), one operation at a time.
     Lifecycle,
 }
 
@@ -111,12 +112,11 @@ const CLIENTS: [Role; 10] = [
 /// reboot (every name so far, each a `HEAD` and a read) stay a few hundred.
 const LIFE_PAUSE: Duration = Duration::from_millis(25);
 
-/// One name of the lifecycle client: its steps, and the state the node served for it after
+/// One plan of the lifecycle client: its steps, and what the node served for its names after
 /// the first reboot that followed them (a later reboot must serve the same).
 struct Life {
-    name: String,
     steps: Vec<Step>,
-    found: Option<(u32, State)>,
+    found: Option<(u32, World)>,
 }
 
 const PRODUCER_ID: &str = "power-cut";
@@ -427,12 +427,8 @@ impl Run {
         for (id, client) in clients.into_iter().enumerate() {
             let (position, history, tally, lives) = client.join().expect("a client thread");
             self.positions[id] = position;
-            for (name, steps) in lives {
-                self.lives.push(Life {
-                    name,
-                    steps,
-                    found: None,
-                });
+            for steps in lives {
+                self.lives.push(Life { steps, found: None });
             }
             for (status, n) in tally.statuses {
                 *answers.entry(status).or_default() += n;
@@ -500,7 +496,7 @@ impl Run {
             "power cut [{}] cycle {}: wrote {write_ms} ms (answers {answers:?}, the \
              first append acknowledged after {} ms), \
              {}rebooted in {:.1} s; {acked} acknowledged so far, {lost} lost, {} violations \
-             ({lives_violations} of them in the {lives_checked} names of the lifecycle client); \
+             ({lives_violations} of them in the {lives_checked} plans of the lifecycle client); \
              streams start at {:?}",
             self.name,
             self.cycles,
@@ -518,12 +514,12 @@ impl Run {
         }
     }
 
-    /// Holds every name of the lifecycle client against what the node serves now: a state
+    /// Holds every plan of the lifecycle client against what the node serves now: a world
     /// its steps allow, and the one it served after the first reboot that followed them.
     fn check_lives(&mut self) -> Vec<Violation> {
         let mut violations = Vec::new();
         for life in &mut self.lives {
-            let found = observe(self.node.pico, &life.name).unwrap_or_else(|e| {
+            let found = observe_all(self.node.pico, &life.steps).unwrap_or_else(|e| {
                 panic!(
                     "[{}] cycle {}: {e}\n--- console ---\n{}",
                     self.name,
@@ -533,14 +529,13 @@ impl Run {
             });
             let message = match &life.found {
                 Some((cycle, first)) if *first != found => Some(format!(
-                    "{}: served {} after cycle {cycle}, {} after cycle {}",
-                    life.name,
+                    "served {} after cycle {cycle}, {} after cycle {}",
                     lifecycle::describe(first),
                     lifecycle::describe(&found),
                     self.cycles
                 )),
                 Some(_) => None,
-                None => lifecycle::check(&life.name, &life.steps, &found),
+                None => lifecycle::check(&life.steps, &found),
             };
             if let Some(message) = message {
                 violations.push(Violation { rule: 7, message });
@@ -707,8 +702,8 @@ struct ClientRun {
     started: Instant,
     history: History,
     tally: Tally,
-    /// The lifecycle client's names and their steps.
-    lives: Vec<(String, Vec<Step>)>,
+    /// The steps of each of the lifecycle client's plans.
+    lives: Vec<Vec<Step>>,
 }
 
 impl ClientRun {
@@ -793,37 +788,34 @@ impl ClientRun {
         seq
     }
 
-    /// Works through the names of `lifecycle::plan` from the `n`th, each operation after the
-    /// previous one's answer; a name ends at its first operation whose outcome is unknown.
-    /// The next name's number.
+    /// Works through `lifecycle::plan`'s plans (the Pico protocol's) from the `n`th; the
+    /// next plan's number.
     fn lifecycle(&mut self, mut n: u64) -> u64 {
         while !self.stopped() {
-            let name = format!("/power/life-{n}");
-            let mut steps = Vec::new();
-            for (op, expected) in lifecycle::plan(&name, n) {
-                let outcome = self.life_step(&name, &op, expected);
-                let unknown = outcome == lifecycle::Outcome::Unknown;
-                steps.push(Step { op, outcome });
-                if unknown {
-                    break;
-                }
-            }
-            self.lives.push((name, steps));
+            let steps = lifecycle::work_through(
+                "/power/life-",
+                n,
+                false,
+                |protocol, planned, method, headers, body| {
+                    assert_eq!(
+                        protocol,
+                        Protocol::Pico,
+                        "the plans without forks are Pico's"
+                    );
+                    let response = self.client.request(method, &planned.name, headers, body);
+                    self.tally
+                        .count(&self.name, response.as_ref(), planned.expected);
+                    response.map(|r| lifecycle::Answer {
+                        status: r.status,
+                        headers: r.headers,
+                    })
+                },
+            );
+            self.lives.push(steps);
             n += 1;
             std::thread::sleep(LIFE_PAUSE);
         }
         n
-    }
-
-    fn life_step(&mut self, name: &str, op: &Op, expected: &[u16]) -> lifecycle::Outcome {
-        let (method, headers, body) = op.pico_request();
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        let response = self.client.request(method, name, &headers, body);
-        self.tally.count(&self.name, response.as_ref(), expected);
-        lifecycle::pico_outcome(
-            response.as_ref().map(|r| r.status),
-            response.as_ref().and_then(|r| r.header("pico-start-seq")),
-        )
     }
 
     /// Tails the stream with long-polls from `next`; where it got to. Below a trimmed
@@ -867,6 +859,14 @@ impl ClientRun {
     }
 }
 
+/// The names `steps` work on, as the node serves them now.
+fn observe_all(addr: SocketAddr, steps: &[Step]) -> Result<World, String> {
+    lifecycle::names(steps)
+        .into_iter()
+        .map(|name| Ok((name.clone(), observe(addr, &name)?)))
+        .collect()
+}
+
 /// A name as the node serves it now: absent (`404`), or open or closed with its start, its
 /// next offset and its records.
 fn observe(addr: SocketAddr, name: &str) -> Result<State, String> {
@@ -884,6 +884,7 @@ fn observe(addr: SocketAddr, name: &str) -> Result<State, String> {
     };
     match head.status {
         404 => return Ok(State::Absent),
+        410 => return Ok(State::Gone),
         200 => {}
         _ => return Err(format!("HEAD {name}: {}", head.describe())),
     }
