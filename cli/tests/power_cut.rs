@@ -77,8 +77,8 @@ enum Role {
     /// Tails the stream with long-polls.
     Reader(usize),
     /// Creates, appends to, closes, deletes, creates again and trims names of its own
-    /// (`/power/life-<n>`, `pico_testkit::lifecycle::plan`: the Pico protocol's plans, the
-    /// Durable Streams port is not forwarded), one operation at a time.
+    /// and forks them (`/power/life-<n>`, `pico_testkit::lifecycle::plan`), one operation at a
+    /// time.
     Lifecycle,
 }
 
@@ -210,6 +210,8 @@ fn run_durable_case(test: &str, name: &str, flags: &[&str]) {
     for _ in 0..cycles {
         let verdict = run.cycle();
         if !verdict.violations.is_empty() || !verdict.surprises.is_empty() {
+            // The console is read before the directory is kept (and no longer the machine's).
+            let console = run.machine.console();
             let kept = run.machine.keep();
             panic!(
                 "[{name}] cycle {}: {} violations, {} of {} acknowledged appends lost \
@@ -222,7 +224,7 @@ fn run_durable_case(test: &str, name: &str, flags: &[&str]) {
                 run.seed,
                 verdict.violations,
                 verdict.surprises,
-                run.machine.console()
+                console
             );
         }
     }
@@ -396,6 +398,7 @@ impl Run {
             .enumerate()
             .map(|(id, (&role, &position))| {
                 let (stop, addr, started) = (stop.clone(), self.node.pico, self.started);
+                let ds = self.node.ds;
                 std::thread::spawn(move || {
                     let mut client = ClientRun {
                         client: Client::new(addr),
@@ -410,7 +413,7 @@ impl Run {
                         Role::Writer(stream) => client.writer(STREAMS[stream].0, position),
                         Role::Producer(stream) => client.producer(STREAMS[stream].0, position),
                         Role::Reader(stream) => client.reader(STREAMS[stream].0, position),
-                        Role::Lifecycle => client.lifecycle(position),
+                        Role::Lifecycle => client.lifecycle(ds, position),
                     };
                     (position, client.history, client.tally, client.lives)
                 })
@@ -788,21 +791,21 @@ impl ClientRun {
         seq
     }
 
-    /// Works through `lifecycle::plan`'s plans (the Pico protocol's) from the `n`th; the
-    /// next plan's number.
-    fn lifecycle(&mut self, mut n: u64) -> u64 {
+    /// Works through `lifecycle::plan`'s plans from the `n`th, each over its protocol's
+    /// connection (`ds`: the node's Durable Streams listener); the next plan's number.
+    fn lifecycle(&mut self, ds: SocketAddr, mut n: u64) -> u64 {
+        let mut ds = Client::new(ds);
         while !self.stopped() {
             let steps = lifecycle::work_through(
                 "/power/life-",
                 n,
-                false,
+                true,
                 |protocol, planned, method, headers, body| {
-                    assert_eq!(
-                        protocol,
-                        Protocol::Pico,
-                        "the plans without forks are Pico's"
-                    );
-                    let response = self.client.request(method, &planned.name, headers, body);
+                    let client = match protocol {
+                        Protocol::Pico => &mut self.client,
+                        Protocol::DurableStreams => &mut ds,
+                    };
+                    let response = client.request(method, &planned.name, headers, body);
                     self.tally
                         .count(&self.name, response.as_ref(), planned.expected);
                     response.map(|r| lifecycle::Answer {

@@ -173,3 +173,94 @@ fn a_deleted_source_is_gone_once_its_last_fork_delete_is_answered() {
         );
     }
 }
+
+/// A crash between a fork's delete and its source's release (the fork's row gone from the
+/// catalog, its deleted source still waiting for it there: the release is made after the
+/// fork's delete commits) leaves nothing of the source at the next start: its name is free,
+/// as the fork's acknowledged delete promised, and its records are no one's. Before, the
+/// source stayed `Gone` for good: no fork was left to release it, and its name could never be
+/// created again.
+#[test]
+fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_after_the_restart() {
+    use pico_engine::meta::{MetaStore, MetaUrl};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let config = || common::config(&path, 2);
+    // Sources and forks on both cores (placement is by name).
+    let sources: Vec<String> = (0..4).map(|i| format!("/source-{i}")).collect();
+    let forks: Vec<String> = (0..4).map(|i| format!("/fork-{i}")).collect();
+    let (s, f) = (sources.clone(), forks.clone());
+    run_returning(config(), &path, move |core, _| async move {
+        for (source, fork) in s.iter().zip(&f) {
+            core.create(source, create_request("text/plain"))
+                .await
+                .unwrap();
+            core.append(source, append_request(vec![record("a")], false))
+                .await
+                .unwrap();
+            core.create(fork, fork_of(source, None)).await.unwrap();
+            core.delete(source).await.unwrap();
+            assert!(matches!(core.head(source).await, Err(EngineError::Gone)));
+        }
+    });
+    // The forks' deletes committed, and the crash came before their sources were released.
+    let url = MetaUrl::SqliteFile(path.join("meta.db"));
+    let (store, snapshot) = MetaStore::open(&url).unwrap();
+    let fork_ids: Vec<u64> = snapshot
+        .streams
+        .iter()
+        .filter(|row| forks.contains(&row.name))
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(fork_ids.len(), forks.len());
+    common::executor()
+        .spawn(move || async move {
+            for id in fork_ids {
+                assert_eq!(store.delete_stream(id).await.unwrap(), Ok(true));
+            }
+            store.shutdown();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+
+    let (s, f) = (sources.clone(), forks.clone());
+    let after = run_returning(config(), &path, move |core, _| async move {
+        let mut after = Vec::new();
+        for (source, fork) in s.iter().zip(&f) {
+            let head = core.head(source).await.map(|info| info.next_offset);
+            let fork_head = core.head(fork).await.map(|info| info.next_offset);
+            let created = core
+                .create(source, create_request("text/plain"))
+                .await
+                .map(|c| c.created);
+            after.push((head, fork_head, created));
+        }
+        after
+    });
+    for (source, (head, fork_head, created)) in sources.iter().zip(after) {
+        assert!(
+            matches!(fork_head, Err(EngineError::NotFound)),
+            "{source}'s fork is deleted: {fork_head:?}"
+        );
+        assert!(
+            matches!(head, Err(EngineError::NotFound)),
+            "{source} went with its last fork: {head:?}"
+        );
+        assert_eq!(created, Ok(true), "{source}'s name is free again");
+    }
+    // The sources are gone from the catalog too.
+    let (store, snapshot) = MetaStore::open(&url).unwrap();
+    store.shutdown();
+    let left: Vec<&str> = snapshot
+        .streams
+        .iter()
+        .filter(|row| row.soft_deleted)
+        .map(|row| row.name.as_str())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "deleted sources left in the catalog: {left:?}"
+    );
+}

@@ -5,7 +5,8 @@
 //! and network card and ext4, the test's own `pico` binary with its shared libraries, and an
 //! `/init` script that mounts the data disk at `/data` and runs `pico serve` on it. qemu
 //! emulates the machine in software (TCG: this machine's `/dev/kvm` does not boot a stock
-//! kernel) and forwards two ports of 127.0.0.1 to the node's protocol and admin listeners.
+//! kernel) and forwards three ports of 127.0.0.1 to the node's Pico, Durable Streams and admin
+//! listeners.
 //!
 //! The disk is an ext4 image in a file, served to qemu by nbdkit over a unix socket through
 //! its cache filter in `cache=writeback` mode: writes stay in nbdkit's cache (a temporary file
@@ -34,6 +35,7 @@ const DEFAULT_KERNEL_DIR: &str = "/var/cache/picomq-vm/current";
 const BOOT_BOUND: Duration = Duration::from_secs(240);
 /// The guest's ports the node listens on (forwarded from 127.0.0.1).
 const GUEST_PICO_PORT: u16 = 4437;
+const GUEST_DS_PORT: u16 = 4438;
 const GUEST_ADMIN_PORT: u16 = 9090;
 /// What the guest's init prints just before it starts `pico serve`.
 const STARTING: &str = "pico-vm: starting pico serve";
@@ -150,7 +152,7 @@ fi
 ulimit -l unlimited
 cd /data
 echo "{STARTING}"
-/bin/pico serve --listen 0.0.0.0:{GUEST_PICO_PORT} --admin-listen 0.0.0.0:{GUEST_ADMIN_PORT} --insecure-allow-remote --meta-url sqlite:/data/meta.db --storage -2@file:///data/objects --wal-dir /data/wal {args}
+/bin/pico serve --listen 0.0.0.0:{GUEST_PICO_PORT} --ds-listen 0.0.0.0:{GUEST_DS_PORT} --admin-listen 0.0.0.0:{GUEST_ADMIN_PORT} --insecure-allow-remote --meta-url sqlite:/data/meta.db --storage -2@file:///data/objects --wal-dir /data/wal {args}
 echo "pico-vm: pico serve exited with status $?"
 poweroff -f
 "#,
@@ -229,6 +231,7 @@ struct Running {
 #[derive(Clone, Copy, Debug)]
 pub struct Node {
     pub pico: SocketAddr,
+    pub ds: SocketAddr,
     pub admin: SocketAddr,
 }
 
@@ -281,8 +284,8 @@ impl Machine {
         // exit at once: try again on other ports.
         for _ in 0..3 {
             self.boots += 1;
-            let [pico, admin] = free_ports();
-            let node = Node { pico, admin };
+            let [pico, ds, admin] = free_ports();
+            let node = Node { pico, ds, admin };
             let running = self.start(node);
             self.running = Some(running);
             match self.wait_ready(node) {
@@ -313,8 +316,8 @@ impl Machine {
     pub fn cut_while_starting(&mut self, after: Duration) -> bool {
         assert!(self.running.is_none(), "the machine runs already");
         self.boots += 1;
-        let [pico, admin] = free_ports();
-        self.running = Some(self.start(Node { pico, admin }));
+        let [pico, ds, admin] = free_ports();
+        self.running = Some(self.start(Node { pico, ds, admin }));
         let deadline = Instant::now() + BOOT_BOUND;
         while !self.console().contains(STARTING) {
             let running = self.running.as_mut().expect("a boot");
@@ -392,8 +395,10 @@ impl Machine {
             .arg("-netdev")
             .arg(format!(
                 "user,id=net0,hostfwd=tcp:127.0.0.1:{}-:{GUEST_PICO_PORT},\
+                 hostfwd=tcp:127.0.0.1:{}-:{GUEST_DS_PORT},\
                  hostfwd=tcp:127.0.0.1:{}-:{GUEST_ADMIN_PORT}",
                 node.pico.port(),
+                node.ds.port(),
                 node.admin.port()
             ))
             // No option ROM: the guest boots from -kernel, not the network.
@@ -496,10 +501,11 @@ fn kill(child: &mut Child) {
 }
 
 /// Two distinct ports of 127.0.0.1 that were free a moment ago.
-fn free_ports() -> [SocketAddr; 2] {
+fn free_ports() -> [SocketAddr; 3] {
     let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1");
-    let (a, b) = (bind(), bind());
-    [a.local_addr().unwrap(), b.local_addr().unwrap()]
+    // All bound at once, so that they differ.
+    let sockets = [bind(), bind(), bind()];
+    sockets.map(|socket| socket.local_addr().unwrap())
 }
 
 /// Whether the node's `/ready` answers `200` (a forwarded port accepts even before the guest

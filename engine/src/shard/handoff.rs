@@ -118,7 +118,9 @@ impl Shard {
             self.core,
             load.ownership.epoch
         );
-        self.load_seeds(seeds);
+        let unreleased = self.load_seeds(seeds);
+        // Boxed: rare, and it would size every adoption's future.
+        Box::pin(self.finish_deletes(unreleased)).await;
         Ok(())
     }
 

@@ -76,7 +76,7 @@ impl Shard {
         seeds: Vec<StreamSeed>,
     ) -> Result<Rc<Shard>, StartError> {
         let shard = Rc::new(Shard::new(parts));
-        shard.load_seeds(seeds);
+        let unreleased = shard.load_seeds(seeds);
         if shard.wal_enabled() {
             let group = shard.wal_group();
             let ledger = WalLedger::create(&shard.config.wal_dir, &group)
@@ -108,6 +108,8 @@ impl Shard {
             let recovered = shard.clone();
             glommio::spawn_local(async move { recovered.recovered_stored_loop().await }).detach();
         }
+        // Before the core serves: a restart must not answer `410` for what is gone.
+        shard.finish_deletes(unreleased).await;
         Ok(shard)
     }
 

@@ -180,7 +180,8 @@ impl Shard {
         }
     }
 
-    /// Deletes expired streams nobody touches, so their metadata does not linger. Each round
+    /// Deletes expired streams nobody touches, so their metadata does not linger, and deleted
+    /// ones no fork reads any more whose removal failed (`finish_deletes`). Each round
     /// looks at up to `REAPER_SCAN_STREAMS_PER_ROUND` streams, resuming after the last one:
     /// looking at all of them every round would cost an idle node of a million streams a scan of
     /// the whole map per core every second. An expired stream is answered as gone from the
@@ -197,7 +198,7 @@ impl Shard {
             for (name, id) in expired {
                 if let Err(e) = self.remove_stream(&name, id).await {
                     log::warn!(
-                        "core {}: could not reap expired stream {name}: {e}",
+                        "core {}: could not reap expired or deleted stream {name}: {e}",
                         self.core
                     );
                 }
@@ -209,7 +210,7 @@ impl Shard {
 /// An expired stream to reap: its name and id.
 pub(super) type ExpiredStream = (Rc<str>, u64);
 
-/// One reaper round: the expired streams no fork reads among the next
+/// One reaper round: the expired or deleted streams no fork reads among the next
 /// `REAPER_SCAN_STREAMS_PER_ROUND` after `after` (at most `REAPER_STREAMS_PER_ROUND` of them),
 /// and the name to resume after (`None`: the round reached the last stream).
 pub(super) fn expired_round(
@@ -223,8 +224,10 @@ pub(super) fn expired_round(
         limits::REAPER_SCAN_STREAMS_PER_ROUND,
         limits::REAPER_STREAMS_PER_ROUND,
         |name, stream| {
-            let expired = stream.state.is_expired(now_ms) && stream.state.extras().fork_refs == 0;
-            expired.then(|| (name.clone(), stream.state.id))
+            // A deleted one (soft-deleted while forks read it) whose last fork is gone is
+            // removed when the fork is; the reaper only meets one whose removal failed.
+            let gone = stream.state.is_expired(now_ms) || stream.state.soft_deleted;
+            (gone && stream.state.extras().fork_refs == 0).then(|| (name.clone(), stream.state.id))
         },
     )
 }

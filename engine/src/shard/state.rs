@@ -128,7 +128,12 @@ impl Shard {
         }
     }
 
-    pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) {
+    /// Installs `seeds` as this core's streams. Returns the streams deleted for clients whose
+    /// forks are all gone (a crash came between the last fork's delete and its release of the
+    /// source): [`Shard::finish_deletes`] removes them.
+    #[must_use]
+    pub(super) fn load_seeds(&self, seeds: Vec<StreamSeed>) -> Vec<(Rc<str>, u64)> {
+        let mut unreleased = Vec::new();
         let mut keys: HashMap<std::sync::Arc<str>, u64> = HashMap::new();
         for seed in seeds {
             let config = &seed.config;
@@ -192,6 +197,9 @@ impl Shard {
                 extras.writer_seq = seed.writer_seq;
             }
             let name: Rc<str> = Rc::from(seed.name.as_str());
+            if state.soft_deleted && seed.fork_refs == 0 {
+                unreleased.push((name.clone(), state.id));
+            }
             self.streams.forget_moved(&name);
             self.streams.insert(
                 name,
@@ -204,6 +212,28 @@ impl Shard {
                     retiring: false,
                 },
             );
+        }
+        unreleased
+    }
+
+    /// Finishes the deletes of streams that only forks kept (soft-deleted) once no fork is
+    /// left ([`Shard::load_seeds`]'s list): an acknowledged delete of the last fork promised
+    /// the source's name free. One that fails is left to the reaper, which removes such
+    /// streams too.
+    pub(super) async fn finish_deletes(&self, streams: Vec<(Rc<str>, u64)>) {
+        for (name, id) in streams {
+            match self.remove_stream(&name, id).await {
+                Ok(()) => log::info!(
+                    "core {}: {name} (stream {id}) was deleted and no fork reads it any more: \
+                     removed",
+                    self.core
+                ),
+                Err(e) => log::warn!(
+                    "core {}: could not remove {name} (stream {id}), deleted with no fork \
+                     left: {e}; the reaper tries again",
+                    self.core
+                ),
+            }
         }
     }
 

@@ -836,6 +836,11 @@ fn the_reaper_looks_at_a_bounded_number_of_streams_per_round_and_at_all_of_them_
             // Expired, but a fork still reads it: it stays.
             stream.state.extras_mut().fork_refs = 1;
         }
+        if i == 7001 || i == 7002 {
+            // Deleted while forks read it: it goes once none does.
+            stream.state.soft_deleted = true;
+            stream.state.extras_mut().fork_refs = u64::from(i == 7002);
+        }
         streams.insert(Rc::from(format!("/s/{i:06}").as_str()), stream);
     }
     let mut after: Option<Rc<str>> = None;
@@ -856,7 +861,7 @@ fn the_reaper_looks_at_a_bounded_number_of_streams_per_round_and_at_all_of_them_
         "{count} streams, {REAPER_SCAN_STREAMS_PER_ROUND} a round"
     );
     let expected: Vec<u64> = (0..count as u64)
-        .filter(|i| i % 1000 == 0 && *i != 5000)
+        .filter(|i| (i % 1000 == 0 && *i != 5000) || *i == 7001)
         .collect();
     reaped.sort_unstable();
     assert_eq!(reaped, expected);
