@@ -251,7 +251,11 @@ fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_after_the
         assert_eq!(created, Ok(true), "{source}'s name is free again");
     }
     // The sources are gone from the catalog too.
-    let (store, snapshot) = MetaStore::open(&url).unwrap();
+    assert_no_deleted_streams(&url);
+}
+
+fn assert_no_deleted_streams(url: &pico_engine::meta::MetaUrl) {
+    let (store, snapshot) = pico_engine::meta::MetaStore::open(url).unwrap();
     store.shutdown();
     let left: Vec<&str> = snapshot
         .streams
@@ -263,4 +267,94 @@ fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_after_the
         left.is_empty(),
         "deleted sources left in the catalog: {left:?}"
     );
+}
+
+/// The same crash in a chain: a source, a fork of it and a fork of that fork, the source and
+/// the middle fork deleted (both kept for the last fork), then the last fork's delete
+/// committed without its release. The next start removes the middle fork, whose release then
+/// removes the source; and a source another fork still reads stays, readable through it.
+#[test]
+fn a_chain_of_deleted_forks_goes_after_a_crash_and_a_source_still_read_stays() {
+    use pico_engine::meta::{MetaStore, MetaUrl};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let config = || common::config(&path, 2);
+    run_returning(config(), &path, move |core, _| async move {
+        core.create("/chain", create_request("text/plain"))
+            .await
+            .unwrap();
+        core.append("/chain", append_request(vec![record("a")], false))
+            .await
+            .unwrap();
+        core.create("/chain-1", fork_of("/chain", None))
+            .await
+            .unwrap();
+        core.create("/chain-2", fork_of("/chain-1", None))
+            .await
+            .unwrap();
+        // A second fork of the source, kept: the source must stay for it.
+        core.create("/kept", create_request("text/plain"))
+            .await
+            .unwrap();
+        core.append("/kept", append_request(vec![record("k")], false))
+            .await
+            .unwrap();
+        core.create("/kept-1", fork_of("/kept", None))
+            .await
+            .unwrap();
+        core.create("/kept-2", fork_of("/kept", None))
+            .await
+            .unwrap();
+        for name in ["/chain", "/chain-1", "/kept"] {
+            core.delete(name).await.unwrap();
+        }
+    });
+    let url = MetaUrl::SqliteFile(path.join("meta.db"));
+    let (store, snapshot) = MetaStore::open(&url).unwrap();
+    let crashed: Vec<u64> = snapshot
+        .streams
+        .iter()
+        .filter(|row| row.name == "/chain-2" || row.name == "/kept-1")
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(crashed.len(), 2);
+    common::executor()
+        .spawn(move || async move {
+            for id in crashed {
+                assert_eq!(store.delete_stream(id).await.unwrap(), Ok(true));
+            }
+            store.shutdown();
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+
+    let (middle, source, kept, kept_fork) =
+        run_returning(config(), &path, move |core, _| async move {
+            let middle = core.head("/chain-1").await.map(|i| i.next_offset);
+            // The source goes with the middle fork's release, made by the node's release task
+            // right after the start.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let source = loop {
+                let head = core.head("/chain").await.map(|i| i.next_offset);
+                if !matches!(head, Err(EngineError::Gone)) || std::time::Instant::now() > deadline {
+                    break head;
+                }
+                glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+            };
+            let kept = core.head("/kept").await.map(|i| i.next_offset);
+            let read = core
+                .read("/kept-2", &common::page_request(0, 10, 1 << 20))
+                .await
+                .map(|batch| batch.records.len());
+            (middle, source, kept, read)
+        });
+    assert!(matches!(middle, Err(EngineError::NotFound)), "{middle:?}");
+    assert!(matches!(source, Err(EngineError::NotFound)), "{source:?}");
+    assert!(
+        matches!(kept, Err(EngineError::Gone)),
+        "a deleted source a fork still reads stays for it: {kept:?}"
+    );
+    assert_eq!(kept_fork, Ok(1), "and the fork reads its record");
 }
