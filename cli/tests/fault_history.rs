@@ -1220,7 +1220,14 @@ fn run_fault_test(
     }
     let lives = lives.lock().unwrap();
     let mut life_violations = 0;
-    for steps in lives.iter() {
+    // A control loses acknowledged records by design, a fork's inherited ones too (its reads
+    // then fail, `503`, until an operator acts): only its appends are checked.
+    let checked = if expect == Expect::Kept {
+        &lives[..]
+    } else {
+        &[]
+    };
+    for steps in checked {
         let found = observe_all(&shared, steps).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
         if let Some(message) = lifecycle::check(steps, &found) {
             life_violations += 1;
