@@ -676,3 +676,68 @@ fn wal_records_of_an_old_incarnation_never_join_a_stream_handed_back() {
 fn wait<T>(reply: pico_engine::meta::Reply<T>) -> Result<T, pico_engine::meta::MetaError> {
     futures_lite::future::block_on(reply).expect("answered")
 }
+
+/// A cluster node that crashed after a fork's delete committed and before its deleted source
+/// was released finds the source without forks when it comes back (a node taking the family
+/// over finds the same, through its hand-off): it removes the source before serving it, so
+/// its name is free as the fork's acknowledged delete promised. Before, the source answered
+/// `410` for good.
+#[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
+#[test]
+fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_on_the_next_incarnation() {
+    let Some(db) = PgDatabase::create("engine_fork_release_crash") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let first_epoch = pico_engine::now_ms() as u64;
+    crash_after(&db, dir.path(), first_epoch, |core| async move {
+        core.create("/src", create()).await.expect("created");
+        core.append("/src", append("a"))
+            .await
+            .expect("acknowledged");
+        let fork = CreateRequest {
+            fork: Some(pico_engine::ForkSpec {
+                source: "/src".into(),
+                offset: None,
+                offset_bytes: 0,
+                sub_offset: 0,
+            }),
+            ..create_request("")
+        };
+        core.create("/fork", fork).await.expect("forked");
+        core.delete("/src").await.expect("deleted for clients");
+        assert!(matches!(core.head("/src").await, Err(EngineError::Gone)));
+    });
+    // The fork's delete committed; the crash came before the source's release.
+    let (store, snapshot) =
+        pico_engine::meta::MetaStore::open(&pico_engine::meta::MetaUrl::parse(db.url()).unwrap())
+            .unwrap();
+    let fork_id = snapshot
+        .streams
+        .iter()
+        .find(|row| row.name == "/fork")
+        .map(|row| row.id)
+        .expect("the fork's row");
+    assert_eq!(wait(store.delete_stream(fork_id)), Ok(true));
+    // The crashed incarnation's lease, let go as its expiry would (without the wait).
+    wait(store.release_lease(NODE, first_epoch)).expect("lease released");
+    store.shutdown();
+
+    let found = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let out = found.clone();
+    crash_after(&db, dir.path(), first_epoch + 1, move |core| async move {
+        let head = core.head("/src").await.map(|info| info.next_offset);
+        let created = core.create("/src", create()).await.map(|c| c.created);
+        *out.lock().unwrap() = Some((head, created));
+    });
+    let (head, created) = found
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the second incarnation ran");
+    assert!(
+        matches!(head, Err(EngineError::NotFound)),
+        "the source went with its last fork: {head:?}"
+    );
+    assert_eq!(created, Ok(true), "its name is free again");
+}
