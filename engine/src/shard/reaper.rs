@@ -191,11 +191,11 @@ impl Shard {
         loop {
             glommio::timer::sleep(Duration::from_millis(limits::REAPER_INTERVAL_MS)).await;
             let now_ms = self.clock.now_ms();
-            let (expired, next) = self
+            let (reapable, next) = self
                 .streams
-                .scan(|streams| expired_round(streams, after.as_deref(), now_ms));
+                .scan(|streams| reapable_round(streams, after.as_deref(), now_ms));
             after = next;
-            for (name, id) in expired {
+            for (name, id) in reapable {
                 if let Err(e) = self.remove_stream(&name, id).await {
                     log::warn!(
                         "core {}: could not reap expired or deleted stream {name}: {e}",
@@ -207,17 +207,17 @@ impl Shard {
     }
 }
 
-/// An expired stream to reap: its name and id.
-pub(super) type ExpiredStream = (Rc<str>, u64);
+/// A stream to reap (expired, or deleted with no fork left): its name and id.
+pub(super) type ReapableStream = (Rc<str>, u64);
 
 /// One reaper round: the expired or deleted streams no fork reads among the next
 /// `REAPER_SCAN_STREAMS_PER_ROUND` after `after` (at most `REAPER_STREAMS_PER_ROUND` of them),
 /// and the name to resume after (`None`: the round reached the last stream).
-pub(super) fn expired_round(
+pub(super) fn reapable_round(
     streams: &BTreeMap<Rc<str>, Stream>,
     after: Option<&str>,
     now_ms: i64,
-) -> (Vec<ExpiredStream>, Option<Rc<str>>) {
+) -> (Vec<ReapableStream>, Option<Rc<str>>) {
     scan_round(
         streams,
         after,

@@ -821,7 +821,7 @@ fn content_types_are_shared_up_to_a_bound() {
 fn the_reaper_looks_at_a_bounded_number_of_streams_per_round_and_at_all_of_them_over_rounds() {
     use std::collections::BTreeMap;
 
-    use super::reaper::expired_round;
+    use super::reaper::reapable_round;
     use crate::limits::REAPER_SCAN_STREAMS_PER_ROUND;
 
     let count = REAPER_SCAN_STREAMS_PER_ROUND * 5 / 2;
@@ -848,7 +848,7 @@ fn the_reaper_looks_at_a_bounded_number_of_streams_per_round_and_at_all_of_them_
     let mut rounds = 0;
     loop {
         rounds += 1;
-        let (expired, next) = expired_round(&streams, after.as_deref(), NOW_MS);
+        let (expired, next) = reapable_round(&streams, after.as_deref(), NOW_MS);
         reaped.extend(expired.into_iter().map(|(_, id)| id));
         match next {
             Some(name) => after = Some(name),
