@@ -11,8 +11,9 @@
 //! sequence number until it gets an answer) and a plain Durable Streams writer. Readers: a
 //! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream. A
 //! lifecycle client creates names of its own, appends to them, closes, deletes, creates
-//! again and trims them, one operation at a time (`pico_testkit::lifecycle::plan`); at the
-//! end each name must be in a state its acknowledged operations lead to.
+//! again, trims and forks them, one operation at a time (`pico_testkit::lifecycle::plan`); at
+//! the end each name must be in a state its acknowledged operations lead to (controls, which
+//! lose records by design, check only appends).
 //!
 //! Three profiles: a node on SQLite and `file://` with its WAL on a tmpfs (kills, pauses, a
 //! full disk); a node on a Postgres and a Garage of the test's own, with object durability

@@ -21,8 +21,8 @@
 //! object write and its rename, a catalog commit, a trim or a delete. On the retained stream
 //! the rules hold from its start after the reboot: what retention took is not a loss, but a
 //! trim that a cut takes back must bring back every record it had trimmed, intact. A lifecycle
-//! client creates names of its own, appends to them, closes, deletes, creates again and trims
-//! them, one operation at a time; after each reboot every name so far must be in a state its
+//! client creates names of its own, appends to them, closes, deletes, creates again, trims and
+//! forks them, one operation at a time; after each reboot every name so far must be in a state its
 //! acknowledged operations lead to (`pico_testkit::lifecycle`), and in the same state as after
 //! the first reboot that followed them. Every third
 //! cycle, the boot after the cut is cut too, 0-2.5 s after `pico serve` started: in its
@@ -108,7 +108,7 @@ const CLIENTS: [Role; 10] = [
     Role::Lifecycle,
 ];
 
-/// The lifecycle client's pause between two names, so that the names checked after each
+/// The lifecycle client's pause between two plans, so that the names checked after each
 /// reboot (every name so far, each a `HEAD` and a read) stay a few hundred.
 const LIFE_PAUSE: Duration = Duration::from_millis(25);
 

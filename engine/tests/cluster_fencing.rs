@@ -680,8 +680,7 @@ fn wait<T>(reply: pico_engine::meta::Reply<T>) -> Result<T, pico_engine::meta::M
 /// A cluster node that crashed after a fork's delete committed and before its deleted source
 /// was released finds the source without forks when it comes back (a node taking the family
 /// over finds the same, through its hand-off): it removes the source before serving it, so
-/// its name is free as the fork's acknowledged delete promised. Before, the source answered
-/// `410` for good.
+/// its name is free as the fork's acknowledged delete promised.
 #[ignore = "needs Postgres: PICOMQ_PG_URL (scripts/pg-up.sh)"]
 #[test]
 fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_on_the_next_incarnation() {

@@ -174,16 +174,39 @@ fn a_deleted_source_is_gone_once_its_last_fork_delete_is_answered() {
     }
 }
 
+/// The catalog of the test engine in `path`, as the next start reads it.
+fn catalog(path: &std::path::Path) -> pico_engine::meta::Snapshot {
+    let url = pico_engine::meta::MetaUrl::SqliteFile(path.join("meta.db"));
+    let (store, snapshot) = pico_engine::meta::MetaStore::open(&url).unwrap();
+    store.shutdown();
+    snapshot
+}
+
+/// Deletes the catalog rows of the forks `names` as their deletes commit them, without the
+/// release of their sources that follows: what a crash between the two leaves.
+fn commit_fork_deletes_without_release(path: &std::path::Path, names: &[&str]) {
+    let url = pico_engine::meta::MetaUrl::SqliteFile(path.join("meta.db"));
+    let (store, snapshot) = pico_engine::meta::MetaStore::open(&url).unwrap();
+    let ids: Vec<u64> = snapshot
+        .streams
+        .iter()
+        .filter(|row| names.contains(&row.name.as_str()))
+        .map(|row| row.id)
+        .collect();
+    assert_eq!(ids.len(), names.len(), "a row for each of {names:?}");
+    for id in ids {
+        let deleted = futures_lite::future::block_on(store.delete_stream(id)).expect("answered");
+        assert_eq!(deleted, Ok(true));
+    }
+    store.shutdown();
+}
+
 /// A crash between a fork's delete and its source's release (the fork's row gone from the
 /// catalog, its deleted source still waiting for it there: the release is made after the
 /// fork's delete commits) leaves nothing of the source at the next start: its name is free,
-/// as the fork's acknowledged delete promised, and its records are no one's. Before, the
-/// source stayed `Gone` for good: no fork was left to release it, and its name could never be
-/// created again.
+/// as the fork's acknowledged delete promised, and its records are no one's.
 #[test]
 fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_after_the_restart() {
-    use pico_engine::meta::{MetaStore, MetaUrl};
-
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let config = || common::config(&path, 2);
@@ -204,26 +227,8 @@ fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_after_the
             assert!(matches!(core.head(source).await, Err(EngineError::Gone)));
         }
     });
-    // The forks' deletes committed, and the crash came before their sources were released.
-    let url = MetaUrl::SqliteFile(path.join("meta.db"));
-    let (store, snapshot) = MetaStore::open(&url).unwrap();
-    let fork_ids: Vec<u64> = snapshot
-        .streams
-        .iter()
-        .filter(|row| forks.contains(&row.name))
-        .map(|row| row.id)
-        .collect();
-    assert_eq!(fork_ids.len(), forks.len());
-    common::executor()
-        .spawn(move || async move {
-            for id in fork_ids {
-                assert_eq!(store.delete_stream(id).await.unwrap(), Ok(true));
-            }
-            store.shutdown();
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    let fork_names: Vec<&str> = forks.iter().map(String::as_str).collect();
+    commit_fork_deletes_without_release(&path, &fork_names);
 
     let (s, f) = (sources.clone(), forks.clone());
     let after = run_returning(config(), &path, move |core, _| async move {
@@ -251,12 +256,7 @@ fn a_deleted_source_whose_last_fork_was_deleted_before_a_crash_is_gone_after_the
         assert_eq!(created, Ok(true), "{source}'s name is free again");
     }
     // The sources are gone from the catalog too.
-    assert_no_deleted_streams(&url);
-}
-
-fn assert_no_deleted_streams(url: &pico_engine::meta::MetaUrl) {
-    let (store, snapshot) = pico_engine::meta::MetaStore::open(url).unwrap();
-    store.shutdown();
+    let snapshot = catalog(&path);
     let left: Vec<&str> = snapshot
         .streams
         .iter()
@@ -275,8 +275,6 @@ fn assert_no_deleted_streams(url: &pico_engine::meta::MetaUrl) {
 /// removes the source; and a source another fork still reads stays, readable through it.
 #[test]
 fn a_chain_of_deleted_forks_goes_after_a_crash_and_a_source_still_read_stays() {
-    use pico_engine::meta::{MetaStore, MetaUrl};
-
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let config = || common::config(&path, 2);
@@ -310,25 +308,7 @@ fn a_chain_of_deleted_forks_goes_after_a_crash_and_a_source_still_read_stays() {
             core.delete(name).await.unwrap();
         }
     });
-    let url = MetaUrl::SqliteFile(path.join("meta.db"));
-    let (store, snapshot) = MetaStore::open(&url).unwrap();
-    let crashed: Vec<u64> = snapshot
-        .streams
-        .iter()
-        .filter(|row| row.name == "/chain-2" || row.name == "/kept-1")
-        .map(|row| row.id)
-        .collect();
-    assert_eq!(crashed.len(), 2);
-    common::executor()
-        .spawn(move || async move {
-            for id in crashed {
-                assert_eq!(store.delete_stream(id).await.unwrap(), Ok(true));
-            }
-            store.shutdown();
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    commit_fork_deletes_without_release(&path, &["/chain-2", "/kept-1"]);
 
     let (middle, source, kept, kept_fork) =
         run_returning(config(), &path, move |core, _| async move {

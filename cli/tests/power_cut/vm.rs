@@ -500,10 +500,9 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// Two distinct ports of 127.0.0.1 that were free a moment ago.
+/// Three distinct ports of 127.0.0.1 that were free a moment ago.
 fn free_ports() -> [SocketAddr; 3] {
     let bind = || TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1");
-    // All bound at once, so that they differ.
     let sockets = [bind(), bind(), bind()];
     sockets.map(|socket| socket.local_addr().unwrap())
 }
