@@ -12,8 +12,12 @@
 //! Pico long-poll reader and a Durable Streams long-poll reader, each tailing its stream. A
 //! lifecycle client creates names of its own, appends to them, closes, deletes, creates
 //! again, trims and forks them, one operation at a time (`pico_testkit::lifecycle::plan`); at
-//! the end each name must be in a state its acknowledged operations lead to (controls, which
-//! lose records by design, check only appends).
+//! the end each name must be in a state its acknowledged operations lead to. A consumer client
+//! follows the Pico stream as a named consumer, acknowledging each page it read, acquiring the
+//! consumer again every few rounds and probing the fencing with the token it held before; at
+//! the end the consumer must hold every acknowledged acquire and ack, nothing never sent, and
+//! no offset past the stream (`pico_testkit::consumer`). Controls, which lose records by
+//! design, check only appends.
 //!
 //! Three profiles: a node on SQLite and `file://` with its WAL on a tmpfs (kills, pauses, a
 //! full disk); a node on a Postgres and a Garage of the test's own, with object durability
@@ -49,6 +53,7 @@ use std::time::{Duration, Instant};
 use common::disk::{Filler, Tmpfs};
 use common::services::{storage, PrivatePostgres};
 use common::{decode_binary_read, split_url, Conn, Place, Resp, Server};
+use pico_testkit::consumer::{self, Driver};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
 use pico_testkit::lifecycle::{self, Protocol, State, Step, World};
@@ -377,6 +382,81 @@ fn life_client(shared: Arc<Shared>, lives: Lives, answers: Answers) {
         );
         lives.lock().unwrap().push(steps);
         std::thread::sleep(LIFE_PAUSE);
+    }
+}
+
+/// The named consumer of the Pico stream, and its holder's lease: longer than any fault, so
+/// that a token held before one still holds the consumer after it.
+const CONSUMER: &str = "/h/consumer";
+const CONSUMER_LEASE_MS: u64 = 120_000;
+
+/// Follows the Pico stream as the named consumer [`CONSUMER`] (`pico_testkit::consumer`):
+/// reads a page from where it got to, then takes one round of the driver (acknowledging the
+/// page's last record, acquiring again every few rounds and probing the fencing with the
+/// token it held before). The driver, with every step it took.
+fn consumer_client(shared: Arc<Shared>, log: Log, answers: Answers) -> Driver {
+    let mut driver = Driver::new(CONSUMER, PICO_STREAM, CONSUMER_LEASE_MS);
+    let mut client = Client::new(&shared, false);
+    let mut next = 0u64;
+    for _ in 0..OPS_PER_CLIENT_MAX {
+        if shared.stopped() {
+            break;
+        }
+        let path = format!("{PICO_STREAM}?seq={next}&format=binary&bytes=65536");
+        let invoked_ms = shared.now_ms();
+        if let Some(response) = client.request("GET", &path, &[], b"") {
+            if response.status == 200 {
+                let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
+                    .into_iter()
+                    .map(|r| (r.seq, r.body))
+                    .collect();
+                let from = next;
+                next = response.h_u64("pico-next-seq").max(next);
+                log.lock().unwrap().reads.push(Read {
+                    reader: "consumer".into(),
+                    from,
+                    records,
+                    invoked_ms,
+                    completed_ms: shared.now_ms(),
+                });
+            }
+        }
+        driver.round(next as i64 - 1, |method, target, headers, body| {
+            let response = client.request(method, target, headers, body);
+            let acked = response
+                .as_ref()
+                .is_some_and(|r| (200..300).contains(&r.status));
+            // 201: registered; 409: the fencing probe's stale token, refused as it must be.
+            answers.tally_expecting(response.as_ref(), acked, &[201, 409]);
+            response.map(|r| consumer::Reply {
+                status: r.status,
+                body: r.body,
+            })
+        });
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    driver
+}
+
+/// The consumer as the nodes serve it now (`None`: there is none).
+fn observe_consumer(
+    shared: &Arc<Shared>,
+    driver: &Driver,
+) -> Result<Option<consumer::Found>, String> {
+    let mut client = Client::new(shared, false);
+    let deadline = Instant::now() + CLUSTER_BOUND;
+    loop {
+        let reply = client.request("GET", &driver.target(), &[], b"");
+        match reply {
+            Some(r) if r.status != 503 || Instant::now() > deadline => {
+                return driver.found(Some(consumer::Reply {
+                    status: r.status,
+                    body: r.body,
+                }))
+            }
+            None if Instant::now() > deadline => return driver.found(None),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
     }
 }
 
@@ -994,6 +1074,10 @@ fn run_fault_test(
     clients.push(std::thread::spawn(move || {
         life_client(life_shared, life_log, life_answers)
     }));
+    let (consumer_shared, log, consumer_answers) =
+        (shared.clone(), pico_log.clone(), answers.clone());
+    let consumer =
+        std::thread::spawn(move || consumer_client(consumer_shared, log, consumer_answers));
 
     // The nemesis. Pauses short of a cluster's lease stay short of its 3/4 (the node's own
     // view of it), so only PausePastLease makes the others take over.
@@ -1175,6 +1259,7 @@ fn run_fault_test(
     for client in clients {
         client.join().expect("a client thread");
     }
+    let driver = consumer.join().expect("the consumer client's thread");
     // A lost COMMIT still armed would hit the final restarts' and read's commits.
     if let Some(proxy) = &services.pg_proxy {
         proxy.heal();
@@ -1203,8 +1288,12 @@ fn run_fault_test(
     let logs = || node_logs(&nodes);
     let mut violations = Vec::new();
     let mut report = Vec::new();
+    let mut pico_tail = 0;
     for (name, log) in [(PICO_STREAM, &pico_log), (DS_STREAM, &ds_log)] {
         let last = read_stream(&shared, name, 0).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+        if name == PICO_STREAM {
+            pico_tail = last.last().map_or(0, |&(seq, _)| seq + 1);
+        }
         let history = log.lock().unwrap();
         let acked = history
             .appends
@@ -1253,6 +1342,37 @@ fn run_fault_test(
         acknowledged(|op| *op == lifecycle::Op::Close),
         acknowledged(|op| matches!(op, lifecycle::Op::Trim(_))),
     ));
+    // A control's lost records may leave the consumer's committed offset past the stream.
+    let found = observe_consumer(&shared, &driver).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let consumer_violations = match expect {
+        Expect::Kept => consumer::check(&driver.steps, found, pico_tail),
+        Expect::Lost => Vec::new(),
+    };
+    let told = |acquire: bool| {
+        driver
+            .steps
+            .iter()
+            .filter(|s| match s {
+                consumer::Step::Acquire { told, .. } => acquire && *told == consumer::Told::Done,
+                consumer::Step::Ack { told, .. } => !acquire && *told == consumer::Told::Done,
+                _ => false,
+            })
+            .count()
+    };
+    report.push(format!(
+        "the consumer: {} steps ({} acquires, {} acks acknowledged), found {found:?}, {} \
+         violations",
+        driver.steps.len(),
+        told(true),
+        told(false),
+        consumer_violations.len()
+    ));
+    violations.extend(consumer_violations.into_iter().map(|message| {
+        pico_testkit::history::Violation {
+            rule: 8,
+            message: format!("{CONSUMER}: {message}"),
+        }
+    }));
     let takeovers = logs().matches("stopped renewing its lease").count();
     let proxy = services.pg_proxy.as_ref().map_or(String::new(), |proxy| {
         format!(

@@ -24,7 +24,11 @@
 //! client creates names of its own, appends to them, closes, deletes, creates again, trims and
 //! forks them, one operation at a time; after each reboot every name so far must be in a state its
 //! acknowledged operations lead to (`pico_testkit::lifecycle`), and in the same state as after
-//! the first reboot that followed them. Every third
+//! the first reboot that followed them. A consumer client follows the first stream as a named
+//! consumer: it reads a page, acknowledges its last record, acquires the consumer again every
+//! few rounds and sends one ack with the token it held before, which must be refused; after
+//! each reboot the consumer must hold every acknowledged acquire and ack, nothing never sent,
+//! what it served before, and no offset past the stream (`pico_testkit::consumer`). Every third
 //! cycle, the boot after the cut is cut too, 0-2.5 s after `pico serve` started: in its
 //! recovery (WAL replay, uploads of sealed segments, catalog commits) or just after it.
 //!
@@ -32,7 +36,8 @@
 //! `file://`, each for `POWER_CUT_CYCLES` cycles (default 3; the long run is
 //! `POWER_CUT_CYCLES=200`). Two controls must see a loss, or the test fails: a disk that
 //! ignores flushes (which must lose acknowledged lifecycle operations too), and `--durability
-//! memory` (acknowledged before any `fdatasync`). Each
+//! memory` (acknowledged before any `fdatasync`); the first must also lose what the consumer
+//! client was told. Each
 //! control stops at its first cycle with a loss. `POWER_CUT_SEED` replays a schedule of cut
 //! times (thread timing still varies).
 //!
@@ -53,6 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{decode_binary_read, Conn, Resp, XorShift};
+use pico_testkit::consumer::{self, Driver};
 use pico_testkit::history::{check, Append, History, Outcome, Read, Violation};
 use pico_testkit::lifecycle::{self, Protocol, State, Step, World};
 use vm::{DiskCache, Kit, Machine, Node};
@@ -80,6 +86,10 @@ enum Role {
     /// and forks them (`/power/life-<n>`, `pico_testkit::lifecycle::plan`), one operation at a
     /// time.
     Lifecycle,
+    /// Follows the stream as the named consumer [`CONSUMER`]: reads a page, acknowledges its
+    /// last record, acquires the consumer again every few rounds and probes the fencing with
+    /// the token it held before (`pico_testkit::consumer::Driver`).
+    Consumer(usize),
 }
 
 impl Role {
@@ -90,12 +100,13 @@ impl Role {
             Role::Producer(_) => "producer",
             Role::Reader(_) => "reader",
             Role::Lifecycle => "lifecycle",
+            Role::Consumer(_) => "consumer",
         };
         format!("{role}-{id}")
     }
 }
 
-const CLIENTS: [Role; 10] = [
+const CLIENTS: [Role; 11] = [
     Role::Writer(0),
     Role::Writer(0),
     Role::Writer(0),
@@ -106,7 +117,13 @@ const CLIENTS: [Role; 10] = [
     Role::Reader(1),
     Role::Reader(2),
     Role::Lifecycle,
+    Role::Consumer(0),
 ];
+
+/// The named consumer of the first stream, and its holder's lease: longer than a reboot, so
+/// that the token held before a cut still holds the consumer after it.
+const CONSUMER: &str = "/power/consumer";
+const CONSUMER_LEASE_MS: u64 = 120_000;
 
 /// The lifecycle client's pause between two plans, so that the names checked after each
 /// reboot (every name so far, each a `HEAD` and a read) stay a few hundred.
@@ -252,21 +269,25 @@ fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
     let mut run = Run::start(&kit, name, flags, cache);
     // A loss the checker reports: an acknowledged append missing (rule 1). A disk that ignores
     // flushes also loses what the lifecycle client was told was done (rule 7): the creates,
-    // closes and deletes of the catalog.
-    let lifecycle_loss_expected = cache == DiskCache::IgnoresFlushes;
+    // closes and deletes of the catalog; and what the consumer client was (rule 8).
+    let catalog_loss_expected = cache == DiskCache::IgnoresFlushes;
     let mut seen = None;
     let mut lifecycle_loss = None;
-    while (seen.is_none() || (lifecycle_loss_expected && lifecycle_loss.is_none()))
+    let mut consumer_loss = None;
+    while (seen.is_none()
+        || (catalog_loss_expected && (lifecycle_loss.is_none() || consumer_loss.is_none())))
         && run.cycles < CONTROL_CYCLES_MAX
     {
         let verdict = run.cycle();
-        if lifecycle_loss.is_none() {
-            lifecycle_loss = verdict
+        let example = |rule: u8| {
+            verdict
                 .violations
                 .iter()
-                .find(|v| v.rule == 7)
-                .map(|v| v.message[..v.message.len().min(160)].to_string());
-        }
+                .find(|v| v.rule == rule)
+                .map(|v| v.message[..v.message.len().min(160)].to_string())
+        };
+        lifecycle_loss = lifecycle_loss.or_else(|| example(7));
+        consumer_loss = consumer_loss.or_else(|| example(8));
         eprintln!(
             "power cut [{name}] control, cycle {}: {} of {} acknowledged appends lost, {} violations",
             run.cycles,
@@ -279,7 +300,7 @@ fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
         }
     }
     run.report(" (control)");
-    if lifecycle_loss_expected {
+    if catalog_loss_expected {
         let Some(example) = lifecycle_loss else {
             panic!(
                 "[{name}] the control lost no create, close or delete in {} cycles: the test \
@@ -288,6 +309,14 @@ fn run_control_case(test: &str, name: &str, flags: &[&str], cache: DiskCache) {
             );
         };
         eprintln!("power cut [{name}] control: the lifecycle check saw the loss, e.g. {example}");
+        let Some(example) = consumer_loss else {
+            panic!(
+                "[{name}] the control lost no consumer registration, acquire or ack in {} \
+                 cycles: the test cannot see such a loss (POWER_CUT_SEED={})",
+                run.cycles, run.seed
+            );
+        };
+        eprintln!("power cut [{name}] control: the consumer check saw the loss, e.g. {example}");
     }
     let Some(verdict) = seen else {
         panic!(
@@ -327,6 +356,9 @@ struct Run {
     starts: Vec<u64>,
     /// Every name the lifecycle client worked on, across cycles.
     lives: Vec<Life>,
+    /// The consumer client's driver, with every step it took across cycles (in the client's
+    /// thread while a cycle runs).
+    consumer: Option<Driver>,
 }
 
 /// What a check after a reboot found, over every stream.
@@ -382,6 +414,7 @@ impl Run {
             answers: BTreeMap::new(),
             starts: vec![0; STREAMS.len()],
             lives: Vec::new(),
+            consumer: Some(Driver::new(CONSUMER, STREAMS[0].0, CONSUMER_LEASE_MS)),
         }
     }
 
@@ -392,6 +425,7 @@ impl Run {
         let write_ms = self.schedule.range(WRITE_MS.0, WRITE_MS.1);
         let cycle_began_ms = self.started.elapsed().as_millis() as u64;
         let stop = Arc::new(AtomicBool::new(false));
+        let mut driver = self.consumer.take();
         let clients: Vec<_> = CLIENTS
             .iter()
             .zip(&self.positions)
@@ -399,6 +433,9 @@ impl Run {
             .map(|(id, (&role, &position))| {
                 let (stop, addr, started) = (stop.clone(), self.node.pico, self.started);
                 let ds = self.node.ds;
+                let mut driver = matches!(role, Role::Consumer(_))
+                    .then(|| driver.take())
+                    .flatten();
                 std::thread::spawn(move || {
                     let mut client = ClientRun {
                         client: Client::new(addr),
@@ -414,8 +451,13 @@ impl Run {
                         Role::Producer(stream) => client.producer(STREAMS[stream].0, position),
                         Role::Reader(stream) => client.reader(STREAMS[stream].0, position),
                         Role::Lifecycle => client.lifecycle(ds, position),
+                        Role::Consumer(stream) => client.consumer(
+                            STREAMS[stream].0,
+                            position,
+                            driver.as_mut().expect("the consumer's driver"),
+                        ),
                     };
-                    (position, client.history, client.tally, client.lives)
+                    (position, client.history, client.tally, client.lives, driver)
                 })
             })
             .collect();
@@ -428,8 +470,11 @@ impl Run {
         // When the first append of the cycle was acknowledged, from the clients' start.
         let mut first_ack_ms = None::<u64>;
         for (id, client) in clients.into_iter().enumerate() {
-            let (position, history, tally, lives) = client.join().expect("a client thread");
+            let (position, history, tally, lives, driver) = client.join().expect("a client thread");
             self.positions[id] = position;
+            if driver.is_some() {
+                self.consumer = driver;
+            }
             for steps in lives {
                 self.lives.push(Life { steps, found: None });
             }
@@ -439,7 +484,7 @@ impl Run {
             }
             surprises.extend(tally.surprises);
             let stream = match CLIENTS[id] {
-                Role::Writer(s) | Role::Producer(s) | Role::Reader(s) => s,
+                Role::Writer(s) | Role::Producer(s) | Role::Reader(s) | Role::Consumer(s) => s,
                 Role::Lifecycle => continue,
             };
             let first = history
@@ -469,6 +514,8 @@ impl Run {
         self.boot_times.push(began.elapsed());
         let mut violations = Vec::new();
         let (mut acked, mut lost) = (0, 0);
+        // Each stream's next offset as read now.
+        let mut tails = vec![0; STREAMS.len()];
         for (i, (stream, retained)) in STREAMS.iter().enumerate() {
             let last = read_stream(self.node.pico, stream).unwrap_or_else(|e| {
                 panic!(
@@ -479,6 +526,7 @@ impl Run {
                 )
             });
             self.starts[i] = last.first().map_or(0, |&(start, _)| start);
+            tails[i] = last.last().map_or(self.starts[i], |&(seq, _)| seq + 1);
             let history = match (retained, last.first()) {
                 // What retention took is not a loss: the rules hold from the start.
                 (Some(_), Some(&(start, _))) => from_start(&self.histories[i], start),
@@ -495,12 +543,14 @@ impl Run {
         let lives = self.check_lives();
         let (lives_checked, lives_violations) = (self.lives.len(), lives.len());
         violations.extend(lives);
+        let (consumer_found, consumer_violations) = self.check_consumer(tails[0]);
+        violations.extend(consumer_violations);
         eprintln!(
             "power cut [{}] cycle {}: wrote {write_ms} ms (answers {answers:?}, the \
              first append acknowledged after {} ms), \
              {}rebooted in {:.1} s; {acked} acknowledged so far, {lost} lost, {} violations \
              ({lives_violations} of them in the {lives_checked} plans of the lifecycle client); \
-             streams start at {:?}",
+             streams start at {:?}; the consumer: {consumer_found}",
             self.name,
             self.cycles,
             first_ack_ms.map_or("-".to_string(), |ms| ms.to_string()),
@@ -515,6 +565,69 @@ impl Run {
             lost,
             surprises,
         }
+    }
+
+    /// Holds the consumer client's steps so far against what the node serves for its consumer
+    /// now and the stream's next offset `tail`, then keeps what it served (it must stay):
+    /// what was found, for the report, and the violations.
+    fn check_consumer(&mut self, tail: u64) -> (String, Vec<Violation>) {
+        let driver = self
+            .consumer
+            .as_mut()
+            .expect("the consumer's driver is back");
+        let mut client = Client::new(self.node.pico);
+        let deadline = Instant::now() + READ_BOUND;
+        let reply = loop {
+            let reply = client.request("GET", &driver.target(), &[], b"");
+            match &reply {
+                Some(r) if r.status != 503 => break reply,
+                _ if Instant::now() > deadline => break reply,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        let reply = reply.map(|r| consumer::Reply {
+            status: r.status,
+            body: r.body,
+        });
+        let found = driver.found(reply).unwrap_or_else(|e| {
+            panic!(
+                "[{}] cycle {}: {e}\n--- console ---\n{}",
+                self.name,
+                self.cycles,
+                self.machine.console()
+            )
+        });
+        let violations = consumer::check(&driver.steps, found, tail)
+            .into_iter()
+            .map(|message| Violation {
+                rule: 8,
+                message: format!("{CONSUMER}: {message}"),
+            })
+            .collect();
+        let acks = driver
+            .steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    consumer::Step::Ack {
+                        told: consumer::Told::Done,
+                        ..
+                    }
+                )
+            })
+            .count();
+        let report = match found {
+            Some(found) => {
+                driver.steps.push(consumer::Step::Seen(found));
+                format!(
+                    "epoch {}, offset {} ({acks} acks acknowledged so far)",
+                    found.epoch, found.offset
+                )
+            }
+            None => "absent".to_string(),
+        };
+        (report, violations)
     }
 
     /// Holds every plan of the lifecycle client against what the node serves now: a world
@@ -819,6 +932,45 @@ impl ClientRun {
             std::thread::sleep(LIFE_PAUSE);
         }
         n
+    }
+
+    /// Reads the stream from `next` a page at a time and, after each page, takes one round of
+    /// the consumer `driver` (acknowledging the page's last record); where it got to.
+    fn consumer(&mut self, stream: &str, mut next: u64, driver: &mut Driver) -> u64 {
+        while !self.stopped() {
+            let target = format!("{stream}?seq={next}&format=binary&bytes=65536");
+            let invoked_ms = self.now_ms();
+            if let Some(response) = self.client.request("GET", &target, &[], b"") {
+                if response.status == 200 {
+                    let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
+                        .into_iter()
+                        .map(|r| (r.seq, r.body))
+                        .collect();
+                    let from = next;
+                    next = response.h_u64("pico-next-seq").max(next);
+                    self.history.reads.push(Read {
+                        reader: self.name.clone(),
+                        from,
+                        records,
+                        invoked_ms,
+                        completed_ms: self.now_ms(),
+                    });
+                }
+            }
+            let processed = next as i64 - 1;
+            let (client, tally, name) = (&mut self.client, &mut self.tally, &self.name);
+            driver.round(processed, |method, target, headers, body| {
+                let response = client.request(method, target, headers, body);
+                // 409: the fencing probe's stale token, refused as it must be.
+                tally.count(name, response.as_ref(), &[200, 201, 409]);
+                response.map(|r| consumer::Reply {
+                    status: r.status,
+                    body: r.body,
+                })
+            });
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        next
     }
 
     /// Tails the stream with long-polls from `next`; where it got to. Below a trimmed

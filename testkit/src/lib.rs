@@ -9,7 +9,8 @@
 //! `CI=true`: a CI run can never pass without the services it is meant to test against.
 //!
 //! The modules: [`garage`] (a Garage of a test's own, to kill and restart), [`history`] (the
-//! fault test's history checker), [`lifecycle`] (what creates, closes, deletes and trims
+//! fault test's history checker), [`consumer`] (what a named consumer's registration, acquires
+//! and acks promise across faults), [`lifecycle`] (what creates, closes, deletes and trims
 //! promise across faults), [`pg_proxy`] (a fault proxy in front of Postgres: lost
 //! COMMIT answers, held answers, delayed statements, cut and refused connections), [`netns`] (a
 //! network of namespaces whose links a test cuts and heals).
@@ -150,6 +151,7 @@ mod tests {
         std::env::remove_var("CI");
     }
 }
+pub mod consumer;
 pub mod garage;
 pub mod history;
 pub mod lifecycle;
