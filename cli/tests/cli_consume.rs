@@ -331,6 +331,26 @@ fn a_consumer_goes_on_from_the_first_readable_record_after_a_trim() {
     assert!(!String::from_utf8_lossy(&second.stderr).contains("trimmed"));
 }
 
+/// A stream deleted and created again is another stream: its consumer starts it from its
+/// first record, not where it stood in the old one (which left it waiting for records past the
+/// new stream's tail, and skipping the new stream's first ones once it got there).
+#[test]
+fn a_consumer_reads_a_stream_created_again_from_its_beginning() {
+    let server = Server::start(&[]);
+    server.put("/inbox", "text/plain").expect(201);
+    append(&server, "/inbox", 0..6);
+    let args = ["consume", "--consumer", "/mail", "--count", "6", "/inbox"];
+    assert_eq!(lines(&pico(&server, &args)).len(), 6);
+    server.delete("/inbox").expect(204);
+    server.put("/inbox", "text/plain").expect(201);
+    append(&server, "/inbox", 100..102);
+    let args = ["consume", "--consumer", "/mail", "--count", "2", "/inbox"];
+    assert_eq!(lines(&pico(&server, &args)), ["0\tr100", "1\tr101"]);
+    append(&server, "/inbox", 102..103);
+    let args = ["consume", "--consumer", "/mail", "--count", "1", "/inbox"];
+    assert_eq!(lines(&pico(&server, &args)), ["2\tr102"]);
+}
+
 /// A consumer stopped by a signal (Ctrl-C, `kill`, a service manager's stop) releases before
 /// it exits with the shell's status for the signal: its streams are free at once, not after
 /// the lease.

@@ -247,6 +247,76 @@ fn a_single_reader_consumer_resumes_after_kill_9() {
     .expect(200);
 }
 
+/// What a consumer counted in a stream belongs to that stream: once it is deleted and a stream
+/// by its name created again, the consumer has processed nothing of the new one, in its view,
+/// its acks, the operators' report and across a restart.
+#[test]
+fn a_consumer_begins_anew_in_a_stream_deleted_and_created_again() {
+    let mut server = Server::start(&[]);
+    stream_with(&server, "/feed", 5);
+    stream_with(&server, "/other", 5);
+    let q = "consumer=/feed/reader";
+    call(
+        &server,
+        "PUT",
+        q,
+        None,
+        Some(json!({"streams": ["/feed", "/other"], "lease_ttl_ms": 600000})),
+    )
+    .expect(201);
+    let acquired = call(&server, "POST", &format!("{q}&action=acquire"), None, None);
+    acquired.expect(200);
+    let token = acquired.json()["token"].as_str().unwrap().to_string();
+    let offsets = json!([{"stream": "/feed", "offset": 3}, {"stream": "/other", "offset": 2}]);
+    ack(&server, q, Some(&token), offsets).expect(200);
+
+    server.delete("/feed").expect(204);
+    // Deleted: where it stood stays shown, and nothing can be acknowledged past -1.
+    let view = call(&server, "GET", q, None, None).json();
+    assert_eq!(view["streams"][0]["offset"], 3, "{view}");
+    let past = ack(
+        &server,
+        q,
+        Some(&token),
+        json!([{"stream": "/feed", "offset": 4}]),
+    );
+    assert_eq!(past.status, 409, "{}", past.describe());
+    stream_with(&server, "/feed", 2);
+    let view = call(&server, "GET", q, None, None).json();
+    assert_eq!(view["streams"][0]["offset"], -1, "{view}");
+    assert_eq!(view["streams"][0]["next_seq"], 0, "{view}");
+    assert_eq!(
+        view["streams"][1]["offset"], 2,
+        "the other stream kept: {view}"
+    );
+    let listed = common::Conn::connect(server.admin)
+        .unwrap()
+        .request("GET", "/admin/consumers", &[], b"")
+        .unwrap();
+    listed.expect(200);
+    assert_eq!(listed.json()["consumers"][0]["streams"][0]["lag"], 2);
+    // Its first record is acknowledged in the new stream (before, "behind the committed 4").
+    ack(
+        &server,
+        q,
+        Some(&token),
+        json!([{"stream": "/feed", "offset": 0}]),
+    )
+    .expect(200);
+    server.kill();
+    server.restart();
+    let view = call(&server, "GET", q, None, None).json();
+    assert_eq!(view["streams"][0]["offset"], 0, "{view}");
+    assert_eq!(view["streams"][1]["offset"], 2, "{view}");
+    ack(
+        &server,
+        q,
+        Some(&token),
+        json!([{"stream": "/feed", "offset": 1}]),
+    )
+    .expect(200);
+}
+
 #[test]
 fn a_token_reaches_the_consumers_its_grant_covers() {
     let (server, _tokens) =

@@ -3,6 +3,8 @@
 //! and rewritten in one transaction of the metadata thread, so every change is atomic and, in
 //! a cluster, serialized by the row lock of the consumer it changes.
 
+use std::collections::BTreeMap;
+
 use crate::backend::Backend;
 use crate::MetaError;
 use crate::MetaStore;
@@ -23,15 +25,19 @@ pub enum ConsumerWrite {
 
 /// What a decision is given: the stored document (`None`: no such consumer), the clock every
 /// node of the metadata log agrees on (the database's for Postgres, this node's for SQLite),
-/// and how many consumers the scope has (counted only when there is no document, where a
-/// create needs it).
-#[derive(Debug)]
+/// how many consumers the scope has (counted only when there is no document, where a
+/// create needs it), and which incarnation of each followed stream lives now.
+#[derive(Debug, Default)]
 pub struct ConsumerRead {
     pub document: Option<String>,
     /// The consumer's wake webhook (JSON, the net crate's format), if it has one.
     pub wake: Option<String>,
     pub now_ms: i64,
     pub scope_count: u64,
+    /// The id of the live stream by each name the decision follows (a name without one: no
+    /// live stream by that name now). Ids are never reused, so a stream deleted and created
+    /// again has a new one: a position counted in the old stream means nothing in the new.
+    pub incarnations: BTreeMap<String, u64>,
 }
 
 /// One stored consumer.
@@ -51,18 +57,39 @@ pub struct ConsumerList {
 }
 
 impl MetaStore {
-    /// Reads consumer `id` of `scope`, lets `decide` say what becomes of it and what to
-    /// answer, and applies that write in the same transaction. The answer arrives once the
-    /// transaction committed (a decision whose write did not commit answers an error).
+    /// [`MetaStore::change_consumer_following`], given no stream's incarnation.
     pub fn change_consumer<T: Send + 'static>(
         &self,
         scope: String,
         id: String,
         decide: impl FnOnce(ConsumerRead) -> (ConsumerWrite, T) + Send + 'static,
     ) -> Reply<T> {
+        self.change_consumer_following(scope, id, |_| Vec::new(), decide)
+    }
+
+    /// Reads consumer `id` of `scope`, lets `decide` say what becomes of it and what to
+    /// answer, and applies that write in the same transaction. `followed` names the streams
+    /// whose live incarnations the decision is given, from the stored document (`None`:
+    /// there is none). The answer arrives once the transaction committed (a decision whose
+    /// write did not commit answers an error).
+    pub fn change_consumer_following<T: Send + 'static>(
+        &self,
+        scope: String,
+        id: String,
+        followed: impl FnOnce(Option<&str>) -> Vec<String> + Send + 'static,
+        decide: impl FnOnce(ConsumerRead) -> (ConsumerWrite, T) + Send + 'static,
+    ) -> Reply<T> {
         self.job(move |db| {
             let (document, wake) = db.consumer(&scope, &id)?.unzip();
             let wake = wake.flatten();
+            let names = followed(document.as_deref());
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let incarnations = db
+                .find_streams(&names)?
+                .into_iter()
+                .filter(|row| !row.soft_deleted)
+                .map(|row| (row.name, row.id as u64))
+                .collect();
             let now_ms = clock_ms(db)?;
             let scope_count = match document {
                 Some(_) => 0,
@@ -73,6 +100,7 @@ impl MetaStore {
                 wake: wake.clone(),
                 now_ms,
                 scope_count,
+                incarnations,
             });
             match write {
                 ConsumerWrite::Keep => {}

@@ -50,8 +50,9 @@ async fn rows(state: &AdminState) -> Result<Rows, MetaError> {
     let (mut consumers, mut document_bytes) = (0usize, 0usize);
     let (mut total, mut truncated): (u64, bool);
     let mut after: Option<(String, String)> = None;
-    // Consumers often share streams: each stream's tail is asked once per answer.
-    let mut tails: HashMap<String, Option<u64>> = HashMap::new();
+    // Consumers often share streams: each stream's tail and incarnation (stream id) are asked
+    // once per answer.
+    let mut tails: HashMap<String, Option<(u64, u64)>> = HashMap::new();
     'pages: loop {
         truncated = true;
         let (page, all) = meta
@@ -73,22 +74,34 @@ async fn rows(state: &AdminState) -> Result<Rows, MetaError> {
             consumers += 1;
             document_bytes = document_bytes.saturating_add(consumer.document.len());
             let (group, streams) = outline(&consumer.document).unwrap_or_default();
-            for StreamCursor { path, next, .. } in streams {
+            for StreamCursor {
+                path,
+                next,
+                incarnation,
+                ..
+            } in streams
+            {
                 if rows.len() >= CONSUMER_STREAMS_REPORTED_MAX {
                     break 'pages;
                 }
-                let tail = match tails.get(&path) {
-                    Some(tail) => *tail,
+                let live = match tails.get(&path) {
+                    Some(live) => *live,
                     None => {
-                        let tail = state
+                        let live = state
                             .core
                             .head(&path)
                             .await
                             .ok()
-                            .map(|info| info.next_offset);
-                        tails.insert(path.clone(), tail);
-                        tail
+                            .map(|info| (info.next_offset, info.id));
+                        tails.insert(path.clone(), live);
+                        live
                     }
+                };
+                // A cursor counted in a stream since deleted and created again has processed
+                // nothing of the new one (the next change of the consumer resets it so).
+                let next = match (live, incarnation) {
+                    (Some((_, id)), Some(counted)) if id != counted => None,
+                    _ => next,
                 };
                 rows.push(Row {
                     scope: consumer.scope.clone(),
@@ -96,7 +109,7 @@ async fn rows(state: &AdminState) -> Result<Rows, MetaError> {
                     group,
                     stream: path,
                     next_seq: next.map_or(0, |(seq, _)| seq),
-                    tail,
+                    tail: live.map(|(tail, _)| tail),
                 });
             }
         }

@@ -384,16 +384,23 @@ async fn run(
     let decided = match call {
         Call::Register(registration) => {
             let id = id.to_string();
-            meta.change_consumer(scope, key, move |read| {
-                rules::register(read, &id, &registration)
-            })
+            let streams = registration.streams.clone();
+            meta.change_consumer_following(
+                scope,
+                key,
+                move |_| streams,
+                move |read| rules::register(read, &id, &registration),
+            )
             .await
         }
-        Call::Describe => meta.change_consumer(scope, key, rules::describe).await,
+        Call::Describe => {
+            meta.change_consumer_following(scope, key, rules::followed, rules::describe)
+                .await
+        }
         Call::Delete => meta.change_consumer(scope, key, rules::delete).await,
         Call::Acquire { member } => {
             let token = Token::random()?;
-            meta.change_consumer(scope, key, move |read| {
+            meta.change_consumer_following(scope, key, rules::followed, move |read| {
                 rules::acquire(read, member.as_deref(), &token)
             })
             .await
@@ -403,18 +410,22 @@ async fn run(
                 Tails::Here(tails) => tails,
                 Tails::Moved(location) => return Ok(Reply::Moved(location)),
             };
-            meta.change_consumer(scope, key, move |read| {
+            meta.change_consumer_following(scope, key, rules::followed, move |read| {
                 rules::ack(read, &token, &offsets, &tails)
             })
             .await
         }
         Call::Release { token } => {
-            meta.change_consumer(scope, key, move |read| rules::release(read, &token))
-                .await
+            meta.change_consumer_following(scope, key, rules::followed, move |read| {
+                rules::release(read, &token)
+            })
+            .await
         }
         Call::SetWake(wake) => {
-            meta.change_consumer(scope, key, move |read| wake::set(read, wake))
-                .await
+            meta.change_consumer_following(scope, key, rules::followed, move |read| {
+                wake::set(read, wake)
+            })
+            .await
         }
     };
     let outcome = decided
@@ -436,7 +447,7 @@ fn meta_error(e: &pico_meta::MetaError) -> ConsumerError {
 /// Where the tails of the streams an ack names are known.
 enum Tails {
     /// On this node: each stream's tail (`None`: no such stream).
-    Here(Vec<Option<(u64, u64)>>),
+    Here(Vec<Option<rules::Tail>>),
     /// Another node owns one of them, at this location: it answers the ack, knowing the tail.
     Moved(String),
 }
@@ -455,7 +466,10 @@ async fn tails(
             continue;
         }
         match core.head(path).await {
-            Ok(info) => tails.push(Some((info.next_offset, 0))),
+            Ok(info) => tails.push(Some(rules::Tail {
+                at: (info.next_offset, 0),
+                incarnation: info.id,
+            })),
             Err(EngineError::NotFound | EngineError::Gone) => tails.push(None),
             Err(EngineError::Moved {
                 address,

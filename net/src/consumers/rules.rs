@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! {"format": 1,
-//!  "streams": [{"path": "/s/a", "next": [seq, bytes] | null}, ...],   registration order
+//!  "streams": [{"path": "/s/a", "next": [seq, bytes] | null,         registration order
+//!               "incarnation": 42}, ...],     the stream `next` counts in; absent: not known
 //!  "lease_ttl_ms": 30000,
 //!  "epoch": 3,                       +1 on every acquire; never goes down
 //!  "holder": {"token_sha256": "<64 hex>", "lease_expires_ms": 1764...} | null,
@@ -14,9 +15,14 @@
 //! ```
 //!
 //! `next` is the position after the last processed byte (`null`: nothing processed, shown as
-//! the offset `-1`); it only moves forward and never past the stream's tail. The consumer is
+//! the offset `-1`); it only moves forward and never past the stream's tail. `incarnation` is
+//! the id of the stream it was counted in (ids are never reused): when the stream by that
+//! name is deleted and created again, the cursor begins anew in the new one, as a reader that
+//! never read it. The consumer is
 //! `READING` while it has a holder whose lease runs (judged by the metadata log's clock, the
 //! database's in a cluster), `REGISTERED` otherwise: a lapsed lease needs no timer to end.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -63,6 +69,10 @@ pub struct StreamCursor {
     pub path: String,
     /// `[seq, bytes]` after the last processed byte; `None`: nothing processed.
     pub next: Option<(u64, u64)>,
+    /// The id of the stream `next` counts in (`None`: not known yet: registered before the
+    /// stream was created, or stored by a build that did not keep it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
     /// Group: the member holding the stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
@@ -306,13 +316,52 @@ impl Consumer {
     pub(super) fn lease_until(&self, now_ms: i64) -> i64 {
         now_ms.saturating_add(i64::try_from(self.lease_ttl_ms).unwrap_or(i64::MAX))
     }
+
+    /// Brings each cursor up to its stream's live incarnation (`incarnations`: the id of the
+    /// live stream by each name). A cursor counted in a stream since deleted and created again
+    /// begins anew (nothing processed of the new stream: its records are not the ones the
+    /// position counted); one that knew no incarnation takes the live one, keeping its
+    /// position. A name with no live stream leaves its cursor as it is.
+    pub(super) fn follow_incarnations(&mut self, incarnations: &BTreeMap<String, u64>) {
+        for cursor in &mut self.streams {
+            let Some(&live) = incarnations.get(&cursor.path) else {
+                continue;
+            };
+            if cursor.incarnation.is_some_and(|counted| counted != live) {
+                cursor.next = None;
+            }
+            cursor.incarnation = Some(live);
+        }
+    }
 }
 
+/// The stored consumer, its cursors brought up to the streams' live incarnations.
 pub(super) fn stored(read: &ConsumerRead) -> Result<Consumer, ConsumerError> {
     match &read.document {
-        Some(document) => Consumer::parse(document),
+        Some(document) => {
+            let mut consumer = Consumer::parse(document)?;
+            consumer.follow_incarnations(&read.incarnations);
+            Ok(consumer)
+        }
         None => Err(ConsumerError::not_found()),
     }
+}
+
+/// The streams a stored consumer document follows (none when there is no document, or it does
+/// not parse): the names whose live incarnations its decisions are given.
+pub fn followed(document: Option<&str>) -> Vec<String> {
+    document
+        .and_then(|d| Consumer::parse(d).ok())
+        .map(|c| c.streams.into_iter().map(|s| s.path).collect())
+        .unwrap_or_default()
+}
+
+/// A followed stream's tail as its owning core answered it, for an ack: the position after
+/// its last record, and the incarnation (stream id) that tail belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tail {
+    pub at: (u64, u64),
+    pub incarnation: u64,
 }
 
 /// Runs `change` on the stored consumer: a refusal writes nothing, a success writes the
@@ -388,6 +437,7 @@ pub fn register(
             .map(|path| StreamCursor {
                 path: path.clone(),
                 next: None,
+                incarnation: read.incarnations.get(path).copied(),
                 holder: None,
                 epoch: 0,
             })
@@ -677,7 +727,7 @@ pub fn ack(
     read: ConsumerRead,
     token: &str,
     offsets: &AckOffsets,
-    tails: &[Option<(u64, u64)>],
+    tails: &[Option<Tail>],
 ) -> (ConsumerWrite, Answer) {
     let now_ms = read.now_ms;
     changing(&read, |consumer| {
@@ -705,6 +755,18 @@ pub fn ack(
                     )));
                 }
             }
+            if let (Some(tail), Some(counted)) = (tail, cursor.incarnation) {
+                if tail.incarnation != counted {
+                    // The owning core answered for another stream by this name than the
+                    // metadata log holds: it was deleted or created while the ack was on its
+                    // way.
+                    return Err(ConsumerError::new(
+                        503,
+                        "UNAVAILABLE",
+                        format!("{path} was deleted or created while the ack was on its way"),
+                    ));
+                }
+            }
             let wanted = position(*at);
             if wanted < cursor.next {
                 return Err(ConsumerError::new(
@@ -718,7 +780,7 @@ pub fn ack(
                 ));
             }
             if let Some(wanted) = wanted {
-                if tail.is_none_or(|tail| wanted > tail) {
+                if tail.is_none_or(|tail| wanted > tail.at) {
                     return Err(ConsumerError::new(
                         409,
                         "INVALID_OFFSET",
@@ -729,11 +791,13 @@ pub fn ack(
                     ));
                 }
             }
-            moves.push((index, wanted));
+            moves.push((index, wanted, tail.map(|t| t.incarnation)));
         }
-        for (index, wanted) in moves {
+        for (index, wanted, incarnation) in moves {
             let cursor = &mut consumer.streams[index];
             cursor.next = wanted.max(cursor.next);
+            // The position now counts in the stream whose tail bounded it.
+            cursor.incarnation = incarnation.or(cursor.incarnation);
         }
         let lease = consumer.lease_until(now_ms);
         match member {

@@ -9,12 +9,30 @@ fn ds_view(h: &Harness) -> Value {
 }
 
 const TAIL: u64 = 10;
+
+/// A tail of [`TAIL`] in the live incarnation of `path`, as the harness's catalog holds it.
+fn tail(h: &Harness, path: &str) -> Option<Tail> {
+    Some(Tail {
+        at: (TAIL, 0),
+        incarnation: *h.incarnations.get(path)?,
+    })
+}
+
+/// The live stream ids the harness's catalog starts with.
+fn live_streams() -> BTreeMap<String, u64> {
+    [("/a", 1), ("/b", 2), ("/c", 3), ("/d", 4)]
+        .into_iter()
+        .map(|(path, id)| (path.to_string(), id))
+        .collect()
+}
 const TTL_MS: u64 = 1_000;
 
 /// One consumer's stored document and the clock, as the metadata thread would hold them.
 struct Harness {
     document: Option<String>,
     now_ms: i64,
+    /// The live stream id by each name (what the metadata log holds).
+    incarnations: BTreeMap<String, u64>,
 }
 
 impl Harness {
@@ -22,6 +40,7 @@ impl Harness {
         let mut h = Harness {
             document: None,
             now_ms: 1_000_000,
+            incarnations: live_streams(),
         };
         let body = json!({"consumer_id": "c", "streams": ["/a", "/b"], "lease_ttl_ms": TTL_MS});
         let (id, registration) = parse_registration(&body).unwrap();
@@ -39,6 +58,7 @@ impl Harness {
             document: self.document.clone(),
             now_ms: self.now_ms,
             scope_count: u64::from(self.document.is_some()),
+            incarnations: self.incarnations.clone(),
         }
     }
 
@@ -77,7 +97,7 @@ impl Harness {
 
     fn ack(&mut self, token: &str, path: &str, at: Offset) -> Answer {
         let offsets = vec![(path.to_string(), at)];
-        let tails = [Some((TAIL, 0))];
+        let tails = [tail(self, path)];
         self.run(|read| ack(read, token, &offsets, &tails))
     }
 }
@@ -170,7 +190,7 @@ fn acks_move_forward_within_the_tail_atomically() {
     assert_eq!(code(&h.ack(&token, "/a", at(TAIL))), "OK");
     // Two streams in one ack: one bad entry refuses both.
     let offsets = vec![("/b".to_string(), at(4)), ("/a".to_string(), at(1))];
-    let tails = [Some((TAIL, 0)), Some((TAIL, 0))];
+    let tails = [tail(&h, "/b"), tail(&h, "/a")];
     let answer = h.run(|r| ack(r, &token, &offsets, &tails));
     assert_eq!(code(&answer), "OFFSET_REGRESSION");
     assert!(answer.unwrap_err().message.contains("/a"));
@@ -179,6 +199,90 @@ fn acks_move_forward_within_the_tail_atomically() {
     let offsets = vec![("/b".to_string(), at(1))];
     let answer = h.run(|r| ack(r, &token, &offsets, &[None]));
     assert_eq!(code(&answer), "INVALID_OFFSET");
+}
+
+fn pico_view(h: &Harness) -> Value {
+    render(&h.run_read(describe).unwrap(), "c", Dialect::Pico)
+}
+
+#[test]
+fn a_stream_deleted_and_created_again_begins_anew_for_its_consumer() {
+    let mut h = Harness::registered();
+    assert_eq!(h.consumer().streams[0].incarnation, Some(1), "registered");
+    let token = h.acquire("s1");
+    assert_eq!(code(&h.ack(&token, "/a", at(5))), "OK");
+    assert_eq!(code(&h.ack(&token, "/b", at(4))), "OK");
+    // /a deleted: its cursor stays as it was until a stream by that name lives again.
+    h.incarnations.remove("/a");
+    assert_eq!(pico_view(&h)["streams"][0]["offset"], 4);
+    assert_eq!(code(&h.ack(&token, "/a", at(6))), "INVALID_OFFSET");
+    // Created again: what the cursor counted was the old stream's records.
+    h.incarnations.insert("/a".into(), 7);
+    let view = pico_view(&h);
+    assert_eq!(view["streams"][0]["offset"], -1, "{view}");
+    assert_eq!(view["streams"][0]["next_seq"], 0);
+    assert_eq!(view["streams"][1]["offset"], 3, "/b kept: {view}");
+    assert_eq!(ds_view(&h)["streams"][0]["offset"], "-1");
+    // A reader that acquires now starts /a at its beginning, and acks from there.
+    let token = h.acquire("s2");
+    let cursor = &h.consumer().streams[0];
+    assert_eq!((cursor.next, cursor.incarnation), (None, Some(7)));
+    assert_eq!(code(&h.ack(&token, "/a", at(1))), "OK");
+    let cursor = &h.consumer().streams[0];
+    assert_eq!((cursor.next, cursor.incarnation), (Some((1, 0)), Some(7)));
+    assert_eq!(h.consumer().streams[1].next, Some((4, 0)));
+}
+
+#[test]
+fn an_ack_bounded_by_another_incarnation_than_the_logs_is_refused_for_a_retry() {
+    let mut h = Harness::registered();
+    let token = h.acquire("s1");
+    assert_eq!(code(&h.ack(&token, "/a", at(2))), "OK");
+    let before = h.document.clone();
+    // The owning core answered for a stream created after the log's view (or before it).
+    let offsets = vec![("/a".to_string(), at(3))];
+    let stale = [Some(Tail {
+        at: (TAIL, 0),
+        incarnation: 9,
+    })];
+    let answer = h.run(|r| ack(r, &token, &offsets, &stale));
+    assert_eq!(
+        answer.as_ref().map_err(|e| (e.status, e.code)).err(),
+        Some((503, "UNAVAILABLE"))
+    );
+    assert_eq!(h.document, before, "nothing written");
+}
+
+#[test]
+fn cursors_that_know_no_incarnation_take_the_live_one() {
+    let mut h = Harness::registered();
+    let token = h.acquire("s1");
+    assert_eq!(code(&h.ack(&token, "/a", at(5))), "OK");
+    // As a build that did not keep incarnations stored it.
+    let mut document: Value = serde_json::from_str(h.document.as_deref().unwrap()).unwrap();
+    for cursor in document["streams"].as_array_mut().unwrap() {
+        cursor.as_object_mut().unwrap().remove("incarnation");
+    }
+    h.document = Some(document.to_string());
+    assert_eq!(
+        pico_view(&h)["streams"][0]["offset"],
+        4,
+        "the position is kept"
+    );
+    assert_eq!(code(&h.ack(&token, "/a", at(6))), "OK");
+    assert_eq!(h.consumer().streams[0].incarnation, Some(1));
+    // A stream created after the registration: its cursor learns it from the first change.
+    let mut h = Harness::registered();
+    h.incarnations.remove("/b");
+    h.document = None;
+    let body = json!({"consumer_id": "c", "streams": ["/a", "/b"], "lease_ttl_ms": TTL_MS});
+    let (id, registration) = parse_registration(&body).unwrap();
+    h.run(|read| register(read, &id, &registration)).unwrap();
+    assert_eq!(h.consumer().streams[1].incarnation, None);
+    h.incarnations.insert("/b".into(), 12);
+    let token = h.acquire("s1");
+    assert_eq!(h.consumer().streams[1].incarnation, Some(12));
+    assert_eq!(code(&h.ack(&token, "/b", at(2))), "OK");
 }
 
 #[test]
@@ -227,6 +331,7 @@ fn unknown_consumers_are_not_found() {
     let mut h = Harness {
         document: None,
         now_ms: 0,
+        incarnations: live_streams(),
     };
     assert_eq!(code(&h.run(describe)), "CONSUMER_NOT_FOUND");
     assert_eq!(code(&h.run(delete)), "CONSUMER_NOT_FOUND");
@@ -394,6 +499,7 @@ impl Group {
         let mut h = Harness {
             document: None,
             now_ms: 1_000_000,
+            incarnations: live_streams(),
         };
         let registration = Registration {
             streams: ["/a", "/b", "/c", "/d"].map(String::from).to_vec(),
@@ -546,7 +652,7 @@ fn check_group_sequence(sequence: &[GroupAction]) {
                         (path, at(next.map_or(0, |(seq, _)| seq) + 1))
                     })
                     .collect();
-                let tails = vec![Some((TAIL, 0)); offsets.len()];
+                let tails: Vec<_> = offsets.iter().map(|(path, _)| tail(&g.h, path)).collect();
                 let token = g.token(m);
                 g.h.run(|r| ack(r, &token, &offsets, &tails)).map(Some)
             }

@@ -216,6 +216,7 @@ mod tests {
             wake: None,
             now_ms: NOW,
             scope_count: 0,
+            incarnations: Default::default(),
         };
         let (write, answer) = rules::register(empty, &id, &registration);
         answer.unwrap();
@@ -234,6 +235,7 @@ mod tests {
             }),
             now_ms: NOW,
             scope_count: 1,
+            incarnations: Default::default(),
         }
     }
 
@@ -310,6 +312,7 @@ mod tests {
             wake: None,
             now_ms: NOW,
             scope_count: 0,
+            incarnations: Default::default(),
         };
         assert_eq!(set(missing, Some(wake)).1.unwrap_err().status, 404);
     }

@@ -291,7 +291,7 @@ impl ConsumerWakes {
         let id = key.1.clone();
         let decided = core
             .meta()
-            .change_consumer(key.0.clone(), key.1.clone(), move |read| {
+            .change_consumer_following(key.0.clone(), key.1.clone(), rules::followed, move |read| {
                 let now_ms = read.now_ms;
                 let (write, start) = wake::start(read, &id, &tails, &token);
                 let token = match &start {
@@ -379,7 +379,7 @@ impl ConsumerWakes {
         WAKES_FAILED.fetch_add(1, Ordering::Relaxed);
         let released = core
             .meta()
-            .change_consumer(key.0.clone(), key.1.clone(), move |read| {
+            .change_consumer_following(key.0.clone(), key.1.clone(), rules::followed, move |read| {
                 let (write, answer) = rules::release(read, &token);
                 (
                     write,
