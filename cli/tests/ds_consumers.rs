@@ -289,6 +289,45 @@ fn a_lease_lapses_without_heartbeats_and_heartbeats_keep_it() {
     .expect_ds_error(409, "CONSUMER_NOT_READING");
 }
 
+/// A stream deleted and created again is another stream: the consumer's offset in it starts
+/// at `-1`, and an offset of the new stream is acknowledged from there.
+#[test]
+fn a_consumer_begins_anew_in_a_stream_created_again() {
+    let server = Server::start(&[]);
+    let addr = server.second.expect("a Durable Streams listener");
+    let old = stream_with(addr, "again", 4);
+    let path = format!("{ROOT}again");
+    control(
+        addr,
+        "POST",
+        "consumers",
+        None,
+        Some(json!({"consumer_id": "n", "streams": [path]})),
+    )
+    .expect(201);
+    let (token, _) = acquire(addr, "n");
+    ack(
+        addr,
+        "n",
+        Some(&token),
+        json!([{"path": path, "offset": old[3]}]),
+    )
+    .expect(200);
+    ds(addr, "DELETE", &path, &[], b"").expect(204);
+    let new = stream_with(addr, "again", 2);
+    let view = control(addr, "GET", "consumers/n", None, None).json();
+    assert_eq!(offsets_of(&view)[0].1, "-1", "{view}");
+    ack(
+        addr,
+        "n",
+        Some(&token),
+        json!([{"path": path, "offset": new[0]}]),
+    )
+    .expect(200);
+    let view = control(addr, "GET", "consumers/n", None, None).json();
+    assert_eq!(offsets_of(&view)[0].1, new[0], "{view}");
+}
+
 #[test]
 fn committed_offsets_and_the_holder_survive_kill_9() {
     let mut server = Server::start(&[]);

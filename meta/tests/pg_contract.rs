@@ -142,7 +142,54 @@ contract!(
     consumer_changes_from_two_nodes_take_turns,
     a_consumer_wake_is_kept_beside_its_document_and_listed_alone,
     consumers_are_listed_a_page_at_a_time_by_scope_then_id,
+    a_consumer_decision_is_given_the_live_incarnation_of_each_followed_stream,
 );
+
+/// `change_consumer_following` gives the decision the id of the live stream by each name it
+/// follows (from the stored document, or none): a name deleted and created again has the new
+/// id, a soft-deleted one (a source its forks still read) and an unknown one have none.
+fn a_consumer_decision_is_given_the_live_incarnation_of_each_followed_stream(db: &Db) {
+    use pico_meta::ConsumerWrite;
+    let (store, _) = db.open();
+    let create = |name: &str| {
+        wait(store.create_stream(name, config("text/plain"), 1))
+            .unwrap()
+            .row
+            .id
+    };
+    let (old, kept, soft) = (create("/c/a"), create("/c/b"), create("/c/soft"));
+    wait(store.delete_stream(old)).unwrap();
+    let new = create("/c/a");
+    wait(store.soft_delete_stream(soft)).unwrap();
+    let followed = |document: Option<&str>| match document {
+        Some(document) => document.split(',').map(str::to_string).collect(),
+        None => vec!["/c/a".to_string()],
+    };
+    let given =
+        wait(
+            store.change_consumer_following("/r/".into(), "follower".into(), followed, |read| {
+                (
+                    ConsumerWrite::Put("/c/a,/c/b,/c/soft,/c/none".into()),
+                    read.incarnations,
+                )
+            }),
+        )
+        .unwrap();
+    assert_eq!(given, [("/c/a".to_string(), new)].into());
+    let given = wait(store.change_consumer_following(
+        "/r/".into(),
+        "follower".into(),
+        followed,
+        |read| (ConsumerWrite::Delete, read.incarnations),
+    ))
+    .unwrap();
+    assert_eq!(
+        given,
+        [("/c/a".to_string(), new), ("/c/b".to_string(), kept)].into()
+    );
+    assert_ne!(old, new);
+    store.shutdown();
+}
 
 /// A consumer's wake is written with `PutWithWake`, kept by a plain `Put` of the document,
 /// removed with `PutWithWake(_, None)` and by deleting the consumer; `waking_consumers` lists
