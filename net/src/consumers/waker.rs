@@ -556,8 +556,21 @@ impl StreamWatcher for ConsumerWakes {
         if self.inner.active.load(Ordering::Acquire) == 0 {
             return;
         }
-        // A new stream of the same name starts over at 0.
-        self.lock().tails.remove(full_path);
+        // A new stream of the same name starts over at 0, and what the consumers following it
+        // had processed was the deleted stream's: a write to the new one is work for them.
+        // (Their stored cursors begin anew at their next change, `rules::stored`.)
+        let mut state = self.lock();
+        state.tails.remove(full_path);
+        let keys = state.by_stream.get(full_path).cloned().unwrap_or_default();
+        for key in keys {
+            if let Some(known) = state.consumers.get_mut(&key) {
+                for cursor in &mut known.consumer.streams {
+                    if cursor.path == full_path {
+                        cursor.next = None;
+                    }
+                }
+            }
+        }
     }
 
     /// The ticker runs on the first core that starts.
