@@ -6,8 +6,9 @@
 //!
 //! A VFS shim over the process's default one: for a main database file whose header reserves
 //! [`CHECKSUM_BYTES`] at the end of every page, each whole page written gets them filled in,
-//! and each whole page read is checked against them. Other files (the WAL, the journal,
-//! temporary files) and databases without the reserve pass through unchanged.
+//! and each whole page read is checked against them. Pages written to the database's WAL get
+//! them filled in too (below). Other files (the journal, temporary files) and databases without
+//! the reserve pass through unchanged.
 //!
 //! ```text
 //! one page of a checked database file (page_bytes, a power of two, 512..=65536):
@@ -20,6 +21,31 @@
 //! the database header (page 1): page size at bytes 16..18 (big-endian, 1 = 65536), bytes
 //! reserved at the end of each page at byte 20 (8 here)
 //! ```
+//!
+//! Pages go to the WAL before they reach the file, and whoever checkpoints copies them into the
+//! file as they are in the WAL: another SQLite program (the `sqlite3` shell, a script) that
+//! opens the catalog after a crash and closes it last checkpoints it without this shim. So a
+//! page carries its checksum in its WAL frame already, and the frame's own checksum (SQLite's,
+//! cumulative over the frames, which SQLite computed over the page before the shim filled its
+//! reserve in) is computed again over the page as written, chained from the frame before it
+//! as the file holds it:
+//!
+//! ```text
+//! the WAL: a 32-byte header, then frames of a 24-byte header and a page
+//! header:  magic u32 BE (0x377f0682; 0x377f0683: checksum words big-endian, else little)
+//!          | version | page size u32 BE | checkpoint seq | salt-1 | salt-2
+//!          | checksum-1, checksum-2 u32 BE (of the 24 bytes before)
+//! frame:   page number u32 BE | database size after a commit (else 0) | salt-1 | salt-2
+//!          | checksum-1, checksum-2 u32 BE: (s1, s2) from the previous frame's (the header's
+//!            for frame 1), over the frame header's first 8 bytes then the page, two words at
+//!            a time: s1 += w0 + s2; s2 += w1 + s1
+//!          | the page (its reserve filled in by the shim)
+//! ```
+//!
+//! SQLite writes a frame's header and its page in two writes, one after the other: the shim
+//! holds the header until the page comes and writes both at once. A header whose salts and
+//! checksum are zeros (a page written again within one transaction, whose checksums SQLite
+//! computes again from the file at commit) is written as it is.
 //!
 //! The page number in the checksum catches a page written at the wrong place. A catalog made
 //! before the shim gets the reserve once (`ensure`: one `VACUUM` rewriting it); the schema
@@ -58,7 +84,22 @@ struct CheckedFile {
     page_bytes: u32,
     /// Bytes reserved at the end of each page, from the header; -1 before it was seen.
     reserved: i32,
+    /// A WAL file (`page_bytes` and `reserved` then come from the WAL's header and from the
+    /// frames of page 1 it wrote, else from its database file).
+    wal: bool,
+    /// A WAL's database file (the shim's, which SQLite closes after its WAL).
+    database: *mut ffi::sqlite3_file,
+    /// A WAL's checksum words are big-endian (its header's magic says so).
+    big_endian_sums: bool,
+    /// A WAL frame header SQLite wrote, held until its page comes: where, and the bytes.
+    pending_header: Option<(i64, [u8; WAL_FRAME_HEADER_BYTES])>,
 }
+
+/// Bytes of a WAL file's header, and of each frame's header.
+const WAL_HEADER_BYTES: i64 = 32;
+const WAL_FRAME_HEADER_BYTES: usize = 24;
+/// A WAL header's magic number; its lowest bit set: big-endian checksum words.
+const WAL_MAGIC: u32 = 0x377f_0682;
 
 /// Where the underlying file starts inside the shim's allocation (8-byte aligned).
 const REAL_OFFSET: usize = std::mem::size_of::<CheckedFile>().next_multiple_of(8);
@@ -216,6 +257,27 @@ fn header_fields(header: &[u8]) -> Option<(u32, i32)> {
         .then_some((page_bytes, i32::from(header[20])))
 }
 
+/// SQLite's WAL checksum of `bytes` (a multiple of 8), chained from `(s1, s2)`.
+fn wal_checksum((mut s1, mut s2): (u32, u32), bytes: &[u8], big_endian: bool) -> (u32, u32) {
+    let word = |w: &[u8]| {
+        let w = [w[0], w[1], w[2], w[3]];
+        if big_endian {
+            u32::from_be_bytes(w)
+        } else {
+            u32::from_le_bytes(w)
+        }
+    };
+    for pair in bytes.chunks_exact(8) {
+        s1 = s1.wrapping_add(word(&pair[..4])).wrapping_add(s2);
+        s2 = s2.wrapping_add(word(&pair[4..])).wrapping_add(s1);
+    }
+    (s1, s2)
+}
+
+fn be_u32(bytes: &[u8]) -> u32 {
+    u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
 impl CheckedFile {
     /// The page number of a whole checked page at `offset` of `amount` bytes; `None` when the
     /// access is not one (or the file is not checked).
@@ -240,6 +302,35 @@ impl CheckedFile {
                 self.reserved = reserved;
             }
         }
+        if self.wal && offset == 0 && bytes.len() >= WAL_HEADER_BYTES as usize {
+            let magic = be_u32(&bytes[..4]);
+            let page_bytes = be_u32(&bytes[8..12]);
+            if magic & !1 == WAL_MAGIC && page_bytes.is_power_of_two() {
+                self.big_endian_sums = magic & 1 == 1;
+                self.page_bytes = page_bytes;
+            }
+        }
+    }
+
+    /// A WAL's frame geometry: the bytes of a frame, header and page; `None` before the WAL's
+    /// header was seen.
+    fn frame_bytes(&self) -> Option<i64> {
+        (self.wal && self.page_bytes >= PAGE_BYTES_MIN)
+            .then(|| i64::from(self.page_bytes) + WAL_FRAME_HEADER_BYTES as i64)
+    }
+
+    /// Whether the WAL's pages reserve the checksum: as the last page 1 it wrote says, else as
+    /// its database file's header does.
+    ///
+    /// # Safety
+    /// `self.database`, when not null, is the shim's open database file of this WAL.
+    unsafe fn wal_pages_checked(&self) -> bool {
+        let reserved = if self.reserved >= 0 || self.database.is_null() {
+            self.reserved
+        } else {
+            (*self.database.cast::<CheckedFile>()).reserved
+        };
+        reserved == i32::from(CHECKSUM_BYTES)
     }
 }
 
@@ -316,6 +407,10 @@ unsafe extern "C" fn open(
         main_db: flags & ffi::SQLITE_OPEN_MAIN_DB != 0,
         page_bytes: 0,
         reserved: -1,
+        wal: flags & ffi::SQLITE_OPEN_WAL != 0,
+        database: std::ptr::null_mut(),
+        big_endian_sums: false,
+        pending_header: None,
     });
     let Some(real_open) = (*real_vfs).xOpen else {
         return ffi::SQLITE_CANTOPEN;
@@ -332,8 +427,160 @@ unsafe extern "C" fn open(
         }
         return ffi::SQLITE_CANTOPEN;
     }
+    if flags & ffi::SQLITE_OPEN_WAL != 0 && !name.is_null() {
+        // SQLite names a WAL by a pointer into its database's allocation, which finds the
+        // database's file: the shim's (every file of the process goes through it).
+        let database = ffi::sqlite3_database_file_object(name);
+        if !database.is_null() && std::ptr::eq((*database).pMethods, &METHODS) {
+            (*file.cast::<CheckedFile>()).database = database;
+        }
+    }
     (*file).pMethods = &METHODS;
     rc
+}
+
+/// Writes the WAL frame header held back, as SQLite made it; `SQLITE_OK` when none was.
+///
+/// # Safety
+/// `checked` and `real` are the parts of one file of this shim.
+unsafe fn flush_pending_header(checked: &mut CheckedFile, real: *mut ffi::sqlite3_file) -> c_int {
+    let Some((offset, header)) = checked.pending_header.take() else {
+        return ffi::SQLITE_OK;
+    };
+    match real_methods(real).xWrite {
+        Some(real_write) => real_write(
+            real,
+            header.as_ptr().cast(),
+            WAL_FRAME_HEADER_BYTES as c_int,
+            offset,
+        ),
+        None => ffi::SQLITE_IOERR_WRITE,
+    }
+}
+
+/// Reads `N` bytes of the underlying file at `offset`.
+///
+/// # Safety
+/// `real` is an open file of the underlying VFS.
+unsafe fn read_real<const N: usize>(
+    real: *mut ffi::sqlite3_file,
+    offset: i64,
+) -> Result<[u8; N], c_int> {
+    let mut out = [0u8; N];
+    let Some(real_read) = real_methods(real).xRead else {
+        return Err(ffi::SQLITE_IOERR_READ);
+    };
+    match real_read(real, out.as_mut_ptr().cast(), N as c_int, offset) {
+        ffi::SQLITE_OK => Ok(out),
+        rc => Err(rc),
+    }
+}
+
+/// A write to a WAL file: a frame header is held until its page comes; a page gets its
+/// checksum filled in and, with the header held for it, the frame's checksum computed again;
+/// anything else passes through (after any header held).
+///
+/// # Safety
+/// `checked` and `real` are the parts of one WAL file of this shim; `bytes` is SQLite's buffer.
+unsafe fn write_wal(
+    checked: &mut CheckedFile,
+    real: *mut ffi::sqlite3_file,
+    bytes: &[u8],
+    offset: i64,
+) -> c_int {
+    let Some(real_write) = real_methods(real).xWrite else {
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    let Some(frame_bytes) = checked.frame_bytes() else {
+        let rc = flush_pending_header(checked, real);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        checked.note_header(bytes, offset);
+        return real_write(real, bytes.as_ptr().cast(), bytes.len() as c_int, offset);
+    };
+    let in_frames = offset - WAL_HEADER_BYTES;
+    let page_bytes = frame_bytes - WAL_FRAME_HEADER_BYTES as i64;
+    if bytes.len() == WAL_FRAME_HEADER_BYTES && in_frames >= 0 && in_frames % frame_bytes == 0 {
+        let rc = flush_pending_header(checked, real);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        let mut header = [0u8; WAL_FRAME_HEADER_BYTES];
+        header.copy_from_slice(bytes);
+        checked.pending_header = Some((offset, header));
+        return ffi::SQLITE_OK;
+    }
+    let page_at = in_frames - WAL_FRAME_HEADER_BYTES as i64;
+    let whole_page = bytes.len() as i64 == page_bytes && page_at >= 0 && page_at % frame_bytes == 0;
+    if !whole_page {
+        let rc = flush_pending_header(checked, real);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        checked.note_header(bytes, offset);
+        return real_write(real, bytes.as_ptr().cast(), bytes.len() as c_int, offset);
+    }
+    let header_at = offset - WAL_FRAME_HEADER_BYTES as i64;
+    let held = match checked.pending_header {
+        Some((at, header)) if at == header_at => {
+            checked.pending_header = None;
+            Some(header)
+        }
+        _ => {
+            let rc = flush_pending_header(checked, real);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+            None
+        }
+    };
+    // The frame: its header (held, or as the file has it) and the page, one buffer.
+    let mut frame = vec![0u8; WAL_FRAME_HEADER_BYTES + bytes.len()];
+    match held {
+        Some(header) => frame[..WAL_FRAME_HEADER_BYTES].copy_from_slice(&header),
+        None => match read_real::<WAL_FRAME_HEADER_BYTES>(real, header_at) {
+            Ok(header) => frame[..WAL_FRAME_HEADER_BYTES].copy_from_slice(&header),
+            Err(rc) => return rc,
+        },
+    }
+    frame[WAL_FRAME_HEADER_BYTES..].copy_from_slice(bytes);
+    let page_no = be_u32(&frame[..4]);
+    let (header, page) = frame.split_at_mut(WAL_FRAME_HEADER_BYTES);
+    if page_no == 1 {
+        if let Some((_, reserved)) = header_fields(page) {
+            checked.reserved = reserved;
+        }
+    }
+    if checked.wal_pages_checked() {
+        let at = page.len() - usize::from(CHECKSUM_BYTES);
+        let checksum = page_checksum(&page[..at], page_no);
+        page[at..].copy_from_slice(&checksum);
+    }
+    let Some(held) = held else {
+        // A page written again within its transaction, without its header: SQLite computes
+        // the checksums of the transaction's frames again from the file at commit.
+        return real_write(real, page.as_ptr().cast(), page.len() as c_int, offset);
+    };
+    if held[8..].iter().all(|&b| b == 0) {
+        // A header whose salts and checksums SQLite fills in at commit, as above.
+        return real_write(real, frame.as_ptr().cast(), frame.len() as c_int, header_at);
+    }
+    // The frame's checksum, chained from the one before it as the file holds it.
+    let previous_at = if header_at == WAL_HEADER_BYTES {
+        24
+    } else {
+        header_at - frame_bytes + 16
+    };
+    let previous = match read_real::<8>(real, previous_at) {
+        Ok(sums) => (be_u32(&sums[..4]), be_u32(&sums[4..])),
+        Err(rc) => return rc,
+    };
+    let sums = wal_checksum(previous, &header[..8], checked.big_endian_sums);
+    let (s1, s2) = wal_checksum(sums, page, checked.big_endian_sums);
+    header[16..20].copy_from_slice(&s1.to_be_bytes());
+    header[20..24].copy_from_slice(&s2.to_be_bytes());
+    real_write(real, frame.as_ptr().cast(), frame.len() as c_int, header_at)
 }
 
 unsafe extern "C" fn read(
@@ -346,6 +593,10 @@ unsafe extern "C" fn read(
     let Some(real_read) = real_methods(real).xRead else {
         return ffi::SQLITE_IOERR_READ;
     };
+    let rc = flush_pending_header(checked, real);
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
     let rc = real_read(real, buf, amount, offset);
     if rc != ffi::SQLITE_OK {
         return rc;
@@ -382,6 +633,9 @@ unsafe extern "C" fn write(
         return real_write(real, buf, amount, offset);
     };
     let bytes = std::slice::from_raw_parts(buf.cast::<u8>(), len);
+    if checked.wal {
+        return write_wal(checked, real, bytes, offset);
+    }
     checked.note_header(bytes, offset);
     match checked.checked_page(amount, offset) {
         Some(page_no) => {
@@ -442,12 +696,16 @@ unsafe extern "C" fn file_control(
 }
 
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
-    let (_, real) = parts(file);
+    let (checked, real) = parts(file);
+    let flushed = flush_pending_header(checked, real);
     let rc = match real_methods(real).xClose {
         Some(real_close) => real_close(real),
         None => ffi::SQLITE_OK,
     };
     (*file).pMethods = std::ptr::null();
+    if flushed != ffi::SQLITE_OK {
+        return flushed;
+    }
     rc
 }
 
@@ -464,9 +722,27 @@ macro_rules! pass_through {
     };
 }
 
-pass_through!(truncate, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size: ffi::sqlite3_int64);
-pass_through!(sync, xSync, ffi::SQLITE_IOERR_FSYNC, flags: c_int);
-pass_through!(file_size, xFileSize, ffi::SQLITE_IOERR_FSTAT, size: *mut ffi::sqlite3_int64);
+/// Methods that pass the call on to the underlying file after writing a WAL frame header held
+/// back, so the file is whole before it is cut, synced or measured.
+macro_rules! after_pending_header {
+    ($name:ident, $method:ident, $missing:expr $(, $arg:ident: $ty:ty)*) => {
+        unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> c_int {
+            let (checked, real) = parts(file);
+            let rc = flush_pending_header(checked, real);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+            match real_methods(real).$method {
+                Some(method) => method(real $(, $arg)*),
+                None => $missing,
+            }
+        }
+    };
+}
+
+after_pending_header!(truncate, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size: ffi::sqlite3_int64);
+after_pending_header!(sync, xSync, ffi::SQLITE_IOERR_FSYNC, flags: c_int);
+after_pending_header!(file_size, xFileSize, ffi::SQLITE_IOERR_FSTAT, size: *mut ffi::sqlite3_int64);
 pass_through!(lock, xLock, ffi::SQLITE_IOERR_LOCK, level: c_int);
 pass_through!(unlock, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level: c_int);
 pass_through!(check_reserved_lock, xCheckReservedLock, ffi::SQLITE_IOERR_CHECKRESERVEDLOCK, out: *mut c_int);
@@ -540,6 +816,103 @@ mod tests {
             panic!("a damaged page was read as a catalog");
         };
         assert!(error.to_string().contains("fails its checksum"), "{error}");
+    }
+
+    fn copy_catalog(from: &std::path::Path, to: &std::path::Path) {
+        for suffix in ["", "-wal"] {
+            let name = |p: &std::path::Path| format!("{}{suffix}", p.display());
+            std::fs::copy(name(from), name(to)).unwrap();
+        }
+    }
+
+    /// A node killed with rows in its catalog's WAL, then the catalog opened by another SQLite
+    /// program (one without this shim: the `sqlite3` shell, a script) that reads it and closes
+    /// it last, so it checkpoints the WAL into the file: the pages it copies carry their
+    /// checksums, the frames their valid checksums (it recovered every row), and the node
+    /// opens the catalog again.
+    #[test]
+    fn another_sqlite_program_that_checkpoints_the_wal_keeps_the_pages_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, copy) = (dir.path().join("meta.db"), dir.path().join("copy.db"));
+        let rows: i64 = 600;
+        {
+            let db = Sqlite::open(&path).unwrap();
+            db.conn
+                .execute_batch(
+                    "PRAGMA wal_autocheckpoint = 0; CREATE TABLE t (n INTEGER, pad TEXT)",
+                )
+                .unwrap();
+            for n in 0..rows {
+                // One transaction each, some pages written again and again.
+                db.conn
+                    .execute("INSERT INTO t VALUES (?1, ?2)", (n, "x".repeat(200)))
+                    .unwrap();
+            }
+            db.conn
+                .execute("UPDATE t SET pad = 'y' WHERE n % 7 = 0", [])
+                .unwrap();
+            // One transaction larger than the page cache: SQLite spills pages to the WAL
+            // before the commit, writes some of them again in place, and computes the
+            // transaction's frame checksums again from the file at its commit.
+            db.conn
+                .execute_batch(
+                    "PRAGMA cache_size = 4; BEGIN; \
+                     CREATE TABLE big (n INTEGER PRIMARY KEY, pad TEXT); \
+                     WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s \
+                       WHERE n < 1999) INSERT INTO big SELECT n, hex(randomblob(150)) FROM s; \
+                     UPDATE big SET pad = 'z' || pad WHERE n % 3 = 0; COMMIT",
+                )
+                .unwrap();
+            // The process dies here: the file and its WAL as they are.
+            copy_catalog(&path, &copy);
+        }
+        let wal_bytes = std::fs::metadata(format!("{}-wal", copy.display()))
+            .unwrap()
+            .len();
+        assert!(
+            wal_bytes > 100_000,
+            "the rows are in the WAL: {wal_bytes} bytes"
+        );
+        {
+            let flags = rusqlite::OpenFlags::default();
+            let other = Connection::open_with_flags_and_vfs(&copy, flags, c"unix").unwrap();
+            let (count, sevens): (i64, i64) = other
+                .query_row("SELECT count(*), sum(pad = 'y') FROM t", [], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .unwrap();
+            assert_eq!(
+                (count, sevens),
+                (rows, (rows + 6) / 7),
+                "it recovered every frame"
+            );
+            let (big, zs): (i64, i64) = other
+                .query_row("SELECT count(*), sum(pad LIKE 'z%') FROM big", [], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .unwrap();
+            assert_eq!(
+                (big, zs),
+                (2000, 667),
+                "and the transaction larger than the cache"
+            );
+            other
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+                .unwrap();
+        }
+        let bytes = std::fs::read(&copy).unwrap();
+        let (page_bytes, reserved) = header_fields(&bytes).unwrap();
+        assert_eq!(reserved, i32::from(CHECKSUM_BYTES));
+        for (i, page) in bytes.chunks(page_bytes as usize).enumerate() {
+            let (data, stored) = page.split_at(page.len() - usize::from(CHECKSUM_BYTES));
+            assert_eq!(page_checksum(data, i as u32 + 1), stored, "page {}", i + 1);
+        }
+        let db = Sqlite::open(&copy).expect("the node opens what the other program left");
+        let count: i64 = db
+            .conn
+            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(count, rows);
     }
 
     #[test]
