@@ -488,3 +488,40 @@ fn a_flipped_bit_in_the_catalog_file_refuses_the_start() {
     assert!(log.contains("fails its checksum"), "{log}");
     assert!(log.contains("restore it from a backup"), "{log}");
 }
+
+/// After a `kill -9`, an operator looks into the catalog with another SQLite program (one that
+/// knows nothing of the node's page checksums, as the `sqlite3` shell does), which recovers the
+/// WAL and checkpoints it into the file as it closes: the node starts again on it and serves
+/// every stream, instead of calling the file damaged.
+#[test]
+fn a_catalog_read_by_another_sqlite_program_after_a_kill_still_starts_the_node() {
+    let mut server = Server::start(&["--cores", "1"]);
+    for i in 0..40 {
+        let name = format!("/looked-at/{i}");
+        server.put(&name, "text/plain").expect(201);
+        server.post(&name, format!("r{i}").as_bytes()).expect(200);
+    }
+    server.kill();
+    let path = server.dir().join("meta.db");
+    let wal = std::fs::metadata(path.with_file_name("meta.db-wal")).map_or(0, |m| m.len());
+    assert!(wal > 0, "the creates are in the catalog's WAL");
+    {
+        let flags = rusqlite::OpenFlags::default();
+        let db = rusqlite::Connection::open_with_flags_and_vfs(&path, flags, c"unix").unwrap();
+        let streams: i64 = db
+            .query_row(
+                "SELECT count(*) FROM streams WHERE name LIKE '/looked-at/%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(streams, 40);
+        db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    }
+    server.restart();
+    for i in 0..40 {
+        let read = server.get(&format!("/looked-at/{i}?seq=0"));
+        read.expect(200);
+    }
+}

@@ -299,7 +299,8 @@ pub(crate) fn storage(doing: &str) -> impl Fn(rusqlite::Error) -> MetaError + '_
     move |error| match error.sqlite_error().map(|e| e.extended_code) {
         Some(rusqlite::ffi::SQLITE_IOERR_DATA) => MetaError::Storage(format!(
             "{doing}: a page of the catalog fails its checksum: the file is damaged (a flipped \
-             bit, a bad sector); restore it from a backup (pico admin restore)"
+             bit, a bad sector), or another program changed it (reading it with the sqlite3 \
+             shell is safe; changing it is not); restore it from a backup (pico admin restore)"
         )),
         _ => MetaError::Storage(format!("{doing}: {error}")),
     }
