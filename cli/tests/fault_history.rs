@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use common::disk::{Filler, Tmpfs};
 use common::services::{storage, PrivatePostgres};
-use common::{decode_binary_read, split_url, Conn, Place, Resp, Server};
+use common::{decode_binary_read, history_read, split_url, Conn, Place, Resp, Server};
 use pico_testkit::consumer::{self, Driver};
 use pico_testkit::garage::OwnGarage;
 use pico_testkit::history::{check, Append, History, Outcome, Read};
@@ -406,19 +406,10 @@ fn consumer_client(shared: Arc<Shared>, log: Log, answers: Answers) -> Driver {
         let invoked_ms = shared.now_ms();
         if let Some(response) = client.request("GET", &path, &[], b"") {
             if response.status == 200 {
-                let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
-                    .into_iter()
-                    .map(|r| (r.seq, r.body))
-                    .collect();
-                let from = next;
-                next = response.h_u64("pico-next-seq").max(next);
-                log.lock().unwrap().reads.push(Read {
-                    reader: "consumer".into(),
-                    from,
-                    records,
-                    invoked_ms,
-                    completed_ms: shared.now_ms(),
-                });
+                let read;
+                (read, next) =
+                    history_read("consumer", next, &response, invoked_ms, shared.now_ms());
+                log.lock().unwrap().reads.push(read);
             }
         }
         driver.round(next as i64 - 1, |method, target, headers, body| {
@@ -518,19 +509,9 @@ fn pico_reader(shared: Arc<Shared>, log: Log) {
             std::thread::sleep(Duration::from_millis(20));
             continue;
         }
-        let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
-            .into_iter()
-            .map(|r| (r.seq, r.body))
-            .collect();
-        let from = next;
-        next = response.h_u64("pico-next-seq").max(next);
-        log.lock().unwrap().reads.push(Read {
-            reader: "pico-reader".into(),
-            from,
-            records,
-            invoked_ms,
-            completed_ms: shared.now_ms(),
-        });
+        let read;
+        (read, next) = history_read("pico-reader", next, &response, invoked_ms, shared.now_ms());
+        log.lock().unwrap().reads.push(read);
     }
 }
 

@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{decode_binary_read, Conn, Resp, XorShift};
+use common::{decode_binary_read, history_read, Conn, Resp, XorShift};
 use pico_testkit::consumer::{self, Driver};
 use pico_testkit::history::{check, Append, History, Outcome, Read, Violation};
 use pico_testkit::lifecycle::{self, Protocol, State, Step, World};
@@ -942,19 +942,11 @@ impl ClientRun {
             let invoked_ms = self.now_ms();
             if let Some(response) = self.client.request("GET", &target, &[], b"") {
                 if response.status == 200 {
-                    let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
-                        .into_iter()
-                        .map(|r| (r.seq, r.body))
-                        .collect();
-                    let from = next;
-                    next = response.h_u64("pico-next-seq").max(next);
-                    self.history.reads.push(Read {
-                        reader: self.name.clone(),
-                        from,
-                        records,
-                        invoked_ms,
-                        completed_ms: self.now_ms(),
-                    });
+                    let completed_ms = self.now_ms();
+                    let read;
+                    (read, next) =
+                        history_read(&self.name, next, &response, invoked_ms, completed_ms);
+                    self.history.reads.push(read);
                 }
             }
             let processed = next as i64 - 1;
@@ -996,19 +988,10 @@ impl ClientRun {
                     continue;
                 }
             }
-            let records: Vec<(u64, Vec<u8>)> = decode_binary_read(&response.body)
-                .into_iter()
-                .map(|r| (r.seq, r.body))
-                .collect();
-            let from = next;
-            next = response.h_u64("pico-next-seq").max(next);
-            self.history.reads.push(Read {
-                reader: self.name.clone(),
-                from,
-                records,
-                invoked_ms,
-                completed_ms: self.now_ms(),
-            });
+            let completed_ms = self.now_ms();
+            let read;
+            (read, next) = history_read(&self.name, next, &response, invoked_ms, completed_ms);
+            self.history.reads.push(read);
         }
         next
     }

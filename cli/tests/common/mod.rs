@@ -922,6 +922,29 @@ pub struct ReadRecord {
     pub body: Vec<u8>,
 }
 
+/// A binary page (`format=binary`) answered to `reader` asking from `from`, as a fault test's
+/// history records it (completed at `completed_ms`), and where its next read starts.
+pub fn history_read(
+    reader: &str,
+    from: u64,
+    response: &Resp,
+    invoked_ms: u64,
+    completed_ms: u64,
+) -> (pico_testkit::history::Read, u64) {
+    let records = decode_binary_read(&response.body)
+        .into_iter()
+        .map(|r| (r.seq, r.body))
+        .collect();
+    let read = pico_testkit::history::Read {
+        reader: reader.to_string(),
+        from,
+        records,
+        invoked_ms,
+        completed_ms,
+    };
+    (read, response.h_u64("pico-next-seq").max(from))
+}
+
 /// Decodes the `binary` read format: u8 version 1; u32 count; per record u64 seq,
 /// i64 timestamp, u32 header count, headers, u32 body length, body (all big-endian).
 /// Panics on malformed input (including trailing bytes).
