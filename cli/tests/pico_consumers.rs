@@ -281,6 +281,8 @@ fn a_consumer_begins_anew_in_a_stream_deleted_and_created_again() {
         json!([{"stream": "/feed", "offset": 4}]),
     );
     assert_eq!(past.status, 409, "{}", past.describe());
+    let said = past.json()["message"].as_str().unwrap().to_string();
+    assert!(said.contains("(after record 4) is past"), "{said}");
     stream_with(&server, "/feed", 2);
     let view = call(&server, "GET", q, None, None).json();
     assert_eq!(view["streams"][0]["offset"], -1, "{view}");

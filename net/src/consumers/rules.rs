@@ -774,8 +774,8 @@ pub fn ack(
                     "OFFSET_REGRESSION",
                     format!(
                         "{path}: offset {} is behind the committed {}",
-                        offset_text(wanted),
-                        offset_text(cursor.next)
+                        position_text(wanted),
+                        position_text(cursor.next)
                     ),
                 ));
             }
@@ -786,7 +786,7 @@ pub fn ack(
                         "INVALID_OFFSET",
                         format!(
                             "{path}: offset {} is past the stream's tail",
-                            offset_text(Some(wanted))
+                            position_text(Some(wanted))
                         ),
                     ));
                 }
@@ -848,6 +848,17 @@ pub fn offset_text(next: Option<(u64, u64)>) -> String {
     match next {
         None => "-1".to_string(),
         Some((seq, bytes)) => offset::format(seq, bytes),
+    }
+}
+
+/// A position for messages, read by both protocols' clients: the offset text, and where it is
+/// in records (Pico acks name the last record processed).
+fn position_text(next: Option<(u64, u64)>) -> String {
+    match next {
+        None => "-1 (before the first record)".to_string(),
+        Some((0, 0)) => format!("{} (before the first record)", offset_text(next)),
+        Some((seq, 0)) => format!("{} (after record {})", offset_text(next), seq - 1),
+        Some((seq, _)) => format!("{} (inside record {seq})", offset_text(next)),
     }
 }
 
