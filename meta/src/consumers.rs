@@ -27,7 +27,7 @@ pub enum ConsumerWrite {
 /// node of the metadata log agrees on (the database's for Postgres, this node's for SQLite),
 /// how many consumers the scope has (counted only when there is no document, where a
 /// create needs it), and which incarnation of each followed stream lives now.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ConsumerRead {
     pub document: Option<String>,
     /// The consumer's wake webhook (JSON, the net crate's format), if it has one.

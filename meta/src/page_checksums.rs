@@ -491,13 +491,18 @@ unsafe fn write_wal(
     let Some(real_write) = real_methods(real).xWrite else {
         return ffi::SQLITE_IOERR_WRITE;
     };
-    let Some(frame_bytes) = checked.frame_bytes() else {
+    // Bytes that are neither a frame header nor a page (the WAL's header), or any before the
+    // WAL's header told its geometry: written as they come, after any header held.
+    let write_through = |checked: &mut CheckedFile| {
         let rc = flush_pending_header(checked, real);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
         checked.note_header(bytes, offset);
-        return real_write(real, bytes.as_ptr().cast(), bytes.len() as c_int, offset);
+        real_write(real, bytes.as_ptr().cast(), bytes.len() as c_int, offset)
+    };
+    let Some(frame_bytes) = checked.frame_bytes() else {
+        return write_through(checked);
     };
     let in_frames = offset - WAL_HEADER_BYTES;
     let page_bytes = frame_bytes - WAL_FRAME_HEADER_BYTES as i64;
@@ -514,12 +519,7 @@ unsafe fn write_wal(
     let page_at = in_frames - WAL_FRAME_HEADER_BYTES as i64;
     let whole_page = bytes.len() as i64 == page_bytes && page_at >= 0 && page_at % frame_bytes == 0;
     if !whole_page {
-        let rc = flush_pending_header(checked, real);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-        checked.note_header(bytes, offset);
-        return real_write(real, bytes.as_ptr().cast(), bytes.len() as c_int, offset);
+        return write_through(checked);
     }
     let header_at = offset - WAL_FRAME_HEADER_BYTES as i64;
     let held = match checked.pending_header {

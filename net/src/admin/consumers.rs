@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::admin::shared::{error, json_response, AdminState};
 use std::collections::HashMap;
 
-use crate::consumers::rules::{outline, StreamCursor};
+use crate::consumers::rules::outline;
 use crate::transport::message::Response;
 
 /// Consumers one answer or one scrape reports at most (ordered by scope and id): the
@@ -74,40 +74,33 @@ async fn rows(state: &AdminState) -> Result<Rows, MetaError> {
             consumers += 1;
             document_bytes = document_bytes.saturating_add(consumer.document.len());
             let (group, streams) = outline(&consumer.document).unwrap_or_default();
-            for StreamCursor {
-                path,
-                next,
-                incarnation,
-                ..
-            } in streams
-            {
+            for cursor in streams {
                 if rows.len() >= CONSUMER_STREAMS_REPORTED_MAX {
                     break 'pages;
                 }
-                let live = match tails.get(&path) {
+                let live = match tails.get(&cursor.path) {
                     Some(live) => *live,
                     None => {
                         let live = state
                             .core
-                            .head(&path)
+                            .head(&cursor.path)
                             .await
                             .ok()
                             .map(|info| (info.next_offset, info.id));
-                        tails.insert(path.clone(), live);
+                        tails.insert(cursor.path.clone(), live);
                         live
                     }
                 };
-                // A cursor counted in a stream since deleted and created again has processed
-                // nothing of the new one (the next change of the consumer resets it so).
-                let next = match (live, incarnation) {
-                    (Some((_, id)), Some(counted)) if id != counted => None,
-                    _ => next,
+                // As the consumer's next change will place it in the live stream.
+                let next = match live {
+                    Some((_, id)) => cursor.next_in(id),
+                    None => cursor.next,
                 };
                 rows.push(Row {
                     scope: consumer.scope.clone(),
                     id: consumer.id.clone(),
                     group,
-                    stream: path,
+                    stream: cursor.path,
                     next_seq: next.map_or(0, |(seq, _)| seq),
                     tail: live.map(|(tail, _)| tail),
                 });

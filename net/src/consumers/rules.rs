@@ -81,6 +81,18 @@ pub struct StreamCursor {
     pub epoch: u64,
 }
 
+impl StreamCursor {
+    /// Where the cursor stands in the stream whose id is `live`: as stored, unless it counted
+    /// in another incarnation of the name, whose records are not the live stream's (then
+    /// nothing is processed). A cursor that knew no incarnation keeps its position.
+    pub fn next_in(&self, live: u64) -> Option<(u64, u64)> {
+        match self.incarnation {
+            Some(counted) if counted != live => None,
+            _ => self.next,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
     pub token_sha256: String,
@@ -318,18 +330,14 @@ impl Consumer {
     }
 
     /// Brings each cursor up to its stream's live incarnation (`incarnations`: the id of the
-    /// live stream by each name). A cursor counted in a stream since deleted and created again
-    /// begins anew (nothing processed of the new stream: its records are not the ones the
-    /// position counted); one that knew no incarnation takes the live one, keeping its
-    /// position. A name with no live stream leaves its cursor as it is.
+    /// live stream by each name), as [`StreamCursor::next_in`] places it. A name with no live
+    /// stream leaves its cursor as it is.
     pub(super) fn follow_incarnations(&mut self, incarnations: &BTreeMap<String, u64>) {
         for cursor in &mut self.streams {
             let Some(&live) = incarnations.get(&cursor.path) else {
                 continue;
             };
-            if cursor.incarnation.is_some_and(|counted| counted != live) {
-                cursor.next = None;
-            }
+            cursor.next = cursor.next_in(live);
             cursor.incarnation = Some(live);
         }
     }

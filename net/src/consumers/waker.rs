@@ -559,11 +559,10 @@ impl StreamWatcher for ConsumerWakes {
         // A new stream of the same name starts over at 0, and what the consumers following it
         // had processed was the deleted stream's: a write to the new one is work for them.
         // (Their stored cursors begin anew at their next change, `rules::stored`.)
-        let mut state = self.lock();
+        let state = &mut *self.lock();
         state.tails.remove(full_path);
-        let keys = state.by_stream.get(full_path).cloned().unwrap_or_default();
-        for key in keys {
-            if let Some(known) = state.consumers.get_mut(&key) {
+        for key in state.by_stream.get(full_path).into_iter().flatten() {
+            if let Some(known) = state.consumers.get_mut(key) {
                 for cursor in &mut known.consumer.streams {
                     if cursor.path == full_path {
                         cursor.next = None;
