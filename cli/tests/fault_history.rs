@@ -419,10 +419,7 @@ fn consumer_client(shared: Arc<Shared>, log: Log, answers: Answers) -> Driver {
                 .is_some_and(|r| (200..300).contains(&r.status));
             // 201: registered; 409: the fencing probe's stale token, refused as it must be.
             answers.tally_expecting(response.as_ref(), acked, &[201, 409]);
-            response.map(|r| consumer::Reply {
-                status: r.status,
-                body: r.body,
-            })
+            response.map(Into::into)
         });
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -440,10 +437,7 @@ fn observe_consumer(
         let reply = client.request("GET", &driver.target(), &[], b"");
         match reply {
             Some(r) if r.status != 503 || Instant::now() > deadline => {
-                return driver.found(Some(consumer::Reply {
-                    status: r.status,
-                    body: r.body,
-                }))
+                return driver.found(Some(r.into()))
             }
             None if Instant::now() > deadline => return driver.found(None),
             _ => std::thread::sleep(Duration::from_millis(50)),

@@ -585,10 +585,7 @@ impl Run {
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
         };
-        let reply = reply.map(|r| consumer::Reply {
-            status: r.status,
-            body: r.body,
-        });
+        let reply = reply.map(Into::into);
         let found = driver.found(reply).unwrap_or_else(|e| {
             panic!(
                 "[{}] cycle {}: {e}\n--- console ---\n{}",
@@ -955,10 +952,7 @@ impl ClientRun {
                 let response = client.request(method, target, headers, body);
                 // 409: the fencing probe's stale token, refused as it must be.
                 tally.count(name, response.as_ref(), &[200, 201, 409]);
-                response.map(|r| consumer::Reply {
-                    status: r.status,
-                    body: r.body,
-                })
+                response.map(Into::into)
             });
             std::thread::sleep(Duration::from_millis(20));
         }

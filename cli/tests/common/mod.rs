@@ -922,6 +922,16 @@ pub struct ReadRecord {
     pub body: Vec<u8>,
 }
 
+/// An answer as the named-consumer driver of the fault tests reads it.
+impl From<Resp> for pico_testkit::consumer::Reply {
+    fn from(r: Resp) -> Self {
+        pico_testkit::consumer::Reply {
+            status: r.status,
+            body: r.body,
+        }
+    }
+}
+
 /// A binary page (`format=binary`) answered to `reader` asking from `from`, as a fault test's
 /// history records it (completed at `completed_ms`), and where its next read starts.
 pub fn history_read(
