@@ -607,6 +607,77 @@ mod tests {
         );
     }
 
+    /// Rounds of the test below, each a wake-up from another thread around the moment the
+    /// core goes to sleep.
+    const FOREIGN_WAKE_ROUNDS: u64 = 5_000;
+    /// A round whose wake-up did not reach the core within this long was lost.
+    const FOREIGN_WAKE_LOST_AFTER: Duration = Duration::from_secs(10);
+
+    /// A task woken from another thread just as its core goes to sleep (the core's store of
+    /// "I sleep" and its last look at its queue of wakers against the thread's push and its
+    /// look at that flag) is always run: a core going to sleep orders the two with a fence,
+    /// and so does every waking thread (vendor/glommio/PATCHES.md, change 13). Each round the
+    /// core waits for a oneshot that the thread completes 0-40 µs after the core published
+    /// the round, so the wake lands before, during and after the core's way into its sleep.
+    /// A lost wake-up leaves the core asleep until the deadline.
+    #[test]
+    fn a_task_woken_from_another_thread_as_its_core_goes_to_sleep_always_runs() {
+        let round_now = Arc::new(AtomicU64::new(0));
+        let (senders_tx, senders_rx) = mpsc::channel::<futures_channel::oneshot::Sender<u64>>();
+        let (done_tx, done_rx) = mpsc::channel::<u64>();
+        let published = round_now.clone();
+        let core = core_executor(Placement::Unbound, 0)
+            .spawn(move || async move {
+                for round in 0..FOREIGN_WAKE_ROUNDS {
+                    let (tx, rx) = futures_channel::oneshot::channel();
+                    if senders_tx.send(tx).is_err() {
+                        return;
+                    }
+                    published.store(round + 1, Ordering::Release);
+                    match rx.await {
+                        Ok(got) if got == round => {}
+                        _ => return,
+                    }
+                    if done_tx.send(round).is_err() {
+                        return;
+                    }
+                }
+            })
+            .unwrap();
+        let mut lost = None;
+        for round in 0..FOREIGN_WAKE_ROUNDS {
+            let Ok(tx) = senders_rx.recv_timeout(FOREIGN_WAKE_LOST_AFTER) else {
+                lost = Some(round);
+                break;
+            };
+            let published_by = std::time::Instant::now() + FOREIGN_WAKE_LOST_AFTER;
+            while round_now.load(Ordering::Acquire) <= round
+                && std::time::Instant::now() < published_by
+            {
+                std::hint::spin_loop();
+            }
+            let send_at = std::time::Instant::now() + Duration::from_micros(round % 41);
+            while std::time::Instant::now() < send_at {
+                std::hint::spin_loop();
+            }
+            let _ = tx.send(round);
+            match done_rx.recv_timeout(FOREIGN_WAKE_LOST_AFTER) {
+                Ok(done) => assert_eq!(done, round),
+                Err(_) => {
+                    lost = Some(round);
+                    break;
+                }
+            }
+        }
+        // A core that lost a wake-up sleeps on with nothing to wake it: the test fails
+        // without joining it.
+        assert_eq!(
+            lost, None,
+            "a round's wake-up did not reach the core within {FOREIGN_WAKE_LOST_AFTER:?}"
+        );
+        core.join().unwrap();
+    }
+
     /// A commit round's durable write (`RWF_DSYNC`, vendor/glommio/PATCHES.md, change 10) from
     /// a buffer of the core's registered I/O memory and from one too large for it: the kernel
     /// takes the flag on both paths, and the bytes are in the file when the write completes.

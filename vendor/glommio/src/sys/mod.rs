@@ -172,7 +172,6 @@ pub(crate) fn sendmsg_syscall(
 }
 
 mod dma_buffer;
-mod membarrier;
 pub(crate) mod source;
 pub(crate) mod sysfs;
 mod uring;
@@ -306,6 +305,10 @@ impl SleepNotifier {
     }
 
     pub(crate) fn notify(&self, force: bool) {
+        // PicoMQ patch (PATCHES.md, change 13): what the caller pushed is ordered before the
+        // look at the flag, paired with the fence of a reactor going to sleep
+        // (`Reactor::wait`).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self
             .should_notify
             .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
