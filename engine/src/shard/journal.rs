@@ -781,13 +781,19 @@ impl Journal {
 }
 
 /// Makes room in a segment buffer for `needed` more bytes: doubling, to amortize the copies,
-/// but never past `full` (a full segment plus its slack) unless one frame needs it.
+/// up to `full` (a full segment plus its slack). Past it (one frame larger than that, or a
+/// rotation still waiting for its next WAL file while frames keep coming) by a quarter of
+/// `full` at least: grown to each frame's exact end, every frame would copy the whole buffer.
 pub(super) fn reserve_frames(buf: &mut Vec<u8>, needed: usize, full: usize) {
     let want = buf.len().saturating_add(needed);
     if want <= buf.capacity() {
         return;
     }
-    let target = want.max(buf.capacity().saturating_mul(2).min(full));
+    let target = if want <= full {
+        want.max(buf.capacity().saturating_mul(2).min(full))
+    } else {
+        want.max(buf.capacity().saturating_add(full / 4))
+    };
     buf.reserve_exact(target - buf.len());
 }
 
@@ -1041,5 +1047,31 @@ mod tests {
         );
         reserve_frames(&mut near_full, 5, full);
         assert_eq!(near_full.capacity(), 1000, "room left: nothing to do");
+    }
+
+    /// A rotation waiting for its next WAL file leaves frames coming into a full buffer: it
+    /// grows in steps of a quarter of its full size, not to each frame's end (which copied
+    /// the whole segment once per frame, 8 MiB per 64 KiB append).
+    #[test]
+    fn a_segment_buffer_past_its_full_size_grows_in_steps_not_per_frame() {
+        let full = 1000;
+        let mut buf = Vec::with_capacity(full);
+        buf.resize(full, 0);
+        let mut moves = 0;
+        for _ in 0..100 {
+            let at = buf.as_ptr();
+            reserve_frames(&mut buf, 10, full);
+            if buf.as_ptr() != at {
+                moves += 1;
+            }
+            let len = buf.len();
+            buf.resize(len + 10, 0);
+        }
+        assert_eq!(buf.len(), 2000);
+        assert!(
+            moves <= 4,
+            "{moves} copies of the buffer for 100 frames past its full size"
+        );
+        assert!(buf.capacity() < 2500, "{}", buf.capacity());
     }
 }
