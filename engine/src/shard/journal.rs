@@ -1055,8 +1055,7 @@ mod tests {
     #[test]
     fn a_segment_buffer_past_its_full_size_grows_in_steps_not_per_frame() {
         let full = 1000;
-        let mut buf = Vec::with_capacity(full);
-        buf.resize(full, 0);
+        let mut buf = vec![0u8; full];
         // Each change of capacity is a reallocation: a copy of the buffer, unless the
         // allocator grows the block in place.
         let mut reallocations = 0;
