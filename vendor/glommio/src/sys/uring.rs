@@ -1992,9 +1992,10 @@ impl Reactor {
             // look at the remote channels below by a sequentially consistent fence, paired
             // with the one every producer makes between its push and its look at the flag
             // (`SleepNotifier::notify`): either this look sees the push, or the producer sees
-            // the flag and writes the eventfd. A fence costs tens of cycles; the
-            // `membarrier` system call it replaces cost a kernel entry per sleep (and an IPI
-            // to every CPU running another thread of the process).
+            // the flag and writes the eventfd. A fence costs tens of cycles, where Seastar's
+            // asymmetric barrier (a `membarrier` call here, a compiler fence in producers)
+            // costs a kernel entry per sleep and an IPI to every CPU running another thread
+            // of the process.
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             let events = process_remote_channels() + self.flush_syscall_thread();
             if events == 0 {
