@@ -101,6 +101,19 @@ impl<S: Socket> Socket for Prefixed<S> {
     fn unsent_bytes(&self) -> usize {
         self.inner.unsent_bytes()
     }
+
+    fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = buf.remaining().min(self.prefix.len());
+            buf.put_slice(&self.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        self.inner.poll_read_buf(cx, buf)
+    }
 }
 
 /// Serves HTTP/2 on `stream` until the peer goes away, or until it was idle (no request in

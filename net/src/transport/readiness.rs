@@ -19,6 +19,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -208,27 +209,44 @@ impl Registration {
         cx: &Context<'_>,
         buf: &mut [u8],
     ) -> Option<Poll<io::Result<usize>>> {
+        // SAFETY: `buf` is valid for writes of its length for the call.
+        unsafe { self.poll_recv(cx, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// [`Registration::poll_read`] into memory that need not be initialized: on
+    /// `Ready(Ok(n))` its first `n` bytes are.
+    pub(crate) fn poll_read_uninit(
+        &self,
+        cx: &Context<'_>,
+        buf: &mut [MaybeUninit<u8>],
+    ) -> Option<Poll<io::Result<usize>>> {
+        // SAFETY: `buf` is valid for writes of its length for the call; `recv` writes bytes
+        // into it, it reads none.
+        unsafe { self.poll_recv(cx, buf.as_mut_ptr().cast(), buf.len()) }
+    }
+
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes for the call.
+    unsafe fn poll_recv(
+        &self,
+        cx: &Context<'_>,
+        buf: *mut u8,
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
         if self.readiness.failed.get() {
             return None;
         }
-        if buf.is_empty() {
+        if len == 0 {
             return Some(Poll::Ready(Ok(0)));
         }
         let mut sockets = self.readiness.sockets.borrow_mut();
         let socket = &mut sockets[self.key as usize];
         while socket.ready {
-            // SAFETY: `buf` is valid for writes of its length during the call.
-            let read = unsafe {
-                libc::recv(
-                    self.fd,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
+            // SAFETY: `buf` is valid for writes of `len` bytes (this function's contract).
+            let read = unsafe { libc::recv(self.fd, buf.cast(), len, libc::MSG_DONTWAIT) };
             if read >= 0 {
                 let read = read as usize;
-                if read > 0 && read < buf.len() {
+                if read > 0 && read < len {
                     socket.ready = false;
                 }
                 return Some(Poll::Ready(Ok(read)));
@@ -483,6 +501,76 @@ mod tests {
                 talking.join().expect("client");
             });
         }
+    }
+
+    /// Reads everything `socket` receives until its peer leaves, each read straight into the
+    /// spare capacity of a buffer whose spare bytes hold garbage (`0xAA`, as a reused body
+    /// buffer's would), at most `most` bytes a read; `fail_watch_after` bytes in, the core's
+    /// watch fails and the reads go on through glommio.
+    async fn read_into_spare_until_closed(
+        socket: &mut PlainTcp,
+        most: usize,
+        fail_watch_after: usize,
+    ) -> Vec<u8> {
+        use crate::transport::socket::Socket;
+        let mut received = bytes::BytesMut::with_capacity(most);
+        received.extend_from_slice(&vec![0xAA; most]);
+        received.clear();
+        loop {
+            if received.len() >= fail_watch_after && !socket_reads_through_glommio() {
+                fail_watch();
+            }
+            received.reserve(most);
+            let before = received.len();
+            let mut spare = tokio::io::ReadBuf::uninit(&mut received.spare_capacity_mut()[..most]);
+            bounded(std::future::poll_fn(|cx| {
+                socket.poll_read_buf(cx, &mut spare)
+            }))
+            .await
+            .expect("read");
+            let read = spare.filled().len();
+            // SAFETY: the filled part of a `ReadBuf` is initialized; it starts at `before`.
+            unsafe { received.set_len(before + read) };
+            if read == 0 {
+                return received.to_vec();
+            }
+            // Each later read lands on garbage again.
+            let spare = received.spare_capacity_mut();
+            let garbage = spare.len().min(most);
+            for byte in &mut spare[..garbage] {
+                byte.write(0xAA);
+            }
+        }
+    }
+
+    /// Whether this core's sockets read through glommio now (its watch failed).
+    fn socket_reads_through_glommio() -> bool {
+        this_core().is_none_or(|readiness| readiness.failed.get())
+    }
+
+    #[test]
+    fn reads_into_uninitialized_room_keep_exactly_the_bytes_sent_through_epoll_and_glommio() {
+        glommio::LocalExecutor::default().run(async {
+            let (listener, addr) = listener();
+            // No byte is 0xAA, so a byte of the buffer's garbage read as data changes the
+            // bytes compared, and a count too high reads garbage.
+            let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 170) as u8).collect();
+            let expected = sent.clone();
+            let talking = client(addr, move |mut socket| {
+                for piece in sent.chunks(7_777) {
+                    socket.write_all(piece).expect("send");
+                }
+            });
+            let mut socket = PlainTcp::new(listener.accept().await.expect("accept"));
+            let received = read_into_spare_until_closed(&mut socket, 64 * 1024, 150_000).await;
+            assert!(
+                socket_reads_through_glommio(),
+                "the second half read through glommio"
+            );
+            assert_eq!(received.len(), expected.len());
+            assert!(received == expected, "bytes differ");
+            talking.join().expect("client");
+        });
     }
 
     #[test]

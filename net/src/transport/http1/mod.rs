@@ -18,7 +18,7 @@ use std::future::Future;
 use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
-use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite};
+use futures_lite::AsyncReadExt;
 
 use crate::limits::{
     ConnectionLimits, OVERSIZED_BODY_DRAIN_BYTES_MAX, OVERSIZED_BODY_DRAIN_TIMEOUT,
@@ -267,7 +267,7 @@ async fn serve_request<S, H, F>(
     stop: &CoreShutdown,
 ) -> Served
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: crate::transport::socket::Socket,
     H: Fn(Request) -> F,
     F: Future<Output = Response>,
 {

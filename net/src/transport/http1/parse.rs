@@ -2,13 +2,14 @@
 //! smuggling), then a `Content-Length` or chunked body counted against the core's body budget.
 
 use bytes::{Buf, Bytes, BytesMut};
-use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use futures_lite::AsyncWriteExt;
 
 use super::read::{fill, fill_spare, READ_CHUNK_BYTES};
 use crate::limits::{
     BodyReservation, ConnectionLimits, CHUNK_SIZE_LINE_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
 };
 use crate::transport::message::{valid_authority, Request};
+use crate::transport::socket::Socket;
 
 /// A request the connection cannot parse: answered with this status and message, then closed.
 #[derive(Debug)]
@@ -39,7 +40,7 @@ impl ProtocolError {
 }
 
 /// Reads one request. `Ok(None)`: the peer closed between requests.
-pub(super) async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
+pub(super) async fn read_request<S: Socket>(
     stream: &mut S,
     buf: &mut BytesMut,
     limits: &ConnectionLimits,
@@ -225,7 +226,7 @@ fn parse_head(parsed: &httparse::Request) -> Result<Head, ProtocolError> {
     Ok(head)
 }
 
-async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
+async fn read_body<S: Socket>(
     stream: &mut S,
     buf: &mut BytesMut,
     head: Head,
@@ -282,7 +283,7 @@ pub(super) fn overloaded() -> ProtocolError {
     protocol_error(429, crate::limits::BODIES_OVER_BUDGET)
 }
 
-async fn read_chunked<S: AsyncRead + Unpin>(
+async fn read_chunked<S: Socket>(
     stream: &mut S,
     buf: &mut BytesMut,
     max_body_size: usize,

@@ -2,9 +2,11 @@
 //! buffer, reads while a request arrives, and noticing a peer that left mid-request.
 
 use bytes::BytesMut;
-use futures_lite::{AsyncRead, AsyncReadExt};
+use futures_lite::AsyncRead;
+use tokio::io::ReadBuf;
 
 use crate::limits::HEAD_BYTES_MAX;
+use crate::transport::socket::Socket;
 
 /// Bytes asked of the socket per read while a request arrives.
 pub(super) const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -73,10 +75,7 @@ thread_local! {
 }
 
 /// Fills `buf` with at least one more chunk from the socket; `false` at end of stream.
-pub(super) async fn fill<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut BytesMut,
-) -> std::io::Result<bool> {
+pub(super) async fn fill<S: Socket>(stream: &mut S, buf: &mut BytesMut) -> std::io::Result<bool> {
     read_into(stream, buf, READ_CHUNK_BYTES).await
 }
 
@@ -92,29 +91,29 @@ pub(super) async fn fill_idle<S: AsyncRead + Unpin>(
     read_arriving(stream, buf, IDLE_READ_BYTES).await
 }
 
-/// Reads at most `room` more bytes onto the end of `buf`; `false` at end of stream.
-async fn read_into<S: AsyncRead + Unpin>(
+/// Reads at most `room` more bytes onto the end of `buf`, straight into its spare capacity
+/// (not zeroed first where the socket can read into uninitialized memory:
+/// [`Socket::poll_read_buf`]); `false` at end of stream. Cancel-safe: `buf` grows only in the
+/// poll that read.
+async fn read_into<S: Socket>(
     stream: &mut S,
     buf: &mut BytesMut,
     room: usize,
 ) -> std::io::Result<bool> {
+    buf.reserve(room);
     let len = buf.len();
-    buf.resize(len + room, 0);
-    let n = stream.read(&mut buf[len..]).await;
-    let n = match n {
-        Ok(n) => n,
-        Err(e) => {
-            buf.truncate(len);
-            return Err(e);
-        }
-    };
-    buf.truncate(len + n);
-    Ok(n > 0)
+    let mut spare = ReadBuf::uninit(&mut buf.spare_capacity_mut()[..room]);
+    std::future::poll_fn(|cx| stream.poll_read_buf(cx, &mut spare)).await?;
+    let read = spare.filled().len();
+    // SAFETY: a `ReadBuf`'s filled part is initialized, and it is the first `read` bytes of
+    // `buf`'s spare capacity, right after its `len` bytes.
+    unsafe { buf.set_len(len + read) };
+    Ok(read > 0)
 }
 
 /// Reads into `buf`'s spare capacity (at most one read's worth) without growing it; `false`
 /// at end of stream.
-pub(super) async fn fill_spare<S: AsyncRead + Unpin>(
+pub(super) async fn fill_spare<S: Socket>(
     stream: &mut S,
     buf: &mut BytesMut,
 ) -> std::io::Result<bool> {

@@ -330,6 +330,10 @@ impl crate::transport::socket::Socket for Writes {
     fn set_send_stall_timeout(&self, _: std::time::Duration) {}
 }
 
+impl crate::transport::socket::Socket for Trickle {
+    fn set_send_stall_timeout(&self, _: std::time::Duration) {}
+}
+
 /// A buffer as a connection's socket, for sizing futures.
 impl crate::transport::socket::Socket for futures_lite::io::Cursor<Vec<u8>> {
     fn set_send_stall_timeout(&self, _: std::time::Duration) {}
