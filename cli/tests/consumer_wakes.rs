@@ -230,6 +230,63 @@ fn the_first_append_to_a_stream_created_again_wakes_its_consumer() {
     assert_eq!(view["streams"][0]["offset"], "-1", "{view}");
 }
 
+/// A node that did not see the delete (here: the next start of the node, whose waker knows the
+/// consumer only from the metadata log, where its cursor still counts in the deleted stream)
+/// wakes the consumer at the new stream's first append, not once the new stream passes where
+/// the consumer stood in the old one (a cluster node that serves the stream created again is
+/// in the same place).
+#[test]
+fn a_node_that_did_not_see_the_delete_wakes_at_the_first_append_to_the_stream_created_again() {
+    let mut server = Server::start(&[]);
+    let addr = server.second.expect("a Durable Streams listener");
+    create(addr, "r");
+    let (url, _status, rx) = receiver();
+    register(addr, "anew", &["r"]);
+    control(
+        addr,
+        "PUT",
+        "consumers/anew/wake",
+        None,
+        json!({"type": "webhook", "url": url}),
+    )
+    .expect(200);
+    let mut tail = String::new();
+    for i in 0..5 {
+        tail = append(addr, "r", &format!("old-{i}"));
+    }
+    let wake = next_delivery(&rx, &server);
+    let token = wake.body["token"].as_str().unwrap().to_string();
+    let path = format!("{ROOT}r");
+    control(
+        addr,
+        "POST",
+        "consumers/anew/ack",
+        Some(&token),
+        json!({"offsets": [{"path": path, "offset": tail}]}),
+    )
+    .expect(200);
+    control(
+        addr,
+        "POST",
+        "consumers/anew/release",
+        Some(&token),
+        Value::Null,
+    )
+    .expect(200);
+    ds(addr, "DELETE", &path, &[], b"").expect(204);
+
+    server.restart();
+    let addr = server.second.expect("a Durable Streams listener");
+    // The waker has read the consumer (standing after record 4 of the deleted stream) and its
+    // streams' tails before the stream is created again.
+    std::thread::sleep(Duration::from_millis(1500));
+    create(addr, "r");
+    append(addr, "r", "new-0");
+    let wake = next_delivery(&rx, &server);
+    assert_eq!(wake.body["primary_stream"], path);
+    assert_eq!(wake.body["streams"][0]["offset"], "-1", "{}", wake.body);
+}
+
 #[test]
 fn a_failed_delivery_gives_the_lease_back_and_is_retried() {
     let server = Server::start(&[]);

@@ -150,6 +150,9 @@ pub struct AppendAck {
     /// First offset appended; `None` when no record was appended (close-only).
     pub start_offset: Option<u64>,
     pub next_offset: u64,
+    /// The id of the stream the offsets count in ([`StreamInfo::id`]): a stream created again
+    /// under the same name has another.
+    pub stream_id: u64,
     pub timestamp_ms: Option<i64>,
     /// The stream is closed after this request.
     pub closed: bool,

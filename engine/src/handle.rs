@@ -39,8 +39,9 @@ pub struct CoreHandle {
 /// What the node does after the engine acknowledged a write: subscriptions and wake webhooks
 /// hear of it here, once, whichever protocol or service wrote.
 pub trait WriteObserver {
-    /// `name` took records or was closed; `next_offset` is its new tail.
-    fn on_write(&self, name: &str, next_offset: u64);
+    /// `name` (the stream whose id is `stream_id`) took records or was closed; `next_offset`
+    /// is its new tail.
+    fn on_write(&self, name: &str, stream_id: u64, next_offset: u64);
     /// `name` was deleted.
     fn on_delete(&self, name: &str);
 }
@@ -207,9 +208,9 @@ impl CoreHandle {
         }
     }
 
-    fn wrote(&self, name: &str, next_offset: u64) {
+    fn wrote(&self, name: &str, stream_id: u64, next_offset: u64) {
         if let Some(observer) = self.observer.get() {
-            observer.on_write(name, next_offset);
+            observer.on_write(name, stream_id, next_offset);
         }
     }
 
@@ -218,7 +219,7 @@ impl CoreHandle {
     pub async fn create(&self, name: &str, request: CreateRequest) -> Result<Created, CreateError> {
         let created = self.create_stream(name, request).await?;
         if created.first.is_some() || created.info.closed {
-            self.wrote(name, created.info.next_offset);
+            self.wrote(name, created.info.id, created.info.next_offset);
         }
         Ok(created)
     }
@@ -267,7 +268,7 @@ impl CoreHandle {
         let ack = self.router.append(name, request).await?;
         // Records taken or the stream closed (a producer's duplicate close too).
         if ack.start_offset.is_some() || ack.closed {
-            self.wrote(name, ack.next_offset);
+            self.wrote(name, ack.stream_id, ack.next_offset);
         }
         Ok(ack)
     }

@@ -55,12 +55,14 @@ enum AppendPlan {
     Nothing(AppendAck),
 }
 
-impl From<AppendOutcome> for AppendPlan {
-    fn from(outcome: AppendOutcome) -> AppendPlan {
+impl AppendPlan {
+    /// The plan for `outcome`, judged by the state of the stream whose id is `stream_id`.
+    fn judged(outcome: AppendOutcome, stream_id: u64) -> AppendPlan {
         // What a request that writes no record answers: the tail, and no first offset.
         let unwritten = |next_offset, closed, duplicate_of_seq| AppendAck {
             start_offset: None,
             next_offset,
+            stream_id,
             timestamp_ms: None,
             closed,
             duplicate_of_seq,
@@ -75,6 +77,7 @@ impl From<AppendOutcome> for AppendPlan {
                 ack: AppendAck {
                     start_offset: Some(start_offset),
                     next_offset,
+                    stream_id,
                     timestamp_ms: Some(timestamp_ms),
                     closed,
                     duplicate_of_seq: None,
@@ -360,7 +363,7 @@ impl Shard {
             };
             let outcome = stream.state.apply_append(command, now)?;
             self.record_access(&mut stream);
-            (key, AppendPlan::from(outcome))
+            (key, AppendPlan::judged(outcome, stream.state.id))
         };
         let (ack_rx, ack) = match plan {
             AppendPlan::Write {

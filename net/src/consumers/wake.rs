@@ -133,15 +133,15 @@ pub enum Start {
     Gone,
 }
 
-/// Wakes consumer `id` when one of `tails` (stream path, record count; the tails its waker
-/// serves) is past the committed offset and no lease runs: a new epoch whose token is
+/// Wakes consumer `id` when one of `tails` (the tails its waker serves) is past the committed
+/// offset and no lease runs: a new epoch whose token is
 /// `token`, as `acquire` takes one. The node reading the tails knows them; this transaction
 /// decides against the stored consumer, so two nodes waking one consumer at once make one
 /// wake.
 pub fn start(
     read: ConsumerRead,
     id: &str,
-    tails: &[(String, u64)],
+    tails: &[(String, KnownTail)],
     token: &Token,
 ) -> (ConsumerWrite, Start) {
     let Some(wake) = read.wake.as_deref().and_then(Wake::parse) else {
@@ -191,13 +191,30 @@ pub fn start(
     )
 }
 
+/// A followed stream's tail as a node last saw it: its record count, and the id of the stream
+/// (the incarnation of its name) that count is of; `None` when there was no stream (count 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KnownTail {
+    pub records: u64,
+    pub incarnation: Option<u64>,
+}
+
 /// The first stream of the consumer (in registration order) whose tail in `tails` is past
-/// its committed offset.
-pub fn pending_stream(consumer: &Consumer, tails: &[(String, u64)]) -> Option<String> {
+/// its committed offset. Stream ids only grow (SQLite's `AUTOINCREMENT`, Postgres's identity),
+/// and a name is created again only after its delete committed, so a later incarnation has a
+/// larger id: a tail of a later incarnation than the one the cursor counts in is all work
+/// (a node that did not see the delete still holds the old cursor), and a tail of an earlier
+/// one says nothing of the cursor's stream (a node that did not see the delete may still hold
+/// the old stream's tail).
+pub fn pending_stream(consumer: &Consumer, tails: &[(String, KnownTail)]) -> Option<String> {
     consumer.streams.iter().find_map(|cursor| {
         let (_, tail) = tails.iter().find(|(path, _)| *path == cursor.path)?;
-        let next = cursor.next.map_or(0, |(seq, _)| seq);
-        (next < *tail).then(|| cursor.path.clone())
+        let next = match (cursor.incarnation, tail.incarnation) {
+            (Some(counted), Some(seen)) if seen > counted => 0,
+            (Some(counted), Some(seen)) if seen < counted => return None,
+            _ => cursor.next.map_or(0, |(seq, _)| seq),
+        };
+        (next < tail.records).then(|| cursor.path.clone())
     })
 }
 
@@ -243,9 +260,43 @@ mod tests {
         Token::new("secret".into())
     }
 
+    fn seen(records: u64, incarnation: Option<u64>) -> KnownTail {
+        KnownTail {
+            records,
+            incarnation,
+        }
+    }
+
+    #[test]
+    fn a_tail_counts_against_a_cursor_of_its_own_incarnation_and_is_all_work_for_an_earlier_one() {
+        let mut consumer = Consumer::parse(&registered(true).document.unwrap()).unwrap();
+        let cursor = &mut consumer.streams[0];
+        cursor.next = Some((5, 50));
+        cursor.incarnation = Some(7);
+        let path = cursor.path.clone();
+        let pending = |consumer: &Consumer, records, incarnation| {
+            pending_stream(consumer, &[(path.clone(), seen(records, incarnation))])
+        };
+        // The same incarnation: past the committed offset or not.
+        assert_eq!(pending(&consumer, 5, Some(7)), None);
+        assert_eq!(pending(&consumer, 6, Some(7)), Some(path.clone()));
+        // A later incarnation (the name created again): its first record is work, however
+        // short it is of where the cursor stood in the old one.
+        assert_eq!(pending(&consumer, 1, Some(8)), Some(path.clone()));
+        assert_eq!(pending(&consumer, 0, Some(8)), None);
+        // An earlier incarnation's tail (a node that did not see the delete): no work.
+        assert_eq!(pending(&consumer, 9, Some(6)), None);
+        // No stream, or a cursor or tail whose incarnation is not known: the counts alone.
+        assert_eq!(pending(&consumer, 0, None), None);
+        assert_eq!(pending(&consumer, 6, None), Some(path.clone()));
+        consumer.streams[0].incarnation = None;
+        assert_eq!(pending(&consumer, 5, Some(8)), None);
+        assert_eq!(pending(&consumer, 6, Some(8)), Some(path.clone()));
+    }
+
     #[test]
     fn a_wake_takes_a_new_epoch_only_with_work_pending_and_no_lease() {
-        let tails = [("/s/b".to_string(), 3)];
+        let tails = [("/s/b".to_string(), seen(3, None))];
         let (write, start) = start(registered(true), "c", &tails, &token());
         let Start::Woken {
             epoch,
@@ -276,11 +327,26 @@ mod tests {
 
     #[test]
     fn nothing_past_the_committed_offsets_or_no_wake_wakes_nobody() {
-        let (write, start) = start(registered(true), "c", &[("/s/a".into(), 0)], &token());
+        let (write, start) = start(
+            registered(true),
+            "c",
+            &[("/s/a".into(), seen(0, None))],
+            &token(),
+        );
         assert!(matches!(start, Start::Idle(_)) && write == ConsumerWrite::Keep);
-        let (_, start) = super::start(registered(true), "c", &[("/s/x".into(), 5)], &token());
+        let (_, start) = super::start(
+            registered(true),
+            "c",
+            &[("/s/x".into(), seen(5, None))],
+            &token(),
+        );
         assert!(matches!(start, Start::Idle(_)));
-        let (write, start) = super::start(registered(false), "c", &[("/s/a".into(), 5)], &token());
+        let (write, start) = super::start(
+            registered(false),
+            "c",
+            &[("/s/a".into(), seen(5, None))],
+            &token(),
+        );
         assert!(matches!(start, Start::Gone) && write == ConsumerWrite::Keep);
     }
 

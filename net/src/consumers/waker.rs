@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use pico_engine::{CoreHandle, EngineError};
 
 use super::rules::{self, Consumer, Outcome, Token};
-use super::wake::{self, Start, Wake};
+use super::wake::{self, KnownTail, Start, Wake};
 use crate::subscriptions::{DeliveryOutcome, StreamWatcher, Subscriptions};
 
 /// How often the ticker takes delivery results and looks for consumers to wake.
@@ -68,8 +68,8 @@ struct Inner {
 struct State {
     consumers: HashMap<Key, Known>,
     by_stream: HashMap<String, Vec<Key>>,
-    /// Tails (record counts) of the followed streams this node serves, as its writes left them.
-    tails: HashMap<String, u64>,
+    /// Tails of the followed streams this node serves, as its writes left them.
+    tails: HashMap<String, KnownTail>,
     /// Followed streams another node serves (or none does), until the next reload.
     not_here: HashSet<String>,
     next_reload: Option<Instant>,
@@ -180,7 +180,7 @@ impl State {
     }
 
     /// The tails this node knows of `consumer`'s streams.
-    fn tails_of(&self, consumer: &Consumer) -> Vec<(String, u64)> {
+    fn tails_of(&self, consumer: &Consumer) -> Vec<(String, KnownTail)> {
         consumer
             .streams
             .iter()
@@ -252,7 +252,13 @@ impl ConsumerWakes {
     }
 
     /// Starts the wakes `write` makes due: `path`'s tail is now `tail`.
-    fn on_write(&self, hooks: &Arc<Subscriptions>, core: &Rc<CoreHandle>, path: &str, tail: u64) {
+    fn on_write(
+        &self,
+        hooks: &Arc<Subscriptions>,
+        core: &Rc<CoreHandle>,
+        path: &str,
+        tail: KnownTail,
+    ) {
         let due = {
             let mut state = self.lock();
             let Some(keys) = state.by_stream.get(path).cloned() else {
@@ -498,8 +504,14 @@ impl ConsumerWakes {
         };
         for path in unknown {
             let tail = match core.head(&path).await {
-                Ok(info) => Some(info.next_offset),
-                Err(EngineError::NotFound | EngineError::Gone) => Some(0),
+                Ok(info) => Some(KnownTail {
+                    records: info.next_offset,
+                    incarnation: Some(info.id),
+                }),
+                Err(EngineError::NotFound | EngineError::Gone) => Some(KnownTail {
+                    records: 0,
+                    incarnation: None,
+                }),
                 Err(_) => None,
             };
             let mut state = self.lock();
@@ -544,12 +556,17 @@ impl StreamWatcher for ConsumerWakes {
         hooks: &Arc<Subscriptions>,
         core: &Rc<CoreHandle>,
         full_path: &str,
+        stream_id: u64,
         next_offset: u64,
     ) {
         if self.inner.active.load(Ordering::Acquire) == 0 {
             return;
         }
-        self.on_write(hooks, core, full_path, next_offset);
+        let tail = KnownTail {
+            records: next_offset,
+            incarnation: Some(stream_id),
+        };
+        self.on_write(hooks, core, full_path, tail);
     }
 
     fn on_stream_deleted(&self, full_path: &str) {

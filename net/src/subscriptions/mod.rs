@@ -85,12 +85,14 @@ pub struct Subscriptions {
 /// A service that wants the writes and deletions the subscriptions see, and the delivery
 /// threads for its own webhooks ([`Subscriptions::deliver_for`]).
 pub trait StreamWatcher: Send + Sync {
-    /// A write to `full_path` was acknowledged; `next_offset` is the stream's new tail.
+    /// A write to `full_path` (the stream whose id is `stream_id`) was acknowledged;
+    /// `next_offset` is the stream's new tail.
     fn on_stream_write(
         &self,
         hooks: &Arc<Subscriptions>,
         core: &Rc<CoreHandle>,
         full_path: &str,
+        stream_id: u64,
         next_offset: u64,
     );
     /// `full_path` was deleted.
@@ -108,9 +110,10 @@ struct CoreWrites {
 }
 
 impl WriteObserver for CoreWrites {
-    fn on_write(&self, name: &str, next_offset: u64) {
+    fn on_write(&self, name: &str, stream_id: u64, next_offset: u64) {
         if let Some(core) = self.core.upgrade() {
-            self.subscriptions.on_stream_write(&core, name, next_offset);
+            self.subscriptions
+                .on_stream_write(&core, name, stream_id, next_offset);
         }
     }
 
@@ -362,17 +365,19 @@ impl Subscriptions {
 
     /// The one wake-up after a write, whichever protocol or service took it (the engine's
     /// [`WriteObserver`], `CoreWrites`): called with the stream
-    /// `full_path` and the `next_offset` of the engine's acknowledgement (its new tail). Free
+    /// `full_path` (whose id is `stream_id`) and the `next_offset` of the engine's
+    /// acknowledgement (its new tail). Free
     /// when there are no subscriptions (the offset is formatted only for a linked stream);
     /// takes the write lock only when a subscription links the stream.
     pub fn on_stream_write(
         self: &Arc<Self>,
         core: &Rc<CoreHandle>,
         full_path: &str,
+        stream_id: u64,
         next_offset: u64,
     ) {
         if let Some(watcher) = self.watcher.get() {
-            watcher.on_stream_write(self, core, full_path, next_offset);
+            watcher.on_stream_write(self, core, full_path, stream_id, next_offset);
         }
         if self.shared.active.load(Ordering::Acquire) == 0
             || !self.shared.read().interested(full_path)
