@@ -604,3 +604,81 @@ fn a_webhook_to_the_node_itself_is_refused_not_looped() {
     read.expect(200);
     assert_eq!(read.json(), json!([{"n": 1}]), "{}", read.text());
 }
+
+/// A linked stream that expires (the node's reaper deletes it, no `DELETE` request tells the
+/// subscriptions) and is created again: its new records are work from the first one, and a
+/// claim starts the worker at the new stream's beginning, not where it stood in the old one
+/// (which would skip the new stream's first records).
+#[test]
+fn a_linked_stream_that_expired_and_was_created_again_is_work_from_its_first_record() {
+    let server = Server::start(&["--protocol", "ds"]);
+    ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}wake/pool"),
+        &[("content-type", "application/json")],
+        b"",
+    )
+    .expect(201);
+    let spec = json!({"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wake/pool",
+        "lease_ttl_ms": 5000});
+    control(server.addr, "PUT", "subscriptions/again", None, Some(spec)).expect(201);
+    ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}jobs/x"),
+        &[("content-type", "text/plain"), ("stream-ttl", "1")],
+        b"",
+    )
+    .expect(201);
+    let mut tail = String::new();
+    for i in 0..3 {
+        tail = write(&server, "jobs/x", &format!("old-{i}"));
+    }
+    wait_wake(&server, "again", 1);
+    let claim = control(
+        server.addr,
+        "POST",
+        "subscriptions/again/claim",
+        None,
+        Some(json!({"worker": "w"})),
+    );
+    claim.expect(200);
+    let claim = claim.json();
+    let ack = json!({"wake_id": claim["wake_id"], "generation": claim["generation"],
+        "acks": [{"stream": "jobs/x", "offset": tail}], "done": true});
+    control(
+        server.addr,
+        "POST",
+        "subscriptions/again/ack",
+        claim["token"].as_str(),
+        Some(ack),
+    )
+    .expect(200);
+
+    wait_for("the stream to expire", Duration::from_secs(30), || {
+        let head = ds(server.addr, "HEAD", &format!("{ROOT}jobs/x"), &[], b"");
+        (head.status == 404).then_some(())
+    });
+    ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}jobs/x"),
+        &[("content-type", "text/plain")],
+        b"",
+    )
+    .expect(201);
+    write(&server, "jobs/x", "new-0");
+    wait_wake(&server, "again", 2);
+    let claim = control(
+        server.addr,
+        "POST",
+        "subscriptions/again/claim",
+        None,
+        Some(json!({"worker": "w"})),
+    );
+    claim.expect(200);
+    let stream = &claim.json()["streams"][0];
+    assert_eq!(stream["path"], "jobs/x", "{stream}");
+    assert_eq!(stream["acked_offset"], "-1", "{stream}");
+}

@@ -247,7 +247,10 @@ fn webhook_subscription(subs: &super::super::Subscriptions, root: &str, url: &st
 
 /// The jobs of a write to `root`events/a.
 fn write(subs: &super::super::Subscriptions, root: &str, next: u64) -> Vec<Job> {
-    let tail = super::super::offset_string(next);
+    let tail = super::super::StreamTail {
+        offset: super::super::offset_string(next),
+        stream_id: Some(1),
+    };
     subs.shared
         .write()
         .on_write(&format!("{root}events/a"), &tail, Clock::now())

@@ -65,7 +65,7 @@ use pico_engine::{AppendRequest, CoreHandle, EngineError, RecordInput, WriteObse
 use keys::{SigningKey, TokenKey};
 use queue::Queue;
 pub use registry::Outcome as DeliveryOutcome;
-use registry::{ApiError, Clock, Effect, Job, Origin, Registry, ZERO_OFFSET};
+use registry::{ApiError, Clock, Effect, Job, Origin, Registry, StreamTail};
 
 use shared::Shared;
 use store::Store;
@@ -148,12 +148,15 @@ fn offset_string(seq: u64) -> String {
 }
 
 /// The current tail of a stream as a DS offset; a missing stream has the empty tail.
-async fn tail_of(core: &CoreHandle, name: &str) -> Result<String, ApiError> {
+async fn tail_of(core: &CoreHandle, name: &str) -> Result<StreamTail, ApiError> {
     match core.head(name).await {
-        Ok(info) => Ok(offset_string(info.next_offset)),
+        Ok(info) => Ok(StreamTail {
+            offset: offset_string(info.next_offset),
+            stream_id: Some(info.id),
+        }),
         // A stream deleted while forks still read it (`Gone`) is gone for clients as much as one
         // never created: watched from the start, like a stream yet to be made.
-        Err(EngineError::NotFound | EngineError::Gone) => Ok(ZERO_OFFSET.to_string()),
+        Err(EngineError::NotFound | EngineError::Gone) => Ok(StreamTail::none()),
         Err(e) => Err(engine_error(&e)),
     }
 }
@@ -384,7 +387,10 @@ impl Subscriptions {
         {
             return;
         }
-        let tail = offset_string(next_offset);
+        let tail = StreamTail {
+            offset: offset_string(next_offset),
+            stream_id: Some(stream_id),
+        };
         let effects = self.shared.write().on_write(full_path, &tail, Clock::now());
         self.run_effects(core, effects);
     }

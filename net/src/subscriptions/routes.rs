@@ -17,7 +17,7 @@ use super::percent::decode_component;
 use super::registry::{
     parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Clock, Kind, LinkKind,
 };
-use super::{engine_error, offset_string, tail_of, Subscriptions};
+use super::{engine_error, offset_string, tail_of, StreamTail, Subscriptions};
 use super::{glob, registry, webhook_url};
 use crate::limits::{
     CREATE_SCAN_STREAMS_MAX, STREAMS_PER_SUBSCRIPTION_MAX, SUBSCRIPTION_ID_BYTES_MAX,
@@ -261,7 +261,7 @@ impl Subscriptions {
         core: &CoreHandle,
         root: &str,
         config: &registry::Config,
-    ) -> Result<Vec<(String, LinkKind, String)>, ApiError> {
+    ) -> Result<Vec<(String, LinkKind, StreamTail)>, ApiError> {
         let mut links = Vec::new();
         for path in &config.streams {
             let tail = tail_of(core, &format!("{root}{path}")).await?;
@@ -292,7 +292,10 @@ impl Subscriptions {
                 links.push((
                     rel.to_string(),
                     LinkKind::Glob,
-                    offset_string(stream.info.next_offset),
+                    StreamTail {
+                        offset: offset_string(stream.info.next_offset),
+                        stream_id: Some(stream.info.id),
+                    },
                 ));
                 if links.len() > STREAMS_PER_SUBSCRIPTION_MAX {
                     return Err(ApiError::new(

@@ -7,7 +7,9 @@ use std::sync::RwLock;
 use ring::rand::SystemRandom;
 
 use super::*;
-use crate::subscriptions::registry::{parse_config, AckRequest, Clock, FieldError, Kind, LinkKind};
+use crate::subscriptions::registry::{
+    parse_config, AckRequest, Clock, FieldError, Kind, LinkKind, StreamTail,
+};
 
 const ROOT: &str = "/v1/stream/";
 const BASE: &str = "http://127.0.0.1:4437/v1/stream/";
@@ -33,7 +35,12 @@ fn populated(tokens: TokenKey) -> Registry {
         "streams": ["manual/a"], "webhook": {"url": "http://127.0.0.1:9/hook"},
         "lease_ttl_ms": 5000, "description": "the webhook"}))
     .unwrap();
-    let links = vec![("manual/a".to_string(), LinkKind::Explicit, offset(3))];
+    // The stream ids the links count in are kept too.
+    let tail = |n, id| StreamTail {
+        offset: offset(n),
+        stream_id: Some(id),
+    };
+    let links = vec![("manual/a".to_string(), LinkKind::Explicit, tail(3, 11))];
     reg.create("hook", ROOT, ROOT, BASE, hook, links, clock)
         .unwrap();
     let pull = parse_config(&json!({"type": "pull-wake", "pattern": "events/*",
@@ -41,7 +48,7 @@ fn populated(tokens: TokenKey) -> Registry {
     .unwrap();
     reg.create("pull", ROOT, ROOT, BASE, pull, vec![], clock)
         .unwrap();
-    reg.on_write("/v1/stream/events/x", &offset(2), clock);
+    reg.on_write("/v1/stream/events/x", &tail(2, 12), clock);
     let mut effects = Vec::new();
     let claimed = reg
         .claim("/v1/stream/pull", "w1", clock, &mut effects)
@@ -95,7 +102,7 @@ fn state_round_trips_through_the_encoding() {
     assert_eq!(
         pull["streams"],
         json!([{"path": "events/x", "explicit": false, "glob": true,
-            "acked": offset(1), "tail": offset(2)}])
+            "acked": offset(1), "tail": offset(2), "stream_id": 12}])
     );
     // Encoding is deterministic: the same state, the same bytes.
     assert_eq!(encode(&reg2, &signing2), bytes);
@@ -223,6 +230,21 @@ fn a_format_1_file_is_read_and_written_again_as_format_2() {
     assert_eq!(signing3.kid(), signing.kid());
     assert_eq!(reloaded.snapshot(), old.snapshot());
     assert_eq!(reloaded.tokens().secret(), old.tokens().secret());
+}
+
+#[test]
+fn links_of_a_file_that_kept_no_stream_ids_are_read() {
+    let (_, tokens) = keys();
+    let (_, tokens_again) = keys();
+    let reg = populated(tokens);
+    let mut snapshot = reg.snapshot();
+    for sub in snapshot.as_array_mut().unwrap() {
+        for stream in sub["streams"].as_array_mut().unwrap() {
+            stream.as_object_mut().unwrap().remove("stream_id");
+        }
+    }
+    let restored = Registry::restore(&snapshot, tokens_again).unwrap();
+    assert_eq!(restored.snapshot(), snapshot);
 }
 
 #[test]

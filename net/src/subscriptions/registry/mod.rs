@@ -45,9 +45,10 @@ pub use request::{
 pub use snapshot::FieldError;
 pub use snapshot::SnapshotError;
 pub use state::{
-    Clock, Effect, Job, LinkKind, Origin, Outcome, Registry, BEFORE_FIRST_OFFSET, ZERO_OFFSET,
+    Clock, Effect, Job, LinkKind, Origin, Outcome, Registry, StreamTail, BEFORE_FIRST_OFFSET,
+    ZERO_OFFSET,
 };
-use state::{Delivery, Link, Sub};
+use state::{Delivery, Link, Observed, Sub};
 use wake::{retry_delay, Ctx};
 
 /// The registry key of subscription `id` under `root` (which ends with '/'; ids have no '/', so
@@ -144,7 +145,7 @@ impl Registry {
         scope: &str,
         callback_base: &str,
         config: Config,
-        links: Vec<(String, LinkKind, String)>,
+        links: Vec<(String, LinkKind, StreamTail)>,
         clock: Clock,
     ) -> Result<bool, ApiError> {
         let key = key(root, id);
@@ -176,12 +177,7 @@ impl Registry {
         }
         let mut streams: BTreeMap<String, Link> = BTreeMap::new();
         for (path, kind, tail) in links {
-            let link = streams.entry(path).or_insert_with(|| Link {
-                explicit: false,
-                glob: false,
-                acked: tail.clone(),
-                tail,
-            });
+            let link = streams.entry(path).or_insert_with(|| Link::at(tail));
             match kind {
                 LinkKind::Explicit => link.explicit = true,
                 LinkKind::Glob => link.glob = true,
@@ -264,7 +260,7 @@ impl Registry {
     pub fn add_explicit(
         &mut self,
         key: &str,
-        links: Vec<(String, String)>,
+        links: Vec<(String, StreamTail)>,
     ) -> Result<(), ApiError> {
         let sub = self.subs.get_mut(key).ok_or_else(ApiError::not_found)?;
         let new = links
@@ -280,12 +276,7 @@ impl Registry {
         for (path, tail) in links {
             sub.streams
                 .entry(path)
-                .or_insert_with(|| Link {
-                    explicit: false,
-                    glob: false,
-                    acked: tail.clone(),
-                    tail,
-                })
+                .or_insert_with(|| Link::at(tail))
                 .explicit = true;
         }
         self.mark_changed(key);
@@ -315,7 +306,7 @@ impl Registry {
     }
 
     /// A successful write left `full_path` with tail `tail`.
-    pub fn on_write(&mut self, full_path: &str, tail: &str, clock: Clock) -> Vec<Effect> {
+    pub fn on_write(&mut self, full_path: &str, tail: &StreamTail, clock: Clock) -> Vec<Effect> {
         let mut effects = Vec::new();
         let (subs, mut ctx) = ctx!(self, clock, &mut effects);
         for sub in subs.values_mut() {
@@ -341,6 +332,7 @@ impl Registry {
                         glob: true,
                         acked: BEFORE_FIRST_OFFSET.to_string(),
                         tail: ZERO_OFFSET.to_string(),
+                        stream_id: tail.stream_id,
                     },
                 );
                 ctx.touch(sub);
@@ -352,9 +344,10 @@ impl Registry {
                 link.glob = true;
                 ctx.touch_key(key(&sub.root, &sub.id));
             }
-            // Writes on different cores may report out of order: tails only move forward.
-            if tail > link.tail.as_str() {
-                link.tail = tail.to_string();
+            match link.observe(tail) {
+                Observed::Stale => continue,
+                Observed::Relinked => ctx.touch_key(key(&sub.root, &sub.id)),
+                Observed::Tail => {}
             }
             ctx.expire(sub);
             if sub.wake.is_none() {
@@ -378,16 +371,18 @@ impl Registry {
 
     /// Moves linked streams' tails forward to ones just read from the engine (before acks are
     /// checked against them: writes that bypassed the DS protocol were not reported).
-    pub fn refresh_tails(&mut self, key: &str, tails: &[(String, String)]) {
+    pub fn refresh_tails(&mut self, key: &str, tails: &[(String, StreamTail)]) {
         let Some(sub) = self.subs.get_mut(key) else {
             return;
         };
+        let mut relinked = false;
         for (path, tail) in tails {
             if let Some(link) = sub.streams.get_mut(path) {
-                if *tail > link.tail {
-                    link.tail = tail.clone();
-                }
+                relinked |= link.observe(tail) == Observed::Relinked;
             }
+        }
+        if relinked {
+            self.mark_changed(key);
         }
     }
 

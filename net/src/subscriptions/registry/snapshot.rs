@@ -104,13 +104,17 @@ fn sub_json(sub: &Sub) -> Value {
         .streams
         .iter()
         .map(|(path, link)| {
-            json!({
+            let mut stream = json!({
                 "path": path,
                 "explicit": link.explicit,
                 "glob": link.glob,
                 "acked": link.acked,
                 "tail": link.tail,
-            })
+            });
+            if let Some(id) = link.stream_id {
+                stream["stream_id"] = id.into();
+            }
+            stream
         })
         .collect();
     json!({
@@ -274,6 +278,11 @@ fn restore_sub(item: &Value) -> Result<Sub, FieldError> {
             glob: bool_field(stream, "glob")?,
             acked: str_field(stream, "acked")?.to_string(),
             tail: str_field(stream, "tail")?.to_string(),
+            // Absent in files of builds before it was kept.
+            stream_id: match &stream["stream_id"] {
+                Value::Null => None,
+                _ => Some(u64_field(stream, "stream_id")?),
+            },
         };
         if !link.explicit && !link.glob {
             return Err(FieldError::Unlinked(path));

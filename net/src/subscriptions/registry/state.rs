@@ -42,15 +42,87 @@ pub enum LinkKind {
     Glob,
 }
 
+/// A stream's tail as the engine answered it: its offset, and the id of the stream (the
+/// incarnation of its name) it is the tail of; `None` when there is no stream by the name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamTail {
+    pub offset: String,
+    pub stream_id: Option<u64>,
+}
+
+impl StreamTail {
+    /// The tail of a name no stream has now: the start.
+    pub fn none() -> StreamTail {
+        StreamTail {
+            offset: ZERO_OFFSET.to_string(),
+            stream_id: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Link {
     pub(super) explicit: bool,
     pub(super) glob: bool,
     pub(super) acked: String,
     pub(super) tail: String,
+    /// The id of the stream `acked` and `tail` count in (`None`: not seen yet, or a state file
+    /// of a build that did not keep it).
+    pub(super) stream_id: Option<u64>,
+}
+
+/// What a tail the engine reported did to a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Observed {
+    /// A tail of an earlier stream of the name than the link's: ignored.
+    Stale,
+    /// The link's own stream: its tail moved forward, if at all.
+    Tail,
+    /// The link now counts in another stream (the first it saw, or the name created again):
+    /// worth writing to the state file.
+    Relinked,
 }
 
 impl Link {
+    /// A new link at `tail`: nothing before it is work.
+    pub(super) fn at(tail: StreamTail) -> Link {
+        Link {
+            explicit: false,
+            glob: false,
+            acked: tail.offset.clone(),
+            tail: tail.offset,
+            stream_id: tail.stream_id,
+        }
+    }
+
+    /// Takes a tail the engine reported. Stream ids only grow (SQLite's `AUTOINCREMENT`,
+    /// Postgres's identity) and a name is created again only after its delete committed, so a
+    /// later incarnation has a larger id: a tail of a later stream than the link's starts the
+    /// link over (nothing of that stream is acked: a node that did not see the delete, or a
+    /// stream its reaper expired, must not start a worker where it stood in the old one), one
+    /// of an earlier stream is stale, and tails of the link's own stream only move forward
+    /// (writes on different cores may report out of order).
+    pub(super) fn observe(&mut self, tail: &StreamTail) -> Observed {
+        let observed = match (self.stream_id, tail.stream_id) {
+            (Some(linked), Some(seen)) if seen < linked => return Observed::Stale,
+            (Some(linked), Some(seen)) if seen > linked => {
+                self.acked = BEFORE_FIRST_OFFSET.to_string();
+                self.tail = ZERO_OFFSET.to_string();
+                self.stream_id = Some(seen);
+                Observed::Relinked
+            }
+            (None, Some(seen)) => {
+                self.stream_id = Some(seen);
+                Observed::Relinked
+            }
+            _ => Observed::Tail,
+        };
+        if tail.offset > self.tail {
+            self.tail = tail.offset.clone();
+        }
+        observed
+    }
+
     pub(super) fn pending(&self) -> bool {
         self.tail > self.acked
     }

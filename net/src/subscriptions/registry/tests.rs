@@ -33,6 +33,17 @@ fn offset(n: u64) -> String {
     crate::ds::format_offset(n, 0)
 }
 
+/// The tail `offset(n)` of the stream whose id is [`STREAM_ID`].
+fn seen(n: u64) -> StreamTail {
+    StreamTail {
+        offset: offset(n),
+        stream_id: Some(STREAM_ID),
+    }
+}
+
+/// The id of the stream the tests' writes report.
+const STREAM_ID: u64 = 7;
+
 fn registry() -> Registry {
     Registry::new(TokenKey::generate(&SystemRandom::new()).unwrap())
 }
@@ -249,7 +260,7 @@ fn webhook_done_reply_acks_the_snapshot() {
     assert!(!reg.interested("/v1/stream/other/x"));
     assert!(!reg.interested("/v1/stream/__ds/x"));
     assert!(reg.interested("/v1/stream/events/x"));
-    let effects = reg.on_write("/v1/stream/events/x", &offset(1), clock);
+    let effects = reg.on_write("/v1/stream/events/x", &seen(1), clock);
     let (job, body) = job_of(&effects);
     assert_eq!(body["subscription_id"], "s");
     assert_eq!(body["generation"], 1);
@@ -262,7 +273,7 @@ fn webhook_done_reply_acks_the_snapshot() {
     assert_eq!(body["streams"][0]["has_pending"], true);
     // A second write while the wake is out starts nothing new.
     assert!(reg
-        .on_write("/v1/stream/events/x", &offset(2), clock)
+        .on_write("/v1/stream/events/x", &seen(2), clock)
         .is_empty());
     // `done` acks what the wake announced; the second write is still pending, so the next
     // wake goes out at once.
@@ -290,7 +301,7 @@ fn callback_acks_then_fences_the_finished_generation() {
     let clock = Clock::now();
     reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
-    let (job, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
+    let (job, body) = job_of(&reg.on_write("/v1/stream/events/x", &seen(1), clock));
     assert!(reg
         .delivery_result(&job, Outcome::Accepted, clock)
         .is_empty());
@@ -329,7 +340,7 @@ fn callback_acks_then_fences_the_finished_generation() {
     let err = settle(&mut reg, &done, &token, &mut effects).unwrap_err();
     assert_eq!((err.status, err.code), (409, "FENCED"));
     // The next wake's token is not the old one, and the old token cannot settle it.
-    let (_, body2) = job_of(&reg.on_write("/v1/stream/events/x", &offset(2), clock));
+    let (_, body2) = job_of(&reg.on_write("/v1/stream/events/x", &seen(2), clock));
     assert_eq!(body2["generation"], 2);
     let stale = ack_request(&body2, "events/x", &offset(2), true);
     assert_eq!(
@@ -354,7 +365,7 @@ fn acks_may_reach_tails_refreshed_from_the_engine() {
     let clock = Clock::now();
     reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
-    let (_, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
+    let (_, body) = job_of(&reg.on_write("/v1/stream/events/x", &seen(1), clock));
     let token = token_of(&body, "callback_token");
     let ack = ack_request(&body, "events/x", &offset(3), false);
     let mut fx = Vec::new();
@@ -363,8 +374,8 @@ fn acks_may_reach_tails_refreshed_from_the_engine() {
         .unwrap_err();
     assert_eq!(err.code, "INVALID_OFFSET");
     // Tails never move back.
-    reg.refresh_tails(S, &[("events/x".into(), offset(3))]);
-    reg.refresh_tails(S, &[("events/x".into(), offset(2))]);
+    reg.refresh_tails(S, &[("events/x".into(), seen(3))]);
+    reg.refresh_tails(S, &[("events/x".into(), seen(2))]);
     assert_eq!(
         reg.settle(S, Kind::Webhook, &token, &ack, clock, &mut fx),
         Ok(false)
@@ -382,7 +393,7 @@ fn webhook_lease_expiry_redelivers_with_a_new_generation() {
     let t0 = Clock::now();
     reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], t0)
         .unwrap();
-    let (job, body) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), t0));
+    let (job, body) = job_of(&reg.on_write("/v1/stream/events/x", &seen(1), t0));
     reg.delivery_result(&job, Outcome::Accepted, t0);
     assert!(reg.tick(t0).is_empty());
     let later = Clock {
@@ -411,7 +422,7 @@ fn failed_deliveries_back_off_then_give_up() {
     let mut clock = Clock::now();
     reg.create("s", ROOT, ROOT, BASE, webhook(1000), vec![], clock)
         .unwrap();
-    let (mut job, _) = job_of(&reg.on_write("/v1/stream/events/x", &offset(1), clock));
+    let (mut job, _) = job_of(&reg.on_write("/v1/stream/events/x", &seen(1), clock));
     for attempt in 1..DELIVERY_ATTEMPTS_MAX {
         assert!(reg
             .delivery_result(&job, Outcome::Failed("refused".into()), clock)
@@ -430,7 +441,7 @@ fn failed_deliveries_back_off_then_give_up() {
     clock.now += Duration::from_secs(3600);
     assert!(reg.tick(clock).is_empty());
     // The next write tries again, and success clears the failed status.
-    let (job, _) = job_of(&reg.on_write("/v1/stream/events/x", &offset(2), clock));
+    let (job, _) = job_of(&reg.on_write("/v1/stream/events/x", &seen(2), clock));
     assert_eq!(job.generation, 2);
     reg.delivery_result(&job, Outcome::Accepted, clock);
     assert_eq!(reg.describe(S, "k", "u").unwrap()["status"], "active");
@@ -450,7 +461,7 @@ fn pull_wake_claim_ack_release() {
     assert_eq!(err.code, "NO_PENDING_WORK");
     // The subscription's own wake stream never links (it would wake itself forever).
     assert!(!reg.interested("/v1/stream/wake/pool"));
-    let effects = reg.on_write("/v1/stream/events/a", &offset(1), clock);
+    let effects = reg.on_write("/v1/stream/events/a", &seen(1), clock);
     let [Effect::AppendWake { stream, event }] = effects.as_slice() else {
         panic!("{effects:?}");
     };
@@ -480,7 +491,7 @@ fn pull_wake_claim_ack_release() {
     );
     // A write, a claim and a release: the work is still pending, so a new wake is announced.
     assert_eq!(
-        reg.on_write("/v1/stream/events/a", &offset(2), clock).len(),
+        reg.on_write("/v1/stream/events/a", &seen(2), clock).len(),
         1
     );
     let claimed = reg.claim(P, "w1", clock, &mut effects).unwrap();
@@ -514,7 +525,7 @@ fn pull_wake_lease_expiry_frees_the_claim() {
     let t0 = Clock::now();
     reg.create("p", ROOT, ROOT, BASE, pull(1000), vec![], t0)
         .unwrap();
-    reg.on_write("/v1/stream/events/a", &offset(1), t0);
+    reg.on_write("/v1/stream/events/a", &seen(1), t0);
     let mut effects = Vec::new();
     let claimed = reg.claim(P, "w1", t0, &mut effects).unwrap();
     let later = Clock {
@@ -551,18 +562,18 @@ fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
     // Linked, nothing pending: not woken by the resume.
     let quiet = config(json!({"type": "pull-wake", "streams": ["quiet/x"],
         "wake_stream": "wake/quiet"}));
-    let links = vec![("quiet/x".to_string(), LinkKind::Explicit, offset(4))];
+    let links = vec![("quiet/x".to_string(), LinkKind::Explicit, seen(4))];
     reg.create("quiet", ROOT, ROOT, BASE, quiet, links, clock)
         .unwrap();
     let version = reg.version();
-    reg.on_write("/v1/stream/events/a", &offset(1), clock);
+    reg.on_write("/v1/stream/events/a", &seen(1), clock);
     assert!(reg.version() > version, "a new link and a wake are durable");
     let mut effects = Vec::new();
     let claimed = reg.claim(P, "w1", clock, &mut effects).unwrap();
     let token = token_of(&claimed, "token");
     // A write while the wake is out moves only a tail: nothing to write.
     let version = reg.version();
-    reg.on_write("/v1/stream/events/a", &offset(2), clock);
+    reg.on_write("/v1/stream/events/a", &seen(2), clock);
     assert_eq!(reg.version(), version);
 
     let mut restored = Registry::restore(&reg.snapshot(), TokenKey::from_secret(secret)).unwrap();
@@ -575,7 +586,7 @@ fn restored_registry_fences_old_wakes_and_resumes_pending_work() {
         .unwrap_err();
     assert_eq!(err.code, "FENCED");
     // The tails read from the engine, then the pending work is announced again, once.
-    restored.refresh_tails(P, &[("events/a".into(), offset(3))]);
+    restored.refresh_tails(P, &[("events/a".into(), seen(3))]);
     let effects = restored.resume(clock);
     let [Effect::AppendWake { stream, event }] = effects.as_slice() else {
         panic!("{effects:?}");
@@ -609,9 +620,9 @@ fn explicit_streams_link_and_unlink() {
     let clock = Clock::now();
     let c = config(json!({"type": "webhook", "streams": ["manual/a"],
         "webhook": {"url": "http://127.0.0.1:9/hook"}}));
-    let links = vec![("manual/a".to_string(), LinkKind::Explicit, offset(5))];
+    let links = vec![("manual/a".to_string(), LinkKind::Explicit, seen(5))];
     reg.create("s", ROOT, ROOT, BASE, c, links, clock).unwrap();
-    reg.add_explicit(S, vec![("manual/b".into(), ZERO_OFFSET.into())])
+    reg.add_explicit(S, vec![("manual/b".into(), StreamTail::none())])
         .unwrap();
     let paths = |reg: &Registry| -> Vec<String> {
         reg.describe(S, "k", "u").unwrap()["streams"]
@@ -636,15 +647,15 @@ fn explicit_streams_link_and_unlink() {
     // Writes to unlinked streams do nothing; to a linked one, they wake.
     assert!(!reg.interested("/v1/stream/manual/b"));
     assert!(reg
-        .on_write("/v1/stream/manual/a", &offset(5), clock)
+        .on_write("/v1/stream/manual/a", &seen(5), clock)
         .is_empty());
     assert_eq!(
-        reg.on_write("/v1/stream/manual/a", &offset(6), clock).len(),
+        reg.on_write("/v1/stream/manual/a", &seen(6), clock).len(),
         1
     );
     assert_eq!(reg.add_explicit("nope", vec![]).unwrap_err().status, 404);
-    let many: Vec<(String, String)> = (0..STREAMS_PER_SUBSCRIPTION_MAX)
-        .map(|i| (format!("m/{i}"), ZERO_OFFSET.to_string()))
+    let many: Vec<(String, StreamTail)> = (0..STREAMS_PER_SUBSCRIPTION_MAX)
+        .map(|i| (format!("m/{i}"), StreamTail::none()))
         .collect();
     assert_eq!(
         reg.add_explicit(S, many).unwrap_err().code,
@@ -652,4 +663,51 @@ fn explicit_streams_link_and_unlink() {
     );
     reg.on_delete("/v1/stream/manual/a");
     assert!(paths(&reg).is_empty());
+}
+
+#[test]
+fn a_tail_of_the_name_created_again_starts_a_link_over_and_an_earlier_ones_is_stale() {
+    let of = |n, id| StreamTail {
+        offset: offset(n),
+        stream_id: id,
+    };
+    let mut link = Link::at(of(5, Some(STREAM_ID)));
+    assert!(!link.pending());
+    // The link's own stream: forward only.
+    assert_eq!(link.observe(&of(7, Some(STREAM_ID))), Observed::Tail);
+    assert_eq!(link.observe(&of(6, Some(STREAM_ID))), Observed::Tail);
+    assert_eq!(
+        (link.tail.as_str(), link.pending()),
+        (offset(7).as_str(), true)
+    );
+    link.acked = offset(7);
+    // An earlier stream of the name (a report that raced its delete): nothing changes.
+    assert_eq!(link.observe(&of(9, Some(STREAM_ID - 1))), Observed::Stale);
+    assert_eq!(
+        (link.tail.as_str(), link.pending()),
+        (offset(7).as_str(), false)
+    );
+    // The name created again: its first record is work, however far the old one had come,
+    // and a worker starts at its beginning.
+    assert_eq!(
+        link.observe(&of(1, Some(STREAM_ID + 1))),
+        Observed::Relinked
+    );
+    assert_eq!(link.acked, BEFORE_FIRST_OFFSET);
+    assert_eq!(link.tail, offset(1));
+    assert_eq!(link.stream_id, Some(STREAM_ID + 1));
+    assert!(link.pending());
+    // A link of a state file that kept no id takes the first one it sees, counts as before.
+    let mut legacy = Link {
+        stream_id: None,
+        ..Link::at(of(5, None))
+    };
+    assert_eq!(legacy.observe(&of(5, Some(STREAM_ID))), Observed::Relinked);
+    assert_eq!(
+        (legacy.stream_id, legacy.pending()),
+        (Some(STREAM_ID), false)
+    );
+    // No stream by the name: nothing moves.
+    assert_eq!(legacy.observe(&StreamTail::none()), Observed::Tail);
+    assert_eq!(legacy.tail, offset(5));
 }
