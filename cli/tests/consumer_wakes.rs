@@ -230,22 +230,23 @@ fn the_first_append_to_a_stream_created_again_wakes_its_consumer() {
     assert_eq!(view["streams"][0]["offset"], "-1", "{view}");
 }
 
-/// A node that did not see the delete (here: the next start of the node, whose waker knows the
-/// consumer only from the metadata log, where its cursor still counts in the deleted stream)
-/// wakes the consumer at the new stream's first append, not once the new stream passes where
-/// the consumer stood in the old one (a cluster node that serves the stream created again is
-/// in the same place).
-#[test]
-fn a_node_that_did_not_see_the_delete_wakes_at_the_first_append_to_the_stream_created_again() {
-    let mut server = Server::start(&[]);
+/// A consumer that processed stream `r` through its wake, with the lease given back; `r` is
+/// created with `r_headers`.
+fn processed_through_a_wake(
+    server: &Server,
+    id: &str,
+    r_headers: &[(&str, &str)],
+) -> mpsc::Receiver<Delivery> {
     let addr = server.second.expect("a Durable Streams listener");
-    create(addr, "r");
+    let mut headers = vec![("content-type", "text/plain")];
+    headers.extend_from_slice(r_headers);
+    ds(addr, "PUT", &format!("{ROOT}r"), &headers, b"").expect(201);
     let (url, _status, rx) = receiver();
-    register(addr, "anew", &["r"]);
+    register(addr, id, &["r"]);
     control(
         addr,
         "PUT",
-        "consumers/anew/wake",
+        &format!("consumers/{id}/wake"),
         None,
         json!({"type": "webhook", "url": url}),
     )
@@ -254,13 +255,13 @@ fn a_node_that_did_not_see_the_delete_wakes_at_the_first_append_to_the_stream_cr
     for i in 0..5 {
         tail = append(addr, "r", &format!("old-{i}"));
     }
-    let wake = next_delivery(&rx, &server);
+    let wake = next_delivery(&rx, server);
     let token = wake.body["token"].as_str().unwrap().to_string();
     let path = format!("{ROOT}r");
     control(
         addr,
         "POST",
-        "consumers/anew/ack",
+        &format!("consumers/{id}/ack"),
         Some(&token),
         json!({"offsets": [{"path": path, "offset": tail}]}),
     )
@@ -268,23 +269,54 @@ fn a_node_that_did_not_see_the_delete_wakes_at_the_first_append_to_the_stream_cr
     control(
         addr,
         "POST",
-        "consumers/anew/release",
+        &format!("consumers/{id}/release"),
         Some(&token),
         Value::Null,
     )
     .expect(200);
-    ds(addr, "DELETE", &path, &[], b"").expect(204);
+    rx
+}
 
-    server.restart();
+/// `r` created again and its first record appended: the consumer is woken at once, starting
+/// at the new stream's beginning.
+fn created_again_wakes(server: &Server, rx: &mpsc::Receiver<Delivery>) {
     let addr = server.second.expect("a Durable Streams listener");
+    create(addr, "r");
+    append(addr, "r", "new-0");
+    let wake = next_delivery(rx, server);
+    assert_eq!(wake.body["primary_stream"], format!("{ROOT}r"));
+    assert_eq!(wake.body["streams"][0]["offset"], "-1", "{}", wake.body);
+}
+
+/// A node that did not see the delete (here: the next start of the node, whose waker knows the
+/// consumer only from the metadata log, where its cursor still counts in the deleted stream)
+/// wakes the consumer at the new stream's first append, not once the new stream passes where
+/// the consumer stood in the old one (a cluster node that serves the stream created again is
+/// in the same place).
+#[test]
+fn a_node_that_did_not_see_the_delete_wakes_at_the_first_append_to_the_stream_created_again() {
+    let mut server = Server::start(&[]);
+    let rx = processed_through_a_wake(&server, "anew", &[]);
+    let addr = server.second.expect("a Durable Streams listener");
+    ds(addr, "DELETE", &format!("{ROOT}r"), &[], b"").expect(204);
+    server.restart();
     // The waker has read the consumer (standing after record 4 of the deleted stream) and its
     // streams' tails before the stream is created again.
     std::thread::sleep(Duration::from_millis(1500));
-    create(addr, "r");
-    append(addr, "r", "new-0");
-    let wake = next_delivery(&rx, &server);
-    assert_eq!(wake.body["primary_stream"], path);
-    assert_eq!(wake.body["streams"][0]["offset"], "-1", "{}", wake.body);
+    created_again_wakes(&server, &rx);
+}
+
+/// The same when the stream expired: the node's reaper deletes it and tells the waker nothing.
+#[test]
+fn a_stream_that_expired_and_was_created_again_wakes_its_consumer_at_its_first_append() {
+    let server = Server::start(&[]);
+    let rx = processed_through_a_wake(&server, "expired", &[("stream-ttl", "1")]);
+    let addr = server.second.expect("a Durable Streams listener");
+    common::wait_for("the stream to expire", Duration::from_secs(30), || {
+        let head = ds(addr, "HEAD", &format!("{ROOT}r"), &[], b"");
+        (head.status == 404).then_some(())
+    });
+    created_again_wakes(&server, &rx);
 }
 
 #[test]
