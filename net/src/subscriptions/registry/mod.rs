@@ -346,7 +346,14 @@ impl Registry {
             }
             match link.observe(tail) {
                 Observed::Stale => continue,
-                Observed::Relinked => ctx.touch_key(key(&sub.root, &sub.id)),
+                Observed::Restarted if !link.glob => {
+                    sub.streams.remove(rel);
+                    ctx.touch_key(key(&sub.root, &sub.id));
+                    continue;
+                }
+                Observed::Restarted | Observed::Identified => {
+                    ctx.touch_key(key(&sub.root, &sub.id))
+                }
                 Observed::Tail => {}
             }
             ctx.expire(sub);
@@ -375,13 +382,21 @@ impl Registry {
         let Some(sub) = self.subs.get_mut(key) else {
             return;
         };
-        let mut relinked = false;
+        let mut changed = false;
         for (path, tail) in tails {
-            if let Some(link) = sub.streams.get_mut(path) {
-                relinked |= link.observe(tail) == Observed::Relinked;
+            let Some(link) = sub.streams.get_mut(path) else {
+                continue;
+            };
+            match link.observe(tail) {
+                Observed::Stale | Observed::Tail => {}
+                Observed::Restarted if !link.glob => {
+                    sub.streams.remove(path);
+                    changed = true;
+                }
+                Observed::Restarted | Observed::Identified => changed = true,
             }
         }
-        if relinked {
+        if changed {
             self.mark_changed(key);
         }
     }

@@ -78,9 +78,13 @@ pub(super) enum Observed {
     Stale,
     /// The link's own stream: its tail moved forward, if at all.
     Tail,
-    /// The link now counts in another stream (the first it saw, or the name created again):
-    /// worth writing to the state file.
-    Relinked,
+    /// The first stream the link saw: it counts in it from now on (worth writing to the state
+    /// file).
+    Identified,
+    /// A later stream of the name (deleted, or expired, and created again): the link started
+    /// over in it. A seen delete removes a link ([`Registry::on_delete`](super::Registry)), and
+    /// the caller does the same with one that only an explicit request made.
+    Restarted,
 }
 
 impl Link {
@@ -109,11 +113,11 @@ impl Link {
                 self.acked = BEFORE_FIRST_OFFSET.to_string();
                 self.tail = ZERO_OFFSET.to_string();
                 self.stream_id = Some(seen);
-                Observed::Relinked
+                Observed::Restarted
             }
             (None, Some(seen)) => {
                 self.stream_id = Some(seen);
-                Observed::Relinked
+                Observed::Identified
             }
             _ => Observed::Tail,
         };

@@ -691,7 +691,7 @@ fn a_tail_of_the_name_created_again_starts_a_link_over_and_an_earlier_ones_is_st
     // and a worker starts at its beginning.
     assert_eq!(
         link.observe(&of(1, Some(STREAM_ID + 1))),
-        Observed::Relinked
+        Observed::Restarted
     );
     assert_eq!(link.acked, BEFORE_FIRST_OFFSET);
     assert_eq!(link.tail, offset(1));
@@ -702,7 +702,10 @@ fn a_tail_of_the_name_created_again_starts_a_link_over_and_an_earlier_ones_is_st
         stream_id: None,
         ..Link::at(of(5, None))
     };
-    assert_eq!(legacy.observe(&of(5, Some(STREAM_ID))), Observed::Relinked);
+    assert_eq!(
+        legacy.observe(&of(5, Some(STREAM_ID))),
+        Observed::Identified
+    );
     assert_eq!(
         (legacy.stream_id, legacy.pending()),
         (Some(STREAM_ID), false)
@@ -710,4 +713,37 @@ fn a_tail_of_the_name_created_again_starts_a_link_over_and_an_earlier_ones_is_st
     // No stream by the name: nothing moves.
     assert_eq!(legacy.observe(&StreamTail::none()), Observed::Tail);
     assert_eq!(legacy.tail, offset(5));
+}
+
+#[test]
+fn a_write_to_the_name_created_again_restarts_a_pattern_link_and_drops_an_explicit_one() {
+    let mut reg = registry();
+    let clock = Clock::now();
+    let both = config(json!({"type": "pull-wake", "pattern": "events/*",
+        "streams": ["events/a", "manual/b"], "wake_stream": "wake/pool"}));
+    let links = vec![
+        ("events/a".to_string(), LinkKind::Explicit, seen(4)),
+        ("events/a".to_string(), LinkKind::Glob, seen(4)),
+        ("manual/b".to_string(), LinkKind::Explicit, seen(4)),
+    ];
+    reg.create("p", ROOT, ROOT, BASE, both, links, clock)
+        .unwrap();
+    let streams = |reg: &Registry| reg.describe(P, "k", "u").unwrap()["streams"].clone();
+    let again = StreamTail {
+        offset: offset(1),
+        stream_id: Some(STREAM_ID + 1),
+    };
+    let version = reg.version();
+    reg.on_write("/v1/stream/events/a", &again, clock);
+    reg.on_write("/v1/stream/manual/b", &again, clock);
+    assert!(reg.version() > version, "the changed links are durable");
+    // As a seen delete leaves them: the pattern's link starts over, the explicit-only one is
+    // gone.
+    assert_eq!(
+        streams(&reg),
+        json!([{"path": "events/a", "link_type": "explicit", "acked_offset": "-1"}])
+    );
+    // A late report of the old stream changes nothing.
+    reg.on_write("/v1/stream/events/a", &seen(9), clock);
+    assert_eq!(streams(&reg)[0]["acked_offset"], "-1");
 }
