@@ -223,7 +223,7 @@ fn appends_stop_when_the_wal_directory_is_deleted_and_reads_go_on() {
 }
 
 /// The catalog's disk full (its SQLite database on a tmpfs kept full): creates and deletes are
-/// refused with a `503` that says so, appends to existing streams are acknowledged from the
+/// refused with the `507` of a full disk (as a full WAL disk refuses appends), appends to existing streams are acknowledged from the
 /// WAL as before, every read is served, and the node's log says so once per interval, not
 /// once per refused request (a client's retries would otherwise fill the log at their rate).
 /// Space back, creates work again without a restart; after `kill -9` every acknowledged
@@ -255,7 +255,8 @@ fn a_full_catalog_disk_refuses_creates_keeps_appending_and_logs_once_an_interval
             // SQLite may still have room in a page it holds.
             continue;
         }
-        let error = create.expect_error(503, "unavailable");
+        let error = create.expect_error(507, "insufficient_storage");
+        assert_eq!(create.h("retry-after"), "5");
         assert!(
             error["message"]
                 .as_str()
@@ -271,6 +272,21 @@ fn a_full_catalog_disk_refuses_creates_keeps_appending_and_logs_once_an_interval
         acked.push(body);
     }
     assert!(refused >= 50, "only {refused} creates were refused");
+    // The Durable Streams protocol answers the same.
+    let ds_addr = server.second.expect("a Durable Streams listener");
+    let ds_create = common::ds(
+        ds_addr,
+        "PUT",
+        "/v1/stream/ds-new",
+        &[("content-type", "text/plain")],
+        b"",
+    );
+    assert_eq!(ds_create.status, 507, "{}", ds_create.text());
+    assert!(
+        ds_create.text().contains("INSUFFICIENT_STORAGE"),
+        "{}",
+        ds_create.text()
+    );
     assert_holds_exactly(&server, &acked);
     let logged = server.log().matches("metadata batch of").count();
     assert!(

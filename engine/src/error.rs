@@ -100,6 +100,14 @@ impl StorageFault {
     }
 }
 
+impl StorageFault {
+    /// Whether the metadata log's disk (or quota) is full: nothing was written, and it heals
+    /// once space is freed.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(self, StorageFault::Meta(MetaError::OutOfSpace(_)))
+    }
+}
+
 impl EngineError {
     /// Whether this is damage of the stored bytes ([`StorageFault::is_damage`]).
     pub fn is_damage(&self) -> bool {

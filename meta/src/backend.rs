@@ -224,13 +224,13 @@ pub(crate) enum CommitOutcome {
 pub(crate) trait Backend {
     /// Starts the transaction of one batch of commands. A backend whose connection can drop
     /// re-establishes it here (and fails while it cannot).
-    fn begin(&mut self) -> Result<(), String>;
+    fn begin(&mut self) -> Result<(), MetaError>;
 
     /// Starts a read-only transaction that sees one consistent state (the startup snapshot).
-    fn begin_read(&mut self) -> Result<(), String>;
+    fn begin_read(&mut self) -> Result<(), MetaError>;
 
     /// Runs statements without parameters or results (savepoints, COMMIT).
-    fn execute_batch(&mut self, sql: &str) -> Result<(), String>;
+    fn execute_batch(&mut self, sql: &str) -> Result<(), MetaError>;
 
     /// Ends a transaction that failed, throwing its writes away; best effort (the connection
     /// may be gone, and then so is the transaction).
@@ -250,7 +250,7 @@ pub(crate) trait Backend {
     /// `Some(why)` when the database has already abandoned the open transaction on its own
     /// (SQLite does after I/O errors), so the commands applied in it must not be reported
     /// committed.
-    fn transaction_lost(&mut self) -> Option<String>;
+    fn transaction_lost(&mut self) -> Option<MetaError>;
 
     /// The row named `name`, if any.
     fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError>;

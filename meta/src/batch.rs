@@ -38,11 +38,10 @@ pub(crate) fn open_backend(url: &MetaUrl) -> Result<Box<dyn Backend>, MetaError>
 /// The startup snapshot, read in one read transaction so it is one consistent state even while
 /// another node writes.
 pub(crate) fn startup_snapshot(db: &mut dyn Backend) -> Result<Snapshot, MetaError> {
-    db.begin_read()
-        .map_err(|why| MetaError::Storage(format!("begin snapshot: {why}")))?;
+    db.begin_read().map_err(|why| why.doing("begin snapshot"))?;
     let snapshot = load_snapshot(db).and_then(|snapshot| {
         db.execute_batch(backend::COMMIT)
-            .map_err(|why| MetaError::Storage(format!("end snapshot: {why}")))?;
+            .map_err(|why| why.doing("end snapshot"))?;
         Ok(snapshot)
     });
     if snapshot.is_err() {
@@ -122,9 +121,12 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>, failure_log: &LogLimit
                 );
                 Ok(())
             }
-            CommitOutcome::Failed => Err(format!("commit: {error}")),
+            CommitOutcome::Failed => Err(error.doing("commit")),
             CommitOutcome::Unknown(why) => {
-                let why = format!("commit: {error}; whether it committed is unknown: {why}");
+                let why = MetaError::Unknown(format!(
+                    "commit: {}; whether it committed is unknown: {why}",
+                    error.detail()
+                ));
                 log::error!("metadata batch of {} commands: {why}", pending.len());
                 pending.iter_mut().for_each(|entry| entry.unknown(&why));
                 Err(why)
@@ -164,10 +166,10 @@ fn apply_in_transaction(
     db: &mut dyn Backend,
     batch: Vec<Command>,
     pending: &mut Vec<Pending>,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let mut commands = batch.into_iter().peekable();
     if let Err(error) = db.begin() {
-        return abandon(pending, commands, format!("begin transaction: {error}"));
+        return abandon(pending, commands, error.doing("begin transaction"));
     }
     while let Some(command) = commands.next() {
         let command = match command {
@@ -183,7 +185,7 @@ fn apply_in_transaction(
         };
         if let Err(error) = db.execute_batch(backend::SAVEPOINT) {
             let rest = std::iter::once(command).chain(commands);
-            return abandon(pending, rest, format!("savepoint: {error}"));
+            return abandon(pending, rest, error.doing("savepoint"));
         }
         let entry = apply_command(db, command);
         let settled = if entry.is_ok() {
@@ -193,7 +195,7 @@ fn apply_in_transaction(
         };
         pending.push(entry);
         if let Err(error) = settled {
-            return abandon(pending, commands, format!("settle savepoint: {error}"));
+            return abandon(pending, commands, error.doing("settle savepoint"));
         }
         // Some errors (SQLITE_FULL, SQLITE_IOERR, a lost connection) end the whole transaction;
         // then earlier commands are gone too and must not be reported as committed.
@@ -285,7 +287,7 @@ fn apply_group(
     db: &mut dyn Backend,
     group: Group,
     pending: &mut Vec<Pending>,
-) -> Result<(), String> {
+) -> Result<(), MetaError> {
     let Group {
         creates,
         create_replies,
@@ -297,7 +299,7 @@ fn apply_group(
     let begun = db.execute_batch(backend::SAVEPOINT);
     let (answers, settled) = match &begun {
         Err(error) => {
-            let why = format!("savepoint: {error}");
+            let why = error.clone().doing("savepoint");
             let creates = creates.iter().map(|_| failed(&why)).collect();
             let lookups = lookups.iter().map(|_| failed(&why)).collect();
             ((creates, lookups), Err(why))
@@ -306,7 +308,7 @@ fn apply_group(
             Ok(answers) => (answers, db.execute_batch(backend::RELEASE)),
             Err(error) => {
                 log::warn!("a group of {count} creates and look-ups failed: {error}");
-                let why = error.to_string();
+                let why = error;
                 let creates = create_replies.iter().map(|_| failed(&why)).collect();
                 let lookups = lookups.iter().map(|_| failed(&why)).collect();
                 (
@@ -334,7 +336,7 @@ fn apply_group(
     if begun.is_err() {
         return settled.map(drop);
     }
-    settled.map_err(|error| format!("settle savepoint: {error}"))
+    settled.map_err(|error| error.doing("settle savepoint"))
 }
 
 /// Gives every command not yet applied the batch's error; returns that error for
@@ -342,8 +344,8 @@ fn apply_group(
 fn abandon(
     pending: &mut Vec<Pending>,
     commands: impl Iterator<Item = Command>,
-    why: String,
-) -> Result<(), String> {
+    why: MetaError,
+) -> Result<(), MetaError> {
     for command in commands {
         match command {
             Command::Create { reply, .. } => pending.push(self::pending(reply, failed(&why))),
@@ -353,7 +355,7 @@ fn abandon(
             | Command::DropSegments { reply, .. }
             | Command::Commit { reply, .. } => pending.push(self::pending(reply, failed(&why))),
             Command::Garbage { reply, .. } => pending.push(self::pending(reply, failed(&why))),
-            Command::Job(job) => job.refuse(MetaError::Storage(why.clone())),
+            Command::Job(job) => job.refuse(why.clone()),
             Command::Snapshot { .. } | Command::Shutdown => {
                 unreachable!("run() splits the batch at Snapshot and Shutdown")
             }

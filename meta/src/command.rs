@@ -100,13 +100,13 @@ pub(crate) struct Pending {
     ok: bool,
     /// Why the transaction did not commit, once known: a success computed inside it is not
     /// true any more.
-    failed: Option<String>,
+    failed: Option<MetaError>,
     /// Whether it committed is not known: every answer, success or error, becomes
     /// [`MetaError::Unknown`] (an error computed inside a transaction that may have committed
     /// other commands' writes is still this command's own, but its savepoint is gone either
     /// way, so it is kept).
     unknown: bool,
-    send: Box<dyn FnOnce(Option<String>, bool) + Send>,
+    send: Box<dyn FnOnce(Option<MetaError>, bool) + Send>,
 }
 
 /// The [`Pending`] answer `result` to `reply`.
@@ -120,8 +120,8 @@ pub(crate) fn pending<T: Send + 'static>(
         unknown: false,
         send: Box::new(move |why, unknown| {
             let result = match why {
-                Some(why) if unknown && result.is_ok() => Err(MetaError::Unknown(why)),
-                Some(why) if result.is_ok() => failed(&why),
+                Some(why) if unknown && result.is_ok() => Err(MetaError::Unknown(why.detail())),
+                Some(why) if result.is_ok() => Err(why),
                 _ => result,
             };
             // A caller that stopped waiting (dropped receiver) is fine.
@@ -135,15 +135,15 @@ impl Pending {
         self.ok && self.failed.is_none()
     }
 
-    pub(crate) fn fail(&mut self, why: &str) {
+    pub(crate) fn fail(&mut self, why: &MetaError) {
         if self.failed.is_none() {
-            self.failed = Some(why.to_string());
+            self.failed = Some(why.clone());
         }
     }
 
     /// The transaction may or may not have committed: a success becomes
     /// [`MetaError::Unknown`] with `why`.
-    pub(crate) fn unknown(&mut self, why: &str) {
+    pub(crate) fn unknown(&mut self, why: &MetaError) {
         self.fail(why);
         self.unknown = true;
     }
@@ -153,8 +153,8 @@ impl Pending {
     }
 }
 
-pub(crate) fn failed<T>(why: &str) -> Result<T, MetaError> {
-    Err(MetaError::Storage(why.to_string()))
+pub(crate) fn failed<T>(why: &MetaError) -> Result<T, MetaError> {
+    Err(why.clone())
 }
 
 /// Answers a command that will never run, because the thread is stopping or gone.

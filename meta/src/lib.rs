@@ -275,6 +275,9 @@ pub enum MetaError {
     /// The database (SQLite, the filesystem, Postgres or the connection to it) failed; the
     /// message carries the cause.
     Storage(String),
+    /// The database's disk (or quota) is full: nothing was written. Heals by itself once
+    /// space is freed.
+    OutOfSpace(String),
     /// The metadata thread is gone (shutting down or crashed).
     Closed,
     /// A cluster write by a node that no longer owns the stream (another node took it over
@@ -299,7 +302,7 @@ impl std::fmt::Display for MetaError {
             | MetaError::Fenced(m)
             | MetaError::Rejected(m)
             | MetaError::NotFound(m) => f.write_str(m),
-            MetaError::Storage(m) => write!(f, "metadata store: {m}"),
+            MetaError::Storage(m) | MetaError::OutOfSpace(m) => write!(f, "metadata store: {m}"),
             MetaError::Unknown(m) => write!(f, "metadata store: outcome unknown: {m}"),
             MetaError::Closed => f.write_str("metadata store is shut down"),
         }
@@ -307,6 +310,33 @@ impl std::fmt::Display for MetaError {
 }
 
 impl std::error::Error for MetaError {}
+
+impl MetaError {
+    /// The same error, its message led by what was being done.
+    pub(crate) fn doing(self, doing: &str) -> MetaError {
+        match self {
+            MetaError::Storage(m) => MetaError::Storage(format!("{doing}: {m}")),
+            MetaError::OutOfSpace(m) => MetaError::OutOfSpace(format!("{doing}: {m}")),
+            MetaError::Unknown(m) => MetaError::Unknown(format!("{doing}: {m}")),
+            other => other,
+        }
+    }
+
+    /// The message without the kind's own words.
+    pub(crate) fn detail(&self) -> String {
+        match self {
+            MetaError::BadUrl(m)
+            | MetaError::Unsupported(m)
+            | MetaError::Storage(m)
+            | MetaError::OutOfSpace(m)
+            | MetaError::Fenced(m)
+            | MetaError::Rejected(m)
+            | MetaError::NotFound(m)
+            | MetaError::Unknown(m) => m.clone(),
+            MetaError::Closed => self.to_string(),
+        }
+    }
+}
 
 pub type Reply<T> = futures_channel::oneshot::Receiver<Result<T, MetaError>>;
 

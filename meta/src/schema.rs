@@ -294,15 +294,24 @@ pub(crate) fn log_migrated(from: i64, to: i64) {
     }
 }
 
-/// Wraps a rusqlite error with what we were doing, for [`MetaError::Storage`].
+/// Wraps a rusqlite error with what we were doing, for [`MetaError::Storage`] (or
+/// [`MetaError::OutOfSpace`] for a full disk).
 pub(crate) fn storage(doing: &str) -> impl Fn(rusqlite::Error) -> MetaError + '_ {
-    move |error| match error.sqlite_error().map(|e| e.extended_code) {
-        Some(rusqlite::ffi::SQLITE_IOERR_DATA) => MetaError::Storage(format!(
-            "{doing}: a page of the catalog fails its checksum: the file is damaged (a flipped \
-             bit, a bad sector), or another program changed it (reading it with the sqlite3 \
-             shell is safe; changing it is not); restore it from a backup (pico admin restore)"
-        )),
-        _ => MetaError::Storage(format!("{doing}: {error}")),
+    move |error| sqlite_error(error).doing(doing)
+}
+
+/// A rusqlite error as a [`MetaError`]: a full disk is [`MetaError::OutOfSpace`], anything
+/// else [`MetaError::Storage`].
+pub(crate) fn sqlite_error(error: rusqlite::Error) -> MetaError {
+    match error.sqlite_error().map(|e| (e.code, e.extended_code)) {
+        Some((_, rusqlite::ffi::SQLITE_IOERR_DATA)) => MetaError::Storage(
+            "a page of the catalog fails its checksum: the file is damaged (a flipped bit, a \
+             bad sector), or another program changed it (reading it with the sqlite3 shell is \
+             safe; changing it is not); restore it from a backup (pico admin restore)"
+                .to_string(),
+        ),
+        Some((rusqlite::ErrorCode::DiskFull, _)) => MetaError::OutOfSpace(error.to_string()),
+        _ => MetaError::Storage(error.to_string()),
     }
 }
 

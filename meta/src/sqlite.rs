@@ -22,7 +22,7 @@ use crate::backend::StreamUpdate;
 use crate::high_water;
 use crate::page_checksums;
 use crate::schema;
-use crate::schema::storage;
+use crate::schema::{sqlite_error, storage};
 use crate::MetaError;
 
 pub(crate) struct Sqlite {
@@ -111,20 +111,18 @@ impl Backend for Sqlite {
         }
     }
 
-    fn begin(&mut self) -> Result<(), String> {
+    fn begin(&mut self) -> Result<(), MetaError> {
         // IMMEDIATE takes the write lock now instead of at the first write, so a concurrent
         // reader cannot turn it into a mid-batch SQLITE_BUSY.
         self.execute_batch("BEGIN IMMEDIATE")
     }
 
-    fn begin_read(&mut self) -> Result<(), String> {
+    fn begin_read(&mut self) -> Result<(), MetaError> {
         self.execute_batch("BEGIN")
     }
 
-    fn execute_batch(&mut self, sql: &str) -> Result<(), String> {
-        self.conn
-            .execute_batch(sql)
-            .map_err(|error| error.to_string())
+    fn execute_batch(&mut self, sql: &str) -> Result<(), MetaError> {
+        self.conn.execute_batch(sql).map_err(sqlite_error)
     }
 
     fn rollback(&mut self) {
@@ -135,10 +133,10 @@ impl Backend for Sqlite {
         }
     }
 
-    fn transaction_lost(&mut self) -> Option<String> {
-        self.conn
-            .is_autocommit()
-            .then(|| "SQLite rolled the transaction back after an error".to_string())
+    fn transaction_lost(&mut self) -> Option<MetaError> {
+        self.conn.is_autocommit().then(|| {
+            MetaError::Storage("SQLite rolled the transaction back after an error".to_string())
+        })
     }
 
     fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError> {

@@ -20,7 +20,18 @@ pub(super) fn failed(doing: &str) -> impl Fn(postgres::Error) -> String + '_ {
     move |error| format!("{doing}: {}", describe(&error))
 }
 
-/// Wraps a client error with what we were doing, for [`MetaError::Storage`].
+/// Wraps a client error with what we were doing, for [`MetaError::Storage`] (or
+/// [`MetaError::OutOfSpace`] for a server whose disk is full).
 pub(super) fn storage(doing: &str) -> impl Fn(postgres::Error) -> MetaError + '_ {
-    move |error| MetaError::Storage(format!("{doing}: {}", describe(&error)))
+    move |error| pg_error(&error).doing(doing)
+}
+
+/// A client error as a [`MetaError`]: the server's `disk_full` (SQLSTATE 53100) is
+/// [`MetaError::OutOfSpace`], anything else [`MetaError::Storage`].
+pub(super) fn pg_error(error: &postgres::Error) -> MetaError {
+    if error.code() == Some(&postgres::error::SqlState::DISK_FULL) {
+        MetaError::OutOfSpace(describe(error))
+    } else {
+        MetaError::Storage(describe(error))
+    }
 }

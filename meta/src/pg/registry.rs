@@ -9,7 +9,7 @@ use postgres::Client;
 use postgres::Row;
 
 use super::connection::Postgres;
-use super::errors::{describe, storage};
+use super::errors::{describe, pg_error, storage};
 use super::rows::stream_columns;
 use crate::backend;
 use crate::backend::entry_columns;
@@ -29,9 +29,9 @@ use crate::limits::{PG_COMMIT_RESOLVE_MS, PG_RETRY_FIRST_MS};
 use crate::MetaError;
 
 impl Backend for Postgres {
-    fn begin(&mut self) -> Result<(), String> {
+    fn begin(&mut self) -> Result<(), MetaError> {
         self.txid = None;
-        let begun = begin_with_txid(self.connected()?);
+        let begun = begin_with_txid(self.connected().map_err(MetaError::Storage)?);
         let txid = match begun {
             Ok(txid) => txid,
             Err(error) => {
@@ -45,25 +45,27 @@ impl Backend for Postgres {
                 );
                 self.disconnect();
                 self.retry_at = Instant::now();
-                begin_with_txid(self.connected()?).map_err(|error| describe(&error))?
+                begin_with_txid(self.connected().map_err(MetaError::Storage)?)
+                    .map_err(|error| pg_error(&error))?
             }
         };
         self.txid = txid;
         Ok(())
     }
 
-    fn begin_read(&mut self) -> Result<(), String> {
-        self.connected()?
+    fn begin_read(&mut self) -> Result<(), MetaError> {
+        self.connected()
+            .map_err(MetaError::Storage)?
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .map_err(|error| describe(&error))
+            .map_err(|error| pg_error(&error))
     }
 
-    fn execute_batch(&mut self, sql: &str) -> Result<(), String> {
+    fn execute_batch(&mut self, sql: &str) -> Result<(), MetaError> {
         let client = self
             .client
             .as_mut()
-            .ok_or_else(|| format!("not connected to {}", self.url))?;
-        client.batch_execute(sql).map_err(|error| describe(&error))
+            .ok_or_else(|| MetaError::Storage(format!("not connected to {}", self.url)))?;
+        client.batch_execute(sql).map_err(|error| pg_error(&error))
     }
 
     fn rollback(&mut self) {
@@ -113,11 +115,11 @@ impl Backend for Postgres {
         }
     }
 
-    fn transaction_lost(&mut self) -> Option<String> {
+    fn transaction_lost(&mut self) -> Option<MetaError> {
         self.client
             .as_ref()
             .is_none_or(Client::is_closed)
-            .then(|| format!("the connection to {} was lost", self.url))
+            .then(|| MetaError::Storage(format!("the connection to {} was lost", self.url)))
     }
 
     fn find_stream(&mut self, name: &str) -> Result<Option<StreamColumns>, MetaError> {

@@ -58,6 +58,11 @@ impl From<EngineError> for DsError {
             EngineError::Storage(ref fault) if fault.is_damage() => {
                 DsError::new(500, "DAMAGED", message)
             }
+            // The metadata log's disk is full: answered as a full WAL disk is.
+            EngineError::Storage(ref fault) if fault.is_out_of_space() => {
+                DsError::new(507, "INSUFFICIENT_STORAGE", message)
+                    .with("retry-after", WAL_RETRY_AFTER_SEC.to_string())
+            }
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
             EngineError::Storage(_) => {
                 DsError::new(503, "UNAVAILABLE", message).with("retry-after", "1")

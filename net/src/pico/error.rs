@@ -59,6 +59,11 @@ impl From<EngineError> for ApiError {
             EngineError::Storage(ref fault) if fault.is_damage() => {
                 ApiError::new(500, "damaged", message)
             }
+            // The metadata log's disk is full: answered as a full WAL disk is.
+            EngineError::Storage(ref fault) if fault.is_out_of_space() => ApiError {
+                extra: vec![("retry-after", WAL_RETRY_AFTER_SEC.to_string().into())],
+                ..ApiError::new(507, "insufficient_storage", message)
+            },
             // The metadata log or the bucket failed: nothing was acknowledged; retry.
             EngineError::Storage(_) => ApiError {
                 extra: vec![("retry-after", "1".into())],
