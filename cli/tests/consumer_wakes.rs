@@ -184,48 +184,11 @@ fn an_append_wakes_the_consumer_with_a_token_and_a_running_lease_wakes_nobody() 
 #[test]
 fn the_first_append_to_a_stream_created_again_wakes_its_consumer() {
     let server = Server::start(&[]);
-    let addr = server.second.expect("a Durable Streams listener");
-    create(addr, "r");
-    let (url, _status, rx) = receiver();
-    register(addr, "again", &["r"]);
-    control(
-        addr,
-        "PUT",
-        "consumers/again/wake",
-        None,
-        json!({"type": "webhook", "url": url}),
-    )
-    .expect(200);
-    let mut tail = String::new();
-    for i in 0..5 {
-        tail = append(addr, "r", &format!("old-{i}"));
-    }
-    let wake = next_delivery(&rx, &server);
-    let token = wake.body["token"].as_str().unwrap().to_string();
-    let path = format!("{ROOT}r");
-    control(
-        addr,
-        "POST",
-        "consumers/again/ack",
-        Some(&token),
-        json!({"offsets": [{"path": path, "offset": tail}]}),
-    )
-    .expect(200);
-    control(
-        addr,
-        "POST",
-        "consumers/again/release",
-        Some(&token),
-        Value::Null,
-    )
-    .expect(200);
+    let rx = processed_through_a_wake(&server, "again", &[]);
     no_delivery(&rx, Duration::from_millis(800));
-
-    ds(addr, "DELETE", &path, &[], b"").expect(204);
-    create(addr, "r");
-    append(addr, "r", "new-0");
-    let wake = next_delivery(&rx, &server);
-    assert_eq!(wake.body["primary_stream"], path);
+    let addr = server.second.expect("a Durable Streams listener");
+    ds(addr, "DELETE", &format!("{ROOT}r"), &[], b"").expect(204);
+    created_again_wakes(&server, &rx);
     let view = control(addr, "GET", "consumers/again", None, Value::Null).json();
     assert_eq!(view["streams"][0]["offset"], "-1", "{view}");
 }

@@ -101,6 +101,38 @@ fn write(server: &Server, path: &str, body: &str) -> String {
     appended.h("stream-next-offset").to_string()
 }
 
+/// A pull-wake claim of `subscription` by `worker`: the claim's answer.
+fn claim(server: &Server, subscription: &str, worker: &str) -> Value {
+    let claimed = control(
+        server.addr,
+        "POST",
+        &format!("subscriptions/{subscription}/claim"),
+        None,
+        Some(json!({"worker": worker})),
+    );
+    claimed.expect(200);
+    claimed.json()
+}
+
+/// Acknowledges `offset` of `stream` under `claim` and ends the wake; the answer.
+fn ack_done(
+    server: &Server,
+    subscription: &str,
+    claim: &Value,
+    stream: &str,
+    offset: &str,
+) -> Resp {
+    let ack = json!({"wake_id": claim["wake_id"], "generation": claim["generation"],
+        "acks": [{"stream": stream, "offset": offset}], "done": true});
+    control(
+        server.addr,
+        "POST",
+        &format!("subscriptions/{subscription}/ack"),
+        claim["token"].as_str(),
+        Some(ack),
+    )
+}
+
 /// The wake events of `subscription` in the wake stream so far.
 fn wake_events(server: &Server, subscription: &str) -> Vec<Value> {
     let read = ds_read(server.addr, &format!("{ROOT}wake/pool"), "-1");
@@ -193,24 +225,8 @@ fn subscriptions_survive_a_restart() {
     let tail = write(&server, "events/a", "one");
     let event = wait_wake(&server, "pull", 1);
     assert_eq!(event["stream"], "events/a");
-    let claim = control(
-        server.addr,
-        "POST",
-        "subscriptions/pull/claim",
-        None,
-        Some(json!({"worker": "w1"})),
-    );
-    claim.expect(200);
-    let claim = claim.json();
-    let ack = json!({"wake_id": claim["wake_id"], "generation": claim["generation"],
-        "acks": [{"stream": "events/a", "offset": tail}], "done": true});
-    let acked = control(
-        server.addr,
-        "POST",
-        "subscriptions/pull/ack",
-        claim["token"].as_str(),
-        Some(ack),
-    );
+    let claimed = claim(&server, "pull", "w1");
+    let acked = ack_done(&server, "pull", &claimed, "events/a", &tail);
     acked.expect(200);
     assert_eq!(acked.json(), json!({"ok": true, "next_wake": false}));
 
@@ -327,15 +343,7 @@ fn subscriptions_survive_a_restart() {
     control(server.addr, "GET", "subscriptions/hook", None, None).expect(404);
     let event = wait_wake(&server, "pull", 3);
     assert_eq!(event["stream"], "events/a");
-    let claim = control(
-        server.addr,
-        "POST",
-        "subscriptions/pull/claim",
-        None,
-        Some(json!({"worker": "w2"})),
-    );
-    claim.expect(200);
-    let claim = claim.json();
+    let claim = claim(&server, "pull", "w2");
     assert_eq!(claim["generation"], 3);
     assert_eq!(claim["streams"][0]["acked_offset"], tail.as_str());
     assert_eq!(claim["streams"][0]["tail_offset"], tail2.as_str());
@@ -431,15 +439,8 @@ fn links_and_generations_made_by_writes_are_written_soon_after() {
     assert_eq!(get_subscription(&server, "lazy"), before);
     // The unclaimed wake is announced again with the next generation.
     wait_wake(&server, "lazy", 2);
-    let claim = control(
-        server.addr,
-        "POST",
-        "subscriptions/lazy/claim",
-        None,
-        Some(json!({"worker": "w"})),
-    );
-    claim.expect(200);
-    assert_eq!(claim.json()["streams"][0]["tail_offset"], tail.as_str());
+    let claimed = claim(&server, "lazy", "w");
+    assert_eq!(claimed["streams"][0]["tail_offset"], tail.as_str());
 }
 
 /// A subscription belongs to its root, so a token with admin on `/a/` can neither describe,
@@ -636,25 +637,8 @@ fn a_linked_stream_that_expired_and_was_created_again_is_work_from_its_first_rec
         tail = write(&server, "jobs/x", &format!("old-{i}"));
     }
     wait_wake(&server, "again", 1);
-    let claim = control(
-        server.addr,
-        "POST",
-        "subscriptions/again/claim",
-        None,
-        Some(json!({"worker": "w"})),
-    );
-    claim.expect(200);
-    let claim = claim.json();
-    let ack = json!({"wake_id": claim["wake_id"], "generation": claim["generation"],
-        "acks": [{"stream": "jobs/x", "offset": tail}], "done": true});
-    control(
-        server.addr,
-        "POST",
-        "subscriptions/again/ack",
-        claim["token"].as_str(),
-        Some(ack),
-    )
-    .expect(200);
+    let claimed = claim(&server, "again", "w");
+    ack_done(&server, "again", &claimed, "jobs/x", &tail).expect(200);
 
     wait_for("the stream to expire", Duration::from_secs(30), || {
         let head = ds(server.addr, "HEAD", &format!("{ROOT}jobs/x"), &[], b"");
@@ -670,15 +654,8 @@ fn a_linked_stream_that_expired_and_was_created_again_is_work_from_its_first_rec
     .expect(201);
     write(&server, "jobs/x", "new-0");
     wait_wake(&server, "again", 2);
-    let claim = control(
-        server.addr,
-        "POST",
-        "subscriptions/again/claim",
-        None,
-        Some(json!({"worker": "w"})),
-    );
-    claim.expect(200);
-    let stream = &claim.json()["streams"][0];
+    let claimed = claim(&server, "again", "w");
+    let stream = &claimed["streams"][0];
     assert_eq!(stream["path"], "jobs/x", "{stream}");
     assert_eq!(stream["acked_offset"], "-1", "{stream}");
 }
