@@ -101,6 +101,18 @@ fn write(server: &Server, path: &str, body: &str) -> String {
     appended.h("stream-next-offset").to_string()
 }
 
+/// The JSON stream `wake/pool`, where the tests' pull-wake subscriptions announce their wakes.
+fn create_wake_pool(server: &Server) {
+    ds(
+        server.addr,
+        "PUT",
+        &format!("{ROOT}wake/pool"),
+        &[("content-type", "application/json")],
+        b"",
+    )
+    .expect(201);
+}
+
 /// A pull-wake claim of `subscription` by `worker`: the claim's answer.
 fn claim(server: &Server, subscription: &str, worker: &str) -> Value {
     let claimed = control(
@@ -387,14 +399,7 @@ fn a_corrupt_state_file_stops_the_node() {
 #[test]
 fn links_and_generations_made_by_writes_are_written_soon_after() {
     let mut server = Server::start(&["--protocol", "ds"]);
-    ds(
-        server.addr,
-        "PUT",
-        &format!("{ROOT}wake/pool"),
-        &[("content-type", "application/json")],
-        b"",
-    )
-    .expect(201);
+    create_wake_pool(&server);
     let spec = json!({"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wake/pool"});
     control(server.addr, "PUT", "subscriptions/lazy", None, Some(spec)).expect(201);
     // The write links the new stream and starts a wake: neither waits for the disk, the
@@ -613,14 +618,7 @@ fn a_webhook_to_the_node_itself_is_refused_not_looped() {
 #[test]
 fn a_linked_stream_that_expired_and_was_created_again_is_work_from_its_first_record() {
     let server = Server::start(&["--protocol", "ds"]);
-    ds(
-        server.addr,
-        "PUT",
-        &format!("{ROOT}wake/pool"),
-        &[("content-type", "application/json")],
-        b"",
-    )
-    .expect(201);
+    create_wake_pool(&server);
     let spec = json!({"type": "pull-wake", "pattern": "jobs/*", "wake_stream": "wake/pool",
         "lease_ttl_ms": 5000});
     control(server.addr, "PUT", "subscriptions/again", None, Some(spec)).expect(201);
