@@ -5,7 +5,7 @@
 //!
 //! Covered elsewhere: the Durable Streams protocol (`ds_protocol.rs`), auth (`auth.rs`), HTTP/2
 //! (`http2.rs`), the `429` of `--max-in-flight-bytes` (`limits.rs`), `500`, `503` and `507`
-//! of a failing WAL disk (`storage_faults.rs`), the `/ready` `503` of a graceful shutdown
+//! of a failing WAL disk and the `507` of a full catalog disk (`storage_faults.rs`), the `/ready` `503` of a graceful shutdown
 //! (`shutdown.rs`), the `408` of a body that never comes (`hostile.rs`) and the reclaiming of
 //! the stored data of deleted, expired and trimmed streams (`gc.rs`). Not covered at all: the
 //! `429` of 10 000 waiters on one stream (too many connections for a test).
