@@ -98,9 +98,7 @@ impl StorageFault {
                 }
         )
     }
-}
 
-impl StorageFault {
     /// Whether the metadata log's disk (or quota) is full: nothing was written, and it heals
     /// once space is freed.
     pub fn is_out_of_space(&self) -> bool {

@@ -128,7 +128,6 @@ fn apply_batch(db: &mut dyn Backend, batch: Vec<Command>, failure_log: &LogLimit
                     error.detail()
                 ));
                 log::error!("metadata batch of {} commands: {why}", pending.len());
-                pending.iter_mut().for_each(|entry| entry.unknown(&why));
                 Err(why)
             }
         }

@@ -99,14 +99,11 @@ where
 pub(crate) struct Pending {
     ok: bool,
     /// Why the transaction did not commit, once known: a success computed inside it is not
-    /// true any more.
+    /// true any more, and is answered with this instead ([`MetaError::Unknown`] when whether
+    /// it committed is not known). An error computed inside the transaction is still the
+    /// command's own, and is kept: its savepoint is gone either way.
     failed: Option<MetaError>,
-    /// Whether it committed is not known: every answer, success or error, becomes
-    /// [`MetaError::Unknown`] (an error computed inside a transaction that may have committed
-    /// other commands' writes is still this command's own, but its savepoint is gone either
-    /// way, so it is kept).
-    unknown: bool,
-    send: Box<dyn FnOnce(Option<MetaError>, bool) + Send>,
+    send: Box<dyn FnOnce(Option<MetaError>) + Send>,
 }
 
 /// The [`Pending`] answer `result` to `reply`.
@@ -117,10 +114,8 @@ pub(crate) fn pending<T: Send + 'static>(
     Pending {
         ok: result.is_ok(),
         failed: None,
-        unknown: false,
-        send: Box::new(move |why, unknown| {
+        send: Box::new(move |why| {
             let result = match why {
-                Some(why) if unknown && result.is_ok() => Err(MetaError::Unknown(why.detail())),
                 Some(why) if result.is_ok() => Err(why),
                 _ => result,
             };
@@ -141,15 +136,8 @@ impl Pending {
         }
     }
 
-    /// The transaction may or may not have committed: a success becomes
-    /// [`MetaError::Unknown`] with `why`.
-    pub(crate) fn unknown(&mut self, why: &MetaError) {
-        self.fail(why);
-        self.unknown = true;
-    }
-
     pub(crate) fn answer(self) {
-        (self.send)(self.failed, self.unknown)
+        (self.send)(self.failed)
     }
 }
 

@@ -147,13 +147,18 @@ fn offset_string(seq: u64) -> String {
     format!("{seq:016}_{:016}", 0)
 }
 
+/// The tail `next_offset` of the stream whose id is `stream_id`, its offset in DS form.
+fn stream_tail(next_offset: u64, stream_id: u64) -> StreamTail {
+    StreamTail {
+        offset: offset_string(next_offset),
+        stream_id: Some(stream_id),
+    }
+}
+
 /// The current tail of a stream as a DS offset; a missing stream has the empty tail.
 async fn tail_of(core: &CoreHandle, name: &str) -> Result<StreamTail, ApiError> {
     match core.head(name).await {
-        Ok(info) => Ok(StreamTail {
-            offset: offset_string(info.next_offset),
-            stream_id: Some(info.id),
-        }),
+        Ok(info) => Ok(stream_tail(info.next_offset, info.id)),
         // A stream deleted while forks still read it (`Gone`) is gone for clients as much as one
         // never created: watched from the start, like a stream yet to be made.
         Err(EngineError::NotFound | EngineError::Gone) => Ok(StreamTail::none()),
@@ -387,10 +392,7 @@ impl Subscriptions {
         {
             return;
         }
-        let tail = StreamTail {
-            offset: offset_string(next_offset),
-            stream_id: Some(stream_id),
-        };
+        let tail = stream_tail(next_offset, stream_id);
         let effects = self.shared.write().on_write(full_path, &tail, Clock::now());
         self.run_effects(core, effects);
     }

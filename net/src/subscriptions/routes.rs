@@ -17,7 +17,7 @@ use super::percent::decode_component;
 use super::registry::{
     parse_ack_request, parse_config, parse_streams, AckRequest, ApiError, Clock, Kind, LinkKind,
 };
-use super::{engine_error, offset_string, tail_of, StreamTail, Subscriptions};
+use super::{engine_error, stream_tail, tail_of, StreamTail, Subscriptions};
 use super::{glob, registry, webhook_url};
 use crate::limits::{
     CREATE_SCAN_STREAMS_MAX, STREAMS_PER_SUBSCRIPTION_MAX, SUBSCRIPTION_ID_BYTES_MAX,
@@ -292,10 +292,7 @@ impl Subscriptions {
                 links.push((
                     rel.to_string(),
                     LinkKind::Glob,
-                    StreamTail {
-                        offset: offset_string(stream.info.next_offset),
-                        stream_id: Some(stream.info.id),
-                    },
+                    stream_tail(stream.info.next_offset, stream.info.id),
                 ));
                 if links.len() > STREAMS_PER_SUBSCRIPTION_MAX {
                     return Err(ApiError::new(
