@@ -340,6 +340,33 @@ impl MetaError {
 
 pub type Reply<T> = futures_channel::oneshot::Receiver<Result<T, MetaError>>;
 
+/// Which stream of a name a tail seen now is, against the stream a position held by name was
+/// counted in. Stream ids only grow (SQLite's `AUTOINCREMENT`, Postgres's identity column) and
+/// a name is created again only after its delete committed, so of two streams of one name the
+/// later has the larger id. Holders that may miss a delete (the reaper tells no one, a restart
+/// loses what was not written yet, another node of a cluster served it) judge by this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeenStream {
+    /// The position's own stream, or one side's id is not known: the counts compare as they are.
+    Same,
+    /// A later stream of the name: the position has processed nothing of it.
+    Later,
+    /// An earlier stream of the name (a report that raced its delete): no news of the
+    /// position's stream.
+    Earlier,
+}
+
+impl SeenStream {
+    /// The stream whose id is `seen`, against the one a position counts in (`counted_in`).
+    pub fn compare(counted_in: Option<u64>, seen: Option<u64>) -> SeenStream {
+        match (counted_in, seen) {
+            (Some(counted), Some(seen)) if seen > counted => SeenStream::Later,
+            (Some(counted), Some(seen)) if seen < counted => SeenStream::Earlier,
+            _ => SeenStream::Same,
+        }
+    }
+}
+
 /// The one error message for every `--meta-url` we cannot use, as the CLI spec fixes it.
 fn bad_meta_url(url: &str) -> MetaError {
     MetaError::BadUrl(format!(

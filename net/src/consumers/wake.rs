@@ -26,7 +26,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use pico_meta::{ConsumerRead, ConsumerWrite};
+use pico_meta::{ConsumerRead, ConsumerWrite, SeenStream};
 
 use super::rules::{offset_text, stored, Answer, Consumer, ConsumerError, Holder, Outcome, Token};
 
@@ -200,19 +200,16 @@ pub struct KnownTail {
 }
 
 /// The first stream of the consumer (in registration order) whose tail in `tails` is past
-/// its committed offset. Stream ids only grow (SQLite's `AUTOINCREMENT`, Postgres's identity),
-/// and a name is created again only after its delete committed, so a later incarnation has a
-/// larger id: a tail of a later incarnation than the one the cursor counts in is all work
-/// (a node that did not see the delete still holds the old cursor), and a tail of an earlier
-/// one says nothing of the cursor's stream (a node that did not see the delete may still hold
-/// the old stream's tail).
+/// its committed offset. A tail of a later stream of the name than the cursor's is all work (a
+/// node that did not see the delete still holds the old cursor), one of an earlier stream says
+/// nothing of the cursor's ([`SeenStream`]).
 pub fn pending_stream(consumer: &Consumer, tails: &[(String, KnownTail)]) -> Option<String> {
     consumer.streams.iter().find_map(|cursor| {
         let (_, tail) = tails.iter().find(|(path, _)| *path == cursor.path)?;
-        let next = match (cursor.incarnation, tail.incarnation) {
-            (Some(counted), Some(seen)) if seen > counted => 0,
-            (Some(counted), Some(seen)) if seen < counted => return None,
-            _ => cursor.next.map_or(0, |(seq, _)| seq),
+        let next = match SeenStream::compare(cursor.incarnation, tail.incarnation) {
+            SeenStream::Later => 0,
+            SeenStream::Earlier => return None,
+            SeenStream::Same => cursor.next.map_or(0, |(seq, _)| seq),
         };
         (next < tail.records).then(|| cursor.path.clone())
     })

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use pico_meta::SeenStream;
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
 
@@ -99,27 +100,25 @@ impl Link {
         }
     }
 
-    /// Takes a tail the engine reported. Stream ids only grow (SQLite's `AUTOINCREMENT`,
-    /// Postgres's identity) and a name is created again only after its delete committed, so a
-    /// later incarnation has a larger id: a tail of a later stream than the link's starts the
-    /// link over (nothing of that stream is acked: a node that did not see the delete, or a
-    /// stream its reaper expired, must not start a worker where it stood in the old one), one
-    /// of an earlier stream is stale, and tails of the link's own stream only move forward
-    /// (writes on different cores may report out of order).
+    /// Takes a tail the engine reported ([`SeenStream`]): a tail of a later stream of the name
+    /// than the link's starts the link over (nothing of that stream is acked: a node that did
+    /// not see the delete, or a stream its reaper expired, must not start a worker where it
+    /// stood in the old one), one of an earlier stream is stale, and tails of the link's own
+    /// stream only move forward (writes on different cores may report out of order).
     pub(super) fn observe(&mut self, tail: &StreamTail) -> Observed {
-        let observed = match (self.stream_id, tail.stream_id) {
-            (Some(linked), Some(seen)) if seen < linked => return Observed::Stale,
-            (Some(linked), Some(seen)) if seen > linked => {
+        let observed = match SeenStream::compare(self.stream_id, tail.stream_id) {
+            SeenStream::Earlier => return Observed::Stale,
+            SeenStream::Later => {
                 self.acked = BEFORE_FIRST_OFFSET.to_string();
                 self.tail = ZERO_OFFSET.to_string();
-                self.stream_id = Some(seen);
+                self.stream_id = tail.stream_id;
                 Observed::Restarted
             }
-            (None, Some(seen)) => {
-                self.stream_id = Some(seen);
+            SeenStream::Same if self.stream_id.is_none() && tail.stream_id.is_some() => {
+                self.stream_id = tail.stream_id;
                 Observed::Identified
             }
-            _ => Observed::Tail,
+            SeenStream::Same => Observed::Tail,
         };
         if tail.offset > self.tail {
             self.tail = tail.offset.clone();
